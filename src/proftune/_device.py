@@ -1,0 +1,91 @@
+"""Device resolution and moving batches to a device (one place for both)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from .exceptions import ConfigError
+
+VALID_DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """Turn ``auto|cpu|cuda|cuda:N`` into a torch.device that exists on this machine."""
+    if isinstance(device, torch.device):
+        spec = str(device)
+    else:
+        spec = (device or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={spec!r} was asked for but CUDA is not available on this machine; "
+                "valid choices here: cpu, auto."
+            )
+        dev = torch.device(spec)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={spec!r} does not exist: this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s)."
+            )
+        return dev
+    raise ConfigError(f"device={spec!r} is not a device; valid choices: {', '.join(VALID_DEVICES)}.")
+
+
+def move_to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
+    """Move tensors inside tuples, lists and dicts to ``device``; leave anything else as it is."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, tuple):
+        moved = [move_to_device(b, device, non_blocking=non_blocking) for b in batch]
+        if hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*moved)
+        return tuple(moved)
+    if isinstance(batch, list):
+        return [move_to_device(b, device, non_blocking=non_blocking) for b in batch]
+    if isinstance(batch, dict):
+        return {k: move_to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+    return batch
+
+
+class DeviceIterable:
+    """Wraps an iterable of batches so that each batch arrives on ``device``."""
+
+    def __init__(self, data: Iterable[Any], device: torch.device) -> None:
+        self.data = data
+        self.device = device
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.data:
+            yield move_to_device(batch, self.device)
+
+    def __len__(self) -> int:
+        return len(self.data)  # type: ignore[arg-type]
+
+
+def batch_size_of(batch: Any) -> int:
+    """Number of samples in a batch: the leading dimension of its first tensor (1 if none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else 1
+    if isinstance(batch, (tuple, list)):
+        for b in batch:
+            n = batch_size_of(b)
+            if n:
+                return n
+        return 1
+    if isinstance(batch, dict):
+        for v in batch.values():
+            return batch_size_of(v)
+    return 1
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels on ``device`` so that host timers measure them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

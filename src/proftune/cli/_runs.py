@@ -1,0 +1,125 @@
+"""``proftune runs list|show|compare``: read the experiment log."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..track import RUN_KINDS, Store
+from ._common import DbOpt, DebugOpt, JsonOpt, execute, out_console
+
+runs_app = typer.Typer(help="List, show and compare recorded runs.", no_args_is_help=True)
+
+
+def _open(db: str | None) -> Store:
+    store = Store(db)
+    store.reap_stale()
+    return store
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+@runs_app.command("list")
+def list_runs(
+    task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help=f"Only runs of this kind ({', '.join(RUN_KINDS)}).")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="running, finished or failed.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs, newest first.")] = 50,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """List recorded runs, newest first."""
+
+    def body() -> dict[str, Any]:
+        from ..exceptions import ConfigError
+
+        if kind is not None and kind not in RUN_KINDS:
+            raise ConfigError(f"--kind {kind!r} is unknown; valid: {', '.join(RUN_KINDS)}.")
+        store = _open(db)
+        runs = store.list_runs(task=task, kind=kind, status=status, limit=limit)
+        return {"runs": [r.summary() for r in runs]}
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(title="runs")
+        for col in ("id", "kind", "task", "status", "started", "duration", "data", "metrics"):
+            table.add_column(col)
+        for r in d["runs"]:
+            metrics = " ".join(f"{k}={_fmt(v)}" for k, v in list(r["metrics"].items())[:3])
+            dur = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
+            table.add_row(str(r["run_id"]), r["kind"], r["task"], r["status"], r["started_at"][:19],
+                          dur, str(r["data_fingerprint"] or "-"), metrics)
+        out_console.print(table)
+
+    execute(body, json_out=json_out, debug=debug, render=render)
+
+
+@runs_app.command("show")
+def show(
+    run_id: Annotated[int, typer.Argument(help="Run id.")],
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Show one run: config, environment, data fingerprint, metrics, curves, anomalies."""
+
+    def body() -> dict[str, Any]:
+        return _open(db).get_run(run_id).to_dict()
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(title=f"run {d['run_id']}", show_header=False)
+        table.add_column("field")
+        table.add_column("value")
+        for key in ("kind", "task", "status", "started_at", "ended_at", "duration_s", "data_fingerprint", "error"):
+            if d.get(key) is not None:
+                table.add_row(key, _fmt(d[key]))
+        for k, v in d["config"].items():
+            table.add_row(f"config.{k}", _fmt(v))
+        for k, v in d["metrics"].items():
+            table.add_row(f"metrics.{k}", _fmt(v))
+        env = d["env"]
+        for k in ("python", "torch", "cuda", "device", "device_name", "cores", "git_commit"):
+            table.add_row(f"env.{k}", _fmt(env.get(k)))
+        if d["anomalies"]:
+            table.add_row("anomalies", _fmt(d["anomalies"]))
+        table.add_row("curves", ", ".join(f"{k}: {len(v)} points" for k, v in d["curves"].items()))
+        out_console.print(table)
+
+    execute(body, json_out=json_out, debug=debug, render=render)
+
+
+@runs_app.command("compare")
+def compare(
+    a: Annotated[int, typer.Argument(help="First run id.")],
+    b: Annotated[int, typer.Argument(help="Second run id.")],
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Compare two runs: config and environment differences, data fingerprints, metric deltas."""
+
+    def body() -> dict[str, Any]:
+        return _open(db).compare(a, b)
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(title=f"run {d['a']} vs run {d['b']}")
+        for col in ("what", f"run {d['a']}", f"run {d['b']}", "delta"):
+            table.add_column(col)
+        fp = d["data_fingerprint"]
+        table.add_row("data", str(fp["a"]), str(fp["b"]), "same data" if fp["match"] else "DIFFERENT data")
+        for k, v in d["config"].items():
+            table.add_row(f"config.{k}", _fmt(v["a"]), _fmt(v["b"]), "")
+        for k, v in d["metrics"].items():
+            delta = "" if v["delta"] is None else f"{v['delta']:+.4g}"
+            table.add_row(f"metrics.{k}", _fmt(v["a"]), _fmt(v["b"]), delta)
+        for k, v in d["env"].items():
+            table.add_row(f"env.{k}", _fmt(v["a"]), _fmt(v["b"]), "")
+        out_console.print(table)
+
+    execute(body, json_out=json_out, debug=debug, render=render)

@@ -1,0 +1,28 @@
+"""``proftune tasks``: the built-in tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from ..examples import BUILTIN_TASKS
+from ._common import JsonOpt, execute, out_console
+
+
+def tasks(json_out: JsonOpt = False) -> None:
+    """List the built-in tasks (usable wherever a command takes TASK)."""
+
+    def body() -> dict[str, Any]:
+        return {"tasks": [{"name": n, "description": t.description, "requires": t.requires or None}
+                          for n, t in BUILTIN_TASKS.items()]}
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(title="built-in tasks")
+        table.add_column("name")
+        table.add_column("description")
+        for t in d["tasks"]:
+            table.add_row(t["name"], t["description"])
+        out_console.print(table)
+
+    execute(body, json_out=json_out, render=render)

@@ -1,0 +1,51 @@
+"""``proftune train TASK``: train with the fit loop and record the run."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .. import run_train
+from ..task import load_task
+from ._common import DbOpt, DebugOpt, DeviceOpt, JsonOpt, ParamOpt, SeedOpt, execute, out_console, parse_params
+from ._progress import EpochProgress
+
+
+def train(
+    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")] = None,
+    param: ParamOpt = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Train TASK and record the run (config, environment, data fingerprint, metrics, curves)."""
+
+    def body() -> Any:
+        params = parse_params(param)
+        task_obj = load_task(task)
+        total = epochs if epochs is not None else (None if max_steps else task_obj.default_epochs)
+        return run_train(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
+                         db=db, callbacks=[EpochProgress(total)])
+
+    def render(report: Any) -> None:
+        d = report.to_dict()
+        table = Table(title=f"run {d['run_id']}: {d['task']}")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for k, v in d["metrics"].items():
+            table.add_row(k, f"{v:.4f}")
+        table.add_row("epochs / steps", f"{d['epochs']} / {d['steps']}")
+        table.add_row("duration", f"{d['duration_s']:.1f} s")
+        table.add_row("throughput", f"{d['throughput']:.0f} samples/s")
+        table.add_row("data fingerprint", str(d["data_fingerprint"]))
+        if d["stop_reason"]:
+            table.add_row("stopped", d["stop_reason"])
+        out_console.print(table)
+
+    execute(body, json_out=json_out, debug=debug, render=render)

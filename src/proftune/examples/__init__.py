@@ -1,0 +1,46 @@
+"""Built-in tasks on real data that ships with scikit-learn (and one synthetic vision task).
+
+``proftune tasks`` lists them; any command takes their name in place of a task file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._data import TensorBatches
+
+__all__ = ["BUILTIN_TASKS", "BuiltinTask", "TensorBatches"]
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    """Where a built-in task lives and what it is."""
+
+    target: str
+    description: str
+    requires: str = ""
+
+
+BUILTIN_TASKS: dict[str, BuiltinTask] = {
+    "digits-mlp": BuiltinTask(
+        "proftune.examples._digits:DigitsMLP",
+        "sklearn digits (1797 8x8 images, 10 classes), 2-hidden-layer MLP",
+    ),
+    "digits-cnn": BuiltinTask(
+        "proftune.examples._digits:DigitsCNN",
+        "sklearn digits as 1x8x8 images, 3-conv CNN with batch norm",
+    ),
+    "digits-transformer": BuiltinTask(
+        "proftune.examples._digits:DigitsTransformer",
+        "sklearn digits, each image a sequence of 8 rows into a Transformer encoder (SDPA)",
+    ),
+    "wine-mlp": BuiltinTask(
+        "proftune.examples._wine:WineMLP",
+        "sklearn wine (178 samples, 13 features, 3 classes), MLP",
+    ),
+    "resnet18-synthetic": BuiltinTask(
+        "proftune.examples._vision:ResNet18Synthetic",
+        "torchvision ResNet-18, random init, random 3x224x224 inputs (profiling, pruning)",
+        requires="torchvision",
+    ),
+}

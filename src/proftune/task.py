@@ -1,0 +1,261 @@
+"""The Task: the user's model, data, loss, optimizer and metric behind one small class.
+
+Every command takes one. A task is named on the command line as ``path/to/file.py`` (its one
+Task subclass), ``path/to/file.py:Class``, ``package.module:Class`` or a built-in name
+(``proftune tasks`` lists them); :func:`load_task` turns any of these into an instance.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from .exceptions import TaskLoadError
+
+__all__ = ["ClassificationTask", "Task", "load_task"]
+
+
+class Task:
+    """Base class of a task. Subclass it and implement the four abstract methods.
+
+    The base class keeps no state that its ``__init__`` must set, so a subclass may define its
+    own ``__init__()`` without calling ``super().__init__()``. The class is built with no
+    arguments.
+    """
+
+    #: Name shown in the run store and in ``proftune tasks``.
+    name: ClassVar[str] = ""
+    #: One line on what the task is.
+    description: ClassVar[str] = ""
+    #: Defaults for the params the fit loop understands (lr, batch_size, optimizer, ...).
+    default_params: ClassVar[dict[str, Any]] = {}
+    #: Epochs a plain ``proftune train TASK`` runs.
+    default_epochs: ClassVar[int] = 5
+
+    # -- required -------------------------------------------------------------------------
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        """Build a fresh model for ``params`` (the fit loop seeds the RNG first)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_model(params).")
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        """The training batches of one epoch, ``batch_size`` samples each."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement train_data(batch_size, params)."
+        )
+
+    def val_data(self, batch_size: int) -> Iterable[Any]:
+        """The validation batches, in a fixed order."""
+        raise NotImplementedError(f"{type(self).__name__} must implement val_data(batch_size).")
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """A scalar loss of ``model`` on ``batch``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss(model, batch).")
+
+    # -- optional, with defaults ------------------------------------------------------------
+    def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
+        """Metrics of ``model`` on ``data``; the default is the sample-weighted mean loss."""
+        from ._device import batch_size_of
+
+        total, count = 0.0, 0
+        for batch in data:
+            n = batch_size_of(batch)
+            total += float(self.loss(model, batch)) * n
+            count += n
+        return {"val_loss": total / max(count, 1)}
+
+    def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+        """The optimizer named by ``params["optimizer"]`` (default AdamW, lr 1e-3)."""
+        from .train import build_optimizer
+
+        return build_optimizer(model.parameters(), params)
+
+    def example_batch(self, batch_size: int) -> Any:
+        """One batch for profiling; the default is the first batch of ``train_data``."""
+        params = dict(self.default_params)
+        for batch in self.train_data(batch_size, params):
+            return batch
+        raise TaskLoadError(f"{type(self).__name__}.train_data({batch_size}) yielded no batch.")
+
+
+class ClassificationTask(Task):
+    """A task whose batches are ``(inputs, labels)`` and whose model returns logits.
+
+    Gives cross-entropy as the loss and ``{"val_loss", "accuracy"}`` as the metrics.
+    """
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y)
+
+    def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
+        total, correct, count = 0.0, 0, 0
+        for x, y in data:
+            logits = model(x)
+            total += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
+            correct += int((logits.argmax(dim=-1) == y).sum())
+            count += int(y.shape[0])
+        return {"val_loss": total / max(count, 1), "accuracy": correct / max(count, 1)}
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+_SPEC_FORMS = "a file 'path/to/task.py', 'path/to/task.py:Class', 'package.module:Class' or a built-in name"
+
+
+def _builtin_names() -> list[str]:
+    from .examples import BUILTIN_TASKS
+
+    return sorted(BUILTIN_TASKS)
+
+
+def load_task(spec: str | Task | type[Task]) -> Task:
+    """Turn a task spec (or a Task class or instance) into a Task instance.
+
+    Raises :class:`TaskLoadError` naming the problem: a missing file, a file with no Task
+    subclass, several without ``:Class``, an import error (with the user's own failing line).
+    """
+    if isinstance(spec, Task):
+        return spec
+    if inspect.isclass(spec) and issubclass(spec, Task):
+        return _instantiate(spec, origin=spec.__qualname__)
+    if not isinstance(spec, str) or not spec.strip():
+        raise TaskLoadError(f"task={spec!r} is not a task spec; give {_SPEC_FORMS}.")
+    spec = spec.strip()
+
+    from .examples import BUILTIN_TASKS
+
+    if spec in BUILTIN_TASKS:
+        module_name, class_name = BUILTIN_TASKS[spec].target.split(":")
+        cls = getattr(importlib.import_module(module_name), class_name)
+        return _instantiate(cls, origin=spec)
+
+    path_part, class_name = _split_spec(spec)
+    if path_part.endswith(".py") or "/" in path_part or Path(path_part).exists():
+        return _load_from_file(Path(path_part), class_name, spec)
+    if class_name is not None:
+        return _load_from_module(path_part, class_name, spec)
+    raise TaskLoadError(
+        f"task {spec!r} is not a built-in task, a file or 'package.module:Class'. "
+        f"Built-in tasks: {', '.join(_builtin_names())}. Valid forms: {_SPEC_FORMS}."
+    )
+
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    if ":" in spec:
+        head, _, tail = spec.rpartition(":")
+        if tail.isidentifier() and head:
+            return head, tail
+    return spec, None
+
+
+def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
+    if not path.exists():
+        raise TaskLoadError(
+            f"task file {str(path)!r} does not exist (looked for {path.resolve()}). "
+            f"Give {_SPEC_FORMS}; built-in tasks: {', '.join(_builtin_names())}."
+        )
+    if not path.is_file():
+        raise TaskLoadError(f"task path {str(path)!r} is not a file; give a .py file that defines a Task.")
+    resolved = path.resolve()
+    module_name = f"proftune_user_task_{abs(hash(str(resolved)))}"
+    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise TaskLoadError(f"task file {str(path)!r} cannot be imported as Python.")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise TaskLoadError(
+            f"importing task file {str(path)!r} failed: {type(exc).__name__}: {exc}"
+            + _user_frames(exc, resolved)
+        ) from exc
+    candidates = {
+        name: obj
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, Task)
+        and obj.__module__ == module_name
+        and not name.startswith("_")
+    }
+    return _pick_class(candidates, class_name, where=f"task file {str(path)!r}", spec=spec)
+
+
+def _load_from_module(module_path: str, class_name: str, spec: str) -> Task:
+    try:
+        module = importlib.import_module(module_path)
+    except Exception as exc:
+        raise TaskLoadError(
+            f"importing module {module_path!r} for task {spec!r} failed: "
+            f"{type(exc).__name__}: {exc}" + _user_frames(exc, None)
+        ) from exc
+    obj = getattr(module, class_name, None)
+    if obj is None:
+        raise TaskLoadError(f"module {module_path!r} has no attribute {class_name!r} (task {spec!r}).")
+    if not (inspect.isclass(obj) and issubclass(obj, Task)):
+        raise TaskLoadError(f"{spec!r} is {obj!r}, not a subclass of proftune.Task.")
+    return _instantiate(obj, origin=spec)
+
+
+def _pick_class(candidates: dict[str, type[Task]], class_name: str | None, *, where: str, spec: str) -> Task:
+    if class_name is not None:
+        if class_name not in candidates:
+            found = ", ".join(sorted(candidates)) or "none"
+            raise TaskLoadError(
+                f"{where} has no Task subclass named {class_name!r}; Task subclasses found: {found}."
+            )
+        return _instantiate(candidates[class_name], origin=spec)
+    if not candidates:
+        raise TaskLoadError(
+            f"{where} defines no subclass of proftune.Task; define one "
+            "(class MyTask(proftune.Task): ...) or name a class with 'file.py:Class'."
+        )
+    if len(candidates) > 1:
+        names = ", ".join(sorted(candidates))
+        raise TaskLoadError(
+            f"{where} defines several Task subclasses ({names}); pick one with "
+            f"'{spec}:{sorted(candidates)[0]}'."
+        )
+    (cls,) = candidates.values()
+    return _instantiate(cls, origin=spec)
+
+
+def _instantiate(cls: type[Task], *, origin: str) -> Task:
+    try:
+        return cls()
+    except Exception as exc:
+        raise TaskLoadError(
+            f"building task {origin!r} ({cls.__qualname__}()) failed: {type(exc).__name__}: {exc}"
+            + _user_frames(exc, None)
+        ) from exc
+
+
+def _user_frames(exc: BaseException, path: Path | None) -> str:
+    """The failing lines from the user's code (not proftune's, not the import machinery's)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        line = (exc.text or "").rstrip()
+        return f"\n  File {exc.filename!r}, line {exc.lineno}\n    {line.strip()}"
+    own = str(Path(__file__).resolve().parent)
+    keep = [
+        f
+        for f in frames
+        if not f.filename.startswith(own) and "importlib" not in f.filename and "<frozen" not in f.filename
+    ]
+    if path is not None:
+        in_file = [f for f in keep if Path(f.filename).resolve() == path]
+        keep = in_file or keep
+    if not keep:
+        return ""
+    f = keep[-1]
+    return f"\n  File {f.filename!r}, line {f.lineno}, in {f.name}\n    {(f.line or '').strip()}"

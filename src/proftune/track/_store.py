@@ -1,0 +1,428 @@
+"""The experiment log: every run proftune makes, in one SQL database (SQLite by default).
+
+SQLite runs in WAL mode with a busy timeout and retries, so several processes can write at
+once without losing a run; a run that crashes is marked failed, never left half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import random
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from ..exceptions import ConfigError, StoreError
+
+__all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url"]
+
+DEFAULT_DB = "sqlite:///proftune.db"
+RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size")
+RUN_STATUSES = ("running", "finished", "failed")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+T = TypeVar("T")
+
+_metadata = sa.MetaData()
+runs_table = sa.Table(
+    "proftune_runs",
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(32), nullable=False, index=True),
+    sa.Column("task", sa.String(512), nullable=False, index=True),
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("started_at", sa.String(40), nullable=False),
+    sa.Column("ended_at", sa.String(40), nullable=True),
+    sa.Column("duration_s", sa.Float, nullable=True),
+    sa.Column("host", sa.String(255), nullable=True),
+    sa.Column("pid", sa.Integer, nullable=True),
+    sa.Column("parent_id", sa.Integer, nullable=True, index=True),
+    sa.Column("study", sa.String(255), nullable=True, index=True),
+    sa.Column("env", sa.JSON, nullable=True),
+    sa.Column("data_fingerprint", sa.String(64), nullable=True),
+    sa.Column("config", sa.JSON, nullable=True),
+    sa.Column("metrics", sa.JSON, nullable=True),
+    sa.Column("curves", sa.JSON, nullable=True),
+    sa.Column("anomalies", sa.JSON, nullable=True),
+    sa.Column("artifacts", sa.JSON, nullable=True),
+    sa.Column("result", sa.JSON, nullable=True),
+)
+
+
+def default_db_url() -> str:
+    """``$PROFTUNE_DB`` if set, else ``sqlite:///proftune.db`` in the working directory."""
+    return os.environ.get("PROFTUNE_DB") or DEFAULT_DB
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _clean_json(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf become strings, tuples lists, unknown objects their repr."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean_json(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        with contextlib.suppress(Exception):
+            return _clean_json(value.item())
+    return repr(value)
+
+
+@dataclass
+class RunRecord:
+    """One run as stored."""
+
+    id: int
+    kind: str
+    task: str
+    status: str
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    parent_id: int | None = None
+    study: str | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    data_fingerprint: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, Any] = field(default_factory=dict)
+    anomalies: list[Any] = field(default_factory=list)
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["run_id"] = d["id"]
+        fp = d.pop("data_fingerprint")
+        d["data_fingerprint"] = fp[:8] if fp else None
+        d["data_md5"] = fp
+        return d
+
+    def summary(self) -> dict[str, Any]:
+        """The columns a listing shows."""
+        return {
+            "run_id": self.id, "kind": self.kind, "task": self.task, "status": self.status,
+            "started_at": self.started_at, "duration_s": self.duration_s,
+            "data_fingerprint": self.data_fingerprint[:8] if self.data_fingerprint else None,
+            "metrics": self.metrics, "study": self.study, "parent_id": self.parent_id,
+        }
+
+
+def _check_sqlite_file(url: sa.URL) -> None:
+    """Refuse a SQLite URL whose file exists but is not a SQLite database (leave it untouched)."""
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if path.is_dir():
+        raise StoreError(f"--db {url.render_as_string(hide_password=True)!r} points at a directory, not a database file.")
+    if not path.exists():
+        if not path.parent.exists():
+            raise StoreError(
+                f"--db {url.render_as_string(hide_password=True)!r}: folder {str(path.parent)!r} does not exist."
+            )
+        return
+    if path.stat().st_size == 0:
+        return
+    with path.open("rb") as fh:
+        head = fh.read(len(_SQLITE_MAGIC))
+    if head != _SQLITE_MAGIC:
+        raise StoreError(
+            f"--db {url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
+            "database; it was left untouched. Give a new file name or an existing proftune database."
+        )
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(s in text for s in ("locked", "busy", "already exists", "deadlock", "could not serialize"))
+
+
+class Store:
+    """The run store. ``Store()`` opens ``$PROFTUNE_DB`` or ``./proftune.db``.
+
+    Any SQLAlchemy URL works (``postgresql://...`` for many machines).
+    """
+
+    def __init__(self, url: str | None = None, *, retries: int = 40) -> None:
+        self.url = url or default_db_url()
+        try:
+            parsed = sa.make_url(self.url)
+        except sa.exc.ArgumentError as exc:
+            raise StoreError(
+                f"--db {self.url!r} is not a database URL; give e.g. sqlite:///proftune.db "
+                "or postgresql://user@host/db."
+            ) from exc
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        self.retries = retries
+        if self.is_sqlite:
+            _check_sqlite_file(parsed)
+            self.engine: Engine = sa.create_engine(
+                self.url, connect_args={"timeout": 60}, poolclass=sa.pool.NullPool
+            )
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            try:
+                self.engine = sa.create_engine(self.url, pool_pre_ping=True)
+            except Exception as exc:
+                raise StoreError(f"--db {self.url!r} cannot be opened: {exc}") from exc
+        try:
+            self._retry(lambda: _metadata.create_all(self.engine))
+        except DBAPIError as exc:
+            raise StoreError(f"--db {self.url!r} cannot be opened as a database: {exc.orig}") from exc
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _retry(self, fn: Callable[[], T]) -> T:
+        delay = 0.02
+        for attempt in range(self.retries):
+            try:
+                return fn()
+            except OperationalError as exc:
+                if attempt == self.retries - 1 or not _is_retryable(exc):
+                    raise
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    def _write(self, stmt: Any) -> Any:
+        def go() -> Any:
+            with self.engine.begin() as conn:
+                return conn.execute(stmt)
+
+        return self._retry(go)
+
+    # -- runs -------------------------------------------------------------------------------
+    def start_run(
+        self,
+        kind: str,
+        task: str,
+        *,
+        config: dict[str, Any] | None = None,
+        env: dict[str, Any] | None = None,
+        data_fingerprint: str | None = None,
+        parent_id: int | None = None,
+        study: str | None = None,
+    ) -> int:
+        """Insert a run in state ``running`` and return its id."""
+        if kind not in RUN_KINDS:
+            raise ConfigError(f"run kind={kind!r} is unknown; valid: {', '.join(RUN_KINDS)}.")
+        stmt = runs_table.insert().values(
+            kind=kind, task=task, status="running", started_at=_now(), host=socket.gethostname(),
+            pid=os.getpid(), parent_id=parent_id, study=study, env=_clean_json(env or {}),
+            data_fingerprint=data_fingerprint, config=_clean_json(config or {}),
+            metrics={}, curves={}, anomalies=[], artifacts={}, result={},
+        )
+        result = self._write(stmt)
+        return int(result.inserted_primary_key[0])
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        """Set some columns of a run (JSON-safe copies of the values)."""
+        allowed = {c.name for c in runs_table.columns} - {"id"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"unknown run fields {sorted(unknown)}; valid: {sorted(allowed)}.")
+        values = {k: _clean_json(v) for k, v in fields.items()}
+        self._write(runs_table.update().where(runs_table.c.id == run_id).values(**values))
+
+    def finish_run(
+        self,
+        run_id: int,
+        *,
+        status: str = "finished",
+        error: str | None = None,
+        **fields: Any,
+    ) -> None:
+        """Mark a run finished (or failed, with its error) and store its results."""
+        if status not in RUN_STATUSES:
+            raise ValueError(f"status={status!r} is unknown; valid: {', '.join(RUN_STATUSES)}.")
+        record = self.get_run(run_id)
+        ended = _now()
+        started = dt.datetime.fromisoformat(record.started_at)
+        duration = (dt.datetime.fromisoformat(ended) - started).total_seconds()
+        self.update_run(run_id, status=status, error=error, ended_at=ended, duration_s=duration, **fields)
+
+    @contextlib.contextmanager
+    def track(self, kind: str, task: str, **start: Any) -> Iterator[RunHandle]:
+        """A run that is marked failed (with the error) if the block raises, finished otherwise."""
+        run_id = self.start_run(kind, task, **start)
+        handle = RunHandle(self, run_id)
+        try:
+            yield handle
+        except BaseException as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:]
+            with contextlib.suppress(Exception):
+                self.finish_run(run_id, status="failed", error=message + "\n" + detail, **handle.pending)
+            raise
+        else:
+            self.finish_run(run_id, status="finished", **handle.pending)
+
+    def get_run(self, run_id: int) -> RunRecord:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(runs_table).where(runs_table.c.id == int(run_id))).mappings().first()
+        if row is None:
+            raise ConfigError(f"run {run_id} does not exist in {self.url}.")
+        return _record(row)
+
+    def list_runs(
+        self,
+        *,
+        task: str | None = None,
+        kind: str | None = None,
+        status: str | None = None,
+        study: str | None = None,
+        parent_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest first, filtered by any of the given fields."""
+        stmt = sa.select(runs_table).order_by(runs_table.c.id.desc())
+        for col, value in (("task", task), ("kind", kind), ("status", status), ("study", study),
+                           ("parent_id", parent_id)):
+            if value is not None:
+                stmt = stmt.where(runs_table.c[col] == value)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).mappings().all()
+        return [_record(r) for r in rows]
+
+    def count_runs(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(runs_table)).scalar_one())
+
+    def reap_stale(self) -> int:
+        """Mark failed the runs of this host left ``running`` by a process that no longer exists."""
+        host = socket.gethostname()
+        stale = [
+            r.id for r in self.list_runs(status="running")
+            if r.host == host and r.pid is not None and not _pid_alive(r.pid)
+        ]
+        for run_id in stale:
+            self.finish_run(run_id, status="failed",
+                            error="the process ended without finishing the run (killed or crashed)")
+        return len(stale)
+
+    def compare(self, a: int, b: int) -> dict[str, Any]:
+        """Config diff, environment diff, data fingerprint match and metric deltas of two runs."""
+        ra, rb = self.get_run(a), self.get_run(b)
+        metric_delta: dict[str, Any] = {}
+        for key in sorted(set(ra.metrics) | set(rb.metrics)):
+            va, vb = ra.metrics.get(key), rb.metrics.get(key)
+            delta = vb - va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None
+            metric_delta[key] = {"a": va, "b": vb, "delta": delta}
+        return {
+            "a": ra.id, "b": rb.id,
+            "task": {"a": ra.task, "b": rb.task, "same": ra.task == rb.task},
+            "config": _diff(ra.config, rb.config),
+            "env": _diff(_flatten(ra.env), _flatten(rb.env)),
+            "data_fingerprint": {
+                "a": ra.data_fingerprint[:8] if ra.data_fingerprint else None,
+                "b": rb.data_fingerprint[:8] if rb.data_fingerprint else None,
+                "match": ra.data_fingerprint is not None and ra.data_fingerprint == rb.data_fingerprint,
+            },
+            "metrics": metric_delta,
+        }
+
+
+class RunHandle:
+    """The run a :meth:`Store.track` block writes; ``set(...)`` stages what finish stores."""
+
+    def __init__(self, store: Store, run_id: int) -> None:
+        self.store, self.id = store, run_id
+        self.pending: dict[str, Any] = {}
+
+    def set(self, **fields: Any) -> None:
+        """Stage columns (metrics, curves, anomalies, artifacts, result, ...) for the finish."""
+        self.pending.update(fields)
+
+    def update(self, **fields: Any) -> None:
+        """Write columns now (progress that should survive a crash)."""
+        self.store.update_run(self.id, **fields)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute("PRAGMA busy_timeout=60000")
+        for _ in range(50):
+            try:
+                cur.execute("PRAGMA journal_mode=WAL")
+                break
+            except Exception as exc:  # another process is switching the mode at this moment
+                if "locked" not in str(exc).lower():
+                    raise
+                time.sleep(0.05)
+        cur.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cur.close()
+
+
+def _record(row: Any) -> RunRecord:
+    def js(value: Any, default: Any) -> Any:
+        if value is None:
+            return default
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+        return value
+
+    return RunRecord(
+        id=row["id"], kind=row["kind"], task=row["task"], status=row["status"],
+        started_at=row["started_at"], ended_at=row["ended_at"], duration_s=row["duration_s"],
+        error=row["error"], host=row["host"], pid=row["pid"], parent_id=row["parent_id"],
+        study=row["study"], env=js(row["env"], {}), data_fingerprint=row["data_fingerprint"],
+        config=js(row["config"], {}), metrics=js(row["metrics"], {}), curves=js(row["curves"], {}),
+        anomalies=js(row["anomalies"], []), artifacts=js(row["artifacts"], {}),
+        result=js(row["result"], {}),
+    )
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Keys whose values differ: ``{key: {"a": ..., "b": ...}}`` (missing is None)."""
+    return {k: {"a": a.get(k), "b": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

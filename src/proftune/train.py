@@ -1,0 +1,463 @@
+"""The one training loop of proftune, with Lightning-style callbacks.
+
+Profiling, monitoring, trial pruning, LR range tests and fine-tuning after compression all run
+through :func:`fit`. A :class:`Callback` sees a :class:`FitState` at each hook and may ask the
+loop to stop with :meth:`FitState.request_stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._device import DeviceIterable, batch_size_of, move_to_device, resolve_device
+from .exceptions import ConfigError, ProblemCollector
+from .task import Task, load_task
+
+__all__ = [
+    "LOOP_PARAMS",
+    "Callback",
+    "FitResult",
+    "FitState",
+    "build_optimizer",
+    "fit",
+    "seed_everything",
+    "validate_params",
+]
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "lbfgs")
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: Params with a meaning to the loop; every other param goes to the task untouched.
+LOOP_PARAMS = (
+    "lr", "batch_size", "weight_decay", "optimizer", "momentum",
+    "grad_accumulation", "grad_clip", "precision",
+)
+
+
+class Callback:
+    """Hooks into :func:`fit` (and :class:`proftune.Monitor`); every hook is a no-op by default."""
+
+    def on_fit_start(self, state: FitState) -> None:
+        """Once, after the model and optimizer are built, before the first batch."""
+
+    def on_epoch_start(self, state: FitState) -> None:
+        """At the start of each epoch."""
+
+    def on_step_start(self, state: FitState) -> None:
+        """Before the forward pass of an optimizer step; the batch is loaded (``state.batch``)."""
+
+    def on_after_backward(self, state: FitState) -> None:
+        """After the last backward of a step: gradients are complete and unscaled, not clipped."""
+
+    def on_step_end(self, state: FitState) -> None:
+        """After the optimizer step; ``state.loss`` and ``state.timing`` hold the step's figures."""
+
+    def on_epoch_end(self, state: FitState) -> None:
+        """After the epoch's evaluation; ``state.metrics`` holds its metrics."""
+
+    def on_fit_end(self, state: FitState) -> None:
+        """Once, at the end (also after a stop request)."""
+
+    def on_exception(self, state: FitState, exc: BaseException) -> None:
+        """When the loop is about to raise ``exc``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+@dataclass
+class FitState:
+    """What the loop knows at a hook; callbacks read it and may request a stop."""
+
+    task: Task | None
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    params: dict[str, Any]
+    device: torch.device
+    batch_size: int = 0
+    epoch: int = 0
+    #: Optimizer steps done so far (the step being run, inside step hooks, is ``step``).
+    step: int = 0
+    batch: Any = None
+    #: Mean loss of the last step (over its micro-batches), as a float.
+    loss: float | None = None
+    #: The last step's loss tensor (the last micro-batch's, unscaled, attached to the graph).
+    loss_tensor: torch.Tensor | None = None
+    #: Milliseconds of the last step: data_ms, forward_ms, backward_ms, optimizer_ms, step_ms.
+    timing: dict[str, float] = field(default_factory=dict)
+    #: Metrics of the last evaluation.
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: ``{"step": [...], "epoch": [...]}``: one dict per step and per epoch.
+    curves: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"step": [], "epoch": []})
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    samples_seen: int = 0
+    should_stop: bool = False
+    stop_reason: str | None = None
+    #: When True the loop synchronises the device around each phase so that timings are exact.
+    sync_timing: bool = False
+    scaler: Any = None
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to stop after the current step."""
+        self.should_stop = True
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def record_anomaly(self, kind: str, **detail: Any) -> None:
+        """Note an anomaly (``nan_loss``, ``grad_spike``, ...) at the current step."""
+        self.anomalies.append({"kind": kind, "step": self.step, "epoch": self.epoch, **detail})
+
+    @property
+    def lr(self) -> float | None:
+        if self.optimizer is None or not self.optimizer.param_groups:
+            return None
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns: final metrics, curves, the trained model and how it ended."""
+
+    metrics: dict[str, float]
+    curves: dict[str, list[dict[str, Any]]]
+    params: dict[str, Any]
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    steps: int
+    epochs: int
+    samples: int
+    duration_s: float
+    anomalies: list[dict[str, Any]]
+    stop_reason: str | None
+    device: str
+
+    @property
+    def throughput(self) -> float:
+        """Training samples per second over the whole fit (evaluation included)."""
+        return self.samples / self.duration_s if self.duration_s > 0 else 0.0
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def validate_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Check and normalise the params the loop understands; one error lists every problem."""
+    out = dict(params)
+    problems = ProblemCollector()
+
+    def number(key: str, kind: type, *, low: float | None = None, strict: bool = False) -> None:
+        if key not in out:
+            return
+        value = out[key]
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            converted = kind(value)
+            if kind is int and float(value) != converted:
+                raise ValueError
+        except (TypeError, ValueError):
+            problems.add(f"param {key}={value!r} must be {'an integer' if kind is int else 'a number'}.")
+            return
+        if isinstance(converted, float) and not math.isfinite(converted):
+            problems.add(f"param {key}={value!r} must be finite.")
+            return
+        if low is not None and (converted <= low if strict else converted < low):
+            problems.add(f"param {key}={value!r} must be {'>' if strict else '>='} {low}.")
+            return
+        out[key] = converted
+
+    number("lr", float, low=0.0, strict=True)
+    number("batch_size", int, low=1)
+    number("weight_decay", float, low=0.0)
+    number("momentum", float, low=0.0)
+    number("grad_accumulation", int, low=1)
+    number("grad_clip", float, low=0.0, strict=True)
+    if "optimizer" in out:
+        name = str(out["optimizer"]).lower()
+        if name not in OPTIMIZERS:
+            problems.add(f"param optimizer={out['optimizer']!r} is unknown; valid: {', '.join(OPTIMIZERS)}.")
+        out["optimizer"] = name
+    if "precision" in out:
+        prec = str(out["precision"]).lower()
+        if prec not in PRECISIONS:
+            problems.add(f"param precision={out['precision']!r} is unknown; valid: {', '.join(PRECISIONS)}.")
+        out["precision"] = prec
+    if out.get("optimizer") == "lbfgs" and int(out.get("grad_accumulation", 1) or 1) > 1:
+        problems.add("param grad_accumulation must be 1 with optimizer='lbfgs' (it re-evaluates the loss).")
+    problems.raise_if_any()
+    return out
+
+
+def build_optimizer(parameters: Iterable[torch.nn.Parameter], params: dict[str, Any]) -> torch.optim.Optimizer:
+    """The optimizer named by ``params['optimizer']`` with its lr, weight_decay and momentum."""
+    name = str(params.get("optimizer", "adamw")).lower()
+    lr = float(params.get("lr", 1e-3))
+    wd = float(params.get("weight_decay", 0.0 if name in ("sgd", "lbfgs") else 1e-2))
+    plist = [p for p in parameters if p.requires_grad]
+    if name == "adamw":
+        return torch.optim.AdamW(plist, lr=lr, weight_decay=wd)
+    if name == "adam":
+        return torch.optim.Adam(plist, lr=lr, weight_decay=wd)
+    if name == "sgd":
+        return torch.optim.SGD(plist, lr=lr, momentum=float(params.get("momentum", 0.0)), weight_decay=wd)
+    if name == "lbfgs":
+        return torch.optim.LBFGS(plist, lr=lr)
+    raise ConfigError(f"param optimizer={name!r} is unknown; valid: {', '.join(OPTIMIZERS)}.")
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class _Timer:
+    """Milliseconds between marks; synchronises the device first when asked."""
+
+    def __init__(self, device: torch.device, sync: bool) -> None:
+        self.device, self.sync = device, sync
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        if self.sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        ms = (now - self.last) * 1e3
+        self.last = now
+        return ms
+
+
+def fit(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    *,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    batch_size: int | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    callbacks: Sequence[Callback] = (),
+    model: nn.Module | None = None,
+    evaluate: bool = True,
+    stop_on_nan: bool = True,
+) -> FitResult:
+    """Train ``task`` with ``params``; seeded and deterministic on CPU.
+
+    ``epochs`` or ``max_steps`` (optimizer steps) bound the run; with neither, the task's
+    ``default_epochs``. ``batch_size`` overrides ``params['batch_size']``. ``model`` trains a
+    given model (fine-tuning) instead of building one. Evaluation runs after each epoch.
+    """
+    task = load_task(task)
+    merged = {**task.default_params, **(params or {})}
+    if batch_size is not None:
+        merged["batch_size"] = batch_size
+    merged = validate_params(merged)
+    problems = ProblemCollector()
+    if epochs is not None and (isinstance(epochs, bool) or int(epochs) < 1):
+        problems.add(f"epochs must be at least 1, but got {epochs=}.")
+    if max_steps is not None and (isinstance(max_steps, bool) or int(max_steps) < 1):
+        problems.add(f"max_steps must be at least 1, but got {max_steps=}.")
+    problems.raise_if_any()
+    if epochs is None and max_steps is None:
+        epochs = task.default_epochs
+    bs = int(merged.setdefault("batch_size", 32))
+    accum = int(merged.get("grad_accumulation", 1))
+    precision = str(merged.get("precision", "fp32"))
+    dev = resolve_device(device)
+
+    seed_everything(seed)
+    if model is None:
+        model = task.build_model(merged)
+    model = model.to(dev)
+    optimizer = task.configure_optimizer(model, merged)
+    scaler = torch.amp.GradScaler(dev.type) if precision == "fp16" else None
+
+    state = FitState(task=task, model=model, optimizer=optimizer, params=merged, device=dev,
+                     batch_size=bs, scaler=scaler)
+    started = time.perf_counter()
+    try:
+        for cb in callbacks:
+            cb.on_fit_start(state)
+        epoch_limit = epochs if epochs is not None else math.inf
+        while state.epoch < epoch_limit and not state.should_stop:
+            _run_epoch(state, callbacks, accum=accum, precision=precision,
+                       max_steps=max_steps, evaluate=evaluate, stop_on_nan=stop_on_nan,
+                       started=started)
+            if max_steps is not None and state.step >= max_steps:
+                break
+        for cb in callbacks:
+            cb.on_fit_end(state)
+    except BaseException as exc:
+        for cb in callbacks:
+            with contextlib.suppress(Exception):
+                cb.on_exception(state, exc)
+        raise
+    return FitResult(
+        metrics=dict(state.metrics), curves=state.curves, params=merged, model=model,
+        optimizer=optimizer, steps=state.step, epochs=state.epoch, samples=state.samples_seen,
+        duration_s=time.perf_counter() - started, anomalies=state.anomalies,
+        stop_reason=state.stop_reason, device=str(dev),
+    )
+
+
+def _micro_batches(it: Iterator[Any], accum: int) -> Iterator[list[Any]]:
+    group: list[Any] = []
+    for batch in it:
+        group.append(batch)
+        if len(group) == accum:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, accum: int, precision: str,
+               max_steps: int | None, evaluate: bool, stop_on_nan: bool, started: float) -> None:
+    task, model, optimizer, dev = state.task, state.model, state.optimizer, state.device
+    assert task is not None and optimizer is not None
+    model.train()
+    for cb in callbacks:
+        cb.on_epoch_start(state)
+    epoch_losses: list[float] = []
+    epoch_started = time.perf_counter()
+    timer = _Timer(dev, state.sync_timing)
+    groups = _micro_batches(iter(task.train_data(state.batch_size, state.params)), accum)
+    while True:
+        timer.sync = state.sync_timing
+        timer.lap()
+        group = next(groups, None)
+        if group is None:
+            break
+        group = [move_to_device(b, dev) for b in group]
+        data_ms = timer.lap()
+        state.batch = group[0] if len(group) == 1 else group
+        for cb in callbacks:
+            cb.on_step_start(state)
+        timer.lap()  # hooks are not the step's time
+        forward_ms = backward_ms = 0.0
+        losses: list[float] = []
+        if state.params.get("optimizer") == "lbfgs":
+            forward_ms, backward_ms, losses = _lbfgs_step(state, callbacks, group[0], precision, timer)
+            optimizer_ms = timer.lap()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            for batch in group:
+                with _autocast(dev, precision):
+                    loss = task.loss(model, batch)
+                forward_ms += timer.lap()
+                scaled = loss / len(group)
+                if state.scaler is not None:
+                    state.scaler.scale(scaled).backward()
+                else:
+                    scaled.backward()
+                backward_ms += timer.lap()
+                losses.append(float(loss.detach()))
+                state.loss_tensor = loss
+            if state.scaler is not None:
+                state.scaler.unscale_(optimizer)
+            timer.lap()
+            for cb in callbacks:
+                cb.on_after_backward(state)
+            timer.lap()
+            grad_clip = state.params.get("grad_clip")
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(grad_clip))
+            if state.scaler is not None:
+                state.scaler.step(optimizer)
+                state.scaler.update()
+            else:
+                optimizer.step()
+            optimizer_ms = timer.lap()
+        state.step += 1
+        n = sum(batch_size_of(b) for b in group)
+        state.samples_seen += n
+        state.loss = sum(losses) / len(losses)
+        state.timing = {
+            "data_ms": data_ms, "forward_ms": forward_ms, "backward_ms": backward_ms,
+            "optimizer_ms": optimizer_ms,
+            "step_ms": data_ms + forward_ms + backward_ms + optimizer_ms,
+        }
+        state.curves["step"].append({"step": state.step, "epoch": state.epoch, "loss": state.loss,
+                                     "lr": state.lr, "samples": n})
+        if not math.isfinite(state.loss):
+            state.record_anomaly("nan_loss", loss=state.loss)
+            if stop_on_nan:
+                state.request_stop(f"loss became {state.loss} at step {state.step}")
+        epoch_losses.append(state.loss)
+        for cb in callbacks:
+            cb.on_step_end(state)
+        if state.should_stop or (max_steps is not None and state.step >= max_steps):
+            break
+    if evaluate:
+        state.metrics = evaluate_model(task, model, dev, state.batch_size)
+    model.train()
+    state.epoch += 1
+    finite = [v for v in epoch_losses if math.isfinite(v)]
+    state.curves["epoch"].append({
+        "epoch": state.epoch,
+        "train_loss": (sum(finite) / len(finite)) if finite else float("nan"),
+        **state.metrics,
+        "epoch_s": time.perf_counter() - epoch_started,
+        "elapsed_s": time.perf_counter() - started,
+    })
+    for cb in callbacks:
+        cb.on_epoch_end(state)
+
+
+def _lbfgs_step(state: FitState, callbacks: Sequence[Callback], batch: Any, precision: str,
+                timer: _Timer) -> tuple[float, float, list[float]]:
+    """One LBFGS step: the closure re-evaluates the loss as often as LBFGS asks."""
+    task, model, optimizer = state.task, state.model, state.optimizer
+    assert task is not None and optimizer is not None
+    times = {"forward": 0.0, "backward": 0.0}
+    calls = {"n": 0}
+    first_loss: list[float] = []
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        timer.lap()
+        with _autocast(state.device, precision):
+            loss = task.loss(model, batch)
+        times["forward"] += timer.lap()
+        loss.backward()
+        times["backward"] += timer.lap()
+        if calls["n"] == 0:
+            first_loss.append(float(loss.detach()))
+            state.loss_tensor = loss
+            for cb in callbacks:
+                cb.on_after_backward(state)
+            timer.lap()
+        calls["n"] += 1
+        return loss
+
+    optimizer.step(closure)
+    return times["forward"], times["backward"], first_loss
+
+
+@torch.no_grad()
+def evaluate_model(task: Task, model: nn.Module, device: torch.device, batch_size: int) -> dict[str, float]:
+    """The task's metrics of ``model`` on its validation data (eval mode, no grad)."""
+    was_training = model.training
+    model.eval()
+    try:
+        metrics = task.evaluate(model, DeviceIterable(task.val_data(batch_size), device))
+    finally:
+        model.train(was_training)
+    return {k: float(v) for k, v in metrics.items()}
