@@ -1,0 +1,248 @@
+"""The Profile: one frozen, JSON-serialisable record of what was measured.
+
+Every consumer (recommend, search, compress, diagnose, report) reads this record; nobody
+re-measures what it already holds. ``schema_version`` changes when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import ConfigError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CommProfile",
+    "GradProfile",
+    "LayerProfile",
+    "MemoryProfile",
+    "ParamCounts",
+    "Profile",
+    "StepProfile",
+    "compare_profiles",
+]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int = 0
+    trainable: int = 0
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer (module path): its size, cost and measured time, memory and statistics."""
+
+    name: str
+    type: str
+    params: int = 0
+    macs: int = 0
+    flops: int = 0
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    activation_bytes: int | None = None
+    gflops_per_s: float | None = None
+    time_share: float | None = None
+    params_share: float | None = None
+    macs_share: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Bytes: parameters, gradients, optimizer state, activations saved for backward, step peak."""
+
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    activations_bytes: int = 0
+    peak_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Milliseconds of one training (or inference) step and its phases; throughput in samples/s."""
+
+    time_ms: float = 0.0
+    data_ms: float = 0.0
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    other_ms: float = 0.0
+    throughput: float = 0.0
+
+
+@dataclass(frozen=True)
+class GradProfile:
+    """Global gradient norm, its variance across sampled steps, and the update-to-weight ratio."""
+
+    norm: float | None = None
+    var: float | None = None
+    update_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class CommProfile:
+    """Distributed communication per step: bytes all-reduced, time spent, share of the step."""
+
+    backend: str = ""
+    world_size: int = 1
+    allreduce_bytes: int = 0
+    allreduce_ms: float = 0.0
+    allreduce_calls: int = 0
+    share: float = 0.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What was measured of a model and its training step; see DESIGN.md for units."""
+
+    task: str | None = None
+    device: str = "cpu"
+    batch_size: int = 0
+    mode: str = "train"
+    steps: int = 0
+    params: ParamCounts = field(default_factory=ParamCounts)
+    macs: int = 0
+    flops: int = 0
+    backward_flops: int = 0
+    layers: tuple[LayerProfile, ...] = ()
+    memory: MemoryProfile = field(default_factory=MemoryProfile)
+    step: StepProfile = field(default_factory=StepProfile)
+    grad: GradProfile = field(default_factory=GradProfile)
+    comm: CommProfile | None = None
+    bottlenecks: tuple[dict[str, Any], ...] = ()
+    by_type: tuple[dict[str, Any], ...] = ()
+    env: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    # -- derived ----------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        """Profile metrics usable in constraints and objectives (DESIGN.md names)."""
+        out: dict[str, float] = {
+            "step_time_ms": float(self.step.time_ms),
+            "peak_memory_bytes": float(self.memory.peak_bytes),
+            "throughput": float(self.step.throughput),
+            "params": float(self.params.total),
+            "macs": float(self.macs),
+            "flops": float(self.flops),
+        }
+        if self.grad.var is not None:
+            out["grad_var"] = float(self.grad.var)
+        if self.grad.norm is not None:
+            out["grad_norm"] = float(self.grad.norm)
+        return out
+
+    def layer(self, name: str) -> LayerProfile:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(f"no layer {name!r} in this profile; layers: {[lay.name for lay in self.layers][:20]}")
+
+    # -- serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return _json_safe(d)  # type: ignore[no-any-return]
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        if not isinstance(d, dict):
+            raise ConfigError(f"a profile must be a JSON object, but got {type(d).__name__}.")
+        version = d.get("schema_version")
+        if version is None:
+            raise ConfigError("this JSON is not a proftune profile: it has no 'schema_version'.")
+        if int(version) > SCHEMA_VERSION:
+            raise ConfigError(
+                f"profile schema_version={version} is newer than this proftune reads "
+                f"({SCHEMA_VERSION}); upgrade proftune."
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw["params"] = _build(ParamCounts, d.get("params") or {})
+        kw["memory"] = _build(MemoryProfile, d.get("memory") or {})
+        kw["step"] = _build(StepProfile, d.get("step") or {})
+        kw["grad"] = _build(GradProfile, d.get("grad") or {})
+        kw["comm"] = _build(CommProfile, d["comm"]) if d.get("comm") else None
+        kw["layers"] = tuple(_build(LayerProfile, lay) for lay in d.get("layers") or [])
+        kw["bottlenecks"] = tuple(d.get("bottlenecks") or ())
+        kw["by_type"] = tuple(d.get("by_type") or ())
+        return cls(**kw)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON; returns the path."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(p)  # atomic: a crash never leaves half a file
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"profile file {str(p)!r} does not exist.")
+        try:
+            data = json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"profile file {str(p)!r} is not JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+
+def _build(cls: type, d: dict[str, Any]) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def compare_profiles(a: Profile, b: Profile) -> dict[str, Any]:
+    """Per-layer and total differences from ``a`` to ``b`` (before and after pruning, say)."""
+
+    def delta(x: float | None, y: float | None) -> dict[str, Any]:
+        ratio = (y / x) if (x and y is not None) else None
+        diff = (y - x) if (x is not None and y is not None) else None
+        return {"a": x, "b": y, "delta": diff, "ratio": ratio}
+
+    totals = {
+        "params": delta(a.params.total, b.params.total),
+        "macs": delta(a.macs, b.macs),
+        "flops": delta(a.flops, b.flops),
+        "step_time_ms": delta(a.step.time_ms, b.step.time_ms),
+        "peak_bytes": delta(a.memory.peak_bytes, b.memory.peak_bytes),
+        "throughput": delta(a.step.throughput, b.step.throughput),
+    }
+    la = {lay.name: lay for lay in a.layers}
+    lb = {lay.name: lay for lay in b.layers}
+    layers = []
+    for name in list(la) + [n for n in lb if n not in la]:
+        x, y = la.get(name), lb.get(name)
+        layers.append({
+            "name": name,
+            "type": (x or y).type,  # type: ignore[union-attr]
+            "status": "both" if x and y else ("only_a" if x else "only_b"),
+            "params": delta(x.params if x else None, y.params if y else None),
+            "macs": delta(x.macs if x else None, y.macs if y else None),
+            "forward_ms": delta(x.forward_ms if x else None, y.forward_ms if y else None),
+            "backward_ms": delta(x.backward_ms if x else None, y.backward_ms if y else None),
+        })
+    return {"totals": totals, "layers": layers}

@@ -1,0 +1,271 @@
+"""Static accounting: parameters, MACs and FLOPs per layer — the one place proftune counts FLOPs.
+
+``torch.utils.flop_counter``'s formulas do the counting op by op; we fill its gaps: attention
+on CPU (``_scaled_dot_product_flash_attention_for_cpu`` counts 0 there, pytorch/pytorch#195460),
+recurrent layers (their fused kernels are invisible to the counter) and embeddings (0 MACs, a
+lookup). Units follow torchvision's "GFLOPS" column: ``macs`` are multiply-accumulates of the
+forward pass; ``flops`` = 2 x ``macs`` for the matmul-like ops counted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import flop_counter as _fc
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["LayerCount", "StaticCounts", "count_model", "count_params"]
+
+aten = torch.ops.aten
+
+
+def _cpu_flash_forward(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
+                       out_shape: Any = None, **kwargs: Any) -> int:
+    return int(_fc.sdpa_flop_count(query_shape, key_shape, value_shape))
+
+
+def _cpu_flash_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any,
+                        *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return int(_fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
+
+
+def _formulas() -> dict[Any, Callable[..., int]]:
+    table: dict[Any, Callable[..., int]] = dict(_fc.flop_registry)
+    extra = {
+        "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_forward,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_backward,
+    }
+    for name, fn in extra.items():
+        packet = getattr(aten, name, None)
+        if packet is not None and packet not in table:
+            table[packet] = _fc.shape_wrapper(fn)
+    return table
+
+
+_FORMULAS = _formulas()
+_RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "LSTMCell": 4, "GRUCell": 3, "RNNCell": 1}
+
+
+@dataclass
+class LayerCount:
+    """Parameters and forward MACs/FLOPs of one layer (module path) or one layer type."""
+
+    name: str
+    type: str
+    params: int = 0
+    macs: int = 0
+    flops: int = 0
+    calls: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "params": self.params, "macs": self.macs,
+                "flops": self.flops, "calls": self.calls}
+
+
+@dataclass
+class StaticCounts:
+    """What :func:`count_model` measured for one input."""
+
+    params_total: int
+    params_trainable: int
+    macs: int
+    flops: int
+    backward_flops: int = 0
+    layers: dict[str, LayerCount] = field(default_factory=dict)
+    by_type: dict[str, LayerCount] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "params": {"total": self.params_total, "trainable": self.params_trainable},
+            "macs": self.macs, "flops": self.flops, "backward_flops": self.backward_flops,
+            "layers": [c.to_dict() for c in self.layers.values()],
+            "by_type": [c.to_dict() for c in self.by_type.values()],
+        }
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """``(total, trainable)`` parameter counts; a weight shared by several layers counts once."""
+    total = trainable = 0
+    for p in model.parameters():  # parameters() already yields each tensor once
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return total, trainable
+
+
+def _rnn_tokens(x: Any) -> int:
+    """Samples x timesteps fed to a recurrent layer (padded tensor or PackedSequence)."""
+    if isinstance(x, nn.utils.rnn.PackedSequence):
+        return int(x.data.shape[0])
+    if isinstance(x, torch.Tensor):
+        return int(x.numel() // max(int(x.shape[-1]), 1))
+    return 0
+
+
+def _recurrent_macs(module: nn.Module, inputs: tuple[Any, ...]) -> int:
+    """MACs of a recurrent layer: every weight matrix is applied once per token (x batch)."""
+    if not inputs:
+        return 0
+    tokens = _rnn_tokens(inputs[0])
+    per_token = sum(p.numel() for name, p in module.named_parameters(recurse=False)
+                    if p.dim() == 2 and name.startswith("weight"))
+    return tokens * per_token
+
+
+class _Counter(TorchDispatchMode):
+    """Adds each op's FLOPs to the innermost running module (``stack[-1]``)."""
+
+    def __init__(self, stack: list[str], suppress: list[int]) -> None:
+        super().__init__()
+        self.stack, self.suppress = stack, suppress
+        self.flops: dict[str, int] = defaultdict(int)
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = _FORMULAS.get(func._overloadpacket)
+        if formula is not None and not self.suppress[0]:
+            flops = int(formula(*args, **kwargs, out_val=out))
+            self.flops[self.stack[-1] if self.stack else ""] += flops
+            self.total += flops
+        return out
+
+
+def _call(model: nn.Module, example_input: Any) -> Any:
+    if isinstance(example_input, dict):
+        return model(**example_input)
+    if isinstance(example_input, (tuple, list)):
+        return model(*example_input)
+    return model(example_input)
+
+
+def _scalar_for_backward(out: Any) -> torch.Tensor | None:
+    leaves, _ = tree_flatten(out)
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    if not tensors:
+        return None
+    return sum(t.float().sum() for t in tensors)  # type: ignore[return-value]
+
+
+def count_model(model: nn.Module, example_input: Any, *, backward: bool = False) -> StaticCounts:
+    """Count parameters and forward MACs/FLOPs per layer for one ``example_input``.
+
+    ``example_input`` is what ``model(...)`` takes: a tensor, a tuple of positional args or a
+    dict of keyword args. With ``backward=True`` the backward pass of a training step is counted
+    too (``backward_flops``). The model is left in the mode it was in; no parameter changes.
+    """
+    names: dict[int, str] = {}
+    for name, mod in model.named_modules():
+        names.setdefault(id(mod), name)
+    stack: list[str] = []
+    suppress = [0]
+    executed: dict[str, nn.Module] = {}
+    calls: dict[str, int] = defaultdict(int)
+    recurrent_flops: dict[str, int] = defaultdict(int)
+    handles = []
+
+    def pre(mod: nn.Module, inputs: tuple[Any, ...]) -> None:
+        name = names.get(id(mod), "?")
+        stack.append(name)
+        executed.setdefault(name, mod)
+        calls[name] += 1
+        if type(mod).__name__ in _RNN_GATES or isinstance(mod, (nn.RNNBase, nn.RNNCellBase)):
+            recurrent_flops[name] += 2 * _recurrent_macs(mod, inputs)
+            suppress[0] += 1
+
+    def post(mod: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        if isinstance(mod, (nn.RNNBase, nn.RNNCellBase)) or type(mod).__name__ in _RNN_GATES:
+            suppress[0] -= 1
+        if stack:
+            stack.pop()
+
+    for mod in model.modules():
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post))
+    counter = _Counter(stack, suppress)
+    backward_total = 0
+    try:
+        if backward:
+            with counter:
+                out = _call(model, example_input)
+            scalar = _scalar_for_backward(out)
+            if scalar is not None:
+                back = _Counter([], [0])
+                with back:
+                    scalar.backward()
+                # fused recurrent kernels hide their backward: 2x their forward, by convention
+                backward_total = back.total + 2 * sum(recurrent_flops.values())
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad(), counter:
+                _call(model, example_input)
+    finally:
+        for h in handles:
+            h.remove()
+
+    layer_flops: dict[str, int] = defaultdict(int)
+    for name, flops in counter.flops.items():
+        layer_flops[name] += flops
+    for name, flops in recurrent_flops.items():
+        layer_flops[name] += flops
+    layers = _assemble_layers(model, executed, calls, layer_flops)
+    total, trainable = count_params(model)
+    fwd_flops = sum(c.flops for c in layers.values())
+    by_type: dict[str, LayerCount] = {}
+    for c in layers.values():
+        t = by_type.setdefault(c.type, LayerCount(name=c.type, type=c.type))
+        t.params += c.params
+        t.macs += c.macs
+        t.flops += c.flops
+        t.calls += c.calls
+    return StaticCounts(params_total=total, params_trainable=trainable, macs=fwd_flops // 2,
+                        flops=fwd_flops, backward_flops=backward_total, layers=layers, by_type=by_type)
+
+
+def _assemble_layers(model: nn.Module, executed: dict[str, nn.Module],
+                     calls: dict[str, int], flops: dict[str, int]) -> dict[str, LayerCount]:
+    """One entry per executed module that holds parameters or FLOPs of its own, or is a leaf.
+
+    A child that never ran itself (``MultiheadAttention.out_proj`` is applied functionally) is
+    folded into its nearest executed ancestor, so every parameter lands in a layer that ran.
+    """
+    owner: dict[str, str] = {}
+    for name, _mod in model.named_modules():
+        if name in executed:
+            owner[name] = name
+        else:
+            parent = name.rpartition(".")[0] if "." in name else ""
+            owner[name] = owner.get(parent, "")
+    layers: dict[str, LayerCount] = {}
+    seen: set[int] = set()
+    for name, mod in model.named_modules():
+        direct = 0
+        for p in mod.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                direct += p.numel()
+        target = owner.get(name, "")
+        is_leaf = not any(True for _ in mod.children())
+        if target == name and not (direct or flops.get(name) or is_leaf):
+            continue
+        if target not in layers:
+            tmod = executed.get(target, model)
+            layers[target] = LayerCount(name=target, type=type(tmod).__name__, calls=calls.get(target, 0))
+        layers[target].params += direct
+    for name, f in flops.items():
+        if name not in layers:
+            mod = executed.get(name, model)
+            layers[name] = LayerCount(name=name, type=type(mod).__name__, calls=calls.get(name, 0))
+        layers[name].flops += f
+        layers[name].macs += f // 2
+    # keep forward order: executed modules in the order they first ran
+    order = {name: i for i, name in enumerate(executed)}
+    return dict(sorted(layers.items(), key=lambda kv: order.get(kv[0], len(order))))
