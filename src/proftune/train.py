@@ -217,7 +217,8 @@ def build_optimizer(parameters: Iterable[torch.nn.Parameter], params: dict[str, 
     if name == "sgd":
         return torch.optim.SGD(plist, lr=lr, momentum=float(params.get("momentum", 0.0)), weight_decay=wd)
     if name == "lbfgs":
-        return torch.optim.LBFGS(plist, lr=lr)
+        # strong Wolfe line search: without it a mini-batch LBFGS step easily diverges
+        return torch.optim.LBFGS(plist, lr=lr, line_search_fn="strong_wolfe")
     raise ConfigError(f"param optimizer={name!r} is unknown; valid: {', '.join(OPTIMIZERS)}.")
 
 

@@ -9,7 +9,17 @@ from rich.table import Table
 
 from .. import run_train
 from ..task import load_task
-from ._common import DbOpt, DebugOpt, DeviceOpt, JsonOpt, ParamOpt, SeedOpt, execute, out_console, parse_params
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    ParamOpt,
+    SeedOpt,
+    execute,
+    out_console,
+    parse_params,
+)
 from ._progress import EpochProgress
 
 

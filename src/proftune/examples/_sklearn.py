@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -11,7 +11,7 @@ SPLIT_SEED = 0
 VAL_FRACTION = 0.2
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_split(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x_train, y_train, x_val, y_val)`` of a bundled dataset, features standardised on train."""
     from sklearn import datasets

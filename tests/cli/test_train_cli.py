@@ -1,0 +1,114 @@
+"""`proftune train` and `proftune runs` end to end, through the console script."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proftune.cli", *args], capture_output=True, text=True, cwd=cwd,
+        timeout=300, env={**os.environ, **(env or {})},
+    )
+
+
+def test_train_json_and_show(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    out = run_cli("train", "digits-cnn", "--epochs", "10", "--json", "--db", db, "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)  # stdout holds exactly one JSON object
+    assert result["metrics"]["accuracy"] >= 0.95
+    shown = run_cli("runs", "show", str(result["run_id"]), "--json", "--db", db)
+    assert shown.returncode == 0, shown.stderr
+    run = json.loads(shown.stdout)
+    for key in ("env", "data_fingerprint", "config", "metrics", "curves"):
+        assert run[key], key
+    assert len(run["data_fingerprint"]) == 8
+    assert len(run["curves"]["epoch"]) == 10 and run["status"] == "finished"
+    listed = json.loads(run_cli("runs", "list", "--json", "--db", db, "--kind", "train").stdout)
+    assert [r["run_id"] for r in listed["runs"]] == [result["run_id"]]
+
+
+def test_compare_two_runs(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    ids = []
+    for lr in ("0.001", "0.01"):
+        out = run_cli("train", "wine-mlp", "--epochs", "2", "--param", f"lr={lr}", "--json", "--db", db)
+        ids.append(json.loads(out.stdout)["run_id"])
+    diff = json.loads(run_cli("runs", "compare", str(ids[0]), str(ids[1]), "--json", "--db", db).stdout)
+    assert diff["config"]["params.lr"] if "params.lr" in diff["config"] else diff["config"]["params"]
+    assert diff["data_fingerprint"]["match"] is True
+    assert "accuracy" in diff["metrics"]
+
+
+def test_default_db_in_working_dir(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PROFTUNE_DB"}
+    out = subprocess.run([sys.executable, "-m", "proftune.cli", "train", "wine-mlp", "--epochs", "1", "--json"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "proftune.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("train", "no/such/task.py"), "does not exist"),
+        (("train", "wine-mlp", "--param", "lr=abc"), "lr='abc'"),
+        (("train", "wine-mlp", "--epochs", "0"), "--epochs"),
+        (("train", "wine-mlp", "--param", "lr"), "not key=value"),
+        (("runs", "list", "--kind", "nonsense"), "nonsense"),
+    ],
+)
+def test_bad_input_exits_2(args: tuple[str, ...], needle: str) -> None:
+    out = run_cli(*args)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert needle in out.stderr
+    assert out.stdout == ""
+
+
+def test_file_without_task_exits_2(tmp_path: Path) -> None:
+    f = tmp_path / "nothing.py"
+    f.write_text("x = 1\n")
+    out = run_cli("train", str(f))
+    assert out.returncode == 2 and "no subclass of proftune.Task" in out.stderr
+
+
+def test_db_not_a_database_exits_2_untouched(tmp_path: Path) -> None:
+    f = tmp_path / "data.csv"
+    f.write_text("a,b\n1,2\n")
+    before = hashlib.md5(f.read_bytes()).hexdigest()
+    out = run_cli("train", "wine-mlp", "--epochs", "1", "--db", f"sqlite:///{f}")
+    assert out.returncode == 2 and "not a SQLite database" in out.stderr
+    assert hashlib.md5(f.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.csv"]
+
+
+def test_failure_while_running_exits_1(tmp_path: Path) -> None:
+    f = tmp_path / "crash.py"
+    f.write_text(
+        "import proftune\n"
+        "class Crash(proftune.Task):\n"
+        "    def build_model(self, params):\n"
+        "        raise RuntimeError('model factory exploded')\n"
+        "    def train_data(self, batch_size, params):\n"
+        "        return []\n"
+    )
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    out = run_cli("train", str(f), "--db", db, "--json")
+    assert out.returncode == 1
+    assert "model factory exploded" in out.stderr and "Traceback" not in out.stderr
+    runs = json.loads(run_cli("runs", "list", "--json", "--db", db).stdout)["runs"]
+    assert runs[0]["status"] == "failed"
+
+
+def test_tasks_lists_builtins() -> None:
+    out = run_cli("tasks", "--json")
+    names = {t["name"] for t in json.loads(out.stdout)["tasks"]}
+    assert {"digits-mlp", "digits-cnn", "digits-transformer", "wine-mlp", "resnet18-synthetic"} <= names

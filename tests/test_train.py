@@ -1,0 +1,126 @@
+"""The fit loop: determinism, callbacks, loop params, stopping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import proftune
+from proftune.exceptions import ConfigError
+from proftune.train import Callback, FitState, fit
+
+
+def test_same_seed_same_metrics() -> None:
+    a = fit("digits-mlp", {"lr": 3e-3}, epochs=2, device="cpu", seed=7)
+    b = fit("digits-mlp", {"lr": 3e-3}, epochs=2, device="cpu", seed=7)
+    c = fit("digits-mlp", {"lr": 3e-3}, epochs=2, device="cpu", seed=8)
+    assert a.metrics == b.metrics
+    assert [s["loss"] for s in a.curves["step"]] == [s["loss"] for s in b.curves["step"]]
+    assert a.metrics != c.metrics
+
+
+def test_digits_cnn_learns() -> None:
+    result = fit("digits-cnn", epochs=3, device="cpu")
+    assert result.metrics["accuracy"] > 0.9
+    assert len(result.curves["epoch"]) == 3
+    assert result.steps == 3 * math.ceil(1437 / 64)
+
+
+class Recorder(Callback):
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.events: list[str] = []
+        self.stop_at = stop_at
+        self.grad_seen = False
+
+    def on_fit_start(self, state: FitState) -> None:
+        self.events.append("fit_start")
+
+    def on_epoch_start(self, state: FitState) -> None:
+        self.events.append("epoch_start")
+
+    def on_step_start(self, state: FitState) -> None:
+        self.events.append("step_start")
+        assert state.batch is not None
+
+    def on_after_backward(self, state: FitState) -> None:
+        self.events.append("after_backward")
+        self.grad_seen = all(p.grad is not None for p in state.model.parameters())
+
+    def on_step_end(self, state: FitState) -> None:
+        self.events.append("step_end")
+        assert state.timing["step_ms"] >= state.timing["forward_ms"] >= 0
+        if self.stop_at is not None and state.step >= self.stop_at:
+            state.request_stop("enough")
+
+    def on_epoch_end(self, state: FitState) -> None:
+        self.events.append("epoch_end")
+        assert "accuracy" in state.metrics
+
+    def on_fit_end(self, state: FitState) -> None:
+        self.events.append("fit_end")
+
+
+def test_callback_order_and_stop() -> None:
+    rec = Recorder(stop_at=3)
+    result = fit("wine-mlp", epochs=5, device="cpu", callbacks=[rec])
+    assert rec.events[:5] == ["fit_start", "epoch_start", "step_start", "after_backward", "step_end"]
+    assert rec.events[-2:] == ["epoch_end", "fit_end"]
+    assert rec.events.count("step_end") == 3
+    assert rec.grad_seen
+    assert result.stop_reason == "enough" and result.steps == 3
+    assert "accuracy" in result.metrics  # the stopped epoch is still evaluated
+
+
+def test_max_steps_and_grad_accumulation() -> None:
+    result = fit("digits-mlp", {"grad_accumulation": 2, "batch_size": 32}, max_steps=5, device="cpu")
+    assert result.steps == 5
+    assert result.samples == 5 * 2 * 32
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "lbfgs"])
+def test_optimizers(optimizer: str) -> None:
+    params = {"optimizer": optimizer, "lr": 0.5 if optimizer == "lbfgs" else 0.05, "momentum": 0.9}
+    result = fit("wine-mlp", params, epochs=3, device="cpu")
+    assert type(result.optimizer).__name__.lower() == optimizer
+    assert result.metrics["accuracy"] > 0.8
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(precision: str) -> None:
+    result = fit("wine-mlp", {"precision": precision, "grad_clip": 1.0}, epochs=3, device="cpu")
+    assert result.metrics["accuracy"] > 0.8
+
+
+def test_nan_loss_stops_and_is_recorded() -> None:
+    result = fit("wine-mlp", {"lr": 1e6, "optimizer": "sgd"}, epochs=5, device="cpu")
+    assert any(a["kind"] == "nan_loss" for a in result.anomalies)
+    assert result.stop_reason is not None and "loss became" in result.stop_reason
+
+
+def test_bad_params_listed_together() -> None:
+    with pytest.raises(ConfigError) as info:
+        fit("wine-mlp", {"lr": "abc", "optimizer": "rmsprop", "batch_size": 0}, epochs=1)
+    text = str(info.value)
+    assert "lr='abc'" in text and "rmsprop" in text and "batch_size=0" in text
+
+
+def test_epochs_zero_rejected() -> None:
+    with pytest.raises(ConfigError, match="epochs"):
+        fit("wine-mlp", epochs=0)
+
+
+def test_task_params_reach_the_model() -> None:
+    result = fit("digits-mlp", {"hidden": 7}, max_steps=1, device="cpu")
+    assert result.model[0].out_features == 7
+
+
+def test_given_model_is_trained_in_place() -> None:
+    task = proftune.load_task("wine-mlp")
+    torch.manual_seed(0)
+    model = task.build_model({})
+    before = model[0].weight.detach().clone()
+    result = fit(task, model=model, max_steps=2, device="cpu")
+    assert result.model is model
+    assert not torch.equal(before, model[0].weight)

@@ -1,0 +1,135 @@
+"""The run store: runs, environment, fingerprint, concurrency, crash marking, bad databases."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import proftune
+from proftune.exceptions import StoreError
+from proftune.track import Store, data_fingerprint, environment
+
+
+def test_run_lifecycle(db_url: str) -> None:
+    store = Store(db_url)
+    with store.track("train", "t", config={"lr": 0.1}) as run:
+        run.set(metrics={"accuracy": 0.9}, curves={"epoch": [{"epoch": 1}]})
+    rec = store.get_run(run.id)
+    assert rec.status == "finished" and rec.metrics == {"accuracy": 0.9}
+    assert rec.ended_at is not None and rec.duration_s is not None and rec.duration_s >= 0
+
+
+def test_failed_run_keeps_error(db_url: str) -> None:
+    store = Store(db_url)
+    with pytest.raises(RuntimeError), store.track("train", "t", config={}) as run:
+        raise RuntimeError("boom")
+    rec = store.get_run(run.id)
+    assert rec.status == "failed" and "RuntimeError: boom" in (rec.error or "")
+
+
+def test_environment_fields() -> None:
+    env = environment("cpu")
+    for key in ("python", "torch", "cuda", "cudnn", "device", "cpu", "cores", "memory_bytes", "git_commit"):
+        assert key in env
+    assert env["torch"] == torch.__version__ and env["cores"] == os.cpu_count()
+
+
+def test_fingerprint_detects_one_changed_sample() -> None:
+    task = proftune.load_task("wine-mlp")
+    a, b = data_fingerprint(task), data_fingerprint(task)
+    assert a == b and len(a) == 32
+
+    from proftune.examples import TensorBatches
+    from proftune.examples._sklearn import load_split
+
+    x, y, _, _ = load_split("wine")
+    x2 = x.clone()
+    x2[17, 3] += 1e-3
+
+    class Changed(type(task)):  # type: ignore[misc]
+        def train_data(self, batch_size, params):  # type: ignore[no-untyped-def]
+            return TensorBatches(x2, y, batch_size, shuffle=True)
+
+    assert data_fingerprint(Changed()) != a
+    # fingerprinting leaves the global RNG where it was
+    torch.manual_seed(3)
+    expected = torch.rand(1)
+    torch.manual_seed(3)
+    data_fingerprint(task)
+    assert torch.equal(torch.rand(1), expected)
+
+
+def test_not_a_database_left_untouched(tmp_path: Path) -> None:
+    f = tmp_path / "notes.txt"
+    f.write_bytes(b"my precious notes\n" * 10)
+    before = hashlib.sha256(f.read_bytes()).hexdigest()
+    with pytest.raises(StoreError, match="not a SQLite database"):
+        Store(f"sqlite:///{f}")
+    assert hashlib.sha256(f.read_bytes()).hexdigest() == before
+    assert not (tmp_path / "notes.txt-wal").exists()
+
+
+def test_bad_url() -> None:
+    with pytest.raises(StoreError, match="not a database URL"):
+        Store("this is not a url")
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from proftune.track import Store
+    store = Store(sys.argv[1])
+    for i in range(50):
+        run = store.start_run("train", "w" + sys.argv[2], config={"i": i})
+        store.finish_run(run, metrics={"i": i})
+    """
+)
+
+
+def test_two_processes_write_50_runs_each(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    Store(url)  # create the schema first, as the first command on a machine would
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    procs = [subprocess.Popen([sys.executable, str(script), url, str(k)]) for k in range(2)]
+    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    store = Store(url)
+    assert store.count_runs() == 100
+    assert len(store.list_runs(status="finished")) == 100
+    assert len(store.list_runs(task="w0")) == 50 and len(store.list_runs(task="w1")) == 50
+
+
+def test_killed_run_is_marked_failed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    code = (
+        "import os, sys\nfrom proftune.track import Store\n"
+        f"s = Store({url!r}); s.start_run('train', 'victim')\nos._exit(9)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=False, timeout=120)
+    store = Store(url)
+    assert store.list_runs()[0].status == "running"
+    assert store.reap_stale() == 1
+    rec = store.list_runs()[0]
+    assert rec.status == "failed" and "without finishing" in (rec.error or "")
+
+
+def test_compare(db_url: str) -> None:
+    store = Store(db_url)
+    a = store.start_run("train", "t", config={"lr": 0.1, "bs": 32}, data_fingerprint="a" * 32,
+                        env={"torch": "2.0"})
+    store.finish_run(a, metrics={"accuracy": 0.9})
+    b = store.start_run("train", "t", config={"lr": 0.2, "bs": 32}, data_fingerprint="a" * 32,
+                        env={"torch": "2.1"})
+    store.finish_run(b, metrics={"accuracy": 0.95})
+    diff = store.compare(a, b)
+    assert diff["config"] == {"lr": {"a": 0.1, "b": 0.2}}
+    assert diff["env"] == {"torch": {"a": "2.0", "b": "2.1"}}
+    assert diff["data_fingerprint"]["match"] is True
+    assert diff["metrics"]["accuracy"]["delta"] == pytest.approx(0.05)
