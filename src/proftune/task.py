@@ -134,8 +134,8 @@ def load_task(spec: str | Task | type[Task]) -> Task:
     from .examples import BUILTIN_TASKS
 
     if spec in BUILTIN_TASKS:
-        module_name, class_name = BUILTIN_TASKS[spec].target.split(":")
-        cls = getattr(importlib.import_module(module_name), class_name)
+        module_name, builtin_class = BUILTIN_TASKS[spec].target.split(":")
+        cls = getattr(importlib.import_module(module_name), builtin_class)
         return _instantiate(cls, origin=spec)
 
     path_part, class_name = _split_spec(spec)

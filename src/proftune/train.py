@@ -448,7 +448,7 @@ def _lbfgs_step(state: FitState, callbacks: Sequence[Callback], batch: Any, prec
         calls["n"] += 1
         return loss
 
-    optimizer.step(closure)
+    optimizer.step(closure)  # type: ignore[arg-type]  # LBFGS takes a closure returning a tensor
     return times["forward"], times["backward"], first_loss
 
 

@@ -150,7 +150,7 @@ class Profile:
     # -- serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        return _json_safe(d)  # type: ignore[no-any-return]
+        return dict(_json_safe(d))
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
