@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from ._api import TrainReport, run_train
+# the function shadows its subpackage on purpose: proftune.compress(...) and
+# `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
+from .compress import CompressConfig, CompressReport, compress
 from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
 from .task import ClassificationTask, Task, load_task
 from .track import Store
@@ -13,6 +16,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Callback",
     "ClassificationTask",
+    "CompressConfig",
+    "CompressReport",
     "ConfigError",
     "FitResult",
     "FitState",
@@ -23,6 +28,7 @@ __all__ = [
     "TaskLoadError",
     "TrainReport",
     "__version__",
+    "compress",
     "fit",
     "load_task",
     "run_train",

@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from ._compress import compress
 from ._runs import runs_app
 from ._tasks import tasks
 from ._train import train
@@ -22,6 +23,7 @@ app.command("train")(train)
 app.add_typer(runs_app, name="runs")
 
 # Commands of later subpackages register here, one line each.
+app.command("compress")(compress)
 
 
 def main() -> None:

@@ -1,0 +1,105 @@
+"""``proftune compress TASK``: prune, fine-tune, quantize and pick the best model within an accuracy budget."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .. import compress as run_compress
+from ..exceptions import ConfigError
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    ParamOpt,
+    SeedOpt,
+    execute,
+    out_console,
+    parse_params,
+)
+from ._progress import EpochProgress
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            values.append(float(part))
+        except ValueError:
+            raise ConfigError(f"{option} {text!r}: {part!r} is not a number; give e.g. {option} 0.3,0.5,0.7.") from None
+    return tuple(values)
+
+
+def compress(
+    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    prune: Annotated[str | None, typer.Option("--prune", help="unstructured or structured.", show_default=False)] = None,
+    ratios: Annotated[str, typer.Option("--ratios", help="Fractions removed, comma-separated (channels for structured, weights for unstructured).")] = "0.3,0.5,0.7",
+    importance: Annotated[str, typer.Option("--importance", help="l1, l2, taylor or bn.")] = "l2",
+    global_pruning: Annotated[bool, typer.Option("--global", help="Rank channels/weights across layers, not per layer.")] = False,
+    ignore_layers: Annotated[list[str] | None, typer.Option("--ignore-layers", help="Layer paths to keep whole (comma-separated or repeated).", show_default=False)] = None,
+    quantize: Annotated[str | None, typer.Option("--quantize", help="dynamic, static or qat (INT8).", show_default=False)] = None,
+    distill: Annotated[bool, typer.Option("--distill", help="The original model teaches during fine-tuning (Hinton loss).")] = False,
+    finetune_epochs: Annotated[int, typer.Option("--finetune-epochs", help="Fine-tuning epochs after pruning (fit loop).")] = 1,
+    max_accuracy_drop: Annotated[float, typer.Option("--max-accuracy-drop", help="Largest metric drop allowed (0.01 = 1 point).")] = 0.01,
+    metric: Annotated[str, typer.Option("--metric", help="The task metric the budget applies to.")] = "accuracy",
+    goal: Annotated[str, typer.Option("--goal", help="latency, size or macs: what the selection minimises.")] = "latency",
+    out: Annotated[str | None, typer.Option("--out", help="Write the selected model here (refuses to replace a file without --force).", show_default=False)] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Folder for metric-vs-params and metric-vs-latency PNGs.", show_default=False)] = None,
+    model: Annotated[str | None, typer.Option("--model", help="The trained original (torch.save(model) or a state dict); default: train the task first. Never modified.", show_default=False)] = None,
+    round_to: Annotated[int | None, typer.Option("--round-to", help="Keep channel counts multiples of this (structured).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file (never the --model file).")] = False,
+    param: ParamOpt = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Compress TASK's model under an accuracy budget; every figure is measured on the model as saved."""
+
+    def body() -> Any:
+        params = parse_params(param)
+        layers = tuple(name.strip() for item in (ignore_layers or []) for name in item.split(",") if name.strip())
+        return run_compress(
+            task, params=params, model=model, db=db, callbacks=[EpochProgress(None)],
+            prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
+            global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, distill=distill,
+            finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,
+            goal=goal, out=out, plot_dir=plot, round_to=round_to, force=force, seed=seed, device=device,
+        )
+
+    def render(report: Any) -> None:
+        d = report.to_dict()
+        table = Table(title=f"compress {d['task']}: {d['metric']} within -{d['max_accuracy_drop']}, "
+                            f"goal {d['goal']} ({d['device']}, {d['threads']} thread(s))")
+        for col in ("method", "ratio", d["metric"], "drop", "params", "MMACs", "size KB",
+                    "ms @1", f"ms @{d['baseline']['batch_size']}", "backend", "front"):
+            table.add_column(col, justify="left" if col in ("method", "backend") else "right")
+        selected = d["selected"]
+        for c in [d["baseline"], *d["candidates"]]:
+            mark = " *" if selected and c["method"] == selected["method"] and c["ratio"] == selected["ratio"] else ""
+            table.add_row(
+                c["method"] + mark, f"{c['ratio']:g}", f"{c['metric']:.4f}", f"{c['metric_drop']:+.4f}",
+                f"{c['params']:,}", f"{c['macs'] / 1e6:.2f}", f"{c['size_bytes'] / 1024:.1f}",
+                f"{c['latency_ms']:.3f}", f"{c['latency_batch_ms']:.3f}", c["quant_backend"] or "",
+                "yes" if c["pareto"] else "")
+        out_console.print(table)
+        for line in d["plan"]:
+            out_console.print(f"plan: {line}", highlight=False)
+        for note in d["notes"]:
+            out_console.print(f"note: {note}", highlight=False)
+        if selected is not None:
+            out_console.print(f"selected: {selected['method']} ratio {selected['ratio']:g}", highlight=False)
+        if d["output"]:
+            out_console.print(f"saved: {d['output']}  load: {d['load']}", highlight=False)
+        for p in d["plots"]:
+            out_console.print(f"plot: {p}", highlight=False)
+        out_console.print(f"run {d['run_id']} recorded", highlight=False)
+
+    execute(body, json_out=json_out, debug=debug, render=render)

@@ -1,0 +1,32 @@
+"""Compression under an accuracy budget: prune, quantize, distill, measure, select.
+
+``proftune.compress(task, ...)`` is the entry point; the pieces are public for reuse.
+"""
+
+from __future__ import annotations
+
+from . import _distill, _measure, _pipeline, _plot, _prune, _quantize, _sensitivity  # noqa: F401
+from ._api import CompressConfig, CompressReport, compress
+from ._distill import DistillationTask, hinton_loss
+from ._measure import LOAD_LINES, load_model
+from ._pipeline import Candidate
+from ._prune import prune_structured, prune_unstructured
+from ._quantize import backend_status
+from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
+
+__all__ = [
+    "LOAD_LINES",
+    "Candidate",
+    "CompressConfig",
+    "CompressReport",
+    "DistillationTask",
+    "LayerSensitivity",
+    "backend_status",
+    "compress",
+    "hinton_loss",
+    "layer_sensitivity",
+    "load_model",
+    "prune_structured",
+    "prune_unstructured",
+    "ratios_from_sensitivity",
+]

@@ -1,0 +1,129 @@
+"""The sweep's records and decisions: a measured Candidate, the Pareto front, the selection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "GOALS",
+    "Candidate",
+    "capture_inputs",
+    "higher_is_better",
+    "mark_pareto",
+    "select",
+    "slice_batch",
+]
+
+#: --goal -> the candidate field it minimises.
+GOALS = {"latency": "latency_ms", "size": "size_bytes", "macs": "macs"}
+
+
+@dataclass
+class Candidate:
+    """One compressed model, measured as saved.
+
+    ``params``/``macs`` of a quantized model are those of the float model it was converted from
+    (INT8 changes the bytes per weight, not their number); ``latency_ms`` is one forward at
+    batch 1 and ``latency_batch_ms`` at the task's ``batch_size`` (median, fixed threads).
+    """
+
+    method: str
+    ratio: float
+    metric: float
+    metric_drop: float
+    params: int
+    macs: int
+    size_bytes: int
+    latency_ms: float
+    latency_batch_ms: float
+    batch_size: int
+    nonzero_params: int | None = None
+    sparsity: float | None = None
+    sparse_size_bytes: int | None = None
+    quant_backend: str | None = None
+    backend_ms: dict[str, float | str] = field(default_factory=dict)
+    distilled: bool = False
+    finetune_epochs: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    format: str = "pickle"
+    load: str = ""
+    reload_max_abs_diff: float = 0.0
+    within_budget: bool = False
+    pareto: bool = False
+    notes: list[str] = field(default_factory=list)
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def higher_is_better(metric: str) -> bool:
+    """Accuracy-like metrics go up; losses and errors go down."""
+    low = metric.lower()
+    return not any(w in low for w in ("loss", "error", "perplexity", "mse", "mae"))
+
+
+def mark_pareto(cands: Sequence[Candidate], goal_key: str, metric_up: bool) -> None:
+    """Flag candidates no other beats on both the metric and ``goal_key`` (smaller is better)."""
+    for c in cands:
+        c.pareto = True
+        for o in cands:
+            if o is c:
+                continue
+            better_metric = o.metric >= c.metric if metric_up else o.metric <= c.metric
+            better_goal = getattr(o, goal_key) <= getattr(c, goal_key)
+            strictly = (o.metric != c.metric) or (getattr(o, goal_key) != getattr(c, goal_key))
+            if better_metric and better_goal and strictly:
+                c.pareto = False
+                break
+
+
+def select(cands: Sequence[Candidate], goal_key: str, max_drop: float) -> Candidate | None:
+    """The candidate best on ``goal_key`` whose metric drop is at most ``max_drop``; ties go to the
+    better metric. ``None`` when no compressed candidate fits the budget."""
+    for c in cands:
+        c.within_budget = c.metric_drop <= max_drop + 1e-12
+    fits = [c for c in cands if c.within_budget and c.method != "baseline"]
+    if not fits:
+        return None
+    return min(fits, key=lambda c: (getattr(c, goal_key), c.metric_drop))
+
+
+def capture_inputs(loss_fn: Any, model: nn.Module, batch: Any) -> Any:
+    """The inputs the task's loss feeds ``model`` for ``batch``: a tensor, a tuple or a dict."""
+    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def pre(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not seen:
+            seen.append((args, kwargs))
+
+    handle = model.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            loss_fn(model, batch)
+    finally:
+        handle.remove()
+    if not seen:
+        from ..exceptions import ConfigError
+
+        raise ConfigError("the task's loss never called the model; compress needs model(...) inputs.")
+    args, kwargs = seen[0]
+    if kwargs and not args:
+        return dict(kwargs)
+    return args[0] if len(args) == 1 else tuple(args)
+
+
+def slice_batch(example: Any, n: int) -> Any:
+    """The first ``n`` rows of every tensor in ``example``."""
+    if isinstance(example, torch.Tensor):
+        return example[:n]
+    if isinstance(example, (tuple, list)):
+        return type(example)(slice_batch(e, n) for e in example)
+    if isinstance(example, dict):
+        return {k: slice_batch(v, n) for k, v in example.items()}
+    return example

@@ -1,0 +1,176 @@
+"""INT8 quantization behind one interface: dynamic, static post-training, and quantization-aware.
+
+Two backends: ``torch.ao.quantization`` (FX graph mode: fuses conv-bn-relu, calibrates
+observers; its INT8 kernels run on CPU through the x86/fbgemm/qnnpack engines) and torchao
+(``quantize_`` with tensor subclasses; dynamic INT8 Linear on CPU and CUDA). Where both can do
+a method, both are built and timed on the device and the faster one is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..exceptions import ConfigError
+
+__all__ = [
+    "QUANT_BACKENDS",
+    "QUANT_METHODS",
+    "backend_status",
+    "convert_qat",
+    "prepare_qat",
+    "quantize_dynamic",
+    "quantize_static",
+    "save_format",
+]
+
+QUANT_METHODS = ("dynamic", "static", "qat")
+QUANT_BACKENDS = ("auto", "torchao", "torch.ao")
+_ENGINES = ("x86", "fbgemm", "onednn", "qnnpack")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torch.ao.quantization warns on import and use that it is deprecated; it is still the
+    fastest CPU INT8 path in this torch, so the warning is noise to a user of proftune."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*deprecated.*")
+        warnings.filterwarnings("ignore", category=UserWarning, module="torch.ao")
+        yield
+
+
+def _engine() -> str | None:
+    supported = list(torch.backends.quantized.supported_engines)
+    for name in _ENGINES:
+        if name in supported:
+            return name
+    return None
+
+
+def backend_status(method: str, device: torch.device, model: nn.Module | None = None) -> dict[str, str | None]:
+    """For each backend, None when it can run ``method`` on ``device``, else the reason it cannot."""
+    status: dict[str, str | None] = {}
+    engine = _engine()
+    if device.type != "cpu":
+        status["torch.ao"] = (f"torch.ao.quantization's INT8 kernels run on CPU only; the device is "
+                              f"{device.type} (use --device cpu)")
+    elif engine is None:
+        status["torch.ao"] = ("no quantized engine (x86, fbgemm, onednn, qnnpack) is built into this "
+                              f"torch; torch.backends.quantized.supported_engines="
+                              f"{list(torch.backends.quantized.supported_engines)}")
+    else:
+        status["torch.ao"] = None
+    try:
+        import torchao  # noqa: F401
+    except ImportError:
+        status["torchao"] = "torchao is not installed (pip install 'proftune[quant]')"
+    else:
+        if method == "dynamic":
+            status["torchao"] = None
+            if model is not None and not any(isinstance(m, nn.Linear) for m in model.modules()):
+                status["torchao"] = "torchao's dynamic INT8 quantizes nn.Linear only; the model has none"
+        else:
+            status["torchao"] = (f"torchao's {method} INT8 for conv models runs only as a torch.compile "
+                                 "(pt2e + inductor) graph, not as a saved eager model")
+    return status
+
+
+def save_format(backend: str) -> str:
+    """The file format a model quantized by ``backend`` is saved in (see ``_measure``)."""
+    return "export" if backend == "torchao" else "torchscript"
+
+
+def quantize_dynamic(model: nn.Module, *, backend: str) -> nn.Module:
+    """Dynamic INT8: weights stored INT8, activations quantized on the fly (Linear, LSTM)."""
+    model = copy.deepcopy(model).cpu().eval() if backend == "torch.ao" else copy.deepcopy(model).eval()
+    if backend == "torch.ao":
+        with _quiet():
+            from torch.ao.quantization import quantize_dynamic as tq_dynamic
+
+            torch.backends.quantized.engine = _engine() or torch.backends.quantized.engine
+            return tq_dynamic(model, {nn.Linear, nn.LSTM}, dtype=torch.qint8)
+    if backend == "torchao":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+        quantize_(model, Int8DynamicActivationInt8WeightConfig())
+        return model
+    raise ConfigError(f"backend={backend!r} is unknown; valid: torchao, torch.ao.")
+
+
+def _fx_error(exc: Exception, method: str) -> ConfigError:
+    return ConfigError(
+        f"{method} quantization traces the model with torch.fx and the trace failed "
+        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); use --quantize "
+        "dynamic, or make the forward traceable (no data-dependent control flow)."
+    )
+
+
+def quantize_static(model: nn.Module, example: Any, calibrate: Callable[[nn.Module], None]) -> nn.Module:
+    """Static post-training INT8 (torch.ao FX): fuse conv-bn-relu, observe, convert.
+
+    ``calibrate(prepared)`` runs the task's data through the observed model (a few batches).
+    """
+    with _quiet():
+        from torch.ao.quantization import get_default_qconfig_mapping
+        from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+        engine = _engine() or "x86"
+        torch.backends.quantized.engine = engine
+        float_model = copy.deepcopy(model).cpu().eval()
+        try:
+            prepared = prepare_fx(float_model, get_default_qconfig_mapping(engine), _tuple(example))
+        except Exception as exc:
+            raise _fx_error(exc, "static") from exc
+        with torch.no_grad():
+            calibrate(prepared)
+        return convert_fx(prepared)
+
+
+def prepare_qat(model: nn.Module, example: Any) -> nn.Module:
+    """A copy of ``model`` with fake-quantize modules (fused conv-bn-relu), ready to train."""
+    with _quiet():
+        from torch.ao.quantization import get_default_qat_qconfig_mapping
+        from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+        engine = _engine() or "x86"
+        torch.backends.quantized.engine = engine
+        trainable = copy.deepcopy(model).cpu().train()
+        try:
+            return prepare_qat_fx(trainable, get_default_qat_qconfig_mapping(engine), _tuple(example))
+        except Exception as exc:
+            raise _fx_error(exc, "qat") from exc
+
+
+def convert_qat(prepared: nn.Module) -> nn.Module:
+    """The INT8 model from a fake-quantized one trained by the fit loop."""
+    with _quiet():
+        from torch.ao.quantization.quantize_fx import convert_fx
+
+        return convert_fx(copy.deepcopy(prepared).cpu().eval())
+
+
+def _tuple(example: Any) -> tuple[Any, ...]:
+    if isinstance(example, (tuple, list)):
+        return tuple(e.cpu() if isinstance(e, torch.Tensor) else e for e in example)
+    return (example.cpu() if isinstance(example, torch.Tensor) else example,)
+
+
+def run_batches(task_loss: Callable[[nn.Module, Any], Any], batches: Iterable[Any], limit: int) -> Callable[[nn.Module], None]:
+    """A calibration function: feed up to ``limit`` batches through ``task_loss(model, batch)``.
+
+    The task's own loss drives the forward, so any batch layout the task understands works.
+    """
+
+    def calibrate(model: nn.Module) -> None:
+        for i, batch in enumerate(batches):
+            if i >= limit:
+                break
+            task_loss(model, batch)
+
+    return calibrate
