@@ -1,0 +1,56 @@
+"""Training parameters computed from measurements: batch size, lr, scaling, critical batch,
+accumulation, precision, data loading, bottleneck layers.
+
+``recommend`` reads one Profile and adds what a Profile cannot hold (memory at other batch
+sizes, the LR range test, the gradient noise scale); each part is also a function of its own.
+"""
+
+from __future__ import annotations
+
+from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
+from ._api import find_batch_size, lr_find, noise_scale, recommend, static_memory
+from ._batch_size import (
+    BatchSizeResult,
+    MemoryModel,
+    MemoryProbe,
+    fit_memory_model,
+    search_max_batch,
+)
+from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
+from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
+from ._recommendation import RECOMMENDATION_NAMES, Recommendation
+from ._rules import bottleneck_rule, data_loading_rule, precision_rule
+from ._scaling import ScalingRule, optimizer_family, scale_lr
+from ._units import format_bytes, parse_memory
+
+__all__ = [
+    "RECOMMENDATION_NAMES",
+    "AccumulationPlan",
+    "BatchSizeResult",
+    "LRFindResult",
+    "LRRangeCallback",
+    "MemoryModel",
+    "MemoryProbe",
+    "NoiseScaleCallback",
+    "NoiseScaleResult",
+    "Recommendation",
+    "ScalingRule",
+    "StepCost",
+    "bottleneck_rule",
+    "data_loading_rule",
+    "find_batch_size",
+    "fit_memory_model",
+    "format_bytes",
+    "lr_find",
+    "noise_scale",
+    "optimizer_family",
+    "parse_memory",
+    "plan_accumulation",
+    "precision_rule",
+    "recommend",
+    "scale_lr",
+    "search_max_batch",
+    "smooth_curve",
+    "static_memory",
+    "suggest_lr",
+]

@@ -1,0 +1,435 @@
+"""Public entry points: largest batch size, LR range test, noise scale, and all of it at once.
+
+Each takes a task (and optionally a Profile measured before, whose numbers are not measured
+again) and, with ``store=``, records itself as a Run (kinds ``batch_size``, ``lr_find``,
+``recommend``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._device import batch_size_of, resolve_device
+from ..exceptions import ConfigError
+from ..profile import Profile
+from ..task import Task, load_task
+from ..track import Store, tracked_run
+from ..train import seed_everything, validate_params
+from ._accumulation import StepCost, plan_accumulation
+from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
+from ._lr_find import LRFindResult, run_lr_range_test, validate_lr_range
+from ._noise_scale import NoiseScaleResult, measure_noise_scale
+from ._recommendation import Recommendation
+from ._rules import bottleneck_rule, data_loading_rule, precision_rule
+from ._scaling import optimizer_family, scale_lr
+from ._units import format_bytes, parse_memory
+
+
+def _store(store: Store | str | None) -> Store | None:
+    return Store(store) if isinstance(store, str) else store
+
+
+def _merged(task: Task, params: dict[str, Any] | None) -> dict[str, Any]:
+    return validate_params({**task.default_params, **(params or {})})
+
+
+# -- static memory ---------------------------------------------------------------------------------
+
+
+def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None = None) -> dict[str, int]:
+    """Bytes of parameters (+ buffers), gradients and optimizer state: the floor of any budget.
+
+    From the profile when it holds them; otherwise counted on a throwaway copy of the model on
+    the CPU after one optimizer step on zero gradients (so lazily created state exists).
+    """
+    if profile is not None and profile.memory.params_bytes > 0:
+        m = profile.memory
+        return {"params_bytes": int(m.params_bytes), "grads_bytes": int(m.grads_bytes),
+                "optimizer_bytes": int(m.optimizer_bytes),
+                "total": int(m.params_bytes + m.grads_bytes + m.optimizer_bytes)}
+    from ..profile._memory import buffers_bytes, optimizer_state_bytes, params_bytes
+
+    seed_everything(0)
+    model = task.build_model(params)
+    optimizer = task.configure_optimizer(model, params)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+    if not isinstance(optimizer, torch.optim.LBFGS):
+        optimizer.step()
+    weights = params_bytes(model) + buffers_bytes(model)
+    grads = sum(p.numel() * p.element_size() for p in trainable)
+    state = optimizer_state_bytes(optimizer)
+    del model, optimizer
+    return {"params_bytes": int(weights), "grads_bytes": int(grads), "optimizer_bytes": int(state),
+            "total": int(weights + grads + state)}
+
+
+def _default_measure(task: Task, params: dict[str, Any], device: torch.device, seed: int) -> Measure:
+    from ..profile._memory import peak_step_memory
+
+    def measure(batch_size: int) -> int:
+        first = next(iter(task.train_data(batch_size, params)), None)
+        available = batch_size_of(first) if first is not None else 0
+        if available < batch_size:
+            raise DataLimit(batch_size, available)
+        return int(peak_step_memory(task, params, batch_size=batch_size, device=device, seed=seed))
+
+    return measure
+
+
+# -- batch size --------------------------------------------------------------------------------------
+
+
+def find_batch_size(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    *,
+    memory_budget: int | str,
+    device: str | torch.device = "auto",
+    profile: Profile | None = None,
+    start: int = 16,
+    max_probes: int = 3,
+    seed: int = 0,
+    measure: Measure | None = None,
+    store: Store | str | None = None,
+) -> BatchSizeResult:
+    """The largest batch size whose training step peaks within ``memory_budget`` (bytes or '4GiB').
+
+    Fits peak(B) = a + b·B from at most ``max_probes`` short probe steps (a given ``profile``'s
+    peak counts as one and is not re-measured), predicts the largest B under the budget less a
+    margin from the fit's residual, and verifies it with one step. ``measure`` replaces the
+    profiler's :func:`peak_step_memory` (batch size -> bytes), e.g. in tests.
+
+    Raises :class:`ConfigError` when the budget cannot hold the parameters, gradients and
+    optimizer state alone (the message says what the model needs at batch size 1).
+    """
+    task_obj = load_task(task)
+    merged = _merged(task_obj, params)
+    budget = parse_memory(memory_budget)
+    dev = resolve_device(device)
+    static = static_memory(task_obj, merged, profile=profile)
+    measure_fn = measure or _default_measure(task_obj, merged, dev, seed)
+    if budget < static["total"]:
+        try:
+            at_one: int | None = int(measure_fn(1))
+        except (torch.OutOfMemoryError, DataLimit):
+            at_one = None
+        raise ConfigError(
+            f"memory_budget={format_bytes(budget)} ({budget} bytes) is below what "
+            f"{task_obj.name or type(task_obj).__name__} needs before any activation: parameters "
+            f"{format_bytes(static['params_bytes'])} + gradients {format_bytes(static['grads_bytes'])} "
+            f"+ optimizer state {format_bytes(static['optimizer_bytes'])} = {format_bytes(static['total'])}"
+            + (f"; one training step at batch size 1 peaks at {format_bytes(at_one)} ({at_one} bytes)."
+               if at_one is not None else ".")
+        )
+    known = []
+    if profile is not None and profile.batch_size > 0 and profile.memory.peak_bytes > 0 and profile.mode == "train":
+        known.append((int(profile.batch_size), int(profile.memory.peak_bytes)))
+
+    def body() -> BatchSizeResult:
+        return search_max_batch(measure_fn, budget, known=known, start=start, max_probes=max_probes,
+                                static_bytes=static["total"], device=str(dev), static_detail=static)
+
+    st = _store(store)
+    if st is None:
+        return body()
+    config = {"params": merged, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
+              "start": start, "profile_point": known}
+    with tracked_run("batch_size", task_obj, config=config, device=dev, store=st) as run:
+        result = body()
+        run.set(metrics={"max_batch_size": float(result.max_batch_size), "runs": float(result.runs),
+                         "measured_peak_bytes": float(result.measured_peak_bytes or 0)},
+                result=result.to_dict())
+    return result
+
+
+# -- learning rate -------------------------------------------------------------------------------------
+
+
+def lr_find(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    *,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    min_lr: float = 1e-7,
+    max_lr: float = 10.0,
+    steps: int = 100,
+    batch_size: int | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    plot: str | None = None,
+    store: Store | str | None = None,
+) -> LRFindResult:
+    """Exponential LR range test from ``min_lr`` to ``max_lr`` over ``steps`` steps of the fit loop.
+
+    Returns ``suggested_lr`` (robust to noisy loss: one decade below the smoothed minimum,
+    within the descending region), ``min_lr`` where the loss starts to fall, ``max_lr`` the last
+    before it blows up, and the curve. A given ``model``/``optimizer`` is restored afterwards.
+    ``plot`` writes the curve as a PNG.
+    """
+    validate_lr_range(min_lr, max_lr, steps)
+    task_obj = load_task(task)
+    merged = _merged(task_obj, params)
+    dev = resolve_device(device)
+
+    def body() -> LRFindResult:
+        result = run_lr_range_test(task_obj, merged, model=model, optimizer=optimizer, min_lr=min_lr,
+                                   max_lr=max_lr, steps=steps, batch_size=batch_size, device=dev, seed=seed)
+        if plot:
+            result.plot(plot)
+        return result
+
+    st = _store(store)
+    if st is None:
+        return body()
+    config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
+              "batch_size": batch_size, "device": str(dev), "seed": seed}
+    with tracked_run("lr_find", task_obj, config=config, device=dev, store=st) as run:
+        result = body()
+        metrics = {k: v for k, v in (("suggested_lr", result.suggested_lr), ("min_lr", result.min_lr),
+                                     ("max_lr", result.max_lr)) if v is not None}
+        run.set(metrics=metrics, result={k: v for k, v in result.to_dict().items() if k != "curve"},
+                curves={"lr_range": result.to_dict()["curve"]},
+                artifacts={"plot": str(plot)} if plot else {})
+    return result
+
+
+# -- noise scale ---------------------------------------------------------------------------------------
+
+
+def noise_scale(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    *,
+    small_batch: int = 16,
+    micro_batches: int = 4,
+    steps: int = 30,
+    ema: float = 0.9,
+    warmup_steps: int = 0,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+) -> NoiseScaleResult:
+    """Gradient noise scale B_simple = tr(Σ)/|G|² from ``steps`` accumulated steps of the fit loop:
+    the ``micro_batches`` micro-batches of ``small_batch`` samples are the small batches, their
+    mean the big one. B_simple estimates the critical batch size."""
+    return measure_noise_scale(task, params, small_batch=small_batch, micro_batches=micro_batches,
+                               steps=steps, ema=ema, warmup_steps=warmup_steps, device=device, seed=seed)
+
+
+# -- everything ------------------------------------------------------------------------------------------
+
+
+def _round_batch(b: float) -> int:
+    """Round a batch size to a multiple of 8 from 16 up (friendlier to kernels), else to an int."""
+    if b >= 16:
+        return int(8 * round(b / 8))
+    return max(1, round(b))
+
+
+def recommend(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    *,
+    profile: Profile | None = None,
+    memory_budget: int | str | None = None,
+    target_batch: int | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    lr_steps: int = 100,
+    noise_steps: int = 30,
+    store: Store | str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Recommendation]:
+    """Every training parameter proftune computes, from ONE Profile plus the measurements the
+    Profile cannot hold (memory at other batch sizes, the LR range test, the noise scale).
+
+    Without ``profile``, one is measured first (``proftune.profile``). Without
+    ``memory_budget``: on CUDA the device's free memory, on CPU no batch-size search.
+    """
+    task_obj = load_task(task)
+    merged = _merged(task_obj, params)
+    dev = resolve_device(device)
+    if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
+        raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
+    budget = parse_memory(memory_budget) if memory_budget is not None else None
+    say = progress or (lambda _msg: None)
+
+    def body() -> list[Recommendation]:
+        prof = profile
+        if prof is None:
+            say("profiling")
+            from .. import profile as profile_fn
+
+            prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)  # type: ignore[operator]
+        return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
+                               device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say)
+
+    st = _store(store)
+    if st is None:
+        return body()
+    config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
+              "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps}
+    with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
+        recs = body()
+        run.set(result={"recommendations": [r.to_dict() for r in recs]},
+                metrics={r.name: float(r.value) for r in recs
+                         if isinstance(r.value, (int, float)) and not isinstance(r.value, bool)})
+    return recs
+
+
+def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget: int | None,
+                    target_batch: int | None, device: torch.device, seed: int, lr_steps: int,
+                    noise_steps: int, say: Callable[[str], None]) -> list[Recommendation]:
+    recs: dict[str, Recommendation] = {}
+    b_prof = int(prof.batch_size or params.get("batch_size", 32))
+    step = prof.step
+
+    # -- memory: the largest batch -----------------------------------------------------------------
+    if budget is None and device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free)
+    batch_result: BatchSizeResult | None = None
+    if budget is not None:
+        say("batch size")
+        batch_result = find_batch_size(task, params, memory_budget=budget, device=device, profile=prof, seed=seed)
+    max_batch = batch_result.max_batch_size if batch_result is not None else None
+
+    # -- noise scale: the critical batch ------------------------------------------------------------
+    say("noise scale")
+    micro = 4
+    small = max(1, b_prof // micro)
+    ns = noise_scale(task, params, small_batch=small, micro_batches=micro, steps=noise_steps,
+                     device=device, seed=seed)
+    b_crit = ns.critical_batch_size
+    ns_evidence = {k: v for k, v in ns.to_dict().items() if k != "history"}
+    if b_crit is None:
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", None, "no step had full micro-batches to estimate the noise scale.",
+            ns_evidence, "low", "")
+    else:
+        conf = "low" if ns.clipped_steps > ns.used_steps // 2 else "medium"
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", b_crit,
+            f"gradient noise scale B_simple = tr(Σ)/|G|² = {ns.trace_sigma:.4g}/{ns.grad_sq_norm:.4g} "
+            f"= {ns.b_simple:.1f}, measured over {ns.used_steps} steps of {micro}x{small} samples "
+            "(EMA-smoothed); below it a bigger batch cuts the steps almost linearly, above it "
+            "mostly adds compute. It grows as the loss falls: measure again later in training.",
+            ns_evidence, conf,
+            f"batches up to ~{b_crit} train in proportionally fewer steps (McCandlish et al. 2018)")
+
+    # -- target and batch size -------------------------------------------------------------------------
+    target = int(target_batch) if target_batch is not None else (_round_batch(b_crit) if b_crit else b_prof)
+    target_src = "--target-batch" if target_batch is not None else (
+        "the critical batch size" if b_crit else "the profiled batch size")
+    batch = min(target, max_batch) if max_batch is not None else target
+    evidence: dict[str, Any] = {"target_batch": target, "target_from": target_src,
+                                "profile_batch_size": b_prof,
+                                "profile_peak_bytes": prof.memory.peak_bytes}
+    if batch_result is not None:
+        evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
+                         "measured_peak_bytes": batch_result.measured_peak_bytes,
+                         "memory_model": batch_result.model.to_dict(), "runs": batch_result.runs,
+                         "limited_by": batch_result.limited_by})
+        why = (f"the largest batch under {format_bytes(budget)} is {max_batch} (peak "
+               f"{format_bytes(batch_result.measured_peak_bytes)} measured at it; memory model "
+               f"{format_bytes(batch_result.model.intercept_bytes)} + "
+               f"{format_bytes(batch_result.model.per_sample_bytes)}/sample)")
+        if batch < max_batch:
+            why += f"; {target_src} {target} is smaller, so use that"
+        else:
+            why += f"; {target_src} is {target}"
+        conf = "high" if batch == max_batch or batch_result.measured_peak_bytes else "medium"
+    else:
+        why = (f"no memory budget given on {device.type}: batch size from {target_src} ({target}); "
+               "pass --memory-budget to bound it by memory")
+        conf = "medium" if b_crit else "low"
+    time_ms = step.time_ms * batch / b_prof if step.time_ms and b_prof else None
+    recs["batch_size"] = Recommendation(
+        "batch_size", batch, why + ".", evidence, conf,
+        f"~{time_ms:.1f} ms per step ({batch / time_ms * 1e3:.0f} samples/s, linear in batch from "
+        f"{step.time_ms:.1f} ms at {b_prof})" if time_ms else "")
+
+    # -- learning rate and its scaling ---------------------------------------------------------------------
+    say("lr range test")
+    lr_res = lr_find(task, params, batch_size=b_prof, steps=lr_steps, device=device, seed=seed)
+    lr_ev = {k: v for k, v in lr_res.to_dict().items() if k != "curve"}
+    accumulation = plan_accumulation(target, max_batch, cost=_step_cost(prof)) if max_batch else None
+    effective = accumulation.effective_batch if accumulation is not None else batch
+    opt_name = str(params.get("optimizer", "adamw"))
+    if lr_res.suggested_lr is None:
+        recs["lr"] = Recommendation("lr", None, f"no lr suggested: {lr_res.message}", lr_ev, "low", "")
+        recs["lr_scaling"] = Recommendation("lr_scaling", None, "no lr to scale (the range test gave none).",
+                                            {"optimizer": opt_name}, "low", "")
+    else:
+        try:
+            rule = scale_lr(lr_res.suggested_lr, from_batch=b_prof, to_batch=effective,
+                            optimizer=opt_name, critical_batch=b_crit)
+        except ConfigError as exc:
+            rule = None
+            scaling_msg = str(exc)
+        lr_value = rule.lr if rule is not None else lr_res.suggested_lr
+        reason = (f"LR range test at batch {b_prof} ({lr_res.optimizer}, {lr_res.steps} steps): loss "
+                  f"falls from {lr_res.min_lr:.2g}, smoothed minimum at {lr_res.lr_at_min_loss:.2g}, "
+                  f"blows up after {lr_res.max_lr:.2g}; suggested {lr_res.suggested_lr:.3g}")
+        if rule is not None and effective != b_prof:
+            reason += f", scaled to batch {effective} by the {rule.rule} rule: {lr_value:.3g}"
+        if lr_res.message:
+            reason += f" ({lr_res.message})"
+        recs["lr"] = Recommendation("lr", lr_value, reason + ".", lr_ev,
+                                    "medium" if lr_res.message is None else "low",
+                                    f"a stable lr {math.log10(lr_res.max_lr / lr_res.suggested_lr):.1f} "
+                                    "decades below where the loss blows up")
+        if rule is not None:
+            recs["lr_scaling"] = Recommendation("lr_scaling", rule.rule, rule.reason, rule.to_dict(), "medium",
+                                                f"lr x{rule.factor:.3g} for batch {b_prof} -> {effective}")
+        else:
+            recs["lr_scaling"] = Recommendation("lr_scaling", None, scaling_msg, {"optimizer": opt_name}, "low", "")
+
+    # -- accumulation -----------------------------------------------------------------------------------------
+    if accumulation is None:
+        recs["grad_accumulation"] = Recommendation(
+            "grad_accumulation", 1, "no memory budget: the target batch runs in one step.",
+            {"target_batch": target}, "low", "")
+    else:
+        recs["grad_accumulation"] = Recommendation(
+            "grad_accumulation", accumulation.steps, accumulation.reason,
+            {**accumulation.to_dict(), "profile_step_ms": step.time_ms, "profile_batch_size": b_prof},
+            "medium" if accumulation.step_ms is not None else "low",
+            (f"effective batch {accumulation.effective_batch} at ~{accumulation.step_ms:.1f} ms per "
+             f"optimizer step ({accumulation.samples_per_s:.0f} samples/s)") if accumulation.step_ms else "")
+
+    # -- rules on the profile ------------------------------------------------------------------------------
+    recs["precision"] = precision_rule(prof)
+    recs["data_loading"] = data_loading_rule(prof)
+    recs["bottleneck"] = bottleneck_rule(prof)
+    from ._recommendation import RECOMMENDATION_NAMES
+
+    return [recs[name] for name in RECOMMENDATION_NAMES if name in recs]
+
+
+def _step_cost(prof: Profile) -> StepCost | None:
+    s = prof.step
+    if not s.time_ms or not prof.batch_size:
+        return None
+    per_batch = s.data_ms + s.forward_ms + s.backward_ms
+    fixed = max(s.time_ms - per_batch, 0.0)
+    if per_batch <= 0:
+        per_batch, fixed = s.time_ms, 0.0
+    return StepCost(batch_size=int(prof.batch_size), per_batch_ms=per_batch, fixed_ms=fixed)
+
+
+__all__ = [
+    "find_batch_size",
+    "lr_find",
+    "noise_scale",
+    "optimizer_family",
+    "recommend",
+    "static_memory",
+]

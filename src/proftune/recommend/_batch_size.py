@@ -1,0 +1,301 @@
+"""The largest batch size under a memory budget, from a linear memory model of the step.
+
+The peak of a training step is a + b·B: parameters, gradients, optimizer state and workspace
+(a) plus activations and their gradients, which grow with the batch (b per sample). We fit it
+from at most three short probe steps (the profile's own measurement counts as one and is not
+repeated), take the safety margin from the fit's measured residual, predict the largest B
+under the budget and verify it with one step at that size. A probe that runs out of memory
+(``torch.OutOfMemoryError``) or measures a peak above the budget is information: an upper
+bound, and (when measured) a point of the fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..exceptions import ConfigError
+from ._units import format_bytes
+
+#: The smallest margin, as a fraction of the budget: allocator rounding and run-to-run jitter
+#: that three points cannot show.
+MIN_MARGIN_FRACTION = 0.005
+#: The margin is this many times the largest residual of the fit.
+RESIDUAL_MARGIN = 2.0
+
+
+class DataLimit(Exception):
+    """The task cannot form a batch of the asked size: it has only ``available`` samples."""
+
+    def __init__(self, asked: int, available: int) -> None:
+        super().__init__(f"asked for a batch of {asked}, the training data holds {available}")
+        self.asked, self.available = asked, available
+
+
+#: batch size -> peak bytes of one training step; may raise torch.OutOfMemoryError or DataLimit.
+Measure = Callable[[int], int]
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """One measured step: its batch size, peak bytes (None after an OOM) and what it showed."""
+
+    batch_size: int
+    peak_bytes: int | None
+    status: str  # "fits" | "over_budget" | "oom"
+    role: str  # "profile" (measured before, not repeated) | "probe" | "verify"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "peak_bytes": self.peak_bytes, "status": self.status,
+                "role": self.role}
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """peak(B) = intercept_bytes + per_sample_bytes·B, fitted by least squares."""
+
+    intercept_bytes: float
+    per_sample_bytes: float
+    #: Largest |measured − fitted| over the points of the fit, bytes.
+    residual_bytes: float
+    margin_bytes: float
+    points: int
+
+    def predict(self, batch_size: float) -> float:
+        return self.intercept_bytes + self.per_sample_bytes * batch_size
+
+    def largest_batch(self, budget: float) -> int:
+        """The largest B whose predicted peak plus the margin stays within ``budget``."""
+        if self.per_sample_bytes <= 0:
+            return 0
+        return math.floor((budget - self.margin_bytes - self.intercept_bytes) / self.per_sample_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"intercept_bytes": self.intercept_bytes, "per_sample_bytes": self.per_sample_bytes,
+                "residual_bytes": self.residual_bytes, "margin_bytes": self.margin_bytes,
+                "points": self.points,
+                "formula": "peak(B) = intercept_bytes + per_sample_bytes * B"}
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """The largest batch size that fits ``memory_budget``, and how it was found."""
+
+    max_batch_size: int
+    memory_budget: int
+    probes: tuple[MemoryProbe, ...]
+    model: MemoryModel
+    predicted_peak_bytes: float
+    measured_peak_bytes: int | None
+    #: Parameters + gradients + optimizer state: what the budget must hold before any activation.
+    static_bytes: int
+    device: str
+    #: What bounds the answer: "memory", or "data" (the training data holds fewer samples).
+    limited_by: str = "memory"
+    static_detail: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> int:
+        """Steps measured by this search (the profile's earlier measurement not counted)."""
+        return sum(1 for p in self.probes if p.role != "profile")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_batch_size": self.max_batch_size,
+            "memory_budget": self.memory_budget,
+            "limited_by": self.limited_by,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "runs": self.runs,
+            "probes": [p.to_dict() for p in self.probes],
+            "model": self.model.to_dict(),
+            "static_bytes": self.static_bytes,
+            "static_detail": self.static_detail,
+            "device": self.device,
+        }
+
+
+def fit_memory_model(points: Sequence[tuple[int, int]], budget: float) -> MemoryModel:
+    """Least-squares line through ``(batch_size, peak_bytes)``; margin from the residual."""
+    xs = np.array([p[0] for p in points], dtype=float)
+    ys = np.array([p[1] for p in points], dtype=float)
+    if len(set(xs.tolist())) < 2:
+        raise ValueError("a memory model needs peaks at two different batch sizes at least.")
+    slope, intercept = np.polyfit(xs, ys, 1)
+    resid = float(np.max(np.abs(ys - (intercept + slope * xs))))
+    margin = max(RESIDUAL_MARGIN * resid, MIN_MARGIN_FRACTION * budget)
+    return MemoryModel(intercept_bytes=float(intercept), per_sample_bytes=float(slope),
+                       residual_bytes=resid, margin_bytes=margin, points=len(points))
+
+
+class _Search:
+    """Bookkeeping of one search: the measured points, the bounds, the probes in order."""
+
+    def __init__(self, measure: Measure, budget: int, max_batch: int | None) -> None:
+        self.measure, self.budget = measure, budget
+        self.max_batch = max_batch
+        self.probes: list[MemoryProbe] = []
+        self.points: list[tuple[int, int]] = []
+        self.fits: list[int] = []
+        self.fails: list[int] = []
+        self.limited_by = "memory"
+
+    def add(self, batch_size: int, peak: int | None, role: str) -> MemoryProbe:
+        if peak is None:
+            status = "oom"
+        else:
+            status = "fits" if peak <= self.budget else "over_budget"
+            self.points.append((batch_size, int(peak)))
+        (self.fits if status == "fits" else self.fails).append(batch_size)
+        probe = MemoryProbe(batch_size, None if peak is None else int(peak), status, role)
+        self.probes.append(probe)
+        return probe
+
+    def run(self, batch_size: int, role: str) -> MemoryProbe:
+        batch_size = self.clamp(batch_size)
+        while True:
+            try:
+                peak: int | None = int(self.measure(batch_size))
+            except DataLimit as limit:
+                self.max_batch = limit.available
+                self.limited_by = "data"
+                batch_size = self.clamp(batch_size)
+                continue
+            except torch.OutOfMemoryError:
+                peak = None
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            return self.add(batch_size, peak, role)
+
+    def clamp(self, batch_size: float) -> int:
+        b = max(1, int(batch_size))
+        if self.max_batch is not None:
+            b = min(b, self.max_batch)
+        if self.fails:
+            b = min(b, max(1, min(self.fails) - 1))
+        return b
+
+    @property
+    def upper(self) -> int | None:
+        return min(self.fails) if self.fails else None
+
+
+def search_max_batch(
+    measure: Measure,
+    budget: int,
+    *,
+    known: Sequence[tuple[int, int]] = (),
+    start: int = 16,
+    max_batch: int | None = None,
+    max_probes: int = 3,
+    max_verify: int = 3,
+    static_bytes: int = 0,
+    device: str = "cpu",
+    static_detail: dict[str, int] | None = None,
+) -> BatchSizeResult:
+    """Fit peak(B) = a + b·B from at most ``max_probes`` measured points and verify the answer.
+
+    ``known`` holds points measured before (the profile's): they join the fit without a run.
+    The probes go where they pin the line best: a small batch, then half-way and close to the
+    extrapolated answer. The answer is verified by one step; when that step does not fit, the
+    fit takes it in and the next answer is verified (at most ``max_verify`` times).
+    """
+    search = _Search(measure, budget, max_batch)
+    for b, peak in known:
+        search.add(int(b), int(peak), "profile")
+    probes_left = max(0, max_probes - len(search.points))
+    if not search.points:
+        search.run(start, "probe")
+        probes_left -= 1
+    while probes_left > 0:
+        target = _next_probe(search, static_bytes)
+        if target is None:
+            break
+        search.run(target, "probe")
+        probes_left -= 1
+    if len({b for b, _ in search.points}) < 2:
+        # Every probe ran out of memory or hit the data limit: no line to fit.
+        return _degenerate(search, static_bytes, device, static_detail or {})
+    model = fit_memory_model(search.points, budget)
+    answer = search.clamp(model.largest_batch(budget))
+    for _ in range(max_verify):
+        if answer < 1 or (search.upper is not None and search.upper <= 1):
+            break
+        probe = search.run(answer, "verify")
+        if probe.status == "fits":
+            break
+        if len({b for b, _ in search.points}) >= 2:
+            model = fit_memory_model(search.points, budget)
+        answer = search.clamp(min(model.largest_batch(budget), probe.batch_size - 1))
+    fits = [p for p in search.probes if p.status == "fits" and p.role == "verify"]
+    if not fits:
+        fitting = [p for p in search.probes if p.status == "fits"]
+        if not fitting:
+            raise ConfigError(
+                f"memory_budget={format_bytes(budget)} does not hold one training step at any batch "
+                f"size tried ({sorted(p.batch_size for p in search.probes)}); the model needs "
+                f"{format_bytes(static_bytes)} for parameters, gradients and optimizer state alone."
+            )
+        best = max(fitting, key=lambda p: p.batch_size)
+    else:
+        best = fits[-1]
+    return BatchSizeResult(
+        max_batch_size=best.batch_size, memory_budget=int(budget), probes=tuple(search.probes),
+        model=model, predicted_peak_bytes=model.predict(best.batch_size),
+        measured_peak_bytes=best.peak_bytes, static_bytes=int(static_bytes), device=device,
+        limited_by=search.limited_by if best.batch_size == search.max_batch else "memory",
+        static_detail=static_detail or {},
+    )
+
+
+def _next_probe(search: _Search, static_bytes: int) -> int | None:
+    """Where the next probe pins the line best: half-way to the answer, then close to it."""
+    budget = search.budget
+    distinct = sorted({b for b, _ in search.points})
+    if len(distinct) >= 2:
+        model = fit_memory_model(search.points, budget)
+        guess = model.largest_batch(budget)
+        target = int(0.9 * guess) if guess > 0 else distinct[0] // 2
+    elif distinct:
+        b1 = distinct[0]
+        peak1 = dict(search.points)[b1]
+        # one point: take the static bytes as the intercept for a first slope
+        slope = (peak1 - static_bytes) / b1 if peak1 > static_bytes else peak1 / b1
+        guess = (budget - static_bytes) / max(slope, 1.0)
+        target = int(max(2 * b1, guess / 2)) if peak1 <= budget else max(1, b1 // 4)
+    else:
+        # only OOMs so far: go down
+        target = max(1, (search.upper or 2) // 4)
+    target = search.clamp(target)
+    if target in distinct or (search.upper is not None and target >= search.upper):
+        # nothing new to learn there: try the other side of the known points
+        alternative = search.clamp(max(1, min(distinct or [target]) // 2))
+        if alternative in distinct or alternative == target:
+            return None
+        target = alternative
+    return target
+
+
+def _degenerate(search: _Search, static_bytes: int, device: str, detail: dict[str, int]) -> BatchSizeResult:
+    """No line could be fitted (OOM everywhere, or one batch size only): report what was seen."""
+    fitting = [p for p in search.probes if p.status == "fits"]
+    if not fitting:
+        raise ConfigError(
+            f"memory_budget={format_bytes(search.budget)} does not hold one training step at any "
+            f"batch size tried ({sorted(p.batch_size for p in search.probes)}); the model needs "
+            f"{format_bytes(static_bytes)} for parameters, gradients and optimizer state alone."
+        )
+    best = max(fitting, key=lambda p: p.batch_size)
+    peak = float(best.peak_bytes or 0)
+    model = MemoryModel(intercept_bytes=peak, per_sample_bytes=0.0, residual_bytes=0.0,
+                        margin_bytes=MIN_MARGIN_FRACTION * search.budget, points=len(search.points))
+    return BatchSizeResult(
+        max_batch_size=best.batch_size, memory_budget=int(search.budget), probes=tuple(search.probes),
+        model=model, predicted_peak_bytes=peak, measured_peak_bytes=best.peak_bytes,
+        static_bytes=int(static_bytes), device=device, limited_by=search.limited_by, static_detail=detail,
+    )

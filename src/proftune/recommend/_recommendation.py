@@ -1,0 +1,41 @@
+"""The Recommendation record: one decision, the measured numbers it came from, and its effect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The names a recommendation can have, in the order ``recommend`` returns them.
+RECOMMENDATION_NAMES = (
+    "batch_size", "lr", "lr_scaling", "critical_batch_size", "grad_accumulation", "precision",
+    "data_loading", "bottleneck",
+)
+CONFIDENCES = ("high", "medium", "low")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A training parameter computed from measurements.
+
+    ``value`` is what to set (None when the measurements do not allow a value; ``reason``
+    says why). ``evidence`` holds the measured numbers it came from, ``effect`` the effect it
+    predicts. ``confidence``: high (measured and verified), medium (derived from measurements
+    through a model that holds under stated assumptions), low (a rule of thumb, or thin data).
+    """
+
+    name: str
+    value: Any
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    confidence: str = "medium"
+    effect: str = ""
+
+    def __post_init__(self) -> None:
+        if self.name not in RECOMMENDATION_NAMES:
+            raise ValueError(f"Recommendation name={self.name!r} is unknown; valid: {', '.join(RECOMMENDATION_NAMES)}.")
+        if self.confidence not in CONFIDENCES:
+            raise ValueError(f"confidence={self.confidence!r} is unknown; valid: {', '.join(CONFIDENCES)}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "reason": self.reason,
+                "evidence": self.evidence, "confidence": self.confidence, "effect": self.effect}
