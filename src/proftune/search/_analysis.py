@@ -1,0 +1,261 @@
+"""After the study: correlations, parameter importance, the Pareto front, and PNG plots.
+
+Correlations are Pearson and Spearman between each parameter (min-max normalised, on a log
+scale for log parameters) and the objective(s) and each profile metric. Importance is Optuna's
+fANOVA and PED-ANOVA over the feasible complete trials.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._constraints import PROFILE_METRICS, Objective
+from ._space import Space
+from ._study import TrialRecord
+
+__all__ = ["correlations", "importance", "pareto_front", "plot_study"]
+
+MIN_POINTS = 3
+
+
+def _param_column(space: Space, name: str, records: Sequence[TrialRecord]) -> list[float | None]:
+    try:
+        p = space.param(name)
+    except KeyError:
+        p = None
+    col: list[float | None] = []
+    for r in records:
+        v = r.params.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            col.append(None)
+            continue
+        x = float(v)
+        if p is not None and p.log:
+            x = math.log10(x) if x > 0 else None  # type: ignore[assignment]
+        col.append(x)
+    return col
+
+
+def _normalise(xs: list[float]) -> list[float]:
+    lo, hi = min(xs), max(xs)
+    return [0.0 if hi == lo else (x - lo) / (hi - lo) for x in xs]
+
+
+def _corr(xs: list[float], ys: list[float]) -> dict[str, Any] | None:
+    from scipy import stats
+
+    if len(xs) < MIN_POINTS or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    xn = _normalise(xs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pearson = stats.pearsonr(xn, ys)
+        spearman = stats.spearmanr(xn, ys)
+    return {"pearson": float(pearson[0]), "pearson_p": float(pearson[1]),
+            "spearman": float(spearman[0]), "spearman_p": float(spearman[1]), "n": len(xs)}
+
+
+def correlations(records: Sequence[TrialRecord], space: Space,
+                 objectives: Sequence[Objective]) -> dict[str, dict[str, Any]]:
+    """``{param: {target: {pearson, spearman, n, ...}}}`` for every numeric parameter.
+
+    Targets: each objective (over feasible complete trials) and each profile metric that was
+    measured (over every trial that measured it, infeasible ones included).
+    """
+    complete = [r for r in records if r.state == "complete" and r.values]
+    measured = [m for m in PROFILE_METRICS if any(m in r.metrics for r in records)]
+    out: dict[str, dict[str, Any]] = {}
+    for p in space.params:
+        per: dict[str, Any] = {}
+        for i, o in enumerate(objectives):
+            col = _param_column(space, p.name, complete)
+            pairs = [(x, r.values[i]) for x, r in zip(col, complete, strict=True)
+                     if x is not None and r.values is not None]
+            res = _corr([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+            if res:
+                per[o.metric] = res
+        for m in measured:
+            if any(o.metric == m for o in objectives):
+                continue
+            rows = [r for r in records if m in r.metrics and r.metrics[m] is not None
+                    and math.isfinite(float(r.metrics[m]))]
+            col = _param_column(space, p.name, rows)
+            pairs = [(x, float(r.metrics[m])) for x, r in zip(col, rows, strict=True) if x is not None]
+            res = _corr([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+            if res:
+                per[m] = res
+        if per:
+            out[p.name] = per
+    return out
+
+
+def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[Objective],
+               *, seed: int = 0) -> dict[str, Any]:
+    """``{objective: {"fanova": {param: share}, "ped_anova": {...}}}`` over feasible complete trials."""
+    import optuna
+
+    keep = {r.number for r in records if r.state == "complete"}
+    trials = [t for t in study.get_trials(deepcopy=False) if t.number in keep and t.params]
+    out: dict[str, Any] = {}
+    if len(trials) < 2:
+        return out
+    shadow = optuna.create_study(directions=[o.direction for o in objectives])
+    shadow.add_trials([optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                 values=t.values) for t in trials])
+    evaluators = {
+        "fanova": lambda: optuna.importance.FanovaImportanceEvaluator(seed=seed),
+        "ped_anova": lambda: optuna.importance.PedAnovaImportanceEvaluator(),
+    }
+    for i, o in enumerate(objectives):
+        per: dict[str, Any] = {}
+        for name, make in evaluators.items():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    imp = optuna.importance.get_param_importances(
+                        shadow, evaluator=make(), target=lambda t, i=i: t.values[i],
+                        normalize=True)
+                per[name] = {k: float(v) for k, v in imp.items()}
+            except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+                per[name] = {"error": str(exc)}
+        out[o.metric] = per
+    return out
+
+
+def pareto_front(records: Sequence[TrialRecord], objectives: Sequence[Objective]) -> list[TrialRecord]:
+    """The non-dominated feasible complete trials (the best one for a single objective)."""
+    pts = [r for r in records if r.state == "complete" and r.values]
+    signs = [1.0 if o.direction == "minimize" else -1.0 for o in objectives]
+
+    def key(r: TrialRecord) -> list[float]:
+        assert r.values is not None
+        return [s * v for s, v in zip(signs, r.values, strict=True)]
+
+    front = []
+    for r in pts:
+        kr = key(r)
+        dominated = False
+        for q in pts:
+            kq = key(q)
+            if q is not r and all(a <= b for a, b in zip(kq, kr, strict=True)) and any(
+                    a < b for a, b in zip(kq, kr, strict=True)):
+                dominated = True
+                break
+        if not dominated:
+            front.append(r)
+    front.sort(key=key)
+    if len(objectives) == 1:
+        return front[:1]
+    return front
+
+
+def plot_study(records: Sequence[TrialRecord], objectives: Sequence[Objective],
+               corr: dict[str, Any], imp: dict[str, Any], front: Sequence[TrialRecord],
+               out_dir: str | Path) -> list[str]:
+    """Write history, correlation, importance and Pareto PNGs to ``out_dir``; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[str] = []
+    colors = {"complete": "tab:blue", "pruned": "tab:orange", "infeasible": "tab:red",
+              "failed": "black", "running": "grey"}
+    o = objectives[0]
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for state, color in colors.items():
+        xs = [r.number for r in records if r.state == state and o.metric in r.metrics
+              and _finite(r.metrics[o.metric])]
+        ys = [float(r.metrics[o.metric]) for r in records if r.state == state and o.metric in r.metrics
+              and _finite(r.metrics[o.metric])]
+        if xs:
+            ax.scatter(xs, ys, c=color, label=state, s=18, marker="x" if state == "infeasible" else "o")
+    best, trace = None, []
+    for r in sorted(records, key=lambda r: r.number):
+        if r.state == "complete" and r.values:
+            v = r.values[0]
+            if best is None or (v > best if o.direction == "maximize" else v < best):
+                best = v
+        trace.append((r.number, best))
+    tr = [(n, b) for n, b in trace if b is not None]
+    if tr:
+        ax.step([n for n, _ in tr], [b for _, b in tr], where="post", c="tab:green", label="best feasible")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(o.metric)
+    ax.set_title(f"optimisation history ({o.text})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(str(out / "history.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    if corr:
+        params = sorted(corr)
+        targets = sorted({t for per in corr.values() for t in per})
+        mat = np.full((len(params), len(targets)), np.nan)
+        for i, p in enumerate(params):
+            for j, t in enumerate(targets):
+                if t in corr[p]:
+                    mat[i, j] = corr[p][t]["spearman"]
+        fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(targets), 1.2 + 0.5 * len(params)))
+        im = ax.imshow(mat, cmap="coolwarm", vmin=-1, vmax=1, aspect="auto")
+        ax.set_xticks(range(len(targets)), targets, rotation=40, ha="right", fontsize=8)
+        ax.set_yticks(range(len(params)), params, fontsize=8)
+        for i in range(len(params)):
+            for j in range(len(targets)):
+                if not np.isnan(mat[i, j]):
+                    ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=7)
+        fig.colorbar(im, ax=ax, label="Spearman")
+        ax.set_title("parameter correlations")
+        fig.tight_layout()
+        paths.append(str(out / "correlations.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    fan = (imp.get(o.metric) or {}).get("fanova") or {}
+    fan = {k: v for k, v in fan.items() if isinstance(v, float)}
+    if fan:
+        fig, ax = plt.subplots(figsize=(6, 1 + 0.4 * len(fan)))
+        names = list(fan)[::-1]
+        ax.barh(names, [fan[n] for n in names], color="tab:blue")
+        ax.set_xlabel("fANOVA importance")
+        ax.set_title(f"parameter importance ({o.metric})")
+        fig.tight_layout()
+        paths.append(str(out / "importance.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    if len(objectives) >= 2:
+        a, b = objectives[0], objectives[1]
+        done = [r for r in records if r.state == "complete" and r.values]
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        ax.scatter([r.values[0] for r in done if r.values], [r.values[1] for r in done if r.values],
+                   c="tab:blue", s=16, label="feasible")
+        pf = sorted((r for r in front if r.values), key=lambda r: r.values[0] if r.values else 0)
+        ax.plot([r.values[0] for r in pf if r.values], [r.values[1] for r in pf if r.values],
+                "o-", c="tab:red", label="Pareto front")
+        ax.set_xlabel(a.text)
+        ax.set_ylabel(b.text)
+        ax.legend(fontsize=8)
+        ax.set_title("Pareto front")
+        fig.tight_layout()
+        paths.append(str(out / "pareto.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False

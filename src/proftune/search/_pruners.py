@@ -1,0 +1,76 @@
+"""Pruners: Optuna's median and successive halving, and a patience rule that is correct.
+
+Optuna's ``PatientPruner`` waits ``patience + 1`` reports and reads ``min_delta`` as a
+tolerance for getting *worse* (it prunes only when the recent best falls more than
+``min_delta`` below the earlier best), so a trial that creeps up by less than ``min_delta``
+forever is never stopped. :class:`PatiencePruner` follows the rule users expect (Keras,
+Lightning's EarlyStopping): stop when the best value has not improved by more than
+``min_delta`` for ``patience`` consecutive reports.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.study import StudyDirection
+
+from ..exceptions import ConfigError
+
+__all__ = ["PRUNERS", "PatiencePruner", "make_pruner"]
+
+PRUNERS = ("none", "median", "asha", "patience")
+
+
+class PatiencePruner(BasePruner):
+    """Prune when the best reported value has not improved by > ``min_delta`` in ``patience`` reports.
+
+    NaN reports count as no improvement. An improvement smaller than ``min_delta`` does not
+    reset the count, and the best value moves only on a real improvement.
+    """
+
+    def __init__(self, patience: int, min_delta: float = 0.0) -> None:
+        if isinstance(patience, bool) or int(patience) < 1:
+            raise ConfigError(f"patience must be an integer >= 1, but got {patience=}.")
+        if not math.isfinite(min_delta) or min_delta < 0:
+            raise ConfigError(f"min_delta must be >= 0, but got {min_delta=}.")
+        self.patience, self.min_delta = int(patience), float(min_delta)
+
+    def reports_since_improvement(self, values: list[float], *, maximize: bool) -> int:
+        """How many reports in a row have not improved on the best by more than ``min_delta``."""
+        best: float | None = None
+        wait = 0
+        for v in values:
+            if math.isnan(v):
+                wait += 1
+                continue
+            if best is None or (v > best + self.min_delta if maximize else v < best - self.min_delta):
+                best, wait = v, 0
+            else:
+                wait += 1
+        return wait
+
+    def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if not trial.intermediate_values:
+            return False
+        values = [trial.intermediate_values[s] for s in sorted(trial.intermediate_values)]
+        maximize = study.direction == StudyDirection.MAXIMIZE
+        return self.reports_since_improvement(values, maximize=maximize) >= self.patience
+
+
+def make_pruner(name: str, options: dict[str, Any]) -> BasePruner:
+    """The pruner called ``name`` with options from the space file's ``pruner:`` section."""
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=int(options.get("n_startup_trials", 4)),
+                                           n_warmup_steps=int(options.get("n_warmup_steps", 0)))
+    if name == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=int(options.get("min_resource", 1)),
+            reduction_factor=int(options.get("reduction_factor", 3)))
+    if name == "patience":
+        return PatiencePruner(int(options.get("patience", 2)), float(options.get("min_delta", 0.0)))
+    raise ConfigError(f"--pruner {name!r} is unknown; valid: {', '.join(PRUNERS)}.")
