@@ -7,6 +7,7 @@ from ._api import TrainReport, run_train
 # `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
 from .compress import CompressConfig, CompressReport, compress
 from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
+from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
 from .task import ClassificationTask, Task, load_task
 from .track import Store
 from .train import Callback, FitResult, FitState, fit
@@ -22,6 +23,7 @@ __all__ = [
     "FitResult",
     "FitState",
     "ProftuneError",
+    "Recommendation",
     "RunFailedError",
     "Store",
     "Task",
@@ -29,7 +31,11 @@ __all__ = [
     "TrainReport",
     "__version__",
     "compress",
+    "find_batch_size",
     "fit",
     "load_task",
+    "lr_find",
+    "noise_scale",
+    "recommend",
     "run_train",
 ]

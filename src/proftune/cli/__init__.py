@@ -6,7 +6,12 @@ import sys
 
 import typer
 
+from ._bandit import bandit
+from ._batch_size import batch_size
 from ._compress import compress
+from ._diagnose import diagnose
+from ._lr_find import lr_find_command
+from ._recommend import recommend_command
 from ._runs import runs_app
 from ._tasks import tasks
 from ._train import train
@@ -24,6 +29,11 @@ app.add_typer(runs_app, name="runs")
 
 # Commands of later subpackages register here, one line each.
 app.command("compress")(compress)
+app.command("recommend")(recommend_command)
+app.command("batch-size")(batch_size)
+app.command("lr-find")(lr_find_command)
+app.command("diagnose")(diagnose)
+app.command("bandit")(bandit)
 
 
 def main() -> None:

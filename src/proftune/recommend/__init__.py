@@ -18,7 +18,7 @@ from ._batch_size import (
 )
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
-from ._recommendation import RECOMMENDATION_NAMES, Recommendation
+from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import ScalingRule, optimizer_family, scale_lr
 from ._units import format_bytes, parse_memory
@@ -34,6 +34,7 @@ __all__ = [
     "NoiseScaleCallback",
     "NoiseScaleResult",
     "Recommendation",
+    "Recommendations",
     "ScalingRule",
     "StepCost",
     "bottleneck_rule",

@@ -7,6 +7,7 @@ again) and, with ``store=``, records itself as a Run (kinds ``batch_size``, ``lr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ from ._accumulation import StepCost, plan_accumulation
 from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
 from ._lr_find import LRFindResult, run_lr_range_test, validate_lr_range
 from ._noise_scale import NoiseScaleResult, measure_noise_scale
-from ._recommendation import Recommendation
+from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
 from ._units import format_bytes, parse_memory
@@ -142,7 +143,7 @@ def find_batch_size(
     config = {"params": merged, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
               "start": start, "profile_point": known}
     with tracked_run("batch_size", task_obj, config=config, device=dev, store=st) as run:
-        result = body()
+        result = dataclasses.replace(body(), run_id=run.id)
         run.set(metrics={"max_batch_size": float(result.max_batch_size), "runs": float(result.runs),
                          "measured_peak_bytes": float(result.measured_peak_bytes or 0)},
                 result=result.to_dict())
@@ -192,7 +193,7 @@ def lr_find(
     config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
               "batch_size": batch_size, "device": str(dev), "seed": seed}
     with tracked_run("lr_find", task_obj, config=config, device=dev, store=st) as run:
-        result = body()
+        result = dataclasses.replace(body(), run_id=run.id)
         metrics = {k: v for k, v in (("suggested_lr", result.suggested_lr), ("min_lr", result.min_lr),
                                      ("max_lr", result.max_lr)) if v is not None}
         run.set(metrics=metrics, result={k: v for k, v in result.to_dict().items() if k != "curve"},
@@ -246,7 +247,7 @@ def recommend(
     noise_steps: int = 30,
     store: Store | str | None = None,
     progress: Callable[[str], None] | None = None,
-) -> list[Recommendation]:
+) -> Recommendations:
     """Every training parameter proftune computes, from ONE Profile plus the measurements the
     Profile cannot hold (memory at other batch sizes, the LR range test, the noise scale).
 
@@ -261,7 +262,7 @@ def recommend(
     budget = parse_memory(memory_budget) if memory_budget is not None else None
     say = progress or (lambda _msg: None)
 
-    def body() -> list[Recommendation]:
+    def body() -> Recommendations:
         prof = profile
         if prof is None:
             say("profiling")
@@ -278,6 +279,7 @@ def recommend(
               "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps}
     with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
         recs = body()
+        recs.run_id = run.id
         run.set(result={"recommendations": [r.to_dict() for r in recs]},
                 metrics={r.name: float(r.value) for r in recs
                          if isinstance(r.value, (int, float)) and not isinstance(r.value, bool)})
@@ -286,7 +288,7 @@ def recommend(
 
 def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget: int | None,
                     target_batch: int | None, device: torch.device, seed: int, lr_steps: int,
-                    noise_steps: int, say: Callable[[str], None]) -> list[Recommendation]:
+                    noise_steps: int, say: Callable[[str], None]) -> Recommendations:
     recs: dict[str, Recommendation] = {}
     b_prof = int(prof.batch_size or params.get("batch_size", 32))
     step = prof.step
@@ -409,9 +411,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs["precision"] = precision_rule(prof)
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
-    from ._recommendation import RECOMMENDATION_NAMES
-
-    return [recs[name] for name in RECOMMENDATION_NAMES if name in recs]
+    return Recommendations([recs[name] for name in RECOMMENDATION_NAMES if name in recs], profile=prof)
 
 
 def _step_cost(prof: Profile) -> StepCost | None:

@@ -98,6 +98,8 @@ class BatchSizeResult:
     #: What bounds the answer: "memory", or "data" (the training data holds fewer samples).
     limited_by: str = "memory"
     static_detail: dict[str, int] = field(default_factory=dict)
+    #: The Run this search was recorded as (with ``store=``).
+    run_id: int | None = None
 
     @property
     def runs(self) -> int:
@@ -117,6 +119,7 @@ class BatchSizeResult:
             "static_bytes": self.static_bytes,
             "static_detail": self.static_detail,
             "device": self.device,
+            "run_id": self.run_id,
         }
 
 

@@ -61,6 +61,8 @@ class LRFindResult:
     optimizer: str
     rule: str = f"lr of the smoothed minimum / {SUGGEST_FACTOR:g}, clamped to the descending region"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The Run this test was recorded as (with ``store=``).
+    run_id: int | None = None
 
     @property
     def steps(self) -> int:
@@ -83,6 +85,7 @@ class LRFindResult:
             "steps_planned": self.steps_planned,
             "batch_size": self.batch_size,
             "optimizer": self.optimizer,
+            "run_id": self.run_id,
             "curve": [
                 {"lr": lr, "loss": loss, "smoothed": sm}
                 for lr, loss, sm in zip(self.lrs, self.losses, self.smoothed, strict=True)

@@ -39,3 +39,26 @@ class Recommendation:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value, "reason": self.reason,
                 "evidence": self.evidence, "confidence": self.confidence, "effect": self.effect}
+
+
+class Recommendations(list[Recommendation]):
+    """What ``recommend`` returns: a list of :class:`Recommendation`, plus the Profile it read
+    and the id of the Run it was recorded as."""
+
+    def __init__(self, items: list[Recommendation], *, profile: Any = None, run_id: int | None = None) -> None:
+        super().__init__(items)
+        self.profile = profile
+        self.run_id = run_id
+
+    def get(self, name: str) -> Recommendation:
+        """The recommendation called ``name``."""
+        for rec in self:
+            if rec.name == name:
+                return rec
+        raise KeyError(f"no recommendation {name!r}; present: {', '.join(r.name for r in self)}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recommendations": [r.to_dict() for r in self], "run_id": self.run_id,
+                "profile": {"batch_size": getattr(self.profile, "batch_size", None),
+                            "device": getattr(self.profile, "device", None),
+                            "metrics": self.profile.metrics() if self.profile is not None else None}}

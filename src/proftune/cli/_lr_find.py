@@ -1,0 +1,64 @@
+"""``proftune lr-find TASK``: the LR range test and its robust suggestion."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from ..recommend import lr_find
+from ..track import Store
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    ParamOpt,
+    SeedOpt,
+    execute,
+    out_console,
+    parse_params,
+)
+
+
+def lr_find_command(
+    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    min_lr: Annotated[float, typer.Option("--min-lr", help="First lr of the sweep.")] = 1e-7,
+    max_lr: Annotated[float, typer.Option("--max-lr", help="Last lr of the sweep.")] = 10.0,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of the sweep.")] = 100,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size (default: the task's).")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write the curve to this PNG.")] = None,
+    param: ParamOpt = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Exponential LR range test through the fit loop: suggested_lr (robust to noisy loss),
+    min_lr where the loss starts to fall, max_lr the last before it blows up, and the curve."""
+
+    def body() -> Any:
+        return lr_find(task, parse_params(param), min_lr=min_lr, max_lr=max_lr, steps=steps,
+                       batch_size=batch_size, device=device, seed=seed, plot=plot, store=Store(db))
+
+    def render(result: Any) -> None:
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3g}"
+
+        out_console.print(f"run {result.run_id}: LR range test, {result.optimizer}, batch "
+                          f"{result.batch_size}, {result.steps}/{result.steps_planned} steps "
+                          f"({result.stop_reason or 'complete'})")
+        if result.suggested_lr is None:
+            out_console.print(f"[bold red]no suggestion[/]: {result.message}")
+        else:
+            out_console.print(f"suggested_lr = [bold]{fmt(result.suggested_lr)}[/]  ({result.rule})")
+            if result.message:
+                out_console.print(f"note: {result.message}")
+        out_console.print(f"min_lr (loss starts to fall) = {fmt(result.min_lr)}; lr at the smoothed "
+                          f"minimum = {fmt(result.lr_at_min_loss)}; max_lr (last before blow-up) = "
+                          f"{fmt(result.max_lr)}")
+        if plot:
+            out_console.print(f"plot: {plot}")
+
+    execute(body, json_out=json_out, debug=debug, render=render)

@@ -1,0 +1,79 @@
+"""``proftune recommend TASK``: every training parameter proftune computes, from one Profile."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..profile import Profile
+from ..recommend import recommend
+from ..track import Store
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    ParamOpt,
+    SeedOpt,
+    err_console,
+    execute,
+    out_console,
+    parse_params,
+    progress_enabled,
+)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list):
+        return ", ".join(str(v.get("layer", v)) if isinstance(v, dict) else str(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def recommend_command(
+    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    memory_budget: Annotated[str | None, typer.Option(
+        "--memory-budget", help="Memory budget (4GiB, 512MB, bytes); default: free CUDA memory, none on CPU.",
+        show_default=False)] = None,
+    target_batch: Annotated[int | None, typer.Option(
+        "--target-batch", min=1, help="Batch size to reach (default: the critical batch size).",
+        show_default=False)] = None,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="A saved Profile (JSON) to read instead of profiling now.", show_default=False)] = None,
+    lr_steps: Annotated[int, typer.Option("--lr-steps", min=5, help="Steps of the LR range test.")] = 100,
+    noise_steps: Annotated[int, typer.Option("--noise-steps", min=1, help="Steps of the noise-scale measurement.")] = 30,
+    param: ParamOpt = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Batch size, lr and its scaling, critical batch, accumulation, precision, data loading and
+    bottleneck layers, each with the measured evidence behind it."""
+
+    def body() -> Any:
+        prof = Profile.load(profile) if profile else None
+        say = (lambda msg: err_console.print(f"[dim]... {msg}[/]")) if progress_enabled() else None
+        return recommend(task, parse_params(param), profile=prof, memory_budget=memory_budget,
+                         target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
+                         noise_steps=noise_steps, store=Store(db), progress=say)
+
+    def render(recs: Any) -> None:
+        table = Table(title=f"run {recs.run_id}: recommendations", show_lines=True)
+        table.add_column("name")
+        table.add_column("value")
+        table.add_column("confidence")
+        table.add_column("why", overflow="fold")
+        table.add_column("effect", overflow="fold")
+        for r in recs:
+            table.add_row(r.name, _short(r.value), r.confidence, r.reason, r.effect)
+        out_console.print(table)
+
+    execute(body, json_out=json_out, debug=debug, render=render)
