@@ -6,6 +6,8 @@ bound in ``proftune/__init__.py`` next to this subpackage.
 
 from __future__ import annotations
 
+from ._api import BanditReport, DiagnoseReport, bandit, diagnose, known_params, load_configs
+from ._bandit import POLICIES, Arm, ArmStats, Bandit, BanditPulls, SimResult, regret_curve, simulate
 from ._checks import HealthCheck
 from ._controllers import AdaptiveLR, EarlyStopping, GradGuard
 from ._findings import CAUSES, SEVERITIES, Finding, rank_findings
@@ -13,13 +15,27 @@ from ._lrtest import RangeTest, lr_range_test
 
 __all__ = [
     "CAUSES",
+    "POLICIES",
     "SEVERITIES",
     "AdaptiveLR",
+    "Arm",
+    "ArmStats",
+    "Bandit",
+    "BanditPulls",
+    "BanditReport",
+    "DiagnoseReport",
     "EarlyStopping",
     "Finding",
     "GradGuard",
     "HealthCheck",
     "RangeTest",
+    "SimResult",
+    "bandit",
+    "diagnose",
+    "known_params",
+    "load_configs",
     "lr_range_test",
     "rank_findings",
+    "regret_curve",
+    "simulate",
 ]

@@ -1,9 +1,9 @@
-"""A short learning-rate range test through the fit loop, to confirm an lr finding.
+"""A short learning-rate range test, to confirm or refute an lr finding.
 
-The rate grows geometrically from ``lr_min`` to ``lr_max`` over ``steps`` optimizer steps of a
-fresh model (the task's own init, so a broken init stays broken); the smoothed loss is recorded
-and the sweep stops once it diverges. The rate at the lowest smoothed loss is the largest rate at
-which the loss still falls: a current rate above it is too high, one far below it too low.
+It is the range test of :func:`proftune.recommend.lr_find` (one sweep through the fit loop, on a
+fresh model with the task's own init, so a broken init stays broken), read for diagnosis: the
+rate at the lowest smoothed loss is the largest at which the loss still falls. A current rate
+above it is too high; one far below it, with a loss that does fall at higher rates, too low.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from ..task import Task
-from ..train import Callback, FitState, fit
 
 __all__ = ["RangeTest", "lr_range_test"]
 
@@ -37,45 +36,12 @@ class RangeTest:
     min_loss: float = math.nan
     improved: bool = False
     steps: int = 0
+    message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"best_lr": self.best_lr, "diverged_lr": self.diverged_lr, "start_loss": self.start_loss,
-                "min_loss": self.min_loss, "improved": self.improved, "steps": self.steps}
-
-
-class _Sweep(Callback):
-    """Sets the rate before each step, smooths the loss, stops when it diverges."""
-
-    def __init__(self, lr_min: float, lr_max: float, steps: int, beta: float = 0.9) -> None:
-        self.lr_min, self.lr_max, self.steps, self.beta = lr_min, lr_max, steps, beta
-        self.lrs: list[float] = []
-        self.losses: list[float] = []
-        self._avg = 0.0
-        self._best = math.inf
-        self.diverged_lr: float | None = None
-
-    def on_step_start(self, state: FitState) -> None:
-        assert state.optimizer is not None
-        frac = state.step / max(self.steps - 1, 1)
-        lr = self.lr_min * (self.lr_max / self.lr_min) ** frac
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
-
-    def on_step_end(self, state: FitState) -> None:
-        lr = float(state.lr or math.nan)
-        loss = float(state.loss if state.loss is not None else math.nan)
-        if not math.isfinite(loss):
-            self.diverged_lr = lr
-            state.request_stop(f"lr range test: loss {loss} at lr {lr:.3g}")
-            return
-        self._avg = self.beta * self._avg + (1 - self.beta) * loss
-        smoothed = self._avg / (1 - self.beta ** (len(self.losses) + 1))
-        self.lrs.append(lr)
-        self.losses.append(smoothed)
-        self._best = min(self._best, smoothed)
-        if len(self.losses) > 5 and smoothed > 4 * self._best:
-            self.diverged_lr = lr
-            state.request_stop(f"lr range test: loss diverged at lr {lr:.3g}")
+                "min_loss": self.min_loss, "improved": self.improved, "steps": self.steps,
+                "message": self.message}
 
 
 def lr_range_test(
@@ -88,15 +54,21 @@ def lr_range_test(
     device: str | torch.device = "auto",
     seed: int = 0,
 ) -> RangeTest:
-    """Sweep the learning rate of ``task`` with ``params`` and return the :class:`RangeTest`."""
-    sweep = _Sweep(lr_min, lr_max, steps)
-    fit(task, params, max_steps=steps, device=device, seed=seed, callbacks=[sweep], evaluate=False,
-        stop_on_nan=True)
-    if not sweep.losses:
-        return RangeTest(diverged_lr=sweep.diverged_lr or lr_min, best_lr=lr_min, steps=0)
-    i = min(range(len(sweep.losses)), key=sweep.losses.__getitem__)
-    start, low = sweep.losses[0], sweep.losses[i]
+    """Sweep the learning rate of ``task`` with ``params`` (the range test of
+    :func:`proftune.recommend.lr_find`, through the fit loop) and read it as a :class:`RangeTest`."""
+    from ..recommend import lr_find
+
+    found = lr_find(task, params, min_lr=lr_min, max_lr=lr_max, steps=steps, device=device, seed=seed)
+    losses = [float(v) for v in found.smoothed]
+    finite = [v for v in losses if math.isfinite(v)]
+    start = finite[0] if finite else math.nan
+    low = min(finite) if finite else math.nan
+    # no readable minimum: the loss rose from the smallest rate on, or never fell
+    best = found.lr_at_min_loss if found.lr_at_min_loss is not None else (
+        lr_min if found.diverged or (finite and finite[-1] > start) else lr_max)
     return RangeTest(
-        lrs=sweep.lrs, losses=sweep.losses, best_lr=sweep.lrs[i], diverged_lr=sweep.diverged_lr,
-        start_loss=start, min_loss=low, improved=low < 0.95 * start, steps=len(sweep.losses),
+        lrs=[float(v) for v in found.lrs], losses=losses, best_lr=float(best),
+        diverged_lr=float(found.lrs[-1]) if found.diverged and found.lrs else None,
+        start_loss=start, min_loss=low, improved=found.suggested_lr is not None,
+        steps=found.steps, message=found.message,
     )

@@ -1,0 +1,67 @@
+"""``proftune diagnose TASK``: train with the health checks and report findings, most likely first."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .. import diagnose as run_diagnose
+from ..task import load_task
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    ParamOpt,
+    SeedOpt,
+    execute,
+    out_console,
+    parse_params,
+)
+from ._progress import EpochProgress
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+
+
+def diagnose(
+    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")] = None,
+    param: ParamOpt = None,
+    lr_test: Annotated[bool, typer.Option("--lr-test/--no-lr-test",
+                                          help="Confirm lr findings with a short LR range test.")] = True,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Train TASK, watch it, and say what is wrong: cause, evidence, severity and fix."""
+
+    def body() -> Any:
+        params = parse_params(param)
+        task_obj = load_task(task)
+        total = epochs if epochs is not None else (None if max_steps else task_obj.default_epochs)
+        return run_diagnose(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
+                            lr_test=lr_test, db=db, callbacks=[EpochProgress(total, description="diagnose")])
+
+    def render(report: Any) -> None:
+        d = report.to_dict()
+        if not d["findings"]:
+            out_console.print(f"run {d['run_id']}: {d['task']}: no findings, training looks healthy "
+                              f"({', '.join(f'{k} {v:.4f}' for k, v in d['metrics'].items())})")
+            return
+        table = Table(title=f"run {d['run_id']}: {d['task']}: findings, most likely cause first")
+        for col in ("#", "cause", "severity", "evidence", "fix"):
+            table.add_column(col, overflow="fold")
+        for i, f in enumerate(d["findings"], start=1):
+            where = " ".join(x for x in (f"step {f['evidence']['step']}" if f["evidence"].get("step") else "",
+                                         f"layer {f['evidence']['layer']}" if f["evidence"].get("layer") else "") if x)
+            note = f" (explained by {f['explained_by']})" if f["explained_by"] else ""
+            table.add_row(str(i), f["cause"], f"[{_STYLE[f['severity']]}]{f['severity']}[/]",
+                          f"{f['summary']}{note}" + (f" [{where}]" if where else ""), f["fix"])
+        out_console.print(table)
+
+    execute(body, json_out=json_out, debug=debug, render=render)

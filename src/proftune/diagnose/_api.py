@@ -1,0 +1,324 @@
+"""Public entry points: ``diagnose`` (train with the health checks, report findings) and ``bandit``
+(allocate runs across configurations); both recorded in the Store."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._device import resolve_device
+from ..exceptions import ConfigError, ProblemCollector
+from ..task import Task, load_task
+from ..track import Store, tracked_run
+from ..train import LOOP_PARAMS, Callback, fit, validate_params
+from ._bandit import POLICIES, Arm, Bandit, bandit_key, regret_curve
+from ._checks import HealthCheck
+from ._findings import Finding
+from ._lrtest import RangeTest, lr_range_test
+
+__all__ = ["BanditReport", "DiagnoseReport", "bandit", "diagnose", "load_configs"]
+
+
+@dataclass
+class DiagnoseReport:
+    """Findings of a diagnosis run, most likely cause first, and what the run measured."""
+
+    run_id: int | None
+    task: str
+    findings: list[Finding]
+    metrics: dict[str, float]
+    steps: int
+    epochs: int
+    stop_reason: str | None
+    duration_s: float
+    params: dict[str, Any]
+    lr_test: RangeTest | None = None
+
+    @property
+    def top(self) -> Finding | None:
+        """The most likely cause, or None for a healthy run."""
+        return self.findings[0] if self.findings else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "task": self.task,
+            "findings": [f.to_dict() for f in self.findings],
+            "healthy": not any(f.severity in ("warning", "error") for f in self.findings),
+            "metrics": self.metrics, "steps": self.steps, "epochs": self.epochs,
+            "stop_reason": self.stop_reason, "duration_s": self.duration_s,
+            "params": {k: v for k, v in self.params.items() if not str(k).startswith("_")},
+            "lr_test": self.lr_test.to_dict() if self.lr_test else None,
+        }
+
+
+def diagnose(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    *,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    batch_size: int | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    lr_test: bool = True,
+    every: int = 10,
+    callbacks: Sequence[Callback] = (),
+    store: Store | None = None,
+    db: str | None = None,
+    record: bool = True,
+) -> DiagnoseReport:
+    """Train ``task`` with the health checks and return its findings, most likely cause first.
+
+    Training runs through :func:`proftune.train.fit` with a :class:`HealthCheck`; when the loss
+    curve points at the learning rate, a short LR range test confirms or refutes it. Recorded as
+    a ``diagnose`` run (unless ``record=False``) with the findings in its result.
+    """
+    task_obj = load_task(task)
+    merged = validate_params({**task_obj.default_params, **(params or {})})
+    if batch_size is not None:
+        merged["batch_size"] = batch_size
+    if epochs is None and max_steps is None:
+        epochs = task_obj.default_epochs
+    dev = resolve_device(device)
+    check = HealthCheck(every=every)
+
+    def body() -> DiagnoseReport:
+        result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
+                     callbacks=[check, *callbacks])
+        if lr_test and check.wants_lr_test:
+            check.add_lr_test(lr_range_test(task_obj, result.params, device=dev, seed=seed))
+        return DiagnoseReport(
+            run_id=None, task=task_obj.name or type(task_obj).__name__, findings=check.findings,
+            metrics=result.metrics, steps=result.steps, epochs=result.epochs,
+            stop_reason=result.stop_reason, duration_s=result.duration_s, params=result.params,
+            lr_test=check.lr_test,
+        )
+
+    if not record:
+        return body()
+    config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed,
+              "device": str(dev), "lr_test": lr_test, "every": every}
+    with tracked_run("diagnose", task_obj, config=config, device=dev, store=store, db=db) as run:
+        report = body()
+        report.run_id = run.id
+        d = report.to_dict()
+        run.set(metrics={**report.metrics, "findings": float(len(report.findings))},
+                result={"findings": d["findings"], "healthy": d["healthy"], "lr_test": d["lr_test"],
+                        "stop_reason": report.stop_reason, "steps": report.steps},
+                curves={"step": [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"],
+                                  "lr": r["lr"]} for r in check.steps],
+                        "epoch": check.epochs})
+    return report
+
+
+# -- bandit -------------------------------------------------------------------------------------
+
+
+class _ParamProbe(dict):  # type: ignore[type-arg]
+    """A params dict that notes every key the task reads (to tell a typo from a real param)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().setdefault(key, default)
+
+
+def known_params(task: Task) -> set[str]:
+    """Params that mean something for ``task``: the loop's, its defaults, and those it reads
+    while building its model, data and optimizer."""
+    probe = _ParamProbe(task.default_params)
+    try:
+        model = task.build_model(probe)
+        task.configure_optimizer(model, probe)
+        task.train_data(int(task.default_params.get("batch_size", 32)), probe)
+    except Exception:
+        pass
+    return set(LOOP_PARAMS) | set(task.default_params) | {k for k in probe.read if isinstance(k, str)}
+
+
+def load_configs(path: str | Path, task: Task) -> list[Arm]:
+    """Read a YAML file of configurations and check every param against ``task``.
+
+    Accepted forms: a list of param mappings (each may carry ``name``), ``{configs: [...]}`` or
+    ``{name: {params}}``. One error lists every problem (unknown params name the valid ones).
+    """
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--configs {str(p)!r} does not exist or is not a file.")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--configs {str(p)!r} is not valid YAML: {exc}") from exc
+    if isinstance(data, dict) and "configs" in data:
+        data = data["configs"]
+    entries: list[tuple[str | None, Any]]
+    if isinstance(data, dict):
+        entries = [(str(k), v) for k, v in data.items()]
+    elif isinstance(data, list):
+        entries = [(None, v) for v in data]
+    else:
+        raise ConfigError(f"--configs {str(p)!r} must hold a list of configurations (param mappings), "
+                          f"but holds {type(data).__name__}.")
+    known = known_params(task)
+    problems = ProblemCollector()
+    arms: list[Arm] = []
+    for i, (name, entry) in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            problems.add(f"config {i} must be a mapping of params, but got {entry!r}.")
+            continue
+        entry = dict(entry)
+        if name is None:
+            name = str(entry.pop("name", f"config-{i}"))
+        params = entry.pop("params", None)
+        params = dict(params) if isinstance(params, dict) else entry
+        label = f"config {i} ({name!r})"
+        for key in params:
+            if key not in known:
+                problems.add(f"{label}: param {key!r} is unknown to task {task.name or type(task).__name__}; "
+                             f"valid: {', '.join(sorted(known))}.")
+        try:
+            params = validate_params(params)
+        except ConfigError as exc:
+            for msg in exc.problems:
+                problems.add(f"{label}: {msg}")
+        arms.append(Arm(name, params))
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        problems.add(f"configuration names must be unique, but got {names}.")
+    if len(entries) < 2:
+        problems.add(f"--configs {str(p)!r} needs at least 2 configurations, but has {len(entries)}.")
+    problems.raise_if_any(header=f"--configs {str(p)!r} is not well-formed, found the following errors:")
+    return arms
+
+
+@dataclass
+class BanditReport:
+    """A bandit session: allocation, arm statistics, regret curve, best configuration."""
+
+    run_id: int | None
+    name: str
+    policy: str
+    metric: str
+    mode: str
+    pulls: list[dict[str, Any]]
+    arms: list[dict[str, Any]]
+    best: str
+    regret: list[float]
+    total_pulls: int
+    uniform_regret: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "bandit": self.name, "policy": self.policy, "metric": self.metric,
+                "mode": self.mode, "best": self.best, "total_pulls": self.total_pulls,
+                "arms": self.arms, "pulls": self.pulls, "regret": self.regret,
+                "uniform_regret": self.uniform_regret}
+
+
+def bandit(
+    task: Task | str,
+    configs: Sequence[Arm] | str | Path,
+    *,
+    rounds: int,
+    policy: str = "thompson",
+    metric: str | None = None,
+    mode: str = "auto",
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    name: str | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    store: Store | None = None,
+    db: str | None = None,
+) -> BanditReport:
+    """Allocate ``rounds`` training runs of ``task`` across ``configs`` with a bandit ``policy``.
+
+    Each round trains the chosen configuration (a child ``train`` run) and feeds its ``metric``
+    (default: accuracy if the task reports it, else val_loss) to the bandit; ``mode`` max or min
+    (auto: min for losses). State lives in the Store, so the same configs (or ``name``) continue
+    across processes. The regret curve is against the estimated means at the end.
+    """
+    task_obj = load_task(task)
+    problems = ProblemCollector()
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        problems.add(f"rounds must be an integer >= 1, but got {rounds=}.")
+    if policy not in POLICIES:
+        problems.add(f"policy={policy!r} is unknown; valid: {', '.join(POLICIES)}.")
+    if mode not in ("auto", "max", "min"):
+        problems.add(f"mode={mode!r} is unknown; valid: auto, max, min.")
+    problems.raise_if_any()
+    arms = load_configs(configs, task_obj) if isinstance(configs, (str, Path)) else list(configs)
+    st = store or Store(db)
+    dev = resolve_device(device)
+    key = name or bandit_key(arms, prefix=f"{task_obj.name or type(task_obj).__name__}:")
+    engine = Bandit(arms, policy=policy, name=key, store=st, seed=seed + _prior_pulls(st, key))
+    config = {"configs": [{"name": a.name, "params": a.params} for a in arms], "rounds": rounds,
+              "policy": policy, "metric": metric, "mode": mode, "epochs": epochs, "bandit": key,
+              "seed": seed}
+    pulls: list[dict[str, Any]] = []
+    chosen_metric, sign = metric, 1.0
+    with tracked_run("bandit", task_obj, config=config, device=dev, store=st, study=key) as run:
+        for _ in range(rounds):
+            arm = engine.select()
+            params = {**task_obj.default_params, **arm.params}
+            pull_seed = seed + engine.t
+            with tracked_run("train", task_obj, config={"params": params, "epochs": epochs, "seed": pull_seed,
+                                                        "bandit": key, "arm": arm.name},
+                             device=dev, store=st, parent_id=run.id, study=key) as child:
+                result = fit(task_obj, params, epochs=epochs, max_steps=max_steps, device=dev, seed=pull_seed)
+                child.set(metrics=result.metrics, curves=result.curves, anomalies=result.anomalies)
+            if chosen_metric is None:
+                chosen_metric = "accuracy" if "accuracy" in result.metrics else next(iter(result.metrics), None)
+                if chosen_metric is None:
+                    raise ConfigError(f"task {key} reports no metric to reward; pass metric=.")
+            if chosen_metric not in result.metrics:
+                raise ConfigError(f"metric={chosen_metric!r} is not reported by the task; "
+                                  f"valid: {', '.join(sorted(result.metrics))}.")
+            use_mode = mode if mode != "auto" else ("min" if "loss" in chosen_metric else "max")
+            sign = -1.0 if use_mode == "min" else 1.0
+            value = float(result.metrics[chosen_metric])
+            # a diverged run (NaN metric) gets the worst reward there is
+            reward = sign * value if math.isfinite(value) else -1e9
+            engine.update(arm, reward, run_id=child.id)
+            pulls.append({"round": engine.t, "arm": arm.name, chosen_metric: value, "run_id": child.id})
+        means = {a: s.mean for a, s in engine.stats.items() if s.pulls}
+        regret = regret_curve(engine.history, means)
+        uniform = [(t + 1) * (max(means.values()) - sum(means.values()) / len(means)) for t in range(len(regret))]
+        arms_out = [{**s.to_dict(), "mean": sign * s.mean if s.pulls else None,
+                     "params": next(a.params for a in arms if a.name == s.name)}
+                    for s in engine.stats.values()]
+        report = BanditReport(run_id=run.id, name=key, policy=policy, metric=str(chosen_metric),
+                              mode="min" if sign < 0 else "max", pulls=pulls, arms=arms_out,
+                              best=engine.best(), regret=regret, total_pulls=engine.t,
+                              uniform_regret=uniform)
+        run.set(metrics={"total_pulls": float(engine.t), "final_regret": regret[-1] if regret else 0.0},
+                result={k: v for k, v in report.to_dict().items() if k not in ("regret", "uniform_regret")},
+                curves={"regret": regret, "uniform_regret": uniform})
+    return report
+
+
+def _prior_pulls(store: Store, key: str) -> int:
+    from ._bandit import BanditPulls
+
+    return len(BanditPulls(store).history(key))
