@@ -15,6 +15,7 @@ from ._recommend import recommend_command
 from ._runs import runs_app
 from ._tasks import tasks
 from ._train import train
+from ._tune import tune
 
 app = typer.Typer(
     name="proftune",
@@ -34,6 +35,7 @@ app.command("batch-size")(batch_size)
 app.command("lr-find")(lr_find_command)
 app.command("diagnose")(diagnose)
 app.command("bandit")(bandit)
+app.command("tune")(tune)
 
 
 def main() -> None:

@@ -1,0 +1,117 @@
+"""``proftune tune TASK --space space.yaml``: constraint-aware, profile-gated search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ._common import DbOpt, DebugOpt, DeviceOpt, JsonOpt, SeedOpt, execute, out_console
+
+#: Keys of ``--json`` (the issue's contract), in this order.
+JSON_KEYS = ("study", "best", "trials", "correlations", "importance")
+
+
+def tune(
+    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    space: Annotated[Path, typer.Option("--space", help="Search space YAML (params, fixed, forbid, tiers).")],
+    objective: Annotated[list[str] | None, typer.Option(
+        "--objective", help="METRIC[:max|min]; repeat for a Pareto front (default accuracy:max).",
+        show_default=False)] = None,
+    constraint: Annotated[list[str] | None, typer.Option(
+        "--constraint", help='Hard constraint, e.g. "step_time_ms<50"; repeat for several.',
+        show_default=False)] = None,
+    trials: Annotated[int, typer.Option("--trials", help="Finished trials the study should hold.")] = 20,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Stop starting trials after S seconds.",
+                                                  show_default=False)] = None,
+    sampler: Annotated[str, typer.Option(
+        "--sampler", help="tpe, halton, sobol, random, grid, coarse-to-fine or nsga2.")] = "tpe",
+    pruner: Annotated[str, typer.Option("--pruner", help="none, median, asha or patience.")] = "none",
+    epochs: Annotated[int | None, typer.Option("--epochs", help="Epochs per trial (default: the task's).",
+                                               show_default=False)] = None,
+    study: Annotated[str | None, typer.Option(
+        "--study", help="Study name; the same name again continues the study.", show_default=False)] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Processes on this machine sharing the study.")] = 1,
+    max_failures: Annotated[int, typer.Option(
+        "--max-failures", help="Stop when more trials than this failed in user code.")] = 5,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.",
+                                              show_default=False)] = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
+    from .. import search
+
+    def body() -> Any:
+        result = search(task, str(space), objectives=objective or None, constraints=constraint or (),
+                        trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
+                        study=study, db=db, workers=workers, seed=seed, device=device,
+                        max_failures=max_failures, plot=plot)
+        d = result.to_dict()
+        return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
+
+    execute(body, json_out=json_out, debug=debug, render=_render)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _render(d: dict[str, Any]) -> None:
+    objectives = d["objectives"]
+    table = Table(title=f"study {d['study']} ({d['sampler']}, pruner {d['pruner']})")
+    for col in ("#", "state", "params", *objectives, "reason", "s"):
+        table.add_column(col, overflow="fold")
+    metric_names = [o.split(":")[0] for o in objectives]
+    for t in d["trials"]:
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in t["params"].items())
+        vals = [_fmt(t["metrics"].get(m, "")) for m in metric_names]
+        table.add_row(str(t["number"]), t["state"], params, *vals, t["reason"] or "",
+                      f"{t['duration_s']:.1f}" if t["duration_s"] is not None else "")
+    out_console.print(table)
+    counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
+    comp = d["compute"]
+    out_console.print(f"trials: {counts}; training {comp['train_s']:.1f} s, profiling "
+                      f"{comp['gate_s']:.1f} s, on infeasible trials {comp['infeasible_s']:.1f} s "
+                      f"(training {comp['infeasible_train_s']:.1f} s)")
+    if d["best"]:
+        best = d["best"]
+        label = "Pareto front" if len(objectives) > 1 else "best"
+        out_console.print(f"[bold]{label}[/]: trial {best['number']}: "
+                          + ", ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items())
+                          + " -> " + ", ".join(f"{m}={_fmt(best['metrics'].get(m))}" for m in metric_names))
+        for p in d["pareto"][1:]:
+            out_console.print(f"  trial {p['number']}: "
+                              + ", ".join(f"{m}={_fmt(p['metrics'].get(m))}" for m in metric_names))
+    else:
+        out_console.print("[bold red]no feasible trial finished[/]")
+    if d["correlations"]:
+        targets = sorted({t for per in d["correlations"].values() for t in per})
+        ct = Table(title="correlation of each param with the targets (Spearman / Pearson)")
+        ct.add_column("param")
+        for t in targets:
+            ct.add_column(t, justify="right")
+        for p, per in d["correlations"].items():
+            ct.add_row(p, *[f"{per[t]['spearman']:+.2f} / {per[t]['pearson']:+.2f}" if t in per else ""
+                            for t in targets])
+        out_console.print(ct)
+    for metric, per in d["importance"].items():
+        it = Table(title=f"parameter importance for {metric}")
+        it.add_column("param")
+        it.add_column("fANOVA", justify="right")
+        it.add_column("PED-ANOVA", justify="right")
+        fan, ped = per.get("fanova", {}), per.get("ped_anova", {})
+        for p in dict.fromkeys([*fan, *ped]):
+            if p == "error":
+                continue
+            it.add_row(p, _fmt(fan.get(p, "")), _fmt(ped.get(p, "")))
+        out_console.print(it)
+    if d["plots"]:
+        out_console.print("plots: " + ", ".join(d["plots"]))
