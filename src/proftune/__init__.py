@@ -8,6 +8,7 @@ from ._api import TrainReport, run_train
 from .compress import CompressConfig, CompressReport, compress
 from .diagnose import AdaptiveLR, DiagnoseReport, EarlyStopping, GradGuard, HealthCheck, diagnose
 from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
+from .profile import Monitor, Profile
 from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
 from .search import SearchResult, search
 from .task import ClassificationTask, Task, load_task
@@ -29,6 +30,8 @@ __all__ = [
     "FitState",
     "GradGuard",
     "HealthCheck",
+    "Monitor",
+    "Profile",
     "ProftuneError",
     "Recommendation",
     "RunFailedError",

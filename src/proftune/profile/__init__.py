@@ -5,6 +5,9 @@ Every part lands in one :class:`Profile` record that the rest of proftune reads.
 
 from __future__ import annotations
 
+from ._comm import CommRecorder
+from ._memory import ActivationRecorder, PeakMemory, peak_step_memory
+from ._monitor import Monitor
 from ._record import (
     SCHEMA_VERSION,
     CommProfile,
@@ -17,19 +20,29 @@ from ._record import (
     compare_profiles,
 )
 from ._static import LayerCount, StaticCounts, count_model, count_params
+from ._stats import LayerStats, tensor_stats
+from ._timing import LayerTimer
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ActivationRecorder",
     "CommProfile",
+    "CommRecorder",
     "GradProfile",
     "LayerCount",
     "LayerProfile",
+    "LayerStats",
+    "LayerTimer",
     "MemoryProfile",
+    "Monitor",
     "ParamCounts",
+    "PeakMemory",
     "Profile",
     "StaticCounts",
     "StepProfile",
     "compare_profiles",
     "count_model",
     "count_params",
+    "peak_step_memory",
+    "tensor_stats",
 ]

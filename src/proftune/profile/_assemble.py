@@ -1,0 +1,211 @@
+"""Turn the measurements of sampled steps into one :class:`Profile` (for profile() and Monitor)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._record import (
+    CommProfile,
+    GradProfile,
+    LayerProfile,
+    MemoryProfile,
+    ParamCounts,
+    Profile,
+    StepProfile,
+)
+from ._static import StaticCounts, count_model
+
+__all__ = ["Measurements", "assemble_profile", "merge_layer_stats", "static_counts"]
+
+
+@dataclass
+class Measurements:
+    """What the profiling callbacks and the Monitor gather; every time in ms, memory in bytes."""
+
+    #: Per layer: median (forward_ms, backward_ms or None) over the layer-timed steps.
+    layer_times: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    layer_types: dict[str, str] = field(default_factory=dict)
+    #: Median forward+backward ms of the layer-timed steps (what layer times add up to).
+    timed_fwd_bwd_ms: float = 0.0
+    step: dict[str, float] = field(default_factory=dict)
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    activations_bytes: int = 0
+    activation_per_layer: dict[str, int] | None = None
+    peak_bytes: int = 0
+    #: Per layer statistics of each sampled step (LayerStats.collect()), oldest first.
+    stats: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    update_ratios: list[float] = field(default_factory=list)
+    comm: dict[str, Any] | None = None
+
+
+def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
+                  copy_model: bool = False) -> StaticCounts:
+    """:func:`count_model` without side effects on the model: eval mode (BatchNorm statistics
+    untouched), the global RNG state restored; ``copy_model`` counts backward on a copy so the
+    model's gradients survive."""
+    target = model
+    if backward and copy_model:
+        try:
+            target = copy.deepcopy(model)
+        except Exception:  # some wrapped models cannot be copied; count forward only then
+            target, backward = model, False
+    was_training = target.training
+    devices = [d.index or 0 for d in {p.device for p in target.parameters()} if d.type == "cuda"]
+    target.eval()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            return count_model(target, example_input, backward=backward)
+    finally:
+        target.train(was_training)
+
+
+def merge_layer_stats(samples: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The last sample's statistics per layer, with the gradient norm's mean and variance across
+    all samples (``grad.norm_mean``, ``grad.norm_var``, ``grad.samples``)."""
+    if not samples:
+        return {}
+    merged: dict[str, dict[str, Any]] = {}
+    for name in samples[-1]:
+        entry = copy.deepcopy(samples[-1][name])
+        norms = [s[name]["grad"]["norm"] for s in samples if name in s and "grad" in s[name]]
+        if "grad" in entry and norms:
+            entry["grad"]["norm_mean"] = statistics.fmean(norms)
+            entry["grad"]["norm_var"] = statistics.pvariance(norms) if len(norms) > 1 else None
+            entry["grad"]["samples"] = len(norms)
+        merged[name] = entry
+    return merged
+
+
+def _share(x: float | None, total: float) -> float | None:
+    if x is None or total <= 0:
+        return None
+    return x / total
+
+
+def assemble_profile(
+    m: Measurements,
+    counts: StaticCounts | None,
+    *,
+    task: str | None,
+    device: torch.device | str,
+    batch_size: int,
+    mode: str,
+    steps: int,
+    env: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+) -> Profile:
+    """One :class:`Profile` from static counts and measurements."""
+    stats = merge_layer_stats(m.stats)
+    count_layers = counts.layers if counts is not None else {}
+    names = list(count_layers) + [n for n in m.layer_times if n not in count_layers]
+    total_params = counts.params_total if counts is not None else 0
+    total_macs = counts.macs if counts is not None else 0
+    denom = m.timed_fwd_bwd_ms or sum(f + (b or 0.0) for f, b in m.layer_times.values())
+    layers: list[LayerProfile] = []
+    for name in names:
+        c = count_layers.get(name)
+        fwd, bwd = m.layer_times.get(name, (None, None))
+        flops = c.flops if c is not None else 0
+        gflops = flops / (fwd / 1e3) / 1e9 if (fwd and flops) else None
+        t = None if fwd is None else fwd + (bwd or 0.0)
+        act = None
+        if m.activation_per_layer is not None:
+            act = int(m.activation_per_layer.get(name, 0))
+        layers.append(LayerProfile(
+            name=name,
+            type=c.type if c is not None else m.layer_types.get(name, "?"),
+            params=c.params if c is not None else 0,
+            macs=c.macs if c is not None else 0,
+            flops=flops,
+            forward_ms=fwd,
+            backward_ms=bwd,
+            activation_bytes=act,
+            gflops_per_s=gflops,
+            time_share=_share(t, denom),
+            params_share=_share(c.params if c is not None else 0, total_params),
+            macs_share=_share(c.macs if c is not None else 0, total_macs),
+            stats=stats.get(name, {}),
+        ))
+    grad = GradProfile(
+        norm=statistics.fmean(m.grad_norms) if m.grad_norms else None,
+        var=statistics.pvariance(m.grad_norms) if len(m.grad_norms) > 1 else None,
+        update_ratio=statistics.fmean(m.update_ratios) if m.update_ratios else None,
+    )
+    step = StepProfile(**{k: float(m.step.get(k, 0.0)) for k in
+                          ("time_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
+                           "throughput")})
+    comm = CommProfile(**m.comm) if m.comm is not None else None
+    return Profile(
+        task=task,
+        device=str(device),
+        batch_size=int(batch_size),
+        mode=mode,
+        steps=int(steps),
+        params=ParamCounts(total=total_params, trainable=counts.params_trainable if counts is not None else 0),
+        macs=total_macs,
+        flops=counts.flops if counts is not None else 0,
+        backward_flops=counts.backward_flops if counts is not None else 0,
+        layers=tuple(layers),
+        memory=MemoryProfile(params_bytes=m.params_bytes, grads_bytes=m.grads_bytes,
+                             optimizer_bytes=m.optimizer_bytes, activations_bytes=m.activations_bytes,
+                             peak_bytes=m.peak_bytes),
+        step=step,
+        grad=grad,
+        comm=comm,
+        bottlenecks=tuple(bottlenecks(layers)),
+        by_type=tuple(_by_type(layers)),
+        env=dict(env or {}),
+        config=dict(config or {}),
+    )
+
+
+def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[str, Any]]:
+    """Layers ranked by share of the step's forward+backward time, beside their share of the
+    parameters and MACs; ``excess`` = time share / the larger of the two (>1: slower than its size)."""
+    timed = [lay for lay in layers if lay.time_share is not None]
+    timed.sort(key=lambda lay: lay.time_share or 0.0, reverse=True)
+    out: list[dict[str, Any]] = []
+    for lay in timed[:top]:
+        ts = lay.time_share or 0.0
+        size = max(lay.params_share or 0.0, lay.macs_share or 0.0)
+        out.append({
+            "name": lay.name,
+            "type": lay.type,
+            "time_share": ts,
+            "params_share": lay.params_share,
+            "macs_share": lay.macs_share,
+            "excess": ts / size if size > 0 else (math.inf if ts > 0 else None),
+            "finding": (f"{lay.name or '(model)'} ({lay.type}) takes {ts:.0%} of forward+backward time "
+                        f"for {lay.params_share or 0:.0%} of the parameters and "
+                        f"{lay.macs_share or 0:.0%} of the MACs"),
+        })
+    return out
+
+
+def _by_type(layers: Sequence[LayerProfile]) -> list[dict[str, Any]]:
+    agg: dict[str, dict[str, Any]] = {}
+    for lay in layers:
+        a = agg.setdefault(lay.type, {"type": lay.type, "count": 0, "params": 0, "macs": 0, "flops": 0,
+                                      "forward_ms": 0.0, "backward_ms": 0.0, "time_share": 0.0,
+                                      "activation_bytes": 0})
+        a["count"] += 1
+        a["params"] += lay.params
+        a["macs"] += lay.macs
+        a["flops"] += lay.flops
+        a["forward_ms"] += lay.forward_ms or 0.0
+        a["backward_ms"] += lay.backward_ms or 0.0
+        a["time_share"] += lay.time_share or 0.0
+        a["activation_bytes"] += lay.activation_bytes or 0
+    return sorted(agg.values(), key=lambda a: a["time_share"], reverse=True)
+

@@ -1,0 +1,121 @@
+"""Communication of a DistributedDataParallel step: bytes all-reduced, time, share of the step.
+
+A DDP communication hook wraps the default all-reduce (``default_hooks.allreduce_hook``, so
+training is unchanged): it records each bucket's bytes and the moment its all-reduce starts
+and completes. Buckets overlap each other and the backward pass; ``allreduce_ms`` is the time
+at least one all-reduce was in flight (the union of the intervals), not their sum.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["CommRecorder", "is_ddp", "unwrap"]
+
+
+def is_ddp(model: nn.Module) -> bool:
+    return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP (or DataParallel) wrapper; the model itself otherwise."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return model
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    total = 0.0
+    end = -float("inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total * 1e3
+
+
+class CommRecorder:
+    """Records the all-reduces of a DDP model per step (register before its first forward).
+
+    ``recording`` switches the bookkeeping on and off; the hook itself stays (DDP allows one
+    comm hook per model and none can be removed), and costs one Python call per bucket.
+    """
+
+    def __init__(self, ddp_model: nn.Module, process_group: Any = None) -> None:
+        if not is_ddp(ddp_model):
+            raise TypeError(
+                f"CommRecorder needs a DistributedDataParallel model, but got {type(ddp_model).__name__}."
+            )
+        import torch.distributed as dist
+
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.backend = str(dist.get_backend(self.process_group))
+        self.world_size = int(dist.get_world_size(self.process_group))
+        self.recording = True
+        self._lock = threading.Lock()
+        self._intervals: list[tuple[float, float]] = []
+        self._bytes = 0
+        self._calls = 0
+        #: One dict per finished step: allreduce_bytes, allreduce_ms, allreduce_calls.
+        self.steps: list[dict[str, float]] = []
+        ddp_model.register_comm_hook(self, CommRecorder._hook)
+
+    @staticmethod
+    def _hook(state: CommRecorder, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        if not state.recording:
+            return allreduce_hook(state.process_group, bucket)
+        buf = bucket.buffer()
+        nbytes = int(buf.numel() * buf.element_size())
+        start = time.perf_counter()
+        fut = allreduce_hook(state.process_group, bucket)
+
+        def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            end = time.perf_counter()
+            with state._lock:
+                state._intervals.append((start, end))
+                state._bytes += nbytes
+                state._calls += 1
+            return f.value()
+
+        return fut.then(done)
+
+    def end_step(self) -> dict[str, float]:
+        """Close the step's bookkeeping (call after the optimizer step); its figures."""
+        with self._lock:
+            rec = {"allreduce_bytes": float(self._bytes), "allreduce_ms": _union_ms(self._intervals),
+                   "allreduce_calls": float(self._calls)}
+            self._intervals, self._bytes, self._calls = [], 0, 0
+        self.steps.append(rec)
+        return rec
+
+    def discard_step(self) -> None:
+        """Forget what was recorded since the last :meth:`end_step` (warm-up steps)."""
+        with self._lock:
+            self._intervals, self._bytes, self._calls = [], 0, 0
+
+    def summary(self, step_ms: float) -> dict[str, Any]:
+        """Median bytes and time per recorded step and the time's share of ``step_ms``."""
+        from ._timing import median
+
+        if not self.steps:
+            return {"backend": self.backend, "world_size": self.world_size, "allreduce_bytes": 0,
+                    "allreduce_ms": 0.0, "allreduce_calls": 0, "share": 0.0}
+        ms = median([s["allreduce_ms"] for s in self.steps])
+        return {
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "allreduce_bytes": int(median([s["allreduce_bytes"] for s in self.steps])),
+            "allreduce_ms": ms,
+            "allreduce_calls": int(median([s["allreduce_calls"] for s in self.steps])),
+            "share": ms / step_ms if step_ms > 0 else 0.0,
+        }

@@ -1,0 +1,113 @@
+"""Which modules are layers, and forward hooks that see each layer call as it happens.
+
+A *layer* is a module call during which no other module ran: a leaf module, or a module that
+applies its children functionally (``nn.MultiheadAttention`` uses ``out_proj``'s weights without
+calling it). That is decided at run time, so any model works without a table of layer types;
+the names are module paths, the same names :func:`count_model` reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["LayerHooks", "module_names", "output_tensors", "shapes_of"]
+
+
+def module_names(model: nn.Module) -> dict[int, str]:
+    """``id(module) -> path``; a module reachable under several paths keeps the first."""
+    names: dict[int, str] = {}
+    for name, mod in model.named_modules():
+        names.setdefault(id(mod), name)
+    return names
+
+
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """Every tensor in a module's output (tuples, dicts, nested)."""
+    leaves, _ = tree_flatten(output)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def shapes_of(value: Any) -> list[Any]:
+    """Shapes of the tensors in ``value`` (other leaves by type name), for error messages."""
+    leaves, _ = tree_flatten(value)
+    out: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            out.append(tuple(leaf.shape))
+        elif isinstance(leaf, nn.utils.rnn.PackedSequence):
+            out.append(("PackedSequence", tuple(leaf.data.shape)))
+        else:
+            out.append(type(leaf).__name__)
+    return out
+
+
+#: on_leaf(name, module, inputs, output, start_s, end_s): a layer call that just finished.
+LeafCallback = Callable[[str, nn.Module, tuple[Any, ...], Any, float, float], None]
+
+
+class LayerHooks:
+    """Forward pre/post hooks on every module of ``model`` that report each *layer* call.
+
+    ``on_leaf`` runs after a call during which no other module of the model ran, with the
+    call's start and end (``time.perf_counter`` seconds; the device is synchronised first when
+    ``sync`` is set). ``current`` is the path of the innermost module running now (``None``
+    between modules), used to attribute work such as saved tensors to a layer.
+    """
+
+    def __init__(self, model: nn.Module, on_leaf: LeafCallback | None = None, *,
+                 sync: bool = False, device: torch.device | None = None) -> None:
+        self.model = model
+        self.on_leaf = on_leaf
+        self.sync = sync and device is not None and device.type == "cuda"
+        self.device = device
+        self.names = module_names(model)
+        # frames of the running modules: [name, start_s, child_ran]
+        self._stack: list[list[Any]] = []
+        self._handles: list[Any] = []
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def current(self) -> str | None:
+        return self._stack[-1][0] if self._stack else None
+
+    def attach(self) -> LayerHooks:
+        if self._handles:
+            return self
+        self._stack.clear()
+        for mod in self.model.modules():
+            self._handles.append(mod.register_forward_pre_hook(self._pre))
+            self._handles.append(mod.register_forward_hook(self._post))
+        return self
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._stack.clear()
+
+    def _now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _pre(self, mod: nn.Module, inputs: tuple[Any, ...]) -> None:
+        if self._stack:
+            self._stack[-1][2] = True
+        self._stack.append([self.names.get(id(mod), type(mod).__name__), self._now(), False])
+
+    def _post(self, mod: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        end = self._now()
+        if not self._stack:
+            return
+        name, start, child_ran = self._stack.pop()
+        if not child_ran and self.on_leaf is not None:
+            self.on_leaf(name, mod, inputs, output, start, end)

@@ -1,0 +1,366 @@
+"""The Monitor: the fit loop's callbacks and the profiler's sampling inside a user's own loop.
+
+```python
+with proftune.Monitor(model, optimizer, every=50) as mon:
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(); optimizer.step(); optimizer.zero_grad()
+        mon.step(loss)
+mon.profile    # a Profile built from the sampled steps
+```
+
+Only every N-th step (the N-th, 2N-th, ...) is instrumented: the per-layer hooks (time,
+statistics, saved activations) are attached when the step before it ends and removed when it
+ends, so the other steps run the model untouched. Their wall time (between ``mon.step`` calls)
+is the clean step time the profile reports. Callbacks get the same hooks as in
+:func:`proftune.train.fit`: ``on_fit_start`` at ``__enter__``, ``on_step_start`` from a
+forward pre-hook on the model (first forward of a step), ``on_after_backward`` from an
+optimizer step pre-hook, ``on_step_end`` at ``mon.step(loss)``, ``on_fit_end`` at ``__exit__``;
+the :class:`FitState` has ``task=None``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._device import batch_size_of
+from ..exceptions import ConfigError
+from ..train import Callback, FitState
+from ._assemble import Measurements, assemble_profile, static_counts
+from ._comm import CommRecorder, is_ddp, unwrap
+from ._memory import (
+    ActivationRecorder,
+    PeakMemory,
+    grads_bytes,
+    live_bytes,
+    optimizer_state_bytes,
+    params_bytes,
+)
+from ._record import Profile
+from ._stats import LayerStats
+from ._timing import LayerTimer, median, step_summary
+
+__all__ = ["Monitor"]
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return torch.device("cpu")
+
+
+class Monitor:
+    """Sample every ``every``-th step of a user's training loop; see the module docstring.
+
+    ``stats``: weight/activation/gradient statistics per layer; ``timing``: per-layer forward
+    and backward time; ``activations``: bytes saved for backward per layer. ``peak_memory``:
+    the peak of the sampled steps (default: on CUDA, where the allocator counts it for free;
+    on CPU it needs ``torch.profiler``'s memory events and is off unless asked for).
+    ``callbacks`` are :class:`proftune.train.Callback` objects.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        every: int = 50,
+        callbacks: Sequence[Callback] = (),
+        stats: bool = True,
+        timing: bool = True,
+        activations: bool = True,
+        peak_memory: bool | None = None,
+        task: str | None = None,
+    ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"every must be a positive integer (sample every N-th step), but got {every=}.")
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, but got {type(model).__name__}.")
+        self.model = model
+        self.inner = unwrap(model)
+        self.optimizer = optimizer
+        self.every = every
+        self.callbacks = list(callbacks)
+        self.task = task
+        self.device = _device_of(self.inner)
+        self.peak_memory = (self.device.type == "cuda") if peak_memory is None else bool(peak_memory)
+        self.state = FitState(task=None, model=model, optimizer=optimizer, params={}, device=self.device)
+        self._timer = LayerTimer(self.inner, self.device) if timing else None
+        self._stats = LayerStats(self.inner) if stats else None
+        self._acts = ActivationRecorder(self.inner) if activations else None
+        self._peak = PeakMemory(self.device) if self.peak_memory else None
+        self._comm: CommRecorder | None = None
+        self._always: list[Any] = []  # hooks that drive callbacks: present only with callbacks
+        self._sample_hooks: list[Any] = []
+        self._sampling = False
+        self._started = False
+        self._in_step = False
+        self._last = 0.0
+        self._mark: dict[str, float] = {}
+        self._example: Any = None
+        self._batch = 0
+        self._m = Measurements()
+        self._sample_timings: list[dict[str, float]] = []
+        self._clean_walls: list[float] = []
+        self._fwd_bwd: list[float] = []
+        self._peaks: list[int] = []
+        self._acts_totals: list[int] = []
+        self._samples = 0
+        self._profile: Profile | None = None
+
+    # -- context ----------------------------------------------------------------------------
+    def __enter__(self) -> Monitor:
+        if is_ddp(self.model) and self._comm is None:
+            self._comm = CommRecorder(self.model)
+            self._comm.recording = False
+        if self.callbacks:
+            self._always.append(self.model.register_forward_pre_hook(self._callback_step_start))
+            if self.optimizer is not None:
+                self._always.append(self.optimizer.register_step_pre_hook(self._callback_after_backward))
+        for cb in self.callbacks:
+            cb.on_fit_start(self.state)
+        self._started = True
+        self._last = self._now(sync=True)
+        if self._is_sampled(self.state.step):
+            self._attach_sample()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._detach_sample(abort=True)
+        for h in self._always:
+            h.remove()
+        self._always.clear()
+        self._started = False
+        if exc is not None:
+            for cb in self.callbacks:
+                try:
+                    cb.on_exception(self.state, exc)
+                except Exception:  # a failing callback must not hide the user's error
+                    pass
+            return
+        for cb in self.callbacks:
+            cb.on_fit_end(self.state)
+
+    def _is_sampled(self, step: int) -> bool:
+        return (step + 1) % self.every == 0
+
+    @property
+    def sampling(self) -> bool:
+        """True while the current step is instrumented."""
+        return self._sampling
+
+    def _now(self, *, sync: bool = False) -> float:
+        if sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    # -- hooks that drive callbacks (only when there are callbacks) ---------------------------
+    def _callback_step_start(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
+        if self._in_step:
+            return
+        self._in_step = True
+        self.state.batch = args[0] if len(args) == 1 else args
+        for cb in self.callbacks:
+            cb.on_step_start(self.state)
+
+    def _callback_after_backward(self, opt: Any, args: Any, kwargs: Any) -> None:
+        for cb in self.callbacks:
+            cb.on_after_backward(self.state)
+
+    # -- sampled steps --------------------------------------------------------------------------
+    def _attach_sample(self) -> None:
+        self._sampling = True
+        self._mark = {"start": self._last, "forward_ms": 0.0}
+        self._sample_hooks.append(self.model.register_forward_pre_hook(self._sample_fwd_start, with_kwargs=True))
+        self._sample_hooks.append(self.model.register_forward_hook(self._sample_fwd_end))
+        if self.optimizer is not None:
+            self._sample_hooks.append(self.optimizer.register_step_pre_hook(self._sample_opt_start))
+            self._sample_hooks.append(self.optimizer.register_step_post_hook(self._sample_opt_end))
+        if self._timer is not None:
+            self._timer.attach()
+        if self._stats is not None:
+            self._stats.attach(self.optimizer)
+        if self._acts is not None:
+            self._acts.attach()
+        if self._comm is not None:
+            self._comm.discard_step()
+            self._comm.recording = True
+        if self._peak is not None:
+            self._peak.start(live_bytes(self.inner, self.optimizer))
+
+    def _detach_sample(self, *, abort: bool = False) -> None:
+        for h in self._sample_hooks:
+            h.remove()
+        self._sample_hooks.clear()
+        for part in (self._timer, self._stats, self._acts):
+            if part is not None:
+                part.detach()
+        if self._comm is not None:
+            self._comm.recording = False
+        if abort and self._peak is not None and self._sampling:
+            self._peak.abort()
+        self._sampling = False
+
+    def _sample_fwd_start(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        now = self._now(sync=True)
+        self._mark.setdefault("fwd_start", now)
+        self._mark["_fwd_t0"] = now
+        if self._example is None:
+            self._example = kwargs if (kwargs and not args) else (args[0] if len(args) == 1 else args)
+        self._batch += batch_size_of(args if args else list(kwargs.values()))
+
+    def _sample_fwd_end(self, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        now = self._now(sync=True)
+        self._mark["forward_ms"] += (now - self._mark.get("_fwd_t0", now)) * 1e3
+        self._mark["fwd_end"] = now
+
+    def _sample_opt_start(self, opt: Any, args: Any, kwargs: Any) -> None:
+        now = self._now(sync=True)
+        self._mark["bwd_end"] = now
+        if self._timer is not None:
+            self._timer.mark_backward_end(now)
+        if self._stats is None:
+            norms = [p.grad.detach().float().norm() for p in self.inner.parameters() if p.grad is not None]
+            if norms:
+                self._m.grad_norms.append(float(torch.stack(norms).norm()))
+        self._m.grads_bytes = grads_bytes(self.inner)
+
+    def _sample_opt_end(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self._mark["opt_end"] = self._now(sync=True)
+
+    def _finish_sample(self, now: float) -> None:
+        mk = self._mark
+        if self._acts is not None:
+            self._acts.detach()
+            self._acts_totals.append(self._acts.total)
+            self._m.activation_per_layer = dict(self._acts.per_layer)
+        if self._peak is not None:
+            self._peaks.append(self._peak.stop())
+        fwd_start = mk.get("fwd_start", mk["start"])
+        fwd_end = mk.get("fwd_end", fwd_start)
+        bwd_end = mk.get("bwd_end", now)
+        opt_end = mk.get("opt_end", bwd_end)
+        timing = {
+            "data_ms": (fwd_start - mk["start"]) * 1e3,
+            "forward_ms": mk["forward_ms"],
+            "backward_ms": max(bwd_end - fwd_end, 0.0) * 1e3,
+            "optimizer_ms": max(opt_end - bwd_end, 0.0) * 1e3,
+            "wall_ms": (now - mk["start"]) * 1e3,
+        }
+        self._sample_timings.append(timing)
+        if self._timer is not None:
+            if "bwd_end" not in mk:
+                self._timer.mark_backward_end(now)
+            self._timer.end_step()
+            self._fwd_bwd.append(timing["forward_ms"] + timing["backward_ms"])
+        if self._stats is not None:
+            self._stats.detach()
+            self._m.stats.append(self._stats.collect(self.optimizer))
+            g = self._stats.grad_norm()
+            if g is not None:
+                self._m.grad_norms.append(g)
+            u = self._stats.update_ratio()
+            if u is not None:
+                self._m.update_ratios.append(u)
+        if self._comm is not None:
+            self._comm.end_step()
+        self._samples += 1
+        self._profile = None
+
+    # -- the user's call ------------------------------------------------------------------------
+    def step(self, loss: torch.Tensor | float | None = None) -> None:
+        """End a training step (after the optimizer step); ``loss`` is the step's loss."""
+        if not self._started:
+            raise RuntimeError("Monitor.step() was called outside `with Monitor(...) as mon:`.")
+        sampled = self._sampling
+        now = self._now(sync=sampled)
+        if sampled:
+            self._detach_sample()
+            self._finish_sample(now)
+        else:
+            self._clean_walls.append((now - self._last) * 1e3)
+        state = self.state
+        state.step += 1
+        if loss is not None and (sampled or self.callbacks):
+            if isinstance(loss, torch.Tensor):
+                state.loss_tensor = loss
+                state.loss = float(loss.detach())
+            else:
+                state.loss = float(loss)
+        if sampled and self._batch:
+            state.batch_size = self._batch
+            state.samples_seen += self._batch
+        self._batch = 0
+        self._in_step = False
+        for cb in self.callbacks:
+            cb.on_step_end(state)
+        self._last = self._now(sync=sampled)
+        if self._is_sampled(state.step):
+            self._attach_sample()
+
+    # -- results --------------------------------------------------------------------------------
+    @property
+    def samples(self) -> int:
+        """Sampled steps so far."""
+        return self._samples
+
+    @property
+    def findings(self) -> list[Any]:
+        """Findings of the callbacks that keep a ``findings`` list (diagnose's checks do)."""
+        out: list[Any] = []
+        for cb in self.callbacks:
+            found = getattr(cb, "findings", None)
+            if found:
+                out.extend(found)
+        return out
+
+    @property
+    def profile(self) -> Profile:
+        """A :class:`Profile` from the sampled steps (static counts on the first sampled input)."""
+        if self._samples == 0:
+            raise RuntimeError(
+                f"no step was sampled yet: the Monitor samples every {self.every}-th step and "
+                f"{self.state.step} step(s) ran; use a smaller `every`."
+            )
+        if self._profile is None:
+            self._profile = self._build()
+        return self._profile
+
+    def _build(self) -> Profile:
+        m = self._m
+        if self._timer is not None:
+            m.layer_times = self._timer.per_layer()
+            m.layer_types = dict(self._timer.types)
+            m.timed_fwd_bwd_ms = median(self._fwd_bwd)
+        batch = self.state.batch_size
+        summary = step_summary(self._sample_timings, [batch] * len(self._sample_timings))
+        if self._clean_walls:
+            # the reported step is the untouched one; the phases come from the sampled steps
+            wall = median(self._clean_walls)
+            phases = sum(summary[k] for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms"))
+            summary["time_ms"] = wall
+            summary["other_ms"] = max(wall - phases, 0.0)
+            summary["throughput"] = batch / (wall / 1e3) if wall > 0 else 0.0
+        m.step = summary
+        m.params_bytes = params_bytes(self.inner)
+        m.optimizer_bytes = optimizer_state_bytes(self.optimizer)
+        m.activations_bytes = int(median(self._acts_totals)) if self._acts_totals else 0
+        m.peak_bytes = max(self._peaks) if self._peaks else 0
+        if self._comm is not None:
+            m.comm = self._comm.summary(summary["time_ms"])
+        counts = None
+        if self._example is not None:
+            counts = static_counts(self.inner, self._example, backward=self.optimizer is not None,
+                                   copy_model=True)
+        return assemble_profile(
+            m, counts, task=self.task, device=self.device, batch_size=batch, mode="train",
+            steps=self._samples,
+            config={"every": self.every, "steps_seen": self.state.step, "source": "monitor"},
+        )

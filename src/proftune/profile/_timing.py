@@ -1,0 +1,136 @@
+"""Per-layer forward and backward time of one step, and the summary of a step's phases.
+
+Forward: the time between a layer's forward pre-hook and its forward hook (synchronised on
+CUDA). Backward: autograd runs layers in reverse; a hook on the autograd node that produced each
+layer's output fires when that layer's backward starts, so the backward pass is cut at those
+moments and each piece goes to the layer that started it. The last piece ends when backward
+ends (``mark_backward_end``). No full backward hooks are used: they break on layers followed
+by an in-place op (torchvision's ``ReLU(inplace=True)``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._layers import LayerHooks, output_tensors
+
+__all__ = ["LayerTimer", "median", "step_summary"]
+
+
+class LayerTimer:
+    """Times every layer call of the steps it is attached to; one :meth:`end_step` per step."""
+
+    def __init__(self, model: nn.Module, device: torch.device | None = None) -> None:
+        self.device = device
+        self._sync = device is not None and device.type == "cuda"
+        self._hooks = LayerHooks(model, self._on_leaf, sync=self._sync, device=device)
+        self.types: dict[str, str] = {}
+        self._fwd: dict[str, float] = {}
+        self._events: list[tuple[float, str]] = []
+        self._nodes: set[int] = set()
+        self._bwd_end: float | None = None
+        #: One ``(forward_ms, backward_ms)`` dict pair per finished step.
+        self.steps: list[tuple[dict[str, float], dict[str, float]]] = []
+
+    @property
+    def attached(self) -> bool:
+        return self._hooks.attached
+
+    def attach(self) -> LayerTimer:
+        self._hooks.attach()
+        self._begin()
+        return self
+
+    def detach(self) -> None:
+        self._hooks.detach()
+
+    def _begin(self) -> None:
+        self._fwd = {}
+        self._events = []
+        self._nodes = set()
+        self._bwd_end = None
+
+    def _now(self) -> float:
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _on_leaf(self, name: str, mod: nn.Module, inputs: tuple[Any, ...], output: Any,
+                 start: float, end: float) -> None:
+        self.types.setdefault(name, type(mod).__name__)
+        self._fwd[name] = self._fwd.get(name, 0.0) + (end - start) * 1e3
+        if not torch.is_grad_enabled():
+            return
+        for t in output_tensors(output):
+            node = t.grad_fn
+            if node is None or id(node) in self._nodes:
+                continue
+            self._nodes.add(id(node))
+            node.register_prehook(self._backward_starts(name))
+
+    def _backward_starts(self, name: str) -> Any:
+        def hook(grad_outputs: Any) -> None:
+            self._events.append((self._now(), name))
+
+        return hook
+
+    def mark_backward_end(self, when: float | None = None) -> None:
+        """The backward pass ended now (or at ``when``, ``time.perf_counter`` seconds)."""
+        self._bwd_end = when if when is not None else self._now()
+
+    def end_step(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Close the step: per-layer forward and backward milliseconds; starts the next step."""
+        bwd: dict[str, float] = {}
+        events = sorted(self._events)
+        for i, (t, name) in enumerate(events):
+            nxt = events[i + 1][0] if i + 1 < len(events) else self._bwd_end
+            if nxt is None:
+                continue
+            bwd[name] = bwd.get(name, 0.0) + max(nxt - t, 0.0) * 1e3
+        result = (dict(self._fwd), bwd)
+        self.steps.append(result)
+        self._begin()
+        return result
+
+    def per_layer(self) -> dict[str, tuple[float, float | None]]:
+        """Median over the finished steps of each layer's ``(forward_ms, backward_ms)``."""
+        out: dict[str, tuple[float, float | None]] = {}
+        names: list[str] = []
+        for fwd, _ in self.steps:
+            names += [n for n in fwd if n not in names]
+        for name in names:
+            f = median([fwd.get(name, 0.0) for fwd, _ in self.steps])
+            has_bwd = any(name in bwd for _, bwd in self.steps)
+            b = median([bwd.get(name, 0.0) for _, bwd in self.steps]) if has_bwd else None
+            out[name] = (f, b)
+        return out
+
+
+def median(values: Sequence[float]) -> float:
+    vals = [float(v) for v in values]
+    return float(statistics.median(vals)) if vals else 0.0
+
+
+def step_summary(timings: Sequence[dict[str, float]], samples: Sequence[int]) -> dict[str, float]:
+    """Median phase times of several steps and the throughput (samples/s) of the median step.
+
+    Each timing holds ``data_ms``, ``forward_ms``, ``backward_ms``, ``optimizer_ms`` and
+    ``wall_ms`` (the whole step, end to end); ``other_ms`` is the wall time no phase explains.
+    """
+    if not timings:
+        return {"time_ms": 0.0, "data_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0,
+                "optimizer_ms": 0.0, "other_ms": 0.0, "throughput": 0.0}
+    keys = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms")
+    out = {k: median([t.get(k, 0.0) for t in timings]) for k in keys}
+    wall = median([t.get("wall_ms", sum(t.get(k, 0.0) for k in keys)) for t in timings])
+    out["time_ms"] = wall
+    out["other_ms"] = max(wall - sum(out[k] for k in keys), 0.0)
+    n = median([float(s) for s in samples]) if samples else 0.0
+    out["throughput"] = n / (wall / 1e3) if wall > 0 else 0.0
+    return out
