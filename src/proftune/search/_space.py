@@ -36,6 +36,7 @@ PARAM_TYPES = ("float", "int", "categorical")
 TIERS = ("architecture", "training", "regularization")
 _PARAM_KEYS = {"type", "low", "high", "log", "step", "choices", "when", "tier", "default"}
 _TOP_KEYS = {"params", "fixed", "forbid", "tiers", "pruner"}
+_NUMBER = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$")
 _COMPARISON = re.compile(r"^\s*(<=|>=|==|!=|<|>)\s*(.+?)\s*$")
 
 
@@ -45,11 +46,8 @@ def _number(value: Any) -> float | None:
         return None
     if isinstance(value, (int, float)):
         return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
+    if isinstance(value, str) and _NUMBER.match(value):
+        return float(value)
     return None
 
 

@@ -1,0 +1,183 @@
+"""proftune.search end to end on wine-mlp: gating, faults as data, resume, pruning, Pareto, analysis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+import proftune
+from proftune import ConfigError, RunFailedError, Store
+from proftune.search import SearchResult
+
+HERE = Path(__file__).parent
+FAULTY = f"{HERE / '_tasks.py'}:FaultyWine"
+
+GATED_SPACE: dict[str, Any] = {"params": {
+    "hidden": {"type": "categorical", "choices": [8, 16, 64, 128]},
+    "lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True},
+}}
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: pytest.TempPathFactory) -> tuple[SearchResult, str]:
+    db = f"sqlite:///{tmp_path_factory.mktemp('gated') / 'p.db'}"
+    result = proftune.search("wine-mlp", GATED_SPACE, constraints=["params<2000"], trials=8,
+                             epochs=1, sampler="random", study="gated", db=db, seed=1)
+    return result, db
+
+
+def test_gated_trials_end_at_once_with_the_measured_reason(gated: tuple[SearchResult, str]) -> None:
+    result, db = gated
+    states = result.counts()
+    assert states["infeasible"] >= 1 and states["complete"] >= 1
+    assert len(result.trials) == 8
+    for t in result.trials:
+        big = t.params["hidden"] >= 64
+        assert (t.state == "infeasible") == big
+        assert t.metrics["params"] > 0
+        if big:
+            assert t.steps == 0 and t.train_s == 0.0  # no training spent
+            assert "params=" in (t.reason or "") and ">= 2000" in (t.reason or "")
+            assert t.constraints["params<2000"]["ok"] is False
+        else:
+            assert t.steps > 0 and "accuracy" in t.metrics
+    assert result.best is not None and result.best.params["hidden"] in (8, 16)
+    # the measured values went to Optuna's constraint interface (Trial.set_constraint)
+    study = optuna.load_study(study_name="gated", storage=db)
+    for ft in study.trials:
+        assert "params<2000" in ft.constraints
+        assert (ft.constraints["params<2000"] > 0) == (ft.params["hidden"] >= 64)
+
+
+def test_every_trial_is_a_run_linked_to_its_study(gated: tuple[SearchResult, str]) -> None:
+    result, db = gated
+    store = Store(db)
+    tune = store.get_run(result.run_id)
+    assert tune.kind == "tune" and tune.status == "finished" and tune.study == "gated"
+    runs = store.list_runs(kind="trial", study="gated")
+    assert len(runs) == 8
+    assert {r.parent_id for r in runs} == {result.run_id}
+    assert {r.id for r in runs} == {t.run_id for t in result.trials}
+    assert all(r.status == "finished" for r in runs)
+    assert all(r.data_fingerprint == tune.data_fingerprint for r in runs)
+
+
+def test_analysis_correlations_importance_and_json(gated: tuple[SearchResult, str]) -> None:
+    result, _ = gated
+    d = result.to_dict()
+    for key in ("study", "best", "trials", "correlations", "importance"):
+        assert key in d
+    assert set(d["best"]) >= {"params", "values", "metrics"}
+    assert {"number", "state", "params", "metrics", "constraints", "reason", "duration_s"} <= set(d["trials"][0])
+    # hidden drives the parameter count: measured on every trial, infeasible ones included
+    corr = d["correlations"]["hidden"]["params"]
+    assert corr["spearman"] > 0.9 and corr["n"] == 8
+    imp = d["importance"]["accuracy"]
+    fan = {k: v for k, v in imp["fanova"].items() if k != "error"}
+    if fan:
+        assert sum(fan.values()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_faults_are_data_not_crashes(tmp_path: Path) -> None:
+    space = {"params": {"fault": {"type": "categorical", "choices": ["none", "raise", "oom", "nan"]}}}
+    result = proftune.search(FAULTY, space, trials=4, sampler="grid", max_steps=3,
+                             db=f"sqlite:///{tmp_path / 'p.db'}", study="faults")
+    by = {t.params["fault"]: t for t in result.trials}
+    assert set(by) == {"none", "raise", "oom", "nan"}
+    assert by["none"].state == "complete"
+    assert by["raise"].state == "failed" and "user code broke" in (by["raise"].reason or "")
+    assert "Traceback" in (by["raise"].traceback or "") and "build_model" in (by["raise"].traceback or "")
+    assert by["oom"].state == "infeasible" and "out of memory" in (by["oom"].reason or "")
+    assert by["nan"].state == "pruned" and any(a["kind"] == "nan_loss" for a in by["nan"].anomalies)
+    failed_run = Store(f"sqlite:///{tmp_path / 'p.db'}").get_run(by["raise"].run_id)
+    assert failed_run.status == "failed" and "user code broke" in (failed_run.error or "")
+
+
+def test_max_failures_stops_the_study(tmp_path: Path) -> None:
+    space = {"params": {"fault": {"type": "categorical", "choices": ["raise"]},
+                        "hidden": {"type": "int", "low": 4, "high": 8}}}
+    with pytest.raises(RunFailedError, match="more than --max-failures=1"):
+        proftune.search(FAULTY, space, trials=10, sampler="random", max_steps=2, max_failures=1,
+                        db=f"sqlite:///{tmp_path / 'p.db'}", study="ff")
+    study = optuna.load_study(study_name="ff", storage=f"sqlite:///{tmp_path / 'p.db'}")
+    assert len(study.trials) == 2
+
+
+def test_resume_continues_and_a_different_space_changes_nothing(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16}}}
+    first = proftune.search("wine-mlp", space, trials=2, max_steps=2, study="r", db=db)
+    again = proftune.search("wine-mlp", space, trials=3, max_steps=2, study="r", db=db)
+    assert again.resumed and not first.resumed
+    assert len(again.trials) == 3
+    assert [(t.number, t.params, t.values) for t in again.trials[:2]] == \
+           [(t.number, t.params, t.values) for t in first.trials]
+    study = optuna.load_study(study_name="r", storage=db)
+    attrs_before = dict(study.user_attrs)
+    changed = {"params": {"hidden": {"type": "int", "low": 4, "high": 32},
+                          "dropout": {"type": "float", "low": 0.0, "high": 0.5}}}
+    with pytest.raises(ConfigError) as info:
+        proftune.search("wine-mlp", changed, trials=5, max_steps=2, study="r", db=db)
+    text = str(info.value)
+    assert "different space" in text and "'hidden' changed" in text and "'dropout' is new" in text
+    study = optuna.load_study(study_name="r", storage=db)
+    assert len(study.trials) == 3 and dict(study.user_attrs) == attrs_before
+    assert len(Store(db).list_runs(kind="tune", study="r")) == 2
+
+
+def test_patience_pruner_stops_the_fit_loop(tmp_path: Path) -> None:
+    space = {"params": {"lr": {"type": "categorical", "choices": [1e-9]}}, "pruner": {"patience": 1}}
+    result = proftune.search("wine-mlp", space, trials=1, epochs=5, pruner="patience",
+                             db=f"sqlite:///{tmp_path / 'p.db'}", study="p")
+    (t,) = result.trials
+    assert t.state == "pruned" and "patience pruner at epoch 2" in (t.reason or "")
+    assert t.steps == 2 * 9  # two epochs of 142 samples at batch 16, then stopped
+
+
+def test_multi_objective_pareto_front(tmp_path: Path) -> None:
+    space = {"params": {"hidden": {"type": "int", "low": 2, "high": 64, "log": True}}}
+    result = proftune.search("wine-mlp", space, objectives=["accuracy:max", "params:min"], trials=5,
+                             epochs=1, sampler="nsga2", db=f"sqlite:///{tmp_path / 'p.db'}", study="mo")
+    assert result.pareto and all(t.state == "complete" for t in result.pareto)
+    pts = [(t.metrics["accuracy"], t.metrics["params"]) for t in result.pareto]
+    for a in pts:  # nobody on the front is dominated by another trial
+        for t in result.trials:
+            if t.state == "complete":
+                b = (t.metrics["accuracy"], t.metrics["params"])
+                assert not (b[0] >= a[0] and b[1] <= a[1] and b != a)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "halton", "sobol", "random", "grid", "coarse-to-fine"])
+def test_every_sampler_runs_its_trials(sampler: str, tmp_path: Path) -> None:
+    space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16, "step": 4},
+                        "lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
+    result = proftune.search("wine-mlp", space, trials=4, max_steps=2, sampler=sampler,
+                             db=f"sqlite:///{tmp_path / 'p.db'}", study="s")
+    assert result.counts()["complete"] == 4
+    for t in result.trials:
+        assert t.params["hidden"] in (4, 8, 12, 16) and 1e-3 <= t.params["lr"] <= 1e-2
+
+
+def test_staged_search_fixes_the_best_of_earlier_stages(tmp_path: Path) -> None:
+    space = {"params": {
+        "hidden": {"type": "categorical", "choices": [4, 32], "tier": "architecture"},
+        "lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True, "tier": "training"},
+    }}
+    result = proftune.search("wine-mlp", space, trials=4, epochs=1, sampler="random", seed=3,
+                             db=f"sqlite:///{tmp_path / 'p.db'}", study="tiers")
+    arch = [t for t in result.trials if t.stage == "architecture"]
+    train = [t for t in result.trials if t.stage == "training"]
+    assert len(arch) == 2 and len(train) == 2
+    assert len({t.params["lr"] for t in arch}) == 1  # lr held at its centre while the architecture is searched
+    best_arch = max(arch, key=lambda t: t.metrics["accuracy"]).params["hidden"]
+    assert all(t.params["hidden"] == best_arch for t in train)
+
+
+def test_function_and_subpackage_share_the_name() -> None:
+    from proftune.search import Space, search
+
+    assert callable(proftune.search) and proftune.search is search
+    assert Space.__module__ == "proftune.search._space"
