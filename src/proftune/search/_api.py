@@ -269,7 +269,7 @@ def search(
                 created.set_user_attr(key, value)
         deadline = time.time() + timeout if timeout else None
         if workers == 1:
-            run_worker(settings, 0, deadline)
+            run_worker(settings, 0, deadline, storage=storage)
         else:
             _run_processes(settings, workers, deadline)
         loaded = optuna.load_study(study_name=name, storage=storage)

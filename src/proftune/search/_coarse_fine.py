@@ -7,6 +7,7 @@ of a trial follows from how many trials have finished.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,8 +37,11 @@ class CoarseToFineSampler(BaseSampler):
     def __init__(self, *, n_coarse: int, top_k: int = 3, width: float = 0.1,
                  seed: int | None = None) -> None:
         self.n_coarse, self.top_k, self.width = int(n_coarse), int(top_k), float(width)
-        self._coarse = QMCSampler(qmc_type="halton", scramble=True, seed=seed,
-                                  warn_independent_sampling=False, warn_asynchronous_seeding=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._coarse = QMCSampler(qmc_type="halton", scramble=True, seed=seed,
+                                      warn_independent_sampling=False,
+                                      warn_asynchronous_seeding=False)
         self._random = RandomSampler(seed=seed)
         self._rng = np.random.RandomState(seed)
         self._fine: dict[int, list[FrozenTrial]] = {}

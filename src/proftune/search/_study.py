@@ -154,6 +154,12 @@ def _retry_locked(fn: Any, attempts: int = 30) -> Any:
 # -- samplers ---------------------------------------------------------------------------------
 def make_sampler(settings: SearchSettings, worker: int = 0) -> optuna.samplers.BaseSampler:
     """The sampler called ``settings.sampler``; each worker gets its own seed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _make_sampler(settings, worker)
+
+
+def _make_sampler(settings: SearchSettings, worker: int) -> optuna.samplers.BaseSampler:
     name, seed = settings.sampler, settings.seed + 1000 * worker
     n = settings.trials
     if name == "tpe":
@@ -470,7 +476,8 @@ def _best_params(study: optuna.Study, objectives: Sequence[Objective], stages: S
 
 
 # -- the worker loop ----------------------------------------------------------------------------
-def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None = None) -> dict[str, Any]:
+def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None = None, *,
+               storage: RDBStorage | None = None) -> dict[str, Any]:
     """Run trials of ``settings.study`` until it has ``settings.trials`` finished ones.
 
     Several workers (processes, machines) may run this on one study at once. Returns what this
@@ -480,7 +487,7 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
     task = load_task(settings.task)
     settings.task_name = settings.task_name or task.name or type(task).__name__
     store = Store(settings.db)
-    storage = open_storage(settings.db)
+    storage = storage or open_storage(settings.db)
     study = optuna.load_study(study_name=settings.study, storage=storage,
                               sampler=make_sampler(settings, worker),
                               pruner=make_pruner(settings.pruner, settings.space.pruner))
