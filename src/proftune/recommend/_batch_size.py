@@ -27,6 +27,8 @@ from ._units import format_bytes
 MIN_MARGIN_FRACTION = 0.005
 #: The margin is this many times the largest residual of the fit.
 RESIDUAL_MARGIN = 2.0
+#: A verified step below this fraction of the budget, under a batch that did not fit, is refined.
+REFINE_BELOW = 0.9
 
 
 class DataLimit(Exception):
@@ -206,7 +208,9 @@ def search_max_batch(
     ``known`` holds points measured before (the profile's): they join the fit without a run.
     The probes go where they pin the line best: a small batch, then half-way and close to the
     extrapolated answer. The answer is verified by one step; when that step does not fit, the
-    fit takes it in and the next answer is verified (at most ``max_verify`` times).
+    fit takes it in and the next answer is verified (at most ``max_verify`` times); after an
+    out-of-memory error (a device smaller than the budget) the next try bisects between the
+    largest batch that fitted and the one that ran out.
     """
     search = _Search(measure, budget, max_batch)
     for b, peak in known:
@@ -231,11 +235,26 @@ def search_max_batch(
             break
         probe = search.run(answer, "verify")
         if probe.status == "fits":
-            break
+            # far below the budget although a bigger batch did not fit: the peak is not linear
+            # (a convex curve lies below the line through the probes); refine between the two
+            refined = _bracket_answer(search, model)
+            if probe.peak_bytes is None or probe.peak_bytes >= REFINE_BELOW * budget or refined <= answer:
+                break
+            answer = refined
+            continue
+        if probe.status == "oom":
+            # the device holds less than the budget: no peak to refit with, so bisect between
+            # the largest batch that fitted and the one that ran out
+            low = max(search.fits, default=0)
+            answer = search.clamp((low + probe.batch_size) // 2)
+            if answer <= low:
+                break
+            continue
         if len({b for b, _ in search.points}) >= 2:
             model = fit_memory_model(search.points, budget)
         answer = search.clamp(min(model.largest_batch(budget), probe.batch_size - 1))
     fits = [p for p in search.probes if p.status == "fits" and p.role == "verify"]
+    fits.sort(key=lambda p: p.batch_size)
     if not fits:
         fitting = [p for p in search.probes if p.status == "fits"]
         if not fitting:
@@ -254,6 +273,20 @@ def search_max_batch(
         limited_by=search.limited_by if best.batch_size == search.max_batch else "memory",
         static_detail=static_detail or {},
     )
+
+
+def _bracket_answer(search: _Search, model: MemoryModel) -> int:
+    """The answer from the line through the nearest measured points below and above the budget."""
+    below = [(b, p) for b, p in search.points if p <= search.budget]
+    above = [(b, p) for b, p in search.points if p > search.budget]
+    if not below or not above:
+        return 0
+    b0, p0 = max(below)
+    b1, p1 = min(above)
+    if b1 <= b0 or p1 <= p0:
+        return 0
+    slope = (p1 - p0) / (b1 - b0)
+    return search.clamp(b0 + (search.budget - model.margin_bytes - p0) / slope)
 
 
 def _next_probe(search: _Search, static_bytes: int) -> int | None:

@@ -217,10 +217,21 @@ def suggest_lr(lrs: Any, losses: Any, *, diverged: bool = False, factor: float =
             msg = (f"the loss did not fall over lr {lr[0]:.3g}..{lr[-1]:.3g} (drop {drop:.3g}, "
                    f"noise {noise:.3g}); raise max_lr or run more steps.")
         return CurveReading(None, None, None, None, full_sm, msg)
-    # starts to fall: the first point before the minimum 10% of the way down
-    falling = np.nonzero(sm[: i_min + 1] < start_level - 0.1 * drop)[0]
-    i_fall = int(falling[0]) if len(falling) else 0
-    min_lr, lr_min = float(lr[i_fall]), float(lr[i_min])
+    # starts to fall: after the last point before the minimum still within 10% of the start
+    # (scanning back from the minimum, so an early dip of the noise does not count)
+    level = start_level - 0.1 * drop
+    still_high = np.nonzero(sm[:i_min] >= level)[0]
+    i_fall = int(still_high[-1]) + 1 if len(still_high) else 0
+    # the minimum: the middle (in log lr) of the band around the argmin within 10% of the drop,
+    # which moves less under noise than the argmin of a flat-bottomed valley
+    near = sm <= float(sm[i_min]) + 0.1 * drop
+    lo = hi = i_min
+    while lo > 0 and near[lo - 1]:
+        lo -= 1
+    while hi < n - 1 and near[hi + 1]:
+        hi += 1
+    lr_min = math.sqrt(float(lr[lo]) * float(lr[hi]))
+    min_lr = min(float(lr[i_fall]), lr_min)
     if lr_min / min_lr >= factor:
         suggestion = lr_min / factor
     else:

@@ -9,8 +9,8 @@ so |G|² = (B|G_B|² - b|G_b|²)/(B - b) and tr(Σ) = (|G_b|² - |G_B|²)/(1/b -
 The micro-batches of one accumulated step of the fit loop serve as the small batches
 (|G_b|² is the mean of their squared norms) and their mean is the big batch. Both estimates
 are smoothed with an EMA over steps before the ratio is taken; where the EMA of |G|² is not
-positive (noise dominates) it is clipped to 1% of the big-batch |G_B|², which caps B_simple at
-about 100·B, and the step is counted as clipped.
+positive (noise dominates) it is clipped to 1% of the big-batch |G_B|², B_simple is capped at
+100·B, and the step is counted as clipped.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class NoiseScaleCallback(Callback):
         self.history.append({
             "step": float(state.step), "g_small_sq": g_small, "g_big_sq": g_big,
             "grad_sq_norm": g2, "trace_sigma": s,
-            "b_simple": s_hat / max(g2_hat, floor) if floor > 0 else math.nan,
+            "b_simple": self._ratio(s_hat, g2_hat, gbig_hat),
             "clipped": float(clipped),
         })
 
@@ -164,12 +164,16 @@ class NoiseScaleCallback(Callback):
         corr = 1 - self.ema ** self.used
         return self._g2 / corr, self._s / corr, self._gbig / corr
 
+    def _ratio(self, s: float, g2: float, gbig: float) -> float:
+        """tr(Σ)/|G|² with |G|² clipped to 1% of |G_B|², and so at most 100 x the big batch."""
+        if not gbig > 0:
+            return math.nan
+        cap = self.b * self.k / CLIP_FRACTION
+        return min(max(s, 0.0) / max(g2, CLIP_FRACTION * gbig), cap)
+
     def result(self, steps: int) -> NoiseScaleResult:
         g2, s, gbig = self.estimates()
-        if self.used == 0:
-            b_simple = None
-        else:
-            b_simple = max(s, 0.0) / max(g2, CLIP_FRACTION * gbig) if gbig > 0 else None
+        b_simple = None if self.used == 0 or not gbig > 0 else self._ratio(s, g2, gbig)
         return NoiseScaleResult(
             b_simple=b_simple, trace_sigma=None if self.used == 0 else s,
             grad_sq_norm=None if self.used == 0 else g2, small_batch=self.b,
