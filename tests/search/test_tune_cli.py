@@ -1,0 +1,52 @@
+"""`proftune tune`: --json keys, and bad input exits 2 with one message listing every problem."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from proftune.cli import app
+
+runner = CliRunner()
+
+
+def test_json_output_has_the_contract_keys(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  hidden: {type: categorical, choices: [8, 64]}\n"
+                     "  lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), "--trials", "3",
+                                 "--epochs", "1", "--constraint", "params<2000", "--sampler", "random",
+                                 "--study", "cli", "--db", f"sqlite:///{tmp_path / 'p.db'}",
+                                 "--plot", str(tmp_path / "plots"), "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)
+    assert list(d)[:5] == ["study", "best", "trials", "correlations", "importance"]
+    assert d["study"] == "cli" and len(d["trials"]) == 3
+    for t in d["trials"]:
+        assert {"number", "state", "params", "metrics", "constraints", "reason", "duration_s"} <= set(t)
+        assert t["state"] in ("complete", "pruned", "infeasible", "failed", "running")
+    assert (tmp_path / "plots" / "history.png").stat().st_size > 1000
+
+
+def test_bad_input_exits_2_listing_every_problem(tmp_path: Path) -> None:
+    space = tmp_path / "bad.yaml"
+    space.write_text(
+        "params:\n"
+        "  lr: {type: float, low: 0.1, high: 0.001}\n"
+        "  wd: {type: float, low: 0.0, high: 0.1, log: true}\n"
+        "  act: {type: activation, choices: [relu]}\n"
+        "  hidden: {type: categorical, choices: []}\n")
+    result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space),
+                                 "--objective", "f1:max", "--constraint", "latency_p99<3",
+                                 "--constraint", "step_time_ms<<50",
+                                 "--db", f"sqlite:///{tmp_path / 'p.db'}", "--json"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    err = result.stderr
+    for needle in ("low=0.1 > high=0.001", "log=true needs low > 0", "type='activation' is unknown",
+                   "choices is empty", "metric 'f1' does not exist", "metric 'latency_p99' does not exist",
+                   "'step_time_ms<<50' is malformed"):
+        assert needle in err, (needle, err)
+    assert not (tmp_path / "p.db").exists()  # nothing ran, nothing was written
