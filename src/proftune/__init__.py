@@ -8,7 +8,7 @@ from ._api import TrainReport, run_train
 from .compress import CompressConfig, CompressReport, compress
 from .diagnose import AdaptiveLR, DiagnoseReport, EarlyStopping, GradGuard, HealthCheck, diagnose
 from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
-from .profile import Monitor, Profile
+from .profile import Monitor, Profile, profile
 from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
 from .search import SearchResult, search
 from .task import ClassificationTask, Task, load_task
@@ -48,6 +48,7 @@ __all__ = [
     "load_task",
     "lr_find",
     "noise_scale",
+    "profile",
     "recommend",
     "run_train",
     "search",

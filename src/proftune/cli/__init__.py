@@ -11,6 +11,7 @@ from ._batch_size import batch_size
 from ._compress import compress
 from ._diagnose import diagnose
 from ._lr_find import lr_find_command
+from ._profile import profile_command
 from ._recommend import recommend_command
 from ._runs import runs_app
 from ._tasks import tasks
@@ -36,6 +37,7 @@ app.command("lr-find")(lr_find_command)
 app.command("diagnose")(diagnose)
 app.command("bandit")(bandit)
 app.command("tune")(tune)
+app.command("profile")(profile_command)
 
 
 def main() -> None:

@@ -1,0 +1,183 @@
+"""``proftune profile TASK``: measure a model and its step; ``--compare A B`` diffs two profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..exceptions import ConfigError
+from ..profile import Profile, compare_profiles, profile
+from ..track import Store
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    ParamOpt,
+    SeedOpt,
+    execute,
+    out_console,
+    parse_params,
+)
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def _num(n: float | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= div:
+            return f"{value / div:.2f}{unit}"
+    return f"{value:.0f}"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else (f"{v:.3f}" if v < 10 else f"{v:.1f}")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def _render_profile(p: Profile, top: int, out: Path | None) -> None:
+    title = f"{p.task or 'model'} · {p.mode} · batch {p.batch_size} · {p.device}"
+    layers = sorted(p.layers, key=lambda lay: (lay.time_share or 0.0, lay.macs), reverse=True)[:top]
+    table = Table(title=f"top {len(layers)} layers by share of forward+backward time — {title}",
+                  caption="act: bytes saved for backward; GF/s: forward GFLOP/s; par, MAC: share of the "
+                          "model's params and MACs")
+    for col in ("layer", "type", "params", "MACs", "fwd ms", "bwd ms", "act", "GF/s", "time", "par", "MAC"):
+        table.add_column(col, justify="left" if col in ("layer", "type") else "right", no_wrap=True)
+    for lay in layers:
+        table.add_row(lay.name or "(model)", lay.type, _num(lay.params), _num(lay.macs), _ms(lay.forward_ms),
+                      _ms(lay.backward_ms), _bytes(lay.activation_bytes),
+                      "-" if lay.gflops_per_s is None else f"{lay.gflops_per_s:.1f}",
+                      _pct(lay.time_share), _pct(lay.params_share), _pct(lay.macs_share))
+    out_console.print(table)
+
+    s, mem = p.step, p.memory
+    summary = Table(title="step and memory", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    summary.add_row("params (total / trainable)", f"{p.params.total:,} / {p.params.trainable:,}")
+    summary.add_row("MACs / FLOPs (forward)", f"{_num(p.macs)} / {_num(p.flops)}")
+    if p.backward_flops:
+        summary.add_row("FLOPs (backward)", _num(p.backward_flops))
+    summary.add_row("step time", f"{s.time_ms:.2f} ms")
+    summary.add_row("  data / forward / backward",
+                    f"{s.data_ms:.2f} / {s.forward_ms:.2f} / {s.backward_ms:.2f} ms")
+    summary.add_row("  optimizer / other", f"{s.optimizer_ms:.2f} / {s.other_ms:.2f} ms")
+    summary.add_row("throughput", f"{s.throughput:,.0f} samples/s")
+    summary.add_row("params / grads / optimizer state",
+                    f"{_bytes(mem.params_bytes)} / {_bytes(mem.grads_bytes)} / {_bytes(mem.optimizer_bytes)}")
+    summary.add_row("activations saved for backward", _bytes(mem.activations_bytes))
+    summary.add_row("peak of a step", _bytes(mem.peak_bytes))
+    if p.grad.norm is not None:
+        var = "-" if p.grad.var is None else f"{p.grad.var:.3g}"
+        ratio = "-" if p.grad.update_ratio is None else f"{p.grad.update_ratio:.3g}"
+        summary.add_row("grad norm / var / update ratio", f"{p.grad.norm:.3g} / {var} / {ratio}")
+    if p.comm is not None:
+        summary.add_row("all-reduce per step",
+                        f"{_bytes(p.comm.allreduce_bytes)} in {p.comm.allreduce_ms:.2f} ms ({p.comm.share:.1%})")
+    out_console.print(summary)
+    for b in p.bottlenecks[:3]:
+        out_console.print(f"• {b['finding']}", highlight=False)
+    run_id = p.config.get("run_id")
+    tail = [f"run {run_id}"] if run_id is not None else []
+    if out is not None:
+        tail.append(f"saved {out}")
+    if p.config.get("trace"):
+        tail.append(f"trace {p.config['trace']}")
+    if tail:
+        out_console.print(" · ".join(tail), style="dim")
+
+
+def _render_compare(d: dict[str, Any], top: int) -> None:
+    totals = Table(title="profile B vs A")
+    for col in ("metric", "A", "B", "B / A"):
+        totals.add_column(col, justify="left" if col == "metric" else "right")
+    for name, v in d["totals"].items():
+        fmt = _bytes if "bytes" in name else (_num if name in ("params", "macs", "flops") else
+                                              (lambda x: "-" if x is None else f"{x:.3f}"))
+        ratio = "-" if v["ratio"] is None else f"{v['ratio']:.3f}"
+        totals.add_row(name, fmt(v["a"]), fmt(v["b"]), ratio)
+    out_console.print(totals)
+    table = Table(title="per layer (A → B)")
+    for col in ("layer", "type", "status", "params", "MACs", "fwd ms", "bwd ms"):
+        table.add_column(col, justify="left" if col in ("layer", "type", "status") else "right")
+
+    def pair(v: dict[str, Any], fmt: Any) -> str:
+        if v["a"] == v["b"]:
+            return fmt(v["a"])
+        return f"{fmt(v['a'])} → {fmt(v['b'])}"
+
+    changed = [row for row in d["layers"] if row["status"] != "both" or any(
+        row[k]["a"] != row[k]["b"] for k in ("params", "macs"))]
+    rest = [row for row in d["layers"] if row not in changed]
+    for row in (changed + rest)[:top]:
+        table.add_row(row["name"] or "(model)", row["type"], row["status"], pair(row["params"], _num),
+                      pair(row["macs"], _num), pair(row["forward_ms"], _ms), pair(row["backward_ms"], _ms))
+    out_console.print(table)
+
+
+def profile_command(
+    task: Annotated[str | None, typer.Argument(
+        help="Task: file.py[:Class], pkg.mod:Class or a built-in name.", show_default=False)] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size (default: the task's).",
+                                                   show_default=False)] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps (after the warm-up).")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up steps.")] = 1,
+    inference: Annotated[bool, typer.Option("--inference", help="Profile the forward pass only (eval, no_grad).")] = False,
+    detail: Annotated[str, typer.Option("--detail", help="full (per layer) or step (step, memory, counts).")] = "full",
+    out: Annotated[Path | None, typer.Option("--out", help="Write the profile as JSON here.",
+                                             show_default=False)] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace of one step.",
+                                               show_default=False)] = None,
+    compare: Annotated[tuple[str, str] | None, typer.Option(
+        "--compare", help="Compare two saved profiles: --compare A.json B.json.", show_default=False)] = None,
+    top: Annotated[int, typer.Option("--top", help="Layers to show.")] = 10,
+    param: ParamOpt = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Profile TASK: params, MACs/FLOPs, memory, time per layer, statistics; record it as a Run."""
+
+    def body() -> Any:
+        if compare is not None and any(compare):
+            if task is not None:
+                raise ConfigError(f"give either TASK ({task!r}) or --compare A.json B.json, not both.")
+            a, b = (Profile.load(path) for path in compare)
+            return {"compare": list(compare), **compare_profiles(a, b)}
+        if task is None:
+            raise ConfigError("missing TASK (e.g. `proftune profile digits-cnn`), or use --compare A.json B.json.")
+        params = parse_params(param)
+        store = Store(db)
+        p = profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup,
+                    inference=inference, device=device, seed=seed, detail=detail, trace=trace, store=store)
+        if out is not None:
+            p.save(out)
+        return p
+
+    def render(result: Any) -> None:
+        if isinstance(result, Profile):
+            _render_profile(result, top, out)
+        else:
+            _render_compare(result, top)
+
+    execute(body, json_out=json_out, debug=debug, render=render)

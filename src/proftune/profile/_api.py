@@ -1,0 +1,539 @@
+"""``proftune.profile(task_or_model, ...)``: measure a model and its training (or inference) step.
+
+A training step is profiled through the one fit loop (:func:`proftune.train.fit`) with a
+profiling callback and ``max_steps``; the steps are spent in this order:
+
+1. ``warmup`` steps, not measured (allocator, kernels and lazy state warm up);
+2. ``steps`` clean steps: the step's phases and wall time, gradient norms, the CUDA peak;
+   nothing is hooked, so this is the step as it runs without us;
+3. (``detail="full"``) ``steps`` layer-timed steps: per-layer forward and backward time;
+4. one memory step: activations saved for backward per layer, and on CPU the peak of the step
+   from ``torch.profiler``'s allocation events (so the profiler's cost touches no timing);
+5. (``detail="full"``) one statistics step: weights, activations, gradients, update ratio;
+6. (``trace=``) one step under ``torch.profiler``, exported as a Chrome/Perfetto trace.
+
+Inference (``inference=True``) runs the same plan forward-only, in eval mode under
+``torch.no_grad``, on its own small loop (there is no training to go through the fit loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import itertools
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._device import batch_size_of, move_to_device, resolve_device
+from ..exceptions import ConfigError, ProblemCollector
+from ..task import Task, load_task
+from ..track import Store, environment, tracked_run
+from ..train import Callback, FitState, fit, seed_everything, validate_params
+from ._assemble import Measurements, assemble_profile, static_counts
+from ._comm import CommRecorder, unwrap
+from ._layers import module_names, shapes_of
+from ._memory import (
+    ActivationRecorder,
+    PeakMemory,
+    grads_bytes,
+    live_bytes,
+    optimizer_state_bytes,
+    params_bytes,
+)
+from ._record import Profile
+from ._stats import LayerStats
+from ._timing import LayerTimer, median, step_summary
+
+__all__ = ["DETAILS", "profile"]
+
+DETAILS = ("full", "step")
+
+
+class _ModuleTask(Task):
+    """A bare module as a Task: its example input is every batch; the loss is the mean of its
+    floating outputs (enough to drive a real backward through every layer)."""
+
+    def __init__(self, module: nn.Module, example_input: Any, batch_size: int | None) -> None:
+        self.module = module
+        self.example = _resize_batch(example_input, batch_size) if batch_size else example_input
+        self.name = type(module).__name__
+        self.default_params = {}
+        self.steps_needed = 1
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return self.module
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        return [self.example] * self.steps_needed
+
+    def val_data(self, batch_size: int) -> Iterable[Any]:
+        return [self.example]
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        out = _call(model, batch)
+        leaves = [t for t in _tensors(out) if t.is_floating_point()]
+        if not leaves:
+            raise ConfigError(f"{self.name}'s output holds no floating tensor to backpropagate from.")
+        return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(value)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _call(model: nn.Module, example: Any) -> Any:
+    if isinstance(example, dict):
+        return model(**example)
+    if isinstance(example, (tuple, list)):
+        return model(*example)
+    return model(example)
+
+
+def _resize_batch(example: Any, batch_size: int) -> Any:
+    """``example`` with every tensor's leading dimension cycled to ``batch_size`` rows."""
+    if isinstance(example, torch.Tensor):
+        if example.dim() == 0:
+            return example
+        idx = torch.arange(batch_size, device=example.device) % example.shape[0]
+        return example.index_select(0, idx)
+    if isinstance(example, tuple):
+        return tuple(_resize_batch(e, batch_size) for e in example)
+    if isinstance(example, list):
+        return [_resize_batch(e, batch_size) for e in example]
+    if isinstance(example, dict):
+        return {k: _resize_batch(v, batch_size) for k, v in example.items()}
+    return example
+
+
+# -- the plan -----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Plan:
+    warmup: int
+    steps: int
+    detail: str
+    trace: Path | None
+    device: torch.device
+
+    def phase(self, step: int) -> str:
+        """The phase of 1-based step ``step``."""
+        if step <= self.warmup:
+            return "warmup"
+        step -= self.warmup
+        if step <= self.steps:
+            return "clean"
+        step -= self.steps
+        if self.detail == "full":
+            if step <= self.steps:
+                return "layers"
+            step -= self.steps
+        if step == 1:
+            return "memory"
+        step -= 1
+        if self.detail == "full":
+            if step == 1:
+                return "stats"
+            step -= 1
+        if self.trace is not None and step == 1:
+            return "trace"
+        return "done"
+
+    @property
+    def total(self) -> int:
+        n = self.warmup + self.steps + 1
+        if self.detail == "full":
+            n += self.steps + 1
+        return n + (1 if self.trace is not None else 0)
+
+
+class _Profiler(Callback):
+    """The profiling callback: runs the plan's phases inside the fit loop (or the inference loop)."""
+
+    def __init__(self, plan: _Plan, *, train: bool) -> None:
+        self.plan = plan
+        self.train = train
+        self.m = Measurements()
+        self.timings: list[dict[str, float]] = []
+        self.samples: list[int] = []
+        self.layer_fwd_bwd: list[float] = []
+        self.example: Any = None
+        self.batch_size = 0
+        self.model: nn.Module | None = None
+        self.timer: LayerTimer | None = None
+        self.stats: LayerStats | None = None
+        self.acts: ActivationRecorder | None = None
+        self.peak: PeakMemory | None = None
+        self.comm: CommRecorder | None = None
+        self.trace_prof: Any = None
+        self._phase = "warmup"
+        self._last_end = 0.0
+        self._capture: Any = None
+        self._cuda_peak_open = False
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _now(self) -> float:
+        if self.plan.device.type == "cuda":
+            torch.cuda.synchronize(self.plan.device)
+        return time.perf_counter()
+
+    def _capture_input(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.example is None:
+            self.example = kwargs if (kwargs and not args) else (args[0] if len(args) == 1 else args)
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def on_fit_start(self, state: FitState) -> None:
+        state.sync_timing = True
+        self.model = unwrap(state.model)
+        self.timer = LayerTimer(self.model, self.plan.device)
+        self.stats = LayerStats(self.model, sample_size=4096)
+        self.acts = ActivationRecorder(self.model) if self.train else None
+        self.peak = PeakMemory(self.plan.device)
+        self._capture = state.model.register_forward_pre_hook(self._capture_input, with_kwargs=True)
+        self._last_end = self._now()
+
+    def on_step_start(self, state: FitState) -> None:
+        self._phase = phase = self.plan.phase(state.step + 1)
+        if self.comm is not None:
+            self.comm.recording = phase == "clean"
+            self.comm.discard_step()
+        if phase == "clean" and self.plan.device.type == "cuda" and not self._cuda_peak_open:
+            self._cuda_peak_open = True
+            assert self.peak is not None
+            self.peak.start()
+        elif phase == "layers":
+            assert self.timer is not None
+            self.timer.attach()
+        elif phase == "memory":
+            assert self.peak is not None
+            if self.acts is not None:
+                self.acts.attach()
+            if self.plan.device.type == "cpu":
+                # the loop frees the old gradients first thing in the step; free them before the
+                # window opens so that their release (invisible to the profiler) is not missed
+                if state.optimizer is not None:
+                    state.optimizer.zero_grad(set_to_none=True)
+                gc.collect()
+                self.peak.start(live_bytes(state.model, state.optimizer, state.batch))
+        elif phase == "stats":
+            assert self.stats is not None
+            self.stats.attach(state.optimizer)
+        elif phase == "trace":
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.plan.device.type == "cuda" else [])
+            self.trace_prof = profile(activities=acts, record_shapes=True, profile_memory=True)
+            self.trace_prof.__enter__()
+
+    def on_after_backward(self, state: FitState) -> None:
+        phase = self._phase
+        if phase == "layers" and self.timer is not None:
+            self.timer.mark_backward_end()
+        if phase in ("clean", "layers"):
+            norms = [p.grad.detach() for p in state.model.parameters() if p.grad is not None]
+            if norms:
+                self.m.grad_norms.append(float(torch.stack(torch._foreach_norm(norms)).norm()))
+            self.m.grads_bytes = grads_bytes(state.model)
+
+    def on_step_end(self, state: FitState) -> None:
+        phase = self._phase
+        now = self._now()
+        wall = (now - self._last_end) * 1e3
+        if self._capture is not None and self.example is not None:
+            self._capture.remove()
+            self._capture = None
+        n = batch_size_of(state.batch)
+        if phase == "clean":
+            self.timings.append({**state.timing, "wall_ms": wall})
+            self.samples.append(n)
+            self.batch_size = n
+            if self.comm is not None:
+                self.comm.end_step()
+            if self.plan.phase(state.step + 1) != "clean" and self._cuda_peak_open:
+                assert self.peak is not None
+                self.m.peak_bytes = self.peak.stop()
+        elif phase == "layers":
+            assert self.timer is not None
+            self.timer.end_step()
+            self.timer.detach()
+            self.layer_fwd_bwd.append(state.timing.get("forward_ms", 0.0) + state.timing.get("backward_ms", 0.0))
+        elif phase == "memory":
+            assert self.peak is not None
+            if self.acts is not None:
+                self.acts.detach()
+                self.m.activations_bytes = self.acts.total
+                self.m.activation_per_layer = dict(self.acts.per_layer)
+            if self.plan.device.type == "cpu":
+                self.m.peak_bytes = self.peak.stop()
+        elif phase == "stats":
+            assert self.stats is not None
+            self.stats.detach()
+            self.m.stats.append(self.stats.collect(state.optimizer))
+            g = self.stats.grad_norm()
+            if g is not None:
+                self.m.grad_norms.append(g)
+            u = self.stats.update_ratio()
+            if u is not None:
+                self.m.update_ratios.append(u)
+        elif phase == "trace" and self.trace_prof is not None:
+            prof, self.trace_prof = self.trace_prof, None
+            prof.__exit__(None, None, None)
+            assert self.plan.trace is not None
+            self.plan.trace.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(self.plan.trace))
+        if self.plan.phase(state.step + 1) == "done":
+            state.request_stop("profile complete")
+        self._last_end = self._now()
+
+    def on_fit_end(self, state: FitState) -> None:
+        self.m.optimizer_bytes = optimizer_state_bytes(state.optimizer)
+        self.m.params_bytes = params_bytes(unwrap(state.model))
+        self._cleanup()
+
+    def on_exception(self, state: FitState, exc: BaseException) -> None:
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        for part in (self.timer, self.stats, self.acts):
+            if part is not None:
+                part.detach()
+        if self.peak is not None:
+            self.peak.abort()
+        if self._capture is not None:
+            self._capture.remove()
+            self._capture = None
+        if self.trace_prof is not None:
+            prof, self.trace_prof = self.trace_prof, None
+            try:
+                prof.__exit__(None, None, None)
+            except Exception:  # the run already failed; the trace is lost, the error is not
+                pass
+
+    def measurements(self) -> Measurements:
+        m = self.m
+        m.step = step_summary(self.timings, self.samples)
+        if self.timer is not None and self.timer.steps:
+            m.layer_times = self.timer.per_layer()
+            m.layer_types = dict(self.timer.types)
+            m.timed_fwd_bwd_ms = median(self.layer_fwd_bwd)
+        if self.comm is not None:
+            m.comm = self.comm.summary(m.step["time_ms"])
+        return m
+
+
+# -- the error a user's model raises ---------------------------------------------------------------
+def _forward_error(exc: BaseException, model: nn.Module) -> ConfigError | None:
+    """A ConfigError naming the innermost layer of ``model`` that raised, and its input shapes."""
+    names = module_names(model)
+    found: tuple[str, nn.Module, Any] | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "_call_impl":
+            mod = frame.f_locals.get("self")
+            if isinstance(mod, nn.Module) and id(mod) in names:
+                args = frame.f_locals.get("args", ())
+                kwargs = frame.f_locals.get("kwargs", {})
+                found = (names[id(mod)], mod, (args, kwargs))
+        tb = tb.tb_next
+    if found is None:
+        return None
+    path, mod, (args, kwargs) = found
+    shapes = shapes_of(args)
+    if kwargs:
+        shapes.append({k: shapes_of(v) for k, v in kwargs.items()})
+    where = f"layer {path!r}" if path else "the model's top module"
+    return ConfigError(
+        f"the model's forward raised in {where} ({type(mod).__name__}) given inputs of shapes "
+        f"{shapes}: {type(exc).__name__}: {exc}"
+    )
+
+
+# -- inference --------------------------------------------------------------------------------------
+def _profile_inference(task: Task, model: nn.Module, plan: _Plan, bs: int) -> _Profiler:
+    """Forward-only steps through the task's loss in eval mode under no_grad (no fit loop: no
+    training happens), timed per phase with hooks on the model's top module."""
+    prof = _Profiler(plan, train=False)
+    model.eval()
+    state = FitState(task=task, model=model, optimizer=None, params={}, device=plan.device, batch_size=bs)
+    marks: dict[str, float] = {}
+
+    def pre(mod: nn.Module, args: Any) -> None:
+        marks["fwd0"] = prof._now()
+
+    def post(mod: nn.Module, args: Any, out: Any) -> None:
+        marks["fwd"] = marks.get("fwd", 0.0) + (prof._now() - marks["fwd0"]) * 1e3
+
+    data = itertools.cycle(list(itertools.islice(iter(task.val_data(bs)), 8)) or [task.example_batch(bs)])
+    handles = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+    prof.on_fit_start(state)
+    try:
+        with torch.no_grad():
+            while not state.should_stop:
+                t0 = prof._now()
+                batch = move_to_device(next(data), plan.device)
+                state.batch = batch
+                t1 = prof._now()
+                prof.on_step_start(state)
+                marks.clear()
+                t2 = prof._now()
+                task.loss(model, batch)
+                t3 = prof._now()
+                fwd = marks.get("fwd", (t3 - t2) * 1e3)
+                state.timing = {"data_ms": (t1 - t0) * 1e3, "forward_ms": fwd, "backward_ms": 0.0,
+                                "optimizer_ms": 0.0, "step_ms": (t1 - t0) * 1e3 + (t3 - t2) * 1e3}
+                if prof._phase == "layers" and prof.timer is not None:
+                    prof.timer.mark_backward_end(t3)
+                state.step += 1
+                prof.on_step_end(state)
+    except BaseException as exc:
+        prof.on_exception(state, exc)
+        raise
+    finally:
+        for h in handles:
+            h.remove()
+    prof.on_fit_end(state)
+    return prof
+
+
+# -- the entry point ----------------------------------------------------------------------------------
+def _validate(*, batch_size: Any, steps: Any, warmup: Any, detail: Any, is_module: bool,
+              example_input: Any) -> None:
+    problems = ProblemCollector()
+
+    def positive_int(name: str, value: Any, low: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.add(f"{name} must be an integer >= {low}, but got {name}={value!r}.")
+
+    if batch_size is not None:
+        positive_int("batch_size", batch_size, 1)
+    positive_int("steps", steps, 1)
+    positive_int("warmup", warmup, 0)
+    if detail not in DETAILS:
+        problems.add(f"detail={detail!r} is unknown; valid: {', '.join(DETAILS)}.")
+    if is_module and example_input is None:
+        problems.add("profiling an nn.Module needs example_input (a tensor, tuple or dict fed to model(...)).")
+    problems.raise_if_any()
+
+
+def profile(
+    task_or_model: Task | str | nn.Module,
+    *,
+    params: dict[str, Any] | None = None,
+    batch_size: int | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    inference: bool = False,
+    device: str | torch.device = "auto",
+    example_input: Any = None,
+    seed: int = 0,
+    detail: str = "full",
+    trace: str | Path | None = None,
+    store: Store | None = None,
+) -> Profile:
+    """Measure a model and its training step (or, with ``inference=True``, its forward pass).
+
+    ``task_or_model``: a Task, a task spec (``file.py[:Class]``, ``pkg.mod:Class``, a built-in
+    name) or an ``nn.Module`` with ``example_input`` (trained on the mean of its output; the
+    module itself is left untouched, a copy is trained). ``steps`` steps are measured after
+    ``warmup`` unmeasured ones; ``detail="step"`` measures the step, memory and static counts
+    only (cheap: gating trials). ``trace`` writes a Chrome/Perfetto trace of one more step.
+    ``store``: record a ``profile`` Run there. Times in ms, memory in bytes, rates per second.
+    """
+    is_module = isinstance(task_or_model, nn.Module)
+    _validate(batch_size=batch_size, steps=steps, warmup=warmup, detail=detail, is_module=is_module,
+              example_input=example_input)
+    dev = resolve_device(device)
+    trace_path = Path(trace) if trace is not None else None
+    plan = _Plan(warmup=warmup, steps=steps, detail=detail, trace=trace_path, device=dev)
+    if is_module:
+        import copy
+
+        module = copy.deepcopy(task_or_model)
+        task: Task = _ModuleTask(module, example_input, batch_size)  # type: ignore[arg-type]
+        task.steps_needed = plan.total  # type: ignore[attr-defined]
+        merged = validate_params(dict(params or {}))
+        bs = batch_size_of(task.example)  # type: ignore[attr-defined]
+    else:
+        task = load_task(task_or_model)  # type: ignore[arg-type]
+        merged = validate_params({**task.default_params, **(params or {})})
+        if batch_size is not None:
+            merged["batch_size"] = batch_size
+        bs = int(merged.setdefault("batch_size", 32))
+    task_name = task.name or type(task).__name__
+    config = {"params": {k: v for k, v in merged.items()}, "batch_size": bs, "steps": steps,
+              "warmup": warmup, "inference": inference, "detail": detail, "seed": seed,
+              "device": str(dev), "trace": str(trace_path) if trace_path else None}
+
+    def measure() -> Profile:
+        return _measure(task, merged, plan, bs=bs, inference=inference, seed=seed, task_name=task_name,
+                        config=config, is_module=is_module)
+
+    if store is None:
+        return measure()
+    with tracked_run("profile", task, config=config, device=dev, store=store,
+                     fingerprint=not is_module) as run:
+        result = measure()
+        result = dataclasses.replace(result, config={**result.config, "run_id": run.id})
+        run.set(metrics=result.metrics(), result=result.to_dict(),
+                artifacts={"trace": str(trace_path)} if trace_path else {})
+    return result
+
+
+def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, inference: bool, seed: int,
+             task_name: str, config: dict[str, Any], is_module: bool) -> Profile:
+    dev = plan.device
+    model: nn.Module | None = None
+    try:
+        if inference:
+            seed_everything(seed)
+            model = task.build_model(params).to(dev)
+            prof = _profile_inference(task, model, plan, bs)
+        else:
+            model = task.build_model(params)
+            wrapped = _maybe_ddp(model.to(dev), dev)
+            prof = _Profiler(plan, train=True)
+            if wrapped is not model:
+                prof.comm = CommRecorder(wrapped)
+            fit(task, params, max_steps=plan.total, batch_size=bs, device=dev, seed=seed,
+                callbacks=[prof], model=wrapped, evaluate=False, stop_on_nan=False)
+    except torch.OutOfMemoryError:
+        raise
+    except ConfigError:
+        raise
+    except Exception as exc:
+        located = _forward_error(exc, unwrap(model)) if model is not None else None
+        if located is not None:
+            raise located from exc
+        raise
+    assert model is not None
+    inner = unwrap(model)
+    counts = None
+    if prof.example is not None:
+        counts = static_counts(inner, prof.example, backward=not inference)
+    m = prof.measurements()
+    p = assemble_profile(
+        m, counts, task=task_name, device=dev, batch_size=prof.batch_size or bs,
+        mode="inference" if inference else "train", steps=plan.steps, env=environment(dev),
+        config={**config, "timed_fwd_bwd_ms": m.timed_fwd_bwd_ms},
+    )
+    return p
+
+
+def _maybe_ddp(model: nn.Module, dev: torch.device) -> nn.Module:
+    """Wrap in DistributedDataParallel when this process is one of several ranks."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return model
+    if not any(p.requires_grad for p in model.parameters()):
+        return model
+    ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
