@@ -210,6 +210,23 @@ class _TrialFailed(Exception):
     """User code raised: the trial is failed (traceback stored) and the study goes on."""
 
 
+class _Surplus(Exception):
+    """Workers raced for the last trial of the budget; this one is dropped before it runs."""
+
+
+def _occupies_slot(t: FrozenTrial) -> bool:
+    """Counts against ``--trials``: finished, running or queued; not killed-and-retried, not surplus."""
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING):
+        return True
+    return t.state == TrialState.FAIL and (t.user_attrs.get(ATTR) or {}).get("state") == "failed"
+
+
+def _slots_before(trial: optuna.Trial) -> int:
+    """Slot-holding trials numbered before ``trial``: trial numbers order the workers' races."""
+    trials = trial.study._storage.get_all_trials(trial.study._study_id, deepcopy=False)
+    return sum(1 for t in trials if t.number < trial.number and _occupies_slot(t))
+
+
 # -- one trial ----------------------------------------------------------------------------------
 class TrialRunner:
     """The Optuna objective: gate, train through ``fit``, record a Run, classify faults."""
@@ -229,6 +246,10 @@ class TrialRunner:
 
     def __call__(self, trial: optuna.Trial) -> Sequence[float] | float:
         started = time.perf_counter()
+        if _slots_before(trial) >= self.s.trials:
+            # another worker took the last slot between our check and this trial's creation
+            trial.set_user_attr(ATTR, {"state": "surplus"})
+            raise _Surplus(f"trial {trial.number}: the study already has {self.s.trials} trials")
         params = self.s.space.suggest(trial, only=self.only, preset=self.preset)
         config = {**self.s.space.fixed, **params}
         run_id = self.store.start_run(
@@ -376,6 +397,8 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
     out = []
     for t in study.get_trials(deepcopy=False):
         rec = t.user_attrs.get(ATTR) or {}
+        if rec.get("state") == "surplus":
+            continue
         worker = t.user_attrs.get(f"{ATTR}_worker") or {}
         state = _state_of(t)
         duration = rec.get("duration_s")
@@ -516,7 +539,7 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
             runner.stage = stage
             runner.only = [p.name for p in settings.space.params if p.tier == stage]
             runner.preset = _best_params(study, settings.objectives, settings.space.tiers[:idx])
-        study.optimize(runner, n_trials=1, catch=(_TrialFailed,), gc_after_trial=False,
+        study.optimize(runner, n_trials=1, catch=(_TrialFailed, _Surplus), gc_after_trial=False,
                        show_progress_bar=False)
         ran += 1
     return {"worker": worker, "trials_run": ran}

@@ -1,0 +1,38 @@
+"""--workers N: processes sharing one study, on SQLite and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+import proftune
+from proftune import Store
+
+SPACE = {"params": {"hidden": {"type": "int", "low": 4, "high": 32},
+                    "lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
+
+
+def _check_shared(result: proftune.SearchResult, db: str, study: str, trials: int) -> None:
+    runs = Store(db).list_runs(kind="trial", study=study)
+    assert len(runs) == trials and result.counts()["complete"] == trials
+    assert len({r.pid for r in runs}) == 2  # both worker processes ran trials of the one study
+    loaded = optuna.load_study(study_name=study, storage=db)
+    # a worker that lost the race for the last slot drops its trial before running it
+    kept = [t for t in loaded.trials if (t.user_attrs.get("proftune") or {}).get("state") != "surplus"]
+    assert len(kept) == trials and all(t.state == optuna.trial.TrialState.COMPLETE for t in kept)
+    assert {r.result["trial"] for r in runs} == {t.number for t in kept}
+
+
+def test_two_workers_share_a_sqlite_study(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    result = proftune.search("wine-mlp", SPACE, trials=6, epochs=2, sampler="random", workers=2,
+                             study="w", db=db)
+    _check_shared(result, db, "w", 6)
+
+
+def test_two_workers_share_a_postgresql_study(postgres_url: str) -> None:
+    result = proftune.search("wine-mlp", SPACE, trials=6, epochs=2, sampler="random", workers=2,
+                             study="pg-shared", db=postgres_url)
+    assert result.db.startswith("postgresql")
+    _check_shared(result, postgres_url, "pg-shared", 6)
