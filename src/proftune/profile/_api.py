@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
+import statistics
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,7 +48,7 @@ from ._memory import (
 )
 from ._record import Profile
 from ._stats import LayerStats
-from ._timing import LayerTimer, median, step_summary
+from ._timing import LayerTimer, step_summary
 
 __all__ = ["DETAILS", "profile"]
 
@@ -321,7 +322,7 @@ class _Profiler(Callback):
         if self.timer is not None and self.timer.steps:
             m.layer_times = self.timer.per_layer()
             m.layer_types = dict(self.timer.types)
-            m.timed_fwd_bwd_ms = median(self.layer_fwd_bwd)
+            m.timed_fwd_bwd_ms = statistics.fmean(self.layer_fwd_bwd)
         if self.comm is not None:
             m.comm = self.comm.summary(m.step["time_ms"])
         return m

@@ -21,6 +21,7 @@ the :class:`FitState` has ``task=None``.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -338,7 +339,7 @@ class Monitor:
         if self._timer is not None:
             m.layer_times = self._timer.per_layer()
             m.layer_types = dict(self._timer.types)
-            m.timed_fwd_bwd_ms = median(self._fwd_bwd)
+            m.timed_fwd_bwd_ms = statistics.fmean(self._fwd_bwd) if self._fwd_bwd else 0.0
         batch = self.state.batch_size
         summary = step_summary(self._sample_timings, [batch] * len(self._sample_timings))
         if self._clean_walls:

@@ -99,15 +99,18 @@ class LayerTimer:
         return result
 
     def per_layer(self) -> dict[str, tuple[float, float | None]]:
-        """Median over the finished steps of each layer's ``(forward_ms, backward_ms)``."""
+        """Mean over the finished steps of each layer's ``(forward_ms, backward_ms)``.
+
+        The mean, not the median: the layers' means add up to the mean step, so per-layer times
+        and the step they are compared with stay consistent when one step is disturbed."""
         out: dict[str, tuple[float, float | None]] = {}
         names: list[str] = []
         for fwd, _ in self.steps:
             names += [n for n in fwd if n not in names]
         for name in names:
-            f = median([fwd.get(name, 0.0) for fwd, _ in self.steps])
+            f = statistics.fmean([fwd.get(name, 0.0) for fwd, _ in self.steps])
             has_bwd = any(name in bwd for _, bwd in self.steps)
-            b = median([bwd.get(name, 0.0) for _, bwd in self.steps]) if has_bwd else None
+            b = statistics.fmean([bwd.get(name, 0.0) for _, bwd in self.steps]) if has_bwd else None
             out[name] = (f, b)
         return out
 

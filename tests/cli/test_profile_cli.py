@@ -1,0 +1,89 @@
+"""`proftune profile`: --json keys, --out/--compare, the Run it records, bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from proftune.cli import app
+from proftune.track import Store
+
+runner = CliRunner()
+
+BROKEN_TASK = '''
+import torch
+from torch import nn
+import proftune
+from proftune.examples import TensorBatches
+
+
+class Broken(proftune.ClassificationTask):
+    name = "broken"
+
+    def build_model(self, params):
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(12, 3)))
+
+    def train_data(self, batch_size, params):
+        g = torch.Generator().manual_seed(0)
+        return TensorBatches(torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g),
+                             batch_size, shuffle=False)
+
+    def val_data(self, batch_size):
+        return self.train_data(batch_size, {})
+'''
+
+
+def test_json_keys_out_compare_and_run(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    res = runner.invoke(app, ["profile", "digits-mlp", "--steps", "1", "--warmup", "0", "--device", "cpu",
+                              "--db", db, "--out", str(a), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert {"total", "trainable"} <= set(d["params"])
+    for key in ("macs", "flops", "layers", "memory", "step", "schema_version"):
+        assert key in d, key
+    for key in ("name", "type", "params", "macs", "flops", "forward_ms", "backward_ms", "activation_bytes"):
+        assert all(key in lay for lay in d["layers"]), key
+    assert set(d["memory"]) >= {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes"}
+    assert set(d["step"]) >= {"time_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "throughput"}
+    run = Store(db).get_run(d["config"]["run_id"])
+    assert run.kind == "profile" and run.status == "finished"
+    assert json.loads(a.read_text())["macs"] == d["macs"]
+
+    res = runner.invoke(app, ["profile", "digits-mlp", "--param", "hidden=64", "--steps", "1", "--warmup", "0",
+                              "--device", "cpu", "--db", db, "--out", str(b)])
+    assert res.exit_code == 0, res.output
+    assert "top" in res.stdout and "peak of a step" in res.stdout
+    res = runner.invoke(app, ["profile", "--compare", str(a), str(b), "--json"])
+    assert res.exit_code == 0, res.output
+    cmp = json.loads(res.stdout)
+    assert cmp["totals"]["params"]["b"] < cmp["totals"]["params"]["a"]
+    first = next(row for row in cmp["layers"] if row["name"] == "0")
+    assert first["params"]["a"] == 64 * 128 + 128 and first["params"]["b"] == 64 * 64 + 64
+    res = runner.invoke(app, ["profile", "--compare", str(a), str(b)])
+    assert res.exit_code == 0 and "per layer" in res.stdout
+
+
+def test_batch_size_zero_exits_2(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["profile", "digits-mlp", "--batch-size", "0", "--db", f"sqlite:///{tmp_path}/p.db"])
+    assert res.exit_code == 2
+    assert "batch_size" in res.stderr and "0" in res.stderr
+
+
+def test_forward_error_exits_2_naming_layer_and_shapes(tmp_path: Path) -> None:
+    task = tmp_path / "broken.py"
+    task.write_text(BROKEN_TASK)
+    res = runner.invoke(app, ["profile", str(task), "--batch-size", "4", "--device", "cpu",
+                              "--db", f"sqlite:///{tmp_path}/p.db"])
+    assert res.exit_code == 2, res.output
+    err = " ".join(res.stderr.split())
+    assert "'2.0'" in err and "Linear" in err and "(4, 16)" in err
+
+
+def test_missing_task_or_file_exits_2(tmp_path: Path) -> None:
+    assert runner.invoke(app, ["profile"]).exit_code == 2
+    res = runner.invoke(app, ["profile", "--compare", str(tmp_path / "no.json"), str(tmp_path / "no2.json")])
+    assert res.exit_code == 2 and "does not exist" in res.stderr
