@@ -312,7 +312,8 @@ class _Compressor:
             sens: list[LayerSensitivity] = []
             if prune == "structured" and cfg.sensitivity and not cfg.global_pruning:
                 sens = self._sensitivity(base, ignored_names)
-            for ratio in (cfg.ratios if prune else ()):
+            for ratio in (cfg.ratios if prune is not None else ()):
+                assert prune is not None
                 pruned = self._prune(base, prune, float(ratio), ignored_names, sens)
                 built.append(self._save_measure(prune, ratio, pruned, pruned, fmt="pickle", tmp=tmp,
                                                 finetuned=True))
@@ -378,7 +379,7 @@ class _Compressor:
         counts = count_model(base, self.example)
         params_total = max(counts.params_total, 1)
         macs_total = max(counts.macs, 1)
-        layers = [{"name": lc.name, "type": lc.type, "params": lc.params, "macs": lc.macs,
+        layers: list[dict[str, Any]] = [{"name": lc.name, "type": lc.type, "params": lc.params, "macs": lc.macs,
                    "params_share": lc.params / params_total, "macs_share": lc.macs / macs_total}
                   for lc in counts.layers.values()]
         by_type = {t: {"params_share": lc.params / params_total, "macs_share": lc.macs / macs_total}
@@ -532,7 +533,8 @@ class _Compressor:
         quantized = fmt != "pickle"
         dev = torch.device("cpu") if fmt == "torchscript" else self.dev
         example = move_to_device(self.example, dev)
-        path = tmp / f"{method.replace('+', '_')}_{ratio:g}{'_' + tag if tag else ''}.pt"
+        suffix = ".pt2" if fmt == "export" else ".pt"
+        path = tmp / f"{method.replace('+', '_')}_{ratio:g}{'_' + tag if tag else ''}{suffix}"
         model_dev = model.to(dev) if isinstance(model, nn.Module) and not quantized else model
         save_model(model_dev, path, example, fmt=fmt)
         loaded = load_model(path)

@@ -5,7 +5,8 @@ Formats (one documented line to load each, :func:`load_model` picks by the file'
 - ``torch.load(path, weights_only=False)``: float models (baseline, pruned), the whole module.
 - ``torch.jit.load(path)``: ``torch.ao.quantization`` INT8 models (TorchScript; quantized FX
   graph modules do not survive pickling).
-- ``torch.export.load(path).module()``: torchao INT8 models (tensor subclasses; ExportedProgram).
+- ``torch.export.load(open(path, 'rb')).module()``: torchao INT8 models (tensor subclasses;
+  an ExportedProgram; it has no ``.eval()``, it is already in inference form).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import io
 import os
 import statistics
 import time
+import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ FORMATS = ("pickle", "torchscript", "export")
 LOAD_LINES = {
     "pickle": "torch.load({path!r}, weights_only=False)",
     "torchscript": "torch.jit.load({path!r})",
-    "export": "torch.export.load({path!r}).module()",
+    "export": "torch.export.load(open({path!r}, 'rb')).module()",
 }
 
 
@@ -72,7 +74,8 @@ def save_model(model: nn.Module, path: str | Path, example: Any, *, fmt: str) ->
         batch = torch.export.Dim.DYNAMIC
         shapes = tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in args)
         program = torch.export.export(model, args, dynamic_shapes=shapes)
-        torch.export.save(program, str(path))
+        with open(path, "wb") as f:  # a file object: any suffix (torch.export wants .pt2 for a path)
+            torch.export.save(program, f)
     else:
         raise ConfigError(f"fmt={fmt!r} is unknown; valid: {', '.join(FORMATS)}.")
 
@@ -94,7 +97,8 @@ def load_model(path: str | Path) -> Any:
     if fmt == "torchscript":
         return torch.jit.load(str(path), map_location="cpu")
     if fmt == "export":
-        return torch.export.load(str(path)).module()
+        with open(path, "rb") as f:
+            return torch.export.load(f).module()
     model = torch.load(path, weights_only=False, map_location="cpu")
     return model.eval() if isinstance(model, nn.Module) else model
 
@@ -118,7 +122,9 @@ def sparse_size_bytes(model: nn.Module) -> int:
         t = tensor.detach().cpu()
         if t.is_floating_point() and t.dim() >= 2 and t.numel() > 0:
             flat = t.reshape(t.shape[0], -1)
-            csr = flat.to_sparse_csr()
+            with warnings.catch_warnings():  # "CSR support is in beta": noise for a size figure
+                warnings.simplefilter("ignore", UserWarning)
+                csr = flat.to_sparse_csr()
             sparse_bytes = sum(x.numel() * x.element_size()
                                for x in (csr.values(), csr.col_indices(), csr.crow_indices()))
             if sparse_bytes < t.numel() * t.element_size():

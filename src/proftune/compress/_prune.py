@@ -9,6 +9,7 @@ fast as before. Structured pruning removes whole channels so the model is physic
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -82,7 +83,7 @@ def sparsity(model: nn.Module) -> float:
     """Fraction of zero weights over the prunable layers' weights."""
     zeros = total = 0
     for m in prunable_layers(model).values():
-        w = m.weight.detach()
+        w = m.get_parameter("weight").detach()
         zeros += int((w == 0).sum())
         total += w.numel()
     return zeros / total if total else 0.0
@@ -250,21 +251,22 @@ def prune_structured(
         raise ConfigError(
             f"Torch-Pruning cannot trace through layer {breakers[0]!r}: its output leaves the "
             "autograd graph (detach, no_grad or a NumPy round trip), so the layers around it "
-            "cannot be kept consistent. Keep the layers that feed it whole with --ignore-layers "
-            f"(layers before it, e.g. {', '.join(_before(model, breakers[0])) or breakers[0]}), or "
-            "use --prune unstructured."
+            "cannot be kept consistent. Keep the layers that feed it whole, e.g. --ignore-layers "
+            f"{','.join(_before(model, breakers[0])) or breakers[0]}, or use --prune unstructured."
         )
     imp = _importance(importance, model)
-    heads = {m: m.num_heads for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
     kwargs: dict[str, Any] = {
         "importance": imp, "pruning_ratio": float(ratio), "global_pruning": global_pruning,
         "ignored_layers": list(ignored), "round_to": round_to,
+        "unwrapped_parameters": _unwrapped_parameters(model),
     }
     if ratio_dict:
         kwargs["pruning_ratio_dict"] = dict(ratio_dict)
-    if heads:
-        kwargs.update(num_heads=heads, prune_num_heads=True, prune_head_dims=False,
-                      head_pruning_ratio=float(ratio))
+    # nn.MultiheadAttention: Torch-Pruning cuts its embedding width (every head gets narrower,
+    # the residual stream with it); cutting the head count needs separate q/k/v Linear layers.
+    heads = {m: m.num_heads for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
+    if heads and round_to is None:
+        kwargs["round_to"] = math.lcm(*heads.values())
     try:
         pruner = tp.pruner.MetaPruner(model, example, **kwargs)
     except ConfigError:
@@ -283,6 +285,24 @@ def prune_structured(
     model.zero_grad(set_to_none=True)
     check_forward(model, example, action="structured pruning")
     return model
+
+
+#: Modules whose own parameters Torch-Pruning knows how to cut.
+_KNOWN = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm,
+          nn.Embedding, nn.MultiheadAttention, nn.PReLU, nn.LSTM, nn.modules.instancenorm._InstanceNorm)
+
+
+def _unwrapped_parameters(model: nn.Module) -> list[tuple[nn.Parameter, int]]:
+    """Parameters held directly by custom modules (position embeddings, class tokens): their
+    last dimension is the feature dimension that pruning narrows."""
+    out = []
+    for module in model.modules():
+        if isinstance(module, _KNOWN):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.dim() >= 1:
+                out.append((p, p.dim() - 1))
+    return out
 
 
 def check_forward(model: nn.Module, example: Any, *, action: str) -> None:

@@ -45,8 +45,13 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def _supported_engines() -> list[str]:
+    """The quantized engines compiled into this torch (x86, fbgemm, onednn, qnnpack)."""
+    return list(torch.backends.quantized.supported_engines)
+
+
 def _engine() -> str | None:
-    supported = list(torch.backends.quantized.supported_engines)
+    supported = _supported_engines()
     for name in _ENGINES:
         if name in supported:
             return name
@@ -62,8 +67,7 @@ def backend_status(method: str, device: torch.device, model: nn.Module | None = 
                               f"{device.type} (use --device cpu)")
     elif engine is None:
         status["torch.ao"] = ("no quantized engine (x86, fbgemm, onednn, qnnpack) is built into this "
-                              f"torch; torch.backends.quantized.supported_engines="
-                              f"{list(torch.backends.quantized.supported_engines)}")
+                              f"torch; torch.backends.quantized.supported_engines={_supported_engines()}")
     else:
         status["torch.ao"] = None
     try:
@@ -152,7 +156,7 @@ def convert_qat(prepared: nn.Module) -> nn.Module:
     with _quiet():
         from torch.ao.quantization.quantize_fx import convert_fx
 
-        return convert_fx(copy.deepcopy(prepared).cpu().eval())
+        return convert_fx(copy.deepcopy(prepared).cpu().eval())  # type: ignore[arg-type]
 
 
 def _tuple(example: Any) -> tuple[Any, ...]:

@@ -1,0 +1,160 @@
+"""compress() and `proftune compress` end to end on a tiny digits MLP: measured candidates, the
+selection within the budget, the saved model's one-line load, the run record, and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import proftune
+from proftune import Store, fit
+from proftune.cli import app
+from proftune.compress import CompressConfig, load_model
+from proftune.exceptions import ConfigError
+
+FAST = {"latency_rounds": 1, "finetune_epochs": 1, "params": {"hidden": 128}}
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trained digits MLP saved whole, as a user would hand it to compress."""
+    path = tmp_path_factory.mktemp("orig") / "original.pt"
+    model = fit("digits-mlp", {"hidden": 128}, epochs=3, seed=0, device="cpu").model.eval()
+    torch.save(model, path)
+    return path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_name_clash_function_and_subpackage() -> None:
+    assert callable(proftune.compress)
+    from proftune.compress import CompressReport  # the subpackage still imports
+
+    assert proftune.CompressReport is CompressReport
+
+
+def test_compress_measures_selects_saves_and_records(original: Path, tmp_path: Path, db_url: str) -> None:
+    before = _digest(original)
+    out = tmp_path / "small.pt"
+    report = proftune.compress(
+        "digits-mlp", model=str(original), prune="structured", ratios=(0.5,), quantize="dynamic",
+        max_accuracy_drop=0.05, goal="size", out=str(out), plot_dir=str(tmp_path / "plots"), db=db_url,
+        **FAST,
+    )
+    d = report.to_dict()
+    methods = {(c["method"], c["ratio"]) for c in d["candidates"]}
+    assert methods == {("structured", 0.5), ("structured+dynamic", 0.5), ("dynamic", 0.0)}
+    base = d["baseline"]
+    for c in d["candidates"]:
+        for key in ("method", "ratio", "metric", "params", "macs", "size_bytes", "latency_ms"):
+            assert key in c
+        assert c["latency_ms"] > 0 and c["reload_max_abs_diff"] == 0.0
+    pruned = next(c for c in d["candidates"] if c["method"] == "structured")
+    assert pruned["params"] < 0.5 * base["params"] and pruned["macs"] < 0.5 * base["macs"]
+    q = next(c for c in d["candidates"] if c["method"] == "dynamic")
+    assert q["size_bytes"] < base["size_bytes"] and q["quant_backend"] in ("torch.ao", "torchao")
+    assert set(q["backend_ms"]) == {"torch.ao", "torchao"}
+    # selection: best size within the budget
+    sel = d["selected"]
+    fits = [c for c in d["candidates"] if c["metric_drop"] <= 0.05]
+    assert sel["size_bytes"] == min(c["size_bytes"] for c in fits)
+    # the saved file is the selected model: its documented load line gives its metric
+    assert d["output"] == str(out) and out.exists()
+    loaded = load_model(out)
+    task = proftune.load_task("digits-mlp")
+    with torch.no_grad():
+        acc = task.evaluate(loaded, task.val_data(64))["accuracy"]
+    assert acc == pytest.approx(sel["metric"])
+    assert d["load"].startswith(("torch.jit.load", "torch.load", "torch.export.load"))
+    assert str(out) in d["load"]
+    assert sorted(Path(p).name for p in d["plots"]) == ["metric_vs_latency.png", "metric_vs_params.png"]
+    assert _digest(original) == before  # the original is never touched
+    run = Store(db_url).get_run(report.run_id)
+    assert run.kind == "compress" and run.status == "finished"
+    assert run.metrics[f"selected_{d['metric']}"] == pytest.approx(sel["metric"])
+
+
+def test_unstructured_reports_sparsity_and_says_no_speedup(original: Path, db_url: str) -> None:
+    report = proftune.compress("digits-mlp", model=str(original), prune="unstructured", ratios=(0.9,),
+                               global_pruning=True, max_accuracy_drop=1.0, db=db_url, **FAST)
+    c = report.candidates[0]
+    assert c.sparsity == pytest.approx(0.9, abs=0.01)
+    assert c.nonzero_params is not None and c.nonzero_params < 0.2 * c.params
+    assert c.sparse_size_bytes is not None and c.sparse_size_bytes < c.size_bytes
+    assert any("no speedup" in n or "no faster" in n for n in report.notes + c.notes)
+
+
+def test_bad_ratios_and_methods_are_listed_in_one_error(db_url: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        proftune.compress("digits-mlp", prune="sparse", ratios=(0.0, 1.2), quantize="int4",
+                          goal="speed", db=db_url)
+    text = str(err.value)
+    for needle in ("--prune 'sparse'", "ratio 0.0", "ratio 1.2", "--quantize 'int4'", "--goal 'speed'",
+                   "structured", "dynamic"):
+        assert needle in text
+
+
+def test_out_rules_never_overwrite_the_original(original: Path, tmp_path: Path, db_url: str) -> None:
+    with pytest.raises(ConfigError, match="original model file"):
+        proftune.compress("digits-mlp", model=str(original), out=str(original), force=True, db=db_url)
+    existing = tmp_path / "taken.pt"
+    existing.write_bytes(b"keep me")
+    with pytest.raises(ConfigError, match="--force"):
+        proftune.compress("digits-mlp", model=str(original), out=str(existing), db=db_url)
+    assert existing.read_bytes() == b"keep me"
+    with pytest.raises(ConfigError, match="unknown options"):
+        proftune.compress("digits-mlp", ratio=0.5)
+    assert CompressConfig().problems() == []
+
+
+def test_unavailable_backend_is_a_config_error(monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
+    from proftune.compress import _quantize
+
+    monkeypatch.setattr(_quantize, "_supported_engines", lambda: [])
+    with pytest.raises(ConfigError, match=r"torch\.ao"):
+        proftune.compress("digits-cnn", quantize="static", db=db_url)
+    with pytest.raises(ConfigError, match="CPU only"):
+        proftune.compress("digits-mlp", quantize="dynamic", quant_backend="torch.ao", device="cuda",
+                          db=db_url) if torch.cuda.is_available() else _raise_cpu_only()
+
+
+def _raise_cpu_only() -> None:
+    # without CUDA, resolve_device('cuda') is its own error; check the backend rule directly
+    from proftune.compress._api import _backend_problems
+
+    problems = _backend_problems(CompressConfig(quantize="static", quant_backend="torch.ao"),
+                                 torch.device("cuda"))
+    raise ConfigError(problems)
+
+
+runner = CliRunner()
+
+
+def test_cli_bad_input_exits_2_with_a_clear_message(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    res = runner.invoke(app, ["compress", "digits-mlp", "--prune", "structured", "--ratios", "0.5,1.5", "--db", db])
+    assert res.exit_code == 2
+    assert "ratio 1.5 is outside (0, 1)" in res.output
+    res = runner.invoke(app, ["compress", "digits-mlp", "--prune", "magic", "--db", db])
+    assert res.exit_code == 2 and "--prune 'magic' is unknown" in res.output
+
+
+def test_cli_json(original: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.pt"
+    res = runner.invoke(app, [
+        "compress", "digits-mlp", "--model", str(original), "--prune", "structured", "--ratios", "0.3",
+        "--finetune-epochs", "1", "--max-accuracy-drop", "0.2", "--goal", "macs", "--out", str(out),
+        "-p", "hidden=128", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--json",
+    ])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert {"baseline", "candidates", "selected", "output"} <= set(d)
+    assert d["selected"]["method"] == "structured" and d["output"] == str(out)
+    assert d["selected"]["macs"] < d["baseline"]["macs"]

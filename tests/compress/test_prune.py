@@ -1,0 +1,105 @@
+"""Pruning: unstructured masks made permanent, structured cuts through Torch-Pruning, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from proftune.compress import prune_structured, prune_unstructured, ratios_from_sensitivity
+from proftune.compress._prune import make_permanent, sparsity
+from proftune.compress._sensitivity import LayerSensitivity
+from proftune.exceptions import ConfigError
+from proftune.task import load_task
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+@pytest.mark.parametrize("global_pruning", [False, True])
+def test_unstructured_reaches_the_ratio_and_is_permanent(global_pruning: bool) -> None:
+    model = _mlp()
+    prune_unstructured(model, 0.6, global_pruning=global_pruning)
+    assert sparsity(model) == pytest.approx(0.6, abs=0.01)
+    # permanent: plain weights, no masks or forward pre-hooks left
+    assert all(not hasattr(m, "weight_orig") and not m._forward_pre_hooks for m in model.modules())
+    if not global_pruning:
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                assert float((m.weight == 0).float().mean()) == pytest.approx(0.6, abs=0.02)
+
+
+def test_unstructured_masks_survive_training_until_made_permanent() -> None:
+    model = _mlp()
+    prune_unstructured(model, 0.5, permanent=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(torch.randn(8, 16)).pow(2).mean().backward()
+    opt.step()
+    make_permanent(model)
+    assert sparsity(model) == pytest.approx(0.5, abs=0.01)
+
+
+def test_structured_cuts_channels_keeps_the_classifier_and_rounds() -> None:
+    model = load_task("digits-cnn").build_model({}).eval()
+    before = sum(p.numel() for p in model.parameters())
+    x = torch.randn(2, 1, 8, 8)
+    prune_structured(model, x, 0.5, ignored=[model[-1]], round_to=4)
+    after = sum(p.numel() for p in model.parameters())
+    assert after < 0.4 * before
+    assert model(x).shape == (2, 10)
+    assert model[-1].out_features == 10
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            assert m.out_channels % 4 == 0
+
+
+class _Detaching(nn.Module):
+    """A layer that leaves the autograd graph: Torch-Pruning cannot see past it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.detach().numpy().copy())
+
+
+def test_untraceable_model_names_the_layer_and_suggests_ignore_layers() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), _Detaching(),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 64, 10))
+    with pytest.raises(ConfigError) as err:
+        prune_structured(model, torch.randn(2, 1, 8, 8), 0.5, ignored=[model[-1]])
+    msg = str(err.value)
+    assert "layer '2'" in msg and "--ignore-layers 0" in msg
+
+
+class _HardCoded(nn.Module):
+    """Reshapes with a hard-coded channel count: pruning breaks it at run time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).mean(dim=(2, 3))
+        return self.head(h.reshape(-1, 8))
+
+
+def test_forward_failure_after_pruning_names_a_layer() -> None:
+    model = _HardCoded()
+    with pytest.raises(ConfigError, match=r"fails in layer 'head'.*--ignore-layers"):
+        prune_structured(model, torch.randn(2, 1, 8, 8), 0.5, ignored=[model.head])
+
+
+def test_bn_importance_without_batchnorm_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="no BatchNorm"):
+        prune_structured(_mlp(), torch.randn(2, 16), 0.5, importance="bn")
+
+
+def test_sensitivity_ratios_spare_sensitive_layers_and_keep_the_mean() -> None:
+    sens = [LayerSensitivity("a", 100, 0.5, 0.20), LayerSensitivity("b", 100, 0.5, 0.0),
+            LayerSensitivity("c", 200, 0.5, 0.01)]
+    ratios = ratios_from_sensitivity(sens, 0.4)
+    assert ratios["a"] < ratios["c"] < ratios["b"]
+    mean = (ratios["a"] * 100 + ratios["b"] * 100 + ratios["c"] * 200) / 400
+    assert mean == pytest.approx(0.4, abs=1e-3)
+    assert max(ratios.values()) <= 0.9

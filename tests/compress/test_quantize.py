@@ -1,0 +1,61 @@
+"""Quantization backends, save formats that reload with identical outputs, availability errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from proftune.compress import _quantize, backend_status, load_model
+from proftune.compress._measure import save_model
+from proftune.compress._quantize import quantize_dynamic, quantize_static, run_batches, save_format
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).eval()
+
+
+@pytest.mark.parametrize("backend", ["torch.ao", "torchao"])
+def test_dynamic_int8_saves_smaller_and_reloads_identically(backend: str, tmp_path: Path) -> None:
+    model = _mlp()
+    x = torch.randn(5, 64)
+    q = quantize_dynamic(model, backend=backend)
+    fp_path, q_path = tmp_path / "fp.pt", tmp_path / "q.pt"
+    save_model(model, fp_path, x, fmt="pickle")
+    save_model(q, q_path, x, fmt=save_format(backend))
+    loaded = load_model(q_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), q(x))
+        assert (loaded(x) - model(x)).abs().max() < 0.1  # INT8 error, not garbage
+        assert loaded(torch.randn(1, 64)).shape == (1, 10)  # any batch size after reload
+    if backend == "torch.ao":  # a tiny model: torch.export's program text outweighs the weights
+        assert q_path.stat().st_size < fp_path.stat().st_size / 2
+
+
+def test_static_int8_fuses_and_calibrates_a_conv_model(tmp_path: Path) -> None:
+    from proftune.task import load_task
+
+    task = load_task("digits-cnn")
+    torch.manual_seed(0)
+    model = task.build_model({}).eval()
+    x = torch.randn(4, 1, 8, 8)
+    q = quantize_static(model, x, run_batches(task.loss, task.train_data(32, {}), 2))
+    names = {type(m).__name__ for m in q.modules()}
+    assert "ConvReLU2d" in names  # conv-bn-relu fused into one INT8 op
+    path = tmp_path / "s.pt"
+    save_model(q, path, x, fmt="torchscript")
+    with torch.no_grad():
+        assert torch.equal(load_model(path)(x), q(x))
+
+
+def test_backend_status_names_why_a_backend_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = backend_status("static", torch.device("cuda"))
+    assert cuda["torch.ao"] is not None and "CPU only" in cuda["torch.ao"]
+    assert cuda["torchao"] is not None  # no eager static INT8 for conv in torchao
+    monkeypatch.setattr(_quantize, "_supported_engines", lambda: ["none"])
+    cpu = backend_status("dynamic", torch.device("cpu"))
+    assert cpu["torch.ao"] is not None and "engine" in cpu["torch.ao"]
+    assert cpu["torchao"] is None
