@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import batch_size_of, resolve_device
+from .._device import resolve_device
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..task import Task, load_task
@@ -23,6 +23,7 @@ from ..track import Store, tracked_run
 from ..train import seed_everything, validate_params
 from ._accumulation import StepCost, plan_accumulation
 from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
+from ._full_batches import FullBatchTask, samples_per_epoch
 from ._lr_find import LRFindResult, run_lr_range_test, validate_lr_range
 from ._noise_scale import NoiseScaleResult, measure_noise_scale
 from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
@@ -72,16 +73,26 @@ def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None
 
 
 def _default_measure(task: Task, params: dict[str, Any], device: torch.device, seed: int) -> Measure:
-    from ..profile._memory import peak_step_memory
+    """The profiler's peak of one step, on batches of exactly the asked size (see FullBatchTask)."""
+    from ..profile import peak_step_memory
+
+    full = FullBatchTask(task)
 
     def measure(batch_size: int) -> int:
-        first = next(iter(task.train_data(batch_size, params)), None)
-        available = batch_size_of(first) if first is not None else 0
-        if available < batch_size:
-            raise DataLimit(batch_size, available)
-        return int(peak_step_memory(task, params, batch_size=batch_size, device=device, seed=seed))
+        return int(peak_step_memory(full, params, batch_size=batch_size, device=device, seed=seed))
 
     return measure
+
+
+def _cap_by_data(result: BatchSizeResult, task: Task, params: dict[str, Any]) -> BatchSizeResult:
+    """A batch cannot hold more samples than one epoch of the training data."""
+    n = samples_per_epoch(task, params, batch_size=min(result.max_batch_size, 1 << 16),
+                          stop_after=result.max_batch_size)
+    if n >= result.max_batch_size or n < 1:
+        return result
+    return dataclasses.replace(result, max_batch_size=n, limited_by="data", data_samples=n,
+                               memory_max_batch_size=result.max_batch_size,
+                               predicted_peak_bytes=result.model.predict(n))
 
 
 # -- batch size --------------------------------------------------------------------------------------
@@ -134,8 +145,9 @@ def find_batch_size(
         known.append((int(profile.batch_size), int(profile.memory.peak_bytes)))
 
     def body() -> BatchSizeResult:
-        return search_max_batch(measure_fn, budget, known=known, start=start, max_probes=max_probes,
-                                static_bytes=static["total"], device=str(dev), static_detail=static)
+        found = search_max_batch(measure_fn, budget, known=known, start=start, max_probes=max_probes,
+                                 static_bytes=static["total"], device=str(dev), static_detail=static)
+        return _cap_by_data(found, task_obj, merged)
 
     st = _store(store)
     if st is None:

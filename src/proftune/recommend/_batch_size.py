@@ -100,6 +100,10 @@ class BatchSizeResult:
     #: What bounds the answer: "memory", or "data" (the training data holds fewer samples).
     limited_by: str = "memory"
     static_detail: dict[str, int] = field(default_factory=dict)
+    #: The largest batch that memory alone allows (above ``max_batch_size`` when data limits it).
+    memory_max_batch_size: int | None = None
+    #: Samples in one epoch of the training data, when that bounds the answer.
+    data_samples: int | None = None
     #: The Run this search was recorded as (with ``store=``).
     run_id: int | None = None
 
@@ -113,6 +117,8 @@ class BatchSizeResult:
             "max_batch_size": self.max_batch_size,
             "memory_budget": self.memory_budget,
             "limited_by": self.limited_by,
+            "memory_max_batch_size": self.memory_max_batch_size or self.max_batch_size,
+            "data_samples": self.data_samples,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
             "runs": self.runs,
