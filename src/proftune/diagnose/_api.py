@@ -119,7 +119,7 @@ def diagnose(
 # -- bandit -------------------------------------------------------------------------------------
 
 
-class _ParamProbe(dict):  # type: ignore[type-arg]
+class _ParamProbe(dict[str, Any]):
     """A params dict that notes every key the task reads (to tell a typo from a real param)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

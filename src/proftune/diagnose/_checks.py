@@ -188,7 +188,8 @@ class HealthCheck(Callback):
                               "inputs_finite": None, "loss": loss}
 
     def on_epoch_end(self, state: FitState) -> None:
-        entry = dict(state.curves["epoch"][-1]) if state.curves.get("epoch") else {"epoch": state.epoch}
+        entry: dict[str, Any] = (dict(state.curves["epoch"][-1]) if state.curves.get("epoch")
+                                 else {"epoch": state.epoch})
         entry.update(state.metrics)
         entry["weight_norm"] = _weight_norm(state.model)
         entry["step"] = state.step
@@ -237,6 +238,7 @@ class HealthCheck(Callback):
         self.nonfinite = record
 
     def _rerun_forward(self, state: FitState) -> dict[str, dict[str, Any]] | None:
+        assert self._ls_cls is not None
         ls = self._ls_cls(state.model, activations=True, gradients=False, weights=True)
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             ls.attach()
@@ -431,7 +433,7 @@ class HealthCheck(Callback):
         if not before or not after:
             return None
         step, stats = after[0]
-        best = None
+        best: dict[str, Any] | None = None
         for name, s in stats.items():
             g = (s.get("grad") or {}).get("norm")
             base = [float((st.get(name, {}).get("grad") or {}).get("norm", math.nan)) for _, st in before]

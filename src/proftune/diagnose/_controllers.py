@@ -57,9 +57,9 @@ class AdaptiveLR(Callback):
     ``changes`` logs every change: step, old and new rate, the signal and the reason.
     """
 
-    def __init__(self, *, threshold: float = 0.5, beta: float = 0.9, factor: float = 0.5,
+    def __init__(self, *, threshold: float = 0.3, beta: float = 0.9, factor: float = 0.5,
                  raise_factor: float = 1.2, patience: int = 50, cooldown: int = 3, warmup: int = 3,
-                 backoff: float = 0.5, min_lr: float = 1e-7, max_lr: float | None = None) -> None:
+                 backoff: float = 0.7, min_lr: float = 1e-7, max_lr: float | None = None) -> None:
         problems = ProblemCollector()
         if threshold <= 0:
             problems.add(f"threshold must be > 0, but got {threshold=}.")

@@ -1,0 +1,124 @@
+"""diagnose() names the right cause first for each deliberately broken task; a healthy one is clean."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+import proftune
+from proftune.diagnose import HealthCheck
+
+from .broken_tasks import BROKEN, HealthySGD
+
+EPOCHS = 3
+
+
+@pytest.mark.parametrize("cause", sorted(BROKEN))
+def test_broken_task_gets_its_cause_first(cause: str) -> None:
+    report = proftune.diagnose(BROKEN[cause](), epochs=EPOCHS, record=False)
+    top = report.top
+    assert top is not None, f"no finding for the {cause} task"
+    assert top.cause == cause, [f.to_dict() for f in report.findings]
+    assert top.severity in ("warning", "error")
+    assert top.evidence and top.fix
+
+
+@pytest.mark.parametrize("task", [HealthySGD(), "digits-mlp"])
+def test_healthy_task_has_nothing_above_info(task: object) -> None:
+    report = proftune.diagnose(task, epochs=EPOCHS, record=False)  # type: ignore[arg-type]
+    assert [f.cause for f in report.findings if f.severity != "info"] == []
+    assert report.metrics["accuracy"] > 0.85
+    assert report.to_dict()["healthy"] is True
+
+
+def test_evidence_names_step_and_layer() -> None:
+    nan = proftune.diagnose(BROKEN["nan_inf"](), epochs=1, record=False).top
+    assert nan is not None and nan.layer == "3" and nan.step == 1
+    assert nan.evidence["type"] == "Log" and nan.evidence["inputs_finite"] is True
+    big = proftune.diagnose(BROKEN["exploding_gradients"](), epochs=1, record=False).top
+    assert big is not None and big.layer == "3"
+    assert big.evidence["culprit"]["times_reference"] > 50
+    high = proftune.diagnose(BROKEN["lr_too_high"](), epochs=2, record=False).top
+    assert high is not None and high.evidence["range_test"]["best_lr"] < 1.0 <= high.evidence["lr"]
+
+
+def test_lr_findings_need_the_range_test_to_be_confident() -> None:
+    off = proftune.diagnose(BROKEN["lr_too_low"](), epochs=EPOCHS, record=False, lr_test=False).top
+    on = proftune.diagnose(BROKEN["lr_too_low"](), epochs=EPOCHS, record=False).top
+    assert off is not None and on is not None and off.cause == on.cause == "lr_too_low"
+    assert on.confidence > off.confidence
+    assert on.evidence["range_test"]["best_lr"] >= 30 * on.evidence["lr"]
+
+
+def test_diagnose_is_recorded_with_its_findings(db_url: str) -> None:
+    report = proftune.diagnose(BROKEN["dead_units"](), epochs=2, db=db_url)
+    run = proftune.Store(db_url).get_run(report.run_id)  # type: ignore[arg-type]
+    assert run.kind == "diagnose" and run.status == "finished"
+    assert run.result["findings"][0]["cause"] == "dead_units"
+    assert run.result["healthy"] is False
+
+
+def test_batchnorm_with_tiny_batch() -> None:
+    report = proftune.diagnose("digits-cnn", {"batch_size": 4, "width": 4}, max_steps=12, record=False)
+    causes = {f.cause: f for f in report.findings}
+    assert causes["batchnorm_small_batch"].severity == "warning"
+    assert causes["batchnorm_small_batch"].evidence["batch_size"] == 4
+
+
+def test_vanishing_gradients_in_a_deep_sigmoid_stack() -> None:
+    class DeepSigmoid(HealthySGD):
+        name = "digits-deep-sigmoid"
+
+        def build_model(self, params: dict) -> nn.Module:  # type: ignore[type-arg]
+            layers: list[nn.Module] = [nn.Linear(64, 32), nn.Sigmoid()]
+            for _ in range(8):
+                layers += [nn.Linear(32, 32), nn.Sigmoid()]
+            return nn.Sequential(*layers, nn.Linear(32, 10))
+
+    report = proftune.diagnose(DeepSigmoid(), max_steps=30, record=False, lr_test=False)
+    found = {f.cause: f for f in report.findings}
+    assert "vanishing_gradients" in found
+    assert found["vanishing_gradients"].evidence["ratio"] < 1e-2
+
+
+def test_overfitting_on_a_tiny_train_set() -> None:
+    from proftune.examples import TensorBatches
+    from proftune.examples._sklearn import load_split
+
+    class Tiny(HealthySGD):
+        name = "digits-tiny-train"
+        default_params: ClassVar[dict[str, Any]] = {"optimizer": "adamw", "lr": 3e-3, "batch_size": 16, "weight_decay": 0.0}
+
+        def train_data(self, batch_size: int, params: dict) -> TensorBatches:  # type: ignore[type-arg]
+            x, y, _, _ = load_split("digits")
+            return TensorBatches(x[:60], y[:60], batch_size, shuffle=True)
+
+    report = proftune.diagnose(Tiny(), epochs=40, record=False, lr_test=False)
+    found = {f.cause: f for f in report.findings}
+    assert "overfitting" in found, [f.to_dict() for f in report.findings]
+    ev = found["overfitting"].evidence
+    assert ev["final_val_loss"] > ev["best_val_loss"] and ev["gap_at_end"] > ev["gap_at_best"]
+
+
+def test_health_check_works_in_a_users_loop_through_the_monitor() -> None:
+    monitor_cls = getattr(proftune, "Monitor", None)
+    if monitor_cls is None:
+        from proftune.profile._monitor import Monitor as monitor_cls
+    from proftune.examples._sklearn import load_split
+
+    torch.manual_seed(0)
+    model = BROKEN["dead_units"]().build_model({})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y, _, _ = load_split("digits")
+    check = HealthCheck(every=5)
+    with monitor_cls(model, opt, every=10, callbacks=[check]) as mon:
+        for i in range(0, 64 * 30, 64):
+            loss = nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+    assert mon.findings and mon.findings[0].cause == "dead_units"

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from proftune.cli import app
+
+BROKEN = Path(__file__).with_name("broken_tasks.py")
+
+
+def test_cli_diagnose_json_names_the_cause_first(db_url: str) -> None:
+    res = CliRunner().invoke(app, ["diagnose", f"{BROKEN}:DeadReLU", "--epochs", "2", "--db", db_url, "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    first = d["findings"][0]
+    assert first["cause"] == "dead_units" and first["severity"] == "error"
+    assert first["evidence"]["layer"] == "1" and first["evidence"]["zero_frac"] == 1.0
+    assert first["fix"] and d["run_id"] >= 1 and d["healthy"] is False
+
+
+def test_cli_diagnose_table_and_params(db_url: str) -> None:
+    res = CliRunner().invoke(app, ["diagnose", "digits-mlp", "--epochs", "2", "--param", "lr=3e-3",
+                                   "--db", db_url])
+    assert res.exit_code == 0, res.output
+    assert "no findings" in res.stdout
+
+
+def test_cli_diagnose_bad_param_exits_2(db_url: str) -> None:
+    res = CliRunner().invoke(app, ["diagnose", "digits-mlp", "--param", "lr=-1", "--db", db_url])
+    assert res.exit_code == 2 and "lr" in res.output

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from proftune.diagnose import CAUSES, Finding, rank_findings
+from proftune.exceptions import ConfigError
+
+
+def _f(cause: str, confidence: float, step: int | None, severity: str = "warning") -> Finding:
+    return Finding(cause, severity, f"{cause} seen", "fix it", {"x": 1.0}, confidence, step=step)
+
+
+def test_causes_are_the_issue_list() -> None:
+    assert set(CAUSES) == {"lr_too_high", "unshuffled_data", "exploding_gradients", "vanishing_gradients",
+                           "dead_units", "nan_inf", "overfitting", "lr_too_low", "batchnorm_small_batch"}
+
+
+def test_unknown_cause_and_severity_are_one_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        Finding("slow", "fatal", "s", "f")
+    assert "cause='slow'" in str(info.value) and "severity='fatal'" in str(info.value)
+
+
+def test_symptom_that_started_later_is_ranked_below_its_cause() -> None:
+    ranked = rank_findings([_f("dead_units", 0.7, step=12), _f("lr_too_high", 0.9, step=10, severity="error")])
+    assert [f.cause for f in ranked] == ["lr_too_high", "dead_units"]
+    assert ranked[1].explained_by == "lr_too_high" and ranked[1].confidence == pytest.approx(0.35)
+
+
+def test_root_cause_explains_even_a_more_confident_symptom() -> None:
+    ranked = rank_findings([_f("lr_too_high", 0.9, step=3), _f("exploding_gradients", 0.6, step=6)],
+                           roots=["exploding_gradients"])
+    assert ranked[0].cause == "exploding_gradients"
+    assert ranked[1].explained_by == "exploding_gradients"
+
+
+def test_one_finding_per_cause_and_dict_round_trip() -> None:
+    ranked = rank_findings([_f("overfitting", 0.4, 3), _f("overfitting", 0.8, 5)])
+    assert len(ranked) == 1 and ranked[0].confidence == 0.8
+    d = ranked[0].to_dict()
+    assert d["evidence"]["step"] == 5 and Finding.from_dict(d) == ranked[0]
