@@ -199,8 +199,10 @@ class _PruningCallback(Callback):
             self.pruned_reason = f"{self.metric}={value} at epoch {state.epoch}"
             state.request_stop(self.pruned_reason)
             return
+        if self.pruner == "none":
+            return  # nothing reads the reports: save a database write per epoch
         self.trial.report(float(value), step=state.epoch)
-        if self.pruner != "none" and self.trial.should_prune():
+        if self.trial.should_prune():
             self.pruned_reason = (f"pruned by the {self.pruner} pruner at epoch {state.epoch} "
                                   f"({self.metric}={value:.4g})")
             state.request_stop(self.pruned_reason)

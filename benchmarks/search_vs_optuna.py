@@ -1,0 +1,290 @@
+"""proftune's profile-gated search beside plain Optuna, on the same tasks, trials and seeds.
+
+Three parts (``--part gate|prune|overhead|all``, default ``gate``):
+
+gate      digits-cnn, space {lr, batch_size, width, dropout}, a step-time constraint set at the
+          60th percentile of step times measured on a Halton sample of the space (~40% of the
+          space infeasible). proftune.search (TPE, gated: profiles each configuration for a few
+          steps, trains only feasible ones) beside plain Optuna TPE with the same constraint
+          reported through Trial.set_constraint after training. Same trials, epochs, 3 seeds.
+prune     digits-mlp, the same random-sampled search with and without the median pruner:
+          total training steps and best accuracy.
+overhead  trials that do nothing (a one-sample task, one step) on SQLite: per-trial wall time of
+          proftune's loop beside plain Optuna's with the same work, and the difference.
+
+Everything runs on one CPU thread (the machine is shared; threads make timings erratic). Wall
+times are comparable within one run only. Writes nothing to the repository (temp databases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar
+
+import optuna
+import torch
+from torch import nn
+
+import proftune
+from proftune.search import load_space
+from proftune.search._gate import _step_metrics
+from proftune.train import Callback, FitState
+
+GATE_SPACE: dict[str, Any] = {"params": {
+    "lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True},
+    "batch_size": {"type": "categorical", "choices": [32, 64, 128]},
+    "width": {"type": "int", "low": 8, "high": 64, "step": 8},
+    "dropout": {"type": "float", "low": 0.0, "high": 0.5},
+}}
+PRUNE_SPACE: dict[str, Any] = {"params": {
+    "lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+    "hidden": {"type": "int", "low": 16, "high": 256, "log": True},
+    "batch_size": {"type": "categorical", "choices": [32, 64, 128]},
+    "dropout": {"type": "float", "low": 0.0, "high": 0.5},
+}}
+
+
+# -- part 1: gated search vs plain Optuna with constraints --------------------------------------
+def calibrate(n: int, seed: int) -> tuple[float, list[float]]:
+    """Step times (ms) of ``n`` Halton configurations; the 60th percentile is the limit."""
+    space = load_space(GATE_SPACE)
+    task = proftune.load_task("digits-cnn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = optuna.samplers.QMCSampler(qmc_type="halton", scramble=True, seed=seed + 99)
+    study = optuna.create_study(sampler=sampler)
+    _step_metrics(task, {"width": 8, "batch_size": 32}, steps=1, warmup=1, device="cpu", seed=0)
+    times = []
+    for _ in range(n):
+        trial = study.ask()
+        params = space.suggest(trial)
+        ms = _step_metrics(task, params, steps=3, warmup=1, device="cpu", seed=0)["step_time_ms"]
+        times.append(ms)
+        study.tell(trial, ms)
+    return statistics.quantiles(times, n=10)[5], times
+
+
+class _StepTimes(Callback):
+    """Median step time of a training run (after the first step), as plain Optuna users measure it."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+
+    def on_fit_start(self, state: FitState) -> None:
+        state.sync_timing = True
+
+    def on_step_end(self, state: FitState) -> None:
+        if state.step > 1:
+            self.ms.append(state.timing["step_ms"])
+
+
+def plain_optuna(limit_ms: float, trials: int, epochs: int, seed: int, db: str) -> dict[str, Any]:
+    """Optuna TPE: sample, train, then report the measured step time as a constraint."""
+    space = load_space(GATE_SPACE)
+    task = proftune.load_task("digits-cnn")
+    storage = optuna.storages.RDBStorage(db)
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, min(10, trials // 3)),
+                                         multivariate=True)
+    study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage)
+    infeasible_s = 0.0
+    best = None
+
+    def objective(trial: optuna.Trial) -> float:
+        nonlocal infeasible_s, best
+        t0 = time.perf_counter()
+        params = space.suggest(trial)
+        meter = _StepTimes()
+        result = proftune.fit(task, params, epochs=epochs, device="cpu", seed=seed, callbacks=[meter])
+        step_ms = statistics.median(meter.ms)
+        violation = (step_ms - limit_ms) / limit_ms
+        trial.set_constraint("step_time_ms", violation if violation != 0 else 1e-9)
+        acc = result.metrics["accuracy"]
+        if violation > 0:
+            infeasible_s += time.perf_counter() - t0
+        elif best is None or acc > best:
+            best = acc
+        return acc
+
+    started = time.perf_counter()
+    study.optimize(objective, n_trials=trials)
+    wall = time.perf_counter() - started
+    n_inf = sum(1 for t in study.trials if any(v > 0 for v in t.constraints.values()))
+    return {"wall_s": wall, "best": best, "infeasible_s": infeasible_s, "infeasible": n_inf}
+
+
+def ours(limit_ms: float, trials: int, epochs: int, seed: int, db: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    result = proftune.search("digits-cnn", GATE_SPACE, constraints=[f"step_time_ms<{limit_ms:.3f}"],
+                             trials=trials, epochs=epochs, sampler="tpe", seed=seed, device="cpu",
+                             db=db, study=f"bench-{seed}")
+    wall = time.perf_counter() - started
+    inf = [t for t in result.trials if t.state == "infeasible"]
+    return {"wall_s": wall, "best": result.best.metrics["accuracy"] if result.best else None,
+            "infeasible_s": sum(t.duration_s or 0.0 for t in inf), "infeasible": len(inf),
+            "infeasible_train_s": sum(t.train_s for t in inf)}
+
+
+def part_gate(args: argparse.Namespace, tmp: Path) -> bool:
+    limit, times = calibrate(args.calibration, seed=0)
+    frac = sum(t >= limit for t in times) / len(times)
+    print(f"\n== gate: digits-cnn, {args.trials} trials x {args.epochs} epochs, seeds {args.seeds} ==")
+    print(f"step-time limit {limit:.2f} ms = 60th percentile of {len(times)} Halton configurations "
+          f"(min {min(times):.1f}, max {max(times):.1f} ms): {frac:.0%} of the sample infeasible")
+    rows = []
+    for seed in args.seeds:
+        # alternate the order so that neither method always runs on a warmer or quieter machine
+        runs: dict[str, dict[str, Any]] = {}
+        order = ("optuna", "proftune") if seed % 2 == 0 else ("proftune", "optuna")
+        for name in order:
+            db = f"sqlite:///{tmp / f'{name}-{seed}.db'}"
+            fn = plain_optuna if name == "optuna" else ours
+            runs[name] = fn(limit, args.trials, args.epochs, seed, db)
+        o, p = runs["optuna"], runs["proftune"]
+        ratio = p["wall_s"] / o["wall_s"]
+        rows.append((seed, o, p, ratio))
+        print(f"seed {seed}: plain Optuna {o['wall_s']:6.1f} s, best feasible acc "
+              f"{_acc(o['best'])}, {o['infeasible']} infeasible trials cost {o['infeasible_s']:.1f} s | "
+              f"proftune {p['wall_s']:6.1f} s, best feasible acc {_acc(p['best'])}, "
+              f"{p['infeasible']} infeasible trials cost {p['infeasible_s']:.1f} s "
+              f"(training {p['infeasible_train_s']:.1f} s) | wall ratio {ratio:.2f}")
+    ratios = [r for *_, r in rows]
+    med = statistics.median(ratios)
+    acc_ok = all((p["best"] or 0) >= (o["best"] or 0) - 1e-9 for _, o, p, _ in rows)
+    print(f"median wall ratio proftune/optuna: {med:.2f} (target <= 0.60); "
+          f"best feasible accuracy equal or better on every seed: {acc_ok}")
+    print(f"median compute on infeasible trials: optuna {statistics.median(o['infeasible_s'] for _, o, _, _ in rows):.1f} s, "
+          f"proftune {statistics.median(p['infeasible_s'] for _, _, p, _ in rows):.1f} s")
+    return med <= 0.60 and acc_ok
+
+
+def _acc(v: float | None) -> str:
+    return "  none" if v is None else f"{v:.4f}"
+
+
+# -- part 2: median pruner vs none ----------------------------------------------------------------
+def part_prune(args: argparse.Namespace, tmp: Path) -> bool:
+    print(f"\n== prune: digits-mlp, random sampler, {args.prune_trials} trials x {args.prune_epochs} "
+          f"epochs, median pruner vs none ==")
+    ok = True
+    for seed in args.seeds:
+        out = {}
+        for pruner in ("none", "median"):
+            t0 = time.perf_counter()
+            r = proftune.search("digits-mlp", PRUNE_SPACE, trials=args.prune_trials,
+                                epochs=args.prune_epochs, sampler="random", pruner=pruner, seed=seed,
+                                device="cpu", db=f"sqlite:///{tmp / f'prune-{pruner}-{seed}.db'}",
+                                study="prune")
+            out[pruner] = {"steps": sum(t.steps for t in r.trials), "wall_s": time.perf_counter() - t0,
+                           "best": r.best.metrics["accuracy"] if r.best else 0.0,
+                           "pruned": r.counts()["pruned"]}
+        n, m = out["none"], out["median"]
+        factor = n["steps"] / max(m["steps"], 1)
+        gap = (n["best"] - m["best"]) * 100
+        good = factor >= 2.0 and gap <= 0.5
+        ok &= good
+        print(f"seed {seed}: no pruning {n['steps']} steps, best acc {n['best']:.4f}, {n['wall_s']:.1f} s | "
+              f"median {m['steps']} steps ({m['pruned']} pruned), best acc {m['best']:.4f}, "
+              f"{m['wall_s']:.1f} s | {factor:.2f}x fewer steps, accuracy gap {gap:+.2f} pt -> "
+              f"{'ok' if good else 'MISSED'}")
+    return ok
+
+
+# -- part 3: per-trial overhead -------------------------------------------------------------------
+class NullTask(proftune.Task):
+    """A trial that does nothing: one sample, one weight, one step."""
+
+    name = "null"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 1e-3, "batch_size": 1}
+    metrics: ClassVar[list[str]] = ["val_loss"]
+    _x = torch.zeros(1, 1)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return nn.Linear(1, 1)
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Any:
+        return [(self._x, self._x)]
+
+    def val_data(self, batch_size: int) -> Any:
+        return [(self._x, self._x)]
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return ((model(x) - y) ** 2).mean()
+
+
+def part_overhead(args: argparse.Namespace, tmp: Path) -> bool:
+    n, warm = args.overhead_trials, 5
+    space = {"params": {"x": {"type": "float", "low": 0.0, "high": 1.0}}}
+    task = NullTask()
+    print(f"\n== overhead: {n} trials that do nothing (one step of a 1-weight model), SQLite ==")
+    ours_ms, plain_ms, fit_ms = [], [], []
+    for rep in range(args.repeats):
+        db = f"sqlite:///{tmp / f'overhead-{rep}.db'}"
+        proftune.search(task, space, objectives=["val_loss:min"], trials=warm, max_steps=1,
+                        sampler="random", device="cpu", db=db, study="o")
+        t0 = time.perf_counter()
+        r = proftune.search(task, space, objectives=["val_loss:min"], trials=warm + n, max_steps=1,
+                            sampler="random", device="cpu", db=db, study="o")
+        t_all = time.perf_counter() - t0
+        t0 = time.perf_counter()  # the same call again: no trial left, only the fixed cost
+        proftune.search(task, space, objectives=["val_loss:min"], trials=warm + n, max_steps=1,
+                        sampler="random", device="cpu", db=db, study="o")
+        t_fixed = time.perf_counter() - t0
+        per_trial = (t_all - t_fixed) / n * 1e3
+        fit_mean = statistics.mean(t.train_s for t in r.trials[warm:]) * 1e3
+        ours_ms.append(per_trial)
+        fit_ms.append(fit_mean)
+
+        pdb = f"sqlite:///{tmp / f'overhead-optuna-{rep}.db'}"
+        study = optuna.create_study(storage=pdb, sampler=optuna.samplers.RandomSampler(seed=0))
+
+        def objective(trial: optuna.Trial) -> float:
+            params = {"x": trial.suggest_float("x", 0.0, 1.0)}
+            return proftune.fit(task, params, max_steps=1, device="cpu").metrics["val_loss"]
+
+        study.optimize(objective, n_trials=warm)
+        t0 = time.perf_counter()
+        study.optimize(objective, n_trials=n)
+        plain_ms.append((time.perf_counter() - t0) / n * 1e3)
+    o, p, f = statistics.median(ours_ms), statistics.median(plain_ms), statistics.median(fit_ms)
+    print(f"per trial (median of {args.repeats}): proftune {o:.1f} ms, plain Optuna {p:.1f} ms "
+          f"(ratio {o / p:.2f}); the trial's own fit {f:.1f} ms")
+    print(f"framework overhead per trial: proftune {o - f:.1f} ms (target < 50), of which Optuna "
+          f"itself {p - f:.1f} ms and proftune's additions (Run records, gating bookkeeping, "
+          f"slot check) {o - p:+.1f} ms")
+    return (o - f) < 50.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("gate", "prune", "overhead", "all"), default="gate")
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--calibration", type=int, default=16)
+    ap.add_argument("--prune-trials", type=int, default=24)
+    ap.add_argument("--prune-epochs", type=int, default=8)
+    ap.add_argument("--overhead-trials", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.simplefilter("ignore")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="proftune-bench-") as d:
+        tmp = Path(d)
+        parts = ("gate", "prune", "overhead") if args.part == "all" else (args.part,)
+        for part in parts:
+            results[part] = {"gate": part_gate, "prune": part_prune, "overhead": part_overhead}[part](args, tmp)
+    print("\n" + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in results.items()))
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
