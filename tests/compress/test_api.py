@@ -17,7 +17,7 @@ from proftune.cli import app
 from proftune.compress import CompressConfig, load_model
 from proftune.exceptions import ConfigError
 
-FAST = {"latency_rounds": 1, "finetune_epochs": 1, "params": {"hidden": 128}}
+FAST = {"latency_rounds": 1, "finetune_epochs": 1, "layer_times": False, "params": {"hidden": 128}}
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +158,7 @@ def test_cli_json(original: Path, tmp_path: Path) -> None:
     assert {"baseline", "candidates", "selected", "output"} <= set(d)
     assert d["selected"]["method"] == "structured" and d["output"] == str(out)
     assert d["selected"]["macs"] < d["baseline"]["macs"]
+    # it started from the profile: where the parameters, MACs and forward time are
+    top = d["profile"]["top_time"]
+    assert top and top[0]["type"] == "Linear" and 0 < top[0]["time_share"] <= 1
+    assert any("where the MACs are" in line for line in d["plan"])
