@@ -23,7 +23,7 @@ import torch
 warnings.filterwarnings("ignore")
 
 import proftune  # noqa: E402
-from proftune.compress import load_model  # noqa: E402
+from proftune.compress import Candidate, load_model  # noqa: E402
 from proftune.task import load_task  # noqa: E402
 from proftune.train import evaluate_model, fit  # noqa: E402
 
@@ -40,7 +40,7 @@ def row(label: str, ours: float, anchor: float, unit: str = "") -> None:
     print(f"  {label:<44} ours {ours:>12.4g}{unit}   anchor {anchor:>12.4g}{unit}   ratio {ratio:6.3f}")
 
 
-def by(report: proftune.CompressReport, method: str, ratio: float | None = None) -> proftune.compress.Candidate:
+def by(report: proftune.CompressReport, method: str, ratio: float | None = None) -> Candidate:
     for c in report.candidates:
         if c.method == method and (ratio is None or abs(c.ratio - ratio) < 1e-9):
             return c

@@ -22,6 +22,8 @@ def test_resnet18_structured_half_reaches_published_figures(tmp_path: Path, db_u
     assert base.macs == pytest.approx(1.82e9, rel=0.01) and base.params == pytest.approx(11.69e6, rel=0.01)
     assert pruned.macs <= 0.49e9 and pruned.params <= 3.1e6
     assert pruned.latency_ms < base.latency_ms
-    for m in proftune.compress.load_model(tmp_path / "r18.pt").modules():
+    from proftune.compress import load_model
+
+    for m in load_model(tmp_path / "r18.pt").modules():
         if isinstance(m, torch.nn.Conv2d):
             assert m.out_channels % 8 == 0
