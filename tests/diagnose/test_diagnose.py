@@ -104,9 +104,6 @@ def test_overfitting_on_a_tiny_train_set() -> None:
 
 
 def test_health_check_works_in_a_users_loop_through_the_monitor() -> None:
-    monitor_cls = getattr(proftune, "Monitor", None)
-    if monitor_cls is None:
-        from proftune.profile._monitor import Monitor as monitor_cls
     from proftune.examples._sklearn import load_split
 
     torch.manual_seed(0)
@@ -114,7 +111,7 @@ def test_health_check_works_in_a_users_loop_through_the_monitor() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x, y, _, _ = load_split("digits")
     check = HealthCheck(every=5)
-    with monitor_cls(model, opt, every=10, callbacks=[check]) as mon:
+    with proftune.Monitor(model, opt, every=10, callbacks=[check]) as mon:
         for i in range(0, 64 * 30, 64):
             loss = nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64])
             loss.backward()
@@ -122,3 +119,21 @@ def test_health_check_works_in_a_users_loop_through_the_monitor() -> None:
             opt.zero_grad()
             mon.step(loss)
     assert mon.findings and mon.findings[0].cause == "dead_units"
+
+
+def test_half_the_units_dead_is_found_by_unit_not_by_layer_average() -> None:
+    class HalfDead(HealthySGD):
+        name = "digits-half-dead"
+
+        def build_model(self, params: dict[str, Any]) -> nn.Module:
+            model = super().build_model(params)
+            with torch.no_grad():
+                model[0].bias[:80].fill_(-10.0)
+            return model
+
+    report = proftune.diagnose(HalfDead(), epochs=2, record=False, lr_test=False)
+    found = {f.cause: f for f in report.findings}
+    assert "dead_units" in found, [f.to_dict() for f in report.findings]
+    ev = found["dead_units"].evidence
+    assert ev["zero_frac"] < 0.9 and ev["dead_unit_frac"] >= 0.5 and ev["dead_from_init"]
+    assert found["dead_units"].layer == "1"

@@ -34,13 +34,8 @@ _MAX_LABELS = 50_000
 
 
 def _layer_stats_cls() -> Any:
-    try:
-        from ..profile import LayerStats
-    except ImportError:
-        try:  # until the profile package exports it
-            from ..profile._stats import LayerStats
-        except ImportError:
-            return None
+    from ..profile import LayerStats
+
     return LayerStats
 
 
@@ -524,43 +519,54 @@ class HealthCheck(Callback):
                        0.8 if ratio < 1e-3 else 0.4, step=step, layer=names[0]), False
 
     def _check_dead(self) -> tuple[Finding, bool] | None:
-        worst: dict[str, Any] | None = None
-        onset: int | None = None
-        per_layer: dict[str, list[float]] = {}
+        """ReLU layers whose outputs are zero over ``dead_threshold`` of the time, or half of
+        whose units are (``dead_frac`` of LayerStats: units zero on >90% of a step's samples)."""
+        per_layer: dict[str, list[tuple[int, float, float]]] = {}
         for step, stats in self.samples:
             for name, s in stats.items():
                 if self.types.get(name) not in _RELU_TYPES:
                     continue
                 act = s.get("activation") or {}
-                z = act.get("dead_frac", act.get("zero_frac"))
+                z = act.get("zero_frac")
                 if z is None or act.get("nonfinite", 0) or not math.isfinite(float(z)):
                     continue
-                per_layer.setdefault(name, []).append(float(z))
-                if float(z) > self.dead_threshold and onset is None:
-                    onset = step
-        if not per_layer:
+                dead = act.get("dead_frac")
+                per_layer.setdefault(name, []).append(
+                    (step, float(z), float(dead) if dead is not None else math.nan))
+
+        def bad(z: float, d: float) -> bool:
+            return z > self.dead_threshold or (math.isfinite(d) and d >= 0.5)
+
+        worst: dict[str, Any] | None = None
+        for name, rows in per_layer.items():
+            tail = rows[len(rows) // 2:]
+            zero = statistics.fmean(z for _, z, _ in tail)
+            deads = [d for _, _, d in tail if math.isfinite(d)]
+            dead = statistics.fmean(deads) if deads else math.nan
+            if not bad(zero, dead):
+                continue
+            onset = next(step for step, z, d in rows if bad(z, d))
+            key = (zero, dead if math.isfinite(dead) else 0.0)
+            if worst is None or key > worst["key"]:
+                worst = {"layer": name, "zero_frac": zero, "dead_frac": dead, "onset": onset,
+                         "samples": len(rows), "key": key}
+        if worst is None:
             return None
-        for name, zs in per_layer.items():
-            tail = zs[len(zs) // 2:]
-            frac = statistics.fmean(tail)
-            if worst is None or frac > worst["zero_frac"]:
-                worst = {"layer": name, "zero_frac": frac, "samples": len(zs), "first": zs[0]}
-        assert worst is not None
-        if worst["zero_frac"] <= self.dead_threshold:
-            return None
-        first_step = self.samples[0][0]
-        at_init = onset == first_step
-        evidence = {"zero_frac": worst["zero_frac"], "zero_frac_at_first_sample": worst["first"],
+        at_init = worst["onset"] == self.samples[0][0]
+        evidence = {"zero_frac": worst["zero_frac"], "dead_unit_frac": worst["dead_frac"],
                     "threshold": self.dead_threshold, "sampled_steps": worst["samples"],
-                    "per_layer": {k: statistics.fmean(v[len(v) // 2:]) for k, v in per_layer.items()},
+                    "per_layer": {k: statistics.fmean(z for _, z, _ in v[len(v) // 2:])
+                                  for k, v in per_layer.items()},
                     "dead_from_init": at_init}
-        summary = (f"ReLU outputs of {worst['layer']} are zero {worst['zero_frac']:.0%} of the time "
-                   f"(from step {onset}{', i.e. at init' if at_init else ''})")
+        dead_txt = (f", {worst['dead_frac']:.0%} of its units are zero on >90% of samples"
+                    if math.isfinite(worst["dead_frac"]) else "")
+        summary = (f"ReLU outputs of {worst['layer']} are zero {worst['zero_frac']:.0%} of the time{dead_txt} "
+                   f"(from step {worst['onset']}{', i.e. at init' if at_init else ''})")
         fix = ("check the biases and init of the layer before it (biases near 0, kaiming init), lower "
                "the learning rate, or use LeakyReLU/GELU")
-        severity = "error" if worst["zero_frac"] > 0.99 else "warning"
-        return Finding("dead_units", severity, summary, fix, evidence, 0.95 if at_init else 0.7,
-                       step=onset, layer=worst["layer"]), at_init
+        severe = worst["zero_frac"] > 0.99 or (math.isfinite(worst["dead_frac"]) and worst["dead_frac"] > 0.9)
+        return Finding("dead_units", "error" if severe else "warning", summary, fix, evidence,
+                       0.95 if at_init else 0.7, step=worst["onset"], layer=worst["layer"]), at_init
 
     def _check_nonfinite(self) -> tuple[Finding, bool] | None:
         nf = self.nonfinite

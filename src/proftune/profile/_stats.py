@@ -104,6 +104,23 @@ def tensor_stats(x: torch.Tensor, *, sample_size: int = 1024, generator: torch.G
     return _finish([_Summary(x, sample_size, generator)])[0]
 
 
+#: A unit is dead when it outputs exactly zero for more than this fraction of the positions it
+#: sees (samples, and spatial positions for a conv channel).
+DEAD_UNIT_ZERO_FRAC = 0.9
+
+
+def _dead_units(t: torch.Tensor) -> torch.Tensor | None:
+    """Fraction of a layer's units (features: dim 1 of conv-like outputs of 4+ dims, else the
+    last dim) that output zero more than :data:`DEAD_UNIT_ZERO_FRAC` of the time; 0-dim, on the
+    tensor's device (no host sync). None for outputs without a batch and a unit dimension."""
+    if t.dim() < 2 or t.shape[0] < 2:
+        return None
+    unit_dim = 1 if t.dim() >= 4 else t.dim() - 1
+    dims = [d for d in range(t.dim()) if d != unit_dim]
+    per_unit = (t.detach() == 0).float().mean(dim=dims)
+    return (per_unit > DEAD_UNIT_ZERO_FRAC).float().mean()
+
+
 def _l2(tensors: list[torch.Tensor]) -> float:
     """L2 norm of several tensors together, one host copy."""
     if not tensors:
@@ -133,6 +150,7 @@ class LayerStats:
         self._gens: dict[str, torch.Generator] = {}
         self._hooks = LayerHooks(model, self._on_leaf)
         self._act: dict[str, _Summary] = {}
+        self._dead: dict[str, torch.Tensor] = {}  # per layer: fraction of dead units (diagnose)
         self._order: dict[str, str] = {}  # layer path -> type, in the order layers ran
         self._calls: dict[str, int] = {}
         self._grads: dict[str, dict[str, Any]] | None = None
@@ -162,6 +180,7 @@ class LayerStats:
 
     def reset(self) -> None:
         self._act.clear()
+        self._dead.clear()
         self._order.clear()
         self._calls.clear()
         self._grads = None
@@ -198,6 +217,9 @@ class LayerStats:
         for t in output_tensors(output):
             if t.is_floating_point() and t.numel() > 0:
                 self._act[name] = _Summary(t, self.sample_size, self._gen(t.device))
+                dead = _dead_units(t)
+                if dead is not None:
+                    self._dead[name] = dead
                 break
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -298,7 +320,8 @@ class LayerStats:
 
         ``weight``: l2, mean, std, p1, p50, p99 (of the layer's weight matrices; all its
         parameters when it has none); ``activation``: mean, std, min, max, p1, p50, p99,
-        zero_frac, nonfinite (of the layer's first floating output); ``grad``: norm, nonfinite,
+        zero_frac, nonfinite (of the layer's first floating output), dead_frac (share of its units
+        that output zero over 90% of the time in this step); ``grad``: norm, nonfinite,
         update_ratio.
         """
         params = self._layer_params()
@@ -334,6 +357,8 @@ class LayerStats:
                                    "nonfinite": w["nonfinite"]}
             a = done.get((name, "activation"))
             if a is not None:
+                if name in self._dead:
+                    a["dead_frac"] = float(self._dead[name])
                 entry["activation"] = a
             if self.gradients and grads and name in grads:
                 g = dict(grads[name])
