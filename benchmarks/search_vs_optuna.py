@@ -59,12 +59,14 @@ def calibrate(n: int, seed: int) -> tuple[float, list[float]]:
         warnings.simplefilter("ignore")
         sampler = optuna.samplers.QMCSampler(qmc_type="halton", scramble=True, seed=seed + 99)
     study = optuna.create_study(sampler=sampler)
-    _step_metrics(task, {"width": 8, "batch_size": 32}, steps=1, warmup=1, device="cpu", seed=0)
+    _step_metrics(task, {"width": 8, "batch_size": 32}, steps=1, warmup=1, device="cpu", seed=0,
+                  memory=False)
     times = []
     for _ in range(n):
         trial = study.ask()
         params = space.suggest(trial)
-        ms = _step_metrics(task, params, steps=3, warmup=1, device="cpu", seed=0)["step_time_ms"]
+        ms = _step_metrics(task, params, steps=3, warmup=1, device="cpu", seed=0,
+                           memory=False)["step_time_ms"]
         times.append(ms)
         study.tell(trial, ms)
     return statistics.quantiles(times, n=10)[5], times

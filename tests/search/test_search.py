@@ -181,3 +181,14 @@ def test_function_and_subpackage_share_the_name() -> None:
 
     assert callable(proftune.search) and proftune.search is search
     assert Space.__module__ == "proftune.search._space"
+
+
+def test_memory_constraint_gates_through_the_profiler(tmp_path: Path) -> None:
+    space = {"params": {"hidden": {"type": "categorical", "choices": [4, 1024]}}}
+    result = proftune.search("wine-mlp", space, constraints=["peak_memory_bytes<4MB"], trials=2,
+                             sampler="grid", max_steps=2, db=f"sqlite:///{tmp_path / 'p.db'}", study="m")
+    by = {t.params["hidden"]: t for t in result.trials}
+    assert by[4].state == "complete" and 0 < by[4].metrics["peak_memory_bytes"] < 4e6
+    assert by[1024].state == "infeasible" and by[1024].steps == 0
+    assert "peak_memory_bytes=" in (by[1024].reason or "") and by[1024].metrics["peak_memory_bytes"] >= 4e6
+    assert by[4].metrics["step_time_ms"] > 0 and by[4].metrics["macs"] > 0  # the profile's record

@@ -57,30 +57,54 @@ class ProfileGate:
         return bool(self.needed)
 
     def check(self, task: Task, params: dict[str, Any]) -> GateResult:
-        """Measure ``params`` on ``task`` and evaluate the constraints (may raise OOM)."""
+        """Measure ``params`` on ``task`` and evaluate the constraints (may raise OOM).
+
+        The cheapest measurement that yields the needed metrics: static counts alone (no step)
+        for params/MACs/FLOPs/size; a few timed steps of the fit loop for step time,
+        throughput and gradient figures; :func:`proftune.profile` (``detail="step"``) when the
+        memory peak is needed. Static constraints are checked first, so a configuration that
+        breaks one never runs a step.
+        """
         started = time.perf_counter()
-        if not self._warmed and not set(self.needed) <= set(STATIC_METRICS):
-            # the first steps of a process pay for lazy kernel and allocator set-up: not the config's
-            _step_metrics(task, params, steps=1, warmup=1, device=self.device, seed=self.seed)
-            self._warmed = True
-        if set(self.needed) <= set(STATIC_METRICS):
-            metrics, source = _static_metrics(task, params), "static"
-        else:
-            metrics = _step_metrics(task, params, steps=self.steps, warmup=self.warmup,
-                                    device=self.device, seed=self.seed)
-            source = "profile" if _profile_api() is not None else "fit"
+        needed = set(self.needed)
+        static_needed = needed & set(STATIC_METRICS)
+        metrics: dict[str, float] = {}
+        sources = []
+        if static_needed:
+            metrics.update(_static_metrics(task, params))
+            sources.append("static")
+        violations, reasons = self._evaluate(metrics)
+        dynamic = needed - set(metrics)
+        if dynamic and not any(v > 0 for v in violations.values()):
+            if not self._warmed:
+                # the first steps of a process pay for lazy kernel and allocator set-up
+                _step_metrics(task, params, steps=1, warmup=1, device=self.device, seed=self.seed,
+                              memory="peak_memory_bytes" in dynamic)
+                self._warmed = True
+            step = _step_metrics(task, params, steps=self.steps, warmup=self.warmup,
+                                 device=self.device, seed=self.seed,
+                                 memory="peak_memory_bytes" in dynamic)
+            metrics = {**step, **{k: v for k, v in metrics.items() if k not in step}}
+            sources.append("profile" if "peak_memory_bytes" in dynamic else "steps")
+            violations, reasons = self._evaluate(metrics)
+            missing = [c.text for c in self.constraints if c.metric not in metrics]
+            if missing:
+                raise RuntimeError(f"the profile gave no value for constraint(s) {missing}; "
+                                   f"measured: {', '.join(sorted(metrics))}.")
+        return GateResult(metrics=metrics, violations=violations, reasons=reasons,
+                          duration_s=time.perf_counter() - started, source="+".join(sources))
+
+    def _evaluate(self, metrics: dict[str, float]) -> tuple[dict[str, float], list[str]]:
         violations: dict[str, float] = {}
         reasons: list[str] = []
         for c in self.constraints:
             if c.metric not in metrics:
-                raise RuntimeError(f"the profile gave no {c.metric!r} for constraint {c.text!r}; "
-                                   f"measured: {', '.join(sorted(metrics))}.")
+                continue
             v = c.violation(float(metrics[c.metric]))
             violations[c.key] = v
             if v > 0:
                 reasons.append(c.reason(float(metrics[c.metric])))
-        return GateResult(metrics=metrics, violations=violations, reasons=reasons,
-                          duration_s=time.perf_counter() - started, source=source)
+        return violations, reasons
 
 
 def _profile_api() -> Any:
@@ -121,9 +145,15 @@ def _static_metrics(task: Task, params: dict[str, Any]) -> dict[str, float]:
 
 
 def _step_metrics(task: Task, params: dict[str, Any], *, steps: int, warmup: int,
-                  device: str | torch.device, seed: int) -> dict[str, float]:
+                  device: str | torch.device, seed: int, memory: bool) -> dict[str, float]:
+    """Step metrics: :func:`proftune.profile` when the memory peak is asked, else timed fit steps.
+
+    ``profile(detail="step")`` also measures the step's memory with ``torch.profiler``, which
+    costs more than training a small configuration for an epoch on CPU; without a memory
+    constraint the gate times the steps of the fit loop alone.
+    """
     profile = _profile_api()
-    if profile is not None:
+    if memory and profile is not None:
         p = profile(task, params=params, batch_size=params.get("batch_size"), steps=steps,
                     warmup=warmup, device=device, seed=seed, detail="step")
         return {k: float(v) for k, v in p.metrics().items() if v is not None}
