@@ -154,9 +154,9 @@ def test_multi_objective_pareto_front(tmp_path: Path) -> None:
 def test_every_sampler_runs_its_trials(sampler: str, tmp_path: Path) -> None:
     space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16, "step": 4},
                         "lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
-    result = proftune.search("wine-mlp", space, trials=4, max_steps=2, sampler=sampler,
+    result = proftune.search("wine-mlp", space, trials=3, max_steps=2, sampler=sampler,
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="s")
-    assert result.counts()["complete"] == 4
+    assert result.counts()["complete"] == 3
     for t in result.trials:
         assert t.params["hidden"] in (4, 8, 12, 16) and 1e-3 <= t.params["lr"] <= 1e-2
 

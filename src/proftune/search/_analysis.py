@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,7 @@ def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[
     out: dict[str, Any] = {}
     if len(trials) < 2:
         return out
-    shadow = optuna.create_study(directions=[o.direction for o in objectives])
+    shadow = optuna.create_study(directions=[_direction(o) for o in objectives])
     shadow.add_trials([optuna.trial.create_trial(params=t.params, distributions=t.distributions,
                                                  values=t.values) for t in trials])
     evaluators = {
@@ -119,13 +119,23 @@ def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     imp = optuna.importance.get_param_importances(
-                        shadow, evaluator=make(), target=lambda t, i=i: t.values[i],
-                        normalize=True)
+                        shadow, evaluator=make(), target=_target(i), normalize=True)
                 per[name] = {k: float(v) for k, v in imp.items()}
             except (ValueError, RuntimeError, ZeroDivisionError) as exc:
                 per[name] = {"error": str(exc)}
         out[o.metric] = per
     return out
+
+
+def _direction(o: Objective) -> Any:
+    from optuna.study import StudyDirection
+
+    return StudyDirection.MAXIMIZE if o.direction == "maximize" else StudyDirection.MINIMIZE
+
+
+def _target(i: int) -> Callable[[Any], float]:
+    """The ``i``-th objective value of a trial (importance of one objective at a time)."""
+    return lambda t: float(t.values[i])
 
 
 def pareto_front(records: Sequence[TrialRecord], objectives: Sequence[Objective]) -> list[TrialRecord]:

@@ -17,7 +17,7 @@ import optuna
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, environment, tracked_run
-from ._analysis import correlations, importance, pareto_front, plot_study
+from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._constraints import Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
 from ._space import Space, load_space
@@ -263,7 +263,7 @@ def search(
         settings.data_fingerprint = record.data_fingerprint
         settings.env = environment(None)
         created = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                      directions=settings.directions)
+                                      directions=[_direction(o) for o in objs])
         if not resumed:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)

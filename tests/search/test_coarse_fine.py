@@ -1,0 +1,42 @@
+"""Coarse-to-fine: Halton over the whole space, then samples near the best few (no training here)."""
+
+from __future__ import annotations
+
+import statistics
+
+import optuna
+
+from proftune.search import CoarseToFineSampler
+
+
+def test_fine_pass_samples_near_the_best_coarse_trials() -> None:
+    sampler = CoarseToFineSampler(n_coarse=8, top_k=2, width=0.05, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_float("x", 0.0, 10.0)
+        n = trial.suggest_int("n", 1, 64, log=True)
+        c = trial.suggest_categorical("c", ["a", "b", "c"])
+        return -((x - 7.3) ** 2) - (0 if c == "b" else 5) - abs(n - 16) / 16
+
+    study.optimize(objective, n_trials=24)
+    coarse, fine = study.trials[:8], study.trials[8:]
+    best_coarse = sorted(coarse, key=lambda t: -(t.value or 0))[:2]
+    centers = [t.params["x"] for t in best_coarse]
+    dist = [min(abs(t.params["x"] - c) for c in centers) for t in fine]
+    spread = statistics.pstdev(t.params["x"] for t in coarse)
+    assert statistics.median(dist) < 0.25 * spread  # the fine pass stays around the best few
+    for t in fine:  # every value stays inside its distribution (log int on the grid of ints)
+        assert 0.0 <= t.params["x"] <= 10.0 and 1 <= t.params["n"] <= 64 and isinstance(t.params["n"], int)
+    best_c = {t.params["c"] for t in best_coarse}
+    assert sum(t.params["c"] in best_c for t in fine) >= 0.6 * len(fine)
+    assert max(t.value or -1e9 for t in fine) >= max(t.value or -1e9 for t in coarse)
+
+
+def test_timeout_stops_starting_trials(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import proftune
+
+    space = {"params": {"hidden": {"type": "int", "low": 4, "high": 8}}}
+    result = proftune.search("wine-mlp", space, trials=50, max_steps=1, timeout=1e-6,
+                             db=f"sqlite:///{tmp_path / 'p.db'}", study="t")
+    assert result.trials == [] and result.best is None
