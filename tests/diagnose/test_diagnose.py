@@ -112,13 +112,15 @@ def test_health_check_works_in_a_users_loop_through_the_monitor() -> None:
     x, y, _, _ = load_split("digits")
     check = HealthCheck(every=5)
     with proftune.Monitor(model, opt, every=10, callbacks=[check]) as mon:
-        for i in range(0, 64 * 30, 64):
+        for i in range(0, 64 * 22, 64):  # 22 full batches of the 1437 training images
             loss = nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64])
             loss.backward()
             opt.step()
             opt.zero_grad()
             mon.step(loss)
     assert mon.findings and mon.findings[0].cause == "dead_units"
+    assert mon.findings[0].layer == "1" and mon.findings[0].evidence["dead_from_init"]
+    assert "nan_inf" not in {f.cause for f in mon.findings}
 
 
 def test_half_the_units_dead_is_found_by_unit_not_by_layer_average() -> None:
@@ -137,3 +139,39 @@ def test_half_the_units_dead_is_found_by_unit_not_by_layer_average() -> None:
     ev = found["dead_units"].evidence
     assert ev["zero_frac"] < 0.9 and ev["dead_unit_frac"] >= 0.5 and ev["dead_from_init"]
     assert found["dead_units"].layer == "1"
+
+
+def test_monitor_finds_the_layer_that_made_the_first_nan() -> None:
+    from proftune.examples._sklearn import load_split
+
+    torch.manual_seed(0)
+    model = BROKEN["nan_inf"]().build_model({})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y, _, _ = load_split("digits")
+    with proftune.Monitor(model, opt, every=10, callbacks=[HealthCheck()]) as mon:
+        for i in range(0, 64 * 3, 64):
+            loss = nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+    top = mon.findings[0]
+    assert top.cause == "nan_inf" and top.layer == "3" and top.evidence["type"] == "Log"
+
+
+def test_nan_in_the_data_is_blamed_on_the_data() -> None:
+    from proftune.examples import TensorBatches
+    from proftune.examples._sklearn import load_split
+
+    class NaNData(HealthySGD):
+        name = "digits-nan-data"
+
+        def train_data(self, batch_size: int, params: dict[str, Any]) -> TensorBatches:
+            x, y, _, _ = load_split("digits")
+            x = x.clone()
+            x[3, 7] = float("nan")
+            return TensorBatches(x, y, batch_size, shuffle=False)
+
+    top = proftune.diagnose(NaNData(), epochs=1, record=False).top
+    assert top is not None and top.cause == "nan_inf"
+    assert top.evidence["inputs_finite"] is False and "input batch" in top.summary

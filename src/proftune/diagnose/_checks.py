@@ -62,6 +62,13 @@ def _labels_of(batch: Any) -> torch.Tensor | None:
     return None
 
 
+def _batch_nonfinite(batch: Any) -> bool:
+    """Whether a floating tensor of the batch (top level of a tuple/list/dict) holds NaN/Inf."""
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else [batch]
+    return any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+               for t in items)
+
+
 def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
@@ -155,7 +162,8 @@ class HealthCheck(Callback):
         step = self._step_no(state)
         norm = _grad_norm(state.model)
         loss_t = state.loss_tensor
-        loss = float(loss_t.detach()) if loss_t is not None else math.nan
+        # inside a Monitor the loss of this step may not be known yet (it arrives at mon.step)
+        loss = float(loss_t.detach()) if loss_t is not None else 0.0
         stats = None
         if self._ls is not None:
             stats = self._ls.collect(optimizer=state.optimizer)
@@ -213,18 +221,16 @@ class HealthCheck(Callback):
                                   "type": None, "phase": "forward" if not math.isfinite(loss) else "backward",
                                   "inputs_finite": None}
         if stats:
-            if record["phase"] == "forward":
-                previous_finite = True
-                for name, s in stats.items():
-                    act = s.get("activation") or {}
-                    if act.get("nonfinite", 0):
-                        record.update(layer=name, type=self.types.get(name),
-                                      inputs_finite=previous_finite,
-                                      nonfinite_frac=_nonfinite_frac(act))
-                        break
-                    if act:
-                        previous_finite = True
-            else:
+            # the forward is to blame when any activation is non-finite (the loss may not be
+            # known yet inside a Monitor): the first such layer in forward order made it
+            for name, s in stats.items():
+                act = s.get("activation") or {}
+                if act.get("nonfinite", 0):
+                    record.update(phase="forward", layer=name, type=self.types.get(name),
+                                  inputs_finite=not _batch_nonfinite(state.batch),
+                                  nonfinite_values=act.get("nonfinite"))
+                    break
+            if record["phase"] == "backward":
                 for name in reversed(list(stats)):
                     grad = stats[name].get("grad") or {}
                     if grad.get("nonfinite", 0):
@@ -318,9 +324,11 @@ class HealthCheck(Callback):
         tail = [v for s, v in self._losses()[-max(len(curve) // 5, 5):] if math.isfinite(v)]
         if onset is None:
             low_before, low_before_step = low, low_step
+            assert self.nonfinite is not None
+            peak, peak_step = math.inf, int(self.nonfinite["step"])
         return {"start_loss": start, "min_loss": low_before, "min_step": low_before_step,
                 "min_loss_overall": low,
-                "peak_loss": peak if math.isfinite(peak) else None, "peak_step": peak_step,
+                "peak_loss": peak, "peak_step": peak_step,
                 "final_loss": final, "onset": onset if onset is not None else self.nonfinite["step"],  # type: ignore[index]
                 "ended_above_start": final > start,
                 "tail_cv": statistics.pstdev(tail) / max(statistics.fmean(tail), 1e-12) if len(tail) > 1 else None}
@@ -331,8 +339,9 @@ class HealthCheck(Callback):
             return None
         lr = self._lr()
         evidence: dict[str, Any] = {**rise, "lr": lr}
+        peak = "a non-finite value" if not math.isfinite(rise["peak_loss"]) else _fmt(rise["peak_loss"])
         summary = (f"loss rose from its low of {_fmt(rise['min_loss'])} (step {rise['min_step']}) "
-                   f"to {_fmt(rise['peak_loss'] or math.inf)} (step {rise['peak_step']})")
+                   f"to {peak} (step {rise['peak_step']})")
         confidence, severity = 0.5, "warning"
         test = self.lr_test
         if test is not None and lr is not None:
@@ -474,7 +483,7 @@ class HealthCheck(Callback):
                 evidence["first_layer"] = where
                 layer = where["layer"]
             summary = (f"{len(spikes)} gradient norm spikes, up to {_fmt(peak['ratio'])}x the running median "
-                       f"(first at step {first['step']}{', starting in ' + layer if layer else ''})")
+                       f"(first at step {first['step']}{', starting in layer ' + layer if layer else ''})")
             fix = "clip gradients (param grad_clip or proftune.GradGuard), lower the learning rate, or add normalisation"
         severity = "error" if culprit or grads_nonfinite or peak["ratio"] >= 100 else "warning"
         confidence = 0.9 if culprit else 0.6
@@ -581,13 +590,16 @@ class HealthCheck(Callback):
                        f"step {nf['step']}")
             fix = (f"guard the op in {layer} (clamp its input, add an epsilon, use a numerically stable "
                    "form such as log1p/logsumexp)")
+        elif nf.get("phase") == "forward" and layer is not None and nf.get("inputs_finite") is False:
+            summary = f"the input batch of step {nf['step']} holds NaN/Inf; {layer} passed it on"
+            fix = "clean the data (check the loader and the preprocessing for NaN/Inf, e.g. division by a zero std)"
         elif nf.get("phase") == "backward":
             summary = f"gradients became non-finite at step {nf['step']}" + (f" in {layer}" if layer else "")
             fix = "clip gradients (grad_clip, proftune.GradGuard), check ops with unbounded derivatives"
         else:
             summary = f"loss became {nf.get('loss')} at step {nf['step']}" + (f", first in {layer}" if layer else "")
             fix = "lower the learning rate, clip gradients, or guard the op that overflows"
-        root = bool(produced) and not earlier_spike
+        root = bool(produced or nf.get("inputs_finite") is False) and not earlier_spike
         return Finding("nan_inf", "error", summary, fix, evidence, 0.95 if root else 0.6,
                        step=nf["step"], layer=layer), root
 
@@ -673,10 +685,6 @@ class HealthCheck(Callback):
                "or freeze batch-norm statistics")
         return Finding("batchnorm_small_batch", severity, summary, fix, evidence,
                        0.7 if severity == "warning" else 0.3, step=1, layer=self.batchnorm[0]), False
-
-
-def _nonfinite_frac(act: dict[str, Any]) -> Any:
-    return act.get("nonfinite_frac", act.get("nonfinite"))
 
 
 def summarize(findings: Sequence[Finding]) -> str:
