@@ -103,3 +103,22 @@ def test_sensitivity_ratios_spare_sensitive_layers_and_keep_the_mean() -> None:
     mean = (ratios["a"] * 100 + ratios["b"] * 100 + ratios["c"] * 200) / 400
     assert mean == pytest.approx(0.4, abs=1e-3)
     assert max(ratios.values()) <= 0.9
+
+
+def test_selection_breaks_latency_ties_by_batch_latency_and_respects_the_budget() -> None:
+    from proftune.compress._pipeline import Candidate, mark_pareto, select
+
+    def cand(method: str, metric: float, lat1: float, latb: float, drop: float) -> Candidate:
+        return Candidate(method=method, ratio=0.5, metric=metric, metric_drop=drop, params=1, macs=1,
+                         size_bytes=1, latency_ms=lat1, latency_batch_ms=latb, batch_size=64)
+
+    base = cand("baseline", 0.99, 1.00, 10.0, 0.0)
+    a = cand("structured", 0.985, 0.50, 5.0, 0.005)
+    b = cand("static", 0.984, 0.51, 1.0, 0.006)  # a tie at batch 1, far faster at batch 64
+    c = cand("structured", 0.90, 0.20, 0.5, 0.09)  # fastest but over the budget
+    cands = [base, a, b, c]
+    assert select(cands, "latency_ms", 0.01) is b
+    assert not c.within_budget and b.within_budget
+    mark_pareto(cands, "latency_ms", True)
+    assert [x.pareto for x in cands] == [True, True, False, True]
+    assert select(cands, "latency_ms", 0.001) is None

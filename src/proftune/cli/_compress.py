@@ -89,7 +89,7 @@ def compress(
                 f"{c['params']:,}", f"{c['macs'] / 1e6:.2f}", f"{c['size_bytes'] / 1024:.1f}",
                 f"{c['latency_ms']:.3f}", f"{c['latency_batch_ms']:.3f}", c["quant_backend"] or "",
                 "yes" if c["pareto"] else "")
-        out_console.print(table)
+        out_console.print(table, width=max(out_console.width, 150))  # a pipe gets 80 columns
         for line in d["plan"]:
             out_console.print(f"plan: {line}", highlight=False)
         for note in d["notes"]:

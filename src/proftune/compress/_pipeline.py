@@ -19,6 +19,8 @@ __all__ = [
     "slice_batch",
 ]
 
+#: Relative difference of batch-1 latency treated as a tie (timing noise on a shared machine).
+LATENCY_TIE = 0.05
 #: --goal -> the candidate field it minimises.
 GOALS = {"latency": "latency_ms", "size": "size_bytes", "macs": "macs"}
 
@@ -85,12 +87,19 @@ def mark_pareto(cands: Sequence[Candidate], goal_key: str, metric_up: bool) -> N
 
 def select(cands: Sequence[Candidate], goal_key: str, max_drop: float) -> Candidate | None:
     """The candidate best on ``goal_key`` whose metric drop is at most ``max_drop``; ties go to the
-    better metric. ``None`` when no compressed candidate fits the budget."""
+    better metric (for latency: to the faster one at the task's batch size). ``None`` when no
+    compressed candidate fits the budget."""
     for c in cands:
         c.within_budget = c.metric_drop <= max_drop + 1e-12
     fits = [c for c in cands if c.within_budget and c.method != "baseline"]
     if not fits:
         return None
+    if goal_key == "latency_ms":
+        # batch-1 latencies within LATENCY_TIE of the fastest are a tie within timing noise;
+        # the latency at the task's batch size decides between them
+        fastest = min(c.latency_ms for c in fits)
+        close = [c for c in fits if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
+        return min(close, key=lambda c: (c.latency_batch_ms, c.metric_drop))
     return min(fits, key=lambda c: (getattr(c, goal_key), c.metric_drop))
 
 
