@@ -36,6 +36,16 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+class _Result:
+    """The recommendations with their JSON form (the list itself would serialise as a bare list)."""
+
+    def __init__(self, recs: Any) -> None:
+        self.recs = recs
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.recs.to_dict()  # type: ignore[no-any-return]
+
+
 def recommend_command(
     task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
     memory_budget: Annotated[str | None, typer.Option(
@@ -61,11 +71,12 @@ def recommend_command(
     def body() -> Any:
         prof = Profile.load(profile) if profile else None
         say = (lambda msg: err_console.print(f"[dim]... {msg}[/]")) if progress_enabled() else None
-        return recommend(task, parse_params(param), profile=prof, memory_budget=memory_budget,
-                         target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
-                         noise_steps=noise_steps, store=Store(db), progress=say)
+        return _Result(recommend(task, parse_params(param), profile=prof, memory_budget=memory_budget,
+                                 target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
+                                 noise_steps=noise_steps, store=Store(db), progress=say))
 
-    def render(recs: Any) -> None:
+    def render(result: Any) -> None:
+        recs = result.recs
         table = Table(title=f"run {recs.run_id}: recommendations", show_lines=True)
         table.add_column("name")
         table.add_column("value")
