@@ -43,7 +43,7 @@ class _Result:
         self.recs = recs
 
     def to_dict(self) -> dict[str, Any]:
-        return self.recs.to_dict()  # type: ignore[no-any-return]
+        return self.recs.to_dict()
 
 
 def recommend_command(

@@ -280,7 +280,7 @@ def recommend(
             say("profiling")
             from .. import profile as profile_fn
 
-            prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)  # type: ignore[operator]
+            prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
         return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
                                device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say)
 
@@ -355,7 +355,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
                f"{format_bytes(batch_result.measured_peak_bytes)} measured at it; memory model "
                f"{format_bytes(batch_result.model.intercept_bytes)} + "
                f"{format_bytes(batch_result.model.per_sample_bytes)}/sample)")
-        if batch < max_batch:
+        if max_batch is not None and batch < max_batch:
             why += f"; {target_src} {target} is smaller, so use that"
         else:
             why += f"; {target_src} is {target}"
@@ -398,7 +398,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
             reason += f" ({lr_res.message})"
         recs["lr"] = Recommendation("lr", lr_value, reason + ".", lr_ev,
                                     "medium" if lr_res.message is None else "low",
-                                    f"a stable lr {math.log10(lr_res.max_lr / lr_res.suggested_lr):.1f} "
+                                    f"a stable lr {math.log10((lr_res.max_lr or lr_value) / lr_res.suggested_lr):.1f} "
                                     "decades below where the loss blows up")
         if rule is not None:
             recs["lr_scaling"] = Recommendation("lr_scaling", rule.rule, rule.reason, rule.to_dict(), "medium",

@@ -301,8 +301,8 @@ def _next_probe(search: _Search, static_bytes: int) -> int | None:
     distinct = sorted({b for b, _ in search.points})
     if len(distinct) >= 2:
         model = fit_memory_model(search.points, budget)
-        guess = model.largest_batch(budget)
-        target = int(0.9 * guess) if guess > 0 else distinct[0] // 2
+        guess_b = model.largest_batch(budget)
+        target = int(0.9 * guess_b) if guess_b > 0 else distinct[0] // 2
     elif distinct:
         b1 = distinct[0]
         peak1 = dict(search.points)[b1]
