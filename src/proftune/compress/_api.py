@@ -105,6 +105,7 @@ class CompressConfig:
     calib_batches: int = 8
     latency_rounds: int = 5
     layer_times: bool = True
+    flush_denormal: bool = True
     seed: int = 0
     device: str = "auto"
 
@@ -323,6 +324,7 @@ class _Compressor:
             if quant:
                 built.append(self._quantized(base, quant, quant, 0.0, tmp))
             self._latencies(built)
+            self._denormal_check(built[0])
             cands = [c for c, _, _ in built]
             baseline, others = cands[0], cands[1:]
             for c in cands:
@@ -619,12 +621,25 @@ class _Compressor:
             inputs = [LatencyInput(1, slice_batch(ex, 1)), LatencyInput(self.bs, ex)]
             models = {str(i): m for i, (_, m, _) in enumerate(items)}
             times = measure_latencies(models, inputs, device=torch.device(key), threads=self.cfg.threads,
-                                      rounds=self.cfg.latency_rounds)
+                                      rounds=self.cfg.latency_rounds, flush_denormal=self.cfg.flush_denormal)
             for i, (cand, _, _) in enumerate(items):
                 cand.latency_ms = times[str(i)][1]
                 cand.latency_batch_ms = times[str(i)][self.bs]
                 if cand.quant_backend and not isinstance(cand.backend_ms.get(cand.quant_backend), str):
                     cand.backend_ms[cand.quant_backend] = cand.latency_batch_ms
+
+    def _denormal_check(self, baseline: tuple[Candidate, Any, Any]) -> None:
+        """Say so when the float baseline runs much slower with denormals left on (torch's default)."""
+        if not self.cfg.flush_denormal or self.dev.type != "cpu":
+            return
+        cand, model, ex = baseline
+        slow = measure_latencies({"b": model}, [LatencyInput(self.bs, ex)], device=self.dev,
+                                 threads=self.cfg.threads, rounds=1, flush_denormal=False)["b"][self.bs]
+        if slow > 1.3 * cand.latency_batch_ms:
+            self.notes.append(
+                f"latencies are measured with denormals flushed to zero; with torch's default (not "
+                f"flushed) the float baseline takes {slow:.3f} ms at batch {self.bs} instead of "
+                f"{cand.latency_batch_ms:.3f} ms: call torch.set_flush_denormal(True) when serving it.")
 
     def _write_out(self, selected: Candidate | None) -> str | None:
         if selected is None or self.cfg.out is None:
