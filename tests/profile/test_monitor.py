@@ -51,16 +51,16 @@ def test_hooks_only_on_sampled_steps_and_profile_built() -> None:
     model, opt, x, y = _setup()
     hooked = []
     with Monitor(model, opt, every=3) as mon:
-        for _ in range(9):
+        for _ in range(12):
             hooked.append(_hook_count(model, opt) > 0)
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad()
             mon.step(loss)
-    assert hooked == [False, False, True] * 3  # the 3rd, 6th and 9th step only
+    assert hooked == [False, False, True] * 4  # the 3rd, 6th, 9th and 12th step only
     assert _hook_count(model, opt) == 0
-    assert mon.samples == 3
+    assert mon.samples == 4
     p = mon.profile
     assert isinstance(p, Profile)
     assert p.params.total == sum(q.numel() for q in model.parameters())
@@ -71,9 +71,11 @@ def test_hooks_only_on_sampled_steps_and_profile_built() -> None:
     assert p.layers[0].stats["activation"]["numel"] == 32 * 32
     assert p.memory.optimizer_bytes == 2 * p.memory.params_bytes
     assert p.grad.norm is not None and p.grad.norm > 0
-    assert p.grad.var is not None  # three samples
+    assert p.grad.var is not None  # four samples
     assert p.step.time_ms > 0 and p.step.throughput > 0
-    assert p.layers[0].stats["grad"]["samples"] == 3
+    # samples take turns: time and activations, then statistics
+    assert p.layers[0].stats["grad"]["samples"] == 2
+    assert p.grad.update_ratio is not None and p.grad.update_ratio > 0
 
 
 def test_callbacks_get_the_fit_loop_hooks() -> None:

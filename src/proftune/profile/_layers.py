@@ -63,7 +63,8 @@ class LayerHooks:
     def __init__(self, model: nn.Module, on_leaf: LeafCallback | None = None, *,
                  sync: bool = False, device: torch.device | None = None) -> None:
         self.model = model
-        self.on_leaf = on_leaf
+        #: Called for every layer call; several parts (timer, statistics) can share one set of hooks.
+        self.listeners: list[LeafCallback] = [on_leaf] if on_leaf is not None else []
         self.sync = sync and device is not None and device.type == "cuda"
         self.device = device
         self.names = module_names(model)
@@ -109,5 +110,6 @@ class LayerHooks:
         if not self._stack:
             return
         name, start, child_ran = self._stack.pop()
-        if not child_ran and self.on_leaf is not None:
-            self.on_leaf(name, mod, inputs, output, start, end)
+        if not child_ran:
+            for listener in self.listeners:
+                listener(name, mod, inputs, output, start, end)

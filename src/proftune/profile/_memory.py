@@ -102,9 +102,9 @@ class ActivationRecorder:
     after it, on the same thread.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, hooks: LayerHooks | None = None) -> None:
         self.model = model
-        self._hooks = LayerHooks(model)
+        self._hooks = hooks if hooks is not None else LayerHooks(model)
         self._ctx: Any = None
         self._seen: set[tuple[str, int]] = set()
         self._param_ptrs: set[tuple[str, int]] = set()

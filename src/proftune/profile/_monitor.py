@@ -9,9 +9,11 @@ with proftune.Monitor(model, optimizer, every=50) as mon:
 mon.profile    # a Profile built from the sampled steps
 ```
 
-Only every N-th step (the N-th, 2N-th, ...) is instrumented: the per-layer hooks (time,
-statistics, saved activations) are attached when the step before it ends and removed when it
-ends, so the other steps run the model untouched. Their wall time (between ``mon.step`` calls)
+Only every N-th step (the N-th, 2N-th, ...) is instrumented: the per-layer hooks are attached
+when the step before it ends and removed when it ends, so the other steps run the model
+untouched. Sampled steps take turns: one measures per-layer time, saved activations and the
+step's phases, the next the weight, activation and gradient statistics (so the cost of the
+statistics never lands in a timing). Their wall time (between ``mon.step`` calls)
 is the clean step time the profile reports. Callbacks get the same hooks as in
 :func:`proftune.train.fit`: ``on_fit_start`` at ``__enter__``, ``on_step_start`` from a
 forward pre-hook on the model (first forward of a step), ``on_after_backward`` from an
@@ -34,6 +36,7 @@ from ..exceptions import ConfigError
 from ..train import Callback, FitState
 from ._assemble import Measurements, assemble_profile, static_counts
 from ._comm import CommRecorder, is_ddp, unwrap
+from ._layers import LayerHooks
 from ._memory import (
     ActivationRecorder,
     PeakMemory,
@@ -93,14 +96,22 @@ class Monitor:
         self.device = _device_of(self.inner)
         self.peak_memory = (self.device.type == "cuda") if peak_memory is None else bool(peak_memory)
         self.state = FitState(task=None, model=model, optimizer=optimizer, params={}, device=self.device)
-        self._timer = LayerTimer(self.inner, self.device) if timing else None
-        self._stats = LayerStats(self.inner) if stats else None
-        self._acts = ActivationRecorder(self.inner) if activations else None
+        # one set of forward hooks serves the timer, the statistics and the activation recorder
+        self._hooks = LayerHooks(self.inner, sync=self.device.type == "cuda", device=self.device)
+        self._timer = LayerTimer(self.inner, self.device, hooks=self._hooks) if timing else None
+        self._stats = LayerStats(self.inner, hooks=self._hooks) if stats else None
+        self._acts = ActivationRecorder(self.inner, hooks=self._hooks) if activations else None
         self._peak = PeakMemory(self.device) if self.peak_memory else None
         self._comm: CommRecorder | None = None
         self._always: list[Any] = []  # hooks that drive callbacks: present only with callbacks
         self._sample_hooks: list[Any] = []
-        self._sampling = False
+        #: The kind of the sampled step running now ("time" or "stats"), None between samples.
+        self._sampling: str | None = None
+        # the sampled steps take turns: per-layer time, saved activations and the step's phases
+        # on one, statistics on the next, so computing statistics never shows up in a timing
+        # (and a sampled step costs about half as much)
+        self._kinds = (["time"] if (timing or activations or self.peak_memory or not stats) else []) + (
+            ["stats"] if stats else [])
         self._started = False
         self._in_step = False
         self._last = 0.0
@@ -155,7 +166,7 @@ class Monitor:
     @property
     def sampling(self) -> bool:
         """True while the current step is instrumented."""
-        return self._sampling
+        return self._sampling is not None
 
     def _now(self, *, sync: bool = False) -> float:
         if sync and self.device.type == "cuda":
@@ -177,17 +188,20 @@ class Monitor:
 
     # -- sampled steps --------------------------------------------------------------------------
     def _attach_sample(self) -> None:
-        self._sampling = True
+        kind = self._kinds[self._samples % len(self._kinds)]
+        self._sampling = kind
         self._mark = {"start": self._last, "forward_ms": 0.0}
         self._sample_hooks.append(self.model.register_forward_pre_hook(self._sample_fwd_start, with_kwargs=True))
         self._sample_hooks.append(self.model.register_forward_hook(self._sample_fwd_end))
         if self.optimizer is not None:
             self._sample_hooks.append(self.optimizer.register_step_pre_hook(self._sample_opt_start))
             self._sample_hooks.append(self.optimizer.register_step_post_hook(self._sample_opt_end))
+        if kind == "stats":
+            assert self._stats is not None
+            self._stats.attach(self.optimizer)
+            return
         if self._timer is not None:
             self._timer.attach()
-        if self._stats is not None:
-            self._stats.attach(self.optimizer)
         if self._acts is not None:
             self._acts.attach()
         if self._comm is not None:
@@ -205,9 +219,9 @@ class Monitor:
                 part.detach()
         if self._comm is not None:
             self._comm.recording = False
-        if abort and self._peak is not None and self._sampling:
+        if abort and self._peak is not None and self._sampling == "time":
             self._peak.abort()
-        self._sampling = False
+        self._sampling = None
 
     def _sample_fwd_start(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         now = self._now(sync=True)
@@ -225,9 +239,9 @@ class Monitor:
     def _sample_opt_start(self, opt: Any, args: Any, kwargs: Any) -> None:
         now = self._now(sync=True)
         self._mark["bwd_end"] = now
-        if self._timer is not None:
+        if self._sampling == "time" and self._timer is not None:
             self._timer.mark_backward_end(now)
-        if self._stats is None:
+        if self._sampling == "time":
             norms = [p.grad.detach().float().norm() for p in self.inner.parameters() if p.grad is not None]
             if norms:
                 self._m.grad_norms.append(float(torch.stack(norms).norm()))
@@ -236,10 +250,21 @@ class Monitor:
     def _sample_opt_end(self, opt: Any, args: Any, kwargs: Any) -> None:
         self._mark["opt_end"] = self._now(sync=True)
 
-    def _finish_sample(self, now: float) -> None:
+    def _finish_sample(self, kind: str, now: float) -> None:
         mk = self._mark
+        if kind == "stats":
+            assert self._stats is not None
+            self._m.stats.append(self._stats.collect(self.optimizer))
+            g = self._stats.grad_norm()
+            if g is not None:
+                self._m.grad_norms.append(g)
+            u = self._stats.update_ratio()
+            if u is not None:
+                self._m.update_ratios.append(u)
+            self._samples += 1
+            self._profile = None
+            return
         if self._acts is not None:
-            self._acts.detach()
             self._acts_totals.append(self._acts.total)
             self._m.activation_per_layer = dict(self._acts.per_layer)
         if self._peak is not None:
@@ -261,15 +286,6 @@ class Monitor:
                 self._timer.mark_backward_end(now)
             self._timer.end_step()
             self._fwd_bwd.append(timing["forward_ms"] + timing["backward_ms"])
-        if self._stats is not None:
-            self._stats.detach()
-            self._m.stats.append(self._stats.collect(self.optimizer))
-            g = self._stats.grad_norm()
-            if g is not None:
-                self._m.grad_norms.append(g)
-            u = self._stats.update_ratio()
-            if u is not None:
-                self._m.update_ratios.append(u)
         if self._comm is not None:
             self._comm.end_step()
         self._samples += 1
@@ -280,11 +296,12 @@ class Monitor:
         """End a training step (after the optimizer step); ``loss`` is the step's loss."""
         if not self._started:
             raise RuntimeError("Monitor.step() was called outside `with Monitor(...) as mon:`.")
-        sampled = self._sampling
+        kind = self._sampling
+        sampled = kind is not None
         now = self._now(sync=sampled)
-        if sampled:
+        if kind is not None:
             self._detach_sample()
-            self._finish_sample(now)
+            self._finish_sample(kind, now)
         else:
             self._clean_walls.append((now - self._last) * 1e3)
         state = self.state

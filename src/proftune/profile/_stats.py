@@ -65,25 +65,46 @@ class _Summary:
         self.sample = f if m <= k else f[_sample_index(m, k, f.device, gen)]
 
 
+def _percentiles(samples: list[torch.Tensor]) -> list[list[float]]:
+    """p1, p50, p99 (linear interpolation, as ``torch.quantile``) and the zero fraction of each
+    sample: one sort of the samples padded into one matrix, whatever their lengths."""
+    if not samples:
+        return []
+    dev = samples[0].device
+    lens = torch.tensor([t.numel() for t in samples], device=dev)
+    mat = torch.full((len(samples), int(lens.max())), float("nan"), device=dev)
+    for i, t in enumerate(samples):
+        mat[i, : t.numel()] = t
+    zeros = (mat == 0).sum(dim=1) / lens
+    ordered = mat.sort(dim=1).values  # NaN padding sorts last
+    cols = []
+    for q in _QUANTILES:
+        pos = q * (lens - 1).to(torch.float32)
+        lo = pos.floor().long()
+        hi = pos.ceil().long()
+        frac = pos - lo
+        a = ordered.gather(1, lo[:, None])[:, 0]
+        b = ordered.gather(1, hi[:, None])[:, 0]
+        cols.append(a + (b - a) * frac)
+    cols.append(zeros)
+    return torch.stack(cols, dim=1).double().cpu().tolist()
+
+
 def _finish(summaries: list[_Summary]) -> list[dict[str, Any]]:
-    """Turn summaries into stat dicts; equal-size samples share one quantile call."""
-    qs = torch.tensor(_QUANTILES, dtype=torch.float32)
+    """Turn summaries into stat dicts; all percentiles of one device in one sort."""
     pct: dict[int, list[float]] = {}
-    by_len: dict[tuple[int, str], list[int]] = {}
+    by_dev: dict[str, list[int]] = {}
     for i, s in enumerate(summaries):
         if s.sample.numel():
-            by_len.setdefault((s.sample.numel(), str(s.sample.device)), []).append(i)
-    for idxs in by_len.values():
-        stacked = torch.stack([summaries[i].sample for i in idxs])
-        q = torch.quantile(stacked, qs.to(stacked.device), dim=1).T
-        zeros = (stacked == 0).float().mean(dim=1, keepdim=True)
-        rows = torch.cat([q, zeros], dim=1).double().cpu().tolist()
-        for i, row in zip(idxs, rows, strict=True):
+            by_dev.setdefault(str(s.sample.device), []).append(i)
+    for idxs in by_dev.values():
+        for i, row in zip(idxs, _percentiles([summaries[i].sample for i in idxs]), strict=True):
             pct[i] = row
+    moments = torch.stack([s.moments.double().cpu() for s in summaries]).tolist() if summaries else []
     out = []
     nan = float("nan")
     for i, s in enumerate(summaries):
-        total, sq, lo, hi = (float(v) for v in s.moments.double().cpu().tolist())
+        total, sq, lo, hi = moments[i]
         m = s.n
         mean = total / m if m else nan
         var = max(sq / m - mean * mean, 0.0) if m else nan
@@ -109,16 +130,25 @@ def tensor_stats(x: torch.Tensor, *, sample_size: int = 1024, generator: torch.G
 DEAD_UNIT_ZERO_FRAC = 0.9
 
 
+#: Samples of the batch a unit is judged on (the first ones: 32 samples, times the spatial
+#: positions of a conv channel, show a unit that is off >90% of the time; cheap on any batch).
+DEAD_UNIT_ROWS = 32
+
+
 def _dead_units(t: torch.Tensor) -> torch.Tensor | None:
     """Fraction of a layer's units (features: dim 1 of conv-like outputs of 4+ dims, else the
-    last dim) that output zero more than :data:`DEAD_UNIT_ZERO_FRAC` of the time; 0-dim, on the
-    tensor's device (no host sync). None for outputs without a batch and a unit dimension."""
+    last dim) that output zero more than :data:`DEAD_UNIT_ZERO_FRAC` of the time, over the
+    first :data:`DEAD_UNIT_ROWS` samples of the batch; 0-dim, on the tensor's device (no host
+    sync). None for outputs without a batch and a unit dimension."""
     if t.dim() < 2 or t.shape[0] < 2:
         return None
-    unit_dim = 1 if t.dim() >= 4 else t.dim() - 1
-    dims = [d for d in range(t.dim()) if d != unit_dim]
-    per_unit = (t.detach() == 0).float().mean(dim=dims)
-    return (per_unit > DEAD_UNIT_ZERO_FRAC).float().mean()
+    sub = t.detach()[:DEAD_UNIT_ROWS]
+    unit_dim = 1 if sub.dim() >= 4 else sub.dim() - 1
+    dims = tuple(d for d in range(sub.dim()) if d != unit_dim)
+    positions = sub.numel() // max(sub.shape[unit_dim], 1)
+    # |sign| is 1 where a unit fired and 0 where it did not: the cheapest exact count on CPU
+    zero_frac = 1.0 - torch.sign(sub).abs_().sum(dim=dims) / positions
+    return (zero_frac > DEAD_UNIT_ZERO_FRAC).float().mean()
 
 
 def _l2(tensors: list[torch.Tensor]) -> float:
@@ -140,7 +170,8 @@ class LayerStats:
     """
 
     def __init__(self, model: nn.Module, *, activations: bool = True, gradients: bool = True,
-                 weights: bool = True, sample_size: int = 1024, seed: int = 0) -> None:
+                 weights: bool = True, sample_size: int = 1024, seed: int = 0,
+                 hooks: LayerHooks | None = None) -> None:
         if sample_size < 16:
             raise ValueError(f"sample_size must be at least 16, but got {sample_size=}.")
         self.model = model
@@ -148,7 +179,10 @@ class LayerStats:
         self.sample_size = int(sample_size)
         self.seed = int(seed)
         self._gens: dict[str, torch.Generator] = {}
-        self._hooks = LayerHooks(model, self._on_leaf)
+        # ``hooks``: forward hooks shared with other parts (the Monitor's timer); one set is cheaper
+        self._hooks = hooks if hooks is not None else LayerHooks(model)
+        self._hooks.listeners.append(self._on_leaf)
+        self._active = False  # the hooks may be shared: listen only while attached
         self._act: dict[str, _Summary] = {}
         self._dead: dict[str, torch.Tensor] = {}  # per layer: fraction of dead units (diagnose)
         self._order: dict[str, str] = {}  # layer path -> type, in the order layers ran
@@ -166,6 +200,7 @@ class LayerStats:
         hooks around its next step (gradients, update ratio)."""
         self.reset()
         self._hooks.attach()
+        self._active = True
         if optimizer is not None and (self.gradients or self.weights):
             self._opt_handles.append(optimizer.register_step_pre_hook(self._before_step))
             self._opt_handles.append(optimizer.register_step_post_hook(self._after_step))
@@ -173,6 +208,7 @@ class LayerStats:
 
     def detach(self) -> None:
         """Remove every hook; what was gathered stays for :meth:`collect`."""
+        self._active = False
         self._hooks.detach()
         for h in self._opt_handles:
             h.remove()
@@ -197,7 +233,7 @@ class LayerStats:
 
     @property
     def attached(self) -> bool:
-        return self._hooks.attached
+        return self._active and self._hooks.attached
 
     # -- hooks ------------------------------------------------------------------------------
     def _gen(self, device: torch.device) -> torch.Generator:
@@ -210,6 +246,8 @@ class LayerStats:
 
     def _on_leaf(self, name: str, mod: nn.Module, inputs: tuple[Any, ...], output: Any,
                  start: float, end: float) -> None:
+        if not self._active:
+            return
         self._order.setdefault(name, type(mod).__name__)
         self._calls[name] = self._calls.get(name, 0) + 1
         if not self.activations or name in self._act:

@@ -26,10 +26,15 @@ __all__ = ["LayerTimer", "median", "step_summary"]
 class LayerTimer:
     """Times every layer call of the steps it is attached to; one :meth:`end_step` per step."""
 
-    def __init__(self, model: nn.Module, device: torch.device | None = None) -> None:
+    def __init__(self, model: nn.Module, device: torch.device | None = None, *,
+                 hooks: LayerHooks | None = None) -> None:
         self.device = device
         self._sync = device is not None and device.type == "cuda"
-        self._hooks = LayerHooks(model, self._on_leaf, sync=self._sync, device=device)
+        if hooks is None:
+            hooks = LayerHooks(model, sync=self._sync, device=device)
+        hooks.listeners.append(self._on_leaf)
+        self._hooks = hooks
+        self._active = False  # the hooks may be shared: listen only while attached
         self.types: dict[str, str] = {}
         self._fwd: dict[str, float] = {}
         self._events: list[tuple[float, str]] = []
@@ -40,14 +45,16 @@ class LayerTimer:
 
     @property
     def attached(self) -> bool:
-        return self._hooks.attached
+        return self._active and self._hooks.attached
 
     def attach(self) -> LayerTimer:
         self._hooks.attach()
+        self._active = True
         self._begin()
         return self
 
     def detach(self) -> None:
+        self._active = False
         self._hooks.detach()
 
     def _begin(self) -> None:
@@ -63,6 +70,8 @@ class LayerTimer:
 
     def _on_leaf(self, name: str, mod: nn.Module, inputs: tuple[Any, ...], output: Any,
                  start: float, end: float) -> None:
+        if not self._active:
+            return
         self.types.setdefault(name, type(mod).__name__)
         self._fwd[name] = self._fwd.get(name, 0.0) + (end - start) * 1e3
         if not torch.is_grad_enabled():
