@@ -39,3 +39,21 @@ def test_one_finding_per_cause_and_dict_round_trip() -> None:
     assert len(ranked) == 1 and ranked[0].confidence == 0.8
     d = ranked[0].to_dict()
     assert d["evidence"]["step"] == 5 and Finding.from_dict(d) == ranked[0]
+
+
+def test_function_and_subpackage_share_the_name() -> None:
+    import proftune
+    from proftune.diagnose import AdaptiveLR, HealthCheck, bandit
+
+    assert callable(proftune.diagnose) and proftune.diagnose.__module__ == "proftune.diagnose._api"
+    assert proftune.AdaptiveLR is AdaptiveLR and proftune.HealthCheck is HealthCheck and callable(bandit)
+    assert {"diagnose", "AdaptiveLR", "GradGuard", "EarlyStopping"} <= set(proftune.__all__)
+
+
+def test_bandit_api_checks_arms_against_the_task(db_url: str) -> None:
+    from proftune.diagnose import Arm, bandit
+
+    with pytest.raises(ConfigError) as info:
+        bandit("digits-mlp", [Arm("a", {"lr": 0.01}), Arm("a", {"hiden": 3, "lr": -1})], rounds=1, db=db_url)
+    text = str(info.value)
+    assert "'hiden' is unknown" in text and "lr=-1" in text and "unique" in text

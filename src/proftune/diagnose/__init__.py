@@ -6,7 +6,15 @@ bound in ``proftune/__init__.py`` next to this subpackage.
 
 from __future__ import annotations
 
-from ._api import BanditReport, DiagnoseReport, bandit, diagnose, known_params, load_configs
+from ._api import (
+    BanditReport,
+    DiagnoseReport,
+    bandit,
+    check_arms,
+    diagnose,
+    known_params,
+    load_configs,
+)
 from ._bandit import POLICIES, Arm, ArmStats, Bandit, BanditPulls, SimResult, regret_curve, simulate
 from ._checks import HealthCheck
 from ._controllers import AdaptiveLR, EarlyStopping, GradGuard
@@ -31,6 +39,7 @@ __all__ = [
     "RangeTest",
     "SimResult",
     "bandit",
+    "check_arms",
     "diagnose",
     "known_params",
     "load_configs",

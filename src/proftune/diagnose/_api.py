@@ -21,7 +21,7 @@ from ._checks import HealthCheck
 from ._findings import Finding
 from ._lrtest import RangeTest, lr_range_test
 
-__all__ = ["BanditReport", "DiagnoseReport", "bandit", "diagnose", "load_configs"]
+__all__ = ["BanditReport", "DiagnoseReport", "bandit", "check_arms", "diagnose", "known_params", "load_configs"]
 
 
 @dataclass
@@ -181,7 +181,6 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
     else:
         raise ConfigError(f"--configs {str(p)!r} must hold a list of configurations (param mappings), "
                           f"but holds {type(data).__name__}.")
-    known = known_params(task)
     problems = ProblemCollector()
     arms: list[Arm] = []
     for i, (name, entry) in enumerate(entries, start=1):
@@ -193,24 +192,38 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
             name = str(entry.pop("name", f"config-{i}"))
         params = entry.pop("params", None)
         params = dict(params) if isinstance(params, dict) else entry
-        label = f"config {i} ({name!r})"
-        for key in params:
+        arms.append(Arm(name, params))
+    if len(entries) < 2:
+        problems.add(f"--configs {str(p)!r} needs at least 2 configurations, but has {len(entries)}.")
+    return check_arms(arms, task, problems=problems, header=f"--configs {str(p)!r} is not well-formed, "
+                      "found the following errors:")
+
+
+def check_arms(arms: Sequence[Arm], task: Task, *, problems: ProblemCollector | None = None,
+               header: str | None = None) -> list[Arm]:
+    """Validate each configuration's params for ``task`` (unknown names, loop-param values,
+    unique names); one error lists every problem. Returns the arms with normalised params."""
+    problems = problems or ProblemCollector()
+    known = known_params(task)
+    out: list[Arm] = []
+    for i, arm in enumerate(arms, start=1):
+        label = f"config {i} ({arm.name!r})"
+        for key in arm.params:
             if key not in known:
                 problems.add(f"{label}: param {key!r} is unknown to task {task.name or type(task).__name__}; "
                              f"valid: {', '.join(sorted(known))}.")
+        params = dict(arm.params)
         try:
             params = validate_params(params)
         except ConfigError as exc:
             for msg in exc.problems:
                 problems.add(f"{label}: {msg}")
-        arms.append(Arm(name, params))
-    names = [a.name for a in arms]
+        out.append(Arm(arm.name, params))
+    names = [a.name for a in out]
     if len(set(names)) != len(names):
         problems.add(f"configuration names must be unique, but got {names}.")
-    if len(entries) < 2:
-        problems.add(f"--configs {str(p)!r} needs at least 2 configurations, but has {len(entries)}.")
-    problems.raise_if_any(header=f"--configs {str(p)!r} is not well-formed, found the following errors:")
-    return arms
+    problems.raise_if_any(header=header)
+    return out
 
 
 @dataclass
@@ -268,7 +281,8 @@ def bandit(
     if mode not in ("auto", "max", "min"):
         problems.add(f"mode={mode!r} is unknown; valid: auto, max, min.")
     problems.raise_if_any()
-    arms = load_configs(configs, task_obj) if isinstance(configs, (str, Path)) else list(configs)
+    arms = (load_configs(configs, task_obj) if isinstance(configs, (str, Path))
+            else check_arms(list(configs), task_obj))
     st = store or Store(db)
     dev = resolve_device(device)
     key = name or bandit_key(arms, prefix=f"{task_obj.name or type(task_obj).__name__}:")

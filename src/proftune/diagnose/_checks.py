@@ -121,6 +121,7 @@ class HealthCheck(Callback):
         self._n_labels = 0
         self._current_lr: float | None = None
         self._params: dict[str, Any] = {}
+        self._pending_norm = math.nan  # the step's gradient norm, from on_after_backward
 
     # -- hooks ------------------------------------------------------------------------------
     def on_fit_start(self, state: FitState) -> None:
@@ -175,7 +176,7 @@ class HealthCheck(Callback):
 
     def on_step_end(self, state: FitState) -> None:
         step = state.step
-        norm = getattr(self, "_pending_norm", math.nan)
+        norm = self._pending_norm
         self._pending_norm = math.nan
         loss = float(state.loss) if state.loss is not None else math.nan
         median = statistics.median(self._recent) if len(self._recent) >= 3 else math.nan
