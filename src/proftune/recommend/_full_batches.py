@@ -71,7 +71,7 @@ class FullBatchTask(Task):
         """Full batches from (at least) one pass over the data: at least two batches."""
         pending: list[Any] = []
         held = yielded = 0
-        for cycle in range(self.max_cycles):
+        for _cycle in range(self.max_cycles):
             got_any = False
             for batch in self.inner.train_data(batch_size, params):
                 n = batch_size_of(batch)
@@ -87,7 +87,7 @@ class FullBatchTask(Task):
                     rest = held - batch_size
                     pending = [_tail(full, batch_size)] if rest else []
                     held = rest
-            if not got_any or (cycle >= 0 and yielded >= 2):
+            if not got_any or yielded >= 2:
                 return
 
 
