@@ -163,8 +163,7 @@ def _make_sampler(settings: SearchSettings, worker: int) -> optuna.samplers.Base
     name, seed = settings.sampler, settings.seed + 1000 * worker
     n = settings.trials
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, min(10, n // 3)),
-                                          multivariate=not settings.space.tiers)
+        return optuna.samplers.TPESampler(seed=seed)  # Optuna's defaults (10 random startup trials)
     if name in ("halton", "sobol"):
         return optuna.samplers.QMCSampler(qmc_type=name, scramble=True, seed=settings.seed,
                                           warn_independent_sampling=False,
