@@ -80,7 +80,8 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
     summary.add_row("  data / forward / backward",
                     f"{s.data_ms:.2f} / {s.forward_ms:.2f} / {s.backward_ms:.2f} ms")
     summary.add_row("  optimizer / other", f"{s.optimizer_ms:.2f} / {s.other_ms:.2f} ms")
-    summary.add_row("throughput", f"{s.throughput:,.0f} samples/s")
+    summary.add_row("throughput", f"{s.throughput:,.0f} samples/s" if s.throughput >= 100
+                    else f"{s.throughput:.3g} samples/s")
     summary.add_row("params / grads / optimizer state",
                     f"{_bytes(mem.params_bytes)} / {_bytes(mem.grads_bytes)} / {_bytes(mem.optimizer_bytes)}")
     summary.add_row("activations saved for backward", _bytes(mem.activations_bytes))

@@ -62,8 +62,9 @@ class _ModuleTask(Task):
     def __init__(self, module: nn.Module, example_input: Any, batch_size: int | None) -> None:
         self.module = module
         self.example = _resize_batch(example_input, batch_size) if batch_size else example_input
-        self.name = type(module).__name__
-        self.default_params = {}
+        # instance values of what a Task declares on its class
+        setattr(self, "name", type(module).__name__)  # noqa: B010
+        setattr(self, "default_params", {})  # noqa: B010
         self.steps_needed = 1
 
     def build_model(self, params: dict[str, Any]) -> nn.Module:

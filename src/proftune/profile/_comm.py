@@ -66,10 +66,10 @@ class CommRecorder:
         self._calls = 0
         #: One dict per finished step: allreduce_bytes, allreduce_ms, allreduce_calls.
         self.steps: list[dict[str, float]] = []
-        ddp_model.register_comm_hook(self, CommRecorder._hook)
+        ddp_model.register_comm_hook(self, CommRecorder._hook)  # type: ignore[operator]
 
     @staticmethod
-    def _hook(state, bucket):  # type: ignore[no-untyped-def]
+    def _hook(state, bucket):
         # no annotations: DDP checks them at run time and rejects postponed (string) ones
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

@@ -12,6 +12,7 @@ deviations and ranges are exact.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -151,7 +152,7 @@ def _dead_units(t: torch.Tensor) -> torch.Tensor | None:
     return (zero_frac > DEAD_UNIT_ZERO_FRAC).float().mean()
 
 
-def _l2(tensors: list[torch.Tensor]) -> float:
+def _l2(tensors: Sequence[torch.Tensor]) -> float:
     """L2 norm of several tensors together, one host copy."""
     if not tensors:
         return 0.0
