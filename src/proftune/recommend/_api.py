@@ -359,7 +359,8 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
             why += f"; {target_src} {target} is smaller, so use that"
         else:
             why += f"; {target_src} is {target}"
-        conf = "high" if batch == max_batch or batch_result.measured_peak_bytes else "medium"
+        # bounded by memory: measured and verified; below it: as good as the target's estimate
+        conf = "high" if batch == max_batch or target_batch is not None else "medium"
     else:
         why = (f"no memory budget given on {device.type}: batch size from {target_src} ({target}); "
                "pass --memory-budget to bound it by memory")
