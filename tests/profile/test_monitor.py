@@ -109,3 +109,21 @@ def test_every_is_validated() -> None:
 def test_top_level_exports() -> None:
     assert proftune.Monitor is Monitor
     assert proftune.Profile is Profile
+
+
+def test_cpu_peak_on_request_and_time_only_monitor() -> None:
+    model, opt, x, y = _setup()
+    with Monitor(model, opt, every=2, stats=False, peak_memory=True) as mon:
+        for _ in range(4):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+    p = mon.profile
+    mem = p.memory
+    assert mem.peak_bytes >= mem.params_bytes + mem.optimizer_bytes + mem.activations_bytes
+    assert mem.activations_bytes >= 32 * 32 * 4  # at least the hidden layer's output, fp32
+    assert all(lay.stats == {} for lay in p.layers)  # no statistics asked for
+    assert p.grad.norm is not None  # the global norm is cheap and always taken
+    assert p.step.forward_ms > 0 and p.step.backward_ms > 0 and p.step.optimizer_ms > 0
