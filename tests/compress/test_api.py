@@ -162,3 +162,42 @@ def test_cli_json(original: Path, tmp_path: Path) -> None:
     top = d["profile"]["top_time"]
     assert top and top[0]["type"] == "Linear" and 0 < top[0]["time_share"] <= 1
     assert any("where the MACs are" in line for line in d["plan"])
+
+
+UNTRACEABLE_TASK = '''
+import torch
+from torch import nn
+from proftune.examples._digits import DigitsCNN
+
+
+class ToNumpy(nn.Module):
+    def forward(self, x):
+        return torch.from_numpy(x.detach().numpy().copy())
+
+
+class Untraceable(DigitsCNN):
+    name = "untraceable"
+
+    def build_model(self, params):
+        return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), ToNumpy(),
+                             nn.Conv2d(8, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 64, 10))
+'''
+
+
+def test_cli_untraceable_model_exits_2_naming_the_layer(tmp_path: Path) -> None:
+    task_file = tmp_path / "untraceable.py"
+    task_file.write_text(UNTRACEABLE_TASK)
+    res = runner.invoke(app, ["compress", str(task_file), "--prune", "structured", "--ratios", "0.5",
+                              "--finetune-epochs", "0", "--db", f"sqlite:///{tmp_path / 'c.db'}"])
+    assert res.exit_code == 2, res.output
+    assert "layer '2'" in res.output and "--ignore-layers 0" in res.output
+
+
+def test_cli_unavailable_backend_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from proftune.compress import _quantize
+
+    monkeypatch.setattr(_quantize, "_supported_engines", lambda: [])
+    res = runner.invoke(app, ["compress", "digits-cnn", "--quantize", "static",
+                              "--db", f"sqlite:///{tmp_path / 'c.db'}"])
+    assert res.exit_code == 2
+    assert "no quantization backend is available" in res.output and "torchao" in res.output

@@ -68,7 +68,11 @@ def test_untraceable_model_names_the_layer_and_suggests_ignore_layers() -> None:
     with pytest.raises(ConfigError) as err:
         prune_structured(model, torch.randn(2, 1, 8, 8), 0.5, ignored=[model[-1]])
     msg = str(err.value)
-    assert "layer '2'" in msg and "--ignore-layers 0" in msg
+    assert "layer '2'" in msg and "--ignore-layers 0," in msg
+    # following the advice works: the layers before the break stay whole, the rest is cut
+    prune_structured(model, torch.randn(2, 1, 8, 8), 0.5, ignored=[model[0], model[-1]])
+    assert model[0].out_channels == 8 and model[3].out_channels == 4
+    assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
 
 
 class _HardCoded(nn.Module):

@@ -59,3 +59,24 @@ def test_backend_status_names_why_a_backend_is_unavailable(monkeypatch: pytest.M
     cpu = backend_status("dynamic", torch.device("cpu"))
     assert cpu["torch.ao"] is not None and "engine" in cpu["torch.ao"]
     assert cpu["torchao"] is None
+
+
+def test_qat_trains_fake_quantized_with_the_fit_loop_then_converts(tmp_path: Path) -> None:
+    from proftune import fit
+    from proftune.compress._quantize import convert_qat, prepare_qat
+    from proftune.task import load_task
+
+    task = load_task("digits-cnn")
+    torch.manual_seed(0)
+    model = task.build_model({"width": 8})
+    x = torch.randn(4, 1, 8, 8)
+    prepared = prepare_qat(model, x)
+    assert any("FakeQuantize" in type(m).__name__ for m in prepared.modules())
+    before = {k: v.clone() for k, v in prepared.state_dict().items() if v.is_floating_point()}
+    fit(task, {}, model=prepared, max_steps=3, device="cpu", evaluate=False)
+    assert any(not torch.equal(before[k], v) for k, v in prepared.state_dict().items() if k in before)
+    q = convert_qat(prepared)
+    path = tmp_path / "qat.pt"
+    save_model(q, path, x, fmt="torchscript")
+    with torch.no_grad():
+        assert torch.equal(load_model(path)(x), q(x))

@@ -294,6 +294,8 @@ class _Compressor:
     # -- the run ---------------------------------------------------------------------------
     def run(self, model: nn.Module | str | Path | None) -> CompressReport:
         cfg = self.cfg
+        if model is None and cfg.prune == "structured":
+            self._preflight()
         base = self._baseline(model).to(self.dev).eval()
         self.base = base
         self.base_metrics = evaluate_model(self.task, base, self.dev, self.bs)
@@ -354,6 +356,20 @@ class _Compressor:
         )
 
     # -- steps -----------------------------------------------------------------------------
+    def _preflight(self) -> None:
+        """Cut an untrained model once before training the baseline, so that a model Torch-Pruning
+        cannot trace (or a bad --ignore-layers) is reported in seconds, not after training."""
+        torch.manual_seed(self.cfg.seed)
+        model = self.task.build_model(self.params).to(self.dev).eval()
+        batch = move_to_device(next(iter(self.task.val_data(self.bs))), self.dev)
+        example = capture_inputs(self.task.loss, model, batch)
+        names = list(self.cfg.ignore_layers)
+        resolve_layers(model, names)
+        head = final_classifier(model, example)
+        ignored = resolve_layers(model, [*names, *([head] if head and head not in names else [])])
+        prune_structured(model, example, max(self.cfg.ratios), importance="l2", ignored=ignored,
+                         round_to=self.cfg.round_to)
+
     def _baseline(self, model: nn.Module | str | Path | None) -> nn.Module:
         if model is None:
             epochs = self.cfg.baseline_epochs or self.task.default_epochs

@@ -170,20 +170,26 @@ def _module_stack(model: nn.Module) -> Iterator[list[str]]:
             h.remove()
 
 
-def graph_breakers(model: nn.Module, example: Any) -> list[str]:
-    """Layers whose output leaves the autograd graph although an input was in it.
+def graph_breakers(model: nn.Module, example: Any) -> dict[str, list[str]]:
+    """Layers whose output leaves the autograd graph although an input was in it, each with the
+    prunable layers that ran before it (whose output channels it hides).
 
     Torch-Pruning follows ``grad_fn`` links to find which layers share channels; a layer that
     detaches (``.detach()``, ``torch.no_grad()``, a NumPy round trip) hides its neighbours.
     """
-    found: list[str] = []
+    found: dict[str, list[str]] = {}
+    ran: list[str] = []
+    prunable = {id(m) for m in prunable_layers(model).values()}
 
     def hook(name: str) -> Callable[[nn.Module, Any, Any], None]:
-        def check(_m: nn.Module, args: Any, out: Any) -> None:
+        def check(m: nn.Module, args: Any, out: Any) -> None:
             ins = [a for a in args if isinstance(a, torch.Tensor)]
-            outs = [out] if isinstance(out, torch.Tensor) else [o for o in (out if isinstance(out, (tuple, list)) else []) if isinstance(o, torch.Tensor)]
+            outs = [out] if isinstance(out, torch.Tensor) else [
+                o for o in (out if isinstance(out, (tuple, list)) else []) if isinstance(o, torch.Tensor)]
             if any(a.requires_grad for a in ins) and outs and not any(o.requires_grad for o in outs):
-                found.append(name)
+                found[name] = [n for n in ran if not n.startswith(name + ".")]
+            if id(m) in prunable:
+                ran.append(name)
         return check
 
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
@@ -194,7 +200,8 @@ def graph_breakers(model: nn.Module, example: Any) -> list[str]:
         for h in handles:
             h.remove()
     # an outer module that contains the breaker is reported too; keep the innermost
-    return [n for n in found if not any(o != n and o.startswith(n + ".") for o in found)]
+    return {n: before for n, before in found.items()
+            if not any(o != n and o.startswith(n + ".") for o in found)}
 
 
 def _requires_grad(example: Any) -> Any:
@@ -246,14 +253,17 @@ def prune_structured(
     loss whose gradients the ``taylor`` importance needs.
     """
     tp = _tp()
-    breakers = graph_breakers(model, example)
-    if breakers:
-        raise ConfigError(
-            f"Torch-Pruning cannot trace through layer {breakers[0]!r}: its output leaves the "
-            "autograd graph (detach, no_grad or a NumPy round trip), so the layers around it "
-            "cannot be kept consistent. Keep the layers that feed it whole, e.g. --ignore-layers "
-            f"{','.join(_before(model, breakers[0])) or breakers[0]}, or use --prune unstructured."
-        )
+    table = {id(m): n for n, m in model.named_modules()}
+    kept = {table[id(m)] for m in ignored if id(m) in table}
+    for breaker, before in graph_breakers(model, example).items():
+        exposed = [n for n in before if n not in kept]
+        if exposed:
+            raise ConfigError(
+                f"Torch-Pruning cannot trace through layer {breaker!r}: its output leaves the "
+                "autograd graph (detach, no_grad or a NumPy round trip), so the layers feeding it "
+                "cannot be kept consistent with the ones after it. Keep those layers whole with "
+                f"--ignore-layers {','.join(exposed)}, or use --prune unstructured."
+            )
     imp = _importance(importance, model)
     kwargs: dict[str, Any] = {
         "importance": imp, "pruning_ratio": float(ratio), "global_pruning": global_pruning,
@@ -319,11 +329,3 @@ def check_forward(model: nn.Module, example: Any, *, action: str) -> None:
                 f"shape or a detached tensor); keep that layer and the ones feeding it whole with "
                 f"--ignore-layers {layer}, or use --prune unstructured."
             ) from exc
-
-
-def _before(model: nn.Module, name: str) -> list[str]:
-    """The two prunable layers defined just before ``name``."""
-    order = [n for n, _ in model.named_modules()]
-    idx = order.index(name) if name in order else len(order)
-    layers = set(prunable_layers(model))
-    return [n for n in order[:idx] if n in layers][-2:]
