@@ -602,7 +602,7 @@ class _Compressor:
             method=method, ratio=float(ratio), metric=float(metrics[self.cfg.metric]), metric_drop=0.0,
             params=params, macs=macs, size_bytes=file_size(path), latency_ms=float("nan"),
             latency_batch_ms=float("nan"), batch_size=self.bs, metrics=metrics, format=fmt,
-            load=LOAD_LINES[fmt].format(path=str(path.name)), reload_max_abs_diff=float(diff),
+            reload_max_abs_diff=float(diff),
             finetune_epochs=self.cfg.finetune_epochs if finetuned else 0,
             distilled=bool(self.cfg.distill and finetuned and self.cfg.finetune_epochs > 0),
             path=str(path),

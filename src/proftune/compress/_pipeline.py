@@ -52,8 +52,8 @@ class Candidate:
     distilled: bool = False
     finetune_epochs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    #: How the file is saved: pickle, torchscript or export (``_measure.LOAD_LINES`` has the load line).
     format: str = "pickle"
-    load: str = ""
     reload_max_abs_diff: float = 0.0
     within_budget: bool = False
     pareto: bool = False
