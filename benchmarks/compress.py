@@ -131,6 +131,8 @@ def digits_mlp_dynamic(tmp: Path) -> None:
           f"({speed:.2f}x); batch 1: {base.latency_ms:.3f} -> {q.latency_ms:.3f} ms")
     print(f"  size {base.size_bytes} -> {q.size_bytes} bytes ({smaller:.2f}x smaller); accuracy "
           f"{base.metric:.4f} -> {q.metric:.4f} (drop {q.metric_drop * 100:+.2f} pt)")
+    for note in rep.notes:
+        print(f"  note: {note}")
     ta = q.backend_ms.get("torchao")
     if isinstance(ta, float):
         row("int8 latency at batch 64: ours chosen vs torchao", q.latency_batch_ms, ta, " ms")
@@ -150,6 +152,8 @@ def digits_cnn_static(tmp: Path, base_model: torch.nn.Module) -> None:
           f"{q.latency_ms:.3f} ms ({base.latency_ms / q.latency_ms:.2f}x)")
     print(f"  size {base.size_bytes} -> {q.size_bytes} bytes; accuracy {base.metric:.4f} -> {q.metric:.4f} "
           f"(drop {q.metric_drop * 100:+.2f} pt); backends: {q.backend_ms}")
+    for note in rep.notes:
+        print(f"  note: {note}")
     check("static INT8: accuracy drop <= 1 point", q.metric_drop <= 0.01)
 
 
