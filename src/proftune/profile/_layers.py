@@ -65,6 +65,8 @@ class LayerHooks:
         self.model = model
         #: Called for every layer call; several parts (timer, statistics) can share one set of hooks.
         self.listeners: list[LeafCallback] = [on_leaf] if on_leaf is not None else []
+        #: Called with the end time (s) when the outermost module call (the model's forward) ends.
+        self.forward_end_listeners: list[Callable[[float], None]] = []
         self.sync = sync and device is not None and device.type == "cuda"
         self.device = device
         self.names = module_names(model)
@@ -113,3 +115,6 @@ class LayerHooks:
         if not child_ran:
             for listener in self.listeners:
                 listener(name, mod, inputs, output, start, end)
+        if not self._stack:
+            for done in self.forward_end_listeners:
+                done(end)

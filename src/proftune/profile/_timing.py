@@ -1,11 +1,14 @@
 """Per-layer forward and backward time of one step, and the summary of a step's phases.
 
-Forward: the time between a layer's forward pre-hook and its forward hook (synchronised on
-CUDA). Backward: autograd runs layers in reverse; a hook on the autograd node that produced each
-layer's output fires when that layer's backward starts, so the backward pass is cut at those
-moments and each piece goes to the layer that started it. The last piece ends when backward
-ends (``mark_backward_end``). No full backward hooks are used: they break on layers followed
-by an in-place op (torchvision's ``ReLU(inplace=True)``).
+Both passes are cut at the moments layers start, and each piece goes to the layer that started
+it, so the layers' times add up to the pass (synchronised on CUDA). Forward: a layer's piece
+runs from its forward pre-hook to the next layer's (the last one to the end of the model's
+forward); the work a container does between its children (a residual add) lands on the layer
+before it. Backward: autograd runs layers in reverse; a hook on the autograd node that produced
+each layer's output fires when that layer's backward starts; the last piece ends when backward
+ends (``mark_backward_end``). What runs outside the model (the loss) is not any layer's. No full
+backward hooks are used: they break on layers followed by an in-place op (torchvision's
+``ReLU(inplace=True)``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class LayerTimer:
         if hooks is None:
             hooks = LayerHooks(model, sync=self._sync, device=device)
         hooks.listeners.append(self._on_leaf)
+        hooks.forward_end_listeners.append(self._on_forward_end)
         self._hooks = hooks
         self._active = False  # the hooks may be shared: listen only while attached
         self.types: dict[str, str] = {}
@@ -59,6 +63,7 @@ class LayerTimer:
 
     def _begin(self) -> None:
         self._fwd = {}
+        self._starts: list[tuple[float, str]] = []
         self._events = []
         self._nodes = set()
         self._bwd_end = None
@@ -73,7 +78,7 @@ class LayerTimer:
         if not self._active:
             return
         self.types.setdefault(name, type(mod).__name__)
-        self._fwd[name] = self._fwd.get(name, 0.0) + (end - start) * 1e3
+        self._starts.append((start, name))
         if not torch.is_grad_enabled():
             return
         for t in output_tensors(output):
@@ -82,6 +87,15 @@ class LayerTimer:
                 continue
             self._nodes.add(id(node))
             node.register_prehook(self._backward_starts(name))
+
+    def _on_forward_end(self, end: float) -> None:
+        if not self._active:
+            return
+        starts = sorted(self._starts)
+        for i, (t, name) in enumerate(starts):
+            nxt = starts[i + 1][0] if i + 1 < len(starts) else end
+            self._fwd[name] = self._fwd.get(name, 0.0) + max(nxt - t, 0.0) * 1e3
+        self._starts = []
 
     def _backward_starts(self, name: str) -> Any:
         def hook(grad_outputs: Any) -> None:
