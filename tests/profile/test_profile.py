@@ -155,3 +155,22 @@ def test_trace_and_store(tmp_path: Path) -> None:
     assert run.metrics["step_time_ms"] == pytest.approx(p.step.time_ms)
     assert run.result["params"]["total"] == p.params.total
     assert p.layers and all(lay.forward_ms is None for lay in p.layers)  # detail="step": no layer times
+
+
+@pytest.mark.slow
+def test_resnet18_inplace_relu_times_add_up() -> None:
+    pytest.importorskip("torchvision")
+    p = proftune.profile("resnet18-synthetic", batch_size=8, steps=2, device="cpu")
+    per_layer = sum((lay.forward_ms or 0.0) + (lay.backward_ms or 0.0) for lay in p.layers)
+    measured = p.config["timed_fwd_bwd_ms"]
+    assert abs(per_layer - measured) / measured < 0.15, (per_layer, measured)
+    # BatchNorm followed by ReLU(inplace=True) everywhere: every conv and norm has a backward time
+    assert all(lay.backward_ms for lay in p.layers if lay.type in ("Conv2d", "BatchNorm2d"))
+    assert p.params.total == 11_689_512
+    assert p.memory.optimizer_bytes == 2 * p.memory.params_bytes
+
+
+def test_peak_step_memory_is_the_profile_peak() -> None:
+    p = proftune.profile("digits-mlp", batch_size=128, steps=1, detail="step", device="cpu")
+    direct = peak_step_memory("digits-mlp", {}, batch_size=128, device="cpu")
+    assert abs(direct - p.memory.peak_bytes) <= 0.05 * p.memory.peak_bytes, (direct, p.memory.peak_bytes)
