@@ -115,6 +115,9 @@ def test_attention_is_one_layer_with_forward_and_backward_time() -> None:
     assert attn.type == "MultiheadAttention"
     assert attn.forward_ms and attn.backward_ms
     assert attn.macs == 32 * (4 * 8 * 32 * 32 + 2 * 8 * 8 * 32)
+    # eval mode under no_grad takes MultiheadAttention's fused fast path: the same MACs
+    inf = proftune.profile("digits-transformer", batch_size=32, steps=1, inference=True, device="cpu")
+    assert inf.layer("blocks.0.attn").macs == attn.macs and inf.macs == p.macs
 
 
 def test_bad_input_is_a_config_error() -> None:

@@ -51,9 +51,11 @@ class Measurements:
 
 def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
                   copy_model: bool = False) -> StaticCounts:
-    """:func:`count_model` without side effects on the model: eval mode (BatchNorm statistics
-    untouched), the global RNG state restored; ``copy_model`` counts backward on a copy so the
-    model's gradients survive."""
+    """:func:`count_model` without side effects on the model: counted in training mode (eval
+    mode sends ``nn.MultiheadAttention`` under no_grad down a fused fast path the counter does
+    not see; the MACs are the same), buffers (BatchNorm statistics) restored afterwards, the
+    global RNG state untouched; ``copy_model`` counts backward on a copy so the model's
+    gradients survive."""
     target = model
     if backward and copy_model:
         try:
@@ -62,12 +64,17 @@ def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
             target, backward = model, False
     was_training = target.training
     devices = [d.index or 0 for d in {p.device for p in target.parameters()} if d.type == "cuda"]
-    target.eval()
+    saved = {name: b.detach().clone() for name, b in target.named_buffers()}
+    target.train()
     try:
         with torch.random.fork_rng(devices=devices):
             return count_model(target, example_input, backward=backward)
     finally:
         target.train(was_training)
+        with torch.no_grad():
+            for name, b in target.named_buffers():
+                if name in saved:
+                    b.copy_(saved[name])
 
 
 def merge_layer_stats(samples: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
