@@ -178,6 +178,7 @@ class _Profiler(Callback):
         self._last_end = 0.0
         self._capture: Any = None
         self._cuda_peak_open = False
+        self._seen = 0
 
     # -- helpers ------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -250,7 +251,9 @@ class _Profiler(Callback):
         if self._capture is not None and self.example is not None:
             self._capture.remove()
             self._capture = None
-        n = batch_size_of(state.batch)
+        # samples of this optimizer step (all micro-batches under gradient accumulation)
+        n = state.samples_seen - self._seen if self.train else batch_size_of(state.batch)
+        self._seen = state.samples_seen
         if phase == "clean":
             self.timings.append({**state.timing, "wall_ms": wall})
             self.samples.append(n)
@@ -521,7 +524,7 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
         counts = static_counts(inner, prof.example, backward=not inference)
     m = prof.measurements()
     p = assemble_profile(
-        m, counts, task=task_name, device=dev, batch_size=prof.batch_size or bs,
+        m, counts, task=task_name, device=dev, batch_size=bs,
         mode="inference" if inference else "train", steps=plan.steps, env=environment(dev),
         config={**config, "timed_fwd_bwd_ms": m.timed_fwd_bwd_ms},
     )

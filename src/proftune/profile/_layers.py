@@ -65,7 +65,9 @@ class LayerHooks:
         self.model = model
         #: Called for every layer call; several parts (timer, statistics) can share one set of hooks.
         self.listeners: list[LeafCallback] = [on_leaf] if on_leaf is not None else []
-        #: Called with the end time (s) when the outermost module call (the model's forward) ends.
+        #: Called with the time (s) when the outermost module call (the model's forward) starts
+        #: and ends.
+        self.forward_start_listeners: list[Callable[[float], None]] = []
         self.forward_end_listeners: list[Callable[[float], None]] = []
         self.sync = sync and device is not None and device.type == "cuda"
         self.device = device
@@ -103,9 +105,13 @@ class LayerHooks:
         return time.perf_counter()
 
     def _pre(self, mod: nn.Module, inputs: tuple[Any, ...]) -> None:
+        now = self._now()
         if self._stack:
             self._stack[-1][2] = True
-        self._stack.append([self.names.get(id(mod), type(mod).__name__), self._now(), False])
+        else:
+            for begin in self.forward_start_listeners:
+                begin(now)
+        self._stack.append([self.names.get(id(mod), type(mod).__name__), now, False])
 
     def _post(self, mod: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
         end = self._now()

@@ -36,6 +36,7 @@ class LayerTimer:
         if hooks is None:
             hooks = LayerHooks(model, sync=self._sync, device=device)
         hooks.listeners.append(self._on_leaf)
+        hooks.forward_start_listeners.append(self._on_forward_start)
         hooks.forward_end_listeners.append(self._on_forward_end)
         self._hooks = hooks
         self._active = False  # the hooks may be shared: listen only while attached
@@ -64,6 +65,7 @@ class LayerTimer:
     def _begin(self) -> None:
         self._fwd = {}
         self._starts: list[tuple[float, str]] = []
+        self._forward_begins: list[float] = []
         self._events = []
         self._nodes = set()
         self._bwd_end = None
@@ -88,6 +90,10 @@ class LayerTimer:
             self._nodes.add(id(node))
             node.register_prehook(self._backward_starts(name))
 
+    def _on_forward_start(self, start: float) -> None:
+        if self._active:
+            self._forward_begins.append(start)
+
     def _on_forward_end(self, end: float) -> None:
         if not self._active:
             return
@@ -111,8 +117,14 @@ class LayerTimer:
         """Close the step: per-layer forward and backward milliseconds; starts the next step."""
         bwd: dict[str, float] = {}
         events = sorted(self._events)
+        begins = sorted(self._forward_begins)
         for i, (t, name) in enumerate(events):
             nxt = events[i + 1][0] if i + 1 < len(events) else self._bwd_end
+            # with gradient accumulation the next micro-batch's forward starts before the next
+            # backward event: a piece never runs past it
+            later = [b for b in begins if b > t]
+            if later and (nxt is None or later[0] < nxt):
+                nxt = later[0]
             if nxt is None:
                 continue
             bwd[name] = bwd.get(name, 0.0) + max(nxt - t, 0.0) * 1e3
