@@ -177,3 +177,12 @@ def test_peak_step_memory_is_the_profile_peak() -> None:
     p = proftune.profile("digits-mlp", batch_size=128, steps=1, detail="step", device="cpu")
     direct = peak_step_memory("digits-mlp", {}, batch_size=128, device="cpu")
     assert abs(direct - p.memory.peak_bytes) <= 0.05 * p.memory.peak_bytes, (direct, p.memory.peak_bytes)
+
+
+def test_gradient_accumulation_times_and_throughput() -> None:
+    p = proftune.profile("digits-cnn", params={"grad_accumulation": 2}, batch_size=128, steps=2, device="cpu")
+    per_layer = sum((lay.forward_ms or 0.0) + (lay.backward_ms or 0.0) for lay in p.layers)
+    measured = p.config["timed_fwd_bwd_ms"]
+    assert abs(per_layer - measured) / measured < 0.15, (per_layer, measured)
+    assert p.batch_size == 128
+    assert p.step.throughput == pytest.approx(2 * 128 / (p.step.time_ms / 1e3))  # both micro-batches
