@@ -201,3 +201,16 @@ def test_cli_unavailable_backend_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_pa
                               "--db", f"sqlite:///{tmp_path / 'c.db'}"])
     assert res.exit_code == 2
     assert "no quantization backend is available" in res.output and "torchao" in res.output
+
+
+def test_state_dict_model_distillation_and_a_lower_is_better_metric(original: Path, tmp_path: Path,
+                                                                    db_url: str) -> None:
+    state_path = tmp_path / "weights.pt"
+    torch.save(torch.load(original, weights_only=False).state_dict(), state_path)
+    report = proftune.compress("digits-mlp", model=str(state_path), prune="unstructured", ratios=(0.5,),
+                               distill=True, metric="val_loss", max_accuracy_drop=0.5, db=db_url, **FAST)
+    c = report.candidates[0]
+    assert c.distilled and c.finetune_epochs == 1
+    # val_loss goes down when better: the drop is the candidate's loss minus the baseline's
+    assert c.metric_drop == pytest.approx(c.metric - report.baseline.metric)
+    assert report.baseline.metrics["accuracy"] > 0.8  # the state dict was loaded, not a fresh model
