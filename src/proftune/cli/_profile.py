@@ -80,6 +80,8 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
     summary.add_row("  data / forward / backward",
                     f"{s.data_ms:.2f} / {s.forward_ms:.2f} / {s.backward_ms:.2f} ms")
     summary.add_row("  optimizer / other", f"{s.optimizer_ms:.2f} / {s.other_ms:.2f} ms")
+    if s.outside_layers_ms:
+        summary.add_row("  of forward+backward, in no layer (loss, glue)", f"{s.outside_layers_ms:.2f} ms")
     summary.add_row("throughput", f"{s.throughput:,.0f} samples/s" if s.throughput >= 100
                     else f"{s.throughput:.3g} samples/s")
     summary.add_row("params / grads / optimizer state",

@@ -149,9 +149,11 @@ def assemble_profile(
         var=statistics.pvariance(m.grad_norms) if len(m.grad_norms) > 1 else None,
         update_ratio=statistics.fmean(m.update_ratios) if m.update_ratios else None,
     )
+    layer_sum = sum(f + (b or 0.0) for f, b in m.layer_times.values())
+    outside = max(m.timed_fwd_bwd_ms - layer_sum, 0.0) if m.layer_times else 0.0
     step = StepProfile(**{k: float(m.step.get(k, 0.0)) for k in
                           ("time_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
-                           "throughput")})
+                           "throughput")}, outside_layers_ms=outside)
     comm = CommProfile(**m.comm) if m.comm is not None else None
     return Profile(
         task=task,

@@ -77,6 +77,9 @@ class StepProfile:
     optimizer_ms: float = 0.0
     other_ms: float = 0.0
     throughput: float = 0.0
+    #: Of forward+backward, the milliseconds no layer accounts for (the task's loss, work done
+    #: outside any module); measured on the layer-timed steps, 0 when layers were not timed.
+    outside_layers_ms: float = 0.0
 
 
 @dataclass(frozen=True)
