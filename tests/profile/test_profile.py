@@ -27,6 +27,7 @@ def test_layer_times_add_up_to_the_step(cnn_profile: Profile) -> None:
     assert measured > 0
     assert abs(per_layer - measured) / measured < 0.15, (per_layer, measured)
     assert sum(lay.time_share or 0.0 for lay in p.layers) == pytest.approx(per_layer / measured)
+    assert per_layer + p.step.outside_layers_ms == pytest.approx(measured)  # the rest, named
     convs = [lay for lay in p.layers if lay.type == "Conv2d"]
     assert all(lay.backward_ms is not None and lay.backward_ms > 0 for lay in convs)
     assert all(lay.gflops_per_s is not None and lay.gflops_per_s > 0 for lay in convs)
