@@ -113,9 +113,18 @@ class TrialRecord:
 
 
 # -- storage ----------------------------------------------------------------------------------
-def open_storage(url: str, *, heartbeat: bool = True) -> RDBStorage:
-    """Optuna's RDB storage on the Store's database (same URL, same file), with heartbeats."""
+def open_storage(url: str, *, heartbeat: bool | None = None) -> RDBStorage:
+    """Optuna's RDB storage on the Store's database (same URL, same file).
+
+    ``heartbeat`` (default: on for server databases, off for SQLite): Optuna's heartbeat marks a
+    trial whose process stopped beating failed after ``GRACE_PERIOD_S`` and re-enqueues its
+    configuration; that is how a trial killed on another machine is found. SQLite lives on one
+    machine, where :func:`reap_dead_trials` finds a killed trial at once from its Run's process
+    id, so SQLite studies skip the heartbeat's 20-30 ms per trial.
+    """
     is_sqlite = url.startswith("sqlite")
+    if heartbeat is None:
+        heartbeat = not is_sqlite
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if is_sqlite else {"pool_pre_ping": True}
     extra: dict[str, Any] = {}
     if heartbeat:
@@ -215,17 +224,41 @@ class _Surplus(Exception):
     """Workers raced for the last trial of the budget; this one is dropped before it runs."""
 
 
-def _occupies_slot(t: FrozenTrial) -> bool:
+def _slot_table(study: optuna.Study) -> list[tuple[int, str, bool, bool]]:
+    """(number, state, failed in user code, surplus) of every trial, in one SQL query.
+
+    Runs before every trial, so it reads two columns instead of building every FrozenTrial.
+    """
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    if engine is None:  # not an RDB storage
+        return [(t.number, t.state.name, bool(t.user_attrs.get(f"{ATTR}_failed")),
+                 bool(t.user_attrs.get(f"{ATTR}_surplus"))) for t in study.get_trials(deepcopy=False)]
+    query = sa.text(
+        "SELECT t.number, t.state, a.key FROM trials t LEFT JOIN trial_user_attributes a "
+        "ON a.trial_id = t.trial_id AND a.key IN (:failed, :surplus) WHERE t.study_id = :sid")
+    with engine.connect() as conn:
+        rows = conn.execute(query, {"failed": f"{ATTR}_failed", "surplus": f"{ATTR}_surplus",
+                                    "sid": study._study_id}).all()
+    table: dict[int, list[Any]] = {}
+    for number, state, key in rows:
+        entry = table.setdefault(int(number), [int(number), str(state), False, False])
+        if key == f"{ATTR}_failed":
+            entry[2] = True
+        elif key == f"{ATTR}_surplus":
+            entry[3] = True
+    return [(e[0], e[1], e[2], e[3]) for e in table.values()]
+
+
+def _occupies(state: str, failed: bool) -> bool:
     """Counts against ``--trials``: finished, running or queued; not killed-and-retried, not surplus."""
-    if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING):
-        return True
-    return t.state == TrialState.FAIL and (t.user_attrs.get(ATTR) or {}).get("state") == "failed"
+    return state in ("COMPLETE", "PRUNED", "RUNNING", "WAITING") or (state == "FAIL" and failed)
 
 
 def _slots_before(trial: optuna.Trial) -> int:
     """Slot-holding trials numbered before ``trial``: trial numbers order the workers' races."""
-    trials = trial.study._storage.get_all_trials(trial.study._study_id, deepcopy=False)
-    return sum(1 for t in trials if t.number < trial.number and _occupies_slot(t))
+    return sum(1 for number, state, failed, _ in _slot_table(trial.study)
+               if number < trial.number and _occupies(state, failed))
 
 
 # -- one trial ----------------------------------------------------------------------------------
@@ -249,7 +282,7 @@ class TrialRunner:
         started = time.perf_counter()
         if _slots_before(trial) >= self.s.trials:
             # another worker took the last slot between our check and this trial's creation
-            trial.set_user_attr(ATTR, {"state": "surplus"})
+            trial.set_user_attr(f"{ATTR}_surplus", True)
             raise _Surplus(f"trial {trial.number}: the study already has {self.s.trials} trials")
         params = self.s.space.suggest(trial, only=self.only, preset=self.preset)
         config = {**self.s.space.fixed, **params}
@@ -258,7 +291,6 @@ class TrialRunner:
                                                "epochs": self.s.epochs, "seed": self.s.seed},
             env=self.s.env, data_fingerprint=self.s.data_fingerprint,
             parent_id=self.s.tune_run_id, study=self.s.study)
-        trial.set_user_attr(f"{ATTR}_worker", {"host": self.host, "pid": self.pid, "run_id": run_id})
         rec: dict[str, Any] = {"params": config, "metrics": {}, "constraints": {}, "reason": None,
                                "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
                                "stage": self.stage, "run_id": run_id}
@@ -368,6 +400,8 @@ class TrialRunner:
         rec["state"] = state
         rec["duration_s"] = time.perf_counter() - started
         trial.set_user_attr(ATTR, rec)
+        if state == "failed":  # read by the slot count, which does not parse the record
+            trial.set_user_attr(f"{ATTR}_failed", True)
         status = "failed" if state == "failed" else "finished"
         with contextlib.suppress(Exception):
             self.store.finish_run(
@@ -398,9 +432,8 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
     out = []
     for t in study.get_trials(deepcopy=False):
         rec = t.user_attrs.get(ATTR) or {}
-        if rec.get("state") == "surplus":
+        if t.user_attrs.get(f"{ATTR}_surplus"):
             continue
-        worker = t.user_attrs.get(f"{ATTR}_worker") or {}
         state = _state_of(t)
         duration = rec.get("duration_s")
         if duration is None and t.datetime_start and t.datetime_complete:
@@ -412,7 +445,7 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
         out.append(TrialRecord(
             number=t.number, state=state, params=rec.get("params") or dict(t.params), values=values,
             metrics=rec.get("metrics") or {}, constraints=rec.get("constraints") or {},
-            reason=reason, duration_s=duration, run_id=rec.get("run_id") or worker.get("run_id"),
+            reason=reason, duration_s=duration, run_id=rec.get("run_id"),
             stage=rec.get("stage"), steps=int(rec.get("steps") or 0),
             train_s=float(rec.get("train_s") or 0.0), gate_s=float(rec.get("gate_s") or 0.0),
             anomalies=rec.get("anomalies") or [], traceback=rec.get("traceback"),
@@ -423,16 +456,15 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
 
 def _counts(study: optuna.Study) -> dict[str, int]:
     c = dict.fromkeys(("finished", "running", "waiting", "failed"), 0)
-    for t in study.get_trials(deepcopy=False):
-        rec = t.user_attrs.get(ATTR) or {}
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+    for _, state, failed, _ in _slot_table(study):
+        if state in ("COMPLETE", "PRUNED"):
             c["finished"] += 1
-        elif t.state == TrialState.FAIL and rec.get("state") == "failed":
+        elif state == "FAIL" and failed:
             c["finished"] += 1
             c["failed"] += 1
-        elif t.state == TrialState.RUNNING:
+        elif state == "RUNNING":
             c["running"] += 1
-        elif t.state == TrialState.WAITING:
+        elif state == "WAITING":
             c["waiting"] += 1
     return c
 
@@ -447,27 +479,30 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def reap_dead_trials(study: optuna.Study) -> list[int]:
+def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
     """Fail the RUNNING trials whose process on this host is gone, and enqueue their retry.
 
     The heartbeat does the same for any machine after ``GRACE_PERIOD_S``; on the same host the
-    process id says it at once, so a resumed study does not wait out the grace period.
+    trial's Run (host, process id) says it at once, so a resumed study does not wait out the
+    grace period. Call before :meth:`Store.reap_stale` (which marks those Runs failed).
     """
     host, me = socket.gethostname(), os.getpid()
     reaped = []
     retry = _retry_callback()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = t.user_attrs.get(f"{ATTR}_worker") or {}
-        pid = worker.get("pid")
-        if worker.get("host") != host or pid is None or pid == me or _pid_alive(int(pid)):
+    for run in store.list_runs(kind="trial", study=study.study_name, status="running"):
+        number = run.config.get("trial")
+        if run.host != host or run.pid is None or run.pid == me or _pid_alive(int(run.pid)) or number is None:
             continue
         try:
-            ok = study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number))
+            if study._storage.get_trial(trial_id).state != TrialState.RUNNING:
+                continue
+            ok = study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        except (KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
             continue
         if ok:
-            retry(study, study._storage.get_trial(t._trial_id))
-            reaped.append(t.number)
+            retry(study, study._storage.get_trial(trial_id))
+            reaped.append(int(number))
     return reaped
 
 
@@ -515,8 +550,8 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
     study = optuna.load_study(study_name=settings.study, storage=storage,
                               sampler=make_sampler(settings, worker),
                               pruner=make_pruner(settings.pruner, settings.space.pruner))
+    reap_dead_trials(study, store)
     store.reap_stale()
-    reap_dead_trials(study)
     runner = TrialRunner(settings, task, store)
     ran = 0
     while True:
