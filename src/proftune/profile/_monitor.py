@@ -65,8 +65,10 @@ class Monitor:
 
     ``stats``: weight/activation/gradient statistics per layer; ``timing``: per-layer forward
     and backward time; ``activations``: bytes saved for backward per layer. ``peak_memory``:
-    the peak of the sampled steps (default: on CUDA, where the allocator counts it for free;
-    on CPU it needs ``torch.profiler``'s memory events and is off unless asked for).
+    the peak of the sampled steps (default: on CUDA, where the allocator counts it for free,
+    though it resets the allocator's peak counter, ``torch.cuda.reset_peak_memory_stats``, at
+    each timed sample; on CPU it needs ``torch.profiler``'s memory events and is off unless
+    asked for).
     ``callbacks`` are :class:`proftune.train.Callback` objects.
     """
 
