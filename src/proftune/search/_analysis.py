@@ -199,10 +199,17 @@ def plot_study(records: Sequence[TrialRecord], objectives: Sequence[Objective],
     tr = [(n, b) for n, b in trace if b is not None]
     if tr:
         ax.step([n for n, _ in tr], [b for _, b in tr], where="post", c="tab:green", label="best feasible")
+    unmeasured = [r.number for r in records if r.state == "infeasible"
+                  and not _finite(r.metrics.get(o.metric))]
+    if unmeasured:  # gated before training: no objective, shown on the lower edge
+        low = ax.get_ylim()[0]
+        ax.scatter(unmeasured, [low] * len(unmeasured), c=colors["infeasible"], marker="x", s=24,
+                   label="infeasible (not trained)", clip_on=False)
     ax.set_xlabel("trial")
     ax.set_ylabel(o.metric)
     ax.set_title(f"optimisation history ({o.text})")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(str(out / "history.png"))
     fig.savefig(paths[-1], dpi=110)
