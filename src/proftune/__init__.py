@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._api import TrainReport, run_train
+
 # the function shadows its subpackage on purpose: proftune.compress(...) and
 # `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
 from .compress import CompressConfig, CompressReport, compress

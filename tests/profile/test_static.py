@@ -49,6 +49,8 @@ def test_multihead_attention_macs() -> None:
             return self.attn(x, x, x, need_weights=False)[0]
 
     counts = count_model(Wrap(), torch.randn(b, seq, d))
+    # eval mode under no_grad takes the fused _native_multi_head_attention path: same count
+    assert count_model(Wrap().eval(), torch.randn(b, seq, d)).macs == counts.macs
     projections = 4 * b * seq * d * d  # q, k, v in-projection and the output projection
     attention = 2 * b * seq * seq * d  # QK^T and AV over all heads (heads x head_dim = d)
     assert counts.layers["attn"].macs == projections + attention

@@ -237,15 +237,26 @@ def _peak_of_allocations(prof: Any) -> int:
 
 
 class _PeakCallback(Callback):
-    """A fit-loop callback: measures the peak of step ``at`` (after ``at - 1`` warm-up steps)."""
+    """A fit-loop callback: measures the peak of the first full-size step from step ``at`` on.
+
+    A partial last batch of an epoch (dataset size not a multiple of the batch size) is skipped:
+    its peak is not the peak at the requested batch size.
+    """
 
     def __init__(self, device: torch.device, at: int) -> None:
         self.tracker = PeakMemory(device)
         self.at = at
         self.peak: int | None = None
+        self.full: int | None = None
+        self.measuring = False
 
     def on_step_start(self, state: FitState) -> None:
-        if state.step + 1 != self.at:
+        from .._device import batch_size_of
+
+        size = batch_size_of(state.batch)
+        if self.full is None:
+            self.full = size  # the first batch of an epoch is full-size
+        if state.step + 1 < self.at or size < self.full:
             return
         # the loop frees the old gradients first thing in the step: free them before the window
         # opens, so that their release (invisible to the profiler) does not go uncounted
@@ -253,9 +264,11 @@ class _PeakCallback(Callback):
             state.optimizer.zero_grad(set_to_none=True)
         gc.collect()
         self.tracker.start(live_bytes(state.model, state.optimizer, state.batch))
+        self.measuring = True
 
     def on_step_end(self, state: FitState) -> None:
-        if state.step == self.at:
+        if self.measuring:
+            self.measuring = False
             self.peak = self.tracker.stop()
             state.request_stop("peak memory measured")
 
@@ -282,7 +295,8 @@ def peak_step_memory(task: Any, params: dict[str, Any] | None = None, *, batch_s
     cb = _PeakCallback(dev, at=2)
     message: str | None = None
     try:
-        fit(task, params, max_steps=2, batch_size=batch_size, device=dev, seed=seed,
+        # step 2 is measured, or step 3 when step 2 is an epoch's partial last batch
+        fit(task, params, max_steps=3, batch_size=batch_size, device=dev, seed=seed,
             callbacks=[cb], evaluate=False)
     except torch.OutOfMemoryError as exc:
         message = str(exc)

@@ -35,11 +35,26 @@ def _cpu_flash_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any, v
     return int(_fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
 
 
+def _native_mha(query_shape: Any, key_shape: Any, value_shape: Any, embed_dim: int, *args: Any,
+                out_shape: Any = None, **kwargs: Any) -> int:
+    """Eval-mode fast path of nn.MultiheadAttention: q/k/v and output projections + attention."""
+    *lead_q, len_q, _ = query_shape
+    *_, len_k, _ = key_shape
+    batch = 1
+    for d in lead_q:
+        batch *= int(d)
+    e = int(embed_dim)
+    macs = batch * e * e * (2 * len_q + 2 * len_k)  # q and out over len_q, k and v over len_k
+    macs += 2 * batch * len_q * len_k * e  # QK^T and AV, all heads together
+    return 2 * macs
+
+
 def _formulas() -> dict[Any, Callable[..., int]]:
     table: dict[Any, Callable[..., int]] = dict(_fc.flop_registry)
     extra = {
         "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_forward,
         "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_backward,
+        "_native_multi_head_attention": _native_mha,
     }
     for name, fn in extra.items():
         packet = getattr(aten, name, None)
