@@ -273,7 +273,6 @@ class TrialRunner:
                                 device=settings.device, seed=settings.seed)
         first = settings.objectives[0]
         self.report_metric = None if (first.is_profile or len(settings.objectives) > 1) else first.metric
-        self.host, self.pid = socket.gethostname(), os.getpid()
         self.stage: str | None = None
         self.only: list[str] | None = None
         self.preset: dict[str, Any] = {}
@@ -341,10 +340,7 @@ class TrialRunner:
                 trial.set_constraint("oom", 1.0)
                 rec["reason"] = f"out of memory: {str(exc).splitlines()[0][:300]}"
                 return self._infeasible(trial, rec, started)
-            if isinstance(exc, ConfigError):
-                rec["reason"] = f"{type(exc).__name__}: {exc}"
-            else:
-                rec["reason"] = f"{type(exc).__name__}: {exc}"
+            rec["reason"] = f"{type(exc).__name__}: {exc}"
             rec["traceback"] = traceback.format_exc()[-8000:]
             raise _TrialFailed(rec["reason"]) from exc
         nan = [a for a in rec["anomalies"] if a.get("kind") in ("nan_loss", "nonfinite_metric")]
