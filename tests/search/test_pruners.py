@@ -17,6 +17,7 @@ def _trial_with(values: list[float], direction: str = "maximize") -> tuple[optun
     return study, study._storage.get_trial(trial._trial_id)
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_creeping_improvements_below_min_delta_are_stopped() -> None:
     # +0.001 per report, min_delta 0.01: never a real improvement after the first report
     values = [0.5 + 0.001 * i for i in range(4)]
