@@ -40,3 +40,17 @@ def test_timeout_stops_starting_trials(tmp_path) -> None:  # type: ignore[no-unt
     result = proftune.search("wine-mlp", space, trials=50, max_steps=1, timeout=1e-6,
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="t")
     assert result.trials == [] and result.best is None
+
+
+def test_grid_coarse_pass_then_fine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import proftune
+
+    space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16, "step": 4},
+                        "lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
+    result = proftune.search("wine-mlp", space, trials=6, max_steps=2, sampler="coarse-to-fine",
+                             coarse="grid", grid_points=2, db=f"sqlite:///{tmp_path / 'p.db'}", study="g")
+    assert result.counts()["complete"] == 6
+    coarse = result.trials[:3]  # n_coarse = trials // 2 = 3 of the 4*2 grid points
+    for t in coarse:
+        assert t.params["hidden"] in (4, 8, 12, 16)
+        assert min(abs(t.params["lr"] - v) for v in (1e-3, 1e-2)) < 1e-12  # on the grid

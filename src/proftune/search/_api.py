@@ -185,6 +185,8 @@ def search(
     device: str = "auto",
     max_failures: int = 5,
     gate_steps: int = 3,
+    coarse: str = "halton",
+    grid_points: int = 5,
     plot: str | Path | None = None,
     store: Store | None = None,
 ) -> SearchResult:
@@ -195,6 +197,8 @@ def search(
     ``constraints``: ``"step_time_ms<50"``-style, on task or profile metrics; profile ones gate
     each trial before it trains. ``trials`` counts the study's finished trials, so running
     again with the same ``study`` continues it. ``timeout`` bounds this call (seconds).
+    ``coarse``: the first pass of ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"``
+    (``grid_points`` per continuous param, also the points of ``sampler="grid"``).
     """
     started = time.perf_counter()
     problems = ProblemCollector()
@@ -224,7 +228,8 @@ def search(
             task=task if isinstance(task, str) else task_obj, space=space_obj, objectives=objs,
             constraints=cons, trials=trials, study=study or "", db="", sampler=sampler, pruner=pruner,
             epochs=epochs, max_steps=max_steps, timeout=timeout, seed=seed, device=device,
-            max_failures=max_failures, gate_steps=gate_steps, workers=workers, task_name=task_name)
+            max_failures=max_failures, gate_steps=gate_steps, workers=workers, task_name=task_name,
+            coarse=coarse, grid_points=grid_points)
         check_settings(settings, problems)
     problems.raise_if_any(header="tune: the search is not well-formed, found the following errors:")
     assert space_obj is not None

@@ -1,4 +1,4 @@
-"""Coarse-to-fine: a Halton (or grid) pass over the whole space, then a fine pass around the best few.
+"""Coarse-to-fine: a Halton or grid pass over the whole space, then a fine pass around the best few.
 
 One Optuna sampler, so a study resumed from the database picks up where it stopped: the stage
 of a trial follows from how many trials have finished.
@@ -19,7 +19,7 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-from optuna.samplers import BaseSampler, QMCSampler, RandomSampler
+from optuna.samplers import BaseSampler, GridSampler, QMCSampler, RandomSampler
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
@@ -35,13 +35,22 @@ class CoarseToFineSampler(BaseSampler):
     """
 
     def __init__(self, *, n_coarse: int, top_k: int = 3, width: float = 0.1,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, grid: dict[str, list[Any]] | None = None) -> None:
+        """``grid``: coarse pass over these points (Optuna's GridSampler) instead of Halton."""
         self.n_coarse, self.top_k, self.width = int(n_coarse), int(top_k), float(width)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self._coarse = QMCSampler(qmc_type="halton", scramble=True, seed=seed,
-                                      warn_independent_sampling=False,
-                                      warn_asynchronous_seeding=False)
+        self._coarse: BaseSampler
+        if grid is not None:
+            self._coarse = GridSampler(grid, seed=seed)
+            size = 1
+            for values in grid.values():
+                size *= len(values)
+            self.n_coarse = min(self.n_coarse, size)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self._coarse = QMCSampler(qmc_type="halton", scramble=True, seed=seed,
+                                          warn_independent_sampling=False,
+                                          warn_asynchronous_seeding=False)
         self._random = RandomSampler(seed=seed)
         self._rng = np.random.RandomState(seed)
         self._fine: dict[int, list[FrozenTrial]] = {}
@@ -110,9 +119,11 @@ class CoarseToFineSampler(BaseSampler):
         return round(value) if isinstance(dist, IntDistribution) else float(value)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self._coarse.before_trial(study, trial)
+        if self._centers(study, trial) is None:
+            self._coarse.before_trial(study, trial)
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
-        self._fine.pop(trial.number, None)
-        self._coarse.after_trial(study, trial, state, values)
+        if self._fine.pop(trial.number, None) is None and not isinstance(self._coarse, GridSampler):
+            # the grid sampler's after_trial stops the study once its grid is used up
+            self._coarse.after_trial(study, trial, state, values)

@@ -69,6 +69,8 @@ class SearchSettings:
     gate_steps: int = 3
     gate_warmup: int = 1
     grid_points: int = 5
+    #: The coarse pass of ``coarse-to-fine``: ``halton`` or ``grid`` (``grid_points`` per param).
+    coarse: str = "halton"
     workers: int = 1
     tune_run_id: int | None = None
     data_fingerprint: str | None = None
@@ -184,7 +186,8 @@ def _make_sampler(settings: SearchSettings, worker: int) -> optuna.samplers.Base
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, n // 4)))
     if name == "coarse-to-fine":
-        return CoarseToFineSampler(n_coarse=max(2, n // 2), seed=seed)
+        grid = settings.space.grid(settings.grid_points) if settings.coarse == "grid" else None
+        return CoarseToFineSampler(n_coarse=max(2, n // 2), seed=seed, grid=grid)
     raise ConfigError(f"--sampler {name!r} is unknown; valid: {', '.join(SAMPLERS)}.")
 
 
@@ -587,6 +590,8 @@ def check_settings(settings: SearchSettings, problems: ProblemCollector) -> None
         elif settings.objectives and settings.objectives[0].is_profile:
             problems.add(f"--pruner {settings.pruner} needs a task metric as the objective, but got "
                          f"{settings.objectives[0].text!r} (a profile metric, known before training).")
+    if settings.coarse not in ("halton", "grid"):
+        problems.add(f"coarse={settings.coarse!r} is unknown; valid: halton, grid.")
     if settings.sampler == "coarse-to-fine" and multi:
         problems.add("--sampler coarse-to-fine ranks trials by one objective; give one --objective "
                      "or use --sampler nsga2 / tpe for a Pareto front.")
