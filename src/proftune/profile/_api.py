@@ -259,7 +259,7 @@ class _Profiler(Callback):
             self.samples.append(n)
             self.batch_size = n
             if self.comm is not None:
-                self.comm.end_step()
+                self.comm.end_step(step_ms=wall)
             if self.plan.phase(state.step + 1) != "clean" and self._cuda_peak_open:
                 assert self.peak is not None
                 self.m.peak_bytes = self.peak.stop()

@@ -90,11 +90,16 @@ class CommRecorder:
 
         return fut.then(done)
 
-    def end_step(self) -> dict[str, float]:
-        """Close the step's bookkeeping (call after the optimizer step); its figures."""
+    def end_step(self, step_ms: float | None = None) -> dict[str, float]:
+        """Close the step's bookkeeping (call after the optimizer step); its figures.
+
+        ``step_ms``, the wall time of this same step, gives the step's communication share.
+        """
         with self._lock:
             rec = {"allreduce_bytes": float(self._bytes), "allreduce_ms": _union_ms(self._intervals),
                    "allreduce_calls": float(self._calls)}
+            if step_ms is not None and step_ms > 0:
+                rec["share"] = rec["allreduce_ms"] / step_ms
             self._intervals, self._bytes, self._calls = [], 0, 0
         self.steps.append(rec)
         return rec
@@ -105,18 +110,25 @@ class CommRecorder:
             self._intervals, self._bytes, self._calls = [], 0, 0
 
     def summary(self, step_ms: float) -> dict[str, Any]:
-        """Median bytes and time per recorded step and the time's share of ``step_ms``."""
+        """Median bytes and time per recorded step, and the time's share of the step.
+
+        The share is the median of each step's own share where the steps' times were given
+        (comparing one step's all-reduce with another step's time could exceed 1); otherwise
+        the median time over ``step_ms``.
+        """
         from ._timing import median
 
         if not self.steps:
             return {"backend": self.backend, "world_size": self.world_size, "allreduce_bytes": 0,
                     "allreduce_ms": 0.0, "allreduce_calls": 0, "share": 0.0}
         ms = median([s["allreduce_ms"] for s in self.steps])
+        shares = [s["share"] for s in self.steps if "share" in s]
+        share = median(shares) if shares else (ms / step_ms if step_ms > 0 else 0.0)
         return {
             "backend": self.backend,
             "world_size": self.world_size,
             "allreduce_bytes": int(median([s["allreduce_bytes"] for s in self.steps])),
             "allreduce_ms": ms,
             "allreduce_calls": int(median([s["allreduce_calls"] for s in self.steps])),
-            "share": ms / step_ms if step_ms > 0 else 0.0,
+            "share": share,
         }

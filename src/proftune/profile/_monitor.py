@@ -289,7 +289,7 @@ class Monitor:
             self._timer.end_step()
             self._fwd_bwd.append(timing["forward_ms"] + timing["backward_ms"])
         if self._comm is not None:
-            self._comm.end_step()
+            self._comm.end_step(step_ms=timing["wall_ms"])
         self._samples += 1
         self._profile = None
 
