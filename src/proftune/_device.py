@@ -89,3 +89,12 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on ``device`` so that host timers measure them."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def call_model(model: torch.nn.Module, example_input: Any) -> Any:
+    """``model(x)``, ``model(*args)`` for a tuple or list, ``model(**kwargs)`` for a dict."""
+    if isinstance(example_input, dict):
+        return model(**example_input)
+    if isinstance(example_input, (tuple, list)):
+        return model(*example_input)
+    return model(example_input)

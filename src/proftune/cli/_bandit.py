@@ -8,11 +8,20 @@ import typer
 from rich.table import Table
 
 from ..diagnose import bandit as run_bandit
-from ._common import DbOpt, DebugOpt, DeviceOpt, JsonOpt, SeedOpt, execute, out_console
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    SeedOpt,
+    TaskArg,
+    execute,
+    out_console,
+)
 
 
 def bandit(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    task: TaskArg,
     configs: Annotated[str, typer.Option("--configs", help="YAML file: a list of param mappings (each may have a name).")],
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Training runs to allocate in this call (>= 1).")],
     policy: Annotated[str, typer.Option("--policy", help="thompson, ucb or uniform.")] = "thompson",

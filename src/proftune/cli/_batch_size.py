@@ -16,6 +16,7 @@ from ._common import (
     JsonOpt,
     ParamOpt,
     SeedOpt,
+    TaskArg,
     execute,
     out_console,
     parse_params,
@@ -25,7 +26,7 @@ BudgetOpt = Annotated[str, typer.Option("--memory-budget", help="Memory budget: 
 
 
 def batch_size(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    task: TaskArg,
     memory_budget: BudgetOpt,
     param: ParamOpt = None,
     seed: SeedOpt = 0,

@@ -34,6 +34,11 @@ ParamOpt = Annotated[
     typer.Option("--param", "-p", help="A param as key=value; repeat for several.", show_default=False),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")]
+EpochsOpt = Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")]
+MaxStepsOpt = Annotated[
+    int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")
+]
 
 
 def parse_value(text: str) -> Any:

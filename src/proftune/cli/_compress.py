@@ -16,6 +16,7 @@ from ._common import (
     JsonOpt,
     ParamOpt,
     SeedOpt,
+    TaskArg,
     execute,
     out_console,
     parse_params,
@@ -37,7 +38,7 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
 
 
 def compress(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    task: TaskArg,
     prune: Annotated[str | None, typer.Option("--prune", help="unstructured or structured.", show_default=False)] = None,
     ratios: Annotated[str, typer.Option("--ratios", help="Fractions removed, comma-separated (channels for structured, weights for unstructured).")] = "0.3,0.5,0.7",
     importance: Annotated[str, typer.Option("--importance", help="l1, l2, taylor or bn.")] = "l2",

@@ -13,9 +13,12 @@ from ._common import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    EpochsOpt,
     JsonOpt,
+    MaxStepsOpt,
     ParamOpt,
     SeedOpt,
+    TaskArg,
     execute,
     out_console,
     parse_params,
@@ -26,9 +29,9 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
 def diagnose(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
-    epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")] = None,
+    task: TaskArg,
+    epochs: EpochsOpt = None,
+    max_steps: MaxStepsOpt = None,
     param: ParamOpt = None,
     lr_test: Annotated[bool, typer.Option("--lr-test/--no-lr-test",
                                           help="Confirm lr findings with a short LR range test.")] = True,

@@ -15,6 +15,7 @@ from ._common import (
     JsonOpt,
     ParamOpt,
     SeedOpt,
+    TaskArg,
     execute,
     out_console,
     parse_params,
@@ -22,7 +23,7 @@ from ._common import (
 
 
 def lr_find_command(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    task: TaskArg,
     min_lr: Annotated[float, typer.Option("--min-lr", help="First lr of the sweep.")] = 1e-7,
     max_lr: Annotated[float, typer.Option("--max-lr", help="Last lr of the sweep.")] = 10.0,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of the sweep.")] = 100,

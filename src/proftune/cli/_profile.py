@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..profile import Profile, compare_profiles, profile
 from ..track import Store
@@ -22,17 +23,6 @@ from ._common import (
     out_console,
     parse_params,
 )
-
-
-def _bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 def _num(n: float | None) -> str:
@@ -63,7 +53,7 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
         table.add_column(col, justify="left" if col in ("layer", "type") else "right", no_wrap=True)
     for lay in layers:
         table.add_row(lay.name or "(model)", lay.type, _num(lay.params), _num(lay.macs), _ms(lay.forward_ms),
-                      _ms(lay.backward_ms), _bytes(lay.activation_bytes),
+                      _ms(lay.backward_ms), format_bytes(lay.activation_bytes),
                       "-" if lay.gflops_per_s is None else f"{lay.gflops_per_s:.1f}",
                       _pct(lay.time_share), _pct(lay.params_share), _pct(lay.macs_share))
     out_console.print(table)
@@ -85,16 +75,16 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
     summary.add_row("throughput", f"{s.throughput:,.0f} samples/s" if s.throughput >= 100
                     else f"{s.throughput:.3g} samples/s")
     summary.add_row("params / grads / optimizer state",
-                    f"{_bytes(mem.params_bytes)} / {_bytes(mem.grads_bytes)} / {_bytes(mem.optimizer_bytes)}")
-    summary.add_row("activations saved for backward", _bytes(mem.activations_bytes))
-    summary.add_row("peak of a step", _bytes(mem.peak_bytes))
+                    f"{format_bytes(mem.params_bytes)} / {format_bytes(mem.grads_bytes)} / {format_bytes(mem.optimizer_bytes)}")
+    summary.add_row("activations saved for backward", format_bytes(mem.activations_bytes))
+    summary.add_row("peak of a step", format_bytes(mem.peak_bytes))
     if p.grad.norm is not None:
         var = "-" if p.grad.var is None else f"{p.grad.var:.3g}"
         ratio = "-" if p.grad.update_ratio is None else f"{p.grad.update_ratio:.3g}"
         summary.add_row("grad norm / var / update ratio", f"{p.grad.norm:.3g} / {var} / {ratio}")
     if p.comm is not None:
         summary.add_row("all-reduce per step",
-                        f"{_bytes(p.comm.allreduce_bytes)} in {p.comm.allreduce_ms:.2f} ms ({p.comm.share:.1%})")
+                        f"{format_bytes(p.comm.allreduce_bytes)} in {p.comm.allreduce_ms:.2f} ms ({p.comm.share:.1%})")
     out_console.print(summary)
     for b in p.bottlenecks[:3]:
         out_console.print(f"• {b['finding']}", highlight=False)
@@ -113,7 +103,7 @@ def _render_compare(d: dict[str, Any], top: int) -> None:
     for col in ("metric", "A", "B", "B / A"):
         totals.add_column(col, justify="left" if col == "metric" else "right")
     for name, v in d["totals"].items():
-        fmt = _bytes if "bytes" in name else (_num if name in ("params", "macs", "flops") else
+        fmt = format_bytes if "bytes" in name else (_num if name in ("params", "macs", "flops") else
                                               (lambda x: "-" if x is None else f"{x:.3f}"))
         ratio = "-" if v["ratio"] is None else f"{v['ratio']:.3f}"
         totals.add_row(name, fmt(v["a"]), fmt(v["b"]), ratio)

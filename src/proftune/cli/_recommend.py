@@ -18,6 +18,7 @@ from ._common import (
     JsonOpt,
     ParamOpt,
     SeedOpt,
+    TaskArg,
     err_console,
     execute,
     out_console,
@@ -47,7 +48,7 @@ class _Result:
 
 
 def recommend_command(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    task: TaskArg,
     memory_budget: Annotated[str | None, typer.Option(
         "--memory-budget", help="Memory budget (4GiB, 512MB, bytes); default: free CUDA memory, none on CPU.",
         show_default=False)] = None,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from rich.table import Table
 
 from .. import run_train
@@ -13,9 +12,12 @@ from ._common import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    EpochsOpt,
     JsonOpt,
+    MaxStepsOpt,
     ParamOpt,
     SeedOpt,
+    TaskArg,
     execute,
     out_console,
     parse_params,
@@ -24,9 +26,9 @@ from ._progress import EpochProgress
 
 
 def train(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
-    epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")] = None,
+    task: TaskArg,
+    epochs: EpochsOpt = None,
+    max_steps: MaxStepsOpt = None,
     param: ParamOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",

@@ -8,14 +8,23 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ._common import DbOpt, DebugOpt, DeviceOpt, JsonOpt, SeedOpt, execute, out_console
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    SeedOpt,
+    TaskArg,
+    execute,
+    out_console,
+)
 
 #: Keys of ``--json`` (the issue's contract), in this order.
 JSON_KEYS = ("study", "best", "trials", "correlations", "importance")
 
 
 def tune(
-    task: Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")],
+    task: TaskArg,
     space: Annotated[Path, typer.Option("--space", help="Search space YAML (params, fixed, forbid, tiers).")],
     objective: Annotated[list[str] | None, typer.Option(
         "--objective", help="METRIC[:max|min]; repeat for a Pareto front (default accuracy:max).",

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._device import call_model
 from ..exceptions import ConfigError, DependencyError
 
 __all__ = [
@@ -59,7 +60,7 @@ def final_classifier(model: nn.Module, example: Any) -> str | None:
              for m in prunable_layers(model).values()]
     try:
         with torch.no_grad():
-            _call(model, example)
+            call_model(model, example)
     finally:
         for h in hooks:
             h.remove()
@@ -136,14 +137,6 @@ def make_permanent(model: nn.Module) -> nn.Module:
     return model
 
 
-def _call(model: nn.Module, example: Any) -> Any:
-    if isinstance(example, dict):
-        return model(**example)
-    if isinstance(example, (tuple, list)):
-        return model(*example)
-    return model(example)
-
-
 @contextlib.contextmanager
 def _module_stack(model: nn.Module) -> Iterator[list[str]]:
     """The paths of the modules whose forward is running, innermost last.
@@ -195,7 +188,7 @@ def graph_breakers(model: nn.Module, example: Any) -> dict[str, list[str]]:
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
     try:
         with torch.enable_grad():
-            _call(model, _requires_grad(example))
+            call_model(model, _requires_grad(example))
     finally:
         for h in handles:
             h.remove()
@@ -319,7 +312,7 @@ def check_forward(model: nn.Module, example: Any, *, action: str) -> None:
     """Run one forward; on failure name the layer it failed in and suggest --ignore-layers."""
     with torch.no_grad(), _module_stack(model) as stack:
         try:
-            _call(model, example)
+            call_model(model, example)
         except Exception as exc:
             layer = stack[-1] if stack and stack[-1] else "<top-level forward>"
             first = str(exc).splitlines()[0] if str(exc) else ""

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import batch_size_of, move_to_device, resolve_device
+from .._device import batch_size_of, call_model, move_to_device, resolve_device
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
 from ..track import Store, environment, tracked_run
@@ -77,7 +77,7 @@ class _ModuleTask(Task):
         return [self.example]
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        out = _call(model, batch)
+        out = call_model(model, batch)
         leaves = [t for t in _tensors(out) if t.is_floating_point()]
         if not leaves:
             raise ConfigError(f"{self.name}'s output holds no floating tensor to backpropagate from.")
@@ -89,14 +89,6 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
     leaves, _ = tree_flatten(value)
     return [t for t in leaves if isinstance(t, torch.Tensor)]
-
-
-def _call(model: nn.Module, example: Any) -> Any:
-    if isinstance(example, dict):
-        return model(**example)
-    if isinstance(example, (tuple, list)):
-        return model(*example)
-    return model(example)
 
 
 def _resize_batch(example: Any, batch_size: int) -> Any:

@@ -20,6 +20,8 @@ from torch.utils import flop_counter as _fc
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .._device import call_model
+
 __all__ = ["LayerCount", "StaticCounts", "count_model", "count_params"]
 
 aten = torch.ops.aten
@@ -154,14 +156,6 @@ class _Counter(TorchDispatchMode):
         return out
 
 
-def _call(model: nn.Module, example_input: Any) -> Any:
-    if isinstance(example_input, dict):
-        return model(**example_input)
-    if isinstance(example_input, (tuple, list)):
-        return model(*example_input)
-    return model(example_input)
-
-
 def _scalar_for_backward(out: Any) -> torch.Tensor | None:
     leaves, _ = tree_flatten(out)
     tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
@@ -210,7 +204,7 @@ def count_model(model: nn.Module, example_input: Any, *, backward: bool = False)
     try:
         if backward:
             with counter:
-                out = _call(model, example_input)
+                out = call_model(model, example_input)
             scalar = _scalar_for_backward(out)
             if scalar is not None:
                 back = _Counter([], [0])
@@ -221,7 +215,7 @@ def count_model(model: nn.Module, example_input: Any, *, backward: bool = False)
             model.zero_grad(set_to_none=True)
         else:
             with torch.no_grad(), counter:
-                _call(model, example_input)
+                call_model(model, example_input)
     finally:
         for h in handles:
             h.remove()

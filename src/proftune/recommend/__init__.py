@@ -7,6 +7,7 @@ sizes, the LR range test, the gradient noise scale); each part is also a functio
 
 from __future__ import annotations
 
+from .._units import format_bytes, parse_memory
 from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
 from ._api import find_batch_size, lr_find, noise_scale, recommend, static_memory
 from ._batch_size import (
@@ -21,7 +22,6 @@ from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
 from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import ScalingRule, optimizer_family, scale_lr
-from ._units import format_bytes, parse_memory
 
 __all__ = [
     "RECOMMENDATION_NAMES",

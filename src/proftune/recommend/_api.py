@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .._device import resolve_device
+from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..task import Task, load_task
@@ -29,7 +30,6 @@ from ._noise_scale import NoiseScaleResult, measure_noise_scale
 from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
-from ._units import format_bytes, parse_memory
 
 
 def _store(store: Store | str | None) -> Store | None:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._units import format_bytes
 from ..exceptions import ConfigError
-from ._units import format_bytes
 
 #: The smallest margin, as a fraction of the budget: allocator rounding and run-to-run jitter
 #: that three points cannot show.

@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import Task, load_task
 from ..track import Store
-from ..track._store import _sqlite_pragmas
+from ..track._store import _sqlite_pragmas, pid_alive
 from ..train import Callback, FitState, fit
 from ._coarse_fine import CoarseToFineSampler
 from ._constraints import Constraint, Objective, constraint_table
@@ -468,16 +468,6 @@ def _counts(study: optuna.Study) -> dict[str, int]:
     return c
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
     """Fail the RUNNING trials whose process on this host is gone, and enqueue their retry.
 
@@ -490,7 +480,7 @@ def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
     retry = _retry_callback()
     for run in store.list_runs(kind="trial", study=study.study_name, status="running"):
         number = run.config.get("trial")
-        if run.host != host or run.pid is None or run.pid == me or _pid_alive(int(run.pid)) or number is None:
+        if run.host != host or run.pid is None or run.pid == me or pid_alive(int(run.pid)) or number is None:
             continue
         try:
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number))

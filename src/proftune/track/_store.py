@@ -318,7 +318,7 @@ class Store:
         host = socket.gethostname()
         stale = [
             r.id for r in self.list_runs(status="running")
-            if r.host == host and r.pid is not None and not _pid_alive(r.pid)
+            if r.host == host and r.pid is not None and not pid_alive(r.pid)
         ]
         for run_id in stale:
             self.finish_run(run_id, status="failed",
@@ -363,7 +363,8 @@ class RunHandle:
         self.store.update_run(self.id, **fields)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..exceptions import ConfigError
+from .exceptions import ConfigError
 
 _UNITS = {
     "": 1, "b": 1,
