@@ -46,9 +46,9 @@ def diagnose(
     def body() -> Any:
         params = parse_params(param)
         task_obj = load_task(task)
-        total = epochs if epochs is not None else (None if max_steps else task_obj.default_epochs)
+        progress = EpochProgress.for_run(task_obj, epochs, max_steps, description="diagnose")
         return run_diagnose(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
-                            lr_test=lr_test, db=db, callbacks=[EpochProgress(total, description="diagnose")])
+                            lr_test=lr_test, db=db, callbacks=[progress])
 
     def render(report: Any) -> None:
         d = report.to_dict()

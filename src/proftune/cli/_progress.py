@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..task import Task
 from ..train import Callback, FitState
 from ._common import err_console, progress_enabled
 
@@ -19,6 +20,13 @@ class EpochProgress(Callback):
         self.enabled = progress_enabled()
         self._progress: Progress | None = None
         self._task: Any = None
+
+    @classmethod
+    def for_run(cls, task: Task, epochs: int | None, max_steps: int | None, *,
+                description: str = "train") -> EpochProgress:
+        """The bar for a run bounded by ``epochs`` or ``max_steps`` (neither: the task's default)."""
+        total = epochs if epochs is not None else (None if max_steps else task.default_epochs)
+        return cls(total, description=description)
 
     def on_fit_start(self, state: FitState) -> None:
         if not self.enabled:

@@ -41,9 +41,9 @@ def train(
     def body() -> Any:
         params = parse_params(param)
         task_obj = load_task(task)
-        total = epochs if epochs is not None else (None if max_steps else task_obj.default_epochs)
+        progress = EpochProgress.for_run(task_obj, epochs, max_steps)
         return run_train(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
-                         db=db, callbacks=[EpochProgress(total)])
+                         db=db, callbacks=[progress])
 
     def render(report: Any) -> None:
         d = report.to_dict()
