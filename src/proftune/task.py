@@ -40,6 +40,9 @@ class Task:
     default_params: ClassVar[dict[str, Any]] = {}
     #: Epochs a plain ``proftune train TASK`` runs.
     default_epochs: ClassVar[int] = 5
+    #: Directions of metrics that ``evaluate()`` returns under names the metric registry does
+    #: not know (``{"bleu": "max"}``); see :mod:`proftune.metrics`.
+    metric_directions: ClassVar[dict[str, str]] = {}
 
     # -- required -------------------------------------------------------------------------
     def build_model(self, params: dict[str, Any]) -> nn.Module:

@@ -1,0 +1,184 @@
+"""The one registry of metric names: direction, unit, and which stage produces each.
+
+Every consumer that needs to know whether a metric is better high or low, or whether a stage can
+produce it (search constraints and objectives, the compress goal, ``EarlyStopping``, the bandit,
+``optimize``) asks this module; nobody guesses a direction from a name.
+
+Stages (``Metric.producers``):
+
+- ``static``: counted from the model without running a step (params, MACs, size);
+- ``step``: measured by profiling a few training steps (``Profile`` with ``detail="step"``);
+- ``inference``: measured by timing the forward pass in eval mode (latency);
+- ``evaluate``: returned by the task's ``evaluate()`` after training;
+- ``train``: recorded by the fit loop while training (train loss).
+
+A task may name metrics of its own in ``evaluate()``; their direction comes from this registry
+when the name is a well-known one (``accuracy``, ``f1``, ``mse``, ...), else from the task's
+``metric_directions`` mapping (``{"bleu": "max"}``), else the caller must say it (``name:max``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .exceptions import ConfigError
+
+__all__ = [
+    "METRICS",
+    "STAGES",
+    "Metric",
+    "better",
+    "direction",
+    "get_metric",
+    "is_known",
+    "metric_names",
+    "produced_by",
+    "resolve_direction",
+]
+
+Direction = Literal["min", "max"]
+
+#: The stages that produce metrics, in the order a configuration meets them.
+STAGES: tuple[str, ...] = ("static", "step", "inference", "train", "evaluate")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric name with its direction (``min``/``max``), unit and the stages that produce it."""
+
+    name: str
+    direction: Direction
+    unit: str
+    producers: tuple[str, ...]
+    description: str
+
+    @property
+    def optuna_direction(self) -> str:
+        """``minimize`` or ``maximize``, as Optuna spells it."""
+        return "maximize" if self.direction == "max" else "minimize"
+
+    @property
+    def is_profile(self) -> bool:
+        """Produced without training (static counts, a profiled step, an inference timing)."""
+        return any(p in ("static", "step", "inference") for p in self.producers)
+
+    @property
+    def is_static(self) -> bool:
+        """Counted from the model alone, no step run."""
+        return "static" in self.producers
+
+
+def _m(name: str, direction: Direction, unit: str, producers: tuple[str, ...], description: str) -> Metric:
+    return Metric(name, direction, unit, producers, description)
+
+
+_PROFILE = (
+    _m("step_time_ms", "min", "ms", ("step",), "wall time of one training step (forward, backward, optimizer)"),
+    _m("peak_memory_bytes", "min", "bytes", ("step",), "peak memory of one training step"),
+    _m("throughput", "max", "samples/s", ("step",), "training samples per second"),
+    _m("grad_var", "min", "", ("step",), "variance of the gradient across micro-batches"),
+    _m("grad_norm", "min", "", ("step",), "global L2 norm of the gradient"),
+    _m("params", "min", "count", ("static",), "number of parameters"),
+    _m("macs", "min", "count", ("static",), "multiply-accumulates of one forward pass"),
+    _m("flops", "min", "count", ("static",), "floating-point operations of one forward pass (2 x MACs)"),
+    _m("size_bytes", "min", "bytes", ("static",), "bytes of parameters and buffers as saved"),
+    _m("latency_ms", "min", "ms", ("inference",), "forward pass time at batch 1 in eval mode"),
+)
+
+# Well-known names that tasks return from evaluate(); a task may return others and declare them.
+_TASK = (
+    _m("accuracy", "max", "ratio", ("evaluate",), "share of correct predictions"),
+    _m("top1", "max", "ratio", ("evaluate",), "top-1 accuracy"),
+    _m("top5", "max", "ratio", ("evaluate",), "top-5 accuracy"),
+    _m("f1", "max", "ratio", ("evaluate",), "F1 score"),
+    _m("precision", "max", "ratio", ("evaluate",), "precision"),
+    _m("recall", "max", "ratio", ("evaluate",), "recall"),
+    _m("auc", "max", "ratio", ("evaluate",), "area under the ROC curve"),
+    _m("roc_auc", "max", "ratio", ("evaluate",), "area under the ROC curve"),
+    _m("r2", "max", "", ("evaluate",), "coefficient of determination"),
+    _m("bleu", "max", "", ("evaluate",), "BLEU score"),
+    _m("val_loss", "min", "", ("evaluate",), "loss on the validation data"),
+    _m("loss", "min", "", ("evaluate",), "loss"),
+    _m("mse", "min", "", ("evaluate",), "mean squared error"),
+    _m("rmse", "min", "", ("evaluate",), "root mean squared error"),
+    _m("mae", "min", "", ("evaluate",), "mean absolute error"),
+    _m("error", "min", "ratio", ("evaluate",), "error rate"),
+    _m("perplexity", "min", "", ("evaluate",), "perplexity"),
+    _m("train_loss", "min", "", ("train",), "mean training loss of the last epoch"),
+)
+
+#: Every metric proftune knows, by name.
+METRICS: Mapping[str, Metric] = {m.name: m for m in (*_PROFILE, *_TASK)}
+
+
+def metric_names(*, stage: str | None = None) -> tuple[str, ...]:
+    """Known metric names, or those ``stage`` produces."""
+    if stage is None:
+        return tuple(METRICS)
+    return produced_by(stage)
+
+
+def produced_by(stage: str) -> tuple[str, ...]:
+    """The metric names that ``stage`` produces (one of :data:`STAGES`)."""
+    if stage not in STAGES:
+        raise ConfigError(f"stage={stage!r} is unknown; valid: {', '.join(STAGES)}.")
+    return tuple(name for name, m in METRICS.items() if stage in m.producers)
+
+
+def is_known(name: str) -> bool:
+    return name in METRICS
+
+
+def get_metric(name: str, *, task: Any = None) -> Metric:
+    """The registry's entry for ``name``; a task's own declared metric gets an entry too.
+
+    Raises :class:`ConfigError` naming the valid metrics when nothing knows ``name``.
+    """
+    if name in METRICS:
+        return METRICS[name]
+    declared = _task_directions(task)
+    if name in declared:
+        return Metric(name, declared[name], "", ("evaluate",), "declared by the task")
+    valid = sorted(set(METRICS) | set(declared))
+    raise ConfigError(
+        f"metric {name!r} is unknown; known metrics: {', '.join(valid)}. A task metric of "
+        "another name needs a direction: declare it in the task's metric_directions "
+        "(e.g. {'bleu': 'max'}) or give it as NAME:max / NAME:min."
+    )
+
+
+def direction(name: str, *, task: Any = None) -> Direction:
+    """``min`` or ``max`` for ``name`` (see :func:`get_metric`)."""
+    return get_metric(name, task=task).direction
+
+
+def resolve_direction(name: str, given: str | None = None, *, task: Any = None) -> Direction:
+    """The direction the user gave (``max``/``min``/``maximize``/...) or the registry's."""
+    if given is None or given == "" or given == "auto":
+        return direction(name, task=task)
+    g = given.strip().lower()
+    if g in ("max", "maximize", "maximise"):
+        return "max"
+    if g in ("min", "minimize", "minimise"):
+        return "min"
+    raise ConfigError(f"direction {given!r} for metric {name!r} is unknown; valid: max, min.")
+
+
+def better(name: str, a: float, b: float, *, task: Any = None) -> bool:
+    """Whether value ``a`` of metric ``name`` is strictly better than ``b``."""
+    return a > b if direction(name, task=task) == "max" else a < b
+
+
+def _task_directions(task: Any) -> dict[str, Direction]:
+    declared = getattr(task, "metric_directions", None) or {}
+    out: dict[str, Direction] = {}
+    items: Iterable[tuple[Any, Any]] = declared.items() if isinstance(declared, Mapping) else ()
+    for key, value in items:
+        v = str(value).lower()
+        if v in ("max", "maximize"):
+            out[str(key)] = "max"
+        elif v in ("min", "minimize"):
+            out[str(key)] = "min"
+    return out
