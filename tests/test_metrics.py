@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from proftune import metrics
@@ -16,13 +18,13 @@ def test_directions_of_known_metrics() -> None:
 
 
 def test_unknown_metric_names_valid_ones() -> None:
-    with pytest.raises(ConfigError, match="known metrics: .*accuracy"):
+    with pytest.raises(ConfigError, match=r"known metrics: .*accuracy"):
         metrics.get_metric("acuracy")
 
 
 def test_task_declared_metric() -> None:
     class T:
-        metric_directions = {"bleu_4": "max", "wer": "minimize"}
+        metric_directions: ClassVar[dict[str, str]] = {"bleu_4": "max", "wer": "minimize"}
 
     assert metrics.direction("bleu_4", task=T()) == "max"
     assert metrics.direction("wer", task=T()) == "min"
