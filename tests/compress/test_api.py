@@ -211,3 +211,32 @@ def test_state_dict_model_distillation_and_a_lower_is_better_metric(original: Pa
     # val_loss goes down when better: the drop is the candidate's loss minus the baseline's
     assert c.metric_drop == pytest.approx(c.metric - report.baseline.metric)
     assert report.baseline.metrics["accuracy"] > 0.8  # the state dict was loaded, not a fresh model
+
+
+DIRECTION_TASK = '''
+from proftune.examples._digits import DigitsMLP
+
+
+class Declared(DigitsMLP):
+    name = "declared"
+    metric_directions = {"wrongness": "min"}
+
+    def evaluate(self, model, data):
+        m = super().evaluate(model, data)
+        return {**m, "wrongness": 1.0 - m["accuracy"], "oddity": m["accuracy"]}
+'''
+
+
+def test_metric_direction_comes_from_the_registry_or_the_task(original: Path, tmp_path: Path,
+                                                              db_url: str) -> None:
+    task_file = tmp_path / "declared.py"
+    task_file.write_text(DIRECTION_TASK)
+    report = proftune.compress(str(task_file), model=str(original), prune="unstructured", ratios=(0.9,),
+                               global_pruning=True, metric="wrongness", max_accuracy_drop=1.0, db=db_url,
+                               **FAST)
+    c = report.candidates[0]
+    assert c.metric_drop == pytest.approx(c.metric - report.baseline.metric)  # lower is better
+    assert c.metric_drop > 0  # 90% of the weights gone: more wrong
+    with pytest.raises(ConfigError, match="metric_directions"):  # no guess from the name
+        proftune.compress(str(task_file), model=str(original), prune="unstructured", ratios=(0.5,),
+                          metric="oddity", db=db_url, **FAST)

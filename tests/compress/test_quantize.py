@@ -56,11 +56,13 @@ def test_static_int8_fuses_and_calibrates_a_conv_model(tmp_path: Path) -> None:
 
 def test_backend_status_names_why_a_backend_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = backend_status("static", torch.device("cuda"))
-    assert cuda["torch.ao"] is not None and "CPU only" in cuda["torch.ao"]
+    assert cuda["torch.ao"] is not None
+    assert "CPU only" in cuda["torch.ao"]
     assert cuda["torchao"] is not None  # no eager static INT8 for conv in torchao
     monkeypatch.setattr(_quantize, "_supported_engines", lambda: ["none"])
     cpu = backend_status("dynamic", torch.device("cpu"))
-    assert cpu["torch.ao"] is not None and "engine" in cpu["torch.ao"]
+    assert cpu["torch.ao"] is not None
+    assert "engine" in cpu["torch.ao"]
     assert cpu["torchao"] is None
 
 

@@ -48,7 +48,8 @@ def test_malicious_pickle_exits_2_and_runs_nothing(tmp_path: Path) -> None:
     res = runner.invoke(app, ["compress", "digits-mlp", "--model", str(path), "--prune", "unstructured",
                               "--db", f"sqlite:///{tmp_path / 'c.db'}"])
     assert res.exit_code == 2, res.output
-    assert "--trust-model" in res.output and "runs code" in res.output
+    assert "--trust-model" in res.output
+    assert "runs code" in res.output
     assert not marker.exists()
     with pytest.raises(ConfigError, match="trust=True"):
         load_model(path)
@@ -72,14 +73,16 @@ def test_files_that_are_not_checkpoints_exit_2(tmp_path: Path) -> None:
         res = runner.invoke(app, ["compress", "digits-mlp", "--model", bad, "--prune", "unstructured",
                                   "--db", db])
         assert res.exit_code == 2, res.output
-        assert "is not a PyTorch checkpoint" in res.output and "state_dict" in res.output
+        assert "is not a PyTorch checkpoint" in res.output
+        assert "state_dict" in res.output
 
 
 def test_saved_selection_loads_safely_and_rebuilds_through_the_task(tmp_path: Path, db_url: str) -> None:
     out = tmp_path / "small.pt"
     report = proftune.compress("digits-mlp", prune="structured", ratios=(0.5,), max_accuracy_drop=1.0,
                                goal="macs", out=str(out), baseline_epochs=1, db=db_url, **FAST)
-    assert report.selected is not None and report.selected.format == "state"
+    assert report.selected is not None
+    assert report.selected.format == "state"
     saved = torch.load(out, weights_only=True)  # plain values only: no code in the file
     assert saved["task"] == "digits-mlp"
     assert "load_model(" in (report.load_line or "")
@@ -150,7 +153,8 @@ def test_every_candidate_supports_eval_train_to(task_class: str, tmp_path: Path,
     report = proftune.compress(f"{task_file}:{task_class}", quantize="dynamic", max_accuracy_drop=1.0,
                                baseline_epochs=1, db=db_url, **FAST)
     backends = {c.quant_backend for c in report.candidates}
-    assert backends and all(c.metric > 0.5 for c in [report.baseline, *report.candidates])
+    assert backends
+    assert all(c.metric > 0.5 for c in [report.baseline, *report.candidates])
     assert set(report.candidates[0].backend_ms) == {"torch.ao", "torchao"}
 
 
@@ -159,7 +163,8 @@ def test_exported_module_switches() -> None:
     x = torch.randn(2, 4)
     program = torch.export.export(model, (x,)).module()
     wrapped = ExportedModule(program)
-    assert wrapped.eval() is wrapped and not wrapped.training
+    assert wrapped.eval() is wrapped
+    assert not wrapped.training
     assert wrapped.train().training
     with torch.no_grad():
         assert torch.equal(wrapped.to("cpu").eval()(x), model(x))

@@ -52,7 +52,8 @@ def test_inference_profile_at_batch_1_counts_in_eval_mode() -> None:
     stats = {k: v.clone() for k, v in model.state_dict().items()}
     p = proftune.profile(model, example_input=torch.randn(1, 8), inference=True, steps=1, warmup=0,
                          device="cpu")
-    assert p.mode == "inference" and p.batch_size == 1
+    assert p.mode == "inference"
+    assert p.batch_size == 1
     assert p.macs == 8 * 16 + 16 * 3  # the two Linear layers at batch 1
     assert all(torch.equal(stats[k], v) for k, v in model.state_dict().items())  # untouched
 
@@ -61,11 +62,13 @@ def test_training_profile_at_batch_1_names_the_layer_and_the_smallest_batch() ->
     with pytest.raises(ConfigError) as err:
         proftune.profile(_bn_model(), example_input=torch.randn(1, 8), steps=1, warmup=0, device="cpu")
     text = str(err.value)
-    assert "layer '1'" in text and "BatchNorm1d" in text
+    assert "layer '1'" in text
+    assert "BatchNorm1d" in text
     assert "smallest batch size that works is 2" in text
     p = proftune.profile(_bn_model(), example_input=torch.randn(2, 8), steps=1, warmup=0, device="cpu",
                          detail="step")
-    assert p.batch_size == 2 and p.macs == 2 * (8 * 16 + 16 * 3)
+    assert p.batch_size == 2
+    assert p.macs == 2 * (8 * 16 + 16 * 3)
 
 
 def test_cli_batch_1_inference_exits_0_training_exits_2(tmp_path: Path) -> None:
@@ -78,7 +81,8 @@ def test_cli_batch_1_inference_exits_0_training_exits_2(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, common)
     assert res.exit_code == 2, res.output
-    assert "'1.0'" in res.output and "smallest batch size that works is 2" in res.output
+    assert "'1.0'" in res.output
+    assert "smallest batch size that works is 2" in res.output
 
 
 @pytest.mark.slow
