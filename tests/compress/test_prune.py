@@ -123,6 +123,6 @@ def test_selection_breaks_latency_ties_by_batch_latency_and_respects_the_budget(
     cands = [base, a, b, c]
     assert select(cands, "latency_ms", 0.01) is b
     assert not c.within_budget and b.within_budget
-    mark_pareto(cands, "latency_ms", True)
+    mark_pareto(cands, "latency_ms", metric_up=True)
     assert [x.pareto for x in cands] == [True, True, False, True]
     assert select(cands, "latency_ms", 0.001) is None

@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from proftune.compress import _quantize, backend_status, load_model
-from proftune.compress._measure import save_model
-from proftune.compress._quantize import quantize_dynamic, quantize_static, run_batches, save_format
+from proftune.compress import BACKENDS, BaseQuantBackend, _quantize, backend_status, load_model
+from proftune.compress._checkpoint import Rebuild, save_model
+from proftune.compress._quant_backends import get_backend
+from proftune.compress._quantize import quantize_dynamic, quantize_static, run_batches
 
 
 def _mlp() -> nn.Module:
@@ -24,8 +25,10 @@ def test_dynamic_int8_saves_smaller_and_reloads_identically(backend: str, tmp_pa
     x = torch.randn(5, 64)
     q = quantize_dynamic(model, backend=backend)
     fp_path, q_path = tmp_path / "fp.pt", tmp_path / "q.pt"
-    save_model(model, fp_path, x, fmt="pickle")
-    save_model(q, q_path, x, fmt=save_format(backend))
+    save_model(model, fp_path, x, fmt="state", rebuild=Rebuild(task=None))
+    found = get_backend(backend, "dynamic")
+    assert found is not None
+    save_model(q, q_path, x, fmt=found.save_format)
     loaded = load_model(q_path)
     with torch.no_grad():
         assert torch.equal(loaded(x), q(x))
@@ -53,11 +56,13 @@ def test_static_int8_fuses_and_calibrates_a_conv_model(tmp_path: Path) -> None:
 
 def test_backend_status_names_why_a_backend_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = backend_status("static", torch.device("cuda"))
-    assert cuda["torch.ao"] is not None and "CPU only" in cuda["torch.ao"]
+    assert cuda["torch.ao"] is not None
+    assert "CPU only" in cuda["torch.ao"]
     assert cuda["torchao"] is not None  # no eager static INT8 for conv in torchao
     monkeypatch.setattr(_quantize, "_supported_engines", lambda: ["none"])
     cpu = backend_status("dynamic", torch.device("cpu"))
-    assert cpu["torch.ao"] is not None and "engine" in cpu["torch.ao"]
+    assert cpu["torch.ao"] is not None
+    assert "engine" in cpu["torch.ao"]
     assert cpu["torchao"] is None
 
 
@@ -80,3 +85,24 @@ def test_qat_trains_fake_quantized_with_the_fit_loop_then_converts(tmp_path: Pat
     save_model(q, path, x, fmt="torchscript")
     with torch.no_grad():
         assert torch.equal(load_model(path)(x), q(x))
+
+
+def test_every_backend_follows_the_base_class_contract() -> None:
+    """One list holds every backend; each says why it cannot run, or quantizes a tiny model."""
+    assert {(b.name, b.method) for b in BACKENDS} >= {("torch.ao", "dynamic"), ("torch.ao", "static"),
+                                                      ("torch.ao", "qat"), ("torchao", "dynamic")}
+    cpu = torch.device("cpu")
+    for backend in BACKENDS:
+        assert isinstance(backend, BaseQuantBackend)
+        assert backend.save_format in ("torchscript", "export")
+        assert backend.available(cpu) == (backend.unavailable(cpu) is None)
+    dynamic = [b for b in BACKENDS if b.method == "dynamic" and b.available(cpu)]
+    assert dynamic, "no dynamic INT8 backend on CPU"
+    model, x = _mlp(), torch.randn(3, 64)
+    for backend in dynamic:
+        from proftune.compress import QuantInputs
+
+        q = backend.quantize(model, QuantInputs(example=x))
+        with torch.no_grad():
+            assert (q(x) - model(x)).abs().max() < 0.1
+        assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))  # untouched

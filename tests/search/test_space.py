@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 import pytest
 
@@ -99,3 +101,18 @@ def test_tiers_need_every_param_tiered_and_load_the_default_order() -> None:
             "lr": {"type": "float", "low": 1e-3, "high": 1e-1, "tier": "training"},
             "dropout": {"type": "float", "low": 0.0, "high": 0.5},
         }})
+
+
+def test_a_space_file_that_is_not_text_names_what_it_should_be(tmp_path: Path) -> None:
+    binary = tmp_path / "space.yaml"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    with pytest.raises(ConfigError, match=r"is not a text file.*YAML or JSON search space"):
+        load_space(binary)
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+
+    res = CliRunner().invoke(app, ["tune", "digits-mlp", "--space", str(binary),
+                                   "--db", f"sqlite:///{tmp_path / 't.db'}"])
+    assert res.exit_code == 2, res.output
+    assert "is not a text file" in res.output

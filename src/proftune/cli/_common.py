@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import sys
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -28,7 +30,7 @@ DbOpt = Annotated[
     str | None,
     typer.Option("--db", help="Run store URL (default $PROFTUNE_DB or sqlite:///proftune.db).", show_default=False),
 ]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of failures.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of failures and library warnings.")]
 ParamOpt = Annotated[
     list[str] | None,
     typer.Option("--param", "-p", help="A param as key=value; repeat for several.", show_default=False),
@@ -92,6 +94,30 @@ def to_jsonable(value: Any) -> Any:
     return str(value)
 
 
+#: Loggers of libraries whose warnings (deprecations, torch.compile notices) are noise to a user.
+_LIBRARY_LOGGERS = ("torch", "torchao", "torch_pruning")
+
+
+@contextlib.contextmanager
+def library_warnings(*, shown: bool) -> Iterator[None]:
+    """The one place the CLI hides library warnings (Python warnings and the libraries' logged
+    warnings); ``--debug`` shows them."""
+    if shown:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
 def execute(
     fn: Callable[[], T],
     *,
@@ -105,11 +131,12 @@ def execute(
     With ``--json``, anything the body prints goes to stderr so stdout holds one JSON object.
     """
     try:
-        if json_out:
-            with contextlib.redirect_stdout(sys.stderr):
+        with library_warnings(shown=debug):
+            if json_out:
+                with contextlib.redirect_stdout(sys.stderr):
+                    result = fn()
+            else:
                 result = fn()
-        else:
-            result = fn()
     except ConfigError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
         if debug:

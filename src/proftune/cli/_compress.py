@@ -52,7 +52,8 @@ def compress(
     goal: Annotated[str, typer.Option("--goal", help="latency, size or macs: what the selection minimises.")] = "latency",
     out: Annotated[str | None, typer.Option("--out", help="Write the selected model here (refuses to replace a file without --force).", show_default=False)] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Folder for metric-vs-params and metric-vs-latency PNGs.", show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", help="The trained original (torch.save(model) or a state dict); default: train the task first. Never modified.", show_default=False)] = None,
+    model: Annotated[str | None, typer.Option("--model", help="The trained original: torch.save(model.state_dict()) or a compress output; default: train the task first. Never modified.", show_default=False)] = None,
+    trust_model: Annotated[bool, typer.Option("--trust-model", help="Let --model be a whole pickled model (torch.save(model)): loading it runs code from the file, so only for files you trust.")] = False,
     round_to: Annotated[int | None, typer.Option("--round-to", help="Keep channel counts multiples of this (structured).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file (never the --model file).")] = False,
     param: ParamOpt = None,
@@ -68,7 +69,7 @@ def compress(
         params = parse_params(param)
         layers = tuple(name.strip() for item in (ignore_layers or []) for name in item.split(",") if name.strip())
         return run_compress(
-            task, params=params, model=model, db=db, callbacks=[EpochProgress(None)],
+            task, params=params, model=model, trust_model=trust_model, db=db, callbacks=[EpochProgress(None)],
             prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
             global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, distill=distill,
             finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,

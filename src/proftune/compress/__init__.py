@@ -6,21 +6,27 @@
 from __future__ import annotations
 
 from . import _distill, _measure, _pipeline, _plot, _prune, _quantize, _sensitivity  # noqa: F401
-from ._api import CompressConfig, CompressReport, compress
+from ._api import compress
+from ._checkpoint import LOAD_LINES, ExportedModule, load_model
+from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
-from ._measure import LOAD_LINES, load_model
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
-from ._quantize import backend_status
+from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_status
+from ._report import CompressReport
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = [
+    "BACKENDS",
     "LOAD_LINES",
+    "BaseQuantBackend",
     "Candidate",
     "CompressConfig",
     "CompressReport",
     "DistillationTask",
+    "ExportedModule",
     "LayerSensitivity",
+    "QuantInputs",
     "backend_status",
     "compress",
     "hinton_loss",

@@ -1,12 +1,6 @@
-"""Measuring a candidate as it is saved: the file, its size, how it reloads and how fast it runs.
+"""Measuring a candidate as it is saved: its counts, its size on disk and how fast it runs.
 
-Formats (one documented line to load each, :func:`load_model` picks by the file's content):
-
-- ``torch.load(path, weights_only=False)``: float models (baseline, pruned), the whole module.
-- ``torch.jit.load(path)``: ``torch.ao.quantization`` INT8 models (TorchScript; quantized FX
-  graph modules do not survive pickling).
-- ``torch.export.load(open(path, 'rb')).module()``: torchao INT8 models (tensor subclasses;
-  an ExportedProgram; it has no ``.eval()``, it is already in inference form).
+Saving and loading live in ``_checkpoint`` (no code from a file runs while it loads).
 """
 
 from __future__ import annotations
@@ -17,7 +11,6 @@ import os
 import statistics
 import time
 import warnings
-import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,81 +19,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import move_to_device, synchronize
-from ..exceptions import ConfigError
+from .._device import call_model, move_to_device, synchronize
 
 __all__ = [
-    "FORMATS",
-    "LOAD_LINES",
+    "LatencyInput",
     "count",
-    "load_model",
+    "file_size",
     "measure_latencies",
-    "save_model",
     "sparse_size_bytes",
 ]
-
-FORMATS = ("pickle", "torchscript", "export")
-LOAD_LINES = {
-    "pickle": "torch.load({path!r}, weights_only=False)",
-    "torchscript": "torch.jit.load({path!r})",
-    "export": "torch.export.load(open({path!r}, 'rb')).module()",
-}
-
-
-def call(model: Any, example: Any) -> Any:
-    """``model(example)`` for a tensor, ``model(*example)`` for a tuple, ``model(**example)`` for a dict."""
-    if isinstance(example, dict):
-        return model(**example)
-    if isinstance(example, (tuple, list)):
-        return model(*example)
-    return model(example)
-
-
-def _as_tuple(example: Any) -> tuple[Any, ...]:
-    return tuple(example) if isinstance(example, (tuple, list)) else (example,)
-
-
-def save_model(model: nn.Module, path: str | Path, example: Any, *, fmt: str) -> None:
-    """Write ``model`` to ``path`` in ``fmt`` (see the module doc); the parent folder must exist."""
-    path = Path(path)
-    if fmt == "pickle":
-        torch.save(model, path)
-    elif fmt == "torchscript":
-        with torch.no_grad():
-            scripted = torch.jit.trace(model, _as_tuple(example), check_trace=False)
-        torch.jit.save(scripted, str(path))
-    elif fmt == "export":
-        args = _as_tuple(example)
-        batch = torch.export.Dim.DYNAMIC
-        shapes = tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in args)
-        program = torch.export.export(model, args, dynamic_shapes=shapes)
-        with open(path, "wb") as f:  # a file object: any suffix (torch.export wants .pt2 for a path)
-            torch.export.save(program, f)
-    else:
-        raise ConfigError(f"fmt={fmt!r} is unknown; valid: {', '.join(FORMATS)}.")
-
-
-def file_format(path: str | Path) -> str:
-    """Which of :data:`FORMATS` a saved file is, from the archive's entries."""
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-    if any(n.endswith("serialized_exported_program.json") or "/models/" in n for n in names):
-        return "export"
-    if any(n.endswith("constants.pkl") for n in names) and any("/code/" in n for n in names):
-        return "torchscript"
-    return "pickle"
-
-
-def load_model(path: str | Path) -> Any:
-    """Load a model saved by ``proftune compress`` (any of its formats), ready for inference."""
-    fmt = file_format(path)
-    if fmt == "torchscript":
-        return torch.jit.load(str(path), map_location="cpu")
-    if fmt == "export":
-        with open(path, "rb") as f:
-            return torch.export.load(f).module()
-    model = torch.load(path, weights_only=False, map_location="cpu")
-    return model.eval() if isinstance(model, nn.Module) else model
 
 
 def count(model: nn.Module, example: Any) -> tuple[int, int]:
@@ -196,7 +123,7 @@ def measure_latencies(
         for model in models.values():
             for x in placed.values():
                 for _ in range(warmup):
-                    call(model, x)
+                    call_model(model, x)
         for _ in range(rounds):
             for name, model in models.items():
                 for bs, x in placed.items():
@@ -205,7 +132,7 @@ def measure_latencies(
                     while n < min_repeats or spent < budget_s / rounds:
                         synchronize(device)
                         t0 = time.perf_counter()
-                        call(model, x)
+                        call_model(model, x)
                         synchronize(device)
                         dt = time.perf_counter() - t0
                         samples[name][bs].append(dt * 1e3)

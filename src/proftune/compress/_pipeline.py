@@ -13,7 +13,6 @@ __all__ = [
     "GOALS",
     "Candidate",
     "capture_inputs",
-    "higher_is_better",
     "mark_pareto",
     "select",
     "slice_batch",
@@ -21,8 +20,8 @@ __all__ = [
 
 #: Relative difference of batch-1 latency treated as a tie (timing noise on a shared machine).
 LATENCY_TIE = 0.05
-#: --goal -> the candidate field it minimises.
-GOALS = {"latency": "latency_ms", "size": "size_bytes", "macs": "macs"}
+#: --goal -> the candidate field it optimises, a metric name whose direction ``proftune.metrics`` gives.
+GOALS = {"latency": "latency_ms", "size": "size_bytes", "macs": "macs", "params": "params"}
 
 
 @dataclass
@@ -52,8 +51,8 @@ class Candidate:
     distilled: bool = False
     finetune_epochs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    #: How the file is saved: pickle, torchscript or export (``_measure.LOAD_LINES`` has the load line).
-    format: str = "pickle"
+    #: How the file is saved: state, torchscript or export (``_checkpoint.LOAD_LINES`` has the load line).
+    format: str = "state"
     reload_max_abs_diff: float = 0.0
     within_budget: bool = False
     pareto: bool = False
@@ -64,28 +63,30 @@ class Candidate:
         return asdict(self)
 
 
-def higher_is_better(metric: str) -> bool:
-    """Accuracy-like metrics go up; losses and errors go down."""
-    low = metric.lower()
-    return not any(w in low for w in ("loss", "error", "perplexity", "mse", "mae"))
+def _key(c: Candidate, goal_key: str, goal_up: bool) -> float:
+    """``goal_key`` of ``c`` signed so that smaller is better."""
+    value = float(getattr(c, goal_key))
+    return -value if goal_up else value
 
 
-def mark_pareto(cands: Sequence[Candidate], goal_key: str, metric_up: bool) -> None:
-    """Flag candidates no other beats on both the metric and ``goal_key`` (smaller is better)."""
+def mark_pareto(cands: Sequence[Candidate], goal_key: str, *, metric_up: bool, goal_up: bool = False) -> None:
+    """Flag candidates no other beats on both the metric and ``goal_key`` (``*_up``: higher is
+    better, from ``proftune.metrics``)."""
     for c in cands:
         c.pareto = True
         for o in cands:
             if o is c:
                 continue
             better_metric = o.metric >= c.metric if metric_up else o.metric <= c.metric
-            better_goal = getattr(o, goal_key) <= getattr(c, goal_key)
+            better_goal = _key(o, goal_key, goal_up) <= _key(c, goal_key, goal_up)
             strictly = (o.metric != c.metric) or (getattr(o, goal_key) != getattr(c, goal_key))
             if better_metric and better_goal and strictly:
                 c.pareto = False
                 break
 
 
-def select(cands: Sequence[Candidate], goal_key: str, max_drop: float) -> Candidate | None:
+def select(cands: Sequence[Candidate], goal_key: str, max_drop: float, *,
+           goal_up: bool = False) -> Candidate | None:
     """The candidate best on ``goal_key`` whose metric drop is at most ``max_drop``; ties go to the
     better metric (for latency: to the faster one at the task's batch size). ``None`` when no
     compressed candidate fits the budget."""
@@ -100,7 +101,7 @@ def select(cands: Sequence[Candidate], goal_key: str, max_drop: float) -> Candid
         fastest = min(c.latency_ms for c in fits)
         close = [c for c in fits if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
         return min(close, key=lambda c: (c.latency_batch_ms, c.metric_drop))
-    return min(fits, key=lambda c: (getattr(c, goal_key), c.metric_drop))
+    return min(fits, key=lambda c: (_key(c, goal_key, goal_up), c.metric_drop))
 
 
 def capture_inputs(loss_fn: Any, model: nn.Module, batch: Any) -> Any:

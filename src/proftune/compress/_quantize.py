@@ -1,9 +1,10 @@
-"""INT8 quantization behind one interface: dynamic, static post-training, and quantization-aware.
+"""INT8 quantization: dynamic, static post-training, and quantization-aware.
 
-Two backends: ``torch.ao.quantization`` (FX graph mode: fuses conv-bn-relu, calibrates
-observers; its INT8 kernels run on CPU through the x86/fbgemm/qnnpack engines) and torchao
-(``quantize_`` with tensor subclasses; dynamic INT8 Linear on CPU and CUDA). Where both can do
-a method, both are built and timed on the device and the faster one is kept.
+The backends (``_quant_backends``: ``torch.ao.quantization`` FX graph mode, which fuses
+conv-bn-relu and calibrates observers, its INT8 kernels on CPU through the x86/fbgemm/qnnpack
+engines; torchao's ``quantize_`` with tensor subclasses, dynamic INT8 Linear on CPU and CUDA)
+call the torch.ao recipes here. Where both can do a method, both are built and timed on the
+device and the faster one is kept.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from ..exceptions import ConfigError
 __all__ = [
     "QUANT_BACKENDS",
     "QUANT_METHODS",
-    "backend_status",
     "convert_qat",
     "prepare_qat",
     "quantize_dynamic",
     "quantize_static",
-    "save_format",
+    "torch_ao_dynamic",
 ]
 
 QUANT_METHODS = ("dynamic", "static", "qat")
@@ -58,53 +58,24 @@ def _engine() -> str | None:
     return None
 
 
-def backend_status(method: str, device: torch.device, model: nn.Module | None = None) -> dict[str, str | None]:
-    """For each backend, None when it can run ``method`` on ``device``, else the reason it cannot."""
-    status: dict[str, str | None] = {}
-    engine = _engine()
-    if device.type != "cpu":
-        status["torch.ao"] = (f"torch.ao.quantization's INT8 kernels run on CPU only; the device is "
-                              f"{device.type} (use --device cpu)")
-    elif engine is None:
-        status["torch.ao"] = ("no quantized engine (x86, fbgemm, onednn, qnnpack) is built into this "
-                              f"torch; torch.backends.quantized.supported_engines={_supported_engines()}")
-    else:
-        status["torch.ao"] = None
-    try:
-        import torchao  # noqa: F401
-    except ImportError:
-        status["torchao"] = "torchao is not installed (pip install 'proftune[quant]')"
-    else:
-        if method == "dynamic":
-            status["torchao"] = None
-            if model is not None and not any(isinstance(m, nn.Linear) for m in model.modules()):
-                status["torchao"] = "torchao's dynamic INT8 quantizes nn.Linear only; the model has none"
-        else:
-            status["torchao"] = (f"torchao's {method} INT8 for conv models runs only as a torch.compile "
-                                 "(pt2e + inductor) graph, not as a saved eager model")
-    return status
-
-
-def save_format(backend: str) -> str:
-    """The file format a model quantized by ``backend`` is saved in (see ``_measure``)."""
-    return "export" if backend == "torchao" else "torchscript"
-
-
 def quantize_dynamic(model: nn.Module, *, backend: str) -> nn.Module:
-    """Dynamic INT8: weights stored INT8, activations quantized on the fly (Linear, LSTM)."""
-    model = copy.deepcopy(model).cpu().eval() if backend == "torch.ao" else copy.deepcopy(model).eval()
-    if backend == "torch.ao":
-        with _quiet():
-            from torch.ao.quantization import quantize_dynamic as tq_dynamic
+    """Dynamic INT8 with ``backend`` (``torch.ao`` or ``torchao``): weights INT8, activations
+    quantized on the fly."""
+    from ._quant_backends import QuantInputs, get_backend
 
-            torch.backends.quantized.engine = _engine() or torch.backends.quantized.engine
-            return tq_dynamic(model, {nn.Linear, nn.LSTM}, dtype=torch.qint8)
-    if backend == "torchao":
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    found = get_backend(backend, "dynamic")
+    if found is None:
+        raise ConfigError(f"backend={backend!r} is unknown; valid: torchao, torch.ao.")
+    return found.quantize(model, QuantInputs())
 
-        quantize_(model, Int8DynamicActivationInt8WeightConfig())
-        return model
-    raise ConfigError(f"backend={backend!r} is unknown; valid: torchao, torch.ao.")
+
+def torch_ao_dynamic(model: nn.Module) -> nn.Module:
+    """torch.ao's dynamic INT8 of Linear and LSTM layers (CPU)."""
+    with _quiet():
+        from torch.ao.quantization import quantize_dynamic as tq_dynamic
+
+        torch.backends.quantized.engine = _engine() or torch.backends.quantized.engine
+        return tq_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear, nn.LSTM}, dtype=torch.qint8)
 
 
 def _fx_error(exc: Exception, method: str) -> ConfigError:

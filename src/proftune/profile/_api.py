@@ -348,8 +348,18 @@ def _forward_error(exc: BaseException, model: nn.Module) -> ConfigError | None:
     where = f"layer {path!r}" if path else "the model's top module"
     return ConfigError(
         f"the model's forward raised in {where} ({type(mod).__name__}) given inputs of shapes "
-        f"{shapes}: {type(exc).__name__}: {exc}"
+        f"{shapes}: {type(exc).__name__}: {exc}{_batch_norm_hint(mod, exc)}"
     )
+
+
+def _batch_norm_hint(mod: nn.Module, exc: BaseException) -> str:
+    """What to do when a BatchNorm layer in training mode saw one value per channel."""
+    if not (isinstance(mod, nn.modules.batchnorm._BatchNorm) and "more than 1 value" in str(exc)):
+        return ""
+    # one value per channel at batch 1 means one per sample: two samples are the least that work
+    return (". BatchNorm normalises over the batch in training mode, so a training step needs "
+            "more than one value per channel: the smallest batch size that works is 2 "
+            "(batch_size=2); an inference profile (inference=True) runs it in eval mode at batch 1")
 
 
 # -- inference --------------------------------------------------------------------------------------
@@ -513,7 +523,7 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
     inner = unwrap(model)
     counts = None
     if prof.example is not None:
-        counts = static_counts(inner, prof.example, backward=not inference)
+        counts = static_counts(inner, prof.example, backward=not inference, train=not inference)
     m = prof.measurements()
     p = assemble_profile(
         m, counts, task=task_name, device=dev, batch_size=bs,

@@ -50,12 +50,12 @@ class Measurements:
 
 
 def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
-                  copy_model: bool = False) -> StaticCounts:
-    """:func:`count_model` without side effects on the model: counted in training mode (eval
-    mode sends ``nn.MultiheadAttention`` under no_grad down a fused fast path the counter does
-    not see; the MACs are the same), buffers (BatchNorm statistics) restored afterwards, the
-    global RNG state untouched; ``copy_model`` counts backward on a copy so the model's
-    gradients survive."""
+                  copy_model: bool = False, train: bool = True) -> StaticCounts:
+    """:func:`count_model` without side effects on the model: counted in training mode, or in
+    eval mode with ``train=False`` (an inference profile: BatchNorm at batch 1 only runs in eval
+    mode; the counter also sees the fused attention fast paths, so the MACs are the same),
+    buffers (BatchNorm statistics) restored afterwards, the global RNG state untouched;
+    ``copy_model`` counts backward on a copy so the model's gradients survive."""
     target = model
     if backward and copy_model:
         try:
@@ -65,7 +65,7 @@ def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
     was_training = target.training
     devices = [d.index or 0 for d in {p.device for p in target.parameters()} if d.type == "cuda"]
     saved = {name: b.detach().clone() for name, b in target.named_buffers()}
-    target.train()
+    target.train(train)
     try:
         with torch.random.fork_rng(devices=devices):
             return count_model(target, example_input, backward=backward)

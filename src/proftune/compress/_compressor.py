@@ -1,0 +1,389 @@
+"""One compress run: baseline, profile, plan, sweep, measure as saved, select, save."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._device import DeviceIterable, call_model, move_to_device
+from ..exceptions import ConfigError
+from ..metrics import direction
+from ..task import Task
+from ..train import Callback, evaluate_model, fit
+from ._checkpoint import Rebuild, load_model, read_model, save_model
+from ._config import CompressConfig, backend_problems
+from ._distill import DistillationTask
+from ._measure import LatencyInput, count, file_size, measure_latencies, sparse_size_bytes
+from ._pipeline import GOALS, Candidate, capture_inputs, mark_pareto, select, slice_batch
+from ._plan import Plan, plan_methods, profile_summary
+from ._prune import (
+    final_classifier,
+    make_permanent,
+    prune_structured,
+    prune_unstructured,
+    resolve_layers,
+    sparsity,
+)
+from ._quant_backends import BACKEND_NAMES, QuantInputs, backend_status, get_backend
+from ._quantize import run_batches
+from ._report import CompressReport
+from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
+
+__all__ = ["Compressor"]
+
+#: (candidate, the model loaded back from its file, the example inputs on its device)
+Built = tuple[Candidate, Any, Any]
+
+
+class Compressor:
+    """One compress run over ``task`` with ``cfg`` on ``dev``; :meth:`run` returns the report."""
+
+    def __init__(self, task: Task, params: dict[str, Any], cfg: CompressConfig, dev: torch.device, *,
+                 callbacks: Sequence[Callback] = (), rebuild: Rebuild | None = None,
+                 trust_model: bool = False) -> None:
+        self.task, self.params, self.cfg, self.dev = task, params, cfg, dev
+        self.callbacks = list(callbacks)
+        self.rebuild = rebuild or Rebuild(task=None, params=params)
+        self.trust_model = trust_model
+        self.bs = int(params.get("batch_size", 32))
+        self.metric_up = True
+        self.goal_up = direction(GOALS[cfg.goal]) == "max"
+        self.notes: list[str] = []
+        self.plan: list[str] = []
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self, model: nn.Module | str | Path | None) -> CompressReport:
+        cfg = self.cfg
+        base = self._prepare(model)
+        summary = profile_summary(self._profile(base))
+        plan = self._plan(summary)
+        tmp = Path(tempfile.mkdtemp(prefix="proftune-compress-"))
+        try:
+            built, sens = self._build_all(base, plan, tmp)
+            self._latencies(built)
+            self._denormal_check(built[0])
+            cands = [c for c, _, _ in built]
+            selected = self._select(cands)
+            output = self._write_out(selected)
+            plots = self._plots(cands, selected) if cfg.plot_dir else []
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return CompressReport(
+            task=self.task.name or type(self.task).__name__, metric=cfg.metric, goal=cfg.goal,
+            max_accuracy_drop=cfg.max_accuracy_drop, device=str(self.dev),
+            threads=cfg.threads if self.dev.type == "cpu" else None, baseline=cands[0],
+            candidates=cands[1:], selected=selected, output=output, profile=summary, plan=self.plan,
+            sensitivity=[dataclasses.asdict(s) for s in sens], notes=self.notes, plots=plots,
+        )
+
+    def _prepare(self, model: nn.Module | str | Path | None) -> nn.Module:
+        """The baseline in eval mode, its metrics, the metric's direction and example inputs."""
+        cfg = self.cfg
+        if model is None and cfg.prune == "structured":
+            self._preflight()
+        base = self._baseline(model).to(self.dev).eval()
+        self.base = base
+        self.base_metrics = evaluate_model(self.task, base, self.dev, self.bs)
+        if cfg.metric not in self.base_metrics:
+            raise ConfigError(f"--metric {cfg.metric!r} is not a metric of task {self.task.name!r}; "
+                              f"its metrics: {', '.join(sorted(self.base_metrics))}.")
+        self.metric_up = direction(cfg.metric, task=self.task) == "max"
+        batch = move_to_device(next(iter(self.task.val_data(self.bs))), self.dev)
+        self.example = capture_inputs(self.task.loss, base, batch)
+        self.example1 = slice_batch(self.example, 1)
+        self.train_batch = move_to_device(next(iter(self.task.train_data(self.bs, self.params))), self.dev)
+        return base
+
+    def _build_all(self, base: nn.Module, plan: Plan, tmp: Path) -> tuple[list[Built], list[LayerSensitivity]]:
+        """The baseline and every candidate, each saved, reloaded and measured (all but latency)."""
+        cfg = self.cfg
+        ignored_names = self._ignored_names(base, plan.prune)
+        built = [self._save_measure("baseline", 0.0, base, tmp=tmp)]
+        sens: list[LayerSensitivity] = []
+        if plan.prune == "structured" and cfg.sensitivity and not cfg.global_pruning:
+            sens = self._sensitivity(base, ignored_names)
+        if plan.prune is not None:
+            for ratio in cfg.ratios:
+                pruned = self._prune(base, plan.prune, float(ratio), ignored_names, sens)
+                built.append(self._save_measure(plan.prune, ratio, pruned, tmp=tmp, finetuned=True))
+                if plan.quant:
+                    built.append(self._quantized(pruned, plan.quant, f"{plan.prune}+{plan.quant}", ratio, tmp))
+        if plan.quant:
+            built.append(self._quantized(base, plan.quant, plan.quant, 0.0, tmp))
+        return built, sens
+
+    def _select(self, cands: list[Candidate]) -> Candidate | None:
+        """Drops against the baseline, the Pareto front, and the best on the goal within budget."""
+        cfg = self.cfg
+        baseline = cands[0]
+        for c in cands:
+            c.metric_drop = (baseline.metric - c.metric) if self.metric_up else (c.metric - baseline.metric)
+        goal_key = GOALS[cfg.goal]
+        mark_pareto(cands, goal_key, metric_up=self.metric_up, goal_up=self.goal_up)
+        selected = select(cands, goal_key, cfg.max_accuracy_drop, goal_up=self.goal_up)
+        if selected is None:
+            self.notes.append(
+                f"no candidate keeps the {cfg.metric} drop within {cfg.max_accuracy_drop}; nothing "
+                "saved. Loosen --max-accuracy-drop, lower --ratios or fine-tune longer.")
+            return None
+        sel_value, base_value = getattr(selected, goal_key), getattr(baseline, goal_key)
+        if (sel_value <= base_value) if self.goal_up else (sel_value >= base_value):
+            self.notes.append(
+                f"the selected candidate is no better than the baseline on --goal {cfg.goal} "
+                f"({sel_value:.4g} vs {base_value:.4g}); the model may be too small for this method "
+                "to pay on this device.")
+        return selected
+
+    # -- steps -----------------------------------------------------------------------------
+    def _preflight(self) -> None:
+        """Cut an untrained model once before training the baseline, so that a model Torch-Pruning
+        cannot trace (or a bad --ignore-layers) is reported in seconds, not after training."""
+        torch.manual_seed(self.cfg.seed)
+        model = self.task.build_model(self.params).to(self.dev).eval()
+        batch = move_to_device(next(iter(self.task.val_data(self.bs))), self.dev)
+        example = capture_inputs(self.task.loss, model, batch)
+        names = list(self.cfg.ignore_layers)
+        resolve_layers(model, names)
+        head = final_classifier(model, example)
+        ignored = resolve_layers(model, [*names, *([head] if head and head not in names else [])])
+        prune_structured(model, example, max(self.cfg.ratios), importance="l2", ignored=ignored,
+                         round_to=self.cfg.round_to)
+
+    def _baseline(self, model: nn.Module | str | Path | None) -> nn.Module:
+        if model is None:
+            epochs = self.cfg.baseline_epochs or self.task.default_epochs
+            self.plan.append(f"baseline: trained {epochs} epochs with the fit loop (no --model given)")
+            return fit(self.task, self.params, epochs=epochs, device=self.dev, seed=self.cfg.seed,
+                       callbacks=self.callbacks).model
+        if isinstance(model, nn.Module):
+            return copy.deepcopy(model)
+        return read_model(model, task=self.task, params=self.params, trust=self.trust_model, name="--model")
+
+    def _profile(self, base: nn.Module) -> Any:
+        """The baseline's inference profile on the task's batch (``proftune.profile``): per-layer
+        time with ``layer_times``, else the cheaper ``detail="step"`` (counts, no layer timing)."""
+        from ..profile import profile as run_profile
+
+        timed = self.cfg.layer_times
+        return run_profile(base, inference=True, example_input=self.example, device=self.dev,
+                           steps=2 if timed else 1, warmup=1 if timed else 0,
+                           detail="full" if timed else "step", seed=self.cfg.seed)
+
+    def _plan(self, summary: dict[str, Any]) -> Plan:
+        cfg = self.cfg
+        possible = {m: not backend_problems(dataclasses.replace(cfg, quantize=m), self.dev)
+                    for m in ("dynamic", "static")}
+        plan = plan_methods(summary, prune=cfg.prune, quant=cfg.quantize, quant_possible=possible)
+        self.plan.extend(plan.lines)
+        self.notes.extend(plan.notes)
+        return plan
+
+    def _ignored_names(self, base: nn.Module, prune: str | None) -> list[str]:
+        names = list(self.cfg.ignore_layers)
+        resolve_layers(base, names)
+        if prune == "structured":
+            head = final_classifier(base, self.example)
+            if head and head not in names:
+                names.append(head)
+                self.plan.append(f"kept the final classifier {head!r} whole (its outputs are the classes)")
+        return names
+
+    def _score(self, model: nn.Module) -> float:
+        value = evaluate_model(self.task, model, self.dev, self.bs)[self.cfg.metric]
+        return value if self.metric_up else -value
+
+    def _taylor_loss(self) -> Callable[[nn.Module], torch.Tensor] | None:
+        if self.cfg.importance != "taylor":
+            return None
+        return lambda m: self.task.loss(m, self.train_batch)
+
+    def _sensitivity(self, base: nn.Module, ignored_names: list[str]) -> list[LayerSensitivity]:
+        probe = max(self.cfg.ratios)
+        sens = layer_sensitivity(
+            base, self.example, ratio=probe, baseline=self._score(base), score=self._score,
+            importance=self.cfg.importance, ignored=resolve_layers(base, ignored_names),
+            round_to=self.cfg.round_to, taylor_loss=self._taylor_loss(),
+        )
+        if len(sens) > 1:
+            self.plan.append(f"per-layer sensitivity at ratio {probe}: each layer cut alone, "
+                             f"{self.cfg.metric} drop measured; ratios set inversely to the drop")
+        return sens
+
+    def _prune(self, base: nn.Module, method: str, ratio: float, ignored_names: list[str],
+               sens: list[LayerSensitivity]) -> nn.Module:
+        cfg = self.cfg
+        model = copy.deepcopy(base)
+        ignored = resolve_layers(model, ignored_names)
+        if method == "structured":
+            ratio_dict = None
+            if len(sens) > 1:
+                table = dict(model.named_modules())
+                ratio_dict = {table[k]: v for k, v in ratios_from_sensitivity(sens, ratio).items()}
+            prune_structured(model, self.example, ratio, importance=cfg.importance,
+                             global_pruning=cfg.global_pruning, ignored=ignored, round_to=cfg.round_to,
+                             ratio_dict=ratio_dict, taylor_loss=self._taylor_loss())
+        else:
+            prune_unstructured(model, ratio, global_pruning=cfg.global_pruning,
+                               importance=cfg.importance, ignored=ignored, permanent=False)
+        if cfg.finetune_epochs > 0:
+            self._fit(model, cfg.finetune_epochs)
+        if method == "unstructured":
+            make_permanent(model)
+        return model.eval()
+
+    def _fit(self, model: nn.Module, epochs: int) -> None:
+        task: Task = self.task
+        if self.cfg.distill:
+            task = DistillationTask(self.task, copy.deepcopy(self.base), temperature=self.cfg.temperature,
+                                    alpha=self.cfg.alpha)
+        fit(task, self.params, model=model, epochs=epochs, device=self.dev, seed=self.cfg.seed,
+            callbacks=self.callbacks)
+
+    def _quantized(self, float_model: nn.Module, method: str, name: str, ratio: float, tmp: Path) -> Built:
+        """Every usable backend's INT8 model of ``float_model``, measured; the fastest is kept."""
+        cfg = self.cfg
+        status = backend_status(method, self.dev, float_model)
+        wanted = [b for b in BACKEND_NAMES if cfg.quant_backend in ("auto", b)]
+        usable = [b for b in wanted if status.get(b) is None]
+        if not usable:
+            why = "; ".join(f"{b}: {status[b]}" for b in wanted)
+            raise ConfigError(f"--quantize {method}: no backend can quantize this model on {self.dev} ({why}).")
+        built: dict[str, Built] = {}
+        for name_ in usable:
+            backend = get_backend(name_, method)
+            assert backend is not None
+            qmodel = backend.quantize(float_model, self._quant_inputs())
+            built[name_] = self._save_measure(name, ratio, qmodel, float_model=float_model,
+                                              fmt=backend.save_format, tmp=tmp, tag=name_.replace(".", "_"))
+        if len(built) > 1:
+            self._latencies(list(built.values()))
+        times: dict[str, float | str] = {b: c.latency_batch_ms for b, (c, _, _) in built.items()}
+        for b in BACKEND_NAMES:
+            times.setdefault(b, f"unavailable: {status[b]}" if b in wanted else "not requested")
+        best = min(built, key=lambda b: built[b][0].latency_batch_ms)
+        cand = built[best][0]
+        cand.quant_backend = best
+        cand.backend_ms = times
+        if len(built) > 1:
+            cand.notes.append(f"backend {best} chosen: fastest at batch {self.bs} on {self.dev} "
+                              f"({', '.join(f'{b} {c.latency_batch_ms:.3f} ms' for b, (c, _, _) in built.items())})")
+        return built[best]
+
+    def _quant_inputs(self) -> QuantInputs:
+        cpu = torch.device("cpu")
+        calib_data = DeviceIterable(self.task.train_data(self.bs, self.params), cpu)
+        return QuantInputs(example=move_to_device(self.example, cpu),
+                           calibrate=run_batches(self.task.loss, calib_data, self.cfg.calib_batches),
+                           train=lambda prepared: self._fit(prepared, max(1, self.cfg.finetune_epochs)))
+
+    def _save_measure(self, method: str, ratio: float, model: nn.Module, *, tmp: Path,
+                      float_model: nn.Module | None = None, fmt: str = "state", finetuned: bool = False,
+                      tag: str = "") -> Built:
+        """Save, reload, check the outputs match, and measure all but latency.
+
+        ``float_model``: the float model a quantized ``model`` came from (its params and MACs).
+        """
+        float_model = float_model if float_model is not None else model
+        dev = torch.device("cpu") if fmt == "torchscript" else self.dev
+        example = move_to_device(self.example, dev)
+        path = tmp / f"{method.replace('+', '_')}_{ratio:g}{'_' + tag if tag else ''}.pt"
+        model_dev = model.to(dev) if fmt == "state" else model
+        fmt, loaded = self._save_load(model_dev, path, example, fmt)
+        loaded = loaded.to(dev) if fmt == "state" else loaded
+        with torch.no_grad():
+            diff = (call_model(loaded, example).float() - call_model(model_dev, example).float()).abs().max()
+        metrics = evaluate_model(self.task, loaded, dev, self.bs)
+        params, macs = count(float_model, move_to_device(self.example1, self.dev))
+        cand = Candidate(
+            method=method, ratio=float(ratio), metric=float(metrics[self.cfg.metric]), metric_drop=0.0,
+            params=params, macs=macs, size_bytes=file_size(path), latency_ms=float("nan"),
+            latency_batch_ms=float("nan"), batch_size=self.bs, metrics=metrics, format=fmt,
+            reload_max_abs_diff=float(diff),
+            finetune_epochs=self.cfg.finetune_epochs if finetuned else 0,
+            distilled=bool(self.cfg.distill and finetuned and self.cfg.finetune_epochs > 0),
+            path=str(path),
+        )
+        self._annotate(cand, float_model, quantized=float_model is not model)
+        return cand, loaded, example
+
+    def _save_load(self, model: nn.Module, path: Path, example: Any, fmt: str) -> tuple[str, nn.Module]:
+        """Write ``model`` in ``fmt`` and load it back as a user would. A float model whose weights
+        do not fit the task's model (a trusted pickled module of another shape) goes to export."""
+        save_model(model, path, example, fmt=fmt, rebuild=self.rebuild)
+        if fmt != "state":
+            return fmt, load_model(path)
+        try:
+            return fmt, load_model(path, task=self.task)
+        except ConfigError:
+            save_model(model, path, example, fmt="export")
+            return "export", load_model(path)
+
+    def _annotate(self, cand: Candidate, float_model: nn.Module, *, quantized: bool) -> None:
+        if cand.method == "unstructured":
+            cand.nonzero_params = sum(int((p != 0).sum()) for p in float_model.parameters())
+            cand.sparsity = sparsity(float_model)
+            sparse = sparse_size_bytes(float_model)
+            cand.sparse_size_bytes = sparse if sparse < cand.size_bytes else None
+            cand.notes.append("dense kernels get no speedup from zeroed weights")
+        if quantized:
+            cand.notes.append("params and macs are the float model's (INT8 stores each weight in 1 byte)")
+
+    def _latencies(self, built: list[Built]) -> None:
+        """Interleaved latency runs of every built model at batch 1 and the task's batch size."""
+        by_dev: dict[str, list[Built]] = {}
+        for item in built:
+            tensors = _tensors(item[2])
+            by_dev.setdefault(str(tensors[0].device) if tensors else "cpu", []).append(item)
+        for key, items in by_dev.items():
+            ex = items[0][2]
+            inputs = [LatencyInput(1, slice_batch(ex, 1)), LatencyInput(self.bs, ex)]
+            models = {str(i): m for i, (_, m, _) in enumerate(items)}
+            times = measure_latencies(models, inputs, device=torch.device(key), threads=self.cfg.threads,
+                                      rounds=self.cfg.latency_rounds, flush_denormal=self.cfg.flush_denormal)
+            for i, (cand, _, _) in enumerate(items):
+                cand.latency_ms = times[str(i)][1]
+                cand.latency_batch_ms = times[str(i)][self.bs]
+                if cand.quant_backend and not isinstance(cand.backend_ms.get(cand.quant_backend), str):
+                    cand.backend_ms[cand.quant_backend] = cand.latency_batch_ms
+
+    def _denormal_check(self, baseline: Built) -> None:
+        """Say so when the float baseline runs much slower with denormals left on (torch's default)."""
+        if not self.cfg.flush_denormal or self.dev.type != "cpu":
+            return
+        cand, model, ex = baseline
+        slow = measure_latencies({"b": model}, [LatencyInput(self.bs, ex)], device=self.dev,
+                                 threads=self.cfg.threads, rounds=1, flush_denormal=False)["b"][self.bs]
+        if slow > 1.3 * cand.latency_batch_ms:
+            self.notes.append(
+                f"latencies are measured with denormals flushed to zero; with torch's default (not "
+                f"flushed) the float baseline takes {slow:.3f} ms at batch {self.bs} instead of "
+                f"{cand.latency_batch_ms:.3f} ms: call torch.set_flush_denormal(True) when serving it.")
+
+    def _write_out(self, selected: Candidate | None) -> str | None:
+        if selected is None or self.cfg.out is None:
+            return None
+        assert selected.path is not None
+        out = Path(self.cfg.out)
+        shutil.copyfile(selected.path, out)
+        return str(out)
+
+    def _plots(self, cands: list[Candidate], selected: Candidate | None) -> list[str]:
+        from ._plot import plot_tradeoffs
+
+        assert self.cfg.plot_dir is not None
+        return plot_tradeoffs(cands, selected, Path(self.cfg.plot_dir), metric=self.cfg.metric)
+
+
+def _tensors(example: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(example)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]

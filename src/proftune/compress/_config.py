@@ -1,0 +1,143 @@
+"""What ``compress`` tries and how it judges: the config, its validation, the backend check."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..exceptions import ConfigError, ProblemCollector
+from ._pipeline import GOALS
+from ._prune import IMPORTANCES, PRUNE_METHODS
+from ._quant_backends import backend_status
+from ._quantize import QUANT_BACKENDS, QUANT_METHODS
+
+__all__ = ["CompressConfig", "backend_problems", "merge_config"]
+
+
+@dataclass
+class CompressConfig:
+    """What to try and how to judge it (the CLI options of ``proftune compress``).
+
+    ``ratios`` are the fractions removed: of output channels for structured pruning, of weights
+    for unstructured. ``max_accuracy_drop`` is in metric units (0.01 = one accuracy point).
+    With neither ``prune`` nor ``quantize`` the methods are chosen from the profile.
+    """
+
+    prune: str | None = None
+    ratios: tuple[float, ...] = (0.3, 0.5, 0.7)
+    importance: str = "l2"
+    global_pruning: bool = False
+    ignore_layers: tuple[str, ...] = ()
+    round_to: int | None = None
+    sensitivity: bool = True
+    quantize: str | None = None
+    quant_backend: str = "auto"
+    distill: bool = False
+    temperature: float = 4.0
+    alpha: float = 0.5
+    finetune_epochs: int = 1
+    baseline_epochs: int | None = None
+    max_accuracy_drop: float = 0.01
+    metric: str = "accuracy"
+    goal: str = "latency"
+    out: str | None = None
+    force: bool = False
+    plot_dir: str | None = None
+    threads: int | None = 1
+    calib_batches: int = 8
+    latency_rounds: int = 5
+    layer_times: bool = True
+    flush_denormal: bool = True
+    seed: int = 0
+    device: str = "auto"
+
+    def problems(self, model_path: str | None = None) -> list[str]:
+        """Every problem with this config, each naming the option, its value and the choices."""
+        p = ProblemCollector()
+        self._choice_problems(p)
+        self._number_problems(p)
+        if self.distill and self.finetune_epochs == 0 and self.quantize != "qat":
+            p.add("--distill teaches during fine-tuning; give --finetune-epochs >= 1.")
+        self._out_problems(p, model_path)
+        return p.problems
+
+    def _choice_problems(self, p: ProblemCollector) -> None:
+        choices: tuple[tuple[str, str | None, tuple[str, ...] | dict[str, str]], ...] = (
+            ("--prune", self.prune, PRUNE_METHODS), ("--quantize", self.quantize, QUANT_METHODS),
+            ("quant_backend=", self.quant_backend, QUANT_BACKENDS),
+            ("--importance", self.importance, IMPORTANCES), ("--goal", self.goal, GOALS),
+        )
+        for option, value, valid in choices:
+            if value is not None and value not in valid:
+                shown = f"{option}{value!r}" if option.endswith("=") else f"{option} {value!r}"
+                p.add(f"{shown} is unknown; valid: {', '.join(valid)}.")
+
+    def _number_problems(self, p: ProblemCollector) -> None:
+        if self.prune is not None and not self.ratios:
+            p.add("--ratios is empty; give pruning ratios in (0, 1), e.g. --ratios 0.3,0.5.")
+        for r in self.ratios:
+            if not (isinstance(r, (int, float)) and 0.0 < float(r) < 1.0):
+                p.add(f"ratio {r!r} is outside (0, 1); a ratio is the fraction removed, e.g. 0.5.")
+        if not self.max_accuracy_drop >= 0:
+            p.add(f"--max-accuracy-drop {self.max_accuracy_drop!r} must be >= 0 (metric units, 0.01 = 1 point).")
+        minimums = (("--finetune-epochs", self.finetune_epochs, 0), ("baseline_epochs=", self.baseline_epochs, 1),
+                    ("--round-to", self.round_to, 1), ("calib_batches=", self.calib_batches, 1))
+        for option, value, low in minimums:
+            if value is not None and value < low:
+                shown = f"{option}{value!r}" if option.endswith("=") else f"{option} {value!r}"
+                p.add(f"{shown} must be >= {low}.")
+        if not self.temperature > 0:
+            p.add(f"temperature={self.temperature!r} must be > 0.")
+        if not 0.0 <= self.alpha <= 1.0:
+            p.add(f"alpha={self.alpha!r} must be in [0, 1].")
+
+    def _out_problems(self, p: ProblemCollector, model_path: str | None) -> None:
+        if self.out is None:
+            return
+        out = Path(self.out)
+        if model_path is not None and _same_file(out, Path(model_path)):
+            p.add(f"--out {self.out!r} is the original model file; the original is never "
+                  "overwritten, choose another path.")
+        elif out.exists() and not self.force:
+            p.add(f"--out {self.out!r} exists; pass --force to replace it, or choose another path.")
+        if not out.parent.exists():
+            p.add(f"--out {self.out!r}: folder {str(out.parent)!r} does not exist.")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def merge_config(config: CompressConfig | None, overrides: dict[str, Any]) -> CompressConfig:
+    """``config`` (or the defaults) with ``overrides`` set; unknown names are a ConfigError."""
+    cfg = config or CompressConfig()
+    names = {f.name for f in dataclasses.fields(CompressConfig)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(f"compress() got unknown options {unknown}; valid: {', '.join(sorted(names))}.")
+    for key in ("ratios", "ignore_layers"):
+        if overrides.get(key) is not None:
+            overrides[key] = tuple(overrides[key])
+    return dataclasses.replace(cfg, **overrides)
+
+
+def backend_problems(cfg: CompressConfig, dev: torch.device) -> list[str]:
+    """Why ``cfg.quantize`` cannot run on ``dev`` with ``cfg.quant_backend`` (empty: it can)."""
+    assert cfg.quantize is not None
+    status = backend_status(cfg.quantize, dev)
+    if cfg.quant_backend == "auto":
+        if all(reason is not None for reason in status.values()):
+            why = "; ".join(f"{b}: {r}" for b, r in status.items())
+            return [f"--quantize {cfg.quantize}: no quantization backend is available on {dev} ({why})."]
+        return []
+    reason = status.get(cfg.quant_backend)
+    if reason is not None:
+        return [f"quant_backend={cfg.quant_backend!r} cannot run --quantize {cfg.quantize} on {dev}: {reason}."]
+    return []

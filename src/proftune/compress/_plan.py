@@ -1,0 +1,100 @@
+"""Where the model's parameters, MACs and time sit (read from its :class:`Profile`), and the
+methods that follow from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..profile import Profile
+
+__all__ = ["Plan", "plan_methods", "profile_summary"]
+
+#: Layer types that dynamic INT8 quantizes.
+DENSE_TYPES = ("Linear", "LSTM", "NonDynamicallyQuantizableLinear")
+
+
+def profile_summary(record: Profile) -> dict[str, Any]:
+    """The report's view of the profile: totals, top layers by params/MACs/time, shares by type.
+
+    Shares come from the record (``LayerProfile.*_share``, ``Profile.by_type``); nothing is
+    re-measured or re-aggregated here.
+    """
+    layers: list[dict[str, Any]] = [{"name": lp.name, "type": lp.type, "params": lp.params, "macs": lp.macs,
+               "forward_ms": lp.forward_ms, "time_share": lp.time_share,
+               "params_share": lp.params_share or 0.0, "macs_share": lp.macs_share or 0.0}
+              for lp in record.layers]
+    total_params, total_macs = max(record.params.total, 1), max(record.macs, 1)
+    by_type = {t["type"]: {"params_share": t["params"] / total_params, "macs_share": t["macs"] / total_macs,
+                           "time_share": float(t.get("time_share") or 0.0)}
+               for t in record.by_type}
+    out: dict[str, Any] = {
+        "params": record.params.total, "macs": record.macs, "batch_size": record.batch_size,
+        "top_params": sorted(layers, key=lambda d: -d["params"])[:5],
+        "top_macs": sorted(layers, key=lambda d: -d["macs"])[:5],
+        "by_type": by_type,
+    }
+    if any(d["time_share"] is not None for d in layers):
+        out["top_time"] = sorted(layers, key=lambda d: -(d["time_share"] or 0.0))[:5]
+    return out
+
+
+@dataclass
+class Plan:
+    """The methods to run, why (``lines``) and what the user should know (``notes``)."""
+
+    prune: str | None
+    quant: str | None
+    lines: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | None,
+                 quant_possible: dict[str, bool]) -> Plan:
+    """The methods to run; chosen from where the parameters and MACs sit when none is given.
+
+    ``quant_possible[method]``: whether some backend can run that INT8 method here.
+    """
+    by_type = summary["by_type"]
+    conv_macs = sum(v["macs_share"] for t, v in by_type.items() if t.startswith("Conv"))
+    dense_params = sum(v["params_share"] for t, v in by_type.items() if t in DENSE_TYPES)
+    plan = Plan(prune, quant)
+    if prune is None and quant is None:
+        plan.prune = "structured"
+        plan.quant = "static" if conv_macs >= 0.5 else "dynamic"
+        plan.lines.append(f"no method given: structured pruning (removes channels: fewer MACs and "
+                          f"bytes) + {plan.quant} INT8, because conv layers hold {conv_macs:.0%} of the "
+                          f"MACs and Linear/LSTM layers {dense_params:.0%} of the parameters")
+        if not quant_possible.get(plan.quant, False):
+            plan.lines.append(f"{plan.quant} INT8 skipped: no backend here")
+            plan.quant = None
+    if plan.quant == "dynamic":
+        plan.lines.append(f"dynamic INT8 quantizes Linear/LSTM, which hold {dense_params:.0%} of the "
+                          "parameters" + ("; little to gain" if dense_params < 0.5 else ""))
+    if plan.quant in ("static", "qat"):
+        plan.lines.append(f"{plan.quant} INT8 quantizes conv and Linear layers (conv: {conv_macs:.0%} of MACs)")
+    if plan.prune == "unstructured":
+        plan.notes.append("unstructured pruning zeroes weights but keeps tensors dense: dense "
+                          "kernels run no faster and the dense file is no smaller; sparse_size_bytes "
+                          "is the size when stored sparse (CSR) where that is smaller.")
+    if plan.prune == "structured":
+        plan.lines.append("structured pruning where the MACs are: " + ", ".join(
+            f"{d['name']} ({d['macs_share']:.0%})" for d in summary["top_macs"][:3]))
+    if "top_time" in summary:
+        _time_notes(summary, plan)
+    return plan
+
+
+def _time_notes(summary: dict[str, Any], plan: Plan) -> None:
+    """Where the forward time goes, and whether the INT8 method covers it."""
+    by_type = summary["by_type"]
+    plan.lines.append(f"forward time (profile, batch {summary['batch_size']}): " + ", ".join(
+        f"{d['name']} {d['type']} {(d['time_share'] or 0.0):.0%}" for d in summary["top_time"][:3]))
+    conv_time = sum(v["time_share"] for t, v in by_type.items() if t.startswith("Conv"))
+    dense_time = sum(v["time_share"] for t, v in by_type.items() if t in DENSE_TYPES)
+    if plan.quant == "dynamic" and dense_time < 0.3:
+        plan.notes.append(f"Linear/LSTM layers take only {dense_time:.0%} of the forward time; "
+                          "dynamic INT8 cannot speed up the rest (static INT8 covers conv).")
+    if plan.quant == "static" and conv_time + dense_time < 0.3:
+        plan.notes.append("conv and Linear layers take under 30% of the forward time; INT8 "
+                          "will change little.")

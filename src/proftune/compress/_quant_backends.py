@@ -1,0 +1,176 @@
+"""Quantization backends behind one small base class, registered in one list.
+
+A backend quantizes with one method (dynamic, static, qat) through one library, says whether it
+can run here (and why not), and names the format its models are saved in. A new backend is one
+new subclass added to :data:`BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..exceptions import ConfigError
+
+__all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "BaseQuantBackend",
+    "QuantInputs",
+    "TorchAODynamic",
+    "TorchAOQAT",
+    "TorchAOStatic",
+    "TorchaoDynamic",
+    "backend_status",
+    "get_backend",
+]
+
+
+@dataclass
+class QuantInputs:
+    """What a method may need besides the float model: CPU example inputs, a calibration run
+    (static: feeds a few batches through the observed model) and a training run (QAT: fine-tunes
+    the fake-quantized model in place with the fit loop)."""
+
+    example: Any = None
+    calibrate: Callable[[nn.Module], None] | None = None
+    train: Callable[[nn.Module], None] | None = None
+
+
+class BaseQuantBackend(abc.ABC):
+    """One quantization method of one library."""
+
+    #: The library, as ``--quant-backend`` names it: ``torch.ao`` or ``torchao``.
+    name: ClassVar[str]
+    #: ``dynamic``, ``static`` or ``qat``.
+    method: ClassVar[str]
+    #: How its models are saved (``_checkpoint.FORMATS``).
+    save_format: ClassVar[str]
+
+    @abc.abstractmethod
+    def unavailable(self, device: torch.device, model: nn.Module | None = None) -> str | None:
+        """None when this backend can quantize ``model`` for ``device``, else the reason it cannot."""
+
+    def available(self, device: torch.device, model: nn.Module | None = None) -> bool:
+        return self.unavailable(device, model) is None
+
+    @abc.abstractmethod
+    def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
+        """An INT8 copy of the float ``model`` (the original is left as it was)."""
+
+
+class _TorchAO(BaseQuantBackend):
+    """``torch.ao.quantization``: INT8 kernels on CPU through the x86/fbgemm/onednn/qnnpack engines."""
+
+    name = "torch.ao"
+    save_format = "torchscript"
+
+    def unavailable(self, device: torch.device, model: nn.Module | None = None) -> str | None:
+        from ._quantize import _engine, _supported_engines
+
+        if device.type != "cpu":
+            return (f"torch.ao.quantization's INT8 kernels run on CPU only; the device is {device.type} "
+                    "(use --device cpu)")
+        if _engine() is None:
+            return ("no quantized engine (x86, fbgemm, onednn, qnnpack) is built into this torch; "
+                    f"torch.backends.quantized.supported_engines={_supported_engines()}")
+        return None
+
+
+class TorchAODynamic(_TorchAO):
+    """Dynamic INT8 of Linear and LSTM: weights INT8, activations quantized on the fly."""
+
+    method = "dynamic"
+
+    def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
+        from ._quantize import torch_ao_dynamic
+
+        return torch_ao_dynamic(model)
+
+
+class TorchAOStatic(_TorchAO):
+    """Static post-training INT8 (FX graph mode): fuse conv-bn-relu, calibrate observers, convert."""
+
+    method = "static"
+
+    def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
+        from ._quantize import quantize_static
+
+        if inputs.calibrate is None:
+            raise ConfigError("static quantization needs inputs.calibrate (a run over a few batches).")
+        return quantize_static(model, inputs.example, inputs.calibrate)
+
+
+class TorchAOQAT(_TorchAO):
+    """Quantization-aware training: fake-quantize, fine-tune with the fit loop, convert."""
+
+    method = "qat"
+
+    def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
+        from ._quantize import convert_qat, prepare_qat
+
+        if inputs.train is None:
+            raise ConfigError("qat needs inputs.train (the fit loop over the fake-quantized model).")
+        prepared = prepare_qat(model, inputs.example)
+        inputs.train(prepared)
+        return convert_qat(prepared)
+
+
+class TorchaoDynamic(BaseQuantBackend):
+    """torchao's dynamic INT8 Linear (tensor subclasses; CPU and CUDA), saved with torch.export."""
+
+    name = "torchao"
+    method = "dynamic"
+    save_format = "export"
+
+    def unavailable(self, device: torch.device, model: nn.Module | None = None) -> str | None:
+        try:
+            import torchao  # noqa: F401
+        except ImportError:
+            return "torchao is not installed (pip install 'proftune[quant]')"
+        if model is not None and not any(isinstance(m, nn.Linear) for m in model.modules()):
+            return "torchao's dynamic INT8 quantizes nn.Linear only; the model has none"
+        return None
+
+    def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
+        import copy
+
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+        quantized = copy.deepcopy(model).eval()
+        quantize_(quantized, Int8DynamicActivationInt8WeightConfig())
+        return quantized
+
+
+#: Every backend, in the order they are tried; the fastest measured one is kept.
+BACKENDS: tuple[BaseQuantBackend, ...] = (TorchAODynamic(), TorchAOStatic(), TorchAOQAT(), TorchaoDynamic())
+BACKEND_NAMES: tuple[str, ...] = tuple(dict.fromkeys(b.name for b in BACKENDS))
+#: Why a library has no backend for a method (said instead of a bare "unsupported").
+_MISSING = {
+    ("torchao", "static"): "torchao's static INT8 for conv models runs only as a torch.compile (pt2e + "
+                           "inductor) graph, not as a saved eager model",
+    ("torchao", "qat"): "torchao's qat INT8 for conv models runs only as a torch.compile (pt2e + "
+                        "inductor) graph, not as a saved eager model",
+}
+
+
+def get_backend(name: str, method: str) -> BaseQuantBackend | None:
+    """The backend of library ``name`` for ``method``, or None when it has none."""
+    return next((b for b in BACKENDS if b.name == name and b.method == method), None)
+
+
+def backend_status(method: str, device: torch.device, model: nn.Module | None = None) -> dict[str, str | None]:
+    """For each library, None when it can run ``method`` on ``device``, else the reason it cannot."""
+    status: dict[str, str | None] = {}
+    for name in BACKEND_NAMES:
+        backend = get_backend(name, method)
+        if backend is None:
+            status[name] = _MISSING.get((name, method), f"{name} has no {method} INT8 backend")
+        else:
+            status[name] = backend.unavailable(device, model)
+    return status
