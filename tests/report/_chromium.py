@@ -50,17 +50,26 @@ class _Devtools:
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
 
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
+    def _send(self, method: str, params: dict[str, Any]) -> int:
         self.next_id += 1
-        msg_id = self.next_id
-        self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        return self.next_id
+
+    def _note(self, msg: dict[str, Any]) -> None:
+        self.events.append(msg)
+        if msg.get("method") == "Page.javascriptDialogOpening":  # a dialog blocks the page: close it
+            self._send("Page.handleJavaScriptDialog", {"accept": True})
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        msg_id = self._send(method, params)
         while True:
             msg = json.loads(self.ws.recv())
             if msg.get("id") == msg_id:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return dict(msg.get("result") or {})
-            self.events.append(msg)
+            if "method" in msg:
+                self._note(msg)
 
     def wait_event(self, method: str, timeout: float) -> dict[str, Any] | None:
         for ev in self.events:
@@ -76,7 +85,9 @@ class _Devtools:
                     if "timed out" in str(exc).lower():
                         continue
                     raise
-                self.events.append(msg)
+                if "method" not in msg:
+                    continue
+                self._note(msg)
                 if msg.get("method") == method:
                     return msg
         finally:
@@ -159,7 +170,6 @@ def visit(base: str, path: Path, *, width: int = 1280, height: int = 900, timeou
                 out.requests.append(str((params.get("request") or {}).get("url")))
             elif method == "Page.javascriptDialogOpening":
                 out.dialogs.append(str(params.get("message")))
-                dt.call("Page.handleJavaScriptDialog", accept=True)
     finally:
         dt.close()
         with contextlib.suppress(Exception):
