@@ -132,7 +132,9 @@ class Section:
                     key = v if math.isfinite(float(v)) else 0
                     cells.append(f'<td class="num" data-v="{key!r}">{esc(fmt_number(v))}</td>')
                 else:
-                    cells.append(f"<td>{esc('-' if v is None else v)}</td>")
+                    text = "-" if v is None else str(v)
+                    wrap = ' class="nw"' if len(text) <= 16 else ""
+                    cells.append(f"<td{wrap}>{esc(text)}</td>")
             cls = f' class="{esc(row_classes[i])}"' if row_classes and i < len(row_classes) else ""
             body.append(f"<tr{cls}>{''.join(cells)}</tr>")
         sort = " sortable" if sortable else ""
@@ -257,6 +259,7 @@ background:rgba(255,255,255,.18);color:#fff}
 .badge.finished,.badge.complete{background:#d3f9d8;color:#1b5e20}
 .badge.failed,.badge.error{background:#ffe3e3;color:#a51111}
 .badge.running,.badge.warning{background:#fff3bf;color:#7a4b00}
+.badge.info{background:#d0ebff;color:#1864ab}
 .row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}
 .row .main{flex:3 1 520px;min-width:0}.row .aside{flex:1 1 260px;min-width:0}
 .chart{width:100%;min-height:200px}
@@ -272,6 +275,7 @@ border-bottom:1px solid var(--line);font-weight:600;white-space:nowrap}
 table.data td{padding:5px 10px;border-bottom:1px solid #f0f1f3;vertical-align:top;word-break:break-word}
 table.data td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.data tbody tr:hover{background:#f8f9fc}
+table.data td.nw{white-space:nowrap}
 table.sortable th{cursor:pointer;user-select:none}
 table.sortable th:after{content:" \\2195";color:#b0b7c3;font-size:11px}
 table.sortable th.asc:after{content:" \\2191";color:var(--accent)}

@@ -141,22 +141,36 @@ def curves(page: Page, r: RunRecord, *, findings: Sequence[Mapping[str, Any]] = 
             side = _curve_summary(key, [p.get(key) for p in step_rows])
             s.chart(fig, side=s.side(lambda t, side=side, key=key: t.kv(side, title=key)))
     if epoch_rows:
-        xs = [p.get("epoch") for p in epoch_rows]
-        keys = [k for k in epoch_rows[-1] if k not in ("epoch", "epoch_s", "elapsed_s")
-                and any(_num(p.get(k)) for p in epoch_rows)]
-        data = [line(xs, [p.get(k) for p in epoch_rows], k, color=PALETTE[i % len(PALETTE)], markers=True,
-                     yaxis=None if ("loss" in k) else "y2") for i, k in enumerate(keys)]
-        fig = {"data": data, "layout": layout("per epoch", x="epoch", y="loss",
-                                              xaxis={"dtick": 1} if len(xs) <= 20 else {},
-                                              yaxis2={"title": {"text": "metric"}, "overlaying": "y",
-                                                      "side": "right", "showgrid": False})}
-        s.chart(fig, side=s.side(lambda t: t.table(["epoch", *keys], [[p.get("epoch"), *[p.get(k) for k in keys]]
-                                                                       for p in epoch_rows], sortable=False)))
+        _epoch_charts(s, epoch_rows)
     if anomalies:
         cols = ["kind", "step", "epoch", "detail"]
         s.table(cols, [[a.get("kind"), a.get("step"), a.get("epoch"),
                         ", ".join(f"{k}={v}" for k, v in a.items() if k not in ("kind", "step", "epoch"))]
                        for a in anomalies], title="anomalies")
+
+
+def _epoch_charts(s: Section, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Losses on one chart, the task's metrics on another, the table of everything beside them."""
+    from ..metrics import METRICS
+
+    xs = [p.get("epoch") for p in rows]
+    keys = [k for k in dict.fromkeys(k for p in rows for k in p) if k not in ("epoch", "epoch_s", "elapsed_s", "step")
+            and any(_num(p.get(k)) for p in rows)]
+    losses = [k for k in keys if "loss" in k]
+    metrics = [k for k in keys if k not in losses and (k in METRICS and "evaluate" in METRICS[k].producers)]
+    others = [k for k in keys if k not in losses and k not in metrics]
+    if len(metrics) == 0 and others and len(others) <= 2:
+        metrics, others = others, []
+    xaxis = {"dtick": 1} if len(xs) <= 20 else {}
+    table = s.side(lambda t: t.table(["epoch", *keys], [[p.get("epoch"), *[p.get(k) for k in keys]] for p in rows],
+                                     sortable=False))
+    for i, (group, title) in enumerate(((losses, "loss per epoch"), (metrics, "metrics per epoch"))):
+        if not group:
+            continue
+        data = [line(xs, [p.get(k) for p in rows], k, color=PALETTE[(j + 2 * i) % len(PALETTE)], markers=True)
+                for j, k in enumerate(group)]
+        fig = {"data": data, "layout": layout(title, x="epoch", y="loss" if i == 0 else "", xaxis=xaxis)}
+        s.chart(fig, side=table if (i == 0 or not losses) else None)
 
 
 _SEVERITY_COLOR = {"error": "#c92a2a", "warning": "#e67700", "info": "#1971c2"}
@@ -477,6 +491,11 @@ def _memory_model(page: Page, d: Mapping[str, Any]) -> None:
         notes.append(no)
     if answer:
         sh, no = vline(answer, f"answer: {int(answer)}", color=PALETTE[2], dash="solid")
+        shapes.append(sh)
+        notes.append(no)
+    by_memory = finite(d.get("memory_max_batch_size"))
+    if by_memory and answer and by_memory != answer:
+        sh, no = vline(by_memory, f"memory allows {int(by_memory)}", color=PALETTE[0], y=0.9)
         shapes.append(sh)
         notes.append(no)
     fig = {"data": data, "layout": layout("peak memory of a training step vs batch size", x="batch size",
