@@ -16,9 +16,9 @@ from proftune.report import (
     compare_html,
     register_renderer,
     render_report,
+    run_page,
     write_report,
 )
-from proftune.report._build import run_page
 from proftune.track import RunRecord, Store
 
 from .conftest import load_runs

@@ -10,7 +10,14 @@
 
 from __future__ import annotations
 
-from ._build import compare_html, render_report, run_id_of, write_compare_report, write_report
+from ._build import (
+    compare_html,
+    render_report,
+    run_id_of,
+    run_page,
+    write_compare_report,
+    write_report,
+)
 from ._html import Page, Section
 from ._loggers import MLflowLogger, TensorBoardLogger
 from ._mlflow import export_mlflow
@@ -29,6 +36,7 @@ __all__ = [
     "register_renderer",
     "render_report",
     "run_id_of",
+    "run_page",
     "write_compare_report",
     "write_report",
 ]

@@ -14,7 +14,7 @@ from ._figures import PALETTE, layout, line
 from ._html import Page
 from ._sections import RENDERERS, Context, curves, overview, profile_sections, study_sections
 
-__all__ = ["compare_html", "render_report", "run_id_of", "write_compare_report", "write_report"]
+__all__ = ["compare_html", "render_report", "run_id_of", "run_page", "write_compare_report", "write_report"]
 
 _TITLES = {"train": "training run", "profile": "profile", "recommend": "recommendations",
            "batch_size": "batch size", "lr_find": "LR range test", "tune": "study", "trial": "trial",

@@ -26,6 +26,7 @@ def layout(title: str = "", *, x: str = "", y: str = "", height: int = 360, **ex
         "yaxis": {"title": {"text": y}, "gridcolor": "#e9ecef", "zeroline": False, "automargin": True},
         "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1},
         "hovermode": "closest",
+        "showlegend": True,
     }
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
