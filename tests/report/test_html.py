@@ -157,3 +157,17 @@ def test_optimize_stage_chain_and_custom_renderers(store: Store) -> None:
 
     html = run_page(RunRecord(id=5, kind="custom_kind", task="t", status="finished", started_at="x"), store).render()
     assert seen == [5] and "Mine" in _sections(html)
+
+
+def test_recommend_with_a_budget_shows_the_memory_model(store: Store, runs: dict[str, int]) -> None:
+    rec = store.get_run(runs["recommend"])
+    model = store.get_run(runs["batch_size"]).result["model"]
+    items = [dict(r) for r in rec.result["recommendations"]]
+    items[0]["evidence"] = {**items[0]["evidence"], "max_batch_size": 512, "memory_budget": 30_000_000,
+                            "measured_peak_bytes": 1_600_000, "memory_model": model, "limited_by": "memory"}
+    store.update_run(rec.id, result={"recommendations": items})
+    html = render_report(rec.id, store=store)
+    assert _sections(html) == ["Overview", "Recommendations", "Memory model"]
+    fig = _charts(html)[0]
+    assert any(t["name"].startswith("fitted") for t in fig["data"])
+    assert any(s.get("x0") == 512 for s in fig["layout"]["shapes"])

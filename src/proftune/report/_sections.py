@@ -433,8 +433,14 @@ def _recommend(page: Page, r: RunRecord, ctx: Context) -> None:
     s.html('<div class="cards">' + "".join(cards) + "</div>")
     for x in recs:
         found = x.get("evidence") or {}
-        if x.get("name") == "batch_size" and isinstance(found, Mapping) and found.get("probes"):
-            _memory_model(page, {**found, "max_batch_size": x.get("value")})
+        if x.get("name") == "batch_size" and isinstance(found, Mapping) and (
+                found.get("probes") or found.get("memory_model")):
+            model = found.get("model") or found.get("memory_model") or {}
+            probes = found.get("probes") or ([{"batch_size": found.get("max_batch_size"), "status": "fits",
+                                               "role": "verify", "peak_bytes": found.get("measured_peak_bytes")}]
+                                             if found.get("measured_peak_bytes") else [])
+            _memory_model(page, {**found, "model": model, "probes": probes,
+                                 "max_batch_size": found.get("max_batch_size", x.get("value"))})
 
 
 def _value_table(s: Section, value: Any) -> str:
