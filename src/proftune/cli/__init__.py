@@ -8,9 +8,11 @@ from ._bandit import bandit
 from ._batch_size import batch_size
 from ._compress import compress
 from ._diagnose import diagnose
+from ._export import export_command
 from ._lr_find import lr_find_command
 from ._profile import profile_command
 from ._recommend import recommend_command
+from ._report import report_command
 from ._runs import runs_app
 from ._tasks import tasks
 from ._train import train
@@ -36,6 +38,8 @@ app.command("diagnose")(diagnose)
 app.command("bandit")(bandit)
 app.command("tune")(tune)
 app.command("profile")(profile_command)
+app.command("report")(report_command)
+app.command("export")(export_command)
 
 
 def main() -> None:

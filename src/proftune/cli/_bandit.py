@@ -13,10 +13,12 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     JsonOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
+    with_report,
 )
 
 
@@ -36,6 +38,7 @@ def bandit(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Run TASK ROUNDS times, choosing each configuration by Thompson sampling or UCB; the state
     lives in the store, so the next call continues. Reports allocation and the regret curve."""
@@ -62,4 +65,4 @@ def bandit(
             out_console.print(f"cumulative regret vs the best estimated mean (pull: regret): {points}; "
                               f"final {d['regret'][-1]:.3g} (uniform allocation: {d['uniform_regret'][-1]:.3g})")
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

@@ -15,11 +15,13 @@ from ._common import (
     DeviceOpt,
     JsonOpt,
     ParamOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
     parse_params,
+    with_report,
 )
 
 BudgetOpt = Annotated[str, typer.Option("--memory-budget", help="Memory budget: 4GiB, 512MB or bytes (123456).")]
@@ -34,6 +36,7 @@ def batch_size(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Largest batch size whose training step fits MEMORY_BUDGET: a memory model from <= 3 probe
     steps, verified by one step at the answer."""
@@ -67,4 +70,4 @@ def batch_size(
             f"{format_bytes(d['static_bytes'])}"
         )
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

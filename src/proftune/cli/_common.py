@@ -41,6 +41,11 @@ EpochsOpt = Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs t
 MaxStepsOpt = Annotated[
     int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")
 ]
+ReportOpt = Annotated[
+    str | None,
+    typer.Option("--report", help="Also write the result as one self-contained HTML report here.",
+                 show_default=False),
+]
 
 
 def parse_value(text: str) -> Any:
@@ -160,6 +165,27 @@ def execute(
         render(result)
     else:
         out_console.print_json(json.dumps(to_jsonable(result)))
+
+
+def with_report(body: Callable[[], T], report: str | None, db: str | None) -> Callable[[], T]:
+    """``body``, then (with ``--report FILE``) the HTML report of the run it recorded."""
+    if report is None:
+        return body
+
+    def run() -> T:
+        from pathlib import Path
+
+        from ..report import write_report
+
+        folder = Path(report).parent
+        if not folder.is_dir():  # say so before the work, not after it
+            raise ConfigError(f"--report {report!r}: folder {str(folder)!r} does not exist.")
+        result = body()
+        path = write_report(result, report, db=db)
+        err_console.print(f"report: {path}", markup=False, highlight=False)
+        return result
+
+    return run
 
 
 def progress_enabled() -> bool:

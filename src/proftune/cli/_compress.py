@@ -15,11 +15,13 @@ from ._common import (
     DeviceOpt,
     JsonOpt,
     ParamOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
     parse_params,
+    with_report,
 )
 from ._progress import EpochProgress
 
@@ -62,6 +64,7 @@ def compress(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Compress TASK's model under an accuracy budget; every figure is measured on the model as saved."""
 
@@ -104,4 +107,4 @@ def compress(
             out_console.print(f"plot: {p}", highlight=False)
         out_console.print(f"run {d['run_id']} recorded", highlight=False)
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

@@ -17,11 +17,13 @@ from ._common import (
     JsonOpt,
     MaxStepsOpt,
     ParamOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
     parse_params,
+    with_report,
 )
 from ._progress import EpochProgress
 
@@ -40,6 +42,7 @@ def diagnose(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Train TASK, watch it, and say what is wrong: cause, evidence, severity and fix."""
 
@@ -67,4 +70,4 @@ def diagnose(
                           f"{f['summary']}{note}" + (f" [{where}]" if where else ""), f["fix"])
         out_console.print(table)
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

@@ -14,11 +14,13 @@ from ._common import (
     DeviceOpt,
     JsonOpt,
     ParamOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
     parse_params,
+    with_report,
 )
 
 
@@ -35,6 +37,7 @@ def lr_find_command(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Exponential LR range test through the fit loop: suggested_lr (robust to noisy loss),
     min_lr where the loss starts to fall, max_lr the last before it blows up, and the curve."""
@@ -62,4 +65,4 @@ def lr_find_command(
         if plot:
             out_console.print(f"plot: {plot}")
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

@@ -18,10 +18,12 @@ from ._common import (
     DeviceOpt,
     JsonOpt,
     ParamOpt,
+    ReportOpt,
     SeedOpt,
     execute,
     out_console,
     parse_params,
+    with_report,
 )
 
 
@@ -148,6 +150,7 @@ def profile_command(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Profile TASK: params, MACs/FLOPs, memory, time per layer, statistics; record it as a Run."""
 
@@ -173,4 +176,4 @@ def profile_command(
         else:
             _render_compare(result, top)
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

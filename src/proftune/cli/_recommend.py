@@ -17,6 +17,7 @@ from ._common import (
     DeviceOpt,
     JsonOpt,
     ParamOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     err_console,
@@ -24,6 +25,7 @@ from ._common import (
     out_console,
     parse_params,
     progress_enabled,
+    with_report,
 )
 
 
@@ -65,6 +67,7 @@ def recommend_command(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Batch size, lr and its scaling, critical batch, accumulation, precision, data loading and
     bottleneck layers, each with the measured evidence behind it."""
@@ -88,4 +91,4 @@ def recommend_command(
             table.add_row(r.name, _short(r.value), r.confidence, r.reason, r.effect)
         out_console.print(table)
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from ..track import RUN_KINDS, Store
-from ._common import DbOpt, DebugOpt, JsonOpt, execute, out_console
+from ._common import DbOpt, DebugOpt, JsonOpt, ReportOpt, err_console, execute, out_console
 
 runs_app = typer.Typer(help="List, show and compare recorded runs.", no_args_is_help=True)
 
@@ -101,11 +101,18 @@ def compare(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Compare two runs: config and environment differences, data fingerprints, metric deltas."""
 
     def body() -> dict[str, Any]:
-        return _open(db).compare(a, b)
+        store = _open(db)
+        d = store.compare(a, b)
+        if report is not None:
+            from ..report import write_compare_report
+
+            err_console.print(f"report: {write_compare_report(a, b, report, store=store)}", markup=False)
+        return d
 
     def render(d: dict[str, Any]) -> None:
         table = Table(title=f"run {d['a']} vs run {d['b']}")

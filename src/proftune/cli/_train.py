@@ -16,11 +16,13 @@ from ._common import (
     JsonOpt,
     MaxStepsOpt,
     ParamOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
     parse_params,
+    with_report,
 )
 from ._progress import EpochProgress
 
@@ -35,6 +37,7 @@ def train(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Train TASK and record the run (config, environment, data fingerprint, metrics, curves)."""
 
@@ -60,4 +63,4 @@ def train(
             table.add_row("stopped", d["stop_reason"])
         out_console.print(table)
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)

@@ -13,10 +13,12 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     JsonOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
+    with_report,
 )
 
 #: Keys of ``--json`` (the issue's contract), in this order.
@@ -52,6 +54,7 @@ def tune(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
     from .. import search
@@ -64,7 +67,7 @@ def tune(
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(body, json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=_render)
 
 
 def _fmt(v: Any) -> str:

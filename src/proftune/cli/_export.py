@@ -1,0 +1,53 @@
+"""``proftune export RUN --tensorboard DIR | --mlflow URI``: a run in the tools people already use."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from ..exceptions import ConfigError
+from ._common import DbOpt, DebugOpt, JsonOpt, execute, out_console
+
+
+def export_command(
+    run_id: Annotated[int, typer.Argument(help="Run id.")],
+    tensorboard: Annotated[str | None, typer.Option(
+        "--tensorboard", help="Write TensorBoard events to this folder.", show_default=False)] = None,
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", help="Log to this MLflow tracking URI (sqlite:///mlflow.db, file:///..., http://...).",
+        show_default=False)] = None,
+    experiment: Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")] = "proftune",
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Export a recorded run: scalars, histograms, tables and hparams to TensorBoard; params,
+    metrics per step, tags and artifacts to MLflow."""
+
+    def body() -> dict[str, Any]:
+        from ..report import export_mlflow, export_tensorboard
+        from ..track import Store
+
+        if tensorboard is None and mlflow is None:
+            raise ConfigError("give --tensorboard DIR and/or --mlflow URI.")
+        store = Store(db)
+        record = store.get_run(run_id)
+        out: dict[str, Any] = {"run_id": run_id}
+        if tensorboard is not None:
+            out["tensorboard"] = str(export_tensorboard(record, tensorboard, store=store))
+        if mlflow is not None:
+            out["mlflow"] = {"uri": mlflow, "experiment": experiment,
+                             "run_id": export_mlflow(record, mlflow, experiment=experiment, store=store)}
+        return out
+
+    def render(d: dict[str, Any]) -> None:
+        if "tensorboard" in d:
+            out_console.print(f"tensorboard: {d['tensorboard']}  (tensorboard --logdir {d['tensorboard']})",
+                              highlight=False)
+        if "mlflow" in d:
+            m = d["mlflow"]
+            out_console.print(f"mlflow: run {m['run_id']} in experiment {m['experiment']!r} at {m['uri']}",
+                              highlight=False)
+
+    execute(body, json_out=json_out, debug=debug, render=render)

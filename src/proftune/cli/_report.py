@@ -1,0 +1,41 @@
+"""``proftune report RUN_ID | --study NAME | profile.json``: one self-contained HTML report."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from ..exceptions import ConfigError
+from ._common import DbOpt, DebugOpt, JsonOpt, err_console, execute, out_console
+
+
+def report_command(
+    source: Annotated[str | None, typer.Argument(
+        help="A run id, or a saved profile (JSON).", show_default=False)] = None,
+    study: Annotated[str | None, typer.Option("--study", help="Report a study (all its trials) instead.",
+                                              show_default=False)] = None,
+    out: Annotated[str | None, typer.Option("--out", help="HTML file to write (default report-<id>.html).",
+                                            show_default=False)] = None,
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the report in the browser.")] = False,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write one HTML page for a run, a study or a profile: charts with the numbers beside them,
+    plotly inlined, opens offline."""
+
+    def body() -> dict[str, Any]:
+        from ..report import write_report
+
+        if (source is None) == (study is None):
+            raise ConfigError("give either RUN_ID or profile.json, or --study NAME (exactly one); "
+                              "e.g. `proftune report 3` or `proftune report --study cnn`.")
+        path = write_report(source, out, study=study, db=db, open_browser=open_browser)
+        return {"report": str(path), "bytes": path.stat().st_size}
+
+    def render(d: dict[str, Any]) -> None:
+        out_console.print(f"report: {d['report']} ({d['bytes'] / 2**20:.1f} MiB)", highlight=False)
+        err_console.print("self-contained: open it from file://, nothing is fetched", style="dim")
+
+    execute(body, json_out=json_out, debug=debug, render=render)

@@ -1,0 +1,947 @@
+"""What a report shows for each kind of run: one renderer per kind, reading only what the Run holds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._units import format_bytes
+from ..track import RunRecord, Store
+from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
+from ._html import Page, Section, esc, fmt_number, fmt_value, plot_text
+
+Renderer = Callable[[Page, RunRecord, "Context"], None]
+
+#: Renderers by run kind; :func:`register_renderer` adds one (``optimize`` adds its own).
+RENDERERS: dict[str, Renderer] = {}
+
+
+@dataclass
+class Context:
+    """What a renderer may read besides the run: the store (children, studies)."""
+
+    store: Store | None = None
+
+
+def register_renderer(kind: str) -> Callable[[Renderer], Renderer]:
+    """Decorator: ``@register_renderer("optimize")`` renders runs of that kind after the overview."""
+
+    def deco(fn: Renderer) -> Renderer:
+        RENDERERS[kind] = fn
+        return fn
+
+    return deco
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.extend(_flatten(v, key + "."))
+        else:
+            out.append((key, v))
+    return out
+
+
+def _stat(name: str, v: Any) -> str:
+    """A headline number: counts shortened (39.4M), units from the metric registry."""
+    text = fmt_value(name, v)
+    f = float(v)
+    if text.replace(",", "").lstrip("-").isdigit() and abs(f) >= 1e4:
+        for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+            if abs(f) >= div:
+                return f"{f / div:.3g}{unit}"
+    return text
+
+
+def _pct(v: Any) -> str:
+    return "-" if not _num(v) else f"{float(v):.1%}"
+
+
+# -- every run -----------------------------------------------------------------------------------
+def overview(page: Page, r: RunRecord) -> None:
+    """Environment, data fingerprint, config, final metrics, artifacts, error."""
+    s = page.section("Overview")
+    stats = [(k, v) for k, v in r.metrics.items() if _num(v)][:10]
+    if stats:
+        s.html('<div class="stats">' + "".join(
+            f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)}</div></div>'
+            for k, v in stats) + "</div>")
+    if r.error:
+        s.html(f'<h3>error</h3><pre class="error">{esc(r.error)}</pre>')
+    run_items: list[tuple[str, Any]] = [
+        ("run", r.id), ("kind", r.kind), ("task", r.task), ("status", r.status),
+        ("started", r.started_at), ("ended", r.ended_at or "-"),
+        ("duration", f"{r.duration_s:.1f} s" if r.duration_s is not None else "-"),
+        ("data fingerprint", (r.data_fingerprint or "-")[:8]),
+        ("data MD5", r.data_fingerprint or "-"),
+    ]
+    if r.study:
+        run_items.append(("study", r.study))
+    if r.parent_id is not None:
+        run_items.append(("parent run", r.parent_id))
+    if r.host:
+        run_items.append(("host", r.host))
+    env = r.env or {}
+    env_items = [(k, env.get(k)) for k in ("device", "device_name", "python", "torch", "cuda", "cudnn",
+                                           "cores", "torch_threads", "memory_bytes", "platform", "git_commit")
+                 if k in env]
+    env_items = [(k, format_bytes(v) if k == "memory_bytes" and _num(v) else ("-" if v is None else str(v)))
+                 for k, v in env_items]
+    packages = env.get("packages") or {}
+    config = [(k, v if not isinstance(v, (list, dict)) else str(v)) for k, v in _flatten(r.config)]
+    config_html = s.side(lambda t: t.kv(config[:14], title="config"))
+    if len(config) > 14:
+        config_html += ("<details><summary>all config</summary>"
+                        + s.side(lambda t: t.kv(config[14:])) + "</details>")
+    env_html = s.side(lambda t: t.kv(env_items, title="environment"))
+    if packages:
+        env_html += ("<details><summary>packages</summary>"
+                     + s.side(lambda t: t.kv([(k, str(v)) for k, v in packages.items()])) + "</details>")
+    s.html('<div class="grid">' + s.side(lambda t: t.kv(run_items, title="run")) + f"<div>{env_html}</div>"
+           + f"<div>{config_html}</div></div>")
+    if len(r.metrics) > len(stats):
+        s.kv(list(r.metrics.items()), title="final metrics")
+    arts = {k: v for k, v in (r.artifacts or {}).items() if v not in (None, [], {}, "")}
+    if arts:
+        s.kv([(k, ", ".join(map(str, v)) if isinstance(v, list) else str(v)) for k, v in arts.items()],
+             title="artifacts")
+
+
+def curves(page: Page, r: RunRecord, *, findings: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Per-step and per-epoch curves, anomalies (and diagnose findings) marked at their step."""
+    step_rows = [p for p in (r.curves or {}).get("step") or [] if isinstance(p, Mapping)]
+    epoch_rows = [p for p in (r.curves or {}).get("epoch") or [] if isinstance(p, Mapping)]
+    anomalies = [a for a in (r.anomalies or []) if isinstance(a, Mapping)]
+    if not step_rows and not epoch_rows:
+        return
+    s = page.section("Curves")
+    if step_rows:
+        xs = [p.get("step") for p in step_rows]
+        keys = [k for k in ("loss", "grad_norm", "lr") if any(_num(p.get(k)) for p in step_rows)]
+        if "lr" in keys and len({p.get("lr") for p in step_rows}) == 1:
+            keys.remove("lr")  # a constant rate: the config says it
+            s.para(f"learning rate constant at {fmt_number(step_rows[0].get('lr'))}", cls="muted")
+        for key in keys:
+            marks = [(a.get("step"), str(a.get("kind", "anomaly")), "#c92a2a") for a in anomalies
+                     if _num(a.get("step"))]
+            if key == "loss":
+                marks += [(f.get("evidence", {}).get("step"), str(f.get("cause")), _SEVERITY_COLOR.get(
+                    str(f.get("severity")), "#1971c2")) for f in findings
+                          if _num((f.get("evidence") or {}).get("step"))]
+            fig = _step_figure(xs, [p.get(key) for p in step_rows], key, marks,
+                               log=key == "lr" and _spans_decades([p.get(key) for p in step_rows]))
+            side = _curve_summary(key, [p.get(key) for p in step_rows])
+            s.chart(fig, side=s.side(lambda t, side=side, key=key: t.kv(side, title=key)))
+    if epoch_rows:
+        _epoch_charts(s, epoch_rows)
+    if anomalies:
+        cols = ["kind", "step", "epoch", "detail"]
+        s.table(cols, [[a.get("kind"), a.get("step"), a.get("epoch"),
+                        ", ".join(f"{k}={v}" for k, v in a.items() if k not in ("kind", "step", "epoch"))]
+                       for a in anomalies], title="anomalies")
+
+
+def _epoch_charts(s: Section, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Losses on one chart, the task's metrics on another, the table of everything beside them."""
+    from ..metrics import METRICS
+
+    xs = [p.get("epoch") for p in rows]
+    keys = [k for k in dict.fromkeys(k for p in rows for k in p) if k not in ("epoch", "epoch_s", "elapsed_s", "step")
+            and any(_num(p.get(k)) for p in rows)]
+    losses = [k for k in keys if "loss" in k]
+    metrics = [k for k in keys if k not in losses and (k in METRICS and "evaluate" in METRICS[k].producers)]
+    others = [k for k in keys if k not in losses and k not in metrics]
+    if len(metrics) == 0 and others and len(others) <= 2:
+        metrics, others = others, []
+    xaxis = {"dtick": 1} if len(xs) <= 20 else {}
+    table = s.side(lambda t: t.table(["epoch", *keys], [[p.get("epoch"), *[p.get(k) for k in keys]] for p in rows],
+                                     sortable=False))
+    for i, (group, title) in enumerate(((losses, "loss per epoch"), (metrics, "metrics per epoch"))):
+        if not group:
+            continue
+        data = [line(xs, [p.get(k) for p in rows], k, color=PALETTE[(j + 2 * i) % len(PALETTE)], markers=True)
+                for j, k in enumerate(group)]
+        fig = {"data": data, "layout": layout(title, x="epoch", y="loss" if i == 0 else "", xaxis=xaxis)}
+        s.chart(fig, side=table if (i == 0 or not losses) else None)
+
+
+_SEVERITY_COLOR = {"error": "#c92a2a", "warning": "#e67700", "info": "#1971c2"}
+
+
+def _spans_decades(values: Iterable[Any]) -> bool:
+    nums = [float(v) for v in values if _num(v) and float(v) > 0]
+    return bool(nums) and max(nums) / min(nums) > 50
+
+
+def _step_figure(xs: Sequence[Any], ys: Sequence[Any], key: str, marks: Sequence[tuple[Any, str, str]],
+                 *, log: bool = False) -> dict[str, Any]:
+    data = [line(xs, ys, key, color=PALETTE[0], width=1.5)]
+    smooth = _ema(ys)
+    if key == "loss" and len(ys) > 10:
+        data.append(line(xs, smooth, "smoothed (EMA 0.9)", color=PALETTE[1], width=2.5))
+    shapes, notes = [], []
+    for i, (x, text, color) in enumerate(marks[:30]):
+        shape, note = vline(float(x), text, color=color, y=1.0 - 0.08 * (i % 4))
+        shapes.append(shape)
+        notes.append(note)
+    lay = layout(f"{key} per step", x="step", y=key, shapes=shapes, annotations=notes)
+    if log:
+        lay["yaxis"]["type"] = "log"
+    return {"data": data, "layout": lay}
+
+
+def _ema(ys: Sequence[Any], beta: float = 0.9) -> list[float | None]:
+    out: list[float | None] = []
+    avg, n = 0.0, 0
+    for v in ys:
+        f = finite(v)
+        if f is None:
+            out.append(None)
+            continue
+        n += 1
+        avg = beta * avg + (1 - beta) * f
+        out.append(avg / (1 - beta ** n))
+    return out
+
+
+def _curve_summary(key: str, ys: Sequence[Any]) -> list[tuple[str, Any]]:
+    nums = [float(v) for v in ys if _num(v)]
+    if not nums:
+        return [("points", len(ys))]
+    return [("points", len(ys)), ("first", nums[0]), ("last", nums[-1]), ("min", min(nums)), ("max", max(nums)),
+            ("non-finite", len(ys) - len(nums))]
+
+
+# -- profile -------------------------------------------------------------------------------------
+def profile_sections(page: Page, p: Mapping[str, Any]) -> None:
+    """Per-layer table and shares, memory and step breakdowns, bottlenecks, statistics."""
+    layers = [lay for lay in p.get("layers") or [] if isinstance(lay, Mapping)]
+    step, mem, grad = p.get("step") or {}, p.get("memory") or {}, p.get("grad") or {}
+    params = p.get("params") or {}
+    s = page.section("Profile")
+    s.para(f"{p.get('task') or 'model'} · {p.get('mode', 'train')} · batch {p.get('batch_size')} · "
+           f"{p.get('device')} · {p.get('steps')} measured steps", cls="muted")
+    s.html('<div class="grid">' + s.side(lambda t: t.kv([
+        ("params (total)", params.get("total")), ("params (trainable)", params.get("trainable")),
+        ("MACs (forward)", p.get("macs")), ("FLOPs (forward)", p.get("flops")),
+        ("FLOPs (backward)", p.get("backward_flops")),
+        ("step_time_ms", step.get("time_ms")), ("throughput", step.get("throughput")),
+        ("peak_memory_bytes", mem.get("peak_bytes")),
+        ("grad norm", grad.get("norm")), ("grad variance", grad.get("var")),
+        ("update / weight ratio", grad.get("update_ratio")),
+    ], title="totals")) + s.side(lambda t: _comm_kv(t, p.get("comm"))) + "</div>")
+
+    # step breakdown
+    phases: list[tuple[str, Any]] = [("data", step.get("data_ms")), ("forward", step.get("forward_ms")),
+              ("backward", step.get("backward_ms")), ("optimizer", step.get("optimizer_ms")),
+              ("other", step.get("other_ms"))]
+    phases = [(k, v) for k, v in phases if _num(v)]
+    if phases:
+        st = page.section("Step breakdown")
+        total = sum(float(v) for _, v in phases) or 1.0
+        data = [bar([float(v)], ["step"], k, orientation="h", color=PALETTE[i],
+                    text=[f"{k} {float(v):.3g} ms"]) for i, (k, v) in enumerate(phases)]
+        fig = {"data": data, "layout": layout("where a step's time goes (ms)", x="ms", height=220,
+                                              barmode="stack", yaxis={"showticklabels": False})}
+        rows = [(k, f"{float(v):.4g} ms ({float(v) / total:.0%})") for k, v in phases]
+        if _num(step.get("outside_layers_ms")) and step.get("outside_layers_ms"):
+            rows.append(("of fwd+bwd in no layer", f"{float(step['outside_layers_ms']):.4g} ms"))
+        st.chart(fig, side=st.side(lambda t: t.kv(rows, title="milliseconds per step")))
+
+    # memory breakdown
+    parts: list[tuple[str, Any]] = [("params", mem.get("params_bytes")), ("grads", mem.get("grads_bytes")),
+             ("optimizer state", mem.get("optimizer_bytes")), ("activations", mem.get("activations_bytes"))]
+    parts = [(k, v) for k, v in parts if _num(v)]
+    if parts:
+        ms = page.section("Memory")
+        data = [bar([k for k, _ in parts], [float(v) / 2**20 for _, v in parts], "bytes",
+                    color=PALETTE[0], text=[format_bytes(v) for _, v in parts])]
+        peak = mem.get("peak_bytes")
+        shapes, notes = [], []
+        if _num(peak) and peak:
+            shape, note = hline(float(peak) / 2**20, f"step peak {format_bytes(peak)}")
+            shapes, notes = [shape], [note]
+        fig = {"data": data, "layout": layout("memory of a training step (MiB)", y="MiB", shapes=shapes,
+                                              annotations=notes, showlegend=False)}
+        ms.chart(fig, side=ms.side(lambda t: t.kv([*[(k, format_bytes(v)) for k, v in parts],
+                                                   ("peak of a step", format_bytes(peak))], title="bytes")))
+
+    if layers:
+        _layer_sections(page, layers)
+    bottlenecks = [b for b in p.get("bottlenecks") or [] if isinstance(b, Mapping)]
+    if bottlenecks:
+        bs = page.section("Bottlenecks")
+        bs.html("<ul>" + "".join(f"<li>{esc(b.get('finding', b))}</li>" for b in bottlenecks) + "</ul>")
+        bs.table(["layer", "type", "time share", "params share", "MACs share", "excess"],
+                 [[b.get("name"), b.get("type"), (_pct(b.get("time_share")), finite(b.get("time_share")) or 0),
+                   (_pct(b.get("params_share")), finite(b.get("params_share")) or 0),
+                   (_pct(b.get("macs_share")), finite(b.get("macs_share")) or 0), b.get("excess")]
+                  for b in bottlenecks])
+    by_type = [t for t in p.get("by_type") or [] if isinstance(t, Mapping)]
+    if by_type:
+        ts = page.section("By layer type")
+        cols = [c for c in ("type", "count", "params", "macs", "forward_ms", "backward_ms", "time_share",
+                            "activation_bytes") if any(c in t for t in by_type)]
+        ts.table(cols, [[(_pct(t.get(c)), finite(t.get(c)) or 0) if c == "time_share" else t.get(c)
+                         for c in cols] for t in by_type])
+
+
+def _comm_kv(t: Section, comm: Any) -> None:
+    if isinstance(comm, Mapping) and comm:
+        t.kv([("backend", comm.get("backend")), ("world size", comm.get("world_size")),
+              ("all-reduce per step", format_bytes(comm.get("allreduce_bytes"))),
+              ("all-reduce time", f"{float(comm.get('allreduce_ms') or 0):.3g} ms"),
+              ("share of the step", _pct(comm.get("share")))], title="distributed")
+
+
+def _layer_sections(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
+    s = page.section("Layers")
+    top = sorted(layers, key=lambda lay: (finite(lay.get("time_share")) or 0.0, lay.get("macs") or 0),
+                 reverse=True)[:25][::-1]
+    names = [f"{lay.get('name') or '(model)'} · {lay.get('type')}" for lay in top]
+    data = [bar([100 * (finite(lay.get(k)) or 0) for lay in top], names, label, orientation="h",
+                color=PALETTE[i]) for i, (k, label) in enumerate(
+        (("time_share", "time"), ("params_share", "params"), ("macs_share", "MACs")))]
+    s.chart({"data": data, "layout": layout("share of time vs params vs MACs (%), layers by time", x="%",
+                                            height=max(300, 80 + 42 * len(top)), barmode="group",
+                                            margin={"l": 140})})
+    cols = ["layer", "type", "params", "MACs", "fwd ms", "bwd ms", "activations", "GFLOP/s", "time",
+            "params share", "MACs share"]
+    rows = []
+    for lay in layers:
+        act = lay.get("activation_bytes")
+        rows.append([lay.get("name") or "(model)", lay.get("type"), lay.get("params"), lay.get("macs"),
+                     lay.get("forward_ms"), lay.get("backward_ms"),
+                     (format_bytes(act), act) if _num(act) else None, lay.get("gflops_per_s"),
+                     (_pct(lay.get("time_share")), finite(lay.get("time_share")) or 0),
+                     (_pct(lay.get("params_share")), finite(lay.get("params_share")) or 0),
+                     (_pct(lay.get("macs_share")), finite(lay.get("macs_share")) or 0)])
+    s.table(cols, rows, title="per layer (click a column to sort)")
+    _stats_section(page, layers)
+
+
+def _stats_section(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
+    with_stats = [lay for lay in layers if isinstance(lay.get("stats"), Mapping) and lay["stats"]]
+    if not with_stats:
+        return
+    s = page.section("Statistics per layer")
+    names = [f"{lay.get('name')} · {lay.get('type')}" for lay in with_stats]
+
+    def get(lay: Mapping[str, Any], kind: str, key: str) -> Any:
+        return ((lay.get("stats") or {}).get(kind) or {}).get(key)
+
+    acts = [(n, lay) for n, lay in zip(names, with_stats, strict=False) if get(lay, "activation", "p50") is not None]
+    if acts:
+        data = []
+        for i, (key, label) in enumerate((("p1", "p1"), ("p50", "median"), ("p99", "p99"))):
+            data.append(line([n for n, _ in acts], [get(lay, "activation", key) for _, lay in acts], label,
+                             color=PALETTE[i], markers=True))
+        data.append(bar([n for n, _ in acts], [get(lay, "activation", "zero_frac") for _, lay in acts],
+                        "zero fraction", color="#ced4da"))
+        data[-1]["yaxis"] = "y2"
+        data[-1]["opacity"] = 0.6
+        s.chart({"data": data, "layout": layout("activations: percentiles and share of zeros", y="value",
+                                                yaxis2={"title": {"text": "zero fraction"}, "overlaying": "y",
+                                                        "side": "right", "range": [0, 1], "showgrid": False})})
+    grads = [(n, lay) for n, lay in zip(names, with_stats, strict=False) if get(lay, "grad", "norm") is not None]
+    if grads:
+        data = [bar([n for n, _ in grads], [get(lay, "grad", "norm") for _, lay in grads], "grad norm",
+                    color=PALETTE[0]),
+                line([n for n, _ in grads], [get(lay, "grad", "update_ratio") for _, lay in grads],
+                     "update / weight", color=PALETTE[1], yaxis="y2", markers=True)]
+        s.chart({"data": data, "layout": layout("gradients per layer", y="grad norm",
+                                                yaxis2={"title": {"text": "update / weight"}, "overlaying": "y",
+                                                        "side": "right", "type": "log", "showgrid": False})})
+    cols = ["layer", "weight std", "weight p1", "weight p99", "act mean", "act std", "act zero", "dead units",
+            "grad norm", "update ratio", "non-finite"]
+    rows = []
+    for n, lay in zip(names, with_stats, strict=False):
+        nonfinite = sum(int(get(lay, k, "nonfinite") or 0) for k in ("weight", "activation", "grad"))
+        rows.append([n, get(lay, "weight", "std"), get(lay, "weight", "p1"), get(lay, "weight", "p99"),
+                     get(lay, "activation", "mean"), get(lay, "activation", "std"),
+                     get(lay, "activation", "zero_frac"), get(lay, "activation", "dead_frac"),
+                     get(lay, "grad", "norm"), get(lay, "grad", "update_ratio"), nonfinite])
+    s.table(cols, rows)
+
+
+@register_renderer("profile")
+def _profile(page: Page, r: RunRecord, ctx: Context) -> None:
+    if r.result:
+        profile_sections(page, r.result)
+
+
+# -- train, trial ----------------------------------------------------------------------------------
+@register_renderer("train")
+def _train(page: Page, r: RunRecord, ctx: Context) -> None:
+    res = r.result or {}
+    if res:
+        s = page.section("Training")
+        s.kv([(k, res.get(k)) for k in ("epochs", "steps", "samples", "throughput", "stop_reason")
+              if k in res and res.get(k) is not None])
+    curves(page, r)
+
+
+@register_renderer("trial")
+def _trial(page: Page, r: RunRecord, ctx: Context) -> None:
+    res = r.result or {}
+    s = page.section("Trial")
+    s.kv([("trial", res.get("trial")), ("state", res.get("state")), ("reason", res.get("reason") or "-"),
+          ("steps", res.get("steps")), ("train_s", res.get("train_s")), ("gate_s", res.get("gate_s"))])
+    _constraint_table(s, res.get("constraints") or {})
+    curves(page, r)
+
+
+def _constraint_table(s: Section, cons: Mapping[str, Any]) -> None:
+    if cons:
+        s.table(["constraint", "metric", "measured", "limit", "ok"],
+                [[k, c.get("metric"), c.get("value"), c.get("limit"), "yes" if c.get("ok") else "NO"]
+                 for k, c in cons.items() if isinstance(c, Mapping)], title="constraints")
+
+
+# -- recommend, batch size, lr find -----------------------------------------------------------------
+@register_renderer("recommend")
+def _recommend(page: Page, r: RunRecord, ctx: Context) -> None:
+    recs = [x for x in (r.result or {}).get("recommendations") or [] if isinstance(x, Mapping)]
+    s = page.section("Recommendations")
+    if not recs:
+        s.para("no recommendations were recorded", cls="muted")
+        return
+    cards = []
+    for x in recs:
+        value = x.get("value")
+        shown: str = (fmt_value(str(x.get("name")), value) if not isinstance(value, (list, dict))
+                      else _short_value(value))
+        evidence = x.get("evidence") or {}
+        ev = s.side(lambda t, evidence=evidence: t.kv(
+            [(k, v if not isinstance(v, (dict, list)) else _short_value(v)) for k, v in _flatten(evidence)]
+            if isinstance(evidence, Mapping) else [("evidence", str(evidence))]))
+        conf = str(x.get("confidence") or "")
+        cards.append(f'<div class="card {esc(conf)}"><div class="name">{esc(x.get("name"))}</div>'
+                     f'<div class="value">{esc(shown)}</div><div class="meta">confidence: {esc(conf)}</div>'
+                     f'<p>{esc(x.get("reason") or "")}</p>'
+                     + (f'<p class="muted">effect: {esc(x.get("effect"))}</p>' if x.get("effect") else "")
+                     + _value_table(s, value)
+                     + f"<details><summary>evidence</summary>{ev}</details></div>")
+    s.html('<div class="cards">' + "".join(cards) + "</div>")
+    for x in recs:
+        found = x.get("evidence") or {}
+        if x.get("name") == "batch_size" and isinstance(found, Mapping) and (
+                found.get("probes") or found.get("memory_model")):
+            model = found.get("model") or found.get("memory_model") or {}
+            probes = found.get("probes") or ([{"batch_size": found.get("max_batch_size"), "status": "fits",
+                                               "role": "verify", "peak_bytes": found.get("measured_peak_bytes")}]
+                                             if found.get("measured_peak_bytes") else [])
+            _memory_model(page, {**found, "model": model, "probes": probes,
+                                 "max_batch_size": found.get("max_batch_size", x.get("value"))})
+
+
+def _value_table(s: Section, value: Any) -> str:
+    if not (isinstance(value, list) and value and all(isinstance(i, Mapping) for i in value)):
+        return ""
+    cols = list(dict.fromkeys(k for i in value for k in i))
+    return s.side(lambda t: t.table(cols, [[(_pct(i.get(c)), finite(i.get(c)) or 0) if c.endswith("_share")
+                                            else i.get(c) for c in cols] for i in value], sortable=False))
+
+
+def _short_value(v: Any) -> str:
+    if isinstance(v, list):
+        return ", ".join(str(i.get("layer", i.get("name", i))) if isinstance(i, Mapping) else str(i)
+                         for i in v[:8]) or "none"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={fmt_number(x) if _num(x) else x}" for k, x in list(v.items())[:8])
+    return str(v)
+
+
+@register_renderer("batch_size")
+def _batch_size(page: Page, r: RunRecord, ctx: Context) -> None:
+    if r.result:
+        _memory_model(page, r.result)
+
+
+def _memory_model(page: Page, d: Mapping[str, Any]) -> None:
+    """Probes, the fitted line peak(B) = a + b·B, the budget and the answer."""
+    s = page.section("Memory model")
+    probes = [p for p in d.get("probes") or [] if isinstance(p, Mapping)]
+    model = d.get("model") or {}
+    a, b = finite(model.get("intercept_bytes")), finite(model.get("per_sample_bytes"))
+    budget, answer = finite(d.get("memory_budget")), finite(d.get("max_batch_size"))
+    data: list[dict[str, Any]] = []
+    mib = 2.0**20
+    for status, color in (("fits", PALETTE[2]), ("oom", "#c92a2a"), ("over budget", PALETTE[1])):
+        pts = [p for p in probes if str(p.get("status")) == status or (status == "over budget" and
+                                                                      str(p.get("status")) not in ("fits", "oom"))]
+        if pts:
+            data.append({"type": "scatter", "mode": "markers", "name": f"probe: {status}",
+                         "x": [p.get("batch_size") for p in pts],
+                         "y": [(finite(p.get("peak_bytes")) or 0) / mib for p in pts],
+                         "marker": {"size": 11, "color": color, "symbol": [
+                             "diamond" if p.get("role") == "verify" else "circle" for p in pts]},
+                         "hovertemplate": "batch %{x}: %{y:.3f} MiB<extra></extra>"})
+    xs = [finite(p.get("batch_size")) or 0 for p in probes] + ([answer] if answer else [])
+    if a is not None and b is not None and xs:
+        hi = max(xs) * 1.1
+        data.append(line([0, hi], [a / mib, (a + b * hi) / mib], "fitted peak(B) = a + b·B", color=PALETTE[0],
+                         dash="dash"))
+    shapes, notes = [], []
+    if budget:
+        sh, no = hline(budget / mib, f"budget {format_bytes(budget)}")
+        shapes.append(sh)
+        notes.append(no)
+    if answer:
+        sh, no = vline(answer, f"answer: {int(answer)}", color=PALETTE[2], dash="solid")
+        shapes.append(sh)
+        notes.append(no)
+    by_memory = finite(d.get("memory_max_batch_size"))
+    if by_memory and answer and by_memory != answer:
+        sh, no = vline(by_memory, f"memory allows {int(by_memory)}", color=PALETTE[0], y=0.9)
+        shapes.append(sh)
+        notes.append(no)
+    fig = {"data": data, "layout": layout("peak memory of a training step vs batch size", x="batch size",
+                                          y="MiB", shapes=shapes, annotations=notes)}
+    items = [("max_batch_size", d.get("max_batch_size")), ("limited by", d.get("limited_by")),
+             ("memory budget", format_bytes(budget)),
+             ("intercept a", format_bytes(a)), ("per sample b", format_bytes(b)),
+             ("fit residual", format_bytes(finite(model.get("residual_bytes")))),
+             ("safety margin", format_bytes(finite(model.get("margin_bytes")))),
+             ("predicted peak", format_bytes(finite(d.get("predicted_peak_bytes")))),
+             ("measured peak", format_bytes(finite(d.get("measured_peak_bytes")))),
+             ("params+grads+optimizer", format_bytes(finite(d.get("static_bytes")))),
+             ("measured steps", d.get("runs"))]
+    s.chart(fig, side=s.side(lambda t: t.kv([(k, v) for k, v in items if v not in (None, "-")])))
+    if probes:
+        s.table(["batch size", "peak", "status", "role"],
+                [[p.get("batch_size"), (format_bytes(p.get("peak_bytes")), finite(p.get("peak_bytes")) or 0),
+                  p.get("status"), p.get("role")] for p in probes], title="probes")
+
+
+@register_renderer("lr_find")
+def _lr_find(page: Page, r: RunRecord, ctx: Context) -> None:
+    res = r.result or {}
+    pts = [p for p in (r.curves or {}).get("lr_range") or [] if isinstance(p, Mapping)]
+    s = page.section("LR range test")
+    if not pts:
+        s.para("the run holds no curve", cls="muted")
+        return
+    xs = [p.get("lr") for p in pts]
+    data = [line(xs, [p.get("loss") for p in pts], "loss", color="#adb5bd", width=1),
+            line(xs, [p.get("smoothed") for p in pts], "smoothed loss", color=PALETTE[0], width=2.5)]
+    shapes, notes = [], []
+    for i, (key, label, color) in enumerate((("min_lr", "min_lr", PALETTE[2]), ("max_lr", "max_lr", "#c92a2a"),
+                                             ("suggested_lr", "suggested", PALETTE[1]))):
+        v = finite(res.get(key))
+        if v:
+            sh, no = vline(math.log10(v), f"{label} {v:.2g}", color=color, dash="solid" if key == "suggested_lr"
+                           else "dot", y=1.0 - 0.08 * i)
+            sh["x0"] = sh["x1"] = v
+            no["x"] = math.log10(v)
+            shapes.append(sh)
+            notes.append(no)
+    smoothed = [finite(p.get("smoothed")) for p in pts]
+    known = [v for v in smoothed if v is not None]
+    yr = None
+    if known:
+        lo, start = min(known), known[0]
+        yr = [lo - 0.1 * abs(start - lo + 1e-12), start + 0.6 * abs(start - lo + 1e-12) + 1e-9]
+    lay = layout("loss vs learning rate", x="learning rate (log)", y="loss", shapes=shapes, annotations=notes)
+    lay["xaxis"]["type"] = "log"
+    if yr:
+        lay["yaxis"]["range"] = yr
+    items = [(k, res.get(k)) for k in ("suggested_lr", "min_lr", "max_lr", "lr_at_min_loss", "rule", "stop_reason",
+                                       "message", "optimizer", "batch_size", "steps", "steps_planned")
+             if res.get(k) is not None]
+    if res.get("suggested_lr") is None:
+        items.insert(0, ("suggestion", "none: " + str(res.get("message") or "the loss did not fall")))
+    s.chart({"data": data, "layout": lay}, side=s.side(lambda t: t.kv(items)))
+
+
+# -- diagnose ----------------------------------------------------------------------------------------
+@register_renderer("diagnose")
+def _diagnose(page: Page, r: RunRecord, ctx: Context) -> None:
+    res = r.result or {}
+    findings = [f for f in res.get("findings") or [] if isinstance(f, Mapping)]
+    s = page.section("Findings")
+    if not findings:
+        s.para("no findings: training looks healthy", cls="muted")
+    order = {"error": 0, "warning": 1, "info": 2}
+    cards = []
+    for i, f in enumerate(sorted(findings, key=lambda f: order.get(str(f.get("severity")), 3)), start=1):
+        ev = f.get("evidence") or {}
+        evhtml = s.side(lambda t, ev=ev: t.kv([(k, v if not isinstance(v, (dict, list)) else _short_value(v))
+                                               for k, v in _flatten(ev)] if isinstance(ev, Mapping) else []))
+        sev = str(f.get("severity") or "info")
+        where = []
+        if isinstance(ev, Mapping) and ev.get("step") is not None:
+            where.append(f"step {ev.get('step')}")
+        if isinstance(ev, Mapping) and ev.get("layer"):
+            where.append(f"layer {ev.get('layer')}")
+        cards.append(
+            f'<div class="card {esc(sev)}"><div class="name">{i}. {esc(f.get("cause"))}</div>'
+            f'<div class="meta"><span class="badge {esc(sev)}">{esc(sev)}</span> confidence '
+            f'{esc(fmt_number(f.get("confidence")))} {esc(" · ".join(where))}'
+            + (f' · explained by {esc(f.get("explained_by"))}' if f.get("explained_by") else "")
+            + f'</div><p>{esc(f.get("summary") or "")}</p><p><b>fix:</b> {esc(f.get("fix") or "")}</p>'
+            f"<details><summary>evidence</summary>{evhtml}</details></div>")
+    if cards:
+        s.html('<div class="cards">' + "".join(cards) + "</div>")
+    lr = res.get("lr_test")
+    if isinstance(lr, Mapping) and lr:
+        s.kv(list(_flatten(lr)), title="LR range test")
+    curves(page, r, findings=findings)
+
+
+# -- bandit --------------------------------------------------------------------------------------------
+@register_renderer("bandit")
+def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
+    res = r.result or {}
+    arms = [a for a in res.get("arms") or [] if isinstance(a, Mapping)]
+    s = page.section("Allocation")
+    s.para(f"bandit {res.get('bandit')} · policy {res.get('policy')} · reward {res.get('metric')} "
+           f"({res.get('mode')}) · best: {res.get('best')}", cls="muted")
+    if arms:
+        names = [str(a.get("arm")) for a in arms]
+        data = [bar(names, [a.get("pulls") for a in arms], "pulls", color=PALETTE[0]),
+                line(names, [a.get("mean") for a in arms], f"mean {res.get('metric')}", color=PALETTE[1],
+                     yaxis="y2", markers=True)]
+        data[-1]["mode"] = "markers"
+        data[-1]["marker"] = {"size": 12, "color": PALETTE[1]}
+        fig = {"data": data, "layout": layout("pulls and mean reward per configuration", y="pulls",
+                                              yaxis2={"title": {"text": str(res.get("metric"))}, "overlaying": "y",
+                                                      "side": "right", "showgrid": False})}
+        s.chart(fig, side=s.side(lambda t: t.table(
+            ["config", "pulls", "mean", "std", "params"],
+            [[a.get("arm"), a.get("pulls"), a.get("mean"), finite(a.get("std")), _short_value(a.get("params") or {})]
+             for a in arms], row_classes=["best" if a.get("arm") == res.get("best") else "" for a in arms])))
+    regret = (r.curves or {}).get("regret") or []
+    uniform = (r.curves or {}).get("uniform_regret") or []
+    if regret:
+        rs = page.section("Regret")
+        xs = list(range(1, len(regret) + 1))
+        rs.chart({"data": [line(xs, regret, f"{res.get('policy')}", color=PALETTE[0], markers=True),
+                           line(xs, uniform, "uniform allocation", color="#868e96", dash="dash")],
+                  "layout": layout("cumulative regret vs the best estimated mean", x="pull", y="regret")})
+    pulls = [p for p in res.get("pulls") or [] if isinstance(p, Mapping)]
+    if pulls:
+        metric = str(res.get("metric"))
+        s.table(["round", "config", metric, "run"], [[p.get("round"), p.get("arm"), p.get(metric), p.get("run_id")]
+                                                     for p in pulls], title="pulls in this call")
+
+
+# -- compress -----------------------------------------------------------------------------------------
+@register_renderer("compress")
+def _compress(page: Page, r: RunRecord, ctx: Context) -> None:
+    res = r.result or {}
+    base = res.get("baseline") or {}
+    cands = [c for c in res.get("candidates") or [] if isinstance(c, Mapping)]
+    sel = res.get("selected") or {}
+    metric = str(res.get("metric") or "metric")
+    everything = [dict(base, method=base.get("method", "baseline")), *cands] if base else list(cands)
+    s = page.section("Candidates")
+    s.para(f"{metric} within -{res.get('max_accuracy_drop')} of the baseline, goal {res.get('goal')}, "
+           f"{res.get('device')} with {res.get('threads')} thread(s); selected: "
+           + (f"{sel.get('method')} ratio {sel.get('ratio')}" if sel else "none"), cls="muted")
+
+    def is_sel(c: Mapping[str, Any]) -> bool:
+        return bool(sel) and c.get("method") == sel.get("method") and c.get("ratio") == sel.get("ratio")
+
+    for key, label, scale, unit in (("latency_ms", "latency at batch 1", 1.0, "ms"),
+                                    ("size_bytes", "size as saved", 1 / 1024, "KiB")):
+        data = []
+        groups = (("candidate", [c for c in everything if not c.get("pareto") and not is_sel(c)], "#adb5bd", 9),
+                  ("Pareto front", sorted([c for c in everything if c.get("pareto")],
+                                          key=lambda c: finite(c.get(key)) or 0), PALETTE[0], 11),
+                  ("selected", [c for c in everything if is_sel(c)], PALETTE[1], 18))
+        for name, pts, color, size in groups:
+            if not pts:
+                continue
+            trace = {"type": "scatter", "mode": "lines+markers" if name == "Pareto front" else "markers",
+                     "name": name, "x": [(finite(c.get(key)) or 0) * scale for c in pts],
+                     "y": [c.get("metric") for c in pts],
+                     "hovertext": [plot_text(f"{c.get('method')} {c.get('ratio')}") for c in pts],
+                     "hovertemplate": "%{hovertext}<br>%{x:.4g} " + unit + ", " + "%{y:.4f}<extra></extra>",
+                     "marker": {"size": size, "color": color,
+                                "symbol": "star" if name == "selected" else "circle"},
+                     "line": {"color": color, "dash": "dot"}}
+            data.append(trace)
+        shapes, notes = [], []
+        if _num(base.get("metric")) and _num(res.get("max_accuracy_drop")):
+            floor = float(base["metric"]) - float(res["max_accuracy_drop"])
+            sh, no = hline(floor, f"budget: {metric} ≥ {floor:.4g}", color="#c92a2a")
+            shapes.append(sh)
+            notes.append(no)
+        s.chart({"data": data, "layout": layout(f"{metric} vs {label}", x=f"{label} ({unit})", y=metric,
+                                                shapes=shapes, annotations=notes)})
+    cols = ["method", "ratio", metric, "drop", "params", "MACs", "size", "ms @1", "ms @batch", "backend",
+            "Pareto", "within budget"]
+    s.table(cols, [[c.get("method"), c.get("ratio"), c.get("metric"), c.get("metric_drop"), c.get("params"),
+                    c.get("macs"), (format_bytes(c.get("size_bytes")), finite(c.get("size_bytes")) or 0),
+                    c.get("latency_ms"), c.get("latency_batch_ms"), c.get("quant_backend"),
+                    "yes" if c.get("pareto") else "", "yes" if c.get("within_budget") else "no"]
+                   for c in everything], row_classes=["best" if is_sel(c) else "" for c in everything])
+    sens = [x for x in res.get("sensitivity") or [] if isinstance(x, Mapping)]
+    if sens:
+        ss = page.section("Per-layer sensitivity")
+        ordered = sorted(sens, key=lambda x: finite(x.get("drop")) or 0)
+        ss.chart({"data": [bar([x.get("drop") for x in ordered], [str(x.get("layer")) for x in ordered],
+                               f"{metric} drop", orientation="h", color=PALETTE[3])],
+                  "layout": layout(f"{metric} drop when one layer alone is pruned", x=f"{metric} drop",
+                                   height=max(260, 60 + 24 * len(ordered)), margin={"l": 120})},
+                 side=ss.side(lambda t: t.table(["layer", "params", "ratio", "drop"],
+                                                [[x.get("layer"), x.get("params"), x.get("ratio"), x.get("drop")]
+                                                 for x in sens])))
+    texts = [*(res.get("plan") or []), *(res.get("notes") or [])]
+    if texts:
+        ns = page.section("Plan and notes")
+        ns.html("<ul>" + "".join(f"<li>{esc(t)}</li>" for t in texts) + "</ul>")
+        if res.get("load"):
+            ns.html(f"<h3>load the model</h3><pre>{esc(res.get('load'))}</pre>")
+
+
+# -- optimize --------------------------------------------------------------------------------------------
+def _stages_of(r: RunRecord) -> list[Mapping[str, Any]]:
+    for holder in (r.result, r.artifacts, r.config, r.metrics):
+        if isinstance(holder, Mapping):
+            st = holder.get("stages")
+            if isinstance(st, list) and st:
+                return [x if isinstance(x, Mapping) else {"name": str(x)} for x in st]
+            if isinstance(st, Mapping) and st:
+                return [{"name": k, **(v if isinstance(v, Mapping) else {"value": v})} for k, v in st.items()]
+    return []
+
+
+def _pick(d: Mapping[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    return None
+
+
+@register_renderer("optimize")
+def _optimize(page: Page, r: RunRecord, ctx: Context) -> None:
+    stages = _stages_of(r)
+    children = ctx.store.list_runs(parent_id=r.id) if ctx.store is not None else []
+    s = page.section("Stage chain")
+    if not stages and children:
+        stages = [{"name": c.kind, "run_id": c.id, "status": c.status, "duration_s": c.duration_s,
+                   "metrics": c.metrics} for c in reversed(children)]
+    if not stages:
+        s.para("this run holds no stages yet", cls="muted")
+        return
+    boxes = []
+    for i, st in enumerate(stages):
+        name = _pick(st, "name", "stage", "kind") or f"stage {i + 1}"
+        secs = _pick(st, "duration_s", "time_s", "seconds", "elapsed_s")
+        before, after = _pick(st, "metric_before", "before"), _pick(st, "metric_after", "after")
+        status = str(_pick(st, "status", "state") or "")
+        lines = [f'<div class="name">{esc(name)}</div>']
+        if status:
+            lines.append(f'<div class="meta">{esc(status)}</div>')
+        if _num(secs):
+            lines.append(f'<div class="meta">{float(secs):.1f} s</div>')
+        if before is not None or after is not None:
+            lines.append(f"<div>{esc(_short_value(before) if isinstance(before, Mapping) else fmt_number(before))}"
+                         f" → {esc(_short_value(after) if isinstance(after, Mapping) else fmt_number(after))}</div>")
+        if st.get("run_id") is not None:
+            lines.append(f'<div class="meta">run {esc(st.get("run_id"))}</div>')
+        boxes.append(f'<div class="stage {esc(status)}">{"".join(lines)}</div>')
+    s.html('<div class="chain">' + '<div class="arrow">→</div>'.join(boxes) + "</div>")
+    names = [str(_pick(st, "name", "stage", "kind") or i) for i, st in enumerate(stages)]
+    secs = [finite(_pick(st, "duration_s", "time_s", "seconds", "elapsed_s")) for st in stages]
+    if any(v is not None for v in secs):
+        s.chart({"data": [bar(names, secs, "seconds", color=PALETTE[0])],
+                 "layout": layout("time spent per stage", y="seconds", showlegend=False, height=300)})
+    cols = sorted({k for st in stages for k in st if not isinstance(st.get(k), (Mapping, list))})
+    s.table(cols, [[st.get(k) for k in cols] for st in stages], title="stages")
+    if children:
+        s.table(["run", "kind", "status", "duration s", "metrics"],
+                [[c.id, c.kind, c.status, c.duration_s, _short_value(c.metrics)] for c in reversed(children)],
+                title="runs of the stages")
+
+
+# -- tune / study -----------------------------------------------------------------------------------------
+@register_renderer("tune")
+def _tune(page: Page, r: RunRecord, ctx: Context) -> None:
+    trials = []
+    if ctx.store is not None and r.study:
+        trials = ctx.store.list_runs(kind="trial", study=r.study)
+    study_sections(page, [r], trials)
+
+
+def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunRecord]) -> None:
+    """A study from its tune runs (newest first) and trial runs: history, states, parallel
+    coordinates, importance, correlations and the Pareto front."""
+    latest = tunes[0] if tunes else None
+    cfg = latest.config if latest else {}
+    res = latest.result if latest else {}
+    objectives = [str(o) for o in cfg.get("objectives") or []]
+    obj = [_objective(o) for o in objectives] or [("accuracy", "max")]
+    rows = []
+    for t in sorted(trials, key=lambda t: ((t.result or {}).get("trial") if _num((t.result or {}).get("trial"))
+                                           else t.id, t.id)):
+        tr = t.result or {}
+        rows.append({"#": tr.get("trial", t.id), "state": tr.get("state") or ("running" if t.status == "running"
+                                                                               else t.status),
+                     "reason": tr.get("reason"), "params": (t.config or {}).get("params") or {},
+                     "metrics": t.metrics or {}, "constraints": tr.get("constraints") or {},
+                     "duration": t.duration_s, "run": t.id, "curve": (t.curves or {}).get("epoch") or []})
+    s = page.section("Study")
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[str(row["state"])] = counts.get(str(row["state"]), 0) + 1
+    s.html('<div class="stats">' + "".join(
+        f'<div class="stat"><div class="v">{n}</div><div class="l">{esc(k)}</div></div>'
+        for k, n in sorted(counts.items())) + "</div>")
+    s.kv([("study", latest.study if latest else "-"), ("objectives", ", ".join(objectives) or "-"),
+          ("constraints", ", ".join(map(str, cfg.get("constraints") or [])) or "-"),
+          ("sampler", cfg.get("sampler")), ("pruner", cfg.get("pruner")), ("epochs per trial", cfg.get("epochs")),
+          ("tune runs", ", ".join(str(t.id) for t in tunes))])
+    compute = res.get("compute") or {}
+    if compute:
+        s.kv(list(compute.items()), title="compute (seconds)")
+    if not rows:
+        s.para("no trials recorded for this study", cls="muted")
+        return
+    _history(page, rows, obj)
+    _trial_table(page, rows, obj)
+    _parallel(page, rows, obj)
+    _importance(page, res.get("importance") or {})
+    _correlations(page, res.get("correlations") or {})
+    if len(obj) >= 2:
+        _pareto(page, rows, obj, res.get("pareto") or [])
+
+
+def _objective(text: str) -> tuple[str, str]:
+    """``accuracy:max`` -> (accuracy, max); without a direction the metric registry says it."""
+    from ..exceptions import ConfigError
+    from ..metrics import resolve_direction
+
+    name, _, given = text.partition(":")
+    try:
+        return name, resolve_direction(name, given or None)
+    except ConfigError:
+        return name, given or "max"
+
+
+def _history(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:
+    s = page.section("Optimisation history")
+    colors = {"complete": PALETTE[0], "infeasible": PALETTE[1], "pruned": "#adb5bd", "failed": "#c92a2a"}
+    for name, direction in obj:
+        data = []
+        for state, color in colors.items():
+            pts = [row for row in rows if row["state"] == state and _num(row["metrics"].get(name))]
+            if pts:
+                data.append({"type": "scatter", "mode": "markers", "name": state,
+                             "x": [row["#"] for row in pts], "y": [row["metrics"][name] for row in pts],
+                             "marker": {"size": 9, "color": color},
+                             "hovertext": [plot_text(_short_value(row["params"])) for row in pts],
+                             "hovertemplate": "trial %{x}: %{y:.4g}<br>%{hovertext}<extra></extra>"})
+        best: list[float | None] = []
+        cur: float | None = None
+        for row in rows:
+            v = finite(row["metrics"].get(name)) if row["state"] == "complete" else None
+            if v is not None and (cur is None or (v > cur if direction == "max" else v < cur)):
+                cur = v
+            best.append(cur)
+        data.append({**line([row["#"] for row in rows], best, f"best so far ({direction})", color=PALETTE[2]),
+                     "line": {"shape": "hv", "color": PALETTE[2], "width": 2}})
+        s.chart({"data": data, "layout": layout(f"{name} per trial", x="trial", y=name)})
+
+
+def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:
+    s = page.section("Trials")
+    pnames = list(dict.fromkeys(k for row in rows for k in row["params"]))
+    mnames = list(dict.fromkeys([*(n for n, _ in obj), *(k for row in rows for k in row["metrics"])]))[:8]
+    table_rows = []
+    for row in rows:
+        cons = row["constraints"]
+        broken = [f"{k}: measured {fmt_number(c.get('value'))}" for k, c in cons.items()
+                  if isinstance(c, Mapping) and not c.get("ok")]
+        reason = row["reason"] or ""
+        if broken and row["state"] == "infeasible" and not reason:
+            reason = "; ".join(broken)
+        table_rows.append([row["#"], row["state"], *[row["params"].get(p) for p in pnames],
+                           *[row["metrics"].get(m) for m in mnames], reason, row["duration"], row["run"]])
+    s.table(["#", "state", *pnames, *mnames, "reason", "seconds", "run"], table_rows,
+            row_classes=[str(row["state"]) for row in rows])
+
+
+def _parallel(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:
+    done = [row for row in rows if row["state"] == "complete"]
+    if len(done) < 2:
+        return
+    pnames = list(dict.fromkeys(k for row in done for k in row["params"]))
+    target = obj[0][0]
+    flat = [{"#": row["#"], **row["params"], target: row["metrics"].get(target)} for row in done]
+    s = page.section("Parallel coordinates")
+    s.chart(parallel(flat, [*pnames, target], target, title=f"completed trials, coloured by {target}"))
+
+
+def _importance(page: Page, imp: Mapping[str, Any]) -> None:
+    usable = {m: per for m, per in imp.items() if isinstance(per, Mapping)}
+    if not usable:
+        return
+    s = page.section("Parameter importance")
+    for metric, per in usable.items():
+        data = []
+        for i, (method, label) in enumerate((("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA"))):
+            vals = {k: v for k, v in (per.get(method) or {}).items() if _num(v)}
+            if vals:
+                data.append(bar(list(vals.values()), list(vals.keys()), label, orientation="h", color=PALETTE[i]))
+        errors = [f"{m}: {(per.get(m) or {}).get('error')}" for m in ("fanova", "ped_anova")
+                  if isinstance(per.get(m), Mapping) and (per.get(m) or {}).get("error")]
+        if data:
+            s.chart({"data": data, "layout": layout(f"importance for {metric}", x="importance", barmode="group",
+                                                    height=max(240, 90 + 40 * len(data[0]["y"])))})
+        for e in errors:
+            s.para(e, cls="muted")
+
+
+def _correlations(page: Page, corr: Mapping[str, Any]) -> None:
+    params = [p for p, per in corr.items() if isinstance(per, Mapping)]
+    targets = list(dict.fromkeys(t for p in params for t in corr[p]))
+    if not params or not targets:
+        return
+    s = page.section("Correlations")
+    s.para("How each param moves with the objective and each profile metric, over completed trials "
+           "(Pearson: linear; Spearman: rank).", cls="muted")
+    for method in ("pearson", "spearman"):
+        z = [[(corr[p].get(t) or {}).get(method) for t in targets] for p in params]
+        s.chart(heatmap(z, targets, params, title=f"{method.capitalize()} correlation: param × metric"))
+
+
+def _pareto(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
+            front: Sequence[Mapping[str, Any]]) -> None:
+    (m1, d1), (m2, d2) = obj[0], obj[1]
+    done = [row for row in rows if row["state"] in ("complete", "infeasible")
+            and _num(row["metrics"].get(m1)) and _num(row["metrics"].get(m2))]
+    if not done:
+        return
+    on_front = {f.get("number") for f in front if isinstance(f, Mapping)}
+    s = page.section("Pareto front")
+    data = []
+    for name, pts, color, size in (
+            ("infeasible", [r for r in done if r["state"] == "infeasible"], PALETTE[1], 8),
+            ("dominated", [r for r in done if r["state"] == "complete" and r["#"] not in on_front], "#adb5bd", 9),
+            ("Pareto front", sorted([r for r in done if r["#"] in on_front], key=lambda r: r["metrics"][m1]),
+             PALETTE[0], 12)):
+        if pts:
+            data.append({"type": "scatter", "mode": "lines+markers" if name == "Pareto front" else "markers",
+                         "name": name, "x": [r["metrics"][m1] for r in pts], "y": [r["metrics"][m2] for r in pts],
+                         "marker": {"size": size, "color": color}, "line": {"color": color, "shape": "hv"},
+                         "hovertext": [plot_text(f"trial {r['#']}: {_short_value(r['params'])}") for r in pts],
+                         "hovertemplate": "%{hovertext}<br>%{x:.4g}, %{y:.4g}<extra></extra>"})
+    s.chart({"data": data, "layout": layout(f"{m1} ({d1}) vs {m2} ({d2})", x=m1, y=m2)},
+            side=s.side(lambda t: t.table(["trial", m1, m2], [[f.get("number"), (f.get("metrics") or {}).get(m1),
+                                                               (f.get("metrics") or {}).get(m2)] for f in front
+                                                              if isinstance(f, Mapping)], sortable=False,
+                                          title="front")))
+    if len(obj) > 2:
+        s.para("more than two objectives: the chart shows the first two; the table lists the whole front.",
+               cls="muted")

@@ -1,0 +1,70 @@
+"""`proftune report`, `--report` on a command, `runs compare --report`, `proftune export`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from proftune.cli import app
+from proftune.track import Store
+
+runner = CliRunner()
+
+
+def test_report_a_run_a_study_and_a_profile(store: Store, runs: dict[str, int], db_url: str,
+                                            tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    res = runner.invoke(app, ["report", str(runs["diagnose"]), "--out", str(out), "--db", db_url, "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["report"] == str(out) and d["bytes"] == out.stat().st_size
+    assert "lr_too_high" in out.read_text()
+    res = runner.invoke(app, ["report", "--study", "s1", "--out", str(tmp_path / "s.html"), "--db", db_url])
+    assert res.exit_code == 0, res.output
+    assert "Pareto front" in (tmp_path / "s.html").read_text()
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(store.get_run(runs["profile"]).result))
+    res = runner.invoke(app, ["report", str(profile), "--out", str(tmp_path / "p.html")])
+    assert res.exit_code == 0, res.output
+
+
+def test_report_bad_input_exits_2_and_names_it(store: Store, runs: dict[str, int], db_url: str,
+                                              tmp_path: Path) -> None:
+    res = runner.invoke(app, ["report", "--db", db_url])
+    assert res.exit_code == 2 and "exactly one" in res.output
+    res = runner.invoke(app, ["report", "--study", "nope", "--db", db_url])
+    assert res.exit_code == 2 and "'nope'" in res.output and "s1" in res.output
+    res = runner.invoke(app, ["report", "999", "--db", db_url])
+    assert res.exit_code == 2 and "999" in res.output
+    res = runner.invoke(app, ["report", str(runs["train"]), "--out", str(tmp_path / "no" / "r.html"),
+                              "--db", db_url])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_train_with_report_writes_the_run_page(db_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "train.html"
+    res = runner.invoke(app, ["train", "digits-mlp", "--max-steps", "3", "--db", db_url, "--json",
+                              "--report", str(out)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    html = out.read_text()
+    assert f"(run {d['run_id']})" in html and "loss per step" in html
+    res = runner.invoke(app, ["train", "digits-mlp", "--max-steps", "1", "--db", db_url,
+                              "--report", str(tmp_path / "missing" / "x.html")])
+    assert res.exit_code == 2 and "--report" in res.output
+
+
+def test_runs_compare_report(store: Store, runs: dict[str, int], db_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "cmp.html"
+    res = runner.invoke(app, ["runs", "compare", str(runs["train"]), str(runs["diagnose"]), "--db", db_url,
+                              "--json", "--report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["a"] == runs["train"]
+    assert "loss per step" in out.read_text()
+
+
+def test_export_needs_a_target(runs: dict[str, int], db_url: str) -> None:
+    res = runner.invoke(app, ["export", str(runs["train"]), "--db", db_url])
+    assert res.exit_code == 2 and "--tensorboard" in res.output
