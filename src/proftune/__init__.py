@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import os as _os
+
+# Set before torch loads its native libraries: their info and warning lines on stderr (c10's
+# "[W ...] Memory block of unknown size...", kineto's "USDT: profiler_start" and, on a CUDA
+# build without a GPU, "ERROR: gpuGetDeviceCount") are noise to a user. Errors still show;
+# set TORCH_CPP_LOG_LEVEL / KINETO_LOG_LEVEL yourself to see the rest.
+_os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+_os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
 from ._api import TrainReport, run_train
 
 # the function shadows its subpackage on purpose: proftune.compress(...) and

@@ -87,3 +87,21 @@ def test_missing_task_or_file_exits_2(tmp_path: Path) -> None:
     assert runner.invoke(app, ["profile"]).exit_code == 2
     res = runner.invoke(app, ["profile", "--compare", str(tmp_path / "no.json"), str(tmp_path / "no2.json")])
     assert res.exit_code == 2 and "does not exist" in res.stderr
+
+
+def test_stderr_has_no_native_profiler_log_lines(tmp_path: Path) -> None:
+    """kineto logs every profiler start/stop (and a GPU-count error on CUDA builds) to fd 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("KINETO_LOG_LEVEL", "TORCH_CPP_LOG_LEVEL")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "proftune.cli", "profile", "digits-mlp", "--steps", "1", "--warmup", "0",
+         "--device", "cpu", "--db", f"sqlite:///{tmp_path / 'p.db'}", "--json"],
+        capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    json.loads(proc.stdout)
+    noisy = [line for line in proc.stderr.splitlines()
+             if line.startswith(("USDT:", "ERROR:", "WARNING:", "[W", "[I")) or "Warning" in line]
+    assert noisy == []
