@@ -8,15 +8,28 @@ from ._api import TrainReport, run_train
 # `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
 from .compress import CompressConfig, CompressReport, compress
 from .diagnose import AdaptiveLR, DiagnoseReport, EarlyStopping, GradGuard, HealthCheck, diagnose
-from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
+from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
 from .profile import Monitor, Profile, profile
 from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
-from .search import SearchResult, search
 from .task import ClassificationTask, Task, load_task
 from .track import Store
 from .train import Callback, FitResult, FitState, fit
 
+try:
+    from .search import SearchResult, search
+except DependencyError as _missing_search:  # the [search] extra is not installed
+    _MISSING: dict[str, str] = dict.fromkeys(("SearchResult", "search"), str(_missing_search))
+else:
+    _MISSING = {}
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """A public name whose optional dependency is missing raises the error naming its extra."""
+    if name in _MISSING:
+        raise DependencyError(_MISSING[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "AdaptiveLR",
@@ -25,6 +38,7 @@ __all__ = [
     "CompressConfig",
     "CompressReport",
     "ConfigError",
+    "DependencyError",
     "DiagnoseReport",
     "EarlyStopping",
     "FitResult",

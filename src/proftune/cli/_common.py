@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
 
@@ -111,7 +112,7 @@ def execute(
         else:
             result = fn()
     except ConfigError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -119,7 +120,7 @@ def execute(
         err_console.print("interrupted", markup=False)
         raise typer.Exit(130) from None
     except (ProftuneError, Exception) as exc:
-        err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {exc}", markup=True,
+        err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {escape(str(exc))}", markup=True,
                           highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)

@@ -54,7 +54,7 @@ def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None
         return {"params_bytes": int(m.params_bytes), "grads_bytes": int(m.grads_bytes),
                 "optimizer_bytes": int(m.optimizer_bytes),
                 "total": int(m.params_bytes + m.grads_bytes + m.optimizer_bytes)}
-    from ..profile._memory import buffers_bytes, optimizer_state_bytes, params_bytes
+    from ..profile import buffers_bytes, optimizer_state_bytes, params_bytes
 
     seed_everything(0)
     model = task.build_model(params)
@@ -278,7 +278,7 @@ def recommend(
         prof = profile
         if prof is None:
             say("profiling")
-            from .. import profile as profile_fn
+            from ..profile import profile as profile_fn
 
             prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
         return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
