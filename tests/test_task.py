@@ -103,3 +103,35 @@ def test_split_is_fixed_and_disjoint() -> None:
     load_split.cache_clear()
     x_tr2, _, x_va2, _ = load_split("digits")
     assert (x_tr == x_tr2).all() and (x_va == x_va2).all()
+
+
+def _write_project(folder: Path, *, model_module: str, package: bool) -> Path:
+    """A user's project: the model in one module, the task in ``task.py`` beside it."""
+    folder.mkdir(parents=True)
+    (folder / f"{model_module}.py").write_text(
+        "import torch\n\nclass Net(torch.nn.Linear):\n    def __init__(self):\n        super().__init__(4, 2)\n"
+    )
+    how = f"from .{model_module} import Net" if package else f"from {model_module} import Net"
+    (folder / "task.py").write_text(TASK_SRC.replace("import proftune\n", f"import proftune\n{how}\n", 1)
+                                    .replace("return torch.nn.Linear(4, 2)", "return Net()"))
+    if package:
+        (folder / "__init__.py").write_text("")
+    return folder / "task.py"
+
+
+def test_task_file_imports_modules_beside_it(tmp_path: Path) -> None:
+    path = _write_project(tmp_path / "proj", model_module="sibling_model_a1", package=False)
+    task = proftune.load_task(str(path))
+    model = task.build_model({})
+    assert type(model).__name__ == "Net"
+    assert type(model).__module__ == "sibling_model_a1"
+
+
+def test_task_file_in_a_package_uses_relative_imports(tmp_path: Path) -> None:
+    outer = tmp_path / "outer_pkg_b2"
+    outer.mkdir()
+    (outer / "__init__.py").write_text("")
+    path = _write_project(outer / "proj", model_module="model", package=True)
+    task = proftune.load_task(f"{path}:Tiny")
+    assert type(task).__module__ == "outer_pkg_b2.proj.task"
+    assert type(task.build_model({})).__module__ == "outer_pkg_b2.proj.model"
