@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from ._api import TrainReport, run_train
+from ._api import TrainReport, TrainResult, run_train
 
 # the function shadows its subpackage on purpose: proftune.compress(...) and
 # `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
-from .compress import CompressConfig, CompressReport, compress
-from .diagnose import AdaptiveLR, DiagnoseReport, EarlyStopping, GradGuard, HealthCheck, diagnose
+from .compress import CompressConfig, CompressReport, CompressResult, compress
+from .diagnose import (
+    AdaptiveLR,
+    DiagnoseReport,
+    DiagnoseResult,
+    EarlyStopping,
+    GradGuard,
+    HealthCheck,
+    diagnose,
+)
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
 from .profile import Monitor, Profile, profile
 from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
@@ -37,9 +45,11 @@ __all__ = [
     "ClassificationTask",
     "CompressConfig",
     "CompressReport",
+    "CompressResult",
     "ConfigError",
     "DependencyError",
     "DiagnoseReport",
+    "DiagnoseResult",
     "EarlyStopping",
     "FitResult",
     "FitState",
@@ -55,6 +65,7 @@ __all__ = [
     "Task",
     "TaskLoadError",
     "TrainReport",
+    "TrainResult",
     "__version__",
     "compress",
     "diagnose",

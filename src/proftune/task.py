@@ -22,7 +22,7 @@ from torch import nn
 
 from .exceptions import TaskLoadError
 
-__all__ = ["ClassificationTask", "Task", "load_task"]
+__all__ = ["ClassificationTask", "Task", "TaskWrapper", "load_task"]
 
 
 class Task:
@@ -108,6 +108,54 @@ class ClassificationTask(Task):
             correct += int((logits.argmax(dim=-1) == y).sum())
             count += int(y.shape[0])
         return {"val_loss": total / max(count, 1), "accuracy": correct / max(count, 1)}
+
+
+class TaskWrapper(Task):
+    """A task that changes one part of ``inner`` and delegates everything else to it.
+
+    Every method of :class:`Task` calls ``inner``'s; every class attribute that :class:`Task`
+    declares (``name``, ``default_params``, ``default_epochs``, ``metric_directions``, ...) is
+    ``inner``'s, and so is any other attribute the wrapper does not have itself. A subclass
+    overrides what it changes and may set its own ``name`` after ``super().__init__(inner)``.
+    """
+
+    def __init__(self, inner: Task) -> None:
+        self.inner = inner
+        for attr in _TASK_ATTRIBUTES:
+            setattr(self, attr, getattr(inner, attr))
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for what neither the wrapper nor Task has: the inner task's own attributes
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return self.inner.build_model(params)
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        return self.inner.train_data(batch_size, params)
+
+    def val_data(self, batch_size: int) -> Iterable[Any]:
+        return self.inner.val_data(batch_size)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return self.inner.loss(model, batch)
+
+    def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
+        return self.inner.evaluate(model, data)
+
+    def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+        return self.inner.configure_optimizer(model, params)
+
+    def example_batch(self, batch_size: int) -> Any:
+        return self.inner.example_batch(batch_size)
+
+
+#: The data attributes a Task declares on its class; a TaskWrapper takes each from its inner task.
+_TASK_ATTRIBUTES = tuple(
+    n for n, v in vars(Task).items() if not n.startswith("_") and not callable(v)
+)
 
 
 # -- loading ----------------------------------------------------------------------------------

@@ -14,11 +14,15 @@ from ._prune import prune_structured, prune_unstructured
 from ._quantize import backend_status
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
+#: ``*Result`` like every other result; ``CompressReport`` stays for existing imports.
+CompressResult = CompressReport
+
 __all__ = [
     "LOAD_LINES",
     "Candidate",
     "CompressConfig",
     "CompressReport",
+    "CompressResult",
     "DistillationTask",
     "LayerSensitivity",
     "backend_status",

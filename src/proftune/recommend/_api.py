@@ -20,7 +20,7 @@ from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..task import Task, load_task
-from ..track import Store, tracked_run
+from ..track import Store, optional_store, tracked_run
 from ..train import seed_everything, validate_params
 from ._accumulation import StepCost, plan_accumulation
 from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
@@ -31,9 +31,7 @@ from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendatio
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
 
-
-def _store(store: Store | str | None) -> Store | None:
-    return Store(store) if isinstance(store, str) else store
+_store = optional_store
 
 
 def _merged(task: Task, params: dict[str, Any] | None) -> dict[str, Any]:
