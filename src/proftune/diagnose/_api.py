@@ -14,18 +14,21 @@ import torch
 from .._device import resolve_device
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
-from ..track import Store, tracked_run
+from ..track import Store, open_store, tracked_run
 from ..train import LOOP_PARAMS, Callback, fit, validate_params
 from ._bandit import POLICIES, Arm, Bandit, bandit_key, regret_curve
-from ._checks import HealthCheck
 from ._findings import Finding
+from ._health import HealthCheck
 from ._lrtest import RangeTest, lr_range_test
 
-__all__ = ["BanditReport", "DiagnoseReport", "bandit", "check_arms", "diagnose", "known_params", "load_configs"]
+__all__ = [
+    "BanditReport", "BanditResult", "DiagnoseReport", "DiagnoseResult", "bandit", "check_arms", "diagnose",
+    "known_params", "load_configs",
+]
 
 
 @dataclass
-class DiagnoseReport:
+class DiagnoseResult:
     """Findings of a diagnosis run, most likely cause first, and what the run measured."""
 
     run_id: int | None
@@ -68,10 +71,10 @@ def diagnose(
     lr_test: bool = True,
     every: int = 10,
     callbacks: Sequence[Callback] = (),
-    store: Store | None = None,
+    store: Store | str | None = None,
     db: str | None = None,
     record: bool = True,
-) -> DiagnoseReport:
+) -> DiagnoseResult:
     """Train ``task`` with the health checks and return its findings, most likely cause first.
 
     Training runs through :func:`proftune.train.fit` with a :class:`HealthCheck`; when the loss
@@ -87,12 +90,12 @@ def diagnose(
     dev = resolve_device(device)
     check = HealthCheck(every=every)
 
-    def body() -> DiagnoseReport:
+    def body() -> DiagnoseResult:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=[check, *callbacks])
         if lr_test and check.wants_lr_test:
             check.add_lr_test(lr_range_test(task_obj, result.params, device=dev, seed=seed))
-        return DiagnoseReport(
+        return DiagnoseResult(
             run_id=None, task=task_obj.name or type(task_obj).__name__, findings=check.findings,
             metrics=result.metrics, steps=result.steps, epochs=result.epochs,
             stop_reason=result.stop_reason, duration_s=result.duration_s, params=result.params,
@@ -227,7 +230,7 @@ def check_arms(arms: Sequence[Arm], task: Task, *, problems: ProblemCollector | 
 
 
 @dataclass
-class BanditReport:
+class BanditResult:
     """A bandit session: allocation, arm statistics, regret curve, best configuration."""
 
     run_id: int | None
@@ -262,9 +265,9 @@ def bandit(
     name: str | None = None,
     device: str | torch.device = "auto",
     seed: int = 0,
-    store: Store | None = None,
+    store: Store | str | None = None,
     db: str | None = None,
-) -> BanditReport:
+) -> BanditResult:
     """Allocate ``rounds`` training runs of ``task`` across ``configs`` with a bandit ``policy``.
 
     Each round trains the chosen configuration (a child ``train`` run) and feeds its ``metric``
@@ -283,7 +286,7 @@ def bandit(
     problems.raise_if_any()
     arms = (load_configs(configs, task_obj) if isinstance(configs, (str, Path))
             else check_arms(list(configs), task_obj))
-    st = store or Store(db)
+    st = open_store(store, db=db)
     dev = resolve_device(device)
     key = name or bandit_key(arms, prefix=f"{task_obj.name or type(task_obj).__name__}:")
     engine = Bandit(arms, policy=policy, name=key, store=st, seed=seed + _prior_pulls(st, key))
@@ -322,7 +325,7 @@ def bandit(
         arms_out = [{**s.to_dict(), "mean": sign * s.mean if s.pulls else None,
                      "params": next(a.params for a in arms if a.name == s.name)}
                     for s in engine.stats.values()]
-        report = BanditReport(run_id=run.id, name=key, policy=policy, metric=str(chosen_metric),
+        report = BanditResult(run_id=run.id, name=key, policy=policy, metric=str(chosen_metric),
                               mode="min" if sign < 0 else "max", pulls=pulls, arms=arms_out,
                               best=engine.best(), regret=regret, total_pulls=engine.t,
                               uniform_regret=uniform)
@@ -336,3 +339,8 @@ def _prior_pulls(store: Store, key: str) -> int:
     from ._bandit import BanditPulls
 
     return len(BanditPulls(store).history(key))
+
+
+#: Former names of :class:`DiagnoseResult` and :class:`BanditResult`, kept for existing imports.
+DiagnoseReport = DiagnoseResult
+BanditReport = BanditResult
