@@ -169,11 +169,11 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
 
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"--configs {str(p)!r} does not exist or is not a file.")
+        raise ConfigError(f"configs={str(p)!r} does not exist or is not a file.")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--configs {str(p)!r} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"configs={str(p)!r} is not valid YAML: {exc}") from exc
     if isinstance(data, dict) and "configs" in data:
         data = data["configs"]
     entries: list[tuple[str | None, Any]]
@@ -182,7 +182,7 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
     elif isinstance(data, list):
         entries = [(None, v) for v in data]
     else:
-        raise ConfigError(f"--configs {str(p)!r} must hold a list of configurations (param mappings), "
+        raise ConfigError(f"configs={str(p)!r} must hold a list of configurations (param mappings), "
                           f"but holds {type(data).__name__}.")
     problems = ProblemCollector()
     arms: list[Arm] = []
@@ -197,8 +197,8 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
         params = dict(params) if isinstance(params, dict) else entry
         arms.append(Arm(name, params))
     if len(entries) < 2:
-        problems.add(f"--configs {str(p)!r} needs at least 2 configurations, but has {len(entries)}.")
-    return check_arms(arms, task, problems=problems, header=f"--configs {str(p)!r} is not well-formed, "
+        problems.add(f"configs={str(p)!r} needs at least 2 configurations, but has {len(entries)}.")
+    return check_arms(arms, task, problems=problems, header=f"configs={str(p)!r} is not well-formed, "
                       "found the following errors:")
 
 
