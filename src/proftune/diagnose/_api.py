@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ __all__ = [
     "BanditReport", "BanditResult", "DiagnoseReport", "DiagnoseResult", "bandit", "check_arms", "diagnose",
     "known_params", "load_configs",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -154,8 +157,8 @@ def known_params(task: Task) -> set[str]:
         model = task.build_model(probe)
         task.configure_optimizer(model, probe)
         task.train_data(int(task.default_params.get("batch_size", 32)), probe)
-    except Exception:
-        pass
+    except Exception:  # noqa: BLE001  (user code may reject the probe; the params read so far count)
+        _log.debug("probing the params of %s stopped early", type(task).__name__, exc_info=True)
     return set(LOOP_PARAMS) | set(task.default_params) | {k for k in probe.read if isinstance(k, str)}
 
 
@@ -276,14 +279,7 @@ def bandit(
     across processes. The regret curve is against the estimated means at the end.
     """
     task_obj = load_task(task)
-    problems = ProblemCollector()
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        problems.add(f"rounds must be an integer >= 1, but got {rounds=}.")
-    if policy not in POLICIES:
-        problems.add(f"policy={policy!r} is unknown; valid: {', '.join(POLICIES)}.")
-    if mode not in ("auto", "max", "min"):
-        problems.add(f"mode={mode!r} is unknown; valid: auto, max, min.")
-    problems.raise_if_any()
+    _check_bandit_args(rounds=rounds, policy=policy, mode=mode)
     arms = (load_configs(configs, task_obj) if isinstance(configs, (str, Path))
             else check_arms(list(configs), task_obj))
     st = open_store(store, db=db)
@@ -333,6 +329,18 @@ def bandit(
                 result={k: v for k, v in report.to_dict().items() if k not in ("regret", "uniform_regret")},
                 curves={"regret": regret, "uniform_regret": uniform})
     return report
+
+
+def _check_bandit_args(*, rounds: int, policy: str, mode: str) -> None:
+    """One ConfigError listing every bad argument of :func:`bandit`."""
+    problems = ProblemCollector()
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        problems.add(f"rounds must be an integer >= 1, but got {rounds=}.")
+    if policy not in POLICIES:
+        problems.add(f"policy={policy!r} is unknown; valid: {', '.join(POLICIES)}.")
+    if mode not in ("auto", "max", "min"):
+        problems.add(f"mode={mode!r} is unknown; valid: auto, max, min.")
+    problems.raise_if_any()
 
 
 def _prior_pulls(store: Store, key: str) -> int:

@@ -12,11 +12,12 @@ the first NaN), all into one :class:`History`. Its ``findings`` run every check 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,13 +28,18 @@ from ._history import History, StepRecord
 from ._lrtest import RangeTest
 from .checks import CHECKS
 
+if TYPE_CHECKING:
+    from ..profile import LayerStats
+
 __all__ = ["HealthCheck"]
+
+_log = logging.getLogger(__name__)
 
 _WEIGHT_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "LazyLinear")
 _MAX_LABELS = 50_000
 
 
-def _layer_stats_cls() -> Any:
+def _layer_stats_cls() -> type[LayerStats]:
     from ..profile import LayerStats
 
     return LayerStats
@@ -231,13 +237,14 @@ class HealthCheck(Callback):
             ls.attach()
             try:
                 state.task.loss(state.model, state.batch)  # type: ignore[union-attr]
-            except Exception:  # the forward itself may raise on bad values; stats so far still tell
-                pass
+            except Exception:  # noqa: BLE001  (the forward may raise on bad values; stats so far tell)
+                _log.debug("re-running the non-finite step's forward raised", exc_info=True)
             finally:
                 ls.detach()
         try:
             return ls.collect()
-        except Exception:
+        except Exception:  # noqa: BLE001  (no statistics: the finding then names no layer)
+            _log.debug("collecting the re-run's layer statistics failed", exc_info=True)
             return None
 
     # -- lr range test ----------------------------------------------------------------------
