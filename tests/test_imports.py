@@ -162,3 +162,25 @@ def test_subpackages_import_no_top_level_package_nor_each_others_private_modules
 )
 def test_layer_rule_catches_what_it_should(own: str, module: str, names: list[str], bad: bool) -> None:
     assert (_violation(own, module, names) is not None) == bad
+
+
+def test_every_extra_named_in_errors_exists_in_pyproject() -> None:
+    from proftune._optional import EXTRAS
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    pyproject = SRC.parent.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("not a source checkout")
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert set(EXTRAS.values()) <= set(extras), set(EXTRAS.values()) - set(extras)
+
+
+def test_missing_optional_package_is_a_dependency_error_naming_the_extra() -> None:
+    from proftune._optional import require
+    from proftune.exceptions import DependencyError
+
+    with pytest.raises(DependencyError, match=r"pip install 'proftune\[search\]'"):
+        require("optuna.no_such_module_here", feature="a test")
+    with pytest.raises(DependencyError, match=r"needs the optional package 'no_such_pkg'.*pip install no_such_pkg"):
+        require("no_such_pkg", feature="a test")

@@ -81,7 +81,9 @@ def test_import_error_shows_user_line(tmp_path: Path) -> None:
     with pytest.raises(TaskLoadError) as info:
         proftune.load_task(str(f))
     text = str(info.value)
-    assert "NameError" in text and "line 3" in text and "boom = undefined_thing + value" in text
+    assert "NameError" in text
+    assert "line 3" in text
+    assert "boom = undefined_thing + value" in text
 
 
 def test_unknown_name_lists_builtins() -> None:
@@ -106,7 +108,8 @@ def test_split_is_fixed_and_disjoint() -> None:
     # a cached second load and a fresh computation give the same split
     load_split.cache_clear()
     x_tr2, _, x_va2, _ = load_split("digits")
-    assert (x_tr == x_tr2).all() and (x_va == x_va2).all()
+    assert (x_tr == x_tr2).all()
+    assert (x_va == x_va2).all()
 
 
 def _write_project(folder: Path, *, model_module: str, package: bool) -> Path:

@@ -13,7 +13,7 @@ from types import ModuleType
 
 from .exceptions import DependencyError
 
-__all__ = ["EXTRAS", "require"]
+__all__ = ["EXTRAS", "PACKAGES", "require"]
 
 #: Import name of each optional package -> the extra of proftune that installs it.
 EXTRAS: dict[str, str] = {
@@ -25,11 +25,10 @@ EXTRAS: dict[str, str] = {
     "plotly": "report",
     "torchvision": "vision",
     "ray": "ray",
-    "lightning": "lightning",
-    "transformers": "transformers",
-    "mlflow": "mlflow",
-    "tensorboard": "tensorboard",
 }
+#: Optional packages that no extra installs (yet): the error names the package itself.
+PACKAGES: dict[str, str] = {"lightning": "lightning", "transformers": "transformers",
+                            "mlflow": "mlflow", "tensorboard": "tensorboard"}
 
 
 def require(module: str, *, feature: str, extra: str | None = None) -> ModuleType:
@@ -40,7 +39,7 @@ def require(module: str, *, feature: str, extra: str | None = None) -> ModuleTyp
     except ImportError as exc:
         top = module.split(".")[0]
         name = extra or EXTRAS.get(top)
-        how = f"pip install 'proftune[{name}]'" if name else f"pip install {top}"
+        how = f"pip install 'proftune[{name}]'" if name else f"pip install {PACKAGES.get(top, top)}"
         raise DependencyError(
             f"{feature}: needs the optional package {top!r}, which is not installed; "
             f"install it with: {how}"
@@ -48,6 +47,6 @@ def require(module: str, *, feature: str, extra: str | None = None) -> ModuleTyp
 
 
 def __getattr__(name: str) -> ModuleType:
-    if name in EXTRAS:
-        return require(name, feature=f"proftune's {EXTRAS[name]} features")
+    if name in EXTRAS or name in PACKAGES:
+        return require(name, feature=f"proftune's {EXTRAS.get(name, name)} features")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

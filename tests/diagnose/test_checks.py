@@ -93,8 +93,11 @@ def test_every_cause_has_exactly_one_registered_check() -> None:
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.cause)
 def test_check_names_its_cause_when_the_history_shows_it(check: BaseCheck) -> None:
     finding = check.check(SHOWS[check.cause]())
-    assert isinstance(finding, Finding) and finding.cause == check.cause
-    assert finding.summary and finding.fix and 0 < finding.confidence <= 1
+    assert isinstance(finding, Finding)
+    assert finding.cause == check.cause
+    assert finding.summary
+    assert finding.fix
+    assert 0 < finding.confidence <= 1
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.cause)
