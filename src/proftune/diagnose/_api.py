@@ -157,7 +157,7 @@ def known_params(task: Task) -> set[str]:
         model = task.build_model(probe)
         task.configure_optimizer(model, probe)
         task.train_data(int(task.default_params.get("batch_size", 32)), probe)
-    except Exception:  # noqa: BLE001  (user code may reject the probe; the params read so far count)
+    except Exception:  # noqa: BLE001, RUF100  (user code may reject the probe; the params read so far count)
         _log.debug("probing the params of %s stopped early", type(task).__name__, exc_info=True)
     return set(LOOP_PARAMS) | set(task.default_params) | {k for k in probe.read if isinstance(k, str)}
 

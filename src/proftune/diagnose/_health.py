@@ -237,13 +237,13 @@ class HealthCheck(Callback):
             ls.attach()
             try:
                 state.task.loss(state.model, state.batch)  # type: ignore[union-attr]
-            except Exception:  # noqa: BLE001  (the forward may raise on bad values; stats so far tell)
+            except Exception:  # noqa: BLE001, RUF100  (the forward may raise on bad values; stats so far tell)
                 _log.debug("re-running the non-finite step's forward raised", exc_info=True)
             finally:
                 ls.detach()
         try:
             return ls.collect()
-        except Exception:  # noqa: BLE001  (no statistics: the finding then names no layer)
+        except Exception:  # noqa: BLE001, RUF100  (no statistics: the finding then names no layer)
             _log.debug("collecting the re-run's layer statistics failed", exc_info=True)
             return None
 
