@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -87,9 +88,30 @@ def test_optimizers(optimizer: str) -> None:
     assert result.metrics["accuracy"] > 0.8
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_trains(precision: str) -> None:
-    result = fit("wine-mlp", {"precision": precision, "grad_clip": 1.0}, epochs=3, device="cpu")
+class _MatmulDtypes(Callback):
+    """Records the dtype of every Linear output computed with gradients (the training steps)."""
+
+    def __init__(self) -> None:
+        self.dtypes: set[torch.dtype] = set()
+
+    def on_fit_start(self, state: FitState) -> None:
+        for module in state.model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(self._record)
+
+    def _record(self, _module: torch.nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        if torch.is_grad_enabled():
+            self.dtypes.add(out.dtype)
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]
+)
+def test_mixed_precision_trains(precision: str, dtype: torch.dtype) -> None:
+    seen = _MatmulDtypes()
+    result = fit("wine-mlp", {"precision": precision, "grad_clip": 1.0}, epochs=3, device="cpu",
+                 callbacks=[seen])
+    assert seen.dtypes == {dtype}  # the matmuls of the training step ran at that precision
     assert result.metrics["accuracy"] > 0.8
 
 

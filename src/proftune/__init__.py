@@ -11,21 +11,42 @@ import os as _os
 _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 _os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
-from ._api import TrainReport, run_train
+from ._api import TrainReport, TrainResult, run_train
 
 # the function shadows its subpackage on purpose: proftune.compress(...) and
 # `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
-from .compress import CompressConfig, CompressReport, compress
-from .diagnose import AdaptiveLR, DiagnoseReport, EarlyStopping, GradGuard, HealthCheck, diagnose
-from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
+from .compress import CompressConfig, CompressReport, CompressResult, compress
+from .diagnose import (
+    AdaptiveLR,
+    DiagnoseReport,
+    DiagnoseResult,
+    EarlyStopping,
+    GradGuard,
+    HealthCheck,
+    diagnose,
+)
+from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
 from .profile import Monitor, Profile, profile
 from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
-from .search import SearchResult, search
 from .task import ClassificationTask, Task, load_task
 from .track import Store
 from .train import Callback, FitResult, FitState, fit
 
+try:
+    from .search import SearchResult, search
+except DependencyError as _missing_search:  # the [search] extra is not installed
+    _MISSING: dict[str, str] = dict.fromkeys(("SearchResult", "search"), str(_missing_search))
+else:
+    _MISSING = {}
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """A public name whose optional dependency is missing raises the error naming its extra."""
+    if name in _MISSING:
+        raise DependencyError(_MISSING[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "AdaptiveLR",
@@ -33,8 +54,11 @@ __all__ = [
     "ClassificationTask",
     "CompressConfig",
     "CompressReport",
+    "CompressResult",
     "ConfigError",
+    "DependencyError",
     "DiagnoseReport",
+    "DiagnoseResult",
     "EarlyStopping",
     "FitResult",
     "FitState",
@@ -50,6 +74,7 @@ __all__ = [
     "Task",
     "TaskLoadError",
     "TrainReport",
+    "TrainResult",
     "__version__",
     "compress",
     "diagnose",

@@ -10,26 +10,27 @@ import torch
 
 from ._device import resolve_device
 from .task import Task, load_task
-from .track import Store, tracked_run
-from .track._fingerprint import short_fingerprint
+from .track import Store, short_fingerprint, tracked_run
 from .train import Callback, FitResult, fit, validate_params
 
 
 @dataclass
-class TrainReport:
-    """A recorded training run: its id in the Store and what :func:`proftune.train.fit` returned."""
+class TrainResult:
+    """A recorded training run: its id in the Store, the task's name and what
+    :func:`proftune.train.fit` returned."""
 
     run_id: int
     result: FitResult
     data_fingerprint: str | None
+    task: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         r = self.result
         return {
             "run_id": self.run_id,
-            "task": r.params.get("_task_name"),
+            "task": self.task,
             "metrics": r.metrics,
-            "params": {k: v for k, v in r.params.items() if not k.startswith("_")},
+            "params": dict(r.params),
             "epochs": r.epochs,
             "steps": r.steps,
             "samples": r.samples,
@@ -52,10 +53,14 @@ def run_train(
     device: str | torch.device = "auto",
     seed: int = 0,
     callbacks: Sequence[Callback] = (),
+    store: Store | str | None = None,
     db: str | None = None,
-    store: Store | None = None,
-) -> TrainReport:
-    """Train ``task`` with the fit loop and record the run (kind ``train``) in the Store."""
+) -> TrainResult:
+    """Train ``task`` with the fit loop and record the run (kind ``train``) in the Store.
+
+    ``store``: a Store, a database URL or None for the default store (``db``: the older name of
+    a URL); see :func:`proftune.track.open_store`.
+    """
     task_obj = load_task(task)
     merged = validate_params({**task_obj.default_params, **(params or {})})
     if batch_size is not None:
@@ -65,9 +70,13 @@ def run_train(
     with tracked_run("train", task_obj, config=config, device=dev, store=store, db=db) as run:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=callbacks)
-        result.params["_task_name"] = task_obj.name or type(task_obj).__name__
         run.set(metrics=result.metrics, curves=result.curves, anomalies=result.anomalies,
                 result={"steps": result.steps, "epochs": result.epochs, "samples": result.samples,
                         "throughput": result.throughput, "stop_reason": result.stop_reason})
         fingerprint = run.store.get_run(run.id).data_fingerprint
-    return TrainReport(run_id=run.id, result=result, data_fingerprint=fingerprint)
+    return TrainResult(run_id=run.id, result=result, data_fingerprint=fingerprint,
+                       task=task_obj.name or type(task_obj).__name__)
+
+
+#: The former name of :class:`TrainResult`, kept so that existing imports work.
+TrainReport = TrainResult

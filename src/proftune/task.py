@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
@@ -21,7 +22,7 @@ from torch import nn
 
 from .exceptions import TaskLoadError
 
-__all__ = ["ClassificationTask", "Task", "load_task"]
+__all__ = ["ClassificationTask", "Task", "TaskWrapper", "load_task"]
 
 
 class Task:
@@ -109,6 +110,54 @@ class ClassificationTask(Task):
         return {"val_loss": total / max(count, 1), "accuracy": correct / max(count, 1)}
 
 
+class TaskWrapper(Task):
+    """A task that changes one part of ``inner`` and delegates everything else to it.
+
+    Every method of :class:`Task` calls ``inner``'s; every class attribute that :class:`Task`
+    declares (``name``, ``default_params``, ``default_epochs``, ``metric_directions``, ...) is
+    ``inner``'s, and so is any other attribute the wrapper does not have itself. A subclass
+    overrides what it changes and may set its own ``name`` after ``super().__init__(inner)``.
+    """
+
+    def __init__(self, inner: Task) -> None:
+        self.inner = inner
+        for attr in _TASK_ATTRIBUTES:
+            setattr(self, attr, getattr(inner, attr))
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for what neither the wrapper nor Task has: the inner task's own attributes
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return self.inner.build_model(params)
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        return self.inner.train_data(batch_size, params)
+
+    def val_data(self, batch_size: int) -> Iterable[Any]:
+        return self.inner.val_data(batch_size)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return self.inner.loss(model, batch)
+
+    def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
+        return self.inner.evaluate(model, data)
+
+    def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+        return self.inner.configure_optimizer(model, params)
+
+    def example_batch(self, batch_size: int) -> Any:
+        return self.inner.example_batch(batch_size)
+
+
+#: The data attributes a Task declares on its class; a TaskWrapper takes each from its inner task.
+_TASK_ATTRIBUTES = tuple(
+    n for n, v in vars(Task).items() if not n.startswith("_") and not callable(v)
+)
+
+
 # -- loading ----------------------------------------------------------------------------------
 
 _SPEC_FORMS = "a file 'path/to/task.py', 'path/to/task.py:Class', 'package.module:Class' or a built-in name"
@@ -161,6 +210,11 @@ def _split_spec(spec: str) -> tuple[str, str | None]:
 
 
 def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
+    """Import a task file the way Python runs a script: the modules beside it are importable.
+
+    A file inside a package (its folder has ``__init__.py``) is imported as part of that package,
+    so its relative imports work; any other file runs with its folder on ``sys.path``.
+    """
     if not path.exists():
         raise TaskLoadError(
             f"task file {str(path)!r} does not exist (looked for {path.resolve()}). "
@@ -169,16 +223,11 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
     if not path.is_file():
         raise TaskLoadError(f"task path {str(path)!r} is not a file; give a .py file that defines a Task.")
     resolved = path.resolve()
-    module_name = f"proftune_user_task_{abs(hash(str(resolved)))}"
-    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if module_spec is None or module_spec.loader is None:
-        raise TaskLoadError(f"task file {str(path)!r} cannot be imported as Python.")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module
     try:
-        module_spec.loader.exec_module(module)
+        module = _import_file(resolved)
+    except TaskLoadError:
+        raise
     except Exception as exc:
-        sys.modules.pop(module_name, None)
         raise TaskLoadError(
             f"importing task file {str(path)!r} failed: {type(exc).__name__}: {exc}"
             + _user_frames(exc, resolved)
@@ -188,10 +237,51 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
         for name, obj in vars(module).items()
         if inspect.isclass(obj)
         and issubclass(obj, Task)
-        and obj.__module__ == module_name
+        and obj.__module__ == module.__name__
         and not name.startswith("_")
     }
     return _pick_class(candidates, class_name, where=f"task file {str(path)!r}", spec=spec)
+
+
+def _import_file(path: Path) -> ModuleType:
+    """The module of the file at ``path`` (absolute), imported as described in _load_from_file."""
+    root = _package_root(path.parent)
+    if root is not None:
+        _put_on_path(root.parent)
+        parts = [*path.parent.relative_to(root.parent).parts]
+        if path.stem != "__init__":
+            parts.append(path.stem)
+        return importlib.import_module(".".join(parts))
+    _put_on_path(path.parent)
+    module_name = f"proftune_user_task_{abs(hash(str(path)))}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise TaskLoadError(f"task file {str(path)!r} cannot be imported as Python.")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
+def _package_root(folder: Path) -> Path | None:
+    """The outermost package folder holding ``folder``, or None when ``folder`` is no package."""
+    if not (folder / "__init__.py").is_file():
+        return None
+    while (folder.parent / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return folder
+
+
+def _put_on_path(folder: Path) -> None:
+    """Make the modules in ``folder`` importable, first, as ``python script.py`` does."""
+    entry = str(folder)
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+    importlib.invalidate_caches()
 
 
 def _load_from_module(module_path: str, class_name: str, spec: str) -> Task:

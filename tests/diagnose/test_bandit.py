@@ -93,3 +93,12 @@ def test_cli_bandit_bad_input_exits_2(tmp_path: Path, db_url: str) -> None:
     res = runner.invoke(app, ["bandit", "digits-mlp", "--configs", str(tmp_path / "none.yaml"), "--rounds", "1",
                               "--db", db_url])
     assert res.exit_code == 2 and "does not exist" in res.output
+    assert "--configs '" in res.output and "configs=" not in res.output  # the CLI names its flag
+
+
+def test_library_errors_name_python_arguments(tmp_path: Path) -> None:
+    import proftune
+    from proftune.diagnose import load_configs
+
+    with pytest.raises(ConfigError, match=r"^configs='[^']*none\.yaml' does not exist"):
+        load_configs(tmp_path / "none.yaml", proftune.load_task("digits-mlp"))

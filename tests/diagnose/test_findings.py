@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from proftune.diagnose import CAUSES, Finding, rank_findings
+from proftune.diagnose import CAUSES, CHECKS, Finding, rank_findings
 from proftune.exceptions import ConfigError
 
 
@@ -11,8 +11,14 @@ def _f(cause: str, confidence: float, step: int | None, severity: str = "warning
 
 
 def test_causes_are_the_issue_list() -> None:
-    assert set(CAUSES) == {"lr_too_high", "unshuffled_data", "exploding_gradients", "vanishing_gradients",
-                           "dead_units", "nan_inf", "overfitting", "lr_too_low", "batchnorm_small_batch"}
+    """Each cause of the issue's list is known and reported by a registered check (each check's
+    behaviour on a History that shows its cause: test_checks.py)."""
+    expected = {"lr_too_high", "unshuffled_data", "exploding_gradients", "vanishing_gradients",
+                "dead_units", "nan_inf", "overfitting", "lr_too_low", "batchnorm_small_batch"}
+    assert set(CAUSES) == expected
+    assert sorted(c.cause for c in CHECKS) == sorted(expected)
+    for cause in expected:
+        assert Finding(cause, "warning", "s", "f").cause == cause
 
 
 def test_unknown_cause_and_severity_are_one_error() -> None:

@@ -55,8 +55,10 @@ def test_recommend_derives_every_parameter_from_one_profile(db_url: str) -> None
     assert accum.value * accum.evidence["micro_batch"] >= 1024
     assert accum.evidence["micro_batch"] <= batch.evidence["max_batch_size"]
     assert by["critical_batch_size"].value is not None and by["critical_batch_size"].value > 0
-    assert by["lr"].value is None or by["lr"].value > 0
-    assert by["lr_scaling"].value in ("sqrt", None)  # AdamW: square-root rule
+    lr = by["lr"]
+    # the range test on digits-mlp (AdamW) finds a rate; Adam-family rates sit in [1e-5, 1]
+    assert isinstance(lr.value, float) and 1e-5 <= lr.value <= 1.0, (lr.value, lr.reason)
+    assert by["lr_scaling"].value == "sqrt"  # AdamW: square-root rule
     assert by["precision"].value in ("fp32", "bf16") and by["data_loading"].value == "no change"
     assert all(r.confidence in ("high", "medium", "low") and r.reason for r in recs)
     json.dumps(recs.to_dict())  # JSON-able all the way down

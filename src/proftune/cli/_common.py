@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
 
@@ -143,7 +144,7 @@ def execute(
             else:
                 result = fn()
     except ConfigError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(as_flags(str(exc)))}", markup=True, highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -151,7 +152,7 @@ def execute(
         err_console.print("interrupted", markup=False)
         raise typer.Exit(130) from None
     except (ProftuneError, Exception) as exc:
-        err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {exc}", markup=True,
+        err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {escape(str(exc))}", markup=True,
                           highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
@@ -186,6 +187,36 @@ def with_report(body: Callable[[], T], report: str | None, db: str | None) -> Ca
         return result
 
     return run
+
+
+def as_flags(message: str) -> str:
+    """A library message in the words of the command line: ``max_failures=3`` (a Python argument
+    of the running command) reads ``--max-failures 3``. The library names Python arguments; the
+    flags are the CLI's business."""
+    import re
+
+    ctx = _click_context()
+    params = getattr(getattr(ctx, "command", None), "params", None) or []
+    flags = {p.name: p.opts[0] for p in params
+             if getattr(p, "param_type_name", "") == "option" and p.name and p.opts[0].startswith("--")}
+    if not flags:
+        return message
+    names = "|".join(re.escape(n) for n in sorted(flags, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.-])({names})=", lambda m: f"{flags[m.group(1)]} ", message)
+
+
+def _click_context() -> Any:
+    """The running command's click context (typer vendors click as typer._click since 0.2x)."""
+    import importlib
+
+    for module in ("typer._click.globals", "click"):
+        try:
+            ctx = importlib.import_module(module).get_current_context(silent=True)
+        except ImportError:
+            continue
+        if ctx is not None:
+            return ctx
+    return None
 
 
 def progress_enabled() -> bool:

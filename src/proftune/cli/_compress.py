@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .. import compress as run_compress
+from ..compress import compress as run_compress
 from ..exceptions import ConfigError
 from ._common import (
     DbOpt,

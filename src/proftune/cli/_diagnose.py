@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .. import diagnose as run_diagnose
+from ..diagnose import diagnose as run_diagnose
 from ..task import load_task
 from ._common import (
     DbOpt,

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from .. import run_train
+from .._api import run_train
 from ..task import load_task
 from ._common import (
     DbOpt,

@@ -57,9 +57,9 @@ def tune(
     report: ReportOpt = None,
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
-    from .. import search
-
     def body() -> Any:
+        from ..search import search
+
         result = search(task, str(space), objectives=objective or None, constraints=constraint or (),
                         trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
                         study=study, db=db, workers=workers, seed=seed, device=device,

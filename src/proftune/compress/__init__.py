@@ -16,6 +16,9 @@ from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_st
 from ._report import CompressReport
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
+#: ``*Result`` like every other result; ``CompressReport`` stays for existing imports.
+CompressResult = CompressReport
+
 __all__ = [
     "BACKENDS",
     "LOAD_LINES",
@@ -23,6 +26,7 @@ __all__ = [
     "Candidate",
     "CompressConfig",
     "CompressReport",
+    "CompressResult",
     "DistillationTask",
     "ExportedModule",
     "LayerSensitivity",

@@ -35,7 +35,7 @@ def compress(
     params: dict[str, Any] | None = None,
     model: nn.Module | str | Path | None = None,
     trust_model: bool = False,
-    store: Store | None = None,
+    store: Store | str | None = None,
     db: str | None = None,
     callbacks: Sequence[Callback] = (),
     **overrides: Any,

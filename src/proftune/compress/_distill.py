@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..exceptions import ConfigError
-from ..task import Task
+from ..task import Task, TaskWrapper
 
 __all__ = ["DistillationTask", "hinton_loss"]
 
@@ -29,7 +29,7 @@ def hinton_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temp
     return F.kl_div(log_p, log_q, log_target=True, reduction="batchmean") * (t * t)
 
 
-class DistillationTask(Task):
+class DistillationTask(TaskWrapper):
     """``task`` with a teacher: the loss adds Hinton's distillation term; data and metrics unchanged.
 
     The student's inputs and logits are caught with a forward hook while the task's own loss
@@ -45,6 +45,7 @@ class DistillationTask(Task):
             problems.append(f"alpha must be in [0, 1], but got {alpha=}.")
         if problems:
             raise ConfigError(problems)
+        super().__init__(task)
         self.task = task
         self.teacher = teacher.eval()
         for p in self.teacher.parameters():

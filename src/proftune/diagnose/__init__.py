@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from ._api import (
     BanditReport,
+    BanditResult,
     DiagnoseReport,
+    DiagnoseResult,
     bandit,
     check_arms,
     diagnose,
@@ -16,13 +18,16 @@ from ._api import (
     load_configs,
 )
 from ._bandit import POLICIES, Arm, ArmStats, Bandit, BanditPulls, SimResult, regret_curve, simulate
-from ._checks import HealthCheck
 from ._controllers import AdaptiveLR, EarlyStopping, GradGuard
 from ._findings import CAUSES, SEVERITIES, Finding, rank_findings
+from ._health import HealthCheck
+from ._history import History, StepRecord
 from ._lrtest import RangeTest, lr_range_test
+from .checks import CHECKS, BaseCheck
 
 __all__ = [
     "CAUSES",
+    "CHECKS",
     "POLICIES",
     "SEVERITIES",
     "AdaptiveLR",
@@ -31,13 +36,18 @@ __all__ = [
     "Bandit",
     "BanditPulls",
     "BanditReport",
+    "BanditResult",
+    "BaseCheck",
     "DiagnoseReport",
+    "DiagnoseResult",
     "EarlyStopping",
     "Finding",
     "GradGuard",
     "HealthCheck",
+    "History",
     "RangeTest",
     "SimResult",
+    "StepRecord",
     "bandit",
     "check_arms",
     "diagnose",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,18 +15,23 @@ import torch
 from .._device import resolve_device
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
-from ..track import Store, tracked_run
+from ..track import Store, open_store, tracked_run
 from ..train import LOOP_PARAMS, Callback, fit, validate_params
 from ._bandit import POLICIES, Arm, Bandit, bandit_key, regret_curve
-from ._checks import HealthCheck
 from ._findings import Finding
+from ._health import HealthCheck
 from ._lrtest import RangeTest, lr_range_test
 
-__all__ = ["BanditReport", "DiagnoseReport", "bandit", "check_arms", "diagnose", "known_params", "load_configs"]
+__all__ = [
+    "BanditReport", "BanditResult", "DiagnoseReport", "DiagnoseResult", "bandit", "check_arms", "diagnose",
+    "known_params", "load_configs",
+]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
-class DiagnoseReport:
+class DiagnoseResult:
     """Findings of a diagnosis run, most likely cause first, and what the run measured."""
 
     run_id: int | None
@@ -68,10 +74,10 @@ def diagnose(
     lr_test: bool = True,
     every: int = 10,
     callbacks: Sequence[Callback] = (),
-    store: Store | None = None,
+    store: Store | str | None = None,
     db: str | None = None,
     record: bool = True,
-) -> DiagnoseReport:
+) -> DiagnoseResult:
     """Train ``task`` with the health checks and return its findings, most likely cause first.
 
     Training runs through :func:`proftune.train.fit` with a :class:`HealthCheck`; when the loss
@@ -87,12 +93,12 @@ def diagnose(
     dev = resolve_device(device)
     check = HealthCheck(every=every)
 
-    def body() -> DiagnoseReport:
+    def body() -> DiagnoseResult:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=[check, *callbacks])
         if lr_test and check.wants_lr_test:
             check.add_lr_test(lr_range_test(task_obj, result.params, device=dev, seed=seed))
-        return DiagnoseReport(
+        return DiagnoseResult(
             run_id=None, task=task_obj.name or type(task_obj).__name__, findings=check.findings,
             metrics=result.metrics, steps=result.steps, epochs=result.epochs,
             stop_reason=result.stop_reason, duration_s=result.duration_s, params=result.params,
@@ -151,8 +157,8 @@ def known_params(task: Task) -> set[str]:
         model = task.build_model(probe)
         task.configure_optimizer(model, probe)
         task.train_data(int(task.default_params.get("batch_size", 32)), probe)
-    except Exception:
-        pass
+    except Exception:  # noqa: BLE001, RUF100  (user code may reject the probe; the params read so far count)
+        _log.debug("probing the params of %s stopped early", type(task).__name__, exc_info=True)
     return set(LOOP_PARAMS) | set(task.default_params) | {k for k in probe.read if isinstance(k, str)}
 
 
@@ -166,11 +172,11 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
 
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"--configs {str(p)!r} does not exist or is not a file.")
+        raise ConfigError(f"configs={str(p)!r} does not exist or is not a file.")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--configs {str(p)!r} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"configs={str(p)!r} is not valid YAML: {exc}") from exc
     if isinstance(data, dict) and "configs" in data:
         data = data["configs"]
     entries: list[tuple[str | None, Any]]
@@ -179,7 +185,7 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
     elif isinstance(data, list):
         entries = [(None, v) for v in data]
     else:
-        raise ConfigError(f"--configs {str(p)!r} must hold a list of configurations (param mappings), "
+        raise ConfigError(f"configs={str(p)!r} must hold a list of configurations (param mappings), "
                           f"but holds {type(data).__name__}.")
     problems = ProblemCollector()
     arms: list[Arm] = []
@@ -194,8 +200,8 @@ def load_configs(path: str | Path, task: Task) -> list[Arm]:
         params = dict(params) if isinstance(params, dict) else entry
         arms.append(Arm(name, params))
     if len(entries) < 2:
-        problems.add(f"--configs {str(p)!r} needs at least 2 configurations, but has {len(entries)}.")
-    return check_arms(arms, task, problems=problems, header=f"--configs {str(p)!r} is not well-formed, "
+        problems.add(f"configs={str(p)!r} needs at least 2 configurations, but has {len(entries)}.")
+    return check_arms(arms, task, problems=problems, header=f"configs={str(p)!r} is not well-formed, "
                       "found the following errors:")
 
 
@@ -227,7 +233,7 @@ def check_arms(arms: Sequence[Arm], task: Task, *, problems: ProblemCollector | 
 
 
 @dataclass
-class BanditReport:
+class BanditResult:
     """A bandit session: allocation, arm statistics, regret curve, best configuration."""
 
     run_id: int | None
@@ -262,9 +268,9 @@ def bandit(
     name: str | None = None,
     device: str | torch.device = "auto",
     seed: int = 0,
-    store: Store | None = None,
+    store: Store | str | None = None,
     db: str | None = None,
-) -> BanditReport:
+) -> BanditResult:
     """Allocate ``rounds`` training runs of ``task`` across ``configs`` with a bandit ``policy``.
 
     Each round trains the chosen configuration (a child ``train`` run) and feeds its ``metric``
@@ -273,17 +279,10 @@ def bandit(
     across processes. The regret curve is against the estimated means at the end.
     """
     task_obj = load_task(task)
-    problems = ProblemCollector()
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        problems.add(f"rounds must be an integer >= 1, but got {rounds=}.")
-    if policy not in POLICIES:
-        problems.add(f"policy={policy!r} is unknown; valid: {', '.join(POLICIES)}.")
-    if mode not in ("auto", "max", "min"):
-        problems.add(f"mode={mode!r} is unknown; valid: auto, max, min.")
-    problems.raise_if_any()
+    _check_bandit_args(rounds=rounds, policy=policy, mode=mode)
     arms = (load_configs(configs, task_obj) if isinstance(configs, (str, Path))
             else check_arms(list(configs), task_obj))
-    st = store or Store(db)
+    st = open_store(store, db=db)
     dev = resolve_device(device)
     key = name or bandit_key(arms, prefix=f"{task_obj.name or type(task_obj).__name__}:")
     engine = Bandit(arms, policy=policy, name=key, store=st, seed=seed + _prior_pulls(st, key))
@@ -322,7 +321,7 @@ def bandit(
         arms_out = [{**s.to_dict(), "mean": sign * s.mean if s.pulls else None,
                      "params": next(a.params for a in arms if a.name == s.name)}
                     for s in engine.stats.values()]
-        report = BanditReport(run_id=run.id, name=key, policy=policy, metric=str(chosen_metric),
+        report = BanditResult(run_id=run.id, name=key, policy=policy, metric=str(chosen_metric),
                               mode="min" if sign < 0 else "max", pulls=pulls, arms=arms_out,
                               best=engine.best(), regret=regret, total_pulls=engine.t,
                               uniform_regret=uniform)
@@ -332,7 +331,24 @@ def bandit(
     return report
 
 
+def _check_bandit_args(*, rounds: int, policy: str, mode: str) -> None:
+    """One ConfigError listing every bad argument of :func:`bandit`."""
+    problems = ProblemCollector()
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        problems.add(f"rounds must be an integer >= 1, but got {rounds=}.")
+    if policy not in POLICIES:
+        problems.add(f"policy={policy!r} is unknown; valid: {', '.join(POLICIES)}.")
+    if mode not in ("auto", "max", "min"):
+        problems.add(f"mode={mode!r} is unknown; valid: auto, max, min.")
+    problems.raise_if_any()
+
+
 def _prior_pulls(store: Store, key: str) -> int:
     from ._bandit import BanditPulls
 
     return len(BanditPulls(store).history(key))
+
+
+#: Former names of :class:`DiagnoseResult` and :class:`BanditResult`, kept for existing imports.
+DiagnoseReport = DiagnoseResult
+BanditReport = BanditResult

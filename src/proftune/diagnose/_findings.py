@@ -68,6 +68,9 @@ class Finding:
     step: int | None = None
     layer: str | None = None
     explained_by: str | None = None
+    #: The check saw a root cause of this run (it explains other findings whatever their
+    #: confidence); not part of the record, only of the ranking.
+    root: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         problems = []

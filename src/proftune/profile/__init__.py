@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from ._api import profile
 from ._comm import CommRecorder
-from ._memory import ActivationRecorder, PeakMemory, peak_step_memory
+from ._memory import (
+    ActivationRecorder,
+    PeakMemory,
+    buffers_bytes,
+    optimizer_state_bytes,
+    params_bytes,
+    peak_step_memory,
+)
 from ._monitor import Monitor
 from ._record import (
     SCHEMA_VERSION,
@@ -41,9 +48,12 @@ __all__ = [
     "Profile",
     "StaticCounts",
     "StepProfile",
+    "buffers_bytes",
     "compare_profiles",
     "count_model",
     "count_params",
+    "optimizer_state_bytes",
+    "params_bytes",
     "peak_step_memory",
     "profile",
     "tensor_stats",

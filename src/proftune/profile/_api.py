@@ -442,7 +442,7 @@ def profile(
     seed: int = 0,
     detail: str = "full",
     trace: str | Path | None = None,
-    store: Store | None = None,
+    store: Store | str | None = None,
 ) -> Profile:
     """Measure a model and its training step (or, with ``inference=True``, its forward pass).
 

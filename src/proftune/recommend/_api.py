@@ -20,7 +20,7 @@ from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..task import Task, load_task
-from ..track import Store, tracked_run
+from ..track import Store, optional_store, tracked_run
 from ..train import seed_everything, validate_params
 from ._accumulation import StepCost, plan_accumulation
 from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
@@ -31,9 +31,7 @@ from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendatio
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
 
-
-def _store(store: Store | str | None) -> Store | None:
-    return Store(store) if isinstance(store, str) else store
+_store = optional_store
 
 
 def _merged(task: Task, params: dict[str, Any] | None) -> dict[str, Any]:
@@ -54,7 +52,7 @@ def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None
         return {"params_bytes": int(m.params_bytes), "grads_bytes": int(m.grads_bytes),
                 "optimizer_bytes": int(m.optimizer_bytes),
                 "total": int(m.params_bytes + m.grads_bytes + m.optimizer_bytes)}
-    from ..profile._memory import buffers_bytes, optimizer_state_bytes, params_bytes
+    from ..profile import buffers_bytes, optimizer_state_bytes, params_bytes
 
     seed_everything(0)
     model = task.build_model(params)
@@ -278,7 +276,7 @@ def recommend(
         prof = profile
         if prof is None:
             say("profiling")
-            from .. import profile as profile_fn
+            from ..profile import profile as profile_fn
 
             prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
         return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,

@@ -7,15 +7,14 @@ beyond the size of a small dataset (samples are then repeated). Everything else 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .._device import batch_size_of
-from ..task import Task
+from ..task import Task, TaskWrapper
 
 
 def _cat(parts: list[Any]) -> Any:
@@ -41,31 +40,20 @@ def _tail(batch: Any, n: int) -> Any:
     return tree_unflatten([t[n:] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
 
 
-class FullBatchTask(Task):
+class FullBatchTask(TaskWrapper):
     """``inner`` with training batches of exactly ``batch_size`` samples (cycling the data)."""
 
     #: Epochs of the inner data to cycle through, at most, to fill one epoch of full batches.
     max_cycles = 64
 
-    def __init__(self, inner: Task) -> None:
-        self.inner = inner
-        self.name = inner.name  # type: ignore[misc]
-        self.default_params = inner.default_params  # type: ignore[misc]
-
-    def build_model(self, params: dict[str, Any]) -> nn.Module:
-        return self.inner.build_model(params)
-
-    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        return self.inner.loss(model, batch)
-
-    def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
-        return self.inner.configure_optimizer(model, params)
-
-    def val_data(self, batch_size: int) -> Iterable[Any]:
-        return self.inner.val_data(batch_size)
-
-    def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
-        return self.inner.evaluate(model, data)
+    def example_batch(self, batch_size: int) -> Any:
+        """The inner task's example batch when it is full, else the first full training batch."""
+        batch = self.inner.example_batch(batch_size)
+        if batch_size_of(batch) == batch_size:
+            return batch
+        for full in self.train_data(batch_size, dict(self.default_params)):
+            return full
+        return batch
 
     def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterator[Any]:
         """Full batches from (at least) one pass over the data: at least two batches."""

@@ -6,6 +6,7 @@ every private module is imported here eagerly so that the function keeps the nam
 
 from __future__ import annotations
 
+from .._optional import optuna  # noqa: F401  (missing: DependencyError naming the [search] extra)
 from . import _analysis, _coarse_fine, _constraints, _gate, _pruners, _space, _study  # noqa: F401  (eager: see module doc)
 from ._api import SearchResult, search, task_metrics
 from ._coarse_fine import CoarseToFineSampler

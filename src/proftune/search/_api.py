@@ -16,7 +16,7 @@ import optuna
 
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import ClassificationTask, Task, load_task
-from ..track import Store, environment, tracked_run
+from ..track import Store, environment, open_store, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._constraints import Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
@@ -188,7 +188,7 @@ def search(
     coarse: str = "halton",
     grid_points: int = 5,
     plot: str | Path | None = None,
-    store: Store | None = None,
+    store: Store | str | None = None,
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -236,7 +236,7 @@ def search(
     if epochs is None and max_steps is None:
         settings.epochs = epochs = task_obj.default_epochs
 
-    store = store or Store(db)
+    store = open_store(store, db=db)
     settings.db = store.url
     name = study or f"tune-{task_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{os.getpid()}"
     settings.study = name

@@ -110,9 +110,7 @@ class ProfileGate:
 def _profile_api() -> Any:
     """``proftune.profile`` when the profiler is installed in this tree, else None."""
     try:
-        import proftune
-
-        fn = getattr(proftune, "profile", None)
+        from ..profile import profile as fn
     except ImportError:  # pragma: no cover
         return None
     return fn if callable(fn) else None

@@ -25,8 +25,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import Task, load_task
-from ..track import Store
-from ..track._store import _sqlite_pragmas, pid_alive
+from ..track import Store, pid_alive
+from ..track import sqlite_pragmas as _sqlite_pragmas
 from ..train import Callback, FitState, fit
 from ._coarse_fine import CoarseToFineSampler
 from ._constraints import Constraint, Objective, constraint_table

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
-from ._store import DEFAULT_DB, RUN_KINDS, RunHandle, RunRecord, Store, default_db_url
-from ._tracked import tracked_run
+from ._store import DEFAULT_DB, RUN_KINDS, RunHandle, RunRecord, Store, default_db_url, pid_alive
+from ._store import _sqlite_pragmas as sqlite_pragmas
+from ._tracked import open_store, optional_store, tracked_run
 
 __all__ = [
     "DEFAULT_DB",
@@ -16,6 +17,10 @@ __all__ = [
     "data_fingerprint",
     "default_db_url",
     "environment",
+    "open_store",
+    "optional_store",
+    "pid_alive",
     "short_fingerprint",
+    "sqlite_pragmas",
     "tracked_run",
 ]

@@ -8,10 +8,32 @@ from typing import Any
 
 import torch
 
+from ..exceptions import ConfigError
 from ..task import Task
 from ._env import environment
 from ._fingerprint import data_fingerprint
 from ._store import RunHandle, Store
+
+
+def open_store(store: Store | str | None = None, *, db: str | None = None) -> Store:
+    """The Store that a public function records to, resolved one way everywhere.
+
+    ``store`` is a :class:`Store` (used as is), a database URL (opened), or None for the default
+    store (``$PROFTUNE_DB``, else ``sqlite:///proftune.db``). ``db`` is the older spelling of a
+    URL, still accepted; giving both is an error.
+    """
+    if store is not None and db is not None:
+        raise ConfigError(f"give the run store once, as store= or as db=, but got {store=} and {db=}.")
+    if isinstance(store, Store):
+        return store
+    if store is not None and not isinstance(store, str):
+        raise ConfigError(f"store must be a Store, a database URL or None, but got {store=}.")
+    return Store(store if store is not None else db)
+
+
+def optional_store(store: Store | str | None) -> Store | None:
+    """For functions that record only when asked: None stays None, else :func:`open_store`."""
+    return None if store is None else open_store(store)
 
 
 @contextlib.contextmanager
@@ -21,7 +43,7 @@ def tracked_run(
     *,
     config: dict[str, Any],
     device: torch.device | str | None = None,
-    store: Store | None = None,
+    store: Store | str | None = None,
     db: str | None = None,
     fingerprint: bool = True,
     parent_id: int | None = None,
@@ -29,9 +51,10 @@ def tracked_run(
 ) -> Iterator[RunHandle]:
     """Open a Run of ``kind`` for ``task`` that is marked finished, or failed with its error.
 
-    Records the environment and (unless ``fingerprint=False``) the data fingerprint.
+    Records the environment and (unless ``fingerprint=False``) the data fingerprint; ``store``
+    and ``db`` as in :func:`open_store`.
     """
-    store = store or Store(db)
+    store = open_store(store, db=db)
     digest = data_fingerprint(task, config.get("params")) if fingerprint else None
     name = task.name or type(task).__name__
     with store.track(

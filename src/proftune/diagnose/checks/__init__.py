@@ -1,0 +1,32 @@
+"""One check per cause of bad training, each behind :class:`BaseCheck`; ``CHECKS`` runs them.
+
+The order of ``CHECKS`` settles ties when two findings explain each other equally.
+"""
+
+from __future__ import annotations
+
+from ._base import BaseCheck
+from ._batchnorm import BatchNormSmallBatch
+from ._dead_units import DeadUnits
+from ._exploding import ExplodingGradients
+from ._lr_too_high import LrTooHigh
+from ._lr_too_low import LrTooLow
+from ._nan_inf import NanInf
+from ._overfitting import Overfitting
+from ._unshuffled import Unshuffled
+from ._vanishing import VanishingGradients
+
+__all__ = ["CHECKS", "BaseCheck"]
+
+#: Every registered check, in the order they run.
+CHECKS: tuple[BaseCheck, ...] = (
+    LrTooHigh(),
+    Unshuffled(),
+    ExplodingGradients(),
+    VanishingGradients(),
+    DeadUnits(),
+    NanInf(),
+    Overfitting(),
+    LrTooLow(),
+    BatchNormSmallBatch(),
+)

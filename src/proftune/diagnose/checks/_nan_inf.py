@@ -1,0 +1,37 @@
+"""NaN/Inf: the loss or the gradients turned non-finite; names the layer that made the first one."""
+
+from __future__ import annotations
+
+from .._findings import Finding
+from .._history import History
+from ._base import BaseCheck
+
+
+class NanInf(BaseCheck):
+    cause = "nan_inf"
+
+    def check(self, history: History) -> Finding | None:
+        nf = history.nonfinite
+        if nf is None:
+            return None
+        evidence = {k: v for k, v in nf.items() if k not in ("step", "layer")}
+        layer = nf.get("layer")
+        produced = nf.get("phase") == "forward" and layer is not None and nf.get("inputs_finite")
+        earlier_spike = any(r["step"] < nf["step"] for r in history.spikes())
+        if produced:
+            summary = (f"layer {layer} ({nf.get('type')}) produced non-finite outputs from finite inputs at "
+                       f"step {nf['step']}")
+            fix = (f"guard the op in {layer} (clamp its input, add an epsilon, use a numerically stable "
+                   "form such as log1p/logsumexp)")
+        elif nf.get("phase") == "forward" and layer is not None and nf.get("inputs_finite") is False:
+            summary = f"the input batch of step {nf['step']} holds NaN/Inf; {layer} passed it on"
+            fix = "clean the data (check the loader and the preprocessing for NaN/Inf, e.g. division by a zero std)"
+        elif nf.get("phase") == "backward":
+            summary = f"gradients became non-finite at step {nf['step']}" + (f" in {layer}" if layer else "")
+            fix = "clip gradients (grad_clip, proftune.GradGuard), check ops with unbounded derivatives"
+        else:
+            summary = f"loss became {nf.get('loss')} at step {nf['step']}" + (f", first in {layer}" if layer else "")
+            fix = "lower the learning rate, clip gradients, or guard the op that overflows"
+        root = bool(produced or nf.get("inputs_finite") is False) and not earlier_spike
+        return Finding(self.cause, "error", summary, fix, evidence, 0.95 if root else 0.6,
+                       step=nf["step"], layer=layer, root=root)

@@ -1,0 +1,117 @@
+"""Each registered check names its cause on a History that shows it, and nothing on a healthy one."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from proftune.diagnose import CAUSES, CHECKS, BaseCheck, Finding, History, StepRecord
+
+
+def _steps(losses: list[float], ratios: list[float] | None = None, lr: float = 0.01) -> list[StepRecord]:
+    ratios = ratios or [math.nan] * len(losses)
+    return [StepRecord(step=i + 1, loss=v, grad_norm=r if math.isfinite(r) else 1.0, lr=lr,
+                       median=1.0 if math.isfinite(r) else math.nan, ratio=r)
+            for i, (v, r) in enumerate(zip(losses, ratios, strict=True))]
+
+
+def _falling(n: int) -> list[float]:
+    return [2.0 * 0.95**i for i in range(n)]
+
+
+def _lr_too_high() -> History:
+    return History(steps=_steps(_falling(20) + [0.8 + 0.3 * i for i in range(10)]))
+
+
+def _lr_too_low() -> History:
+    return History(steps=_steps([2.3 - 0.001 * i for i in range(40)]))
+
+
+def _unshuffled() -> History:
+    return History(labels=[torch.full((16,), i // 2, dtype=torch.long) for i in range(8)])
+
+
+def _exploding() -> History:
+    ratios = [1.0] * 10 + [50.0, 1.0, 60.0] + [1.0] * 5
+    return History(steps=_steps(_falling(len(ratios)), ratios))
+
+
+def _vanishing() -> History:
+    stats = {name: {"grad": {"norm": norm}} for name, norm in (("0", 1e-7), ("1", 1e-3), ("2", 1.0))}
+    return History(samples=[(1, stats), (10, stats)], fan_in=dict.fromkeys(("0", "1", "2"), 16))
+
+
+def _dead_units() -> History:
+    stats = {"1": {"activation": {"zero_frac": 0.995, "dead_frac": 0.97, "nonfinite": 0}}}
+    return History(samples=[(1, stats), (10, stats)], types={"0": "Linear", "1": "ReLU"})
+
+
+def _nan_inf() -> History:
+    return History(nonfinite={"step": 5, "phase": "forward", "layer": "2", "type": "Linear",
+                              "inputs_finite": True, "loss": math.nan})
+
+
+def _overfitting() -> History:
+    val, train = [1.0, 0.8, 0.9, 1.1, 1.3], [1.0, 0.7, 0.5, 0.3, 0.2]
+    return History(epochs=[{"epoch": i + 1, "val_loss": v, "train_loss": t, "step": 10 * (i + 1)}
+                           for i, (v, t) in enumerate(zip(val, train, strict=True))])
+
+
+def _batchnorm() -> History:
+    return History(batchnorm=["bn1"], batch_sizes=[4] * 10)
+
+
+SHOWS: dict[str, Callable[[], History]] = {
+    "lr_too_high": _lr_too_high, "lr_too_low": _lr_too_low, "unshuffled_data": _unshuffled,
+    "exploding_gradients": _exploding, "vanishing_gradients": _vanishing, "dead_units": _dead_units,
+    "nan_inf": _nan_inf, "overfitting": _overfitting, "batchnorm_small_batch": _batchnorm,
+}
+
+
+def _healthy() -> History:
+    g = torch.Generator().manual_seed(0)
+    stats = {name: {"grad": {"norm": 0.1}, "activation": {"zero_frac": 0.5, "dead_frac": 0.0, "nonfinite": 0}}
+             for name in ("0", "1", "2")}
+    return History(
+        steps=_steps(_falling(40), [1.0] * 40),
+        labels=[torch.randint(0, 4, (16,), generator=g) for _ in range(8)],
+        samples=[(1, stats), (10, stats)], fan_in=dict.fromkeys(("0", "2"), 16),
+        types={"0": "Linear", "1": "ReLU", "2": "Linear"}, batchnorm=["bn1"], batch_sizes=[64] * 8,
+        epochs=[{"epoch": i + 1, "val_loss": 1.0 - 0.1 * i, "train_loss": 0.9 - 0.1 * i} for i in range(4)],
+    )
+
+
+def test_every_cause_has_exactly_one_registered_check() -> None:
+    assert sorted(c.cause for c in CHECKS) == sorted(CAUSES)
+    assert set(SHOWS) == set(CAUSES)
+    assert all(isinstance(c, BaseCheck) for c in CHECKS)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.cause)
+def test_check_names_its_cause_when_the_history_shows_it(check: BaseCheck) -> None:
+    finding = check.check(SHOWS[check.cause]())
+    assert isinstance(finding, Finding)
+    assert finding.cause == check.cause
+    assert finding.summary
+    assert finding.fix
+    assert 0 < finding.confidence <= 1
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.cause)
+def test_check_is_silent_on_a_healthy_history(check: BaseCheck) -> None:
+    assert check.check(_healthy()) is None
+
+
+def test_a_new_check_is_one_subclass() -> None:
+    class Always(BaseCheck):
+        cause = "overfitting"
+
+        def check(self, history: History) -> Finding | None:
+            return Finding(self.cause, "info", f"{len(history.epochs)} epochs", "none")
+
+    assert Always().check(History()) == Finding("overfitting", "info", "0 epochs", "none")
+    with pytest.raises(TypeError):
+        BaseCheck()  # type: ignore[abstract]
