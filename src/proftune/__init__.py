@@ -10,7 +10,7 @@ from .compress import CompressConfig, CompressReport, compress
 from .diagnose import AdaptiveLR, DiagnoseReport, EarlyStopping, GradGuard, HealthCheck, diagnose
 from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
 from .profile import Monitor, Profile, profile
-from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
+from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, predict, recommend
 from .search import SearchResult, search
 from .task import ClassificationTask, Task, load_task
 from .track import Store
@@ -49,6 +49,7 @@ __all__ = [
     "load_task",
     "lr_find",
     "noise_scale",
+    "predict",
     "profile",
     "recommend",
     "run_train",
