@@ -641,6 +641,7 @@ def predict(
     precision: str | None = None,
     optimizer: str | None = None,
     max_batch: bool = True,
+    foreach: bool | None = None,
 ) -> PredictResult:
     """Predict one training step of ``task`` at ``batch_size`` on ``target`` without running it.
 
@@ -649,7 +650,8 @@ def predict(
     ``peak_tflops`` and ``bandwidth`` (bytes/s) override its numbers or describe another device.
     ``precision`` and ``optimizer`` override the task's params. With ``max_batch`` and a known
     memory, the largest batch that fits is searched as ``batch-size`` searches it (the same
-    memory model and margin), on fake steps: zero real steps.
+    memory model and margin), on fake steps: zero real steps. ``foreach`` traces the optimizer's
+    multi-tensor kernels (default: on a GPU target, as PyTorch does on CUDA).
     """
     started = time.perf_counter()
     task_obj = load_task(task)
@@ -666,7 +668,8 @@ def predict(
     if name == "auto":
         name = _local_target()
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
-    foreach = spec.name not in ("cpu", "custom")
+    if foreach is None:
+        foreach = spec.name not in ("cpu", "custom")
     tracer = StepTracer(task_obj, merged, precision=prec, foreach=foreach)
     traces: dict[int, _Trace] = {}
 
