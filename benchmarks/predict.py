@@ -131,19 +131,23 @@ def budget_table() -> None:
 
 
 def _decoder_layer_closed_form(batch: int, seq: int, h: int, inter: int, heads: int) -> int:
-    """Bytes one Llama decoder layer saves for backward under bf16 autocast (fp32 residual stream),
-    op by op: each RMSNorm saves its fp32 input and its normalised output (2 x 4·T·h) and the
-    fp32 rsqrt (4·T); q/k/v share the bf16 cast of their input (2·T·h); SDPA saves q, k, v and its
-    output (4 x 2·T·h) and the fp32 logsumexp (4·B·heads·S); o_proj saves its bf16 input (2·T·h);
-    the MLP saves the bf16 cast of its input (2·T·h), gate and up outputs, SiLU's output and the
-    product (4 x 2·T·inter); and the bf16 copies autocast makes of the 7 weight matrices
-    (2 x (4·h² + 3·h·inter)), which live until backward. T = batch x seq tokens."""
+    """Bytes one Llama decoder layer saves for backward under bf16 autocast (HF's fp32 residual
+    stream), op by op, T = batch x seq tokens:
+    - each RMSNorm: its fp32 input and normalised output (2 x 4·T·h) and the fp32 rsqrt (4·T);
+    - q, k, v, gate and up projections: each its own bf16 cast of the input (5 x 2·T·h; autocast
+      caches casts of weights only), down_proj its bf16 input (2·T·inter);
+    - SDPA: bf16 q and k (cast from RoPE's fp32 output), v and the output (4 x 2·T·h), the fp32
+      logsumexp (4·batch·heads·seq); o_proj's input is that output (no new bytes);
+    - MLP: SiLU's input and output, up's output (3 x 2·T·inter);
+    - the bf16 copies autocast makes of the 7 weight matrices, alive until backward
+      (2 x (4·h² + 3·h·inter))."""
     t = batch * seq
     norms = 2 * (2 * 4 * t * h + 4 * t)
-    attention = 2 * t * h + 4 * 2 * t * h + 4 * batch * heads * seq + 2 * t * h
-    mlp = 2 * t * h + 4 * 2 * t * inter
+    casts = 5 * 2 * t * h + 2 * t * inter
+    attention = 4 * 2 * t * h + 4 * batch * heads * seq
+    mlp = 3 * 2 * t * inter
     weights = 2 * (4 * h * h + 3 * h * inter)
-    return norms + attention + mlp + weights
+    return norms + casts + attention + mlp + weights
 
 
 def llama_7b() -> None:

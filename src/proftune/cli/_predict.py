@@ -60,6 +60,13 @@ def _render(d: dict[str, Any]) -> None:
     if d["max_batch_size"] is not None:
         out_console.print(f"largest batch that fits {format_bytes(d['device_memory_bytes'])}: "
                           f"[bold]{d['max_batch_size']}[/] (batch-size's memory model and margin, on fake steps)")
+    c = d.get("calibration")
+    if c:
+        out_console.print(
+            f"calibration on this CPU at batch {c['batch_size']} ({c['real_steps']} real steps): peak predicted "
+            f"{format_bytes(c['predicted_peak_bytes'])} vs measured {format_bytes(c['measured_peak_bytes'])} "
+            f"({c['peak_error']:+.1%}); step {c['predicted_step_ms']:.3g} ms (roofline) vs "
+            f"{c['measured_step_ms']:.3g} ms ({c['time_error']:+.0%})", highlight=False)
     if d["uncounted_ops"]:
         out_console.print("[yellow]ops not counted (no FLOP formula; not in FLOPs or time):[/] " + "; ".join(
             f"{u['op']} x{u['calls']} {u['shapes'][:2]}" for u in d["uncounted_ops"]), highlight=False)
@@ -78,6 +85,9 @@ def predict_command(
     optimizer: Annotated[str | None, typer.Option(
         "--optimizer", help="adamw, adam or sgd; default: the task's.", show_default=False)] = None,
     param: ParamOpt = None,
+    calibrate: Annotated[int | None, typer.Option(
+        "--calibrate", help="Also run a few real steps at this (small) batch on this machine's CPU and report "
+                            "the prediction's error there.", show_default=False)] = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -88,7 +98,7 @@ def predict_command(
     def body() -> dict[str, Any]:
         result = predict(task, parse_params(param), batch_size=batch_size, target=target,
                          device_memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth,
-                         precision=precision, optimizer=optimizer)
+                         precision=precision, optimizer=optimizer, calibrate=calibrate)
         d = result.to_dict()
         if result.fits is False:
             best = result.max_batch_size

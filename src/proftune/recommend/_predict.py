@@ -125,6 +125,9 @@ class PredictResult:
     trace_s: float
     traces: int
     real_steps: int = 0
+    #: With ``calibrate``: the same prediction for this machine's CPU beside ``profile``'s
+    #: measurement there at a small batch (peak bytes and step ms, and their relative errors).
+    calibration: dict[str, Any] | None = None
     note: str = ESTIMATE_NOTE
     traced_as: str = "cpu (fake tensors)"
 
@@ -452,6 +455,8 @@ class StepTracer:
             _fake_parameters(model)
         self.model = model
         self.traces = 0
+        #: Traces by batch size (a trace depends on nothing else).
+        self.cache: dict[int, _Trace] = {}
 
     def trace(self, batch_size: int) -> _Trace:
         model, params = self.model, self.params
@@ -642,6 +647,7 @@ def predict(
     optimizer: str | None = None,
     max_batch: bool = True,
     foreach: bool | None = None,
+    calibrate: int | None = None,
 ) -> PredictResult:
     """Predict one training step of ``task`` at ``batch_size`` on ``target`` without running it.
 
@@ -651,7 +657,9 @@ def predict(
     ``precision`` and ``optimizer`` override the task's params. With ``max_batch`` and a known
     memory, the largest batch that fits is searched as ``batch-size`` searches it (the same
     memory model and margin), on fake steps: zero real steps. ``foreach`` traces the optimizer's
-    multi-tensor kernels (default: on a GPU target, as PyTorch does on CUDA).
+    multi-tensor kernels (default: on a GPU target, as PyTorch does on CUDA). ``calibrate=b``
+    also profiles ``b``-sample steps on this machine's CPU (real steps) and reports the error of
+    the same prediction made for that CPU.
     """
     started = time.perf_counter()
     task_obj = load_task(task)
@@ -670,12 +678,13 @@ def predict(
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
-    tracer = StepTracer(task_obj, merged, precision=prec, foreach=foreach)
+    tracer = _tracer(task_obj, merged, prec, foreach)
     traces: dict[int, _Trace] = {}
 
     def peak_at(b: int) -> int:
         if b not in traces:
-            traces[b] = tracer.trace(b)
+            traces[b] = tracer.cache.get(b) or tracer.trace(b)
+            tracer.cache[b] = traces[b]
         return traces[b].peak
 
     peak_at(batch_size)
@@ -698,11 +707,55 @@ def predict(
                 max_b = found.max_batch_size
             except ConfigError:
                 max_b = 0
+    calibration = None
+    if calibrate is not None:
+        if isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 1:
+            raise ConfigError(f"calibrate must be a positive batch size, but got {calibrate=}.")
+        cpu_tracer = tracer if not tracer.foreach else StepTracer(task_obj, merged, precision=prec)
+        calibration = _calibrate(task_obj, merged, cpu_tracer, calibrate)
     return PredictResult(
         **fields, device_memory_bytes=memory, fits=fits, max_batch_size=max_b,
         max_batch=None if found is None else found.to_dict(), static_bytes=static,
-        trace_s=time.perf_counter() - started, traces=len(traces),
+        trace_s=time.perf_counter() - started, traces=len(traces) + (1 if calibration else 0),
+        real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
     )
+
+
+_LAST: list[tuple[Any, StepTracer]] = []
+
+
+def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool) -> StepTracer:
+    """The tracer of the same task object and settings as the last call (a 7B model takes tens
+    of seconds to build and trace: asking again for another device reuses its traces)."""
+    key = (id(task), repr(sorted(params.items())), precision, foreach)
+    if _LAST and _LAST[0][0] == key and _LAST[0][1].task is task:
+        return _LAST[0][1]
+    tracer = StepTracer(task, params, precision=precision, foreach=foreach)
+    _LAST[:] = [(key, tracer)]
+    return tracer
+
+
+def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_size: int) -> dict[str, Any]:
+    """Predicted vs ``profile``'s measurement on this machine's CPU at ``batch_size``."""
+    from ..profile import profile as run_profile
+
+    cpu = resolve_target("cpu")
+    trace = tracer.trace(batch_size)
+    _, phase_ms, _ = _roofline(trace, cpu)
+    predicted_ms = sum(v for v in phase_ms.values() if v is not None)
+    steps, warmup = 3, 1
+    prof = run_profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup, device="cpu",
+                       detail="step")
+    measured_ms = float(prof.step.time_ms - prof.step.data_ms)
+    measured_peak = int(prof.memory.peak_bytes)
+    return {
+        "batch_size": batch_size, "device": cpu.name,
+        "predicted_peak_bytes": trace.peak, "measured_peak_bytes": measured_peak,
+        "peak_error": trace.peak / measured_peak - 1 if measured_peak else None,
+        "predicted_step_ms": predicted_ms, "measured_step_ms": measured_ms,
+        "time_error": predicted_ms / measured_ms - 1 if measured_ms > 0 else None,
+        "real_steps": steps + warmup,
+    }
 
 
 def _local_target() -> str:
