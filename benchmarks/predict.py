@@ -182,6 +182,9 @@ def llama_7b() -> None:
             if r.max_batch_size == 0 else f"largest batch {r.max_batch_size}"
         print(f"fits batch {batch}: {r.fits}; {fits}; step time (roofline estimate) "
               f"{r.step_time_ms:.0f} ms, {r.bound}-bound", flush=True)
+        if r.max_batch:
+            print("  fake steps of the search: " + ", ".join(
+                f"B={p['batch_size']} {format_bytes(p['peak_bytes'])} {p['status']}" for p in r.max_batch["probes"]))
 
 
 def cuda_table() -> None:

@@ -39,7 +39,8 @@ def _render(d: dict[str, Any]) -> None:
                        ("activations saved for backward", "activations_bytes"), ("step peak", "peak_bytes")):
         mem.add_row(label, format_bytes(d[key]))
     out_console.print(mem)
-    out_console.print(f"peak in {d['peak_phase']} at {d['peak_layer'] or '(outside layers)'} ({d['peak_op']}): "
+    where = d["peak_layer"] or ("(optimizer)" if d["peak_phase"] == "optimizer" else "(outside layers)")
+    out_console.print(f"peak in {d['peak_phase']} at {where} ({d['peak_op']}): "
                       + ", ".join(f"{k} {format_bytes(v)}" for k, v in d["peak_breakdown"].items()),
                       highlight=False)
     layers = Table(title=f"layers ({d['note']})")
