@@ -15,7 +15,8 @@ from ._common import DebugOpt, JsonOpt, ParamOpt, TaskArg, execute, out_console,
 TargetOpt = Annotated[str, typer.Option(
     "--target",
     help=("The device to predict for (not --device, which says where proftune itself runs): "
-          f"{', '.join(DEVICES)}, cpu (this machine) or auto (this machine's GPU, else its CPU)."))]
+          f"{', '.join(DEVICES)}, cpu (this machine) or auto (this machine's GPU, else its CPU; with only "
+          "--device-memory/--peak-tflops/--bandwidth: a device of those numbers)."))]
 MemoryOpt = Annotated[str | None, typer.Option(
     "--device-memory", help="The target's memory (80GiB, 24GB, bytes); overrides the table's.",
     show_default=False)]

@@ -652,7 +652,8 @@ def predict(
     """Predict one training step of ``task`` at ``batch_size`` on ``target`` without running it.
 
     ``target`` names a device (``h200``, ``h100``, ``a100``, ``v100``, ``l4``, ``t4``, ``cpu`` =
-    this machine; ``auto``: this machine's CUDA device if any, else its CPU); ``device_memory``,
+    this machine; ``auto``: this machine's CUDA device if any, else its CPU, or with only numbers
+    given, a device of those numbers); ``device_memory``,
     ``peak_tflops`` and ``bandwidth`` (bytes/s) override its numbers or describe another device.
     ``precision`` and ``optimizer`` override the task's params. With ``max_batch`` and a known
     memory, the largest batch that fits is searched as ``batch-size`` searches it (the same
@@ -674,7 +675,9 @@ def predict(
     _validate(batch_size, prec)
     name = (target or "").strip().lower()
     if name == "auto":
-        name = _local_target()
+        # numbers given without a name describe another device; else this machine's
+        given = device_memory is not None or peak_tflops is not None or bandwidth is not None
+        name = "" if given else _local_target()
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
