@@ -16,7 +16,7 @@
 4. ``--cuda`` (on a machine with a GPU): predicted peak vs ``torch.cuda.max_memory_allocated``
    and predicted step time vs the measured one.
 
-Usage: python benchmarks/predict.py [--skip-7b] [--only-7b] [--cuda]
+Usage: python benchmarks/predict.py [--skip-7b] [--only-7b] [--only-budget] [--cuda]
 """
 
 from __future__ import annotations
@@ -206,6 +206,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-7b", action="store_true")
     ap.add_argument("--only-7b", action="store_true")
+    ap.add_argument("--only-budget", action="store_true")
     ap.add_argument("--cuda", action="store_true")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
@@ -213,9 +214,10 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s); python {sys.version.split()[0]}")
     if not args.only_7b:
-        peak_table()
+        if not args.only_budget:
+            peak_table()
         budget_table()
-    if not args.skip_7b:
+    if not args.skip_7b and not args.only_budget:
         llama_7b()
     if args.cuda:
         cuda_table()

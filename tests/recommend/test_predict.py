@@ -145,7 +145,8 @@ def test_largest_batch_uses_the_budget_and_margin() -> None:
     margin = r.max_batch["model"]["margin_bytes"]
     assert margin >= 0.005 * 20e6 - 1  # batch-size's smallest margin
     # the answer's traced peak fits; one more sample's does not, with the margin
-    assert r.max_batch["measured_peak_bytes"] <= 20e6
+    at_answer = [p for p in r.max_batch["probes"] if p["batch_size"] == r.max_batch_size]
+    assert at_answer and at_answer[0]["peak_bytes"] <= 20e6
     above = predict("digits-mlp", batch_size=r.max_batch_size + 1, target=None, max_batch=False)
     assert above.peak_bytes + margin > 20e6
 
@@ -155,6 +156,22 @@ def test_find_batch_size_from_prediction_runs_one_real_step() -> None:
     assert r.runs == 1
     assert r.measured_peak_bytes is not None and r.measured_peak_bytes <= 12e6
     assert r.measured_peak_bytes >= 0.9 * 12e6
+
+
+def test_largest_batch_when_the_optimizer_step_holds_the_peak() -> None:
+    from proftune.recommend._predict import _largest_batch
+
+    # forward/backward grow 10 bytes per sample, the optimizer's peak is flat and the highest at
+    # small batches: a single line through the step's peaks would extrapolate from a slope of 0
+    def trace_at(b: int) -> tuple[int, dict[str, int]]:
+        phases = {"forward": 500 + 8 * b, "backward": 600 + 10 * b, "optimizer": 900}
+        return max(phases.values()), phases
+
+    found = _largest_batch(trace_at, 1000, 1)
+    margin = found["model"]["margin_bytes"]
+    assert found["binding_phase"] == "backward"
+    assert found["max_batch_size"] == int((1000 - margin - 600) // 10)
+    assert len(found["probes"]) <= 4
 
 
 def test_verify_prediction_rescales_an_underestimate() -> None:

@@ -177,7 +177,7 @@ def _from_prediction(task: Task, params: dict[str, Any], measure: Measure, budge
 
     pred = predict(task, params, batch_size=start, target=None, device_memory=budget,
                    foreach=dev.type == "cuda")
-    if not pred.max_batch_size or pred.max_batch is None:
+    if not pred.max_batch_size or pred.max_batch is None or not pred.max_batch.get("model"):
         return None
     m = pred.max_batch["model"]
     model = MemoryModel(intercept_bytes=m["intercept_bytes"], per_sample_bytes=m["per_sample_bytes"],

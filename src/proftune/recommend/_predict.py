@@ -43,7 +43,7 @@ from ..exceptions import ConfigError
 from ..profile import UncountedOps, op_flops, uncounted_op
 from ..task import Task, load_task
 from ..train import validate_params
-from ._batch_size import BatchSizeResult, search_max_batch
+from ._batch_size import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
 from ._devices import DeviceSpec, resolve_target, roofline_ms
 
 __all__ = ["LayerPrediction", "PredictResult", "StepTracer", "predict"]
@@ -229,6 +229,8 @@ class _OpRecord:
 @dataclass
 class _Trace:
     peak: int = 0
+    #: The highest live bytes within each phase.
+    phase_peaks: dict[str, int] = field(default_factory=dict)
     peak_where: tuple[str, str, str] = ("", "", "")
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     ops: list[_OpRecord] = field(default_factory=list)
@@ -278,6 +280,8 @@ class _StepTracker(TorchDispatchMode):
             self.track(st, kind)
 
     def _update_peak(self, op: str) -> None:
+        if self.total > self.trace.phase_peaks.get(self.phase, 0):
+            self.trace.phase_peaks[self.phase] = self.total
         if self.total > self.trace.peak:
             self.trace.peak = self.total
             self.trace.peak_where = (self.phase, self.layer_of(), op)
@@ -698,18 +702,14 @@ def predict(
               + fields["optimizer_bytes"])
     memory = spec.memory_bytes
     fits = None if memory is None else trace.peak <= memory
-    found: BatchSizeResult | None = None
+    found: dict[str, Any] | None = None
     max_b: int | None = None
     if memory is not None and max_batch:
         if static >= memory:
             max_b = 0
         else:
-            try:
-                found = search_max_batch(peak_at, memory, known=[(batch_size, trace.peak)], start=batch_size,
-                                         static_bytes=static, device=f"{spec.name} (predicted)")
-                max_b = found.max_batch_size
-            except ConfigError:
-                max_b = 0
+            found = _largest_batch(lambda b: (peak_at(b), traces[b].phase_peaks), memory, batch_size)
+            max_b = int(found["max_batch_size"])
     calibration = None
     if calibrate is not None:
         if isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 1:
@@ -718,10 +718,73 @@ def predict(
         calibration = _calibrate(task_obj, merged, cpu_tracer, calibrate)
     return PredictResult(
         **fields, device_memory_bytes=memory, fits=fits, max_batch_size=max_b,
-        max_batch=None if found is None else found.to_dict(), static_bytes=static,
+        max_batch=found, static_bytes=static,
         trace_s=time.perf_counter() - started, traces=len(traces) + (1 if calibration else 0),
         real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
     )
+
+
+def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget: int, start: int,
+                   *, max_verify: int = 3) -> dict[str, Any]:
+    """The largest batch whose predicted peak plus batch-size's margin fits ``budget``.
+
+    The peak of a step is the highest of its phases' peaks, each linear in the batch (the
+    optimizer's does not grow with it): one memory model per phase (:func:`fit_memory_model`,
+    margin from its residual, at least 0.5% of the budget) from fake steps at two batch sizes,
+    the answer the smallest of the phases' answers, verified by a fake step there; a step over
+    the budget joins the fits, and after ``max_verify`` the answer is bisected on fake steps.
+    """
+    probes: list[dict[str, Any]] = []
+    points: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    fits: list[int] = []
+    fails: list[int] = []
+
+    def run(b: int, role: str) -> int:
+        peak, phases = trace_at(b)
+        for phase, value in phases.items():
+            points[phase].append((b, value))
+        ok = peak <= budget
+        (fits if ok else fails).append(b)
+        probes.append({"batch_size": b, "peak_bytes": peak, "status": "fits" if ok else "over_budget",
+                       "role": role})
+        return peak
+
+    def answer() -> tuple[int, str, MemoryModel | None]:
+        best, binding, model = 1 << 40, "", None
+        for phase, pts in points.items():
+            if len({b for b, _ in pts}) < 2:
+                continue
+            m = fit_memory_model(pts, budget)
+            b = (1 << 40) if m.per_sample_bytes <= 0 and m.predict(0) + m.margin_bytes <= budget \
+                else m.largest_batch(budget)
+            if b < best:
+                best, binding, model = b, phase, m
+        return best, binding, model
+
+    run(start, "probe")
+    run(2 * start, "probe")
+    b, binding, model = answer()
+    for _ in range(max_verify):
+        b = max(0, min(b, (min(fails) - 1) if fails else b, 1 << 31))
+        if b < 1 or b in fits or b in fails:
+            break
+        run(b, "verify")
+        b, binding, model = answer()
+    low = max([x for x in fits if not any(f <= x for f in fails)], default=0)
+    high = min(fails, default=None)
+    margin = model.margin_bytes if model is not None else MIN_MARGIN_FRACTION * budget
+    if high is not None:
+        while high - low > 1:  # bisect on fake steps
+            mid = (low + high) // 2
+            if run(mid, "bisect") + margin <= budget:
+                low = mid
+            else:
+                high = mid
+    else:
+        low = max(low, b if b < (1 << 40) else low)
+    return {"max_batch_size": low, "binding_phase": binding, "probes": probes,
+            "model": None if model is None else model.to_dict(),
+            "note": "fake steps only; each phase's peak has its own memory model (batch-size's fit and margin)"}
 
 
 _LAST: list[tuple[Any, StepTracer]] = []
