@@ -27,7 +27,7 @@ from .diagnose import (
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
 from .profile import Monitor, Profile, profile
-from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
+from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, predict, recommend
 from .task import ClassificationTask, Task, load_task
 from .track import Store
 from .train import Callback, FitResult, FitState, fit
@@ -83,6 +83,7 @@ __all__ = [
     "load_task",
     "lr_find",
     "noise_scale",
+    "predict",
     "profile",
     "recommend",
     "run_train",

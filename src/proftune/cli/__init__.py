@@ -10,6 +10,7 @@ from ._compress import compress
 from ._diagnose import diagnose
 from ._export import export_command
 from ._lr_find import lr_find_command
+from ._predict import predict_command
 from ._profile import profile_command
 from ._recommend import recommend_command
 from ._report import report_command
@@ -40,6 +41,7 @@ app.command("tune")(tune)
 app.command("profile")(profile_command)
 app.command("report")(report_command)
 app.command("export")(export_command)
+app.command("predict")(predict_command)
 
 
 def main() -> None:

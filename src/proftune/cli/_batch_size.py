@@ -37,13 +37,16 @@ def batch_size(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    from_prediction: Annotated[bool, typer.Option(
+        "--predict", help="Start from `proftune predict`'s answer (fake steps) and verify it with one "
+                          "real step instead of probing.")] = False,
 ) -> None:
     """Largest batch size whose training step fits MEMORY_BUDGET: a memory model from <= 3 probe
     steps, verified by one step at the answer."""
 
     def body() -> Any:
         return find_batch_size(task, parse_params(param), memory_budget=memory_budget, device=device,
-                               seed=seed, store=Store(db))
+                               seed=seed, store=Store(db), from_prediction=from_prediction)
 
     def render(result: Any) -> None:
         d = result.to_dict()

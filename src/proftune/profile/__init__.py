@@ -27,7 +27,15 @@ from ._record import (
     StepProfile,
     compare_profiles,
 )
-from ._static import LayerCount, StaticCounts, count_model, count_params
+from ._static import (
+    LayerCount,
+    StaticCounts,
+    UncountedOps,
+    count_model,
+    count_params,
+    op_flops,
+    uncounted_op,
+)
 from ._stats import LayerStats, tensor_stats
 from ._timing import LayerTimer
 
@@ -48,15 +56,18 @@ __all__ = [
     "Profile",
     "StaticCounts",
     "StepProfile",
+    "UncountedOps",
     "buffers_bytes",
     "compare_profiles",
     "count_model",
     "count_params",
+    "op_flops",
     "optimizer_state_bytes",
     "params_bytes",
     "peak_step_memory",
     "profile",
     "tensor_stats",
+    "uncounted_op",
 ]
 
 # ``proftune.profile`` is the function (bound in proftune/__init__.py) and this subpackage is

@@ -176,6 +176,7 @@ def assemble_profile(
         by_type=tuple(_by_type(layers)),
         env=dict(env or {}),
         config=dict(config or {}),
+        uncounted_ops=tuple(counts.uncounted_ops) if counts is not None else (),
     )
 
 

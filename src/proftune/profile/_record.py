@@ -126,6 +126,9 @@ class Profile:
     env: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    #: Ops that do arithmetic the FLOP count could not count (custom ops, no formula), with
+    #: call counts and input shapes: ``{"op", "calls", "shapes"}``; empty when all were counted.
+    uncounted_ops: tuple[dict[str, Any], ...] = ()
 
     # -- derived ----------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -180,6 +183,7 @@ class Profile:
         kw["layers"] = tuple(_build(LayerProfile, lay) for lay in d.get("layers") or [])
         kw["bottlenecks"] = tuple(d.get("bottlenecks") or ())
         kw["by_type"] = tuple(d.get("by_type") or ())
+        kw["uncounted_ops"] = tuple(d.get("uncounted_ops") or ())
         return cls(**kw)
 
     def save(self, path: str | Path) -> Path:

@@ -22,7 +22,8 @@ from torch.utils._pytree import tree_flatten
 
 from .._device import call_model
 
-__all__ = ["LayerCount", "StaticCounts", "count_model", "count_params"]
+__all__ = ["LayerCount", "StaticCounts", "UncountedOps", "count_model", "count_params", "op_flops",
+           "uncounted_op"]
 
 aten = torch.ops.aten
 
@@ -66,6 +67,76 @@ def _formulas() -> dict[Any, Callable[..., int]]:
 
 
 _FORMULAS = _formulas()
+
+#: Name parts of ops that do real arithmetic (matmul, convolution, attention, FFT, solvers,
+#: recurrent kernels): such an op without a formula is reported, never counted as 0 in silence.
+_HEAVY_PARTS = frozenset({
+    "mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "addr", "ger", "matmul",
+    "linear", "bilinear", "einsum", "tensordot", "conv", "convolution", "attention", "fft", "rfft",
+    "irfft", "lstm", "gru", "rnn", "cholesky", "svd", "qr", "eig", "eigh", "solve", "inv", "lstsq",
+    "lu", "cdist",
+})
+#: Namespaces of torch's own ops; an op of any other namespace is a custom op.
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "profiler", "_c10d_functional", "c10d",
+                               "_c10d_functional_autograd", "_dtensor", "debugprims"})
+_RECURRENT_PARTS = frozenset({"lstm", "gru", "rnn"})
+
+
+def op_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:
+    """FLOPs of one dispatched op from the formula table; ``None`` when the table has none."""
+    formula = _FORMULAS.get(func._overloadpacket)
+    if formula is None:
+        return None
+    return int(formula(*args, **kwargs, out_val=out))
+
+
+def uncounted_op(func: Any) -> bool:
+    """True for an op that does arithmetic the formula table cannot count: a custom op (not
+    torch's namespace), or a matmul/conv/attention-like torch op without a formula."""
+    if func._overloadpacket in _FORMULAS:
+        return False
+    if getattr(func, "namespace", "aten") not in _TORCH_NAMESPACES:
+        return True
+    parts = set(str(func._overloadpacket.__name__).strip("_").split("_"))
+    return bool(parts & _HEAVY_PARTS)
+
+
+def _op_name(func: Any) -> str:
+    name = func.name() if hasattr(func, "name") else str(func)
+    return str(name)
+
+
+def _shapes_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
+    leaves, _ = tree_flatten((args, kwargs))
+    return [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
+
+
+class UncountedOps:
+    """Ops that :func:`uncounted_op` flags, with their call counts and (up to 5) input shapes."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, dict[str, Any]] = {}
+
+    def add(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        entry = self.ops.setdefault(_op_name(func), {"op": _op_name(func), "calls": 0, "shapes": []})
+        entry["calls"] += 1
+        shapes = _shapes_of(args, kwargs)
+        if shapes not in entry["shapes"] and len(entry["shapes"]) < 5:
+            entry["shapes"].append(shapes)
+
+    def merge(self, other: UncountedOps) -> UncountedOps:
+        for name, e in other.ops.items():
+            mine = self.ops.setdefault(name, {"op": name, "calls": 0, "shapes": []})
+            mine["calls"] += e["calls"]
+            for sh in e["shapes"]:
+                if sh not in mine["shapes"] and len(mine["shapes"]) < 5:
+                    mine["shapes"].append(sh)
+        return self
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [dict(e) for e in self.ops.values()]
+
+
 _RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "LSTMCell": 4, "GRUCell": 3, "RNNCell": 1}
 
 
@@ -96,6 +167,9 @@ class StaticCounts:
     backward_flops: int = 0
     layers: dict[str, LayerCount] = field(default_factory=dict)
     by_type: dict[str, LayerCount] = field(default_factory=dict)
+    #: Ops that do arithmetic but have no FLOP formula (custom ops, ...): ``{"op", "calls",
+    #: "shapes"}`` each, NOT counted in ``flops``; empty when everything was counted.
+    uncounted_ops: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +177,7 @@ class StaticCounts:
             "macs": self.macs, "flops": self.flops, "backward_flops": self.backward_flops,
             "layers": [c.to_dict() for c in self.layers.values()],
             "by_type": [c.to_dict() for c in self.by_type.values()],
+            "uncounted_ops": [dict(e) for e in self.uncounted_ops],
         }
 
 
@@ -138,21 +213,29 @@ def _recurrent_macs(module: nn.Module, inputs: tuple[Any, ...]) -> int:
 class _Counter(TorchDispatchMode):
     """Adds each op's FLOPs to the innermost running module (``stack[-1]``)."""
 
-    def __init__(self, stack: list[str], suppress: list[int]) -> None:
+    def __init__(self, stack: list[str], suppress: list[int], *, skip_recurrent: bool = False) -> None:
         super().__init__()
         self.stack, self.suppress = stack, suppress
         self.flops: dict[str, int] = defaultdict(int)
         self.total = 0
+        self.uncounted = UncountedOps()
+        # recurrent kernels whose FLOPs count_model adds per module (forward and backward)
+        self.skip_recurrent = skip_recurrent
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = _FORMULAS.get(func._overloadpacket)
-        if formula is not None and not self.suppress[0]:
-            flops = int(formula(*args, **kwargs, out_val=out))
+        if self.suppress[0]:
+            return out
+        flops = op_flops(func, args, kwargs, out)
+        if flops is not None:
             self.flops[self.stack[-1] if self.stack else ""] += flops
             self.total += flops
+        elif uncounted_op(func) and not (
+                self.skip_recurrent
+                and set(str(func._overloadpacket.__name__).strip("_").split("_")) & _RECURRENT_PARTS):
+            self.uncounted.add(func, args, kwargs)
         return out
 
 
@@ -201,15 +284,17 @@ def count_model(model: nn.Module, example_input: Any, *, backward: bool = False)
         handles.append(mod.register_forward_hook(post))
     counter = _Counter(stack, suppress)
     backward_total = 0
+    uncounted = UncountedOps()
     try:
         if backward:
             with counter:
                 out = call_model(model, example_input)
             scalar = _scalar_for_backward(out)
             if scalar is not None:
-                back = _Counter([], [0])
+                back = _Counter([], [0], skip_recurrent=bool(recurrent_flops))
                 with back:
                     scalar.backward()
+                uncounted.merge(back.uncounted)
                 # fused recurrent kernels hide their backward: 2x their forward, by convention
                 backward_total = back.total + 2 * sum(recurrent_flops.values())
             model.zero_grad(set_to_none=True)
@@ -220,6 +305,7 @@ def count_model(model: nn.Module, example_input: Any, *, backward: bool = False)
         for h in handles:
             h.remove()
 
+    uncounted = counter.uncounted.merge(uncounted)
     layer_flops: dict[str, int] = defaultdict(int)
     for name, flops in counter.flops.items():
         layer_flops[name] += flops
@@ -236,7 +322,8 @@ def count_model(model: nn.Module, example_input: Any, *, backward: bool = False)
         t.flops += c.flops
         t.calls += c.calls
     return StaticCounts(params_total=total, params_trainable=trainable, macs=fwd_flops // 2,
-                        flops=fwd_flops, backward_flops=backward_total, layers=layers, by_type=by_type)
+                        flops=fwd_flops, backward_flops=backward_total, layers=layers, by_type=by_type,
+                        uncounted_ops=uncounted.to_list())
 
 
 def _assemble_layers(model: nn.Module, executed: dict[str, nn.Module],

@@ -17,26 +17,33 @@ from ._batch_size import (
     fit_memory_model,
     search_max_batch,
 )
+from ._devices import DEVICES, DeviceSpec, resolve_target
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
+from ._predict import LayerPrediction, PredictResult, StepTracer, predict
 from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import ScalingRule, optimizer_family, scale_lr
 
 __all__ = [
+    "DEVICES",
     "RECOMMENDATION_NAMES",
     "AccumulationPlan",
     "BatchSizeResult",
+    "DeviceSpec",
     "LRFindResult",
     "LRRangeCallback",
+    "LayerPrediction",
     "MemoryModel",
     "MemoryProbe",
     "NoiseScaleCallback",
     "NoiseScaleResult",
+    "PredictResult",
     "Recommendation",
     "Recommendations",
     "ScalingRule",
     "StepCost",
+    "StepTracer",
     "bottleneck_rule",
     "data_loading_rule",
     "find_batch_size",
@@ -48,7 +55,9 @@ __all__ = [
     "parse_memory",
     "plan_accumulation",
     "precision_rule",
+    "predict",
     "recommend",
+    "resolve_target",
     "scale_lr",
     "search_max_batch",
     "smooth_curve",

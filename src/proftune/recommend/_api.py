@@ -108,6 +108,7 @@ def find_batch_size(
     seed: int = 0,
     measure: Measure | None = None,
     store: Store | str | None = None,
+    from_prediction: bool = False,
 ) -> BatchSizeResult:
     """The largest batch size whose training step peaks within ``memory_budget`` (bytes or '4GiB').
 
@@ -115,6 +116,10 @@ def find_batch_size(
     peak counts as one and is not re-measured), predicts the largest B under the budget less a
     margin from the fit's residual, and verifies it with one step. ``measure`` replaces the
     profiler's :func:`peak_step_memory` (batch size -> bytes), e.g. in tests.
+
+    ``from_prediction`` starts from :func:`predict`'s answer (fake-tensor steps, nothing run) and
+    verifies it with one real step (more only when the measured peak is off the prediction),
+    instead of probing; it falls back to the probes when no verified step fits.
 
     Raises :class:`ConfigError` when the budget cannot hold the parameters, gradients and
     optimizer state alone (the message says what the model needs at batch size 1).
@@ -143,8 +148,10 @@ def find_batch_size(
         known.append((int(profile.batch_size), int(profile.memory.peak_bytes)))
 
     def body() -> BatchSizeResult:
-        found = search_max_batch(measure_fn, budget, known=known, start=start, max_probes=max_probes,
-                                 static_bytes=static["total"], device=str(dev), static_detail=static)
+        found = _from_prediction(task_obj, merged, measure_fn, budget, start, dev, static) if from_prediction else None
+        if found is None:
+            found = search_max_batch(measure_fn, budget, known=known, start=start, max_probes=max_probes,
+                                     static_bytes=static["total"], device=str(dev), static_detail=static)
         return _cap_by_data(found, task_obj, merged)
 
     st = _store(store)
@@ -158,6 +165,23 @@ def find_batch_size(
                          "measured_peak_bytes": float(result.measured_peak_bytes or 0)},
                 result=result.to_dict())
     return result
+
+
+def _from_prediction(task: Task, params: dict[str, Any], measure: Measure, budget: int, start: int,
+                     dev: torch.device, static: dict[str, int]) -> BatchSizeResult | None:
+    """``predict``'s largest batch under ``budget``, verified by real steps (see verify_prediction)."""
+    from ._batch_size import MemoryModel, verify_prediction
+    from ._predict import predict
+
+    pred = predict(task, params, batch_size=start, target=None, device_memory=budget,
+                   foreach=dev.type == "cuda")
+    if not pred.max_batch_size or pred.max_batch is None or not pred.max_batch.get("model"):
+        return None
+    m = pred.max_batch["model"]
+    model = MemoryModel(intercept_bytes=m["intercept_bytes"], per_sample_bytes=m["per_sample_bytes"],
+                        residual_bytes=m["residual_bytes"], margin_bytes=m["margin_bytes"], points=m["points"])
+    return verify_prediction(measure, budget, model, pred.max_batch_size, static_bytes=static["total"],
+                             device=str(dev), static_detail=static)
 
 
 # -- learning rate -------------------------------------------------------------------------------------

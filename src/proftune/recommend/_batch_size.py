@@ -341,3 +341,54 @@ def _degenerate(search: _Search, static_bytes: int, device: str, detail: dict[st
         model=model, predicted_peak_bytes=peak, measured_peak_bytes=best.peak_bytes,
         static_bytes=int(static_bytes), device=device, limited_by=search.limited_by, static_detail=detail,
     )
+
+
+def verify_prediction(
+    measure: Measure,
+    budget: int,
+    predicted: MemoryModel,
+    answer: int,
+    *,
+    max_verify: int = 3,
+    static_bytes: int = 0,
+    device: str = "cpu",
+    static_detail: dict[str, int] | None = None,
+) -> BatchSizeResult | None:
+    """Start from a predicted memory model and its ``answer`` (``predict``: fake-tensor steps,
+    nothing run) and verify it with one real step; when the measured peak differs from the
+    predicted one, the prediction is scaled by the measured/predicted ratio and the new answer
+    verified (at most ``max_verify`` real steps). ``None`` when no verified step fitted: the
+    caller falls back to the probing search."""
+    search = _Search(measure, budget, None)
+    model = predicted
+    best: MemoryProbe | None = None
+    for _ in range(max_verify):
+        if answer < 1:
+            break
+        probe = search.run(answer, "verify")
+        expected = model.predict(probe.batch_size)
+        if probe.status == "fits":
+            best = probe if best is None or probe.batch_size > best.batch_size else best
+            if probe.peak_bytes is None or probe.peak_bytes >= REFINE_BELOW * budget:
+                break
+        measured = probe.peak_bytes if probe.peak_bytes is not None else 1.1 * budget
+        if expected <= 0:
+            break
+        scale = measured / expected
+        model = MemoryModel(intercept_bytes=model.intercept_bytes * scale,
+                            per_sample_bytes=model.per_sample_bytes * scale,
+                            residual_bytes=model.residual_bytes, margin_bytes=model.margin_bytes,
+                            points=model.points)
+        nxt = search.clamp(model.largest_batch(budget))
+        if probe.status == "fits" and nxt <= probe.batch_size:
+            break
+        if probe.status != "fits":
+            nxt = min(nxt, probe.batch_size - 1)
+        answer = nxt
+    if best is None:
+        return None
+    return BatchSizeResult(
+        max_batch_size=best.batch_size, memory_budget=int(budget), probes=tuple(search.probes), model=model,
+        predicted_peak_bytes=model.predict(best.batch_size), measured_peak_bytes=best.peak_bytes,
+        static_bytes=int(static_bytes), device=device, static_detail=static_detail or {},
+    )

@@ -1,0 +1,174 @@
+"""Target devices for predictions: memory, peak compute and bandwidth, and the roofline model.
+
+The table holds datasheet numbers (dense, no sparsity) of a few common accelerators; ``cpu``
+is this machine, its peak measured once per process (a matmul and a copy, a fraction of a
+second). A device not in the table is given by its numbers (``peak_tflops``, ``bandwidth``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._units import format_bytes, parse_memory
+from ..exceptions import ConfigError, ProblemCollector
+
+__all__ = ["DEVICES", "DeviceSpec", "resolve_target", "roofline_ms"]
+
+_MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A device a step is predicted for: memory in bytes, peak TFLOP/s per compute dtype, bytes/s.
+
+    ``op_overhead_us`` is the fixed cost of launching one op (kernel launch on a GPU, dispatch on
+    a CPU): what makes a step of many tiny ops slower than its FLOPs and bytes say.
+    """
+
+    name: str
+    memory_bytes: int | None
+    #: TFLOP/s by compute dtype ("fp32", "bf16", "fp16"); tensor cores for the low precisions.
+    peak_tflops: dict[str, float]
+    bandwidth_bytes_s: float | None
+    op_overhead_us: float = 0.0
+    source: str = "datasheet"
+
+    def tflops(self, compute: str) -> float | None:
+        return self.peak_tflops.get(compute) or self.peak_tflops.get("fp32")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_tflops": dict(self.peak_tflops),
+                "bandwidth_bytes_s": self.bandwidth_bytes_s, "op_overhead_us": self.op_overhead_us,
+                "source": self.source}
+
+
+# Datasheet numbers, dense (NVIDIA's "with sparsity" figures are twice these); fp32 without TF32
+# (PyTorch's default for matmul). V100 and T4 have no bf16 units: bf16 runs at their fp32 rate.
+# Memory: the total nvidia-smi reports for the board (H200 141 GB: 143771 MiB).
+DEVICES: dict[str, DeviceSpec] = {
+    "h200": DeviceSpec("h200", 143771 * _MIB, {"fp32": 67.0, "bf16": 989.0, "fp16": 989.0}, 4.8e12, 4.0,
+                       "NVIDIA H200 SXM datasheet"),
+    "h100": DeviceSpec("h100", 81559 * _MIB, {"fp32": 67.0, "bf16": 989.0, "fp16": 989.0}, 3.35e12, 4.0,
+                       "NVIDIA H100 SXM datasheet"),
+    "a100": DeviceSpec("a100", 81920 * _MIB, {"fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 2.039e12, 4.0,
+                       "NVIDIA A100 80GB SXM datasheet"),
+    "v100": DeviceSpec("v100", 32768 * _MIB, {"fp32": 15.7, "bf16": 15.7, "fp16": 125.0}, 0.9e12, 5.0,
+                       "NVIDIA V100 SXM2 32GB datasheet"),
+    "l4": DeviceSpec("l4", 23034 * _MIB, {"fp32": 30.3, "bf16": 121.0, "fp16": 121.0}, 0.3e12, 5.0,
+                     "NVIDIA L4 datasheet"),
+    "t4": DeviceSpec("t4", 15360 * _MIB, {"fp32": 8.1, "bf16": 8.1, "fp16": 65.0}, 0.32e12, 5.0,
+                     "NVIDIA T4 datasheet"),
+}
+TARGET_NAMES = (*DEVICES, "cpu")
+
+
+def _best_seconds(fn: Any, repeats: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def _measured_cpu() -> DeviceSpec:
+    """This machine's CPU: RAM, matmul TFLOP/s (fp32, bf16), copy bandwidth, per-op overhead."""
+    n = 256
+    peaks: dict[str, float] = {}
+    for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a = torch.randn(n, n, dtype=dtype)
+        b = torch.randn(n, n, dtype=dtype)
+        secs = _best_seconds(lambda a=a, b=b: torch.mm(a, b))
+        peaks[key] = 2 * n**3 / secs / 1e12
+    peaks["fp16"] = peaks["bf16"]
+    src = torch.empty(8 * 2**20, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    secs = _best_seconds(lambda: dst.copy_(src))
+    bandwidth = 2 * src.numel() * 4 / secs  # read + write
+    tiny = torch.ones(1)
+    per_op = _best_seconds(lambda: [torch.add(tiny, tiny) for _ in range(200)]) / 200
+    try:
+        memory: int | None = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    threads = torch.get_num_threads()
+    return DeviceSpec("cpu", memory, peaks, bandwidth, per_op * 1e6,
+                      f"measured on this machine ({threads} thread{'s' if threads != 1 else ''})")
+
+
+def resolve_target(target: str | None = None, *, memory: int | str | None = None,
+                   peak_tflops: float | None = None, bandwidth: float | str | None = None) -> DeviceSpec:
+    """The device a prediction is for: a name from :data:`DEVICES` or ``cpu`` (this machine),
+    with its memory, peak TFLOP/s (every precision) and bandwidth (bytes/s or e.g. '3.35TB')
+    overridden when given; no name and only numbers: a custom device."""
+    problems = ProblemCollector()
+    mem: int | None = None
+    if memory is not None:
+        if isinstance(memory, (int, float)) and not isinstance(memory, bool) and memory <= 0:
+            problems.add(f"device_memory={memory!r} must be positive (e.g. 80GiB).")
+        else:
+            try:
+                mem = parse_memory(memory, name="device_memory")
+            except ConfigError as exc:
+                problems.add(str(exc))
+    if peak_tflops is not None and not (isinstance(peak_tflops, (int, float)) and peak_tflops > 0):
+        problems.add(f"peak_tflops={peak_tflops!r} must be a positive number of TFLOP/s.")
+    bw: float | None = None
+    if bandwidth is not None:
+        try:
+            bw = float(parse_memory(bandwidth, name="bandwidth"))
+        except ConfigError as exc:
+            problems.add(f"{exc} (bytes per second, e.g. 3.35TB)")
+    name = (target or "").strip().lower()
+    if name and name not in TARGET_NAMES:
+        problems.add(f"target={target!r} is not a known device; valid: {', '.join(TARGET_NAMES)} "
+                     "(or give --device-memory, --peak-tflops and --bandwidth for another one).")
+    problems.raise_if_any()
+    if name == "cpu":
+        spec = _measured_cpu()
+    elif name:
+        spec = DEVICES[name]
+    else:
+        spec = DeviceSpec("custom", None, {}, None, 0.0, "given")
+    changes: dict[str, Any] = {}
+    if mem is not None:
+        changes["memory_bytes"] = mem
+    if peak_tflops is not None:
+        changes["peak_tflops"] = {k: float(peak_tflops) for k in ("fp32", "bf16", "fp16")}
+    if bw is not None:
+        changes["bandwidth_bytes_s"] = bw
+    if changes:
+        changes["source"] = spec.source + " (overridden: " + ", ".join(sorted(changes)) + ")"
+        spec = dataclasses.replace(spec, **changes)
+    return spec
+
+
+def roofline_ms(flops: float, nbytes: float, *, tflops: float | None, bandwidth: float | None,
+                ops: int = 0, overhead_us: float = 0.0) -> tuple[float | None, str]:
+    """Milliseconds of work with ``flops`` and ``nbytes`` moved: max(compute, memory) time plus
+    the ops' launch overhead; and the bound ("compute", "memory" or "overhead")."""
+    if not tflops or not bandwidth:
+        return None, "unknown"
+    compute = flops / (tflops * 1e12)
+    memory = nbytes / bandwidth
+    overhead = ops * overhead_us * 1e-6
+    bound = "compute" if compute >= memory else "memory"
+    if overhead > max(compute, memory):
+        bound = "overhead"
+    return (max(compute, memory) + overhead) * 1e3, bound
+
+
+def describe(spec: DeviceSpec) -> str:
+    """One line: name, memory, peaks, bandwidth."""
+    peaks = ", ".join(f"{k} {v:.3g}" for k, v in spec.peak_tflops.items())
+    bw = f"{spec.bandwidth_bytes_s / 1e9:.3g} GB/s" if spec.bandwidth_bytes_s else "-"
+    return f"{spec.name}: memory {format_bytes(spec.memory_bytes)}, TFLOP/s {peaks or '-'}, bandwidth {bw}"
