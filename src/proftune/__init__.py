@@ -9,6 +9,7 @@ from ._api import TrainReport, run_train
 from .compress import CompressConfig, CompressReport, compress
 from .diagnose import AdaptiveLR, DiagnoseReport, EarlyStopping, GradGuard, HealthCheck, diagnose
 from .exceptions import ConfigError, ProftuneError, RunFailedError, TaskLoadError
+from .optimize import OptimizeConfig, OptimizeResult, optimize
 from .profile import Monitor, Profile, profile
 from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, recommend
 from .search import SearchResult, search
@@ -32,6 +33,8 @@ __all__ = [
     "GradGuard",
     "HealthCheck",
     "Monitor",
+    "OptimizeConfig",
+    "OptimizeResult",
     "Profile",
     "ProftuneError",
     "Recommendation",
@@ -49,6 +52,7 @@ __all__ = [
     "load_task",
     "lr_find",
     "noise_scale",
+    "optimize",
     "profile",
     "recommend",
     "run_train",

@@ -9,6 +9,7 @@ from ._batch_size import batch_size
 from ._compress import compress
 from ._diagnose import diagnose
 from ._lr_find import lr_find_command
+from ._optimize import optimize_command
 from ._profile import profile_command
 from ._recommend import recommend_command
 from ._runs import runs_app
@@ -36,6 +37,7 @@ app.command("diagnose")(diagnose)
 app.command("bandit")(bandit)
 app.command("tune")(tune)
 app.command("profile")(profile_command)
+app.command("optimize")(optimize_command)
 
 
 def main() -> None:
