@@ -315,6 +315,12 @@ def _stalled(rows: Sequence[Mapping[str, Any]], settings: SearchSettings) -> str
     return None
 
 
+def _trial_s(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Median seconds of the finished trials (0 before any): what the next one will take."""
+    durations = [float(r["duration_s"]) for r in rows if r.get("duration_s")]
+    return statistics.median(durations) if durations else 0.0
+
+
 def _key(params: Mapping[str, Any]) -> str:
     return repr(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
 
@@ -388,8 +394,9 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, 
         if _finished(rows) >= settings.max_trials:
             stop_reason = f"max_trials={settings.max_trials} reached"
             break
-        if time.monotonic() >= explore_end:
-            break
+        per_trial = _trial_s(rows)
+        if time.monotonic() + per_trial >= explore_end:
+            break  # the next trial would not finish in time
         waiting = sum(1 for r in rows if r["state"] == "waiting")
         chunk = [] if waiting else _plan_chunk(rows, plan, settings, flags)
         if not chunk and not waiting:
@@ -398,7 +405,8 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, 
         if chunk:
             _enqueue(store, plan, settings, chunk, settings.seed)
         call_search(task, plan, settings, trials=_finished(rows) + len(chunk) + waiting,
-                    timeout=max(1.0, explore_end - time.monotonic()), seed=settings.seed, sampler="random",
+                    timeout=max(1.0, explore_end - time.monotonic() - per_trial), seed=settings.seed,
+                    sampler="random",
                     store=store)
         calls += 1
         rows = rows_now()
@@ -430,14 +438,14 @@ def _confirm(task: Task, plan: SearchPlan, settings: SearchSettings, *, store: S
     top = [g for g in groups_of(rows, settings.maximize)[:2]]
     if not top:
         return "", 0
-    per_trial = statistics.median([float(r["duration_s"]) for r in rows if r.get("duration_s")] or [1.0])
+    per_trial = _trial_s(rows)
     for s in range(1, settings.confirm_seeds + 1):
         seed = settings.seed + s
         todo = [("confirm", dict(g["params"])) for g in top if (_key(g["params"]), seed) not in done_seeds]
         if not todo:
             continue
         room = end - time.monotonic()
-        n_fit = int(room // max(per_trial, 1e-3))
+        n_fit = int(room // max(per_trial, 1e-3)) if per_trial > 0 else len(todo)
         todo = todo[:n_fit]
         if not todo:
             return "; confirmation runs cut short by the budget", calls
