@@ -1,5 +1,10 @@
 """The optimize loop end to end on tiny tasks: stages, resume after SIGKILL, health stop,
-yellow flags, auto-stop, bad input."""
+yellow flags, auto-stop, bad input.
+
+The whole-loop tests take 30-110 s each on 2 shared cores (imports of scipy, torch-pruning,
+torchao and matplotlib, a subprocess for the SIGKILL): ``python -m pytest -m slow tests/optimize``.
+The parts they rest on have fast unit tests in ``test_parts.py``.
+"""
 
 from __future__ import annotations
 
@@ -37,9 +42,10 @@ def _trial_numbers(db: str, study: str) -> list[int]:
                   if r.status == "finished")
 
 
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> None:
     out = tmp_path / "out"
-    result = proftune.optimize(_spec("TinyTask"), budget=40, out=str(out), db=db_url, goal="none", seeds=2,
+    result = proftune.optimize(_spec("TinyTask"), budget=25, out=str(out), db=db_url, goal="none", seeds=2,
                                max_trials=6)
     assert [s["name"] for s in result.stages] == list(STAGES)
     assert {s["status"] for s in result.stages} <= {"finished", "skipped"}
@@ -60,9 +66,10 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     model.load_state_dict(state)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final"]["params"] == result.final["params"]
-    assert result.elapsed_s < 40 * 1.5
+    assert result.elapsed_s < 25 * 1.5
 
 
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_auto_stop_ends_a_flat_search_early(tmp_path: Path, db_url: str) -> None:
     result = proftune.optimize(_spec("Flat"), budget=120, out=str(tmp_path / "o"), db=db_url, goal="none",
                                seeds=1, patience=3, max_trials=40)
@@ -72,11 +79,12 @@ def test_auto_stop_ends_a_flat_search_early(tmp_path: Path, db_url: str) -> None
     assert search["outputs"]["trials"] <= 3 + 1 + 3 + 4  # patience + first + one chunk + confirms
 
 
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_yellow_flag_pauses_a_region_of_nan_trials(tmp_path: Path, db_url: str) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  lr: {type: float, low: 1.0e-3, high: 1.0, log: true}\n"
                      "  hidden: {type: int, low: 4, high: 32}\n")
-    result = proftune.optimize(_spec("NaNAboveLR"), budget=60, out=str(tmp_path / "o"), db=db_url,
+    result = proftune.optimize(_spec("NaNAboveLR"), budget=45, out=str(tmp_path / "o"), db=db_url,
                                goal="none", seeds=1, space=str(space), flag_min=2, max_trials=14,
                                patience=20)
     flags = [f for f in result.flags if f["cause"] == "nan"]
@@ -153,15 +161,16 @@ def _killed_run(stage: str, after: int, task: str, budget: float, out: Path, db:
     assert proc.returncode == -9, proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -> None:
     out = tmp_path / "o"
-    _killed_run("search", 3, _spec("TinyTask"), 60, out, db_url, "none", 9)
+    _killed_run("search", 3, _spec("TinyTask"), 150, out, db_url, "none", 8)
     state = json.loads((out / "state.json").read_text())
     assert state["stages"]["layer_value"]["status"] == "finished" and "search" not in state["stages"]
     before = _trial_numbers(db_url, state["study"])
     assert len(before) >= 3
-    result = proftune.optimize(_spec("TinyTask"), budget=60, out=str(out), db=db_url, goal="none", seeds=1,
-                               max_trials=9, resume=True)
+    result = proftune.optimize(_spec("TinyTask"), budget=150, out=str(out), db=db_url, goal="none", seeds=1,
+                               max_trials=8, resume=True)
     after = _trial_numbers(db_url, state["study"])
     assert after[: len(before)] == before and len(after) == len(set(after)) > len(before)
     # stages finished before the kill were reused, not run again; the killed search has its own Run
@@ -172,6 +181,7 @@ def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -
     assert len({r.config["trial"] for r in trials}) == len(trials)  # every trial ran once
 
 
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str) -> None:
     out = tmp_path / "o"
     _killed_run("compress", 0, _spec("TinyTask"), 150, out, db_url, "size", 4)

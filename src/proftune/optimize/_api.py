@@ -169,9 +169,8 @@ class _Loop:
         """The task's defaults (trained with the health checks) and a no-tricks run beside it."""
         epochs = self.task.default_epochs
         capture = _Capture()
-        t0 = time.monotonic()
         diag = diagnose(self.task, self.defaults, epochs=epochs, device=self.dev, seed=self.cfg.seed,
-                        callbacks=[Deadline(t0 + share * 0.6), capture], store=self.store)
+                        callbacks=[Deadline(share * 0.55), capture], store=self.store)
         if capture.model is not None:
             torch.save(capture.model.state_dict(), self.out / "baseline_model.pt")
         defaults_metric = _finite(diag.metrics.get(self.v.metric))
@@ -180,9 +179,11 @@ class _Loop:
                  "batch_size": int(self.defaults.get("batch_size", 32)),
                  **{k: 0.0 for k in known if "dropout" in k}}
         plain_res = fit(self.task, plain, epochs=epochs, device=self.dev, seed=self.cfg.seed,
-                        callbacks=[Deadline(end)])
+                        callbacks=[Deadline(max(1.0, end - time.monotonic()))])
         plain_metric = _finite(plain_res.metrics.get(self.v.metric))
-        epoch_s = diag.duration_s / max(diag.epochs, 1)
+        # seconds per epoch of the plain loop (the health checks slow the defaults' run)
+        epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
+            plain_res.steps / max(plain_res.epochs, 1), _steps_per_epoch(self.task, self.defaults))
         spread = (abs(defaults_metric - plain_metric)
                   if defaults_metric is not None and plain_metric is not None else None)
         return _StageResult({
@@ -270,6 +271,10 @@ class _Loop:
             device=str(self.dev), max_trials=self.cfg.max_trials, patience=self.cfg.patience,
             min_delta=self.cfg.min_delta, flag_min=self.cfg.flag_min)
         spent = float(self.state.data.get("search_spent_s", 0.0))
+        # leave the final training its minimum: every seed at the trials' epochs
+        final_min = 1.3 * int(self.cfg.seeds) * epochs * epoch_s
+        after_min = final_min + (2 * MIN_COMPRESS_S if self.cfg.goal != "none" else 0.0)
+        seconds = max(1.0, min(share - spent, self.budget.left_s - after_min))
         t0 = time.monotonic()
 
         def on_chunk(info: dict[str, Any]) -> None:
@@ -279,7 +284,7 @@ class _Loop:
             self.say("search_chunk", info)
 
         outcome = run_search_stage(self.task, plan, settings, store=self.store,
-                                   seconds=max(1.0, share - spent), on_chunk=on_chunk)
+                                   seconds=seconds, on_chunk=on_chunk)
         for flag in outcome.flags:
             self.say("yellow_flag", flag.to_dict())
         best = outcome.best
@@ -299,17 +304,26 @@ class _Loop:
         """The chosen configuration for ``--seeds`` seeds with AdaptiveLR, GradGuard, EarlyStopping."""
         params, evidence = self._final_params()
         seeds = int(self.cfg.seeds)
-        t0 = time.monotonic()
+        srch = self.state.outputs("search")
+        best = srch.get("best") or {}
+        trial_epochs = int(srch.get("epochs_per_trial") or self.task.default_epochs)
+        base_epoch_s = float(self.state.outputs("baseline").get("epoch_s") or 1.0)
+        # seconds per epoch at the chosen configuration, from its own trials where they exist
+        epoch_s = (float(best["trial_s"]) / trial_epochs) if best.get("trial_s") else base_epoch_s
+        epochs = max(min(trial_epochs, self.task.default_epochs),
+                     min(self.task.default_epochs, int(share / (seeds * max(epoch_s, 1e-3)))))
         runs: list[dict[str, Any]] = []
         models: list[nn.Module] = []
         for i in range(seeds):
             seed = self.cfg.seed + 100 + i
+            left = max(0.0, end - time.monotonic()) / (seeds - i)
             callbacks: list[Callback] = [
                 AdaptiveLR(), GradGuard(),
                 EarlyStopping(self.v.metric, mode="max" if self.v.maximize else "min", patience=3),
-                Deadline(t0 + share * (i + 1) / seeds)]
-            rep = run_train(self.task, params, epochs=self.task.default_epochs, device=self.dev,
-                                seed=seed, callbacks=callbacks, store=self.store)
+                # never cut a seed below the epochs its configuration was searched at
+                Deadline(max(left, 1.3 * min(epochs, trial_epochs) * epoch_s))]
+            rep = run_train(self.task, params, epochs=epochs, device=self.dev,
+                            seed=seed, callbacks=callbacks, store=self.store)
             runs.append({"seed": seed, "run_id": rep.run_id, "metrics": rep.result.metrics,
                          "epochs": rep.result.epochs, "stop_reason": rep.result.stop_reason})
             models.append(rep.result.model)
@@ -324,7 +338,7 @@ class _Loop:
         torch.save(model.state_dict(), self.out / "model.pt")
         latency, size = _latency_ms(self.task, model, self.defaults), (self.out / "model.pt").stat().st_size
         return _StageResult({
-            "params": params, "evidence": evidence, "seeds": runs,
+            "params": params, "evidence": evidence, "seeds": runs, "epochs": epochs,
             "metric": {"name": self.v.metric, "mean": mean, "std": std, "values": vals},
             "model": "model.pt", "model_seed": runs[pick]["seed"], "latency_ms": latency, "size_bytes": size,
             "load": (f"model = proftune.load_task({self.name!r}).build_model(params); "
@@ -351,7 +365,8 @@ class _Loop:
         roomy = share >= 90
         ratios = (0.3, 0.5) if roomy else (0.5,)
         report = run_compress(
-            self.task, params=params, model=model, store=self.store, callbacks=[Deadline(end)],
+            self.task, params=params, model=model, store=self.store,
+            callbacks=[Deadline(max(1.0, (end - time.monotonic()) / (2 * len(ratios))))],
             ratios=ratios, ignore_layers=tuple(keep), max_accuracy_drop=self.cfg.max_accuracy_drop,
             metric=self.v.metric, goal=self.cfg.goal, out=str(self.out / "model_compressed.pt"), force=True,
             finetune_epochs=1, seed=self.cfg.seed, device=str(self.dev), sensitivity=roomy,
@@ -471,6 +486,12 @@ def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
     drop = {"search": ("history", "plan", "top"), "layer_value": ("layers",),
             "compute": ("recommendations",), "compress": ("candidates",), "final": ("evidence",)}
     return {k: v for k, v in outputs.items() if k not in drop.get(name, ())}
+
+
+def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
+    data = task.train_data(int(params.get("batch_size", 32)), params)
+    n = getattr(data, "__len__", None)
+    return int(n()) if callable(n) else 1
 
 
 def _json(obj: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 
@@ -48,14 +49,19 @@ class Budget:
 
 
 class Deadline(Callback):
-    """Stop the fit loop after the step that passes ``deadline`` (``time.monotonic()`` seconds).
+    """Stop the fit loop after the step that passes ``seconds`` since the fit started.
 
-    At least ``min_steps`` steps run so that a tiny budget still measures something.
+    Counted from ``on_fit_start`` (after the model and data are built), so a slow first data
+    load does not eat the training. At least ``min_steps`` steps run.
     """
 
-    def __init__(self, deadline: float, *, min_steps: int = 1) -> None:
-        self.deadline, self.min_steps = float(deadline), int(min_steps)
+    def __init__(self, seconds: float, *, min_steps: int = 1) -> None:
+        self.seconds, self.min_steps = max(0.0, float(seconds)), int(min_steps)
+        self.deadline = math.inf
         self.hit = False
+
+    def on_fit_start(self, state: FitState) -> None:
+        self.deadline = time.monotonic() + self.seconds
 
     def on_step_end(self, state: FitState) -> None:
         if state.step >= self.min_steps and time.monotonic() >= self.deadline:

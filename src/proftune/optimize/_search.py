@@ -114,12 +114,21 @@ def call_search(task: Task | str, plan: SearchPlan, settings: SearchSettings, *,
 
 
 # -- reading the study ------------------------------------------------------------------------
+_STORAGES: dict[str, Any] = {}
+
+
 def _load(store: Store, name: str) -> Any:
+    """The study, or None before it exists; one RDB storage per database (opening one checks the
+    schema, seconds on a busy machine)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = _STORAGES.get(store.url)
+    if storage is None:
+        storage = _STORAGES[store.url] = optuna.storages.RDBStorage(
+            store.url, engine_kwargs={"connect_args": {"timeout": 60}} if store.is_sqlite else {})
     try:
-        return optuna.load_study(study_name=name, storage=store.url)
+        return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return None
 
@@ -334,6 +343,7 @@ def groups_of(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[dict[st
         g = groups.setdefault(_key(r["params"]), {"params": dict(r["params"]), "values": [], "trials": [],
                                                   "seeds": []})
         g["values"].append(float(r["value"]))
+        g.setdefault("durations", []).append(float(r.get("duration_s") or 0.0))
         g["trials"].append(int(r["number"]))
         g["seeds"].append(int(r["seed"]))
     out = []
@@ -342,6 +352,7 @@ def groups_of(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[dict[st
         g["mean"] = statistics.fmean(vals)
         g["std"] = statistics.stdev(vals) if len(vals) > 1 else None
         g["n"] = len(vals)
+        g["trial_s"] = statistics.median(g.pop("durations"))
         out.append(g)
     out.sort(key=lambda g: -g["mean"] if maximize else g["mean"])
     return out
