@@ -71,12 +71,18 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
 
 @pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_auto_stop_ends_a_flat_search_early(tmp_path: Path, db_url: str) -> None:
-    result = proftune.optimize(_spec("Flat"), budget=120, out=str(tmp_path / "o"), db=db_url, goal="none",
-                               seeds=1, patience=3, max_trials=40)
-    search = next(s for s in result.stages if s["name"] == "search")
+    res = CliRunner().invoke(app, ["optimize", _spec("Flat"), "--budget", "2m", "--out", str(tmp_path / "o"),
+                                   "--db", db_url, "--goal", "none", "--seeds", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert list(d)[:3] == ["stages", "final", "vs_baseline"]
+    assert [s["name"] for s in d["stages"]] == list(STAGES)
+    assert {"name", "status", "duration_s", "outputs"} <= set(d["stages"][0])
+    assert {"params", "metrics", "model", "latency_ms", "size_bytes"} <= set(d["final"])
+    search = next(s for s in d["stages"] if s["name"] == "search")
     assert search["outputs"]["stop_reason"].startswith("auto-stop"), search["outputs"]["stop_reason"]
     assert search["duration_s"] < 0.8 * search["share_s"]
-    assert search["outputs"]["trials"] <= 3 + 1 + 3 + 4  # patience + first + one chunk + confirms
+    assert search["outputs"]["trials"] <= 8 + 1 + 3 + 4  # patience + first + one chunk + confirms
 
 
 @pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess

@@ -274,7 +274,8 @@ class _Loop:
         # leave the final training its minimum: every seed at the trials' epochs
         final_min = 1.3 * int(self.cfg.seeds) * epochs * epoch_s
         after_min = final_min + (2 * MIN_COMPRESS_S if self.cfg.goal != "none" else 0.0)
-        seconds = max(1.0, min(share - spent, self.budget.left_s - after_min))
+        # (``share`` already excludes what an earlier, killed process spent: the clock resumes)
+        seconds = max(1.0, min(share, self.budget.left_s - after_min))
         t0 = time.monotonic()
 
         def on_chunk(info: dict[str, Any]) -> None:
