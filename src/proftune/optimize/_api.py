@@ -31,7 +31,7 @@ from ..train import Callback, FitState, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
 from ._config import OptimizeConfig, Validated, default_study, validate
 from ._layer_value import keep_layers, layer_values
-from ._output import write_outputs
+from ._output import write_html, write_outputs
 from ._search import SearchSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
 from ._state import OptimizeState
@@ -428,6 +428,11 @@ class _Loop:
         self.store.finish_run(self.run_id, status="finished", result=result.to_dict(),
                               metrics={f"final_{self.v.metric}": result.final.get("mean") or float("nan")},
                               artifacts=result.files)
+        html = write_html(self.run_id, self.out, self.store)  # reads the finished run
+        if html is not None:
+            result.files["report"] = html
+            self.store.update_run(self.run_id, artifacts=result.files)
+            (self.out / "summary.json").write_text(_json(result.to_dict()))
         return result
 
     def _result(self) -> OptimizeResult:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ._api import OptimizeResult
     from ._state import OptimizeState
 
-__all__ = ["write_outputs"]
+__all__ = ["write_html", "write_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +97,15 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
     return files
 
 
-def _html(summary: dict[str, Any], out: Path) -> str | None:
-    """The HTML report, where the report feature exists (``proftune.report.optimize_report``)."""
+def write_html(run_id: int, out: Path, store: Any) -> str | None:
+    """The HTML report of the optimize run, where the report feature exists (``proftune.report``)."""
     if importlib.util.find_spec("proftune.report") is None:
         return None
     module = importlib.import_module("proftune.report")
-    fn = getattr(module, "optimize_report", None)
-    if fn is None:
+    write_report = getattr(module, "write_report", None)
+    if write_report is None:
         return None
-    return str(fn(summary, out / "report.html"))
+    return str(write_report(run_id, out / "report.html", store=store))
 
 
 def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, task: Task) -> dict[str, str]:
@@ -117,9 +117,5 @@ def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, ta
         files["model_compressed"] = str(out / "model_compressed.pt")
     for i, path in enumerate(_plots(result, state, out / "plots")):
         files[f"plot{i}"] = path
-    summary = {**result.to_dict(), "files": files}
-    html = _html(summary, out)
-    if html:
-        files["report"] = html
-    (out / "summary.json").write_text(json.dumps({**summary, "files": files}, indent=1, default=str))
+    (out / "summary.json").write_text(json.dumps({**result.to_dict(), "files": files}, indent=1, default=str))
     return files
