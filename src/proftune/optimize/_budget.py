@@ -38,6 +38,11 @@ class Budget:
         return time.monotonic() - self.started
 
     @property
+    def end(self) -> float:
+        """``time.monotonic()`` by which the stages must be done (the output reserve excluded)."""
+        return self.started + self.total_s * (1.0 - RESERVE)
+
+    @property
     def left_s(self) -> float:
         return max(0.0, self.total_s * (1.0 - RESERVE) - self.elapsed_s)
 

@@ -375,11 +375,27 @@ def _enqueue(store: Store, plan: SearchPlan, settings: SearchSettings, items: Se
 
 
 def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, store: Store,
-                     seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None) -> SearchOutcome:
-    """Run the stage for at most ``seconds`` (the confirm share kept back for re-runs)."""
+                     seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None,
+                     must_end: float | None = None,
+                     reserve: Callable[[float], float] | None = None) -> SearchOutcome:
+    """Run the stage for at most ``seconds`` (the confirm share kept back for re-runs).
+
+    ``must_end`` (``time.monotonic()``) less ``reserve(seconds per trial)`` bounds it too: the
+    stages after the search need time that grows with what a trial of the chosen kind costs.
+    """
     started = time.monotonic()
     end = started + seconds
     explore_end = started + seconds * (1.0 - SPLIT["confirm"])
+
+    def bound(rows: Sequence[dict[str, Any]]) -> None:
+        nonlocal end, explore_end
+        if must_end is None or reserve is None:
+            return
+        limit = must_end - reserve(_trial_s(rows))
+        if limit < end:
+            end = max(started, limit)
+            explore_end = started + (end - started) * (1.0 - SPLIT["confirm"])
+
     calls = 0
     stop_reason = "time budget of the search stage spent"
     history: list[tuple[float, float]] = []
@@ -397,6 +413,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, 
         rows = rows_now()
     flags: list[YellowFlag] = []
     while True:
+        bound(rows)
         flags = find_flags(rows, plan, flag_min=settings.flag_min)
         stalled = _stalled(rows, settings)
         if stalled:
@@ -424,6 +441,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, 
         if on_chunk is not None:
             on_chunk({"finished": _finished(rows), "flags": len(flags)})
     # confirm: the best configurations again with other seeds (mean +- std, not one lucky seed)
+    bound(rows)
     confirm_reason = _confirm(task, plan, settings, store=store, end=end, rows=rows)
     calls += confirm_reason[1]
     rows = rows_now()
