@@ -325,11 +325,14 @@ class _Loop:
         for i in range(seeds):
             seed = self.cfg.seed + 100 + i
             left = max(0.0, end - time.monotonic()) / (seeds - i)
+            # a seed is not cut below the epochs its configuration was searched at while the
+            # whole budget holds them (the compress stage then gets less); the budget comes first
+            floor = min(1.3 * min(epochs, trial_epochs) * epoch_s,
+                        max(0.0, self.budget.end - time.monotonic()) / (seeds - i))
             callbacks: list[Callback] = [
                 AdaptiveLR(), GradGuard(),
                 EarlyStopping(self.v.metric, mode="max" if self.v.maximize else "min", patience=3),
-                # never cut a seed below the epochs its configuration was searched at
-                Deadline(max(left, 1.3 * min(epochs, trial_epochs) * epoch_s))]
+                Deadline(max(left, floor))]
             rep = run_train(self.task, params, epochs=epochs, device=self.dev,
                             seed=seed, callbacks=callbacks, store=self.store)
             runs.append({"seed": seed, "run_id": rep.run_id, "metrics": rep.result.metrics,
