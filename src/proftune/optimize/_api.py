@@ -181,8 +181,9 @@ class _Loop:
         plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
                  "batch_size": int(self.defaults.get("batch_size", 32)),
                  **{k: 0.0 for k in known if "dropout" in k}}
-        plain_res = fit(self.task, plain, epochs=epochs, device=self.dev, seed=self.cfg.seed,
-                        callbacks=[Deadline(max(1.0, end - time.monotonic()))])
+        # as many epochs as the defaults got, so that the spread compares like with like
+        plain_res = fit(self.task, plain, epochs=max(1, diag.epochs), device=self.dev, seed=self.cfg.seed,
+                        callbacks=[Deadline(max(1.0, end - time.monotonic(), 1.2 * diag.duration_s))])
         plain_metric = _finite(plain_res.metrics.get(self.v.metric))
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
@@ -413,9 +414,12 @@ class _Loop:
         for k, val in (plan.get("space") or {}).get("fixed", {}).items():
             params[k] = val
             evidence.setdefault(k, "fixed in the space")
+        searched = set((plan.get("space") or {}).get("params", {}))
         if best:
             for k, val in best["params"].items():
                 params[k] = val
+                if k not in searched:
+                    continue
                 std = f" +- {best['std']:.4g}" if best.get("std") is not None else ""
                 evidence[k] = (f"searched (study {self.study}, trials {best['trials']}: {self.v.metric} "
                                f"{best['mean']:.4g}{std} over {best['n']} seed(s))")
