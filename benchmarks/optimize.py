@@ -195,6 +195,7 @@ def ours_arm(task: proftune.Task, budget: float, optuna_best: float, tmp: Path) 
 
         model = load_model(comp["model"])
         m = measure(task, model, bs)
+        m["size"] = float(Path(comp["model"]).stat().st_size)  # a saved INT8 model's state dict hides its packed weights
         out.update(m)
         out["compressed"] = {"method": comp.get("method"), "metric": comp.get("metric"),
                              "drop": comp.get("metric_drop")}
