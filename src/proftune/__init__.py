@@ -33,9 +33,11 @@ from .track import Store
 from .train import Callback, FitResult, FitState, fit
 
 try:
+    from .optimize import OptimizeConfig, OptimizeResult, optimize
     from .search import SearchResult, search
 except DependencyError as _missing_search:  # the [search] extra is not installed
-    _MISSING: dict[str, str] = dict.fromkeys(("SearchResult", "search"), str(_missing_search))
+    _MISSING: dict[str, str] = dict.fromkeys(
+        ("SearchResult", "search", "OptimizeConfig", "OptimizeResult", "optimize"), str(_missing_search))
 else:
     _MISSING = {}
 
@@ -65,6 +67,8 @@ __all__ = [
     "GradGuard",
     "HealthCheck",
     "Monitor",
+    "OptimizeConfig",
+    "OptimizeResult",
     "Profile",
     "ProftuneError",
     "Recommendation",
@@ -83,6 +87,7 @@ __all__ = [
     "load_task",
     "lr_find",
     "noise_scale",
+    "optimize",
     "predict",
     "profile",
     "recommend",

@@ -50,3 +50,31 @@ def format_bytes(n: float | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.3g} {unit}"
         size /= 1024
     return f"{size:.3g} TiB"  # pragma: no cover
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {
+    "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "ms": 1e-3, "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
+}
+
+
+def parse_duration(value: str | int | float, *, name: str = "budget") -> float:
+    """Seconds in ``value``: a number of seconds, or ``90s``, ``250ms``, ``5m``, ``5min``, ``1h``.
+
+    Raises :class:`ConfigError` for anything else and for a duration that is not > 0.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is not a duration; give e.g. 90, 90s, 5m, 5min or 1h.")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if match is None or match.group(2).lower() not in _DURATION_UNITS:
+            raise ConfigError(f"{name}={value!r} is not a duration; give a number of seconds with an "
+                              "optional unit, e.g. 90, 90s, 250ms, 5m, 5min, 1h.")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{name}={value!r} must be a duration > 0 seconds.")
+    return seconds

@@ -10,6 +10,7 @@ from ._compress import compress
 from ._diagnose import diagnose
 from ._export import export_command
 from ._lr_find import lr_find_command
+from ._optimize import optimize_command
 from ._predict import predict_command
 from ._profile import profile_command
 from ._recommend import recommend_command
@@ -42,6 +43,7 @@ app.command("profile")(profile_command)
 app.command("report")(report_command)
 app.command("export")(export_command)
 app.command("predict")(predict_command)
+app.command("optimize")(optimize_command)
 
 
 def main() -> None:

@@ -30,7 +30,8 @@ from ..exceptions import ConfigError, StoreError
 __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url"]
 
 DEFAULT_DB = "sqlite:///proftune.db"
-RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size")
+RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size",
+             "optimize")
 RUN_STATUSES = ("running", "finished", "failed")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 

@@ -1,0 +1,34 @@
+"""The closed loop: baseline -> health -> compute -> layer value -> search -> final -> compress.
+
+``proftune.optimize(task, budget="20m")`` is the entry point (bound in ``proftune/__init__.py``);
+each stage calls the public API of the subpackage that owns its work and is recorded as a Run.
+"""
+
+from __future__ import annotations
+
+from . import _api, _budget, _config, _layer_value, _output, _search, _space, _state  # noqa: F401  (eager)
+from ._api import OptimizeResult, optimize
+from ._budget import SHARES, STAGES, Budget, Deadline
+from ._config import GOALS, OptimizeConfig
+from ._layer_value import LayerValue, layer_values, mean_ablation_hook
+from ._search import SearchOutcome, YellowFlag, find_flags
+from ._space import SearchPlan, build_plan
+
+__all__ = [
+    "GOALS",
+    "SHARES",
+    "STAGES",
+    "Budget",
+    "Deadline",
+    "LayerValue",
+    "OptimizeConfig",
+    "OptimizeResult",
+    "SearchOutcome",
+    "SearchPlan",
+    "YellowFlag",
+    "build_plan",
+    "find_flags",
+    "layer_values",
+    "mean_ablation_hook",
+    "optimize",
+]

@@ -1,0 +1,139 @@
+"""What ``proftune optimize`` is asked to do, validated at the edge (one error lists every problem)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._units import parse_duration, parse_memory
+from ..exceptions import ConfigError, ProblemCollector
+from ..metrics import get_metric
+from ..search import load_space, parse_constraint, parse_objective, task_metrics
+from ..task import Task
+
+__all__ = ["GOALS", "OptimizeConfig", "Validated", "validate"]
+
+GOALS = ("latency", "size", "none")
+
+
+@dataclass
+class OptimizeConfig:
+    """The options of ``proftune optimize`` (see the README's optimize section)."""
+
+    budget: str | float = "20m"
+    memory_budget: str | int | None = None
+    constraints: tuple[str, ...] = ()
+    objective: str | None = None
+    space: str | None = None
+    max_accuracy_drop: float = 0.01
+    goal: str = "latency"
+    seeds: int = 3
+    out: str | None = None
+    study: str | None = None
+    resume: bool = False
+    ignore_findings: bool = False
+    device: str = "auto"
+    db: str | None = None
+    seed: int = 0
+    #: Auto-stop: the search ends when its best improved by less than ``min_delta`` (metric
+    #: units) over the last ``patience`` trials.
+    min_delta: float = 1e-3
+    patience: int = 8
+    max_trials: int = 60
+    #: Trials failing for one cause before their region is paused (yellow flag).
+    flag_min: int = 3
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Validated:
+    """The config with every value parsed: seconds, bytes, metric and direction, the out folder."""
+
+    cfg: OptimizeConfig
+    budget_s: float
+    memory_bytes: int | None
+    metric: str
+    maximize: bool
+    objective: str
+    out: Path
+    stored: dict[str, Any] | None
+
+
+def _with(cfg: OptimizeConfig | None, overrides: dict[str, Any]) -> OptimizeConfig:
+    base = cfg or OptimizeConfig()
+    names = {f.name for f in dataclasses.fields(OptimizeConfig)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(f"optimize() got unknown options {unknown}; valid: {', '.join(sorted(names))}.")
+    if "constraints" in overrides and overrides["constraints"] is not None:
+        overrides["constraints"] = tuple(overrides["constraints"])
+    return dataclasses.replace(base, **overrides)
+
+
+def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) -> Validated:
+    """Parse and check every option; raise one :class:`ConfigError` naming every problem."""
+    from ._state import check_out_dir
+
+    cfg = _with(cfg, overrides)
+    problems = ProblemCollector()
+    name = task.name or type(task).__name__
+    budget_s = 0.0
+    try:
+        budget_s = parse_duration(cfg.budget, name="--budget")
+    except ConfigError as exc:
+        problems.problems.extend(exc.problems)
+    memory: int | None = None
+    if cfg.memory_budget is not None:
+        try:
+            memory = parse_memory(cfg.memory_budget, name="--memory-budget")
+        except ConfigError as exc:
+            problems.problems.extend(exc.problems)
+    known = task_metrics(task)
+    objective = cfg.objective or ("accuracy:max" if known is None or "accuracy" in known else "val_loss:min")
+    obj = parse_objective(objective, problems)
+    metric, maximize = objective.partition(":")[0], True
+    if obj is not None:
+        metric, maximize = obj.metric, obj.direction == "maximize"
+        if ":" not in objective:  # the direction comes from the registry, which must know the name
+            try:
+                get_metric(metric, task=task)
+            except ConfigError as exc:
+                problems.problems.extend(exc.problems)
+        if known is not None and metric not in known:
+            problems.add(f"--objective {objective!r}: task {name!r} does not report {metric!r}; its "
+                         f"metrics: {', '.join(known)}.")
+    for text in cfg.constraints:
+        parse_constraint(text, problems)
+    if cfg.space is not None:
+        try:
+            load_space(cfg.space)
+        except ConfigError as exc:
+            problems.problems.extend(f"--space: {p}" for p in exc.problems)
+    if cfg.goal not in GOALS:
+        problems.add(f"--goal {cfg.goal!r} is unknown; valid: {', '.join(GOALS)}.")
+    if not cfg.max_accuracy_drop >= 0:
+        problems.add(f"--max-accuracy-drop {cfg.max_accuracy_drop!r} must be >= 0 (metric units).")
+    if isinstance(cfg.seeds, bool) or int(cfg.seeds) < 1:
+        problems.add(f"--seeds {cfg.seeds!r} must be at least 1.")
+    for key in ("patience", "max_trials", "flag_min"):
+        if int(getattr(cfg, key)) < 1:
+            problems.add(f"{key}={getattr(cfg, key)!r} must be at least 1.")
+    if cfg.min_delta < 0:
+        problems.add(f"min_delta={cfg.min_delta!r} must be >= 0.")
+    out = Path(cfg.out) if cfg.out else Path("proftune-optimize") / _safe(name)
+    stored = check_out_dir(out, resume=cfg.resume, study=cfg.study, task=name, problems=problems)
+    problems.raise_if_any(header="optimize: the options are not well-formed, found the following errors:")
+    return Validated(cfg=cfg, budget_s=budget_s, memory_bytes=memory, metric=metric, maximize=maximize,
+                     objective=f"{metric}:{'max' if maximize else 'min'}", out=out, stored=stored)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "task"
+
+
+def default_study(task_name: str) -> str:
+    return f"optimize-{_safe(task_name)}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{os.getpid()}"

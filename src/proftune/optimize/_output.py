@@ -1,0 +1,121 @@
+"""What ``proftune optimize`` leaves in ``--out``: config.yaml, summary.json, plots, the report."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from ..task import Task
+
+if TYPE_CHECKING:
+    from ._api import OptimizeResult
+    from ._state import OptimizeState
+
+__all__ = ["write_html", "write_outputs"]
+
+log = logging.getLogger(__name__)
+
+
+def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]:
+    """Every parameter of the final configuration, its value, and where the value came from."""
+    fin = state.outputs("final")
+    params = fin.get("params") or {}
+    evidence = fin.get("evidence") or {}
+    comp = {r["name"]: r for r in state.outputs("compute").get("recommendations") or []}
+    out: dict[str, Any] = {}
+    for name in sorted(params):
+        ev = str(evidence.get(name, "task default"))
+        kind = ("searched" if ev.startswith("searched") else "computed" if ev.startswith("computed")
+                else "measured" if name in comp else "default")
+        entry: dict[str, Any] = {"value": params[name], "source": kind, "evidence": ev}
+        if name in comp and kind == "computed":
+            entry["evidence"] = f"{ev}: {comp[name]['reason']}"
+        out[name] = entry
+    return {"task": result.task, "objective": result.objective, "study": result.study,
+            "params": out, "final": {k: result.final.get(k) for k in ("mean", "std", "latency_ms",
+                                                                       "size_bytes", "model", "load")}}
+
+
+def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib is not installed: no PNG plots (pip install 'proftune[plot]')")
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    hist = state.outputs("search").get("history") or []
+    if hist:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.step([h[0] for h in hist], [h[1] for h in hist], where="post", label="best so far")
+        base = result.vs_baseline.get("baseline")
+        if base is not None:
+            ax.axhline(base, color="grey", linestyle="--", label="baseline (defaults)")
+        ax.set_xlabel("trial")
+        ax.set_ylabel(result.objective.split(":")[0])
+        ax.legend()
+        ax.set_title("search: best value by trial")
+        fig.tight_layout()
+        fig.savefig(folder / "search.png", dpi=100)
+        plt.close(fig)
+        files.append(str(folder / "search.png"))
+    layers = state.outputs("layer_value").get("layers") or []
+    if layers:
+        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(layers)), 3.5))
+        xs = range(len(layers))
+        ax.bar([x - 0.2 for x in xs], [lv.get("time_share") or 0 for lv in layers], 0.4, label="time share")
+        ax.bar([x + 0.2 for x in xs], [lv.get("value_share") or 0 for lv in layers], 0.4, label="value share")
+        ax.set_xticks(list(xs), [f"{lv['name']}\n{lv['type']}" for lv in layers], fontsize=7)
+        ax.legend()
+        ax.set_title("layer value: share of step time vs share of the measured contribution")
+        fig.tight_layout()
+        fig.savefig(folder / "layer_value.png", dpi=100)
+        plt.close(fig)
+        files.append(str(folder / "layer_value.png"))
+    stages = [s for s in result.stages if s.get("duration_s")]
+    if stages:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.barh([s["name"] for s in stages], [s["duration_s"] for s in stages], label="spent")
+        ax.barh([s["name"] for s in stages], [s.get("share_s") or 0 for s in stages], fill=False,
+                edgecolor="black", label="share")
+        ax.set_xlabel("seconds")
+        ax.legend()
+        ax.invert_yaxis()
+        fig.tight_layout()
+        fig.savefig(folder / "stages.png", dpi=100)
+        plt.close(fig)
+        files.append(str(folder / "stages.png"))
+    return files
+
+
+def write_html(run_id: int, out: Path, store: Any) -> str | None:
+    """The HTML report of the optimize run, where the report feature exists (``proftune.report``)."""
+    if importlib.util.find_spec("proftune.report") is None:
+        return None
+    module = importlib.import_module("proftune.report")
+    write_report = getattr(module, "write_report", None)
+    if write_report is None:
+        return None
+    return str(write_report(run_id, out / "report.html", store=store))
+
+
+def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, task: Task) -> dict[str, str]:
+    """Write config.yaml, summary.json, the PNGs (and report.html where it exists); their paths."""
+    files = {"config": str(out / "config.yaml"), "summary": str(out / "summary.json"),
+             "model": str(out / "model.pt")}
+    (out / "config.yaml").write_text(yaml.safe_dump(_config_yaml(result, state), sort_keys=False))
+    if result.final.get("compressed"):
+        files["model_compressed"] = str(out / "model_compressed.pt")
+    for i, path in enumerate(_plots(result, state, out / "plots")):
+        files[f"plot{i}"] = path
+    (out / "summary.json").write_text(json.dumps({**result.to_dict(), "files": files}, indent=1, default=str))
+    return files

@@ -1,0 +1,176 @@
+"""The search stage's space: the wide space handed to ``proftune.search``, and the narrow
+ranges around the computed centre that 70% of the trials sample from."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..exceptions import ProblemCollector
+from ..search import Param, Space, load_space
+from ..task import Task
+from ..train import LOOP_PARAMS
+
+__all__ = ["SearchPlan", "build_plan", "task_param_defaults"]
+
+#: Loop params the compute stage fixes (never searched by default).
+COMPUTED_FIXED = ("grad_accumulation", "precision")
+
+
+class _DefaultProbe(dict[str, Any]):
+    """A params dict that notes which keys a task reads, and the default it reads them with."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.defaults: dict[str, Any] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if isinstance(key, str) and key not in self.defaults:
+            self.defaults[key] = super().get(key, default)
+        return super().get(key, default)
+
+
+def task_param_defaults(task: Task) -> dict[str, Any]:
+    """Params the task reads while building its model and data, with the value each defaults to."""
+    probe = _DefaultProbe(task.default_params)
+    try:
+        task.build_model(probe)
+        task.train_data(int(task.default_params.get("batch_size", 32)), probe)
+    except Exception:  # a task that cannot build from defaults fails loudly in the baseline stage
+        return dict(task.default_params)
+    return {**probe.defaults, **task.default_params}
+
+
+@dataclass
+class SearchPlan:
+    """The wide space (what the study stores), the computed centre and the narrow ranges."""
+
+    space: Space
+    centre: dict[str, Any]
+    #: name -> (low, high) for numeric params, or a list of choices for categorical ones.
+    narrow: dict[str, Any]
+    evidence: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"space": self.space.to_dict(), "centre": self.centre,
+                "narrow": {k: list(v) for k, v in self.narrow.items()}, "evidence": self.evidence}
+
+
+def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[float, float]:
+    return max(low, centre / factor), min(high, centre * factor)
+
+
+def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | None,
+                   samples: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]:
+    """(space dict, centre, narrow, evidence) over the params the fit loop and the task read."""
+    defaults = task_param_defaults(task)
+    params: dict[str, Any] = {}
+    centre: dict[str, Any] = {}
+    narrow: dict[str, Any] = {}
+    evidence: dict[str, str] = {}
+    lr = float(computed.get("lr") or defaults.get("lr") or 1e-3)
+    lo, hi = _log_range(lr, 30.0, 1e-6, 3.0)
+    params["lr"] = {"type": "float", "low": lo, "high": hi, "log": True}
+    centre["lr"], narrow["lr"] = lr, _log_range(lr, 3.0, lo, hi)
+    evidence["lr"] = "computed (LR range test, scaled to the batch)" if computed.get("lr") else "task default"
+    bs = int(computed.get("batch_size") or defaults.get("batch_size") or 32)
+    cap = min(x for x in (max_batch, samples, 4096) if x)
+    choices = sorted({max(2, min(cap, b)) for b in (bs // 4, bs // 2, bs, bs * 2)})
+    params["batch_size"] = {"type": "categorical", "choices": choices}
+    centre["batch_size"] = min(bs, cap)
+    narrow["batch_size"] = [c for c in choices if bs // 2 <= c <= bs * 2]
+    evidence["batch_size"] = ("computed (memory budget / critical batch)" if computed.get("batch_size")
+                              else "task default")
+    if str(defaults.get("optimizer", "adamw")) in ("adamw", "adam", "sgd"):
+        wd = float(defaults.get("weight_decay") or 1e-2)
+        params["weight_decay"] = {"type": "float", "low": 1e-6, "high": 0.3, "log": True}
+        centre["weight_decay"], narrow["weight_decay"] = wd, _log_range(wd, 10.0, 1e-6, 0.3)
+        evidence["weight_decay"] = "task default (AdamW's 0.01 when unset)"
+    for name, value in sorted(defaults.items()):
+        if name in LOOP_PARAMS or name in params or isinstance(value, bool):
+            continue
+        if "dropout" in name and isinstance(value, (int, float)):
+            d = float(value)
+            params[name] = {"type": "float", "low": 0.0, "high": 0.5}
+            centre[name], narrow[name] = d, (max(0.0, d - 0.1), min(0.5, d + 0.15))
+            evidence[name] = "task default"
+        elif isinstance(value, int) and value >= 4:
+            lo_i, hi_i = max(1, value // 2), value * 2
+            params[name] = {"type": "int", "low": lo_i, "high": hi_i, "log": True}
+            centre[name], narrow[name] = value, (max(lo_i, round(value * 0.75)), min(hi_i, round(value * 1.5)))
+            evidence[name] = "task default (architecture)"
+    fixed = {k: computed[k] for k in COMPUTED_FIXED if computed.get(k) is not None}
+    if "optimizer" in defaults:
+        fixed["optimizer"] = defaults["optimizer"]
+    return {"params": params, "fixed": fixed}, centre, narrow, evidence
+
+
+def _user_plan(space: Space, computed: Mapping[str, Any], problems: ProblemCollector,
+               *, max_batch: int | None) -> tuple[Space, dict[str, Any], dict[str, Any], dict[str, str]]:
+    if space.tiers:
+        space = dataclasses.replace(space, tiers=())  # optimize draws whole configurations
+    for key in COMPUTED_FIXED:
+        if key in space.fixed and computed.get(key) is not None and space.fixed[key] != computed[key]:
+            problems.add(f"--space fixes {key}={space.fixed[key]!r}, but the compute stage measured "
+                         f"{key}={computed[key]!r}; remove it from the space or make them agree.")
+    if max_batch is not None:
+        fixed_bs = space.fixed.get("batch_size")
+        if fixed_bs is not None and int(fixed_bs) > max_batch:
+            problems.add(f"--space fixes batch_size={fixed_bs}, above the largest batch that fits "
+                         f"--memory-budget ({max_batch}, measured).")
+        if "batch_size" in space.names:
+            p = space.param("batch_size")
+            smallest = min(p.choices) if p.type == "categorical" else p.low
+            if smallest is not None and float(smallest) > max_batch:
+                problems.add(f"--space batch_size starts at {smallest}, above the largest batch that "
+                             f"fits --memory-budget ({max_batch}, measured).")
+    centre: dict[str, Any] = {}
+    narrow: dict[str, Any] = {}
+    evidence: dict[str, str] = {}
+    for p in space.params:
+        c = computed.get(p.name)
+        centre[p.name] = _snap(p, c) if c is not None else p.center()
+        evidence[p.name] = "computed (centre)" if c is not None else "--space (centre of the range)"
+        narrow[p.name] = _narrow(p, centre[p.name])
+    return space, centre, narrow, evidence
+
+
+def _snap(p: Param, value: Any) -> Any:
+    if p.type == "categorical":
+        if value in p.choices:
+            return value
+        numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if numeric and isinstance(value, (int, float)):
+            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(max(value, 1e-12))))
+        return p.choices[0]
+    return p.snap(float(value))
+
+
+def _narrow(p: Param, centre: Any) -> Any:
+    if p.type == "categorical":
+        choices = list(p.choices)
+        i = choices.index(centre) if centre in choices else 0
+        return choices[max(0, i - 1): i + 2]
+    assert p.low is not None and p.high is not None
+    if p.log:
+        return (max(p.low, float(centre) / 3.0), min(p.high, float(centre) * 3.0))
+    width = (p.high - p.low) * 0.15
+    return (max(p.low, float(centre) - width), min(p.high, float(centre) + width))
+
+
+def build_plan(task: Task, computed: Mapping[str, Any], *, user_space: str | Mapping[str, Any] | None,
+               max_batch: int | None, samples: int | None) -> SearchPlan:
+    """The search plan from the compute stage's values; a user space that contradicts them is a
+    :class:`ConfigError` naming every contradiction."""
+    problems = ProblemCollector()
+    if user_space is None:
+        raw, centre, narrow, evidence = _default_space(task, computed, max_batch=max_batch, samples=samples)
+        space = load_space(raw)
+    else:
+        space, centre, narrow, evidence = _user_plan(load_space(user_space), computed, problems,
+                                                     max_batch=max_batch)
+    problems.raise_if_any(header="optimize: the search space contradicts the computed values:")
+    return SearchPlan(space=space, centre=centre, narrow=narrow, evidence=evidence)

@@ -1,0 +1,95 @@
+"""The run's state on disk (``state.json`` in ``--out``): what each finished stage produced.
+
+A stage's outputs are written when it finishes (atomically), so a run killed at any point
+continues from the last finished stage; the search stage's trials live in the Optuna study.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import ProblemCollector
+
+__all__ = ["STATE_FILE", "OptimizeState", "check_out_dir"]
+
+STATE_FILE = "state.json"
+VERSION = 1
+
+
+class OptimizeState:
+    """``state.json``: identity of the run (task, study, options) and each stage's record."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path, self.data = path, data
+
+    @classmethod
+    def load_or_new(cls, out: Path, identity: dict[str, Any]) -> OptimizeState:
+        path = out / STATE_FILE
+        if path.is_file():
+            return cls(path, json.loads(path.read_text()))
+        return cls(path, {"version": VERSION, **identity, "stages": {}, "spent_s": 0.0})
+
+    @property
+    def stages(self) -> dict[str, dict[str, Any]]:
+        return self.data.setdefault("stages", {})
+
+    def finished(self, stage: str) -> bool:
+        return self.stages.get(stage, {}).get("status") in ("finished", "skipped")
+
+    def outputs(self, stage: str) -> dict[str, Any]:
+        return dict(self.stages.get(stage, {}).get("outputs") or {})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f, indent=1, default=str)
+        os.replace(tmp, self.path)
+
+
+def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
+                  problems: ProblemCollector) -> dict[str, Any] | None:
+    """Problems with ``--out``: unwritable, or holding another run that would be overwritten.
+
+    Returns the stored state when the run there may be continued.
+    """
+    probe = out
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        problems.add(f"--out {str(out)!r} is not writable ({str(probe)!r} is not a writable folder).")
+        return None
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        problems.add(f"--out {str(out)!r} is a file, not a folder.")
+        return None
+    state_path = out / STATE_FILE
+    if state_path.is_file():
+        try:
+            stored = json.loads(state_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            problems.add(f"--out {str(out)!r}: {STATE_FILE} cannot be read ({exc}); choose another --out.")
+            return None
+        same_study = study is not None and stored.get("study") == study
+        if not (resume or same_study):
+            problems.add(f"--out {str(out)!r} holds an optimize run (study {stored.get('study')!r}); pass "
+                         "--resume (or the same --study) to continue it, or choose another --out.")
+            return None
+        if stored.get("task") != task:
+            problems.add(f"--out {str(out)!r} holds a run of task {stored.get('task')!r}, not {task!r}; "
+                         "choose another --out.")
+            return None
+        if study is not None and stored.get("study") != study:
+            problems.add(f"--study {study!r} differs from the study of the run in --out "
+                         f"({stored.get('study')!r}); give that one or another --out.")
+            return None
+        return stored
+    if any(out.iterdir()):
+        problems.add(f"--out {str(out)!r} is not empty and holds no optimize run; nothing there is "
+                     "overwritten: choose an empty or new folder.")
+    return None

@@ -1,0 +1,80 @@
+"""Tiny seeded tasks for the optimize tests: each trains in well under a second."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from proftune import ClassificationTask
+from proftune.examples import TensorBatches
+
+
+def _data(n: int = 192, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return x, y
+
+
+X_TRAIN, Y_TRAIN = _data(192, 0)
+X_VAL, Y_VAL = _data(96, 1)
+
+
+class TinyTask(ClassificationTask):
+    """Two Gaussian classes split by a plane; an MLP with ``hidden`` units."""
+
+    name = "tiny"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 1e-2, "batch_size": 32, "optimizer": "adamw"}
+    default_epochs: ClassVar[int] = 2
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        h = int(params.get("hidden", 16))
+        return nn.Sequential(nn.Linear(8, h), nn.ReLU(), nn.Dropout(float(params.get("dropout", 0.0))),
+                             nn.Linear(h, 2))
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        return TensorBatches(X_TRAIN, Y_TRAIN, batch_size, shuffle=True)
+
+    def val_data(self, batch_size: int) -> Iterable[Any]:
+        return TensorBatches(X_VAL, Y_VAL, batch_size, shuffle=False)
+
+
+class _Scaled(nn.Module):
+    def __init__(self, inner: nn.Module, factor: float) -> None:
+        super().__init__()
+        self.inner, self.factor = inner, factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * self.factor
+
+
+class NaNAboveLR(TinyTask):
+    """Its model emits NaN whenever it is built for lr above ``LIMIT``: a region of the space."""
+
+    name = "tiny-nan-above-lr"
+    LIMIT: ClassVar[float] = 0.05
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        model = super().build_model(params)
+        return _Scaled(model, float("nan")) if float(params.get("lr", 0.0)) > self.LIMIT else model
+
+
+class AlwaysNaN(TinyTask):
+    """A model that emits NaN at its defaults: the health stage must stop the loop."""
+
+    name = "tiny-always-nan"
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return _Scaled(super().build_model(params), float("nan"))
+
+
+class Flat(TinyTask):
+    """Every configuration scores the same: a search over it is flat."""
+
+    name = "tiny-flat"
+
+    def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
+        return {"val_loss": 0.5, "accuracy": 0.5}

@@ -1,0 +1,205 @@
+"""The optimize loop end to end on tiny tasks: stages, resume after SIGKILL, health stop,
+yellow flags, auto-stop, bad input.
+
+The whole-loop tests take 30-110 s each on 2 shared cores (imports of scipy, torch-pruning,
+torchao and matplotlib, a subprocess for the SIGKILL): ``python -m pytest -m slow tests/optimize``.
+The parts they rest on have fast unit tests in ``test_parts.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import proftune
+from proftune.cli import app
+from proftune.optimize import STAGES
+from proftune.track import Store
+
+HERE = Path(__file__).resolve().parent
+TASKS = HERE / "tasks.py"
+SRC = HERE.parents[1] / "src"
+
+
+def _spec(cls: str) -> str:
+    return f"{TASKS}:{cls}"
+
+
+def _stage_runs(db: str) -> list[Any]:
+    return [r for r in Store(db).list_runs(kind="optimize") if r.config.get("stage")]
+
+
+def _trial_numbers(db: str, study: str) -> list[int]:
+    return sorted(int(r.config["trial"]) for r in Store(db).list_runs(kind="trial", study=study)
+                  if r.status == "finished")
+
+
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
+def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> None:
+    out = tmp_path / "out"
+    result = proftune.optimize(_spec("TinyTask"), budget=25, out=str(out), db=db_url, goal="none", seeds=2,
+                               max_trials=6)
+    assert [s["name"] for s in result.stages] == list(STAGES)
+    assert {s["status"] for s in result.stages} <= {"finished", "skipped"}
+    assert result.stages[-1]["status"] == "skipped"  # --goal none
+    runs = _stage_runs(db_url)
+    assert sorted(r.config["stage"] for r in runs) == sorted(STAGES)
+    assert all(r.parent_id == result.run_id for r in runs)
+    assert result.final["mean"] is not None and result.final["std"] is not None
+    assert len(result.final["metrics"]["accuracy"]["values"]) == 2
+    assert result.vs_baseline["baseline"] is not None
+    for name in ("config.yaml", "summary.json", "model.pt", "state.json"):
+        assert (out / name).is_file(), name
+    # the final model is a state dict that the task rebuilds (safe to load)
+    import torch
+
+    state = torch.load(out / "model.pt", weights_only=True)
+    model = proftune.load_task(_spec("TinyTask")).build_model(result.final["params"])
+    model.load_state_dict(state)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final"]["params"] == result.final["params"]
+    # (the run's clock also holds the session's first imports, ~50 s on 2 shared cores: the budget
+    # itself is measured on the README's command, not here)
+
+
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
+def test_auto_stop_ends_a_flat_search_early(tmp_path: Path, db_url: str) -> None:
+    res = CliRunner().invoke(app, ["optimize", _spec("Flat"), "--budget", "2m", "--out", str(tmp_path / "o"),
+                                   "--db", db_url, "--goal", "none", "--seeds", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert list(d)[:3] == ["stages", "final", "vs_baseline"]
+    assert [s["name"] for s in d["stages"]] == list(STAGES)
+    assert {"name", "status", "duration_s", "outputs"} <= set(d["stages"][0])
+    assert {"params", "metrics", "model", "latency_ms", "size_bytes"} <= set(d["final"])
+    search = next(s for s in d["stages"] if s["name"] == "search")
+    assert search["outputs"]["stop_reason"].startswith("auto-stop"), search["outputs"]["stop_reason"]
+    assert search["duration_s"] < 0.8 * search["share_s"]
+    assert search["outputs"]["trials"] <= 8 + 1 + 3 + 4  # patience + first + one chunk + confirms
+
+
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
+def test_yellow_flag_pauses_a_region_of_nan_trials(tmp_path: Path, db_url: str) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  lr: {type: float, low: 1.0e-3, high: 1.0, log: true}\n"
+                     "  hidden: {type: int, low: 4, high: 32}\n")
+    result = proftune.optimize(_spec("NaNAboveLR"), budget=45, out=str(tmp_path / "o"), db=db_url,
+                               goal="none", seeds=1, space=str(space), flag_min=2, max_trials=14,
+                               patience=20)
+    flags = [f for f in result.flags if f["cause"] == "nan"]
+    assert flags, result.stages[4]["outputs"]
+    region = flags[0]["region"]["lr"]
+    assert region["low"] > 0.05 * 0.999 and region["high"] == pytest.approx(1.0)
+    assert flags[0]["evidence"] and "non-finite" in flags[0]["evidence"][0]
+    assert result.final["params"]["lr"] <= 0.05
+
+
+def test_health_stops_a_broken_task_with_its_finding(tmp_path: Path, db_url: str) -> None:
+    res = CliRunner().invoke(app, ["optimize", _spec("AlwaysNaN"), "--budget", "60", "--out",
+                                   str(tmp_path / "o"), "--db", db_url, "--goal", "none"])
+    assert res.exit_code == 1, res.output
+    assert "nan_inf" in res.output and "fix:" in res.output and "evidence:" in res.output
+    stages = {r.config["stage"]: r.status for r in _stage_runs(db_url)}
+    assert stages == {"baseline": "finished", "health": "failed"}  # no search ran
+    assert not Store(db_url).list_runs(kind="trial")
+
+
+def test_bad_input_exits_2_naming_every_problem(tmp_path: Path, db_url: str) -> None:
+    foreign = tmp_path / "taken"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "0", "--objective", "bleu",
+                                   "--goal", "fast", "--out", str(foreign), "--db", db_url])
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    for needle in ("--budget", "bleu", "--goal 'fast'", "not empty"):
+        assert needle in text, needle
+    assert (foreign / "notes.txt").read_text() == "mine"
+    assert not Store(db_url).list_runs()
+
+
+def test_an_existing_run_is_not_overwritten_without_resume(tmp_path: Path, db_url: str) -> None:
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "state.json").write_text(json.dumps({"task": "tiny", "study": "s1", "stages": {}}))
+    res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out", str(out),
+                                   "--db", db_url])
+    assert res.exit_code == 2 and "--resume" in " ".join(res.output.split())
+
+
+def test_space_contradicting_the_computed_values_exits_2(tmp_path: Path, db_url: str) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  lr: {type: float, low: 1.0e-3, high: 1.0, log: true}\n"
+                     "fixed: {precision: bf16}\n")
+    res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out",
+                                   str(tmp_path / "o"), "--db", db_url, "--space", str(space), "--device", "cpu"])
+    assert res.exit_code == 2, res.output
+    assert "precision" in res.output
+
+
+# -- resume after SIGKILL ---------------------------------------------------------------------------
+_KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import proftune
+    stage, after = sys.argv[1], int(sys.argv[2])
+    def progress(event, data):
+        if stage == "search" and event == "search_chunk" and data["finished"] >= after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if stage != "search" and event == "stage_start" and data["stage"] == stage:
+            os.kill(os.getpid(), signal.SIGKILL)
+    proftune.optimize(sys.argv[3], budget=float(sys.argv[4]), out=sys.argv[5], db=sys.argv[6],
+                      goal=sys.argv[7], seeds=1, max_trials=int(sys.argv[8]), progress=progress)
+""")
+
+
+def _killed_run(stage: str, after: int, task: str, budget: float, out: Path, db: str, goal: str,
+                max_trials: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _KILLER, stage, str(after), task, str(budget), str(out), db,
+                           goal, str(max_trials)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+
+
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
+def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -> None:
+    out = tmp_path / "o"
+    _killed_run("search", 3, _spec("TinyTask"), 150, out, db_url, "none", 8)
+    state = json.loads((out / "state.json").read_text())
+    assert state["stages"]["layer_value"]["status"] == "finished" and "search" not in state["stages"]
+    before = _trial_numbers(db_url, state["study"])
+    assert len(before) >= 3
+    result = proftune.optimize(_spec("TinyTask"), budget=150, out=str(out), db=db_url, goal="none", seeds=1,
+                               max_trials=8, resume=True)
+    after = _trial_numbers(db_url, state["study"])
+    assert after[: len(before)] == before and len(after) == len(set(after)) > len(before)
+    # stages finished before the kill were reused, not run again; the killed search has its own Run
+    stages = [r.config["stage"] for r in _stage_runs(db_url) if r.status == "finished"]
+    assert sorted(stages) == sorted(STAGES)
+    assert result.stages[4]["status"] == "finished"
+    trials = Store(db_url).list_runs(kind="trial", study=state["study"])
+    assert len({r.config["trial"] for r in trials}) == len(trials)  # every trial ran once
+
+
+@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
+def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str) -> None:
+    out = tmp_path / "o"
+    _killed_run("compress", 0, _spec("TinyTask"), 150, out, db_url, "size", 4)
+    state = json.loads((out / "state.json").read_text())
+    assert state["stages"]["final"]["status"] == "finished"
+    trials_before = _trial_numbers(db_url, state["study"])
+    result = proftune.optimize(_spec("TinyTask"), budget=150, out=str(out), db=db_url, goal="size", seeds=1,
+                               max_trials=4, resume=True)
+    assert _trial_numbers(db_url, state["study"]) == trials_before  # no trial repeated
+    assert result.stages[-1]["status"] == "finished", result.stages[-1]
+    stage_runs = [r for r in _stage_runs(db_url) if r.config["stage"] != "compress" and r.status == "finished"]
+    assert len(stage_runs) == len(STAGES) - 1
+    assert len(Store(db_url).list_runs(kind="train")) == 1  # the final run, not repeated
+    assert (out / "model_compressed.pt").is_file()

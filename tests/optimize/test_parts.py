@@ -1,0 +1,163 @@
+"""Fast tests of the pieces the optimize loop rests on: durations, budget, flags, auto-stop, plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from proftune._units import parse_duration
+from proftune.exceptions import ConfigError
+from proftune.optimize import Budget, build_plan, find_flags, mean_ablation_hook
+from proftune.optimize._budget import SHARES, STAGES
+from proftune.optimize._search import SearchSettings, _plan_chunk, _stalled, groups_of
+from proftune.search import load_space
+
+from .tasks import TinyTask
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), (90, 90.0), ("90s", 90.0), ("5m", 300.0),
+                                               ("5min", 300.0), ("1h", 3600.0), ("250ms", 0.25)])
+def test_parse_duration(text: Any, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["0", "-5m", "soon", "5 parsecs", True])
+def test_parse_duration_refuses(text: Any) -> None:
+    with pytest.raises(ConfigError, match="budget"):
+        parse_duration(text, name="--budget")
+
+
+def test_budget_shares_sum_within_the_total() -> None:
+    b = Budget(100.0)
+    shares = [b.stage_s(s) for s in STAGES]
+    # what each stage gets if all run at once: the shares of what is left, never above it
+    assert shares[0] == pytest.approx(b.left_s * SHARES["baseline"] / sum(SHARES.values()), rel=1e-3)
+    assert b.stage_s("compress") == pytest.approx(b.left_s, rel=1e-3)  # the last takes what is left
+    spent = Budget(100.0, spent_s=90.0)
+    assert spent.left_s < 10.0 and spent.stage_s("search") < 10.0
+
+
+def _space() -> Any:
+    return load_space({"params": {"lr": {"type": "float", "low": 1e-3, "high": 1.0, "log": True},
+                                  "hidden": {"type": "int", "low": 4, "high": 32}}})
+
+
+def _plan() -> Any:
+    return build_plan(TinyTask(), {"lr": 0.01}, user_space=_space().to_dict(), max_batch=None, samples=None)
+
+
+def _row(n: int, lr: float, state: str, value: float | None = None, **kw: Any) -> dict[str, Any]:
+    return {"number": n, "state": state, "params": {"lr": lr, "hidden": 8 + n}, "value": value,
+            "reason": kw.get("reason"), "anomalies": kw.get("anomalies", []), "arm": kw.get("arm", "centre"),
+            "seed": kw.get("seed", 0), "duration_s": 1.0}
+
+
+def _nan(n: int, lr: float) -> dict[str, Any]:
+    return _row(n, lr, "pruned", reason="non-finite values: {'kind': 'nan_loss'}",
+                anomalies=[{"kind": "nan_loss"}])
+
+
+def test_flag_covers_the_failing_region_and_not_the_good_one() -> None:
+    rows = [_row(0, 0.01, "complete", 0.9), _row(1, 0.02, "complete", 0.91), _nan(2, 0.2), _nan(3, 0.5),
+            _nan(4, 0.3)]
+    flags = find_flags(rows, _plan(), flag_min=3)
+    assert len(flags) == 1
+    f = flags[0]
+    assert f.cause == "nan" and f.trials == [2, 3, 4]
+    assert f.region["lr"] == {"low": 0.2, "high": 1.0}  # widened to the edge where nothing succeeded
+    assert not f.contains({"lr": 0.02, "hidden": 10}) and f.contains({"lr": 0.7, "hidden": 10})
+    assert find_flags(rows, _plan(), flag_min=4) == []  # fewer failures than the threshold
+
+
+def test_no_flag_where_a_trial_succeeded_inside_the_region() -> None:
+    rows = [_row(0, 0.01, "complete", 0.9), _nan(1, 0.2), _row(2, 0.3, "complete", 0.8), _nan(3, 0.5),
+            _nan(4, 0.4)]
+    assert find_flags(rows, _plan(), flag_min=3) == []
+
+
+def test_failures_of_different_causes_are_not_pooled() -> None:
+    rows = [_row(0, 0.01, "complete", 0.9), _nan(1, 0.2), _nan(2, 0.5),
+            _row(3, 0.3, "failed", reason="ValueError: bad shape")]
+    assert find_flags(rows, _plan(), flag_min=3) == []
+    rows += [_row(4, 0.4, "failed", reason="ValueError: bad shape"),
+             _row(5, 0.6, "failed", reason="ValueError: again")]
+    (flag,) = find_flags(rows, _plan(), flag_min=3)
+    assert flag.cause == "exception:ValueError"
+
+
+def test_no_new_configuration_is_drawn_in_a_paused_region() -> None:
+    plan = _plan()
+    rows = [_row(0, 0.01, "complete", 0.9), _nan(1, 0.1), _nan(2, 0.5), _nan(3, 0.3)]
+    flags = find_flags(rows, plan, flag_min=3)
+    settings = SearchSettings(objective="accuracy:max", metric="accuracy", maximize=True, chunk=4)
+    drawn = []
+    for i in range(30):
+        rows_i = [*rows, *({**_row(10 + j, 0.01, "complete", 0.5), "arm": "explore"} for j in range(i))]
+        drawn += [c for _, c in _plan_chunk(rows_i, plan, settings, flags)]
+    assert len(drawn) > 50
+    assert all(c["lr"] < 0.1 for c in drawn)
+    assert {a for a, _ in _plan_chunk(rows, plan, settings, [])} <= {"centre", "explore"}
+
+
+def test_split_is_70_20_and_the_first_centre_trial_is_the_computed_centre() -> None:
+    plan = _plan()
+    settings = SearchSettings(objective="accuracy:max", metric="accuracy", maximize=True, chunk=9)
+    chunk = _plan_chunk([], plan, settings, [])
+    arms = [a for a, _ in chunk]
+    assert arms.count("centre") == 7 and arms.count("explore") == 2
+    assert chunk[0] == ("centre", {"lr": pytest.approx(0.01), "hidden": plan.centre["hidden"]})
+    lo, hi = plan.narrow["lr"]
+    assert all(lo <= c["lr"] <= hi for a, c in chunk if a == "centre")
+
+
+def test_auto_stop_when_the_best_is_flat_for_patience_trials() -> None:
+    s = SearchSettings(objective="accuracy:max", metric="accuracy", maximize=True, patience=3, min_delta=0.01)
+    rising = [_row(i, 0.01, "complete", 0.5 + 0.05 * i) for i in range(6)]
+    assert _stalled(rising, s) is None
+    flat = [*rising, *(_row(6 + i, 0.01, "complete", 0.7) for i in range(3))]
+    assert _stalled(flat, s) is not None and "auto-stop" in str(_stalled(flat, s))
+    # for a metric to minimise the same values are a steady fall, not a plateau
+    s_min = SearchSettings(objective="val_loss:min", metric="val_loss", maximize=False, patience=3)
+    falling = [_row(i, 0.01, "complete", 1.0 - 0.1 * i) for i in range(8)]
+    assert _stalled(falling, s_min) is None
+
+
+def test_groups_are_mean_and_std_over_seeds() -> None:
+    rows = [_row(0, 0.01, "complete", 0.8), {**_row(0, 0.01, "complete", 0.9), "number": 5, "seed": 1},
+            _row(1, 0.02, "complete", 0.95)]
+    groups = groups_of(rows, maximize=True)
+    assert groups[0]["n"] == 1 and groups[0]["mean"] == pytest.approx(0.95)
+    two = next(g for g in groups if g["n"] == 2)
+    assert two["mean"] == pytest.approx(0.85) and two["std"] == pytest.approx(np.std([0.8, 0.9], ddof=1))
+
+
+def test_default_space_reads_the_task_and_centres_on_the_computed_values() -> None:
+    plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64, "grad_accumulation": 1, "precision": "fp32"},
+                      user_space=None, max_batch=64, samples=192)
+    assert {"lr", "batch_size", "weight_decay", "dropout", "hidden"} <= set(plan.space.names)
+    assert plan.centre["lr"] == pytest.approx(0.02) and plan.centre["batch_size"] == 64
+    assert max(plan.space.param("batch_size").choices) <= 64  # never above the memory's batch
+    assert plan.space.fixed["precision"] == "fp32" and plan.evidence["lr"].startswith("computed")
+
+
+def test_a_space_contradicting_computed_values_is_refused() -> None:
+    space = {"params": {"lr": {"type": "float", "low": 1e-3, "high": 1.0, "log": True},
+                        "batch_size": {"type": "categorical", "choices": [128, 256]}},
+             "fixed": {"precision": "bf16"}}
+    with pytest.raises(ConfigError) as err:
+        build_plan(TinyTask(), {"precision": "fp32"}, user_space=space, max_batch=64, samples=None)
+    assert len(err.value.problems) == 2
+    assert "precision" in str(err.value) and "batch_size" in str(err.value)
+
+
+def test_mean_ablation_hook_removes_the_sample_information() -> None:
+    layer = nn.Linear(3, 2)
+    layer.register_forward_hook(mean_ablation_hook)
+    x = torch.randn(5, 3)
+    out = layer(x)
+    assert torch.allclose(out, out.mean(0, keepdim=True).expand_as(out))
+    assert torch.allclose(out[0], (x @ layer.weight.T + layer.bias).mean(0), atol=1e-6)
