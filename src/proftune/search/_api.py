@@ -212,7 +212,8 @@ def search(
     metrics = task_metrics(task_obj)
     if objectives is None or len(objectives) == 0:
         objectives = ["accuracy:max"] if metrics is None or "accuracy" in metrics else ["val_loss:min"]
-    objs, cons = parse_targets(objectives, constraints, task_metrics=metrics, problems=problems)
+    objs, cons = parse_targets(objectives, constraints, task_metrics=metrics, problems=problems,
+                               task=task_obj)
     if sampler not in SAMPLERS:
         problems.add(f"--sampler {sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
     if pruner not in PRUNERS:
