@@ -13,6 +13,7 @@ import torch
 
 from .._device import resolve_device
 from ..exceptions import ConfigError, ProblemCollector
+from ..metrics import resolve_direction
 from ..task import Task, load_task
 from ..track import Store, tracked_run
 from ..train import LOOP_PARAMS, Callback, fit, validate_params
@@ -269,7 +270,7 @@ def bandit(
 
     Each round trains the chosen configuration (a child ``train`` run) and feeds its ``metric``
     (default: accuracy if the task reports it, else val_loss) to the bandit; ``mode`` max or min
-    (auto: min for losses). State lives in the Store, so the same configs (or ``name``) continue
+    (auto: the metric registry's direction, or the task's ``metric_directions``). State lives in the Store, so the same configs (or ``name``) continue
     across processes. The regret curve is against the estimated means at the end.
     """
     task_obj = load_task(task)
@@ -280,6 +281,11 @@ def bandit(
         problems.add(f"policy={policy!r} is unknown; valid: {', '.join(POLICIES)}.")
     if mode not in ("auto", "max", "min"):
         problems.add(f"mode={mode!r} is unknown; valid: auto, max, min.")
+    elif metric is not None:
+        try:  # the direction must be known before any run is spent
+            resolve_direction(metric, mode, task=task_obj)
+        except ConfigError as exc:
+            problems.problems.extend(exc.problems)
     problems.raise_if_any()
     arms = (load_configs(configs, task_obj) if isinstance(configs, (str, Path))
             else check_arms(list(configs), task_obj))
@@ -309,7 +315,7 @@ def bandit(
             if chosen_metric not in result.metrics:
                 raise ConfigError(f"metric={chosen_metric!r} is not reported by the task; "
                                   f"valid: {', '.join(sorted(result.metrics))}.")
-            use_mode = mode if mode != "auto" else ("min" if "loss" in chosen_metric else "max")
+            use_mode = resolve_direction(chosen_metric, mode, task=task_obj)
             sign = -1.0 if use_mode == "min" else 1.0
             value = float(result.metrics[chosen_metric])
             # a diverged run (NaN metric) gets the worst reward there is
