@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from proftune.exceptions import ProblemCollector
@@ -66,7 +68,7 @@ def test_directions_come_from_the_registry_not_the_name() -> None:
     assert parse_objective("f1_score", p) is None and "metric_directions" in p.problems[0]
 
     class Declares:
-        metric_directions = {"f1_score": "max", "my_error_rate": "min"}
+        metric_directions: ClassVar[dict[str, str]] = {"f1_score": "max", "my_error_rate": "min"}
 
     q = ProblemCollector()
     assert parse_objective("f1_score", q, task=Declares()).direction == "maximize"  # type: ignore[union-attr]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 import traceback
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
 
 T = TypeVar("T")
@@ -75,21 +75,8 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return validate_params(params)
 
 
-def to_jsonable(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if hasattr(value, "to_dict"):
-        return to_jsonable(value.to_dict())
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if hasattr(value, "item"):
-        with contextlib.suppress(Exception):
-            return to_jsonable(value.item())
-    return str(value)
+#: The one JSON cleaning (``proftune._jsonsafe``), under the name the commands import.
+to_jsonable = json_safe
 
 
 def execute(
@@ -127,12 +114,12 @@ def execute(
             err_console.print("(run again with --debug for the traceback)", style="dim")
         raise typer.Exit(1) from None
     if json_out:
-        sys.stdout.write(json.dumps(to_jsonable(result)) + "\n")
+        sys.stdout.write(json.dumps(json_safe(result)) + "\n")
         sys.stdout.flush()
     elif render is not None:
         render(result)
     else:
-        out_console.print_json(json.dumps(to_jsonable(result)))
+        out_console.print_json(json.dumps(json_safe(result)))
 
 
 def progress_enabled() -> bool:

@@ -15,7 +15,6 @@ import contextlib
 import io
 import os
 import statistics
-import time
 import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import move_to_device, synchronize
+from .._device import clock, move_to_device
 from ..exceptions import ConfigError
 
 __all__ = [
@@ -203,11 +202,9 @@ def measure_latencies(
                     spent = 0.0
                     n = 0
                     while n < min_repeats or spent < budget_s / rounds:
-                        synchronize(device)
-                        t0 = time.perf_counter()
+                        t0 = clock(device)
                         call(model, x)
-                        synchronize(device)
-                        dt = time.perf_counter() - t0
+                        dt = clock(device) - t0
                         samples[name][bs].append(dt * 1e3)
                         spent += dt
                         n += 1

@@ -19,19 +19,12 @@ from typing import Any
 
 import torch
 
+from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import direction, is_known, resolve_direction
 from ..train import Callback, FitState
 
 __all__ = ["AdaptiveLR", "EarlyStopping", "GradGuard"]
-
-
-def _global_grad_norm(model: torch.nn.Module) -> float:
-    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
-    norms = torch._foreach_norm(grads)
-    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
 
 
 def _skip_step(model: torch.nn.Module) -> None:
@@ -125,7 +118,7 @@ class AdaptiveLR(Callback):
     def on_after_backward(self, state: FitState) -> None:
         if state.optimizer is None:
             return
-        g = _global_grad_norm(state.model)
+        g = global_grad_norm(state.model)
         lr = float(state.lr or 0.0)
         self._since_change += 1
         if not math.isfinite(g):
@@ -202,7 +195,7 @@ class GradGuard(Callback):
         self.events.clear()
 
     def on_after_backward(self, state: FitState) -> None:
-        g = _global_grad_norm(state.model)
+        g = global_grad_norm(state.model)
         step = state.step + 1
         if not math.isfinite(g):
             if self.skip_nonfinite:
