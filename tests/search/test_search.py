@@ -150,13 +150,18 @@ def test_multi_objective_pareto_front(tmp_path: Path) -> None:
                 assert not (b[0] >= a[0] and b[1] <= a[1] and b != a)
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "halton", "sobol", "random", "grid", "coarse-to-fine"])
-def test_every_sampler_runs_its_trials(sampler: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sampler", "used"), [
+    ("tpe", "TPESampler"), ("halton", "QMCSampler(halton)"), ("sobol", "QMCSampler(sobol)"),
+    ("random", "RandomSampler"), ("grid", "GridSampler"), ("coarse-to-fine", "CoarseToFineSampler"),
+    ("nsga2", "NSGAIISampler"),
+])
+def test_every_sampler_runs_its_trials(sampler: str, used: str, tmp_path: Path) -> None:
     space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16, "step": 4},
                         "lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
     result = proftune.search("wine-mlp", space, trials=3, max_steps=2, sampler=sampler,
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="s")
     assert result.counts()["complete"] == 3
+    assert {t.sampler for t in result.trials} == {used}  # the sampler asked for drew every trial
     for t in result.trials:
         assert t.params["hidden"] in (4, 8, 12, 16) and 1e-3 <= t.params["lr"] <= 1e-2
 

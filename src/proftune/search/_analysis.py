@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ._constraints import PROFILE_METRICS, Objective
+from ._records import TrialRecord
 from ._space import Space
-from ._study import TrialRecord
 
 __all__ = ["correlations", "importance", "pareto_front", "plot_study"]
 
