@@ -25,7 +25,7 @@ GATED_SPACE: dict[str, Any] = {"params": {
 def gated(tmp_path_factory: pytest.TempPathFactory) -> tuple[SearchResult, str]:
     db = f"sqlite:///{tmp_path_factory.mktemp('gated') / 'p.db'}"
     result = proftune.search("wine-mlp", GATED_SPACE, constraints=["params<2000"], trials=8,
-                             epochs=1, sampler="random", study="gated", db=db, seed=1)
+                             epochs=1, sampler="random", study="gated", db=db, seed=1, scan=0)
     return result, db
 
 
@@ -33,7 +33,9 @@ def test_gated_trials_end_at_once_with_the_measured_reason(gated: tuple[SearchRe
     result, db = gated
     states = result.counts()
     assert states["infeasible"] >= 1 and states["complete"] >= 1
-    assert len(result.trials) == 8
+    budget = result.budget()  # trials counts trained trials; the gated ones come on top
+    assert budget["trained"] == 8 and len(result.trials) == 8 + budget["gated"]
+    assert all(t.gated == (t.state == "infeasible") for t in result.trials)
     for t in result.trials:
         big = t.params["hidden"] >= 64
         assert (t.state == "infeasible") == big
@@ -191,7 +193,7 @@ def test_function_and_subpackage_share_the_name() -> None:
 def test_memory_constraint_gates_through_the_profiler(tmp_path: Path) -> None:
     space = {"params": {"hidden": {"type": "categorical", "choices": [4, 1024]}}}
     result = proftune.search("wine-mlp", space, constraints=["peak_memory_bytes<4MB"], trials=2,
-                             sampler="grid", max_steps=2, db=f"sqlite:///{tmp_path / 'p.db'}", study="m")
+                             sampler="grid", max_steps=2, scan=0, db=f"sqlite:///{tmp_path / 'p.db'}", study="m")
     by = {t.params["hidden"]: t for t in result.trials}
     assert by[4].state == "complete" and 0 < by[4].metrics["peak_memory_bytes"] < 4e6
     assert by[1024].state == "infeasible" and by[1024].steps == 0

@@ -31,7 +31,7 @@ PROFILE_METRICS = tuple(name for name, m in METRICS.items() if m.is_profile)
 STATIC_METRICS = produced_by("static")
 #: Metrics the fit loop itself reports after training (the task's evaluate adds its own).
 TRAIN_METRICS = produced_by("train")
-_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(<=|>=|<|>)\s*(\S.*?)\s*$")
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(<=|>=|<|>)\s*([-+.0-9][^<>=]*?)\s*$")
 _OPS = ("<", "<=", ">", ">=")
 _TINY = 1e-9
 

@@ -30,7 +30,7 @@ __all__ = ["Bound", "ScanResult", "fit_bounds", "restrict_space", "scan"]
 #: The box learner stops once at most this share of the kept scanned points is infeasible.
 TARGET_INFEASIBLE = 0.05
 #: A bound is worth its cost when it removes this many infeasible points per feasible point lost.
-GAIN = 2.0
+GAIN = 1.0
 #: A bound must separate infeasible from feasible points beyond chance at this level (over params).
 ALPHA = 0.05
 
@@ -264,11 +264,15 @@ class _Prober:
     def __init__(self, task: Task, space: Space, gate: ProfileGate) -> None:
         self.task, self.space, self.gate = task, space, gate
         self.points: list[dict[str, Any]] = []
+        self._seen: dict[str, dict[str, Any]] = {}
 
     def __call__(self, params: dict[str, Any]) -> dict[str, Any] | None:
         config = {**self.space.fixed, **params}
         if self.space.forbidden(config) is not None:
             return None
+        key = repr(sorted(params.items()))
+        if key in self._seen:  # a small or discrete space: one profile per configuration
+            return self._seen[key]
         try:
             g = self.gate.check(self.task, config)
             pt = {"params": dict(params), "feasible": g.feasible, "metrics": g.metrics,
@@ -280,6 +284,7 @@ class _Prober:
         finally:
             free_memory()
         self.points.append(pt)
+        self._seen[key] = pt
         return pt
 
 
