@@ -158,8 +158,8 @@ def task_metrics(task: Task) -> list[str] | None:
         params = dict(task.default_params)
         model = task.build_model(params)
         return sorted(evaluate_model(task, model, resolve_device("cpu"), int(params.get("batch_size", 64))))
-    except Exception:
-        return None
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None  # the task's code cannot say on a fresh model; each trial reports what it returns
 
 
 def _study_definition(space: Space, objectives: Sequence[Objective],
