@@ -124,7 +124,7 @@ class SearchResult:
 
 
 def scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, constraints: Sequence[str],
-         n: int = DEFAULT_SCAN, seed: int = 0, device: str = "auto", gate_steps: int = 3) -> ScanResult:
+         n: int = DEFAULT_SCAN, seed: int = 0, device: str = "auto", gate_steps: int = 2) -> ScanResult:
     """Profile ``n`` Halton configurations of ``space`` (no training) and fit the bounds of the
     params within which the hard profile ``constraints`` hold (see :mod:`proftune.search._scan`)."""
     problems = ProblemCollector()
@@ -365,8 +365,9 @@ def _scan_for(study: optuna.Study, stored: Mapping[str, Any] | None, task: Task,
     count = (DEFAULT_SCAN if hard else 0) if n is None else n
     if count <= 0 or not hard or stored is not None:
         return None
+    # the scan ranks configurations rather than judging one: a step fewer than the trials' gate
     result = run_scan(task, space, hard, n=count, seed=settings.seed, device=settings.device,
-                      gate_steps=settings.gate_steps)
+                      gate_steps=max(2, settings.gate_steps - 1))
     study.set_user_attr(f"{ATTR}_scan", json_safe(result.to_dict()))
     return result
 

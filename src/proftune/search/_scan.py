@@ -289,7 +289,7 @@ class _Prober:
 
 
 def scan(task: Task, space: Space, constraints: Sequence[Constraint], *, n: int = 16, rounds: int = 4,
-         patience: int = 2, seed: int = 0, device: str = "auto", gate_steps: int = 3,
+         patience: int = 1, seed: int = 0, device: str = "auto", gate_steps: int = 2,
          refine: bool = True) -> ScanResult:
     """Profile up to ``n`` Halton configurations of ``space`` (no training) and fit bounds.
 
@@ -356,7 +356,7 @@ def _agree_one(b: Bound, bounds: Sequence[Bound], points: Sequence[dict[str, Any
 
 
 def _refine(space: Space, bounds: list[Bound], probe: _Prober, notes: list[str],
-            max_probes: int = 4) -> list[Bound]:
+            max_probes: int = 3) -> list[Bound]:
     """Bisect each numeric bound between the last feasible and the first infeasible value."""
     out = []
     for b in bounds:

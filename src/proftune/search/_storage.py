@@ -6,7 +6,8 @@ import os
 import socket
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy as sa
@@ -17,6 +18,8 @@ from ..track import Store
 from ..track._store import _sqlite_pragmas, pid_alive
 
 __all__ = ["open_storage", "reap_dead_trials", "retry_callback"]
+
+_T = TypeVar("_T")
 
 HEARTBEAT_INTERVAL_S = 5
 GRACE_PERIOD_S = 30
@@ -56,7 +59,7 @@ def retry_callback() -> RetryHeartbeatStaleTrialCallback:
         return RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
 
 
-def _retry_locked(fn: Any, attempts: int = 30) -> Any:
+def _retry_locked(fn: Callable[[], _T], attempts: int = 30) -> _T:
     """SQLite says 'database is locked' while another worker creates tables; wait and retry."""
     delay = 0.05
     for attempt in range(attempts):
