@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -98,3 +99,14 @@ def call_model(model: torch.nn.Module, example_input: Any) -> Any:
     if isinstance(example_input, (tuple, list)):
         return model(*example_input)
     return model(example_input)
+
+
+def clock(device: torch.device | None = None) -> float:
+    """``time.perf_counter()`` after the queued kernels of ``device`` finished (seconds).
+
+    The one synchronized clock: host timers around CUDA work read this, so a kernel still in
+    flight is not missed; on CPU it costs nothing but the call.
+    """
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -1,4 +1,5 @@
-"""Memory sizes as people write them (``4GiB``, ``512MB``, ``123456``) and back."""
+"""Quantities as people write them: memory (``4GiB``, ``512MB``), durations (``90s``, ``5min``),
+a metric's limit in its own unit (``step_time_ms<1s`` is 1000 ms); and back (``format_bytes``)."""
 
 from __future__ import annotations
 
@@ -52,29 +53,71 @@ def format_bytes(n: float | None) -> str:
     return f"{size:.3g} TiB"  # pragma: no cover
 
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-_DURATION_UNITS = {
+# -- durations ----------------------------------------------------------------------------------
+#: Seconds per time unit as people write them.
+_SECONDS = {
     "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "ms": 1e-3, "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
+    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
     "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
 }
+_TIME_UNITS = "ms, s, min (or m), h"
+_MEMORY_UNITS = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
+_QUANTITY = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-zµ]*)\s*$", re.IGNORECASE)
 
 
-def parse_duration(value: str | int | float, *, name: str = "budget") -> float:
-    """Seconds in ``value``: a number of seconds, or ``90s``, ``250ms``, ``5m``, ``5min``, ``1h``.
-
-    Raises :class:`ConfigError` for anything else and for a duration that is not > 0.
-    """
+def parse_duration(value: str | int | float, *, name: str = "timeout") -> float:
+    """Seconds in ``value``: a number (seconds) or ``90s``, ``5m``, ``5min``, ``1h``, ``250ms``."""
     if isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} is not a duration; give e.g. 90, 90s, 5m, 5min or 1h.")
+        raise ConfigError(f"{name}={value!r} is not a duration; give e.g. 90, 90s, 5min, 1h or 250ms.")
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value))
-        if match is None or match.group(2).lower() not in _DURATION_UNITS:
+        match = _QUANTITY.match(str(value))
+        unit = match.group(2).lower() if match else ""
+        if match is None or unit not in _SECONDS:
             raise ConfigError(f"{name}={value!r} is not a duration; give a number of seconds with an "
-                              "optional unit, e.g. 90, 90s, 250ms, 5m, 5min, 1h.")
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{name}={value!r} must be a duration > 0 seconds.")
+                              f"optional unit, e.g. 90, 90s, 5min, 1h, 250ms (units: {_TIME_UNITS}).")
+        seconds = float(match.group(1)) * _SECONDS[unit]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{name}={value!r} must be a finite duration >= 0 seconds.")
     return seconds
+
+
+#: Plain scale factors for counts (``params<2M``).
+_COUNT = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
+#: Seconds per unit of a time metric's own unit.
+_TIME_METRIC_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "min": 60.0}
+
+
+def parse_quantity(value: str | int | float, *, unit: str, name: str) -> float:
+    """``value`` in the metric's own ``unit`` (the registry's: ``ms``, ``bytes``, ``count``, ...).
+
+    A bare number is already in ``unit``. Time metrics take ``ms``, ``s``, ``min``, ``h``
+    (``1s`` for a metric in ms is 1000); byte metrics take ``KiB``, ``MB``, ``GiB``, ...;
+    counts take ``k``, ``M``, ``G``. A unit of the wrong kind (``2GiB`` for a time) is a
+    :class:`ConfigError` that names the valid units.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is not a number.")
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        raise ConfigError(f"{name}={value!r} is not a number with an optional unit.")
+    number, suffix = float(match.group(1)), match.group(2)
+    low = suffix.lower()
+    if not suffix:
+        return number
+    if unit in _TIME_METRIC_UNITS:
+        if low not in _SECONDS:
+            raise ConfigError(f"{name}={value!r}: {suffix!r} is not a unit of time; valid: {_TIME_UNITS}.")
+        return number * _SECONDS[low] / _TIME_METRIC_UNITS[unit]
+    if unit == "bytes":
+        if low not in _UNITS:
+            raise ConfigError(f"{name}={value!r}: {suffix!r} is not a unit of memory; valid: {_MEMORY_UNITS}.")
+        return number * _UNITS[low]
+    if low in _COUNT:
+        return number * _COUNT[low]
+    raise ConfigError(f"{name}={value!r}: {suffix!r} is not a scale for a value in {unit or 'plain numbers'}; "
+                      "valid: k, M, G (or none).")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._device import DeviceIterable, batch_size_of, move_to_device, resolve_device
+from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resolve_device
 from .exceptions import ConfigError, ProblemCollector
 from .task import Task, load_task
 
@@ -237,9 +237,7 @@ class _Timer:
         self.last = time.perf_counter()
 
     def lap(self) -> float:
-        if self.sync and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
+        now = clock(self.device if self.sync else None)
         ms = (now - self.last) * 1e3
         self.last = now
         return ms

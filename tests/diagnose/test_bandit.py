@@ -4,12 +4,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
+from proftune import Task
 from proftune.cli import app
 from proftune.diagnose import Arm, Bandit, simulate
+from proftune.diagnose import bandit as run_bandit
+from proftune.examples import TensorBatches
 from proftune.exceptions import ConfigError
 from proftune.track import Store
 
@@ -102,3 +107,57 @@ def test_library_errors_name_python_arguments(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"^configs='[^']*none\.yaml' does not exist"):
         load_configs(tmp_path / "none.yaml", proftune.load_task("digits-mlp"))
+
+
+class _Regression(Task):
+    """y = 3x + noise; reports ``mse`` (lower is better) and ``r2``; a tiny ``lr`` barely learns."""
+
+    name = "regression"
+    default_epochs = 1
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(256, 1, generator=g)
+        self.y = 3 * self.x + 0.1 * torch.randn(256, 1, generator=g)
+
+    def build_model(self, params: dict[str, Any]) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Linear(1, 1)
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Any:
+        return TensorBatches(self.x, self.y, batch_size, shuffle=False)
+
+    def val_data(self, batch_size: int) -> Any:
+        return TensorBatches(self.x, self.y, batch_size, shuffle=False)
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    def evaluate(self, model: torch.nn.Module, data: Any) -> dict[str, float]:
+        with torch.no_grad():
+            mse = float(torch.nn.functional.mse_loss(model(self.x), self.y))
+        return {"mse": mse, "r2": 1 - mse / float(self.y.var())}
+
+    def configure_optimizer(self, model: torch.nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=params["lr"])
+
+
+def test_bandit_minimises_mse(db_url: str) -> None:
+    """Bug 6: the bandit maximised ``mse`` (the direction was guessed from "loss" in the name)."""
+    arms = [Arm("frozen", {"lr": 1e-6}), Arm("learns", {"lr": 0.1})]
+    report = run_bandit(_Regression(), arms, rounds=4, metric="mse", epochs=1, store=Store(db_url), seed=0)
+    assert report.mode == "min"
+    means = {a["arm"]: a["mean"] for a in report.arms}
+    assert means["learns"] < means["frozen"]
+    assert report.best == "learns"
+    maximise = run_bandit(_Regression(), arms, rounds=2, metric="r2", epochs=1, store=Store(db_url), seed=0)
+    assert maximise.mode == "max" and maximise.best == "learns"
+
+
+def test_bandit_metric_of_unknown_direction_exits_before_training(db_url: str) -> None:
+    arms = [Arm("a", {"lr": 1e-6}), Arm("b", {"lr": 0.1})]
+    store = Store(db_url)
+    with pytest.raises(ConfigError, match="metric_directions"):
+        run_bandit(_Regression(), arms, rounds=1, metric="wobble", store=store)
+    assert store.list_runs() == []

@@ -101,6 +101,12 @@ def test_early_stopping_stops_and_restores_the_best_weights() -> None:
 
 def test_early_stopping_mode_auto_and_validation() -> None:
     assert EarlyStopping("accuracy").mode == "max" and EarlyStopping("val_loss").mode == "min"
+    # from the registry, not the name: an error rate and mse are minimised, r2 maximised
+    assert EarlyStopping("error").mode == "min" and EarlyStopping("mse").mode == "min"
+    assert EarlyStopping("r2").mode == "max" and EarlyStopping("perplexity").mode == "min"
+    # a name nothing knows: the task must declare its direction, else the fit stops at once
+    with pytest.raises(ConfigError, match="metric_directions"):
+        fit("digits-mlp", epochs=1, callbacks=[EarlyStopping("wobble")])
     with pytest.raises(ConfigError) as info:
         EarlyStopping(mode="up", patience=-1)
     assert "mode='up'" in str(info.value) and "patience" in str(info.value)

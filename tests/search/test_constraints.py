@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from proftune.exceptions import ProblemCollector
@@ -31,22 +33,58 @@ def test_malformed_constraints_and_objectives_are_problems() -> None:
     assert len(p.problems) == 3
 
 
-def test_default_directions() -> None:
+def test_time_and_memory_limits_are_read_in_the_metrics_unit() -> None:
+    """Bug 5: ``step_time_ms<1s`` was read as 1 ms."""
     p = ProblemCollector()
-    assert parse_objective("accuracy", p).direction == "maximize"
-    assert parse_objective("val_loss", p).direction == "minimize"
-    assert parse_objective("step_time_ms", p).direction == "minimize"
-    assert parse_objective("throughput", p).direction == "maximize"
-    assert parse_objective("f1_score", p).direction == "maximize"
+    one_s = parse_constraint("step_time_ms<1s", p)
+    assert one_s is not None and one_s.threshold == 1000.0
+    assert parse_constraint("latency_ms<250ms", p).threshold == 250.0  # type: ignore[union-attr]
+    assert parse_constraint("step_time_ms<0.5min", p).threshold == 30_000.0  # type: ignore[union-attr]
+    assert parse_constraint("peak_memory_bytes<512MB", p).threshold == 512e6  # type: ignore[union-attr]
+    assert parse_constraint("size_bytes<4KiB", p).threshold == 4096  # type: ignore[union-attr]
+    assert parse_constraint("params<2M", p).threshold == 2e6  # type: ignore[union-attr]
+    assert not p
+
+
+@pytest.mark.parametrize(("text", "valid"), [
+    ("step_time_ms<2GiB", "ms, s, min"), ("peak_memory_bytes<3s", "KiB"), ("accuracy>0.9ms", "k, M, G"),
+])
+def test_a_unit_of_the_wrong_kind_names_the_valid_units(text: str, valid: str) -> None:
+    p = ProblemCollector()
+    assert parse_constraint(text, p) is None
+    assert len(p.problems) == 1 and valid in p.problems[0] and text in p.problems[0]
+
+
+def test_directions_come_from_the_registry_not_the_name() -> None:
+    p = ProblemCollector()
+    assert parse_objective("accuracy", p).direction == "maximize"  # type: ignore[union-attr]
+    assert parse_objective("val_loss", p).direction == "minimize"  # type: ignore[union-attr]
+    assert parse_objective("step_time_ms", p).direction == "minimize"  # type: ignore[union-attr]
+    assert parse_objective("throughput", p).direction == "maximize"  # type: ignore[union-attr]
+    assert parse_objective("mse", p).direction == "minimize"  # type: ignore[union-attr]
+    assert parse_objective("r2", p).direction == "maximize"  # type: ignore[union-attr]
+    assert not p
+    # a name the registry does not know needs a direction, from the user or the task
+    assert parse_objective("f1_score", p) is None and "metric_directions" in p.problems[0]
+
+    class Declares:
+        metric_directions: ClassVar[dict[str, str]] = {"f1_score": "max", "my_error_rate": "min"}
+
+    q = ProblemCollector()
+    assert parse_objective("f1_score", q, task=Declares()).direction == "maximize"  # type: ignore[union-attr]
+    assert parse_objective("my_error_rate", q, task=Declares()).direction == "minimize"  # type: ignore[union-attr]
+    assert parse_objective("f1_score:min", q).direction == "minimize"  # type: ignore[union-attr]
+    assert not q
 
 
 @pytest.mark.parametrize("metrics", [["val_loss", "accuracy"]])
-def test_metric_names_are_checked_against_task_and_profile_metrics(metrics: list[str]) -> None:
+def test_metric_names_are_checked_against_what_something_produces(metrics: list[str]) -> None:
     p = ProblemCollector()
-    objs, cons = parse_targets(["accuracy:max", "bogus:min"], ["step_time_ms<5", "latency_99<3"],
+    objs, cons = parse_targets(["accuracy:max", "bogus:min"],
+                               ["step_time_ms<5", "latency_99<3", "latency_ms<2", "train_loss<1"],
                                task_metrics=metrics, problems=p)
     assert [o.metric for o in objs] == ["accuracy", "bogus"]
-    assert len(cons) == 2
+    assert len(cons) == 4
     text = "\n".join(p.problems)
-    assert "metric 'bogus' does not exist" in text and "metric 'latency_99' does not exist" in text
+    assert "metric 'bogus' is produced by nothing" in text and "metric 'latency_99' is produced by nothing" in text
     assert len(p.problems) == 2

@@ -25,7 +25,7 @@ GATED_SPACE: dict[str, Any] = {"params": {
 def gated(tmp_path_factory: pytest.TempPathFactory) -> tuple[SearchResult, str]:
     db = f"sqlite:///{tmp_path_factory.mktemp('gated') / 'p.db'}"
     result = proftune.search("wine-mlp", GATED_SPACE, constraints=["params<2000"], trials=8,
-                             epochs=1, sampler="random", study="gated", db=db, seed=1)
+                             epochs=1, sampler="random", study="gated", db=db, seed=1, scan=0)
     return result, db
 
 
@@ -33,7 +33,9 @@ def test_gated_trials_end_at_once_with_the_measured_reason(gated: tuple[SearchRe
     result, db = gated
     states = result.counts()
     assert states["infeasible"] >= 1 and states["complete"] >= 1
-    assert len(result.trials) == 8
+    budget = result.budget()  # trials counts trained trials; the gated ones come on top
+    assert budget["trained"] == 8 and len(result.trials) == 8 + budget["gated"]
+    assert all(t.gated == (t.state == "infeasible") for t in result.trials)
     for t in result.trials:
         big = t.params["hidden"] >= 64
         assert (t.state == "infeasible") == big
@@ -58,7 +60,7 @@ def test_every_trial_is_a_run_linked_to_its_study(gated: tuple[SearchResult, str
     tune = store.get_run(result.run_id)
     assert tune.kind == "tune" and tune.status == "finished" and tune.study == "gated"
     runs = store.list_runs(kind="trial", study="gated")
-    assert len(runs) == 8
+    assert len(runs) == len(result.trials)  # gated trials are Runs too
     assert {r.parent_id for r in runs} == {result.run_id}
     assert {r.id for r in runs} == {t.run_id for t in result.trials}
     assert all(r.status == "finished" for r in runs)
@@ -74,7 +76,7 @@ def test_analysis_correlations_importance_and_json(gated: tuple[SearchResult, st
     assert {"number", "state", "params", "metrics", "constraints", "reason", "duration_s"} <= set(d["trials"][0])
     # hidden drives the parameter count: measured on every trial, infeasible ones included
     corr = d["correlations"]["hidden"]["params"]
-    assert corr["spearman"] > 0.9 and corr["n"] == 8
+    assert corr["spearman"] > 0.9 and corr["n"] == len(result.trials)
     imp = d["importance"]["accuracy"]
     fan = {k: v for k, v in imp["fanova"].items() if k != "error"}
     if fan:
@@ -150,13 +152,18 @@ def test_multi_objective_pareto_front(tmp_path: Path) -> None:
                 assert not (b[0] >= a[0] and b[1] <= a[1] and b != a)
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "halton", "sobol", "random", "grid", "coarse-to-fine"])
-def test_every_sampler_runs_its_trials(sampler: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sampler", "used"), [
+    ("tpe", "TPESampler"), ("halton", "QMCSampler(halton)"), ("sobol", "QMCSampler(sobol)"),
+    ("random", "RandomSampler"), ("grid", "GridSampler"), ("coarse-to-fine", "CoarseToFineSampler"),
+    ("nsga2", "NSGAIISampler"),
+])
+def test_every_sampler_runs_its_trials(sampler: str, used: str, tmp_path: Path) -> None:
     space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16, "step": 4},
                         "lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
     result = proftune.search("wine-mlp", space, trials=3, max_steps=2, sampler=sampler,
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="s")
     assert result.counts()["complete"] == 3
+    assert {t.sampler for t in result.trials} == {used}  # the sampler asked for drew every trial
     for t in result.trials:
         assert t.params["hidden"] in (4, 8, 12, 16) and 1e-3 <= t.params["lr"] <= 1e-2
 
@@ -186,7 +193,7 @@ def test_function_and_subpackage_share_the_name() -> None:
 def test_memory_constraint_gates_through_the_profiler(tmp_path: Path) -> None:
     space = {"params": {"hidden": {"type": "categorical", "choices": [4, 1024]}}}
     result = proftune.search("wine-mlp", space, constraints=["peak_memory_bytes<4MB"], trials=2,
-                             sampler="grid", max_steps=2, db=f"sqlite:///{tmp_path / 'p.db'}", study="m")
+                             sampler="grid", max_steps=2, scan=0, db=f"sqlite:///{tmp_path / 'p.db'}", study="m")
     by = {t.params["hidden"]: t for t in result.trials}
     assert by[4].state == "complete" and 0 < by[4].metrics["peak_memory_bytes"] < 4e6
     assert by[1024].state == "infeasible" and by[1024].steps == 0

@@ -22,8 +22,12 @@ def test_json_output_has_the_contract_keys(tmp_path: Path) -> None:
                                  "--plot", str(tmp_path / "plots"), "--json"])
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout)
-    assert list(d)[:5] == ["study", "best", "trials", "correlations", "importance"]
-    assert d["study"] == "cli" and len(d["trials"]) == 3
+    assert list(d)[:8] == ["study", "best", "trials", "correlations", "importance", "budget", "scan", "strategy"]
+    assert d["study"] == "cli" and len(d["trials"]) == 3 and d["budget"]["trained"] == 3
+    # the scan (on by default with a hard profile constraint) kept only the width that fits
+    assert [b["param"] for b in d["scan"]["bounds"]] == ["hidden"] and d["budget"]["gated"] == 0
+    assert all(t["params"]["hidden"] == 8 for t in d["trials"])
+    assert {st["subject"] for st in d["strategy"]} >= {"hidden", "lr", "params<2000"}
     for t in d["trials"]:
         assert {"number", "state", "params", "metrics", "constraints", "reason", "duration_s"} <= set(t)
         assert t["state"] in ("complete", "pruned", "infeasible", "failed", "running")
@@ -46,7 +50,7 @@ def test_bad_input_exits_2_listing_every_problem(tmp_path: Path) -> None:
     assert result.stdout == ""
     err = result.stderr
     for needle in ("low=0.1 > high=0.001", "log=true needs low > 0", "type='activation' is unknown",
-                   "choices is empty", "metric 'f1' does not exist", "metric 'latency_p99' does not exist",
+                   "choices is empty", "metric 'f1' is produced by nothing", "metric 'latency_p99' is produced by nothing",
                    "'step_time_ms<<50' is malformed"):
         assert needle in err, (needle, err)
     assert not (tmp_path / "p.db").exists()  # nothing ran, nothing was written

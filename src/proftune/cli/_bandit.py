@@ -29,7 +29,7 @@ def bandit(
     policy: Annotated[str, typer.Option("--policy", help="thompson, ucb or uniform.")] = "thompson",
     metric: Annotated[str | None, typer.Option("--metric", help="Metric to reward (default accuracy, else val_loss).",
                                                show_default=False)] = None,
-    mode: Annotated[str, typer.Option("--mode", help="max, min or auto (min for losses).")] = "auto",
+    mode: Annotated[str, typer.Option("--mode", help="max, min or auto (the metric's known direction, or the task's metric_directions).")] = "auto",
     epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs per run.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Bandit name in the store (default: task + configs hash).",
                                              show_default=False)] = None,

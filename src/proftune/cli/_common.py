@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import sys
 import traceback
 import warnings
@@ -16,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
 
 T = TypeVar("T")
@@ -83,21 +83,8 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return validate_params(params)
 
 
-def to_jsonable(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if hasattr(value, "to_dict"):
-        return to_jsonable(value.to_dict())
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if hasattr(value, "item"):
-        with contextlib.suppress(Exception):
-            return to_jsonable(value.item())
-    return str(value)
+#: The one JSON cleaning (``proftune._jsonsafe``), under the name the commands import.
+to_jsonable = json_safe
 
 
 #: Loggers of libraries whose warnings (deprecations, torch.compile notices) are noise to a user.
@@ -160,12 +147,12 @@ def execute(
             err_console.print("(run again with --debug for the traceback)", style="dim")
         raise typer.Exit(1) from None
     if json_out:
-        sys.stdout.write(json.dumps(to_jsonable(result)) + "\n")
+        sys.stdout.write(json.dumps(json_safe(result)) + "\n")
         sys.stdout.flush()
     elif render is not None:
         render(result)
     else:
-        out_console.print_json(json.dumps(to_jsonable(result)))
+        out_console.print_json(json.dumps(json_safe(result)))
 
 
 def with_report(body: Callable[[], T], report: str | None, db: str | None) -> Callable[[], T]:

@@ -22,7 +22,7 @@ from ._common import (
 )
 
 #: Keys of ``--json`` (the issue's contract), in this order.
-JSON_KEYS = ("study", "best", "trials", "correlations", "importance")
+JSON_KEYS = ("study", "best", "trials", "correlations", "importance", "budget", "scan", "strategy")
 
 
 def tune(
@@ -34,7 +34,14 @@ def tune(
     constraint: Annotated[list[str] | None, typer.Option(
         "--constraint", help='Hard constraint, e.g. "step_time_ms<50"; repeat for several.',
         show_default=False)] = None,
-    trials: Annotated[int, typer.Option("--trials", help="Finished trials the study should hold.")] = 20,
+    trials: Annotated[int, typer.Option(
+        "--trials", help="Trained trials (complete or pruned) the study should hold; gated ones count apart.")] = 20,
+    scan: Annotated[int | None, typer.Option(
+        "--scan", help="Profile N Halton configurations first and restrict the space to where the hard "
+        "profile constraints hold (default 16 with such constraints; 0: off).", show_default=False)] = None,
+    max_gated: Annotated[int | None, typer.Option(
+        "--max-gated", help="Stop after this many trials ended before training (default 10 per trial).",
+        show_default=False)] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Stop starting trials after S seconds.",
                                                   show_default=False)] = None,
     sampler: Annotated[str, typer.Option(
@@ -63,7 +70,7 @@ def tune(
         result = search(task, str(space), objectives=objective or None, constraints=constraint or (),
                         trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
                         study=study, db=db, workers=workers, seed=seed, device=device,
-                        max_failures=max_failures, plot=plot)
+                        max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot)
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
@@ -77,6 +84,28 @@ def _fmt(v: Any) -> str:
 
 
 def _render(d: dict[str, Any]) -> None:
+    _render_scan(d.get("scan"))
+    _render_trials(d)
+    _render_best(d)
+    _render_analysis(d)
+    _render_strategy(d.get("strategy") or [])
+    if d["plots"]:
+        out_console.print("plots: " + ", ".join(d["plots"]))
+
+
+def _render_scan(scan: dict[str, Any] | None) -> None:
+    if not scan:
+        return
+    early = ", stopped early: bounds stable" if scan["stopped_early"] else ""
+    out_console.print(f"[bold]feasibility scan[/]: {scan['profiles']} profiles in {scan['duration_s']:.1f} s "
+                      f"(no training{early}); {scan['feasible_share']:.0%} of them feasible")
+    for b in scan["bounds"]:
+        out_console.print(f"  {b['text']}")
+    for note in scan["notes"]:
+        out_console.print(f"  {note}")
+
+
+def _render_trials(d: dict[str, Any]) -> None:
     objectives = d["objectives"]
     table = Table(title=f"study {d['study']} ({d['sampler']}, pruner {d['pruner']})")
     for col in ("#", "state", "params", *objectives, "reason", "s"):
@@ -85,25 +114,37 @@ def _render(d: dict[str, Any]) -> None:
     for t in d["trials"]:
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in t["params"].items())
         vals = [_fmt(t["metrics"].get(m, "")) for m in metric_names]
-        table.add_row(str(t["number"]), t["state"], params, *vals, t["reason"] or "",
+        state = "gated" if t.get("gated") else t["state"]
+        table.add_row(str(t["number"]), state, params, *vals, t["reason"] or "",
                       f"{t['duration_s']:.1f}" if t["duration_s"] is not None else "")
     out_console.print(table)
     counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
-    comp = d["compute"]
-    out_console.print(f"trials: {counts}; training {comp['train_s']:.1f} s, profiling "
-                      f"{comp['gate_s']:.1f} s, on infeasible trials {comp['infeasible_s']:.1f} s "
+    comp, budget = d["compute"], d["budget"]
+    out_console.print(f"trials: {budget['trained']} trained, {budget['gated']} gated before training "
+                      f"({budget['gated_share']:.0%}; limit {budget['max_gated']}); states: {counts}")
+    out_console.print(f"training {comp['train_s']:.1f} s, profiling {comp['gate_s']:.1f} s, scan "
+                      f"{comp['scan_s']:.1f} s, on infeasible trials {comp['infeasible_s']:.1f} s "
                       f"(training {comp['infeasible_train_s']:.1f} s)")
-    if d["best"]:
-        best = d["best"]
-        label = "Pareto front" if len(objectives) > 1 else "best"
-        out_console.print(f"[bold]{label}[/]: trial {best['number']}: "
-                          + ", ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items())
-                          + " -> " + ", ".join(f"{m}={_fmt(best['metrics'].get(m))}" for m in metric_names))
-        for p in d["pareto"][1:]:
-            out_console.print(f"  trial {p['number']}: "
-                              + ", ".join(f"{m}={_fmt(p['metrics'].get(m))}" for m in metric_names))
-    else:
+    if budget.get("stopped") == "max_gated":
+        out_console.print(f"[yellow]stopped: {budget['gated']} trials were gated (--max-gated)[/]")
+
+
+def _render_best(d: dict[str, Any]) -> None:
+    metric_names = [o.split(":")[0] for o in d["objectives"]]
+    if not d["best"]:
         out_console.print("[bold red]no feasible trial finished[/]")
+        return
+    best = d["best"]
+    label = "Pareto front" if len(metric_names) > 1 else "best"
+    out_console.print(f"[bold]{label}[/]: trial {best['number']}: "
+                      + ", ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items())
+                      + " -> " + ", ".join(f"{m}={_fmt(best['metrics'].get(m))}" for m in metric_names))
+    for p in d["pareto"][1:]:
+        out_console.print(f"  trial {p['number']}: "
+                          + ", ".join(f"{m}={_fmt(p['metrics'].get(m))}" for m in metric_names))
+
+
+def _render_analysis(d: dict[str, Any]) -> None:
     if d["correlations"]:
         targets = sorted({t for per in d["correlations"].values() for t in per})
         ct = Table(title="correlation of each param with the targets (Spearman / Pearson)")
@@ -125,5 +166,11 @@ def _render(d: dict[str, Any]) -> None:
                 continue
             it.add_row(p, _fmt(fan.get(p, "")), _fmt(ped.get(p, "")))
         out_console.print(it)
-    if d["plots"]:
-        out_console.print("plots: " + ", ".join(d["plots"]))
+
+
+def _render_strategy(statements: list[dict[str, Any]]) -> None:
+    if not statements:
+        return
+    out_console.print("[bold]strategy[/] (what the trials say to do next):")
+    for st in statements:
+        out_console.print(f"  [{st['action']}] {st['text']}")

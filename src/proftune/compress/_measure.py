@@ -9,7 +9,6 @@ import contextlib
 import io
 import os
 import statistics
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import call_model, move_to_device, synchronize
+from .._device import call_model, clock, move_to_device
 
 __all__ = [
     "LatencyInput",
@@ -130,11 +129,9 @@ def measure_latencies(
                     spent = 0.0
                     n = 0
                     while n < min_repeats or spent < budget_s / rounds:
-                        synchronize(device)
-                        t0 = time.perf_counter()
+                        t0 = clock(device)
                         call_model(model, x)
-                        synchronize(device)
-                        dt = time.perf_counter() - t0
+                        dt = clock(device) - t0
                         samples[name][bs].append(dt * 1e3)
                         spent += dt
                         n += 1

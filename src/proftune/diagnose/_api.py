@@ -14,6 +14,7 @@ import torch
 
 from .._device import resolve_device
 from ..exceptions import ConfigError, ProblemCollector
+from ..metrics import resolve_direction
 from ..task import Task, load_task
 from ..track import Store, open_store, tracked_run
 from ..train import LOOP_PARAMS, Callback, fit, validate_params
@@ -275,11 +276,13 @@ def bandit(
 
     Each round trains the chosen configuration (a child ``train`` run) and feeds its ``metric``
     (default: accuracy if the task reports it, else val_loss) to the bandit; ``mode`` max or min
-    (auto: min for losses). State lives in the Store, so the same configs (or ``name``) continue
+    (auto: the metric registry's direction, or the task's ``metric_directions``). State lives in the Store, so the same configs (or ``name``) continue
     across processes. The regret curve is against the estimated means at the end.
     """
     task_obj = load_task(task)
     _check_bandit_args(rounds=rounds, policy=policy, mode=mode)
+    if metric is not None:  # the direction must be known before any run is spent
+        resolve_direction(metric, mode, task=task_obj)
     arms = (load_configs(configs, task_obj) if isinstance(configs, (str, Path))
             else check_arms(list(configs), task_obj))
     st = open_store(store, db=db)
@@ -308,7 +311,7 @@ def bandit(
             if chosen_metric not in result.metrics:
                 raise ConfigError(f"metric={chosen_metric!r} is not reported by the task; "
                                   f"valid: {', '.join(sorted(result.metrics))}.")
-            use_mode = mode if mode != "auto" else ("min" if "loss" in chosen_metric else "max")
+            use_mode = resolve_direction(chosen_metric, mode, task=task_obj)
             sign = -1.0 if use_mode == "min" else 1.0
             value = float(result.metrics[chosen_metric])
             # a diverged run (NaN metric) gets the worst reward there is

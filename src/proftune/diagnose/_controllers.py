@@ -19,18 +19,12 @@ from typing import Any
 
 import torch
 
+from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
+from ..metrics import direction, is_known, resolve_direction
 from ..train import Callback, FitState
 
 __all__ = ["AdaptiveLR", "EarlyStopping", "GradGuard"]
-
-
-def _global_grad_norm(model: torch.nn.Module) -> float:
-    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
-    norms = torch._foreach_norm(grads)
-    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
 
 
 def _skip_step(model: torch.nn.Module) -> None:
@@ -124,7 +118,7 @@ class AdaptiveLR(Callback):
     def on_after_backward(self, state: FitState) -> None:
         if state.optimizer is None:
             return
-        g = _global_grad_norm(state.model)
+        g = global_grad_norm(state.model)
         lr = float(state.lr or 0.0)
         self._since_change += 1
         if not math.isfinite(g):
@@ -201,7 +195,7 @@ class GradGuard(Callback):
         self.events.clear()
 
     def on_after_backward(self, state: FitState) -> None:
-        g = _global_grad_norm(state.model)
+        g = global_grad_norm(state.model)
         step = state.step + 1
         if not math.isfinite(g):
             if self.skip_nonfinite:
@@ -234,8 +228,9 @@ class EarlyStopping(Callback):
 
     ``monitor`` is a metric of the task's evaluation (checked after each epoch), or ``"loss"``,
     the training loss, checked every ``every`` steps (what works inside a Monitor, which has no
-    epochs). ``mode``: ``"min"``, ``"max"`` or ``"auto"`` (max for accuracy-like names). With
-    ``restore_best`` the weights of the best evaluation are put back at the end.
+    epochs). ``mode``: ``"min"``, ``"max"`` or ``"auto"`` (the metric registry's direction, or the
+    task's ``metric_directions``; never guessed from the name). With ``restore_best`` the weights
+    of the best evaluation are put back at the end.
     """
 
     def __init__(self, monitor: str = "val_loss", *, mode: str = "auto", patience: int = 3,
@@ -250,9 +245,8 @@ class EarlyStopping(Callback):
         if every < 1:
             problems.add(f"every must be >= 1, but got {every=}.")
         problems.raise_if_any()
-        if mode == "auto":
-            mode = "max" if any(k in monitor.lower() for k in ("acc", "f1", "auc", "score", "precision",
-                                                               "recall", "map", "bleu")) else "min"
+        if mode == "auto" and is_known(monitor):
+            mode = direction(monitor)
         self.monitor, self.mode, self.patience = monitor, mode, patience
         self.min_delta, self.restore_best, self.every = min_delta, restore_best, every
         self._init()
@@ -268,6 +262,8 @@ class EarlyStopping(Callback):
 
     def on_fit_start(self, state: FitState) -> None:
         self._init()
+        if self.mode == "auto":  # a metric of the task's own: it may declare its direction
+            self.mode = resolve_direction(self.monitor, task=state.task)
 
     def _improved(self, value: float) -> bool:
         if self.best is None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from .._tensors import global_grad_norm
 from ..train import Callback, FitState
 from ._findings import Finding, rank_findings
 from ._history import History, StepRecord
@@ -43,14 +44,6 @@ def _layer_stats_cls() -> type[LayerStats]:
     from ..profile import LayerStats
 
     return LayerStats
-
-
-def _grad_norm(model: nn.Module) -> float:
-    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
-    norms = torch._foreach_norm(grads)
-    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
 
 
 def _weight_norm(model: nn.Module) -> float:
@@ -152,7 +145,7 @@ class HealthCheck(Callback):
 
     def on_after_backward(self, state: FitState) -> None:
         step = self._step_no(state)
-        norm = _grad_norm(state.model)
+        norm = global_grad_norm(state.model)
         loss_t = state.loss_tensor
         # inside a Monitor the loss of this step may not be known yet (it arrives at mon.step)
         loss = float(loss_t.detach()) if loss_t is not None else 0.0

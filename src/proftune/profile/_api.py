@@ -7,7 +7,7 @@ profiling callback and ``max_steps``; the steps are spent in this order:
 2. ``steps`` clean steps: the step's phases and wall time, gradient norms, the CUDA peak;
    nothing is hooked, so this is the step as it runs without us;
 3. (``detail="full"``) ``steps`` layer-timed steps: per-layer forward and backward time;
-4. one memory step: activations saved for backward per layer, and on CPU the peak of the step
+4. (not ``detail="time"``) one memory step: activations saved for backward per layer, and on CPU the peak of the step
    from ``torch.profiler``'s allocation events (so the profiler's cost touches no timing);
 5. (``detail="full"``) one statistics step: weights, activations, gradients, update ratio;
 6. (``trace=``) one step under ``torch.profiler``, exported as a Chrome/Perfetto trace.
@@ -22,7 +22,6 @@ import dataclasses
 import gc
 import itertools
 import statistics
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import batch_size_of, call_model, move_to_device, resolve_device
+from .._device import batch_size_of, call_model, clock, move_to_device, resolve_device
+from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
 from ..track import Store, environment, tracked_run
@@ -52,7 +52,7 @@ from ._timing import LayerTimer, step_summary
 
 __all__ = ["DETAILS", "profile"]
 
-DETAILS = ("full", "step")
+DETAILS = ("full", "step", "time")
 
 
 class _ModuleTask(Task):
@@ -128,9 +128,10 @@ class _Plan:
             if step <= self.steps:
                 return "layers"
             step -= self.steps
-        if step == 1:
-            return "memory"
-        step -= 1
+        if self.detail != "time":
+            if step == 1:
+                return "memory"
+            step -= 1
         if self.detail == "full":
             if step == 1:
                 return "stats"
@@ -141,7 +142,7 @@ class _Plan:
 
     @property
     def total(self) -> int:
-        n = self.warmup + self.steps + 1
+        n = self.warmup + self.steps + (0 if self.detail == "time" else 1)
         if self.detail == "full":
             n += self.steps + 1
         return n + (1 if self.trace is not None else 0)
@@ -174,9 +175,7 @@ class _Profiler(Callback):
 
     # -- helpers ------------------------------------------------------------------------------
     def _now(self) -> float:
-        if self.plan.device.type == "cuda":
-            torch.cuda.synchronize(self.plan.device)
-        return time.perf_counter()
+        return clock(self.plan.device)
 
     def _capture_input(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.example is None:
@@ -231,9 +230,8 @@ class _Profiler(Callback):
         if phase == "layers" and self.timer is not None:
             self.timer.mark_backward_end()
         if phase in ("clean", "layers"):
-            norms = [p.grad.detach() for p in state.model.parameters() if p.grad is not None]
-            if norms:
-                self.m.grad_norms.append(float(torch.stack(torch._foreach_norm(norms)).norm()))
+            if any(p.grad is not None for p in state.model.parameters()):
+                self.m.grad_norms.append(global_grad_norm(state.model))
             self.m.grads_bytes = grads_bytes(state.model)
 
     def on_step_end(self, state: FitState) -> None:
@@ -450,7 +448,8 @@ def profile(
     name) or an ``nn.Module`` with ``example_input`` (trained on the mean of its output; the
     module itself is left untouched, a copy is trained). ``steps`` steps are measured after
     ``warmup`` unmeasured ones; ``detail="step"`` measures the step, memory and static counts
-    only (cheap: gating trials). ``trace`` writes a Chrome/Perfetto trace of one more step.
+    only; ``detail="time"`` the step's time, throughput and gradient norms only, no memory step
+    and no static counts (cheapest: gating trials; ``metrics()`` leaves out what it did not measure). ``trace`` writes a Chrome/Perfetto trace of one more step.
     ``store``: record a ``profile`` Run there. Times in ms, memory in bytes, rates per second.
     """
     is_module = isinstance(task_or_model, nn.Module)
@@ -522,7 +521,7 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
     assert model is not None
     inner = unwrap(model)
     counts = None
-    if prof.example is not None:
+    if prof.example is not None and plan.detail != "time":
         counts = static_counts(inner, prof.example, backward=not inference, train=not inference)
     m = prof.measurements()
     p = assemble_profile(

@@ -8,13 +8,14 @@ the names are module paths, the same names :func:`count_model` reports.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
+
+from .._device import clock
 
 __all__ = ["LayerHooks", "module_names", "output_tensors", "shapes_of"]
 
@@ -100,9 +101,7 @@ class LayerHooks:
         self._stack.clear()
 
     def _now(self) -> float:
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return clock(self.device if self.sync else None)
 
     def _pre(self, mod: nn.Module, inputs: tuple[Any, ...]) -> None:
         now = self._now()

@@ -24,14 +24,14 @@ the :class:`FitState` has ``task=None``.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._device import batch_size_of
+from .._device import batch_size_of, clock
+from .._tensors import global_grad_norm
 from ..exceptions import ConfigError
 from ..train import Callback, FitState
 from ._assemble import Measurements, assemble_profile, static_counts
@@ -171,9 +171,7 @@ class Monitor:
         return self._sampling is not None
 
     def _now(self, *, sync: bool = False) -> float:
-        if sync and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return clock(self.device if sync else None)
 
     # -- hooks that drive callbacks (only when there are callbacks) ---------------------------
     def _callback_step_start(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
@@ -244,9 +242,8 @@ class Monitor:
         if self._sampling == "time" and self._timer is not None:
             self._timer.mark_backward_end(now)
         if self._sampling == "time":
-            norms = [p.grad.detach().float().norm() for p in self.inner.parameters() if p.grad is not None]
-            if norms:
-                self._m.grad_norms.append(float(torch.stack(norms).norm()))
+            if any(p.grad is not None for p in self.inner.parameters()):
+                self._m.grad_norms.append(global_grad_norm(self.inner))
         self._m.grads_bytes = grads_bytes(self.inner)
 
     def _sample_opt_end(self, opt: Any, args: Any, kwargs: Any) -> None:

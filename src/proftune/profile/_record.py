@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._jsonsafe import json_safe
 from ..exceptions import ConfigError
 
 __all__ = [
@@ -141,6 +141,11 @@ class Profile:
             "macs": float(self.macs),
             "flops": float(self.flops),
         }
+        if self.config.get("detail") == "time":  # counts and memory were not measured
+            for key in ("params", "macs", "flops"):
+                del out[key]
+            if not self.memory.peak_bytes:
+                del out["peak_memory_bytes"]
         if self.grad.var is not None:
             out["grad_var"] = float(self.grad.var)
         if self.grad.norm is not None:
@@ -156,7 +161,7 @@ class Profile:
     # -- serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        return dict(_json_safe(d))
+        return dict(json_safe(d))
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -210,16 +215,6 @@ class Profile:
 def _build(cls: type, d: dict[str, Any]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def compare_profiles(a: Profile, b: Profile) -> dict[str, Any]:

@@ -12,12 +12,12 @@ deviations and ranges are exact.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._tensors import l2_norm
 from ._layers import LayerHooks, output_tensors
 
 __all__ = ["LayerStats", "tensor_stats"]
@@ -150,14 +150,6 @@ def _dead_units(t: torch.Tensor) -> torch.Tensor | None:
     # |sign| is 1 where a unit fired and 0 where it did not: the cheapest exact count on CPU
     zero_frac = 1.0 - torch.sign(sub).abs_().sum(dim=dims) / positions
     return (zero_frac > DEAD_UNIT_ZERO_FRAC).float().mean()
-
-
-def _l2(tensors: Sequence[torch.Tensor]) -> float:
-    """L2 norm of several tensors together, one host copy."""
-    if not tensors:
-        return 0.0
-    norms = torch._foreach_norm([t.detach() for t in tensors])
-    return float(torch.stack([n.float().to(norms[0].device) for n in norms]).norm())
 
 
 class LayerStats:
@@ -379,7 +371,7 @@ class LayerStats:
                 flat = torch.cat([p.detach().reshape(-1) for p in chosen])
                 keys.append((name, "weight"))
                 summaries.append(_Summary(flat, self.sample_size, self._gen(flat.device)))
-                l2[name] = _l2(chosen)
+                l2[name] = l2_norm(chosen)
             if self.activations and name in self._act:
                 keys.append((name, "activation"))
                 summaries.append(self._act[name])
@@ -420,8 +412,8 @@ class LayerStats:
         if optimizer is None or not ps:
             return None
         upd = [u for u in (_estimated_update(optimizer, p) for p in ps) if u is not None]
-        w = _l2(list(ps))
-        return _l2(upd) / w if upd and w > 0 else None
+        w = l2_norm(list(ps))
+        return l2_norm(upd) / w if upd and w > 0 else None
 
 
 def _estimated_update(optimizer: torch.optim.Optimizer, p: torch.nn.Parameter) -> torch.Tensor | None:

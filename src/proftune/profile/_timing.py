@@ -14,13 +14,13 @@ backward hooks are used: they break on layers followed by an in-place op (torchv
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._device import clock
 from ._layers import LayerHooks, output_tensors
 
 __all__ = ["LayerTimer", "median", "step_summary"]
@@ -71,9 +71,7 @@ class LayerTimer:
         self._bwd_end = None
 
     def _now(self) -> float:
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return clock(self.device if self._sync else None)
 
     def _on_leaf(self, name: str, mod: nn.Module, inputs: tuple[Any, ...], output: Any,
                  start: float, end: float) -> None:

@@ -7,19 +7,39 @@ every private module is imported here eagerly so that the function keeps the nam
 from __future__ import annotations
 
 from .._optional import optuna  # noqa: F401  (missing: DependencyError naming the [search] extra)
-from . import _analysis, _coarse_fine, _constraints, _gate, _pruners, _space, _study  # noqa: F401  (eager: see module doc)
-from ._api import SearchResult, search, task_metrics
+from . import (  # noqa: F401  (eager: see module doc)
+    _analysis,
+    _coarse_fine,
+    _constraints,
+    _gate,
+    _pruners,
+    _records,
+    _samplers,
+    _scan,
+    _settings,
+    _space,
+    _storage,
+    _strategy,
+    _study,
+    _trial,
+)
+from ._api import DEFAULT_SCAN, SearchResult, scan, search, task_metrics
 from ._coarse_fine import CoarseToFineSampler
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._gate import GateResult, ProfileGate
 from ._pruners import PRUNERS, PatiencePruner
+from ._records import TrialRecord
+from ._samplers import SAMPLERS
+from ._scan import Bound, ScanResult
 from ._space import ForbidRule, Param, Space, load_space
-from ._study import SAMPLERS, TrialRecord
+from ._strategy import Statement, strategy
 
 __all__ = [
+    "DEFAULT_SCAN",
     "PROFILE_METRICS",
     "PRUNERS",
     "SAMPLERS",
+    "Bound",
     "CoarseToFineSampler",
     "Constraint",
     "ForbidRule",
@@ -28,12 +48,16 @@ __all__ = [
     "Param",
     "PatiencePruner",
     "ProfileGate",
+    "ScanResult",
     "SearchResult",
     "Space",
+    "Statement",
     "TrialRecord",
     "load_space",
     "parse_constraint",
     "parse_objective",
+    "scan",
     "search",
+    "strategy",
     "task_metrics",
 ]

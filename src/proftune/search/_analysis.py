@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ._constraints import PROFILE_METRICS, Objective
+from ._records import TrialRecord
 from ._space import Space
-from ._study import TrialRecord
 
 __all__ = ["correlations", "importance", "pareto_front", "plot_study"]
 
@@ -177,18 +177,32 @@ def plot_study(records: Sequence[TrialRecord], objectives: Sequence[Objective],
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[str] = []
-    colors = {"complete": "tab:blue", "pruned": "tab:orange", "infeasible": "tab:red",
-              "failed": "black", "running": "grey"}
-    o = objectives[0]
+    for name, draw in (("history", lambda: _plot_history(plt, records, objectives[0])),
+                       ("correlations", lambda: _plot_correlations(plt, corr)),
+                       ("importance", lambda: _plot_importance(plt, imp, objectives[0])),
+                       ("pareto", lambda: _plot_pareto(plt, records, objectives, front))):
+        fig = draw()
+        if fig is None:
+            continue
+        fig.tight_layout()
+        paths.append(str(out / f"{name}.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
 
+
+_COLORS = {"complete": "tab:blue", "pruned": "tab:orange", "infeasible": "tab:red",
+           "failed": "black", "running": "grey"}
+
+
+def _plot_history(plt: Any, records: Sequence[TrialRecord], o: Objective) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4))
-    for state, color in colors.items():
-        xs = [r.number for r in records if r.state == state and o.metric in r.metrics
-              and _finite(r.metrics[o.metric])]
-        ys = [float(r.metrics[o.metric]) for r in records if r.state == state and o.metric in r.metrics
-              and _finite(r.metrics[o.metric])]
-        if xs:
-            ax.scatter(xs, ys, c=color, label=state, s=18, marker="x" if state == "infeasible" else "o")
+    for state, color in _COLORS.items():
+        pts = [(r.number, float(r.metrics[o.metric])) for r in records if r.state == state
+               and o.metric in r.metrics and _finite(r.metrics[o.metric])]
+        if pts:
+            ax.scatter([n for n, _ in pts], [v for _, v in pts], c=color, label=state, s=18,
+                       marker="x" if state == "infeasible" else "o")
     best, trace = None, []
     for r in sorted(records, key=lambda r: r.number):
         if r.state == "complete" and r.values:
@@ -203,72 +217,69 @@ def plot_study(records: Sequence[TrialRecord], objectives: Sequence[Objective],
                   and not _finite(r.metrics.get(o.metric))]
     if unmeasured:  # gated before training: no objective, shown on the lower edge
         low = ax.get_ylim()[0]
-        ax.scatter(unmeasured, [low] * len(unmeasured), c=colors["infeasible"], marker="x", s=24,
+        ax.scatter(unmeasured, [low] * len(unmeasured), c=_COLORS["infeasible"], marker="x", s=24,
                    label="infeasible (not trained)", clip_on=False)
     ax.set_xlabel("trial")
     ax.set_ylabel(o.metric)
     ax.set_title(f"optimisation history ({o.text})")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(str(out / "history.png"))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
-    if corr:
-        params = sorted(corr)
-        targets = sorted({t for per in corr.values() for t in per})
-        mat = np.full((len(params), len(targets)), np.nan)
-        for i, p in enumerate(params):
-            for j, t in enumerate(targets):
-                if t in corr[p]:
-                    mat[i, j] = corr[p][t]["spearman"]
-        fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(targets), 1.2 + 0.5 * len(params)))
-        im = ax.imshow(mat, cmap="coolwarm", vmin=-1, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(targets)), targets, rotation=40, ha="right", fontsize=8)
-        ax.set_yticks(range(len(params)), params, fontsize=8)
-        for i in range(len(params)):
-            for j in range(len(targets)):
-                if not np.isnan(mat[i, j]):
-                    ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=7)
-        fig.colorbar(im, ax=ax, label="Spearman")
-        ax.set_title("parameter correlations")
-        fig.tight_layout()
-        paths.append(str(out / "correlations.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
 
+def _plot_correlations(plt: Any, corr: dict[str, Any]) -> Any:
+    if not corr:
+        return None
+    params = sorted(corr)
+    targets = sorted({t for per in corr.values() for t in per})
+    mat = np.full((len(params), len(targets)), np.nan)
+    for i, p in enumerate(params):
+        for j, t in enumerate(targets):
+            if t in corr[p]:
+                mat[i, j] = corr[p][t]["spearman"]
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(targets), 1.2 + 0.5 * len(params)))
+    im = ax.imshow(mat, cmap="coolwarm", vmin=-1, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(targets)), targets, rotation=40, ha="right", fontsize=8)
+    ax.set_yticks(range(len(params)), params, fontsize=8)
+    for i in range(len(params)):
+        for j in range(len(targets)):
+            if not np.isnan(mat[i, j]):
+                ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=ax, label="Spearman")
+    ax.set_title("parameter correlations")
+    return fig
+
+
+def _plot_importance(plt: Any, imp: dict[str, Any], o: Objective) -> Any:
     fan = (imp.get(o.metric) or {}).get("fanova") or {}
     fan = {k: v for k, v in fan.items() if isinstance(v, float)}
-    if fan:
-        fig, ax = plt.subplots(figsize=(6, 1 + 0.4 * len(fan)))
-        names = list(fan)[::-1]
-        ax.barh(names, [fan[n] for n in names], color="tab:blue")
-        ax.set_xlabel("fANOVA importance")
-        ax.set_title(f"parameter importance ({o.metric})")
-        fig.tight_layout()
-        paths.append(str(out / "importance.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+    if not fan:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 1 + 0.4 * len(fan)))
+    names = list(fan)[::-1]
+    ax.barh(names, [fan[n] for n in names], color="tab:blue")
+    ax.set_xlabel("fANOVA importance")
+    ax.set_title(f"parameter importance ({o.metric})")
+    return fig
 
-    if len(objectives) >= 2:
-        a, b = objectives[0], objectives[1]
-        done = [r for r in records if r.state == "complete" and r.values]
-        fig, ax = plt.subplots(figsize=(6, 4.5))
-        ax.scatter([r.values[0] for r in done if r.values], [r.values[1] for r in done if r.values],
-                   c="tab:blue", s=16, label="feasible")
-        pf = sorted((r for r in front if r.values), key=lambda r: r.values[0] if r.values else 0)
-        ax.plot([r.values[0] for r in pf if r.values], [r.values[1] for r in pf if r.values],
-                "o-", c="tab:red", label="Pareto front")
-        ax.set_xlabel(a.text)
-        ax.set_ylabel(b.text)
-        ax.legend(fontsize=8)
-        ax.set_title("Pareto front")
-        fig.tight_layout()
-        paths.append(str(out / "pareto.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
+
+def _plot_pareto(plt: Any, records: Sequence[TrialRecord], objectives: Sequence[Objective],
+                 front: Sequence[TrialRecord]) -> Any:
+    if len(objectives) < 2:
+        return None
+    a, b = objectives[0], objectives[1]
+    done = [r for r in records if r.state == "complete" and r.values]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.scatter([r.values[0] for r in done if r.values], [r.values[1] for r in done if r.values],
+               c="tab:blue", s=16, label="feasible")
+    pf = sorted((r for r in front if r.values), key=lambda r: r.values[0] if r.values else 0)
+    ax.plot([r.values[0] for r in pf if r.values], [r.values[1] for r in pf if r.values],
+            "o-", c="tab:red", label="Pareto front")
+    ax.set_xlabel(a.text)
+    ax.set_ylabel(b.text)
+    ax.legend(fontsize=8)
+    ax.set_title("Pareto front")
+    return fig
 
 
 def _finite(v: Any) -> bool:

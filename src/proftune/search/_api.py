@@ -14,26 +14,27 @@ from typing import Any
 
 import optuna
 
+from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, environment, open_store, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
-from ._constraints import Constraint, Objective, parse_targets
+from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
+from ._records import ATTR, TrialRecord, trial_records
+from ._samplers import SAMPLERS
+from ._scan import ScanResult, restrict_space
+from ._scan import scan as run_scan
+from ._settings import SearchSettings, check_settings
 from ._space import Space, load_space
-from ._study import (
-    ATTR,
-    SAMPLERS,
-    SearchSettings,
-    TrialRecord,
-    check_settings,
-    open_storage,
-    raise_if_too_many_failures,
-    run_worker,
-    trial_records,
-)
+from ._storage import open_storage
+from ._strategy import Statement, strategy
+from ._study import raise_if_too_many_failures, run_worker
 
-__all__ = ["SearchResult", "search", "task_metrics"]
+__all__ = ["DEFAULT_SCAN", "SearchResult", "scan", "search", "task_metrics"]
+
+#: Configurations the feasibility scan profiles when there are hard profile constraints.
+DEFAULT_SCAN = 16
 
 
 @dataclass
@@ -56,12 +57,27 @@ class SearchResult:
     duration_s: float
     resumed: bool
     plots: list[str] = field(default_factory=list)
+    #: The feasibility scan that restricted the space before the study (None: no scan).
+    scan: ScanResult | None = None
+    #: What the study says to do with each param and which param drives each constraint.
+    strategy: list[Statement] = field(default_factory=list)
+    #: Gated trials (ended before training) allowed before the study stops.
+    max_gated: int | None = None
+    #: Why the workers stopped (trials, timeout, max_gated, max_failures, grid_exhausted).
+    stopped: str | None = None
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(("complete", "pruned", "infeasible", "failed", "running"), 0)
         for t in self.trials:
             out[t.state] = out.get(t.state, 0) + 1
         return out
+
+    def budget(self) -> dict[str, Any]:
+        """Trials that trained (what ``trials`` counts) beside those gated before training."""
+        gated = sum(1 for t in self.trials if t.gated)
+        return {"trained": sum(1 for t in self.trials if not t.gated and t.state != "running"),
+                "gated": gated, "gated_share": gated / len(self.trials) if self.trials else 0.0,
+                "max_gated": self.max_gated, "stopped": self.stopped}
 
     def compute(self) -> dict[str, float]:
         """Seconds spent training and profiling, and what went to infeasible trials."""
@@ -72,6 +88,7 @@ class SearchResult:
             "infeasible_s": sum(t.duration_s or 0.0 for t in self.trials if t.state == "infeasible"),
             "infeasible_train_s": sum(t.train_s for t in self.trials if t.state == "infeasible"),
             "trials_s": sum(t.duration_s or 0.0 for t in self.trials),
+            "scan_s": self.scan.duration_s if self.scan else 0.0,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,13 +111,34 @@ class SearchResult:
             "best": best_dict(self.best),
             "pareto": [best_dict(t) for t in self.pareto],
             "counts": self.counts(),
+            "budget": self.budget(),
             "compute": self.compute(),
+            "scan": self.scan.to_dict() if self.scan else None,
+            "strategy": [st.to_dict() for st in self.strategy],
             "trials": [t.to_dict() for t in self.trials],
             "correlations": self.correlations,
             "importance": self.importance,
             "duration_s": self.duration_s,
             "plots": self.plots,
         }
+
+
+def scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, constraints: Sequence[str],
+         n: int = DEFAULT_SCAN, seed: int = 0, device: str = "auto", gate_steps: int = 2) -> ScanResult:
+    """Profile ``n`` Halton configurations of ``space`` (no training) and fit the bounds of the
+    params within which the hard profile ``constraints`` hold (see :mod:`proftune.search._scan`)."""
+    problems = ProblemCollector()
+    task_obj = load_task(task)
+    space_obj = load_space(space)
+    _, cons = parse_targets([], constraints, task_metrics=None, problems=problems, task=task_obj)
+    hard = [c for c in cons if c.is_profile]
+    if not problems and not hard:
+        problems.add(f"constraints={list(constraints)!r}: the scan needs a constraint on a profile metric; "
+                     f"valid metrics: {', '.join(PROFILE_METRICS)}.")
+    if isinstance(n, bool) or n < 1:
+        problems.add(f"n must be an integer >= 1, but got {n=}.")
+    problems.raise_if_any(header="scan: the arguments are not well-formed, found the following errors:")
+    return run_scan(task_obj, space_obj, hard, n=n, seed=seed, device=device, gate_steps=gate_steps)
 
 
 def task_metrics(task: Task) -> list[str] | None:
@@ -120,8 +158,8 @@ def task_metrics(task: Task) -> list[str] | None:
         params = dict(task.default_params)
         model = task.build_model(params)
         return sorted(evaluate_model(task, model, resolve_device("cpu"), int(params.get("batch_size", 64))))
-    except Exception:
-        return None
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None  # the task's code cannot say on a fresh model; each trial reports what it returns
 
 
 def _study_definition(space: Space, objectives: Sequence[Objective],
@@ -184,9 +222,11 @@ def search(
     seed: int = 0,
     device: str = "auto",
     max_failures: int = 5,
+    max_gated: int | None = None,
     gate_steps: int = 3,
     coarse: str = "halton",
     grid_points: int = 5,
+    scan: int | None = None,
     plot: str | Path | None = None,
     store: Store | str | None = None,
 ) -> SearchResult:
@@ -195,72 +235,35 @@ def search(
     ``objectives``: ``"accuracy:max"``-style, one (best trial) or several (Pareto front);
     default: ``accuracy:max`` when the task reports accuracy, else ``val_loss:min``.
     ``constraints``: ``"step_time_ms<50"``-style, on task or profile metrics; profile ones gate
-    each trial before it trains. ``trials`` counts the study's finished trials, so running
-    again with the same ``study`` continues it. ``timeout`` bounds this call (seconds).
-    ``coarse``: the first pass of ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"``
-    (``grid_points`` per continuous param, also the points of ``sampler="grid"``).
+    each trial before it trains. ``trials`` counts the study's trained trials (complete, pruned,
+    failed in user code), so running again with the same ``study`` continues it; trials gated
+    before training are counted apart, at most ``max_gated`` (default ten per trial, >= 20).
+    ``scan``: profile this many Halton configurations before the study and restrict the space
+    to where the hard profile constraints hold (default 16 when there are such constraints;
+    0: no scan). ``timeout`` bounds this call (seconds). ``coarse``: the first pass of
+    ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"`` (``grid_points`` per continuous
+    param, also the points of ``sampler="grid"``).
     """
     started = time.perf_counter()
-    problems = ProblemCollector()
     task_obj = load_task(task)
-    task_name = task_obj.name or type(task_obj).__name__
-    space_obj: Space | None = None
-    try:
-        space_obj = load_space(space)
-    except ConfigError as exc:
-        problems.problems.extend(exc.problems)
-    metrics = task_metrics(task_obj)
-    if objectives is None or len(objectives) == 0:
-        objectives = ["accuracy:max"] if metrics is None or "accuracy" in metrics else ["val_loss:min"]
-    objs, cons = parse_targets(objectives, constraints, task_metrics=metrics, problems=problems)
-    if sampler not in SAMPLERS:
-        problems.add(f"--sampler {sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
-    if pruner not in PRUNERS:
-        problems.add(f"--pruner {pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
-    if workers > 1 and not isinstance(task, str):
-        try:
-            pickle.dumps(task_obj)
-        except Exception:
-            problems.add("workers > 1 needs a task that other processes can load: give its spec "
-                         "('file.py:Class', 'pkg.mod:Class' or a built-in name).")
-    if space_obj is not None:
-        settings = SearchSettings(
-            task=task if isinstance(task, str) else task_obj, space=space_obj, objectives=objs,
-            constraints=cons, trials=trials, study=study or "", db="", sampler=sampler, pruner=pruner,
-            epochs=epochs, max_steps=max_steps, timeout=timeout, seed=seed, device=device,
-            max_failures=max_failures, gate_steps=gate_steps, workers=workers, task_name=task_name,
-            coarse=coarse, grid_points=grid_points)
-        check_settings(settings, problems)
-    problems.raise_if_any(header="tune: the search is not well-formed, found the following errors:")
-    assert space_obj is not None
+    settings, space_obj = _settings(task, task_obj, space, locals())
     if epochs is None and max_steps is None:
         settings.epochs = epochs = task_obj.default_epochs
 
     store = open_store(store, db=db)
     settings.db = store.url
-    name = study or f"tune-{task_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{os.getpid()}"
+    name = study or f"tune-{settings.task_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{os.getpid()}"
     settings.study = name
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(store.url)
-    wanted = _study_definition(space_obj, objs, cons, task_name)
-    try:
-        study_id = storage.get_study_id_from_name(name)
-    except KeyError:
-        study_id = None
-    resumed = study_id is not None
-    if study_id is not None:
-        stored = storage.get_study_user_attrs(study_id)
-        diffs = _differences(stored, wanted)
-        if diffs:
-            raise ConfigError(diffs, header=(
-                f"study {name!r} in {store.url} was created with a different space or targets; "
-                "it was left unchanged. Use another --study name, or the original space:"))
-
+    wanted = _study_definition(space_obj, settings.objectives, settings.constraints, settings.task_name)
+    stored = _stored_definition(storage, name, store.url, wanted)
     config = {"study": name, "space": space_obj.to_dict(), "space_hash": space_obj.hash(),
-              "objectives": [o.text for o in objs], "constraints": [c.text for c in cons],
-              "trials": trials, "timeout": timeout, "sampler": sampler, "pruner": pruner,
-              "epochs": epochs, "max_steps": max_steps, "workers": workers, "seed": seed,
-              "device": device, "max_failures": max_failures, "resumed": resumed,
+              "objectives": [o.text for o in settings.objectives],
+              "constraints": [c.text for c in settings.constraints], "trials": trials, "timeout": timeout,
+              "sampler": sampler, "pruner": pruner, "epochs": epochs, "max_steps": max_steps,
+              "workers": workers, "seed": seed, "device": device, "max_failures": max_failures,
+              "max_gated": max_gated, "scan": scan, "resumed": stored is not None,
               "params": dict(space_obj.fixed)}
     with tracked_run("tune", task_obj, config=config, device=None, store=store, study=name) as run:
         record = store.get_run(run.id)
@@ -268,37 +271,131 @@ def search(
         settings.data_fingerprint = record.data_fingerprint
         settings.env = environment(None)
         created = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                      directions=[_direction(o) for o in objs])
-        if not resumed:
+                                      directions=[_direction(o) for o in settings.objectives])
+        if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
+        scan_result = _scan_for(created, stored, task_obj, space_obj, settings, scan)
+        if scan_result is not None:
+            settings.space = restrict_space(space_obj, scan_result.bounds)
         deadline = time.time() + timeout if timeout else None
         if workers == 1:
-            run_worker(settings, 0, deadline, storage=storage)
+            stopped = run_worker(settings, 0, deadline, storage=storage)["stopped"]
         else:
-            _run_processes(settings, workers, deadline)
-        loaded = optuna.load_study(study_name=name, storage=storage)
-        raise_if_too_many_failures(loaded, max_failures)
-        records = trial_records(loaded)
-        front = pareto_front(records, objs)
-        corr = correlations(records, space_obj, objs)
-        imp = importance(loaded, records, objs, seed=seed)
-        result = SearchResult(
-            study=name, run_id=run.id, db=store.url, objectives=objs, constraints=cons,
-            trials=records, best=front[0] if front else None, pareto=front, correlations=corr,
-            importance=imp, space_hash=space_obj.hash(), sampler=sampler, pruner=pruner,
-            duration_s=time.perf_counter() - started, resumed=resumed)
-        if plot is not None:
-            result.plots = plot_study(records, objs, corr, imp, front, plot)
+            stopped = _run_processes(settings, workers, deadline)
+        result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
+                          scan_result, plot)
+        result.stopped = stopped
         summary = result.to_dict()
         run.set(metrics=dict(result.best.metrics) if result.best else {},
-                result={k: summary[k] for k in ("best", "pareto", "counts", "compute",
-                                                 "correlations", "importance")},
+                result={k: summary[k] for k in ("best", "pareto", "counts", "budget", "compute",
+                                                 "correlations", "importance", "strategy")},
                 artifacts={"plots": result.plots})
     return result
 
 
-def _run_processes(settings: SearchSettings, workers: int, deadline: float | None) -> None:
+def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any]) -> tuple[SearchSettings, Space]:
+    """Validate every option of :func:`search` together; one ConfigError lists every problem."""
+    problems = ProblemCollector()
+    space_obj: Space | None = None
+    try:
+        space_obj = load_space(space)
+    except ConfigError as exc:
+        problems.problems.extend(exc.problems)
+    metrics = task_metrics(task_obj)
+    objectives = given["objectives"]
+    if not objectives:
+        objectives = ["accuracy:max"] if metrics is None or "accuracy" in metrics else ["val_loss:min"]
+    objs, cons = parse_targets(objectives, given["constraints"], task_metrics=metrics, problems=problems,
+                               task=task_obj)
+    if given["sampler"] not in SAMPLERS:
+        problems.add(f"--sampler {given['sampler']!r} is unknown; valid: {', '.join(SAMPLERS)}.")
+    if given["pruner"] not in PRUNERS:
+        problems.add(f"--pruner {given['pruner']!r} is unknown; valid: {', '.join(PRUNERS)}.")
+    if given["scan"] is not None and (isinstance(given["scan"], bool) or given["scan"] < 0):
+        problems.add(f"--scan must be an integer >= 0 (0: no scan), but got {given['scan']!r}.")
+    if given["workers"] > 1 and not isinstance(task, str) and not _picklable(task_obj):
+        problems.add("workers > 1 needs a task that other processes can load: give its spec "
+                     "('file.py:Class', 'pkg.mod:Class' or a built-in name).")
+    settings = None
+    if space_obj is not None:
+        settings = SearchSettings(
+            task=task if isinstance(task, str) else task_obj, space=space_obj, objectives=objs,
+            constraints=cons, trials=given["trials"], study="", db="", sampler=given["sampler"],
+            pruner=given["pruner"], epochs=given["epochs"], max_steps=given["max_steps"],
+            timeout=given["timeout"], seed=given["seed"], device=given["device"],
+            max_failures=given["max_failures"], max_gated=given["max_gated"],
+            gate_steps=given["gate_steps"], workers=given["workers"],
+            task_name=task_obj.name or type(task_obj).__name__, coarse=given["coarse"],
+            grid_points=given["grid_points"])
+        check_settings(settings, problems)
+    problems.raise_if_any(header="tune: the search is not well-formed, found the following errors:")
+    assert settings is not None and space_obj is not None
+    return settings, space_obj
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def _stored_definition(storage: Any, name: str, url: str, wanted: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The stored study's user attrs (None: a new study); a different definition is a ConfigError."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+    stored = dict(storage.get_study_user_attrs(study_id))
+    diffs = _differences(stored, wanted)
+    if diffs:
+        raise ConfigError(diffs, header=(
+            f"study {name!r} in {url} was created with a different space or targets; "
+            "it was left unchanged. Use another --study name, or the original space:"))
+    return stored
+
+
+def _scan_for(study: optuna.Study, stored: Mapping[str, Any] | None, task: Task, space: Space,
+              settings: SearchSettings, n: int | None) -> ScanResult | None:
+    """The study's scan: the stored one when resuming, else a new one when asked (or by default)."""
+    if stored is not None and stored.get(f"{ATTR}_scan"):
+        return ScanResult.from_dict(stored[f"{ATTR}_scan"])
+    hard = [c for c in settings.constraints if c.is_profile]
+    count = (DEFAULT_SCAN if hard else 0) if n is None else n
+    if count <= 0 or not hard or stored is not None:
+        return None
+    # the scan ranks configurations rather than judging one: a step fewer than the trials' gate
+    result = run_scan(task, space, hard, n=count, seed=settings.seed, device=settings.device,
+                      gate_steps=max(2, settings.gate_steps - 1))
+    study.set_user_attr(f"{ATTR}_scan", json_safe(result.to_dict()))
+    return result
+
+
+def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, url: str, resumed: bool,
+             started: float, scan_result: ScanResult | None, plot: str | Path | None) -> SearchResult:
+    """Read the finished study back: records, Pareto front, correlations, importance, strategy."""
+    loaded = optuna.load_study(study_name=settings.study, storage=storage)
+    raise_if_too_many_failures(loaded, settings.max_failures)
+    records = trial_records(loaded)
+    objs, cons = settings.objectives, settings.constraints
+    front = pareto_front(records, objs)
+    corr = correlations(records, space, objs)
+    imp = importance(loaded, records, objs, seed=settings.seed)
+    result = SearchResult(
+        study=settings.study, run_id=run_id, db=url, objectives=objs, constraints=cons,
+        trials=records, best=front[0] if front else None, pareto=front, correlations=corr,
+        importance=imp, space_hash=space.hash(), sampler=settings.sampler, pruner=settings.pruner,
+        duration_s=time.perf_counter() - started, resumed=resumed, scan=scan_result,
+        strategy=strategy(records, space, objs, cons, scan=scan_result, seed=settings.seed),
+        max_gated=settings.gated_limit)
+    if plot is not None:
+        result.plots = plot_study(records, objs, corr, imp, front, plot)
+    return result
+
+
+def _run_processes(settings: SearchSettings, workers: int, deadline: float | None) -> str:
     """``workers`` processes on this machine share the study through the database."""
     ctx = mp.get_context("spawn")
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -312,3 +409,4 @@ def _run_processes(settings: SearchSettings, workers: int, deadline: float | Non
     if bad:
         raise RunFailedError(f"search workers ended with errors: {bad} (worker, exit code); the "
                              "finished trials are in the study, run the same command to continue.")
+    return "workers_done"

@@ -12,7 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import ProblemCollector
+from .._units import parse_quantity
+from ..exceptions import ConfigError, ProblemCollector
+from ..metrics import METRICS, is_known, produced_by, resolve_direction
 
 __all__ = [
     "PROFILE_METRICS",
@@ -23,21 +25,13 @@ __all__ = [
     "parse_targets",
 ]
 
-#: Metrics measured by profiling a configuration for a few steps (no training needed).
-PROFILE_METRICS = (
-    "step_time_ms", "peak_memory_bytes", "throughput", "grad_var", "grad_norm",
-    "params", "macs", "flops", "latency_ms", "size_bytes",
-)
+#: Metrics measured by profiling a configuration (no training needed), from the registry.
+PROFILE_METRICS = tuple(name for name, m in METRICS.items() if m.is_profile)
 #: Profile metrics that need no step at all: counted from the model.
-STATIC_METRICS = ("params", "macs", "flops", "size_bytes")
-_MIN_WORDS = ("loss", "error", "latency", "perplexity")
-_MIN_ENDINGS = ("_ms", "_s", "_bytes", "time", "params", "macs", "flops", "_var", "_norm")
-_UNITS = {
-    "": 1.0, "k": 1e3, "m": 1e6, "g": 1e9,
-    "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30,
-    "ms": 1.0, "s": 1.0,
-}
-_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*([A-Za-z]*)\s*$")
+STATIC_METRICS = produced_by("static")
+#: Metrics the fit loop itself reports after training (the task's evaluate adds its own).
+TRAIN_METRICS = produced_by("train")
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(<=|>=|<|>)\s*([-+.0-9][^<>=]*?)\s*$")
 _OPS = ("<", "<=", ">", ">=")
 _TINY = 1e-9
 
@@ -58,7 +52,7 @@ class Constraint:
 
     @property
     def is_profile(self) -> bool:
-        """Checked before training, from the profile of a few steps."""
+        """Checked before training, from the profile of a configuration (the registry says which)."""
         return self.metric in PROFILE_METRICS
 
     def violation(self, value: float) -> float:
@@ -105,56 +99,43 @@ def _fmt(value: float) -> str:
     return f"{value:.3e}"
 
 
-def default_direction(metric: str) -> str:
-    """``minimize`` for losses, times, sizes and counts; ``maximize`` otherwise (accuracy, ...)."""
-    low = metric.lower()
-    if low == "throughput":
-        return "maximize"
-    if any(w in low for w in _MIN_WORDS) or low.endswith(_MIN_ENDINGS):
-        return "minimize"
-    return "maximize"
-
-
-def parse_objective(text: str, problems: ProblemCollector) -> Objective | None:
-    """``accuracy:max`` / ``val_loss:min`` / ``accuracy`` (direction from the name)."""
-    name, sep, direction = str(text).strip().partition(":")
+def parse_objective(text: str, problems: ProblemCollector, *, task: Any = None) -> Objective | None:
+    """``accuracy:max`` / ``val_loss:min`` / ``accuracy`` (direction from the metric registry)."""
+    name, sep, given = str(text).strip().partition(":")
     name = name.strip()
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
         problems.add(f"--objective {text!r} is malformed; give METRIC or METRIC:max|min (e.g. accuracy:max).")
         return None
-    if not sep:
-        return Objective(name, default_direction(name))
-    d = direction.strip().lower()
-    if d in ("max", "maximize", "maximise"):
-        return Objective(name, "maximize")
-    if d in ("min", "minimize", "minimise"):
-        return Objective(name, "minimize")
-    problems.add(f"--objective {text!r}: direction {direction!r} is unknown; valid: max, min.")
-    return None
+    try:
+        d = resolve_direction(name, given.strip() if sep else None, task=task)
+    except ConfigError as exc:
+        problems.add(f"--objective {text!r}: {exc.problems[0]}")
+        return None
+    return Objective(name, "maximize" if d == "max" else "minimize")
 
 
 def parse_constraint(text: str, problems: ProblemCollector) -> Constraint | None:
-    """``step_time_ms<50``, ``peak_memory_bytes<=2GiB``, ``accuracy>=0.9``."""
+    """``step_time_ms<50``, ``step_time_ms<1s`` (1000 ms), ``peak_memory_bytes<=2GiB``, ``accuracy>=0.9``.
+
+    The limit is read in the metric's unit from the registry (:func:`proftune._units.parse_quantity`):
+    a time metric takes ``ms``, ``s``, ``min``, a byte metric ``KiB``, ``MB``, ``GiB``, a count ``k``, ``M``.
+    """
     m = _CONSTRAINT.match(str(text))
     if not m:
         problems.add(f"--constraint {text!r} is malformed; give METRIC<VALUE, <=, > or >= "
                      "(e.g. step_time_ms<50, peak_memory_bytes<=2GiB).")
         return None
-    metric, op, number, unit = m.groups()
+    metric, op, limit = m.groups()
+    unit = METRICS[metric].unit if is_known(metric) else ""
     try:
-        value = float(number)
-    except ValueError:
-        problems.add(f"--constraint {text!r}: {number!r} is not a number.")
-        return None
-    factor = _UNITS.get(unit.lower())
-    if factor is None:
-        problems.add(f"--constraint {text!r}: unit {unit!r} is unknown; valid: "
-                     "k, M, G, KB, MB, GB, KiB, MiB, GiB (or none).")
+        value = parse_quantity(limit, unit=unit, name=f"--constraint {text!r}: limit")
+    except ConfigError as exc:
+        problems.problems.extend(exc.problems)
         return None
     if not math.isfinite(value):
         problems.add(f"--constraint {text!r}: the limit must be finite.")
         return None
-    return Constraint(metric, op, value * factor, f"{metric}{op}{number}{unit}")
+    return Constraint(metric, op, value, f"{metric}{op}{limit.replace(' ', '')}")
 
 
 def parse_targets(
@@ -163,25 +144,33 @@ def parse_targets(
     *,
     task_metrics: Sequence[str] | None,
     problems: ProblemCollector,
+    task: Any = None,
 ) -> tuple[list[Objective], list[Constraint]]:
-    """Parse every objective and constraint and check their metrics exist.
+    """Parse every objective and constraint and check that something produces their metrics.
 
-    ``task_metrics`` are the names the task's evaluation returns (None: unknown, not checked).
+    ``task_metrics`` are the names the task's evaluation returns (None: unknown, not checked);
+    ``task`` may declare directions of its own metrics (``metric_directions``).
     """
-    objs = [o for o in (parse_objective(t, problems) for t in objectives) if o]
+    objs = [o for o in (parse_objective(t, problems, task=task) for t in objectives) if o]
     cons = [c for c in (parse_constraint(t, problems) for t in constraints) if c]
-    known = list(PROFILE_METRICS) + list(task_metrics or [])
+    produced = produced_metrics(task_metrics)
     for kind, metric, text in ([("--objective", o.metric, o.text) for o in objs]
                                + [("--constraint", c.metric, c.text) for c in cons]):
-        if task_metrics is not None and metric not in known:
-            problems.add(f"{kind} {text!r}: metric {metric!r} does not exist; task metrics: "
-                         f"{', '.join(task_metrics) or '(none)'}; profile metrics: {', '.join(PROFILE_METRICS)}.")
+        if task_metrics is not None and metric not in produced:
+            problems.add(f"{kind} {text!r}: metric {metric!r} is produced by nothing here; task metrics: "
+                         f"{', '.join(task_metrics) or '(none)'}; training: {', '.join(TRAIN_METRICS)}; "
+                         f"profile metrics: {', '.join(PROFILE_METRICS)}.")
     seen: set[str] = set()
     for o in objs:
         if o.metric in seen:
             problems.add(f"--objective {o.metric!r} is given twice.")
         seen.add(o.metric)
     return objs, cons
+
+
+def produced_metrics(task_metrics: Sequence[str] | None) -> tuple[str, ...]:
+    """Every metric a trial produces: the profile's (the gate measures each), training's, the task's."""
+    return (*PROFILE_METRICS, *TRAIN_METRICS, *(task_metrics or ()))
 
 
 def constraint_table(constraints: Sequence[Constraint], metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -1,27 +1,39 @@
-"""Profile-gated trials: measure a configuration for a few steps before any training is spent.
+"""Profile-gated trials: measure a configuration before any training is spent on it.
 
-The gate asks :func:`proftune.profile` (``detail="step"``: step time, peak memory, params, MACs)
-for the metrics the hard constraints name. A configuration that breaks one ends at once as
-infeasible with the measured reason; the measured values also go to Optuna's constraint
-interface so that the sampler learns where the feasible region lies.
+The gate produces every profile metric of the registry (:mod:`proftune.metrics`) that a hard
+constraint or an objective names, each by the cheapest measurement that yields it:
+
+- ``static`` (``params``, ``macs``, ``flops``, ``size_bytes``): counted on the built model by the
+  one FLOP counter (:func:`proftune.profile.count_model`), no step run;
+- ``step`` (``step_time_ms``, ``throughput``, ``grad_norm``, ``grad_var``, ``peak_memory_bytes``):
+  a :class:`~proftune.profile.Profile` of a few training steps through the fit loop,
+  ``detail="time"``, or ``detail="step"`` when the memory peak is needed;
+- ``inference`` (``latency_ms``): a Profile of the forward pass at batch 1 in eval mode.
+
+Static constraints are checked first, so a configuration that breaks one never runs a step. A
+configuration that breaks a constraint ends at once as infeasible with the measured reason; the
+measured values also go to Optuna's constraint interface so that the sampler learns where the
+feasible region lies.
 """
 
 from __future__ import annotations
 
 import gc
-import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..metrics import METRICS
 from ..task import Task
-from ..train import Callback, FitState, fit
-from ._constraints import STATIC_METRICS, Constraint
+from ._constraints import Constraint
 
-__all__ = ["GateResult", "ProfileGate", "free_memory", "is_oom"]
+__all__ = ["GATE_STAGES", "GateResult", "ProfileGate", "free_memory", "is_oom"]
+
+#: The stages the gate measures, cheapest first.
+GATE_STAGES = ("static", "step", "inference")
 
 
 @dataclass
@@ -40,14 +52,22 @@ class GateResult:
         return all(v <= 0 for v in self.violations.values())
 
 
+def _stage_of(metric: str) -> str:
+    producers = METRICS[metric].producers
+    return next(s for s in GATE_STAGES if s in producers)
+
+
 class ProfileGate:
-    """Profiles a configuration for ``steps`` steps and checks the hard (profile) constraints."""
+    """Measures a configuration's profile metrics and checks the hard (profile) constraints."""
 
     def __init__(self, constraints: Sequence[Constraint], *, needed: Sequence[str] = (),
                  steps: int = 3, warmup: int = 1, device: str | torch.device = "auto",
                  seed: int = 0) -> None:
         self.constraints = [c for c in constraints if c.is_profile]
         self.needed = sorted({c.metric for c in self.constraints} | set(needed))
+        unknown = [m for m in self.needed if m not in METRICS or not METRICS[m].is_profile]
+        if unknown:
+            raise ValueError(f"the gate measures profile metrics only, but got {unknown}.")
         self.steps, self.warmup, self.device, self.seed = steps, warmup, device, seed
         self._warmed = False
 
@@ -59,38 +79,36 @@ class ProfileGate:
     def check(self, task: Task, params: dict[str, Any]) -> GateResult:
         """Measure ``params`` on ``task`` and evaluate the constraints (may raise OOM).
 
-        The cheapest measurement that yields the needed metrics: static counts alone (no step)
-        for params/MACs/FLOPs/size; a few timed steps of the fit loop for step time,
-        throughput and gradient figures; :func:`proftune.profile` (``detail="step"``) when the
-        memory peak is needed. Static constraints are checked first, so a configuration that
-        breaks one never runs a step.
+        Stages run cheapest first (static counts, a profiled step, an inference timing) and stop
+        at the first stage whose metrics break a constraint.
         """
         started = time.perf_counter()
-        needed = set(self.needed)
-        static_needed = needed & set(STATIC_METRICS)
+        merged = {**task.default_params, **params}
         metrics: dict[str, float] = {}
-        sources = []
-        if static_needed:
-            metrics.update(_static_metrics(task, params))
-            sources.append("static")
-        violations, reasons = self._evaluate(metrics)
-        dynamic = needed - set(metrics)
-        if dynamic and not any(v > 0 for v in violations.values()):
-            if not self._warmed:
-                # the first steps of a process pay for lazy kernel and allocator set-up
-                _step_metrics(task, params, steps=1, warmup=1, device=self.device, seed=self.seed,
-                              memory="peak_memory_bytes" in dynamic)
-                self._warmed = True
-            step = _step_metrics(task, params, steps=self.steps, warmup=self.warmup,
-                                 device=self.device, seed=self.seed,
-                                 memory="peak_memory_bytes" in dynamic)
-            metrics = {**step, **{k: v for k, v in metrics.items() if k not in step}}
-            sources.append("profile" if "peak_memory_bytes" in dynamic else "steps")
+        sources: list[str] = []
+        violations: dict[str, float] = {}
+        reasons: list[str] = []
+        measure: dict[str, Callable[[set[str]], dict[str, float]]] = {
+            "static": lambda want: _static_metrics(task, merged),
+            "step": lambda want: self._step_metrics(task, merged, memory="peak_memory_bytes" in want),
+            "inference": lambda want: self._inference_metrics(task, merged),
+        }
+        for stage in GATE_STAGES:
+            want = {m for m in self.needed if _stage_of(m) == stage}
+            if not want:
+                continue
+            measured = measure[stage](want)
+            for key, value in measured.items():  # a cheaper stage's value stands
+                metrics.setdefault(key, value)
+            sources.append(stage)
             violations, reasons = self._evaluate(metrics)
-            missing = [c.text for c in self.constraints if c.metric not in metrics]
+            if reasons:
+                break
+        else:
+            missing = [m for m in self.needed if m not in metrics]
             if missing:
-                raise RuntimeError(f"the profile gave no value for constraint(s) {missing}; "
-                                   f"measured: {', '.join(sorted(metrics))}.")
+                raise RuntimeError(f"the profile gave no value for {missing}; measured: "
+                                   f"{', '.join(sorted(metrics))}.")
         return GateResult(metrics=metrics, violations=violations, reasons=reasons,
                           duration_s=time.perf_counter() - started, source="+".join(sources))
 
@@ -106,103 +124,48 @@ class ProfileGate:
                 reasons.append(c.reason(float(metrics[c.metric])))
         return violations, reasons
 
+    def _warmup(self) -> int:
+        """One more unmeasured step on the first call: a process's first steps pay for lazy set-up."""
+        extra = 0 if self._warmed else 1
+        self._warmed = True
+        return self.warmup + extra
 
-def _profile_api() -> Any:
-    """``proftune.profile`` when the profiler is installed in this tree, else None."""
-    try:
-        from ..profile import profile as fn
-    except ImportError:  # pragma: no cover
-        return None
-    return fn if callable(fn) else None
+    def _step_metrics(self, task: Task, params: dict[str, Any], *, memory: bool) -> dict[str, float]:
+        """A Profile of a few training steps: ``detail="step"`` when the memory peak is asked.
 
+        ``detail="step"`` adds a memory step under ``torch.profiler`` on CPU, which costs more
+        than training a small configuration for an epoch; without a memory constraint the gate
+        reads the cheaper ``detail="time"``.
+        """
+        from ..profile import profile
 
-def _count_api() -> Any:
-    try:
-        from proftune.profile import count_model
-    except ImportError:
-        return None
-    return count_model
+        p = profile(task, params=params, batch_size=params.get("batch_size"), steps=self.steps,
+                    warmup=self._warmup(), device=self.device, seed=self.seed,
+                    detail="step" if memory else "time")
+        return {k: float(v) for k, v in p.metrics().items() if v is not None}
+
+    def _inference_metrics(self, task: Task, params: dict[str, Any]) -> dict[str, float]:
+        """``latency_ms``: the forward pass at batch 1 in eval mode (median of the timed steps)."""
+        from ..profile import profile
+
+        p = profile(task, params=params, batch_size=1, steps=max(self.steps, 5), warmup=self._warmup(),
+                    inference=True, device=self.device, seed=self.seed, detail="time")
+        return {"latency_ms": float(p.step.forward_ms)}
 
 
 def _static_metrics(task: Task, params: dict[str, Any]) -> dict[str, float]:
-    """Params, MACs and FLOPs counted on the model built for ``params`` (no step run)."""
-    merged = {**task.default_params, **params}
+    """Params, MACs, FLOPs (the one FLOP counter) and bytes of the model built for ``params``."""
+    from ..profile import count_model
+
     torch.manual_seed(0)
-    model = task.build_model(merged)
-    count_model = _count_api()
-    if count_model is None:
-        n = sum(p.numel() for p in model.parameters())
-        return {"params": float(n), "size_bytes": float(sum(p.numel() * p.element_size()
-                                                            for p in model.parameters()))}
-    batch = task.example_batch(int(merged.get("batch_size", 32)))
+    model = task.build_model(params)
+    model.eval()  # a count at any batch size: BatchNorm in train mode refuses a batch of 1
+    batch = task.example_batch(int(params.get("batch_size", 32)))
     example = batch[0] if isinstance(batch, (tuple, list)) else batch
     counts = count_model(model, example)
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     return {"params": float(counts.params_total), "macs": float(counts.macs),
             "flops": float(counts.flops), "size_bytes": float(size)}
-
-
-def _step_metrics(task: Task, params: dict[str, Any], *, steps: int, warmup: int,
-                  device: str | torch.device, seed: int, memory: bool) -> dict[str, float]:
-    """Step metrics: :func:`proftune.profile` when the memory peak is asked, else timed fit steps.
-
-    ``profile(detail="step")`` also measures the step's memory with ``torch.profiler``, which
-    costs more than training a small configuration for an epoch on CPU; without a memory
-    constraint the gate times the steps of the fit loop alone.
-    """
-    profile = _profile_api()
-    if memory and profile is not None:
-        p = profile(task, params=params, batch_size=params.get("batch_size"), steps=steps,
-                    warmup=warmup, device=device, seed=seed, detail="step")
-        return {k: float(v) for k, v in p.metrics().items() if v is not None}
-    return _measure_with_fit(task, params, steps=steps, warmup=warmup, device=device, seed=seed)
-
-
-class _StepMeter(Callback):
-    """Step times after warm-up, the global gradient norm and the device's peak memory."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
-        self.step_ms: list[float] = []
-        self.grad_norms: list[float] = []
-        self.samples: list[int] = []
-        self.params = 0
-
-    def on_fit_start(self, state: FitState) -> None:
-        state.sync_timing = True
-        self.params = sum(p.numel() for p in state.model.parameters())
-        if state.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(state.device)
-
-    def on_after_backward(self, state: FitState) -> None:
-        if state.step >= self.warmup:
-            grads = [p.grad.detach().norm() for p in state.model.parameters() if p.grad is not None]
-            if grads:
-                self.grad_norms.append(float(torch.stack(grads).norm()))
-
-    def on_step_end(self, state: FitState) -> None:
-        if state.step > self.warmup:
-            self.step_ms.append(state.timing["step_ms"])
-            self.samples.append(state.curves["step"][-1]["samples"])
-
-
-def _measure_with_fit(task: Task, params: dict[str, Any], *, steps: int, warmup: int,
-                      device: str | torch.device, seed: int) -> dict[str, float]:
-    """Fallback while ``proftune.profile`` is absent: time a few steps of the fit loop."""
-    meter = _StepMeter(warmup)
-    result = fit(task, params, max_steps=warmup + steps, evaluate=False, device=device, seed=seed,
-                 callbacks=[meter])
-    out: dict[str, float] = {"params": float(meter.params)}
-    if meter.step_ms:
-        ms = statistics.median(meter.step_ms)
-        out["step_time_ms"] = ms
-        out["throughput"] = statistics.mean(meter.samples) / (ms / 1e3) if ms > 0 else 0.0
-    if meter.grad_norms:
-        out["grad_norm"] = statistics.mean(meter.grad_norms)
-        out["grad_var"] = statistics.pvariance(meter.grad_norms) if len(meter.grad_norms) > 1 else 0.0
-    if str(result.device).startswith("cuda"):
-        out["peak_memory_bytes"] = float(torch.cuda.max_memory_allocated(result.device))
-    return out
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -240,62 +240,12 @@ class Space:
             raw_params = {}
         params = [p for p in (_parse_param(str(n), s, problems) for n, s in raw_params.items()) if p]
         names = {p.name for p in params}
-        by_name = {p.name: p for p in params}
-        for p in params:
-            for other, allowed in p.when:
-                if other == p.name:
-                    problems.add(f"param {p.name!r}: 'when' refers to itself.")
-                elif other not in names:
-                    problems.add(f"param {p.name!r}: 'when' refers to unknown param {other!r}; "
-                                 f"known: {', '.join(sorted(names))}.")
-                elif by_name[other].type == "categorical":
-                    bad = [a for a in allowed if a not in by_name[other].choices]
-                    if bad:
-                        problems.add(f"param {p.name!r}: 'when' {other}={bad} is not among "
-                                     f"{other}'s choices {list(by_name[other].choices)}.")
+        _check_when(params, problems)
         _check_cycles(params, problems)
-        fixed = data.get("fixed") or {}
-        if not isinstance(fixed, Mapping):
-            problems.add(f"{where}: 'fixed:' must be a mapping of name -> value, but got {fixed!r}.")
-            fixed = {}
-        fixed = {str(k): _scalar(v) for k, v in fixed.items()}
-        for k in fixed:
-            if k in names:
-                problems.add(f"{where}: {k!r} is both searched (params) and fixed; keep one.")
+        fixed = _parse_fixed(where, data.get("fixed") or {}, names, problems)
         forbid = _parse_forbid(data.get("forbid") or [], names | set(fixed), problems)
-        tiers_raw = data.get("tiers")
-        used = [p.tier for p in params if p.tier]
-        if tiers_raw is None:
-            tiers = tuple(t for t in TIERS if t in used)
-            tiers += tuple(dict.fromkeys(t for t in used if t not in TIERS))
-        elif isinstance(tiers_raw, Sequence) and not isinstance(tiers_raw, str):
-            tiers = tuple(str(t) for t in tiers_raw)
-            for p in params:
-                if p.tier and p.tier not in tiers:
-                    problems.add(f"param {p.name!r}: tier={p.tier!r} is not in tiers {list(tiers)}.")
-        else:
-            problems.add(f"{where}: 'tiers:' must be a list, but got {tiers_raw!r}.")
-            tiers = ()
-        if tiers and len(tiers) > 1:
-            for p in params:
-                if not p.tier:
-                    problems.add(f"param {p.name!r} has no tier while the space is staged by tiers "
-                                 f"{list(tiers)}; give it one of them.")
-        pruner = data.get("pruner") or {}
-        if not isinstance(pruner, Mapping):
-            problems.add(f"{where}: 'pruner:' must be a mapping (patience, min_delta), but got {pruner!r}.")
-            pruner = {}
-        pruner = dict(pruner)
-        for key, value in pruner.items():
-            num = _number(value)
-            if key not in ("patience", "min_delta", "n_startup_trials", "n_warmup_steps",
-                           "reduction_factor", "min_resource"):
-                problems.add(f"{where}: pruner option {key!r} is unknown; valid: patience, min_delta, "
-                             "n_startup_trials, n_warmup_steps, reduction_factor, min_resource.")
-            elif num is None or num < 0:
-                problems.add(f"{where}: pruner {key}={value!r} must be a number >= 0.")
-            else:
-                pruner[key] = num if key == "min_delta" else int(num)
+        tiers = _parse_tiers(where, data.get("tiers"), params, problems)
+        pruner = _parse_pruner(where, data.get("pruner") or {}, problems)
         problems.raise_if_any(header=f"{where} is not well-formed, found the following errors:")
         return cls(params=tuple(params), fixed=dict(fixed), forbid=tuple(forbid),
                    tiers=tiers if len(tiers) > 1 else (), pruner=pruner, source=source)
@@ -389,6 +339,74 @@ def load_space(source: str | Path | Mapping[str, Any] | Space) -> Space:
 
 
 # -- parsing helpers ------------------------------------------------------------------------
+def _check_when(params: Sequence[Param], problems: ProblemCollector) -> None:
+    """Each ``when`` names another known param, and a categorical one by its choices."""
+    by_name = {p.name: p for p in params}
+    for p in params:
+        for other, allowed in p.when:
+            if other == p.name:
+                problems.add(f"param {p.name!r}: 'when' refers to itself.")
+            elif other not in by_name:
+                problems.add(f"param {p.name!r}: 'when' refers to unknown param {other!r}; "
+                             f"known: {', '.join(sorted(by_name))}.")
+            elif by_name[other].type == "categorical":
+                bad = [a for a in allowed if a not in by_name[other].choices]
+                if bad:
+                    problems.add(f"param {p.name!r}: 'when' {other}={bad} is not among "
+                                 f"{other}'s choices {list(by_name[other].choices)}.")
+
+
+def _parse_fixed(where: str, raw: Any, names: set[str], problems: ProblemCollector) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        problems.add(f"{where}: 'fixed:' must be a mapping of name -> value, but got {raw!r}.")
+        return {}
+    fixed = {str(k): _scalar(v) for k, v in raw.items()}
+    for k in fixed:
+        if k in names:
+            problems.add(f"{where}: {k!r} is both searched (params) and fixed; keep one.")
+    return fixed
+
+
+def _parse_tiers(where: str, raw: Any, params: Sequence[Param], problems: ProblemCollector) -> tuple[str, ...]:
+    used = [p.tier for p in params if p.tier]
+    if raw is None:
+        tiers = tuple(t for t in TIERS if t in used)
+        tiers += tuple(dict.fromkeys(t for t in used if t not in TIERS))
+    elif isinstance(raw, Sequence) and not isinstance(raw, str):
+        tiers = tuple(str(t) for t in raw)
+        for p in params:
+            if p.tier and p.tier not in tiers:
+                problems.add(f"param {p.name!r}: tier={p.tier!r} is not in tiers {list(tiers)}.")
+    else:
+        problems.add(f"{where}: 'tiers:' must be a list, but got {raw!r}.")
+        tiers = ()
+    if len(tiers) > 1:
+        for p in params:
+            if not p.tier:
+                problems.add(f"param {p.name!r} has no tier while the space is staged by tiers "
+                             f"{list(tiers)}; give it one of them.")
+    return tiers
+
+
+_PRUNER_KEYS = ("patience", "min_delta", "n_startup_trials", "n_warmup_steps", "reduction_factor", "min_resource")
+
+
+def _parse_pruner(where: str, raw: Any, problems: ProblemCollector) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        problems.add(f"{where}: 'pruner:' must be a mapping (patience, min_delta), but got {raw!r}.")
+        return {}
+    pruner = dict(raw)
+    for key, value in raw.items():
+        num = _number(value)
+        if key not in _PRUNER_KEYS:
+            problems.add(f"{where}: pruner option {key!r} is unknown; valid: {', '.join(_PRUNER_KEYS)}.")
+        elif num is None or num < 0:
+            problems.add(f"{where}: pruner {key}={value!r} must be a number >= 0.")
+        else:
+            pruner[key] = num if key == "min_delta" else int(num)
+    return pruner
+
+
 def _parse_param(name: str, spec: Any, problems: ProblemCollector) -> Param | None:
     where = f"param {name!r}"
     if not isinstance(spec, Mapping):
@@ -410,30 +428,46 @@ def _parse_param(name: str, spec: Any, problems: ProblemCollector) -> Param | No
         log = False
     when = _parse_when(where, spec.get("when"), problems)
     tier = spec.get("tier")
-    tier = str(tier) if tier is not None else None
-    default = _scalar(spec.get("default"))
+    common = {"when": when, "tier": str(tier) if tier is not None else None,
+              "default": _scalar(spec.get("default"))}
     if kind == "categorical":
-        choices = spec.get("choices")
-        if not isinstance(choices, Sequence) or isinstance(choices, str):
-            problems.add(f"{where}: choices={choices!r} must be a list.")
+        choices = _parse_choices(where, spec, common["default"], problems)
+        if choices is None or len(problems.problems) > n_before:
             return None
-        if len(choices) == 0:
-            problems.add(f"{where}: choices is empty; give at least one value.")
-            return None
-        choices = [_scalar(c) for c in choices]
-        if len({json.dumps(c, sort_keys=True, default=str) for c in choices}) != len(choices):
-            problems.add(f"{where}: choices={choices!r} has duplicates.")
-        for c in choices:
-            if not (c is None or isinstance(c, (bool, int, float, str))):
-                problems.add(f"{where}: choice {c!r} must be a number, string, bool or null.")
-        for key in ("low", "high", "step"):
-            if key in spec:
-                problems.add(f"{where}: {key!r} has no meaning for a categorical param.")
-        if default is not None and default not in choices:
-            problems.add(f"{where}: default={default!r} is not among choices {choices!r}.")
-        if len(problems.problems) > n_before:
-            return None
-        return Param(name, "categorical", choices=tuple(choices), when=when, tier=tier, default=default)
+        return Param(name, "categorical", choices=choices, **common)
+    bounds = _parse_range(where, kind, spec, log, problems)
+    if bounds is None or len(problems.problems) > n_before:
+        return None
+    low, high, step = bounds
+    return Param(name, kind, low=low, high=high, log=log, step=step, **common)
+
+
+def _parse_choices(where: str, spec: Mapping[str, Any], default: Any,
+                   problems: ProblemCollector) -> tuple[Any, ...] | None:
+    choices = spec.get("choices")
+    if not isinstance(choices, Sequence) or isinstance(choices, str):
+        problems.add(f"{where}: choices={choices!r} must be a list.")
+        return None
+    if len(choices) == 0:
+        problems.add(f"{where}: choices is empty; give at least one value.")
+        return None
+    choices = [_scalar(c) for c in choices]
+    if len({json.dumps(c, sort_keys=True, default=str) for c in choices}) != len(choices):
+        problems.add(f"{where}: choices={choices!r} has duplicates.")
+    for c in choices:
+        if not (c is None or isinstance(c, (bool, int, float, str))):
+            problems.add(f"{where}: choice {c!r} must be a number, string, bool or null.")
+    for key in ("low", "high", "step"):
+        if key in spec:
+            problems.add(f"{where}: {key!r} has no meaning for a categorical param.")
+    if default is not None and default not in choices:
+        problems.add(f"{where}: default={default!r} is not among choices {choices!r}.")
+    return tuple(choices)
+
+
+def _parse_range(where: str, kind: str, spec: Mapping[str, Any], log: bool,
+                 problems: ProblemCollector) -> tuple[float, float, float | None] | None:
+    """``(low, high, step)`` of a float or int param, every problem of them collected."""
     low, high = _number(spec.get("low")), _number(spec.get("high"))
     if low is None:
         problems.add(f"{where}: low={spec.get('low')!r} must be a number.")
@@ -443,26 +477,23 @@ def _parse_param(name: str, spec: Any, problems: ProblemCollector) -> Param | No
     step_num = _number(step) if step is not None else None
     if step is not None and (step_num is None or step_num <= 0):
         problems.add(f"{where}: step={step!r} must be a number > 0.")
-    if low is not None and high is not None:
-        if low > high:
-            problems.add(f"{where}: low={low:g} > high={high:g}; low must be <= high.")
-        if log and low <= 0:
-            problems.add(f"{where}: log=true needs low > 0, but got low={low:g}.")
-        if log and step_num is not None:
-            problems.add(f"{where}: log=true and step={step!r} cannot be combined; drop one.")
-        if kind == "int":
-            for key, v in (("low", low), ("high", high)):
-                if not float(v).is_integer():
-                    problems.add(f"{where}: {key}={v:g} must be an integer for type int.")
-            if step_num is not None and not float(step_num).is_integer():
-                problems.add(f"{where}: step={step!r} must be an integer for type int.")
     if "choices" in spec:
         problems.add(f"{where}: 'choices' has no meaning for type {kind}; use type categorical.")
-    if len(problems.problems) > n_before:
+    if low is None or high is None:
         return None
-    assert low is not None and high is not None
-    return Param(name, kind, low=low, high=high, log=log, step=step_num, when=when, tier=tier,
-                 default=default)
+    if low > high:
+        problems.add(f"{where}: low={low:g} > high={high:g}; low must be <= high.")
+    if log and low <= 0:
+        problems.add(f"{where}: log=true needs low > 0, but got low={low:g}.")
+    if log and step_num is not None:
+        problems.add(f"{where}: log=true and step={step!r} cannot be combined; drop one.")
+    if kind == "int":
+        for key, v in (("low", low), ("high", high)):
+            if not float(v).is_integer():
+                problems.add(f"{where}: {key}={v:g} must be an integer for type int.")
+        if step_num is not None and not float(step_num).is_integer():
+            problems.add(f"{where}: step={step!r} must be an integer for type int.")
+    return low, high, step_num
 
 
 def _parse_when(where: str, raw: Any, problems: ProblemCollector) -> tuple[tuple[str, tuple[Any, ...]], ...]:

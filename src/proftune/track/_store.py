@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import random
 import socket
@@ -25,6 +24,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, StoreError
 
 __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url"]
@@ -71,22 +71,6 @@ def default_db_url() -> str:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _clean_json(value: Any) -> Any:
-    """JSON-safe copy: NaN/inf become strings, tuples lists, unknown objects their repr."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {str(k): _clean_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean_json(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):
-        with contextlib.suppress(Exception):
-            return _clean_json(value.item())
-    return repr(value)
 
 
 @dataclass
@@ -232,8 +216,8 @@ class Store:
             raise ConfigError(f"run kind={kind!r} is unknown; valid: {', '.join(RUN_KINDS)}.")
         stmt = runs_table.insert().values(
             kind=kind, task=task, status="running", started_at=_now(), host=socket.gethostname(),
-            pid=os.getpid(), parent_id=parent_id, study=study, env=_clean_json(env or {}),
-            data_fingerprint=data_fingerprint, config=_clean_json(config or {}),
+            pid=os.getpid(), parent_id=parent_id, study=study, env=json_safe(env or {}),
+            data_fingerprint=data_fingerprint, config=json_safe(config or {}),
             metrics={}, curves={}, anomalies=[], artifacts={}, result={},
         )
         result = self._write(stmt)
@@ -245,7 +229,7 @@ class Store:
         unknown = set(fields) - allowed
         if unknown:
             raise ValueError(f"unknown run fields {sorted(unknown)}; valid: {sorted(allowed)}.")
-        values = {k: _clean_json(v) for k, v in fields.items()}
+        values = {k: json_safe(v) for k, v in fields.items()}
         self._write(runs_table.update().where(runs_table.c.id == run_id).values(**values))
 
     def finish_run(

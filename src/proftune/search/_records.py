@@ -1,0 +1,160 @@
+"""Reading a study: every trial in our terms, and the slot count that ``trials`` is measured in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+import sqlalchemy as sa
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = ["ATTR", "TRIAL_STATES", "TrialRecord", "counts", "slots_before", "trial_records"]
+
+TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
+ATTR = "proftune"
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the search reports it."""
+
+    number: int
+    state: str
+    params: dict[str, Any]
+    values: list[float] | None
+    metrics: dict[str, float]
+    constraints: dict[str, Any]
+    reason: str | None
+    duration_s: float | None
+    run_id: int | None = None
+    stage: str | None = None
+    steps: int = 0
+    train_s: float = 0.0
+    gate_s: float = 0.0
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    traceback: str | None = None
+    retried_from: int | None = None
+    #: Ended before training (the gate or a forbid rule): not counted in ``trials``.
+    gated: bool = False
+    #: The sampler that drew this trial's params (class, QMC sequence).
+    sampler: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number, "state": self.state, "params": self.params,
+            "values": self.values, "metrics": self.metrics, "constraints": self.constraints,
+            "reason": self.reason, "duration_s": self.duration_s, "run_id": self.run_id,
+            "stage": self.stage, "steps": self.steps, "train_s": self.train_s,
+            "gate_s": self.gate_s, "anomalies": self.anomalies, "traceback": self.traceback,
+            "retried_from": self.retried_from, "gated": self.gated, "sampler": self.sampler,
+        }
+
+
+@dataclass(frozen=True)
+class _Slot:
+    number: int
+    state: str  # Optuna's TrialState name
+    failed: bool  # failed in user code (a finished trial, not a killed one)
+    surplus: bool  # dropped before it ran: workers raced for the last slot
+    gated: bool  # ended before training: the gate or a forbid rule
+
+
+_FLAGS = ("failed", "surplus", "gated")
+
+
+def _slot_table(study: optuna.Study) -> list[_Slot]:
+    """Every trial's number, state and flags, in one SQL query.
+
+    Runs before every trial, so it reads a few columns instead of building every FrozenTrial.
+    """
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    if engine is None:  # not an RDB storage
+        return [_Slot(t.number, t.state.name, *(bool(t.user_attrs.get(f"{ATTR}_{f}")) for f in _FLAGS))
+                for t in study.get_trials(deepcopy=False)]
+    query = sa.text(
+        "SELECT t.number, t.state, a.key FROM trials t LEFT JOIN trial_user_attributes a "
+        "ON a.trial_id = t.trial_id AND a.key IN (:failed, :surplus, :gated) WHERE t.study_id = :sid")
+    with engine.connect() as conn:
+        rows = conn.execute(query, {**{f: f"{ATTR}_{f}" for f in _FLAGS}, "sid": study._study_id}).all()
+    table: dict[int, dict[str, Any]] = {}
+    for number, state, key in rows:
+        entry = table.setdefault(int(number), {"number": int(number), "state": str(state),
+                                               **dict.fromkeys(_FLAGS, False)})
+        if key is not None and key.startswith(f"{ATTR}_"):
+            entry[key[len(ATTR) + 1:]] = True
+    return [_Slot(**e) for e in table.values()]
+
+
+def _occupies(slot: _Slot) -> bool:
+    """Counts against ``trials``: trained, training or queued; not gated, not killed-and-retried, not surplus."""
+    if slot.gated or slot.surplus:
+        return False
+    return slot.state in ("COMPLETE", "PRUNED", "RUNNING", "WAITING") or (slot.state == "FAIL" and slot.failed)
+
+
+def slots_before(trial: optuna.Trial) -> int:
+    """Slot-holding trials numbered before ``trial``: trial numbers order the workers' races."""
+    return sum(1 for slot in _slot_table(trial.study) if slot.number < trial.number and _occupies(slot))
+
+
+def counts(study: optuna.Study) -> dict[str, int]:
+    """``trained`` (complete, pruned or failed in user code), ``gated``, ``running``, ``waiting``, ``failed``."""
+    c = dict.fromkeys(("trained", "gated", "running", "waiting", "failed"), 0)
+    for slot in _slot_table(study):
+        if slot.surplus:
+            continue
+        if slot.gated:
+            c["gated"] += 1
+        elif slot.state in ("COMPLETE", "PRUNED"):
+            c["trained"] += 1
+        elif slot.state == "FAIL" and slot.failed:
+            c["trained"] += 1
+            c["failed"] += 1
+        elif slot.state == "RUNNING":
+            c["running"] += 1
+        elif slot.state == "WAITING":
+            c["waiting"] += 1
+    return c
+
+
+def _state_of(t: FrozenTrial) -> str:
+    rec = t.user_attrs.get(ATTR) or {}
+    if t.state == TrialState.RUNNING or t.state == TrialState.WAITING:
+        return "running"
+    if rec.get("state") in TRIAL_STATES:
+        return str(rec["state"])
+    if t.state == TrialState.COMPLETE:
+        return "infeasible" if any(v > 0 for v in t.constraints.values()) else "complete"
+    if t.state == TrialState.PRUNED:
+        return "pruned"
+    return "failed"
+
+
+def trial_records(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial of ``study`` in our terms (complete, pruned, infeasible, failed, running)."""
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        rec = t.user_attrs.get(ATTR) or {}
+        if t.user_attrs.get(f"{ATTR}_surplus"):
+            continue
+        state = _state_of(t)
+        duration = rec.get("duration_s")
+        if duration is None and t.datetime_start and t.datetime_complete:
+            duration = (t.datetime_complete - t.datetime_start).total_seconds()
+        reason = rec.get("reason")
+        if t.state == TrialState.FAIL and not rec:
+            reason = "the process running the trial died (heartbeat lost or killed); its configuration is retried"
+        values = list(t.values) if (t.values is not None and state == "complete") else None
+        out.append(TrialRecord(
+            number=t.number, state=state, params=rec.get("params") or dict(t.params), values=values,
+            metrics=rec.get("metrics") or {}, constraints=rec.get("constraints") or {},
+            reason=reason, duration_s=duration, run_id=rec.get("run_id"),
+            stage=rec.get("stage"), steps=int(rec.get("steps") or 0),
+            train_s=float(rec.get("train_s") or 0.0), gate_s=float(rec.get("gate_s") or 0.0),
+            anomalies=rec.get("anomalies") or [], traceback=rec.get("traceback"),
+            retried_from=t.system_attrs.get("failed_trial"),
+            gated=bool(t.user_attrs.get(f"{ATTR}_gated")), sampler=rec.get("sampler"),
+        ))
+    return out

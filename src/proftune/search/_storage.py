@@ -1,0 +1,100 @@
+"""Optuna's RDB storage on the Store's database, and finding the trials of processes that died."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import optuna
+import sqlalchemy as sa
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from ..track import Store, pid_alive
+from ..track import sqlite_pragmas as _sqlite_pragmas
+
+__all__ = ["open_storage", "reap_dead_trials", "retry_callback"]
+
+_T = TypeVar("_T")
+
+HEARTBEAT_INTERVAL_S = 5
+GRACE_PERIOD_S = 30
+MAX_RETRY = 2
+
+
+def open_storage(url: str, *, heartbeat: bool | None = None) -> RDBStorage:
+    """Optuna's RDB storage on the Store's database (same URL, same file).
+
+    ``heartbeat`` (default: on for server databases, off for SQLite): Optuna's heartbeat marks a
+    trial whose process stopped beating failed after ``GRACE_PERIOD_S`` and re-enqueues its
+    configuration; that is how a trial killed on another machine is found. SQLite lives on one
+    machine, where :func:`reap_dead_trials` finds a killed trial at once from its Run's process
+    id, so SQLite studies skip the heartbeat's 20-30 ms per trial.
+    """
+    is_sqlite = url.startswith("sqlite")
+    if heartbeat is None:
+        heartbeat = not is_sqlite
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if is_sqlite else {"pool_pre_ping": True}
+    extra: dict[str, Any] = {}
+    if heartbeat:
+        extra = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": GRACE_PERIOD_S,
+                 "heartbeat_stale_trial_callback": retry_callback()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = _retry_locked(lambda: RDBStorage(url, engine_kwargs=kwargs, **extra))
+    if is_sqlite:
+        sa.event.listen(storage.engine, "connect", _sqlite_pragmas)
+        storage.engine.dispose()
+    return storage
+
+
+def retry_callback() -> RetryHeartbeatStaleTrialCallback:
+    """Re-enqueue a stale (killed) trial's configuration, at most ``MAX_RETRY`` times."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+
+
+def _retry_locked(fn: Callable[[], _T], attempts: int = 30) -> _T:
+    """SQLite says 'database is locked' while another worker creates tables; wait and retry."""
+    delay = 0.05
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except sa.exc.OperationalError as exc:
+            if "locked" not in str(exc).lower() or attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
+def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
+    """Fail the RUNNING trials whose process on this host is gone, and enqueue their retry.
+
+    The heartbeat does the same for any machine after ``GRACE_PERIOD_S``; on the same host the
+    trial's Run (host, process id) says it at once, so a resumed study does not wait out the
+    grace period. Call before :meth:`Store.reap_stale` (which marks those Runs failed).
+    """
+    host, me = socket.gethostname(), os.getpid()
+    reaped = []
+    retry = retry_callback()
+    for run in store.list_runs(kind="trial", study=study.study_name, status="running"):
+        number = run.config.get("trial")
+        if run.host != host or run.pid is None or run.pid == me or pid_alive(int(run.pid)) or number is None:
+            continue
+        try:
+            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number))
+            if study._storage.get_trial(trial_id).state != TrialState.RUNNING:
+                continue
+            ok = study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        except (KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            continue
+        if ok:
+            retry(study, study._storage.get_trial(trial_id))
+            reaped.append(int(number))
+    return reaped

@@ -1,0 +1,226 @@
+"""One trial: gate, train through ``fit``, record a Run, classify faults (the Optuna objective)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+
+from ..task import Task
+from ..track import Store
+from ..train import Callback, FitState, fit
+from ._constraints import constraint_table
+from ._gate import ProfileGate, free_memory, is_oom
+from ._records import ATTR, slots_before
+from ._samplers import describe_sampler
+from ._settings import SearchSettings
+
+__all__ = ["WORST", "Surplus", "TrialFailed", "TrialRunner"]
+
+#: What an infeasible trial reports as its objective when the objective was not measured:
+#: finite (NSGA-II's crowding distance subtracts values), and never a best.
+WORST = 1e300
+
+
+class _PruningCallback(Callback):
+    """Reports each epoch's objective metric to the trial; stops the fit loop when pruned."""
+
+    def __init__(self, trial: optuna.Trial, metric: str | None, pruner: str) -> None:
+        self.trial, self.metric, self.pruner = trial, metric, pruner
+        self.pruned_reason: str | None = None
+
+    def on_epoch_end(self, state: FitState) -> None:
+        if self.metric is None:
+            return
+        value = state.metrics.get(self.metric)
+        if value is None:
+            return
+        if not math.isfinite(value):
+            state.record_anomaly("nonfinite_metric", metric=self.metric, value=str(value))
+            self.pruned_reason = f"{self.metric}={value} at epoch {state.epoch}"
+            state.request_stop(self.pruned_reason)
+            return
+        if self.pruner == "none":
+            return  # nothing reads the reports: save a database write per epoch
+        self.trial.report(float(value), step=state.epoch)
+        if self.trial.should_prune():
+            self.pruned_reason = (f"pruned by the {self.pruner} pruner at epoch {state.epoch} "
+                                  f"({self.metric}={value:.4g})")
+            state.request_stop(self.pruned_reason)
+
+
+class TrialFailed(Exception):
+    """User code raised: the trial is failed (traceback stored) and the study goes on."""
+
+
+class Surplus(Exception):
+    """Workers raced for the last trial of the budget; this one is dropped before it runs."""
+
+
+class TrialRunner:
+    """The Optuna objective: gate, train through ``fit``, record a Run, classify faults."""
+
+    def __init__(self, settings: SearchSettings, task: Task, store: Store) -> None:
+        self.s, self.task, self.store = settings, task, store
+        self.gate = ProfileGate(settings.constraints,
+                                needed=[o.metric for o in settings.objectives if o.is_profile],
+                                steps=settings.gate_steps, warmup=settings.gate_warmup,
+                                device=settings.device, seed=settings.seed)
+        first = settings.objectives[0]
+        self.report_metric = None if (first.is_profile or len(settings.objectives) > 1) else first.metric
+        self.stage: str | None = None
+        self.only: list[str] | None = None
+        self.preset: dict[str, Any] = {}
+
+    def __call__(self, trial: optuna.Trial) -> Sequence[float] | float:
+        started = time.perf_counter()
+        if slots_before(trial) >= self.s.trials:
+            # another worker took the last slot between our check and this trial's creation
+            trial.set_user_attr(f"{ATTR}_surplus", True)
+            raise Surplus(f"trial {trial.number}: the study already has {self.s.trials} trials")
+        params = self.s.space.suggest(trial, only=self.only, preset=self.preset)
+        config = {**self.s.space.fixed, **params}
+        run_id = self.store.start_run(
+            "trial", self.s.task_name, config={"params": config, "trial": trial.number,
+                                               "epochs": self.s.epochs, "seed": self.s.seed},
+            env=self.s.env, data_fingerprint=self.s.data_fingerprint,
+            parent_id=self.s.tune_run_id, study=self.s.study)
+        rec: dict[str, Any] = {"params": config, "metrics": {}, "constraints": {}, "reason": None,
+                               "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
+                               "stage": self.stage, "run_id": run_id,
+                               "sampler": describe_sampler(trial.study.sampler)}
+        try:
+            return self._run(trial, config, rec)
+        except optuna.TrialPruned:
+            self._finish(trial, rec, "pruned", started)
+            raise
+        except TrialFailed:
+            self._finish(trial, rec, "failed", started)
+            raise
+        finally:
+            free_memory()
+
+    def _run(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> Sequence[float] | float:
+        started = time.perf_counter()
+        rule = self.s.space.forbidden(config)
+        if rule is not None:
+            trial.set_constraint("forbid", 1.0)
+            rec["reason"] = f"forbidden by rule: {rule.describe()}"
+            return self._infeasible(trial, rec, started, gated=True)
+        try:
+            if self.gate.active and not self._gate(trial, config, rec):
+                return self._infeasible(trial, rec, started, gated=True)
+            cb = self._train(trial, config, rec)
+        except Exception as exc:
+            if is_oom(exc):
+                trial.set_constraint("oom", 1.0)
+                rec["reason"] = f"out of memory: {str(exc).splitlines()[0][:300]}"
+                return self._infeasible(trial, rec, started)
+            rec["reason"] = f"{type(exc).__name__}: {exc}"
+            rec["traceback"] = traceback.format_exc()[-8000:]
+            raise TrialFailed(rec["reason"]) from exc
+        nan = [a for a in rec["anomalies"] if a.get("kind") in ("nan_loss", "nonfinite_metric")]
+        if nan:
+            rec["reason"] = f"non-finite values: {nan[0]}"
+            raise optuna.TrialPruned(rec["reason"])
+        if cb.pruned_reason is not None:
+            rec["reason"] = cb.pruned_reason
+            raise optuna.TrialPruned(rec["reason"])
+        reasons = self._post_constraints(trial, rec)
+        values = self._objective_values(rec)
+        if reasons:
+            rec["reason"] = "; ".join(reasons)
+        self._finish(trial, rec, "infeasible" if reasons else "complete", started)
+        return values[0] if len(values) == 1 else values
+
+    def _gate(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> bool:
+        """Profile ``config`` and check the hard constraints; False: infeasible, not trained."""
+        g = self.gate.check(self.task, config)
+        rec["gate_s"] = g.duration_s
+        rec["metrics"].update(g.metrics)
+        for key, v in g.violations.items():
+            trial.set_constraint(key, v)
+        rec["constraints"] = constraint_table(self.gate.constraints, rec["metrics"])
+        if not g.feasible:
+            rec["reason"] = "; ".join(g.reasons)
+        return g.feasible
+
+    def _train(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> _PruningCallback:
+        t0 = time.perf_counter()
+        cb = _PruningCallback(trial, self.report_metric, self.s.pruner)
+        try:
+            result = fit(self.task, config, epochs=self.s.epochs, max_steps=self.s.max_steps,
+                         device=self.s.device, seed=self.s.seed, callbacks=[cb])
+        finally:
+            rec["train_s"] = time.perf_counter() - t0
+        rec["steps"] = result.steps
+        rec["anomalies"] = result.anomalies
+        rec["metrics"].update(result.metrics)
+        rec["curve"] = [{k: v for k, v in e.items() if isinstance(v, (int, float))}
+                        for e in result.curves.get("epoch", [])]
+        return cb
+
+    def _post_constraints(self, trial: optuna.Trial, rec: dict[str, Any]) -> list[str]:
+        """Constraints on task metrics, known only after training: the reasons of those broken."""
+        reasons = []
+        for c in (c for c in self.s.constraints if not c.is_profile):
+            value = rec["metrics"].get(c.metric)
+            if value is None:
+                rec["reason"] = f"the task's metrics have no {c.metric!r} for constraint {c.text!r}"
+                raise TrialFailed(rec["reason"])
+            v = c.violation(float(value))
+            trial.set_constraint(c.key, v)
+            if v > 0:
+                reasons.append(c.reason(float(value)))
+        rec["constraints"] = constraint_table(self.s.constraints, rec["metrics"])
+        return reasons
+
+    def _objective_values(self, rec: dict[str, Any]) -> list[float]:
+        values = []
+        for o in self.s.objectives:
+            if o.metric not in rec["metrics"]:
+                rec["reason"] = (f"objective metric {o.metric!r} was not measured; task metrics: "
+                                 f"{', '.join(sorted(rec['metrics']))}")
+                raise TrialFailed(rec["reason"])
+            values.append(float(rec["metrics"][o.metric]))
+        if not all(math.isfinite(v) for v in values):
+            rec["anomalies"].append({"kind": "nonfinite_objective", "values": [str(v) for v in values]})
+            rec["reason"] = f"objective is not finite: {values}"
+            raise optuna.TrialPruned(rec["reason"])
+        return values
+
+    def _infeasible(self, trial: optuna.Trial, rec: dict[str, Any], started: float, *,
+                    gated: bool = False) -> Sequence[float] | float:
+        """End ``trial`` as infeasible; ``gated``: before any training (not counted in ``trials``)."""
+        if gated:  # read by the slot count, which does not parse the record
+            trial.set_user_attr(f"{ATTR}_gated", True)
+        values = []
+        for o in self.s.objectives:
+            measured = rec["metrics"].get(o.metric)
+            if measured is not None and math.isfinite(float(measured)):
+                values.append(float(measured))
+            else:
+                values.append(-WORST if o.direction == "maximize" else WORST)
+        self._finish(trial, rec, "infeasible", started)
+        return values[0] if len(values) == 1 else values
+
+    def _finish(self, trial: optuna.Trial, rec: dict[str, Any], state: str, started: float) -> None:
+        rec["state"] = state
+        rec["duration_s"] = time.perf_counter() - started
+        trial.set_user_attr(ATTR, rec)
+        if state == "failed":  # read by the slot count, which does not parse the record
+            trial.set_user_attr(f"{ATTR}_failed", True)
+        status = "failed" if state == "failed" else "finished"
+        with contextlib.suppress(Exception):
+            self.store.finish_run(
+                rec["run_id"], status=status, error=rec.get("traceback") or (rec["reason"] if status == "failed" else None),
+                metrics=rec["metrics"], anomalies=rec["anomalies"],
+                curves={"epoch": rec.get("curve", [])},
+                result={"state": state, "reason": rec["reason"], "constraints": rec["constraints"],
+                        "trial": trial.number, "steps": rec["steps"], "train_s": rec["train_s"],
+                        "gate_s": rec["gate_s"]})
