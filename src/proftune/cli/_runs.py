@@ -43,7 +43,7 @@ def list_runs(
         if kind is not None and kind not in RUN_KINDS:
             raise ConfigError(f"--kind {kind!r} is unknown; valid: {', '.join(RUN_KINDS)}.")
         store = _open(db)
-        runs = store.list_runs(task=task, kind=kind, status=status, limit=limit)
+        runs = store.list_runs(task=task, kind=kind, status=status, limit=limit, summary=True)
         return {"runs": [r.summary() for r in runs]}
 
     def render(d: dict[str, Any]) -> None:

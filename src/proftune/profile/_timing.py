@@ -137,9 +137,9 @@ class LayerTimer:
         The mean, not the median: the layers' means add up to the mean step, so per-layer times
         and the step they are compared with stay consistent when one step is disturbed."""
         out: dict[str, tuple[float, float | None]] = {}
-        names: list[str] = []
+        names: dict[str, None] = {}  # first-seen order; a list's `in` made this quadratic in layers
         for fwd, _ in self.steps:
-            names += [n for n in fwd if n not in names]
+            names.update(dict.fromkeys(fwd))
         for name in names:
             f = statistics.fmean([fwd.get(name, 0.0) for fwd, _ in self.steps])
             has_bwd = any(name in bwd for _, bwd in self.steps)

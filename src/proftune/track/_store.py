@@ -14,7 +14,7 @@ import random
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,7 +61,15 @@ runs_table = sa.Table(
     sa.Column("anomalies", sa.JSON, nullable=True),
     sa.Column("artifacts", sa.JSON, nullable=True),
     sa.Column("result", sa.JSON, nullable=True),
+    # `runs list --task T --kind K [--status S]`: no column alone is selective (a rare pair would read
+    # every run of one kind); together they are, in id order, so a listing reads only its rows
+    sa.Index("ix_proftune_runs_task_kind", "task", "kind"),
+    sa.Index("ix_proftune_runs_task_kind_status", "task", "kind", "status"),
 )
+
+#: The columns a listing reads (`runs list`): never the curves, config, environment or result.
+SUMMARY_COLUMNS = ("id", "kind", "task", "status", "started_at", "duration_s", "data_fingerprint",
+                   "metrics", "study", "parent_id")
 
 
 def default_db_url() -> str:
@@ -71,6 +79,16 @@ def default_db_url() -> str:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _json_column(value: Any) -> Any:
+    """``value`` itself when JSON holds it as it is (checked by the C encoder: a long curve in
+    milliseconds), else its cleaned copy (one NaN policy: :func:`json_safe`)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return json_safe(value)
+    return value
 
 
 @dataclass
@@ -175,9 +193,16 @@ class Store:
             except Exception as exc:
                 raise StoreError(f"--db {self.url!r} cannot be opened: {exc}") from exc
         try:
-            self._retry(lambda: _metadata.create_all(self.engine))
+            self._retry(self._create_schema)
         except DBAPIError as exc:
             raise StoreError(f"--db {self.url!r} cannot be opened as a database: {exc.orig}") from exc
+
+    def _create_schema(self) -> None:
+        """The tables, and the indexes a store made by an older version lacks (create_all adds
+        indexes only with a new table)."""
+        _metadata.create_all(self.engine)
+        for index in runs_table.indexes:
+            index.create(self.engine, checkfirst=True)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _retry(self, fn: Callable[[], T]) -> T:
@@ -281,9 +306,15 @@ class Store:
         study: str | None = None,
         parent_id: int | None = None,
         limit: int | None = None,
+        summary: bool = False,
     ) -> list[RunRecord]:
-        """Runs, newest first, filtered by any of the given fields."""
-        stmt = sa.select(runs_table).order_by(runs_table.c.id.desc())
+        """Runs, newest first, filtered by any of the given fields (each an indexed column).
+
+        ``summary=True`` reads only :data:`SUMMARY_COLUMNS` (what a listing shows); the other
+        fields of the records are left empty.
+        """
+        columns = [runs_table.c[c] for c in SUMMARY_COLUMNS] if summary else list(runs_table.columns)
+        stmt = sa.select(*columns).order_by(runs_table.c.id.desc())
         for col, value in (("task", task), ("kind", kind), ("status", status), ("study", study),
                            ("parent_id", parent_id)):
             if value is not None:
@@ -294,6 +325,39 @@ class Store:
             rows = conn.execute(stmt).mappings().all()
         return [_record(r) for r in rows]
 
+    def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
+        """Insert finished (or failed, or running) runs in one transaction; return how many.
+
+        Each mapping holds :class:`RunRecord` fields except ``id`` (``kind``, ``task``,
+        ``status`` and ``started_at`` are required). For importing a log or building a large
+        store quickly; a run being made uses :meth:`track`.
+        """
+        allowed = {c.name for c in runs_table.columns} - {"id"}
+        rows: list[dict[str, Any]] = []
+        for i, run in enumerate(runs):
+            unknown = set(run) - allowed
+            if unknown:
+                raise ValueError(f"runs[{i}] has unknown fields {sorted(unknown)}; valid: {sorted(allowed)}.")
+            missing = [k for k in ("kind", "task", "status", "started_at") if run.get(k) is None]
+            if missing:
+                raise ValueError(f"runs[{i}] lacks {missing}.")
+            if run["kind"] not in RUN_KINDS:
+                raise ConfigError(f"runs[{i}] kind={run['kind']!r} is unknown; valid: {', '.join(RUN_KINDS)}.")
+            if run["status"] not in RUN_STATUSES:
+                raise ValueError(f"runs[{i}] status={run['status']!r} is unknown; valid: {', '.join(RUN_STATUSES)}.")
+            row = dict.fromkeys(allowed)
+            row.update({"env": {}, "config": {}, "metrics": {}, "curves": {}, "anomalies": [],
+                        "artifacts": {}, "result": {}})
+            row.update({k: _json_column(v) for k, v in run.items()})
+            rows.append(row)
+        if rows:
+            def go() -> None:
+                with self.engine.begin() as conn:
+                    conn.execute(runs_table.insert(), rows)
+
+            self._retry(go)
+        return len(rows)
+
     def count_runs(self) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(runs_table)).scalar_one())
@@ -301,10 +365,11 @@ class Store:
     def reap_stale(self) -> int:
         """Mark failed the runs of this host left ``running`` by a process that no longer exists."""
         host = socket.gethostname()
-        stale = [
-            r.id for r in self.list_runs(status="running")
-            if r.host == host and r.pid is not None and not pid_alive(r.pid)
-        ]
+        c = runs_table.c
+        stmt = sa.select(c.id, c.pid).where(c.status == "running", c.host == host)
+        with self.engine.connect() as conn:
+            running = conn.execute(stmt).all()
+        stale = [int(run_id) for run_id, pid in running if pid is not None and not pid_alive(int(pid))]
         for run_id in stale:
             self.finish_run(run_id, status="failed",
                             error="the process ended without finishing the run (killed or crashed)")
@@ -389,12 +454,12 @@ def _record(row: Any) -> RunRecord:
 
     return RunRecord(
         id=row["id"], kind=row["kind"], task=row["task"], status=row["status"],
-        started_at=row["started_at"], ended_at=row["ended_at"], duration_s=row["duration_s"],
-        error=row["error"], host=row["host"], pid=row["pid"], parent_id=row["parent_id"],
-        study=row["study"], env=js(row["env"], {}), data_fingerprint=row["data_fingerprint"],
-        config=js(row["config"], {}), metrics=js(row["metrics"], {}), curves=js(row["curves"], {}),
-        anomalies=js(row["anomalies"], []), artifacts=js(row["artifacts"], {}),
-        result=js(row["result"], {}),
+        started_at=row["started_at"], ended_at=row.get("ended_at"), duration_s=row.get("duration_s"),
+        error=row.get("error"), host=row.get("host"), pid=row.get("pid"), parent_id=row.get("parent_id"),
+        study=row.get("study"), env=js(row.get("env"), {}), data_fingerprint=row.get("data_fingerprint"),
+        config=js(row.get("config"), {}), metrics=js(row.get("metrics"), {}),
+        curves=js(row.get("curves"), {}), anomalies=js(row.get("anomalies"), []),
+        artifacts=js(row.get("artifacts"), {}), result=js(row.get("result"), {}),
     )
 
 
