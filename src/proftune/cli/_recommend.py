@@ -12,6 +12,7 @@ from ..profile import Profile
 from ..recommend import recommend
 from ..track import Store
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -24,6 +25,7 @@ from ._common import (
     out_console,
     parse_params,
     progress_enabled,
+    task_arg,
 )
 
 
@@ -49,6 +51,7 @@ class _Result:
 
 def recommend_command(
     task: TaskArg,
+    data: DataOpt = None,
     memory_budget: Annotated[str | None, typer.Option(
         "--memory-budget", help="Memory budget (4GiB, 512MB, bytes); default: free CUDA memory, none on CPU.",
         show_default=False)] = None,
@@ -72,7 +75,7 @@ def recommend_command(
     def body() -> Any:
         prof = Profile.load(profile) if profile else None
         say = (lambda msg: err_console.print(f"[dim]... {msg}[/]")) if progress_enabled() else None
-        return _Result(recommend(task, parse_params(param), profile=prof, memory_budget=memory_budget,
+        return _Result(recommend(task_arg(task, data), parse_params(param), profile=prof, memory_budget=memory_budget,
                                  target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
                                  noise_steps=noise_steps, store=Store(db), progress=say))
 

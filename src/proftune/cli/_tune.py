@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -17,6 +18,7 @@ from ._common import (
     TaskArg,
     execute,
     out_console,
+    task_arg,
 )
 
 #: Keys of ``--json`` (the issue's contract), in this order.
@@ -52,12 +54,13 @@ def tune(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    data: DataOpt = None,
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
     from .. import search
 
     def body() -> Any:
-        result = search(task, str(space), objectives=objective or None, constraints=constraint or (),
+        result = search(task_arg(task, data), str(space), objectives=objective or None, constraints=constraint or (),
                         trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
                         study=study, db=db, workers=workers, seed=seed, device=device,
                         max_failures=max_failures, plot=plot)
