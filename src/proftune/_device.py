@@ -98,3 +98,10 @@ def call_model(model: torch.nn.Module, example_input: Any) -> Any:
     if isinstance(example_input, (tuple, list)):
         return model(*example_input)
     return model(example_input)
+
+
+def output_loss(output: Any) -> Any:
+    """The loss a model computed itself: ``.loss`` of a Hugging Face ``ModelOutput``, or a dict's
+    ``"loss"``; None when the output carries none."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None

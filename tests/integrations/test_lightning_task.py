@@ -11,13 +11,13 @@ import torch
 
 pytest.importorskip("lightning")
 
-from typer.testing import CliRunner  # noqa: E402
+from typer.testing import CliRunner
 
-from proftune import fit, load_task  # noqa: E402
-from proftune.cli import app  # noqa: E402
-from proftune.exceptions import ConfigError  # noqa: E402
-from proftune.integrations import LightningTask, task_with_data  # noqa: E402
-from proftune.integrations._lightning_task import parse_optimizers  # noqa: E402
+from proftune import fit, load_task
+from proftune.cli import app
+from proftune.exceptions import ConfigError
+from proftune.integrations import LightningTask, task_with_data
+from proftune.integrations._lightning_task import parse_optimizers
 
 HERE = Path(__file__).parent
 LIT = str(HERE / "lit_digits.py")
