@@ -12,6 +12,15 @@ Nothing here imports Lightning or transformers until it is used.
 from __future__ import annotations
 
 from ._dispatch import foreign_task, foreign_task_in, resolve_object, task_with_data
+from ._emit import EMIT_FORMATS, emit_snippet
 from ._lightning_task import LightningTask
 
-__all__ = ["LightningTask", "foreign_task", "foreign_task_in", "resolve_object", "task_with_data"]
+__all__ = [
+    "EMIT_FORMATS",
+    "LightningTask",
+    "emit_snippet",
+    "foreign_task",
+    "foreign_task_in",
+    "resolve_object",
+    "task_with_data",
+]
