@@ -31,16 +31,14 @@ _LR_ATTRS = ("lr", "learning_rate")  # the names Lightning's lr_find looks for, 
 
 def lightning_namespace() -> Any:
     """``lightning.pytorch`` (or the older ``pytorch_lightning``); DependencyError without either."""
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
+    import importlib
+
+    for name in ("lightning.pytorch", "pytorch_lightning"):
         try:
-            import pytorch_lightning as pl
-        except ImportError as exc:
-            raise DependencyError(
-                "a LightningModule task needs Lightning: pip install 'proftune[lightning]'."
-            ) from exc
-    return pl
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise DependencyError("a LightningModule task needs Lightning: pip install 'proftune[lightning]'.")
 
 
 def lightning_module_class(obj: Any) -> str | None:
@@ -361,7 +359,7 @@ class LightningTask(Task):
         module = self._construct(params)
         if "lr" in params:
             self._set_lr(module, float(params["lr"]))
-        return module  # type: ignore[no-any-return]
+        return module
 
     def _set_lr(self, module: Any, lr: float) -> bool:
         for attr in _LR_ATTRS:
@@ -411,7 +409,7 @@ class LightningTask(Task):
         loader = self._loader("train_dataloader")
         if loader is None:
             raise ConfigError(f"{self._dm_label or self._label} has no train_dataloader().")
-        return loader  # type: ignore[no-any-return]
+        return loader
 
     def val_data(self, batch_size: int) -> Iterable[Any]:
         self._set_batch_size(batch_size)

@@ -13,12 +13,17 @@ from typing import Any
 
 import torch
 
-from ._lightning_task import LightningTask, lightning_namespace
+from ..exceptions import DependencyError
+from ._lightning_task import LightningTask
 from ._record import checks, error_findings, new_monitor, record, validate
 
-__all__ = ["LightningTask", "ProftuneCallback"]
+try:
+    from lightning.pytorch import Callback as _Callback
+except ImportError as _exc:  # pragma: no cover - the extra is missing
+    raise DependencyError("proftune.integrations.lightning needs Lightning: "
+                          "pip install 'proftune[lightning]'.") from _exc
 
-_pl = lightning_namespace()  # DependencyError naming the extra when Lightning is missing
+__all__ = ["LightningTask", "ProftuneCallback"]
 
 
 class _AfterBackward:
@@ -52,7 +57,7 @@ class _AfterBackward:
         return getattr(self._opt, name)
 
 
-class ProftuneCallback(_pl.Callback):  # type: ignore[misc]
+class ProftuneCallback(_Callback):
     """The Monitor's sampled per-layer profile and the health checks, inside ``lightning.Trainer``.
 
     Every ``every``-th optimizer step is instrumented (the others run untouched). ``health``:

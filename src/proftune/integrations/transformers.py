@@ -26,7 +26,7 @@ except ImportError as _exc:  # pragma: no cover - the extra is missing
 __all__ = ["ProftuneCallback"]
 
 
-class ProftuneCallback(_hf.TrainerCallback):  # type: ignore[misc]
+class ProftuneCallback(_hf.TrainerCallback):
     """The Monitor's sampled per-layer profile and the health checks, inside ``transformers.Trainer``.
 
     Every ``every``-th optimizer step is instrumented; ``health`` runs :class:`proftune.HealthCheck`

@@ -80,7 +80,7 @@ class _ModuleTask(Task):
         out = call_model(model, batch)
         own = output_loss(out)  # a Hugging Face model given labels returns its loss
         if own is not None:
-            return own  # type: ignore[no-any-return]
+            return own
         leaves = [t for t in _tensors(out) if t.is_floating_point()]
         if not leaves:
             raise ConfigError(f"{self.name}'s output holds no floating tensor to backpropagate from.")
