@@ -100,7 +100,7 @@ def call_model(model: torch.nn.Module, example_input: Any) -> Any:
     return model(example_input)
 
 
-def output_loss(output: Any) -> Any:
+def output_loss(output: Any) -> torch.Tensor | None:
     """The loss a model computed itself: ``.loss`` of a Hugging Face ``ModelOutput``, or a dict's
     ``"loss"``; None when the output carries none."""
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)

@@ -86,3 +86,19 @@ def test_gpt2_small_params_and_macs() -> None:
     counts = count_model(model, tokens(cfg.vocab_size, 128))
     assert counts.params_total == 124_439_808
     assert counts.macs == pytest.approx(gpt2_closed_form(cfg, 128), rel=0.01)
+
+
+def test_a_hf_model_factory_is_a_task_by_file_name() -> None:
+    from pathlib import Path
+
+    from proftune import load_task
+    from proftune.integrations import HFModelTask
+
+    task = load_task(f"{Path(__file__).parent / 'hf_tiny.py'}:tiny_bert")
+    assert isinstance(task, HFModelTask) and task.name == "tiny_bert"
+    batch = next(iter(task.train_data(4, {})))
+    assert batch["input_ids"].shape == (4, 100 if task.seq_len == 100 else task.seq_len)
+    assert batch["labels"].max() < 3  # labels for its 3-class head
+    p = profile(task, batch_size=4, steps=1, warmup=0, device="cpu")
+    cfg = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64)
+    assert p.macs == pytest.approx(4 * bert_closed_form(cfg, task.seq_len) + 4 * 32 * 3, rel=0.01)

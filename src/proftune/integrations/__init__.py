@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from ._dispatch import foreign_task, foreign_task_in, resolve_object, task_with_data
 from ._emit import EMIT_FORMATS, emit_snippet
+from ._hf_task import HFModelTask
 from ._lightning_task import LightningTask
 
 __all__ = [
     "EMIT_FORMATS",
+    "HFModelTask",
     "LightningTask",
     "emit_snippet",
     "foreign_task",

@@ -2,7 +2,8 @@
 
 :func:`proftune.load_task` asks :func:`foreign_task` and :func:`foreign_task_in` before it gives
 up on a spec: a LightningModule class (with its LightningDataModule, if the file has one and the
-module has no dataloaders of its own), a LightningModule instance or a function that returns one.
+module has no dataloaders of its own), a LightningModule instance or a function that returns one;
+a Hugging Face model class, instance or factory (on random tokens: :class:`HFModelTask`).
 :func:`task_with_data` is ``--data``: a LightningModule with the LightningDataModule named apart.
 """
 
@@ -40,11 +41,23 @@ def foreign_task(obj: Any, *, origin: str, datamodule: Any = None) -> Task | Non
             return LightningTask(obj, datamodule, name=obj.__name__)
         template = obj  # an instance: every model proftune trains is a fresh copy of it
         return LightningTask(lambda: copy.deepcopy(template), datamodule, name=type(obj).__name__)
-    if kind is None and callable(obj) and inspect.isfunction(obj):
-        if _kind(_returns(obj)) == "module":
+    from ._hf_task import HFModelTask, is_hf_model
+
+    if is_hf_model(obj):
+        if inspect.isclass(obj):  # built from its default config, random weights
+            return HFModelTask(lambda: obj(obj.config_class()), name=obj.__name__)
+        template = obj
+        return HFModelTask(lambda: copy.deepcopy(template), name=type(obj).__name__)
+    if kind is None and inspect.isfunction(obj):
+        returns = _returns(obj)
+        if returns is None and not inspect.signature(obj).parameters:
+            returns = type(obj())  # a factory named explicitly, without a return annotation
+        if _kind(returns) == "module":
             from ._lightning_task import LightningTask
 
             return LightningTask(obj, datamodule, name=obj.__name__)
+        if returns is not None and is_hf_model(returns):
+            return HFModelTask(obj, name=obj.__name__)
     return None
 
 
@@ -81,13 +94,19 @@ def foreign_task_in(namespace: dict[str, Any], module_name: str, class_name: str
                             f"'{spec}:{sorted(modules)[0]}'.")
     else:
         return None
-    if obj is None or (_kind(obj) is None and not inspect.isfunction(obj)):
+    if obj is None or (_kind(obj) is None and not inspect.isfunction(obj) and not _is_hf(obj)):
         return None
     datamodule = None
     dms = _defined(namespace, module_name, "datamodule")
     if len(dms) == 1 and not _has_own_loaders(obj):
         (datamodule,) = dms.values()
     return foreign_task(obj, origin=spec, datamodule=datamodule)
+
+
+def _is_hf(obj: Any) -> bool:
+    from ._hf_task import is_hf_model
+
+    return is_hf_model(obj)
 
 
 def _has_own_loaders(obj: Any) -> bool:

@@ -356,7 +356,7 @@ class LightningTask(Task):
         return out
 
     def build_model(self, params: dict[str, Any]) -> nn.Module:
-        module = self._construct(params)
+        module: nn.Module = self._construct(params)
         if "lr" in params:
             self._set_lr(module, float(params["lr"]))
         return module
@@ -406,7 +406,7 @@ class LightningTask(Task):
         self._set_batch_size(batch_size)
         self._step_epoch_schedulers()
         self._batch_idx = 0
-        loader = self._loader("train_dataloader")
+        loader: Iterable[Any] | None = self._loader("train_dataloader")
         if loader is None:
             raise ConfigError(f"{self._dm_label or self._label} has no train_dataloader().")
         return loader
