@@ -45,7 +45,8 @@ def foreign_task(obj: Any, *, origin: str, datamodule: Any = None) -> Task | Non
 
     if is_hf_model(obj):
         if inspect.isclass(obj):  # built from its default config, random weights
-            return HFModelTask(lambda: obj(obj.config_class()), name=obj.__name__)
+            cls: Any = obj
+            return HFModelTask(lambda: cls(cls.config_class()), name=cls.__name__)
         template = obj
         return HFModelTask(lambda: copy.deepcopy(template), name=type(obj).__name__)
     if kind is None and inspect.isfunction(obj):

@@ -42,7 +42,7 @@ class HFModelTask(Task):
                  samples: int = 512) -> None:
         self._factory = factory
         model = self._build()
-        cfg = model.config
+        cfg: Any = model.config
         self.name = name  # type: ignore[misc]
         self.description = f"Hugging Face {type(model).__name__} on random tokens"  # type: ignore[misc]
         self.default_params = {"batch_size": 8}  # type: ignore[misc]
