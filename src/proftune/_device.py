@@ -110,3 +110,10 @@ def clock(device: torch.device | None = None) -> float:
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def output_loss(output: Any) -> torch.Tensor | None:
+    """The loss a model computed itself: ``.loss`` of a Hugging Face ``ModelOutput``, or a dict's
+    ``"loss"``; None when the output carries none."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None

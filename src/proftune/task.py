@@ -179,6 +179,8 @@ def load_task(spec: str | Task | type[Task]) -> Task:
         return spec
     if inspect.isclass(spec) and issubclass(spec, Task):
         return _instantiate(spec, origin=spec.__qualname__)
+    if not isinstance(spec, str) and (foreign := _foreign(spec, origin=repr(spec))) is not None:
+        return foreign
     if not isinstance(spec, str) or not spec.strip():
         raise TaskLoadError(f"task={spec!r} is not a task spec; give {_SPEC_FORMS}.")
     spec = spec.strip()
@@ -240,6 +242,10 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
         and obj.__module__ == module.__name__
         and not name.startswith("_")
     }
+    if (class_name not in candidates) if class_name else not candidates:
+        foreign = _foreign(vars(module), origin=spec, module_name=module.__name__, class_name=class_name)
+        if foreign is not None:
+            return foreign
     return _pick_class(candidates, class_name, where=f"task file {str(path)!r}", spec=spec)
 
 
@@ -296,6 +302,8 @@ def _load_from_module(module_path: str, class_name: str, spec: str) -> Task:
     if obj is None:
         raise TaskLoadError(f"module {module_path!r} has no attribute {class_name!r} (task {spec!r}).")
     if not (inspect.isclass(obj) and issubclass(obj, Task)):
+        if (foreign := _foreign(obj, origin=spec)) is not None:
+            return foreign
         raise TaskLoadError(f"{spec!r} is {obj!r}, not a subclass of proftune.Task.")
     return _instantiate(obj, origin=spec)
 
@@ -321,6 +329,18 @@ def _pick_class(candidates: dict[str, type[Task]], class_name: str | None, *, wh
         )
     (cls,) = candidates.values()
     return _instantiate(cls, origin=spec)
+
+
+def _foreign(obj: Any, *, origin: str, module_name: str | None = None, class_name: str | None = None) -> Task | None:
+    """The hook for what is not a Task: a LightningModule (class, instance, factory) wrapped as one.
+
+    ``module_name`` set: ``obj`` is a user file's namespace, searched for what ``class_name`` names.
+    """
+    from .integrations import foreign_task, foreign_task_in
+
+    if module_name is not None:
+        return foreign_task_in(obj, module_name, class_name, spec=origin)
+    return foreign_task(obj, origin=origin)
 
 
 def _instantiate(cls: type[Task], *, origin: str) -> Task:

@@ -10,6 +10,7 @@ from rich.table import Table
 from ..recommend import find_batch_size, format_bytes
 from ..track import Store
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -21,6 +22,7 @@ from ._common import (
     execute,
     out_console,
     parse_params,
+    task_arg,
     with_report,
 )
 
@@ -30,6 +32,7 @@ BudgetOpt = Annotated[str, typer.Option("--memory-budget", help="Memory budget: 
 def batch_size(
     task: TaskArg,
     memory_budget: BudgetOpt,
+    data: DataOpt = None,
     param: ParamOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
@@ -45,8 +48,8 @@ def batch_size(
     steps, verified by one step at the answer."""
 
     def body() -> Any:
-        return find_batch_size(task, parse_params(param), memory_budget=memory_budget, device=device,
-                               seed=seed, store=Store(db), from_prediction=from_prediction)
+        return find_batch_size(task_arg(task, data), parse_params(param), memory_budget=memory_budget,
+                               device=device, seed=seed, store=Store(db), from_prediction=from_prediction)
 
     def render(result: Any) -> None:
         d = result.to_dict()

@@ -38,6 +38,11 @@ ParamOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
 TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")]
+DataOpt = Annotated[
+    str | None,
+    typer.Option("--data", help="A LightningDataModule for a LightningModule TASK: file.py[:Class] or "
+                 "pkg.mod:Class.", show_default=False),
+]
 EpochsOpt = Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")]
 MaxStepsOpt = Annotated[
     int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")
@@ -209,3 +214,12 @@ def _click_context() -> Any:
 def progress_enabled() -> bool:
     """Progress bars only when stderr is a terminal."""
     return sys.stderr.isatty()
+
+
+def task_arg(task: str, data: str | None) -> Any:
+    """TASK as the library takes it: the spec, or (``--data``) the LightningModule on that datamodule."""
+    if data is None:
+        return task
+    from ..integrations import task_with_data
+
+    return task_with_data(task, data)

@@ -10,6 +10,7 @@ from rich.table import Table
 from ..compress import compress as run_compress
 from ..exceptions import ConfigError
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -21,6 +22,7 @@ from ._common import (
     execute,
     out_console,
     parse_params,
+    task_arg,
     with_report,
 )
 from ._progress import EpochProgress
@@ -41,6 +43,7 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
 
 def compress(
     task: TaskArg,
+    data: DataOpt = None,
     prune: Annotated[str | None, typer.Option("--prune", help="unstructured or structured.", show_default=False)] = None,
     ratios: Annotated[str, typer.Option("--ratios", help="Fractions removed, comma-separated (channels for structured, weights for unstructured).")] = "0.3,0.5,0.7",
     importance: Annotated[str, typer.Option("--importance", help="l1, l2, taylor or bn.")] = "l2",
@@ -72,7 +75,8 @@ def compress(
         params = parse_params(param)
         layers = tuple(name.strip() for item in (ignore_layers or []) for name in item.split(",") if name.strip())
         return run_compress(
-            task, params=params, model=model, trust_model=trust_model, db=db, callbacks=[EpochProgress(None)],
+            task_arg(task, data), params=params, model=model, trust_model=trust_model, db=db,
+            callbacks=[EpochProgress(None)],
             prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
             global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, distill=distill,
             finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,

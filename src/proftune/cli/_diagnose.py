@@ -10,6 +10,7 @@ from rich.table import Table
 from ..diagnose import diagnose as run_diagnose
 from ..task import load_task
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -23,6 +24,7 @@ from ._common import (
     execute,
     out_console,
     parse_params,
+    task_arg,
     with_report,
 )
 from ._progress import EpochProgress
@@ -32,6 +34,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 def diagnose(
     task: TaskArg,
+    data: DataOpt = None,
     epochs: EpochsOpt = None,
     max_steps: MaxStepsOpt = None,
     param: ParamOpt = None,
@@ -48,7 +51,7 @@ def diagnose(
 
     def body() -> Any:
         params = parse_params(param)
-        task_obj = load_task(task)
+        task_obj = load_task(task_arg(task, data))
         progress = EpochProgress.for_run(task_obj, epochs, max_steps, description="diagnose")
         return run_diagnose(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
                             lr_test=lr_test, db=db, callbacks=[progress])

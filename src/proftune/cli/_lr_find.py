@@ -9,6 +9,7 @@ import typer
 from ..recommend import lr_find
 from ..track import Store
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -20,12 +21,14 @@ from ._common import (
     execute,
     out_console,
     parse_params,
+    task_arg,
     with_report,
 )
 
 
 def lr_find_command(
     task: TaskArg,
+    data: DataOpt = None,
     min_lr: Annotated[float, typer.Option("--min-lr", help="First lr of the sweep.")] = 1e-7,
     max_lr: Annotated[float, typer.Option("--max-lr", help="Last lr of the sweep.")] = 10.0,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of the sweep.")] = 100,
@@ -43,7 +46,7 @@ def lr_find_command(
     min_lr where the loss starts to fall, max_lr the last before it blows up, and the curve."""
 
     def body() -> Any:
-        return lr_find(task, parse_params(param), min_lr=min_lr, max_lr=max_lr, steps=steps,
+        return lr_find(task_arg(task, data), parse_params(param), min_lr=min_lr, max_lr=max_lr, steps=steps,
                        batch_size=batch_size, device=device, seed=seed, plot=plot, store=Store(db))
 
     def render(result: Any) -> None:

@@ -13,6 +13,7 @@ from ..exceptions import ConfigError
 from ..profile import Profile, compare_profiles, profile
 from ..track import Store
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -23,6 +24,7 @@ from ._common import (
     execute,
     out_console,
     parse_params,
+    task_arg,
     with_report,
 )
 
@@ -145,6 +147,7 @@ def profile_command(
         "--compare", help="Compare two saved profiles: --compare A.json B.json.", show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", help="Layers to show.")] = 10,
     param: ParamOpt = None,
+    data: DataOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     db: DbOpt = None,
@@ -164,7 +167,7 @@ def profile_command(
             raise ConfigError("missing TASK (e.g. `proftune profile digits-cnn`), or use --compare A.json B.json.")
         params = parse_params(param)
         store = Store(db)
-        p = profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup,
+        p = profile(task_arg(task, data), params=params, batch_size=batch_size, steps=steps, warmup=warmup,
                     inference=inference, device=device, seed=seed, detail=detail, trace=trace, store=store)
         if out is not None:
             p.save(out)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from ..exceptions import ConfigError
+from ..integrations import EMIT_FORMATS, emit_snippet
 from ..profile import Profile
 from ..recommend import recommend
 from ..track import Store
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -25,6 +29,7 @@ from ._common import (
     out_console,
     parse_params,
     progress_enabled,
+    task_arg,
     with_report,
 )
 
@@ -42,15 +47,24 @@ def _short(value: Any) -> str:
 class _Result:
     """The recommendations with their JSON form (the list itself would serialise as a bare list)."""
 
-    def __init__(self, recs: Any) -> None:
+    def __init__(self, recs: Any, emit: str | None = None) -> None:
         self.recs = recs
+        self.emit = emit
 
     def to_dict(self) -> dict[str, Any]:
-        return self.recs.to_dict()
+        out: dict[str, Any] = self.recs.to_dict()
+        if self.emit is not None:
+            out["emit"] = {"format": self.emit, "snippet": self.snippet()}
+        return out
+
+    def snippet(self) -> str:
+        assert self.emit is not None
+        return emit_snippet(self.recs, self.emit, header=f"proftune recommend, run {self.recs.run_id}")
 
 
 def recommend_command(
     task: TaskArg,
+    data: DataOpt = None,
     memory_budget: Annotated[str | None, typer.Option(
         "--memory-budget", help="Memory budget (4GiB, 512MB, bytes); default: free CUDA memory, none on CPU.",
         show_default=False)] = None,
@@ -61,6 +75,9 @@ def recommend_command(
         "--profile", help="A saved Profile (JSON) to read instead of profiling now.", show_default=False)] = None,
     lr_steps: Annotated[int, typer.Option("--lr-steps", min=5, help="Steps of the LR range test.")] = 100,
     noise_steps: Annotated[int, typer.Option("--noise-steps", min=1, help="Steps of the noise-scale measurement.")] = 30,
+    emit: Annotated[str | None, typer.Option(
+        "--emit", help="Print the parameters as a snippet to paste: lightning, transformers or yaml.",
+        show_default=False)] = None,
     param: ParamOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
@@ -73,13 +90,18 @@ def recommend_command(
     bottleneck layers, each with the measured evidence behind it."""
 
     def body() -> Any:
+        if emit is not None and emit not in EMIT_FORMATS:
+            raise ConfigError(f"--emit {emit!r} is unknown; valid: {', '.join(EMIT_FORMATS)}.")
         prof = Profile.load(profile) if profile else None
         say = (lambda msg: err_console.print(f"[dim]... {msg}[/]")) if progress_enabled() else None
-        return _Result(recommend(task, parse_params(param), profile=prof, memory_budget=memory_budget,
+        return _Result(recommend(task_arg(task, data), parse_params(param), profile=prof, memory_budget=memory_budget,
                                  target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
-                                 noise_steps=noise_steps, store=Store(db), progress=say))
+                                 noise_steps=noise_steps, store=Store(db), progress=say), emit)
 
     def render(result: Any) -> None:
+        if result.emit is not None:  # stdout holds only the snippet: `> params.py` works
+            sys.stdout.write(result.snippet())
+            return
         recs = result.recs
         table = Table(title=f"run {recs.run_id}: recommendations", show_lines=True)
         table.add_column("name")

@@ -9,6 +9,7 @@ from rich.table import Table
 from .._api import run_train
 from ..task import load_task
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -22,6 +23,7 @@ from ._common import (
     execute,
     out_console,
     parse_params,
+    task_arg,
     with_report,
 )
 from ._progress import EpochProgress
@@ -29,6 +31,7 @@ from ._progress import EpochProgress
 
 def train(
     task: TaskArg,
+    data: DataOpt = None,
     epochs: EpochsOpt = None,
     max_steps: MaxStepsOpt = None,
     param: ParamOpt = None,
@@ -43,7 +46,7 @@ def train(
 
     def body() -> Any:
         params = parse_params(param)
-        task_obj = load_task(task)
+        task_obj = load_task(task_arg(task, data))
         progress = EpochProgress.for_run(task_obj, epochs, max_steps)
         return run_train(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
                          db=db, callbacks=[progress])

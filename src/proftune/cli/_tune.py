@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from ._common import (
+    DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -18,6 +19,7 @@ from ._common import (
     TaskArg,
     execute,
     out_console,
+    task_arg,
     with_report,
 )
 
@@ -62,12 +64,13 @@ def tune(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    data: DataOpt = None,
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
     def body() -> Any:
         from ..search import search
 
-        result = search(task, str(space), objectives=objective or None, constraints=constraint or (),
+        result = search(task_arg(task, data), str(space), objectives=objective or None, constraints=constraint or (),
                         trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
                         study=study, db=db, workers=workers, seed=seed, device=device,
                         max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import batch_size_of, call_model, clock, move_to_device, resolve_device
+from .._device import batch_size_of, call_model, clock, move_to_device, output_loss, resolve_device
 from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
@@ -78,6 +78,9 @@ class _ModuleTask(Task):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         out = call_model(model, batch)
+        own = output_loss(out)  # a Hugging Face model given labels returns its loss
+        if own is not None:
+            return own
         leaves = [t for t in _tensors(out) if t.is_floating_point()]
         if not leaves:
             raise ConfigError(f"{self.name}'s output holds no floating tensor to backpropagate from.")

@@ -128,6 +128,7 @@ class Monitor:
         self._acts_totals: list[int] = []
         self._samples = 0
         self._profile: Profile | None = None
+        self._paused_at: float | None = None
 
     # -- context ----------------------------------------------------------------------------
     def __enter__(self) -> Monitor:
@@ -175,7 +176,7 @@ class Monitor:
 
     # -- hooks that drive callbacks (only when there are callbacks) ---------------------------
     def _callback_step_start(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        if self._in_step:
+        if self._in_step or self._paused_at is not None:
             return
         self._in_step = True
         self.state.batch = args[0] if len(args) == 1 else args
@@ -320,6 +321,24 @@ class Monitor:
             cb.on_step_end(state)
         self._last = self._now(sync=sampled)
         if self._is_sampled(state.step):
+            self._attach_sample()
+
+    def pause(self) -> None:
+        """Stop watching until :meth:`resume`: an evaluation between two steps (a trainer's
+        validation) is neither a step nor part of one's time."""
+        if self._paused_at is not None or not self._started:
+            return
+        self._paused_at = self._now(sync=True)
+        if self._sampling is not None:
+            self._detach_sample(abort=True)
+
+    def resume(self) -> None:
+        """Watch again after :meth:`pause`; the paused time is left out of the next step's time."""
+        if self._paused_at is None:
+            return
+        self._last += self._now(sync=True) - self._paused_at
+        self._paused_at = None
+        if self._is_sampled(self.state.step):
             self._attach_sample()
 
     # -- results --------------------------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""Turn what a task spec names, when it is not a proftune Task, into one.
+
+:func:`proftune.load_task` asks :func:`foreign_task` and :func:`foreign_task_in` before it gives
+up on a spec: a LightningModule class (with its LightningDataModule, if the file has one and the
+module has no dataloaders of its own), a LightningModule instance or a function that returns one;
+a Hugging Face model class, instance or factory (on random tokens: :class:`HFModelTask`).
+:func:`task_with_data` is ``--data``: a LightningModule with the LightningDataModule named apart.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import ConfigError, TaskLoadError
+from ..task import Task
+
+__all__ = ["foreign_task", "foreign_task_in", "resolve_object", "task_with_data"]
+
+
+def _kind(obj: Any) -> str | None:
+    from ._lightning_task import lightning_module_class
+
+    return lightning_module_class(obj if inspect.isclass(obj) else type(obj))
+
+
+def foreign_task(obj: Any, *, origin: str, datamodule: Any = None) -> Task | None:
+    """A Task for ``obj`` (a LightningModule class, instance or factory), or None if it is none."""
+    if obj is None:
+        return None
+    kind = _kind(obj)
+    if kind == "module":
+        from ._lightning_task import LightningTask
+
+        if inspect.isclass(obj):
+            return LightningTask(obj, datamodule, name=obj.__name__)
+        template = obj  # an instance: every model proftune trains is a fresh copy of it
+        return LightningTask(lambda: copy.deepcopy(template), datamodule, name=type(obj).__name__)
+    from ._hf_task import HFModelTask, is_hf_model
+
+    if is_hf_model(obj):
+        if inspect.isclass(obj):  # built from its default config, random weights
+            cls: Any = obj
+            return HFModelTask(lambda: cls(cls.config_class()), name=cls.__name__)
+        template = obj
+        return HFModelTask(lambda: copy.deepcopy(template), name=type(obj).__name__)
+    if kind is None and inspect.isfunction(obj):
+        returns = _returns(obj)
+        if returns is None and not inspect.signature(obj).parameters:
+            returns = type(obj())  # a factory named explicitly, without a return annotation
+        if _kind(returns) == "module":
+            from ._lightning_task import LightningTask
+
+            return LightningTask(obj, datamodule, name=obj.__name__)
+        if returns is not None and is_hf_model(returns):
+            return HFModelTask(obj, name=obj.__name__)
+    return None
+
+
+def _returns(fn: Any) -> Any:
+    """The class a factory's return annotation names, if it resolves; else None."""
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except (NameError, TypeError, SyntaxError):
+        return None
+    return hints.get("return")
+
+
+def _defined(namespace: dict[str, Any], module_name: str, kind: str) -> dict[str, Any]:
+    return {name: obj for name, obj in namespace.items()
+            if inspect.isclass(obj) and getattr(obj, "__module__", None) == module_name
+            and not name.startswith("_") and _kind(obj) == kind}
+
+
+def foreign_task_in(namespace: dict[str, Any], module_name: str, class_name: str | None,
+                    *, spec: str) -> Task | None:
+    """A Task from a module's namespace (a user's file): the LightningModule it names or defines.
+
+    Without ``class_name`` the file must define exactly one LightningModule. A file that also
+    defines exactly one LightningDataModule pairs it with a module that has no dataloaders.
+    """
+    modules = _defined(namespace, module_name, "module")
+    if class_name is not None:
+        obj = namespace.get(class_name)
+    elif len(modules) == 1:
+        (obj,) = modules.values()
+    elif len(modules) > 1:
+        names = ", ".join(sorted(modules))
+        raise TaskLoadError(f"{spec!r} defines several LightningModules ({names}); pick one with "
+                            f"'{spec}:{sorted(modules)[0]}'.")
+    else:
+        return None
+    if obj is None or (_kind(obj) is None and not inspect.isfunction(obj) and not _is_hf(obj)):
+        return None
+    datamodule = None
+    dms = _defined(namespace, module_name, "datamodule")
+    if len(dms) == 1 and not _has_own_loaders(obj):
+        (datamodule,) = dms.values()
+    return foreign_task(obj, origin=spec, datamodule=datamodule)
+
+
+def _is_hf(obj: Any) -> bool:
+    from ._hf_task import is_hf_model
+
+    return is_hf_model(obj)
+
+
+def _has_own_loaders(obj: Any) -> bool:
+    if _kind(obj) != "module":
+        return True  # a factory: its module's loaders are unknown until it is called
+    from ._lightning_task import lightning_namespace
+
+    cls = obj if inspect.isclass(obj) else type(obj)
+    return getattr(cls, "train_dataloader", None) is not lightning_namespace().LightningModule.train_dataloader
+
+
+def resolve_object(spec: str, *, what: str) -> Any:
+    """The object ``file.py:Name`` or ``package.module:Name`` names (``file.py`` alone: its one
+    LightningModule or LightningDataModule, by ``what``)."""
+    head, sep, name = spec.rpartition(":")
+    if not sep or not name.isidentifier():
+        head, name = spec, ""
+    if head.endswith(".py") or "/" in head or Path(head).exists():
+        path = Path(head)
+        if not path.is_file():
+            raise ConfigError(f"{what} file {head!r} does not exist (looked for {path.resolve()}).")
+        resolved = path.resolve()
+        module_name = f"proftune_user_task_{abs(hash(str(resolved)))}"
+        module = sys.modules.get(module_name)
+        if module is None or getattr(module, "__file__", None) != str(resolved):
+            module_spec = importlib.util.spec_from_file_location(module_name, resolved)
+            if module_spec is None or module_spec.loader is None:
+                raise ConfigError(f"{what} file {head!r} cannot be imported as Python.")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(module_name, None)
+                raise TaskLoadError(f"importing {what} file {head!r} failed: {type(exc).__name__}: {exc}") from exc
+    elif name:
+        try:
+            module = importlib.import_module(head)
+        except ImportError as exc:
+            raise TaskLoadError(f"importing module {head!r} for {what} {spec!r} failed: {exc}") from exc
+        module_name = module.__name__
+    else:
+        raise ConfigError(f"{what} {spec!r} is neither 'file.py[:Class]' nor 'package.module:Class'.")
+    if name:
+        if not hasattr(module, name):
+            raise ConfigError(f"{what} {spec!r}: {head!r} has no {name!r}.")
+        return getattr(module, name)
+    kind = "datamodule" if what == "--data" else "module"
+    found = _defined(vars(module), module_name, kind)
+    if len(found) != 1:
+        label = "LightningDataModule" if kind == "datamodule" else "LightningModule"
+        raise ConfigError(f"{what} {spec!r} defines {len(found)} {label}s ({', '.join(sorted(found)) or 'none'}); "
+                          f"name one with '{head}:Class'.")
+    return next(iter(found.values()))
+
+
+def task_with_data(task: str, data: str) -> Task:
+    """``--data``: the LightningModule ``task`` names, trained on the LightningDataModule ``data`` names."""
+    dm = resolve_object(data, what="--data")
+    if _kind(dm) != "datamodule":
+        raise ConfigError(f"--data {data!r} is {getattr(dm, '__name__', type(dm).__name__)}, not a "
+                          "LightningDataModule (class or instance).")
+    obj = resolve_object(task, what="TASK")
+    adapted = foreign_task(obj, origin=task, datamodule=dm)
+    if adapted is None:
+        raise ConfigError(f"--data applies to a LightningModule task, but TASK {task!r} is "
+                          f"{getattr(obj, '__name__', type(obj).__name__)}; a proftune Task brings its own data.")
+    return adapted
