@@ -20,6 +20,7 @@ from ..track import Store, environment, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._constraints import Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
+from ._ray import RayOptions, pbt_plot, run_ray
 from ._space import Space, load_space
 from ._study import (
     ATTR,
@@ -29,11 +30,15 @@ from ._study import (
     check_settings,
     open_storage,
     raise_if_too_many_failures,
+    _counts,
     run_worker,
     trial_records,
 )
 
-__all__ = ["SearchResult", "search", "task_metrics"]
+__all__ = ["BACKENDS", "SearchResult", "search", "task_metrics"]
+
+#: Where trials run: this machine's processes, or a Ray cluster (``RayOptions``).
+BACKENDS = ("local", "ray")
 
 
 @dataclass
@@ -56,6 +61,8 @@ class SearchResult:
     duration_s: float
     resumed: bool
     plots: list[str] = field(default_factory=list)
+    #: Under ``backend="ray"``: scheduler, experiment folder, retries, PBT schedules.
+    backend: dict[str, Any] = field(default_factory=lambda: {"backend": "local"})
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(("complete", "pruned", "infeasible", "failed", "running"), 0)
@@ -100,6 +107,7 @@ class SearchResult:
             "importance": self.importance,
             "duration_s": self.duration_s,
             "plots": self.plots,
+            "backend": self.backend,
         }
 
 
@@ -189,6 +197,8 @@ def search(
     grid_points: int = 5,
     plot: str | Path | None = None,
     store: Store | None = None,
+    backend: str = "local",
+    ray: RayOptions | None = None,
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -199,6 +209,8 @@ def search(
     again with the same ``study`` continues it. ``timeout`` bounds this call (seconds).
     ``coarse``: the first pass of ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"``
     (``grid_points`` per continuous param, also the points of ``sampler="grid"``).
+    ``backend``: ``"local"`` (this machine's processes) or ``"ray"`` (Ray Tune; ``ray`` says
+    where and with which scheduler: fifo, asha, pbt).
     """
     started = time.perf_counter()
     problems = ProblemCollector()
@@ -217,6 +229,8 @@ def search(
         problems.add(f"--sampler {sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
     if pruner not in PRUNERS:
         problems.add(f"--pruner {pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
+    if backend not in BACKENDS:
+        problems.add(f"--backend {backend!r} is unknown; valid: {', '.join(BACKENDS)}.")
     if workers > 1 and not isinstance(task, str):
         try:
             pickle.dumps(task_obj)
@@ -273,7 +287,12 @@ def search(
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
         deadline = time.time() + timeout if timeout else None
-        if workers == 1:
+        ray_out: dict[str, Any] | None = None
+        if backend == "ray":
+            ray_out = run_ray(settings, ray or RayOptions(workers=workers), storage=storage,
+                              store=store, deadline=deadline,
+                              finished=_counts(created)["finished"])
+        elif workers == 1:
             run_worker(settings, 0, deadline, storage=storage)
         else:
             _run_processes(settings, workers, deadline)
@@ -288,8 +307,12 @@ def search(
             trials=records, best=front[0] if front else None, pareto=front, correlations=corr,
             importance=imp, space_hash=space_obj.hash(), sampler=sampler, pruner=pruner,
             duration_s=time.perf_counter() - started, resumed=resumed)
+        if ray_out is not None:
+            result.backend = ray_out
         if plot is not None:
             result.plots = plot_study(records, objs, corr, imp, front, plot)
+            if ray_out and ray_out.get("schedule") and ray_out.get("scheduler") == "pbt":
+                result.plots.append(str(pbt_plot(ray_out["schedule"], Path(plot) / "pbt_schedule.png")))
         summary = result.to_dict()
         run.set(metrics=dict(result.best.metrics) if result.best else {},
                 result={k: summary[k] for k in ("best", "pareto", "counts", "compute",
