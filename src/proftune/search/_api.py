@@ -27,10 +27,10 @@ from ._study import (
     SAMPLERS,
     SearchSettings,
     TrialRecord,
+    _counts,
     check_settings,
     open_storage,
     raise_if_too_many_failures,
-    _counts,
     run_worker,
     trial_records,
 )

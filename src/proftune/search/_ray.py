@@ -36,7 +36,7 @@ from ..train import Callback, FitState
 from ._space import Space
 from ._study import ATTR, WORST, SearchSettings, TrialRunner, _TrialFailed, make_sampler
 
-__all__ = ["SCHEDULERS", "PERTURBABLE", "RayOptions", "run_ray"]
+__all__ = ["PERTURBABLE", "SCHEDULERS", "RayOptions", "run_ray"]
 
 SCHEDULERS = ("fifo", "asha", "pbt")
 #: Params that population-based training perturbs while a member trains.
@@ -175,7 +175,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     started = time.perf_counter()
     values: Any = None
     try:
-        values = runner._run(trial, dict(config), rec)
+        values = runner._run(trial, dict(config), rec)  # type: ignore[arg-type]
     except optuna.TrialPruned:
         runner._finish(trial, rec, "pruned", started)
     except _TrialFailed:
@@ -195,7 +195,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
 def _searcher_class() -> type:
     from ray.tune.search.optuna import OptunaSearch
 
-    class _StudySearch(OptunaSearch):  # type: ignore[misc]
+    class _StudySearch(OptunaSearch):
         """Ray's ``OptunaSearch`` on the study's storage that records trials as proftune does."""
 
         def __init__(self, recorder: _Recorder, **kw: Any) -> None:
@@ -231,8 +231,9 @@ def _searcher_class() -> type:
             tell_state = {"complete": optuna.trial.TrialState.COMPLETE,
                           "infeasible": optuna.trial.TrialState.COMPLETE,
                           "pruned": optuna.trial.TrialState.PRUNED}.get(state, optuna.trial.TrialState.FAIL)
+            study: optuna.Study = self._ot_study
             with contextlib.suppress(ValueError, RuntimeError):
-                self._ot_study.tell(ot_trial, values if tell_state == optuna.trial.TrialState.COMPLETE else None,
+                study.tell(ot_trial, values if tell_state == optuna.trial.TrialState.COMPLETE else None,
                                     state=tell_state)
             self._completed_trials.add(trial_id)
 
@@ -331,11 +332,14 @@ class _Recorder:
 def _callback_class() -> type:
     from ray import tune
 
-    class _Progress(tune.Callback):  # type: ignore[misc]
+    class _Progress(tune.Callback):
         """Counts Ray's retries of each trial and the PBT schedule of each member."""
 
         def __init__(self, recorder: _Recorder) -> None:
             self.recorder = recorder
+            #: False under PBT, which runs without a searcher: trials are recorded here.
+            self.searched = True
+            self.records: list[tuple[dict[str, Any], str, list[float] | None, dict[str, Any]]] = []
 
         def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             self.recorder.retries[trial.trial_id] = self.recorder.retries.get(trial.trial_id, 0) + 1
@@ -356,7 +360,7 @@ def _callback_class() -> type:
 
         def _finish_unsearched(self, trial: Any, *, error: bool) -> None:
             # PBT runs without a searcher: record the trial here, once
-            if getattr(self, "searched", True):
+            if self.searched:
                 return
             state, values, rec = self.recorder.finished(trial.trial_id, trial.last_result, error)
             self.records.append((trial.config, state, values, rec))
@@ -500,7 +504,6 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         return tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
     if options.scheduler == "pbt":
         progress.searched = False
-        progress.records = []
         size = options.population or max(2, min(remaining, 8))
         cfg = tune.TuneConfig(scheduler=_scheduler(settings, options), num_samples=size,
                               max_concurrent_trials=options.workers, time_budget_s=time_budget,
@@ -548,7 +551,7 @@ def _clip(dist: Any, value: Any) -> Any:
     if low is None or high is None:
         return value
     v = min(max(value, low), high)
-    return int(round(v)) if isinstance(low, int) and not isinstance(low, bool) else float(v)
+    return round(v) if isinstance(low, int) and not isinstance(low, bool) else float(v)
 
 
 def pbt_plot(schedule: Mapping[str, list[dict[str, Any]]], path: str | Path,
