@@ -231,7 +231,7 @@ def _searcher_class() -> type:
             tell_state = {"complete": optuna.trial.TrialState.COMPLETE,
                           "infeasible": optuna.trial.TrialState.COMPLETE,
                           "pruned": optuna.trial.TrialState.PRUNED}.get(state, optuna.trial.TrialState.FAIL)
-            study: optuna.Study = self._ot_study
+            study: Any = self._ot_study
             with contextlib.suppress(ValueError, RuntimeError):
                 study.tell(ot_trial, values if tell_state == optuna.trial.TrialState.COMPLETE else None,
                                     state=tell_state)
