@@ -9,6 +9,7 @@ from ._api import profile
 from ._comm import CommRecorder
 from ._memory import ActivationRecorder, PeakMemory, peak_step_memory
 from ._monitor import Monitor
+from ._ranks import RankProfile, RanksResult, profile_ranks
 from ._record import (
     SCHEMA_VERSION,
     CommProfile,
@@ -25,6 +26,9 @@ from ._stats import LayerStats, tensor_stats
 from ._timing import LayerTimer
 
 __all__ = [
+    "RankProfile",
+    "RanksResult",
+    "profile_ranks",
     "SCHEMA_VERSION",
     "ActivationRecorder",
     "CommProfile",

@@ -368,12 +368,19 @@ def _callback_class() -> type:
     return _Progress
 
 
-def _ray_space(space: Space) -> dict[str, Any]:
-    """The space as Ray Tune domains (PBT's initial population and its mutations)."""
+def _ray_space(space: Space, *, start_at_default: bool = False) -> dict[str, Any]:
+    """The space as Ray Tune domains (PBT's initial population and its mutations).
+
+    ``start_at_default``: a param with a ``default`` starts there (PBT's population starts
+    from the user's current setting and the mutations move it within the range).
+    """
     from ray import tune
 
     out: dict[str, Any] = dict(space.fixed)
     for p in space.params:
+        if start_at_default and p.default is not None:
+            out[p.name] = p.default
+            continue
         if p.type == "categorical":
             out[p.name] = tune.choice(list(p.choices))
             continue
@@ -508,7 +515,8 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         cfg = tune.TuneConfig(scheduler=_scheduler(settings, options), num_samples=size,
                               max_concurrent_trials=options.workers, time_budget_s=time_budget,
                               reuse_actors=False)
-        return tune.Tuner(trainable, param_space=_ray_space(settings.space), tune_config=cfg,
+        return tune.Tuner(trainable, param_space=_ray_space(settings.space, start_at_default=True),
+                          tune_config=cfg,
                           run_config=run_config)
     searcher = _searcher_class()(
         recorder, space=_Define(settings.space), metric=[f"{_METRIC}_{i}" for i in range(len(settings.objectives))]
