@@ -123,8 +123,8 @@ class _RayReport(Callback):
 class _RestoreCheckpoint(Callback):
     """PBT: continue a member from its (or an exploited member's) checkpoint, at the new params."""
 
-    def __init__(self, checkpoint: Any) -> None:
-        self.checkpoint = checkpoint
+    def __init__(self, checkpoint: Any, epochs: int) -> None:
+        self.checkpoint, self.epochs = checkpoint, epochs
 
     def on_fit_start(self, state: FitState) -> None:
         if self.checkpoint is None:
@@ -139,7 +139,10 @@ class _RestoreCheckpoint(Callback):
                 for key in ("lr", "weight_decay", "momentum"):
                     if key in state.params and key in group:
                         group[key] = float(state.params[key])
-        state.epoch, state.step = int(saved["epoch"]), int(saved["step"])
+        # a member exploited after its last epoch trains that epoch again from the better
+        # member's weights at its own params, so that it ends with measured metrics
+        state.epoch = min(int(saved["epoch"]), self.epochs - 1)
+        state.step = int(saved["step"])
 
 
 class _WorkerRunner(TrialRunner):
@@ -167,7 +170,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     metric = settings.objectives[0].metric if runner.report_metric or pbt else None
     runner.extra_callbacks = [_RayReport(metric, checkpoint=pbt, sign=sign)]
     if pbt:
-        runner.extra_callbacks.insert(0, _RestoreCheckpoint(tune.get_checkpoint()))
+        runner.extra_callbacks.insert(0, _RestoreCheckpoint(tune.get_checkpoint(), int(settings.epochs or 1)))
     trial = optuna.trial.FixedTrial(config)
     rec: dict[str, Any] = {"params": dict(config), "metrics": {}, "constraints": {}, "reason": None,
                            "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
@@ -182,7 +185,8 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
         runner._finish(trial, rec, "failed", started)
     record = runner.record or rec
     record["constraints_raw"] = dict(trial.constraints)
-    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json.dumps(record, default=str)}
+    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json.dumps(record, default=str),
+                             "epoch": int(settings.epochs or 1)}
     if values is not None:
         vals = values if isinstance(values, (list, tuple)) else [values]
         final.update({f"{_METRIC}_{i}": float(v) for i, v in enumerate(vals)})
@@ -421,7 +425,8 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
                                   "configure_logging": options.debug, "ignore_reinit_error": True}
         if options.address:
             kwargs["address"] = options.address
-        else:
+        else:  # a new instance of our own, even where another cluster runs on this machine
+            kwargs["address"] = "local"
             kwargs["num_cpus"] = options.workers
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -451,7 +456,7 @@ def _scheduler(settings: SearchSettings, options: RayOptions) -> Any:
         return PopulationBasedTraining(time_attr="epoch", metric=_METRIC, mode=mode,
                                        perturbation_interval=options.perturbation_interval,
                                        hyperparam_mutations=mutations, quantile_fraction=0.25,
-                                       resample_probability=0.25, synch=True)
+                                       resample_probability=0.25, synch=True, require_attrs=False)
     return FIFOScheduler()
 
 
