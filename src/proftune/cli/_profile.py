@@ -146,6 +146,9 @@ def profile_command(
     compare: Annotated[tuple[str, str] | None, typer.Option(
         "--compare", help="Compare two saved profiles: --compare A.json B.json.", show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", help="Layers to show.")] = 10,
+    ddp: Annotated[int | None, typer.Option(
+        "--ddp", help="Profile N DDP ranks on this machine (gloo; NCCL on GPUs) and find the straggler.",
+        show_default=False)] = None,
     param: ParamOpt = None,
     data: DataOpt = None,
     seed: SeedOpt = 0,
@@ -166,6 +169,9 @@ def profile_command(
         if task is None:
             raise ConfigError("missing TASK (e.g. `proftune profile digits-cnn`), or use --compare A.json B.json.")
         params = parse_params(param)
+        if ddp is not None:
+            return _ranks(task, ddp, params=params, batch_size=batch_size, steps=steps,
+                          warmup=warmup, device=device, seed=seed)
         store = Store(db)
         p = profile(task_arg(task, data), params=params, batch_size=batch_size, steps=steps, warmup=warmup,
                     inference=inference, device=device, seed=seed, detail=detail, trace=trace, store=store)
@@ -176,7 +182,29 @@ def profile_command(
     def render(result: Any) -> None:
         if isinstance(result, Profile):
             _render_profile(result, top, out)
+        elif "ranks" in result:
+            _render_ranks(result)
         else:
             _render_compare(result, top)
 
     execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+
+
+def _ranks(task: str, nprocs: int, *, device: str, **kw: Any) -> dict[str, Any]:
+    from ..profile import profile_ranks
+
+    dev = "cuda" if device == "cuda" or (device == "auto" and __import__("torch").cuda.device_count() >= nprocs) else "cpu"
+    return profile_ranks(task, nprocs=nprocs, device=dev, **kw).to_dict()
+
+
+def _render_ranks(d: dict[str, Any]) -> None:
+    table = Table(title=f"{d['task']} · DDP {d['world_size']} ranks ({d['backend']}) · ms per step",
+                  caption="busy: the step less the time waiting in the all-reduce")
+    for col in ("rank", "step", "data", "forward", "backward", "optimizer", "all-reduce", "busy"):
+        table.add_column(col, justify="right")
+    for r in d["ranks"]:
+        mark = " *" if r["rank"] == d["slowest_rank"] and d["phase"] else ""
+        table.add_row(f"{r['rank']}{mark}", *(_ms(r[k]) for k in (
+            "step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "allreduce_ms", "busy_ms")))
+    out_console.print(table)
+    out_console.print(f"imbalance {d['imbalance']:.2f}x (busy, max / median); {d['advice']}")

@@ -58,6 +58,13 @@ def tune(
         "--max-failures", help="Stop when more trials than this failed in user code.")] = 5,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.",
                                               show_default=False)] = None,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="local (this machine's processes) or ray (Ray Tune).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Ray cluster to join: auto or HOST:PORT (default: start a local one).",
+        show_default=False)] = None,
+    scheduler: Annotated[str, typer.Option(
+        "--scheduler", help="With --backend ray: fifo, asha or pbt (population-based training).")] = "fifo",
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     db: DbOpt = None,
@@ -68,12 +75,15 @@ def tune(
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
     def body() -> Any:
-        from ..search import search
+        from ..search import RayOptions, search
 
+        ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=debug)
+               if backend == "ray" else None)
         result = search(task_arg(task, data), str(space), objectives=objective or None, constraints=constraint or (),
                         trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
                         study=study, db=db, workers=workers, seed=seed, device=device,
-                        max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot)
+                        max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
+                        backend=backend, ray=ray)
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 

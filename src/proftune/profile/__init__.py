@@ -16,6 +16,7 @@ from ._memory import (
     peak_step_memory,
 )
 from ._monitor import Monitor
+from ._ranks import RankProfile, RanksResult, profile_ranks
 from ._record import (
     SCHEMA_VERSION,
     CommProfile,
@@ -54,6 +55,8 @@ __all__ = [
     "ParamCounts",
     "PeakMemory",
     "Profile",
+    "RankProfile",
+    "RanksResult",
     "StaticCounts",
     "StepProfile",
     "UncountedOps",
@@ -66,6 +69,7 @@ __all__ = [
     "params_bytes",
     "peak_step_memory",
     "profile",
+    "profile_ranks",
     "tensor_stats",
     "uncounted_op",
 ]

@@ -23,11 +23,12 @@ from . import (  # noqa: F401  (eager: see module doc)
     _study,
     _trial,
 )
-from ._api import DEFAULT_SCAN, SearchResult, scan, search, task_metrics
+from ._api import BACKENDS, DEFAULT_SCAN, SearchResult, scan, search, task_metrics
 from ._coarse_fine import CoarseToFineSampler
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._gate import GateResult, ProfileGate
 from ._pruners import PRUNERS, PatiencePruner
+from ._ray import SCHEDULERS, RayOptions
 from ._records import TrialRecord
 from ._samplers import SAMPLERS
 from ._scan import Bound, ScanResult
@@ -35,10 +36,12 @@ from ._space import ForbidRule, Param, Space, load_space
 from ._strategy import Statement, strategy
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT_SCAN",
     "PROFILE_METRICS",
     "PRUNERS",
     "SAMPLERS",
+    "SCHEDULERS",
     "Bound",
     "CoarseToFineSampler",
     "Constraint",
@@ -48,6 +51,7 @@ __all__ = [
     "Param",
     "PatiencePruner",
     "ProfileGate",
+    "RayOptions",
     "ScanResult",
     "SearchResult",
     "Space",

@@ -21,7 +21,8 @@ from ..track import Store, environment, open_store, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
-from ._records import ATTR, TrialRecord, trial_records
+from ._ray import RayOptions, pbt_plot, run_ray
+from ._records import ATTR, TrialRecord, counts, trial_records
 from ._samplers import SAMPLERS
 from ._scan import ScanResult, restrict_space
 from ._scan import scan as run_scan
@@ -31,10 +32,13 @@ from ._storage import open_storage
 from ._strategy import Statement, strategy
 from ._study import raise_if_too_many_failures, run_worker
 
-__all__ = ["DEFAULT_SCAN", "SearchResult", "scan", "search", "task_metrics"]
+__all__ = ["BACKENDS", "DEFAULT_SCAN", "SearchResult", "scan", "search", "task_metrics"]
 
 #: Configurations the feasibility scan profiles when there are hard profile constraints.
 DEFAULT_SCAN = 16
+
+#: Where trials run: this machine's processes, or a Ray cluster (``RayOptions``).
+BACKENDS = ("local", "ray")
 
 
 @dataclass
@@ -65,6 +69,8 @@ class SearchResult:
     max_gated: int | None = None
     #: Why the workers stopped (trials, timeout, max_gated, max_failures, grid_exhausted).
     stopped: str | None = None
+    #: Under ``backend="ray"``: scheduler, experiment folder, retries, PBT schedules.
+    backend: dict[str, Any] = field(default_factory=lambda: {"backend": "local"})
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(("complete", "pruned", "infeasible", "failed", "running"), 0)
@@ -120,6 +126,7 @@ class SearchResult:
             "importance": self.importance,
             "duration_s": self.duration_s,
             "plots": self.plots,
+            "backend": self.backend,
         }
 
 
@@ -229,6 +236,8 @@ def search(
     scan: int | None = None,
     plot: str | Path | None = None,
     store: Store | str | None = None,
+    backend: str = "local",
+    ray: RayOptions | None = None,
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -243,6 +252,8 @@ def search(
     0: no scan). ``timeout`` bounds this call (seconds). ``coarse``: the first pass of
     ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"`` (``grid_points`` per continuous
     param, also the points of ``sampler="grid"``).
+    ``backend``: ``"local"`` (this machine's processes) or ``"ray"`` (Ray Tune; ``ray`` says
+    where and with which scheduler: fifo, asha, pbt).
     """
     started = time.perf_counter()
     task_obj = load_task(task)
@@ -279,13 +290,22 @@ def search(
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
         deadline = time.time() + timeout if timeout else None
-        if workers == 1:
+        ray_out: dict[str, Any] | None = None
+        if backend == "ray":
+            ray_out = run_ray(settings, ray or RayOptions(workers=workers), storage=storage,
+                              store=store, deadline=deadline, finished=counts(created)["trained"])
+            stopped = "ray"
+        elif workers == 1:
             stopped = run_worker(settings, 0, deadline, storage=storage)["stopped"]
         else:
             stopped = _run_processes(settings, workers, deadline)
         result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
                           scan_result, plot)
         result.stopped = stopped
+        if ray_out is not None:
+            result.backend = ray_out
+            if plot is not None and ray_out.get("schedule") and ray_out.get("scheduler") == "pbt":
+                result.plots.append(str(pbt_plot(ray_out["schedule"], Path(plot) / "pbt_schedule.png")))
         summary = result.to_dict()
         run.set(metrics=dict(result.best.metrics) if result.best else {},
                 result={k: summary[k] for k in ("best", "pareto", "counts", "budget", "compute",
@@ -312,6 +332,8 @@ def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any
         problems.add(f"--sampler {given['sampler']!r} is unknown; valid: {', '.join(SAMPLERS)}.")
     if given["pruner"] not in PRUNERS:
         problems.add(f"--pruner {given['pruner']!r} is unknown; valid: {', '.join(PRUNERS)}.")
+    if given["backend"] not in BACKENDS:
+        problems.add(f"--backend {given['backend']!r} is unknown; valid: {', '.join(BACKENDS)}.")
     if given["scan"] is not None and (isinstance(given["scan"], bool) or given["scan"] < 0):
         problems.add(f"--scan must be an integer >= 0 (0: no scan), but got {given['scan']!r}.")
     if given["workers"] > 1 and not isinstance(task, str) and not _picklable(task_obj):

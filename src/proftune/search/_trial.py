@@ -74,6 +74,8 @@ class TrialRunner:
         first = settings.objectives[0]
         self.report_metric = None if (first.is_profile or len(settings.objectives) > 1) else first.metric
         self.stage: str | None = None
+        #: Callbacks added to every trial's fit loop (a backend's reporting, PBT's restore).
+        self.extra_callbacks: list[Callback] = []
         self.only: list[str] | None = None
         self.preset: dict[str, Any] = {}
 
@@ -155,7 +157,8 @@ class TrialRunner:
         cb = _PruningCallback(trial, self.report_metric, self.s.pruner)
         try:
             result = fit(self.task, config, epochs=self.s.epochs, max_steps=self.s.max_steps,
-                         device=self.s.device, seed=self.s.seed, callbacks=[cb])
+                         device=self.s.device, seed=self.s.seed,
+                             callbacks=[cb, *self.extra_callbacks])
         finally:
             rec["train_s"] = time.perf_counter() - t0
         rec["steps"] = result.steps

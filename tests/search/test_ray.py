@@ -1,0 +1,142 @@
+"""The Ray backend: a local instance, PBT recovery, and a two-node loopback cluster losing a node.
+
+Every trial must land in the study and the Store exactly as the local backend records it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+import proftune
+from proftune.search import RayOptions
+from proftune.track import Store
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                reason="ray[tune] is not installed (pip install 'proftune[ray]')")
+
+HERE = Path(__file__).parent
+ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def _space(**params: Any) -> dict[str, Any]:
+    return {"params": params}
+
+
+def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    space = {"params": {"hidden": {"type": "categorical", "choices": [32, 512]}},
+             "fixed": {"lr": 3e-3}}
+    res = proftune.search("digits-mlp", space, trials=2, epochs=1, db=db, study="ray-local",
+                          sampler="grid", constraints=["params<20000"], device="cpu",
+                          backend="ray", ray=RayOptions(workers=2, storage_path=tmp_path / "ray"))
+    states = {t.params["hidden"]: t for t in res.trials}
+    assert set(states) == {32, 512}
+    small, big = states[32], states[512]
+    assert small.state == "complete" and small.metrics["accuracy"] > 0.2 and small.steps > 0
+    # the profile gate ran inside the trainable: infeasible, with the measured reason, no training
+    assert big.state == "infeasible" and big.steps == 0 and "params=" in (big.reason or "")
+    assert res.backend["backend"] == "ray" and res.backend["trials_run"] == 2
+    store = Store(db)
+    runs = {r.id: r for r in store.list_runs(kind="trial")}
+    assert {small.run_id, big.run_id} <= set(runs)
+    assert all(runs[t.run_id].status == "finished" for t in res.trials if t.run_id)
+    study = optuna.load_study(study_name="ray-local", storage=db)
+    assert len(study.trials) == 2 and all("proftune" in t.user_attrs for t in study.trials)
+
+
+def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    # AdamW at lr 0.1 on digits-mlp: about 0.89, against 0.95 at lr 3e-3
+    space = _space(lr={"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.1})
+    res = proftune.search("digits-mlp", space, trials=4, epochs=5, db=db, study="pbt", device="cpu",
+                          backend="ray", ray=RayOptions(workers=2, scheduler="pbt", population=4,
+                                                        storage_path=tmp_path / "ray"))
+    tuned = proftune.fit("digits-mlp", {"lr": 3e-3}, epochs=5, seed=0, device="cpu").metrics["accuracy"]
+    assert res.best is not None
+    assert res.best.metrics["accuracy"] >= tuned - 0.01
+    # the members' learning rates moved away from the harmful start
+    schedule = res.backend["schedule"]
+    assert schedule and min(p["lr"] for pts in schedule.values() for p in pts) < 0.1
+
+
+def _ray_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(HERE / "ray_loopback.py"), *args], capture_output=True,
+                          text=True, env={**os.environ, **ENV}, timeout=300, check=False)
+
+
+def _raylets() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "raylet/raylet"], capture_output=True, text=True, check=False)
+    return {int(p) for p in out.stdout.split()}
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[tuple[str, int]]:
+    """A head and a worker node on 127.0.0.1, one CPU each; yields (address, worker raylet pid)."""
+    port = 6300 + os.getpid() % 600
+    before = _raylets()
+    head = _ray_cli("start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                    "--node-ip-address=127.0.0.1", "--disable-usage-stats")
+    if head.returncode != 0:
+        pytest.fail(f"ray head did not start: {head.stderr[-2000:]}")
+    head_raylets = _raylets() - before
+    try:
+        worker = _ray_cli("start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
+                          "--node-ip-address=127.0.0.1")
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        worker_raylet = next(iter(_raylets() - before - head_raylets))
+        yield f"127.0.0.1:{port}", worker_raylet
+    finally:
+        _ray_cli("stop", "--force")
+
+
+SLOW_TASK = '''
+import time
+from proftune.examples._digits import DigitsMLP
+
+class SlowDigits(DigitsMLP):
+    name = "slow-digits"
+    def train_data(self, batch_size, params):
+        for batch in super().train_data(batch_size, params):
+            time.sleep(0.02)
+            yield batch
+'''
+
+
+def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path, two_nodes: tuple[str, int]) -> None:
+    address, worker_raylet = two_nodes
+    task = tmp_path / "slow_task.py"
+    task.write_text(SLOW_TASK)
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    store = Store(db)
+
+    def kill_when_both_run() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if sum(1 for r in store.list_runs(kind="trial") if r.status == "running") >= 2:
+                time.sleep(2.0)
+                os.kill(worker_raylet, signal.SIGKILL)
+                return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_when_both_run, daemon=True)
+    killer.start()
+    space = _space(lr={"type": "float", "low": 1e-3, "high": 1e-2, "log": True})
+    res = proftune.search(str(task), space, trials=2, epochs=2, db=db, study="two-nodes",
+                          device="cpu", backend="ray",
+                          ray=RayOptions(address=address, workers=2, storage_path=tmp_path / "ray"))
+    killer.join(1)
+    counts = res.counts()
+    assert counts["complete"] == 2, [(t.state, t.reason) for t in res.trials]
+    assert res.backend["retries"] >= 1  # the trial on the dead node ran again on the head
