@@ -36,7 +36,8 @@ def run(policy: str, *, rounds: int, seed: int, noise: float, processes: int, db
         for _ in range(n):
             arm = bandit.select()
             bandit.update(arm, rng.gauss(truth[arm.name], noise))
-    assert bandit is not None and bandit.t == rounds, "the state did not carry across processes"
+    assert bandit is not None, "the state did not carry across processes"
+    assert bandit.t == rounds, "the state did not carry across processes"
     regret = regret_curve(bandit.history, truth)
     tail = bandit.history[rounds // 2:]
     share = sum(a == "config-0" for a, _ in tail) / len(tail)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,10 +9,9 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Point the default store at a temp file so no test writes ./proftune.db."""
     monkeypatch.setenv("PROFTUNE_DB", f"sqlite:///{tmp_path / 'proftune.db'}")
-    yield
 
 
 @pytest.fixture

@@ -38,5 +38,7 @@ def test_json_safe_one_nan_policy() -> None:
 
     value = {"a": (1.0, float("inf"), -float("inf")), 2: torch.tensor(0.5), "r": Rec(), "o": object}
     out = json_safe(value)
-    assert out["a"] == [1.0, None, None] and out["2"] == 0.5 and out["r"] == {"loss": None}
+    assert out["a"] == [1.0, None, None]
+    assert out["2"] == 0.5
+    assert out["r"] == {"loss": None}
     json.dumps(out, allow_nan=False)  # strict JSON

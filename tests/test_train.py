@@ -70,7 +70,8 @@ def test_callback_order_and_stop() -> None:
     assert rec.events[-2:] == ["epoch_end", "fit_end"]
     assert rec.events.count("step_end") == 3
     assert rec.grad_seen
-    assert result.stop_reason == "enough" and result.steps == 3
+    assert result.stop_reason == "enough"
+    assert result.steps == 3
     assert "accuracy" in result.metrics  # the stopped epoch is still evaluated
 
 
@@ -118,14 +119,17 @@ def test_mixed_precision_trains(precision: str, dtype: torch.dtype) -> None:
 def test_nan_loss_stops_and_is_recorded() -> None:
     result = fit("wine-mlp", {"lr": 1e6, "optimizer": "sgd"}, epochs=5, device="cpu")
     assert any(a["kind"] == "nan_loss" for a in result.anomalies)
-    assert result.stop_reason is not None and "loss became" in result.stop_reason
+    assert result.stop_reason is not None
+    assert "loss became" in result.stop_reason
 
 
 def test_bad_params_listed_together() -> None:
     with pytest.raises(ConfigError) as info:
         fit("wine-mlp", {"lr": "abc", "optimizer": "rmsprop", "batch_size": 0}, epochs=1)
     text = str(info.value)
-    assert "lr='abc'" in text and "rmsprop" in text and "batch_size=0" in text
+    assert "lr='abc'" in text
+    assert "rmsprop" in text
+    assert "batch_size=0" in text
 
 
 def test_epochs_zero_rejected() -> None:

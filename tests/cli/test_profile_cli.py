@@ -50,27 +50,32 @@ def test_json_keys_out_compare_and_run(tmp_path: Path) -> None:
     assert set(d["memory"]) >= {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes"}
     assert set(d["step"]) >= {"time_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "throughput"}
     run = Store(db).get_run(d["config"]["run_id"])
-    assert run.kind == "profile" and run.status == "finished"
+    assert run.kind == "profile"
+    assert run.status == "finished"
     assert json.loads(a.read_text())["macs"] == d["macs"]
 
     res = runner.invoke(app, ["profile", "digits-mlp", "--param", "hidden=64", "--steps", "1", "--warmup", "0",
                               "--device", "cpu", "--db", db, "--out", str(b)])
     assert res.exit_code == 0, res.output
-    assert "top" in res.stdout and "peak of a step" in res.stdout
+    assert "top" in res.stdout
+    assert "peak of a step" in res.stdout
     res = runner.invoke(app, ["profile", "--compare", str(a), str(b), "--json"])
     assert res.exit_code == 0, res.output
     cmp = json.loads(res.stdout)
     assert cmp["totals"]["params"]["b"] < cmp["totals"]["params"]["a"]
     first = next(row for row in cmp["layers"] if row["name"] == "0")
-    assert first["params"]["a"] == 64 * 128 + 128 and first["params"]["b"] == 64 * 64 + 64
+    assert first["params"]["a"] == 64 * 128 + 128
+    assert first["params"]["b"] == 64 * 64 + 64
     res = runner.invoke(app, ["profile", "--compare", str(a), str(b)])
-    assert res.exit_code == 0 and "per layer" in res.stdout
+    assert res.exit_code == 0
+    assert "per layer" in res.stdout
 
 
 def test_batch_size_zero_exits_2(tmp_path: Path) -> None:
     res = runner.invoke(app, ["profile", "digits-mlp", "--batch-size", "0", "--db", f"sqlite:///{tmp_path}/p.db"])
     assert res.exit_code == 2
-    assert "batch_size" in res.stderr and "0" in res.stderr
+    assert "batch_size" in res.stderr
+    assert "0" in res.stderr
 
 
 def test_forward_error_exits_2_naming_layer_and_shapes(tmp_path: Path) -> None:
@@ -80,13 +85,16 @@ def test_forward_error_exits_2_naming_layer_and_shapes(tmp_path: Path) -> None:
                               "--db", f"sqlite:///{tmp_path}/p.db"])
     assert res.exit_code == 2, res.output
     err = " ".join(res.stderr.split())
-    assert "'2.0'" in err and "Linear" in err and "(4, 16)" in err
+    assert "'2.0'" in err
+    assert "Linear" in err
+    assert "(4, 16)" in err
 
 
 def test_missing_task_or_file_exits_2(tmp_path: Path) -> None:
     assert runner.invoke(app, ["profile"]).exit_code == 2
     res = runner.invoke(app, ["profile", "--compare", str(tmp_path / "no.json"), str(tmp_path / "no2.json")])
-    assert res.exit_code == 2 and "does not exist" in res.stderr
+    assert res.exit_code == 2
+    assert "does not exist" in res.stderr
 
 
 def test_stderr_has_no_native_profiler_log_lines(tmp_path: Path) -> None:

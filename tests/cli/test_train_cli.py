@@ -31,7 +31,8 @@ def test_train_json_and_show(tmp_path: Path) -> None:
     for key in ("env", "data_fingerprint", "config", "metrics", "curves"):
         assert run[key], key
     assert len(run["data_fingerprint"]) == 8
-    assert len(run["curves"]["epoch"]) == 10 and run["status"] == "finished"
+    assert len(run["curves"]["epoch"]) == 10
+    assert run["status"] == "finished"
     listed = json.loads(run_cli("runs", "list", "--json", "--db", db, "--kind", "train").stdout)
     assert [r["run_id"] for r in listed["runs"]] == [result["run_id"]]
 
@@ -77,7 +78,8 @@ def test_file_without_task_exits_2(tmp_path: Path) -> None:
     f = tmp_path / "nothing.py"
     f.write_text("x = 1\n")
     out = run_cli("train", str(f))
-    assert out.returncode == 2 and "no subclass of proftune.Task" in out.stderr
+    assert out.returncode == 2
+    assert "no subclass of proftune.Task" in out.stderr
 
 
 def test_db_not_a_database_exits_2_untouched(tmp_path: Path) -> None:
@@ -85,7 +87,8 @@ def test_db_not_a_database_exits_2_untouched(tmp_path: Path) -> None:
     f.write_text("a,b\n1,2\n")
     before = hashlib.md5(f.read_bytes()).hexdigest()
     out = run_cli("train", "wine-mlp", "--epochs", "1", "--db", f"sqlite:///{f}")
-    assert out.returncode == 2 and "not a SQLite database" in out.stderr
+    assert out.returncode == 2
+    assert "not a SQLite database" in out.stderr
     assert hashlib.md5(f.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.csv"]
 
@@ -103,7 +106,8 @@ def test_failure_while_running_exits_1(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
     out = run_cli("train", str(f), "--db", db, "--json")
     assert out.returncode == 1
-    assert "model factory exploded" in out.stderr and "Traceback" not in out.stderr
+    assert "model factory exploded" in out.stderr
+    assert "Traceback" not in out.stderr
     runs = json.loads(run_cli("runs", "list", "--json", "--db", db).stdout)["runs"]
     assert runs[0]["status"] == "failed"
 

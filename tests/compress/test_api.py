@@ -55,18 +55,22 @@ def test_compress_measures_selects_saves_and_records(original: Path, tmp_path: P
     for c in d["candidates"]:
         for key in ("method", "ratio", "metric", "params", "macs", "size_bytes", "latency_ms"):
             assert key in c
-        assert c["latency_ms"] > 0 and c["reload_max_abs_diff"] == 0.0
+        assert c["latency_ms"] > 0
+        assert c["reload_max_abs_diff"] == 0.0
     pruned = next(c for c in d["candidates"] if c["method"] == "structured")
-    assert pruned["params"] < 0.5 * base["params"] and pruned["macs"] < 0.5 * base["macs"]
+    assert pruned["params"] < 0.5 * base["params"]
+    assert pruned["macs"] < 0.5 * base["macs"]
     q = next(c for c in d["candidates"] if c["method"] == "dynamic")
-    assert q["size_bytes"] < base["size_bytes"] and q["quant_backend"] in ("torch.ao", "torchao")
+    assert q["size_bytes"] < base["size_bytes"]
+    assert q["quant_backend"] in ("torch.ao", "torchao")
     assert set(q["backend_ms"]) == {"torch.ao", "torchao"}
     # selection: best size within the budget
     sel = d["selected"]
     fits = [c for c in d["candidates"] if c["metric_drop"] <= 0.05]
     assert sel["size_bytes"] == min(c["size_bytes"] for c in fits)
     # the saved file is the selected model: its documented load line gives its metric
-    assert d["output"] == str(out) and out.exists()
+    assert d["output"] == str(out)
+    assert out.exists()
     loaded = load_model(out)
     task = proftune.load_task("digits-mlp")
     with torch.no_grad():
@@ -77,7 +81,8 @@ def test_compress_measures_selects_saves_and_records(original: Path, tmp_path: P
     assert sorted(Path(p).name for p in d["plots"]) == ["metric_vs_latency.png", "metric_vs_params.png"]
     assert _digest(original) == before  # the original is never touched
     run = Store(db_url).get_run(report.run_id)
-    assert run.kind == "compress" and run.status == "finished"
+    assert run.kind == "compress"
+    assert run.status == "finished"
     assert run.metrics[f"selected_{d['metric']}"] == pytest.approx(sel["metric"])
 
 
@@ -86,8 +91,10 @@ def test_unstructured_reports_sparsity_and_says_no_speedup(original: Path, db_ur
                                global_pruning=True, max_accuracy_drop=1.0, db=db_url, **FAST)
     c = report.candidates[0]
     assert c.sparsity == pytest.approx(0.9, abs=0.01)
-    assert c.nonzero_params is not None and c.nonzero_params < 0.2 * c.params
-    assert c.sparse_size_bytes is not None and c.sparse_size_bytes < c.size_bytes
+    assert c.nonzero_params is not None
+    assert c.nonzero_params < 0.2 * c.params
+    assert c.sparse_size_bytes is not None
+    assert c.sparse_size_bytes < c.size_bytes
     assert any("no speedup" in n or "no faster" in n for n in report.notes + c.notes)
 
 
@@ -143,7 +150,8 @@ def test_cli_bad_input_exits_2_with_a_clear_message(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert "ratio 1.5 is outside (0, 1)" in res.output
     res = runner.invoke(app, ["compress", "digits-mlp", "--prune", "magic", "--db", db])
-    assert res.exit_code == 2 and "--prune 'magic' is unknown" in res.output
+    assert res.exit_code == 2
+    assert "--prune 'magic' is unknown" in res.output
 
 
 def test_cli_json(original: Path, tmp_path: Path) -> None:
@@ -156,11 +164,14 @@ def test_cli_json(original: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert {"baseline", "candidates", "selected", "output"} <= set(d)
-    assert d["selected"]["method"] == "structured" and d["output"] == str(out)
+    assert d["selected"]["method"] == "structured"
+    assert d["output"] == str(out)
     assert d["selected"]["macs"] < d["baseline"]["macs"]
     # it started from the profile: where the parameters, MACs and forward time are
     top = d["profile"]["top_time"]
-    assert top and top[0]["type"] == "Linear" and 0 < top[0]["time_share"] <= 1
+    assert top
+    assert top[0]["type"] == "Linear"
+    assert 0 < top[0]["time_share"] <= 1
     assert any("where the MACs are" in line for line in d["plan"])
 
 
@@ -190,7 +201,8 @@ def test_cli_untraceable_model_exits_2_naming_the_layer(tmp_path: Path) -> None:
     res = runner.invoke(app, ["compress", str(task_file), "--prune", "structured", "--ratios", "0.5",
                               "--finetune-epochs", "0", "--db", f"sqlite:///{tmp_path / 'c.db'}"])
     assert res.exit_code == 2, res.output
-    assert "layer '2'" in res.output and "--ignore-layers 0" in res.output
+    assert "layer '2'" in res.output
+    assert "--ignore-layers 0" in res.output
 
 
 def test_cli_unavailable_backend_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -200,14 +212,16 @@ def test_cli_unavailable_backend_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_pa
     res = runner.invoke(app, ["compress", "digits-cnn", "--quantize", "static",
                               "--db", f"sqlite:///{tmp_path / 'c.db'}"])
     assert res.exit_code == 2
-    assert "no quantization backend is available" in res.output and "torchao" in res.output
+    assert "no quantization backend is available" in res.output
+    assert "torchao" in res.output
 
 
 def test_state_dict_model_distillation_and_a_lower_is_better_metric(original: Path, db_url: str) -> None:
     report = proftune.compress("digits-mlp", model=str(original), prune="unstructured", ratios=(0.5,),
                                distill=True, metric="val_loss", max_accuracy_drop=0.5, db=db_url, **FAST)
     c = report.candidates[0]
-    assert c.distilled and c.finetune_epochs == 1
+    assert c.distilled
+    assert c.finetune_epochs == 1
     # val_loss goes down when better: the drop is the candidate's loss minus the baseline's
     assert c.metric_drop == pytest.approx(c.metric - report.baseline.metric)
     assert report.baseline.metrics["accuracy"] > 0.8  # the state dict was loaded, not a fresh model

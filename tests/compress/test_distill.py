@@ -30,7 +30,8 @@ def test_distillation_loss_mixes_kd_and_task_loss_and_trains_with_fit() -> None:
         expected = 0.7 * hinton_loss(student(x), teacher(x), 3.0) + 0.3 * F.cross_entropy(student(x), y)
         assert float(wrapped.loss(student, (x, y))) == pytest.approx(float(expected), rel=1e-5)
     result = fit(wrapped, {"hidden": 16}, model=student, max_steps=3, device="cpu", evaluate=True)
-    assert "accuracy" in result.metrics and result.steps == 3
+    assert "accuracy" in result.metrics
+    assert result.steps == 3
     assert not any(p.requires_grad for p in teacher.parameters())
 
 

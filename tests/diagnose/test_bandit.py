@@ -37,7 +37,9 @@ def test_state_carries_across_store_sessions(db_url: str) -> None:
     first.update("a", 0.9)
     first.update("b", 0.5)
     second = Bandit(arms, name="ab", store=Store(db_url))
-    assert second.t == 2 and second.stats["a"].mean == 0.9 and second.best() == "a"
+    assert second.t == 2
+    assert second.stats["a"].mean == 0.9
+    assert second.best() == "a"
     other = Bandit(arms, name="other", store=Store(db_url))
     assert other.t == 0
 
@@ -45,7 +47,8 @@ def test_state_carries_across_store_sessions(db_url: str) -> None:
 def test_bandit_validates() -> None:
     with pytest.raises(ConfigError) as info:
         Bandit([Arm("a")], policy="greedy")
-    assert "policy='greedy'" in str(info.value) and "at least 2" in str(info.value)
+    assert "policy='greedy'" in str(info.value)
+    assert "at least 2" in str(info.value)
     with pytest.raises(ConfigError, match="rounds"):
         simulate(MEANS, rounds=0)
 
@@ -71,18 +74,22 @@ def test_cli_bandit_runs_records_and_continues(tmp_path: Path, db_url: str) -> N
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     d = json.loads(first.stdout)
-    assert d["total_pulls"] == 2 and d["metric"] == "accuracy" and len(d["regret"]) == 2
+    assert d["total_pulls"] == 2
+    assert d["metric"] == "accuracy"
+    assert len(d["regret"]) == 2
     assert {p["arm"] for p in d["pulls"]} == {"tuned", "tiny"}
     # a second process continues the same bandit
     proc = subprocess.run([sys.executable, "-m", "proftune.cli", *args[:4], "--rounds", "1", *args[6:]],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     d2 = json.loads(proc.stdout)
-    assert d2["total_pulls"] == 3 and d2["bandit"] == d["bandit"]
+    assert d2["total_pulls"] == 3
+    assert d2["bandit"] == d["bandit"]
     assert d2["best"] == "tuned"
     store = Store(db_url)
     kinds = [r.kind for r in store.list_runs()]
-    assert kinds.count("bandit") == 2 and kinds.count("train") == 3
+    assert kinds.count("bandit") == 2
+    assert kinds.count("train") == 3
     assert all(r.parent_id is not None for r in store.list_runs(kind="train"))
 
 
@@ -91,14 +98,18 @@ def test_cli_bandit_bad_input_exits_2(tmp_path: Path, db_url: str) -> None:
     bad = _configs(tmp_path, "- {lr: 0.01}\n- {lr: 0.1, widht: 32}\n")
     res = runner.invoke(app, ["bandit", "digits-mlp", "--configs", bad, "--rounds", "2", "--db", db_url])
     assert res.exit_code == 2
-    assert "'widht' is unknown" in res.output and "hidden" in res.output  # lists the task's own params
+    assert "'widht' is unknown" in res.output
+    assert "hidden" in res.output
     res = runner.invoke(app, ["bandit", "digits-mlp", "--configs", _configs(tmp_path, GOOD), "--rounds", "0",
                               "--db", db_url])
-    assert res.exit_code == 2 and "rounds" in res.output.lower()
+    assert res.exit_code == 2
+    assert "rounds" in res.output.lower()
     res = runner.invoke(app, ["bandit", "digits-mlp", "--configs", str(tmp_path / "none.yaml"), "--rounds", "1",
                               "--db", db_url])
-    assert res.exit_code == 2 and "does not exist" in res.output
-    assert "--configs '" in res.output and "configs=" not in res.output  # the CLI names its flag
+    assert res.exit_code == 2
+    assert "does not exist" in res.output
+    assert "--configs '" in res.output
+    assert "configs=" not in res.output
 
 
 def test_library_errors_name_python_arguments(tmp_path: Path) -> None:
@@ -152,7 +163,8 @@ def test_bandit_minimises_mse(db_url: str) -> None:
     assert means["learns"] < means["frozen"]
     assert report.best == "learns"
     maximise = run_bandit(_Regression(), arms, rounds=2, metric="r2", epochs=1, store=Store(db_url), seed=0)
-    assert maximise.mode == "max" and maximise.best == "learns"
+    assert maximise.mode == "max"
+    assert maximise.best == "learns"
 
 
 def test_bandit_metric_of_unknown_direction_exits_before_training(db_url: str) -> None:

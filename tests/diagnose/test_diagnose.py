@@ -23,7 +23,8 @@ def test_broken_task_gets_its_cause_first(cause: str) -> None:
     assert top is not None, f"no finding for the {cause} task"
     assert top.cause == cause, [f.to_dict() for f in report.findings]
     assert top.severity in ("warning", "error")
-    assert top.evidence and top.fix
+    assert top.evidence
+    assert top.fix
 
 
 @pytest.mark.parametrize("task", [HealthySGD(), "digits-mlp"])
@@ -36,19 +37,26 @@ def test_healthy_task_has_nothing_above_info(task: object) -> None:
 
 def test_evidence_names_step_and_layer() -> None:
     nan = proftune.diagnose(BROKEN["nan_inf"](), epochs=1, record=False).top
-    assert nan is not None and nan.layer == "3" and nan.step == 1
-    assert nan.evidence["type"] == "Log" and nan.evidence["inputs_finite"] is True
+    assert nan is not None
+    assert nan.layer == "3"
+    assert nan.step == 1
+    assert nan.evidence["type"] == "Log"
+    assert nan.evidence["inputs_finite"] is True
     big = proftune.diagnose(BROKEN["exploding_gradients"](), epochs=1, record=False).top
-    assert big is not None and big.layer == "3"
+    assert big is not None
+    assert big.layer == "3"
     assert big.evidence["culprit"]["times_reference"] > 50
     high = proftune.diagnose(BROKEN["lr_too_high"](), epochs=2, record=False).top
-    assert high is not None and high.evidence["range_test"]["best_lr"] < 1.0 <= high.evidence["lr"]
+    assert high is not None
+    assert high.evidence["range_test"]["best_lr"] < 1.0 <= high.evidence["lr"]
 
 
 def test_lr_findings_need_the_range_test_to_be_confident() -> None:
     off = proftune.diagnose(BROKEN["lr_too_low"](), epochs=EPOCHS, record=False, lr_test=False).top
     on = proftune.diagnose(BROKEN["lr_too_low"](), epochs=EPOCHS, record=False).top
-    assert off is not None and on is not None and off.cause == on.cause == "lr_too_low"
+    assert off is not None
+    assert on is not None
+    assert off.cause == on.cause == "lr_too_low"
     assert on.confidence > off.confidence
     assert on.evidence["range_test"]["best_lr"] >= 30 * on.evidence["lr"]
 
@@ -56,7 +64,8 @@ def test_lr_findings_need_the_range_test_to_be_confident() -> None:
 def test_diagnose_is_recorded_with_its_findings(db_url: str) -> None:
     report = proftune.diagnose(BROKEN["dead_units"](), epochs=2, db=db_url)
     run = proftune.Store(db_url).get_run(report.run_id)  # type: ignore[arg-type]
-    assert run.kind == "diagnose" and run.status == "finished"
+    assert run.kind == "diagnose"
+    assert run.status == "finished"
     assert run.result["findings"][0]["cause"] == "dead_units"
     assert run.result["healthy"] is False
 
@@ -100,7 +109,8 @@ def test_overfitting_on_a_tiny_train_set() -> None:
     found = {f.cause: f for f in report.findings}
     assert "overfitting" in found, [f.to_dict() for f in report.findings]
     ev = found["overfitting"].evidence
-    assert ev["final_val_loss"] > ev["best_val_loss"] and ev["gap_at_end"] > ev["gap_at_best"]
+    assert ev["final_val_loss"] > ev["best_val_loss"]
+    assert ev["gap_at_end"] > ev["gap_at_best"]
 
 
 def test_health_check_works_in_a_users_loop_through_the_monitor() -> None:
@@ -118,8 +128,10 @@ def test_health_check_works_in_a_users_loop_through_the_monitor() -> None:
             opt.step()
             opt.zero_grad()
             mon.step(loss)
-    assert mon.findings and mon.findings[0].cause == "dead_units"
-    assert mon.findings[0].layer == "1" and mon.findings[0].evidence["dead_from_init"]
+    assert mon.findings
+    assert mon.findings[0].cause == "dead_units"
+    assert mon.findings[0].layer == "1"
+    assert mon.findings[0].evidence["dead_from_init"]
     assert "nan_inf" not in {f.cause for f in mon.findings}
 
 
@@ -137,7 +149,9 @@ def test_half_the_units_dead_is_found_by_unit_not_by_layer_average() -> None:
     found = {f.cause: f for f in report.findings}
     assert "dead_units" in found, [f.to_dict() for f in report.findings]
     ev = found["dead_units"].evidence
-    assert ev["zero_frac"] < 0.9 and ev["dead_unit_frac"] >= 0.5 and ev["dead_from_init"]
+    assert ev["zero_frac"] < 0.9
+    assert ev["dead_unit_frac"] >= 0.5
+    assert ev["dead_from_init"]
     assert found["dead_units"].layer == "1"
 
 
@@ -156,7 +170,9 @@ def test_monitor_finds_the_layer_that_made_the_first_nan() -> None:
             opt.zero_grad()
             mon.step(loss)
     top = mon.findings[0]
-    assert top.cause == "nan_inf" and top.layer == "3" and top.evidence["type"] == "Log"
+    assert top.cause == "nan_inf"
+    assert top.layer == "3"
+    assert top.evidence["type"] == "Log"
 
 
 def test_nan_in_the_data_is_blamed_on_the_data() -> None:
@@ -173,5 +189,7 @@ def test_nan_in_the_data_is_blamed_on_the_data() -> None:
             return TensorBatches(x, y, batch_size, shuffle=False)
 
     top = proftune.diagnose(NaNData(), epochs=1, record=False).top
-    assert top is not None and top.cause == "nan_inf"
-    assert top.evidence["inputs_finite"] is False and "input batch" in top.summary
+    assert top is not None
+    assert top.cause == "nan_inf"
+    assert top.evidence["inputs_finite"] is False
+    assert "input batch" in top.summary

@@ -15,9 +15,13 @@ def test_cli_diagnose_json_names_the_cause_first(db_url: str) -> None:
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     first = d["findings"][0]
-    assert first["cause"] == "dead_units" and first["severity"] == "error"
-    assert first["evidence"]["layer"] == "1" and first["evidence"]["zero_frac"] == 1.0
-    assert first["fix"] and d["run_id"] >= 1 and d["healthy"] is False
+    assert first["cause"] == "dead_units"
+    assert first["severity"] == "error"
+    assert first["evidence"]["layer"] == "1"
+    assert first["evidence"]["zero_frac"] == 1.0
+    assert first["fix"]
+    assert d["run_id"] >= 1
+    assert d["healthy"] is False
 
 
 def test_cli_diagnose_table_and_params(db_url: str) -> None:
@@ -29,4 +33,5 @@ def test_cli_diagnose_table_and_params(db_url: str) -> None:
 
 def test_cli_diagnose_bad_param_exits_2(db_url: str) -> None:
     res = CliRunner().invoke(app, ["diagnose", "digits-mlp", "--param", "lr=-1", "--db", db_url])
-    assert res.exit_code == 2 and "lr" in res.output
+    assert res.exit_code == 2
+    assert "lr" in res.output

@@ -24,13 +24,15 @@ def test_causes_are_the_issue_list() -> None:
 def test_unknown_cause_and_severity_are_one_error() -> None:
     with pytest.raises(ConfigError) as info:
         Finding("slow", "fatal", "s", "f")
-    assert "cause='slow'" in str(info.value) and "severity='fatal'" in str(info.value)
+    assert "cause='slow'" in str(info.value)
+    assert "severity='fatal'" in str(info.value)
 
 
 def test_symptom_that_started_later_is_ranked_below_its_cause() -> None:
     ranked = rank_findings([_f("dead_units", 0.7, step=12), _f("lr_too_high", 0.9, step=10, severity="error")])
     assert [f.cause for f in ranked] == ["lr_too_high", "dead_units"]
-    assert ranked[1].explained_by == "lr_too_high" and ranked[1].confidence == pytest.approx(0.35)
+    assert ranked[1].explained_by == "lr_too_high"
+    assert ranked[1].confidence == pytest.approx(0.35)
 
 
 def test_root_cause_explains_even_a_more_confident_symptom() -> None:
@@ -42,17 +44,22 @@ def test_root_cause_explains_even_a_more_confident_symptom() -> None:
 
 def test_one_finding_per_cause_and_dict_round_trip() -> None:
     ranked = rank_findings([_f("overfitting", 0.4, 3), _f("overfitting", 0.8, 5)])
-    assert len(ranked) == 1 and ranked[0].confidence == 0.8
+    assert len(ranked) == 1
+    assert ranked[0].confidence == 0.8
     d = ranked[0].to_dict()
-    assert d["evidence"]["step"] == 5 and Finding.from_dict(d) == ranked[0]
+    assert d["evidence"]["step"] == 5
+    assert Finding.from_dict(d) == ranked[0]
 
 
 def test_function_and_subpackage_share_the_name() -> None:
     import proftune
     from proftune.diagnose import AdaptiveLR, HealthCheck, bandit
 
-    assert callable(proftune.diagnose) and proftune.diagnose.__module__ == "proftune.diagnose._api"
-    assert proftune.AdaptiveLR is AdaptiveLR and proftune.HealthCheck is HealthCheck and callable(bandit)
+    assert callable(proftune.diagnose)
+    assert proftune.diagnose.__module__ == "proftune.diagnose._api"
+    assert proftune.AdaptiveLR is AdaptiveLR
+    assert proftune.HealthCheck is HealthCheck
+    assert callable(bandit)
     assert {"diagnose", "AdaptiveLR", "GradGuard", "EarlyStopping"} <= set(proftune.__all__)
 
 
@@ -62,4 +69,6 @@ def test_bandit_api_checks_arms_against_the_task(db_url: str) -> None:
     with pytest.raises(ConfigError) as info:
         bandit("digits-mlp", [Arm("a", {"lr": 0.01}), Arm("a", {"hiden": 3, "lr": -1})], rounds=1, db=db_url)
     text = str(info.value)
-    assert "'hiden' is unknown" in text and "lr=-1" in text and "unique" in text
+    assert "'hiden' is unknown" in text
+    assert "lr=-1" in text
+    assert "unique" in text

@@ -30,12 +30,15 @@ def test_lightning_callback_leaves_a_profile_run(tmp_path: Path) -> None:
     trainer.fit(LitModel(), datamodule=DigitsData(batch_size=32))
     assert cb.run_id is not None
     run = Store(db).get_run(cb.run_id)
-    assert run.kind == "profile" and run.status == "finished" and run.task == "LitModel"
+    assert run.kind == "profile"
+    assert run.status == "finished"
+    assert run.task == "LitModel"
     assert run.metrics["params"] == 64 * 64 + 64 + 64 * 10 + 10
     assert run.metrics["macs"] == 32 * (64 * 64 + 64 * 10)  # the sampled batch of 32
     assert run.result["config"]["steps_seen"] == 10
     assert cb.monitor.samples == 3  # steps 3, 6, 9; the validation runs in between were not seen
-    assert run.result["layers"] and "findings" in run.result
+    assert run.result["layers"]
+    assert "findings" in run.result
     logged = (Path(logger.log_dir) / "metrics.csv").read_text()
     assert "proftune/step_time_ms" in logged
 
@@ -69,7 +72,10 @@ def test_transformers_callback_leaves_a_profile_run(tmp_path: Path) -> None:
     trainer.train()
     assert cb.run_id is not None
     run = Store(db).get_run(cb.run_id)
-    assert run.kind == "profile" and run.status == "finished" and run.task == "BertForSequenceClassification"
+    assert run.kind == "profile"
+    assert run.status == "finished"
+    assert run.task == "BertForSequenceClassification"
     assert run.metrics["params"] == sum(p.numel() for p in model.parameters())
-    assert run.metrics["macs"] > 0 and run.result["batch_size"] == 8
+    assert run.metrics["macs"] > 0
+    assert run.result["batch_size"] == 8
     assert cb.monitor.samples == 3

@@ -61,10 +61,13 @@ def test_recommend_cli_emits(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*base, "--emit", "transformers"])
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("# proftune recommend, run ")
-    assert "args = TrainingArguments(" in result.stdout and "per_device_train_batch_size=" in result.stdout
+    assert "args = TrainingArguments(" in result.stdout
+    assert "per_device_train_batch_size=" in result.stdout
     result = CliRunner().invoke(app, [*base, "--emit", "yml"])
-    assert result.exit_code == 2 and "valid: lightning, transformers, yaml" in result.stderr
+    assert result.exit_code == 2
+    assert "valid: lightning, transformers, yaml" in result.stderr
     result = CliRunner().invoke(app, [*base, "--emit", "yaml", "--json"])
     assert result.exit_code == 0, result.stderr
     out = json.loads(result.stdout)
-    assert out["emit"]["format"] == "yaml" and "batch_size:" in out["emit"]["snippet"]
+    assert out["emit"]["format"] == "yaml"
+    assert "batch_size:" in out["emit"]["snippet"]

@@ -85,10 +85,12 @@ def test_modules_own_dataloaders_and_no_batch_size_anywhere() -> None:
 
 def test_batch_size_command_exits_2_naming_both() -> None:
     code, _, err = cli("batch-size", f"{LIT}:LitModel", "--data", f"{FIXED}:FixedBatch", "--memory-budget", "1GiB")
-    assert code == 2 and "not a LightningDataModule" in err
+    assert code == 2
+    assert "not a LightningDataModule" in err
     code, _, err = cli("batch-size", FIXED, "--memory-budget", "1GiB")
     assert code == 2
-    assert "FixedBatch" in err and "batch_size" in err
+    assert "FixedBatch" in err
+    assert "batch_size" in err
 
 
 def test_data_option_names_the_datamodule(tmp_path: Path) -> None:
@@ -119,10 +121,12 @@ def test_tune_and_compress_by_file_name(tmp_path: Path) -> None:
                      "  lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")
     code, out, err = cli("tune", LIT, "--space", str(space), "--trials", "2", "--epochs", "1", "--db", db)
     assert code == 0, err
-    assert len(out["trials"]) == 2 and out["best"]["metrics"]["accuracy"] > 0.5
+    assert len(out["trials"]) == 2
+    assert out["best"]["metrics"]["accuracy"] > 0.5
     code, out, err = cli("compress", LIT, "--quantize", "dynamic", "--max-accuracy-drop", "0.05",
                          "--param", "hidden=32", "--db", db)
     assert code == 0, err
     assert out["metric"] == "accuracy"  # what validation_step logged
-    assert out["baseline"]["metric"] > 0.5 and out["baseline"]["metrics"]["accuracy"] == out["baseline"]["metric"]
+    assert out["baseline"]["metric"] > 0.5
+    assert out["baseline"]["metrics"]["accuracy"] == out["baseline"]["metric"]
     assert out["selected"] is not None

@@ -53,7 +53,8 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     runs = _stage_runs(db_url)
     assert sorted(r.config["stage"] for r in runs) == sorted(STAGES)
     assert all(r.parent_id == result.run_id for r in runs)
-    assert result.final["mean"] is not None and result.final["std"] is not None
+    assert result.final["mean"] is not None
+    assert result.final["std"] is not None
     assert len(result.final["metrics"]["accuracy"]["values"]) == 2
     assert result.vs_baseline["baseline"] is not None
     for name in ("config.yaml", "summary.json", "model.pt", "state.json"):
@@ -97,8 +98,10 @@ def test_yellow_flag_pauses_a_region_of_nan_trials(tmp_path: Path, db_url: str) 
     flags = [f for f in result.flags if f["cause"] == "nan"]
     assert flags, result.stages[4]["outputs"]
     region = flags[0]["region"]["lr"]
-    assert region["low"] > 0.05 * 0.999 and region["high"] == pytest.approx(1.0)
-    assert flags[0]["evidence"] and "non-finite" in flags[0]["evidence"][0]
+    assert region["low"] > 0.05 * 0.999
+    assert region["high"] == pytest.approx(1.0)
+    assert flags[0]["evidence"]
+    assert "non-finite" in flags[0]["evidence"][0]
     assert result.final["params"]["lr"] <= 0.05
 
 
@@ -106,7 +109,9 @@ def test_health_stops_a_broken_task_with_its_finding(tmp_path: Path, db_url: str
     res = CliRunner().invoke(app, ["optimize", _spec("AlwaysNaN"), "--budget", "60", "--out",
                                    str(tmp_path / "o"), "--db", db_url, "--goal", "none"])
     assert res.exit_code == 1, res.output
-    assert "nan_inf" in res.output and "fix:" in res.output and "evidence:" in res.output
+    assert "nan_inf" in res.output
+    assert "fix:" in res.output
+    assert "evidence:" in res.output
     stages = {r.config["stage"]: r.status for r in _stage_runs(db_url)}
     assert stages == {"baseline": "finished", "health": "failed"}  # no search ran
     assert not Store(db_url).list_runs(kind="trial")
@@ -132,7 +137,8 @@ def test_an_existing_run_is_not_overwritten_without_resume(tmp_path: Path, db_ur
     (out / "state.json").write_text(json.dumps({"task": "tiny", "study": "s1", "stages": {}}))
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out", str(out),
                                    "--db", db_url])
-    assert res.exit_code == 2 and "--resume" in " ".join(res.output.split())
+    assert res.exit_code == 2
+    assert "--resume" in " ".join(res.output.split())
 
 
 def test_space_contradicting_the_computed_values_exits_2(tmp_path: Path, db_url: str) -> None:
@@ -173,13 +179,15 @@ def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -
     out = tmp_path / "o"
     _killed_run("search", 3, _spec("TinyTask"), 150, out, db_url, "none", 8)
     state = json.loads((out / "state.json").read_text())
-    assert state["stages"]["layer_value"]["status"] == "finished" and "search" not in state["stages"]
+    assert state["stages"]["layer_value"]["status"] == "finished"
+    assert "search" not in state["stages"]
     before = _trial_numbers(db_url, state["study"])
     assert len(before) >= 3
     result = proftune.optimize(_spec("TinyTask"), budget=150, out=str(out), db=db_url, goal="none", seeds=1,
                                max_trials=8, resume=True)
     after = _trial_numbers(db_url, state["study"])
-    assert after[: len(before)] == before and len(after) == len(set(after)) > len(before)
+    assert after[: len(before)] == before
+    assert len(after) == len(set(after)) > len(before)
     # stages finished before the kill were reused, not run again; the killed search has its own Run
     stages = [r.config["stage"] for r in _stage_runs(db_url) if r.status == "finished"]
     assert sorted(stages) == sorted(STAGES)

@@ -38,7 +38,8 @@ def test_budget_shares_sum_within_the_total() -> None:
     assert shares[0] == pytest.approx(b.left_s * SHARES["baseline"] / sum(SHARES.values()), rel=1e-3)
     assert b.stage_s("compress") == pytest.approx(b.left_s, rel=1e-3)  # the last takes what is left
     spent = Budget(100.0, spent_s=90.0)
-    assert spent.left_s < 10.0 and spent.stage_s("search") < 10.0
+    assert spent.left_s < 10.0
+    assert spent.stage_s("search") < 10.0
 
 
 def _space() -> Any:
@@ -67,9 +68,11 @@ def test_flag_covers_the_failing_region_and_not_the_good_one() -> None:
     flags = find_flags(rows, _plan(), flag_min=3)
     assert len(flags) == 1
     f = flags[0]
-    assert f.cause == "nan" and f.trials == [2, 3, 4]
+    assert f.cause == "nan"
+    assert f.trials == [2, 3, 4]
     assert f.region["lr"] == {"low": 0.2, "high": 1.0}  # widened to the edge where nothing succeeded
-    assert not f.contains({"lr": 0.02, "hidden": 10}) and f.contains({"lr": 0.7, "hidden": 10})
+    assert not f.contains({"lr": 0.02, "hidden": 10})
+    assert f.contains({"lr": 0.7, "hidden": 10})
     assert find_flags(rows, _plan(), flag_min=4) == []  # fewer failures than the threshold
 
 
@@ -108,7 +111,8 @@ def test_split_is_70_20_and_the_first_centre_trial_is_the_computed_centre() -> N
     settings = SearchSettings(objective="accuracy:max", metric="accuracy", maximize=True, chunk=9)
     chunk = _plan_chunk([], plan, settings, [])
     arms = [a for a, _ in chunk]
-    assert arms.count("centre") == 7 and arms.count("explore") == 2
+    assert arms.count("centre") == 7
+    assert arms.count("explore") == 2
     assert chunk[0] == ("centre", {"lr": pytest.approx(0.01), "hidden": plan.centre["hidden"]})
     lo, hi = plan.narrow["lr"]
     assert all(lo <= c["lr"] <= hi for a, c in chunk if a == "centre")
@@ -119,7 +123,8 @@ def test_auto_stop_when_the_best_is_flat_for_patience_trials() -> None:
     rising = [_row(i, 0.01, "complete", 0.5 + 0.05 * i) for i in range(6)]
     assert _stalled(rising, s) is None
     flat = [*rising, *(_row(6 + i, 0.01, "complete", 0.7) for i in range(3))]
-    assert _stalled(flat, s) is not None and "auto-stop" in str(_stalled(flat, s))
+    assert _stalled(flat, s) is not None
+    assert "auto-stop" in str(_stalled(flat, s))
     # for a metric to minimise the same values are a steady fall, not a plateau
     s_min = SearchSettings(objective="val_loss:min", metric="val_loss", maximize=False, patience=3)
     falling = [_row(i, 0.01, "complete", 1.0 - 0.1 * i) for i in range(8)]
@@ -130,18 +135,22 @@ def test_groups_are_mean_and_std_over_seeds() -> None:
     rows = [_row(0, 0.01, "complete", 0.8), {**_row(0, 0.01, "complete", 0.9), "number": 5, "seed": 1},
             _row(1, 0.02, "complete", 0.95)]
     groups = groups_of(rows, maximize=True)
-    assert groups[0]["n"] == 1 and groups[0]["mean"] == pytest.approx(0.95)
+    assert groups[0]["n"] == 1
+    assert groups[0]["mean"] == pytest.approx(0.95)
     two = next(g for g in groups if g["n"] == 2)
-    assert two["mean"] == pytest.approx(0.85) and two["std"] == pytest.approx(np.std([0.8, 0.9], ddof=1))
+    assert two["mean"] == pytest.approx(0.85)
+    assert two["std"] == pytest.approx(np.std([0.8, 0.9], ddof=1))
 
 
 def test_default_space_reads_the_task_and_centres_on_the_computed_values() -> None:
     plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64, "grad_accumulation": 1, "precision": "fp32"},
                       user_space=None, max_batch=64, samples=192)
     assert {"lr", "batch_size", "weight_decay", "dropout", "hidden"} <= set(plan.space.names)
-    assert plan.centre["lr"] == pytest.approx(0.02) and plan.centre["batch_size"] == 64
+    assert plan.centre["lr"] == pytest.approx(0.02)
+    assert plan.centre["batch_size"] == 64
     assert max(plan.space.param("batch_size").choices) <= 64  # never above the memory's batch
-    assert plan.space.fixed["precision"] == "fp32" and plan.evidence["lr"].startswith("computed")
+    assert plan.space.fixed["precision"] == "fp32"
+    assert plan.evidence["lr"].startswith("computed")
 
 
 def test_a_space_contradicting_computed_values_is_refused() -> None:
@@ -151,7 +160,8 @@ def test_a_space_contradicting_computed_values_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
         build_plan(TinyTask(), {"precision": "fp32"}, user_space=space, max_batch=64, samples=None)
     assert len(err.value.problems) == 2
-    assert "precision" in str(err.value) and "batch_size" in str(err.value)
+    assert "precision" in str(err.value)
+    assert "batch_size" in str(err.value)
 
 
 def test_mean_ablation_hook_removes_the_sample_information() -> None:

@@ -39,7 +39,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 opt.step()
                 opt.zero_grad()
                 mon.step(loss)
-        assert p.comm is not None and mon.profile.comm is not None
+        assert p.comm is not None
+        assert mon.profile.comm is not None
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
             "profile": p.comm.__dict__,
             "profile_grad_bytes": p.memory.grads_bytes,
@@ -58,7 +59,8 @@ def test_ddp_allreduce_bytes_equal_gradient_bytes(tmp_path: Path) -> None:
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for key, grad_bytes in (("profile", r["profile_grad_bytes"]), ("monitor", r["monitor_grad_bytes"])):
             comm = r[key]
-            assert comm["backend"] == "gloo" and comm["world_size"] == 2
+            assert comm["backend"] == "gloo"
+            assert comm["world_size"] == 2
             # DDP's buckets hold the gradients back to back; padding, if any, is under 1 KiB/bucket
             assert grad_bytes <= comm["allreduce_bytes"] <= grad_bytes + 1024 * comm["allreduce_calls"]
             assert comm["allreduce_ms"] > 0

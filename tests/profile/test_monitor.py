@@ -70,12 +70,15 @@ def test_hooks_only_on_sampled_steps_and_profile_built() -> None:
     assert all(lay.forward_ms is not None and lay.forward_ms > 0 for lay in p.layers)
     assert p.layers[0].stats["activation"]["numel"] == 32 * 32
     assert p.memory.optimizer_bytes == 2 * p.memory.params_bytes
-    assert p.grad.norm is not None and p.grad.norm > 0
+    assert p.grad.norm is not None
+    assert p.grad.norm > 0
     assert p.grad.var is not None  # four samples
-    assert p.step.time_ms > 0 and p.step.throughput > 0
+    assert p.step.time_ms > 0
+    assert p.step.throughput > 0
     # samples take turns: time and activations, then statistics
     assert p.layers[0].stats["grad"]["samples"] == 2
-    assert p.grad.update_ratio is not None and p.grad.update_ratio > 0
+    assert p.grad.update_ratio is not None
+    assert p.grad.update_ratio > 0
 
 
 def test_callbacks_get_the_fit_loop_hooks() -> None:
@@ -95,7 +98,8 @@ def test_callbacks_get_the_fit_loop_hooks() -> None:
         ("fit_end", 2),
     ]
     assert mon.findings == ["a finding"]
-    assert mon.state.loss is not None and mon.state.task is None
+    assert mon.state.loss is not None
+    assert mon.state.task is None
     with pytest.raises(RuntimeError, match="no step was sampled"):
         _ = mon.profile
 
@@ -126,4 +130,6 @@ def test_cpu_peak_on_request_and_time_only_monitor() -> None:
     assert mem.activations_bytes >= 32 * 32 * 4  # at least the hidden layer's output, fp32
     assert all(lay.stats == {} for lay in p.layers)  # no statistics asked for
     assert p.grad.norm is not None  # the global norm is cheap and always taken
-    assert p.step.forward_ms > 0 and p.step.backward_ms > 0 and p.step.optimizer_ms > 0
+    assert p.step.forward_ms > 0
+    assert p.step.backward_ms > 0
+    assert p.step.optimizer_ms > 0

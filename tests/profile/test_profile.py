@@ -51,14 +51,22 @@ def test_memory_accounting(cnn_profile: Profile) -> None:
 def test_record_is_complete(cnn_profile: Profile, tmp_path: Path) -> None:
     p = cnn_profile
     assert p.params.total == sum(lay.params for lay in p.layers)
-    assert p.macs > 0 and p.flops == 2 * p.macs and p.backward_flops > p.flops
-    assert p.step.time_ms > 0 and p.step.throughput == pytest.approx(256 / (p.step.time_ms / 1e3))
-    assert p.step.forward_ms > 0 and p.step.backward_ms > 0 and p.step.optimizer_ms > 0
-    assert p.grad.norm is not None and p.grad.var is not None and p.grad.update_ratio is not None
+    assert p.macs > 0
+    assert p.flops == 2 * p.macs
+    assert p.backward_flops > p.flops
+    assert p.step.time_ms > 0
+    assert p.step.throughput == pytest.approx(256 / (p.step.time_ms / 1e3))
+    assert p.step.forward_ms > 0
+    assert p.step.backward_ms > 0
+    assert p.step.optimizer_ms > 0
+    assert p.grad.norm is not None
+    assert p.grad.var is not None
+    assert p.grad.update_ratio is not None
     stats = p.layer("3").stats
     assert set(stats) >= {"weight", "activation", "grad"}
     assert set(stats["activation"]) >= {"mean", "std", "min", "max", "p1", "p50", "p99", "zero_frac", "nonfinite"}
-    assert stats["grad"]["norm"] > 0 and stats["grad"]["update_ratio"] > 0
+    assert stats["grad"]["norm"] > 0
+    assert stats["grad"]["update_ratio"] > 0
     assert p.layer("2").stats["activation"]["zero_frac"] > 0.2  # a ReLU
     top = p.bottlenecks[0]
     assert top["time_share"] == max(lay.time_share or 0.0 for lay in p.layers)
@@ -89,8 +97,11 @@ def test_peak_step_memory_grows_with_batch_size() -> None:
 def test_inference_profile() -> None:
     p = proftune.profile("digits-mlp", batch_size=32, steps=2, inference=True, device="cpu")
     assert p.mode == "inference"
-    assert p.step.backward_ms == 0 and p.step.optimizer_ms == 0 and p.step.forward_ms > 0
-    assert p.memory.grads_bytes == 0 and p.memory.optimizer_bytes == 0
+    assert p.step.backward_ms == 0
+    assert p.step.optimizer_ms == 0
+    assert p.step.forward_ms > 0
+    assert p.memory.grads_bytes == 0
+    assert p.memory.optimizer_bytes == 0
     assert p.memory.activations_bytes == 0
     assert p.memory.peak_bytes >= p.memory.params_bytes
     assert all(lay.backward_ms is None for lay in p.layers)
@@ -104,7 +115,8 @@ def test_module_with_example_input_is_left_untouched() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     p = proftune.profile(model, example_input=torch.randn(4, 3, 8, 8), batch_size=16, steps=2, device="cpu")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert p.batch_size == 16 and p.task == "Sequential"
+    assert p.batch_size == 16
+    assert p.task == "Sequential"
     assert p.macs == 16 * (8 * 6 * 6 * 27 + 5 * 8 * 6 * 6)
     # BatchNorm followed by an in-place ReLU (torchvision's pattern) still gets a backward time
     assert p.layer("1").backward_ms is not None
@@ -114,11 +126,13 @@ def test_attention_is_one_layer_with_forward_and_backward_time() -> None:
     p = proftune.profile("digits-transformer", batch_size=32, steps=1, device="cpu")
     attn = p.layer("blocks.0.attn")
     assert attn.type == "MultiheadAttention"
-    assert attn.forward_ms and attn.backward_ms
+    assert attn.forward_ms
+    assert attn.backward_ms
     assert attn.macs == 32 * (4 * 8 * 32 * 32 + 2 * 8 * 8 * 32)
     # eval mode under no_grad takes MultiheadAttention's fused fast path: the same MACs
     inf = proftune.profile("digits-transformer", batch_size=32, steps=1, inference=True, device="cpu")
-    assert inf.layer("blocks.0.attn").macs == attn.macs and inf.macs == p.macs
+    assert inf.layer("blocks.0.attn").macs == attn.macs
+    assert inf.macs == p.macs
 
 
 def test_bad_input_is_a_config_error() -> None:
@@ -126,7 +140,8 @@ def test_bad_input_is_a_config_error() -> None:
         proftune.profile("digits-mlp", batch_size=0)
     with pytest.raises(ConfigError) as err:
         proftune.profile("digits-mlp", steps=0, detail="everything")
-    assert "steps" in str(err.value) and "detail" in str(err.value)
+    assert "steps" in str(err.value)
+    assert "detail" in str(err.value)
     with pytest.raises(ConfigError, match="example_input"):
         proftune.profile(nn.Linear(2, 2))
 
@@ -144,7 +159,9 @@ def test_forward_error_names_the_layer_and_its_input_shapes() -> None:
     with pytest.raises(ConfigError) as err:
         proftune.profile(_Broken(), example_input=torch.randn(4, 64), device="cpu")
     msg = str(err.value)
-    assert "'body.2'" in msg and "Linear" in msg and "(4, 32)" in msg
+    assert "'body.2'" in msg
+    assert "Linear" in msg
+    assert "(4, 32)" in msg
 
 
 def test_trace_and_store(tmp_path: Path) -> None:
@@ -155,10 +172,12 @@ def test_trace_and_store(tmp_path: Path) -> None:
     events = json.loads(trace.read_text())["traceEvents"]
     assert any("linear" in str(e.get("name", "")).lower() for e in events)
     run = store.get_run(p.config["run_id"])
-    assert run.kind == "profile" and run.status == "finished"
+    assert run.kind == "profile"
+    assert run.status == "finished"
     assert run.metrics["step_time_ms"] == pytest.approx(p.step.time_ms)
     assert run.result["params"]["total"] == p.params.total
-    assert p.layers and all(lay.forward_ms is None for lay in p.layers)  # detail="step": no layer times
+    assert p.layers
+    assert all(lay.forward_ms is None for lay in p.layers)
 
 
 @pytest.mark.slow

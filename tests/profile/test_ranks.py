@@ -32,9 +32,11 @@ def test_rank_sleeping_in_data_loading_is_the_straggler(tmp_path: Path) -> None:
     task.write_text(TASK)
     res = profile_ranks(str(task), nprocs=2, steps=4, warmup=1, device="cpu")
     assert [r.rank for r in res.ranks] == [0, 1]
-    assert res.slowest_rank == 1 and res.phase == "data"
+    assert res.slowest_rank == 1
+    assert res.phase == "data"
     assert res.ranks[1].data_ms > 25 > res.ranks[0].data_ms
-    assert res.excess_ms > 20 and res.imbalance > 1.1
+    assert res.excess_ms > 20
+    assert res.imbalance > 1.1
     assert "data loading" in res.advice
     # the fast rank waited for it in the all-reduce
     assert res.ranks[0].allreduce_ms > res.ranks[1].allreduce_ms
@@ -49,13 +51,17 @@ def _row(rank: int, *, data: float = 1.0, fwd: float = 5.0, bwd: float = 10.0, w
 
 def test_balanced_ranks_name_no_phase() -> None:
     res = summarize_ranks([_row(0), _row(1), _row(2)])
-    assert res.phase is None and "balanced" in res.advice and res.imbalance == pytest.approx(1.0)
+    assert res.phase is None
+    assert "balanced" in res.advice
+    assert res.imbalance == pytest.approx(1.0)
 
 
 def test_forward_straggler_among_four() -> None:
     rows = [_row(0, wait=9.0), _row(1, wait=9.0), _row(2, fwd=14.0, wait=0.5), _row(3, wait=9.0)]
     res = summarize_ranks(rows)
-    assert res.slowest_rank == 2 and res.phase == "forward" and res.excess_ms == pytest.approx(9.0)
+    assert res.slowest_rank == 2
+    assert res.phase == "forward"
+    assert res.excess_ms == pytest.approx(9.0)
 
 
 def test_fewer_than_two_ranks_is_a_config_error() -> None:

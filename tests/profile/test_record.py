@@ -37,7 +37,8 @@ def test_round_trip(tmp_path: Path) -> None:
     assert q == p
     data = json.loads(path.read_text())
     assert data["schema_version"] == SCHEMA_VERSION
-    assert data["params"]["total"] == 100 and data["layers"][0]["name"] == "fc"
+    assert data["params"]["total"] == 100
+    assert data["layers"][0]["name"] == "fc"
 
 
 def test_frozen() -> None:
@@ -47,7 +48,9 @@ def test_frozen() -> None:
 
 def test_metrics_names() -> None:
     m = _profile().metrics()
-    assert m["step_time_ms"] == 10.0 and m["peak_memory_bytes"] == 4000 and m["params"] == 100
+    assert m["step_time_ms"] == 10.0
+    assert m["peak_memory_bytes"] == 4000
+    assert m["params"] == 100
 
 
 def test_load_rejects_foreign_json(tmp_path: Path) -> None:

@@ -97,7 +97,8 @@ def test_frozen_params_not_trainable() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     model[0].weight.requires_grad_(False)
     total, trainable = count_params(model)
-    assert total == 30 and trainable == 14
+    assert total == 30
+    assert trainable == 14
 
 
 def test_backward_roughly_twice_forward() -> None:

@@ -49,8 +49,10 @@ def test_linear_memory_lands_within_10_percent_in_at_most_4_runs(a: float, b: fl
     truth = Linear(a, b, jitter=0.002 * b).true_max(budget)
     assert result.runs == len(measure.calls) <= 4
     assert 0.9 * truth <= result.max_batch_size <= truth
-    assert result.measured_peak_bytes is not None and result.measured_peak_bytes <= budget
-    assert result.probes[-1].role == "verify" and result.probes[-1].status == "fits"
+    assert result.measured_peak_bytes is not None
+    assert result.measured_peak_bytes <= budget
+    assert result.probes[-1].role == "verify"
+    assert result.probes[-1].status == "fits"
     assert result.model.per_sample_bytes == pytest.approx(b, rel=0.01)
     assert result.predicted_peak_bytes == pytest.approx(result.measured_peak_bytes, rel=0.01)
 
@@ -60,7 +62,8 @@ def test_the_profile_point_is_used_not_remeasured() -> None:
     known = [(64, measure(64))]
     measure.calls.clear()
     result = search_max_batch(measure, 100 * MiB, known=known)
-    assert 64 not in measure.calls and result.runs == len(measure.calls) <= 3
+    assert 64 not in measure.calls
+    assert result.runs == len(measure.calls) <= 3
     assert result.probes[0].role == "profile"
 
 
@@ -79,14 +82,16 @@ def test_a_convex_peak_is_caught_by_the_verifying_step() -> None:
     budget = 80 * MiB
     result = search_max_batch(measure, budget)
     truth = Linear(5 * MiB, 0.05 * MiB, curve=200.0).true_max(budget)
-    assert result.max_batch_size <= truth and result.measured_peak_bytes <= budget
+    assert result.max_batch_size <= truth
+    assert result.measured_peak_bytes <= budget
     assert result.max_batch_size >= 0.8 * truth
 
 
 def test_the_data_limits_the_batch() -> None:
     measure = Linear(1 * MiB, 1000, data=1437)
     result = search_max_batch(measure, 4096 * MiB)
-    assert result.max_batch_size == 1437 and result.limited_by == "data"
+    assert result.max_batch_size == 1437
+    assert result.limited_by == "data"
 
 
 def test_fit_memory_model_margin_comes_from_the_residual() -> None:
@@ -103,7 +108,8 @@ def test_budget_below_the_static_memory_is_a_config_error_with_the_batch_1_need(
     with pytest.raises(ConfigError) as info:
         find_batch_size("digits-cnn", memory_budget="100KB", device="cpu", measure=measure)
     msg = str(info.value)
-    assert "memory_budget=97.7 KiB" in msg and "before any activation" in msg
+    assert "memory_budget=97.7 KiB" in msg
+    assert "before any activation" in msg
     assert re.search(r"batch size 1 peaks at .* \(740000 bytes\)", msg)
 
 
@@ -117,9 +123,11 @@ def test_find_batch_size_reads_the_profile_and_records_a_run(db_url: str) -> Non
     measure.calls.clear()
     result = find_batch_size("digits-cnn", memory_budget="12MB", device="cpu", profile=profile,
                              measure=measure, store=db_url)
-    assert result.runs == len(measure.calls) <= 3 and result.static_bytes == 640_000
+    assert result.runs == len(measure.calls) <= 3
+    assert result.static_bytes == 640_000
     truth = Linear(700_000, 45_000).true_max(12_000_000)
     assert 0.9 * truth <= result.max_batch_size <= truth
     run = Store(db_url).get_run(result.run_id)
-    assert run.kind == "batch_size" and run.status == "finished"
+    assert run.kind == "batch_size"
+    assert run.status == "finished"
     assert run.result["max_batch_size"] == result.max_batch_size

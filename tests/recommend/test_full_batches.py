@@ -11,7 +11,8 @@ def test_batches_are_always_full_even_beyond_the_dataset() -> None:
     task = FullBatchTask(inner)
     for size in (64, 1000, 3000):
         batches = list(task.train_data(size, {}))
-        assert len(batches) >= 2 and {x.shape[0] for x, _ in batches} == {size}
+        assert len(batches) >= 2
+        assert {x.shape[0] for x, _ in batches} == {size}
         assert all(y.shape[0] == size and x.shape[1:] == (64,) for x, y in batches)
     model = task.build_model({})
     x, y = next(iter(task.train_data(8, {})))

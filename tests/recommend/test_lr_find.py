@@ -57,15 +57,18 @@ def test_suggestion_is_robust_to_noise_where_steepest_slope_is_not() -> None:
 def test_a_loss_that_rises_from_the_first_step_gets_no_suggestion() -> None:
     rising = 2.3 * np.exp(np.linspace(0, 4, 30)) + np.random.default_rng(0).normal(0, 0.05, 30)
     r = suggest_lr(LRS[:30], rising, diverged=True)
-    assert r.suggested_lr is None and "rose from the first step" in (r.message or "")
+    assert r.suggested_lr is None
+    assert "rose from the first step" in (r.message or "")
     nan_early = suggest_lr(LRS[:3], [2.3, float("nan"), float("nan")], diverged=True)
-    assert nan_early.suggested_lr is None and "diverged" in (nan_early.message or "")
+    assert nan_early.suggested_lr is None
+    assert "diverged" in (nan_early.message or "")
 
 
 def test_a_flat_loss_says_the_range_is_too_low() -> None:
     flat = 2.3 + np.random.default_rng(1).normal(0, 0.01, 60)
     r = suggest_lr(LRS[:60], flat)
-    assert r.suggested_lr is None and "did not fall" in (r.message or "")
+    assert r.suggested_lr is None
+    assert "did not fall" in (r.message or "")
 
 
 def test_range_test_runs_through_the_fit_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -79,15 +82,22 @@ def test_range_test_runs_through_the_fit_loop(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setattr(_lr_find, "fit", spy)
     plot = tmp_path / "lr.png"
     r = lr_find("digits-mlp", min_lr=1e-5, max_lr=10.0, steps=40, device="cpu", plot=str(plot))
-    assert len(calls) == 1 and isinstance(calls[0]["callbacks"][0], _lr_find.LRRangeCallback)
-    assert calls[0]["max_steps"] == 40 and calls[0]["evaluate"] is False
+    assert len(calls) == 1
+    assert isinstance(calls[0]["callbacks"][0], _lr_find.LRRangeCallback)
+    assert calls[0]["max_steps"] == 40
+    assert calls[0]["evaluate"] is False
     # the lrs are the planned geometric sweep, the test stopped on divergence before the end
     assert np.allclose(r.lrs, np.geomspace(1e-5, 10.0, 40)[: r.steps])
-    assert r.diverged and r.steps < 40 and "x best" in (r.stop_reason or "")
-    assert r.suggested_lr is not None and r.min_lr <= r.suggested_lr <= r.lr_at_min_loss <= r.max_lr
-    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert r.diverged
+    assert r.steps < 40
+    assert "x best" in (r.stop_reason or "")
+    assert r.suggested_lr is not None
+    assert r.min_lr <= r.suggested_lr <= r.lr_at_min_loss <= r.max_lr
+    assert plot.stat().st_size > 10_000
+    assert plot.read_bytes()[:4] == b"\x89PNG"
     d = r.to_dict()
-    assert len(d["curve"]) == r.steps and {"lr", "loss", "smoothed"} <= set(d["curve"][0])
+    assert len(d["curve"]) == r.steps
+    assert {"lr", "loss", "smoothed"} <= set(d["curve"][0])
 
 
 def test_given_model_and_optimizer_are_restored() -> None:
@@ -98,15 +108,18 @@ def test_given_model_and_optimizer_are_restored() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     r = lr_find(task, model=model, optimizer=optimizer, min_lr=1e-4, max_lr=1.0, steps=15, device="cpu")
-    assert r.steps == 15 and r.optimizer == "Adam"  # the caller's optimizer ran the test
+    assert r.steps == 15
+    assert r.optimizer == "Adam"
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not model.training
-    assert optimizer.param_groups[0]["lr"] == 3e-4 and len(optimizer.state) == 0
+    assert optimizer.param_groups[0]["lr"] == 3e-4
+    assert len(optimizer.state) == 0
 
 
 def test_diverging_from_the_first_step_says_so() -> None:
     r = lr_find("digits-mlp", {"optimizer": "sgd"}, min_lr=50.0, max_lr=1e4, steps=30, device="cpu")
-    assert r.suggested_lr is None and r.diverged
+    assert r.suggested_lr is None
+    assert r.diverged
     assert "first step" in (r.message or "") or "diverged" in (r.message or "")
 
 

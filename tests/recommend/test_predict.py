@@ -35,12 +35,14 @@ def test_predicted_peak_matches_the_measured_cpu_peak(task: Any, batch_size: int
     r = predict(task, batch_size=batch_size, target=None, max_batch=False)
     measured = _measured(task, batch_size)
     assert abs(r.peak_bytes / measured - 1) < 0.05, (r.peak_bytes, measured)
-    assert r.real_steps == 0 and r.traces == 1
+    assert r.real_steps == 0
+    assert r.traces == 1
     assert r.peak_phase in ("forward", "backward", "optimizer")
     # the breakdown at the peak adds up to the peak, and the static parts are the model's
     assert sum(r.peak_breakdown.values()) == r.peak_bytes
     assert r.grads_bytes == r.params_bytes  # fp32, every parameter trainable
-    assert r.activations_bytes > 0 and any(lay.activation_bytes > 0 for lay in r.layers)
+    assert r.activations_bytes > 0
+    assert any(lay.activation_bytes > 0 for lay in r.layers)
     assert r.uncounted_ops == ()
 
 
@@ -50,7 +52,8 @@ def test_resnet18_peak_and_nothing_uncounted() -> None:
     measured = _measured("resnet18-synthetic", 4)
     assert abs(r.peak_bytes / measured - 1) < 0.05, (r.peak_bytes, measured)
     assert r.uncounted_ops == ()
-    assert r.step_time_ms is not None and r.step_time_ms > 0
+    assert r.step_time_ms is not None
+    assert r.step_time_ms > 0
 
 
 def test_resnet18_count_has_no_uncounted_ops() -> None:
@@ -140,13 +143,16 @@ def test_old_profile_json_without_uncounted_ops_loads() -> None:
 
 def test_largest_batch_uses_the_budget_and_margin() -> None:
     r = predict("digits-mlp", batch_size=32, target=None, device_memory="20MB")
-    assert r.fits is True and r.max_batch_size is not None and r.max_batch_size > 32
+    assert r.fits is True
+    assert r.max_batch_size is not None
+    assert r.max_batch_size > 32
     assert r.max_batch is not None
     margin = r.max_batch["model"]["margin_bytes"]
     assert margin >= 0.005 * 20e6 - 1  # batch-size's smallest margin
     # the answer's traced peak fits; one more sample's does not, with the margin
     at_answer = [p for p in r.max_batch["probes"] if p["batch_size"] == r.max_batch_size]
-    assert at_answer and at_answer[0]["peak_bytes"] <= 20e6
+    assert at_answer
+    assert at_answer[0]["peak_bytes"] <= 20e6
     above = predict("digits-mlp", batch_size=r.max_batch_size + 1, target=None, max_batch=False)
     assert above.peak_bytes + margin > 20e6
 
@@ -154,7 +160,8 @@ def test_largest_batch_uses_the_budget_and_margin() -> None:
 def test_find_batch_size_from_prediction_runs_one_real_step() -> None:
     r = proftune.find_batch_size("digits-mlp", memory_budget="12MB", device="cpu", from_prediction=True)
     assert r.runs == 1
-    assert r.measured_peak_bytes is not None and r.measured_peak_bytes <= 12e6
+    assert r.measured_peak_bytes is not None
+    assert r.measured_peak_bytes <= 12e6
     assert r.measured_peak_bytes >= 0.9 * 12e6
 
 
@@ -186,7 +193,8 @@ def test_verify_prediction_rescales_an_underestimate() -> None:
     result = verify_prediction(measure, budget, predicted, answer)
     assert result is not None
     assert result.probes[0].status == "over_budget"
-    assert result.measured_peak_bytes is not None and result.measured_peak_bytes <= budget
+    assert result.measured_peak_bytes is not None
+    assert result.measured_peak_bytes <= budget
     assert result.runs <= 3
     assert result.max_batch_size >= 0.97 * true.largest_batch(budget)
 
@@ -201,10 +209,13 @@ def test_7b_llama_predicted_without_allocation() -> None:
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     n = r.params
     assert 6.7e9 < n < 6.8e9
-    assert r.params_bytes == 4 * n and r.grads_bytes == 4 * n and r.optimizer_bytes == 8 * n
+    assert r.params_bytes == 4 * n
+    assert r.grads_bytes == 4 * n
+    assert r.optimizer_bytes == 8 * n
     assert r.peak_bytes > r.static_bytes
     assert grown < 4 * 2**30, grown  # a materialised model alone would be 27 GB
-    assert r.step_time_ms is not None and r.bound in ("compute", "memory")
+    assert r.step_time_ms is not None
+    assert r.bound in ("compute", "memory")
 
 
 # -- bad input exits 2 -----------------------------------------------------------------------------------
@@ -213,7 +224,9 @@ def test_7b_llama_predicted_without_allocation() -> None:
 def test_unknown_target_lists_the_valid_ones() -> None:
     out = runner.invoke(app, ["predict", "digits-mlp", "--batch-size", "8", "--target", "h900"])
     assert out.exit_code == 2
-    assert "h900" in out.output and "h200" in out.output and "a100" in out.output
+    assert "h900" in out.output
+    assert "h200" in out.output
+    assert "a100" in out.output
 
 
 @pytest.mark.parametrize("memory", ["-5GiB", "0", "lots"])
@@ -225,25 +238,33 @@ def test_bad_memory_exits_2(memory: str) -> None:
 
 def test_resolve_target_overrides_and_custom() -> None:
     spec = resolve_target("a100", memory="40GiB")
-    assert spec.memory_bytes == 40 * 2**30 and spec.peak_tflops["bf16"] == 312.0
+    assert spec.memory_bytes == 40 * 2**30
+    assert spec.peak_tflops["bf16"] == 312.0
     custom = resolve_target(None, memory="8GiB", peak_tflops=10, bandwidth="500GB")
-    assert custom.bandwidth_bytes_s == 500e9 and custom.tflops("bf16") == 10
+    assert custom.bandwidth_bytes_s == 500e9
+    assert custom.tflops("bf16") == 10
 
 
 def test_batch_that_does_not_fit_exits_2_with_the_largest_that_does() -> None:
     out = runner.invoke(app, ["predict", "digits-mlp", "--batch-size", "100000", "--device-memory", "20MB"])
     assert out.exit_code == 2
-    assert "does not fit" in out.output and "largest batch that fits is" in out.output
+    assert "does not fit" in out.output
+    assert "largest batch that fits is" in out.output
     none = runner.invoke(app, ["predict", "digits-mlp", "--batch-size", "8", "--device-memory", "10kB"])
-    assert none.exit_code == 2 and "no batch size fits" in none.output
+    assert none.exit_code == 2
+    assert "no batch size fits" in none.output
     zero = runner.invoke(app, ["predict", "digits-mlp", "--batch-size", "0"])
-    assert zero.exit_code == 2 and "batch_size" in zero.output
+    assert zero.exit_code == 2
+    assert "batch_size" in zero.output
 
 
 def test_json_is_one_object() -> None:
     out = runner.invoke(app, ["predict", "digits-mlp", "--batch-size", "16", "--target", "h100", "--json"])
     assert out.exit_code == 0, out.output
     d = json.loads(out.stdout)
-    assert d["target"]["name"] == "h100" and d["fits"] is True and d["real_steps"] == 0
-    assert d["step_time_ms"] > 0 and {lay["bound"] for lay in d["layers"]} <= {"compute", "memory", "overhead",
+    assert d["target"]["name"] == "h100"
+    assert d["fits"] is True
+    assert d["real_steps"] == 0
+    assert d["step_time_ms"] > 0
+    assert {lay["bound"] for lay in d["layers"]} <= {"compute", "memory", "overhead",
                                                                                  "unknown"}

@@ -14,9 +14,12 @@ from proftune.track import Store
 def test_function_and_subpackage_names_both_work() -> None:
     from proftune.recommend import find_batch_size, lr_find, noise_scale, recommend
 
-    assert proftune.recommend is recommend and callable(proftune.recommend)
-    assert proftune.find_batch_size is find_batch_size and proftune.lr_find is lr_find
-    assert proftune.noise_scale is noise_scale and proftune.Recommendation is Recommendation
+    assert proftune.recommend is recommend
+    assert callable(proftune.recommend)
+    assert proftune.find_batch_size is find_batch_size
+    assert proftune.lr_find is lr_find
+    assert proftune.noise_scale is noise_scale
+    assert proftune.Recommendation is Recommendation
     assert {"recommend", "find_batch_size", "lr_find", "noise_scale", "Recommendation"} <= set(proftune.__all__)
 
 
@@ -46,24 +49,30 @@ def test_recommend_derives_every_parameter_from_one_profile(db_url: str) -> None
     budget = 2_000_000
     recs = proftune.recommend(task, profile=profile, memory_budget=budget, target_batch=1024, device="cpu",
                               lr_steps=25, noise_steps=6, store=db_url)
-    assert isinstance(recs, Recommendations) and [r.name for r in recs] == list(RECOMMENDATION_NAMES)
+    assert isinstance(recs, Recommendations)
+    assert [r.name for r in recs] == list(RECOMMENDATION_NAMES)
     by = {r.name: r for r in recs}
     batch = by["batch_size"]
     assert batch.evidence["runs"] <= 3  # the profile's own peak counted as a probe
-    assert 0 < batch.value <= batch.evidence["max_batch_size"] and batch.evidence["measured_peak_bytes"] <= budget
+    assert 0 < batch.value <= batch.evidence["max_batch_size"]
+    assert batch.evidence["measured_peak_bytes"] <= budget
     accum = by["grad_accumulation"]
     assert accum.value * accum.evidence["micro_batch"] >= 1024
     assert accum.evidence["micro_batch"] <= batch.evidence["max_batch_size"]
-    assert by["critical_batch_size"].value is not None and by["critical_batch_size"].value > 0
+    assert by["critical_batch_size"].value is not None
+    assert by["critical_batch_size"].value > 0
     lr = by["lr"]
     # the range test on digits-mlp (AdamW) finds a rate; Adam-family rates sit in [1e-5, 1]
-    assert isinstance(lr.value, float) and 1e-5 <= lr.value <= 1.0, (lr.value, lr.reason)
+    assert isinstance(lr.value, float), (lr.value, lr.reason)
+    assert 1e-5 <= lr.value <= 1.0, (lr.value, lr.reason)
     assert by["lr_scaling"].value == "sqrt"  # AdamW: square-root rule
-    assert by["precision"].value in ("fp32", "bf16") and by["data_loading"].value == "no change"
+    assert by["precision"].value in ("fp32", "bf16")
+    assert by["data_loading"].value == "no change"
     assert all(r.confidence in ("high", "medium", "low") and r.reason for r in recs)
     json.dumps(recs.to_dict())  # JSON-able all the way down
     run = Store(db_url).get_run(recs.run_id)
-    assert run.kind == "recommend" and run.status == "finished"
+    assert run.kind == "recommend"
+    assert run.status == "finished"
     assert [r["name"] for r in run.result["recommendations"]] == list(RECOMMENDATION_NAMES)
 
 

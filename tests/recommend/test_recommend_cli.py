@@ -25,9 +25,11 @@ def test_batch_size_budget_below_the_model_exits_2_with_the_batch_1_need(db_url:
     out = runner.invoke(app, ["batch-size", "digits-mlp", "--memory-budget", "1000", "--device", "cpu",
                               "--db", db_url])
     assert out.exit_code == 2
-    assert "before any activation" in out.output and "batch size 1 peaks at" in out.output
+    assert "before any activation" in out.output
+    assert "batch size 1 peaks at" in out.output
     bad = runner.invoke(app, ["batch-size", "digits-mlp", "--memory-budget", "4 parsecs", "--db", db_url])
-    assert bad.exit_code == 2 and "memory_budget='4 parsecs'" in bad.output
+    assert bad.exit_code == 2
+    assert "memory_budget='4 parsecs'" in bad.output
 
 
 def test_lr_find_json_plot_and_run(tmp_path: Path, db_url: str) -> None:
@@ -37,9 +39,12 @@ def test_lr_find_json_plot_and_run(tmp_path: Path, db_url: str) -> None:
     assert out.exit_code == 0, out.output
     d = json.loads(out.stdout)
     assert {"suggested_lr", "min_lr", "max_lr", "curve", "run_id"} <= set(d)
-    assert len(d["curve"]) == d["steps"] <= 20 and plot.exists()
+    assert len(d["curve"]) == d["steps"] <= 20
+    assert plot.exists()
     run = Store(db_url).get_run(d["run_id"])
-    assert run.kind == "lr_find" and run.status == "finished" and len(run.curves["lr_range"]) == d["steps"]
+    assert run.kind == "lr_find"
+    assert run.status == "finished"
+    assert len(run.curves["lr_range"]) == d["steps"]
 
 
 def test_recommend_json_from_a_saved_profile(tmp_path: Path, db_url: str) -> None:

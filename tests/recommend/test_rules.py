@@ -37,29 +37,36 @@ NORM_HEAVY = (
 
 def test_data_loading_flags_waits_above_ten_percent() -> None:
     slow = data_loading_rule(_profile(data_ms=5.0))
-    assert isinstance(slow, Recommendation) and slow.name == "data_loading"
-    assert slow.value["num_workers"] >= 1 and slow.value["pin_memory"] is False
-    assert slow.evidence["data_share"] == pytest.approx(0.25) and "25%" in slow.reason
+    assert isinstance(slow, Recommendation)
+    assert slow.name == "data_loading"
+    assert slow.value["num_workers"] >= 1
+    assert slow.value["pin_memory"] is False
+    assert slow.evidence["data_share"] == pytest.approx(0.25)
+    assert "25%" in slow.reason
     fine = data_loading_rule(_profile(data_ms=1.0))
-    assert fine.value == "no change" and fine.evidence["data_share"] == pytest.approx(0.05)
+    assert fine.value == "no change"
+    assert fine.evidence["data_share"] == pytest.approx(0.05)
     assert data_loading_rule(_profile(device="cuda", data_ms=5.0)).value["pin_memory"] is True
 
 
 def test_precision_on_cpu_without_bf16_instructions_says_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_rules, "cpu_bf16_flags", lambda: ())
     rec = precision_rule(_profile(layers=MATMUL_HEAVY))
-    assert rec.value == "fp32" and "AVX512-BF16" in rec.reason
+    assert rec.value == "fp32"
+    assert "AVX512-BF16" in rec.reason
     assert rec.evidence["share_of_step"] == pytest.approx(14.5 / 20.0)
 
 
 def test_precision_on_cpu_with_amx_and_matmul_dominating_picks_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_rules, "cpu_bf16_flags", lambda: ("amx_bf16",))
     rec = precision_rule(_profile(layers=MATMUL_HEAVY))
-    assert rec.value == "bf16" and "72%" in rec.reason
+    assert rec.value == "bf16"
+    assert "72%" in rec.reason
     # Amdahl: 20 ms with 72.5% at 2x -> 12.75 ms
     assert "~12.75 ms" in rec.effect
     low = precision_rule(_profile(layers=NORM_HEAVY))
-    assert low.value == "fp32" and "at most" in low.reason  # matmul share below 50%
+    assert low.value == "fp32"
+    assert "at most" in low.reason
 
 
 def test_precision_reads_cuda_capability(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +75,8 @@ def test_precision_reads_cuda_capability(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=0: (7, 5))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     rec = precision_rule(_profile(device="cuda", layers=MATMUL_HEAVY))
-    assert rec.value == "fp16" and "grad scaler" in rec.reason
+    assert rec.value == "fp16"
+    assert "grad scaler" in rec.reason
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=0: (9, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert precision_rule(_profile(device="cuda", layers=MATMUL_HEAVY)).value == "bf16"
@@ -78,6 +86,7 @@ def test_bottlenecks_are_layers_whose_time_far_exceeds_their_work() -> None:
     rec = bottleneck_rule(_profile(layers=NORM_HEAVY))
     names = [d["layer"] for d in rec.value]
     assert names == ["bn"]  # 6 of 12.5 ms for 0.6% of the params and no MACs
-    assert "torch.compile" in rec.value[0]["action"] and rec.value[0]["time_share"] == pytest.approx(6 / 12.5)
+    assert "torch.compile" in rec.value[0]["action"]
+    assert rec.value[0]["time_share"] == pytest.approx(6 / 12.5)
     assert bottleneck_rule(_profile(layers=MATMUL_HEAVY)).value == []
     assert bottleneck_rule(_profile()).value is None

@@ -33,14 +33,18 @@ def test_reports_load_offline_draw_and_run_no_injected_script(store: Store, tmp_
     control.write_text(f"<html><body>{XSS}<img hidden src='http://127.0.0.1:9/x.png'></body></html>")
     with chromium() as browser:
         seen = visit(browser, control)
-        assert seen.dialogs == ["1"] and seen.external_requests == ["http://127.0.0.1:9/x.png"]
+        assert seen.dialogs == ["1"]
+        assert seen.external_requests == ["http://127.0.0.1:9/x.png"]
         assert _distinct_colours(seen.png) <= 2
         for page in pages:
             seen = visit(browser, page)
-            assert seen.console_errors == [] and seen.exceptions == [], page
+            assert seen.console_errors == [], page
+            assert seen.exceptions == [], page
             assert seen.external_requests == [], page
             assert seen.dialogs == [], page  # the task name's alert(1) never ran
-            assert seen.charts_expected >= 5 and seen.charts_drawn == seen.charts_expected, page
-            assert XSS in seen.title and XSS in seen.text  # shown as text
+            assert seen.charts_expected >= 5, page
+            assert seen.charts_drawn == seen.charts_expected, page
+            assert XSS in seen.title
+            assert XSS in seen.text
             assert _distinct_colours(seen.png) > 20, page  # not a blank page
             (tmp_path / f"{page.stem}.png").write_bytes(seen.png)

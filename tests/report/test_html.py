@@ -73,8 +73,10 @@ def test_numbers_beside_charts_are_the_runs(store: Store, runs: dict[str, int]) 
     trials = store.list_runs(kind="trial")
     tune = render_report(runs["tune"], store=store)
     infeasible = [t for t in trials if t.result["state"] == "infeasible"]
-    assert infeasible and infeasible[0].result["reason"] in tune.replace("&gt;", ">").replace("&lt;", "<")
-    assert "Spearman correlation" in tune and "Pearson correlation" in tune
+    assert infeasible
+    assert infeasible[0].result["reason"] in tune.replace("&gt;", ">").replace("&lt;", "<")
+    assert "Spearman correlation" in tune
+    assert "Pearson correlation" in tune
 
 
 def test_user_strings_are_text_never_markup(store: Store) -> None:
@@ -87,7 +89,8 @@ def test_user_strings_are_text_never_markup(store: Store) -> None:
         assert XSS not in html
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
         for block in re.findall(r'data-chart="[^"]+">(.*?)</script>', html, re.S):
-            assert "</" not in block and "<" not in block
+            assert "</" not in block
+            assert "<" not in block
         # only our own scripts: the plotly bundle, the charts' JSON and the page's script
         assert html.count("<script") == html.count("</script>")
     study = render_report(study="s1", store=store)
@@ -101,7 +104,8 @@ def test_chart_labels_escape_for_plotly(store: Store) -> None:
     html = render_report(study="s1", store=store)
     figs = _charts(html)
     labels = json.dumps(figs)
-    assert XSS not in labels and "&lt;script&gt;" in labels
+    assert XSS not in labels
+    assert "&lt;script&gt;" in labels
 
 
 def test_hundred_trial_study_is_one_file_under_10_mb(store: Store, tmp_path: Path) -> None:
@@ -118,7 +122,8 @@ def test_hundred_trial_study_is_one_file_under_10_mb(store: Store, tmp_path: Pat
     size = path.stat().st_size
     assert 4_000_000 < size < 10 * 2**20
     html = path.read_text()
-    assert html.count(PLOTLY_MARK) == 1 and html.count("<tr class=\"complete\">") >= 100
+    assert html.count(PLOTLY_MARK) == 1
+    assert html.count("<tr class=\"complete\">") >= 100
 
 
 def test_profile_from_a_file_and_from_the_object(store: Store, runs: dict[str, int], tmp_path: Path) -> None:
@@ -127,7 +132,8 @@ def test_profile_from_a_file_and_from_the_object(store: Store, runs: dict[str, i
     from_file = write_report(str(saved), tmp_path / "p.html")
     assert "Layers" in _sections(from_file.read_text())
     html = render_report(Profile.from_dict({**profile.to_dict(), "config": {}}))
-    assert "Layers" in _sections(html) and "Overview" not in _sections(html)
+    assert "Layers" in _sections(html)
+    assert "Overview" not in _sections(html)
 
 
 def test_compare_overlays_curves_and_diffs(store: Store, runs: dict[str, int]) -> None:
@@ -147,7 +153,8 @@ def test_optimize_stage_chain_and_custom_renderers(store: Store) -> None:
                             "status": "finished", "run_id": 7}]})
     html = run_page(record, store).render()
     assert _sections(html) == ["Overview", "Stage chain"]
-    assert html.count('class="stage') == 3 and "0.93 → 0.925" in html
+    assert html.count('class="stage') == 3
+    assert "0.93 → 0.925" in html
     seen = []
 
     @register_renderer("custom_kind")
@@ -156,7 +163,8 @@ def test_optimize_stage_chain_and_custom_renderers(store: Store) -> None:
         page.section("Mine").para("hello")
 
     html = run_page(RunRecord(id=5, kind="custom_kind", task="t", status="finished", started_at="x"), store).render()
-    assert seen == [5] and "Mine" in _sections(html)
+    assert seen == [5]
+    assert "Mine" in _sections(html)
 
 
 def test_recommend_with_a_budget_shows_the_memory_model(store: Store, runs: dict[str, int]) -> None:

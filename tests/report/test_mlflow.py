@@ -67,7 +67,8 @@ def test_logger_callback(mlflow_uri: str) -> None:
     result = fit("digits-mlp", {"batch_size": 128}, epochs=1, max_steps=4, device="cpu", callbacks=[logger])
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(logger.run_id)
-    assert run.info.status == "FINISHED" and run.data.params["batch_size"] == "128"
+    assert run.info.status == "FINISHED"
+    assert run.data.params["batch_size"] == "128"
     assert run.data.tags["proftune.task"] == "digits-mlp"
     assert [m.step for m in client.get_metric_history(logger.run_id, "step/loss")] == [2, 4]
     assert run.data.metrics["accuracy"] == pytest.approx(result.metrics["accuracy"])

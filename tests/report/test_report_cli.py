@@ -19,7 +19,8 @@ def test_report_a_run_a_study_and_a_profile(store: Store, runs: dict[str, int], 
     res = runner.invoke(app, ["report", str(runs["diagnose"]), "--out", str(out), "--db", db_url, "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
-    assert d["report"] == str(out) and d["bytes"] == out.stat().st_size
+    assert d["report"] == str(out)
+    assert d["bytes"] == out.stat().st_size
     assert "lr_too_high" in out.read_text()
     res = runner.invoke(app, ["report", "--study", "s1", "--out", str(tmp_path / "s.html"), "--db", db_url])
     assert res.exit_code == 0, res.output
@@ -33,14 +34,19 @@ def test_report_a_run_a_study_and_a_profile(store: Store, runs: dict[str, int], 
 def test_report_bad_input_exits_2_and_names_it(store: Store, runs: dict[str, int], db_url: str,
                                               tmp_path: Path) -> None:
     res = runner.invoke(app, ["report", "--db", db_url])
-    assert res.exit_code == 2 and "exactly one" in res.output
+    assert res.exit_code == 2
+    assert "exactly one" in res.output
     res = runner.invoke(app, ["report", "--study", "nope", "--db", db_url])
-    assert res.exit_code == 2 and "'nope'" in res.output and "s1" in res.output
+    assert res.exit_code == 2
+    assert "'nope'" in res.output
+    assert "s1" in res.output
     res = runner.invoke(app, ["report", "999", "--db", db_url])
-    assert res.exit_code == 2 and "999" in res.output
+    assert res.exit_code == 2
+    assert "999" in res.output
     res = runner.invoke(app, ["report", str(runs["train"]), "--out", str(tmp_path / "no" / "r.html"),
                               "--db", db_url])
-    assert res.exit_code == 2 and "does not exist" in res.output
+    assert res.exit_code == 2
+    assert "does not exist" in res.output
 
 
 def test_train_with_report_writes_the_run_page(db_url: str, tmp_path: Path) -> None:
@@ -50,10 +56,12 @@ def test_train_with_report_writes_the_run_page(db_url: str, tmp_path: Path) -> N
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     html = out.read_text()
-    assert f"(run {d['run_id']})" in html and "loss per step" in html
+    assert f"(run {d['run_id']})" in html
+    assert "loss per step" in html
     res = runner.invoke(app, ["train", "digits-mlp", "--max-steps", "1", "--db", db_url,
                               "--report", str(tmp_path / "missing" / "x.html")])
-    assert res.exit_code == 2 and "--report" in res.output
+    assert res.exit_code == 2
+    assert "--report" in res.output
 
 
 def test_runs_compare_report(store: Store, runs: dict[str, int], db_url: str, tmp_path: Path) -> None:
@@ -67,4 +75,5 @@ def test_runs_compare_report(store: Store, runs: dict[str, int], db_url: str, tm
 
 def test_export_needs_a_target(runs: dict[str, int], db_url: str) -> None:
     res = runner.invoke(app, ["export", str(runs["train"]), "--db", db_url])
-    assert res.exit_code == 2 and "--tensorboard" in res.output
+    assert res.exit_code == 2
+    assert "--tensorboard" in res.output

@@ -39,7 +39,8 @@ def test_train_run_scalars_and_hparams(store: Store, runs: dict[str, int], tmp_p
     plugins = ea.PluginTagToContent("hparams")
     assert "_hparams_/session_start_info" in plugins
     start = plugins["_hparams_/session_start_info"]
-    assert b"batch_size" in start and b"optimizer" in start
+    assert b"batch_size" in start
+    assert b"optimizer" in start
     assert "run/overview/text_summary" in tags["tensors"]
 
 
@@ -50,12 +51,15 @@ def test_profile_histograms_and_tables(store: Store, runs: dict[str, int], tmp_p
     layer = record.result["layers"][0]
     hist = ea.Histograms(f"activations/{layer['name']}")[0].histogram_value
     act = layer["stats"]["activation"]
-    assert hist.num == act["numel"] and hist.min == pytest.approx(act["min"]) and hist.max == pytest.approx(act["max"])
+    assert hist.num == act["numel"]
+    assert hist.min == pytest.approx(act["min"])
+    assert hist.max == pytest.approx(act["max"])
     assert hist.bucket_limit[1] == pytest.approx(act["p50"])
     assert f"weights/{layer['name']}" in ea.Tags()["histograms"]
     assert f"gradients/norm/{layer['name']}" in ea.Tags()["scalars"]
     table = ea.Tensors("profile/layers/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert table.startswith("| name | type |") and layer["type"] in table
+    assert table.startswith("| name | type |")
+    assert layer["type"] in table
 
 
 def test_logger_in_fit_and_in_monitor(tmp_path: Path) -> None:

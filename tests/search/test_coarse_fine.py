@@ -27,7 +27,9 @@ def test_fine_pass_samples_near_the_best_coarse_trials() -> None:
     spread = statistics.pstdev(t.params["x"] for t in coarse)
     assert statistics.median(dist) < 0.25 * spread  # the fine pass stays around the best few
     for t in fine:  # every value stays inside its distribution (log int on the grid of ints)
-        assert 0.0 <= t.params["x"] <= 10.0 and 1 <= t.params["n"] <= 64 and isinstance(t.params["n"], int)
+        assert 0.0 <= t.params["x"] <= 10.0
+        assert 1 <= t.params["n"] <= 64
+        assert isinstance(t.params["n"], int)
     best_c = {t.params["c"] for t in best_coarse}
     assert sum(t.params["c"] in best_c for t in fine) >= 0.6 * len(fine)
     assert max(t.value or -1e9 for t in fine) >= max(t.value or -1e9 for t in coarse)
@@ -39,7 +41,8 @@ def test_timeout_stops_starting_trials(tmp_path) -> None:  # type: ignore[no-unt
     space = {"params": {"hidden": {"type": "int", "low": 4, "high": 8}}}
     result = proftune.search("wine-mlp", space, trials=50, max_steps=1, timeout=3.0,
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="t")
-    assert 1 <= len(result.trials) < 50 and result.stopped == "timeout"
+    assert 1 <= len(result.trials) < 50
+    assert result.stopped == "timeout"
     assert all(t.state == "complete" for t in result.trials)
 
 

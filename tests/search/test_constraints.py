@@ -13,15 +13,20 @@ from proftune.search._constraints import parse_constraint, parse_objective, pars
 def test_constraint_parsing_units_and_violation_sign() -> None:
     p = ProblemCollector()
     c = parse_constraint("step_time_ms<50", p)
-    assert c is not None and (c.metric, c.op, c.threshold) == ("step_time_ms", "<", 50.0)
+    assert c is not None
+    assert (c.metric, c.op, c.threshold) == ("step_time_ms", "<", 50.0)
     assert c.violation(40.0) < 0 < c.violation(60.0)
     assert c.violation(50.0) > 0  # strict: on the limit is outside
     assert c.violation(float("nan")) > 0
     assert "step_time_ms=60 >= 50" in c.reason(60.0)
     mem = parse_constraint("peak_memory_bytes<=2GiB", p)
-    assert mem is not None and mem.threshold == 2 * 2**30 and mem.violation(2 * 2**30) == 0.0
+    assert mem is not None
+    assert mem.threshold == 2 * 2**30
+    assert mem.violation(2 * 2**30) == 0.0
     acc = parse_constraint("accuracy>=0.9", p)
-    assert acc is not None and acc.violation(0.95) < 0 < acc.violation(0.8) and not acc.is_profile
+    assert acc is not None
+    assert acc.violation(0.95) < 0 < acc.violation(0.8)
+    assert not acc.is_profile
     assert not p
 
 
@@ -37,7 +42,8 @@ def test_time_and_memory_limits_are_read_in_the_metrics_unit() -> None:
     """Bug 5: ``step_time_ms<1s`` was read as 1 ms."""
     p = ProblemCollector()
     one_s = parse_constraint("step_time_ms<1s", p)
-    assert one_s is not None and one_s.threshold == 1000.0
+    assert one_s is not None
+    assert one_s.threshold == 1000.0
     assert parse_constraint("latency_ms<250ms", p).threshold == 250.0  # type: ignore[union-attr]
     assert parse_constraint("step_time_ms<0.5min", p).threshold == 30_000.0  # type: ignore[union-attr]
     assert parse_constraint("peak_memory_bytes<512MB", p).threshold == 512e6  # type: ignore[union-attr]
@@ -52,7 +58,9 @@ def test_time_and_memory_limits_are_read_in_the_metrics_unit() -> None:
 def test_a_unit_of_the_wrong_kind_names_the_valid_units(text: str, valid: str) -> None:
     p = ProblemCollector()
     assert parse_constraint(text, p) is None
-    assert len(p.problems) == 1 and valid in p.problems[0] and text in p.problems[0]
+    assert len(p.problems) == 1
+    assert valid in p.problems[0]
+    assert text in p.problems[0]
 
 
 def test_directions_come_from_the_registry_not_the_name() -> None:
@@ -65,7 +73,8 @@ def test_directions_come_from_the_registry_not_the_name() -> None:
     assert parse_objective("r2", p).direction == "maximize"  # type: ignore[union-attr]
     assert not p
     # a name the registry does not know needs a direction, from the user or the task
-    assert parse_objective("f1_score", p) is None and "metric_directions" in p.problems[0]
+    assert parse_objective("f1_score", p) is None
+    assert "metric_directions" in p.problems[0]
 
     class Declares:
         metric_directions: ClassVar[dict[str, str]] = {"f1_score": "max", "my_error_rate": "min"}
@@ -86,5 +95,6 @@ def test_metric_names_are_checked_against_what_something_produces(metrics: list[
     assert [o.metric for o in objs] == ["accuracy", "bogus"]
     assert len(cons) == 4
     text = "\n".join(p.problems)
-    assert "metric 'bogus' is produced by nothing" in text and "metric 'latency_99' is produced by nothing" in text
+    assert "metric 'bogus' is produced by nothing" in text
+    assert "metric 'latency_99' is produced by nothing" in text
     assert len(p.problems) == 2

@@ -44,16 +44,22 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
     states = {t.params["hidden"]: t for t in res.trials}
     assert set(states) == {32, 512}
     small, big = states[32], states[512]
-    assert small.state == "complete" and small.metrics["accuracy"] > 0.2 and small.steps > 0
+    assert small.state == "complete"
+    assert small.metrics["accuracy"] > 0.2
+    assert small.steps > 0
     # the profile gate ran inside the trainable: infeasible, with the measured reason, no training
-    assert big.state == "infeasible" and big.steps == 0 and "params=" in (big.reason or "")
-    assert res.backend["backend"] == "ray" and res.backend["trials_run"] == 2
+    assert big.state == "infeasible"
+    assert big.steps == 0
+    assert "params=" in (big.reason or "")
+    assert res.backend["backend"] == "ray"
+    assert res.backend["trials_run"] == 2
     store = Store(db)
     runs = {r.id: r for r in store.list_runs(kind="trial")}
     assert {small.run_id, big.run_id} <= set(runs)
     assert all(runs[t.run_id].status == "finished" for t in res.trials if t.run_id)
     study = optuna.load_study(study_name="ray-local", storage=db)
-    assert len(study.trials) == 2 and all("proftune" in t.user_attrs for t in study.trials)
+    assert len(study.trials) == 2
+    assert all("proftune" in t.user_attrs for t in study.trials)
 
 
 def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path) -> None:
@@ -68,7 +74,8 @@ def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path) -> None:
     assert res.best.metrics["accuracy"] >= tuned - 0.01
     # the members' learning rates moved away from the harmful start
     schedule = res.backend["schedule"]
-    assert schedule and min(p["lr"] for pts in schedule.values() for p in pts) < 0.1
+    assert schedule
+    assert min(p["lr"] for pts in schedule.values() for p in pts) < 0.1
 
 
 def _ray_cli(*args: str) -> subprocess.CompletedProcess[str]:

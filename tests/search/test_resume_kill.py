@@ -43,7 +43,8 @@ def test_sigkill_mid_study_then_rerun_completes(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="killed", storage=db)
     before = {t.number: (t.params, t.values) for t in study.trials if t.state == TrialState.COMPLETE}
     running = [t for t in study.trials if t.state == TrialState.RUNNING]
-    assert len(before) == 2 and len(running) == 1
+    assert len(before) == 2
+    assert len(running) == 1
     killed = running[0]
 
     env.pop("PROFTUNE_TEST_BLOCK")
@@ -57,7 +58,9 @@ def test_sigkill_mid_study_then_rerun_completes(tmp_path: Path) -> None:
         assert (study.trials[number].params, study.trials[number].values) == (params, values)
     assert study.trials[killed.number].state == TrialState.FAIL  # marked failed...
     retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
-    assert len(retries) == 1 and retries[0].params == killed.params  # ...and its configuration retried
+    assert len(retries) == 1
+    assert retries[0].params == killed.params
     assert retries[0].state == TrialState.COMPLETE
     states = [t["state"] for t in out["trials"]]
-    assert states.count("complete") == 4 and states.count("failed") == 1
+    assert states.count("complete") == 4
+    assert states.count("failed") == 1

@@ -32,17 +32,22 @@ def test_one_param_alone_driving_the_constraint_gets_its_bound_within_one_grid_s
     assert [b.param for b in result.bounds] == ["hidden"]
     bound = result.bounds[0]
     truth = _largest_feasible_hidden(3000)
-    assert bound.op == "<=" and truth - 8 <= bound.value <= truth
+    assert bound.op == "<="
+    assert truth - 8 <= bound.value <= truth
     assert bound.agree == bound.total == result.profiles  # every scanned profile agrees
-    assert "hidden <= " in bound.describe() and "params<3000" in bound.describe()
+    assert "hidden <= " in bound.describe()
+    assert "params<3000" in bound.describe()
     restricted = restrict_space(load_space(SPACE), result.bounds)
-    assert restricted.param("hidden").high == bound.value and restricted.param("lr") == load_space(SPACE).param("lr")
+    assert restricted.param("hidden").high == bound.value
+    assert restricted.param("lr") == load_space(SPACE).param("lr")
 
 
 def test_no_param_driving_the_constraint_restricts_nothing() -> None:
     # every configuration meets it
     result = scan("wine-mlp", SPACE, constraints=["params<1e9"], n=8, device="cpu")
-    assert result.bounds == [] and result.feasible_share == 1.0 and "nothing to restrict" in result.notes[0]
+    assert result.bounds == []
+    assert result.feasible_share == 1.0
+    assert "nothing to restrict" in result.notes[0]
     # feasibility that follows no param (coin flips): the box learner finds no bound worth it
     space = load_space(SPACE)
     rng = random.Random(0)
@@ -56,7 +61,9 @@ def test_two_params_together_make_a_box() -> None:
                                           "b": {"type": "categorical", "choices": [1, 2, 4]}}})
     points = [{"params": {"a": a, "b": b}, "feasible": a <= 6 and b <= 2} for a in range(11) for b in (1, 2, 4)]
     bounds = {bd.param: bd for bd in fit_bounds(space, points)}
-    assert bounds["a"].op == "<=" and bounds["a"].value == 6 and bounds["b"].value == (1, 2)
+    assert bounds["a"].op == "<="
+    assert bounds["a"].value == 6
+    assert bounds["b"].value == (1, 2)
 
 
 def test_trials_count_trained_trials_and_the_scan_keeps_trials_feasible(tmp_path: Path) -> None:
@@ -64,22 +71,28 @@ def test_trials_count_trained_trials_and_the_scan_keeps_trials_feasible(tmp_path
     plain = proftune.search("wine-mlp", SPACE, constraints=["params<3000"], trials=4, max_steps=2,
                             sampler="random", scan=0, seed=2, db=db, study="plain")
     budget = plain.budget()
-    assert budget["trained"] == 4 and budget["gated"] >= 1 and plain.scan is None
+    assert budget["trained"] == 4
+    assert budget["gated"] >= 1
+    assert plain.scan is None
     assert len(plain.trials) == budget["trained"] + budget["gated"]
     assert all(t.steps == 0 for t in plain.trials if t.gated)
     assert sum(1 for t in plain.trials if t.state == "complete") == 4
     scanned = proftune.search("wine-mlp", SPACE, constraints=["params<3000"], trials=4, max_steps=2,
                               sampler="random", seed=2, db=db, study="scanned")
-    assert scanned.scan is not None and scanned.scan.bounds
-    assert scanned.budget()["gated"] == 0 and scanned.budget()["trained"] == 4
+    assert scanned.scan is not None
+    assert scanned.scan.bounds
+    assert scanned.budget()["gated"] == 0
+    assert scanned.budget()["trained"] == 4
     assert all(t.params["hidden"] <= scanned.scan.bounds[0].value for t in scanned.trials)
     d = scanned.to_dict()
-    assert d["scan"]["bounds"][0]["param"] == "hidden" and d["budget"]["trained"] == 4
+    assert d["scan"]["bounds"][0]["param"] == "hidden"
+    assert d["budget"]["trained"] == 4
     assert isinstance(d["strategy"], list)
     # resuming reads the stored scan back instead of scanning again
     again = proftune.search("wine-mlp", SPACE, constraints=["params<3000"], trials=5, max_steps=2,
                             sampler="random", seed=2, db=db, study="scanned")
-    assert again.scan is not None and again.scan.to_dict()["bounds"] == d["scan"]["bounds"]
+    assert again.scan is not None
+    assert again.scan.to_dict()["bounds"] == d["scan"]["bounds"]
     assert again.budget()["trained"] == 5
 
 

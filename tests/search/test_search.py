@@ -32,21 +32,27 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> tuple[SearchResult, str]:
 def test_gated_trials_end_at_once_with_the_measured_reason(gated: tuple[SearchResult, str]) -> None:
     result, db = gated
     states = result.counts()
-    assert states["infeasible"] >= 1 and states["complete"] >= 1
+    assert states["infeasible"] >= 1
+    assert states["complete"] >= 1
     budget = result.budget()  # trials counts trained trials; the gated ones come on top
-    assert budget["trained"] == 8 and len(result.trials) == 8 + budget["gated"]
+    assert budget["trained"] == 8
+    assert len(result.trials) == 8 + budget["gated"]
     assert all(t.gated == (t.state == "infeasible") for t in result.trials)
     for t in result.trials:
         big = t.params["hidden"] >= 64
         assert (t.state == "infeasible") == big
         assert t.metrics["params"] > 0
         if big:
-            assert t.steps == 0 and t.train_s == 0.0  # no training spent
-            assert "params=" in (t.reason or "") and ">= 2000" in (t.reason or "")
+            assert t.steps == 0
+            assert t.train_s == 0.0
+            assert "params=" in (t.reason or "")
+            assert ">= 2000" in (t.reason or "")
             assert t.constraints["params<2000"]["ok"] is False
         else:
-            assert t.steps > 0 and "accuracy" in t.metrics
-    assert result.best is not None and result.best.params["hidden"] in (8, 16)
+            assert t.steps > 0
+            assert "accuracy" in t.metrics
+    assert result.best is not None
+    assert result.best.params["hidden"] in (8, 16)
     # the measured values went to Optuna's constraint interface (Trial.set_constraint)
     study = optuna.load_study(study_name="gated", storage=db)
     for ft in study.trials:
@@ -58,7 +64,9 @@ def test_every_trial_is_a_run_linked_to_its_study(gated: tuple[SearchResult, str
     result, db = gated
     store = Store(db)
     tune = store.get_run(result.run_id)
-    assert tune.kind == "tune" and tune.status == "finished" and tune.study == "gated"
+    assert tune.kind == "tune"
+    assert tune.status == "finished"
+    assert tune.study == "gated"
     runs = store.list_runs(kind="trial", study="gated")
     assert len(runs) == len(result.trials)  # gated trials are Runs too
     assert {r.parent_id for r in runs} == {result.run_id}
@@ -76,7 +84,8 @@ def test_analysis_correlations_importance_and_json(gated: tuple[SearchResult, st
     assert {"number", "state", "params", "metrics", "constraints", "reason", "duration_s"} <= set(d["trials"][0])
     # hidden drives the parameter count: measured on every trial, infeasible ones included
     corr = d["correlations"]["hidden"]["params"]
-    assert corr["spearman"] > 0.9 and corr["n"] == len(result.trials)
+    assert corr["spearman"] > 0.9
+    assert corr["n"] == len(result.trials)
     imp = d["importance"]["accuracy"]
     fan = {k: v for k, v in imp["fanova"].items() if k != "error"}
     if fan:
@@ -90,12 +99,17 @@ def test_faults_are_data_not_crashes(tmp_path: Path) -> None:
     by = {t.params["fault"]: t for t in result.trials}
     assert set(by) == {"none", "raise", "oom", "nan"}
     assert by["none"].state == "complete"
-    assert by["raise"].state == "failed" and "user code broke" in (by["raise"].reason or "")
-    assert "Traceback" in (by["raise"].traceback or "") and "build_model" in (by["raise"].traceback or "")
-    assert by["oom"].state == "infeasible" and "out of memory" in (by["oom"].reason or "")
-    assert by["nan"].state == "pruned" and any(a["kind"] == "nan_loss" for a in by["nan"].anomalies)
+    assert by["raise"].state == "failed"
+    assert "user code broke" in (by["raise"].reason or "")
+    assert "Traceback" in (by["raise"].traceback or "")
+    assert "build_model" in (by["raise"].traceback or "")
+    assert by["oom"].state == "infeasible"
+    assert "out of memory" in (by["oom"].reason or "")
+    assert by["nan"].state == "pruned"
+    assert any(a["kind"] == "nan_loss" for a in by["nan"].anomalies)
     failed_run = Store(f"sqlite:///{tmp_path / 'p.db'}").get_run(by["raise"].run_id)
-    assert failed_run.status == "failed" and "user code broke" in (failed_run.error or "")
+    assert failed_run.status == "failed"
+    assert "user code broke" in (failed_run.error or "")
 
 
 def test_max_failures_stops_the_study(tmp_path: Path) -> None:
@@ -113,7 +127,8 @@ def test_resume_continues_and_a_different_space_changes_nothing(tmp_path: Path) 
     space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16}}}
     first = proftune.search("wine-mlp", space, trials=2, max_steps=2, study="r", db=db)
     again = proftune.search("wine-mlp", space, trials=3, max_steps=2, study="r", db=db)
-    assert again.resumed and not first.resumed
+    assert again.resumed
+    assert not first.resumed
     assert len(again.trials) == 3
     assert [(t.number, t.params, t.values) for t in again.trials[:2]] == \
            [(t.number, t.params, t.values) for t in first.trials]
@@ -124,9 +139,12 @@ def test_resume_continues_and_a_different_space_changes_nothing(tmp_path: Path) 
     with pytest.raises(ConfigError) as info:
         proftune.search("wine-mlp", changed, trials=5, max_steps=2, study="r", db=db)
     text = str(info.value)
-    assert "different space" in text and "'hidden' changed" in text and "'dropout' is new" in text
+    assert "different space" in text
+    assert "'hidden' changed" in text
+    assert "'dropout' is new" in text
     study = optuna.load_study(study_name="r", storage=db)
-    assert len(study.trials) == 3 and dict(study.user_attrs) == attrs_before
+    assert len(study.trials) == 3
+    assert dict(study.user_attrs) == attrs_before
     assert len(Store(db).list_runs(kind="tune", study="r")) == 2
 
 
@@ -135,7 +153,8 @@ def test_patience_pruner_stops_the_fit_loop(tmp_path: Path) -> None:
     result = proftune.search("wine-mlp", space, trials=1, epochs=5, pruner="patience",
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="p")
     (t,) = result.trials
-    assert t.state == "pruned" and "patience pruner at epoch 2" in (t.reason or "")
+    assert t.state == "pruned"
+    assert "patience pruner at epoch 2" in (t.reason or "")
     assert t.steps == 2 * 9  # two epochs of 142 samples at batch 16, then stopped
 
 
@@ -143,7 +162,8 @@ def test_multi_objective_pareto_front(tmp_path: Path) -> None:
     space = {"params": {"hidden": {"type": "int", "low": 2, "high": 64, "log": True}}}
     result = proftune.search("wine-mlp", space, objectives=["accuracy:max", "params:min"], trials=5,
                              epochs=1, sampler="nsga2", db=f"sqlite:///{tmp_path / 'p.db'}", study="mo")
-    assert result.pareto and all(t.state == "complete" for t in result.pareto)
+    assert result.pareto
+    assert all(t.state == "complete" for t in result.pareto)
     pts = [(t.metrics["accuracy"], t.metrics["params"]) for t in result.pareto]
     for a in pts:  # nobody on the front is dominated by another trial
         for t in result.trials:
@@ -165,7 +185,8 @@ def test_every_sampler_runs_its_trials(sampler: str, used: str, tmp_path: Path) 
     assert result.counts()["complete"] == 3
     assert {t.sampler for t in result.trials} == {used}  # the sampler asked for drew every trial
     for t in result.trials:
-        assert t.params["hidden"] in (4, 8, 12, 16) and 1e-3 <= t.params["lr"] <= 1e-2
+        assert t.params["hidden"] in (4, 8, 12, 16)
+        assert 1e-3 <= t.params["lr"] <= 1e-2
 
 
 def test_staged_search_fixes_the_best_of_earlier_stages(tmp_path: Path) -> None:
@@ -177,7 +198,8 @@ def test_staged_search_fixes_the_best_of_earlier_stages(tmp_path: Path) -> None:
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="tiers")
     arch = [t for t in result.trials if t.stage == "architecture"]
     train = [t for t in result.trials if t.stage == "training"]
-    assert len(arch) == 2 and len(train) == 2
+    assert len(arch) == 2
+    assert len(train) == 2
     assert len({t.params["lr"] for t in arch}) == 1  # lr held at its centre while the architecture is searched
     best_arch = max(arch, key=lambda t: t.metrics["accuracy"]).params["hidden"]
     assert all(t.params["hidden"] == best_arch for t in train)
@@ -186,7 +208,8 @@ def test_staged_search_fixes_the_best_of_earlier_stages(tmp_path: Path) -> None:
 def test_function_and_subpackage_share_the_name() -> None:
     from proftune.search import Space, search
 
-    assert callable(proftune.search) and proftune.search is search
+    assert callable(proftune.search)
+    assert proftune.search is search
     assert Space.__module__ == "proftune.search._space"
 
 
@@ -195,7 +218,11 @@ def test_memory_constraint_gates_through_the_profiler(tmp_path: Path) -> None:
     result = proftune.search("wine-mlp", space, constraints=["peak_memory_bytes<4MB"], trials=2,
                              sampler="grid", max_steps=2, scan=0, db=f"sqlite:///{tmp_path / 'p.db'}", study="m")
     by = {t.params["hidden"]: t for t in result.trials}
-    assert by[4].state == "complete" and 0 < by[4].metrics["peak_memory_bytes"] < 4e6
-    assert by[1024].state == "infeasible" and by[1024].steps == 0
-    assert "peak_memory_bytes=" in (by[1024].reason or "") and by[1024].metrics["peak_memory_bytes"] >= 4e6
-    assert by[4].metrics["step_time_ms"] > 0 and by[4].metrics["macs"] > 0  # the profile's record
+    assert by[4].state == "complete"
+    assert 0 < by[4].metrics["peak_memory_bytes"] < 4e6
+    assert by[1024].state == "infeasible"
+    assert by[1024].steps == 0
+    assert "peak_memory_bytes=" in (by[1024].reason or "")
+    assert by[1024].metrics["peak_memory_bytes"] >= 4e6
+    assert by[4].metrics["step_time_ms"] > 0
+    assert by[4].metrics["macs"] > 0

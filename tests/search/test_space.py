@@ -26,7 +26,9 @@ forbid:
 def test_parses_types_log_step_and_numbers_written_as_yaml_1_1_strings() -> None:
     space = load_space(SPACE)
     lr = space.param("lr")
-    assert lr.type == "float" and lr.log and lr.low == pytest.approx(1e-4)  # "1e-4" is a string in YAML 1.1
+    assert lr.type == "float"
+    assert lr.log
+    assert lr.low == pytest.approx(1e-4)
     assert space.param("hidden").step == 8
     assert space.param("batch_size").choices == (16, 32)
     assert space.fixed == {"weight_decay": 0.0}
@@ -41,9 +43,11 @@ def test_conditional_param_is_suggested_only_when_its_condition_holds() -> None:
         values = space.suggest(trial)
         seen[values["optimizer"]] += 1
         assert ("momentum" in values) == (values["optimizer"] == "sgd")
-        assert values["hidden"] % 8 == 0 and 8 <= values["hidden"] <= 64
+        assert values["hidden"] % 8 == 0
+        assert 8 <= values["hidden"] <= 64
         study.tell(trial, 0.0)
-    assert seen["adamw"] and seen["sgd"]
+    assert seen["adamw"]
+    assert seen["sgd"]
 
 
 def test_forbid_rules_match_combinations() -> None:
@@ -82,7 +86,8 @@ def test_every_problem_is_listed_in_one_error() -> None:
     assert len(info.value.problems) == 6, info.value.problems
     assert "low=1 > high=0.1" in text
     assert "log=true needs low > 0" in text
-    assert "type='complex' is unknown" in text and "float, int, categorical" in text
+    assert "type='complex' is unknown" in text
+    assert "float, int, categorical" in text
     assert "choices is empty" in text
     assert "unknown param 'nope'" in text
     assert "unknown param 'ghost'" in text

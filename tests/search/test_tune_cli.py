@@ -23,9 +23,12 @@ def test_json_output_has_the_contract_keys(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout)
     assert list(d)[:8] == ["study", "best", "trials", "correlations", "importance", "budget", "scan", "strategy"]
-    assert d["study"] == "cli" and len(d["trials"]) == 3 and d["budget"]["trained"] == 3
+    assert d["study"] == "cli"
+    assert len(d["trials"]) == 3
+    assert d["budget"]["trained"] == 3
     # the scan (on by default with a hard profile constraint) kept only the width that fits
-    assert [b["param"] for b in d["scan"]["bounds"]] == ["hidden"] and d["budget"]["gated"] == 0
+    assert [b["param"] for b in d["scan"]["bounds"]] == ["hidden"]
+    assert d["budget"]["gated"] == 0
     assert all(t["params"]["hidden"] == 8 for t in d["trials"])
     assert {st["subject"] for st in d["strategy"]} >= {"hidden", "lr", "params<2000"}
     for t in d["trials"]:

@@ -15,12 +15,14 @@ SPACE = {"params": {"hidden": {"type": "int", "low": 4, "high": 32},
 
 def _check_shared(result: proftune.SearchResult, db: str, study: str, trials: int) -> None:
     runs = Store(db).list_runs(kind="trial", study=study)
-    assert len(runs) == trials and result.counts()["complete"] == trials
+    assert len(runs) == trials
+    assert result.counts()["complete"] == trials
     assert len({r.pid for r in runs}) == 2  # both worker processes ran trials of the one study
     loaded = optuna.load_study(study_name=study, storage=db)
     # a worker that lost the race for the last slot drops its trial before running it
     kept = [t for t in loaded.trials if not t.user_attrs.get("proftune_surplus")]
-    assert len(kept) == trials and all(t.state == optuna.trial.TrialState.COMPLETE for t in kept)
+    assert len(kept) == trials
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in kept)
     assert {r.result["trial"] for r in runs} == {t.number for t in kept}
 
 

@@ -22,8 +22,11 @@ def test_run_lifecycle(db_url: str) -> None:
     with store.track("train", "t", config={"lr": 0.1}) as run:
         run.set(metrics={"accuracy": 0.9}, curves={"epoch": [{"epoch": 1}]})
     rec = store.get_run(run.id)
-    assert rec.status == "finished" and rec.metrics == {"accuracy": 0.9}
-    assert rec.ended_at is not None and rec.duration_s is not None and rec.duration_s >= 0
+    assert rec.status == "finished"
+    assert rec.metrics == {"accuracy": 0.9}
+    assert rec.ended_at is not None
+    assert rec.duration_s is not None
+    assert rec.duration_s >= 0
 
 
 def test_failed_run_keeps_error(db_url: str) -> None:
@@ -31,20 +34,23 @@ def test_failed_run_keeps_error(db_url: str) -> None:
     with pytest.raises(RuntimeError), store.track("train", "t", config={}) as run:
         raise RuntimeError("boom")
     rec = store.get_run(run.id)
-    assert rec.status == "failed" and "RuntimeError: boom" in (rec.error or "")
+    assert rec.status == "failed"
+    assert "RuntimeError: boom" in (rec.error or "")
 
 
 def test_environment_fields() -> None:
     env = environment("cpu")
     for key in ("python", "torch", "cuda", "cudnn", "device", "cpu", "cores", "memory_bytes", "git_commit"):
         assert key in env
-    assert env["torch"] == torch.__version__ and env["cores"] == os.cpu_count()
+    assert env["torch"] == torch.__version__
+    assert env["cores"] == os.cpu_count()
 
 
 def test_fingerprint_detects_one_changed_sample() -> None:
     task = proftune.load_task("wine-mlp")
     a, b = data_fingerprint(task), data_fingerprint(task)
-    assert a == b and len(a) == 32
+    assert a == b
+    assert len(a) == 32
 
     from proftune.examples import TensorBatches
     from proftune.examples._sklearn import load_split
@@ -103,7 +109,8 @@ def test_two_processes_write_50_runs_each(tmp_path: Path) -> None:
     store = Store(url)
     assert store.count_runs() == 100
     assert len(store.list_runs(status="finished")) == 100
-    assert len(store.list_runs(task="w0")) == 50 and len(store.list_runs(task="w1")) == 50
+    assert len(store.list_runs(task="w0")) == 50
+    assert len(store.list_runs(task="w1")) == 50
 
 
 def test_killed_run_is_marked_failed(tmp_path: Path) -> None:
@@ -117,7 +124,8 @@ def test_killed_run_is_marked_failed(tmp_path: Path) -> None:
     assert store.list_runs()[0].status == "running"
     assert store.reap_stale() == 1
     rec = store.list_runs()[0]
-    assert rec.status == "failed" and "without finishing" in (rec.error or "")
+    assert rec.status == "failed"
+    assert "without finishing" in (rec.error or "")
 
 
 def test_compare(db_url: str) -> None:

@@ -35,7 +35,9 @@ def store(db_url: str) -> Store:
 def test_add_runs_inserts_in_bulk_and_validates(store: Store) -> None:
     assert store.count_runs() == 60
     rec = store.get_run(60)
-    assert rec.kind == "profile" and rec.task == "b" and len(rec.curves["step"]) == 50
+    assert rec.kind == "profile"
+    assert rec.task == "b"
+    assert len(rec.curves["step"]) == 50
     assert store.add_runs([_run(0, metrics={"loss": float("nan")})]) == 1
     assert store.get_run(61).metrics == {"loss": "nan"}  # cleaned, as update_run does
     with pytest.raises(ConfigError, match="kind='nope'"):
@@ -91,7 +93,8 @@ def test_filtered_listings_read_an_index_in_id_order(store: Store, filters: dict
 
 def test_unfiltered_listing_reads_only_the_newest_rows(store: Store) -> None:
     (sql, plan), = _plans(store, lambda: store.list_runs(limit=50, summary=True))
-    assert "TEMP B-TREE" not in " ".join(plan) and "LIMIT" in sql.upper()  # walks the id backwards
+    assert "TEMP B-TREE" not in " ".join(plan)
+    assert "LIMIT" in sql.upper()
     runs = store.list_runs(limit=5, summary=True)
     assert [r.id for r in runs] == [60, 59, 58, 57, 56]
 
@@ -101,13 +104,16 @@ def test_listing_leaves_out_the_big_columns(store: Store) -> None:
     for big in ("curves", "config", "env", "result", "anomalies", "error"):
         assert f"proftune_runs.{big}" not in sql, sql
     rec = store.list_runs(limit=1, summary=True)[0]
-    assert rec.metrics == {"accuracy": 0.59} and rec.curves == {} and rec.summary()["run_id"] == 60
+    assert rec.metrics == {"accuracy": 0.59}
+    assert rec.curves == {}
+    assert rec.summary()["run_id"] == 60
     assert store.list_runs(limit=1)[0].curves  # the full listing still has everything
 
 
 def test_reaping_reads_the_running_runs_of_this_host_only(store: Store) -> None:
     plans = list(_plans(store, store.reap_stale))
-    assert plans and all("USING INDEX" in " ".join(p) for _, p in plans)
+    assert plans
+    assert all("USING INDEX" in " ".join(p) for _, p in plans)
     assert all("curves" not in sql for sql, _ in plans)
 
 

@@ -143,7 +143,7 @@ def execute(
     except KeyboardInterrupt:
         err_console.print("interrupted", markup=False)
         raise typer.Exit(130) from None
-    except (ProftuneError, Exception) as exc:
+    except (ProftuneError, Exception) as exc:  # noqa: BLE001 - the CLI boundary: any failure is exit 1 with its message
         err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {escape(str(exc))}", markup=True,
                           highlight=False, soft_wrap=True)
         if debug:

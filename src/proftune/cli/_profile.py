@@ -118,7 +118,7 @@ def _render_compare(d: dict[str, Any], top: int) -> None:
 
     def pair(v: dict[str, Any], fmt: Any) -> str:
         if v["a"] == v["b"]:
-            return fmt(v["a"])
+            return str(fmt(v["a"]))
         return f"{fmt(v['a'])} → {fmt(v['b'])}"
 
     changed = [row for row in d["layers"] if row["status"] != "both" or any(

@@ -26,7 +26,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -298,7 +298,7 @@ def load_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | N
     fmt = file_format(path)
     if fmt == "torchscript":
         with _quiet_jit():
-            return torch.jit.load(str(path), map_location="cpu")
+            return cast(nn.Module, torch.jit.load(str(path), map_location="cpu"))
     if fmt == "export":
         with open(path, "rb") as f:
             return ExportedModule(torch.export.load(f).module()).eval()

@@ -13,7 +13,7 @@ import contextlib
 import copy
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -75,7 +75,7 @@ def torch_ao_dynamic(model: nn.Module) -> nn.Module:
         from torch.ao.quantization import quantize_dynamic as tq_dynamic
 
         torch.backends.quantized.engine = _engine() or torch.backends.quantized.engine
-        return tq_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear, nn.LSTM}, dtype=torch.qint8)
+        return cast(nn.Module, tq_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear, nn.LSTM}, dtype=torch.qint8))
 
 
 def _fx_error(exc: Exception, method: str) -> ConfigError:

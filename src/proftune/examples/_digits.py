@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -93,7 +93,7 @@ class EncoderBlock(nn.Module):
         # need_weights=False sends MultiheadAttention through F.scaled_dot_product_attention
         attn, _ = self.attn(h, h, h, need_weights=False)
         x = x + self.drop(attn)
-        return x + self.drop(self.ff(self.norm2(x)))
+        return cast(torch.Tensor, x + self.drop(self.ff(self.norm2(x))))
 
 
 class RowTransformer(nn.Module):
@@ -110,7 +110,7 @@ class RowTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.blocks(self.embed(x) + self.pos)
-        return self.head(self.norm(h).mean(dim=1))
+        return cast(torch.Tensor, self.head(self.norm(h).mean(dim=1)))
 
 
 class DigitsTransformer(_DigitsTask):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ class ResNet18Synthetic(ClassificationTask):
                 "task 'resnet18-synthetic' needs torchvision; install it with "
                 "pip install 'proftune[vision]'."
             ) from exc
-        return resnet18(weights=None, num_classes=_CLASSES)
+        return cast(nn.Module, resnet18(weights=None, num_classes=_CLASSES))
 
     def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
         x, y = _synthetic(_N_TRAIN, 0)

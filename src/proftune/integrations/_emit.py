@@ -21,7 +21,7 @@ def _lit(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else repr(v)
 
 
-def emit_snippet(recs: Iterable[Any], fmt: str, *, header: str = "") -> str:
+def emit_snippet(recs: Iterable[Any], fmt: str, *, header: str = "") -> str:  # noqa: C901
     """``recs`` (Recommendations) as Python or YAML to paste: ``fmt`` is one of :data:`EMIT_FORMATS`.
 
     Only parameters that were computed appear; a value the measurements did not allow is left

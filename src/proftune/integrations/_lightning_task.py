@@ -180,8 +180,10 @@ class _SchedulerConfig:
             self.scheduler.step()
 
 
-def parse_optimizers(conf: Any, *, owner: str) -> tuple[torch.optim.Optimizer, list[_SchedulerConfig]]:
+def parse_optimizers(conf: Any, *, owner: str) -> tuple[torch.optim.Optimizer, list[_SchedulerConfig]]:  # noqa: C901
     """The optimizer and schedulers from any of ``configure_optimizers``' return forms.
+
+    One branch per form Lightning documents; splitting them would scatter the one table.
 
     Forms: an optimizer; a list or tuple of them; ``(optimizers, schedulers)``; a dict
     ``{"optimizer", "lr_scheduler", "monitor"}`` (the scheduler itself or a config dict with

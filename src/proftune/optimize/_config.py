@@ -74,8 +74,11 @@ def _with(cfg: OptimizeConfig | None, overrides: dict[str, Any]) -> OptimizeConf
     return dataclasses.replace(base, **overrides)
 
 
-def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) -> Validated:
-    """Parse and check every option; raise one :class:`ConfigError` naming every problem."""
+def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) -> Validated:  # noqa: C901
+    """Parse and check every option; raise one :class:`ConfigError` naming every problem.
+
+    One flat check per option, all collected into one error: the branches are the options.
+    """
     from ._state import check_out_dir
 
     cfg = _with(cfg, overrides)

@@ -200,7 +200,8 @@ def find_flags(rows: Sequence[Mapping[str, Any]], plan: SearchPlan, *, flag_min:
             if p.type == "categorical":
                 region[p.name] = {"in": sorted(set(vals), key=str)}
                 continue
-            assert p.low is not None and p.high is not None
+            assert p.low is not None
+            assert p.high is not None
             lo, hi = min(float(v) for v in vals), max(float(v) for v in vals)
             good = [float(r["params"][p.name]) for r in ok if p.name in r["params"]]
             if not any(g < lo for g in good):
@@ -226,7 +227,8 @@ def _sample_param(p: Param, rng: np.random.Generator, bound: Any) -> Any:
         choices = list(bound) if isinstance(bound, list) and bound else list(p.choices)
         return choices[int(rng.integers(len(choices)))]
     lo, hi = (bound if bound is not None else (p.low, p.high))
-    assert lo is not None and hi is not None
+    assert lo is not None
+    assert hi is not None
     if p.log and lo > 0:
         v = math.exp(rng.uniform(math.log(lo), math.log(hi)))
     else:
@@ -374,7 +376,7 @@ def _enqueue(store: Store, plan: SearchPlan, settings: SearchSettings, items: Se
         study.enqueue_trial({k: v for k, v in params.items() if k in names}, user_attrs={ARM_ATTR: arm, SEED_ATTR: seed}, skip_if_exists=False)
 
 
-def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, store: Store,
+def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, store: Store,  # noqa: C901
                      seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None,
                      must_end: float | None = None,
                      reserve: Callable[[float], float] | None = None) -> SearchOutcome:

@@ -39,7 +39,7 @@ def task_param_defaults(task: Task) -> dict[str, Any]:
     try:
         task.build_model(probe)
         task.train_data(int(task.default_params.get("batch_size", 32)), probe)
-    except Exception:  # a task that cannot build from defaults fails loudly in the baseline stage
+    except Exception:  # noqa: BLE001 - a task that cannot build from defaults fails loudly in the baseline stage
         return dict(task.default_params)
     return {**probe.defaults, **task.default_params}
 
@@ -154,7 +154,8 @@ def _narrow(p: Param, centre: Any) -> Any:
         choices = list(p.choices)
         i = choices.index(centre) if centre in choices else 0
         return choices[max(0, i - 1): i + 2]
-    assert p.low is not None and p.high is not None
+    assert p.low is not None
+    assert p.high is not None
     if p.log:
         return (max(p.low, float(centre) / 3.0), min(p.high, float(centre) * 3.0))
     width = (p.high - p.low) * 0.15

@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..exceptions import ProblemCollector
 
@@ -35,7 +35,7 @@ class OptimizeState:
 
     @property
     def stages(self) -> dict[str, dict[str, Any]]:
-        return self.data.setdefault("stages", {})
+        return cast("dict[str, dict[str, Any]]", self.data.setdefault("stages", {}))
 
     def finished(self, stage: str) -> bool:
         return self.stages.get(stage, {}).get("status") in ("finished", "skipped")
@@ -88,7 +88,7 @@ def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
             problems.add(f"--study {study!r} differs from the study of the run in --out "
                          f"({stored.get('study')!r}); give that one or another --out.")
             return None
-        return stored
+        return cast("dict[str, Any] | None", stored)
     if any(out.iterdir()):
         problems.add(f"--out {str(out)!r} is not empty and holds no optimize run; nothing there is "
                      "overwritten: choose an empty or new folder.")

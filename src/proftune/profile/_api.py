@@ -310,7 +310,7 @@ class _Profiler(Callback):
             prof, self.trace_prof = self.trace_prof, None
             try:
                 prof.__exit__(None, None, None)
-            except Exception:  # the run already failed; the trace is lost, the error is not
+            except Exception:  # noqa: BLE001 - the run already failed; the trace is lost, the error is not
                 pass
 
     def measurements(self) -> Measurements:

@@ -60,7 +60,7 @@ def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
     if backward and copy_model:
         try:
             target = copy.deepcopy(model)
-        except Exception:  # some wrapped models cannot be copied; count forward only then
+        except Exception:  # noqa: BLE001 - some wrapped models cannot be copied; count forward only then
             target, backward = model, False
     was_training = target.training
     devices = [d.index or 0 for d in {p.device for p in target.parameters()} if d.type == "cuda"]

@@ -157,7 +157,7 @@ class Monitor:
             for cb in self.callbacks:
                 try:
                     cb.on_exception(self.state, exc)
-                except Exception:  # a failing callback must not hide the user's error
+                except Exception:  # noqa: BLE001 - a failing callback must not hide the user's error
                     pass
             return
         for cb in self.callbacks:

@@ -49,7 +49,7 @@ def _native_mha(query_shape: Any, key_shape: Any, value_shape: Any, embed_dim: i
     e = int(embed_dim)
     macs = batch * e * e * (2 * len_q + 2 * len_k)  # q and out over len_q, k and v over len_k
     macs += 2 * batch * len_q * len_k * e  # QK^T and AV, all heads together
-    return 2 * macs
+    return int(2 * macs)
 
 
 def _formulas() -> dict[Any, Callable[..., int]]:

@@ -12,7 +12,7 @@ deviations and ranges are exact.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -428,9 +428,9 @@ def _estimated_update(optimizer: torch.optim.Optimizer, p: torch.nn.Parameter) -
         t = float(state.get("step", 1))
         m_hat = state["exp_avg"] / (1 - b1**t)
         v_hat = state["exp_avg_sq"] / (1 - b2**t)
-        return lr * m_hat / (v_hat.sqrt() + float(group.get("eps", 1e-8)))
+        return cast(torch.Tensor, lr * m_hat / (v_hat.sqrt() + float(group.get("eps", 1e-8))))
     if "momentum_buffer" in state and state["momentum_buffer"] is not None:
-        return lr * state["momentum_buffer"]
+        return cast(torch.Tensor, lr * state["momentum_buffer"])
     if p.grad is not None:
         return lr * p.grad
     return None

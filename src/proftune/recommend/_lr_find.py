@@ -18,7 +18,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -143,7 +143,7 @@ def smooth_curve(losses: np.ndarray) -> np.ndarray:
     y = np.asarray(losses, dtype=float)
     n = len(y)
     if n < 3:
-        return y.copy()
+        return cast("np.ndarray[tuple[Any, ...], np.dtype[Any]]", y.copy())
     half = max(1, n // 20)
     med = np.array([np.median(y[max(0, i - half): i + half + 1]) for i in range(n)])
     sigma = max(1.0, n / 40)

@@ -352,7 +352,8 @@ def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any
             grid_points=given["grid_points"])
         check_settings(settings, problems)
     problems.raise_if_any(header="tune: the search is not well-formed, found the following errors:")
-    assert settings is not None and space_obj is not None
+    assert settings is not None
+    assert space_obj is not None
     return settings, space_obj
 
 

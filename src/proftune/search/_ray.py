@@ -395,7 +395,8 @@ def _ray_space(space: Space, *, start_at_default: bool = False) -> dict[str, Any
         if p.type == "categorical":
             out[p.name] = tune.choice(list(p.choices))
             continue
-        assert p.low is not None and p.high is not None
+        assert p.low is not None
+        assert p.high is not None
         if p.type == "int":
             out[p.name] = (tune.lograndint(int(p.low), int(p.high) + 1) if p.log
                            else tune.qrandint(int(p.low), int(p.high), int(p.step or 1)))

@@ -215,7 +215,8 @@ def _narrow(p: Param, b: Bound) -> Param:
     if b.op == "in":
         choices = tuple(c for c in p.choices if c in b.value)
         return replace(p, choices=choices or p.choices)
-    assert p.low is not None and p.high is not None
+    assert p.low is not None
+    assert p.high is not None
     if b.op == "<=":
         high = min(float(p.high), float(b.value))
         if p.step:
@@ -229,7 +230,8 @@ def _narrow(p: Param, b: Bound) -> Param:
 
 def grid_step(p: Param, points: int = 16) -> float:
     """One grid step of a numeric param: its ``step``, 1 for ints, else 1/``points`` of the range."""
-    assert p.low is not None and p.high is not None
+    assert p.low is not None
+    assert p.high is not None
     if p.step:
         return float(p.step)
     if p.type == "int":

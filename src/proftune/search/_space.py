@@ -87,7 +87,8 @@ class Param:
         """Ask an Optuna trial for a value."""
         if self.type == "categorical":
             return trial.suggest_categorical(self.name, list(self.choices))
-        assert self.low is not None and self.high is not None
+        assert self.low is not None
+        assert self.high is not None
         if self.type == "int":
             return trial.suggest_int(self.name, int(self.low), int(self.high),
                                      step=int(self.step or 1), log=self.log)
@@ -103,7 +104,8 @@ class Param:
 
         if self.type == "categorical":
             return CategoricalDistribution(list(self.choices))
-        assert self.low is not None and self.high is not None
+        assert self.low is not None
+        assert self.high is not None
         if self.type == "int":
             return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
         return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
@@ -114,13 +116,15 @@ class Param:
             return self.default
         if self.type == "categorical":
             return self.choices[0]
-        assert self.low is not None and self.high is not None
+        assert self.low is not None
+        assert self.high is not None
         mid = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2
         return self.snap(mid)
 
     def snap(self, value: float) -> Any:
         """``value`` clipped to [low, high] and rounded onto the param's step (ints rounded)."""
-        assert self.low is not None and self.high is not None
+        assert self.low is not None
+        assert self.high is not None
         value = min(max(value, self.low), self.high)
         if self.step:
             value = self.low + round((value - self.low) / self.step) * self.step
@@ -133,7 +137,8 @@ class Param:
         """Grid points: every choice, every int/step value when few, else ``n`` points."""
         if self.type == "categorical":
             return list(self.choices)
-        assert self.low is not None and self.high is not None
+        assert self.low is not None
+        assert self.high is not None
         if self.step or self.type == "int":
             step = self.step or 1
             count = math.floor((self.high - self.low) / step + 1e-9) + 1
