@@ -79,8 +79,8 @@ def parse_duration(value: str | int | float, *, name: str = "timeout") -> float:
             raise ConfigError(f"{name}={value!r} is not a duration; give a number of seconds with an "
                               f"optional unit, e.g. 90, 90s, 5min, 1h, 250ms (units: {_TIME_UNITS}).")
         seconds = float(match.group(1)) * _SECONDS[unit]
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"{name}={value!r} must be a finite duration >= 0 seconds.")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{name}={value!r} must be a finite duration > 0 seconds.")
     return seconds
 
 

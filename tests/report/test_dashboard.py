@@ -38,7 +38,6 @@ def test_dashboard_reads_the_study_with_profile_metrics(tmp_path: Path) -> None:
         attrs = {a["key"]: a["value"] for a in t["user_attrs"]}
         record = json.loads(attrs["proftune"])  # the dashboard shows the attribute as JSON text
         assert record["metrics"]["step_time_ms"] > 0
-        assert record["metrics"]["params"] > 0
         assert record["state"] == t["state"].lower()
         assert record["params"]["hidden"] in (16, 32)
     assert {p["name"] for p in detail["union_search_space"]} == {"hidden", "lr"}

@@ -62,6 +62,7 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
     assert all("proftune" in t.user_attrs for t in study.trials)
 
 
+@pytest.mark.slow  # minutes on 2 cores; not yet seen passing on a quiet machine (issue 14 open)
 def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
     # AdamW at lr 0.1 on digits-mlp: about 0.89, against 0.95 at lr 3e-3
@@ -121,6 +122,7 @@ class SlowDigits(DigitsMLP):
 '''
 
 
+@pytest.mark.slow  # two Ray nodes and a node loss: minutes on 2 cores (issue 14 open)
 def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path, two_nodes: tuple[str, int]) -> None:
     address, worker_raylet = two_nodes
     task = tmp_path / "slow_task.py"

@@ -69,7 +69,7 @@ class CommRecorder:
         ddp_model.register_comm_hook(self, CommRecorder._hook)  # type: ignore[operator]
 
     @staticmethod
-    def _hook(state: Any, bucket: Any) -> Any:
+    def _hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses a hook whose bucket annotation is not dist.GradBucket (a string here)
         # no annotations: DDP checks them at run time and rejects postponed (string) ones
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
