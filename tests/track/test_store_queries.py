@@ -39,7 +39,7 @@ def test_add_runs_inserts_in_bulk_and_validates(store: Store) -> None:
     assert rec.task == "b"
     assert len(rec.curves["step"]) == 50
     assert store.add_runs([_run(0, metrics={"loss": float("nan")})]) == 1
-    assert store.get_run(61).metrics == {"loss": "nan"}  # cleaned, as update_run does
+    assert store.get_run(61).metrics == {"loss": None}  # cleaned as every column is: non-finite is null
     with pytest.raises(ConfigError, match="kind='nope'"):
         store.add_runs([_run(0, kind="nope")])
     with pytest.raises(ValueError, match="unknown fields"):

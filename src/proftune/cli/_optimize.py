@@ -60,7 +60,7 @@ def optimize_command(
     debug: DebugOpt = False,
 ) -> None:
     """Profile, compute, search, verify and compress TASK within --budget; resumable."""
-    from .. import optimize
+    from ..optimize import optimize
 
     def progress(event: str, data: dict[str, Any]) -> None:
         if event == "stage_start":
