@@ -53,7 +53,10 @@ def test_recommend_derives_every_parameter_from_one_profile(db_url: str) -> None
     assert [r.name for r in recs] == list(RECOMMENDATION_NAMES)
     by = {r.name: r for r in recs}
     batch = by["batch_size"]
-    assert batch.evidence["runs"] <= 3  # the profile's own peak counted as a probe
+    # the profile's own peak counts as a probe: two more probes and one verifying step, plus at
+    # most one re-verification when the CPU allocator's noise (~3% between identical steps) puts
+    # the first verified step just over the budget
+    assert batch.evidence["runs"] <= 4, batch.evidence
     assert 0 < batch.value <= batch.evidence["max_batch_size"]
     assert batch.evidence["measured_peak_bytes"] <= budget
     accum = by["grad_accumulation"]
