@@ -131,3 +131,36 @@ def test_find_batch_size_reads_the_profile_and_records_a_run(db_url: str) -> Non
     assert run.kind == "batch_size"
     assert run.status == "finished"
     assert run.result["max_batch_size"] == result.max_batch_size
+
+
+def test_a_small_dataset_caps_the_real_search_without_cycling_the_data() -> None:
+    """A budget far above what 150 samples need: the real measure says DataLimit, not a huge batch."""
+    import time
+
+    from sklearn.datasets import load_iris
+
+    from proftune import ClassificationTask
+    from proftune.examples import TensorBatches
+
+    x, y = load_iris(return_X_y=True)
+
+    class Iris(ClassificationTask):
+        name = "iris"
+        default_params = {"lr": 1e-2, "batch_size": 16}  # noqa: RUF012
+
+        def build_model(self, params: dict[str, object]) -> torch.nn.Module:
+            return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+        def train_data(self, batch_size: int, params: dict[str, object]) -> TensorBatches:
+            return TensorBatches(torch.tensor(x, dtype=torch.float32), torch.tensor(y), batch_size, shuffle=True)
+
+        def val_data(self, batch_size: int) -> TensorBatches:
+            return TensorBatches(torch.tensor(x, dtype=torch.float32), torch.tensor(y), batch_size)
+
+    t0 = time.perf_counter()
+    result = find_batch_size(Iris(), memory_budget="512MiB", device="cpu")
+    assert result.max_batch_size == len(y)
+    assert result.limited_by == "data"
+    # no probe measured a batch larger than the data (which would mean cycling it 60 times over)
+    assert all(p.batch_size <= len(y) for p in result.probes)
+    assert time.perf_counter() - t0 < 30

@@ -75,8 +75,17 @@ def _default_measure(task: Task, params: dict[str, Any], device: torch.device, s
     from ..profile import peak_step_memory
 
     full = FullBatchTask(task)
+    available: list[int] = []  # the epoch's sample count, once a probe found it smaller than a batch
 
     def measure(batch_size: int) -> int:
+        # a batch cannot hold more samples than one epoch: say so (the search then clamps to the
+        # data) instead of cycling the data to build a batch that training never sees
+        if available and batch_size > available[0]:
+            raise DataLimit(batch_size, available[0])
+        n = samples_per_epoch(task, params, batch_size=min(batch_size, 1 << 16), stop_after=batch_size)
+        if 0 < n < batch_size:
+            available.append(n)
+            raise DataLimit(batch_size, n)
         return int(peak_step_memory(full, params, batch_size=batch_size, device=device, seed=seed))
 
     return measure
