@@ -1,9 +1,9 @@
 """The optimize loop end to end on tiny tasks: stages, resume after SIGKILL, health stop,
 yellow flags, auto-stop, bad input.
 
-The whole-loop tests take 30-110 s each on 2 shared cores (imports of scipy, torch-pruning,
-torchao and matplotlib, a subprocess for the SIGKILL): ``python -m pytest -m slow tests/optimize``.
-The parts they rest on have fast unit tests in ``test_parts.py``.
+The whole-loop tests take 5-25 s each on 2 cores (a subprocess for the SIGKILL, imports of
+torch-pruning and torchao for the compress stage); the parts they rest on have unit tests in
+``test_parts.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ def _trial_numbers(db: str, study: str) -> list[int]:
                   if r.status == "finished")
 
 
-@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> None:
     out = tmp_path / "out"
     result = proftune.optimize(_spec("TinyTask"), budget=25, out=str(out), db=db_url, goal="none", seeds=2,
@@ -71,7 +70,6 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     # itself is measured on the README's command, not here)
 
 
-@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_auto_stop_ends_a_flat_search_early(tmp_path: Path, db_url: str) -> None:
     res = CliRunner().invoke(app, ["optimize", _spec("Flat"), "--budget", "2m", "--out", str(tmp_path / "o"),
                                    "--db", db_url, "--goal", "none", "--seeds", "1", "--json"])
@@ -87,7 +85,6 @@ def test_auto_stop_ends_a_flat_search_early(tmp_path: Path, db_url: str) -> None
     assert search["outputs"]["trials"] <= 8 + 1 + 3 + 4  # patience + first + one chunk + confirms
 
 
-@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_yellow_flag_pauses_a_region_of_nan_trials(tmp_path: Path, db_url: str) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  lr: {type: float, low: 1.0e-3, high: 1.0, log: true}\n"
@@ -174,7 +171,6 @@ def _killed_run(stage: str, after: int, task: str, budget: float, out: Path, db:
     assert proc.returncode == -9, proc.stderr[-3000:]
 
 
-@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -> None:
     out = tmp_path / "o"
     _killed_run("search", 3, _spec("TinyTask"), 150, out, db_url, "none", 8)
@@ -196,7 +192,6 @@ def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -
     assert len({r.config["trial"] for r in trials}) == len(trials)  # every trial ran once
 
 
-@pytest.mark.slow  # 30-110 s on 2 shared cores: a whole loop, imports, subprocess
 def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str) -> None:
     out = tmp_path / "o"
     _killed_run("compress", 0, _spec("TinyTask"), 150, out, db_url, "size", 4)
