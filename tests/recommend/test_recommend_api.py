@@ -82,3 +82,16 @@ def test_recommend_derives_every_parameter_from_one_profile(db_url: str) -> None
 def test_budget_below_the_model_itself_exits_with_the_batch_1_need() -> None:
     with pytest.raises(proftune.ConfigError, match=r"needs before any activation.*batch size 1 peaks at"):
         proftune.find_batch_size("digits-mlp", memory_budget=1000, device="cpu")
+
+
+def test_the_noise_scale_is_measured_at_the_range_tests_rate_not_a_diverging_default() -> None:
+    """digits-mlp at SGD lr 1.0 diverges: measured there, B_simple is ~3 and the batch size follows."""
+    task = proftune.load_task("digits-mlp")
+    recs = proftune.recommend(task, {"optimizer": "sgd", "momentum": 0.9, "lr": 1.0, "batch_size": 64},
+                              device="cpu", lr_steps=50, noise_steps=15)
+    by = {r.name: r for r in recs}
+    suggested = by["lr"].evidence["suggested_lr"]
+    assert suggested < 1.0
+    assert by["critical_batch_size"].evidence["lr"] == pytest.approx(suggested)
+    assert by["critical_batch_size"].value >= 16, by["critical_batch_size"].reason
+    assert by["batch_size"].value >= 16, by["batch_size"].reason
