@@ -10,6 +10,7 @@ from ._api import compress
 from ._checkpoint import LOAD_LINES, ExportedModule, load_model
 from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
+from ._measure import task_latencies
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
 from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_status
@@ -39,4 +40,5 @@ __all__ = [
     "prune_structured",
     "prune_unstructured",
     "ratios_from_sensitivity",
+    "task_latencies",
 ]

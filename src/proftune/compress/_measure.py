@@ -143,3 +143,16 @@ def measure_latencies(
 def file_size(path: str | Path) -> int:
     """Bytes on disk."""
     return os.path.getsize(path)
+
+
+def task_latencies(task: Any, model: nn.Module, batch_sizes: Sequence[int], *, device: torch.device,
+                   rounds: int = 5) -> dict[int, float]:
+    """Median ms of one forward of ``model`` at each batch size, on the inputs the task's loss feeds
+    it (tensors, tuples or dicts) from its validation data; eval mode, one thread on CPU."""
+    from ._pipeline import capture_inputs, slice_batch
+
+    model = model.to(device).eval()
+    batch = move_to_device(next(iter(task.val_data(max(batch_sizes)))), device)
+    example = capture_inputs(task.loss, model, batch)
+    inputs = [LatencyInput(b, slice_batch(example, b)) for b in sorted(set(batch_sizes))]
+    return measure_latencies({"m": model}, inputs, device=device, rounds=rounds)["m"]

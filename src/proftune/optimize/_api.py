@@ -7,6 +7,7 @@ the stages before it. Every stage calls the public API of the subpackage that ow
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -20,8 +21,9 @@ from torch import nn
 from .._api import run_train
 from .._device import resolve_device
 from ..compress import compress as run_compress
+from ..compress import task_latencies
 from ..diagnose import AdaptiveLR, EarlyStopping, GradGuard, diagnose
-from ..exceptions import RunFailedError
+from ..exceptions import ConfigError, RunFailedError
 from ..profile import Profile
 from ..profile import profile as run_profile
 from ..recommend import recommend
@@ -35,6 +37,8 @@ from ._output import write_html, write_outputs
 from ._search import SearchSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
 from ._state import OptimizeState
+
+log = logging.getLogger(__name__)
 
 __all__ = ["OptimizeResult", "optimize"]
 
@@ -348,7 +352,7 @@ class _Loop:
         pick = order[len(good) // 2] if good else 0
         model = models[pick].cpu().eval()
         torch.save(model.state_dict(), self.out / "model.pt")
-        latency, size = _latency_ms(self.task, model, self.defaults), (self.out / "model.pt").stat().st_size
+        latency, size = _latency_ms(self.task, model), (self.out / "model.pt").stat().st_size
         return _StageResult({
             "params": params, "evidence": evidence, "seeds": runs, "epochs": epochs,
             "metric": {"name": self.v.metric, "mean": mean, "std": std, "values": vals},
@@ -528,23 +532,14 @@ def _samples(task: Task, params: dict[str, Any]) -> int | None:
     return int(n()) * bs if callable(n) else None
 
 
-@torch.no_grad()
-def _latency_ms(task: Task, model: nn.Module, params: dict[str, Any], rounds: int = 20) -> float | None:
-    """Median forward time at batch 1 (CPU, eval mode, after warm-up), in ms."""
-    batch = task.example_batch(1)
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    if not isinstance(x, torch.Tensor):
+def _latency_ms(task: Task, model: nn.Module) -> float | None:
+    """Median forward time at batch 1 on CPU (eval mode, one thread), in ms; None when the task's
+    loss does not feed the model inputs that can be sliced to one sample."""
+    try:
+        return task_latencies(task, model.cpu(), (1,), device=torch.device("cpu"), rounds=5)[1]
+    except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
+        log.info("no latency for the final model: %s", exc)
         return None
-    model = model.cpu().eval()
-    x = x[:1].cpu()
-    for _ in range(3):
-        model(x)
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        model(x)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeConfig | None = None,
