@@ -164,3 +164,32 @@ def test_a_small_dataset_caps_the_real_search_without_cycling_the_data() -> None
     # no probe measured a batch larger than the data (which would mean cycling it 60 times over)
     assert all(p.batch_size <= len(y) for p in result.probes)
     assert time.perf_counter() - t0 < 30
+
+
+def test_a_flat_start_of_the_peak_curve_is_not_extrapolated() -> None:
+    """peak = max(optimizer step, activations): flat at small batches, then linear. The line must
+    come from the growing part (a 3x1024 MLP on digits measured 41.2 MiB flat up to ~800, then
+    ~20 KB/sample: one line through all probes answered 109 against a truth of 843)."""
+    flat_peak, a, b = 41.2 * MiB, 26.0 * MiB, 20_000.0
+    calls: list[int] = []
+
+    def measure(batch: int) -> int:
+        calls.append(batch)
+        return int(max(flat_peak, a + b * batch))
+
+    budget = int(42.9 * MiB)
+    truth = int((budget - a) // b)
+    result = search_max_batch(measure, budget, static_bytes=int(20 * MiB))
+    assert 0.9 * truth <= result.max_batch_size <= truth, (result.max_batch_size, truth, calls)
+    assert result.runs <= 6
+    assert result.measured_peak_bytes is not None
+    assert result.measured_peak_bytes <= budget
+
+
+def test_a_line_with_a_large_intercept_is_not_mistaken_for_a_flat_start() -> None:
+    measure = Linear(400 * MiB, 4_000)  # 16 and 32 differ by 0.015%: still one line
+    budget = 440 * MiB
+    result = search_max_batch(measure, budget, static_bytes=int(300 * MiB))
+    truth = measure.true_max(budget)
+    assert 0.9 * truth <= result.max_batch_size <= truth
+    assert result.runs <= 4
