@@ -43,10 +43,10 @@ def test_profile_a_file_whose_factory_returns_a_timm_model(tmp_path: Path) -> No
 
 
 def test_timm_spec_trains_one_epoch_and_reports_accuracy(tmp_path: Path) -> None:
-    code, out, err = cli("train", "timm:resnet10t", "--epochs", "1", "-p", "input_shape=3x32x32",
+    code, out, err = cli("train", "timm:test_resnet", "--epochs", "1", "-p", "input_shape=3x32x32",
                          "--db", f"sqlite:///{tmp_path / 'p.db'}")
     assert code == 0, err
-    assert out["task"] == "timm:resnet10t"
+    assert out["task"] == "timm:test_resnet"
     assert out["samples"] == 512
     assert 0.0 <= out["metrics"]["accuracy"] <= 1.0
     assert out["metrics"]["val_loss"] > 0
