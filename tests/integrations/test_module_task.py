@@ -132,3 +132,9 @@ def test_batch_size_under_a_memory_budget(tmp_path: Path) -> None:
                          "--db", f"sqlite:///{tmp_path / 'p.db'}")
     assert code == 0, err
     assert out["max_batch_size"] >= 32
+
+
+def test_a_timm_entrypoint_by_module_path() -> None:
+    task = load_task("timm.models.resnet:resnet10t")  # resnet10t(pretrained=False, **kwargs) -> ResNet
+    assert isinstance(task, ModuleTask)
+    assert (task.shape, task.classes) == ((3, 64, 64), 1000)

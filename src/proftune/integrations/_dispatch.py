@@ -70,10 +70,17 @@ def foreign_task(obj: Any, *, origin: str, datamodule: Any = None) -> Task | Non
             return LightningTask(obj, datamodule, name=obj.__name__)
         if returns is not None and is_hf_model(returns):
             return HFModelTask(obj, name=obj.__name__)
-        if returns is not None and is_plain_module(returns) and not inspect.signature(obj).parameters:
+        if returns is not None and is_plain_module(returns) and _callable_bare(obj):
             factory = obj
             return ModuleTask(lambda params: factory(), name=obj.__name__)
     return None
+
+
+def _callable_bare(fn: Any) -> bool:
+    """Whether ``fn()`` is a valid call: every parameter has a default (timm's ``resnet18(pretrained=False,
+    **kwargs)``)."""
+    bare = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return all(p.default is not p.empty or p.kind in bare for p in inspect.signature(fn).parameters.values())
 
 
 def _returns(fn: Any) -> Any:
