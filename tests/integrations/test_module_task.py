@@ -138,3 +138,16 @@ def test_a_timm_entrypoint_by_module_path() -> None:
     task = load_task("timm.models.resnet:resnet10t")  # resnet10t(pretrained=False, **kwargs) -> ResNet
     assert isinstance(task, ModuleTask)
     assert (task.shape, task.classes) == ((3, 64, 64), 1000)
+
+
+def test_torchscript_of_a_timm_model_reads_back_as_torchscript(tmp_path: Path) -> None:
+    """Its archive holds code/__torch__/timm/models/...: not a torch.export archive's models/."""
+    from proftune.compress._checkpoint import file_format, load_model, save_model
+
+    model = load_task("timm:test_resnet").build_model({"input_shape": "3x32x32"}).eval()
+    x = torch.randn(2, 3, 32, 32)
+    save_model(model, tmp_path / "m.pt", x, fmt="torchscript")
+    assert file_format(tmp_path / "m.pt") == "torchscript"
+    assert torch.allclose(load_model(tmp_path / "m.pt")(x), model(x), atol=1e-5)
+    save_model(model, tmp_path / "e.pt", x, fmt="export")
+    assert file_format(tmp_path / "e.pt") == "export"
