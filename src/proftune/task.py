@@ -160,7 +160,8 @@ _TASK_ATTRIBUTES = tuple(
 
 # -- loading ----------------------------------------------------------------------------------
 
-_SPEC_FORMS = "a file 'path/to/task.py', 'path/to/task.py:Class', 'package.module:Class' or a built-in name"
+_SPEC_FORMS = ("a file 'path/to/task.py', 'path/to/task.py:Class', 'package.module:Class', 'timm:MODEL' "
+               "or a built-in name")
 
 
 def _builtin_names() -> list[str]:
@@ -184,6 +185,10 @@ def load_task(spec: str | Task | type[Task]) -> Task:
     if not isinstance(spec, str) or not spec.strip():
         raise TaskLoadError(f"task={spec!r} is not a task spec; give {_SPEC_FORMS}.")
     spec = spec.strip()
+    if spec.startswith("timm:"):  # a timm model by name, random weights
+        from .integrations import timm_task
+
+        return timm_task(spec)
 
     from .examples import BUILTIN_TASKS
 

@@ -36,7 +36,8 @@ def test_readme_integration_examples_run(tmp_path: Path, monkeypatch: pytest.Mon
     pytest.importorskip("lightning")
     pytest.importorskip("transformers")
     found = blocks(section())
-    assert [lang for lang, _, _ in found] == ["python", "bash", "python", "python"]
+    pytest.importorskip("timm")
+    assert [lang for lang, _, _ in found] == ["python", "bash", "python", "python", "python", "bash"]
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
@@ -55,3 +56,4 @@ def test_readme_integration_examples_run(tmp_path: Path, monkeypatch: pytest.Mon
                 exec(compile(code, f"README:{lang}", "exec"), {"__name__": "__readme__"})
     finally:
         sys.modules.pop("lit_digits", None)
+        sys.modules.pop("timm_user", None)

@@ -37,7 +37,7 @@ ParamOpt = Annotated[
     typer.Option("--param", "-p", help="A param as key=value; repeat for several.", show_default=False),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
-TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class or a built-in name.")]
+TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class, timm:MODEL or a built-in name.")]
 DataOpt = Annotated[
     str | None,
     typer.Option("--data", help="A LightningDataModule for a LightningModule TASK: file.py[:Class] or "

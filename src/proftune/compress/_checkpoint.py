@@ -178,7 +178,8 @@ def file_format(path: str | Path) -> str:
             names = zf.namelist()
     except (zipfile.BadZipFile, OSError):
         return "state"  # a legacy (non-zip) torch.save file, or not a checkpoint at all
-    if any(n.endswith("serialized_exported_program.json") or "/models/" in n for n in names):
+    # a pt2 archive's models/ sits under its root; TorchScript's code/__torch__/timm/models/ does not
+    if any(n.endswith("serialized_exported_program.json") or n.split("/")[1:2] == ["models"] for n in names):
         return "export"
     if any(n.endswith("constants.pkl") for n in names) and any("/code/" in n for n in names):
         return "torchscript"

@@ -1,5 +1,8 @@
 """Meet users in the training code they already have: Lightning, Hugging Face, plain loops.
 
+- any other ``nn.Module`` (class, instance, factory; ``timm:NAME``) is a classifier on
+  synthetic data (:class:`ModuleTask`; ``--param input_shape=3x32x32`` where the model does
+  not say its input);
 - a LightningModule (with its LightningDataModule) is a task for every command, without user
   code (:class:`LightningTask`; ``proftune profile lit.py:LitModel --data lit.py:DigitsData``);
 - :mod:`proftune.integrations.lightning` and :mod:`proftune.integrations.transformers` hold a
@@ -15,14 +18,20 @@ from ._dispatch import foreign_task, foreign_task_in, resolve_object, task_with_
 from ._emit import EMIT_FORMATS, emit_snippet
 from ._hf_task import HFModelTask
 from ._lightning_task import LightningTask
+from ._module_task import INPUT_SHAPE_PARAM, ModuleTask
+from ._timm import TIMM_PREFIX, timm_task
 
 __all__ = [
     "EMIT_FORMATS",
+    "INPUT_SHAPE_PARAM",
+    "TIMM_PREFIX",
     "HFModelTask",
     "LightningTask",
+    "ModuleTask",
     "emit_snippet",
     "foreign_task",
     "foreign_task_in",
     "resolve_object",
     "task_with_data",
+    "timm_task",
 ]

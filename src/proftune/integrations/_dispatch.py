@@ -3,7 +3,9 @@
 :func:`proftune.load_task` asks :func:`foreign_task` and :func:`foreign_task_in` before it gives
 up on a spec: a LightningModule class (with its LightningDataModule, if the file has one and the
 module has no dataloaders of its own), a LightningModule instance or a function that returns one;
-a Hugging Face model class, instance or factory (on random tokens: :class:`HFModelTask`).
+a Hugging Face model class, instance or factory (on random tokens: :class:`HFModelTask`); any
+other ``nn.Module`` class, instance or factory, a timm model say (a classifier on synthetic data:
+:class:`ModuleTask`).
 :func:`task_with_data` is ``--data``: a LightningModule with the LightningDataModule named apart.
 """
 
@@ -30,7 +32,8 @@ def _kind(obj: Any) -> str | None:
 
 
 def foreign_task(obj: Any, *, origin: str, datamodule: Any = None) -> Task | None:
-    """A Task for ``obj`` (a LightningModule class, instance or factory), or None if it is none."""
+    """A Task for ``obj`` (a LightningModule, Hugging Face model or other ``nn.Module``: class,
+    instance or factory), or None if it is none."""
     if obj is None:
         return None
     kind = _kind(obj)
@@ -49,6 +52,14 @@ def foreign_task(obj: Any, *, origin: str, datamodule: Any = None) -> Task | Non
             return HFModelTask(lambda: cls(cls.config_class()), name=cls.__name__)
         template = obj
         return HFModelTask(lambda: copy.deepcopy(template), name=type(obj).__name__)
+    from ._module_task import ModuleTask, is_plain_module
+
+    if kind is None and is_plain_module(obj):
+        if inspect.isclass(obj):  # built without arguments
+            module_cls: Any = obj
+            return ModuleTask(lambda params: module_cls(), name=obj.__name__)
+        module = obj
+        return ModuleTask(lambda params: copy.deepcopy(module), name=type(obj).__name__)
     if kind is None and inspect.isfunction(obj):
         returns = _returns(obj)
         if returns is None and not inspect.signature(obj).parameters:
@@ -59,7 +70,17 @@ def foreign_task(obj: Any, *, origin: str, datamodule: Any = None) -> Task | Non
             return LightningTask(obj, datamodule, name=obj.__name__)
         if returns is not None and is_hf_model(returns):
             return HFModelTask(obj, name=obj.__name__)
+        if returns is not None and is_plain_module(returns) and _callable_bare(obj):
+            factory = obj
+            return ModuleTask(lambda params: factory(), name=obj.__name__)
     return None
+
+
+def _callable_bare(fn: Any) -> bool:
+    """Whether ``fn()`` is a valid call: every parameter has a default (timm's ``resnet18(pretrained=False,
+    **kwargs)``)."""
+    bare = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return all(p.default is not p.empty or p.kind in bare for p in inspect.signature(fn).parameters.values())
 
 
 def _returns(fn: Any) -> Any:
@@ -95,7 +116,8 @@ def foreign_task_in(namespace: dict[str, Any], module_name: str, class_name: str
                             f"'{spec}:{sorted(modules)[0]}'.")
     else:
         return None
-    if obj is None or (_kind(obj) is None and not inspect.isfunction(obj) and not _is_hf(obj)):
+    if obj is None or (_kind(obj) is None and not inspect.isfunction(obj) and not _is_hf(obj)
+                       and not _is_module(obj)):
         return None
     datamodule = None
     dms = _defined(namespace, module_name, "datamodule")
@@ -108,6 +130,12 @@ def _is_hf(obj: Any) -> bool:
     from ._hf_task import is_hf_model
 
     return is_hf_model(obj)
+
+
+def _is_module(obj: Any) -> bool:
+    from ._module_task import is_plain_module
+
+    return is_plain_module(obj)
 
 
 def _has_own_loaders(obj: Any) -> bool:
