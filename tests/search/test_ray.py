@@ -5,6 +5,7 @@ Every trial must land in the study and the Store exactly as the local backend re
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -26,6 +27,7 @@ from proftune.track import Store
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="ray[tune] is not installed (pip install 'proftune[ray]')")
 
+psutil = pytest.importorskip("psutil", reason="psutil comes with ray[tune]")
 HERE = Path(__file__).parent
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
@@ -34,7 +36,51 @@ def _space(**params: Any) -> dict[str, Any]:
     return {"params": params}
 
 
-def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Any]:
+    """One local Ray instance, started as ``proftune tune --backend ray`` starts it, for this module.
+
+    The searches below join it (Ray starts once for all of them); it stops after the module.
+    """
+    from proftune.search._ray import _ray_session
+
+    with _ray_session(RayOptions(workers=2)) as ray:
+        yield ray
+
+
+def _listening(procs: list[Any]) -> list[tuple[str, str, int]]:
+    out = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out += [(proc.name(), c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def test_local_instance_stays_on_loopback_without_dashboard(local_ray: Any) -> None:
+    ray = local_ray
+    # ray was imported before the instance started (as by a user's own code): still loopback
+    assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1"]
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    pid = ray.get(ray.remote(_pid).remote())  # a worker process of the instance
+    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    assert pid in {p.pid for p in procs}
+    sockets = _listening(procs)
+    assert sockets  # GCS, raylet, workers
+    outward = [s for s in sockets if s[1] not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+    assert outward == []
+    # no dashboard: its head process serves no HTTP, and no UI on Ray's dashboard port
+    dashboards = [p for p in procs if any("dashboard.py" in a for a in p.cmdline())]
+    assert _listening(dashboards) == []
+    assert all(port != 8265 for _, _, port in sockets)
+    assert os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
+
+
+def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Path, local_ray: Any) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
     space = {"params": {"hidden": {"type": "categorical", "choices": [32, 512]}},
              "fixed": {"lr": 3e-3}}
@@ -62,21 +108,48 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
     assert all("proftune" in t.user_attrs for t in study.trials)
 
 
-@pytest.mark.slow  # minutes on 2 cores; not yet seen passing on a quiet machine (issue 14 open)
-def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path) -> None:
+def test_asha_records_a_trial_that_ran_every_epoch_as_complete(tmp_path: Path, local_ray: Any) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
-    # AdamW at lr 0.1 on digits-mlp: about 0.89, against 0.95 at lr 3e-3
+    space = _space(lr={"type": "categorical", "choices": [1e-2, 1e-4]})
+    res = proftune.search("digits-mlp", space, trials=2, epochs=2, db=db, study="asha", sampler="grid",
+                          device="cpu", backend="ray",
+                          ray=RayOptions(workers=1, scheduler="asha", storage_path=tmp_path / "ray"))
+    per_epoch = proftune.fit("digits-mlp", {"lr": 1e-2}, epochs=1, device="cpu").steps
+    done = [t for t in res.trials if t.state == "complete"]
+    # the first trial has nobody to lose to at its rungs: it runs both epochs and is complete
+    assert done, [(t.state, t.reason) for t in res.trials]
+    assert all(t.steps == 2 * per_epoch for t in done)
+    assert all("accuracy" in t.metrics for t in done)
+    study = optuna.load_study(study_name="asha", storage=db)
+    states = sorted(t.state.name for t in study.trials)
+    assert "COMPLETE" in states
+    # a trial ASHA stopped at its first rung is pruned, with the scheduler named as the reason
+    for t in res.trials:
+        if t.state == "pruned":
+            assert "asha" in (t.reason or "")
+
+
+def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path, local_ray: Any) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    epochs = 4
+    # AdamW on digits-mlp: tuned lr 1e-2; the population starts 10x too high, at 0.1
     space = _space(lr={"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.1})
-    res = proftune.search("digits-mlp", space, trials=4, epochs=5, db=db, study="pbt", device="cpu",
+    res = proftune.search("digits-mlp", space, trials=4, epochs=epochs, db=db, study="pbt", device="cpu",
                           backend="ray", ray=RayOptions(workers=2, scheduler="pbt", population=4,
                                                         storage_path=tmp_path / "ray"))
-    tuned = proftune.fit("digits-mlp", {"lr": 3e-3}, epochs=5, seed=0, device="cpu").metrics["accuracy"]
+    tuned = proftune.fit("digits-mlp", {"lr": 1e-2}, epochs=epochs, device="cpu")
+    harmful = proftune.fit("digits-mlp", {"lr": 0.1}, epochs=epochs, device="cpu")
+    assert harmful.metrics["accuracy"] < tuned.metrics["accuracy"] - 0.03  # the start does harm
     assert res.best is not None
-    assert res.best.metrics["accuracy"] >= tuned - 0.01
-    # the members' learning rates moved away from the harmful start
+    assert res.best.metrics["accuracy"] >= tuned.metrics["accuracy"] - 0.01
+    # every member trained exactly `epochs` epochs (a restored member does not train one more)
+    assert len(res.trials) == 4
+    assert [t.steps for t in res.trials] == [tuned.steps] * 4
+    # the members' learning rates moved away from the harmful start, and each schedule is recorded
     schedule = res.backend["schedule"]
-    assert schedule
+    assert len(schedule) == 4
     assert min(p["lr"] for pts in schedule.values() for p in pts) < 0.1
+    assert all(sorted({p["epoch"] for p in pts}) == list(range(1, epochs + 1)) for pts in schedule.values())
 
 
 def _ray_cli(*args: str) -> subprocess.CompletedProcess[str]:

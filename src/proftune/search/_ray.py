@@ -32,11 +32,11 @@ import torch
 from ..exceptions import ConfigError, DependencyError, RunFailedError
 from ..task import Task, load_task
 from ..track import Store
-from ..train import Callback, FitState
+from ..train import Callback, FitState, evaluate_model
 from ._records import ATTR
 from ._samplers import make_sampler
 from ._settings import SearchSettings
-from ._space import Space
+from ._space import Param, Space
 from ._trial import WORST, TrialRunner
 from ._trial import TrialFailed as _TrialFailed
 
@@ -49,15 +49,9 @@ _METRIC = "objective"
 _CKPT = "proftune_ckpt.pt"
 
 
-def _ray(address: str | None = None) -> Any:
-    """Import Ray quietly; a missing install is a :class:`DependencyError` naming the extra.
-
-    A local instance, or a cluster on this machine's loopback, keeps every Ray address on
-    127.0.0.1 (Ray otherwise advertises the machine's outward-facing address).
-    """
-    if address is None or address.split(":")[0] in ("127.0.0.1", "localhost"):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+def _ray() -> Any:
+    """Import Ray quietly, usage stats off; a missing install is a :class:`DependencyError`."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # nothing leaves the machine (issue 14)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -143,10 +137,11 @@ class _RestoreCheckpoint(Callback):
                 for key in ("lr", "weight_decay", "momentum"):
                     if key in state.params and key in group:
                         group[key] = float(state.params[key])
-        # a member exploited after its last epoch trains that epoch again from the better
-        # member's weights at its own params, so that it ends with measured metrics
-        state.epoch = min(int(saved["epoch"]), self.epochs - 1)
-        state.step = int(saved["step"])
+        state.epoch, state.step = int(saved["epoch"]), int(saved["step"])
+        if state.epoch >= self.epochs and state.task is not None:
+            # exploited after its last epoch: nothing left to train; its metrics are those of
+            # the weights it now holds
+            state.metrics = evaluate_model(state.task, state.model, state.device, state.batch_size)
 
 
 class _WorkerRunner(TrialRunner):
@@ -422,9 +417,33 @@ def _experiment_dir(settings: SearchSettings, options: RayOptions) -> Path:
     return (root / settings.study).resolve()
 
 
+def _on_loopback(address: str | None) -> bool:
+    """A local instance, or a cluster on this machine's loopback (``127.0.0.1:P``)."""
+    return address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+
+
+@contextlib.contextmanager
+def _loopback_node_ip() -> Iterator[None]:
+    """While Ray starts or joins: this node's address is 127.0.0.1, never the outward one.
+
+    Ray resolves a loopback ``_node_ip_address`` to the machine's outward-facing address unless
+    its switch ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is off; that env var is read once, when Ray
+    is first imported, so the switch is flipped here for the start only. With the node on
+    127.0.0.1, Ray's servers (GCS, raylet, workers, agents) listen on loopback only.
+    """
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 @contextlib.contextmanager
 def _ray_session(options: RayOptions) -> Iterator[Any]:
-    ray = _ray(options.address)
+    ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -436,7 +455,10 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
         else:  # a new instance of our own, even where another cluster runs on this machine
             kwargs["address"] = "local"
             kwargs["num_cpus"] = options.workers
-        with warnings.catch_warnings():
+        loopback = _on_loopback(options.address)
+        if loopback:
+            kwargs["_node_ip_address"] = "127.0.0.1"
+        with warnings.catch_warnings(), (_loopback_node_ip() if loopback else contextlib.nullcontext()):
             warnings.simplefilter("ignore")
             ray.init(**kwargs)
     try:
@@ -446,24 +468,60 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
             ray.shutdown()
 
 
-def _scheduler(settings: SearchSettings, options: RayOptions) -> Any:
+def _ladder(param: Param) -> list[Any]:
+    """The values PBT moves a param between, one rung per perturbation, through its default.
+
+    Log-scale params step by half a decade (x3.16), others by an eighth of their range (or
+    their ``step``); Ray's own perturbation (x0.8 / x1.2) needs many intervals to leave a
+    harmful start (a learning rate 10x too high) and steps outside the declared range.
+    """
+    if param.type == "categorical":
+        return list(param.choices)
+    assert param.low is not None
+    assert param.high is not None
+    start = param.center()
+    anchor = float(start)
+    if param.log:
+        ratio = math.sqrt(10.0)
+        below = math.floor(math.log(anchor / param.low, ratio) + 1e-9)
+        above = math.floor(math.log(param.high / anchor, ratio) + 1e-9)
+        raw = [anchor * ratio**k for k in range(-below, above + 1)]
+    else:
+        step = float(param.step or (param.high - param.low) / 8)
+        below = math.floor((anchor - param.low) / step + 1e-9)
+        above = math.floor((param.high - anchor) / step + 1e-9)
+        raw = [anchor + k * step for k in range(-below, above + 1)]
+    ladder: list[Any] = []
+    for v in raw:  # the anchor exactly (the start value is found on the ladder), others rounded
+        snapped = start if v == anchor else param.snap(v)
+        if isinstance(snapped, float) and v != anchor:
+            snapped = float(f"{snapped:.12g}")
+        if snapped not in ladder:
+            ladder.append(snapped)
+    return ladder
+
+
+def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int = 8) -> Any:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     mode = "max" if settings.objectives[0].direction == "maximize" else "min"
     epochs = int(settings.epochs or 1)
     if options.scheduler == "asha":
+        # stop_last_trials=False: a trial at its last epoch goes on to send its record (Ray's
+        # default stops it at that epoch's report, and it would end "pruned")
         return ASHAScheduler(time_attr="epoch", metric=_METRIC, mode=mode, max_t=epochs,
-                             grace_period=1, reduction_factor=2)
+                             grace_period=1, reduction_factor=2, stop_last_trials=False)
     if options.scheduler == "pbt":
-        domains = _ray_space(settings.space)
-        mutations = {k: v for k, v in domains.items()
-                     if k in PERTURBABLE and k in {p.name for p in settings.space.params}}
+        mutations: dict[str, Any] = {p.name: _ladder(p) for p in settings.space.params
+                                     if p.name in PERTURBABLE}
         if not mutations:
             raise ConfigError("--scheduler pbt perturbs lr, weight_decay, momentum or dropout; the "
                               f"space searches none of them (it has: {', '.join(settings.space.names) or 'none'}).")
         return PopulationBasedTraining(time_attr="epoch", metric=_METRIC, mode=mode,
                                        perturbation_interval=options.perturbation_interval,
-                                       hyperparam_mutations=mutations, quantile_fraction=0.25,
+                                       hyperparam_mutations=mutations,
+                                       # at least two members explore in each round
+                                       quantile_fraction=0.25 if population >= 8 else 0.5,
                                        resample_probability=0.25, synch=True, require_attrs=False)
     return FIFOScheduler()
 
@@ -525,9 +583,9 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
     if options.scheduler == "pbt":
         progress.searched = False
         size = options.population or max(2, min(remaining, 8))
-        cfg = tune.TuneConfig(scheduler=_scheduler(settings, options), num_samples=size,
+        cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=size,
                               max_concurrent_trials=options.workers, time_budget_s=time_budget,
-                              reuse_actors=False)
+                              reuse_actors=True)
         return tune.Tuner(trainable, param_space=_ray_space(settings.space, start_at_default=True),
                           tune_config=cfg,
                           run_config=run_config)
@@ -541,7 +599,7 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
 
     cfg = tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=options.workers),
                           scheduler=_scheduler(settings, options), num_samples=remaining,
-                          time_budget_s=time_budget)
+                          time_budget_s=time_budget, reuse_actors=True)
     return tune.Tuner(trainable, tune_config=cfg, run_config=run_config)
 
 
