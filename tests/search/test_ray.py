@@ -1,4 +1,6 @@
-"""The Ray backend: a local instance, PBT recovery, and a two-node loopback cluster losing a node.
+"""The Ray backend on a local instance: loopback only, records, ASHA, PBT recovery.
+
+The two-node cluster that loses a node is in ``test_ray_cluster.py``.
 
 Every trial must land in the study and the Store exactly as the local backend records it.
 """
@@ -8,11 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +25,6 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="ray[tune] is not installed (pip install 'proftune[ray]')")
 
 psutil = pytest.importorskip("psutil", reason="psutil comes with ray[tune]")
-HERE = Path(__file__).parent
-ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 def _space(**params: Any) -> dict[str, Any]:
@@ -132,7 +127,7 @@ def test_asha_records_a_trial_that_ran_every_epoch_as_complete(tmp_path: Path, l
 def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path, local_ray: Any) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
     epochs = 4
-    # AdamW on digits-mlp: tuned lr 1e-2; the population starts 10x too high, at 0.1
+    # AdamW on digits-mlp: tuned lr 1e-2; the user's setting is 10x too high, 0.1
     space = _space(lr={"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.1})
     res = proftune.search("digits-mlp", space, trials=4, epochs=epochs, db=db, study="pbt", device="cpu",
                           backend="ray", ray=RayOptions(workers=2, scheduler="pbt", population=4,
@@ -145,80 +140,12 @@ def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path, local_ray: An
     # every member trained exactly `epochs` epochs (a restored member does not train one more)
     assert len(res.trials) == 4
     assert [t.steps for t in res.trials] == [tuned.steps] * 4
-    # the members' learning rates moved away from the harmful start, and each schedule is recorded
+    # each member's schedule is recorded, one point per epoch
     schedule = res.backend["schedule"]
     assert len(schedule) == 4
-    assert min(p["lr"] for pts in schedule.values() for p in pts) < 0.1
     assert all(sorted({p["epoch"] for p in pts}) == list(range(1, epochs + 1)) for pts in schedule.values())
-
-
-def _ray_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HERE / "ray_loopback.py"), *args], capture_output=True,
-                          text=True, env={**os.environ, **ENV}, timeout=300, check=False)
-
-
-def _raylets() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "raylet/raylet"], capture_output=True, text=True, check=False)
-    return {int(p) for p in out.stdout.split()}
-
-
-@pytest.fixture
-def two_nodes() -> Iterator[tuple[str, int]]:
-    """A head and a worker node on 127.0.0.1, one CPU each; yields (address, worker raylet pid)."""
-    port = 6300 + os.getpid() % 600
-    before = _raylets()
-    head = _ray_cli("start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                    "--node-ip-address=127.0.0.1", "--disable-usage-stats")
-    if head.returncode != 0:
-        pytest.fail(f"ray head did not start: {head.stderr[-2000:]}")
-    head_raylets = _raylets() - before
-    try:
-        worker = _ray_cli("start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
-                          "--node-ip-address=127.0.0.1")
-        assert worker.returncode == 0, worker.stderr[-2000:]
-        worker_raylet = next(iter(_raylets() - before - head_raylets))
-        yield f"127.0.0.1:{port}", worker_raylet
-    finally:
-        _ray_cli("stop", "--force")
-
-
-SLOW_TASK = '''
-import time
-from proftune.examples._digits import DigitsMLP
-
-class SlowDigits(DigitsMLP):
-    name = "slow-digits"
-    def train_data(self, batch_size, params):
-        for batch in super().train_data(batch_size, params):
-            time.sleep(0.02)
-            yield batch
-'''
-
-
-@pytest.mark.slow  # two Ray nodes and a node loss: minutes on 2 cores (issue 14 open)
-def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path, two_nodes: tuple[str, int]) -> None:
-    address, worker_raylet = two_nodes
-    task = tmp_path / "slow_task.py"
-    task.write_text(SLOW_TASK)
-    db = f"sqlite:///{tmp_path / 'p.db'}"
-    store = Store(db)
-
-    def kill_when_both_run() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if sum(1 for r in store.list_runs(kind="trial") if r.status == "running") >= 2:
-                time.sleep(2.0)
-                os.kill(worker_raylet, signal.SIGKILL)
-                return
-            time.sleep(0.5)
-
-    killer = threading.Thread(target=kill_when_both_run, daemon=True)
-    killer.start()
-    space = _space(lr={"type": "float", "low": 1e-3, "high": 1e-2, "log": True})
-    res = proftune.search(str(task), space, trials=2, epochs=2, db=db, study="two-nodes",
-                          device="cpu", backend="ray",
-                          ray=RayOptions(address=address, workers=2, storage_path=tmp_path / "ray"))
-    killer.join(1)
-    counts = res.counts()
-    assert counts["complete"] == 2, [(t.state, t.reason) for t in res.trials]
-    assert res.backend["retries"] >= 1  # the trial on the dead node ran again on the head
+    # the member that started at the user's harmful setting was rescued by exploiting a better one
+    started_harmful = [k for k, pts in schedule.items() if pts[0]["epoch"] == 1 and pts[0]["lr"] == 0.1]
+    assert len(started_harmful) == 1
+    rescued = next(t for t in res.trials if str(t.number) == started_harmful[0])
+    assert rescued.metrics["accuracy"] >= harmful.metrics["accuracy"] + 0.03

@@ -15,6 +15,7 @@ killed midway resumes the experiment from its folder (``Tuner.restore``) with th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -47,6 +48,8 @@ SCHEDULERS = ("fifo", "asha", "pbt")
 PERTURBABLE = ("lr", "weight_decay", "momentum", "dropout")
 _METRIC = "objective"
 _CKPT = "proftune_ckpt.pt"
+#: PBT: the config key that numbers the members of the initial population (not a param).
+_MEMBER = "pbt_member"
 
 
 def _ray() -> Any:
@@ -161,6 +164,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     """One trial on a Ray worker: gate, train through ``fit``, report the record."""
     from ray import tune
 
+    config = {k: v for k, v in config.items() if k != _MEMBER}
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     task = load_task(settings.task)
@@ -187,11 +191,11 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     record["user_attrs_raw"] = {k: v for k, v in trial.user_attrs.items() if k != ATTR}
     final: dict[str, Any] = {"proftune_done": True, "proftune_record": json.dumps(record, default=str),
                              "epoch": int(settings.epochs or 1)}
-    if values is not None:
+    if values is not None:  # for the searcher; the schedulers decide on the epochs' reports only
         vals = values if isinstance(values, (list, tuple)) else [values]
         final.update({f"{_METRIC}_{i}": float(v) for i, v in enumerate(vals)})
-        if len(vals) == 1 and math.isfinite(float(vals[0])) and abs(float(vals[0])) < WORST:
-            final[_METRIC] = float(vals[0])
+    # no ``objective`` here: synchronous PBT would pause a member on this report, waiting for the
+    # others, and restore it from its last checkpoint again and again
     tune.report(final)
 
 
@@ -285,7 +289,7 @@ class _Recorder:
         self.numbers[trial_id] = number if number is not None else len(self.numbers)
         self.runs[trial_id] = self.store.start_run(
             "trial", self.s.task_name,
-            config={"params": dict(config), "trial": self.numbers[trial_id], "epochs": self.s.epochs,
+            config={"params": {k: v for k, v in config.items() if k != _MEMBER}, "trial": self.numbers[trial_id], "epochs": self.s.epochs,
                     "seed": self.s.seed, "backend": "ray"},
             env=self.s.env, data_fingerprint=self.s.data_fingerprint,
             parent_id=self.s.tune_run_id, study=self.s.study)
@@ -345,7 +349,8 @@ def _callback_class() -> type:
             self.recorder = recorder
             #: False under PBT, which runs without a searcher: trials are recorded here.
             self.searched = True
-            self.records: list[tuple[dict[str, Any], str, list[float] | None, dict[str, Any]]] = []
+            #: PBT's finished members, in the order they started: (number, config, state, values, record).
+            self.records: list[tuple[int, dict[str, Any], str, list[float] | None, dict[str, Any]]] = []
 
         def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             self.recorder.retries[trial.trial_id] = self.recorder.retries.get(trial.trial_id, 0) + 1
@@ -369,7 +374,8 @@ def _callback_class() -> type:
             if self.searched:
                 return
             state, values, rec = self.recorder.finished(trial.trial_id, trial.last_result, error)
-            self.records.append((trial.config, state, values, rec))
+            number = self.recorder.numbers.get(trial.trial_id, len(self.records))
+            self.records.append((number, trial.config, state, values, rec))
 
     return _Progress
 
@@ -400,6 +406,34 @@ def _ray_space(space: Space, *, start_at_default: bool = False) -> dict[str, Any
         else:
             out[p.name] = tune.quniform(p.low, p.high, p.step) if p.step else tune.uniform(p.low, p.high)
     return out
+
+
+def _population_space(space: Space, size: int) -> dict[str, Any]:
+    """PBT's initial population: member 0 at each param's start (its ``default``), the others
+    spread along each perturbed param's ladder around it, nearest rungs first (0, -1, +1, -2, ...).
+
+    A population that all starts at one harmful value is damaged alike in its first epoch (a
+    learning rate 10x too high ruins an MLP in a few steps) and has nobody to exploit.
+    """
+    from ray import tune
+
+    out = _ray_space(space, start_at_default=True)
+    out[_MEMBER] = tune.grid_search(list(range(size)))
+    for p in space.params:
+        if p.name in PERTURBABLE:
+            ladder = _ladder(p)
+            home = ladder.index(p.center()) if p.center() in ladder else 0
+            order = sorted(range(len(ladder)), key=functools.partial(_distance, home))
+            out[p.name] = tune.sample_from(functools.partial(_member_value, [ladder[i] for i in order]))
+    return out
+
+
+def _distance(home: int, i: int) -> tuple[int, int]:
+    return abs(i - home), i
+
+
+def _member_value(values: list[Any], spec: Any) -> Any:
+    return values[int(spec.config[_MEMBER]) % len(values)]
 
 
 class _Define:
@@ -556,11 +590,13 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             grid = tuner.fit()
-        if pbt:
-            _record_population(settings, storage, progress.records)
+        numbers = dict(recorder.numbers)
+        if pbt:  # the members' numbers in the study, in the order they started
+            added = _record_population(settings, storage, progress.records)
+            numbers = {tid: added.get(n, n) for tid, n in recorder.numbers.items()}
         out["trials_run"] = len(grid)
         out["retries"] = sum(recorder.retries.values())
-        out["schedule"] = {str(recorder.numbers.get(k, k)): v for k, v in recorder.schedule.items()}
+        out["schedule"] = {str(numbers.get(k, k)): v for k, v in recorder.schedule.items()}
         errors = [r.error for r in grid if r.error is not None]
         if errors and len(errors) == len(grid):
             raise RunFailedError(f"every Ray trial failed; the first error: {errors[0]}")
@@ -583,10 +619,10 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
     if options.scheduler == "pbt":
         progress.searched = False
         size = options.population or max(2, min(remaining, 8))
-        cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=size,
+        cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=1,
                               max_concurrent_trials=options.workers, time_budget_s=time_budget,
                               reuse_actors=True)
-        return tune.Tuner(trainable, param_space=_ray_space(settings.space, start_at_default=True),
+        return tune.Tuner(trainable, param_space=_population_space(settings.space, size),
                           tune_config=cfg,
                           run_config=run_config)
     searcher = _searcher_class()(
@@ -604,11 +640,16 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
 
 
 def _record_population(settings: SearchSettings, storage: Any,
-                       records: list[tuple[dict[str, Any], str, list[float] | None, dict[str, Any]]]) -> None:
-    """PBT has no searcher: add each member to the study as a finished trial, with its record."""
+                       records: list[tuple[int, dict[str, Any], str, list[float] | None, dict[str, Any]]],
+                       ) -> dict[int, int]:
+    """PBT has no searcher: add each member to the study as a finished trial, with its record.
+
+    Returns each member's number in the study, by its number among the members.
+    """
     study = optuna.load_study(study_name=settings.study, storage=storage)
     dists = {p.name: p.distribution() for p in settings.space.params}
-    for config, state, values, rec in records:
+    added: dict[int, int] = {}
+    for member, config, state, values, rec in sorted(records, key=lambda r: r[0]):
         params = {k: v for k, v in config.items() if k in dists}
         for key, v in params.items():  # a perturbed value may leave the declared range
             params[key] = _clip(dists[key], v)
@@ -617,13 +658,15 @@ def _record_population(settings: SearchSettings, storage: Any,
                   "pruned": optuna.trial.TrialState.PRUNED}.get(state, optuna.trial.TrialState.FAIL)
         rec.pop("constraints_raw", None)
         flags = rec.pop("user_attrs_raw", {})
-        rec["params"] = dict(config)
+        rec["params"] = {k: v for k, v in config.items() if k != _MEMBER}
         attrs = {**flags, ATTR: rec, **({f"{ATTR}_failed": True} if state == "failed" else {})}
         trial = optuna.trial.create_trial(
             params=params, distributions={k: dists[k] for k in params},
             values=values if tstate == optuna.trial.TrialState.COMPLETE else None,
             state=tstate, user_attrs=attrs)
         study.add_trial(trial)
+        added[member] = study.get_trials(deepcopy=False)[-1].number
+    return added
 
 
 def _clip(dist: Any, value: Any) -> Any:
