@@ -31,6 +31,30 @@ def _space(**params: Any) -> dict[str, Any]:
     return {"params": params}
 
 
+def test_pbt_ladder_and_population_start_at_the_users_setting() -> None:
+    from proftune.search import Space
+    from proftune.search._ray import _ladder, _population_space
+
+    space = Space.from_dict({"params": {
+        "lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.1},
+        "dropout": {"type": "float", "low": 0.0, "high": 0.4, "default": 0.1},
+        "hidden": {"type": "int", "low": 32, "high": 256, "step": 32}}})
+    lr, dropout = space.params[0], space.params[1]
+    # half-decade rungs down from the start, inside the declared range
+    assert _ladder(lr) == pytest.approx([1e-4, 10**-3.5, 1e-3, 10**-2.5, 1e-2, 10**-1.5, 0.1])
+    assert _ladder(dropout) == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4])
+    pop = _population_space(space, 4)
+    spec = type("Spec", (), {})()
+    values = []
+    for member in range(4):
+        spec.config = {"pbt_member": member}
+        values.append((pop["lr"].func(spec), pop["dropout"].func(spec)))
+    # member 0 at the user's setting, the others on the nearest rungs around it
+    assert values[0] == (0.1, 0.1)
+    assert [v[0] for v in values[1:]] == pytest.approx([10**-1.5, 1e-2, 10**-2.5])
+    assert [v[1] for v in values[1:]] == pytest.approx([0.05, 0.15, 0.0])
+
+
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[Any]:
     """One local Ray instance, started as ``proftune tune --backend ray`` starts it, for this module.

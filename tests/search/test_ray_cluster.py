@@ -27,6 +27,7 @@ import pytest
 
 import proftune
 from proftune.search import RayOptions
+from proftune.track import Store
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="ray[tune] is not installed (pip install 'proftune[ray]')")
@@ -159,3 +160,73 @@ def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path,
     assert sorted(t.params["lr"] for t in res.trials) == [3e-3, 1e-2]
     assert all(t.metrics["accuracy"] > 0.5 for t in res.trials)
     assert worker_raylet not in _raylets(folder)
+
+
+# The second trial to train waits for the test's "release": the driver is killed while it waits.
+HOLDING_TASK = '''
+import os, time, uuid
+from pathlib import Path
+from proftune.examples._digits import DigitsMLP
+
+MARKS = Path({marks!r})
+
+class HoldingDigits(DigitsMLP):
+    name = "holding-digits"
+    def train_data(self, batch_size, params):
+        if os.environ.get("PROFTUNE_TEST_DRIVER") == str(os.getpid()):  # the driver's own read
+            return super().train_data(batch_size, params)
+        (MARKS / f"training-{{time.time_ns()}}-{{uuid.uuid4().hex}}").touch()
+        deadline = time.monotonic() + 120
+        while (len(list(MARKS.glob("training-*"))) >= 2 and not (MARKS / "release").exists()
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        return super().train_data(batch_size, params)
+'''
+
+DRIVER = '''
+import json, os, sys
+os.environ["PROFTUNE_TEST_DRIVER"] = str(os.getpid())
+import proftune
+from proftune.search import RayOptions
+space = {{"params": {{"lr": {{"type": "categorical", "choices": [3e-3, 1e-2]}}}}}}
+res = proftune.search({task!r}, space, trials=2, epochs=1, db={db!r}, study="resume", sampler="grid",
+                      device="cpu", backend="ray", ray=RayOptions(workers=1, storage_path={ray!r}))
+print(json.dumps({{"backend": res.backend, "states": [t.state for t in res.trials]}}))
+'''
+
+
+@pytest.mark.slow  # two drivers, two Ray instances: about a minute on 2 cores
+def test_a_killed_driver_resumes_its_experiment(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    task = tmp_path / "holding_task.py"
+    task.write_text(HOLDING_TASK.format(marks=str(marks)))
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(task=str(task), db=db, ray=str(tmp_path / "ray")))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    first = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(list(marks.glob("training-*"))) < 2:
+            assert first.poll() is None
+            time.sleep(0.2)
+        assert len(list(marks.glob("training-*"))) == 2  # the first trial done, the second training
+    finally:  # the driver and the Ray instance it started, all at once
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finished = [r for r in Store(db).list_runs(kind="trial") if r.status == "finished"]
+    assert len(finished) == 1
+    (marks / "release").touch()
+    second = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert second.returncode == 0, second.stderr[-3000:]
+    out = json.loads(second.stdout.strip().splitlines()[-1])
+    assert out["backend"]["resumed"] is True
+    assert out["states"] == ["complete", "complete"]
+    # the finished trial was kept, not trained again: three trainings in all (1, 2, 2 again)
+    assert len(list(marks.glob("training-*"))) == 3
+    runs = [r for r in Store(db).list_runs(kind="trial") if r.status == "finished"]
+    assert finished[0].id in {r.id for r in runs}

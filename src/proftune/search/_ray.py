@@ -265,6 +265,8 @@ class _Recorder:
         self.numbers: dict[str, int] = {}
         self.retries: dict[str, int] = {}
         self.schedule: dict[str, list[dict[str, Any]]] = {}
+        #: The experiment was resumed from its folder (``Tuner.restore``), not begun.
+        self.resumed = False
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -596,6 +598,7 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
             numbers = {tid: added.get(n, n) for tid, n in recorder.numbers.items()}
         out["trials_run"] = len(grid)
         out["retries"] = sum(recorder.retries.values())
+        out["resumed"] = recorder.resumed
         out["schedule"] = {str(numbers.get(k, k)): v for k, v in recorder.schedule.items()}
         errors = [r.error for r in grid if r.error is not None]
         if errors and len(errors) == len(grid):
@@ -614,10 +617,17 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         stop=None)
     time_budget = max(1.0, deadline - time.time()) if deadline else None
+    progress.searched = options.scheduler != "pbt"
     if tune.Tuner.can_restore(str(folder)):
-        return tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
+        tuner = tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
+        # the restored run config holds the callback pickled when the experiment began; this
+        # driver's own one records the rest (Ray has no public way to pass callbacks to restore)
+        local = getattr(tuner, "_local_tuner", None)
+        if local is not None:
+            local.get_run_config().callbacks = [progress]
+        recorder.resumed = True
+        return tuner
     if options.scheduler == "pbt":
-        progress.searched = False
         size = options.population or max(2, min(remaining, 8))
         cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=1,
                               max_concurrent_trials=options.workers, time_budget_s=time_budget,
