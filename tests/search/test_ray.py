@@ -129,8 +129,8 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
 
 def test_asha_records_a_trial_that_ran_every_epoch_as_complete(tmp_path: Path, local_ray: Any) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
-    space = _space(lr={"type": "categorical", "choices": [1e-2, 1e-4]})
-    res = proftune.search("digits-mlp", space, trials=2, epochs=2, db=db, study="asha", sampler="grid",
+    space = _space(lr={"type": "categorical", "choices": [1e-2, 3e-3, 1e-4]})
+    res = proftune.search("digits-mlp", space, trials=3, epochs=2, db=db, study="asha", sampler="grid",
                           device="cpu", backend="ray",
                           ray=RayOptions(workers=1, scheduler="asha", storage_path=tmp_path / "ray"))
     per_epoch = proftune.fit("digits-mlp", {"lr": 1e-2}, epochs=1, device="cpu").steps
@@ -142,8 +142,12 @@ def test_asha_records_a_trial_that_ran_every_epoch_as_complete(tmp_path: Path, l
     study = optuna.load_study(study_name="asha", storage=db)
     states = sorted(t.state.name for t in study.trials)
     assert "COMPLETE" in states
-    # a trial ASHA stopped at its first rung is pruned, with the scheduler named as the reason
+    # a trial that trained every epoch is complete (ASHA does not cut it at its top rung); one
+    # that ASHA stopped at its first rung is pruned, with the scheduler named as the reason
+    schedule = res.backend["schedule"]
     for t in res.trials:
+        epochs_reported = {p["epoch"] for p in schedule.get(str(t.number), [])}
+        assert (t.state == "complete") == (epochs_reported == {1, 2}), (t.state, t.reason, epochs_reported)
         if t.state == "pruned":
             assert "asha" in (t.reason or "")
 

@@ -47,6 +47,8 @@ SCHEDULERS = ("fifo", "asha", "pbt")
 #: Params that population-based training perturbs while a member trains.
 PERTURBABLE = ("lr", "weight_decay", "momentum", "dropout")
 _METRIC = "objective"
+#: The objective at a trial's last epoch: recorded, not seen by the schedulers.
+_LAST = "objective_last_epoch"
 _CKPT = "proftune_ckpt.pt"
 #: PBT: the config key that numbers the members of the initial population (not a param).
 _MEMBER = "pbt_member"
@@ -97,8 +99,10 @@ class RayOptions:
 class _RayReport(Callback):
     """Each epoch: report the objective metric to Ray (ASHA, PBT), with a checkpoint for PBT."""
 
-    def __init__(self, metric: str | None, *, checkpoint: bool, sign: float) -> None:
+    def __init__(self, metric: str | None, *, checkpoint: bool, sign: float,
+                 last_epoch: int | None = None) -> None:
         self.metric, self.checkpoint, self.sign = metric, checkpoint, sign
+        self.last_epoch = last_epoch
         self.schedule: list[dict[str, Any]] = []
 
     def on_epoch_end(self, state: FitState) -> None:
@@ -106,12 +110,16 @@ class _RayReport(Callback):
 
         value = state.metrics.get(self.metric) if self.metric else None
         report: dict[str, Any] = {"epoch": state.epoch, "proftune_done": False}
+        last = self.last_epoch is not None and state.epoch >= self.last_epoch
         if value is not None and math.isfinite(float(value)):
-            report[_METRIC] = float(value)
+            # the last epoch's value under another name: the schedulers act on ``objective``,
+            # and a trial that trained every epoch is complete (ASHA would cut it at its top
+            # rung, PBT would pause it for a round with nothing left to train)
+            report[_LAST if last else _METRIC] = float(value)
         for key in PERTURBABLE:
             if key in state.params:
                 report[f"param_{key}"] = state.params[key]
-        if not self.checkpoint:
+        if not self.checkpoint or last:
             tune.report(report)
             return
         with tempfile.TemporaryDirectory() as tmp:
@@ -171,7 +179,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     runner = _WorkerRunner(settings, task)
     sign = -1.0 if settings.objectives[0].direction == "maximize" else 1.0
     metric = settings.objectives[0].metric if runner.report_metric or pbt else None
-    runner.extra_callbacks = [_RayReport(metric, checkpoint=pbt, sign=sign)]
+    runner.extra_callbacks = [_RayReport(metric, checkpoint=pbt, sign=sign, last_epoch=settings.epochs)]
     if pbt:
         runner.extra_callbacks.insert(0, _RestoreCheckpoint(tune.get_checkpoint(), int(settings.epochs or 1)))
     trial = optuna.trial.FixedTrial(config)
@@ -297,7 +305,7 @@ class _Recorder:
             parent_id=self.s.tune_run_id, study=self.s.study)
 
     def progress(self, trial_id: str, result: Mapping[str, Any]) -> None:
-        point = {"epoch": result.get("epoch"), _METRIC: result.get(_METRIC)}
+        point = {"epoch": result.get("epoch"), _METRIC: result.get(_METRIC, result.get(_LAST))}
         point.update({k[len("param_"):]: v for k, v in result.items() if str(k).startswith("param_")})
         self.schedule.setdefault(trial_id, []).append(point)
 
