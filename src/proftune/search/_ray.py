@@ -237,6 +237,11 @@ def _searcher_class() -> type:
             if trial_id in self._completed_trials or trial_id not in self._ot_trials:
                 return
             ot_trial = self._ot_trials[trial_id]
+            if _finished_in_study(ot_trial):
+                # a resumed experiment re-ran a trial the study already holds as finished (Ray
+                # saves its state every few seconds; the driver died in between): that record stands
+                self._completed_trials.add(trial_id)
+                return
             state, values, rec = self._recorder.finished(trial_id, result, error)
             for key, v in rec.get("constraints_raw", {}).items():
                 ot_trial.set_constraint(key, float(v))
@@ -261,6 +266,14 @@ def _searcher_class() -> type:
             return d
 
     return _StudySearch
+
+
+def _finished_in_study(ot_trial: Any) -> bool:
+    """Whether the study already holds this Optuna trial as finished (asked of its storage)."""
+    study, trial_id = getattr(ot_trial, "study", None), getattr(ot_trial, "_trial_id", None)
+    if study is None or trial_id is None:
+        return False
+    return bool(study._storage.get_trial(trial_id).state.is_finished())
 
 
 class _Recorder:
