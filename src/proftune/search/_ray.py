@@ -38,6 +38,7 @@ from ._records import ATTR
 from ._samplers import make_sampler
 from ._settings import SearchSettings
 from ._space import Param, Space
+from ._storage import reap_dead_trials
 from ._trial import WORST, TrialRunner
 from ._trial import TrialFailed as _TrialFailed
 
@@ -603,6 +604,10 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
                            "trials_run": 0, "retries": 0, "schedule": {}}
     if remaining == 0:
         return out
+    # trials left RUNNING by a driver of this host that was killed: failed, their params queued
+    # again (a resumed experiment's searcher asks for them first)
+    reap_dead_trials(optuna.load_study(study_name=settings.study, storage=storage), store)
+    store.reap_stale()
     with _ray_session(options):
         recorder = _Recorder(settings, store, options.scheduler)
         progress = _callback_class()(recorder)
