@@ -185,10 +185,9 @@ def part_compute(args: argparse.Namespace, tmp: Path) -> bool:
               f"{_num(o.best_reported, 0, 4)}; steps {o.steps} vs {tpe.steps} (ratio "
               f"{o.steps / max(tpe.steps, 1):.2f}); epochs trained {o.epochs} vs {tpe.epochs} of "
               f"{budget}; wall ratio {o.wall_s / tpe.wall_s:.2f}")
-    if asha.complete == 0:
-        print("note: no ASHA trial completed (each was stopped at its last epoch's report, before "
-              "its final record): steps count 0 for them; 'epochs' and 'any-ep' come from Ray's "
-              "per-epoch reports")
+    if asha.pruned:
+        print("note: a trial ASHA stopped at a rung sends no record (its steps count 0 here); "
+              "'epochs' and 'any-ep' come from Ray's per-epoch reports and include those trials")
     return all(o.best is not None for o in (pbt, asha, tpe))
 
 

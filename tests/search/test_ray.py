@@ -1,17 +1,15 @@
-"""The Ray backend: a local instance, PBT recovery, and a two-node loopback cluster losing a node.
+"""The Ray backend on a local instance: loopback only, records, ASHA, PBT recovery.
+
+The two-node cluster that loses a node is in ``test_ray_cluster.py``.
 
 Every trial must land in the study and the Store exactly as the local backend records it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,15 +24,82 @@ from proftune.track import Store
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="ray[tune] is not installed (pip install 'proftune[ray]')")
 
-HERE = Path(__file__).parent
-ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+psutil = pytest.importorskip("psutil", reason="psutil comes with ray[tune]")
 
 
 def _space(**params: Any) -> dict[str, Any]:
     return {"params": params}
 
 
-def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Path) -> None:
+def test_pbt_ladder_and_population_start_at_the_users_setting() -> None:
+    from proftune.search import Space
+    from proftune.search._ray import _ladder, _population_space
+
+    space = Space.from_dict({"params": {
+        "lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.1},
+        "dropout": {"type": "float", "low": 0.0, "high": 0.4, "default": 0.1},
+        "hidden": {"type": "int", "low": 32, "high": 256, "step": 32}}})
+    lr, dropout = space.params[0], space.params[1]
+    # half-decade rungs down from the start, inside the declared range
+    assert _ladder(lr) == pytest.approx([1e-4, 10**-3.5, 1e-3, 10**-2.5, 1e-2, 10**-1.5, 0.1])
+    assert _ladder(dropout) == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4])
+    pop = _population_space(space, 4)
+    spec = type("Spec", (), {})()
+    values = []
+    for member in range(4):
+        spec.config = {"pbt_member": member}
+        values.append((pop["lr"].func(spec), pop["dropout"].func(spec)))
+    # member 0 at the user's setting, the others on the nearest rungs around it
+    assert values[0] == (0.1, 0.1)
+    assert [v[0] for v in values[1:]] == pytest.approx([10**-1.5, 1e-2, 10**-2.5])
+    assert [v[1] for v in values[1:]] == pytest.approx([0.05, 0.15, 0.0])
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Any]:
+    """One local Ray instance, started as ``proftune tune --backend ray`` starts it, for this module.
+
+    The searches below join it (Ray starts once for all of them); it stops after the module.
+    """
+    from proftune.search._ray import _ray_session
+
+    with _ray_session(RayOptions(workers=2)) as ray:
+        yield ray
+
+
+def _listening(procs: list[Any]) -> list[tuple[str, str, int]]:
+    out = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out += [(proc.name(), c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def test_local_instance_stays_on_loopback_without_dashboard(local_ray: Any) -> None:
+    ray = local_ray
+    # ray was imported before the instance started (as by a user's own code): still loopback
+    assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1"]
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    pid = ray.get(ray.remote(_pid).remote())  # a worker process of the instance
+    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    assert pid in {p.pid for p in procs}
+    sockets = _listening(procs)
+    assert sockets  # GCS, raylet, workers
+    outward = [s for s in sockets if s[1] not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+    assert outward == []
+    # no dashboard: its head process serves no HTTP, and no UI on Ray's dashboard port
+    dashboards = [p for p in procs if any("dashboard.py" in a for a in p.cmdline())]
+    assert _listening(dashboards) == []
+    assert all(port != 8265 for _, _, port in sockets)
+    assert os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
+
+
+def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Path, local_ray: Any) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
     space = {"params": {"hidden": {"type": "categorical", "choices": [32, 512]}},
              "fixed": {"lr": 3e-3}}
@@ -62,90 +127,53 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
     assert all("proftune" in t.user_attrs for t in study.trials)
 
 
-@pytest.mark.slow  # minutes on 2 cores; not yet seen passing on a quiet machine (issue 14 open)
-def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path) -> None:
+def test_asha_records_a_trial_that_ran_every_epoch_as_complete(tmp_path: Path, local_ray: Any) -> None:
     db = f"sqlite:///{tmp_path / 'p.db'}"
-    # AdamW at lr 0.1 on digits-mlp: about 0.89, against 0.95 at lr 3e-3
+    space = _space(lr={"type": "categorical", "choices": [1e-2, 3e-3, 1e-4]})
+    res = proftune.search("digits-mlp", space, trials=3, epochs=2, db=db, study="asha", sampler="grid",
+                          device="cpu", backend="ray",
+                          ray=RayOptions(workers=1, scheduler="asha", storage_path=tmp_path / "ray"))
+    per_epoch = proftune.fit("digits-mlp", {"lr": 1e-2}, epochs=1, device="cpu").steps
+    done = [t for t in res.trials if t.state == "complete"]
+    # the first trial has nobody to lose to at its rungs: it runs both epochs and is complete
+    assert done, [(t.state, t.reason) for t in res.trials]
+    assert all(t.steps == 2 * per_epoch for t in done)
+    assert all("accuracy" in t.metrics for t in done)
+    study = optuna.load_study(study_name="asha", storage=db)
+    states = sorted(t.state.name for t in study.trials)
+    assert "COMPLETE" in states
+    # a trial that trained every epoch is complete (ASHA does not cut it at its top rung); one
+    # that ASHA stopped at its first rung is pruned, with the scheduler named as the reason
+    schedule = res.backend["schedule"]
+    for t in res.trials:
+        epochs_reported = {p["epoch"] for p in schedule.get(str(t.number), [])}
+        assert (t.state == "complete") == (epochs_reported == {1, 2}), (t.state, t.reason, epochs_reported)
+        if t.state == "pruned":
+            assert "asha" in (t.reason or "")
+
+
+def test_pbt_recovers_from_a_harmful_learning_rate(tmp_path: Path, local_ray: Any) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    epochs = 4
+    # AdamW on digits-mlp: tuned lr 1e-2; the user's setting is 10x too high, 0.1
     space = _space(lr={"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.1})
-    res = proftune.search("digits-mlp", space, trials=4, epochs=5, db=db, study="pbt", device="cpu",
+    res = proftune.search("digits-mlp", space, trials=4, epochs=epochs, db=db, study="pbt", device="cpu",
                           backend="ray", ray=RayOptions(workers=2, scheduler="pbt", population=4,
                                                         storage_path=tmp_path / "ray"))
-    tuned = proftune.fit("digits-mlp", {"lr": 3e-3}, epochs=5, seed=0, device="cpu").metrics["accuracy"]
+    tuned = proftune.fit("digits-mlp", {"lr": 1e-2}, epochs=epochs, device="cpu")
+    harmful = proftune.fit("digits-mlp", {"lr": 0.1}, epochs=epochs, device="cpu")
+    assert harmful.metrics["accuracy"] < tuned.metrics["accuracy"] - 0.03  # the start does harm
     assert res.best is not None
-    assert res.best.metrics["accuracy"] >= tuned - 0.01
-    # the members' learning rates moved away from the harmful start
+    assert res.best.metrics["accuracy"] >= tuned.metrics["accuracy"] - 0.01
+    # every member trained exactly `epochs` epochs (a restored member does not train one more)
+    assert len(res.trials) == 4
+    assert [t.steps for t in res.trials] == [tuned.steps] * 4
+    # each member's schedule is recorded, one point per epoch
     schedule = res.backend["schedule"]
-    assert schedule
-    assert min(p["lr"] for pts in schedule.values() for p in pts) < 0.1
-
-
-def _ray_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HERE / "ray_loopback.py"), *args], capture_output=True,
-                          text=True, env={**os.environ, **ENV}, timeout=300, check=False)
-
-
-def _raylets() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "raylet/raylet"], capture_output=True, text=True, check=False)
-    return {int(p) for p in out.stdout.split()}
-
-
-@pytest.fixture
-def two_nodes() -> Iterator[tuple[str, int]]:
-    """A head and a worker node on 127.0.0.1, one CPU each; yields (address, worker raylet pid)."""
-    port = 6300 + os.getpid() % 600
-    before = _raylets()
-    head = _ray_cli("start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                    "--node-ip-address=127.0.0.1", "--disable-usage-stats")
-    if head.returncode != 0:
-        pytest.fail(f"ray head did not start: {head.stderr[-2000:]}")
-    head_raylets = _raylets() - before
-    try:
-        worker = _ray_cli("start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
-                          "--node-ip-address=127.0.0.1")
-        assert worker.returncode == 0, worker.stderr[-2000:]
-        worker_raylet = next(iter(_raylets() - before - head_raylets))
-        yield f"127.0.0.1:{port}", worker_raylet
-    finally:
-        _ray_cli("stop", "--force")
-
-
-SLOW_TASK = '''
-import time
-from proftune.examples._digits import DigitsMLP
-
-class SlowDigits(DigitsMLP):
-    name = "slow-digits"
-    def train_data(self, batch_size, params):
-        for batch in super().train_data(batch_size, params):
-            time.sleep(0.02)
-            yield batch
-'''
-
-
-@pytest.mark.slow  # two Ray nodes and a node loss: minutes on 2 cores (issue 14 open)
-def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path, two_nodes: tuple[str, int]) -> None:
-    address, worker_raylet = two_nodes
-    task = tmp_path / "slow_task.py"
-    task.write_text(SLOW_TASK)
-    db = f"sqlite:///{tmp_path / 'p.db'}"
-    store = Store(db)
-
-    def kill_when_both_run() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if sum(1 for r in store.list_runs(kind="trial") if r.status == "running") >= 2:
-                time.sleep(2.0)
-                os.kill(worker_raylet, signal.SIGKILL)
-                return
-            time.sleep(0.5)
-
-    killer = threading.Thread(target=kill_when_both_run, daemon=True)
-    killer.start()
-    space = _space(lr={"type": "float", "low": 1e-3, "high": 1e-2, "log": True})
-    res = proftune.search(str(task), space, trials=2, epochs=2, db=db, study="two-nodes",
-                          device="cpu", backend="ray",
-                          ray=RayOptions(address=address, workers=2, storage_path=tmp_path / "ray"))
-    killer.join(1)
-    counts = res.counts()
-    assert counts["complete"] == 2, [(t.state, t.reason) for t in res.trials]
-    assert res.backend["retries"] >= 1  # the trial on the dead node ran again on the head
+    assert len(schedule) == 4
+    assert all(sorted({p["epoch"] for p in pts}) == list(range(1, epochs + 1)) for pts in schedule.values())
+    # the member that started at the user's harmful setting was rescued by exploiting a better one
+    started_harmful = [k for k, pts in schedule.items() if pts[0]["epoch"] == 1 and pts[0]["lr"] == 0.1]
+    assert len(started_harmful) == 1
+    rescued = next(t for t in res.trials if str(t.number) == started_harmful[0])
+    assert rescued.metrics["accuracy"] >= harmful.metrics["accuracy"] + 0.03

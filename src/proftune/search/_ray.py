@@ -15,6 +15,7 @@ killed midway resumes the experiment from its folder (``Tuner.restore``) with th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -32,11 +33,12 @@ import torch
 from ..exceptions import ConfigError, DependencyError, RunFailedError
 from ..task import Task, load_task
 from ..track import Store
-from ..train import Callback, FitState
+from ..train import Callback, FitState, evaluate_model
 from ._records import ATTR
 from ._samplers import make_sampler
 from ._settings import SearchSettings
-from ._space import Space
+from ._space import Param, Space
+from ._storage import reap_dead_trials
 from ._trial import WORST, TrialRunner
 from ._trial import TrialFailed as _TrialFailed
 
@@ -46,18 +48,16 @@ SCHEDULERS = ("fifo", "asha", "pbt")
 #: Params that population-based training perturbs while a member trains.
 PERTURBABLE = ("lr", "weight_decay", "momentum", "dropout")
 _METRIC = "objective"
+#: The objective at a trial's last epoch: recorded, not seen by the schedulers.
+_LAST = "objective_last_epoch"
 _CKPT = "proftune_ckpt.pt"
+#: PBT: the config key that numbers the members of the initial population (not a param).
+_MEMBER = "pbt_member"
 
 
-def _ray(address: str | None = None) -> Any:
-    """Import Ray quietly; a missing install is a :class:`DependencyError` naming the extra.
-
-    A local instance, or a cluster on this machine's loopback, keeps every Ray address on
-    127.0.0.1 (Ray otherwise advertises the machine's outward-facing address).
-    """
-    if address is None or address.split(":")[0] in ("127.0.0.1", "localhost"):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+def _ray() -> Any:
+    """Import Ray quietly, usage stats off; a missing install is a :class:`DependencyError`."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # nothing leaves the machine (issue 14)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -100,8 +100,10 @@ class RayOptions:
 class _RayReport(Callback):
     """Each epoch: report the objective metric to Ray (ASHA, PBT), with a checkpoint for PBT."""
 
-    def __init__(self, metric: str | None, *, checkpoint: bool, sign: float) -> None:
+    def __init__(self, metric: str | None, *, checkpoint: bool, sign: float,
+                 last_epoch: int | None = None) -> None:
         self.metric, self.checkpoint, self.sign = metric, checkpoint, sign
+        self.last_epoch = last_epoch
         self.schedule: list[dict[str, Any]] = []
 
     def on_epoch_end(self, state: FitState) -> None:
@@ -109,12 +111,16 @@ class _RayReport(Callback):
 
         value = state.metrics.get(self.metric) if self.metric else None
         report: dict[str, Any] = {"epoch": state.epoch, "proftune_done": False}
+        last = self.last_epoch is not None and state.epoch >= self.last_epoch
         if value is not None and math.isfinite(float(value)):
-            report[_METRIC] = float(value)
+            # the last epoch's value under another name: the schedulers act on ``objective``,
+            # and a trial that trained every epoch is complete (ASHA would cut it at its top
+            # rung, PBT would pause it for a round with nothing left to train)
+            report[_LAST if last else _METRIC] = float(value)
         for key in PERTURBABLE:
             if key in state.params:
                 report[f"param_{key}"] = state.params[key]
-        if not self.checkpoint:
+        if not self.checkpoint or last:
             tune.report(report)
             return
         with tempfile.TemporaryDirectory() as tmp:
@@ -143,10 +149,11 @@ class _RestoreCheckpoint(Callback):
                 for key in ("lr", "weight_decay", "momentum"):
                     if key in state.params and key in group:
                         group[key] = float(state.params[key])
-        # a member exploited after its last epoch trains that epoch again from the better
-        # member's weights at its own params, so that it ends with measured metrics
-        state.epoch = min(int(saved["epoch"]), self.epochs - 1)
-        state.step = int(saved["step"])
+        state.epoch, state.step = int(saved["epoch"]), int(saved["step"])
+        if state.epoch >= self.epochs and state.task is not None:
+            # exploited after its last epoch: nothing left to train; its metrics are those of
+            # the weights it now holds
+            state.metrics = evaluate_model(state.task, state.model, state.device, state.batch_size)
 
 
 class _WorkerRunner(TrialRunner):
@@ -166,13 +173,14 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     """One trial on a Ray worker: gate, train through ``fit``, report the record."""
     from ray import tune
 
+    config = {k: v for k, v in config.items() if k != _MEMBER}
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     task = load_task(settings.task)
     runner = _WorkerRunner(settings, task)
     sign = -1.0 if settings.objectives[0].direction == "maximize" else 1.0
     metric = settings.objectives[0].metric if runner.report_metric or pbt else None
-    runner.extra_callbacks = [_RayReport(metric, checkpoint=pbt, sign=sign)]
+    runner.extra_callbacks = [_RayReport(metric, checkpoint=pbt, sign=sign, last_epoch=settings.epochs)]
     if pbt:
         runner.extra_callbacks.insert(0, _RestoreCheckpoint(tune.get_checkpoint(), int(settings.epochs or 1)))
     trial = optuna.trial.FixedTrial(config)
@@ -192,11 +200,11 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     record["user_attrs_raw"] = {k: v for k, v in trial.user_attrs.items() if k != ATTR}
     final: dict[str, Any] = {"proftune_done": True, "proftune_record": json.dumps(record, default=str),
                              "epoch": int(settings.epochs or 1)}
-    if values is not None:
+    if values is not None:  # for the searcher; the schedulers decide on the epochs' reports only
         vals = values if isinstance(values, (list, tuple)) else [values]
         final.update({f"{_METRIC}_{i}": float(v) for i, v in enumerate(vals)})
-        if len(vals) == 1 and math.isfinite(float(vals[0])) and abs(float(vals[0])) < WORST:
-            final[_METRIC] = float(vals[0])
+    # no ``objective`` here: synchronous PBT would pause a member on this report, waiting for the
+    # others, and restore it from its last checkpoint again and again
     tune.report(final)
 
 
@@ -230,6 +238,11 @@ def _searcher_class() -> type:
             if trial_id in self._completed_trials or trial_id not in self._ot_trials:
                 return
             ot_trial = self._ot_trials[trial_id]
+            if _finished_in_study(ot_trial):
+                # a resumed experiment re-ran a trial the study already holds as finished (Ray
+                # saves its state every few seconds; the driver died in between): that record stands
+                self._completed_trials.add(trial_id)
+                return
             state, values, rec = self._recorder.finished(trial_id, result, error)
             for key, v in rec.get("constraints_raw", {}).items():
                 ot_trial.set_constraint(key, float(v))
@@ -256,6 +269,14 @@ def _searcher_class() -> type:
     return _StudySearch
 
 
+def _finished_in_study(ot_trial: Any) -> bool:
+    """Whether the study already holds this Optuna trial as finished (asked of its storage)."""
+    study, trial_id = getattr(ot_trial, "study", None), getattr(ot_trial, "_trial_id", None)
+    if study is None or trial_id is None:
+        return False
+    return bool(study._storage.get_trial(trial_id).state.is_finished())
+
+
 class _Recorder:
     """The driver's record of each Ray trial: a Run in the Store and the study's user attrs."""
 
@@ -266,6 +287,8 @@ class _Recorder:
         self.numbers: dict[str, int] = {}
         self.retries: dict[str, int] = {}
         self.schedule: dict[str, list[dict[str, Any]]] = {}
+        #: The experiment was resumed from its folder (``Tuner.restore``), not begun.
+        self.resumed = False
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -290,13 +313,13 @@ class _Recorder:
         self.numbers[trial_id] = number if number is not None else len(self.numbers)
         self.runs[trial_id] = self.store.start_run(
             "trial", self.s.task_name,
-            config={"params": dict(config), "trial": self.numbers[trial_id], "epochs": self.s.epochs,
+            config={"params": {k: v for k, v in config.items() if k != _MEMBER}, "trial": self.numbers[trial_id], "epochs": self.s.epochs,
                     "seed": self.s.seed, "backend": "ray"},
             env=self.s.env, data_fingerprint=self.s.data_fingerprint,
             parent_id=self.s.tune_run_id, study=self.s.study)
 
     def progress(self, trial_id: str, result: Mapping[str, Any]) -> None:
-        point = {"epoch": result.get("epoch"), _METRIC: result.get(_METRIC)}
+        point = {"epoch": result.get("epoch"), _METRIC: result.get(_METRIC, result.get(_LAST))}
         point.update({k[len("param_"):]: v for k, v in result.items() if str(k).startswith("param_")})
         self.schedule.setdefault(trial_id, []).append(point)
 
@@ -350,7 +373,8 @@ def _callback_class() -> type:
             self.recorder = recorder
             #: False under PBT, which runs without a searcher: trials are recorded here.
             self.searched = True
-            self.records: list[tuple[dict[str, Any], str, list[float] | None, dict[str, Any]]] = []
+            #: PBT's finished members, in the order they started: (number, config, state, values, record).
+            self.records: list[tuple[int, dict[str, Any], str, list[float] | None, dict[str, Any]]] = []
 
         def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             self.recorder.retries[trial.trial_id] = self.recorder.retries.get(trial.trial_id, 0) + 1
@@ -374,7 +398,8 @@ def _callback_class() -> type:
             if self.searched:
                 return
             state, values, rec = self.recorder.finished(trial.trial_id, trial.last_result, error)
-            self.records.append((trial.config, state, values, rec))
+            number = self.recorder.numbers.get(trial.trial_id, len(self.records))
+            self.records.append((number, trial.config, state, values, rec))
 
     return _Progress
 
@@ -407,6 +432,34 @@ def _ray_space(space: Space, *, start_at_default: bool = False) -> dict[str, Any
     return out
 
 
+def _population_space(space: Space, size: int) -> dict[str, Any]:
+    """PBT's initial population: member 0 at each param's start (its ``default``), the others
+    spread along each perturbed param's ladder around it, nearest rungs first (0, -1, +1, -2, ...).
+
+    A population that all starts at one harmful value is damaged alike in its first epoch (a
+    learning rate 10x too high ruins an MLP in a few steps) and has nobody to exploit.
+    """
+    from ray import tune
+
+    out = _ray_space(space, start_at_default=True)
+    out[_MEMBER] = tune.grid_search(list(range(size)))
+    for p in space.params:
+        if p.name in PERTURBABLE:
+            ladder = _ladder(p)
+            home = ladder.index(p.center()) if p.center() in ladder else 0
+            order = sorted(range(len(ladder)), key=functools.partial(_distance, home))
+            out[p.name] = tune.sample_from(functools.partial(_member_value, [ladder[i] for i in order]))
+    return out
+
+
+def _distance(home: int, i: int) -> tuple[int, int]:
+    return abs(i - home), i
+
+
+def _member_value(values: list[Any], spec: Any) -> Any:
+    return values[int(spec.config[_MEMBER]) % len(values)]
+
+
 class _Define:
     """Ray's define-by-run space: the Space asks the driver's Optuna trial (picklable)."""
 
@@ -422,9 +475,33 @@ def _experiment_dir(settings: SearchSettings, options: RayOptions) -> Path:
     return (root / settings.study).resolve()
 
 
+def _on_loopback(address: str | None) -> bool:
+    """A local instance, or a cluster on this machine's loopback (``127.0.0.1:P``)."""
+    return address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+
+
+@contextlib.contextmanager
+def _loopback_node_ip() -> Iterator[None]:
+    """While Ray starts or joins: this node's address is 127.0.0.1, never the outward one.
+
+    Ray resolves a loopback ``_node_ip_address`` to the machine's outward-facing address unless
+    its switch ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is off; that env var is read once, when Ray
+    is first imported, so the switch is flipped here for the start only. With the node on
+    127.0.0.1, Ray's servers (GCS, raylet, workers, agents) listen on loopback only.
+    """
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 @contextlib.contextmanager
 def _ray_session(options: RayOptions) -> Iterator[Any]:
-    ray = _ray(options.address)
+    ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -436,7 +513,10 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
         else:  # a new instance of our own, even where another cluster runs on this machine
             kwargs["address"] = "local"
             kwargs["num_cpus"] = options.workers
-        with warnings.catch_warnings():
+        loopback = _on_loopback(options.address)
+        if loopback:
+            kwargs["_node_ip_address"] = "127.0.0.1"
+        with warnings.catch_warnings(), (_loopback_node_ip() if loopback else contextlib.nullcontext()):
             warnings.simplefilter("ignore")
             ray.init(**kwargs)
     try:
@@ -446,24 +526,60 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
             ray.shutdown()
 
 
-def _scheduler(settings: SearchSettings, options: RayOptions) -> Any:
+def _ladder(param: Param) -> list[Any]:
+    """The values PBT moves a param between, one rung per perturbation, through its default.
+
+    Log-scale params step by half a decade (x3.16), others by an eighth of their range (or
+    their ``step``); Ray's own perturbation (x0.8 / x1.2) needs many intervals to leave a
+    harmful start (a learning rate 10x too high) and steps outside the declared range.
+    """
+    if param.type == "categorical":
+        return list(param.choices)
+    assert param.low is not None
+    assert param.high is not None
+    start = param.center()
+    anchor = float(start)
+    if param.log:
+        ratio = math.sqrt(10.0)
+        below = math.floor(math.log(anchor / param.low, ratio) + 1e-9)
+        above = math.floor(math.log(param.high / anchor, ratio) + 1e-9)
+        raw = [anchor * ratio**k for k in range(-below, above + 1)]
+    else:
+        step = float(param.step or (param.high - param.low) / 8)
+        below = math.floor((anchor - param.low) / step + 1e-9)
+        above = math.floor((param.high - anchor) / step + 1e-9)
+        raw = [anchor + k * step for k in range(-below, above + 1)]
+    ladder: list[Any] = []
+    for v in raw:  # the anchor exactly (the start value is found on the ladder), others rounded
+        snapped = start if v == anchor else param.snap(v)
+        if isinstance(snapped, float) and v != anchor:
+            snapped = float(f"{snapped:.12g}")
+        if snapped not in ladder:
+            ladder.append(snapped)
+    return ladder
+
+
+def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int = 8) -> Any:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     mode = "max" if settings.objectives[0].direction == "maximize" else "min"
     epochs = int(settings.epochs or 1)
     if options.scheduler == "asha":
+        # stop_last_trials=False: a trial at its last epoch goes on to send its record (Ray's
+        # default stops it at that epoch's report, and it would end "pruned")
         return ASHAScheduler(time_attr="epoch", metric=_METRIC, mode=mode, max_t=epochs,
-                             grace_period=1, reduction_factor=2)
+                             grace_period=1, reduction_factor=2, stop_last_trials=False)
     if options.scheduler == "pbt":
-        domains = _ray_space(settings.space)
-        mutations = {k: v for k, v in domains.items()
-                     if k in PERTURBABLE and k in {p.name for p in settings.space.params}}
+        mutations: dict[str, Any] = {p.name: _ladder(p) for p in settings.space.params
+                                     if p.name in PERTURBABLE}
         if not mutations:
             raise ConfigError("--scheduler pbt perturbs lr, weight_decay, momentum or dropout; the "
                               f"space searches none of them (it has: {', '.join(settings.space.names) or 'none'}).")
         return PopulationBasedTraining(time_attr="epoch", metric=_METRIC, mode=mode,
                                        perturbation_interval=options.perturbation_interval,
-                                       hyperparam_mutations=mutations, quantile_fraction=0.25,
+                                       hyperparam_mutations=mutations,
+                                       # at least two members explore in each round
+                                       quantile_fraction=0.25 if population >= 8 else 0.5,
                                        resample_probability=0.25, synch=True, require_attrs=False)
     return FIFOScheduler()
 
@@ -488,6 +604,10 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
                            "trials_run": 0, "retries": 0, "schedule": {}}
     if remaining == 0:
         return out
+    # trials left RUNNING by a driver of this host that was killed: failed, their params queued
+    # again (a resumed experiment's searcher asks for them first)
+    reap_dead_trials(optuna.load_study(study_name=settings.study, storage=storage), store)
+    store.reap_stale()
     with _ray_session(options):
         recorder = _Recorder(settings, store, options.scheduler)
         progress = _callback_class()(recorder)
@@ -498,11 +618,14 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             grid = tuner.fit()
-        if pbt:
-            _record_population(settings, storage, progress.records)
+        numbers = dict(recorder.numbers)
+        if pbt:  # the members' numbers in the study, in the order they started
+            added = _record_population(settings, storage, progress.records)
+            numbers = {tid: added.get(n, n) for tid, n in recorder.numbers.items()}
         out["trials_run"] = len(grid)
         out["retries"] = sum(recorder.retries.values())
-        out["schedule"] = {str(recorder.numbers.get(k, k)): v for k, v in recorder.schedule.items()}
+        out["resumed"] = recorder.resumed
+        out["schedule"] = {str(numbers.get(k, k)): v for k, v in recorder.schedule.items()}
         errors = [r.error for r in grid if r.error is not None]
         if errors and len(errors) == len(grid):
             raise RunFailedError(f"every Ray trial failed; the first error: {errors[0]}")
@@ -520,15 +643,22 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         stop=None)
     time_budget = max(1.0, deadline - time.time()) if deadline else None
+    progress.searched = options.scheduler != "pbt"
     if tune.Tuner.can_restore(str(folder)):
-        return tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
+        tuner = tune.Tuner.restore(str(folder), trainable, resume_unfinished=True, resume_errored=True)
+        # the restored run config holds the callback pickled when the experiment began; this
+        # driver's own one records the rest (Ray has no public way to pass callbacks to restore)
+        local = getattr(tuner, "_local_tuner", None)
+        if local is not None:
+            local.get_run_config().callbacks = [progress]
+        recorder.resumed = True
+        return tuner
     if options.scheduler == "pbt":
-        progress.searched = False
         size = options.population or max(2, min(remaining, 8))
-        cfg = tune.TuneConfig(scheduler=_scheduler(settings, options), num_samples=size,
+        cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=1,
                               max_concurrent_trials=options.workers, time_budget_s=time_budget,
-                              reuse_actors=False)
-        return tune.Tuner(trainable, param_space=_ray_space(settings.space, start_at_default=True),
+                              reuse_actors=True)
+        return tune.Tuner(trainable, param_space=_population_space(settings.space, size),
                           tune_config=cfg,
                           run_config=run_config)
     searcher = _searcher_class()(
@@ -541,16 +671,21 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
 
     cfg = tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=options.workers),
                           scheduler=_scheduler(settings, options), num_samples=remaining,
-                          time_budget_s=time_budget)
+                          time_budget_s=time_budget, reuse_actors=True)
     return tune.Tuner(trainable, tune_config=cfg, run_config=run_config)
 
 
 def _record_population(settings: SearchSettings, storage: Any,
-                       records: list[tuple[dict[str, Any], str, list[float] | None, dict[str, Any]]]) -> None:
-    """PBT has no searcher: add each member to the study as a finished trial, with its record."""
+                       records: list[tuple[int, dict[str, Any], str, list[float] | None, dict[str, Any]]],
+                       ) -> dict[int, int]:
+    """PBT has no searcher: add each member to the study as a finished trial, with its record.
+
+    Returns each member's number in the study, by its number among the members.
+    """
     study = optuna.load_study(study_name=settings.study, storage=storage)
     dists = {p.name: p.distribution() for p in settings.space.params}
-    for config, state, values, rec in records:
+    added: dict[int, int] = {}
+    for member, config, state, values, rec in sorted(records, key=lambda r: r[0]):
         params = {k: v for k, v in config.items() if k in dists}
         for key, v in params.items():  # a perturbed value may leave the declared range
             params[key] = _clip(dists[key], v)
@@ -559,13 +694,15 @@ def _record_population(settings: SearchSettings, storage: Any,
                   "pruned": optuna.trial.TrialState.PRUNED}.get(state, optuna.trial.TrialState.FAIL)
         rec.pop("constraints_raw", None)
         flags = rec.pop("user_attrs_raw", {})
-        rec["params"] = dict(config)
+        rec["params"] = {k: v for k, v in config.items() if k != _MEMBER}
         attrs = {**flags, ATTR: rec, **({f"{ATTR}_failed": True} if state == "failed" else {})}
         trial = optuna.trial.create_trial(
             params=params, distributions={k: dists[k] for k in params},
             values=values if tstate == optuna.trial.TrialState.COMPLETE else None,
             state=tstate, user_attrs=attrs)
         study.add_trial(trial)
+        added[member] = study.get_trials(deepcopy=False)[-1].number
+    return added
 
 
 def _clip(dist: Any, value: Any) -> Any:
