@@ -231,7 +231,7 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
         raise TaskLoadError(f"task path {str(path)!r} is not a file; give a .py file that defines a Task.")
     resolved = path.resolve()
     try:
-        module = _import_file(resolved)
+        module = import_file(resolved)
     except TaskLoadError:
         raise
     except Exception as exc:
@@ -254,7 +254,7 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
     return _pick_class(candidates, class_name, where=f"task file {str(path)!r}", spec=spec)
 
 
-def _import_file(path: Path) -> ModuleType:
+def import_file(path: Path) -> ModuleType:
     """The module of the file at ``path`` (absolute), imported as described in _load_from_file."""
     root = _package_root(path.parent)
     if root is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import ConfigError, TaskLoadError
-from ..task import Task
+from ..task import Task, import_file
 
 __all__ = ["foreign_task", "foreign_task_in", "resolve_object", "task_with_data"]
 
@@ -158,19 +158,17 @@ def resolve_object(spec: str, *, what: str) -> Any:
         if not path.is_file():
             raise ConfigError(f"{what} file {head!r} does not exist (looked for {path.resolve()}).")
         resolved = path.resolve()
+        # the module the task loader imported for this file, if it did: the same classes
         module_name = f"proftune_user_task_{abs(hash(str(resolved)))}"
         module = sys.modules.get(module_name)
         if module is None or getattr(module, "__file__", None) != str(resolved):
-            module_spec = importlib.util.spec_from_file_location(module_name, resolved)
-            if module_spec is None or module_spec.loader is None:
-                raise ConfigError(f"{what} file {head!r} cannot be imported as Python.")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_name] = module
             try:
-                module_spec.loader.exec_module(module)
-            except Exception as exc:
-                sys.modules.pop(module_name, None)
+                module = import_file(resolved)
+            except TaskLoadError:
+                raise
+            except Exception as exc:  # the user's code failed at import: say which file
                 raise TaskLoadError(f"importing {what} file {head!r} failed: {type(exc).__name__}: {exc}") from exc
+            module_name = module.__name__
     elif name:
         try:
             module = importlib.import_module(head)
