@@ -22,7 +22,16 @@ from ._checkpoint import Rebuild, load_model, read_model, save_model
 from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
 from ._measure import LatencyInput, count, file_size, measure_latencies, sparse_size_bytes
-from ._pipeline import GOALS, Candidate, capture_inputs, mark_pareto, select, slice_batch
+from ._pipeline import (
+    GOALS,
+    LATENCY_TIE,
+    Candidate,
+    beats,
+    capture_inputs,
+    mark_pareto,
+    select,
+    slice_batch,
+)
 from ._plan import Plan, plan_methods, profile_summary
 from ._prune import (
     final_classifier,
@@ -134,12 +143,15 @@ class Compressor:
                 f"no candidate keeps the {cfg.metric} drop within {cfg.max_accuracy_drop}; nothing "
                 "saved. Loosen --max-accuracy-drop, lower --ratios or fine-tune longer.")
             return None
-        sel_value, base_value = getattr(selected, goal_key), getattr(baseline, goal_key)
-        if (sel_value <= base_value) if self.goal_up else (sel_value >= base_value):
+        if not beats(selected, baseline, goal_key, goal_up=self.goal_up):
+            sel_value, base_value = getattr(selected, goal_key), getattr(baseline, goal_key)
+            where = " at batch 1" if goal_key == "latency_ms" else ""
             self.notes.append(
-                f"the selected candidate is no better than the baseline on --goal {cfg.goal} "
-                f"({sel_value:.4g} vs {base_value:.4g}); the model may be too small for this method "
-                "to pay on this device.")
+                f"kept the uncompressed model: the best candidate within the {cfg.metric} budget "
+                f"({selected.method}) is not better on --goal {cfg.goal}{where} ({sel_value:.4g} vs "
+                f"{base_value:.4g} uncompressed{_tie_note(goal_key)}); the model may be too small for "
+                "these methods to pay on this device.")
+            return None
         return selected
 
     # -- steps -----------------------------------------------------------------------------
@@ -380,6 +392,10 @@ class Compressor:
 
         assert self.cfg.plot_dir is not None
         return plot_tradeoffs(cands, selected, Path(self.cfg.plot_dir), metric=self.cfg.metric)
+
+
+def _tie_note(goal_key: str) -> str:
+    return f"; a latency within {LATENCY_TIE:.0%} is a tie within timing noise" if goal_key == "latency_ms" else ""
 
 
 def _tensors(example: Any) -> list[torch.Tensor]:

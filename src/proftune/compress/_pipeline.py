@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -11,7 +12,9 @@ from torch import nn
 
 __all__ = [
     "GOALS",
+    "LATENCY_TIE",
     "Candidate",
+    "beats",
     "capture_inputs",
     "mark_pareto",
     "select",
@@ -83,6 +86,17 @@ def mark_pareto(cands: Sequence[Candidate], goal_key: str, *, metric_up: bool, g
             if better_metric and better_goal and strictly:
                 c.pareto = False
                 break
+
+
+def beats(cand: Candidate, baseline: Candidate, goal_key: str, *, goal_up: bool = False) -> bool:
+    """Whether ``cand`` is better than ``baseline`` on the goal beyond measurement noise: batch-1
+    latency by more than :data:`LATENCY_TIE`, a count or size strictly."""
+    c, b = float(getattr(cand, goal_key)), float(getattr(baseline, goal_key))
+    if not (math.isfinite(c) and math.isfinite(b)):
+        return False
+    if goal_key == "latency_ms":
+        return c < b * (1.0 - LATENCY_TIE)
+    return c > b if goal_up else c < b
 
 
 def select(cands: Sequence[Candidate], goal_key: str, max_drop: float, *,

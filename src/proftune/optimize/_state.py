@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, cast
 
+from .._jsonsafe import json_safe
 from ..exceptions import ProblemCollector
 
 __all__ = ["STATE_FILE", "OptimizeState", "check_out_dir"]
@@ -47,7 +48,7 @@ class OptimizeState:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump(self.data, f, indent=1, default=str)
+            json.dump(json_safe(self.data), f, indent=1, allow_nan=False)
         os.replace(tmp, self.path)
 
 

@@ -32,7 +32,8 @@ from ._storage import open_storage
 from ._strategy import Statement, strategy
 from ._study import raise_if_too_many_failures, run_worker
 
-__all__ = ["BACKENDS", "DEFAULT_SCAN", "SearchResult", "scan", "search", "task_metrics"]
+__all__ = ["BACKENDS", "DEFAULT_SCAN", "SearchResult", "cancel_waiting", "scan", "search", "study_trials",
+           "task_metrics"]
 
 #: Configurations the feasibility scan profiles when there are hard profile constraints.
 DEFAULT_SCAN = 16
@@ -148,6 +149,39 @@ def scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, con
     return run_scan(task_obj, space_obj, hard, n=n, seed=seed, device=device, gate_steps=gate_steps)
 
 
+def study_trials(study: str, *, store: Store | str | None = None, db: str | None = None) -> list[TrialRecord]:
+    """Every trial of the study named ``study`` in the store's database, in our terms (complete,
+    pruned, infeasible, failed, running); ``[]`` when no such study exists yet."""
+    st = open_store(store, db=db)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = open_storage(st.url)
+    try:
+        loaded = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:
+        return []
+    return trial_records(loaded)
+
+
+def cancel_waiting(study: str, *, reason: str, store: Store | str | None = None, db: str | None = None) -> list[int]:
+    """End the queued trials of ``study`` that never started (enqueued, then the time ran out):
+    failed with ``reason``, so that a later call does not run them; their numbers."""
+    st = open_store(store, db=db)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = open_storage(st.url)
+    try:
+        loaded = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:
+        return []
+    ended = []
+    for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        storage.set_trial_user_attr(t._trial_id, ATTR, {"state": "failed", "reason": reason,
+                                                        "params": dict(t.params)})
+        storage.set_trial_user_attr(t._trial_id, f"{ATTR}_surplus", True)
+        storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        ended.append(t.number)
+    return ended
+
+
 def task_metrics(task: Task) -> list[str] | None:
     """The metric names ``task.evaluate`` returns (None when they cannot be known)."""
     declared = getattr(task, "metrics", None)
@@ -238,6 +272,7 @@ def search(
     store: Store | str | None = None,
     backend: str = "local",
     ray: RayOptions | None = None,
+    enqueue: Sequence[Mapping[str, Any]] = (),
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -254,6 +289,8 @@ def search(
     param, also the points of ``sampler="grid"``).
     ``backend``: ``"local"`` (this machine's processes) or ``"ray"`` (Ray Tune; ``ray`` says
     where and with which scheduler: fifo, asha, pbt).
+    ``enqueue``: configurations to train first (Optuna's ``enqueue_trial``: warm-start points),
+    each ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.
     """
     started = time.perf_counter()
     task_obj = load_task(task)
@@ -286,6 +323,9 @@ def search(
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
+        for item in enqueue:
+            created.enqueue_trial(dict(item.get("params") or {}), skip_if_exists=False,
+                                  user_attrs={f"{ATTR}_tags": json_safe(dict(item.get("tags") or {}))})
         scan_result = _scan_for(created, stored, task_obj, space_obj, settings, scan)
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
