@@ -110,9 +110,10 @@ def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: s
     assert all(e.startswith("task default (kept") for e in d["final"]["evidence"].values())
     search = next(s for s in d["stages"] if s["name"] == "search")
     assert search["outputs"]["stop_reason"].startswith("auto-stop"), search["outputs"]["stop_reason"]
-    assert search["duration_s"] < 0.8 * search["share_s"]
+    # it had more time (all the later stages do not need) and stopped itself before it was spent
+    assert search["outputs"]["seconds"] >= search["share_s"]
+    assert search["duration_s"] < 0.9 * search["outputs"]["seconds"]
     assert "ended early" in d["stop_reason"]
-    assert d["elapsed_s"] < 0.9 * d["budget_s"]
 
 
 def test_the_task_s_own_test_data_gives_the_held_out_figures(tmp_path: Path, db_url: str) -> None:

@@ -146,6 +146,9 @@ def _changes(d: dict[str, Any]) -> Table:
         ev = str(evidence.get(name, ""))
         table.add_row(name, _fmt(default), f"[bold]{_fmt(value)}[/]" if changed else _fmt(value),
                       _source(ev) if changed else "unchanged", ev if changed else "")
+    if f.get("epochs") is not None and f.get("default_epochs") is not None and f["epochs"] != f["default_epochs"]:
+        table.add_row("epochs", _fmt(f["default_epochs"]), f"[bold]{f['epochs']}[/]", "computed",
+                      "the epochs every search trial ran: what the budget held six trials of")
     return table
 
 
@@ -182,8 +185,9 @@ def _render(d: dict[str, Any]) -> None:
                           f"({gap['search_n']} trial(s)), the final seeds {gap['final_mean']:.4f} "
                           f"(gap {gap['gap']:+.4f})", highlight=False)
     bs = f.get("batch_size")
-    out_console.print(f"model: {f.get('model')} ({f.get('epochs')} epochs, the median of {len(f.get('seeds') or [])} "
-                      f"seeds: seed {f.get('model_seed')}; latency batch 1 {_ms(f.get('latency_ms'))}, batch {bs or '-'} "
+    out_console.print(f"model: {f.get('model')} ({f.get('epochs')} epochs; seed {f.get('model_seed')}, the best of "
+                      f"{len(f.get('seeds') or [])} on validation: {_fmt(f.get('model_val'))}, held out "
+                      f"{_fmt(f.get('model_test'))}; latency batch 1 {_ms(f.get('latency_ms'))}, batch {bs or '-'} "
                       f"{_ms(f.get('latency_batch_ms'))}, size {_kib(f.get('size_bytes'))})", highlight=False)
     if f.get("compressed"):
         c = f["compressed"]

@@ -24,12 +24,9 @@ from ._distill import DistillationTask
 from ._measure import LatencyInput, count, file_size, measure_latencies, sparse_size_bytes
 from ._pipeline import (
     GOALS,
-    LATENCY_TIE,
     Candidate,
-    beats,
     capture_inputs,
-    mark_pareto,
-    select,
+    choose,
     slice_batch,
 )
 from ._plan import Plan, plan_methods, profile_summary
@@ -124,34 +121,19 @@ class Compressor:
                 pruned = self._prune(base, plan.prune, float(ratio), ignored_names, sens)
                 built.append(self._save_measure(plan.prune, ratio, pruned, tmp=tmp, finetuned=True))
                 if plan.quant:
-                    built.append(self._quantized(pruned, plan.quant, f"{plan.prune}+{plan.quant}", ratio, tmp))
+                    q = self._quantized(pruned, plan.quant, f"{plan.prune}+{plan.quant}", ratio, tmp)
+                    built.extend([q] if q is not None else [])
         if plan.quant:
-            built.append(self._quantized(base, plan.quant, plan.quant, 0.0, tmp))
+            q = self._quantized(base, plan.quant, plan.quant, 0.0, tmp)
+            built.extend([q] if q is not None else [])
         return built, sens
 
     def _select(self, cands: list[Candidate]) -> Candidate | None:
         """Drops against the baseline, the Pareto front, and the best on the goal within budget."""
-        cfg = self.cfg
-        baseline = cands[0]
-        for c in cands:
-            c.metric_drop = (baseline.metric - c.metric) if self.metric_up else (c.metric - baseline.metric)
-        goal_key = GOALS[cfg.goal]
-        mark_pareto(cands, goal_key, metric_up=self.metric_up, goal_up=self.goal_up)
-        selected = select(cands, goal_key, cfg.max_accuracy_drop, goal_up=self.goal_up)
-        if selected is None:
-            self.notes.append(
-                f"no candidate keeps the {cfg.metric} drop within {cfg.max_accuracy_drop}; nothing "
-                "saved. Loosen --max-accuracy-drop, lower --ratios or fine-tune longer.")
-            return None
-        if not beats(selected, baseline, goal_key, goal_up=self.goal_up):
-            sel_value, base_value = getattr(selected, goal_key), getattr(baseline, goal_key)
-            where = " at batch 1" if goal_key == "latency_ms" else ""
-            self.notes.append(
-                f"kept the uncompressed model: the best candidate within the {cfg.metric} budget "
-                f"({selected.method}) is not better on --goal {cfg.goal}{where} ({sel_value:.4g} vs "
-                f"{base_value:.4g} uncompressed{_tie_note(goal_key)}); the model may be too small for "
-                "these methods to pay on this device.")
-            return None
+        selected, notes = choose(cands, goal=self.cfg.goal, metric=self.cfg.metric,
+                                 max_drop=self.cfg.max_accuracy_drop, metric_up=self.metric_up,
+                                 goal_up=self.goal_up)
+        self.notes.extend(notes)
         return selected
 
     # -- steps -----------------------------------------------------------------------------
@@ -259,8 +241,9 @@ class Compressor:
         fit(task, self.params, model=model, epochs=epochs, device=self.dev, seed=self.cfg.seed,
             callbacks=self.callbacks)
 
-    def _quantized(self, float_model: nn.Module, method: str, name: str, ratio: float, tmp: Path) -> Built:
-        """Every usable backend's INT8 model of ``float_model``, measured; the fastest is kept."""
+    def _quantized(self, float_model: nn.Module, method: str, name: str, ratio: float, tmp: Path) -> Built | None:
+        """Every usable backend's INT8 model of ``float_model``, measured; the fastest is kept
+        (None when every backend failed on this model: the notes say why)."""
         cfg = self.cfg
         status = backend_status(method, self.dev, float_model)
         wanted = [b for b in BACKEND_NAMES if cfg.quant_backend in ("auto", b)]
@@ -272,9 +255,17 @@ class Compressor:
         for name_ in usable:
             backend = get_backend(name_, method)
             assert backend is not None
-            qmodel = backend.quantize(float_model, self._quant_inputs())
-            built[name_] = self._save_measure(name, ratio, qmodel, float_model=float_model,
-                                              fmt=backend.save_format, tmp=tmp, tag=name_.replace(".", "_"))
+            try:
+                qmodel = backend.quantize(float_model, self._quant_inputs())
+                built[name_] = self._save_measure(name, ratio, qmodel, float_model=float_model,
+                                                  fmt=backend.save_format, tmp=tmp, tag=name_.replace(".", "_"))
+            except (RuntimeError, AttributeError, TypeError, ValueError, NotImplementedError, AssertionError) as exc:
+                # one backend that cannot convert or save this model (a TorchScript trace of a
+                # quantized transformer layer, ...) is a finding about that backend, not the end
+                status[name_] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                self.notes.append(f"{name} with {name_} skipped: {status[name_]}")
+        if not built:
+            return None
         if len(built) > 1:
             self._latencies(list(built.values()))
         times: dict[str, float | str] = {b: c.latency_batch_ms for b, (c, _, _) in built.items()}
@@ -392,10 +383,6 @@ class Compressor:
 
         assert self.cfg.plot_dir is not None
         return plot_tradeoffs(cands, selected, Path(self.cfg.plot_dir), metric=self.cfg.metric)
-
-
-def _tie_note(goal_key: str) -> str:
-    return f"; a latency within {LATENCY_TIE:.0%} is a tie within timing noise" if goal_key == "latency_ms" else ""
 
 
 def _tensors(example: Any) -> list[torch.Tensor]:

@@ -296,16 +296,19 @@ class _Loop:
         return max(float(self.state.outputs("baseline").get("epoch_s") or 1.0), 1e-3)
 
     def _trial_epochs(self, seconds: float) -> int:
-        """Epochs of every search trial and of the final race: the task's own (the protocol the
-        defaults are judged by), unless the search's time cannot hold about six trials of them."""
+        """Epochs of every search trial and of the race's candidates: the task's own (the
+        protocol the defaults are judged by), unless the search's time cannot hold about six
+        trials of them."""
         full = self.task.default_epochs
         if seconds >= FULL_TRIALS_AT_LEAST * full * self._epoch_s():
             return full
         return max(1, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self._epoch_s()))))
 
-    def _final_reserve(self, epochs: int, trial_s: float = 0.0) -> float:
-        """Seconds the final race needs at least: the defaults and the candidates, ``--seeds`` each."""
-        return 1.2 * (1 + MAX_CANDIDATES) * int(self.cfg.seeds) * max(trial_s, epochs * self._epoch_s())
+    def _final_reserve(self, epochs: int, trial_s: float = 0.0, *, candidates: int = 1) -> float:
+        """Seconds the final race needs at least: ``--seeds`` runs of the defaults at the task's
+        epochs and of ``candidates`` configurations at the trials' ``epochs``."""
+        per = max(trial_s, epochs * self._epoch_s())
+        return 1.2 * int(self.cfg.seeds) * (self.task.default_epochs * self._epoch_s() + candidates * per)
 
     def _compress_reserve(self) -> float:
         """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""
@@ -328,7 +331,7 @@ class _Loop:
         epoch_s = self._epoch_s()
 
         def reserve(trial_s: float) -> float:
-            return self._final_reserve(epochs, trial_s) + compress_min
+            return self._final_reserve(epochs, trial_s, candidates=MAX_CANDIDATES) + compress_min
 
         # (the budget already excludes what an earlier, killed process spent: the clock resumes)
         seconds = max(1.0, self.budget.left_s - reserve(0.0))
@@ -368,7 +371,7 @@ class _Loop:
             "early": outcome.early, "arms": outcome.arms, "counts": counts,
             "trials": len(outcome.trials), "search_calls": outcome.search_calls,
             "history": outcome.history, "trials_file": "search_trials.json",
-            "duration_s": outcome.duration_s,
+            "duration_s": outcome.duration_s, "seconds": seconds,
         }, before=_finite((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
 
     def final(self, share: float, end: float) -> _StageResult:
@@ -390,9 +393,11 @@ class _Loop:
                 search_mean=g["mean"], search_std=g.get("std"), search_n=int(g["n"]),
                 epoch_s=max(float(g.get("trial_s") or 0.0) / epochs, base_epoch_s * 0.25)))
         d_group = srch.get("defaults") or {}
+        # the defaults as the user runs them: their own epochs, whatever the trials could afford
         defaults = Arm(name="defaults", params=dict(self.defaults), source="the task's defaults",
-                       search_mean=d_group.get("mean"), search_std=d_group.get("std"),
-                       search_n=int(d_group.get("n") or 0), epoch_s=base_epoch_s)
+                       search_mean=d_group.get("mean") if epochs == self.task.default_epochs else None,
+                       search_std=d_group.get("std"), search_n=int(d_group.get("n") or 0),
+                       epoch_s=base_epoch_s, epochs=self.task.default_epochs)
         plan = FinalPlan(metric=self.v.metric, maximize=self.v.maximize, epochs=epochs,
                          seeds=int(self.cfg.seeds), seed=self.cfg.seed, device=str(self.dev),
                          val_samples=self.holdout.val_samples)
@@ -406,13 +411,16 @@ class _Loop:
         model.load_state_dict(torch.load(self.out / "model.pt", weights_only=True))
         latency, size = _latency_ms(self.task, model), (self.out / "model.pt").stat().st_size
         val, test = chosen.summary("val"), chosen.summary("test")
+        picked = outcome.model_run()
         return _StageResult({
-            "params": params, "evidence": evidence, "epochs": epochs, "race": outcome.to_dict(),
+            "params": params, "evidence": evidence, "epochs": chosen.epochs or epochs,
+            "default_epochs": self.task.default_epochs, "race": outcome.to_dict(),
             "decision": outcome.decision, "chosen": outcome.chosen,
             "metric": {"name": self.v.metric, "mean": val["mean"], "std": val["std"],
                        "values": [r.val for r in chosen.runs]},
             "test": {"mean": test["mean"], "std": test["std"], "values": [r.test for r in chosen.runs]},
             "model": "model.pt", "model_seed": outcome.model_seed, "latency_ms": latency, "size_bytes": size,
+            "model_val": picked.val if picked else None, "model_test": picked.test if picked else None,
             "load": (f"model = proftune.load_task({self.spec!r}).build_model(params); "
                      "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
         }, before=_finite(outcome.arm("defaults").summary("val")["mean"]), after=val["mean"])
@@ -459,13 +467,23 @@ class _Loop:
         roomy = share >= 90
         ratios = (0.3, 0.5) if roomy else (0.5,)
         out_file = self.out / "model_compressed.pt"
-        report = run_compress(
-            self.task, params=params, model=model, store=self.store,
-            callbacks=[Deadline(max(1.0, (end - time.monotonic()) / (2 * len(ratios))))],
-            ratios=ratios, ignore_layers=tuple(keep), max_accuracy_drop=self.cfg.max_accuracy_drop,
-            metric=self.v.metric, goal=self.cfg.goal, out=str(out_file), force=True,
-            finetune_epochs=1, seed=self.cfg.seed, device=str(self.dev), sensitivity=roomy,
-            latency_rounds=5 if roomy else 3, layer_times=roomy)
+        try:
+            report = run_compress(
+                self.task, params=params, model=model, store=self.store,
+                callbacks=[Deadline(max(1.0, (end - time.monotonic()) / (2 * len(ratios))))],
+                ratios=ratios, ignore_layers=tuple(keep), max_accuracy_drop=self.cfg.max_accuracy_drop,
+                metric=self.v.metric, goal=self.cfg.goal, out=str(out_file), force=True,
+                finetune_epochs=1, seed=self.cfg.seed, device=str(self.dev), sensitivity=roomy,
+                latency_rounds=5 if roomy else 3, layer_times=roomy)
+        except (ConfigError, RunFailedError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
+            # a model these methods cannot cut or convert keeps the uncompressed result, which
+            # the stages before already hold; the run goes on to its outputs
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            log.info("compression failed: %s", why)
+            out_file.unlink(missing_ok=True)
+            return _StageResult({"skipped": f"compression failed ({why})",
+                                 "verdict": f"kept the uncompressed model: compression failed ({why})"},
+                                status="skipped")
         d = report.to_dict()
         sel = d.get("selected")
         base = d.get("baseline") or {}
@@ -568,7 +586,9 @@ class _Loop:
                                              "values": metric.get("values")}},
                  "mean": metric.get("mean"), "std": metric.get("std"),
                  "test": {"mean": test.get("mean"), "std": test.get("std"), "values": test.get("values")},
-                 "seeds": race.seeds, "epochs": fin.get("epochs"), "model_seed": race.model_seed,
+                 "seeds": race.seeds, "epochs": fin.get("epochs"), "default_epochs": fin.get("default_epochs"),
+                 "model_seed": race.model_seed,
+                 "model_val": fin.get("model_val"), "model_test": fin.get("model_test"),
                  "model": str(self.out / "model.pt"), "load": fin.get("load"),
                  "latency_ms": fin.get("latency_ms"), "size_bytes": fin.get("size_bytes")}
         cb = comp.get("baseline") or {}

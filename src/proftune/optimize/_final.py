@@ -64,6 +64,8 @@ class Arm:
     search_n: int = 0
     epoch_s: float = 1.0
     runs: tuple[ArmRun, ...] = ()
+    #: Epochs of this arm's runs (None: the plan's): the defaults train at the task's own epochs.
+    epochs: int | None = None
 
     def values(self, split: str, seeds: Sequence[int]) -> list[float | None]:
         """This arm's metric at each of ``seeds`` (None where it did not run or was cut)."""
@@ -106,6 +108,7 @@ class FinalOutcome:
     leader: str | None  # the best challenger on validation (compared with the defaults)
     comparison: Comparison | None  # leader vs defaults on validation (the decision)
     comparison_test: Comparison | None  # the same pairs on held-out data (the report)
+    #: The seed whose model is the result: the chosen configuration's best on validation.
     model_seed: int | None
     note: str
     schema_version: int = SCHEMA_VERSION
@@ -116,6 +119,10 @@ class FinalOutcome:
     @property
     def kept_defaults(self) -> bool:
         return self.decision == "defaults"
+
+    def model_run(self) -> ArmRun | None:
+        """The run whose model is the result."""
+        return next((r for r in self.arm(self.chosen).runs if r.seed == self.model_seed), None)
 
     def search_gap(self) -> dict[str, Any] | None:
         """The search's estimate of the leader beside its final validation mean."""
@@ -156,10 +163,15 @@ def _resolution(metric: str, val_samples: int | None) -> float:
     return 0.0
 
 
+def _epochs(arm: Arm, plan: FinalPlan) -> int:
+    return int(arm.epochs or plan.epochs)
+
+
 def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, store: Store,
            folder: Path) -> ArmRun:
     deadline = Deadline(limit_s)
-    rep = run_train(task, arm.params, epochs=plan.epochs, device=plan.device, seed=seed,
+    epochs = _epochs(arm, plan)
+    rep = run_train(task, arm.params, epochs=epochs, device=plan.device, seed=seed,
                     callbacks=[deadline], store=store)
     res = rep.result
     model = res.model
@@ -168,7 +180,7 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
         dev = next((p.device for p in model.parameters()), torch.device("cpu"))
         test_metrics = evaluate_model(task, model, dev, int(res.params.get("batch_size", 32)), split="test")
     torch.save(model.cpu().state_dict(), folder / f"{_slug(arm.name)}-{seed}.pt")
-    cut = deadline.hit and res.epochs < plan.epochs
+    cut = deadline.hit and res.epochs < epochs
 
     def value(metrics: dict[str, float]) -> float | None:
         v = metrics.get(plan.metric)
@@ -214,7 +226,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     notes: list[str] = []
 
     def cost(group: Sequence[Arm]) -> float:
-        return sum(plan.epochs * max(a.epoch_s, 1e-3) for a in group)
+        return sum(_epochs(a, plan) * max(a.epoch_s, 1e-3) for a in group)
 
     left = hard_end - time.monotonic()
     while len(arms) > 2 and cost(arms) * plan.seeds > left:
@@ -228,7 +240,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     def run_round(group: Sequence[Arm], seed: int) -> None:
         for i, arm in enumerate(list(group)):
             idx = arms.index(arm)
-            limit = max(3.0 * plan.epochs * max(arm.epoch_s, 1e-3) + 2.0,
+            limit = max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0,
                         (hard_end - time.monotonic()) / max(1, len(group) - i))
             run = _train(task, arm, plan=plan, seed=seed, limit_s=limit, store=store, folder=work)
             arms[idx] = _with_run(arm, run)
@@ -261,12 +273,13 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
         if comparison.beyond_noise:
             decision, chosen = "chosen", leader
-    # the model handed back is the chosen arm's median seed: representative, not the luckiest
+    # the model handed back is the chosen configuration's best seed on validation (a choice made
+    # on selection data, like every other); its held-out figure is reported on its own
     ran = [r for r in chosen.runs if r.val is not None and not r.cut] or list(chosen.runs)
     model_seed: int | None = None
     if ran:
-        ordered = sorted(ran, key=lambda r: (r.val is None, r.val or 0.0))
-        model_seed = ordered[len(ordered) // 2].seed
+        sign = 1.0 if plan.maximize else -1.0
+        model_seed = max(ran, key=lambda r: sign * r.val if r.val is not None else -math.inf).seed
         shutil.copyfile(work / f"{_slug(chosen.name)}-{model_seed}.pt", folder / "model.pt")
     shutil.rmtree(work, ignore_errors=True)
     return FinalOutcome(plan=asdict(plan), arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,

@@ -34,6 +34,8 @@ ARM_TAG = "arm"
 ARMS = ("centre", "defaults", "local", "tpe")
 #: The successive-halving pruner's rungs grow by this factor (epochs 1, 3, 9, ...).
 REDUCTION_FACTOR = 3
+#: Share of the search's time after which a flat search may stop itself.
+STALL_AFTER = 0.75
 
 
 @dataclass
@@ -413,9 +415,9 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
             rows = [_row(t) for t in result.trials]
         bound(rows)
         flags = find_flags(rows, plan, flag_min=settings.flag_min)
-        # a flat search stops only once half its time is spent: cheap trials and a long budget
-        # are worth more draws, and what it leaves goes to the final race and compression
-        why = stalled(rows, settings) if time.monotonic() - started >= 0.5 * (end - started) else None
+        # a flat search stops only once three quarters of its time are spent: cheap trials and a
+        # long budget are worth more draws; what it leaves goes to the final race and compression
+        why = stalled(rows, settings) if time.monotonic() - started >= STALL_AFTER * (end - started) else None
         if why:
             stop_reason, early = why, True
             break
