@@ -33,7 +33,7 @@ from ..track import Store, data_fingerprint, environment
 from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
 from ._config import OptimizeConfig, Validated, default_study, validate
-from ._final import MAX_CANDIDATES, Arm, FinalOutcome, FinalPlan, run_final
+from ._final import MAX_CANDIDATES, RUN_OVERHEAD_S, Arm, FinalOutcome, FinalPlan, run_final
 from ._layer_value import keep_layers, layer_values
 from ._output import write_html, write_outputs, write_summary
 from ._search import StageSettings, run_search_stage
@@ -307,8 +307,10 @@ class _Loop:
     def _final_reserve(self, epochs: int, trial_s: float = 0.0, *, candidates: int = 1) -> float:
         """Seconds the final race needs at least: ``--seeds`` runs of the defaults at the task's
         epochs and of ``candidates`` configurations at the trials' ``epochs``."""
-        per = max(trial_s, epochs * self._epoch_s())
-        return 1.2 * int(self.cfg.seeds) * (self.task.default_epochs * self._epoch_s() + candidates * per)
+        per = max(trial_s, epochs * self._epoch_s()) + RUN_OVERHEAD_S
+        own = max(trial_s * self.task.default_epochs / max(epochs, 1),
+                  self.task.default_epochs * self._epoch_s()) + RUN_OVERHEAD_S
+        return 1.2 * int(self.cfg.seeds) * (own + candidates * per)
 
     def _compress_reserve(self) -> float:
         """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""

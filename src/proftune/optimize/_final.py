@@ -33,6 +33,8 @@ SCHEMA_VERSION = 1
 MAX_CANDIDATES = 2
 #: Seeds per arm at most, when the time left holds more than ``--seeds`` (a sharper comparison).
 MAX_ROUNDS = 10
+#: Seconds one run costs beyond its epochs (the run record, the held-out evaluation, the save).
+RUN_OVERHEAD_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     notes: list[str] = []
 
     def cost(group: Sequence[Arm]) -> float:
-        return sum(_epochs(a, plan) * max(a.epoch_s, 1e-3) for a in group)
+        return sum(_epochs(a, plan) * max(a.epoch_s, 1e-3) + RUN_OVERHEAD_S for a in group)
 
     left = hard_end - time.monotonic()
     while len(arms) > 2 and cost(arms) * plan.seeds > left:

@@ -381,7 +381,7 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
         return search(task, space, objectives=[settings.objective], constraints=settings.constraints,
                       trials=trials, timeout=timeout, sampler="random", pruner=pruner,
                       epochs=settings.epochs, study=settings.study, store=store, seed=settings.seed,
-                      device=settings.device, max_failures=10**6, scan=0,
+                      device=settings.device, max_failures=10**6, scan=0, analyse=False,
                       enqueue=[{"params": {k: v for k, v in p.items() if k in names}, "tags": {ARM_TAG: arm}}
                                for arm, p in items])
 

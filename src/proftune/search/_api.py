@@ -273,6 +273,7 @@ def search(
     backend: str = "local",
     ray: RayOptions | None = None,
     enqueue: Sequence[Mapping[str, Any]] = (),
+    analyse: bool = True,
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -291,6 +292,8 @@ def search(
     where and with which scheduler: fifo, asha, pbt).
     ``enqueue``: configurations to train first (Optuna's ``enqueue_trial``: warm-start points),
     each ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.
+    ``analyse=False`` skips correlations, importance and the strategy (seconds at a hundred
+    trials): for a caller that runs a study in many short calls and reads only the trials.
     """
     started = time.perf_counter()
     task_obj = load_task(task)
@@ -340,7 +343,7 @@ def search(
         else:
             stopped = _run_processes(settings, workers, deadline)
         result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
-                          scan_result, plot)
+                          scan_result, plot, full=analyse)
         result.stopped = stopped
         if ray_out is not None:
             result.backend = ray_out
@@ -437,23 +440,25 @@ def _scan_for(study: optuna.Study, stored: Mapping[str, Any] | None, task: Task,
 
 
 def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, url: str, resumed: bool,
-             started: float, scan_result: ScanResult | None, plot: str | Path | None) -> SearchResult:
-    """Read the finished study back: records, Pareto front, correlations, importance, strategy."""
+             started: float, scan_result: ScanResult | None, plot: str | Path | None, *,
+             full: bool = True) -> SearchResult:
+    """Read the finished study back: records, Pareto front, correlations, importance, strategy
+    (the last three only when ``full``)."""
     loaded = optuna.load_study(study_name=settings.study, storage=storage)
     raise_if_too_many_failures(loaded, settings.max_failures)
     records = trial_records(loaded)
     objs, cons = settings.objectives, settings.constraints
     front = pareto_front(records, objs)
-    corr = correlations(records, space, objs)
-    imp = importance(loaded, records, objs, seed=settings.seed)
+    corr = correlations(records, space, objs) if full else {}
+    imp = importance(loaded, records, objs, seed=settings.seed) if full else {}
     result = SearchResult(
         study=settings.study, run_id=run_id, db=url, objectives=objs, constraints=cons,
         trials=records, best=front[0] if front else None, pareto=front, correlations=corr,
         importance=imp, space_hash=space.hash(), sampler=settings.sampler, pruner=settings.pruner,
         duration_s=time.perf_counter() - started, resumed=resumed, scan=scan_result,
-        strategy=strategy(records, space, objs, cons, scan=scan_result, seed=settings.seed),
+        strategy=strategy(records, space, objs, cons, scan=scan_result, seed=settings.seed) if full else [],
         max_gated=settings.gated_limit)
-    if plot is not None:
+    if plot is not None and full:
         result.plots = plot_study(records, objs, corr, imp, front, plot)
     return result
 
