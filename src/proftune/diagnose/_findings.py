@@ -147,13 +147,15 @@ def _can_explain(g: Finding, f: Finding, roots: set[str]) -> bool:
     or one seen no later than ``f`` with a comparable confidence."""
     if f.cause not in _EXPLAINS.get(g.cause, ()) or f.cause in roots:
         return False
-    if g.cause in roots:
-        return True
+    if g.cause in roots or f.evidence.get("attributed_to") == g.cause:
+        return True  # a root cause, or the cause that f's own check named
     return (g.severity != "info" and _onset(g) <= _onset(f)
             and g.confidence >= _MIN_RELATIVE_CONFIDENCE * f.confidence)
 
 
 def _explanation(g: Finding, f: Finding, roots: set[str]) -> str:
+    if f.evidence.get("attributed_to") == g.cause and g.cause not in roots:
+        return f"explained by {g.cause}: the {f.cause} check names it as the cause ({_at(g)})"
     if g.cause in roots:
         return (f"explained by {g.cause}: a root cause of this run (seen from {_at(g)}), which can "
                 f"produce {f.cause} (seen from {_at(f)})")
@@ -195,15 +197,24 @@ def rank_findings(findings: Iterable[Finding], *, roots: Sequence[str] = ()) -> 
     order = sorted(best.values(), key=lambda f: (f.cause not in root_set, _onset(f), -f.confidence,
                                                  _ORDER[f.cause]))
     parent: dict[str, Finding] = {}
-    for i, f in enumerate(order):
-        candidates = [g for g in order[:i] if _can_explain(g, f, root_set)]
-        if candidates:
-            parent[f.cause] = max(candidates, key=lambda g: (g.cause in root_set, g.confidence))
 
     def top_of(f: Finding) -> Finding:
         while f.cause in parent:
             f = parent[f.cause]
         return f
+
+    # a check that names the cause of its symptom (oscillating loss: "the learning rate") is
+    # explained by that cause's finding whatever their onsets
+    for f in order:
+        g = best.get(str(f.evidence.get("attributed_to")))
+        if g is not None and g is not f and _can_explain(g, f, root_set) and top_of(g) is not f:
+            parent[f.cause] = g
+    for i, f in enumerate(order):
+        if f.cause in parent:
+            continue
+        candidates = [g for g in order[:i] if _can_explain(g, f, root_set) and top_of(g) is not f]
+        if candidates:
+            parent[f.cause] = max(candidates, key=lambda g: (g.cause in root_set, g.confidence))
 
     tops = [f for f in order if f.cause not in parent]
     out: list[Finding] = []

@@ -165,7 +165,7 @@ class History:
         finite = [(s, v) for s, v in self.losses() if math.isfinite(v)]
         if len(finite) < 40:
             return None
-        w = max(5, len(finite) // 25)
+        w = max(5, len(finite) // 40)
         windows = [finite[i:i + w] for i in range(0, len(finite) - w + 1, w)]
         means = [(ws[0][0], statistics.fmean(v for _, v in ws)) for ws in windows]
         start = means[0][1]

@@ -33,10 +33,15 @@ class ExplodingGradients(BaseCheck):
         if not (spikes or growth or grads_nonfinite or overscale or culprit):
             return None
         peak = max(spikes, key=lambda r: r["ratio"]) if spikes else None
-        if (peak is not None and not (culprit or overscale or growth or grads_nonfinite) and len(spikes) < 2
-                and peak["ratio"] < 3 * history.spike_factor):
-            return None  # one moderate spike is noise
-        evidence: dict[str, Any] = {"spikes": len(spikes), "spike_factor": history.spike_factor,
+        jumps = _loss_jumps(history, spikes)
+        if peak is not None and not (culprit or overscale or growth or grads_nonfinite):
+            early = [r["grad_norm"] for r in history.steps[:10] if math.isfinite(r["grad_norm"])]
+            felt = jumps >= max(2, len(spikes) / 2)
+            if not felt and (peak["ratio"] < 3 * history.spike_factor
+                             or (early and peak["grad_norm"] < 0.1 * statistics.median(early))):
+                return None  # spikes the loss did not feel, or off a near-zero median late in training
+        evidence: dict[str, Any] = {"spikes": len(spikes), "spikes_with_loss_jump": jumps,
+                                    "spike_factor": history.spike_factor,
                                     "first_grad_norms": [r["grad_norm"] for r in history.steps[:5]]}
         if peak is not None:
             first = spikes[0]
@@ -108,6 +113,20 @@ def _what_happened(history: History, peak: Any, growth: dict[str, Any] | None, n
         return (f"the gradient norm was {fmt(first['grad_norm'])} at step {first['step']}" if first
                 else "no finite gradient norm was recorded")
     return "; ".join(parts)
+
+
+def _loss_jumps(history: History, spikes: list[Any]) -> int:
+    """Spikes after which the loss of the next 3 steps averaged 1.5x or more the median of the 10
+    steps before: spikes the training felt."""
+    loss = {r["step"]: r["loss"] for r in history.steps}
+    n = 0
+    for r in spikes:
+        before = [loss[s] for s in range(r["step"] - 10, r["step"]) if s in loss and math.isfinite(loss[s])]
+        after = [loss[s] for s in range(r["step"] + 1, r["step"] + 4) if s in loss]
+        if before and after and (not all(math.isfinite(v) for v in after)
+                                 or statistics.fmean(after) >= 1.5 * statistics.median(before)):
+            n += 1
+    return n
 
 
 def _early_growth(history: History) -> dict[str, Any] | None:

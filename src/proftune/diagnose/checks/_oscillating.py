@@ -13,6 +13,10 @@ from .._history import History
 from ._base import BaseCheck, fmt
 
 
+#: The finding that stands for each of the four causes, where there is one.
+_CAUSE_OF = {"learning rate": "lr_too_high", "data order": "unshuffled_data", "gradient norm": "exploding_gradients"}
+
+
 class OscillatingLoss(BaseCheck):
     cause = "oscillating_loss"
 
@@ -22,7 +26,8 @@ class OscillatingLoss(BaseCheck):
             return None
         probes = [_lr(history), _shuffle(history), _grad_norm(history), _batch_diversity(history)]
         named = next((p for p in probes if p["verdict"] == "yes"), None)
-        evidence: dict[str, Any] = {**osc, "causes_checked": probes, "cause_found": named["name"] if named else None}
+        evidence: dict[str, Any] = {**osc, "causes_checked": probes, "cause_found": named["name"] if named else None,
+                                    "attributed_to": _CAUSE_OF.get(named["name"]) if named else None}
         summary = (f"the loss rose {osc['rises']} times between windows of {osc['window_steps']} steps "
                    f"(largest +{fmt(osc['largest_rise'])} at step {osc['largest_rise_step']}; start "
                    f"{fmt(osc['start_loss'])}, low {fmt(osc['low'])}, end {fmt(osc['final_loss'])}); causes "

@@ -31,7 +31,8 @@ class Overfitting(BaseCheck):
         best = min(range(len(vals)), key=vals.__getitem__)
         since = len(vals) - 1 - best
         gap_best, gap_end = vals[best] - trains[best], vals[-1] - trains[-1]
-        rise = vals[-1] / max(vals[best], 1e-12) - 1
+        # relative to the best loss, but not to a near-zero one (a perfect fit's 1e-9)
+        rise = (vals[-1] - vals[best]) / max(vals[best], 0.01 * vals[0], 1e-12)
         if not (since >= 1 and trains[-1] < trains[best] and gap_end > gap_best and rise > RISE):
             return None
         stalled = since >= max(2, math.ceil(0.15 * len(vals)))
