@@ -23,6 +23,7 @@ figures are printed beside ours, not re-measured.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -52,7 +53,7 @@ def mlp(widths: Iterable[int], act: Callable[[], nn.Module] = nn.ReLU, *, out: i
     """Linear layers of ``widths`` (the first is the input width) with ``act`` between them."""
     widths = list(widths)
     layers: list[nn.Module] = []
-    for a, b in zip(widths, widths[1:], strict=False):
+    for a, b in itertools.pairwise(widths):
         lin = nn.Linear(a, b)
         if init_std is not None:
             nn.init.normal_(lin.weight, std=init_std(a))

@@ -44,7 +44,7 @@ _ORDER = {c: i for i, c in enumerate(CAUSES)}
 #: a finding of ``a`` accounts for when it started no later than they did (or is a root cause).
 _EXPLAINS: dict[str, tuple[str, ...]] = {
     "lr_too_high": ("exploding_gradients", "nan_inf", "dead_units", "lr_too_low", "overfitting",
-                    "oscillating_loss", "saturated_activations", "no_lr_decay"),
+                    "oscillating_loss", "saturated_activations", "no_lr_decay", "no_warmup"),
     "unshuffled_data": ("lr_too_high", "exploding_gradients", "dead_units", "lr_too_low", "overfitting",
                         "nan_inf", "oscillating_loss", "slow_convergence", "no_lr_decay", "no_warmup"),
     "exploding_gradients": ("lr_too_high", "nan_inf", "dead_units", "lr_too_low", "oscillating_loss",
@@ -54,7 +54,7 @@ _EXPLAINS: dict[str, tuple[str, ...]] = {
     "saturated_activations": ("vanishing_gradients", "lr_too_low", "slow_convergence"),
     "vanishing_gradients": ("lr_too_low", "slow_convergence"),
     "batchnorm_small_batch": ("lr_too_high", "overfitting", "exploding_gradients", "oscillating_loss",
-                              "no_lr_decay"),
+                              "no_lr_decay", "dead_units"),
     "no_warmup": ("lr_too_high", "exploding_gradients", "oscillating_loss", "dead_units"),
     "no_lr_decay": ("oscillating_loss",),
     "oscillating_loss": (),

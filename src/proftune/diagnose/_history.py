@@ -6,6 +6,7 @@ check can be tested on a History built by hand.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ class History:
         windows = [finite[i:i + w] for i in range(0, len(finite) - w + 1, w)]
         means = [(ws[0][0], statistics.fmean(v for _, v in ws)) for ws in windows]
         start = means[0][1]
-        rises = [(s1, m1 - m0) for (_, m0), (s1, m1) in zip(means, means[1:], strict=False)
+        rises = [(s1, m1 - m0) for (_, m0), (s1, m1) in itertools.pairwise(means)
                  if m1 - m0 > 0.1 * start and m1 - m0 > 0.25 * m0]
         if len(rises) < 3:
             return None
@@ -222,6 +223,18 @@ class History:
             return None
         early = early_rise(finite[: max(10, min(200, len(finite) // 5))])
         return early if early is not None and early["rise"] >= 0.2 else None
+
+    def stalled_high(self) -> dict[str, Any] | None:
+        """The smoothed loss of the last third is no lower than the middle third's while still
+        above half the starting loss: training stopped far from converged."""
+        curve = [v for _, v in self.smoothed()]
+        if len(curve) < 30:
+            return None
+        k = len(curve) // 3
+        start, mid, last = statistics.fmean(curve[:3]), statistics.fmean(curve[k:2 * k]), statistics.fmean(curve[2 * k:])
+        if last < 0.97 * mid or last < 0.5 * start:
+            return None
+        return {"start_loss": start, "middle_loss": mid, "last_loss": last}
 
     def stalled_tail(self) -> dict[str, Any] | None:
         """The last 30% of the run made under 5% of the run's progress while the step loss stays

@@ -12,7 +12,6 @@ from .._findings import Finding
 from .._history import History
 from ._base import BaseCheck, fmt
 
-
 #: The finding that stands for each of the four causes, where there is one.
 _CAUSE_OF = {"learning rate": "lr_too_high", "data order": "unshuffled_data", "gradient norm": "exploding_gradients"}
 

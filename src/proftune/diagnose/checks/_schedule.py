@@ -11,6 +11,7 @@ from typing import Any
 from .._findings import Finding
 from .._history import History, early_rise
 from ._base import BaseCheck, fmt
+from ._lr_too_high import FAR_ABOVE
 
 #: Optimizers whose first steps are taken on second-moment estimates from a few batches (the
 #: reason for warm-up: Liu et al. 2020, "On the Variance of the Adaptive Learning Rate").
@@ -60,7 +61,13 @@ class NoWarmup(BaseCheck):
                     f"{n - k + 1}-{n} against {fmt(orig_tail)} without ({gain:.0%} lower), with no climb")
         fix = (f"warm the learning rate up linearly over the first {w} steps (or about 5% of training), "
                "e.g. torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=N)")
-        return Finding(self.cause, "warning", summary, fix, evidence, 0.85, step=1, root=True)
+        test = history.lr_test
+        far = test is not None and lrs[0] >= FAR_ABOVE * test.best_lr
+        if far:
+            assert test is not None
+            summary += (f"; but the rate is {fmt(lrs[0] / test.best_lr)}x the range test's safe maximum "
+                        f"{fmt(test.best_lr)}: lowering it comes first")
+        return Finding(self.cause, "warning", summary, fix, evidence, 0.6 if far else 0.85, step=1, root=not far)
 
 
 class NoLrDecay(BaseCheck):
@@ -112,4 +119,4 @@ def warmup_suspected(history: History) -> bool:
         return False
     return history.nonfinite is None and bool(history.early_instability() or history.lr_rise()
                                               or history.plateau() or history.slow_progress()
-                                              or history.oscillation())
+                                              or history.oscillation() or history.stalled_high())
