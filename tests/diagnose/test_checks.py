@@ -179,3 +179,9 @@ def test_saturation_of_the_output_layer_is_not_a_finding() -> None:
     from proftune.diagnose.checks._saturated import SaturatedActivations
 
     assert SaturatedActivations().check(h) is None
+
+
+def test_update_ratio_skips_layers_without_one() -> None:
+    """A layer whose update ratio LayerStats could not measure (None) is left out, not a crash."""
+    stats = {"0": {"grad": {"norm": 1.0, "update_ratio": None}}, "1": {"grad": {"norm": 1.0, "update_ratio": 2e-3}}}
+    assert History(samples=[(1, stats)]).update_ratio() == pytest.approx(2e-3)

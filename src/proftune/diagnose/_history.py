@@ -202,8 +202,8 @@ class History:
         """Median over sampled steps of the median per-layer ``||update|| / ||weight||``."""
         per_step = []
         for _, stats in self.samples:
-            rs = [float((s.get("grad") or {}).get("update_ratio", math.nan)) for s in stats.values()]
-            rs = [r for r in rs if math.isfinite(r) and r > 0]
+            found = [(s.get("grad") or {}).get("update_ratio") for s in stats.values()]
+            rs = [float(r) for r in found if r is not None and math.isfinite(float(r)) and r > 0]
             if rs:
                 per_step.append(statistics.median(rs))
         return statistics.median(per_step) if per_step else None
