@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..diagnose import diagnose as run_diagnose
@@ -36,7 +37,7 @@ def _where(f: dict[str, Any]) -> str:
     ev = f["evidence"]
     parts = [f"step {ev['step']}" if ev.get("step") else "", f"layer {ev['layer']}" if ev.get("layer") else ""]
     where = " ".join(x for x in parts if x)
-    return f" [{where}]" if where else ""
+    return escape(f" [{where}]") if where else ""  # escaped: rich would read "[step 3]" as markup
 
 
 def diagnose(
@@ -74,10 +75,10 @@ def diagnose(
             table.add_column(col, overflow="fold")
         for i, f in enumerate(d["findings"], start=1):
             table.add_row(str(i), f["cause"], f"[{_STYLE[f['severity']]}]{f['severity']}[/]",
-                          f"{f['summary']}{_where(f)}\n[dim]{f.get('why', '')}[/]", f["fix"])
+                          f"{escape(f['summary'])}{_where(f)}\n[dim]{escape(f.get('why', ''))}[/]", escape(f["fix"]))
             for c in f.get("consequences") or []:
                 table.add_row("", f"  -> {c['cause']}", f"[{_STYLE[c['severity']]}]{c['severity']}[/]",
-                              f"{c['summary']}{_where(c)}\n[dim]{c.get('why', '')}[/]", "")
+                              f"{escape(c['summary'])}{_where(c)}\n[dim]{escape(c.get('why', ''))}[/]", "")
         out_console.print(table)
 
     execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
