@@ -162,16 +162,17 @@ class History:
 
     def oscillation(self) -> dict[str, Any] | None:
         """The loss climbs back up again and again: 3+ rises between consecutive windows of
-        steps, each by 10% of the starting loss and a quarter of its level at the time."""
+        steps, each by 20% of the starting loss and 35% of its level at the time (smaller ones
+        are the batch noise of a low loss)."""
         finite = [(s, v) for s, v in self.losses() if math.isfinite(v)]
         if len(finite) < 40:
             return None
         w = max(5, len(finite) // 40)
         windows = [finite[i:i + w] for i in range(0, len(finite) - w + 1, w)]
         means = [(ws[0][0], statistics.fmean(v for _, v in ws)) for ws in windows]
-        start = means[0][1]
+        start = max(means[0][1], finite[0][1])  # the first window may already be well below the start
         rises = [(s1, m1 - m0) for (_, m0), (s1, m1) in itertools.pairwise(means)
-                 if m1 - m0 > 0.1 * start and m1 - m0 > 0.25 * m0]
+                 if m1 - m0 > 0.2 * start and m1 - m0 > 0.35 * m0]
         if len(rises) < 3:
             return None
         largest = max(rises, key=lambda r: r[1])
