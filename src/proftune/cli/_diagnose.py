@@ -15,6 +15,7 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     EpochsOpt,
+    ForceOpt,
     JsonOpt,
     MaxStepsOpt,
     ParamOpt,
@@ -46,6 +47,7 @@ def diagnose(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Train TASK, watch it, and say what is wrong: cause, evidence, severity and fix."""
 
@@ -73,4 +75,4 @@ def diagnose(
                           f"{f['summary']}{note}" + (f" [{where}]" if where else ""), f["fix"])
         out_console.print(table)
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

@@ -31,6 +31,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .._paths import replacing
 from ..exceptions import ConfigError
 
 __all__ = [
@@ -133,27 +134,30 @@ def _is_plain(value: Any) -> bool:
 
 def save_model(model: nn.Module, path: str | Path, example: Any, *, fmt: str,
                rebuild: Rebuild | None = None) -> None:
-    """Write ``model`` to ``path`` in ``fmt`` (see the module doc); the parent folder must exist."""
-    path = Path(path)
-    if fmt == "state":
-        if rebuild is None:
-            raise ConfigError("fmt='state' needs rebuild= (the task spec and params that build the model).")
-        torch.save({"kind": _KIND, "task": rebuild.task, "params": dict(rebuild.params),
-                    "attrs": _shape_attrs(model),
-                    "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)
-    elif fmt == "torchscript":
-        with torch.no_grad(), _quiet_jit():
-            if isinstance(example, dict):
-                scripted = torch.jit.trace(model, example_kwarg_inputs=dict(example), check_trace=False)
-            else:
-                scripted = torch.jit.trace(model, _as_tuple(example), check_trace=False)
-            torch.jit.save(scripted, str(path))
-    elif fmt == "export":
-        program = _export(model, example)
-        with open(path, "wb") as f:  # a file object: any suffix (torch.export wants .pt2 for a path)
-            torch.export.save(program, f)
-    else:
+    """Write ``model`` to ``path`` in ``fmt`` (see the module doc); the parent folder must exist.
+    The file is written beside ``path`` and renamed over it (a link at ``path`` is replaced, not
+    followed)."""
+    if fmt not in FORMATS:
         raise ConfigError(f"fmt={fmt!r} is unknown; valid: {', '.join(FORMATS)}.")
+    if fmt == "state" and rebuild is None:
+        raise ConfigError("fmt='state' needs rebuild= (the task spec and params that build the model).")
+    with replacing(path) as tmp:
+        if fmt == "state":
+            assert rebuild is not None
+            torch.save({"kind": _KIND, "task": rebuild.task, "params": dict(rebuild.params),
+                        "attrs": _shape_attrs(model),
+                        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, tmp)
+        elif fmt == "torchscript":
+            with torch.no_grad(), _quiet_jit():
+                if isinstance(example, dict):
+                    scripted = torch.jit.trace(model, example_kwarg_inputs=dict(example), check_trace=False)
+                else:
+                    scripted = torch.jit.trace(model, _as_tuple(example), check_trace=False)
+                torch.jit.save(scripted, str(tmp))
+        else:
+            program = _export(model, example)
+            with open(tmp, "wb") as f:  # a file object: any suffix (torch.export wants .pt2 for a path)
+                torch.export.save(program, f)
 
 
 def _export(model: nn.Module, example: Any) -> Any:

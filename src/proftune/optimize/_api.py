@@ -36,7 +36,7 @@ from ._layer_value import keep_layers, layer_values
 from ._output import write_html, write_outputs
 from ._search import SearchSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
-from ._state import OptimizeState
+from ._state import OptimizeState, own_run
 
 log = logging.getLogger(__name__)
 
@@ -555,5 +555,6 @@ def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeC
     task_obj = load_task(task)
     v = validate(task_obj, config, {"budget": budget, **options})
     st = store or Store(v.cfg.db)
-    return _Loop(task_obj, v, st, progress).run()
+    with own_run(v.out, st, (v.stored or {}).get("study") or v.cfg.study):
+        return _Loop(task_obj, v, st, progress).run()
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .._device import batch_size_of, call_model, clock, move_to_device, output_loss, resolve_device
+from .._paths import OutputPath, check_outputs, replacing
 from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
@@ -283,8 +284,8 @@ class _Profiler(Callback):
             prof, self.trace_prof = self.trace_prof, None
             prof.__exit__(None, None, None)
             assert self.plan.trace is not None
-            self.plan.trace.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(self.plan.trace))
+            with replacing(self.plan.trace) as tmp:  # kineto logs a failure and returns: checked there
+                prof.export_chrome_trace(str(tmp))
         if self.plan.phase(state.step + 1) == "done":
             state.request_stop("profile complete")
         self._last_end = self._now()
@@ -458,6 +459,7 @@ def profile(
     is_module = isinstance(task_or_model, nn.Module)
     _validate(batch_size=batch_size, steps=steps, warmup=warmup, detail=detail, is_module=is_module,
               example_input=example_input)
+    check_outputs([OutputPath("--trace", trace)], force=True)  # its folder, before any step
     dev = resolve_device(device)
     trace_path = Path(trace) if trace is not None else None
     plan = _Plan(warmup=warmup, steps=steps, detail=detail, trace=trace_path, device=dev)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._jsonsafe import json_safe
+from .._paths import write_text
 from ..exceptions import ConfigError
 
 __all__ = [
@@ -195,10 +196,7 @@ class Profile:
         """Write the profile as JSON; returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(p)  # atomic: a crash never leaves half a file
-        return p
+        return write_text(p, self.to_json())  # atomic: a crash never leaves half a file
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

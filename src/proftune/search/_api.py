@@ -17,7 +17,7 @@ import optuna
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import ClassificationTask, Task, load_task
-from ..track import Store, environment, open_store, tracked_run
+from ..track import Store, StudyLock, environment, open_store, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
@@ -276,7 +276,8 @@ def search(
               "workers": workers, "seed": seed, "device": device, "max_failures": max_failures,
               "max_gated": max_gated, "scan": scan, "resumed": stored is not None,
               "params": dict(space_obj.fixed)}
-    with tracked_run("tune", task_obj, config=config, device=None, store=store, study=name) as run:
+    with (StudyLock(store, name, command="tune", shared=True),  # tune runs share a study, optimize does not
+          tracked_run("tune", task_obj, config=config, device=None, store=store, study=name) as run):
         record = store.get_run(run.id)
         settings.tune_run_id = run.id
         settings.data_fingerprint = record.data_fingerprint
