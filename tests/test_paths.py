@@ -23,7 +23,8 @@ def test_a_new_file_in_an_existing_folder_is_fine(tmp_path: Path) -> None:
 
 def test_a_missing_folder_is_refused_and_not_created(tmp_path: Path) -> None:
     target = tmp_path / "no" / "such" / "t.json"
-    assert "folder" in _problems(target) and "does not exist" in _problems(target)
+    assert "folder" in _problems(target)
+    assert "does not exist" in _problems(target)
     assert not (tmp_path / "no").exists()
 
 
@@ -57,7 +58,8 @@ def test_a_symlink_is_neither_followed_nor_replaced_without_force(tmp_path: Path
     assert "symbolic link" in _problems(tmp_path / "dangling.json")
     assert _problems(link, force=True) == ""
     write_text(link, "new")  # with --force: the link itself is replaced, its target kept
-    assert not link.is_symlink() and link.read_text() == "new"
+    assert not link.is_symlink()
+    assert link.read_text() == "new"
     assert target.read_text() == "the user's"
 
 
@@ -75,7 +77,9 @@ def test_a_folder_output_may_be_created_but_keeps_the_files_it_holds(tmp_path: P
     plots.mkdir()
     (plots / "history.png").write_bytes(b"png")
     text = _problems(plots, folder=True, names=("history.png", "pareto.png"))
-    assert "history.png" in text and "pareto.png" not in text and "--force" in text
+    assert "history.png" in text
+    assert "pareto.png" not in text
+    assert "--force" in text
     assert _problems(plots, folder=True, names=("history.png",), force=True) == ""
     (tmp_path / "f").write_text("x")
     assert "is a file, not a folder" in _problems(tmp_path / "f", folder=True)
@@ -86,7 +90,8 @@ def test_every_problem_is_named_in_one_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         check_outputs([OutputPath("--out", tmp_path / "a.json"), OutputPath("--trace", tmp_path / "x" / "t.json"),
                        OutputPath("--report", None)])
-    assert "--out" in str(err.value) and "--trace" in str(err.value)
+    assert "--out" in str(err.value)
+    assert "--trace" in str(err.value)
     collector = ProblemCollector()
     check_outputs([OutputPath("--out", tmp_path / "b.json"), OutputPath("--trace", tmp_path / "b.json")],
                   problems=collector)
@@ -97,10 +102,16 @@ def test_every_problem_is_named_in_one_error(tmp_path: Path) -> None:
 def test_replacing_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
     f = tmp_path / "model.pt"
     f.write_text("old")
-    with pytest.raises(RuntimeError), replacing(f) as tmp:
-        tmp.write_text("half")
-        raise RuntimeError("crash mid-write")
-    assert f.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+    def crash() -> None:
+        with replacing(f) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash mid-write")
+
+    with pytest.raises(RuntimeError):
+        crash()
+    assert f.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
     with pytest.raises(OSError, match="produced no file"), replacing(f):
         pass  # a writer that logs its failure and returns (torch.profiler's trace export)
     assert f.read_text() == "old"

@@ -28,7 +28,7 @@ from ..profile import Profile
 from ..profile import profile as run_profile
 from ..recommend import recommend
 from ..task import Task, load_task
-from ..track import Store, data_fingerprint, environment
+from ..track import Store, data_fingerprint, environment, redact_url
 from ..train import Callback, FitState, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
 from ._config import OptimizeConfig, Validated, default_study, validate
@@ -130,7 +130,8 @@ class _Loop:
             return int(stored)
         config = {"stage": None, "budget_s": self.v.budget_s, "objective": self.v.objective,
                   "params": self.defaults, "out": str(self.out), "study": self.study,
-                  "options": {k: v for k, v in vars(self.cfg).items() if k != "extra"}}
+                  "options": {k: redact_url(v) if k == "db" and v else v
+                              for k, v in vars(self.cfg).items() if k != "extra"}}
         run_id = self.store.start_run("optimize", self.name, config=config, env=environment(self.dev),
                                       data_fingerprint=data_fingerprint(self.task, self.defaults),
                                       study=self.study)

@@ -104,7 +104,7 @@ def own_run(out: Path, store: Store, study: str | None) -> Iterator[None]:
     """Hold ``out`` and ``study`` for this process while the loop runs: a second optimize on
     either is refused (exit 2, naming this one); a killed holder's locks pass to the next run."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FolderLock(out, command="optimize"))
         if study is not None:
             stack.enter_context(StudyLock(store, study, command="optimize"))
+        stack.enter_context(FolderLock(out, command="optimize"))  # second: a refusal creates no folder
         yield

@@ -144,7 +144,7 @@ def _study_page(name: str, store: Store) -> Page:
     trials = store.list_runs(kind="trial", study=name)
     if not tunes and not trials:
         studies = sorted({r.study for r in store.list_runs(kind="tune", limit=200) if r.study})
-        raise ConfigError(f"--study {name!r} has no runs in {store.url}; studies: "
+        raise ConfigError(f"--study {name!r} has no runs in {store.shown_url}; studies: "
                           f"{', '.join(studies) if studies else 'none yet (run proftune tune)'}.")
     task = (tunes or trials)[0].task
     page = Page(f"{task} — study {name}", subtitle=f"{len(trials)} trials · {len(tunes)} tune run(s)",

@@ -5,7 +5,16 @@ from __future__ import annotations
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
-from ._store import DEFAULT_DB, RUN_KINDS, RunHandle, RunRecord, Store, default_db_url, pid_alive
+from ._store import (
+    DEFAULT_DB,
+    RUN_KINDS,
+    RunHandle,
+    RunRecord,
+    Store,
+    default_db_url,
+    pid_alive,
+    redact_url,
+)
 from ._store import _sqlite_pragmas as sqlite_pragmas
 from ._tracked import open_store, optional_store, tracked_run
 
@@ -25,6 +34,7 @@ __all__ = [
     "open_store",
     "optional_store",
     "pid_alive",
+    "redact_url",
     "short_fingerprint",
     "sqlite_pragmas",
     "tracked_run",
