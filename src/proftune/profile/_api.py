@@ -172,6 +172,10 @@ class _Profiler(Callback):
         self.comm: CommRecorder | None = None
         self.trace_prof: Any = None
         self._phase = "warmup"
+        #: Steps counted by the plan: an epoch's partial last batch is run but not counted (its
+        #: time and memory are not those of the batch size asked for).
+        self._counted = 0
+        self._full: int | None = None
         self._last_end = 0.0
         self._capture: Any = None
         self._cuda_peak_open = False
@@ -197,7 +201,11 @@ class _Profiler(Callback):
         self._last_end = self._now()
 
     def on_step_start(self, state: FitState) -> None:
-        self._phase = phase = self.plan.phase(state.step + 1)
+        size = batch_size_of(state.batch)
+        if self._full is None:
+            self._full = size  # the first batch of an epoch is full-size
+        partial = size < self._full
+        self._phase = phase = "partial" if partial else self.plan.phase(self._counted + 1)
         if self.comm is not None:
             self.comm.recording = phase == "clean"
             self.comm.discard_step()
@@ -248,13 +256,18 @@ class _Profiler(Callback):
         # samples of this optimizer step (all micro-batches under gradient accumulation)
         n = state.samples_seen - self._seen if self.train else batch_size_of(state.batch)
         self._seen = state.samples_seen
+        if phase == "partial":
+            self._last_end = self._now()
+            return
+        self._counted += 1
+        following = self.plan.phase(self._counted + 1)
         if phase == "clean":
             self.timings.append({**state.timing, "wall_ms": wall})
             self.samples.append(n)
             self.batch_size = n
             if self.comm is not None:
                 self.comm.end_step(step_ms=wall)
-            if self.plan.phase(state.step + 1) != "clean" and self._cuda_peak_open:
+            if following != "clean" and self._cuda_peak_open:
                 assert self.peak is not None
                 self.m.peak_bytes = self.peak.stop()
         elif phase == "layers":
@@ -286,7 +299,7 @@ class _Profiler(Callback):
             assert self.plan.trace is not None
             with replacing(self.plan.trace) as tmp:  # kineto logs a failure and returns: checked there
                 prof.export_chrome_trace(str(tmp))
-        if self.plan.phase(state.step + 1) == "done":
+        if following == "done":
             state.request_stop("profile complete")
         self._last_end = self._now()
 
@@ -512,7 +525,8 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
             prof = _Profiler(plan, train=True)
             if wrapped is not model:
                 prof.comm = CommRecorder(wrapped)
-            fit(task, params, max_steps=plan.total, batch_size=bs, device=dev, seed=seed,
+            # room for the partial last batches the plan skips; the profiler stops the loop when done
+            fit(task, params, max_steps=2 * plan.total + 2, batch_size=bs, device=dev, seed=seed,
                 callbacks=[prof], model=wrapped, evaluate=False, stop_on_nan=False)
     except torch.OutOfMemoryError:
         raise
