@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import itertools
 import statistics
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,7 @@ class _Profiler(Callback):
         self._counted = 0
         self._full: int | None = None
         self._last_end = 0.0
+        self._last_cpu = 0.0
         self._capture: Any = None
         self._cuda_peak_open = False
         self._seen = 0
@@ -198,7 +200,7 @@ class _Profiler(Callback):
         self.acts = ActivationRecorder(self.model) if self.train else None
         self.peak = PeakMemory(self.plan.device)
         self._capture = state.model.register_forward_pre_hook(self._capture_input, with_kwargs=True)
-        self._last_end = self._now()
+        self._last_end, self._last_cpu = self._now(), time.process_time()
 
     def on_step_start(self, state: FitState) -> None:
         size = batch_size_of(state.batch)
@@ -250,6 +252,8 @@ class _Profiler(Callback):
         phase = self._phase
         now = self._now()
         wall = (now - self._last_end) * 1e3
+        # the process's CPU time in the step: another process can delay a step, not add to it
+        cpu = (time.process_time() - self._last_cpu) * 1e3
         if self._capture is not None and self.example is not None:
             self._capture.remove()
             self._capture = None
@@ -257,12 +261,12 @@ class _Profiler(Callback):
         n = state.samples_seen - self._seen if self.train else batch_size_of(state.batch)
         self._seen = state.samples_seen
         if phase == "partial":
-            self._last_end = self._now()
+            self._last_end, self._last_cpu = self._now(), time.process_time()
             return
         self._counted += 1
         following = self.plan.phase(self._counted + 1)
         if phase == "clean":
-            self.timings.append({**state.timing, "wall_ms": wall})
+            self.timings.append({**state.timing, "wall_ms": wall, "cpu_ms": cpu})
             self.samples.append(n)
             self.batch_size = n
             if self.comm is not None:
@@ -301,7 +305,7 @@ class _Profiler(Callback):
                 prof.export_chrome_trace(str(tmp))
         if following == "done":
             state.request_stop("profile complete")
-        self._last_end = self._now()
+        self._last_end, self._last_cpu = self._now(), time.process_time()
 
     def on_fit_end(self, state: FitState) -> None:
         self.m.optimizer_bytes = optimizer_state_bytes(state.optimizer)

@@ -81,6 +81,14 @@ class StepProfile:
     #: Of forward+backward, the milliseconds no layer accounts for (the task's loss, work done
     #: outside any module); measured on the layer-timed steps, 0 when layers were not timed.
     outside_layers_ms: float = 0.0
+    #: The fastest measured step (ms), the spread of the steps (median / fastest - 1: 0.05 is
+    #: a quiet machine, 1.0 a step that took twice as long as it can), and the process's CPU time
+    #: per step (median and fastest, ms; at one thread, the step's own cost, which other
+    #: processes can delay but not increase).
+    min_ms: float = 0.0
+    noise: float = 0.0
+    cpu_ms: float = 0.0
+    cpu_min_ms: float = 0.0
 
 
 @dataclass(frozen=True)
