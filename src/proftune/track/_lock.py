@@ -218,6 +218,9 @@ def _try_flock(fd: int, *, shared: bool) -> bool:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError as exc:  # ENOLCK, EOPNOTSUPP: a file system without locks
+        raise ConfigError(f"the output folder cannot be locked ({exc.strerror}): its file system does not "
+                          "support file locks; choose a folder on a local disk.") from exc
     return True
 
 
