@@ -166,13 +166,15 @@ def execute(
 
 
 def with_report(body: Callable[[], T], report: str | None, db: str | None, *, force: bool = False,
-                outputs: Sequence[OutputPath] = ()) -> Callable[[], T]:
+                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = ()) -> Callable[[], T]:
     """``body`` once every output path (``outputs`` and ``--report``) has passed its check (exit 2
     before any work: a missing or unwritable folder, an existing file without ``--force``), then
-    (with ``--report FILE``) the HTML report of the run it recorded."""
+    (with ``--report FILE``) the HTML report of the run it recorded. ``outputs`` may be a function
+    (called inside the command, so that a missing optional dependency is an exit 2 too)."""
 
     def run() -> T:
-        check_outputs([*outputs, OutputPath("--report", report)], force=force)
+        given = outputs() if callable(outputs) else outputs
+        check_outputs([*given, OutputPath("--report", report)], force=force)
         result = body()
         if report is not None:
             from ..report import write_report

@@ -90,7 +90,7 @@ def tune(
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db, force=force, outputs=[_plot_output(plot)]), json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render)
 
 
 def _plot_output(plot: Path | None) -> OutputPath:

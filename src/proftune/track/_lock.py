@@ -249,7 +249,7 @@ class StudyLock(_Reentrant):
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._engine = store.engine
-        _lock_metadata.create_all(self._engine)
+        store._retry(lambda: _lock_metadata.create_all(self._engine))  # several processes may race here
 
     def holders(self) -> list[tuple[Holder, bool]]:
         """The live holders of the study and whether each holds it shared (dead ones removed)."""
