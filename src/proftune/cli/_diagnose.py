@@ -16,6 +16,7 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     EpochsOpt,
+    ForceOpt,
     JsonOpt,
     MaxStepsOpt,
     ParamOpt,
@@ -54,6 +55,7 @@ def diagnose(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Train TASK, watch it, and say what is wrong: cause, evidence, severity and fix."""
 
@@ -81,4 +83,4 @@ def diagnose(
                               f"{escape(c['summary'])}{_where(c)}\n[dim]{escape(c.get('why', ''))}[/]", "")
         out_console.print(table)
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

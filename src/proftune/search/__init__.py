@@ -23,6 +23,7 @@ from . import (  # noqa: F401  (eager: see module doc)
     _study,
     _trial,
 )
+from ._analysis import PLOT_FILES
 from ._api import BACKENDS, DEFAULT_SCAN, SearchResult, scan, search, task_metrics
 from ._coarse_fine import CoarseToFineSampler
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
@@ -38,6 +39,7 @@ from ._strategy import Statement, strategy
 __all__ = [
     "BACKENDS",
     "DEFAULT_SCAN",
+    "PLOT_FILES",
     "PROFILE_METRICS",
     "PRUNERS",
     "SAMPLERS",
