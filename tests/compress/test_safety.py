@@ -65,6 +65,80 @@ def test_trusted_pickle_loads(tmp_path: Path, db_url: str) -> None:
     assert isinstance(load_model(path, trust=True), nn.Module)
 
 
+HELPER_TASK = '''
+import pathlib
+pathlib.Path(__file__).with_name("imported.txt").write_text("helper.py ran")
+import proftune
+from torch import nn
+
+
+class Helper(proftune.ClassificationTask):
+    def build_model(self, params):
+        return nn.Linear(4, 2)
+
+    def train_data(self, batch_size, params):
+        return []
+
+    def val_data(self, batch_size):
+        return []
+'''
+
+
+def test_a_checkpoint_naming_a_task_file_runs_it_only_when_the_caller_says_so(tmp_path: Path) -> None:
+    folder = tmp_path / "dl"
+    folder.mkdir()
+    (folder / "helper.py").write_text(HELPER_TASK)
+    spec = f"{folder / 'helper.py'}:Helper"
+    crafted = tmp_path / "crafted.pt"  # plain values only: loads with weights_only=True
+    torch.save({"kind": "proftune.compress/state", "task": spec, "params": {}, "attrs": {},
+                "state_dict": nn.Linear(4, 2).state_dict()}, crafted)
+    with pytest.raises(ConfigError, match="trust=True") as err:
+        load_model(crafted)
+    assert "task=" in str(err.value)
+    assert not (folder / "imported.txt").exists()  # the file's choice of code did not run
+    assert isinstance(load_model(crafted, task=spec), nn.Linear)  # the caller named it
+    assert (folder / "imported.txt").exists()
+    (folder / "imported.txt").unlink()
+    assert isinstance(load_model(crafted, trust=True), nn.Linear)
+
+
+USER_TASK = '''
+import torch
+from torch import nn
+import proftune
+from proftune.examples import TensorBatches
+
+
+class Mine(proftune.ClassificationTask):
+    def build_model(self, params):
+        return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def train_data(self, batch_size, params):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 4, generator=g)
+        return TensorBatches(x, (x[:, 0] > 0).long(), batch_size, shuffle=False)
+
+    def val_data(self, batch_size):
+        return self.train_data(batch_size, {})
+'''
+
+
+def test_a_user_tasks_load_line_names_the_task(tmp_path: Path, db_url: str) -> None:
+    (tmp_path / "mine.py").write_text(USER_TASK)
+    spec = f"{tmp_path / 'mine.py'}:Mine"
+    out = tmp_path / "small.pt"
+    report = proftune.compress(spec, prune="unstructured", ratios=(0.5,),
+                               max_accuracy_drop=1.0, goal="size", out=str(out), baseline_epochs=1, db=db_url,
+                               **FAST)
+    assert report.selected is not None
+    assert report.load_line is not None
+    assert report.selected.format == "state"
+    assert f"task={spec!r}" in report.load_line
+    namespace: dict[str, object] = {}
+    exec(report.load_line, namespace)  # the printed line works as it is
+    assert isinstance(namespace["model"], nn.Module)
+
+
 def test_files_that_are_not_checkpoints_exit_2(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'c.db'}"
     junk = tmp_path / "random.bin"

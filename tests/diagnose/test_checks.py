@@ -64,10 +64,38 @@ def _batchnorm() -> History:
     return History(batchnorm=["bn1"], batch_sizes=[4] * 10)
 
 
+def _saturated() -> History:
+    order = {"0": {}, "1": {}, "2": {}}
+    return History(saturation={1: {"1": {"type": "Tanh", "saturated_frac": 0.95}}}, samples=[(1, order)],
+                   fan_in=dict.fromkeys(("0", "2"), 16), types={"0": "Linear", "1": "Tanh", "2": "Linear"})
+
+
+def _oscillating() -> History:
+    # a falling loss with a square wave of +0.8 every other 10 steps on top
+    return History(steps=_steps([2.0 * 0.99**i + (0.8 if (i // 10) % 2 else 0.0) for i in range(100)]),
+                   batch_sizes=[4] * 100)
+
+
+def _slow() -> History:
+    return History(steps=_steps([2.3 - 0.008 * i for i in range(100)]))
+
+
+def _no_warmup() -> History:
+    losses = [2.3, 1.8, 1.4, 1.1, 1.0, 1.6, 2.4, 2.5, 2.2] + [2.0 * 0.97**i for i in range(71)]
+    return History(steps=_steps(losses), optimizer="AdamW")
+
+
+def _no_lr_decay() -> History:
+    losses = [2.3 * 0.97**i for i in range(100)] + [0.5 + (0.15 if i % 2 else -0.15) for i in range(150)]
+    return History(steps=_steps(losses))
+
+
 SHOWS: dict[str, Callable[[], History]] = {
     "lr_too_high": _lr_too_high, "lr_too_low": _lr_too_low, "unshuffled_data": _unshuffled,
     "exploding_gradients": _exploding, "vanishing_gradients": _vanishing, "dead_units": _dead_units,
     "nan_inf": _nan_inf, "overfitting": _overfitting, "batchnorm_small_batch": _batchnorm,
+    "saturated_activations": _saturated, "oscillating_loss": _oscillating, "slow_convergence": _slow,
+    "no_warmup": _no_warmup, "no_lr_decay": _no_lr_decay,
 }
 
 
@@ -115,3 +143,45 @@ def test_a_new_check_is_one_subclass() -> None:
     assert Always().check(History()) == Finding("overfitting", "info", "0 epochs", "none")
     with pytest.raises(TypeError):
         BaseCheck()  # type: ignore[abstract]
+
+
+def test_oscillation_names_the_first_of_its_four_causes_that_holds() -> None:
+    """Causes are tried in order: learning rate, data order, gradient norm, batch diversity."""
+    from proftune.diagnose import RangeTest
+    from proftune.diagnose.checks._oscillating import OscillatingLoss
+
+    def found(h: History) -> dict[str, object]:
+        f = OscillatingLoss().check(h)
+        assert f is not None
+        return f.evidence
+
+    small = _oscillating()  # batches of 4, nothing else wrong
+    ev = found(small)
+    assert [c["name"] for c in ev["causes_checked"]] == ["learning rate", "data order", "gradient norm",
+                                                          "batch diversity"]
+    assert ev["cause_found"] == "batch diversity"
+    spiky = _oscillating()
+    for i, r in enumerate(spiky.steps):
+        if i % 17 == 16:
+            r["ratio"], r["grad_norm"] = 50.0, 50.0
+    assert found(spiky)["cause_found"] == "gradient norm"
+    assert found(spiky)["attributed_to"] == "exploding_gradients"
+    high = _oscillating()
+    high.lr_test = RangeTest(lrs=[1e-4, 1e-3], losses=[2.0, 1.0], best_lr=1e-3, improved=True)
+    ev = found(high)
+    assert ev["cause_found"] == "learning rate"
+    assert "0.01 is above the range test's safe maximum 0.001" in ev["causes_checked"][0]["detail"]
+
+
+def test_saturation_of_the_output_layer_is_not_a_finding() -> None:
+    h = _saturated()
+    h.fan_in = {"0": 16}  # nothing with weights runs after the Tanh: it is the model's output
+    from proftune.diagnose.checks._saturated import SaturatedActivations
+
+    assert SaturatedActivations().check(h) is None
+
+
+def test_update_ratio_skips_layers_without_one() -> None:
+    """A layer whose update ratio LayerStats could not measure (None) is left out, not a crash."""
+    stats = {"0": {"grad": {"norm": 1.0, "update_ratio": None}}, "1": {"grad": {"norm": 1.0, "update_ratio": 2e-3}}}
+    assert History(samples=[(1, stats)]).update_ratio() == pytest.approx(2e-3)

@@ -9,9 +9,18 @@ import torch
 from torch import nn
 
 import proftune
-from proftune.diagnose import HealthCheck
+from proftune.diagnose import HealthCheck, flatten_findings
 
-from .broken_tasks import BROKEN, HealthySGD
+from .broken_tasks import (
+    BROKEN,
+    DeepReLU3xHe,
+    HealthySGD,
+    Memorise,
+    NoDecay,
+    PostLNNoWarmup,
+    SlowSGD,
+    TanhRawFeatures,
+)
 
 EPOCHS = 3
 
@@ -72,7 +81,7 @@ def test_diagnose_is_recorded_with_its_findings(db_url: str) -> None:
 
 def test_batchnorm_with_tiny_batch() -> None:
     report = proftune.diagnose("digits-cnn", {"batch_size": 4, "width": 4}, max_steps=12, record=False)
-    causes = {f.cause: f for f in report.findings}
+    causes = {f.cause: f for f in flatten_findings(report.findings)}
     assert causes["batchnorm_small_batch"].severity == "warning"
     assert causes["batchnorm_small_batch"].evidence["batch_size"] == 4
 
@@ -88,7 +97,7 @@ def test_vanishing_gradients_in_a_deep_sigmoid_stack() -> None:
             return nn.Sequential(*layers, nn.Linear(32, 10))
 
     report = proftune.diagnose(DeepSigmoid(), max_steps=30, record=False, lr_test=False)
-    found = {f.cause: f for f in report.findings}
+    found = {f.cause: f for f in flatten_findings(report.findings)}
     assert "vanishing_gradients" in found
     assert found["vanishing_gradients"].evidence["ratio"] < 1e-2
 
@@ -193,3 +202,89 @@ def test_nan_in_the_data_is_blamed_on_the_data() -> None:
     assert top.cause == "nan_inf"
     assert top.evidence["inputs_finite"] is False
     assert "input batch" in top.summary
+
+
+def _alarms(report: proftune.DiagnoseResult) -> list[str]:
+    return [f.cause for f in report.findings if f.severity in ("warning", "error")]
+
+
+def test_explosion_is_the_root_and_the_nan_and_dead_units_its_consequences() -> None:
+    """Deep ReLU net at 3x He scale, plain SGD: on main, dead_units (warning) came first, then
+    exploding_gradients, then nan_inf, and the summary read "0 gradient norm spikes, up to infx"."""
+    report = proftune.diagnose(DeepReLU3xHe(), epochs=1, record=False)
+    assert _alarms(report) == ["exploding_gradients"]
+    top = report.findings[0]
+    assert top.severity == "error"
+    assert {c.cause for c in top.consequences} >= {"nan_inf", "dead_units"}
+    assert all(c.explained_by == "exploding_gradients" for c in top.consequences)
+    assert top.evidence["overscale"]["times_he"] == pytest.approx(3.0, rel=0.05)
+    assert "3x He scale" in top.summary
+    assert "at step 1" in top.summary
+    assert "non-finite at step" in top.summary
+    assert "0 gradient norm spikes" not in top.summary
+    assert "infx" not in top.summary
+    assert "explains" in top.why
+    d = report.to_dict()["findings"][0]
+    assert [c["cause"] for c in d["consequences"]] == [c.cause for c in top.consequences]
+
+
+def test_memorising_80_samples_is_overfitting_from_the_gap_and_the_curve() -> None:
+    """On main: no finding above info (the validation loss rose 12%, under the 25% it needed)."""
+    report = proftune.diagnose(Memorise(), epochs=40, record=False, lr_test=False)
+    assert _alarms(report) == ["overfitting"]
+    ev = report.findings[0].evidence
+    assert ev["train_accuracy"] == 1.0
+    assert ev["accuracy_gap"] >= 0.07
+    assert ev["epochs_since_best"] >= 2
+    assert "train accuracy 100.0%" in report.findings[0].summary
+
+
+def test_batchnorm_over_two_samples_explains_the_noise_it_makes() -> None:
+    """On main the noisy loss it caused came out as rivals (lr_too_high, exploding_gradients)."""
+    report = proftune.diagnose("digits-cnn", {"batch_size": 2, "width": 8}, max_steps=150, record=False)
+    assert _alarms(report) == ["batchnorm_small_batch"]
+    rivals = {f.cause for f in report.findings[1:]}
+    assert not rivals & {"lr_too_high", "exploding_gradients", "oscillating_loss"}
+
+
+def test_tanh_on_unscaled_features_is_saturated_activations() -> None:
+    report = proftune.diagnose(TanhRawFeatures(), epochs=3, record=False)
+    top = report.findings[0]
+    assert top.cause == "saturated_activations"
+    assert top.layer == "1"
+    assert top.evidence["saturated_from_init"] is True
+    assert top.evidence["input_rms"] > 10
+    assert "standardise the inputs" in top.fix
+
+
+def test_plain_sgd_at_a_low_rate_is_slow_convergence() -> None:
+    report = proftune.diagnose(SlowSGD(), epochs=10, record=False)
+    top = report.findings[0]
+    assert (top.cause, top.severity) == ("slow_convergence", "warning")
+    assert 0.1 <= top.evidence["relative_drop"] <= 0.6
+    assert top.evidence["range_test"]["best_lr"] >= 10 * top.evidence["lr"]
+
+
+@pytest.mark.slow  # a 4-layer Transformer for 3 epochs and a 60-step probe: ~6 s idle, minutes under load
+def test_post_ln_transformer_without_warmup_is_no_warmup_confirmed_by_the_probe() -> None:
+    report = proftune.diagnose(PostLNNoWarmup(), epochs=3, record=False, lr_test=False)
+    top = report.findings[0]
+    assert (top.cause, top.severity) == ("no_warmup", "warning")
+    probe = top.evidence["probe"]
+    assert probe["relative_gain"] >= 0.2
+    assert probe["loss_with_warmup"] < probe["loss_without"]
+    assert f"first {probe['warmup_steps']} steps" in top.fix
+
+
+def test_constant_rate_on_a_noisy_floor_is_no_lr_decay_confirmed_by_the_probe() -> None:
+    report = proftune.diagnose(NoDecay(), epochs=3, record=False)
+    top = report.findings[0]
+    assert (top.cause, top.severity) == ("no_lr_decay", "warning")
+    assert top.evidence["probe"]["decayed_loss"] < 0.9 * top.evidence["probe"]["constant_loss"]
+    assert top.evidence["lr"] == 0.05
+
+
+@pytest.mark.parametrize("task", ["digits-mlp", "wine-mlp"])
+def test_builtin_tasks_at_their_defaults_raise_no_alarm(task: str) -> None:
+    """optimize's health stage stops on error findings at the task's defaults."""
+    assert _alarms(proftune.diagnose(task, record=False)) == []

@@ -35,3 +35,12 @@ def test_cli_diagnose_bad_param_exits_2(db_url: str) -> None:
     res = CliRunner().invoke(app, ["diagnose", "digits-mlp", "--param", "lr=-1", "--db", db_url])
     assert res.exit_code == 2
     assert "lr" in res.output
+
+
+def test_cli_diagnose_table_shows_step_layer_and_why(db_url: str) -> None:
+    """The "[step 1 layer 1]" tag was swallowed as rich markup before."""
+    res = CliRunner().invoke(app, ["diagnose", f"{BROKEN}:DeadReLU", "--epochs", "1", "--db", db_url],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "[step 1 layer 1]" in res.stdout
+    assert "ranked first" in res.stdout

@@ -195,6 +195,53 @@ def test_space_contradicting_the_computed_values_exits_2(tmp_path: Path, db_url:
     assert "precision" in res.output
 
 
+# -- one run owns its --out and its study --------------------------------------------------------------
+_PAUSED = textwrap.dedent("""
+    import sys
+    import proftune
+    def progress(event, data):
+        if event == "stage_start" and data["stage"] == "baseline":
+            print("running", flush=True)
+            sys.stdin.readline()   # paused inside the loop until the test kills it
+    proftune.optimize(sys.argv[1], budget=60, out=sys.argv[2], db=sys.argv[3], study=sys.argv[4],
+                      goal="none", seeds=1, max_trials=2, progress=progress)
+""")
+
+
+def test_a_second_optimize_on_the_same_out_or_study_is_refused_naming_the_first(tmp_path: Path,
+                                                                                  db_url: str) -> None:
+    out, other = tmp_path / "o", tmp_path / "o2"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED, _spec("TinyTask"), str(out), db_url, "shared"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running", proc.communicate()[1]
+        holder = f"optimize (pid {proc.pid} on "
+        for argv in (["--out", str(out), "--resume"], ["--out", str(out), "--study", "shared"],
+                     ["--out", str(other), "--study", "shared"]):
+            res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--db", db_url, *argv])
+            assert res.exit_code == 2, (argv, res.output)
+            assert holder in " ".join(res.output.split()), (argv, res.output)
+        assert not other.exists()  # refused before anything was written
+        space = tmp_path / "space.yaml"
+        space.write_text("params:\n  lr: {type: float, low: 1.0e-3, high: 1.0e-1, log: true}\n")
+        res = CliRunner().invoke(app, ["tune", _spec("TinyTask"), "--space", str(space), "--study", "shared",
+                                       "--trials", "1", "--db", db_url])
+        assert res.exit_code == 2, res.output
+        assert holder in " ".join(res.output.split()), res.output
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    # killed: its locks pass to the next run (the resume tests below run the whole loop after a kill)
+    from proftune.track import FolderLock, StudyLock
+
+    assert FolderLock(out, command="optimize").holder() is None
+    with StudyLock(Store(db_url), "shared", command="optimize") as lock:
+        assert lock.holders() == []
+
+
 # -- resume after SIGKILL ---------------------------------------------------------------------------
 _KILLER = textwrap.dedent("""
     import os, signal, sys

@@ -207,3 +207,24 @@ def test_gradient_accumulation_times_and_throughput() -> None:
     assert abs(per_layer - measured) / measured < 0.15, (per_layer, measured)
     assert p.batch_size == 128
     assert p.step.throughput == pytest.approx(2 * 128 / (p.step.time_ms / 1e3))  # both micro-batches
+
+
+def test_a_trace_that_was_not_written_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.profiler's export logs a C++ ERROR line and returns when it cannot write: the run
+    must not be recorded finished with a trace that does not exist."""
+    import torch.profiler
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", lambda self, path: None)
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}")
+    with pytest.raises(OSError, match="produced no file"):
+        proftune.profile("digits-mlp", steps=1, detail="step", trace=tmp_path / "t.json", store=store)
+    assert [r.status for r in store.list_runs()] == ["failed"]
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_trace_path_is_checked_before_any_step(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}")
+    with pytest.raises(ConfigError, match="does not exist"):
+        proftune.profile("digits-mlp", steps=1, trace=tmp_path / "missing" / "t.json", store=store)
+    assert store.count_runs() == 0
+    assert not (tmp_path / "missing").exists()

@@ -118,3 +118,38 @@ def test_torchvision_published_figures(name: str) -> None:
     counts = count_model(model.eval(), torch.randn(1, 3, 224, 224))
     assert counts.params_total == meta["num_params"]
     assert counts.macs / 1e9 == pytest.approx(meta["_ops"], rel=0.01)
+
+
+class _Fn(nn.Module):
+    """A layer that applies one tensor function to its input, with its own weights."""
+
+    def __init__(self, fn: object) -> None:
+        super().__init__()
+        self.fn = fn
+        self.w = nn.Parameter(torch.randn(5))
+        self.m = nn.Parameter(torch.randn(6, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(self, x)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("form", "fn", "shape", "macs"), [
+    # a 3-D x 1-D matmul runs as an mv on (3*4, 5): numel(out) x k
+    ("matmul 3-D x 1-D", lambda s, x: torch.matmul(x, s.w), (3, 4, 5), 3 * 4 * 5),
+    ("mv", lambda s, x: torch.mv(s.m, x), (5,), 6 * 5),
+    ("addmv", lambda s, x: torch.addmv(torch.zeros(6), s.m, x), (5,), 6 * 5),
+    ("dot", lambda s, x: torch.dot(x, s.w), (5,), 5),
+    ("matmul 1-D x 1-D", lambda s, x: torch.matmul(x, s.w), (5,), 5),
+    ("vdot", lambda s, x: torch.vdot(x, s.w), (5,), 5),
+    ("addr (outer)", lambda s, x: torch.addr(torch.zeros(5, 5), x, s.w), (5,), 5 * 5),
+    ("addbmm", lambda s, x: torch.addbmm(torch.zeros(4, 6), x, s.m.t().expand(3, 5, 6)), (3, 4, 5), 3 * 4 * 5 * 6),
+    ("einsum ij,j->i", lambda s, x: torch.einsum("ij,j->i", s.m, x), (5,), 6 * 5),
+    ("einsum bij,j->bi", lambda s, x: torch.einsum("bij,j->bi", x, s.w), (3, 4, 5), 3 * 4 * 5),
+    ("tensordot", lambda s, x: torch.tensordot(x, s.m.t(), dims=1), (3, 4, 5), 3 * 4 * 5 * 6),
+    ("bilinear", lambda s, x: F.bilinear(x, x, s.m.reshape(6, 5, 1).expand(6, 5, 5)), (2, 5), 2 * 6 * 5 * 5),
+])
+def test_every_matmul_form_is_counted(form: str, fn: object, shape: tuple[int, ...], macs: int) -> None:
+    counts = count_model(_Fn(fn), torch.randn(*shape), backward=True)
+    assert counts.macs == macs, form
+    assert counts.flops == 2 * macs, form
+    assert counts.uncounted_ops == [], (form, counts.uncounted_ops)  # forward and backward

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import proftune
-from proftune.exceptions import StoreError
+from proftune.exceptions import ConfigError, StoreError
 from proftune.track import Store, data_fingerprint, environment
 
 
@@ -141,3 +141,56 @@ def test_compare(db_url: str) -> None:
     assert diff["env"] == {"torch": {"a": "2.0", "b": "2.1"}}
     assert diff["data_fingerprint"]["match"] is True
     assert diff["metrics"]["accuracy"]["delta"] == pytest.approx(0.05)
+
+
+def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
+    import sqlite3
+
+    f = tmp_path / "app.db"
+    conn = sqlite3.connect(f)
+    conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO customers VALUES (1, 'ada')")
+    conn.commit()
+    conn.close()
+    before = hashlib.sha256(f.read_bytes()).hexdigest()
+    with pytest.raises(StoreError, match=r"another application's tables \(customers\)"):
+        Store(f"sqlite:///{f}")
+    assert hashlib.sha256(f.read_bytes()).hexdigest() == before  # no tables added, still a rollback journal
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]  # no -wal, no -shm
+    conn = sqlite3.connect(f)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    conn.close()
+
+
+def test_empty_new_optuna_and_proftune_databases_are_opened(tmp_path: Path) -> None:
+    import optuna
+
+    (tmp_path / "empty.db").write_bytes(b"")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", study_name="s")
+    for name in ("empty.db", "new.db", "optuna.db"):
+        Store(f"sqlite:///{tmp_path / name}").start_run("train", "t")
+    assert Store(f"sqlite:///{tmp_path / 'new.db'}").count_runs() == 1  # and again: it is ours now
+
+
+def test_a_password_in_the_url_is_never_shown(tmp_path: Path) -> None:
+    from proftune.track import redact_url
+
+    url = "postgresql+psycopg2://user:s3cret-pw@127.0.0.1:1/db"
+    with pytest.raises(StoreError) as err:
+        Store(url)
+    assert "s3cret-pw" not in str(err.value)
+    assert "user:***@127.0.0.1" in str(err.value)
+    with pytest.raises(StoreError) as err:
+        Store("postgresql//user:s3cret-pw@host/db")  # not even a URL
+    assert "s3cret-pw" not in str(err.value)
+    assert redact_url(url) == "postgresql+psycopg2://user:***@127.0.0.1:1/db"
+
+
+def test_compare_names_every_missing_run(db_url: str) -> None:
+    store = Store(db_url)
+    a = store.start_run("train", "t")
+    with pytest.raises(ConfigError, match="runs 999998, 999999 do not exist"):
+        store.compare(999998, 999999)
+    with pytest.raises(ConfigError, match="run 999999 does not exist"):
+        store.compare(a, 999999)

@@ -12,6 +12,7 @@ from ._common import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    ForceOpt,
     JsonOpt,
     ReportOpt,
     SeedOpt,
@@ -39,6 +40,7 @@ def bandit(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Run TASK ROUNDS times, choosing each configuration by Thompson sampling or UCB; the state
     lives in the store, so the next call continues. Reports allocation and the regret curve."""
@@ -65,4 +67,4 @@ def bandit(
             out_console.print(f"cumulative regret vs the best estimated mean (pull: regret): {points}; "
                               f"final {d['regret'][-1]:.3g} (uniform allocation: {d['uniform_regret'][-1]:.3g})")
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

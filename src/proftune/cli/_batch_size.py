@@ -14,6 +14,7 @@ from ._common import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    ForceOpt,
     JsonOpt,
     ParamOpt,
     ReportOpt,
@@ -40,6 +41,7 @@ def batch_size(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
     from_prediction: Annotated[bool, typer.Option(
         "--predict", help="Start from `proftune predict`'s answer (fake steps) and verify it with one "
                           "real step instead of probing.")] = False,
@@ -76,4 +78,4 @@ def batch_size(
             f"{format_bytes(d['static_bytes'])}"
         )
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

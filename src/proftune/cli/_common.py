@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._jsonsafe import json_safe
+from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
 
 T = TypeVar("T")
@@ -53,6 +54,10 @@ ReportOpt = Annotated[
     str | None,
     typer.Option("--report", help="Also write the result as one self-contained HTML report here.",
                  show_default=False),
+]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Replace existing output files (a symbolic link is replaced itself, "
+                       "never followed); without it they are refused before any work.")
 ]
 
 
@@ -162,22 +167,22 @@ def execute(
         out_console.print_json(json.dumps(json_safe(result)))
 
 
-def with_report(body: Callable[[], T], report: str | None, db: str | None) -> Callable[[], T]:
-    """``body``, then (with ``--report FILE``) the HTML report of the run it recorded."""
-    if report is None:
-        return body
+def with_report(body: Callable[[], T], report: str | None, db: str | None, *, force: bool = False,
+                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = ()) -> Callable[[], T]:
+    """``body`` once every output path (``outputs`` and ``--report``) has passed its check (exit 2
+    before any work: a missing or unwritable folder, an existing file without ``--force``), then
+    (with ``--report FILE``) the HTML report of the run it recorded. ``outputs`` may be a function
+    (called inside the command, so that a missing optional dependency is an exit 2 too)."""
 
     def run() -> T:
-        from pathlib import Path
-
-        from ..report import write_report
-
-        folder = Path(report).parent
-        if not folder.is_dir():  # say so before the work, not after it
-            raise ConfigError(f"--report {report!r}: folder {str(folder)!r} does not exist.")
+        given = outputs() if callable(outputs) else outputs
+        check_outputs([*given, OutputPath("--report", report)], force=force)
         result = body()
-        path = write_report(result, report, db=db)
-        err_console.print(f"report: {path}", markup=False, highlight=False)
+        if report is not None:
+            from ..report import write_report
+
+            path = write_report(result, report, db=db, force=True)  # checked above
+            err_console.print(f"report: {path}", markup=False, highlight=False)
         return result
 
     return run

@@ -60,7 +60,7 @@ def compress(
     model: Annotated[str | None, typer.Option("--model", help="The trained original: torch.save(model.state_dict()) or a compress output; default: train the task first. Never modified.", show_default=False)] = None,
     trust_model: Annotated[bool, typer.Option("--trust-model", help="Let --model be a whole pickled model (torch.save(model)): loading it runs code from the file, so only for files you trust.")] = False,
     round_to: Annotated[int | None, typer.Option("--round-to", help="Keep channel counts multiples of this (structured).", show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file (never the --model file).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing --out, --plot and --report files (never the --model file).")] = False,
     param: ParamOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
@@ -111,4 +111,4 @@ def compress(
             out_console.print(f"plot: {p}", highlight=False)
         out_console.print(f"run {d['run_id']} recorded", highlight=False)
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..diagnose import diagnose as run_diagnose
@@ -15,6 +16,7 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     EpochsOpt,
+    ForceOpt,
     JsonOpt,
     MaxStepsOpt,
     ParamOpt,
@@ -32,6 +34,13 @@ from ._progress import EpochProgress
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
+def _where(f: dict[str, Any]) -> str:
+    ev = f["evidence"]
+    parts = [f"step {ev['step']}" if ev.get("step") else "", f"layer {ev['layer']}" if ev.get("layer") else ""]
+    where = " ".join(x for x in parts if x)
+    return escape(f" [{where}]") if where else ""  # escaped: rich would read "[step 3]" as markup
+
+
 def diagnose(
     task: TaskArg,
     data: DataOpt = None,
@@ -46,6 +55,7 @@ def diagnose(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Train TASK, watch it, and say what is wrong: cause, evidence, severity and fix."""
 
@@ -62,15 +72,15 @@ def diagnose(
             out_console.print(f"run {d['run_id']}: {d['task']}: no findings, training looks healthy "
                               f"({', '.join(f'{k} {v:.4f}' for k, v in d['metrics'].items())})")
             return
-        table = Table(title=f"run {d['run_id']}: {d['task']}: findings, most likely cause first")
+        table = Table(title=f"run {d['run_id']}: {d['task']}: root causes first, each with what it explains")
         for col in ("#", "cause", "severity", "evidence", "fix"):
             table.add_column(col, overflow="fold")
         for i, f in enumerate(d["findings"], start=1):
-            where = " ".join(x for x in (f"step {f['evidence']['step']}" if f["evidence"].get("step") else "",
-                                         f"layer {f['evidence']['layer']}" if f["evidence"].get("layer") else "") if x)
-            note = f" (explained by {f['explained_by']})" if f["explained_by"] else ""
             table.add_row(str(i), f["cause"], f"[{_STYLE[f['severity']]}]{f['severity']}[/]",
-                          f"{f['summary']}{note}" + (f" [{where}]" if where else ""), f["fix"])
+                          f"{escape(f['summary'])}{_where(f)}\n[dim]{escape(f.get('why', ''))}[/]", escape(f["fix"]))
+            for c in f.get("consequences") or []:
+                table.add_row("", f"  -> {c['cause']}", f"[{_STYLE[c['severity']]}]{c['severity']}[/]",
+                              f"{escape(c['summary'])}{_where(c)}\n[dim]{escape(c.get('why', ''))}[/]", "")
         out_console.print(table)
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

@@ -6,8 +6,9 @@ from typing import Annotated, Any
 
 import typer
 
+from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
-from ._common import DbOpt, DebugOpt, JsonOpt, execute, out_console
+from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, execute, out_console
 
 
 def export_command(
@@ -18,6 +19,7 @@ def export_command(
         "--mlflow", help="Log to this MLflow tracking URI (sqlite:///mlflow.db, file:///..., http://...).",
         show_default=False)] = None,
     experiment: Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")] = "proftune",
+    force: ForceOpt = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -31,6 +33,8 @@ def export_command(
 
         if tensorboard is None and mlflow is None:
             raise ConfigError("give --tensorboard DIR and/or --mlflow URI.")
+        # event files get names of their own (time, host, pid): the folder only needs to be writable
+        check_outputs([OutputPath("--tensorboard", tensorboard, folder=True)], force=force)
         store = Store(db)
         record = store.get_run(run_id)
         out: dict[str, Any] = {"run_id": run_id}

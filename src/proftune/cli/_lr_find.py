@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from .._paths import OutputPath
 from ..recommend import lr_find
 from ..track import Store
 from ._common import (
@@ -13,6 +14,7 @@ from ._common import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    ForceOpt,
     JsonOpt,
     ParamOpt,
     ReportOpt,
@@ -41,6 +43,7 @@ def lr_find_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Exponential LR range test through the fit loop: suggested_lr (robust to noisy loss),
     min_lr where the loss starts to fall, max_lr the last before it blows up, and the curve."""
@@ -68,4 +71,4 @@ def lr_find_command(
         if plot:
             out_console.print(f"plot: {plot}")
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force, outputs=[OutputPath("--plot", plot)]), json_out=json_out, debug=debug, render=render)

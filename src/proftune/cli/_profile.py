@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from .._paths import OutputPath
 from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..profile import Profile, compare_profiles, profile
@@ -17,6 +18,7 @@ from ._common import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    ForceOpt,
     JsonOpt,
     ParamOpt,
     ReportOpt,
@@ -157,6 +159,7 @@ def profile_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Profile TASK: params, MACs/FLOPs, memory, time per layer, statistics; record it as a Run."""
 
@@ -187,7 +190,8 @@ def profile_command(
         else:
             _render_compare(result, top)
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force,
+                         outputs=[OutputPath("--out", out), OutputPath("--trace", trace)]), json_out=json_out, debug=debug, render=render)
 
 
 def _ranks(task: str, nprocs: int, *, device: str, **kw: Any) -> dict[str, Any]:

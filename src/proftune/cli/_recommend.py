@@ -19,6 +19,7 @@ from ._common import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    ForceOpt,
     JsonOpt,
     ParamOpt,
     ReportOpt,
@@ -85,6 +86,7 @@ def recommend_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Batch size, lr and its scaling, critical batch, accumulation, precision, data loading and
     bottleneck layers, each with the measured evidence behind it."""
@@ -113,4 +115,4 @@ def recommend_command(
             table.add_row(r.name, _short(r.value), r.confidence, r.reason, r.effect)
         out_console.print(table)
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from ..exceptions import ConfigError
-from ._common import DbOpt, DebugOpt, JsonOpt, err_console, execute, out_console
+from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
 
 
 def report_command(
@@ -18,6 +18,7 @@ def report_command(
     out: Annotated[str | None, typer.Option("--out", help="HTML file to write (default report-<id>.html).",
                                             show_default=False)] = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in the browser.")] = False,
+    force: ForceOpt = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
@@ -31,7 +32,7 @@ def report_command(
         if (source is None) == (study is None):
             raise ConfigError("give either RUN_ID or profile.json, or --study NAME (exactly one); "
                               "e.g. `proftune report 3` or `proftune report --study cnn`.")
-        path = write_report(source, out, study=study, db=db, open_browser=open_browser)
+        path = write_report(source, out, study=study, db=db, open_browser=open_browser, force=force)
         return {"report": str(path), "bytes": path.stat().st_size}
 
     def render(d: dict[str, Any]) -> None:

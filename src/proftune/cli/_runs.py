@@ -7,8 +7,18 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from .._paths import OutputPath, check_outputs
 from ..track import RUN_KINDS, Store
-from ._common import DbOpt, DebugOpt, JsonOpt, ReportOpt, err_console, execute, out_console
+from ._common import (
+    DbOpt,
+    DebugOpt,
+    ForceOpt,
+    JsonOpt,
+    ReportOpt,
+    err_console,
+    execute,
+    out_console,
+)
 
 runs_app = typer.Typer(help="List, show and compare recorded runs.", no_args_is_help=True)
 
@@ -102,16 +112,19 @@ def compare(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Compare two runs: config and environment differences, data fingerprints, metric deltas."""
 
     def body() -> dict[str, Any]:
+        check_outputs([OutputPath("--report", report)], force=force)
         store = _open(db)
         d = store.compare(a, b)
         if report is not None:
             from ..report import write_compare_report
 
-            err_console.print(f"report: {write_compare_report(a, b, report, store=store)}", markup=False)
+            path = write_compare_report(a, b, report, store=store, force=True)  # checked above
+            err_console.print(f"report: {path}", markup=False)
         return d
 
     def render(d: dict[str, Any]) -> None:

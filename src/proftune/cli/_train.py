@@ -14,6 +14,7 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     EpochsOpt,
+    ForceOpt,
     JsonOpt,
     MaxStepsOpt,
     ParamOpt,
@@ -41,6 +42,7 @@ def train(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Train TASK and record the run (config, environment, data fingerprint, metrics, curves)."""
 
@@ -66,4 +68,4 @@ def train(
             table.add_row("stopped", d["stop_reason"])
         out_console.print(table)
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

@@ -8,11 +8,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from .._paths import OutputPath
 from ._common import (
     DataOpt,
     DbOpt,
     DebugOpt,
     DeviceOpt,
+    ForceOpt,
     JsonOpt,
     ReportOpt,
     SeedOpt,
@@ -71,6 +73,7 @@ def tune(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     report: ReportOpt = None,
+    force: ForceOpt = False,
     data: DataOpt = None,
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
@@ -87,7 +90,13 @@ def tune(
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db), json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render)
+
+
+def _plot_output(plot: Path | None) -> OutputPath:
+    from ..search import PLOT_FILES
+
+    return OutputPath("--plot", plot, folder=True, names=PLOT_FILES)
 
 
 def _fmt(v: Any) -> str:

@@ -31,6 +31,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .._paths import replacing
 from ..exceptions import ConfigError
 
 __all__ = [
@@ -41,15 +42,16 @@ __all__ = [
     "file_format",
     "load_model",
     "read_model",
+    "runs_no_user_code",
     "save_model",
     "task_spec",
 ]
 
 FORMATS = ("state", "torchscript", "export")
 LOAD_LINES = {
-    "state": "from proftune.compress import load_model; model = load_model({path!r})",
+    "state": "from proftune.compress import load_model; model = load_model({path!r}{task})",
     "torchscript": "model = torch.jit.load({path!r})",
-    "export": "from proftune.compress import load_model; model = load_model({path!r})",
+    "export": "from proftune.compress import load_model; model = load_model({path!r}{task})",
 }
 _KIND = "proftune.compress/state"
 _PRIMITIVES = (bool, int, float, str, type(None))
@@ -133,27 +135,30 @@ def _is_plain(value: Any) -> bool:
 
 def save_model(model: nn.Module, path: str | Path, example: Any, *, fmt: str,
                rebuild: Rebuild | None = None) -> None:
-    """Write ``model`` to ``path`` in ``fmt`` (see the module doc); the parent folder must exist."""
-    path = Path(path)
-    if fmt == "state":
-        if rebuild is None:
-            raise ConfigError("fmt='state' needs rebuild= (the task spec and params that build the model).")
-        torch.save({"kind": _KIND, "task": rebuild.task, "params": dict(rebuild.params),
-                    "attrs": _shape_attrs(model),
-                    "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)
-    elif fmt == "torchscript":
-        with torch.no_grad(), _quiet_jit():
-            if isinstance(example, dict):
-                scripted = torch.jit.trace(model, example_kwarg_inputs=dict(example), check_trace=False)
-            else:
-                scripted = torch.jit.trace(model, _as_tuple(example), check_trace=False)
-            torch.jit.save(scripted, str(path))
-    elif fmt == "export":
-        program = _export(model, example)
-        with open(path, "wb") as f:  # a file object: any suffix (torch.export wants .pt2 for a path)
-            torch.export.save(program, f)
-    else:
+    """Write ``model`` to ``path`` in ``fmt`` (see the module doc); the parent folder must exist.
+    The file is written beside ``path`` and renamed over it (a link at ``path`` is replaced, not
+    followed)."""
+    if fmt not in FORMATS:
         raise ConfigError(f"fmt={fmt!r} is unknown; valid: {', '.join(FORMATS)}.")
+    if fmt == "state" and rebuild is None:
+        raise ConfigError("fmt='state' needs rebuild= (the task spec and params that build the model).")
+    with replacing(path) as tmp:
+        if fmt == "state":
+            assert rebuild is not None
+            torch.save({"kind": _KIND, "task": rebuild.task, "params": dict(rebuild.params),
+                        "attrs": _shape_attrs(model),
+                        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, tmp)
+        elif fmt == "torchscript":
+            with torch.no_grad(), _quiet_jit():
+                if isinstance(example, dict):
+                    scripted = torch.jit.trace(model, example_kwarg_inputs=dict(example), check_trace=False)
+                else:
+                    scripted = torch.jit.trace(model, _as_tuple(example), check_trace=False)
+                torch.jit.save(scripted, str(tmp))
+        else:
+            program = _export(model, example)
+            with open(tmp, "wb") as f:  # a file object: any suffix (torch.export wants .pt2 for a path)
+                torch.export.save(program, f)
 
 
 def _export(model: nn.Module, example: Any) -> Any:
@@ -240,13 +245,27 @@ def _reshape_to(model: nn.Module, state: dict[str, torch.Tensor], attrs: dict[st
                     setattr(mod, k, tuple(v) if isinstance(v, list) else v)
 
 
-def _rebuild(saved: dict[str, Any], task: Any, path: Path, name: str) -> nn.Module:
+def runs_no_user_code(spec: str | None) -> bool:
+    """Whether building the task ``spec`` runs only proftune's and installed libraries' own
+    code (a built-in task, ``timm:NAME``), not a file or module that a checkpoint could name."""
+    from ..examples import BUILTIN_TASKS
+
+    return isinstance(spec, str) and (spec in BUILTIN_TASKS or spec.startswith("timm:"))
+
+
+def _rebuild(saved: dict[str, Any], task: Any, path: Path, name: str, *, trust: bool) -> nn.Module:
     from ..task import load_task
 
-    if task is None and saved.get("task") is None:
+    recorded = saved.get("task")
+    if task is None and recorded is None:
         raise ConfigError(f"{name} {str(path)!r} does not record which task builds its model (its Task "
                           "class lived in __main__); pass task= to load_model.")
-    task_obj = load_task(task if task is not None else saved["task"])
+    if task is None and not trust and not runs_no_user_code(recorded):
+        raise ConfigError(
+            f"{name} {str(path)!r} names the task {recorded!r} to build its model, and building it would "
+            "import that code: the file chose it. Name the task yourself (load_model(path, "
+            f"task={recorded!r}) if it is the one you mean), or pass trust=True if you trust the file.")
+    task_obj = load_task(task if task is not None else str(recorded))
     model = task_obj.build_model(dict(saved.get("params") or {}))
     _reshape_to(model, saved["state_dict"], saved.get("attrs") or {})
     try:
@@ -264,7 +283,7 @@ def read_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | N
     path = Path(path)
     loaded = _torch_load(path, trust=trust, name=name)
     if isinstance(loaded, dict) and loaded.get("kind") == _KIND:
-        return _rebuild(loaded, task, path, name)
+        return _rebuild(loaded, task, path, name, trust=trust)
     if isinstance(loaded, nn.Module):
         return loaded
     if isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):
@@ -289,9 +308,10 @@ def load_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | N
                trust: bool = False) -> nn.Module:
     """Load a model saved by ``proftune compress`` (any of its formats), ready for inference.
 
-    No code stored in the file runs: a ``state`` file is rebuilt through its task (``task``
-    overrides the recorded one), weights loaded with ``weights_only=True``. A whole pickled
-    module is read only with ``trust=True``.
+    No code stored in the file runs, and none that it names: a ``state`` file is rebuilt through
+    a task, weights loaded with ``weights_only=True``; the task it records is used as it is only
+    when it is a built-in (or ``timm:NAME``), otherwise the caller names it (``task=``) or says
+    it trusts the file (``trust=True``, which also allows a whole pickled module).
     """
     path = Path(path)
     if not path.is_file():

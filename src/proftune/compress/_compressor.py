@@ -88,6 +88,7 @@ class Compressor:
             threads=cfg.threads if self.dev.type == "cpu" else None, baseline=cands[0],
             candidates=cands[1:], selected=selected, output=output, profile=summary, plan=self.plan,
             sensitivity=[dataclasses.asdict(s) for s in sens], notes=self.notes, plots=plots,
+            task_spec=self.rebuild.task,
         )
 
     def _prepare(self, model: nn.Module | str | Path | None) -> nn.Module:

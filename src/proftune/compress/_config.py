@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector
 from ._pipeline import GOALS
+from ._plot import PLOT_FILES
 from ._prune import IMPORTANCES, PRUNE_METHODS
 from ._quant_backends import backend_status
 from ._quantize import QUANT_BACKENDS, QUANT_METHODS
@@ -96,16 +98,13 @@ class CompressConfig:
             p.add(f"alpha={self.alpha!r} must be in [0, 1].")
 
     def _out_problems(self, p: ProblemCollector, model_path: str | None) -> None:
-        if self.out is None:
-            return
-        out = Path(self.out)
-        if model_path is not None and _same_file(out, Path(model_path)):
+        if self.out is not None and model_path is not None and _same_file(Path(self.out), Path(model_path)):
             p.add(f"--out {self.out!r} is the original model file; the original is never "
                   "overwritten, choose another path.")
-        elif out.exists() and not self.force:
-            p.add(f"--out {self.out!r} exists; pass --force to replace it, or choose another path.")
-        if not out.parent.exists():
-            p.add(f"--out {self.out!r}: folder {str(out.parent)!r} does not exist.")
+            return
+        check_outputs([OutputPath("--out", self.out),
+                       OutputPath("--plot", self.plot_dir, folder=True, names=PLOT_FILES)],
+                      force=self.force, problems=p)
 
 
 def _same_file(a: Path, b: Path) -> bool:

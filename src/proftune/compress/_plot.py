@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._paths import replacing
 from ..exceptions import DependencyError
 from ._pipeline import Candidate
 
-__all__ = ["plot_tradeoffs"]
+__all__ = ["PLOT_FILES", "plot_tradeoffs"]
+
+#: The files a ``--plot`` folder receives.
+PLOT_FILES = ("metric_vs_params.png", "metric_vs_latency.png")
 
 
 def plot_tradeoffs(cands: Sequence[Candidate], selected: Candidate | None, folder: Path, *,
@@ -27,8 +31,8 @@ def plot_tradeoffs(cands: Sequence[Candidate], selected: Candidate | None, folde
         raise DependencyError("--plot needs matplotlib; install it with pip install 'proftune[report]'.") from exc
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for key, label, fname in (("params", "parameters", "metric_vs_params.png"),
-                              ("latency_ms", "latency at batch 1 (ms)", "metric_vs_latency.png")):
+    for (key, label), fname in zip((("params", "parameters"), ("latency_ms", "latency at batch 1 (ms)")),
+                                   PLOT_FILES, strict=True):
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
         for c in cands:
             marker = "s" if c.method == "baseline" else "o"
@@ -49,7 +53,8 @@ def plot_tradeoffs(cands: Sequence[Candidate], selected: Candidate | None, folde
         ax.legend(loc="lower right", fontsize=8)
         fig.tight_layout()
         path = folder / fname
-        fig.savefig(path, dpi=120)
+        with replacing(path) as tmp:
+            fig.savefig(tmp, dpi=120)
         plt.close(fig)
         paths.append(str(path))
     return paths

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checkpoint import LOAD_LINES
+from ._checkpoint import LOAD_LINES, runs_no_user_code
 from ._pipeline import Candidate
 
 __all__ = ["CompressReport"]
@@ -31,13 +31,18 @@ class CompressReport:
     notes: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
     run_id: int | None = None
+    #: The spec that rebuilds the model (the load line names it unless it is a built-in task).
+    task_spec: str | None = None
 
     @property
     def load_line(self) -> str | None:
-        """The one line that loads the saved selection (no code from the file runs)."""
+        """The one line that loads the saved selection (no code from the file runs, and none
+        that it names: a task of the user's is named in the line itself)."""
         if self.selected is None or not self.output:
             return None
-        return LOAD_LINES[self.selected.format].format(path=self.output)
+        named = self.selected.format == "state" and not runs_no_user_code(self.task_spec) and self.task_spec
+        return LOAD_LINES[self.selected.format].format(path=self.output,
+                                                       task=f", task={self.task_spec!r}" if named else "")
 
     def to_dict(self) -> dict[str, Any]:
         def cand(c: Candidate | None) -> dict[str, Any] | None:

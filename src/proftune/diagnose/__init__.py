@@ -19,7 +19,7 @@ from ._api import (
 )
 from ._bandit import POLICIES, Arm, ArmStats, Bandit, BanditPulls, SimResult, regret_curve, simulate
 from ._controllers import AdaptiveLR, EarlyStopping, GradGuard
-from ._findings import CAUSES, SEVERITIES, Finding, rank_findings
+from ._findings import CAUSES, SEVERITIES, Finding, flatten_findings, rank_findings
 from ._health import HealthCheck
 from ._history import History, StepRecord
 from ._lrtest import RangeTest, lr_range_test
@@ -51,6 +51,7 @@ __all__ = [
     "bandit",
     "check_arms",
     "diagnose",
+    "flatten_findings",
     "known_params",
     "load_configs",
     "lr_range_test",

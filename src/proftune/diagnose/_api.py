@@ -22,6 +22,7 @@ from ._bandit import POLICIES, Arm, Bandit, bandit_key, regret_curve
 from ._findings import Finding
 from ._health import HealthCheck
 from ._lrtest import RangeTest, lr_range_test
+from ._probes import decay_probe, warmup_probe
 
 __all__ = [
     "BanditReport", "BanditResult", "DiagnoseReport", "DiagnoseResult", "bandit", "check_arms", "diagnose",
@@ -73,6 +74,7 @@ def diagnose(
     device: str | torch.device = "auto",
     seed: int = 0,
     lr_test: bool = True,
+    probes: bool = True,
     every: int = 10,
     callbacks: Sequence[Callback] = (),
     store: Store | str | None = None,
@@ -82,8 +84,11 @@ def diagnose(
     """Train ``task`` with the health checks and return its findings, most likely cause first.
 
     Training runs through :func:`proftune.train.fit` with a :class:`HealthCheck`; when the loss
-    curve points at the learning rate, a short LR range test confirms or refutes it. Recorded as
-    a ``diagnose`` run (unless ``record=False``) with the findings in its result.
+    curve points at the learning rate, a short LR range test confirms or refutes it, and when it
+    points at the schedule (an early spike at the full rate, a noisy floor at a constant one),
+    a short warm-up or decay run does (``probes``). The final model is evaluated on the training
+    data once, for the train/validation gap. Recorded as a ``diagnose`` run (unless
+    ``record=False``) with the findings in its result.
     """
     task_obj = load_task(task)
     merged = validate_params({**task_obj.default_params, **(params or {})})
@@ -97,8 +102,11 @@ def diagnose(
     def body() -> DiagnoseResult:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=[check, *callbacks])
+        _measure_train_metrics(task_obj, result, check, dev)
         if lr_test and check.wants_lr_test:
             check.add_lr_test(lr_range_test(task_obj, result.params, device=dev, seed=seed))
+        if probes:
+            _run_probes(task_obj, result, check, dev, seed)
         return DiagnoseResult(
             run_id=None, task=task_obj.name or type(task_obj).__name__, findings=check.findings,
             metrics=result.metrics, steps=result.steps, epochs=result.epochs,
@@ -109,7 +117,7 @@ def diagnose(
     if not record:
         return body()
     config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed,
-              "device": str(dev), "lr_test": lr_test, "every": every}
+              "device": str(dev), "lr_test": lr_test, "probes": probes, "every": every}
     with tracked_run("diagnose", task_obj, config=config, device=dev, store=store, db=db) as run:
         report = body()
         report.run_id = run.id
@@ -121,6 +129,42 @@ def diagnose(
                                   "lr": r["lr"]} for r in check.steps],
                         "epoch": check.epochs})
     return report
+
+
+def _measure_train_metrics(task: Task, result: Any, check: HealthCheck, device: torch.device) -> None:
+    """The task's metrics of the final model on its training data (one pass, no grad)."""
+    from .._device import DeviceIterable
+
+    if check.history.nonfinite is not None:
+        return
+    model = result.model
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            data = DeviceIterable(task.train_data(int(result.params.get("batch_size", 32)), result.params), device)
+            check.history.train_metrics = {k: float(v) for k, v in task.evaluate(model, data).items()}
+    except Exception:  # noqa: BLE001, RUF100  (a task's evaluate may not take its train batches; the gap is then unknown)
+        _log.debug("evaluating the final model on the training data failed", exc_info=True)
+    finally:
+        model.train(was_training)
+
+
+def _run_probes(task: Task, result: Any, check: HealthCheck, device: torch.device, seed: int) -> None:
+    """The warm-up and decay probes the run asks for (each a few dozen steps of the fit loop)."""
+    h = check.history
+    lrs = h.lrs()
+    if not lrs:
+        return
+    if check.wants_warmup_probe:
+        from .checks._schedule import warmup_steps
+
+        warm = warmup_steps(h)
+        h.warmup_probe = warmup_probe(task, result.params, lr=lrs[0], steps=3 * warm, warmup=warm,
+                                      device=device, seed=seed)
+    if check.wants_decay_probe:
+        h.decay_probe = decay_probe(task, result.params, result.model, result.optimizer, lr=lrs[-1],
+                                    steps=min(100, max(20, len(lrs) // 4)), device=device, seed=seed)
 
 
 # -- bandit -------------------------------------------------------------------------------------

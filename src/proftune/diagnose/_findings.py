@@ -1,9 +1,11 @@
-"""A diagnosis: one :class:`Finding` per suspected cause, and the ranking that puts the root first.
+"""A diagnosis: one :class:`Finding` per suspected cause, ranked by causality, then severity.
 
 A finding carries its evidence (the measured numbers, the step and the layer), a severity and a
-fix. Ranking is by likelihood: each check gives a confidence, and a finding whose symptoms another
-finding explains (a NaN that followed exploding gradients, a plateau behind dead ReLUs) is
-demoted below it, so the first finding is the root cause an engineer should fix first.
+fix. A finding whose symptoms another finding explains (a NaN that followed exploding gradients,
+dead units after an exploding update, a noisy loss behind batch norm over two samples) is not
+listed as a rival: it is attached to the finding that explains it as one of its
+``consequences``, so the top-level list holds root causes only, the first one the cause an
+engineer should fix first. Each finding says in ``why`` where it was ranked and for what reason.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from ..exceptions import ConfigError
 
-__all__ = ["CAUSES", "SEVERITIES", "Finding", "rank_findings"]
+__all__ = ["CAUSES", "SEVERITIES", "Finding", "flatten_findings", "rank_findings"]
 
 #: Every cause a check can name, in the order an engineer follows them for a bad loss curve.
 CAUSES = (
@@ -23,31 +25,47 @@ CAUSES = (
     "unshuffled_data",
     "exploding_gradients",
     "vanishing_gradients",
+    "saturated_activations",
     "dead_units",
     "nan_inf",
+    "batchnorm_small_batch",
+    "no_warmup",
+    "oscillating_loss",
     "overfitting",
     "lr_too_low",
-    "batchnorm_small_batch",
+    "slow_convergence",
+    "no_lr_decay",
 )
 SEVERITIES = ("info", "warning", "error")
 _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+_ORDER = {c: i for i, c in enumerate(CAUSES)}
 
-#: Which causes can produce the symptoms of which: ``explains[a]`` are the causes whose findings
-#: a finding of ``a`` can account for when they started no earlier than it did.
+#: Which causes can produce the symptoms of which: ``_EXPLAINS[a]`` are the causes whose findings
+#: a finding of ``a`` accounts for when it started no later than they did (or is a root cause).
 _EXPLAINS: dict[str, tuple[str, ...]] = {
-    "lr_too_high": ("exploding_gradients", "nan_inf", "dead_units", "lr_too_low", "overfitting"),
-    "unshuffled_data": ("lr_too_high", "exploding_gradients", "dead_units", "lr_too_low",
-                        "overfitting", "nan_inf"),
-    "exploding_gradients": ("lr_too_high", "nan_inf", "dead_units", "lr_too_low"),
+    "lr_too_high": ("exploding_gradients", "nan_inf", "dead_units", "lr_too_low", "overfitting",
+                    "oscillating_loss", "saturated_activations", "no_lr_decay", "no_warmup"),
+    "unshuffled_data": ("lr_too_high", "exploding_gradients", "dead_units", "lr_too_low", "overfitting",
+                        "nan_inf", "oscillating_loss", "slow_convergence", "no_lr_decay", "no_warmup"),
+    "exploding_gradients": ("lr_too_high", "nan_inf", "dead_units", "lr_too_low", "oscillating_loss",
+                            "saturated_activations", "no_warmup"),
     "nan_inf": ("lr_too_high", "exploding_gradients", "dead_units", "lr_too_low"),
-    "dead_units": ("vanishing_gradients", "lr_too_low"),
-    "vanishing_gradients": ("lr_too_low",),
-    "batchnorm_small_batch": ("lr_too_high", "overfitting"),
+    "dead_units": ("vanishing_gradients", "lr_too_low", "slow_convergence"),
+    "saturated_activations": ("vanishing_gradients", "lr_too_low", "slow_convergence"),
+    "vanishing_gradients": ("lr_too_low", "slow_convergence"),
+    "batchnorm_small_batch": ("lr_too_high", "overfitting", "exploding_gradients", "oscillating_loss",
+                              "no_lr_decay", "dead_units"),
+    "no_warmup": ("lr_too_high", "exploding_gradients", "oscillating_loss", "dead_units"),
+    "no_lr_decay": ("oscillating_loss",),
+    "oscillating_loss": (),
     "lr_too_low": (),
+    "slow_convergence": (),
     "overfitting": (),
 }
 #: Demotion factor of the confidence of an explained finding.
 _EXPLAINED_FACTOR = 0.5
+#: A finding explains a later one only when it is at least this fraction as confident.
+_MIN_RELATIVE_CONFIDENCE = 0.75
 
 
 @dataclass(frozen=True)
@@ -68,6 +86,11 @@ class Finding:
     step: int | None = None
     layer: str | None = None
     explained_by: str | None = None
+    #: The findings this one explains (its symptoms), each with ``explained_by`` set; filled by
+    #: :func:`rank_findings`.
+    consequences: tuple[Finding, ...] = ()
+    #: Why the finding stands where it does in the ranking (one sentence).
+    why: str = ""
     #: The check saw a root cause of this run (it explains other findings whatever their
     #: confidence); not part of the record, only of the ranking.
     root: bool = field(default=False, compare=False, repr=False)
@@ -88,6 +111,7 @@ class Finding:
             "cause": self.cause, "severity": self.severity, "summary": self.summary,
             "evidence": {**self.evidence, "step": self.step, "layer": self.layer},
             "fix": self.fix, "confidence": round(self.confidence, 3), "explained_by": self.explained_by,
+            "why": self.why, "consequences": [c.to_dict() for c in self.consequences],
         }
 
     @classmethod
@@ -96,47 +120,127 @@ class Finding:
         step, layer = evidence.pop("step", None), evidence.pop("layer", None)
         return cls(cause=d["cause"], severity=d["severity"], summary=d.get("summary", ""),
                    fix=d.get("fix", ""), evidence=evidence, confidence=float(d.get("confidence", 0.5)),
-                   step=step, layer=layer, explained_by=d.get("explained_by"))
+                   step=step, layer=layer, explained_by=d.get("explained_by"),
+                   consequences=tuple(cls.from_dict(c) for c in d.get("consequences") or ()),
+                   why=d.get("why", ""))
+
+
+def flatten_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """Every finding of a ranking, each root followed by its consequences (for logs and filters)."""
+    out: list[Finding] = []
+    for f in findings:
+        out.append(f)
+        out.extend(f.consequences)
+    return out
 
 
 def _onset(f: Finding) -> float:
     return float(f.step) if f.step is not None else math.inf
 
 
-def rank_findings(findings: Iterable[Finding], *, roots: Sequence[str] = ()) -> list[Finding]:
-    """Most likely cause first; one finding per cause (the most confident one).
+def _at(f: Finding) -> str:
+    return f"step {f.step}" if f.step is not None else "the end of the run"
 
-    A finding is *explained* when another, at least as confident (before demotion) and with an
-    onset no later than its own, is a cause that can produce it; ``roots`` names causes known to be
-    root causes for this run (e.g. a layer initialised far off scale), which explain regardless of
-    confidence. Explained findings keep their severity but lose half their confidence and say by
-    what they are explained.
+
+def _can_explain(g: Finding, f: Finding, roots: set[str]) -> bool:
+    """Whether ``g`` accounts for ``f``: a cause that can produce it, and a root cause of the run
+    or one seen no later than ``f`` with a comparable confidence."""
+    if f.cause not in _EXPLAINS.get(g.cause, ()) or f.cause in roots:
+        return False
+    if g.cause in roots or f.evidence.get("attributed_to") == g.cause:
+        return True  # a root cause, or the cause that f's own check named
+    return (g.severity != "info" and _onset(g) <= _onset(f)
+            and g.confidence >= _MIN_RELATIVE_CONFIDENCE * f.confidence)
+
+
+def _explanation(g: Finding, f: Finding, roots: set[str]) -> str:
+    if f.evidence.get("attributed_to") == g.cause and g.cause not in roots:
+        return f"explained by {g.cause}: the {f.cause} check names it as the cause ({_at(g)})"
+    if g.cause in roots:
+        return (f"explained by {g.cause}: a root cause of this run (seen from {_at(g)}), which can "
+                f"produce {f.cause} (seen from {_at(f)})")
+    return f"explained by {g.cause}: seen from {_at(g)}, no later than this ({_at(f)}), and it can produce {f.cause}"
+
+
+def _versus(f: Finding, above: Finding) -> str:
+    """Why ``f`` is ranked below ``above`` (two independent root findings)."""
+    sa, sf = _SEVERITY_RANK[above.severity], _SEVERITY_RANK[f.severity]
+    if sa != sf:
+        return f"ranked below {above.cause}: severity {f.severity} < {above.severity}"
+    if len(above.consequences) != len(f.consequences):
+        return (f"ranked below {above.cause}: both {f.severity}; {above.cause} explains "
+                f"{len(above.consequences)} other finding(s), this {len(f.consequences)}")
+    if above.confidence != f.confidence:
+        return (f"ranked below {above.cause}: both {f.severity}; confidence {f.confidence:.2f} < "
+                f"{above.confidence:.2f}")
+    return f"ranked below {above.cause}: both {f.severity}, as confident; {above.cause} was seen earlier"
+
+
+def rank_findings(findings: Iterable[Finding], *, roots: Sequence[str] = ()) -> list[Finding]:
+    """Root causes first, each with the findings it explains attached; one finding per cause.
+
+    ``g`` explains ``f`` when ``g``'s cause can produce ``f``'s (``_EXPLAINS``) and either ``g`` is
+    a root cause of the run (``roots``, or a finding marked ``root``: a layer initialised far off
+    scale, labels in order, batch norm over two samples) or ``g`` was seen no later than ``f``
+    and is about as confident. Findings are considered in the order roots, onset, confidence, so
+    an explanation always points back and never forms a cycle. An explained finding keeps its
+    severity, loses half its confidence, and is listed under its root (``consequences``, in onset
+    order), not beside it. A root takes the highest severity among its consequences (the damage
+    it does). Roots are ordered by severity, then the number of findings they explain, then
+    confidence, then onset.
     """
     best: dict[str, Finding] = {}
     for f in findings:
         if f.cause not in best or f.confidence > best[f.cause].confidence:
             best[f.cause] = f
-    items = list(best.values())
+    root_set = set(roots) | {f.cause for f in best.values() if f.root}
+    order = sorted(best.values(), key=lambda f: (f.cause not in root_set, _onset(f), -f.confidence,
+                                                 _ORDER[f.cause]))
+    parent: dict[str, Finding] = {}
+
+    def top_of(f: Finding) -> Finding:
+        while f.cause in parent:
+            f = parent[f.cause]
+        return f
+
+    # a check that names the cause of its symptom (oscillating loss: "the learning rate") is
+    # explained by that cause's finding whatever their onsets
+    for f in order:
+        g = best.get(str(f.evidence.get("attributed_to")))
+        if g is not None and g is not f and _can_explain(g, f, root_set) and top_of(g) is not f:
+            parent[f.cause] = g
+    for i, f in enumerate(order):
+        if f.cause in parent:
+            continue
+        candidates = [g for g in order[:i] if _can_explain(g, f, root_set) and top_of(g) is not f]
+        if candidates:
+            parent[f.cause] = max(candidates, key=lambda g: (g.cause in root_set, g.confidence))
+
+    tops = [f for f in order if f.cause not in parent]
     out: list[Finding] = []
-    for f in items:
-        explainer: Finding | None = None
-        for g in items:
-            if g is f or f.cause not in _EXPLAINS.get(g.cause, ()):
-                continue
-            if g.cause in roots and f.cause not in roots:
-                explainer = g if explainer is None or g.confidence > explainer.confidence else explainer
-                continue
-            if f.cause in roots:
-                continue
-            if _onset(g) <= _onset(f) and g.confidence >= f.confidence and _SEVERITY_RANK[g.severity] >= 1:
-                if f.cause in _EXPLAINS.get(g.cause, ()) and g.cause in _EXPLAINS.get(f.cause, ()) \
-                        and _onset(g) == _onset(f) and g.confidence == f.confidence:
-                    continue  # a tie that explains both ways settles on the order of checks
-                explainer = g if explainer is None or g.confidence > explainer.confidence else explainer
-        if explainer is not None:
-            f = replace(f, confidence=f.confidence * _EXPLAINED_FACTOR, explained_by=explainer.cause)
-        out.append(f)
-    order = {c: i for i, c in enumerate(CAUSES)}
-    out.sort(key=lambda f: (f.explained_by is not None, -f.confidence, -_SEVERITY_RANK[f.severity],
-                            _onset(f), order[f.cause]))
-    return out
+    for top in tops:
+        below = [f for f in order if f.cause in parent and top_of(f).cause == top.cause]
+        below.sort(key=lambda f: (_onset(f), _ORDER[f.cause]))
+        consequences = tuple(
+            replace(f, confidence=f.confidence * _EXPLAINED_FACTOR, explained_by=parent[f.cause].cause,
+                    why=_explanation(parent[f.cause], f, root_set))
+            for f in below)
+        worst = max([top, *below], key=lambda f: _SEVERITY_RANK[f.severity])
+        out.append(replace(top, consequences=consequences, severity=worst.severity,
+                           evidence={**top.evidence, "own_severity": top.severity}
+                           if worst.severity != top.severity else top.evidence))
+    out.sort(key=lambda f: (-_SEVERITY_RANK[f.severity], -len(f.consequences), -f.confidence, _onset(f),
+                            _ORDER[f.cause]))
+    ranked: list[Finding] = []
+    for i, f in enumerate(out):
+        if i == 0:
+            why = "ranked first: the most likely root cause"
+        else:
+            why = _versus(f, out[i - 1])
+        if f.consequences:
+            why += "; it explains " + ", ".join(f"{c.cause} ({_at(c)})" for c in f.consequences)
+        if "own_severity" in f.evidence:
+            worst = max(f.consequences, key=lambda c: _SEVERITY_RANK[c.severity])
+            why += f"; severity {f.severity} from its consequence {worst.cause}"
+        ranked.append(replace(f, why=why))
+    return ranked

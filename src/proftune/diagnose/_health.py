@@ -38,6 +38,16 @@ _log = logging.getLogger(__name__)
 
 _WEIGHT_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "LazyLinear")
 _MAX_LABELS = 50_000
+#: Saturating activations whose flat tails the check measures: the output range where the
+#: derivative is below 1% of its peak (sigmoid: y < 0.01 or y > 0.99; tanh: |y| > 0.99).
+_SATURATING = (nn.Sigmoid, nn.Tanh)
+
+
+def _saturated_frac(module: nn.Module, y: torch.Tensor) -> float:
+    y = y.detach().float()
+    if isinstance(module, nn.Tanh):
+        return float((y.abs() > 0.99).float().mean())
+    return float(((y < 0.01) | (y > 0.99)).float().mean())
 
 
 def _layer_stats_cls() -> type[LayerStats]:
@@ -106,11 +116,15 @@ class HealthCheck(Callback):
         self._n_labels = 0
         self._current_lr: float | None = None
         self._pending_norm = math.nan  # the step's gradient norm, from on_after_backward
+        self._sat_step: int | None = None  # the sampled step whose sigmoid/tanh outputs are measured
+        self._sat_handles: list[Any] = []
 
     # -- hooks ------------------------------------------------------------------------------
     def on_fit_start(self, state: FitState) -> None:
+        self._detach()
         self.reset()
         self.history.params = dict(state.params or {})
+        self.history.optimizer = type(state.optimizer).__name__ if state.optimizer is not None else None
         for name, module in state.model.named_modules():
             self.history.types[name] = type(module).__name__
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -118,6 +132,18 @@ class HealthCheck(Callback):
             weight = getattr(module, "weight", None)
             if type(module).__name__ in _WEIGHT_TYPES and isinstance(weight, torch.Tensor) and weight.dim() >= 2:
                 self.history.fan_in[name] = int(weight[0].numel())
+            if isinstance(module, _SATURATING):
+                self._sat_handles.append(module.register_forward_hook(self._saturation_hook(name)))
+
+    def _saturation_hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            step = self._sat_step
+            if step is None or not isinstance(output, torch.Tensor) or not output.is_floating_point():
+                return
+            per_step = self.history.saturation.setdefault(step, {})
+            if name not in per_step and output.numel():
+                per_step[name] = {"type": type(module).__name__, "saturated_frac": _saturated_frac(module, output)}
+        return hook
 
     def _step_no(self, state: FitState) -> int:
         """The 1-based number of the step being run."""
@@ -133,9 +159,9 @@ class HealthCheck(Callback):
                 self._n_labels += int(labels.numel())
         elif isinstance(state.batch, (tuple, list)) and state.batch and isinstance(state.batch[0], torch.Tensor):
             self.history.batch_sizes.append(int(state.batch[0].shape[0]))
-        if self._ls_cls is not None and self.history.nonfinite is None and (
-            step <= 3 or step % self.every == 0 or self._sample_next
-        ):
+        sampled = self.history.nonfinite is None and (step <= 3 or step % self.every == 0 or self._sample_next)
+        self._sat_step = step if sampled and self._sat_handles else None
+        if self._ls_cls is not None and sampled:
             self._sample_next = False
             x = state.batch[0] if isinstance(state.batch, (tuple, list)) and state.batch else state.batch
             if isinstance(x, torch.Tensor) and x.is_floating_point():
@@ -152,9 +178,10 @@ class HealthCheck(Callback):
         stats = None
         if self._ls is not None:
             stats = self._ls.collect(optimizer=state.optimizer)
-            self._detach()
+            self._detach_stats()
             self.history.samples.append((step, stats))
         self._pending_norm = norm
+        self._sat_step = None
         if self.history.nonfinite is None and (not math.isfinite(loss) or not math.isfinite(norm)):
             self._locate_nonfinite(state, step, loss, norm, stats)
 
@@ -190,6 +217,13 @@ class HealthCheck(Callback):
         self._detach()
 
     def _detach(self) -> None:
+        for h in self._sat_handles:
+            h.remove()
+        self._sat_handles.clear()
+        self._sat_step = None
+        self._detach_stats()
+
+    def _detach_stats(self) -> None:
         if self._ls is not None:
             with contextlib.suppress(Exception):
                 self._ls.detach()
@@ -243,8 +277,24 @@ class HealthCheck(Callback):
     # -- lr range test ----------------------------------------------------------------------
     @property
     def wants_lr_test(self) -> bool:
-        """Whether a range test would confirm or refute an lr finding of this run."""
-        return self.history.lr_test is None and bool(self.history.lr_rise() or self.history.plateau())
+        """Whether a range test would confirm or refute an lr finding of this run (a rise, a
+        plateau, slow progress or an oscillating loss)."""
+        h = self.history
+        return h.lr_test is None and bool(h.lr_rise() or h.plateau() or h.slow_progress() or h.oscillation())
+
+    @property
+    def wants_decay_probe(self) -> bool:
+        """Whether the run sat on a noisy floor at a constant rate (``decay_probe`` tells why)."""
+        h = self.history
+        return h.decay_probe is None and h.nonfinite is None and h.constant_lr() is not None \
+            and h.stalled_tail() is not None
+
+    @property
+    def wants_warmup_probe(self) -> bool:
+        """Whether the run started at its full rate where warm-up is expected and went badly."""
+        from .checks._schedule import warmup_suspected
+
+        return self.history.warmup_probe is None and warmup_suspected(self.history)
 
     def add_lr_test(self, result: RangeTest) -> None:
         """Attach an LR range test of the same task and params (see :func:`lr_range_test`)."""
@@ -270,9 +320,13 @@ class HealthCheck(Callback):
     def findings(self) -> list[Finding]:
         """The findings so far, most likely cause first (every check of ``CHECKS`` runs)."""
         found = [f for f in (c.check(self.history) for c in CHECKS) if f is not None]
-        return rank_findings(found, roots=[f.cause for f in found if f.root])
+        return rank_findings(found)
 
 
 def summarize(findings: Sequence[Finding]) -> str:
-    """One line per finding, for logs."""
-    return "\n".join(f"[{f.severity}] {f.cause}: {f.summary}" for f in findings)
+    """One line per finding, for logs; each consequence indented under the finding it follows from."""
+    lines = []
+    for f in findings:
+        lines.append(f"[{f.severity}] {f.cause}: {f.summary}")
+        lines.extend(f"    -> [{c.severity}] {c.cause}: {c.summary}" for c in f.consequences)
+    return "\n".join(lines)

@@ -6,6 +6,7 @@ check can be tested on a History built by hand.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ class History:
 
     ``nonfinite`` describes the first step whose loss or gradients were NaN/Inf (``step``,
     ``phase`` forward/backward/loss, ``layer``, ``type``, ``inputs_finite``, ``loss``, ...).
+    ``saturation`` holds, per sampled step, the fraction of each sigmoid/tanh layer's outputs in
+    the flat tails (derivative below 1% of its peak). ``train_metrics`` are the task's metrics of
+    the final model on its training data (``diagnose`` measures them; a Monitor has none).
+    ``decay_probe`` and ``warmup_probe`` are the short confirming runs of :mod:`._probes`.
     """
 
     spike_factor: float = 10.0
@@ -54,6 +59,11 @@ class History:
     types: dict[str, str] = field(default_factory=dict)
     input_rms: dict[int, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    optimizer: str | None = None  # the optimizer's class name
+    saturation: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    decay_probe: dict[str, Any] | None = None
+    warmup_probe: dict[str, Any] | None = None
 
     # -- derived signals that several checks share -----------------------------------------
     def losses(self) -> list[tuple[int, float]]:
@@ -104,6 +114,38 @@ class History:
                 "ended_above_start": final > start,
                 "tail_cv": statistics.pstdev(tail) / max(statistics.fmean(tail), 1e-12) if len(tail) > 1 else None}
 
+    def lrs(self) -> list[float]:
+        """The learning rate of every step that recorded one."""
+        return [float(r["lr"]) for r in self.steps if r["lr"] is not None]
+
+    def label_order(self) -> dict[str, Any] | None:
+        """How far the label sequence of the batches is from a shuffled one.
+
+        ``excess``: how much more often consecutive samples share a label than under shuffling
+        (0 shuffled, 1 always); ``diversity``: distinct labels per batch over what shuffled
+        batches of that size hold (1 shuffled). None without integer labels of 2+ classes.
+        """
+        if len(self.labels) < 4:
+            return None
+        seq = torch.cat(self.labels)
+        classes, counts = torch.unique(seq, return_counts=True)
+        if classes.numel() < 2:
+            return None
+        p = counts.double() / counts.sum()
+        expected_same = float((p**2).sum())
+        same = float((seq[1:] == seq[:-1]).double().mean())
+        bs = statistics.median(int(y.numel()) for y in self.labels)
+        expected_unique = float((1 - (1 - p) ** bs).sum())
+        unique = statistics.fmean(int(torch.unique(y).numel()) for y in self.labels)
+        ys = seq.double()
+        autocorr = float(torch.corrcoef(torch.stack([ys[1:], ys[:-1]]))[0, 1]) if ys.std() > 0 else 0.0
+        return {"adjacent_same_label": same, "expected_if_shuffled": expected_same,
+                "label_autocorrelation": autocorr, "labels_per_batch": unique,
+                "expected_labels_per_batch": expected_unique, "batches_seen": len(self.labels),
+                "classes": int(classes.numel()), "batch_size": bs,
+                "excess": (same - expected_same) / max(1 - expected_same, 1e-9),
+                "diversity": unique / max(expected_unique, 1e-9)}
+
     def plateau(self) -> dict[str, Any] | None:
         """The smoothed loss fell by less than 10% over at least 30 steps."""
         curve = self.smoothed()
@@ -116,6 +158,121 @@ class History:
         if drop >= 0.1:
             return None
         return {"start_loss": start, "final_loss": end, "relative_drop": drop, "steps": len(curve)}
+
+
+    def oscillation(self) -> dict[str, Any] | None:
+        """The loss climbs back up again and again: 3+ rises between consecutive windows of
+        steps, each by 20% of the starting loss and 35% of its level at the time (smaller ones
+        are the batch noise of a low loss)."""
+        finite = [(s, v) for s, v in self.losses() if math.isfinite(v)]
+        if len(finite) < 40:
+            return None
+        w = max(5, len(finite) // 40)
+        windows = [finite[i:i + w] for i in range(0, len(finite) - w + 1, w)]
+        means = [(ws[0][0], statistics.fmean(v for _, v in ws)) for ws in windows]
+        start = max(means[0][1], finite[0][1])  # the first window may already be well below the start
+        rises = [(s1, m1 - m0) for (_, m0), (s1, m1) in itertools.pairwise(means)
+                 if m1 - m0 > 0.2 * start and m1 - m0 > 0.35 * m0]
+        if len(rises) < 3:
+            return None
+        largest = max(rises, key=lambda r: r[1])
+        return {"rises": len(rises), "windows": len(means), "window_steps": w, "first_rise_step": rises[0][0],
+                "largest_rise": largest[1], "largest_rise_step": largest[0], "start_loss": start,
+                "final_loss": means[-1][1], "low": min(m for _, m in means)}
+
+    def slow_progress(self) -> dict[str, Any] | None:
+        """The loss falls, but slowly: it kept over 40% of its starting value (yet fell 10% or
+        more, else it is a plateau) and the last quarter of the run still made a sixth or more
+        of the progress, so it is far from converged and not flattening."""
+        curve = self.smoothed()
+        if len(curve) < 60:
+            return None
+        n = max(len(curve) // 20, 3)
+        start = statistics.fmean(v for _, v in curve[:n])
+        end = statistics.fmean(v for _, v in curve[-n:])
+        q3 = statistics.fmean(v for _, v in curve[3 * len(curve) // 4 - n: 3 * len(curve) // 4])
+        if start <= 0 or not (0.1 <= (start - end) / start <= 0.6):
+            return None
+        last_quarter = (q3 - end) / (start - end)
+        if last_quarter < 1 / 6:
+            return None
+        return {"start_loss": start, "final_loss": end, "relative_drop": (start - end) / start,
+                "last_quarter_share": last_quarter, "steps": len(curve)}
+
+    def update_ratio(self) -> float | None:
+        """Median over sampled steps of the median per-layer ``||update|| / ||weight||``."""
+        per_step = []
+        for _, stats in self.samples:
+            found = [(s.get("grad") or {}).get("update_ratio") for s in stats.values()]
+            rs = [float(r) for r in found if r is not None and math.isfinite(float(r)) and r > 0]
+            if rs:
+                per_step.append(statistics.median(rs))
+        return statistics.median(per_step) if per_step else None
+
+    def constant_lr(self) -> float | None:
+        """The learning rate when it never changed over the run, else None."""
+        lrs = self.lrs()
+        if not lrs or max(lrs) > min(lrs) * 1.0001:
+            return None
+        return lrs[0]
+
+    def early_instability(self) -> dict[str, Any] | None:
+        """In the first 20% of the steps (at most 200), the smoothed loss climbed back up from its
+        low so far by 20%+ of the starting loss."""
+        finite = [(s, v) for s, v in self.losses() if math.isfinite(v)]
+        if len(finite) < 30:
+            return None
+        early = early_rise(finite[: max(10, min(200, len(finite) // 5))])
+        return early if early is not None and early["rise"] >= 0.2 else None
+
+    def stalled_high(self) -> dict[str, Any] | None:
+        """The smoothed loss of the last third is no lower than the middle third's while still
+        above half the starting loss: training stopped far from converged."""
+        curve = [v for _, v in self.smoothed()]
+        if len(curve) < 30:
+            return None
+        k = len(curve) // 3
+        start, mid, last = statistics.fmean(curve[:3]), statistics.fmean(curve[k:2 * k]), statistics.fmean(curve[2 * k:])
+        if last < 0.97 * mid or last < 0.5 * start:
+            return None
+        return {"start_loss": start, "middle_loss": mid, "last_loss": last}
+
+    def stalled_tail(self) -> dict[str, Any] | None:
+        """The last 30% of the run made under 5% of the run's progress while the step loss stays
+        noisy (std 10%+ of its level) well above zero: a floor that a lower rate would lower."""
+        finite = [v for _, v in self.losses() if math.isfinite(v)]
+        if len(finite) < 200:
+            return None
+        n = max(len(finite) // 20, 5)
+        start = statistics.fmean(finite[:n])
+        tail = finite[-int(0.3 * len(finite)):]
+        third = max(len(tail) // 3, 1)
+        a, b = statistics.fmean(tail[:third]), statistics.fmean(tail[-third:])
+        level = statistics.fmean(tail)
+        noise = statistics.pstdev(tail) / max(level, 1e-12)
+        progress = (a - b) / max(start - b, 1e-12)
+        if start <= b or progress >= 0.05 or noise < 0.1 or level < 0.05 * start:
+            return None
+        return {"start_loss": start, "tail_loss": level, "tail_noise": noise, "tail_progress": progress,
+                "tail_steps": len(tail)}
+
+
+def early_rise(losses: list[tuple[int, float]]) -> dict[str, Any] | None:
+    """The largest climb of the smoothed loss (bias-corrected EMA, beta 0.8) above its running
+    low, as a fraction of the starting loss (the first value)."""
+    if len(losses) < 5:
+        return None
+    avg, low, low_step, best = 0.0, math.inf, 0, None
+    start = losses[0][1]
+    for i, (s, v) in enumerate(losses):
+        avg = 0.8 * avg + 0.2 * v
+        sm = avg / (1 - 0.8 ** (i + 1))
+        if math.isfinite(low) and start > 0 and (best is None or (sm - low) / start > best["rise"]):
+            best = {"rise": (sm - low) / start, "peak_step": s, "peak_loss": sm, "low_step": low_step,
+                    "low_loss": low, "start_loss": start}
+        if sm < low:
+            low, low_step = sm, s
+    return best
 
 
 def _rise_onset(curve: list[tuple[int, float]], start: float) -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from ..profile import Profile
 from ..profile import profile as run_profile
 from ..recommend import recommend
 from ..task import Task, load_task
-from ..track import Store, data_fingerprint, environment
+from ..track import Store, data_fingerprint, environment, redact_url
 from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
 from ._config import OptimizeConfig, Validated, default_study, validate
@@ -38,7 +38,7 @@ from ._layer_value import keep_layers, layer_values
 from ._output import write_html, write_outputs, write_summary
 from ._search import StageSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
-from ._state import OptimizeState
+from ._state import OptimizeState, own_run
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,8 @@ class _Loop:
         config = {"stage": None, "budget_s": self.v.budget_s, "objective": self.v.objective,
                   "params": self.defaults, "out": str(self.out), "study": self.study,
                   "held_out": self.holdout.to_dict(),
-                  "options": {k: v for k, v in vars(self.cfg).items() if k != "extra"}}
+                  "options": {k: redact_url(v) if k == "db" and v else v
+                              for k, v in vars(self.cfg).items() if k != "extra"}}
         run_id = self.store.start_run("optimize", self.name, config=config, env=environment(self.dev),
                                       data_fingerprint=data_fingerprint(self.task, self.defaults),
                                       study=self.study)
@@ -731,7 +732,8 @@ def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeC
     task_obj = load_task(task)
     v = validate(task_obj, config, {"budget": budget, **options})
     st = store or Store(v.cfg.db)
-    return _Loop(task_obj, v, st, progress, spec=task if isinstance(task, str) else None).run()
+    with own_run(v.out, st, (v.stored or {}).get("study") or v.cfg.study):
+        return _Loop(task_obj, v, st, progress, spec=task if isinstance(task, str) else None).run()
 
 
 def _absolute_spec(spec: str) -> str:

@@ -6,16 +6,20 @@ continues from the last finished stage; the search stage's trials live in the Op
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 from .._jsonsafe import json_safe
+from .._paths import OutputPath, output_problems
 from ..exceptions import ProblemCollector
+from ..track import LOCK_FILE, FolderLock, Store, StudyLock
 
-__all__ = ["STATE_FILE", "OptimizeState", "check_out_dir"]
+__all__ = ["STATE_FILE", "OptimizeState", "check_out_dir", "own_run"]
 
 STATE_FILE = "state.json"
 VERSION = 1
@@ -54,20 +58,20 @@ class OptimizeState:
 
 def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
                   problems: ProblemCollector) -> dict[str, Any] | None:
-    """Problems with ``--out``: unwritable, or holding another run that would be overwritten.
-
-    Returns the stored state when the run there may be continued.
+    """Problems with ``--out``: unwritable, in use by a running optimize, or holding another run
+    that would be overwritten. Returns the stored state when the run there may be continued.
     """
-    probe = out
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        problems.add(f"--out {str(out)!r} is not writable ({str(probe)!r} is not a writable folder).")
+    writable = output_problems(OutputPath("--out", out, folder=True), force=True)  # its files: below
+    if writable:
+        for problem in writable:
+            problems.add(problem)
         return None
     if not out.exists():
         return None
-    if not out.is_dir():
-        problems.add(f"--out {str(out)!r} is a file, not a folder.")
+    holder = FolderLock(out, command="optimize").holder()
+    if holder is not None:
+        problems.add(f"--out {str(out)!r} is in use by {holder.describe()}: one run owns an output folder "
+                     "at a time. Wait for it to end, or choose another --out.")
         return None
     state_path = out / STATE_FILE
     if state_path.is_file():
@@ -90,7 +94,18 @@ def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
                          f"({stored.get('study')!r}); give that one or another --out.")
             return None
         return cast("dict[str, Any] | None", stored)
-    if any(out.iterdir()):
+    if any(p.name != LOCK_FILE for p in out.iterdir()):  # a killed run's lock file is no content
         problems.add(f"--out {str(out)!r} is not empty and holds no optimize run; nothing there is "
                      "overwritten: choose an empty or new folder.")
     return None
+
+
+@contextlib.contextmanager
+def own_run(out: Path, store: Store, study: str | None) -> Iterator[None]:
+    """Hold ``out`` and ``study`` for this process while the loop runs: a second optimize on
+    either is refused (exit 2, naming this one); a killed holder's locks pass to the next run."""
+    with contextlib.ExitStack() as stack:
+        if study is not None:
+            stack.enter_context(StudyLock(store, study, command="optimize"))
+        stack.enter_context(FolderLock(out, command="optimize"))  # second: a refusal creates no folder
+        yield

@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import itertools
 import statistics
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from .._device import batch_size_of, call_model, clock, move_to_device, output_loss, resolve_device
+from .._paths import OutputPath, check_outputs, replacing
 from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
@@ -171,7 +173,12 @@ class _Profiler(Callback):
         self.comm: CommRecorder | None = None
         self.trace_prof: Any = None
         self._phase = "warmup"
+        #: Steps counted by the plan: an epoch's partial last batch is run but not counted (its
+        #: time and memory are not those of the batch size asked for).
+        self._counted = 0
+        self._full: int | None = None
         self._last_end = 0.0
+        self._last_cpu = 0.0
         self._capture: Any = None
         self._cuda_peak_open = False
         self._seen = 0
@@ -193,10 +200,14 @@ class _Profiler(Callback):
         self.acts = ActivationRecorder(self.model) if self.train else None
         self.peak = PeakMemory(self.plan.device)
         self._capture = state.model.register_forward_pre_hook(self._capture_input, with_kwargs=True)
-        self._last_end = self._now()
+        self._last_end, self._last_cpu = self._now(), time.process_time()
 
     def on_step_start(self, state: FitState) -> None:
-        self._phase = phase = self.plan.phase(state.step + 1)
+        size = batch_size_of(state.batch)
+        if self._full is None:
+            self._full = size  # the first batch of an epoch is full-size
+        partial = size < self._full
+        self._phase = phase = "partial" if partial else self.plan.phase(self._counted + 1)
         if self.comm is not None:
             self.comm.recording = phase == "clean"
             self.comm.discard_step()
@@ -241,19 +252,26 @@ class _Profiler(Callback):
         phase = self._phase
         now = self._now()
         wall = (now - self._last_end) * 1e3
+        # the process's CPU time in the step: another process can delay a step, not add to it
+        cpu = (time.process_time() - self._last_cpu) * 1e3
         if self._capture is not None and self.example is not None:
             self._capture.remove()
             self._capture = None
         # samples of this optimizer step (all micro-batches under gradient accumulation)
         n = state.samples_seen - self._seen if self.train else batch_size_of(state.batch)
         self._seen = state.samples_seen
+        if phase == "partial":
+            self._last_end, self._last_cpu = self._now(), time.process_time()
+            return
+        self._counted += 1
+        following = self.plan.phase(self._counted + 1)
         if phase == "clean":
-            self.timings.append({**state.timing, "wall_ms": wall})
+            self.timings.append({**state.timing, "wall_ms": wall, "cpu_ms": cpu})
             self.samples.append(n)
             self.batch_size = n
             if self.comm is not None:
                 self.comm.end_step(step_ms=wall)
-            if self.plan.phase(state.step + 1) != "clean" and self._cuda_peak_open:
+            if following != "clean" and self._cuda_peak_open:
                 assert self.peak is not None
                 self.m.peak_bytes = self.peak.stop()
         elif phase == "layers":
@@ -283,11 +301,11 @@ class _Profiler(Callback):
             prof, self.trace_prof = self.trace_prof, None
             prof.__exit__(None, None, None)
             assert self.plan.trace is not None
-            self.plan.trace.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(self.plan.trace))
-        if self.plan.phase(state.step + 1) == "done":
+            with replacing(self.plan.trace) as tmp:  # kineto logs a failure and returns: checked there
+                prof.export_chrome_trace(str(tmp))
+        if following == "done":
             state.request_stop("profile complete")
-        self._last_end = self._now()
+        self._last_end, self._last_cpu = self._now(), time.process_time()
 
     def on_fit_end(self, state: FitState) -> None:
         self.m.optimizer_bytes = optimizer_state_bytes(state.optimizer)
@@ -458,6 +476,7 @@ def profile(
     is_module = isinstance(task_or_model, nn.Module)
     _validate(batch_size=batch_size, steps=steps, warmup=warmup, detail=detail, is_module=is_module,
               example_input=example_input)
+    check_outputs([OutputPath("--trace", trace)], force=True)  # its folder, before any step
     dev = resolve_device(device)
     trace_path = Path(trace) if trace is not None else None
     plan = _Plan(warmup=warmup, steps=steps, detail=detail, trace=trace_path, device=dev)
@@ -510,7 +529,8 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
             prof = _Profiler(plan, train=True)
             if wrapped is not model:
                 prof.comm = CommRecorder(wrapped)
-            fit(task, params, max_steps=plan.total, batch_size=bs, device=dev, seed=seed,
+            # room for the partial last batches the plan skips; the profiler stops the loop when done
+            fit(task, params, max_steps=2 * plan.total + 2, batch_size=bs, device=dev, seed=seed,
                 callbacks=[prof], model=wrapped, evaluate=False, stop_on_nan=False)
     except torch.OutOfMemoryError:
         raise

@@ -153,7 +153,7 @@ def assemble_profile(
     outside = max(m.timed_fwd_bwd_ms - layer_sum, 0.0) if m.layer_times else 0.0
     step = StepProfile(**{k: float(m.step.get(k, 0.0)) for k in
                           ("time_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
-                           "throughput")}, outside_layers_ms=outside)
+                           "throughput", "min_ms", "noise", "cpu_ms", "cpu_min_ms")}, outside_layers_ms=outside)
     comm = CommProfile(**m.comm) if m.comm is not None else None
     return Profile(
         task=task,

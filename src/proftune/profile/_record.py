@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._jsonsafe import json_safe
+from .._paths import write_text
 from ..exceptions import ConfigError
 
 __all__ = [
@@ -80,6 +81,14 @@ class StepProfile:
     #: Of forward+backward, the milliseconds no layer accounts for (the task's loss, work done
     #: outside any module); measured on the layer-timed steps, 0 when layers were not timed.
     outside_layers_ms: float = 0.0
+    #: The fastest measured step (ms), the spread of the steps (median / fastest - 1: 0.05 is
+    #: a quiet machine, 1.0 a step that took twice as long as it can), and the process's CPU time
+    #: per step (median and fastest, ms; at one thread, the step's own cost, which other
+    #: processes can delay but not increase).
+    min_ms: float = 0.0
+    noise: float = 0.0
+    cpu_ms: float = 0.0
+    cpu_min_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -195,10 +204,7 @@ class Profile:
         """Write the profile as JSON; returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(p)  # atomic: a crash never leaves half a file
-        return p
+        return write_text(p, self.to_json())  # atomic: a crash never leaves half a file
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

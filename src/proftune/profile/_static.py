@@ -2,7 +2,9 @@
 
 ``torch.utils.flop_counter``'s formulas do the counting op by op; we fill its gaps: attention
 on CPU (``_scaled_dot_product_flash_attention_for_cpu`` counts 0 there, pytorch/pytorch#195460),
-recurrent layers (their fused kernels are invisible to the counter) and embeddings (0 MACs, a
+the matmul forms it has no formula for (``mv``, ``addmv``, ``dot``, ``vdot``, ``addr``,
+``addbmm``, ``_trilinear``: a 3-D x 1-D ``torch.matmul`` is an ``mv``; ``einsum`` and
+``tensordot`` decompose into ``bmm``/``mm``, which it counts), recurrent layers (their fused kernels are invisible to the counter) and embeddings (0 MACs, a
 lookup). Units follow torchvision's "GFLOPS" column: ``macs`` are multiply-accumulates of the
 forward pass; ``flops`` = 2 x ``macs`` for the matmul-like ops counted.
 """
@@ -52,12 +54,61 @@ def _native_mha(query_shape: Any, key_shape: Any, value_shape: Any, embed_dim: i
     return int(2 * macs)
 
 
+# -- matmul forms the counter leaves at 0 (torch 2.x): a matrix-vector, vector-vector, outer or
+#    reduced batched product is numel(out) x k MACs like any matmul; FLOPs are 2 x MACs
+def _mv(mat_shape: Any, vec_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return 2 * int(mat_shape[0]) * int(mat_shape[1])
+
+
+def _addmv(bias_shape: Any, mat_shape: Any, vec_shape: Any, *args: Any, out_shape: Any = None,
+           **kwargs: Any) -> int:
+    return _mv(mat_shape, vec_shape)
+
+
+def _dot(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return 2 * int(a_shape[0])
+
+
+def _addr(bias_shape: Any, vec1_shape: Any, vec2_shape: Any, *args: Any, out_shape: Any = None,
+          **kwargs: Any) -> int:
+    return 2 * int(vec1_shape[0]) * int(vec2_shape[0])
+
+
+def _addbmm(bias_shape: Any, b1_shape: Any, b2_shape: Any, *args: Any, out_shape: Any = None,
+            **kwargs: Any) -> int:
+    b, n, k = (int(d) for d in b1_shape)
+    return 2 * b * n * k * int(b2_shape[-1])
+
+
+def _trilinear(i1: Any, i2: Any, i3: Any, expand1: Any, expand2: Any, expand3: Any, sumdim: Any,
+               *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """``nn.Bilinear``'s kernel: one multiply-accumulate per output element and summed index
+    (N x out x in1 x in2 for a bilinear layer)."""
+    shapes = [_expanded(shape, dims) for shape, dims in ((i1, expand1), (i2, expand2), (i3, expand3))]
+    summed = 1
+    for d in sumdim:
+        summed *= max(int(shape[d]) for shape in shapes)
+    out = 1
+    for d in out_shape or ():
+        out *= int(d)
+    return 2 * out * summed
+
+
+def _expanded(shape: Any, dims: Any) -> list[int]:
+    full = [int(d) for d in shape]
+    for d in sorted(int(x) for x in dims):
+        full.insert(d, 1)
+    return full
+
+
 def _formulas() -> dict[Any, Callable[..., int]]:
     table: dict[Any, Callable[..., int]] = dict(_fc.flop_registry)
     extra = {
         "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_forward,
         "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_backward,
         "_native_multi_head_attention": _native_mha,
+        "mv": _mv, "addmv": _addmv, "dot": _dot, "vdot": _dot, "addr": _addr, "addbmm": _addbmm,
+        "_trilinear": _trilinear,
     }
     for name, fn in extra.items():
         packet = getattr(aten, name, None)

@@ -156,17 +156,28 @@ def median(values: Sequence[float]) -> float:
 def step_summary(timings: Sequence[dict[str, float]], samples: Sequence[int]) -> dict[str, float]:
     """Median phase times of several steps and the throughput (samples/s) of the median step.
 
-    Each timing holds ``data_ms``, ``forward_ms``, ``backward_ms``, ``optimizer_ms`` and
-    ``wall_ms`` (the whole step, end to end); ``other_ms`` is the wall time no phase explains.
+    Each timing holds ``data_ms``, ``forward_ms``, ``backward_ms``, ``optimizer_ms``, ``wall_ms``
+    (the whole step, end to end) and ``cpu_ms`` (the process's CPU time in it); ``other_ms`` is
+    the wall time no phase explains. Beside the medians: the fastest step (``min_ms``), the
+    spread (``noise`` = median / fastest - 1) and the CPU time (``cpu_ms``, ``cpu_min_ms``).
     """
     if not timings:
         return {"time_ms": 0.0, "data_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0,
-                "optimizer_ms": 0.0, "other_ms": 0.0, "throughput": 0.0}
+                "optimizer_ms": 0.0, "other_ms": 0.0, "throughput": 0.0, "min_ms": 0.0,
+                "cpu_ms": 0.0, "cpu_min_ms": 0.0, "noise": 0.0}
     keys = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms")
     out = {k: median([t.get(k, 0.0) for t in timings]) for k in keys}
-    wall = median([t.get("wall_ms", sum(t.get(k, 0.0) for k in keys)) for t in timings])
+    walls = [t.get("wall_ms", sum(t.get(k, 0.0) for k in keys)) for t in timings]
+    wall = median(walls)
     out["time_ms"] = wall
     out["other_ms"] = max(wall - sum(out[k] for k in keys), 0.0)
+    # the spread of the steps, and the CPU time beside the wall time: how much the machine's load
+    # (or anything else) moved the measurement
+    out["min_ms"] = min(walls)
+    out["noise"] = wall / out["min_ms"] - 1 if out["min_ms"] > 0 else 0.0
+    cpus = [t["cpu_ms"] for t in timings if "cpu_ms" in t]
+    out["cpu_ms"] = median(cpus) if cpus else 0.0
+    out["cpu_min_ms"] = min(cpus) if cpus else 0.0
     n = median([float(s) for s in samples]) if samples else 0.0
     out["throughput"] = n / (wall / 1e3) if wall > 0 else 0.0
     return out

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .._device import resolve_device
+from .._paths import OutputPath, check_outputs
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError
 from ..profile import Profile
@@ -219,6 +220,7 @@ def lr_find(
     ``plot`` writes the curve as a PNG.
     """
     validate_lr_range(min_lr, max_lr, steps)
+    check_outputs([OutputPath("--plot", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
     dev = resolve_device(device)

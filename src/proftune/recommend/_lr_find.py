@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._paths import replacing
 from ..exceptions import DependencyError, ProblemCollector
 from ..task import Task, load_task
 from ..train import Callback, FitState, fit
@@ -125,7 +126,8 @@ class LRFindResult:
                 ax.set_ylim(lo - 0.2 * span, hi + 0.6 * span)
             ax.legend(fontsize=8)
             fig.tight_layout()
-            fig.savefig(out, dpi=110)
+            with replacing(out) as tmp:
+                fig.savefig(tmp, dpi=110)
         finally:
             plt.close(fig)
         return out

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..track import RunRecord, Store
 from ._figures import PALETTE, layout, line
@@ -75,13 +76,17 @@ def render_report(source: Any = None, *, study: str | None = None, store: Store 
 
 
 def write_report(source: Any = None, out: str | Path | None = None, *, study: str | None = None,
-                 store: Store | str | None = None, db: str | None = None, open_browser: bool = False) -> Path:
+                 store: Store | str | None = None, db: str | None = None, open_browser: bool = False,
+                 force: bool = True) -> Path:
     """Write the report of ``source`` (see :func:`render_report`) to ``out`` as one HTML file.
 
     Default ``out``: ``report-<run id>.html`` / ``report-<study>.html`` / ``<profile>.html``.
+    The path is checked before the report is built; ``force=False`` (the CLI without
+    ``--force``) refuses to replace an existing file.
     """
-    text = render_report(source, study=study, store=store, db=db)
     path = Path(out) if out is not None else Path(_default_name(source, study))
+    check_outputs([OutputPath("--out", path)], force=force)
+    text = render_report(source, study=study, store=store, db=db)
     return _write(path, text, open_browser)
 
 
@@ -90,18 +95,12 @@ def _default_name(source: Any, study: str | None) -> str:
         return f"report-{''.join(c if c.isalnum() or c in '-_' else '_' for c in study)}.html"
     if isinstance(source, (str, Path)) and not str(source).isdigit():
         return str(Path(source).with_suffix(".html").name)
-    rid = int(source) if isinstance(source, int) else run_id_of(source)
+    rid = int(source) if isinstance(source, (int, str)) else run_id_of(source)  # str: digits (above)
     return f"report-{rid}.html" if rid is not None else "report.html"
 
 
 def _write(path: Path, text: str, open_browser: bool) -> Path:
-    if path.exists() and path.is_dir():
-        raise ConfigError(f"--out {str(path)!r} is a folder; give a file name such as report.html.")
-    if not path.parent.exists():
-        raise ConfigError(f"--out {str(path)!r}: folder {str(path.parent)!r} does not exist.")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, text)
     if open_browser:
         webbrowser.open(path.resolve().as_uri())
     return path
@@ -145,7 +144,7 @@ def _study_page(name: str, store: Store) -> Page:
     trials = store.list_runs(kind="trial", study=name)
     if not tunes and not trials:
         studies = sorted({r.study for r in store.list_runs(kind="tune", limit=200) if r.study})
-        raise ConfigError(f"--study {name!r} has no runs in {store.url}; studies: "
+        raise ConfigError(f"--study {name!r} has no runs in {store.shown_url}; studies: "
                           f"{', '.join(studies) if studies else 'none yet (run proftune tune)'}.")
     task = (tunes or trials)[0].task
     page = Page(f"{task} — study {name}", subtitle=f"{len(trials)} trials · {len(tunes)} tune run(s)",
@@ -190,8 +189,9 @@ def compare_html(a: int, b: int, *, store: Store | str | None = None, db: str | 
 
 
 def write_compare_report(a: int, b: int, out: str | Path, *, store: Store | str | None = None,
-                         db: str | None = None, open_browser: bool = False) -> Path:
-    """Write :func:`compare_html` to ``out``."""
+                         db: str | None = None, open_browser: bool = False, force: bool = True) -> Path:
+    """Write :func:`compare_html` to ``out`` (checked first; ``force=False`` keeps an existing file)."""
+    check_outputs([OutputPath("--report", out)], force=force)
     return _write(Path(out), compare_html(a, b, store=store, db=db), open_browser)
 
 

@@ -570,9 +570,14 @@ def _diagnose(page: Page, r: RunRecord, ctx: Context) -> None:
     s = page.section("Findings")
     if not findings:
         s.para("no findings: training looks healthy", cls="muted")
-    order = {"error": 0, "warning": 1, "info": 2}
     cards = []
-    for i, f in enumerate(sorted(findings, key=lambda f: order.get(str(f.get("severity")), 3)), start=1):
+    # the ranking's order (root causes first, by causality then severity), each root's consequences after it
+    numbered: list[tuple[str, Mapping[str, Any]]] = []
+    for n, root in enumerate(findings, start=1):
+        numbered.append((str(n), root))
+        subs = [c for c in root.get("consequences") or [] if isinstance(c, Mapping)]
+        numbered.extend((f"{n}.{j}", c) for j, c in enumerate(subs, start=1))
+    for i, f in numbered:
         ev = f.get("evidence") or {}
         evhtml = s.side(lambda t, ev=ev: t.kv([(k, v if not isinstance(v, (dict, list)) else _short_value(v))
                                                for k, v in _flatten(ev)] if isinstance(ev, Mapping) else []))
@@ -587,6 +592,7 @@ def _diagnose(page: Page, r: RunRecord, ctx: Context) -> None:
             f'<div class="meta"><span class="badge {esc(sev)}">{esc(sev)}</span> confidence '
             f'{esc(fmt_number(f.get("confidence")))} {esc(" · ".join(where))}'
             + (f' · explained by {esc(f.get("explained_by"))}' if f.get("explained_by") else "")
+            + (f'</div><div class="meta">{esc(f.get("why"))}' if f.get("why") else "")
             + f'</div><p>{esc(f.get("summary") or "")}</p><p><b>fix:</b> {esc(f.get("fix") or "")}</p>'
             f"<details><summary>evidence</summary>{evhtml}</details></div>")
     if cards:

@@ -23,6 +23,7 @@ from . import (  # noqa: F401  (eager: see module doc)
     _study,
     _trial,
 )
+from ._analysis import PLOT_FILES
 from ._api import (
     BACKENDS,
     DEFAULT_SCAN,
@@ -47,6 +48,7 @@ from ._strategy import Statement, strategy
 __all__ = [
     "BACKENDS",
     "DEFAULT_SCAN",
+    "PLOT_FILES",
     "PROFILE_METRICS",
     "PRUNERS",
     "SAMPLERS",

@@ -16,11 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from .._paths import replacing
 from ._constraints import PROFILE_METRICS, Objective
 from ._records import TrialRecord
 from ._space import Space
 
-__all__ = ["correlations", "importance", "pareto_front", "plot_study"]
+__all__ = ["PLOT_FILES", "correlations", "importance", "pareto_front", "plot_study"]
+
+#: The files a study's ``plot`` folder receives (the last only from a PBT run), so that a command
+#: can refuse to replace them before it starts.
+PLOT_FILES = ("history.png", "correlations.png", "importance.png", "pareto.png", "pbt_schedule.png")
 
 MIN_POINTS = 3
 #: fANOVA's forest: 32 trees of at most 8 levels (<= 256 leaves each). Optuna's default (64 trees,
@@ -196,7 +201,8 @@ def plot_study(records: Sequence[TrialRecord], objectives: Sequence[Objective],
             continue
         fig.tight_layout()
         paths.append(str(out / f"{name}.png"))
-        fig.savefig(paths[-1], dpi=110)
+        with replacing(paths[-1]) as tmp:
+            fig.savefig(tmp, dpi=110)
         plt.close(fig)
     return paths
 

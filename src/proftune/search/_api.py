@@ -17,7 +17,7 @@ import optuna
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import ClassificationTask, Task, load_task
-from ..track import Store, environment, open_store, tracked_run
+from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
@@ -108,7 +108,7 @@ class SearchResult:
         return {
             "study": self.study,
             "run_id": self.run_id,
-            "db": self.db,
+            "db": redact_url(self.db) if self.db else self.db,
             "objectives": [o.text for o in self.objectives],
             "constraints": [c.text for c in self.constraints],
             "sampler": self.sampler,
@@ -316,7 +316,8 @@ def search(
               "workers": workers, "seed": seed, "device": device, "max_failures": max_failures,
               "max_gated": max_gated, "scan": scan, "resumed": stored is not None,
               "params": dict(space_obj.fixed)}
-    with tracked_run("tune", task_obj, config=config, device=None, store=store, study=name) as run:
+    with (StudyLock(store, name, command="tune", shared=True),  # tune runs share a study, optimize does not
+          tracked_run("tune", task_obj, config=config, device=None, store=store, study=name) as run):
         record = store.get_run(run.id)
         settings.tune_run_id = run.id
         settings.data_fingerprint = record.data_fingerprint
@@ -418,7 +419,7 @@ def _stored_definition(storage: Any, name: str, url: str, wanted: Mapping[str, A
     diffs = _differences(stored, wanted)
     if diffs:
         raise ConfigError(diffs, header=(
-            f"study {name!r} in {url} was created with a different space or targets; "
+            f"study {name!r} in {redact_url(url)} was created with a different space or targets; "
             "it was left unchanged. Use another --study name, or the original space:"))
     return stored
 

@@ -4,22 +4,37 @@ from __future__ import annotations
 
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
-from ._store import DEFAULT_DB, RUN_KINDS, RunHandle, RunRecord, Store, default_db_url, pid_alive
+from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
+from ._store import (
+    DEFAULT_DB,
+    RUN_KINDS,
+    RunHandle,
+    RunRecord,
+    Store,
+    default_db_url,
+    pid_alive,
+    redact_url,
+)
 from ._store import _sqlite_pragmas as sqlite_pragmas
 from ._tracked import open_store, optional_store, tracked_run
 
 __all__ = [
     "DEFAULT_DB",
+    "LOCK_FILE",
     "RUN_KINDS",
+    "FolderLock",
+    "Holder",
     "RunHandle",
     "RunRecord",
     "Store",
+    "StudyLock",
     "data_fingerprint",
     "default_db_url",
     "environment",
     "open_store",
     "optional_store",
     "pid_alive",
+    "redact_url",
     "short_fingerprint",
     "sqlite_pragmas",
     "tracked_run",

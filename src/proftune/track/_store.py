@@ -12,6 +12,7 @@ import json
 import os
 import random
 import socket
+import sqlite3
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -27,7 +28,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, StoreError
 
-__all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url"]
+__all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url", "redact_url"]
 
 DEFAULT_DB = "sqlite:///proftune.db"
 RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size",
@@ -134,6 +135,52 @@ class RunRecord:
         }
 
 
+def redact_url(url: str | sa.URL) -> str:
+    """``url`` as it may be printed or logged: its password replaced by ``***``
+    (``postgresql://u:***@host/db``). In a string that is no URL, whatever lies between a colon
+    and an ``@`` is hidden."""
+    if isinstance(url, sa.URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except (sa.exc.ArgumentError, ValueError, TypeError):
+        import re
+
+        return re.sub(r"(?<=:)[^:@/\s]+(?=@)", "***", str(url))
+
+
+#: Tables that make a database proftune's or Optuna's (Optuna's RDB storage).
+_OPTUNA_TABLES = frozenset({"studies", "version_info"})
+
+
+def _foreign_tables(tables: Iterable[str]) -> list[str] | None:
+    """The tables of a database that belongs to another application (None: it is proftune's or
+    Optuna's, or empty)."""
+    names = sorted(tables)
+    if not names or any(t.startswith("proftune_") for t in names) or _OPTUNA_TABLES <= set(names):
+        return None
+    return names
+
+
+def _sqlite_tables(path: Path) -> list[str]:
+    """The table names of an existing SQLite file, read without changing it (``immutable``: no
+    lock, no journal, no WAL switch)."""
+    from urllib.parse import quote
+
+    conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True)
+    try:
+        return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    finally:
+        conn.close()
+
+
+def _refuse_foreign(shown: str, tables: list[str]) -> StoreError:
+    listed = ", ".join(tables[:8]) + (f" and {len(tables) - 8} more" if len(tables) > 8 else "")
+    return StoreError(
+        f"--db {shown!r} holds another application's tables ({listed}), neither proftune's nor "
+        "Optuna's; it was left untouched. Give a new file name or an existing proftune database.")
+
+
 def _check_sqlite_file(url: sa.URL) -> None:
     """Refuse a SQLite URL whose file exists but is not a SQLite database (leave it untouched)."""
     database = url.database
@@ -157,6 +204,21 @@ def _check_sqlite_file(url: sa.URL) -> None:
             f"--db {url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
             "database; it was left untouched. Give a new file name or an existing proftune database."
         )
+    try:
+        tables = _sqlite_tables(path)
+    except sqlite3.Error as exc:  # a damaged or encrypted file
+        raise StoreError(f"--db {url.render_as_string(hide_password=True)!r}: {str(path)!r} cannot be read "
+                         f"as a SQLite database ({exc}); it was left untouched.") from exc
+    foreign = _foreign_tables(tables)
+    if foreign is not None:
+        raise _refuse_foreign(url.render_as_string(hide_password=True), foreign)
+
+
+def _redacted(exc: BaseException | None, store: Store) -> str:
+    """A driver's message with the store's password taken out wherever it appears."""
+    text = str(exc)
+    password = sa.make_url(store.url).password
+    return text.replace(str(password), "***") if password else text
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -172,13 +234,15 @@ class Store:
 
     def __init__(self, url: str | None = None, *, retries: int = 40) -> None:
         self.url = url or default_db_url()
+        #: The URL as it may be shown: its password hidden (every message and log uses it).
+        self.shown_url = redact_url(self.url)
         try:
             parsed = sa.make_url(self.url)
-        except sa.exc.ArgumentError as exc:
+        except sa.exc.ArgumentError:
             raise StoreError(
-                f"--db {self.url!r} is not a database URL; give e.g. sqlite:///proftune.db "
+                f"--db {self.shown_url!r} is not a database URL; give e.g. sqlite:///proftune.db "
                 "or postgresql://user@host/db."
-            ) from exc
+            ) from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.retries = retries
         if self.is_sqlite:
@@ -191,15 +255,20 @@ class Store:
             try:
                 self.engine = sa.create_engine(self.url, pool_pre_ping=True)
             except Exception as exc:
-                raise StoreError(f"--db {self.url!r} cannot be opened: {exc}") from exc
+                raise StoreError(f"--db {self.shown_url!r} cannot be opened: {_redacted(exc, self)}") from exc
         try:
             self._retry(self._create_schema)
         except DBAPIError as exc:
-            raise StoreError(f"--db {self.url!r} cannot be opened as a database: {exc.orig}") from exc
+            raise StoreError(f"--db {self.shown_url!r} cannot be opened as a database: "
+                             f"{_redacted(exc.orig, self)}") from None
 
     def _create_schema(self) -> None:
         """The tables, and the indexes a store made by an older version lacks (create_all adds
-        indexes only with a new table)."""
+        indexes only with a new table). A database of another application is refused as it is."""
+        if not self.is_sqlite:  # SQLite files were read before any connection (no WAL switch)
+            foreign = _foreign_tables(sa.inspect(self.engine).get_table_names())
+            if foreign is not None:
+                raise _refuse_foreign(self.shown_url, foreign)
         _metadata.create_all(self.engine)
         for index in runs_table.indexes:
             index.create(self.engine, checkfirst=True)
@@ -294,8 +363,21 @@ class Store:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(runs_table).where(runs_table.c.id == int(run_id))).mappings().first()
         if row is None:
-            raise ConfigError(f"run {run_id} does not exist in {self.url}.")
+            raise ConfigError(f"run {run_id} does not exist in {self.shown_url}.")
         return _record(row)
+
+    def get_runs(self, run_ids: Iterable[int]) -> list[RunRecord]:
+        """The runs ``run_ids`` in that order; a ConfigError names every one that does not exist."""
+        ids = [int(i) for i in run_ids]
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(runs_table).where(runs_table.c.id.in_(ids))).mappings().all()
+        found = {int(r["id"]): _record(r) for r in rows}
+        missing = [i for i in dict.fromkeys(ids) if i not in found]
+        if missing:
+            names = ", ".join(str(i) for i in missing)
+            raise ConfigError(f"run{'s' if len(missing) > 1 else ''} {names} "
+                              f"{'do' if len(missing) > 1 else 'does'} not exist in {self.shown_url}.")
+        return [found[i] for i in ids]
 
     def list_runs(
         self,
@@ -377,7 +459,7 @@ class Store:
 
     def compare(self, a: int, b: int) -> dict[str, Any]:
         """Config diff, environment diff, data fingerprint match and metric deltas of two runs."""
-        ra, rb = self.get_run(a), self.get_run(b)
+        ra, rb = self.get_runs([a, b])
         metric_delta: dict[str, Any] = {}
         for key in sorted(set(ra.metrics) | set(rb.metrics)):
             va, vb = ra.metrics.get(key), rb.metrics.get(key)

@@ -12,7 +12,11 @@ from ._exploding import ExplodingGradients
 from ._lr_too_high import LrTooHigh
 from ._lr_too_low import LrTooLow
 from ._nan_inf import NanInf
+from ._oscillating import OscillatingLoss
 from ._overfitting import Overfitting
+from ._saturated import SaturatedActivations
+from ._schedule import NoLrDecay, NoWarmup
+from ._slow import SlowConvergence
 from ._unshuffled import Unshuffled
 from ._vanishing import VanishingGradients
 
@@ -24,9 +28,14 @@ CHECKS: tuple[BaseCheck, ...] = (
     Unshuffled(),
     ExplodingGradients(),
     VanishingGradients(),
+    SaturatedActivations(),
     DeadUnits(),
     NanInf(),
+    BatchNormSmallBatch(),
+    NoWarmup(),
+    OscillatingLoss(),
     Overfitting(),
     LrTooLow(),
-    BatchNormSmallBatch(),
+    SlowConvergence(),
+    NoLrDecay(),
 )

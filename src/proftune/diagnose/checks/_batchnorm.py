@@ -29,5 +29,8 @@ class BatchNormSmallBatch(BaseCheck):
                    "the batch statistics are noisy and differ from the running ones used at eval")
         fix = ("use a batch of 16 or more (grad accumulation does not help batch norm), or GroupNorm/LayerNorm, "
                "or freeze batch-norm statistics")
+        # a configuration fact seen from step 1: at 8 samples or fewer it is a root cause of the
+        # noise it brings (a noisy loss, gradient spikes, a range test that blames the rate)
         return Finding(self.cause, severity, summary, fix, evidence,
-                       0.7 if severity == "warning" else 0.3, step=1, layer=history.batchnorm[0])
+                       0.7 if severity == "warning" else 0.3, step=1, layer=history.batchnorm[0],
+                       root=severity == "warning")

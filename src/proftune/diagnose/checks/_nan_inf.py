@@ -5,6 +5,11 @@ from __future__ import annotations
 from .._findings import Finding
 from .._history import History
 from ._base import BaseCheck
+from ._exploding import _early_growth
+
+#: Layers that only overflow (a finite input times finite weights): a non-finite output of one
+#: of them follows values that grew, not an op that is undefined on its input.
+_OVERFLOW_ONLY = ("Linear", "Conv1d", "Conv2d", "Conv3d", "LazyLinear", "Bilinear", "Embedding")
 
 
 class NanInf(BaseCheck):
@@ -17,12 +22,17 @@ class NanInf(BaseCheck):
         evidence = {k: v for k, v in nf.items() if k not in ("step", "layer")}
         layer = nf.get("layer")
         produced = nf.get("phase") == "forward" and layer is not None and nf.get("inputs_finite")
-        earlier_spike = any(r["step"] < nf["step"] for r in history.spikes())
-        if produced:
+        grew = any(r["step"] < nf["step"] for r in history.spikes()) or _early_growth(history) is not None
+        overflow = nf.get("type") in _OVERFLOW_ONLY
+        if produced and not overflow:
             summary = (f"layer {layer} ({nf.get('type')}) produced non-finite outputs from finite inputs at "
                        f"step {nf['step']}")
             fix = (f"guard the op in {layer} (clamp its input, add an epsilon, use a numerically stable "
                    "form such as log1p/logsumexp)")
+        elif produced:
+            summary = (f"layer {layer} ({nf.get('type')}) overflowed to non-finite outputs at step {nf['step']} "
+                       "(finite inputs; its weights or inputs had grown too large)")
+            fix = "find what grew (gradient norm, weights): lower the learning rate, clip gradients, fix the init"
         elif nf.get("phase") == "forward" and layer is not None and nf.get("inputs_finite") is False:
             summary = f"the input batch of step {nf['step']} holds NaN/Inf; {layer} passed it on"
             fix = "clean the data (check the loader and the preprocessing for NaN/Inf, e.g. division by a zero std)"
@@ -32,6 +42,6 @@ class NanInf(BaseCheck):
         else:
             summary = f"loss became {nf.get('loss')} at step {nf['step']}" + (f", first in {layer}" if layer else "")
             fix = "lower the learning rate, clip gradients, or guard the op that overflows"
-        root = bool(produced or nf.get("inputs_finite") is False) and not earlier_spike
+        root = bool((produced and not overflow) or nf.get("inputs_finite") is False) and not grew
         return Finding(self.cause, "error", summary, fix, evidence, 0.95 if root else 0.6,
                        step=nf["step"], layer=layer, root=root)
