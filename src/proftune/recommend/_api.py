@@ -27,7 +27,12 @@ from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
 from ._full_batches import FullBatchTask, samples_per_epoch
 from ._lr_find import LRFindResult, run_lr_range_test, validate_lr_range
 from ._noise_scale import NoiseScaleResult, measure_noise_scale
-from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
+from ._recommendation import (
+    CONDITIONAL_NAMES,
+    RECOMMENDATION_NAMES,
+    Recommendation,
+    Recommendations,
+)
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
 
@@ -288,20 +293,26 @@ def recommend(
     seed: int = 0,
     lr_steps: int = 100,
     noise_steps: int = 30,
+    optimizer_budget_s: float = 4.0,
     store: Store | str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Recommendations:
     """Every training parameter proftune computes, from ONE Profile plus the measurements the
-    Profile cannot hold (memory at other batch sizes, the LR range test, the noise scale).
+    Profile cannot hold (memory at other batch sizes, the LR range test, the noise scale, a
+    short equal-time comparison of optimizers).
 
     Without ``profile``, one is measured first (``proftune.profile``). Without
     ``memory_budget``: on CUDA the device's free memory, on CPU no batch-size search.
+    ``optimizer_budget_s`` bounds the optimizer comparison (range tests and trials, seconds;
+    0 skips it and keeps the task's optimizer).
     """
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
     dev = resolve_device(device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
         raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
+    if isinstance(optimizer_budget_s, bool) or not (float(optimizer_budget_s) >= 0 and math.isfinite(optimizer_budget_s)):
+        raise ConfigError(f"optimizer_budget_s must be a finite number of seconds >= 0, but got {optimizer_budget_s=}.")
     budget = parse_memory(memory_budget) if memory_budget is not None else None
     say = progress or (lambda _msg: None)
 
@@ -313,13 +324,15 @@ def recommend(
 
             prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
         return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
-                               device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say)
+                               device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say,
+                               optimizer_budget_s=float(optimizer_budget_s))
 
     st = _store(store)
     if st is None:
         return body()
     config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
-              "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps}
+              "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps,
+              "optimizer_budget_s": optimizer_budget_s}
     with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
         recs = body()
         recs.run_id = run.id
@@ -331,7 +344,7 @@ def recommend(
 
 def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget: int | None,
                     target_batch: int | None, device: torch.device, seed: int, lr_steps: int,
-                    noise_steps: int, say: Callable[[str], None]) -> Recommendations:
+                    noise_steps: int, say: Callable[[str], None], optimizer_budget_s: float) -> Recommendations:
     recs: dict[str, Recommendation] = {}
     b_prof = int(prof.batch_size or params.get("batch_size", 32))
     step = prof.step
@@ -465,7 +478,34 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs["precision"] = precision_rule(prof)
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
-    return Recommendations([recs[name] for name in RECOMMENDATION_NAMES if name in recs], profile=prof)
+
+    # -- the optimizer, by an equal-time comparison ---------------------------------------------------
+    say("optimizer comparison")
+    recs["optimizer"] = _optimizer_row(task, params, prof, lr_res, budget_s=optimizer_budget_s,
+                                       batch_size=b_prof, memory_budget=budget, device=device, seed=seed)
+    names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
+    return Recommendations([recs[name] for name in names if name in recs], profile=prof)
+
+
+def _optimizer_row(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, *,
+                   budget_s: float, batch_size: int, memory_budget: int | None, device: torch.device,
+                   seed: int) -> Recommendation:
+    from ._optimizer import (
+        SGD_MOMENTUM,
+        CompareConfig,
+        compare_optimizers,
+        optimizer_recommendation,
+    )
+
+    current = str(params.get("optimizer", "adamw")).lower()
+    if budget_s <= 0:
+        return Recommendation("optimizer", current, f"keep {current}: the comparison was skipped "
+                              "(optimizer_budget_s=0).", {"current": current}, "low", "")
+    same = current != "sgd" or float(params.get("momentum", 0.0) or 0.0) == SGD_MOMENTUM
+    known = {current: lr_res} if same and lr_res.batch_size == batch_size else {}
+    cfg = CompareConfig(budget_s=budget_s, batch_size=batch_size, memory_budget=memory_budget, seed=seed)
+    comp = compare_optimizers(task, params, profile=prof, device=device, config=cfg, known_rates=known)
+    return optimizer_recommendation(comp)
 
 
 def _step_cost(prof: Profile) -> StepCost | None:
