@@ -7,6 +7,16 @@ from __future__ import annotations
 
 from ._api import profile
 from ._comm import CommRecorder
+from ._embeddings import (
+    EMBEDDING_TYPES,
+    IndexCounter,
+    IndexStats,
+    TableSpectrum,
+    embedding_tables,
+    index_stats,
+    table_spectrum,
+    zipf_exponent,
+)
 from ._memory import (
     ActivationRecorder,
     PeakMemory,
@@ -41,11 +51,14 @@ from ._stats import LayerStats, tensor_stats
 from ._timing import LayerTimer
 
 __all__ = [
+    "EMBEDDING_TYPES",
     "SCHEMA_VERSION",
     "ActivationRecorder",
     "CommProfile",
     "CommRecorder",
     "GradProfile",
+    "IndexCounter",
+    "IndexStats",
     "LayerCount",
     "LayerProfile",
     "LayerStats",
@@ -59,19 +72,24 @@ __all__ = [
     "RanksResult",
     "StaticCounts",
     "StepProfile",
+    "TableSpectrum",
     "UncountedOps",
     "buffers_bytes",
     "compare_profiles",
     "count_model",
     "count_params",
+    "embedding_tables",
+    "index_stats",
     "op_flops",
     "optimizer_state_bytes",
     "params_bytes",
     "peak_step_memory",
     "profile",
     "profile_ranks",
+    "table_spectrum",
     "tensor_stats",
     "uncounted_op",
+    "zipf_exponent",
 ]
 
 # ``proftune.profile`` is the function (bound in proftune/__init__.py) and this subpackage is

@@ -294,6 +294,7 @@ def recommend(
     lr_steps: int = 100,
     noise_steps: int = 30,
     optimizer_budget_s: float = 4.0,
+    embedding_budget_s: float = 120.0,
     store: Store | str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Recommendations:
@@ -304,15 +305,18 @@ def recommend(
     Without ``profile``, one is measured first (``proftune.profile``). Without
     ``memory_budget``: on CUDA the device's free memory, on CPU no batch-size search.
     ``optimizer_budget_s`` bounds the optimizer comparison (range tests and trials, seconds;
-    0 skips it and keeps the task's optimizer).
+    0 skips it and keeps the task's optimizer). A model with embedding tables gets the
+    ``embedding_dim`` row: the task trained once as it is and once at the recommended sizes,
+    bounded by ``embedding_budget_s`` seconds (0 skips the row).
     """
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
     dev = resolve_device(device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
         raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
-    if isinstance(optimizer_budget_s, bool) or not (float(optimizer_budget_s) >= 0 and math.isfinite(optimizer_budget_s)):
-        raise ConfigError(f"optimizer_budget_s must be a finite number of seconds >= 0, but got {optimizer_budget_s=}.")
+    for name, value in (("optimizer_budget_s", optimizer_budget_s), ("embedding_budget_s", embedding_budget_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"{name} must be a finite number of seconds >= 0, but got {name}={value!r}.")
     budget = parse_memory(memory_budget) if memory_budget is not None else None
     say = progress or (lambda _msg: None)
 
@@ -325,14 +329,15 @@ def recommend(
             prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
         return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
                                device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say,
-                               optimizer_budget_s=float(optimizer_budget_s))
+                               optimizer_budget_s=float(optimizer_budget_s),
+                               embedding_budget_s=float(embedding_budget_s))
 
     st = _store(store)
     if st is None:
         return body()
     config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
               "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps,
-              "optimizer_budget_s": optimizer_budget_s}
+              "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s}
     with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
         recs = body()
         recs.run_id = run.id
@@ -344,7 +349,8 @@ def recommend(
 
 def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget: int | None,
                     target_batch: int | None, device: torch.device, seed: int, lr_steps: int,
-                    noise_steps: int, say: Callable[[str], None], optimizer_budget_s: float) -> Recommendations:
+                    noise_steps: int, say: Callable[[str], None], optimizer_budget_s: float,
+                    embedding_budget_s: float) -> Recommendations:
     recs: dict[str, Recommendation] = {}
     b_prof = int(prof.batch_size or params.get("batch_size", 32))
     step = prof.step
@@ -483,6 +489,16 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     say("optimizer comparison")
     recs["optimizer"] = _optimizer_row(task, params, prof, lr_res, budget_s=optimizer_budget_s,
                                        batch_size=b_prof, memory_budget=budget, device=device, seed=seed)
+
+    # -- embedding tables: their size from the data -------------------------------------------------
+    if embedding_budget_s > 0:
+        from ._embedding import EmbeddingConfig, recommend_embedding_dim
+
+        say("embedding tables")
+        row = recommend_embedding_dim(task, params, device=device, profile=prof,
+                                      config=EmbeddingConfig(budget_s=embedding_budget_s, seed=seed))
+        if row is not None:
+            recs["embedding_dim"] = row
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
     return Recommendations([recs[name] for name in names if name in recs], profile=prof)
 

@@ -46,6 +46,8 @@ LBFGS_MAX_SAMPLES = 1_000_000
 LBFGS_EVALS_PER_STEP = 25
 #: Fewer mini-batch steps than this in a share make the comparison meaningless.
 MIN_STEPS = 10
+#: ...and a range test shorter than this has no curve to read.
+MIN_RANGE_STEPS = 20
 #: Validation batch size of the per-batch losses that the paired noise test compares.
 EVAL_BATCH = 16
 #: Another optimizer must beat the task's by this many standard errors of the paired difference.
@@ -232,11 +234,6 @@ def _batch_losses(task: Task, model: nn.Module, device: torch.device) -> list[fl
     return out
 
 
-def _range_rate(task: Task, params: dict[str, Any], *, batch_size: int, steps: int, device: torch.device,
-                seed: int) -> LRFindResult:
-    return run_lr_range_test(task, params, steps=steps, batch_size=batch_size, device=device, seed=seed)
-
-
 @dataclass(frozen=True)
 class CompareConfig:
     """How long and on what the comparison runs (see :func:`compare_optimizers`)."""
@@ -320,12 +317,22 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
     if current not in settings and current != "lbfgs":
         settings[current] = {"optimizer": current}
     skipped: list[dict[str, str]] = []
-    for name, extra in settings.items():
-        if name in rates:
-            continue
-        rates[name] = _range_rate(runner, {**params, **extra}, batch_size=b, steps=cfg.lr_steps,
-                                  device=device, seed=cfg.seed)
     n_candidates = len(settings) + 1  # + L-BFGS, decided below within its share
+    missing = [name for name in settings if name not in rates]
+    # a range test gets the time of one trial at most; too few steps there and nothing is compared
+    test_s = cfg.budget_s / (len(missing) + n_candidates)
+    test_steps = min(cfg.lr_steps, int(test_s * 1e3 / step_ms)) if step_ms > 0 else 0
+    if missing and cfg.share_s is None and test_steps < MIN_RANGE_STEPS:
+        reason = (f"the {cfg.budget_s:g} s budget leaves {test_s:.2f} s for each range test, {test_steps} steps "
+                  f"of {step_ms:.1f} ms (at least {MIN_RANGE_STEPS} needed): raise the optimizer budget")
+        return OptimizerComparison(choice=current, current=current, trials=[], noise=noise,
+                                   budget_s=cfg.budget_s, share_s=0.0, spent_s=time.perf_counter() - started,
+                                   reason=reason, skipped=skipped, honours_param=honours)
+    for name in missing:
+        rates[name] = run_lr_range_test(
+            runner, {**params, **settings[name]}, steps=cfg.lr_steps if cfg.share_s is not None else test_steps,
+            batch_size=b, device=device, seed=cfg.seed,
+            callbacks=[_Deadline(2.0 * test_s)] if cfg.share_s is None else ())
     share = cfg.share_s if cfg.share_s is not None else max(
         0.0, (cfg.budget_s - (time.perf_counter() - started)) / n_candidates)
     hard_stop = None if cfg.share_s is not None else 2.0 * share
