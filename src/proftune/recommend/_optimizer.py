@@ -2,11 +2,12 @@
 
 AdamW and SGD with momentum each train from the same seeded start at their own range-test rate
 for the same wall-clock share of the budget (the number of steps set from the profile's measured
-step time, so that the comparison does not depend on the machine's load; a hard stop at twice
-the share guards the bound). L-BFGS joins where the whole training set fits in one batch and a
-full-batch step fits the share: the data is small and the loss deterministic, which is where a
+step time, so that the comparison does not depend on the machine's load; a hard stop at 1.25
+times the share, and at 1.25 times the budget for the whole comparison, guards the bound).
+L-BFGS joins where the whole training set fits in one batch and a full-batch step fits the share: the data is small and the loss deterministic, which is where a
 quasi-Newton method pays. The winner is the lowest validation loss at the end of its share; the
-task's own optimizer is kept unless another one beats it by more than ``KEEP_TOLERANCE``.
+task's own optimizer is kept unless another one beats it by more than ``KEEP_TOLERANCE`` and
+beyond the noise of the paired per-batch validation losses.
 
 The gradient-noise figures say why: the noise-to-signal ratio of mini-batch gradients and the
 excess kurtosis of their noise (0 for Gaussian noise; heavy-tailed noise, large kurtosis, is
@@ -52,6 +53,8 @@ MIN_RANGE_STEPS = 20
 EVAL_BATCH = 16
 #: Another optimizer must beat the task's by this many standard errors of the paired difference.
 NOISE_SIGMAS = 2.0
+#: A trial (and the whole comparison) is stopped at this multiple of its time.
+HARD_STOP = 1.25
 #: Points kept of each training curve (evidence, not the whole run).
 CURVE_POINTS = 40
 
@@ -108,20 +111,22 @@ class _NamedOptimizer(TaskWrapper):
 
 
 class _Deadline(Callback):
-    """Stops the fit loop once ``seconds`` have passed (the hard bound of a trial)."""
+    """Stops the fit loop ``seconds`` after it starts, and in any case at the clock time ``until``
+    (``time.perf_counter()``): the hard bounds of a trial and of the whole comparison."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, until: float = math.inf) -> None:
         self.seconds = seconds
-        self.started = 0.0
+        self.until = until
+        self.end = math.inf
         self.hit = False
 
     def on_fit_start(self, state: FitState) -> None:
-        self.started = time.perf_counter()
+        self.end = min(time.perf_counter() + self.seconds, self.until)
 
     def on_step_end(self, state: FitState) -> None:
-        if time.perf_counter() - self.started >= self.seconds:
+        if time.perf_counter() >= self.end:
             self.hit = True
-            state.request_stop(f"time share of {self.seconds:.2f} s spent")
+            state.request_stop("time share spent")
 
 
 def honours_optimizer_param(task: Task, params: dict[str, Any]) -> bool:
@@ -203,8 +208,9 @@ def _curve(steps: list[dict[str, Any]], step_s: float) -> list[dict[str, float]]
 
 
 def _trial(task: Task, params: dict[str, Any], *, name: str, lr_from: str, steps: int,
-           hard_stop_s: float | None, batch_size: int, device: torch.device, seed: int) -> OptimizerTrial:
-    deadline = _Deadline(hard_stop_s if hard_stop_s is not None else math.inf)
+           hard_stop_s: float | None, until: float, batch_size: int, device: torch.device,
+           seed: int) -> OptimizerTrial:
+    deadline = _Deadline(hard_stop_s if hard_stop_s is not None else math.inf, until)
     started = time.perf_counter()
     result = fit(task, params, max_steps=steps, batch_size=batch_size, device=device, seed=seed,
                  callbacks=[deadline], evaluate=False, stop_on_nan=True)
@@ -241,7 +247,7 @@ class CompareConfig:
     budget_s: float = 4.0
     #: Seconds of training each optimizer gets, as predicted from the profile's step time (its
     #: steps are set from it); default: what ``budget_s`` leaves after the range tests, shared
-    #: out, with a hard stop at twice that. Given, the comparison does not depend on the load.
+    #: out, with a hard stop at 1.25 times that. Given, the comparison does not depend on the load.
     share_s: float | None = None
     batch_size: int = 32
     lr_steps: int = 50
@@ -301,6 +307,8 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
     """
     cfg = config or CompareConfig()
     started = time.perf_counter()
+    # the whole comparison stops here at the latest (trials and range tests), unless a share is given
+    until = started + HARD_STOP * cfg.budget_s if cfg.share_s is None else math.inf
     current = str(params.get("optimizer", "adamw")).lower()
     honours = honours_optimizer_param(task, params)
     runner: Task = task if honours else _NamedOptimizer(task)
@@ -332,10 +340,10 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
         rates[name] = run_lr_range_test(
             runner, {**params, **settings[name]}, steps=cfg.lr_steps if cfg.share_s is not None else test_steps,
             batch_size=b, device=device, seed=cfg.seed,
-            callbacks=[_Deadline(2.0 * test_s)] if cfg.share_s is None else ())
+            callbacks=[_Deadline(HARD_STOP * test_s, until)] if cfg.share_s is None else ())
     share = cfg.share_s if cfg.share_s is not None else max(
         0.0, (cfg.budget_s - (time.perf_counter() - started)) / n_candidates)
-    hard_stop = None if cfg.share_s is not None else 2.0 * share
+    hard_stop = None if cfg.share_s is not None else HARD_STOP * share
     steps = int(share * 1e3 / step_ms) if step_ms > 0 else 0
     trials: list[OptimizerTrial] = []
     if steps < MIN_STEPS:
@@ -351,13 +359,13 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
             continue
         trials.append(_trial(runner, {**params, **extra, "lr": rate}, name=name,
                              lr_from=f"range test at batch {b}: {rate:.3g}", steps=steps, hard_stop_s=hard_stop,
-                             batch_size=b, device=device, seed=cfg.seed))
+                             until=until, batch_size=b, device=device, seed=cfg.seed))
     n, lb_steps, why_not = _lbfgs_fit(runner, params, profile, cfg, share, device)
     if why_not is None:
         trials.append(_trial(runner, {**params, "optimizer": "lbfgs", "lr": 1.0}, name="lbfgs",
                              lr_from="lr 1 with the strong-Wolfe line search (the search sets the step)",
-                             steps=lb_steps, hard_stop_s=hard_stop, batch_size=n, device=device,
-                             seed=cfg.seed))
+                             steps=lb_steps, hard_stop_s=hard_stop, until=until, batch_size=n,
+                             device=device, seed=cfg.seed))
     else:
         skipped.append({"optimizer": "lbfgs", "why": why_not})
     choice, reason = _choose(trials, current)
