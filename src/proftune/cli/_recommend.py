@@ -80,6 +80,11 @@ def recommend_command(
         "--optimizer-budget", help="Time for the equal-time optimizer comparison (4s, 1min; 0 skips it).")] = "4s",
     embedding_budget: Annotated[str, typer.Option(
         "--embedding-budget", help="Time for sizing embedding tables (two trainings; 0 skips it).")] = "120s",
+    ddp: Annotated[int | None, typer.Option(
+        "--ddp", min=2, help="Profile N DDP ranks at a few batch sizes and give the per-rank batch (ddp_batch_size).",
+        show_default=False)] = None,
+    ddp_share: Annotated[float, typer.Option(
+        "--ddp-share", help="The largest share of the DDP step the all-reduce may take.")] = 0.10,
     emit: Annotated[str | None, typer.Option(
         "--emit", help="Print the parameters as a snippet to paste: lightning, transformers or yaml.",
         show_default=False)] = None,
@@ -105,7 +110,9 @@ def recommend_command(
         say = (lambda msg: err_console.print(f"[dim]... {msg}[/]")) if progress_enabled() else None
         return _Result(recommend(task_arg(task, data), parse_params(param), profile=prof, memory_budget=memory_budget,
                                  target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
-                                 noise_steps=noise_steps, optimizer_budget_s=opt_s, embedding_budget_s=emb_s, store=Store(db),
+                                 noise_steps=noise_steps, optimizer_budget_s=opt_s, embedding_budget_s=emb_s,
+                                 ddp=ddp, ddp_share=ddp_share,
+                                 store=Store(db),
                                  progress=say), emit)
 
     def render(result: Any) -> None:

@@ -26,7 +26,14 @@ from ._memory import (
     peak_step_memory,
 )
 from ._monitor import Monitor
-from ._ranks import RankProfile, RanksResult, profile_ranks
+from ._ranks import (
+    DDPPoint,
+    DDPScaling,
+    RankProfile,
+    RanksResult,
+    profile_ddp_batches,
+    profile_ranks,
+)
 from ._record import (
     SCHEMA_VERSION,
     CommProfile,
@@ -56,6 +63,8 @@ __all__ = [
     "ActivationRecorder",
     "CommProfile",
     "CommRecorder",
+    "DDPPoint",
+    "DDPScaling",
     "GradProfile",
     "IndexCounter",
     "IndexStats",
@@ -85,6 +94,7 @@ __all__ = [
     "params_bytes",
     "peak_step_memory",
     "profile",
+    "profile_ddp_batches",
     "profile_ranks",
     "table_spectrum",
     "tensor_stats",
