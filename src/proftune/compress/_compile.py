@@ -35,8 +35,9 @@ __all__ = ["COMPILERS", "COMPILER_NAMES", "BaseCompiler", "OrtModule", "compiler
 def _quiet() -> Iterator[None]:
     """The exporters print progress to stdout and warn on stderr; a user of proftune (and
     ``--json``, whose stdout is one object) needs neither."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch._dynamo", "torch._inductor", "torch.export",
-                                              "onnxscript", "torch.fx.experimental.symbolic_shapes")]
+    loggers = [logging.getLogger(n) for n in (
+        "torch", "torch.onnx", "torch._dynamo", "torch._inductor", "torch.export", "torch.utils._pytree",
+        "torch.utils.cpp_extension", "torch.fx.experimental.symbolic_shapes", "onnxscript")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
