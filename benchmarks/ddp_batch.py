@@ -3,10 +3,11 @@
 
 Task digits-mlp with hidden=1024 (1.1M parameters: 4.3 MiB of gradients all-reduced per step) at
 32 samples per rank, 2 ranks on this machine (gloo, one thread each). Steps:
-1. ``profile_ddp_batches`` at 32, 64 and 128 per rank (the fit step = fixed + per_sample·B and
-   the all-reduce time), the plan for an all-reduce share of at most 10%, capped by the data and
-   by the critical batch (``proftune.noise_scale`` at the task's lr; printed, and the uncapped
-   plan too);
+1. as the row does (``measure_and_plan``): the DDP step at 32, 64 and 128 per rank, the line
+   step = fixed + per_sample·B and the all-reduce time, the plan for an all-reduce share of at
+   most 10% within the data, and, where the plan lies past twice 128, a measurement there and
+   the plan again from all the points; then the cap by the critical batch
+   (``proftune.noise_scale`` at the task's lr; printed beside the uncapped plan);
 2. measured: a fresh set of ranks profiles the DDP step at 32 and at the recommended batch
    (``--rounds`` interleaved rounds, each size's fastest kept); throughput = samples of both
    ranks per second. Printed: predicted and measured throughput at both, the speed-up.
@@ -19,7 +20,7 @@ import argparse
 
 import proftune
 from proftune.profile import profile_ddp_batches
-from proftune.recommend._ddp import ddp_recommendation, plan_ddp_batch
+from proftune.recommend._ddp import ddp_recommendation, measure_and_plan, plan_ddp_batch
 
 PARAMS = {"hidden": 1024, "batch_size": 32}
 
@@ -34,17 +35,17 @@ def main() -> None:
     task = proftune.load_task("digits-mlp")
     params = {**task.default_params, **PARAMS}
     current = int(params["batch_size"])
-    scaling = profile_ddp_batches("digits-mlp", nprocs=args.ranks, batch_sizes=[current, 2 * current, 4 * current],
-                                  params=params, rounds=args.rounds, steps=args.steps, device="cpu")
+    ns = proftune.noise_scale(task, params, small_batch=16, micro_batches=4, steps=30, device="cpu")
+    crit = ns.critical_batch_size
+    samples = 1437
+    # what the row does: 1x/2x/4x, the plan, and a measurement at the plan when it lies far beyond
+    scaling, uncapped = measure_and_plan("digits-mlp", nprocs=args.ranks, current=current, params=params,
+                                         share=args.share, samples=samples, rounds=args.rounds, steps=args.steps)
     for p in scaling.points:
         print(f"measured at {p.batch_size:4d}/rank: step {p.step_ms:7.2f} ms, all-reduce {p.allreduce_ms:6.2f} ms "
               f"({p.allreduce_share:.0%}), {p.allreduce_bytes / 2**20:.2f} MiB, {p.throughput:7.0f} samples/s")
     print(f"fit: step = {scaling.fixed_ms:.2f} ms + {scaling.per_sample_ms:.3f} ms x B; all-reduce "
           f"{scaling.allreduce_ms:.2f} ms per step")
-    ns = proftune.noise_scale(task, params, small_batch=16, micro_batches=4, steps=30, device="cpu")
-    crit = ns.critical_batch_size
-    samples = 1437
-    uncapped = plan_ddp_batch(scaling, current=current, share=args.share, samples=samples)
     plan = plan_ddp_batch(scaling, current=current, share=args.share, samples=samples, critical_batch=crit)
     row = ddp_recommendation(scaling, plan, lr=float(params["lr"]), optimizer="adamw", critical_batch=crit)
     print(f"critical batch (noise scale at lr {params['lr']}): {crit}; uncapped plan {uncapped.batch_size}/rank")

@@ -105,3 +105,29 @@ def test_two_gloo_ranks_measure_the_all_reduce_at_two_batch_sizes() -> None:
     assert s.allreduce_bytes == 4 * n_params  # every fp32 gradient, once per step
     assert all(p.allreduce_ms > 0 for p in s.points)
     assert s.step_ms(32) > 0
+
+
+def test_a_plan_far_past_the_measured_batches_is_measured_there_and_planned_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The true step is 40 + 0.1·B up to 128 and steeper beyond (0.5 ms per sample): the line
+    through 32..128 promises the 10% share at 2600; measured there, the plan comes back lower."""
+    from proftune.recommend import _ddp
+
+    def true_step(b: int) -> float:
+        return 40 + 0.1 * b if b <= 128 else 40 + 12.8 + 0.5 * (b - 128)
+
+    asked: list[list[int]] = []
+
+    def fake(spec: object, *, batch_sizes: list[int], nprocs: int, **kw: object) -> DDPScaling:
+        asked.append(sorted(batch_sizes))
+        return fit_scaling([_point(b, true_step(b)) for b in sorted(batch_sizes)], world_size=nprocs, backend="gloo")
+
+    monkeypatch.setattr(_ddp, "profile_ddp_batches", fake)
+    scaling, plan = _ddp.measure_and_plan("t", nprocs=2, current=32, params={}, share=0.10)
+    assert asked[0] == [32, 64, 128]
+    assert len(asked) == 2
+    assert asked[1][0] == 32
+    first_plan = asked[1][1]
+    assert 2600 <= first_plan <= 2608  # from the line through 32..128: 40 + 0.1 B >= 300
+    assert [p.batch_size for p in scaling.points] == [32, 64, 128, first_plan]
+    assert plan.batch_size < first_plan / 2  # the steeper measured slope needs a far smaller batch

@@ -540,18 +540,13 @@ def _more_rows(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFind
 
 def _ddp_row(ddp: tuple[Any, int, float], task: Task, params: dict[str, Any], b_prof: int, *,
              max_batch: int | None, critical: int | None, device: torch.device, seed: int) -> Recommendation:
-    from ..profile import profile_ddp_batches
-    from ._ddp import ddp_recommendation, plan_ddp_batch
+    from ._ddp import ddp_recommendation, measure_and_plan
 
     spec, nprocs, share = ddp
     samples = samples_per_epoch(task, params, batch_size=b_prof, stop_after=1 << 20)
-    sizes = sorted({b for b in (b_prof, 2 * b_prof, 4 * b_prof) if b <= max(samples, b_prof)})
-    if len(sizes) < 2:
-        sizes = [max(1, b_prof // 2), b_prof]
-    scaling = profile_ddp_batches(spec, nprocs=nprocs, batch_sizes=sizes, params=params,
-                                  device="cuda" if device.type == "cuda" else "cpu", seed=seed)
-    plan = plan_ddp_batch(scaling, current=b_prof, share=share, max_batch=max_batch, critical_batch=critical,
-                          samples=samples or None)
+    scaling, plan = measure_and_plan(spec, nprocs=nprocs, current=b_prof, params=params, share=share,
+                                     max_batch=max_batch, critical_batch=critical, samples=samples or None,
+                                     device="cuda" if device.type == "cuda" else "cpu", seed=seed)
     lr = params.get("lr")
     return ddp_recommendation(scaling, plan, lr=float(lr) if isinstance(lr, (int, float)) else None,
                               optimizer=str(params.get("optimizer", "adamw")), critical_batch=critical)

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigError
-from ..profile import DDPScaling
+from ..profile import DDPScaling, profile_ddp_batches
 from ._recommendation import Recommendation
 from ._scaling import scale_lr
 
-__all__ = ["DDP_SHARE", "DDPPlan", "plan_ddp_batch"]
+__all__ = ["DDP_SHARE", "DDPPlan", "measure_and_plan", "plan_ddp_batch"]
 
 #: Default largest share of the step the all-reduce may take.
 DDP_SHARE = 0.10
@@ -85,6 +85,32 @@ def plan_ddp_batch(scaling: DDPScaling, *, current: int, share: float = DDP_SHAR
     return DDPPlan(current=current, batch_size=int(batch), needed=needed, caps=caps, limited_by=limited,
                    share=share, current_share=at(current), predicted_share=at(batch),
                    current_throughput=scaling.throughput(current), predicted_throughput=scaling.throughput(batch))
+
+
+def measure_and_plan(spec: Any, *, nprocs: int, current: int, params: dict[str, Any], share: float = DDP_SHARE,
+                     max_batch: int | None = None, critical_batch: int | None = None, samples: int | None = None,
+                     device: str = "cpu", seed: int = 0, rounds: int = 2, steps: int = 5) -> tuple[DDPScaling, DDPPlan]:
+    """Profile the DDP step at 1x, 2x and 4x ``current`` per rank, plan the batch, and where the
+    plan lands past twice the largest batch measured, measure there too and plan again from all
+    the points (a line fitted on small batches need not hold far beyond them)."""
+    from ..profile._ranks import fit_scaling
+
+    top = samples or 4 * current
+    sizes = sorted({b for b in (current, 2 * current, 4 * current) if b <= max(top, current)})
+    if len(sizes) < 2:
+        sizes = [max(1, current // 2), current]
+    kw: dict[str, Any] = {"nprocs": nprocs, "params": params, "device": device, "seed": seed, "rounds": rounds,
+                          "steps": steps}
+    scaling = profile_ddp_batches(spec, batch_sizes=sizes, **kw)
+    plan = plan_ddp_batch(scaling, current=current, share=share, max_batch=max_batch,
+                          critical_batch=critical_batch, samples=samples)
+    if plan.batch_size > 2 * max(sizes):
+        extra = profile_ddp_batches(spec, batch_sizes=[current, plan.batch_size], **kw)
+        points = [*scaling.points, *(q for q in extra.points if q.batch_size == plan.batch_size)]
+        scaling = fit_scaling(points, world_size=scaling.world_size, backend=scaling.backend, task=scaling.task)
+        plan = plan_ddp_batch(scaling, current=current, share=share, max_batch=max_batch,
+                              critical_batch=critical_batch, samples=samples)
+    return scaling, plan
 
 
 def ddp_recommendation(scaling: DDPScaling, plan: DDPPlan, *, lr: float | None, optimizer: str,
