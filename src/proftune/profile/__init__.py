@@ -31,6 +31,7 @@ from ._ranks import (
     DDPScaling,
     RankProfile,
     RanksResult,
+    fit_scaling,
     profile_ddp_batches,
     profile_ranks,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "count_model",
     "count_params",
     "embedding_tables",
+    "fit_scaling",
     "index_stats",
     "op_flops",
     "optimizer_state_bytes",

@@ -25,7 +25,8 @@ import torch
 
 from ..exceptions import ConfigError, RunFailedError
 
-__all__ = ["DDPPoint", "DDPScaling", "RankProfile", "RanksResult", "profile_ddp_batches", "profile_ranks"]
+__all__ = ["DDPPoint", "DDPScaling", "RankProfile", "RanksResult", "fit_scaling", "profile_ddp_batches",
+           "profile_ranks"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 _ADVICE = {

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigError
-from ..profile import DDPScaling, profile_ddp_batches
+from ..profile import DDPScaling, fit_scaling, profile_ddp_batches
 from ._recommendation import Recommendation
 from ._scaling import scale_lr
 
@@ -93,8 +93,6 @@ def measure_and_plan(spec: Any, *, nprocs: int, current: int, params: dict[str, 
     """Profile the DDP step at 1x, 2x and 4x ``current`` per rank, plan the batch, and where the
     plan lands past twice the largest batch measured, measure there too and plan again from all
     the points (a line fitted on small batches need not hold far beyond them)."""
-    from ..profile._ranks import fit_scaling
-
     top = samples or 4 * current
     sizes = sorted({b for b in (current, 2 * current, 4 * current) if b <= max(top, current)})
     if len(sizes) < 2:
