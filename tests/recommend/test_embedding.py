@@ -183,7 +183,7 @@ def test_hashed_rows_keep_the_task_init_of_kept_rows_and_share_buckets() -> None
 @pytest.mark.slow
 def test_the_built_in_recommender_lands_near_its_true_rank_at_dim_64() -> None:
     task = proftune.load_task("implicit-two-tower")
-    recs = proftune.recommend(task, device="cpu", optimizer_budget_s=0)
+    recs = proftune.recommend(task, device="cpu", optimizer_budget_s=0, embedding_budget_s=1800)
     row = recs.get("embedding_dim")
     rank = task.spec.rank
     assert rank <= row.value["user_emb"] <= rank + 2, row.reason
