@@ -50,6 +50,9 @@ def compress(
     global_pruning: Annotated[bool, typer.Option("--global", help="Rank channels/weights across layers, not per layer.")] = False,
     ignore_layers: Annotated[list[str] | None, typer.Option("--ignore-layers", help="Layer paths to keep whole (comma-separated or repeated).", show_default=False)] = None,
     quantize: Annotated[str | None, typer.Option("--quantize", help="dynamic, static or qat (INT8).", show_default=False)] = None,
+    half: Annotated[bool, typer.Option("--half", help="Also try fp16 weights (half precision) of the float models.")] = False,
+    compile_: Annotated[str | None, typer.Option("--compile", help="Compile the float models too: inductor (AOTInductor), onnxruntime (comma-separated).", show_default=False)] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Deployment preset that picks the methods: cpu, gpu, mobile or edge.", show_default=False)] = None,
     distill: Annotated[bool, typer.Option("--distill", help="The original model teaches during fine-tuning (Hinton loss).")] = False,
     finetune_epochs: Annotated[int, typer.Option("--finetune-epochs", help="Fine-tuning epochs after pruning (fit loop).")] = 1,
     max_accuracy_drop: Annotated[float, typer.Option("--max-accuracy-drop", help="Largest metric drop allowed (0.01 = 1 point).")] = 0.01,
@@ -79,6 +82,7 @@ def compress(
             callbacks=[EpochProgress(None)],
             prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
             global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, distill=distill,
+            half=half, compile=tuple(n.strip() for n in (compile_ or "").split(",") if n.strip()), target=target,
             finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,
             goal=goal, out=out, plot_dir=plot, round_to=round_to, force=force, seed=seed, device=device,
         )
@@ -105,6 +109,10 @@ def compress(
             out_console.print(f"note: {note}", highlight=False)
         if selected is not None:
             out_console.print(f"selected: {selected['method']} ratio {selected['ratio']:g}", highlight=False)
+        for c in d["candidates"]:
+            if c.get("eager_max_abs_diff") is not None:
+                out_console.print(f"{c['method']} ratio {c['ratio']:g}: max |output - eager| over the validation "
+                                  f"data {c['eager_max_abs_diff']:.2e}; {'; '.join(c['notes'])}", highlight=False)
         if d["output"]:
             out_console.print(f"saved: {d['output']}  load: {d['load']}", highlight=False)
         for p in d["plots"]:

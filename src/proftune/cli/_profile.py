@@ -211,4 +211,10 @@ def _render_ranks(d: dict[str, Any]) -> None:
         table.add_row(f"{r['rank']}{mark}", *(_ms(r[k]) for k in (
             "step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "allreduce_ms", "busy_ms")))
     out_console.print(table)
+    comm = (d.get("extra") or {}).get("comm") or {}
+    if comm.get("batch_size"):
+        per = comm.get("busy_ms_per_sample")
+        out_console.print(f"all-reduce {format_bytes(comm['allreduce_bytes'])} per step in {comm['allreduce_ms']:.2f} ms "
+                          f"({comm['allreduce_share']:.0%} of the step) at batch {comm['batch_size']} per rank; "
+                          f"busy {per:.3f} ms per sample" if per is not None else "", highlight=False)
     out_console.print(f"imbalance {d['imbalance']:.2f}x (busy, max / median); {d['advice']}")

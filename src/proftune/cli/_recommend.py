@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from .._units import parse_duration
 from ..exceptions import ConfigError
 from ..integrations import EMIT_FORMATS, emit_snippet
 from ..profile import Profile
@@ -76,6 +77,15 @@ def recommend_command(
         "--profile", help="A saved Profile (JSON) to read instead of profiling now.", show_default=False)] = None,
     lr_steps: Annotated[int, typer.Option("--lr-steps", min=5, help="Steps of the LR range test.")] = 100,
     noise_steps: Annotated[int, typer.Option("--noise-steps", min=1, help="Steps of the noise-scale measurement.")] = 30,
+    optimizer_budget: Annotated[str, typer.Option(
+        "--optimizer-budget", help="Time for the equal-time optimizer comparison (4s, 1min; 0 skips it).")] = "4s",
+    embedding_budget: Annotated[str, typer.Option(
+        "--embedding-budget", help="Time for sizing embedding tables (two trainings; 0 skips it).")] = "120s",
+    ddp: Annotated[int | None, typer.Option(
+        "--ddp", min=2, help="Profile N DDP ranks at a few batch sizes and give the per-rank batch (ddp_batch_size).",
+        show_default=False)] = None,
+    ddp_share: Annotated[float, typer.Option(
+        "--ddp-share", help="The largest share of the DDP step the all-reduce may take.")] = 0.10,
     emit: Annotated[str | None, typer.Option(
         "--emit", help="Print the parameters as a snippet to paste: lightning, transformers or yaml.",
         show_default=False)] = None,
@@ -88,17 +98,24 @@ def recommend_command(
     report: ReportOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Batch size, lr and its scaling, critical batch, accumulation, precision, data loading and
-    bottleneck layers, each with the measured evidence behind it."""
+    """Batch size, lr and its scaling, critical batch, accumulation, precision, data loading,
+    bottleneck layers and the optimizer (and embedding sizes for a model with embedding tables),
+    each with the measured evidence behind it."""
 
     def body() -> Any:
         if emit is not None and emit not in EMIT_FORMATS:
             raise ConfigError(f"--emit {emit!r} is unknown; valid: {', '.join(EMIT_FORMATS)}.")
         prof = Profile.load(profile) if profile else None
+        opt_s, emb_s = (0.0 if text.strip() in ("0", "0s") else parse_duration(text, name=name)
+                        for text, name in ((optimizer_budget, "--optimizer-budget"),
+                                           (embedding_budget, "--embedding-budget")))
         say = (lambda msg: err_console.print(f"[dim]... {msg}[/]")) if progress_enabled() else None
         return _Result(recommend(task_arg(task, data), parse_params(param), profile=prof, memory_budget=memory_budget,
                                  target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
-                                 noise_steps=noise_steps, store=Store(db), progress=say), emit)
+                                 noise_steps=noise_steps, optimizer_budget_s=opt_s, embedding_budget_s=emb_s,
+                                 ddp=ddp, ddp_share=ddp_share,
+                                 store=Store(db),
+                                 progress=say), emit)
 
     def render(result: Any) -> None:
         if result.emit is not None:  # stdout holds only the snippet: `> params.py` works

@@ -11,7 +11,7 @@ from ._checkpoint import LOAD_LINES, ExportedModule, load_model
 from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
 from ._measure import task_latencies
-from ._pipeline import Candidate
+from ._pipeline import Candidate, capture_inputs
 from ._prune import prune_structured, prune_unstructured
 from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_status
 from ._report import CompressReport
@@ -33,6 +33,7 @@ __all__ = [
     "LayerSensitivity",
     "QuantInputs",
     "backend_status",
+    "capture_inputs",
     "compress",
     "hinton_loss",
     "layer_sensitivity",

@@ -22,7 +22,7 @@ from ..track import Store, tracked_run
 from ..train import Callback, validate_params
 from ._checkpoint import Rebuild, task_spec
 from ._compressor import Compressor
-from ._config import CompressConfig, backend_problems, merge_config
+from ._config import CompressConfig, backend_problems, compile_problems, merge_config
 from ._report import CompressReport
 
 __all__ = ["CompressConfig", "CompressReport", "compress"]
@@ -56,6 +56,7 @@ def compress(
     dev = resolve_device(cfg.device)
     if cfg.quantize is not None:
         problems += backend_problems(cfg, dev)
+    problems += compile_problems(cfg, dev)
     if model_path is not None and not Path(model_path).is_file():
         problems.append(f"--model {model_path!r} is not a file.")
     if problems:

@@ -52,6 +52,11 @@ LOAD_LINES = {
     "state": "from proftune.compress import load_model; model = load_model({path!r}{task})",
     "torchscript": "model = torch.jit.load({path!r})",
     "export": "from proftune.compress import load_model; model = load_model({path!r}{task})",
+    # compiled candidates (compress/_compile.py): run by their engine, not by load_model
+    "onnx": ("import onnxruntime as ort; session = ort.InferenceSession({path!r}, "
+             "providers=['CPUExecutionProvider']); outputs = session.run(None, {{'input0': x.numpy()}})"),
+    "aoti": ("import torch; model = torch._inductor.aoti_load_package({path!r})  "
+             "# native code compiled by proftune: load only packages you built or trust"),
 }
 _KIND = "proftune.compress/state"
 _PRIMITIVES = (bool, int, float, str, type(None))

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ from ..metrics import direction
 from ..task import Task
 from ..train import Callback, evaluate_model, fit
 from ._checkpoint import Rebuild, load_model, read_model, save_model
+from ._compile import compiler_status, get_compiler, providers_of
 from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
+from ._half import HalfPrecision, save_half
 from ._measure import LatencyInput, count, file_size, measure_latencies, sparse_size_bytes
 from ._pipeline import (
     GOALS,
@@ -44,6 +47,11 @@ from ._report import CompressReport
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = ["Compressor"]
+
+
+def _joined(prefix: str, method: str) -> str:
+    """The method name of ``method`` applied after ``prefix`` (``structured+fp16``)."""
+    return f"{prefix}+{method}" if prefix else method
 
 #: (candidate, the model loaded back from its file, the example inputs on its device)
 Built = tuple[Candidate, Any, Any]
@@ -114,6 +122,7 @@ class Compressor:
         cfg = self.cfg
         ignored_names = self._ignored_names(base, plan.prune)
         built = [self._save_measure("baseline", 0.0, base, tmp=tmp)]
+        floats: list[tuple[str, float, nn.Module]] = [("", 0.0, base)]
         sens: list[LayerSensitivity] = []
         if plan.prune == "structured" and cfg.sensitivity and not cfg.global_pruning:
             sens = self._sensitivity(base, ignored_names)
@@ -121,12 +130,20 @@ class Compressor:
             for ratio in cfg.ratios:
                 pruned = self._prune(base, plan.prune, float(ratio), ignored_names, sens)
                 built.append(self._save_measure(plan.prune, ratio, pruned, tmp=tmp, finetuned=True))
+                floats.append((plan.prune, float(ratio), pruned))
                 if plan.quant:
                     q = self._quantized(pruned, plan.quant, f"{plan.prune}+{plan.quant}", ratio, tmp)
                     built.extend([q] if q is not None else [])
         if plan.quant:
             q = self._quantized(base, plan.quant, plan.quant, 0.0, tmp)
             built.extend([q] if q is not None else [])
+        for prefix, ratio, model in floats:
+            if plan.half:
+                built.append(self._half(model, _joined(prefix, "fp16"), ratio, tmp))
+            for engine in plan.compile:
+                found = self._compiled(model, engine, _joined(prefix, engine), ratio, tmp)
+                if found is not None:
+                    built.append(found)
         return built, sens
 
     def _select(self, cands: list[Candidate]) -> Candidate | None:
@@ -176,7 +193,12 @@ class Compressor:
         cfg = self.cfg
         possible = {m: not backend_problems(dataclasses.replace(cfg, quantize=m), self.dev)
                     for m in ("dynamic", "static")}
-        plan = plan_methods(summary, prune=cfg.prune, quant=cfg.quantize, quant_possible=possible)
+        plan = plan_methods(summary, prune=cfg.prune, quant=cfg.quantize, quant_possible=possible,
+                            half=cfg.half, compile=cfg.compile, target=cfg.target)
+        status = compiler_status(self.dev)
+        for engine in [e for e in plan.compile if status.get(e) is not None]:  # a preset's engine
+            plan.lines.append(f"{engine} skipped: {status[engine]}")
+        plan.compile = tuple(e for e in plan.compile if status.get(e) is None)
         self.plan.extend(plan.lines)
         self.notes.extend(plan.notes)
         return plan
@@ -281,6 +303,77 @@ class Compressor:
                               f"({', '.join(f'{b} {c.latency_batch_ms:.3f} ms' for b, (c, _, _) in built.items())})")
         return built[best]
 
+    def _half(self, float_model: nn.Module, name: str, ratio: float, tmp: Path) -> Built:
+        """``float_model`` with fp16 weights (inputs cast on the way in), saved as an export graph."""
+        half = HalfPrecision(float_model.to(self.dev))
+        example = move_to_device(self.example, self.dev)
+        path = tmp / f"{name.replace('+', '_')}_{ratio:g}.pt"
+        save_half(half, path, example)
+        loaded = load_model(path).to(self.dev)
+        return self._measured(name, ratio, float_model, half, loaded, path=path, fmt="export",
+                              notes=["weights in fp16: half the bytes; the latency is this device's "
+                                     "fp16 speed (x86 CPUs without AVX512-FP16 convert, GPUs have tensor cores)"])
+
+    def _compiled(self, float_model: nn.Module, engine: str, name: str, ratio: float, tmp: Path) -> Built | None:
+        """``float_model`` compiled by ``engine``, loaded back from its file and checked against the
+        eager model on the validation data; None (with a note) when the engine cannot take it."""
+        compiler = get_compiler(engine)
+        model = float_model.to(self.dev).eval()
+        example = move_to_device(self.example, self.dev)
+        path = tmp / f"{name.replace('+', '_')}_{ratio:g}{compiler.suffix}"
+        started = time.perf_counter()
+        try:
+            compiler.compile(model, example, path, device=self.dev)
+            loaded = compiler.load(path, device=self.dev, threads=self.cfg.threads if self.dev.type == "cpu" else None)
+            with torch.no_grad():
+                call_model(loaded, example)
+        except Exception as exc:  # noqa: BLE001 - an engine that cannot trace this model skips, the sweep goes on
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            self.notes.append(f"{name} (ratio {ratio:g}) skipped: {engine} could not compile the model "
+                              f"({type(exc).__name__}: {first}).")
+            return None
+        seconds = time.perf_counter() - started
+        notes = [f"compiled by {engine} in {seconds:.1f} s"]
+        providers = providers_of(loaded)
+        if providers:
+            notes.append(f"ONNX Runtime providers: {', '.join(providers)}")
+        return self._measured(name, ratio, float_model, model, loaded, path=path, fmt=compiler.save_format,
+                              notes=notes, agreement=True)
+
+    def _measured(self, name: str, ratio: float, float_model: nn.Module, model: nn.Module, loaded: nn.Module, *,
+                  path: Path, fmt: str, notes: list[str], agreement: bool = False,
+                  dev: torch.device | None = None) -> Built:
+        """A candidate from a model saved as ``path`` and loaded back as ``loaded`` (run on ``dev``):
+        its outputs against ``model``'s on the example (and, with ``agreement``, against the eager
+        ``float_model`` on every validation batch), its metric, counts and size."""
+        dev = dev or self.dev
+        example = move_to_device(self.example, dev)
+        with torch.no_grad():
+            diff = (call_model(loaded, example).float() - call_model(model, example).float()).abs().max()
+        metrics = evaluate_model(self.task, loaded, dev, self.bs)
+        params, macs = count(float_model, move_to_device(self.example1, self.dev))
+        cand = Candidate(
+            method=name, ratio=float(ratio), metric=float(metrics[self.cfg.metric]), metric_drop=0.0,
+            params=params, macs=macs, size_bytes=file_size(path), latency_ms=float("nan"),
+            latency_batch_ms=float("nan"), batch_size=self.bs, metrics=metrics, format=fmt,
+            reload_max_abs_diff=float(diff), path=str(path), notes=list(notes),
+            eager_max_abs_diff=self._agreement(float_model, loaded) if agreement else None,
+        )
+        return cand, loaded, example
+
+    @torch.no_grad()
+    def _agreement(self, eager: nn.Module, compiled: nn.Module) -> float:
+        """The largest absolute difference between the outputs of ``compiled`` and ``eager`` over
+        every validation batch (the inputs the task's loss feeds the model)."""
+        eager = eager.to(self.dev).eval()
+        worst = 0.0
+        for batch in self.task.val_data(self.bs):
+            inputs = capture_inputs(self.task.loss, eager, move_to_device(batch, self.dev))
+            a, b = call_model(eager, inputs), call_model(compiled, inputs)
+            for x, y in zip(_tensors(a), _tensors(b), strict=True):
+                worst = max(worst, float((x.float() - y.float()).abs().max()))
+        return worst
+
     def _quant_inputs(self) -> QuantInputs:
         cpu = torch.device("cpu")
         calib_data = DeviceIterable(self.task.train_data(self.bs, self.params), cpu)
@@ -302,21 +395,12 @@ class Compressor:
         model_dev = model.to(dev) if fmt == "state" else model
         fmt, loaded = self._save_load(model_dev, path, example, fmt)
         loaded = loaded.to(dev) if fmt == "state" else loaded
-        with torch.no_grad():
-            diff = (call_model(loaded, example).float() - call_model(model_dev, example).float()).abs().max()
-        metrics = evaluate_model(self.task, loaded, dev, self.bs)
-        params, macs = count(float_model, move_to_device(self.example1, self.dev))
-        cand = Candidate(
-            method=method, ratio=float(ratio), metric=float(metrics[self.cfg.metric]), metric_drop=0.0,
-            params=params, macs=macs, size_bytes=file_size(path), latency_ms=float("nan"),
-            latency_batch_ms=float("nan"), batch_size=self.bs, metrics=metrics, format=fmt,
-            reload_max_abs_diff=float(diff),
-            finetune_epochs=self.cfg.finetune_epochs if finetuned else 0,
-            distilled=bool(self.cfg.distill and finetuned and self.cfg.finetune_epochs > 0),
-            path=str(path),
-        )
+        built = self._measured(method, ratio, float_model, model_dev, loaded, path=path, fmt=fmt, notes=[], dev=dev)
+        cand = built[0]
+        cand.finetune_epochs = self.cfg.finetune_epochs if finetuned else 0
+        cand.distilled = bool(self.cfg.distill and finetuned and self.cfg.finetune_epochs > 0)
         self._annotate(cand, float_model, quantized=float_model is not model)
-        return cand, loaded, example
+        return built
 
     def _save_load(self, model: nn.Module, path: Path, example: Any, fmt: str) -> tuple[str, nn.Module]:
         """Write ``model`` in ``fmt`` and load it back as a user would. A float model whose weights

@@ -11,13 +11,15 @@ import torch
 
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector
+from ._compile import COMPILER_NAMES, compiler_status
 from ._pipeline import GOALS
+from ._plan import TARGETS
 from ._plot import PLOT_FILES
 from ._prune import IMPORTANCES, PRUNE_METHODS
 from ._quant_backends import backend_status
 from ._quantize import QUANT_BACKENDS, QUANT_METHODS
 
-__all__ = ["CompressConfig", "backend_problems", "merge_config"]
+__all__ = ["CompressConfig", "backend_problems", "compile_problems", "merge_config"]
 
 
 @dataclass
@@ -38,6 +40,12 @@ class CompressConfig:
     sensitivity: bool = True
     quantize: str | None = None
     quant_backend: str = "auto"
+    #: Also try fp16 weights (half precision) of the float models.
+    half: bool = False
+    #: Engines to compile the float models with: ``inductor`` (AOTInductor), ``onnxruntime``.
+    compile: tuple[str, ...] = ()
+    #: A deployment preset (``cpu``, ``gpu``, ``mobile``, ``edge``) that picks the methods.
+    target: str | None = None
     distill: bool = False
     temperature: float = 4.0
     alpha: float = 0.5
@@ -77,6 +85,11 @@ class CompressConfig:
             if value is not None and value not in valid:
                 shown = f"{option}{value!r}" if option.endswith("=") else f"{option} {value!r}"
                 p.add(f"{shown} is unknown; valid: {', '.join(valid)}.")
+        for name in self.compile:
+            if name not in COMPILER_NAMES:
+                p.add(f"--compile {name!r} is unknown; valid: {', '.join(COMPILER_NAMES)}.")
+        if self.target is not None and self.target not in TARGETS:
+            p.add(f"--target {self.target!r} is unknown; valid: {', '.join(TARGETS)}.")
 
     def _number_problems(self, p: ProblemCollector) -> None:
         if self.prune is not None and not self.ratios:
@@ -121,7 +134,7 @@ def merge_config(config: CompressConfig | None, overrides: dict[str, Any]) -> Co
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise ConfigError(f"compress() got unknown options {unknown}; valid: {', '.join(sorted(names))}.")
-    for key in ("ratios", "ignore_layers"):
+    for key in ("ratios", "ignore_layers", "compile"):
         if overrides.get(key) is not None:
             overrides[key] = tuple(overrides[key])
     return dataclasses.replace(cfg, **overrides)
@@ -140,3 +153,11 @@ def backend_problems(cfg: CompressConfig, dev: torch.device) -> list[str]:
     if reason is not None:
         return [f"quant_backend={cfg.quant_backend!r} cannot run --quantize {cfg.quantize} on {dev}: {reason}."]
     return []
+
+
+def compile_problems(cfg: CompressConfig, dev: torch.device) -> list[str]:
+    """Why an engine ``cfg.compile`` names cannot run on ``dev`` (a target's preset engine that
+    cannot is skipped with a note instead)."""
+    status = compiler_status(dev)
+    return [f"--compile {n}: cannot run on {dev}: {status[n]}." for n in cfg.compile
+            if n in status and status[n] is not None]

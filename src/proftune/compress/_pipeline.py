@@ -55,9 +55,12 @@ class Candidate:
     distilled: bool = False
     finetune_epochs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    #: How the file is saved: state, torchscript or export (``_checkpoint.LOAD_LINES`` has the load line).
+    #: How the file is saved: state, torchscript, export, onnx or aoti (``_checkpoint.LOAD_LINES``
+    #: has the load line).
     format: str = "state"
     reload_max_abs_diff: float = 0.0
+    #: A compiled candidate: the largest |output - eager output| over the validation data.
+    eager_max_abs_diff: float | None = None
     within_budget: bool = False
     pareto: bool = False
     notes: list[str] = field(default_factory=list)

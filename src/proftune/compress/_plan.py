@@ -8,10 +8,35 @@ from typing import Any
 
 from ..profile import Profile
 
-__all__ = ["Plan", "plan_methods", "profile_summary"]
+__all__ = ["TARGETS", "Plan", "TargetPreset", "plan_methods", "profile_summary"]
 
 #: Layer types that dynamic INT8 quantizes.
 DENSE_TYPES = ("Linear", "LSTM", "NonDynamicallyQuantizableLinear")
+
+
+@dataclass(frozen=True)
+class TargetPreset:
+    """The methods a deployment target starts from (``auto`` INT8: static for conv-heavy models,
+    dynamic otherwise); every candidate is still measured and the selection is by measurement."""
+
+    prune: str | None
+    quant: str | None
+    half: bool
+    compile: tuple[str, ...]
+    why: str
+
+
+#: ``--target``: the seeds' hardware table (GPU, mobile, edge), and the CPU's deployment engine.
+TARGETS: dict[str, TargetPreset] = {
+    "cpu": TargetPreset("structured", "auto", False, ("onnxruntime",),
+                        "structured pruning + INT8 (x86/ARM INT8 kernels) + ONNX Runtime, the CPU serving engine"),
+    "gpu": TargetPreset("structured", None, True, (),
+                        "structured pruning (dense kernels stay dense) + half precision (tensor cores)"),
+    "mobile": TargetPreset("structured", "static", False, (),
+                           "static INT8 (integer-only kernels, e.g. QNNPACK/XNNPACK) + channel pruning"),
+    "edge": TargetPreset(None, "auto", True, (),
+                         "FP16 + INT8 (edge accelerators run one or the other natively)"),
+}
 
 
 def profile_summary(record: Profile) -> dict[str, Any]:
@@ -47,19 +72,37 @@ class Plan:
     quant: str | None
     lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: fp16 candidates of the float models; compiled candidates, one per engine named.
+    half: bool = False
+    compile: tuple[str, ...] = ()
 
 
 def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | None,
-                 quant_possible: dict[str, bool]) -> Plan:
-    """The methods to run; chosen from where the parameters and MACs sit when none is given.
+                 quant_possible: dict[str, bool], half: bool = False, compile: tuple[str, ...] = (),
+                 target: str | None = None) -> Plan:
+    """The methods to run; chosen from where the parameters and MACs sit when none is given, or
+    from ``target``'s preset (what the user named explicitly wins over the preset).
 
     ``quant_possible[method]``: whether some backend can run that INT8 method here.
     """
     by_type = summary["by_type"]
     conv_macs = sum(v["macs_share"] for t, v in by_type.items() if t.startswith("Conv"))
     dense_params = sum(v["params_share"] for t, v in by_type.items() if t in DENSE_TYPES)
-    plan = Plan(prune, quant)
-    if prune is None and quant is None:
+    plan = Plan(prune, quant, half=half, compile=tuple(compile))
+    if target is not None:
+        preset = TARGETS[target]
+        plan.prune = prune or preset.prune
+        wanted = quant or preset.quant
+        if wanted == "auto":
+            wanted = "static" if conv_macs >= 0.5 else "dynamic"
+        plan.quant = wanted
+        plan.half = half or preset.half
+        plan.compile = tuple(dict.fromkeys((*compile, *preset.compile)))
+        plan.lines.append(f"target {target}: {preset.why}; each candidate measured here")
+        if plan.quant is not None and quant is None and not quant_possible.get(plan.quant, False):
+            plan.lines.append(f"{plan.quant} INT8 skipped: no backend here")
+            plan.quant = None
+    elif prune is None and quant is None and not half and not compile:
         plan.prune = "structured"
         plan.quant = "static" if conv_macs >= 0.5 else "dynamic"
         plan.lines.append(f"no method given: structured pruning (removes channels: fewer MACs and "
@@ -80,6 +123,12 @@ def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | Non
     if plan.prune == "structured":
         plan.lines.append("structured pruning where the MACs are: " + ", ".join(
             f"{d['name']} ({d['macs_share']:.0%})" for d in summary["top_macs"][:3]))
+    if plan.half:
+        plan.lines.append("fp16: the float models with half-precision weights (half the bytes; fast on "
+                          "tensor cores, slow where the CPU converts: measured)")
+    if plan.compile:
+        plan.lines.append("compiled: " + ", ".join(plan.compile) + " of every float model, checked against "
+                          "the eager outputs on the validation data")
     if "top_time" in summary:
         _time_notes(summary, plan)
     return plan

@@ -1,4 +1,4 @@
-"""Built-in tasks on real data that ships with scikit-learn (and one synthetic vision task).
+"""Built-in tasks on real data that ships with scikit-learn (and synthetic vision and recommender tasks).
 
 ``proftune tasks`` lists them; any command takes their name in place of a task file.
 """
@@ -37,6 +37,10 @@ BUILTIN_TASKS: dict[str, BuiltinTask] = {
     "wine-mlp": BuiltinTask(
         "proftune.examples._wine:WineMLP",
         "sklearn wine (178 samples, 13 features, 3 classes), MLP",
+    ),
+    "implicit-two-tower": BuiltinTask(
+        "proftune.examples._recsys:ImplicitTwoTower",
+        "generated implicit feedback (Zipf items, latent rank 8), two-tower recommender at dim 64",
     ),
     "resnet18-synthetic": BuiltinTask(
         "proftune.examples._vision:ResNet18Synthetic",

@@ -33,7 +33,15 @@ from ..track import Store, data_fingerprint, environment, redact_url
 from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
 from ._config import OptimizeConfig, Validated, default_study, validate
-from ._final import MAX_CANDIDATES, RUN_OVERHEAD_S, Arm, FinalOutcome, FinalPlan, run_final
+from ._final import (
+    MAX_CANDIDATES,
+    RESERVED_CANDIDATES,
+    RUN_OVERHEAD_S,
+    Arm,
+    FinalOutcome,
+    FinalPlan,
+    run_final,
+)
 from ._layer_value import keep_layers, layer_values
 from ._output import write_html, write_outputs, write_summary
 from ._search import StageSettings, run_search_stage
@@ -334,7 +342,7 @@ class _Loop:
         epoch_s = self._epoch_s()
 
         def reserve(trial_s: float) -> float:
-            return self._final_reserve(epochs, trial_s, candidates=MAX_CANDIDATES) + compress_min
+            return self._final_reserve(epochs, trial_s, candidates=RESERVED_CANDIDATES) + compress_min
 
         # (the budget already excludes what an earlier, killed process spent: the clock resumes)
         seconds = max(1.0, self.budget.left_s - reserve(0.0))
@@ -386,7 +394,7 @@ class _Loop:
         fixed = ((srch.get("plan") or {}).get("space") or {}).get("fixed") or {}
         defaults_key = _params_key(self.defaults)
         candidates: list[Arm] = []
-        for g in srch.get("top") or []:
+        for g in srch.get("top") or []:  # the groups the search measured, best first
             params = validate_params({**self.defaults, **fixed, **g["params"]})
             if _params_key(params) == defaults_key or len(candidates) >= MAX_CANDIDATES:
                 continue

@@ -29,8 +29,12 @@ from ._decide import ALPHA, Comparison, compare_paired
 __all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "run_final"]
 
 SCHEMA_VERSION = 1
-#: At most this many of the search's configurations race the defaults in the final stage.
-MAX_CANDIDATES = 2
+#: At most this many of the search's configurations race the defaults in the final stage (fewer
+#: when the time left does not hold ``--seeds`` runs of each): one seed per search trial makes
+#: its ranking noisy, so the race re-ranks the best few on paired seeds.
+MAX_CANDIDATES = 4
+#: Candidates the search's time is planned to leave room for (the race takes more if it can).
+RESERVED_CANDIDATES = 2
 #: Seeds per arm at most, when the time left holds more than ``--seeds`` (a sharper comparison).
 MAX_ROUNDS = 10
 #: Seconds one run costs beyond its epochs (the run record, the held-out evaluation, the save).

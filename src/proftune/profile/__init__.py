@@ -7,6 +7,16 @@ from __future__ import annotations
 
 from ._api import profile
 from ._comm import CommRecorder
+from ._embeddings import (
+    EMBEDDING_TYPES,
+    IndexCounter,
+    IndexStats,
+    TableSpectrum,
+    embedding_tables,
+    index_stats,
+    table_spectrum,
+    zipf_exponent,
+)
 from ._memory import (
     ActivationRecorder,
     PeakMemory,
@@ -16,7 +26,15 @@ from ._memory import (
     peak_step_memory,
 )
 from ._monitor import Monitor
-from ._ranks import RankProfile, RanksResult, profile_ranks
+from ._ranks import (
+    DDPPoint,
+    DDPScaling,
+    RankProfile,
+    RanksResult,
+    fit_scaling,
+    profile_ddp_batches,
+    profile_ranks,
+)
 from ._record import (
     SCHEMA_VERSION,
     CommProfile,
@@ -41,11 +59,16 @@ from ._stats import LayerStats, tensor_stats
 from ._timing import LayerTimer
 
 __all__ = [
+    "EMBEDDING_TYPES",
     "SCHEMA_VERSION",
     "ActivationRecorder",
     "CommProfile",
     "CommRecorder",
+    "DDPPoint",
+    "DDPScaling",
     "GradProfile",
+    "IndexCounter",
+    "IndexStats",
     "LayerCount",
     "LayerProfile",
     "LayerStats",
@@ -59,19 +82,26 @@ __all__ = [
     "RanksResult",
     "StaticCounts",
     "StepProfile",
+    "TableSpectrum",
     "UncountedOps",
     "buffers_bytes",
     "compare_profiles",
     "count_model",
     "count_params",
+    "embedding_tables",
+    "fit_scaling",
+    "index_stats",
     "op_flops",
     "optimizer_state_bytes",
     "params_bytes",
     "peak_step_memory",
     "profile",
+    "profile_ddp_batches",
     "profile_ranks",
+    "table_spectrum",
     "tensor_stats",
     "uncounted_op",
+    "zipf_exponent",
 ]
 
 # ``proftune.profile`` is the function (bound in proftune/__init__.py) and this subpackage is

@@ -16,6 +16,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ import torch
 
 from ..exceptions import ConfigError, RunFailedError
 
-__all__ = ["RankProfile", "RanksResult", "profile_ranks"]
+__all__ = ["DDPPoint", "DDPScaling", "RankProfile", "RanksResult", "fit_scaling", "profile_ddp_batches",
+           "profile_ranks"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 _ADVICE = {
@@ -52,6 +54,8 @@ class RankProfile:
     allreduce_ms: float
     busy_ms: float
     throughput: float
+    #: Bytes all-reduced per step (the gradients, in DDP's buckets).
+    allreduce_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: dict[str, Any], out_dir: str,
-               threads: int) -> None:
+               threads: int, batch_sizes: Sequence[int | None]) -> None:
     import torch.distributed as dist
 
     from ._api import profile
@@ -95,26 +99,21 @@ def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: dict[str, An
     dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world)
     try:
-        p = profile(spec, detail="step", **kwargs)
-        comm = p.comm
-        d = {"rank": rank, "step": asdict(p.step), "allreduce_ms": comm.allreduce_ms if comm else 0.0,
-             "backend": comm.backend if comm else "", "task": p.task or ""}
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(d))
+        rows = []
+        for b in batch_sizes:  # one process group, each batch size profiled in turn
+            p = profile(spec, detail="step", **{**kwargs, "batch_size": b})
+            comm = p.comm
+            rows.append({"rank": rank, "batch_size": p.batch_size, "step": asdict(p.step),
+                         "allreduce_ms": comm.allreduce_ms if comm else 0.0,
+                         "allreduce_bytes": comm.allreduce_bytes if comm else 0,
+                         "allreduce_calls": comm.allreduce_calls if comm else 0,
+                         "backend": comm.backend if comm else "", "task": p.task or ""})
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(rows))
     finally:
         dist.destroy_process_group()
 
 
-def profile_ranks(task: Any, *, nprocs: int, params: dict[str, Any] | None = None,
-                  batch_size: int | None = None, steps: int = 5, warmup: int = 2,
-                  device: str = "cpu", seed: int = 0, timeout_s: float = 600.0) -> RanksResult:
-    """Profile ``task``'s DDP step on ``nprocs`` ranks of this machine and find the straggler.
-
-    ``task`` must be loadable in a fresh process: a spec (``file.py[:Class]``, ``pkg.mod:Class``,
-    a built-in name) or a picklable Task. ``device``: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU
-    per rank).
-    """
-    import torch.multiprocessing as mp
-
+def _check(nprocs: int, device: str) -> None:
     if isinstance(nprocs, bool) or int(nprocs) < 2:
         raise ConfigError(f"ddp needs at least 2 processes, but got {nprocs=}.")
     if device not in ("cpu", "cuda"):
@@ -122,13 +121,19 @@ def profile_ranks(task: Any, *, nprocs: int, params: dict[str, Any] | None = Non
     if device == "cuda" and torch.cuda.device_count() < int(nprocs):
         raise ConfigError(f"ddp={nprocs} on cuda needs {nprocs} GPUs, but this machine has "
                           f"{torch.cuda.device_count()}.")
-    kwargs = {"params": params, "batch_size": batch_size, "steps": steps, "warmup": warmup,
-              "device": device, "seed": seed}
+
+
+def _run_ranks(task: Any, nprocs: int, kwargs: dict[str, Any], batch_sizes: Sequence[int | None],
+               timeout_s: float) -> list[list[dict[str, Any]]]:
+    """Start ``nprocs`` ranks that each profile every batch size; rows[batch][rank]."""
+    import torch.multiprocessing as mp
+
     threads = max(1, (os.cpu_count() or 1) // int(nprocs))
     with tempfile.TemporaryDirectory(prefix="proftune-ddp-") as tmp:
         ctx = mp.get_context("spawn")
         port = _free_port()
-        procs = [ctx.Process(target=_rank_main, args=(r, int(nprocs), port, task, kwargs, tmp, threads))
+        procs = [ctx.Process(target=_rank_main,
+                             args=(r, int(nprocs), port, task, kwargs, tmp, threads, list(batch_sizes)))
                  for r in range(int(nprocs))]
         for p in procs:
             p.start()
@@ -142,8 +147,122 @@ def profile_ranks(task: Any, *, nprocs: int, params: dict[str, Any] | None = Non
         if bad:
             raise RunFailedError(f"DDP ranks ended with errors: {bad} (rank, exit code); run with "
                                  "--debug to see their output.")
-        rows = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(int(nprocs))]
+        per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(int(nprocs))]
+    return [[per_rank[r][i] for r in range(int(nprocs))] for i in range(len(batch_sizes))]
+
+
+def profile_ranks(task: Any, *, nprocs: int, params: dict[str, Any] | None = None,
+                  batch_size: int | None = None, steps: int = 5, warmup: int = 2,
+                  device: str = "cpu", seed: int = 0, timeout_s: float = 600.0) -> RanksResult:
+    """Profile ``task``'s DDP step on ``nprocs`` ranks of this machine and find the straggler.
+
+    ``task`` must be loadable in a fresh process: a spec (``file.py[:Class]``, ``pkg.mod:Class``,
+    a built-in name) or a picklable Task. ``device``: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU
+    per rank).
+    """
+    _check(nprocs, device)
+    kwargs = {"params": params, "steps": steps, "warmup": warmup, "device": device, "seed": seed}
+    (rows,) = _run_ranks(task, nprocs, kwargs, [batch_size], timeout_s)
     return summarize_ranks(rows)
+
+
+@dataclass(frozen=True)
+class DDPPoint:
+    """The DDP step at one per-rank batch size: the slowest rank's step, the ranks' median
+    all-reduce time and bytes, and the global throughput (samples of all ranks per second)."""
+
+    batch_size: int
+    step_ms: float
+    busy_ms: float
+    allreduce_ms: float
+    allreduce_bytes: int
+    allreduce_calls: int
+    throughput: float
+    allreduce_share: float
+
+
+@dataclass(frozen=True)
+class DDPScaling:
+    """DDP steps at several per-rank batch sizes and the line step_ms = fixed_ms + per_sample_ms·B
+    fitted through them. The all-reduce moves the gradients, whose size does not depend on the
+    batch: ``allreduce_ms`` and ``allreduce_bytes`` are the medians over the points."""
+
+    world_size: int
+    backend: str
+    points: list[DDPPoint]
+    fixed_ms: float
+    per_sample_ms: float
+    allreduce_ms: float
+    allreduce_bytes: int
+    task: str = ""
+
+    def step_ms(self, batch_size: float) -> float:
+        """Predicted ms of one DDP step at ``batch_size`` samples per rank."""
+        return self.fixed_ms + self.per_sample_ms * batch_size
+
+    def throughput(self, batch_size: float) -> float:
+        """Predicted samples per second over all ranks at ``batch_size`` per rank."""
+        return self.world_size * batch_size / self.step_ms(batch_size) * 1e3
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["points"] = [asdict(p) for p in self.points]
+        return d
+
+
+def ddp_point(rows: list[dict[str, Any]]) -> DDPPoint:
+    """One batch size's per-rank rows as a :class:`DDPPoint`."""
+    b = int(rows[0]["batch_size"])
+    step = max(float(r["step"]["time_ms"]) for r in rows)
+    ar = statistics.median(float(r.get("allreduce_ms") or 0.0) for r in rows)
+    busy = statistics.median(max(0.0, float(r["step"]["time_ms"]) - float(r.get("allreduce_ms") or 0.0))
+                             for r in rows)
+    return DDPPoint(batch_size=b, step_ms=step, busy_ms=busy, allreduce_ms=ar,
+                    allreduce_bytes=int(statistics.median(int(r.get("allreduce_bytes") or 0) for r in rows)),
+                    allreduce_calls=int(statistics.median(int(r.get("allreduce_calls") or 0) for r in rows)),
+                    throughput=len(rows) * b / step * 1e3 if step > 0 else 0.0,
+                    allreduce_share=ar / step if step > 0 else 0.0)
+
+
+def fit_scaling(points: list[DDPPoint], *, world_size: int, backend: str, task: str = "") -> DDPScaling:
+    """The least-squares line of step time over per-rank batch size through ``points``."""
+    if len({p.batch_size for p in points}) < 2:
+        raise ConfigError(f"a DDP scaling fit needs two batch sizes or more, but got "
+                          f"{sorted({p.batch_size for p in points})}.")
+    xs = [float(p.batch_size) for p in points]
+    ys = [p.step_ms for p in points]
+    xm, ym = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys, strict=True)) / sum((x - xm) ** 2 for x in xs)
+    slope = max(slope, 0.0)
+    fixed = max(ym - slope * xm, 0.0)
+    return DDPScaling(world_size=world_size, backend=backend, points=points, fixed_ms=fixed, per_sample_ms=slope,
+                      allreduce_ms=statistics.median(p.allreduce_ms for p in points),
+                      allreduce_bytes=int(statistics.median(p.allreduce_bytes for p in points)), task=task)
+
+
+def profile_ddp_batches(task: Any, *, nprocs: int, batch_sizes: list[int], params: dict[str, Any] | None = None,
+                        steps: int = 5, warmup: int = 2, rounds: int = 2, device: str = "cpu", seed: int = 0,
+                        timeout_s: float = 600.0) -> DDPScaling:
+    """Profile ``task``'s DDP step at each per-rank batch size in ``batch_sizes`` (one set of
+    ``nprocs`` ranks for all of them) and fit how the step grows with the batch.
+
+    The sizes are profiled in ``rounds`` interleaved rounds and each size keeps its fastest
+    round: the first profile in a fresh process pays for warming up, and a burst of load on a
+    shared machine hits one round, not every one.
+    """
+    _check(nprocs, device)
+    sizes = sorted({int(b) for b in batch_sizes})
+    if len(sizes) < 2 or sizes[0] < 1:
+        raise ConfigError(f"batch_sizes={batch_sizes!r} needs two different sizes >= 1.")
+    if isinstance(rounds, bool) or int(rounds) < 1:
+        raise ConfigError(f"rounds must be >= 1, but got {rounds=}.")
+    kwargs = {"params": params, "steps": steps, "warmup": warmup, "device": device, "seed": seed}
+    per_batch = _run_ranks(task, nprocs, kwargs, list(sizes) * int(rounds), timeout_s)
+    measured = [ddp_point(rows) for rows in per_batch]
+    points = [min((m for m in measured if m.batch_size == b), key=lambda m: m.step_ms) for b in sizes]
+    first = per_batch[0][0]
+    return fit_scaling(points, world_size=int(nprocs), backend=str(first.get("backend", "")),
+                       task=str(first.get("task", "")))
 
 
 def summarize_ranks(rows: list[dict[str, Any]]) -> RanksResult:
@@ -156,7 +275,8 @@ def summarize_ranks(rows: list[dict[str, Any]]) -> RanksResult:
             rank=int(row["rank"]), step_ms=float(s["time_ms"]), data_ms=float(s["data_ms"]),
             forward_ms=float(s["forward_ms"]), backward_ms=float(s["backward_ms"]),
             optimizer_ms=float(s["optimizer_ms"]), allreduce_ms=wait,
-            busy_ms=max(0.0, float(s["time_ms"]) - wait), throughput=float(s.get("throughput", 0.0))))
+            busy_ms=max(0.0, float(s["time_ms"]) - wait), throughput=float(s.get("throughput", 0.0)),
+            allreduce_bytes=int(row.get("allreduce_bytes") or 0)))
     busy = [r.busy_ms for r in ranks]
     med = statistics.median(busy) or 1e-9
     slow = max(ranks, key=lambda r: r.busy_ms)
@@ -170,10 +290,17 @@ def summarize_ranks(rows: list[dict[str, Any]]) -> RanksResult:
         advice = (f"rank {slow.rank} is the straggler: {slow.busy_ms:.1f} ms busy per step against a "
                   f"median of {med:.1f} ms ({imbalance:.2f}x); it loses {excess:.1f} ms in "
                   f"{_ADVICE[phase]}. The other ranks wait for it in the all-reduce.")
+    b = int(rows[0].get("batch_size") or 0)
+    comm = {"batch_size": b, "allreduce_ms": statistics.median(r.allreduce_ms for r in ranks),
+            "allreduce_bytes": int(statistics.median(r.allreduce_bytes for r in ranks)),
+            "allreduce_share": statistics.median(r.allreduce_ms / r.step_ms if r.step_ms > 0 else 0.0 for r in ranks),
+            # the step less the all-reduce wait, per sample: an upper bound of the compute per sample
+            # (the fixed part of the step, the optimizer's, is in it; profile_ddp_batches splits them)
+            "busy_ms_per_sample": med / b if b else None}
     return RanksResult(world_size=len(ranks), backend=str(rows[0].get("backend", "")), ranks=ranks,
                        imbalance=imbalance, step_imbalance=step_imb, slowest_rank=slow.rank,
                        phase=phase if imbalance >= 1.1 else None, excess_ms=excess, advice=advice,
-                       task=str(rows[0].get("task", "")))
+                       task=str(rows[0].get("task", "")), extra={"comm": comm})
 
 
 def _losing_phase(ranks: list[RankProfile], slow: RankProfile) -> tuple[str | None, float]:

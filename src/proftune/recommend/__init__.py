@@ -17,20 +17,33 @@ from ._batch_size import (
     fit_memory_model,
     search_max_batch,
 )
+from ._ddp import DDPPlan, plan_ddp_batch
 from ._devices import DEVICES, DeviceSpec, resolve_target
+from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend_embedding_dim
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
+from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
 from ._predict import LayerPrediction, PredictResult, StepTracer, predict
-from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
+from ._recommendation import (
+    CONDITIONAL_NAMES,
+    RECOMMENDATION_NAMES,
+    Recommendation,
+    Recommendations,
+)
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import ScalingRule, optimizer_family, scale_lr
 
 __all__ = [
+    "CONDITIONAL_NAMES",
     "DEVICES",
     "RECOMMENDATION_NAMES",
     "AccumulationPlan",
     "BatchSizeResult",
+    "CompareConfig",
+    "DDPPlan",
     "DeviceSpec",
+    "FactorizedEmbedding",
+    "HashedRows",
     "LRFindResult",
     "LRRangeCallback",
     "LayerPrediction",
@@ -38,6 +51,8 @@ __all__ = [
     "MemoryProbe",
     "NoiseScaleCallback",
     "NoiseScaleResult",
+    "OptimizerComparison",
+    "OptimizerTrial",
     "PredictResult",
     "Recommendation",
     "Recommendations",
@@ -45,18 +60,22 @@ __all__ = [
     "StepCost",
     "StepTracer",
     "bottleneck_rule",
+    "compare_optimizers",
     "data_loading_rule",
     "find_batch_size",
     "fit_memory_model",
     "format_bytes",
+    "hashed_remap",
     "lr_find",
     "noise_scale",
     "optimizer_family",
     "parse_memory",
     "plan_accumulation",
+    "plan_ddp_batch",
     "precision_rule",
     "predict",
     "recommend",
+    "recommend_embedding_dim",
     "resolve_target",
     "scale_lr",
     "search_max_batch",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +29,12 @@ from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
 from ._full_batches import FullBatchTask, samples_per_epoch
 from ._lr_find import LRFindResult, run_lr_range_test, validate_lr_range
 from ._noise_scale import NoiseScaleResult, measure_noise_scale
-from ._recommendation import RECOMMENDATION_NAMES, Recommendation, Recommendations
+from ._recommendation import (
+    CONDITIONAL_NAMES,
+    RECOMMENDATION_NAMES,
+    Recommendation,
+    Recommendations,
+)
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
 
@@ -290,20 +296,38 @@ def recommend(
     seed: int = 0,
     lr_steps: int = 100,
     noise_steps: int = 30,
+    optimizer_budget_s: float = 4.0,
+    embedding_budget_s: float = 120.0,
+    ddp: int | None = None,
+    ddp_share: float = 0.10,
     store: Store | str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Recommendations:
     """Every training parameter proftune computes, from ONE Profile plus the measurements the
-    Profile cannot hold (memory at other batch sizes, the LR range test, the noise scale).
+    Profile cannot hold (memory at other batch sizes, the LR range test, the noise scale, a
+    short equal-time comparison of optimizers).
 
     Without ``profile``, one is measured first (``proftune.profile``). Without
     ``memory_budget``: on CUDA the device's free memory, on CPU no batch-size search.
+    ``optimizer_budget_s`` bounds the optimizer comparison (range tests and trials, seconds;
+    0 skips it and keeps the task's optimizer). A model with embedding tables gets the
+    ``embedding_dim`` row: the task trained once as it is and once at the recommended sizes,
+    bounded by ``embedding_budget_s`` seconds (0 skips the row). With ``ddp=N`` the DDP step is
+    profiled on N ranks of this machine at a few per-rank batch sizes and ``ddp_batch_size`` gives
+    the per-rank batch at which the all-reduce takes at most ``ddp_share`` of the step.
     """
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
     dev = resolve_device(device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
         raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
+    if ddp is not None and (isinstance(ddp, bool) or not isinstance(ddp, int) or ddp < 2):
+        raise ConfigError(f"ddp must be a number of processes >= 2, but got {ddp=}.")
+    if not (isinstance(ddp_share, (int, float)) and 0.0 < float(ddp_share) < 1.0):
+        raise ConfigError(f"ddp_share must be in (0, 1) (the all-reduce's largest share of the step), but got {ddp_share=}.")
+    for name, value in (("optimizer_budget_s", optimizer_budget_s), ("embedding_budget_s", embedding_budget_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"{name} must be a finite number of seconds >= 0, but got {name}={value!r}.")
     budget = parse_memory(memory_budget) if memory_budget is not None else None
     say = progress or (lambda _msg: None)
 
@@ -315,13 +339,19 @@ def recommend(
 
             prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
         return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
-                               device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say)
+                               device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say,
+                               more=_MoreRows(optimizer_budget_s=float(optimizer_budget_s),
+                                              embedding_budget_s=float(embedding_budget_s),
+                                              ddp_spec=task if isinstance(task, str) else task_obj,
+                                              ddp=ddp, ddp_share=float(ddp_share)))
 
     st = _store(store)
     if st is None:
         return body()
     config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
-              "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps}
+              "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps,
+              "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
+              "ddp": ddp, "ddp_share": ddp_share}
     with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
         recs = body()
         recs.run_id = run.id
@@ -333,7 +363,7 @@ def recommend(
 
 def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget: int | None,
                     target_batch: int | None, device: torch.device, seed: int, lr_steps: int,
-                    noise_steps: int, say: Callable[[str], None]) -> Recommendations:
+                    noise_steps: int, say: Callable[[str], None], more: _MoreRows) -> Recommendations:
     recs: dict[str, Recommendation] = {}
     b_prof = int(prof.batch_size or params.get("batch_size", 32))
     step = prof.step
@@ -467,7 +497,82 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs["precision"] = precision_rule(prof)
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
-    return Recommendations([recs[name] for name in RECOMMENDATION_NAMES if name in recs], profile=prof)
+
+    recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
+                           critical=b_crit, device=device, seed=seed, say=say))
+    names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
+    return Recommendations([recs[name] for name in names if name in recs], profile=prof)
+
+
+@dataclass(frozen=True)
+class _MoreRows:
+    """The rows past the first eight: the optimizer comparison's budget, the embedding row's
+    budget, and the DDP question (the task as a spawned rank loads it, the ranks, the share)."""
+
+    optimizer_budget_s: float = 4.0
+    embedding_budget_s: float = 120.0
+    ddp_spec: Any = None
+    ddp: int | None = None
+    ddp_share: float = 0.10
+
+
+def _more_rows(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, more: _MoreRows, *,
+               b_prof: int, budget: int | None, max_batch: int | None, critical: int | None,
+               device: torch.device, seed: int, say: Callable[[str], None]) -> dict[str, Recommendation]:
+    """``optimizer`` always; ``embedding_dim`` for a model with embedding tables; ``ddp_batch_size``
+    when asked about DDP."""
+    out: dict[str, Recommendation] = {}
+    say("optimizer comparison")
+    out["optimizer"] = _optimizer_row(task, params, prof, lr_res, budget_s=more.optimizer_budget_s,
+                                      batch_size=b_prof, memory_budget=budget, device=device, seed=seed)
+    if more.embedding_budget_s > 0:
+        from ._embedding import EmbeddingConfig, recommend_embedding_dim
+
+        say("embedding tables")
+        row = recommend_embedding_dim(task, params, device=device, profile=prof,
+                                      config=EmbeddingConfig(budget_s=more.embedding_budget_s, seed=seed))
+        if row is not None:
+            out["embedding_dim"] = row
+    if more.ddp is not None:
+        say(f"ddp batch size ({more.ddp} ranks)")
+        out["ddp_batch_size"] = _ddp_row((more.ddp_spec, more.ddp, more.ddp_share), task, params, b_prof,
+                                         max_batch=max_batch, critical=critical, device=device, seed=seed)
+    return out
+
+
+def _ddp_row(ddp: tuple[Any, int, float], task: Task, params: dict[str, Any], b_prof: int, *,
+             max_batch: int | None, critical: int | None, device: torch.device, seed: int) -> Recommendation:
+    from ._ddp import ddp_recommendation, measure_and_plan
+
+    spec, nprocs, share = ddp
+    samples = samples_per_epoch(task, params, batch_size=b_prof, stop_after=1 << 20)
+    scaling, plan = measure_and_plan(spec, nprocs=nprocs, current=b_prof, params=params, share=share,
+                                     max_batch=max_batch, critical_batch=critical, samples=samples or None,
+                                     device="cuda" if device.type == "cuda" else "cpu", seed=seed)
+    lr = params.get("lr")
+    return ddp_recommendation(scaling, plan, lr=float(lr) if isinstance(lr, (int, float)) else None,
+                              optimizer=str(params.get("optimizer", "adamw")), critical_batch=critical)
+
+
+def _optimizer_row(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, *,
+                   budget_s: float, batch_size: int, memory_budget: int | None, device: torch.device,
+                   seed: int) -> Recommendation:
+    from ._optimizer import (
+        SGD_MOMENTUM,
+        CompareConfig,
+        compare_optimizers,
+        optimizer_recommendation,
+    )
+
+    current = str(params.get("optimizer", "adamw")).lower()
+    if budget_s <= 0:
+        return Recommendation("optimizer", current, f"keep {current}: the comparison was skipped "
+                              "(optimizer_budget_s=0).", {"current": current}, "low", "")
+    same = current != "sgd" or float(params.get("momentum", 0.0) or 0.0) == SGD_MOMENTUM
+    known = {current: lr_res} if same and lr_res.batch_size == batch_size else {}
+    cfg = CompareConfig(budget_s=budget_s, batch_size=batch_size, memory_budget=memory_budget, seed=seed)
+    comp = compare_optimizers(task, params, profile=prof, device=device, config=cfg, known_rates=known)
+    return optimizer_recommendation(comp)
 
 
 def _step_cost(prof: Profile) -> StepCost | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -323,11 +324,13 @@ def run_lr_range_test(
     seed: int = 0,
     beta: float = 0.9,
     diverge_factor: float = 4.0,
+    callbacks: Sequence[Callback] = (),
 ) -> LRFindResult:
     """Run the range test through :func:`proftune.train.fit` and read its curve.
 
     A given ``model`` (and ``optimizer``, which then replaces the task's) is restored
-    afterwards: weights, buffers, training mode, device and optimizer state.
+    afterwards: weights, buffers, training mode, device and optimizer state. ``callbacks`` run
+    beside the test's own (a deadline that stops it early leaves a shorter curve to read).
     """
     validate_lr_range(min_lr, max_lr, steps)
     task_obj = load_task(task)
@@ -343,7 +346,7 @@ def run_lr_range_test(
     merged = {**task_obj.default_params, **(params or {})}
     try:
         result = fit(task_obj, merged, max_steps=steps, batch_size=batch_size, device=device, seed=seed,
-                     callbacks=[callback], model=model, evaluate=False, stop_on_nan=True)
+                     callbacks=[callback, *callbacks], model=model, evaluate=False, stop_on_nan=True)
     finally:
         if saved_model is not None and model is not None:
             weights, training, home = saved_model

@@ -8,8 +8,11 @@ from typing import Any
 #: The names a recommendation can have, in the order ``recommend`` returns them.
 RECOMMENDATION_NAMES = (
     "batch_size", "lr", "lr_scaling", "critical_batch_size", "grad_accumulation", "precision",
-    "data_loading", "bottleneck",
+    "data_loading", "bottleneck", "optimizer",
 )
+#: Names present only where they apply: ``embedding_dim`` for a model with embedding tables,
+#: ``ddp_batch_size`` when ``recommend`` is asked about DDP (``ddp=N``); they follow the others.
+CONDITIONAL_NAMES = ("embedding_dim", "ddp_batch_size")
 CONFIDENCES = ("high", "medium", "low")
 
 
@@ -31,8 +34,9 @@ class Recommendation:
     effect: str = ""
 
     def __post_init__(self) -> None:
-        if self.name not in RECOMMENDATION_NAMES:
-            raise ValueError(f"Recommendation name={self.name!r} is unknown; valid: {', '.join(RECOMMENDATION_NAMES)}.")
+        if self.name not in RECOMMENDATION_NAMES + CONDITIONAL_NAMES:
+            raise ValueError(f"Recommendation name={self.name!r} is unknown; valid: "
+                             f"{', '.join(RECOMMENDATION_NAMES + CONDITIONAL_NAMES)}.")
         if self.confidence not in CONFIDENCES:
             raise ValueError(f"confidence={self.confidence!r} is unknown; valid: {', '.join(CONFIDENCES)}.")
 

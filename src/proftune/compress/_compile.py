@@ -1,0 +1,208 @@
+"""The compiler step of compression: engines a model is deployed with, behind one small base class.
+
+- ``inductor``: ``torch.export`` then AOTInductor (``torch._inductor.aoti_compile_and_package``):
+  the graph compiled ahead of time into a ``.pt2`` package of native kernels and weights, loaded
+  with ``torch._inductor.aoti_load_package`` (it runs the compiled code: load only packages you
+  built or trust).
+- ``onnxruntime``: ``torch.onnx.export`` (the dynamo exporter) to a ``.onnx`` graph run by an ONNX
+  Runtime ``InferenceSession``: the CPU execution provider here; CUDA and TensorRT providers
+  where they are installed and the device is a GPU.
+
+Both keep a dynamic batch dimension, so one artifact serves batch 1, the task's batch and the
+last partial batch of the validation data. A new engine is one subclass in :data:`COMPILERS`.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib.util
+import io
+import logging
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import nn
+
+__all__ = ["COMPILERS", "COMPILER_NAMES", "BaseCompiler", "OrtModule", "compiler_status", "get_compiler"]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporters print progress to stdout and warn on stderr; a user of proftune (and
+    ``--json``, whose stdout is one object) needs neither."""
+    loggers = [logging.getLogger(n) for n in (
+        "torch", "torch.onnx", "torch._dynamo", "torch._inductor", "torch.export", "torch.utils._pytree",
+        "torch.utils.cpp_extension", "torch.fx.experimental.symbolic_shapes", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _args(example: Any) -> tuple[Any, ...]:
+    return tuple(example) if isinstance(example, (tuple, list)) else (example,)
+
+
+def _dynamic(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    batch = torch.export.Dim.DYNAMIC
+    return tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in args)
+
+
+class BaseCompiler(abc.ABC):
+    """One deployment engine: compiles a float eager model to a file and loads it back."""
+
+    #: The method name a candidate carries (``--compile`` names it).
+    name: ClassVar[str]
+    #: The file's format (``_checkpoint.LOAD_LINES`` has its load line) and suffix.
+    save_format: ClassVar[str]
+    suffix: ClassVar[str]
+
+    @abc.abstractmethod
+    def unavailable(self, device: torch.device) -> str | None:
+        """None when this engine can run on ``device`` here, else the reason it cannot."""
+
+    @abc.abstractmethod
+    def compile(self, model: nn.Module, example: Any, path: Path, *, device: torch.device) -> None:
+        """Write ``model`` (eval mode, on ``device``), traced on ``example``, compiled to ``path``."""
+
+    @abc.abstractmethod
+    def load(self, path: Path, *, device: torch.device, threads: int | None) -> nn.Module:
+        """The compiled model in ``path`` as a module that takes what the eager model takes."""
+
+    def providers(self, device: torch.device) -> list[str]:
+        return []
+
+
+class _Package(nn.Module):
+    """An AOTInductor package behind ``nn.Module`` (``.eval()``/``.to()`` are no-ops: it runs where
+    it was compiled for)."""
+
+    def __init__(self, runner: Any) -> None:
+        super().__init__()
+        self.runner = runner
+
+    def forward(self, *args: Any) -> Any:
+        return self.runner(*args)
+
+    def train(self, mode: bool = True) -> _Package:
+        self.training = mode
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> _Package:
+        return self
+
+
+class InductorAOT(BaseCompiler):
+    name = "inductor"
+    save_format = "aoti"
+    suffix = ".pt2"
+
+    def unavailable(self, device: torch.device) -> str | None:
+        if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+            return "AOTInductor compiles C++ on CPU and no C++ compiler (g++, c++, clang++) is on PATH"
+        if not hasattr(torch, "_inductor") or not hasattr(torch._inductor, "aoti_compile_and_package"):
+            return f"this torch ({torch.__version__}) has no AOTInductor packaging (torch >= 2.6)"
+        return None
+
+    def compile(self, model: nn.Module, example: Any, path: Path, *, device: torch.device) -> None:
+        args = _args(example)
+        with _quiet(), torch.no_grad():
+            program = torch.export.export(model, args, dynamic_shapes=_dynamic(args))
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+
+    def load(self, path: Path, *, device: torch.device, threads: int | None) -> nn.Module:
+        with _quiet():
+            return _Package(torch._inductor.aoti_load_package(str(path))).eval()
+
+
+class OrtModule(nn.Module):
+    """An ONNX Runtime session behind ``nn.Module``: tensors in, tensors out (on the inputs' device)."""
+
+    def __init__(self, session: Any) -> None:
+        super().__init__()
+        self.session = session
+        self.input_names = [i.name for i in session.get_inputs()]
+
+    def forward(self, *args: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        feed = {n: a.detach().cpu().numpy() for n, a in zip(self.input_names, tensors, strict=False)}
+        outs = [torch.from_numpy(o).to(device) for o in self.session.run(None, feed)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def train(self, mode: bool = True) -> OrtModule:
+        self.training = mode
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> OrtModule:
+        return self
+
+
+class OnnxRuntime(BaseCompiler):
+    name = "onnxruntime"
+    save_format = "onnx"
+    suffix = ".onnx"
+
+    def unavailable(self, device: torch.device) -> str | None:
+        missing = [m for m in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"{', '.join(missing)} not installed (pip install 'proftune[compile]')"
+        return None
+
+    def providers(self, device: torch.device) -> list[str]:
+        import onnxruntime as ort
+
+        have = ort.get_available_providers()
+        wanted = ["TensorrtExecutionProvider", "CUDAExecutionProvider"] if device.type == "cuda" else []
+        return [p for p in wanted if p in have] + ["CPUExecutionProvider"]
+
+    def compile(self, model: nn.Module, example: Any, path: Path, *, device: torch.device) -> None:
+        args = _args(example)
+        with _quiet(), torch.no_grad():
+            # one self-contained file (weights inside, not in a side .data file that a copy would lose);
+            # protobuf caps it at 2 GB
+            torch.onnx.export(model, args, str(path), dynamo=True, dynamic_shapes=_dynamic(args),
+                              input_names=[f"input{i}" for i in range(len(args))], external_data=False)
+
+    def load(self, path: Path, *, device: torch.device, threads: int | None) -> nn.Module:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only: its warnings are C++ log lines on stderr
+        if threads:
+            options.intra_op_num_threads = int(threads)  # the same threads as torch's candidates
+            options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(path), options, providers=self.providers(device))
+        return OrtModule(session).eval()
+
+
+#: Every engine, in the order they are tried.
+COMPILERS: tuple[BaseCompiler, ...] = (InductorAOT(), OnnxRuntime())
+COMPILER_NAMES: tuple[str, ...] = tuple(c.name for c in COMPILERS)
+
+
+def get_compiler(name: str) -> BaseCompiler:
+    return next(c for c in COMPILERS if c.name == name)
+
+
+def compiler_status(device: torch.device) -> dict[str, str | None]:
+    """For each engine, None when it can run on ``device``, else the reason it cannot."""
+    return {c.name: c.unavailable(device) for c in COMPILERS}
+
+
+def providers_of(module: nn.Module) -> list[str]:
+    """The execution providers an :class:`OrtModule`'s session runs on (empty for anything else)."""
+    if isinstance(module, OrtModule):
+        return list(cast(Any, module.session).get_providers())
+    return []
