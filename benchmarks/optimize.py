@@ -46,7 +46,7 @@ from proftune.examples._digits import DigitsMLP
 from proftune.train import build_optimizer, evaluate_model, fit, seed_everything
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from headroom_tasks import HEADROOM  # noqa: E402
+from headroom_tasks import HEADROOM
 
 BUILTIN = ("digits-cnn", "wine-mlp", "harmful")
 
@@ -231,7 +231,7 @@ def _med_iqr(xs: list[float]) -> str:
     return f"{_q(xs, 0.5):.4f} [{_q(xs, 0.25):.4f}, {_q(xs, 0.75):.4f}]"
 
 
-def main() -> None:  # noqa: C901
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per arm")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (seeds) per task")

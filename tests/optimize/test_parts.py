@@ -196,3 +196,17 @@ def test_mean_ablation_hook_removes_the_sample_information() -> None:
     out = layer(x)
     assert torch.allclose(out, out.mean(0, keepdim=True).expand_as(out))
     assert torch.allclose(out[0], (x @ layer.weight.T + layer.bias).mean(0), atol=1e-6)
+
+
+def test_a_measured_better_optimizer_joins_the_space_and_the_warm_start() -> None:
+    computed = {"lr": 0.01, "batch_size": 32,
+                "optimizer_alternative": {"optimizer": "sgd", "lr": 0.2, "momentum": 0.9}}
+    plan = build_plan(TinyTask(), computed, user_space=None, max_batch=None, samples=192)
+    assert plan.space.param("optimizer").choices == ("adamw", "sgd")
+    assert plan.space.param("lr").high >= 0.2 * 30 * 0.999
+    assert "optimizer" not in plan.space.fixed
+    items = warm_start(plan, {"lr": 0.01, "batch_size": 32, "optimizer": "adamw"},
+                       computed["optimizer_alternative"])
+    sgd = [p for _, p in items if p.get("optimizer") == "sgd"]
+    assert sgd == [{**sgd[0], "lr": pytest.approx(0.2), "momentum": pytest.approx(0.9)}]
+    assert all("momentum" not in p for _, p in items if p.get("optimizer") == "adamw")

@@ -270,7 +270,8 @@ class _Loop:
         noise_steps = int(min(30, max(4, 0.2 * share / (4 * step_s))))
         recs = recommend(self.task, self.defaults, profile=prof, memory_budget=self.v.memory_bytes,
                          device=self.dev, seed=self.cfg.seed, lr_steps=lr_steps,
-                         noise_steps=noise_steps, store=self.store)
+                         noise_steps=noise_steps, optimizer_budget_s=min(4.0, 0.25 * share),
+                         embedding_budget_s=min(120.0, 0.3 * share), store=self.store)
         values = {r.name: r.value for r in recs}
         computed: dict[str, Any] = {}
         if isinstance(values.get("batch_size"), int):
@@ -281,6 +282,12 @@ class _Loop:
             computed["grad_accumulation"] = values["grad_accumulation"]
         if values.get("precision") in ("fp32", "bf16", "fp16"):
             computed["precision"] = values["precision"]
+        opt = recs.get("optimizer") if "optimizer" in values else None
+        chosen = (opt.evidence.get("params") or {}) if opt is not None else {}
+        if (opt is not None and opt.value in ("adamw", "adam", "sgd") and opt.value != self.defaults.get("optimizer", "adamw")
+                and chosen.get("lr")):
+            # measured better than the task's optimizer: the search tries both, each at its own rate
+            computed["optimizer_alternative"] = {k: chosen[k] for k in ("optimizer", "lr", "momentum") if k in chosen}
         max_batch = recs.get("batch_size").evidence.get("max_batch_size")
         return _StageResult({
             "computed": computed, "max_batch_size": max_batch, "run_id": recs.run_id,
@@ -355,7 +362,8 @@ class _Loop:
             device=str(self.dev), max_trials=self.cfg.max_trials, patience=self.cfg.patience,
             min_delta=self.cfg.min_delta, flag_min=self.cfg.flag_min, defaults=self.defaults,
             pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER else "none",
-            trial_s_estimate=epochs * epoch_s)
+            trial_s_estimate=epochs * epoch_s,
+            alternative=dict((comp.get("computed") or {}).get("optimizer_alternative") or {}))
         spent = float(self.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
@@ -449,6 +457,9 @@ class _Loop:
                 evidence[k] = f"task default (kept: {why})"
             elif k in comp and _same(comp[k], val):
                 evidence[k] = "computed (compute stage: recommend)"
+            elif k == "optimizer" and val == (comp.get("optimizer_alternative") or {}).get("optimizer"):
+                evidence[k] = (f"computed (the optimizer row measured {val} better than "
+                               f"{self.defaults.get('optimizer', 'adamw')} at equal time; the race confirmed it)")
             elif k in self.defaults and _same(default, val):
                 evidence[k] = "task default"
             else:

@@ -63,6 +63,8 @@ class StageSettings:
     pruner: str = "asha"
     #: Seconds a full trial is expected to take before any has run (epochs x the baseline's epoch).
     trial_s_estimate: float = 0.0
+    #: Another optimizer (with its lr, momentum) the compute stage measured better than the task's.
+    alternative: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -216,10 +218,12 @@ def _point(plan: SearchPlan, values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def warm_start(plan: SearchPlan, defaults: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def warm_start(plan: SearchPlan, defaults: Mapping[str, Any],
+               alternative: Mapping[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The first trials: the computed centre, the task's defaults (measured under the trial
     protocol, the bar every other trial is read against), and a local design around the centre
-    (lr x3 and /3, half the batch): what the measurements say before any model of the space."""
+    (lr x3 and /3, half the batch): what the measurements say before any model of the space;
+    ``alternative``: another optimizer the optimizer row measured better, at its own rate."""
     centre = _point(plan, plan.centre)
     items: list[tuple[str, dict[str, Any]]] = [("centre", centre)]
     names = set(plan.space.names)
@@ -230,6 +234,8 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any]) -> list[tuple[str,
             items.append(("local", _point(plan, {**centre, "lr": float(centre["lr"]) * factor})))
     if "batch_size" in names and "batch_size" in centre:
         items.append(("local", _point(plan, {**centre, "batch_size": int(centre["batch_size"]) // 2})))
+    if alternative:
+        items.insert(1, ("centre", _point(plan, {**centre, **{k: v for k, v in alternative.items() if k in names}})))
     out: list[tuple[str, dict[str, Any]]] = []
     for arm, params in items:
         if all(params != seen for _, seen in out):
@@ -431,7 +437,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         # more than the time left holds (a queued trial that never runs is cancelled below)
         fit_in = int((end - time.monotonic()) / per_trial) if per_trial > 0 else 20
         size = max(1, min(int(min(20, max(3, 1.0 / max(per_trial, 1e-3)))), fit_in))
-        chunk = warm_start(plan, settings.defaults)[:max(size, 2)] if not rows else propose(
+        chunk = warm_start(plan, settings.defaults, settings.alternative)[:max(size, 2)] if not rows else propose(
             rows, plan, settings, flags, size)
         if not chunk:
             stop_reason, early = "every configuration left is in a paused region or already tried", True

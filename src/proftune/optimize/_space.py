@@ -112,7 +112,21 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
             centre[name], narrow[name] = value, (max(lo_i, round(value * 0.75)), min(hi_i, round(value * 1.5)))
             evidence[name] = "task default (architecture)"
     fixed = {k: computed[k] for k in COMPUTED_FIXED if computed.get(k) is not None}
-    if "optimizer" in defaults:
+    alt = computed.get("optimizer_alternative") or {}
+    own = str(defaults.get("optimizer", "adamw"))
+    if alt.get("optimizer") and alt["optimizer"] != own:
+        # the optimizer row measured another optimizer better: both are searched, the lr range
+        # covers both rates, SGD's momentum where SGD is drawn
+        params["optimizer"] = {"type": "categorical", "choices": [own, str(alt["optimizer"])]}
+        centre["optimizer"], narrow["optimizer"] = own, [own, str(alt["optimizer"])]
+        evidence["optimizer"] = f"computed (the optimizer row: {alt['optimizer']} beat {own} at equal time)"
+        a_lr = float(alt["lr"])
+        params["lr"]["low"], params["lr"]["high"] = min(params["lr"]["low"], a_lr / 30), max(params["lr"]["high"], a_lr * 30)
+        if "sgd" in (own, alt["optimizer"]):
+            params["momentum"] = {"type": "float", "low": 0.0, "high": 0.99, "when": {"optimizer": "sgd"}}
+            centre["momentum"] = float(alt.get("momentum", defaults.get("momentum", 0.9)) or 0.9)
+            narrow["momentum"] = (0.5, 0.99)
+    elif "optimizer" in defaults:
         fixed["optimizer"] = defaults["optimizer"]
     return {"params": params, "fixed": fixed}, centre, narrow, evidence
 
