@@ -205,6 +205,19 @@ def _with_run(arm: Arm, run: ArmRun) -> Arm:
     return Arm(**{**{k: getattr(arm, k) for k in Arm.__dataclass_fields__}, "runs": (*arm.runs, run)})
 
 
+def _weakest(challengers: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> str:
+    """The challenger with the worst validation mean so far (the last one before any run)."""
+    sign = 1.0 if maximize else -1.0
+
+    def score(a: Arm) -> float:
+        vals = [v for v in a.values("val", seeds) if v is not None]
+        return sign * statistics.fmean(vals) if vals else -math.inf
+
+    if not seeds:
+        return challengers[-1].name
+    return min(reversed(challengers), key=score).name
+
+
 def _leader(arms: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> Arm | None:
     sign = 1.0 if maximize else -1.0
     scored = []
@@ -231,46 +244,56 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     arms = [defaults, *list(candidates)[:MAX_CANDIDATES]]
     notes: list[str] = []
 
-    def cost(group: Sequence[Arm]) -> float:
-        return sum(_epochs(a, plan) * max(a.epoch_s, 1e-3) + RUN_OVERHEAD_S for a in group)
+    measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
 
-    left = hard_end - time.monotonic()
-    while len(arms) > 2 and cost(arms) * plan.seeds > left:
-        arms.pop()
-    rounds = plan.seeds
-    if cost(arms) * rounds > left:
-        rounds = max(1, int(left // max(cost(arms), 1e-3)))
-        notes.append(f"{rounds} seed(s) per configuration, not {plan.seeds}: that many fit the time left")
+    def cost(group: Sequence[Arm]) -> float:
+        return sum(measured.get(a.name, _epochs(a, plan) * max(a.epoch_s, 1e-3) + RUN_OVERHEAD_S) for a in group)
+
+    def current(name: str) -> Arm:
+        return next(a for a in arms if a.name == name)
+
     seeds: list[int] = []
 
     def run_round(group: Sequence[Arm], seed: int) -> None:
         for i, arm in enumerate(list(group)):
-            idx = arms.index(arm)
+            idx = arms.index(current(arm.name))
             limit = max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0,
                         (hard_end - time.monotonic()) / max(1, len(group) - i))
+            t0 = time.monotonic()
             run = _train(task, arm, plan=plan, seed=seed, limit_s=limit, store=store, folder=work)
-            arms[idx] = _with_run(arm, run)
+            measured[arm.name] = time.monotonic() - t0
+            arms[idx] = _with_run(arms[idx], run)
             if say is not None:
                 say("final_run", {"arm": arm.name, "seed": seed, "val": run.val, "test": run.test})
 
-    for r in range(rounds):
-        if r > 0 and time.monotonic() + cost(arms) > hard_end:
-            notes.append(f"stopped after {r} seed(s): the time left would not hold another round")
+    # ``--seeds`` rounds; while the rounds left do not fit the time, the weakest challenger so far
+    # leaves the race (successive elimination; the comparison still counts every one that ran)
+    active = [a.name for a in arms]
+    raced = 0
+    for r in range(plan.seeds):
+        while len(active) > 2 and time.monotonic() + cost([current(n) for n in active]) * (plan.seeds - r) > hard_end:
+            weakest = _weakest([current(n) for n in active[1:]], seeds, plan.maximize)
+            active.remove(weakest)
+            notes.append(f"{weakest} left the race after {r} seed(s): the time left would not hold "
+                         f"{plan.seeds - r} more round(s) of every configuration")
+        if r > 0 and time.monotonic() + cost([current(n) for n in active]) > hard_end:
+            notes.append(f"stopped after {r} seed(s) of {plan.seeds}: the time left would not hold another round")
             break
         seeds.append(plan.seed + 100 + r)
-        run_round(arms, seeds[-1])
-    leader = _leader(arms, seeds, plan.maximize)
+        run_round([current(n) for n in active], seeds[-1])
+        raced = max(raced, len(active) - 1)
+    leader = _leader([arms[0], *(a for a in arms[1:] if a.name in active)], seeds, plan.maximize)
     # time left: more paired seeds of the leader and the defaults, for a sharper comparison
     while (leader is not None and len(seeds) < MAX_ROUNDS
            and time.monotonic() + cost([arms[0], leader]) * 1.2 < end):
         seeds.append(plan.seed + 100 + len(seeds))
         run_round([arms[0], leader], seeds[-1])
-        leader = next(a for a in arms if a.name == leader.name)
+        leader = current(leader.name)
     resolution = _resolution(plan.metric, plan.val_samples)
     comparison = comparison_test = None
     decision, chosen = "defaults", arms[0]
     if leader is not None:
-        alpha = ALPHA / max(1, len(arms) - 1)
+        alpha = ALPHA / max(1, raced)
         comparison = compare_paired(leader.values("val", seeds), arms[0].values("val", seeds), seeds=seeds,
                                     metric=plan.metric, maximize=plan.maximize, split="val",
                                     resolution=resolution, alpha=alpha, prior_std=plan.prior_std)
