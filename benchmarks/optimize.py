@@ -1,23 +1,26 @@
-"""``proftune optimize`` beside plain Optuna TPE and "by hand", at the same wall-clock budget.
+"""``proftune optimize`` beside the defaults and plain Optuna, at one wall-clock budget per arm,
+judged on held-out data that no arm selected on.
 
-Three tasks: digits-cnn, wine-mlp, and digits-mlp whose defaults are harmful (SGD momentum 0.9 at
-lr 1.0, 10x the rate a sweep picks; the health stage flags it, so this arm passes
-``ignore_findings=True`` as a user who read the finding and wants the loop to fix it would).
+Tasks: the headroom tasks of ``benchmarks/headroom_tasks.py`` (small data, noisy labels, a small
+transformer on a synthetic sequence task, a breast-cancer MLP with its own ``evaluate()``), each
+with its own test split; and the built-in digits-cnn, wine-mlp and digits-mlp with harmful
+defaults (SGD lr 1.0), which have no test split: every arm then selects on the same part of the
+validation data and is judged on the rest (``proftune``'s fixed held-out split).
 
-- ours: ``proftune.optimize(task, budget=B, goal="latency", seeds=3)``.
-- Optuna: TPE over the full space (lr, batch_size, weight_decay, dropout, width/hidden), each trial
-  the same fit loop at a third of the task's default epochs, for B minus the time of its 3-seed
-  retrain; then the best configuration retrained with 3 seeds at those epochs.
-- by hand: torch-lr-finder's LR (Leslie Smith's range test, steepest descent) + the task's
-  defaults, 3 seeds.
+Arms, each at the same budget ``B`` in the same process, one torch thread each:
+- defaults: the task's defaults, trained once (seed = repetition);
+- optuna: Optuna's TPE with its current defaults (multivariate, constant liar) over a wide space
+  (lr 1e-5..0.3 log, batch 8..256, weight decay 1e-6..0.3 log, dropout 0..0.5, the width param
+  x0.5..x2) with a plain PyTorch training loop at the task's epochs; the best trial's model;
+- optuna+pruner: the same with a MedianPruner on the validation metric per epoch;
+- ours: ``proftune.optimize(task, budget=B, goal="latency")``; ``ours@B/2`` at half the budget.
 
-Printed per task: final accuracy (median of 3 seeds), wall time to reach Optuna's best
-validation accuracy (ours: the first search trial at or above it, from the start of the run),
-final model latency at batch 1 and at the task's batch (CPU, 1 thread, median) and size; and the
-ratios ours/anchor. Goal: accuracy >= Optuna's at <= 50% of its time-to-best, final model >= 2x
-faster within the accuracy budget.
+Printed per task: held-out accuracy median and IQR over the repetitions for each arm, the
+model's latency at batch 1 and at the task's batch and its size, the ratios ours/Optuna, and
+the goal: ours >= the defaults on every repetition (within one held-out sample), and >= Optuna's
+median on a headroom task at <= 50% of its time (ours@B/2 against Optuna at B).
 
-    python benchmarks/optimize.py [--budget 120] [--quick] [--tasks digits-cnn wine-mlp harmful]
+    python benchmarks/optimize.py [--budget 60] [--reps 5] [--tasks small-digits noisy-digits ...]
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ import argparse
 import io
 import math
 import statistics
+import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,10 +41,14 @@ import torch
 from torch import nn
 
 import proftune
+from proftune._holdout import with_test_split
 from proftune.examples._digits import DigitsMLP
-from proftune.train import fit
+from proftune.train import build_optimizer, evaluate_model, fit, seed_everything
 
-SEEDS = (0, 1, 2)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from headroom_tasks import HEADROOM
+
+BUILTIN = ("digits-cnn", "wine-mlp", "harmful")
 
 
 class HarmfulDefaults(DigitsMLP):
@@ -51,16 +60,30 @@ class HarmfulDefaults(DigitsMLP):
 
 
 def _task(name: str) -> proftune.Task:
+    if name in HEADROOM:
+        return HEADROOM[name]()
     return HarmfulDefaults() if name == "harmful" else proftune.load_task(name)
 
 
-def _arch_param(task: proftune.Task) -> tuple[str, int]:
-    return ("width", 16) if task.name == "digits-cnn" else ("hidden", 64 if task.name == "wine-mlp" else 128)
+def _arch_param(task: proftune.Task) -> tuple[str, int] | None:
+    probe: dict[str, Any] = {}
+
+    class Probe(dict[str, Any]):
+        def get(self, key: Any, default: Any = None) -> Any:
+            probe.setdefault(key, default)
+            return super().get(key, default)
+
+    task.build_model(Probe(task.default_params))
+    for key in ("width", "hidden", "d_model"):
+        if isinstance(probe.get(key), int):
+            return key, int(probe[key])
+    return None
 
 
+# -- measuring a model ------------------------------------------------------------------------
 @torch.no_grad()
-def latency_ms(model: nn.Module, x: torch.Tensor, rounds: int = 30) -> float:
-    """Median forward time of ``model(x)`` in ms, eval mode, after warm-up."""
+def latency_ms(model: nn.Module, x: Any, rounds: int = 30) -> float:
+    """Median forward time in ms, eval mode, after warm-up."""
     model.eval()
     for _ in range(5):
         model(x)
@@ -78,177 +101,201 @@ def size_bytes(model: nn.Module) -> int:
     return buf.getbuffer().nbytes
 
 
-def measure(task: proftune.Task, model: Any, batch: int) -> dict[str, float]:
-    x = task.example_batch(batch)[0]
-    return {"lat1": latency_ms(model, x[:1]), "latb": latency_ms(model, x[:batch]),
-            "size": float(size_bytes(model))}
+def test_accuracy(task: proftune.Task, model: nn.Module, bs: int) -> float:
+    return float(evaluate_model(task, model, torch.device("cpu"), bs, split="test")["accuracy"])
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
+def measure(task: proftune.Task, model: nn.Module, bs: int) -> dict[str, float]:
+    x = next(iter(task.val_data(bs)))[0]
+    return {"lat1": latency_ms(model, x[:1]), "latb": latency_ms(model, x[:bs]), "size": float(size_bytes(model))}
 
 
-# -- arms --------------------------------------------------------------------------------------
-def optuna_arm(task: proftune.Task, budget: float) -> dict[str, Any]:
+# -- the arms -----------------------------------------------------------------------------------
+def plain_fit(task: proftune.Task, params: dict[str, Any], epochs: int, seed: int,
+              report: Callable[[int, float], bool] | None = None) -> tuple[nn.Module, float]:
+    """A plain PyTorch loop: the task's batches, loss and optimizer; validation after each epoch.
+    ``report(epoch, value)`` returning True stops it (a pruner)."""
+    seed_everything(seed)
+    model = task.build_model(params)
+    opt = build_optimizer(model.parameters(), params)
+    value = float("nan")
+    for epoch in range(epochs):
+        model.train()
+        for batch in task.train_data(int(params["batch_size"]), params):
+            opt.zero_grad(set_to_none=True)
+            loss = task.loss(model, batch)
+            if not torch.isfinite(loss):
+                return model, float("nan")
+            loss.backward()
+            opt.step()
+        value = float(evaluate_model(task, model, torch.device("cpu"), int(params["batch_size"]))["accuracy"])
+        if report is not None and report(epoch, value):
+            break
+    return model, value
+
+
+def optuna_arm(task: proftune.Task, budget: float, seed: int, *, pruner: bool) -> dict[str, Any]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    arch, default_w = _arch_param(task)
-    # a third of the task's epochs per trial (and for the retrain): enough trials to search at all
-    # within the budget on 2 shared cores; the retrain uses the epochs the search was run at
-    epochs = max(1, math.ceil(task.default_epochs / 3))
+    arch = _arch_param(task)
     base = dict(task.default_params)
     started = time.perf_counter()
-    best_at: list[tuple[float, float]] = []
-    durations: list[float] = []
+    best: dict[str, Any] = {"value": -1.0, "model": None, "params": None}
 
     def objective(trial: optuna.Trial) -> float:
         params = {**base,
-                  "lr": trial.suggest_float("lr", 1e-4, 1e-1, log=True),
-                  "batch_size": trial.suggest_categorical("batch_size", [16, 32, 64, 128]),
-                  "weight_decay": trial.suggest_float("weight_decay", 1e-6, 1e-1, log=True),
-                  "dropout": trial.suggest_float("dropout", 0.0, 0.5),
-                  arch: trial.suggest_int(arch, max(4, default_w // 2), default_w * 2, log=True)}
-        t = time.perf_counter()
-        acc = fit(task, params, epochs=epochs, seed=0).metrics.get("accuracy", float("nan"))
-        durations.append(time.perf_counter() - t)
-        acc = acc if math.isfinite(acc) else 0.0
-        prev = best_at[-1][1] if best_at else -1.0
-        best_at.append((time.perf_counter() - started, max(prev, acc)))
-        return acc
+                  "lr": trial.suggest_float("lr", 1e-5, 0.3, log=True),
+                  "batch_size": trial.suggest_categorical("batch_size", [8, 16, 32, 64, 128, 256]),
+                  "weight_decay": trial.suggest_float("weight_decay", 1e-6, 0.3, log=True),
+                  "dropout": trial.suggest_float("dropout", 0.0, 0.5)}
+        if arch is not None:
+            params[arch[0]] = trial.suggest_int(arch[0], max(4, arch[1] // 2), arch[1] * 2, log=True)
 
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
-    # keep room for the 3-seed retrain: the search stops when it would not fit any more
-    while True:
-        per = median(durations) if durations else 0.0
-        if durations and time.perf_counter() - started + per * (1 + len(SEEDS)) > budget:
-            break
-        study.optimize(objective, n_trials=1)
-    best_value = study.best_value
-    time_to_best = next(t for t, v in best_at if v >= best_value)
-    params = {**base, **study.best_params}
-    runs = [fit(task, params, epochs=epochs, seed=s) for s in SEEDS]
-    accs = [r.metrics["accuracy"] for r in runs]
-    model = runs[sorted(range(3), key=lambda i: accs[i])[1]].model.cpu()
-    return {"acc": median(accs), "accs": accs, "best_trial": best_value, "time_to_best": time_to_best,
-            "trials": len(study.trials), "wall": time.perf_counter() - started, "params": params,
-            **measure(task, model, int(params["batch_size"]))}
+        def report(epoch: int, value: float) -> bool:
+            if not pruner:
+                return False
+            trial.report(value, epoch)
+            return trial.should_prune()
 
+        model, value = plain_fit(task, params, task.default_epochs, seed, report)
+        if not math.isfinite(value):
+            return 0.0
+        if value > best["value"]:
+            best.update(value=value, model=model, params=params)
+        return value
 
-def by_hand_arm(task: proftune.Task) -> dict[str, Any]:
-    from torch_lr_finder import LRFinder
-
-    started = time.perf_counter()
-    params = dict(task.default_params)
-    bs = int(params.get("batch_size", 32))
-    torch.manual_seed(0)
-    model = task.build_model(params)
-    optimizer = task.configure_optimizer(model, {**params, "lr": 1e-7})
-    finder = LRFinder(model, optimizer, nn.CrossEntropyLoss(), device="cpu")
-    xs, ys = zip(*task.train_data(bs, params), strict=True)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys)),
-                                         batch_size=bs, shuffle=True)
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    study = optuna.create_study(direction="maximize", sampler=sampler,
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
+                                if pruner else optuna.pruners.NopPruner())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        finder.range_test(loader, end_lr=10, num_iter=100)
-    lrs, losses = finder.history["lr"], finder.history["loss"]
-    grads = [(losses[i + 1] - losses[i]) / max(math.log(lrs[i + 1]) - math.log(lrs[i]), 1e-12)
-             for i in range(10, len(losses) - 1)]
-    lr = lrs[10 + min(range(len(grads)), key=lambda i: grads[i])] if grads else params.get("lr", 1e-3)
-    finder.reset()
-    params["lr"] = float(lr)
-    runs = [fit(task, params, epochs=task.default_epochs, seed=s) for s in SEEDS]
-    accs = [r.metrics["accuracy"] for r in runs]
-    model = runs[sorted(range(3), key=lambda i: accs[i])[1]].model.cpu()
-    return {"acc": median(accs), "accs": accs, "lr": lr, "wall": time.perf_counter() - started,
-            **measure(task, model, bs)}
+        study.optimize(objective, timeout=budget, catch=(RuntimeError, ValueError))
+    model, params = best["model"], best["params"]
+    bs = int(params["batch_size"])
+    return {"test": test_accuracy(task, model, bs), "val": best["value"], "trials": len(study.trials),
+            "wall": time.perf_counter() - started, **measure(task, model, bs)}
 
 
-def ours_arm(task: proftune.Task, budget: float, optuna_best: float, tmp: Path) -> dict[str, Any]:
-    import optuna
+def defaults_arm(task: proftune.Task, seed: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    res = fit(task, dict(task.default_params), seed=seed, device="cpu")
+    bs = int(res.params["batch_size"])
+    return {"test": test_accuracy(task, res.model, bs), "val": res.metrics.get("accuracy"),
+            "wall": time.perf_counter() - started, **measure(task, res.model, bs)}
 
-    harmful = isinstance(task, HarmfulDefaults)
-    started = time.time()
+
+def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge: proftune.Task) -> dict[str, Any]:
+    """``task`` as the user has it (optimize finds its test split, or holds one out); ``judge``:
+    the same task with the split every arm is judged on."""
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = proftune.optimize(task, budget=budget, out=str(tmp / f"out-{task.name}"),
-                                db=f"sqlite:///{tmp / 'ours.db'}", goal="latency", seeds=3,
-                                ignore_findings=harmful)
+        res = proftune.optimize(task, budget=budget, out=str(tmp / f"out-{task.name}-{budget:.0f}-{seed}"),
+                                db=f"sqlite:///{tmp / 'ours.db'}", goal="latency", seeds=3, seed=seed,
+                                device="cpu", ignore_findings=isinstance(task, HarmfulDefaults))
     wall = time.perf_counter() - t0
-    study = optuna.load_study(study_name=res.study, storage=f"sqlite:///{tmp / 'ours.db'}")
-    reached = [(t.datetime_complete.timestamp() - started) for t in study.trials
-               if t.values and t.values[0] >= optuna_best and t.datetime_complete is not None]
-    time_to = min(reached) if reached else None
-    vals = [v for v in res.final["metrics"]["accuracy"]["values"] if v is not None]
-    bs = int(res.final["params"].get("batch_size", 32))
-    final = task.build_model(res.final["params"])
-    final.load_state_dict(torch.load(Path(res.out) / "model.pt", weights_only=True))
-    fp32 = measure(task, final, bs)
-    out = {"acc": median(vals), "accs": vals, "time_to_best": time_to, "wall": wall, "fp32": fp32,
-           "compressed": None, "params": res.final["params"],
-           "stages": {s["name"]: round(s["duration_s"] or 0.0, 1) for s in res.stages}}
+    params = res.final["params"]
+    bs = int(params.get("batch_size", 32))
+    model = task.build_model(params)
+    model.load_state_dict(torch.load(Path(res.out) / "model.pt", weights_only=True))
+    vs = res.vs_baseline
+    out: dict[str, Any] = {"test": test_accuracy(judge, model, bs), "val": res.final.get("mean"), "wall": wall,
+                           "decision": vs.get("decision"), "gain_test": vs.get("gain_test"),
+                           "beyond_noise": vs.get("beyond_noise"), "gap": (vs.get("search_gap") or {}).get("gap"),
+                           "stop": res.stop_reason, **measure(task, model, bs)}
     comp = res.final.get("compressed")
-    out.update(fp32)
     if comp:
         from proftune.compress import load_model
 
-        model = load_model(comp["model"])
-        m = measure(task, model, bs)
-        m["size"] = float(Path(comp["model"]).stat().st_size)  # a saved INT8 model's state dict hides its packed weights
-        out.update(m)
-        out["compressed"] = {"method": comp.get("method"), "metric": comp.get("metric"),
-                             "drop": comp.get("metric_drop")}
+        small = load_model(comp["model"], task=task, params=params)
+        m = measure(task, small, bs)
+        m["size"] = float(Path(comp["model"]).stat().st_size)  # a saved INT8 state dict hides packed weights
+        out.update({"lat1": m["lat1"], "latb": m["latb"], "size": m["size"],
+                    "compressed": comp.get("method"), "test_compressed": test_accuracy(judge, small, bs)})
     return out
+
+
+# -- the table ----------------------------------------------------------------------------------
+def _q(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _med_iqr(xs: list[float]) -> str:
+    return f"{_q(xs, 0.5):.4f} [{_q(xs, 0.25):.4f}, {_q(xs, 0.75):.4f}]"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=120.0, help="seconds per arm (ours and Optuna)")
-    parser.add_argument("--quick", action="store_true", help="60 s per arm")
-    parser.add_argument("--tasks", nargs="+", default=["digits-cnn", "wine-mlp", "harmful"])
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per arm")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (seeds) per task")
+    parser.add_argument("--tasks", nargs="+", default=[*HEADROOM, *BUILTIN])
+    parser.add_argument("--arms", nargs="+", default=["defaults", "optuna", "optuna+pruner", "ours", "ours@B/2"])
     args = parser.parse_args()
-    budget = 60.0 if args.quick else args.budget
     torch.set_num_threads(1)
     import optuna  # noqa: F401  (imported before any clock starts, as a user's session would have it)
 
-    rows = []
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="proftune-bench-opt-") as tmpdir:
         tmp = Path(tmpdir)
         for name in args.tasks:
-            task = _task(name)
-            print(f"== {task.name}: {budget:.0f} s per arm", flush=True)
-            # warm-up outside every arm's clock: the first fit pays one-time imports and data loads
-            fit(task, dict(task.default_params), max_steps=1)
-            opt = optuna_arm(task, budget)
-            print(f"   optuna: {opt['trials']} trials, best trial {opt['best_trial']:.4f} at "
-                  f"{opt['time_to_best']:.1f} s, retrained median {opt['acc']:.4f}", flush=True)
-            hand = by_hand_arm(task)
-            print(f"   by hand: lr {hand['lr']:.3g}, median {hand['acc']:.4f}", flush=True)
-            ours = ours_arm(task, budget, opt["best_trial"], tmp)
-            print(f"   ours: median {ours['acc']:.4f}, reached Optuna's best at {ours['time_to_best']}, "
-                  f"stages {ours['stages']}, compressed {ours['compressed']}", flush=True)
-            rows.append((task.name, ours, opt, hand))
-    print()
-    head = (f"{'task':18} {'arm':8} {'acc (med 3)':>11} {'t->opt best s':>13} {'lat b1 ms':>9} "
-            f"{'lat bT ms':>9} {'size KiB':>9} {'wall s':>7}")
-    print(head)
-    for name, ours, opt, hand in rows:
-        for arm, r in (("ours", ours), ("optuna", opt), ("by hand", hand)):
-            ttb = r.get("time_to_best")
-            print(f"{name:18} {arm:8} {r['acc']:11.4f} {('-' if ttb is None else f'{ttb:.1f}'):>13} "
-                  f"{r['lat1']:9.3f} {r['latb']:9.3f} {r['size'] / 1024:9.1f} {r['wall']:7.1f}")
-        t_ratio = (ours["time_to_best"] / opt["time_to_best"]) if ours["time_to_best"] is not None else None
-        print(f"{name:18} {'ratio':8} {'ours-optuna':>11} {'ours/optuna':>13} {'optuna/ours':>9} "
-              f"{'optuna/ours':>9} {'optuna/ours':>9}")
-        print(f"{'':18} {'':8} {ours['acc'] - opt['acc']:+11.4f} "
-              f"{('not reached' if t_ratio is None else f'{t_ratio:.2f}'):>13} "
-              f"{opt['lat1'] / ours['lat1']:9.2f} {opt['latb'] / ours['latb']:9.2f} "
-              f"{opt['size'] / ours['size']:9.2f}")
-        goal = (ours["acc"] >= opt["acc"] and t_ratio is not None and t_ratio <= 0.5
-                and opt["lat1"] / ours["lat1"] >= 2)
-        print(f"{'':18} goal (acc >= optuna, <= 50% of its time-to-best, >= 2x faster): "
-              f"{'met' if goal else 'not met'}")
+            raw = _task(name)
+            task, info = with_test_split(raw)
+            headroom = name in HEADROOM
+            print(f"== {raw.name}: {args.budget:.0f} s per arm, {args.reps} repetitions; held out: "
+                  f"{info.describe()}", flush=True)
+            fit(task, dict(task.default_params), max_steps=1)  # warm-up outside every clock
+            per: dict[str, list[dict[str, Any]]] = {a: [] for a in args.arms}
+            for rep in range(args.reps):
+                for arm in args.arms:
+                    if arm == "defaults":
+                        r = defaults_arm(task, rep)
+                    elif arm.startswith("optuna"):
+                        r = optuna_arm(task, args.budget, rep, pruner=arm.endswith("pruner"))
+                    else:
+                        b = args.budget / 2 if arm.endswith("/2") else args.budget
+                        # ours gets the task itself: it finds the test split (or holds one out) on its own
+                        r = ours_arm(raw, b, rep, tmp, judge=task)
+                    per[arm].append(r)
+                    extra = f" ({r['trials']} trials)" if "trials" in r else ""
+                    if "decision" in r:
+                        extra = f" ({r['decision']}, {r['stop'][:90]})"
+                    print(f"   rep {rep} {arm:14} test {r['test']:.4f} val {r['val'] or float('nan'):.4f} "
+                          f"{r['wall']:6.1f} s{extra}", flush=True)
+            results[name] = per
+            _table(name, per, headroom=headroom, test_n=info.test_samples)
+
+
+def _table(name: str, per: dict[str, list[dict[str, Any]]], *, headroom: bool, test_n: int | None) -> None:
+    print(f"\n{name}: held-out accuracy, median [IQR] over {len(next(iter(per.values())))} repetitions")
+    print(f"{'arm':14} {'test acc':>26} {'lat b1 ms':>9} {'lat bT ms':>9} {'size KiB':>9} {'wall s':>7}")
+    for arm, rs in per.items():
+        if not rs:
+            continue
+        print(f"{arm:14} {_med_iqr([r['test'] for r in rs]):>26} {_q([r['lat1'] for r in rs], .5):9.3f} "
+              f"{_q([r['latb'] for r in rs], .5):9.3f} {_q([r['size'] for r in rs], .5) / 1024:9.1f} "
+              f"{_q([r['wall'] for r in rs], .5):7.1f}")
+    ours, opt, dflt = per.get("ours") or [], per.get("optuna") or [], per.get("defaults") or []
+    half = per.get("ours@B/2") or []
+    if ours and opt:
+        o, a = _q([r["test"] for r in ours], .5), _q([r["test"] for r in opt], .5)
+        print(f"ratio ours/optuna: test acc {o / a:.4f} (difference {o - a:+.4f}); latency b1 "
+              f"{_q([r['lat1'] for r in ours], .5) / _q([r['lat1'] for r in opt], .5):.2f}x")
+    if ours and dflt:
+        slack = 1.0 / test_n if test_n else 0.0
+        never_worse = all(r["test"] >= d["test"] - slack for r, d in zip(ours, dflt, strict=False))
+        print(f"goal ours >= defaults on every repetition (within one held-out sample, {slack:.4f}): "
+              f"{'MET' if never_worse else 'NOT MET'}")
+    if headroom and half and opt:
+        h, a = _q([r["test"] for r in half], .5), _q([r["test"] for r in opt], .5)
+        print(f"goal ours@B/2 >= optuna@B median on a headroom task: {h:.4f} vs {a:.4f}: "
+              f"{'MET' if h >= a else 'NOT MET'}")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,32 @@ def batch_size_of(batch: Any) -> int:
     return 1
 
 
+def take_rows(batch: Any, index: torch.Tensor, n: int) -> Any:
+    """Rows ``index`` of every tensor in ``batch`` whose leading dimension is ``n`` (the batch's
+    samples); other leaves are kept as they are. Tuples, lists, namedtuples and dicts recurse."""
+    if isinstance(batch, torch.Tensor):
+        return batch[index.to(batch.device)] if batch.dim() > 0 and batch.shape[0] == n else batch
+    if isinstance(batch, tuple):
+        rows = [take_rows(b, index, n) for b in batch]
+        return type(batch)(*rows) if hasattr(batch, "_fields") else tuple(rows)
+    if isinstance(batch, list):
+        return [take_rows(b, index, n) for b in batch]
+    if isinstance(batch, dict):
+        return {k: take_rows(v, index, n) for k, v in batch.items()}
+    return batch
+
+
+def has_rows(batch: Any, n: int) -> bool:
+    """Whether ``batch`` holds a tensor with ``n`` rows that :func:`take_rows` can split."""
+    if isinstance(batch, torch.Tensor):
+        return batch.dim() > 0 and batch.shape[0] == n
+    if isinstance(batch, (tuple, list)):
+        return any(has_rows(b, n) for b in batch)
+    if isinstance(batch, dict):
+        return any(has_rows(v, n) for v in batch.values())
+    return False
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on ``device`` so that host timers measure them."""
     if device.type == "cuda":

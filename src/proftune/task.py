@@ -76,6 +76,11 @@ class Task:
             count += n
         return {"val_loss": total / max(count, 1)}
 
+    def test_data(self, batch_size: int) -> Iterable[Any] | None:
+        """Held-out batches that nothing selects on, in a fixed order; None (the default): the task
+        has none, and ``optimize`` holds out a fixed part of ``val_data`` for its final figures."""
+        return None
+
     def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
         """The optimizer named by ``params["optimizer"]`` (default AdamW, lr 1e-3)."""
         from .train import build_optimizer
@@ -138,6 +143,9 @@ class TaskWrapper(Task):
 
     def val_data(self, batch_size: int) -> Iterable[Any]:
         return self.inner.val_data(batch_size)
+
+    def test_data(self, batch_size: int) -> Iterable[Any] | None:
+        return self.inner.test_data(batch_size)
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         return self.inner.loss(model, batch)

@@ -29,6 +29,7 @@ __all__ = [
     "FitResult",
     "FitState",
     "build_optimizer",
+    "evaluate_model",
     "fit",
     "seed_everything",
     "validate_params",
@@ -458,12 +459,20 @@ def _lbfgs_step(state: FitState, callbacks: Sequence[Callback], batch: Any, prec
 
 
 @torch.no_grad()
-def evaluate_model(task: Task, model: nn.Module, device: torch.device, batch_size: int) -> dict[str, float]:
-    """The task's metrics of ``model`` on its validation data (eval mode, no grad)."""
+def evaluate_model(task: Task, model: nn.Module, device: torch.device, batch_size: int, *,
+                   split: str = "val") -> dict[str, float]:
+    """The task's metrics of ``model`` on its validation data, or (``split="test"``) its held-out
+    ``test_data`` (eval mode, no grad)."""
+    if split not in ("val", "test"):
+        raise ConfigError(f"split={split!r} is unknown; valid: val, test.")
+    data = task.val_data(batch_size) if split == "val" else task.test_data(batch_size)
+    if data is None:
+        raise ConfigError(f"task {task.name or type(task).__name__!r} has no test_data(); give it one, "
+                          "or hold out part of its validation data (proftune's with_test_split).")
     was_training = model.training
     model.eval()
     try:
-        metrics = task.evaluate(model, DeviceIterable(task.val_data(batch_size), device))
+        metrics = task.evaluate(model, DeviceIterable(data, device))
     finally:
         model.train(was_training)
     return {k: float(v) for k, v in metrics.items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -259,7 +260,6 @@ def test_metric_direction_comes_from_the_registry_or_the_task(original: Path, tm
 def test_task_latencies_time_the_inputs_the_loss_feeds_even_a_dict() -> None:
     """A model called as model(input_ids=..., mask=...) from a dict batch gets a latency per batch size."""
     from collections.abc import Iterable
-    from typing import Any
 
     import torch
     from torch import nn
@@ -298,3 +298,42 @@ def test_task_latencies_time_the_inputs_the_loss_feeds_even_a_dict() -> None:
     times = task_latencies(DictTask(), Keyed(), (1, 8), device=torch.device("cpu"), rounds=2)
     assert set(times) == {1, 8}
     assert all(0 < t < 1000 for t in times.values())
+
+
+def _cand(method: str, metric: float, latency: float, size: int) -> Any:
+    from proftune.compress._pipeline import Candidate
+
+    return Candidate(method=method, ratio=0.0, metric=metric, metric_drop=0.0, params=100, macs=100,
+                     size_bytes=size, latency_ms=latency, latency_batch_ms=latency * 10, batch_size=64)
+
+
+def test_a_candidate_no_faster_than_the_uncompressed_model_is_not_chosen() -> None:
+    """On main, --goal latency chose INT8 at 0.138 ms over the uncompressed 0.127 ms."""
+    from proftune.compress._pipeline import choose
+
+    base = _cand("baseline", 0.97, 0.127, 1000)
+    slower = _cand("static", 0.97, 0.138, 300)
+    sel, notes = choose([base, slower], goal="latency", metric="accuracy", max_drop=0.01, metric_up=True,
+                        goal_up=False)
+    assert sel is None
+    assert "kept the uncompressed model" in notes[0]
+    assert "0.138 vs 0.127" in notes[0]
+    tie = _cand("dynamic", 0.97, 0.124, 300)  # 2% faster: within the timing noise
+    sel, notes = choose([base, tie], goal="latency", metric="accuracy", max_drop=0.01, metric_up=True,
+                        goal_up=False)
+    assert sel is None
+    assert "tie" in notes[0]
+    faster = _cand("static", 0.965, 0.05, 300)
+    sel, notes = choose([base, tie, faster], goal="latency", metric="accuracy", max_drop=0.01, metric_up=True,
+                        goal_up=False)
+    assert sel is faster
+    assert notes == []
+    # size: strictly smaller, within the accuracy budget
+    bigger = _cand("structured", 0.97, 0.05, 1200)
+    sel, _ = choose([base, bigger], goal="size", metric="accuracy", max_drop=0.01, metric_up=True, goal_up=False)
+    assert sel is None
+    too_bad = _cand("structured", 0.90, 0.05, 100)
+    sel, notes = choose([base, too_bad], goal="size", metric="accuracy", max_drop=0.01, metric_up=True,
+                        goal_up=False)
+    assert sel is None
+    assert "drop within 0.01" in notes[0]

@@ -130,3 +130,36 @@ def test_tune_and_compress_by_file_name(tmp_path: Path) -> None:
     assert out["baseline"]["metric"] > 0.5
     assert out["baseline"]["metrics"]["accuracy"] == out["baseline"]["metric"]
     assert out["selected"] is not None
+
+
+def test_test_dataloader_is_the_held_out_split(tmp_path: Path) -> None:
+    """A datamodule's test_dataloader becomes Task.test_data (set up for "test", evaluated with
+    validation_step so its metrics have the same names); without one, test_data is None."""
+    import textwrap
+
+    import torch
+
+    from proftune.train import evaluate_model
+
+    src = (HERE / "lit_digits.py").read_text()
+    src = src.replace("        self.val_set = TensorDataset(x[1400:], y[1400:])\n",
+                      "        self.val_set = TensorDataset(x[1400:1600], y[1400:1600])\n"
+                      "        if stage in (None, 'test'):\n"
+                      "            self.test_set = TensorDataset(x[1600:], y[1600:])\n")
+    src += textwrap.dedent("""
+
+        def _test_dataloader(self):
+            return DataLoader(self.test_set, batch_size=self.hparams.batch_size)
+
+        DigitsData.test_dataloader = _test_dataloader
+    """)
+    path = tmp_path / "lit_with_test.py"
+    path.write_text(src)
+    task = load_task(str(path))
+    batches = list(task.test_data(32))
+    assert sum(len(b[1]) for b in batches) == 1797 - 1600
+    assert batches[0][0].shape == (32, 64)
+    model = task.build_model({})
+    test = evaluate_model(task, model, torch.device("cpu"), 32, split="test")
+    assert set(test) >= {"accuracy", "val_loss"}
+    assert load_task(LIT).test_data(32) is None

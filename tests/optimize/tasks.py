@@ -78,3 +78,22 @@ class Flat(TinyTask):
 
     def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
         return {"val_loss": 0.5, "accuracy": 0.5}
+
+
+class TooSlowLR(TinyTask):
+    """TinyTask whose default rate is 1000x too low for its two epochs: any searched rate wins."""
+
+    name = "tiny-slow-lr"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 1e-5, "batch_size": 32, "optimizer": "adamw"}
+
+
+class WithTestSplit(TooSlowLR):
+    """TooSlowLR with a test split of its own (the held-out figures come from it)."""
+
+    name = "tiny-with-test"
+
+    def test_data(self, batch_size: int) -> Iterable[Any]:
+        return TensorBatches(X_TEST, Y_TEST, batch_size, shuffle=False)
+
+
+X_TEST, Y_TEST = _data(128, 2)

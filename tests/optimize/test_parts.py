@@ -13,7 +13,7 @@ from proftune._units import parse_duration
 from proftune.exceptions import ConfigError
 from proftune.optimize import Budget, build_plan, find_flags, mean_ablation_hook
 from proftune.optimize._budget import SHARES, STAGES
-from proftune.optimize._search import SearchSettings, _plan_chunk, _stalled, groups_of
+from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
 from proftune.search import load_space
 
 from .tasks import TinyTask
@@ -52,9 +52,10 @@ def _plan() -> Any:
 
 
 def _row(n: int, lr: float, state: str, value: float | None = None, **kw: Any) -> dict[str, Any]:
-    return {"number": n, "state": state, "params": {"lr": lr, "hidden": 8 + n}, "value": value,
-            "reason": kw.get("reason"), "anomalies": kw.get("anomalies", []), "arm": kw.get("arm", "centre"),
-            "seed": kw.get("seed", 0), "duration_s": 1.0}
+    return {"number": n, "state": state, "params": {"lr": lr, "hidden": 8 + n % 24}, "value": value,
+            "reason": kw.get("reason"), "anomalies": kw.get("anomalies", []), "arm": kw.get("arm", "tpe"),
+            "duration_s": 1.0, "metrics": {"accuracy": value} if value is not None else {}, "steps": 10,
+            "gated": False, "epochs": 2}
 
 
 def _nan(n: int, lr: float) -> dict[str, Any]:
@@ -96,43 +97,67 @@ def test_no_new_configuration_is_drawn_in_a_paused_region() -> None:
     plan = _plan()
     rows = [_row(0, 0.01, "complete", 0.9), _nan(1, 0.1), _nan(2, 0.5), _nan(3, 0.3)]
     flags = find_flags(rows, plan, flag_min=3)
-    settings = SearchSettings(objective="accuracy:max", metric="accuracy", maximize=True, chunk=4)
-    drawn = []
-    for i in range(30):
-        rows_i = [*rows, *({**_row(10 + j, 0.01, "complete", 0.5), "arm": "explore"} for j in range(i))]
-        drawn += [c for _, c in _plan_chunk(rows_i, plan, settings, flags)]
+    settings = StageSettings(objective="accuracy:max", metric="accuracy", maximize=True)
+    drawn: list[dict[str, Any]] = []
+    for i in range(6):
+        rows_i = [*rows, *(_row(10 + j, 0.002 + 0.001 * j, "complete", 0.5) for j in range(i))]
+        drawn += [c for _, c in propose(rows_i, plan, settings, flags, 10)]
     assert len(drawn) > 50
-    assert all(c["lr"] < 0.1 for c in drawn)
-    assert {a for a, _ in _plan_chunk(rows, plan, settings, [])} <= {"centre", "explore"}
+    (flag,) = flags
+    assert flag.region["lr"]["low"] == pytest.approx(0.1)
+    assert not any(flag.contains(c) for c in drawn)  # the paused region is never drawn
+    assert any(c["lr"] >= 0.1 for c in drawn)  # ... though its lr range is, outside the region
+    keys = [tuple(sorted(c.items())) for _, c in propose(rows, plan, settings, flags, 10)]
+    assert len(keys) == len(set(keys))  # a chunk never repeats a configuration
 
 
-def test_split_is_70_20_and_the_first_centre_trial_is_the_computed_centre() -> None:
+def test_tpe_proposals_move_towards_the_good_region() -> None:
+    """Every trial so far feeds TPE: with the good trials at low lr, most proposals land there."""
     plan = _plan()
-    settings = SearchSettings(objective="accuracy:max", metric="accuracy", maximize=True, chunk=9)
-    chunk = _plan_chunk([], plan, settings, [])
-    arms = [a for a, _ in chunk]
-    assert arms.count("centre") == 7
-    assert arms.count("explore") == 2
-    assert chunk[0] == ("centre", {"lr": pytest.approx(0.01), "hidden": plan.centre["hidden"]})
-    lo, hi = plan.narrow["lr"]
-    assert all(lo <= c["lr"] <= hi for a, c in chunk if a == "centre")
+    settings = StageSettings(objective="accuracy:max", metric="accuracy", maximize=True, seed=3)
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in range(30):
+        lr = float(np.exp(rng.uniform(np.log(1e-3), np.log(1.0))))
+        rows.append(_row(n, lr, "complete", 1.0 - abs(np.log10(lr) + 2.5) / 3))  # best at lr ~3e-3
+    drawn = [c["lr"] for _, c in propose(rows, plan, settings, [], 20)]
+    assert np.median(np.abs(np.log10(drawn) + 2.5)) < 0.6  # uniform draws would give ~0.75
 
 
-def test_auto_stop_when_the_best_is_flat_for_patience_trials() -> None:
-    s = SearchSettings(objective="accuracy:max", metric="accuracy", maximize=True, patience=3, min_delta=0.01)
+def test_warm_start_is_the_computed_centre_the_defaults_and_a_local_design() -> None:
+    plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64}, user_space=None, max_batch=None, samples=192)
+    items = warm_start(plan, {"lr": 0.01, "batch_size": 32, "hidden": 16})
+    arms = [a for a, _ in items]
+    assert arms[:2] == ["centre", "defaults"]
+    assert items[0][1]["lr"] == pytest.approx(0.02)
+    assert items[1][1]["lr"] == pytest.approx(0.01)
+    assert items[1][1]["batch_size"] == 32  # the default space holds the task's default batch
+    lrs = sorted(p["lr"] for a, p in items if a == "local" and p["batch_size"] == 64)
+    assert lrs == [pytest.approx(0.02 / 3), pytest.approx(0.06)]
+    assert any(a == "local" and p["batch_size"] == 32 for a, p in items)
+
+
+def test_auto_stop_patience_grows_with_the_trials_run() -> None:
+    s = StageSettings(objective="accuracy:max", metric="accuracy", maximize=True, patience=3, min_delta=0.01)
     rising = [_row(i, 0.01, "complete", 0.5 + 0.05 * i) for i in range(6)]
-    assert _stalled(rising, s) is None
+    assert stalled(rising, s) is None
     flat = [*rising, *(_row(6 + i, 0.01, "complete", 0.7) for i in range(3))]
-    assert _stalled(flat, s) is not None
-    assert "auto-stop" in str(_stalled(flat, s))
+    assert stalled(flat, s) is None  # 3 flat of 9: below half the trials
+    flat += [_row(9 + i, 0.01, "complete", 0.7) for i in range(3)]
+    why = stalled(flat, s)
+    assert why is not None
+    assert "auto-stop" in why
+    assert "last 6 of 12" in why
+    # pruned trials (no final value) do not count towards the patience
+    assert stalled([*rising, *(_row(6 + i, 0.01, "pruned") for i in range(20))], s) is None
     # for a metric to minimise the same values are a steady fall, not a plateau
-    s_min = SearchSettings(objective="val_loss:min", metric="val_loss", maximize=False, patience=3)
+    s_min = StageSettings(objective="val_loss:min", metric="val_loss", maximize=False, patience=3)
     falling = [_row(i, 0.01, "complete", 1.0 - 0.1 * i) for i in range(8)]
-    assert _stalled(falling, s_min) is None
+    assert stalled(falling, s_min) is None
 
 
 def test_groups_are_mean_and_std_over_seeds() -> None:
-    rows = [_row(0, 0.01, "complete", 0.8), {**_row(0, 0.01, "complete", 0.9), "number": 5, "seed": 1},
+    rows = [_row(0, 0.01, "complete", 0.8), {**_row(0, 0.01, "complete", 0.9), "number": 5},
             _row(1, 0.02, "complete", 0.95)]
     groups = groups_of(rows, maximize=True)
     assert groups[0]["n"] == 1
@@ -171,3 +196,17 @@ def test_mean_ablation_hook_removes_the_sample_information() -> None:
     out = layer(x)
     assert torch.allclose(out, out.mean(0, keepdim=True).expand_as(out))
     assert torch.allclose(out[0], (x @ layer.weight.T + layer.bias).mean(0), atol=1e-6)
+
+
+def test_a_measured_better_optimizer_joins_the_space_and_the_warm_start() -> None:
+    computed = {"lr": 0.01, "batch_size": 32,
+                "optimizer_alternative": {"optimizer": "sgd", "lr": 0.2, "momentum": 0.9}}
+    plan = build_plan(TinyTask(), computed, user_space=None, max_batch=None, samples=192)
+    assert plan.space.param("optimizer").choices == ("adamw", "sgd")
+    assert plan.space.param("lr").high >= 0.2 * 30 * 0.999
+    assert "optimizer" not in plan.space.fixed
+    items = warm_start(plan, {"lr": 0.01, "batch_size": 32, "optimizer": "adamw"},
+                       computed["optimizer_alternative"])
+    sgd = [p for _, p in items if p.get("optimizer") == "sgd"]
+    assert sgd == [{**sgd[0], "lr": pytest.approx(0.2), "momentum": pytest.approx(0.9)}]
+    assert all("momentum" not in p for _, p in items if p.get("optimizer") == "adamw")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -24,7 +25,8 @@ T = TypeVar("T")
 #: Human output and progress go to stderr; stdout carries only the result (and, with --json,
 #: nothing but one JSON object).
 err_console = Console(stderr=True)
-out_console = Console()
+#: Piped (not a terminal) the tables keep their full width rather than rich's 80 columns.
+out_console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 240))
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]

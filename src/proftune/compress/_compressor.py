@@ -25,7 +25,13 @@ from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
 from ._half import HalfPrecision, save_half
 from ._measure import LatencyInput, count, file_size, measure_latencies, sparse_size_bytes
-from ._pipeline import GOALS, Candidate, capture_inputs, mark_pareto, select, slice_batch
+from ._pipeline import (
+    GOALS,
+    Candidate,
+    capture_inputs,
+    choose,
+    slice_batch,
+)
 from ._plan import Plan, plan_methods, profile_summary
 from ._prune import (
     final_classifier,
@@ -126,9 +132,11 @@ class Compressor:
                 built.append(self._save_measure(plan.prune, ratio, pruned, tmp=tmp, finetuned=True))
                 floats.append((plan.prune, float(ratio), pruned))
                 if plan.quant:
-                    built.append(self._quantized(pruned, plan.quant, f"{plan.prune}+{plan.quant}", ratio, tmp))
+                    q = self._quantized(pruned, plan.quant, f"{plan.prune}+{plan.quant}", ratio, tmp)
+                    built.extend([q] if q is not None else [])
         if plan.quant:
-            built.append(self._quantized(base, plan.quant, plan.quant, 0.0, tmp))
+            q = self._quantized(base, plan.quant, plan.quant, 0.0, tmp)
+            built.extend([q] if q is not None else [])
         for prefix, ratio, model in floats:
             if plan.half:
                 built.append(self._half(model, _joined(prefix, "fp16"), ratio, tmp))
@@ -140,24 +148,10 @@ class Compressor:
 
     def _select(self, cands: list[Candidate]) -> Candidate | None:
         """Drops against the baseline, the Pareto front, and the best on the goal within budget."""
-        cfg = self.cfg
-        baseline = cands[0]
-        for c in cands:
-            c.metric_drop = (baseline.metric - c.metric) if self.metric_up else (c.metric - baseline.metric)
-        goal_key = GOALS[cfg.goal]
-        mark_pareto(cands, goal_key, metric_up=self.metric_up, goal_up=self.goal_up)
-        selected = select(cands, goal_key, cfg.max_accuracy_drop, goal_up=self.goal_up)
-        if selected is None:
-            self.notes.append(
-                f"no candidate keeps the {cfg.metric} drop within {cfg.max_accuracy_drop}; nothing "
-                "saved. Loosen --max-accuracy-drop, lower --ratios or fine-tune longer.")
-            return None
-        sel_value, base_value = getattr(selected, goal_key), getattr(baseline, goal_key)
-        if (sel_value <= base_value) if self.goal_up else (sel_value >= base_value):
-            self.notes.append(
-                f"the selected candidate is no better than the baseline on --goal {cfg.goal} "
-                f"({sel_value:.4g} vs {base_value:.4g}); the model may be too small for this method "
-                "to pay on this device.")
+        selected, notes = choose(cands, goal=self.cfg.goal, metric=self.cfg.metric,
+                                 max_drop=self.cfg.max_accuracy_drop, metric_up=self.metric_up,
+                                 goal_up=self.goal_up)
+        self.notes.extend(notes)
         return selected
 
     # -- steps -----------------------------------------------------------------------------
@@ -270,8 +264,9 @@ class Compressor:
         fit(task, self.params, model=model, epochs=epochs, device=self.dev, seed=self.cfg.seed,
             callbacks=self.callbacks)
 
-    def _quantized(self, float_model: nn.Module, method: str, name: str, ratio: float, tmp: Path) -> Built:
-        """Every usable backend's INT8 model of ``float_model``, measured; the fastest is kept."""
+    def _quantized(self, float_model: nn.Module, method: str, name: str, ratio: float, tmp: Path) -> Built | None:
+        """Every usable backend's INT8 model of ``float_model``, measured; the fastest is kept
+        (None when every backend failed on this model: the notes say why)."""
         cfg = self.cfg
         status = backend_status(method, self.dev, float_model)
         wanted = [b for b in BACKEND_NAMES if cfg.quant_backend in ("auto", b)]
@@ -283,9 +278,17 @@ class Compressor:
         for name_ in usable:
             backend = get_backend(name_, method)
             assert backend is not None
-            qmodel = backend.quantize(float_model, self._quant_inputs())
-            built[name_] = self._save_measure(name, ratio, qmodel, float_model=float_model,
-                                              fmt=backend.save_format, tmp=tmp, tag=name_.replace(".", "_"))
+            try:
+                qmodel = backend.quantize(float_model, self._quant_inputs())
+                built[name_] = self._save_measure(name, ratio, qmodel, float_model=float_model,
+                                                  fmt=backend.save_format, tmp=tmp, tag=name_.replace(".", "_"))
+            except (RuntimeError, AttributeError, TypeError, ValueError, NotImplementedError, AssertionError) as exc:
+                # one backend that cannot convert or save this model (a TorchScript trace of a
+                # quantized transformer layer, ...) is a finding about that backend, not the end
+                status[name_] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                self.notes.append(f"{name} with {name_} skipped: {status[name_]}")
+        if not built:
+            return None
         if len(built) > 1:
             self._latencies(list(built.values()))
         times: dict[str, float | str] = {b: c.latency_batch_ms for b, (c, _, _) in built.items()}

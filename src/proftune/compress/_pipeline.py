@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -11,8 +12,11 @@ from torch import nn
 
 __all__ = [
     "GOALS",
+    "LATENCY_TIE",
     "Candidate",
+    "beats",
     "capture_inputs",
+    "choose",
     "mark_pareto",
     "select",
     "slice_batch",
@@ -86,6 +90,43 @@ def mark_pareto(cands: Sequence[Candidate], goal_key: str, *, metric_up: bool, g
             if better_metric and better_goal and strictly:
                 c.pareto = False
                 break
+
+
+def beats(cand: Candidate, baseline: Candidate, goal_key: str, *, goal_up: bool = False) -> bool:
+    """Whether ``cand`` is better than ``baseline`` on the goal beyond measurement noise: batch-1
+    latency by more than :data:`LATENCY_TIE`, a count or size strictly."""
+    c, b = float(getattr(cand, goal_key)), float(getattr(baseline, goal_key))
+    if not (math.isfinite(c) and math.isfinite(b)):
+        return False
+    if goal_key == "latency_ms":
+        return c < b * (1.0 - LATENCY_TIE)
+    return c > b if goal_up else c < b
+
+
+def choose(cands: list[Candidate], *, goal: str, metric: str, max_drop: float, metric_up: bool,
+           goal_up: bool) -> tuple[Candidate | None, list[str]]:
+    """The compressed model to hand back, or None to keep the uncompressed one (``cands[0]``,
+    the baseline), and the notes that say why: every candidate's drop against the baseline, the
+    Pareto front, the best on the goal within ``max_drop``, kept only if it beats the baseline on
+    the goal beyond measurement noise (:func:`beats`)."""
+    baseline = cands[0]
+    for c in cands:
+        c.metric_drop = (baseline.metric - c.metric) if metric_up else (c.metric - baseline.metric)
+    goal_key = GOALS[goal]
+    mark_pareto(cands, goal_key, metric_up=metric_up, goal_up=goal_up)
+    selected = select(cands, goal_key, max_drop, goal_up=goal_up)
+    if selected is None:
+        return None, [f"no candidate keeps the {metric} drop within {max_drop}; nothing saved. Loosen "
+                      "--max-accuracy-drop, lower --ratios or fine-tune longer."]
+    if not beats(selected, baseline, goal_key, goal_up=goal_up):
+        where = " at batch 1" if goal_key == "latency_ms" else ""
+        tie = (f"; a latency within {LATENCY_TIE:.0%} is a tie within timing noise"
+               if goal_key == "latency_ms" else "")
+        return None, [f"kept the uncompressed model: the best candidate within the {metric} budget "
+                      f"({selected.method}) is not better on --goal {goal}{where} "
+                      f"({getattr(selected, goal_key):.4g} vs {getattr(baseline, goal_key):.4g} uncompressed{tie}); "
+                      "the model may be too small for these methods to pay on this device."]
+    return selected, []
 
 
 def select(cands: Sequence[Candidate], goal_key: str, max_drop: float, *,

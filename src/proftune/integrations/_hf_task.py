@@ -92,6 +92,9 @@ class HFModelTask(Task):
     def val_data(self, batch_size: int) -> Iterable[Any]:
         return self._batches(batch_size, max(self.samples // 4, batch_size), seed=1)
 
+    def test_data(self, batch_size: int) -> Iterable[Any]:
+        return self._batches(batch_size, max(self.samples // 4, batch_size), seed=2)
+
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         out = call_model(model, batch)
         own = output_loss(out)

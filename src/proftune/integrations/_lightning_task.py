@@ -15,7 +15,7 @@ import contextlib
 import inspect
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -296,6 +296,7 @@ class LightningTask(Task):
             raise ConfigError(f"{label} has no train_dataloader() and no datamodule was given; give one "
                               f"with --data file.py:DataModule (or datamodule= in Python).")
         self._ready = False
+        self._test_ready = False
         self._batch_idx = 0
         self._schedulers: list[_SchedulerConfig] = []
         self._sched_opt: torch.optim.Optimizer | None = None
@@ -417,6 +418,20 @@ class LightningTask(Task):
         self._set_batch_size(batch_size)
         loader = self._loader("val_dataloader")
         return [] if loader is None else loader
+
+    def test_data(self, batch_size: int) -> Iterable[Any] | None:
+        """The ``test_dataloader`` of the datamodule (or module), set up for ``"test"``; None
+        without one. Evaluated with ``validation_step``, so its metrics have the same names."""
+        self._prepare()
+        src = self._data_source
+        base = self._pl.LightningDataModule if src is self._dm else self._pl.LightningModule
+        if not _overrides(src, "test_dataloader", base):
+            return None
+        if not self._test_ready:
+            src.setup("test")
+            self._test_ready = True
+        self._set_batch_size(batch_size)
+        return cast("Iterable[Any]", src.test_dataloader())
 
     # -- optimizer ------------------------------------------------------------------------------
     def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:

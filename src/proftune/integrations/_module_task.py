@@ -190,6 +190,9 @@ class ModuleTask(ClassificationTask):
     def val_data(self, batch_size: int) -> _Synthetic:
         return self._data(batch_size, n=_VAL_SAMPLES, seed=1)
 
+    def test_data(self, batch_size: int) -> _Synthetic:
+        return self._data(batch_size, n=_VAL_SAMPLES, seed=2)
+
 
 def model_input_shape(model: nn.Module) -> tuple[int, ...] | None:
     """The shape of one input sample the model says it takes, or None.

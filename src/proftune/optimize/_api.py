@@ -9,32 +9,42 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._api import run_train
 from .._device import resolve_device
+from .._holdout import with_test_split
+from .._jsonsafe import json_safe
 from ..compress import compress as run_compress
-from ..compress import task_latencies
-from ..diagnose import AdaptiveLR, EarlyStopping, GradGuard, diagnose
+from ..compress import load_model, task_latencies
+from ..diagnose import diagnose
 from ..exceptions import ConfigError, RunFailedError
 from ..profile import Profile
 from ..profile import profile as run_profile
 from ..recommend import recommend
 from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, redact_url
-from ..train import Callback, FitState, fit, validate_params
+from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
 from ._config import OptimizeConfig, Validated, default_study, validate
+from ._final import (
+    MAX_CANDIDATES,
+    RESERVED_CANDIDATES,
+    RUN_OVERHEAD_S,
+    Arm,
+    FinalOutcome,
+    FinalPlan,
+    run_final,
+)
 from ._layer_value import keep_layers, layer_values
-from ._output import write_html, write_outputs
-from ._search import SearchSettings, run_search_stage
+from ._output import write_html, write_outputs, write_summary
+from ._search import StageSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
 from ._state import OptimizeState, own_run
 
@@ -49,6 +59,10 @@ MIN_COMPRESS_S = 15.0
 #: What the search keeps back for the compress stage (measured: 25-50 s for one structured ratio
 #: and INT8 on digits-cnn on 2 shared cores, imports included).
 COMPRESS_RESERVE_S = 40.0
+#: The search prunes by successive halving when its time holds fewer full trials than this.
+FULL_TRIALS_FOR_NO_PRUNER = 15.0
+#: Trials run at the task's own epochs when the search's time holds at least this many of them.
+FULL_TRIALS_AT_LEAST = 6.0
 
 
 @dataclass
@@ -69,10 +83,15 @@ class OptimizeResult:
     warnings: list[dict[str, Any]] = field(default_factory=list)
     layer_findings: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    #: Why the run ended when it did (the budget, an early end of the search, ...).
+    stop_reason: str = ""
+    #: How ``proftune.load_task`` finds the task again (its spec, or its name).
+    spec: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "study": self.study, "run_id": self.run_id, "out": self.out,
                 "objective": self.objective, "budget_s": self.budget_s, "elapsed_s": self.elapsed_s,
+                "stop_reason": self.stop_reason, "spec": self.spec,
                 "stages": self.stages, "final": self.final, "vs_baseline": self.vs_baseline,
                 "flags": self.flags, "warnings": self.warnings, "layer_findings": self.layer_findings,
                 "files": self.files}
@@ -107,9 +126,12 @@ def _finite(x: Any) -> float | None:
 class _Loop:
     """One optimize run: its task, options, Store, state file and clock."""
 
-    def __init__(self, task: Task, v: Validated, store: Store, progress: Progress | None) -> None:
-        self.task, self.v, self.cfg, self.store = task, v, v.cfg, store
+    def __init__(self, task: Task, v: Validated, store: Store, progress: Progress | None, *,
+                 spec: str | None = None) -> None:
+        self.v, self.cfg, self.store = v, v.cfg, store
         self.name = task.name or type(task).__name__
+        #: How ``load_task`` finds the task again (the spec given, a file's path made absolute).
+        self.spec = _absolute_spec(spec) if spec else self.name
         self.dev = resolve_device(self.cfg.device)
         self.say: Progress = progress or (lambda _event, _data: None)
         self.out = v.out
@@ -118,8 +140,14 @@ class _Loop:
                     "objective": v.objective, "budget_s": v.budget_s}
         self.state = OptimizeState.load_or_new(self.out, identity)
         self.study: str = self.state.data["study"]
-        self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)))
+        self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)),
+                             skip=("compress",) if self.cfg.goal == "none" else ())
         self.defaults = validate_params(dict(task.default_params))
+        # selection reads val_data; the figures a user reads come from data nothing selected on
+        self.user_task = task
+        self.task, self.holdout = with_test_split(task, batch_size=int(self.defaults.get("batch_size", 32)))
+        if self.holdout.note:
+            log.warning("%s", self.holdout.note)
         self.run_id = self._parent_run()
 
     # -- records ------------------------------------------------------------------------------
@@ -130,6 +158,7 @@ class _Loop:
             return int(stored)
         config = {"stage": None, "budget_s": self.v.budget_s, "objective": self.v.objective,
                   "params": self.defaults, "out": str(self.out), "study": self.study,
+                  "held_out": self.holdout.to_dict(),
                   "options": {k: redact_url(v) if k == "db" and v else v
                               for k, v in vars(self.cfg).items() if k != "extra"}}
         run_id = self.store.start_run("optimize", self.name, config=config, env=environment(self.dev),
@@ -161,7 +190,7 @@ class _Loop:
             raise
         duration = time.monotonic() - started
         metrics = {k: x for k, x in (("before", res.before), ("after", res.after)) if x is not None}
-        self.store.finish_run(run_id, status="finished", result=res.outputs,
+        self.store.finish_run(run_id, status="finished", result=json_safe(res.outputs),
                               metrics={f"{self.v.metric}_{k}": x for k, x in metrics.items()})
         self.state.stages[name] = {"status": res.status, "duration_s": duration, "share_s": share,
                                    "run_id": run_id, "outputs": res.outputs,
@@ -201,7 +230,7 @@ class _Loop:
                          "stop_reason": diag.stop_reason},
             "no_tricks": {"params": plain, "metrics": plain_res.metrics, "epochs": plain_res.epochs,
                           "duration_s": plain_res.duration_s},
-            "spread": spread, "epoch_s": epoch_s,
+            "spread": spread, "epoch_s": epoch_s, "held_out": self.holdout.to_dict(),
             "findings": [f.to_dict() for f in diag.findings],
             "model": "baseline_model.pt" if capture.model is not None else None,
         }, before=plain_metric, after=defaults_metric)
@@ -231,12 +260,18 @@ class _Loop:
         })
 
     def compute(self, share: float, end: float) -> _StageResult:
-        """Batch size, LR (range test, scaled), accumulation, precision, data loading: recommend()."""
+        """Batch size, LR (range test, scaled), accumulation, precision, data loading: recommend().
+
+        The range test and the noise scale get as many steps as the share holds at the profiled
+        step time (a slow model gets fewer, never more than the defaults of recommend)."""
         prof = Profile.load(self.out / "profile.json")
-        small = share < 60
+        step_s = max((prof.step.time_ms or 1.0) / 1e3, 1e-4)
+        lr_steps = int(min(100, max(15, 0.45 * share / step_s)))
+        noise_steps = int(min(30, max(4, 0.2 * share / (4 * step_s))))
         recs = recommend(self.task, self.defaults, profile=prof, memory_budget=self.v.memory_bytes,
-                         device=self.dev, seed=self.cfg.seed, lr_steps=50 if small else 100,
-                         noise_steps=15 if small else 30, store=self.store)
+                         device=self.dev, seed=self.cfg.seed, lr_steps=lr_steps,
+                         noise_steps=noise_steps, optimizer_budget_s=min(4.0, 0.25 * share),
+                         embedding_budget_s=min(120.0, 0.3 * share), store=self.store)
         values = {r.name: r.value for r in recs}
         computed: dict[str, Any] = {}
         if isinstance(values.get("batch_size"), int):
@@ -247,9 +282,16 @@ class _Loop:
             computed["grad_accumulation"] = values["grad_accumulation"]
         if values.get("precision") in ("fp32", "bf16", "fp16"):
             computed["precision"] = values["precision"]
+        opt = recs.get("optimizer") if "optimizer" in values else None
+        chosen = (opt.evidence.get("params") or {}) if opt is not None else {}
+        if (opt is not None and opt.value in ("adamw", "adam", "sgd") and opt.value != self.defaults.get("optimizer", "adamw")
+                and chosen.get("lr")):
+            # measured better than the task's optimizer: the search tries both, each at its own rate
+            computed["optimizer_alternative"] = {k: chosen[k] for k in ("optimizer", "lr", "momentum") if k in chosen}
         max_batch = recs.get("batch_size").evidence.get("max_batch_size")
         return _StageResult({
             "computed": computed, "max_batch_size": max_batch, "run_id": recs.run_id,
+            "steps": {"lr_range_test": lr_steps, "noise_scale": noise_steps, "step_ms": prof.step.time_ms},
             "recommendations": [{"name": r.name, "value": r.value, "reason": r.reason,
                                  "confidence": r.confidence, "effect": r.effect} for r in recs],
         })
@@ -266,29 +308,63 @@ class _Loop:
         return _StageResult({"metric": base, "layers": [x.to_dict() for x in values], "findings": named,
                              "keep": keep_layers(values), "notes": notes})
 
+    def _epoch_s(self) -> float:
+        return max(float(self.state.outputs("baseline").get("epoch_s") or 1.0), 1e-3)
+
+    def _trial_epochs(self, seconds: float) -> int:
+        """Epochs of every search trial and of the race's candidates: the task's own (the
+        protocol the defaults are judged by), unless the search's time cannot hold about six
+        trials of them."""
+        full = self.task.default_epochs
+        if seconds >= FULL_TRIALS_AT_LEAST * full * self._epoch_s():
+            return full
+        return max(1, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self._epoch_s()))))
+
+    def _final_reserve(self, epochs: int, trial_s: float = 0.0, *, candidates: int = 1) -> float:
+        """Seconds the final race needs at least: ``--seeds`` runs of the defaults at the task's
+        epochs and of ``candidates`` configurations at the trials' ``epochs``."""
+        per = max(trial_s, epochs * self._epoch_s()) + RUN_OVERHEAD_S
+        own = max(trial_s * self.task.default_epochs / max(epochs, 1),
+                  self.task.default_epochs * self._epoch_s()) + RUN_OVERHEAD_S
+        return 1.2 * int(self.cfg.seeds) * (own + candidates * per)
+
+    def _compress_reserve(self) -> float:
+        """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""
+        if self.cfg.goal == "none":
+            return 0.0
+        return min(COMPRESS_RESERVE_S, max(MIN_COMPRESS_S, 0.2 * self.v.budget_s))
+
     def search(self, share: float, end: float) -> _StageResult:
-        """Search what the compute stage could not decide (70/20/10, auto-stop, yellow flags)."""
+        """Search what the compute stage could not decide: warm start, TPE, successive halving.
+
+        The search gets every second the stages after it do not need (their reserves: the final
+        race at ``--seeds`` seeds, one compression sweep), not only its share."""
         comp = self.state.outputs("compute")
-        base = self.state.outputs("baseline")
         plan = build_plan(self.task, comp.get("computed") or {}, user_space=self.cfg.space,
                           max_batch=comp.get("max_batch_size"), samples=_samples(self.task, self.defaults))
-        epoch_s = max(float(base.get("epoch_s") or 1.0), 1e-3)
-        epochs = max(1, min(self.task.default_epochs, int(share * 0.9 / (10 * epoch_s))))
-        settings = SearchSettings(
+        compress_min = self._compress_reserve()
+        room = max(share, self.budget.left_s - compress_min)
+        # the final race at the task's epochs comes first; what is left is the search's
+        epochs = self._trial_epochs(room - self._final_reserve(self.task.default_epochs))
+        epoch_s = self._epoch_s()
+
+        def reserve(trial_s: float) -> float:
+            return self._final_reserve(epochs, trial_s, candidates=RESERVED_CANDIDATES) + compress_min
+
+        # (the budget already excludes what an earlier, killed process spent: the clock resumes)
+        seconds = max(1.0, self.budget.left_s - reserve(0.0))
+        # successive halving only where full trials are dear (below ~15 in the time there is): it
+        # favours fast starters, which small or noisy data punishes (measured: benchmarks/optimize.py)
+        full_trials = seconds / (epochs * epoch_s)
+        settings = StageSettings(
             objective=self.v.objective, metric=self.v.metric, maximize=self.v.maximize,
             constraints=tuple(self.cfg.constraints), epochs=epochs, study=self.study, seed=self.cfg.seed,
             device=str(self.dev), max_trials=self.cfg.max_trials, patience=self.cfg.patience,
-            min_delta=self.cfg.min_delta, flag_min=self.cfg.flag_min)
+            min_delta=self.cfg.min_delta, flag_min=self.cfg.flag_min, defaults=self.defaults,
+            pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER else "none",
+            trial_s_estimate=epochs * epoch_s,
+            alternative=dict((comp.get("computed") or {}).get("optimizer_alternative") or {}))
         spent = float(self.state.data.get("search_spent_s", 0.0))
-        # leave the stages after it their minimum: every final seed at the trials' epochs (as long
-        # as the trials measured so far take), and one compress sweep
-        compress_min = COMPRESS_RESERVE_S if self.cfg.goal != "none" else 0.0
-
-        def reserve(trial_s: float) -> float:
-            return 1.3 * int(self.cfg.seeds) * max(trial_s, epochs * epoch_s) + compress_min
-
-        # (``share`` already excludes what an earlier, killed process spent: the clock resumes)
-        seconds = max(1.0, min(share, self.budget.left_s - reserve(0.0)))
         t0 = time.monotonic()
 
         def on_chunk(info: dict[str, Any]) -> None:
@@ -308,59 +384,90 @@ class _Loop:
         (self.out / "search_trials.json").write_text(_json(outcome.trials))
         return _StageResult({
             "study": self.study, "plan": plan.to_dict(), "epochs_per_trial": epochs,
-            "best": best, "top": outcome.groups[:5], "flags": [f.to_dict() for f in outcome.flags],
-            "stop_reason": outcome.stop_reason, "arms": outcome.arms, "counts": counts,
+            "pruner": settings.pruner if epochs >= 3 else "none", "full_trials_in_share": full_trials,
+            "best": best, "top": outcome.groups[:5], "defaults": outcome.defaults,
+            "flags": [f.to_dict() for f in outcome.flags], "stop_reason": outcome.stop_reason,
+            "early": outcome.early, "arms": outcome.arms, "counts": counts,
             "trials": len(outcome.trials), "search_calls": outcome.search_calls,
             "history": outcome.history, "trials_file": "search_trials.json",
-        }, after=best["mean"] if best else None)
+            "duration_s": outcome.duration_s, "seconds": seconds,
+        }, before=_finite((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
 
     def final(self, share: float, end: float) -> _StageResult:
-        """The chosen configuration for ``--seeds`` seeds with AdaptiveLR, GradGuard, EarlyStopping."""
-        params, evidence = self._final_params()
-        seeds = int(self.cfg.seeds)
+        """The defaults and the search's best, same seeds, same protocol; keep the defaults unless
+        a configuration beats them beyond noise; held-out figures for both."""
         srch = self.state.outputs("search")
-        best = srch.get("best") or {}
-        trial_epochs = int(srch.get("epochs_per_trial") or self.task.default_epochs)
-        base_epoch_s = float(self.state.outputs("baseline").get("epoch_s") or 1.0)
-        # seconds per epoch at the chosen configuration, from its own trials where they exist
-        epoch_s = (float(best["trial_s"]) / trial_epochs) if best.get("trial_s") else base_epoch_s
-        epochs = max(min(trial_epochs, self.task.default_epochs),
-                     min(self.task.default_epochs, int(share / (seeds * max(epoch_s, 1e-3)))))
-        runs: list[dict[str, Any]] = []
-        models: list[nn.Module] = []
-        for i in range(seeds):
-            seed = self.cfg.seed + 100 + i
-            left = max(0.0, end - time.monotonic()) / (seeds - i)
-            # a seed is not cut below the epochs its configuration was searched at while the
-            # whole budget holds them (the compress stage then gets less); the budget comes first
-            floor = min(1.3 * min(epochs, trial_epochs) * epoch_s,
-                        max(0.0, self.budget.end - time.monotonic()) / (seeds - i))
-            callbacks: list[Callback] = [
-                AdaptiveLR(), GradGuard(),
-                EarlyStopping(self.v.metric, mode="max" if self.v.maximize else "min", patience=3),
-                Deadline(max(left, floor))]
-            rep = run_train(self.task, params, epochs=epochs, device=self.dev,
-                            seed=seed, callbacks=callbacks, store=self.store)
-            runs.append({"seed": seed, "run_id": rep.run_id, "metrics": rep.result.metrics,
-                         "epochs": rep.result.epochs, "stop_reason": rep.result.stop_reason})
-            models.append(rep.result.model)
-        vals = [_finite(r["metrics"].get(self.v.metric)) for r in runs]
-        good = [v for v in vals if v is not None]
-        mean = statistics.fmean(good) if good else None
-        std = statistics.stdev(good) if len(good) > 1 else 0.0 if good else None
-        # the model saved is the median seed's: representative, not the luckiest
-        order = sorted(range(len(vals)), key=lambda i: (vals[i] is None, vals[i] or 0.0))
-        pick = order[len(good) // 2] if good else 0
-        model = models[pick].cpu().eval()
-        torch.save(model.state_dict(), self.out / "model.pt")
+        epochs = int(srch.get("epochs_per_trial") or self._trial_epochs(share))
+        base_epoch_s = self._epoch_s()
+        fixed = ((srch.get("plan") or {}).get("space") or {}).get("fixed") or {}
+        defaults_key = _params_key(self.defaults)
+        candidates: list[Arm] = []
+        for g in srch.get("top") or []:  # the groups the search measured, best first
+            params = validate_params({**self.defaults, **fixed, **g["params"]})
+            if _params_key(params) == defaults_key or len(candidates) >= MAX_CANDIDATES:
+                continue
+            candidates.append(Arm(
+                name=f"search #{len(candidates) + 1}", params=params,
+                source=f"search trials {g['trials']} ({', '.join(sorted(set(g.get('arms') or [])))})",
+                search_mean=g["mean"], search_std=g.get("std"), search_n=int(g["n"]),
+                epoch_s=max(float(g.get("trial_s") or 0.0) / epochs, base_epoch_s * 0.25)))
+        d_group = srch.get("defaults") or {}
+        # the defaults as the user runs them: their own epochs, whatever the trials could afford
+        defaults = Arm(name="defaults", params=dict(self.defaults), source="the task's defaults",
+                       search_mean=d_group.get("mean") if epochs == self.task.default_epochs else None,
+                       search_std=d_group.get("std"), search_n=int(d_group.get("n") or 0),
+                       epoch_s=base_epoch_s, epochs=self.task.default_epochs)
+        plan = FinalPlan(metric=self.v.metric, maximize=self.v.maximize, epochs=epochs,
+                         seeds=int(self.cfg.seeds), seed=self.cfg.seed, device=str(self.dev),
+                         val_samples=self.holdout.val_samples)
+        outcome = run_final(self.task, defaults, candidates, plan, store=self.store,
+                            end=self.budget.end - self._compress_reserve(),
+                            hard_end=self.budget.end - min(self._compress_reserve(), MIN_COMPRESS_S),
+                            folder=self.out, say=self.say)
+        chosen = outcome.arm(outcome.chosen)
+        params, evidence = self._evidence(chosen, outcome)
+        model = self.task.build_model(dict(params))
+        model.load_state_dict(torch.load(self.out / "model.pt", weights_only=True))
         latency, size = _latency_ms(self.task, model), (self.out / "model.pt").stat().st_size
+        val, test = chosen.summary("val"), chosen.summary("test")
+        picked = outcome.model_run()
         return _StageResult({
-            "params": params, "evidence": evidence, "seeds": runs, "epochs": epochs,
-            "metric": {"name": self.v.metric, "mean": mean, "std": std, "values": vals},
-            "model": "model.pt", "model_seed": runs[pick]["seed"], "latency_ms": latency, "size_bytes": size,
-            "load": (f"model = proftune.load_task({self.name!r}).build_model(params); "
+            "params": params, "evidence": evidence, "epochs": chosen.epochs or epochs,
+            "default_epochs": self.task.default_epochs, "race": outcome.to_dict(),
+            "decision": outcome.decision, "chosen": outcome.chosen,
+            "metric": {"name": self.v.metric, "mean": val["mean"], "std": val["std"],
+                       "values": [r.val for r in chosen.runs]},
+            "test": {"mean": test["mean"], "std": test["std"], "values": [r.test for r in chosen.runs]},
+            "model": "model.pt", "model_seed": outcome.model_seed, "latency_ms": latency, "size_bytes": size,
+            "model_val": picked.val if picked else None, "model_test": picked.test if picked else None,
+            "load": (f"model = proftune.load_task({self.spec!r}).build_model(params); "
                      "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
-        }, after=mean)
+        }, before=_finite(outcome.arm("defaults").summary("val")["mean"]), after=val["mean"])
+
+    def _evidence(self, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
+        """The result's params, and for each where its value came from."""
+        comp = self.state.outputs("compute").get("computed") or {}
+        params = dict(chosen.params)
+        evidence: dict[str, str] = {}
+        why = (outcome.comparison.describe() if outcome.comparison is not None
+               else "no configuration reached the final race")
+        for k, val in params.items():
+            default = self.defaults.get(k)
+            if outcome.kept_defaults:
+                evidence[k] = f"task default (kept: {why})"
+            elif k in comp and _same(comp[k], val):
+                evidence[k] = "computed (compute stage: recommend)"
+            elif k == "optimizer" and val == (comp.get("optimizer_alternative") or {}).get("optimizer"):
+                evidence[k] = (f"computed (the optimizer row measured {val} better than "
+                               f"{self.defaults.get('optimizer', 'adamw')} at equal time; the race confirmed it)")
+            elif k in self.defaults and _same(default, val):
+                evidence[k] = "task default"
+            else:
+                std = f" +- {chosen.search_std:.4g}" if chosen.search_std is not None else ""
+                mean = f"{chosen.search_mean:.4g}" if chosen.search_mean is not None else "-"
+                evidence[k] = (f"searched (study {self.study}, {chosen.source}: {self.v.metric} {mean}{std} "
+                               f"over {chosen.search_n} trial(s); final: {why})")
+        return params, evidence
 
     def compress(self, share: float, end: float) -> _StageResult:
         """The final model toward ``--goal`` within ``--max-accuracy-drop`` (proftune.compress)."""
@@ -381,55 +488,59 @@ class _Loop:
         # only when the share holds them (measured: ~45 s for one ratio with sensitivity on 2 cores)
         roomy = share >= 90
         ratios = (0.3, 0.5) if roomy else (0.5,)
-        report = run_compress(
-            self.task, params=params, model=model, store=self.store,
-            callbacks=[Deadline(max(1.0, (end - time.monotonic()) / (2 * len(ratios))))],
-            ratios=ratios, ignore_layers=tuple(keep), max_accuracy_drop=self.cfg.max_accuracy_drop,
-            metric=self.v.metric, goal=self.cfg.goal, out=str(self.out / "model_compressed.pt"), force=True,
-            finetune_epochs=1, seed=self.cfg.seed, device=str(self.dev), sensitivity=roomy,
-            latency_rounds=5 if roomy else 3, layer_times=roomy)
+        out_file = self.out / "model_compressed.pt"
+        try:
+            report = run_compress(
+                self.task, params=params, model=model, store=self.store,
+                callbacks=[Deadline(max(1.0, (end - time.monotonic()) / (2 * len(ratios))))],
+                ratios=ratios, ignore_layers=tuple(keep), max_accuracy_drop=self.cfg.max_accuracy_drop,
+                metric=self.v.metric, goal=self.cfg.goal, out=str(out_file), force=True,
+                finetune_epochs=1, seed=self.cfg.seed, device=str(self.dev), sensitivity=roomy,
+                latency_rounds=5 if roomy else 3, layer_times=roomy)
+        except (ConfigError, RunFailedError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
+            # a model these methods cannot cut or convert keeps the uncompressed result, which
+            # the stages before already hold; the run goes on to its outputs
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            log.info("compression failed: %s", why)
+            out_file.unlink(missing_ok=True)
+            return _StageResult({"skipped": f"compression failed ({why})",
+                                 "verdict": f"kept the uncompressed model: compression failed ({why})"},
+                                status="skipped")
         d = report.to_dict()
         sel = d.get("selected")
         base = d.get("baseline") or {}
+        test_metric = None
+        if sel and report.output:
+            try:
+                small = load_model(report.output, task=self.task, params=params)
+                test_metric = _finite(evaluate_model(self.task, small, torch.device("cpu"),
+                                                     int(params.get("batch_size", 32)), split="test")
+                                      .get(self.v.metric))
+            except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
+                log.info("the compressed model could not be evaluated on the held-out data: %s", exc)
+        elif out_file.exists():
+            out_file.unlink()  # a file from an earlier sweep is not this run's result
+        goal_key = "latency_ms" if self.cfg.goal == "latency" else "size_bytes"
+        verdict = (f"kept the uncompressed model: {'; '.join(d.get('notes') or ['no candidate qualified'])}"
+                   if not sel else
+                   f"{sel.get('method')} beats the uncompressed model on {self.cfg.goal}: "
+                   f"{_fmt_num(sel.get(goal_key))} vs {_fmt_num(base.get(goal_key))}")
         return _StageResult({
-            "run_id": report.run_id, "plan": d.get("plan"), "notes": d.get("notes"),
+            "run_id": report.run_id, "plan": d.get("plan"), "notes": d.get("notes"), "verdict": verdict,
             "ignored_layers": keep, "ratios": list(ratios),
             "baseline": {k: base.get(k) for k in ("metric", "latency_ms", "latency_batch_ms", "size_bytes",
-                                                  "params", "macs")},
-            "selected": ({k: sel.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
-                                                  "latency_batch_ms", "size_bytes", "params", "macs",
-                                                  "format")} if sel else None),
+                                                  "params", "macs", "batch_size")},
+            "selected": ({**{k: sel.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
+                                                     "latency_batch_ms", "size_bytes", "params", "macs",
+                                                     "format", "batch_size")}, "test_metric": test_metric}
+                         if sel else None),
             "candidates": [{k: c.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
                                                   "latency_batch_ms", "size_bytes", "within_budget")}
                            for c in d.get("candidates") or []],
-            "output": "model_compressed.pt" if report.output else None, "load": d.get("load"),
+            "output": "model_compressed.pt" if sel and report.output else None, "load": d.get("load"),
         }, before=_finite(base.get("metric")), after=_finite(sel.get("metric")) if sel else None)
 
-    # -- helpers ------------------------------------------------------------------------------
-    def _final_params(self) -> tuple[dict[str, Any], dict[str, str]]:
-        comp = self.state.outputs("compute").get("computed") or {}
-        srch = self.state.outputs("search")
-        plan = srch.get("plan") or {}
-        best = srch.get("best")
-        params = dict(self.defaults)
-        evidence = dict.fromkeys(params, "task default")
-        for k, val in comp.items():
-            params[k] = val
-            evidence[k] = "computed (compute stage: recommend)"
-        for k, val in (plan.get("space") or {}).get("fixed", {}).items():
-            params[k] = val
-            evidence.setdefault(k, "fixed in the space")
-        searched = set((plan.get("space") or {}).get("params", {}))
-        if best:
-            for k, val in best["params"].items():
-                params[k] = val
-                if k not in searched:
-                    continue
-                std = f" +- {best['std']:.4g}" if best.get("std") is not None else ""
-                evidence[k] = (f"searched (study {self.study}, trials {best['trials']}: {self.v.metric} "
-                               f"{best['mean']:.4g}{std} over {best['n']} seed(s))")
-        return validate_params(params), evidence
-
+    # -- the run ------------------------------------------------------------------------------
     def run(self) -> OptimizeResult:
         fns: dict[str, Callable[[float, float], _StageResult]] = {
             "baseline": self.baseline, "health": self.health, "compute": self.compute,
@@ -440,59 +551,102 @@ class _Loop:
                 self.stage(name, fns[name])
         except BaseException as exc:
             self.store.finish_run(self.run_id, status="failed", error=f"{type(exc).__name__}: {exc}",
-                                  result={"stages": self.state.stages})
+                                  result=json_safe({"stages": self.state.stages}))
             raise
         result = self._result()
-        result.files = write_outputs(result, self.state, self.out, task=self.task)
-        self.store.finish_run(self.run_id, status="finished", result=result.to_dict(),
+        write_outputs(result, self.state, self.out, task=self.task)
+        self.store.finish_run(self.run_id, status="finished", result=json_safe(result.to_dict()),
                               metrics={f"final_{self.v.metric}": result.final.get("mean") or float("nan")},
                               artifacts=result.files)
         html = write_html(self.run_id, self.out, self.store)  # reads the finished run
         if html is not None:
             result.files["report"] = html
             self.store.update_run(self.run_id, artifacts=result.files)
-            (self.out / "summary.json").write_text(_json(result.to_dict()))
+        write_summary(result, self.out)
         return result
+
+    def _stop_reason(self) -> str:
+        """Why the run ended when it did, in one sentence."""
+        srch = self.state.outputs("search")
+        fin = self.state.outputs("final")
+        race = fin.get("race") or {}
+        seeds = len(race.get("seeds") or [])
+        used = self.budget.elapsed_s
+        if srch.get("early"):
+            return (f"the search ended early ({srch.get('stop_reason')}); the time left went to the final "
+                    f"race ({seeds} paired seed(s) per configuration) and compression; {used:.0f} s of "
+                    f"{self.v.budget_s:.0f} s used")
+        if used < 0.8 * self.v.budget_s:
+            return (f"every stage finished its work in {used:.0f} s of {self.v.budget_s:.0f} s "
+                    f"(search: {srch.get('stop_reason')}; final race: {seeds} seed(s), at most "
+                    f"{race.get('plan', {}).get('seeds')} asked)")
+        return f"the budget is spent: {used:.0f} s of {self.v.budget_s:.0f} s (search: {srch.get('stop_reason')})"
 
     def _result(self) -> OptimizeResult:
         st = self.state
-        base_metric = st.stages["baseline"].get("metric_after")
+        fin = st.outputs("final")
+        race = FinalOutcome.from_dict(fin["race"])
+        d_val, d_test = race.arm("defaults").summary("val"), race.arm("defaults").summary("test")
         stages = []
         for name in STAGES:
             rec = st.stages.get(name, {})
             after = rec.get("metric_after")
             gain = None
-            if after is not None and base_metric is not None:
-                gain = (after - base_metric) if self.v.maximize else (base_metric - after)
+            if after is not None and d_val["mean"] is not None and name in ("search", "final", "compress"):
+                gain = (after - d_val["mean"]) if self.v.maximize else (d_val["mean"] - after)
             stages.append({"name": name, "status": rec.get("status"), "duration_s": rec.get("duration_s"),
                            "share_s": rec.get("share_s"), "run_id": rec.get("run_id"),
                            "metric_before": rec.get("metric_before"), "metric_after": after,
+                           "compares": STAGE_COMPARES.get(name),
                            "gain_vs_baseline": gain, "outputs": _compact(name, rec.get("outputs") or {})})
-        fin = st.outputs("final")
         comp = st.outputs("compress")
         sel = comp.get("selected")
         metric = fin.get("metric") or {}
-        final = {"params": fin.get("params"), "evidence": fin.get("evidence"),
+        test = fin.get("test") or {}
+        final = {"params": fin.get("params"), "evidence": fin.get("evidence"), "decision": race.decision,
                  "metrics": {self.v.metric: {"mean": metric.get("mean"), "std": metric.get("std"),
                                              "values": metric.get("values")}},
                  "mean": metric.get("mean"), "std": metric.get("std"),
+                 "test": {"mean": test.get("mean"), "std": test.get("std"), "values": test.get("values")},
+                 "seeds": race.seeds, "epochs": fin.get("epochs"), "default_epochs": fin.get("default_epochs"),
+                 "model_seed": race.model_seed,
+                 "model_val": fin.get("model_val"), "model_test": fin.get("model_test"),
                  "model": str(self.out / "model.pt"), "load": fin.get("load"),
                  "latency_ms": fin.get("latency_ms"), "size_bytes": fin.get("size_bytes")}
-        if sel:
-            final["compressed"] = {**sel, "model": str(self.out / "model_compressed.pt"), "load": comp.get("load")}
-            cb = comp.get("baseline") or {}
+        cb = comp.get("baseline") or {}
+        if cb:
             final["latency_ms"] = cb.get("latency_ms", final["latency_ms"])
             final["latency_batch_ms"] = cb.get("latency_batch_ms")
-            final["size_bytes"] = cb.get("size_bytes", final["size_bytes"])
-        base = st.outputs("baseline")
-        vs = {"metric": self.v.metric, "baseline": base_metric,
-              "no_tricks": _finite((base.get("no_tricks") or {}).get("metrics", {}).get(self.v.metric)),
-              "final_mean": metric.get("mean"), "final_std": metric.get("std")}
-        if metric.get("mean") is not None and base_metric is not None:
-            vs["gain"] = (metric["mean"] - base_metric) if self.v.maximize else (base_metric - metric["mean"])
+            final["batch_size"] = cb.get("batch_size")
         if sel:
-            cb = comp.get("baseline") or {}
+            final["compressed"] = {**sel, "model": str(self.out / "model_compressed.pt"), "load": comp.get("load")}
+        base = st.outputs("baseline")
+        cmp_val, cmp_test = race.comparison, race.comparison_test
+        vs: dict[str, Any] = {
+            "metric": self.v.metric, "decision": race.decision, "defaults_params": self.defaults,
+            "summary": _decision_line(race, self.v.metric),
+            "defaults": {"val": d_val, "test": d_test}, "final": {"val": race.arm(race.chosen).summary("val"),
+                                                                  "test": race.arm(race.chosen).summary("test")},
+            "baseline": d_val["mean"], "baseline_test": d_test["mean"],
+            "final_mean": metric.get("mean"), "final_std": metric.get("std"),
+            "final_test_mean": test.get("mean"), "final_test_std": test.get("std"),
+            "leader": race.leader,
+            "leader_vs_defaults": {"val": cmp_val.to_dict() if cmp_val else None,
+                                   "test": cmp_test.to_dict() if cmp_test else None},
+            "beyond_noise": bool(cmp_val and cmp_val.beyond_noise),
+            "search_gap": race.search_gap(), "held_out": self.holdout.to_dict(),
+            "held_out_source": self.holdout.describe(),
+            "no_tricks": _finite((base.get("no_tricks") or {}).get("metrics", {}).get(self.v.metric)),
+            "baseline_run": _finite((base.get("defaults") or {}).get("metrics", {}).get(self.v.metric)),
+        }
+        if metric.get("mean") is not None and d_val["mean"] is not None:
+            vs["gain"] = _signed(metric["mean"] - d_val["mean"], self.v.maximize)
+        if test.get("mean") is not None and d_test["mean"] is not None:
+            vs["gain_test"] = _signed(test["mean"] - d_test["mean"], self.v.maximize)
+        vs["compression"] = comp.get("verdict") or comp.get("skipped")
+        if sel:
             vs["compressed_metric"] = sel.get("metric")
+            vs["compressed_test_metric"] = sel.get("test_metric")
             for key in ("latency_ms", "latency_batch_ms", "size_bytes"):
                 if cb.get(key) and sel.get(key):
                     vs[f"{key.replace('_ms', '').replace('_bytes', '')}_speedup" if "ms" in key
@@ -503,13 +657,53 @@ class _Loop:
             objective=self.v.objective, budget_s=self.v.budget_s, elapsed_s=self.budget.elapsed_s,
             stages=stages, final=final, vs_baseline=vs, flags=srch.get("flags") or [],
             warnings=st.outputs("health").get("warnings") or [],
-            layer_findings=st.outputs("layer_value").get("findings") or [])
+            layer_findings=st.outputs("layer_value").get("findings") or [],
+            stop_reason=self._stop_reason(), spec=self.spec)
+
+
+#: What each stage's "before -> after" means (the table says it per row).
+STAGE_COMPARES = {
+    "baseline": "no-tricks run -> the task's defaults (one seed, with the health checks)",
+    "search": "the defaults -> the best configuration, as the search trials measured them",
+    "final": "the defaults -> the result, mean over the paired seeds (validation data)",
+    "compress": "the uncompressed result -> the compressed model",
+}
+
+
+def _decision_line(race: FinalOutcome, metric: str) -> str:
+    cmp = race.comparison
+    if cmp is None:
+        return "kept the defaults: no searched configuration reached the final race"
+    if race.kept_defaults:
+        return f"no configuration beat the defaults beyond noise; kept them ({cmp.describe()})"
+    return f"{race.chosen} beats the defaults beyond noise ({cmp.describe()})"
+
+
+def _signed(diff: float, maximize: bool) -> float:
+    return diff if maximize else -diff
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+        except (TypeError, ValueError):
+            return False
+    return bool(a == b)
+
+
+def _params_key(params: dict[str, Any]) -> str:
+    return repr(sorted((k, round(float(v), 12) if isinstance(v, float) else v) for k, v in params.items()))
+
+
+def _fmt_num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
 
 
 def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
     """A stage's outputs for ``--json`` and the table: the decisions, not every measurement."""
     drop = {"search": ("history", "plan", "top"), "layer_value": ("layers",),
-            "compute": ("recommendations",), "compress": ("candidates",), "final": ("evidence",)}
+            "compute": ("recommendations",), "compress": ("candidates",), "final": ("evidence", "race")}
     return {k: v for k, v in outputs.items() if k not in drop.get(name, ())}
 
 
@@ -522,7 +716,7 @@ def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
 def _json(obj: Any) -> str:
     import json
 
-    return json.dumps(obj, indent=1, default=str)
+    return json.dumps(json_safe(obj), indent=1, allow_nan=False)
 
 
 def _samples(task: Task, params: dict[str, Any]) -> int | None:
@@ -551,11 +745,20 @@ def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeC
     ``objective``, ``space``, ``max_accuracy_drop``, ``goal``, ``seeds``, ``out``, ``study``,
     ``resume``, ``ignore_findings``, ``device``, ``db``, ``seed``). The same call again with
     ``resume=True`` (or the same ``study``) continues from the last finished stage.
-    ``progress(event, data)`` is called at each stage's start and end and after search chunks.
+    ``progress(event, data)`` is called at each stage's start and end, after search chunks and
+    after each final run.
     """
     task_obj = load_task(task)
     v = validate(task_obj, config, {"budget": budget, **options})
     st = store or Store(v.cfg.db)
     with own_run(v.out, st, (v.stored or {}).get("study") or v.cfg.study):
-        return _Loop(task_obj, v, st, progress).run()
+        return _Loop(task_obj, v, st, progress, spec=task if isinstance(task, str) else None).run()
 
+
+def _absolute_spec(spec: str) -> str:
+    """``spec`` with a relative task file made absolute (built-in names, modules unchanged)."""
+    head, sep, tail = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    path_part, cls = (head, f":{tail}") if sep and tail.isidentifier() else (spec, "")
+    if path_part.endswith(".py") and Path(path_part).exists():
+        return f"{Path(path_part).resolve()}{cls}"
+    return spec

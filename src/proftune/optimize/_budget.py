@@ -29,9 +29,11 @@ class Budget:
     resume continues the same clock rather than starting a new budget.
     """
 
-    def __init__(self, total_s: float, *, spent_s: float = 0.0) -> None:
+    def __init__(self, total_s: float, *, spent_s: float = 0.0, skip: tuple[str, ...] = ()) -> None:
         self.total_s = float(total_s)
         self.started = time.monotonic() - float(spent_s)
+        #: Stages that will not run (``--goal none``: compress); their share goes to the others.
+        self.skip = tuple(skip)
 
     @property
     def elapsed_s(self) -> float:
@@ -48,8 +50,10 @@ class Budget:
 
     def stage_s(self, stage: str) -> float:
         """Seconds for ``stage`` now: its share of what is left among it and the stages after it."""
+        if stage in self.skip:
+            return 0.0
         idx = STAGES.index(stage)
-        rest = sum(SHARES[s] for s in STAGES[idx:])
+        rest = sum(SHARES[s] for s in STAGES[idx:] if s not in self.skip)
         return self.left_s * SHARES[stage] / rest if rest > 0 else 0.0
 
 

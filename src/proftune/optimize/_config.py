@@ -40,10 +40,10 @@ class OptimizeConfig:
     db: str | None = None
     seed: int = 0
     #: Auto-stop: the search ends when its best improved by less than ``min_delta`` (metric
-    #: units) over the last ``patience`` trials.
+    #: units) over the last ``max(patience, half the complete trials)`` complete trials.
     min_delta: float = 1e-3
     patience: int = 8
-    max_trials: int = 60
+    max_trials: int = 1000
     #: Trials failing for one cause before their region is paused (yellow flag).
     flag_min: int = 3
     extra: dict[str, Any] = field(default_factory=dict)

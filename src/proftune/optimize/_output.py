@@ -7,17 +7,18 @@ import importlib.util
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
+from .._jsonsafe import json_safe
 from ..task import Task
 
 if TYPE_CHECKING:
     from ._api import OptimizeResult
     from ._state import OptimizeState
 
-__all__ = ["write_html", "write_outputs"]
+__all__ = ["write_html", "write_outputs", "write_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,21 @@ def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]
         if name in comp and kind == "computed":
             entry["evidence"] = f"{ev}: {comp[name]['reason']}"
         out[name] = entry
-    return {"task": result.task, "objective": result.objective, "study": result.study,
-            "params": out, "final": {k: result.final.get(k) for k in ("mean", "std", "latency_ms",
-                                                                       "size_bytes", "model", "load")}}
+    return cast("dict[str, Any]", json_safe({"task": result.task, "objective": result.objective, "study": result.study,
+                      "decision": result.vs_baseline.get("summary"), "params": out,
+                      "final": {k: result.final.get(k) for k in ("mean", "std", "test", "latency_ms",
+                                                                 "size_bytes", "model", "load")},
+                      "load": _load_line(result)}))
+
+
+def _load_line(result: OptimizeResult) -> str:
+    """Python that rebuilds the result's model from this folder's files, from any directory."""
+    folder = Path(result.out).resolve()
+    return ("import torch, yaml, proftune; "
+            f"cfg = yaml.safe_load(open({str(folder / 'config.yaml')!r})); "
+            "params = {k: v['value'] for k, v in cfg['params'].items()}; "
+            f"model = proftune.load_task({(result.spec or result.task)!r}).build_model(params); "
+            f"model.load_state_dict(torch.load({str(folder / 'model.pt')!r}, weights_only=True))")
 
 
 def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[str]:
@@ -109,7 +122,7 @@ def write_html(run_id: int, out: Path, store: Any) -> str | None:
 
 
 def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, task: Task) -> dict[str, str]:
-    """Write config.yaml, summary.json, the PNGs (and report.html where it exists); their paths."""
+    """Write config.yaml and the PNGs; the paths of every output file (summary.json written last)."""
     files = {"config": str(out / "config.yaml"), "summary": str(out / "summary.json"),
              "model": str(out / "model.pt")}
     (out / "config.yaml").write_text(yaml.safe_dump(_config_yaml(result, state), sort_keys=False))
@@ -117,5 +130,11 @@ def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, ta
         files["model_compressed"] = str(out / "model_compressed.pt")
     for i, path in enumerate(_plots(result, state, out / "plots")):
         files[f"plot{i}"] = path
-    (out / "summary.json").write_text(json.dumps({**result.to_dict(), "files": files}, indent=1, default=str))
+    result.files = files
     return files
+
+
+def write_summary(result: OptimizeResult, out: Path) -> None:
+    """``summary.json``: the result as ``--json`` prints it, with the files written; once, last."""
+    (out / "summary.json").write_text(json.dumps(json_safe({**result.to_dict(), "files": result.files}),
+                                                 indent=1, allow_nan=False))

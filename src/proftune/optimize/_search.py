@@ -1,10 +1,12 @@
-"""The search stage: 70% of the trials around the computed centre, 20% over the wide space,
-10% re-running the best configurations with other seeds; auto-stop; yellow flags.
+"""The search stage: warm start at the computed values and the defaults, then TPE (Optuna's
+multivariate TPE, constant liar) fed every trial so far, with successive halving on epochs;
+yellow flags pause regions where trials fail for one cause; auto-stop scales with the trials run.
 
-Trials run through ``proftune.search`` (the profile gate, the fit loop, the Store and the
-Optuna study are its own); this module only chooses each trial's configuration, enqueues it
-in the study, and reads the study back. Everything it decides is a function of the study's
-trials, so a killed search resumes by calling it again.
+Trials run through ``proftune.search`` (the profile gate, the fit loop, the Store and the Optuna
+study are its own): this module chooses each chunk of configurations, hands them to ``search``
+as ``enqueue`` items, and reads the trials back from the :class:`~proftune.search.SearchResult`.
+Everything it decides is a function of the study's trials, so a killed search resumes by
+calling it again.
 """
 
 from __future__ import annotations
@@ -18,23 +20,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from ..search import Param, SearchResult, search
+from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import Store
 from ._space import SearchPlan
 
-__all__ = ["SearchOutcome", "SearchSettings", "YellowFlag", "find_flags", "run_search_stage"]
+__all__ = ["SearchOutcome", "StageSettings", "YellowFlag", "find_flags", "groups_of", "run_search_stage"]
 
-ARM_ATTR = "proftune_optimize_arm"
-SEED_ATTR = "proftune_optimize_seed"
-#: Shares of the search's trials (time for ``confirm``): centre, explore, confirm.
-SPLIT = {"centre": 0.7, "explore": 0.2, "confirm": 0.1}
+#: Tag of an enqueued trial: where its configuration came from.
+ARM_TAG = "arm"
+#: The arms: warm-start points (computed centre, the task's defaults, a local design around the
+#: centre), then TPE proposals.
+ARMS = ("centre", "defaults", "local", "tpe")
+#: The successive-halving pruner's rungs grow by this factor (epochs 1, 3, 9, ...).
+REDUCTION_FACTOR = 3
+#: Share of the search's time after which a flat search may stop itself.
+STALL_AFTER = 0.75
 
 
 @dataclass
-class SearchSettings:
+class StageSettings:
     """How the search stage runs (from OptimizeConfig and the stages before it)."""
 
     objective: str  # "accuracy:max"
@@ -45,12 +50,21 @@ class SearchSettings:
     study: str = ""
     seed: int = 0
     device: str = "auto"
-    chunk: int = 3
-    max_trials: int = 60
+    max_trials: int = 500
+    #: Auto-stop: no improvement by more than ``min_delta`` over the last
+    #: ``max(patience, patience_share x trials so far)`` trials.
     patience: int = 8
+    patience_share: float = 0.5
     min_delta: float = 1e-3
     flag_min: int = 3
-    confirm_seeds: int = 2
+    #: The task's defaults (their metric under the trial protocol is measured first).
+    defaults: dict[str, Any] = field(default_factory=dict)
+    #: Successive halving on epochs (``asha``) or none.
+    pruner: str = "asha"
+    #: Seconds a full trial is expected to take before any has run (epochs x the baseline's epoch).
+    trial_s_estimate: float = 0.0
+    #: Another optimizer (with its lr, momentum) the compute stage measured better than the task's.
+    alternative: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,68 +107,30 @@ class SearchOutcome:
     duration_s: float
     search_calls: int
     history: list[tuple[float, float]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"study": self.study, "best": self.best, "groups": self.groups,
-                "flags": [f.to_dict() for f in self.flags], "stop_reason": self.stop_reason,
-                "arms": self.arms, "trials": self.trials, "duration_s": self.duration_s,
-                "search_calls": self.search_calls}
+    #: The task's defaults under the trial protocol (their group), when they were measured.
+    defaults: dict[str, Any] | None = None
+    #: Whether the search ended before its time was spent (auto-stop, exhausted space).
+    early: bool = False
 
 
-# -- the one call into proftune.search -----------------------------------------------------------
-def call_search(task: Task | str, plan: SearchPlan, settings: SearchSettings, *, trials: int,
-                timeout: float | None, seed: int, sampler: str, store: Store) -> SearchResult:
-    """Every trial of the stage runs through this one call (the lead may add ``scan=`` here)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return search(task, plan.space, objectives=[settings.objective], constraints=settings.constraints,
-                      trials=trials, timeout=timeout, sampler=sampler, pruner="none",
-                      epochs=settings.epochs, study=settings.study, store=store, seed=seed,
-                      device=settings.device, max_failures=10**6)
-
-
-# -- reading the study ------------------------------------------------------------------------
-_STORAGES: dict[str, Any] = {}
-
-
-def _load(store: Store, name: str) -> Any:
-    """The study, or None before it exists; one RDB storage per database (opening one checks the
-    schema, seconds on a busy machine)."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = _STORAGES.get(store.url)
-    if storage is None:
-        storage = _STORAGES[store.url] = optuna.storages.RDBStorage(
-            store.url, engine_kwargs={"connect_args": {"timeout": 60}} if store.is_sqlite else {})
-    try:
-        return optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        return None
-
-
-def _rows(study: Any) -> list[dict[str, Any]]:
-    """Every trial with its state, params, value, arm and seed (proftune's record where present)."""
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        rec = t.user_attrs.get("proftune") or {}
-        if t.user_attrs.get("proftune_surplus"):
-            continue
-        state = rec.get("state") or {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed",
-                                     "RUNNING": "running", "WAITING": "waiting"}.get(t.state.name, "failed")
-        if t.state.name in ("RUNNING", "WAITING"):
-            state = t.state.name.lower()
-        params = rec.get("params") or dict(t.params)
-        value = t.values[0] if (t.values and state == "complete") else None
-        out.append({"number": t.number, "state": state, "params": params, "value": value,
-                    "reason": rec.get("reason"), "anomalies": rec.get("anomalies") or [],
-                    "arm": t.user_attrs.get(ARM_ATTR, "explore"), "seed": int(t.user_attrs.get(SEED_ATTR, 0)),
-                    "duration_s": rec.get("duration_s"), "metrics": rec.get("metrics") or {}})
-    return out
+# -- reading trials -----------------------------------------------------------------------------
+def _row(t: TrialRecord) -> dict[str, Any]:
+    value = t.values[0] if (t.values and t.state == "complete") else None
+    return {"number": t.number, "state": t.state, "params": dict(t.params), "value": value,
+            "reason": t.reason, "anomalies": t.anomalies, "arm": str(t.tags.get(ARM_TAG, "tpe")),
+            "duration_s": t.duration_s, "metrics": t.metrics, "steps": t.steps, "gated": t.gated,
+            "epochs": len(t.curve)}
 
 
 def _finished(rows: Sequence[dict[str, Any]]) -> int:
+    """Trials that ended (trained, gated or failed in user code)."""
     return sum(1 for r in rows if r["state"] in ("complete", "pruned", "infeasible")
+               or (r["state"] == "failed" and r["reason"]))
+
+
+def _trained(rows: Sequence[dict[str, Any]]) -> int:
+    """What ``search(trials=...)`` counts: trained trials (gated ones apart)."""
+    return sum(1 for r in rows if (r["state"] in ("complete", "pruned", "infeasible") and not r["gated"])
                or (r["state"] == "failed" and r["reason"]))
 
 
@@ -170,10 +146,6 @@ def _cause(row: Mapping[str, Any]) -> str | None:
         m = re.match(r"^([A-Za-z_][\w.]*)(?::|$)", reason)
         return f"exception:{m.group(1) if m else 'unknown'}"
     return None
-
-
-def _coord(p: Param, v: Any) -> float:
-    return math.log(float(v)) if p.log and float(v) > 0 else float(v)
 
 
 def find_flags(rows: Sequence[Mapping[str, Any]], plan: SearchPlan, *, flag_min: int) -> list[YellowFlag]:
@@ -222,99 +194,126 @@ def _short(params: Mapping[str, Any]) -> str:
 
 
 # -- choosing configurations ------------------------------------------------------------------
-def _sample_param(p: Param, rng: np.random.Generator, bound: Any) -> Any:
+def _in_space(p: Param, value: Any) -> Any:
+    """``value`` as a legal value of ``p`` (snapped into its range, or the nearest choice)."""
     if p.type == "categorical":
-        choices = list(bound) if isinstance(bound, list) and bound else list(p.choices)
-        return choices[int(rng.integers(len(choices)))]
-    lo, hi = (bound if bound is not None else (p.low, p.high))
-    assert lo is not None
-    assert hi is not None
-    if p.log and lo > 0:
-        v = math.exp(rng.uniform(math.log(lo), math.log(hi)))
-    else:
-        v = rng.uniform(lo, hi)
-    return p.snap(v)
+        if value in p.choices:
+            return value
+        numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(value)))
+        return p.choices[0]
+    return p.snap(float(value))
 
 
-def _perturb(p: Param, rng: np.random.Generator, around: Any, bound: Any) -> Any:
-    if p.type == "categorical" or around is None:
-        return _sample_param(p, rng, bound)
-    lo, hi = bound
-    if p.log and lo > 0 and float(around) > 0:
-        span = math.log(hi) - math.log(lo)
-        v = math.exp(min(max(math.log(float(around)) + rng.normal(0, 0.25 * span), math.log(lo)), math.log(hi)))
-    else:
-        v = min(max(float(around) + rng.normal(0, 0.25 * (hi - lo)), lo), hi)
-    return p.snap(v)
-
-
-def _candidate(plan: SearchPlan, arm: str, rng: np.random.Generator, incumbent: Mapping[str, Any] | None,
-               first_centre: bool) -> dict[str, Any]:
-    values: dict[str, Any] = dict(plan.space.fixed)
+def _point(plan: SearchPlan, values: Mapping[str, Any]) -> dict[str, Any]:
+    """A configuration of the space's active params from ``values`` (the centre where absent)."""
+    chosen: dict[str, Any] = dict(plan.space.fixed)
     out: dict[str, Any] = {}
-    local = incumbent is not None and rng.random() < 0.5
     for p in plan.space.params:
-        if not p.active(values):
+        if not p.active(chosen):
             continue
-        if arm == "centre" and first_centre:
-            v = plan.centre.get(p.name, p.center())
-        elif arm == "centre":
-            bound = plan.narrow.get(p.name)
-            v = _perturb(p, rng, (incumbent or {}).get(p.name), bound) if local else _sample_param(p, rng, bound)
-        else:
-            v = _sample_param(p, rng, None)
-        out[p.name] = v
-        values[p.name] = v
+        v = values.get(p.name, plan.centre.get(p.name, p.center()))
+        out[p.name] = chosen[p.name] = _in_space(p, v)
     return out
 
 
-def _next_arm(rows: Sequence[Mapping[str, Any]]) -> str:
-    counts = {"centre": 0, "explore": 0}
+def warm_start(plan: SearchPlan, defaults: Mapping[str, Any],
+               alternative: Mapping[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The first trials: the computed centre, the task's defaults (measured under the trial
+    protocol, the bar every other trial is read against), and a local design around the centre
+    (lr x3 and /3, half the batch): what the measurements say before any model of the space;
+    ``alternative``: another optimizer the optimizer row measured better, at its own rate."""
+    centre = _point(plan, plan.centre)
+    items: list[tuple[str, dict[str, Any]]] = [("centre", centre)]
+    names = set(plan.space.names)
+    default_point = _point(plan, {k: v for k, v in defaults.items() if k in names})
+    items.append(("defaults", default_point))
+    if "lr" in names and "lr" in centre:
+        for factor in (3.0, 1 / 3.0):
+            items.append(("local", _point(plan, {**centre, "lr": float(centre["lr"]) * factor})))
+    if "batch_size" in names and "batch_size" in centre:
+        items.append(("local", _point(plan, {**centre, "batch_size": int(centre["batch_size"]) // 2})))
+    if alternative:
+        items.insert(1, ("centre", _point(plan, {**centre, **{k: v for k, v in alternative.items() if k in names}})))
+    out: list[tuple[str, dict[str, Any]]] = []
+    for arm, params in items:
+        if all(params != seen for _, seen in out):
+            out.append((arm, params))
+    return out
+
+
+def _mirror(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSettings, seed: int) -> Any:
+    """An in-memory Optuna study holding every finished trial, sampled by multivariate TPE."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                             n_startup_trials=5, warn_independent_sampling=False)
+    study = optuna.create_study(direction="maximize" if settings.maximize else "minimize", sampler=sampler)
+    params_by_name = {p.name: p for p in plan.space.params}
     for r in rows:
-        if r["arm"] in counts:
-            counts[r["arm"]] += 1
-    n = sum(counts.values()) + 1
-    want_c = SPLIT["centre"] / (SPLIT["centre"] + SPLIT["explore"])
-    return "centre" if counts["centre"] < want_c * n else "explore"
-
-
-def _incumbent(rows: Sequence[Mapping[str, Any]], maximize: bool) -> dict[str, Any] | None:
-    done = [r for r in rows if r["state"] == "complete" and r["value"] is not None]
-    if not done:
-        return None
-    best = max(done, key=lambda r: r["value"] if maximize else -r["value"])
-    return dict(best["params"])
-
-
-def _plan_chunk(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: SearchSettings,
-                flags: Sequence[YellowFlag]) -> list[tuple[str, dict[str, Any]]]:
-    rng = np.random.default_rng([settings.seed, len(rows)])
-    seen = [dict(r["params"]) for r in rows]
-    chunk: list[tuple[str, dict[str, Any]]] = []
-    virtual = list(rows)
-    for _ in range(settings.chunk):
-        arm = _next_arm(virtual)
-        first = arm == "centre" and not any(r["arm"] == "centre" for r in virtual)
-        for _attempt in range(50):
-            cand = _candidate(plan, arm, rng, _incumbent(rows, settings.maximize), first)
-            merged = {**plan.space.fixed, **cand}
-            if any(f.contains(merged) for f in flags) or merged in seen:
-                first = False
+        params = {k: v for k, v in r["params"].items() if k in params_by_name}
+        if not params:
+            continue
+        dists = {k: params_by_name[k].distribution() for k in params}
+        try:
+            if r["state"] == "complete" and r["value"] is not None and math.isfinite(float(r["value"])):
+                trial = optuna.trial.create_trial(params=params, distributions=dists, value=float(r["value"]))
+            elif r["state"] in ("pruned", "infeasible"):
+                last = r["metrics"].get(settings.metric)
+                inter = ({max(1, int(r.get("epochs") or 1)): float(last)}
+                         if isinstance(last, (int, float)) and math.isfinite(float(last)) else {})
+                trial = optuna.trial.create_trial(params=params, distributions=dists, intermediate_values=inter,
+                                                  state=optuna.trial.TrialState.PRUNED)
+            else:
                 continue
-            break
+        except ValueError:  # a value outside the space (a user's enqueued point): not modelled
+            continue
+        study.add_trial(trial)
+    return study
+
+
+def propose(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSettings,
+            flags: Sequence[YellowFlag], n: int) -> list[tuple[str, dict[str, Any]]]:
+    """``n`` new configurations from TPE over every finished trial, none in a paused region and
+    none already tried (TPE's constant liar spreads the chunk)."""
+    import optuna
+
+    study = _mirror(rows, plan, settings, seed=settings.seed * 7919 + len(rows))
+    seen = [{**plan.space.fixed, **r["params"]} for r in rows]
+    chunk: list[tuple[str, dict[str, Any]]] = []
+    for _ in range(n):
+        for _attempt in range(30):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trial = study.ask()
+                params = plan.space.suggest(trial)
+            merged = {**plan.space.fixed, **params}
+            if any(f.contains(merged) for f in flags) or merged in seen:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            break  # left running: the constant liar keeps the next proposals away from it
         else:
             continue
         seen.append(merged)
-        chunk.append((arm, cand))
-        virtual.append({"arm": arm, "params": cand, "state": "waiting"})
+        chunk.append(("tpe", params))
     return chunk
 
 
 # -- auto-stop, groups ------------------------------------------------------------------------
-def _stalled(rows: Sequence[Mapping[str, Any]], settings: SearchSettings) -> str | None:
+def stalled(rows: Sequence[Mapping[str, Any]], settings: StageSettings) -> str | None:
+    """Why the search stops now for lack of progress, or None.
+
+    Stopped when the best improved by less than ``min_delta`` over the last
+    ``max(patience, patience_share x trials)`` trials: a patience that grows with the search, so
+    that cheap trials and a long budget are not thrown away after a few flat draws.
+    """
     vals = [r["value"] for r in sorted(rows, key=lambda r: r["number"])
-            if r["state"] == "complete" and r["value"] is not None and r["arm"] != "confirm"]
-    k = settings.patience
+            if r["state"] == "complete" and r["value"] is not None]
+    k = max(settings.patience, math.ceil(settings.patience_share * len(vals)))
     if len(vals) <= k:
         return None
     sign = 1.0 if settings.maximize else -1.0
@@ -322,7 +321,7 @@ def _stalled(rows: Sequence[Mapping[str, Any]], settings: SearchSettings) -> str
     after = max(sign * v for v in vals)
     if after - before < settings.min_delta:
         return (f"auto-stop: the best {settings.metric} improved by {after - before:.4g} (< min_delta "
-                f"{settings.min_delta}) over the last {k} trials")
+                f"{settings.min_delta}) over the last {k} of {len(vals)} complete trials")
     return None
 
 
@@ -343,11 +342,11 @@ def groups_of(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[dict[st
         if r["state"] != "complete" or r["value"] is None:
             continue
         g = groups.setdefault(_key(r["params"]), {"params": dict(r["params"]), "values": [], "trials": [],
-                                                  "seeds": []})
+                                                  "arms": [], "durations": []})
         g["values"].append(float(r["value"]))
-        g.setdefault("durations", []).append(float(r.get("duration_s") or 0.0))
+        g["durations"].append(float(r.get("duration_s") or 0.0))
         g["trials"].append(int(r["number"]))
-        g["seeds"].append(int(r["seed"]))
+        g["arms"].append(str(r.get("arm") or "tpe"))
     out = []
     for g in groups.values():
         vals = g["values"]
@@ -360,131 +359,105 @@ def groups_of(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[dict[st
     return out
 
 
-def _choose(groups: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    confirmed = [g for g in groups if g["n"] > 1]
-    pool = confirmed or list(groups)
-    return pool[0] if pool else None
+def _history(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[tuple[float, float]]:
+    history: list[tuple[float, float]] = []
+    for r in sorted(rows, key=lambda r: r["number"]):
+        if r["state"] == "complete" and r["value"] is not None:
+            v = float(r["value"])
+            best = history[-1][1] if history else v
+            history.append((float(r["number"]), max(best, v) if maximize else min(best, v)))
+    return history
 
 
 # -- the stage --------------------------------------------------------------------------------
-def _enqueue(store: Store, plan: SearchPlan, settings: SearchSettings, items: Sequence[tuple[str, dict[str, Any]]],
-             seed: int) -> None:
-    study = _load(store, settings.study)
-    assert study is not None
+def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store, trials: int,
+          timeout: float | None, items: Sequence[tuple[str, dict[str, Any]]]) -> SearchResult:
+    """Every trial of the stage runs through this one call of ``proftune.search``."""
     names = set(plan.space.names)
-    for arm, params in items:
-        study.enqueue_trial({k: v for k, v in params.items() if k in names}, user_attrs={ARM_ATTR: arm, SEED_ATTR: seed}, skip_if_exists=False)
+    pruner = settings.pruner if settings.epochs >= REDUCTION_FACTOR else "none"
+    space = plan.space
+    if pruner == "asha" and not space.pruner:
+        import dataclasses
+
+        # the first rung at about a ninth of the epochs: one epoch of a short schedule says little
+        first = max(1, math.ceil(settings.epochs / REDUCTION_FACTOR**2))
+        space = dataclasses.replace(space, pruner={"min_resource": first, "reduction_factor": REDUCTION_FACTOR})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return search(task, space, objectives=[settings.objective], constraints=settings.constraints,
+                      trials=trials, timeout=timeout, sampler="random", pruner=pruner,
+                      epochs=settings.epochs, study=settings.study, store=store, seed=settings.seed,
+                      device=settings.device, max_failures=10**6, scan=0, analyse=False,
+                      enqueue=[{"params": {k: v for k, v in p.items() if k in names}, "tags": {ARM_TAG: arm}}
+                               for arm, p in items])
 
 
-def run_search_stage(task: Task, plan: SearchPlan, settings: SearchSettings, *, store: Store,  # noqa: C901
+def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store,
                      seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None,
                      must_end: float | None = None,
                      reserve: Callable[[float], float] | None = None) -> SearchOutcome:
-    """Run the stage for at most ``seconds`` (the confirm share kept back for re-runs).
+    """Run the stage for at most ``seconds``.
 
     ``must_end`` (``time.monotonic()``) less ``reserve(seconds per trial)`` bounds it too: the
     stages after the search need time that grows with what a trial of the chosen kind costs.
     """
     started = time.monotonic()
     end = started + seconds
-    explore_end = started + seconds * (1.0 - SPLIT["confirm"])
 
     def bound(rows: Sequence[dict[str, Any]]) -> None:
-        nonlocal end, explore_end
+        nonlocal end
         if must_end is None or reserve is None:
             return
-        limit = must_end - reserve(_trial_s(rows))
-        if limit < end:
-            end = max(started, limit)
-            explore_end = started + (end - started) * (1.0 - SPLIT["confirm"])
+        end = min(end, max(started, must_end - reserve(_trial_s(rows))))
 
     calls = 0
-    stop_reason = "time budget of the search stage spent"
-    history: list[tuple[float, float]] = []
-
-    def rows_now() -> list[dict[str, Any]]:
-        study = _load(store, settings.study)
-        return _rows(study) if study is not None else []
-
-    rows = rows_now()
-    if not rows:
-        # the study is created by proftune.search itself: its first trial is a random one
-        call_search(task, plan, settings, trials=1, timeout=None, seed=settings.seed, sampler="random",
-                    store=store)
-        calls += 1
-        rows = rows_now()
+    stop_reason = "the search stage's share of the budget is spent"
+    early = False
+    rows = [_row(t) for t in study_trials(settings.study, store=store)]  # a resumed search's trials
+    result: SearchResult | None = None
     flags: list[YellowFlag] = []
     while True:
+        if result is not None:
+            rows = [_row(t) for t in result.trials]
         bound(rows)
         flags = find_flags(rows, plan, flag_min=settings.flag_min)
-        stalled = _stalled(rows, settings)
-        if stalled:
-            stop_reason = stalled
+        # a flat search stops only once three quarters of its time are spent: cheap trials and a
+        # long budget are worth more draws; what it leaves goes to the final race and compression
+        why = stalled(rows, settings) if time.monotonic() - started >= STALL_AFTER * (end - started) else None
+        if why:
+            stop_reason, early = why, True
             break
         if _finished(rows) >= settings.max_trials:
-            stop_reason = f"max_trials={settings.max_trials} reached"
+            stop_reason, early = f"max_trials={settings.max_trials} reached", True
             break
-        per_trial = _trial_s(rows)
-        if time.monotonic() + per_trial >= explore_end:
+        per_trial = _trial_s(rows) or settings.trial_s_estimate
+        if rows and time.monotonic() + per_trial >= end:
             break  # the next trial would not finish in time
-        waiting = sum(1 for r in rows if r["state"] == "waiting")
-        chunk = [] if waiting else _plan_chunk(rows, plan, settings, flags)
-        if not chunk and not waiting:
-            stop_reason = "every configuration left is in a paused region or already tried"
+        # a chunk of about a second of trials (at least 3): the call's own cost stays small; never
+        # more than the time left holds (a queued trial that never runs is cancelled below)
+        fit_in = int((end - time.monotonic()) / per_trial) if per_trial > 0 else 20
+        size = max(1, min(int(min(20, max(3, 1.0 / max(per_trial, 1e-3)))), fit_in))
+        chunk = warm_start(plan, settings.defaults, settings.alternative)[:max(size, 2)] if not rows else propose(
+            rows, plan, settings, flags, size)
+        if not chunk:
+            stop_reason, early = "every configuration left is in a paused region or already tried", True
             break
-        if chunk:
-            _enqueue(store, plan, settings, chunk, settings.seed)
-        call_search(task, plan, settings, trials=_finished(rows) + len(chunk) + waiting,
-                    timeout=max(1.0, explore_end - time.monotonic() - per_trial), seed=settings.seed,
-                    sampler="random",
-                    store=store)
+        timeout = max(1.0, end - time.monotonic() - per_trial)
+        result = _call(task, plan, settings, store=store, trials=_trained(rows) + len(chunk),
+                       timeout=timeout, items=chunk)
         calls += 1
-        rows = rows_now()
         if on_chunk is not None:
-            on_chunk({"finished": _finished(rows), "flags": len(flags)})
-    # confirm: the best configurations again with other seeds (mean +- std, not one lucky seed)
-    bound(rows)
-    confirm_reason = _confirm(task, plan, settings, store=store, end=end, rows=rows)
-    calls += confirm_reason[1]
-    rows = rows_now()
-    for r in sorted(rows, key=lambda r: r["number"]):
-        if r["state"] == "complete" and r["value"] is not None and r["arm"] != "confirm":
-            best = max((h[1] for h in history), default=None)
-            v = float(r["value"])
-            history.append((float(r["number"]), v if best is None else (max(best, v) if settings.maximize else min(best, v))))
+            on_chunk({"finished": _finished([_row(t) for t in result.trials]), "flags": len(flags)})
+    cancelled = cancel_waiting(settings.study, store=store, reason="queued, not run: the search's time was spent")
+    rows = [r for r in rows if r["number"] not in set(cancelled)]
     groups = groups_of(rows, settings.maximize)
     arms: dict[str, int] = {}
     for r in rows:
         arms[r["arm"]] = arms.get(r["arm"], 0) + 1
-    return SearchOutcome(study=settings.study, trials=rows, best=_choose(groups), groups=groups[:10],
-                         flags=find_flags(rows, plan, flag_min=settings.flag_min),
-                         stop_reason=stop_reason + confirm_reason[0], arms=arms,
-                         duration_s=time.monotonic() - started, search_calls=calls, history=history)
-
-
-def _confirm(task: Task, plan: SearchPlan, settings: SearchSettings, *, store: Store, end: float,
-             rows: Sequence[dict[str, Any]]) -> tuple[str, int]:
-    calls = 0
-    done_seeds = {(_key(r["params"]), r["seed"]) for r in rows if r["arm"] == "confirm"}
-    top = [g for g in groups_of(rows, settings.maximize)[:2]]
-    if not top:
-        return "", 0
-    per_trial = _trial_s(rows)
-    for s in range(1, settings.confirm_seeds + 1):
-        seed = settings.seed + s
-        todo = [("confirm", dict(g["params"])) for g in top if (_key(g["params"]), seed) not in done_seeds]
-        if not todo:
-            continue
-        room = end - time.monotonic()
-        n_fit = int(room // max(per_trial, 1e-3)) if per_trial > 0 else len(todo)
-        todo = todo[:n_fit]
-        if not todo:
-            return "; confirmation runs cut short by the budget", calls
-        _enqueue(store, plan, settings, todo, seed)
-        study = _load(store, settings.study)
-        finished = _finished(_rows(study)) if study is not None else 0
-        call_search(task, plan, settings, trials=finished + len(todo), timeout=max(1.0, end - time.monotonic()),
-                    seed=seed, sampler="random", store=store)
-        calls += 1
-    return "", calls
-
+    defaults_key = _key(_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)}))
+    defaults = next((g for g in groups if _key(g["params"]) == defaults_key), None)
+    best = groups[0] if groups else None
+    return SearchOutcome(study=settings.study, trials=rows, best=best, groups=groups[:10],
+                         flags=find_flags(rows, plan, flag_min=settings.flag_min), stop_reason=stop_reason,
+                         arms=arms, duration_s=time.monotonic() - started, search_calls=calls,
+                         history=_history(rows, settings.maximize), defaults=defaults, early=early)

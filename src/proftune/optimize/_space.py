@@ -65,7 +65,11 @@ def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[f
 
 def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | None,
                    samples: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]:
-    """(space dict, centre, narrow, evidence) over the params the fit loop and the task read."""
+    """(space dict, centre, narrow, evidence) over the params the fit loop and the task read.
+
+    Every range holds the task's default value too, so that the defaults are a point of the
+    space (the search measures them under its protocol, and nothing is worse than them there).
+    """
     defaults = task_param_defaults(task)
     params: dict[str, Any] = {}
     centre: dict[str, Any] = {}
@@ -73,12 +77,17 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
     evidence: dict[str, str] = {}
     lr = float(computed.get("lr") or defaults.get("lr") or 1e-3)
     lo, hi = _log_range(lr, 30.0, 1e-6, 3.0)
+    if isinstance(defaults.get("lr"), (int, float)) and float(defaults["lr"]) > 0:
+        lo, hi = min(lo, float(defaults["lr"])), max(hi, float(defaults["lr"]))
     params["lr"] = {"type": "float", "low": lo, "high": hi, "log": True}
     centre["lr"], narrow["lr"] = lr, _log_range(lr, 3.0, lo, hi)
     evidence["lr"] = "computed (LR range test, scaled to the batch)" if computed.get("lr") else "task default"
     bs = int(computed.get("batch_size") or defaults.get("batch_size") or 32)
     cap = min(x for x in (max_batch, samples, 4096) if x)
-    choices = sorted({max(2, min(cap, b)) for b in (bs // 4, bs // 2, bs, bs * 2)})
+    default_bs = int(defaults.get("batch_size") or bs)
+    # down to an eighth of the computed batch: a batch computed from the noise scale can leave a
+    # small dataset a handful of steps per epoch
+    choices = sorted({max(2, min(cap, b)) for b in (bs // 8, bs // 4, bs // 2, bs, bs * 2, min(cap, default_bs))})
     params["batch_size"] = {"type": "categorical", "choices": choices}
     centre["batch_size"] = min(bs, cap)
     narrow["batch_size"] = [c for c in choices if bs // 2 <= c <= bs * 2]
@@ -86,7 +95,7 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
                               else "task default")
     if str(defaults.get("optimizer", "adamw")) in ("adamw", "adam", "sgd"):
         wd = float(defaults.get("weight_decay") or 1e-2)
-        params["weight_decay"] = {"type": "float", "low": 1e-6, "high": 0.3, "log": True}
+        params["weight_decay"] = {"type": "float", "low": min(1e-6, wd), "high": max(0.3, wd), "log": True}
         centre["weight_decay"], narrow["weight_decay"] = wd, _log_range(wd, 10.0, 1e-6, 0.3)
         evidence["weight_decay"] = "task default (AdamW's 0.01 when unset)"
     for name, value in sorted(defaults.items()):
@@ -94,7 +103,7 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
             continue
         if "dropout" in name and isinstance(value, (int, float)):
             d = float(value)
-            params[name] = {"type": "float", "low": 0.0, "high": 0.5}
+            params[name] = {"type": "float", "low": 0.0, "high": max(0.5, d)}
             centre[name], narrow[name] = d, (max(0.0, d - 0.1), min(0.5, d + 0.15))
             evidence[name] = "task default"
         elif isinstance(value, int) and value >= 4:
@@ -103,7 +112,21 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
             centre[name], narrow[name] = value, (max(lo_i, round(value * 0.75)), min(hi_i, round(value * 1.5)))
             evidence[name] = "task default (architecture)"
     fixed = {k: computed[k] for k in COMPUTED_FIXED if computed.get(k) is not None}
-    if "optimizer" in defaults:
+    alt = computed.get("optimizer_alternative") or {}
+    own = str(defaults.get("optimizer", "adamw"))
+    if alt.get("optimizer") and alt["optimizer"] != own:
+        # the optimizer row measured another optimizer better: both are searched, the lr range
+        # covers both rates, SGD's momentum where SGD is drawn
+        params["optimizer"] = {"type": "categorical", "choices": [own, str(alt["optimizer"])]}
+        centre["optimizer"], narrow["optimizer"] = own, [own, str(alt["optimizer"])]
+        evidence["optimizer"] = f"computed (the optimizer row: {alt['optimizer']} beat {own} at equal time)"
+        a_lr = float(alt["lr"])
+        params["lr"]["low"], params["lr"]["high"] = min(params["lr"]["low"], a_lr / 30), max(params["lr"]["high"], a_lr * 30)
+        if "sgd" in (own, alt["optimizer"]):
+            params["momentum"] = {"type": "float", "low": 0.0, "high": 0.99, "when": {"optimizer": "sgd"}}
+            centre["momentum"] = float(alt.get("momentum", defaults.get("momentum", 0.9)) or 0.9)
+            narrow["momentum"] = (0.5, 0.99)
+    elif "optimizer" in defaults:
         fixed["optimizer"] = defaults["optimizer"]
     return {"params": params, "fixed": fixed}, centre, narrow, evidence
 

@@ -24,7 +24,16 @@ from . import (  # noqa: F401  (eager: see module doc)
     _trial,
 )
 from ._analysis import PLOT_FILES
-from ._api import BACKENDS, DEFAULT_SCAN, SearchResult, scan, search, task_metrics
+from ._api import (
+    BACKENDS,
+    DEFAULT_SCAN,
+    SearchResult,
+    cancel_waiting,
+    scan,
+    search,
+    study_trials,
+    task_metrics,
+)
 from ._coarse_fine import CoarseToFineSampler
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._gate import GateResult, ProfileGate
@@ -59,11 +68,13 @@ __all__ = [
     "Space",
     "Statement",
     "TrialRecord",
+    "cancel_waiting",
     "load_space",
     "parse_constraint",
     "parse_objective",
     "scan",
     "search",
     "strategy",
+    "study_trials",
     "task_metrics",
 ]

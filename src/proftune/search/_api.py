@@ -32,7 +32,8 @@ from ._storage import open_storage
 from ._strategy import Statement, strategy
 from ._study import raise_if_too_many_failures, run_worker
 
-__all__ = ["BACKENDS", "DEFAULT_SCAN", "SearchResult", "scan", "search", "task_metrics"]
+__all__ = ["BACKENDS", "DEFAULT_SCAN", "SearchResult", "cancel_waiting", "scan", "search", "study_trials",
+           "task_metrics"]
 
 #: Configurations the feasibility scan profiles when there are hard profile constraints.
 DEFAULT_SCAN = 16
@@ -148,6 +149,39 @@ def scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, con
     return run_scan(task_obj, space_obj, hard, n=n, seed=seed, device=device, gate_steps=gate_steps)
 
 
+def study_trials(study: str, *, store: Store | str | None = None, db: str | None = None) -> list[TrialRecord]:
+    """Every trial of the study named ``study`` in the store's database, in our terms (complete,
+    pruned, infeasible, failed, running); ``[]`` when no such study exists yet."""
+    st = open_store(store, db=db)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = open_storage(st.url)
+    try:
+        loaded = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:
+        return []
+    return trial_records(loaded)
+
+
+def cancel_waiting(study: str, *, reason: str, store: Store | str | None = None, db: str | None = None) -> list[int]:
+    """End the queued trials of ``study`` that never started (enqueued, then the time ran out):
+    failed with ``reason``, so that a later call does not run them; their numbers."""
+    st = open_store(store, db=db)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = open_storage(st.url)
+    try:
+        loaded = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:
+        return []
+    ended = []
+    for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        storage.set_trial_user_attr(t._trial_id, ATTR, {"state": "failed", "reason": reason,
+                                                        "params": dict(t.params)})
+        storage.set_trial_user_attr(t._trial_id, f"{ATTR}_surplus", True)
+        storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        ended.append(t.number)
+    return ended
+
+
 def task_metrics(task: Task) -> list[str] | None:
     """The metric names ``task.evaluate`` returns (None when they cannot be known)."""
     declared = getattr(task, "metrics", None)
@@ -238,6 +272,8 @@ def search(
     store: Store | str | None = None,
     backend: str = "local",
     ray: RayOptions | None = None,
+    enqueue: Sequence[Mapping[str, Any]] = (),
+    analyse: bool = True,
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -254,6 +290,10 @@ def search(
     param, also the points of ``sampler="grid"``).
     ``backend``: ``"local"`` (this machine's processes) or ``"ray"`` (Ray Tune; ``ray`` says
     where and with which scheduler: fifo, asha, pbt).
+    ``enqueue``: configurations to train first (Optuna's ``enqueue_trial``: warm-start points),
+    each ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.
+    ``analyse=False`` skips correlations, importance and the strategy (seconds at a hundred
+    trials): for a caller that runs a study in many short calls and reads only the trials.
     """
     started = time.perf_counter()
     task_obj = load_task(task)
@@ -287,6 +327,9 @@ def search(
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
+        for item in enqueue:
+            created.enqueue_trial(dict(item.get("params") or {}), skip_if_exists=False,
+                                  user_attrs={f"{ATTR}_tags": json_safe(dict(item.get("tags") or {}))})
         scan_result = _scan_for(created, stored, task_obj, space_obj, settings, scan)
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
@@ -301,7 +344,7 @@ def search(
         else:
             stopped = _run_processes(settings, workers, deadline)
         result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
-                          scan_result, plot)
+                          scan_result, plot, full=analyse)
         result.stopped = stopped
         if ray_out is not None:
             result.backend = ray_out
@@ -398,23 +441,25 @@ def _scan_for(study: optuna.Study, stored: Mapping[str, Any] | None, task: Task,
 
 
 def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, url: str, resumed: bool,
-             started: float, scan_result: ScanResult | None, plot: str | Path | None) -> SearchResult:
-    """Read the finished study back: records, Pareto front, correlations, importance, strategy."""
+             started: float, scan_result: ScanResult | None, plot: str | Path | None, *,
+             full: bool = True) -> SearchResult:
+    """Read the finished study back: records, Pareto front, correlations, importance, strategy
+    (the last three only when ``full``)."""
     loaded = optuna.load_study(study_name=settings.study, storage=storage)
     raise_if_too_many_failures(loaded, settings.max_failures)
     records = trial_records(loaded)
     objs, cons = settings.objectives, settings.constraints
     front = pareto_front(records, objs)
-    corr = correlations(records, space, objs)
-    imp = importance(loaded, records, objs, seed=settings.seed)
+    corr = correlations(records, space, objs) if full else {}
+    imp = importance(loaded, records, objs, seed=settings.seed) if full else {}
     result = SearchResult(
         study=settings.study, run_id=run_id, db=url, objectives=objs, constraints=cons,
         trials=records, best=front[0] if front else None, pareto=front, correlations=corr,
         importance=imp, space_hash=space.hash(), sampler=settings.sampler, pruner=settings.pruner,
         duration_s=time.perf_counter() - started, resumed=resumed, scan=scan_result,
-        strategy=strategy(records, space, objs, cons, scan=scan_result, seed=settings.seed),
+        strategy=strategy(records, space, objs, cons, scan=scan_result, seed=settings.seed) if full else [],
         max_gated=settings.gated_limit)
-    if plot is not None:
+    if plot is not None and full:
         result.plots = plot_study(records, objs, corr, imp, front, plot)
     return result
 

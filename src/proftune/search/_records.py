@@ -39,6 +39,10 @@ class TrialRecord:
     gated: bool = False
     #: The sampler that drew this trial's params (class, QMC sequence).
     sampler: str | None = None
+    #: What the caller attached to an enqueued trial (``search(enqueue=[...])``).
+    tags: dict[str, Any] = field(default_factory=dict)
+    #: The task's metrics after each epoch, as trained.
+    curve: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +52,7 @@ class TrialRecord:
             "stage": self.stage, "steps": self.steps, "train_s": self.train_s,
             "gate_s": self.gate_s, "anomalies": self.anomalies, "traceback": self.traceback,
             "retried_from": self.retried_from, "gated": self.gated, "sampler": self.sampler,
+            "tags": self.tags, "curve": self.curve,
         }
 
 
@@ -156,5 +161,6 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
             anomalies=rec.get("anomalies") or [], traceback=rec.get("traceback"),
             retried_from=t.system_attrs.get("failed_trial"),
             gated=bool(t.user_attrs.get(f"{ATTR}_gated")), sampler=rec.get("sampler"),
+            tags=dict(t.user_attrs.get(f"{ATTR}_tags") or {}), curve=list(rec.get("curve") or []),
         ))
     return out

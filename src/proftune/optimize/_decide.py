@@ -1,0 +1,112 @@
+"""Is a configuration better than the defaults beyond noise? A paired comparison over seeds.
+
+Both configurations are trained with the same seeds under one protocol; the per-seed differences
+``d_i`` (sign-adjusted so that positive is better) are what the seeds' noise leaves of the gain.
+The choice is kept only when the one-sided lower confidence bound of the mean difference
+(Student's t over the pairs, level ``1 - alpha``) is above zero and the mean gain is at least the
+metric's resolution (one sample of the validation data for a ratio such as accuracy).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ALPHA", "SCHEMA_VERSION", "Comparison", "compare_paired"]
+
+SCHEMA_VERSION = 1
+#: One-sided error rate of "beyond noise" (before dividing among several candidates).
+ALPHA = 0.05
+
+
+def _t_quantile(level: float, df: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(level, df))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired comparison of ``chosen`` against ``defaults`` on one metric and one data split."""
+
+    metric: str
+    maximize: bool
+    split: str  # "val" or "test"
+    seeds: list[int]
+    chosen: list[float]
+    defaults: list[float]
+    #: Mean and standard deviation of the per-seed gains (positive: the choice is better).
+    gain: float | None
+    gain_std: float | None
+    #: One-sided lower bound of the mean gain at ``level`` (None with fewer than 2 pairs).
+    lower: float | None
+    level: float
+    resolution: float
+    beyond_noise: bool
+    reason: str
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Comparison:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def describe(self) -> str:
+        """One line: the gain with its noise and what it means."""
+        if self.gain is None:
+            return self.reason
+        std = f" ± {self.gain_std:.4g}" if self.gain_std is not None else ""
+        return f"{self.metric} gain {self.gain:+.4g}{std} over {len(self.seeds)} paired seed(s) on {self.split}: {self.reason}"
+
+
+def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | None], *, seeds: Sequence[int],
+                   metric: str, maximize: bool, split: str = "val", resolution: float = 0.0,
+                   alpha: float = ALPHA, prior_std: float | None = None) -> Comparison:
+    """Compare per-seed values of the choice and the defaults (index ``i`` of each: seed ``i``).
+
+    Pairs where either value is missing or not finite are left out. ``prior_std``: the seeds'
+    standard deviation known from elsewhere (the search's repeats), used when one pair is all
+    there is. ``alpha`` is one-sided.
+    """
+    sign = 1.0 if maximize else -1.0
+    pairs = [(s, float(c), float(d)) for s, c, d in zip(seeds, chosen, defaults, strict=False)
+             if c is not None and d is not None and math.isfinite(float(c)) and math.isfinite(float(d))]
+    level = 1.0 - alpha
+    base: dict[str, Any] = {"metric": metric, "maximize": maximize, "split": split,
+                            "seeds": [p[0] for p in pairs], "chosen": [p[1] for p in pairs],
+                            "defaults": [p[2] for p in pairs], "level": level, "resolution": resolution}
+    if not pairs:
+        return Comparison(**base, gain=None, gain_std=None, lower=None, beyond_noise=False,
+                          reason="no seed produced a finite value for both configurations")
+    gains = [sign * (c - d) for _, c, d in pairs]
+    mean = statistics.fmean(gains)
+    n = len(gains)
+    std = statistics.stdev(gains) if n > 1 else None
+    if n > 1:
+        assert std is not None
+        lower = mean - _t_quantile(level, n - 1) * std / math.sqrt(n) if std > 0 else mean
+    elif prior_std is not None and prior_std > 0:
+        # one pair: the difference of two seeds has the seeds' variance twice
+        from scipy import stats
+
+        lower = mean - float(stats.norm.ppf(level)) * prior_std * math.sqrt(2.0)
+    else:
+        lower = None
+    if lower is None:
+        beyond, why = False, "one seed cannot separate a gain from the seeds' noise"
+    elif mean < resolution:
+        beyond, why = False, (f"the mean gain {mean:+.4g} is below the metric's resolution {resolution:.4g}"
+                              if mean > 0 else f"the mean gain {mean:+.4g} is not a gain")
+    elif lower <= 0:
+        beyond, why = False, (f"within noise: the {level:.0%} lower bound of the gain is {lower:+.4g} "
+                              "(a paired t-test over the seeds)")
+    else:
+        beyond, why = True, (f"beyond noise: the {level:.0%} lower bound of the gain is {lower:+.4g} > 0 "
+                             "(a paired t-test over the seeds)")
+    return Comparison(**base, gain=mean, gain_std=std, lower=lower, beyond_noise=beyond, reason=why)

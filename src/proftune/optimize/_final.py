@@ -1,0 +1,316 @@
+"""The final stage: the defaults and the search's best configurations, trained under the search's
+protocol with the same seeds (paired), judged on validation data, reported on held-out data.
+
+The defaults are the bar: a configuration replaces them only when it is better beyond the
+seeds' noise (:func:`~proftune.optimize._decide.compare_paired`); otherwise the result is the
+defaults, and the outcome says so with the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._api import run_train
+from ..task import Task
+from ..track import Store
+from ..train import evaluate_model
+from ._budget import Deadline
+from ._decide import ALPHA, Comparison, compare_paired
+
+__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "run_final"]
+
+SCHEMA_VERSION = 1
+#: At most this many of the search's configurations race the defaults in the final stage (fewer
+#: when the time left does not hold ``--seeds`` runs of each): one seed per search trial makes
+#: its ranking noisy, so the race re-ranks the best few on paired seeds.
+MAX_CANDIDATES = 4
+#: Candidates the search's time is planned to leave room for (the race takes more if it can).
+RESERVED_CANDIDATES = 2
+#: Seeds per arm at most, when the time left holds more than ``--seeds`` (a sharper comparison).
+MAX_ROUNDS = 10
+#: Seconds one run costs beyond its epochs (the run record, the held-out evaluation, the save).
+RUN_OVERHEAD_S = 0.3
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    """One training of one arm at one seed: its metric on validation and held-out data."""
+
+    seed: int
+    run_id: int | None
+    val: float | None
+    test: float | None
+    epochs: int
+    duration_s: float
+    #: Stopped by the time limit before its epochs (not the protocol: left out of comparisons).
+    cut: bool
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    test_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A configuration in the final race: the defaults or one of the search's best."""
+
+    name: str  # "defaults", "search #1", ...
+    params: dict[str, Any]
+    source: str
+    #: What the search measured for it (its mean and std over the trials of that configuration).
+    search_mean: float | None = None
+    search_std: float | None = None
+    search_n: int = 0
+    epoch_s: float = 1.0
+    runs: tuple[ArmRun, ...] = ()
+    #: Epochs of this arm's runs (None: the plan's): the defaults train at the task's own epochs.
+    epochs: int | None = None
+
+    def values(self, split: str, seeds: Sequence[int]) -> list[float | None]:
+        """This arm's metric at each of ``seeds`` (None where it did not run or was cut)."""
+        by_seed = {r.seed: r for r in self.runs if not r.cut}
+        return [getattr(by_seed[s], split) if s in by_seed else None for s in seeds]
+
+    def summary(self, split: str) -> dict[str, Any]:
+        vals = [v for v in (getattr(r, split) for r in self.runs if not r.cut) if v is not None]
+        return {"mean": statistics.fmean(vals) if vals else None,
+                "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
+
+
+@dataclass(frozen=True)
+class FinalPlan:
+    """What the final stage is asked to do."""
+
+    metric: str
+    maximize: bool
+    epochs: int
+    seeds: int
+    seed: int
+    device: str
+    #: The validation samples (the metric's resolution for a ratio metric is one of them).
+    val_samples: int | None
+    #: The seeds' standard deviation the search measured (for a single seed's decision).
+    prior_std: float | None = None
+    protocol: str = "the fit loop as the search trials ran it (same epochs, no extra callbacks)"
+
+
+@dataclass(frozen=True)
+class FinalOutcome:
+    """The race's result: every arm's runs, the paired comparisons and what was kept."""
+
+    plan: dict[str, Any]
+    arms: list[Arm]
+    seeds: list[int]
+    #: "chosen" (a configuration beat the defaults beyond noise) or "defaults" (kept them).
+    decision: str
+    chosen: str  # the arm whose model is the result
+    leader: str | None  # the best challenger on validation (compared with the defaults)
+    comparison: Comparison | None  # leader vs defaults on validation (the decision)
+    comparison_test: Comparison | None  # the same pairs on held-out data (the report)
+    #: The seed whose model is the result: the chosen configuration's best on validation.
+    model_seed: int | None
+    note: str
+    schema_version: int = SCHEMA_VERSION
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    @property
+    def kept_defaults(self) -> bool:
+        return self.decision == "defaults"
+
+    def model_run(self) -> ArmRun | None:
+        """The run whose model is the result."""
+        return next((r for r in self.arm(self.chosen).runs if r.seed == self.model_seed), None)
+
+    def search_gap(self) -> dict[str, Any] | None:
+        """The search's estimate of the leader beside its final validation mean."""
+        if self.leader is None:
+            return None
+        arm = self.arm(self.leader)
+        final = arm.summary("val")["mean"]
+        gap = (final - arm.search_mean) if final is not None and arm.search_mean is not None else None
+        return {"arm": arm.name, "search_mean": arm.search_mean, "search_std": arm.search_std,
+                "search_n": arm.search_n, "final_mean": final, "gap": gap}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["comparison"] = self.comparison.to_dict() if self.comparison else None
+        d["comparison_test"] = self.comparison_test.to_dict() if self.comparison_test else None
+        d["search_gap"] = self.search_gap()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FinalOutcome:
+        arms = [Arm(**{**a, "runs": tuple(ArmRun(**r) for r in a.get("runs") or ())}) for a in d["arms"]]
+        return cls(plan=dict(d["plan"]), arms=arms, seeds=list(d["seeds"]), decision=d["decision"],
+                   chosen=d["chosen"], leader=d.get("leader"),
+                   comparison=Comparison.from_dict(d["comparison"]) if d.get("comparison") else None,
+                   comparison_test=(Comparison.from_dict(d["comparison_test"])
+                                    if d.get("comparison_test") else None),
+                   model_seed=d.get("model_seed"), note=str(d.get("note") or ""),
+                   schema_version=int(d.get("schema_version") or SCHEMA_VERSION))
+
+
+def _resolution(metric: str, val_samples: int | None) -> float:
+    """The smallest change of ``metric`` the validation data can show: one sample of a ratio."""
+    from ..metrics import METRICS
+
+    m = METRICS.get(metric)
+    if m is not None and m.unit == "ratio" and val_samples:
+        return 1.0 / val_samples
+    return 0.0
+
+
+def _epochs(arm: Arm, plan: FinalPlan) -> int:
+    return int(arm.epochs or plan.epochs)
+
+
+def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, store: Store,
+           folder: Path) -> ArmRun:
+    deadline = Deadline(limit_s)
+    epochs = _epochs(arm, plan)
+    rep = run_train(task, arm.params, epochs=epochs, device=plan.device, seed=seed,
+                    callbacks=[deadline], store=store)
+    res = rep.result
+    model = res.model
+    test_metrics: dict[str, float] = {}
+    if task.test_data(1) is not None:
+        dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+        test_metrics = evaluate_model(task, model, dev, int(res.params.get("batch_size", 32)), split="test")
+    torch.save(model.cpu().state_dict(), folder / f"{_slug(arm.name)}-{seed}.pt")
+    cut = deadline.hit and res.epochs < epochs
+
+    def value(metrics: dict[str, float]) -> float | None:
+        v = metrics.get(plan.metric)
+        return float(v) if v is not None and math.isfinite(float(v)) else None
+
+    return ArmRun(seed=seed, run_id=rep.run_id, val=value(res.metrics), test=value(test_metrics),
+                  epochs=res.epochs, duration_s=res.duration_s, cut=cut,
+                  val_metrics=dict(res.metrics), test_metrics=test_metrics)
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-")
+
+
+def _with_run(arm: Arm, run: ArmRun) -> Arm:
+    return Arm(**{**{k: getattr(arm, k) for k in Arm.__dataclass_fields__}, "runs": (*arm.runs, run)})
+
+
+def _weakest(challengers: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> str:
+    """The challenger with the worst validation mean so far (the last one before any run)."""
+    sign = 1.0 if maximize else -1.0
+
+    def score(a: Arm) -> float:
+        vals = [v for v in a.values("val", seeds) if v is not None]
+        return sign * statistics.fmean(vals) if vals else -math.inf
+
+    if not seeds:
+        return challengers[-1].name
+    return min(reversed(challengers), key=score).name
+
+
+def _leader(arms: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> Arm | None:
+    sign = 1.0 if maximize else -1.0
+    scored = []
+    for a in arms[1:]:
+        vals = [v for v in a.values("val", seeds) if v is not None]
+        if vals:
+            scored.append((sign * statistics.fmean(vals), a))
+    return max(scored, key=lambda t: t[0])[1] if scored else None
+
+
+def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalPlan, *,
+              store: Store, end: float, hard_end: float | None = None, folder: Path,
+              say: Callable[[str, dict[str, Any]], None] | None = None) -> FinalOutcome:
+    """Race ``defaults`` and ``candidates`` with paired seeds; the chosen model's state dict is
+    left at ``folder / "model.pt"``.
+
+    ``plan.seeds`` rounds run while ``hard_end`` holds them (the comparison needs them; what
+    comes after gets less); more rounds of the leader and the defaults only until ``end``
+    (both ``time.monotonic()``).
+    """
+    hard_end = max(end, hard_end if hard_end is not None else end)
+    work = folder / "final"
+    work.mkdir(parents=True, exist_ok=True)
+    arms = [defaults, *list(candidates)[:MAX_CANDIDATES]]
+    notes: list[str] = []
+
+    measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
+
+    def cost(group: Sequence[Arm]) -> float:
+        return sum(measured.get(a.name, _epochs(a, plan) * max(a.epoch_s, 1e-3) + RUN_OVERHEAD_S) for a in group)
+
+    def current(name: str) -> Arm:
+        return next(a for a in arms if a.name == name)
+
+    seeds: list[int] = []
+
+    def run_round(group: Sequence[Arm], seed: int) -> None:
+        for i, arm in enumerate(list(group)):
+            idx = arms.index(current(arm.name))
+            limit = max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0,
+                        (hard_end - time.monotonic()) / max(1, len(group) - i))
+            t0 = time.monotonic()
+            run = _train(task, arm, plan=plan, seed=seed, limit_s=limit, store=store, folder=work)
+            measured[arm.name] = time.monotonic() - t0
+            arms[idx] = _with_run(arms[idx], run)
+            if say is not None:
+                say("final_run", {"arm": arm.name, "seed": seed, "val": run.val, "test": run.test})
+
+    # ``--seeds`` rounds; while the rounds left do not fit the time, the weakest challenger so far
+    # leaves the race (successive elimination; the comparison still counts every one that ran)
+    active = [a.name for a in arms]
+    raced = 0
+    for r in range(plan.seeds):
+        while len(active) > 2 and time.monotonic() + cost([current(n) for n in active]) * (plan.seeds - r) > hard_end:
+            weakest = _weakest([current(n) for n in active[1:]], seeds, plan.maximize)
+            active.remove(weakest)
+            notes.append(f"{weakest} left the race after {r} seed(s): the time left would not hold "
+                         f"{plan.seeds - r} more round(s) of every configuration")
+        if r > 0 and time.monotonic() + cost([current(n) for n in active]) > hard_end:
+            notes.append(f"stopped after {r} seed(s) of {plan.seeds}: the time left would not hold another round")
+            break
+        seeds.append(plan.seed + 100 + r)
+        run_round([current(n) for n in active], seeds[-1])
+        raced = max(raced, len(active) - 1)
+    leader = _leader([arms[0], *(a for a in arms[1:] if a.name in active)], seeds, plan.maximize)
+    # time left: more paired seeds of the leader and the defaults, for a sharper comparison
+    while (leader is not None and len(seeds) < MAX_ROUNDS
+           and time.monotonic() + cost([arms[0], leader]) * 1.2 < end):
+        seeds.append(plan.seed + 100 + len(seeds))
+        run_round([arms[0], leader], seeds[-1])
+        leader = current(leader.name)
+    resolution = _resolution(plan.metric, plan.val_samples)
+    comparison = comparison_test = None
+    decision, chosen = "defaults", arms[0]
+    if leader is not None:
+        alpha = ALPHA / max(1, raced)
+        comparison = compare_paired(leader.values("val", seeds), arms[0].values("val", seeds), seeds=seeds,
+                                    metric=plan.metric, maximize=plan.maximize, split="val",
+                                    resolution=resolution, alpha=alpha, prior_std=plan.prior_std)
+        comparison_test = compare_paired(leader.values("test", seeds), arms[0].values("test", seeds),
+                                         seeds=seeds, metric=plan.metric, maximize=plan.maximize,
+                                         split="test", alpha=alpha, prior_std=plan.prior_std)
+        if comparison.beyond_noise:
+            decision, chosen = "chosen", leader
+    # the model handed back is the chosen configuration's best seed on validation (a choice made
+    # on selection data, like every other); its held-out figure is reported on its own
+    ran = [r for r in chosen.runs if r.val is not None and not r.cut] or list(chosen.runs)
+    model_seed: int | None = None
+    if ran:
+        sign = 1.0 if plan.maximize else -1.0
+        model_seed = max(ran, key=lambda r: sign * r.val if r.val is not None else -math.inf).seed
+        shutil.copyfile(work / f"{_slug(chosen.name)}-{model_seed}.pt", folder / "model.pt")
+    shutil.rmtree(work, ignore_errors=True)
+    return FinalOutcome(plan=asdict(plan), arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,
+                        leader=leader.name if leader else None, comparison=comparison,
+                        comparison_test=comparison_test, model_seed=model_seed, note="; ".join(notes))

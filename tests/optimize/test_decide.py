@@ -1,0 +1,83 @@
+"""The paired comparison that decides whether a configuration replaces the defaults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from proftune.optimize._decide import Comparison, compare_paired
+
+
+def test_a_consistent_gain_over_seeds_is_beyond_noise() -> None:
+    c = compare_paired([0.90, 0.91, 0.92], [0.80, 0.82, 0.81], seeds=[1, 2, 3], metric="accuracy",
+                       maximize=True, resolution=1 / 300)
+    assert c.beyond_noise
+    assert c.gain == pytest.approx(0.1, abs=1e-9)
+    assert c.lower is not None
+    assert 0 < c.lower < c.gain
+    assert "beyond noise" in c.reason
+
+
+def test_a_gain_a_third_of_its_spread_is_within_noise() -> None:
+    # the README's run on main: 0.9935 +- 0.0058 against 0.9917 (a third of one std)
+    chosen, defaults = [0.9917, 0.9989, 0.9900], [0.9917, 0.9917, 0.9917]
+    c = compare_paired(chosen, defaults, seeds=[0, 1, 2], metric="accuracy", maximize=True)
+    assert not c.beyond_noise
+    assert c.gain is not None
+    assert c.gain > 0
+    assert "within noise" in c.reason
+
+
+def test_a_gain_below_one_sample_is_not_a_gain_the_data_can_show() -> None:
+    c = compare_paired([0.501, 0.502, 0.501], [0.5, 0.5, 0.5], seeds=[0, 1, 2], metric="accuracy",
+                       maximize=True, resolution=0.01)
+    assert not c.beyond_noise
+    assert "resolution" in c.reason
+
+
+def test_direction_of_a_metric_to_minimise() -> None:
+    c = compare_paired([0.20, 0.21, 0.19], [0.40, 0.42, 0.41], seeds=[0, 1, 2], metric="val_loss",
+                       maximize=False)
+    assert c.beyond_noise
+    assert c.gain == pytest.approx(0.21, abs=1e-9)
+    worse = compare_paired([0.40, 0.42, 0.41], [0.20, 0.21, 0.19], seeds=[0, 1, 2], metric="val_loss",
+                           maximize=False)
+    assert not worse.beyond_noise
+    assert worse.gain is not None
+    assert worse.gain < 0
+
+
+def test_one_seed_needs_a_known_seed_spread() -> None:
+    alone = compare_paired([0.9], [0.8], seeds=[0], metric="accuracy", maximize=True)
+    assert not alone.beyond_noise
+    assert "one seed" in alone.reason
+    known = compare_paired([0.9], [0.8], seeds=[0], metric="accuracy", maximize=True, prior_std=0.01)
+    assert known.beyond_noise
+    noisy = compare_paired([0.9], [0.8], seeds=[0], metric="accuracy", maximize=True, prior_std=0.2)
+    assert not noisy.beyond_noise
+
+
+def test_pairs_with_a_missing_or_nan_value_are_left_out() -> None:
+    c = compare_paired([0.9, None, float("nan"), 0.91], [0.8, 0.8, 0.8, 0.82], seeds=[0, 1, 2, 3],
+                       metric="accuracy", maximize=True)
+    assert c.seeds == [0, 3]
+    none = compare_paired([None], [0.8], seeds=[0], metric="accuracy", maximize=True)
+    assert none.gain is None
+    assert not none.beyond_noise
+
+
+def test_false_choices_are_rare_when_nothing_differs() -> None:
+    """Two equal configurations: the rule keeps the defaults in about 95% of draws (alpha 0.05)."""
+    rng = np.random.default_rng(0)
+    chosen = 0
+    for _ in range(2000):
+        a = 0.9 + rng.normal(0, 0.01, 5)
+        b = 0.9 + rng.normal(0, 0.01, 5)
+        chosen += compare_paired(list(a), list(b), seeds=list(range(5)), metric="accuracy",
+                                 maximize=True).beyond_noise
+    assert chosen / 2000 < 0.07
+
+
+def test_round_trip() -> None:
+    c = compare_paired([0.9, 0.91], [0.8, 0.8], seeds=[0, 1], metric="accuracy", maximize=True)
+    assert Comparison.from_dict(c.to_dict()) == c
