@@ -215,9 +215,10 @@ class _Loop:
         plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
                  "batch_size": int(self.defaults.get("batch_size", 32)),
                  **{k: 0.0 for k in known if "dropout" in k}}
-        # as many epochs as the defaults got, so that the spread compares like with like
+        # as many epochs as the defaults got, so that the spread compares like with like, within
+        # what is left of the stage's share (a slow model's no-tricks run is cut, and says so)
         plain_res = fit(self.task, plain, epochs=max(1, diag.epochs), device=self.dev, seed=self.cfg.seed,
-                        callbacks=[Deadline(max(1.0, end - time.monotonic(), 1.2 * diag.duration_s))])
+                        callbacks=[Deadline(max(1.0, end - time.monotonic()))])
         plain_metric = _finite(plain_res.metrics.get(self.v.metric))
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
@@ -229,7 +230,7 @@ class _Loop:
                          "steps": diag.steps, "duration_s": diag.duration_s, "run_id": diag.run_id,
                          "stop_reason": diag.stop_reason},
             "no_tricks": {"params": plain, "metrics": plain_res.metrics, "epochs": plain_res.epochs,
-                          "duration_s": plain_res.duration_s},
+                          "duration_s": plain_res.duration_s, "stop_reason": plain_res.stop_reason},
             "spread": spread, "epoch_s": epoch_s, "held_out": self.holdout.to_dict(),
             "findings": [f.to_dict() for f in diag.findings],
             "model": "baseline_model.pt" if capture.model is not None else None,
@@ -266,11 +267,14 @@ class _Loop:
         step time (a slow model gets fewer, never more than the defaults of recommend)."""
         prof = Profile.load(self.out / "profile.json")
         step_s = max((prof.step.time_ms or 1.0) / 1e3, 1e-4)
-        lr_steps = int(min(100, max(15, 0.45 * share / step_s)))
-        noise_steps = int(min(30, max(4, 0.2 * share / (4 * step_s))))
+        steps = share / step_s  # training steps the share holds at the profiled step time
+        lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
+        noise_steps = int(min(30, 0.2 * steps / 4))
+        noise_steps = noise_steps if noise_steps >= 3 else 0  # too few to estimate: not measured
+        optimizer_s = min(4.0, 0.25 * share) if 0.25 * steps >= 20 else 0.0  # each optimizer ~10 steps
         recs = recommend(self.task, self.defaults, profile=prof, memory_budget=self.v.memory_bytes,
                          device=self.dev, seed=self.cfg.seed, lr_steps=lr_steps,
-                         noise_steps=noise_steps, optimizer_budget_s=min(4.0, 0.25 * share),
+                         noise_steps=noise_steps, optimizer_budget_s=optimizer_s,
                          embedding_budget_s=min(120.0, 0.3 * share), store=self.store)
         values = {r.name: r.value for r in recs}
         computed: dict[str, Any] = {}
@@ -291,7 +295,8 @@ class _Loop:
         max_batch = recs.get("batch_size").evidence.get("max_batch_size")
         return _StageResult({
             "computed": computed, "max_batch_size": max_batch, "run_id": recs.run_id,
-            "steps": {"lr_range_test": lr_steps, "noise_scale": noise_steps, "step_ms": prof.step.time_ms},
+            "steps": {"lr_range_test": lr_steps, "noise_scale": noise_steps, "optimizer_budget_s": optimizer_s,
+                      "step_ms": prof.step.time_ms, "share_steps": steps},
             "recommendations": [{"name": r.name, "value": r.value, "reason": r.reason,
                                  "confidence": r.confidence, "effect": r.effect} for r in recs],
         })

@@ -391,13 +391,17 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     ns_params = dict(params)
     if lr_res.suggested_lr is not None:
         ns_params["lr"] = lr_res.suggested_lr
-    ns = noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
-                     device=device, seed=seed)
-    b_crit = ns.critical_batch_size
-    ns_evidence = {k: v for k, v in ns.to_dict().items() if k != "history"}
+    ns = (noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
+                      device=device, seed=seed) if noise_steps > 0 else None)
+    b_crit = ns.critical_batch_size if ns is not None else None
+    ns_evidence = {k: v for k, v in ns.to_dict().items() if k != "history"} if ns is not None else {}
     ns_lr = ns_params.get("lr")
     ns_evidence["lr"] = ns_lr
-    if b_crit is None:
+    if ns is None:
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", None, "not measured (noise_steps=0: the time given held too few steps).",
+            ns_evidence, "low", "")
+    elif b_crit is None:
         recs["critical_batch_size"] = Recommendation(
             "critical_batch_size", None, "no step had full micro-batches to estimate the noise scale.",
             ns_evidence, "low", "")
