@@ -127,6 +127,21 @@ class BlockingDigits(DigitsMLP):
 '''
 
 
+def _marked_pids(marks: Path) -> set[int]:
+    return {int(m.name.split("-")[1]) for m in marks.glob("training-*")}
+
+
+def _kill_node(raylet: int) -> list[int]:
+    """SIGKILL a node as a machine loss would end it: its raylet and every process under it."""
+    node = psutil.Process(raylet)
+    procs = [*node.children(recursive=True), node]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=30)
+    return [p.pid for p in procs]
+
+
 def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path,
                                                           two_nodes: tuple[str, int, str]) -> None:
     address, worker_raylet, folder = two_nodes
@@ -135,31 +150,43 @@ def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path,
     task = tmp_path / "blocking_task.py"
     task.write_text(BLOCKING_TASK.format(marks=str(marks), driver=os.getpid()))
     db = f"sqlite:///{tmp_path / 'p.db'}"
-    killed: list[bool] = []
+    lost: dict[str, Any] = {}
 
     def kill_the_worker_node_mid_trial() -> None:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and len(list(marks.glob("training-*"))) < 2:
-            time.sleep(0.1)
-        if len(list(marks.glob("training-*"))) >= 2:  # one trial on each node, both training
-            os.kill(worker_raylet, signal.SIGKILL)
-            killed.append(True)
+        # wait on the trials' own marks: both trials hold in train_data, one on each node
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(_marked_pids(marks)) < 2:
+            time.sleep(0.05)
+        training = _marked_pids(marks)
+        on_worker = {c.pid for c in psutil.Process(worker_raylet).children(recursive=True)} & training
+        lost.update(training=training, on_worker=on_worker)
+        if len(training) == 2 and len(on_worker) == 1:
+            lost["killed"] = _kill_node(worker_raylet)
+            lost["trial_alive"] = psutil.pid_exists(next(iter(on_worker)))
         (marks / "release").touch()
 
     killer = threading.Thread(target=kill_the_worker_node_mid_trial, daemon=True)
     killer.start()
     space = {"params": {"lr": {"type": "categorical", "choices": [3e-3, 1e-2]}}}
-    res = proftune.search(str(task), space, trials=2, epochs=1, db=db, study="two-nodes",
-                          sampler="grid", device="cpu", backend="ray",
-                          ray=RayOptions(address=address, workers=2, storage_path=tmp_path / "ray"))
-    killer.join(5)
-    assert killed == [True]
+    try:
+        res = proftune.search(str(task), space, trials=2, epochs=1, db=db, study="two-nodes",
+                              sampler="grid", device="cpu", backend="ray",
+                              ray=RayOptions(address=address, workers=2, storage_path=tmp_path / "ray"))
+    finally:
+        (marks / "release").touch()
+        killer.join(30)
+    # the fault happened: two trials training, one of them on the worker node, which was killed
+    # with that trial's process before the trials were let go on
+    assert len(lost["training"]) == 2, lost
+    assert len(lost["on_worker"]) == 1, lost
+    assert worker_raylet in lost["killed"]
+    assert lost["trial_alive"] is False
+    assert worker_raylet not in _raylets(folder)
     # the trial on the dead node ran again on the head; nothing finished was lost
     assert res.backend["retries"] >= 1
     assert res.counts()["complete"] == 2, [(t.state, t.reason) for t in res.trials]
     assert sorted(t.params["lr"] for t in res.trials) == [3e-3, 1e-2]
     assert all(t.metrics["accuracy"] > 0.5 for t in res.trials)
-    assert worker_raylet not in _raylets(folder)
 
 
 # The second trial to train waits for the test's "release": the driver is killed while it waits.
