@@ -130,3 +130,26 @@ def test_tune_and_compress_by_file_name(tmp_path: Path) -> None:
     assert out["baseline"]["metric"] > 0.5
     assert out["baseline"]["metrics"]["accuracy"] == out["baseline"]["metric"]
     assert out["selected"] is not None
+
+
+def test_a_task_with_data_pickles_as_its_specs_and_loads_in_another_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray trial (or a --workers process) gets a pickled copy and runs in a folder of its own:
+    the copy is built again from the two files, named by absolute paths."""
+    import pickle
+    import shutil
+
+    (tmp_path / "lit").mkdir()
+    shutil.copy(LIT, tmp_path / "lit" / "lit_digits.py")
+    monkeypatch.chdir(tmp_path)
+    task = task_with_data("lit/lit_digits.py:LitModel", "lit/lit_digits.py:DigitsData")
+    blob = pickle.dumps(task)
+    elsewhere = tmp_path / "trial"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    copy = pickle.loads(blob)
+    assert isinstance(copy, LightningTask)
+    lit = tmp_path.resolve() / "lit" / "lit_digits.py"
+    assert copy.specs == (f"{lit}:LitModel", f"{lit}:DigitsData")
+    assert copy.default_params == task.default_params
+    assert fit(copy, max_steps=2, device="cpu").steps == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,35 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
     study = optuna.load_study(study_name="ray-local", storage=db)
     assert len(study.trials) == 2
     assert all("proftune" in t.user_attrs for t in study.trials)
+
+
+RELATIVE_TASK = """
+from proftune.examples._wine import WineMLP
+
+class Mine(WineMLP):
+    name = "mine"
+"""
+
+
+def test_a_relative_task_file_trains_on_every_ray_trial(tmp_path: Path, local_ray: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the README names tasks; each Ray trial runs in a working directory of its own."""
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "my_task.py").write_text(RELATIVE_TASK)
+    (tmp_path / "s.yaml").write_text("params:\n  hidden: {type: categorical, choices: [8, 16]}\n")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["tune", "tasks/my_task.py:Mine", "--space", "s.yaml", "--backend", "ray",
+                                   "--trials", "2", "--epochs", "1", "--sampler", "grid", "--device", "cpu",
+                                   "--db", f"sqlite:///{tmp_path / 'p.db'}", "--study", "relative", "--json"])
+    assert res.exit_code == 0, res.stderr[-3000:]
+    d = json.loads(res.stdout)
+    assert d["backend"]["backend"] == "ray"
+    assert d["counts"]["complete"] == 2, [(t["state"], t["reason"]) for t in d["trials"]]
+    assert sorted(t["params"]["hidden"] for t in d["trials"]) == [8, 16]
 
 
 def test_asha_records_a_trial_that_ran_every_epoch_as_complete(tmp_path: Path, local_ray: Any) -> None:

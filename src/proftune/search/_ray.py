@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -33,7 +34,7 @@ import optuna
 import torch
 
 from ..exceptions import ConfigError, DependencyError, RunFailedError
-from ..task import Task, load_task
+from ..task import Task, absolute_spec, load_task
 from ..track import Store
 from ..train import Callback, FitState, evaluate_model
 from ._records import ATTR
@@ -693,6 +694,8 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
     from ray import tune
 
     settings.task_name = settings.task_name or str(settings.task)
+    if isinstance(settings.task, str):  # each Ray trial runs in a working directory of its own
+        settings = dataclasses.replace(settings, task=absolute_spec(settings.task))
     remaining = max(0, settings.trials - finished)
     pbt = options.scheduler == "pbt"
     if options.scheduler != "fifo" and len(settings.objectives) > 1:
