@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import multiprocessing as mp
 import os
@@ -238,6 +239,7 @@ def search(
     store: Store | str | None = None,
     backend: str = "local",
     ray: RayOptions | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -253,7 +255,8 @@ def search(
     ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"`` (``grid_points`` per continuous
     param, also the points of ``sampler="grid"``).
     ``backend``: ``"local"`` (this machine's processes) or ``"ray"`` (Ray Tune; ``ray`` says
-    where and with which scheduler: fifo, asha, pbt).
+    where and with which scheduler: fifo, asha, pbt). ``params``: fixed for every trial (the
+    command line's ``--param``), over the space's ``fixed:``; a param the space searches is an error.
     """
     started = time.perf_counter()
     task_obj = load_task(task)
@@ -322,6 +325,13 @@ def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any
         space_obj = load_space(space)
     except ConfigError as exc:
         problems.problems.extend(exc.problems)
+    if space_obj is not None and given["params"]:
+        searched = sorted(set(given["params"]) & set(space_obj.names))
+        for name in searched:
+            problems.add(f"{name!r} is both fixed (params, --param {name}={given['params'][name]}) and searched "
+                         "by the space; keep one (a fixed value belongs in the space's fixed:).")
+        if not searched:
+            space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **given["params"]})
     metrics = task_metrics(task_obj)
     objectives = given["objectives"]
     if not objectives:
