@@ -80,8 +80,8 @@ def test_auto_stop_ends_a_flat_search_early(tmp_path: Path, db_url: str) -> None
     assert {"name", "status", "duration_s", "outputs"} <= set(d["stages"][0])
     assert {"params", "metrics", "model", "latency_ms", "size_bytes"} <= set(d["final"])
     search = next(s for s in d["stages"] if s["name"] == "search")
+    # ended by the auto-stop, early in trials (not in seconds: how fast trials run is the machine's)
     assert search["outputs"]["stop_reason"].startswith("auto-stop"), search["outputs"]["stop_reason"]
-    assert search["duration_s"] < 0.8 * search["share_s"]
     assert search["outputs"]["trials"] <= 8 + 1 + 3 + 4  # patience + first + one chunk + confirms
 
 
