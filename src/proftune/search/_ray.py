@@ -479,6 +479,16 @@ def _experiment_dir(settings: SearchSettings, options: RayOptions) -> Path:
     return (root / settings.study).resolve()
 
 
+def _next_folder(folder: Path) -> Path:
+    """``STUDY-2``, ``STUDY-3``, ...: the first beside ``folder`` that holds no experiment."""
+    from ray import tune
+
+    n = 2
+    while tune.Tuner.can_restore(str(folder.with_name(f"{folder.name}-{n}"))):
+        n += 1
+    return folder.with_name(f"{folder.name}-{n}")
+
+
 def _on_loopback(address: str | None) -> bool:
     """A local instance, or a cluster on this machine's loopback (``127.0.0.1:P``)."""
     return address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
@@ -706,6 +716,12 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
                            "trials_run": 0, "retries": 0, "schedule": {}}
     if remaining == 0:
         return out
+    if pbt and tune.Tuner.can_restore(str(folder)):
+        # a killed PBT experiment starts its population again, in a folder of its own: restored, its
+        # members' checkpoint records name checkpoints deleted after Ray's last save of them, and
+        # the synchronous population waits forever for the member whose save failed
+        folder = _next_folder(folder)
+        out["experiment"] = str(folder)
     # trials left RUNNING by a driver of this host that was killed: failed, their params queued
     # again (a resumed experiment's searcher asks for them first)
     reap_dead_trials(optuna.load_study(study_name=settings.study, storage=storage), store)
