@@ -5,11 +5,13 @@ loop, fault classification) on a Ray worker. The sampler is Optuna's, through Ra
 ``OptunaSearch`` on the study's own storage, so the space, constraints and samplers stay the
 same; the driver records every trial in the Store and in the study with the same states and
 fields as the local backend. Schedulers: ``fifo``, ``asha`` (Ray's successive halving on each
-epoch's objective) and ``pbt`` (population-based training: members checkpoint model and
-optimizer state, the better members are exploited and their params perturbed).
+epoch's objective) and ``pbt`` (population-based training, synchronous and seeded: members
+checkpoint model and optimizer state, the worse members continue from the better ones' and
+their params move a rung along a ladder).
 
 Fault tolerance: a trial whose worker dies is retried by Ray (``FailureConfig``); the driver
-killed midway resumes the experiment from its folder (``Tuner.restore``) with the same command.
+killed midway resumes the experiment from its folder (``Tuner.restore``) with the same command
+(a PBT population starts again, in a folder of its own).
 """
 
 from __future__ import annotations
