@@ -106,8 +106,7 @@ class ActivationRecorder:
         self.model = model
         self._hooks = hooks if hooks is not None else LayerHooks(model)
         self._ctx: Any = None
-        self._seen: set[tuple[str, int]] = set()
-        self._param_ptrs: set[tuple[str, int]] = set()
+        self._seen: set[tuple[torch.device, int]] = set()
         #: Bytes saved for backward, per layer path ("" for work outside any module).
         self.per_layer: dict[str, int] = {}
         self.total = 0
@@ -121,10 +120,6 @@ class ActivationRecorder:
             return self
         self.per_layer, self.total = {}, 0
         self._seen = set()
-        self._param_ptrs = set()
-        for p in self.model.parameters():
-            with contextlib.suppress(RuntimeError, NotImplementedError):
-                self._param_ptrs.add((str(p.device), p.untyped_storage().data_ptr()))
         self._hooks.attach()
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._ctx.__enter__()
@@ -135,6 +130,7 @@ class ActivationRecorder:
             ctx, self._ctx = self._ctx, None
             ctx.__exit__(None, None, None)
         self._hooks.detach()
+        self._seen = set()
 
     def __enter__(self) -> ActivationRecorder:
         return self.attach()
@@ -143,13 +139,18 @@ class ActivationRecorder:
         self.detach()
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        # a parameter, or a view of one (``linear`` saves ``weight.t()``), is not an activation;
+        # asking the tensor is cheaper than a set of the parameters' storages, rebuilt on every
+        # attach by walking a deep model's modules
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return t
         try:
             storage = t.untyped_storage()
-            key = (str(t.device), storage.data_ptr())
+            key = (t.device, storage.data_ptr())
             nbytes = int(storage.nbytes())
         except (RuntimeError, NotImplementedError):
             return t
-        if key in self._seen or key in self._param_ptrs or nbytes == 0:
+        if key in self._seen or nbytes == 0:
             return t
         self._seen.add(key)
         layer = self._hooks.current or ""
