@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .._cpplog import filtered_cpp_logs
 from ..train import Callback, FitState
 from ._layers import LayerHooks
 
@@ -181,6 +182,7 @@ class PeakMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._prof: Any = None
+        self._quiet = contextlib.ExitStack()  # the C++ log filter, open while the profiler is
         self._baseline = 0
         self.peak: int | None = None
 
@@ -193,8 +195,15 @@ class PeakMemory:
         else:
             from torch.profiler import ProfilerActivity, profile
 
-            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self._prof.__enter__()
+            # its memory profiling logs a C++ line per 1,000 frees of tensors made before the window
+            self._quiet = contextlib.ExitStack()
+            self._quiet.enter_context(filtered_cpp_logs())
+            try:
+                self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+                self._prof.__enter__()
+            except BaseException:
+                self._quiet.close()
+                raise
         return self
 
     def stop(self) -> int:
@@ -206,7 +215,8 @@ class PeakMemory:
         prof, self._prof = self._prof, None
         if prof is None:
             raise RuntimeError("PeakMemory.stop() was called without start().")
-        prof.__exit__(None, None, None)
+        with self._quiet:
+            prof.__exit__(None, None, None)
         self.peak = self._baseline + _peak_of_allocations(prof)
         return self.peak
 
@@ -214,7 +224,7 @@ class PeakMemory:
         """Stop without a result (after an error)."""
         if self._prof is not None:
             prof, self._prof = self._prof, None
-            with contextlib.suppress(Exception):
+            with self._quiet, contextlib.suppress(Exception):
                 prof.__exit__(None, None, None)
 
 
