@@ -291,3 +291,32 @@ def test_a_sampled_step_costs_the_same_hooks_and_host_reads_at_any_depth(monkeyp
     assert shallow[:2] == deep[:2] == (2, 2)  # the model's own pre/post hook and the two global ones
     assert deep[2] == shallow[2]
     assert deep[2] <= 12
+
+
+def test_a_statistics_sample_does_not_synchronise_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU only a timed sample's clocks wait for the device (per module and per phase); a
+    statistics sample waits once, where it ends (the next step's clean time starts there).
+    Counted here through the clock's callers."""
+    from proftune.profile import _layers, _monitor
+
+    model, opt, x = _deep(6)
+    syncs = {"time": 0, "stats": 0}
+    mon = Monitor(model, opt, every=1)
+    mon._cuda = True  # as on a GPU: the device is what a synchronising clock is handed
+
+    def counting(device: torch.device | None = None) -> float:
+        if device is not None and mon._sampling is not None:
+            syncs[mon._sampling] += 1
+        return 0.0
+
+    monkeypatch.setattr(_monitor, "clock", counting)
+    monkeypatch.setattr(_layers, "clock", counting)
+    with mon:
+        for _ in range(4):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+    assert syncs["stats"] == 2  # two statistics samples, one sync each
+    assert syncs["time"] >= 2 * 12  # both timed samples: every module's start and end, and the phases

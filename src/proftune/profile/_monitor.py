@@ -135,7 +135,8 @@ class Monitor:
         self.peak_memory = (self.device.type == "cuda") if peak_memory is None else bool(peak_memory)
         self.state = FitState(task=None, model=model, optimizer=optimizer, params={}, device=self.device)
         # one set of forward hooks serves the timer, the statistics and the activation recorder
-        self._hooks = LayerHooks(self.inner, sync=self.device.type == "cuda", device=self.device)
+        self._cuda = self.device.type == "cuda"
+        self._hooks = LayerHooks(self.inner, sync=self._cuda, device=self.device)
         self._timer = LayerTimer(self.inner, self.device, hooks=self._hooks) if timing else None
         self._stats = LayerStats(self.inner, hooks=self._hooks) if stats else None
         self._acts = ActivationRecorder(self.inner, hooks=self._hooks) if activations else None
@@ -230,9 +231,16 @@ class Monitor:
             cb.on_after_backward(self.state)
 
     # -- sampled steps --------------------------------------------------------------------------
+    @property
+    def _timed(self) -> bool:
+        """Whether this sample's clocks synchronise the device (only a timed sample reads them:
+        a statistics sample on a GPU syncs neither per module nor per phase)."""
+        return self._sampling == "time" and self._cuda
+
     def _attach_sample(self) -> None:
         kind = self._kinds[self._samples % len(self._kinds)]
         self._sampling = kind
+        self._hooks.sync = self._timed
         # the cyclic garbage collector waits for the sample's end: the objects a sample makes
         # live until it ends and then go, and collections in between would promote them, which
         # brings on a full collection (~0.4 s with torch loaded) every few hundred samples
@@ -294,7 +302,7 @@ class Monitor:
             gc.enable()
 
     def _sample_fwd_start(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        now = self._now(sync=True)
+        now = self._now(sync=self._timed)
         self._mark.setdefault("fwd_start", now)
         self._mark["_fwd_t0"] = now
         if self._example is None:
@@ -302,12 +310,12 @@ class Monitor:
         self._batch += batch_size_of(args if args else list(kwargs.values()))
 
     def _sample_fwd_end(self, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        now = self._now(sync=True)
+        now = self._now(sync=self._timed)
         self._mark["forward_ms"] += (now - self._mark.get("_fwd_t0", now)) * 1e3
         self._mark["fwd_end"] = now
 
     def _sample_opt_start(self, opt: Any, args: Any, kwargs: Any) -> None:
-        now = self._now(sync=True)
+        now = self._now(sync=self._timed)
         self._mark["bwd_end"] = now
         if self._sampling == "time" and self._timer is not None:
             self._timer.mark_backward_end(now)
@@ -321,7 +329,7 @@ class Monitor:
             self._m.grads_bytes = grads_bytes(self.inner)
 
     def _sample_opt_end(self, opt: Any, args: Any, kwargs: Any) -> None:
-        self._mark["opt_end"] = self._now(sync=True)
+        self._mark["opt_end"] = self._now(sync=self._timed)
 
     def _finish_sample(self, kind: str, now: float) -> None:
         mk = self._mark
