@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .._cpplog import cpp_logs_shown
 from .._jsonsafe import json_safe
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
@@ -106,9 +107,10 @@ _LIBRARY_LOGGERS = ("torch", "torchao", "torch_pruning")
 @contextlib.contextmanager
 def library_warnings(*, shown: bool) -> Iterator[None]:
     """The one place the CLI hides library warnings (Python warnings and the libraries' logged
-    warnings); ``--debug`` shows them."""
+    warnings, the C++ lines proftune keeps off stderr); ``--debug`` shows them."""
     if shown:
-        yield
+        with cpp_logs_shown():
+            yield
         return
     loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]
