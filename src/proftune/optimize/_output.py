@@ -89,7 +89,7 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         ax.bar([x + 0.2 for x in xs], [lv.get("value_share") or 0 for lv in layers], 0.4, label="value share")
         ax.set_xticks(list(xs), [f"{lv['name']}\n{lv['type']}" for lv in layers], fontsize=7)
         ax.legend()
-        ax.set_title("layer value: share of step time vs share of the measured contribution")
+        ax.set_title("layer value: share of step time vs share of the measured contribution", fontsize=9)
         fig.tight_layout()
         fig.savefig(folder / "layer_value.png", dpi=100)
         plt.close(fig)

@@ -323,7 +323,7 @@ def recommend(
     with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
         recs = body()
         recs.run_id = run.id
-        run.set(result={"recommendations": [r.to_dict() for r in recs]},
+        run.set(result={"recommendations": [r.to_dict() for r in recs]}, curves=recs.curves,
                 metrics={r.name: float(r.value) for r in recs
                          if isinstance(r.value, (int, float)) and not isinstance(r.value, bool)})
     return recs
@@ -465,7 +465,8 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs["precision"] = precision_rule(prof)
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
-    return Recommendations([recs[name] for name in RECOMMENDATION_NAMES if name in recs], profile=prof)
+    return Recommendations([recs[name] for name in RECOMMENDATION_NAMES if name in recs], profile=prof,
+                           curves={"lr_range": lr_res.to_dict()["curve"], "noise_scale": list(ns.history)})
 
 
 def _step_cost(prof: Profile) -> StepCost | None:
