@@ -116,7 +116,8 @@ def _load_profile_file(path: Path) -> dict[str, Any]:
 
 #: Kinds whose story comes first and whose overview closes the page, with the title of its config
 #: panel (an optimize run's config is how it started: the task's defaults, not the result).
-_OVERVIEW_LAST = {"optimize": "as started: options and the task's defaults (the result: see What changed)"}
+_OVERVIEW_LAST = {"optimize": "as started: options and the task's defaults (the result: see What changed)",
+                  "tune": "the study's config (the best trial: see Study)"}
 
 
 def run_page(r: RunRecord, store: Store | None = None) -> Page:
@@ -159,9 +160,9 @@ def _study_page(name: str, store: Store) -> Page:
     task = (tunes or trials)[0].task
     page = Page(f"{task} — study {name}", subtitle=f"{len(trials)} trials · {len(tunes)} tune run(s)",
                 badges=[("study", "kind")])
-    if tunes:
-        overview(page, tunes[0])
     study_sections(page, tunes, trials)
+    if tunes:
+        overview(page, tunes[0], title="Run and environment", config_title=_OVERVIEW_LAST["tune"], show_stats=False)
     return page
 
 

@@ -814,6 +814,11 @@ def _best_trial(s: Section, res: Mapping[str, Any], obj: Sequence[tuple[str, str
     values = ", ".join(f"{n} {fmt_value(n, metrics.get(n))}" for n, _ in obj if n in metrics)
     s.html(f'<p class="verdict good">best trial: #{esc(best.get("number"))}: {esc(values)}</p>')
     s.para("its params: " + _short_value(best.get("params") or {}), cls="muted")
+    stats = [(k, v) for k, v in metrics.items() if _num(v)][:10]
+    if stats:
+        s.html('<div class="stats">' + "".join(
+            f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)} (best trial)</div></div>'
+            for k, v in stats) + "</div>")
 
 
 def _scan_section(page: Page, scan: Any) -> None:
@@ -943,7 +948,8 @@ def _parallel(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple
     done = [row for row in rows if row["state"] == "complete"]
     if len(done) < 2:
         return
-    pnames = list(dict.fromkeys(k for row in done for k in row["params"]))
+    pnames = [k for k in dict.fromkeys(k for row in done for k in row["params"])
+              if len({repr(row["params"].get(k)) for row in done}) > 1]  # a fixed param is no axis
     target = obj[0][0]
     flat = [{"#": row["#"], **row["params"], target: row["metrics"].get(target)} for row in done]
     s = page.section("Parallel coordinates")
@@ -987,6 +993,13 @@ def importance_charts(s: Section, imp: Mapping[str, Any]) -> None:
                         ["param", "fANOVA", "PED-ANOVA"],
                         [[n, *[_share_cell((per.get(m) or {}).get(n)) for m in ("fanova", "ped_anova")]]
                          for n in names], sortable=False)))
+        if data:
+            for m, label in (("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA")):
+                got = per.get(m) if isinstance(per.get(m), Mapping) else {}
+                left = [n for n in names if got and not got.get("error") and not _num(got.get(n))]
+                if left:
+                    notes.append(f"{label} gives no value for {', '.join(left)}: a param not set in every "
+                                 f"completed trial (a conditional one, `when:`) is outside {label}'s model")
         for e in notes:
             s.para(e, cls="muted")
 
