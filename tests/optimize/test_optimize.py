@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -121,9 +122,9 @@ def test_the_task_s_own_test_data_gives_the_held_out_figures(tmp_path: Path, db_
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert "the task's test_data (128 samples)" in text
-    assert "what changed against the defaults" in text
+    assert "what changed" in text
     assert "held out" in text
-    assert "stopped:" in text
+    assert re.search(r"stopped +\S", text)
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     vs = summary["vs_baseline"]
     assert vs["held_out"] == {"source": "task.test_data", "fraction": None, "val_samples": 96,
