@@ -72,3 +72,17 @@ def test_kept_defaults_say_no_and_what_was_proposed() -> None:
 def test_a_compression_candidate_is_named_as_people_name_it() -> None:
     assert method_name({"method": "structured+dynamic", "ratio": 0.5}) == "structured pruning 50% + dynamic INT8"
     assert method_name({"method": "static", "ratio": 0.0}) == "static INT8"
+
+
+def test_the_result_s_load_line_runs_from_any_folder(optimize_run: dict[str, Any], tmp_path: Any,
+                                                    monkeypatch: Any) -> None:
+    """It defines the params it uses and names the files by absolute path (it said
+    ``build_model(params)`` with ``params`` undefined, and ``'model.pt'`` relative to the cwd)."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    exec(optimize_run["result"]["final"]["load"], scope)
+    saved = torch.load(optimize_run["out"] / "model.pt", weights_only=True)
+    assert scope["params"] == optimize_run["result"]["final"]["params"]
+    assert all(torch.equal(v, saved[k]) for k, v in scope["model"].state_dict().items())

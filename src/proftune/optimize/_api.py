@@ -37,7 +37,7 @@ from ._changes import param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
 from ._final import MAX_CANDIDATES, Arm, FinalOutcome, FinalPlan, run_final
 from ._layer_value import keep_layers, layer_values
-from ._output import write_html, write_outputs, write_summary
+from ._output import load_line, write_html, write_outputs, write_summary
 from ._search import StageSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
 from ._state import OptimizeState
@@ -646,6 +646,8 @@ class _Loop:
             warnings=st.outputs("health").get("warnings") or [],
             layer_findings=st.outputs("layer_value").get("findings") or [],
             stop_reason=self._stop_reason(), spec=self.spec)
+        # a line that runs from any folder: the params from config.yaml, the weights by absolute path
+        result.final["load"] = load_line(result)
         result.story = tell(result.to_dict())
         return result
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._api import OptimizeResult
     from ._state import OptimizeState
 
-__all__ = ["write_html", "write_outputs", "write_summary"]
+__all__ = ["load_line", "write_html", "write_outputs", "write_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,10 @@ def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]
                       "decision": result.vs_baseline.get("summary"), "params": out,
                       "final": {k: result.final.get(k) for k in ("mean", "std", "test", "latency_ms",
                                                                  "size_bytes", "model", "load")},
-                      "load": _load_line(result)}))
+                      "load": load_line(result)}))
 
 
-def _load_line(result: OptimizeResult) -> str:
+def load_line(result: OptimizeResult) -> str:
     """Python that rebuilds the result's model from this folder's files, from any directory."""
     folder = Path(result.out).resolve()
     return ("import torch, yaml, proftune; "
