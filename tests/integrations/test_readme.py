@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,10 @@ def quick(code: str) -> str:
 
 
 def _extras() -> set[str]:
-    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    """The extras pyproject.toml defines (``name = [...]`` under ``[project.optional-dependencies]``)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    part = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r"^(\w+) = \[", part, re.M))
 
 
 def _shell(block: Block) -> None:
