@@ -86,3 +86,11 @@ def test_the_result_s_load_line_runs_from_any_folder(optimize_run: dict[str, Any
     saved = torch.load(optimize_run["out"] / "model.pt", weights_only=True)
     assert scope["params"] == optimize_run["result"]["final"]["params"]
     assert all(torch.equal(v, saved[k]) for k, v in scope["model"].state_dict().items())
+
+
+def test_sentences_from_other_parts_are_rounded_but_versions_are_not() -> None:
+    from proftune.optimize._story import rounded
+
+    assert rounded("the mean gain -0.002778 is not a gain") == "the mean gain -0.00278 is not a gain"
+    assert rounded("costs only 0.7611 accuracy, lower bound +0.3211 > 0") == "costs only 0.761 accuracy, lower bound +0.321 > 0"
+    assert rounded("torch 2.14.1, 0.5 and 12.5, 98%") == "torch 2.14.1, 0.5 and 12.5, 98%"

@@ -178,15 +178,9 @@ def _render(d: dict[str, Any]) -> None:
                       f"{format_bytes(f.get('size_bytes'))})", highlight=False)
     if f.get("compressed"):
         out_console.print(f"compressed: {escape(str(f['compressed'].get('model')))}", highlight=False)
-    for flag in d.get("flags") or []:
-        out_console.print(f"[yellow]yellow flag[/]: {escape(str(flag['cause']))} in {escape(str(flag['region']))}: "
-                          f"{escape(str(flag['action']))}", highlight=False)
-    for w in d.get("warnings") or []:
-        out_console.print(f"[yellow]warning[/] {escape(str(w['cause']))}: {escape(str(w['summary']))} "
-                          f"(fix: {escape(str(w['fix']))})", highlight=False)
-    for lf in d.get("layer_findings") or []:
-        out_console.print(f"layer {escape(str(lf['layer']))}: {escape(str(lf['finding']))}; "
-                          f"{escape(str(lf['action']))}", highlight=False)
+    for note in story.get("notes") or []:
+        style = "yellow" if note.startswith(("yellow flag", "warning")) else ""
+        out_console.print(f"[{style}]{escape(note)}[/]" if style else escape(note), highlight=False)
     report = (d.get("files") or {}).get("report")
     out_console.print(f"outputs: {escape(d['out'])}" + (f" (the whole story: {escape(report)})" if report else ""),
                       highlight=False)

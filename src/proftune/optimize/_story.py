@@ -8,12 +8,13 @@ One home for these sentences: the terminal summary and the HTML report both prin
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._units import format_bytes
 
-__all__ = ["fmt", "fmt_ms", "method_name", "tell"]
+__all__ = ["fmt", "fmt_ms", "method_name", "rounded", "tell"]
 
 
 def _f(v: Any) -> float | None:
@@ -34,6 +35,19 @@ def fmt(v: Any, digits: int = 3) -> str:
     if f.is_integer() and abs(f) < 1e6:
         return str(int(f))
     return f"{f:.{digits}g}"
+
+
+_DECIMAL = re.compile(r"(?<![\w.])([+-]?)(\d+\.\d+)(?![\w.])")
+
+
+def rounded(text: Any) -> str:
+    """``text`` with every decimal number in it cut to three significant digits (sentences from
+    other parts: "the mean gain -0.002778 is not a gain" -> "-0.00278")."""
+    def cut(m: re.Match[str]) -> str:
+        digits = m.group(2).replace(".", "").lstrip("0")
+        return m.group(0) if len(digits) <= 3 else f"{m.group(1)}{float(m.group(2)):.3g}"
+
+    return _DECIMAL.sub(cut, str(text))
 
 
 def _signed(v: Any, digits: int = 2) -> str:
@@ -76,7 +90,7 @@ def _noise(cmp: Mapping[str, Any] | None, metric: str) -> str:
     if not cmp:
         return "no paired comparison (no searched configuration reached the final race)"
     n = len(cmp.get("seeds") or [])
-    reason = str(cmp.get("reason") or "")
+    reason = rounded(cmp.get("reason") or "")
     for said in ("beyond noise: ", "within noise: "):  # the answer says it already
         reason = reason[len(said):] if reason.startswith(said) else reason
     if _f(cmp.get("gain")) is None:
@@ -119,14 +133,16 @@ def _compression(final: Mapping[str, Any], vs: Mapping[str, Any], compress: Mapp
                          + (f"({ratio:.2f}x smaller)" if ratio >= 1 else f"({1 / ratio:.2f}x larger)"))
         drop = _f(c.get("metric_drop"))
         parts.append(f"{vs.get('metric', 'metric')} {fmt(c.get('metric'))} on validation"
-                     + (f" (drop {fmt(drop, 2)})" if drop else " (no drop)")
+                     + (f" ({fmt(drop, 2)} below the uncompressed model)" if drop and drop > 0 else
+                        f" ({fmt(-drop, 2)} above the uncompressed model: its fine-tuning trained it further)"
+                        if drop else " (no drop)")
                      + (f", {fmt(c.get('test_metric'))} held out" if _f(c.get("test_metric")) is not None else ""))
         return "; ".join(parts)
     if compress.get("skipped"):
-        return f"not tried: {compress['skipped']}"
+        return f"not tried: {rounded(compress['skipped'])}"
     cands = [x for x in compress.get("candidates") or [] if isinstance(x, Mapping) and x.get("within_budget")]
     best = min(cands, key=lambda x: _f(x.get("latency_ms")) or math.inf, default=None)
-    verdict = str(vs.get("compression") or "kept the uncompressed model")
+    verdict = rounded(vs.get("compression") or "kept the uncompressed model")
     if best is None:
         return f"no: {verdict}"
     r1, w1 = _times(best.get("latency_ms"), final.get("latency_ms"))
@@ -175,7 +191,7 @@ def _stage_row(s: Mapping[str, Any], d: Mapping[str, Any]) -> dict[str, Any]:
         arms = o.get("arms") or {}
         numbers = f"best {fmt(after)}" + (f" (defaults {fmt(before)})" if before is not None else "")
         did = (f"{o.get('trials', 0)} trial(s) of {o.get('epochs_per_trial')} epoch(s) ("
-               + ", ".join(f"{k} {v}" for k, v in arms.items()) + f"); {o.get('stop_reason') or ''}")
+               + ", ".join(f"{k} {v}" for k, v in arms.items()) + f"); {rounded(o.get('stop_reason') or '')}")
     elif name == "final":
         seeds = len((d.get("final") or {}).get("seeds") or [])
         numbers = f"defaults {fmt(before)} -> result {fmt(after)}"
@@ -183,11 +199,11 @@ def _stage_row(s: Mapping[str, Any], d: Mapping[str, Any]) -> dict[str, Any]:
             f"adopted {o.get('chosen')}" if o.get("decision") == "chosen" else "kept the defaults")
     elif name == "compress":
         if o.get("skipped"):
-            did = f"skipped: {o['skipped']}"
+            did = f"skipped: {rounded(o['skipped'])}"
         else:
             numbers = (f"uncompressed {fmt(before)} -> compressed {fmt(after)}" if after is not None
                        else f"uncompressed {fmt(before)}, kept")
-            did = str(o.get("verdict") or "")
+            did = rounded(o.get("verdict") or "")
     return {"stage": name, "status": s.get("status"), "time": _secs(s.get("duration_s")),
             "share": _secs(s.get("share_s")), "numbers": numbers, "did": did}
 
@@ -233,9 +249,12 @@ def tell(d: Mapping[str, Any]) -> dict[str, Any]:
     budget, used = _f(d.get("budget_s")), _f(d.get("elapsed_s"))
     lines.append(("time", f"{_secs(used)} of the {_secs(budget)} budget"
                           + (f" ({used / budget:.0%})" if used is not None and budget else "")))
-    lines.append(("stopped", str(d.get("stop_reason") or "-")))
+    lines.append(("stopped", rounded(d.get("stop_reason") or "-")))
     headline = (f"{metric} {fmt(dv.get('val', {}).get('mean'))} (defaults) -> {_pm(fv.get('val'))} "
                 f"(result, {seeds} seed(s)); {decision}")
-    return {"headline": headline, "decision": decision, "adopted": adopted,
+    notes = [f"yellow flag: {f.get('cause')} in {f.get('region')}: {f.get('action')}" for f in d.get("flags") or []]
+    notes += [f"warning {w.get('cause')}: {w.get('summary')} (fix: {w.get('fix')})" for w in d.get("warnings") or []]
+    notes += [f"layer {f.get('layer')}: {f.get('finding')}; {f.get('action')}" for f in d.get("layer_findings") or []]
+    return {"headline": headline, "decision": decision, "adopted": adopted, "notes": [rounded(n) for n in notes],
             "lines": [{"label": q, "text": a} for q, a in lines],
             "stages": [_stage_row(s, d) for s in d.get("stages") or []]}

@@ -30,7 +30,7 @@ from ._sections import (
 
 #: The arms of the search (where each trial's params came from) and how they are drawn.
 ARM_STYLE = {"centre": (PALETTE[2], "diamond", "computed centre"), "defaults": ("#495057", "square", "task defaults"),
-             "local": (PALETTE[1], "triangle-up", "local design"), "tpe": (PALETTE[0], "circle", "TPE (70/20/10)")}
+             "local": (PALETTE[1], "triangle-up", "local design"), "tpe": (PALETTE[0], "circle", "TPE")}
 STAGE_TITLES = {"baseline": "Baseline", "health": "Health", "compute": "What changed", "layer_value": "Layer value",
                 "search": "Search", "final": "Final race", "compress": "Compression"}
 
@@ -391,9 +391,9 @@ def _search(page: Page, run: _Run) -> None:
           ("arms", ", ".join(f"{ARM_STYLE.get(k, ('', '', k))[2]} {v}" for k, v in arms.items())),
           ("epochs per trial", srch.get("epochs_per_trial")), ("pruner", srch.get("pruner")),
           ("time", _secs(srch.get("duration_s"))), ("why it stopped", srch.get("stop_reason"))], title="the search")
-    s.para("Arms: the first trials are the computed centre, the task's defaults and a local design around the "
-           "centre; then 70% of the trials sample narrow ranges around the centre, 20% the wide space and 10% of "
-           "the time re-run the best configurations with other seeds (TPE).", cls="muted")
+    s.para("Where each trial's params came from (its arm): the first trials are the computed centre, the "
+           "task's defaults and a local design around the centre (lr x3 and /3, half the batch); then TPE "
+           "proposes the rest from every finished trial, away from paused regions.", cls="muted")
     if trials:
         _search_history(s, run, trials, srch)
     else:
@@ -503,20 +503,15 @@ def _space_table(s: Section, plan: Mapping[str, Any]) -> None:
     space = (plan.get("space") or {}).get("params") or {}
     if not space:
         return
-    centre, narrow, why = plan.get("centre") or {}, plan.get("narrow") or {}, plan.get("evidence") or {}
+    centre, why = plan.get("centre") or {}, plan.get("evidence") or {}
     rows = []
     for name, p in space.items():
         if not isinstance(p, Mapping):
             continue
         wide = (", ".join(_n(c) for c in p.get("choices") or []) if p.get("choices")
                 else f"{_n(p.get('low'))} … {_n(p.get('high'))}" + (" (log)" if p.get("log") else ""))
-        nr = narrow.get(name)
-        rows.append([name, wide, _n(centre.get(name)),
-                     (", ".join(_n(c) for c in nr) if (isinstance(nr, list) and len(nr) != 2) or
-                      (isinstance(nr, list) and nr and isinstance(nr[0], str))
-                      else f"{_n(nr[0])} … {_n(nr[1])}" if isinstance(nr, list) and len(nr) == 2 else "-"),
-                     clipped(why.get(name, ""), 100)])
-    s.table(["param", "wide range (20%)", "computed centre", "narrow range (70%)", "centre from"], rows,
+        rows.append([name, wide, _n(centre.get(name)), clipped(why.get(name, ""), 100)])
+    s.table(["param", "range searched", "computed centre (the first trial)", "centre from"], rows,
             sortable=False, title="the space searched")
     fixed = (plan.get("space") or {}).get("fixed") or {}
     if fixed:
