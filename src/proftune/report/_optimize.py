@@ -131,13 +131,15 @@ def _headline(page: Page, run: _Run) -> None:
     dv, fv = vs.get("defaults") or {}, vs.get("final") or {}
     cmp_val = (vs.get("leader_vs_defaults") or {}).get("val") or {}
     seeds = len(final.get("seeds") or [])
+    answers = {str(x.get("label")): str(x.get("text")) for x in story.get("lines") or [] if isinstance(x, Mapping)}
     stats = [(f"{m}, validation: defaults → result", f"{_pm(dv.get('val'))} → {_pm(fv.get('val'))}",
               f"{seeds} paired seed(s)", "good" if adopted else "bad"),
              (f"{m}, held out: defaults → result", f"{_pm(dv.get('test'))} → {_pm(fv.get('test'))}",
               str(vs.get("held_out_source") or ""), ""),
              ("beyond noise?", ("yes" if cmp_val.get("beyond_noise") else "no")
               + (f", gain {float(cmp_val['gain']):+.2g}" if _f(cmp_val.get("gain")) is not None else ""),
-              str(cmp_val.get("reason") or ""), "good" if cmp_val.get("beyond_noise") else "bad")]
+              answers.get("did it help") or str(cmp_val.get("reason") or ""),
+              "good" if cmp_val.get("beyond_noise") else "bad")]
     comp = final.get("compressed")
     if comp:
         r1 = _ratio(final.get("latency_ms"), comp.get("latency_ms"))
@@ -549,7 +551,7 @@ def _final_race(page: Page, run: _Run) -> None:
                      "hoverinfo": "text"})
     s.chart({"data": data, "layout": layout(f"{run.metric} of every seed, per configuration", y=run.metric,
                                             boxmode="group", height=360)},
-            side=s.side(lambda t: t.kv(_comparison_items(vs), title="the decision")))
+            side=s.side(lambda t: t.kv(_comparison_items(vs, run.res.get("story") or {}), title="the decision")))
     cols = ["configuration", "seed", f"{run.metric}, validation", f"{run.metric}, held out", "epochs", "time", "run"]
     rows, classes = [], []
     for a in arms:
@@ -570,7 +572,7 @@ def _param_names(arms: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(k for a in arms for k in (a.get("params") or {})))
 
 
-def _comparison_items(vs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def _comparison_items(vs: Mapping[str, Any], story: Mapping[str, Any]) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = [("decision", "adopted " + str(vs.get("leader")) if vs.get("decision") == "chosen"
                                      else "kept the defaults")]
     for split, label in (("val", "validation"), ("test", "held out")):
@@ -584,9 +586,11 @@ def _comparison_items(vs: Mapping[str, Any]) -> list[tuple[str, Any]]:
         if _f(c.get("lower")) is not None:
             items.append((f"{float(c.get('level') or 0.95):.1%} lower bound, {label}", f"{float(c['lower']):+.3g}"))
         items.append((f"beyond noise, {label}", "yes" if c.get("beyond_noise") else "no"))
+    told = next((str(x.get("text")) for x in story.get("lines") or []
+                 if isinstance(x, Mapping) and x.get("label") == "did it help"), "")
     cv = (vs.get("leader_vs_defaults") or {}).get("val") or {}
-    if cv.get("reason"):
-        items.append(("why", str(cv["reason"])))
+    if told or cv.get("reason"):
+        items.append(("why", told or str(cv["reason"])))
     return items
 
 
