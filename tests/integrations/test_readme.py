@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 BLOCK = re.compile(r"(?:<!-- readme-test: ([^\n]+?) -->\n)?```(\w+)\n(.*?)```", re.S)
 #: How the test shortens a command: (pattern, replacement). Nothing else is changed.
-QUICK = [(r"--budget \S+", "--budget 40"), (r'budget="[^"]+"', "budget=40"), (r"--trials \d+", "--trials 2"),
+QUICK = [(r"--budget \S+", "--budget 40"), (r'(?<![\w])budget="[^"]+"', "budget=40"), (r"--trials \d+", "--trials 2"),
          (r"(?<![\w-])trials=\d+", "trials=2"), (r"--epochs \d+", "--epochs 1"), (r"(?<![\w_])epochs=\d+", "epochs=1"),
          (r"--rounds \d+", "--rounds 2")]
 #: The tune and report examples (they train digits-cnn: a few minutes on 2 busy cores).

@@ -26,7 +26,10 @@ LAYOUT = """(function(){
     return Math.round(b.getBoundingClientRect().top);});
   var empty = Array.prototype.filter.call(document.querySelectorAll('main section'), function(s){
     return !s.querySelector('table, .chart, img, .stat');}).map(function(s){ return s.id; });
-  return {scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth,
+  var wide = Array.prototype.filter.call(document.querySelectorAll('.tablewrap'), function(w){
+    return w.scrollWidth > w.clientWidth + 1;}).map(function(w){
+    return (w.closest('section') || {}).id + ': ' + (w.querySelector('h3') || w.querySelector('th')).textContent;});
+  return {scroll: document.documentElement.scrollWidth, wide: wide, client: document.documentElement.clientWidth,
           lineHeight: lh, tallest: tallest, chain: chain, empty: empty,
           images: Array.prototype.filter.call(document.images, function(i){ return i.naturalWidth > 0; }).length};
 })()"""
@@ -88,5 +91,6 @@ def test_the_report_lays_out_in_a_browser(optimize_run: dict[str, object], width
     assert got["tallest"][0] <= 5 * got["lineHeight"] + 12, got["tallest"]  # no row taller than a few lines
     assert len(set(got["chain"])) == 1, got["chain"]  # the stages on one row: no arrow ends a line
     assert got["empty"] == [], got["empty"]
+    assert got["wide"] == [], got["wide"]  # every table fits its section: no hidden columns
     assert got["images"] >= 3
     assert re.search(r"did it help\s+(yes|no)", seen.text)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import html as htmllib
 import re
+from pathlib import Path
 from typing import Any
 
-from proftune.report import render_report
+import pytest
+
+from proftune.report import render_report, write_report
 from proftune.track import Store
 
-from .conftest import load_runs
+from .conftest import chromium_missing, load_runs
 from .test_html import _charts, _sections
 
 LONG = "step_time_ms=1236 >= 20 (constraint step_time_ms<20); " * 6
@@ -51,10 +54,11 @@ def test_a_long_reason_stays_on_one_line_whole_on_hover(store: Store) -> None:
     trial = next(r for r in store.list_runs(kind="trial", study="s1") if r.result.get("state") == "infeasible")
     store.update_run(trial.id, result={**trial.result, "reason": LONG})
     html = render_report(study="s1", store=store)
-    cell = re.search(r'<td class="trunc" title="([^"]*)">([^<]*)</td>', html)
-    assert cell is not None
-    assert cell.group(1) == LONG.replace("<", "&lt;").replace(">", "&gt;")
-    assert len(htmllib.unescape(cell.group(2))) <= 48
+    cells = re.findall(r'<td class="trunc" title="([^"]*)">([^<]*)</td>', html)
+    whole = [shown for title, shown in cells if htmllib.unescape(title) == LONG]
+    assert len(whole) == 1
+    assert len(htmllib.unescape(whole[0])) <= 40
+    assert LONG.startswith(htmllib.unescape(whole[0]).rstrip("…"))
     assert ids
 
 
@@ -79,3 +83,22 @@ def test_importance_says_why_a_method_gave_nothing(store: Store) -> None:
     assert "fANOVA gives no value for momentum" in html
     html = _study(store, importance={"accuracy": {"fanova": {"error": "needs 2 trials"}, "ped_anova": {"lr": 1.0}}})
     assert "fANOVA gave nothing: needs 2 trials" in html
+
+
+@pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
+def test_a_study_page_lays_out_in_a_browser(store: Store, tmp_path: Path) -> None:
+    from ._chromium import chromium, visit
+    from .test_optimize_report import LAYOUT
+
+    load_runs(store)
+    for trial in store.list_runs(kind="trial", study="s1"):
+        if trial.result.get("state") == "infeasible":
+            store.update_run(trial.id, result={**trial.result, "reason": LONG})
+    path = write_report(study="s1", out=tmp_path / "study.html", store=store)
+    with chromium() as browser:
+        seen = visit(browser, path, width=1400, probe=LAYOUT)
+    got = seen.probed
+    assert seen.charts_drawn == seen.charts_expected
+    assert got["scroll"] <= got["client"], got
+    assert got["wide"] == [], got["wide"]
+    assert got["tallest"][0] <= 3 * got["lineHeight"] + 12, got["tallest"]  # the long reasons: one line

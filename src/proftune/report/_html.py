@@ -324,7 +324,7 @@ color:var(--muted);font-size:16px}
 .chain .stage .name{font-weight:600}.chain .stage .meta{color:var(--muted);font-size:12px}
 .chain .stage.failed{border-color:var(--bad)}.chain .stage.skipped{opacity:.7}
 .chain a{color:inherit;text-decoration:none}
-table.data td.trunc{max-width:26em;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;cursor:help}
+table.data td.trunc{max-width:22em;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;cursor:help}
 .headline{display:flex;flex-wrap:wrap;gap:12px;margin:0 0 12px}
 .headline .stat{margin:0;border:1px solid var(--line);border-radius:8px;padding:10px 14px;min-width:180px;
 background:#fcfcfd;flex:1 1 180px}

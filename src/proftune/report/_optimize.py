@@ -415,11 +415,10 @@ def _search(page: Page, run: _Run) -> None:
     _space_table(s, srch.get("plan") or {})
     top = [g for g in srch.get("top") or [] if isinstance(g, Mapping)]
     if top:
-        pnames = list(dict.fromkeys(k for g in top for k in (g.get("params") or {})))
-        s.table(["rank", f"{run.metric} mean ± std", "n", "trials", "arms", *pnames],
+        s.table(["rank", f"{run.metric} mean ± std", "n", "trials", "arms", "params"],
                 [[i + 1, _pm(g), g.get("n"), ", ".join(map(str, g.get("trials") or [])),
-                  ", ".join(sorted(set(map(str, g.get("arms") or [])))),
-                  *[Cell(_n((g.get("params") or {}).get(p)), cls="nw") for p in pnames]] for i, g in enumerate(top)],
+                  ", ".join(sorted(set(map(str, g.get("arms") or [])))), clipped(_short_value(g.get("params") or {}), 110)]
+                 for i, g in enumerate(top)],
                 sortable=False, title="the best configurations (the final race takes the first ones)")
     tune = _latest_tune(run, str(srch.get("study") or run.r.study or ""))
     imp = (tune.result or {}).get("importance") if tune else None
@@ -561,15 +560,11 @@ def _final_race(page: Page, run: _Run) -> None:
                          _secs(r.get("duration_s")) + (" (cut)" if r.get("cut") else ""), r.get("run_id")])
             classes.append("best" if a.get("name") == race.get("chosen") else "")
     s.table(cols, rows, row_classes=classes, title="every run of the race")
-    s.table(["configuration", "where it came from", "search mean ± std (n)", *[k for k in _param_names(arms)]],
+    s.table(["configuration", "where it came from", "search mean ± std (n)", "params"],
             [[a.get("name"), clipped(a.get("source"), 60),
               f"{_pm({'mean': a.get('search_mean'), 'std': a.get('search_std')})} ({a.get('search_n')})",
-              *[Cell(_n((a.get("params") or {}).get(k)), cls="nw") for k in _param_names(arms)]] for a in arms],
+              clipped(_short_value(a.get("params") or {}), 110)] for a in arms],
             sortable=False, title="the configurations")
-
-
-def _param_names(arms: Sequence[Mapping[str, Any]]) -> list[str]:
-    return list(dict.fromkeys(k for a in arms for k in (a.get("params") or {})))
 
 
 def _comparison_items(vs: Mapping[str, Any], story: Mapping[str, Any]) -> list[tuple[str, Any]]:

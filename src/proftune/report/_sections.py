@@ -715,13 +715,21 @@ def candidate_charts(s: Section, res: Mapping[str, Any]) -> None:
             notes.append(no)
         s.chart({"data": data, "layout": layout(f"{metric} vs {label}", x=f"{label} ({unit})", y=metric,
                                                 shapes=shapes, annotations=notes)})
-    cols = ["method", "ratio", metric, "drop", "params", "MACs", "size", "ms @1", "ms @batch", "backend",
-            "Pareto", "within budget"]
-    s.table(cols, [[c.get("method"), c.get("ratio"), c.get("metric"), c.get("metric_drop"), c.get("params"),
+    cols = ["candidate", metric, "drop", "params", "MACs", "size", "ms @1", "ms @batch", "Pareto", "within budget"]
+    s.table(cols, [[Cell(_candidate(c), title=f"backend {c.get('quant_backend')}" if c.get("quant_backend") else "",
+                         cls="nw"),
+                    c.get("metric"), c.get("metric_drop"), c.get("params"),
                     c.get("macs"), (format_bytes(c.get("size_bytes")), finite(c.get("size_bytes")) or 0),
-                    c.get("latency_ms"), c.get("latency_batch_ms"), c.get("quant_backend"),
+                    c.get("latency_ms"), c.get("latency_batch_ms"),
                     "yes" if c.get("pareto") else "", "yes" if c.get("within_budget") else "no"]
                    for c in everything], row_classes=["best" if is_sel(c) else "" for c in everything])
+
+
+def _candidate(c: Mapping[str, Any]) -> str:
+    """``structured 50% + static``: the method with its pruning ratio."""
+    ratio = finite(c.get("ratio"))
+    parts = str(c.get("method") or "-").split("+")
+    return " + ".join(f"{p} {ratio:.0%}" if ratio and "structured" in p else p for p in parts)
 
 
 def sensitivity_chart(ss: Section, res: Mapping[str, Any]) -> None:
@@ -938,7 +946,7 @@ def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tu
                            *[Cell(fmt_number(row["params"].get(p), digits=3), cls="nw") for p in shown],
                            *[(fmt_value(m, row["metrics"].get(m)), finite(row["metrics"].get(m)) or 0)
                              if _num(row["metrics"].get(m)) else "-" for m in mnames],
-                           clipped(reason, 48), (f"{row['duration']:.1f}", row["duration"])
+                           clipped(reason, 40), (f"{row['duration']:.1f}", row["duration"])
                            if _num(row["duration"]) else "-", row["run"]])
     s.table(["#", "state", *shown, *mnames, "why it ended", "seconds", "run"], table_rows,
             row_classes=[str(row["state"]) for row in rows])
