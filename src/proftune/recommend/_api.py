@@ -355,7 +355,7 @@ def recommend(
     with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
         recs = body()
         recs.run_id = run.id
-        run.set(result={"recommendations": [r.to_dict() for r in recs]},
+        run.set(result={"recommendations": [r.to_dict() for r in recs]}, curves=recs.curves,
                 metrics={r.name: float(r.value) for r in recs
                          if isinstance(r.value, (int, float)) and not isinstance(r.value, bool)})
     return recs
@@ -505,7 +505,9 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
-    return Recommendations([recs[name] for name in names if name in recs], profile=prof)
+    return Recommendations([recs[name] for name in names if name in recs], profile=prof,
+                           curves={"lr_range": lr_res.to_dict()["curve"],
+                                   "noise_scale": list(ns.history) if ns is not None else []})
 
 
 @dataclass(frozen=True)

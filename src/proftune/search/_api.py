@@ -356,7 +356,7 @@ def search(
         summary = result.to_dict()
         run.set(metrics=dict(result.best.metrics) if result.best else {},
                 result={k: summary[k] for k in ("best", "pareto", "counts", "budget", "compute",
-                                                 "correlations", "importance", "strategy")},
+                                                 "correlations", "importance", "strategy", "scan")},
                 artifacts={"plots": result.plots})
     return result
 
