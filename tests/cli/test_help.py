@@ -34,4 +34,4 @@ def test_the_main_job_is_listed_first_and_descriptions_read_as_sentences() -> No
     assert commands[0] == "optimize", commands
     assert "<bool>" not in text
     # a docstring's line breaks are joined, not kept mid-sentence
-    assert re.search(r"precision, data loading and bottleneck layers", text)
+    assert re.search(r"precision, data loading, bottleneck layers and the optimizer", text)
