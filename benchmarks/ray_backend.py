@@ -13,6 +13,15 @@ compute   equal compute (the same total epochs): Ray PBT, a population of P memb
           local TPE study (T trials x E epochs), all on 2 workers: best accuracy, total training
           steps (sum of the trials' steps) and wall time.
 
+rescue    PBT on digits-mlp with SGD from a learning rate 10x too low (0.01, lr 1e-4..0.1), 10x too
+          high (1.0, lr 1e-3..1.0) and the issue's start (no default: the range's centre 3.2e-3,
+          lr 1e-4..0.1), a population of 4 for E epochs (``--pbt-epochs``, default 6) on 2 workers:
+          the best accuracy of proftune's PBT (seeded, synchronous, ladder) beside the anchor, Ray
+          Tune's stock PopulationBasedTraining on the same trainable and population (its defaults:
+          asynchronous, a random parent from the top quarter, x0.8/x1.2 of a loguniform or a
+          resample 25% of the time; unseeded, so ``--repeats`` runs, median and range), the
+          fixed-rate run at the start (proftune.fit) and the best fixed rate on the ladder.
+
 Every study gets a fresh temporary SQLite database and a fresh Ray storage folder; Ray starts a
 local instance of its own per study (its start-up is inside the wall times). Trials train on one
 CPU thread each. ``--quick``: 4 trials x 1 epoch (PBT 2 x 2), a few minutes. Wall times are
@@ -22,7 +31,9 @@ comparable within one run only. Writes nothing to the repository.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -191,13 +202,94 @@ def part_compute(args: argparse.Namespace, tmp: Path) -> bool:
     return all(o.best is not None for o in (pbt, asha, tpe))
 
 
+RESCUE = (  # (label, start or None for the range's centre, low, high)
+    ("10x too low", 0.01, 1e-4, 0.1),
+    ("10x too high", 1.0, 1e-3, 1.0),
+    ("issue 22 start", None, 1e-4, 0.1),
+)
+RESCUE_TASK = "digits-mlp"
+
+
+def _stock_pbt_class() -> type:
+    """Ray Tune's PopulationBasedTraining with its defaults, built where proftune builds its own."""
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    class StockPBT(PopulationBasedTraining):
+        def __init__(self, *, seed: int, hyperparam_mutations: dict[str, list[float]], quantile_fraction: float,
+                     resample_probability: float, synch: bool, **kw: Any) -> None:
+            # what a Ray user writes: the declared range as a loguniform, everything else Ray's default
+            super().__init__(hyperparam_mutations={k: tune.loguniform(min(v), max(v))
+                                                   for k, v in hyperparam_mutations.items()}, **kw)
+
+    return StockPBT
+
+
+def _pbt_best(tmp: Path, key: str, lr: dict[str, Any], epochs: int, seed: int, *, stock: bool) -> tuple[float, float]:
+    """(best accuracy, the highest lr any member trained at) of one PBT study on 2 workers."""
+    from unittest import mock
+
+    from proftune.search import _ray
+
+    space = {"params": {"lr": lr}, "fixed": {"optimizer": "sgd"}}
+    patch = mock.patch.object(_ray, "_pbt_class", _stock_pbt_class) if stock else contextlib.nullcontext()
+    if stock:
+        random.seed(seed)  # Ray's PBT draws from the global generator; this does not make it repeatable
+    print(f"  running {'ray stock' if stock else 'proftune'} pbt {key} ...", file=sys.stderr, flush=True)
+    with patch:
+        res = proftune.search(RESCUE_TASK, space, trials=4, epochs=epochs, seed=seed, device="cpu",
+                              db=f"sqlite:///{tmp / f'{key}.db'}", study=key, backend="ray",
+                              ray=RayOptions(workers=2, scheduler="pbt", population=4, storage_path=tmp / f"ray-{key}"))
+    accs = [float(t.metrics["accuracy"]) for t in res.trials if t.state == "complete" and "accuracy" in t.metrics]
+    lrs = [float(p["lr"]) for pts in res.backend.get("schedule", {}).values() for p in pts if p.get("lr")]
+    return (max(accs) if accs else float("nan")), (max(lrs) if lrs else float("nan"))
+
+
+def part_rescue(args: argparse.Namespace, tmp: Path) -> bool:
+    from proftune.search import Space
+    from proftune.search._ray import _ladder
+
+    e = args.pbt_epochs
+    print(f"\n== rescue: {RESCUE_TASK}, SGD, PBT 4 members x {e} epochs, 2 workers, seed {args.seed}; "
+          f"Ray stock PBT x{args.repeats} ==", flush=True)
+    rows, ok = [], True
+    for label, start, low, high in RESCUE:
+        lr: dict[str, Any] = {"type": "float", "low": low, "high": high, "log": True}
+        if start is not None:
+            lr["default"] = start
+        param = Space.from_dict({"params": {"lr": lr}}).params[0]
+        begin = float(param.center())
+        fixed = {rung: proftune.fit(RESCUE_TASK, {"lr": rung, "optimizer": "sgd"}, epochs=e, device="cpu",
+                                    seed=args.seed).metrics["accuracy"] for rung in _ladder(param)}
+        at_start = fixed[begin]
+        best_rung = max(fixed, key=lambda r: fixed[r])
+        key = label.replace(" ", "-")
+        ours, ours_top = _pbt_best(tmp, f"ours-{key}", lr, e, args.seed, stock=False)
+        stock = [_pbt_best(tmp, f"stock-{key}-{i}", lr, e, args.seed + i, stock=True)[0]
+                 for i in range(args.repeats)]
+        med = statistics.median(stock)
+        rows.append((label, begin, at_start, best_rung, fixed[best_rung], ours, ours_top, med, min(stock), max(stock)))
+        ok = ok and ours >= at_start + 0.2
+    print(f"{'start':<15} {'lr':>7} {'fixed@start':>11} {'best rung':>15} {'proftune PBT':>12} {'top lr':>7} "
+          f"{'Ray stock PBT med [min, max]':>29} {'ours-stock':>10} {'ours-fixed':>10}")
+    for label, begin, at_start, rung, at_rung, ours, top, med, lo, hi in rows:
+        print(f"{label:<15} {begin:7.3g} {at_start:11.4f} {at_rung:8.4f} @{rung:<6.3g} {ours:12.4f} {top:7.3g} "
+              f"{med:12.4f} [{lo:.4f}, {hi:.4f}]   {(ours - med) * 100:+8.1f}pt {(ours - at_start) * 100:+8.1f}pt")
+    print("fixed@start: proftune.fit at the start for the same epochs; best rung: the best fixed rate on the "
+          "ladder (an oracle: one full run per rung); top lr: the highest rate any member trained at; "
+          "ours-stock: proftune's PBT minus the median of Ray's stock PBT, in accuracy points")
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("parallel", "compute", "all"), default="all")
+    ap.add_argument("--part", choices=("parallel", "compute", "rescue", "all"), default="all")
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--population", type=int, default=4, help="PBT members (divides trials x epochs)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pbt-epochs", type=int, default=6, help="rescue: epochs of each PBT member")
+    ap.add_argument("--repeats", type=int, default=3, help="rescue: runs of Ray's stock (unseeded) PBT")
     ap.add_argument("--quick", action="store_true", help="4 trials x 1 epoch, PBT 2 x 2: a few minutes")
     args = ap.parse_args()
     if args.quick:
@@ -214,9 +306,10 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="proftune-ray-bench-") as d:
         tmp = Path(d)
-        parts = ("parallel", "compute") if args.part == "all" else (args.part,)
+        parts = ("parallel", "compute", "rescue") if args.part == "all" else (args.part,)
         for part in parts:
-            results[part] = {"parallel": part_parallel, "compute": part_compute}[part](args, tmp)
+            results[part] = {"parallel": part_parallel, "compute": part_compute,
+                             "rescue": part_rescue}[part](args, tmp)
     verdicts = ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in results.items())
     print(f"\n{verdicts} ({time.perf_counter() - started:.0f} s in all)")
     return 0 if all(results.values()) else 1

@@ -23,3 +23,24 @@ def db_url(tmp_path: Path) -> str:
 def _threads() -> None:
     # two cores shared with the test runner; keep runs comparable and quick
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture(scope="session")
+def optimize_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """One real ``proftune optimize`` of a tiny task, piped as a script would run it, with
+    compression on (60 s of budget: every stage gets time): what the terminal printed, the
+    result, the store and the output folder. Shared by the terminal and the report tests."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+
+    folder = tmp_path_factory.mktemp("optimize")
+    db = f"sqlite:///{folder / 'runs.db'}"
+    spec = f"{Path(__file__).parent / 'optimize' / 'tasks.py'}:TooSlowLR"
+    res = CliRunner().invoke(app, ["optimize", spec, "--budget", "60", "--out", str(folder / "out"), "--db", db,
+                                   "--device", "cpu"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    summary = json.loads((folder / "out" / "summary.json").read_text())
+    return {"output": res.stdout, "result": summary, "db": db, "out": folder / "out"}

@@ -10,6 +10,7 @@ from torch import nn
 
 from proftune import ClassificationTask
 from proftune._holdout import HeldOutTask, with_test_split
+from proftune.task import load_task
 from proftune.examples import TensorBatches
 
 X = torch.arange(100, dtype=torch.float32).reshape(100, 1)
@@ -100,3 +101,13 @@ def test_a_shuffled_validation_set_is_noted() -> None:
 
     _, info = with_test_split(Shuffled())
     assert "not in a fixed order" in info.note
+
+
+def test_a_compressed_file_names_the_task_inside_the_held_out_wrapper() -> None:
+    """compress records the spec that rebuilds the model; the wrapper only splits the data."""
+    from proftune.compress._checkpoint import task_spec
+
+    inner = load_task("digits-mlp")
+    held = HeldOutTask(inner)
+    assert task_spec(held, held) == task_spec(inner, inner)
+    assert "HeldOutTask" not in str(task_spec(held, held))

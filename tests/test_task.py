@@ -13,7 +13,7 @@ import torch
 import proftune
 from proftune.examples import BUILTIN_TASKS
 from proftune.exceptions import TaskLoadError
-from proftune.task import Task, TaskWrapper
+from proftune.task import Task, TaskWrapper, absolute_spec
 
 TASK_SRC = textwrap.dedent(
     """
@@ -48,6 +48,21 @@ def test_file_and_class_forms(tmp_path: Path) -> None:
     f.write_text(TASK_SRC)
     assert proftune.load_task(str(f)).name == "tiny"
     assert proftune.load_task(f"{f}:Tiny").name == "tiny"
+
+
+def test_absolute_spec_makes_a_task_file_loadable_from_another_folder(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "mine.py").write_text(TASK_SRC)
+    monkeypatch.chdir(tmp_path)
+    spec = absolute_spec("tasks/mine.py:Tiny")
+    assert spec == f"{tmp_path.resolve() / 'tasks' / 'mine.py'}:Tiny"
+    assert absolute_spec("tasks/mine.py") == str(tmp_path.resolve() / "tasks" / "mine.py")
+    # names that are no files stay as they are
+    for name in ("digits-mlp", "timm:resnet10t", "proftune.examples._wine:WineMLP"):
+        assert absolute_spec(name) == name
+    monkeypatch.chdir(tmp_path / "tasks")  # a Ray trial's own working directory, say
+    assert type(proftune.load_task(spec)).__name__ == "Tiny"
 
 
 def test_module_form() -> None:

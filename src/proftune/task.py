@@ -206,7 +206,7 @@ def load_task(spec: str | Task | type[Task]) -> Task:
         return _instantiate(cls, origin=spec)
 
     path_part, class_name = _split_spec(spec)
-    if path_part.endswith(".py") or "/" in path_part or Path(path_part).exists():
+    if _names_a_file(path_part):
         return _load_from_file(Path(path_part), class_name, spec)
     if class_name is not None:
         return _load_from_module(path_part, class_name, spec)
@@ -214,6 +214,26 @@ def load_task(spec: str | Task | type[Task]) -> Task:
         f"task {spec!r} is not a built-in task, a file or 'package.module:Class'. "
         f"Built-in tasks: {', '.join(_builtin_names())}. Valid forms: {_SPEC_FORMS}."
     )
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` as a process in another working directory (a Ray trial) loads it: a task file's
+    path made absolute (``tasks/mine.py:Mine`` -> ``/home/me/proj/tasks/mine.py:Mine``); a
+    built-in name, ``timm:MODEL`` and ``package.module:Class`` stay as they are."""
+    from .examples import BUILTIN_TASKS
+
+    spec = spec.strip()
+    if spec.startswith("timm:") or spec in BUILTIN_TASKS:
+        return spec
+    path_part, class_name = _split_spec(spec)
+    if not _names_a_file(path_part):
+        return spec
+    path = str(Path(path_part).resolve())
+    return f"{path}:{class_name}" if class_name else path
+
+
+def _names_a_file(path_part: str) -> bool:
+    return path_part.endswith(".py") or "/" in path_part or Path(path_part).exists()
 
 
 def _split_spec(spec: str) -> tuple[str, str | None]:

@@ -163,3 +163,26 @@ def test_test_dataloader_is_the_held_out_split(tmp_path: Path) -> None:
     test = evaluate_model(task, model, torch.device("cpu"), 32, split="test")
     assert set(test) >= {"accuracy", "val_loss"}
     assert load_task(LIT).test_data(32) is None
+
+
+def test_a_task_with_data_pickles_as_its_specs_and_loads_in_another_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray trial (or a --workers process) gets a pickled copy and runs in a folder of its own:
+    the copy is built again from the two files, named by absolute paths."""
+    import pickle
+    import shutil
+
+    (tmp_path / "lit").mkdir()
+    shutil.copy(LIT, tmp_path / "lit" / "lit_digits.py")
+    monkeypatch.chdir(tmp_path)
+    task = task_with_data("lit/lit_digits.py:LitModel", "lit/lit_digits.py:DigitsData")
+    blob = pickle.dumps(task)
+    elsewhere = tmp_path / "trial"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    copy = pickle.loads(blob)
+    assert isinstance(copy, LightningTask)
+    lit = tmp_path.resolve() / "lit" / "lit_digits.py"
+    assert copy.specs == (f"{lit}:LitModel", f"{lit}:DigitsData")
+    assert copy.default_params == task.default_params
+    assert fit(copy, max_steps=2, device="cpu").steps == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -109,6 +110,7 @@ def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: s
     assert d["final"]["params"] == {"lr": 0.01, "batch_size": 32, "optimizer": "adamw"}
     assert all(e.startswith("task default (kept") for e in d["final"]["evidence"].values())
     search = next(s for s in d["stages"] if s["name"] == "search")
+    # ended by the auto-stop, early in trials (not in seconds: how fast trials run is the machine's)
     assert search["outputs"]["stop_reason"].startswith("auto-stop"), search["outputs"]["stop_reason"]
     # it had more time (all the later stages do not need) and stopped itself before it was spent
     assert search["outputs"]["seconds"] >= search["share_s"]
@@ -122,9 +124,9 @@ def test_the_task_s_own_test_data_gives_the_held_out_figures(tmp_path: Path, db_
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert "the task's test_data (128 samples)" in text
-    assert "what changed against the defaults" in text
+    assert "what changed" in text
     assert "held out" in text
-    assert "stopped:" in text
+    assert re.search(r"stopped +\S", text)
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     vs = summary["vs_baseline"]
     assert vs["held_out"] == {"source": "task.test_data", "fraction": None, "val_samples": 96,
@@ -303,4 +305,9 @@ def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str)
     stage_runs = [r for r in _stage_runs(db_url) if r.config["stage"] != "compress" and r.status == "finished"]
     assert len(stage_runs) == len(STAGES) - 1
     assert len(Store(db_url).list_runs(kind="train")) == final_runs  # the final race, not repeated
-    assert (out / "model_compressed.pt").is_file()
+    # a compressed file exactly when a candidate beat the uncompressed model on the goal (which of
+    # TinyTask's layers the layer-value stage keeps is measured, so either may happen)
+    outputs = result.stages[-1]["outputs"]
+    assert (out / "model_compressed.pt").is_file() == (outputs["selected"] is not None), json.dumps(outputs)
+    if outputs["selected"] is not None:
+        assert "HeldOutTask" not in outputs["load"] and "tasks.py:TinyTask" in outputs["load"]

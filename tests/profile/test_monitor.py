@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +18,10 @@ from torch import nn
 import proftune
 from proftune.exceptions import ConfigError
 from proftune.profile import Monitor, Profile
+from proftune.profile._stats import StepStats
 from proftune.train import Callback, FitState
+
+SRC = Path(proftune.__file__).resolve().parent
 
 
 def _hook_count(model: nn.Module, opt: torch.optim.Optimizer) -> int:
@@ -133,3 +144,179 @@ def test_cpu_peak_on_request_and_time_only_monitor() -> None:
     assert p.step.forward_ms > 0
     assert p.step.backward_ms > 0
     assert p.step.optimizer_ms > 0
+
+
+def test_monitor_and_profile_leave_stderr_clean() -> None:
+    """torch.profiler's memory profiling (the CPU peak, a trace) logs a C++ allocator line per
+    1,000 frees of tensors made before its window; none reaches stderr. torch is imported first,
+    as in a user's script, so the log level proftune's import sets comes too late to help."""
+    script = textwrap.dedent("""
+        import torch, torch.nn.functional as F
+        from torch import nn
+        import proftune
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+        with proftune.Monitor(model, opt, every=2, peak_memory=True) as mon:
+            for _ in range(6):
+                loss = F.cross_entropy(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+                mon.step(loss)
+        assert mon.profile.memory.peak_bytes > 0
+        p = proftune.profile(model, example_input=x, device="cpu", steps=2, warmup=1, trace=TRACE)
+        assert p.memory.peak_bytes > 0
+        import sys; print("user line", file=sys.stderr)
+    """).replace("TRACE", repr(str(Path(tempfile.mkdtemp()) / "trace.json")))
+    env = {k: v for k, v in os.environ.items() if k not in ("KINETO_LOG_LEVEL", "TORCH_CPP_LOG_LEVEL")}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "user line\n"  # the allocator's line is gone; the user's own output is not
+
+
+def _deep(layers: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    torch.manual_seed(0)
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(16, 16), nn.ReLU()]
+    model = nn.Sequential(*mods)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 16)
+
+
+def _recorded_steps(mon: Monitor) -> list[StepStats]:
+    """What each statistics sample of ``mon`` gathers (reduced when read, as the Monitor does)."""
+    steps: list[StepStats] = []
+    stats = mon._stats
+    assert stats is not None
+    gather = stats.gather
+
+    def recording(optimizer: torch.optim.Optimizer | None = None) -> StepStats:
+        steps.append(gather(optimizer))
+        return steps[-1]
+
+    stats.gather = recording  # type: ignore[method-assign]
+    return steps
+
+
+def test_statistics_rotate_over_a_deep_model_and_cover_every_layer_within_k_samples() -> None:
+    model, opt, x = _deep(20)  # 40 layers: 10 per sample at stats_rotation=4
+    names = [n for n, m in model.named_modules() if n]
+    mon = Monitor(model, opt, every=1, timing=False, activations=False, stats_rotation=4)
+    steps = _recorded_steps(mon)
+    with mon:
+        for _ in range(8):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+            if mon.samples == 4:
+                after_k = mon.profile
+    samples = [step.result() for step in steps]  # read after all of them ran: deferred
+    assert len(samples) == 8
+    per_sample = [{n for n, s in sample.items() if "activation" in s} for sample in samples]
+    assert all(len(covered) == math.ceil(40 / 4) for covered in per_sample)
+    assert set().union(*per_sample[:4]) == set(names)  # every layer within K=4 samples
+    assert per_sample[4] == per_sample[0]  # then round again
+    # the profile keeps each layer's latest statistics of each kind: complete after K samples
+    for lay in after_k.layers:
+        assert "activation" in lay.stats, lay.name
+        assert ("weight" in lay.stats) == (lay.type == "Linear")
+        assert ("grad" in lay.stats) == (lay.type == "Linear")
+    # the global gradient norm is measured on every sample, over every layer
+    assert len(mon._m.grad_norms) == 8
+    assert mon.profile.grad.update_ratio is not None
+
+
+def test_a_small_model_gets_every_layer_on_every_sample() -> None:
+    model, opt, x = _deep(3)  # 6 layers <= STATS_MIN_LAYERS
+    mon = Monitor(model, opt, every=1, timing=False, activations=False)
+    steps = _recorded_steps(mon)
+    with mon:
+        for _ in range(2):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+    assert len(steps) == 2
+    assert all(all("activation" in s for s in step.result().values()) for step in steps)
+
+
+def test_stats_rotation_is_validated() -> None:
+    model, opt, _, _ = _setup()
+    with pytest.raises(ConfigError, match="stats_rotation"):
+        Monitor(model, opt, stats_rotation=0)
+
+
+def _sampled_step_counts(layers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int, int]:
+    """(hooks on modules, global module hooks, host reads) during one sampled step of each kind."""
+    model, opt, x = _deep(layers)
+    reads = {"n": 0}
+
+    def counting(name: str) -> None:
+        orig = getattr(torch.Tensor, name)
+
+        def wrapper(self: torch.Tensor, *a: object, **k: object) -> object:
+            reads["n"] += 1
+            return orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+
+    module_hooks = global_hooks = 0
+    with Monitor(model, opt, every=1) as mon:
+        for step in range(6):
+            if step == 4:  # from here on: one time sample and one statistics sample, counted
+                for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"):
+                    counting(name)
+            loss = model(x).square().mean()
+            if step >= 4:
+                module_hooks = max(module_hooks, sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
+                                                     for m in model.modules()))
+                global_hooks = max(global_hooks, len(torch.nn.modules.module._global_forward_hooks)
+                                   + len(torch.nn.modules.module._global_forward_pre_hooks))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+    monkeypatch.undo()
+    return module_hooks, global_hooks, reads["n"]
+
+
+def test_a_sampled_step_costs_the_same_hooks_and_host_reads_at_any_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What made sampled steps of deep models dear: a hook pair registered on every module and
+    a host sync per tensor. Now two global hooks and a fixed number of host reads per step."""
+    shallow = _sampled_step_counts(4, monkeypatch)
+    deep = _sampled_step_counts(40, monkeypatch)
+    assert shallow[:2] == deep[:2] == (2, 2)  # the model's own pre/post hook and the two global ones
+    assert deep[2] == shallow[2]
+    assert deep[2] <= 12
+
+
+def test_a_statistics_sample_does_not_synchronise_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU only a timed sample's clocks wait for the device (per module and per phase); a
+    statistics sample waits once, where it ends (the next step's clean time starts there).
+    Counted here through the clock's callers."""
+    from proftune.profile import _layers, _monitor
+
+    model, opt, x = _deep(6)
+    syncs = {"time": 0, "stats": 0}
+    mon = Monitor(model, opt, every=1)
+    mon._cuda = True  # as on a GPU: the device is what a synchronising clock is handed
+
+    def counting(device: torch.device | None = None) -> float:
+        if device is not None and mon._sampling is not None:
+            syncs[mon._sampling] += 1
+        return 0.0
+
+    monkeypatch.setattr(_monitor, "clock", counting)
+    monkeypatch.setattr(_layers, "clock", counting)
+    with mon:
+        for _ in range(4):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss)
+    assert syncs["stats"] == 2  # two statistics samples, one sync each
+    assert syncs["time"] >= 2 * 12  # both timed samples: every module's start and end, and the phases

@@ -135,8 +135,6 @@ def test_find_batch_size_reads_the_profile_and_records_a_run(db_url: str) -> Non
 
 def test_a_small_dataset_caps_the_real_search_without_cycling_the_data() -> None:
     """A budget far above what 150 samples need: the real measure says DataLimit, not a huge batch."""
-    import time
-
     from sklearn.datasets import load_iris
 
     from proftune import ClassificationTask
@@ -157,13 +155,12 @@ def test_a_small_dataset_caps_the_real_search_without_cycling_the_data() -> None
         def val_data(self, batch_size: int) -> TensorBatches:
             return TensorBatches(torch.tensor(x, dtype=torch.float32), torch.tensor(y), batch_size)
 
-    t0 = time.perf_counter()
     result = find_batch_size(Iris(), memory_budget="512MiB", device="cpu")
     assert result.max_batch_size == len(y)
     assert result.limited_by == "data"
-    # no probe measured a batch larger than the data (which would mean cycling it 60 times over)
+    # no probe measured a batch larger than the data (which would mean cycling it 60 times over);
+    # counted, not timed: the cost is the probes' batches, whatever the machine's speed
     assert all(p.batch_size <= len(y) for p in result.probes)
-    assert time.perf_counter() - t0 < 30
 
 
 def test_a_flat_start_of_the_peak_curve_is_not_extrapolated() -> None:

@@ -77,6 +77,12 @@ def test_recommend_derives_every_parameter_from_one_profile(db_url: str) -> None
     assert run.kind == "recommend"
     assert run.status == "finished"
     assert [r["name"] for r in run.result["recommendations"]] == list(RECOMMENDATION_NAMES)
+    # the curves behind the values go with the run (the report draws them): the range test's
+    # points from its first rate to where it stopped, and the noise scale per measured step
+    curve = run.curves["lr_range"]
+    assert len(curve) == lr.evidence["steps"]
+    assert curve[0]["lr"] == pytest.approx(lr.evidence["start_lr"])
+    assert len(run.curves["noise_scale"]) == by["critical_batch_size"].evidence["steps"]
 
 
 def test_budget_below_the_model_itself_exits_with_the_batch_1_need() -> None:

@@ -35,6 +35,8 @@ class PageVisit:
     title: str = ""
     text: str = ""
     png: bytes = b""
+    #: What ``probe`` (a JavaScript expression returning JSON-able data) gave once the charts were drawn.
+    probed: Any = None
 
     @property
     def external_requests(self) -> list[str]:
@@ -125,7 +127,8 @@ def chromium() -> Iterator[str]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def visit(base: str, path: Path, *, width: int = 1280, height: int = 900, timeout: float = 60) -> PageVisit:
+def visit(base: str, path: Path, *, width: int = 1280, height: int = 900, timeout: float = 60,
+          probe: str | None = None) -> PageVisit:
     """Load ``path`` from file:// in a new tab; wait until every chart is drawn; record it all."""
     req = urllib.request.Request(f"{base}/json/new?about:blank", method="PUT")
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -154,6 +157,9 @@ def visit(base: str, path: Path, *, width: int = 1280, height: int = 900, timeou
         info = dt.call("Runtime.evaluate", returnByValue=True,
                        expression="JSON.stringify([document.title, document.body.innerText])")
         out.title, out.text = json.loads(info["result"]["value"])
+        if probe is not None:
+            got = dt.call("Runtime.evaluate", returnByValue=True, expression=f"JSON.stringify({probe})")
+            out.probed = json.loads(got["result"]["value"])
         shot = dt.call("Page.captureScreenshot", format="png")
         out.png = base64.b64decode(shot["data"])
         dt.wait_event("__drain__", 0.5)

@@ -44,8 +44,8 @@ def _sections(html: str) -> list[str]:
     ("batch_size", ["Overview", "Memory model"], 1),
     ("recommend", ["Overview", "Recommendations"], 0),
     ("diagnose", ["Overview", "Findings", "Curves"], 2),
-    ("tune", ["Overview", "Study", "Optimisation history", "Trials", "Parallel coordinates",
-              "Parameter importance", "Correlations", "Pareto front"], 8),
+    ("tune", ["Study", "Optimisation history", "Trials", "Parallel coordinates",
+              "Parameter importance", "Correlations", "Pareto front", "Run and environment"], 8),
     ("trial", ["Overview", "Trial", "Curves"], 1),
     ("compress", ["Overview", "Candidates", "Plan and notes"], 2),
     ("bandit", ["Overview", "Allocation", "Regret"], 2),
@@ -152,9 +152,12 @@ def test_optimize_stage_chain_and_custom_renderers(store: Store) -> None:
                            {"name": "compress", "duration_s": 20.0, "metric_before": 0.93, "metric_after": 0.925,
                             "status": "finished", "run_id": 7}]})
     html = run_page(record, store).render()
-    assert _sections(html) == ["Overview", "Stage chain"]
+    # the story first, the run's overview last; its stages in one row of boxes (no arrow ends a line)
+    assert _sections(html)[0] == "Result"
+    assert _sections(html)[-1] == "Run and environment"
     assert html.count('class="stage') == 3
-    assert "0.93 → 0.925" in html
+    assert "grid-template-columns:repeat(3,minmax(0,1fr))" in html
+    assert 'class="arrow"' not in html
     seen = []
 
     @register_renderer("custom_kind")

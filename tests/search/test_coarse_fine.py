@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import optuna
+import pytest
+import torch
 
 from proftune.search import CoarseToFineSampler
 
@@ -35,13 +41,28 @@ def test_fine_pass_samples_near_the_best_coarse_trials() -> None:
     assert max(t.value or -1e9 for t in fine) >= max(t.value or -1e9 for t in coarse)
 
 
-def test_timeout_stops_starting_trials(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_timeout_stops_starting_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's clock is the test's: each trial takes one second of it, whatever the machine."""
     import proftune
+    from proftune.examples._wine import WineMLP
+    from proftune.search import _api, _study
 
+    now = [0.0]
+
+    class OneSecondTrials(WineMLP):
+        def build_model(self, params: dict[str, Any]) -> torch.nn.Module:
+            now[0] += 1.0
+            return super().build_model(params)
+
+    clock = SimpleNamespace(time=lambda: now[0], perf_counter=time.perf_counter)
+    monkeypatch.setattr(_api, "time", clock)  # where the deadline is set
+    monkeypatch.setattr(_study, "time", clock)  # where it is checked, before each trial
     space = {"params": {"hidden": {"type": "int", "low": 4, "high": 8}}}
-    result = proftune.search("wine-mlp", space, trials=50, max_steps=1, timeout=3.0,
+    result = proftune.search(OneSecondTrials(), space, trials=50, max_steps=1, timeout=3.0,
                              db=f"sqlite:///{tmp_path / 'p.db'}", study="t")
-    assert 1 <= len(result.trials) < 50
+    # trials start at 0, 1 and 2 s; at 3 s the timeout has passed: no fourth one
+    assert len(result.trials) == 3
+    assert now[0] == 3.0
     assert result.stopped == "timeout"
     assert all(t.state == "complete" for t in result.trials)
 

@@ -34,9 +34,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
 psutil = pytest.importorskip("psutil", reason="psutil comes with ray[tune]")
 
 HERE = Path(__file__).parent
-#: GCS notices a dead node within ~2 s instead of Ray's default ~30 s.
-FAST_NODE_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
-                   "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}
+#: GCS notices a dead node within ~5 s instead of Ray's default ~30 s, and a live node on a busy
+#: machine is not taken for dead (a raylet would have to miss five checks in a row).
+FAST_NODE_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+                   "health_check_timeout_ms": 1000, "health_check_failure_threshold": 5}
 
 
 def _free_port() -> int:
@@ -120,11 +121,26 @@ class BlockingDigits(DigitsMLP):
         if os.getpid() == DRIVER:
             return super().train_data(batch_size, params)
         (MARKS / f"training-{{os.getpid()}}-{{uuid.uuid4().hex}}").touch()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a guard only: the test always releases
         while not (MARKS / "release").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         return super().train_data(batch_size, params)
 '''
+
+
+def _marked_pids(marks: Path) -> set[int]:
+    return {int(m.name.split("-")[1]) for m in marks.glob("training-*")}
+
+
+def _kill_node(raylet: int) -> list[int]:
+    """SIGKILL a node as a machine loss would end it: its raylet and every process under it."""
+    node = psutil.Process(raylet)
+    procs = [*node.children(recursive=True), node]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=30)
+    return [p.pid for p in procs]
 
 
 def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path,
@@ -135,31 +151,43 @@ def test_two_node_cluster_retries_a_trial_whose_node_died(tmp_path: Path,
     task = tmp_path / "blocking_task.py"
     task.write_text(BLOCKING_TASK.format(marks=str(marks), driver=os.getpid()))
     db = f"sqlite:///{tmp_path / 'p.db'}"
-    killed: list[bool] = []
+    lost: dict[str, Any] = {}
 
     def kill_the_worker_node_mid_trial() -> None:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and len(list(marks.glob("training-*"))) < 2:
-            time.sleep(0.1)
-        if len(list(marks.glob("training-*"))) >= 2:  # one trial on each node, both training
-            os.kill(worker_raylet, signal.SIGKILL)
-            killed.append(True)
+        # wait on the trials' own marks: both trials hold in train_data, one on each node
+        deadline = time.monotonic() + 600  # a guard only: both trials mark within a worker's start
+        while time.monotonic() < deadline and len(_marked_pids(marks)) < 2:
+            time.sleep(0.05)
+        training = _marked_pids(marks)
+        on_worker = {c.pid for c in psutil.Process(worker_raylet).children(recursive=True)} & training
+        lost.update(training=training, on_worker=on_worker)
+        if len(training) == 2 and len(on_worker) == 1:
+            lost["killed"] = _kill_node(worker_raylet)
+            lost["trial_alive"] = psutil.pid_exists(next(iter(on_worker)))
         (marks / "release").touch()
 
     killer = threading.Thread(target=kill_the_worker_node_mid_trial, daemon=True)
     killer.start()
     space = {"params": {"lr": {"type": "categorical", "choices": [3e-3, 1e-2]}}}
-    res = proftune.search(str(task), space, trials=2, epochs=1, db=db, study="two-nodes",
-                          sampler="grid", device="cpu", backend="ray",
-                          ray=RayOptions(address=address, workers=2, storage_path=tmp_path / "ray"))
-    killer.join(5)
-    assert killed == [True]
+    try:
+        res = proftune.search(str(task), space, trials=2, epochs=1, db=db, study="two-nodes",
+                              sampler="grid", device="cpu", backend="ray",
+                              ray=RayOptions(address=address, workers=2, storage_path=tmp_path / "ray"))
+    finally:
+        (marks / "release").touch()
+        killer.join(30)
+    # the fault happened: two trials training, one of them on the worker node, which was killed
+    # with that trial's process before the trials were let go on
+    assert len(lost["training"]) == 2, lost
+    assert len(lost["on_worker"]) == 1, lost
+    assert worker_raylet in lost["killed"]
+    assert lost["trial_alive"] is False
+    assert worker_raylet not in _raylets(folder)
     # the trial on the dead node ran again on the head; nothing finished was lost
     assert res.backend["retries"] >= 1
     assert res.counts()["complete"] == 2, [(t.state, t.reason) for t in res.trials]
     assert sorted(t.params["lr"] for t in res.trials) == [3e-3, 1e-2]
     assert all(t.metrics["accuracy"] > 0.5 for t in res.trials)
-    assert worker_raylet not in _raylets(folder)
 
 
 # The second trial to train waits for the test's "release": the driver is killed while it waits.
@@ -234,3 +262,44 @@ def test_a_killed_driver_resumes_its_experiment(tmp_path: Path) -> None:
     runs = {r.id: r for r in Store(db).list_runs(kind="trial")}
     assert runs[finished[0].id].status == "finished"
     assert runs[finished[0].id].metrics == finished[0].metrics
+
+
+PBT_DRIVER = '''
+import json
+import proftune
+from proftune.search import RayOptions
+space = {{"params": {{"lr": {{"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.01}}}},
+          "fixed": {{"optimizer": "sgd"}}}}
+res = proftune.search("digits-mlp", space, trials=4, epochs=4, db={db!r}, study="pbt", device="cpu",
+                      backend="ray", ray=RayOptions(workers=2, scheduler="pbt", population=4, storage_path={ray!r}))
+print(json.dumps({{"experiment": res.backend["experiment"], "states": [t.state for t in res.trials]}}))
+'''
+
+
+@pytest.mark.slow  # two drivers, two Ray instances: about two minutes on 2 cores
+def test_a_killed_pbt_driver_starts_its_population_again(tmp_path: Path) -> None:
+    """Restored, a PBT population waited forever on a member whose checkpoint records name
+    checkpoints deleted after Ray's last save; the same command starts it again instead."""
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    script = tmp_path / "driver.py"
+    script.write_text(PBT_DRIVER.format(db=db, ray=str(tmp_path / "ray")))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    rounds = tmp_path / "ray" / "pbt" / "pbt_global.txt"  # Ray's log of PBT's exploits, one line each
+    first = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300  # a guard only
+        while time.monotonic() < deadline and (not rounds.exists() or len(rounds.read_text().splitlines()) < 4):
+            assert first.poll() is None
+            time.sleep(0.2)
+        assert len(rounds.read_text().splitlines()) >= 4  # two rounds done, the population mid-run
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    second = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                            timeout=400, check=False)
+    assert second.returncode == 0, second.stderr[-3000:]
+    out = json.loads(second.stdout.strip().splitlines()[-1])
+    assert out["experiment"] == str((tmp_path / "ray" / "pbt-2").resolve())
+    assert out["states"] == ["complete"] * 4

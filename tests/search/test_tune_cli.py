@@ -57,3 +57,33 @@ def test_bad_input_exits_2_listing_every_problem(tmp_path: Path) -> None:
                    "'step_time_ms<<50' is malformed"):
         assert needle in err, (needle, err)
     assert not (tmp_path / "p.db").exists()  # nothing ran, nothing was written
+
+
+def test_param_fixes_a_param_for_every_trial(tmp_path: Path) -> None:
+    import proftune
+
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  hidden: {type: categorical, choices: [8, 16]}\n")
+    result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), "--trials", "2", "--epochs", "2",
+                                 "--sampler", "grid", "--param", "optimizer=sgd", "-p", "lr=0.05",
+                                 "--study", "fixed", "--db", f"sqlite:///{tmp_path / 'p.db'}", "--json"])
+    assert result.exit_code == 0, result.output
+    trials = json.loads(result.stdout)["trials"]
+    assert sorted(t["params"]["hidden"] for t in trials) == [8, 16]
+    for t in trials:  # each trial trained with SGD at 0.05: the same run as fit with those params
+        assert t["params"]["optimizer"] == "sgd"
+        assert t["params"]["lr"] == 0.05
+        sgd = proftune.fit("wine-mlp", {"hidden": t["params"]["hidden"], "optimizer": "sgd", "lr": 0.05},
+                           epochs=2, device="cpu")
+        assert t["metrics"]["val_loss"] == sgd.metrics["val_loss"]
+    default = proftune.fit("wine-mlp", {"hidden": 8}, epochs=2, device="cpu")  # AdamW at the task's lr
+    assert trials[0]["metrics"]["val_loss"] != default.metrics["val_loss"]
+
+
+def test_param_on_a_searched_param_exits_2_naming_it(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  hidden: {type: categorical, choices: [8, 16]}\n")
+    result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), "--param", "hidden=8",
+                                 "--db", f"sqlite:///{tmp_path / 'p.db'}"])
+    assert result.exit_code == 2, result.output
+    assert "'hidden' is both fixed (params, --param hidden=8) and searched by the space" in result.stderr

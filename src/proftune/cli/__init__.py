@@ -6,6 +6,7 @@ import typer
 
 from ._bandit import bandit
 from ._batch_size import batch_size
+from ._common import HelpGroup
 from ._compress import compress
 from ._diagnose import diagnose
 from ._export import export_command
@@ -26,7 +27,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HelpGroup,
 )
+app.command("optimize")(optimize_command)  # the main job first in --help
 app.command("tasks")(tasks)
 app.command("train")(train)
 app.add_typer(runs_app, name="runs")
@@ -43,7 +46,6 @@ app.command("profile")(profile_command)
 app.command("report")(report_command)
 app.command("export")(export_command)
 app.command("predict")(predict_command)
-app.command("optimize")(optimize_command)
 
 
 def main() -> None:

@@ -15,7 +15,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from .._cpplog import cpp_logs_shown
 from .._jsonsafe import json_safe
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
@@ -106,9 +108,10 @@ _LIBRARY_LOGGERS = ("torch", "torchao", "torch_pruning")
 @contextlib.contextmanager
 def library_warnings(*, shown: bool) -> Iterator[None]:
     """The one place the CLI hides library warnings (Python warnings and the libraries' logged
-    warnings); ``--debug`` shows them."""
+    warnings, the C++ lines proftune keeps off stderr); ``--debug`` shows them."""
     if shown:
-        yield
+        with cpp_logs_shown():
+            yield
         return
     loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]
@@ -230,3 +233,87 @@ def task_arg(task: str, data: str | None) -> Any:
     from ..integrations import task_with_data
 
     return task_with_data(task, data)
+
+
+# -- --help as people read it ------------------------------------------------------------------------
+#: The value a flag takes in --help, by Python type (typer prints ``<str>``, ``<bool>``).
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "bool": "BOOLEAN"}
+
+
+def _tidy_param(param: Any) -> None:
+    """A flag without a value (``--resume``) shows none; an option its value's kind (``TEXT``);
+    an argument its name in capitals (``TASK``), never typer's ``<bool>`` / ``{task}``."""
+    if getattr(param, "metavar", None) is not None:
+        return
+    if isinstance(param, TyperOption):
+        if param.is_flag or param.count:
+            param.metavar = ""
+            return
+        text = param.display_type(None).strip("<>")  # type: ignore[arg-type]
+        repeated = text.startswith("list[")
+        kind = text[5:-1] if repeated else text
+        param.metavar = kind.upper() if "|" in kind else _METAVARS.get(kind, kind.upper())
+    elif isinstance(param, TyperArgument):
+        param.metavar = (param.name or "arg").upper()
+
+
+def _one_line_paragraphs(text: str | None) -> str | None:
+    """Docstring paragraphs with their line breaks joined (rich keeps them, and wraps again)."""
+    if not text:
+        return text
+    import inspect
+
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def tidy_help(cmd: Any) -> None:
+    """Make ``cmd`` (a typer command or group, with its subcommands) print a plain --help."""
+    for param in cmd.params:
+        _tidy_param(param)
+    cmd.help = _one_line_paragraphs(cmd.help)
+    if type(cmd) is TyperCommand:
+        cmd.__class__ = _Command
+    elif type(cmd) is TyperGroup:
+        cmd.__class__ = _Group
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        if isinstance(sub, (TyperCommand, TyperGroup)):
+            tidy_help(sub)
+
+
+def _plain_help_option(opt: Any) -> Any:
+    """--help shows no value (typer prints ``--help <bool>``)."""
+    if opt is not None:
+        opt.metavar = ""
+    return opt
+
+
+class _Command(TyperCommand):
+    """A typer command whose usage line names its arguments plainly: ``TASK``, ``[OUT]``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name == "argument":
+                name = str(p.metavar or (p.name or "arg").upper())
+                name = name if p.required else f"[{name}]"
+                pieces.append(name + ("..." if p.nargs != 1 else ""))
+        return pieces
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _plain_help_option(super().get_help_option(ctx))
+
+
+class _Group(TyperGroup):
+    """A typer group whose --help is plain too."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _plain_help_option(super().get_help_option(ctx))
+
+
+class HelpGroup(_Group):
+    """The root group (``typer.Typer(cls=HelpGroup)``): tidies every command's --help once, when
+    the CLI is built."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        tidy_help(self)

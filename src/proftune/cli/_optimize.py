@@ -9,8 +9,11 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
+from rich import box
+from rich.markup import escape
 from rich.table import Table
 
+from .._units import format_bytes
 from ._common import (
     DbOpt,
     DebugOpt,
@@ -101,110 +104,84 @@ def _quiet(debug: bool) -> Iterator[None]:
         torch_log.setLevel(level)
 
 
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}"
-    return str(v)
+def fmt(v: Any) -> str:
+    """Three significant digits (``0.0679``); whole numbers as they are."""
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:.3g}"
+    return "-" if v is None else str(int(v) if isinstance(v, float) else v)
 
 
-def _ms(v: Any) -> str:
-    return f"{v:.3g} ms" if isinstance(v, (int, float)) else "-"
+def fmt_ms(v: Any) -> str:
+    return f"{v:.3g} ms" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
 
 
-def _kib(v: Any) -> str:
-    return f"{v / 1024:.1f} KiB" if isinstance(v, (int, float)) else "-"
-
-
-def _pm(s: dict[str, Any] | None) -> str:
-    """``mean ± std (n)`` of a summary."""
-    if not s or s.get("mean") is None:
-        return "-"
-    std = f" ± {s['std']:.3f}" if s.get("std") is not None else ""
-    return f"{s['mean']:.4f}{std} (n={s.get('n')})"
-
-
-def _source(evidence: str) -> str:
-    for word in ("searched", "computed", "measured", "fixed"):
-        if evidence.startswith(word):
-            return word
-    return "default"
-
-
-def _changes(d: dict[str, Any]) -> Table:
-    """What changed against the defaults: param, default, chosen, where the value came from."""
-    f = d["final"]
-    defaults = (d.get("vs_baseline") or {}).get("defaults_params") or {}
-    table = Table(title="what changed against the defaults", title_justify="left")
-    for col in ("param", "default", "result", "from", "evidence"):
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """A rich table in a terminal; a plain one (Markdown rows, no colour) when piped."""
+    plain = not out_console.is_terminal
+    table = Table(title=title, title_justify="left", box=box.MARKDOWN if plain else box.SIMPLE_HEAD,
+                  title_style="bold" if not plain else "", show_edge=not plain)
+    for col in columns:
         table.add_column(col, overflow="fold")
-    evidence = f.get("evidence") or {}
-    for name, value in sorted((f.get("params") or {}).items()):
-        default = defaults.get(name, "(unset)")
-        changed = repr(default) != repr(value)
-        ev = str(evidence.get(name, ""))
-        table.add_row(name, _fmt(default), f"[bold]{_fmt(value)}[/]" if changed else _fmt(value),
-                      _source(ev) if changed else "unchanged", ev if changed else "")
-    if f.get("epochs") is not None and f.get("default_epochs") is not None and f["epochs"] != f["default_epochs"]:
-        table.add_row("epochs", _fmt(f["default_epochs"]), f"[bold]{f['epochs']}[/]", "computed",
-                      "the epochs every search trial ran: what the budget held six trials of")
+    return table
+
+
+def _changes(rows: list[dict[str, Any]], title: str) -> Table:
+    """Param, its default (and whose default it is), the result's value, where it came from."""
+    table = _table(title, ("param", "default", "result", "from", "why (the measurement or trial behind it)"))
+    for r in rows:
+        if r.get("changed"):
+            table.add_row(r["param"], f"{fmt(r.get('default'))} ({r.get('default_from')})",
+                          f"[bold]{escape(fmt(r.get('value')))}[/]", r.get("source") or "",
+                          escape(str(r.get("why") or "")))
     return table
 
 
 def _render(d: dict[str, Any]) -> None:
+    story = d.get("story") or {}
     metric = d["objective"].split(":")[0]
-    vs = d.get("vs_baseline") or {}
-    table = Table(title=f"optimize {d['task']}: {d['elapsed_s']:.0f} s of {d['budget_s']:.0f} s "
-                        f"(study {d['study']}, run {d['run_id']})", title_justify="left")
-    for col in ("stage", "status", "time s", "share s", f"{metric}: before -> after", "what before -> after compares"):
-        table.add_column(col, overflow="fold")
-    for s in d["stages"]:
-        before, after = s.get("metric_before"), s.get("metric_after")
-        change = f"{_fmt(before)} -> {_fmt(after)}" if (before is not None or after is not None) else ""
-        table.add_row(s["name"], _fmt(s["status"]), _fmt(s.get("duration_s"), 3), _fmt(s.get("share_s"), 3),
-                      change, s.get("compares") or "" if change else "")
+    out_console.print(f"[bold]optimize {escape(d['task'])}[/] (run {d['run_id']}, study {escape(d['study'])})",
+                      highlight=False)
+    style = "green" if story.get("adopted") else "yellow"
+    out_console.print(f"[bold {style}]{escape(str(story.get('decision', '')))}[/]", highlight=False)
+    lines = story.get("lines") or []
+    if out_console.is_terminal:  # wrapped beside their labels
+        answers = Table.grid(padding=(0, 2))
+        answers.add_column(style="bold", no_wrap=True)
+        answers.add_column(overflow="fold")
+        for x in lines:
+            answers.add_row(f"  {x['label']}", x["text"])
+        out_console.print(answers, highlight=False)
+    else:  # one line each, whole, for grep and less
+        width = max((len(x["label"]) for x in lines), default=0)
+        for x in lines:
+            out_console.print(f"  {x['label'].ljust(width)}  {escape(x['text'])}", highlight=False, soft_wrap=True)
+    changes = (d.get("final") or {}).get("changes") or []
+    if any(r.get("changed") for r in changes):
+        out_console.print(_changes(changes, "what changed against the defaults"))
+        same = [f"{r['param']} {fmt(r.get('value'))}" for r in changes if not r.get("changed")]
+        if same:
+            out_console.print(f"  unchanged: {escape(', '.join(same))}", highlight=False)
+    proposed = (d.get("vs_baseline") or {}).get("leader_changes") or []
+    if story.get("adopted") is False and any(r.get("changed") for r in proposed):
+        out_console.print(_changes(proposed, "what the search's best would have changed (not adopted: "
+                                             "not better than the defaults beyond noise)"))
+    table = _table(f"stages: {escape(str(next((x['text'] for x in lines if x['label'] == 'time'), '')))}",
+                   ("stage", "status", "time", "its share", f"{metric}: the two numbers", "what it did"))
+    for row in story.get("stages") or []:
+        table.add_row(row["stage"], str(row.get("status") or "-"), row["time"], row["share"],
+                      escape(row.get("numbers") or ""), escape(row.get("did") or ""))
     out_console.print(table)
-    out_console.print(_changes(d))
-    f = d["final"]
-    dv, fv = (vs.get("defaults") or {}), (vs.get("final") or {})
-    verdict = "[green]kept the choice[/]" if vs.get("decision") == "chosen" else "[yellow]kept the defaults[/]"
-    out_console.print(f"[bold]result[/]: {verdict}: {vs.get('summary', '')}", highlight=False)
-    out_console.print(f"  {metric} on validation (selection): defaults {_pm(dv.get('val'))} -> result "
-                      f"{_pm(fv.get('val'))}", highlight=False)
-    gain_test = vs.get("gain_test")
-    test_cmp = (vs.get("leader_vs_defaults") or {}).get("test") or {}
-    out_console.print(f"  {metric} held out ({vs.get('held_out_source', '-')}): defaults {_pm(dv.get('test'))} "
-                      f"-> result {_pm(fv.get('test'))}"
-                      + (f", {gain_test:+.4f}" if gain_test is not None else "")
-                      + (f" (the leader against the defaults there: {test_cmp['reason']})"
-                         if test_cmp.get("reason") and vs.get("decision") == "chosen" else ""), highlight=False)
-    gap = vs.get("search_gap") or {}
-    if gap.get("gap") is not None:
-        out_console.print(f"  search -> final: the search measured {gap['arm']} at {gap['search_mean']:.4f} "
-                          f"({gap['search_n']} trial(s)), the final seeds {gap['final_mean']:.4f} "
-                          f"(gap {gap['gap']:+.4f})", highlight=False)
-    bs = f.get("batch_size")
-    out_console.print(f"model: {f.get('model')} ({f.get('epochs')} epochs; seed {f.get('model_seed')}, the best of "
-                      f"{len(f.get('seeds') or [])} on validation: {_fmt(f.get('model_val'))}, held out "
-                      f"{_fmt(f.get('model_test'))}; latency batch 1 {_ms(f.get('latency_ms'))}, batch {bs or '-'} "
-                      f"{_ms(f.get('latency_batch_ms'))}, size {_kib(f.get('size_bytes'))})", highlight=False)
+    f = d.get("final") or {}
+    out_console.print(f"model: {escape(str(f.get('model')))} ({f.get('epochs')} epoch(s), seed {f.get('model_seed')}, "
+                      f"the best on validation of {len(f.get('seeds') or [])}: {fmt(f.get('model_val'))}, held out "
+                      f"{fmt(f.get('model_test'))}; batch 1 {fmt_ms(f.get('latency_ms'))}, batch "
+                      f"{f.get('batch_size') or '-'} {fmt_ms(f.get('latency_batch_ms'))}, "
+                      f"{format_bytes(f.get('size_bytes'))})", highlight=False)
     if f.get("compressed"):
-        c = f["compressed"]
-        sp = vs.get("latency_speedup")
-        out_console.print(f"compressed ({c.get('method')}): latency batch 1 {_ms(c.get('latency_ms'))} vs "
-                          f"{_ms(f.get('latency_ms'))} uncompressed" + (f" ({sp:.2f}x)" if sp else "")
-                          + f", batch {bs or '-'} {_ms(c.get('latency_batch_ms'))} vs {_ms(f.get('latency_batch_ms'))}"
-                          + f", size {_kib(c.get('size_bytes'))} vs {_kib(f.get('size_bytes'))}; {metric} "
-                          f"{_fmt(c.get('metric'))} on validation, {_fmt(c.get('test_metric'))} held out "
-                          f"-> {c.get('model')}", highlight=False)
-    elif vs.get("compression"):
-        out_console.print(f"compression: {vs['compression']}", highlight=False)
-    out_console.print(f"[bold]stopped[/]: {d.get('stop_reason') or '-'}", highlight=False)
-    for flag in d.get("flags") or []:
-        out_console.print(f"[yellow]yellow flag[/]: {flag['cause']} in {flag['region']}: {flag['action']}")
-    for w in d.get("warnings") or []:
-        out_console.print(f"[yellow]warning[/] {w['cause']}: {w['summary']} (fix: {w['fix']})")
-    for lf in d.get("layer_findings") or []:
-        out_console.print(f"layer {lf['layer']}: {lf['finding']}; {lf['action']}")
-    out_console.print(f"outputs: {d['out']}")
+        out_console.print(f"compressed: {escape(str(f['compressed'].get('model')))}", highlight=False)
+    for note in story.get("notes") or []:
+        style = "yellow" if note.startswith(("yellow flag", "warning")) else ""
+        out_console.print(f"[{style}]{escape(note)}[/]" if style else escape(note), highlight=False)
+    report = (d.get("files") or {}).get("report")
+    out_console.print(f"outputs: {escape(d['out'])}" + (f" (the whole story: {escape(report)})" if report else ""),
+                      highlight=False)

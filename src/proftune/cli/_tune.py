@@ -16,11 +16,13 @@ from ._common import (
     DeviceOpt,
     ForceOpt,
     JsonOpt,
+    ParamOpt,
     ReportOpt,
     SeedOpt,
     TaskArg,
     execute,
     out_console,
+    parse_params,
     task_arg,
     with_report,
 )
@@ -67,6 +69,7 @@ def tune(
         show_default=False)] = None,
     scheduler: Annotated[str, typer.Option(
         "--scheduler", help="With --backend ray: fifo, asha or pbt (population-based training).")] = "fifo",
+    param: ParamOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     db: DbOpt = None,
@@ -80,13 +83,15 @@ def tune(
     def body() -> Any:
         from ..search import RayOptions, search
 
+        params = parse_params(param)  # fixed for every trial, as the space's fixed:
+
         ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=debug)
                if backend == "ray" else None)
         result = search(task_arg(task, data), str(space), objectives=objective or None, constraints=constraint or (),
                         trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
                         study=study, db=db, workers=workers, seed=seed, device=device,
                         max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
-                        backend=backend, ray=ray)
+                        backend=backend, ray=ray, params=params)
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 

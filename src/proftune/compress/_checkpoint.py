@@ -100,13 +100,18 @@ def _quiet_jit() -> Iterator[None]:
 
 def task_spec(given: Any, task: Any) -> str | None:
     """A spec that loads ``task`` again (built-in name, absolute ``file.py:Class`` or
-    ``module:Class``), or None when its class lives in ``__main__``."""
+    ``module:Class``; a :class:`~proftune.task.TaskWrapper`'s inner task, which builds the
+    model), or None when its class lives in ``__main__``."""
     if isinstance(given, str):
         head, sep, tail = given.rpartition(":")
         path_part = head if sep and tail.isidentifier() else given
         if Path(path_part).is_file():
             return str(Path(path_part).resolve()) + (f":{tail}" if path_part == head else "")
         return given
+    from ..task import TaskWrapper
+
+    while isinstance(task, TaskWrapper):  # a wrapper changes the data or the loss; the model is inner's
+        task = task.inner
     cls = type(task)
     module = cls.__module__
     if module == "__main__":

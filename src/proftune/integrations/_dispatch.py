@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import ConfigError, TaskLoadError
-from ..task import Task, import_file
+from ..task import Task, absolute_spec, import_file
 
 __all__ = ["foreign_task", "foreign_task_in", "resolve_object", "task_with_data"]
 
@@ -201,4 +201,8 @@ def task_with_data(task: str, data: str) -> Task:
     if adapted is None:
         raise ConfigError(f"--data applies to a LightningModule task, but TASK {task!r} is "
                           f"{getattr(obj, '__name__', type(obj).__name__)}; a proftune Task brings its own data.")
+    from ._lightning_task import LightningTask
+
+    if isinstance(adapted, LightningTask):  # another process (a Ray trial) rebuilds it from the files
+        adapted.specs = (absolute_spec(task), absolute_spec(data))
     return adapted

@@ -271,6 +271,17 @@ class LightningTask(Task):
     ``train_dataloader``/``val_dataloader`` give the data.
     """
 
+    #: The TASK and --data specs (absolute paths) this was built from, if it was: a pickled copy
+    #: (a Ray trial, a --workers process) is built again from them; the module objects do not pickle.
+    specs: tuple[str, str] | None = None
+
+    def __reduce__(self) -> Any:
+        if self.specs is None:
+            return super().__reduce__()
+        from ._dispatch import task_with_data
+
+        return (task_with_data, self.specs)
+
     def __init__(self, module: Callable[..., Any], datamodule: Any = None, *, name: str | None = None) -> None:
         pl = lightning_namespace()
         self._pl = pl

@@ -21,6 +21,7 @@ from torch import nn
 from .._device import resolve_device
 from .._holdout import with_test_split
 from .._jsonsafe import json_safe
+from .._units import format_bytes
 from ..compress import compress as run_compress
 from ..compress import load_model
 from ..diagnose import diagnose
@@ -32,6 +33,7 @@ from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, redact_url
 from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
+from ._changes import param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
 from ._final import (
     MAX_CANDIDATES,
@@ -43,10 +45,11 @@ from ._final import (
     run_final,
 )
 from ._layer_value import keep_layers, layer_values
-from ._output import write_html, write_outputs, write_summary
+from ._output import load_line, write_html, write_outputs, write_summary
 from ._search import StageSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
 from ._state import OptimizeState, own_run
+from ._story import fmt_ms, method_name, tell
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,9 @@ class OptimizeResult:
     stop_reason: str = ""
     #: How ``proftune.load_task`` finds the task again (its spec, or its name).
     spec: str = ""
+    #: The result in sentences (``headline``, ``decision``, ``lines``, ``stages``): what the
+    #: terminal summary and the report print.
+    story: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "study": self.study, "run_id": self.run_id, "out": self.out,
@@ -94,7 +100,7 @@ class OptimizeResult:
                 "stop_reason": self.stop_reason, "spec": self.spec,
                 "stages": self.stages, "final": self.final, "vs_baseline": self.vs_baseline,
                 "flags": self.flags, "warnings": self.warnings, "layer_findings": self.layer_findings,
-                "files": self.files}
+                "files": self.files, "story": self.story}
 
 
 @dataclass
@@ -215,9 +221,10 @@ class _Loop:
         plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
                  "batch_size": int(self.defaults.get("batch_size", 32)),
                  **{k: 0.0 for k in known if "dropout" in k}}
-        # as many epochs as the defaults got, so that the spread compares like with like
+        # as many epochs as the defaults got, so that the spread compares like with like, within
+        # what is left of the stage's share (a slow model's no-tricks run is cut, and says so)
         plain_res = fit(self.task, plain, epochs=max(1, diag.epochs), device=self.dev, seed=self.cfg.seed,
-                        callbacks=[Deadline(max(1.0, end - time.monotonic(), 1.2 * diag.duration_s))])
+                        callbacks=[Deadline(max(1.0, end - time.monotonic()))])
         plain_metric = _finite(plain_res.metrics.get(self.v.metric))
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
@@ -229,7 +236,7 @@ class _Loop:
                          "steps": diag.steps, "duration_s": diag.duration_s, "run_id": diag.run_id,
                          "stop_reason": diag.stop_reason},
             "no_tricks": {"params": plain, "metrics": plain_res.metrics, "epochs": plain_res.epochs,
-                          "duration_s": plain_res.duration_s},
+                          "duration_s": plain_res.duration_s, "stop_reason": plain_res.stop_reason},
             "spread": spread, "epoch_s": epoch_s, "held_out": self.holdout.to_dict(),
             "findings": [f.to_dict() for f in diag.findings],
             "model": "baseline_model.pt" if capture.model is not None else None,
@@ -266,11 +273,14 @@ class _Loop:
         step time (a slow model gets fewer, never more than the defaults of recommend)."""
         prof = Profile.load(self.out / "profile.json")
         step_s = max((prof.step.time_ms or 1.0) / 1e3, 1e-4)
-        lr_steps = int(min(100, max(15, 0.45 * share / step_s)))
-        noise_steps = int(min(30, max(4, 0.2 * share / (4 * step_s))))
+        steps = share / step_s  # training steps the share holds at the profiled step time
+        lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
+        noise_steps = int(min(30, 0.2 * steps / 4))
+        noise_steps = noise_steps if noise_steps >= 3 else 0  # too few to estimate: not measured
+        optimizer_s = min(4.0, 0.25 * share) if 0.25 * steps >= 20 else 0.0  # each optimizer ~10 steps
         recs = recommend(self.task, self.defaults, profile=prof, memory_budget=self.v.memory_bytes,
                          device=self.dev, seed=self.cfg.seed, lr_steps=lr_steps,
-                         noise_steps=noise_steps, optimizer_budget_s=min(4.0, 0.25 * share),
+                         noise_steps=noise_steps, optimizer_budget_s=optimizer_s,
                          embedding_budget_s=min(120.0, 0.3 * share), store=self.store)
         values = {r.name: r.value for r in recs}
         computed: dict[str, Any] = {}
@@ -291,7 +301,8 @@ class _Loop:
         max_batch = recs.get("batch_size").evidence.get("max_batch_size")
         return _StageResult({
             "computed": computed, "max_batch_size": max_batch, "run_id": recs.run_id,
-            "steps": {"lr_range_test": lr_steps, "noise_scale": noise_steps, "step_ms": prof.step.time_ms},
+            "steps": {"lr_range_test": lr_steps, "noise_scale": noise_steps, "optimizer_budget_s": optimizer_s,
+                      "step_ms": prof.step.time_ms, "share_steps": steps},
             "recommendations": [{"name": r.name, "value": r.value, "reason": r.reason,
                                  "confidence": r.confidence, "effect": r.effect} for r in recs],
         })
@@ -391,6 +402,9 @@ class _Loop:
             "trials": len(outcome.trials), "search_calls": outcome.search_calls,
             "history": outcome.history, "trials_file": "search_trials.json",
             "duration_s": outcome.duration_s, "seconds": seconds,
+            # every trial as the report draws it (its arm, state and why it ended)
+            "trials_log": [{k: r.get(k) for k in ("number", "state", "value", "arm", "reason", "duration_s")}
+                           for r in outcome.trials],
         }, before=_finite((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
 
     def final(self, share: float, end: float) -> _StageResult:
@@ -481,7 +495,7 @@ class _Loop:
         names = {n for n, _ in model.named_modules()}
         keep = [n for n in (lv.get("keep") or []) if n in names]
         if share < MIN_COMPRESS_S:
-            return _StageResult({"skipped": f"{share:.0f} s left for compression, below the "
+            return _StageResult({"skipped": f"{share:.1f} s left for compression, below the "
                                             f"{MIN_COMPRESS_S:.0f} s one pruning + INT8 sweep needs here; "
                                             "give a larger --budget"}, status="skipped")
         # the sweep grows with the time there is: per-layer sensitivity and a second ratio
@@ -521,10 +535,14 @@ class _Loop:
         elif out_file.exists():
             out_file.unlink()  # a file from an earlier sweep is not this run's result
         goal_key = "latency_ms" if self.cfg.goal == "latency" else "size_bytes"
-        verdict = (f"kept the uncompressed model: {'; '.join(d.get('notes') or ['no candidate qualified'])}"
+        kept = "kept the uncompressed model: "
+        notes = [n[len(kept):] if n.startswith(kept) else n for n in d.get("notes") or ["no candidate qualified"]]
+        verdict = (f"{kept}{'; '.join(notes)}"
                    if not sel else
-                   f"{sel.get('method')} beats the uncompressed model on {self.cfg.goal}: "
-                   f"{_fmt_num(sel.get(goal_key))} vs {_fmt_num(base.get(goal_key))}")
+                   f"{method_name(sel)} beats the uncompressed model on {self.cfg.goal}: "
+                   + (f"{fmt_ms(sel.get(goal_key))} vs {fmt_ms(base.get(goal_key))} at batch 1"
+                      if goal_key == "latency_ms" else
+                      f"{format_bytes(sel.get(goal_key))} vs {format_bytes(base.get(goal_key))}"))
         return _StageResult({
             "run_id": report.run_id, "plan": d.get("plan"), "notes": d.get("notes"), "verdict": verdict,
             "ignored_layers": keep, "ratios": list(ratios),
@@ -582,6 +600,26 @@ class _Loop:
                     f"{race.get('plan', {}).get('seeds')} asked)")
         return f"the budget is spent: {used:.0f} s of {self.v.budget_s:.0f} s (search: {srch.get('stop_reason')})"
 
+    def _changes(self, arm: Arm) -> list[dict[str, Any]]:
+        """``arm``'s params against the defaults in effect, each with where its value came from."""
+        comp = self.state.outputs("compute")
+        plan = self.state.outputs("search").get("plan") or {}
+        std = f" ± {arm.search_std:.3g}" if arm.search_std is not None else ""
+        searched = (f"{arm.source}: {self.v.metric} {arm.search_mean:.3g}{std} over {arm.search_n} trial(s)"
+                    if arm.search_mean is not None else arm.source)
+        rows = param_changes(arm.params, task_defaults=self.defaults, read_defaults=task_param_defaults(self.task),
+                             computed=comp.get("computed") or {},
+                             reasons={r["name"]: r["reason"] for r in comp.get("recommendations") or []},
+                             fixed=(plan.get("space") or {}).get("fixed") or {}, searched=searched)
+        default_epochs = self.task.default_epochs
+        runs = {r.epochs for r in arm.runs if not r.cut}
+        epochs = arm.epochs or (runs.pop() if len(runs) == 1 else None)
+        if epochs is not None and epochs != default_epochs:  # the race trains the search's arms as they were measured
+            rows.append({"param": "epochs", "default": default_epochs, "default_from": "task", "value": epochs,
+                         "changed": True, "source": "computed",
+                         "why": "the epochs every search trial ran: what the budget held six full trials of"})
+        return rows
+
     def _result(self) -> OptimizeResult:
         st = self.state
         fin = st.outputs("final")
@@ -620,6 +658,7 @@ class _Loop:
             final["batch_size"] = cb.get("batch_size")
         if sel:
             final["compressed"] = {**sel, "model": str(self.out / "model_compressed.pt"), "load": comp.get("load")}
+        final["changes"] = self._changes(race.arm(race.chosen))
         base = st.outputs("baseline")
         cmp_val, cmp_test = race.comparison, race.comparison_test
         vs: dict[str, Any] = {
@@ -643,6 +682,9 @@ class _Loop:
             vs["gain"] = _signed(metric["mean"] - d_val["mean"], self.v.maximize)
         if test.get("mean") is not None and d_test["mean"] is not None:
             vs["gain_test"] = _signed(test["mean"] - d_test["mean"], self.v.maximize)
+        if race.leader is not None and race.leader != race.chosen:
+            # what the search proposed, though it was not adopted
+            vs["leader_changes"] = self._changes(race.arm(race.leader))
         vs["compression"] = comp.get("verdict") or comp.get("skipped")
         if sel:
             vs["compressed_metric"] = sel.get("metric")
@@ -652,13 +694,17 @@ class _Loop:
                     vs[f"{key.replace('_ms', '').replace('_bytes', '')}_speedup" if "ms" in key
                        else "size_ratio"] = cb[key] / sel[key]
         srch = st.outputs("search")
-        return OptimizeResult(
+        result = OptimizeResult(
             task=self.name, study=self.study, run_id=self.run_id, out=str(self.out),
             objective=self.v.objective, budget_s=self.v.budget_s, elapsed_s=self.budget.elapsed_s,
             stages=stages, final=final, vs_baseline=vs, flags=srch.get("flags") or [],
             warnings=st.outputs("health").get("warnings") or [],
             layer_findings=st.outputs("layer_value").get("findings") or [],
             stop_reason=self._stop_reason(), spec=self.spec)
+        # a line that runs from any folder: the params from config.yaml, the weights by absolute path
+        result.final["load"] = load_line(result)
+        result.story = tell(result.to_dict())
+        return result
 
 
 #: What each stage's "before -> after" means (the table says it per row).
@@ -696,14 +742,10 @@ def _params_key(params: dict[str, Any]) -> str:
     return repr(sorted((k, round(float(v), 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
-def _fmt_num(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
-
-
 def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
     """A stage's outputs for ``--json`` and the table: the decisions, not every measurement."""
-    drop = {"search": ("history", "plan", "top"), "layer_value": ("layers",),
-            "compute": ("recommendations",), "compress": ("candidates",), "final": ("evidence", "race")}
+    drop = {"search": ("history", "plan", "top", "trials_log"), "layer_value": ("layers",),
+            "compute": ("recommendations",), "final": ("evidence", "race")}
     return {k: v for k, v in outputs.items() if k not in drop.get(name, ())}
 
 

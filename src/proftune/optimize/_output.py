@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._api import OptimizeResult
     from ._state import OptimizeState
 
-__all__ = ["write_html", "write_outputs", "write_summary"]
+__all__ = ["load_line", "write_html", "write_outputs", "write_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,10 @@ def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]
                       "decision": result.vs_baseline.get("summary"), "params": out,
                       "final": {k: result.final.get(k) for k in ("mean", "std", "test", "latency_ms",
                                                                  "size_bytes", "model", "load")},
-                      "load": _load_line(result)}))
+                      "load": load_line(result)}))
 
 
-def _load_line(result: OptimizeResult) -> str:
+def load_line(result: OptimizeResult) -> str:
     """Python that rebuilds the result's model from this folder's files, from any directory."""
     folder = Path(result.out).resolve()
     return ("import torch, yaml, proftune; "
@@ -89,7 +89,7 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         ax.bar([x + 0.2 for x in xs], [lv.get("value_share") or 0 for lv in layers], 0.4, label="value share")
         ax.set_xticks(list(xs), [f"{lv['name']}\n{lv['type']}" for lv in layers], fontsize=7)
         ax.legend()
-        ax.set_title("layer value: share of step time vs share of the measured contribution")
+        ax.set_title("layer value: share of step time vs share of the measured contribution", fontsize=9)
         fig.tight_layout()
         fig.savefig(folder / "layer_value.png", dpi=100)
         plt.close(fig)

@@ -18,6 +18,7 @@ Inference (``inference=True``) runs the same plan forward-only, in eval mode und
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._cpplog import filtered_cpp_logs
 from .._device import batch_size_of, call_model, clock, move_to_device, output_loss, resolve_device
 from .._paths import OutputPath, check_outputs, replacing
 from .._tensors import global_grad_norm
@@ -172,6 +174,7 @@ class _Profiler(Callback):
         self.peak: PeakMemory | None = None
         self.comm: CommRecorder | None = None
         self.trace_prof: Any = None
+        self._trace_quiet = contextlib.ExitStack()
         self._phase = "warmup"
         #: Steps counted by the plan: an epoch's partial last batch is run but not counted (its
         #: time and memory are not those of the batch size asked for).
@@ -236,6 +239,7 @@ class _Profiler(Callback):
             from torch.profiler import ProfilerActivity, profile
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.plan.device.type == "cuda" else [])
+            self._trace_quiet.enter_context(filtered_cpp_logs())  # profile_memory's allocator lines
             self.trace_prof = profile(activities=acts, record_shapes=True, profile_memory=True)
             self.trace_prof.__enter__()
 
@@ -299,7 +303,8 @@ class _Profiler(Callback):
                 self.m.update_ratios.append(u)
         elif phase == "trace" and self.trace_prof is not None:
             prof, self.trace_prof = self.trace_prof, None
-            prof.__exit__(None, None, None)
+            with self._trace_quiet:
+                prof.__exit__(None, None, None)
             assert self.plan.trace is not None
             with replacing(self.plan.trace) as tmp:  # kineto logs a failure and returns: checked there
                 prof.export_chrome_trace(str(tmp))
@@ -327,7 +332,8 @@ class _Profiler(Callback):
         if self.trace_prof is not None:
             prof, self.trace_prof = self.trace_prof, None
             try:
-                prof.__exit__(None, None, None)
+                with self._trace_quiet:
+                    prof.__exit__(None, None, None)
             except Exception:  # noqa: BLE001 - the run already failed; the trace is lost, the error is not
                 pass
 

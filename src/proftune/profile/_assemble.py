@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from ._record import (
 )
 from ._static import StaticCounts, count_model
 
-__all__ = ["Measurements", "assemble_profile", "merge_layer_stats", "static_counts"]
+__all__ = ["Measurements", "StatsMerge", "assemble_profile", "merge_layer_stats", "static_counts"]
 
 
 @dataclass
@@ -44,6 +44,8 @@ class Measurements:
     peak_bytes: int = 0
     #: Per layer statistics of each sampled step (LayerStats.collect()), oldest first.
     stats: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    #: Or those statistics already merged (a Monitor merges them as they come).
+    merged_stats: StatsMerge | None = None
     grad_norms: list[float] = field(default_factory=list)
     update_ratios: list[float] = field(default_factory=list)
     comm: dict[str, Any] | None = None
@@ -77,21 +79,87 @@ def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
                     b.copy_(saved[name])
 
 
+#: Reads one kind of one layer's statistics when asked: ``fetch(layer, kind)``.
+Fetch = Callable[[str, str], "dict[str, Any] | None"]
+
+
+class StatsMerge:
+    """Per-layer statistics of successive samples merged as they come: per layer, the latest
+    sample's statistics of each kind (``weight``, ``activation``, ``grad``: a rotating Monitor
+    covers a deep model's layers over several samples), and the running mean and variance of the
+    gradient norm across all samples (``grad.norm_mean``, ``grad.norm_var``, ``grad.samples``).
+    Constant memory over a long run: nothing of an older sample is kept but those three numbers.
+
+    :meth:`add_deferred` takes a sample whose ``weight`` and ``activation`` statistics are
+    fetched only when :meth:`result` needs them (a sample that no layer's latest statistics
+    come from any more is then dropped unread).
+    """
+
+    def __init__(self) -> None:
+        self._order: dict[str, None] = {}
+        self._latest: dict[str, dict[str, Any]] = {}
+        self._deferred: dict[str, dict[str, Fetch]] = {}  # layer -> kind -> where to read it
+        self._norms: dict[str, tuple[int, float, float]] = {}  # layer -> (count, mean, M2) (Welford)
+
+    def add(self, sample: dict[str, dict[str, Any]]) -> None:
+        """A sample's statistics per layer (dicts of kinds, plus ``type`` and ``calls``)."""
+        self.add_deferred(sample, {}, _no_fetch)
+
+    def add_deferred(self, entries: dict[str, dict[str, Any]], kinds: dict[str, list[str]], fetch: Fetch) -> None:
+        """A sample's ``entries`` per layer (read now), and per layer the ``kinds`` that
+        ``fetch(layer, kind)`` reads when needed."""
+        # the latest sample's order first, then any layer seen only before
+        self._order = {**dict.fromkeys(entries), **self._order} if self._order else dict.fromkeys(entries)
+        for name, stats in entries.items():
+            latest = self._latest.setdefault(name, {})
+            latest.update(stats)  # each kind it holds replaces the older one; the others stay
+            for kind in stats:
+                self._deferred.get(name, {}).pop(kind, None)
+            grad = stats.get("grad")
+            if grad is not None:
+                n, mean, m2 = self._norms.get(name, (0, 0.0, 0.0))
+                n += 1
+                delta = grad["norm"] - mean
+                mean += delta / n
+                self._norms[name] = (n, mean, m2 + delta * (grad["norm"] - mean))
+        for name, names in kinds.items():
+            for kind in names:
+                self._latest.get(name, {}).pop(kind, None)
+                self._deferred.setdefault(name, {})[kind] = fetch
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for name in self._order:
+            latest = self._latest.get(name, {})
+            for kind, fetch in self._deferred.pop(name, {}).items():  # read once, kept as read
+                got = fetch(name, kind)
+                if got is not None:
+                    latest[kind] = got
+            entry = {key: copy.deepcopy(latest[key]) for key in _ORDER if key in latest}
+            entry.update({key: copy.deepcopy(v) for key, v in latest.items() if key not in entry})
+            if "grad" in entry and name in self._norms:
+                n, mean, m2 = self._norms[name]
+                entry["grad"]["norm_mean"] = mean
+                entry["grad"]["norm_var"] = m2 / n if n > 1 else None
+                entry["grad"]["samples"] = n
+            out[name] = entry
+        return out
+
+
+#: The order of a layer's statistics in a profile.
+_ORDER = ("type", "calls", "weight", "activation", "grad")
+
+
+def _no_fetch(layer: str, kind: str) -> None:
+    return None
+
+
 def merge_layer_stats(samples: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """The last sample's statistics per layer, with the gradient norm's mean and variance across
-    all samples (``grad.norm_mean``, ``grad.norm_var``, ``grad.samples``)."""
-    if not samples:
-        return {}
-    merged: dict[str, dict[str, Any]] = {}
-    for name in samples[-1]:
-        entry = copy.deepcopy(samples[-1][name])
-        norms = [s[name]["grad"]["norm"] for s in samples if name in s and "grad" in s[name]]
-        if "grad" in entry and norms:
-            entry["grad"]["norm_mean"] = statistics.fmean(norms)
-            entry["grad"]["norm_var"] = statistics.pvariance(norms) if len(norms) > 1 else None
-            entry["grad"]["samples"] = len(norms)
-        merged[name] = entry
-    return merged
+    """The statistics of ``samples`` (oldest first) merged as :class:`StatsMerge` does."""
+    merged = StatsMerge()
+    for sample in samples:
+        merged.add(sample)
+    return merged.result()
 
 
 def _share(x: float | None, total: float) -> float | None:
@@ -113,7 +181,7 @@ def assemble_profile(
     config: dict[str, Any] | None = None,
 ) -> Profile:
     """One :class:`Profile` from static counts and measurements."""
-    stats = merge_layer_stats(m.stats)
+    stats = m.merged_stats.result() if m.merged_stats is not None else merge_layer_stats(m.stats)
     count_layers = counts.layers if counts is not None else {}
     names = list(count_layers) + [n for n in m.layer_times if n not in count_layers]
     total_params = counts.params_total if counts is not None else 0

@@ -8,11 +8,13 @@ the names are module paths, the same names :func:`count_model` reports.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._pytree import tree_flatten
 
 from .._device import clock
@@ -30,6 +32,8 @@ def module_names(model: nn.Module) -> dict[int, str]:
 
 def output_tensors(output: Any) -> list[torch.Tensor]:
     """Every tensor in a module's output (tuples, dicts, nested)."""
+    if isinstance(output, torch.Tensor):  # the common case, without the pytree walk
+        return [output]
     leaves, _ = tree_flatten(output)
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
@@ -53,12 +57,17 @@ LeafCallback = Callable[[str, nn.Module, tuple[Any, ...], Any, float, float], No
 
 
 class LayerHooks:
-    """Forward pre/post hooks on every module of ``model`` that report each *layer* call.
+    """Forward pre/post hooks that report each *layer* call of ``model``.
 
     ``on_leaf`` runs after a call during which no other module of the model ran, with the
     call's start and end (``time.perf_counter`` seconds; the device is synchronised first when
     ``sync`` is set). ``current`` is the path of the innermost module running now (``None``
     between modules), used to attribute work such as saved tensors to a layer.
+
+    The hooks are torch's global module hooks, registered once per :meth:`attach` (two handles
+    whatever the depth: registering a pair on each of a deep model's thousands of modules cost
+    more than the step) and ignoring modules that are not the model's; a module called inside
+    the model's forward that was added after this object was built is named on first sight.
     """
 
     def __init__(self, model: nn.Module, on_leaf: LeafCallback | None = None, *,
@@ -73,9 +82,12 @@ class LayerHooks:
         self.sync = sync and device is not None and device.type == "cuda"
         self.device = device
         self.names = module_names(model)
-        # frames of the running modules: [name, start_s, child_ran]
+        #: The layers seen while attached, in the order they first ran (kept across attaches).
+        self.layers: dict[str, str] = {}
+        # frames of the running modules: [module id, name, start_s, child_ran]
         self._stack: list[list[Any]] = []
         self._handles: list[Any] = []
+        self._foreign: dict[int, str] = {}  # modules called inside the forward that are not the model's
 
     @property
     def attached(self) -> bool:
@@ -83,15 +95,13 @@ class LayerHooks:
 
     @property
     def current(self) -> str | None:
-        return self._stack[-1][0] if self._stack else None
+        return self._stack[-1][1] if self._stack else None
 
     def attach(self) -> LayerHooks:
         if self._handles:
             return self
         self._stack.clear()
-        for mod in self.model.modules():
-            self._handles.append(mod.register_forward_pre_hook(self._pre))
-            self._handles.append(mod.register_forward_hook(self._post))
+        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
         return self
 
     def detach(self) -> None:
@@ -101,25 +111,43 @@ class LayerHooks:
         self._stack.clear()
 
     def _now(self) -> float:
-        return clock(self.device if self.sync else None)
+        return clock(self.device) if self.sync else time.perf_counter()
+
+    def _name_late(self, mod: nn.Module) -> str:
+        """The path of a module that joined the model after ``names`` was built (its type name
+        when it is not the model's: a foreign module called inside the model's forward)."""
+        self.names = module_names(self.model)
+        name = self.names.get(id(mod))
+        if name is None:
+            name = self._foreign[id(mod)] = type(mod).__name__
+        return name
 
     def _pre(self, mod: nn.Module, inputs: tuple[Any, ...]) -> None:
+        stack = self._stack
+        name = self.names.get(id(mod))
+        if name is None:
+            if not stack:
+                return  # another model's module
+            name = self._foreign.get(id(mod)) or self._name_late(mod)
         now = self._now()
-        if self._stack:
-            self._stack[-1][2] = True
+        if stack:
+            stack[-1][3] = True
         else:
             for begin in self.forward_start_listeners:
                 begin(now)
-        self._stack.append([self.names.get(id(mod), type(mod).__name__), now, False])
+        stack.append([id(mod), name, now, False])
 
     def _post(self, mod: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
-        end = self._now()
-        if not self._stack:
+        stack = self._stack
+        if not stack or stack[-1][0] != id(mod):
             return
-        name, start, child_ran = self._stack.pop()
+        end = self._now()
+        _, name, start, child_ran = stack.pop()
         if not child_ran:
+            if name not in self.layers:
+                self.layers[name] = type(mod).__name__
             for listener in self.listeners:
                 listener(name, mod, inputs, output, start, end)
-        if not self._stack:
+        if not stack:
             for done in self.forward_end_listeners:
                 done(end)

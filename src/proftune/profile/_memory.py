@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .._cpplog import filtered_cpp_logs
 from ..train import Callback, FitState
 from ._layers import LayerHooks
 
@@ -106,8 +107,7 @@ class ActivationRecorder:
         self.model = model
         self._hooks = hooks if hooks is not None else LayerHooks(model)
         self._ctx: Any = None
-        self._seen: set[tuple[str, int]] = set()
-        self._param_ptrs: set[tuple[str, int]] = set()
+        self._seen: set[tuple[torch.device, int]] = set()
         #: Bytes saved for backward, per layer path ("" for work outside any module).
         self.per_layer: dict[str, int] = {}
         self.total = 0
@@ -121,10 +121,6 @@ class ActivationRecorder:
             return self
         self.per_layer, self.total = {}, 0
         self._seen = set()
-        self._param_ptrs = set()
-        for p in self.model.parameters():
-            with contextlib.suppress(RuntimeError, NotImplementedError):
-                self._param_ptrs.add((str(p.device), p.untyped_storage().data_ptr()))
         self._hooks.attach()
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._ctx.__enter__()
@@ -135,6 +131,7 @@ class ActivationRecorder:
             ctx, self._ctx = self._ctx, None
             ctx.__exit__(None, None, None)
         self._hooks.detach()
+        self._seen = set()
 
     def __enter__(self) -> ActivationRecorder:
         return self.attach()
@@ -143,13 +140,18 @@ class ActivationRecorder:
         self.detach()
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        # a parameter, or a view of one (``linear`` saves ``weight.t()``), is not an activation;
+        # asking the tensor is cheaper than a set of the parameters' storages, rebuilt on every
+        # attach by walking a deep model's modules
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return t
         try:
             storage = t.untyped_storage()
-            key = (str(t.device), storage.data_ptr())
+            key = (t.device, storage.data_ptr())
             nbytes = int(storage.nbytes())
         except (RuntimeError, NotImplementedError):
             return t
-        if key in self._seen or key in self._param_ptrs or nbytes == 0:
+        if key in self._seen or nbytes == 0:
             return t
         self._seen.add(key)
         layer = self._hooks.current or ""
@@ -180,6 +182,7 @@ class PeakMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._prof: Any = None
+        self._quiet = contextlib.ExitStack()  # the C++ log filter, open while the profiler is
         self._baseline = 0
         self.peak: int | None = None
 
@@ -192,8 +195,15 @@ class PeakMemory:
         else:
             from torch.profiler import ProfilerActivity, profile
 
-            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self._prof.__enter__()
+            # its memory profiling logs a C++ line per 1,000 frees of tensors made before the window
+            self._quiet = contextlib.ExitStack()
+            self._quiet.enter_context(filtered_cpp_logs())
+            try:
+                self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+                self._prof.__enter__()
+            except BaseException:
+                self._quiet.close()
+                raise
         return self
 
     def stop(self) -> int:
@@ -205,7 +215,8 @@ class PeakMemory:
         prof, self._prof = self._prof, None
         if prof is None:
             raise RuntimeError("PeakMemory.stop() was called without start().")
-        prof.__exit__(None, None, None)
+        with self._quiet:
+            prof.__exit__(None, None, None)
         self.peak = self._baseline + _peak_of_allocations(prof)
         return self.peak
 
@@ -213,7 +224,7 @@ class PeakMemory:
         """Stop without a result (after an error)."""
         if self._prof is not None:
             prof, self._prof = self._prof, None
-            with contextlib.suppress(Exception):
+            with self._quiet, contextlib.suppress(Exception):
                 prof.__exit__(None, None, None)
 
 

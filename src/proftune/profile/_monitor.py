@@ -19,22 +19,36 @@ is the clean step time the profile reports. Callbacks get the same hooks as in
 forward pre-hook on the model (first forward of a step), ``on_after_backward`` from an
 optimizer step pre-hook, ``on_step_end`` at ``mon.step(loss)``, ``on_fit_end`` at ``__exit__``;
 the :class:`FitState` has ``task=None``.
+
+A sampled step costs about two plain steps at any depth (``benchmarks/profiler_overhead.py``):
+the layer hooks are two global module hooks, not a pair per module; statistics are a few
+tensor ops per layer with one host copy per step, and their reduction (sorts, percentiles)
+waits until the profile is read (see :mod:`._stats`); a model's parameters come from the
+optimizer, not a walk of its modules; the cyclic garbage collector waits for the sample's end
+(the sample's objects are gone by then, so they never bring on a full collection, ~0.4 s with
+torch loaded). On a model of more than :data:`STATS_MIN_LAYERS` layers each statistics sample
+takes a ``1/stats_rotation`` share of the layers, round-robin, so that every layer is covered
+once every ``stats_rotation`` statistics samples (the profile keeps each layer's latest). The
+global gradient norm is measured on every sample; the global update ratio of a rotated model
+combines each layer's latest measured update and weight norms.
 """
 
 from __future__ import annotations
 
+import gc
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._device import batch_size_of, clock
-from .._tensors import global_grad_norm
+from .._tensors import l2_norm
 from ..exceptions import ConfigError
 from ..train import Callback, FitState
-from ._assemble import Measurements, assemble_profile, static_counts
+from ._assemble import Measurements, StatsMerge, assemble_profile, static_counts
 from ._comm import CommRecorder, is_ddp, unwrap
 from ._layers import LayerHooks
 from ._memory import (
@@ -50,6 +64,19 @@ from ._stats import LayerStats
 from ._timing import LayerTimer, median, step_summary
 
 __all__ = ["Monitor"]
+
+#: The fewest layers a statistics sample covers: a model with no more gets all of them each time.
+STATS_MIN_LAYERS = 8
+
+
+def _combined_ratio(parts: Iterable[tuple[float, float]]) -> float | None:
+    """``||update|| / ||weights||`` over layers given as ``(||update||, ||weights||)`` pairs."""
+    u2 = w2 = 0.0
+    for u, w in parts:
+        if math.isfinite(u) and math.isfinite(w):
+            u2 += u * u
+            w2 += w * w
+    return math.sqrt(u2) / math.sqrt(w2) if w2 > 0 else None
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -69,6 +96,10 @@ class Monitor:
     though it resets the allocator's peak counter, ``torch.cuda.reset_peak_memory_stats``, at
     each timed sample; on CPU it needs ``torch.profiler``'s memory events and is off unless
     asked for).
+    ``stats_rotation``: on a model of more than :data:`STATS_MIN_LAYERS` layers, a statistics
+    sample covers ``ceil(layers / stats_rotation)`` of them (at least that minimum), the next
+    ones on the next sample, so each layer is covered once every ``stats_rotation`` statistics
+    samples (1: every layer on every sample, at a cost that grows with depth).
     ``callbacks`` are :class:`proftune.train.Callback` objects.
     """
 
@@ -83,23 +114,29 @@ class Monitor:
         timing: bool = True,
         activations: bool = True,
         peak_memory: bool | None = None,
+        stats_rotation: int = 4,
         task: str | None = None,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"every must be a positive integer (sample every N-th step), but got {every=}.")
+        if isinstance(stats_rotation, bool) or not isinstance(stats_rotation, int) or stats_rotation < 1:
+            raise ConfigError("stats_rotation must be a positive integer (every layer's statistics once every "
+                              f"N statistics samples; 1: all layers each time), but got {stats_rotation=}.")
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module, but got {type(model).__name__}.")
         self.model = model
         self.inner = unwrap(model)
         self.optimizer = optimizer
         self.every = every
+        self.stats_rotation = stats_rotation
         self.callbacks = list(callbacks)
         self.task = task
         self.device = _device_of(self.inner)
         self.peak_memory = (self.device.type == "cuda") if peak_memory is None else bool(peak_memory)
         self.state = FitState(task=None, model=model, optimizer=optimizer, params={}, device=self.device)
         # one set of forward hooks serves the timer, the statistics and the activation recorder
-        self._hooks = LayerHooks(self.inner, sync=self.device.type == "cuda", device=self.device)
+        self._cuda = self.device.type == "cuda"
+        self._hooks = LayerHooks(self.inner, sync=self._cuda, device=self.device)
         self._timer = LayerTimer(self.inner, self.device, hooks=self._hooks) if timing else None
         self._stats = LayerStats(self.inner, hooks=self._hooks) if stats else None
         self._acts = ActivationRecorder(self.inner, hooks=self._hooks) if activations else None
@@ -121,6 +158,7 @@ class Monitor:
         self._example: Any = None
         self._batch = 0
         self._m = Measurements()
+        self._merged = self._m.merged_stats = StatsMerge()
         self._sample_timings: list[dict[str, float]] = []
         self._clean_walls: list[float] = []
         self._fwd_bwd: list[float] = []
@@ -129,6 +167,11 @@ class Monitor:
         self._samples = 0
         self._profile: Profile | None = None
         self._paused_at: float | None = None
+        self._gc_paused = False  # the collector was on and is off for the sampled step
+        self._cursor = 0  # where the next statistics sample's share of the layers starts
+        self._update_parts: dict[str, tuple[float, float]] = {}  # layer -> latest (||update||, ||w||)
+        self._step_grad_norm: float | None = None
+        self._grads_key: tuple[int, int] | None = None  # (gradients held, their elements) last measured
 
     # -- context ----------------------------------------------------------------------------
     def __enter__(self) -> Monitor:
@@ -188,9 +231,22 @@ class Monitor:
             cb.on_after_backward(self.state)
 
     # -- sampled steps --------------------------------------------------------------------------
+    @property
+    def _timed(self) -> bool:
+        """Whether this sample's clocks synchronise the device (only a timed sample reads them:
+        a statistics sample on a GPU syncs neither per module nor per phase)."""
+        return self._sampling == "time" and self._cuda
+
     def _attach_sample(self) -> None:
         kind = self._kinds[self._samples % len(self._kinds)]
         self._sampling = kind
+        self._hooks.sync = self._timed
+        # the cyclic garbage collector waits for the sample's end: the objects a sample makes
+        # live until it ends and then go, and collections in between would promote them, which
+        # brings on a full collection (~0.4 s with torch loaded) every few hundred samples
+        self._gc_paused = gc.isenabled()
+        if self._gc_paused:
+            gc.disable()
         self._mark = {"start": self._last, "forward_ms": 0.0}
         self._sample_hooks.append(self.model.register_forward_pre_hook(self._sample_fwd_start, with_kwargs=True))
         self._sample_hooks.append(self.model.register_forward_hook(self._sample_fwd_end))
@@ -199,6 +255,7 @@ class Monitor:
             self._sample_hooks.append(self.optimizer.register_step_post_hook(self._sample_opt_end))
         if kind == "stats":
             assert self._stats is not None
+            self._stats.only = self._stats_share()
             self._stats.attach(self.optimizer)
             return
         if self._timer is not None:
@@ -210,6 +267,19 @@ class Monitor:
             self._comm.recording = True
         if self._peak is not None:
             self._peak.start(live_bytes(self.inner, self.optimizer))
+
+    def _stats_share(self) -> set[str] | None:
+        """The layers the next statistics sample covers (None: all): the next
+        ``ceil(layers / stats_rotation)`` of them, in the order they run, wrapping around."""
+        assert self._stats is not None
+        names = self._stats.names()
+        n = len(names)
+        share = max(STATS_MIN_LAYERS, math.ceil(n / self.stats_rotation))
+        if share >= n:
+            return None
+        start = self._cursor % n
+        self._cursor = start + share
+        return set(names[start:start + share] + names[:max(start + share - n, 0)])
 
     def _detach_sample(self, *, abort: bool = False) -> None:
         for h in self._sample_hooks:
@@ -223,9 +293,16 @@ class Monitor:
         if abort and self._peak is not None and self._sampling == "time":
             self._peak.abort()
         self._sampling = None
+        if abort:
+            self._resume_gc()
+
+    def _resume_gc(self) -> None:
+        if self._gc_paused:
+            self._gc_paused = False
+            gc.enable()
 
     def _sample_fwd_start(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        now = self._now(sync=True)
+        now = self._now(sync=self._timed)
         self._mark.setdefault("fwd_start", now)
         self._mark["_fwd_t0"] = now
         if self._example is None:
@@ -233,37 +310,54 @@ class Monitor:
         self._batch += batch_size_of(args if args else list(kwargs.values()))
 
     def _sample_fwd_end(self, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        now = self._now(sync=True)
+        now = self._now(sync=self._timed)
         self._mark["forward_ms"] += (now - self._mark.get("_fwd_t0", now)) * 1e3
         self._mark["fwd_end"] = now
 
     def _sample_opt_start(self, opt: Any, args: Any, kwargs: Any) -> None:
-        now = self._now(sync=True)
+        now = self._now(sync=self._timed)
         self._mark["bwd_end"] = now
         if self._sampling == "time" and self._timer is not None:
             self._timer.mark_backward_end(now)
-        if self._sampling == "time":
-            if any(p.grad is not None for p in self.inner.parameters()):
-                self._m.grad_norms.append(global_grad_norm(self.inner))
-        self._m.grads_bytes = grads_bytes(self.inner)
+        # the optimizer's own parameters: walking a deep model's modules costs as much as its step
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        # (a statistics sample measures the global norm with the layers' norms)
+        self._step_grad_norm = l2_norm(grads) if grads and self._sampling == "time" else None
+        key = (len(grads), sum(g.numel() for g in grads))
+        if key != self._grads_key:  # the bytes change only when the gradients held do
+            self._grads_key = key
+            self._m.grads_bytes = grads_bytes(self.inner)
 
     def _sample_opt_end(self, opt: Any, args: Any, kwargs: Any) -> None:
-        self._mark["opt_end"] = self._now(sync=True)
+        self._mark["opt_end"] = self._now(sync=self._timed)
 
     def _finish_sample(self, kind: str, now: float) -> None:
         mk = self._mark
+        g = self._step_grad_norm
+        self._step_grad_norm = None
         if kind == "stats":
-            assert self._stats is not None
-            self._m.stats.append(self._stats.collect(self.optimizer))
-            g = self._stats.grad_norm()
+            stats = self._stats
+            assert stats is not None
+            # read now, reduced when the profile is read: a sampled step does not sort
+            step = stats.gather(self.optimizer)
+            self._merged.add_deferred(step.entries, step.kinds, step.kind)
+            stats.release()
+            g = stats.grad_norm()
+            if stats.only is None:
+                u = stats.update_ratio()
+                self._update_parts.clear()
+            else:
+                self._update_parts.update(stats.update_norms())
+                u = _combined_ratio(self._update_parts.values())
             if g is not None:
                 self._m.grad_norms.append(g)
-            u = self._stats.update_ratio()
             if u is not None:
                 self._m.update_ratios.append(u)
             self._samples += 1
             self._profile = None
             return
+        if g is not None:
+            self._m.grad_norms.append(g)
         if self._acts is not None:
             self._acts_totals.append(self._acts.total)
             self._m.activation_per_layer = dict(self._acts.per_layer)
@@ -285,6 +379,7 @@ class Monitor:
             if "bwd_end" not in mk:
                 self._timer.mark_backward_end(now)
             self._timer.end_step()
+            self._timer.fold()
             self._fwd_bwd.append(timing["forward_ms"] + timing["backward_ms"])
         if self._comm is not None:
             self._comm.end_step(step_ms=timing["wall_ms"])
@@ -301,15 +396,19 @@ class Monitor:
         now = self._now(sync=sampled)
         if kind is not None:
             self._detach_sample()
-            self._finish_sample(kind, now)
+            try:
+                self._finish_sample(kind, now)
+            finally:
+                self._resume_gc()
         else:
             self._clean_walls.append((now - self._last) * 1e3)
         state = self.state
         state.step += 1
         if loss is not None and (sampled or self.callbacks):
             if isinstance(loss, torch.Tensor):
-                state.loss_tensor = loss
-                state.loss = float(loss.detach())
+                # detached: holding the step's graph until the next sample keeps its nodes alive
+                state.loss_tensor = loss.detach()
+                state.loss = float(state.loss_tensor)
             else:
                 state.loss = float(loss)
         if sampled and self._batch:

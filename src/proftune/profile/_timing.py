@@ -14,6 +14,7 @@ backward hooks are used: they break on layers followed by an in-place op (torchv
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,8 +46,12 @@ class LayerTimer:
         self._events: list[tuple[float, str]] = []
         self._nodes: set[int] = set()
         self._bwd_end: float | None = None
-        #: One ``(forward_ms, backward_ms)`` dict pair per finished step.
+        #: One ``(forward_ms, backward_ms)`` dict pair per finished step (since the last :meth:`fold`).
         self.steps: list[tuple[dict[str, float], dict[str, float]]] = []
+        # the folded steps: their count and, per layer, the sums of forward ms and of backward ms
+        self._folded = 0
+        self._fwd_sums: dict[str, float] = {}
+        self._bwd_sums: dict[str, float] = {}
 
     @property
     def attached(self) -> bool:
@@ -63,6 +68,11 @@ class LayerTimer:
         self._hooks.detach()
 
     def _begin(self) -> None:
+        # the graph outlives the step while the user holds its loss: take the hooks off it, so
+        # that their closures (thousands on a deep model) go now, not at the next collection
+        for h in getattr(self, "_node_hooks", ()):
+            h.remove()
+        self._node_hooks: list[Any] = []
         self._fwd = {}
         self._starts: list[tuple[float, str]] = []
         self._forward_begins: list[float] = []
@@ -71,13 +81,14 @@ class LayerTimer:
         self._bwd_end = None
 
     def _now(self) -> float:
-        return clock(self.device if self._sync else None)
+        return clock(self.device) if self._sync else time.perf_counter()
 
     def _on_leaf(self, name: str, mod: nn.Module, inputs: tuple[Any, ...], output: Any,
                  start: float, end: float) -> None:
         if not self._active:
             return
-        self.types.setdefault(name, type(mod).__name__)
+        if name not in self.types:
+            self.types[name] = type(mod).__name__
         self._starts.append((start, name))
         if not torch.is_grad_enabled():
             return
@@ -86,7 +97,7 @@ class LayerTimer:
             if node is None or id(node) in self._nodes:
                 continue
             self._nodes.add(id(node))
-            node.register_prehook(self._backward_starts(name))
+            self._node_hooks.append(node.register_prehook(self._backward_starts(name)))
 
     def _on_forward_start(self, start: float) -> None:
         if self._active:
@@ -131,19 +142,32 @@ class LayerTimer:
         self._begin()
         return result
 
+    def fold(self) -> None:
+        """Fold the finished steps into running sums: a Monitor over a long run keeps one number
+        per layer, not one dict per sampled step (memory, and objects the garbage collector walks)."""
+        for fwd, bwd in self.steps:
+            for name, ms in fwd.items():
+                self._fwd_sums[name] = self._fwd_sums.get(name, 0.0) + ms
+            for name, ms in bwd.items():
+                self._bwd_sums[name] = self._bwd_sums.get(name, 0.0) + ms
+        self._folded += len(self.steps)
+        self.steps = []
+
     def per_layer(self) -> dict[str, tuple[float, float | None]]:
         """Mean over the finished steps of each layer's ``(forward_ms, backward_ms)``.
 
         The mean, not the median: the layers' means add up to the mean step, so per-layer times
         and the step they are compared with stay consistent when one step is disturbed."""
+        n = self._folded + len(self.steps)
         out: dict[str, tuple[float, float | None]] = {}
-        names: dict[str, None] = {}  # first-seen order; a list's `in` made this quadratic in layers
+        names: dict[str, None] = dict.fromkeys(self._fwd_sums)  # first-seen order
         for fwd, _ in self.steps:
             names.update(dict.fromkeys(fwd))
         for name in names:
-            f = statistics.fmean([fwd.get(name, 0.0) for fwd, _ in self.steps])
-            has_bwd = any(name in bwd for _, bwd in self.steps)
-            b = statistics.fmean([bwd.get(name, 0.0) for _, bwd in self.steps]) if has_bwd else None
+            f = (self._fwd_sums.get(name, 0.0) + sum(fwd.get(name, 0.0) for fwd, _ in self.steps)) / n
+            has_bwd = name in self._bwd_sums or any(name in bwd for _, bwd in self.steps)
+            b = ((self._bwd_sums.get(name, 0.0) + sum(bwd.get(name, 0.0) for _, bwd in self.steps)) / n
+                 if has_bwd else None)
             out[name] = (f, b)
         return out
 

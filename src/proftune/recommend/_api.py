@@ -355,7 +355,7 @@ def recommend(
     with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
         recs = body()
         recs.run_id = run.id
-        run.set(result={"recommendations": [r.to_dict() for r in recs]},
+        run.set(result={"recommendations": [r.to_dict() for r in recs]}, curves=recs.curves,
                 metrics={r.name: float(r.value) for r in recs
                          if isinstance(r.value, (int, float)) and not isinstance(r.value, bool)})
     return recs
@@ -391,13 +391,17 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     ns_params = dict(params)
     if lr_res.suggested_lr is not None:
         ns_params["lr"] = lr_res.suggested_lr
-    ns = noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
-                     device=device, seed=seed)
-    b_crit = ns.critical_batch_size
-    ns_evidence = {k: v for k, v in ns.to_dict().items() if k != "history"}
+    ns = (noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
+                      device=device, seed=seed) if noise_steps > 0 else None)
+    b_crit = ns.critical_batch_size if ns is not None else None
+    ns_evidence = {k: v for k, v in ns.to_dict().items() if k != "history"} if ns is not None else {}
     ns_lr = ns_params.get("lr")
     ns_evidence["lr"] = ns_lr
-    if b_crit is None:
+    if ns is None:
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", None, "not measured (noise_steps=0: the time given held too few steps).",
+            ns_evidence, "low", "")
+    elif b_crit is None:
         recs["critical_batch_size"] = Recommendation(
             "critical_batch_size", None, "no step had full micro-batches to estimate the noise scale.",
             ns_evidence, "low", "")
@@ -501,7 +505,9 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
-    return Recommendations([recs[name] for name in names if name in recs], profile=prof)
+    return Recommendations([recs[name] for name in names if name in recs], profile=prof,
+                           curves={"lr_range": lr_res.to_dict()["curve"],
+                                   "noise_scale": list(ns.history) if ns is not None else []})
 
 
 @dataclass(frozen=True)

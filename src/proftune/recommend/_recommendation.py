@@ -49,10 +49,14 @@ class Recommendations(list[Recommendation]):
     """What ``recommend`` returns: a list of :class:`Recommendation`, plus the Profile it read
     and the id of the Run it was recorded as."""
 
-    def __init__(self, items: list[Recommendation], *, profile: Any = None, run_id: int | None = None) -> None:
+    def __init__(self, items: list[Recommendation], *, profile: Any = None, run_id: int | None = None,
+                 curves: dict[str, list[dict[str, Any]]] | None = None) -> None:
         super().__init__(items)
         self.profile = profile
         self.run_id = run_id
+        #: The measured curves behind the values (``lr_range``: the LR range test, ``noise_scale``:
+        #: the gradient noise scale per step), recorded with the Run for the report.
+        self.curves = dict(curves or {})
 
     def get(self, name: str) -> Recommendation:
         """The recommendation called ``name``."""

@@ -11,6 +11,7 @@ from typing import Any
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..track import RunRecord, Store
+from . import _optimize  # noqa: F401  (registers the optimize renderer)
 from ._figures import PALETTE, layout, line
 from ._html import Page
 from ._sections import RENDERERS, Context, curves, overview, profile_sections, study_sections
@@ -112,16 +113,25 @@ def _load_profile_file(path: Path) -> dict[str, Any]:
     return Profile.load(path).to_dict()
 
 
+#: Kinds whose story comes first and whose overview closes the page, with the title of its config
+#: panel (an optimize run's config is how it started: the task's defaults, not the result).
+_OVERVIEW_LAST = {"optimize": "as started: options and the task's defaults (the result: see What changed)",
+                  "tune": "the study's config (the best trial: see Study)"}
+
+
 def run_page(r: RunRecord, store: Store | None = None) -> Page:
     """The page of one run: the overview, then what its kind holds."""
     what = _TITLES.get(r.kind, r.kind)
     page = Page(f"{r.task} — {what} (run {r.id})", subtitle=f"started {r.started_at[:19].replace('T', ' ')}"
                 + (f" · {r.duration_s:.1f} s" if r.duration_s is not None else ""),
                 badges=[(r.kind, "kind"), (r.status, r.status)])
-    overview(page, r)
     renderer = RENDERERS.get(r.kind)
+    if r.kind not in _OVERVIEW_LAST:
+        overview(page, r)
     if renderer is not None:
         renderer(page, r, Context(store))
+        if r.kind in _OVERVIEW_LAST:
+            overview(page, r, title="Run and environment", config_title=_OVERVIEW_LAST[r.kind], show_stats=False)
     else:
         curves(page, r)
         if r.result:
@@ -149,9 +159,9 @@ def _study_page(name: str, store: Store) -> Page:
     task = (tunes or trials)[0].task
     page = Page(f"{task} — study {name}", subtitle=f"{len(trials)} trials · {len(tunes)} tune run(s)",
                 badges=[("study", "kind")])
-    if tunes:
-        overview(page, tunes[0])
     study_sections(page, tunes, trials)
+    if tunes:
+        overview(page, tunes[0], title="Run and environment", config_title=_OVERVIEW_LAST["tune"], show_stats=False)
     return page
 
 

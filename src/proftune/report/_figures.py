@@ -15,16 +15,19 @@ PALETTE = ("#3b5bdb", "#f08c00", "#2b8a3e", "#c2255c", "#7048e8", "#1098ad", "#e
 def layout(title: str = "", *, x: str = "", y: str = "", height: int = 360, **extra: Any) -> dict[str, Any]:
     """The house layout: white paper, light grid, legend on top."""
     base: dict[str, Any] = {
-        "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+        # the title in the top-left corner, the legend under it on the left: plotly's toolbar
+        # takes the top-right corner and would cover a legend there
+        "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left", "yref": "container",
+                  "y": 1, "yanchor": "top", "pad": {"t": 10}},
         "height": height,
-        "margin": {"l": 64, "r": 24, "t": 48 if title else 20, "b": 52},
+        "margin": {"l": 64, "r": 24, "t": 72 if title else 36, "b": 52},
         "paper_bgcolor": "#ffffff",
         "plot_bgcolor": "#fbfcfe",
         "font": {"family": "-apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif", "size": 12,
                  "color": "#1d2330"},
         "xaxis": {"title": {"text": x}, "gridcolor": "#e9ecef", "zeroline": False, "automargin": True},
         "yaxis": {"title": {"text": y}, "gridcolor": "#e9ecef", "zeroline": False, "automargin": True},
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1},
+        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.01, "xanchor": "left", "x": 0},
         "hovermode": "closest",
         "showlegend": True,
     }

@@ -17,7 +17,7 @@ from typing import Any
 from .._units import format_bytes
 from ..exceptions import DependencyError
 
-__all__ = ["Page", "Section", "chart_json", "esc", "fmt_number", "fmt_value", "plot_text"]
+__all__ = ["Cell", "Page", "Section", "chart_json", "clipped", "esc", "fmt_number", "fmt_value", "plot_text"]
 
 _PLOTLY_JS: str | None = None
 
@@ -93,6 +93,25 @@ def fmt_value(name: str, v: Any) -> str:
     return fmt_number(v)
 
 
+@dataclass(frozen=True)
+class Cell:
+    """A table cell with more than a value: the whole text on hover (``title``), a sort key,
+    a CSS class (``trunc`` cuts a long text to one line)."""
+
+    text: str
+    title: str = ""
+    sort: float | None = None
+    cls: str = ""
+
+
+def clipped(text: Any, limit: int = 60) -> Cell | str:
+    """``text`` cut to ``limit`` characters on one line, the whole of it on hover."""
+    full = "" if text is None else str(text)
+    if len(full) <= limit:
+        return full
+    return Cell(full[:limit - 1].rstrip() + "…", title=full, cls="trunc")
+
+
 @dataclass
 class Section:
     """One part of the page: a heading and HTML blocks, each already escaped."""
@@ -125,7 +144,13 @@ class Section:
         for i, row in enumerate(rows):
             cells = []
             for v in row:
-                if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], (int, float)):
+                if isinstance(v, Cell):
+                    attrs = f' title="{esc(v.title)}"' if v.title else ""
+                    if v.sort is not None:
+                        attrs += f' data-v="{v.sort!r}"'
+                    cls = " ".join(c for c in (v.cls, "num" if v.sort is not None else "") if c)
+                    cells.append(f'<td class="{esc(cls)}"{attrs}>{esc(v.text)}</td>')
+                elif isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], (int, float)):
                     text, key = v  # (shown text, sort key)
                     cells.append(f'<td class="num" data-v="{key!r}">{esc(text)}</td>')
                 elif isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -291,11 +316,25 @@ background:#fcfcfd}
 .card .name{font-weight:600;font-size:15px}.card .value{font-size:20px;font-weight:600;margin:4px 0;
 word-break:break-word}.card .meta{color:var(--muted);font-size:12px}
 .card p{margin:6px 0}
-.chain{display:flex;gap:0;flex-wrap:wrap;align-items:stretch;margin:4px 0 12px}
-.chain .stage{border:1px solid var(--line);border-radius:8px;padding:10px 12px;min-width:150px;
-background:#fcfcfd}
-.chain .arrow{align-self:center;color:var(--muted);padding:0 8px;font-size:18px}
-.chain .stage.failed{border-color:var(--bad)}
+.chain{display:grid;gap:22px;align-items:stretch;margin:4px 0 12px}
+.chain .stage{position:relative;border:1px solid var(--line);border-radius:8px;padding:8px 10px;
+background:#fcfcfd;min-width:0;font-size:13px;overflow-wrap:anywhere}
+.chain .stage:not(:last-child)::after{content:"\\2192";position:absolute;right:-18px;top:40%;
+color:var(--muted);font-size:16px}
+.chain .stage .name{font-weight:600}.chain .stage .meta{color:var(--muted);font-size:12px}
+.chain .stage.failed{border-color:var(--bad)}.chain .stage.skipped{opacity:.7}
+.chain a{color:inherit;text-decoration:none}
+table.data td.trunc{max-width:22em;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;cursor:help}
+.headline{display:flex;flex-wrap:wrap;gap:12px;margin:0 0 12px}
+.headline .stat{margin:0;border:1px solid var(--line);border-radius:8px;padding:10px 14px;min-width:180px;
+background:#fcfcfd;flex:1 1 180px}
+.headline .stat .v{font-size:20px}.headline .stat.good{border-left:4px solid var(--ok)}
+.headline .stat.bad{border-left:4px solid var(--warn)}
+.verdict{font-size:15px;font-weight:600;margin:0 0 10px}
+.verdict.good{color:var(--ok)}.verdict.bad{color:#a05a00}
+.pngs{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:14px}
+figure.png{margin:8px 0;max-width:100%}figure.png img{max-width:100%;
+border:1px solid var(--line);border-radius:6px}figure.png figcaption{color:var(--muted);font-size:12px}
 .stat{display:inline-block;margin:0 22px 10px 0}.stat .v{font-size:22px;font-weight:600}
 .stat .l{color:var(--muted);font-size:12px}
 .muted{color:var(--muted)}.error{color:var(--bad)}

@@ -10,7 +10,7 @@ from typing import Any
 from .._units import format_bytes
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
-from ._html import Page, Section, esc, fmt_number, fmt_value, plot_text
+from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
 
 Renderer = Callable[[Page, RunRecord, "Context"], None]
 
@@ -66,10 +66,15 @@ def _pct(v: Any) -> str:
 
 
 # -- every run -----------------------------------------------------------------------------------
-def overview(page: Page, r: RunRecord) -> None:
+def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title: str = "config",
+             show_stats: bool = True) -> None:
     """Environment, data fingerprint, config, final metrics, artifacts, error."""
-    s = page.section("Overview")
-    stats = [(k, v) for k, v in r.metrics.items() if _num(v)][:10]
+    s = page.section(title)
+    stats = [(k, v) for k, v in r.metrics.items() if _num(v)][:10] if show_stats else []
+    best = (r.result or {}).get("best") if r.kind == "tune" else None
+    if stats and r.kind == "tune":  # a study's metrics are its best trial's
+        s.html("<h3>" + esc(f"the best trial's metrics (trial #{best.get('number')})" if isinstance(best, Mapping)
+                            else "the best trial's metrics") + "</h3>")
     if stats:
         s.html('<div class="stats">' + "".join(
             f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)}</div></div>'
@@ -97,7 +102,7 @@ def overview(page: Page, r: RunRecord) -> None:
                  for k, v in env_items]
     packages = env.get("packages") or {}
     config = [(k, v if not isinstance(v, (list, dict)) else str(v)) for k, v in _flatten(r.config)]
-    config_html = s.side(lambda t: t.kv(config[:14], title="config"))
+    config_html = s.side(lambda t: t.kv(config[:14], title=config_title))
     if len(config) > 14:
         config_html += ("<details><summary>all config</summary>"
                         + s.side(lambda t: t.kv(config[14:])) + "</details>")
@@ -468,7 +473,11 @@ def _batch_size(page: Page, r: RunRecord, ctx: Context) -> None:
 
 def _memory_model(page: Page, d: Mapping[str, Any]) -> None:
     """Probes, the fitted line peak(B) = a + b·B, the budget and the answer."""
-    s = page.section("Memory model")
+    memory_model_chart(page.section("Memory model"), d)
+
+
+def memory_model_chart(s: Section, d: Mapping[str, Any]) -> None:
+    """The memory model's chart (probes, fitted line, budget, answer) and its numbers, into ``s``."""
     probes = [p for p in d.get("probes") or [] if isinstance(p, Mapping)]
     model = d.get("model") or {}
     a, b = finite(model.get("intercept_bytes")), finite(model.get("per_sample_bytes"))
@@ -530,6 +539,13 @@ def _lr_find(page: Page, r: RunRecord, ctx: Context) -> None:
     if not pts:
         s.para("the run holds no curve", cls="muted")
         return
+    lr_chart(s, res, pts)
+
+
+def lr_chart(s: Section, res: Mapping[str, Any], pts: Sequence[Mapping[str, Any]],
+             marks: Sequence[tuple[str, Any, str]] = ()) -> None:
+    """The LR range curve (raw and smoothed loss vs lr, log x) with min, max and the suggestion,
+    plus ``marks`` (label, lr, colour: e.g. the rate the run went on with), into ``s``."""
     xs = [p.get("lr") for p in pts]
     data = [line(xs, [p.get("loss") for p in pts], "loss", color="#adb5bd", width=1),
             line(xs, [p.get("smoothed") for p in pts], "smoothed loss", color=PALETTE[0], width=2.5)]
@@ -542,6 +558,13 @@ def _lr_find(page: Page, r: RunRecord, ctx: Context) -> None:
                            else "dot", y=1.0 - 0.08 * i)
             sh["x0"] = sh["x1"] = v
             no["x"] = math.log10(v)
+            shapes.append(sh)
+            notes.append(no)
+    for j, (label, lr, color) in enumerate(marks):
+        if finite(lr):
+            sh, no = vline(math.log10(float(lr)), f"{label} {float(lr):.2g}", color=color, dash="dash",
+                           y=0.76 - 0.08 * j)
+            sh["x0"] = sh["x1"] = float(lr)
             shapes.append(sh)
             notes.append(no)
     smoothed = [finite(p.get("smoothed")) for p in pts]
@@ -644,12 +667,26 @@ def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
 @register_renderer("compress")
 def _compress(page: Page, r: RunRecord, ctx: Context) -> None:
     res = r.result or {}
+    candidate_charts(page.section("Candidates"), res)
+    sens = [x for x in res.get("sensitivity") or [] if isinstance(x, Mapping)]
+    if sens:
+        sensitivity_chart(page.section("Per-layer sensitivity"), res)
+    texts = [*(res.get("plan") or []), *(res.get("notes") or [])]
+    if texts:
+        ns = page.section("Plan and notes")
+        ns.html("<ul>" + "".join(f"<li>{esc(t)}</li>" for t in texts) + "</ul>")
+        if res.get("load"):
+            ns.html(f"<h3>load the model</h3><pre>{esc(res.get('load'))}</pre>")
+
+
+def candidate_charts(s: Section, res: Mapping[str, Any]) -> None:
+    """A compression's candidates (metric vs latency and vs size, the Pareto front, the selected
+    one, the accuracy budget) and their table, into ``s``."""
     base = res.get("baseline") or {}
     cands = [c for c in res.get("candidates") or [] if isinstance(c, Mapping)]
     sel = res.get("selected") or {}
     metric = str(res.get("metric") or "metric")
     everything = [dict(base, method=base.get("method", "baseline")), *cands] if base else list(cands)
-    s = page.section("Candidates")
     s.para(f"{metric} within -{res.get('max_accuracy_drop')} of the baseline, goal {res.get('goal')}, "
            f"{res.get('device')} with {res.get('threads')} thread(s); selected: "
            + (f"{sel.get('method')} ratio {sel.get('ratio')}" if sel else "none"), cls="muted")
@@ -684,16 +721,28 @@ def _compress(page: Page, r: RunRecord, ctx: Context) -> None:
             notes.append(no)
         s.chart({"data": data, "layout": layout(f"{metric} vs {label}", x=f"{label} ({unit})", y=metric,
                                                 shapes=shapes, annotations=notes)})
-    cols = ["method", "ratio", metric, "drop", "params", "MACs", "size", "ms @1", "ms @batch", "backend",
-            "Pareto", "within budget"]
-    s.table(cols, [[c.get("method"), c.get("ratio"), c.get("metric"), c.get("metric_drop"), c.get("params"),
+    cols = ["candidate", metric, "drop", "params", "MACs", "size", "ms @1", "ms @batch", "Pareto", "within budget"]
+    s.table(cols, [[Cell(_candidate(c), title=f"backend {c.get('quant_backend')}" if c.get("quant_backend") else "",
+                         cls="nw"),
+                    c.get("metric"), c.get("metric_drop"), c.get("params"),
                     c.get("macs"), (format_bytes(c.get("size_bytes")), finite(c.get("size_bytes")) or 0),
-                    c.get("latency_ms"), c.get("latency_batch_ms"), c.get("quant_backend"),
+                    c.get("latency_ms"), c.get("latency_batch_ms"),
                     "yes" if c.get("pareto") else "", "yes" if c.get("within_budget") else "no"]
                    for c in everything], row_classes=["best" if is_sel(c) else "" for c in everything])
+
+
+def _candidate(c: Mapping[str, Any]) -> str:
+    """``structured 50% + static``: the method with its pruning ratio."""
+    ratio = finite(c.get("ratio"))
+    parts = str(c.get("method") or "-").split("+")
+    return " + ".join(f"{p} {ratio:.0%}" if ratio and "structured" in p else p for p in parts)
+
+
+def sensitivity_chart(ss: Section, res: Mapping[str, Any]) -> None:
+    """The metric drop when one layer alone is pruned, per layer, into ``ss``."""
+    metric = str(res.get("metric") or "metric")
     sens = [x for x in res.get("sensitivity") or [] if isinstance(x, Mapping)]
     if sens:
-        ss = page.section("Per-layer sensitivity")
         ordered = sorted(sens, key=lambda x: finite(x.get("drop")) or 0)
         ss.chart({"data": [bar([x.get("drop") for x in ordered], [str(x.get("layer")) for x in ordered],
                                f"{metric} drop", orientation="h", color=PALETTE[3])],
@@ -702,73 +751,6 @@ def _compress(page: Page, r: RunRecord, ctx: Context) -> None:
                  side=ss.side(lambda t: t.table(["layer", "params", "ratio", "drop"],
                                                 [[x.get("layer"), x.get("params"), x.get("ratio"), x.get("drop")]
                                                  for x in sens])))
-    texts = [*(res.get("plan") or []), *(res.get("notes") or [])]
-    if texts:
-        ns = page.section("Plan and notes")
-        ns.html("<ul>" + "".join(f"<li>{esc(t)}</li>" for t in texts) + "</ul>")
-        if res.get("load"):
-            ns.html(f"<h3>load the model</h3><pre>{esc(res.get('load'))}</pre>")
-
-
-# -- optimize --------------------------------------------------------------------------------------------
-def _stages_of(r: RunRecord) -> list[Mapping[str, Any]]:
-    for holder in (r.result, r.artifacts, r.config, r.metrics):
-        if isinstance(holder, Mapping):
-            st = holder.get("stages")
-            if isinstance(st, list) and st:
-                return [x if isinstance(x, Mapping) else {"name": str(x)} for x in st]
-            if isinstance(st, Mapping) and st:
-                return [{"name": k, **(v if isinstance(v, Mapping) else {"value": v})} for k, v in st.items()]
-    return []
-
-
-def _pick(d: Mapping[str, Any], *keys: str) -> Any:
-    for k in keys:
-        if d.get(k) is not None:
-            return d[k]
-    return None
-
-
-@register_renderer("optimize")
-def _optimize(page: Page, r: RunRecord, ctx: Context) -> None:
-    stages = _stages_of(r)
-    children = ctx.store.list_runs(parent_id=r.id) if ctx.store is not None else []
-    s = page.section("Stage chain")
-    if not stages and children:
-        stages = [{"name": c.kind, "run_id": c.id, "status": c.status, "duration_s": c.duration_s,
-                   "metrics": c.metrics} for c in reversed(children)]
-    if not stages:
-        s.para("this run holds no stages yet", cls="muted")
-        return
-    boxes = []
-    for i, st in enumerate(stages):
-        name = _pick(st, "name", "stage", "kind") or f"stage {i + 1}"
-        secs = _pick(st, "duration_s", "time_s", "seconds", "elapsed_s")
-        before, after = _pick(st, "metric_before", "before"), _pick(st, "metric_after", "after")
-        status = str(_pick(st, "status", "state") or "")
-        lines = [f'<div class="name">{esc(name)}</div>']
-        if status:
-            lines.append(f'<div class="meta">{esc(status)}</div>')
-        if _num(secs):
-            lines.append(f'<div class="meta">{float(secs):.1f} s</div>')
-        if before is not None or after is not None:
-            lines.append(f"<div>{esc(_short_value(before) if isinstance(before, Mapping) else fmt_number(before))}"
-                         f" → {esc(_short_value(after) if isinstance(after, Mapping) else fmt_number(after))}</div>")
-        if st.get("run_id") is not None:
-            lines.append(f'<div class="meta">run {esc(st.get("run_id"))}</div>')
-        boxes.append(f'<div class="stage {esc(status)}">{"".join(lines)}</div>')
-    s.html('<div class="chain">' + '<div class="arrow">→</div>'.join(boxes) + "</div>")
-    names = [str(_pick(st, "name", "stage", "kind") or i) for i, st in enumerate(stages)]
-    secs = [finite(_pick(st, "duration_s", "time_s", "seconds", "elapsed_s")) for st in stages]
-    if any(v is not None for v in secs):
-        s.chart({"data": [bar(names, secs, "seconds", color=PALETTE[0])],
-                 "layout": layout("time spent per stage", y="seconds", showlegend=False, height=300)})
-    cols = sorted({k for st in stages for k in st if not isinstance(st.get(k), (Mapping, list))})
-    s.table(cols, [[st.get(k) for k in cols] for st in stages], title="stages")
-    if children:
-        s.table(["run", "kind", "status", "duration s", "metrics"],
-                [[c.id, c.kind, c.status, c.duration_s, _short_value(c.metrics)] for c in reversed(children)],
-                title="runs of the stages")
 
 
 # -- tune / study -----------------------------------------------------------------------------------------
@@ -781,8 +763,9 @@ def _tune(page: Page, r: RunRecord, ctx: Context) -> None:
 
 
 def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunRecord]) -> None:
-    """A study from its tune runs (newest first) and trial runs: history, states, parallel
-    coordinates, importance, correlations and the Pareto front."""
+    """A study from its tune runs (newest first) and trial runs: the best trial, the feasibility
+    scan and the strategy, history (every trial), the trials, parallel coordinates, importance,
+    correlations and the Pareto front."""
     latest = tunes[0] if tunes else None
     cfg = latest.config if latest else {}
     res = latest.result if latest else {}
@@ -798,29 +781,91 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
                      "metrics": t.metrics or {}, "constraints": tr.get("constraints") or {},
                      "duration": t.duration_s, "run": t.id, "curve": (t.curves or {}).get("epoch") or []})
     s = page.section("Study")
+    _best_trial(s, res, obj)
     counts: dict[str, int] = {}
     for row in rows:
         counts[str(row["state"])] = counts.get(str(row["state"]), 0) + 1
     s.html('<div class="stats">' + "".join(
         f'<div class="stat"><div class="v">{n}</div><div class="l">{esc(k)}</div></div>'
         for k, n in sorted(counts.items())) + "</div>")
+    budget = res.get("budget") or {}
     s.kv([("study", latest.study if latest else "-"), ("objectives", ", ".join(objectives) or "-"),
           ("constraints", ", ".join(map(str, cfg.get("constraints") or [])) or "-"),
           ("sampler", cfg.get("sampler")), ("pruner", cfg.get("pruner")), ("epochs per trial", cfg.get("epochs")),
+          ("trials trained / gated", f"{budget.get('trained', '-')} / {budget.get('gated', '-')}"),
+          ("stopped by", budget.get("stopped") or "-"),
           ("tune runs", ", ".join(str(t.id) for t in tunes))])
     compute = res.get("compute") or {}
     if compute:
-        s.kv(list(compute.items()), title="compute (seconds)")
+        s.kv([(k.replace("_s", "").replace("_", " "), f"{float(v):.1f} s" if _num(v) and k.endswith("_s") else v)
+              for k, v in compute.items()], title="where the time went")
+    _scan_section(page, res.get("scan"))
+    _strategy_section(page, res.get("strategy") or [])
     if not rows:
         s.para("no trials recorded for this study", cls="muted")
         return
     _history(page, rows, obj)
-    _trial_table(page, rows, obj)
+    _trial_table(page, rows, obj, cfg)
     _parallel(page, rows, obj)
-    _importance(page, res.get("importance") or {})
+    _importance(page, res.get("importance") or {}, complete=counts.get("complete", 0))
     _correlations(page, res.get("correlations") or {})
     if len(obj) >= 2:
         _pareto(page, rows, obj, res.get("pareto") or [])
+
+
+def _best_trial(s: Section, res: Mapping[str, Any], obj: Sequence[tuple[str, str]]) -> None:
+    """The best trial first: its number, objective values and params."""
+    best = res.get("best")
+    front = [f for f in res.get("pareto") or [] if isinstance(f, Mapping)]
+    if len(obj) >= 2 and front:
+        s.html(f'<p class="verdict good">Pareto front: {len(front)} trial(s) '
+               f"({esc(', '.join('#' + str(f.get('number')) for f in front[:12]))})</p>")
+        return
+    if not isinstance(best, Mapping):
+        s.html('<p class="verdict bad">no feasible trial finished: there is no best trial</p>')
+        return
+    metrics = best.get("metrics") or {}
+    values = ", ".join(f"{n} {fmt_value(n, metrics.get(n))}" for n, _ in obj if n in metrics)
+    s.html(f'<p class="verdict good">best trial: #{esc(best.get("number"))}: {esc(values)}</p>')
+    s.para("its params: " + _short_value(best.get("params") or {}), cls="muted")
+    stats = [(k, v) for k, v in metrics.items() if _num(v)][:10]
+    if stats:
+        s.html('<div class="stats">' + "".join(
+            f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)} (best trial)</div></div>'
+            for k, v in stats) + "</div>")
+
+
+def _scan_section(page: Page, scan: Any) -> None:
+    """The feasibility scan: what it profiled, the bounds it fitted, its notes."""
+    if not isinstance(scan, Mapping):
+        return
+    s = page.section("Feasibility scan")
+    s.para(f"{scan.get('profiles')} configurations profiled, not trained, in {float(scan.get('duration_s') or 0):.1f} s"
+           f" against {', '.join(map(str, scan.get('constraints') or []))}; "
+           f"{_pct(scan.get('feasible_share'))} of them feasible"
+           + ("; stopped once the bounds were stable" if scan.get("stopped_early") else ""), cls="muted")
+    bounds = [b for b in scan.get("bounds") or [] if isinstance(b, Mapping)]
+    if bounds:
+        s.table(["param", "bound", "scanned profiles that agree", "keeps"],
+                [[b.get("param"), f"{b.get('op')} {_short_value(b.get('value'))}",
+                  f"{b.get('agree')} of {b.get('total')}", ", ".join(map(str, b.get("constraints") or []))]
+                 for b in bounds], sortable=False, title="the bounds the study samples inside")
+    else:
+        s.para("no bounds fitted: the study samples the whole space", cls="muted")
+    for note in scan.get("notes") or []:
+        s.para(str(note), cls="muted")
+
+
+def _strategy_section(page: Page, strategy: Sequence[Any]) -> None:
+    items = [x for x in strategy if isinstance(x, Mapping)]
+    if not items:
+        return
+    s = page.section("Strategy")
+    s.para("What the trials say to do next: per constraint the param that drives it, per param restrict, fix, "
+           "widen or keep (partial Spearman rho with a bootstrap 95% interval).", cls="muted")
+    s.table(["about", "what", "action", "why"],
+            [[x.get("kind"), x.get("subject"), x.get("action"), clipped(x.get("text"), 140)] for x in items],
+            sortable=False)
 
 
 def _objective(text: str) -> tuple[str, str]:
@@ -836,18 +881,31 @@ def _objective(text: str) -> tuple[str, str]:
 
 
 def _history(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:
+    """Every trial at its number: a value where it has one, else at the axis floor with why it has
+    none (infeasible, pruned, failed) on hover."""
     s = page.section("Optimisation history")
-    colors = {"complete": PALETTE[0], "infeasible": PALETTE[1], "pruned": "#adb5bd", "failed": "#c92a2a"}
+    colors = {"complete": PALETTE[0], "infeasible": PALETTE[1], "pruned": "#868e96", "failed": "#c92a2a",
+              "running": "#adb5bd"}
     for name, direction in obj:
+        vals = [float(row["metrics"][name]) for row in rows if _num(row["metrics"].get(name))]
+        floor = (min(vals) if direction == "max" else max(vals)) if vals else 0.0
         data = []
         for state, color in colors.items():
-            pts = [row for row in rows if row["state"] == state and _num(row["metrics"].get(name))]
-            if pts:
-                data.append({"type": "scatter", "mode": "markers", "name": state,
-                             "x": [row["#"] for row in pts], "y": [row["metrics"][name] for row in pts],
-                             "marker": {"size": 9, "color": color},
-                             "hovertext": [plot_text(_short_value(row["params"])) for row in pts],
-                             "hovertemplate": "trial %{x}: %{y:.4g}<br>%{hovertext}<extra></extra>"})
+            pts = [row for row in rows if row["state"] == state]
+            with_v = [row for row in pts if _num(row["metrics"].get(name))]
+            without = [row for row in pts if not _num(row["metrics"].get(name))]
+            for group, label, symbol in ((with_v, state, "circle"), (without, f"{state}: no {name}", "x")):
+                if not group:
+                    continue
+                data.append({"type": "scatter", "mode": "markers", "name": label,
+                             "x": [row["#"] for row in group],
+                             "y": [row["metrics"][name] if symbol == "circle" else floor for row in group],
+                             "marker": {"size": 9, "color": color, "symbol": symbol},
+                             "hovertext": [plot_text(f"trial {row['#']} ({row['state']})"
+                                                     + (f": {_clip(row['reason'], 160)}" if row["reason"] else "")
+                                                     + f"<br>{_short_value(row['params'])}") for row in group],
+                             "hovertemplate": "%{hovertext}<extra></extra>" if symbol == "x"
+                             else "%{hovertext}<br>" + name + " %{y:.4g}<extra></extra>"})
         best: list[float | None] = []
         cur: float | None = None
         for row in rows:
@@ -857,13 +915,31 @@ def _history(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[
             best.append(cur)
         data.append({**line([row["#"] for row in rows], best, f"best so far ({direction})", color=PALETTE[2]),
                      "line": {"shape": "hv", "color": PALETTE[2], "width": 2}})
-        s.chart({"data": data, "layout": layout(f"{name} per trial", x="trial", y=name)})
+        missing = sum(1 for row in rows if not _num(row["metrics"].get(name)))
+        s.chart({"data": data, "layout": layout(f"{name} of every trial ({len(rows)})", x="trial", y=name)})
+        if missing:
+            s.para(f"{missing} trial(s) have no {name} (gated before training, pruned early or failed): "
+                   "drawn as x at the bottom of the axis; hover for why.", cls="muted")
 
 
-def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:
+def _clip(text: Any, n: int) -> str:
+    t = str(text)
+    return t if len(t) <= n else t[: n - 1] + "…"
+
+
+def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
+                 cfg: Mapping[str, Any] | None = None) -> None:
+    """One line per trial: params, the objectives and the constrained metrics, why it ended (cut
+    to one line, whole on hover)."""
     s = page.section("Trials")
     pnames = list(dict.fromkeys(k for row in rows for k in row["params"]))
-    mnames = list(dict.fromkeys([*(n for n, _ in obj), *(k for row in rows for k in row["metrics"])]))[:8]
+    fixed = {k for k in pnames if len({repr(row["params"].get(k)) for row in rows}) == 1}
+    shown = [p for p in pnames if p not in fixed]
+    constrained = [str(c).split("<")[0].split(">")[0].strip() for c in (cfg or {}).get("constraints") or []]
+    mnames = list(dict.fromkeys([*(n for n, _ in obj), *constrained]))
+    if fixed:
+        s.para("the same in every trial: " + ", ".join(f"{k} {fmt_number(rows[0]['params'].get(k), digits=3)}"
+                                                       for k in sorted(fixed)), cls="muted")
     table_rows = []
     for row in rows:
         cons = row["constraints"]
@@ -872,9 +948,13 @@ def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tu
         reason = row["reason"] or ""
         if broken and row["state"] == "infeasible" and not reason:
             reason = "; ".join(broken)
-        table_rows.append([row["#"], row["state"], *[row["params"].get(p) for p in pnames],
-                           *[row["metrics"].get(m) for m in mnames], reason, row["duration"], row["run"]])
-    s.table(["#", "state", *pnames, *mnames, "reason", "seconds", "run"], table_rows,
+        table_rows.append([row["#"], row["state"],
+                           *[Cell(fmt_number(row["params"].get(p), digits=3), cls="nw") for p in shown],
+                           *[(fmt_value(m, row["metrics"].get(m)), finite(row["metrics"].get(m)) or 0)
+                             if _num(row["metrics"].get(m)) else "-" for m in mnames],
+                           clipped(reason, 40), (f"{row['duration']:.1f}", row["duration"])
+                           if _num(row["duration"]) else "-", row["run"]])
+    s.table(["#", "state", *shown, *mnames, "why it ended", "seconds", "run"], table_rows,
             row_classes=[str(row["state"]) for row in rows])
 
 
@@ -882,31 +962,64 @@ def _parallel(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple
     done = [row for row in rows if row["state"] == "complete"]
     if len(done) < 2:
         return
-    pnames = list(dict.fromkeys(k for row in done for k in row["params"]))
+    pnames = [k for k in dict.fromkeys(k for row in done for k in row["params"])
+              if len({repr(row["params"].get(k)) for row in done}) > 1]  # a fixed param is no axis
     target = obj[0][0]
     flat = [{"#": row["#"], **row["params"], target: row["metrics"].get(target)} for row in done]
     s = page.section("Parallel coordinates")
     s.chart(parallel(flat, [*pnames, target], target, title=f"completed trials, coloured by {target}"))
 
 
-def _importance(page: Page, imp: Mapping[str, Any]) -> None:
-    usable = {m: per for m, per in imp.items() if isinstance(per, Mapping)}
-    if not usable:
-        return
+def _importance(page: Page, imp: Mapping[str, Any], *, complete: int = 0) -> None:
     s = page.section("Parameter importance")
+    if any(isinstance(per, Mapping) for per in imp.values()):
+        importance_charts(s, imp)
+    else:
+        s.para(f"no importance: fANOVA and PED-ANOVA need at least 2 completed trials ({complete} here)",
+               cls="muted")
+
+
+def importance_charts(s: Section, imp: Mapping[str, Any]) -> None:
+    """fANOVA and PED-ANOVA importance per objective into ``s``; a method that gave nothing says why."""
+    usable = {m: per for m, per in imp.items() if isinstance(per, Mapping)}
     for metric, per in usable.items():
         data = []
         for i, (method, label) in enumerate((("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA"))):
             vals = {k: v for k, v in (per.get(method) or {}).items() if _num(v)}
             if vals:
                 data.append(bar(list(vals.values()), list(vals.keys()), label, orientation="h", color=PALETTE[i]))
-        errors = [f"{m}: {(per.get(m) or {}).get('error')}" for m in ("fanova", "ped_anova")
-                  if isinstance(per.get(m), Mapping) and (per.get(m) or {}).get("error")]
+        notes = []
+        for m, label in (("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA")):
+            got = per.get(m)
+            got_vals = [v for v in (got or {}).values() if _num(v)] if isinstance(got, Mapping) else []
+            if isinstance(got, Mapping) and got.get("error"):
+                notes.append(f"{label} gave nothing: {got.get('error')}")
+            elif not got_vals:
+                notes.append(f"{label} gave nothing: it was not computed for {metric}")
+            elif not any(float(v) > 0 for v in got_vals):
+                notes.append(f"{label} gives every param 0: the completed trials' {metric} does not vary "
+                             "with any param as far as its trees can tell (too few or too similar trials)")
         if data:
+            names = list(dict.fromkeys(k for d in data for k in d["y"]))
             s.chart({"data": data, "layout": layout(f"importance for {metric}", x="importance", barmode="group",
-                                                    height=max(240, 90 + 40 * len(data[0]["y"])))})
-        for e in errors:
+                                                    height=max(240, 90 + 40 * len(names)))},
+                    side=s.side(lambda t, per=per, names=names: t.table(
+                        ["param", "fANOVA", "PED-ANOVA"],
+                        [[n, *[_share_cell((per.get(m) or {}).get(n)) for m in ("fanova", "ped_anova")]]
+                         for n in names], sortable=False)))
+        if data:
+            for m, label in (("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA")):
+                got = per.get(m) if isinstance(per.get(m), Mapping) else {}
+                left = [n for n in names if got and not got.get("error") and not _num(got.get(n))]
+                if left:
+                    notes.append(f"{label} gives no value for {', '.join(left)}: a param not set in every "
+                                 f"completed trial (a conditional one, `when:`) is outside {label}'s model")
+        for e in notes:
             s.para(e, cls="muted")
+
+
+def _share_cell(v: Any) -> Any:
+    return (f"{float(v):.3f}", float(v)) if _num(v) else "-"
 
 
 def _correlations(page: Page, corr: Mapping[str, Any]) -> None:

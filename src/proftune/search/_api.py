@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import multiprocessing as mp
 import os
@@ -274,6 +275,7 @@ def search(
     ray: RayOptions | None = None,
     enqueue: Sequence[Mapping[str, Any]] = (),
     analyse: bool = True,
+    params: Mapping[str, Any] | None = None,
 ) -> SearchResult:
     """Search ``space`` for the best configuration of ``task`` under ``constraints``.
 
@@ -289,7 +291,8 @@ def search(
     ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"`` (``grid_points`` per continuous
     param, also the points of ``sampler="grid"``).
     ``backend``: ``"local"`` (this machine's processes) or ``"ray"`` (Ray Tune; ``ray`` says
-    where and with which scheduler: fifo, asha, pbt).
+    where and with which scheduler: fifo, asha, pbt). ``params``: fixed for every trial (the
+    command line's ``--param``), over the space's ``fixed:``; a param the space searches is an error.
     ``enqueue``: configurations to train first (Optuna's ``enqueue_trial``: warm-start points),
     each ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.
     ``analyse=False`` skips correlations, importance and the strategy (seconds at a hundred
@@ -353,7 +356,7 @@ def search(
         summary = result.to_dict()
         run.set(metrics=dict(result.best.metrics) if result.best else {},
                 result={k: summary[k] for k in ("best", "pareto", "counts", "budget", "compute",
-                                                 "correlations", "importance", "strategy")},
+                                                 "correlations", "importance", "strategy", "scan")},
                 artifacts={"plots": result.plots})
     return result
 
@@ -366,6 +369,13 @@ def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any
         space_obj = load_space(space)
     except ConfigError as exc:
         problems.problems.extend(exc.problems)
+    if space_obj is not None and given["params"]:
+        searched = sorted(set(given["params"]) & set(space_obj.names))
+        for name in searched:
+            problems.add(f"{name!r} is both fixed (params, --param {name}={given['params'][name]}) and searched "
+                         "by the space; keep one (a fixed value belongs in the space's fixed:).")
+        if not searched:
+            space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **given["params"]})
     metrics = task_metrics(task_obj)
     objectives = given["objectives"]
     if not objectives:

@@ -5,33 +5,38 @@ loop, fault classification) on a Ray worker. The sampler is Optuna's, through Ra
 ``OptunaSearch`` on the study's own storage, so the space, constraints and samplers stay the
 same; the driver records every trial in the Store and in the study with the same states and
 fields as the local backend. Schedulers: ``fifo``, ``asha`` (Ray's successive halving on each
-epoch's objective) and ``pbt`` (population-based training: members checkpoint model and
-optimizer state, the better members are exploited and their params perturbed).
+epoch's objective) and ``pbt`` (population-based training, synchronous and seeded: members
+checkpoint model and optimizer state, the worse members continue from the better ones' and
+their params move a rung along a ladder).
 
 Fault tolerance: a trial whose worker dies is retried by Ray (``FailureConfig``); the driver
-killed midway resumes the experiment from its folder (``Tuner.restore``) with the same command.
+killed midway resumes the experiment from its folder (``Tuner.restore``) with the same command
+(a PBT population starts again, in a folder of its own).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import json
 import logging
 import math
 import os
+import random
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 import torch
 
 from ..exceptions import ConfigError, DependencyError, RunFailedError
-from ..task import Task, load_task
+from ..task import Task, absolute_spec, load_task
 from ..track import Store
 from ..train import Callback, FitState, evaluate_model
 from ._records import ATTR
@@ -385,7 +390,8 @@ def _callback_class() -> type:
                 self.recorder.progress(trial.trial_id, result)
 
         def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-            self.recorder.started(trial.trial_id, None, trial.config)
+            # a PBT member is numbered by its place in the population, not by which started first
+            self.recorder.started(trial.trial_id, trial.config.get(_MEMBER), trial.config)
 
         def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             self._finish_unsearched(trial, error=False)
@@ -475,6 +481,16 @@ def _experiment_dir(settings: SearchSettings, options: RayOptions) -> Path:
     return (root / settings.study).resolve()
 
 
+def _next_folder(folder: Path) -> Path:
+    """``STUDY-2``, ``STUDY-3``, ...: the first beside ``folder`` that holds no experiment."""
+    from ray import tune
+
+    n = 2
+    while tune.Tuner.can_restore(str(folder.with_name(f"{folder.name}-{n}"))):
+        n += 1
+    return folder.with_name(f"{folder.name}-{n}")
+
+
 def _on_loopback(address: str | None) -> bool:
     """A local instance, or a cluster on this machine's loopback (``127.0.0.1:P``)."""
     return address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
@@ -560,7 +576,7 @@ def _ladder(param: Param) -> list[Any]:
 
 
 def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int = 8) -> Any:
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     mode = "max" if settings.objectives[0].direction == "maximize" else "min"
     epochs = int(settings.epochs or 1)
@@ -575,13 +591,109 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
         if not mutations:
             raise ConfigError("--scheduler pbt perturbs lr, weight_decay, momentum or dropout; the "
                               f"space searches none of them (it has: {', '.join(settings.space.names) or 'none'}).")
-        return PopulationBasedTraining(time_attr="epoch", metric=_METRIC, mode=mode,
-                                       perturbation_interval=options.perturbation_interval,
-                                       hyperparam_mutations=mutations,
-                                       # at least two members explore in each round
-                                       quantile_fraction=0.25 if population >= 8 else 0.5,
-                                       resample_probability=0.25, synch=True, require_attrs=False)
+        return _pbt_class()(time_attr="epoch", metric=_METRIC, mode=mode,
+                            perturbation_interval=options.perturbation_interval,
+                            hyperparam_mutations=mutations,
+                            # at least two members explore in each round
+                            quantile_fraction=0.25 if population >= 8 else 0.5,
+                            resample_probability=0.0, synch=True, require_attrs=False,
+                            seed=settings.seed)
     return FIFOScheduler()
+
+
+def _pbt_class() -> type:
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    class _LadderPBT(PopulationBasedTraining):
+        """Synchronous PBT whose exploit and explore depend on the members' scores and the seed only.
+
+        Each round (every member at the same epoch) the lower quantile continues from the upper
+        quantile's checkpoints, two members per parent, the best parent first (the worst two
+        take the best). Of each two, one moves the perturbed params a rung along their ladders
+        and the other the opposite way; which way per param is drawn from a generator seeded by
+        ``seed``, so with one param the best member is bracketed a rung up and a rung down. A
+        run depends neither on which Ray worker reports first nor on Ray's unseeded ``random``,
+        which picks a parent at random and resamples a quarter of the time.
+        """
+
+        def __init__(self, *, seed: int, **kw: Any) -> None:
+            super().__init__(**kw)
+            self._rng = random.Random(seed)
+            #: Each exploiting member's rank in this round's lower quantile (0: the worst).
+            self._rank: dict[Any, int] = {}
+            #: Each pair's directions (+1/-1 per param): its first member explores them, the other their opposite.
+            self._directions: dict[int, list[int]] = {}
+
+        def _checkpoint_or_exploit(self, trial: Any, tune_controller: Any, upper_quantile: list[Any],
+                                   lower_quantile: list[Any]) -> None:
+            if trial in lower_quantile:  # both quantiles are sorted worst first
+                rank = self._rank[trial] = lower_quantile.index(trial)
+                upper_quantile = [upper_quantile[-1 - (rank // 2) % len(upper_quantile)]]
+            super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
+
+        def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+            rank = self._rank.pop(trial, 0)
+            if rank % 2 == 0 or rank // 2 not in self._directions:
+                self._directions[rank // 2] = [self._rng.choice((-1, 1)) for _ in self._hyperparam_mutations]
+            sign = 1 if rank % 2 == 0 else -1
+            config, operations = copy.deepcopy(trial_to_clone.config), {}
+            for direction, (name, ladder) in zip(self._directions[rank // 2], self._hyperparam_mutations.items(),
+                                                  strict=True):
+                config[name], operations[name] = _rung(list(cast(list[Any], ladder)),
+                                                       trial_to_clone.config.get(name), sign * direction)
+            return config, operations
+
+    return _LadderPBT
+
+
+def _population_class() -> type:
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    class _Population(BasicVariantGenerator):
+        """PBT's members (seeded), a search that ends only when its last member does.
+
+        Tune keeps a stopped trial's actor for the next trial only while the search goes on or
+        a trial is staged; at a round of synchronous PBT, the member that reported last and
+        exploits another is stopped with none staged, and each such round started a new Ray
+        worker (importing torch and the task: 5 s on a quiet machine, 15-25 s on a busy one).
+        """
+
+        _generating = False
+        _stop_requested = False
+
+        def next_trial(self) -> Any:
+            self._generating = True
+            try:
+                return super().next_trial()
+            finally:
+                self._generating = False
+
+        def set_finished(self) -> None:
+            if not self._generating:  # the experiment stops (time budget): nothing waits for members
+                self._stop_requested = True
+            super().set_finished()
+
+        def is_finished(self) -> bool:
+            return bool(super().is_finished() and (self._stop_requested or not self._live_trials))
+
+    return _Population
+
+
+def _rung(ladder: list[Any], value: Any, direction: int) -> tuple[Any, str]:
+    """The value one rung from ``value`` along ``ladder``, and how it moved.
+
+    At the ladder's end the move goes two rungs the other way: the other member of the pair
+    goes one rung that way, and a copy of the parent's own value would train the same as it.
+    """
+    if value not in ladder:  # off the ladder (a resumed experiment's older ladder): its nearest rung
+        try:
+            return min(ladder, key=lambda v: abs(float(v) - float(value))), "snap"
+        except (TypeError, ValueError):
+            return ladder[0], "snap"
+    at = ladder.index(value)
+    to = at + direction if 0 <= at + direction < len(ladder) else at - 2 * direction
+    to = min(max(to, 0), len(ladder) - 1)
+    return ladder[to], "up" if to > at else "down" if to < at else "stay"
 
 
 def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, store: Store,
@@ -594,6 +706,8 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
     from ray import tune
 
     settings.task_name = settings.task_name or str(settings.task)
+    if isinstance(settings.task, str):  # each Ray trial runs in a working directory of its own
+        settings = dataclasses.replace(settings, task=absolute_spec(settings.task))
     remaining = max(0, settings.trials - finished)
     pbt = options.scheduler == "pbt"
     if options.scheduler != "fifo" and len(settings.objectives) > 1:
@@ -604,6 +718,12 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
                            "trials_run": 0, "retries": 0, "schedule": {}}
     if remaining == 0:
         return out
+    if pbt and tune.Tuner.can_restore(str(folder)):
+        # a killed PBT experiment starts its population again, in a folder of its own: restored, its
+        # members' checkpoint records name checkpoints deleted after Ray's last save of them, and
+        # the synchronous population waits forever for the member whose save failed
+        folder = _next_folder(folder)
+        out["experiment"] = str(folder)
     # trials left RUNNING by a driver of this host that was killed: failed, their params queued
     # again (a resumed experiment's searcher asks for them first)
     reap_dead_trials(optuna.load_study(study_name=settings.study, storage=storage), store)
@@ -655,9 +775,13 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         return tuner
     if options.scheduler == "pbt":
         size = options.population or max(2, min(remaining, 8))
+        # the whole population from the start, as wide as the cluster's CPUs (a local instance:
+        # ``workers``): synchronous PBT time-shares the CPUs among the members. A concurrency limit
+        # below the population would add members only as others finish, and PBT would compare
+        # a member with nobody (it never exploited: each member kept its start)
         cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=1,
-                              max_concurrent_trials=options.workers, time_budget_s=time_budget,
-                              reuse_actors=True)
+                              search_alg=_population_class()(random_state=settings.seed),
+                              time_budget_s=time_budget, reuse_actors=True)
         return tune.Tuner(trainable, param_space=_population_space(settings.space, size),
                           tune_config=cfg,
                           run_config=run_config)

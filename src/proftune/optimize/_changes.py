@@ -1,0 +1,74 @@
+"""What a configuration changes against the defaults, param by param, and where each value came from.
+
+The defaults a user compares with are the values in effect when nothing is set: the task's own
+``default_params``, then what the task's code reads (``params.get("dropout", 0.0)``), then the fit
+loop's (AdamW at lr 1e-3 with weight decay 0.01, no accumulation, fp32). A param the result only
+makes explicit at that value is not a change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["defaults_in_effect", "param_changes"]
+
+#: The fit loop's value for each param it reads when the params leave it out (``proftune.train``).
+LOOP_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "optimizer": "adamw", "grad_accumulation": 1, "precision": "fp32",
+                                 "momentum": 0.0, "grad_clip": None}
+
+
+def defaults_in_effect(task_defaults: Mapping[str, Any], read_defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Each param's value when the params leave it out: the task's, its code's, then the loop's."""
+    out: dict[str, Any] = dict(LOOP_DEFAULTS)
+    opt = str(task_defaults.get("optimizer", out["optimizer"])).lower()
+    out["weight_decay"] = 0.0 if opt in ("sgd", "lbfgs") else 1e-2
+    out.update(read_defaults)
+    out.update(task_defaults)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    return bool(a == b)
+
+
+def _default_from(name: str, task_defaults: Mapping[str, Any], read_defaults: Mapping[str, Any]) -> str:
+    if name in task_defaults:
+        return "task"
+    if name in read_defaults:
+        return "task code"
+    return "fit loop" if name in LOOP_DEFAULTS or name == "weight_decay" else "-"
+
+
+def param_changes(params: Mapping[str, Any], *, task_defaults: Mapping[str, Any],
+                  read_defaults: Mapping[str, Any], computed: Mapping[str, Any],
+                  reasons: Mapping[str, str], fixed: Mapping[str, Any], searched: str) -> list[dict[str, Any]]:
+    """One row per param of ``params`` (and of the defaults): its default, its value, whether it
+    changed, and where the value came from.
+
+    ``computed``: the compute stage's values (``reasons`` its recommendations' reasons, by name);
+    ``fixed``: values the search space fixed; ``searched``: what the search measured for the
+    configuration (one sentence with its figure), said of every searched param.
+    """
+    effect = defaults_in_effect(task_defaults, read_defaults)
+    rows = []
+    for name in sorted(set(params) | set(task_defaults)):
+        value = params.get(name, effect.get(name))
+        default = effect.get(name)
+        changed = name not in effect or not _same(value, default)
+        if not changed:
+            source, why = "default", ""
+        elif name in computed and _same(computed[name], value):
+            source, why = "computed", reasons.get(name, "the compute stage (recommend)")
+        elif name in fixed and _same(fixed[name], value):
+            source, why = "fixed", "fixed by the search space"
+        else:
+            source, why = "searched", searched
+        rows.append({"param": name, "default": default, "default_from": _default_from(name, task_defaults, read_defaults),
+                     "value": value, "changed": changed, "source": source, "why": why})
+    return rows

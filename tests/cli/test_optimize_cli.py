@@ -1,0 +1,60 @@
+"""What ``proftune optimize`` prints: a newcomer answers from it alone what changed, whether it
+helped beyond noise, whether the compressed model is faster, and why the run stopped."""
+
+from __future__ import annotations
+
+import re
+
+
+def _answers(text: str) -> dict[str, str]:
+    """The summary's question -> answer lines (``  label  answer``, one line each when piped)."""
+    labels = ("did it help", "what changed", "compressed model faster", "time", "stopped")
+    out = {}
+    for line in text.splitlines():
+        for label in labels:
+            if line.startswith(f"  {label} "):
+                out[label] = line[len(label) + 2:].strip()
+    return out
+
+
+def test_the_summary_answers_a_newcomer_s_questions(optimize_run: dict[str, object]) -> None:
+    text = str(optimize_run["output"])
+    result = optimize_run["result"]
+    assert isinstance(result, dict)
+    answers = _answers(text)
+    assert set(answers) == {"did it help", "what changed", "compressed model faster", "time", "stopped"}, text
+    adopted = result["vs_baseline"]["decision"] == "chosen"
+    assert answers["did it help"].startswith("yes, beyond noise" if adopted else "no, not beyond noise")
+    assert "paired seed" in answers["did it help"]
+    changed = [r for r in result["final"]["changes"] if r["changed"]]
+    if changed:  # each change beside its default, and where it came from
+        for r in changed:
+            assert re.search(rf"{r['param']} \S+ -> \S+ \((searched|computed|fixed)\)", answers["what changed"])
+        assert "what changed against the defaults" in text
+    else:
+        assert answers["what changed"].startswith("nothing")
+    final = result["final"]
+    comp = answers["compressed model faster"]
+    if final.get("compressed"):
+        assert comp.startswith("yes:")
+        assert "at batch 1 (" in comp
+        assert f"at batch {final['batch_size']} (" in comp
+        assert re.search(r"\d\.\d\dx (faster|slower)", comp)
+    else:
+        assert comp.startswith(("no:", "not tried:"))
+    assert answers["stopped"] == result["stop_reason"]
+    assert re.fullmatch(r"\d+\.?\d* s of the \d+\.?\d* s budget \(\d+%\)", answers["time"])
+
+
+def test_piped_it_is_plain_whole_and_rounded(optimize_run: dict[str, object]) -> None:
+    text = str(optimize_run["output"])
+    assert not set("┃┏━│└") & set(text)  # no box drawing: Markdown tables when piped
+    assert "…" not in text  # nothing cut to the width
+    # every number a person reads is rounded to a few significant digits (no 0.8936170212765957)
+    decimals = re.findall(r"(?<![\w.])\d+\.\d+", text)
+    assert decimals
+    long = [x for x in decimals if len(x.replace(".", "").lstrip("0")) > 3]
+    assert not long, long
+    stage_rows = [line for line in text.splitlines() if re.match(r" (baseline|search|final|compress) +\|", line)]
+    assert len(stage_rows) == 4
+    assert all(re.search(r"\| \d+\.\d s +\|", line) for line in stage_rows)  # seconds, with their unit

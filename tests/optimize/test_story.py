@@ -1,0 +1,96 @@
+"""What the result says in words: the defaults in effect, what counts as a change, and the
+answers to a newcomer's questions for each way a run can end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proftune.optimize._changes import defaults_in_effect, param_changes
+from proftune.optimize._story import method_name, tell
+
+
+def _rows(params: dict[str, Any], **kw: Any) -> dict[str, dict[str, Any]]:
+    base: dict[str, Any] = {"task_defaults": {"lr": 1e-3, "batch_size": 64, "optimizer": "adamw"},
+                            "read_defaults": {"dropout": 0.0, "width": 16}, "computed": {"batch_size": 128},
+                            "reasons": {"batch_size": "the largest batch under 1 GiB is 128"},
+                            "fixed": {"grad_accumulation": 1}, "searched": "search trial 7 (tpe): accuracy 0.98"}
+    return {r["param"]: r for r in param_changes(params, **{**base, **kw})}
+
+
+def test_a_value_made_explicit_at_its_default_is_no_change() -> None:
+    rows = _rows({"lr": 3e-3, "batch_size": 128, "optimizer": "adamw", "grad_accumulation": 1,
+                  "weight_decay": 0.01, "precision": "fp32", "dropout": 0.0, "width": 24})
+    assert {k for k, r in rows.items() if r["changed"]} == {"lr", "batch_size", "width"}
+    assert rows["weight_decay"]["default"] == 0.01  # AdamW's when unset
+    assert rows["weight_decay"]["default_from"] == "fit loop"
+    assert rows["width"]["default_from"] == "task code"
+    assert rows["batch_size"]["source"] == "computed"
+    assert rows["batch_size"]["why"] == "the largest batch under 1 GiB is 128"
+    assert rows["lr"]["source"] == "searched"
+    assert rows["lr"]["why"].startswith("search trial 7")
+
+
+def test_sgd_s_weight_decay_default_is_zero() -> None:
+    assert defaults_in_effect({"optimizer": "sgd"}, {})["weight_decay"] == 0.0
+    rows = _rows({"optimizer": "sgd", "weight_decay": 0.01}, task_defaults={"optimizer": "sgd"})
+    assert rows["weight_decay"]["changed"]
+
+
+def _result(decision: str, **vs: Any) -> dict[str, Any]:
+    cmp = {"seeds": [1, 2, 3], "gain": 0.04, "gain_std": 0.01, "lower": 0.02, "level": 0.95,
+           "beyond_noise": decision == "chosen",
+           "reason": ("beyond noise: the 95% lower bound of the gain is +0.02 > 0" if decision == "chosen"
+                      else "within noise: the 95% lower bound of the gain is -0.01")}
+    return {"objective": "accuracy:max", "budget_s": 300.0, "elapsed_s": 183.2, "stop_reason": "the search ended early",
+            "stages": [{"name": "compress", "outputs": {"candidates": [
+                {"method": "static", "latency_ms": 0.122, "latency_batch_ms": 1.05, "within_budget": True}]}}],
+            "final": {"seeds": [1, 2, 3], "latency_ms": 0.1135, "latency_batch_ms": 1.12, "batch_size": 64,
+                      "changes": [{"param": "lr", "default": 1e-3, "value": 1e-3, "changed": False}]},
+            "vs_baseline": {"decision": decision, "leader": "search #1", "metric": "accuracy",
+                            "defaults": {"val": {"mean": 0.9611, "std": 0.004}}, "final": {"val": {"mean": 0.9611}},
+                            "leader_vs_defaults": {"val": cmp}, "held_out": {"val_samples": 180},
+                            "compression": "kept the uncompressed model: no candidate is faster", **vs}}
+
+
+def test_kept_defaults_say_no_and_what_was_proposed() -> None:
+    told = tell(_result("defaults", leader_changes=[{"param": "lr", "default": 1e-3, "value": 3.2e-3,
+                                                      "changed": True, "source": "searched"}]))
+    lines = {x["label"]: x["text"] for x in told["lines"]}
+    assert told["adopted"] is False
+    assert lines["did it help"].startswith("no, not beyond noise: accuracy gain +0.04 ± 0.01 over 3 paired seed(s); "
+                                           "the 95% lower bound")
+    assert lines["what changed"] == "nothing: the result is the task's defaults"
+    assert lines["proposed, not adopted"] == "lr 0.001 -> 0.0032 (searched)"
+    # no compressed model: the fastest candidate within the budget, slower at batch 1, faster at 64
+    assert lines["compressed model faster"].startswith("no: kept the uncompressed model; the fastest candidate")
+    assert "static INT8, runs 1.07x slower at batch 1 (0.114 ms -> 0.122 ms)" in lines["compressed model faster"]
+    assert "1.07x faster at batch 64" in lines["compressed model faster"]
+    assert lines["time"] == "183 s of the 300 s budget (61%)"
+    assert lines["stopped"] == "the search ended early"
+
+
+def test_a_compression_candidate_is_named_as_people_name_it() -> None:
+    assert method_name({"method": "structured+dynamic", "ratio": 0.5}) == "structured pruning 50% + dynamic INT8"
+    assert method_name({"method": "static", "ratio": 0.0}) == "static INT8"
+
+
+def test_the_result_s_load_line_runs_from_any_folder(optimize_run: dict[str, Any], tmp_path: Any,
+                                                    monkeypatch: Any) -> None:
+    """It defines the params it uses and names the files by absolute path (it said
+    ``build_model(params)`` with ``params`` undefined, and ``'model.pt'`` relative to the cwd)."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    exec(optimize_run["result"]["final"]["load"], scope)
+    saved = torch.load(optimize_run["out"] / "model.pt", weights_only=True)
+    assert scope["params"] == optimize_run["result"]["final"]["params"]
+    assert all(torch.equal(v, saved[k]) for k, v in scope["model"].state_dict().items())
+
+
+def test_sentences_from_other_parts_are_rounded_but_versions_are_not() -> None:
+    from proftune.optimize._story import rounded
+
+    assert rounded("the mean gain -0.002778 is not a gain") == "the mean gain -0.00278 is not a gain"
+    assert rounded("costs only 0.7611 accuracy, lower bound +0.3211 > 0") == "costs only 0.761 accuracy, lower bound +0.321 > 0"
+    assert rounded("torch 2.14.1, 0.5 and 12.5, 98%") == "torch 2.14.1, 0.5 and 12.5, 98%"

@@ -1,0 +1,96 @@
+"""The report of a real optimize run tells its whole story, and lays out as a person reads it in
+a browser: every section holds something, no page overflows sideways, no table row is taller
+than a few lines, the stages sit on one row."""
+
+from __future__ import annotations
+
+import re
+from html import escape as html_escape
+from pathlib import Path
+
+import pytest
+
+from .conftest import chromium_missing
+from .test_html import _charts, _sections
+
+SECTIONS = ["Result", "What changed", "Baseline", "Health", "Layer value", "Search", "Final race", "Compression",
+            "Budget", "Files", "Run and environment"]
+
+#: Evaluated in the page once every chart is drawn: the layout figures the test checks.
+LAYOUT = """(function(){
+  var lh = parseFloat(getComputedStyle(document.querySelector('table.data td')).lineHeight);
+  var rows = Array.prototype.map.call(document.querySelectorAll('table.data tbody tr'), function(r){
+    return [r.getBoundingClientRect().height, r.textContent.slice(0, 60)];});
+  var tallest = rows.reduce(function(a, b){ return a[0] >= b[0] ? a : b; }, [0, '']);
+  var chain = Array.prototype.map.call(document.querySelectorAll('.chain .stage'), function(b){
+    return Math.round(b.getBoundingClientRect().top);});
+  var empty = Array.prototype.filter.call(document.querySelectorAll('main section'), function(s){
+    return !s.querySelector('table, .chart, img, .stat');}).map(function(s){ return s.id; });
+  var wide = Array.prototype.filter.call(document.querySelectorAll('.tablewrap'), function(w){
+    return w.scrollWidth > w.clientWidth + 1;}).map(function(w){
+    return (w.closest('section') || {}).id + ': ' + (w.querySelector('h3') || w.querySelector('th')).textContent;});
+  return {scroll: document.documentElement.scrollWidth, wide: wide, client: document.documentElement.clientWidth,
+          lineHeight: lh, tallest: tallest, chain: chain, empty: empty,
+          images: Array.prototype.filter.call(document.images, function(i){ return i.naturalWidth > 0; }).length};
+})()"""
+
+
+def _html(optimize_run: dict[str, object]) -> str:
+    return (Path(str(optimize_run["out"])) / "report.html").read_text()
+
+
+def test_every_section_of_the_story_holds_the_run_s_numbers(optimize_run: dict[str, object]) -> None:
+    html = _html(optimize_run)
+    result = optimize_run["result"]
+    assert isinstance(result, dict)
+    assert _sections(html) == SECTIONS
+    titles = [f["layout"]["title"]["text"] for f in _charts(html)]
+    for wanted in ("loss vs learning rate", "accuracy: no tricks, the defaults and the result",
+                   "share of step time vs share of value per layer (%)", "accuracy of every trial, by arm",
+                   "accuracy of every seed, per configuration", "accuracy vs latency at batch 1",
+                   "seconds per stage: its share and what it spent"):
+        assert wanted in titles, (wanted, titles)
+    # every search trial drawn at its number, marked by the arm it came from
+    from proftune.track import Store
+
+    store = Store(str(optimize_run["db"]))
+    search = next(r for r in store.list_runs(parent_id=result["run_id"]) if r.config.get("stage") == "search")
+    numbers = {t["number"] for t in search.result["trials_log"]}
+    history = next(f for f in _charts(html) if f["layout"]["title"]["text"] == "accuracy of every trial, by arm")
+    assert {x for t in history["data"] if t.get("mode") == "markers" for x in t["x"]} == numbers
+    assert {"computed centre", "task defaults"} <= {t["name"] for t in history["data"]}
+    # every seed of the race, on both splits
+    race = next(f for f in _charts(html) if f["layout"]["title"]["text"] == "accuracy of every seed, per configuration")
+    runs = sum(len(a["runs"]) for a in next(r for r in store.list_runs(parent_id=result["run_id"])
+                                             if r.config.get("stage") == "final").result["race"]["arms"])
+    assert [len(t["y"]) for t in race["data"]] == [runs, runs]
+    # the headline: defaults -> result with the noise, held out, and the decision in words
+    story = result["story"]
+    assert html_escape(story["decision"]) in html
+    assert html.count('class="stat ') >= 5
+    # the PNGs the run wrote are in the page, not paths
+    assert html.count('<img alt="') == len([v for v in result["files"].values() if str(v).endswith(".png")]) >= 3
+    # the Config panel says it holds how the run started, not the result
+    assert "as started: options and the task&#x27;s defaults" in html
+
+
+@pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_the_report_lays_out_in_a_browser(optimize_run: dict[str, object], width: int) -> None:
+    from ._chromium import chromium, visit
+
+    path = Path(str(optimize_run["out"])) / "report.html"
+    with chromium() as browser:
+        seen = visit(browser, path, width=width, probe=LAYOUT)
+    assert seen.console_errors == []
+    assert seen.exceptions == []
+    assert seen.external_requests == []
+    assert seen.charts_drawn == seen.charts_expected >= 7
+    got = seen.probed
+    assert got["scroll"] <= got["client"], got  # nothing overflows the page sideways
+    assert got["tallest"][0] <= 5 * got["lineHeight"] + 12, got["tallest"]  # no row taller than a few lines
+    assert len(set(got["chain"])) == 1, got["chain"]  # the stages on one row: no arrow ends a line
+    assert got["empty"] == [], got["empty"]
+    assert got["wide"] == [], got["wide"]  # every table fits its section: no hidden columns
+    assert got["images"] >= 3
+    assert re.search(r"did it help\s+(yes|no)", seen.text)
