@@ -10,8 +10,8 @@ from torch import nn
 
 from proftune import ClassificationTask
 from proftune._holdout import HeldOutTask, with_test_split
-from proftune.task import load_task
 from proftune.examples import TensorBatches
+from proftune.task import load_task
 
 X = torch.arange(100, dtype=torch.float32).reshape(100, 1)
 Y = torch.arange(100) % 2

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from .exceptions import ConfigError
 
@@ -143,3 +144,36 @@ def output_loss(output: Any) -> torch.Tensor | None:
     ``"loss"``; None when the output carries none."""
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+def capture_inputs(loss_fn: Any, model: nn.Module, batch: Any) -> Any:
+    """The inputs the task's loss feeds ``model`` for ``batch``: a tensor, a tuple or a dict."""
+    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def pre(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not seen:
+            seen.append((args, kwargs))
+
+    handle = model.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            loss_fn(model, batch)
+    finally:
+        handle.remove()
+    if not seen:
+        raise ConfigError("the task's loss never called the model, so there are no model(...) inputs to time or trace.")
+    args, kwargs = seen[0]
+    if kwargs and not args:
+        return dict(kwargs)
+    return args[0] if len(args) == 1 else tuple(args)
+
+
+def slice_batch(example: Any, n: int) -> Any:
+    """The first ``n`` rows of every tensor in ``example``."""
+    if isinstance(example, torch.Tensor):
+        return example[:n]
+    if isinstance(example, (tuple, list)):
+        return type(example)(slice_batch(e, n) for e in example)
+    if isinstance(example, dict):
+        return {k: slice_batch(v, n) for k, v in example.items()}
+    return example

@@ -12,6 +12,19 @@ Stages (``Metric.producers``):
 - ``evaluate``: returned by the task's ``evaluate()`` after training;
 - ``train``: recorded by the fit loop while training (train loss).
 
+Each metric has one producer (``Metric.producer``, a function every consumer calls rather than
+measuring the number its own way). The two deployment figures:
+
+- ``latency_ms`` (:func:`proftune.profile.task_latencies` over
+  :func:`proftune.profile.time_forwards`): one forward pass at batch 1 in eval mode under
+  ``torch.inference_mode`` on the inputs the task's loss feeds the model; after a warm-up, the
+  median of the forwards timed in several interleaved rounds; on CPU at one intra-op thread,
+  denormals flushed, each forward timed by the process's CPU time (load-proof); at several
+  threads or on CUDA by the (synchronised) wall clock.
+- ``size_bytes`` (:func:`proftune.profile.size_bytes`): bytes as saved: the artifact's file size
+  where the model is a file (quantized, compiled, exported), else the bytes ``torch.save`` writes
+  for the state dict.
+
 A task may name metrics of its own in ``evaluate()``; their direction comes from this registry
 when the name is a well-known one (``accuracy``, ``f1``, ``mse``, ...), else from the task's
 ``metric_directions`` mapping (``{"bleu": "max"}``), else the caller must say it (``name:max``).
@@ -53,6 +66,8 @@ class Metric:
     unit: str
     producers: tuple[str, ...]
     description: str
+    #: The one function that produces the number (dotted path; ``Task.evaluate`` for a task's own).
+    producer: str = ""
 
     @property
     def optuna_direction(self) -> str:
@@ -70,8 +85,15 @@ class Metric:
         return "static" in self.producers
 
 
-def _m(name: str, direction: Direction, unit: str, producers: tuple[str, ...], description: str) -> Metric:
-    return Metric(name, direction, unit, producers, description)
+#: The producer of each stage's metrics, where one function produces the whole stage.
+_STAGE_PRODUCER = {"static": "proftune.profile.count_model", "step": "proftune.profile.profile",
+                   "inference": "proftune.profile.task_latencies", "evaluate": "Task.evaluate",
+                   "train": "proftune.train.fit"}
+
+
+def _m(name: str, direction: Direction, unit: str, producers: tuple[str, ...], description: str,
+       producer: str = "") -> Metric:
+    return Metric(name, direction, unit, producers, description, producer or _STAGE_PRODUCER[producers[0]])
 
 
 _PROFILE = (
@@ -83,8 +105,10 @@ _PROFILE = (
     _m("params", "min", "count", ("static",), "number of parameters"),
     _m("macs", "min", "count", ("static",), "multiply-accumulates of one forward pass"),
     _m("flops", "min", "count", ("static",), "floating-point operations of one forward pass (2 x MACs)"),
-    _m("size_bytes", "min", "bytes", ("static",), "bytes of parameters and buffers as saved"),
-    _m("latency_ms", "min", "ms", ("inference",), "forward pass time at batch 1 in eval mode"),
+    _m("size_bytes", "min", "bytes", ("static",), "bytes as saved: the artifact's file, else torch.save "
+       "of the state dict", "proftune.profile.size_bytes"),
+    _m("latency_ms", "min", "ms", ("inference",), "one forward at batch 1 in eval mode: median of interleaved "
+       "rounds after a warm-up, CPU time at 1 thread on CPU, else the wall clock"),
 )
 
 # Well-known names that tasks return from evaluate(); a task may return others and declare them.
@@ -140,7 +164,7 @@ def get_metric(name: str, *, task: Any = None) -> Metric:
         return METRICS[name]
     declared = _task_directions(task)
     if name in declared:
-        return Metric(name, declared[name], "", ("evaluate",), "declared by the task")
+        return Metric(name, declared[name], "", ("evaluate",), "declared by the task", "Task.evaluate")
     valid = sorted(set(METRICS) | set(declared))
     raise ConfigError(
         f"metric {name!r} is unknown; known metrics: {', '.join(valid)}. A task metric of "

@@ -257,49 +257,6 @@ def test_metric_direction_comes_from_the_registry_or_the_task(original: Path, tm
                           metric="oddity", db=db_url, **FAST)
 
 
-def test_task_latencies_time_the_inputs_the_loss_feeds_even_a_dict() -> None:
-    """A model called as model(input_ids=..., mask=...) from a dict batch gets a latency per batch size."""
-    from collections.abc import Iterable
-
-    import torch
-    from torch import nn
-
-    from proftune import Task
-    from proftune.compress import task_latencies
-
-    class Keyed(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(6, 2)
-
-        def forward(self, features: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-            return self.lin(features) * scale
-
-    class DictTask(Task):
-        name = "dict-batches"
-
-        def build_model(self, params: dict[str, Any]) -> nn.Module:
-            return Keyed()
-
-        def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
-            return self.val_data(batch_size)
-
-        def val_data(self, batch_size: int) -> Iterable[Any]:
-            yield {"features": torch.randn(batch_size, 6), "scale": torch.ones(batch_size, 1),
-                   "y": torch.zeros(batch_size, dtype=torch.long)}
-
-        def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-            out = model(features=batch["features"], scale=batch["scale"])
-            return nn.functional.cross_entropy(out, batch["y"])
-
-        def evaluate(self, model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
-            return {"val_loss": 0.0}
-
-    times = task_latencies(DictTask(), Keyed(), (1, 8), device=torch.device("cpu"), rounds=2)
-    assert set(times) == {1, 8}
-    assert all(0 < t < 1000 for t in times.values())
-
-
 def _cand(method: str, metric: float, latency: float, size: int) -> Any:
     from proftune.compress._pipeline import Candidate
 

@@ -310,4 +310,5 @@ def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str)
     outputs = result.stages[-1]["outputs"]
     assert (out / "model_compressed.pt").is_file() == (outputs["selected"] is not None), json.dumps(outputs)
     if outputs["selected"] is not None:
-        assert "HeldOutTask" not in outputs["load"] and "tasks.py:TinyTask" in outputs["load"]
+        assert "HeldOutTask" not in outputs["load"]
+        assert "tasks.py:TinyTask" in outputs["load"]

@@ -10,8 +10,7 @@ from ._api import compress
 from ._checkpoint import LOAD_LINES, ExportedModule, load_model
 from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
-from ._measure import task_latencies
-from ._pipeline import Candidate, capture_inputs
+from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
 from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_status
 from ._report import CompressReport
@@ -33,7 +32,6 @@ __all__ = [
     "LayerSensitivity",
     "QuantInputs",
     "backend_status",
-    "capture_inputs",
     "compress",
     "hinton_loss",
     "layer_sensitivity",
@@ -41,5 +39,4 @@ __all__ = [
     "prune_structured",
     "prune_unstructured",
     "ratios_from_sensitivity",
-    "task_latencies",
 ]

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._device import DeviceIterable, call_model, move_to_device
+from .._device import DeviceIterable, call_model, capture_inputs, move_to_device, slice_batch
 from ..exceptions import ConfigError
 from ..metrics import direction
+from ..profile import size_bytes, time_forwards
 from ..task import Task
 from ..train import Callback, evaluate_model, fit
 from ._checkpoint import Rebuild, load_model, read_model, save_model
@@ -24,14 +25,8 @@ from ._compile import compiler_status, get_compiler, providers_of
 from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
 from ._half import HalfPrecision, save_half
-from ._measure import LatencyInput, count, file_size, measure_latencies, sparse_size_bytes
-from ._pipeline import (
-    GOALS,
-    Candidate,
-    capture_inputs,
-    choose,
-    slice_batch,
-)
+from ._measure import count, sparse_size_bytes
+from ._pipeline import GOALS, Candidate, choose
 from ._plan import Plan, plan_methods, profile_summary
 from ._prune import (
     final_classifier,
@@ -354,7 +349,7 @@ class Compressor:
         params, macs = count(float_model, move_to_device(self.example1, self.dev))
         cand = Candidate(
             method=name, ratio=float(ratio), metric=float(metrics[self.cfg.metric]), metric_drop=0.0,
-            params=params, macs=macs, size_bytes=file_size(path), latency_ms=float("nan"),
+            params=params, macs=macs, size_bytes=size_bytes(path), latency_ms=float("nan"),
             latency_batch_ms=float("nan"), batch_size=self.bs, metrics=metrics, format=fmt,
             reload_max_abs_diff=float(diff), path=str(path), notes=list(notes),
             eager_max_abs_diff=self._agreement(float_model, loaded) if agreement else None,
@@ -432,13 +427,13 @@ class Compressor:
             by_dev.setdefault(str(tensors[0].device) if tensors else "cpu", []).append(item)
         for key, items in by_dev.items():
             ex = items[0][2]
-            inputs = [LatencyInput(1, slice_batch(ex, 1)), LatencyInput(self.bs, ex)]
             models = {str(i): m for i, (_, m, _) in enumerate(items)}
-            times = measure_latencies(models, inputs, device=torch.device(key), threads=self.cfg.threads,
-                                      rounds=self.cfg.latency_rounds, flush_denormal=self.cfg.flush_denormal)
+            times = time_forwards(models, {1: slice_batch(ex, 1), self.bs: ex}, device=torch.device(key),
+                                  threads=self.cfg.threads, rounds=self.cfg.latency_rounds,
+                                  flush_denormal=self.cfg.flush_denormal)
             for i, (cand, _, _) in enumerate(items):
-                cand.latency_ms = times[str(i)][1]
-                cand.latency_batch_ms = times[str(i)][self.bs]
+                cand.latency_ms = times[str(i)][1].ms
+                cand.latency_batch_ms = times[str(i)][self.bs].ms
                 if cand.quant_backend and not isinstance(cand.backend_ms.get(cand.quant_backend), str):
                     cand.backend_ms[cand.quant_backend] = cand.latency_batch_ms
 
@@ -447,8 +442,8 @@ class Compressor:
         if not self.cfg.flush_denormal or self.dev.type != "cpu":
             return
         cand, model, ex = baseline
-        slow = measure_latencies({"b": model}, [LatencyInput(self.bs, ex)], device=self.dev,
-                                 threads=self.cfg.threads, rounds=1, flush_denormal=False)["b"][self.bs]
+        slow = time_forwards({"b": model}, {self.bs: ex}, device=self.dev, threads=self.cfg.threads,
+                             rounds=1, flush_denormal=False)["b"][self.bs].ms
         if slow > 1.3 * cand.latency_batch_ms:
             self.notes.append(
                 f"latencies are measured with denormals flushed to zero; with torch's default (not "

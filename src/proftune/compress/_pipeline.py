@@ -7,19 +7,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-from torch import nn
-
 __all__ = [
     "GOALS",
     "LATENCY_TIE",
     "Candidate",
     "beats",
-    "capture_inputs",
     "choose",
     "mark_pareto",
     "select",
-    "slice_batch",
 ]
 
 #: Relative difference of batch-1 latency treated as a tie (timing noise on a shared machine).
@@ -146,38 +141,3 @@ def select(cands: Sequence[Candidate], goal_key: str, max_drop: float, *,
         close = [c for c in fits if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
         return min(close, key=lambda c: (c.latency_batch_ms, c.metric_drop))
     return min(fits, key=lambda c: (_key(c, goal_key, goal_up), c.metric_drop))
-
-
-def capture_inputs(loss_fn: Any, model: nn.Module, batch: Any) -> Any:
-    """The inputs the task's loss feeds ``model`` for ``batch``: a tensor, a tuple or a dict."""
-    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def pre(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not seen:
-            seen.append((args, kwargs))
-
-    handle = model.register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            loss_fn(model, batch)
-    finally:
-        handle.remove()
-    if not seen:
-        from ..exceptions import ConfigError
-
-        raise ConfigError("the task's loss never called the model; compress needs model(...) inputs.")
-    args, kwargs = seen[0]
-    if kwargs and not args:
-        return dict(kwargs)
-    return args[0] if len(args) == 1 else tuple(args)
-
-
-def slice_batch(example: Any, n: int) -> Any:
-    """The first ``n`` rows of every tensor in ``example``."""
-    if isinstance(example, torch.Tensor):
-        return example[:n]
-    if isinstance(example, (tuple, list)):
-        return type(example)(slice_batch(e, n) for e in example)
-    if isinstance(example, dict):
-        return {k: slice_batch(v, n) for k, v in example.items()}
-    return example

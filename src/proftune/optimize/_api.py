@@ -23,10 +23,10 @@ from .._holdout import with_test_split
 from .._jsonsafe import json_safe
 from .._units import format_bytes
 from ..compress import compress as run_compress
-from ..compress import load_model, task_latencies
+from ..compress import load_model
 from ..diagnose import diagnose
 from ..exceptions import ConfigError, RunFailedError
-from ..profile import Profile
+from ..profile import Profile, size_bytes, task_latencies
 from ..profile import profile as run_profile
 from ..recommend import recommend
 from ..task import Task, load_task
@@ -442,7 +442,7 @@ class _Loop:
         params, evidence = self._evidence(chosen, outcome)
         model = self.task.build_model(dict(params))
         model.load_state_dict(torch.load(self.out / "model.pt", weights_only=True))
-        latency, size = _latency_ms(self.task, model), (self.out / "model.pt").stat().st_size
+        latency, size = _latency_ms(self.task, model), size_bytes(self.out / "model.pt")
         val, test = chosen.summary("val"), chosen.summary("test")
         picked = outcome.model_run()
         return _StageResult({
@@ -770,10 +770,10 @@ def _samples(task: Task, params: dict[str, Any]) -> int | None:
 
 
 def _latency_ms(task: Task, model: nn.Module) -> float | None:
-    """Median forward time at batch 1 on CPU (eval mode, one thread), in ms; None when the task's
-    loss does not feed the model inputs that can be sliced to one sample."""
+    """``latency_ms`` of the model on CPU (its one producer, :func:`proftune.profile.task_latencies`);
+    None when the task's loss does not feed the model inputs that can be sliced to one sample."""
     try:
-        return task_latencies(task, model.cpu(), (1,), device=torch.device("cpu"), rounds=5)[1]
+        return task_latencies(task, model.cpu(), (1,), device=torch.device("cpu"), rounds=5)[1].ms
     except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
         log.info("no latency for the final model: %s", exc)
         return None

@@ -17,6 +17,7 @@ from ._embeddings import (
     table_spectrum,
     zipf_exponent,
 )
+from ._inference import ForwardTiming, size_bytes, task_latencies, time_forwards
 from ._memory import (
     ActivationRecorder,
     PeakMemory,
@@ -66,6 +67,7 @@ __all__ = [
     "CommRecorder",
     "DDPPoint",
     "DDPScaling",
+    "ForwardTiming",
     "GradProfile",
     "IndexCounter",
     "IndexStats",
@@ -98,8 +100,11 @@ __all__ = [
     "profile",
     "profile_ddp_batches",
     "profile_ranks",
+    "size_bytes",
     "table_spectrum",
+    "task_latencies",
     "tensor_stats",
+    "time_forwards",
     "uncounted_op",
     "zipf_exponent",
 ]

@@ -368,7 +368,7 @@ def _curve(result: FitResult, metric: str) -> list[float]:
 
 def _inputs(task: Task, model: nn.Module, batch: Any) -> Any:
     """What ``task.loss`` feeds ``model`` for ``batch`` (the inputs the counter needs)."""
-    from ..compress import capture_inputs
+    from .._device import capture_inputs
 
     return capture_inputs(task.loss, model.cpu().eval(), batch)
 

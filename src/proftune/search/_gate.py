@@ -4,23 +4,27 @@ The gate produces every profile metric of the registry (:mod:`proftune.metrics`)
 constraint or an objective names, each by the cheapest measurement that yields it:
 
 - ``static`` (``params``, ``macs``, ``flops``, ``size_bytes``): counted on the built model by the
-  one FLOP counter (:func:`proftune.profile.count_model`), no step run;
+  one FLOP counter (:func:`proftune.profile.count_model`) and the one size producer
+  (:func:`proftune.profile.size_bytes`: the bytes of the state dict as saved), no step run;
 - ``step`` (``step_time_ms``, ``throughput``, ``grad_norm``, ``grad_var``, ``peak_memory_bytes``):
   a :class:`~proftune.profile.Profile` of a few training steps through the fit loop,
   ``detail="time"``, or ``detail="step"`` when the memory peak is needed;
-- ``inference`` (``latency_ms``): a Profile of the forward pass at batch 1 in eval mode.
+- ``inference`` (``latency_ms``): the one latency producer
+  (:func:`proftune.profile.task_latencies`), the forward at batch 1 in eval mode, as compress
+  and optimize measure it.
 
 Static constraints are checked first, so a configuration that breaks one never runs a step. A
 configuration that breaks a constraint ends at once as infeasible with the measured reason; the
 measured values also go to Optuna's constraint interface so that the sampler learns where the
 feasible region lies.
 
-Time (``step_time_ms``, ``throughput``, ``latency_ms``) is measured so that the machine's load
-does not decide: after the warm-up, :data:`TIMED_STEPS` steps are timed and the fastest one
+Time is measured so that the machine's load does not decide. ``step_time_ms`` and
+``throughput``: after the warm-up, :data:`TIMED_STEPS` steps are timed and the fastest one
 counts (load only ever adds time). On CPU the steps run at one intra-op thread and the value is
 the step's CPU time: another process can delay such a step but cannot add to the CPU time it
 needs, while at several threads the waiting threads spin and both the wall and the CPU time grow
 with the load (a 64-wide MLP step: 1.2 ms alone, 270-300 ms beside 8 other jobs on 2 cores).
+``latency_ms`` is its producer's median of interleaved forwards, by CPU time at one thread too.
 The wall time, its spread and the CPU time are kept beside the value (``GateResult.timing``)
 and a time reason says how noisy its measurement was.
 """
@@ -62,7 +66,7 @@ class GateResult:
     detail: dict[str, Any] = field(default_factory=dict)
     #: Per timed stage (``step``, ``inference``): how its time was measured and how noisy it was
     #: (``basis``, ``threads``, ``steps``, ``value_ms``, ``wall_min_ms``, ``wall_median_ms``,
-    #: ``noise``, ``cpu_min_ms``).
+    #: ``noise``; ``cpu_min_ms`` for the step, ``cpu_median_ms`` for the forwards of ``inference``).
     timing: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -177,15 +181,21 @@ class ProfileGate:
         return out
 
     def _inference_metrics(self, task: Task, params: dict[str, Any]) -> dict[str, float]:
-        """``latency_ms``: the forward pass (through the task's loss) at batch 1 in eval mode."""
-        from ..profile import profile
+        """``latency_ms`` from its one producer: the forward at batch 1 in eval mode on the inputs
+        the task's loss feeds the model (see :mod:`proftune.profile`)."""
+        from .._device import resolve_device
+        from ..profile import task_latencies
 
-        with self._timed_threads() as cpu_basis:
-            p = profile(task, params=params, batch_size=1, steps=max(self.steps, TIMED_STEPS),
-                        warmup=self._warmup(), inference=True, device=self.device, seed=self.seed,
-                        detail="time")
-        value = self._record_timing("inference", p.step, cpu_basis=cpu_basis)
-        return {"latency_ms": value if value > 0 else float(p.step.forward_ms)}
+        torch.manual_seed(self.seed)
+        model = task.build_model(params)
+        t = task_latencies(task, model, (1,), device=resolve_device(self.device), threads=self.threads,
+                           rounds=TIMED_STEPS)[1]
+        self._timing["inference"] = {
+            "basis": t.basis, "threads": t.threads, "steps": t.forwards, "statistic": "median",
+            "unit": "forwards", "value_ms": t.ms, "wall_min_ms": t.wall_min_ms,
+            "wall_median_ms": t.wall_median_ms, "noise": t.noise, "cpu_median_ms": t.cpu_median_ms,
+        }
+        return {"latency_ms": t.ms}
 
     @contextlib.contextmanager
     def _timed_threads(self) -> Iterator[bool]:
@@ -218,13 +228,15 @@ class ProfileGate:
 
 def describe_timing(t: dict[str, Any]) -> str:
     """One line saying how a time was measured and how noisy it was."""
-    return (f"measured as the fastest of {t['steps']} steps by {t['basis']} ({t['value_ms']:.3g} ms); "
+    return (f"measured as the {t.get('statistic', 'fastest')} of {t['steps']} {t.get('unit', 'steps')} "
+            f"by {t['basis']} ({t['value_ms']:.3g} ms); "
             f"wall {t['wall_min_ms']:.3g}-{t['wall_median_ms']:.3g} ms (min-median, noise {t['noise']:+.0%})")
 
 
 def _static_metrics(task: Task, params: dict[str, Any]) -> dict[str, float]:
-    """Params, MACs, FLOPs (the one FLOP counter) and bytes of the model built for ``params``."""
-    from ..profile import count_model
+    """Params, MACs, FLOPs (the one FLOP counter) and the bytes as saved of the model built for
+    ``params``."""
+    from ..profile import count_model, size_bytes
 
     torch.manual_seed(0)
     model = task.build_model(params)
@@ -232,9 +244,8 @@ def _static_metrics(task: Task, params: dict[str, Any]) -> dict[str, float]:
     batch = task.example_batch(int(params.get("batch_size", 32)))
     example = batch[0] if isinstance(batch, (tuple, list)) else batch
     counts = count_model(model, example)
-    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     return {"params": float(counts.params_total), "macs": float(counts.macs),
-            "flops": float(counts.flops), "size_bytes": float(size)}
+            "flops": float(counts.flops), "size_bytes": float(size_bytes(model))}
 
 
 def is_oom(exc: BaseException) -> bool:
