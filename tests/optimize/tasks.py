@@ -97,3 +97,18 @@ class WithTestSplit(TooSlowLR):
 
 
 X_TEST, Y_TEST = _data(128, 2)
+
+
+class SlowDefaults(TinyTask):
+    """TinyTask whose own protocol is 30 epochs of batches that wait 0.05 s (~9 s a run): more
+    than a 20 s budget holds beside a search."""
+
+    name = "tiny-slow-defaults"
+    default_epochs: ClassVar[int] = 30
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        import time
+
+        for batch in super().train_data(batch_size, params):
+            time.sleep(0.05)
+            yield batch

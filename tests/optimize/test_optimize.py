@@ -118,6 +118,23 @@ def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: s
     assert "ended early" in d["stop_reason"]
 
 
+def test_a_budget_too_short_for_the_defaults_own_epochs_races_at_the_trials_epochs(
+        tmp_path: Path, db_url: str) -> None:
+    """The defaults' own protocol does not fit: every arm trains the trials' epochs, the result
+    says so, and no run goes on past the budget."""
+    out = tmp_path / "o"
+    result = proftune.optimize(_spec("SlowDefaults"), budget=20, out=str(out), db=db_url, goal="none", seeds=1)
+    race = result.stages[5]["outputs"]
+    trial_epochs = result.stages[4]["outputs"]["epochs_per_trial"]
+    assert trial_epochs < 30
+    note = result.vs_baseline["race_note"]
+    assert "defaults' own 30 epochs" in note, note
+    assert f"trained {trial_epochs} epoch(s)" in note
+    assert any("final race: the defaults' own 30 epochs" in n for n in result.story["notes"])
+    assert result.final["epochs"] == trial_epochs
+    assert race["decision"] in ("chosen", "defaults")
+
+
 def test_the_task_s_own_test_data_gives_the_held_out_figures(tmp_path: Path, db_url: str) -> None:
     res = CliRunner().invoke(app, ["optimize", _spec("WithTestSplit"), "--budget", "30", "--out",
                                    str(tmp_path / "o"), "--db", db_url, "--goal", "none", "--seeds", "2"])

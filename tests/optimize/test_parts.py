@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -210,3 +213,29 @@ def test_a_measured_better_optimizer_joins_the_space_and_the_warm_start() -> Non
     sgd = [p for _, p in items if p.get("optimizer") == "sgd"]
     assert sgd == [{**sgd[0], "lr": pytest.approx(0.2), "momentum": pytest.approx(0.9)}]
     assert all("momentum" not in p for _, p in items if p.get("optimizer") == "adamw")
+
+
+class _SlowEpochs(TinyTask):
+    """TinyTask whose every batch waits 0.2 s: far slower than the epoch time it is planned with."""
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        for batch in super().train_data(batch_size, params):
+            time.sleep(0.2)
+            yield batch
+
+
+def test_no_final_run_goes_on_past_the_budget_s_end(tmp_path: Path) -> None:
+    """A run may take up to three times its measured epochs (the race's time is spent, but a
+    round that started finishes), yet never past the budget's end (``cap_end``): there it is cut."""
+    from proftune.optimize._final import Arm, FinalPlan, run_final
+    from proftune.track import Store
+
+    plan = FinalPlan(metric="accuracy", maximize=True, epochs=5, seeds=1, seed=0, device="cpu", val_samples=96)
+    defaults = Arm(name="defaults", params=dict(TinyTask.default_params), source="defaults", epoch_s=1.0)
+    now = time.monotonic()
+    out = run_final(_SlowEpochs(), defaults, [], plan, store=Store(f"sqlite:///{tmp_path / 'p.db'}"),
+                    end=now + 0.5, cap_end=now + 1.5, folder=tmp_path, notes=["said first"])
+    (run,) = out.arm("defaults").runs
+    assert run.cut  # 5 epochs of 6 batches at >= 0.2 s each: at least 6 s (3x measured: 17 s)
+    assert run.epochs < 5
+    assert out.note.startswith("said first")

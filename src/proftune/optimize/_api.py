@@ -426,18 +426,28 @@ class _Loop:
                 search_mean=g["mean"], search_std=g.get("std"), search_n=int(g["n"]),
                 epoch_s=max(float(g.get("trial_s") or 0.0) / epochs, base_epoch_s * 0.25)))
         d_group = srch.get("defaults") or {}
-        # the defaults as the user runs them: their own epochs, whatever the trials could afford
+        # the defaults as the user runs them: their own epochs, whatever the trials could afford;
+        # unless one such run would take more than half the time left (a budget too short for the
+        # task's own protocol): then every arm at the trials' epochs, and the result says so
+        hard_end = self.budget.end - min(self._compress_reserve(), MIN_COMPRESS_S)
+        d_epochs, race_notes = self.task.default_epochs, []
+        own_s = d_epochs * base_epoch_s + RUN_OVERHEAD_S
+        if d_epochs != epochs and own_s > 0.5 * (hard_end - time.monotonic()):
+            race_notes.append(f"the defaults' own {d_epochs} epochs (~{own_s:.0f} s at the measured "
+                              f"{base_epoch_s:.2g} s per epoch) do not fit the {hard_end - time.monotonic():.0f} s "
+                              f"left, so every configuration trained {epochs} epoch(s), as the search's trials; "
+                              f"a --budget of at least {self.v.budget_s + 2 * own_s:.0f} s compares at the defaults' own")
+            d_epochs = epochs
         defaults = Arm(name="defaults", params=dict(self.defaults), source="the task's defaults",
-                       search_mean=d_group.get("mean") if epochs == self.task.default_epochs else None,
+                       search_mean=d_group.get("mean") if epochs == d_epochs else None,
                        search_std=d_group.get("std"), search_n=int(d_group.get("n") or 0),
-                       epoch_s=base_epoch_s, epochs=self.task.default_epochs)
+                       epoch_s=base_epoch_s, epochs=d_epochs)
         plan = FinalPlan(metric=self.v.metric, maximize=self.v.maximize, epochs=epochs,
                          seeds=int(self.cfg.seeds), seed=self.cfg.seed, device=str(self.dev),
                          val_samples=self.holdout.val_samples)
         outcome = run_final(self.task, defaults, candidates, plan, store=self.store,
-                            end=self.budget.end - self._compress_reserve(),
-                            hard_end=self.budget.end - min(self._compress_reserve(), MIN_COMPRESS_S),
-                            folder=self.out, say=self.say)
+                            end=self.budget.end - self._compress_reserve(), hard_end=hard_end,
+                            cap_end=self.budget.end, folder=self.out, say=self.say, notes=race_notes)
         chosen = outcome.arm(outcome.chosen)
         params, evidence = self._evidence(chosen, outcome)
         model = self.task.build_model(dict(params))
@@ -673,7 +683,7 @@ class _Loop:
             "leader_vs_defaults": {"val": cmp_val.to_dict() if cmp_val else None,
                                    "test": cmp_test.to_dict() if cmp_test else None},
             "beyond_noise": bool(cmp_val and cmp_val.beyond_noise),
-            "search_gap": race.search_gap(), "held_out": self.holdout.to_dict(),
+            "search_gap": race.search_gap(), "race_note": race.note, "held_out": self.holdout.to_dict(),
             "held_out_source": self.holdout.describe(),
             "no_tricks": _finite((base.get("no_tricks") or {}).get("metrics", {}).get(self.v.metric)),
             "baseline_run": _finite((base.get("defaults") or {}).get("metrics", {}).get(self.v.metric)),

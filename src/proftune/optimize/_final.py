@@ -229,20 +229,24 @@ def _leader(arms: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> Arm | 
 
 
 def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalPlan, *,
-              store: Store, end: float, hard_end: float | None = None, folder: Path,
-              say: Callable[[str, dict[str, Any]], None] | None = None) -> FinalOutcome:
+              store: Store, end: float, hard_end: float | None = None, cap_end: float | None = None,
+              folder: Path, say: Callable[[str, dict[str, Any]], None] | None = None,
+              notes: Sequence[str] = ()) -> FinalOutcome:
     """Race ``defaults`` and ``candidates`` with paired seeds; the chosen model's state dict is
     left at ``folder / "model.pt"``.
 
     ``plan.seeds`` rounds run while ``hard_end`` holds them (the comparison needs them; what
-    comes after gets less); more rounds of the leader and the defaults only until ``end``
-    (both ``time.monotonic()``).
+    comes after gets less); more rounds of the leader and the defaults only until ``end``;
+    no run goes on past ``cap_end`` (the budget's own end: a run slower than measured is cut
+    there, not let run over the user's budget). All ``time.monotonic()``. ``notes``: said
+    before the race's own.
     """
     hard_end = max(end, hard_end if hard_end is not None else end)
+    cap = max(hard_end, cap_end if cap_end is not None else math.inf)
     work = folder / "final"
     work.mkdir(parents=True, exist_ok=True)
     arms = [defaults, *list(candidates)[:MAX_CANDIDATES]]
-    notes: list[str] = []
+    notes = list(notes)
 
     measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
 
@@ -257,8 +261,10 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     def run_round(group: Sequence[Arm], seed: int) -> None:
         for i, arm in enumerate(list(group)):
             idx = arms.index(current(arm.name))
-            limit = max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0,
-                        (hard_end - time.monotonic()) / max(1, len(group) - i))
+            now = time.monotonic()
+            limit = min(max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0,
+                            (hard_end - now) / max(1, len(group) - i)),
+                        max(1.0, cap - now))
             t0 = time.monotonic()
             run = _train(task, arm, plan=plan, seed=seed, limit_s=limit, store=store, folder=work)
             measured[arm.name] = time.monotonic() - t0

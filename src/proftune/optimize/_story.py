@@ -252,7 +252,8 @@ def tell(d: Mapping[str, Any]) -> dict[str, Any]:
     lines.append(("stopped", rounded(d.get("stop_reason") or "-")))
     headline = (f"{metric} {fmt(dv.get('val', {}).get('mean'))} (defaults) -> {_pm(fv.get('val'))} "
                 f"(result, {seeds} seed(s)); {decision}")
-    notes = [f"yellow flag: {f.get('cause')} in {f.get('region')}: {f.get('action')}" for f in d.get("flags") or []]
+    notes = [f"final race: {vs['race_note']}"] if vs.get("race_note") else []
+    notes += [f"yellow flag: {f.get('cause')} in {f.get('region')}: {f.get('action')}" for f in d.get("flags") or []]
     notes += [f"warning {w.get('cause')}: {w.get('summary')} (fix: {w.get('fix')})" for w in d.get("warnings") or []]
     notes += [f"layer {f.get('layer')}: {f.get('finding')}; {f.get('action')}" for f in d.get("layer_findings") or []]
     return {"headline": headline, "decision": decision, "adopted": adopted, "notes": [rounded(n) for n in notes],
