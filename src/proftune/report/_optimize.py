@@ -266,7 +266,9 @@ def _evidence(s: Section, run: _Run, final: Mapping[str, Any]) -> None:
     crit = recs.get("critical_batch_size") or {}
     cev = crit.get("evidence") or {}
     noise = [p for p in ((rec_run.curves or {}).get("noise_scale") if rec_run else None) or [] if isinstance(p, Mapping)]
-    if crit:
+    if crit and cev.get("used_steps") is None:  # not measured: the reason alone, no table of dashes
+        s.para("gradient noise scale: " + str(crit.get("reason") or "not measured"), cls="muted")
+    elif crit:
         items = [("critical batch", crit.get("value")), ("B_simple = tr(Σ)/|G|²", _n(cev.get("b_simple"))),
                  ("tr(Σ)", _n(cev.get("trace_sigma"))), ("|G|²", _n(cev.get("grad_sq_norm"))),
                  ("steps (used / clipped)", f"{cev.get('used_steps')} / {cev.get('clipped_steps')}"),
