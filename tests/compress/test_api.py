@@ -294,3 +294,18 @@ def test_a_candidate_no_faster_than_the_uncompressed_model_is_not_chosen() -> No
                         goal_up=False)
     assert sel is None
     assert "drop within 0.01" in notes[0]
+
+
+def test_a_spent_time_limit_builds_no_further_candidate_and_says_which(original: Path, db_url: str) -> None:
+    """``time_limit_s`` bounds the sweep (optimize gives its share): once spent, the candidates
+    not yet built are named in a note and the baseline is still measured and kept."""
+    report = proftune.compress("digits-mlp", model=str(original), prune="structured", ratios=(0.3, 0.5),
+                               quantize="dynamic", sensitivity=False, db=db_url, time_limit_s=1e-6)
+    assert report.candidates == []
+    assert report.selected is None
+    note = next(n for n in report.notes if n.startswith("not built"))
+    assert "structured 0.3" in note
+    assert "structured 0.5" in note
+    assert "dynamic" in note
+    with pytest.raises(ConfigError, match="time_limit_s=0"):
+        proftune.compress("digits-mlp", model=str(original), time_limit_s=0, db=db_url)

@@ -67,6 +67,15 @@ class Compressor:
         self.goal_up = direction(GOALS[cfg.goal]) == "max"
         self.notes: list[str] = []
         self.plan: list[str] = []
+        self.ends = time.monotonic() + cfg.time_limit_s if cfg.time_limit_s is not None else None
+        self.left_out: list[str] = []
+
+    def _out_of_time(self, what: str) -> bool:
+        """True (and ``what`` noted as left out) once ``time_limit_s`` is spent."""
+        if self.ends is None or time.monotonic() < self.ends:
+            return False
+        self.left_out.append(what)
+        return True
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, model: nn.Module | str | Path | None) -> CompressReport:
@@ -123,22 +132,29 @@ class Compressor:
             sens = self._sensitivity(base, ignored_names)
         if plan.prune is not None:
             for ratio in cfg.ratios:
+                if self._out_of_time(f"{plan.prune} {ratio:g}"):
+                    continue
                 pruned = self._prune(base, plan.prune, float(ratio), ignored_names, sens)
                 built.append(self._save_measure(plan.prune, ratio, pruned, tmp=tmp, finetuned=True))
                 floats.append((plan.prune, float(ratio), pruned))
-                if plan.quant:
+                if plan.quant and not self._out_of_time(f"{plan.prune}+{plan.quant} {ratio:g}"):
                     q = self._quantized(pruned, plan.quant, f"{plan.prune}+{plan.quant}", ratio, tmp)
                     built.extend([q] if q is not None else [])
-        if plan.quant:
+        if plan.quant and not self._out_of_time(plan.quant):
             q = self._quantized(base, plan.quant, plan.quant, 0.0, tmp)
             built.extend([q] if q is not None else [])
         for prefix, ratio, model in floats:
-            if plan.half:
+            if plan.half and not self._out_of_time(_joined(prefix, "fp16")):
                 built.append(self._half(model, _joined(prefix, "fp16"), ratio, tmp))
             for engine in plan.compile:
+                if self._out_of_time(_joined(prefix, engine)):
+                    continue
                 found = self._compiled(model, engine, _joined(prefix, engine), ratio, tmp)
                 if found is not None:
                     built.append(found)
+        if self.left_out:
+            self.notes.append(f"not built, the time limit ({cfg.time_limit_s:.0f} s) spent: "
+                              + ", ".join(self.left_out))
         return built, sens
 
     def _select(self, cands: list[Candidate]) -> Candidate | None:

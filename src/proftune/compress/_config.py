@@ -64,6 +64,9 @@ class CompressConfig:
     flush_denormal: bool = True
     seed: int = 0
     device: str = "auto"
+    #: Seconds for building candidates (None: no limit): once spent, no further candidate is
+    #: built (those built are measured and judged as ever) and a note says which were left out.
+    time_limit_s: float | None = None
 
     def problems(self, model_path: str | None = None) -> list[str]:
         """Every problem with this config, each naming the option, its value and the choices."""
@@ -72,6 +75,8 @@ class CompressConfig:
         self._number_problems(p)
         if self.distill and self.finetune_epochs == 0 and self.quantize != "qat":
             p.add("--distill teaches during fine-tuning; give --finetune-epochs >= 1.")
+        if self.time_limit_s is not None and not (self.time_limit_s > 0):
+            p.add(f"time_limit_s={self.time_limit_s!r}: give seconds > 0, or None for no limit.")
         self._out_problems(p, model_path)
         return p.problems
 

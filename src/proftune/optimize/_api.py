@@ -35,6 +35,7 @@ from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import STAGES, Budget, Deadline
 from ._changes import param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
+from ._decide import pooled_seed_std, prior_seed_std
 from ._final import (
     MAX_CANDIDATES,
     RESERVED_CANDIDATES,
@@ -397,6 +398,7 @@ class _Loop:
             "study": self.study, "plan": plan.to_dict(), "epochs_per_trial": epochs,
             "pruner": settings.pruner if epochs >= 3 else "none", "full_trials_in_share": full_trials,
             "best": best, "top": outcome.groups[:5], "defaults": outcome.defaults,
+            "seed_std": pooled_seed_std([*outcome.groups, outcome.defaults or {}]),
             "flags": [f.to_dict() for f in outcome.flags], "stop_reason": outcome.stop_reason,
             "early": outcome.early, "arms": outcome.arms, "counts": counts,
             "trials": len(outcome.trials), "search_calls": outcome.search_calls,
@@ -444,7 +446,10 @@ class _Loop:
                        epoch_s=base_epoch_s, epochs=d_epochs)
         plan = FinalPlan(metric=self.v.metric, maximize=self.v.maximize, epochs=epochs,
                          seeds=int(self.cfg.seeds), seed=self.cfg.seed, device=str(self.dev),
-                         val_samples=self.holdout.val_samples)
+                         val_samples=self.holdout.val_samples,
+                         prior_std=prior_seed_std(srch.get("seed_std"), metric=self.v.metric,
+                                                  val_samples=self.holdout.val_samples,
+                                                  level=_finite(d_group.get("mean"))))
         outcome = run_final(self.task, defaults, candidates, plan, store=self.store,
                             end=self.budget.end - self._compress_reserve(), hard_end=hard_end,
                             cap_end=self.budget.end, folder=self.out, say=self.say, notes=race_notes)
@@ -520,6 +525,8 @@ class _Loop:
                 ratios=ratios, ignore_layers=tuple(keep), max_accuracy_drop=self.cfg.max_accuracy_drop,
                 metric=self.v.metric, goal=self.cfg.goal, out=str(out_file), force=True,
                 finetune_epochs=1, seed=self.cfg.seed, device=str(self.dev), sensitivity=roomy,
+                # building stops at 60% of the share: measuring, saving and the held-out check follow
+                time_limit_s=max(1.0, 0.6 * (end - time.monotonic())),
                 latency_rounds=5 if roomy else 3, layer_times=roomy)
         except (ConfigError, RunFailedError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
             # a model these methods cannot cut or convert keeps the uncompressed result, which

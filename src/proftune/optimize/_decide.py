@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ALPHA", "SCHEMA_VERSION", "Comparison", "compare_paired"]
+__all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "compare_paired", "pooled_seed_std", "prior_seed_std"]
 
 SCHEMA_VERSION = 1
 #: One-sided error rate of "beyond noise" (before dividing among several candidates).
@@ -103,10 +103,46 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
     elif mean < resolution:
         beyond, why = False, (f"the mean gain {mean:+.4g} is below the metric's resolution {resolution:.4g}"
                               if mean > 0 else f"the mean gain {mean:+.4g} is not a gain")
-    elif lower <= 0:
-        beyond, why = False, (f"within noise: the {level:.0%} lower bound of the gain is {lower:+.4g} "
-                              "(a paired t-test over the seeds)")
     else:
-        beyond, why = True, (f"beyond noise: the {level:.0%} lower bound of the gain is {lower:+.4g} > 0 "
-                             "(a paired t-test over the seeds)")
+        test = ("a paired t-test over the seeds" if n > 1 else
+                f"one paired seed against the seeds' noise, std {prior_std or 0.0:.3g}")
+        beyond = lower > 0
+        why = (f"beyond noise: the {level:.0%} lower bound of the gain is {lower:+.4g} > 0 ({test})" if beyond
+               else f"within noise: the {level:.0%} lower bound of the gain is {lower:+.4g} ({test})")
     return Comparison(**base, gain=mean, gain_std=std, lower=lower, beyond_noise=beyond, reason=why)
+
+
+def pooled_seed_std(groups: Sequence[Mapping[str, Any]]) -> float | None:
+    """The seeds' standard deviation pooled over configurations measured at two seeds or more
+    (``{"std": s, "n": k}`` each): sqrt(sum (k-1) s^2 / sum (k-1)); None without such a group."""
+    num = den = 0.0
+    for g in groups:
+        std, n = g.get("std"), int(g.get("n") or 0)
+        if n >= 2 and isinstance(std, (int, float)) and math.isfinite(std):
+            num += (n - 1) * float(std) ** 2
+            den += n - 1
+    return math.sqrt(num / den) if den else None
+
+
+#: A seed moves a model's validation ratio by more than the validation data's sampling noise
+#: alone (init and data order too): where no seed spread was measured, one seed's noise is
+#: taken as twice the binomial standard deviation of the validation set.
+SAMPLING_TO_SEED = 2.0
+
+
+def prior_seed_std(measured: float | None, *, metric: str, val_samples: int | None,
+                   level: float | None) -> float | None:
+    """The seeds' noise a one-seed comparison is judged against: ``measured`` (the search's
+    pooled spread over seeds) where there is one, never below the validation set's own sampling
+    noise; else, for a ratio metric (accuracy), ``SAMPLING_TO_SEED`` x sqrt(p (1 - p) / n) at
+    the defaults' level ``p`` on ``n`` validation samples; else None (one seed decides nothing)."""
+    from ..metrics import METRICS
+
+    m = METRICS.get(metric)
+    binomial = None
+    if m is not None and m.unit == "ratio" and val_samples:
+        p = min(max(level if level is not None else 0.5, 0.05), 0.95)
+        binomial = math.sqrt(p * (1 - p) / val_samples)
+    if measured is not None and measured > 0:
+        return max(measured, binomial or 0.0)
+    return SAMPLING_TO_SEED * binomial if binomial is not None else None

@@ -258,13 +258,15 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
 
     seeds: list[int] = []
 
-    def run_round(group: Sequence[Arm], seed: int) -> None:
+    def run_round(group: Sequence[Arm], seed: int, *, until: float, stop_at: float) -> None:
+        """Each run may take up to 3x its estimate or its part of the time to ``until``, and
+        never goes on past ``stop_at``."""
         for i, arm in enumerate(list(group)):
             idx = arms.index(current(arm.name))
             now = time.monotonic()
             limit = min(max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0,
-                            (hard_end - now) / max(1, len(group) - i)),
-                        max(1.0, cap - now))
+                            (until - now) / max(1, len(group) - i)),
+                        max(1.0, stop_at - now))
             t0 = time.monotonic()
             run = _train(task, arm, plan=plan, seed=seed, limit_s=limit, store=store, folder=work)
             measured[arm.name] = time.monotonic() - t0
@@ -286,14 +288,16 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
             notes.append(f"stopped after {r} seed(s) of {plan.seeds}: the time left would not hold another round")
             break
         seeds.append(plan.seed + 100 + r)
-        run_round([current(n) for n in active], seeds[-1])
+        run_round([current(n) for n in active], seeds[-1], until=hard_end, stop_at=cap)
         raced = max(raced, len(active) - 1)
     leader = _leader([arms[0], *(a for a in arms[1:] if a.name in active)], seeds, plan.maximize)
-    # time left: more paired seeds of the leader and the defaults, for a sharper comparison
+    # time left: more paired seeds of the leader and the defaults, for a sharper comparison; a
+    # round starts only with half its measured time to spare and its runs stop at ``end`` (what
+    # comes after, compression, keeps its time: one round that ran long under load took it)
     while (leader is not None and len(seeds) < MAX_ROUNDS
-           and time.monotonic() + cost([arms[0], leader]) * 1.2 < end):
+           and time.monotonic() + cost([arms[0], leader]) * 1.5 < end):
         seeds.append(plan.seed + 100 + len(seeds))
-        run_round([arms[0], leader], seeds[-1])
+        run_round([arms[0], leader], seeds[-1], until=end, stop_at=end)
         leader = current(leader.name)
     resolution = _resolution(plan.metric, plan.val_samples)
     comparison = comparison_test = None
