@@ -58,7 +58,9 @@ def test_every_section_of_the_story_holds_the_run_s_numbers(optimize_run: dict[s
     numbers = {t["number"] for t in search.result["trials_log"]}
     history = next(f for f in _charts(html) if f["layout"]["title"]["text"] == "accuracy of every trial, by arm")
     assert {x for t in history["data"] if t.get("mode") == "markers" for x in t["x"]} == numbers
-    assert {"computed centre", "task defaults"} <= {t["name"] for t in history["data"]}
+    arms = {t["name"] for t in history["data"]}
+    assert "computed centre" in arms  # the first trial; the defaults the second, where one more ran
+    assert "task defaults" in arms or len(numbers) < 2, (arms, numbers)
     # every seed of the race, on both splits
     race = next(f for f in _charts(html) if f["layout"]["title"]["text"] == "accuracy of every seed, per configuration")
     runs = sum(len(a["runs"]) for a in next(r for r in store.list_runs(parent_id=result["run_id"])
