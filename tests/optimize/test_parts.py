@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,8 +15,11 @@ from torch import nn
 from proftune._units import parse_duration
 from proftune.exceptions import ConfigError
 from proftune.optimize import Budget, build_plan, find_flags, mean_ablation_hook
+from proftune.optimize._api import OptimizeResult
 from proftune.optimize._budget import SHARES, STAGES
+from proftune.optimize._output import write_summary
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
+from proftune.optimize._state import OptimizeState
 from proftune.search import load_space
 
 from .tasks import TinyTask
@@ -210,3 +216,33 @@ def test_a_measured_better_optimizer_joins_the_space_and_the_warm_start() -> Non
     sgd = [p for _, p in items if p.get("optimizer") == "sgd"]
     assert sgd == [{**sgd[0], "lr": pytest.approx(0.2), "momentum": pytest.approx(0.9)}]
     assert all("momentum" not in p for _, p in items if p.get("optimizer") == "adamw")
+
+
+def _strict_json(path: Path) -> Any:
+    def refuse(token: str) -> Any:
+        raise ValueError(f"{path.name} holds {token}, which strict JSON parsers refuse")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_nan_metric_lands_as_null_in_state_and_summary(tmp_path: Path) -> None:
+    """A diverged stage (NaN metric) leaves files any JSON parser reads, and the run resumes."""
+    state = OptimizeState.load_or_new(tmp_path, {"task": "t", "study": "s", "objective": "accuracy:max",
+                                                 "budget_s": 10.0})
+    state.stages["baseline"] = {"status": "finished", "metric_after": math.nan,
+                                "outputs": {"spread": math.inf, "defaults": {"metrics": {"accuracy": math.nan}}}}
+    state.save()
+    stored = _strict_json(tmp_path / "state.json")
+    assert stored["stages"]["baseline"]["metric_after"] is None
+    assert stored["stages"]["baseline"]["outputs"]["defaults"]["metrics"]["accuracy"] is None
+    again = OptimizeState.load_or_new(tmp_path, {})
+    assert again.finished("baseline")
+    assert again.outputs("baseline")["spread"] is None
+    result = OptimizeResult(task="t", study="s", run_id=1, out=str(tmp_path), objective="accuracy:max",
+                            budget_s=10.0, elapsed_s=math.nan, stages=[{"name": "final", "metric_after": math.nan}],
+                            final={"mean": math.nan, "std": math.inf}, vs_baseline={"gain": -math.inf})
+    write_summary(result, tmp_path)
+    summary = _strict_json(tmp_path / "summary.json")
+    assert summary["final"] == {"mean": None, "std": None}
+    assert summary["elapsed_s"] is None
+    assert summary["vs_baseline"]["gain"] is None

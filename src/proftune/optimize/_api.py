@@ -20,7 +20,7 @@ from torch import nn
 
 from .._device import resolve_device
 from .._holdout import with_test_split
-from .._jsonsafe import json_safe
+from .._jsonsafe import finite_float, json_dumps, json_safe
 from .._units import format_bytes
 from ..compress import compress as run_compress
 from ..compress import load_model
@@ -121,14 +121,6 @@ class _Capture(Callback):
         self.model = state.model
 
 
-def _finite(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 class _Loop:
     """One optimize run: its task, options, Store, state file and clock."""
 
@@ -216,7 +208,7 @@ class _Loop:
                         callbacks=[Deadline(share * 0.55), capture], store=self.store)
         if capture.model is not None:
             torch.save(capture.model.state_dict(), self.out / "baseline_model.pt")
-        defaults_metric = _finite(diag.metrics.get(self.v.metric))
+        defaults_metric = finite_float(diag.metrics.get(self.v.metric))
         known = task_param_defaults(self.task)
         plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
                  "batch_size": int(self.defaults.get("batch_size", 32)),
@@ -225,7 +217,7 @@ class _Loop:
         # what is left of the stage's share (a slow model's no-tricks run is cut, and says so)
         plain_res = fit(self.task, plain, epochs=max(1, diag.epochs), device=self.dev, seed=self.cfg.seed,
                         callbacks=[Deadline(max(1.0, end - time.monotonic()))])
-        plain_metric = _finite(plain_res.metrics.get(self.v.metric))
+        plain_metric = finite_float(plain_res.metrics.get(self.v.metric))
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
             plain_res.steps / max(plain_res.epochs, 1), _steps_per_epoch(self.task, self.defaults))
@@ -286,7 +278,7 @@ class _Loop:
         computed: dict[str, Any] = {}
         if isinstance(values.get("batch_size"), int):
             computed["batch_size"] = values["batch_size"]
-        if _finite(values.get("lr")) is not None:
+        if finite_float(values.get("lr")) is not None:
             computed["lr"] = float(values["lr"])
         if isinstance(values.get("grad_accumulation"), int):
             computed["grad_accumulation"] = values["grad_accumulation"]
@@ -392,7 +384,7 @@ class _Loop:
         counts: dict[str, int] = {}
         for r in outcome.trials:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
-        (self.out / "search_trials.json").write_text(_json(outcome.trials))
+        (self.out / "search_trials.json").write_text(json_dumps(outcome.trials, indent=1))
         return _StageResult({
             "study": self.study, "plan": plan.to_dict(), "epochs_per_trial": epochs,
             "pruner": settings.pruner if epochs >= 3 else "none", "full_trials_in_share": full_trials,
@@ -405,7 +397,7 @@ class _Loop:
             # every trial as the report draws it (its arm, state and why it ended)
             "trials_log": [{k: r.get(k) for k in ("number", "state", "value", "arm", "reason", "duration_s")}
                            for r in outcome.trials],
-        }, before=_finite((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
+        }, before=finite_float((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
 
     def final(self, share: float, end: float) -> _StageResult:
         """The defaults and the search's best, same seeds, same protocol; keep the defaults unless
@@ -456,7 +448,7 @@ class _Loop:
             "model_val": picked.val if picked else None, "model_test": picked.test if picked else None,
             "load": (f"model = proftune.load_task({self.spec!r}).build_model(params); "
                      "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
-        }, before=_finite(outcome.arm("defaults").summary("val")["mean"]), after=val["mean"])
+        }, before=finite_float(outcome.arm("defaults").summary("val")["mean"]), after=val["mean"])
 
     def _evidence(self, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
         """The result's params, and for each where its value came from."""
@@ -527,7 +519,7 @@ class _Loop:
         if sel and report.output:
             try:
                 small = load_model(report.output, task=self.task, params=params)
-                test_metric = _finite(evaluate_model(self.task, small, torch.device("cpu"),
+                test_metric = finite_float(evaluate_model(self.task, small, torch.device("cpu"),
                                                      int(params.get("batch_size", 32)), split="test")
                                       .get(self.v.metric))
             except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
@@ -556,7 +548,7 @@ class _Loop:
                                                   "latency_batch_ms", "size_bytes", "within_budget")}
                            for c in d.get("candidates") or []],
             "output": "model_compressed.pt" if sel and report.output else None, "load": d.get("load"),
-        }, before=_finite(base.get("metric")), after=_finite(sel.get("metric")) if sel else None)
+        }, before=finite_float(base.get("metric")), after=finite_float(sel.get("metric")) if sel else None)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> OptimizeResult:
@@ -675,8 +667,8 @@ class _Loop:
             "beyond_noise": bool(cmp_val and cmp_val.beyond_noise),
             "search_gap": race.search_gap(), "held_out": self.holdout.to_dict(),
             "held_out_source": self.holdout.describe(),
-            "no_tricks": _finite((base.get("no_tricks") or {}).get("metrics", {}).get(self.v.metric)),
-            "baseline_run": _finite((base.get("defaults") or {}).get("metrics", {}).get(self.v.metric)),
+            "no_tricks": finite_float((base.get("no_tricks") or {}).get("metrics", {}).get(self.v.metric)),
+            "baseline_run": finite_float((base.get("defaults") or {}).get("metrics", {}).get(self.v.metric)),
         }
         if metric.get("mean") is not None and d_val["mean"] is not None:
             vs["gain"] = _signed(metric["mean"] - d_val["mean"], self.v.maximize)
@@ -753,12 +745,6 @@ def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
     data = task.train_data(int(params.get("batch_size", 32)), params)
     n = getattr(data, "__len__", None)
     return int(n()) if callable(n) else 1
-
-
-def _json(obj: Any) -> str:
-    import json
-
-    return json.dumps(json_safe(obj), indent=1, allow_nan=False)
 
 
 def _samples(task: Task, params: dict[str, Any]) -> int | None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
-from .._jsonsafe import json_safe
+from .._jsonsafe import json_dumps, json_safe
 from ..task import Task
 
 if TYPE_CHECKING:
@@ -136,5 +135,4 @@ def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, ta
 
 def write_summary(result: OptimizeResult, out: Path) -> None:
     """``summary.json``: the result as ``--json`` prints it, with the files written; once, last."""
-    (out / "summary.json").write_text(json.dumps(json_safe({**result.to_dict(), "files": result.files}),
-                                                 indent=1, allow_nan=False))
+    (out / "summary.json").write_text(json_dumps({**result.to_dict(), "files": result.files}, indent=1))

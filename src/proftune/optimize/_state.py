@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-from .._jsonsafe import json_safe
+from .._jsonsafe import json_dumps
 from .._paths import OutputPath, output_problems
 from ..exceptions import ProblemCollector
 from ..track import LOCK_FILE, FolderLock, Store, StudyLock
@@ -52,7 +52,7 @@ class OptimizeState:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump(json_safe(self.data), f, indent=1, allow_nan=False)
+            f.write(json_dumps(self.data, indent=1))
         os.replace(tmp, self.path)
 
 
