@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,12 +13,23 @@ import pytest
 import torch
 from torch import nn
 
+from proftune._jsonsafe import json_dumps
 from proftune._units import parse_duration
 from proftune.exceptions import ConfigError
 from proftune.optimize import Budget, build_plan, find_flags, mean_ablation_hook
 from proftune.optimize._api import OptimizeResult
 from proftune.optimize._budget import SHARES, STAGES
 from proftune.optimize._output import write_summary
+from proftune.optimize._records import (
+    BaselineOutputs,
+    CompressOutputs,
+    ComputeOutputs,
+    FinalOutputs,
+    HealthOutputs,
+    LayerValueOutputs,
+    SearchStageOutputs,
+    StageOutputs,
+)
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
 from proftune.optimize._state import OptimizeState
 from proftune.search import load_space
@@ -246,3 +258,31 @@ def test_a_nan_metric_lands_as_null_in_state_and_summary(tmp_path: Path) -> None
     assert summary["final"] == {"mean": None, "std": None}
     assert summary["elapsed_s"] is None
     assert summary["vs_baseline"]["gain"] is None
+
+
+@pytest.mark.parametrize("kind", [BaselineOutputs, HealthOutputs, ComputeOutputs, LayerValueOutputs,
+                                  SearchStageOutputs, FinalOutputs, CompressOutputs])
+def test_stage_records_are_frozen_versioned_and_read_back(kind: type[StageOutputs]) -> None:
+    empty = kind()
+    d = empty.to_dict()
+    assert d["schema_version"] == 1
+    assert kind.from_dict(json.loads(json_dumps(d))) == empty  # through state.json and back
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        empty.schema_version = 2  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="schema_version=99"):
+        kind.from_dict({**d, "schema_version": 99})
+
+
+def test_a_state_json_written_before_records_resumes() -> None:
+    """Outputs without ``schema_version`` (state.json of an earlier proftune) read as records."""
+    old = {"computed": {"lr": 0.01, "batch_size": 64}, "max_batch_size": 512, "run_id": 3,
+           "steps": {"lr_range_test": 10}, "recommendations": [{"name": "lr", "value": 0.01, "reason": "range test"}]}
+    comp = ComputeOutputs.from_dict(old)
+    assert comp.computed["lr"] == 0.01
+    assert comp.max_batch_size == 512
+    assert comp.reasons() == {"lr": "range test"}
+    assert comp.to_dict() == {**old, "schema_version": 1}
+    skipped = CompressOutputs.from_dict({"skipped": "--goal none"})
+    assert skipped.to_dict() == {"schema_version": 1, "skipped": "--goal none"}  # its keys, no empty fields
+    assert SearchStageOutputs.from_dict({"plan": {"space": {"fixed": {"epochs": 2}}}}).fixed() == {"epochs": 2}
+    assert BaselineOutputs.from_dict({"no_tricks": {"metrics": {"accuracy": 0.5}}}).metric("no_tricks", "accuracy") == 0.5
