@@ -286,3 +286,19 @@ def test_a_state_json_written_before_records_resumes() -> None:
     assert skipped.to_dict() == {"schema_version": 1, "skipped": "--goal none"}  # its keys, no empty fields
     assert SearchStageOutputs.from_dict({"plan": {"space": {"fixed": {"epochs": 2}}}}).fixed() == {"epochs": 2}
     assert BaselineOutputs.from_dict({"no_tricks": {"metrics": {"accuracy": 0.5}}}).metric("no_tricks", "accuracy") == 0.5
+
+
+def test_optimize_reads_the_study_through_search_s_public_api_only() -> None:
+    """The search stage's trials come from ``proftune.search`` (``study_trials``, ``cancel_waiting``,
+    ``SearchResult``): optimize opens no Optuna storage of its own (search's has the SQLite pragmas
+    and the retry) and reads no user attrs; one class is named ``SearchSettings``."""
+    import re
+
+    src = Path(__file__).resolve().parents[2] / "src" / "proftune"
+    own = {p.name: p.read_text() for p in (src / "optimize").glob("*.py")}
+    for name, text in own.items():
+        assert not re.search(r"RDBStorage|open_storage|load_study|storage=|user_attrs|search\._", text), name
+    assert "study_trials(" in own["_search.py"]
+    assert "cancel_waiting(" in own["_search.py"]
+    defined = [p for p in src.rglob("*.py") if re.search(r"^class SearchSettings\b", p.read_text(), re.M)]
+    assert [p.relative_to(src).as_posix() for p in defined] == ["search/_settings.py"]
