@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._jsonsafe import finite_float
+from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
 
 __all__ = ["fmt", "fmt_ms", "method_name", "rounded", "tell"]
@@ -24,7 +24,7 @@ def fmt(v: Any, digits: int = 3) -> str:
         return "-" if v is None else str(v)
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
-    f = finite_float(v)
+    f = _f(v)
     if f is None:
         return str(v)
     if f.is_integer() and abs(f) < 1e6:
@@ -46,18 +46,18 @@ def rounded(text: Any) -> str:
 
 
 def _signed(v: Any, digits: int = 2) -> str:
-    f = finite_float(v)
+    f = _f(v)
     return "-" if f is None else f"{f:+.{digits}g}"
 
 
 def fmt_ms(v: Any) -> str:
     """Milliseconds: ``0.0164 ms``, ``1.12 ms``, ``240 ms``."""
-    f = finite_float(v)
+    f = _f(v)
     return "-" if f is None else f"{f:.3g} ms"
 
 
 def _secs(v: Any) -> str:
-    f = finite_float(v)
+    f = _f(v)
     if f is None:
         return "-"
     return f"{f:.0f} s" if f >= 100 else f"{f:.1f} s"
@@ -65,15 +65,15 @@ def _secs(v: Any) -> str:
 
 def _pm(s: Mapping[str, Any] | None) -> str:
     """``0.887 ± 0.012`` of a summary (mean, std, n)."""
-    if not s or finite_float(s.get("mean")) is None:
+    if not s or _f(s.get("mean")) is None:
         return "-"
-    std = finite_float(s.get("std"))
+    std = _f(s.get("std"))
     return f"{fmt(s['mean'])} ± {fmt(std, 2)}" if std is not None else fmt(s["mean"])
 
 
 def _times(new: Any, old: Any) -> tuple[float | None, str]:
     """(old / new, "1.99x faster" / "1.05x slower") for two latencies."""
-    a, b = finite_float(new), finite_float(old)
+    a, b = _f(new), _f(old)
     if a is None or b is None or a <= 0:
         return None, ""
     r = b / a
@@ -88,9 +88,9 @@ def _noise(cmp: Mapping[str, Any] | None, metric: str) -> str:
     reason = rounded(cmp.get("reason") or "")
     for said in ("beyond noise: ", "within noise: "):  # the answer says it already
         reason = reason[len(said):] if reason.startswith(said) else reason
-    if finite_float(cmp.get("gain")) is None:
+    if _f(cmp.get("gain")) is None:
         return reason or "no comparison"
-    std = f" ± {fmt(cmp.get('gain_std'), 2)}" if finite_float(cmp.get("gain_std")) is not None else ""
+    std = f" ± {fmt(cmp.get('gain_std'), 2)}" if _f(cmp.get("gain_std")) is not None else ""
     return f"{metric} gain {_signed(cmp['gain'])}{std} over {n} paired seed(s); {reason}"
 
 
@@ -98,7 +98,7 @@ def method_name(c: Mapping[str, Any]) -> str:
     """A compression candidate as people name it: ``structured pruning 50% + dynamic INT8``."""
     words = {"dynamic": "dynamic INT8", "static": "static INT8", "qat": "INT8 (QAT)",
              "structured": "structured pruning", "unstructured": "unstructured pruning"}
-    ratio = finite_float(c.get("ratio"))
+    ratio = _f(c.get("ratio"))
     out = []
     for part in str(c.get("method") or "-").split("+"):
         name = words.get(part, part)
@@ -120,23 +120,23 @@ def _compression(final: Mapping[str, Any], vs: Mapping[str, Any], compress: Mapp
         if rb:
             parts.append(f"{wb} at batch {bs} ({fmt_ms(final.get('latency_batch_ms'))} -> "
                          f"{fmt_ms(c.get('latency_batch_ms'))})")
-        sz_new, sz_old = finite_float(c.get("size_bytes")), finite_float(compress.get("baseline", {}).get("size_bytes")
+        sz_new, sz_old = _f(c.get("size_bytes")), _f(compress.get("baseline", {}).get("size_bytes")
                                                      or final.get("size_bytes"))
         if sz_new and sz_old:
             ratio = sz_old / sz_new
             parts.append(f"size {format_bytes(sz_old)} -> {format_bytes(sz_new)} "
                          + (f"({ratio:.2f}x smaller)" if ratio >= 1 else f"({1 / ratio:.2f}x larger)"))
-        drop = finite_float(c.get("metric_drop"))
+        drop = _f(c.get("metric_drop"))
         parts.append(f"{vs.get('metric', 'metric')} {fmt(c.get('metric'))} on validation"
                      + (f" ({fmt(drop, 2)} below the uncompressed model)" if drop and drop > 0 else
                         f" ({fmt(-drop, 2)} above the uncompressed model: its fine-tuning trained it further)"
                         if drop else " (no drop)")
-                     + (f", {fmt(c.get('test_metric'))} held out" if finite_float(c.get("test_metric")) is not None else ""))
+                     + (f", {fmt(c.get('test_metric'))} held out" if _f(c.get("test_metric")) is not None else ""))
         return "; ".join(parts)
     if compress.get("skipped"):
         return f"not tried: {rounded(compress['skipped'])}"
     cands = [x for x in compress.get("candidates") or [] if isinstance(x, Mapping) and x.get("within_budget")]
-    best = min(cands, key=lambda x: finite_float(x.get("latency_ms")) or math.inf, default=None)
+    best = min(cands, key=lambda x: _f(x.get("latency_ms")) or math.inf, default=None)
     verdict = rounded(vs.get("compression") or "kept the uncompressed model")
     if best is None:
         return f"no: {verdict}"
@@ -229,19 +229,19 @@ def tell(d: Mapping[str, Any]) -> dict[str, Any]:
         (f"{metric}, held out", f"defaults {_pm(dv.get('test'))} -> result {_pm(fv.get('test'))}"
                                 + (f": gain {_signed(test.get('gain'))}, "
                                    + ("beyond noise there too" if test.get("beyond_noise") else "within noise there")
-                                   if adopted and finite_float(test.get("gain")) is not None else "")
+                                   if adopted and _f(test.get("gain")) is not None else "")
                                 + f" ({vs.get('held_out_source') or '-'})"),
         ("what changed", _changed(final.get("changes") or [])),
     ]
     if not adopted and vs.get("leader_changes"):
         lines.append(("proposed, not adopted", _changed(vs["leader_changes"])))
     gap = vs.get("search_gap") or {}
-    if finite_float(gap.get("gap")) is not None:
+    if _f(gap.get("gap")) is not None:
         lines.append(("search -> final", f"the search measured {gap.get('arm')} at {fmt(gap.get('search_mean'))} "
                                          f"({gap.get('search_n')} trial(s)); the final seeds {fmt(gap.get('final_mean'))} "
                                          f"({_signed(gap.get('gap'))})"))
     lines.append(("compressed model faster", _compression(final, vs, compress)))
-    budget, used = finite_float(d.get("budget_s")), finite_float(d.get("elapsed_s"))
+    budget, used = _f(d.get("budget_s")), _f(d.get("elapsed_s"))
     lines.append(("time", f"{_secs(used)} of the {_secs(budget)} budget"
                           + (f" ({used / budget:.0%})" if used is not None and budget else "")))
     lines.append(("stopped", rounded(d.get("stop_reason") or "-")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._jsonsafe import finite_float
+from .._jsonsafe import finite_float as finite
 from ._html import plot_text
 
 PALETTE = ("#3b5bdb", "#f08c00", "#2b8a3e", "#c2255c", "#7048e8", "#1098ad", "#e8590c", "#5c940d",
@@ -42,7 +42,7 @@ def layout(title: str = "", *, x: str = "", y: str = "", height: int = 360, **ex
 def line(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = None, yaxis: str | None = None,
          dash: str | None = None, width: float = 2, markers: bool = False) -> dict[str, Any]:
     trace: dict[str, Any] = {"type": "scatter", "mode": "lines+markers" if markers else "lines",
-                             "x": list(x), "y": [finite_float(v) for v in y], "name": name,
+                             "x": list(x), "y": [finite(v) for v in y], "name": name,
                              "line": {"width": width}}
     if color:
         trace["line"]["color"] = color
@@ -77,9 +77,9 @@ def bar(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = No
         orientation: str = "v", text: Sequence[str] | None = None) -> dict[str, Any]:
     trace: dict[str, Any] = {"type": "bar", "x": list(x), "y": list(y), "name": name, "orientation": orientation}
     if orientation == "h":
-        trace["x"] = [finite_float(v) for v in x]
+        trace["x"] = [finite(v) for v in x]
     else:
-        trace["y"] = [finite_float(v) for v in y]
+        trace["y"] = [finite(v) for v in y]
     if color:
         trace["marker"] = {"color": color}
     if text is not None:
@@ -90,9 +90,9 @@ def bar(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = No
 
 def heatmap(z: Sequence[Sequence[Any]], x: Sequence[str], y: Sequence[str], *, title: str,
             zmin: float = -1, zmax: float = 1) -> dict[str, Any]:
-    text = [["" if finite_float(v) is None else f"{float(v):+.2f}" for v in row] for row in z]
+    text = [["" if finite(v) is None else f"{float(v):+.2f}" for v in row] for row in z]
     return {
-        "data": [{"type": "heatmap", "z": [[finite_float(v) for v in row] for row in z], "x": list(x), "y": list(y),
+        "data": [{"type": "heatmap", "z": [[finite(v) for v in row] for row in z], "x": list(x), "y": list(y),
                   "zmin": zmin, "zmax": zmax, "colorscale": "RdBu", "reversescale": True,
                   "text": text, "texttemplate": "%{text}", "hovertemplate": "%{y} × %{x}: %{z:.3f}<extra></extra>",
                   "colorbar": {"thickness": 12}}],
@@ -111,7 +111,7 @@ def parallel(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], color_by: s
     scales: list[tuple[Any, ...]] = []
     for a in axes:
         values = [r.get(a) for r in rows]
-        nums = [f for f in (finite_float(v) for v in values if not isinstance(v, str)) if f is not None]
+        nums = [f for f in (finite(v) for v in values if not isinstance(v, str)) if f is not None]
         if nums and len(nums) == sum(v is not None for v in values):
             lo, hi = min(nums), max(nums)
             scales.append(("num", lo, hi))
@@ -124,14 +124,14 @@ def parallel(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], color_by: s
         if v is None:
             return None
         if s[0] == "num":
-            f = finite_float(v)
+            f = finite(v)
             if f is None:
                 return None
             return 0.5 if s[2] == s[1] else (f - s[1]) / (s[2] - s[1])
         cats = s[1]
         return 0.5 if len(cats) == 1 else cats.index(str(v)) / (len(cats) - 1)
 
-    cvals = [finite_float(r.get(color_by)) for r in rows]
+    cvals = [finite(r.get(color_by)) for r in rows]
     known = [c for c in cvals if c is not None]
     lo, hi = (min(known), max(known)) if known else (0.0, 1.0)
     traces = []

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._jsonsafe import finite_float
+from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, hline, layout, line, vline
@@ -38,7 +38,7 @@ STAGE_TITLES = {"baseline": "Baseline", "health": "Health", "compute": "What cha
 
 def _n(v: Any, digits: int = 3) -> str:
     """Three significant digits for people (``0.0679``), whole numbers as they are."""
-    f = finite_float(v)
+    f = _f(v)
     if f is None:
         return "-" if v is None else str(v)
     if f.is_integer() and abs(f) < 1e6:
@@ -47,19 +47,19 @@ def _n(v: Any, digits: int = 3) -> str:
 
 
 def _ms(v: Any) -> str:
-    f = finite_float(v)
+    f = _f(v)
     return "-" if f is None else f"{f:.3g} ms"
 
 
 def _secs(v: Any) -> str:
-    f = finite_float(v)
+    f = _f(v)
     return "-" if f is None else (f"{f:.0f} s" if f >= 100 else f"{f:.1f} s")
 
 
 def _pm(s: Mapping[str, Any] | None) -> str:
-    if not s or finite_float(s.get("mean")) is None:
+    if not s or _f(s.get("mean")) is None:
         return "-"
-    return _n(s["mean"]) + (f" ± {_n(s['std'], 2)}" if finite_float(s.get("std")) is not None else "")
+    return _n(s["mean"]) + (f" ± {_n(s['std'], 2)}" if _f(s.get("std")) is not None else "")
 
 
 class _Run:
@@ -134,7 +134,7 @@ def _headline(page: Page, run: _Run) -> None:
              (f"{m}, held out: defaults → result", f"{_pm(dv.get('test'))} → {_pm(fv.get('test'))}",
               str(vs.get("held_out_source") or ""), ""),
              ("beyond noise?", ("yes" if cmp_val.get("beyond_noise") else "no")
-              + (f", gain {float(cmp_val['gain']):+.2g}" if finite_float(cmp_val.get("gain")) is not None else ""),
+              + (f", gain {float(cmp_val['gain']):+.2g}" if _f(cmp_val.get("gain")) is not None else ""),
               answers.get("did it help") or str(cmp_val.get("reason") or ""),
               "good" if cmp_val.get("beyond_noise") else "bad")]
     comp = final.get("compressed")
@@ -164,7 +164,7 @@ def _headline(page: Page, run: _Run) -> None:
 
 
 def _ratio(old: Any, new: Any) -> float | None:
-    a, b = finite_float(old), finite_float(new)
+    a, b = _f(old), _f(new)
     return a / b if a is not None and b else None
 
 
@@ -245,7 +245,7 @@ def _evidence(s: Section, run: _Run, final: Mapping[str, Any]) -> None:
     s.para(str(lr.get("reason") or ""))
     if pts:
         marks = [("computed", lr.get("value"), PALETTE[4])]
-        if finite_float(params.get("lr")) is not None and params.get("lr") != lr.get("value"):
+        if _f(params.get("lr")) is not None and params.get("lr") != lr.get("value"):
             marks.append(("result", params.get("lr"), PALETTE[3]))
         lr_chart(s, lr.get("evidence") or {}, pts, marks)
     else:
@@ -268,7 +268,7 @@ def _evidence(s: Section, run: _Run, final: Mapping[str, Any]) -> None:
                  ("tr(Σ)", _n(cev.get("trace_sigma"))), ("|G|²", _n(cev.get("grad_sq_norm"))),
                  ("steps (used / clipped)", f"{cev.get('used_steps')} / {cev.get('clipped_steps')}"),
                  ("micro-batches", f"{cev.get('small_batch')} samples, {cev.get('big_batch')} per step")]
-        key = next((k for k in ("b_simple", "b_simple_ema", "ema") if any(finite_float(p.get(k)) is not None for p in noise)), None)
+        key = next((k for k in ("b_simple", "b_simple_ema", "ema") if any(_f(p.get(k)) is not None for p in noise)), None)
         side = s.side(lambda t: t.kv(items, title="gradient noise scale"))
         if noise and key:
             s.chart({"data": [line(list(range(1, len(noise) + 1)), [p.get(key) for p in noise], "B_simple",
@@ -305,7 +305,7 @@ def _baseline(page: Page, run: _Run) -> None:
             ("task defaults (1 seed, health checks)", (dflt.get("metrics") or {}).get(m)),
             ("task defaults (final race, mean)", ((vs.get("defaults") or {}).get("val") or {}).get("mean")),
             ("result (final race, mean)", ((vs.get("final") or {}).get("val") or {}).get("mean"))]
-    vals = [(k, v) for k, v in vals if finite_float(v) is not None]
+    vals = [(k, v) for k, v in vals if _f(v) is not None]
     s.para("Triangulation: the task's defaults beside a run with no tricks (AdamW at lr 1e-3, no weight decay, "
            "no dropout), trained as many epochs; their spread says how much tuning can matter here.", cls="muted")
     side = s.side(lambda t: t.kv([("no tricks", _short_value(nt.get("params") or {})),
@@ -321,7 +321,7 @@ def _baseline(page: Page, run: _Run) -> None:
         s.html(side)
     diag = run.run(dflt.get("run_id"))
     steps = [p for p in ((diag.curves or {}).get("step") if diag else None) or [] if isinstance(p, Mapping)]
-    if steps and any(finite_float(p.get("loss")) is not None for p in steps):
+    if steps and any(_f(p.get("loss")) is not None for p in steps):
         s.chart({"data": [line([p.get("step") for p in steps], [p.get("loss") for p in steps], "loss",
                                color=PALETTE[0], width=1.5)],
                  "layout": layout("the defaults' training loss per step (the health checks watched it)", x="step",
@@ -360,16 +360,16 @@ def _layer_value(page: Page, run: _Run) -> None:
     s.para(f"Each layer's share of the step time beside its share of the measured contribution: the "
            f"{run.metric} lost when its output is replaced by its batch mean.", cls="muted")
     names = [f"{x.get('name')} · {x.get('type')}" for x in layers]
-    data = [bar(names, [100 * (finite_float(x.get(k)) or 0) for x in layers], label, color=PALETTE[i])
+    data = [bar(names, [100 * (_f(x.get(k)) or 0) for x in layers], label, color=PALETTE[i])
             for i, (k, label) in enumerate((("time_share", "time share"), ("value_share", "value share"),
                                             ("params_share", "params share")))]
     s.chart({"data": data, "layout": layout("share of step time vs share of value per layer (%)", y="%",
                                             barmode="group", height=340)})
     s.table(["layer", "type", "params", "time", "value", f"{run.metric} drop", "finding"],
-            [[x.get("name"), x.get("type"), x.get("params"), Cell(f"{100 * (finite_float(x.get('time_share')) or 0):.1f}%",
-                                                                 sort=finite_float(x.get("time_share")) or 0),
-              Cell(f"{100 * (finite_float(x.get('value_share')) or 0):.1f}%", sort=finite_float(x.get("value_share")) or 0),
-              Cell(_n(x.get("drop")), sort=finite_float(x.get("drop")) or 0), clipped(x.get("finding") or "", 120)]
+            [[x.get("name"), x.get("type"), x.get("params"), Cell(f"{100 * (_f(x.get('time_share')) or 0):.1f}%",
+                                                                 sort=_f(x.get("time_share")) or 0),
+              Cell(f"{100 * (_f(x.get('value_share')) or 0):.1f}%", sort=_f(x.get("value_share")) or 0),
+              Cell(_n(x.get("drop")), sort=_f(x.get("drop")) or 0), clipped(x.get("finding") or "", 120)]
              for x in layers])
     for f in lv.get("findings") or []:
         if isinstance(f, Mapping):
@@ -436,18 +436,18 @@ def _latest_tune(run: _Run, study: str) -> RunRecord | None:
 def _search_history(s: Section, run: _Run, trials: Sequence[Mapping[str, Any]], srch: Mapping[str, Any]) -> None:
     """Every trial at its number: its value (or, without one, at the axis floor with why), by arm."""
     maximize = _maximize(run)
-    values = [v for v in (finite_float(t.get("value")) for t in trials) if v is not None]
+    values = [v for v in (_f(t.get("value")) for t in trials) if v is not None]
     floor = (min(values) if maximize else max(values)) if values else 0.0
     data: list[dict[str, Any]] = []
     for arm, (color, symbol, label) in ARM_STYLE.items():
-        pts = [t for t in trials if str(t.get("arm") or "tpe") == arm and finite_float(t.get("value")) is not None]
+        pts = [t for t in trials if str(t.get("arm") or "tpe") == arm and _f(t.get("value")) is not None]
         if pts:
             data.append({"type": "scatter", "mode": "markers", "name": label, "x": [t.get("number") for t in pts],
                          "y": [t.get("value") for t in pts], "marker": {"size": 10, "color": color, "symbol": symbol},
                          "hovertext": [plot_text(f"trial {t.get('number')} ({arm}): {t.get('state')}, "
                                                  f"{_secs(t.get('duration_s'))}") for t in pts],
                          "hovertemplate": "%{hovertext}<br>" + run.metric + " %{y:.4g}<extra></extra>"})
-    no_value = [t for t in trials if finite_float(t.get("value")) is None]
+    no_value = [t for t in trials if _f(t.get("value")) is None]
     if no_value:
         data.append({"type": "scatter", "mode": "markers", "name": "no value (pruned, infeasible, failed)",
                      "x": [t.get("number") for t in no_value], "y": [floor] * len(no_value),
@@ -459,14 +459,14 @@ def _search_history(s: Section, run: _Run, trials: Sequence[Mapping[str, Any]], 
     best, cur = [], None
     ordered = sorted(trials, key=lambda t: int(t.get("number") or 0))
     for t in ordered:
-        v = finite_float(t.get("value"))
+        v = _f(t.get("value"))
         if v is not None and (cur is None or (v > cur if maximize else v < cur)):
             cur = v
         best.append(cur)
     data.append({**line([t.get("number") for t in ordered], best, "best so far", color=PALETTE[3]),
                  "line": {"shape": "hv", "color": PALETTE[3], "width": 2}})
     shapes, notes = [], []
-    dflt = next((t for t in trials if t.get("arm") == "defaults" and finite_float(t.get("value")) is not None), None)
+    dflt = next((t for t in trials if t.get("arm") == "defaults" and _f(t.get("value")) is not None), None)
     if dflt is not None:
         sh, no = hline(float(dflt["value"]), f"the defaults: {_n(dflt['value'])}", color="#495057", dash="dot")
         shapes.append(sh)
@@ -535,7 +535,7 @@ def _final_race(page: Page, run: _Run) -> None:
         xs, ys, hover = [], [], []
         for a in arms:
             for r in a.get("runs") or []:
-                v = finite_float(r.get(split))
+                v = _f(r.get(split))
                 if v is not None:
                     xs.append(str(a.get("name")))
                     ys.append(v)
@@ -552,8 +552,8 @@ def _final_race(page: Page, run: _Run) -> None:
     rows, classes = [], []
     for a in arms:
         for r in a.get("runs") or []:
-            rows.append([a.get("name"), r.get("seed"), Cell(_n(r.get("val"), 4), sort=finite_float(r.get("val")) or 0),
-                         Cell(_n(r.get("test"), 4), sort=finite_float(r.get("test")) or 0), r.get("epochs"),
+            rows.append([a.get("name"), r.get("seed"), Cell(_n(r.get("val"), 4), sort=_f(r.get("val")) or 0),
+                         Cell(_n(r.get("test"), 4), sort=_f(r.get("test")) or 0), r.get("epochs"),
                          _secs(r.get("duration_s")) + (" (cut)" if r.get("cut") else ""), r.get("run_id")])
             classes.append("best" if a.get("name") == race.get("chosen") else "")
     s.table(cols, rows, row_classes=classes, title="every run of the race")
@@ -571,11 +571,11 @@ def _comparison_items(vs: Mapping[str, Any], story: Mapping[str, Any]) -> list[t
         c = (vs.get("leader_vs_defaults") or {}).get(split) or {}
         if not c:
             continue
-        gain = finite_float(c.get("gain"))
+        gain = _f(c.get("gain"))
         items.append((f"gain, {label}", "-" if gain is None else
-                      f"{gain:+.3g}" + (f" ± {_n(c.get('gain_std'), 2)}" if finite_float(c.get("gain_std")) is not None else "")
+                      f"{gain:+.3g}" + (f" ± {_n(c.get('gain_std'), 2)}" if _f(c.get("gain_std")) is not None else "")
                       + f" over {len(c.get('seeds') or [])} seed(s)"))
-        if finite_float(c.get("lower")) is not None:
+        if _f(c.get("lower")) is not None:
             items.append((f"{float(c.get('level') or 0.95):.1%} lower bound, {label}", f"{float(c['lower']):+.3g}"))
         items.append((f"beyond noise, {label}", "yes" if c.get("beyond_noise") else "no"))
     told = next((str(x.get("text")) for x in story.get("lines") or []
@@ -627,20 +627,20 @@ def _budget(page: Page, run: _Run) -> None:
     stages = [st for st in run.res.get("stages") or [] if isinstance(st, Mapping)]
     story = {str(x.get("stage")): x for x in (run.res.get("story") or {}).get("stages") or [] if isinstance(x, Mapping)}
     s = page.section("Budget")
-    budget = finite_float(run.res.get("budget_s"))
+    budget = _f(run.res.get("budget_s"))
     s.para(f"{_secs(run.res.get('elapsed_s'))} of the {_secs(budget)} budget; each stage has a share, and what one "
            f"leaves goes to the next. Stopped: {run.res.get('stop_reason') or '-'}", cls="muted")
     names = [str(st.get("name")) for st in stages]
-    s.chart({"data": [bar([finite_float(st.get("share_s")) for st in stages], names, "share", orientation="h", color="#ced4da"),
-                      bar([finite_float(st.get("duration_s")) for st in stages], names, "spent", orientation="h",
+    s.chart({"data": [bar([_f(st.get("share_s")) for st in stages], names, "share", orientation="h", color="#ced4da"),
+                      bar([_f(st.get("duration_s")) for st in stages], names, "spent", orientation="h",
                           color=PALETTE[0])],
              "layout": layout("seconds per stage: its share and what it spent", x="seconds", barmode="group",
                               height=max(260, 70 + 34 * len(stages)), yaxis={"autorange": "reversed"})})
     cols = ["stage", "status", "spent", "share", "of the budget", f"{run.metric}: the two numbers", "what it did", "run"]
-    s.table(cols, [[st.get("name"), st.get("status"), Cell(_secs(st.get("duration_s")), sort=finite_float(st.get("duration_s")) or 0),
-                    Cell(_secs(st.get("share_s")), sort=finite_float(st.get("share_s")) or 0),
-                    Cell(f"{(finite_float(st.get('duration_s')) or 0) / budget:.0%}" if budget else "-",
-                         sort=finite_float(st.get("duration_s")) or 0),
+    s.table(cols, [[st.get("name"), st.get("status"), Cell(_secs(st.get("duration_s")), sort=_f(st.get("duration_s")) or 0),
+                    Cell(_secs(st.get("share_s")), sort=_f(st.get("share_s")) or 0),
+                    Cell(f"{(_f(st.get('duration_s')) or 0) / budget:.0%}" if budget else "-",
+                         sort=_f(st.get("duration_s")) or 0),
                     (story.get(str(st.get("name"))) or {}).get("numbers") or "",
                     clipped((story.get(str(st.get("name"))) or {}).get("did") or "", 110), st.get("run_id")]
                    for st in stages], sortable=False)

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._jsonsafe import finite_float, is_finite_number
+from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
 from ..track import RunRecord, Store
-from ._figures import PALETTE, bar, heatmap, hline, layout, line, parallel, vline
+from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
 
 Renderer = Callable[[Page, RunRecord, "Context"], None]
@@ -59,7 +59,7 @@ def _stat(name: str, v: Any) -> str:
 
 
 def _pct(v: Any) -> str:
-    return "-" if not is_finite_number(v) else f"{float(v):.1%}"
+    return "-" if not _num(v) else f"{float(v):.1%}"
 
 
 # -- every run -----------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
              show_stats: bool = True) -> None:
     """Environment, data fingerprint, config, final metrics, artifacts, error."""
     s = page.section(title)
-    stats = [(k, v) for k, v in r.metrics.items() if is_finite_number(v)][:10] if show_stats else []
+    stats = [(k, v) for k, v in r.metrics.items() if _num(v)][:10] if show_stats else []
     best = (r.result or {}).get("best") if r.kind == "tune" else None
     if stats and r.kind == "tune":  # a study's metrics are its best trial's
         s.html("<h3>" + esc(f"the best trial's metrics (trial #{best.get('number')})" if isinstance(best, Mapping)
@@ -95,7 +95,7 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
     env_items = [(k, env.get(k)) for k in ("device", "device_name", "python", "torch", "cuda", "cudnn",
                                            "cores", "torch_threads", "memory_bytes", "platform", "git_commit")
                  if k in env]
-    env_items = [(k, format_bytes(v) if k == "memory_bytes" and is_finite_number(v) else ("-" if v is None else str(v)))
+    env_items = [(k, format_bytes(v) if k == "memory_bytes" and _num(v) else ("-" if v is None else str(v)))
                  for k, v in env_items]
     packages = env.get("packages") or {}
     config = [(k, v if not isinstance(v, (list, dict)) else str(v)) for k, v in _flatten(r.config)]
@@ -127,17 +127,17 @@ def curves(page: Page, r: RunRecord, *, findings: Sequence[Mapping[str, Any]] = 
     s = page.section("Curves")
     if step_rows:
         xs = [p.get("step") for p in step_rows]
-        keys = [k for k in ("loss", "grad_norm", "lr") if any(is_finite_number(p.get(k)) for p in step_rows)]
+        keys = [k for k in ("loss", "grad_norm", "lr") if any(_num(p.get(k)) for p in step_rows)]
         if "lr" in keys and len({p.get("lr") for p in step_rows}) == 1:
             keys.remove("lr")  # a constant rate: the config says it
             s.para(f"learning rate constant at {fmt_number(step_rows[0].get('lr'))}", cls="muted")
         for key in keys:
             marks = [(a.get("step"), str(a.get("kind", "anomaly")), "#c92a2a") for a in anomalies
-                     if is_finite_number(a.get("step"))]
+                     if _num(a.get("step"))]
             if key == "loss":
                 marks += [(f.get("evidence", {}).get("step"), str(f.get("cause")), _SEVERITY_COLOR.get(
                     str(f.get("severity")), "#1971c2")) for f in findings
-                          if is_finite_number((f.get("evidence") or {}).get("step"))]
+                          if _num((f.get("evidence") or {}).get("step"))]
             fig = _step_figure(xs, [p.get(key) for p in step_rows], key, marks,
                                log=key == "lr" and _spans_decades([p.get(key) for p in step_rows]))
             side = _curve_summary(key, [p.get(key) for p in step_rows])
@@ -157,7 +157,7 @@ def _epoch_charts(s: Section, rows: Sequence[Mapping[str, Any]]) -> None:
 
     xs = [p.get("epoch") for p in rows]
     keys = [k for k in dict.fromkeys(k for p in rows for k in p) if k not in ("epoch", "epoch_s", "elapsed_s", "step")
-            and any(is_finite_number(p.get(k)) for p in rows)]
+            and any(_num(p.get(k)) for p in rows)]
     losses = [k for k in keys if "loss" in k]
     metrics = [k for k in keys if k not in losses and (k in METRICS and "evaluate" in METRICS[k].producers)]
     others = [k for k in keys if k not in losses and k not in metrics]
@@ -179,7 +179,7 @@ _SEVERITY_COLOR = {"error": "#c92a2a", "warning": "#e67700", "info": "#1971c2"}
 
 
 def _spans_decades(values: Iterable[Any]) -> bool:
-    nums = [float(v) for v in values if is_finite_number(v) and float(v) > 0]
+    nums = [float(v) for v in values if _num(v) and float(v) > 0]
     return bool(nums) and max(nums) / min(nums) > 50
 
 
@@ -204,7 +204,7 @@ def _ema(ys: Sequence[Any], beta: float = 0.9) -> list[float | None]:
     out: list[float | None] = []
     avg, n = 0.0, 0
     for v in ys:
-        f = finite_float(v)
+        f = finite(v)
         if f is None:
             out.append(None)
             continue
@@ -215,7 +215,7 @@ def _ema(ys: Sequence[Any], beta: float = 0.9) -> list[float | None]:
 
 
 def _curve_summary(key: str, ys: Sequence[Any]) -> list[tuple[str, Any]]:
-    nums = [float(v) for v in ys if is_finite_number(v)]
+    nums = [float(v) for v in ys if _num(v)]
     if not nums:
         return [("points", len(ys))]
     return [("points", len(ys)), ("first", nums[0]), ("last", nums[-1]), ("min", min(nums)), ("max", max(nums)),
@@ -245,7 +245,7 @@ def profile_sections(page: Page, p: Mapping[str, Any]) -> None:
     phases: list[tuple[str, Any]] = [("data", step.get("data_ms")), ("forward", step.get("forward_ms")),
               ("backward", step.get("backward_ms")), ("optimizer", step.get("optimizer_ms")),
               ("other", step.get("other_ms"))]
-    phases = [(k, v) for k, v in phases if is_finite_number(v)]
+    phases = [(k, v) for k, v in phases if _num(v)]
     if phases:
         st = page.section("Step breakdown")
         total = sum(float(v) for _, v in phases) or 1.0
@@ -254,21 +254,21 @@ def profile_sections(page: Page, p: Mapping[str, Any]) -> None:
         fig = {"data": data, "layout": layout("where a step's time goes (ms)", x="ms", height=220,
                                               barmode="stack", yaxis={"showticklabels": False})}
         rows = [(k, f"{float(v):.4g} ms ({float(v) / total:.0%})") for k, v in phases]
-        if is_finite_number(step.get("outside_layers_ms")) and step.get("outside_layers_ms"):
+        if _num(step.get("outside_layers_ms")) and step.get("outside_layers_ms"):
             rows.append(("of fwd+bwd in no layer", f"{float(step['outside_layers_ms']):.4g} ms"))
         st.chart(fig, side=st.side(lambda t: t.kv(rows, title="milliseconds per step")))
 
     # memory breakdown
     parts: list[tuple[str, Any]] = [("params", mem.get("params_bytes")), ("grads", mem.get("grads_bytes")),
              ("optimizer state", mem.get("optimizer_bytes")), ("activations", mem.get("activations_bytes"))]
-    parts = [(k, v) for k, v in parts if is_finite_number(v)]
+    parts = [(k, v) for k, v in parts if _num(v)]
     if parts:
         ms = page.section("Memory")
         data = [bar([k for k, _ in parts], [float(v) / 2**20 for _, v in parts], "bytes",
                     color=PALETTE[0], text=[format_bytes(v) for _, v in parts])]
         peak = mem.get("peak_bytes")
         shapes, notes = [], []
-        if is_finite_number(peak) and peak:
+        if _num(peak) and peak:
             shape, note = hline(float(peak) / 2**20, f"step peak {format_bytes(peak)}")
             shapes, notes = [shape], [note]
         fig = {"data": data, "layout": layout("memory of a training step (MiB)", y="MiB", shapes=shapes,
@@ -283,16 +283,16 @@ def profile_sections(page: Page, p: Mapping[str, Any]) -> None:
         bs = page.section("Bottlenecks")
         bs.html("<ul>" + "".join(f"<li>{esc(b.get('finding', b))}</li>" for b in bottlenecks) + "</ul>")
         bs.table(["layer", "type", "time share", "params share", "MACs share", "excess"],
-                 [[b.get("name"), b.get("type"), (_pct(b.get("time_share")), finite_float(b.get("time_share")) or 0),
-                   (_pct(b.get("params_share")), finite_float(b.get("params_share")) or 0),
-                   (_pct(b.get("macs_share")), finite_float(b.get("macs_share")) or 0), b.get("excess")]
+                 [[b.get("name"), b.get("type"), (_pct(b.get("time_share")), finite(b.get("time_share")) or 0),
+                   (_pct(b.get("params_share")), finite(b.get("params_share")) or 0),
+                   (_pct(b.get("macs_share")), finite(b.get("macs_share")) or 0), b.get("excess")]
                   for b in bottlenecks])
     by_type = [t for t in p.get("by_type") or [] if isinstance(t, Mapping)]
     if by_type:
         ts = page.section("By layer type")
         cols = [c for c in ("type", "count", "params", "macs", "forward_ms", "backward_ms", "time_share",
                             "activation_bytes") if any(c in t for t in by_type)]
-        ts.table(cols, [[(_pct(t.get(c)), finite_float(t.get(c)) or 0) if c == "time_share" else t.get(c)
+        ts.table(cols, [[(_pct(t.get(c)), finite(t.get(c)) or 0) if c == "time_share" else t.get(c)
                          for c in cols] for t in by_type])
 
 
@@ -306,10 +306,10 @@ def _comm_kv(t: Section, comm: Any) -> None:
 
 def _layer_sections(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
     s = page.section("Layers")
-    top = sorted(layers, key=lambda lay: (finite_float(lay.get("time_share")) or 0.0, lay.get("macs") or 0),
+    top = sorted(layers, key=lambda lay: (finite(lay.get("time_share")) or 0.0, lay.get("macs") or 0),
                  reverse=True)[:25][::-1]
     names = [f"{lay.get('name') or '(model)'} · {lay.get('type')}" for lay in top]
-    data = [bar([100 * (finite_float(lay.get(k)) or 0) for lay in top], names, label, orientation="h",
+    data = [bar([100 * (finite(lay.get(k)) or 0) for lay in top], names, label, orientation="h",
                 color=PALETTE[i]) for i, (k, label) in enumerate(
         (("time_share", "time"), ("params_share", "params"), ("macs_share", "MACs")))]
     s.chart({"data": data, "layout": layout("share of time vs params vs MACs (%), layers by time", x="%",
@@ -322,10 +322,10 @@ def _layer_sections(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
         act = lay.get("activation_bytes")
         rows.append([lay.get("name") or "(model)", lay.get("type"), lay.get("params"), lay.get("macs"),
                      lay.get("forward_ms"), lay.get("backward_ms"),
-                     (format_bytes(act), act) if is_finite_number(act) else None, lay.get("gflops_per_s"),
-                     (_pct(lay.get("time_share")), finite_float(lay.get("time_share")) or 0),
-                     (_pct(lay.get("params_share")), finite_float(lay.get("params_share")) or 0),
-                     (_pct(lay.get("macs_share")), finite_float(lay.get("macs_share")) or 0)])
+                     (format_bytes(act), act) if _num(act) else None, lay.get("gflops_per_s"),
+                     (_pct(lay.get("time_share")), finite(lay.get("time_share")) or 0),
+                     (_pct(lay.get("params_share")), finite(lay.get("params_share")) or 0),
+                     (_pct(lay.get("macs_share")), finite(lay.get("macs_share")) or 0)])
     s.table(cols, rows, title="per layer (click a column to sort)")
     _stats_section(page, layers)
 
@@ -449,7 +449,7 @@ def _value_table(s: Section, value: Any) -> str:
     if not (isinstance(value, list) and value and all(isinstance(i, Mapping) for i in value)):
         return ""
     cols = list(dict.fromkeys(k for i in value for k in i))
-    return s.side(lambda t: t.table(cols, [[(_pct(i.get(c)), finite_float(i.get(c)) or 0) if c.endswith("_share")
+    return s.side(lambda t: t.table(cols, [[(_pct(i.get(c)), finite(i.get(c)) or 0) if c.endswith("_share")
                                             else i.get(c) for c in cols] for i in value], sortable=False))
 
 
@@ -458,7 +458,7 @@ def _short_value(v: Any) -> str:
         return ", ".join(str(i.get("layer", i.get("name", i))) if isinstance(i, Mapping) else str(i)
                          for i in v[:8]) or "none"
     if isinstance(v, Mapping):
-        return ", ".join(f"{k}={fmt_number(x) if is_finite_number(x) else x}" for k, x in list(v.items())[:8])
+        return ", ".join(f"{k}={fmt_number(x) if _num(x) else x}" for k, x in list(v.items())[:8])
     return str(v)
 
 
@@ -477,8 +477,8 @@ def memory_model_chart(s: Section, d: Mapping[str, Any]) -> None:
     """The memory model's chart (probes, fitted line, budget, answer) and its numbers, into ``s``."""
     probes = [p for p in d.get("probes") or [] if isinstance(p, Mapping)]
     model = d.get("model") or {}
-    a, b = finite_float(model.get("intercept_bytes")), finite_float(model.get("per_sample_bytes"))
-    budget, answer = finite_float(d.get("memory_budget")), finite_float(d.get("max_batch_size"))
+    a, b = finite(model.get("intercept_bytes")), finite(model.get("per_sample_bytes"))
+    budget, answer = finite(d.get("memory_budget")), finite(d.get("max_batch_size"))
     data: list[dict[str, Any]] = []
     mib = 2.0**20
     for status, color in (("fits", PALETTE[2]), ("oom", "#c92a2a"), ("over budget", PALETTE[1])):
@@ -487,11 +487,11 @@ def memory_model_chart(s: Section, d: Mapping[str, Any]) -> None:
         if pts:
             data.append({"type": "scatter", "mode": "markers", "name": f"probe: {status}",
                          "x": [p.get("batch_size") for p in pts],
-                         "y": [(finite_float(p.get("peak_bytes")) or 0) / mib for p in pts],
+                         "y": [(finite(p.get("peak_bytes")) or 0) / mib for p in pts],
                          "marker": {"size": 11, "color": color, "symbol": [
                              "diamond" if p.get("role") == "verify" else "circle" for p in pts]},
                          "hovertemplate": "batch %{x}: %{y:.3f} MiB<extra></extra>"})
-    xs = [finite_float(p.get("batch_size")) or 0 for p in probes] + ([answer] if answer else [])
+    xs = [finite(p.get("batch_size")) or 0 for p in probes] + ([answer] if answer else [])
     if a is not None and b is not None and xs:
         hi = max(xs) * 1.1
         data.append(line([0, hi], [a / mib, (a + b * hi) / mib], "fitted peak(B) = a + b·B", color=PALETTE[0],
@@ -505,7 +505,7 @@ def memory_model_chart(s: Section, d: Mapping[str, Any]) -> None:
         sh, no = vline(answer, f"answer: {int(answer)}", color=PALETTE[2], dash="solid")
         shapes.append(sh)
         notes.append(no)
-    by_memory = finite_float(d.get("memory_max_batch_size"))
+    by_memory = finite(d.get("memory_max_batch_size"))
     if by_memory and answer and by_memory != answer:
         sh, no = vline(by_memory, f"memory allows {int(by_memory)}", color=PALETTE[0], y=0.9)
         shapes.append(sh)
@@ -515,16 +515,16 @@ def memory_model_chart(s: Section, d: Mapping[str, Any]) -> None:
     items = [("max_batch_size", d.get("max_batch_size")), ("limited by", d.get("limited_by")),
              ("memory budget", format_bytes(budget)),
              ("intercept a", format_bytes(a)), ("per sample b", format_bytes(b)),
-             ("fit residual", format_bytes(finite_float(model.get("residual_bytes")))),
-             ("safety margin", format_bytes(finite_float(model.get("margin_bytes")))),
-             ("predicted peak", format_bytes(finite_float(d.get("predicted_peak_bytes")))),
-             ("measured peak", format_bytes(finite_float(d.get("measured_peak_bytes")))),
-             ("params+grads+optimizer", format_bytes(finite_float(d.get("static_bytes")))),
+             ("fit residual", format_bytes(finite(model.get("residual_bytes")))),
+             ("safety margin", format_bytes(finite(model.get("margin_bytes")))),
+             ("predicted peak", format_bytes(finite(d.get("predicted_peak_bytes")))),
+             ("measured peak", format_bytes(finite(d.get("measured_peak_bytes")))),
+             ("params+grads+optimizer", format_bytes(finite(d.get("static_bytes")))),
              ("measured steps", d.get("runs"))]
     s.chart(fig, side=s.side(lambda t: t.kv([(k, v) for k, v in items if v not in (None, "-")])))
     if probes:
         s.table(["batch size", "peak", "status", "role"],
-                [[p.get("batch_size"), (format_bytes(p.get("peak_bytes")), finite_float(p.get("peak_bytes")) or 0),
+                [[p.get("batch_size"), (format_bytes(p.get("peak_bytes")), finite(p.get("peak_bytes")) or 0),
                   p.get("status"), p.get("role")] for p in probes], title="probes")
 
 
@@ -549,7 +549,7 @@ def lr_chart(s: Section, res: Mapping[str, Any], pts: Sequence[Mapping[str, Any]
     shapes, notes = [], []
     for i, (key, label, color) in enumerate((("min_lr", "min_lr", PALETTE[2]), ("max_lr", "max_lr", "#c92a2a"),
                                              ("suggested_lr", "suggested", PALETTE[1]))):
-        v = finite_float(res.get(key))
+        v = finite(res.get(key))
         if v:
             sh, no = vline(math.log10(v), f"{label} {v:.2g}", color=color, dash="solid" if key == "suggested_lr"
                            else "dot", y=1.0 - 0.08 * i)
@@ -558,13 +558,13 @@ def lr_chart(s: Section, res: Mapping[str, Any], pts: Sequence[Mapping[str, Any]
             shapes.append(sh)
             notes.append(no)
     for j, (label, lr, color) in enumerate(marks):
-        if finite_float(lr):
+        if finite(lr):
             sh, no = vline(math.log10(float(lr)), f"{label} {float(lr):.2g}", color=color, dash="dash",
                            y=0.76 - 0.08 * j)
             sh["x0"] = sh["x1"] = float(lr)
             shapes.append(sh)
             notes.append(no)
-    smoothed = [finite_float(p.get("smoothed")) for p in pts]
+    smoothed = [finite(p.get("smoothed")) for p in pts]
     known = [v for v in smoothed if v is not None]
     yr = None
     if known:
@@ -643,7 +643,7 @@ def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
                                                       "side": "right", "showgrid": False})}
         s.chart(fig, side=s.side(lambda t: t.table(
             ["config", "pulls", "mean", "std", "params"],
-            [[a.get("arm"), a.get("pulls"), a.get("mean"), finite_float(a.get("std")), _short_value(a.get("params") or {})]
+            [[a.get("arm"), a.get("pulls"), a.get("mean"), finite(a.get("std")), _short_value(a.get("params") or {})]
              for a in arms], row_classes=["best" if a.get("arm") == res.get("best") else "" for a in arms])))
     regret = (r.curves or {}).get("regret") or []
     uniform = (r.curves or {}).get("uniform_regret") or []
@@ -696,13 +696,13 @@ def candidate_charts(s: Section, res: Mapping[str, Any]) -> None:
         data = []
         groups = (("candidate", [c for c in everything if not c.get("pareto") and not is_sel(c)], "#adb5bd", 9),
                   ("Pareto front", sorted([c for c in everything if c.get("pareto")],
-                                          key=lambda c: finite_float(c.get(key)) or 0), PALETTE[0], 11),
+                                          key=lambda c: finite(c.get(key)) or 0), PALETTE[0], 11),
                   ("selected", [c for c in everything if is_sel(c)], PALETTE[1], 18))
         for name, pts, color, size in groups:
             if not pts:
                 continue
             trace = {"type": "scatter", "mode": "lines+markers" if name == "Pareto front" else "markers",
-                     "name": name, "x": [(finite_float(c.get(key)) or 0) * scale for c in pts],
+                     "name": name, "x": [(finite(c.get(key)) or 0) * scale for c in pts],
                      "y": [c.get("metric") for c in pts],
                      "hovertext": [plot_text(f"{c.get('method')} {c.get('ratio')}") for c in pts],
                      "hovertemplate": "%{hovertext}<br>%{x:.4g} " + unit + ", " + "%{y:.4f}<extra></extra>",
@@ -711,7 +711,7 @@ def candidate_charts(s: Section, res: Mapping[str, Any]) -> None:
                      "line": {"color": color, "dash": "dot"}}
             data.append(trace)
         shapes, notes = [], []
-        if is_finite_number(base.get("metric")) and is_finite_number(res.get("max_accuracy_drop")):
+        if _num(base.get("metric")) and _num(res.get("max_accuracy_drop")):
             floor = float(base["metric"]) - float(res["max_accuracy_drop"])
             sh, no = hline(floor, f"budget: {metric} ≥ {floor:.4g}", color="#c92a2a")
             shapes.append(sh)
@@ -722,7 +722,7 @@ def candidate_charts(s: Section, res: Mapping[str, Any]) -> None:
     s.table(cols, [[Cell(_candidate(c), title=f"backend {c.get('quant_backend')}" if c.get("quant_backend") else "",
                          cls="nw"),
                     c.get("metric"), c.get("metric_drop"), c.get("params"),
-                    c.get("macs"), (format_bytes(c.get("size_bytes")), finite_float(c.get("size_bytes")) or 0),
+                    c.get("macs"), (format_bytes(c.get("size_bytes")), finite(c.get("size_bytes")) or 0),
                     c.get("latency_ms"), c.get("latency_batch_ms"),
                     "yes" if c.get("pareto") else "", "yes" if c.get("within_budget") else "no"]
                    for c in everything], row_classes=["best" if is_sel(c) else "" for c in everything])
@@ -730,7 +730,7 @@ def candidate_charts(s: Section, res: Mapping[str, Any]) -> None:
 
 def _candidate(c: Mapping[str, Any]) -> str:
     """``structured 50% + static``: the method with its pruning ratio."""
-    ratio = finite_float(c.get("ratio"))
+    ratio = finite(c.get("ratio"))
     parts = str(c.get("method") or "-").split("+")
     return " + ".join(f"{p} {ratio:.0%}" if ratio and "structured" in p else p for p in parts)
 
@@ -740,7 +740,7 @@ def sensitivity_chart(ss: Section, res: Mapping[str, Any]) -> None:
     metric = str(res.get("metric") or "metric")
     sens = [x for x in res.get("sensitivity") or [] if isinstance(x, Mapping)]
     if sens:
-        ordered = sorted(sens, key=lambda x: finite_float(x.get("drop")) or 0)
+        ordered = sorted(sens, key=lambda x: finite(x.get("drop")) or 0)
         ss.chart({"data": [bar([x.get("drop") for x in ordered], [str(x.get("layer")) for x in ordered],
                                f"{metric} drop", orientation="h", color=PALETTE[3])],
                   "layout": layout(f"{metric} drop when one layer alone is pruned", x=f"{metric} drop",
@@ -769,7 +769,7 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     objectives = [str(o) for o in cfg.get("objectives") or []]
     obj = [_objective(o) for o in objectives] or [("accuracy", "max")]
     rows = []
-    for t in sorted(trials, key=lambda t: ((t.result or {}).get("trial") if is_finite_number((t.result or {}).get("trial"))
+    for t in sorted(trials, key=lambda t: ((t.result or {}).get("trial") if _num((t.result or {}).get("trial"))
                                            else t.id, t.id)):
         tr = t.result or {}
         rows.append({"#": tr.get("trial", t.id), "state": tr.get("state") or ("running" if t.status == "running"
@@ -794,7 +794,7 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
           ("tune runs", ", ".join(str(t.id) for t in tunes))])
     compute = res.get("compute") or {}
     if compute:
-        s.kv([(k.replace("_s", "").replace("_", " "), f"{float(v):.1f} s" if is_finite_number(v) and k.endswith("_s") else v)
+        s.kv([(k.replace("_s", "").replace("_", " "), f"{float(v):.1f} s" if _num(v) and k.endswith("_s") else v)
               for k, v in compute.items()], title="where the time went")
     _scan_section(page, res.get("scan"))
     _strategy_section(page, res.get("strategy") or [])
@@ -825,7 +825,7 @@ def _best_trial(s: Section, res: Mapping[str, Any], obj: Sequence[tuple[str, str
     values = ", ".join(f"{n} {fmt_value(n, metrics.get(n))}" for n, _ in obj if n in metrics)
     s.html(f'<p class="verdict good">best trial: #{esc(best.get("number"))}: {esc(values)}</p>')
     s.para("its params: " + _short_value(best.get("params") or {}), cls="muted")
-    stats = [(k, v) for k, v in metrics.items() if is_finite_number(v)][:10]
+    stats = [(k, v) for k, v in metrics.items() if _num(v)][:10]
     if stats:
         s.html('<div class="stats">' + "".join(
             f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)} (best trial)</div></div>'
@@ -884,13 +884,13 @@ def _history(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[
     colors = {"complete": PALETTE[0], "infeasible": PALETTE[1], "pruned": "#868e96", "failed": "#c92a2a",
               "running": "#adb5bd"}
     for name, direction in obj:
-        vals = [float(row["metrics"][name]) for row in rows if is_finite_number(row["metrics"].get(name))]
+        vals = [float(row["metrics"][name]) for row in rows if _num(row["metrics"].get(name))]
         floor = (min(vals) if direction == "max" else max(vals)) if vals else 0.0
         data = []
         for state, color in colors.items():
             pts = [row for row in rows if row["state"] == state]
-            with_v = [row for row in pts if is_finite_number(row["metrics"].get(name))]
-            without = [row for row in pts if not is_finite_number(row["metrics"].get(name))]
+            with_v = [row for row in pts if _num(row["metrics"].get(name))]
+            without = [row for row in pts if not _num(row["metrics"].get(name))]
             for group, label, symbol in ((with_v, state, "circle"), (without, f"{state}: no {name}", "x")):
                 if not group:
                     continue
@@ -906,13 +906,13 @@ def _history(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[
         best: list[float | None] = []
         cur: float | None = None
         for row in rows:
-            v = finite_float(row["metrics"].get(name)) if row["state"] == "complete" else None
+            v = finite(row["metrics"].get(name)) if row["state"] == "complete" else None
             if v is not None and (cur is None or (v > cur if direction == "max" else v < cur)):
                 cur = v
             best.append(cur)
         data.append({**line([row["#"] for row in rows], best, f"best so far ({direction})", color=PALETTE[2]),
                      "line": {"shape": "hv", "color": PALETTE[2], "width": 2}})
-        missing = sum(1 for row in rows if not is_finite_number(row["metrics"].get(name)))
+        missing = sum(1 for row in rows if not _num(row["metrics"].get(name)))
         s.chart({"data": data, "layout": layout(f"{name} of every trial ({len(rows)})", x="trial", y=name)})
         if missing:
             s.para(f"{missing} trial(s) have no {name} (gated before training, pruned early or failed): "
@@ -947,10 +947,10 @@ def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tu
             reason = "; ".join(broken)
         table_rows.append([row["#"], row["state"],
                            *[Cell(fmt_number(row["params"].get(p), digits=3), cls="nw") for p in shown],
-                           *[(fmt_value(m, row["metrics"].get(m)), finite_float(row["metrics"].get(m)) or 0)
-                             if is_finite_number(row["metrics"].get(m)) else "-" for m in mnames],
+                           *[(fmt_value(m, row["metrics"].get(m)), finite(row["metrics"].get(m)) or 0)
+                             if _num(row["metrics"].get(m)) else "-" for m in mnames],
                            clipped(reason, 40), (f"{row['duration']:.1f}", row["duration"])
-                           if is_finite_number(row["duration"]) else "-", row["run"]])
+                           if _num(row["duration"]) else "-", row["run"]])
     s.table(["#", "state", *shown, *mnames, "why it ended", "seconds", "run"], table_rows,
             row_classes=[str(row["state"]) for row in rows])
 
@@ -982,13 +982,13 @@ def importance_charts(s: Section, imp: Mapping[str, Any]) -> None:
     for metric, per in usable.items():
         data = []
         for i, (method, label) in enumerate((("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA"))):
-            vals = {k: v for k, v in (per.get(method) or {}).items() if is_finite_number(v)}
+            vals = {k: v for k, v in (per.get(method) or {}).items() if _num(v)}
             if vals:
                 data.append(bar(list(vals.values()), list(vals.keys()), label, orientation="h", color=PALETTE[i]))
         notes = []
         for m, label in (("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA")):
             got = per.get(m)
-            got_vals = [v for v in (got or {}).values() if is_finite_number(v)] if isinstance(got, Mapping) else []
+            got_vals = [v for v in (got or {}).values() if _num(v)] if isinstance(got, Mapping) else []
             if isinstance(got, Mapping) and got.get("error"):
                 notes.append(f"{label} gave nothing: {got.get('error')}")
             elif not got_vals:
@@ -1007,7 +1007,7 @@ def importance_charts(s: Section, imp: Mapping[str, Any]) -> None:
         if data:
             for m, label in (("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA")):
                 got = per.get(m) if isinstance(per.get(m), Mapping) else {}
-                left = [n for n in names if got and not got.get("error") and not is_finite_number(got.get(n))]
+                left = [n for n in names if got and not got.get("error") and not _num(got.get(n))]
                 if left:
                     notes.append(f"{label} gives no value for {', '.join(left)}: a param not set in every "
                                  f"completed trial (a conditional one, `when:`) is outside {label}'s model")
@@ -1016,7 +1016,7 @@ def importance_charts(s: Section, imp: Mapping[str, Any]) -> None:
 
 
 def _share_cell(v: Any) -> Any:
-    return (f"{float(v):.3f}", float(v)) if is_finite_number(v) else "-"
+    return (f"{float(v):.3f}", float(v)) if _num(v) else "-"
 
 
 def _correlations(page: Page, corr: Mapping[str, Any]) -> None:
@@ -1036,7 +1036,7 @@ def _pareto(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[s
             front: Sequence[Mapping[str, Any]]) -> None:
     (m1, d1), (m2, d2) = obj[0], obj[1]
     done = [row for row in rows if row["state"] in ("complete", "infeasible")
-            and is_finite_number(row["metrics"].get(m1)) and is_finite_number(row["metrics"].get(m2))]
+            and _num(row["metrics"].get(m1)) and _num(row["metrics"].get(m2))]
     if not done:
         return
     on_front = {f.get("number") for f in front if isinstance(f, Mapping)}

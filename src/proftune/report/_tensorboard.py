@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._jsonsafe import is_finite_number
+from .._jsonsafe import is_finite_number as _num
 from ..exceptions import DependencyError
 from ..track import RunRecord, Store
 
@@ -58,7 +58,7 @@ def export_tensorboard(run: int | RunRecord, logdir: str | Path, *, store: Store
         if isinstance(profile, Mapping) and profile.get("layers"):
             _profile(writer, profile)
         writer.add_text("run/overview", _overview_md(record), 0)
-        metrics = {f"final/{k}": float(v) for k, v in record.metrics.items() if is_finite_number(v)}
+        metrics = {f"final/{k}": float(v) for k, v in record.metrics.items() if _num(v)}
         hp = hparams_of(record.config)
         if hp or metrics:
             writer.add_hparams(hp, metrics or {"final/none": 0.0}, run_name=".")
@@ -74,19 +74,19 @@ def _scalars(writer: Any, r: RunRecord) -> None:
             if not isinstance(point, Mapping):
                 continue
             x: Any = point.get(scope)
-            if not is_finite_number(x):
+            if not _num(x):
                 continue
             for key, value in point.items():
-                if key not in (scope, "epoch", "step") and is_finite_number(value):
+                if key not in (scope, "epoch", "step") and _num(value):
                     writer.add_scalar(f"{scope}/{key}", float(value), int(x))
     for i, point in enumerate(curves.get("lr_range") or []):
         if isinstance(point, Mapping):
             for key in ("loss", "smoothed", "lr"):
-                if is_finite_number(point.get(key)):
+                if _num(point.get(key)):
                     writer.add_scalar(f"lr_range/{key}", float(point[key]), i)
     for key in ("regret", "uniform_regret"):
         for i, value in enumerate(curves.get(key) or []):
-            if is_finite_number(value):
+            if _num(value):
                 writer.add_scalar(f"bandit/{key}", float(value), i + 1)
 
 
@@ -95,13 +95,13 @@ def _histogram(writer: Any, tag: str, stats: Mapping[str, Any]) -> bool:
     1% above; the bucket edges are the recorded quantiles (and min/max where recorded)."""
     raw: list[Any] = [stats.get("numel"), stats.get("p1"), stats.get("p50"), stats.get("p99")]
     n, p1, p50, p99 = raw
-    if not all(is_finite_number(v) for v in (n, p1, p50, p99)) or not n:
+    if not all(_num(v) for v in (n, p1, p50, p99)) or not n:
         return False
     n, p1, p50, p99 = float(n), float(p1), float(p50), float(p99)
-    std = float(stats["std"]) if is_finite_number(stats.get("std")) else abs(p99 - p1) / 4.65
-    mean = float(stats["mean"]) if is_finite_number(stats.get("mean")) else p50
-    lo = float(stats["min"]) if is_finite_number(stats.get("min")) else p1 - (p50 - p1) * 0.25
-    hi = float(stats["max"]) if is_finite_number(stats.get("max")) else p99 + (p99 - p50) * 0.25
+    std = float(stats["std"]) if _num(stats.get("std")) else abs(p99 - p1) / 4.65
+    mean = float(stats["mean"]) if _num(stats.get("mean")) else p50
+    lo = float(stats["min"]) if _num(stats.get("min")) else p1 - (p50 - p1) * 0.25
+    hi = float(stats["max"]) if _num(stats.get("max")) else p99 + (p99 - p50) * 0.25
     edges = [p1, p50, p99, max(hi, p99)]
     counts = [0.01 * n, 0.49 * n, 0.49 * n, 0.01 * n]
     # TensorBoard wants increasing right edges
@@ -122,29 +122,29 @@ def _profile(writer: Any, p: Mapping[str, Any]) -> None:
             if isinstance(stats.get(kind), Mapping):
                 _histogram(writer, f"{folder}/{name}", stats[kind])
         grad = stats.get("grad") or {}
-        if is_finite_number(grad.get("norm")):
+        if _num(grad.get("norm")):
             writer.add_scalar(f"gradients/norm/{name}", float(grad["norm"]), 0)
-        if is_finite_number(grad.get("update_ratio")):
+        if _num(grad.get("update_ratio")):
             writer.add_scalar(f"gradients/update_ratio/{name}", float(grad["update_ratio"]), 0)
         for key in ("time_share", "forward_ms", "backward_ms"):
-            if is_finite_number(lay.get(key)):
+            if _num(lay.get(key)):
                 writer.add_scalar(f"layers/{key}/{name}", float(lay[key]), 0)
     writer.add_text("profile/layers", _layers_md(layers), 0)
     step, mem = p.get("step") or {}, p.get("memory") or {}
-    rows = [*(f"| step {k} | {v:.4g} |" for k, v in step.items() if is_finite_number(v)),
-            *(f"| memory {k} | {int(v):,} |" for k, v in mem.items() if is_finite_number(v))]
+    rows = [*(f"| step {k} | {v:.4g} |" for k, v in step.items() if _num(v)),
+            *(f"| memory {k} | {int(v):,} |" for k, v in mem.items() if _num(v))]
     writer.add_text("profile/step_and_memory", "| what | value |\n|---|---|\n" + "\n".join(rows), 0)
     bottlenecks = [b.get("finding") for b in p.get("bottlenecks") or [] if isinstance(b, Mapping)]
     if bottlenecks:
         writer.add_text("profile/bottlenecks", "\n".join(f"- {b}" for b in bottlenecks), 0)
     gradp = p.get("grad") or {}
     for key in ("norm", "var", "update_ratio"):
-        if is_finite_number(gradp.get(key)):
+        if _num(gradp.get(key)):
             writer.add_scalar(f"profile/grad_{key}", float(gradp[key]), 0)
     for key in ("time_ms", "throughput"):
-        if is_finite_number(step.get(key)):
+        if _num(step.get(key)):
             writer.add_scalar(f"profile/step_{key}", float(step[key]), 0)
-    if is_finite_number(mem.get("peak_bytes")):
+    if _num(mem.get("peak_bytes")):
         writer.add_scalar("profile/peak_memory_bytes", float(mem["peak_bytes"]), 0)
 
 
