@@ -34,10 +34,10 @@ from .train import Callback, FitResult, FitState, fit
 
 try:
     from .optimize import OptimizeConfig, OptimizeResult, optimize
-    from .search import SearchResult, search
+    from .search import SearchConfig, SearchResult, search
 except DependencyError as _missing_search:  # the [search] extra is not installed
     _MISSING: dict[str, str] = dict.fromkeys(
-        ("SearchResult", "search", "OptimizeConfig", "OptimizeResult", "optimize"), str(_missing_search))
+        ("SearchConfig", "SearchResult", "search", "OptimizeConfig", "OptimizeResult", "optimize"), str(_missing_search))
 else:
     _MISSING = {}
 
@@ -73,6 +73,7 @@ __all__ = [
     "ProftuneError",
     "Recommendation",
     "RunFailedError",
+    "SearchConfig",
     "SearchResult",
     "Store",
     "Task",

@@ -38,6 +38,20 @@ def _stage_runs(db: str) -> list[Any]:
     return [r for r in Store(db).list_runs(kind="optimize") if r.config.get("stage")]
 
 
+def _records_hold_every_output(out: Path) -> None:
+    """Each stage's outputs in state.json read back as its record with nothing lost or added:
+    the record is what the stage produced and what the stages after it read."""
+    from proftune.optimize import STAGE_RECORDS
+
+    state = json.loads((out / "state.json").read_text())
+    for name, stage in state["stages"].items():
+        if stage.get("status") not in ("finished", "skipped"):
+            continue
+        outputs = stage["outputs"]
+        assert outputs["schema_version"] == 1, name
+        assert STAGE_RECORDS[name].from_dict(outputs).to_dict() == outputs, name
+
+
 def _trial_numbers(db: str, study: str) -> list[int]:
     return sorted(int(r.config["trial"]) for r in Store(db).list_runs(kind="trial", study=study)
                   if r.status == "finished")
@@ -76,6 +90,7 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     assert result.stop_reason
     for name in ("config.yaml", "summary.json", "model.pt", "state.json"):
         assert (out / name).is_file(), name
+    _records_hold_every_output(out)
     # the final model is a state dict that the task rebuilds (safe to load), the median seed's
     import torch
 
@@ -305,6 +320,7 @@ def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -
     assert result.stages[4]["status"] == "finished"
     trials = Store(db_url).list_runs(kind="trial", study=state["study"])
     assert len({r.config["trial"] for r in trials}) == len(trials)  # every trial ran once
+    _records_hold_every_output(out)
 
 
 def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str) -> None:
@@ -324,6 +340,7 @@ def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str)
     assert len(Store(db_url).list_runs(kind="train")) == final_runs  # the final race, not repeated
     # a compressed file exactly when a candidate beat the uncompressed model on the goal (which of
     # TinyTask's layers the layer-value stage keeps is measured, so either may happen)
+    _records_hold_every_output(out)
     outputs = result.stages[-1]["outputs"]
     assert (out / "model_compressed.pt").is_file() == (outputs["selected"] is not None), json.dumps(outputs)
     if outputs["selected"] is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,11 +15,25 @@ import pytest
 import torch
 from torch import nn
 
+from proftune._jsonsafe import json_dumps
 from proftune._units import parse_duration
 from proftune.exceptions import ConfigError
 from proftune.optimize import Budget, build_plan, find_flags, mean_ablation_hook
+from proftune.optimize._api import OptimizeResult
 from proftune.optimize._budget import SHARES, STAGES
+from proftune.optimize._output import write_summary
+from proftune.optimize._records import (
+    BaselineOutputs,
+    CompressOutputs,
+    ComputeOutputs,
+    FinalOutputs,
+    HealthOutputs,
+    LayerValueOutputs,
+    SearchStageOutputs,
+    StageOutputs,
+)
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
+from proftune.optimize._state import OptimizeState
 from proftune.search import load_space
 
 from .tasks import TinyTask
@@ -239,3 +256,77 @@ def test_no_final_run_goes_on_past_the_budget_s_end(tmp_path: Path) -> None:
     assert run.cut  # 5 epochs of 6 batches at >= 0.2 s each: at least 6 s (3x measured: 17 s)
     assert run.epochs < 5
     assert out.note.startswith("said first")
+
+
+def _strict_json(path: Path) -> Any:
+    def refuse(token: str) -> Any:
+        raise ValueError(f"{path.name} holds {token}, which strict JSON parsers refuse")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_nan_metric_lands_as_null_in_state_and_summary(tmp_path: Path) -> None:
+    """A diverged stage (NaN metric) leaves files any JSON parser reads, and the run resumes."""
+    state = OptimizeState.load_or_new(tmp_path, {"task": "t", "study": "s", "objective": "accuracy:max",
+                                                 "budget_s": 10.0})
+    state.stages["baseline"] = {"status": "finished", "metric_after": math.nan,
+                                "outputs": {"spread": math.inf, "defaults": {"metrics": {"accuracy": math.nan}}}}
+    state.save()
+    stored = _strict_json(tmp_path / "state.json")
+    assert stored["stages"]["baseline"]["metric_after"] is None
+    assert stored["stages"]["baseline"]["outputs"]["defaults"]["metrics"]["accuracy"] is None
+    again = OptimizeState.load_or_new(tmp_path, {})
+    assert again.finished("baseline")
+    assert again.outputs("baseline")["spread"] is None
+    result = OptimizeResult(task="t", study="s", run_id=1, out=str(tmp_path), objective="accuracy:max",
+                            budget_s=10.0, elapsed_s=math.nan, stages=[{"name": "final", "metric_after": math.nan}],
+                            final={"mean": math.nan, "std": math.inf}, vs_baseline={"gain": -math.inf})
+    write_summary(result, tmp_path)
+    summary = _strict_json(tmp_path / "summary.json")
+    assert summary["final"] == {"mean": None, "std": None}
+    assert summary["elapsed_s"] is None
+    assert summary["vs_baseline"]["gain"] is None
+
+
+@pytest.mark.parametrize("kind", [BaselineOutputs, HealthOutputs, ComputeOutputs, LayerValueOutputs,
+                                  SearchStageOutputs, FinalOutputs, CompressOutputs])
+def test_stage_records_are_frozen_versioned_and_read_back(kind: type[StageOutputs]) -> None:
+    empty = kind()
+    d = empty.to_dict()
+    assert d["schema_version"] == 1
+    assert kind.from_dict(json.loads(json_dumps(d))) == empty  # through state.json and back
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        empty.schema_version = 2  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="schema_version=99"):
+        kind.from_dict({**d, "schema_version": 99})
+
+
+def test_a_state_json_written_before_records_resumes() -> None:
+    """Outputs without ``schema_version`` (state.json of an earlier proftune) read as records."""
+    old = {"computed": {"lr": 0.01, "batch_size": 64}, "max_batch_size": 512, "run_id": 3,
+           "steps": {"lr_range_test": 10}, "recommendations": [{"name": "lr", "value": 0.01, "reason": "range test"}]}
+    comp = ComputeOutputs.from_dict(old)
+    assert comp.computed["lr"] == 0.01
+    assert comp.max_batch_size == 512
+    assert comp.reasons() == {"lr": "range test"}
+    assert comp.to_dict() == {**old, "schema_version": 1}
+    skipped = CompressOutputs.from_dict({"skipped": "--goal none"})
+    assert skipped.to_dict() == {"schema_version": 1, "skipped": "--goal none"}  # its keys, no empty fields
+    assert SearchStageOutputs.from_dict({"plan": {"space": {"fixed": {"epochs": 2}}}}).fixed() == {"epochs": 2}
+    assert BaselineOutputs.from_dict({"no_tricks": {"metrics": {"accuracy": 0.5}}}).metric("no_tricks", "accuracy") == 0.5
+
+
+def test_optimize_reads_the_study_through_search_s_public_api_only() -> None:
+    """The search stage's trials come from ``proftune.search`` (``study_trials``, ``cancel_waiting``,
+    ``SearchResult``): optimize opens no Optuna storage of its own (search's has the SQLite pragmas
+    and the retry) and reads no user attrs; one class is named ``SearchSettings``."""
+    import re
+
+    src = Path(__file__).resolve().parents[2] / "src" / "proftune"
+    own = {p.name: p.read_text() for p in (src / "optimize").glob("*.py")}
+    for name, text in own.items():
+        assert not re.search(r"RDBStorage|open_storage|load_study|storage=|user_attrs|search\._", text), name
+    assert "study_trials(" in own["_search.py"]
+    assert "cancel_waiting(" in own["_search.py"]
+    defined = [p for p in src.rglob("*.py") if re.search(r"^class SearchSettings\b", p.read_text(), re.M)]
+    assert [p.relative_to(src).as_posix() for p in defined] == ["search/_settings.py"]

@@ -226,3 +226,30 @@ def test_memory_constraint_gates_through_the_profiler(tmp_path: Path) -> None:
     assert by[1024].metrics["peak_memory_bytes"] >= 4e6
     assert by[4].metrics["step_time_ms"] > 0
     assert by[4].metrics["macs"] > 0
+
+
+def test_a_search_config_is_the_same_call_as_its_keywords(tmp_path: Path) -> None:
+    """``config=SearchConfig(...)`` and keywords are one call; keywords beside it override it."""
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16}}}
+    cfg = proftune.SearchConfig(trials=2, max_steps=2, sampler="random", seed=5, study="c")
+    by_config = proftune.search("wine-mlp", space, config=cfg, db=db)
+    by_keywords = proftune.search("wine-mlp", space, trials=2, max_steps=2, sampler="random", seed=5,
+                                  study="k", db=db)
+    assert [t.params for t in by_config.trials] == [t.params for t in by_keywords.trials]
+    more = proftune.search("wine-mlp", space, config=cfg, trials=3, db=db)  # continues study "c"
+    assert more.resumed
+    assert len(more.trials) == 3
+    assert cfg.trials == 2  # the config itself is left as it was (frozen)
+    tune = Store(db).list_runs(kind="tune", study="c")[0]
+    assert tune.config["trials"] == 3
+    assert tune.config["sampler"] == "random"
+
+
+def test_an_unknown_search_option_names_the_valid_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        proftune.search("wine-mlp", {"params": {"hidden": {"type": "int", "low": 4, "high": 16}}}, trails=3)
+    text = str(info.value)
+    assert "'trails'" in text
+    assert "trials" in text
+    assert "max_steps" in text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -18,7 +17,7 @@ from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from .._cpplog import cpp_logs_shown
-from .._jsonsafe import json_safe
+from .._jsonsafe import json_dumps, json_safe
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
 
@@ -162,12 +161,12 @@ def execute(
             err_console.print("(run again with --debug for the traceback)", style="dim")
         raise typer.Exit(1) from None
     if json_out:
-        sys.stdout.write(json.dumps(json_safe(result)) + "\n")
+        sys.stdout.write(json_dumps(result) + "\n")
         sys.stdout.flush()
     elif render is not None:
         render(result)
     else:
-        out_console.print_json(json.dumps(json_safe(result)))
+        out_console.print_json(json_dumps(result))
 
 
 def with_report(body: Callable[[], T], report: str | None, db: str | None, *, force: bool = False,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from .._jsonsafe import json_dumps
 from .._units import parse_duration
 from ..exceptions import ConfigError
 from ..integrations import EMIT_FORMATS, emit_snippet
@@ -42,7 +42,7 @@ def _short(value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(str(v.get("layer", v)) if isinstance(v, dict) else str(v) for v in value) or "none"
     if isinstance(value, dict):
-        return json.dumps(value)
+        return json_dumps(value)
     return str(value)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import math
 import random
 import statistics
@@ -22,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .._jsonsafe import json_dumps
 from ..exceptions import ConfigError, ProblemCollector
 from ..track import Store
 
@@ -103,7 +103,7 @@ class BanditPulls:
 
 def bandit_key(arms: Sequence[Arm], prefix: str = "") -> str:
     """A stable name for a set of arms (so a rerun with the same configs continues)."""
-    blob = json.dumps([[a.name, a.params] for a in arms], sort_keys=True, default=str)
+    blob = json_dumps([[a.name, a.params] for a in arms], sort_keys=True)
     return f"{prefix}{hashlib.sha1(blob.encode()).hexdigest()[:12]}"
 
 

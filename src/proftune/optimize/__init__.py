@@ -6,11 +6,22 @@ each stage calls the public API of the subpackage that owns its work and is reco
 
 from __future__ import annotations
 
-from . import _api, _budget, _config, _layer_value, _output, _search, _space, _state  # noqa: F401  (eager)
+from . import _api, _budget, _config, _layer_value, _output, _records, _search, _space, _state  # noqa: F401  (eager)
 from ._api import OptimizeResult, optimize
 from ._budget import SHARES, STAGES, Budget, Deadline
 from ._config import GOALS, OptimizeConfig
 from ._layer_value import LayerValue, layer_values, mean_ablation_hook
+from ._records import (
+    STAGE_RECORDS,
+    BaselineOutputs,
+    CompressOutputs,
+    ComputeOutputs,
+    FinalOutputs,
+    HealthOutputs,
+    LayerValueOutputs,
+    SearchStageOutputs,
+    StageOutputs,
+)
 from ._search import SearchOutcome, YellowFlag, find_flags
 from ._space import SearchPlan, build_plan
 
@@ -18,13 +29,22 @@ __all__ = [
     "GOALS",
     "SHARES",
     "STAGES",
+    "STAGE_RECORDS",
+    "BaselineOutputs",
     "Budget",
+    "CompressOutputs",
+    "ComputeOutputs",
     "Deadline",
+    "FinalOutputs",
+    "HealthOutputs",
     "LayerValue",
+    "LayerValueOutputs",
     "OptimizeConfig",
     "OptimizeResult",
     "SearchOutcome",
     "SearchPlan",
+    "SearchStageOutputs",
+    "StageOutputs",
     "YellowFlag",
     "build_plan",
     "find_flags",

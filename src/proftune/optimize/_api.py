@@ -20,7 +20,7 @@ from torch import nn
 
 from .._device import resolve_device
 from .._holdout import with_test_split
-from .._jsonsafe import json_safe
+from .._jsonsafe import finite_float, json_dumps, json_safe
 from .._units import format_bytes
 from ..compress import compress as run_compress
 from ..compress import load_model
@@ -47,6 +47,16 @@ from ._final import (
 )
 from ._layer_value import keep_layers, layer_values
 from ._output import load_line, write_html, write_outputs, write_summary
+from ._records import (
+    BaselineOutputs,
+    CompressOutputs,
+    ComputeOutputs,
+    FinalOutputs,
+    HealthOutputs,
+    LayerValueOutputs,
+    SearchStageOutputs,
+    StageOutputs,
+)
 from ._search import StageSettings, run_search_stage
 from ._space import build_plan, task_param_defaults
 from ._state import OptimizeState, own_run
@@ -106,7 +116,7 @@ class OptimizeResult:
 
 @dataclass
 class _StageResult:
-    outputs: dict[str, Any]
+    outputs: StageOutputs
     before: float | None = None
     after: float | None = None
     status: str = "finished"
@@ -120,14 +130,6 @@ class _Capture(Callback):
 
     def on_fit_end(self, state: FitState) -> None:
         self.model = state.model
-
-
-def _finite(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 class _Loop:
@@ -175,11 +177,11 @@ class _Loop:
         self.state.save()
         return run_id
 
-    def stage(self, name: str, fn: Callable[[float, float], _StageResult]) -> dict[str, Any]:
+    def stage(self, name: str, fn: Callable[[float, float], _StageResult]) -> None:
         """Run stage ``name`` (unless it finished before) as a Run linked to the optimize run."""
         if self.state.finished(name):
             self.say("stage_reused", {"stage": name})
-            return self.state.outputs(name)
+            return
         share = self.budget.stage_s(name)
         self.say("stage_start", {"stage": name, "share_s": share})
         started = time.monotonic()
@@ -197,16 +199,16 @@ class _Loop:
             raise
         duration = time.monotonic() - started
         metrics = {k: x for k, x in (("before", res.before), ("after", res.after)) if x is not None}
-        self.store.finish_run(run_id, status="finished", result=json_safe(res.outputs),
+        outputs = res.outputs.to_dict()
+        self.store.finish_run(run_id, status="finished", result=json_safe(outputs),
                               metrics={f"{self.v.metric}_{k}": x for k, x in metrics.items()})
         self.state.stages[name] = {"status": res.status, "duration_s": duration, "share_s": share,
-                                   "run_id": run_id, "outputs": res.outputs,
+                                   "run_id": run_id, "outputs": outputs,
                                    "metric_before": res.before, "metric_after": res.after}
         self.state.data["spent_s"] = self.budget.elapsed_s
         self.state.save()
         self.say("stage_end", {"stage": name, "duration_s": duration, "status": res.status,
                                "before": res.before, "after": res.after})
-        return res.outputs
 
     # -- stages -------------------------------------------------------------------------------
     def baseline(self, share: float, end: float) -> _StageResult:
@@ -217,7 +219,7 @@ class _Loop:
                         callbacks=[Deadline(share * 0.55), capture], store=self.store)
         if capture.model is not None:
             torch.save(capture.model.state_dict(), self.out / "baseline_model.pt")
-        defaults_metric = _finite(diag.metrics.get(self.v.metric))
+        defaults_metric = finite_float(diag.metrics.get(self.v.metric))
         known = task_param_defaults(self.task)
         plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
                  "batch_size": int(self.defaults.get("batch_size", 32)),
@@ -226,27 +228,26 @@ class _Loop:
         # what is left of the stage's share (a slow model's no-tricks run is cut, and says so)
         plain_res = fit(self.task, plain, epochs=max(1, diag.epochs), device=self.dev, seed=self.cfg.seed,
                         callbacks=[Deadline(max(1.0, end - time.monotonic()))])
-        plain_metric = _finite(plain_res.metrics.get(self.v.metric))
+        plain_metric = finite_float(plain_res.metrics.get(self.v.metric))
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
             plain_res.steps / max(plain_res.epochs, 1), _steps_per_epoch(self.task, self.defaults))
         spread = (abs(defaults_metric - plain_metric)
                   if defaults_metric is not None and plain_metric is not None else None)
-        return _StageResult({
-            "defaults": {"params": self.defaults, "metrics": diag.metrics, "epochs": diag.epochs,
-                         "steps": diag.steps, "duration_s": diag.duration_s, "run_id": diag.run_id,
-                         "stop_reason": diag.stop_reason},
-            "no_tricks": {"params": plain, "metrics": plain_res.metrics, "epochs": plain_res.epochs,
-                          "duration_s": plain_res.duration_s, "stop_reason": plain_res.stop_reason},
-            "spread": spread, "epoch_s": epoch_s, "held_out": self.holdout.to_dict(),
-            "findings": [f.to_dict() for f in diag.findings],
-            "model": "baseline_model.pt" if capture.model is not None else None,
-        }, before=plain_metric, after=defaults_metric)
+        return _StageResult(BaselineOutputs(
+            defaults={"params": self.defaults, "metrics": diag.metrics, "epochs": diag.epochs,
+                      "steps": diag.steps, "duration_s": diag.duration_s, "run_id": diag.run_id,
+                      "stop_reason": diag.stop_reason},
+            no_tricks={"params": plain, "metrics": plain_res.metrics, "epochs": plain_res.epochs,
+                       "duration_s": plain_res.duration_s, "stop_reason": plain_res.stop_reason},
+            spread=spread, epoch_s=epoch_s, held_out=self.holdout.to_dict(),
+            findings=[f.to_dict() for f in diag.findings],
+            model="baseline_model.pt" if capture.model is not None else None,
+        ), before=plain_metric, after=defaults_metric)
 
     def health(self, share: float, end: float) -> _StageResult:
         """Stop on an error-severity finding of the baseline's training; profile its step."""
-        base = self.state.outputs("baseline")
-        findings = base.get("findings") or []
+        findings = self.state.record(BaselineOutputs).findings
         errors = [f for f in findings if f.get("severity") == "error"]
         warnings = [f for f in findings if f.get("severity") == "warning"]
         if errors and not self.cfg.ignore_findings:
@@ -260,12 +261,11 @@ class _Loop:
         prof = run_profile(self.task, params=self.defaults, device=self.dev, seed=self.cfg.seed,
                            store=self.store)
         prof.save(self.out / "profile.json")
-        return _StageResult({
-            "errors": errors, "warnings": warnings, "ignored": bool(errors),
-            "profile": "profile.json", "step_time_ms": prof.step.time_ms,
-            "peak_memory_bytes": prof.memory.peak_bytes, "params": prof.params.total, "macs": prof.macs,
-            "throughput": prof.step.throughput,
-        })
+        return _StageResult(HealthOutputs(
+            errors=errors, warnings=warnings, ignored=bool(errors), profile="profile.json",
+            step_time_ms=prof.step.time_ms, peak_memory_bytes=prof.memory.peak_bytes,
+            params=prof.params.total, macs=prof.macs, throughput=prof.step.throughput,
+        ))
 
     def compute(self, share: float, end: float) -> _StageResult:
         """Batch size, LR (range test, scaled), accumulation, precision, data loading: recommend().
@@ -287,7 +287,7 @@ class _Loop:
         computed: dict[str, Any] = {}
         if isinstance(values.get("batch_size"), int):
             computed["batch_size"] = values["batch_size"]
-        if _finite(values.get("lr")) is not None:
+        if finite_float(values.get("lr")) is not None:
             computed["lr"] = float(values["lr"])
         if isinstance(values.get("grad_accumulation"), int):
             computed["grad_accumulation"] = values["grad_accumulation"]
@@ -300,13 +300,13 @@ class _Loop:
             # measured better than the task's optimizer: the search tries both, each at its own rate
             computed["optimizer_alternative"] = {k: chosen[k] for k in ("optimizer", "lr", "momentum") if k in chosen}
         max_batch = recs.get("batch_size").evidence.get("max_batch_size")
-        return _StageResult({
-            "computed": computed, "max_batch_size": max_batch, "run_id": recs.run_id,
-            "steps": {"lr_range_test": lr_steps, "noise_scale": noise_steps, "optimizer_budget_s": optimizer_s,
-                      "step_ms": prof.step.time_ms, "share_steps": steps},
-            "recommendations": [{"name": r.name, "value": r.value, "reason": r.reason,
-                                 "confidence": r.confidence, "effect": r.effect} for r in recs],
-        })
+        return _StageResult(ComputeOutputs(
+            computed=computed, max_batch_size=max_batch, run_id=recs.run_id,
+            steps={"lr_range_test": lr_steps, "noise_scale": noise_steps, "optimizer_budget_s": optimizer_s,
+                   "step_ms": prof.step.time_ms, "share_steps": steps},
+            recommendations=[{"name": r.name, "value": r.value, "reason": r.reason,
+                              "confidence": r.confidence, "effect": r.effect} for r in recs],
+        ))
 
     def layer_value(self, share: float, end: float) -> _StageResult:
         """Each layer's cost (time, params, MACs) beside its measured contribution (mean ablation)."""
@@ -317,11 +317,11 @@ class _Loop:
             self.task, model, metric=self.v.metric, higher_is_better=self.v.maximize, profile=prof,
             device=self.dev, batch_size=int(self.defaults.get("batch_size", 32)), deadline=end)
         named = [{"layer": x.name, "finding": x.finding, "action": x.action} for x in values if x.finding]
-        return _StageResult({"metric": base, "layers": [x.to_dict() for x in values], "findings": named,
-                             "keep": keep_layers(values), "notes": notes})
+        return _StageResult(LayerValueOutputs(metric=base, layers=[x.to_dict() for x in values], findings=named,
+                                              keep=list(keep_layers(values)), notes=list(notes)))
 
     def _epoch_s(self) -> float:
-        return max(float(self.state.outputs("baseline").get("epoch_s") or 1.0), 1e-3)
+        return max(float(self.state.record(BaselineOutputs).epoch_s or 1.0), 1e-3)
 
     def _trial_epochs(self, seconds: float) -> int:
         """Epochs of every search trial and of the race's candidates: the task's own (the
@@ -351,9 +351,9 @@ class _Loop:
 
         The search gets every second the stages after it do not need (their reserves: the final
         race at ``--seeds`` seeds, one compression sweep), not only its share."""
-        comp = self.state.outputs("compute")
-        plan = build_plan(self.task, comp.get("computed") or {}, user_space=self.cfg.space,
-                          max_batch=comp.get("max_batch_size"), samples=_samples(self.task, self.defaults))
+        comp = self.state.record(ComputeOutputs)
+        plan = build_plan(self.task, comp.computed, user_space=self.cfg.space,
+                          max_batch=comp.max_batch_size, samples=_samples(self.task, self.defaults))
         compress_min = self._compress_reserve()
         room = max(share, self.budget.left_s - compress_min)
         # the final race at the task's epochs comes first; what is left is the search's
@@ -375,7 +375,7 @@ class _Loop:
             min_delta=self.cfg.min_delta, flag_min=self.cfg.flag_min, defaults=self.defaults,
             pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER else "none",
             trial_s_estimate=epochs * epoch_s,
-            alternative=dict((comp.get("computed") or {}).get("optimizer_alternative") or {}))
+            alternative=dict(comp.computed.get("optimizer_alternative") or {}))
         spent = float(self.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
@@ -393,32 +393,32 @@ class _Loop:
         counts: dict[str, int] = {}
         for r in outcome.trials:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
-        (self.out / "search_trials.json").write_text(_json(outcome.trials))
-        return _StageResult({
-            "study": self.study, "plan": plan.to_dict(), "epochs_per_trial": epochs,
-            "pruner": settings.pruner if epochs >= 3 else "none", "full_trials_in_share": full_trials,
-            "best": best, "top": outcome.groups[:5], "defaults": outcome.defaults,
-            "seed_std": pooled_seed_std([*outcome.groups, outcome.defaults or {}]),
-            "flags": [f.to_dict() for f in outcome.flags], "stop_reason": outcome.stop_reason,
-            "early": outcome.early, "arms": outcome.arms, "counts": counts,
-            "trials": len(outcome.trials), "search_calls": outcome.search_calls,
-            "history": outcome.history, "trials_file": "search_trials.json",
-            "duration_s": outcome.duration_s, "seconds": seconds,
+        (self.out / "search_trials.json").write_text(json_dumps(outcome.trials, indent=1))
+        return _StageResult(SearchStageOutputs(
+            study=self.study, plan=plan.to_dict(), epochs_per_trial=epochs,
+            pruner=settings.pruner if epochs >= 3 else "none", full_trials_in_share=full_trials,
+            best=best, top=outcome.groups[:5], defaults=outcome.defaults,
+            flags=[f.to_dict() for f in outcome.flags], stop_reason=outcome.stop_reason,
+            early=outcome.early, arms=outcome.arms, counts=counts,
+            trials=len(outcome.trials), search_calls=outcome.search_calls,
+            history=[list(h) for h in outcome.history], trials_file="search_trials.json",
+            duration_s=outcome.duration_s, seconds=seconds,
+            seed_std=pooled_seed_std([*outcome.groups, outcome.defaults or {}]),
             # every trial as the report draws it (its arm, state and why it ended)
-            "trials_log": [{k: r.get(k) for k in ("number", "state", "value", "arm", "reason", "duration_s")}
-                           for r in outcome.trials],
-        }, before=_finite((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
+            trials_log=[{k: r.get(k) for k in ("number", "state", "value", "arm", "reason", "duration_s")}
+                        for r in outcome.trials],
+        ), before=finite_float((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
 
     def final(self, share: float, end: float) -> _StageResult:
         """The defaults and the search's best, same seeds, same protocol; keep the defaults unless
         a configuration beats them beyond noise; held-out figures for both."""
-        srch = self.state.outputs("search")
-        epochs = int(srch.get("epochs_per_trial") or self._trial_epochs(share))
+        srch = self.state.record(SearchStageOutputs)
+        epochs = int(srch.epochs_per_trial or self._trial_epochs(share))
         base_epoch_s = self._epoch_s()
-        fixed = ((srch.get("plan") or {}).get("space") or {}).get("fixed") or {}
+        fixed = srch.fixed()
         defaults_key = _params_key(self.defaults)
         candidates: list[Arm] = []
-        for g in srch.get("top") or []:  # the groups the search measured, best first
+        for g in srch.top:  # the groups the search measured, best first
             params = validate_params({**self.defaults, **fixed, **g["params"]})
             if _params_key(params) == defaults_key or len(candidates) >= MAX_CANDIDATES:
                 continue
@@ -427,7 +427,7 @@ class _Loop:
                 source=f"search trials {g['trials']} ({', '.join(sorted(set(g.get('arms') or [])))})",
                 search_mean=g["mean"], search_std=g.get("std"), search_n=int(g["n"]),
                 epoch_s=max(float(g.get("trial_s") or 0.0) / epochs, base_epoch_s * 0.25)))
-        d_group = srch.get("defaults") or {}
+        d_group = srch.defaults or {}
         # the defaults as the user runs them: their own epochs, whatever the trials could afford;
         # unless one such run would take more than half the time left (a budget too short for the
         # task's own protocol): then every arm at the trials' epochs, and the result says so
@@ -447,9 +447,9 @@ class _Loop:
         plan = FinalPlan(metric=self.v.metric, maximize=self.v.maximize, epochs=epochs,
                          seeds=int(self.cfg.seeds), seed=self.cfg.seed, device=str(self.dev),
                          val_samples=self.holdout.val_samples,
-                         prior_std=prior_seed_std(srch.get("seed_std"), metric=self.v.metric,
+                         prior_std=prior_seed_std(srch.seed_std, metric=self.v.metric,
                                                   val_samples=self.holdout.val_samples,
-                                                  level=_finite(d_group.get("mean"))))
+                                                  level=finite_float(d_group.get("mean"))))
         outcome = run_final(self.task, defaults, candidates, plan, store=self.store,
                             end=self.budget.end - self._compress_reserve(), hard_end=hard_end,
                             cap_end=self.budget.end, folder=self.out, say=self.say, notes=race_notes)
@@ -460,22 +460,22 @@ class _Loop:
         latency, size = _latency_ms(self.task, model), size_bytes(self.out / "model.pt")
         val, test = chosen.summary("val"), chosen.summary("test")
         picked = outcome.model_run()
-        return _StageResult({
-            "params": params, "evidence": evidence, "epochs": chosen.epochs or epochs,
-            "default_epochs": self.task.default_epochs, "race": outcome.to_dict(),
-            "decision": outcome.decision, "chosen": outcome.chosen,
-            "metric": {"name": self.v.metric, "mean": val["mean"], "std": val["std"],
-                       "values": [r.val for r in chosen.runs]},
-            "test": {"mean": test["mean"], "std": test["std"], "values": [r.test for r in chosen.runs]},
-            "model": "model.pt", "model_seed": outcome.model_seed, "latency_ms": latency, "size_bytes": size,
-            "model_val": picked.val if picked else None, "model_test": picked.test if picked else None,
-            "load": (f"model = proftune.load_task({self.spec!r}).build_model(params); "
-                     "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
-        }, before=_finite(outcome.arm("defaults").summary("val")["mean"]), after=val["mean"])
+        return _StageResult(FinalOutputs(
+            params=params, evidence=evidence, epochs=chosen.epochs or epochs,
+            default_epochs=self.task.default_epochs, race=outcome.to_dict(),
+            decision=outcome.decision, chosen=outcome.chosen,
+            metric={"name": self.v.metric, "mean": val["mean"], "std": val["std"],
+                    "values": [r.val for r in chosen.runs]},
+            test={"mean": test["mean"], "std": test["std"], "values": [r.test for r in chosen.runs]},
+            model="model.pt", model_seed=outcome.model_seed, latency_ms=latency, size_bytes=size,
+            model_val=picked.val if picked else None, model_test=picked.test if picked else None,
+            load=(f"model = proftune.load_task({self.spec!r}).build_model(params); "
+                  "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
+        ), before=finite_float(outcome.arm("defaults").summary("val")["mean"]), after=val["mean"])
 
     def _evidence(self, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
         """The result's params, and for each where its value came from."""
-        comp = self.state.outputs("compute").get("computed") or {}
+        comp = self.state.record(ComputeOutputs).computed
         params = dict(chosen.params)
         evidence: dict[str, str] = {}
         why = (outcome.comparison.describe() if outcome.comparison is not None
@@ -501,18 +501,16 @@ class _Loop:
     def compress(self, share: float, end: float) -> _StageResult:
         """The final model toward ``--goal`` within ``--max-accuracy-drop`` (proftune.compress)."""
         if self.cfg.goal == "none":
-            return _StageResult({"skipped": "--goal none"}, status="skipped")
-        fin = self.state.outputs("final")
-        lv = self.state.outputs("layer_value")
-        params = dict(fin["params"])
+            return _StageResult(CompressOutputs(skipped="--goal none"), status="skipped")
+        params = dict(self.state.record(FinalOutputs).params)
         model = self.task.build_model(dict(params))
         model.load_state_dict(torch.load(self.out / "model.pt", weights_only=True))
         names = {n for n, _ in model.named_modules()}
-        keep = [n for n in (lv.get("keep") or []) if n in names]
+        keep = [n for n in self.state.record(LayerValueOutputs).keep if n in names]
         if share < MIN_COMPRESS_S:
-            return _StageResult({"skipped": f"{share:.1f} s left for compression, below the "
-                                            f"{MIN_COMPRESS_S:.0f} s one pruning + INT8 sweep needs here; "
-                                            "give a larger --budget"}, status="skipped")
+            return _StageResult(CompressOutputs(skipped=f"{share:.1f} s left for compression, below the "
+                                                        f"{MIN_COMPRESS_S:.0f} s one pruning + INT8 sweep needs "
+                                                        "here; give a larger --budget"), status="skipped")
         # the sweep grows with the time there is: per-layer sensitivity and a second ratio
         # only when the share holds them (measured: ~45 s for one ratio with sensitivity on 2 cores)
         roomy = share >= 90
@@ -534,8 +532,8 @@ class _Loop:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             log.info("compression failed: %s", why)
             out_file.unlink(missing_ok=True)
-            return _StageResult({"skipped": f"compression failed ({why})",
-                                 "verdict": f"kept the uncompressed model: compression failed ({why})"},
+            return _StageResult(CompressOutputs(skipped=f"compression failed ({why})",
+                                                verdict=f"kept the uncompressed model: compression failed ({why})"),
                                 status="skipped")
         d = report.to_dict()
         sel = d.get("selected")
@@ -544,7 +542,7 @@ class _Loop:
         if sel and report.output:
             try:
                 small = load_model(report.output, task=self.task, params=params)
-                test_metric = _finite(evaluate_model(self.task, small, torch.device("cpu"),
+                test_metric = finite_float(evaluate_model(self.task, small, torch.device("cpu"),
                                                      int(params.get("batch_size", 32)), split="test")
                                       .get(self.v.metric))
             except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
@@ -560,20 +558,20 @@ class _Loop:
                    + (f"{fmt_ms(sel.get(goal_key))} vs {fmt_ms(base.get(goal_key))} at batch 1"
                       if goal_key == "latency_ms" else
                       f"{format_bytes(sel.get(goal_key))} vs {format_bytes(base.get(goal_key))}"))
-        return _StageResult({
-            "run_id": report.run_id, "plan": d.get("plan"), "notes": d.get("notes"), "verdict": verdict,
-            "ignored_layers": keep, "ratios": list(ratios),
-            "baseline": {k: base.get(k) for k in ("metric", "latency_ms", "latency_batch_ms", "size_bytes",
-                                                  "params", "macs", "batch_size")},
-            "selected": ({**{k: sel.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
-                                                     "latency_batch_ms", "size_bytes", "params", "macs",
-                                                     "format", "batch_size")}, "test_metric": test_metric}
-                         if sel else None),
-            "candidates": [{k: c.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
-                                                  "latency_batch_ms", "size_bytes", "within_budget")}
-                           for c in d.get("candidates") or []],
-            "output": "model_compressed.pt" if sel and report.output else None, "load": d.get("load"),
-        }, before=_finite(base.get("metric")), after=_finite(sel.get("metric")) if sel else None)
+        return _StageResult(CompressOutputs(
+            run_id=report.run_id, plan=d.get("plan"), notes=d.get("notes"), verdict=verdict,
+            ignored_layers=keep, ratios=list(ratios),
+            baseline={k: base.get(k) for k in ("metric", "latency_ms", "latency_batch_ms", "size_bytes",
+                                               "params", "macs", "batch_size")},
+            selected=({**{k: sel.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
+                                                  "latency_batch_ms", "size_bytes", "params", "macs",
+                                                  "format", "batch_size")}, "test_metric": test_metric}
+                      if sel else None),
+            candidates=[{k: c.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
+                                               "latency_batch_ms", "size_bytes", "within_budget")}
+                        for c in d.get("candidates") or []],
+            output="model_compressed.pt" if sel and report.output else None, load=d.get("load"),
+        ), before=finite_float(base.get("metric")), after=finite_float(sel.get("metric")) if sel else None)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> OptimizeResult:
@@ -602,32 +600,29 @@ class _Loop:
 
     def _stop_reason(self) -> str:
         """Why the run ended when it did, in one sentence."""
-        srch = self.state.outputs("search")
-        fin = self.state.outputs("final")
-        race = fin.get("race") or {}
+        srch = self.state.record(SearchStageOutputs)
+        race = self.state.record(FinalOutputs).race
         seeds = len(race.get("seeds") or [])
         used = self.budget.elapsed_s
-        if srch.get("early"):
-            return (f"the search ended early ({srch.get('stop_reason')}); the time left went to the final "
+        if srch.early:
+            return (f"the search ended early ({srch.stop_reason}); the time left went to the final "
                     f"race ({seeds} paired seed(s) per configuration) and compression; {used:.0f} s of "
                     f"{self.v.budget_s:.0f} s used")
         if used < 0.8 * self.v.budget_s:
             return (f"every stage finished its work in {used:.0f} s of {self.v.budget_s:.0f} s "
-                    f"(search: {srch.get('stop_reason')}; final race: {seeds} seed(s), at most "
+                    f"(search: {srch.stop_reason}; final race: {seeds} seed(s), at most "
                     f"{race.get('plan', {}).get('seeds')} asked)")
-        return f"the budget is spent: {used:.0f} s of {self.v.budget_s:.0f} s (search: {srch.get('stop_reason')})"
+        return f"the budget is spent: {used:.0f} s of {self.v.budget_s:.0f} s (search: {srch.stop_reason})"
 
     def _changes(self, arm: Arm) -> list[dict[str, Any]]:
         """``arm``'s params against the defaults in effect, each with where its value came from."""
-        comp = self.state.outputs("compute")
-        plan = self.state.outputs("search").get("plan") or {}
+        comp = self.state.record(ComputeOutputs)
         std = f" ± {arm.search_std:.3g}" if arm.search_std is not None else ""
         searched = (f"{arm.source}: {self.v.metric} {arm.search_mean:.3g}{std} over {arm.search_n} trial(s)"
                     if arm.search_mean is not None else arm.source)
         rows = param_changes(arm.params, task_defaults=self.defaults, read_defaults=task_param_defaults(self.task),
-                             computed=comp.get("computed") or {},
-                             reasons={r["name"]: r["reason"] for r in comp.get("recommendations") or []},
-                             fixed=(plan.get("space") or {}).get("fixed") or {}, searched=searched)
+                             computed=comp.computed, reasons=comp.reasons(),
+                             fixed=self.state.record(SearchStageOutputs).fixed(), searched=searched)
         default_epochs = self.task.default_epochs
         runs = {r.epochs for r in arm.runs if not r.cut}
         epochs = arm.epochs or (runs.pop() if len(runs) == 1 else None)
@@ -639,8 +634,8 @@ class _Loop:
 
     def _result(self) -> OptimizeResult:
         st = self.state
-        fin = st.outputs("final")
-        race = FinalOutcome.from_dict(fin["race"])
+        fin = st.record(FinalOutputs)
+        race = FinalOutcome.from_dict(fin.race)
         d_val, d_test = race.arm("defaults").summary("val"), race.arm("defaults").summary("test")
         stages = []
         for name in STAGES:
@@ -654,29 +649,28 @@ class _Loop:
                            "metric_before": rec.get("metric_before"), "metric_after": after,
                            "compares": STAGE_COMPARES.get(name),
                            "gain_vs_baseline": gain, "outputs": _compact(name, rec.get("outputs") or {})})
-        comp = st.outputs("compress")
-        sel = comp.get("selected")
-        metric = fin.get("metric") or {}
-        test = fin.get("test") or {}
-        final = {"params": fin.get("params"), "evidence": fin.get("evidence"), "decision": race.decision,
+        comp = st.record(CompressOutputs)
+        sel = comp.selected
+        metric, test = fin.metric, fin.test
+        final = {"params": fin.params, "evidence": fin.evidence, "decision": race.decision,
                  "metrics": {self.v.metric: {"mean": metric.get("mean"), "std": metric.get("std"),
                                              "values": metric.get("values")}},
                  "mean": metric.get("mean"), "std": metric.get("std"),
                  "test": {"mean": test.get("mean"), "std": test.get("std"), "values": test.get("values")},
-                 "seeds": race.seeds, "epochs": fin.get("epochs"), "default_epochs": fin.get("default_epochs"),
+                 "seeds": race.seeds, "epochs": fin.epochs, "default_epochs": fin.default_epochs,
                  "model_seed": race.model_seed,
-                 "model_val": fin.get("model_val"), "model_test": fin.get("model_test"),
-                 "model": str(self.out / "model.pt"), "load": fin.get("load"),
-                 "latency_ms": fin.get("latency_ms"), "size_bytes": fin.get("size_bytes")}
-        cb = comp.get("baseline") or {}
+                 "model_val": fin.model_val, "model_test": fin.model_test,
+                 "model": str(self.out / "model.pt"), "load": fin.load,
+                 "latency_ms": fin.latency_ms, "size_bytes": fin.size_bytes}
+        cb = comp.baseline
         if cb:
             final["latency_ms"] = cb.get("latency_ms", final["latency_ms"])
             final["latency_batch_ms"] = cb.get("latency_batch_ms")
             final["batch_size"] = cb.get("batch_size")
         if sel:
-            final["compressed"] = {**sel, "model": str(self.out / "model_compressed.pt"), "load": comp.get("load")}
+            final["compressed"] = {**sel, "model": str(self.out / "model_compressed.pt"), "load": comp.load}
         final["changes"] = self._changes(race.arm(race.chosen))
-        base = st.outputs("baseline")
+        base = st.record(BaselineOutputs)
         cmp_val, cmp_test = race.comparison, race.comparison_test
         vs: dict[str, Any] = {
             "metric": self.v.metric, "decision": race.decision, "defaults_params": self.defaults,
@@ -692,8 +686,8 @@ class _Loop:
             "beyond_noise": bool(cmp_val and cmp_val.beyond_noise),
             "search_gap": race.search_gap(), "race_note": race.note, "held_out": self.holdout.to_dict(),
             "held_out_source": self.holdout.describe(),
-            "no_tricks": _finite((base.get("no_tricks") or {}).get("metrics", {}).get(self.v.metric)),
-            "baseline_run": _finite((base.get("defaults") or {}).get("metrics", {}).get(self.v.metric)),
+            "no_tricks": finite_float(base.metric("no_tricks", self.v.metric)),
+            "baseline_run": finite_float(base.metric("defaults", self.v.metric)),
         }
         if metric.get("mean") is not None and d_val["mean"] is not None:
             vs["gain"] = _signed(metric["mean"] - d_val["mean"], self.v.maximize)
@@ -702,7 +696,7 @@ class _Loop:
         if race.leader is not None and race.leader != race.chosen:
             # what the search proposed, though it was not adopted
             vs["leader_changes"] = self._changes(race.arm(race.leader))
-        vs["compression"] = comp.get("verdict") or comp.get("skipped")
+        vs["compression"] = comp.verdict or comp.skipped
         if sel:
             vs["compressed_metric"] = sel.get("metric")
             vs["compressed_test_metric"] = sel.get("test_metric")
@@ -710,13 +704,12 @@ class _Loop:
                 if cb.get(key) and sel.get(key):
                     vs[f"{key.replace('_ms', '').replace('_bytes', '')}_speedup" if "ms" in key
                        else "size_ratio"] = cb[key] / sel[key]
-        srch = st.outputs("search")
         result = OptimizeResult(
             task=self.name, study=self.study, run_id=self.run_id, out=str(self.out),
             objective=self.v.objective, budget_s=self.v.budget_s, elapsed_s=self.budget.elapsed_s,
-            stages=stages, final=final, vs_baseline=vs, flags=srch.get("flags") or [],
-            warnings=st.outputs("health").get("warnings") or [],
-            layer_findings=st.outputs("layer_value").get("findings") or [],
+            stages=stages, final=final, vs_baseline=vs, flags=st.record(SearchStageOutputs).flags,
+            warnings=st.record(HealthOutputs).warnings,
+            layer_findings=st.record(LayerValueOutputs).findings,
             stop_reason=self._stop_reason(), spec=self.spec)
         # a line that runs from any folder: the params from config.yaml, the weights by absolute path
         result.final["load"] = load_line(result)
@@ -770,12 +763,6 @@ def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
     data = task.train_data(int(params.get("batch_size", 32)), params)
     n = getattr(data, "__len__", None)
     return int(n()) if callable(n) else 1
-
-
-def _json(obj: Any) -> str:
-    import json
-
-    return json.dumps(json_safe(obj), indent=1, allow_nan=False)
 
 
 def _samples(task: Task, params: dict[str, Any]) -> int | None:

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._jsonsafe import finite_float
+
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "compare_paired", "pooled_seed_std", "prior_seed_std"]
 
 SCHEMA_VERSION = 1
@@ -75,8 +77,8 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
     there is. ``alpha`` is one-sided.
     """
     sign = 1.0 if maximize else -1.0
-    pairs = [(s, float(c), float(d)) for s, c, d in zip(seeds, chosen, defaults, strict=False)
-             if c is not None and d is not None and math.isfinite(float(c)) and math.isfinite(float(d))]
+    pairs = [(s, fc, fd) for s, c, d in zip(seeds, chosen, defaults, strict=False)
+             if (fc := finite_float(c)) is not None and (fd := finite_float(d)) is not None]
     level = 1.0 - alpha
     base: dict[str, Any] = {"metric": metric, "maximize": maximize, "split": split,
                             "seeds": [p[0] for p in pairs], "chosen": [p[1] for p in pairs],

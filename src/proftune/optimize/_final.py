@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .._api import run_train
+from .._jsonsafe import finite_float
 from ..task import Task
 from ..track import Store
 from ..train import evaluate_model
@@ -189,8 +190,7 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
     cut = deadline.hit and res.epochs < epochs
 
     def value(metrics: dict[str, float]) -> float | None:
-        v = metrics.get(plan.metric)
-        return float(v) if v is not None and math.isfinite(float(v)) else None
+        return finite_float(metrics.get(plan.metric))
 
     return ArmRun(seed=seed, run_id=rep.run_id, val=value(res.metrics), test=value(test_metrics),
                   epochs=res.epochs, duration_s=res.duration_s, cut=cut,

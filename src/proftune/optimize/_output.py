@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
-from .._jsonsafe import json_safe
+from .._jsonsafe import json_dumps, json_safe
 from ..task import Task
+from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
     from ._api import OptimizeResult
@@ -25,10 +25,9 @@ log = logging.getLogger(__name__)
 
 def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]:
     """Every parameter of the final configuration, its value, and where the value came from."""
-    fin = state.outputs("final")
-    params = fin.get("params") or {}
-    evidence = fin.get("evidence") or {}
-    comp = {r["name"]: r for r in state.outputs("compute").get("recommendations") or []}
+    fin = state.record(FinalOutputs)
+    params, evidence = fin.params, fin.evidence
+    comp = {r["name"]: r for r in state.record(ComputeOutputs).recommendations}
     out: dict[str, Any] = {}
     for name in sorted(params):
         ev = str(evidence.get(name, "task default"))
@@ -66,7 +65,7 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         return []
     folder.mkdir(parents=True, exist_ok=True)
     files = []
-    hist = state.outputs("search").get("history") or []
+    hist = state.record(SearchStageOutputs).history
     if hist:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.step([h[0] for h in hist], [h[1] for h in hist], where="post", label="best so far")
@@ -81,7 +80,7 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         fig.savefig(folder / "search.png", dpi=100)
         plt.close(fig)
         files.append(str(folder / "search.png"))
-    layers = state.outputs("layer_value").get("layers") or []
+    layers = state.record(LayerValueOutputs).layers
     if layers:
         fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(layers)), 3.5))
         xs = range(len(layers))
@@ -136,5 +135,4 @@ def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, ta
 
 def write_summary(result: OptimizeResult, out: Path) -> None:
     """``summary.json``: the result as ``--json`` prints it, with the files written; once, last."""
-    (out / "summary.json").write_text(json.dumps(json_safe({**result.to_dict(), "files": result.files}),
-                                                 indent=1, allow_nan=False))
+    (out / "summary.json").write_text(json_dumps({**result.to_dict(), "files": result.files}, indent=1))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._jsonsafe import finite_float
 from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import Store
@@ -260,12 +261,12 @@ def _mirror(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSet
             continue
         dists = {k: params_by_name[k].distribution() for k in params}
         try:
-            if r["state"] == "complete" and r["value"] is not None and math.isfinite(float(r["value"])):
-                trial = optuna.trial.create_trial(params=params, distributions=dists, value=float(r["value"]))
+            value = finite_float(r["value"])
+            if r["state"] == "complete" and value is not None:
+                trial = optuna.trial.create_trial(params=params, distributions=dists, value=value)
             elif r["state"] in ("pruned", "infeasible"):
-                last = r["metrics"].get(settings.metric)
-                inter = ({max(1, int(r.get("epochs") or 1)): float(last)}
-                         if isinstance(last, (int, float)) and math.isfinite(float(last)) else {})
+                last = finite_float(r["metrics"].get(settings.metric))
+                inter = {max(1, int(r.get("epochs") or 1)): last} if last is not None else {}
                 trial = optuna.trial.create_trial(params=params, distributions=dists, intermediate_values=inter,
                                                   state=optuna.trial.TrialState.PRUNED)
             else:

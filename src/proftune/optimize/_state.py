@@ -12,17 +12,20 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
-from .._jsonsafe import json_safe
+from .._jsonsafe import json_dumps
 from .._paths import OutputPath, output_problems
 from ..exceptions import ProblemCollector
 from ..track import LOCK_FILE, FolderLock, Store, StudyLock
+from ._records import StageOutputs
 
 __all__ = ["STATE_FILE", "OptimizeState", "check_out_dir", "own_run"]
 
 STATE_FILE = "state.json"
 VERSION = 1
+
+R = TypeVar("R", bound=StageOutputs)
 
 
 class OptimizeState:
@@ -46,13 +49,19 @@ class OptimizeState:
         return self.stages.get(stage, {}).get("status") in ("finished", "skipped")
 
     def outputs(self, stage: str) -> dict[str, Any]:
+        """The stage's outputs as ``state.json`` holds them (the JSON-shaped dict)."""
         return dict(self.stages.get(stage, {}).get("outputs") or {})
+
+    def record(self, kind: type[R]) -> R:
+        """The outputs of stage ``kind.STAGE`` as its record (the defaults of each field where the
+        stage has not run or was skipped)."""
+        return kind.from_dict(self.outputs(kind.STAGE))
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump(json_safe(self.data), f, indent=1, allow_nan=False)
+            f.write(json_dumps(self.data, indent=1))
         os.replace(tmp, self.path)
 
 

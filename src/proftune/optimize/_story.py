@@ -12,15 +12,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
 
 __all__ = ["fmt", "fmt_ms", "method_name", "rounded", "tell"]
-
-
-def _f(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(float(v)) else None
 
 
 def fmt(v: Any, digits: int = 3) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .._jsonsafe import json_dumps
 from ..exceptions import ConfigError, RunFailedError
 
 __all__ = ["DDPPoint", "DDPScaling", "RankProfile", "RanksResult", "fit_scaling", "profile_ddp_batches",
@@ -108,7 +109,7 @@ def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: dict[str, An
                          "allreduce_bytes": comm.allreduce_bytes if comm else 0,
                          "allreduce_calls": comm.allreduce_calls if comm else 0,
                          "backend": comm.backend if comm else "", "task": p.task or ""})
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(rows))
+        Path(out_dir, f"rank{rank}.json").write_text(json_dumps(rows))
     finally:
         dist.destroy_process_group()
 

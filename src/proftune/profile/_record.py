@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._jsonsafe import json_safe
+from .._jsonsafe import json_dumps, json_safe
 from .._paths import write_text
 from ..exceptions import ConfigError
 
@@ -173,7 +173,7 @@ class Profile:
         return dict(json_safe(d))
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        return json_dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:

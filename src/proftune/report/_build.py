@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import webbrowser
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._jsonsafe import json_dumps
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..track import RunRecord, Store
@@ -206,7 +206,7 @@ def write_compare_report(a: int, b: int, out: str | Path, *, store: Store | str 
 
 
 def _text(v: Any) -> str:
-    return "-" if v is None else (json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v))
+    return "-" if v is None else (json_dumps(v) if isinstance(v, (dict, list)) else str(v))
 
 
 def _overlay(page: Page, ra: RunRecord, rb: RunRecord) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._jsonsafe import finite_float as finite
 from ._html import plot_text
 
 PALETTE = ("#3b5bdb", "#f08c00", "#2b8a3e", "#c2255c", "#7048e8", "#1098ad", "#e8590c", "#5c940d",
@@ -37,17 +37,6 @@ def layout(title: str = "", *, x: str = "", y: str = "", height: int = 360, **ex
         else:
             base[key] = value
     return base
-
-
-def finite(v: Any) -> float | None:
-    """A float, or None for anything not a finite number (plotly draws a gap)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        try:
-            v = float(v)
-        except (TypeError, ValueError):
-            return None
-    f = float(v)
-    return f if math.isfinite(f) else None
 
 
 def line(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = None, yaxis: str | None = None,

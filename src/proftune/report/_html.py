@@ -8,12 +8,12 @@ task named ``<script>alert(1)</script>`` is shown as text, never run.
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._jsonsafe import json_dumps
 from .._units import format_bytes
 from ..exceptions import DependencyError
 
@@ -55,7 +55,7 @@ def _clean_figure(value: Any, key: str | None = None) -> Any:
 
 def chart_json(figure: Mapping[str, Any]) -> str:
     """A plotly figure as JSON safe inside ``<script type="application/json">``."""
-    text = json.dumps(_clean_figure(figure), separators=(",", ":"), allow_nan=False)
+    text = json_dumps(_clean_figure(figure), separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -89,7 +89,7 @@ def fmt_value(name: str, v: Any) -> str:
             return f"{v:,.0f} samples/s" if v >= 100 else f"{v:.3g} samples/s"
         return fmt_number(v)
     if isinstance(v, (dict, list)):
-        return json.dumps(v, default=str)[:400]
+        return json_dumps(v)[:400]
     return fmt_number(v)
 
 
@@ -179,7 +179,7 @@ class Section:
 
     def json(self, value: Any, *, title: str) -> None:
         """A collapsed, escaped JSON view of a value."""
-        text = json.dumps(value, indent=2, default=str, sort_keys=False)
+        text = json_dumps(value, indent=2)
         self.blocks.append(f"<details><summary>{esc(title)}</summary><pre>{esc(text)}</pre></details>")
 
 

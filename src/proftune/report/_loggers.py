@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .._jsonsafe import is_finite_number
 from ..exceptions import ConfigError
 from ..train import Callback, FitState
 
@@ -28,10 +28,6 @@ def _grad_norm(model: torch.nn.Module) -> float | None:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
-
-
 class _StepLog(Callback):
     """What both loggers record: loss, lr and the gradient norm every ``every`` steps; the
     epoch's metrics; the params and the final metrics at the end."""
@@ -49,13 +45,13 @@ class _StepLog(Callback):
         if self._grad is not None:
             values["grad_norm"] = self._grad
             self._grad = None
-        return {k: float(v) for k, v in values.items() if _finite(v)}
+        return {k: float(v) for k, v in values.items() if is_finite_number(v)}
 
     @staticmethod
     def epoch_values(state: FitState) -> dict[str, float]:
         last = state.curves.get("epoch", [])[-1:] if state.curves else []
         values = {**(last[0] if last else {}), **state.metrics}
-        return {k: float(v) for k, v in values.items() if k != "epoch" and _finite(v)}
+        return {k: float(v) for k, v in values.items() if k != "epoch" and is_finite_number(v)}
 
 
 class TensorBoardLogger(_StepLog):
@@ -93,7 +89,7 @@ class TensorBoardLogger(_StepLog):
         from ._tensorboard import hparams_of
 
         hp = hparams_of({"params": state.params})
-        final = {f"final/{k}": float(v) for k, v in state.metrics.items() if _finite(v)}
+        final = {f"final/{k}": float(v) for k, v in state.metrics.items() if is_finite_number(v)}
         if hp and final:
             self.writer.add_hparams(hp, final, run_name=".")
         self.writer.close()
@@ -169,7 +165,7 @@ class MLflowLogger(_StepLog):
         if self.run_id is None:
             return
         for k, v in state.metrics.items():
-            if _finite(v):
+            if is_finite_number(v):
                 self._metric(k, float(v), state.step)
         self._flush()
         self.client.set_terminated(self.run_id, status="FINISHED")

@@ -3,8 +3,6 @@ artifacts (profile.json, report.html, the model when the run wrote one)."""
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import tempfile
 import time
@@ -12,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .._jsonsafe import is_finite_number, json_dumps
 from ..exceptions import ConfigError, DependencyError
 from ..track import RunRecord, Store
 
@@ -32,10 +31,6 @@ def mlflow_client(uri: str) -> Any:
 def key(name: str) -> str:
     """An MLflow-legal metric/param name (letters, digits, ``_-. /``)."""
     return _KEY.sub("_", str(name))[:250] or "_"
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
 def default_artifact_location(uri: str) -> str | None:
@@ -74,7 +69,7 @@ def flat_params(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _text(v: Any) -> str:
-    text = json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)
+    text = json_dumps(v) if isinstance(v, (dict, list)) else str(v)
     return text[:6000]
 
 
@@ -114,23 +109,23 @@ def export_mlflow(run: int | RunRecord, uri: str, *, experiment: str = "proftune
     created = client.create_run(exp_id, tags=run_tags(record), run_name=f"{record.task} {record.kind} {record.id}")
     mlflow_id = str(created.info.run_id)
     now = int(time.time() * 1000)
-    metrics = [Metric(key(k), float(v), now, 0) for k, v in record.metrics.items() if _num(v)]
+    metrics = [Metric(key(k), float(v), now, 0) for k, v in record.metrics.items() if is_finite_number(v)]
     for scope in ("step", "epoch"):
         for point in (record.curves or {}).get(scope) or []:
-            if isinstance(point, Mapping) and _num(point.get(scope)):
+            if isinstance(point, Mapping) and is_finite_number(point.get(scope)):
                 x = int(point[scope])
                 metrics += [Metric(key(f"{scope}/{k}"), float(v), now, x) for k, v in point.items()
-                            if k not in ("step", "epoch") and _num(v)]
+                            if k not in ("step", "epoch") and is_finite_number(v)]
     for i, point in enumerate((record.curves or {}).get("lr_range") or []):
         if isinstance(point, Mapping):
             metrics += [Metric(key(f"lr_range/{k}"), float(point[k]), now, i) for k in ("lr", "loss", "smoothed")
-                        if _num(point.get(k))]
+                        if is_finite_number(point.get(k))]
     params = [Param(k, v) for k, v in flat_params(record.config).items()]
     log_in_batches(client, mlflow_id, metrics=metrics, params=params)
     with tempfile.TemporaryDirectory(prefix="proftune-mlflow-") as tmp:
         if record.kind == "profile" and record.result:
             path = Path(tmp) / "profile.json"
-            path.write_text(json.dumps(record.result, indent=2))
+            path.write_text(json_dumps(record.result, indent=2))
             client.log_artifact(mlflow_id, str(path))
         if report:
             from ._build import run_page

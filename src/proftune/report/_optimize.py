@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
 from ..track import RunRecord, Store
-from ._figures import PALETTE, bar, finite, hline, layout, line, vline
+from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
 from ._sections import (
     Context,
@@ -33,10 +34,6 @@ ARM_STYLE = {"centre": (PALETTE[2], "diamond", "computed centre"), "defaults": (
              "local": (PALETTE[1], "triangle-up", "local design"), "tpe": (PALETTE[0], "circle", "TPE")}
 STAGE_TITLES = {"baseline": "Baseline", "health": "Health", "compute": "What changed", "layer_value": "Layer value",
                 "search": "Search", "final": "Final race", "compress": "Compression"}
-
-
-def _f(v: Any) -> float | None:
-    return finite(v) if not isinstance(v, bool) else None
 
 
 def _n(v: Any, digits: int = 3) -> str:

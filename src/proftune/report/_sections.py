@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
@@ -33,10 +34,6 @@ def register_renderer(kind: str) -> Callable[[Renderer], Renderer]:
         return fn
 
     return deco
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

@@ -3,11 +3,11 @@ the profile's tables as text, and the hparams with the final metrics."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._jsonsafe import is_finite_number as _num
 from ..exceptions import DependencyError
 from ..track import RunRecord, Store
 
@@ -21,10 +21,6 @@ def summary_writer(logdir: str | Path) -> Any:
     except ImportError as exc:
         raise DependencyError("TensorBoard export needs tensorboard: pip install 'proftune[tensorboard]'") from exc
     return SummaryWriter(log_dir=str(logdir))
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
 def hparams_of(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from .._optional import optuna  # noqa: F401  (missing: DependencyError naming t
 from . import (  # noqa: F401  (eager: see module doc)
     _analysis,
     _coarse_fine,
+    _config,
     _constraints,
     _gate,
     _pruners,
@@ -35,6 +36,7 @@ from ._api import (
     task_metrics,
 )
 from ._coarse_fine import CoarseToFineSampler
+from ._config import SearchConfig
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._gate import GateResult, ProfileGate
 from ._pruners import PRUNERS, PatiencePruner
@@ -64,6 +66,7 @@ __all__ = [
     "ProfileGate",
     "RayOptions",
     "ScanResult",
+    "SearchConfig",
     "SearchResult",
     "Space",
     "Statement",

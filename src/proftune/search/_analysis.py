@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._jsonsafe import is_finite_number
 from .._paths import replacing
 from ._constraints import PROFILE_METRICS, Objective
 from ._records import TrialRecord
@@ -215,7 +216,7 @@ def _plot_history(plt: Any, records: Sequence[TrialRecord], o: Objective) -> Any
     fig, ax = plt.subplots(figsize=(7, 4))
     for state, color in _COLORS.items():
         pts = [(r.number, float(r.metrics[o.metric])) for r in records if r.state == state
-               and o.metric in r.metrics and _finite(r.metrics[o.metric])]
+               and o.metric in r.metrics and is_finite_number(r.metrics[o.metric])]
         if pts:
             ax.scatter([n for n, _ in pts], [v for _, v in pts], c=color, label=state, s=18,
                        marker="x" if state == "infeasible" else "o")
@@ -230,7 +231,7 @@ def _plot_history(plt: Any, records: Sequence[TrialRecord], o: Objective) -> Any
     if tr:
         ax.step([n for n, _ in tr], [b for _, b in tr], where="post", c="tab:green", label="best feasible")
     unmeasured = [r.number for r in records if r.state == "infeasible"
-                  and not _finite(r.metrics.get(o.metric))]
+                  and not is_finite_number(r.metrics.get(o.metric))]
     if unmeasured:  # gated before training: no objective, shown on the lower edge
         low = ax.get_ylim()[0]
         ax.scatter(unmeasured, [low] * len(unmeasured), c=_COLORS["infeasible"], marker="x", s=24,
@@ -298,8 +299,3 @@ def _plot_pareto(plt: Any, records: Sequence[TrialRecord], objectives: Sequence[
     return fig
 
 
-def _finite(v: Any) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False

@@ -20,6 +20,7 @@ from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
+from ._config import SearchConfig, search_config
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_targets
 from ._pruners import PRUNERS
 from ._ray import RayOptions, pbt_plot, run_ray
@@ -250,77 +251,45 @@ def search(
     task: Task | str,
     space: str | Path | Mapping[str, Any] | Space,
     *,
-    objectives: Sequence[str] | None = None,
-    constraints: Sequence[str] = (),
-    trials: int = 20,
-    timeout: float | None = None,
-    sampler: str = "tpe",
-    pruner: str = "none",
-    epochs: int | None = None,
-    max_steps: int | None = None,
-    study: str | None = None,
-    db: str | None = None,
-    workers: int = 1,
-    seed: int = 0,
-    device: str = "auto",
-    max_failures: int = 5,
-    max_gated: int | None = None,
-    gate_steps: int = 3,
-    coarse: str = "halton",
-    grid_points: int = 5,
-    scan: int | None = None,
-    plot: str | Path | None = None,
+    config: SearchConfig | None = None,
     store: Store | str | None = None,
-    backend: str = "local",
-    ray: RayOptions | None = None,
-    enqueue: Sequence[Mapping[str, Any]] = (),
-    analyse: bool = True,
-    params: Mapping[str, Any] | None = None,
+    db: str | None = None,
+    **options: Any,
 ) -> SearchResult:
-    """Search ``space`` for the best configuration of ``task`` under ``constraints``.
+    """Search ``space`` for the best configuration of ``task`` under the constraints.
 
-    ``objectives``: ``"accuracy:max"``-style, one (best trial) or several (Pareto front);
-    default: ``accuracy:max`` when the task reports accuracy, else ``val_loss:min``.
-    ``constraints``: ``"step_time_ms<50"``-style, on task or profile metrics; profile ones gate
-    each trial before it trains. ``trials`` counts the study's trained trials (complete, pruned,
-    failed in user code), so running again with the same ``study`` continues it; trials gated
-    before training are counted apart, at most ``max_gated`` (default ten per trial, >= 20).
-    ``scan``: profile this many Halton configurations before the study and restrict the space
-    to where the hard profile constraints hold (default 16 when there are such constraints;
-    0: no scan). ``timeout`` bounds this call (seconds). ``coarse``: the first pass of
-    ``sampler="coarse-to-fine"``, ``"halton"`` or ``"grid"`` (``grid_points`` per continuous
-    param, also the points of ``sampler="grid"``).
-    ``backend``: ``"local"`` (this machine's processes) or ``"ray"`` (Ray Tune; ``ray`` says
-    where and with which scheduler: fifo, asha, pbt). ``params``: fixed for every trial (the
-    command line's ``--param``), over the space's ``fixed:``; a param the space searches is an error.
-    ``enqueue``: configurations to train first (Optuna's ``enqueue_trial``: warm-start points),
-    each ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.
-    ``analyse=False`` skips correlations, importance and the strategy (seconds at a hundred
-    trials): for a caller that runs a study in many short calls and reads only the trials.
+    ``options`` are the fields of :class:`SearchConfig` (``objectives``, ``constraints``,
+    ``trials``, ``timeout``, ``sampler``, ``pruner``, ``epochs``, ``study``, ``workers``,
+    ``backend``, ``enqueue``, ...), given as keywords or as ``config``; keywords beside
+    ``config`` override its fields. ``trials`` counts the study's trained trials, so running
+    again with the same ``study`` continues it; profile constraints gate each trial before it
+    trains. The trials and the tune Run are recorded in ``store`` (or the database ``db``).
     """
+    c = search_config(config, options)
     started = time.perf_counter()
     task_obj = load_task(task)
-    settings, space_obj = _settings(task, task_obj, space, locals())
-    if epochs is None and max_steps is None:
+    settings, space_obj = _settings(task, task_obj, space, c)
+    epochs = c.epochs
+    if epochs is None and c.max_steps is None:
         settings.epochs = epochs = task_obj.default_epochs
 
     store = open_store(store, db=db)
     settings.db = store.url
-    name = study or f"tune-{settings.task_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{os.getpid()}"
+    name = c.study or f"tune-{settings.task_name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{os.getpid()}"
     settings.study = name
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(store.url)
     wanted = _study_definition(space_obj, settings.objectives, settings.constraints, settings.task_name)
     stored = _stored_definition(storage, name, store.url, wanted)
-    config = {"study": name, "space": space_obj.to_dict(), "space_hash": space_obj.hash(),
-              "objectives": [o.text for o in settings.objectives],
-              "constraints": [c.text for c in settings.constraints], "trials": trials, "timeout": timeout,
-              "sampler": sampler, "pruner": pruner, "epochs": epochs, "max_steps": max_steps,
-              "workers": workers, "seed": seed, "device": device, "max_failures": max_failures,
-              "max_gated": max_gated, "scan": scan, "resumed": stored is not None,
-              "params": dict(space_obj.fixed)}
+    run_config = {"study": name, "space": space_obj.to_dict(), "space_hash": space_obj.hash(),
+                  "objectives": [o.text for o in settings.objectives],
+                  "constraints": [k.text for k in settings.constraints], "trials": c.trials, "timeout": c.timeout,
+                  "sampler": c.sampler, "pruner": c.pruner, "epochs": epochs, "max_steps": c.max_steps,
+                  "workers": c.workers, "seed": c.seed, "device": c.device, "max_failures": c.max_failures,
+                  "max_gated": c.max_gated, "scan": c.scan, "resumed": stored is not None,
+                  "params": dict(space_obj.fixed)}
     with (StudyLock(store, name, command="tune", shared=True),  # tune runs share a study, optimize does not
-          tracked_run("tune", task_obj, config=config, device=None, store=store, study=name) as run):
+          tracked_run("tune", task_obj, config=run_config, device=None, store=store, study=name) as run):
         record = store.get_run(run.id)
         settings.tune_run_id = run.id
         settings.data_fingerprint = record.data_fingerprint
@@ -330,29 +299,29 @@ def search(
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
-        for item in enqueue:
+        for item in c.enqueue:
             created.enqueue_trial(dict(item.get("params") or {}), skip_if_exists=False,
                                   user_attrs={f"{ATTR}_tags": json_safe(dict(item.get("tags") or {}))})
-        scan_result = _scan_for(created, stored, task_obj, space_obj, settings, scan)
+        scan_result = _scan_for(created, stored, task_obj, space_obj, settings, c.scan)
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
-        deadline = time.time() + timeout if timeout else None
+        deadline = time.time() + c.timeout if c.timeout else None
         ray_out: dict[str, Any] | None = None
-        if backend == "ray":
-            ray_out = run_ray(settings, ray or RayOptions(workers=workers), storage=storage,
+        if c.backend == "ray":
+            ray_out = run_ray(settings, c.ray or RayOptions(workers=c.workers), storage=storage,
                               store=store, deadline=deadline, finished=counts(created)["trained"])
             stopped = "ray"
-        elif workers == 1:
+        elif c.workers == 1:
             stopped = run_worker(settings, 0, deadline, storage=storage)["stopped"]
         else:
-            stopped = _run_processes(settings, workers, deadline)
+            stopped = _run_processes(settings, c.workers, deadline)
         result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
-                          scan_result, plot, full=analyse)
+                          scan_result, c.plot, full=c.analyse)
         result.stopped = stopped
         if ray_out is not None:
             result.backend = ray_out
-            if plot is not None and ray_out.get("schedule") and ray_out.get("scheduler") == "pbt":
-                result.plots.append(str(pbt_plot(ray_out["schedule"], Path(plot) / "pbt_schedule.png")))
+            if c.plot is not None and ray_out.get("schedule") and ray_out.get("scheduler") == "pbt":
+                result.plots.append(str(pbt_plot(ray_out["schedule"], Path(c.plot) / "pbt_schedule.png")))
         summary = result.to_dict()
         run.set(metrics=dict(result.best.metrics) if result.best else {},
                 result={k: summary[k] for k in ("best", "pareto", "counts", "budget", "compute",
@@ -361,7 +330,7 @@ def search(
     return result
 
 
-def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any]) -> tuple[SearchSettings, Space]:
+def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> tuple[SearchSettings, Space]:
     """Validate every option of :func:`search` together; one ConfigError lists every problem."""
     problems = ProblemCollector()
     space_obj: Space | None = None
@@ -369,41 +338,41 @@ def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any
         space_obj = load_space(space)
     except ConfigError as exc:
         problems.problems.extend(exc.problems)
-    if space_obj is not None and given["params"]:
-        searched = sorted(set(given["params"]) & set(space_obj.names))
+    if space_obj is not None and c.params:
+        searched = sorted(set(c.params) & set(space_obj.names))
         for name in searched:
-            problems.add(f"{name!r} is both fixed (params, --param {name}={given['params'][name]}) and searched "
+            problems.add(f"{name!r} is both fixed (params, --param {name}={c.params[name]}) and searched "
                          "by the space; keep one (a fixed value belongs in the space's fixed:).")
         if not searched:
-            space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **given["params"]})
+            space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **c.params})
     metrics = task_metrics(task_obj)
-    objectives = given["objectives"]
+    objectives = c.objectives
     if not objectives:
         objectives = ["accuracy:max"] if metrics is None or "accuracy" in metrics else ["val_loss:min"]
-    objs, cons = parse_targets(objectives, given["constraints"], task_metrics=metrics, problems=problems,
+    objs, cons = parse_targets(objectives, c.constraints, task_metrics=metrics, problems=problems,
                                task=task_obj)
-    if given["sampler"] not in SAMPLERS:
-        problems.add(f"--sampler {given['sampler']!r} is unknown; valid: {', '.join(SAMPLERS)}.")
-    if given["pruner"] not in PRUNERS:
-        problems.add(f"--pruner {given['pruner']!r} is unknown; valid: {', '.join(PRUNERS)}.")
-    if given["backend"] not in BACKENDS:
-        problems.add(f"--backend {given['backend']!r} is unknown; valid: {', '.join(BACKENDS)}.")
-    if given["scan"] is not None and (isinstance(given["scan"], bool) or given["scan"] < 0):
-        problems.add(f"--scan must be an integer >= 0 (0: no scan), but got {given['scan']!r}.")
-    if given["workers"] > 1 and not isinstance(task, str) and not _picklable(task_obj):
+    if c.sampler not in SAMPLERS:
+        problems.add(f"--sampler {c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
+    if c.pruner not in PRUNERS:
+        problems.add(f"--pruner {c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
+    if c.backend not in BACKENDS:
+        problems.add(f"--backend {c.backend!r} is unknown; valid: {', '.join(BACKENDS)}.")
+    if c.scan is not None and (isinstance(c.scan, bool) or c.scan < 0):
+        problems.add(f"--scan must be an integer >= 0 (0: no scan), but got {c.scan!r}.")
+    if c.workers > 1 and not isinstance(task, str) and not _picklable(task_obj):
         problems.add("workers > 1 needs a task that other processes can load: give its spec "
                      "('file.py:Class', 'pkg.mod:Class' or a built-in name).")
     settings = None
     if space_obj is not None:
         settings = SearchSettings(
             task=task if isinstance(task, str) else task_obj, space=space_obj, objectives=objs,
-            constraints=cons, trials=given["trials"], study="", db="", sampler=given["sampler"],
-            pruner=given["pruner"], epochs=given["epochs"], max_steps=given["max_steps"],
-            timeout=given["timeout"], seed=given["seed"], device=given["device"],
-            max_failures=given["max_failures"], max_gated=given["max_gated"],
-            gate_steps=given["gate_steps"], workers=given["workers"],
-            task_name=task_obj.name or type(task_obj).__name__, coarse=given["coarse"],
-            grid_points=given["grid_points"])
+            constraints=cons, trials=c.trials, study="", db="", sampler=c.sampler,
+            pruner=c.pruner, epochs=c.epochs, max_steps=c.max_steps,
+            timeout=c.timeout, seed=c.seed, device=c.device,
+            max_failures=c.max_failures, max_gated=c.max_gated,
+            gate_steps=c.gate_steps, workers=c.workers,
+            task_name=task_obj.name or type(task_obj).__name__, coarse=c.coarse,
+            grid_points=c.grid_points)
         check_settings(settings, problems)
     problems.raise_if_any(header="tune: the search is not well-formed, found the following errors:")
     assert settings is not None

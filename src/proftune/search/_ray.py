@@ -35,6 +35,7 @@ from typing import Any, cast
 import optuna
 import torch
 
+from .._jsonsafe import finite_float, json_dumps
 from ..exceptions import ConfigError, DependencyError, RunFailedError
 from ..task import Task, absolute_spec, load_task
 from ..track import Store
@@ -117,11 +118,11 @@ class _RayReport(Callback):
         value = state.metrics.get(self.metric) if self.metric else None
         report: dict[str, Any] = {"epoch": state.epoch, "proftune_done": False}
         last = self.last_epoch is not None and state.epoch >= self.last_epoch
-        if value is not None and math.isfinite(float(value)):
+        if (finite := finite_float(value)) is not None:
             # the last epoch's value under another name: the schedulers act on ``objective``,
             # and a trial that trained every epoch is complete (ASHA would cut it at its top
             # rung, PBT would pause it for a round with nothing left to train)
-            report[_LAST if last else _METRIC] = float(value)
+            report[_LAST if last else _METRIC] = finite
         for key in PERTURBABLE:
             if key in state.params:
                 report[f"param_{key}"] = state.params[key]
@@ -203,7 +204,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     record = runner.record or rec
     record["constraints_raw"] = dict(trial.constraints)
     record["user_attrs_raw"] = {k: v for k, v in trial.user_attrs.items() if k != ATTR}
-    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json.dumps(record, default=str),
+    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json_dumps(record),
                              "epoch": int(settings.epochs or 1)}
     if values is not None:  # for the searcher; the schedulers decide on the epochs' reports only
         vals = values if isinstance(values, (list, tuple)) else [values]

@@ -19,7 +19,6 @@ Validation collects every problem of the file into one :class:`~proftune.ConfigE
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._jsonsafe import json_dumps
 from ..exceptions import ConfigError, ProblemCollector
 
 __all__ = ["PARAM_TYPES", "TIERS", "ForbidRule", "Param", "Space", "load_space"]
@@ -309,7 +309,7 @@ class Space:
 
     def hash(self) -> str:
         """SHA-256 (16 hex digits) of the canonical definition: same space <-> same hash."""
-        text = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        text = json_dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -457,7 +457,7 @@ def _parse_choices(where: str, spec: Mapping[str, Any], default: Any,
         problems.add(f"{where}: choices is empty; give at least one value.")
         return None
     choices = [_scalar(c) for c in choices]
-    if len({json.dumps(c, sort_keys=True, default=str) for c in choices}) != len(choices):
+    if len({json_dumps(c, sort_keys=True) for c in choices}) != len(choices):
         problems.add(f"{where}: choices={choices!r} has duplicates.")
     for c in choices:
         if not (c is None or isinstance(c, (bool, int, float, str))):

@@ -36,6 +36,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .._jsonsafe import json_dumps
 from ..exceptions import ConfigError
 from ._store import Store, pid_alive
 
@@ -198,7 +199,7 @@ class FolderLock(_Reentrant):
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_me(self.command).__dict__).encode(), 0)
+        os.pwrite(fd, json_dumps(_me(self.command).__dict__).encode(), 0)
         os.fsync(fd)
         self._fd = fd
 
