@@ -23,7 +23,16 @@ from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
 from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
-from ._predict import LayerPrediction, PredictResult, StepTracer, predict
+from ._predict import (
+    PREDICT_SCHEMA_VERSION,
+    LayerPrediction,
+    PeakAt,
+    PredictedMemory,
+    PredictedStep,
+    PredictResult,
+    StepTracer,
+    predict,
+)
 from ._recommendation import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
@@ -36,6 +45,7 @@ from ._scaling import ScalingRule, optimizer_family, scale_lr
 __all__ = [
     "CONDITIONAL_NAMES",
     "DEVICES",
+    "PREDICT_SCHEMA_VERSION",
     "RECOMMENDATION_NAMES",
     "AccumulationPlan",
     "BatchSizeResult",
@@ -53,7 +63,10 @@ __all__ = [
     "NoiseScaleResult",
     "OptimizerComparison",
     "OptimizerTrial",
+    "PeakAt",
     "PredictResult",
+    "PredictedMemory",
+    "PredictedStep",
     "Recommendation",
     "Recommendations",
     "ScalingRule",

@@ -11,7 +11,7 @@ from typing import Any
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..track import RunRecord, Store
-from . import _optimize  # noqa: F401  (registers the optimize renderer)
+from . import _optimize, _predict  # noqa: F401  (register the optimize and predict renderers)
 from ._figures import PALETTE, layout, line
 from ._html import Page
 from ._sections import RENDERERS, Context, curves, overview, profile_sections, study_sections
@@ -20,7 +20,7 @@ __all__ = ["compare_html", "render_report", "run_id_of", "run_page", "write_comp
 
 _TITLES = {"train": "training run", "profile": "profile", "recommend": "recommendations",
            "batch_size": "batch size", "lr_find": "LR range test", "tune": "study", "trial": "trial",
-           "compress": "compression", "diagnose": "diagnosis", "bandit": "bandit", "optimize": "optimize"}
+           "compress": "compression", "diagnose": "diagnosis", "bandit": "bandit", "optimize": "optimize", "predict": "prediction"}
 
 
 def run_id_of(result: Any) -> int | None:
