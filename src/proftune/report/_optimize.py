@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._units import format_bytes
+from ..compress import CompressReport
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
@@ -605,9 +606,10 @@ def _compression(page: Page, run: _Run) -> None:
     crun = run.run(comp.get("run_id"))
     res = (crun.result or {}) if crun else {}
     if res.get("candidates"):
-        candidate_charts(s, res)
-        if res.get("sensitivity"):
-            sensitivity_chart(s, res)
+        rep = CompressReport.from_dict(dict(res))  # the compress Run's record
+        candidate_charts(s, rep)
+        if rep.sensitivity:
+            sensitivity_chart(s, rep)
     elif comp.get("candidates"):
         cands = [c for c in comp["candidates"] if isinstance(c, Mapping)]
         s.table(["method", f"{run.metric}", "drop", "ms @1", "ms @batch", "size", "within budget"],
