@@ -37,7 +37,7 @@ from .._paths import OutputPath, check_outputs, replacing
 from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
-from ..track import Store, environment, tracked_run
+from ..track import Store, environment, optional_store, tracked_run
 from ..train import Callback, FitState, fit, seed_everything, validate_params
 from ._assemble import Measurements, assemble_profile, static_counts
 from ._comm import CommRecorder, unwrap
@@ -468,6 +468,7 @@ def profile(
     detail: str = "full",
     trace: str | Path | None = None,
     store: Store | str | None = None,
+    db: str | None = None,
 ) -> Profile:
     """Measure a model and its training step (or, with ``inference=True``, its forward pass).
 
@@ -477,7 +478,7 @@ def profile(
     ``warmup`` unmeasured ones; ``detail="step"`` measures the step, memory and static counts
     only; ``detail="time"`` the step's time, throughput and gradient norms only, no memory step
     and no static counts (cheapest: gating trials; ``metrics()`` leaves out what it did not measure). ``trace`` writes a Chrome/Perfetto trace of one more step.
-    ``store``: record a ``profile`` Run there. Times in ms, memory in bytes, rates per second.
+    ``store``: record a ``profile`` Run there (a Store or a URL; ``db`` is the older spelling). Times in ms, memory in bytes, rates per second.
     """
     is_module = isinstance(task_or_model, nn.Module)
     _validate(batch_size=batch_size, steps=steps, warmup=warmup, detail=detail, is_module=is_module,
@@ -509,9 +510,10 @@ def profile(
         return _measure(task, merged, plan, bs=bs, inference=inference, seed=seed, task_name=task_name,
                         config=config, is_module=is_module)
 
-    if store is None:
+    st = optional_store(store, db=db)
+    if st is None:
         return measure()
-    with tracked_run("profile", task, config=config, device=dev, store=store,
+    with tracked_run("profile", task, config=config, device=dev, store=st,
                      fingerprint=not is_module) as run:
         result = measure()
         result = dataclasses.replace(result, config={**result.config, "run_id": run.id})

@@ -1,8 +1,8 @@
 """Public entry points: largest batch size, LR range test, noise scale, and all of it at once.
 
 Each takes a task (and optionally a Profile measured before, whose numbers are not measured
-again) and, with ``store=``, records itself as a Run (kinds ``batch_size``, ``lr_find``,
-``recommend``).
+again) and, with ``store=`` (a Store or a URL; ``db=`` is the older spelling, as in every public
+entry), records itself as a Run (kinds ``batch_size``, ``lr_find``, ``recommend``).
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ def find_batch_size(
     seed: int = 0,
     measure: Measure | None = None,
     store: Store | str | None = None,
+    db: str | None = None,
     from_prediction: bool = False,
 ) -> BatchSizeResult:
     """The largest batch size whose training step peaks within ``memory_budget`` (bytes or '4GiB').
@@ -170,7 +171,7 @@ def find_batch_size(
                                      static_bytes=static["total"], device=str(dev), static_detail=static)
         return _cap_by_data(found, task_obj, merged)
 
-    st = _store(store)
+    st = _store(store, db=db)
     if st is None:
         return body()
     config = {"params": merged, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
@@ -217,6 +218,7 @@ def lr_find(
     seed: int = 0,
     plot: str | None = None,
     store: Store | str | None = None,
+    db: str | None = None,
 ) -> LRFindResult:
     """Exponential LR range test from ``min_lr`` to ``max_lr`` over ``steps`` steps of the fit loop.
 
@@ -238,7 +240,7 @@ def lr_find(
             result.plot(plot)
         return result
 
-    st = _store(store)
+    st = _store(store, db=db)
     if st is None:
         return body()
     config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
@@ -301,6 +303,7 @@ def recommend(
     ddp: int | None = None,
     ddp_share: float = 0.10,
     store: Store | str | None = None,
+    db: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Recommendations:
     """Every training parameter proftune computes, from ONE Profile plus the measurements the
@@ -345,7 +348,7 @@ def recommend(
                                               ddp_spec=task if isinstance(task, str) else task_obj,
                                               ddp=ddp, ddp_share=float(ddp_share)))
 
-    st = _store(store)
+    st = _store(store, db=db)
     if st is None:
         return body()
     config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),

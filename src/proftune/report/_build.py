@@ -10,7 +10,7 @@ from typing import Any
 
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
-from ..track import RunRecord, Store
+from ..track import RunRecord, Store, open_store
 from . import _optimize, _predict  # noqa: F401  (register the optimize and predict renderers)
 from ._figures import PALETTE, layout, line
 from ._html import Page
@@ -41,9 +41,7 @@ def run_id_of(result: Any) -> int | None:
 
 
 def _store(store: Store | str | None, db: str | None) -> Store:
-    if isinstance(store, Store):
-        return store
-    return Store(store or db)
+    return open_store(store, db=db)
 
 
 def render_report(source: Any = None, *, study: str | None = None, store: Store | str | None = None,
