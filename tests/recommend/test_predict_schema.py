@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from proftune.cli import app
 from proftune.exceptions import ConfigError
-from proftune.recommend import PREDICT_SCHEMA_VERSION, PredictResult, predict
+from proftune.recommend import PREDICT_SCHEMA_VERSION, PredictConfig, PredictResult, predict
 from proftune.track import Store
 
 runner = CliRunner()
@@ -128,3 +128,19 @@ def test_predict_cli_takes_device_db_and_report(tmp_path: Any, db_url: str) -> N
     again = runner.invoke(app, ["predict", "digits-mlp", "--batch-size", "16", "--db", db_url, "--report", str(page)])
     assert again.exit_code == 2  # an existing report is kept without --force
     assert "--force" in again.output
+
+
+def test_a_config_or_its_fields_by_name_ask_the_same() -> None:
+    by_name = predict("digits-mlp", batch_size=16, target="h100", precision="bf16", max_batch=False)
+    cfg = PredictConfig(batch_size=16, target="h100", precision="bf16", max_batch=False)
+    by_config = predict("digits-mlp", None, cfg)
+    assert by_config.memory == by_name.memory
+    assert by_config.step == by_name.step
+    # a field given by name overrides the config's
+    bigger = predict("digits-mlp", None, cfg, batch_size=32)
+    assert bigger.batch_size == 32
+    assert bigger.memory.activations_bytes > by_config.memory.activations_bytes
+    with pytest.raises(ConfigError, match=r"unknown options \['batch'\]; valid: .*batch_size"):
+        predict("digits-mlp", batch=16)
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer"):
+        predict("digits-mlp", target="h100")  # no batch size given

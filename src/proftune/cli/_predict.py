@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from ..exceptions import ConfigError
-from ..recommend import DEVICES, PredictResult, format_bytes, predict
+from ..recommend import DEVICES, PredictConfig, PredictResult, format_bytes, predict
 from ..track import Store
 from ._common import (
     DbOpt,
@@ -118,10 +118,10 @@ def predict_command(
     fake-tensor trace: nothing is allocated and no step runs. Exits 2 when the batch does not fit."""
 
     def body() -> PredictResult:
-        result = predict(task, parse_params(param), batch_size=batch_size, target=target,
-                         device_memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth,
-                         precision=precision, optimizer=optimizer, calibrate=calibrate, device=device,
-                         store=Store(db))
+        config = PredictConfig(batch_size=batch_size, target=target, device_memory=device_memory,
+                               peak_tflops=peak_tflops, bandwidth=bandwidth, precision=precision,
+                               optimizer=optimizer, calibrate=calibrate, device=device)
+        result = predict(task, parse_params(param), config, store=Store(db))
         if result.fits is False:
             best = result.max_batch_size
             raise ConfigError(

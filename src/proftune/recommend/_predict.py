@@ -43,7 +43,7 @@ from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..profile import ParamCounts, UncountedOps, op_flops, uncounted_op
 from ..task import Task, load_task
-from ..track import Store, open_store, optional_store, tracked_run
+from ..track import Store, optional_store, tracked_run
 from ..train import validate_params
 from ._batch_size import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
 from ._devices import DeviceSpec, resolve_target, roofline_ms
@@ -52,6 +52,7 @@ __all__ = [
     "PREDICT_SCHEMA_VERSION",
     "LayerPrediction",
     "PeakAt",
+    "PredictConfig",
     "PredictResult",
     "PredictedMemory",
     "PredictedStep",
@@ -725,40 +726,60 @@ def _validate(batch_size: Any, precision: str) -> None:
     problems.raise_if_any()
 
 
-def predict(
-    task: Task | str,
-    params: dict[str, Any] | None = None,
-    *,
-    batch_size: int,
-    target: str | None = "auto",
-    device_memory: int | str | None = None,
-    peak_tflops: float | None = None,
-    bandwidth: float | str | None = None,
-    precision: str | None = None,
-    optimizer: str | None = None,
-    max_batch: bool = True,
-    foreach: bool | None = None,
-    calibrate: int | None = None,
-    device: str | torch.device = "auto",
-    store: Store | str | None = None,
-    db: str | None = None,
-) -> PredictResult:
-    """Predict one training step of ``task`` at ``batch_size`` on ``target`` without running it.
+@dataclass(frozen=True)
+class PredictConfig:
+    """What one prediction asks: the batch, the device predicted FOR (``target`` and the numbers
+    that override or describe it), the step's settings, and where proftune itself runs.
 
     ``target`` names a device (``h200``, ``h100``, ``a100``, ``v100``, ``l4``, ``t4``, ``cpu`` =
     this machine; ``auto``: ``device``'s (this machine's CUDA device when ``device`` resolves to
-    one, else its CPU), or with only numbers given, a device of those numbers); ``device_memory``,
-    ``peak_tflops`` and ``bandwidth`` (bytes/s) override its numbers or describe another device.
-    ``precision`` and ``optimizer`` override the task's params. With ``max_batch`` and a known
-    memory, the largest batch that fits is searched as ``batch-size`` searches it (the same
-    memory model and margin), on fake steps: zero real steps. ``foreach`` traces the optimizer's
-    multi-tensor kernels (default: on a GPU target, as PyTorch does on CUDA). ``calibrate=b``
-    also profiles ``b``-sample steps on ``device`` (real steps; this machine's CPU by default
-    when it has no GPU) and reports the error of the same prediction made for it.
-
-    With ``store`` (a :class:`Store` or a URL; ``db`` is the older spelling) the prediction is
-    recorded as a Run of kind ``predict`` whose result is :meth:`PredictResult.to_dict`.
+    one, else its CPU), or with only numbers given, a device of those numbers); ``device_memory``
+    (bytes or ``80GiB``), ``peak_tflops`` and ``bandwidth`` (bytes/s or ``3.35TB``) override its
+    numbers or describe another device. ``precision`` and ``optimizer`` override the task's
+    params. With ``max_batch`` and a known memory, the largest batch that fits is searched as
+    ``batch-size`` searches it (the same memory model and margin), on fake steps: zero real
+    steps. ``foreach`` traces the optimizer's multi-tensor kernels (default: on a GPU target, as
+    PyTorch does on CUDA). ``calibrate=b`` also profiles ``b``-sample steps on ``device`` (real
+    steps) and reports the error of the same prediction made for it.
     """
+
+    batch_size: int = 0
+    target: str | None = "auto"
+    device_memory: int | str | None = None
+    peak_tflops: float | None = None
+    bandwidth: float | str | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+    max_batch: bool = True
+    foreach: bool | None = None
+    calibrate: int | None = None
+    device: str | torch.device = "auto"
+
+
+def predict(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    config: PredictConfig | None = None,
+    *,
+    store: Store | str | None = None,
+    db: str | None = None,
+    **options: Any,
+) -> PredictResult:
+    """Predict one training step of ``task`` without running it (see :class:`PredictConfig`).
+
+    ``config`` says what to predict; ``options`` set its fields by name
+    (``predict("digits-cnn", batch_size=256, target="a100", precision="bf16")``). With ``store``
+    (a :class:`Store` or a URL; ``db`` is the older spelling) the prediction is recorded as a Run
+    of kind ``predict`` whose result is :meth:`PredictResult.to_dict`.
+    """
+    names = {f.name for f in dataclasses.fields(PredictConfig)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ConfigError(f"predict() got unknown options {unknown}; valid: {', '.join(sorted(names))}.")
+    cfg = dataclasses.replace(config or PredictConfig(), **options)
+    batch_size, target, device_memory = cfg.batch_size, cfg.target, cfg.device_memory
+    peak_tflops, bandwidth, precision, optimizer = cfg.peak_tflops, cfg.bandwidth, cfg.precision, cfg.optimizer
+    max_batch, foreach, calibrate, device = cfg.max_batch, cfg.foreach, cfg.calibrate, cfg.device
     task_obj = load_task(task)
     merged = dict(task_obj.default_params)
     merged.update(params or {})
@@ -778,14 +799,14 @@ def predict(
         given = device_memory is not None or peak_tflops is not None or bandwidth is not None
         name = "" if given else _local_target(dev)
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
-    st = optional_store(store if db is None else open_store(store, db=db))
+    st = optional_store(store, db=db)
     if st is None:
         return _predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
                         calibrate=calibrate, dev=dev)
-    config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
-              "calibrate": calibrate, "device": str(dev)}
+    run_config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
+                  "calibrate": calibrate, "device": str(dev)}
     # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
-    with tracked_run("predict", task_obj, config=config, device=dev, store=st, fingerprint=False) as run:
+    with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
         result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
                                               foreach=foreach, calibrate=calibrate, dev=dev), run_id=run.id)
         metrics = {"predicted_peak_bytes": float(result.memory.peak_bytes), "params": float(result.params.total)}
