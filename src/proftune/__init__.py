@@ -27,7 +27,19 @@ from .diagnose import (
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
 from .profile import Monitor, Profile, profile
-from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, predict, recommend
+from .recommend import (
+    BatchSizeConfig,
+    LRFindConfig,
+    PredictConfig,
+    PredictResult,
+    Recommendation,
+    RecommendConfig,
+    find_batch_size,
+    lr_find,
+    noise_scale,
+    predict,
+    recommend,
+)
 from .task import ClassificationTask, Task, load_task
 from .track import Store
 from .train import Callback, FitResult, FitState, fit
@@ -52,6 +64,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AdaptiveLR",
+    "BatchSizeConfig",
     "Callback",
     "ClassificationTask",
     "CompressConfig",
@@ -66,11 +79,15 @@ __all__ = [
     "FitState",
     "GradGuard",
     "HealthCheck",
+    "LRFindConfig",
     "Monitor",
     "OptimizeConfig",
     "OptimizeResult",
+    "PredictConfig",
+    "PredictResult",
     "Profile",
     "ProftuneError",
+    "RecommendConfig",
     "Recommendation",
     "RunFailedError",
     "SearchResult",

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from .._units import format_bytes, parse_memory
 from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
-from ._api import find_batch_size, lr_find, noise_scale, recommend, static_memory
+from ._api import (
+    BatchSizeConfig,
+    LRFindConfig,
+    RecommendConfig,
+    find_batch_size,
+    lr_find,
+    noise_scale,
+    recommend,
+    static_memory,
+)
 from ._batch_size import (
     BatchSizeResult,
     MemoryModel,
@@ -49,12 +58,14 @@ __all__ = [
     "PREDICT_SCHEMA_VERSION",
     "RECOMMENDATION_NAMES",
     "AccumulationPlan",
+    "BatchSizeConfig",
     "BatchSizeResult",
     "CompareConfig",
     "DDPPlan",
     "DeviceSpec",
     "FactorizedEmbedding",
     "HashedRows",
+    "LRFindConfig",
     "LRFindResult",
     "LRRangeCallback",
     "LayerPrediction",
@@ -69,6 +80,7 @@ __all__ = [
     "PredictResult",
     "PredictedMemory",
     "PredictedStep",
+    "RecommendConfig",
     "Recommendation",
     "Recommendations",
     "ScalingRule",

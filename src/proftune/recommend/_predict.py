@@ -39,6 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._device import batch_size_of, resolve_device
 from .._jsonsafe import json_safe
+from .._options import with_options
 from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..profile import ParamCounts, UncountedOps, op_flops, uncounted_op
@@ -772,11 +773,7 @@ def predict(
     (a :class:`Store` or a URL; ``db`` is the older spelling) the prediction is recorded as a Run
     of kind ``predict`` whose result is :meth:`PredictResult.to_dict`.
     """
-    names = {f.name for f in dataclasses.fields(PredictConfig)}
-    unknown = sorted(set(options) - names)
-    if unknown:
-        raise ConfigError(f"predict() got unknown options {unknown}; valid: {', '.join(sorted(names))}.")
-    cfg = dataclasses.replace(config or PredictConfig(), **options)
+    cfg = with_options(PredictConfig, config, options, caller="predict")
     batch_size, target, device_memory = cfg.batch_size, cfg.target, cfg.device_memory
     peak_tflops, bandwidth, precision, optimizer = cfg.peak_tflops, cfg.bandwidth, cfg.precision, cfg.optimizer
     max_batch, foreach, calibrate, device = cfg.max_batch, cfg.foreach, cfg.calibrate, cfg.device
