@@ -26,7 +26,7 @@ from .diagnose import (
     diagnose,
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
-from .profile import Monitor, Profile, profile
+from .profile import Monitor, Profile, ProfileConfig, profile
 from .recommend import (
     BatchSizeConfig,
     LRFindConfig,
@@ -42,7 +42,7 @@ from .recommend import (
 )
 from .task import ClassificationTask, Task, load_task
 from .track import Store
-from .train import Callback, FitResult, FitState, fit
+from .train import Callback, FitConfig, FitResult, FitState, fit
 
 try:
     from .optimize import OptimizeConfig, OptimizeResult, optimize
@@ -75,6 +75,7 @@ __all__ = [
     "DiagnoseReport",
     "DiagnoseResult",
     "EarlyStopping",
+    "FitConfig",
     "FitResult",
     "FitState",
     "GradGuard",
@@ -86,6 +87,7 @@ __all__ = [
     "PredictConfig",
     "PredictResult",
     "Profile",
+    "ProfileConfig",
     "ProftuneError",
     "RecommendConfig",
     "Recommendation",
