@@ -106,10 +106,10 @@ def peak_table() -> list[float]:
             r = predict(task, batch_size=b, target=None, max_batch=False)
             secs = time.perf_counter() - t0
             m = peak_step_memory(FullBatchTask(proftune.load_task(task)), None, batch_size=b, device="cpu")
-            err = r.peak_bytes / m - 1
+            err = r.memory.peak_bytes / m - 1
             errors.append(abs(err))
-            where = f"{r.peak_phase}:{r.peak_layer or '-'}"[:28]
-            print(f"{short(task):24s} {b:6d} {r.peak_bytes:12d} {m:12d} {err:+8.2%} {where:>28s} {secs:9.1f}",
+            where = f"{r.peak.phase}:{r.peak.layer or '-'}"[:28]
+            print(f"{short(task):24s} {b:6d} {r.memory.peak_bytes:12d} {m:12d} {err:+8.2%} {where:>28s} {secs:9.1f}",
                   flush=True)
     print(f"max |error| {max(errors):.2%} (goal <= 10%)")
     return errors
@@ -127,9 +127,9 @@ def profile_table() -> list[float]:
     for task, b, steps in PROFILE_CASES:
         r = predict(task, batch_size=b, target=None, max_batch=False)
         p = proftune.profile(task, batch_size=b, steps=steps, device="cpu")
-        err = r.peak_bytes / p.memory.peak_bytes - 1
+        err = r.memory.peak_bytes / p.memory.peak_bytes - 1
         errors.append(abs(err))
-        print(f"{short(task):24s} {b:6d} {steps:5d} {r.peak_bytes:12d} {p.memory.peak_bytes:12d} {err:+8.2%} "
+        print(f"{short(task):24s} {b:6d} {steps:5d} {r.memory.peak_bytes:12d} {p.memory.peak_bytes:12d} {err:+8.2%} "
               f"{p.batch_size:14d}", flush=True)
     print(f"max |error| {max(errors):.2%} (goal <= 10%)")
     return errors
@@ -184,7 +184,7 @@ def llama_7b() -> None:
         r = predict(task, batch_size=batch, target=target, device_memory=memory, precision="bf16",
                     optimizer="adamw")
         secs = time.perf_counter() - t0
-        n = r.params
+        n = r.params.total
         closed = {"params_bytes": 4 * n, "grads_bytes": 4 * n, "optimizer_bytes": 2 * 4 * n}
         per_layer = _decoder_layer_closed_form(batch, seq, h, inter, heads)
         got_layers = [sum(lay.activation_bytes for lay in r.layers
@@ -194,18 +194,18 @@ def llama_7b() -> None:
               f"{r.real_steps} real; parameters {n / 1e9:.3f} B")
         print(f"{'part':34s} {'predicted':>12s} {'closed form':>12s} {'ratio':>7s}")
         for key, value in closed.items():
-            got = getattr(r, key)
+            got = getattr(r.memory, key)
             print(f"{key:34s} {format_bytes(got):>12s} {format_bytes(value):>12s} {got / value:7.4f}")
         mean_layer = sum(got_layers) / len(got_layers)
         print(f"{'activations / decoder layer (mean)':34s} {format_bytes(mean_layer):>12s} "
               f"{format_bytes(per_layer):>12s} {mean_layer / per_layer:7.4f}")
-        print(f"{'activations, all':34s} {format_bytes(r.activations_bytes):>12s}")
-        print(f"{'step peak':34s} {format_bytes(r.peak_bytes):>12s}   in {r.peak_phase} at {r.peak_layer} "
-              f"({r.peak_op})")
-        fits = "nothing fits: parameters+grads+AdamW alone " + format_bytes(r.static_bytes) \
+        print(f"{'activations, all':34s} {format_bytes(r.memory.activations_bytes):>12s}")
+        print(f"{'step peak':34s} {format_bytes(r.memory.peak_bytes):>12s}   in {r.peak.phase} at {r.peak.layer} "
+              f"({r.peak.op})")
+        fits = "nothing fits: parameters+grads+AdamW alone " + format_bytes(r.memory.static_bytes) \
             if r.max_batch_size == 0 else f"largest batch {r.max_batch_size}"
         print(f"fits batch {batch}: {r.fits}; {fits}; step time (roofline estimate) "
-              f"{r.step_time_ms:.0f} ms, {r.bound}-bound", flush=True)
+              f"{r.step.time_ms:.0f} ms, {r.bound}-bound", flush=True)
         if r.max_batch:
             print("  fake steps of the search: " + ", ".join(
                 f"B={p['batch_size']} {format_bytes(p['peak_bytes'])} {p['status']}" for p in r.max_batch["probes"]))
@@ -222,8 +222,8 @@ def cuda_table() -> None:
         r = predict(task, batch_size=b, target="auto", max_batch=False)
         m = peak_step_memory(FullBatchTask(proftune.load_task(task)), None, batch_size=b, device="cuda")
         p = proftune.profile(task, batch_size=b, steps=5, device="cuda")
-        print(f"{short(task):24s} {b:6d} peak {r.peak_bytes} vs {m} ({r.peak_bytes / m - 1:+.2%}); "
-              f"step {r.step_time_ms:.2f} ms (estimate) vs {p.step.time_ms:.2f} ms measured", flush=True)
+        print(f"{short(task):24s} {b:6d} peak {r.memory.peak_bytes} vs {m} ({r.memory.peak_bytes / m - 1:+.2%}); "
+              f"step {r.step.time_ms:.2f} ms (estimate) vs {p.step.time_ms:.2f} ms measured", flush=True)
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ def optimize_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     db = f"sqlite:///{folder / 'runs.db'}"
     spec = f"{Path(__file__).parent / 'optimize' / 'tasks.py'}:TooSlowLR"
     res = CliRunner().invoke(app, ["optimize", spec, "--budget", "60", "--out", str(folder / "out"), "--db", db,
-                                   "--device", "cpu"], env={"COLUMNS": "200"})
+                                   "--device", "cpu", "--report", str(folder / "story.html")], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     summary = json.loads((folder / "out" / "summary.json").read_text())
-    return {"output": res.stdout, "result": summary, "db": db, "out": folder / "out"}
+    return {"output": res.stdout, "result": summary, "db": db, "out": folder / "out", "report": folder / "story.html"}

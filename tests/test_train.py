@@ -150,3 +150,17 @@ def test_given_model_is_trained_in_place() -> None:
     result = fit(task, model=model, max_steps=2, device="cpu")
     assert result.model is model
     assert not torch.equal(before, model[0].weight)
+
+
+def test_fit_takes_a_config_or_its_fields_by_name() -> None:
+    from proftune import FitConfig
+
+    by_name = fit("wine-mlp", {"lr": 1e-2}, max_steps=6, device="cpu", seed=3, evaluate=False)
+    by_config = fit("wine-mlp", {"lr": 1e-2}, FitConfig(max_steps=6, device="cpu", seed=3, evaluate=False))
+    losses = [p["loss"] for p in by_name.curves["step"]]
+    assert [p["loss"] for p in by_config.curves["step"]] == losses  # the same run, seeded
+    assert by_config.steps == 6
+    longer = fit("wine-mlp", {"lr": 1e-2}, FitConfig(max_steps=6, device="cpu", evaluate=False), max_steps=9)
+    assert longer.steps == 9  # a field by name overrides the config's
+    with pytest.raises(ConfigError, match=r"unknown options \['epoch'\]; valid: .*epochs"):
+        fit("wine-mlp", epoch=1)

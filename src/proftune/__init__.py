@@ -26,11 +26,23 @@ from .diagnose import (
     diagnose,
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
-from .profile import Monitor, Profile, profile
-from .recommend import Recommendation, find_batch_size, lr_find, noise_scale, predict, recommend
+from .profile import Monitor, Profile, ProfileConfig, profile
+from .recommend import (
+    BatchSizeConfig,
+    LRFindConfig,
+    PredictConfig,
+    PredictResult,
+    Recommendation,
+    RecommendConfig,
+    find_batch_size,
+    lr_find,
+    noise_scale,
+    predict,
+    recommend,
+)
 from .task import ClassificationTask, Task, load_task
 from .track import Store
-from .train import Callback, FitResult, FitState, fit
+from .train import Callback, FitConfig, FitResult, FitState, fit
 
 try:
     from .optimize import OptimizeConfig, OptimizeResult, optimize
@@ -52,6 +64,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AdaptiveLR",
+    "BatchSizeConfig",
     "Callback",
     "ClassificationTask",
     "CompressConfig",
@@ -62,15 +75,21 @@ __all__ = [
     "DiagnoseReport",
     "DiagnoseResult",
     "EarlyStopping",
+    "FitConfig",
     "FitResult",
     "FitState",
     "GradGuard",
     "HealthCheck",
+    "LRFindConfig",
     "Monitor",
     "OptimizeConfig",
     "OptimizeResult",
+    "PredictConfig",
+    "PredictResult",
     "Profile",
+    "ProfileConfig",
     "ProftuneError",
+    "RecommendConfig",
     "Recommendation",
     "RunFailedError",
     "SearchConfig",

@@ -20,12 +20,14 @@ import torch
 from torch import nn
 
 from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resolve_device
+from ._options import with_options
 from .exceptions import ConfigError, ProblemCollector
 from .task import Task, load_task
 
 __all__ = [
     "LOOP_PARAMS",
     "Callback",
+    "FitConfig",
     "FitResult",
     "FitState",
     "build_optimizer",
@@ -244,26 +246,38 @@ class _Timer:
         return ms
 
 
+@dataclass(frozen=True)
+class FitConfig:
+    """How long and where :func:`fit` trains: ``epochs`` or ``max_steps`` (optimizer steps; with
+    neither, the task's ``default_epochs``), ``batch_size`` (overrides ``params['batch_size']``),
+    device and seed, whether to evaluate after each epoch, and whether a NaN loss stops the run."""
+
+    epochs: int | None = None
+    max_steps: int | None = None
+    batch_size: int | None = None
+    device: str | torch.device = "auto"
+    seed: int = 0
+    evaluate: bool = True
+    stop_on_nan: bool = True
+
+
 def fit(
     task: Task | str,
     params: dict[str, Any] | None = None,
+    config: FitConfig | None = None,
     *,
-    epochs: int | None = None,
-    max_steps: int | None = None,
-    batch_size: int | None = None,
-    device: str | torch.device = "auto",
-    seed: int = 0,
     callbacks: Sequence[Callback] = (),
     model: nn.Module | None = None,
-    evaluate: bool = True,
-    stop_on_nan: bool = True,
+    **options: Any,
 ) -> FitResult:
     """Train ``task`` with ``params``; seeded and deterministic on CPU.
 
-    ``epochs`` or ``max_steps`` (optimizer steps) bound the run; with neither, the task's
-    ``default_epochs``. ``batch_size`` overrides ``params['batch_size']``. ``model`` trains a
-    given model (fine-tuning) instead of building one. Evaluation runs after each epoch.
+    ``config`` (a :class:`FitConfig`) or its fields by name (``epochs=3, seed=0``) say how long
+    and where. ``model`` trains a given model (fine-tuning) instead of building one.
     """
+    cfg = with_options(FitConfig, config, options, caller="fit")
+    epochs, max_steps, batch_size, device, seed = cfg.epochs, cfg.max_steps, cfg.batch_size, cfg.device, cfg.seed
+    evaluate, stop_on_nan = cfg.evaluate, cfg.stop_on_nan
     task = load_task(task)
     merged = {**task.default_params, **(params or {})}
     if batch_size is not None:

@@ -4,6 +4,11 @@ helped beyond noise, whether the compressed model is faster, and why the run sto
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from proftune.cli import app
 
 
 def _answers(text: str) -> dict[str, str]:
@@ -15,6 +20,10 @@ def _answers(text: str) -> dict[str, str]:
             if line.startswith(f"  {label} "):
                 out[label] = line[len(label) + 2:].strip()
     return out
+
+
+def _sections(html: str) -> list[str]:
+    return re.findall(r"<section id=\"[^\"]+\"><h2>(.*?)</h2>", html)
 
 
 def test_the_summary_answers_a_newcomer_s_questions(optimize_run: dict[str, object]) -> None:
@@ -58,3 +67,27 @@ def test_piped_it_is_plain_whole_and_rounded(optimize_run: dict[str, object]) ->
     stage_rows = [line for line in text.splitlines() if re.match(r" (baseline|search|final|compress) +\|", line)]
     assert len(stage_rows) == 4
     assert all(re.search(r"\| \d+\.\d s +\|", line) for line in stage_rows)  # seconds, with their unit
+
+
+def test_report_writes_the_run_s_page_like_every_command(optimize_run: dict[str, object]) -> None:
+    page = Path(str(optimize_run["report"]))
+    html = page.read_text()
+    result = optimize_run["result"]
+    assert isinstance(result, dict)
+    assert f"(run {result['run_id']})" in html
+    inside = (Path(str(optimize_run["out"])) / "report.html").read_text()
+    title = re.search(r"<title>(.*?)</title>", html)
+    assert title is not None
+    assert title.group(0) in inside  # the same run's page as the --out folder's report.html
+    assert _sections(html) == _sections(inside)
+
+
+def test_an_existing_report_is_refused_before_any_work(tmp_path: Path) -> None:
+    page = tmp_path / "story.html"
+    page.write_text("mine")
+    out = CliRunner().invoke(app, ["optimize", "digits-mlp", "--budget", "60", "--out", str(tmp_path / "out"),
+                                   "--report", str(page)])
+    assert out.exit_code == 2
+    assert "--force" in out.output
+    assert page.read_text() == "mine"
+    assert not (tmp_path / "out").exists()

@@ -22,4 +22,4 @@ def test_a_profile_never_measures_an_epochs_partial_last_batch() -> None:
     assert abs(p.memory.peak_bytes / full - 1) < 0.02
     assert p.batch_size == 256
     assert p.memory.activations_bytes == proftune.predict("digits-cnn", batch_size=256, target=None,
-                                                          max_batch=False).activations_bytes
+                                                          max_batch=False).memory.activations_bytes

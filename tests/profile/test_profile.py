@@ -228,3 +228,18 @@ def test_a_trace_path_is_checked_before_any_step(tmp_path: Path) -> None:
         proftune.profile("digits-mlp", steps=1, trace=tmp_path / "missing" / "t.json", store=store)
     assert store.count_runs() == 0
     assert not (tmp_path / "missing").exists()
+
+
+def test_profile_takes_a_config_or_its_fields_by_name() -> None:
+    from proftune import ProfileConfig
+    from proftune.exceptions import ConfigError
+
+    cfg = ProfileConfig(batch_size=16, steps=1, device="cpu", detail="step")
+    by_config = proftune.profile("digits-mlp", cfg)
+    by_name = proftune.profile("digits-mlp", batch_size=16, steps=1, device="cpu", detail="step")
+    assert by_config.memory.optimizer_bytes == by_name.memory.optimizer_bytes > 0
+    assert by_config.config["steps"] == by_name.config["steps"] == 1
+    assert by_config.batch_size == by_name.batch_size == 16
+    assert proftune.profile("digits-mlp", cfg, batch_size=8).batch_size == 8  # a name overrides
+    with pytest.raises(ConfigError, match=r"unknown options \['step'\]; valid: .*steps"):
+        proftune.profile("digits-mlp", step=1)

@@ -34,14 +34,14 @@ def _measured(task: Any, batch_size: int) -> int:
 def test_predicted_peak_matches_the_measured_cpu_peak(task: Any, batch_size: int) -> None:
     r = predict(task, batch_size=batch_size, target=None, max_batch=False)
     measured = _measured(task, batch_size)
-    assert abs(r.peak_bytes / measured - 1) < 0.05, (r.peak_bytes, measured)
+    assert abs(r.memory.peak_bytes / measured - 1) < 0.05, (r.memory.peak_bytes, measured)
     assert r.real_steps == 0
     assert r.traces == 1
-    assert r.peak_phase in ("forward", "backward", "optimizer")
+    assert r.peak.phase in ("forward", "backward", "optimizer")
     # the breakdown at the peak adds up to the peak, and the static parts are the model's
-    assert sum(r.peak_breakdown.values()) == r.peak_bytes
-    assert r.grads_bytes == r.params_bytes  # fp32, every parameter trainable
-    assert r.activations_bytes > 0
+    assert sum(r.peak.breakdown.values()) == r.memory.peak_bytes
+    assert r.memory.grads_bytes == r.memory.params_bytes  # fp32, every parameter trainable
+    assert r.memory.activations_bytes > 0
     assert any(lay.activation_bytes > 0 for lay in r.layers)
     assert r.uncounted_ops == ()
 
@@ -50,10 +50,10 @@ def test_predicted_peak_matches_the_measured_cpu_peak(task: Any, batch_size: int
 def test_resnet18_peak_and_nothing_uncounted() -> None:
     r = predict("resnet18-synthetic", batch_size=4, target="a100", max_batch=False)
     measured = _measured("resnet18-synthetic", 4)
-    assert abs(r.peak_bytes / measured - 1) < 0.05, (r.peak_bytes, measured)
+    assert abs(r.memory.peak_bytes / measured - 1) < 0.05, (r.memory.peak_bytes, measured)
     assert r.uncounted_ops == ()
-    assert r.step_time_ms is not None
-    assert r.step_time_ms > 0
+    assert r.step.time_ms is not None
+    assert r.step.time_ms > 0
 
 
 def test_resnet18_count_has_no_uncounted_ops() -> None:
@@ -154,7 +154,7 @@ def test_largest_batch_uses_the_budget_and_margin() -> None:
     assert at_answer
     assert at_answer[0]["peak_bytes"] <= 20e6
     above = predict("digits-mlp", batch_size=r.max_batch_size + 1, target=None, max_batch=False)
-    assert above.peak_bytes + margin > 20e6
+    assert above.memory.peak_bytes + margin > 20e6
 
 
 def test_find_batch_size_from_prediction_runs_one_real_step() -> None:
@@ -209,14 +209,14 @@ def test_7b_llama_predicted_without_allocation() -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     r = predict(Llama7B(), batch_size=1, target="h200", precision="bf16", optimizer="adamw", max_batch=False)
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    n = r.params
+    n = r.params.total
     assert 6.7e9 < n < 6.8e9
-    assert r.params_bytes == 4 * n
-    assert r.grads_bytes == 4 * n
-    assert r.optimizer_bytes == 8 * n
-    assert r.peak_bytes > r.static_bytes
+    assert r.memory.params_bytes == 4 * n
+    assert r.memory.grads_bytes == 4 * n
+    assert r.memory.optimizer_bytes == 8 * n
+    assert r.memory.peak_bytes > r.memory.static_bytes
     assert grown < 4 * 2**30, grown  # a materialised model alone would be 27 GB
-    assert r.step_time_ms is not None
+    assert r.step.time_ms is not None
     assert r.bound in ("compute", "memory")
 
 
@@ -267,6 +267,6 @@ def test_json_is_one_object() -> None:
     assert d["target"]["name"] == "h100"
     assert d["fits"] is True
     assert d["real_steps"] == 0
-    assert d["step_time_ms"] > 0
+    assert d["step"]["time_ms"] > 0
     assert {lay["bound"] for lay in d["layers"]} <= {"compute", "memory", "overhead",
                                                                                  "unknown"}

@@ -19,11 +19,13 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     JsonOpt,
+    ReportOpt,
     SeedOpt,
     TaskArg,
     err_console,
     execute,
     out_console,
+    with_report,
 )
 
 #: Keys of ``--json`` (the issue's contract) first, in this order.
@@ -61,6 +63,10 @@ def optimize_command(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    report: ReportOpt = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an existing --report file (the --out folder always holds its own "
+                        "report.html).")] = False,
 ) -> None:
     """Profile, compute, search, verify and compress TASK within --budget; resumable."""
     from ..optimize import optimize
@@ -84,7 +90,7 @@ def optimize_command(
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(body, json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=_render)
 
 
 @contextlib.contextmanager

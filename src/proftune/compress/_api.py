@@ -64,9 +64,8 @@ def compress(
     run_config = {"params": merged, **dataclasses.asdict(cfg), "model": model_path, "trust_model": trust_model}
     rebuild = Rebuild(task=task_spec(task, task_obj), params=merged)
     with tracked_run("compress", task_obj, config=run_config, device=dev, store=store, db=db) as run:
-        report = Compressor(task_obj, merged, cfg, dev, callbacks=callbacks, rebuild=rebuild,
-                            trust_model=trust_model).run(model)
-        report.run_id = run.id
+        report = dataclasses.replace(Compressor(task_obj, merged, cfg, dev, callbacks=callbacks, rebuild=rebuild,
+                                                trust_model=trust_model).run(model), run_id=run.id)
         run.set(metrics=_run_metrics(report), result={k: v for k, v in report.to_dict().items() if k != "run_id"},
                 artifacts={"output": report.output, "plots": report.plots})
     return report

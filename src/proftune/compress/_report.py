@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._jsonsafe import json_safe
+from ..exceptions import ConfigError
 from ._checkpoint import LOAD_LINES, runs_no_user_code
 from ._pipeline import Candidate
 
-__all__ = ["CompressReport"]
+__all__ = ["COMPRESS_SCHEMA_VERSION", "CompressReport"]
+
+#: Bumped when a field of :class:`CompressReport`'s JSON changes meaning.
+COMPRESS_SCHEMA_VERSION = 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompressReport:
-    """The measured baseline and candidates, the selection and where it was saved."""
+    """The measured baseline and candidates, the selection and where it was saved.
+
+    A frozen, versioned record: :func:`proftune.compress` builds it, its Run holds
+    :meth:`to_dict`, and the report reads it back through :meth:`from_dict`.
+    """
 
     task: str
     metric: str
@@ -33,6 +43,7 @@ class CompressReport:
     run_id: int | None = None
     #: The spec that rebuilds the model (the load line names it unless it is a built-in task).
     task_spec: str | None = None
+    schema_version: int = COMPRESS_SCHEMA_VERSION
 
     @property
     def load_line(self) -> str | None:
@@ -59,5 +70,34 @@ class CompressReport:
             "candidates": [cand(c) for c in self.candidates],
             "selected": cand(self.selected), "output": self.output, "load": self.load_line,
             "profile": self.profile, "plan": self.plan, "sensitivity": self.sensitivity,
-            "notes": self.notes, "plots": self.plots, "run_id": self.run_id,
+            "notes": self.notes, "plots": self.plots, "run_id": self.run_id, "task_spec": self.task_spec,
+            "schema_version": self.schema_version,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompressReport:
+        """The record back from :meth:`to_dict`'s JSON (a ``compress`` Run's result)."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a compression report must be a JSON object, but got {type(d).__name__}.")
+        # Runs recorded before the record had a version hold the same fields: version 1
+        version = d.get("schema_version", 1)
+        if not isinstance(version, int) or "baseline" not in d:
+            raise ConfigError(f"this JSON is not a proftune compression report: schema_version={version!r}, "
+                              f"keys {sorted(d)[:12]}.")
+        if version > COMPRESS_SCHEMA_VERSION:
+            raise ConfigError(f"compression report schema_version={version} is newer than this proftune reads "
+                              f"({COMPRESS_SCHEMA_VERSION}); upgrade proftune.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw["baseline"] = _candidate(d["baseline"])
+        kw["candidates"] = [_candidate(c) for c in d.get("candidates") or []]
+        kw["selected"] = _candidate(d["selected"]) if d.get("selected") else None
+        for key in ("plan", "sensitivity", "notes", "plots"):
+            kw[key] = list(d.get(key) or [])
+        return cls(**kw)
+
+
+def _candidate(d: dict[str, Any]) -> Candidate:
+    """A candidate from its JSON: every field it has (a missing required one is a TypeError)."""
+    known = {f.name for f in dataclasses.fields(Candidate)}
+    return Candidate(**{k: v for k, v in json_safe(d).items() if k in known})

@@ -11,17 +11,21 @@ from torch import nn
 from ..diagnose import AdaptiveLR, GradGuard, HealthCheck
 from ..exceptions import ConfigError
 from ..profile import Monitor
-from ..track import Store, environment
+from ..track import Store, environment, open_store
 from ..train import Callback
 
 log = logging.getLogger("proftune")
 
 
-def validate(every: Any, db: Any) -> None:
+def validate(every: Any, db: Any, store: Any = None) -> None:
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ConfigError(f"every must be a positive integer (sample every N-th step), but got {every=}.")
     if db is not None and not isinstance(db, str):
         raise ConfigError(f"db must be a database URL string (sqlite:///proftune.db), but got {db=}.")
+    if store is not None and not isinstance(store, (str, Store)):
+        raise ConfigError(f"store must be a Store, a database URL or None, but got {store=}.")
+    if store is not None and db is not None:
+        raise ConfigError(f"give the run store once, as store= or as db=, but got {store=} and {db=}.")
 
 
 def checks(*, health: bool, adapt: bool) -> list[Callback]:
@@ -45,10 +49,10 @@ def error_findings(mon: Monitor) -> list[Any]:
     return [f for f in mon.findings if getattr(f, "severity", None) == "error"]
 
 
-def record(mon: Monitor, *, db: str | None, task: str, config: dict[str, Any],
-           device: torch.device) -> tuple[int, dict[str, float]]:
+def record(mon: Monitor, *, store: Store | str | None = None, db: str | None = None, task: str,
+           config: dict[str, Any], device: torch.device) -> tuple[int, dict[str, float]]:
     """Record the Monitor's profile and findings as a Run of kind ``profile``; its id and metrics."""
-    store = Store(db)
+    store = open_store(store, db=db)
     run_id = store.start_run("profile", task, config=config, env=environment(device))
     findings = [f.to_dict() for f in mon.findings]
     for f in mon.findings:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..exceptions import DependencyError
+from ..track import Store
 from ._lightning_task import LightningTask
 from ._record import checks, error_findings, new_monitor, record, validate
 
@@ -64,14 +65,15 @@ class ProftuneCallback(_Callback):
     :class:`proftune.HealthCheck` watches every step; its findings are logged and, with
     ``stop_on_error``, a finding of severity ``error`` stops the run. ``adapt``:
     :class:`proftune.GradGuard` and :class:`proftune.AdaptiveLR` act on the run. At the end the
-    profile and findings are a Run of kind ``profile`` in ``db`` (default ``$PROFTUNE_DB`` or
+    profile and findings are a Run of kind ``profile`` in ``store`` (a Store or a URL; ``db`` is the
+    older spelling; default ``$PROFTUNE_DB`` or
     ``sqlite:///proftune.db``) and the profile's metrics go to the Trainer's logger.
     """
 
     def __init__(self, every: int = 50, health: bool = True, adapt: bool = False, db: str | None = None,
-                 *, stop_on_error: bool = False) -> None:
-        validate(every, db)
-        self.every, self.health, self.adapt, self.db = every, health, adapt, db
+                 *, store: Store | str | None = None, stop_on_error: bool = False) -> None:
+        validate(every, db, store)
+        self.every, self.health, self.adapt, self.db, self.store = every, health, adapt, db, store
         self.stop_on_error = stop_on_error
         self.monitor: Any = None
         self.run_id: int | None = None
@@ -139,7 +141,7 @@ class ProftuneCallback(_Callback):
             return
         config = {"every": self.every, "health": self.health, "adapt": self.adapt, "source": "lightning",
                   "steps_seen": mon.state.step, "max_epochs": trainer.max_epochs}
-        self.run_id, self.metrics = record(mon, db=self.db, task=type(pl_module).__name__, config=config,
+        self.run_id, self.metrics = record(mon, store=self.store, db=self.db, task=type(pl_module).__name__, config=config,
                                            device=pl_module.device)
         if trainer.logger is not None and self.metrics:
             trainer.logger.log_metrics({f"proftune/{k}": v for k, v in self.metrics.items()},

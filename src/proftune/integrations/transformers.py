@@ -15,6 +15,7 @@ import torch
 
 from .._device import output_loss
 from ..exceptions import DependencyError
+from ..track import Store
 from ._record import checks, error_findings, new_monitor, record, validate
 
 try:
@@ -32,14 +33,15 @@ class ProftuneCallback(_hf.TrainerCallback):
     Every ``every``-th optimizer step is instrumented; ``health`` runs :class:`proftune.HealthCheck`
     (findings logged; ``stop_on_error`` stops training at a finding of severity ``error``);
     ``adapt`` adds :class:`proftune.GradGuard` and :class:`proftune.AdaptiveLR`. At the end the
-    profile and findings are a Run of kind ``profile`` in ``db`` (default ``$PROFTUNE_DB`` or
+    profile and findings are a Run of kind ``profile`` in ``store`` (a Store or a URL; ``db`` is the
+    older spelling; default ``$PROFTUNE_DB`` or
     ``sqlite:///proftune.db``). The step's loss is the model's own (``ModelOutput.loss``).
     """
 
     def __init__(self, every: int = 50, health: bool = True, adapt: bool = False, db: str | None = None,
-                 *, stop_on_error: bool = False) -> None:
-        validate(every, db)
-        self.every, self.health, self.adapt, self.db = every, health, adapt, db
+                 *, store: Store | str | None = None, stop_on_error: bool = False) -> None:
+        validate(every, db, store)
+        self.every, self.health, self.adapt, self.db, self.store = every, health, adapt, db, store
         self.stop_on_error = stop_on_error
         self.monitor: Any = None
         self.run_id: int | None = None
@@ -106,5 +108,5 @@ class ProftuneCallback(_hf.TrainerCallback):
         mon.__exit__(None, None, None)
         config = {"every": self.every, "health": self.health, "adapt": self.adapt, "source": "transformers",
                   "steps_seen": mon.state.step, "max_steps": state.max_steps}
-        self.run_id, self.metrics = record(mon, db=self.db, task=type(model or mon.model).__name__,
+        self.run_id, self.metrics = record(mon, store=self.store, db=self.db, task=type(model or mon.model).__name__,
                                            config=config, device=mon.device)

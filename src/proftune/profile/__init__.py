@@ -5,7 +5,7 @@ Every part lands in one :class:`Profile` record that the rest of proftune reads.
 
 from __future__ import annotations
 
-from ._api import profile
+from ._api import ProfileConfig, profile
 from ._comm import CommRecorder
 from ._embeddings import (
     EMBEDDING_TYPES,
@@ -80,6 +80,7 @@ __all__ = [
     "ParamCounts",
     "PeakMemory",
     "Profile",
+    "ProfileConfig",
     "RankProfile",
     "RanksResult",
     "StaticCounts",

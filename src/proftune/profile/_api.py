@@ -25,6 +25,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,12 @@ from torch import nn
 
 from .._cpplog import filtered_cpp_logs
 from .._device import batch_size_of, call_model, clock, move_to_device, output_loss, resolve_device
+from .._options import with_options
 from .._paths import OutputPath, check_outputs, replacing
 from .._tensors import global_grad_norm
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
-from ..track import Store, environment, tracked_run
+from ..track import Store, environment, optional_store, tracked_run
 from ..train import Callback, FitState, fit, seed_everything, validate_params
 from ._assemble import Measurements, assemble_profile, static_counts
 from ._comm import CommRecorder, unwrap
@@ -54,7 +56,7 @@ from ._record import Profile
 from ._stats import LayerStats
 from ._timing import LayerTimer, step_summary
 
-__all__ = ["DETAILS", "profile"]
+__all__ = ["DETAILS", "ProfileConfig", "profile"]
 
 DETAILS = ("full", "step", "time")
 
@@ -454,22 +456,36 @@ def _validate(*, batch_size: Any, steps: Any, warmup: Any, detail: Any, is_modul
     problems.raise_if_any()
 
 
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What :func:`profile` measures: at ``batch_size`` (default the task's), ``steps`` steps after
+    ``warmup`` unmeasured ones, training or (``inference``) the forward pass, on ``device`` from
+    ``seed``, in ``detail`` (``full``, ``step`` or ``time``), with a ``trace`` file if given."""
+
+    batch_size: int | None = None
+    steps: int = 3
+    warmup: int = 1
+    inference: bool = False
+    device: str | torch.device = "auto"
+    seed: int = 0
+    detail: str = "full"
+    trace: str | Path | None = None
+
+
 def profile(
     task_or_model: Task | str | nn.Module,
+    config: ProfileConfig | None = None,
     *,
     params: dict[str, Any] | None = None,
-    batch_size: int | None = None,
-    steps: int = 3,
-    warmup: int = 1,
-    inference: bool = False,
-    device: str | torch.device = "auto",
     example_input: Any = None,
-    seed: int = 0,
-    detail: str = "full",
-    trace: str | Path | None = None,
     store: Store | str | None = None,
+    db: str | None = None,
+    **options: Any,
 ) -> Profile:
     """Measure a model and its training step (or, with ``inference=True``, its forward pass).
+
+    ``config`` (a :class:`ProfileConfig`) or its fields by name (``batch_size=64, steps=5``) say
+    what to measure.
 
     ``task_or_model``: a Task, a task spec (``file.py[:Class]``, ``pkg.mod:Class``, a built-in
     name) or an ``nn.Module`` with ``example_input`` (trained on the mean of its output; the
@@ -477,8 +493,11 @@ def profile(
     ``warmup`` unmeasured ones; ``detail="step"`` measures the step, memory and static counts
     only; ``detail="time"`` the step's time, throughput and gradient norms only, no memory step
     and no static counts (cheapest: gating trials; ``metrics()`` leaves out what it did not measure). ``trace`` writes a Chrome/Perfetto trace of one more step.
-    ``store``: record a ``profile`` Run there. Times in ms, memory in bytes, rates per second.
+    ``store``: record a ``profile`` Run there (a Store or a URL; ``db`` is the older spelling). Times in ms, memory in bytes, rates per second.
     """
+    cfg = with_options(ProfileConfig, config, options, caller="profile")
+    batch_size, steps, warmup, inference, device = cfg.batch_size, cfg.steps, cfg.warmup, cfg.inference, cfg.device
+    seed, detail, trace = cfg.seed, cfg.detail, cfg.trace
     is_module = isinstance(task_or_model, nn.Module)
     _validate(batch_size=batch_size, steps=steps, warmup=warmup, detail=detail, is_module=is_module,
               example_input=example_input)
@@ -501,17 +520,18 @@ def profile(
             merged["batch_size"] = batch_size
         bs = int(merged.setdefault("batch_size", 32))
     task_name = task.name or type(task).__name__
-    config = {"params": {k: v for k, v in merged.items()}, "batch_size": bs, "steps": steps,
-              "warmup": warmup, "inference": inference, "detail": detail, "seed": seed,
-              "device": str(dev), "trace": str(trace_path) if trace_path else None}
+    run_config = {"params": {k: v for k, v in merged.items()}, "batch_size": bs, "steps": steps,
+                  "warmup": warmup, "inference": inference, "detail": detail, "seed": seed,
+                  "device": str(dev), "trace": str(trace_path) if trace_path else None}
 
     def measure() -> Profile:
         return _measure(task, merged, plan, bs=bs, inference=inference, seed=seed, task_name=task_name,
-                        config=config, is_module=is_module)
+                        config=run_config, is_module=is_module)
 
-    if store is None:
+    st = optional_store(store, db=db)
+    if st is None:
         return measure()
-    with tracked_run("profile", task, config=config, device=dev, store=store,
+    with tracked_run("profile", task, config=run_config, device=dev, store=st,
                      fingerprint=not is_module) as run:
         result = measure()
         result = dataclasses.replace(result, config={**result.config, "run_id": run.id})

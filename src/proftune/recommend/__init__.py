@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from .._units import format_bytes, parse_memory
 from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
-from ._api import find_batch_size, lr_find, noise_scale, recommend, static_memory
+from ._api import (
+    BatchSizeConfig,
+    LRFindConfig,
+    RecommendConfig,
+    find_batch_size,
+    lr_find,
+    noise_scale,
+    recommend,
+    static_memory,
+)
 from ._batch_size import (
     BatchSizeResult,
     MemoryModel,
@@ -23,7 +32,17 @@ from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
 from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
-from ._predict import LayerPrediction, PredictResult, StepTracer, predict
+from ._predict import (
+    PREDICT_SCHEMA_VERSION,
+    LayerPrediction,
+    PeakAt,
+    PredictConfig,
+    PredictedMemory,
+    PredictedStep,
+    PredictResult,
+    StepTracer,
+    predict,
+)
 from ._recommendation import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
@@ -36,14 +55,17 @@ from ._scaling import ScalingRule, optimizer_family, scale_lr
 __all__ = [
     "CONDITIONAL_NAMES",
     "DEVICES",
+    "PREDICT_SCHEMA_VERSION",
     "RECOMMENDATION_NAMES",
     "AccumulationPlan",
+    "BatchSizeConfig",
     "BatchSizeResult",
     "CompareConfig",
     "DDPPlan",
     "DeviceSpec",
     "FactorizedEmbedding",
     "HashedRows",
+    "LRFindConfig",
     "LRFindResult",
     "LRRangeCallback",
     "LayerPrediction",
@@ -53,7 +75,12 @@ __all__ = [
     "NoiseScaleResult",
     "OptimizerComparison",
     "OptimizerTrial",
+    "PeakAt",
+    "PredictConfig",
     "PredictResult",
+    "PredictedMemory",
+    "PredictedStep",
+    "RecommendConfig",
     "Recommendation",
     "Recommendations",
     "ScalingRule",

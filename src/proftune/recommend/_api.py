@@ -1,8 +1,8 @@
 """Public entry points: largest batch size, LR range test, noise scale, and all of it at once.
 
 Each takes a task (and optionally a Profile measured before, whose numbers are not measured
-again) and, with ``store=``, records itself as a Run (kinds ``batch_size``, ``lr_find``,
-``recommend``).
+again) and, with ``store=`` (a Store or a URL; ``db=`` is the older spelling, as in every public
+entry), records itself as a Run (kinds ``batch_size``, ``lr_find``, ``recommend``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .._device import resolve_device
+from .._options import with_options
 from .._paths import OutputPath, check_outputs
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError
@@ -112,21 +113,35 @@ def _cap_by_data(result: BatchSizeResult, task: Task, params: dict[str, Any]) ->
 # -- batch size --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class BatchSizeConfig:
+    """What :func:`find_batch_size` searches: the budget (bytes or ``4GiB``; required), the device,
+    the first probe's batch, how many probe steps at most, the seed, and whether to start from
+    :func:`predict`'s answer."""
+
+    memory_budget: int | str | None = None
+    device: str | torch.device = "auto"
+    start: int = 16
+    max_probes: int = 3
+    seed: int = 0
+    from_prediction: bool = False
+
+
 def find_batch_size(
     task: Task | str,
     params: dict[str, Any] | None = None,
+    config: BatchSizeConfig | None = None,
     *,
-    memory_budget: int | str,
-    device: str | torch.device = "auto",
     profile: Profile | None = None,
-    start: int = 16,
-    max_probes: int = 3,
-    seed: int = 0,
     measure: Measure | None = None,
     store: Store | str | None = None,
-    from_prediction: bool = False,
+    db: str | None = None,
+    **options: Any,
 ) -> BatchSizeResult:
     """The largest batch size whose training step peaks within ``memory_budget`` (bytes or '4GiB').
+
+    ``config`` (:class:`BatchSizeConfig`) or its fields by name (``memory_budget="4GiB"``) say
+    what to search.
 
     Fits peak(B) = a + b·B from at most ``max_probes`` short probe steps (a given ``profile``'s
     peak counts as one and is not re-measured), predicts the largest B under the budget less a
@@ -140,10 +155,14 @@ def find_batch_size(
     Raises :class:`ConfigError` when the budget cannot hold the parameters, gradients and
     optimizer state alone (the message says what the model needs at batch size 1).
     """
+    cfg = with_options(BatchSizeConfig, config, options, caller="find_batch_size")
+    if cfg.memory_budget is None:
+        raise ConfigError("find_batch_size() needs memory_budget (bytes, or a size such as '4GiB').")
+    start, max_probes, seed, from_prediction = cfg.start, cfg.max_probes, cfg.seed, cfg.from_prediction
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
-    budget = parse_memory(memory_budget)
-    dev = resolve_device(device)
+    budget = parse_memory(cfg.memory_budget)
+    dev = resolve_device(cfg.device)
     static = static_memory(task_obj, merged, profile=profile)
     measure_fn = measure or _default_measure(task_obj, merged, dev, seed)
     if budget < static["total"]:
@@ -170,12 +189,12 @@ def find_batch_size(
                                      static_bytes=static["total"], device=str(dev), static_detail=static)
         return _cap_by_data(found, task_obj, merged)
 
-    st = _store(store)
+    st = _store(store, db=db)
     if st is None:
         return body()
-    config = {"params": merged, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
-              "start": start, "profile_point": known}
-    with tracked_run("batch_size", task_obj, config=config, device=dev, store=st) as run:
+    run_config = {"params": merged, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
+                  "start": start, "profile_point": known}
+    with tracked_run("batch_size", task_obj, config=run_config, device=dev, store=st) as run:
         result = dataclasses.replace(body(), run_id=run.id)
         run.set(metrics={"max_batch_size": float(result.max_batch_size), "runs": float(result.runs),
                          "measured_peak_bytes": float(result.measured_peak_bytes or 0)},
@@ -203,33 +222,47 @@ def _from_prediction(task: Task, params: dict[str, Any], measure: Measure, budge
 # -- learning rate -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LRFindConfig:
+    """An LR range test: from ``min_lr`` to ``max_lr`` over ``steps`` steps at ``batch_size``
+    (default: the task's), on ``device`` from ``seed``; ``plot`` a PNG path for the curve."""
+
+    min_lr: float = 1e-7
+    max_lr: float = 10.0
+    steps: int = 100
+    batch_size: int | None = None
+    device: str | torch.device = "auto"
+    seed: int = 0
+    plot: str | None = None
+
+
 def lr_find(
     task: Task | str,
     params: dict[str, Any] | None = None,
+    config: LRFindConfig | None = None,
     *,
     model: nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-    min_lr: float = 1e-7,
-    max_lr: float = 10.0,
-    steps: int = 100,
-    batch_size: int | None = None,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-    plot: str | None = None,
     store: Store | str | None = None,
+    db: str | None = None,
+    **options: Any,
 ) -> LRFindResult:
-    """Exponential LR range test from ``min_lr`` to ``max_lr`` over ``steps`` steps of the fit loop.
+    """Exponential LR range test from ``min_lr`` to ``max_lr`` over ``steps`` steps of the fit loop
+    (``config``, an :class:`LRFindConfig`, or its fields by name).
 
     Returns ``suggested_lr`` (robust to noisy loss: one decade below the smoothed minimum,
     within the descending region), ``min_lr`` where the loss starts to fall, ``max_lr`` the last
     before it blows up, and the curve. A given ``model``/``optimizer`` is restored afterwards.
     ``plot`` writes the curve as a PNG.
     """
+    cfg = with_options(LRFindConfig, config, options, caller="lr_find")
+    min_lr, max_lr, steps, batch_size, seed, plot = (cfg.min_lr, cfg.max_lr, cfg.steps, cfg.batch_size, cfg.seed,
+                                                     cfg.plot)
     validate_lr_range(min_lr, max_lr, steps)
     check_outputs([OutputPath("--plot", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
-    dev = resolve_device(device)
+    dev = resolve_device(cfg.device)
 
     def body() -> LRFindResult:
         result = run_lr_range_test(task_obj, merged, model=model, optimizer=optimizer, min_lr=min_lr,
@@ -238,12 +271,12 @@ def lr_find(
             result.plot(plot)
         return result
 
-    st = _store(store)
+    st = _store(store, db=db)
     if st is None:
         return body()
-    config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
-              "batch_size": batch_size, "device": str(dev), "seed": seed}
-    with tracked_run("lr_find", task_obj, config=config, device=dev, store=st) as run:
+    run_config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
+                  "batch_size": batch_size, "device": str(dev), "seed": seed}
+    with tracked_run("lr_find", task_obj, config=run_config, device=dev, store=st) as run:
         result = dataclasses.replace(body(), run_id=run.id)
         metrics = {k: v for k, v in (("suggested_lr", result.suggested_lr), ("min_lr", result.min_lr),
                                      ("max_lr", result.max_lr)) if v is not None}
@@ -285,27 +318,40 @@ def _round_batch(b: float) -> int:
     return max(1, round(b))
 
 
+@dataclass(frozen=True)
+class RecommendConfig:
+    """What :func:`recommend` measures beyond the Profile, and how long it may: the memory budget
+    (bytes or ``4GiB``), a target global batch, device and seed, the range test's and the noise
+    scale's steps, the optimizer comparison's and the embedding row's seconds, and DDP ranks and
+    the all-reduce's largest share of the step."""
+
+    memory_budget: int | str | None = None
+    target_batch: int | None = None
+    device: str | torch.device = "auto"
+    seed: int = 0
+    lr_steps: int = 100
+    noise_steps: int = 30
+    optimizer_budget_s: float = 4.0
+    embedding_budget_s: float = 120.0
+    ddp: int | None = None
+    ddp_share: float = 0.10
+
+
 def recommend(
     task: Task | str,
     params: dict[str, Any] | None = None,
+    config: RecommendConfig | None = None,
     *,
     profile: Profile | None = None,
-    memory_budget: int | str | None = None,
-    target_batch: int | None = None,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-    lr_steps: int = 100,
-    noise_steps: int = 30,
-    optimizer_budget_s: float = 4.0,
-    embedding_budget_s: float = 120.0,
-    ddp: int | None = None,
-    ddp_share: float = 0.10,
     store: Store | str | None = None,
+    db: str | None = None,
     progress: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> Recommendations:
     """Every training parameter proftune computes, from ONE Profile plus the measurements the
     Profile cannot hold (memory at other batch sizes, the LR range test, the noise scale, a
-    short equal-time comparison of optimizers).
+    short equal-time comparison of optimizers). ``config`` (a :class:`RecommendConfig`) or its
+    fields by name (``memory_budget="30MB"``) say what to measure.
 
     Without ``profile``, one is measured first (``proftune.profile``). Without
     ``memory_budget``: on CUDA the device's free memory, on CPU no batch-size search.
@@ -316,9 +362,14 @@ def recommend(
     profiled on N ranks of this machine at a few per-rank batch sizes and ``ddp_batch_size`` gives
     the per-rank batch at which the all-reduce takes at most ``ddp_share`` of the step.
     """
+    cfg = with_options(RecommendConfig, config, options, caller="recommend")
+    memory_budget, target_batch, seed, lr_steps, noise_steps = (cfg.memory_budget, cfg.target_batch, cfg.seed,
+                                                                cfg.lr_steps, cfg.noise_steps)
+    optimizer_budget_s, embedding_budget_s, ddp, ddp_share = (cfg.optimizer_budget_s, cfg.embedding_budget_s,
+                                                              cfg.ddp, cfg.ddp_share)
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
-    dev = resolve_device(device)
+    dev = resolve_device(cfg.device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
         raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
     if ddp is not None and (isinstance(ddp, bool) or not isinstance(ddp, int) or ddp < 2):
@@ -345,14 +396,14 @@ def recommend(
                                               ddp_spec=task if isinstance(task, str) else task_obj,
                                               ddp=ddp, ddp_share=float(ddp_share)))
 
-    st = _store(store)
+    st = _store(store, db=db)
     if st is None:
         return body()
-    config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
-              "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps,
-              "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
-              "ddp": ddp, "ddp_share": ddp_share}
-    with tracked_run("recommend", task_obj, config=config, device=dev, store=st) as run:
+    run_config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
+                  "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps,
+                  "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
+                  "ddp": ddp, "ddp_share": ddp_share}
+    with tracked_run("recommend", task_obj, config=run_config, device=dev, store=st) as run:
         recs = body()
         recs.run_id = run.id
         run.set(result={"recommendations": [r.to_dict() for r in recs]}, curves=recs.curves,

@@ -37,16 +37,29 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._device import batch_size_of
+from .._device import batch_size_of, resolve_device
+from .._jsonsafe import json_safe
+from .._options import with_options
 from .._units import format_bytes
 from ..exceptions import ConfigError
-from ..profile import UncountedOps, op_flops, uncounted_op
+from ..profile import ParamCounts, UncountedOps, op_flops, uncounted_op
 from ..task import Task, load_task
+from ..track import Store, optional_store, tracked_run
 from ..train import validate_params
 from ._batch_size import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
 from ._devices import DeviceSpec, resolve_target, roofline_ms
 
-__all__ = ["LayerPrediction", "PredictResult", "StepTracer", "predict"]
+__all__ = [
+    "PREDICT_SCHEMA_VERSION",
+    "LayerPrediction",
+    "PeakAt",
+    "PredictConfig",
+    "PredictResult",
+    "PredictedMemory",
+    "PredictedStep",
+    "StepTracer",
+    "predict",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +74,26 @@ ESTIMATE_NOTE = ("time is a roofline estimate (max of FLOPs/peak and bytes/bandw
 # -- records ---------------------------------------------------------------------------------------
 
 
+#: Bumped when a field of :class:`PredictResult`'s JSON changes meaning.
+PREDICT_SCHEMA_VERSION = 2
+
+
 @dataclass(frozen=True)
 class LayerPrediction:
-    """One layer (module path): FLOPs and bytes of its ops, activations saved, estimated time."""
+    """One layer (module path), by :class:`proftune.profile.LayerProfile`'s names: params, forward
+    FLOPs (``flops``), activations saved, ms; and what only a trace has: backward FLOPs, the bytes
+    its ops move and what bounds its estimated time."""
 
     name: str
     type: str
     params: int
-    forward_flops: int
+    #: Forward FLOPs of the layer's ops (the profile's ``flops``).
+    flops: int
     backward_flops: int
-    bytes_moved: int
     activation_bytes: int
     forward_ms: float | None
     backward_ms: float | None
+    bytes_moved: int
     #: What bounds its estimated time: "compute", "memory" or "overhead" (many tiny ops).
     bound: str
 
@@ -82,37 +102,73 @@ class LayerPrediction:
 
 
 @dataclass(frozen=True)
+class PredictedMemory:
+    """Bytes of the step, by :class:`proftune.profile.MemoryProfile`'s names, and the parts a trace
+    also separates: buffers, the batch, and ``static_bytes`` (what no batch size changes:
+    parameters, buffers, gradients, optimizer state)."""
+
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    #: Bytes autograd saves for backward (the activations), all layers.
+    activations_bytes: int = 0
+    peak_bytes: int = 0
+    buffers_bytes: int = 0
+    batch_bytes: int = 0
+    static_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PredictedStep:
+    """Milliseconds of the step and its phases, by :class:`proftune.profile.StepProfile`'s names;
+    a roofline estimate, None when the target's compute or bandwidth is unknown."""
+
+    time_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class PeakAt:
+    """Where the step's peak occurs: phase ("forward", "backward", "optimizer"), layer, op, and
+    the live bytes by kind then (params, buffers, grads, optimizer_state, batch, activations,
+    backward_temp, optimizer_temp; they add up to the peak)."""
+
+    phase: str = ""
+    layer: str = ""
+    op: str = ""
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PredictResult:
-    """What one fake-traced training step predicts; bytes, ms, FLOPs. Zero real steps run."""
+    """What one fake-traced training step predicts; bytes, ms, FLOPs. Zero real steps run.
+
+    The concepts a :class:`proftune.Profile` also has sit under its names and nesting
+    (``params.total``, ``memory.peak_bytes``, ``step.forward_ms``, ``layers[].flops``, ...), so a
+    prediction and a measurement of one step compare key by key; what only a prediction has
+    (the target, the roofline ``bound``, where the peak occurs, the largest batch) has its own keys.
+    """
 
     task: str
+    #: The device predicted for (the target's name), as a profile's ``device`` is where it measured.
+    device: str
     batch_size: int
     precision: str
     optimizer: str
     target: dict[str, Any]
-    params: int
-    params_bytes: int
-    buffers_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    batch_bytes: int
-    #: Bytes autograd saves for backward (the activations), all layers.
-    activations_bytes: int
-    peak_bytes: int
-    #: Where the peak occurs: phase ("forward", "backward", "optimizer"), layer, op.
-    peak_phase: str
-    peak_layer: str
-    peak_op: str
-    #: Live bytes by kind at the peak (params, buffers, grads, optimizer_state, batch,
-    #: activations, backward_temp, optimizer_temp).
-    peak_breakdown: dict[str, int]
+    params: ParamCounts
+    #: FLOPs of the forward, backward and optimizer phases.
     flops: int
     backward_flops: int
     optimizer_flops: int
-    step_time_ms: float | None
-    phase_ms: dict[str, float | None]
-    bound: str
+    memory: PredictedMemory
+    step: PredictedStep
     layers: tuple[LayerPrediction, ...]
+    #: What bounds the step's estimated time: "compute", "memory" or "unknown".
+    bound: str
+    peak: PeakAt
     uncounted_ops: tuple[dict[str, Any], ...]
     device_memory_bytes: int | None
     #: Whether the asked batch fits the device memory (None: no memory given).
@@ -120,22 +176,50 @@ class PredictResult:
     #: The largest batch whose predicted peak (plus batch-size's safety margin) fits; 0: none.
     max_batch_size: int | None
     max_batch: dict[str, Any] | None
-    #: Bytes that no batch size changes: parameters, buffers, gradients, optimizer state.
-    static_bytes: int
     trace_s: float
     traces: int
+    mode: str = "train"
     real_steps: int = 0
     #: With ``calibrate``: the same prediction for this machine's CPU beside ``profile``'s
     #: measurement there at a small batch (peak bytes and step ms, and their relative errors).
     calibration: dict[str, Any] | None = None
+    #: The params the step was traced with (the task's defaults and the overrides).
+    config: dict[str, Any] = field(default_factory=dict)
     note: str = ESTIMATE_NOTE
     traced_as: str = "cpu (fake tensors)"
+    #: The Run this prediction was recorded as (None: not recorded).
+    run_id: int | None = None
+    schema_version: int = PREDICT_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["layers"] = [lay.to_dict() for lay in self.layers]
-        d["uncounted_ops"] = [dict(u) for u in self.uncounted_ops]
-        return d
+        return dict(json_safe(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PredictResult:
+        """The record back from :meth:`to_dict`'s JSON (a Run's result, a saved file)."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a prediction must be a JSON object, but got {type(d).__name__}.")
+        version = d.get("schema_version")
+        if not isinstance(version, int) or version < PREDICT_SCHEMA_VERSION:
+            raise ConfigError(f"this JSON is not a proftune prediction of schema_version "
+                              f"{PREDICT_SCHEMA_VERSION}: it has schema_version={version!r}.")
+        if version > PREDICT_SCHEMA_VERSION:
+            raise ConfigError(f"prediction schema_version={version} is newer than this proftune reads "
+                              f"({PREDICT_SCHEMA_VERSION}); upgrade proftune.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw["params"] = _build(ParamCounts, d.get("params") or {})
+        kw["memory"] = _build(PredictedMemory, d.get("memory") or {})
+        kw["step"] = _build(PredictedStep, d.get("step") or {})
+        kw["peak"] = _build(PeakAt, d.get("peak") or {})
+        kw["layers"] = tuple(_build(LayerPrediction, lay) for lay in d.get("layers") or [])
+        kw["uncounted_ops"] = tuple(dict(u) for u in d.get("uncounted_ops") or ())
+        return cls(**kw)
+
+
+def _build(cls: type, d: dict[str, Any]) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in known})
 
 
 # -- fake model and batch ------------------------------------------------------------------------------
@@ -444,6 +528,7 @@ class StepTracer:
         seen: set[int] = set()
         self.layer_params: dict[str, int] = {}
         self.layer_types: dict[str, str] = {}
+        self.n_trainable = 0
         for name, mod in model.named_modules():
             self.layer_types[name] = type(mod).__name__
             n = 0
@@ -451,6 +536,7 @@ class StepTracer:
                 if id(p) not in seen:
                     seen.add(id(p))
                     n += p.numel()
+                    self.n_trainable += p.numel() if p.requires_grad else 0
             if n:
                 self.layer_params[name] = n
         self.n_params = sum(self.layer_params.values())
@@ -591,8 +677,8 @@ def _bound(entry: dict[str, Any]) -> str:
     return "compute" if c >= m else "memory"
 
 
-def _assemble(task_name: str, params: dict[str, Any], batch_size: int, precision: str, trace: _Trace,
-              spec: DeviceSpec, param_counts: dict[str, int], n_params: int) -> dict[str, Any]:
+def _assemble(trace: _Trace, spec: DeviceSpec, tracer: StepTracer) -> dict[str, Any]:
+    """The parts of a prediction that one trace on one target gives: counts, memory, time, layers."""
     layer_costs, phase_ms, bound = _roofline(trace, spec)
     names = [n for n in trace.layer_types if n in layer_costs or n in trace.activations]
     names += [n for n in layer_costs if n not in names]
@@ -601,28 +687,31 @@ def _assemble(task_name: str, params: dict[str, Any], batch_size: int, precision
         e = layer_costs.get(name)
         known = e is not None and bool(spec.bandwidth_bytes_s)
         layers.append(LayerPrediction(
-            name=name, type=trace.layer_types.get(name, "?"), params=param_counts.get(name, 0),
-            forward_flops=int(e["forward_flops"]) if e else 0,
+            name=name, type=trace.layer_types.get(name, "?"), params=tracer.layer_params.get(name, 0),
+            flops=int(e["forward_flops"]) if e else 0,
             backward_flops=int(e["backward_flops"]) if e else 0,
-            bytes_moved=int(e["bytes"]) if e else 0,
             activation_bytes=int(trace.activations.get(name, 0)),
             forward_ms=float(e["forward_ms"]) if (e and known) else None,
             backward_ms=float(e["backward_ms"]) if (e and known) else None,
+            bytes_moved=int(e["bytes"]) if e else 0,
             bound=_bound(e) if (e and known) else "unknown",
         ))
     flops = {p: sum(op.flops for op in trace.ops if op.phase == p) for p in _PHASES}
     total_ms = sum(v for v in phase_ms.values() if v is not None) if phase_ms["forward"] is not None else None
     st = trace.static
+    static = st["params_bytes"] + st["buffers_bytes"] + trace.grads_bytes + trace.optimizer_bytes
     return {
-        "task": task_name, "batch_size": batch_size, "precision": precision,
-        "optimizer": str(params.get("optimizer", "adamw")), "target": spec.to_dict(),
-        "params": n_params, "params_bytes": st["params_bytes"], "buffers_bytes": st["buffers_bytes"],
-        "grads_bytes": trace.grads_bytes, "optimizer_bytes": trace.optimizer_bytes,
-        "batch_bytes": st["batch_bytes"], "activations_bytes": sum(trace.activations.values()),
-        "peak_bytes": trace.peak, "peak_phase": trace.peak_where[0], "peak_layer": trace.peak_where[1],
-        "peak_op": trace.peak_where[2], "peak_breakdown": dict(trace.peak_breakdown),
+        "params": ParamCounts(total=tracer.n_params, trainable=tracer.n_trainable),
         "flops": flops["forward"], "backward_flops": flops["backward"], "optimizer_flops": flops["optimizer"],
-        "step_time_ms": total_ms, "phase_ms": phase_ms, "bound": bound, "layers": tuple(layers),
+        "memory": PredictedMemory(
+            params_bytes=st["params_bytes"], grads_bytes=trace.grads_bytes, optimizer_bytes=trace.optimizer_bytes,
+            activations_bytes=sum(trace.activations.values()), peak_bytes=trace.peak,
+            buffers_bytes=st["buffers_bytes"], batch_bytes=st["batch_bytes"], static_bytes=static),
+        "step": PredictedStep(time_ms=total_ms, forward_ms=phase_ms["forward"], backward_ms=phase_ms["backward"],
+                              optimizer_ms=phase_ms["optimizer"]),
+        "layers": tuple(layers), "bound": bound,
+        "peak": PeakAt(phase=trace.peak_where[0], layer=trace.peak_where[1], op=trace.peak_where[2],
+                       breakdown=dict(trace.peak_breakdown)),
         "uncounted_ops": tuple(dict(u) for u in trace.uncounted.values()),
     }
 
@@ -638,35 +727,56 @@ def _validate(batch_size: Any, precision: str) -> None:
     problems.raise_if_any()
 
 
+@dataclass(frozen=True)
+class PredictConfig:
+    """What one prediction asks: the batch, the device predicted FOR (``target`` and the numbers
+    that override or describe it), the step's settings, and where proftune itself runs.
+
+    ``target`` names a device (``h200``, ``h100``, ``a100``, ``v100``, ``l4``, ``t4``, ``cpu`` =
+    this machine; ``auto``: ``device``'s (this machine's CUDA device when ``device`` resolves to
+    one, else its CPU), or with only numbers given, a device of those numbers); ``device_memory``
+    (bytes or ``80GiB``), ``peak_tflops`` and ``bandwidth`` (bytes/s or ``3.35TB``) override its
+    numbers or describe another device. ``precision`` and ``optimizer`` override the task's
+    params. With ``max_batch`` and a known memory, the largest batch that fits is searched as
+    ``batch-size`` searches it (the same memory model and margin), on fake steps: zero real
+    steps. ``foreach`` traces the optimizer's multi-tensor kernels (default: on a GPU target, as
+    PyTorch does on CUDA). ``calibrate=b`` also profiles ``b``-sample steps on ``device`` (real
+    steps) and reports the error of the same prediction made for it.
+    """
+
+    batch_size: int = 0
+    target: str | None = "auto"
+    device_memory: int | str | None = None
+    peak_tflops: float | None = None
+    bandwidth: float | str | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+    max_batch: bool = True
+    foreach: bool | None = None
+    calibrate: int | None = None
+    device: str | torch.device = "auto"
+
+
 def predict(
     task: Task | str,
     params: dict[str, Any] | None = None,
+    config: PredictConfig | None = None,
     *,
-    batch_size: int,
-    target: str | None = "auto",
-    device_memory: int | str | None = None,
-    peak_tflops: float | None = None,
-    bandwidth: float | str | None = None,
-    precision: str | None = None,
-    optimizer: str | None = None,
-    max_batch: bool = True,
-    foreach: bool | None = None,
-    calibrate: int | None = None,
+    store: Store | str | None = None,
+    db: str | None = None,
+    **options: Any,
 ) -> PredictResult:
-    """Predict one training step of ``task`` at ``batch_size`` on ``target`` without running it.
+    """Predict one training step of ``task`` without running it (see :class:`PredictConfig`).
 
-    ``target`` names a device (``h200``, ``h100``, ``a100``, ``v100``, ``l4``, ``t4``, ``cpu`` =
-    this machine; ``auto``: this machine's CUDA device if any, else its CPU, or with only numbers
-    given, a device of those numbers); ``device_memory``,
-    ``peak_tflops`` and ``bandwidth`` (bytes/s) override its numbers or describe another device.
-    ``precision`` and ``optimizer`` override the task's params. With ``max_batch`` and a known
-    memory, the largest batch that fits is searched as ``batch-size`` searches it (the same
-    memory model and margin), on fake steps: zero real steps. ``foreach`` traces the optimizer's
-    multi-tensor kernels (default: on a GPU target, as PyTorch does on CUDA). ``calibrate=b``
-    also profiles ``b``-sample steps on this machine's CPU (real steps) and reports the error of
-    the same prediction made for that CPU.
+    ``config`` says what to predict; ``options`` set its fields by name
+    (``predict("digits-cnn", batch_size=256, target="a100", precision="bf16")``). With ``store``
+    (a :class:`Store` or a URL; ``db`` is the older spelling) the prediction is recorded as a Run
+    of kind ``predict`` whose result is :meth:`PredictResult.to_dict`.
     """
-    started = time.perf_counter()
+    cfg = with_options(PredictConfig, config, options, caller="predict")
+    batch_size, target, device_memory = cfg.batch_size, cfg.target, cfg.device_memory
+    peak_tflops, bandwidth, precision, optimizer = cfg.peak_tflops, cfg.bandwidth, cfg.precision, cfg.optimizer
+    max_batch, foreach, calibrate, device = cfg.max_batch, cfg.foreach, cfg.calibrate, cfg.device
     task_obj = load_task(task)
     merged = dict(task_obj.default_params)
     merged.update(params or {})
@@ -677,12 +787,38 @@ def predict(
     merged = validate_params(merged)
     prec = str(merged.get("precision", "fp32"))
     _validate(batch_size, prec)
+    if calibrate is not None and (isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 1):
+        raise ConfigError(f"calibrate must be a positive batch size, but got {calibrate=}.")
+    dev = resolve_device(device)
     name = (target or "").strip().lower()
     if name == "auto":
-        # numbers given without a name describe another device; else this machine's
+        # numbers given without a name describe another device; else the one proftune runs on
         given = device_memory is not None or peak_tflops is not None or bandwidth is not None
-        name = "" if given else _local_target()
+        name = "" if given else _local_target(dev)
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
+    st = optional_store(store, db=db)
+    if st is None:
+        return _predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
+                        calibrate=calibrate, dev=dev)
+    run_config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
+                  "calibrate": calibrate, "device": str(dev)}
+    # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
+    with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
+        result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
+                                              foreach=foreach, calibrate=calibrate, dev=dev), run_id=run.id)
+        metrics = {"predicted_peak_bytes": float(result.memory.peak_bytes), "params": float(result.params.total)}
+        if result.step.time_ms is not None:
+            metrics["predicted_step_time_ms"] = float(result.step.time_ms)
+        if result.max_batch_size is not None:
+            metrics["max_batch_size"] = float(result.max_batch_size)
+        run.set(metrics=metrics, result=result.to_dict())
+    return result
+
+
+def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec, batch_size: int, *,
+             max_batch: bool, foreach: bool | None, calibrate: int | None, dev: torch.device) -> PredictResult:
+    """One prediction of validated inputs (see :func:`predict`)."""
+    started = time.perf_counter()
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
     tracer = _tracer(task_obj, merged, prec, foreach)
@@ -696,10 +832,8 @@ def predict(
 
     peak_at(batch_size)
     trace = traces[batch_size]
-    fields = _assemble(task_obj.name or type(task_obj).__name__, merged, batch_size, prec, trace, spec,
-                       tracer.layer_params, tracer.n_params)
-    static = (fields["params_bytes"] + fields["buffers_bytes"] + fields["grads_bytes"]
-              + fields["optimizer_bytes"])
+    parts = _assemble(trace, spec, tracer)
+    static = parts["memory"].static_bytes
     memory = spec.memory_bytes
     fits = None if memory is None else trace.peak <= memory
     found: dict[str, Any] | None = None
@@ -712,15 +846,16 @@ def predict(
             max_b = int(found["max_batch_size"])
     calibration = None
     if calibrate is not None:
-        if isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 1:
-            raise ConfigError(f"calibrate must be a positive batch size, but got {calibrate=}.")
-        cpu_tracer = tracer if not tracer.foreach else StepTracer(task_obj, merged, precision=prec)
-        calibration = _calibrate(task_obj, merged, cpu_tracer, calibrate)
+        on_gpu = dev.type == "cuda"
+        same = tracer if tracer.foreach == on_gpu else StepTracer(task_obj, merged, precision=prec, foreach=on_gpu)
+        calibration = _calibrate(task_obj, merged, same, calibrate, dev)
     return PredictResult(
-        **fields, device_memory_bytes=memory, fits=fits, max_batch_size=max_b,
-        max_batch=found, static_bytes=static,
+        task=task_obj.name or type(task_obj).__name__, device=spec.name, batch_size=batch_size, precision=prec,
+        optimizer=str(merged.get("optimizer", "adamw")), target=spec.to_dict(), **parts,
+        device_memory_bytes=memory, fits=fits, max_batch_size=max_b, max_batch=found,
         trace_s=time.perf_counter() - started, traces=len(traces) + (1 if calibration else 0),
         real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
+        config={"params": {**merged, "batch_size": batch_size}},
     )
 
 
@@ -801,21 +936,25 @@ def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool) -
     return tracer
 
 
-def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_size: int) -> dict[str, Any]:
-    """Predicted vs ``profile``'s measurement on this machine's CPU at ``batch_size``."""
+def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_size: int,
+               dev: torch.device) -> dict[str, Any]:
+    """Predicted vs ``profile``'s measurement on ``dev`` (this machine) at ``batch_size``."""
     from ..profile import profile as run_profile
 
-    cpu = resolve_target("cpu")
+    here = resolve_target(_local_target(dev))
+    if dev.type == "cuda" and here.name == "cpu":
+        raise ConfigError(f"calibrate on {torch.cuda.get_device_name(dev)} needs its numbers, which the "
+                          f"device table lacks; valid: device='cpu', or a GPU among {', '.join(_GPU_KEYS)}.")
     trace = tracer.trace(batch_size)
-    _, phase_ms, _ = _roofline(trace, cpu)
+    _, phase_ms, _ = _roofline(trace, here)
     predicted_ms = sum(v for v in phase_ms.values() if v is not None)
     steps, warmup = 3, 1
-    prof = run_profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup, device="cpu",
+    prof = run_profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup, device=dev,
                        detail="step")
     measured_ms = float(prof.step.time_ms - prof.step.data_ms)
     measured_peak = int(prof.memory.peak_bytes)
     return {
-        "batch_size": batch_size, "device": cpu.name,
+        "batch_size": batch_size, "device": here.name,
         "predicted_peak_bytes": trace.peak, "measured_peak_bytes": measured_peak,
         "peak_error": trace.peak / measured_peak - 1 if measured_peak else None,
         "predicted_step_ms": predicted_ms, "measured_step_ms": measured_ms,
@@ -824,11 +963,14 @@ def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_siz
     }
 
 
-def _local_target() -> str:
-    """``auto``: this machine's CUDA device when it is in the table, else its CPU."""
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name().lower()
-        for key in ("h200", "h100", "a100", "v100", "l4", "t4"):
+_GPU_KEYS = ("h200", "h100", "a100", "v100", "l4", "t4")
+
+
+def _local_target(dev: torch.device) -> str:
+    """``auto``: ``dev``'s entry in the device table when it is a CUDA device there, else this CPU."""
+    if dev.type == "cuda" and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(dev).lower()
+        for key in _GPU_KEYS:
             if key in gpu:
                 return key
     return "cpu"
@@ -837,5 +979,5 @@ def _local_target() -> str:
 def summary_line(r: PredictResult) -> str:
     """One line: the peak, where, and whether it fits."""
     fit = "" if r.fits is None else (" fits" if r.fits else " does NOT fit")
-    return (f"batch {r.batch_size}: predicted peak {format_bytes(r.peak_bytes)} in {r.peak_phase}"
-            f" ({r.peak_layer or 'outside layers'}, {r.peak_op});{fit} {format_bytes(r.device_memory_bytes)}")
+    return (f"batch {r.batch_size}: predicted peak {format_bytes(r.memory.peak_bytes)} in {r.peak.phase}"
+            f" ({r.peak.layer or 'outside layers'}, {r.peak.op});{fit} {format_bytes(r.device_memory_bytes)}")

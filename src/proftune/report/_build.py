@@ -10,8 +10,8 @@ from typing import Any
 from .._jsonsafe import json_dumps
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
-from ..track import RunRecord, Store
-from . import _optimize  # noqa: F401  (registers the optimize renderer)
+from ..track import RunRecord, Store, open_store
+from . import _optimize, _predict  # noqa: F401  (register the optimize and predict renderers)
 from ._figures import PALETTE, layout, line
 from ._html import Page
 from ._sections import RENDERERS, Context, curves, overview, profile_sections, study_sections
@@ -20,7 +20,7 @@ __all__ = ["compare_html", "render_report", "run_id_of", "run_page", "write_comp
 
 _TITLES = {"train": "training run", "profile": "profile", "recommend": "recommendations",
            "batch_size": "batch size", "lr_find": "LR range test", "tune": "study", "trial": "trial",
-           "compress": "compression", "diagnose": "diagnosis", "bandit": "bandit", "optimize": "optimize"}
+           "compress": "compression", "diagnose": "diagnosis", "bandit": "bandit", "optimize": "optimize", "predict": "prediction"}
 
 
 def run_id_of(result: Any) -> int | None:
@@ -41,9 +41,7 @@ def run_id_of(result: Any) -> int | None:
 
 
 def _store(store: Store | str | None, db: str | None) -> Store:
-    if isinstance(store, Store):
-        return store
-    return Store(store or db)
+    return open_store(store, db=db)
 
 
 def render_report(source: Any = None, *, study: str | None = None, store: Store | str | None = None,

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
+from ..compress import Candidate, CompressReport
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
@@ -663,82 +664,75 @@ def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
 # -- compress -----------------------------------------------------------------------------------------
 @register_renderer("compress")
 def _compress(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
-    candidate_charts(page.section("Candidates"), res)
-    sens = [x for x in res.get("sensitivity") or [] if isinstance(x, Mapping)]
-    if sens:
-        sensitivity_chart(page.section("Per-layer sensitivity"), res)
-    texts = [*(res.get("plan") or []), *(res.get("notes") or [])]
+    rep = CompressReport.from_dict(dict(r.result or {}))
+    candidate_charts(page.section("Candidates"), rep)
+    if rep.sensitivity:
+        sensitivity_chart(page.section("Per-layer sensitivity"), rep)
+    texts = [*rep.plan, *rep.notes]
     if texts:
         ns = page.section("Plan and notes")
         ns.html("<ul>" + "".join(f"<li>{esc(t)}</li>" for t in texts) + "</ul>")
-        if res.get("load"):
-            ns.html(f"<h3>load the model</h3><pre>{esc(res.get('load'))}</pre>")
+        if rep.load_line:
+            ns.html(f"<h3>load the model</h3><pre>{esc(rep.load_line)}</pre>")
 
 
-def candidate_charts(s: Section, res: Mapping[str, Any]) -> None:
+def candidate_charts(s: Section, rep: CompressReport) -> None:
     """A compression's candidates (metric vs latency and vs size, the Pareto front, the selected
     one, the accuracy budget) and their table, into ``s``."""
-    base = res.get("baseline") or {}
-    cands = [c for c in res.get("candidates") or [] if isinstance(c, Mapping)]
-    sel = res.get("selected") or {}
-    metric = str(res.get("metric") or "metric")
-    everything = [dict(base, method=base.get("method", "baseline")), *cands] if base else list(cands)
-    s.para(f"{metric} within -{res.get('max_accuracy_drop')} of the baseline, goal {res.get('goal')}, "
-           f"{res.get('device')} with {res.get('threads')} thread(s); selected: "
-           + (f"{sel.get('method')} ratio {sel.get('ratio')}" if sel else "none"), cls="muted")
+    base, sel, metric = rep.baseline, rep.selected, rep.metric
+    everything = [base, *rep.candidates]
+    s.para(f"{metric} within -{rep.max_accuracy_drop} of the baseline, goal {rep.goal}, "
+           f"{rep.device} with {rep.threads} thread(s); selected: "
+           + (f"{sel.method} ratio {sel.ratio}" if sel else "none"), cls="muted")
 
-    def is_sel(c: Mapping[str, Any]) -> bool:
-        return bool(sel) and c.get("method") == sel.get("method") and c.get("ratio") == sel.get("ratio")
+    def is_sel(c: Candidate) -> bool:
+        return sel is not None and c.method == sel.method and c.ratio == sel.ratio
 
     for key, label, scale, unit in (("latency_ms", "latency at batch 1", 1.0, "ms"),
                                     ("size_bytes", "size as saved", 1 / 1024, "KiB")):
         data = []
-        groups = (("candidate", [c for c in everything if not c.get("pareto") and not is_sel(c)], "#adb5bd", 9),
-                  ("Pareto front", sorted([c for c in everything if c.get("pareto")],
-                                          key=lambda c: finite(c.get(key)) or 0), PALETTE[0], 11),
+        groups = (("candidate", [c for c in everything if not c.pareto and not is_sel(c)], "#adb5bd", 9),
+                  ("Pareto front", sorted([c for c in everything if c.pareto],
+                                          key=lambda c: finite(getattr(c, key)) or 0), PALETTE[0], 11),
                   ("selected", [c for c in everything if is_sel(c)], PALETTE[1], 18))
         for name, pts, color, size in groups:
             if not pts:
                 continue
             trace = {"type": "scatter", "mode": "lines+markers" if name == "Pareto front" else "markers",
-                     "name": name, "x": [(finite(c.get(key)) or 0) * scale for c in pts],
-                     "y": [c.get("metric") for c in pts],
-                     "hovertext": [plot_text(f"{c.get('method')} {c.get('ratio')}") for c in pts],
+                     "name": name, "x": [(finite(getattr(c, key)) or 0) * scale for c in pts],
+                     "y": [c.metric for c in pts],
+                     "hovertext": [plot_text(f"{c.method} {c.ratio}") for c in pts],
                      "hovertemplate": "%{hovertext}<br>%{x:.4g} " + unit + ", " + "%{y:.4f}<extra></extra>",
                      "marker": {"size": size, "color": color,
                                 "symbol": "star" if name == "selected" else "circle"},
                      "line": {"color": color, "dash": "dot"}}
             data.append(trace)
         shapes, notes = [], []
-        if _num(base.get("metric")) and _num(res.get("max_accuracy_drop")):
-            floor = float(base["metric"]) - float(res["max_accuracy_drop"])
+        if _num(base.metric) and _num(rep.max_accuracy_drop):
+            floor = float(base.metric) - float(rep.max_accuracy_drop)
             sh, no = hline(floor, f"budget: {metric} ≥ {floor:.4g}", color="#c92a2a")
             shapes.append(sh)
             notes.append(no)
         s.chart({"data": data, "layout": layout(f"{metric} vs {label}", x=f"{label} ({unit})", y=metric,
                                                 shapes=shapes, annotations=notes)})
     cols = ["candidate", metric, "drop", "params", "MACs", "size", "ms @1", "ms @batch", "Pareto", "within budget"]
-    s.table(cols, [[Cell(_candidate(c), title=f"backend {c.get('quant_backend')}" if c.get("quant_backend") else "",
-                         cls="nw"),
-                    c.get("metric"), c.get("metric_drop"), c.get("params"),
-                    c.get("macs"), (format_bytes(c.get("size_bytes")), finite(c.get("size_bytes")) or 0),
-                    c.get("latency_ms"), c.get("latency_batch_ms"),
-                    "yes" if c.get("pareto") else "", "yes" if c.get("within_budget") else "no"]
+    s.table(cols, [[Cell(_candidate(c), title=f"backend {c.quant_backend}" if c.quant_backend else "", cls="nw"),
+                    c.metric, c.metric_drop, c.params, c.macs, (format_bytes(c.size_bytes), finite(c.size_bytes) or 0),
+                    c.latency_ms, c.latency_batch_ms, "yes" if c.pareto else "", "yes" if c.within_budget else "no"]
                    for c in everything], row_classes=["best" if is_sel(c) else "" for c in everything])
 
 
-def _candidate(c: Mapping[str, Any]) -> str:
+def _candidate(c: Candidate) -> str:
     """``structured 50% + static``: the method with its pruning ratio."""
-    ratio = finite(c.get("ratio"))
-    parts = str(c.get("method") or "-").split("+")
+    ratio = finite(c.ratio)
+    parts = str(c.method or "-").split("+")
     return " + ".join(f"{p} {ratio:.0%}" if ratio and "structured" in p else p for p in parts)
 
 
-def sensitivity_chart(ss: Section, res: Mapping[str, Any]) -> None:
+def sensitivity_chart(ss: Section, rep: CompressReport) -> None:
     """The metric drop when one layer alone is pruned, per layer, into ``ss``."""
-    metric = str(res.get("metric") or "metric")
-    sens = [x for x in res.get("sensitivity") or [] if isinstance(x, Mapping)]
+    metric = rep.metric
+    sens = [x for x in rep.sensitivity if isinstance(x, Mapping)]
     if sens:
         ordered = sorted(sens, key=lambda x: finite(x.get("drop")) or 0)
         ss.chart({"data": [bar([x.get("drop") for x in ordered], [str(x.get("layer")) for x in ordered],

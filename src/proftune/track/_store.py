@@ -32,7 +32,7 @@ __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "def
 
 DEFAULT_DB = "sqlite:///proftune.db"
 RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size",
-             "optimize")
+             "optimize", "predict")
 RUN_STATUSES = ("running", "finished", "failed")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 

@@ -31,9 +31,10 @@ def open_store(store: Store | str | None = None, *, db: str | None = None) -> St
     return Store(store if store is not None else db)
 
 
-def optional_store(store: Store | str | None) -> Store | None:
-    """For functions that record only when asked: None stays None, else :func:`open_store`."""
-    return None if store is None else open_store(store)
+def optional_store(store: Store | str | None, *, db: str | None = None) -> Store | None:
+    """For functions that record only when asked: neither given stays None, else :func:`open_store`
+    (``db`` the older spelling of ``store``, as there)."""
+    return None if store is None and db is None else open_store(store, db=db)
 
 
 @contextlib.contextmanager
