@@ -11,6 +11,10 @@ import os as _os
 _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 _os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
+# they fill load_task's registries: the built-in task names, the adapters of Lightning, Hugging
+# Face, bare nn.Modules and timm:NAME (task.py imports neither)
+from . import examples as _examples  # noqa: F401
+from . import integrations as _integrations  # noqa: F401
 from ._api import TrainReport, TrainResult, run_train
 
 # the function shadows its subpackage on purpose: proftune.compress(...) and

@@ -6,6 +6,7 @@ bound in ``proftune/__init__.py`` next to this subpackage.
 
 from __future__ import annotations
 
+from ..train import EarlyStopping
 from ._api import (
     BanditReport,
     BanditResult,
@@ -18,7 +19,7 @@ from ._api import (
     load_configs,
 )
 from ._bandit import POLICIES, Arm, ArmStats, Bandit, BanditPulls, SimResult, regret_curve, simulate
-from ._controllers import AdaptiveLR, EarlyStopping, GradGuard
+from ._controllers import AdaptiveLR, GradGuard
 from ._findings import CAUSES, SEVERITIES, Finding, flatten_findings, rank_findings
 from ._health import HealthCheck
 from ._history import History, StepRecord
