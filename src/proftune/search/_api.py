@@ -17,6 +17,7 @@ import optuna
 
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
+from ..metrics import default_objective
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
@@ -379,7 +380,7 @@ def _settings(task: Task | str, task_obj: Task, space: Any, given: dict[str, Any
     metrics = task_metrics(task_obj)
     objectives = given["objectives"]
     if not objectives:
-        objectives = ["accuracy:max"] if metrics is None or "accuracy" in metrics else ["val_loss:min"]
+        objectives = [default_objective(metrics)]
     objs, cons = parse_targets(objectives, given["constraints"], task_metrics=metrics, problems=problems,
                                task=task_obj)
     if given["sampler"] not in SAMPLERS:
