@@ -104,7 +104,7 @@ def test_bad_ratios_and_methods_are_listed_in_one_error(db_url: str) -> None:
         proftune.compress("digits-mlp", prune="sparse", ratios=(0.0, 1.2), quantize="int4",
                           goal="speed", db=db_url)
     text = str(err.value)
-    for needle in ("--prune 'sparse'", "ratio 0.0", "ratio 1.2", "--quantize 'int4'", "--goal 'speed'",
+    for needle in ("prune='sparse'", "ratio 0.0", "ratio 1.2", "quantize='int4'", "goal='speed'",
                    "structured", "dynamic"):
         assert needle in text
 

@@ -73,8 +73,8 @@ def torch_ao_dynamic(model: nn.Module) -> nn.Module:
 def _fx_error(exc: Exception, method: str) -> ConfigError:
     return ConfigError(
         f"{method} quantization traces the model with torch.fx and the trace failed "
-        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); use --quantize "
-        "dynamic, or make the forward traceable (no data-dependent control flow)."
+        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); use quantize="
+        "'dynamic', or make the forward traceable (no data-dependent control flow)."
     )
 
 
