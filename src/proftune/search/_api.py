@@ -26,8 +26,7 @@ from ._pruners import PRUNERS
 from ._ray import RayOptions, pbt_plot, run_ray
 from ._records import ATTR, TrialRecord, counts, trial_records
 from ._samplers import SAMPLERS
-from ._scan import ScanResult, restrict_space
-from ._scan import scan as run_scan
+from ._scan import ScanResult, restrict_space, run_scan
 from ._settings import SearchSettings, check_settings
 from ._space import Space, load_space
 from ._storage import open_storage
