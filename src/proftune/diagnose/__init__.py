@@ -6,11 +6,10 @@ bound in ``proftune/__init__.py`` next to this subpackage.
 
 from __future__ import annotations
 
+from .._deprecated import renamed
 from ..train import EarlyStopping
 from ._api import (
-    BanditReport,
     BanditResult,
-    DiagnoseReport,
     DiagnoseResult,
     bandit,
     check_arms,
@@ -36,10 +35,8 @@ __all__ = [
     "ArmStats",
     "Bandit",
     "BanditPulls",
-    "BanditReport",
     "BanditResult",
     "BaseCheck",
-    "DiagnoseReport",
     "DiagnoseResult",
     "EarlyStopping",
     "Finding",
@@ -60,3 +57,6 @@ __all__ = [
     "regret_curve",
     "simulate",
 ]
+
+#: ``DiagnoseReport`` and ``BanditReport``: former names of DiagnoseResult and BanditResult, deprecated.
+__getattr__ = renamed(__name__, {"DiagnoseReport": DiagnoseResult, "BanditReport": BanditResult})

@@ -25,7 +25,7 @@ from ._lrtest import RangeTest, lr_range_test
 from ._probes import decay_probe, warmup_probe
 
 __all__ = [
-    "BanditReport", "BanditResult", "DiagnoseReport", "DiagnoseResult", "bandit", "check_arms", "diagnose",
+    "BanditResult", "DiagnoseResult", "bandit", "check_arms", "diagnose",
     "known_params", "load_configs",
 ]
 
@@ -397,7 +397,3 @@ def _prior_pulls(store: Store, key: str) -> int:
 
     return len(BanditPulls(store).history(key))
 
-
-#: Former names of :class:`DiagnoseResult` and :class:`BanditResult`, kept for existing imports.
-DiagnoseReport = DiagnoseResult
-BanditReport = BanditResult
