@@ -32,7 +32,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "proftune"
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"exceptions"},
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
-    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "metrics"},
+    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_deprecated",
+     "metrics"},
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"train", "examples"},  # the fit loop; the built-in tasks
     {"track"},  # the Store
