@@ -1,4 +1,4 @@
-"""proftune imports and runs with only its base dependencies, and its packages keep their layers.
+"""proftune imports and runs with only its base dependencies (its layers: tests/test_layering.py).
 
 The optional packages are hidden with a ``sys.meta_path`` blocker in a fresh interpreter, the way
 ``pip install proftune`` (no extras) leaves them. scipy is not hidden: scikit-learn, a base
@@ -7,7 +7,6 @@ dependency, needs it, so every install of proftune has it.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -100,68 +99,6 @@ def test_base_commands_run_and_extra_commands_name_the_extra(tmp_path: Path) -> 
     assert code == 2, text
     assert "Traceback" not in text
     assert "pip install 'proftune[search]'" in text
-
-
-# -- layers ------------------------------------------------------------------------------------
-
-
-def _imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """Every import in ``path`` as (absolute module, imported names, line)."""
-    rel = path.relative_to(SRC.parent).with_suffix("")
-    package = list(rel.parts[:-1])  # a module's package; an __init__ is its own package
-    found: list[tuple[str, list[str], int]] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found += [(a.name, [], node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            found.append((module, [a.name for a in node.names], node.lineno))
-    return found
-
-
-def _violation(own: str, module: str, names: list[str]) -> str | None:
-    parts = module.split(".")
-    if parts[0] != "proftune":
-        return None
-    if len(parts) == 1:
-        return "imports the top-level package proftune"
-    sub = parts[1]
-    if not (SRC / sub).is_dir() or sub == own:
-        return None
-    private = [p for p in parts[2:] if p.startswith("_")]
-    private += [n for n in names if n.startswith("_") and (SRC / sub / f"{n}.py").exists()]
-    if private:
-        return f"imports private {private} of subpackage {sub!r}"
-    return None
-
-
-def test_subpackages_import_no_top_level_package_nor_each_others_private_modules() -> None:
-    problems = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC)
-        if len(rel.parts) < 2:  # modules at the package root may use anything
-            continue
-        for module, names, line in _imports(path):
-            why = _violation(rel.parts[0], module, names)
-            if why:
-                problems.append(f"{rel}:{line}: {why}")
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize(
-    ("own", "module", "names", "bad"),
-    [
-        ("search", "proftune", ["profile"], True),
-        ("search", "proftune.track._store", ["pid_alive"], True),
-        ("recommend", "proftune.profile", ["_memory"], True),
-        ("search", "proftune.track", ["Store"], False),
-        ("search", "proftune._device", ["resolve_device"], False),
-        ("search", "proftune.search._space", ["Space"], False),
-    ],
-)
-def test_layer_rule_catches_what_it_should(own: str, module: str, names: list[str], bad: bool) -> None:
-    assert (_violation(own, module, names) is not None) == bad
 
 
 def test_every_extra_named_in_errors_exists_in_pyproject() -> None:

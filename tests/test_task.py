@@ -278,3 +278,35 @@ def test_wrapper_delegates_every_task_method_and_attribute(wrapper: str) -> None
         else:
             assert getattr(wrapped, attr) == getattr(inner, attr), attr
     assert wrapped.own_attribute == inner.own_attribute  # type: ignore[attr-defined]
+
+
+def test_a_registered_adapter_extends_load_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """task.py knows its adapters only through the registry: a new one is one registration."""
+    from proftune import task as task_module
+
+    monkeypatch.setattr(task_module, "_ADAPTERS", dict(task_module._ADAPTERS))
+    made: list[str] = []
+
+    class Built(proftune.ClassificationTask):
+        def build_model(self, params: dict[str, Any]) -> torch.nn.Module:
+            return torch.nn.Linear(4, 2)
+
+    def from_spec(spec: str) -> Task:
+        made.append(spec)
+        return Built()
+
+    task_module.register_task_adapter(task_module.TaskAdapter(
+        "mine", prefixes={"mine:": from_spec},
+        from_object=lambda obj, *, origin: Built() if obj == 42 else None))
+    assert isinstance(proftune.load_task("mine:model-a"), Built)
+    assert made == ["mine:model-a"]
+    assert isinstance(proftune.load_task(42), Built)  # type: ignore[arg-type]
+    assert absolute_spec("mine:model-a") == "mine:model-a"  # its own form, not a file
+
+
+def test_the_package_fills_the_registries() -> None:
+    """proftune's __init__ imports examples/ and integrations/, which register themselves."""
+    from proftune import task as task_module
+
+    assert task_module.builtin_task_names() == sorted(BUILTIN_TASKS)
+    assert "timm:" in task_module._ADAPTERS["integrations"].prefixes

@@ -11,14 +11,18 @@ import os as _os
 _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 _os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
-from ._api import TrainReport, TrainResult, run_train
+# they fill load_task's registries: the built-in task names, the adapters of Lightning, Hugging
+# Face, bare nn.Modules and timm:NAME (task.py imports neither)
+from . import examples as _examples  # noqa: F401
+from . import integrations as _integrations  # noqa: F401
+from ._api import TrainResult, run_train
+from ._deprecated import renamed as _renamed
 
 # the function shadows its subpackage on purpose: proftune.compress(...) and
 # `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
 from .compress import CompressConfig, CompressReport, CompressResult, compress
 from .diagnose import (
     AdaptiveLR,
-    DiagnoseReport,
     DiagnoseResult,
     EarlyStopping,
     GradGuard,
@@ -56,11 +60,15 @@ else:
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
+def _missing(name: str) -> object:
     """A public name whose optional dependency is missing raises the error naming its extra."""
     if name in _MISSING:
         raise DependencyError(_MISSING[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: Former names, deprecated: ``TrainReport`` (TrainResult), ``DiagnoseReport`` (DiagnoseResult).
+__getattr__ = _renamed(__name__, {"TrainReport": TrainResult, "DiagnoseReport": DiagnoseResult}, fallback=_missing)
 
 __all__ = [
     "AdaptiveLR",
@@ -72,7 +80,6 @@ __all__ = [
     "CompressResult",
     "ConfigError",
     "DependencyError",
-    "DiagnoseReport",
     "DiagnoseResult",
     "EarlyStopping",
     "FitConfig",
@@ -97,7 +104,6 @@ __all__ = [
     "Store",
     "Task",
     "TaskLoadError",
-    "TrainReport",
     "TrainResult",
     "__version__",
     "compress",

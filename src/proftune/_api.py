@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ._deprecated import renamed
 from ._device import resolve_device
 from .task import Task, load_task
 from .track import Store, short_fingerprint, tracked_run
@@ -78,5 +79,5 @@ def run_train(
                        task=task_obj.name or type(task_obj).__name__)
 
 
-#: The former name of :class:`TrainResult`, kept so that existing imports work.
-TrainReport = TrainResult
+#: ``TrainReport``: the former name of :class:`TrainResult`, deprecated.
+__getattr__ = renamed(__name__, {"TrainReport": TrainResult})

@@ -34,7 +34,8 @@ __all__ = ["OutputPath", "check_outputs", "output_problems", "replacing", "write
 
 @dataclass(frozen=True)
 class OutputPath:
-    """One output a command will write: the option that names it (``--trace``), the path, whether
+    """One output a command will write: the option that names it (``--trace`` in the CLI, the
+    Python argument ``trace=`` in the library, which the CLI reads as its flag), the path, whether
     it is a folder, and (a folder) the names of the files it will write there."""
 
     option: str
@@ -48,7 +49,7 @@ def output_problems(out: OutputPath, *, force: bool) -> list[str]:
     if out.path is None or str(out.path) == "":
         return []
     path = Path(out.path)
-    shown = f"{out.option} {str(path)!r}"
+    shown = f"{out.option}{str(path)!r}" if out.option.endswith("=") else f"{out.option} {str(path)!r}"
     link = _link_problem(path, shown, force=force, folder=out.folder)
     if link is not None:
         return [link]

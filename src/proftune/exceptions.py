@@ -11,6 +11,7 @@ from collections.abc import Iterable
 __all__ = [
     "ConfigError",
     "DependencyError",
+    "ProblemCollector",
     "ProftuneError",
     "RunFailedError",
     "StoreError",

@@ -43,12 +43,14 @@ __all__ = [
     "STAGES",
     "Metric",
     "better",
+    "default_objective",
     "direction",
     "get_metric",
     "is_known",
     "metric_names",
     "produced_by",
     "resolve_direction",
+    "split_objective",
 ]
 
 Direction = Literal["min", "max"]
@@ -188,6 +190,23 @@ def resolve_direction(name: str, given: str | None = None, *, task: Any = None) 
     if g in ("min", "minimize", "minimise"):
         return "min"
     raise ConfigError(f"direction {given!r} for metric {name!r} is unknown; valid: max, min.")
+
+
+def default_objective(reported: Iterable[str] | None) -> str:
+    """The objective when none is given: ``accuracy:max`` when the task reports accuracy (or what it
+    reports cannot be known before training), else ``val_loss:min``, which every task reports."""
+    return "accuracy:max" if reported is None or "accuracy" in set(reported) else "val_loss:min"
+
+
+def split_objective(text: str, *, task: Any = None) -> tuple[str, Direction]:
+    """``"accuracy:max"`` -> ``("accuracy", "max")``; without ``:DIR`` the direction is the
+    registry's or the task's declared one (:func:`resolve_direction`), never guessed from the name.
+
+    Raises :class:`ConfigError` when neither the text nor anyone else says the direction.
+    """
+    name, _, given = str(text).strip().partition(":")
+    name = name.strip()
+    return name, resolve_direction(name, given.strip() or None, task=task)
 
 
 def better(name: str, a: float, b: float, *, task: Any = None) -> bool:

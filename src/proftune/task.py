@@ -12,7 +12,8 @@ import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
@@ -20,9 +21,21 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ._optimizers import build_optimizer
 from .exceptions import TaskLoadError
 
-__all__ = ["ClassificationTask", "Task", "TaskWrapper", "load_task"]
+__all__ = [
+    "ClassificationTask",
+    "Task",
+    "TaskAdapter",
+    "TaskWrapper",
+    "absolute_spec",
+    "builtin_task_names",
+    "import_file",
+    "load_task",
+    "register_builtin_tasks",
+    "register_task_adapter",
+]
 
 
 class Task:
@@ -83,8 +96,6 @@ class Task:
 
     def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
         """The optimizer named by ``params["optimizer"]`` (default AdamW, lr 1e-3)."""
-        from .train import build_optimizer
-
         return build_optimizer(model.parameters(), params)
 
     def example_batch(self, batch_size: int) -> Any:
@@ -172,10 +183,52 @@ _SPEC_FORMS = ("a file 'path/to/task.py', 'path/to/task.py:Class', 'package.modu
                "or a built-in name")
 
 
-def _builtin_names() -> list[str]:
-    from .examples import BUILTIN_TASKS
+@dataclass(frozen=True)
+class TaskAdapter:
+    """What :func:`load_task` turns into a Task besides Task subclasses, registered by the package
+    that knows it (:mod:`proftune.integrations`: a LightningModule, a Hugging Face model, a bare
+    ``nn.Module``, ``timm:NAME``), so this module imports none of them.
 
-    return sorted(BUILTIN_TASKS)
+    ``prefixes``: spec forms of the adapter's own, each prefix to its loader (``"timm:"`` ->
+    ``loader("timm:resnet18")``). ``from_object(obj, origin=spec)``: a Task for an object that is
+    not one (a class, instance or factory), or None. ``from_namespace(namespace, module_name,
+    class_name, spec=spec)``: a Task from a user file's names when it defines no Task subclass
+    (or not the one ``class_name`` names), or None.
+    """
+
+    name: str
+    prefixes: Mapping[str, Callable[[str], Task]] = field(default_factory=dict)
+    from_object: Callable[..., Task | None] | None = None
+    from_namespace: Callable[..., Task | None] | None = None
+
+
+#: The registered adapters by name, tried in registration order; filled by proftune.integrations.
+_ADAPTERS: dict[str, TaskAdapter] = {}
+#: Built-in task names to their "module:Class"; filled by proftune.examples.
+_BUILTINS: dict[str, str] = {}
+
+
+def register_task_adapter(adapter: TaskAdapter) -> None:
+    """Let :func:`load_task` take what ``adapter`` knows; one of the same name is replaced."""
+    _ADAPTERS[adapter.name] = adapter
+
+
+def register_builtin_tasks(targets: Mapping[str, str]) -> None:
+    """Make each name a task spec of its own: ``{"digits-mlp": "package.module:Class"}``."""
+    _BUILTINS.update(targets)
+
+
+def builtin_task_names() -> list[str]:
+    """The built-in task names :func:`load_task` takes, sorted."""
+    return sorted(_BUILTINS)
+
+
+def _prefix_loader(spec: str) -> Callable[[str], Task] | None:
+    for adapter in _ADAPTERS.values():
+        for prefix, loader in adapter.prefixes.items():
+            if spec.startswith(prefix):
+                return loader
+    return None
 
 
 def load_task(spec: str | Task | type[Task]) -> Task:
@@ -193,15 +246,10 @@ def load_task(spec: str | Task | type[Task]) -> Task:
     if not isinstance(spec, str) or not spec.strip():
         raise TaskLoadError(f"task={spec!r} is not a task spec; give {_SPEC_FORMS}.")
     spec = spec.strip()
-    if spec.startswith("timm:"):  # a timm model by name, random weights
-        from .integrations import timm_task
-
-        return timm_task(spec)
-
-    from .examples import BUILTIN_TASKS
-
-    if spec in BUILTIN_TASKS:
-        module_name, builtin_class = BUILTIN_TASKS[spec].target.split(":")
+    if (loader := _prefix_loader(spec)) is not None:  # an adapter's own form: timm:MODEL
+        return loader(spec)
+    if spec in _BUILTINS:
+        module_name, builtin_class = _BUILTINS[spec].split(":")
         cls = getattr(importlib.import_module(module_name), builtin_class)
         return _instantiate(cls, origin=spec)
 
@@ -212,7 +260,7 @@ def load_task(spec: str | Task | type[Task]) -> Task:
         return _load_from_module(path_part, class_name, spec)
     raise TaskLoadError(
         f"task {spec!r} is not a built-in task, a file or 'package.module:Class'. "
-        f"Built-in tasks: {', '.join(_builtin_names())}. Valid forms: {_SPEC_FORMS}."
+        f"Built-in tasks: {', '.join(builtin_task_names())}. Valid forms: {_SPEC_FORMS}."
     )
 
 
@@ -220,10 +268,8 @@ def absolute_spec(spec: str) -> str:
     """``spec`` as a process in another working directory (a Ray trial) loads it: a task file's
     path made absolute (``tasks/mine.py:Mine`` -> ``/home/me/proj/tasks/mine.py:Mine``); a
     built-in name, ``timm:MODEL`` and ``package.module:Class`` stay as they are."""
-    from .examples import BUILTIN_TASKS
-
     spec = spec.strip()
-    if spec.startswith("timm:") or spec in BUILTIN_TASKS:
+    if _prefix_loader(spec) is not None or spec in _BUILTINS:
         return spec
     path_part, class_name = _split_spec(spec)
     if not _names_a_file(path_part):
@@ -253,7 +299,7 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
     if not path.exists():
         raise TaskLoadError(
             f"task file {str(path)!r} does not exist (looked for {path.resolve()}). "
-            f"Give {_SPEC_FORMS}; built-in tasks: {', '.join(_builtin_names())}."
+            f"Give {_SPEC_FORMS}; built-in tasks: {', '.join(builtin_task_names())}."
         )
     if not path.is_file():
         raise TaskLoadError(f"task path {str(path)!r} is not a file; give a .py file that defines a Task.")
@@ -365,15 +411,20 @@ def _pick_class(candidates: dict[str, type[Task]], class_name: str | None, *, wh
 
 
 def _foreign(obj: Any, *, origin: str, module_name: str | None = None, class_name: str | None = None) -> Task | None:
-    """The hook for what is not a Task: a LightningModule (class, instance, factory) wrapped as one.
+    """What the registered adapters make of what is not a Task (a LightningModule's class,
+    instance or factory), the first one's Task; None when none takes it.
 
     ``module_name`` set: ``obj`` is a user file's namespace, searched for what ``class_name`` names.
     """
-    from .integrations import foreign_task, foreign_task_in
-
-    if module_name is not None:
-        return foreign_task_in(obj, module_name, class_name, spec=origin)
-    return foreign_task(obj, origin=origin)
+    for adapter in list(_ADAPTERS.values()):
+        if module_name is not None:
+            found = (adapter.from_namespace(obj, module_name, class_name, spec=origin)
+                     if adapter.from_namespace is not None else None)
+        else:
+            found = adapter.from_object(obj, origin=origin) if adapter.from_object is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 def _instantiate(cls: type[Task], *, origin: str) -> Task:

@@ -104,7 +104,7 @@ def test_bad_ratios_and_methods_are_listed_in_one_error(db_url: str) -> None:
         proftune.compress("digits-mlp", prune="sparse", ratios=(0.0, 1.2), quantize="int4",
                           goal="speed", db=db_url)
     text = str(err.value)
-    for needle in ("--prune 'sparse'", "ratio 0.0", "ratio 1.2", "--quantize 'int4'", "--goal 'speed'",
+    for needle in ("prune='sparse'", "ratio 0.0", "ratio 1.2", "quantize='int4'", "goal='speed'",
                    "structured", "dynamic"):
         assert needle in text
 
@@ -125,7 +125,7 @@ def test_out_rules_never_overwrite_the_original(original: Path, tmp_path: Path, 
 def test_unavailable_backend_is_a_config_error(monkeypatch: pytest.MonkeyPatch, db_url: str) -> None:
     from proftune.compress import _quantize
 
-    monkeypatch.setattr(_quantize, "_supported_engines", lambda: [])
+    monkeypatch.setattr(_quantize, "supported_engines", lambda: [])
     with pytest.raises(ConfigError, match=r"torch\.ao"):
         proftune.compress("digits-cnn", quantize="static", db=db_url)
     with pytest.raises(ConfigError, match="CPU only"):
@@ -209,7 +209,7 @@ def test_cli_untraceable_model_exits_2_naming_the_layer(tmp_path: Path) -> None:
 def test_cli_unavailable_backend_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from proftune.compress import _quantize
 
-    monkeypatch.setattr(_quantize, "_supported_engines", lambda: [])
+    monkeypatch.setattr(_quantize, "supported_engines", lambda: [])
     res = runner.invoke(app, ["compress", "digits-cnn", "--quantize", "static",
                               "--db", f"sqlite:///{tmp_path / 'c.db'}"])
     assert res.exit_code == 2

@@ -10,8 +10,8 @@ from torch import nn
 
 from proftune.compress import BACKENDS, BaseQuantBackend, _quantize, backend_status, load_model
 from proftune.compress._checkpoint import Rebuild, save_model
-from proftune.compress._quant_backends import get_backend
-from proftune.compress._quantize import quantize_dynamic, quantize_static, run_batches
+from proftune.compress._quant_backends import get_backend, quantize_dynamic
+from proftune.compress._quantize import quantize_static, run_batches
 
 
 def _mlp() -> nn.Module:
@@ -59,7 +59,7 @@ def test_backend_status_names_why_a_backend_is_unavailable(monkeypatch: pytest.M
     assert cuda["torch.ao"] is not None
     assert "CPU only" in cuda["torch.ao"]
     assert cuda["torchao"] is not None  # no eager static INT8 for conv in torchao
-    monkeypatch.setattr(_quantize, "_supported_engines", lambda: ["none"])
+    monkeypatch.setattr(_quantize, "supported_engines", lambda: ["none"])
     cpu = backend_status("dynamic", torch.device("cpu"))
     assert cpu["torch.ao"] is not None
     assert "engine" in cpu["torch.ao"]

@@ -109,3 +109,11 @@ def test_scan_option_is_validated(bad: Any, tmp_path: Path) -> None:
     with pytest.raises(proftune.ConfigError, match="--scan"):
         proftune.search("wine-mlp", SPACE, constraints=["params<3000"], scan=bad,
                         db=f"sqlite:///{tmp_path / 'p.db'}")
+
+
+def test_scan_names_one_function() -> None:
+    """search.scan is the public entry; the private runner it calls has a name of its own."""
+    from proftune.search import _scan
+
+    assert not hasattr(_scan, "scan")
+    assert scan is not _scan.run_scan

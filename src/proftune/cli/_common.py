@@ -190,20 +190,47 @@ def with_report(body: Callable[[], T], report: str | None, db: str | None, *, fo
     return run
 
 
+#: Library argument names whose option has another Python name in the command (``plot_dir=`` is
+#: compress's ``--plot``); an option whose Python name ends in ``_`` (``compile_``) needs no entry.
+LIBRARY_ARGUMENTS = {"plot_dir": "plot"}
+
+
 def as_flags(message: str) -> str:
-    """A library message in the words of the command line: ``max_failures=3`` (a Python argument
-    of the running command) reads ``--max-failures 3``. The library names Python arguments; the
-    flags are the CLI's business."""
+    """A library message in the words of the command line, the one place that translates:
+    ``max_failures=3`` (a Python argument of the running command) reads ``--max-failures 3``,
+    ``distill=True`` of a switch reads ``--distill``, a sequence ``ignore_layers=('0', '3')``
+    reads ``--ignore-layers 0,3`` and ``ignore_layers=`` alone (the argument, no value) reads
+    ``--ignore-layers``. The library names its Python arguments; the flags are the CLI's business."""
+    import ast
     import re
 
     ctx = _click_context()
     params = getattr(getattr(ctx, "command", None), "params", None) or []
-    flags = {p.name: p.opts[0] for p in params
-             if getattr(p, "param_type_name", "") == "option" and p.name and p.opts[0].startswith("--")}
-    if not flags:
+    options = {p.name: p for p in params
+               if getattr(p, "param_type_name", "") == "option" and p.name and p.opts[0].startswith("--")}
+    options |= {name.rstrip("_"): p for name, p in options.items()}
+    options |= {lib: options[cli] for lib, cli in LIBRARY_ARGUMENTS.items() if cli in options}
+    if not options:
         return message
-    names = "|".join(re.escape(n) for n in sorted(flags, key=len, reverse=True))
-    return re.sub(rf"(?<![\w.-])({names})=", lambda m: f"{flags[m.group(1)]} ", message)
+    names = "|".join(re.escape(n) for n in sorted(options, key=len, reverse=True))
+
+    def flag(m: re.Match[str]) -> str:
+        option, value = options[m.group(1)], m.group(2)
+        if value == "True" and getattr(option, "is_flag", False):
+            return str(option.opts[0])
+        if value.startswith(("(", "[")):
+            try:
+                items = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                items = None
+            if isinstance(items, (tuple, list)):
+                value = ",".join(str(v) for v in items)
+        if value:
+            return f"{option.opts[0]} {value}"
+        rest = m.string[m.end():m.end() + 1]  # name=3 -> --name 3; a bare name= -> --name
+        return str(option.opts[0]) + ("" if rest in ("", " ", ".", ",", ";", ":", ")") else " ")
+
+    return re.sub(rf"(?<![\w.-])({names})=(True\b|\([^()]*\)|\[[^\[\]]*\]|)", flag, message)
 
 
 def _click_context() -> Any:

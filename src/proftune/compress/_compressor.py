@@ -112,7 +112,7 @@ class Compressor:
         self.base = base
         self.base_metrics = evaluate_model(self.task, base, self.dev, self.bs)
         if cfg.metric not in self.base_metrics:
-            raise ConfigError(f"--metric {cfg.metric!r} is not a metric of task {self.task.name!r}; "
+            raise ConfigError(f"metric={cfg.metric!r} is not a metric of task {self.task.name!r}; "
                               f"its metrics: {', '.join(sorted(self.base_metrics))}.")
         self.metric_up = direction(cfg.metric, task=self.task) == "max"
         batch = move_to_device(next(iter(self.task.val_data(self.bs))), self.dev)
@@ -284,7 +284,7 @@ class Compressor:
         usable = [b for b in wanted if status.get(b) is None]
         if not usable:
             why = "; ".join(f"{b}: {status[b]}" for b in wanted)
-            raise ConfigError(f"--quantize {method}: no backend can quantize this model on {self.dev} ({why}).")
+            raise ConfigError(f"quantize={method!r}: no backend can quantize this model on {self.dev} ({why}).")
         built: dict[str, Built] = {}
         for name_ in usable:
             backend = get_backend(name_, method)

@@ -74,7 +74,7 @@ class CompressConfig:
         self._choice_problems(p)
         self._number_problems(p)
         if self.distill and self.finetune_epochs == 0 and self.quantize != "qat":
-            p.add("--distill teaches during fine-tuning; give --finetune-epochs >= 1.")
+            p.add("distill=True teaches during fine-tuning; give finetune_epochs= >= 1.")
         if self.time_limit_s is not None and not (self.time_limit_s > 0):
             p.add(f"time_limit_s={self.time_limit_s!r}: give seconds > 0, or None for no limit.")
         self._out_problems(p, model_path)
@@ -82,34 +82,32 @@ class CompressConfig:
 
     def _choice_problems(self, p: ProblemCollector) -> None:
         choices: tuple[tuple[str, str | None, tuple[str, ...] | dict[str, str]], ...] = (
-            ("--prune", self.prune, PRUNE_METHODS), ("--quantize", self.quantize, QUANT_METHODS),
-            ("quant_backend=", self.quant_backend, QUANT_BACKENDS),
-            ("--importance", self.importance, IMPORTANCES), ("--goal", self.goal, GOALS),
+            ("prune", self.prune, PRUNE_METHODS), ("quantize", self.quantize, QUANT_METHODS),
+            ("quant_backend", self.quant_backend, QUANT_BACKENDS),
+            ("importance", self.importance, IMPORTANCES), ("goal", self.goal, GOALS),
         )
         for option, value, valid in choices:
             if value is not None and value not in valid:
-                shown = f"{option}{value!r}" if option.endswith("=") else f"{option} {value!r}"
-                p.add(f"{shown} is unknown; valid: {', '.join(valid)}.")
+                p.add(f"{option}={value!r} is unknown; valid: {', '.join(valid)}.")
         for name in self.compile:
             if name not in COMPILER_NAMES:
-                p.add(f"--compile {name!r} is unknown; valid: {', '.join(COMPILER_NAMES)}.")
+                p.add(f"compile={name!r} is unknown; valid: {', '.join(COMPILER_NAMES)}.")
         if self.target is not None and self.target not in TARGETS:
-            p.add(f"--target {self.target!r} is unknown; valid: {', '.join(TARGETS)}.")
+            p.add(f"target={self.target!r} is unknown; valid: {', '.join(TARGETS)}.")
 
     def _number_problems(self, p: ProblemCollector) -> None:
         if self.prune is not None and not self.ratios:
-            p.add("--ratios is empty; give pruning ratios in (0, 1), e.g. --ratios 0.3,0.5.")
+            p.add("ratios= is empty; give pruning ratios in (0, 1), e.g. ratios=(0.3, 0.5).")
         for r in self.ratios:
             if not (isinstance(r, (int, float)) and 0.0 < float(r) < 1.0):
                 p.add(f"ratio {r!r} is outside (0, 1); a ratio is the fraction removed, e.g. 0.5.")
         if not self.max_accuracy_drop >= 0:
-            p.add(f"--max-accuracy-drop {self.max_accuracy_drop!r} must be >= 0 (metric units, 0.01 = 1 point).")
-        minimums = (("--finetune-epochs", self.finetune_epochs, 0), ("baseline_epochs=", self.baseline_epochs, 1),
-                    ("--round-to", self.round_to, 1), ("calib_batches=", self.calib_batches, 1))
+            p.add(f"max_accuracy_drop={self.max_accuracy_drop!r} must be >= 0 (metric units, 0.01 = 1 point).")
+        minimums = (("finetune_epochs", self.finetune_epochs, 0), ("baseline_epochs", self.baseline_epochs, 1),
+                    ("round_to", self.round_to, 1), ("calib_batches", self.calib_batches, 1))
         for option, value, low in minimums:
             if value is not None and value < low:
-                shown = f"{option}{value!r}" if option.endswith("=") else f"{option} {value!r}"
-                p.add(f"{shown} must be >= {low}.")
+                p.add(f"{option}={value!r} must be >= {low}.")
         if not self.temperature > 0:
             p.add(f"temperature={self.temperature!r} must be > 0.")
         if not 0.0 <= self.alpha <= 1.0:
@@ -117,11 +115,11 @@ class CompressConfig:
 
     def _out_problems(self, p: ProblemCollector, model_path: str | None) -> None:
         if self.out is not None and model_path is not None and _same_file(Path(self.out), Path(model_path)):
-            p.add(f"--out {self.out!r} is the original model file; the original is never "
+            p.add(f"out={self.out!r} is the original model file; the original is never "
                   "overwritten, choose another path.")
             return
-        check_outputs([OutputPath("--out", self.out),
-                       OutputPath("--plot", self.plot_dir, folder=True, names=PLOT_FILES)],
+        check_outputs([OutputPath("out=", self.out),
+                       OutputPath("plot_dir=", self.plot_dir, folder=True, names=PLOT_FILES)],
                       force=self.force, problems=p)
 
 
@@ -152,11 +150,11 @@ def backend_problems(cfg: CompressConfig, dev: torch.device) -> list[str]:
     if cfg.quant_backend == "auto":
         if all(reason is not None for reason in status.values()):
             why = "; ".join(f"{b}: {r}" for b, r in status.items())
-            return [f"--quantize {cfg.quantize}: no quantization backend is available on {dev} ({why})."]
+            return [f"quantize={cfg.quantize!r}: no quantization backend is available on {dev} ({why})."]
         return []
     reason = status.get(cfg.quant_backend)
     if reason is not None:
-        return [f"quant_backend={cfg.quant_backend!r} cannot run --quantize {cfg.quantize} on {dev}: {reason}."]
+        return [f"quant_backend={cfg.quant_backend!r} cannot run quantize={cfg.quantize!r} on {dev}: {reason}."]
     return []
 
 
@@ -164,5 +162,5 @@ def compile_problems(cfg: CompressConfig, dev: torch.device) -> list[str]:
     """Why an engine ``cfg.compile`` names cannot run on ``dev`` (a target's preset engine that
     cannot is skipped with a note instead)."""
     status = compiler_status(dev)
-    return [f"--compile {n}: cannot run on {dev}: {status[n]}." for n in cfg.compile
+    return [f"compile={n!r}: cannot run on {dev}: {status[n]}." for n in cfg.compile
             if n in status and status[n] is not None]

@@ -28,7 +28,7 @@ def plot_tradeoffs(cands: Sequence[Candidate], selected: Candidate | None, folde
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - installed in dev
-        raise DependencyError("--plot needs matplotlib; install it with pip install 'proftune[report]'.") from exc
+        raise DependencyError("plot_dir= needs matplotlib; install it with pip install 'proftune[report]'.") from exc
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for (key, label), fname in zip((("params", "parameters"), ("latency_ms", "latency at batch 1 (ms)")),

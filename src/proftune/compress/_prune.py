@@ -8,9 +8,8 @@ fast as before. Structured pruning removes whole channels so the model is physic
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ from torch import nn
 
 from .._device import call_model
 from ..exceptions import ConfigError, DependencyError
+from ..profile import LayerHooks
 
 __all__ = [
     "IMPORTANCES",
@@ -74,7 +74,7 @@ def resolve_layers(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
     if unknown:
         valid = ", ".join(list(prunable_layers(model))[:20])
         raise ConfigError(
-            f"--ignore-layers names unknown layers: {', '.join(unknown)}; layers of this model "
+            f"ignore_layers= names unknown layers: {', '.join(unknown)}; layers of this model "
             f"include: {valid}."
         )
     return [table[n] for n in names]
@@ -135,32 +135,6 @@ def make_permanent(model: nn.Module) -> nn.Module:
             if isinstance(hook, prune.BasePruningMethod):
                 prune.remove(m, hook._tensor_name)
     return model
-
-
-@contextlib.contextmanager
-def _module_stack(model: nn.Module) -> Iterator[list[str]]:
-    """The paths of the modules whose forward is running, innermost last.
-
-    When a forward raises, the post-hooks of the failing modules never run, so the stack still
-    names the layer the error came from.
-    """
-    stack: list[str] = []
-    names = {id(m): n for n, m in model.named_modules()}
-
-    def pre(mod: nn.Module, _args: Any) -> None:
-        stack.append(names.get(id(mod), type(mod).__name__))
-
-    def post(_mod: nn.Module, _args: Any, _out: Any) -> None:
-        if stack:
-            stack.pop()
-
-    handles = [m.register_forward_pre_hook(pre) for m in model.modules()]
-    handles += [m.register_forward_hook(post) for m in model.modules()]
-    try:
-        yield stack
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def graph_breakers(model: nn.Module, example: Any) -> dict[str, list[str]]:
@@ -255,7 +229,7 @@ def prune_structured(
                 f"Torch-Pruning cannot trace through layer {breaker!r}: its output leaves the "
                 "autograd graph (detach, no_grad or a NumPy round trip), so the layers feeding it "
                 "cannot be kept consistent with the ones after it. Keep those layers whole with "
-                f"--ignore-layers {','.join(exposed)}, or use --prune unstructured."
+                f"ignore_layers={tuple(exposed)!r}, or use prune='unstructured'."
             )
     imp = _importance(importance, model)
     kwargs: dict[str, Any] = {
@@ -277,7 +251,7 @@ def prune_structured(
     except Exception as exc:
         raise ConfigError(
             f"Torch-Pruning could not trace the model ({type(exc).__name__}: {exc}). Keep the "
-            "layer it stops at whole with --ignore-layers, or use --prune unstructured."
+            "layer it stops at whole with ignore_layers=, or use prune='unstructured'."
         ) from exc
     if importance == "taylor":
         if taylor_loss is None:
@@ -309,16 +283,16 @@ def _unwrapped_parameters(model: nn.Module) -> list[tuple[nn.Parameter, int]]:
 
 
 def check_forward(model: nn.Module, example: Any, *, action: str) -> None:
-    """Run one forward; on failure name the layer it failed in and suggest --ignore-layers."""
-    with torch.no_grad(), _module_stack(model) as stack:
+    """Run one forward; on failure name the layer it failed in and suggest ``ignore_layers``."""
+    with torch.no_grad(), LayerHooks(model) as hooks:  # its frames stay when the forward raises
         try:
             call_model(model, example)
         except Exception as exc:
-            layer = stack[-1] if stack and stack[-1] else "<top-level forward>"
+            layer = hooks.current or "<top-level forward>"
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise ConfigError(
                 f"after {action} the model fails in layer {layer!r}: {type(exc).__name__}: "
                 f"{first}. Torch-Pruning could not trace a dependency there (e.g. a hard-coded "
                 f"shape or a detached tensor); keep that layer and the ones feeding it whole with "
-                f"--ignore-layers {layer}, or use --prune unstructured."
+                f"ignore_layers=({layer!r},), or use prune='unstructured'."
             ) from exc

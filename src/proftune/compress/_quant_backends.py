@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..exceptions import ConfigError
+from . import _quantize as recipes
 
 __all__ = [
     "BACKENDS",
@@ -28,6 +29,7 @@ __all__ = [
     "TorchaoDynamic",
     "backend_status",
     "get_backend",
+    "quantize_dynamic",
 ]
 
 
@@ -71,14 +73,12 @@ class _TorchAO(BaseQuantBackend):
     save_format = "torchscript"
 
     def unavailable(self, device: torch.device, model: nn.Module | None = None) -> str | None:
-        from ._quantize import _engine, _supported_engines
-
         if device.type != "cpu":
             return (f"torch.ao.quantization's INT8 kernels run on CPU only; the device is {device.type} "
                     "(use --device cpu)")
-        if _engine() is None:
+        if recipes.quantized_engine() is None:
             return ("no quantized engine (x86, fbgemm, onednn, qnnpack) is built into this torch; "
-                    f"torch.backends.quantized.supported_engines={_supported_engines()}")
+                    f"torch.backends.quantized.supported_engines={recipes.supported_engines()}")
         return None
 
 
@@ -88,9 +88,7 @@ class TorchAODynamic(_TorchAO):
     method = "dynamic"
 
     def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
-        from ._quantize import torch_ao_dynamic
-
-        return torch_ao_dynamic(model)
+        return recipes.torch_ao_dynamic(model)
 
 
 class TorchAOStatic(_TorchAO):
@@ -99,11 +97,9 @@ class TorchAOStatic(_TorchAO):
     method = "static"
 
     def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
-        from ._quantize import quantize_static
-
         if inputs.calibrate is None:
             raise ConfigError("static quantization needs inputs.calibrate (a run over a few batches).")
-        return quantize_static(model, inputs.example, inputs.calibrate)
+        return recipes.quantize_static(model, inputs.example, inputs.calibrate)
 
 
 class TorchAOQAT(_TorchAO):
@@ -112,13 +108,11 @@ class TorchAOQAT(_TorchAO):
     method = "qat"
 
     def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
-        from ._quantize import convert_qat, prepare_qat
-
         if inputs.train is None:
             raise ConfigError("qat needs inputs.train (the fit loop over the fake-quantized model).")
-        prepared = prepare_qat(model, inputs.example)
+        prepared = recipes.prepare_qat(model, inputs.example)
         inputs.train(prepared)
-        return convert_qat(prepared)
+        return recipes.convert_qat(prepared)
 
 
 class TorchaoDynamic(BaseQuantBackend):
@@ -174,3 +168,12 @@ def backend_status(method: str, device: torch.device, model: nn.Module | None = 
         else:
             status[name] = backend.unavailable(device, model)
     return status
+
+
+def quantize_dynamic(model: nn.Module, *, backend: str) -> nn.Module:
+    """Dynamic INT8 with ``backend`` (``torch.ao`` or ``torchao``): weights INT8, activations
+    quantized on the fly."""
+    found = get_backend(backend, "dynamic")
+    if found is None:
+        raise ConfigError(f"backend={backend!r} is unknown; valid: {', '.join(BACKEND_NAMES)}.")
+    return found.quantize(model, QuantInputs())

@@ -1,9 +1,9 @@
 """INT8 quantization: dynamic, static post-training, and quantization-aware.
 
-The backends (``_quant_backends``: ``torch.ao.quantization`` FX graph mode, which fuses
-conv-bn-relu and calibrates observers, its INT8 kernels on CPU through the x86/fbgemm/qnnpack
-engines; torchao's ``quantize_`` with tensor subclasses, dynamic INT8 Linear on CPU and CUDA)
-call the torch.ao recipes here. Where both can do a method, both are built and timed on the
+The torch.ao recipes (``torch.ao.quantization`` FX graph mode, which fuses conv-bn-relu and
+calibrates observers, its INT8 kernels on CPU through the x86/fbgemm/qnnpack engines). The
+backends (``_quant_backends``: these recipes, and torchao's ``quantize_`` with tensor
+subclasses, dynamic INT8 Linear on CPU and CUDA) call them; nothing here knows the backends. Where both can do a method, both are built and timed on the
 device and the faster one is kept.
 """
 
@@ -25,8 +25,10 @@ __all__ = [
     "QUANT_METHODS",
     "convert_qat",
     "prepare_qat",
-    "quantize_dynamic",
     "quantize_static",
+    "quantized_engine",
+    "run_batches",
+    "supported_engines",
     "torch_ao_dynamic",
 ]
 
@@ -45,28 +47,18 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _supported_engines() -> list[str]:
+def supported_engines() -> list[str]:
     """The quantized engines compiled into this torch (x86, fbgemm, onednn, qnnpack)."""
     return list(torch.backends.quantized.supported_engines)
 
 
-def _engine() -> str | None:
-    supported = _supported_engines()
+def quantized_engine() -> str | None:
+    """The first of x86, fbgemm, onednn, qnnpack built into this torch, or None."""
+    supported = supported_engines()
     for name in _ENGINES:
         if name in supported:
             return name
     return None
-
-
-def quantize_dynamic(model: nn.Module, *, backend: str) -> nn.Module:
-    """Dynamic INT8 with ``backend`` (``torch.ao`` or ``torchao``): weights INT8, activations
-    quantized on the fly."""
-    from ._quant_backends import QuantInputs, get_backend
-
-    found = get_backend(backend, "dynamic")
-    if found is None:
-        raise ConfigError(f"backend={backend!r} is unknown; valid: torchao, torch.ao.")
-    return found.quantize(model, QuantInputs())
 
 
 def torch_ao_dynamic(model: nn.Module) -> nn.Module:
@@ -74,15 +66,15 @@ def torch_ao_dynamic(model: nn.Module) -> nn.Module:
     with _quiet():
         from torch.ao.quantization import quantize_dynamic as tq_dynamic
 
-        torch.backends.quantized.engine = _engine() or torch.backends.quantized.engine
+        torch.backends.quantized.engine = quantized_engine() or torch.backends.quantized.engine
         return cast(nn.Module, tq_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear, nn.LSTM}, dtype=torch.qint8))
 
 
 def _fx_error(exc: Exception, method: str) -> ConfigError:
     return ConfigError(
         f"{method} quantization traces the model with torch.fx and the trace failed "
-        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); use --quantize "
-        "dynamic, or make the forward traceable (no data-dependent control flow)."
+        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); use quantize="
+        "'dynamic', or make the forward traceable (no data-dependent control flow)."
     )
 
 
@@ -95,7 +87,7 @@ def quantize_static(model: nn.Module, example: Any, calibrate: Callable[[nn.Modu
         from torch.ao.quantization import get_default_qconfig_mapping
         from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-        engine = _engine() or "x86"
+        engine = quantized_engine() or "x86"
         torch.backends.quantized.engine = engine
         float_model = copy.deepcopy(model).cpu().eval()
         try:
@@ -113,7 +105,7 @@ def prepare_qat(model: nn.Module, example: Any) -> nn.Module:
         from torch.ao.quantization import get_default_qat_qconfig_mapping
         from torch.ao.quantization.quantize_fx import prepare_qat_fx
 
-        engine = _engine() or "x86"
+        engine = quantized_engine() or "x86"
         torch.backends.quantized.engine = engine
         trainable = copy.deepcopy(model).cpu().train()
         try:

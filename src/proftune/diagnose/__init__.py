@@ -6,10 +6,10 @@ bound in ``proftune/__init__.py`` next to this subpackage.
 
 from __future__ import annotations
 
+from .._deprecated import renamed
+from ..train import EarlyStopping
 from ._api import (
-    BanditReport,
     BanditResult,
-    DiagnoseReport,
     DiagnoseResult,
     bandit,
     check_arms,
@@ -18,7 +18,7 @@ from ._api import (
     load_configs,
 )
 from ._bandit import POLICIES, Arm, ArmStats, Bandit, BanditPulls, SimResult, regret_curve, simulate
-from ._controllers import AdaptiveLR, EarlyStopping, GradGuard
+from ._controllers import AdaptiveLR, GradGuard
 from ._findings import CAUSES, SEVERITIES, Finding, flatten_findings, rank_findings
 from ._health import HealthCheck
 from ._history import History, StepRecord
@@ -35,10 +35,8 @@ __all__ = [
     "ArmStats",
     "Bandit",
     "BanditPulls",
-    "BanditReport",
     "BanditResult",
     "BaseCheck",
-    "DiagnoseReport",
     "DiagnoseResult",
     "EarlyStopping",
     "Finding",
@@ -59,3 +57,6 @@ __all__ = [
     "regret_curve",
     "simulate",
 ]
+
+#: ``DiagnoseReport`` and ``BanditReport``: former names of DiagnoseResult and BanditResult, deprecated.
+__getattr__ = renamed(__name__, {"DiagnoseReport": DiagnoseResult, "BanditReport": BanditResult})

@@ -14,7 +14,7 @@ import torch
 
 from .._device import resolve_device
 from ..exceptions import ConfigError, ProblemCollector
-from ..metrics import resolve_direction
+from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
 from ..track import Store, open_store, tracked_run
 from ..train import LOOP_PARAMS, Callback, fit, validate_params
@@ -25,7 +25,7 @@ from ._lrtest import RangeTest, lr_range_test
 from ._probes import decay_probe, warmup_probe
 
 __all__ = [
-    "BanditReport", "BanditResult", "DiagnoseReport", "DiagnoseResult", "bandit", "check_arms", "diagnose",
+    "BanditResult", "DiagnoseResult", "bandit", "check_arms", "diagnose",
     "known_params", "load_configs",
 ]
 
@@ -349,7 +349,9 @@ def bandit(
                 result = fit(task_obj, params, epochs=epochs, max_steps=max_steps, device=dev, seed=pull_seed)
                 child.set(metrics=result.metrics, curves=result.curves, anomalies=result.anomalies)
             if chosen_metric is None:
-                chosen_metric = "accuracy" if "accuracy" in result.metrics else next(iter(result.metrics), None)
+                chosen_metric = split_objective(default_objective(result.metrics))[0]
+                if chosen_metric not in result.metrics:  # a task of its own metrics only
+                    chosen_metric = next(iter(result.metrics), None)
                 if chosen_metric is None:
                     raise ConfigError(f"task {key} reports no metric to reward; pass metric=.")
             if chosen_metric not in result.metrics:
@@ -395,7 +397,3 @@ def _prior_pulls(store: Store, key: str) -> int:
 
     return len(BanditPulls(store).history(key))
 
-
-#: Former names of :class:`DiagnoseResult` and :class:`BanditResult`, kept for existing imports.
-DiagnoseReport = DiagnoseResult
-BanditReport = BanditResult

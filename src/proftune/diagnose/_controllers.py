@@ -5,13 +5,13 @@
   when training has been stable for a while; every change is logged with its reason.
 - :class:`GradGuard` clips the gradients of a step whose norm spikes against the running median,
   and skips a step whose gradients are not finite.
-- :class:`EarlyStopping` stops when a metric has not improved by ``min_delta`` for ``patience``
+- :class:`EarlyStopping` (at home in :mod:`proftune.train`, the fit loop's own callback, as
+  recommend uses it too) stops when a metric has not improved by ``min_delta`` for ``patience``
   evaluations, and restores the best weights.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 from collections import deque
@@ -20,11 +20,10 @@ from typing import Any
 import torch
 
 from .._tensors import global_grad_norm
-from ..exceptions import ConfigError, ProblemCollector
-from ..metrics import direction, is_known, resolve_direction
+from ..exceptions import ProblemCollector
 from ..train import Callback, FitState
 
-__all__ = ["AdaptiveLR", "EarlyStopping", "GradGuard"]
+__all__ = ["AdaptiveLR", "GradGuard"]
 
 
 def _skip_step(model: torch.nn.Module) -> None:
@@ -221,91 +220,3 @@ class GradGuard(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._norms = deque(state_dict.get("norms", []), maxlen=self.window)
         self.events = list(state_dict.get("events", []))
-
-
-class EarlyStopping(Callback):
-    """Stop when ``monitor`` has not improved by ``min_delta`` for ``patience`` evaluations.
-
-    ``monitor`` is a metric of the task's evaluation (checked after each epoch), or ``"loss"``,
-    the training loss, checked every ``every`` steps (what works inside a Monitor, which has no
-    epochs). ``mode``: ``"min"``, ``"max"`` or ``"auto"`` (the metric registry's direction, or the
-    task's ``metric_directions``; never guessed from the name). With ``restore_best`` the weights
-    of the best evaluation are put back at the end.
-    """
-
-    def __init__(self, monitor: str = "val_loss", *, mode: str = "auto", patience: int = 3,
-                 min_delta: float = 0.0, restore_best: bool = True, every: int = 50) -> None:
-        problems = ProblemCollector()
-        if mode not in ("min", "max", "auto"):
-            problems.add(f"mode={mode!r} is unknown; valid: min, max, auto.")
-        if patience < 0:
-            problems.add(f"patience must be >= 0, but got {patience=}.")
-        if min_delta < 0:
-            problems.add(f"min_delta must be >= 0, but got {min_delta=}.")
-        if every < 1:
-            problems.add(f"every must be >= 1, but got {every=}.")
-        problems.raise_if_any()
-        if mode == "auto" and is_known(monitor):
-            mode = direction(monitor)
-        self.monitor, self.mode, self.patience = monitor, mode, patience
-        self.min_delta, self.restore_best, self.every = min_delta, restore_best, every
-        self._init()
-
-    def _init(self) -> None:
-        self.best: float | None = None
-        self.best_at: int | None = None
-        self.wait = 0
-        self.stopped_at: int | None = None
-        self.restored = False
-        self._best_weights: dict[str, torch.Tensor] | None = None
-        self._seen = 0
-
-    def on_fit_start(self, state: FitState) -> None:
-        self._init()
-        if self.mode == "auto":  # a metric of the task's own: it may declare its direction
-            self.mode = resolve_direction(self.monitor, task=state.task)
-
-    def _improved(self, value: float) -> bool:
-        if self.best is None:
-            return True
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
-
-    def _observe(self, state: FitState, value: float, at: int) -> None:
-        self._seen += 1
-        if math.isfinite(value) and self._improved(value):
-            self.best, self.best_at, self.wait = value, at, 0
-            if self.restore_best:
-                self._best_weights = {k: v.detach().to("cpu", copy=True)
-                                      for k, v in state.model.state_dict().items()}
-            return
-        self.wait += 1
-        if self.wait > self.patience:
-            self.stopped_at = at
-            state.request_stop(f"early stopping: {self.monitor} did not improve by {self.min_delta:g} "
-                               f"for {self.wait} evaluations (best {self.best:.4g} at {self.best_at})")
-
-    def on_epoch_end(self, state: FitState) -> None:
-        if self.monitor == "loss":
-            return
-        if self.monitor not in state.metrics:
-            raise ConfigError(f"EarlyStopping monitor={self.monitor!r} is not a metric of this task; "
-                              f"valid: {', '.join(sorted(state.metrics)) or '(none)'}, loss.")
-        self._observe(state, float(state.metrics[self.monitor]), state.epoch)
-
-    def on_step_end(self, state: FitState) -> None:
-        if self.monitor == "loss" and state.step % self.every == 0 and state.loss is not None:
-            self._observe(state, float(state.loss), state.step)
-
-    def on_fit_end(self, state: FitState) -> None:
-        if self.restore_best and self._best_weights is not None and self.wait > 0:
-            state.model.load_state_dict(copy.deepcopy(self._best_weights))
-            self.restored = True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_at": self.best_at, "wait": self.wait, "stopped_at": self.stopped_at}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best, self.best_at = state_dict["best"], state_dict["best_at"]
-        self.wait, self.stopped_at = state_dict["wait"], state_dict["stopped_at"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..task import register_builtin_tasks
 from ._data import TensorBatches
 
 __all__ = ["BUILTIN_TASKS", "BuiltinTask", "TensorBatches"]
@@ -48,3 +49,6 @@ BUILTIN_TASKS: dict[str, BuiltinTask] = {
         requires="torchvision",
     ),
 }
+
+# each name is a task spec of load_task's; proftune's __init__ imports this package
+register_builtin_tasks({name: entry.target for name, entry in BUILTIN_TASKS.items()})

@@ -14,12 +14,17 @@ Nothing here imports Lightning or transformers until it is used.
 
 from __future__ import annotations
 
+from ..task import TaskAdapter, register_task_adapter
 from ._dispatch import foreign_task, foreign_task_in, resolve_object, task_with_data
 from ._emit import EMIT_FORMATS, emit_snippet
 from ._hf_task import HFModelTask
 from ._lightning_task import LightningTask
 from ._module_task import INPUT_SHAPE_PARAM, ModuleTask
 from ._timm import TIMM_PREFIX, timm_task
+
+# load_task takes what is not a Task through this adapter; proftune's __init__ imports this package
+register_task_adapter(TaskAdapter("integrations", prefixes={TIMM_PREFIX: timm_task},
+                                  from_object=foreign_task, from_namespace=foreign_task_in))
 
 __all__ = [
     "EMIT_FORMATS",

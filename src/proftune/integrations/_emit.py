@@ -28,7 +28,7 @@ def emit_snippet(recs: Iterable[Any], fmt: str, *, header: str = "") -> str:  # 
     out, with a comment saying so.
     """
     if fmt not in EMIT_FORMATS:
-        raise ConfigError(f"--emit {fmt!r} is unknown; valid: {', '.join(EMIT_FORMATS)}.")
+        raise ConfigError(f"fmt={fmt!r} is unknown; valid: {', '.join(EMIT_FORMATS)}.")
     recs = list(recs)
     v = _values(recs)
     missing = sorted({"batch_size", "lr", "grad_accumulation", "precision"} - set(v))

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._units import parse_duration, parse_memory
 from ..exceptions import ConfigError, ProblemCollector
-from ..metrics import get_metric
+from ..metrics import default_objective, get_metric
 from ..search import load_space, parse_constraint, parse_objective, task_metrics
 from ..task import Task
 
@@ -96,7 +96,7 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
         except ConfigError as exc:
             problems.problems.extend(exc.problems)
     known = task_metrics(task)
-    objective = cfg.objective or ("accuracy:max" if known is None or "accuracy" in known else "val_loss:min")
+    objective = cfg.objective or default_objective(known)
     obj = parse_objective(objective, problems)
     metric, maximize = objective.partition(":")[0], True
     if obj is not None:

@@ -57,7 +57,7 @@ class StageOutputs:
         if version > SCHEMA_VERSION:
             raise ConfigError(f"the {cls.STAGE or cls.__name__} stage's outputs have schema_version={version}, "
                               f"newer than this proftune reads ({SCHEMA_VERSION}); upgrade proftune or "
-                              "start a new run in another --out.")
+                              "start a new run in another out= folder.")
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{**{k: v for k, v in d.items() if k in known}, "schema_version": SCHEMA_VERSION})
 

@@ -18,6 +18,7 @@ from ._embeddings import (
     zipf_exponent,
 )
 from ._inference import ForwardTiming, size_bytes, task_latencies, time_forwards
+from ._layers import LayerHooks
 from ._memory import (
     ActivationRecorder,
     PeakMemory,
@@ -72,6 +73,7 @@ __all__ = [
     "IndexCounter",
     "IndexStats",
     "LayerCount",
+    "LayerHooks",
     "LayerProfile",
     "LayerStats",
     "LayerTimer",

@@ -1,5 +1,10 @@
 """Which modules are layers, and forward hooks that see each layer call as it happens.
 
+:class:`LayerHooks` is the one "which module runs now" stack of proftune: the timer, the
+statistics and the memory profile listen to it, the FLOP counter (:func:`count_model`) and the
+step predictor attribute ops to its :attr:`~LayerHooks.current` module, and compress names the
+layer a failing forward stopped in from it.
+
 A *layer* is a module call during which no other module ran: a leaf module, or a module that
 applies its children functionally (``nn.MultiheadAttention`` uses ``out_proj``'s weights without
 calling it). That is decided at run time, so any model works without a table of layer types;
@@ -54,6 +59,10 @@ def shapes_of(value: Any) -> list[Any]:
 
 #: on_leaf(name, module, inputs, output, start_s, end_s): a layer call that just finished.
 LeafCallback = Callable[[str, nn.Module, tuple[Any, ...], Any, float, float], None]
+#: on_enter(name, module, inputs): any module call of the model starts (its frame is pushed).
+EnterCallback = Callable[[str, nn.Module, tuple[Any, ...]], None]
+#: on_exit(name, module): any module call of the model ends (its frame is popped).
+ExitCallback = Callable[[str, nn.Module], None]
 
 
 class LayerHooks:
@@ -62,7 +71,10 @@ class LayerHooks:
     ``on_leaf`` runs after a call during which no other module of the model ran, with the
     call's start and end (``time.perf_counter`` seconds; the device is synchronised first when
     ``sync`` is set). ``current`` is the path of the innermost module running now (``None``
-    between modules), used to attribute work such as saved tensors to a layer.
+    between modules), used to attribute work such as saved tensors or an op's FLOPs to a layer;
+    ``enter_listeners`` and ``exit_listeners`` see every module call, layer or not. When a
+    forward raises, the frames of the modules it was in stay until the next :meth:`attach`, so
+    ``current`` still names the module the error came from. ``with hooks:`` attaches and detaches.
 
     The hooks are torch's global module hooks, registered once per :meth:`attach` (two handles
     whatever the depth: registering a pair on each of a deep model's thousands of modules cost
@@ -79,6 +91,8 @@ class LayerHooks:
         #: and ends.
         self.forward_start_listeners: list[Callable[[float], None]] = []
         self.forward_end_listeners: list[Callable[[float], None]] = []
+        self.enter_listeners: list[EnterCallback] = []
+        self.exit_listeners: list[ExitCallback] = []
         self.sync = sync and device is not None and device.type == "cuda"
         self.device = device
         self.names = module_names(model)
@@ -110,6 +124,20 @@ class LayerHooks:
         self._handles.clear()
         self._stack.clear()
 
+    def __enter__(self) -> LayerHooks:
+        return self.attach()
+
+    def __exit__(self, *exc: object) -> None:
+        # the frames stay readable after a failed forward (see the class docstring)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    @property
+    def stack(self) -> list[str]:
+        """The paths of the modules whose forward is running, innermost last."""
+        return [frame[1] for frame in self._stack]
+
     def _now(self) -> float:
         return clock(self.device) if self.sync else time.perf_counter()
 
@@ -136,6 +164,8 @@ class LayerHooks:
             for begin in self.forward_start_listeners:
                 begin(now)
         stack.append([id(mod), name, now, False])
+        for enter in self.enter_listeners:
+            enter(name, mod, inputs)
 
     def _post(self, mod: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
         stack = self._stack
@@ -143,6 +173,8 @@ class LayerHooks:
             return
         end = self._now()
         _, name, start, child_ran = stack.pop()
+        for leave in self.exit_listeners:
+            leave(name, mod)
         if not child_ran:
             if name not in self.layers:
                 self.layers[name] = type(mod).__name__

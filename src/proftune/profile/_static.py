@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .._device import call_model
+from ._layers import LayerHooks
 
 __all__ = ["LayerCount", "StaticCounts", "UncountedOps", "count_model", "count_params", "op_flops",
            "uncounted_op"]
@@ -262,11 +263,12 @@ def _recurrent_macs(module: nn.Module, inputs: tuple[Any, ...]) -> int:
 
 
 class _Counter(TorchDispatchMode):
-    """Adds each op's FLOPs to the innermost running module (``stack[-1]``)."""
+    """Adds each op's FLOPs to the innermost running module (``current()``, None outside one)."""
 
-    def __init__(self, stack: list[str], suppress: list[int], *, skip_recurrent: bool = False) -> None:
+    def __init__(self, current: Callable[[], str | None], suppress: list[int], *,
+                 skip_recurrent: bool = False) -> None:
         super().__init__()
-        self.stack, self.suppress = stack, suppress
+        self.current, self.suppress = current, suppress
         self.flops: dict[str, int] = defaultdict(int)
         self.total = 0
         self.uncounted = UncountedOps()
@@ -281,7 +283,7 @@ class _Counter(TorchDispatchMode):
             return out
         flops = op_flops(func, args, kwargs, out)
         if flops is not None:
-            self.flops[self.stack[-1] if self.stack else ""] += flops
+            self.flops[self.current() or ""] += flops
             self.total += flops
         elif uncounted_op(func) and not (
                 self.skip_recurrent
@@ -305,44 +307,36 @@ def count_model(model: nn.Module, example_input: Any, *, backward: bool = False)
     dict of keyword args. With ``backward=True`` the backward pass of a training step is counted
     too (``backward_flops``). The model is left in the mode it was in; no parameter changes.
     """
-    names: dict[int, str] = {}
-    for name, mod in model.named_modules():
-        names.setdefault(id(mod), name)
-    stack: list[str] = []
+    hooks = LayerHooks(model)
     suppress = [0]
     executed: dict[str, nn.Module] = {}
     calls: dict[str, int] = defaultdict(int)
     recurrent_flops: dict[str, int] = defaultdict(int)
-    handles = []
 
-    def pre(mod: nn.Module, inputs: tuple[Any, ...]) -> None:
-        name = names.get(id(mod), "?")
-        stack.append(name)
+    def enter(name: str, mod: nn.Module, inputs: tuple[Any, ...]) -> None:
         executed.setdefault(name, mod)
         calls[name] += 1
         if type(mod).__name__ in _RNN_GATES or isinstance(mod, (nn.RNNBase, nn.RNNCellBase)):
             recurrent_flops[name] += 2 * _recurrent_macs(mod, inputs)
             suppress[0] += 1
 
-    def post(mod: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+    def leave(name: str, mod: nn.Module) -> None:
         if isinstance(mod, (nn.RNNBase, nn.RNNCellBase)) or type(mod).__name__ in _RNN_GATES:
             suppress[0] -= 1
-        if stack:
-            stack.pop()
 
-    for mod in model.modules():
-        handles.append(mod.register_forward_pre_hook(pre))
-        handles.append(mod.register_forward_hook(post))
-    counter = _Counter(stack, suppress)
+    hooks.enter_listeners.append(enter)
+    hooks.exit_listeners.append(leave)
+    counter = _Counter(lambda: hooks.current, suppress)
     backward_total = 0
     uncounted = UncountedOps()
+    hooks.attach()
     try:
         if backward:
             with counter:
                 out = call_model(model, example_input)
             scalar = _scalar_for_backward(out)
             if scalar is not None:
-                back = _Counter([], [0], skip_recurrent=bool(recurrent_flops))
+                back = _Counter(lambda: None, [0], skip_recurrent=bool(recurrent_flops))
                 with back:
                     scalar.backward()
                 uncounted.merge(back.uncounted)
@@ -353,8 +347,7 @@ def count_model(model: nn.Module, example_input: Any, *, backward: bool = False)
             with torch.no_grad(), counter:
                 call_model(model, example_input)
     finally:
-        for h in handles:
-            h.remove()
+        hooks.detach()
 
     uncounted = counter.uncounted.merge(uncounted)
     layer_flops: dict[str, int] = defaultdict(int)

@@ -30,7 +30,7 @@ from .._device import move_to_device
 from ..metrics import direction
 from ..profile import Profile
 from ..task import Task
-from ..train import Callback, FitResult, FitState, fit, seed_everything
+from ..train import Callback, EarlyStopping, FitResult, FitState, fit, seed_everything
 from ._recommendation import Recommendation
 
 __all__ = ["FactorizedEmbedding", "HashedRows", "TablePlan", "plan_table", "recommend_embedding_dim"]
@@ -282,8 +282,6 @@ def _train_to_best(task: Task, params: dict[str, Any], metric: str, cfg: Embeddi
     """Train up to ``epochs`` with an early stop on ``metric`` (the best weights restored): a
     narrower table learns more slowly from a small init, and a wider one may peak early and
     overfit, so each model is compared at its own best epoch, not at a fixed step."""
-    from ..diagnose import EarlyStopping
-
     stop = EarlyStopping(metric, patience=cfg.patience, restore_best=True)
     deadline = _Deadline(cfg.budget_s / 2)
     result = fit(task, params, epochs=epochs, device=device, seed=cfg.seed, model=model,

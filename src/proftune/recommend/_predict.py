@@ -42,7 +42,7 @@ from .._jsonsafe import json_safe
 from .._options import with_options
 from .._units import format_bytes
 from ..exceptions import ConfigError
-from ..profile import ParamCounts, UncountedOps, op_flops, uncounted_op
+from ..profile import LayerHooks, ParamCounts, UncountedOps, op_flops, uncounted_op
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
 from ..train import validate_params
@@ -409,19 +409,18 @@ def _metadata(node: Any) -> dict[str, Any]:
 
 
 class _LayerStack:
-    """Which layer (module path) runs now: a stack kept by global module hooks in forward; in
-    backward, the forward layer of the autograd node being run (tagged on the node's metadata by
-    a TorchFunctionMode in forward). ``ModTracker``'s backward state is a set of modules whose
-    grads are pending, too coarse to tell which layer a backward op belongs to.
+    """Which layer (module path) runs now: in forward, the innermost module of the profiler's
+    own :class:`~proftune.profile.LayerHooks`; in backward, the forward layer of the autograd
+    node being run (tagged on the node's metadata by a TorchFunctionMode in forward).
+    ``ModTracker``'s backward state is a set of modules whose grads are pending, too coarse to
+    tell which layer a backward op belongs to.
     """
 
     KEY = "proftune_layer"
 
     def __init__(self, model: nn.Module) -> None:
-        self.names = {id(mod): name for name, mod in model.named_modules()}
-        self.stack: list[str] = []
+        self.hooks = LayerHooks(model)
         self.backward = False
-        self._handles: list[Any] = []
 
     def current(self) -> str:
         if self.backward:
@@ -429,31 +428,14 @@ class _LayerStack:
             if node is not None:
                 return str(_metadata(node).get(self.KEY, ""))
             return ""
-        return self.stack[-1] if self.stack else ""
-
-    def _pre(self, mod: nn.Module, args: Any) -> None:
-        name = self.names.get(id(mod))
-        if name is not None:
-            self.stack.append(name)
-
-    def _post(self, mod: nn.Module, args: Any, out: Any) -> None:
-        if id(mod) in self.names and self.stack:
-            self.stack.pop()
+        return self.hooks.current or ""
 
     def __enter__(self) -> _LayerStack:
-        from torch.nn.modules.module import (
-            register_module_forward_hook,
-            register_module_forward_pre_hook,
-        )
-
-        self._handles = [register_module_forward_pre_hook(self._pre),
-                         register_module_forward_hook(self._post, always_call=True)]
+        self.hooks.attach()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self.hooks.detach()
 
 
 class _TagNodes(torch.overrides.TorchFunctionMode):
@@ -466,8 +448,8 @@ class _TagNodes(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.layers.stack:
-            layer = self.layers.stack[-1]
+        layer = self.layers.hooks.current
+        if layer is not None:
             leaves, _ = tree_flatten(out)
             for t in leaves:
                 node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None

@@ -10,6 +10,8 @@ from typing import Any
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
 from ..compress import Candidate, CompressReport
+from ..exceptions import ConfigError
+from ..metrics import default_objective, split_objective
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
@@ -761,7 +763,9 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     cfg = latest.config if latest else {}
     res = latest.result if latest else {}
     objectives = [str(o) for o in cfg.get("objectives") or []]
-    obj = [_objective(o) for o in objectives] or [("accuracy", "max")]
+    reported = {k for t in trials for k in (t.metrics or {})} or None
+    obj = [o for o in map(_objective, objectives) if o is not None] or [
+        split_objective(default_objective(reported))]
     rows = []
     for t in sorted(trials, key=lambda t: ((t.result or {}).get("trial") if _num((t.result or {}).get("trial"))
                                            else t.id, t.id)):
@@ -859,16 +863,13 @@ def _strategy_section(page: Page, strategy: Sequence[Any]) -> None:
             sortable=False)
 
 
-def _objective(text: str) -> tuple[str, str]:
-    """``accuracy:max`` -> (accuracy, max); without a direction the metric registry says it."""
-    from ..exceptions import ConfigError
-    from ..metrics import resolve_direction
-
-    name, _, given = text.partition(":")
+def _objective(text: str) -> tuple[str, str] | None:
+    """``accuracy:max`` -> (accuracy, max); None when nobody knows the direction (a study stores its
+    objectives with theirs, so only a hand-made record lacks one: it is left out, not guessed)."""
     try:
-        return name, resolve_direction(name, given or None)
+        return split_objective(text)
     except ConfigError:
-        return name, given or "max"
+        return None
 
 
 def _history(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:

@@ -17,6 +17,7 @@ import optuna
 
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
+from ..metrics import default_objective
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
@@ -26,8 +27,7 @@ from ._pruners import PRUNERS
 from ._ray import RayOptions, pbt_plot, run_ray
 from ._records import ATTR, TrialRecord, counts, trial_records
 from ._samplers import SAMPLERS
-from ._scan import ScanResult, restrict_space
-from ._scan import scan as run_scan
+from ._scan import ScanResult, restrict_space, run_scan
 from ._settings import SearchSettings, check_settings
 from ._space import Space, load_space
 from ._storage import open_storage
@@ -348,7 +348,7 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
     metrics = task_metrics(task_obj)
     objectives = c.objectives
     if not objectives:
-        objectives = ["accuracy:max"] if metrics is None or "accuracy" in metrics else ["val_loss:min"]
+        objectives = [default_objective(metrics)]
     objs, cons = parse_targets(objectives, c.constraints, task_metrics=metrics, problems=problems,
                                task=task_obj)
     if c.sampler not in SAMPLERS:

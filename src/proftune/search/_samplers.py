@@ -46,4 +46,4 @@ def _make_sampler(settings: SearchSettings, worker: int) -> optuna.samplers.Base
     if name == "coarse-to-fine":
         grid = settings.space.grid(settings.grid_points) if settings.coarse == "grid" else None
         return CoarseToFineSampler(n_coarse=max(2, n // 2), seed=seed, grid=grid)
-    raise ConfigError(f"--sampler {name!r} is unknown; valid: {', '.join(SAMPLERS)}.")
+    raise ConfigError(f"sampler={name!r} is unknown; valid: {', '.join(SAMPLERS)}.")

@@ -25,7 +25,7 @@ from ._constraints import Constraint
 from ._gate import ProfileGate, free_memory, is_oom
 from ._space import Param, Space
 
-__all__ = ["Bound", "ScanResult", "fit_bounds", "restrict_space", "scan"]
+__all__ = ["Bound", "ScanResult", "fit_bounds", "restrict_space", "run_scan"]
 
 #: The box learner stops once at most this share of the kept scanned points is infeasible.
 TARGET_INFEASIBLE = 0.05
@@ -290,9 +290,9 @@ class _Prober:
         return pt
 
 
-def scan(task: Task, space: Space, constraints: Sequence[Constraint], *, n: int = 16, rounds: int = 4,
-         patience: int = 1, seed: int = 0, device: str = "auto", gate_steps: int = 2,
-         refine: bool = True) -> ScanResult:
+def run_scan(task: Task, space: Space, constraints: Sequence[Constraint], *, n: int = 16, rounds: int = 4,
+             patience: int = 1, seed: int = 0, device: str = "auto", gate_steps: int = 2,
+             refine: bool = True) -> ScanResult:
     """Profile up to ``n`` Halton configurations of ``space`` (no training) and fit bounds.
 
     The sample is gated in ``rounds`` rounds; once the fitted bounds did not change for

@@ -1,0 +1,197 @@
+"""The layering of proftune's subpackages, read from the source with ``ast``.
+
+A *unit* is a subpackage (``proftune.search``) or a top-level module (``proftune.task``,
+``proftune._device``). Every import between units counts, the ones inside functions too (a lazy
+import is still a dependency; it only delays the cost). Two rules:
+
+1. **Layers.** A unit imports only units of a lower layer in :data:`LAYERS` (bottom first), so
+   there is no circle between units. A unit of the same layer is not imported either: two units
+   side by side do not know each other.
+2. **Public names only.** From another subpackage or a public top-level module (``task``,
+   ``train``, ``metrics``, ``exceptions``), a module imports only names its ``__all__`` lists, and
+   never one of its private modules (``proftune.compress._measure``). A private top-level module
+   (``_device.py``, ``_paths.py``, ``_api.py``, ...) is shared infrastructure: any unit above it
+   may import its names that do not start with ``_``.
+
+Inside one subpackage the modules import each other freely; :func:`test_no_circle_inside_compress`
+holds the one circle that was broken there.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "proftune"
+
+#: Bottom first. A unit imports only units of the layers below its own.
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
+    {"exceptions"},
+    # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
+    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_deprecated", "_options",
+     "metrics"},
+    {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
+    {"train", "examples"},  # the fit loop; the built-in tasks
+    {"track"},  # the Store
+    {"profile"},  # measurements
+    {"recommend"},  # decisions from measurements
+    {"diagnose"},  # health checks, controllers, the bandit (reads recommend's LR range test)
+    {"integrations"},  # adapters of Lightning, Hugging Face, bare modules; their callbacks
+    {"_holdout", "_api", "search", "compress"},
+    {"report"},  # renders every result kind, read back through its record (CompressReport, PredictResult)
+    {"optimize"},  # the loop over all of it
+    {"cli"},
+    {"proftune"},  # the package's __init__: the curated public API
+))
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import between two units: where it is, what it imports."""
+
+    where: str  # "path:line"
+    source: str  # the importing unit
+    target: str  # the imported unit
+    module: str  # the imported module, dotted
+    names: tuple[str, ...]  # the names imported from it (empty for ``import a.b``)
+
+
+def _module_name(path: Path, src: Path = SRC) -> list[str]:
+    parts = ["proftune", *path.relative_to(src).with_suffix("").parts]
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _unit(parts: list[str]) -> str:
+    return parts[1] if len(parts) > 1 else "proftune"
+
+
+def _is_module(parts: list[str], src: Path = SRC) -> bool:
+    rel = Path(*parts[1:]) if len(parts) > 1 else Path()
+    return (src / rel).with_suffix(".py").is_file() or (src / rel / "__init__.py").is_file()
+
+
+def _imports(src: Path = SRC) -> Iterator[Import]:
+    """Every import of a proftune module in the package at ``src``, lazy ones included."""
+    for path in sorted(src.rglob("*.py")):
+        here = _module_name(path, src)
+        package = here if path.name == "__init__.py" else here[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            where = f"{path.relative_to(src.parent)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    if parts[0] == "proftune":
+                        yield Import(where, _unit(here), _unit(parts), alias.name, ())
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)]
+                    parts = base + (node.module.split(".") if node.module else [])
+                else:
+                    parts = (node.module or "").split(".")
+                if parts[0] != "proftune":
+                    continue
+                names = tuple(a.name for a in node.names)
+                if len(parts) == 1:  # from proftune import task, search: each name is a unit
+                    for name in names:
+                        target = ["proftune", name]
+                        yield Import(where, _unit(here), _unit(target) if _is_module(target, src) else "proftune",
+                                     ".".join(target), ())
+                    continue
+                for name in names:  # from proftune.compress import _measure: a module
+                    if _is_module([*parts, name], src):
+                        yield Import(where, _unit(here), _unit(parts), ".".join([*parts, name]), ())
+                        names = tuple(n for n in names if n != name)
+                yield Import(where, _unit(here), _unit(parts), ".".join(parts), names)
+
+
+def _layer_of(unit: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if unit in layer:
+            return i
+    raise AssertionError(f"unit {unit!r} is in no layer of LAYERS; add it where it belongs")
+
+
+def _public(unit: str) -> set[str]:
+    """The names ``__all__`` lists in a unit's module (its ``__init__.py`` for a subpackage)."""
+    path = SRC / unit / "__init__.py" if (SRC / unit).is_dir() else SRC / f"{unit}.py"
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+CROSS = [imp for imp in _imports() if imp.source != imp.target]
+
+
+def test_every_unit_is_in_a_layer() -> None:
+    units = {_unit(_module_name(p)) for p in SRC.rglob("*.py")}
+    placed = set().union(*LAYERS)
+    assert units - placed == set(), "units missing from LAYERS"
+
+
+def test_imports_go_down_the_layers() -> None:
+    upward = [f"{imp.where}: {imp.source} imports {imp.module}" for imp in CROSS
+              if _layer_of(imp.target) >= _layer_of(imp.source)]
+    assert upward == []
+
+
+def test_no_private_module_of_another_unit() -> None:
+    private = [f"{imp.where}: {imp.module}" for imp in CROSS
+               if any(part.startswith("_") for part in imp.module.split(".")[2:])]
+    assert private == []
+
+
+def test_only_public_names_of_another_unit() -> None:
+    found = []
+    for imp in CROSS:
+        if imp.target == "proftune" or len(imp.module.split(".")) > 2:
+            continue  # the package itself and private modules: the tests above
+        if imp.target.startswith("_"):  # shared infrastructure: its names without a leading _
+            outside = [n for n in imp.names if n.startswith("_")]
+        else:
+            public = _public(imp.target)
+            outside = [n for n in imp.names if n not in public]
+        found += [f"{imp.where}: {imp.module}.{n}" for n in outside]
+    assert found == []
+
+
+def test_no_unit_imports_the_package() -> None:
+    """``import proftune`` from inside would run the whole public API's imports, and circle."""
+    assert [imp.where for imp in CROSS if imp.target == "proftune"] == []
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same subpackage it imports, lazily or not."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((SRC / package).glob("*.py")):
+        edges = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:  # from ._x import y, from . import _x
+                edges.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+    return graph
+
+
+@pytest.mark.parametrize(("high", "low"), [("_quant_backends", "_quantize")])
+def test_no_circle_inside_compress(high: str, low: str) -> None:
+    """The backends call the torch.ao recipes of ``_quantize``; the recipes know no backend."""
+    graph = _graph("compress")
+    assert low in graph[high]
+    assert high not in graph[low]
+
+
+def test_the_parser_sees_lazy_private_and_upward_imports(tmp_path: Path) -> None:
+    """The rules can fail: a lazy import of a private module, and one of a unit above."""
+    pkg = tmp_path / "proftune"
+    (pkg / "search").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "search" / "__init__.py").write_text("")
+    (pkg / "search" / "_gate.py").write_text("")
+    (pkg / "task.py").write_text("def f():\n    from .search._gate import gate\n    from . import search\n")
+    found = [(imp.source, imp.target, imp.module) for imp in _imports(pkg)]
+    assert ("task", "search", "proftune.search._gate") in found
+    assert ("task", "search", "proftune.search") in found
+    assert _layer_of("search") > _layer_of("task")
