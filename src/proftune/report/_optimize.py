@@ -527,9 +527,16 @@ def _final_race(page: Page, run: _Run) -> None:
     s = page.section("Final race")
     arms = [a for a in race.get("arms") or [] if isinstance(a, Mapping)]
     plan = race.get("plan") or {}
+    d_epochs = next((a.get("epochs") for a in race.get("arms") or [] if isinstance(a, Mapping)
+                     and a.get("name") == "defaults"), None) or plan.get("epochs")
+    own = (f"; the defaults at their own {d_epochs} epoch(s), as the user runs them"
+           if d_epochs != plan.get("epochs") else "")
     s.para(f"The defaults and the search's best trained with the same seeds ({', '.join(map(str, race.get('seeds') or []))})"
-           f" under the search's protocol ({plan.get('protocol') or '-'}, {plan.get('epochs')} epoch(s)); "
-           f"judged on validation, reported on held-out data ({vs.get('held_out_source') or '-'}).", cls="muted")
+           f": each configuration as the search measured it ({plan.get('protocol') or '-'}, {plan.get('epochs')} "
+           f"epoch(s)){own}; judged on validation, reported on held-out data ({vs.get('held_out_source') or '-'}).",
+           cls="muted")
+    if race.get("note"):
+        s.para(f"final race: {race['note']}", cls="muted")
     if not arms:
         s.para("the race's runs are not in this store", cls="muted")
         return
