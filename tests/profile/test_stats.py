@@ -238,3 +238,19 @@ def test_the_device_path_reduces_rows_as_the_numpy_path_does() -> None:
     big = torch.randn(3, 5000)
     want = torch.stack([big.sum(1), (big * big).sum(1), big.amin(1), big.amax(1)], dim=1).double()
     assert torch.allclose(_row_moments(big).double(), want, rtol=1e-5)
+
+
+def test_a_diverged_layer_s_statistics_raise_no_numpy_warning() -> None:
+    """inf - inf in the quantiles of a diverged layer: NaN statistics, and no RuntimeWarning on stderr."""
+    import warnings
+
+    import numpy as np
+
+    from proftune.profile._stats import _reduce_rows_numpy
+
+    mat = torch.tensor([[1.0, float("inf"), float("inf"), 2.0], [0.0, 1.0, 2.0, 3.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = _reduce_rows_numpy(mat)
+    assert np.isfinite(out[1]).all()
+    assert not np.isfinite(out[0]).all()

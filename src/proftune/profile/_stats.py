@@ -111,17 +111,20 @@ def _reduce_rows_numpy(mat: torch.Tensor, *, moments: torch.Tensor | None = None
     """:func:`_reduce_rows` of a CPU tensor, in numpy."""
     m = mat.numpy()
     o = np.sort(m, axis=1)
-    if moments is not None:
-        mom = moments.numpy().astype(np.float64)
-    else:
-        mom = np.stack([m.sum(axis=1, dtype=np.float64), np.einsum("ij,ij->i", m, m, dtype=np.float64),
-                        o[:, 0], o[:, -1]], axis=1)
-    n = o.shape[1]
-    cols = [mom]
-    for q in _QUANTILES:
-        pos = q * (n - 1)
-        a = o[:, math.floor(pos)].astype(np.float64)
-        cols.append((a + (o[:, math.ceil(pos)] - a) * (pos - math.floor(pos)))[:, None])
+    # a diverged layer's inf/NaN values give inf/NaN statistics (the health checks read them);
+    # numpy's "invalid value" warnings about them are not the user's news
+    with np.errstate(invalid="ignore", over="ignore"):
+        if moments is not None:
+            mom = moments.numpy().astype(np.float64)
+        else:
+            mom = np.stack([m.sum(axis=1, dtype=np.float64), np.einsum("ij,ij->i", m, m, dtype=np.float64),
+                            o[:, 0], o[:, -1]], axis=1)
+        n = o.shape[1]
+        cols = [mom]
+        for q in _QUANTILES:
+            pos = q * (n - 1)
+            a = o[:, math.floor(pos)].astype(np.float64)
+            cols.append((a + (o[:, math.ceil(pos)] - a) * (pos - math.floor(pos)))[:, None])
     cols.append((np.count_nonzero(m == 0, axis=1) / n)[:, None])
     return np.concatenate(cols, axis=1)
 
