@@ -23,6 +23,8 @@ from ._deprecated import renamed as _renamed
 from .compress import CompressConfig, CompressReport, CompressResult, compress
 from .diagnose import (
     AdaptiveLR,
+    BanditConfig,
+    DiagnoseConfig,
     DiagnoseResult,
     EarlyStopping,
     GradGuard,
@@ -72,6 +74,7 @@ __getattr__ = _renamed(__name__, {"TrainReport": TrainResult, "DiagnoseReport": 
 
 __all__ = [
     "AdaptiveLR",
+    "BanditConfig",
     "BatchSizeConfig",
     "Callback",
     "ClassificationTask",
@@ -80,6 +83,7 @@ __all__ = [
     "CompressResult",
     "ConfigError",
     "DependencyError",
+    "DiagnoseConfig",
     "DiagnoseResult",
     "EarlyStopping",
     "FitConfig",

@@ -9,7 +9,9 @@ from __future__ import annotations
 from .._deprecated import renamed
 from ..train import EarlyStopping
 from ._api import (
+    BanditConfig,
     BanditResult,
+    DiagnoseConfig,
     DiagnoseResult,
     bandit,
     check_arms,
@@ -34,9 +36,11 @@ __all__ = [
     "Arm",
     "ArmStats",
     "Bandit",
+    "BanditConfig",
     "BanditPulls",
     "BanditResult",
     "BaseCheck",
+    "DiagnoseConfig",
     "DiagnoseResult",
     "EarlyStopping",
     "Finding",

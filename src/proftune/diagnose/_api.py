@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .._device import resolve_device
+from .._options import with_options
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
@@ -25,7 +26,7 @@ from ._lrtest import RangeTest, lr_range_test
 from ._probes import decay_probe, warmup_probe
 
 __all__ = [
-    "BanditResult", "DiagnoseResult", "bandit", "check_arms", "diagnose",
+    "BanditConfig", "BanditResult", "DiagnoseConfig", "DiagnoseResult", "bandit", "check_arms", "diagnose",
     "known_params", "load_configs",
 ]
 
@@ -64,22 +65,36 @@ class DiagnoseResult:
         }
 
 
+@dataclass(frozen=True)
+class DiagnoseConfig:
+    """How :func:`diagnose` trains and probes (every field also a keyword of the call).
+
+    ``epochs``/``max_steps``: the training (default: the task's epochs); ``batch_size`` overrides
+    the params'; ``lr_test``: confirm an LR finding with a short range test; ``probes``: confirm a
+    schedule finding with a warm-up or decay run; ``every``: steps between health samples;
+    ``record``: a ``diagnose`` Run in the store.
+    """
+
+    epochs: int | None = None
+    max_steps: int | None = None
+    batch_size: int | None = None
+    device: str | torch.device = "auto"
+    seed: int = 0
+    lr_test: bool = True
+    probes: bool = True
+    every: int = 10
+    record: bool = True
+
+
 def diagnose(
     task: Task | str,
     params: dict[str, Any] | None = None,
+    config: DiagnoseConfig | None = None,
     *,
-    epochs: int | None = None,
-    max_steps: int | None = None,
-    batch_size: int | None = None,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-    lr_test: bool = True,
-    probes: bool = True,
-    every: int = 10,
     callbacks: Sequence[Callback] = (),
     store: Store | str | None = None,
     db: str | None = None,
-    record: bool = True,
+    **options: Any,
 ) -> DiagnoseResult:
     """Train ``task`` with the health checks and return its findings, most likely cause first.
 
@@ -90,22 +105,24 @@ def diagnose(
     data once, for the train/validation gap. Recorded as a ``diagnose`` run (unless
     ``record=False``) with the findings in its result.
     """
+    c = with_options(DiagnoseConfig, config, options, caller="diagnose")
+    epochs, max_steps, seed = c.epochs, c.max_steps, c.seed
     task_obj = load_task(task)
     merged = validate_params({**task_obj.default_params, **(params or {})})
-    if batch_size is not None:
-        merged["batch_size"] = batch_size
+    if c.batch_size is not None:
+        merged["batch_size"] = c.batch_size
     if epochs is None and max_steps is None:
         epochs = task_obj.default_epochs
-    dev = resolve_device(device)
-    check = HealthCheck(every=every)
+    dev = resolve_device(c.device)
+    check = HealthCheck(every=c.every)
 
     def body() -> DiagnoseResult:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=[check, *callbacks])
         _measure_train_metrics(task_obj, result, check, dev)
-        if lr_test and check.wants_lr_test:
+        if c.lr_test and check.wants_lr_test:
             check.add_lr_test(lr_range_test(task_obj, result.params, device=dev, seed=seed))
-        if probes:
+        if c.probes:
             _run_probes(task_obj, result, check, dev, seed)
         return DiagnoseResult(
             run_id=None, task=task_obj.name or type(task_obj).__name__, findings=check.findings,
@@ -114,11 +131,11 @@ def diagnose(
             lr_test=check.lr_test,
         )
 
-    if not record:
+    if not c.record:
         return body()
-    config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed,
-              "device": str(dev), "lr_test": lr_test, "probes": probes, "every": every}
-    with tracked_run("diagnose", task_obj, config=config, device=dev, store=store, db=db) as run:
+    run_config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed,
+                  "device": str(dev), "lr_test": c.lr_test, "probes": c.probes, "every": c.every}
+    with tracked_run("diagnose", task_obj, config=run_config, device=dev, store=store, db=db) as run:
         report = body()
         report.run_id = run.id
         d = report.to_dict()
@@ -300,21 +317,34 @@ class BanditResult:
                 "uniform_regret": self.uniform_regret}
 
 
+@dataclass(frozen=True)
+class BanditConfig:
+    """How :func:`bandit` allocates its rounds (every field also a keyword of the call).
+
+    ``policy``: thompson or ucb; ``metric`` and ``mode`` (max, min, auto): the reward; ``epochs``/
+    ``max_steps``: each pull's training; ``name``: the bandit's key in the store (default: the
+    task and a hash of the configs).
+    """
+
+    policy: str = "thompson"
+    metric: str | None = None
+    mode: str = "auto"
+    epochs: int | None = None
+    max_steps: int | None = None
+    name: str | None = None
+    device: str | torch.device = "auto"
+    seed: int = 0
+
+
 def bandit(
     task: Task | str,
     configs: Sequence[Arm] | str | Path,
+    config: BanditConfig | None = None,
     *,
     rounds: int,
-    policy: str = "thompson",
-    metric: str | None = None,
-    mode: str = "auto",
-    epochs: int | None = None,
-    max_steps: int | None = None,
-    name: str | None = None,
-    device: str | torch.device = "auto",
-    seed: int = 0,
     store: Store | str | None = None,
     db: str | None = None,
+    **options: Any,
 ) -> BanditResult:
     """Allocate ``rounds`` training runs of ``task`` across ``configs`` with a bandit ``policy``.
 
@@ -323,6 +353,9 @@ def bandit(
     (auto: the metric registry's direction, or the task's ``metric_directions``). State lives in the Store, so the same configs (or ``name``) continue
     across processes. The regret curve is against the estimated means at the end.
     """
+    c = with_options(BanditConfig, config, options, caller="bandit")
+    policy, metric, mode, epochs, max_steps, name, seed = (c.policy, c.metric, c.mode, c.epochs, c.max_steps,
+                                                           c.name, c.seed)
     task_obj = load_task(task)
     _check_bandit_args(rounds=rounds, policy=policy, mode=mode)
     if metric is not None:  # the direction must be known before any run is spent
@@ -330,15 +363,15 @@ def bandit(
     arms = (load_configs(configs, task_obj) if isinstance(configs, (str, Path))
             else check_arms(list(configs), task_obj))
     st = open_store(store, db=db)
-    dev = resolve_device(device)
+    dev = resolve_device(c.device)
     key = name or bandit_key(arms, prefix=f"{task_obj.name or type(task_obj).__name__}:")
     engine = Bandit(arms, policy=policy, name=key, store=st, seed=seed + _prior_pulls(st, key))
-    config = {"configs": [{"name": a.name, "params": a.params} for a in arms], "rounds": rounds,
-              "policy": policy, "metric": metric, "mode": mode, "epochs": epochs, "bandit": key,
-              "seed": seed}
+    run_config = {"configs": [{"name": a.name, "params": a.params} for a in arms], "rounds": rounds,
+                  "policy": policy, "metric": metric, "mode": mode, "epochs": epochs, "bandit": key,
+                  "seed": seed}
     pulls: list[dict[str, Any]] = []
     chosen_metric, sign = metric, 1.0
-    with tracked_run("bandit", task_obj, config=config, device=dev, store=st, study=key) as run:
+    with tracked_run("bandit", task_obj, config=run_config, device=dev, store=st, study=key) as run:
         for _ in range(rounds):
             arm = engine.select()
             params = {**task_obj.default_params, **arm.params}
