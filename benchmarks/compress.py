@@ -40,7 +40,7 @@ def row(label: str, ours: float, anchor: float, unit: str = "") -> None:
     print(f"  {label:<44} ours {ours:>12.4g}{unit}   anchor {anchor:>12.4g}{unit}   ratio {ratio:6.3f}")
 
 
-def by(report: proftune.CompressReport, method: str, ratio: float | None = None) -> Candidate:
+def by(report: proftune.CompressResult, method: str, ratio: float | None = None) -> Candidate:
     for c in report.candidates:
         if c.method == method and (ratio is None or abs(c.ratio - ratio) < 1e-9):
             return c

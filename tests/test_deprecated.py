@@ -15,6 +15,8 @@ from proftune.diagnose import BanditResult, DiagnoseResult
     ("proftune", "DiagnoseReport", DiagnoseResult),
     ("proftune.diagnose", "DiagnoseReport", DiagnoseResult),
     ("proftune.diagnose", "BanditReport", BanditResult),
+    ("proftune", "CompressReport", proftune.CompressResult),
+    ("proftune.compress", "CompressReport", proftune.CompressResult),
 ])
 def test_a_former_name_warns_and_is_the_same_class(module: str, former: str, current: type) -> None:
     mod = importlib.import_module(module)

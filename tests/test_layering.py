@@ -42,7 +42,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"diagnose"},  # health checks, controllers, the bandit (reads recommend's LR range test)
     {"integrations"},  # adapters of Lightning, Hugging Face, bare modules; their callbacks
     {"_holdout", "_api", "search", "compress"},
-    {"report"},  # renders every result kind, read back through its record (CompressReport, PredictResult)
+    {"report"},  # renders every result kind, read back through its record (CompressResult, PredictResult)
     {"optimize"},  # the loop over all of it
     {"cli"},
     {"proftune"},  # the package's __init__: the curated public API

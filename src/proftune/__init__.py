@@ -20,7 +20,7 @@ from ._deprecated import renamed as _renamed
 
 # the function shadows its subpackage on purpose: proftune.compress(...) and
 # `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
-from .compress import CompressConfig, CompressReport, CompressResult, compress
+from .compress import CompressConfig, CompressResult, compress
 from .diagnose import (
     AdaptiveLR,
     BanditConfig,
@@ -70,7 +70,7 @@ def _missing(name: str) -> object:
 
 
 #: Former names, deprecated: ``TrainReport`` (TrainResult), ``DiagnoseReport`` (DiagnoseResult).
-__getattr__ = _renamed(__name__, {"TrainReport": TrainResult, "DiagnoseReport": DiagnoseResult}, fallback=_missing)
+__getattr__ = _renamed(__name__, {"TrainReport": TrainResult, "DiagnoseReport": DiagnoseResult, "CompressReport": CompressResult}, fallback=_missing)
 
 __all__ = [
     "AdaptiveLR",
@@ -79,7 +79,6 @@ __all__ = [
     "Callback",
     "ClassificationTask",
     "CompressConfig",
-    "CompressReport",
     "CompressResult",
     "ConfigError",
     "DependencyError",

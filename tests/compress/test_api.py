@@ -36,9 +36,9 @@ def _digest(path: Path) -> str:
 
 def test_name_clash_function_and_subpackage() -> None:
     assert callable(proftune.compress)
-    from proftune.compress import CompressReport  # the subpackage still imports
+    from proftune.compress import CompressResult  # the subpackage still imports
 
-    assert proftune.CompressReport is CompressReport
+    assert proftune.CompressResult is CompressResult
 
 
 def test_compress_measures_selects_saves_and_records(original: Path, tmp_path: Path, db_url: str) -> None:

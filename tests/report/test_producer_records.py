@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import proftune
-from proftune.compress import CompressReport
+from proftune.compress import CompressResult
 from proftune.exceptions import ConfigError
 from proftune.report import render_report
 from proftune.track import Store
@@ -31,7 +31,7 @@ def _charts(html: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def compressed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, CompressReport]:
+def compressed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, CompressResult]:
     db = f"sqlite:///{tmp_path_factory.mktemp('store') / 'proftune.db'}"
     model = proftune.fit("digits-mlp", {"hidden": 32}, epochs=1, seed=0, device="cpu").model.eval()
     path = tmp_path_factory.mktemp("orig") / "original.pt"
@@ -42,7 +42,7 @@ def compressed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, CompressR
     return db, report
 
 
-def test_compress_page_renders_the_recorded_record(compressed: tuple[str, CompressReport]) -> None:
+def test_compress_page_renders_the_recorded_record(compressed: tuple[str, CompressResult]) -> None:
     db, report = compressed
     store = Store(db)
     html = render_report(report.run_id, store=store)
@@ -57,24 +57,24 @@ def test_compress_page_renders_the_recorded_record(compressed: tuple[str, Compre
     assert report.load_line.split("(")[0] in html
 
 
-def test_compress_record_round_trips_through_its_run(compressed: tuple[str, CompressReport]) -> None:
+def test_compress_record_round_trips_through_its_run(compressed: tuple[str, CompressResult]) -> None:
     db, report = compressed
     stored = Store(db).get_run(report.run_id).result
     assert stored is not None
     assert stored["schema_version"] == report.schema_version == 1
-    again = CompressReport.from_dict(stored)
+    again = CompressResult.from_dict(stored)
     assert again.candidates == [dataclass_without_path(c) for c in report.candidates]
     assert again.selected == dataclass_without_path(report.selected)
     assert again.load_line == report.load_line
-    assert CompressReport.from_dict(json.loads(json.dumps(again.to_dict()))).to_dict() == again.to_dict()
+    assert CompressResult.from_dict(json.loads(json.dumps(again.to_dict()))).to_dict() == again.to_dict()
     with pytest.raises(AttributeError):
         report.notes = []  # type: ignore[misc]  # a frozen record
     renamed = {**stored, "baseline": {k if k != "latency_ms" else "latency" : v
                                       for k, v in stored["baseline"].items()}}
     with pytest.raises(TypeError, match="latency_ms"):
-        CompressReport.from_dict(renamed)  # a renamed field fails, it does not render as blank
+        CompressResult.from_dict(renamed)  # a renamed field fails, it does not render as blank
     with pytest.raises(ConfigError, match="newer"):
-        CompressReport.from_dict({**stored, "schema_version": 99})
+        CompressResult.from_dict({**stored, "schema_version": 99})
 
 
 def dataclass_without_path(c: Any) -> Any:

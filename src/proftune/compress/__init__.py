@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from .._deprecated import renamed
 from . import _distill, _measure, _pipeline, _plot, _prune, _quantize, _sensitivity  # noqa: F401
 from ._api import compress
 from ._checkpoint import LOAD_LINES, ExportedModule, load_model
@@ -13,11 +14,8 @@ from ._distill import DistillationTask, hinton_loss
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
 from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_status
-from ._report import CompressReport
+from ._report import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
-
-#: ``*Result`` like every other result; ``CompressReport`` stays for existing imports.
-CompressResult = CompressReport
 
 __all__ = [
     "BACKENDS",
@@ -25,7 +23,6 @@ __all__ = [
     "BaseQuantBackend",
     "Candidate",
     "CompressConfig",
-    "CompressReport",
     "CompressResult",
     "DistillationTask",
     "ExportedModule",
@@ -40,3 +37,6 @@ __all__ = [
     "prune_unstructured",
     "ratios_from_sensitivity",
 ]
+
+#: ``CompressReport``, the former name (a DeprecationWarning names ``CompressResult``).
+__getattr__ = renamed(__name__, {"CompressReport": CompressResult})

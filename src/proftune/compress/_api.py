@@ -23,9 +23,9 @@ from ..train import Callback, validate_params
 from ._checkpoint import Rebuild, task_spec
 from ._compressor import Compressor
 from ._config import CompressConfig, backend_problems, compile_problems, merge_config
-from ._report import CompressReport
+from ._report import CompressResult
 
-__all__ = ["CompressConfig", "CompressReport", "compress"]
+__all__ = ["CompressConfig", "CompressResult", "compress"]
 
 
 def compress(
@@ -39,7 +39,7 @@ def compress(
     db: str | None = None,
     callbacks: Sequence[Callback] = (),
     **overrides: Any,
-) -> CompressReport:
+) -> CompressResult:
     """Compress ``task``'s model under an accuracy budget and record a ``compress`` Run.
 
     ``model`` is the trained original: a module, or a file holding a state dict for
@@ -71,7 +71,7 @@ def compress(
     return report
 
 
-def _run_metrics(report: CompressReport) -> dict[str, float]:
+def _run_metrics(report: CompressResult) -> dict[str, float]:
     metrics = {f"baseline_{report.metric}": report.baseline.metric}
     sel = report.selected
     if sel is not None:

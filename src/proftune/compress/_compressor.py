@@ -38,7 +38,7 @@ from ._prune import (
 )
 from ._quant_backends import BACKEND_NAMES, QuantInputs, backend_status, get_backend
 from ._quantize import run_batches
-from ._report import CompressReport
+from ._report import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = ["Compressor"]
@@ -78,7 +78,7 @@ class Compressor:
         return True
 
     # -- the run ---------------------------------------------------------------------------
-    def run(self, model: nn.Module | str | Path | None) -> CompressReport:
+    def run(self, model: nn.Module | str | Path | None) -> CompressResult:
         cfg = self.cfg
         base = self._prepare(model)
         summary = profile_summary(self._profile(base))
@@ -94,7 +94,7 @@ class Compressor:
             plots = self._plots(cands, selected) if cfg.plot_dir else []
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return CompressReport(
+        return CompressResult(
             task=self.task.name or type(self.task).__name__, metric=cfg.metric, goal=cfg.goal,
             max_accuracy_drop=cfg.max_accuracy_drop, device=str(self.dev),
             threads=cfg.threads if self.dev.type == "cpu" else None, baseline=cands[0],

@@ -11,14 +11,14 @@ from ..exceptions import ConfigError
 from ._checkpoint import LOAD_LINES, runs_no_user_code
 from ._pipeline import Candidate
 
-__all__ = ["COMPRESS_SCHEMA_VERSION", "CompressReport"]
+__all__ = ["COMPRESS_SCHEMA_VERSION", "CompressResult"]
 
-#: Bumped when a field of :class:`CompressReport`'s JSON changes meaning.
+#: Bumped when a field of :class:`CompressResult`'s JSON changes meaning.
 COMPRESS_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class CompressReport:
+class CompressResult:
     """The measured baseline and candidates, the selection and where it was saved.
 
     A frozen, versioned record: :func:`proftune.compress` builds it, its Run holds
@@ -75,7 +75,7 @@ class CompressReport:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CompressReport:
+    def from_dict(cls, d: dict[str, Any]) -> CompressResult:
         """The record back from :meth:`to_dict`'s JSON (a ``compress`` Run's result)."""
         if not isinstance(d, dict):
             raise ConfigError(f"a compression report must be a JSON object, but got {type(d).__name__}.")

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
-from ..compress import CompressReport
+from ..compress import CompressResult
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
@@ -612,7 +612,7 @@ def _compression(page: Page, run: _Run) -> None:
     crun = run.run(comp.get("run_id"))
     res = (crun.result or {}) if crun else {}
     if res.get("candidates"):
-        rep = CompressReport.from_dict(dict(res))  # the compress Run's record
+        rep = CompressResult.from_dict(dict(res))  # the compress Run's record
         candidate_charts(s, rep)
         if rep.sensitivity:
             sensitivity_chart(s, rep)

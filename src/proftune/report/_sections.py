@@ -9,7 +9,7 @@ from typing import Any
 
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
-from ..compress import Candidate, CompressReport
+from ..compress import Candidate, CompressResult
 from ..exceptions import ConfigError
 from ..metrics import default_objective, split_objective
 from ..track import RunRecord, Store
@@ -666,7 +666,7 @@ def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
 # -- compress -----------------------------------------------------------------------------------------
 @register_renderer("compress")
 def _compress(page: Page, r: RunRecord, ctx: Context) -> None:
-    rep = CompressReport.from_dict(dict(r.result or {}))
+    rep = CompressResult.from_dict(dict(r.result or {}))
     candidate_charts(page.section("Candidates"), rep)
     if rep.sensitivity:
         sensitivity_chart(page.section("Per-layer sensitivity"), rep)
@@ -678,7 +678,7 @@ def _compress(page: Page, r: RunRecord, ctx: Context) -> None:
             ns.html(f"<h3>load the model</h3><pre>{esc(rep.load_line)}</pre>")
 
 
-def candidate_charts(s: Section, rep: CompressReport) -> None:
+def candidate_charts(s: Section, rep: CompressResult) -> None:
     """A compression's candidates (metric vs latency and vs size, the Pareto front, the selected
     one, the accuracy budget) and their table, into ``s``."""
     base, sel, metric = rep.baseline, rep.selected, rep.metric
@@ -731,7 +731,7 @@ def _candidate(c: Candidate) -> str:
     return " + ".join(f"{p} {ratio:.0%}" if ratio and "structured" in p else p for p in parts)
 
 
-def sensitivity_chart(ss: Section, rep: CompressReport) -> None:
+def sensitivity_chart(ss: Section, rep: CompressResult) -> None:
     """The metric drop when one layer alone is pruned, per layer, into ``ss``."""
     metric = rep.metric
     sens = [x for x in rep.sensitivity if isinstance(x, Mapping)]
