@@ -109,3 +109,19 @@ def test_one_seed_of_a_large_gain_is_beyond_the_validation_set_s_noise() -> None
     small = compare_paired([0.72], [0.69], seeds=[100], metric="accuracy", maximize=True, prior_std=prior,
                            resolution=1 / 300, alpha=0.05 / 4)
     assert not small.beyond_noise  # 3 points on 300 samples: within two seeds' noise
+
+
+def test_two_seeds_of_a_large_gain_are_judged_against_the_known_noise() -> None:
+    """A race cut to two seeds by the time: the t bound at one degree of freedom (25x the spread)
+    would keep the defaults; with the seeds' noise known, a 0.3 gain is beyond it and 0.02 is not."""
+    prior = prior_seed_std(None, metric="accuracy", val_samples=96, level=0.5)  # 0.102
+    big = compare_paired([0.85, 0.9], [0.5, 0.62], seeds=[1, 2], metric="accuracy", maximize=True,
+                         prior_std=prior, resolution=1 / 96, alpha=0.05 / 4)
+    assert big.beyond_noise, big.reason
+    assert "two paired seeds" in big.reason
+    t_only = compare_paired([0.85, 0.9], [0.5, 0.62], seeds=[1, 2], metric="accuracy", maximize=True,
+                            resolution=1 / 96, alpha=0.05 / 4)
+    assert not t_only.beyond_noise  # what the t-test alone said
+    small = compare_paired([0.72, 0.70], [0.69, 0.69], seeds=[1, 2], metric="accuracy", maximize=True,
+                           prior_std=prior, resolution=1 / 96, alpha=0.05 / 4)
+    assert not small.beyond_noise

@@ -90,14 +90,23 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
     mean = statistics.fmean(gains)
     n = len(gains)
     std = statistics.stdev(gains) if n > 1 else None
-    if n > 1:
-        assert std is not None
-        lower = mean - _t_quantile(level, n - 1) * std / math.sqrt(n) if std > 0 else mean
-    elif prior_std is not None and prior_std > 0:
-        # one pair: the difference of two seeds has the seeds' variance twice
+    known = prior_std is not None and prior_std > 0
+    test = "a paired t-test over the seeds"
+    if n <= 2 and known:
+        # one or two pairs and the seeds' noise known (the search's spread, the validation set's
+        # sampling noise): a normal bound, with the pairs' own spread where it is larger; the
+        # difference of two seeds has the seeds' variance twice. (A t-test at one degree of
+        # freedom needs a gain 25x its spread: a race cut to two seeds by the time could not pass.)
         from scipy import stats
 
-        lower = mean - float(stats.norm.ppf(level)) * prior_std * math.sqrt(2.0)
+        assert prior_std is not None
+        sd = max(std or 0.0, prior_std * math.sqrt(2.0))
+        lower = mean - float(stats.norm.ppf(level)) * sd / math.sqrt(n)
+        test = (f"{'one paired seed' if n == 1 else 'two paired seeds'} against the seeds' noise, "
+                f"std {prior_std:.3g}")
+    elif n > 1:
+        assert std is not None
+        lower = mean - _t_quantile(level, n - 1) * std / math.sqrt(n) if std > 0 else mean
     else:
         lower = None
     if lower is None:
@@ -106,8 +115,6 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
         beyond, why = False, (f"the mean gain {mean:+.4g} is below the metric's resolution {resolution:.4g}"
                               if mean > 0 else f"the mean gain {mean:+.4g} is not a gain")
     else:
-        test = ("a paired t-test over the seeds" if n > 1 else
-                f"one paired seed against the seeds' noise, std {prior_std or 0.0:.3g}")
         beyond = lower > 0
         why = (f"beyond noise: the {level:.0%} lower bound of the gain is {lower:+.4g} > 0 ({test})" if beyond
                else f"within noise: the {level:.0%} lower bound of the gain is {lower:+.4g} ({test})")
