@@ -85,3 +85,25 @@ def test_the_library_names_its_arguments_not_flags() -> None:
         found += _flag_messages(path)
     assert found == []
     assert all((SRC / rel).is_file() for rel in NOT_YET)
+
+
+def test_a_failure_that_is_not_a_config_error_reads_in_flags_too() -> None:
+    """A RunFailedError (exit 1) names ``db=`` like any library message; the user of the CLI reads ``--db``."""
+    import typer
+    from typer.testing import CliRunner
+
+    from proftune.cli._common import execute
+    from proftune.exceptions import RunFailedError
+
+    app = typer.Typer()
+
+    @app.command()
+    def main(db: str = typer.Option("x.db", "--db")) -> None:
+        def body() -> None:
+            raise RunFailedError(f"db={db!r} went away while writing; rerun with the same db=")
+        execute(body, json_out=False)
+
+    result = CliRunner().invoke(app, ["--db", "bad"])
+    assert result.exit_code == 1
+    assert "--db 'bad' went away" in result.output and "the same --db" in result.output
+    assert "db='bad'" not in result.output

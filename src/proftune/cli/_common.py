@@ -153,7 +153,7 @@ def execute(
         err_console.print("interrupted", markup=False)
         raise typer.Exit(130) from None
     except (ProftuneError, Exception) as exc:  # noqa: BLE001 - the CLI boundary: any failure is exit 1 with its message
-        err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {escape(str(exc))}", markup=True,
+        err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {escape(as_flags(str(exc)))}", markup=True,
                           highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
