@@ -33,7 +33,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"exceptions"},
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
     {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_deprecated", "_options",
-     "metrics"},
+     "_record", "metrics"},
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"train", "examples"},  # the fit loop; the built-in tasks
     {"track"},  # the Store

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
 from ..compress import Candidate, CompressResult
+from ..diagnose import BanditResult, DiagnoseResult, Finding
 from ..exceptions import ConfigError
 from ..metrics import default_objective, split_objective
 from ..track import RunRecord, Store
@@ -120,7 +121,7 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
              title="artifacts")
 
 
-def curves(page: Page, r: RunRecord, *, findings: Sequence[Mapping[str, Any]] = ()) -> None:
+def curves(page: Page, r: RunRecord, *, findings: Sequence[Finding] = ()) -> None:
     """Per-step and per-epoch curves, anomalies (and diagnose findings) marked at their step."""
     step_rows = [p for p in (r.curves or {}).get("step") or [] if isinstance(p, Mapping)]
     epoch_rows = [p for p in (r.curves or {}).get("epoch") or [] if isinstance(p, Mapping)]
@@ -138,9 +139,8 @@ def curves(page: Page, r: RunRecord, *, findings: Sequence[Mapping[str, Any]] = 
             marks = [(a.get("step"), str(a.get("kind", "anomaly")), "#c92a2a") for a in anomalies
                      if _num(a.get("step"))]
             if key == "loss":
-                marks += [(f.get("evidence", {}).get("step"), str(f.get("cause")), _SEVERITY_COLOR.get(
-                    str(f.get("severity")), "#1971c2")) for f in findings
-                          if _num((f.get("evidence") or {}).get("step"))]
+                marks += [(f.step, f.cause, _SEVERITY_COLOR.get(f.severity, "#1971c2")) for f in findings
+                          if _num(f.step)]
             fig = _step_figure(xs, [p.get(key) for p in step_rows], key, marks,
                                log=key == "lr" and _spans_decades([p.get(key) for p in step_rows]))
             side = _curve_summary(key, [p.get(key) for p in step_rows])
@@ -586,81 +586,94 @@ def lr_chart(s: Section, res: Mapping[str, Any], pts: Sequence[Mapping[str, Any]
 
 
 # -- diagnose ----------------------------------------------------------------------------------------
+T = TypeVar("T")
+
+
+def read_result(page: Page, r: RunRecord, reader: Callable[[dict[str, Any]], T]) -> T | None:
+    """The Run's result read back as its record (``reader``: the record's ``from_dict``); None,
+    with a section that says why and what the run holds, when there is none or it cannot be read
+    (a run that failed before its result, one recorded by an older proftune in another form)."""
+    if not r.result:
+        page.section("Result").para("this run holds no result" + (f": {r.error}" if r.error else
+                                                                   " (it is still running, or it stopped before it had one)"),
+                                    cls="muted")
+        return None
+    try:
+        return reader(dict(r.result))
+    except ConfigError as exc:
+        s = page.section("Result")
+        s.para(f"this run's result cannot be read as its record: {exc}", cls="error")
+        s.json(r.result, title="everything the run holds")
+        return None
+
+
 @register_renderer("diagnose")
 def _diagnose(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
-    findings = [f for f in res.get("findings") or [] if isinstance(f, Mapping)]
+    res = read_result(page, r, DiagnoseResult.from_dict)
+    if res is None:
+        curves(page, r)
+        return
     s = page.section("Findings")
-    if not findings:
+    if not res.findings:
         s.para("no findings: training looks healthy", cls="muted")
     cards = []
     # the ranking's order (root causes first, by causality then severity), each root's consequences after it
-    numbered: list[tuple[str, Mapping[str, Any]]] = []
-    for n, root in enumerate(findings, start=1):
+    numbered: list[tuple[str, Finding]] = []
+    for n, root in enumerate(res.findings, start=1):
         numbered.append((str(n), root))
-        subs = [c for c in root.get("consequences") or [] if isinstance(c, Mapping)]
-        numbered.extend((f"{n}.{j}", c) for j, c in enumerate(subs, start=1))
+        numbered.extend((f"{n}.{j}", c) for j, c in enumerate(root.consequences, start=1))
     for i, f in numbered:
-        ev = f.get("evidence") or {}
+        ev = {**f.evidence, "step": f.step, "layer": f.layer}
         evhtml = s.side(lambda t, ev=ev: t.kv([(k, v if not isinstance(v, (dict, list)) else _short_value(v))
-                                               for k, v in _flatten(ev)] if isinstance(ev, Mapping) else []))
-        sev = str(f.get("severity") or "info")
-        where = []
-        if isinstance(ev, Mapping) and ev.get("step") is not None:
-            where.append(f"step {ev.get('step')}")
-        if isinstance(ev, Mapping) and ev.get("layer"):
-            where.append(f"layer {ev.get('layer')}")
+                                               for k, v in _flatten(ev)]))
+        where = ([f"step {f.step}"] if f.step is not None else []) + ([f"layer {f.layer}"] if f.layer else [])
         cards.append(
-            f'<div class="card {esc(sev)}"><div class="name">{i}. {esc(f.get("cause"))}</div>'
-            f'<div class="meta"><span class="badge {esc(sev)}">{esc(sev)}</span> confidence '
-            f'{esc(fmt_number(f.get("confidence")))} {esc(" · ".join(where))}'
-            + (f' · explained by {esc(f.get("explained_by"))}' if f.get("explained_by") else "")
-            + (f'</div><div class="meta">{esc(f.get("why"))}' if f.get("why") else "")
-            + f'</div><p>{esc(f.get("summary") or "")}</p><p><b>fix:</b> {esc(f.get("fix") or "")}</p>'
+            f'<div class="card {esc(f.severity)}"><div class="name">{i}. {esc(f.cause)}</div>'
+            f'<div class="meta"><span class="badge {esc(f.severity)}">{esc(f.severity)}</span> confidence '
+            f'{esc(fmt_number(round(f.confidence, 3)))} {esc(" · ".join(where))}'
+            + (f" · explained by {esc(f.explained_by)}" if f.explained_by else "")
+            + (f'</div><div class="meta">{esc(f.why)}' if f.why else "")
+            + f'</div><p>{esc(f.summary)}</p><p><b>fix:</b> {esc(f.fix)}</p>'
             f"<details><summary>evidence</summary>{evhtml}</details></div>")
     if cards:
         s.html('<div class="cards">' + "".join(cards) + "</div>")
-    lr = res.get("lr_test")
-    if isinstance(lr, Mapping) and lr:
-        s.kv(list(_flatten(lr)), title="LR range test")
-    curves(page, r, findings=findings)
+    if res.lr_test is not None:
+        s.kv(list(_flatten(res.lr_test.summary())), title="LR range test")
+    curves(page, r, findings=res.findings)
 
 
 # -- bandit --------------------------------------------------------------------------------------------
 @register_renderer("bandit")
 def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
-    arms = [a for a in res.get("arms") or [] if isinstance(a, Mapping)]
+    res = read_result(page, r, BanditResult.from_dict)
+    if res is None:
+        return
     s = page.section("Allocation")
-    s.para(f"bandit {res.get('bandit')} · policy {res.get('policy')} · reward {res.get('metric')} "
-           f"({res.get('mode')}) · best: {res.get('best')}", cls="muted")
-    if arms:
-        names = [str(a.get("arm")) for a in arms]
-        data = [bar(names, [a.get("pulls") for a in arms], "pulls", color=PALETTE[0]),
-                line(names, [a.get("mean") for a in arms], f"mean {res.get('metric')}", color=PALETTE[1],
+    s.para(f"bandit {res.name} · policy {res.policy} · reward {res.metric} ({res.mode}) · best: {res.best}",
+           cls="muted")
+    if res.arms:
+        names = [a.arm for a in res.arms]
+        data = [bar(names, [a.pulls for a in res.arms], "pulls", color=PALETTE[0]),
+                line(names, [a.mean for a in res.arms], f"mean {res.metric}", color=PALETTE[1],
                      yaxis="y2", markers=True)]
         data[-1]["mode"] = "markers"
         data[-1]["marker"] = {"size": 12, "color": PALETTE[1]}
         fig = {"data": data, "layout": layout("pulls and mean reward per configuration", y="pulls",
-                                              yaxis2={"title": {"text": str(res.get("metric"))}, "overlaying": "y",
+                                              yaxis2={"title": {"text": res.metric}, "overlaying": "y",
                                                       "side": "right", "showgrid": False})}
         s.chart(fig, side=s.side(lambda t: t.table(
             ["config", "pulls", "mean", "std", "params"],
-            [[a.get("arm"), a.get("pulls"), a.get("mean"), finite(a.get("std")), _short_value(a.get("params") or {})]
-             for a in arms], row_classes=["best" if a.get("arm") == res.get("best") else "" for a in arms])))
-    regret = (r.curves or {}).get("regret") or []
-    uniform = (r.curves or {}).get("uniform_regret") or []
-    if regret:
+            [[a.arm, a.pulls, a.mean, a.std, _short_value(a.params)] for a in res.arms],
+            row_classes=["best" if a.arm == res.best else "" for a in res.arms])))
+    if res.regret:
         rs = page.section("Regret")
-        xs = list(range(1, len(regret) + 1))
-        rs.chart({"data": [line(xs, regret, f"{res.get('policy')}", color=PALETTE[0], markers=True),
-                           line(xs, uniform, "uniform allocation", color="#868e96", dash="dash")],
+        xs = list(range(1, len(res.regret) + 1))
+        rs.chart({"data": [line(xs, res.regret, res.policy, color=PALETTE[0], markers=True),
+                           line(xs, res.uniform_regret, "uniform allocation", color="#868e96", dash="dash")],
                   "layout": layout("cumulative regret vs the best estimated mean", x="pull", y="regret")})
-    pulls = [p for p in res.get("pulls") or [] if isinstance(p, Mapping)]
-    if pulls:
-        metric = str(res.get("metric"))
-        s.table(["round", "config", metric, "run"], [[p.get("round"), p.get("arm"), p.get(metric), p.get("run_id")]
-                                                     for p in pulls], title="pulls in this call")
+    if res.pulls:
+        s.table(["round", "config", res.metric, "run"], [[p.round, p.arm, p.value, p.run_id] for p in res.pulls],
+                title="pulls in this call")
 
 
 # -- compress -----------------------------------------------------------------------------------------
