@@ -21,19 +21,20 @@ __all__ = ["record_fields"]
 
 
 def record_fields(cls: type, d: Any, *, kind: str, version: int | None = None,
-                  derived: Iterable[str] = ()) -> dict[str, Any]:
+                  derived: Iterable[str] = (), built: Iterable[str] = ()) -> dict[str, Any]:
     """The keyword arguments of the dataclass ``cls`` from its dict ``d`` (``to_dict()``'s JSON).
 
     ``kind`` names the record in messages; ``version`` is the ``schema_version`` this proftune
     writes (None for a nested record); ``derived`` are keys ``to_dict`` writes for readers that
-    are not fields (a count, a flag, a line of text): accepted and left out. A record of an older
+    are not fields (a count, a flag, a line of text): accepted and left out; ``built`` are fields
+    the caller builds itself from such keys (not required here). A record of an older
     version is read as it is (version 1 is the only one yet); ``schema_version`` is set to
     ``version``.
     """
     if not isinstance(d, Mapping):
         raise ConfigError(f"a {kind} record must be a JSON object, but got {type(d).__name__}.")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    problems: list[str] = []
+    filled, problems = set(built), list[str]()
     read = 1
     if version is not None:
         read = d.get("schema_version", 1)  # absent: written before the record had one
@@ -47,7 +48,7 @@ def record_fields(cls: type, d: Any, *, kind: str, version: int | None = None,
     if unknown:
         problems.append(f"the {kind} record has field(s) {', '.join(map(repr, unknown))} that schema_version "
                         f"{read} does not define; its fields: {', '.join(n for n in fields if n != 'schema_version')}.")
-    missing = [n for n, f in fields.items() if n not in d and n != "schema_version"
+    missing = [n for n, f in fields.items() if n not in d and n != "schema_version" and n not in filled
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         problems.append(f"the {kind} record lacks the required field(s) {', '.join(map(repr, missing))} of "

@@ -14,6 +14,7 @@ import pytest
 import proftune
 from proftune.diagnose import Arm, BanditResult, DiagnoseResult, bandit
 from proftune.report import render_report
+from proftune.search import SearchResult
 from proftune.track import Store
 
 from .test_html import _charts, _sections
@@ -117,3 +118,58 @@ def test_bandit_record_round_trips_through_its_run(db: str, bandit_result: Bandi
         BanditResult.from_dict(renamed)
     with pytest.raises(proftune.ConfigError, match="'best'"):
         BanditResult.from_dict({k: v for k, v in stored.items() if k != "best"})
+
+
+SPACE = {"params": {"hidden": {"type": "categorical", "choices": [8, 16, 128]},
+                    "lr": {"type": "float", "low": 1e-3, "high": 3e-2, "log": True}}}
+
+
+@pytest.fixture(scope="module")
+def searched(db: str) -> SearchResult:
+    # hidden 128 breaks params<3000 (gated before training); a 4-point scan runs first
+    return proftune.search("digits-mlp", SPACE, objectives=["accuracy:max"], constraints=["params<3000"], trials=3,
+                           max_steps=8, sampler="random", scan=4, seed=1, study="s", device="cpu", store=db)
+
+
+def test_tune_page_renders_the_recorded_record(db: str, searched: SearchResult) -> None:
+    html = render_report(searched.run_id, store=Store(db))
+    assert _sections(html) == ["Study", "Feasibility scan", "Strategy", "Optimisation history", "Trials",
+                               "Parallel coordinates", "Parameter importance", "Correlations", "Run and environment"]
+    text = _text(html)
+    best = searched.best
+    assert best is not None
+    assert f"best trial: #{best.number}: accuracy {best.metrics['accuracy']:.4g}" in text
+    tally = searched.tally
+    assert f"trials trained / gated {tally.trained} / {tally.gated}" in text
+    assert tally.trained == 3
+    assert searched.scan is not None
+    assert f"{searched.scan.profiles} configurations profiled, not trained" in text
+    for st in searched.strategy:
+        assert st.text in text
+    assert text.count(" complete ") + text.count(" infeasible ") >= len(searched.trials)
+    imp = next(c for c in _charts(html) if c["layout"]["title"]["text"] == "importance for accuracy")
+    fanova = next(t for t in imp["data"] if t["name"] == "fANOVA")
+    assert dict(zip(fanova["y"], fanova["x"], strict=True)) == pytest.approx(searched.importance["accuracy"]["fanova"])
+
+
+def test_tune_record_round_trips_through_its_run(db: str, searched: SearchResult) -> None:
+    stored = Store(db).get_run(searched.run_id).result
+    assert "trials" not in stored  # each trial is its own Run (and in the study)
+    again = SearchResult.from_dict(stored)
+    assert again.to_dict(trials=False) == json.loads(json.dumps(stored))
+    assert again.trials == []
+    assert again.counts() == searched.counts()
+    assert again.budget() == searched.budget()
+    assert again.compute() == searched.compute()
+    assert again.best == searched.best
+    assert again.objectives == searched.objectives
+    assert again.constraints == searched.constraints
+    whole = SearchResult.from_dict(json.loads(json.dumps(searched.to_dict())))
+    assert whole.trials == searched.trials
+    assert whole.strategy == searched.strategy
+    assert whole.scan == searched.scan
+    renamed = {**stored, "best": {("why" if k == "reason" else k): v for k, v in stored["best"].items()}}
+    with pytest.raises(proftune.ConfigError, match=r"search trial.*'why'.*\n.*'reason'"):
+        SearchResult.from_dict(renamed)
+    with pytest.raises(proftune.ConfigError, match="'budget'"):
+        SearchResult.from_dict({k: v for k, v in stored.items() if k != "budget"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
@@ -16,6 +16,9 @@ from ..metrics import default_objective, split_objective
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
+
+if TYPE_CHECKING:  # search needs the [search] extra: its records are read where a study is drawn
+    from ..search import ScanResult, SearchResult, Statement, TrialRecord
 
 Renderer = Callable[[Page, RunRecord, "Context"], None]
 
@@ -772,13 +775,22 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     """A study from its tune runs (newest first) and trial runs: the best trial, the feasibility
     scan and the strategy, history (every trial), the trials, parallel coordinates, importance,
     correlations and the Pareto front."""
+    from ..search import SearchResult
+
     latest = tunes[0] if tunes else None
     cfg = latest.config if latest else {}
-    res = latest.result if latest else {}
-    objectives = [str(o) for o in cfg.get("objectives") or []]
+    # the newest tune run's record (none while the first one runs: the trials alone)
+    res = read_result(page, latest, SearchResult.from_dict) if latest is not None and latest.result else None
+    if res is not None:
+        objectives = [o.text for o in res.objectives]
+        obj = [(o.metric, "max" if o.direction == "maximize" else "min") for o in res.objectives]
+        constraints = [c.text for c in res.constraints]
+    else:
+        objectives = [str(o) for o in cfg.get("objectives") or []]
+        obj = [o for o in map(_objective, objectives) if o is not None]
+        constraints = [str(c) for c in cfg.get("constraints") or []]
     reported = {k for t in trials for k in (t.metrics or {})} or None
-    obj = [o for o in map(_objective, objectives) if o is not None] or [
-        split_objective(default_objective(reported))]
+    obj = obj or [split_objective(default_objective(reported))]
     rows = []
     for t in sorted(trials, key=lambda t: ((t.result or {}).get("trial") if _num((t.result or {}).get("trial"))
                                            else t.id, t.id)):
@@ -796,84 +808,78 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     s.html('<div class="stats">' + "".join(
         f'<div class="stat"><div class="v">{n}</div><div class="l">{esc(k)}</div></div>'
         for k, n in sorted(counts.items())) + "</div>")
-    budget = res.get("budget") or {}
     s.kv([("study", latest.study if latest else "-"), ("objectives", ", ".join(objectives) or "-"),
-          ("constraints", ", ".join(map(str, cfg.get("constraints") or [])) or "-"),
-          ("sampler", cfg.get("sampler")), ("pruner", cfg.get("pruner")), ("epochs per trial", cfg.get("epochs")),
-          ("trials trained / gated", f"{budget.get('trained', '-')} / {budget.get('gated', '-')}"),
-          ("stopped by", budget.get("stopped") or "-"),
+          ("constraints", ", ".join(constraints) or "-"),
+          ("sampler", res.sampler if res else cfg.get("sampler")), ("pruner", res.pruner if res else cfg.get("pruner")),
+          ("epochs per trial", cfg.get("epochs")),
+          ("trials trained / gated", f"{res.tally.trained} / {res.tally.gated}" if res else "- / -"),
+          ("stopped by", (res.stopped if res else None) or "-"),
           ("tune runs", ", ".join(str(t.id) for t in tunes))])
-    compute = res.get("compute") or {}
-    if compute:
-        s.kv([(k.replace("_s", "").replace("_", " "), f"{float(v):.1f} s" if _num(v) and k.endswith("_s") else v)
-              for k, v in compute.items()], title="where the time went")
-    _scan_section(page, res.get("scan"))
-    _strategy_section(page, res.get("strategy") or [])
+    if res is not None:
+        s.kv([(k.replace("_s", "").replace("_", " "), f"{float(v):.1f} s" if k.endswith("_s") else v)
+              for k, v in res.compute().items()], title="where the time went")
+        _scan_section(page, res.scan)
+        _strategy_section(page, res.strategy)
     if not rows:
         s.para("no trials recorded for this study", cls="muted")
         return
     _history(page, rows, obj)
-    _trial_table(page, rows, obj, cfg)
+    _trial_table(page, rows, obj, [c.metric for c in res.constraints] if res else
+                 [c.split("<")[0].split(">")[0].strip() for c in constraints])
     _parallel(page, rows, obj)
-    _importance(page, res.get("importance") or {}, complete=counts.get("complete", 0))
-    _correlations(page, res.get("correlations") or {})
+    _importance(page, res.importance if res else {}, complete=counts.get("complete", 0))
+    _correlations(page, res.correlations if res else {})
     if len(obj) >= 2:
-        _pareto(page, rows, obj, res.get("pareto") or [])
+        _pareto(page, rows, obj, res.pareto if res else [])
 
 
-def _best_trial(s: Section, res: Mapping[str, Any], obj: Sequence[tuple[str, str]]) -> None:
+def _best_trial(s: Section, res: SearchResult | None, obj: Sequence[tuple[str, str]]) -> None:
     """The best trial first: its number, objective values and params."""
-    best = res.get("best")
-    front = [f for f in res.get("pareto") or [] if isinstance(f, Mapping)]
+    best, front = (res.best, res.pareto) if res is not None else (None, [])
     if len(obj) >= 2 and front:
         s.html(f'<p class="verdict good">Pareto front: {len(front)} trial(s) '
-               f"({esc(', '.join('#' + str(f.get('number')) for f in front[:12]))})</p>")
+               f"({esc(', '.join('#' + str(f.number) for f in front[:12]))})</p>")
         return
-    if not isinstance(best, Mapping):
+    if best is None:
         s.html('<p class="verdict bad">no feasible trial finished: there is no best trial</p>')
         return
-    metrics = best.get("metrics") or {}
-    values = ", ".join(f"{n} {fmt_value(n, metrics.get(n))}" for n, _ in obj if n in metrics)
-    s.html(f'<p class="verdict good">best trial: #{esc(best.get("number"))}: {esc(values)}</p>')
-    s.para("its params: " + _short_value(best.get("params") or {}), cls="muted")
-    stats = [(k, v) for k, v in metrics.items() if _num(v)][:10]
+    values = ", ".join(f"{n} {fmt_value(n, best.metrics.get(n))}" for n, _ in obj if n in best.metrics)
+    s.html(f'<p class="verdict good">best trial: #{esc(best.number)}: {esc(values)}</p>')
+    s.para("its params: " + _short_value(best.params), cls="muted")
+    stats = [(k, v) for k, v in best.metrics.items() if _num(v)][:10]
     if stats:
         s.html('<div class="stats">' + "".join(
             f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)} (best trial)</div></div>'
             for k, v in stats) + "</div>")
 
 
-def _scan_section(page: Page, scan: Any) -> None:
+def _scan_section(page: Page, scan: ScanResult | None) -> None:
     """The feasibility scan: what it profiled, the bounds it fitted, its notes."""
-    if not isinstance(scan, Mapping):
+    if scan is None:
         return
     s = page.section("Feasibility scan")
-    s.para(f"{scan.get('profiles')} configurations profiled, not trained, in {float(scan.get('duration_s') or 0):.1f} s"
-           f" against {', '.join(map(str, scan.get('constraints') or []))}; "
-           f"{_pct(scan.get('feasible_share'))} of them feasible"
-           + ("; stopped once the bounds were stable" if scan.get("stopped_early") else ""), cls="muted")
-    bounds = [b for b in scan.get("bounds") or [] if isinstance(b, Mapping)]
-    if bounds:
+    s.para(f"{scan.profiles} configurations profiled, not trained, in {scan.duration_s:.1f} s"
+           f" against {', '.join(scan.constraints)}; {_pct(scan.feasible_share)} of them feasible"
+           + ("; stopped once the bounds were stable" if scan.stopped_early else ""), cls="muted")
+    if scan.bounds:
         s.table(["param", "bound", "scanned profiles that agree", "keeps"],
-                [[b.get("param"), f"{b.get('op')} {_short_value(b.get('value'))}",
-                  f"{b.get('agree')} of {b.get('total')}", ", ".join(map(str, b.get("constraints") or []))]
-                 for b in bounds], sortable=False, title="the bounds the study samples inside")
+                [[b.param, f"{b.op} {_short_value(list(b.value) if b.op == 'in' else b.value)}",
+                  f"{b.agree} of {b.total}", ", ".join(b.constraints)]
+                 for b in scan.bounds], sortable=False, title="the bounds the study samples inside")
     else:
         s.para("no bounds fitted: the study samples the whole space", cls="muted")
-    for note in scan.get("notes") or []:
+    for note in scan.notes:
         s.para(str(note), cls="muted")
 
 
-def _strategy_section(page: Page, strategy: Sequence[Any]) -> None:
-    items = [x for x in strategy if isinstance(x, Mapping)]
-    if not items:
+def _strategy_section(page: Page, strategy: Sequence[Statement]) -> None:
+    if not strategy:
         return
     s = page.section("Strategy")
     s.para("What the trials say to do next: per constraint the param that drives it, per param restrict, fix, "
            "widen or keep (partial Spearman rho with a bootstrap 95% interval).", cls="muted")
     s.table(["about", "what", "action", "why"],
-            [[x.get("kind"), x.get("subject"), x.get("action"), clipped(x.get("text"), 140)] for x in items],
-            sortable=False)
+            [[x.kind, x.subject, x.action, clipped(x.text, 140)] for x in strategy], sortable=False)
 
 
 def _objective(text: str) -> tuple[str, str] | None:
@@ -933,14 +939,13 @@ def _clip(text: Any, n: int) -> str:
 
 
 def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
-                 cfg: Mapping[str, Any] | None = None) -> None:
+                 constrained: Sequence[str] = ()) -> None:
     """One line per trial: params, the objectives and the constrained metrics, why it ended (cut
     to one line, whole on hover)."""
     s = page.section("Trials")
     pnames = list(dict.fromkeys(k for row in rows for k in row["params"]))
     fixed = {k for k in pnames if len({repr(row["params"].get(k)) for row in rows}) == 1}
     shown = [p for p in pnames if p not in fixed]
-    constrained = [str(c).split("<")[0].split(">")[0].strip() for c in (cfg or {}).get("constraints") or []]
     mnames = list(dict.fromkeys([*(n for n, _ in obj), *constrained]))
     if fixed:
         s.para("the same in every trial: " + ", ".join(f"{k} {fmt_number(rows[0]['params'].get(k), digits=3)}"
@@ -1041,13 +1046,13 @@ def _correlations(page: Page, corr: Mapping[str, Any]) -> None:
 
 
 def _pareto(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
-            front: Sequence[Mapping[str, Any]]) -> None:
+            front: Sequence[TrialRecord]) -> None:
     (m1, d1), (m2, d2) = obj[0], obj[1]
     done = [row for row in rows if row["state"] in ("complete", "infeasible")
             and _num(row["metrics"].get(m1)) and _num(row["metrics"].get(m2))]
     if not done:
         return
-    on_front = {f.get("number") for f in front if isinstance(f, Mapping)}
+    on_front = {f.number for f in front}
     s = page.section("Pareto front")
     data = []
     for name, pts, color, size in (
@@ -1062,10 +1067,8 @@ def _pareto(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[s
                          "hovertext": [plot_text(f"trial {r['#']}: {_short_value(r['params'])}") for r in pts],
                          "hovertemplate": "%{hovertext}<br>%{x:.4g}, %{y:.4g}<extra></extra>"})
     s.chart({"data": data, "layout": layout(f"{m1} ({d1}) vs {m2} ({d2})", x=m1, y=m2)},
-            side=s.side(lambda t: t.table(["trial", m1, m2], [[f.get("number"), (f.get("metrics") or {}).get(m1),
-                                                               (f.get("metrics") or {}).get(m2)] for f in front
-                                                              if isinstance(f, Mapping)], sortable=False,
-                                          title="front")))
+            side=s.side(lambda t: t.table(["trial", m1, m2], [[f.number, f.metrics.get(m1), f.metrics.get(m2)]
+                                                              for f in front], sortable=False, title="front")))
     if len(obj) > 2:
         s.para("more than two objectives: the chart shows the first two; the table lists the whole front.",
                cls="muted")

@@ -9,15 +9,17 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
+from .._record import record_fields
+
 __all__ = ["ATTR", "TRIAL_STATES", "TrialRecord", "counts", "slots_before", "trial_records"]
 
 TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
 ATTR = "proftune"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrialRecord:
-    """One trial as the search reports it."""
+    """One trial as the search reports it (a record nested in :class:`~proftune.search.SearchResult`)."""
 
     number: int
     state: str
@@ -54,6 +56,11 @@ class TrialRecord:
             "retried_from": self.retried_from, "gated": self.gated, "sampler": self.sampler,
             "tags": self.tags, "curve": self.curve,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
+        """The trial back from :meth:`to_dict`'s JSON; a key it does not define is a ConfigError."""
+        return cls(**record_fields(cls, d, kind="search trial"))
 
 
 @dataclass(frozen=True)
