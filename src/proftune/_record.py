@@ -12,12 +12,16 @@ trial in a search) has no version of its own: the one of the record that holds i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypeVar, cast
 
 from .exceptions import ConfigError
 
-__all__ = ["record_fields"]
+__all__ = ["JsonRecord", "Reader", "each", "optional", "plain", "record_fields"]
+
+R = TypeVar("R", bound="JsonRecord")
+#: Reads one field's JSON back (a nested record's ``from_dict``).
+Reader = Callable[[Any], Any]
 
 
 def record_fields(cls: type, d: Any, *, kind: str, version: int | None = None,
@@ -32,7 +36,7 @@ def record_fields(cls: type, d: Any, *, kind: str, version: int | None = None,
     ``version``.
     """
     if not isinstance(d, Mapping):
-        raise ConfigError(f"a {kind} record must be a JSON object, but got {type(d).__name__}.")
+        raise ConfigError(f"{_a(kind)} record must be a JSON object, but got {type(d).__name__}.")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     filled, problems = set(built), list[str]()
     read = 1
@@ -54,8 +58,49 @@ def record_fields(cls: type, d: Any, *, kind: str, version: int | None = None,
         problems.append(f"the {kind} record lacks the required field(s) {', '.join(map(repr, missing))} of "
                         f"schema_version {read}.")
     if problems:
-        raise ConfigError(problems, header=f"this JSON is not a {kind} record of schema_version {read}:")
+        raise ConfigError(problems, header=f"this JSON is not {_a(kind)} record of schema_version {read}:")
     kw = {k: v for k, v in d.items() if k in fields and k != "schema_version"}
     if version is not None and "schema_version" in fields:
         kw["schema_version"] = version
     return kw
+
+
+def _a(kind: str) -> str:
+    return ("an " if kind[:1] in "aeiou" else "a ") + kind
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every record in it (anything with ``to_dict``) as its dict, lists kept."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict() if callable(to_dict) else value
+
+
+def each(read: Reader) -> Reader:
+    """A reader of a list of what ``read`` reads."""
+    return lambda xs: [read(x) for x in xs or []]
+
+
+def optional(read: Reader) -> Reader:
+    """``read``, or None for an empty value (``{}``: nothing was measured)."""
+    return lambda x: read(x) if x else None
+
+
+class JsonRecord:
+    """A frozen dataclass nested in a versioned record: ``to_dict`` is its fields (records in them
+    as their dicts), ``from_dict`` reads them back through :func:`record_fields`, and each field
+    that holds records through its reader in ``READERS``. ``KIND`` names it in messages."""
+
+    KIND: ClassVar[str] = "record"
+    READERS: ClassVar[dict[str, Reader]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(cast(Any, self))}
+
+    @classmethod
+    def from_dict(cls: type[R], d: Any) -> R:
+        kw = record_fields(cls, d, kind=cls.KIND)
+        return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})

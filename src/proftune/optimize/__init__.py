@@ -9,8 +9,15 @@ from __future__ import annotations
 from . import _api, _budget, _config, _layer_value, _output, _records, _search, _space, _state  # noqa: F401  (eager)
 from ._api import OptimizeResult, optimize
 from ._budget import SHARES, STAGES, Budget, Deadline
+from ._changes import ParamChange
 from ._config import GOALS, OptimizeConfig
-from ._layer_value import LayerValue, layer_values, mean_ablation_hook
+from ._final import SearchGap, SeedSummary
+from ._layer_value import (
+    LayerFinding,
+    LayerValue,
+    layer_values,
+    mean_ablation_hook,
+)
 from ._records import (
     STAGE_RECORDS,
     BaselineOutputs,
@@ -19,11 +26,22 @@ from ._records import (
     FinalOutputs,
     HealthOutputs,
     LayerValueOutputs,
+    ModelFigures,
     SearchStageOutputs,
     StageOutputs,
+    TrainedRun,
 )
-from ._search import SearchOutcome, YellowFlag, find_flags
+from ._result import (
+    CompressedModel,
+    FinalSummary,
+    SplitComparisons,
+    SplitSummaries,
+    StageRow,
+    VsBaseline,
+)
+from ._search import ConfigGroup, SearchOutcome, TrialLog, YellowFlag, find_flags
 from ._space import SearchPlan, build_plan
+from ._story import StageStory, Story, StoryLine
 
 __all__ = [
     "GOALS",
@@ -33,18 +51,35 @@ __all__ = [
     "BaselineOutputs",
     "Budget",
     "CompressOutputs",
+    "CompressedModel",
     "ComputeOutputs",
+    "ConfigGroup",
     "Deadline",
     "FinalOutputs",
+    "FinalSummary",
     "HealthOutputs",
+    "LayerFinding",
     "LayerValue",
     "LayerValueOutputs",
+    "ModelFigures",
     "OptimizeConfig",
     "OptimizeResult",
+    "ParamChange",
+    "SearchGap",
     "SearchOutcome",
     "SearchPlan",
     "SearchStageOutputs",
+    "SeedSummary",
+    "SplitComparisons",
+    "SplitSummaries",
     "StageOutputs",
+    "StageRow",
+    "StageStory",
+    "Story",
+    "StoryLine",
+    "TrainedRun",
+    "TrialLog",
+    "VsBaseline",
     "YellowFlag",
     "build_plan",
     "find_flags",
