@@ -11,7 +11,7 @@ from .._jsonsafe import json_dumps
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..track import RunRecord, Store, open_store
-from . import _optimize, _predict  # noqa: F401  (register the optimize and predict renderers)
+from . import _predict  # noqa: F401  (register the predict renderer; optimize registers its own)
 from ._figures import PALETTE, layout, line
 from ._html import Page
 from ._sections import RENDERERS, Context, curves, overview, profile_sections, study_sections
