@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from .._holdout import HoldoutInfo
-from .._record import JsonRecord, Reader, each, optional, plain
+from .._record import JsonRecord, Reader, each, optional, plain, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
 from ._final import FinalOutcome, SeedSummary
@@ -62,17 +62,17 @@ class StageOutputs:
 
     @classmethod
     def from_dict(cls: type[R], d: dict[str, Any] | None) -> R:
-        """The record from its dict; keys it does not know are left out, missing ones take their
-        defaults (a stage that was skipped, a ``state.json`` of an older proftune)."""
+        """The record from its dict; missing keys take their defaults (a stage that was skipped, a
+        ``state.json`` of an older proftune); a key it does not define (a renamed field) is a
+        ConfigError naming it."""
         d = dict(d or {})
         version = int(d.get("schema_version") or 1)  # no version: written before records had one
         if version > SCHEMA_VERSION:
             raise ConfigError(f"the {cls.STAGE or cls.__name__} stage's outputs have schema_version={version}, "
                               f"newer than this proftune reads ({SCHEMA_VERSION}); upgrade proftune or "
                               "start a new run in another out= folder.")
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: cls.READERS[k](v) if k in cls.READERS else v for k, v in d.items() if k in known}
-        return cls(**{**kw, "schema_version": SCHEMA_VERSION})
+        kw = record_fields(cls, d, kind=f"{cls.STAGE or cls.__name__} stage's outputs", version=SCHEMA_VERSION)
+        return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})
 
 
 @dataclass(frozen=True)
@@ -241,8 +241,10 @@ class FinalOutputs(StageOutputs):
     """The final race's result: the chosen params with their evidence, its figures and model."""
 
     STAGE: ClassVar[str] = "final"
-    READERS: ClassVar[dict[str, Reader]] = {"race": optional(FinalOutcome.from_dict),
-                                            "metric": SeedSummary.from_dict, "test": SeedSummary.from_dict}
+    READERS: ClassVar[dict[str, Reader]] = {
+        "race": optional(FinalOutcome.from_dict), "test": SeedSummary.from_dict,
+        # a state.json of an older proftune named the metric in its figures too
+        "metric": lambda d: SeedSummary.from_dict({k: v for k, v in d.items() if k != "name"})}
     params: dict[str, Any] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
     epochs: int | None = None
