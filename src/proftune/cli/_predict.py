@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from .._units import format_bytes
 from ..exceptions import ConfigError
-from ..recommend import DEVICES, PredictConfig, PredictResult, format_bytes, predict
+from ..predict import DEVICES, PredictConfig, PredictResult, predict
 from ..track import Store
 from ._common import (
     DbOpt,
