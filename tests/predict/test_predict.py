@@ -292,6 +292,10 @@ def test_grad_accumulation_is_traced_as_the_fit_loop_runs_it() -> None:
     assert one.step.forward_ms is not None
     assert 3.0 < four.step.forward_ms / one.step.forward_ms < 4.5
     assert four.step.optimizer_ms == pytest.approx(one.step.optimizer_ms)
+    out = runner.invoke(app, ["predict", "digits-cnn", "--batch-size", "32", "--target", "a100", "-p",
+                              "grad_accumulation=4"])
+    assert out.exit_code == 0, out.output
+    assert "batch 32 x 4 micro-batches per step" in out.output
 
 
 def test_fp16_traces_the_grad_scaler_the_fit_loop_uses() -> None:
