@@ -28,3 +28,14 @@ def test_a_former_name_warns_and_is_the_same_class(module: str, former: str, cur
 def test_other_names_are_still_attribute_errors() -> None:
     with pytest.raises(AttributeError, match="no attribute 'TrainReports'"):
         _ = proftune.TrainReports  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["predict", "PredictResult", "PredictConfig", "MemoryModel", "fit_memory_model",
+                                  "DeviceSpec", "resolve_target", "DEVICES", "StepTracer"])
+def test_a_name_moved_to_predict_warns_and_is_the_same_object(name: str) -> None:
+    """The models of cost moved from proftune.recommend to proftune.predict, unrenamed."""
+    recommend, home = importlib.import_module("proftune.recommend"), importlib.import_module("proftune.predict")
+    with pytest.warns(DeprecationWarning, match=f"proftune.recommend.{name} is deprecated; use proftune.predict.{name}"):
+        assert getattr(recommend, name) is getattr(home, name)
+    assert name not in recommend.__all__
+    assert name in home.__all__

@@ -38,6 +38,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"train", "examples"},  # the fit loop; the built-in tasks
     {"track"},  # the Store
     {"profile"},  # measurements
+    {"predict"},  # models of cost: a step's memory and time predicted, the memory model
     {"recommend"},  # decisions from measurements
     {"diagnose"},  # health checks, controllers, the bandit (reads recommend's LR range test)
     {"integrations"},  # adapters of Lightning, Hugging Face, bare modules; their callbacks

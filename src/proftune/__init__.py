@@ -32,18 +32,16 @@ from .diagnose import (
     diagnose,
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
+from .predict import PredictConfig, PredictResult, predict
 from .profile import Monitor, Profile, ProfileConfig, profile
 from .recommend import (
     BatchSizeConfig,
     LRFindConfig,
-    PredictConfig,
-    PredictResult,
     Recommendation,
     RecommendConfig,
     find_batch_size,
     lr_find,
     noise_scale,
-    predict,
     recommend,
 )
 from .task import ClassificationTask, Task, load_task

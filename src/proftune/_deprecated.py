@@ -14,16 +14,17 @@ from typing import Any
 __all__ = ["renamed"]
 
 
-def renamed(module: str, former: Mapping[str, Any], *,
+def renamed(module: str, former: Mapping[str, Any], *, home: str | None = None,
             fallback: Callable[[str], Any] | None = None) -> Callable[[str], Any]:
     """A module ``__getattr__`` serving each name of ``former`` (former name -> the object under
     its current name) with a DeprecationWarning; any other name goes to ``fallback`` or is an
-    AttributeError."""
+    AttributeError. ``home``: the names moved, unrenamed, to that module (``proftune.predict``)."""
 
     def __getattr__(name: str) -> Any:
         if name in former:
             obj = former[name]
-            warnings.warn(f"{module}.{name} is deprecated; use {module}.{obj.__name__} (the same class).",
+            current = f"{home}.{name}" if home else f"{module}.{obj.__name__}"
+            warnings.warn(f"{module}.{name} is deprecated; use {current} (the same object).",
                           DeprecationWarning, stacklevel=2)
             return obj
         if fallback is not None:

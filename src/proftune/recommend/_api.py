@@ -205,8 +205,8 @@ def find_batch_size(
 def _from_prediction(task: Task, params: dict[str, Any], measure: Measure, budget: int, start: int,
                      dev: torch.device, static: dict[str, int]) -> BatchSizeResult | None:
     """``predict``'s largest batch under ``budget``, verified by real steps (see verify_prediction)."""
-    from ._batch_size import MemoryModel, verify_prediction
-    from ._predict import predict
+    from ..predict import MemoryModel, predict
+    from ._batch_size import verify_prediction
 
     pred = predict(task, params, batch_size=start, target=None, device_memory=budget,
                    foreach=dev.type == "cuda")
