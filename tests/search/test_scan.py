@@ -106,7 +106,7 @@ def test_max_gated_stops_a_study_that_only_gates(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", [-1, True])
 def test_scan_option_is_validated(bad: Any, tmp_path: Path) -> None:
-    with pytest.raises(proftune.ConfigError, match="--scan"):
+    with pytest.raises(proftune.ConfigError, match=r"scan=(-1|True) must be an integer >= 0"):
         proftune.search("wine-mlp", SPACE, constraints=["params<3000"], scan=bad,
                         db=f"sqlite:///{tmp_path / 'p.db'}")
 

@@ -192,7 +192,14 @@ def with_report(body: Callable[[], T], report: str | None, db: str | None, *, fo
 
 #: Library argument names whose option has another Python name in the command (``plot_dir=`` is
 #: compress's ``--plot``); an option whose Python name ends in ``_`` (``compile_``) needs no entry.
-LIBRARY_ARGUMENTS = {"plot_dir": "plot"}
+LIBRARY_ARGUMENTS = {
+    "plot_dir": "plot",
+    # search() (tune): SearchConfig's plural fields (its --objective is repeated) and RayOptions(address=)
+    "address": "ray_address",
+    "constraints": "constraint",
+    "objectives": "objective",
+    "params": "param",
+}
 
 
 def as_flags(message: str) -> str:

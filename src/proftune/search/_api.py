@@ -341,8 +341,8 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
     if space_obj is not None and c.params:
         searched = sorted(set(c.params) & set(space_obj.names))
         for name in searched:
-            problems.add(f"{name!r} is both fixed (params, --param {name}={c.params[name]}) and searched "
-                         "by the space; keep one (a fixed value belongs in the space's fixed:).")
+            problems.add(f"{name!r} is fixed to {c.params[name]!r} by params= and also searched by the "
+                         "space; keep one (a fixed value belongs in the space's fixed:).")
         if not searched:
             space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **c.params})
     metrics = task_metrics(task_obj)
@@ -352,13 +352,13 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
     objs, cons = parse_targets(objectives, c.constraints, task_metrics=metrics, problems=problems,
                                task=task_obj)
     if c.sampler not in SAMPLERS:
-        problems.add(f"--sampler {c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
+        problems.add(f"sampler={c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
     if c.pruner not in PRUNERS:
-        problems.add(f"--pruner {c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
+        problems.add(f"pruner={c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
     if c.backend not in BACKENDS:
-        problems.add(f"--backend {c.backend!r} is unknown; valid: {', '.join(BACKENDS)}.")
+        problems.add(f"backend={c.backend!r} is unknown; valid: {', '.join(BACKENDS)}.")
     if c.scan is not None and (isinstance(c.scan, bool) or c.scan < 0):
-        problems.add(f"--scan must be an integer >= 0 (0: no scan), but got {c.scan!r}.")
+        problems.add(f"scan={c.scan!r} must be an integer >= 0 (0: no scan).")
     if c.workers > 1 and not isinstance(task, str) and not _picklable(task_obj):
         problems.add("workers > 1 needs a task that other processes can load: give its spec "
                      "('file.py:Class', 'pkg.mod:Class' or a built-in name).")
@@ -399,7 +399,7 @@ def _stored_definition(storage: Any, name: str, url: str, wanted: Mapping[str, A
     if diffs:
         raise ConfigError(diffs, header=(
             f"study {name!r} in {redact_url(url)} was created with a different space or targets; "
-            "it was left unchanged. Use another --study name, or the original space:"))
+            "it was left unchanged. Use another study= name, or the original space:"))
     return stored
 
 
