@@ -281,3 +281,11 @@ def test_problems_name_the_search_config_fields_not_flags(tmp_path: Path) -> Non
                         ({"address": "foo"}, "address='foo' is malformed"), ({"workers": 0}, "workers=0")):
         with pytest.raises(ConfigError, match=re.escape(needle)):
             RayOptions(**bad)
+
+
+def test_one_objective_or_constraint_as_text_is_a_sequence_of_one() -> None:
+    """``objectives="accuracy:max"`` is one objective, not eleven one-character ones."""
+    cfg = proftune.SearchConfig(objectives="accuracy:max", constraints="params<1e6")  # type: ignore[arg-type]
+    assert cfg.objectives == ("accuracy:max",)
+    assert cfg.constraints == ("params<1e6",)
+    assert proftune.SearchConfig(objectives=["a:max", "b:min"]).objectives == ["a:max", "b:min"]
