@@ -25,7 +25,6 @@ NOT_YET = frozenset({
     "report/_build.py", "report/_mlflow.py",
     "search/_api.py", "search/_constraints.py", "search/_pruners.py", "search/_ray.py",
     "search/_settings.py", "search/_space.py", "search/_study.py",
-    "track/_lock.py", "track/_store.py",
 })
 
 
