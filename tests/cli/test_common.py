@@ -21,7 +21,6 @@ NOT_YET = frozenset({
     "integrations/_module_task.py",
     "profile/_api.py", "profile/_ranks.py",
     "recommend/_api.py", "recommend/_devices.py", "recommend/_lr_find.py",
-    "report/_build.py", "report/_mlflow.py",
     "search/_api.py", "search/_constraints.py", "search/_pruners.py", "search/_ray.py",
     "search/_settings.py", "search/_space.py", "search/_study.py",
 })

@@ -192,7 +192,10 @@ def with_report(body: Callable[[], T], report: str | None, db: str | None, *, fo
 
 #: Library argument names whose option has another Python name in the command (``plot_dir=`` is
 #: compress's ``--plot``); an option whose Python name ends in ``_`` (``compile_``) needs no entry.
-LIBRARY_ARGUMENTS = {"plot_dir": "plot"}
+LIBRARY_ARGUMENTS = {
+    "plot_dir": "plot",
+    "uri": "mlflow",  # report.export_mlflow(run, uri): export's --mlflow
+}
 
 
 def as_flags(message: str) -> str:
