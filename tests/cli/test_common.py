@@ -19,11 +19,8 @@ NOT_YET = frozenset({
     "compress/_checkpoint.py",
     "integrations/_dispatch.py", "integrations/_lightning_task.py",
     "integrations/_module_task.py",
-    "optimize/_config.py", "optimize/_space.py", "optimize/_state.py",
     "profile/_api.py", "profile/_ranks.py",
     "recommend/_api.py", "predict/_devices.py", "recommend/_lr_find.py",
-    "report/_build.py", "report/_mlflow.py",
-    "track/_lock.py", "track/_store.py",
 })
 
 

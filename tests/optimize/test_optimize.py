@@ -200,11 +200,14 @@ def test_bad_input_exits_2_naming_every_problem(tmp_path: Path, db_url: str) -> 
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "0", "--objective", "bleu",
-                                   "--goal", "fast", "--out", str(foreign), "--db", db_url])
+                                   "--goal", "fast", "--seeds", "0", "--memory-budget", "3Q",
+                                   "--out", str(foreign), "--db", db_url])
     assert res.exit_code == 2, res.output
     text = " ".join(res.output.split())
-    for needle in ("--budget", "bleu", "--goal 'fast'", "not empty"):
+    for needle in ("--budget '0' must be", "--objective 'bleu': task", "--goal 'fast' is unknown",
+                   "--seeds 0 must", "--memory-budget '3Q' is not", f"--out {str(foreign)!r} is not empty"):
         assert needle in text, needle
+    assert "=" not in text  # the library's goal='fast', seeds=0, out=... read as the flags
     assert (foreign / "notes.txt").read_text() == "mine"
     assert not Store(db_url).list_runs()
 
@@ -216,7 +219,10 @@ def test_an_existing_run_is_not_overwritten_without_resume(tmp_path: Path, db_ur
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out", str(out),
                                    "--db", db_url])
     assert res.exit_code == 2
-    assert "--resume" in " ".join(res.output.split())
+    assert "pass --resume (or the same --study) to continue it, or choose another --out." in " ".join(res.output.split())
+    with pytest.raises(proftune.ConfigError) as err:  # the same call in Python names its arguments
+        proftune.optimize(_spec("TinyTask"), 30, out=str(out), db=db_url)
+    assert "pass resume=True (or the same study=) to continue it, or choose another out=." in str(err.value)
 
 
 def test_space_contradicting_the_computed_values_exits_2(tmp_path: Path, db_url: str) -> None:
@@ -228,7 +234,7 @@ def test_space_contradicting_the_computed_values_exits_2(tmp_path: Path, db_url:
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out",
                                    str(tmp_path / "o"), "--db", db_url, "--space", str(space), "--device", "cpu"])
     assert res.exit_code == 2, res.output
-    assert "grad_accumulation" in res.output
+    assert "--space fixes grad_accumulation=4, but the compute stage measured grad_accumulation=1" in res.output
 
 
 # -- one run owns its --out and its study --------------------------------------------------------------
@@ -260,6 +266,7 @@ def test_a_second_optimize_on_the_same_out_or_study_is_refused_naming_the_first(
             res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--db", db_url, *argv])
             assert res.exit_code == 2, (argv, res.output)
             assert holder in " ".join(res.output.split()), (argv, res.output)
+            assert re.search(r"choose another --out\.|give another --study\.", " ".join(res.output.split())), res.output
         assert not other.exists()  # refused before anything was written
         space = tmp_path / "space.yaml"
         space.write_text("params:\n  lr: {type: float, low: 1.0e-3, high: 1.0e-1, log: true}\n")
@@ -267,6 +274,7 @@ def test_a_second_optimize_on_the_same_out_or_study_is_refused_naming_the_first(
                                        "--trials", "1", "--db", db_url])
         assert res.exit_code == 2, res.output
         assert holder in " ".join(res.output.split()), res.output
+        assert "give another --study." in " ".join(res.output.split()), res.output
     finally:
         proc.kill()
         proc.communicate(timeout=60)

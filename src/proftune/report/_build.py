@@ -84,7 +84,7 @@ def write_report(source: Any = None, out: str | Path | None = None, *, study: st
     ``--force``) refuses to replace an existing file.
     """
     path = Path(out) if out is not None else Path(_default_name(source, study))
-    check_outputs([OutputPath("--out", path)], force=force)
+    check_outputs([OutputPath("out=", path)], force=force)
     text = render_report(source, study=study, store=store, db=db)
     return _write(path, text, open_browser)
 
@@ -152,7 +152,7 @@ def _study_page(name: str, store: Store) -> Page:
     trials = store.list_runs(kind="trial", study=name)
     if not tunes and not trials:
         studies = sorted({r.study for r in store.list_runs(kind="tune", limit=200) if r.study})
-        raise ConfigError(f"--study {name!r} has no runs in {store.shown_url}; studies: "
+        raise ConfigError(f"study={name!r} has no runs in {store.shown_url}; studies: "
                           f"{', '.join(studies) if studies else 'none yet (run proftune tune)'}.")
     task = (tunes or trials)[0].task
     page = Page(f"{task} — study {name}", subtitle=f"{len(trials)} trials · {len(tunes)} tune run(s)",
@@ -199,7 +199,7 @@ def compare_html(a: int, b: int, *, store: Store | str | None = None, db: str | 
 def write_compare_report(a: int, b: int, out: str | Path, *, store: Store | str | None = None,
                          db: str | None = None, open_browser: bool = False, force: bool = True) -> Path:
     """Write :func:`compare_html` to ``out`` (checked first; ``force=False`` keeps an existing file)."""
-    check_outputs([OutputPath("--report", out)], force=force)
+    check_outputs([OutputPath("out=", out)], force=force)
     return _write(Path(out), compare_html(a, b, store=store, db=db), open_browser)
 
 
