@@ -105,5 +105,6 @@ def test_a_failure_that_is_not_a_config_error_reads_in_flags_too() -> None:
 
     result = CliRunner().invoke(app, ["--db", "bad"])
     assert result.exit_code == 1
-    assert "--db 'bad' went away" in result.output and "the same --db" in result.output
+    assert "--db 'bad' went away" in result.output
+    assert "the same --db" in result.output
     assert "db='bad'" not in result.output

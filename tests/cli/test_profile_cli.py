@@ -86,7 +86,8 @@ def test_a_trace_in_a_missing_folder_names_the_argument_and_the_cli_its_flag(tmp
     trace = str(tmp_path / "missing" / "t.json")
     with pytest.raises(ConfigError) as err:
         profile("digits-mlp", steps=1, trace=trace)
-    assert str(err.value).startswith(f"trace={trace!r}: folder") and "--trace" not in str(err.value)
+    assert str(err.value).startswith(f"trace={trace!r}: folder")
+    assert "--trace" not in str(err.value)
     res = runner.invoke(app, ["profile", "digits-mlp", "--steps", "1", "--trace", trace,
                               "--db", f"sqlite:///{tmp_path}/p.db"])
     assert res.exit_code == 2

@@ -99,5 +99,6 @@ def test_a_failing_rank_names_itself_and_its_traceback_is_on_stderr(tmp_path: Pa
     task.write_text(FAILING_RANK)
     with pytest.raises(RunFailedError, match=r"\(1, 1\)") as err:
         profile_ranks(str(task), nprocs=2, steps=2, warmup=0, device="cpu", timeout_s=120)
-    assert "traceback to stderr" in str(err.value) and "--" not in str(err.value)
+    assert "traceback to stderr" in str(err.value)
+    assert "--" not in str(err.value)
     assert "RuntimeError: rank 1 has no data" in capfd.readouterr().err
