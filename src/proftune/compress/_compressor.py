@@ -188,7 +188,8 @@ class Compressor:
                        callbacks=self.callbacks).model
         if isinstance(model, nn.Module):
             return copy.deepcopy(model)
-        return read_model(model, task=self.task, params=self.params, trust=self.trust_model, name="--model")
+        return read_model(model, task=self.task, params=self.params, trust=self.trust_model,
+                          name="model", trust_name="trust_model")
 
     def _profile(self, base: nn.Module) -> Any:
         """The baseline's inference profile on the task's batch (``proftune.profile``): per-layer

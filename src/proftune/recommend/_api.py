@@ -259,7 +259,7 @@ def lr_find(
     min_lr, max_lr, steps, batch_size, seed, plot = (cfg.min_lr, cfg.max_lr, cfg.steps, cfg.batch_size, cfg.seed,
                                                      cfg.plot)
     validate_lr_range(min_lr, max_lr, steps)
-    check_outputs([OutputPath("--plot", plot)], force=True)  # its folder, before the sweep
+    check_outputs([OutputPath("plot=", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
     dev = resolve_device(cfg.device)

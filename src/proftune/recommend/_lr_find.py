@@ -103,7 +103,7 @@ class LRFindResult:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as exc:  # pragma: no cover - matplotlib is in the report extra
-            raise DependencyError("--plot needs matplotlib: pip install 'proftune[report]'.") from exc
+            raise DependencyError("plotting the curve (plot=) needs matplotlib: pip install 'proftune[report]'.") from exc
         out = Path(path)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         try:
