@@ -470,7 +470,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
 
     # -- target and batch size -------------------------------------------------------------------------
     target = int(target_batch) if target_batch is not None else (_round_batch(b_crit) if b_crit else b_prof)
-    target_src = "--target-batch" if target_batch is not None else (
+    target_src = "target_batch=" if target_batch is not None else (
         "the critical batch size" if b_crit else "the profiled batch size")
     batch = min(target, max_batch) if max_batch is not None else target
     evidence: dict[str, Any] = {"target_batch": target, "target_from": target_src,
@@ -493,7 +493,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
         conf = "high" if batch == max_batch or target_batch is not None else "medium"
     else:
         why = (f"no memory budget given on {device.type}: batch size from {target_src} ({target}); "
-               "pass --memory-budget to bound it by memory")
+               "pass memory_budget= to bound it by memory")
         conf = "medium" if b_crit else "low"
     time_ms = step.time_ms * batch / b_prof if step.time_ms and b_prof else None
     recs["batch_size"] = Recommendation(
