@@ -68,7 +68,8 @@ def _missing(name: str) -> object:
 
 
 #: Former names, deprecated: ``TrainReport`` (TrainResult), ``DiagnoseReport`` (DiagnoseResult).
-__getattr__ = _renamed(__name__, {"TrainReport": TrainResult, "DiagnoseReport": DiagnoseResult, "CompressReport": CompressResult}, fallback=_missing)
+__getattr__ = _renamed(__name__, {"TrainReport": "TrainResult", "DiagnoseReport": "DiagnoseResult",
+                                     "CompressReport": "CompressResult"}, fallback=_missing)
 
 __all__ = [
     "AdaptiveLR",

@@ -13,13 +13,13 @@ from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
-from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_status
+from ._quant_backends import QUANT_BACKENDS, BaseQuantBackend, QuantInputs, backend_status
 from ._report import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = [
-    "BACKENDS",
     "LOAD_LINES",
+    "QUANT_BACKENDS",
     "BaseQuantBackend",
     "Candidate",
     "CompressConfig",
@@ -38,5 +38,5 @@ __all__ = [
     "ratios_from_sensitivity",
 ]
 
-#: ``CompressReport``, the former name (a DeprecationWarning names ``CompressResult``).
-__getattr__ = renamed(__name__, {"CompressReport": CompressResult})
+#: Former names, deprecated (a DeprecationWarning names the current one).
+__getattr__ = renamed(__name__, {"CompressReport": "CompressResult", "BACKENDS": "QUANT_BACKENDS"})

@@ -63,4 +63,4 @@ __all__ = [
 ]
 
 #: ``DiagnoseReport`` and ``BanditReport``: former names of DiagnoseResult and BanditResult, deprecated.
-__getattr__ = renamed(__name__, {"DiagnoseReport": DiagnoseResult, "BanditReport": BanditResult})
+__getattr__ = renamed(__name__, {"DiagnoseReport": "DiagnoseResult", "BanditReport": "BanditResult"})

@@ -6,10 +6,11 @@ each stage calls the public API of the subpackage that owns its work and is reco
 
 from __future__ import annotations
 
+from .._deprecated import renamed
 from . import _api, _budget, _config, _layer_value, _output, _records, _search, _space, _state  # noqa: F401  (eager)
 from ._api import OptimizeResult, optimize
-from ._budget import SHARES, STAGES, Budget, Deadline
-from ._config import GOALS, OptimizeConfig
+from ._budget import OPTIMIZE_STAGES, SHARES, Budget, Deadline
+from ._config import OPTIMIZE_GOALS, OptimizeConfig
 from ._layer_value import LayerValue, layer_values, mean_ablation_hook
 from ._records import (
     STAGE_RECORDS,
@@ -26,9 +27,9 @@ from ._search import SearchOutcome, YellowFlag, find_flags
 from ._space import SearchPlan, build_plan
 
 __all__ = [
-    "GOALS",
+    "OPTIMIZE_GOALS",
+    "OPTIMIZE_STAGES",
     "SHARES",
-    "STAGES",
     "STAGE_RECORDS",
     "BaselineOutputs",
     "Budget",
@@ -52,3 +53,6 @@ __all__ = [
     "mean_ablation_hook",
     "optimize",
 ]
+
+#: ``STAGES`` and ``GOALS``: former names of OPTIMIZE_STAGES and OPTIMIZE_GOALS, deprecated.
+__getattr__ = renamed(__name__, {"STAGES": "OPTIMIZE_STAGES", "GOALS": "OPTIMIZE_GOALS"})
