@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
-from . import _distill, _measure, _pipeline, _plot, _prune, _quantize, _sensitivity  # noqa: F401
 from ._api import compress
 from ._checkpoint import LOAD_LINES, ExportedModule, load_model
 from ._config import CompressConfig
@@ -40,3 +40,6 @@ __all__ = [
 
 #: Former names, deprecated (a DeprecationWarning names the current one).
 __getattr__ = renamed(__name__, {"CompressReport": "CompressResult", "BACKENDS": "QUANT_BACKENDS"})
+
+# ``proftune.compress(...)`` calls :func:`compress`: the subpackage is the one object of the name.
+_make_callable(__name__)

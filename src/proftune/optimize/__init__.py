@@ -1,13 +1,13 @@
 """The closed loop: baseline -> health -> compute -> layer value -> search -> final -> compress.
 
-``proftune.optimize(task, budget="20m")`` is the entry point (bound in ``proftune/__init__.py``);
+``proftune.optimize(task, budget="20m")`` is the entry point;
 each stage calls the public API of the subpackage that owns its work and is recorded as a Run.
 """
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
-from . import _api, _budget, _config, _layer_value, _output, _records, _search, _space, _state  # noqa: F401  (eager)
 from ._api import OptimizeResult, optimize
 from ._budget import OPTIMIZE_STAGES, SHARES, Budget, Deadline
 from ._config import OPTIMIZE_GOALS, OptimizeConfig
@@ -56,3 +56,6 @@ __all__ = [
 
 #: ``STAGES`` and ``GOALS``: former names of OPTIMIZE_STAGES and OPTIMIZE_GOALS, deprecated.
 __getattr__ = renamed(__name__, {"STAGES": "OPTIMIZE_STAGES", "GOALS": "OPTIMIZE_GOALS"})
+
+# ``proftune.optimize(...)`` calls :func:`optimize`: the subpackage is the one object of the name.
+_make_callable(__name__)

@@ -7,6 +7,7 @@ sizes, the LR range test, the gradient noise scale); each part is also a functio
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from .._deprecated import renamed as _renamed
 from .._units import format_bytes, parse_memory
 from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
@@ -85,3 +86,6 @@ _MOVED = ("DEVICES", "PREDICT_SCHEMA_VERSION", "DeviceSpec", "LayerPrediction", 
           "PredictConfig", "PredictResult", "PredictedMemory", "PredictedStep", "StepTracer",
           "fit_memory_model", "predict", "resolve_target")
 __getattr__ = _renamed(__name__, {n: n for n in _MOVED}, home="proftune.predict")
+
+# ``proftune.recommend(...)`` calls :func:`recommend`: the subpackage is the one object of the name.
+_make_callable(__name__)

@@ -1,30 +1,13 @@
 """Constraint-aware, profile-gated hyperparameter search on Optuna.
 
-``proftune.search(task, space, ...)`` is the entry point (bound in ``proftune/__init__.py``;
-every private module is imported here eagerly so that the function keeps the name).
+``proftune.search(task, space, ...)`` is the entry point.
 """
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
 from .._optional import optuna  # noqa: F401  (missing: DependencyError naming the [search] extra)
-from . import (  # noqa: F401  (eager: see module doc)
-    _analysis,
-    _coarse_fine,
-    _config,
-    _constraints,
-    _gate,
-    _pruners,
-    _records,
-    _samplers,
-    _scan,
-    _settings,
-    _space,
-    _storage,
-    _strategy,
-    _study,
-    _trial,
-)
 from ._analysis import PLOT_FILES
 from ._api import (
     DEFAULT_SCAN,
@@ -85,3 +68,6 @@ __all__ = [
 
 #: ``BACKENDS`` and ``scan``: former names of SEARCH_BACKENDS and feasibility_scan, deprecated.
 __getattr__ = renamed(__name__, {"BACKENDS": "SEARCH_BACKENDS", "scan": "feasibility_scan"})
+
+# ``proftune.search(...)`` calls :func:`search`: the subpackage is the one object of the name.
+_make_callable(__name__)
