@@ -1,4 +1,5 @@
-"""Each result kind has one name; the former ones still work, with a DeprecationWarning."""
+"""Each thing has one name; the former ones still work, with a DeprecationWarning naming the
+current one (result kinds renamed, and constants that had one name for two meanings)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,47 @@ import importlib
 import pytest
 
 import proftune
-from proftune.diagnose import BanditResult, DiagnoseResult
 
 
 @pytest.mark.parametrize(("module", "former", "current"), [
-    ("proftune", "TrainReport", proftune.TrainResult),
-    ("proftune", "DiagnoseReport", DiagnoseResult),
-    ("proftune.diagnose", "DiagnoseReport", DiagnoseResult),
-    ("proftune.diagnose", "BanditReport", BanditResult),
-    ("proftune", "CompressReport", proftune.CompressResult),
-    ("proftune.compress", "CompressReport", proftune.CompressResult),
+    ("proftune", "TrainReport", "TrainResult"),
+    ("proftune", "DiagnoseReport", "DiagnoseResult"),
+    ("proftune.diagnose", "DiagnoseReport", "DiagnoseResult"),
+    ("proftune.diagnose", "BanditReport", "BanditResult"),
+    ("proftune", "CompressReport", "CompressResult"),
+    ("proftune.compress", "CompressReport", "CompressResult"),
+    # one name, two meanings: each meaning has its own name now
+    ("proftune.metrics", "STAGES", "METRIC_STAGES"),  # the stages that produce metrics
+    ("proftune.optimize", "STAGES", "OPTIMIZE_STAGES"),  # the optimize loop's stages
+    ("proftune.optimize", "GOALS", "OPTIMIZE_GOALS"),  # compress's goals map to metrics privately
+    ("proftune.search", "BACKENDS", "SEARCH_BACKENDS"),  # where trials run: local, ray
+    ("proftune.compress", "BACKENDS", "QUANT_BACKENDS"),  # the quantization backend objects
+    ("proftune.search", "scan", "feasibility_scan"),  # beside search(scan=N) and SearchResult.scan
 ])
-def test_a_former_name_warns_and_is_the_same_class(module: str, former: str, current: type) -> None:
+def test_a_former_name_warns_and_is_the_same_object(module: str, former: str, current: str) -> None:
     mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=f"{former} is deprecated; use {module}.{current.__name__}"):
-        assert getattr(mod, former) is current
+    with pytest.warns(DeprecationWarning, match=f"{module}.{former} is deprecated; use {module}.{current} "):
+        assert getattr(mod, former) is getattr(mod, current)
     assert former not in mod.__all__
+    assert current in mod.__all__
+
+
+def test_the_two_meanings_are_two_objects() -> None:
+    from proftune.compress import QUANT_BACKENDS, BaseQuantBackend
+    from proftune.metrics import METRIC_STAGES
+    from proftune.optimize import OPTIMIZE_STAGES
+    from proftune.search import SEARCH_BACKENDS
+
+    assert set(METRIC_STAGES).isdisjoint(OPTIMIZE_STAGES)
+    assert SEARCH_BACKENDS == ("local", "ray")
+    assert all(isinstance(b, BaseQuantBackend) for b in QUANT_BACKENDS)
 
 
 def test_other_names_are_still_attribute_errors() -> None:
     with pytest.raises(AttributeError, match="no attribute 'TrainReports'"):
         _ = proftune.TrainReports  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no attribute 'STAGE'"):
+        _ = proftune.metrics.STAGE  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("name", ["predict", "PredictResult", "PredictConfig", "MemoryModel", "fit_memory_model",

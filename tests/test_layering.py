@@ -30,9 +30,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "proftune"
 
 #: Bottom first. A unit imports only units of the layers below its own.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
-    {"exceptions"},
+    {"exceptions", "_deprecated", "_callable"},  # errors; former names, callable subpackages
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
-    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_deprecated", "_options",
+    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
      "metrics"},
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"train", "examples"},  # the fit loop; the built-in tasks

@@ -80,4 +80,4 @@ def run_train(
 
 
 #: ``TrainReport``: the former name of :class:`TrainResult`, deprecated.
-__getattr__ = renamed(__name__, {"TrainReport": TrainResult})
+__getattr__ = renamed(__name__, {"TrainReport": "TrainResult"})

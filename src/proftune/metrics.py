@@ -4,7 +4,7 @@ Every consumer that needs to know whether a metric is better high or low, or whe
 produce it (search constraints and objectives, the compress goal, ``EarlyStopping``, the bandit,
 ``optimize``) asks this module; nobody guesses a direction from a name.
 
-Stages (``Metric.producers``):
+Stages (:data:`METRIC_STAGES`, named in ``Metric.producers``):
 
 - ``static``: counted from the model without running a step (params, MACs, size);
 - ``step``: measured by profiling a few training steps (``Profile`` with ``detail="step"``);
@@ -36,11 +36,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._deprecated import renamed
 from .exceptions import ConfigError
 
 __all__ = [
     "METRICS",
-    "STAGES",
+    "METRIC_STAGES",
     "Metric",
     "better",
     "default_objective",
@@ -56,7 +57,7 @@ __all__ = [
 Direction = Literal["min", "max"]
 
 #: The stages that produce metrics, in the order a configuration meets them.
-STAGES: tuple[str, ...] = ("static", "step", "inference", "train", "evaluate")
+METRIC_STAGES: tuple[str, ...] = ("static", "step", "inference", "train", "evaluate")
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,9 @@ def metric_names(*, stage: str | None = None) -> tuple[str, ...]:
 
 
 def produced_by(stage: str) -> tuple[str, ...]:
-    """The metric names that ``stage`` produces (one of :data:`STAGES`)."""
-    if stage not in STAGES:
-        raise ConfigError(f"stage={stage!r} is unknown; valid: {', '.join(STAGES)}.")
+    """The metric names that ``stage`` produces (one of :data:`METRIC_STAGES`)."""
+    if stage not in METRIC_STAGES:
+        raise ConfigError(f"stage={stage!r} is unknown; valid: {', '.join(METRIC_STAGES)}.")
     return tuple(name for name, m in METRICS.items() if stage in m.producers)
 
 
@@ -225,3 +226,7 @@ def _task_directions(task: Any) -> dict[str, Direction]:
         elif v in ("min", "minimize"):
             out[str(key)] = "min"
     return out
+
+
+#: ``STAGES``: the former name of :data:`METRIC_STAGES` (``optimize`` has stages of its own), deprecated.
+__getattr__ = renamed(__name__, {"STAGES": "METRIC_STAGES"})

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import proftune
 from proftune.cli import app
-from proftune.optimize import STAGES
+from proftune.optimize import OPTIMIZE_STAGES
 from proftune.track import Store
 
 HERE = Path(__file__).resolve().parent
@@ -62,11 +62,11 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     noise, on validation and on the held-out part of the validation data."""
     out = tmp_path / "out"
     result = proftune.optimize(_spec("TooSlowLR"), budget=40, out=str(out), db=db_url, goal="none", seeds=3)
-    assert [s["name"] for s in result.stages] == list(STAGES)
+    assert [s["name"] for s in result.stages] == list(OPTIMIZE_STAGES)
     assert {s["status"] for s in result.stages} <= {"finished", "skipped"}
     assert result.stages[-1]["status"] == "skipped"  # --goal none
     runs = _stage_runs(db_url)
-    assert sorted(r.config["stage"] for r in runs) == sorted(STAGES)
+    assert sorted(r.config["stage"] for r in runs) == sorted(OPTIMIZE_STAGES)
     assert all(r.parent_id == result.run_id for r in runs)
     vs = result.vs_baseline
     assert vs["decision"] == "chosen", (vs["summary"], [(s["name"], s["duration_s"], s["share_s"]) for s in result.stages])
@@ -116,7 +116,7 @@ def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: s
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert list(d)[:3] == ["stages", "final", "vs_baseline"]
-    assert [s["name"] for s in d["stages"]] == list(STAGES)
+    assert [s["name"] for s in d["stages"]] == list(OPTIMIZE_STAGES)
     assert {"name", "status", "duration_s", "outputs", "compares"} <= set(d["stages"][0])
     assert {"params", "metrics", "model", "latency_ms", "size_bytes", "test", "decision"} <= set(d["final"])
     vs = d["vs_baseline"]
@@ -324,7 +324,7 @@ def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -
     assert len(after) == len(set(after)) > len(before)
     # stages finished before the kill were reused, not run again; the killed search has its own Run
     stages = [r.config["stage"] for r in _stage_runs(db_url) if r.status == "finished"]
-    assert sorted(stages) == sorted(STAGES)
+    assert sorted(stages) == sorted(OPTIMIZE_STAGES)
     assert result.stages[4]["status"] == "finished"
     trials = Store(db_url).list_runs(kind="trial", study=state["study"])
     assert len({r.config["trial"] for r in trials}) == len(trials)  # every trial ran once
@@ -344,7 +344,7 @@ def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str)
     assert _trial_numbers(db_url, state["study"]) == trials_before  # no trial repeated
     assert result.stages[-1]["status"] == "finished", result.stages[-1]
     stage_runs = [r for r in _stage_runs(db_url) if r.config["stage"] != "compress" and r.status == "finished"]
-    assert len(stage_runs) == len(STAGES) - 1
+    assert len(stage_runs) == len(OPTIMIZE_STAGES) - 1
     assert len(Store(db_url).list_runs(kind="train")) == final_runs  # the final race, not repeated
     # a compressed file exactly when a candidate beat the uncompressed model on the goal (which of
     # TinyTask's layers the layer-value stage keeps is measured, so either may happen)

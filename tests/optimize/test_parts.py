@@ -20,7 +20,7 @@ from proftune._units import parse_duration
 from proftune.exceptions import ConfigError
 from proftune.optimize import Budget, build_plan, find_flags, mean_ablation_hook
 from proftune.optimize._api import OptimizeResult
-from proftune.optimize._budget import SHARES, STAGES
+from proftune.optimize._budget import OPTIMIZE_STAGES, SHARES
 from proftune.optimize._output import write_summary
 from proftune.optimize._records import (
     BaselineOutputs,
@@ -53,7 +53,7 @@ def test_parse_duration_refuses(text: Any) -> None:
 
 def test_budget_shares_sum_within_the_total() -> None:
     b = Budget(100.0)
-    shares = [b.stage_s(s) for s in STAGES]
+    shares = [b.stage_s(s) for s in OPTIMIZE_STAGES]
     # what each stage gets if all run at once: the shares of what is left, never above it
     assert shares[0] == pytest.approx(b.left_s * SHARES["baseline"] / sum(SHARES.values()), rel=1e-3)
     assert b.stage_s("compress") == pytest.approx(b.left_s, rel=1e-3)  # the last takes what is left

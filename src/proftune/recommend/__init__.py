@@ -7,8 +7,7 @@ sizes, the LR range test, the gradient noise scale); each part is also a functio
 
 from __future__ import annotations
 
-import importlib as _importlib
-
+from .._callable import make_callable as _make_callable
 from .._deprecated import renamed as _renamed
 from .._units import format_bytes, parse_memory
 from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
@@ -86,5 +85,7 @@ __all__ = [
 _MOVED = ("DEVICES", "PREDICT_SCHEMA_VERSION", "DeviceSpec", "LayerPrediction", "MemoryModel", "PeakAt",
           "PredictConfig", "PredictResult", "PredictedMemory", "PredictedStep", "StepTracer",
           "fit_memory_model", "predict", "resolve_target")
-_home = _importlib.import_module("..predict", __name__)  # the subpackage (proftune.predict is the function)
-__getattr__ = _renamed(__name__, {n: getattr(_home, n) for n in _MOVED}, home="proftune.predict")
+__getattr__ = _renamed(__name__, {n: n for n in _MOVED}, home="proftune.predict")
+
+# ``proftune.recommend(...)`` calls :func:`recommend`: the subpackage is the one object of the name.
+_make_callable(__name__)

@@ -34,14 +34,14 @@ from ._storage import open_storage
 from ._strategy import Statement, strategy
 from ._study import raise_if_too_many_failures, run_worker
 
-__all__ = ["BACKENDS", "DEFAULT_SCAN", "SearchResult", "cancel_waiting", "scan", "search", "study_trials",
-           "task_metrics"]
+__all__ = ["DEFAULT_SCAN", "SEARCH_BACKENDS", "SearchResult", "cancel_waiting", "feasibility_scan", "search",
+           "study_trials", "task_metrics"]
 
 #: Configurations the feasibility scan profiles when there are hard profile constraints.
 DEFAULT_SCAN = 16
 
 #: Where trials run: this machine's processes, or a Ray cluster (``RayOptions``).
-BACKENDS = ("local", "ray")
+SEARCH_BACKENDS = ("local", "ray")
 
 
 @dataclass
@@ -133,7 +133,7 @@ class SearchResult:
         }
 
 
-def scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, constraints: Sequence[str],
+def feasibility_scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, constraints: Sequence[str],
          n: int = DEFAULT_SCAN, seed: int = 0, device: str = "auto", gate_steps: int = 2) -> ScanResult:
     """Profile ``n`` Halton configurations of ``space`` (no training) and fit the bounds of the
     params within which the hard profile ``constraints`` hold (see :mod:`proftune.search._scan`)."""
@@ -355,8 +355,8 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
         problems.add(f"sampler={c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
     if c.pruner not in PRUNERS:
         problems.add(f"pruner={c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
-    if c.backend not in BACKENDS:
-        problems.add(f"backend={c.backend!r} is unknown; valid: {', '.join(BACKENDS)}.")
+    if c.backend not in SEARCH_BACKENDS:
+        problems.add(f"backend={c.backend!r} is unknown; valid: {', '.join(SEARCH_BACKENDS)}.")
     if c.scan is not None and (isinstance(c.scan, bool) or c.scan < 0):
         problems.add(f"scan={c.scan!r} must be an integer >= 0 (0: no scan).")
     if c.workers > 1 and not isinstance(task, str) and not _picklable(task_obj):
