@@ -17,7 +17,7 @@ import pytest
 
 import proftune
 
-ENTRY_POINTS = ("profile", "compress", "search", "optimize", "recommend", "diagnose")
+ENTRY_POINTS = ("profile", "compress", "search", "optimize", "recommend", "diagnose", "predict")
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)

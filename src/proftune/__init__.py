@@ -29,7 +29,7 @@ from .diagnose import (
     HealthCheck,
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
-from .predict import PredictConfig, PredictResult, predict
+from .predict import PredictConfig, PredictResult
 from .profile import Monitor, Profile, ProfileConfig
 from .recommend import (
     BatchSizeConfig,
@@ -51,10 +51,11 @@ from .train import Callback, FitConfig, FitResult, FitState, fit
 if TYPE_CHECKING:
     from .compress import compress
     from .diagnose import diagnose
+    from .predict import predict
     from .profile import profile
     from .recommend import recommend
 else:
-    from . import compress, diagnose, profile, recommend
+    from . import compress, diagnose, predict, profile, recommend
 
 try:
     from .optimize import OptimizeConfig, OptimizeResult

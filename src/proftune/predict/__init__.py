@@ -8,6 +8,7 @@ largest batch that fits, the same model ``find_batch_size`` fits to measured ste
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from ._api import PredictConfig, predict
 from ._devices import DEVICES, DeviceSpec, resolve_target, roofline_ms
 from ._memory_model import MIN_MARGIN_FRACTION, RESIDUAL_MARGIN, MemoryModel, fit_memory_model
@@ -43,3 +44,6 @@ __all__ = [
     "resolve_target",
     "roofline_ms",
 ]
+
+# ``proftune.predict(task, ...)`` calls :func:`predict`: the subpackage is the one object of the name.
+_make_callable(__name__)
