@@ -60,3 +60,13 @@ def test_a_name_moved_to_predict_warns_and_is_the_same_object(name: str) -> None
         assert getattr(recommend, name) is getattr(home, name)
     assert name not in recommend.__all__
     assert name in home.__all__
+
+
+def test_metric_producers_is_stages_with_a_warning() -> None:
+    """``Metric.producer`` is the function; the stages it runs in are ``Metric.stages``."""
+    from proftune.metrics import get_metric
+
+    m = get_metric("latency_ms")
+    assert m.stages == ("inference",)
+    with pytest.warns(DeprecationWarning, match=r"Metric.producers is deprecated; use Metric.stages"):
+        assert m.producers == m.stages

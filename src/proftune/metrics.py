@@ -4,7 +4,7 @@ Every consumer that needs to know whether a metric is better high or low, or whe
 produce it (search constraints and objectives, the compress goal, ``EarlyStopping``, the bandit,
 ``optimize``) asks this module; nobody guesses a direction from a name.
 
-Stages (:data:`METRIC_STAGES`, named in ``Metric.producers``):
+Stages (:data:`METRIC_STAGES`, named in ``Metric.stages``):
 
 - ``static``: counted from the model without running a step (params, MACs, size);
 - ``step``: measured by profiling a few training steps (``Profile`` with ``detail="step"``);
@@ -67,10 +67,20 @@ class Metric:
     name: str
     direction: Direction
     unit: str
-    producers: tuple[str, ...]
+    #: The stages (:data:`METRIC_STAGES`) whose runs produce it.
+    stages: tuple[str, ...]
     description: str
     #: The one function that produces the number (dotted path; ``Task.evaluate`` for a task's own).
     producer: str = ""
+
+    @property
+    def producers(self) -> tuple[str, ...]:
+        """Deprecated: :attr:`stages` (``producer`` is the function, ``stages`` where it runs)."""
+        import warnings
+
+        warnings.warn("Metric.producers is deprecated; use Metric.stages (the same tuple).",
+                      DeprecationWarning, stacklevel=2)
+        return self.stages
 
     @property
     def optuna_direction(self) -> str:
@@ -80,12 +90,12 @@ class Metric:
     @property
     def is_profile(self) -> bool:
         """Produced without training (static counts, a profiled step, an inference timing)."""
-        return any(p in ("static", "step", "inference") for p in self.producers)
+        return any(p in ("static", "step", "inference") for p in self.stages)
 
     @property
     def is_static(self) -> bool:
         """Counted from the model alone, no step run."""
-        return "static" in self.producers
+        return "static" in self.stages
 
 
 #: The producer of each stage's metrics, where one function produces the whole stage.
@@ -94,9 +104,9 @@ _STAGE_PRODUCER = {"static": "proftune.profile.count_model", "step": "proftune.p
                    "train": "proftune.train.fit"}
 
 
-def _m(name: str, direction: Direction, unit: str, producers: tuple[str, ...], description: str,
+def _m(name: str, direction: Direction, unit: str, stages: tuple[str, ...], description: str,
        producer: str = "") -> Metric:
-    return Metric(name, direction, unit, producers, description, producer or _STAGE_PRODUCER[producers[0]])
+    return Metric(name, direction, unit, stages, description, producer or _STAGE_PRODUCER[stages[0]])
 
 
 _PROFILE = (
@@ -151,7 +161,7 @@ def produced_by(stage: str) -> tuple[str, ...]:
     """The metric names that ``stage`` produces (one of :data:`METRIC_STAGES`)."""
     if stage not in METRIC_STAGES:
         raise ConfigError(f"stage={stage!r} is unknown; valid: {', '.join(METRIC_STAGES)}.")
-    return tuple(name for name, m in METRICS.items() if stage in m.producers)
+    return tuple(name for name, m in METRICS.items() if stage in m.stages)
 
 
 def is_known(name: str) -> bool:

@@ -162,7 +162,7 @@ def _epoch_charts(s: Section, rows: Sequence[Mapping[str, Any]]) -> None:
     keys = [k for k in dict.fromkeys(k for p in rows for k in p) if k not in ("epoch", "epoch_s", "elapsed_s", "step")
             and any(_num(p.get(k)) for p in rows)]
     losses = [k for k in keys if "loss" in k]
-    metrics = [k for k in keys if k not in losses and (k in METRICS and "evaluate" in METRICS[k].producers)]
+    metrics = [k for k in keys if k not in losses and (k in METRICS and "evaluate" in METRICS[k].stages)]
     others = [k for k in keys if k not in losses and k not in metrics]
     if len(metrics) == 0 and others and len(others) <= 2:
         metrics, others = others, []
