@@ -147,7 +147,7 @@ def feasibility_scan(task: Task | str, space: str | Path | Mapping[str, Any] | S
                      f"valid metrics: {', '.join(PROFILE_METRICS)}.")
     if isinstance(n, bool) or n < 1:
         problems.add(f"n must be an integer >= 1, but got {n=}.")
-    problems.raise_if_any(header="scan: the arguments are not well-formed, found the following errors:")
+    problems.raise_if_any(header="feasibility_scan: the arguments are not well-formed, found the following errors:")
     return run_scan(task_obj, space_obj, hard, n=n, seed=seed, device=device, gate_steps=gate_steps)
 
 
