@@ -33,7 +33,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"exceptions", "_deprecated", "_callable"},  # errors; former names, callable subpackages
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
     {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
-     "metrics"},
+     "_records", "metrics"},
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"train", "examples"},  # the fit loop; the built-in tasks
     {"track"},  # the Store

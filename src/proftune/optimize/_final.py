@@ -181,6 +181,7 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
     rep = run_train(task, arm.params, epochs=epochs, device=plan.device, seed=seed,
                     callbacks=[deadline], store=store)
     res = rep.result
+    assert res is not None  # run_train's record keeps what fit returned
     model = res.model
     test_metrics: dict[str, float] = {}
     if task.test_data(1) is not None:

@@ -404,9 +404,8 @@ def recommend(
                   "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
                   "ddp": ddp, "ddp_share": ddp_share}
     with tracked_run("recommend", task_obj, config=run_config, device=dev, store=st) as run:
-        recs = body()
-        recs.run_id = run.id
-        run.set(result={"recommendations": [r.to_dict() for r in recs]}, curves=recs.curves,
+        recs = dataclasses.replace(body(), run_id=run.id)
+        run.set(result=recs.to_dict(), curves=recs.curves,
                 metrics={r.name: float(r.value) for r in recs
                          if isinstance(r.value, (int, float)) and not isinstance(r.value, bool)})
     return recs
@@ -480,7 +479,9 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
         evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
                          "measured_peak_bytes": batch_result.measured_peak_bytes,
                          "memory_model": batch_result.model.to_dict(), "runs": batch_result.runs,
-                         "limited_by": batch_result.limited_by})
+                         "limited_by": batch_result.limited_by,
+                         # the search's whole record (every probe), which the report draws
+                         "search": batch_result.to_dict()})
         why = (f"the largest batch under {format_bytes(budget)} is {max_batch} (peak "
                f"{format_bytes(batch_result.measured_peak_bytes)} measured at it; memory model "
                f"{format_bytes(batch_result.model.intercept_bytes)} + "
@@ -556,7 +557,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
-    return Recommendations([recs[name] for name in names if name in recs], profile=prof,
+    return Recommendations(tuple(recs[name] for name in names if name in recs), profile=prof,
                            curves={"lr_range": lr_res.to_dict()["curve"],
                                    "noise_scale": list(ns.history) if ns is not None else []})
 

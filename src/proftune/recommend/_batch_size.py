@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .._records import record_fields, stored_version
 from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..predict import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
@@ -57,9 +58,17 @@ class MemoryProbe:
                 "role": self.role}
 
 
+#: Bumped when a field of :class:`BatchSizeResult`'s JSON changes meaning.
+BATCH_SIZE_SCHEMA_VERSION = 1
+
+
 @dataclass(frozen=True)
 class BatchSizeResult:
-    """The largest batch size that fits ``memory_budget``, and how it was found."""
+    """The largest batch size that fits ``memory_budget``, and how it was found.
+
+    A frozen, versioned record: :func:`find_batch_size` builds it, its ``batch_size`` Run holds
+    :meth:`to_dict`, and the report reads it back through :meth:`from_dict`.
+    """
 
     max_batch_size: int
     memory_budget: int
@@ -73,12 +82,18 @@ class BatchSizeResult:
     #: What bounds the answer: "memory", or "data" (the training data holds fewer samples).
     limited_by: str = "memory"
     static_detail: dict[str, int] = field(default_factory=dict)
-    #: The largest batch that memory alone allows (above ``max_batch_size`` when data limits it).
+    #: The largest batch that memory alone allows (above ``max_batch_size`` when data limits it;
+    #: None given: ``max_batch_size``).
     memory_max_batch_size: int | None = None
     #: Samples in one epoch of the training data, when that bounds the answer.
     data_samples: int | None = None
     #: The Run this search was recorded as (with ``store=``).
     run_id: int | None = None
+    schema_version: int = BATCH_SIZE_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.memory_max_batch_size is None:
+            object.__setattr__(self, "memory_max_batch_size", self.max_batch_size)
 
     @property
     def runs(self) -> int:
@@ -90,7 +105,7 @@ class BatchSizeResult:
             "max_batch_size": self.max_batch_size,
             "memory_budget": self.memory_budget,
             "limited_by": self.limited_by,
-            "memory_max_batch_size": self.memory_max_batch_size or self.max_batch_size,
+            "memory_max_batch_size": self.memory_max_batch_size,
             "data_samples": self.data_samples,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
@@ -101,7 +116,21 @@ class BatchSizeResult:
             "static_detail": self.static_detail,
             "device": self.device,
             "run_id": self.run_id,
+            "schema_version": self.schema_version,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BatchSizeResult:
+        """The record back from :meth:`to_dict`'s JSON (a ``batch_size`` Run's result)."""
+        what = "a batch-size search"
+        stored_version(d, what=what, current=BATCH_SIZE_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what=what, derived=("runs",))
+        kw["probes"] = tuple(MemoryProbe(**record_fields(MemoryProbe, p, what=f"{what}'s probe"))
+                             for p in d["probes"])
+        kw["model"] = MemoryModel(**record_fields(MemoryModel, d["model"], what=f"{what}'s memory model",
+                                                  derived=("formula",)))
+        kw["static_detail"] = dict(d.get("static_detail") or {})
+        return cls(**kw)
 
 
 def _split_flat(points: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

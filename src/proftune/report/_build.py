@@ -10,6 +10,7 @@ from typing import Any
 from .._jsonsafe import json_dumps
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
+from ..profile import Profile
 from ..track import RunRecord, Store, open_store
 from . import _optimize, _predict  # noqa: F401  (register the optimize and predict renderers)
 from ._figures import PALETTE, layout, line
@@ -58,12 +59,12 @@ def render_report(source: Any = None, *, study: str | None = None, store: Store 
         raise ConfigError("give a run id, a result, a profile (object or JSON file) or study=NAME.")
     if isinstance(source, (str, Path)) and not str(source).isdigit():
         return _profile_page(_load_profile_file(Path(source))).render()
-    if hasattr(source, "to_dict") and hasattr(source, "layers") and hasattr(source, "step"):
+    if isinstance(source, Profile):
         rid = run_id_of(source)
         if rid is None:
-            return _profile_page(source.to_dict()).render()
+            return _profile_page(source).render()
     if isinstance(source, Mapping) and "schema_version" in source and "layers" in source:
-        return _profile_page(dict(source)).render()
+        return _profile_page(Profile.from_dict(dict(source))).render()
     if isinstance(source, RunRecord):
         return run_page(source, _store(store, db)).render()
     rid = int(source) if isinstance(source, (int, str)) else run_id_of(source)
@@ -105,10 +106,8 @@ def _write(path: Path, text: str, open_browser: bool) -> Path:
     return path
 
 
-def _load_profile_file(path: Path) -> dict[str, Any]:
-    from ..profile import Profile
-
-    return Profile.load(path).to_dict()
+def _load_profile_file(path: Path) -> Profile:
+    return Profile.load(path)
 
 
 #: Kinds whose story comes first and whose overview closes the page, with the title of its config
@@ -137,13 +136,12 @@ def run_page(r: RunRecord, store: Store | None = None) -> Page:
     return page
 
 
-def _profile_page(p: Mapping[str, Any]) -> Page:
-    page = Page(f"{p.get('task') or 'model'} — profile", subtitle=f"{p.get('device')} · batch {p.get('batch_size')}",
-                badges=[("profile", "kind"), (str(p.get("mode", "train")), "mode")])
+def _profile_page(p: Profile) -> Page:
+    page = Page(f"{p.task or 'model'} — profile", subtitle=f"{p.device} · batch {p.batch_size}",
+                badges=[("profile", "kind"), (p.mode, "mode")])
     profile_sections(page, p)
-    env = p.get("env") or {}
-    if env:
-        page.section("Environment").kv([(k, str(v)) for k, v in env.items() if not isinstance(v, Mapping)])
+    if p.env:
+        page.section("Environment").kv([(k, str(v)) for k, v in p.env.items() if not isinstance(v, Mapping)])
     return page
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
 from ..compress import CompressResult
+from ..recommend import BatchSizeResult, LRFindResult
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
@@ -248,19 +249,17 @@ def _evidence(s: Section, run: _Run, final: Mapping[str, Any]) -> None:
         marks = [("computed", lr.get("value"), PALETTE[4])]
         if _f(params.get("lr")) is not None and params.get("lr") != lr.get("value"):
             marks.append(("result", params.get("lr"), PALETTE[3]))
-        lr_chart(s, lr.get("evidence") or {}, pts, marks)
+        lr_chart(s, LRFindResult.from_dict({**(lr.get("evidence") or {}), "curve": pts}), marks)
     else:
         s.para("the LR range curve is not in this store (recorded before the curve was kept)", cls="muted")
     bs = recs.get("batch_size") or {}
     ev = bs.get("evidence") or {}
     s.html("<h3>evidence: batch size</h3>")
     s.para(str(bs.get("reason") or ""))
-    if isinstance(ev, Mapping) and (ev.get("memory_model") or ev.get("probes")):
-        probes = ev.get("probes") or ([{"batch_size": ev.get("max_batch_size"), "status": "fits", "role": "verify",
-                                        "peak_bytes": ev.get("measured_peak_bytes")}]
-                                      if ev.get("measured_peak_bytes") else [])
-        memory_model_chart(s, {**ev, "model": ev.get("memory_model") or {}, "probes": probes,
-                               "max_batch_size": ev.get("max_batch_size", bs.get("value"))})
+    if isinstance(ev, Mapping) and isinstance(ev.get("search"), Mapping):
+        memory_model_chart(s, BatchSizeResult.from_dict(dict(ev["search"])))
+    elif isinstance(ev, Mapping) and ev.get("memory_model"):
+        s.para("the batch-size search's probes are not in this store (recorded before they were kept)", cls="muted")
     crit = recs.get("critical_batch_size") or {}
     cev = crit.get("evidence") or {}
     noise = [p for p in ((rec_run.curves or {}).get("noise_scale") if rec_run else None) or [] if isinstance(p, Mapping)]

@@ -25,7 +25,7 @@ from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constrai
 from ._gate import GateResult, ProfileGate
 from ._pruners import PRUNERS, PatiencePruner
 from ._ray import SCHEDULERS, RayOptions
-from ._records import TrialRecord
+from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
 from ._samplers import SAMPLERS
 from ._scan import Bound, ScanResult
 from ._space import ForbidRule, Param, Space, load_space
@@ -39,9 +39,11 @@ __all__ = [
     "SAMPLERS",
     "SCHEDULERS",
     "SEARCH_BACKENDS",
+    "TRIAL_SCHEMA_VERSION",
     "Bound",
     "CoarseToFineSampler",
     "Constraint",
+    "ConstraintCheck",
     "ForbidRule",
     "GateResult",
     "Objective",
@@ -55,6 +57,7 @@ __all__ = [
     "Space",
     "Statement",
     "TrialRecord",
+    "TrialResult",
     "cancel_waiting",
     "feasibility_scan",
     "load_space",
