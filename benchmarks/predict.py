@@ -32,12 +32,13 @@ import sys
 import time
 
 import proftune
+from proftune.predict import predict
 from proftune.profile import peak_step_memory
-from proftune.recommend import format_bytes, parse_memory, predict
+from proftune.recommend import format_bytes, parse_memory
 from proftune.recommend._full_batches import FullBatchTask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HF = os.path.join(HERE, "..", "tests", "recommend", "hf_tasks.py")
+HF = os.path.join(HERE, "..", "tests", "predict", "hf_tasks.py")
 BERT = f"{HF}:TinyBert"
 LLAMA = f"{HF}:Llama7B"
 

@@ -1,4 +1,5 @@
-"""Each result kind has one name; the former ones still work, with a DeprecationWarning."""
+"""Each thing has one name; the former ones still work, with a DeprecationWarning naming the
+current one (result kinds renamed, and constants that had one name for two meanings)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,65 @@ import importlib
 import pytest
 
 import proftune
-from proftune.diagnose import BanditResult, DiagnoseResult
 
 
 @pytest.mark.parametrize(("module", "former", "current"), [
-    ("proftune", "TrainReport", proftune.TrainResult),
-    ("proftune", "DiagnoseReport", DiagnoseResult),
-    ("proftune.diagnose", "DiagnoseReport", DiagnoseResult),
-    ("proftune.diagnose", "BanditReport", BanditResult),
-    ("proftune", "CompressReport", proftune.CompressResult),
-    ("proftune.compress", "CompressReport", proftune.CompressResult),
+    ("proftune", "TrainReport", "TrainResult"),
+    ("proftune", "DiagnoseReport", "DiagnoseResult"),
+    ("proftune.diagnose", "DiagnoseReport", "DiagnoseResult"),
+    ("proftune.diagnose", "BanditReport", "BanditResult"),
+    ("proftune", "CompressReport", "CompressResult"),
+    ("proftune.compress", "CompressReport", "CompressResult"),
+    # one name, two meanings: each meaning has its own name now
+    ("proftune.metrics", "STAGES", "METRIC_STAGES"),  # the stages that produce metrics
+    ("proftune.optimize", "STAGES", "OPTIMIZE_STAGES"),  # the optimize loop's stages
+    ("proftune.optimize", "GOALS", "OPTIMIZE_GOALS"),  # compress's goals map to metrics privately
+    ("proftune.search", "BACKENDS", "SEARCH_BACKENDS"),  # where trials run: local, ray
+    ("proftune.compress", "BACKENDS", "QUANT_BACKENDS"),  # the quantization backend objects
+    ("proftune.search", "scan", "feasibility_scan"),  # beside search(scan=N) and SearchResult.scan
 ])
-def test_a_former_name_warns_and_is_the_same_class(module: str, former: str, current: type) -> None:
+def test_a_former_name_warns_and_is_the_same_object(module: str, former: str, current: str) -> None:
     mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=f"{former} is deprecated; use {module}.{current.__name__}"):
-        assert getattr(mod, former) is current
+    with pytest.warns(DeprecationWarning, match=f"{module}.{former} is deprecated; use {module}.{current} "):
+        assert getattr(mod, former) is getattr(mod, current)
     assert former not in mod.__all__
+    assert current in mod.__all__
+
+
+def test_the_two_meanings_are_two_objects() -> None:
+    from proftune.compress import QUANT_BACKENDS, BaseQuantBackend
+    from proftune.metrics import METRIC_STAGES
+    from proftune.optimize import OPTIMIZE_STAGES
+    from proftune.search import SEARCH_BACKENDS
+
+    assert set(METRIC_STAGES).isdisjoint(OPTIMIZE_STAGES)
+    assert SEARCH_BACKENDS == ("local", "ray")
+    assert all(isinstance(b, BaseQuantBackend) for b in QUANT_BACKENDS)
 
 
 def test_other_names_are_still_attribute_errors() -> None:
     with pytest.raises(AttributeError, match="no attribute 'TrainReports'"):
         _ = proftune.TrainReports  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no attribute 'STAGE'"):
+        _ = proftune.metrics.STAGE  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["predict", "PredictResult", "PredictConfig", "MemoryModel", "fit_memory_model",
+                                  "DeviceSpec", "resolve_target", "DEVICES", "StepTracer"])
+def test_a_name_moved_to_predict_warns_and_is_the_same_object(name: str) -> None:
+    """The models of cost moved from proftune.recommend to proftune.predict, unrenamed."""
+    recommend, home = importlib.import_module("proftune.recommend"), importlib.import_module("proftune.predict")
+    with pytest.warns(DeprecationWarning, match=f"proftune.recommend.{name} is deprecated; use proftune.predict.{name}"):
+        assert getattr(recommend, name) is getattr(home, name)
+    assert name not in recommend.__all__
+    assert name in home.__all__
+
+
+def test_metric_producers_is_stages_with_a_warning() -> None:
+    """``Metric.producer`` is the function; the stages it runs in are ``Metric.stages``."""
+    from proftune.metrics import get_metric
+
+    m = get_metric("latency_ms")
+    assert m.stages == ("inference",)
+    with pytest.warns(DeprecationWarning, match=r"Metric.producers is deprecated; use Metric.stages"):
+        assert m.producers == m.stages

@@ -30,14 +30,15 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "proftune"
 
 #: Bottom first. A unit imports only units of the layers below its own.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
-    {"exceptions"},
+    {"exceptions", "_deprecated", "_callable"},  # errors; former names, callable subpackages
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
-    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_deprecated", "_options",
-     "_record", "metrics"},
+    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
+     "_records", "metrics"},
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"train", "examples"},  # the fit loop; the built-in tasks
     {"track"},  # the Store
     {"profile"},  # measurements
+    {"predict"},  # models of cost: a step's memory and time predicted, the memory model
     {"recommend"},  # decisions from measurements
     {"diagnose"},  # health checks, controllers, the bandit (reads recommend's LR range test)
     {"integrations"},  # adapters of Lightning, Hugging Face, bare modules; their callbacks

@@ -43,7 +43,7 @@ def test_a_folder_where_no_file_can_be_created_is_refused_even_for_root() -> Non
 def test_an_existing_file_needs_force_and_a_folder_is_never_a_file(tmp_path: Path) -> None:
     f = tmp_path / "notes.txt"
     f.write_text("mine")
-    assert "--force" in _problems(f)
+    assert "force=True" in _problems(f)
     assert _problems(f, force=True) == ""
     assert "is a folder" in _problems(tmp_path, force=True)
 
@@ -79,7 +79,7 @@ def test_a_folder_output_may_be_created_but_keeps_the_files_it_holds(tmp_path: P
     text = _problems(plots, folder=True, names=("history.png", "pareto.png"))
     assert "history.png" in text
     assert "pareto.png" not in text
-    assert "--force" in text
+    assert "force=True" in text
     assert _problems(plots, folder=True, names=("history.png",), force=True) == ""
     (tmp_path / "f").write_text("x")
     assert "is a file, not a folder" in _problems(tmp_path / "f", folder=True)

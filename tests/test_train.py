@@ -164,3 +164,55 @@ def test_fit_takes_a_config_or_its_fields_by_name() -> None:
     assert longer.steps == 9  # a field by name overrides the config's
     with pytest.raises(ConfigError, match=r"unknown options \['epoch'\]; valid: .*epochs"):
         fit("wine-mlp", epoch=1)
+
+
+def test_run_step_is_the_one_description_of_a_step() -> None:
+    """train.run_step, which fit runs and the predictor traces: each micro-batch's forward then
+    backward, the unscale (fp16) in the optimizer's part before after_backward, then clip and step."""
+    import contextlib
+
+    from proftune.train import StepPhases, StepSpec, run_step
+
+    calls: list[str] = []
+
+    class Phases(StepPhases):
+        def _mark(self, name: str) -> contextlib.AbstractContextManager[None]:
+            calls.append(name)
+            return contextlib.nullcontext()
+
+        def forward(self) -> contextlib.AbstractContextManager[None]:
+            return self._mark("forward")
+
+        def backward(self) -> contextlib.AbstractContextManager[None]:
+            return self._mark("backward")
+
+        def optimizer(self) -> contextlib.AbstractContextManager[None]:
+            return self._mark("optimizer")
+
+        def after_backward(self, loss: torch.Tensor) -> None:
+            calls.append("after_backward")
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).clone())
+
+    task = proftune.load_task("digits-mlp")
+    params = {**task.default_params, "grad_clip": 1e-3}
+    torch.manual_seed(0)
+    model = task.build_model(params)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [b for _, b in zip(range(3), task.train_data(16, params), strict=False)]
+    grads: list[torch.Tensor] = []
+    spec = StepSpec.from_params({**params, "precision": "fp16", "grad_accumulation": 3})
+    assert spec == StepSpec(precision="fp16", grad_accumulation=3, grad_clip=1e-3)
+    scaler = spec.grad_scaler("cpu")
+    assert scaler is not None
+    losses = run_step(task, model, optimizer, batches, spec, device_type="cpu", scaler=scaler, phases=Phases())
+    assert calls == ["forward", "backward"] * 3 + ["optimizer", "after_backward", "optimizer"]
+    assert len(losses) == 3
+    assert all(not loss.requires_grad for loss in losses)
+    # after_backward saw the unscaled gradients: what one fp32 step over the same micro-batches gives
+    torch.manual_seed(0)
+    reference = task.build_model(params)
+    for b in batches:
+        (task.loss(reference, b) / 3).backward()
+    expected = torch.cat([p.grad.flatten() for p in reference.parameters()])
+    assert torch.allclose(grads[0], expected, rtol=0.05, atol=1e-3)
+    assert StepSpec.from_params({}).grad_scaler("cpu") is None

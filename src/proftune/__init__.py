@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os as _os
+from typing import TYPE_CHECKING
 
 # Set before torch loads its native libraries: their info and warning lines on stderr (c10's
 # "[W ...] Memory block of unknown size...", kineto's "USDT: profiler_start" and, on a CUDA
@@ -17,10 +18,7 @@ from . import examples as _examples  # noqa: F401
 from . import integrations as _integrations  # noqa: F401
 from ._api import TrainResult, run_train
 from ._deprecated import renamed as _renamed
-
-# the function shadows its subpackage on purpose: proftune.compress(...) and
-# `from proftune.compress import X` both work (the subpackage imports its modules eagerly)
-from .compress import CompressConfig, CompressResult, compress
+from .compress import CompressConfig, CompressResult
 from .diagnose import (
     AdaptiveLR,
     BanditConfig,
@@ -29,30 +27,45 @@ from .diagnose import (
     EarlyStopping,
     GradGuard,
     HealthCheck,
-    diagnose,
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
-from .profile import Monitor, Profile, ProfileConfig, profile
+from .predict import PredictConfig, PredictResult
+from .profile import Monitor, Profile, ProfileConfig
 from .recommend import (
     BatchSizeConfig,
     LRFindConfig,
-    PredictConfig,
-    PredictResult,
     Recommendation,
     RecommendConfig,
     find_batch_size,
     lr_find,
     noise_scale,
-    predict,
-    recommend,
 )
 from .task import ClassificationTask, Task, load_task
 from .track import Store
 from .train import Callback, FitConfig, FitResult, FitState, fit
 
+# proftune.profile, .compress, .diagnose, .recommend, .search and .optimize are the subpackages,
+# callable as their function of the same name (_callable.py): `proftune.compress(task)`,
+# `import proftune.compress as m` and `from proftune.compress import CompressConfig` reach one
+# object. A type checker cannot call a module, so to it these names are the functions.
+if TYPE_CHECKING:
+    from .compress import compress
+    from .diagnose import diagnose
+    from .predict import predict
+    from .profile import profile
+    from .recommend import recommend
+else:
+    from . import compress, diagnose, predict, profile, recommend
+
 try:
-    from .optimize import OptimizeConfig, OptimizeResult, optimize
-    from .search import SearchConfig, SearchResult, search
+    from .optimize import OptimizeConfig, OptimizeResult
+    from .search import SearchConfig, SearchResult
+
+    if TYPE_CHECKING:
+        from .optimize import optimize
+        from .search import search
+    else:
+        from . import optimize, search
 except DependencyError as _missing_search:  # the [search] extra is not installed
     _MISSING: dict[str, str] = dict.fromkeys(
         ("SearchConfig", "SearchResult", "search", "OptimizeConfig", "OptimizeResult", "optimize"), str(_missing_search))
@@ -70,7 +83,8 @@ def _missing(name: str) -> object:
 
 
 #: Former names, deprecated: ``TrainReport`` (TrainResult), ``DiagnoseReport`` (DiagnoseResult).
-__getattr__ = _renamed(__name__, {"TrainReport": TrainResult, "DiagnoseReport": DiagnoseResult, "CompressReport": CompressResult}, fallback=_missing)
+__getattr__ = _renamed(__name__, {"TrainReport": "TrainResult", "DiagnoseReport": "DiagnoseResult",
+                                     "CompressReport": "CompressResult"}, fallback=_missing)
 
 __all__ = [
     "AdaptiveLR",

@@ -2,46 +2,74 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ._deprecated import renamed
 from ._device import resolve_device
+from ._jsonsafe import json_safe
+from ._records import record_fields, stored_version
 from .task import Task, load_task
 from .track import Store, short_fingerprint, tracked_run
 from .train import Callback, FitResult, fit, validate_params
 
+#: Bumped when a field of :class:`TrainResult`'s JSON changes meaning.
+TRAIN_SCHEMA_VERSION = 1
 
-@dataclass
+
+@dataclass(frozen=True)
 class TrainResult:
-    """A recorded training run: its id in the Store, the task's name and what
-    :func:`proftune.train.fit` returned."""
+    """A recorded training run: what the fit did (epochs, steps, samples, samples/s, why it
+    stopped, its final metrics), the task, the params and the Run's id.
 
-    run_id: int
-    result: FitResult
-    data_fingerprint: str | None
+    A frozen, versioned record: :func:`run_train` builds it once the fit is done, the ``train``
+    Run holds :meth:`to_dict`, and the report reads it back through :meth:`from_dict`. ``result``
+    is what :func:`proftune.train.fit` returned (the trained model, its optimizer, the curves):
+    in memory only, None for a record read back.
+    """
+
+    epochs: int
+    steps: int
+    samples: int
+    #: Training samples per second over the whole fit (evaluation included).
+    throughput: float
+    stop_reason: str | None
+    run_id: int | None = None
     task: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    duration_s: float | None = None
+    device: str = ""
+    #: The first 8 hex digits of the training data's fingerprint (the Run holds the whole MD5).
+    data_fingerprint: str | None = None
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    schema_version: int = TRAIN_SCHEMA_VERSION
+    result: FitResult | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of_fit(cls, fit_result: FitResult, *, run_id: int | None, task: str,
+               data_fingerprint: str | None) -> TrainResult:
+        """The record of ``fit_result`` (kept in memory as ``result``)."""
+        r = fit_result
+        return cls(epochs=r.epochs, steps=r.steps, samples=r.samples, throughput=r.throughput,
+                   stop_reason=r.stop_reason, run_id=run_id, task=task, params=dict(r.params),
+                   metrics=dict(r.metrics), duration_s=r.duration_s, device=r.device,
+                   data_fingerprint=short_fingerprint(data_fingerprint), anomalies=list(r.anomalies),
+                   result=r)
 
     def to_dict(self) -> dict[str, Any]:
-        r = self.result
-        return {
-            "run_id": self.run_id,
-            "task": self.task,
-            "metrics": r.metrics,
-            "params": dict(r.params),
-            "epochs": r.epochs,
-            "steps": r.steps,
-            "samples": r.samples,
-            "duration_s": r.duration_s,
-            "throughput": r.throughput,
-            "device": r.device,
-            "data_fingerprint": short_fingerprint(self.data_fingerprint),
-            "stop_reason": r.stop_reason,
-            "anomalies": r.anomalies,
-        }
+        return dict(json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"}))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainResult:
+        """The record back from :meth:`to_dict`'s JSON (a ``train`` Run's result); a Run recorded
+        before the record had a version holds epochs, steps, samples, throughput and stop_reason."""
+        stored_version(d, what="a training run's result", current=TRAIN_SCHEMA_VERSION)
+        return cls(**record_fields(cls, d, what="a training run's result", exclude=("result",)))
 
 
 def run_train(
@@ -71,13 +99,11 @@ def run_train(
     with tracked_run("train", task_obj, config=config, device=dev, store=store, db=db) as run:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=callbacks)
-        run.set(metrics=result.metrics, curves=result.curves, anomalies=result.anomalies,
-                result={"steps": result.steps, "epochs": result.epochs, "samples": result.samples,
-                        "throughput": result.throughput, "stop_reason": result.stop_reason})
-        fingerprint = run.store.get_run(run.id).data_fingerprint
-    return TrainResult(run_id=run.id, result=result, data_fingerprint=fingerprint,
-                       task=task_obj.name or type(task_obj).__name__)
+        record = TrainResult.of_fit(result, run_id=run.id, task=task_obj.name or type(task_obj).__name__,
+                                    data_fingerprint=run.store.get_run(run.id).data_fingerprint)
+        run.set(metrics=result.metrics, curves=result.curves, anomalies=result.anomalies, result=record.to_dict())
+    return record
 
 
 #: ``TrainReport``: the former name of :class:`TrainResult`, deprecated.
-__getattr__ = renamed(__name__, {"TrainReport": TrainResult})
+__getattr__ = renamed(__name__, {"TrainReport": "TrainResult"})

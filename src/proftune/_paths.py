@@ -87,7 +87,7 @@ def _link_problem(path: Path, shown: str, *, force: bool, folder: bool) -> str |
         return None
     target = os.readlink(path)
     what = ("written into" if folder else "followed nor replaced")
-    return (f"{shown} is a symbolic link (to {target!r}); it is neither {what} without --force"
+    return (f"{shown} is a symbolic link (to {target!r}); it is neither {what} without force=True"
             + ("." if folder else " (with it the link itself is replaced; its target is left as it is)."))
 
 
@@ -100,7 +100,7 @@ def _file_problems(path: Path, shown: str, *, force: bool) -> list[str]:
             return [f"{shown} exists and is not a regular file (a device, pipe or socket); "
                     "it is never replaced: choose another path."]
         if not force and not stat.S_ISLNK(mode):
-            return [f"{shown} exists; pass --force to replace it, or choose another path."]
+            return [f"{shown} exists; pass force=True to replace it, or choose another path."]
     folder = path.parent
     if not folder.exists():
         above = _nearest_existing(folder)
@@ -124,7 +124,7 @@ def _folder_problems(path: Path, shown: str, *, force: bool, names: Sequence[str
             return [f"{shown} is not a writable folder ({reason})."]
         taken = [n for n in names if (path / n).exists() or (path / n).is_symlink()]
         if taken and not force:
-            return [f"{shown} already holds {', '.join(taken)}; pass --force to replace "
+            return [f"{shown} already holds {', '.join(taken)}; pass force=True to replace "
                     f"{'it' if len(taken) == 1 else 'them'}, or choose another folder."]
         return []
     above = _nearest_existing(path)

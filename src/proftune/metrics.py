@@ -4,7 +4,7 @@ Every consumer that needs to know whether a metric is better high or low, or whe
 produce it (search constraints and objectives, the compress goal, ``EarlyStopping``, the bandit,
 ``optimize``) asks this module; nobody guesses a direction from a name.
 
-Stages (``Metric.producers``):
+Stages (:data:`METRIC_STAGES`, named in ``Metric.stages``):
 
 - ``static``: counted from the model without running a step (params, MACs, size);
 - ``step``: measured by profiling a few training steps (``Profile`` with ``detail="step"``);
@@ -36,11 +36,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._deprecated import renamed
 from .exceptions import ConfigError
 
 __all__ = [
     "METRICS",
-    "STAGES",
+    "METRIC_STAGES",
     "Metric",
     "better",
     "default_objective",
@@ -56,7 +57,7 @@ __all__ = [
 Direction = Literal["min", "max"]
 
 #: The stages that produce metrics, in the order a configuration meets them.
-STAGES: tuple[str, ...] = ("static", "step", "inference", "train", "evaluate")
+METRIC_STAGES: tuple[str, ...] = ("static", "step", "inference", "train", "evaluate")
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,20 @@ class Metric:
     name: str
     direction: Direction
     unit: str
-    producers: tuple[str, ...]
+    #: The stages (:data:`METRIC_STAGES`) whose runs produce it.
+    stages: tuple[str, ...]
     description: str
     #: The one function that produces the number (dotted path; ``Task.evaluate`` for a task's own).
     producer: str = ""
+
+    @property
+    def producers(self) -> tuple[str, ...]:
+        """Deprecated: :attr:`stages` (``producer`` is the function, ``stages`` where it runs)."""
+        import warnings
+
+        warnings.warn("Metric.producers is deprecated; use Metric.stages (the same tuple).",
+                      DeprecationWarning, stacklevel=2)
+        return self.stages
 
     @property
     def optuna_direction(self) -> str:
@@ -79,12 +90,12 @@ class Metric:
     @property
     def is_profile(self) -> bool:
         """Produced without training (static counts, a profiled step, an inference timing)."""
-        return any(p in ("static", "step", "inference") for p in self.producers)
+        return any(p in ("static", "step", "inference") for p in self.stages)
 
     @property
     def is_static(self) -> bool:
         """Counted from the model alone, no step run."""
-        return "static" in self.producers
+        return "static" in self.stages
 
 
 #: The producer of each stage's metrics, where one function produces the whole stage.
@@ -93,9 +104,9 @@ _STAGE_PRODUCER = {"static": "proftune.profile.count_model", "step": "proftune.p
                    "train": "proftune.train.fit"}
 
 
-def _m(name: str, direction: Direction, unit: str, producers: tuple[str, ...], description: str,
+def _m(name: str, direction: Direction, unit: str, stages: tuple[str, ...], description: str,
        producer: str = "") -> Metric:
-    return Metric(name, direction, unit, producers, description, producer or _STAGE_PRODUCER[producers[0]])
+    return Metric(name, direction, unit, stages, description, producer or _STAGE_PRODUCER[stages[0]])
 
 
 _PROFILE = (
@@ -147,10 +158,10 @@ def metric_names(*, stage: str | None = None) -> tuple[str, ...]:
 
 
 def produced_by(stage: str) -> tuple[str, ...]:
-    """The metric names that ``stage`` produces (one of :data:`STAGES`)."""
-    if stage not in STAGES:
-        raise ConfigError(f"stage={stage!r} is unknown; valid: {', '.join(STAGES)}.")
-    return tuple(name for name, m in METRICS.items() if stage in m.producers)
+    """The metric names that ``stage`` produces (one of :data:`METRIC_STAGES`)."""
+    if stage not in METRIC_STAGES:
+        raise ConfigError(f"stage={stage!r} is unknown; valid: {', '.join(METRIC_STAGES)}.")
+    return tuple(name for name, m in METRICS.items() if stage in m.stages)
 
 
 def is_known(name: str) -> bool:
@@ -225,3 +236,7 @@ def _task_directions(task: Any) -> dict[str, Direction]:
         elif v in ("min", "minimize"):
             out[str(key)] = "min"
     return out
+
+
+#: ``STAGES``: the former name of :data:`METRIC_STAGES` (``optimize`` has stages of its own), deprecated.
+__getattr__ = renamed(__name__, {"STAGES": "METRIC_STAGES"})

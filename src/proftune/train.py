@@ -12,7 +12,7 @@ import copy
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +34,12 @@ __all__ = [
     "FitConfig",
     "FitResult",
     "FitState",
+    "StepPhases",
+    "StepSpec",
     "build_optimizer",
     "evaluate_model",
     "fit",
+    "run_step",
     "seed_everything",
     "validate_params",
 ]
@@ -210,11 +213,91 @@ def validate_params(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
-    if precision == "fp32":
+# -- one optimizer step: the description the fit loop runs and the step predictor traces ----------------
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """How one optimizer step runs, described once: ``grad_accumulation`` micro-batches, each
+    forward under autocast at ``precision`` (fp16 with a GradScaler), the loss divided by the
+    micro-batches, gradients unscaled, clipped to ``grad_clip`` (None: not clipped), one optimizer
+    step. :func:`fit` runs it; ``proftune.predict`` traces the same :func:`run_step` on fake tensors."""
+
+    precision: str = "fp32"
+    grad_accumulation: int = 1
+    grad_clip: float | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> StepSpec:
+        """The step of validated params (:func:`validate_params`): precision, grad_accumulation, grad_clip."""
+        clip = params.get("grad_clip")
+        return cls(precision=str(params.get("precision", "fp32")),
+                   grad_accumulation=int(params.get("grad_accumulation", 1) or 1),
+                   grad_clip=float(clip) if clip else None)
+
+    def autocast(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
+        """The forward's autocast on ``device_type`` ("cpu", "cuda"); nothing at fp32."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=device_type, dtype=dtype)
+
+    def grad_scaler(self, device_type: str) -> torch.amp.GradScaler | None:
+        """A GradScaler at fp16 (its gradients underflow without one), else None."""
+        return torch.amp.GradScaler(device_type) if self.precision == "fp16" else None
+
+
+class StepPhases:
+    """What the caller of :func:`run_step` does around its phases: the fit loop times them and
+    runs its callbacks, the predictor tags every op with its phase. No-ops by default."""
+
+    def forward(self) -> contextlib.AbstractContextManager[Any]:
+        """Around each micro-batch's forward and loss."""
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+
+    def backward(self) -> contextlib.AbstractContextManager[Any]:
+        """Around each micro-batch's backward."""
+        return contextlib.nullcontext()
+
+    def optimizer(self) -> contextlib.AbstractContextManager[Any]:
+        """Around the optimizer's part: unscaling the gradients, then (a second time) clip and step."""
+        return contextlib.nullcontext()
+
+    def after_backward(self, loss: torch.Tensor) -> None:
+        """The gradients are complete and unscaled, not clipped; ``loss`` is the last micro-batch's."""
+
+
+def run_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Any],
+             spec: StepSpec, *, device_type: str, scaler: torch.amp.GradScaler | None = None,
+             phases: StepPhases | None = None) -> list[torch.Tensor]:
+    """One optimizer step over ``micro_batches`` as ``spec`` describes it; the losses (detached,
+    unscaled), one per micro-batch. Not for LBFGS (its closure re-runs the model)."""
+    phases = phases or StepPhases()
+    optimizer.zero_grad(set_to_none=True)
+    losses: list[torch.Tensor] = []
+    loss: torch.Tensor | None = None
+    for batch in micro_batches:
+        with phases.forward(), spec.autocast(device_type):
+            loss = task.loss(model, batch)
+        scaled = loss / len(micro_batches)
+        with phases.backward():
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        losses.append(loss.detach())
+    if loss is None:
+        raise ValueError("run_step needs at least one micro-batch.")
+    if scaler is not None:
+        with phases.optimizer():
+            scaler.unscale_(optimizer)
+    phases.after_backward(loss)
+    with phases.optimizer():
+        if spec.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    return losses
 
 
 class _Timer:
@@ -277,8 +360,7 @@ def fit(
     if epochs is None and max_steps is None:
         epochs = task.default_epochs
     bs = int(merged.setdefault("batch_size", 32))
-    accum = int(merged.get("grad_accumulation", 1))
-    precision = str(merged.get("precision", "fp32"))
+    spec = StepSpec.from_params(merged)
     dev = resolve_device(device)
 
     seed_everything(seed)
@@ -286,7 +368,7 @@ def fit(
         model = task.build_model(merged)
     model = model.to(dev)
     optimizer = task.configure_optimizer(model, merged)
-    scaler = torch.amp.GradScaler(dev.type) if precision == "fp16" else None
+    scaler = spec.grad_scaler(dev.type)
 
     state = FitState(task=task, model=model, optimizer=optimizer, params=merged, device=dev,
                      batch_size=bs, scaler=scaler)
@@ -296,9 +378,8 @@ def fit(
             cb.on_fit_start(state)
         epoch_limit = epochs if epochs is not None else math.inf
         while state.epoch < epoch_limit and not state.should_stop:
-            _run_epoch(state, callbacks, accum=accum, precision=precision,
-                       max_steps=max_steps, evaluate=evaluate, stop_on_nan=stop_on_nan,
-                       started=started)
+            _run_epoch(state, callbacks, spec=spec, max_steps=max_steps, evaluate=evaluate,
+                       stop_on_nan=stop_on_nan, started=started)
             if max_steps is not None and state.step >= max_steps:
                 break
         for cb in callbacks:
@@ -327,12 +408,40 @@ def _micro_batches(it: Iterator[Any], accum: int) -> Iterator[list[Any]]:
         yield group
 
 
-def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, accum: int, precision: str,  # noqa: C901
+class _TimedPhases(StepPhases):
+    """The fit loop's side of a step: each phase's milliseconds, and ``on_after_backward``."""
+
+    def __init__(self, state: FitState, callbacks: Sequence[Callback], timer: _Timer) -> None:
+        self.state, self.callbacks, self.timer = state, callbacks, timer
+        self.ms = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        self.timer.lap()  # what ran between phases (hooks) is not the step's time
+        yield
+        self.ms[phase] += self.timer.lap()
+
+    def forward(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("forward")
+
+    def backward(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("backward")
+
+    def optimizer(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("optimizer")
+
+    def after_backward(self, loss: torch.Tensor) -> None:
+        self.state.loss_tensor = loss
+        for cb in self.callbacks:
+            cb.on_after_backward(self.state)
+
+
+def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, spec: StepSpec,
                max_steps: int | None, evaluate: bool, stop_on_nan: bool, started: float) -> None:
     """One epoch of the fit loop: every phase and hook in the order callbacks rely on.
 
-    Kept in one piece (complexity 18) so the order of hooks, accumulation, precision and timing
-    reads top to bottom; each branch is one documented option of :func:`fit`.
+    Kept in one piece so the order of hooks, accumulation and timing reads top to bottom; the
+    step itself is :func:`run_step` (the one description of a step, shared with the predictor).
     """
     task, model, optimizer, dev = state.task, state.model, state.optimizer, state.device
     assert task is not None
@@ -343,7 +452,7 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, accum: int, pr
     epoch_losses: list[float] = []
     epoch_started = time.perf_counter()
     timer = _Timer(dev, state.sync_timing)
-    groups = _micro_batches(iter(task.train_data(state.batch_size, state.params)), accum)
+    groups = _micro_batches(iter(task.train_data(state.batch_size, state.params)), spec.grad_accumulation)
     while True:
         timer.sync = state.sync_timing
         timer.lap()
@@ -356,40 +465,15 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, accum: int, pr
         for cb in callbacks:
             cb.on_step_start(state)
         timer.lap()  # hooks are not the step's time
-        forward_ms = backward_ms = 0.0
         losses: list[float] = []
         if state.params.get("optimizer") == "lbfgs":
-            forward_ms, backward_ms, losses = _lbfgs_step(state, callbacks, group[0], precision, timer)
+            forward_ms, backward_ms, losses = _lbfgs_step(state, callbacks, group[0], spec, timer)
             optimizer_ms = timer.lap()
         else:
-            optimizer.zero_grad(set_to_none=True)
-            for batch in group:
-                with _autocast(dev, precision):
-                    loss = task.loss(model, batch)
-                forward_ms += timer.lap()
-                scaled = loss / len(group)
-                if state.scaler is not None:
-                    state.scaler.scale(scaled).backward()
-                else:
-                    scaled.backward()
-                backward_ms += timer.lap()
-                losses.append(float(loss.detach()))
-                state.loss_tensor = loss
-            if state.scaler is not None:
-                state.scaler.unscale_(optimizer)
-            timer.lap()
-            for cb in callbacks:
-                cb.on_after_backward(state)
-            timer.lap()
-            grad_clip = state.params.get("grad_clip")
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), float(grad_clip))
-            if state.scaler is not None:
-                state.scaler.step(optimizer)
-                state.scaler.update()
-            else:
-                optimizer.step()
-            optimizer_ms = timer.lap()
+            phases = _TimedPhases(state, callbacks, timer)
+            losses = [float(v) for v in run_step(task, model, optimizer, group, spec, device_type=dev.type,
+                                                 scaler=state.scaler, phases=phases)]
+            forward_ms, backward_ms, optimizer_ms = (phases.ms[p] for p in ("forward", "backward", "optimizer"))
         state.step += 1
         n = sum(batch_size_of(b) for b in group)
         state.samples_seen += n
@@ -426,7 +510,7 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, accum: int, pr
         cb.on_epoch_end(state)
 
 
-def _lbfgs_step(state: FitState, callbacks: Sequence[Callback], batch: Any, precision: str,
+def _lbfgs_step(state: FitState, callbacks: Sequence[Callback], batch: Any, spec: StepSpec,
                 timer: _Timer) -> tuple[float, float, list[float]]:
     """One LBFGS step: the closure re-evaluates the loss as often as LBFGS asks."""
     task, model, optimizer = state.task, state.model, state.optimizer
@@ -439,7 +523,7 @@ def _lbfgs_step(state: FitState, callbacks: Sequence[Callback], batch: Any, prec
     def closure() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         timer.lap()
-        with _autocast(state.device, precision):
+        with spec.autocast(state.device.type):
             loss = task.loss(model, batch)
         times["forward"] += timer.lap()
         loss.backward()

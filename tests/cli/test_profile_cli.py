@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from proftune import profile
 from proftune.cli import app
+from proftune.exceptions import ConfigError
 from proftune.track import Store
 
 runner = CliRunner()
@@ -76,6 +79,19 @@ def test_batch_size_zero_exits_2(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert "batch_size" in res.stderr
     assert "0" in res.stderr
+
+
+def test_a_trace_in_a_missing_folder_names_the_argument_and_the_cli_its_flag(tmp_path: Path) -> None:
+    """profile() names trace= (its argument); the command line reads --trace."""
+    trace = str(tmp_path / "missing" / "t.json")
+    with pytest.raises(ConfigError) as err:
+        profile("digits-mlp", steps=1, trace=trace)
+    assert str(err.value).startswith(f"trace={trace!r}: folder")
+    assert "--trace" not in str(err.value)
+    res = runner.invoke(app, ["profile", "digits-mlp", "--steps", "1", "--trace", trace,
+                              "--db", f"sqlite:///{tmp_path}/p.db"])
+    assert res.exit_code == 2
+    assert f"--trace {trace!r}: folder" in " ".join(res.stderr.split())
 
 
 def test_forward_error_exits_2_naming_layer_and_shapes(tmp_path: Path) -> None:

@@ -114,7 +114,7 @@ def test_out_rules_never_overwrite_the_original(original: Path, tmp_path: Path, 
         proftune.compress("digits-mlp", model=str(original), out=str(original), force=True, db=db_url)
     existing = tmp_path / "taken.pt"
     existing.write_bytes(b"keep me")
-    with pytest.raises(ConfigError, match="--force"):
+    with pytest.raises(ConfigError, match="pass force=True"):
         proftune.compress("digits-mlp", model=str(original), out=str(existing), db=db_url)
     assert existing.read_bytes() == b"keep me"
     with pytest.raises(ConfigError, match="unknown options"):

@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from proftune.compress import BACKENDS, BaseQuantBackend, _quantize, backend_status, load_model
+from proftune.compress import (
+    QUANT_BACKENDS,
+    BaseQuantBackend,
+    _quantize,
+    backend_status,
+    load_model,
+)
 from proftune.compress._checkpoint import Rebuild, save_model
 from proftune.compress._quant_backends import get_backend, quantize_dynamic
 from proftune.compress._quantize import quantize_static, run_batches
@@ -89,14 +95,14 @@ def test_qat_trains_fake_quantized_with_the_fit_loop_then_converts(tmp_path: Pat
 
 def test_every_backend_follows_the_base_class_contract() -> None:
     """One list holds every backend; each says why it cannot run, or quantizes a tiny model."""
-    assert {(b.name, b.method) for b in BACKENDS} >= {("torch.ao", "dynamic"), ("torch.ao", "static"),
+    assert {(b.name, b.method) for b in QUANT_BACKENDS} >= {("torch.ao", "dynamic"), ("torch.ao", "static"),
                                                       ("torch.ao", "qat"), ("torchao", "dynamic")}
     cpu = torch.device("cpu")
-    for backend in BACKENDS:
+    for backend in QUANT_BACKENDS:
         assert isinstance(backend, BaseQuantBackend)
         assert backend.save_format in ("torchscript", "export")
         assert backend.available(cpu) == (backend.unavailable(cpu) is None)
-    dynamic = [b for b in BACKENDS if b.method == "dynamic" and b.available(cpu)]
+    dynamic = [b for b in QUANT_BACKENDS if b.method == "dynamic" and b.available(cpu)]
     assert dynamic, "no dynamic INT8 backend on CPU"
     model, x = _mlp(), torch.randn(3, 64)
     for backend in dynamic:

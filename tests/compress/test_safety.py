@@ -48,11 +48,19 @@ def test_malicious_pickle_exits_2_and_runs_nothing(tmp_path: Path) -> None:
     res = runner.invoke(app, ["compress", "digits-mlp", "--model", str(path), "--prune", "unstructured",
                               "--db", f"sqlite:///{tmp_path / 'c.db'}"])
     assert res.exit_code == 2, res.output
-    assert "--trust-model" in res.output
+    out = " ".join(res.output.split())  # rich wraps long lines
+    assert f"--model {str(path)!r} holds a whole pickled model" in out
+    assert "(--trust-model)" in out
+    assert "trust_model=" not in out
     assert "runs code" in res.output
     assert not marker.exists()
-    with pytest.raises(ConfigError, match="trust=True"):
+    with pytest.raises(ConfigError, match=r"\(trust=True\)") as err:
         load_model(path)
+    assert f"path={str(path)!r} holds" in str(err.value)
+    assert "--" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"\(trust_model=True\)") as err:  # compress() names its own argument
+        proftune.compress("digits-mlp", model=str(path), prune="unstructured", db=f"sqlite:///{tmp_path / 'l.db'}")
+    assert f"model={str(path)!r} holds" in str(err.value)
     assert not marker.exists()
 
 

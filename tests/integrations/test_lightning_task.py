@@ -86,11 +86,55 @@ def test_modules_own_dataloaders_and_no_batch_size_anywhere() -> None:
 def test_batch_size_command_exits_2_naming_both() -> None:
     code, _, err = cli("batch-size", f"{LIT}:LitModel", "--data", f"{FIXED}:FixedBatch", "--memory-budget", "1GiB")
     assert code == 2
-    assert "not a LightningDataModule" in err
+    assert f"--data {FIXED + ':FixedBatch'!r} is FixedBatch, not a LightningDataModule" in " ".join(err.split())
     code, _, err = cli("batch-size", FIXED, "--memory-budget", "1GiB")
     assert code == 2
     assert "FixedBatch" in err
     assert "batch_size" in err
+
+
+NO_DATA = '''
+import torch
+import lightning.pytorch as L
+
+
+class NoData(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+def test_data_errors_name_the_argument_and_the_cli_reads_the_flag(tmp_path: Path) -> None:
+    """The library names ``data=`` (task_with_data's argument); the command line reads ``--data``."""
+    with pytest.raises(ConfigError) as err:
+        task_with_data(f"{LIT}:LitModel", f"{FIXED}:FixedBatch")
+    assert str(err.value).startswith(f"data={FIXED + ':FixedBatch'!r} is FixedBatch")
+    with pytest.raises(ConfigError, match=r"^data=.*: the file .* does not exist"):
+        task_with_data(f"{LIT}:LitModel", str(tmp_path / "missing.py"))
+    (tmp_path / "nodata.py").write_text(NO_DATA)
+    with pytest.raises(ConfigError, match=r"name one with data='file.py:DataModule'") as err:
+        load_task(str(tmp_path / "nodata.py"))
+    assert "--" not in str(err.value)
+    code, _, out = cli("profile", str(tmp_path / "nodata.py"), "--steps", "1", "--db", f"sqlite:///{tmp_path / 'p.db'}")
+    assert code == 2
+    assert "name one with --data 'file.py:DataModule'" in " ".join(out.split())
+
+
+def test_data_on_a_module_that_makes_its_own_data_is_refused() -> None:
+    """A plain nn.Module task trains on synthetic data: a datamodule given to it would be ignored."""
+    module_file = str(HERE / "module_files.py")
+    with pytest.raises(ConfigError, match=r"^data= applies to a LightningModule task, but the task .*ConvNet"):
+        task_with_data(f"{module_file}:ConvNet", f"{LIT}:DigitsData")
+    code, _, err = cli("batch-size", f"{module_file}:ConvNet", "--data", f"{LIT}:DigitsData", "--memory-budget", "1GiB")
+    assert code == 2
+    assert "--data applies to a LightningModule task" in " ".join(err.split())
 
 
 def test_data_option_names_the_datamodule(tmp_path: Path) -> None:

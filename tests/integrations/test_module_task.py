@@ -86,6 +86,10 @@ def test_no_input_shape_exits_2_naming_the_param(tmp_path: Path) -> None:
     code, _, err = cli("profile", f"{FILE}:ConvNet", "--steps", "2", "--db", f"sqlite:///{tmp_path / 'p.db'}")
     assert code == 2
     assert "--param input_shape=3x32x32" in err
+    with pytest.raises(ConfigError) as exc:  # the library names its own argument, params=
+        load_task(f"{FILE}:ConvNet").build_model({})
+    assert "give it as params={'input_shape': '3x32x32'}" in str(exc.value)
+    assert "--" not in str(exc.value)
     code, _, err = cli("profile", f"{FILE}:ConvNet", "--steps", "2", "-p", "input_shape=3xfoo",
                        "--db", f"sqlite:///{tmp_path / 'p.db'}")
     assert code == 2

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import proftune
 from proftune.cli import app
-from proftune.optimize import STAGES, FinalOutputs, SearchStageOutputs
+from proftune.optimize import OPTIMIZE_STAGES, FinalOutputs, SearchStageOutputs
 from proftune.track import Store
 
 HERE = Path(__file__).resolve().parent
@@ -62,11 +62,11 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     noise, on validation and on the held-out part of the validation data."""
     out = tmp_path / "out"
     result = proftune.optimize(_spec("TooSlowLR"), budget=40, out=str(out), db=db_url, goal="none", seeds=3)
-    assert [s.name for s in result.stages] == list(STAGES)
+    assert [s.name for s in result.stages] == list(OPTIMIZE_STAGES)
     assert {s.status for s in result.stages} <= {"finished", "skipped"}
     assert result.stages[-1].status == "skipped"  # --goal none
     runs = _stage_runs(db_url)
-    assert sorted(r.config["stage"] for r in runs) == sorted(STAGES)
+    assert sorted(r.config["stage"] for r in runs) == sorted(OPTIMIZE_STAGES)
     assert all(r.parent_id == result.run_id for r in runs)
     vs = result.vs_baseline
     assert vs.decision == "chosen", (vs.summary, [(s.name, s.duration_s, s.share_s) for s in result.stages])
@@ -122,7 +122,7 @@ def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: s
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert list(d)[:3] == ["stages", "final", "vs_baseline"]
-    assert [s["name"] for s in d["stages"]] == list(STAGES)
+    assert [s["name"] for s in d["stages"]] == list(OPTIMIZE_STAGES)
     assert {"name", "status", "duration_s", "outputs", "compares"} <= set(d["stages"][0])
     assert {"params", "metrics", "model", "latency_ms", "size_bytes", "test", "decision"} <= set(d["final"])
     vs = d["vs_baseline"]
@@ -207,11 +207,14 @@ def test_bad_input_exits_2_naming_every_problem(tmp_path: Path, db_url: str) -> 
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "0", "--objective", "bleu",
-                                   "--goal", "fast", "--out", str(foreign), "--db", db_url])
+                                   "--goal", "fast", "--seeds", "0", "--memory-budget", "3Q",
+                                   "--out", str(foreign), "--db", db_url])
     assert res.exit_code == 2, res.output
     text = " ".join(res.output.split())
-    for needle in ("--budget", "bleu", "--goal 'fast'", "not empty"):
+    for needle in ("--budget '0' must be", "--objective 'bleu': task", "--goal 'fast' is unknown",
+                   "--seeds 0 must", "--memory-budget '3Q' is not", f"--out {str(foreign)!r} is not empty"):
         assert needle in text, needle
+    assert "=" not in text  # the library's goal='fast', seeds=0, out=... read as the flags
     assert (foreign / "notes.txt").read_text() == "mine"
     assert not Store(db_url).list_runs()
 
@@ -223,7 +226,10 @@ def test_an_existing_run_is_not_overwritten_without_resume(tmp_path: Path, db_ur
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out", str(out),
                                    "--db", db_url])
     assert res.exit_code == 2
-    assert "--resume" in " ".join(res.output.split())
+    assert "pass --resume (or the same --study) to continue it, or choose another --out." in " ".join(res.output.split())
+    with pytest.raises(proftune.ConfigError) as err:  # the same call in Python names its arguments
+        proftune.optimize(_spec("TinyTask"), 30, out=str(out), db=db_url)
+    assert "pass resume=True (or the same study=) to continue it, or choose another out=." in str(err.value)
 
 
 def test_space_contradicting_the_computed_values_exits_2(tmp_path: Path, db_url: str) -> None:
@@ -235,7 +241,7 @@ def test_space_contradicting_the_computed_values_exits_2(tmp_path: Path, db_url:
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out",
                                    str(tmp_path / "o"), "--db", db_url, "--space", str(space), "--device", "cpu"])
     assert res.exit_code == 2, res.output
-    assert "grad_accumulation" in res.output
+    assert "--space fixes grad_accumulation=4, but the compute stage measured grad_accumulation=1" in res.output
 
 
 # -- one run owns its --out and its study --------------------------------------------------------------
@@ -267,6 +273,7 @@ def test_a_second_optimize_on_the_same_out_or_study_is_refused_naming_the_first(
             res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--db", db_url, *argv])
             assert res.exit_code == 2, (argv, res.output)
             assert holder in " ".join(res.output.split()), (argv, res.output)
+            assert re.search(r"choose another --out\.|give another --study\.", " ".join(res.output.split())), res.output
         assert not other.exists()  # refused before anything was written
         space = tmp_path / "space.yaml"
         space.write_text("params:\n  lr: {type: float, low: 1.0e-3, high: 1.0e-1, log: true}\n")
@@ -274,6 +281,7 @@ def test_a_second_optimize_on_the_same_out_or_study_is_refused_naming_the_first(
                                        "--trials", "1", "--db", db_url])
         assert res.exit_code == 2, res.output
         assert holder in " ".join(res.output.split()), res.output
+        assert "give another --study." in " ".join(res.output.split()), res.output
     finally:
         proc.kill()
         proc.communicate(timeout=60)
@@ -323,7 +331,7 @@ def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -
     assert len(after) == len(set(after)) > len(before)
     # stages finished before the kill were reused, not run again; the killed search has its own Run
     stages = [r.config["stage"] for r in _stage_runs(db_url) if r.status == "finished"]
-    assert sorted(stages) == sorted(STAGES)
+    assert sorted(stages) == sorted(OPTIMIZE_STAGES)
     assert result.stages[4].status == "finished"
     trials = Store(db_url).list_runs(kind="trial", study=state["study"])
     assert len({r.config["trial"] for r in trials}) == len(trials)  # every trial ran once
@@ -343,7 +351,7 @@ def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str)
     assert _trial_numbers(db_url, state["study"]) == trials_before  # no trial repeated
     assert result.stages[-1].status == "finished", result.stages[-1]
     stage_runs = [r for r in _stage_runs(db_url) if r.config["stage"] != "compress" and r.status == "finished"]
-    assert len(stage_runs) == len(STAGES) - 1
+    assert len(stage_runs) == len(OPTIMIZE_STAGES) - 1
     assert len(Store(db_url).list_runs(kind="train")) == final_runs  # the final race, not repeated
     # a compressed file exactly when a candidate beat the uncompressed model on the goal (which of
     # TinyTask's layers the layer-value stage keeps is measured, so either may happen)

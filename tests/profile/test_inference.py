@@ -163,6 +163,6 @@ def test_task_latencies_time_the_inputs_the_loss_feeds_even_a_dict() -> None:
 def test_the_registry_names_the_producer(name: str) -> None:
     producer = METRICS[name].producer
     assert producer in ("proftune.profile.task_latencies", "proftune.profile.size_bytes")
-    import proftune.profile as subpackage  # the function carries the subpackage's names
+    import proftune.profile as subpackage
 
     assert callable(getattr(subpackage, producer.rsplit(".", 1)[1]))

@@ -73,3 +73,32 @@ def test_fewer_than_two_ranks_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="at least 2"):
         profile_ranks("digits-mlp", nprocs=1)
+
+
+FAILING_RANK = '''
+import torch.distributed as dist
+from proftune.examples._digits import DigitsMLP
+
+class BadRank(DigitsMLP):
+    name = "bad-rank"
+    def train_data(self, batch_size, params):
+        if dist.is_initialized() and dist.get_rank() == 1:
+            raise RuntimeError("rank 1 has no data")
+        yield from super().train_data(batch_size, params)
+'''
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_a_failing_rank_names_itself_and_its_traceback_is_on_stderr(tmp_path: Path,
+                                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    """The message says where the rank's error is (its stderr, shown with or without the CLI's
+    --debug), not a CLI flag: the library has none."""
+    from proftune.exceptions import RunFailedError
+
+    task = tmp_path / "bad_rank.py"
+    task.write_text(FAILING_RANK)
+    with pytest.raises(RunFailedError, match=r"\(1, 1\)") as err:
+        profile_ranks(str(task), nprocs=2, steps=2, warmup=0, device="cpu", timeout_s=120)
+    assert "traceback to stderr" in str(err.value)
+    assert "--" not in str(err.value)
+    assert "RuntimeError: rank 1 has no data" in capfd.readouterr().err

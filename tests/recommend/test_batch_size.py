@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from proftune import ConfigError, find_batch_size
+from proftune.predict import MemoryModel, fit_memory_model
 from proftune.profile import MemoryProfile, Profile
-from proftune.recommend import MemoryModel, fit_memory_model, search_max_batch
+from proftune.recommend import search_max_batch
 from proftune.recommend._batch_size import DataLimit
 
 MiB = 2**20

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +130,31 @@ def test_bad_ranges_are_config_errors_naming_every_problem() -> None:
     with pytest.raises(ConfigError) as info:
         lr_find("digits-mlp", min_lr=-1.0, max_lr=float("nan"), steps=2)
     assert len(info.value.problems) == 3
+
+
+def test_plot_problems_name_the_argument_and_the_cli_reads_the_flag(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """lr_find() names plot= (a missing folder, no matplotlib); `proftune lr-find` reads --plot."""
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+    from proftune.exceptions import DependencyError
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    missing = str(tmp_path / "missing" / "lr.png")
+    with pytest.raises(ConfigError) as err:
+        lr_find("digits-mlp", steps=5, device="cpu", plot=missing, db=db)
+    assert str(err.value).startswith(f"plot={missing!r}: folder")
+    res = CliRunner().invoke(app, ["lr-find", "digits-mlp", "--steps", "5", "--device", "cpu", "--plot", missing,
+                                   "--db", db])
+    assert res.exit_code == 2
+    assert f"--plot {missing!r}: folder" in " ".join(res.stderr.split())
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the report extra not installed
+    plot = str(tmp_path / "lr.png")
+    with pytest.raises(DependencyError, match=r"\(plot=\) needs matplotlib"):
+        lr_find("digits-mlp", steps=5, device="cpu", plot=plot, db=db)
+    res = CliRunner().invoke(app, ["lr-find", "digits-mlp", "--steps", "5", "--device", "cpu", "--plot", plot,
+                                   "--db", db])
+    assert res.exit_code == 2
+    assert "(--plot) needs matplotlib: pip install 'proftune[report]'" in " ".join(res.stderr.split())

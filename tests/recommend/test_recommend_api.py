@@ -14,7 +14,7 @@ from proftune.track import Store
 def test_function_and_subpackage_names_both_work() -> None:
     from proftune.recommend import find_batch_size, lr_find, noise_scale, recommend
 
-    assert proftune.recommend is recommend
+    assert proftune.recommend.recommend is recommend  # proftune.recommend is the subpackage, called as recommend()
     assert callable(proftune.recommend)
     assert proftune.find_batch_size is find_batch_size
     assert proftune.lr_find is lr_find

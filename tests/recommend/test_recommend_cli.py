@@ -62,6 +62,7 @@ def test_recommend_json_from_a_saved_profile(tmp_path: Path, db_url: str) -> Non
     by = {r["name"]: r for r in d["recommendations"]}
     # no budget on CPU: no memory search, and it says so; 25% of the step waits for data
     assert "no memory budget" in by["batch_size"]["reason"]
+    assert "pass memory_budget= to bound it" in by["batch_size"]["reason"]  # the library's words; the table reads flags
     assert by["data_loading"]["value"]["num_workers"] >= 1
     assert Store(db_url).get_run(d["run_id"]).kind == "recommend"
     bad = runner.invoke(app, ["recommend", "digits-mlp", "--memory-budget", "lots", "--profile", str(path),

@@ -176,13 +176,24 @@ def test_optimize_stage_chain_and_custom_renderers(store: Store) -> None:
 
 def test_recommend_with_a_budget_shows_the_memory_model(store: Store, runs: dict[str, int]) -> None:
     rec = store.get_run(runs["recommend"])
-    model = store.get_run(runs["batch_size"]).result["model"]
+    search = store.get_run(runs["batch_size"]).result
     items = [dict(r) for r in rec.result["recommendations"]]
-    items[0]["evidence"] = {**items[0]["evidence"], "max_batch_size": 512, "memory_budget": 30_000_000,
-                            "measured_peak_bytes": 1_600_000, "memory_model": model, "limited_by": "memory"}
+    items[0]["evidence"] = {**items[0]["evidence"], "max_batch_size": search["max_batch_size"],
+                            "memory_budget": search["memory_budget"], "memory_model": search["model"],
+                            "measured_peak_bytes": search["measured_peak_bytes"], "limited_by": "memory",
+                            "search": search}
     store.update_run(rec.id, result={"recommendations": items})
     html = render_report(rec.id, store=store)
     assert _sections(html) == ["Overview", "Recommendations", "Memory model"]
     fig = _charts(html)[0]
     assert any(t["name"].startswith("fitted") for t in fig["data"])
-    assert any(s.get("x0") == 512 for s in fig["layout"]["shapes"])
+    assert any(s.get("x0") == search["max_batch_size"] for s in fig["layout"]["shapes"])
+    probes = [x for t in fig["data"] if t["name"].startswith("probe") for x in t["x"]]
+    assert sorted(probes) == sorted(p["batch_size"] for p in search["probes"])
+    # recorded before the evidence held the search: the section says what is missing, no chart of made-up probes
+    del items[0]["evidence"]["search"]
+    store.update_run(rec.id, result={"recommendations": items})
+    html = render_report(rec.id, store=store)
+    assert _sections(html) == ["Overview", "Recommendations", "Memory model"]
+    assert "not in this run" in html
+    assert not _charts(html)

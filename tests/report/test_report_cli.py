@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from proftune.cli import app
+from proftune.exceptions import ConfigError
+from proftune.report import export_mlflow, render_report, write_compare_report, write_report
 from proftune.track import Store
 
 runner = CliRunner()
@@ -38,7 +41,7 @@ def test_report_bad_input_exits_2_and_names_it(store: Store, runs: dict[str, int
     assert "exactly one" in res.output
     res = runner.invoke(app, ["report", "--study", "nope", "--db", db_url])
     assert res.exit_code == 2
-    assert "'nope'" in res.output
+    assert "--study 'nope' has no runs" in res.output  # the library's study='nope', read as the flag
     assert "s1" in res.output
     res = runner.invoke(app, ["report", "999", "--db", db_url])
     assert res.exit_code == 2
@@ -47,6 +50,33 @@ def test_report_bad_input_exits_2_and_names_it(store: Store, runs: dict[str, int
                               "--db", db_url])
     assert res.exit_code == 2
     assert "does not exist" in res.output
+    (tmp_path / "taken.html").write_text("mine")
+    res = runner.invoke(app, ["report", str(runs["train"]), "--out", str(tmp_path / "taken.html"), "--db", db_url])
+    assert res.exit_code == 2
+    assert f"--out {str(tmp_path / 'taken.html')!r} exists; pass --force" in " ".join(res.output.split())
+    assert (tmp_path / "taken.html").read_text() == "mine"
+
+
+def test_the_library_names_its_arguments_the_cli_its_flags(store: Store, runs: dict[str, int], db_url: str,
+                                                            tmp_path: Path) -> None:
+    """write_report(out=...), write_compare_report(a, b, out), render_report(study=...),
+    export_mlflow(run, uri): the Python call
+    reads its argument; the same mistake on the command line reads --out, --study, --mlflow."""
+    taken = tmp_path / "taken.html"
+    taken.write_text("mine")
+    for call, message in ((lambda: write_report(runs["train"], taken, store=store, force=False),
+                           f"out={str(taken)!r} exists"),
+                          (lambda: write_compare_report(runs["train"], runs["diagnose"], taken, store=store,
+                                                        force=False), f"out={str(taken)!r} exists"),
+                          (lambda: render_report(study="nope", store=store), "study='nope' has no runs"),
+                          (lambda: export_mlflow(runs["train"], "", store=store), "uri='' is not a tracking URI")):
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert str(err.value).startswith(message), str(err.value)
+    res = runner.invoke(app, ["export", str(runs["train"]), "--mlflow", "", "--db", db_url])
+    assert res.exit_code == 2, res.output
+    assert "--mlflow '' is not a tracking URI" in res.output
+    assert taken.read_text() == "mine"
 
 
 def test_train_with_report_writes_the_run_page(db_url: str, tmp_path: Path) -> None:

@@ -36,6 +36,13 @@ def test_malformed_constraints_and_objectives_are_problems() -> None:
     assert parse_constraint("step_time_ms<50parsecs", p) is None
     assert parse_objective("accuracy:up", p) is None
     assert len(p.problems) == 3
+    # each names the caller's argument (optimize's objective=, search's objectives=), not a flag
+    assert p.problems[0].startswith("constraints='step_time_ms << 50' is malformed")
+    assert p.problems[1].startswith("constraints='step_time_ms<50parsecs': limit='50parsecs'")
+    assert p.problems[2].startswith("objective='accuracy:up': direction 'up'")
+    q = ProblemCollector()
+    parse_objective("x y", q, name="objectives")
+    assert q.problems == ["objectives='x y' is malformed; give METRIC or METRIC:max|min (e.g. 'accuracy:max')."]
 
 
 def test_time_and_memory_limits_are_read_in_the_metrics_unit() -> None:

@@ -240,3 +240,29 @@ def test_pbt_beats_a_fixed_rate_from_a_start_10x_off(tmp_path: Path, local_ray: 
     # the member that started at the user's setting was rescued by exploiting a better one
     rescued = next(t for t in res.trials if str(t.number) == "0")
     assert rescued.metrics["accuracy"] >= fixed.metrics["accuracy"] + 0.2
+
+
+def test_scheduler_problems_name_ray_options_and_read_as_flags_in_tune(tmp_path: Path) -> None:
+    """RayOptions' ``scheduler=`` in the library, tune's ``--scheduler`` on the command line; both
+    refused before Ray starts (PBT with nothing to perturb, ASHA with two objectives)."""
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+    from proftune.exceptions import ConfigError
+    from proftune.search import Objective, Space
+    from proftune.search._ray import _scheduler
+    from proftune.search._settings import SearchSettings
+
+    space = Space.from_dict(_space(hidden={"type": "int", "low": 4, "high": 16}))
+    settings = SearchSettings(task="wine-mlp", space=space, objectives=[Objective("accuracy", "maximize")],
+                              constraints=[], trials=1, study="s", db="")
+    with pytest.raises(ConfigError, match=r"^scheduler='pbt' perturbs lr, weight_decay, momentum or dropout"):
+        _scheduler(settings, RayOptions(scheduler="pbt"))
+    file = tmp_path / "space.yaml"
+    file.write_text("params:\n  hidden: {type: int, low: 4, high: 16}\n")
+    result = CliRunner().invoke(app, ["tune", "wine-mlp", "--space", str(file), "--backend", "ray",
+                                      "--scheduler", "asha", "--objective", "accuracy", "--objective", "val_loss",
+                                      "--db", f"sqlite:///{tmp_path / 'p.db'}"])
+    assert result.exit_code == 2, result.output
+    assert ("--scheduler 'asha' needs one objective, but --objective has 2; use --scheduler 'fifo' for a "
+            "Pareto front.") in result.stderr, result.stderr

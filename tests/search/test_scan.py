@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import proftune
-from proftune.search import Space, load_space, scan
+from proftune.search import Space, feasibility_scan, load_space
 from proftune.search._gate import _static_metrics
 from proftune.search._scan import fit_bounds, restrict_space
 from proftune.task import load_task
@@ -28,7 +28,7 @@ def _largest_feasible_hidden(limit: float) -> int:
 
 
 def test_one_param_alone_driving_the_constraint_gets_its_bound_within_one_grid_step() -> None:
-    result = scan("wine-mlp", SPACE, constraints=["params<3000"], n=16, device="cpu")
+    result = feasibility_scan("wine-mlp", SPACE, constraints=["params<3000"], n=16, device="cpu")
     assert [b.param for b in result.bounds] == ["hidden"]
     bound = result.bounds[0]
     truth = _largest_feasible_hidden(3000)
@@ -44,7 +44,7 @@ def test_one_param_alone_driving_the_constraint_gets_its_bound_within_one_grid_s
 
 def test_no_param_driving_the_constraint_restricts_nothing() -> None:
     # every configuration meets it
-    result = scan("wine-mlp", SPACE, constraints=["params<1e9"], n=8, device="cpu")
+    result = feasibility_scan("wine-mlp", SPACE, constraints=["params<1e9"], n=8, device="cpu")
     assert result.bounds == []
     assert result.feasible_share == 1.0
     assert "nothing to restrict" in result.notes[0]
@@ -106,14 +106,14 @@ def test_max_gated_stops_a_study_that_only_gates(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", [-1, True])
 def test_scan_option_is_validated(bad: Any, tmp_path: Path) -> None:
-    with pytest.raises(proftune.ConfigError, match="--scan"):
+    with pytest.raises(proftune.ConfigError, match=r"scan=(-1|True) must be an integer >= 0"):
         proftune.search("wine-mlp", SPACE, constraints=["params<3000"], scan=bad,
                         db=f"sqlite:///{tmp_path / 'p.db'}")
 
 
 def test_scan_names_one_function() -> None:
-    """search.scan is the public entry; the private runner it calls has a name of its own."""
+    """search.feasibility_scan is the public entry; the private runner it calls has a name of its own."""
     from proftune.search import _scan
 
     assert not hasattr(_scan, "scan")
-    assert scan is not _scan.run_scan
+    assert feasibility_scan is not _scan.run_scan

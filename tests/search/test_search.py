@@ -115,7 +115,7 @@ def test_faults_are_data_not_crashes(tmp_path: Path) -> None:
 def test_max_failures_stops_the_study(tmp_path: Path) -> None:
     space = {"params": {"fault": {"type": "categorical", "choices": ["raise"]},
                         "hidden": {"type": "int", "low": 4, "high": 8}}}
-    with pytest.raises(RunFailedError, match="more than --max-failures=1"):
+    with pytest.raises(RunFailedError, match="more than max_failures=1"):
         proftune.search(FAULTY, space, trials=10, sampler="random", max_steps=2, max_failures=1,
                         db=f"sqlite:///{tmp_path / 'p.db'}", study="ff")
     study = optuna.load_study(study_name="ff", storage=f"sqlite:///{tmp_path / 'p.db'}")
@@ -209,7 +209,7 @@ def test_function_and_subpackage_share_the_name() -> None:
     from proftune.search import Space, search
 
     assert callable(proftune.search)
-    assert proftune.search is search
+    assert proftune.search.search is search  # proftune.search is the subpackage, called as search()
     assert Space.__module__ == "proftune.search._space"
 
 
@@ -253,3 +253,39 @@ def test_an_unknown_search_option_names_the_valid_ones() -> None:
     assert "'trails'" in text
     assert "trials" in text
     assert "max_steps" in text
+
+
+def test_problems_name_the_search_config_fields_not_flags(tmp_path: Path) -> None:
+    """A Python caller reads the keyword it passed (``trials=0``), never the CLI's ``--trials``."""
+    import re
+
+    from proftune.search import RayOptions
+
+    space = {"params": {"hidden": {"type": "int", "low": 4, "high": 16}}}
+    with pytest.raises(ConfigError) as info:
+        proftune.search("wine-mlp", space, objectives=["x y", "accuracy", "accuracy"],
+                        constraints=["step_time_ms<<50", "f1>0.3"], params={"hidden": 8}, sampler="coarse-to-fine",
+                        pruner="median", backend="nope", scan=-1, trials=0, max_gated=-1, workers=0,
+                        max_failures=-1, timeout=0, epochs=0, db=f"sqlite:///{tmp_path / 'p.db'}")
+    text = str(info.value)
+    for needle in ("'hidden' is fixed to 8 by params= and also searched", "objectives='x y' is malformed",
+                   "constraints='step_time_ms<<50' is malformed", "constraints='f1>0.3': metric 'f1' is produced",
+                   "objectives= names 'accuracy' twice", "backend='nope' is unknown", "scan=-1 must be",
+                   "pruner='median' needs one objective", "sampler='coarse-to-fine' ranks trials by one objective",
+                   "trials=0 must be >= 1", "max_gated=-1 must be >= 0", "workers=0 must be >= 1",
+                   "max_failures=-1 must be >= 0", "timeout=0 must be > 0", "epochs=0 must be >= 1"):
+        assert needle in text, (needle, text)
+    assert not re.search(r"(?<![\w-])--[a-z]", text), text
+    assert not (tmp_path / "p.db").exists()
+    for bad, needle in (({"scheduler": "nope"}, "scheduler='nope' is unknown"),
+                        ({"address": "foo"}, "address='foo' is malformed"), ({"workers": 0}, "workers=0")):
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            RayOptions(**bad)
+
+
+def test_one_objective_or_constraint_as_text_is_a_sequence_of_one() -> None:
+    """``objectives="accuracy:max"`` is one objective, not eleven one-character ones."""
+    cfg = proftune.SearchConfig(objectives="accuracy:max", constraints="params<1e6")  # type: ignore[arg-type]
+    assert cfg.objectives == ("accuracy:max",)
+    assert cfg.constraints == ("params<1e6",)
+    assert proftune.SearchConfig(objectives=["a:max", "b:min"]).objectives == ["a:max", "b:min"]

@@ -86,4 +86,53 @@ def test_param_on_a_searched_param_exits_2_naming_it(tmp_path: Path) -> None:
     result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), "--param", "hidden=8",
                                  "--db", f"sqlite:///{tmp_path / 'p.db'}"])
     assert result.exit_code == 2, result.output
-    assert "'hidden' is both fixed (params, --param hidden=8) and searched by the space" in result.stderr
+    assert "'hidden' is fixed to 8 by --param and also searched by the space" in result.stderr
+
+
+def test_library_problems_read_as_the_flags_of_tune(tmp_path: Path) -> None:
+    """search() names SearchConfig's fields (trials=0, objectives=, params=); tune prints its flags."""
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  hidden: {type: categorical, choices: [8, 16]}\n")
+    db = ["--db", f"sqlite:///{tmp_path / 'p.db'}"]
+    result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), "--objective", "x y",
+                                 "--objective", "accuracy", "--objective", "val_loss", "--constraint", "f1>0.3",
+                                 "--param", "hidden=8", "--pruner", "median", "--backend", "nope", "--scan", "-1",
+                                 "--trials", "0", "--max-gated", "-1", "--workers", "0", "--max-failures", "-1",
+                                 "--timeout", "0", "--epochs", "0", *db])
+    assert result.exit_code == 2, result.output
+    for needle in ("--objective 'x y' is malformed", "--constraint 'f1>0.3': metric 'f1' is produced by nothing",
+                   "'hidden' is fixed to 8 by --param and", "--backend 'nope' is unknown", "--scan -1 must be",
+                   "--pruner 'median' needs one objective (Optuna cannot prune multi-objective trials), but "
+                   "--objective has 2", "--trials 0 must be >= 1", "--max-gated -1 must be >= 0",
+                   "--workers 0 must be >= 1", "--max-failures -1 must be >= 0", "--timeout 0.0 must be > 0",
+                   "--epochs 0 must be >= 1"):
+        assert needle in result.stderr, (needle, result.stderr)
+    for name in ("objectives=", "constraints=", "params=", "trials=", "max_failures=", "pruner="):
+        assert name not in result.stderr, (name, result.stderr)
+    for args, needle in ((["--backend", "ray", "--scheduler", "nope"], "--scheduler 'nope' is unknown"),
+                         (["--backend", "ray", "--ray-address", "foo"], "--ray-address 'foo' is malformed"),
+                         (["--sampler", "nope"], "--sampler 'nope' is unknown")):
+        result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), *args, *db])
+        assert result.exit_code == 2, result.output
+        assert needle in result.stderr, (needle, result.stderr)
+    missing = tmp_path / "none.yaml"
+    result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(missing), *db])
+    assert result.exit_code == 2, result.output
+    assert f"--space {str(missing)!r} does not exist" in result.stderr
+    assert not (tmp_path / "p.db").exists()  # nothing ran, nothing was written
+
+
+def test_a_failed_study_and_a_changed_one_name_their_flags(tmp_path: Path) -> None:
+    """The exit-1 failure (too many failed trials) and a study's other definition read in flags too."""
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  fault: {type: categorical, choices: [raise]}\n")
+    faulty = f"{Path(__file__).parent / '_tasks.py'}:FaultyWine"
+    db = ["--db", f"sqlite:///{tmp_path / 'p.db'}"]
+    result = runner.invoke(app, ["tune", faulty, "--space", str(space), "--trials", "3", "--epochs", "1",
+                                 "--max-failures", "0", "--study", "f", *db])
+    assert result.exit_code == 1, result.output
+    assert "1 trials failed (more than --max-failures 0)" in result.stderr, result.stderr
+    space.write_text("params:\n  fault: {type: categorical, choices: [none, raise]}\n")
+    result = runner.invoke(app, ["tune", faulty, "--space", str(space), "--study", "f", *db])
+    assert result.exit_code == 2, result.output
+    assert "Use another --study name, or the original space" in result.stderr, result.stderr

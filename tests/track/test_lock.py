@@ -67,7 +67,8 @@ def test_a_held_folder_is_refused_naming_the_holder_and_freed_when_it_is_killed(
         with pytest.raises(ConfigError) as err:
             FolderLock(out, command="optimize").acquire()
         text = str(err.value)
-        assert f"pid {proc.pid}" in text
+        assert text.startswith(f"out={str(out)!r} is in use by optimize (pid {proc.pid}")  # the argument
+        assert text.endswith("choose another out=.")
         assert socket.gethostname() in text
         assert "since" in text
         assert FolderLock(out, command="optimize").holder() is not None
@@ -89,6 +90,7 @@ def test_an_optimize_study_excludes_everyone_until_its_process_dies(tmp_path: Pa
             with pytest.raises(ConfigError) as err:
                 StudyLock(store, "cnn", command=command, shared=shared).acquire()
             assert f"optimize (pid {proc.pid} on {socket.gethostname()}" in str(err.value)
+            assert str(err.value).endswith("give another study=.")  # the argument; the CLI reads --study
         with StudyLock(store, "other", command="optimize"):  # another study is free
             pass
         _kill(proc)

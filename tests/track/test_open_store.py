@@ -50,6 +50,6 @@ def test_every_recording_function_takes_store_the_same_way() -> None:
                  proftune.search, proftune.recommend, proftune.find_batch_size, proftune.lr_find]
     for fn in functions:
         param = inspect.signature(fn).parameters.get("store")
-        assert param is not None, fn.__qualname__
-        assert param.kind is inspect.Parameter.KEYWORD_ONLY, fn.__qualname__
-        assert param.annotation == "Store | str | None", (fn.__qualname__, param.annotation)
+        assert param is not None, fn.__name__
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY, fn.__name__
+        assert param.annotation == "Store | str | None", (fn.__name__, param.annotation)

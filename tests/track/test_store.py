@@ -76,14 +76,16 @@ def test_not_a_database_left_untouched(tmp_path: Path) -> None:
     f = tmp_path / "notes.txt"
     f.write_bytes(b"my precious notes\n" * 10)
     before = hashlib.sha256(f.read_bytes()).hexdigest()
-    with pytest.raises(StoreError, match="not a SQLite database"):
+    with pytest.raises(StoreError) as err:
         Store(f"sqlite:///{f}")
+    assert str(err.value).startswith(f"db='sqlite:///{f}': {str(f)!r} exists and is not a SQLite database")
     assert hashlib.sha256(f.read_bytes()).hexdigest() == before
     assert not (tmp_path / "notes.txt-wal").exists()
 
 
 def test_bad_url() -> None:
-    with pytest.raises(StoreError, match="not a database URL"):
+    """The message names the URL as the public functions take it (db=); the CLI reads --db."""
+    with pytest.raises(StoreError, match=r"^db='this is not a url' is not a database URL"):
         Store("this is not a url")
 
 

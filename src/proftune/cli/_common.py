@@ -192,7 +192,15 @@ def with_report(body: Callable[[], T], report: str | None, db: str | None, *, fo
 
 #: Library argument names whose option has another Python name in the command (``plot_dir=`` is
 #: compress's ``--plot``); an option whose Python name ends in ``_`` (``compile_``) needs no entry.
-LIBRARY_ARGUMENTS = {"plot_dir": "plot"}
+LIBRARY_ARGUMENTS = {
+    "plot_dir": "plot",
+    # search() (tune): SearchConfig's plural fields (its --objective is repeated) and RayOptions(address=)
+    "address": "ray_address",
+    "constraints": "constraint",
+    "objectives": "objective",
+    "params": "param",
+    "uri": "mlflow",  # report.export_mlflow(run, uri): export's --mlflow
+}
 
 
 def as_flags(message: str) -> str:
@@ -218,19 +226,26 @@ def as_flags(message: str) -> str:
         option, value = options[m.group(1)], m.group(2)
         if value == "True" and getattr(option, "is_flag", False):
             return str(option.opts[0])
-        if value.startswith(("(", "[")):
+        if value.startswith(("(", "[", "{")):
             try:
                 items = ast.literal_eval(value)
             except (ValueError, SyntaxError):
                 items = None
+            if isinstance(items, dict):  # params={'k': 3, 'j': 'x'} -> --param k=3 --param j=x
+                return " ".join(f"{option.opts[0]} {k}={_cli_value(v)}" for k, v in items.items())
             if isinstance(items, (tuple, list)):
-                value = ",".join(str(v) for v in items)
+                value = _cli_value(items)
         if value:
             return f"{option.opts[0]} {value}"
         rest = m.string[m.end():m.end() + 1]  # name=3 -> --name 3; a bare name= -> --name
         return str(option.opts[0]) + ("" if rest in ("", " ", ".", ",", ";", ":", ")") else " ")
 
-    return re.sub(rf"(?<![\w.-])({names})=(True\b|\([^()]*\)|\[[^\[\]]*\]|)", flag, message)
+    return re.sub(rf"(?<![\w.-])({names})=(True\b|\([^()]*\)|\[[^\[\]]*\]|\{{[^{{}}]*\}}|)", flag, message)
+
+
+def _cli_value(value: Any) -> str:
+    """A value as ``key=value`` takes it on the command line: ``(3, 32, 32)`` reads ``3,32,32``."""
+    return ",".join(str(v) for v in value) if isinstance(value, (tuple, list)) else str(value)
 
 
 def _click_context() -> Any:

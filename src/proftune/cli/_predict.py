@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from .._units import format_bytes
 from ..exceptions import ConfigError
-from ..recommend import DEVICES, PredictConfig, PredictResult, format_bytes, predict
+from ..predict import DEVICES, PredictConfig, PredictResult, predict
 from ..track import Store
 from ._common import (
     DbOpt,
@@ -43,8 +44,10 @@ BandwidthOpt = Annotated[str | None, typer.Option(
 def _render(r: PredictResult) -> None:
     t, m = r.target, r.memory
     run = f"run {r.run_id}: " if r.run_id is not None else ""
+    accumulation = int((r.config.get("params") or {}).get("grad_accumulation") or 1)
+    micro = f" x {accumulation} micro-batches per step" if accumulation > 1 else ""
     out_console.print(
-        f"{run}[bold]{r.task}[/] batch {r.batch_size}, {r.precision}, {r.optimizer} on "
+        f"{run}[bold]{r.task}[/] batch {r.batch_size}{micro}, {r.precision}, {r.optimizer} on "
         f"[bold]{t['name']}[/] ({format_bytes(t['memory_bytes'])}): predicted from one fake-tensor step "
         f"({r.traces} traced, {r.real_steps} real steps, {r.trace_s:.1f} s)", highlight=False)
     mem = Table(title="memory (predicted)")

@@ -26,6 +26,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    as_flags,
     err_console,
     execute,
     out_console,
@@ -129,7 +130,7 @@ def recommend_command(
         table.add_column("why", overflow="fold")
         table.add_column("effect", overflow="fold")
         for r in recs:
-            table.add_row(r.name, _short(r.value), r.confidence, r.reason, r.effect)
+            table.add_row(r.name, _short(r.value), r.confidence, as_flags(r.reason), r.effect)
         out_console.print(table)
 
     execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)

@@ -5,21 +5,21 @@
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
-from . import _distill, _measure, _pipeline, _plot, _prune, _quantize, _sensitivity  # noqa: F401
 from ._api import compress
 from ._checkpoint import LOAD_LINES, ExportedModule, load_model
 from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
-from ._quant_backends import BACKENDS, BaseQuantBackend, QuantInputs, backend_status
+from ._quant_backends import QUANT_BACKENDS, BaseQuantBackend, QuantInputs, backend_status
 from ._report import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = [
-    "BACKENDS",
     "LOAD_LINES",
+    "QUANT_BACKENDS",
     "BaseQuantBackend",
     "Candidate",
     "CompressConfig",
@@ -38,5 +38,8 @@ __all__ = [
     "ratios_from_sensitivity",
 ]
 
-#: ``CompressReport``, the former name (a DeprecationWarning names ``CompressResult``).
-__getattr__ = renamed(__name__, {"CompressReport": CompressResult})
+#: Former names, deprecated (a DeprecationWarning names the current one).
+__getattr__ = renamed(__name__, {"CompressReport": "CompressResult", "BACKENDS": "QUANT_BACKENDS"})
+
+# ``proftune.compress(...)`` calls :func:`compress`: the subpackage is the one object of the name.
+_make_callable(__name__)

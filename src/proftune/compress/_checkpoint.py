@@ -2,7 +2,7 @@
 
 A file a user hands us, or one we hand them, is loaded with ``torch.load(weights_only=True)``:
 tensors and plain values only. A whole pickled module can run any code while it loads, so it is
-read only when the caller says it trusts the file (``trust=True``, ``--trust-model``).
+read only when the caller says it trusts the file (``trust=True``; ``compress(trust_model=True)``).
 
 Formats that :func:`save_model` writes (``LOAD_LINES`` has the documented line for each):
 
@@ -201,33 +201,34 @@ def file_format(path: str | Path) -> str:
     return "state"
 
 
-def _torch_load(path: Path, *, trust: bool, name: str) -> Any:
-    """``torch.load`` with weights only; a pickled module only with ``trust``."""
+def _torch_load(path: Path, *, trust: bool, name: str, trust_name: str) -> Any:
+    """``torch.load`` with weights only; a pickled module only with ``trust`` (the caller's
+    argument for it is ``trust_name``, which the message names)."""
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # the weights-only unpickler fails on a non-checkpoint with any error
         found = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), None)
         if found is None:  # no class reference refused: the bytes are not a torch.save file
-            raise _not_a_checkpoint(path, name, exc) from exc
+            raise _not_a_checkpoint(path, name, trust_name, exc) from exc
         if not trust:
             raise ConfigError(
-                f"{name} {str(path)!r} holds a whole pickled model ({found}), not just weights: "
+                f"{name}={str(path)!r} holds a whole pickled model ({found}), not just weights: "
                 "loading it runs code stored in the file. Load it only if you trust where it came "
-                "from (--trust-model; trust=True in Python), or save the weights with "
+                f"from ({trust_name}=True), or save the weights with "
                 "torch.save(model.state_dict(), path) and pass that file."
             ) from None
     try:
         return torch.load(path, weights_only=False, map_location="cpu")
     except Exception as exc:  # a trusted file that still does not unpickle: say what it should be
-        raise _not_a_checkpoint(path, name, exc) from exc
+        raise _not_a_checkpoint(path, name, trust_name, exc) from exc
 
 
-def _not_a_checkpoint(path: Path, name: str, exc: BaseException) -> ConfigError:
+def _not_a_checkpoint(path: Path, name: str, trust_name: str, exc: BaseException) -> ConfigError:
     first = str(exc).splitlines()[0] if str(exc) else ""
     return ConfigError(
-        f"{name} {str(path)!r} is not a PyTorch checkpoint ({type(exc).__name__}: {first}); expected a "
+        f"{name}={str(path)!r} is not a PyTorch checkpoint ({type(exc).__name__}: {first}); expected a "
         "file written by torch.save(model.state_dict(), path), by proftune compress, or (with "
-        "--trust-model) by torch.save(model, path)."
+        f"{trust_name}=True) by torch.save(model, path)."
     )
 
 
@@ -263,42 +264,44 @@ def runs_no_user_code(spec: str | None) -> bool:
     return isinstance(spec, str) and (spec in BUILTIN_TASKS or spec.startswith("timm:"))
 
 
-def _rebuild(saved: dict[str, Any], task: Any, path: Path, name: str, *, trust: bool) -> nn.Module:
+def _rebuild(saved: dict[str, Any], task: Any, path: Path, name: str, *, trust: bool, trust_name: str) -> nn.Module:
     from ..task import load_task
 
     recorded = saved.get("task")
     if task is None and recorded is None:
-        raise ConfigError(f"{name} {str(path)!r} does not record which task builds its model (its Task "
+        raise ConfigError(f"{name}={str(path)!r} does not record which task builds its model (its Task "
                           "class lived in __main__); pass task= to load_model.")
     if task is None and not trust and not runs_no_user_code(recorded):
         raise ConfigError(
-            f"{name} {str(path)!r} names the task {recorded!r} to build its model, and building it would "
+            f"{name}={str(path)!r} names the task {recorded!r} to build its model, and building it would "
             "import that code: the file chose it. Name the task yourself (load_model(path, "
-            f"task={recorded!r}) if it is the one you mean), or pass trust=True if you trust the file.")
+            f"task={recorded!r}) if it is the one you mean), or pass {trust_name}=True if you trust the file.")
     task_obj = load_task(task if task is not None else str(recorded))
     model = task_obj.build_model(dict(saved.get("params") or {}))
     _reshape_to(model, saved["state_dict"], saved.get("attrs") or {})
     try:
         model.load_state_dict(saved["state_dict"])
     except RuntimeError as exc:
-        raise ConfigError(f"{name} {str(path)!r}: its weights do not fit the model that task "
+        raise ConfigError(f"{name}={str(path)!r}: its weights do not fit the model that task "
                           f"{task_obj.name!r} builds: {exc}") from exc
     return model
 
 
 def read_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | None = None,
-               trust: bool = False, name: str = "path") -> nn.Module:
+               trust: bool = False, name: str = "path", trust_name: str = "trust") -> nn.Module:
     """A float model from ``path``: a state dict for ``task.build_model(params)``, a ``state``
-    file written by proftune, or (only with ``trust``) a whole pickled module."""
+    file written by proftune, or (only with ``trust``) a whole pickled module. Messages name the
+    file as the caller's argument ``name`` and the trust switch as its ``trust_name``
+    (``compress(model=..., trust_model=True)``)."""
     path = Path(path)
-    loaded = _torch_load(path, trust=trust, name=name)
+    loaded = _torch_load(path, trust=trust, name=name, trust_name=trust_name)
     if isinstance(loaded, dict) and loaded.get("kind") == _KIND:
-        return _rebuild(loaded, task, path, name, trust=trust)
+        return _rebuild(loaded, task, path, name, trust=trust, trust_name=trust_name)
     if isinstance(loaded, nn.Module):
         return loaded
     if isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):
         if task is None:
-            raise ConfigError(f"{name} {str(path)!r} is a state dict; pass task= (and params=) to "
+            raise ConfigError(f"{name}={str(path)!r} is a state dict; pass task= (and params=) to "
                               "build the model it belongs to.")
         from ..task import load_task
 
@@ -307,10 +310,10 @@ def read_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | N
         try:
             model.load_state_dict(loaded)
         except RuntimeError as exc:
-            raise ConfigError(f"{name} {str(path)!r} is a state dict that does not fit "
+            raise ConfigError(f"{name}={str(path)!r} is a state dict that does not fit "
                               f"{task_obj.name}'s model for these params: {exc}") from exc
         return model
-    raise ConfigError(f"{name} {str(path)!r} holds a {type(loaded).__name__}; give a file saved with "
+    raise ConfigError(f"{name}={str(path)!r} holds a {type(loaded).__name__}; give a file saved with "
                       "torch.save(model.state_dict(), path).")
 
 
@@ -325,7 +328,7 @@ def load_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | N
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"path {str(path)!r} is not a file.")
+        raise ConfigError(f"path={str(path)!r} is not a file.")
     fmt = file_format(path)
     if fmt == "torchscript":
         with _quiet_jit():

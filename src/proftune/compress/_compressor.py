@@ -26,7 +26,7 @@ from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
 from ._half import HalfPrecision, save_half
 from ._measure import count, sparse_size_bytes
-from ._pipeline import GOALS, Candidate, choose
+from ._pipeline import GOAL_METRICS, Candidate, choose
 from ._plan import Plan, plan_methods, profile_summary
 from ._prune import (
     final_classifier,
@@ -64,7 +64,7 @@ class Compressor:
         self.trust_model = trust_model
         self.bs = int(params.get("batch_size", 32))
         self.metric_up = True
-        self.goal_up = direction(GOALS[cfg.goal]) == "max"
+        self.goal_up = direction(GOAL_METRICS[cfg.goal]) == "max"
         self.notes: list[str] = []
         self.plan: list[str] = []
         self.ends = time.monotonic() + cfg.time_limit_s if cfg.time_limit_s is not None else None
@@ -188,7 +188,8 @@ class Compressor:
                        callbacks=self.callbacks).model
         if isinstance(model, nn.Module):
             return copy.deepcopy(model)
-        return read_model(model, task=self.task, params=self.params, trust=self.trust_model, name="--model")
+        return read_model(model, task=self.task, params=self.params, trust=self.trust_model,
+                          name="model", trust_name="trust_model")
 
     def _profile(self, base: nn.Module) -> Any:
         """The baseline's inference profile on the task's batch (``proftune.profile``): per-layer

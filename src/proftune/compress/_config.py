@@ -12,12 +12,12 @@ import torch
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector
 from ._compile import COMPILER_NAMES, compiler_status
-from ._pipeline import GOALS
+from ._pipeline import GOAL_METRICS
 from ._plan import TARGETS
 from ._plot import PLOT_FILES
 from ._prune import IMPORTANCES, PRUNE_METHODS
-from ._quant_backends import backend_status
-from ._quantize import QUANT_BACKENDS, QUANT_METHODS
+from ._quant_backends import BACKEND_NAMES, backend_status
+from ._quantize import QUANT_METHODS
 
 __all__ = ["CompressConfig", "backend_problems", "compile_problems", "merge_config"]
 
@@ -83,8 +83,8 @@ class CompressConfig:
     def _choice_problems(self, p: ProblemCollector) -> None:
         choices: tuple[tuple[str, str | None, tuple[str, ...] | dict[str, str]], ...] = (
             ("prune", self.prune, PRUNE_METHODS), ("quantize", self.quantize, QUANT_METHODS),
-            ("quant_backend", self.quant_backend, QUANT_BACKENDS),
-            ("importance", self.importance, IMPORTANCES), ("goal", self.goal, GOALS),
+            ("quant_backend", self.quant_backend, ("auto", *BACKEND_NAMES)),
+            ("importance", self.importance, IMPORTANCES), ("goal", self.goal, GOAL_METRICS),
         )
         for option, value, valid in choices:
             if value is not None and value not in valid:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
-    "GOALS",
+    "GOAL_METRICS",
     "LATENCY_TIE",
     "Candidate",
     "beats",
@@ -20,7 +20,7 @@ __all__ = [
 #: Relative difference of batch-1 latency treated as a tie (timing noise on a shared machine).
 LATENCY_TIE = 0.05
 #: --goal -> the candidate field it optimises, a metric name whose direction ``proftune.metrics`` gives.
-GOALS = {"latency": "latency_ms", "size": "size_bytes", "macs": "macs", "params": "params"}
+GOAL_METRICS = {"latency": "latency_ms", "size": "size_bytes", "macs": "macs", "params": "params"}
 
 
 @dataclass
@@ -107,7 +107,7 @@ def choose(cands: list[Candidate], *, goal: str, metric: str, max_drop: float, m
     baseline = cands[0]
     for c in cands:
         c.metric_drop = (baseline.metric - c.metric) if metric_up else (c.metric - baseline.metric)
-    goal_key = GOALS[goal]
+    goal_key = GOAL_METRICS[goal]
     mark_pareto(cands, goal_key, metric_up=metric_up, goal_up=goal_up)
     selected = select(cands, goal_key, max_drop, goal_up=goal_up)
     if selected is None:

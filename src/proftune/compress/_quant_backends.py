@@ -2,7 +2,7 @@
 
 A backend quantizes with one method (dynamic, static, qat) through one library, says whether it
 can run here (and why not), and names the format its models are saved in. A new backend is one
-new subclass added to :data:`BACKENDS`.
+new subclass added to :data:`QUANT_BACKENDS`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from ..exceptions import ConfigError
 from . import _quantize as recipes
 
 __all__ = [
-    "BACKENDS",
     "BACKEND_NAMES",
+    "QUANT_BACKENDS",
     "BaseQuantBackend",
     "QuantInputs",
     "TorchAODynamic",
@@ -142,8 +142,8 @@ class TorchaoDynamic(BaseQuantBackend):
 
 
 #: Every backend, in the order they are tried; the fastest measured one is kept.
-BACKENDS: tuple[BaseQuantBackend, ...] = (TorchAODynamic(), TorchAOStatic(), TorchAOQAT(), TorchaoDynamic())
-BACKEND_NAMES: tuple[str, ...] = tuple(dict.fromkeys(b.name for b in BACKENDS))
+QUANT_BACKENDS: tuple[BaseQuantBackend, ...] = (TorchAODynamic(), TorchAOStatic(), TorchAOQAT(), TorchaoDynamic())
+BACKEND_NAMES: tuple[str, ...] = tuple(dict.fromkeys(b.name for b in QUANT_BACKENDS))
 #: Why a library has no backend for a method (said instead of a bare "unsupported").
 _MISSING = {
     ("torchao", "static"): "torchao's static INT8 for conv models runs only as a torch.compile (pt2e + "
@@ -155,7 +155,7 @@ _MISSING = {
 
 def get_backend(name: str, method: str) -> BaseQuantBackend | None:
     """The backend of library ``name`` for ``method``, or None when it has none."""
-    return next((b for b in BACKENDS if b.name == name and b.method == method), None)
+    return next((b for b in QUANT_BACKENDS if b.name == name and b.method == method), None)
 
 
 def backend_status(method: str, device: torch.device, model: nn.Module | None = None) -> dict[str, str | None]:

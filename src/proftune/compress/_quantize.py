@@ -21,7 +21,6 @@ from torch import nn
 from ..exceptions import ConfigError
 
 __all__ = [
-    "QUANT_BACKENDS",
     "QUANT_METHODS",
     "convert_qat",
     "prepare_qat",
@@ -33,7 +32,6 @@ __all__ = [
 ]
 
 QUANT_METHODS = ("dynamic", "static", "qat")
-QUANT_BACKENDS = ("auto", "torchao", "torch.ao")
 _ENGINES = ("x86", "fbgemm", "onednn", "qnnpack")
 
 

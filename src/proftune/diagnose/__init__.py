@@ -1,11 +1,11 @@
 """Diagnose training and adapt it while it runs: health checks, controllers, bandit allocation.
 
-The subpackage imports its private modules eagerly; ``proftune.diagnose(...)`` (the function) is
-bound in ``proftune/__init__.py`` next to this subpackage.
+``proftune.diagnose(task, ...)`` is the entry point.
 """
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
 from ..train import EarlyStopping
 from ._api import (
@@ -67,4 +67,7 @@ __all__ = [
 ]
 
 #: ``DiagnoseReport`` and ``BanditReport``: former names of DiagnoseResult and BanditResult, deprecated.
-__getattr__ = renamed(__name__, {"DiagnoseReport": DiagnoseResult, "BanditReport": BanditResult})
+__getattr__ = renamed(__name__, {"DiagnoseReport": "DiagnoseResult", "BanditReport": "BanditResult"})
+
+# ``proftune.diagnose(...)`` calls :func:`diagnose`: the subpackage is the one object of the name.
+_make_callable(__name__)

@@ -16,7 +16,7 @@ import torch
 from .._device import resolve_device
 from .._jsonsafe import finite_float
 from .._options import with_options
-from .._record import record_fields
+from .._records import mapping, record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
@@ -95,7 +95,8 @@ class DiagnoseResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DiagnoseResult:
         """The record back from :meth:`to_dict`'s JSON (a ``diagnose`` Run's result)."""
-        kw = record_fields(cls, d, kind="diagnosis", version=DIAGNOSE_SCHEMA_VERSION, derived=("healthy",))
+        stored_version(d, what="a diagnosis", current=DIAGNOSE_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="a diagnosis", derived=("healthy",))
         kw["findings"] = [Finding.from_dict(f) for f in kw["findings"] or []]
         kw["lr_test"] = RangeTest.from_dict(kw["lr_test"]) if kw.get("lr_test") else None
         return cls(**kw)
@@ -343,7 +344,7 @@ class ArmResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ArmResult:
-        kw = record_fields(cls, d, kind="bandit arm")
+        kw = record_fields(cls, mapping(d, what="a bandit arm"), what="a bandit arm")
         return cls(**{**kw, "mean": finite_float(kw["mean"]), "std": finite_float(kw["std"])})
 
 
@@ -363,7 +364,8 @@ class BanditPull:
     @classmethod
     def from_dict(cls, d: dict[str, Any], metric: str) -> BanditPull:
         keyed = {("value" if k == metric else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
-        kw = record_fields(cls, keyed, kind=f"bandit pull (metric {metric})")
+        kw = record_fields(cls, mapping(keyed, what=f"a bandit pull (metric {metric})"),
+                           what=f"a bandit pull (metric {metric})")
         return cls(**{**kw, "value": finite_float(kw["value"])})
 
 
@@ -399,7 +401,8 @@ class BanditResult:
     def from_dict(cls, d: dict[str, Any]) -> BanditResult:
         """The record back from :meth:`to_dict`'s JSON (a ``bandit`` Run's result)."""
         renamed = {("name" if k == "bandit" else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
-        kw = record_fields(cls, renamed, kind="bandit session", version=DIAGNOSE_SCHEMA_VERSION)
+        stored_version(renamed, what="a bandit session", current=DIAGNOSE_SCHEMA_VERSION)
+        kw = record_fields(cls, renamed, what="a bandit session")
         metric = str(kw["metric"])
         kw["arms"] = [ArmResult.from_dict(a) for a in kw["arms"] or []]
         kw["pulls"] = [BanditPull.from_dict(p, metric) for p in kw["pulls"] or []]

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._record import record_fields
+from .._records import mapping, record_fields
 from ..exceptions import ConfigError
 
 __all__ = ["CAUSES", "SEVERITIES", "Finding", "flatten_findings", "rank_findings"]
@@ -119,7 +119,7 @@ class Finding:
     def from_dict(cls, d: dict[str, Any]) -> Finding:
         """The finding back from :meth:`to_dict`'s JSON (its step and layer are in its evidence); a
         key it does not define or a missing cause, severity, summary or fix is a ConfigError."""
-        kw = record_fields(cls, d, kind="diagnosis finding")
+        kw = record_fields(cls, mapping(d, what="a diagnosis finding"), what="a diagnosis finding")
         evidence = dict(kw.pop("evidence", None) or {})
         kw.setdefault("step", evidence.pop("step", None))
         kw.setdefault("layer", evidence.pop("layer", None))

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._record import record_fields
+from .._records import mapping, record_fields
 from ..task import Task
 
 __all__ = ["RangeTest", "lr_range_test"]
@@ -52,7 +52,7 @@ class RangeTest:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RangeTest:
         """The record back from :meth:`to_dict`'s JSON (a NaN written as null reads as NaN again)."""
-        kw = record_fields(cls, d, kind="LR range test")
+        kw = record_fields(cls, mapping(d, what="an LR range test"), what="an LR range test")
 
         def num(v: Any) -> float:
             return math.nan if v is None else float(v)

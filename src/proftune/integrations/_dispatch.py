@@ -6,7 +6,7 @@ module has no dataloaders of its own), a LightningModule instance or a function 
 a Hugging Face model class, instance or factory (on random tokens: :class:`HFModelTask`); any
 other ``nn.Module`` class, instance or factory, a timm model say (a classifier on synthetic data:
 :class:`ModuleTask`).
-:func:`task_with_data` is ``--data``: a LightningModule with the LightningDataModule named apart.
+:func:`task_with_data` is the CLI's ``--data``: a LightningModule with the LightningDataModule named apart.
 """
 
 from __future__ import annotations
@@ -149,14 +149,15 @@ def _has_own_loaders(obj: Any) -> bool:
 
 def resolve_object(spec: str, *, what: str) -> Any:
     """The object ``file.py:Name`` or ``package.module:Name`` names (``file.py`` alone: its one
-    LightningModule or LightningDataModule, by ``what``)."""
+    LightningModule, or its one LightningDataModule when ``what`` is ``"data"``). ``what`` is the
+    caller's argument that gave ``spec`` (``"task"``, ``"data"``): messages name it, ``data='x.py'``."""
     head, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
         head, name = spec, ""
     if head.endswith(".py") or "/" in head or Path(head).exists():
         path = Path(head)
         if not path.is_file():
-            raise ConfigError(f"{what} file {head!r} does not exist (looked for {path.resolve()}).")
+            raise ConfigError(f"{what}={spec!r}: the file {head!r} does not exist (looked for {path.resolve()}).")
         resolved = path.resolve()
         # the module the task loader imported for this file, if it did: the same classes
         module_name = f"proftune_user_task_{abs(hash(str(resolved)))}"
@@ -167,42 +168,44 @@ def resolve_object(spec: str, *, what: str) -> Any:
             except TaskLoadError:
                 raise
             except Exception as exc:  # the user's code failed at import: say which file
-                raise TaskLoadError(f"importing {what} file {head!r} failed: {type(exc).__name__}: {exc}") from exc
+                raise TaskLoadError(f"{what}={spec!r}: importing the file {head!r} failed: "
+                                    f"{type(exc).__name__}: {exc}") from exc
             module_name = module.__name__
     elif name:
         try:
             module = importlib.import_module(head)
         except ImportError as exc:
-            raise TaskLoadError(f"importing module {head!r} for {what} {spec!r} failed: {exc}") from exc
+            raise TaskLoadError(f"{what}={spec!r}: importing the module {head!r} failed: {exc}") from exc
         module_name = module.__name__
     else:
-        raise ConfigError(f"{what} {spec!r} is neither 'file.py[:Class]' nor 'package.module:Class'.")
+        raise ConfigError(f"{what}={spec!r} is neither 'file.py[:Class]' nor 'package.module:Class'.")
     if name:
         if not hasattr(module, name):
-            raise ConfigError(f"{what} {spec!r}: {head!r} has no {name!r}.")
+            raise ConfigError(f"{what}={spec!r}: {head!r} has no {name!r}.")
         return getattr(module, name)
-    kind = "datamodule" if what == "--data" else "module"
+    kind = "datamodule" if what == "data" else "module"
     found = _defined(vars(module), module_name, kind)
     if len(found) != 1:
         label = "LightningDataModule" if kind == "datamodule" else "LightningModule"
-        raise ConfigError(f"{what} {spec!r} defines {len(found)} {label}s ({', '.join(sorted(found)) or 'none'}); "
+        raise ConfigError(f"{what}={spec!r} defines {len(found)} {label}s ({', '.join(sorted(found)) or 'none'}); "
                           f"name one with '{head}:Class'.")
     return next(iter(found.values()))
 
 
 def task_with_data(task: str, data: str) -> Task:
-    """``--data``: the LightningModule ``task`` names, trained on the LightningDataModule ``data`` names."""
-    dm = resolve_object(data, what="--data")
+    """The LightningModule ``task`` names, trained on the LightningDataModule ``data`` names
+    (the CLI's ``TASK --data``)."""
+    dm = resolve_object(data, what="data")
     if _kind(dm) != "datamodule":
-        raise ConfigError(f"--data {data!r} is {getattr(dm, '__name__', type(dm).__name__)}, not a "
+        raise ConfigError(f"data={data!r} is {getattr(dm, '__name__', type(dm).__name__)}, not a "
                           "LightningDataModule (class or instance).")
-    obj = resolve_object(task, what="TASK")
-    adapted = foreign_task(obj, origin=task, datamodule=dm)
-    if adapted is None:
-        raise ConfigError(f"--data applies to a LightningModule task, but TASK {task!r} is "
-                          f"{getattr(obj, '__name__', type(obj).__name__)}; a proftune Task brings its own data.")
+    obj = resolve_object(task, what="task")
     from ._lightning_task import LightningTask
 
-    if isinstance(adapted, LightningTask):  # another process (a Ray trial) rebuilds it from the files
-        adapted.specs = (absolute_spec(task), absolute_spec(data))
+    adapted = foreign_task(obj, origin=task, datamodule=dm)
+    if not isinstance(adapted, LightningTask):  # a proftune Task, a plain or Hugging Face module: not trained on it
+        brings = "a proftune Task brings its own data" if adapted is None else f"{adapted.description} makes its own data"
+        raise ConfigError(f"data= applies to a LightningModule task, but the task {task!r} is "
+                          f"{getattr(obj, '__name__', type(obj).__name__)}; {brings}.")
+    adapted.specs = (absolute_spec(task), absolute_spec(data))  # another process (a Ray trial) rebuilds it from the files
     return adapted

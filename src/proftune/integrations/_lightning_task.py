@@ -271,7 +271,7 @@ class LightningTask(Task):
     ``train_dataloader``/``val_dataloader`` give the data.
     """
 
-    #: The TASK and --data specs (absolute paths) this was built from, if it was: a pickled copy
+    #: The task and data specs (absolute paths) this was built from, if it was: a pickled copy
     #: (a Ray trial, a --workers process) is built again from them; the module objects do not pickle.
     specs: tuple[str, str] | None = None
 
@@ -304,8 +304,8 @@ class LightningTask(Task):
         self._label = label
         self._data_source: Any = datamodule if datamodule is not None else self._template
         if datamodule is None and not _overrides(self._template, "train_dataloader", pl.LightningModule):
-            raise ConfigError(f"{label} has no train_dataloader() and no datamodule was given; give one "
-                              f"with --data file.py:DataModule (or datamodule= in Python).")
+            raise ConfigError(f"{label} has no train_dataloader() and no datamodule was given; name one "
+                              "with data='file.py:DataModule' (proftune.integrations.task_with_data).")
         self._ready = False
         self._test_ready = False
         self._batch_idx = 0

@@ -4,7 +4,7 @@ A model alone brings no data; this task makes some, seeded, without downloads: `
 images (or ``D``-vectors) whose class is a smooth random pattern under Gaussian noise, so that a
 model that trains raises ``accuracy`` and one that does not stays at chance. The input shape is
 the model's own where it says it (timm's ``pretrained_cfg["input_size"]``, a first ``Linear``'s
-``in_features``) or the ``input_shape`` param (``--param input_shape=3x32x32``); the number of
+``in_features``) or the ``input_shape`` param (``params={"input_shape": "3x32x32"}``); the number of
 classes is the model's output width. Figures that depend on shapes (profile, batch size, FLOPs,
 latency) hold for the model; metrics only say how well it learns this toy problem.
 """
@@ -33,7 +33,7 @@ _CHUNK = 64  # samples drawn together; the data do not depend on the batch size
 #: Strength of a class's pattern in one coarse cell's mean over unit noise: the same at every
 #: resolution (timm resnet10t at 32x32, AdamW 1e-3: accuracy 0.30 after 1 epoch, 0.91 after 3).
 SIGNAL = 2.0
-_EXAMPLE = "input_shape=3x32x32 (channels x height x width; a vector model: input_shape=64)"
+_EXAMPLE = "params={'input_shape': '3x32x32'} (channels x height x width; a vector model: params={'input_shape': 64})"
 
 
 def is_plain_module(obj: Any) -> bool:
@@ -163,9 +163,9 @@ class ModuleTask(ClassificationTask):
         if self.shape is None or self.classes is None:
             example = _EXAMPLE
             if self._shape_hint is not None:
-                example = f"input_shape={self._shape_hint}x32x32 (channels x height x width)"
+                example = f"params={{'{INPUT_SHAPE_PARAM}': '{self._shape_hint}x32x32'}} (channels x height x width)"
             raise ConfigError(f"the input shape of task {self.name!r} is unknown (the model does not say it): "
-                              f"give it as --param {example}.")
+                              f"give it as {example}.")
         return self.shape, self.classes
 
     def build_model(self, params: dict[str, Any]) -> nn.Module:
@@ -238,14 +238,14 @@ def _first_conv_channels(model: nn.Module) -> int | None:
 
 def _probe_classes(model: nn.Module, shape: tuple[int, ...], *, name: str, given: bool) -> int:
     """The output width of one forward on two samples of ``shape``: the number of classes."""
-    where = f"--param {INPUT_SHAPE_PARAM}={'x'.join(map(str, shape))}"
+    where = f"params={{'{INPUT_SHAPE_PARAM}': '{'x'.join(map(str, shape))}'}}"
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             out = model(torch.zeros((2, *shape)))
     except (RuntimeError, ValueError, TypeError, AssertionError, IndexError) as exc:
-        hint = "" if given else f"; give the shape it takes as --param {_EXAMPLE}"
+        hint = "" if given else f"; give the shape it takes as {_EXAMPLE}"
         raise ConfigError(f"task {name!r}: a forward on inputs of shape {list(shape)} ({where}) failed: "
                           f"{type(exc).__name__}: {exc}{hint}.") from exc
     finally:
@@ -256,5 +256,5 @@ def _probe_classes(model: nn.Module, shape: tuple[int, ...], *, name: str, given
                           "a module trained as a classifier must return logits of shape (batch, classes).")
     if out.shape[1] < 2:
         raise ConfigError(f"task {name!r}: the model returns {out.shape[1]} output per sample; a classifier "
-                          "needs at least 2 classes (timm: --param num_classes=10).")
+                          "needs at least 2 classes (timm: params={'num_classes': 10}).")
     return int(out.shape[1])

@@ -66,7 +66,7 @@ def timm_task(spec: str) -> ModuleTask:
             taken = [k for k in kwargs if k != "num_classes" and repr(k) in str(exc)]
             if not taken:
                 raise
-            extra = (" (set the input resolution with --param input_shape=3x64x64)"
+            extra = (" (set the input resolution with params={'input_shape': '3x64x64'})"
                      if "img_size" in taken else "")
             raise ConfigError(f"timm model {name!r} takes no param {taken[0]}={kwargs[taken[0]]!r}{extra}.") from exc
 

@@ -1,16 +1,17 @@
 """The closed loop: baseline -> health -> compute -> layer value -> search -> final -> compress.
 
-``proftune.optimize(task, budget="20m")`` is the entry point (bound in ``proftune/__init__.py``);
+``proftune.optimize(task, budget="20m")`` is the entry point;
 each stage calls the public API of the subpackage that owns its work and is recorded as a Run.
 """
 
 from __future__ import annotations
 
-from . import _api, _budget, _config, _layer_value, _output, _records, _search, _space, _state  # noqa: F401  (eager)
+from .._callable import make_callable as _make_callable
+from .._deprecated import renamed
 from ._api import OptimizeResult, optimize
-from ._budget import SHARES, STAGES, Budget, Deadline
+from ._budget import OPTIMIZE_STAGES, SHARES, Budget, Deadline
 from ._changes import ParamChange
-from ._config import GOALS, OptimizeConfig
+from ._config import OPTIMIZE_GOALS, OptimizeConfig
 from ._final import SearchGap, SeedSummary
 from ._layer_value import (
     LayerFinding,
@@ -44,9 +45,9 @@ from ._space import SearchPlan, build_plan
 from ._story import StageStory, Story, StoryLine
 
 __all__ = [
-    "GOALS",
+    "OPTIMIZE_GOALS",
+    "OPTIMIZE_STAGES",
     "SHARES",
-    "STAGES",
     "STAGE_RECORDS",
     "BaselineOutputs",
     "Budget",
@@ -87,3 +88,9 @@ __all__ = [
     "mean_ablation_hook",
     "optimize",
 ]
+
+#: ``STAGES`` and ``GOALS``: former names of OPTIMIZE_STAGES and OPTIMIZE_GOALS, deprecated.
+__getattr__ = renamed(__name__, {"STAGES": "OPTIMIZE_STAGES", "GOALS": "OPTIMIZE_GOALS"})
+
+# ``proftune.optimize(...)`` calls :func:`optimize`: the subpackage is the one object of the name.
+_make_callable(__name__)

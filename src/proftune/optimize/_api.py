@@ -33,7 +33,7 @@ from ..recommend import recommend
 from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, redact_url
 from ..train import Callback, FitState, evaluate_model, fit, validate_params
-from ._budget import STAGES, Budget, Deadline
+from ._budget import OPTIMIZE_STAGES, Budget, Deadline
 from ._changes import ParamChange, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
 from ._decide import pooled_seed_std, prior_seed_std
@@ -547,7 +547,7 @@ class _Loop:
             "layer_value": self.layer_value, "search": self.search, "final": self.final,
             "compress": self.compress}
         try:
-            for name in STAGES:
+            for name in OPTIMIZE_STAGES:
                 self.stage(name, fns[name])
         except BaseException as exc:
             self.store.finish_run(self.run_id, status="failed", error=f"{type(exc).__name__}: {exc}",
@@ -607,7 +607,7 @@ class _Loop:
             raise RunFailedError("the final stage left no race in state.json; run the same command to redo it")
         d_val, d_test = race.arm("defaults").summary("val"), race.arm("defaults").summary("test")
         stages = []
-        for name in STAGES:
+        for name in OPTIMIZE_STAGES:
             rec = st.stages.get(name, {})  # state.json's entry of the stage
             after = rec.get("metric_after")
             gain = None

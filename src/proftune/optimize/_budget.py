@@ -8,10 +8,10 @@ from collections.abc import Mapping
 
 from ..train import Callback, FitState
 
-__all__ = ["SHARES", "STAGES", "Budget", "Deadline"]
+__all__ = ["OPTIMIZE_STAGES", "SHARES", "Budget", "Deadline"]
 
 #: The stages, in the order they run (names in the Store and in ``--json``).
-STAGES = ("baseline", "health", "compute", "layer_value", "search", "final", "compress")
+OPTIMIZE_STAGES = ("baseline", "health", "compute", "layer_value", "search", "final", "compress")
 #: Each stage's share of the total budget. What a stage leaves unspent goes to the stages after
 #: it in proportion to their shares, so the run as a whole stays within the budget.
 SHARES: Mapping[str, float] = {
@@ -52,8 +52,8 @@ class Budget:
         """Seconds for ``stage`` now: its share of what is left among it and the stages after it."""
         if stage in self.skip:
             return 0.0
-        idx = STAGES.index(stage)
-        rest = sum(SHARES[s] for s in STAGES[idx:] if s not in self.skip)
+        idx = OPTIMIZE_STAGES.index(stage)
+        rest = sum(SHARES[s] for s in OPTIMIZE_STAGES[idx:] if s not in self.skip)
         return self.left_s * SHARES[stage] / rest if rest > 0 else 0.0
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .._record import JsonRecord
+from .._records import JsonRecord
 
 __all__ = ["ParamChange", "defaults_in_effect", "param_changes"]
 
@@ -22,7 +22,7 @@ __all__ = ["ParamChange", "defaults_in_effect", "param_changes"]
 class ParamChange(JsonRecord):
     """One param of a configuration against the defaults in effect, and where its value came from."""
 
-    KIND: ClassVar[str] = "param change"
+    WHAT: ClassVar[str] = "a param change"
     param: str
     default: Any
     #: Whose default it is: ``task``, ``task code``, ``fit loop`` or ``-``.

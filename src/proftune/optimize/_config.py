@@ -15,9 +15,9 @@ from ..metrics import default_objective, get_metric
 from ..search import load_space, parse_constraint, parse_objective, task_metrics
 from ..task import Task
 
-__all__ = ["GOALS", "OptimizeConfig", "Validated", "validate"]
+__all__ = ["OPTIMIZE_GOALS", "OptimizeConfig", "Validated", "validate"]
 
-GOALS = ("latency", "size", "none")
+OPTIMIZE_GOALS = ("latency", "size", "none")
 
 
 @dataclass
@@ -86,13 +86,13 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
     name = task.name or type(task).__name__
     budget_s = 0.0
     try:
-        budget_s = parse_duration(cfg.budget, name="--budget")
+        budget_s = parse_duration(cfg.budget, name="budget")
     except ConfigError as exc:
         problems.problems.extend(exc.problems)
     memory: int | None = None
     if cfg.memory_budget is not None:
         try:
-            memory = parse_memory(cfg.memory_budget, name="--memory-budget")
+            memory = parse_memory(cfg.memory_budget, name="memory_budget")
         except ConfigError as exc:
             problems.problems.extend(exc.problems)
     known = task_metrics(task)
@@ -107,7 +107,7 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
             except ConfigError as exc:
                 problems.problems.extend(exc.problems)
         if known is not None and metric not in known:
-            problems.add(f"--objective {objective!r}: task {name!r} does not report {metric!r}; its "
+            problems.add(f"objective={objective!r}: task {name!r} does not report {metric!r}; its "
                          f"metrics: {', '.join(known)}.")
     for text in cfg.constraints:
         parse_constraint(text, problems)
@@ -115,13 +115,15 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
         try:
             load_space(cfg.space)
         except ConfigError as exc:
-            problems.problems.extend(f"--space: {p}" for p in exc.problems)
-    if cfg.goal not in GOALS:
-        problems.add(f"--goal {cfg.goal!r} is unknown; valid: {', '.join(GOALS)}.")
+            shown = f"space={cfg.space!r}" if isinstance(cfg.space, str) else "space="
+            # a problem naming the file already (it does not exist) is not prefixed with it again
+            problems.problems.extend(p if str(cfg.space) in p else f"{shown}: {p}" for p in exc.problems)
+    if cfg.goal not in OPTIMIZE_GOALS:
+        problems.add(f"goal={cfg.goal!r} is unknown; valid: {', '.join(OPTIMIZE_GOALS)}.")
     if not cfg.max_accuracy_drop >= 0:
-        problems.add(f"--max-accuracy-drop {cfg.max_accuracy_drop!r} must be >= 0 (metric units).")
+        problems.add(f"max_accuracy_drop={cfg.max_accuracy_drop!r} must be >= 0 (metric units).")
     if isinstance(cfg.seeds, bool) or int(cfg.seeds) < 1:
-        problems.add(f"--seeds {cfg.seeds!r} must be at least 1.")
+        problems.add(f"seeds={cfg.seeds!r} must be at least 1.")
     for key in ("patience", "max_trials", "flag_min"):
         if int(getattr(cfg, key)) < 1:
             problems.add(f"{key}={getattr(cfg, key)!r} must be at least 1.")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._jsonsafe import finite_float
-from .._record import record_fields
+from .._records import record_fields, stored_version
 
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "compare_paired", "pooled_seed_std", "prior_seed_std"]
 
@@ -59,7 +59,8 @@ class Comparison:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Comparison:
         """The comparison back from :meth:`to_dict`'s JSON; a key it does not define is a ConfigError."""
-        return cls(**record_fields(cls, d, kind="paired comparison", version=SCHEMA_VERSION))
+        stored_version(d, what="a paired comparison", current=SCHEMA_VERSION)
+        return cls(**record_fields(cls, d, what="a paired comparison"))
 
     def describe(self) -> str:
         """One line: the gain with its noise and what it means."""

@@ -21,7 +21,7 @@ import torch
 
 from .._api import run_train
 from .._jsonsafe import finite_float
-from .._record import JsonRecord, Reader, plain, record_fields
+from .._records import JsonRecord, Reader, plain, record_fields, stored_version
 from ..task import Task
 from ..track import Store
 from ..train import evaluate_model
@@ -47,7 +47,7 @@ RUN_OVERHEAD_S = 0.3
 class SeedSummary(JsonRecord):
     """A metric over an arm's seeds: mean ± standard deviation of ``n`` runs (the noise figures)."""
 
-    KIND: ClassVar[str] = "seed summary"
+    WHAT: ClassVar[str] = "a seed summary"
     mean: float | None = None
     std: float | None = None
     n: int = 0
@@ -59,7 +59,7 @@ class SeedSummary(JsonRecord):
 class SearchGap(JsonRecord):
     """What the search measured for the race's leader beside its final validation mean."""
 
-    KIND: ClassVar[str] = "search gap"
+    WHAT: ClassVar[str] = "a search gap"
     arm: str
     search_mean: float | None
     search_std: float | None
@@ -73,7 +73,7 @@ class SearchGap(JsonRecord):
 class ArmRun(JsonRecord):
     """One training of one arm at one seed: its metric on validation and held-out data."""
 
-    KIND: ClassVar[str] = "final race run"
+    WHAT: ClassVar[str] = "a final race run"
 
     seed: int
     run_id: int | None
@@ -91,7 +91,7 @@ class ArmRun(JsonRecord):
 class Arm(JsonRecord):
     """A configuration in the final race: the defaults or one of the search's best."""
 
-    KIND: ClassVar[str] = "final race arm"
+    WHAT: ClassVar[str] = "a final race arm"
     READERS: ClassVar[dict[str, Reader]] = {"runs": lambda rs: tuple(ArmRun.from_dict(r) for r in rs)}
 
     name: str  # "defaults", "search #1", ...
@@ -123,7 +123,7 @@ class Arm(JsonRecord):
 class FinalPlan(JsonRecord):
     """What the final stage is asked to do."""
 
-    KIND: ClassVar[str] = "final race plan"
+    WHAT: ClassVar[str] = "a final race plan"
 
     metric: str
     maximize: bool
@@ -188,7 +188,8 @@ class FinalOutcome:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FinalOutcome:
         """The race back from :meth:`to_dict`'s JSON (a final stage's Run, ``state.json``)."""
-        kw = record_fields(cls, d, kind="final race", version=SCHEMA_VERSION, derived=("search_gap",))
+        stored_version(d, what="a final race", current=SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="a final race", derived=("search_gap",))
         return cls(**{**kw, "plan": FinalPlan.from_dict(kw["plan"]), "arms": [Arm.from_dict(a) for a in kw["arms"]],
                       "seeds": list(kw["seeds"]),
                       "comparison": Comparison.from_dict(kw["comparison"]) if kw.get("comparison") else None,
@@ -218,6 +219,7 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
     rep = run_train(task, arm.params, epochs=epochs, device=plan.device, seed=seed,
                     callbacks=[deadline], store=store)
     res = rep.result
+    assert res is not None  # run_train's record keeps what fit returned
     model = res.model
     test_metrics: dict[str, float] = {}
     if task.test_data(1) is not None:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .._record import JsonRecord
+from .._records import JsonRecord
 from ..profile import Profile
 from ..task import Task
 from ..train import evaluate_model
@@ -33,7 +33,7 @@ MIN_TIME_SHARE = 0.10
 class LayerValue(JsonRecord):
     """One layer: its measured costs and its measured contribution to the metric."""
 
-    KIND: ClassVar[str] = "layer value"
+    WHAT: ClassVar[str] = "a layer value"
 
     name: str
     type: str
@@ -54,7 +54,7 @@ class LayerValue(JsonRecord):
 class LayerFinding(JsonRecord):
     """A layer that costs far more time than it is worth, and what to do about it."""
 
-    KIND: ClassVar[str] = "layer finding"
+    WHAT: ClassVar[str] = "a layer finding"
     layer: str
     finding: str
     action: str | None = None

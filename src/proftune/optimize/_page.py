@@ -22,6 +22,7 @@ from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
 from ..compress import CompressResult
 from ..exceptions import ConfigError
+from ..recommend import BatchSizeResult, LRFindResult, Recommendation, Recommendations
 from ..report import (
     PALETTE,
     Cell,
@@ -261,39 +262,37 @@ def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
     recommendations, which hold their evidence; else the compute stage's)."""
     comp = run.stage(ComputeOutputs)
     rec_run = run.run(comp.run_id)
-    listed = (rec_run.result or {}).get("recommendations") if rec_run else comp.recommendations
-    recs = {str(x.get("name")): x for x in listed or [] if isinstance(x, Mapping)}
+    recs = {r.name: r for r in _recommendations(rec_run, comp)}
     if not recs:
         s.para("no recommendations recorded for this run", cls="muted")
         return
-    lr = recs.get("lr") or {}
-    pts = [p for p in ((rec_run.curves or {}).get("lr_range") if rec_run else None) or [] if isinstance(p, Mapping)]
+    curves = (rec_run.curves or {}) if rec_run else {}
+    lr = recs.get("lr")
+    pts = [p for p in curves.get("lr_range") or [] if isinstance(p, Mapping)]
     s.html("<h3>evidence: learning rate</h3>")
-    s.para(str(lr.get("reason") or ""))
-    if pts:
-        marks = [("computed", lr.get("value"), PALETTE[4])]
-        if _f(params.get("lr")) is not None and params.get("lr") != lr.get("value"):
+    s.para(lr.reason if lr is not None else "")
+    if pts and lr is not None:
+        marks = [("computed", lr.value, PALETTE[4])]
+        if _f(params.get("lr")) is not None and params.get("lr") != lr.value:
             marks.append(("result", params.get("lr"), PALETTE[3]))
-        lr_chart(s, lr.get("evidence") or {}, pts, marks)
+        lr_chart(s, LRFindResult.from_dict({**lr.evidence, "curve": pts}), marks)
     else:
         s.para("the LR range curve is not in this store (recorded before the curve was kept)", cls="muted")
-    bs = recs.get("batch_size") or {}
-    ev = bs.get("evidence") or {}
+    bs = recs.get("batch_size")
+    ev = bs.evidence if bs is not None else {}
     s.html("<h3>evidence: batch size</h3>")
-    s.para(str(bs.get("reason") or ""))
-    if isinstance(ev, Mapping) and (ev.get("memory_model") or ev.get("probes")):
-        probes = ev.get("probes") or ([{"batch_size": ev.get("max_batch_size"), "status": "fits", "role": "verify",
-                                        "peak_bytes": ev.get("measured_peak_bytes")}]
-                                      if ev.get("measured_peak_bytes") else [])
-        memory_model_chart(s, {**ev, "model": ev.get("memory_model") or {}, "probes": probes,
-                               "max_batch_size": ev.get("max_batch_size", bs.get("value"))})
-    crit = recs.get("critical_batch_size") or {}
-    cev = crit.get("evidence") or {}
-    noise = [p for p in ((rec_run.curves or {}).get("noise_scale") if rec_run else None) or [] if isinstance(p, Mapping)]
-    if crit and cev.get("used_steps") is None:  # not measured: the reason alone, no table of dashes
-        s.para("gradient noise scale: " + str(crit.get("reason") or "not measured"), cls="muted")
-    elif crit:
-        items = [("critical batch", crit.get("value")), ("B_simple = tr(Σ)/|G|²", _n(cev.get("b_simple"))),
+    s.para(bs.reason if bs is not None else "")
+    if isinstance(ev.get("search"), Mapping):
+        memory_model_chart(s, BatchSizeResult.from_dict(dict(ev["search"])))
+    elif ev.get("memory_model"):
+        s.para("the batch-size search's probes are not in this store (recorded before they were kept)", cls="muted")
+    crit = recs.get("critical_batch_size")
+    cev = crit.evidence if crit is not None else {}
+    noise = [p for p in curves.get("noise_scale") or [] if isinstance(p, Mapping)]
+    if crit is not None and cev.get("used_steps") is None:  # not measured: the reason alone, no table of dashes
+        s.para("gradient noise scale: " + (crit.reason or "not measured"), cls="muted")
+    elif crit is not None:
+        items = [("critical batch", crit.value), ("B_simple = tr(Σ)/|G|²", _n(cev.get("b_simple"))),
                  ("tr(Σ)", _n(cev.get("trace_sigma"))), ("|G|²", _n(cev.get("grad_sq_norm"))),
                  ("steps (used / clipped)", f"{cev.get('used_steps')} / {cev.get('clipped_steps')}"),
                  ("micro-batches", f"{cev.get('small_batch')} samples, {cev.get('big_batch')} per step")]
@@ -306,13 +305,23 @@ def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
                                       y="B_simple", showlegend=False, height=300, xaxis={"dtick": 1})}, side=side)
         else:
             s.html(side)
-        s.para(str(crit.get("reason") or ""), cls="muted")
+        s.para(crit.reason, cls="muted")
     others = [x for k, x in recs.items() if k not in ("lr", "batch_size", "critical_batch_size")]
     if others:
         s.table(["recommendation", "value", "confidence", "why", "effect"],
-                [[x.get("name"), Cell(_short_value(x.get("value")), cls="nw"), x.get("confidence"),
-                  clipped(x.get("reason"), 150), clipped(x.get("effect"), 80)] for x in others],
+                [[x.name, Cell(_short_value(x.value), cls="nw"), x.confidence, clipped(x.reason, 150),
+                  clipped(x.effect, 80)] for x in others],
                 sortable=False, title="the other computed values")
+
+
+def _recommendations(rec_run: RunRecord | None, comp: ComputeOutputs) -> list[Recommendation]:
+    """The recommend Run's recommendations (their evidence with them), else the compute stage's."""
+    if rec_run is not None and rec_run.result:
+        try:
+            return list(Recommendations.from_dict(dict(rec_run.result)))
+        except ConfigError:  # a recommend Run of an older proftune: the stage's own list
+            pass
+    return [Recommendation.from_dict(x) for x in comp.recommendations]
 
 
 def _short_value(v: Any) -> str:

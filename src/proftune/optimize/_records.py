@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from .._holdout import HoldoutInfo
-from .._record import JsonRecord, Reader, each, optional, plain, record_fields
+from .._records import JsonRecord, Reader, each, optional, plain, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
 from ._final import FinalOutcome, SeedSummary
@@ -71,7 +71,7 @@ class StageOutputs:
             raise ConfigError(f"the {cls.STAGE or cls.__name__} stage's outputs have schema_version={version}, "
                               f"newer than this proftune reads ({SCHEMA_VERSION}); upgrade proftune or "
                               "start a new run in another out= folder.")
-        kw = record_fields(cls, d, kind=f"{cls.STAGE or cls.__name__} stage's outputs", version=SCHEMA_VERSION)
+        kw = record_fields(cls, d, what=f"the {cls.STAGE or cls.__name__} stage's outputs")
         return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})
 
 
@@ -79,7 +79,7 @@ class StageOutputs:
 class TrainedRun(JsonRecord):
     """One training of the baseline stage: its params, metrics, epochs and seconds."""
 
-    KIND: ClassVar[str] = "baseline run"
+    WHAT: ClassVar[str] = "a baseline run"
     params: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     epochs: int | None = None
@@ -94,7 +94,7 @@ class TrainedRun(JsonRecord):
 class ModelFigures(JsonRecord):
     """A model as the compress stage measured it: the uncompressed one, a candidate, the choice."""
 
-    KIND: ClassVar[str] = "compressed model figures"
+    WHAT: ClassVar[str] = "a compressed model figures"
     #: ``structured+dynamic``, ``static``, ... (None: the uncompressed model).
     method: str | None = None
     ratio: float | None = None

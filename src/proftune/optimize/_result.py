@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from .._holdout import HoldoutInfo
-from .._record import JsonRecord, Reader, each, optional, record_fields
+from .._records import JsonRecord, Reader, each, optional, record_fields, stored_version
 from ..diagnose import Finding
 from ._changes import ParamChange
 from ._decide import Comparison
@@ -34,7 +34,7 @@ S = TypeVar("S", bound=StageOutputs)
 class StageRow(JsonRecord):
     """One stage in the result: its status, time, share of the budget and its two numbers."""
 
-    KIND: ClassVar[str] = "optimize stage row"
+    WHAT: ClassVar[str] = "an optimize stage row"
     name: str
     status: str | None = None
     duration_s: float | None = None
@@ -59,7 +59,7 @@ class StageRow(JsonRecord):
 class CompressedModel(ModelFigures):
     """The compressed model that is part of the result: its figures, its file and its load line."""
 
-    KIND: ClassVar[str] = "compressed model"
+    WHAT: ClassVar[str] = "a compressed model"
     model: str | None = None
     load: str | None = None
 
@@ -68,7 +68,7 @@ class CompressedModel(ModelFigures):
 class FinalSummary(JsonRecord):
     """The result's configuration and model: params with their evidence, the race's figures."""
 
-    KIND: ClassVar[str] = "optimize final"
+    WHAT: ClassVar[str] = "an optimize final"
     READERS: ClassVar[dict[str, Reader]] = {
         "metrics": lambda d: {k: SeedSummary.from_dict(v) for k, v in d.items()},
         "test": SeedSummary.from_dict, "compressed": optional(CompressedModel.from_dict),
@@ -106,7 +106,7 @@ class FinalSummary(JsonRecord):
 class SplitSummaries(JsonRecord):
     """One configuration's figures on the validation and on the held-out data."""
 
-    KIND: ClassVar[str] = "figures by split"
+    WHAT: ClassVar[str] = "a figures by split"
     READERS: ClassVar[dict[str, Reader]] = {"val": SeedSummary.from_dict, "test": SeedSummary.from_dict}
     val: SeedSummary = field(default_factory=SeedSummary)
     test: SeedSummary = field(default_factory=SeedSummary)
@@ -116,7 +116,7 @@ class SplitSummaries(JsonRecord):
 class SplitComparisons(JsonRecord):
     """The leader against the defaults, paired over the seeds, on both splits."""
 
-    KIND: ClassVar[str] = "comparisons by split"
+    WHAT: ClassVar[str] = "a comparisons by split"
     READERS: ClassVar[dict[str, Reader]] = {"val": Comparison.from_dict, "test": Comparison.from_dict}
     val: Comparison | None = None
     test: Comparison | None = None
@@ -126,7 +126,7 @@ class SplitComparisons(JsonRecord):
 class VsBaseline(JsonRecord):
     """The result against the task's defaults: the decision, both splits' figures, the noise."""
 
-    KIND: ClassVar[str] = "optimize result against the defaults"
+    WHAT: ClassVar[str] = "an optimize result against the defaults"
     READERS: ClassVar[dict[str, Reader]] = {
         "defaults": SplitSummaries.from_dict, "final": SplitSummaries.from_dict,
         "leader_vs_defaults": SplitComparisons.from_dict, "search_gap": SearchGap.from_dict,
@@ -229,5 +229,6 @@ class OptimizeResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OptimizeResult:
         """The record back from :meth:`to_dict`'s JSON (an optimize Run's result, ``summary.json``)."""
-        kw = record_fields(cls, d, kind="optimize result", version=OPTIMIZE_SCHEMA_VERSION)
+        stored_version(d, what="an optimize result", current=OPTIMIZE_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="an optimize result")
         return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
-from .._record import JsonRecord, record_fields
+from .._records import JsonRecord, mapping, record_fields
 from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import Store
@@ -74,7 +74,7 @@ class StageSettings:
 class YellowFlag(JsonRecord):
     """Several trials failed for the same cause in one region; that region is paused."""
 
-    KIND: ClassVar[str] = "yellow flag"
+    WHAT: ClassVar[str] = "a yellow flag"
     cause: str
     trials: list[int]
     region: dict[str, Any]
@@ -100,14 +100,14 @@ class YellowFlag(JsonRecord):
 
     @classmethod
     def from_dict(cls, d: Any) -> YellowFlag:
-        return cls(**record_fields(cls, d, kind=cls.KIND, derived=("action",)))
+        return cls(**record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT, derived=("action",)))
 
 
 @dataclass(frozen=True)
 class ConfigGroup(JsonRecord):
     """The complete trials of one configuration: its metric's mean ± std over their seeds."""
 
-    KIND: ClassVar[str] = "search group"
+    WHAT: ClassVar[str] = "a search group"
     params: dict[str, Any]
     values: list[float]
     trials: list[int]
@@ -124,7 +124,7 @@ class ConfigGroup(JsonRecord):
 class TrialLog(JsonRecord):
     """One search trial as the report draws it: its arm, state, value and why it ended."""
 
-    KIND: ClassVar[str] = "search trial log"
+    WHAT: ClassVar[str] = "a search trial log"
     number: int
     state: str
     value: float | None = None

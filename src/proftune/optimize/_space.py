@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._record import record_fields
+from .._records import mapping, record_fields
 from ..exceptions import ProblemCollector
 from ..search import Param, Space, load_space
 from ..task import Task
@@ -62,7 +62,7 @@ class SearchPlan:
     @classmethod
     def from_dict(cls, d: Any) -> SearchPlan:
         """The plan back from :meth:`to_dict`'s JSON (the search stage's record)."""
-        kw = record_fields(cls, d, kind="search plan")
+        kw = record_fields(cls, mapping(d, what="a search plan"), what="a search plan")
         return cls(**{**kw, "space": Space.from_dict(kw["space"]), "centre": dict(kw["centre"]),
                       "narrow": dict(kw["narrow"]), "evidence": dict(kw.get("evidence") or {})})
 
@@ -145,26 +145,26 @@ def _user_plan(space: Space, computed: Mapping[str, Any], problems: ProblemColle
         space = dataclasses.replace(space, tiers=())  # optimize draws whole configurations
     for key in COMPUTED_FIXED:
         if key in space.fixed and computed.get(key) is not None and space.fixed[key] != computed[key]:
-            problems.add(f"--space fixes {key}={space.fixed[key]!r}, but the compute stage measured "
+            problems.add(f"space= fixes {key}={space.fixed[key]!r}, but the compute stage measured "
                          f"{key}={computed[key]!r}; remove it from the space or make them agree.")
     if max_batch is not None:
         fixed_bs = space.fixed.get("batch_size")
         if fixed_bs is not None and int(fixed_bs) > max_batch:
-            problems.add(f"--space fixes batch_size={fixed_bs}, above the largest batch that fits "
-                         f"--memory-budget ({max_batch}, measured).")
+            problems.add(f"space= fixes batch_size={fixed_bs}, above the largest batch that fits "
+                         f"memory_budget= ({max_batch}, measured).")
         if "batch_size" in space.names:
             p = space.param("batch_size")
             smallest = min(p.choices) if p.type == "categorical" else p.low
             if smallest is not None and float(smallest) > max_batch:
-                problems.add(f"--space batch_size starts at {smallest}, above the largest batch that "
-                             f"fits --memory-budget ({max_batch}, measured).")
+                problems.add(f"space= batch_size starts at {smallest}, above the largest batch that "
+                             f"fits memory_budget= ({max_batch}, measured).")
     centre: dict[str, Any] = {}
     narrow: dict[str, Any] = {}
     evidence: dict[str, str] = {}
     for p in space.params:
         c = computed.get(p.name)
         centre[p.name] = _snap(p, c) if c is not None else p.center()
-        evidence[p.name] = "computed (centre)" if c is not None else "--space (centre of the range)"
+        evidence[p.name] = "computed (centre)" if c is not None else "the given space (centre of the range)"
         narrow[p.name] = _narrow(p, centre[p.name])
     return space, centre, narrow, evidence
 

@@ -1,4 +1,4 @@
-"""The run's state on disk (``state.json`` in ``--out``): what each finished stage produced.
+"""The run's state on disk (``state.json`` in ``out``): what each finished stage produced.
 
 A stage's outputs are written when it finishes (atomically), so a run killed at any point
 continues from the last finished stage; the search stage's trials live in the Optuna study.
@@ -67,10 +67,10 @@ class OptimizeState:
 
 def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
                   problems: ProblemCollector) -> dict[str, Any] | None:
-    """Problems with ``--out``: unwritable, in use by a running optimize, or holding another run
+    """Problems with ``out``: unwritable, in use by a running optimize, or holding another run
     that would be overwritten. Returns the stored state when the run there may be continued.
     """
-    writable = output_problems(OutputPath("--out", out, folder=True), force=True)  # its files: below
+    writable = output_problems(OutputPath("out=", out, folder=True), force=True)  # its files: below
     if writable:
         for problem in writable:
             problems.add(problem)
@@ -79,32 +79,32 @@ def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
         return None
     holder = FolderLock(out, command="optimize").holder()
     if holder is not None:
-        problems.add(f"--out {str(out)!r} is in use by {holder.describe()}: one run owns an output folder "
-                     "at a time. Wait for it to end, or choose another --out.")
+        problems.add(f"out={str(out)!r} is in use by {holder.describe()}: one run owns an output folder "
+                     "at a time. Wait for it to end, or choose another out=.")
         return None
     state_path = out / STATE_FILE
     if state_path.is_file():
         try:
             stored = json.loads(state_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            problems.add(f"--out {str(out)!r}: {STATE_FILE} cannot be read ({exc}); choose another --out.")
+            problems.add(f"out={str(out)!r}: {STATE_FILE} cannot be read ({exc}); choose another out=.")
             return None
         same_study = study is not None and stored.get("study") == study
         if not (resume or same_study):
-            problems.add(f"--out {str(out)!r} holds an optimize run (study {stored.get('study')!r}); pass "
-                         "--resume (or the same --study) to continue it, or choose another --out.")
+            problems.add(f"out={str(out)!r} holds an optimize run (study {stored.get('study')!r}); pass "
+                         "resume=True (or the same study=) to continue it, or choose another out=.")
             return None
         if stored.get("task") != task:
-            problems.add(f"--out {str(out)!r} holds a run of task {stored.get('task')!r}, not {task!r}; "
-                         "choose another --out.")
+            problems.add(f"out={str(out)!r} holds a run of task {stored.get('task')!r}, not {task!r}; "
+                         "choose another out=.")
             return None
         if study is not None and stored.get("study") != study:
-            problems.add(f"--study {study!r} differs from the study of the run in --out "
-                         f"({stored.get('study')!r}); give that one or another --out.")
+            problems.add(f"study={study!r} differs from the study of the run in out= "
+                         f"({stored.get('study')!r}); give that one or another out=.")
             return None
         return cast("dict[str, Any] | None", stored)
     if any(p.name != LOCK_FILE for p in out.iterdir()):  # a killed run's lock file is no content
-        problems.add(f"--out {str(out)!r} is not empty and holds no optimize run; nothing there is "
+        problems.add(f"out={str(out)!r} is not empty and holds no optimize run; nothing there is "
                      "overwritten: choose an empty or new folder.")
     return None
 

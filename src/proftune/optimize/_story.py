@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._jsonsafe import finite_float as _f
-from .._record import JsonRecord, Reader, each
+from .._records import JsonRecord, Reader, each
 from .._units import format_bytes
 from ._records import (
     BaselineOutputs,
@@ -177,7 +177,7 @@ def _changed(rows: Sequence[ParamChange]) -> str:
 class StoryLine(JsonRecord):
     """A question a newcomer asks, and the run's answer."""
 
-    KIND: ClassVar[str] = "story line"
+    WHAT: ClassVar[str] = "a story line"
     label: str
     text: str
 
@@ -186,7 +186,7 @@ class StoryLine(JsonRecord):
 class StageStory(JsonRecord):
     """A stage in a few words: its two numbers, labelled, and what it did."""
 
-    KIND: ClassVar[str] = "stage story"
+    WHAT: ClassVar[str] = "a stage story"
     stage: str
     status: str | None
     time: str
@@ -199,7 +199,7 @@ class StageStory(JsonRecord):
 class Story(JsonRecord):
     """The result in sentences, from the result's own numbers."""
 
-    KIND: ClassVar[str] = "optimize story"
+    WHAT: ClassVar[str] = "an optimize story"
     READERS: ClassVar[dict[str, Reader]] = {"lines": each(StoryLine.from_dict), "stages": each(StageStory.from_dict)}
     headline: str = ""
     decision: str = ""

@@ -5,6 +5,7 @@ Every part lands in one :class:`Profile` record that the rest of proftune reads.
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
 from ._api import ProfileConfig, profile
 from ._comm import CommRecorder
 from ._embeddings import (
@@ -112,20 +113,5 @@ __all__ = [
     "zipf_exponent",
 ]
 
-# ``proftune.profile`` is the function (bound in proftune/__init__.py) and this subpackage is
-# ``from proftune.profile import X``. The function carries the subpackage's public names and its
-# submodules, so ``proftune.profile.peak_step_memory(...)``, ``proftune.profile.Profile`` and
-# ``import proftune.profile._memory`` (which walks attributes) work as well.
-def _expose_on_function() -> None:
-    import sys
-
-    for name in __all__:
-        if name != "profile":
-            setattr(profile, name, globals()[name])
-    prefix = __name__ + "."
-    for full, module in list(sys.modules.items()):
-        if full.startswith(prefix) and "." not in full[len(prefix):]:
-            setattr(profile, full[len(prefix):], module)
-
-
-_expose_on_function()
+# ``proftune.profile(task, ...)`` calls :func:`profile`: the subpackage is the one object of the name.
+_make_callable(__name__)

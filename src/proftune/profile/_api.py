@@ -501,7 +501,7 @@ def profile(
     is_module = isinstance(task_or_model, nn.Module)
     _validate(batch_size=batch_size, steps=steps, warmup=warmup, detail=detail, is_module=is_module,
               example_input=example_input)
-    check_outputs([OutputPath("--trace", trace)], force=True)  # its folder, before any step
+    check_outputs([OutputPath("trace=", trace)], force=True)  # its folder, before any step
     dev = resolve_device(device)
     trace_path = Path(trace) if trace is not None else None
     plan = _Plan(warmup=warmup, steps=steps, detail=detail, trace=trace_path, device=dev)

@@ -146,8 +146,10 @@ def _run_ranks(task: Any, nprocs: int, kwargs: dict[str, Any], batch_sizes: Sequ
                 p.kill()
         bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
         if bad:
-            raise RunFailedError(f"DDP ranks ended with errors: {bad} (rank, exit code); run with "
-                                 "--debug to see their output.")
+            stopped = [r for r, code in bad if code is not None and code < 0]
+            late = f"; rank(s) {stopped} were stopped at timeout_s={timeout_s}" if stopped else ""
+            raise RunFailedError(f"DDP ranks ended with errors: {bad} (rank, exit code){late}; a rank that "
+                                 "raised printed its traceback to stderr, above.")
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(int(nprocs))]
     return [[per_rank[r][i] for r in range(int(nprocs))] for i in range(len(batch_sizes))]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import write_text
+from .._records import record_fields, stored_version
 from ..exceptions import ConfigError
 
 __all__ = [
@@ -177,18 +178,10 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
-        if not isinstance(d, dict):
-            raise ConfigError(f"a profile must be a JSON object, but got {type(d).__name__}.")
-        version = d.get("schema_version")
-        if version is None:
-            raise ConfigError("this JSON is not a proftune profile: it has no 'schema_version'.")
-        if int(version) > SCHEMA_VERSION:
-            raise ConfigError(
-                f"profile schema_version={version} is newer than this proftune reads "
-                f"({SCHEMA_VERSION}); upgrade proftune."
-            )
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        """The profile back from :meth:`to_dict`'s JSON (a ``profile`` Run's result, a saved file);
+        a key that is no field of it, at any level, is a :class:`ConfigError` naming it."""
+        stored_version(d, what="a profile", current=SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="a profile")
         kw["params"] = _build(ParamCounts, d.get("params") or {})
         kw["memory"] = _build(MemoryProfile, d.get("memory") or {})
         kw["step"] = _build(StepProfile, d.get("step") or {})
@@ -219,8 +212,7 @@ class Profile:
 
 
 def _build(cls: type, d: dict[str, Any]) -> Any:
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in known})
+    return cls(**record_fields(cls, d, what=f"a profile's {cls.__name__}"))
 
 
 def compare_profiles(a: Profile, b: Profile) -> dict[str, Any]:

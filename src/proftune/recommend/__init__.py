@@ -7,6 +7,8 @@ sizes, the LR range test, the gradient noise scale); each part is also a functio
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
+from .._deprecated import renamed as _renamed
 from .._units import format_bytes, parse_memory
 from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
 from ._api import (
@@ -19,30 +21,12 @@ from ._api import (
     recommend,
     static_memory,
 )
-from ._batch_size import (
-    BatchSizeResult,
-    MemoryModel,
-    MemoryProbe,
-    fit_memory_model,
-    search_max_batch,
-)
+from ._batch_size import BatchSizeResult, MemoryProbe, search_max_batch
 from ._ddp import DDPPlan, plan_ddp_batch
-from ._devices import DEVICES, DeviceSpec, resolve_target
 from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend_embedding_dim
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
 from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
-from ._predict import (
-    PREDICT_SCHEMA_VERSION,
-    LayerPrediction,
-    PeakAt,
-    PredictConfig,
-    PredictedMemory,
-    PredictedStep,
-    PredictResult,
-    StepTracer,
-    predict,
-)
 from ._recommendation import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
@@ -54,43 +38,31 @@ from ._scaling import ScalingRule, optimizer_family, scale_lr
 
 __all__ = [
     "CONDITIONAL_NAMES",
-    "DEVICES",
-    "PREDICT_SCHEMA_VERSION",
     "RECOMMENDATION_NAMES",
     "AccumulationPlan",
     "BatchSizeConfig",
     "BatchSizeResult",
     "CompareConfig",
     "DDPPlan",
-    "DeviceSpec",
     "FactorizedEmbedding",
     "HashedRows",
     "LRFindConfig",
     "LRFindResult",
     "LRRangeCallback",
-    "LayerPrediction",
-    "MemoryModel",
     "MemoryProbe",
     "NoiseScaleCallback",
     "NoiseScaleResult",
     "OptimizerComparison",
     "OptimizerTrial",
-    "PeakAt",
-    "PredictConfig",
-    "PredictResult",
-    "PredictedMemory",
-    "PredictedStep",
     "RecommendConfig",
     "Recommendation",
     "Recommendations",
     "ScalingRule",
     "StepCost",
-    "StepTracer",
     "bottleneck_rule",
     "compare_optimizers",
     "data_loading_rule",
     "find_batch_size",
-    "fit_memory_model",
     "format_bytes",
     "hashed_remap",
     "lr_find",
@@ -100,13 +72,20 @@ __all__ = [
     "plan_accumulation",
     "plan_ddp_batch",
     "precision_rule",
-    "predict",
     "recommend",
     "recommend_embedding_dim",
-    "resolve_target",
     "scale_lr",
     "search_max_batch",
     "smooth_curve",
     "static_memory",
     "suggest_lr",
 ]
+
+#: Moved to :mod:`proftune.predict` (the models of cost), served here with a DeprecationWarning.
+_MOVED = ("DEVICES", "PREDICT_SCHEMA_VERSION", "DeviceSpec", "LayerPrediction", "MemoryModel", "PeakAt",
+          "PredictConfig", "PredictResult", "PredictedMemory", "PredictedStep", "StepTracer",
+          "fit_memory_model", "predict", "resolve_target")
+__getattr__ = _renamed(__name__, {n: n for n in _MOVED}, home="proftune.predict")
+
+# ``proftune.recommend(...)`` calls :func:`recommend`: the subpackage is the one object of the name.
+_make_callable(__name__)

@@ -205,8 +205,8 @@ def find_batch_size(
 def _from_prediction(task: Task, params: dict[str, Any], measure: Measure, budget: int, start: int,
                      dev: torch.device, static: dict[str, int]) -> BatchSizeResult | None:
     """``predict``'s largest batch under ``budget``, verified by real steps (see verify_prediction)."""
-    from ._batch_size import MemoryModel, verify_prediction
-    from ._predict import predict
+    from ..predict import MemoryModel, predict
+    from ._batch_size import verify_prediction
 
     pred = predict(task, params, batch_size=start, target=None, device_memory=budget,
                    foreach=dev.type == "cuda")
@@ -259,7 +259,7 @@ def lr_find(
     min_lr, max_lr, steps, batch_size, seed, plot = (cfg.min_lr, cfg.max_lr, cfg.steps, cfg.batch_size, cfg.seed,
                                                      cfg.plot)
     validate_lr_range(min_lr, max_lr, steps)
-    check_outputs([OutputPath("--plot", plot)], force=True)  # its folder, before the sweep
+    check_outputs([OutputPath("plot=", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
     dev = resolve_device(cfg.device)
@@ -404,9 +404,8 @@ def recommend(
                   "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
                   "ddp": ddp, "ddp_share": ddp_share}
     with tracked_run("recommend", task_obj, config=run_config, device=dev, store=st) as run:
-        recs = body()
-        recs.run_id = run.id
-        run.set(result={"recommendations": [r.to_dict() for r in recs]}, curves=recs.curves,
+        recs = dataclasses.replace(body(), run_id=run.id)
+        run.set(result=recs.to_dict(), curves=recs.curves,
                 metrics={r.name: float(r.value) for r in recs
                          if isinstance(r.value, (int, float)) and not isinstance(r.value, bool)})
     return recs
@@ -470,7 +469,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
 
     # -- target and batch size -------------------------------------------------------------------------
     target = int(target_batch) if target_batch is not None else (_round_batch(b_crit) if b_crit else b_prof)
-    target_src = "--target-batch" if target_batch is not None else (
+    target_src = "target_batch=" if target_batch is not None else (
         "the critical batch size" if b_crit else "the profiled batch size")
     batch = min(target, max_batch) if max_batch is not None else target
     evidence: dict[str, Any] = {"target_batch": target, "target_from": target_src,
@@ -480,7 +479,9 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
         evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
                          "measured_peak_bytes": batch_result.measured_peak_bytes,
                          "memory_model": batch_result.model.to_dict(), "runs": batch_result.runs,
-                         "limited_by": batch_result.limited_by})
+                         "limited_by": batch_result.limited_by,
+                         # the search's whole record (every probe), which the report draws
+                         "search": batch_result.to_dict()})
         why = (f"the largest batch under {format_bytes(budget)} is {max_batch} (peak "
                f"{format_bytes(batch_result.measured_peak_bytes)} measured at it; memory model "
                f"{format_bytes(batch_result.model.intercept_bytes)} + "
@@ -493,7 +494,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
         conf = "high" if batch == max_batch or target_batch is not None else "medium"
     else:
         why = (f"no memory budget given on {device.type}: batch size from {target_src} ({target}); "
-               "pass --memory-budget to bound it by memory")
+               "pass memory_budget= to bound it by memory")
         conf = "medium" if b_crit else "low"
     time_ms = step.time_ms * batch / b_prof if step.time_ms and b_prof else None
     recs["batch_size"] = Recommendation(
@@ -556,7 +557,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
-    return Recommendations([recs[name] for name in names if name in recs], profile=prof,
+    return Recommendations(tuple(recs[name] for name in names if name in recs), profile=prof,
                            curves={"lr_range": lr_res.to_dict()["curve"],
                                    "noise_scale": list(ns.history) if ns is not None else []})
 

@@ -11,22 +11,17 @@ bound, and (when measured) a point of the fit.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
+from .._records import record_fields, stored_version
 from .._units import format_bytes
 from ..exceptions import ConfigError
+from ..predict import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
 
-#: The smallest margin, as a fraction of the budget: allocator rounding and run-to-run jitter
-#: that three points cannot show.
-MIN_MARGIN_FRACTION = 0.005
-#: The margin is this many times the largest residual of the fit.
-RESIDUAL_MARGIN = 2.0
 #: A verified step below this fraction of the budget, under a batch that did not fit, is refined.
 REFINE_BELOW = 0.9
 #: Below the batch where activations overtake it, a step's peak can be flat in the batch: the
@@ -63,36 +58,17 @@ class MemoryProbe:
                 "role": self.role}
 
 
-@dataclass(frozen=True)
-class MemoryModel:
-    """peak(B) = intercept_bytes + per_sample_bytes·B, fitted by least squares."""
-
-    intercept_bytes: float
-    per_sample_bytes: float
-    #: Largest |measured − fitted| over the points of the fit, bytes.
-    residual_bytes: float
-    margin_bytes: float
-    points: int
-
-    def predict(self, batch_size: float) -> float:
-        return self.intercept_bytes + self.per_sample_bytes * batch_size
-
-    def largest_batch(self, budget: float) -> int:
-        """The largest B whose predicted peak plus the margin stays within ``budget``."""
-        if self.per_sample_bytes <= 0:
-            return 0
-        return math.floor((budget - self.margin_bytes - self.intercept_bytes) / self.per_sample_bytes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"intercept_bytes": self.intercept_bytes, "per_sample_bytes": self.per_sample_bytes,
-                "residual_bytes": self.residual_bytes, "margin_bytes": self.margin_bytes,
-                "points": self.points,
-                "formula": "peak(B) = intercept_bytes + per_sample_bytes * B"}
+#: Bumped when a field of :class:`BatchSizeResult`'s JSON changes meaning.
+BATCH_SIZE_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
 class BatchSizeResult:
-    """The largest batch size that fits ``memory_budget``, and how it was found."""
+    """The largest batch size that fits ``memory_budget``, and how it was found.
+
+    A frozen, versioned record: :func:`find_batch_size` builds it, its ``batch_size`` Run holds
+    :meth:`to_dict`, and the report reads it back through :meth:`from_dict`.
+    """
 
     max_batch_size: int
     memory_budget: int
@@ -106,12 +82,18 @@ class BatchSizeResult:
     #: What bounds the answer: "memory", or "data" (the training data holds fewer samples).
     limited_by: str = "memory"
     static_detail: dict[str, int] = field(default_factory=dict)
-    #: The largest batch that memory alone allows (above ``max_batch_size`` when data limits it).
+    #: The largest batch that memory alone allows (above ``max_batch_size`` when data limits it;
+    #: None given: ``max_batch_size``).
     memory_max_batch_size: int | None = None
     #: Samples in one epoch of the training data, when that bounds the answer.
     data_samples: int | None = None
     #: The Run this search was recorded as (with ``store=``).
     run_id: int | None = None
+    schema_version: int = BATCH_SIZE_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.memory_max_batch_size is None:
+            object.__setattr__(self, "memory_max_batch_size", self.max_batch_size)
 
     @property
     def runs(self) -> int:
@@ -123,7 +105,7 @@ class BatchSizeResult:
             "max_batch_size": self.max_batch_size,
             "memory_budget": self.memory_budget,
             "limited_by": self.limited_by,
-            "memory_max_batch_size": self.memory_max_batch_size or self.max_batch_size,
+            "memory_max_batch_size": self.memory_max_batch_size,
             "data_samples": self.data_samples,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
@@ -134,20 +116,21 @@ class BatchSizeResult:
             "static_detail": self.static_detail,
             "device": self.device,
             "run_id": self.run_id,
+            "schema_version": self.schema_version,
         }
 
-
-def fit_memory_model(points: Sequence[tuple[int, int]], budget: float) -> MemoryModel:
-    """Least-squares line through ``(batch_size, peak_bytes)``; margin from the residual."""
-    xs = np.array([p[0] for p in points], dtype=float)
-    ys = np.array([p[1] for p in points], dtype=float)
-    if len(set(xs.tolist())) < 2:
-        raise ValueError("a memory model needs peaks at two different batch sizes at least.")
-    slope, intercept = np.polyfit(xs, ys, 1)
-    resid = float(np.max(np.abs(ys - (intercept + slope * xs))))
-    margin = max(RESIDUAL_MARGIN * resid, MIN_MARGIN_FRACTION * budget)
-    return MemoryModel(intercept_bytes=float(intercept), per_sample_bytes=float(slope),
-                       residual_bytes=resid, margin_bytes=margin, points=len(points))
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BatchSizeResult:
+        """The record back from :meth:`to_dict`'s JSON (a ``batch_size`` Run's result)."""
+        what = "a batch-size search"
+        stored_version(d, what=what, current=BATCH_SIZE_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what=what, derived=("runs",))
+        kw["probes"] = tuple(MemoryProbe(**record_fields(MemoryProbe, p, what=f"{what}'s probe"))
+                             for p in d["probes"])
+        kw["model"] = MemoryModel(**record_fields(MemoryModel, d["model"], what=f"{what}'s memory model",
+                                                  derived=("formula",)))
+        kw["static_detail"] = dict(d.get("static_detail") or {})
+        return cls(**kw)
 
 
 def _split_flat(points: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from .._paths import replacing
-from ..exceptions import DependencyError, ProblemCollector
+from .._records import record_fields, stored_version
+from ..exceptions import ConfigError, DependencyError, ProblemCollector
 from ..task import Task, load_task
 from ..train import Callback, FitState, fit
 
@@ -36,11 +37,28 @@ SUGGEST_FACTOR = 10.0
 
 
 @dataclass(frozen=True)
+class _CurvePoint:
+    """One point of the range test's curve as JSON holds it: the lr, the loss and its smoothing."""
+
+    lr: float
+    loss: float | None
+    smoothed: float | None
+
+
+#: Bumped when a field of :class:`LRFindResult`'s JSON changes meaning.
+LR_FIND_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
 class LRFindResult:
     """What a range test measured and what it suggests.
 
     ``suggested_lr`` is None when the curve does not allow a suggestion; ``message`` says why
     (the loss diverged from the first step, or never fell), or gives a caveat.
+
+    A frozen, versioned record: :func:`proftune.recommend.lr_find` builds it, its ``lr_find`` Run
+    holds :meth:`to_dict` (the curve in the Run's curves, as ``lr_range``), and the report reads it
+    back through :meth:`from_dict`.
     """
 
     suggested_lr: float | None
@@ -65,6 +83,7 @@ class LRFindResult:
     extra: dict[str, Any] = field(default_factory=dict)
     #: The Run this test was recorded as (with ``store=``).
     run_id: int | None = None
+    schema_version: int = LR_FIND_SCHEMA_VERSION
 
     @property
     def steps(self) -> int:
@@ -92,8 +111,29 @@ class LRFindResult:
                 {"lr": lr, "loss": loss, "smoothed": sm}
                 for lr, loss, sm in zip(self.lrs, self.losses, self.smoothed, strict=True)
             ],
-            **self.extra,
+            **({"extra": self.extra} if self.extra else {}),
+            "schema_version": self.schema_version,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LRFindResult:
+        """The record back from :meth:`to_dict`'s JSON: an ``lr_find`` Run's result with its
+        ``lr_range`` curve as ``curve`` (a point's null loss, once NaN, reads as NaN)."""
+        what = "an LR range test"
+        stored_version(d, what=what, current=LR_FIND_SCHEMA_VERSION)
+        points = d.get("curve")
+        if not isinstance(points, list):
+            raise ConfigError(f"{what} needs its curve (a list of {{lr, loss, smoothed}}), but got curve={points!r}.")
+        curve = [record_fields(_CurvePoint, p, what=f"{what}'s curve point") for p in points]
+
+        def column(key: str) -> tuple[float, ...]:
+            return tuple(float("nan") if p[key] is None else float(p[key]) for p in curve)
+
+        kw = record_fields(cls, {k: v for k, v in d.items() if k != "curve"}, what=what, derived=("steps",),
+                           exclude=("lrs", "losses", "smoothed"))
+        kw["extra"] = dict(kw.get("extra") or {})
+        return cls(**kw, lrs=column("lr"), losses=column("loss"), smoothed=column("smoothed"))
+
 
     def plot(self, path: str | Path) -> Path:
         """Write the curve (raw and smoothed loss over log lr, with the marks) as a PNG."""
@@ -103,7 +143,7 @@ class LRFindResult:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as exc:  # pragma: no cover - matplotlib is in the report extra
-            raise DependencyError("--plot needs matplotlib: pip install 'proftune[report]'.") from exc
+            raise DependencyError("plotting the curve (plot=) needs matplotlib: pip install 'proftune[report]'.") from exc
         out = Path(path)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         try:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
+
+from .._records import record_fields, stored_version
+from ..exceptions import ConfigError
 
 #: The names a recommendation can have, in the order ``recommend`` returns them.
 RECOMMENDATION_NAMES = (
@@ -44,29 +48,86 @@ class Recommendation:
         return {"name": self.name, "value": self.value, "reason": self.reason,
                 "evidence": self.evidence, "confidence": self.confidence, "effect": self.effect}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recommendation:
+        """One recommendation back from :meth:`to_dict`'s JSON."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"a recommendation must be a JSON object, but got {type(d).__name__}.")
+        kw = record_fields(cls, d, what="a recommendation")
+        kw["evidence"] = dict(kw.get("evidence") or {})
+        try:
+            return cls(**kw)
+        except ValueError as exc:  # an unknown name or confidence
+            raise ConfigError(str(exc)) from exc
 
-class Recommendations(list[Recommendation]):
-    """What ``recommend`` returns: a list of :class:`Recommendation`, plus the Profile it read
-    and the id of the Run it was recorded as."""
 
-    def __init__(self, items: list[Recommendation], *, profile: Any = None, run_id: int | None = None,
-                 curves: dict[str, list[dict[str, Any]]] | None = None) -> None:
-        super().__init__(items)
-        self.profile = profile
-        self.run_id = run_id
-        #: The measured curves behind the values (``lr_range``: the LR range test, ``noise_scale``:
-        #: the gradient noise scale per step), recorded with the Run for the report.
-        self.curves = dict(curves or {})
+#: Bumped when a field of :class:`Recommendations`'s JSON changes meaning.
+RECOMMEND_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Recommendations(Sequence[Recommendation]):
+    """What ``recommend`` returns: the :class:`Recommendation` rows in order (a sequence: index,
+    iterate, ``len``), the Profile it read and the id of the Run it was recorded as.
+
+    A frozen, versioned record: :func:`proftune.recommend.recommend` builds it once, its
+    ``recommend`` Run holds :meth:`to_dict`, and the report reads it back through
+    :meth:`from_dict`. ``profile`` (the Profile object) and ``curves`` stay in memory (the Run
+    keeps the curves as its own); ``measured`` is what the record says of the profile: batch
+    size, device and metrics.
+    """
+
+    items: tuple[Recommendation, ...]
+    profile: Any = field(default=None, compare=False, repr=False)
+    run_id: int | None = None
+    #: The measured curves behind the values (``lr_range``: the LR range test, ``noise_scale``:
+    #: the gradient noise scale per step), recorded with the Run for the report.
+    curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, compare=False, repr=False)
+    #: The profile's batch size, device and metrics (from ``profile`` when not given).
+    measured: dict[str, Any] | None = None
+    schema_version: int = RECOMMEND_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "items", tuple(self.items))
+        object.__setattr__(self, "curves", dict(self.curves or {}))
+        if self.measured is None and self.profile is not None:
+            object.__setattr__(self, "measured", {"batch_size": getattr(self.profile, "batch_size", None),
+                                                  "device": getattr(self.profile, "device", None),
+                                                  "metrics": self.profile.metrics()})
+
+    @overload
+    def __getitem__(self, index: int) -> Recommendation: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Recommendation, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Recommendation | tuple[Recommendation, ...]:
+        return self.items[index]
+
+    def __len__(self) -> int:
+        return len(self.items)
 
     def get(self, name: str) -> Recommendation:
         """The recommendation called ``name``."""
-        for rec in self:
+        for rec in self.items:
             if rec.name == name:
                 return rec
-        raise KeyError(f"no recommendation {name!r}; present: {', '.join(r.name for r in self)}.")
+        raise KeyError(f"no recommendation {name!r}; present: {', '.join(r.name for r in self.items)}.")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"recommendations": [r.to_dict() for r in self], "run_id": self.run_id,
-                "profile": {"batch_size": getattr(self.profile, "batch_size", None),
-                            "device": getattr(self.profile, "device", None),
-                            "metrics": self.profile.metrics() if self.profile is not None else None}}
+        return {"recommendations": [r.to_dict() for r in self.items], "run_id": self.run_id,
+                "profile": self.measured, "schema_version": self.schema_version}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recommendations:
+        """The record back from :meth:`to_dict`'s JSON (a ``recommend`` Run's result; one recorded
+        before the record had a version holds the recommendations alone)."""
+        what = "a set of recommendations"
+        stored_version(d, what=what, current=RECOMMEND_SCHEMA_VERSION)
+        known = {**d, "items": d.get("recommendations") or []}
+        known.pop("recommendations", None)
+        if "profile" in known:
+            known["measured"] = known.pop("profile")
+        kw = record_fields(cls, known, what=what, exclude=("profile", "curves"))
+        kw["items"] = tuple(Recommendation.from_dict(x) for x in kw["items"])
+        return cls(**kw)

@@ -10,6 +10,7 @@ from typing import Any
 from .._jsonsafe import json_dumps
 from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
+from ..profile import Profile
 from ..track import RunRecord, Store, open_store
 from . import _predict  # noqa: F401  (register the predict renderer; optimize registers its own)
 from ._figures import PALETTE, layout, line
@@ -58,12 +59,12 @@ def render_report(source: Any = None, *, study: str | None = None, store: Store 
         raise ConfigError("give a run id, a result, a profile (object or JSON file) or study=NAME.")
     if isinstance(source, (str, Path)) and not str(source).isdigit():
         return _profile_page(_load_profile_file(Path(source))).render()
-    if hasattr(source, "to_dict") and hasattr(source, "layers") and hasattr(source, "step"):
+    if isinstance(source, Profile):
         rid = run_id_of(source)
         if rid is None:
-            return _profile_page(source.to_dict()).render()
+            return _profile_page(source).render()
     if isinstance(source, Mapping) and "schema_version" in source and "layers" in source:
-        return _profile_page(dict(source)).render()
+        return _profile_page(Profile.from_dict(dict(source))).render()
     if isinstance(source, RunRecord):
         return run_page(source, _store(store, db)).render()
     rid = int(source) if isinstance(source, (int, str)) else run_id_of(source)
@@ -84,7 +85,7 @@ def write_report(source: Any = None, out: str | Path | None = None, *, study: st
     ``--force``) refuses to replace an existing file.
     """
     path = Path(out) if out is not None else Path(_default_name(source, study))
-    check_outputs([OutputPath("--out", path)], force=force)
+    check_outputs([OutputPath("out=", path)], force=force)
     text = render_report(source, study=study, store=store, db=db)
     return _write(path, text, open_browser)
 
@@ -105,10 +106,8 @@ def _write(path: Path, text: str, open_browser: bool) -> Path:
     return path
 
 
-def _load_profile_file(path: Path) -> dict[str, Any]:
-    from ..profile import Profile
-
-    return Profile.load(path).to_dict()
+def _load_profile_file(path: Path) -> Profile:
+    return Profile.load(path)
 
 
 #: Kinds whose story comes first and whose overview closes the page, with the title of its config
@@ -137,13 +136,12 @@ def run_page(r: RunRecord, store: Store | None = None) -> Page:
     return page
 
 
-def _profile_page(p: Mapping[str, Any]) -> Page:
-    page = Page(f"{p.get('task') or 'model'} — profile", subtitle=f"{p.get('device')} · batch {p.get('batch_size')}",
-                badges=[("profile", "kind"), (str(p.get("mode", "train")), "mode")])
+def _profile_page(p: Profile) -> Page:
+    page = Page(f"{p.task or 'model'} — profile", subtitle=f"{p.device} · batch {p.batch_size}",
+                badges=[("profile", "kind"), (p.mode, "mode")])
     profile_sections(page, p)
-    env = p.get("env") or {}
-    if env:
-        page.section("Environment").kv([(k, str(v)) for k, v in env.items() if not isinstance(v, Mapping)])
+    if p.env:
+        page.section("Environment").kv([(k, str(v)) for k, v in p.env.items() if not isinstance(v, Mapping)])
     return page
 
 
@@ -152,7 +150,7 @@ def _study_page(name: str, store: Store) -> Page:
     trials = store.list_runs(kind="trial", study=name)
     if not tunes and not trials:
         studies = sorted({r.study for r in store.list_runs(kind="tune", limit=200) if r.study})
-        raise ConfigError(f"--study {name!r} has no runs in {store.shown_url}; studies: "
+        raise ConfigError(f"study={name!r} has no runs in {store.shown_url}; studies: "
                           f"{', '.join(studies) if studies else 'none yet (run proftune tune)'}.")
     task = (tunes or trials)[0].task
     page = Page(f"{task} — study {name}", subtitle=f"{len(trials)} trials · {len(tunes)} tune run(s)",
@@ -199,7 +197,7 @@ def compare_html(a: int, b: int, *, store: Store | str | None = None, db: str | 
 def write_compare_report(a: int, b: int, out: str | Path, *, store: Store | str | None = None,
                          db: str | None = None, open_browser: bool = False, force: bool = True) -> Path:
     """Write :func:`compare_html` to ``out`` (checked first; ``force=False`` keeps an existing file)."""
-    check_outputs([OutputPath("--report", out)], force=force)
+    check_outputs([OutputPath("out=", out)], force=force)
     return _write(Path(out), compare_html(a, b, store=store, db=db), open_browser)
 
 

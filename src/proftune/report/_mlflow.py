@@ -100,8 +100,8 @@ def export_mlflow(run: int | RunRecord, uri: str, *, experiment: str = "proftune
     st = store if isinstance(store, Store) else (None if isinstance(run, RunRecord) else Store(store or db))
     record = run if isinstance(run, RunRecord) else st.get_run(int(run))  # type: ignore[union-attr]
     if not uri:
-        raise ConfigError("--mlflow needs a tracking URI, e.g. sqlite:///mlflow.db, file:///tmp/mlruns "
-                          "or http://127.0.0.1:5000.")
+        raise ConfigError(f"uri={uri!r} is not a tracking URI; give one, e.g. sqlite:///mlflow.db, "
+                          "file:///tmp/mlruns or http://127.0.0.1:5000.")
     client = mlflow_client(uri)
     from mlflow.entities import Metric, Param
 

@@ -4,7 +4,7 @@ so that a renamed field fails here rather than rendering as an empty cell."""
 from __future__ import annotations
 
 from .._units import format_bytes
-from ..recommend import PredictResult
+from ..predict import PredictResult
 from ..track import RunRecord
 from ._figures import PALETTE, bar, hline, layout
 from ._html import Page

@@ -7,12 +7,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._api import TrainResult
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
 from ..compress import Candidate, CompressResult
 from ..diagnose import BanditResult, DiagnoseResult, Finding
 from ..exceptions import ConfigError
 from ..metrics import default_objective, split_objective
+from ..profile import CommProfile, LayerProfile, Profile
+from ..recommend import BatchSizeResult, LRFindResult, Recommendations
+from ..search import TrialResult
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
@@ -165,7 +169,7 @@ def _epoch_charts(s: Section, rows: Sequence[Mapping[str, Any]]) -> None:
     keys = [k for k in dict.fromkeys(k for p in rows for k in p) if k not in ("epoch", "epoch_s", "elapsed_s", "step")
             and any(_num(p.get(k)) for p in rows)]
     losses = [k for k in keys if "loss" in k]
-    metrics = [k for k in keys if k not in losses and (k in METRICS and "evaluate" in METRICS[k].producers)]
+    metrics = [k for k in keys if k not in losses and (k in METRICS and "evaluate" in METRICS[k].stages)]
     others = [k for k in keys if k not in losses and k not in metrics]
     if len(metrics) == 0 and others and len(others) <= 2:
         metrics, others = others, []
@@ -229,50 +233,44 @@ def _curve_summary(key: str, ys: Sequence[Any]) -> list[tuple[str, Any]]:
 
 
 # -- profile -------------------------------------------------------------------------------------
-def profile_sections(page: Page, p: Mapping[str, Any]) -> None:
+def profile_sections(page: Page, p: Profile) -> None:
     """Per-layer table and shares, memory and step breakdowns, bottlenecks, statistics."""
-    layers = [lay for lay in p.get("layers") or [] if isinstance(lay, Mapping)]
-    step, mem, grad = p.get("step") or {}, p.get("memory") or {}, p.get("grad") or {}
-    params = p.get("params") or {}
+    step, mem, grad = p.step, p.memory, p.grad
     s = page.section("Profile")
-    s.para(f"{p.get('task') or 'model'} · {p.get('mode', 'train')} · batch {p.get('batch_size')} · "
-           f"{p.get('device')} · {p.get('steps')} measured steps", cls="muted")
+    s.para(f"{p.task or 'model'} · {p.mode} · batch {p.batch_size} · {p.device} · {p.steps} measured steps",
+           cls="muted")
     s.html('<div class="grid">' + s.side(lambda t: t.kv([
-        ("params (total)", params.get("total")), ("params (trainable)", params.get("trainable")),
-        ("MACs (forward)", p.get("macs")), ("FLOPs (forward)", p.get("flops")),
-        ("FLOPs (backward)", p.get("backward_flops")),
-        ("step_time_ms", step.get("time_ms")), ("throughput", step.get("throughput")),
-        ("peak_memory_bytes", mem.get("peak_bytes")),
-        ("grad norm", grad.get("norm")), ("grad variance", grad.get("var")),
-        ("update / weight ratio", grad.get("update_ratio")),
-    ], title="totals")) + s.side(lambda t: _comm_kv(t, p.get("comm"))) + "</div>")
+        ("params (total)", p.params.total), ("params (trainable)", p.params.trainable),
+        ("MACs (forward)", p.macs), ("FLOPs (forward)", p.flops), ("FLOPs (backward)", p.backward_flops),
+        ("step_time_ms", step.time_ms), ("throughput", step.throughput), ("peak_memory_bytes", mem.peak_bytes),
+        ("grad norm", grad.norm), ("grad variance", grad.var), ("update / weight ratio", grad.update_ratio),
+    ], title="totals")) + s.side(lambda t: _comm_kv(t, p.comm)) + "</div>")
 
     # step breakdown
-    phases: list[tuple[str, Any]] = [("data", step.get("data_ms")), ("forward", step.get("forward_ms")),
-              ("backward", step.get("backward_ms")), ("optimizer", step.get("optimizer_ms")),
-              ("other", step.get("other_ms"))]
-    phases = [(k, v) for k, v in phases if _num(v)]
+    phases = [(k, float(v)) for k, v in (("data", step.data_ms), ("forward", step.forward_ms),
+                                         ("backward", step.backward_ms), ("optimizer", step.optimizer_ms),
+                                         ("other", step.other_ms)) if _num(v)]
     if phases:
         st = page.section("Step breakdown")
-        total = sum(float(v) for _, v in phases) or 1.0
-        data = [bar([float(v)], ["step"], k, orientation="h", color=PALETTE[i],
-                    text=[f"{k} {float(v):.3g} ms"]) for i, (k, v) in enumerate(phases)]
+        total = sum(v for _, v in phases) or 1.0
+        data = [bar([v], ["step"], k, orientation="h", color=PALETTE[i], text=[f"{k} {v:.3g} ms"])
+                for i, (k, v) in enumerate(phases)]
         fig = {"data": data, "layout": layout("where a step's time goes (ms)", x="ms", height=220,
                                               barmode="stack", yaxis={"showticklabels": False})}
-        rows = [(k, f"{float(v):.4g} ms ({float(v) / total:.0%})") for k, v in phases]
-        if _num(step.get("outside_layers_ms")) and step.get("outside_layers_ms"):
-            rows.append(("of fwd+bwd in no layer", f"{float(step['outside_layers_ms']):.4g} ms"))
+        rows = [(k, f"{v:.4g} ms ({v / total:.0%})") for k, v in phases]
+        if _num(step.outside_layers_ms) and step.outside_layers_ms:
+            rows.append(("of fwd+bwd in no layer", f"{float(step.outside_layers_ms):.4g} ms"))
         st.chart(fig, side=st.side(lambda t: t.kv(rows, title="milliseconds per step")))
 
     # memory breakdown
-    parts: list[tuple[str, Any]] = [("params", mem.get("params_bytes")), ("grads", mem.get("grads_bytes")),
-             ("optimizer state", mem.get("optimizer_bytes")), ("activations", mem.get("activations_bytes"))]
-    parts = [(k, v) for k, v in parts if _num(v)]
+    parts = [(k, v) for k, v in (("params", mem.params_bytes), ("grads", mem.grads_bytes),
+                                 ("optimizer state", mem.optimizer_bytes), ("activations", mem.activations_bytes))
+             if _num(v)]
     if parts:
         ms = page.section("Memory")
         data = [bar([k for k, _ in parts], [float(v) / 2**20 for _, v in parts], "bytes",
                     color=PALETTE[0], text=[format_bytes(v) for _, v in parts])]
-        peak = mem.get("peak_bytes")
+        peak = mem.peak_bytes
         shapes, notes = [], []
         if _num(peak) and peak:
             shape, note = hline(float(peak) / 2**20, f"step peak {format_bytes(peak)}")
@@ -282,40 +280,42 @@ def profile_sections(page: Page, p: Mapping[str, Any]) -> None:
         ms.chart(fig, side=ms.side(lambda t: t.kv([*[(k, format_bytes(v)) for k, v in parts],
                                                    ("peak of a step", format_bytes(peak))], title="bytes")))
 
-    if layers:
-        _layer_sections(page, layers)
-    bottlenecks = [b for b in p.get("bottlenecks") or [] if isinstance(b, Mapping)]
+    if p.layers:
+        _layer_sections(page, p.layers)
+    # bottlenecks and by_type are the profile's free-form rows (dicts in the record)
+    bottlenecks = [b for b in p.bottlenecks if isinstance(b, Mapping)]
     if bottlenecks:
         bs = page.section("Bottlenecks")
         bs.html("<ul>" + "".join(f"<li>{esc(b.get('finding', b))}</li>" for b in bottlenecks) + "</ul>")
         bs.table(["layer", "type", "time share", "params share", "MACs share", "excess"],
-                 [[b.get("name"), b.get("type"), (_pct(b.get("time_share")), finite(b.get("time_share")) or 0),
-                   (_pct(b.get("params_share")), finite(b.get("params_share")) or 0),
-                   (_pct(b.get("macs_share")), finite(b.get("macs_share")) or 0), b.get("excess")]
-                  for b in bottlenecks])
-    by_type = [t for t in p.get("by_type") or [] if isinstance(t, Mapping)]
+                 [[b.get("name"), b.get("type"), _share(b.get("time_share")), _share(b.get("params_share")),
+                   _share(b.get("macs_share")), b.get("excess")] for b in bottlenecks])
+    by_type = [t for t in p.by_type if isinstance(t, Mapping)]
     if by_type:
         ts = page.section("By layer type")
         cols = [c for c in ("type", "count", "params", "macs", "forward_ms", "backward_ms", "time_share",
                             "activation_bytes") if any(c in t for t in by_type)]
-        ts.table(cols, [[(_pct(t.get(c)), finite(t.get(c)) or 0) if c == "time_share" else t.get(c)
-                         for c in cols] for t in by_type])
+        ts.table(cols, [[_share(t.get(c)) if c == "time_share" else t.get(c) for c in cols] for t in by_type])
 
 
-def _comm_kv(t: Section, comm: Any) -> None:
-    if isinstance(comm, Mapping) and comm:
-        t.kv([("backend", comm.get("backend")), ("world size", comm.get("world_size")),
-              ("all-reduce per step", format_bytes(comm.get("allreduce_bytes"))),
-              ("all-reduce time", f"{float(comm.get('allreduce_ms') or 0):.3g} ms"),
-              ("share of the step", _pct(comm.get("share")))], title="distributed")
+def _share(v: Any) -> tuple[str, float]:
+    """A share as a sortable cell: ``12.5%`` shown, the fraction sorted by (0 when unknown)."""
+    return _pct(v), finite(v) or 0
 
 
-def _layer_sections(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
+def _comm_kv(t: Section, comm: CommProfile | None) -> None:
+    if comm is not None:
+        t.kv([("backend", comm.backend), ("world size", comm.world_size),
+              ("all-reduce per step", format_bytes(comm.allreduce_bytes)),
+              ("all-reduce time", f"{float(comm.allreduce_ms or 0):.3g} ms"),
+              ("share of the step", _pct(comm.share))], title="distributed")
+
+
+def _layer_sections(page: Page, layers: Sequence[LayerProfile]) -> None:
     s = page.section("Layers")
-    top = sorted(layers, key=lambda lay: (finite(lay.get("time_share")) or 0.0, lay.get("macs") or 0),
-                 reverse=True)[:25][::-1]
-    names = [f"{lay.get('name') or '(model)'} · {lay.get('type')}" for lay in top]
-    data = [bar([100 * (finite(lay.get(k)) or 0) for lay in top], names, label, orientation="h",
+    top = sorted(layers, key=lambda lay: (finite(lay.time_share) or 0.0, lay.macs or 0), reverse=True)[:25][::-1]
+    names = [f"{lay.name or '(model)'} · {lay.type}" for lay in top]
+    data = [bar([100 * (finite(getattr(lay, k)) or 0) for lay in top], names, label, orientation="h",
                 color=PALETTE[i]) for i, (k, label) in enumerate(
         (("time_share", "time"), ("params_share", "params"), ("macs_share", "MACs")))]
     s.chart({"data": data, "layout": layout("share of time vs params vs MACs (%), layers by time", x="%",
@@ -323,28 +323,24 @@ def _layer_sections(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
                                             margin={"l": 140})})
     cols = ["layer", "type", "params", "MACs", "fwd ms", "bwd ms", "activations", "GFLOP/s", "time",
             "params share", "MACs share"]
-    rows = []
-    for lay in layers:
-        act = lay.get("activation_bytes")
-        rows.append([lay.get("name") or "(model)", lay.get("type"), lay.get("params"), lay.get("macs"),
-                     lay.get("forward_ms"), lay.get("backward_ms"),
-                     (format_bytes(act), act) if _num(act) else None, lay.get("gflops_per_s"),
-                     (_pct(lay.get("time_share")), finite(lay.get("time_share")) or 0),
-                     (_pct(lay.get("params_share")), finite(lay.get("params_share")) or 0),
-                     (_pct(lay.get("macs_share")), finite(lay.get("macs_share")) or 0)])
+    rows = [[lay.name or "(model)", lay.type, lay.params, lay.macs, lay.forward_ms, lay.backward_ms,
+             (format_bytes(lay.activation_bytes), lay.activation_bytes) if _num(lay.activation_bytes) else None,
+             lay.gflops_per_s, _share(lay.time_share), _share(lay.params_share), _share(lay.macs_share)]
+            for lay in layers]
     s.table(cols, rows, title="per layer (click a column to sort)")
     _stats_section(page, layers)
 
 
-def _stats_section(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
-    with_stats = [lay for lay in layers if isinstance(lay.get("stats"), Mapping) and lay["stats"]]
+def _stats_section(page: Page, layers: Sequence[LayerProfile]) -> None:
+    with_stats = [lay for lay in layers if isinstance(lay.stats, Mapping) and lay.stats]
     if not with_stats:
         return
     s = page.section("Statistics per layer")
-    names = [f"{lay.get('name')} · {lay.get('type')}" for lay in with_stats]
+    names = [f"{lay.name} · {lay.type}" for lay in with_stats]
 
-    def get(lay: Mapping[str, Any], kind: str, key: str) -> Any:
-        return ((lay.get("stats") or {}).get(kind) or {}).get(key)
+    def get(lay: LayerProfile, kind: str, key: str) -> Any:
+        """One statistic (``stats`` is the layer's free-form ``{kind: {name: value}}``)."""
+        return (lay.stats.get(kind) or {}).get(key)
 
     acts = [(n, lay) for n, lay in zip(names, with_stats, strict=False) if get(lay, "activation", "p50") is not None]
     if acts:
@@ -383,72 +379,69 @@ def _stats_section(page: Page, layers: Sequence[Mapping[str, Any]]) -> None:
 @register_renderer("profile")
 def _profile(page: Page, r: RunRecord, ctx: Context) -> None:
     if r.result:
-        profile_sections(page, r.result)
+        profile_sections(page, Profile.from_dict(dict(r.result)))
 
 
 # -- train, trial ----------------------------------------------------------------------------------
 @register_renderer("train")
 def _train(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
-    if res:
+    if r.result:  # a bandit's pull records its curves, not a result
+        rec = TrainResult.from_dict(dict(r.result))
         s = page.section("Training")
-        s.kv([(k, res.get(k)) for k in ("epochs", "steps", "samples", "throughput", "stop_reason")
-              if k in res and res.get(k) is not None])
+        s.kv([(k, v) for k, v in (("epochs", rec.epochs), ("steps", rec.steps), ("samples", rec.samples),
+                                  ("throughput", rec.throughput), ("stop_reason", rec.stop_reason)) if v is not None])
     curves(page, r)
 
 
 @register_renderer("trial")
 def _trial(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
     s = page.section("Trial")
-    s.kv([("trial", res.get("trial")), ("state", res.get("state")), ("reason", res.get("reason") or "-"),
-          ("steps", res.get("steps")), ("train_s", res.get("train_s")), ("gate_s", res.get("gate_s"))])
-    _constraint_table(s, res.get("constraints") or {})
-    curves(page, r)
-
-
-def _constraint_table(s: Section, cons: Mapping[str, Any]) -> None:
-    if cons:
+    if not r.result:  # still running, or killed before it ended
+        s.para("the trial has not recorded how it ended", cls="muted")
+        curves(page, r)
+        return
+    res = TrialResult.from_dict(dict(r.result))
+    s.kv([("trial", res.trial), ("state", res.state), ("reason", res.reason or "-"), ("steps", res.steps),
+          ("train_s", res.train_s), ("gate_s", res.gate_s)]
+         + ([("Ray retries", res.ray_retries)] if res.ray_retries is not None else []))
+    if res.constraints:
         s.table(["constraint", "metric", "measured", "limit", "ok"],
-                [[k, c.get("metric"), c.get("value"), c.get("limit"), "yes" if c.get("ok") else "NO"]
-                 for k, c in cons.items() if isinstance(c, Mapping)], title="constraints")
+                [[k, c.metric, c.value, c.limit, "yes" if c.ok else "NO"] for k, c in res.constraints.items()],
+                title="constraints")
+    curves(page, r)
 
 
 # -- recommend, batch size, lr find -----------------------------------------------------------------
 @register_renderer("recommend")
 def _recommend(page: Page, r: RunRecord, ctx: Context) -> None:
-    recs = [x for x in (r.result or {}).get("recommendations") or [] if isinstance(x, Mapping)]
+    recs = Recommendations.from_dict(dict(r.result or {}))
     s = page.section("Recommendations")
     if not recs:
         s.para("no recommendations were recorded", cls="muted")
         return
     cards = []
     for x in recs:
-        value = x.get("value")
-        shown: str = (fmt_value(str(x.get("name")), value) if not isinstance(value, (list, dict))
-                      else _short_value(value))
-        evidence = x.get("evidence") or {}
+        shown: str = (fmt_value(x.name, x.value) if not isinstance(x.value, (list, dict)) else _short_value(x.value))
+        # the batch-size search's own record is drawn below, not listed; a record's version is no evidence
+        evidence = {k: v for k, v in x.evidence.items() if k not in ("search", "schema_version")}
         ev = s.side(lambda t, evidence=evidence: t.kv(
-            [(k, v if not isinstance(v, (dict, list)) else _short_value(v)) for k, v in _flatten(evidence)]
-            if isinstance(evidence, Mapping) else [("evidence", str(evidence))]))
-        conf = str(x.get("confidence") or "")
-        cards.append(f'<div class="card {esc(conf)}"><div class="name">{esc(x.get("name"))}</div>'
-                     f'<div class="value">{esc(shown)}</div><div class="meta">confidence: {esc(conf)}</div>'
-                     f'<p>{esc(x.get("reason") or "")}</p>'
-                     + (f'<p class="muted">effect: {esc(x.get("effect"))}</p>' if x.get("effect") else "")
-                     + _value_table(s, value)
+            [(k, v if not isinstance(v, (dict, list)) else _short_value(v)) for k, v in _flatten(evidence)]))
+        cards.append(f'<div class="card {esc(x.confidence)}"><div class="name">{esc(x.name)}</div>'
+                     f'<div class="value">{esc(shown)}</div><div class="meta">confidence: {esc(x.confidence)}</div>'
+                     f"<p>{esc(x.reason)}</p>"
+                     + (f'<p class="muted">effect: {esc(x.effect)}</p>' if x.effect else "")
+                     + _value_table(s, x.value)
                      + f"<details><summary>evidence</summary>{ev}</details></div>")
     s.html('<div class="cards">' + "".join(cards) + "</div>")
-    for x in recs:
-        found = x.get("evidence") or {}
-        if x.get("name") == "batch_size" and isinstance(found, Mapping) and (
-                found.get("probes") or found.get("memory_model")):
-            model = found.get("model") or found.get("memory_model") or {}
-            probes = found.get("probes") or ([{"batch_size": found.get("max_batch_size"), "status": "fits",
-                                               "role": "verify", "peak_bytes": found.get("measured_peak_bytes")}]
-                                             if found.get("measured_peak_bytes") else [])
-            _memory_model(page, {**found, "model": model, "probes": probes,
-                                 "max_batch_size": found.get("max_batch_size", x.get("value"))})
+    batch = next((x for x in recs if x.name == "batch_size"), None)
+    if batch is not None:
+        search = batch.evidence.get("search")
+        if isinstance(search, Mapping):
+            _memory_model(page, BatchSizeResult.from_dict(dict(search)))
+        elif batch.evidence.get("memory_model"):
+            page.section("Memory model").para(
+                "the batch-size search's probes are not in this run (recorded before they were kept): "
+                "its fitted model is in the batch_size card's evidence", cls="muted")
 
 
 def _value_table(s: Section, value: Any) -> str:
@@ -471,33 +464,31 @@ def _short_value(v: Any) -> str:
 @register_renderer("batch_size")
 def _batch_size(page: Page, r: RunRecord, ctx: Context) -> None:
     if r.result:
-        _memory_model(page, r.result)
+        _memory_model(page, BatchSizeResult.from_dict(dict(r.result)))
 
 
-def _memory_model(page: Page, d: Mapping[str, Any]) -> None:
+def _memory_model(page: Page, res: BatchSizeResult) -> None:
     """Probes, the fitted line peak(B) = a + b·B, the budget and the answer."""
-    memory_model_chart(page.section("Memory model"), d)
+    memory_model_chart(page.section("Memory model"), res)
 
 
-def memory_model_chart(s: Section, d: Mapping[str, Any]) -> None:
-    """The memory model's chart (probes, fitted line, budget, answer) and its numbers, into ``s``."""
-    probes = [p for p in d.get("probes") or [] if isinstance(p, Mapping)]
-    model = d.get("model") or {}
-    a, b = finite(model.get("intercept_bytes")), finite(model.get("per_sample_bytes"))
-    budget, answer = finite(d.get("memory_budget")), finite(d.get("max_batch_size"))
+def memory_model_chart(s: Section, res: BatchSizeResult) -> None:
+    """A batch-size search's chart (probes, fitted line, budget, answer) and its numbers, into ``s``."""
+    model, probes = res.model, res.probes
+    a, b = finite(model.intercept_bytes), finite(model.per_sample_bytes)
+    budget, answer = finite(res.memory_budget), finite(res.max_batch_size)
     data: list[dict[str, Any]] = []
     mib = 2.0**20
     for status, color in (("fits", PALETTE[2]), ("oom", "#c92a2a"), ("over budget", PALETTE[1])):
-        pts = [p for p in probes if str(p.get("status")) == status or (status == "over budget" and
-                                                                      str(p.get("status")) not in ("fits", "oom"))]
+        pts = [p for p in probes if p.status == status or (status == "over budget" and p.status not in ("fits", "oom"))]
         if pts:
             data.append({"type": "scatter", "mode": "markers", "name": f"probe: {status}",
-                         "x": [p.get("batch_size") for p in pts],
-                         "y": [(finite(p.get("peak_bytes")) or 0) / mib for p in pts],
+                         "x": [p.batch_size for p in pts],
+                         "y": [(finite(p.peak_bytes) or 0) / mib for p in pts],
                          "marker": {"size": 11, "color": color, "symbol": [
-                             "diamond" if p.get("role") == "verify" else "circle" for p in pts]},
+                             "diamond" if p.role == "verify" else "circle" for p in pts]},
                          "hovertemplate": "batch %{x}: %{y:.3f} MiB<extra></extra>"})
-    xs = [finite(p.get("batch_size")) or 0 for p in probes] + ([answer] if answer else [])
+    xs = [float(p.batch_size) for p in probes] + ([answer] if answer else [])
     if a is not None and b is not None and xs:
         hi = max(xs) * 1.1
         data.append(line([0, hi], [a / mib, (a + b * hi) / mib], "fitted peak(B) = a + b·B", color=PALETTE[0],
@@ -511,53 +502,51 @@ def memory_model_chart(s: Section, d: Mapping[str, Any]) -> None:
         sh, no = vline(answer, f"answer: {int(answer)}", color=PALETTE[2], dash="solid")
         shapes.append(sh)
         notes.append(no)
-    by_memory = finite(d.get("memory_max_batch_size"))
+    by_memory = finite(res.memory_max_batch_size)
     if by_memory and answer and by_memory != answer:
         sh, no = vline(by_memory, f"memory allows {int(by_memory)}", color=PALETTE[0], y=0.9)
         shapes.append(sh)
         notes.append(no)
     fig = {"data": data, "layout": layout("peak memory of a training step vs batch size", x="batch size",
                                           y="MiB", shapes=shapes, annotations=notes)}
-    items = [("max_batch_size", d.get("max_batch_size")), ("limited by", d.get("limited_by")),
+    items = [("max_batch_size", res.max_batch_size), ("limited by", res.limited_by),
              ("memory budget", format_bytes(budget)),
              ("intercept a", format_bytes(a)), ("per sample b", format_bytes(b)),
-             ("fit residual", format_bytes(finite(model.get("residual_bytes")))),
-             ("safety margin", format_bytes(finite(model.get("margin_bytes")))),
-             ("predicted peak", format_bytes(finite(d.get("predicted_peak_bytes")))),
-             ("measured peak", format_bytes(finite(d.get("measured_peak_bytes")))),
-             ("params+grads+optimizer", format_bytes(finite(d.get("static_bytes")))),
-             ("measured steps", d.get("runs"))]
+             ("fit residual", format_bytes(finite(model.residual_bytes))),
+             ("safety margin", format_bytes(finite(model.margin_bytes))),
+             ("predicted peak", format_bytes(finite(res.predicted_peak_bytes))),
+             ("measured peak", format_bytes(finite(res.measured_peak_bytes))),
+             ("params+grads+optimizer", format_bytes(finite(res.static_bytes))),
+             ("measured steps", res.runs)]
     s.chart(fig, side=s.side(lambda t: t.kv([(k, v) for k, v in items if v not in (None, "-")])))
     if probes:
         s.table(["batch size", "peak", "status", "role"],
-                [[p.get("batch_size"), (format_bytes(p.get("peak_bytes")), finite(p.get("peak_bytes")) or 0),
-                  p.get("status"), p.get("role")] for p in probes], title="probes")
+                [[p.batch_size, (format_bytes(p.peak_bytes), finite(p.peak_bytes) or 0), p.status, p.role]
+                 for p in probes], title="probes")
 
 
 @register_renderer("lr_find")
 def _lr_find(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
-    pts = [p for p in (r.curves or {}).get("lr_range") or [] if isinstance(p, Mapping)]
+    pts = (r.curves or {}).get("lr_range") or []
     s = page.section("LR range test")
-    if not pts:
+    if not pts or not r.result:
         s.para("the run holds no curve", cls="muted")
         return
-    lr_chart(s, res, pts)
+    lr_chart(s, LRFindResult.from_dict({**r.result, "curve": pts}))  # the Run keeps the curve apart
 
 
-def lr_chart(s: Section, res: Mapping[str, Any], pts: Sequence[Mapping[str, Any]],
-             marks: Sequence[tuple[str, Any, str]] = ()) -> None:
+def lr_chart(s: Section, res: LRFindResult, marks: Sequence[tuple[str, Any, str]] = ()) -> None:
     """The LR range curve (raw and smoothed loss vs lr, log x) with min, max and the suggestion,
     plus ``marks`` (label, lr, colour: e.g. the rate the run went on with), into ``s``."""
-    xs = [p.get("lr") for p in pts]
-    data = [line(xs, [p.get("loss") for p in pts], "loss", color="#adb5bd", width=1),
-            line(xs, [p.get("smoothed") for p in pts], "smoothed loss", color=PALETTE[0], width=2.5)]
+    xs = list(res.lrs)
+    data = [line(xs, res.losses, "loss", color="#adb5bd", width=1),
+            line(xs, res.smoothed, "smoothed loss", color=PALETTE[0], width=2.5)]
     shapes, notes = [], []
-    for i, (key, label, color) in enumerate((("min_lr", "min_lr", PALETTE[2]), ("max_lr", "max_lr", "#c92a2a"),
-                                             ("suggested_lr", "suggested", PALETTE[1]))):
-        v = finite(res.get(key))
+    for i, (value, label, color) in enumerate(((res.min_lr, "min_lr", PALETTE[2]), (res.max_lr, "max_lr", "#c92a2a"),
+                                               (res.suggested_lr, "suggested", PALETTE[1]))):
+        v = finite(value)
         if v:
-            sh, no = vline(math.log10(v), f"{label} {v:.2g}", color=color, dash="solid" if key == "suggested_lr"
+            sh, no = vline(math.log10(v), f"{label} {v:.2g}", color=color, dash="solid" if label == "suggested"
                            else "dot", y=1.0 - 0.08 * i)
             sh["x0"] = sh["x1"] = v
             no["x"] = math.log10(v)
@@ -570,8 +559,7 @@ def lr_chart(s: Section, res: Mapping[str, Any], pts: Sequence[Mapping[str, Any]
             sh["x0"] = sh["x1"] = float(lr)
             shapes.append(sh)
             notes.append(no)
-    smoothed = [finite(p.get("smoothed")) for p in pts]
-    known = [v for v in smoothed if v is not None]
+    known = [v for v in map(finite, res.smoothed) if v is not None]
     yr = None
     if known:
         lo, start = min(known), known[0]
@@ -580,11 +568,13 @@ def lr_chart(s: Section, res: Mapping[str, Any], pts: Sequence[Mapping[str, Any]
     lay["xaxis"]["type"] = "log"
     if yr:
         lay["yaxis"]["range"] = yr
-    items = [(k, res.get(k)) for k in ("suggested_lr", "min_lr", "max_lr", "lr_at_min_loss", "rule", "stop_reason",
-                                       "message", "optimizer", "batch_size", "steps", "steps_planned")
-             if res.get(k) is not None]
-    if res.get("suggested_lr") is None:
-        items.insert(0, ("suggestion", "none: " + str(res.get("message") or "the loss did not fall")))
+    items = [(k, v) for k, v in (("suggested_lr", res.suggested_lr), ("min_lr", res.min_lr), ("max_lr", res.max_lr),
+                                 ("lr_at_min_loss", res.lr_at_min_loss), ("rule", res.rule),
+                                 ("stop_reason", res.stop_reason), ("message", res.message),
+                                 ("optimizer", res.optimizer), ("batch_size", res.batch_size), ("steps", res.steps),
+                                 ("steps_planned", res.steps_planned)) if v is not None]
+    if res.suggested_lr is None:
+        items.insert(0, ("suggestion", "none: " + str(res.message or "the loss did not fall")))
     s.chart({"data": data, "layout": lay}, side=s.side(lambda t: t.kv(items)))
 
 

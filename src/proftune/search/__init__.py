@@ -1,37 +1,21 @@
 """Constraint-aware, profile-gated hyperparameter search on Optuna.
 
-``proftune.search(task, space, ...)`` is the entry point (bound in ``proftune/__init__.py``;
-every private module is imported here eagerly so that the function keeps the name).
+``proftune.search(task, space, ...)`` is the entry point.
 """
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
+from .._deprecated import renamed
 from .._optional import optuna  # noqa: F401  (missing: DependencyError naming the [search] extra)
-from . import (  # noqa: F401  (eager: see module doc)
-    _analysis,
-    _coarse_fine,
-    _config,
-    _constraints,
-    _gate,
-    _pruners,
-    _records,
-    _samplers,
-    _scan,
-    _settings,
-    _space,
-    _storage,
-    _strategy,
-    _study,
-    _trial,
-)
 from ._analysis import PLOT_FILES
 from ._api import (
-    BACKENDS,
     DEFAULT_SCAN,
+    SEARCH_BACKENDS,
     SearchResult,
     TrialTally,
     cancel_waiting,
-    scan,
+    feasibility_scan,
     search,
     study_trials,
     task_metrics,
@@ -42,23 +26,25 @@ from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constrai
 from ._gate import GateResult, ProfileGate
 from ._pruners import PRUNERS, PatiencePruner
 from ._ray import SCHEDULERS, RayOptions
-from ._records import TrialRecord
+from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
 from ._samplers import SAMPLERS
 from ._scan import Bound, ScanResult
 from ._space import ForbidRule, Param, Space, load_space
 from ._strategy import Statement, strategy
 
 __all__ = [
-    "BACKENDS",
     "DEFAULT_SCAN",
     "PLOT_FILES",
     "PROFILE_METRICS",
     "PRUNERS",
     "SAMPLERS",
     "SCHEDULERS",
+    "SEARCH_BACKENDS",
+    "TRIAL_SCHEMA_VERSION",
     "Bound",
     "CoarseToFineSampler",
     "Constraint",
+    "ConstraintCheck",
     "ForbidRule",
     "GateResult",
     "Objective",
@@ -72,14 +58,21 @@ __all__ = [
     "Space",
     "Statement",
     "TrialRecord",
+    "TrialResult",
     "TrialTally",
     "cancel_waiting",
+    "feasibility_scan",
     "load_space",
     "parse_constraint",
     "parse_objective",
-    "scan",
     "search",
     "strategy",
     "study_trials",
     "task_metrics",
 ]
+
+#: ``BACKENDS`` and ``scan``: former names of SEARCH_BACKENDS and feasibility_scan, deprecated.
+__getattr__ = renamed(__name__, {"BACKENDS": "SEARCH_BACKENDS", "scan": "feasibility_scan"})
+
+# ``proftune.search(...)`` calls :func:`search`: the subpackage is the one object of the name.
+_make_callable(__name__)

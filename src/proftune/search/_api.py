@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 
 from .._jsonsafe import json_safe
-from .._record import record_fields
+from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..metrics import default_objective, split_objective
 from ..task import ClassificationTask, Task, load_task
@@ -35,14 +35,14 @@ from ._storage import open_storage
 from ._strategy import Statement, strategy
 from ._study import raise_if_too_many_failures, run_worker
 
-__all__ = ["BACKENDS", "DEFAULT_SCAN", "SearchResult", "cancel_waiting", "scan", "search", "study_trials",
-           "task_metrics"]
+__all__ = ["DEFAULT_SCAN", "SEARCH_BACKENDS", "SearchResult", "cancel_waiting", "feasibility_scan", "search",
+           "study_trials", "task_metrics"]
 
 #: Configurations the feasibility scan profiles when there are hard profile constraints.
 DEFAULT_SCAN = 16
 
 #: Where trials run: this machine's processes, or a Ray cluster (``RayOptions``).
-BACKENDS = ("local", "ray")
+SEARCH_BACKENDS = ("local", "ray")
 
 
 #: Bumped when a field of :class:`SearchResult`'s JSON changes meaning.
@@ -91,7 +91,7 @@ class TrialTally:
             raise ConfigError("a search result's counts, budget and compute must be JSON objects, but got "
                               f"{type(counts).__name__}, {type(budget).__name__}, {type(compute).__name__}.")
         tallied = {k: budget[k] for k in ("trained", "gated") if k in budget}
-        return cls(**record_fields(cls, {"states": dict(counts), **tallied, **compute}, kind="search tally",
+        return cls(**record_fields(cls, {"states": dict(counts), **tallied, **compute}, what="a search tally",
                                    derived=("scan_s",)))
 
 
@@ -184,19 +184,18 @@ class SearchResult:
     def from_dict(cls, d: dict[str, Any]) -> SearchResult:
         """The record back from :meth:`to_dict`'s JSON (a tune Run's result: ``trials`` is then
         ``[]``, the tally and the best trials are there)."""
-        kw = record_fields(cls, d, kind="search result", version=SEARCH_SCHEMA_VERSION, derived=_TALLY_KEYS,
-                           built=("tally", "trials"))
+        stored_version(d, what="a search result", current=SEARCH_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="a search result", derived=(*_TALLY_KEYS, "trials"), exclude=("tally", "trials"))
         missing = [k for k in _TALLY_KEYS if k not in d]
         if missing:
-            raise ConfigError(f"the search result record lacks {', '.join(map(repr, missing))}, which its "
-                              "tally is read from.")
+            raise ConfigError(f"a search result has no {', '.join(missing)}, which its tally is read from.")
         problems = ProblemCollector()
         objectives = [Objective(*_objective(text)) for text in kw["objectives"]]
         constraints = [parse_constraint(text, problems) for text in kw["constraints"]]
         problems.raise_if_any(header="the search result record's constraints cannot be read:")
         return cls(**{
             **kw, "objectives": objectives, "constraints": [c for c in constraints if c is not None],
-            "trials": [TrialRecord.from_dict(t) for t in kw.get("trials") or []],
+            "trials": [TrialRecord.from_dict(t) for t in d.get("trials") or []],
             "best": TrialRecord.from_dict(kw["best"]) if kw["best"] else None,
             "pareto": [TrialRecord.from_dict(t) for t in kw["pareto"] or []],
             "tally": TrialTally.read(d["counts"], d["budget"], d["compute"]),
@@ -212,7 +211,7 @@ def _objective(text: str) -> tuple[str, str]:
     return name, "maximize" if direction == "max" else "minimize"
 
 
-def scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, constraints: Sequence[str],
+def feasibility_scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, constraints: Sequence[str],
          n: int = DEFAULT_SCAN, seed: int = 0, device: str = "auto", gate_steps: int = 2) -> ScanResult:
     """Profile ``n`` Halton configurations of ``space`` (no training) and fit the bounds of the
     params within which the hard profile ``constraints`` hold (see :mod:`proftune.search._scan`)."""
@@ -226,7 +225,7 @@ def scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, con
                      f"valid metrics: {', '.join(PROFILE_METRICS)}.")
     if isinstance(n, bool) or n < 1:
         problems.add(f"n must be an integer >= 1, but got {n=}.")
-    problems.raise_if_any(header="scan: the arguments are not well-formed, found the following errors:")
+    problems.raise_if_any(header="feasibility_scan: the arguments are not well-formed, found the following errors:")
     return run_scan(task_obj, space_obj, hard, n=n, seed=seed, device=device, gate_steps=gate_steps)
 
 
@@ -416,8 +415,8 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
     if space_obj is not None and c.params:
         searched = sorted(set(c.params) & set(space_obj.names))
         for name in searched:
-            problems.add(f"{name!r} is both fixed (params, --param {name}={c.params[name]}) and searched "
-                         "by the space; keep one (a fixed value belongs in the space's fixed:).")
+            problems.add(f"{name!r} is fixed to {c.params[name]!r} by params= and also searched by the "
+                         "space; keep one (a fixed value belongs in the space's fixed:).")
         if not searched:
             space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **c.params})
     metrics = task_metrics(task_obj)
@@ -427,13 +426,13 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
     objs, cons = parse_targets(objectives, c.constraints, task_metrics=metrics, problems=problems,
                                task=task_obj)
     if c.sampler not in SAMPLERS:
-        problems.add(f"--sampler {c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
+        problems.add(f"sampler={c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
     if c.pruner not in PRUNERS:
-        problems.add(f"--pruner {c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
-    if c.backend not in BACKENDS:
-        problems.add(f"--backend {c.backend!r} is unknown; valid: {', '.join(BACKENDS)}.")
+        problems.add(f"pruner={c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
+    if c.backend not in SEARCH_BACKENDS:
+        problems.add(f"backend={c.backend!r} is unknown; valid: {', '.join(SEARCH_BACKENDS)}.")
     if c.scan is not None and (isinstance(c.scan, bool) or c.scan < 0):
-        problems.add(f"--scan must be an integer >= 0 (0: no scan), but got {c.scan!r}.")
+        problems.add(f"scan={c.scan!r} must be an integer >= 0 (0: no scan).")
     if c.workers > 1 and not isinstance(task, str) and not _picklable(task_obj):
         problems.add("workers > 1 needs a task that other processes can load: give its spec "
                      "('file.py:Class', 'pkg.mod:Class' or a built-in name).")
@@ -474,7 +473,7 @@ def _stored_definition(storage: Any, name: str, url: str, wanted: Mapping[str, A
     if diffs:
         raise ConfigError(diffs, header=(
             f"study {name!r} in {redact_url(url)} was created with a different space or targets; "
-            "it was left unchanged. Use another --study name, or the original space:"))
+            "it was left unchanged. Use another study= name, or the original space:"))
     return stored
 
 

@@ -80,6 +80,14 @@ class SearchConfig:
     #: a caller that runs a study in many short calls and reads only the trials.
     analyse: bool = True
 
+    def __post_init__(self) -> None:
+        # one objective or constraint given as text is a sequence of one (a str would be read
+        # character by character)
+        for name in ("objectives", "constraints"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+
 
 def search_config(config: SearchConfig | None, options: Mapping[str, Any]) -> SearchConfig:
     """``config`` (or the defaults) with the keyword ``options`` over it; an unknown option's

@@ -99,41 +99,48 @@ def _fmt(value: float) -> str:
     return f"{value:.3e}"
 
 
-def parse_objective(text: str, problems: ProblemCollector, *, task: Any = None) -> Objective | None:
-    """``accuracy:max`` / ``val_loss:min`` / ``accuracy`` (direction from the metric registry)."""
-    name, sep, given = str(text).strip().partition(":")
-    name = name.strip()
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
-        problems.add(f"--objective {text!r} is malformed; give METRIC or METRIC:max|min (e.g. accuracy:max).")
+def parse_objective(text: str, problems: ProblemCollector, *, task: Any = None,
+                    name: str = "objective") -> Objective | None:
+    """``accuracy:max`` / ``val_loss:min`` / ``accuracy`` (direction from the metric registry).
+
+    ``name`` is the caller's argument the text came from, which a problem names
+    (``objective='x:up' is malformed``; :func:`proftune.search` passes ``objectives``).
+    """
+    metric, sep, given = str(text).strip().partition(":")
+    metric = metric.strip()
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", metric):
+        problems.add(f"{name}={text!r} is malformed; give METRIC or METRIC:max|min (e.g. 'accuracy:max').")
         return None
     try:
-        d = resolve_direction(name, given.strip() if sep else None, task=task)
+        d = resolve_direction(metric, given.strip() if sep else None, task=task)
     except ConfigError as exc:
-        problems.add(f"--objective {text!r}: {exc.problems[0]}")
+        problems.add(f"{name}={text!r}: {exc.problems[0]}")
         return None
-    return Objective(name, "maximize" if d == "max" else "minimize")
+    return Objective(metric, "maximize" if d == "max" else "minimize")
 
 
-def parse_constraint(text: str, problems: ProblemCollector) -> Constraint | None:
+def parse_constraint(text: str, problems: ProblemCollector, *, name: str = "constraints") -> Constraint | None:
     """``step_time_ms<50``, ``step_time_ms<1s`` (1000 ms), ``peak_memory_bytes<=2GiB``, ``accuracy>=0.9``.
 
     The limit is read in the metric's unit from the registry (:func:`proftune._units.parse_quantity`):
     a time metric takes ``ms``, ``s``, ``min``, a byte metric ``KiB``, ``MB``, ``GiB``, a count ``k``, ``M``.
+    ``name`` is the caller's argument the text came from, which a problem names
+    (``constraints='step_time_ms<<50' is malformed``).
     """
     m = _CONSTRAINT.match(str(text))
     if not m:
-        problems.add(f"--constraint {text!r} is malformed; give METRIC<VALUE, <=, > or >= "
-                     "(e.g. step_time_ms<50, peak_memory_bytes<=2GiB).")
+        problems.add(f"{name}={text!r} is malformed; give METRIC<VALUE, <=, > or >= "
+                     "(e.g. 'step_time_ms<50', 'peak_memory_bytes<=2GiB').")
         return None
     metric, op, limit = m.groups()
     unit = METRICS[metric].unit if is_known(metric) else ""
     try:
-        value = parse_quantity(limit, unit=unit, name=f"--constraint {text!r}: limit")
+        value = parse_quantity(limit, unit=unit, name=f"{name}={text!r}: limit")
     except ConfigError as exc:
         problems.problems.extend(exc.problems)
         return None
     if not math.isfinite(value):
-        problems.add(f"--constraint {text!r}: the limit must be finite.")
+        problems.add(f"{name}={text!r}: the limit must be finite.")
         return None
     return Constraint(metric, op, value, f"{metric}{op}{limit.replace(' ', '')}")
 
@@ -151,19 +158,19 @@ def parse_targets(
     ``task_metrics`` are the names the task's evaluation returns (None: unknown, not checked);
     ``task`` may declare directions of its own metrics (``metric_directions``).
     """
-    objs = [o for o in (parse_objective(t, problems, task=task) for t in objectives) if o]
-    cons = [c for c in (parse_constraint(t, problems) for t in constraints) if c]
+    objs = [o for o in (parse_objective(t, problems, task=task, name="objectives") for t in objectives) if o]
+    cons = [c for c in (parse_constraint(t, problems, name="constraints") for t in constraints) if c]
     produced = produced_metrics(task_metrics)
-    for kind, metric, text in ([("--objective", o.metric, o.text) for o in objs]
-                               + [("--constraint", c.metric, c.text) for c in cons]):
+    for kind, metric, text in ([("objectives", o.metric, o.text) for o in objs]
+                               + [("constraints", c.metric, c.text) for c in cons]):
         if task_metrics is not None and metric not in produced:
-            problems.add(f"{kind} {text!r}: metric {metric!r} is produced by nothing here; task metrics: "
+            problems.add(f"{kind}={text!r}: metric {metric!r} is produced by nothing here; task metrics: "
                          f"{', '.join(task_metrics) or '(none)'}; training: {', '.join(TRAIN_METRICS)}; "
                          f"profile metrics: {', '.join(PROFILE_METRICS)}.")
     seen: set[str] = set()
     for o in objs:
         if o.metric in seen:
-            problems.add(f"--objective {o.metric!r} is given twice.")
+            problems.add(f"objectives= names {o.metric!r} twice; give each metric once.")
         seen.add(o.metric)
     return objs, cons
 

@@ -75,7 +75,7 @@ class GateResult:
 
 
 def _stage_of(metric: str) -> str:
-    producers = METRICS[metric].producers
+    producers = METRICS[metric].stages
     return next(s for s in GATE_STAGES if s in producers)
 
 

@@ -73,4 +73,4 @@ def make_pruner(name: str, options: dict[str, Any]) -> BasePruner:
             reduction_factor=int(options.get("reduction_factor", 3)))
     if name == "patience":
         return PatiencePruner(int(options.get("patience", 2)), float(options.get("min_delta", 0.0)))
-    raise ConfigError(f"--pruner {name!r} is unknown; valid: {', '.join(PRUNERS)}.")
+    raise ConfigError(f"pruner={name!r} is unknown; valid: {', '.join(PRUNERS)}.")

@@ -76,7 +76,7 @@ def _ray() -> Any:
             from ray import tune  # noqa: F401
     except ImportError as exc:
         raise DependencyError(
-            "--backend ray needs Ray Tune, which is not installed; install the extra: "
+            "backend='ray' needs Ray Tune, which is not installed; install the extra: "
             "pip install 'proftune[ray]'.") from exc
     for name in ("ray", "ray.tune", "ray.train", "ray.air", "ray.data"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -91,11 +91,11 @@ class RayOptions:
                  population: int | None = None, perturbation_interval: int = 1,
                  debug: bool = False) -> None:
         if scheduler not in SCHEDULERS:
-            raise ConfigError(f"--scheduler {scheduler!r} is unknown; valid: {', '.join(SCHEDULERS)}.")
+            raise ConfigError(f"scheduler={scheduler!r} is unknown; valid: {', '.join(SCHEDULERS)}.")
         if workers < 1:
-            raise ConfigError(f"--workers must be at least 1, but got {workers=}.")
+            raise ConfigError(f"workers={workers!r} must be >= 1.")
         if address is not None and address != "auto" and ":" not in address:
-            raise ConfigError(f"--ray-address {address!r} is malformed; give auto or HOST:PORT.")
+            raise ConfigError(f"address={address!r} is malformed; give 'auto' or 'HOST:PORT'.")
         self.address, self.scheduler, self.workers = address, scheduler, int(workers)
         self.storage_path = Path(storage_path) if storage_path else None
         self.max_retries, self.population = int(max_retries), population
@@ -590,7 +590,7 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
         mutations: dict[str, Any] = {p.name: _ladder(p) for p in settings.space.params
                                      if p.name in PERTURBABLE}
         if not mutations:
-            raise ConfigError("--scheduler pbt perturbs lr, weight_decay, momentum or dropout; the "
+            raise ConfigError("scheduler='pbt' perturbs lr, weight_decay, momentum or dropout; the "
                               f"space searches none of them (it has: {', '.join(settings.space.names) or 'none'}).")
         return _pbt_class()(time_attr="epoch", metric=_METRIC, mode=mode,
                             perturbation_interval=options.perturbation_interval,
@@ -712,8 +712,8 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
     remaining = max(0, settings.trials - finished)
     pbt = options.scheduler == "pbt"
     if options.scheduler != "fifo" and len(settings.objectives) > 1:
-        raise ConfigError(f"--scheduler {options.scheduler} needs one objective, but got "
-                          f"{len(settings.objectives)}; use --scheduler fifo for a Pareto front.")
+        raise ConfigError(f"scheduler={options.scheduler!r} needs one objective, but objectives= has "
+                          f"{len(settings.objectives)}; use scheduler='fifo' for a Pareto front.")
     folder = _experiment_dir(settings, options)
     out: dict[str, Any] = {"backend": "ray", "scheduler": options.scheduler, "experiment": str(folder),
                            "trials_run": 0, "retries": 0, "schedule": {}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,9 +10,10 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from .._record import record_fields
+from .._records import mapping, record_fields, stored_version
 
-__all__ = ["ATTR", "TRIAL_STATES", "TrialRecord", "counts", "slots_before", "trial_records"]
+__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "TrialRecord", "TrialResult", "counts",
+           "slots_before", "trial_records"]
 
 TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
 ATTR = "proftune"
@@ -19,7 +21,8 @@ ATTR = "proftune"
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """One trial as the search reports it (a record nested in :class:`~proftune.search.SearchResult`)."""
+    """One trial as the search reports it (from the study's storage, in ``SearchResult.trials``);
+    its trial Run holds the shorter :class:`TrialResult`."""
 
     number: int
     state: str
@@ -59,8 +62,82 @@ class TrialRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
-        """The trial back from :meth:`to_dict`'s JSON; a key it does not define is a ConfigError."""
-        return cls(**record_fields(cls, d, kind="search trial"))
+        """The trial back from :meth:`to_dict`'s JSON (a record nested in a search result, whose
+        version covers it); a key it does not define is a ConfigError."""
+        return cls(**record_fields(cls, mapping(d, what="a search trial"), what="a search trial"))
+
+
+#: Bumped when a field of :class:`TrialResult`'s JSON changes meaning.
+TRIAL_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ConstraintCheck:
+    """One constraint as a trial measured it: the metric, its value (None: not measured), the
+    limit, the operator, the violation (> 0: broken) and whether it holds."""
+
+    metric: str
+    value: float | None
+    limit: float
+    op: str
+    violation: float | None
+    ok: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """How one trial ended, as its ``trial`` Run holds it: the trial's number, its state and why,
+    the constraints as measured, the steps it trained and the seconds of training and of the gate.
+
+    A frozen, versioned record: the search builds it when the trial ends, the Run holds
+    :meth:`to_dict`, and the report reads it back through :meth:`from_dict`. The params, metrics
+    and curve are the Run's own (config, metrics, curves). A trial run under Ray also counts
+    Ray's retries (``ray_retries``) and has no gate or training seconds of its own.
+    """
+
+    trial: int | None
+    state: str
+    reason: str | None
+    constraints: dict[str, ConstraintCheck]
+    steps: int
+    #: Seconds of training and of the profile gate (None: not measured, a trial run under Ray).
+    train_s: float | None = None
+    gate_s: float | None = None
+    ray_retries: int | None = None
+    schema_version: int = TRIAL_SCHEMA_VERSION
+
+    @classmethod
+    def build(cls, *, trial: int | None, state: str, reason: str | None, constraints: dict[str, Any],
+              steps: int, train_s: float = 0.0, gate_s: float = 0.0) -> TrialResult:
+        """The record of a trial that ended, its constraints given as ``constraint_table`` writes them."""
+        return cls(trial=trial, state=state, reason=reason, constraints=_checks(constraints, what="a trial"),
+                   steps=int(steps), train_s=float(train_s), gate_s=float(gate_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["constraints"] = {k: c.to_dict() for k, c in self.constraints.items()}
+        if self.ray_retries is None:
+            del d["ray_retries"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
+        """The record back from :meth:`to_dict`'s JSON (a ``trial`` Run's result; one recorded
+        before the record had a version holds the same fields)."""
+        what = "a trial's result"
+        stored_version(d, what=what, current=TRIAL_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what=what)
+        kw["constraints"] = _checks(kw.get("constraints") or {}, what=what)
+        kw["steps"] = int(kw.get("steps") or 0)
+        return cls(**kw)
+
+
+def _checks(table: dict[str, Any], *, what: str) -> dict[str, ConstraintCheck]:
+    return {str(k): ConstraintCheck(**record_fields(ConstraintCheck, c, what=f"{what}'s constraint {k}"))
+            for k, c in table.items()}
 
 
 @dataclass(frozen=True)

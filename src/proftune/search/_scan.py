@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._record import record_fields
+from .._records import mapping, record_fields
 from ..task import Task
 from ._constraints import Constraint
 from ._gate import ProfileGate, free_memory, is_oom
@@ -67,7 +67,7 @@ class Bound:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Bound:
-        kw = record_fields(cls, d, kind="scan bound", derived=("text",))
+        kw = record_fields(cls, mapping(d, what="a scan bound"), what="a scan bound", derived=("text",))
         value = tuple(kw["value"]) if kw["op"] == "in" else kw["value"]
         return cls(**{**kw, "value": value, "agree": int(kw.get("agree", 0)), "total": int(kw.get("total", 0)),
                       "constraints": tuple(kw.get("constraints", ()))})
@@ -98,7 +98,7 @@ class ScanResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScanResult:
         """The scan back from :meth:`to_dict`'s JSON (a study's stored scan, a tune Run's)."""
-        kw = record_fields(cls, d, kind="feasibility scan")
+        kw = record_fields(cls, mapping(d, what="a feasibility scan"), what="a feasibility scan")
         return cls(**{**kw, "constraints": list(kw["constraints"]), "points": list(kw["points"] or []),
                       "bounds": [Bound.from_dict(b) for b in kw["bounds"] or []],
                       "duration_s": float(kw["duration_s"]), "profiles": int(kw["profiles"]),

@@ -55,36 +55,35 @@ class SearchSettings:
 
 
 def check_settings(settings: SearchSettings, problems: ProblemCollector) -> None:
-    """Problems of the combination of options (each option alone is checked where parsed)."""
+    """Problems of the combination of options (each option alone is checked where parsed); each
+    names the :class:`~proftune.search.SearchConfig` field (``trials=0``), which the CLI reads as
+    its flag."""
     multi = len(settings.objectives) > 1
+    given = f"objectives= has {len(settings.objectives)} ({', '.join(o.text for o in settings.objectives)})"
     if settings.pruner != "none":
         if multi:
-            problems.add(f"--pruner {settings.pruner} needs one objective; Optuna cannot prune "
-                         f"multi-objective trials (objectives: {[o.text for o in settings.objectives]}).")
+            problems.add(f"pruner={settings.pruner!r} needs one objective (Optuna cannot prune "
+                         f"multi-objective trials), but {given}.")
         elif settings.objectives and settings.objectives[0].is_profile:
-            problems.add(f"--pruner {settings.pruner} needs a task metric as the objective, but got "
+            problems.add(f"pruner={settings.pruner!r} needs a task metric as the objective, but got "
                          f"{settings.objectives[0].text!r} (a profile metric, known before training).")
     if settings.coarse not in ("halton", "grid"):
         problems.add(f"coarse={settings.coarse!r} is unknown; valid: halton, grid.")
     if settings.sampler == "coarse-to-fine" and multi:
-        problems.add("--sampler coarse-to-fine ranks trials by one objective; give one --objective "
-                     "or use --sampler nsga2 / tpe for a Pareto front.")
+        problems.add(f"sampler='coarse-to-fine' ranks trials by one objective, but {given}; give one, "
+                     "or use sampler='nsga2' or 'tpe' for a Pareto front.")
     if settings.space.tiers and multi:
-        problems.add("a staged space (tiers) fixes each stage's best by one objective; give one --objective.")
+        problems.add(f"a staged space (tiers) fixes each stage's best by one objective, but {given}; give one.")
     if settings.space.tiers and settings.sampler in ("grid", "halton", "sobol"):
-        problems.add(f"--sampler {settings.sampler} needs every param in each trial; a staged space "
-                     "(tiers) searches a few at a time; use tpe, random or nsga2.")
-    if settings.trials < 1:
-        problems.add(f"--trials must be at least 1, but got {settings.trials}.")
-    if settings.max_gated is not None and settings.max_gated < 0:
-        problems.add(f"--max-gated must be >= 0, but got {settings.max_gated}.")
-    if settings.workers < 1:
-        problems.add(f"--workers must be at least 1, but got {settings.workers}.")
-    if settings.max_failures < 0:
-        problems.add(f"--max-failures must be >= 0, but got {settings.max_failures}.")
+        problems.add(f"sampler={settings.sampler!r} needs every param in each trial; a staged space "
+                     "(tiers) searches a few at a time; use sampler='tpe', 'random' or 'nsga2'.")
+    minimums = (("trials", settings.trials, 1), ("max_gated", settings.max_gated, 0),
+                ("workers", settings.workers, 1), ("max_failures", settings.max_failures, 0),
+                ("epochs", settings.epochs, 1))
+    for option, value, low in minimums:
+        if value is not None and value < low:
+            problems.add(f"{option}={value!r} must be >= {low}.")
     if settings.timeout is not None and settings.timeout <= 0:
-        problems.add(f"--timeout must be > 0 seconds, but got {settings.timeout}.")
-    if settings.epochs is not None and settings.epochs < 1:
-        problems.add(f"--epochs must be at least 1, but got {settings.epochs}.")
+        problems.add(f"timeout={settings.timeout!r} must be > 0 seconds.")
     if settings.pruner == "patience" and int(settings.space.pruner.get("patience", 2)) < 1:
         problems.add(f"pruner patience={settings.space.pruner.get('patience')} must be >= 1.")

@@ -327,11 +327,11 @@ def load_space(source: str | Path | Mapping[str, Any] | Space) -> Space:
     if isinstance(source, Path) or (len(str(source)) < 4096 and "\n" not in str(source)
                                     and (path.suffix in (".yaml", ".yml", ".json") or path.exists())):
         if not path.is_file():
-            raise ConfigError(f"--space {str(source)!r} does not exist (looked for {path.resolve()}).")
+            raise ConfigError(f"space={str(source)!r} does not exist (looked for {path.resolve()}).")
         try:
             text, origin = path.read_text(encoding="utf-8"), str(path)
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"--space {str(source)!r} is not a text file ({exc.reason} at byte "
+            raise ConfigError(f"space={str(source)!r} is not a text file ({exc.reason} at byte "
                               f"{exc.start}); expected a YAML or JSON search space, e.g. "
                               "'params: {lr: {type: float, low: 1.0e-4, high: 0.1, log: true}}'.") from None
     else:

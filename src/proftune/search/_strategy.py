@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._record import record_fields
+from .._records import mapping, record_fields
 from ._constraints import Constraint, Objective
 from ._records import TrialRecord
 from ._space import Param, Space
@@ -48,7 +48,7 @@ class Statement:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Statement:
-        return cls(**record_fields(cls, d, kind="strategy statement"))
+        return cls(**record_fields(cls, mapping(d, what="a strategy statement"), what="a strategy statement"))
 
 
 # -- statistics -----------------------------------------------------------------------------------

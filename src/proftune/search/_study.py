@@ -117,5 +117,5 @@ def raise_if_too_many_failures(study: optuna.Study, max_failures: int) -> None:
     if c["failed"] > max_failures:
         last = [r for r in trial_records(study) if r.state == "failed"][-1]
         raise RunFailedError(
-            f"{c['failed']} trials failed (more than --max-failures={max_failures}); the last: "
+            f"{c['failed']} trials failed (more than max_failures={max_failures}); the last: "
             f"trial {last.number}: {last.reason}\n{last.traceback or ''}".rstrip())

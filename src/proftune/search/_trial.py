@@ -16,7 +16,7 @@ from ..track import Store
 from ..train import Callback, FitState, fit
 from ._constraints import constraint_table
 from ._gate import ProfileGate, free_memory, is_oom
-from ._records import ATTR, slots_before
+from ._records import ATTR, TrialResult, slots_before
 from ._samplers import describe_sampler
 from ._settings import SearchSettings
 
@@ -224,6 +224,6 @@ class TrialRunner:
                 rec["run_id"], status=status, error=rec.get("traceback") or (rec["reason"] if status == "failed" else None),
                 metrics=rec["metrics"], anomalies=rec["anomalies"],
                 curves={"epoch": rec.get("curve", [])},
-                result={"state": state, "reason": rec["reason"], "constraints": rec["constraints"],
-                        "trial": trial.number, "steps": rec["steps"], "train_s": rec["train_s"],
-                        "gate_s": rec["gate_s"]})
+                result=TrialResult.build(trial=trial.number, state=state, reason=rec["reason"],
+                                         constraints=rec["constraints"], steps=rec["steps"],
+                                         train_s=rec["train_s"], gate_s=rec["gate_s"]).to_dict())

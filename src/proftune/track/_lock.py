@@ -1,12 +1,12 @@
 """Locks: one run owns an output folder, and a study, at a time.
 
-Two ``optimize`` processes on one ``--out`` once both "succeeded" with each other's files. Now
+Two ``optimize`` processes on one ``out`` folder once both "succeeded" with each other's files. Now
 the second one is refused (:class:`~proftune.exceptions.ConfigError`, exit 2) with the holder's
 pid, host and start time; nothing waits silently.
 
 - :class:`FolderLock`: an ``flock`` on ``FOLDER/.proftune.lock``. The kernel releases it when
   its process dies, however it dies, so a killed run's lock is free for the next one at once
-  (``--resume``); the file only says who holds it.
+  (``resume=True``); the file only says who holds it.
 - :class:`StudyLock`: a row per holder in the store's ``proftune_locks`` table, which every
   process on every machine sharing the database sees. A holder is alive while its process
   exists (same host: its pid, with its start time against pid reuse) or, on another host,
@@ -156,10 +156,11 @@ class _Reentrant(abc.ABC):
 class FolderLock(_Reentrant):
     """The output folder ``folder`` belongs to this process while the lock is held.
 
-    ``option`` names the folder in the refusal (``--out``); the folder is created if needed.
+    ``option`` is the argument that names the folder, in the refusal (``out``: ``out='x'``, which
+    the CLI reads as ``--out 'x'``); the folder is created if needed.
     """
 
-    def __init__(self, folder: str | Path, *, command: str, option: str = "--out") -> None:
+    def __init__(self, folder: str | Path, *, command: str, option: str = "out") -> None:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
         self.command, self.option = command, option
@@ -189,8 +190,8 @@ class FolderLock(_Reentrant):
                 os.close(fd)
                 who = holder.describe() if holder is not None else "another process"
                 raise ConfigError(
-                    f"{self.option} {str(self.folder)!r} is in use by {who}: one run owns an output "
-                    f"folder at a time. Wait for it to end, or choose another {self.option}.")
+                    f"{self.option}={str(self.folder)!r} is in use by {who}: one run owns an output "
+                    f"folder at a time. Wait for it to end, or choose another {self.option}=.")
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -291,7 +292,7 @@ class StudyLock(_Reentrant):
             who = "; ".join(h.describe() for h in conflicts)
             raise ConfigError(
                 f"study {self.name!r} is in use by {who}: tune runs may share a study, an optimize "
-                "run owns its study alone. Wait for it to end, or give another --study.")
+                "run owns its study alone. Wait for it to end, or give another study=.")
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat, name=f"proftune-lock-{self.name}", daemon=True)
         self._beat.start()

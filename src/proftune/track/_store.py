@@ -177,7 +177,7 @@ def _sqlite_tables(path: Path) -> list[str]:
 def _refuse_foreign(shown: str, tables: list[str]) -> StoreError:
     listed = ", ".join(tables[:8]) + (f" and {len(tables) - 8} more" if len(tables) > 8 else "")
     return StoreError(
-        f"--db {shown!r} holds another application's tables ({listed}), neither proftune's nor "
+        f"db={shown!r} holds another application's tables ({listed}), neither proftune's nor "
         "Optuna's; it was left untouched. Give a new file name or an existing proftune database.")
 
 
@@ -188,11 +188,11 @@ def _check_sqlite_file(url: sa.URL) -> None:
         return
     path = Path(database)
     if path.is_dir():
-        raise StoreError(f"--db {url.render_as_string(hide_password=True)!r} points at a directory, not a database file.")
+        raise StoreError(f"db={url.render_as_string(hide_password=True)!r} points at a directory, not a database file.")
     if not path.exists():
         if not path.parent.exists():
             raise StoreError(
-                f"--db {url.render_as_string(hide_password=True)!r}: folder {str(path.parent)!r} does not exist."
+                f"db={url.render_as_string(hide_password=True)!r}: folder {str(path.parent)!r} does not exist."
             )
         return
     if path.stat().st_size == 0:
@@ -201,13 +201,13 @@ def _check_sqlite_file(url: sa.URL) -> None:
         head = fh.read(len(_SQLITE_MAGIC))
     if head != _SQLITE_MAGIC:
         raise StoreError(
-            f"--db {url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
+            f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
             "database; it was left untouched. Give a new file name or an existing proftune database."
         )
     try:
         tables = _sqlite_tables(path)
     except sqlite3.Error as exc:  # a damaged or encrypted file
-        raise StoreError(f"--db {url.render_as_string(hide_password=True)!r}: {str(path)!r} cannot be read "
+        raise StoreError(f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} cannot be read "
                          f"as a SQLite database ({exc}); it was left untouched.") from exc
     foreign = _foreign_tables(tables)
     if foreign is not None:
@@ -240,7 +240,7 @@ class Store:
             parsed = sa.make_url(self.url)
         except sa.exc.ArgumentError:
             raise StoreError(
-                f"--db {self.shown_url!r} is not a database URL; give e.g. sqlite:///proftune.db "
+                f"db={self.shown_url!r} is not a database URL; give e.g. sqlite:///proftune.db "
                 "or postgresql://user@host/db."
             ) from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
@@ -255,11 +255,11 @@ class Store:
             try:
                 self.engine = sa.create_engine(self.url, pool_pre_ping=True)
             except Exception as exc:
-                raise StoreError(f"--db {self.shown_url!r} cannot be opened: {_redacted(exc, self)}") from exc
+                raise StoreError(f"db={self.shown_url!r} cannot be opened: {_redacted(exc, self)}") from exc
         try:
             self._retry(self._create_schema)
         except DBAPIError as exc:
-            raise StoreError(f"--db {self.shown_url!r} cannot be opened as a database: "
+            raise StoreError(f"db={self.shown_url!r} cannot be opened as a database: "
                              f"{_redacted(exc.orig, self)}") from None
 
     def _create_schema(self) -> None:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from proftune.cli import app
 from proftune.exceptions import ConfigError
-from proftune.recommend import PREDICT_SCHEMA_VERSION, PredictConfig, PredictResult, predict
+from proftune.predict import PREDICT_SCHEMA_VERSION, PredictConfig, PredictResult, predict
 from proftune.track import Store
 
 runner = CliRunner()

@@ -1,7 +1,7 @@
 """Hugging Face models built from their configs (random init, no download) as proftune tasks.
 
 Used by the predict tests and by ``benchmarks/predict.py`` (which names them by file path,
-``tests/recommend/hf_tasks.py:TinyBert``).
+``tests/predict/hf_tasks.py:TinyBert``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 import proftune
 from proftune.cli import app
+from proftune.predict import MemoryModel, predict, resolve_target
 from proftune.profile import Profile, count_model, peak_step_memory
-from proftune.recommend import MemoryModel, predict, resolve_target
 from proftune.recommend._batch_size import verify_prediction
 from proftune.recommend._full_batches import FullBatchTask
 
@@ -24,7 +24,11 @@ runner = CliRunner()
 
 
 def _measured(task: Any, batch_size: int) -> int:
-    return int(peak_step_memory(FullBatchTask(proftune.load_task(task)), None, batch_size=batch_size,
+    return _measured_with(task, None, batch_size)
+
+
+def _measured_with(task: Any, params: dict[str, Any] | None, batch_size: int) -> int:
+    return int(peak_step_memory(FullBatchTask(proftune.load_task(task)), params, batch_size=batch_size,
                                 device="cpu"))
 
 
@@ -168,7 +172,7 @@ def test_find_batch_size_from_prediction_runs_one_real_step() -> None:
 
 
 def test_largest_batch_when_the_optimizer_step_holds_the_peak() -> None:
-    from proftune.recommend._predict import _largest_batch
+    from proftune.predict._api import _largest_batch
 
     # forward/backward grow 10 bytes per sample, the optimizer's peak is flat and the highest at
     # small batches: a single line through the step's peaks would extrapolate from a slope of 0
@@ -270,3 +274,44 @@ def test_json_is_one_object() -> None:
     assert d["step"]["time_ms"] > 0
     assert {lay["bound"] for lay in d["layers"]} <= {"compute", "memory", "overhead",
                                                                                  "unknown"}
+
+
+def test_grad_accumulation_is_traced_as_the_fit_loop_runs_it() -> None:
+    """The predictor runs the fit loop's own step (train.run_step): with 4 micro-batches the
+    gradients of the first live through the later ones, so the peak is higher than one micro-batch's
+    step, and it matches the measured step with accumulation; the time is the step's, the FLOPs
+    one micro-batch's (as count_model counts them)."""
+    one = predict("digits-cnn", {"grad_accumulation": 1}, batch_size=32, target="a100", max_batch=False)
+    four = predict("digits-cnn", {"grad_accumulation": 4}, batch_size=32, target="a100", max_batch=False)
+    measured = _measured_with("digits-cnn", {"grad_accumulation": 4}, 32)
+    assert abs(four.memory.peak_bytes / measured - 1) < 0.03, (four.memory.peak_bytes, measured)
+    assert four.memory.peak_bytes > one.memory.peak_bytes  # one micro-batch's trace misses the live grads
+    assert abs(one.memory.peak_bytes / measured - 1) > 0.03
+    assert four.flops == one.flops
+    assert four.step.forward_ms is not None
+    assert one.step.forward_ms is not None
+    assert 3.0 < four.step.forward_ms / one.step.forward_ms < 4.5
+    assert four.step.optimizer_ms == pytest.approx(one.step.optimizer_ms)
+    out = runner.invoke(app, ["predict", "digits-cnn", "--batch-size", "32", "--target", "a100", "-p",
+                              "grad_accumulation=4"])
+    assert out.exit_code == 0, out.output
+    assert "batch 32 x 4 micro-batches per step" in out.output
+
+
+def test_fp16_traces_the_grad_scaler_the_fit_loop_uses() -> None:
+    """At fp16 the fit loop's step unscales the gradients (GradScaler) before clipping and the
+    optimizer: the predicted step has those ops, bf16's (no scaler) does not."""
+    from proftune.predict import StepTracer
+
+    task = proftune.load_task("digits-cnn")
+    params = dict(task.default_params)
+    ops = {}
+    for precision in ("bf16", "fp16"):
+        trace = StepTracer(task, {**params, "precision": precision}, precision=precision).trace(16)
+        ops[precision] = sum(1 for op in trace.ops if op.phase == "optimizer")
+    assert ops["fp16"] > ops["bf16"]
+    bf16 = predict("digits-cnn", {"precision": "bf16"}, batch_size=16, target="a100", max_batch=False)
+    fp16 = predict("digits-cnn", {"precision": "fp16"}, batch_size=16, target="a100", max_batch=False)
+    assert fp16.step.optimizer_ms is not None
+    assert bf16.step.optimizer_ms is not None
+    assert fp16.step.optimizer_ms > bf16.step.optimizer_ms

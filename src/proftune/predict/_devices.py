@@ -131,7 +131,7 @@ def resolve_target(target: str | None = None, *, memory: int | str | None = None
     name = (target or "").strip().lower()
     if name and name not in TARGET_NAMES:
         problems.add(f"target={target!r} is not a known device; valid: {', '.join(TARGET_NAMES)} "
-                     "(or give --device-memory, --peak-tflops and --bandwidth for another one).")
+                     "(or give device_memory=, peak_tflops= and bandwidth= for another one).")
     problems.raise_if_any()
     if name == "cpu":
         spec = _measured_cpu()

@@ -1,0 +1,49 @@
+"""Models of cost: a training step's memory and time predicted without running it.
+
+``predict`` traces the fit loop's own step (:func:`proftune.train.run_step`: accumulation,
+autocast, GradScaler, clipping, the optimizer) on fake tensors and prices it on a target device
+(the device table and the roofline); the linear memory model ``peak(B) = a + b·B`` gives the
+largest batch that fits, the same model ``find_batch_size`` fits to measured steps.
+"""
+
+from __future__ import annotations
+
+from .._callable import make_callable as _make_callable
+from ._api import PredictConfig, predict
+from ._devices import DEVICES, DeviceSpec, resolve_target, roofline_ms
+from ._memory_model import MIN_MARGIN_FRACTION, RESIDUAL_MARGIN, MemoryModel, fit_memory_model
+from ._record import (
+    ESTIMATE_NOTE,
+    PREDICT_SCHEMA_VERSION,
+    LayerPrediction,
+    PeakAt,
+    PredictedMemory,
+    PredictedStep,
+    PredictResult,
+)
+from ._trace import PHASES, StepTracer
+
+__all__ = [
+    "DEVICES",
+    "ESTIMATE_NOTE",
+    "MIN_MARGIN_FRACTION",
+    "PHASES",
+    "PREDICT_SCHEMA_VERSION",
+    "RESIDUAL_MARGIN",
+    "DeviceSpec",
+    "LayerPrediction",
+    "MemoryModel",
+    "PeakAt",
+    "PredictConfig",
+    "PredictResult",
+    "PredictedMemory",
+    "PredictedStep",
+    "StepTracer",
+    "fit_memory_model",
+    "predict",
+    "resolve_target",
+    "roofline_ms",
+]
+
+# ``proftune.predict(task, ...)`` calls :func:`predict`: the subpackage is the one object of the name.
+_make_callable(__name__)

@@ -1,0 +1,378 @@
+"""Predict the memory and time of one training step without running it: the public call.
+
+:class:`StepTracer` (``_trace.py``) runs the fit loop's own step (:func:`proftune.train.run_step`)
+on fake tensors; this module turns its trace into a :class:`PredictResult` for a target device
+(``_devices.py``: the device table and the roofline), and searches the largest batch that fits
+with the memory model ``find_batch_size`` uses (``_memory_model.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._device import resolve_device
+from .._options import with_options
+from ..exceptions import ConfigError
+from ..profile import ParamCounts
+from ..task import Task, load_task
+from ..track import Store, optional_store, tracked_run
+from ..train import validate_params
+from ._devices import DeviceSpec, resolve_target, roofline_ms
+from ._memory_model import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
+from ._record import LayerPrediction, PeakAt, PredictedMemory, PredictedStep, PredictResult
+from ._trace import PHASES, StepTracer, _Trace
+
+__all__ = ["PredictConfig", "predict"]
+
+
+# -- from a trace to a prediction ----------------------------------------------------------------------
+
+
+def _roofline(trace: _Trace, spec: DeviceSpec) -> tuple[dict[str, dict[str, Any]], dict[str, float | None], str]:
+    """Per layer and per phase: FLOPs, bytes, estimated ms, and the bound."""
+    layers: dict[str, dict[str, Any]] = {}
+    phases: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in PHASES}  # compute s, memory s, ms
+    known = bool(spec.bandwidth_bytes_s) and bool(spec.peak_tflops)
+    for op in trace.ops:
+        tflops = spec.tflops(op.compute)
+        ms, _ = roofline_ms(op.flops, op.nbytes, tflops=tflops, bandwidth=spec.bandwidth_bytes_s,
+                            ops=1, overhead_us=spec.op_overhead_us)
+        w = trace.weight(op)  # FLOPs and bytes of one micro-batch; ms of the whole step
+        entry = layers.setdefault(op.layer, {"forward_flops": 0, "backward_flops": 0, "bytes": 0,
+                                             "forward_ms": 0.0, "backward_ms": 0.0, "compute_s": 0.0,
+                                             "memory_s": 0.0, "overhead_s": 0.0})
+        if op.phase in ("forward", "backward"):
+            if op.micro == 0:
+                entry[f"{op.phase}_flops"] += op.flops
+                entry["bytes"] += op.nbytes
+            entry[f"{op.phase}_ms"] += w * (ms or 0.0)
+        if known and tflops:
+            c, m = op.flops / (tflops * 1e12), op.nbytes / float(spec.bandwidth_bytes_s or 1)
+            entry["compute_s"] += w * c
+            entry["memory_s"] += w * m
+            entry["overhead_s"] += w * spec.op_overhead_us * 1e-6
+            acc = phases[op.phase]
+            acc[0] += w * c
+            acc[1] += w * m
+            acc[2] += w * (ms or 0.0)
+    phase_ms: dict[str, float | None] = {p: (phases[p][2] if known else None) for p in PHASES}
+    comp = sum(v[0] for v in phases.values())
+    mem = sum(v[1] for v in phases.values())
+    bound = "unknown" if not known else ("compute" if comp >= mem else "memory")
+    return layers, phase_ms, bound
+
+
+def _bound(entry: dict[str, Any]) -> str:
+    c, m, o = entry["compute_s"], entry["memory_s"], entry["overhead_s"]
+    if c == m == o == 0:
+        return "unknown"
+    if o > max(c, m):
+        return "overhead"
+    return "compute" if c >= m else "memory"
+
+
+def _assemble(trace: _Trace, spec: DeviceSpec, tracer: StepTracer) -> dict[str, Any]:
+    """The parts of a prediction that one trace on one target gives: counts, memory, time, layers."""
+    layer_costs, phase_ms, bound = _roofline(trace, spec)
+    names = [n for n in trace.layer_types if n in layer_costs or n in trace.activations]
+    names += [n for n in layer_costs if n not in names]
+    layers = []
+    for name in names:
+        e = layer_costs.get(name)
+        known = e is not None and bool(spec.bandwidth_bytes_s)
+        layers.append(LayerPrediction(
+            name=name, type=trace.layer_types.get(name, "?"), params=tracer.layer_params.get(name, 0),
+            flops=int(e["forward_flops"]) if e else 0,
+            backward_flops=int(e["backward_flops"]) if e else 0,
+            activation_bytes=int(trace.activations.get(name, 0)),
+            forward_ms=float(e["forward_ms"]) if (e and known) else None,
+            backward_ms=float(e["backward_ms"]) if (e and known) else None,
+            bytes_moved=int(e["bytes"]) if e else 0,
+            bound=_bound(e) if (e and known) else "unknown",
+        ))
+    flops = {p: sum(op.flops for op in trace.ops if op.phase == p and (op.micro == 0 or p == "optimizer"))
+             for p in PHASES}  # one micro-batch's forward and backward, as count_model counts them
+    total_ms = sum(v for v in phase_ms.values() if v is not None) if phase_ms["forward"] is not None else None
+    st = trace.static
+    static = st["params_bytes"] + st["buffers_bytes"] + trace.grads_bytes + trace.optimizer_bytes
+    return {
+        "params": ParamCounts(total=tracer.n_params, trainable=tracer.n_trainable),
+        "flops": flops["forward"], "backward_flops": flops["backward"], "optimizer_flops": flops["optimizer"],
+        "memory": PredictedMemory(
+            params_bytes=st["params_bytes"], grads_bytes=trace.grads_bytes, optimizer_bytes=trace.optimizer_bytes,
+            activations_bytes=sum(trace.activations.values()), peak_bytes=trace.peak,
+            buffers_bytes=st["buffers_bytes"], batch_bytes=st["batch_bytes"], static_bytes=static),
+        "step": PredictedStep(time_ms=total_ms, forward_ms=phase_ms["forward"], backward_ms=phase_ms["backward"],
+                              optimizer_ms=phase_ms["optimizer"]),
+        "layers": tuple(layers), "bound": bound,
+        "peak": PeakAt(phase=trace.peak_where[0], layer=trace.peak_where[1], op=trace.peak_where[2],
+                       breakdown=dict(trace.peak_breakdown)),
+        "uncounted_ops": tuple(dict(u) for u in trace.uncounted.values()),
+    }
+
+
+def _validate(batch_size: Any, precision: str) -> None:
+    from ..exceptions import ProblemCollector
+
+    problems = ProblemCollector()
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        problems.add(f"batch_size must be a positive integer, but got {batch_size=}.")
+    if precision not in ("fp32", "bf16", "fp16"):
+        problems.add(f"precision={precision!r} is unknown; valid: fp32, bf16, fp16.")
+    problems.raise_if_any()
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    """What one prediction asks: the batch, the device predicted FOR (``target`` and the numbers
+    that override or describe it), the step's settings, and where proftune itself runs.
+
+    ``target`` names a device (``h200``, ``h100``, ``a100``, ``v100``, ``l4``, ``t4``, ``cpu`` =
+    this machine; ``auto``: ``device``'s (this machine's CUDA device when ``device`` resolves to
+    one, else its CPU), or with only numbers given, a device of those numbers); ``device_memory``
+    (bytes or ``80GiB``), ``peak_tflops`` and ``bandwidth`` (bytes/s or ``3.35TB``) override its
+    numbers or describe another device. ``precision`` and ``optimizer`` override the task's
+    params. With ``max_batch`` and a known memory, the largest batch that fits is searched as
+    ``batch-size`` searches it (the same memory model and margin), on fake steps: zero real
+    steps. ``foreach`` traces the optimizer's multi-tensor kernels (default: on a GPU target, as
+    PyTorch does on CUDA). ``calibrate=b`` also profiles ``b``-sample steps on ``device`` (real
+    steps) and reports the error of the same prediction made for it.
+    """
+
+    batch_size: int = 0
+    target: str | None = "auto"
+    device_memory: int | str | None = None
+    peak_tflops: float | None = None
+    bandwidth: float | str | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+    max_batch: bool = True
+    foreach: bool | None = None
+    calibrate: int | None = None
+    device: str | torch.device = "auto"
+
+
+def predict(
+    task: Task | str,
+    params: dict[str, Any] | None = None,
+    config: PredictConfig | None = None,
+    *,
+    store: Store | str | None = None,
+    db: str | None = None,
+    **options: Any,
+) -> PredictResult:
+    """Predict one training step of ``task`` without running it (see :class:`PredictConfig`).
+
+    ``config`` says what to predict; ``options`` set its fields by name
+    (``predict("digits-cnn", batch_size=256, target="a100", precision="bf16")``). With ``store``
+    (a :class:`Store` or a URL; ``db`` is the older spelling) the prediction is recorded as a Run
+    of kind ``predict`` whose result is :meth:`PredictResult.to_dict`.
+    """
+    cfg = with_options(PredictConfig, config, options, caller="predict")
+    batch_size, target, device_memory = cfg.batch_size, cfg.target, cfg.device_memory
+    peak_tflops, bandwidth, precision, optimizer = cfg.peak_tflops, cfg.bandwidth, cfg.precision, cfg.optimizer
+    max_batch, foreach, calibrate, device = cfg.max_batch, cfg.foreach, cfg.calibrate, cfg.device
+    task_obj = load_task(task)
+    merged = dict(task_obj.default_params)
+    merged.update(params or {})
+    if precision is not None:
+        merged["precision"] = precision
+    if optimizer is not None:
+        merged["optimizer"] = optimizer
+    merged = validate_params(merged)
+    prec = str(merged.get("precision", "fp32"))
+    _validate(batch_size, prec)
+    if calibrate is not None and (isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 1):
+        raise ConfigError(f"calibrate must be a positive batch size, but got {calibrate=}.")
+    dev = resolve_device(device)
+    name = (target or "").strip().lower()
+    if name == "auto":
+        # numbers given without a name describe another device; else the one proftune runs on
+        given = device_memory is not None or peak_tflops is not None or bandwidth is not None
+        name = "" if given else _local_target(dev)
+    spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
+    st = optional_store(store, db=db)
+    if st is None:
+        return _predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
+                        calibrate=calibrate, dev=dev)
+    run_config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
+                  "calibrate": calibrate, "device": str(dev)}
+    # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
+    with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
+        result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
+                                              foreach=foreach, calibrate=calibrate, dev=dev), run_id=run.id)
+        metrics = {"predicted_peak_bytes": float(result.memory.peak_bytes), "params": float(result.params.total)}
+        if result.step.time_ms is not None:
+            metrics["predicted_step_time_ms"] = float(result.step.time_ms)
+        if result.max_batch_size is not None:
+            metrics["max_batch_size"] = float(result.max_batch_size)
+        run.set(metrics=metrics, result=result.to_dict())
+    return result
+
+
+def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec, batch_size: int, *,
+             max_batch: bool, foreach: bool | None, calibrate: int | None, dev: torch.device) -> PredictResult:
+    """One prediction of validated inputs (see :func:`predict`)."""
+    started = time.perf_counter()
+    if foreach is None:
+        foreach = spec.name not in ("cpu", "custom")
+    tracer = _tracer(task_obj, merged, prec, foreach)
+    traces: dict[int, _Trace] = {}
+
+    def peak_at(b: int) -> int:
+        if b not in traces:
+            traces[b] = tracer.cache.get(b) or tracer.trace(b)
+            tracer.cache[b] = traces[b]
+        return traces[b].peak
+
+    peak_at(batch_size)
+    trace = traces[batch_size]
+    parts = _assemble(trace, spec, tracer)
+    static = parts["memory"].static_bytes
+    memory = spec.memory_bytes
+    fits = None if memory is None else trace.peak <= memory
+    found: dict[str, Any] | None = None
+    max_b: int | None = None
+    if memory is not None and max_batch:
+        if static >= memory:
+            max_b = 0
+        else:
+            found = _largest_batch(lambda b: (peak_at(b), traces[b].phase_peaks), memory, batch_size)
+            max_b = int(found["max_batch_size"])
+    calibration = None
+    if calibrate is not None:
+        on_gpu = dev.type == "cuda"
+        same = tracer if tracer.foreach == on_gpu else StepTracer(task_obj, merged, precision=prec, foreach=on_gpu)
+        calibration = _calibrate(task_obj, merged, same, calibrate, dev)
+    return PredictResult(
+        task=task_obj.name or type(task_obj).__name__, device=spec.name, batch_size=batch_size, precision=prec,
+        optimizer=str(merged.get("optimizer", "adamw")), target=spec.to_dict(), **parts,
+        device_memory_bytes=memory, fits=fits, max_batch_size=max_b, max_batch=found,
+        trace_s=time.perf_counter() - started, traces=len(traces) + (1 if calibration else 0),
+        real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
+        config={"params": {**merged, "batch_size": batch_size}},
+    )
+
+
+def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget: int, start: int,
+                   *, max_verify: int = 3) -> dict[str, Any]:
+    """The largest batch whose predicted peak plus batch-size's margin fits ``budget``.
+
+    The peak of a step is the highest of its phases' peaks, each linear in the batch (the
+    optimizer's does not grow with it): one memory model per phase (:func:`fit_memory_model`,
+    margin from its residual, at least 0.5% of the budget) from fake steps at two batch sizes,
+    the answer the smallest of the phases' answers, verified by a fake step there; a step over
+    the budget joins the fits, and after ``max_verify`` the answer is bisected on fake steps.
+    """
+    probes: list[dict[str, Any]] = []
+    points: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    fits: list[int] = []
+    fails: list[int] = []
+
+    def run(b: int, role: str) -> int:
+        peak, phases = trace_at(b)
+        for phase, value in phases.items():
+            points[phase].append((b, value))
+        ok = peak <= budget
+        (fits if ok else fails).append(b)
+        probes.append({"batch_size": b, "peak_bytes": peak, "status": "fits" if ok else "over_budget",
+                       "role": role})
+        return peak
+
+    def answer() -> tuple[int, str, MemoryModel | None]:
+        best, binding, model = 1 << 40, "", None
+        for phase, pts in points.items():
+            if len({b for b, _ in pts}) < 2:
+                continue
+            m = fit_memory_model(pts, budget)
+            b = (1 << 40) if m.per_sample_bytes <= 0 and m.predict(0) + m.margin_bytes <= budget \
+                else m.largest_batch(budget)
+            if b < best:
+                best, binding, model = b, phase, m
+        return best, binding, model
+
+    run(start, "probe")
+    run(2 * start, "probe")
+    b, binding, model = answer()
+    for _ in range(max_verify):
+        b = max(0, min(b, (min(fails) - 1) if fails else b, 1 << 31))
+        if b < 1 or b in fits or b in fails:
+            break
+        run(b, "verify")
+        b, binding, model = answer()
+    low = max([x for x in fits if not any(f <= x for f in fails)], default=0)
+    high = min(fails, default=None)
+    margin = model.margin_bytes if model is not None else MIN_MARGIN_FRACTION * budget
+    if high is not None:
+        while high - low > 1:  # bisect on fake steps
+            mid = (low + high) // 2
+            if run(mid, "bisect") + margin <= budget:
+                low = mid
+            else:
+                high = mid
+    else:
+        low = max(low, b if b < (1 << 40) else low)
+    return {"max_batch_size": low, "binding_phase": binding, "probes": probes,
+            "model": None if model is None else model.to_dict(),
+            "note": "fake steps only; each phase's peak has its own memory model (batch-size's fit and margin)"}
+
+
+_LAST: list[tuple[Any, StepTracer]] = []
+
+
+def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool) -> StepTracer:
+    """The tracer of the same task object and settings as the last call (a 7B model takes tens
+    of seconds to build and trace: asking again for another device reuses its traces)."""
+    key = (id(task), repr(sorted(params.items())), precision, foreach)
+    if _LAST and _LAST[0][0] == key and _LAST[0][1].task is task:
+        return _LAST[0][1]
+    tracer = StepTracer(task, params, precision=precision, foreach=foreach)
+    _LAST[:] = [(key, tracer)]
+    return tracer
+
+
+def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_size: int,
+               dev: torch.device) -> dict[str, Any]:
+    """Predicted vs ``profile``'s measurement on ``dev`` (this machine) at ``batch_size``."""
+    from ..profile import profile as run_profile
+
+    here = resolve_target(_local_target(dev))
+    if dev.type == "cuda" and here.name == "cpu":
+        raise ConfigError(f"calibrate on {torch.cuda.get_device_name(dev)} needs its numbers, which the "
+                          f"device table lacks; valid: device='cpu', or a GPU among {', '.join(_GPU_KEYS)}.")
+    trace = tracer.trace(batch_size)
+    _, phase_ms, _ = _roofline(trace, here)
+    predicted_ms = sum(v for v in phase_ms.values() if v is not None)
+    steps, warmup = 3, 1
+    prof = run_profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup, device=dev,
+                       detail="step")
+    measured_ms = float(prof.step.time_ms - prof.step.data_ms)
+    measured_peak = int(prof.memory.peak_bytes)
+    return {
+        "batch_size": batch_size, "device": here.name,
+        "predicted_peak_bytes": trace.peak, "measured_peak_bytes": measured_peak,
+        "peak_error": trace.peak / measured_peak - 1 if measured_peak else None,
+        "predicted_step_ms": predicted_ms, "measured_step_ms": measured_ms,
+        "time_error": predicted_ms / measured_ms - 1 if measured_ms > 0 else None,
+        "real_steps": steps + warmup,
+    }
+
+
+_GPU_KEYS = ("h200", "h100", "a100", "v100", "l4", "t4")
+
+
+def _local_target(dev: torch.device) -> str:
+    """``auto``: ``dev``'s entry in the device table when it is a CUDA device there, else this CPU."""
+    if dev.type == "cuda" and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(dev).lower()
+        for key in _GPU_KEYS:
+            if key in gpu:
+                return key
+    return "cpu"

@@ -1,0 +1,176 @@
+"""What a prediction of one training step is: the record :func:`proftune.predict.predict` returns.
+
+Its concepts sit under :class:`proftune.Profile`'s names and nesting, so a prediction and a
+measurement of the same step compare key by key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._jsonsafe import json_safe
+from ..exceptions import ConfigError
+from ..profile import ParamCounts
+
+__all__ = [
+    "ESTIMATE_NOTE",
+    "PREDICT_SCHEMA_VERSION",
+    "LayerPrediction",
+    "PeakAt",
+    "PredictResult",
+    "PredictedMemory",
+    "PredictedStep",
+]
+
+ESTIMATE_NOTE = ("time is a roofline estimate (max of FLOPs/peak and bytes/bandwidth per op, plus a "
+                 "launch cost per op), not a measurement")
+
+
+#: Bumped when a field of :class:`PredictResult`'s JSON changes meaning.
+PREDICT_SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True)
+class LayerPrediction:
+    """One layer (module path), by :class:`proftune.profile.LayerProfile`'s names: params, forward
+    FLOPs (``flops``), activations saved, ms; and what only a trace has: backward FLOPs, the bytes
+    its ops move and what bounds its estimated time."""
+
+    name: str
+    type: str
+    params: int
+    #: Forward FLOPs of the layer's ops (the profile's ``flops``).
+    flops: int
+    backward_flops: int
+    activation_bytes: int
+    forward_ms: float | None
+    backward_ms: float | None
+    bytes_moved: int
+    #: What bounds its estimated time: "compute", "memory" or "overhead" (many tiny ops).
+    bound: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PredictedMemory:
+    """Bytes of the step, by :class:`proftune.profile.MemoryProfile`'s names, and the parts a trace
+    also separates: buffers, the batch, and ``static_bytes`` (what no batch size changes:
+    parameters, buffers, gradients, optimizer state)."""
+
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    #: Bytes autograd saves for backward (the activations), all layers.
+    activations_bytes: int = 0
+    peak_bytes: int = 0
+    buffers_bytes: int = 0
+    batch_bytes: int = 0
+    static_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PredictedStep:
+    """Milliseconds of the step and its phases, by :class:`proftune.profile.StepProfile`'s names;
+    a roofline estimate, None when the target's compute or bandwidth is unknown."""
+
+    time_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class PeakAt:
+    """Where the step's peak occurs: phase ("forward", "backward", "optimizer"), layer, op, and
+    the live bytes by kind then (params, buffers, grads, optimizer_state, batch, activations,
+    backward_temp, optimizer_temp; they add up to the peak)."""
+
+    phase: str = ""
+    layer: str = ""
+    op: str = ""
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PredictResult:
+    """What one fake-traced training step predicts; bytes, ms, FLOPs. Zero real steps run.
+
+    The concepts a :class:`proftune.Profile` also has sit under its names and nesting
+    (``params.total``, ``memory.peak_bytes``, ``step.forward_ms``, ``layers[].flops``, ...), so a
+    prediction and a measurement of one step compare key by key; what only a prediction has
+    (the target, the roofline ``bound``, where the peak occurs, the largest batch) has its own keys.
+    """
+
+    task: str
+    #: The device predicted for (the target's name), as a profile's ``device`` is where it measured.
+    device: str
+    batch_size: int
+    precision: str
+    optimizer: str
+    target: dict[str, Any]
+    params: ParamCounts
+    #: FLOPs of the forward, backward and optimizer phases.
+    flops: int
+    backward_flops: int
+    optimizer_flops: int
+    memory: PredictedMemory
+    step: PredictedStep
+    layers: tuple[LayerPrediction, ...]
+    #: What bounds the step's estimated time: "compute", "memory" or "unknown".
+    bound: str
+    peak: PeakAt
+    uncounted_ops: tuple[dict[str, Any], ...]
+    device_memory_bytes: int | None
+    #: Whether the asked batch fits the device memory (None: no memory given).
+    fits: bool | None
+    #: The largest batch whose predicted peak (plus batch-size's safety margin) fits; 0: none.
+    max_batch_size: int | None
+    max_batch: dict[str, Any] | None
+    trace_s: float
+    traces: int
+    mode: str = "train"
+    real_steps: int = 0
+    #: With ``calibrate``: the same prediction for this machine's CPU beside ``profile``'s
+    #: measurement there at a small batch (peak bytes and step ms, and their relative errors).
+    calibration: dict[str, Any] | None = None
+    #: The params the step was traced with (the task's defaults and the overrides).
+    config: dict[str, Any] = field(default_factory=dict)
+    note: str = ESTIMATE_NOTE
+    traced_as: str = "cpu (fake tensors)"
+    #: The Run this prediction was recorded as (None: not recorded).
+    run_id: int | None = None
+    schema_version: int = PREDICT_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(json_safe(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PredictResult:
+        """The record back from :meth:`to_dict`'s JSON (a Run's result, a saved file)."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a prediction must be a JSON object, but got {type(d).__name__}.")
+        version = d.get("schema_version")
+        if not isinstance(version, int) or version < PREDICT_SCHEMA_VERSION:
+            raise ConfigError(f"this JSON is not a proftune prediction of schema_version "
+                              f"{PREDICT_SCHEMA_VERSION}: it has schema_version={version!r}.")
+        if version > PREDICT_SCHEMA_VERSION:
+            raise ConfigError(f"prediction schema_version={version} is newer than this proftune reads "
+                              f"({PREDICT_SCHEMA_VERSION}); upgrade proftune.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw["params"] = _build(ParamCounts, d.get("params") or {})
+        kw["memory"] = _build(PredictedMemory, d.get("memory") or {})
+        kw["step"] = _build(PredictedStep, d.get("step") or {})
+        kw["peak"] = _build(PeakAt, d.get("peak") or {})
+        kw["layers"] = tuple(_build(LayerPrediction, lay) for lay in d.get("layers") or [])
+        kw["uncounted_ops"] = tuple(dict(u) for u in d.get("uncounted_ops") or ())
+        return cls(**kw)
+
+
+def _build(cls: type, d: dict[str, Any]) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in known})
