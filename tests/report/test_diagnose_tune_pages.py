@@ -173,3 +173,16 @@ def test_tune_record_round_trips_through_its_run(db: str, searched: SearchResult
         SearchResult.from_dict(renamed)
     with pytest.raises(proftune.ConfigError, match="no budget"):
         SearchResult.from_dict({k: v for k, v in stored.items() if k != "budget"})
+
+
+def test_a_trial_run_that_cannot_be_read_says_so_on_the_study_page(db: str, searched: SearchResult) -> None:
+    store = Store(db)
+    trial = store.list_runs(kind="trial", study="s")[0]
+    good = dict(trial.result)
+    store.update_run(trial.id, result={("why" if k == "reason" else k): v for k, v in good.items()})
+    try:
+        html = render_report(study="s", store=store)
+    finally:
+        store.update_run(trial.id, result=good)
+    assert "1 trial run(s) cannot be read as their record" in html
+    assert "why is not a field" in html

@@ -765,7 +765,7 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     """A study from its tune runs (newest first) and trial runs: the best trial, the feasibility
     scan and the strategy, history (every trial), the trials, parallel coordinates, importance,
     correlations and the Pareto front."""
-    from ..search import SearchResult
+    from ..search import SearchResult, TrialResult
 
     latest = tunes[0] if tunes else None
     cfg = latest.config if latest else {}
@@ -781,16 +781,23 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
         constraints = [str(c) for c in cfg.get("constraints") or []]
     reported = {k for t in trials for k in (t.metrics or {})} or None
     obj = obj or [split_objective(default_objective(reported))]
-    rows = []
-    for t in sorted(trials, key=lambda t: ((t.result or {}).get("trial") if _num((t.result or {}).get("trial"))
-                                           else t.id, t.id)):
-        tr = t.result or {}
-        rows.append({"#": tr.get("trial", t.id), "state": tr.get("state") or ("running" if t.status == "running"
-                                                                               else t.status),
-                     "reason": tr.get("reason"), "params": (t.config or {}).get("params") or {},
-                     "metrics": t.metrics or {}, "constraints": tr.get("constraints") or {},
+    rows: list[dict[str, Any]] = []
+    unread: list[str] = []
+    for t in trials:
+        try:  # a trial Run's record (none while it runs, or when it failed before it ended)
+            tr = TrialResult.from_dict(dict(t.result)) if t.result else None
+        except ConfigError as exc:
+            tr = None
+            unread.append(f"run {t.id}: {exc}")
+        rows.append({"#": tr.trial if tr is not None and tr.trial is not None else t.id,
+                     "state": tr.state if tr is not None else ("running" if t.status == "running" else t.status),
+                     "reason": tr.reason if tr is not None else None, "params": (t.config or {}).get("params") or {},
+                     "metrics": t.metrics or {}, "constraints": tr.constraints if tr is not None else {},
                      "duration": t.duration_s, "run": t.id, "curve": (t.curves or {}).get("epoch") or []})
+    rows.sort(key=lambda row: (row["#"], row["run"]))
     s = page.section("Study")
+    if unread:
+        s.para(f"{len(unread)} trial run(s) cannot be read as their record: {unread[0]}", cls="error")
     _best_trial(s, res, obj)
     counts: dict[str, int] = {}
     for row in rows:
@@ -943,8 +950,7 @@ def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tu
     table_rows = []
     for row in rows:
         cons = row["constraints"]
-        broken = [f"{k}: measured {fmt_number(c.get('value'))}" for k, c in cons.items()
-                  if isinstance(c, Mapping) and not c.get("ok")]
+        broken = [f"{k}: measured {fmt_number(c.value)}" for k, c in cons.items() if not c.ok]
         reason = row["reason"] or ""
         if broken and row["state"] == "infeasible" and not reason:
             reason = "; ".join(broken)
