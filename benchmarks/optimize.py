@@ -196,24 +196,24 @@ def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge:
                                 db=f"sqlite:///{tmp / 'ours.db'}", goal="latency", seeds=3, seed=seed,
                                 device="cpu", ignore_findings=isinstance(task, HarmfulDefaults))
     wall = time.perf_counter() - t0
-    params = res.final["params"]
+    params = res.final.params
     bs = int(params.get("batch_size", 32))
     model = task.build_model(params)
     model.load_state_dict(torch.load(Path(res.out) / "model.pt", weights_only=True))
     vs = res.vs_baseline
-    out: dict[str, Any] = {"test": test_accuracy(judge, model, bs), "val": res.final.get("mean"), "wall": wall,
-                           "decision": vs.get("decision"), "gain_test": vs.get("gain_test"),
-                           "beyond_noise": vs.get("beyond_noise"), "gap": (vs.get("search_gap") or {}).get("gap"),
+    out: dict[str, Any] = {"test": test_accuracy(judge, model, bs), "val": res.final.mean, "wall": wall,
+                           "decision": vs.decision, "gain_test": vs.gain_test, "beyond_noise": vs.beyond_noise,
+                           "gap": vs.search_gap.gap if vs.search_gap else None,
                            "stop": res.stop_reason, **measure(task, model, bs)}
-    comp = res.final.get("compressed")
-    if comp:
+    comp = res.final.compressed
+    if comp is not None and comp.model:
         from proftune.compress import load_model
 
-        small = load_model(comp["model"], task=task, params=params)
+        small = load_model(comp.model, task=task, params=params)
         m = measure(task, small, bs)
-        m["size"] = float(Path(comp["model"]).stat().st_size)  # a saved INT8 state dict hides packed weights
+        m["size"] = float(Path(comp.model).stat().st_size)  # a saved INT8 state dict hides packed weights
         out.update({"lat1": m["lat1"], "latb": m["latb"], "size": m["size"],
-                    "compressed": comp.get("method"), "test_compressed": test_accuracy(judge, small, bs)})
+                    "compressed": comp.method, "test_compressed": test_accuracy(judge, small, bs)})
     return out
 
 

@@ -10,17 +10,25 @@ treats versions and keys alike:
   :class:`ConfigError` naming it, so a field a producer renamed fails when read instead of
   rendering as a blank; a missing field without a default fails too. A missing field that has a
   default reads as the default (a record of the same version written before the field existed).
+
+A record nested in another (a finding in a diagnosis, a trial in a search, an arm of the race)
+has no version of its own: the record that holds it covers it. It is a :class:`JsonRecord`, read
+through the same :func:`record_fields`, the fields that hold records through ``READERS``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypeVar, cast
 
 from .exceptions import ConfigError
 
-__all__ = ["record_fields", "stored_version"]
+__all__ = ["JsonRecord", "Reader", "each", "mapping", "optional", "plain", "record_fields", "stored_version"]
+
+R = TypeVar("R", bound="JsonRecord")
+#: Reads one field's JSON back (a nested record's ``from_dict``).
+Reader = Callable[[Any], Any]
 
 
 def stored_version(d: Any, *, what: str, current: int) -> int:
@@ -60,3 +68,48 @@ def record_fields(cls: type, d: Mapping[str, Any], *, what: str, derived: Iterab
         raise ConfigError(f"{what} of schema_version {d.get('schema_version', 1)} does not read as "
                           f"{cls.__name__}: {'; '.join(problems)} (its fields: {', '.join(sorted(names))}).")
     return {k: v for k, v in d.items() if k in names}
+
+
+def mapping(d: Any, *, what: str) -> Mapping[str, Any]:
+    """``d`` when it is a JSON object; else a :class:`ConfigError` naming ``what`` it should be
+    (a nested record's check; a versioned one's is :func:`stored_version`)."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{what} must be a JSON object, but got {type(d).__name__}.")
+    return d
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every record in it (anything with ``to_dict``) as its dict, tuples as lists."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict() if callable(to_dict) else value
+
+
+def each(read: Reader) -> Reader:
+    """A reader of a list of what ``read`` reads."""
+    return lambda xs: [read(x) for x in xs or []]
+
+
+def optional(read: Reader) -> Reader:
+    """``read``, or None for an empty value (``{}``: nothing was measured)."""
+    return lambda x: read(x) if x else None
+
+
+class JsonRecord:
+    """A frozen dataclass nested in a versioned record: ``to_dict`` is its fields (records in them
+    as their dicts), ``from_dict`` reads them back through :func:`record_fields`, each field that
+    holds records through its reader in ``READERS``. ``WHAT`` names it in messages."""
+
+    WHAT: ClassVar[str] = "a record"
+    READERS: ClassVar[dict[str, Reader]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(cast(Any, self))}
+
+    @classmethod
+    def from_dict(cls: type[R], d: Any) -> R:
+        kw = record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT)
+        return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})

@@ -159,7 +159,7 @@ def test_bandit_minimises_mse(db_url: str) -> None:
     arms = [Arm("frozen", {"lr": 1e-6}), Arm("learns", {"lr": 0.1})]
     report = run_bandit(_Regression(), arms, rounds=4, metric="mse", epochs=1, store=Store(db_url), seed=0)
     assert report.mode == "min"
-    means = {a["arm"]: a["mean"] for a in report.arms}
+    means = {a.arm: a.mean for a in report.arms}
     assert means["learns"] < means["frozen"]
     assert report.best == "learns"
     maximise = run_bandit(_Regression(), arms, rounds=2, metric="r2", epochs=1, store=Store(db_url), seed=0)

@@ -87,9 +87,9 @@ def test_round_trip() -> None:
 
 def test_the_seed_noise_of_a_one_seed_race_comes_from_the_search_or_the_validation_set() -> None:
     # pooled over configurations with two seeds or more: sqrt((1*0.02^2 + 2*0.01^2) / 3)
-    pooled = pooled_seed_std([{"std": 0.02, "n": 2}, {"std": 0.01, "n": 3}, {"std": None, "n": 1}, {}])
+    pooled = pooled_seed_std([(0.02, 2), (0.01, 3), (None, 1), (None, 0)])
     assert pooled == pytest.approx(math.sqrt((0.02**2 + 2 * 0.01**2) / 3))
-    assert pooled_seed_std([{"std": None, "n": 1}]) is None
+    assert pooled_seed_std([(None, 1)]) is None
     # measured: kept, never below the validation set's own sampling noise (p=0.9, n=300: 0.0173)
     assert prior_seed_std(0.03, metric="accuracy", val_samples=300, level=0.9) == 0.03
     assert prior_seed_std(0.001, metric="accuracy", val_samples=300, level=0.9) == pytest.approx(0.01732, abs=1e-4)

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import proftune
 from proftune.cli import app
-from proftune.optimize import OPTIMIZE_STAGES
+from proftune.optimize import OPTIMIZE_STAGES, FinalOutputs, SearchStageOutputs
 from proftune.track import Store
 
 HERE = Path(__file__).resolve().parent
@@ -62,31 +62,36 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     noise, on validation and on the held-out part of the validation data."""
     out = tmp_path / "out"
     result = proftune.optimize(_spec("TooSlowLR"), budget=40, out=str(out), db=db_url, goal="none", seeds=3)
-    assert [s["name"] for s in result.stages] == list(OPTIMIZE_STAGES)
-    assert {s["status"] for s in result.stages} <= {"finished", "skipped"}
-    assert result.stages[-1]["status"] == "skipped"  # --goal none
+    assert [s.name for s in result.stages] == list(OPTIMIZE_STAGES)
+    assert {s.status for s in result.stages} <= {"finished", "skipped"}
+    assert result.stages[-1].status == "skipped"  # --goal none
     runs = _stage_runs(db_url)
     assert sorted(r.config["stage"] for r in runs) == sorted(OPTIMIZE_STAGES)
     assert all(r.parent_id == result.run_id for r in runs)
     vs = result.vs_baseline
-    assert vs["decision"] == "chosen", (vs["summary"], [(s["name"], s["duration_s"], s["share_s"]) for s in result.stages])
-    assert vs["beyond_noise"] is True
-    assert "beats the defaults beyond noise" in vs["summary"]
-    assert result.final["params"]["lr"] > 1e-4
+    assert vs.decision == "chosen", (vs.summary, [(s.name, s.duration_s, s.share_s) for s in result.stages])
+    assert vs.beyond_noise is True
+    assert "beats the defaults beyond noise" in vs.summary
+    assert result.final.params["lr"] > 1e-4
     # paired: the defaults and the result trained with the same seeds, at least --seeds of them
-    cmp = vs["leader_vs_defaults"]["val"]
-    assert len(cmp["seeds"]) >= 3
-    assert cmp["lower"] > 0
-    assert vs["defaults"]["val"]["n"] == vs["final"]["val"]["n"] >= 3
+    cmp = vs.leader_vs_defaults.val
+    assert cmp is not None
+    assert len(cmp.seeds) >= 3
+    assert cmp.lower is not None
+    assert cmp.lower > 0
+    assert vs.defaults.val.n == vs.final.val.n >= 3
     # held-out figures: the task has no test_data, so half of its validation samples are held out
-    assert vs["held_out"]["source"] == "validation split"
-    assert vs["held_out"]["val_samples"] + vs["held_out"]["test_samples"] == 96
-    assert vs["gain_test"] > 0.1
-    assert result.final["test"]["mean"] > vs["defaults"]["test"]["mean"]
+    assert vs.held_out is not None
+    assert vs.held_out.source == "validation split"
+    assert (vs.held_out.val_samples or 0) + (vs.held_out.test_samples or 0) == 96
+    assert vs.gain_test is not None
+    assert vs.gain_test > 0.1
+    assert (result.final.test.mean or 0) > (vs.defaults.test.mean or 1)
     # the search's estimate of the chosen configuration predicts its final mean
-    gap = vs["search_gap"]
-    assert gap["gap"] is not None
-    assert abs(gap["gap"]) <= 0.15, gap
+    gap = vs.search_gap
+    assert gap is not None
+    assert gap.gap is not None
+    assert abs(gap.gap) <= 0.15, gap
     assert result.stop_reason
     for name in ("config.yaml", "summary.json", "model.pt", "state.json"):
         assert (out / name).is_file(), name
@@ -98,14 +103,15 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     from proftune.train import evaluate_model
 
     task = HeldOutTask(proftune.load_task(_spec("TooSlowLR")))
-    model = task.build_model(result.final["params"])
+    model = task.build_model(result.final.params)
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
     test = evaluate_model(task, model, torch.device("cpu"), 32, split="test")["accuracy"]
-    assert any(abs(test - v) < 1e-9 for v in result.final["test"]["values"])
+    assert any(abs(test - v) < 1e-9 for v in result.final.test.values if v is not None)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["final"]["params"] == result.final["params"]
+    assert summary["final"]["params"] == result.final.params
     assert summary["stop_reason"] == result.stop_reason
-    assert summary["vs_baseline"]["final"]["test"]["mean"] == pytest.approx(result.final["test"]["mean"])
+    assert summary["vs_baseline"]["final"]["test"]["mean"] == pytest.approx(result.final.test.mean)
+    assert proftune.OptimizeResult.from_dict(summary).to_dict() == summary  # --json reads back as the record
 
 
 def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: str) -> None:
@@ -139,15 +145,16 @@ def test_a_budget_too_short_for_the_defaults_own_epochs_races_at_the_trials_epoc
     says so, and no run goes on past the budget."""
     out = tmp_path / "o"
     result = proftune.optimize(_spec("SlowDefaults"), budget=20, out=str(out), db=db_url, goal="none", seeds=1)
-    race = result.stages[5]["outputs"]
-    trial_epochs = result.stages[4]["outputs"]["epochs_per_trial"]
+    race = result.stages[5].record(FinalOutputs)
+    trial_epochs = result.stages[4].record(SearchStageOutputs).epochs_per_trial
+    assert trial_epochs is not None
     assert trial_epochs < 30
-    note = result.vs_baseline["race_note"]
+    note = result.vs_baseline.race_note
     assert "defaults' own 30 epochs" in note, note
     assert f"trained {trial_epochs} epoch(s)" in note
-    assert any("final race: the defaults' own 30 epochs" in n for n in result.story["notes"])
-    assert result.final["epochs"] == trial_epochs
-    assert race["decision"] in ("chosen", "defaults")
+    assert any("final race: the defaults' own 30 epochs" in n for n in result.story.notes)
+    assert result.final.epochs == trial_epochs
+    assert race.decision in ("chosen", "defaults")
 
 
 def test_the_task_s_own_test_data_gives_the_held_out_figures(tmp_path: Path, db_url: str) -> None:
@@ -173,14 +180,14 @@ def test_yellow_flag_pauses_a_region_of_nan_trials(tmp_path: Path, db_url: str) 
     result = proftune.optimize(_spec("NaNAboveLR"), budget=45, out=str(tmp_path / "o"), db=db_url,
                                goal="none", seeds=1, space=str(space), flag_min=2, max_trials=14,
                                patience=20)
-    flags = [f for f in result.flags if f["cause"] == "nan"]
-    assert flags, result.stages[4]["outputs"]
-    region = flags[0]["region"]["lr"]
+    flags = [f for f in result.flags if f.cause == "nan"]
+    assert flags, result.stages[4].outputs
+    region = flags[0].region["lr"]
     assert region["low"] > 0.05 * 0.999
     assert region["high"] == pytest.approx(1.0)
-    assert flags[0]["evidence"]
-    assert "non-finite" in flags[0]["evidence"][0]
-    assert result.final["params"]["lr"] <= 0.05
+    assert flags[0].evidence
+    assert "non-finite" in flags[0].evidence[0]
+    assert result.final.params["lr"] <= 0.05
 
 
 def test_health_stops_a_broken_task_with_its_finding(tmp_path: Path, db_url: str) -> None:
@@ -325,7 +332,7 @@ def test_resume_after_sigkill_in_the_search_stage(tmp_path: Path, db_url: str) -
     # stages finished before the kill were reused, not run again; the killed search has its own Run
     stages = [r.config["stage"] for r in _stage_runs(db_url) if r.status == "finished"]
     assert sorted(stages) == sorted(OPTIMIZE_STAGES)
-    assert result.stages[4]["status"] == "finished"
+    assert result.stages[4].status == "finished"
     trials = Store(db_url).list_runs(kind="trial", study=state["study"])
     assert len({r.config["trial"] for r in trials}) == len(trials)  # every trial ran once
     _records_hold_every_output(out)
@@ -342,14 +349,14 @@ def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str)
     result = proftune.optimize(_spec("TinyTask"), budget=150, out=str(out), db=db_url, goal="size", seeds=1,
                                max_trials=4, resume=True)
     assert _trial_numbers(db_url, state["study"]) == trials_before  # no trial repeated
-    assert result.stages[-1]["status"] == "finished", result.stages[-1]
+    assert result.stages[-1].status == "finished", result.stages[-1]
     stage_runs = [r for r in _stage_runs(db_url) if r.config["stage"] != "compress" and r.status == "finished"]
     assert len(stage_runs) == len(OPTIMIZE_STAGES) - 1
     assert len(Store(db_url).list_runs(kind="train")) == final_runs  # the final race, not repeated
     # a compressed file exactly when a candidate beat the uncompressed model on the goal (which of
     # TinyTask's layers the layer-value stage keeps is measured, so either may happen)
     _records_hold_every_output(out)
-    outputs = result.stages[-1]["outputs"]
+    outputs = result.stages[-1].outputs
     assert (out / "model_compressed.pt").is_file() == (outputs["selected"] is not None), json.dumps(outputs)
     if outputs["selected"] is not None:
         assert "HeldOutTask" not in outputs["load"]

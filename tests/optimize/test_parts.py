@@ -32,6 +32,7 @@ from proftune.optimize._records import (
     SearchStageOutputs,
     StageOutputs,
 )
+from proftune.optimize._result import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
 from proftune.optimize._state import OptimizeState
 from proftune.search import load_space
@@ -180,11 +181,12 @@ def test_groups_are_mean_and_std_over_seeds() -> None:
     rows = [_row(0, 0.01, "complete", 0.8), {**_row(0, 0.01, "complete", 0.9), "number": 5},
             _row(1, 0.02, "complete", 0.95)]
     groups = groups_of(rows, maximize=True)
-    assert groups[0]["n"] == 1
-    assert groups[0]["mean"] == pytest.approx(0.95)
-    two = next(g for g in groups if g["n"] == 2)
-    assert two["mean"] == pytest.approx(0.85)
-    assert two["std"] == pytest.approx(np.std([0.8, 0.9], ddof=1))
+    assert groups[0].n == 1
+    assert groups[0].mean == pytest.approx(0.95)
+    two = next(g for g in groups if g.n == 2)
+    assert two.mean == pytest.approx(0.85)
+    assert two.std == pytest.approx(np.std([0.8, 0.9], ddof=1))
+    assert two.trials == [0, 5]
 
 
 def test_default_space_reads_the_task_and_centres_on_the_computed_values() -> None:
@@ -280,11 +282,12 @@ def test_a_nan_metric_lands_as_null_in_state_and_summary(tmp_path: Path) -> None
     assert again.finished("baseline")
     assert again.outputs("baseline")["spread"] is None
     result = OptimizeResult(task="t", study="s", run_id=1, out=str(tmp_path), objective="accuracy:max",
-                            budget_s=10.0, elapsed_s=math.nan, stages=[{"name": "final", "metric_after": math.nan}],
-                            final={"mean": math.nan, "std": math.inf}, vs_baseline={"gain": -math.inf})
+                            budget_s=10.0, elapsed_s=math.nan, stages=[StageRow(name="final", metric_after=math.nan)],
+                            final=FinalSummary(mean=math.nan, std=math.inf), vs_baseline=VsBaseline(gain=-math.inf))
     write_summary(result, tmp_path)
     summary = _strict_json(tmp_path / "summary.json")
-    assert summary["final"] == {"mean": None, "std": None}
+    assert (summary["final"]["mean"], summary["final"]["std"]) == (None, None)
+    assert summary["stages"][0]["metric_after"] is None
     assert summary["elapsed_s"] is None
     assert summary["vs_baseline"]["gain"] is None
 

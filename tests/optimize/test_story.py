@@ -5,7 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from proftune._holdout import HoldoutInfo
+from proftune.optimize import (
+    CompressOutputs,
+    FinalSummary,
+    ModelFigures,
+    OptimizeResult,
+    ParamChange,
+    SeedSummary,
+    SplitComparisons,
+    SplitSummaries,
+    StageRow,
+    VsBaseline,
+)
 from proftune.optimize._changes import defaults_in_effect, param_changes
+from proftune.optimize._decide import Comparison
 from proftune.optimize._story import method_name, tell
 
 
@@ -14,7 +28,7 @@ def _rows(params: dict[str, Any], **kw: Any) -> dict[str, dict[str, Any]]:
                             "read_defaults": {"dropout": 0.0, "width": 16}, "computed": {"batch_size": 128},
                             "reasons": {"batch_size": "the largest batch under 1 GiB is 128"},
                             "fixed": {"grad_accumulation": 1}, "searched": "search trial 7 (tpe): accuracy 0.98"}
-    return {r["param"]: r for r in param_changes(params, **{**base, **kw})}
+    return {r.param: r.to_dict() for r in param_changes(params, **{**base, **kw})}
 
 
 def test_a_value_made_explicit_at_its_default_is_no_change() -> None:
@@ -36,27 +50,34 @@ def test_sgd_s_weight_decay_default_is_zero() -> None:
     assert rows["weight_decay"]["changed"]
 
 
-def _result(decision: str, **vs: Any) -> dict[str, Any]:
-    cmp = {"seeds": [1, 2, 3], "gain": 0.04, "gain_std": 0.01, "lower": 0.02, "level": 0.95,
-           "beyond_noise": decision == "chosen",
-           "reason": ("beyond noise: the 95% lower bound of the gain is +0.02 > 0" if decision == "chosen"
-                      else "within noise: the 95% lower bound of the gain is -0.01")}
-    return {"objective": "accuracy:max", "budget_s": 300.0, "elapsed_s": 183.2, "stop_reason": "the search ended early",
-            "stages": [{"name": "compress", "outputs": {"candidates": [
-                {"method": "static", "latency_ms": 0.122, "latency_batch_ms": 1.05, "within_budget": True}]}}],
-            "final": {"seeds": [1, 2, 3], "latency_ms": 0.1135, "latency_batch_ms": 1.12, "batch_size": 64,
-                      "changes": [{"param": "lr", "default": 1e-3, "value": 1e-3, "changed": False}]},
-            "vs_baseline": {"decision": decision, "leader": "search #1", "metric": "accuracy",
-                            "defaults": {"val": {"mean": 0.9611, "std": 0.004}}, "final": {"val": {"mean": 0.9611}},
-                            "leader_vs_defaults": {"val": cmp}, "held_out": {"val_samples": 180},
-                            "compression": "kept the uncompressed model: no candidate is faster", **vs}}
+def _result(decision: str, **vs: Any) -> OptimizeResult:
+    cmp = Comparison(metric="accuracy", maximize=True, split="val", seeds=[1, 2, 3], chosen=[], defaults=[], gain=0.04,
+                     gain_std=0.01, lower=0.02, level=0.95, resolution=0.0, beyond_noise=decision == "chosen",
+                     reason=("beyond noise: the 95% lower bound of the gain is +0.02 > 0" if decision == "chosen"
+                             else "within noise: the 95% lower bound of the gain is -0.01"))
+    compress = CompressOutputs(candidates=[ModelFigures(method="static", latency_ms=0.122, latency_batch_ms=1.05,
+                                                        within_budget=True)])
+    return OptimizeResult(
+        task="t", study="s", run_id=1, out="o", objective="accuracy:max", budget_s=300.0, elapsed_s=183.2,
+        stop_reason="the search ended early",
+        stages=[StageRow(name="compress", outputs=compress.to_dict())],
+        final=FinalSummary(seeds=[1, 2, 3], latency_ms=0.1135, latency_batch_ms=1.12, batch_size=64,
+                           changes=[ParamChange(param="lr", default=1e-3, default_from="task", value=1e-3,
+                                                changed=False, source="default")]),
+        vs_baseline=VsBaseline(decision=decision, leader="search #1", metric="accuracy",
+                               defaults=SplitSummaries(val=SeedSummary(mean=0.9611, std=0.004)),
+                               final=SplitSummaries(val=SeedSummary(mean=0.9611)),
+                               leader_vs_defaults=SplitComparisons(val=cmp),
+                               held_out=HoldoutInfo(source="validation split", fraction=0.5, val_samples=180,
+                                                    test_samples=180),
+                               compression="kept the uncompressed model: no candidate is faster", **vs))
 
 
 def test_kept_defaults_say_no_and_what_was_proposed() -> None:
-    told = tell(_result("defaults", leader_changes=[{"param": "lr", "default": 1e-3, "value": 3.2e-3,
-                                                      "changed": True, "source": "searched"}]))
-    lines = {x["label"]: x["text"] for x in told["lines"]}
-    assert told["adopted"] is False
+    told = tell(_result("defaults", leader_changes=[ParamChange(param="lr", default=1e-3, default_from="task",
+                                                                 value=3.2e-3, changed=True, source="searched")]))
+    lines = {x.label: x.text for x in told.lines}
+    assert told.adopted is False
     assert lines["did it help"].startswith("no, not beyond noise: accuracy gain +0.04 ± 0.01 over 3 paired seed(s); "
                                            "the 95% lower bound")
     assert lines["what changed"] == "nothing: the result is the task's defaults"
@@ -70,8 +91,8 @@ def test_kept_defaults_say_no_and_what_was_proposed() -> None:
 
 
 def test_a_compression_candidate_is_named_as_people_name_it() -> None:
-    assert method_name({"method": "structured+dynamic", "ratio": 0.5}) == "structured pruning 50% + dynamic INT8"
-    assert method_name({"method": "static", "ratio": 0.0}) == "static INT8"
+    assert method_name(ModelFigures(method="structured+dynamic", ratio=0.5)) == "structured pruning 50% + dynamic INT8"
+    assert method_name(ModelFigures(method="static", ratio=0.0)) == "static INT8"
 
 
 def test_the_result_s_load_line_runs_from_any_folder(optimize_run: dict[str, Any], tmp_path: Any,

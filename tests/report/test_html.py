@@ -145,12 +145,16 @@ def test_compare_overlays_curves_and_diffs(store: Store, runs: dict[str, int]) -
 
 
 def test_optimize_stage_chain_and_custom_renderers(store: Store) -> None:
+    from proftune.optimize import OptimizeResult, StageRow
+
+    result = OptimizeResult(task="digits-cnn", study="s", run_id=99, out="o", objective="accuracy:max", budget_s=60.0,
+                            elapsed_s=35.5, stages=[
+                                StageRow(name="baseline", duration_s=12.0, metric_after=0.9),
+                                StageRow(name="compute", duration_s=3.5, metric_before=0.9, metric_after=0.93),
+                                StageRow(name="compress", duration_s=20.0, metric_before=0.93, metric_after=0.925,
+                                         status="finished", run_id=7)])
     record = RunRecord(id=99, kind="optimize", task="digits-cnn", status="finished", started_at="2026-01-01T00:00:00",
-                       result={"stages": [
-                           {"name": "baseline", "duration_s": 12.0, "metric_before": None, "metric_after": 0.9},
-                           {"name": "compute", "duration_s": 3.5, "metric_before": 0.9, "metric_after": 0.93},
-                           {"name": "compress", "duration_s": 20.0, "metric_before": 0.93, "metric_after": 0.925,
-                            "status": "finished", "run_id": 7}]})
+                       result=result.to_dict())
     html = run_page(record, store).render()
     # the story first, the run's overview last; its stages in one row of boxes (no arrow ends a line)
     assert _sections(html)[0] == "Result"

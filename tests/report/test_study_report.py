@@ -24,6 +24,8 @@ def _study(store: Store, *, single: bool = False, **result: Any) -> str:
     ids = load_runs(store)
     tune = store.get_run(ids["tune"])
     config = {**tune.config, "objectives": ["accuracy:max"]} if single else tune.config
+    if single:  # the study's record names its objectives too
+        result = {"objectives": ["accuracy:max"], **result}
     store.update_run(tune.id, result={**tune.result, **result}, config=config)
     return render_report(study="s1", store=store)
 

@@ -9,7 +9,9 @@ from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
 from ..train import EarlyStopping
 from ._api import (
+    ArmResult,
     BanditConfig,
+    BanditPull,
     BanditResult,
     DiagnoseConfig,
     DiagnoseResult,
@@ -34,9 +36,11 @@ __all__ = [
     "SEVERITIES",
     "AdaptiveLR",
     "Arm",
+    "ArmResult",
     "ArmStats",
     "Bandit",
     "BanditConfig",
+    "BanditPull",
     "BanditPulls",
     "BanditResult",
     "BaseCheck",

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 
 from .._device import resolve_device
+from .._jsonsafe import finite_float
 from .._options import with_options
+from .._records import mapping, record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
@@ -26,16 +29,34 @@ from ._lrtest import RangeTest, lr_range_test
 from ._probes import decay_probe, warmup_probe
 
 __all__ = [
-    "BanditConfig", "BanditResult", "DiagnoseConfig", "DiagnoseResult", "bandit", "check_arms", "diagnose",
-    "known_params", "load_configs",
+    "DIAGNOSE_SCHEMA_VERSION",
+    "ArmResult",
+    "BanditConfig",
+    "BanditPull",
+    "BanditResult",
+    "DiagnoseConfig",
+    "DiagnoseResult",
+    "bandit",
+    "check_arms",
+    "diagnose",
+    "known_params",
+    "load_configs",
 ]
 
 _log = logging.getLogger(__name__)
 
 
-@dataclass
+#: Bumped when a field of :class:`DiagnoseResult`'s or :class:`BanditResult`'s JSON changes meaning.
+DIAGNOSE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
 class DiagnoseResult:
-    """Findings of a diagnosis run, most likely cause first, and what the run measured."""
+    """Findings of a diagnosis run, most likely cause first, and what the run measured.
+
+    A frozen, versioned record: :func:`diagnose` builds it, its Run holds :meth:`to_dict`, and
+    the report reads it back through :meth:`from_dict`.
+    """
 
     run_id: int | None
     task: str
@@ -47,22 +68,38 @@ class DiagnoseResult:
     duration_s: float
     params: dict[str, Any]
     lr_test: RangeTest | None = None
+    schema_version: int = DIAGNOSE_SCHEMA_VERSION
 
     @property
     def top(self) -> Finding | None:
         """The most likely cause, or None for a healthy run."""
         return self.findings[0] if self.findings else None
 
+    @property
+    def healthy(self) -> bool:
+        """No finding of warning or error severity."""
+        return not any(f.severity in ("warning", "error") for f in self.findings)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "task": self.task,
             "findings": [f.to_dict() for f in self.findings],
-            "healthy": not any(f.severity in ("warning", "error") for f in self.findings),
+            "healthy": self.healthy,
             "metrics": self.metrics, "steps": self.steps, "epochs": self.epochs,
             "stop_reason": self.stop_reason, "duration_s": self.duration_s,
             "params": {k: v for k, v in self.params.items() if not str(k).startswith("_")},
             "lr_test": self.lr_test.to_dict() if self.lr_test else None,
+            "schema_version": self.schema_version,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DiagnoseResult:
+        """The record back from :meth:`to_dict`'s JSON (a ``diagnose`` Run's result)."""
+        stored_version(d, what="a diagnosis", current=DIAGNOSE_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="a diagnosis", derived=("healthy",))
+        kw["findings"] = [Finding.from_dict(f) for f in kw["findings"] or []]
+        kw["lr_test"] = RangeTest.from_dict(kw["lr_test"]) if kw.get("lr_test") else None
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -136,12 +173,9 @@ def diagnose(
     run_config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed,
                   "device": str(dev), "lr_test": c.lr_test, "probes": c.probes, "every": c.every}
     with tracked_run("diagnose", task_obj, config=run_config, device=dev, store=store, db=db) as run:
-        report = body()
-        report.run_id = run.id
-        d = report.to_dict()
+        report = dataclasses.replace(body(), run_id=run.id)
         run.set(metrics={**report.metrics, "findings": float(len(report.findings))},
-                result={"findings": d["findings"], "healthy": d["healthy"], "lr_test": d["lr_test"],
-                        "stop_reason": report.stop_reason, "steps": report.steps},
+                result=report.to_dict(),
                 curves={"step": [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"],
                                   "lr": r["lr"]} for r in check.steps],
                         "epoch": check.epochs})
@@ -294,27 +328,85 @@ def check_arms(arms: Sequence[Arm], task: Task, *, problems: ProblemCollector | 
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
+class ArmResult:
+    """One configuration at the end of a bandit session: its pulls and reward in the metric's
+    own direction (the bandit maximises the sign-adjusted reward; this is the metric as measured)."""
+
+    arm: str
+    pulls: int
+    mean: float | None
+    std: float | None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.arm, "pulls": self.pulls, "mean": self.mean, "std": self.std, "params": self.params}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ArmResult:
+        kw = record_fields(cls, mapping(d, what="a bandit arm"), what="a bandit arm")
+        return cls(**{**kw, "mean": finite_float(kw["mean"]), "std": finite_float(kw["std"])})
+
+
+@dataclass(frozen=True)
+class BanditPull:
+    """One round: the configuration pulled, its metric, and the ``train`` Run that measured it."""
+
+    round: int
+    arm: str
+    value: float | None
+    run_id: int | None
+
+    def to_dict(self, metric: str) -> dict[str, Any]:
+        """Keyed by the metric's name (``{"round": 1, "arm": "a", "accuracy": 0.9, "run_id": 7}``)."""
+        return {"round": self.round, "arm": self.arm, metric: self.value, "run_id": self.run_id}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], metric: str) -> BanditPull:
+        keyed = {("value" if k == metric else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
+        kw = record_fields(cls, mapping(keyed, what=f"a bandit pull (metric {metric})"),
+                           what=f"a bandit pull (metric {metric})")
+        return cls(**{**kw, "value": finite_float(kw["value"])})
+
+
+@dataclass(frozen=True)
 class BanditResult:
-    """A bandit session: allocation, arm statistics, regret curve, best configuration."""
+    """A bandit session: allocation, arm statistics, regret curve, best configuration.
+
+    A frozen, versioned record: :func:`bandit` builds it, its Run holds :meth:`to_dict`, and the
+    report reads it back through :meth:`from_dict`.
+    """
 
     run_id: int | None
     name: str
     policy: str
     metric: str
     mode: str
-    pulls: list[dict[str, Any]]
-    arms: list[dict[str, Any]]
+    pulls: list[BanditPull]
+    arms: list[ArmResult]
     best: str
     regret: list[float]
     total_pulls: int
     uniform_regret: list[float] = field(default_factory=list)
+    schema_version: int = DIAGNOSE_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "bandit": self.name, "policy": self.policy, "metric": self.metric,
                 "mode": self.mode, "best": self.best, "total_pulls": self.total_pulls,
-                "arms": self.arms, "pulls": self.pulls, "regret": self.regret,
-                "uniform_regret": self.uniform_regret}
+                "arms": [a.to_dict() for a in self.arms], "pulls": [p.to_dict(self.metric) for p in self.pulls],
+                "regret": self.regret, "uniform_regret": self.uniform_regret,
+                "schema_version": self.schema_version}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BanditResult:
+        """The record back from :meth:`to_dict`'s JSON (a ``bandit`` Run's result)."""
+        renamed = {("name" if k == "bandit" else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
+        stored_version(renamed, what="a bandit session", current=DIAGNOSE_SCHEMA_VERSION)
+        kw = record_fields(cls, renamed, what="a bandit session")
+        metric = str(kw["metric"])
+        kw["arms"] = [ArmResult.from_dict(a) for a in kw["arms"] or []]
+        kw["pulls"] = [BanditPull.from_dict(p, metric) for p in kw["pulls"] or []]
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -369,7 +461,7 @@ def bandit(
     run_config = {"configs": [{"name": a.name, "params": a.params} for a in arms], "rounds": rounds,
                   "policy": policy, "metric": metric, "mode": mode, "epochs": epochs, "bandit": key,
                   "seed": seed}
-    pulls: list[dict[str, Any]] = []
+    pulls: list[BanditPull] = []
     chosen_metric, sign = metric, 1.0
     with tracked_run("bandit", task_obj, config=run_config, device=dev, store=st, study=key) as run:
         for _ in range(rounds):
@@ -396,19 +488,19 @@ def bandit(
             # a diverged run (NaN metric) gets the worst reward there is
             reward = sign * value if math.isfinite(value) else -1e9
             engine.update(arm, reward, run_id=child.id)
-            pulls.append({"round": engine.t, "arm": arm.name, chosen_metric: value, "run_id": child.id})
+            pulls.append(BanditPull(round=engine.t, arm=arm.name, value=value, run_id=child.id))
         means = {a: s.mean for a, s in engine.stats.items() if s.pulls}
         regret = regret_curve(engine.history, means)
         uniform = [(t + 1) * (max(means.values()) - sum(means.values()) / len(means)) for t in range(len(regret))]
-        arms_out = [{**s.to_dict(), "mean": sign * s.mean if s.pulls else None,
-                     "params": next(a.params for a in arms if a.name == s.name)}
+        arms_out = [ArmResult(arm=s.name, pulls=s.pulls, mean=sign * s.mean if s.pulls else None,
+                              std=finite_float(s.std), params=next(a.params for a in arms if a.name == s.name))
                     for s in engine.stats.values()]
         report = BanditResult(run_id=run.id, name=key, policy=policy, metric=str(chosen_metric),
                               mode="min" if sign < 0 else "max", pulls=pulls, arms=arms_out,
                               best=engine.best(), regret=regret, total_pulls=engine.t,
                               uniform_regret=uniform)
         run.set(metrics={"total_pulls": float(engine.t), "final_regret": regret[-1] if regret else 0.0},
-                result={k: v for k, v in report.to_dict().items() if k not in ("regret", "uniform_regret")},
+                result=report.to_dict(),
                 curves={"regret": regret, "uniform_regret": uniform})
     return report
 

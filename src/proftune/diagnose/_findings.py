@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._records import mapping, record_fields
 from ..exceptions import ConfigError
 
 __all__ = ["CAUSES", "SEVERITIES", "Finding", "flatten_findings", "rank_findings"]
@@ -116,13 +117,15 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:
-        evidence = dict(d.get("evidence", {}))
-        step, layer = evidence.pop("step", None), evidence.pop("layer", None)
-        return cls(cause=d["cause"], severity=d["severity"], summary=d.get("summary", ""),
-                   fix=d.get("fix", ""), evidence=evidence, confidence=float(d.get("confidence", 0.5)),
-                   step=step, layer=layer, explained_by=d.get("explained_by"),
-                   consequences=tuple(cls.from_dict(c) for c in d.get("consequences") or ()),
-                   why=d.get("why", ""))
+        """The finding back from :meth:`to_dict`'s JSON (its step and layer are in its evidence); a
+        key it does not define or a missing cause, severity, summary or fix is a ConfigError."""
+        kw = record_fields(cls, mapping(d, what="a diagnosis finding"), what="a diagnosis finding")
+        evidence = dict(kw.pop("evidence", None) or {})
+        kw.setdefault("step", evidence.pop("step", None))
+        kw.setdefault("layer", evidence.pop("layer", None))
+        kw["consequences"] = tuple(cls.from_dict(c) for c in kw.get("consequences") or ())
+        return cls(**{**kw, "evidence": evidence, "confidence": float(kw.get("confidence", 0.5)),
+                      "why": str(kw.get("why") or "")})
 
 
 def flatten_findings(findings: Iterable[Finding]) -> list[Finding]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._records import mapping, record_fields
 from ..task import Task
 
 __all__ = ["RangeTest", "lr_range_test"]
@@ -38,10 +39,30 @@ class RangeTest:
     steps: int = 0
     message: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
+        """What the sweep says, without the sweep itself (a finding's evidence)."""
         return {"best_lr": self.best_lr, "diverged_lr": self.diverged_lr, "start_loss": self.start_loss,
                 "min_loss": self.min_loss, "improved": self.improved, "steps": self.steps,
                 "message": self.message}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole record: :meth:`summary` and the sweep's rates and smoothed losses."""
+        return {**self.summary(), "lrs": list(self.lrs), "losses": list(self.losses)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RangeTest:
+        """The record back from :meth:`to_dict`'s JSON (a NaN written as null reads as NaN again)."""
+        kw = record_fields(cls, mapping(d, what="an LR range test"), what="an LR range test")
+
+        def num(v: Any) -> float:
+            return math.nan if v is None else float(v)
+
+        for key in ("best_lr", "start_loss", "min_loss"):
+            if key in kw:
+                kw[key] = num(kw[key])
+        for key in ("lrs", "losses"):
+            kw[key] = [num(v) for v in kw.get(key) or []]
+        return cls(**kw)
 
 
 def lr_range_test(

@@ -10,8 +10,15 @@ from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
 from ._api import OptimizeResult, optimize
 from ._budget import OPTIMIZE_STAGES, SHARES, Budget, Deadline
+from ._changes import ParamChange
 from ._config import OPTIMIZE_GOALS, OptimizeConfig
-from ._layer_value import LayerValue, layer_values, mean_ablation_hook
+from ._final import SearchGap, SeedSummary
+from ._layer_value import (
+    LayerFinding,
+    LayerValue,
+    layer_values,
+    mean_ablation_hook,
+)
 from ._records import (
     STAGE_RECORDS,
     BaselineOutputs,
@@ -20,11 +27,22 @@ from ._records import (
     FinalOutputs,
     HealthOutputs,
     LayerValueOutputs,
+    ModelFigures,
     SearchStageOutputs,
     StageOutputs,
+    TrainedRun,
 )
-from ._search import SearchOutcome, YellowFlag, find_flags
+from ._result import (
+    CompressedModel,
+    FinalSummary,
+    SplitComparisons,
+    SplitSummaries,
+    StageRow,
+    VsBaseline,
+)
+from ._search import ConfigGroup, SearchOutcome, TrialLog, YellowFlag, find_flags
 from ._space import SearchPlan, build_plan
+from ._story import StageStory, Story, StoryLine
 
 __all__ = [
     "OPTIMIZE_GOALS",
@@ -34,18 +52,35 @@ __all__ = [
     "BaselineOutputs",
     "Budget",
     "CompressOutputs",
+    "CompressedModel",
     "ComputeOutputs",
+    "ConfigGroup",
     "Deadline",
     "FinalOutputs",
+    "FinalSummary",
     "HealthOutputs",
+    "LayerFinding",
     "LayerValue",
     "LayerValueOutputs",
+    "ModelFigures",
     "OptimizeConfig",
     "OptimizeResult",
+    "ParamChange",
+    "SearchGap",
     "SearchOutcome",
     "SearchPlan",
     "SearchStageOutputs",
+    "SeedSummary",
+    "SplitComparisons",
+    "SplitSummaries",
     "StageOutputs",
+    "StageRow",
+    "StageStory",
+    "Story",
+    "StoryLine",
+    "TrainedRun",
+    "TrialLog",
+    "VsBaseline",
     "YellowFlag",
     "build_plan",
     "find_flags",

@@ -7,11 +7,12 @@ the stages before it. Every stage calls the public API of the subpackage that ow
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ from .._device import resolve_device
 from .._holdout import with_test_split
 from .._jsonsafe import finite_float, json_dumps, json_safe
 from .._units import format_bytes
+from ..compress import Candidate, load_model
 from ..compress import compress as run_compress
-from ..compress import load_model
 from ..diagnose import diagnose
 from ..exceptions import ConfigError, RunFailedError
 from ..profile import Profile, size_bytes, task_latencies
@@ -33,7 +34,7 @@ from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, redact_url
 from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import OPTIMIZE_STAGES, Budget, Deadline
-from ._changes import param_changes
+from ._changes import ParamChange, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
 from ._decide import pooled_seed_std, prior_seed_std
 from ._final import (
@@ -45,7 +46,7 @@ from ._final import (
     FinalPlan,
     run_final,
 )
-from ._layer_value import keep_layers, layer_values
+from ._layer_value import LayerFinding, keep_layers, layer_values
 from ._output import load_line, write_html, write_outputs, write_summary
 from ._records import (
     BaselineOutputs,
@@ -54,10 +55,21 @@ from ._records import (
     FinalOutputs,
     HealthOutputs,
     LayerValueOutputs,
+    ModelFigures,
     SearchStageOutputs,
     StageOutputs,
+    TrainedRun,
 )
-from ._search import StageSettings, run_search_stage
+from ._result import (
+    CompressedModel,
+    FinalSummary,
+    OptimizeResult,
+    SplitComparisons,
+    SplitSummaries,
+    StageRow,
+    VsBaseline,
+)
+from ._search import StageSettings, TrialLog, run_search_stage
 from ._space import build_plan, task_param_defaults
 from ._state import OptimizeState, own_run
 from ._story import fmt_ms, method_name, tell
@@ -77,41 +89,6 @@ COMPRESS_RESERVE_S = 40.0
 FULL_TRIALS_FOR_NO_PRUNER = 15.0
 #: Trials run at the task's own epochs when the search's time holds at least this many of them.
 FULL_TRIALS_AT_LEAST = 6.0
-
-
-@dataclass
-class OptimizeResult:
-    """What the loop produced: each stage's record, the final configuration and model, the gain."""
-
-    task: str
-    study: str
-    run_id: int
-    out: str
-    objective: str
-    budget_s: float
-    elapsed_s: float
-    stages: list[dict[str, Any]]
-    final: dict[str, Any]
-    vs_baseline: dict[str, Any]
-    flags: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
-    layer_findings: list[dict[str, Any]] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)
-    #: Why the run ended when it did (the budget, an early end of the search, ...).
-    stop_reason: str = ""
-    #: How ``proftune.load_task`` finds the task again (its spec, or its name).
-    spec: str = ""
-    #: The result in sentences (``headline``, ``decision``, ``lines``, ``stages``): what the
-    #: terminal summary and the report print.
-    story: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "study": self.study, "run_id": self.run_id, "out": self.out,
-                "objective": self.objective, "budget_s": self.budget_s, "elapsed_s": self.elapsed_s,
-                "stop_reason": self.stop_reason, "spec": self.spec,
-                "stages": self.stages, "final": self.final, "vs_baseline": self.vs_baseline,
-                "flags": self.flags, "warnings": self.warnings, "layer_findings": self.layer_findings,
-                "files": self.files, "story": self.story}
 
 
 @dataclass
@@ -235,28 +212,26 @@ class _Loop:
         spread = (abs(defaults_metric - plain_metric)
                   if defaults_metric is not None and plain_metric is not None else None)
         return _StageResult(BaselineOutputs(
-            defaults={"params": self.defaults, "metrics": diag.metrics, "epochs": diag.epochs,
-                      "steps": diag.steps, "duration_s": diag.duration_s, "run_id": diag.run_id,
-                      "stop_reason": diag.stop_reason},
-            no_tricks={"params": plain, "metrics": plain_res.metrics, "epochs": plain_res.epochs,
-                       "duration_s": plain_res.duration_s, "stop_reason": plain_res.stop_reason},
-            spread=spread, epoch_s=epoch_s, held_out=self.holdout.to_dict(),
-            findings=[f.to_dict() for f in diag.findings],
+            defaults=TrainedRun(params=self.defaults, metrics=diag.metrics, epochs=diag.epochs, steps=diag.steps,
+                                duration_s=diag.duration_s, run_id=diag.run_id, stop_reason=diag.stop_reason),
+            no_tricks=TrainedRun(params=plain, metrics=plain_res.metrics, epochs=plain_res.epochs,
+                                 duration_s=plain_res.duration_s, stop_reason=plain_res.stop_reason),
+            spread=spread, epoch_s=epoch_s, held_out=self.holdout, findings=list(diag.findings),
             model="baseline_model.pt" if capture.model is not None else None,
         ), before=plain_metric, after=defaults_metric)
 
     def health(self, share: float, end: float) -> _StageResult:
         """Stop on an error-severity finding of the baseline's training; profile its step."""
         findings = self.state.record(BaselineOutputs).findings
-        errors = [f for f in findings if f.get("severity") == "error"]
-        warnings = [f for f in findings if f.get("severity") == "warning"]
+        errors = [f for f in findings if f.severity == "error"]
+        warnings = [f for f in findings if f.severity == "warning"]
         if errors and not self.cfg.ignore_findings:
             lines = [f"the baseline's training has {len(errors)} error finding(s); the loop stops before "
                      "any search (pass --ignore-findings to go on anyway):"]
             for f in errors:
-                lines.append(f"  [{f['severity']}] {f['cause']}: {f['summary']}")
-                lines.append(f"    evidence: {f['evidence']}")
-                lines.append(f"    fix: {f['fix']}")
+                lines.append(f"  [{f.severity}] {f.cause}: {f.summary}")
+                lines.append(f"    evidence: {f.to_dict()['evidence']}")
+                lines.append(f"    fix: {f.fix}")
             raise RunFailedError("\n".join(lines))
         prof = run_profile(self.task, params=self.defaults, device=self.dev, seed=self.cfg.seed,
                            store=self.store)
@@ -316,8 +291,8 @@ class _Loop:
         base, values, notes = layer_values(
             self.task, model, metric=self.v.metric, higher_is_better=self.v.maximize, profile=prof,
             device=self.dev, batch_size=int(self.defaults.get("batch_size", 32)), deadline=end)
-        named = [{"layer": x.name, "finding": x.finding, "action": x.action} for x in values if x.finding]
-        return _StageResult(LayerValueOutputs(metric=base, layers=[x.to_dict() for x in values], findings=named,
+        named = [LayerFinding(layer=x.name, finding=x.finding, action=x.action) for x in values if x.finding]
+        return _StageResult(LayerValueOutputs(metric=base, layers=list(values), findings=named,
                                               keep=list(keep_layers(values)), notes=list(notes)))
 
     def _epoch_s(self) -> float:
@@ -398,16 +373,17 @@ class _Loop:
             study=self.study, plan=plan.to_dict(), epochs_per_trial=epochs,
             pruner=settings.pruner if epochs >= 3 else "none", full_trials_in_share=full_trials,
             best=best, top=outcome.groups[:5], defaults=outcome.defaults,
-            flags=[f.to_dict() for f in outcome.flags], stop_reason=outcome.stop_reason,
+            flags=list(outcome.flags), stop_reason=outcome.stop_reason,
             early=outcome.early, arms=outcome.arms, counts=counts,
             trials=len(outcome.trials), search_calls=outcome.search_calls,
             history=[list(h) for h in outcome.history], trials_file="search_trials.json",
             duration_s=outcome.duration_s, seconds=seconds,
-            seed_std=pooled_seed_std([*outcome.groups, outcome.defaults or {}]),
+            seed_std=pooled_seed_std((g.std, g.n) for g in [*outcome.groups, *filter(None, [outcome.defaults])]),
             # every trial as the report draws it (its arm, state and why it ended)
-            trials_log=[{k: r.get(k) for k in ("number", "state", "value", "arm", "reason", "duration_s")}
-                        for r in outcome.trials],
-        ), before=finite_float((outcome.defaults or {}).get("mean")), after=best["mean"] if best else None)
+            trials_log=[TrialLog(number=r["number"], state=r["state"], value=r["value"], arm=r["arm"],
+                                 reason=r["reason"], duration_s=r["duration_s"]) for r in outcome.trials],
+        ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
+            after=best.mean if best else None)
 
     def final(self, share: float, end: float) -> _StageResult:
         """The defaults and the search's best, same seeds, same protocol; keep the defaults unless
@@ -419,15 +395,15 @@ class _Loop:
         defaults_key = _params_key(self.defaults)
         candidates: list[Arm] = []
         for g in srch.top:  # the groups the search measured, best first
-            params = validate_params({**self.defaults, **fixed, **g["params"]})
+            params = validate_params({**self.defaults, **fixed, **g.params})
             if _params_key(params) == defaults_key or len(candidates) >= MAX_CANDIDATES:
                 continue
             candidates.append(Arm(
                 name=f"search #{len(candidates) + 1}", params=params,
-                source=f"search trials {g['trials']} ({', '.join(sorted(set(g.get('arms') or [])))})",
-                search_mean=g["mean"], search_std=g.get("std"), search_n=int(g["n"]),
-                epoch_s=max(float(g.get("trial_s") or 0.0) / epochs, base_epoch_s * 0.25)))
-        d_group = srch.defaults or {}
+                source=f"search trials {g.trials} ({', '.join(sorted(set(g.arms)))})",
+                search_mean=g.mean, search_std=g.std, search_n=g.n,
+                epoch_s=max(g.trial_s / epochs, base_epoch_s * 0.25)))
+        d_group = srch.defaults
         # the defaults as the user runs them: their own epochs, whatever the trials could afford;
         # unless one such run would take more than half the time left (a budget too short for the
         # task's own protocol): then every arm at the trials' epochs, and the result says so
@@ -441,15 +417,15 @@ class _Loop:
                               f"a --budget of at least {self.v.budget_s + 2 * own_s:.0f} s compares at the defaults' own")
             d_epochs = epochs
         defaults = Arm(name="defaults", params=dict(self.defaults), source="the task's defaults",
-                       search_mean=d_group.get("mean") if epochs == d_epochs else None,
-                       search_std=d_group.get("std"), search_n=int(d_group.get("n") or 0),
-                       epoch_s=base_epoch_s, epochs=d_epochs)
+                       search_mean=d_group.mean if d_group is not None and epochs == d_epochs else None,
+                       search_std=d_group.std if d_group is not None else None,
+                       search_n=d_group.n if d_group is not None else 0, epoch_s=base_epoch_s, epochs=d_epochs)
         plan = FinalPlan(metric=self.v.metric, maximize=self.v.maximize, epochs=epochs,
                          seeds=int(self.cfg.seeds), seed=self.cfg.seed, device=str(self.dev),
                          val_samples=self.holdout.val_samples,
                          prior_std=prior_seed_std(srch.seed_std, metric=self.v.metric,
                                                   val_samples=self.holdout.val_samples,
-                                                  level=finite_float(d_group.get("mean"))))
+                                                  level=finite_float(d_group.mean if d_group else None)))
         outcome = run_final(self.task, defaults, candidates, plan, store=self.store,
                             end=self.budget.end - self._compress_reserve(), hard_end=hard_end,
                             cap_end=self.budget.end, folder=self.out, say=self.say, notes=race_notes)
@@ -462,16 +438,15 @@ class _Loop:
         picked = outcome.model_run()
         return _StageResult(FinalOutputs(
             params=params, evidence=evidence, epochs=chosen.epochs or epochs,
-            default_epochs=self.task.default_epochs, race=outcome.to_dict(),
+            default_epochs=self.task.default_epochs, race=outcome,
             decision=outcome.decision, chosen=outcome.chosen,
-            metric={"name": self.v.metric, "mean": val["mean"], "std": val["std"],
-                    "values": [r.val for r in chosen.runs]},
-            test={"mean": test["mean"], "std": test["std"], "values": [r.test for r in chosen.runs]},
+            metric=dataclasses.replace(val, values=[r.val for r in chosen.runs]),
+            test=dataclasses.replace(test, values=[r.test for r in chosen.runs]),
             model="model.pt", model_seed=outcome.model_seed, latency_ms=latency, size_bytes=size,
             model_val=picked.val if picked else None, model_test=picked.test if picked else None,
             load=(f"model = proftune.load_task({self.spec!r}).build_model(params); "
                   "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
-        ), before=finite_float(outcome.arm("defaults").summary("val")["mean"]), after=val["mean"])
+        ), before=finite_float(outcome.arm("defaults").summary("val").mean), after=val.mean)
 
     def _evidence(self, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
         """The result's params, and for each where its value came from."""
@@ -535,11 +510,9 @@ class _Loop:
             return _StageResult(CompressOutputs(skipped=f"compression failed ({why})",
                                                 verdict=f"kept the uncompressed model: compression failed ({why})"),
                                 status="skipped")
-        d = report.to_dict()
-        sel = d.get("selected")
-        base = d.get("baseline") or {}
+        chosen_c = report.selected
         test_metric = None
-        if sel and report.output:
+        if chosen_c is not None and report.output:
             try:
                 small = load_model(report.output, task=self.task, params=params)
                 test_metric = finite_float(evaluate_model(self.task, small, torch.device("cpu"),
@@ -549,29 +522,23 @@ class _Loop:
                 log.info("the compressed model could not be evaluated on the held-out data: %s", exc)
         elif out_file.exists():
             out_file.unlink()  # a file from an earlier sweep is not this run's result
+        base = _figures(report.baseline, method=False)
+        sel = _figures(chosen_c, test_metric=test_metric, format=True) if chosen_c is not None else None
         goal_key = "latency_ms" if self.cfg.goal == "latency" else "size_bytes"
         kept = "kept the uncompressed model: "
-        notes = [n[len(kept):] if n.startswith(kept) else n for n in d.get("notes") or ["no candidate qualified"]]
+        notes = [n[len(kept):] if n.startswith(kept) else n for n in report.notes or ["no candidate qualified"]]
         verdict = (f"{kept}{'; '.join(notes)}"
-                   if not sel else
+                   if sel is None else
                    f"{method_name(sel)} beats the uncompressed model on {self.cfg.goal}: "
-                   + (f"{fmt_ms(sel.get(goal_key))} vs {fmt_ms(base.get(goal_key))} at batch 1"
+                   + (f"{fmt_ms(sel.latency_ms)} vs {fmt_ms(base.latency_ms)} at batch 1"
                       if goal_key == "latency_ms" else
-                      f"{format_bytes(sel.get(goal_key))} vs {format_bytes(base.get(goal_key))}"))
+                      f"{format_bytes(sel.size_bytes)} vs {format_bytes(base.size_bytes)}"))
         return _StageResult(CompressOutputs(
-            run_id=report.run_id, plan=d.get("plan"), notes=d.get("notes"), verdict=verdict,
-            ignored_layers=keep, ratios=list(ratios),
-            baseline={k: base.get(k) for k in ("metric", "latency_ms", "latency_batch_ms", "size_bytes",
-                                               "params", "macs", "batch_size")},
-            selected=({**{k: sel.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
-                                                  "latency_batch_ms", "size_bytes", "params", "macs",
-                                                  "format", "batch_size")}, "test_metric": test_metric}
-                      if sel else None),
-            candidates=[{k: c.get(k) for k in ("method", "ratio", "metric", "metric_drop", "latency_ms",
-                                               "latency_batch_ms", "size_bytes", "within_budget")}
-                        for c in d.get("candidates") or []],
-            output="model_compressed.pt" if sel and report.output else None, load=d.get("load"),
-        ), before=finite_float(base.get("metric")), after=finite_float(sel.get("metric")) if sel else None)
+            run_id=report.run_id, plan=list(report.plan), notes=list(report.notes), verdict=verdict,
+            ignored_layers=keep, ratios=list(ratios), baseline=base, selected=sel,
+            candidates=[_figures(c, within_budget=True) for c in report.candidates],
+            output="model_compressed.pt" if sel is not None and report.output else None, load=report.load_line,
+        ), before=finite_float(base.metric), after=finite_float(sel.metric) if sel is not None else None)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> OptimizeResult:
@@ -587,13 +554,13 @@ class _Loop:
                                   result=json_safe({"stages": self.state.stages}))
             raise
         result = self._result()
-        write_outputs(result, self.state, self.out, task=self.task)
+        result = dataclasses.replace(result, files=write_outputs(result, self.state, self.out, task=self.task))
         self.store.finish_run(self.run_id, status="finished", result=json_safe(result.to_dict()),
-                              metrics={f"final_{self.v.metric}": result.final.get("mean") or float("nan")},
+                              metrics={f"final_{self.v.metric}": result.final.mean or float("nan")},
                               artifacts=result.files)
         html = write_html(self.run_id, self.out, self.store)  # reads the finished run
         if html is not None:
-            result.files["report"] = html
+            result = dataclasses.replace(result, files={**result.files, "report": html})
             self.store.update_run(self.run_id, artifacts=result.files)
         write_summary(result, self.out)
         return result
@@ -602,7 +569,7 @@ class _Loop:
         """Why the run ended when it did, in one sentence."""
         srch = self.state.record(SearchStageOutputs)
         race = self.state.record(FinalOutputs).race
-        seeds = len(race.get("seeds") or [])
+        seeds = len(race.seeds) if race else 0
         used = self.budget.elapsed_s
         if srch.early:
             return (f"the search ended early ({srch.stop_reason}); the time left went to the final "
@@ -611,10 +578,10 @@ class _Loop:
         if used < 0.8 * self.v.budget_s:
             return (f"every stage finished its work in {used:.0f} s of {self.v.budget_s:.0f} s "
                     f"(search: {srch.stop_reason}; final race: {seeds} seed(s), at most "
-                    f"{race.get('plan', {}).get('seeds')} asked)")
+                    f"{race.plan.seeds if race else None} asked)")
         return f"the budget is spent: {used:.0f} s of {self.v.budget_s:.0f} s (search: {srch.stop_reason})"
 
-    def _changes(self, arm: Arm) -> list[dict[str, Any]]:
+    def _changes(self, arm: Arm) -> list[ParamChange]:
         """``arm``'s params against the defaults in effect, each with where its value came from."""
         comp = self.state.record(ComputeOutputs)
         std = f" ± {arm.search_std:.3g}" if arm.search_std is not None else ""
@@ -627,83 +594,73 @@ class _Loop:
         runs = {r.epochs for r in arm.runs if not r.cut}
         epochs = arm.epochs or (runs.pop() if len(runs) == 1 else None)
         if epochs is not None and epochs != default_epochs:  # the race trains the search's arms as they were measured
-            rows.append({"param": "epochs", "default": default_epochs, "default_from": "task", "value": epochs,
-                         "changed": True, "source": "computed",
-                         "why": "the epochs every search trial ran: what the budget held six full trials of"})
+            rows.append(ParamChange(param="epochs", default=default_epochs, default_from="task", value=epochs,
+                                    changed=True, source="computed",
+                                    why="the epochs every search trial ran: what the budget held six full trials of"))
         return rows
 
     def _result(self) -> OptimizeResult:
         st = self.state
         fin = st.record(FinalOutputs)
-        race = FinalOutcome.from_dict(fin.race)
+        race = fin.race
+        if race is None:
+            raise RunFailedError("the final stage left no race in state.json; run the same command to redo it")
         d_val, d_test = race.arm("defaults").summary("val"), race.arm("defaults").summary("test")
         stages = []
         for name in OPTIMIZE_STAGES:
-            rec = st.stages.get(name, {})
+            rec = st.stages.get(name, {})  # state.json's entry of the stage
             after = rec.get("metric_after")
             gain = None
-            if after is not None and d_val["mean"] is not None and name in ("search", "final", "compress"):
-                gain = (after - d_val["mean"]) if self.v.maximize else (d_val["mean"] - after)
-            stages.append({"name": name, "status": rec.get("status"), "duration_s": rec.get("duration_s"),
-                           "share_s": rec.get("share_s"), "run_id": rec.get("run_id"),
-                           "metric_before": rec.get("metric_before"), "metric_after": after,
-                           "compares": STAGE_COMPARES.get(name),
-                           "gain_vs_baseline": gain, "outputs": _compact(name, rec.get("outputs") or {})})
+            if after is not None and d_val.mean is not None and name in ("search", "final", "compress"):
+                gain = (after - d_val.mean) if self.v.maximize else (d_val.mean - after)
+            stages.append(StageRow(name=name, status=rec.get("status"), duration_s=rec.get("duration_s"),
+                                   share_s=rec.get("share_s"), run_id=rec.get("run_id"),
+                                   metric_before=rec.get("metric_before"), metric_after=after,
+                                   compares=STAGE_COMPARES.get(name), gain_vs_baseline=gain,
+                                   outputs=_compact(name, rec.get("outputs") or {})))
         comp = st.record(CompressOutputs)
-        sel = comp.selected
-        metric, test = fin.metric, fin.test
-        final = {"params": fin.params, "evidence": fin.evidence, "decision": race.decision,
-                 "metrics": {self.v.metric: {"mean": metric.get("mean"), "std": metric.get("std"),
-                                             "values": metric.get("values")}},
-                 "mean": metric.get("mean"), "std": metric.get("std"),
-                 "test": {"mean": test.get("mean"), "std": test.get("std"), "values": test.get("values")},
-                 "seeds": race.seeds, "epochs": fin.epochs, "default_epochs": fin.default_epochs,
-                 "model_seed": race.model_seed,
-                 "model_val": fin.model_val, "model_test": fin.model_test,
-                 "model": str(self.out / "model.pt"), "load": fin.load,
-                 "latency_ms": fin.latency_ms, "size_bytes": fin.size_bytes}
-        cb = comp.baseline
-        if cb:
-            final["latency_ms"] = cb.get("latency_ms", final["latency_ms"])
-            final["latency_batch_ms"] = cb.get("latency_batch_ms")
-            final["batch_size"] = cb.get("batch_size")
-        if sel:
-            final["compressed"] = {**sel, "model": str(self.out / "model_compressed.pt"), "load": comp.load}
-        final["changes"] = self._changes(race.arm(race.chosen))
+        sel, cb = comp.selected, comp.baseline
+        chosen = race.arm(race.chosen)
+        final = FinalSummary(
+            params=fin.params, evidence=fin.evidence, decision=race.decision, metrics={self.v.metric: fin.metric},
+            mean=fin.metric.mean, std=fin.metric.std, test=fin.test, seeds=race.seeds, epochs=fin.epochs,
+            default_epochs=fin.default_epochs, model_seed=race.model_seed, model_val=fin.model_val,
+            model_test=fin.model_test, model=str(self.out / "model.pt"), load=fin.load,
+            # the uncompressed model as compress measured it beside its candidates, where it ran
+            latency_ms=cb.latency_ms if cb is not None and cb.latency_ms is not None else fin.latency_ms,
+            latency_batch_ms=cb.latency_batch_ms if cb is not None else None,
+            batch_size=cb.batch_size if cb is not None else None, size_bytes=fin.size_bytes,
+            compressed=(CompressedModel(**{**sel.to_dict(), "model": str(self.out / "model_compressed.pt"),
+                                           "load": comp.load}) if sel is not None else None),
+            changes=self._changes(chosen))
         base = st.record(BaselineOutputs)
-        cmp_val, cmp_test = race.comparison, race.comparison_test
-        vs: dict[str, Any] = {
-            "metric": self.v.metric, "decision": race.decision, "defaults_params": self.defaults,
-            "summary": _decision_line(race, self.v.metric),
-            "defaults": {"val": d_val, "test": d_test}, "final": {"val": race.arm(race.chosen).summary("val"),
-                                                                  "test": race.arm(race.chosen).summary("test")},
-            "baseline": d_val["mean"], "baseline_test": d_test["mean"],
-            "final_mean": metric.get("mean"), "final_std": metric.get("std"),
-            "final_test_mean": test.get("mean"), "final_test_std": test.get("std"),
-            "leader": race.leader,
-            "leader_vs_defaults": {"val": cmp_val.to_dict() if cmp_val else None,
-                                   "test": cmp_test.to_dict() if cmp_test else None},
-            "beyond_noise": bool(cmp_val and cmp_val.beyond_noise),
-            "search_gap": race.search_gap(), "race_note": race.note, "held_out": self.holdout.to_dict(),
-            "held_out_source": self.holdout.describe(),
-            "no_tricks": finite_float(base.metric("no_tricks", self.v.metric)),
-            "baseline_run": finite_float(base.metric("defaults", self.v.metric)),
-        }
-        if metric.get("mean") is not None and d_val["mean"] is not None:
-            vs["gain"] = _signed(metric["mean"] - d_val["mean"], self.v.maximize)
-        if test.get("mean") is not None and d_test["mean"] is not None:
-            vs["gain_test"] = _signed(test["mean"] - d_test["mean"], self.v.maximize)
-        if race.leader is not None and race.leader != race.chosen:
+        cmp_val = race.comparison
+        speedups: dict[str, float | None] = {}
+        for key, name in (("latency_ms", "latency_speedup"), ("latency_batch_ms", "latency_batch_speedup"),
+                          ("size_bytes", "size_ratio")):
+            old, new = (getattr(cb, key), getattr(sel, key)) if cb is not None and sel is not None else (None, None)
+            speedups[name] = old / new if old and new else None
+        vs = VsBaseline(
+            metric=self.v.metric, decision=race.decision, defaults_params=self.defaults,
+            summary=_decision_line(race, self.v.metric), defaults=SplitSummaries(val=d_val, test=d_test),
+            final=SplitSummaries(val=chosen.summary("val"), test=chosen.summary("test")),
+            baseline=d_val.mean, baseline_test=d_test.mean, final_mean=fin.metric.mean, final_std=fin.metric.std,
+            final_test_mean=fin.test.mean, final_test_std=fin.test.std, leader=race.leader,
+            leader_vs_defaults=SplitComparisons(val=cmp_val, test=race.comparison_test),
+            beyond_noise=bool(cmp_val and cmp_val.beyond_noise), search_gap=race.search_gap(),
+            race_note=race.note, held_out=self.holdout, held_out_source=self.holdout.describe(),
+            no_tricks=finite_float(base.metric("no_tricks", self.v.metric)),
+            baseline_run=finite_float(base.metric("defaults", self.v.metric)),
+            gain=(_signed(fin.metric.mean - d_val.mean, self.v.maximize)
+                  if fin.metric.mean is not None and d_val.mean is not None else None),
+            gain_test=(_signed(fin.test.mean - d_test.mean, self.v.maximize)
+                       if fin.test.mean is not None and d_test.mean is not None else None),
             # what the search proposed, though it was not adopted
-            vs["leader_changes"] = self._changes(race.arm(race.leader))
-        vs["compression"] = comp.verdict or comp.skipped
-        if sel:
-            vs["compressed_metric"] = sel.get("metric")
-            vs["compressed_test_metric"] = sel.get("test_metric")
-            for key in ("latency_ms", "latency_batch_ms", "size_bytes"):
-                if cb.get(key) and sel.get(key):
-                    vs[f"{key.replace('_ms', '').replace('_bytes', '')}_speedup" if "ms" in key
-                       else "size_ratio"] = cb[key] / sel[key]
+            leader_changes=(self._changes(race.arm(race.leader))
+                            if race.leader is not None and race.leader != race.chosen else []),
+            compression=comp.verdict or comp.skipped,
+            compressed_metric=sel.metric if sel is not None else None,
+            compressed_test_metric=sel.test_metric if sel is not None else None, **speedups)
         result = OptimizeResult(
             task=self.name, study=self.study, run_id=self.run_id, out=str(self.out),
             objective=self.v.objective, budget_s=self.v.budget_s, elapsed_s=self.budget.elapsed_s,
@@ -712,9 +669,8 @@ class _Loop:
             layer_findings=st.record(LayerValueOutputs).findings,
             stop_reason=self._stop_reason(), spec=self.spec)
         # a line that runs from any folder: the params from config.yaml, the weights by absolute path
-        result.final["load"] = load_line(result)
-        result.story = tell(result.to_dict())
-        return result
+        result = dataclasses.replace(result, final=dataclasses.replace(final, load=load_line(result)))
+        return dataclasses.replace(result, story=tell(result))
 
 
 #: What each stage's "before -> after" means (the table says it per row).
@@ -757,6 +713,17 @@ def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
     drop = {"search": ("history", "plan", "top", "trials_log"), "layer_value": ("layers",),
             "compute": ("recommendations",), "final": ("evidence", "race")}
     return {k: v for k, v in outputs.items() if k not in drop.get(name, ())}
+
+
+def _figures(c: Candidate, *, method: bool = True, format: bool = False, within_budget: bool = False,
+             test_metric: float | None = None) -> ModelFigures:
+    """A compress candidate as the stage keeps it: its figures (``method=False``: the
+    uncompressed model), with its file format, budget verdict or held-out metric where asked."""
+    return ModelFigures(method=c.method if method else None, ratio=c.ratio if method else None, metric=c.metric,
+                        metric_drop=c.metric_drop if method else None, test_metric=test_metric,
+                        latency_ms=c.latency_ms, latency_batch_ms=c.latency_batch_ms, size_bytes=c.size_bytes,
+                        params=c.params, macs=c.macs, batch_size=c.batch_size, format=c.format if format else None,
+                        within_budget=c.within_budget if within_budget else None)
 
 
 def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:

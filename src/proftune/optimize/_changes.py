@@ -10,9 +10,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-__all__ = ["defaults_in_effect", "param_changes"]
+from .._records import JsonRecord
+
+__all__ = ["ParamChange", "defaults_in_effect", "param_changes"]
+
+
+@dataclass(frozen=True)
+class ParamChange(JsonRecord):
+    """One param of a configuration against the defaults in effect, and where its value came from."""
+
+    WHAT: ClassVar[str] = "a param change"
+    param: str
+    default: Any
+    #: Whose default it is: ``task``, ``task code``, ``fit loop`` or ``-``.
+    default_from: str
+    value: Any
+    changed: bool
+    #: ``default``, ``computed``, ``fixed``, ``searched`` (or ``computed`` for the race's epochs).
+    source: str
+    #: The measurement or trial behind the value ("" for an unchanged one).
+    why: str = ""
 
 #: The fit loop's value for each param it reads when the params leave it out (``proftune.train``).
 LOOP_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "optimizer": "adamw", "grad_accumulation": 1, "precision": "fp32",
@@ -47,7 +67,7 @@ def _default_from(name: str, task_defaults: Mapping[str, Any], read_defaults: Ma
 
 def param_changes(params: Mapping[str, Any], *, task_defaults: Mapping[str, Any],
                   read_defaults: Mapping[str, Any], computed: Mapping[str, Any],
-                  reasons: Mapping[str, str], fixed: Mapping[str, Any], searched: str) -> list[dict[str, Any]]:
+                  reasons: Mapping[str, str], fixed: Mapping[str, Any], searched: str) -> list[ParamChange]:
     """One row per param of ``params`` (and of the defaults): its default, its value, whether it
     changed, and where the value came from.
 
@@ -69,6 +89,6 @@ def param_changes(params: Mapping[str, Any], *, task_defaults: Mapping[str, Any]
             source, why = "fixed", "fixed by the search space"
         else:
             source, why = "searched", searched
-        rows.append({"param": name, "default": default, "default_from": _default_from(name, task_defaults, read_defaults),
-                     "value": value, "changed": changed, "source": source, "why": why})
+        rows.append(ParamChange(param=name, default=default, default_from=_default_from(name, task_defaults, read_defaults),
+                                value=value, changed=changed, source=source, why=why))
     return rows

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._jsonsafe import finite_float
+from .._records import record_fields, stored_version
 
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "compare_paired", "pooled_seed_std", "prior_seed_std"]
 
@@ -57,7 +58,9 @@ class Comparison:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Comparison:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        """The comparison back from :meth:`to_dict`'s JSON; a key it does not define is a ConfigError."""
+        stored_version(d, what="a paired comparison", current=SCHEMA_VERSION)
+        return cls(**record_fields(cls, d, what="a paired comparison"))
 
     def describe(self) -> str:
         """One line: the gain with its noise and what it means."""
@@ -121,12 +124,11 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
     return Comparison(**base, gain=mean, gain_std=std, lower=lower, beyond_noise=beyond, reason=why)
 
 
-def pooled_seed_std(groups: Sequence[Mapping[str, Any]]) -> float | None:
+def pooled_seed_std(groups: Iterable[tuple[float | None, int]]) -> float | None:
     """The seeds' standard deviation pooled over configurations measured at two seeds or more
-    (``{"std": s, "n": k}`` each): sqrt(sum (k-1) s^2 / sum (k-1)); None without such a group."""
+    (``(s, k)`` each: a std over ``k`` seeds): sqrt(sum (k-1) s^2 / sum (k-1)); None without such a group."""
     num = den = 0.0
-    for g in groups:
-        std, n = g.get("std"), int(g.get("n") or 0)
+    for std, n in groups:
         if n >= 2 and isinstance(std, (int, float)) and math.isfinite(std):
             num += (n - 1) * float(std) ** 2
             den += n - 1

@@ -13,21 +13,22 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from .._api import run_train
 from .._jsonsafe import finite_float
+from .._records import JsonRecord, Reader, plain, record_fields, stored_version
 from ..task import Task
 from ..track import Store
 from ..train import evaluate_model
 from ._budget import Deadline
 from ._decide import ALPHA, Comparison, compare_paired
 
-__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "run_final"]
+__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary", "run_final"]
 
 SCHEMA_VERSION = 1
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
@@ -43,8 +44,36 @@ RUN_OVERHEAD_S = 0.3
 
 
 @dataclass(frozen=True)
-class ArmRun:
+class SeedSummary(JsonRecord):
+    """A metric over an arm's seeds: mean ± standard deviation of ``n`` runs (the noise figures)."""
+
+    WHAT: ClassVar[str] = "a seed summary"
+    mean: float | None = None
+    std: float | None = None
+    n: int = 0
+    #: The values the figures are over, one per seed.
+    values: list[float | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SearchGap(JsonRecord):
+    """What the search measured for the race's leader beside its final validation mean."""
+
+    WHAT: ClassVar[str] = "a search gap"
+    arm: str
+    search_mean: float | None
+    search_std: float | None
+    search_n: int
+    final_mean: float | None
+    #: ``final_mean - search_mean`` (None without both).
+    gap: float | None
+
+
+@dataclass(frozen=True)
+class ArmRun(JsonRecord):
     """One training of one arm at one seed: its metric on validation and held-out data."""
+
+    WHAT: ClassVar[str] = "a final race run"
 
     seed: int
     run_id: int | None
@@ -59,8 +88,11 @@ class ArmRun:
 
 
 @dataclass(frozen=True)
-class Arm:
+class Arm(JsonRecord):
     """A configuration in the final race: the defaults or one of the search's best."""
+
+    WHAT: ClassVar[str] = "a final race arm"
+    READERS: ClassVar[dict[str, Reader]] = {"runs": lambda rs: tuple(ArmRun.from_dict(r) for r in rs)}
 
     name: str  # "defaults", "search #1", ...
     params: dict[str, Any]
@@ -79,15 +111,19 @@ class Arm:
         by_seed = {r.seed: r for r in self.runs if not r.cut}
         return [getattr(by_seed[s], split) if s in by_seed else None for s in seeds]
 
-    def summary(self, split: str) -> dict[str, Any]:
+    def summary(self, split: str) -> SeedSummary:
+        """Mean ± std over the runs that were not cut, on ``split`` (``val`` or ``test``)."""
         vals = [v for v in (getattr(r, split) for r in self.runs if not r.cut) if v is not None]
-        return {"mean": statistics.fmean(vals) if vals else None,
-                "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
+        return SeedSummary(mean=statistics.fmean(vals) if vals else None,
+                           std=statistics.stdev(vals) if len(vals) > 1 else None, n=len(vals), values=list(vals))
+
 
 
 @dataclass(frozen=True)
-class FinalPlan:
+class FinalPlan(JsonRecord):
     """What the final stage is asked to do."""
+
+    WHAT: ClassVar[str] = "a final race plan"
 
     metric: str
     maximize: bool
@@ -106,7 +142,7 @@ class FinalPlan:
 class FinalOutcome:
     """The race's result: every arm's runs, the paired comparisons and what was kept."""
 
-    plan: dict[str, Any]
+    plan: FinalPlan
     arms: list[Arm]
     seeds: list[int]
     #: "chosen" (a configuration beat the defaults beyond noise) or "defaults" (kept them).
@@ -131,33 +167,35 @@ class FinalOutcome:
         """The run whose model is the result."""
         return next((r for r in self.arm(self.chosen).runs if r.seed == self.model_seed), None)
 
-    def search_gap(self) -> dict[str, Any] | None:
+    def search_gap(self) -> SearchGap | None:
         """The search's estimate of the leader beside its final validation mean."""
         if self.leader is None:
             return None
         arm = self.arm(self.leader)
-        final = arm.summary("val")["mean"]
+        final = arm.summary("val").mean
         gap = (final - arm.search_mean) if final is not None and arm.search_mean is not None else None
-        return {"arm": arm.name, "search_mean": arm.search_mean, "search_std": arm.search_std,
-                "search_n": arm.search_n, "final_mean": final, "gap": gap}
+        return SearchGap(arm=arm.name, search_mean=arm.search_mean, search_std=arm.search_std,
+                         search_n=arm.search_n, final_mean=final, gap=gap)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d: dict[str, Any] = plain(asdict(self))  # the runs' tuple as a JSON list
         d["comparison"] = self.comparison.to_dict() if self.comparison else None
         d["comparison_test"] = self.comparison_test.to_dict() if self.comparison_test else None
-        d["search_gap"] = self.search_gap()
+        gap = self.search_gap()
+        d["search_gap"] = gap.to_dict() if gap else None
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FinalOutcome:
-        arms = [Arm(**{**a, "runs": tuple(ArmRun(**r) for r in a.get("runs") or ())}) for a in d["arms"]]
-        return cls(plan=dict(d["plan"]), arms=arms, seeds=list(d["seeds"]), decision=d["decision"],
-                   chosen=d["chosen"], leader=d.get("leader"),
-                   comparison=Comparison.from_dict(d["comparison"]) if d.get("comparison") else None,
-                   comparison_test=(Comparison.from_dict(d["comparison_test"])
-                                    if d.get("comparison_test") else None),
-                   model_seed=d.get("model_seed"), note=str(d.get("note") or ""),
-                   schema_version=int(d.get("schema_version") or SCHEMA_VERSION))
+        """The race back from :meth:`to_dict`'s JSON (a final stage's Run, ``state.json``)."""
+        stored_version(d, what="a final race", current=SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="a final race", derived=("search_gap",))
+        return cls(**{**kw, "plan": FinalPlan.from_dict(kw["plan"]), "arms": [Arm.from_dict(a) for a in kw["arms"]],
+                      "seeds": list(kw["seeds"]),
+                      "comparison": Comparison.from_dict(kw["comparison"]) if kw.get("comparison") else None,
+                      "comparison_test": (Comparison.from_dict(kw["comparison_test"])
+                                          if kw.get("comparison_test") else None),
+                      "note": str(kw.get("note") or "")})
 
 
 def _resolution(metric: str, val_samples: int | None) -> float:
@@ -203,7 +241,7 @@ def _slug(name: str) -> str:
 
 
 def _with_run(arm: Arm, run: ArmRun) -> Arm:
-    return Arm(**{**{k: getattr(arm, k) for k in Arm.__dataclass_fields__}, "runs": (*arm.runs, run)})
+    return replace(arm, runs=(*arm.runs, run))
 
 
 def _weakest(challengers: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> str:
@@ -322,6 +360,6 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
         model_seed = max(ran, key=lambda r: sign * r.val if r.val is not None else -math.inf).seed
         shutil.copyfile(work / f"{_slug(chosen.name)}-{model_seed}.pt", folder / "model.pt")
     shutil.rmtree(work, ignore_errors=True)
-    return FinalOutcome(plan=asdict(plan), arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,
+    return FinalOutcome(plan=plan, arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,
                         leader=leader.name if leader else None, comparison=comparison,
                         comparison_test=comparison_test, model_seed=model_seed, note="; ".join(notes))

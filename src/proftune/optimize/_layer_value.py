@@ -10,17 +10,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from .._records import JsonRecord
 from ..profile import Profile
 from ..task import Task
 from ..train import evaluate_model
 
-__all__ = ["LayerValue", "layer_values", "mean_ablation_hook"]
+__all__ = ["LayerFinding", "LayerValue", "layer_values", "mean_ablation_hook"]
 
 #: A layer whose time share is this many times its value share (and at least MIN_TIME_SHARE
 #: of the step) costs much more than it contributes.
@@ -29,8 +30,10 @@ MIN_TIME_SHARE = 0.10
 
 
 @dataclass(frozen=True)
-class LayerValue:
+class LayerValue(JsonRecord):
     """One layer: its measured costs and its measured contribution to the metric."""
+
+    WHAT: ClassVar[str] = "a layer value"
 
     name: str
     type: str
@@ -46,8 +49,15 @@ class LayerValue:
     finding: str | None = None
     action: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+@dataclass(frozen=True)
+class LayerFinding(JsonRecord):
+    """A layer that costs far more time than it is worth, and what to do about it."""
+
+    WHAT: ClassVar[str] = "a layer finding"
+    layer: str
+    finding: str
+    action: str | None = None
 
 
 def mean_ablation_hook(_module: nn.Module, _inputs: Any, output: Any) -> Any:

@@ -12,6 +12,7 @@ import yaml
 
 from .._jsonsafe import json_dumps, json_safe
 from ..task import Task
+from . import _page  # noqa: F401  (registers the optimize page with proftune.report: write_html renders it)
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]
     fin = state.record(FinalOutputs)
     params, evidence = fin.params, fin.evidence
     comp = {r["name"]: r for r in state.record(ComputeOutputs).recommendations}
+    final = result.final.to_dict()
     out: dict[str, Any] = {}
     for name in sorted(params):
         ev = str(evidence.get(name, "task default"))
@@ -38,9 +40,9 @@ def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]
             entry["evidence"] = f"{ev}: {comp[name]['reason']}"
         out[name] = entry
     return cast("dict[str, Any]", json_safe({"task": result.task, "objective": result.objective, "study": result.study,
-                      "decision": result.vs_baseline.get("summary"), "params": out,
-                      "final": {k: result.final.get(k) for k in ("mean", "std", "test", "latency_ms",
-                                                                 "size_bytes", "model", "load")},
+                      "decision": result.vs_baseline.summary, "params": out,
+                      "final": {k: final[k] for k in ("mean", "std", "test", "latency_ms", "size_bytes", "model",
+                                                      "load")},
                       "load": load_line(result)}))
 
 
@@ -69,7 +71,7 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
     if hist:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.step([h[0] for h in hist], [h[1] for h in hist], where="post", label="best so far")
-        base = result.vs_baseline.get("baseline")
+        base = result.vs_baseline.baseline
         if base is not None:
             ax.axhline(base, color="grey", linestyle="--", label="baseline (defaults)")
         ax.set_xlabel("trial")
@@ -84,20 +86,20 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
     if layers:
         fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(layers)), 3.5))
         xs = range(len(layers))
-        ax.bar([x - 0.2 for x in xs], [lv.get("time_share") or 0 for lv in layers], 0.4, label="time share")
-        ax.bar([x + 0.2 for x in xs], [lv.get("value_share") or 0 for lv in layers], 0.4, label="value share")
-        ax.set_xticks(list(xs), [f"{lv['name']}\n{lv['type']}" for lv in layers], fontsize=7)
+        ax.bar([x - 0.2 for x in xs], [lv.time_share or 0 for lv in layers], 0.4, label="time share")
+        ax.bar([x + 0.2 for x in xs], [lv.value_share or 0 for lv in layers], 0.4, label="value share")
+        ax.set_xticks(list(xs), [f"{lv.name}\n{lv.type}" for lv in layers], fontsize=7)
         ax.legend()
         ax.set_title("layer value: share of step time vs share of the measured contribution", fontsize=9)
         fig.tight_layout()
         fig.savefig(folder / "layer_value.png", dpi=100)
         plt.close(fig)
         files.append(str(folder / "layer_value.png"))
-    stages = [s for s in result.stages if s.get("duration_s")]
+    stages = [s for s in result.stages if s.duration_s]
     if stages:
         fig, ax = plt.subplots(figsize=(6, 3))
-        ax.barh([s["name"] for s in stages], [s["duration_s"] for s in stages], label="spent")
-        ax.barh([s["name"] for s in stages], [s.get("share_s") or 0 for s in stages], fill=False,
+        ax.barh([s.name for s in stages], [s.duration_s or 0 for s in stages], label="spent")
+        ax.barh([s.name for s in stages], [s.share_s or 0 for s in stages], fill=False,
                 edgecolor="black", label="share")
         ax.set_xlabel("seconds")
         ax.legend()
@@ -121,15 +123,15 @@ def write_html(run_id: int, out: Path, store: Any) -> str | None:
 
 
 def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, task: Task) -> dict[str, str]:
-    """Write config.yaml and the PNGs; the paths of every output file (summary.json written last)."""
+    """Write config.yaml and the PNGs; the paths of every output file (summary.json written last:
+    the result's ``files``)."""
     files = {"config": str(out / "config.yaml"), "summary": str(out / "summary.json"),
              "model": str(out / "model.pt")}
     (out / "config.yaml").write_text(yaml.safe_dump(_config_yaml(result, state), sort_keys=False))
-    if result.final.get("compressed"):
+    if result.final.compressed is not None:
         files["model_compressed"] = str(out / "model_compressed.pt")
     for i, path in enumerate(_plots(result, state, out / "plots")):
         files[f"plot{i}"] = path
-    result.files = files
     return files
 
 

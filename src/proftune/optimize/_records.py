@@ -1,13 +1,14 @@
 """What each optimize stage hands the stages after it: one frozen, versioned record per stage.
 
-A stage builds its record; the stages after it, the outputs (``config.yaml``, the plots) and the
-result read its fields, never a dict's keys. ``to_dict`` is what ``state.json`` and the stage's
-Run in the Store hold (the keys ``--json``, ``summary.json`` and the report have always read);
-``from_dict`` reads them back on resume, a ``state.json`` written before records had a
-``schema_version`` included. ``schema_version`` changes when a field changes meaning.
+A stage builds its record; the stages after it, the outputs (``config.yaml``, the plots), the
+result and the report read its fields, never a dict's keys. ``to_dict`` is what ``state.json``
+and the stage's Run in the Store hold (the keys ``--json``, ``summary.json`` and the report have
+always read); ``from_dict`` reads them back on resume, a ``state.json`` written before records
+had a ``schema_version`` included. ``schema_version`` changes when a field changes meaning.
 
-Nested values (the race, the search plan, a group of trials) stay JSON-shaped dicts here: each
-has its own record where it is built (``FinalOutcome``, ``SearchPlan``).
+A nested value that is a concept is a record of its own, made where it is built (a finding,
+a layer's value, a group of search trials, a yellow flag, the race): the stage's record holds
+the record, its JSON the record's ``to_dict()``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from .._holdout import HoldoutInfo
+from .._records import JsonRecord, Reader, each, optional, plain, record_fields
+from ..diagnose import Finding
 from ..exceptions import ConfigError
+from ._final import FinalOutcome, SeedSummary
+from ._layer_value import LayerFinding, LayerValue
+from ._search import ConfigGroup, TrialLog, YellowFlag
+from ._space import SearchPlan
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -27,8 +35,10 @@ __all__ = [
     "FinalOutputs",
     "HealthOutputs",
     "LayerValueOutputs",
+    "ModelFigures",
     "SearchStageOutputs",
     "StageOutputs",
+    "TrainedRun",
 ]
 
 SCHEMA_VERSION = 1
@@ -42,24 +52,66 @@ class StageOutputs:
 
     #: The stage this record belongs to (a class constant, not stored).
     STAGE: ClassVar[str] = ""
+    #: How ``from_dict`` reads the fields that hold records (field -> reader of its JSON).
+    READERS: ClassVar[dict[str, Reader]] = {}
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as ``state.json`` and the Store hold it (shallow: its values are JSON-shaped)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The record as ``state.json`` and the Store hold it (records in it as their dicts)."""
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls: type[R], d: dict[str, Any] | None) -> R:
-        """The record from its dict; keys it does not know are left out, missing ones take their
-        defaults (a stage that was skipped, a ``state.json`` of an older proftune)."""
+        """The record from its dict; missing keys take their defaults (a stage that was skipped, a
+        ``state.json`` of an older proftune); a key it does not define (a renamed field) is a
+        ConfigError naming it."""
         d = dict(d or {})
         version = int(d.get("schema_version") or 1)  # no version: written before records had one
         if version > SCHEMA_VERSION:
             raise ConfigError(f"the {cls.STAGE or cls.__name__} stage's outputs have schema_version={version}, "
                               f"newer than this proftune reads ({SCHEMA_VERSION}); upgrade proftune or "
                               "start a new run in another out= folder.")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{**{k: v for k, v in d.items() if k in known}, "schema_version": SCHEMA_VERSION})
+        kw = record_fields(cls, d, what=f"the {cls.STAGE or cls.__name__} stage's outputs")
+        return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})
+
+
+@dataclass(frozen=True)
+class TrainedRun(JsonRecord):
+    """One training of the baseline stage: its params, metrics, epochs and seconds."""
+
+    WHAT: ClassVar[str] = "a baseline run"
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    epochs: int | None = None
+    steps: int | None = None
+    duration_s: float | None = None
+    #: The ``diagnose`` Run of the defaults' training (the no-tricks run records none).
+    run_id: int | None = None
+    stop_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelFigures(JsonRecord):
+    """A model as the compress stage measured it: the uncompressed one, a candidate, the choice."""
+
+    WHAT: ClassVar[str] = "a compressed model figures"
+    #: ``structured+dynamic``, ``static``, ... (None: the uncompressed model).
+    method: str | None = None
+    ratio: float | None = None
+    metric: float | None = None
+    #: The metric lost against the uncompressed model (negative: fine-tuning gained some).
+    metric_drop: float | None = None
+    #: The metric on the held-out data (the selection only).
+    test_metric: float | None = None
+    latency_ms: float | None = None
+    latency_batch_ms: float | None = None
+    #: Bytes of the file as saved.
+    size_bytes: int | None = None
+    params: int | None = None
+    macs: int | None = None
+    batch_size: int | None = None
+    format: str | None = None
+    within_budget: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,23 +119,24 @@ class BaselineOutputs(StageOutputs):
     """The task's defaults trained with the health checks, and a no-tricks run beside them."""
 
     STAGE: ClassVar[str] = "baseline"
-    #: ``params``, ``metrics``, ``epochs``, ``steps``, ``duration_s``, ``run_id``, ``stop_reason``.
-    defaults: dict[str, Any] = field(default_factory=dict)
-    #: ``params``, ``metrics``, ``epochs``, ``duration_s``, ``stop_reason``.
-    no_tricks: dict[str, Any] = field(default_factory=dict)
+    READERS: ClassVar[dict[str, Reader]] = {
+        "defaults": TrainedRun.from_dict, "no_tricks": TrainedRun.from_dict,
+        "held_out": optional(HoldoutInfo.from_dict), "findings": each(Finding.from_dict)}
+    defaults: TrainedRun = field(default_factory=TrainedRun)
+    no_tricks: TrainedRun = field(default_factory=TrainedRun)
     #: |defaults' metric - no-tricks' metric|: how much the task's own choices matter.
     spread: float | None = None
     #: Seconds per epoch of the plain fit loop (the health checks slow the defaults' run).
     epoch_s: float | None = None
-    held_out: dict[str, Any] = field(default_factory=dict)
-    #: The health checks' findings (``Finding.to_dict()``).
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    held_out: HoldoutInfo | None = None
+    #: The health checks' findings.
+    findings: list[Finding] = field(default_factory=list)
     #: The defaults' trained weights in ``--out`` (a file name), when the fit kept a model.
     model: str | None = None
 
     def metric(self, run: str, name: str) -> Any:
         """The metric ``name`` of the ``defaults`` or ``no_tricks`` run (None when absent)."""
-        return ((self.defaults if run == "defaults" else self.no_tricks).get("metrics") or {}).get(name)
+        return (self.defaults if run == "defaults" else self.no_tricks).metrics.get(name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +144,9 @@ class HealthOutputs(StageOutputs):
     """The baseline's findings by severity and the profile of its step."""
 
     STAGE: ClassVar[str] = "health"
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+    READERS: ClassVar[dict[str, Reader]] = {"errors": each(Finding.from_dict), "warnings": each(Finding.from_dict)}
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
     #: Error findings were there and ``--ignore-findings`` went on anyway.
     ignored: bool = False
     profile: str | None = None  # the Profile's file in --out
@@ -127,9 +181,11 @@ class LayerValueOutputs(StageOutputs):
     """Each layer's cost beside its measured contribution; the layers compression must keep."""
 
     STAGE: ClassVar[str] = "layer_value"
+    READERS: ClassVar[dict[str, Reader]] = {"layers": each(LayerValue.from_dict),
+                                            "findings": each(LayerFinding.from_dict)}
     metric: float | None = None  # the baseline model's metric the ablations are read against
-    layers: list[dict[str, Any]] = field(default_factory=list)  # ``LayerValue.to_dict()``
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    layers: list[LayerValue] = field(default_factory=list)
+    findings: list[LayerFinding] = field(default_factory=list)
     #: Layer names that compression leaves whole.
     keep: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -140,17 +196,22 @@ class SearchStageOutputs(StageOutputs):
     """What the search stage found (groups of trials, mean +- std over seeds) and how it ended."""
 
     STAGE: ClassVar[str] = "search"
+    READERS: ClassVar[dict[str, Reader]] = {
+        "best": optional(ConfigGroup.from_dict), "top": each(ConfigGroup.from_dict),
+        "defaults": optional(ConfigGroup.from_dict), "flags": each(YellowFlag.from_dict),
+        "trials_log": each(TrialLog.from_dict)}
     study: str = ""
-    plan: dict[str, Any] = field(default_factory=dict)  # ``SearchPlan.to_dict()``
+    #: ``SearchPlan.to_dict()`` (JSON: a state.json of an older proftune may hold a part of one).
+    plan: dict[str, Any] = field(default_factory=dict)
     epochs_per_trial: int | None = None
     pruner: str = "none"
     full_trials_in_share: float | None = None
-    #: The best group (``params``, ``mean``, ``std``, ``n``, ``trials``, ``arms``, ``trial_s``).
-    best: dict[str, Any] | None = None
-    top: list[dict[str, Any]] = field(default_factory=list)
+    #: The best group of trials (one configuration over its seeds).
+    best: ConfigGroup | None = None
+    top: list[ConfigGroup] = field(default_factory=list)
     #: The task's defaults' group under the trial protocol, when measured.
-    defaults: dict[str, Any] | None = None
-    flags: list[dict[str, Any]] = field(default_factory=list)
+    defaults: ConfigGroup | None = None
+    flags: list[YellowFlag] = field(default_factory=list)
     stop_reason: str = ""
     early: bool = False
     arms: dict[str, int] = field(default_factory=dict)
@@ -163,11 +224,16 @@ class SearchStageOutputs(StageOutputs):
     seconds: float = 0.0
     #: The seeds' standard deviation pooled over the configurations trained at two seeds or more.
     seed_std: float | None = None
-    trials_log: list[dict[str, Any]] = field(default_factory=list)
+    #: Every trial as the report draws it.
+    trials_log: list[TrialLog] = field(default_factory=list)
 
     def fixed(self) -> dict[str, Any]:
         """The params the space fixed (not searched)."""
         return dict((self.plan.get("space") or {}).get("fixed") or {})
+
+    def search_plan(self) -> SearchPlan | None:
+        """The plan as its record (None where the stage has not run)."""
+        return SearchPlan.from_dict(self.plan) if self.plan else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,17 +241,21 @@ class FinalOutputs(StageOutputs):
     """The final race's result: the chosen params with their evidence, its figures and model."""
 
     STAGE: ClassVar[str] = "final"
+    READERS: ClassVar[dict[str, Reader]] = {
+        "race": optional(FinalOutcome.from_dict), "test": SeedSummary.from_dict,
+        # a state.json of an older proftune named the metric in its figures too
+        "metric": lambda d: SeedSummary.from_dict({k: v for k, v in d.items() if k != "name"})}
     params: dict[str, Any] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
     epochs: int | None = None
     default_epochs: int | None = None
-    race: dict[str, Any] = field(default_factory=dict)  # ``FinalOutcome.to_dict()``
+    race: FinalOutcome | None = None
     decision: str = ""
     chosen: str = ""
-    #: ``name``, ``mean``, ``std``, ``values`` on the validation data.
-    metric: dict[str, Any] = field(default_factory=dict)
-    #: ``mean``, ``std``, ``values`` on the held-out data.
-    test: dict[str, Any] = field(default_factory=dict)
+    #: The chosen configuration on the validation data (``values``: every seed's, cut ones too).
+    metric: SeedSummary = field(default_factory=SeedSummary)
+    #: The same on the held-out data.
+    test: SeedSummary = field(default_factory=SeedSummary)
     model: str = "model.pt"
     model_seed: int | None = None
     latency_ms: float | None = None
@@ -200,6 +270,9 @@ class CompressOutputs(StageOutputs):
     """The compression sweep's choice against the uncompressed model, or why it was skipped."""
 
     STAGE: ClassVar[str] = "compress"
+    READERS: ClassVar[dict[str, Reader]] = {"baseline": optional(ModelFigures.from_dict),
+                                            "selected": optional(ModelFigures.from_dict),
+                                            "candidates": each(ModelFigures.from_dict)}
     #: Why the stage did not compress (``--goal none``, too little time, a failure); None when it ran.
     skipped: str | None = None
     verdict: str | None = None
@@ -208,9 +281,10 @@ class CompressOutputs(StageOutputs):
     notes: list[str] | None = None
     ignored_layers: list[str] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)
-    baseline: dict[str, Any] = field(default_factory=dict)
-    selected: dict[str, Any] | None = None
-    candidates: list[dict[str, Any]] = field(default_factory=list)
+    #: The uncompressed model, measured as the candidates were.
+    baseline: ModelFigures | None = None
+    selected: ModelFigures | None = None
+    candidates: list[ModelFigures] = field(default_factory=list)
     output: str | None = None
     load: str | None = None
 

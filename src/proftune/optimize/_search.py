@@ -18,15 +18,17 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
+from .._records import JsonRecord, mapping, record_fields
 from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import Store
 from ._space import SearchPlan
 
-__all__ = ["SearchOutcome", "StageSettings", "YellowFlag", "find_flags", "groups_of", "run_search_stage"]
+__all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
+           "run_search_stage"]
 
 #: Tag of an enqueued trial: where its configuration came from.
 ARM_TAG = "arm"
@@ -68,10 +70,11 @@ class StageSettings:
     alternative: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class YellowFlag:
+@dataclass(frozen=True)
+class YellowFlag(JsonRecord):
     """Several trials failed for the same cause in one region; that region is paused."""
 
+    WHAT: ClassVar[str] = "a yellow flag"
     cause: str
     trials: list[int]
     region: dict[str, Any]
@@ -89,9 +92,45 @@ class YellowFlag:
                 return False
         return True
 
+    #: What the search does about it (said in every flag's JSON).
+    ACTION: ClassVar[str] = "region paused: no more samples there; the search goes on elsewhere"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"cause": self.cause, "trials": self.trials, "region": self.region, "evidence": self.evidence,
-                "action": "region paused: no more samples there; the search goes on elsewhere"}
+        return {**super().to_dict(), "action": self.ACTION}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> YellowFlag:
+        return cls(**record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT, derived=("action",)))
+
+
+@dataclass(frozen=True)
+class ConfigGroup(JsonRecord):
+    """The complete trials of one configuration: its metric's mean ± std over their seeds."""
+
+    WHAT: ClassVar[str] = "a search group"
+    params: dict[str, Any]
+    values: list[float]
+    trials: list[int]
+    #: The arm of each trial (``centre``, ``defaults``, ``local``, ``tpe``).
+    arms: list[str]
+    mean: float
+    std: float | None
+    n: int
+    #: Median seconds of its trials.
+    trial_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialLog(JsonRecord):
+    """One search trial as the report draws it: its arm, state, value and why it ended."""
+
+    WHAT: ClassVar[str] = "a search trial log"
+    number: int
+    state: str
+    value: float | None = None
+    arm: str = "tpe"
+    reason: str | None = None
+    duration_s: float | None = None
 
 
 @dataclass
@@ -100,8 +139,8 @@ class SearchOutcome:
 
     study: str
     trials: list[dict[str, Any]]
-    best: dict[str, Any] | None
-    groups: list[dict[str, Any]]
+    best: ConfigGroup | None
+    groups: list[ConfigGroup]
     flags: list[YellowFlag]
     stop_reason: str
     arms: dict[str, int]
@@ -109,7 +148,7 @@ class SearchOutcome:
     search_calls: int
     history: list[tuple[float, float]] = field(default_factory=list)
     #: The task's defaults under the trial protocol (their group), when they were measured.
-    defaults: dict[str, Any] | None = None
+    defaults: ConfigGroup | None = None
     #: Whether the search ended before its time was spent (auto-stop, exhausted space).
     early: bool = False
 
@@ -182,10 +221,10 @@ def find_flags(rows: Sequence[Mapping[str, Any]], plan: SearchPlan, *, flag_min:
             if not any(g > hi for g in good):
                 hi = float(p.high)
             region[p.name] = {"low": lo, "high": hi}
-        flag = YellowFlag(cause=cause, trials=[int(r["number"]) for r in bad], region=region, evidence=[])
+        flag = YellowFlag(cause=cause, trials=[int(r["number"]) for r in bad], region=region,
+                          evidence=[f"trial {r['number']}: {_short(r['params'])} -> {r['reason']}" for r in bad[:5]])
         if any(flag.contains(r["params"]) for r in ok):
             continue  # successes inside: the cause is not the region's
-        flag.evidence = [f"trial {r['number']}: {_short(r['params'])} -> {r['reason']}" for r in bad[:5]]
         flags.append(flag)
     return flags
 
@@ -336,27 +375,21 @@ def _key(params: Mapping[str, Any]) -> str:
     return repr(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
-def groups_of(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[dict[str, Any]]:
+def groups_of(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[ConfigGroup]:
     """Complete trials grouped by configuration: mean +- std over seeds, best first."""
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
-        if r["state"] != "complete" or r["value"] is None:
-            continue
-        g = groups.setdefault(_key(r["params"]), {"params": dict(r["params"]), "values": [], "trials": [],
-                                                  "arms": [], "durations": []})
-        g["values"].append(float(r["value"]))
-        g["durations"].append(float(r.get("duration_s") or 0.0))
-        g["trials"].append(int(r["number"]))
-        g["arms"].append(str(r.get("arm") or "tpe"))
+        if r["state"] == "complete" and r["value"] is not None:
+            groups.setdefault(_key(r["params"]), []).append(r)
     out = []
-    for g in groups.values():
-        vals = g["values"]
-        g["mean"] = statistics.fmean(vals)
-        g["std"] = statistics.stdev(vals) if len(vals) > 1 else None
-        g["n"] = len(vals)
-        g["trial_s"] = statistics.median(g.pop("durations"))
-        out.append(g)
-    out.sort(key=lambda g: -g["mean"] if maximize else g["mean"])
+    for members in groups.values():
+        vals = [float(r["value"]) for r in members]
+        out.append(ConfigGroup(params=dict(members[0]["params"]), values=vals,
+                               trials=[int(r["number"]) for r in members],
+                               arms=[str(r.get("arm") or "tpe") for r in members], mean=statistics.fmean(vals),
+                               std=statistics.stdev(vals) if len(vals) > 1 else None, n=len(vals),
+                               trial_s=statistics.median(float(r.get("duration_s") or 0.0) for r in members)))
+    out.sort(key=lambda g: -g.mean if maximize else g.mean)
     return out
 
 
@@ -456,7 +489,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
     for r in rows:
         arms[r["arm"]] = arms.get(r["arm"], 0) + 1
     defaults_key = _key(_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)}))
-    defaults = next((g for g in groups if _key(g["params"]) == defaults_key), None)
+    defaults = next((g for g in groups if _key(g.params) == defaults_key), None)
     best = groups[0] if groups else None
     return SearchOutcome(study=settings.study, trials=rows, best=best, groups=groups[:10],
                          flags=find_flags(rows, plan, flag_min=settings.flag_min), stop_reason=stop_reason,

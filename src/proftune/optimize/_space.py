@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._records import mapping, record_fields
 from ..exceptions import ProblemCollector
 from ..search import Param, Space, load_space
 from ..task import Task
@@ -44,7 +45,7 @@ def task_param_defaults(task: Task) -> dict[str, Any]:
     return {**probe.defaults, **task.default_params}
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchPlan:
     """The wide space (what the study stores), the computed centre and the narrow ranges."""
 
@@ -57,6 +58,13 @@ class SearchPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"space": self.space.to_dict(), "centre": self.centre,
                 "narrow": {k: list(v) for k, v in self.narrow.items()}, "evidence": self.evidence}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SearchPlan:
+        """The plan back from :meth:`to_dict`'s JSON (the search stage's record)."""
+        kw = record_fields(cls, mapping(d, what="a search plan"), what="a search plan")
+        return cls(**{**kw, "space": Space.from_dict(kw["space"]), "centre": dict(kw["centre"]),
+                      "narrow": dict(kw["narrow"]), "evidence": dict(kw.get("evidence") or {})})
 
 
 def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[float, float]:

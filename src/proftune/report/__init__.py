@@ -3,7 +3,12 @@
 - :func:`write_report` / :func:`render_report`: one self-contained HTML page for a run, a
   study, or a saved profile (plotly.js inlined, opens offline from ``file://``);
   :func:`write_compare_report`: two runs side by side.
-- :func:`register_renderer`: how another kind of run (``optimize``) adds its sections.
+- :func:`register_renderer`: how another kind of run (``optimize``) adds its sections, with
+  what a page is drawn with: :func:`read_result` (the Run's record, or why not), the figures
+  (:func:`bar`, :func:`line`, :func:`hline`, :func:`vline`, :func:`layout`, ``PALETTE``), the
+  cells (:class:`Cell`, :func:`clipped`, :func:`esc`, :func:`fmt_number`, :func:`plot_text`) and
+  the charts other pages share (:func:`candidate_charts`, :func:`importance_charts`,
+  :func:`lr_chart`, :func:`memory_model_chart`, :func:`sensitivity_chart`).
 - :func:`export_tensorboard`, :class:`TensorBoardLogger`; :func:`export_mlflow`,
   :class:`MLflowLogger`: the same numbers in TensorBoard and MLflow.
 """
@@ -18,25 +23,52 @@ from ._build import (
     write_compare_report,
     write_report,
 )
-from ._html import Page, Section
+from ._figures import PALETTE, bar, hline, layout, line, vline
+from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
 from ._loggers import MLflowLogger, TensorBoardLogger
 from ._mlflow import export_mlflow
-from ._sections import Context, register_renderer
+from ._sections import (
+    Context,
+    candidate_charts,
+    importance_charts,
+    lr_chart,
+    memory_model_chart,
+    read_result,
+    register_renderer,
+    sensitivity_chart,
+)
 from ._tensorboard import export_tensorboard
 
 __all__ = [
+    "PALETTE",
+    "Cell",
     "Context",
     "MLflowLogger",
     "Page",
     "Section",
     "TensorBoardLogger",
+    "bar",
+    "candidate_charts",
+    "clipped",
     "compare_html",
+    "esc",
     "export_mlflow",
     "export_tensorboard",
+    "fmt_number",
+    "hline",
+    "importance_charts",
+    "layout",
+    "line",
+    "lr_chart",
+    "memory_model_chart",
+    "plot_text",
+    "read_result",
     "register_renderer",
     "render_report",
     "run_id_of",
     "run_page",
+    "sensitivity_chart",
+    "vline",
     "write_compare_report",
     "write_report",
 ]

@@ -12,7 +12,7 @@ from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..track import RunRecord, Store, open_store
-from . import _optimize, _predict  # noqa: F401  (register the optimize and predict renderers)
+from . import _predict  # noqa: F401  (register the predict renderer; optimize registers its own)
 from ._figures import PALETTE, layout, line
 from ._html import Page
 from ._sections import RENDERERS, Context, curves, overview, profile_sections, study_sections

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._api import TrainResult
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
 from ..compress import Candidate, CompressResult
+from ..diagnose import BanditResult, DiagnoseResult, Finding
 from ..exceptions import ConfigError
 from ..metrics import default_objective, split_objective
 from ..profile import CommProfile, LayerProfile, Profile
@@ -19,6 +20,9 @@ from ..search import TrialResult
 from ..track import RunRecord, Store
 from ._figures import PALETTE, bar, finite, heatmap, hline, layout, line, parallel, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
+
+if TYPE_CHECKING:  # search needs the [search] extra: its records are read where a study is drawn
+    from ..search import ScanResult, SearchResult, Statement, TrialRecord
 
 Renderer = Callable[[Page, RunRecord, "Context"], None]
 
@@ -124,7 +128,7 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
              title="artifacts")
 
 
-def curves(page: Page, r: RunRecord, *, findings: Sequence[Mapping[str, Any]] = ()) -> None:
+def curves(page: Page, r: RunRecord, *, findings: Sequence[Finding] = ()) -> None:
     """Per-step and per-epoch curves, anomalies (and diagnose findings) marked at their step."""
     step_rows = [p for p in (r.curves or {}).get("step") or [] if isinstance(p, Mapping)]
     epoch_rows = [p for p in (r.curves or {}).get("epoch") or [] if isinstance(p, Mapping)]
@@ -142,9 +146,8 @@ def curves(page: Page, r: RunRecord, *, findings: Sequence[Mapping[str, Any]] = 
             marks = [(a.get("step"), str(a.get("kind", "anomaly")), "#c92a2a") for a in anomalies
                      if _num(a.get("step"))]
             if key == "loss":
-                marks += [(f.get("evidence", {}).get("step"), str(f.get("cause")), _SEVERITY_COLOR.get(
-                    str(f.get("severity")), "#1971c2")) for f in findings
-                          if _num((f.get("evidence") or {}).get("step"))]
+                marks += [(f.step, f.cause, _SEVERITY_COLOR.get(f.severity, "#1971c2")) for f in findings
+                          if _num(f.step)]
             fig = _step_figure(xs, [p.get(key) for p in step_rows], key, marks,
                                log=key == "lr" and _spans_decades([p.get(key) for p in step_rows]))
             side = _curve_summary(key, [p.get(key) for p in step_rows])
@@ -576,81 +579,94 @@ def lr_chart(s: Section, res: LRFindResult, marks: Sequence[tuple[str, Any, str]
 
 
 # -- diagnose ----------------------------------------------------------------------------------------
+T = TypeVar("T")
+
+
+def read_result(page: Page, r: RunRecord, reader: Callable[[dict[str, Any]], T]) -> T | None:
+    """The Run's result read back as its record (``reader``: the record's ``from_dict``); None,
+    with a section that says why and what the run holds, when there is none or it cannot be read
+    (a run that failed before its result, one recorded by an older proftune in another form)."""
+    if not r.result:
+        page.section("Result").para("this run holds no result" + (f": {r.error}" if r.error else
+                                                                   " (it is still running, or it stopped before it had one)"),
+                                    cls="muted")
+        return None
+    try:
+        return reader(dict(r.result))
+    except ConfigError as exc:
+        s = page.section("Result")
+        s.para(f"this run's result cannot be read as its record: {exc}", cls="error")
+        s.json(r.result, title="everything the run holds")
+        return None
+
+
 @register_renderer("diagnose")
 def _diagnose(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
-    findings = [f for f in res.get("findings") or [] if isinstance(f, Mapping)]
+    res = read_result(page, r, DiagnoseResult.from_dict)
+    if res is None:
+        curves(page, r)
+        return
     s = page.section("Findings")
-    if not findings:
+    if not res.findings:
         s.para("no findings: training looks healthy", cls="muted")
     cards = []
     # the ranking's order (root causes first, by causality then severity), each root's consequences after it
-    numbered: list[tuple[str, Mapping[str, Any]]] = []
-    for n, root in enumerate(findings, start=1):
+    numbered: list[tuple[str, Finding]] = []
+    for n, root in enumerate(res.findings, start=1):
         numbered.append((str(n), root))
-        subs = [c for c in root.get("consequences") or [] if isinstance(c, Mapping)]
-        numbered.extend((f"{n}.{j}", c) for j, c in enumerate(subs, start=1))
+        numbered.extend((f"{n}.{j}", c) for j, c in enumerate(root.consequences, start=1))
     for i, f in numbered:
-        ev = f.get("evidence") or {}
+        ev = {**f.evidence, "step": f.step, "layer": f.layer}
         evhtml = s.side(lambda t, ev=ev: t.kv([(k, v if not isinstance(v, (dict, list)) else _short_value(v))
-                                               for k, v in _flatten(ev)] if isinstance(ev, Mapping) else []))
-        sev = str(f.get("severity") or "info")
-        where = []
-        if isinstance(ev, Mapping) and ev.get("step") is not None:
-            where.append(f"step {ev.get('step')}")
-        if isinstance(ev, Mapping) and ev.get("layer"):
-            where.append(f"layer {ev.get('layer')}")
+                                               for k, v in _flatten(ev)]))
+        where = ([f"step {f.step}"] if f.step is not None else []) + ([f"layer {f.layer}"] if f.layer else [])
         cards.append(
-            f'<div class="card {esc(sev)}"><div class="name">{i}. {esc(f.get("cause"))}</div>'
-            f'<div class="meta"><span class="badge {esc(sev)}">{esc(sev)}</span> confidence '
-            f'{esc(fmt_number(f.get("confidence")))} {esc(" · ".join(where))}'
-            + (f' · explained by {esc(f.get("explained_by"))}' if f.get("explained_by") else "")
-            + (f'</div><div class="meta">{esc(f.get("why"))}' if f.get("why") else "")
-            + f'</div><p>{esc(f.get("summary") or "")}</p><p><b>fix:</b> {esc(f.get("fix") or "")}</p>'
+            f'<div class="card {esc(f.severity)}"><div class="name">{i}. {esc(f.cause)}</div>'
+            f'<div class="meta"><span class="badge {esc(f.severity)}">{esc(f.severity)}</span> confidence '
+            f'{esc(fmt_number(round(f.confidence, 3)))} {esc(" · ".join(where))}'
+            + (f" · explained by {esc(f.explained_by)}" if f.explained_by else "")
+            + (f'</div><div class="meta">{esc(f.why)}' if f.why else "")
+            + f'</div><p>{esc(f.summary)}</p><p><b>fix:</b> {esc(f.fix)}</p>'
             f"<details><summary>evidence</summary>{evhtml}</details></div>")
     if cards:
         s.html('<div class="cards">' + "".join(cards) + "</div>")
-    lr = res.get("lr_test")
-    if isinstance(lr, Mapping) and lr:
-        s.kv(list(_flatten(lr)), title="LR range test")
-    curves(page, r, findings=findings)
+    if res.lr_test is not None:
+        s.kv(list(_flatten(res.lr_test.summary())), title="LR range test")
+    curves(page, r, findings=res.findings)
 
 
 # -- bandit --------------------------------------------------------------------------------------------
 @register_renderer("bandit")
 def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
-    res = r.result or {}
-    arms = [a for a in res.get("arms") or [] if isinstance(a, Mapping)]
+    res = read_result(page, r, BanditResult.from_dict)
+    if res is None:
+        return
     s = page.section("Allocation")
-    s.para(f"bandit {res.get('bandit')} · policy {res.get('policy')} · reward {res.get('metric')} "
-           f"({res.get('mode')}) · best: {res.get('best')}", cls="muted")
-    if arms:
-        names = [str(a.get("arm")) for a in arms]
-        data = [bar(names, [a.get("pulls") for a in arms], "pulls", color=PALETTE[0]),
-                line(names, [a.get("mean") for a in arms], f"mean {res.get('metric')}", color=PALETTE[1],
+    s.para(f"bandit {res.name} · policy {res.policy} · reward {res.metric} ({res.mode}) · best: {res.best}",
+           cls="muted")
+    if res.arms:
+        names = [a.arm for a in res.arms]
+        data = [bar(names, [a.pulls for a in res.arms], "pulls", color=PALETTE[0]),
+                line(names, [a.mean for a in res.arms], f"mean {res.metric}", color=PALETTE[1],
                      yaxis="y2", markers=True)]
         data[-1]["mode"] = "markers"
         data[-1]["marker"] = {"size": 12, "color": PALETTE[1]}
         fig = {"data": data, "layout": layout("pulls and mean reward per configuration", y="pulls",
-                                              yaxis2={"title": {"text": str(res.get("metric"))}, "overlaying": "y",
+                                              yaxis2={"title": {"text": res.metric}, "overlaying": "y",
                                                       "side": "right", "showgrid": False})}
         s.chart(fig, side=s.side(lambda t: t.table(
             ["config", "pulls", "mean", "std", "params"],
-            [[a.get("arm"), a.get("pulls"), a.get("mean"), finite(a.get("std")), _short_value(a.get("params") or {})]
-             for a in arms], row_classes=["best" if a.get("arm") == res.get("best") else "" for a in arms])))
-    regret = (r.curves or {}).get("regret") or []
-    uniform = (r.curves or {}).get("uniform_regret") or []
-    if regret:
+            [[a.arm, a.pulls, a.mean, a.std, _short_value(a.params)] for a in res.arms],
+            row_classes=["best" if a.arm == res.best else "" for a in res.arms])))
+    if res.regret:
         rs = page.section("Regret")
-        xs = list(range(1, len(regret) + 1))
-        rs.chart({"data": [line(xs, regret, f"{res.get('policy')}", color=PALETTE[0], markers=True),
-                           line(xs, uniform, "uniform allocation", color="#868e96", dash="dash")],
+        xs = list(range(1, len(res.regret) + 1))
+        rs.chart({"data": [line(xs, res.regret, res.policy, color=PALETTE[0], markers=True),
+                           line(xs, res.uniform_regret, "uniform allocation", color="#868e96", dash="dash")],
                   "layout": layout("cumulative regret vs the best estimated mean", x="pull", y="regret")})
-    pulls = [p for p in res.get("pulls") or [] if isinstance(p, Mapping)]
-    if pulls:
-        metric = str(res.get("metric"))
-        s.table(["round", "config", metric, "run"], [[p.get("round"), p.get("arm"), p.get(metric), p.get("run_id")]
-                                                     for p in pulls], title="pulls in this call")
+    if res.pulls:
+        s.table(["round", "config", res.metric, "run"], [[p.round, p.arm, p.value, p.run_id] for p in res.pulls],
+                title="pulls in this call")
 
 
 # -- compress -----------------------------------------------------------------------------------------
@@ -749,23 +765,39 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     """A study from its tune runs (newest first) and trial runs: the best trial, the feasibility
     scan and the strategy, history (every trial), the trials, parallel coordinates, importance,
     correlations and the Pareto front."""
+    from ..search import SearchResult, TrialResult
+
     latest = tunes[0] if tunes else None
     cfg = latest.config if latest else {}
-    res = latest.result if latest else {}
-    objectives = [str(o) for o in cfg.get("objectives") or []]
+    # the newest tune run's record (none while the first one runs: the trials alone)
+    res = read_result(page, latest, SearchResult.from_dict) if latest is not None and latest.result else None
+    if res is not None:
+        objectives = [o.text for o in res.objectives]
+        obj = [(o.metric, "max" if o.direction == "maximize" else "min") for o in res.objectives]
+        constraints = [c.text for c in res.constraints]
+    else:
+        objectives = [str(o) for o in cfg.get("objectives") or []]
+        obj = [o for o in map(_objective, objectives) if o is not None]
+        constraints = [str(c) for c in cfg.get("constraints") or []]
     reported = {k for t in trials for k in (t.metrics or {})} or None
-    obj = [o for o in map(_objective, objectives) if o is not None] or [
-        split_objective(default_objective(reported))]
-    rows = []
-    for t in sorted(trials, key=lambda t: ((t.result or {}).get("trial") if _num((t.result or {}).get("trial"))
-                                           else t.id, t.id)):
-        tr = t.result or {}
-        rows.append({"#": tr.get("trial", t.id), "state": tr.get("state") or ("running" if t.status == "running"
-                                                                               else t.status),
-                     "reason": tr.get("reason"), "params": (t.config or {}).get("params") or {},
-                     "metrics": t.metrics or {}, "constraints": tr.get("constraints") or {},
+    obj = obj or [split_objective(default_objective(reported))]
+    rows: list[dict[str, Any]] = []
+    unread: list[str] = []
+    for t in trials:
+        try:  # a trial Run's record (none while it runs, or when it failed before it ended)
+            tr = TrialResult.from_dict(dict(t.result)) if t.result else None
+        except ConfigError as exc:
+            tr = None
+            unread.append(f"run {t.id}: {exc}")
+        rows.append({"#": tr.trial if tr is not None and tr.trial is not None else t.id,
+                     "state": tr.state if tr is not None else ("running" if t.status == "running" else t.status),
+                     "reason": tr.reason if tr is not None else None, "params": (t.config or {}).get("params") or {},
+                     "metrics": t.metrics or {}, "constraints": tr.constraints if tr is not None else {},
                      "duration": t.duration_s, "run": t.id, "curve": (t.curves or {}).get("epoch") or []})
+    rows.sort(key=lambda row: (row["#"], row["run"]))
     s = page.section("Study")
+    if unread:
+        s.para(f"{len(unread)} trial run(s) cannot be read as their record: {unread[0]}", cls="error")
     _best_trial(s, res, obj)
     counts: dict[str, int] = {}
     for row in rows:
@@ -773,84 +805,78 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     s.html('<div class="stats">' + "".join(
         f'<div class="stat"><div class="v">{n}</div><div class="l">{esc(k)}</div></div>'
         for k, n in sorted(counts.items())) + "</div>")
-    budget = res.get("budget") or {}
     s.kv([("study", latest.study if latest else "-"), ("objectives", ", ".join(objectives) or "-"),
-          ("constraints", ", ".join(map(str, cfg.get("constraints") or [])) or "-"),
-          ("sampler", cfg.get("sampler")), ("pruner", cfg.get("pruner")), ("epochs per trial", cfg.get("epochs")),
-          ("trials trained / gated", f"{budget.get('trained', '-')} / {budget.get('gated', '-')}"),
-          ("stopped by", budget.get("stopped") or "-"),
+          ("constraints", ", ".join(constraints) or "-"),
+          ("sampler", res.sampler if res else cfg.get("sampler")), ("pruner", res.pruner if res else cfg.get("pruner")),
+          ("epochs per trial", cfg.get("epochs")),
+          ("trials trained / gated", f"{res.tally.trained} / {res.tally.gated}" if res else "- / -"),
+          ("stopped by", (res.stopped if res else None) or "-"),
           ("tune runs", ", ".join(str(t.id) for t in tunes))])
-    compute = res.get("compute") or {}
-    if compute:
-        s.kv([(k.replace("_s", "").replace("_", " "), f"{float(v):.1f} s" if _num(v) and k.endswith("_s") else v)
-              for k, v in compute.items()], title="where the time went")
-    _scan_section(page, res.get("scan"))
-    _strategy_section(page, res.get("strategy") or [])
+    if res is not None:
+        s.kv([(k.replace("_s", "").replace("_", " "), f"{float(v):.1f} s" if k.endswith("_s") else v)
+              for k, v in res.compute().items()], title="where the time went")
+        _scan_section(page, res.scan)
+        _strategy_section(page, res.strategy)
     if not rows:
         s.para("no trials recorded for this study", cls="muted")
         return
     _history(page, rows, obj)
-    _trial_table(page, rows, obj, cfg)
+    _trial_table(page, rows, obj, [c.metric for c in res.constraints] if res else
+                 [c.split("<")[0].split(">")[0].strip() for c in constraints])
     _parallel(page, rows, obj)
-    _importance(page, res.get("importance") or {}, complete=counts.get("complete", 0))
-    _correlations(page, res.get("correlations") or {})
+    _importance(page, res.importance if res else {}, complete=counts.get("complete", 0))
+    _correlations(page, res.correlations if res else {})
     if len(obj) >= 2:
-        _pareto(page, rows, obj, res.get("pareto") or [])
+        _pareto(page, rows, obj, res.pareto if res else [])
 
 
-def _best_trial(s: Section, res: Mapping[str, Any], obj: Sequence[tuple[str, str]]) -> None:
+def _best_trial(s: Section, res: SearchResult | None, obj: Sequence[tuple[str, str]]) -> None:
     """The best trial first: its number, objective values and params."""
-    best = res.get("best")
-    front = [f for f in res.get("pareto") or [] if isinstance(f, Mapping)]
+    best, front = (res.best, res.pareto) if res is not None else (None, [])
     if len(obj) >= 2 and front:
         s.html(f'<p class="verdict good">Pareto front: {len(front)} trial(s) '
-               f"({esc(', '.join('#' + str(f.get('number')) for f in front[:12]))})</p>")
+               f"({esc(', '.join('#' + str(f.number) for f in front[:12]))})</p>")
         return
-    if not isinstance(best, Mapping):
+    if best is None:
         s.html('<p class="verdict bad">no feasible trial finished: there is no best trial</p>')
         return
-    metrics = best.get("metrics") or {}
-    values = ", ".join(f"{n} {fmt_value(n, metrics.get(n))}" for n, _ in obj if n in metrics)
-    s.html(f'<p class="verdict good">best trial: #{esc(best.get("number"))}: {esc(values)}</p>')
-    s.para("its params: " + _short_value(best.get("params") or {}), cls="muted")
-    stats = [(k, v) for k, v in metrics.items() if _num(v)][:10]
+    values = ", ".join(f"{n} {fmt_value(n, best.metrics.get(n))}" for n, _ in obj if n in best.metrics)
+    s.html(f'<p class="verdict good">best trial: #{esc(best.number)}: {esc(values)}</p>')
+    s.para("its params: " + _short_value(best.params), cls="muted")
+    stats = [(k, v) for k, v in best.metrics.items() if _num(v)][:10]
     if stats:
         s.html('<div class="stats">' + "".join(
             f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)} (best trial)</div></div>'
             for k, v in stats) + "</div>")
 
 
-def _scan_section(page: Page, scan: Any) -> None:
+def _scan_section(page: Page, scan: ScanResult | None) -> None:
     """The feasibility scan: what it profiled, the bounds it fitted, its notes."""
-    if not isinstance(scan, Mapping):
+    if scan is None:
         return
     s = page.section("Feasibility scan")
-    s.para(f"{scan.get('profiles')} configurations profiled, not trained, in {float(scan.get('duration_s') or 0):.1f} s"
-           f" against {', '.join(map(str, scan.get('constraints') or []))}; "
-           f"{_pct(scan.get('feasible_share'))} of them feasible"
-           + ("; stopped once the bounds were stable" if scan.get("stopped_early") else ""), cls="muted")
-    bounds = [b for b in scan.get("bounds") or [] if isinstance(b, Mapping)]
-    if bounds:
+    s.para(f"{scan.profiles} configurations profiled, not trained, in {scan.duration_s:.1f} s"
+           f" against {', '.join(scan.constraints)}; {_pct(scan.feasible_share)} of them feasible"
+           + ("; stopped once the bounds were stable" if scan.stopped_early else ""), cls="muted")
+    if scan.bounds:
         s.table(["param", "bound", "scanned profiles that agree", "keeps"],
-                [[b.get("param"), f"{b.get('op')} {_short_value(b.get('value'))}",
-                  f"{b.get('agree')} of {b.get('total')}", ", ".join(map(str, b.get("constraints") or []))]
-                 for b in bounds], sortable=False, title="the bounds the study samples inside")
+                [[b.param, f"{b.op} {_short_value(list(b.value) if b.op == 'in' else b.value)}",
+                  f"{b.agree} of {b.total}", ", ".join(b.constraints)]
+                 for b in scan.bounds], sortable=False, title="the bounds the study samples inside")
     else:
         s.para("no bounds fitted: the study samples the whole space", cls="muted")
-    for note in scan.get("notes") or []:
+    for note in scan.notes:
         s.para(str(note), cls="muted")
 
 
-def _strategy_section(page: Page, strategy: Sequence[Any]) -> None:
-    items = [x for x in strategy if isinstance(x, Mapping)]
-    if not items:
+def _strategy_section(page: Page, strategy: Sequence[Statement]) -> None:
+    if not strategy:
         return
     s = page.section("Strategy")
     s.para("What the trials say to do next: per constraint the param that drives it, per param restrict, fix, "
            "widen or keep (partial Spearman rho with a bootstrap 95% interval).", cls="muted")
     s.table(["about", "what", "action", "why"],
-            [[x.get("kind"), x.get("subject"), x.get("action"), clipped(x.get("text"), 140)] for x in items],
-            sortable=False)
+            [[x.kind, x.subject, x.action, clipped(x.text, 140)] for x in strategy], sortable=False)
 
 
 def _objective(text: str) -> tuple[str, str] | None:
@@ -910,14 +936,13 @@ def _clip(text: Any, n: int) -> str:
 
 
 def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
-                 cfg: Mapping[str, Any] | None = None) -> None:
+                 constrained: Sequence[str] = ()) -> None:
     """One line per trial: params, the objectives and the constrained metrics, why it ended (cut
     to one line, whole on hover)."""
     s = page.section("Trials")
     pnames = list(dict.fromkeys(k for row in rows for k in row["params"]))
     fixed = {k for k in pnames if len({repr(row["params"].get(k)) for row in rows}) == 1}
     shown = [p for p in pnames if p not in fixed]
-    constrained = [str(c).split("<")[0].split(">")[0].strip() for c in (cfg or {}).get("constraints") or []]
     mnames = list(dict.fromkeys([*(n for n, _ in obj), *constrained]))
     if fixed:
         s.para("the same in every trial: " + ", ".join(f"{k} {fmt_number(rows[0]['params'].get(k), digits=3)}"
@@ -925,8 +950,7 @@ def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tu
     table_rows = []
     for row in rows:
         cons = row["constraints"]
-        broken = [f"{k}: measured {fmt_number(c.get('value'))}" for k, c in cons.items()
-                  if isinstance(c, Mapping) and not c.get("ok")]
+        broken = [f"{k}: measured {fmt_number(c.value)}" for k, c in cons.items() if not c.ok]
         reason = row["reason"] or ""
         if broken and row["state"] == "infeasible" and not reason:
             reason = "; ".join(broken)
@@ -1018,13 +1042,13 @@ def _correlations(page: Page, corr: Mapping[str, Any]) -> None:
 
 
 def _pareto(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
-            front: Sequence[Mapping[str, Any]]) -> None:
+            front: Sequence[TrialRecord]) -> None:
     (m1, d1), (m2, d2) = obj[0], obj[1]
     done = [row for row in rows if row["state"] in ("complete", "infeasible")
             and _num(row["metrics"].get(m1)) and _num(row["metrics"].get(m2))]
     if not done:
         return
-    on_front = {f.get("number") for f in front if isinstance(f, Mapping)}
+    on_front = {f.number for f in front}
     s = page.section("Pareto front")
     data = []
     for name, pts, color, size in (
@@ -1039,10 +1063,8 @@ def _pareto(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[s
                          "hovertext": [plot_text(f"trial {r['#']}: {_short_value(r['params'])}") for r in pts],
                          "hovertemplate": "%{hovertext}<br>%{x:.4g}, %{y:.4g}<extra></extra>"})
     s.chart({"data": data, "layout": layout(f"{m1} ({d1}) vs {m2} ({d2})", x=m1, y=m2)},
-            side=s.side(lambda t: t.table(["trial", m1, m2], [[f.get("number"), (f.get("metrics") or {}).get(m1),
-                                                               (f.get("metrics") or {}).get(m2)] for f in front
-                                                              if isinstance(f, Mapping)], sortable=False,
-                                          title="front")))
+            side=s.side(lambda t: t.table(["trial", m1, m2], [[f.number, f.metrics.get(m1), f.metrics.get(m2)]
+                                                              for f in front], sortable=False, title="front")))
     if len(obj) > 2:
         s.para("more than two objectives: the chart shows the first two; the table lists the whole front.",
                cls="muted")

@@ -16,13 +16,14 @@ from typing import Any
 import optuna
 
 from .._jsonsafe import json_safe
+from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
-from ..metrics import default_objective
+from ..metrics import default_objective, split_objective
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._config import SearchConfig, search_config
-from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_targets
+from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_targets
 from ._pruners import PRUNERS
 from ._ray import RayOptions, pbt_plot, run_ray
 from ._records import ATTR, TrialRecord, counts, trial_records
@@ -44,9 +45,64 @@ DEFAULT_SCAN = 16
 SEARCH_BACKENDS = ("local", "ray")
 
 
-@dataclass
+#: Bumped when a field of :class:`SearchResult`'s JSON changes meaning.
+SEARCH_SCHEMA_VERSION = 1
+#: The keys of :meth:`SearchResult.to_dict` that :class:`TrialTally` (and two fields) are read from.
+_TALLY_KEYS = ("counts", "budget", "compute")
+
+
+@dataclass(frozen=True)
+class TrialTally:
+    """What a study's trials add up to: by state, trained beside gated, and the seconds they took.
+
+    Taken from the trials when the search ends and kept in :class:`SearchResult`, so that a
+    result read back without its trials (a tune Run) still has them.
+    """
+
+    states: dict[str, int]
+    #: Trials that trained (complete, pruned or failed in user code): what ``trials`` counts.
+    trained: int
+    #: Trials ended before training (the profile gate, a forbid rule).
+    gated: int
+    train_s: float = 0.0
+    gate_s: float = 0.0
+    steps: float = 0.0
+    infeasible_s: float = 0.0
+    infeasible_train_s: float = 0.0
+    trials_s: float = 0.0
+
+    @classmethod
+    def of(cls, trials: Sequence[TrialRecord]) -> TrialTally:
+        states = dict.fromkeys(("complete", "pruned", "infeasible", "failed", "running"), 0)
+        for t in trials:
+            states[t.state] = states.get(t.state, 0) + 1
+        return cls(
+            states=states, trained=sum(1 for t in trials if not t.gated and t.state != "running"),
+            gated=sum(1 for t in trials if t.gated), train_s=sum(t.train_s for t in trials),
+            gate_s=sum(t.gate_s for t in trials), steps=float(sum(t.steps for t in trials)),
+            infeasible_s=sum(t.duration_s or 0.0 for t in trials if t.state == "infeasible"),
+            infeasible_train_s=sum(t.train_s for t in trials if t.state == "infeasible"),
+            trials_s=sum(t.duration_s or 0.0 for t in trials))
+
+    @classmethod
+    def read(cls, counts: Any, budget: Any, compute: Any) -> TrialTally:
+        """The tally from ``to_dict``'s ``counts``, ``budget`` and ``compute``."""
+        if not all(isinstance(x, Mapping) for x in (counts, budget, compute)):
+            raise ConfigError("a search result's counts, budget and compute must be JSON objects, but got "
+                              f"{type(counts).__name__}, {type(budget).__name__}, {type(compute).__name__}.")
+        tallied = {k: budget[k] for k in ("trained", "gated") if k in budget}
+        return cls(**record_fields(cls, {"states": dict(counts), **tallied, **compute}, what="a search tally",
+                                   derived=("scan_s",)))
+
+
+@dataclass(frozen=True)
 class SearchResult:
-    """What a search found: the best trial(s), every trial, and the analysis."""
+    """What a search found: the best trial(s), every trial, and the analysis.
+
+    A frozen, versioned record: :func:`search` builds it once its workers stop, its tune Run
+    holds ``to_dict(trials=False)`` (every trial is its own ``trial`` Run and in the study:
+    :func:`study_trials`), and the report reads it back through :meth:`from_dict`.
+    """
 
     study: str
     run_id: int
@@ -63,6 +119,8 @@ class SearchResult:
     pruner: str
     duration_s: float
     resumed: bool
+    #: What the trials add up to (taken from ``trials``; kept when they are not).
+    tally: TrialTally
     plots: list[str] = field(default_factory=list)
     #: The feasibility scan that restricted the space before the study (None: no scan).
     scan: ScanResult | None = None
@@ -74,39 +132,28 @@ class SearchResult:
     stopped: str | None = None
     #: Under ``backend="ray"``: scheduler, experiment folder, retries, PBT schedules.
     backend: dict[str, Any] = field(default_factory=lambda: {"backend": "local"})
+    schema_version: int = SEARCH_SCHEMA_VERSION
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("complete", "pruned", "infeasible", "failed", "running"), 0)
-        for t in self.trials:
-            out[t.state] = out.get(t.state, 0) + 1
-        return out
+        """Trials by state (complete, pruned, infeasible, failed, running)."""
+        return dict(self.tally.states)
 
     def budget(self) -> dict[str, Any]:
         """Trials that trained (what ``trials`` counts) beside those gated before training."""
-        gated = sum(1 for t in self.trials if t.gated)
-        return {"trained": sum(1 for t in self.trials if not t.gated and t.state != "running"),
-                "gated": gated, "gated_share": gated / len(self.trials) if self.trials else 0.0,
+        total = sum(self.tally.states.values())
+        return {"trained": self.tally.trained, "gated": self.tally.gated,
+                "gated_share": self.tally.gated / total if total else 0.0,
                 "max_gated": self.max_gated, "stopped": self.stopped}
 
     def compute(self) -> dict[str, float]:
         """Seconds spent training and profiling, and what went to infeasible trials."""
-        return {
-            "train_s": sum(t.train_s for t in self.trials),
-            "gate_s": sum(t.gate_s for t in self.trials),
-            "steps": float(sum(t.steps for t in self.trials)),
-            "infeasible_s": sum(t.duration_s or 0.0 for t in self.trials if t.state == "infeasible"),
-            "infeasible_train_s": sum(t.train_s for t in self.trials if t.state == "infeasible"),
-            "trials_s": sum(t.duration_s or 0.0 for t in self.trials),
-            "scan_s": self.scan.duration_s if self.scan else 0.0,
-        }
+        t = self.tally
+        return {"train_s": t.train_s, "gate_s": t.gate_s, "steps": t.steps, "infeasible_s": t.infeasible_s,
+                "infeasible_train_s": t.infeasible_train_s, "trials_s": t.trials_s,
+                "scan_s": self.scan.duration_s if self.scan else 0.0}
 
-    def to_dict(self) -> dict[str, Any]:
-        def best_dict(t: TrialRecord | None) -> dict[str, Any] | None:
-            if t is None:
-                return None
-            return {"number": t.number, "params": t.params, "values": t.values, "metrics": t.metrics,
-                    "run_id": t.run_id}
-
+    def to_dict(self, *, trials: bool = True) -> dict[str, Any]:
+        """The record as JSON; ``trials=False`` leaves every trial out (the tune Run's form)."""
         return {
             "study": self.study,
             "run_id": self.run_id,
@@ -117,20 +164,51 @@ class SearchResult:
             "pruner": self.pruner,
             "space_hash": self.space_hash,
             "resumed": self.resumed,
-            "best": best_dict(self.best),
-            "pareto": [best_dict(t) for t in self.pareto],
+            "best": self.best.to_dict() if self.best else None,
+            "pareto": [t.to_dict() for t in self.pareto],
             "counts": self.counts(),
             "budget": self.budget(),
             "compute": self.compute(),
             "scan": self.scan.to_dict() if self.scan else None,
             "strategy": [st.to_dict() for st in self.strategy],
-            "trials": [t.to_dict() for t in self.trials],
+            **({"trials": [t.to_dict() for t in self.trials]} if trials else {}),
             "correlations": self.correlations,
             "importance": self.importance,
             "duration_s": self.duration_s,
             "plots": self.plots,
             "backend": self.backend,
+            "schema_version": self.schema_version,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SearchResult:
+        """The record back from :meth:`to_dict`'s JSON (a tune Run's result: ``trials`` is then
+        ``[]``, the tally and the best trials are there)."""
+        stored_version(d, what="a search result", current=SEARCH_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="a search result", derived=(*_TALLY_KEYS, "trials"), exclude=("tally", "trials"))
+        missing = [k for k in _TALLY_KEYS if k not in d]
+        if missing:
+            raise ConfigError(f"a search result has no {', '.join(missing)}, which its tally is read from.")
+        problems = ProblemCollector()
+        objectives = [Objective(*_objective(text)) for text in kw["objectives"]]
+        constraints = [parse_constraint(text, problems) for text in kw["constraints"]]
+        problems.raise_if_any(header="the search result record's constraints cannot be read:")
+        return cls(**{
+            **kw, "objectives": objectives, "constraints": [c for c in constraints if c is not None],
+            "trials": [TrialRecord.from_dict(t) for t in d.get("trials") or []],
+            "best": TrialRecord.from_dict(kw["best"]) if kw["best"] else None,
+            "pareto": [TrialRecord.from_dict(t) for t in kw["pareto"] or []],
+            "tally": TrialTally.read(d["counts"], d["budget"], d["compute"]),
+            "scan": ScanResult.from_dict(kw["scan"]) if kw.get("scan") else None,
+            "strategy": [Statement.from_dict(x) for x in kw.get("strategy") or []],
+            "max_gated": d["budget"].get("max_gated"), "stopped": d["budget"].get("stopped"),
+            "plots": list(kw.get("plots") or [])})
+
+
+def _objective(text: str) -> tuple[str, str]:
+    """``accuracy:max`` -> ``("accuracy", "maximize")``: an objective as its record writes it."""
+    name, direction = split_objective(text)
+    return name, "maximize" if direction == "max" else "minimize"
 
 
 def feasibility_scan(task: Task | str, space: str | Path | Mapping[str, Any] | Space, *, constraints: Sequence[str],
@@ -315,17 +393,13 @@ def search(
             stopped = run_worker(settings, 0, deadline, storage=storage)["stopped"]
         else:
             stopped = _run_processes(settings, c.workers, deadline)
+        extra_plots = []
+        if ray_out is not None and c.plot is not None and ray_out.get("schedule") and ray_out.get("scheduler") == "pbt":
+            extra_plots.append(str(pbt_plot(ray_out["schedule"], Path(c.plot) / "pbt_schedule.png")))
         result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
-                          scan_result, c.plot, full=c.analyse)
-        result.stopped = stopped
-        if ray_out is not None:
-            result.backend = ray_out
-            if c.plot is not None and ray_out.get("schedule") and ray_out.get("scheduler") == "pbt":
-                result.plots.append(str(pbt_plot(ray_out["schedule"], Path(c.plot) / "pbt_schedule.png")))
-        summary = result.to_dict()
-        run.set(metrics=dict(result.best.metrics) if result.best else {},
-                result={k: summary[k] for k in ("best", "pareto", "counts", "budget", "compute",
-                                                 "correlations", "importance", "strategy", "scan")},
+                          scan_result, c.plot, full=c.analyse, stopped=stopped,
+                          backend=ray_out or {"backend": "local"}, extra_plots=extra_plots)
+        run.set(metrics=dict(result.best.metrics) if result.best else {}, result=result.to_dict(trials=False),
                 artifacts={"plots": result.plots})
     return result
 
@@ -421,9 +495,10 @@ def _scan_for(study: optuna.Study, stored: Mapping[str, Any] | None, task: Task,
 
 def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, url: str, resumed: bool,
              started: float, scan_result: ScanResult | None, plot: str | Path | None, *,
-             full: bool = True) -> SearchResult:
+             full: bool = True, stopped: str | None = None, backend: dict[str, Any] | None = None,
+             extra_plots: Sequence[str] = ()) -> SearchResult:
     """Read the finished study back: records, Pareto front, correlations, importance, strategy
-    (the last three only when ``full``)."""
+    (the last three only when ``full``); the result, built once."""
     loaded = optuna.load_study(study_name=settings.study, storage=storage)
     raise_if_too_many_failures(loaded, settings.max_failures)
     records = trial_records(loaded)
@@ -431,16 +506,15 @@ def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, 
     front = pareto_front(records, objs)
     corr = correlations(records, space, objs) if full else {}
     imp = importance(loaded, records, objs, seed=settings.seed) if full else {}
-    result = SearchResult(
+    plots = plot_study(records, objs, corr, imp, front, plot) if plot is not None and full else []
+    return SearchResult(
         study=settings.study, run_id=run_id, db=url, objectives=objs, constraints=cons,
         trials=records, best=front[0] if front else None, pareto=front, correlations=corr,
         importance=imp, space_hash=space.hash(), sampler=settings.sampler, pruner=settings.pruner,
-        duration_s=time.perf_counter() - started, resumed=resumed, scan=scan_result,
+        duration_s=time.perf_counter() - started, resumed=resumed, tally=TrialTally.of(records), scan=scan_result,
         strategy=strategy(records, space, objs, cons, scan=scan_result, seed=settings.seed) if full else [],
-        max_gated=settings.gated_limit)
-    if plot is not None and full:
-        result.plots = plot_study(records, objs, corr, imp, front, plot)
-    return result
+        max_gated=settings.gated_limit, stopped=stopped, backend=backend or {"backend": "local"},
+        plots=[*plots, *extra_plots])
 
 
 def _run_processes(settings: SearchSettings, workers: int, deadline: float | None) -> str:

@@ -10,7 +10,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from .._records import record_fields, stored_version
+from .._records import mapping, record_fields, stored_version
 
 __all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "TrialRecord", "TrialResult", "counts",
            "slots_before", "trial_records"]
@@ -19,7 +19,7 @@ TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
 ATTR = "proftune"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrialRecord:
     """One trial as the search reports it (from the study's storage, in ``SearchResult.trials``);
     its trial Run holds the shorter :class:`TrialResult`."""
@@ -59,6 +59,12 @@ class TrialRecord:
             "retried_from": self.retried_from, "gated": self.gated, "sampler": self.sampler,
             "tags": self.tags, "curve": self.curve,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
+        """The trial back from :meth:`to_dict`'s JSON (a record nested in a search result, whose
+        version covers it); a key it does not define is a ConfigError."""
+        return cls(**record_fields(cls, mapping(d, what="a search trial"), what="a search trial"))
 
 
 #: Bumped when a field of :class:`TrialResult`'s JSON changes meaning.

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._records import mapping, record_fields
 from ..task import Task
 from ._constraints import Constraint
 from ._gate import ProfileGate, free_memory, is_oom
@@ -66,12 +67,13 @@ class Bound:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Bound:
-        value = tuple(d["value"]) if d["op"] == "in" else d["value"]
-        return cls(d["param"], d["op"], value, int(d.get("agree", 0)), int(d.get("total", 0)),
-                   tuple(d.get("constraints", ())))
+        kw = record_fields(cls, mapping(d, what="a scan bound"), what="a scan bound", derived=("text",))
+        value = tuple(kw["value"]) if kw["op"] == "in" else kw["value"]
+        return cls(**{**kw, "value": value, "agree": int(kw.get("agree", 0)), "total": int(kw.get("total", 0)),
+                      "constraints": tuple(kw.get("constraints", ()))})
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScanResult:
     """What the scan measured, the bounds it fitted, and what they cost."""
 
@@ -95,13 +97,14 @@ class ScanResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScanResult:
-        return cls(constraints=list(d["constraints"]), points=list(d.get("points", [])),
-                   bounds=[Bound.from_dict(b) for b in d.get("bounds", [])],
-                   duration_s=float(d.get("duration_s", 0.0)), profiles=int(d.get("profiles", 0)),
-                   stopped_early=bool(d.get("stopped_early")),
-                   feasible_share=float(d.get("feasible_share", 0.0)),
-                   kept_infeasible_share=float(d.get("kept_infeasible_share", 0.0)),
-                   notes=list(d.get("notes", [])))
+        """The scan back from :meth:`to_dict`'s JSON (a study's stored scan, a tune Run's)."""
+        kw = record_fields(cls, mapping(d, what="a feasibility scan"), what="a feasibility scan")
+        return cls(**{**kw, "constraints": list(kw["constraints"]), "points": list(kw["points"] or []),
+                      "bounds": [Bound.from_dict(b) for b in kw["bounds"] or []],
+                      "duration_s": float(kw["duration_s"]), "profiles": int(kw["profiles"]),
+                      "stopped_early": bool(kw["stopped_early"]), "feasible_share": float(kw["feasible_share"]),
+                      "kept_infeasible_share": float(kw["kept_infeasible_share"]),
+                      "notes": list(kw.get("notes") or [])})
 
 
 def _fmt(v: Any) -> str:

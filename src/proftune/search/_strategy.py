@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._records import mapping, record_fields
 from ._constraints import Constraint, Objective
 from ._records import TrialRecord
 from ._space import Param, Space
@@ -31,7 +32,7 @@ LITTLE = 0.3
 BOOTSTRAP = 400
 
 
-@dataclass
+@dataclass(frozen=True)
 class Statement:
     """One line of strategy: ``action`` on ``subject`` with the numbers behind it."""
 
@@ -44,6 +45,10 @@ class Statement:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "subject": self.subject, "action": self.action, "text": self.text,
                 "evidence": self.evidence}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Statement:
+        return cls(**record_fields(cls, mapping(d, what="a strategy statement"), what="a strategy statement"))
 
 
 # -- statistics -----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ class LrTooHigh(BaseCheck):
         confidence, severity, root = 0.5, "warning", False
         test = history.lr_test
         if test is not None and lr is not None:
-            evidence["range_test"] = test.to_dict()
+            evidence["range_test"] = test.summary()
             if lr > test.best_lr:
                 confidence = 0.9
                 # 10x over the safe maximum: the rate is the cause whatever else warm-up would mend

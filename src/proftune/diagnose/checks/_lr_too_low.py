@@ -23,7 +23,7 @@ class LrTooLow(BaseCheck):
         confidence, severity, fix = 0.4, "warning", "raise the learning rate (run an LR range test)"
         test = history.lr_test
         if test is not None and lr is not None:
-            evidence["range_test"] = test.to_dict()
+            evidence["range_test"] = test.summary()
             if test.improved and test.best_lr >= 30 * lr:
                 confidence = 0.85
                 summary += (f"; a range test finds the loss still falling at lr {fmt(test.best_lr)}, "

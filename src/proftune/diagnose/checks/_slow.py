@@ -32,7 +32,7 @@ class SlowConvergence(BaseCheck):
                         f"{fmt(HEALTHY_UPDATE_RATIO)})")
         faster = test is not None and lr is not None and test.improved and test.best_lr >= 10 * lr
         if test is not None and lr is not None:
-            evidence["range_test"] = test.to_dict()
+            evidence["range_test"] = test.summary()
             summary += (f"; a range test finds the loss still falling at lr {fmt(test.best_lr)}, "
                         f"{fmt(test.best_lr / lr)}x the current {fmt(lr)}" if faster else
                         f"; a range test does not find a much larger rate (safe maximum {fmt(test.best_lr)})")

@@ -1,0 +1,705 @@
+"""The report of an ``optimize`` run: the story of the run, top to bottom.
+
+The headline (defaults -> result with its noise, held out, speedup, size, the decision), what
+changed and the measurements behind each value, the baseline, health, layer value, the search
+(every trial, its arm), the final race (every seed, both splits), compression, and where the
+budget went. Everything comes from the Store: the optimize Run (:class:`OptimizeResult`), the
+Runs of its stages (``parent_id``: each stage's record) and the Runs those name (recommend,
+diagnose, compress, the study's tune Run).
+
+The page lives with the records it reads: the report is a layer below optimize, so optimize
+adds its page with :func:`proftune.report.register_renderer`.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._jsonsafe import finite_float as _f
+from .._units import format_bytes
+from ..compress import CompressResult
+from ..exceptions import ConfigError
+from ..recommend import BatchSizeResult, LRFindResult, Recommendation, Recommendations
+from ..report import (
+    PALETTE,
+    Cell,
+    Context,
+    Page,
+    Section,
+    bar,
+    candidate_charts,
+    clipped,
+    esc,
+    fmt_number,
+    hline,
+    importance_charts,
+    layout,
+    line,
+    lr_chart,
+    memory_model_chart,
+    plot_text,
+    read_result,
+    register_renderer,
+    sensitivity_chart,
+    vline,
+)
+from ..search import SearchResult
+from ..track import RunRecord, Store
+from ._changes import ParamChange
+from ._records import (
+    BaselineOutputs,
+    CompressOutputs,
+    ComputeOutputs,
+    FinalOutputs,
+    HealthOutputs,
+    LayerValueOutputs,
+    SearchStageOutputs,
+    StageOutputs,
+)
+from ._result import OptimizeResult, StageRow, VsBaseline
+from ._search import TrialLog
+from ._space import SearchPlan
+from ._story import StageStory, Story
+
+__all__ = ["ARM_STYLE", "STAGE_TITLES", "optimize_sections"]
+
+#: The arms of the search (where each trial's params came from) and how they are drawn.
+ARM_STYLE = {"centre": (PALETTE[2], "diamond", "computed centre"), "defaults": ("#495057", "square", "task defaults"),
+             "local": (PALETTE[1], "triangle-up", "local design"), "tpe": (PALETTE[0], "circle", "TPE")}
+STAGE_TITLES = {"baseline": "Baseline", "health": "Health", "compute": "What changed", "layer_value": "Layer value",
+                "search": "Search", "final": "Final race", "compress": "Compression"}
+
+S = TypeVar("S", bound=StageOutputs)
+
+
+def _n(v: Any, digits: int = 3) -> str:
+    """Three significant digits for people (``0.0679``), whole numbers as they are."""
+    f = _f(v)
+    if f is None:
+        return "-" if v is None else str(v)
+    if f.is_integer() and abs(f) < 1e6:
+        return f"{int(f):,}" if abs(f) >= 10_000 else str(int(f))
+    return f"{f:.{digits}g}"
+
+
+def _ms(v: Any) -> str:
+    f = _f(v)
+    return "-" if f is None else f"{f:.3g} ms"
+
+
+def _secs(v: Any) -> str:
+    f = _f(v)
+    return "-" if f is None else (f"{f:.0f} s" if f >= 100 else f"{f:.1f} s")
+
+
+def _pm(mean: Any, std: Any = None) -> str:
+    """``0.887 ± 0.012``: a mean and its spread over seeds."""
+    if _f(mean) is None:
+        return "-"
+    return _n(mean) + (f" ± {_n(std, 2)}" if _f(std) is not None else "")
+
+
+class _Run:
+    """The optimize Run's record and the Runs it names, read once from the Store."""
+
+    def __init__(self, r: RunRecord, store: Store | None, res: OptimizeResult | None) -> None:
+        self.r, self.store, self.res = r, store, res
+        self.metric = res.metric if res is not None else str((r.config or {}).get("objective") or "metric").split(":")[0]
+        self.children: dict[str, RunRecord] = {}
+        if store is not None:
+            for c in reversed(store.list_runs(parent_id=r.id)):  # oldest first: a resumed stage's last run wins
+                name = (c.config or {}).get("stage")
+                if name and (c.status == "finished" or name not in self.children):
+                    self.children[str(name)] = c
+
+    def stage(self, kind: type[S]) -> S:
+        """The stage's whole outputs (its Run), else what the optimize result kept of them."""
+        child = self.children.get(kind.STAGE)
+        if child is not None and child.result:
+            return kind.from_dict(dict(child.result))
+        row = self.res.stage(kind.STAGE) if self.res is not None else None
+        return row.record(kind) if row is not None else kind()
+
+    def run(self, run_id: Any) -> RunRecord | None:
+        if self.store is None or not isinstance(run_id, int):
+            return None
+        try:
+            return self.store.get_run(run_id)
+        except Exception:  # noqa: BLE001 - a run deleted from the store: its section says so
+            return None
+
+
+@register_renderer("optimize")
+def optimize_sections(page: Page, r: RunRecord, ctx: Context) -> None:
+    """Every section of an optimize run's report, in the order of its story."""
+    if r.status != "finished":  # running, or failed before its result: the stages that ran
+        run = _Run(r, ctx.store, None)
+        s = page.section("Result")
+        s.para("this run holds no result yet" + (f": {r.error}" if r.error else " (it is still running)"),
+               cls="muted")
+        _stage_chain(s, [StageRow(name=k, status=c.status, duration_s=c.duration_s) for k, c in run.children.items()],
+                     [])
+        return
+    res = read_result(page, r, OptimizeResult.from_dict)
+    if res is None:
+        return
+    run = _Run(r, ctx.store, res)
+    _headline(page, run, res)
+    _changes(page, run, res)
+    _baseline(page, run, res.vs_baseline)
+    _health(page, run)
+    _layer_value(page, run)
+    _search(page, run)
+    _final_race(page, run, res)
+    _compression(page, run, res)
+    _budget(page, res)
+    _files(page, run, res)
+
+
+# -- the headline ---------------------------------------------------------------------------------
+def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
+    m, vs, final, story = run.metric, res.vs_baseline, res.final, res.story
+    s = page.section("Result")
+    adopted = vs.adopted
+    s.html(f'<p class="verdict {"good" if adopted else "bad"}">{esc(story.decision or vs.summary)}</p>')
+    dv, fv, cmp_val = vs.defaults, vs.final, vs.leader_vs_defaults.val
+    beyond = bool(cmp_val is not None and cmp_val.beyond_noise)
+    gain = _f(cmp_val.gain) if cmp_val is not None else None
+    stats = [(f"{m}, validation: defaults → result", f"{_pm(dv.val.mean, dv.val.std)} → {_pm(fv.val.mean, fv.val.std)}",
+              f"{len(final.seeds)} paired seed(s)", "good" if adopted else "bad"),
+             (f"{m}, held out: defaults → result", f"{_pm(dv.test.mean, dv.test.std)} → {_pm(fv.test.mean, fv.test.std)}",
+              vs.held_out_source, ""),
+             ("beyond noise?", ("yes" if beyond else "no") + (f", gain {gain:+.2g}" if gain is not None else ""),
+              story.answer("did it help") or (cmp_val.reason if cmp_val is not None else ""),
+              "good" if beyond else "bad")]
+    comp = final.compressed
+    if comp is not None:
+        r1, rb = _ratio(final.latency_ms, comp.latency_ms), _ratio(final.latency_batch_ms, comp.latency_batch_ms)
+        stats.append(("compressed: speed-up at batch 1 / batch " + str(final.batch_size or "-"),
+                      f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {_ms(comp.latency_ms)} vs "
+                      f"{_ms(final.latency_ms)} uncompressed", "good" if (r1 or 0) > 1 else "bad"))
+        base = run.stage(CompressOutputs).baseline
+        saved = (base.size_bytes if base is not None else None) or final.size_bytes
+        stats.append(("size as saved: uncompressed → compressed",
+                      f"{format_bytes(saved)} → {format_bytes(comp.size_bytes)}", "", ""))
+    else:
+        stats.append(("compression", "kept the uncompressed model", str(vs.compression or ""), ""))
+        stats.append(("model", f"{format_bytes(final.size_bytes)}, {_ms(final.latency_ms)} at batch 1", "", ""))
+    stats.append(("time used of the budget", f"{_secs(res.elapsed_s)} of {_secs(res.budget_s)}", res.stop_reason, ""))
+    s.html('<div class="headline">' + "".join(
+        f'<div class="stat {cls}" title="{esc(hint)}"><div class="v">{esc(value)}</div><div class="l">{esc(label)}</div>'
+        + (f'<div class="l">{esc(_short(hint, 110))}</div>' if hint else "") + "</div>"
+        for label, value, hint, cls in stats) + "</div>")
+    if story.lines:
+        s.kv([(x.label, x.text) for x in story.lines], title="what a newcomer asks")
+    _stage_chain(s, res.stages, story.stages)
+
+
+def _ratio(old: Any, new: Any) -> float | None:
+    a, b = _f(old), _f(new)
+    return a / b if a is not None and b else None
+
+
+def _x(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+def _stage_chain(s: Section, rows: Sequence[StageRow], told: Sequence[StageStory]) -> None:
+    """The stages as a row of boxes (one row, never a dangling arrow), each linking to its section."""
+    if not rows:
+        return
+    story = {x.stage: x for x in told}
+    boxes = []
+    for st in rows:
+        said = story.get(st.name)
+        anchor = STAGE_TITLES.get(st.name, st.name).lower().replace(" ", "-")
+        lines = [f'<div class="name">{esc(st.name)}</div>',
+                 f'<div class="meta">{esc(st.status or "-")} · {esc(_secs(st.duration_s))}</div>']
+        if said is not None and said.numbers:
+            lines.append(f"<div>{esc(said.numbers)}</div>")
+        boxes.append(f'<a class="stage {esc(st.status or "")}" href="#{esc(anchor)}" '
+                     f'title="{esc(said.did if said is not None else "")}">{"".join(lines)}</a>')
+    s.html(f'<h3>the stages</h3><div class="chain" style="grid-template-columns:repeat({len(boxes)},minmax(0,1fr))">'
+           + "".join(boxes) + "</div>")
+
+
+# -- what changed -------------------------------------------------------------------------------------
+def _change_rows(rows: Sequence[ParamChange]) -> list[list[Any]]:
+    return [[r.param, f"{_n(r.default)} ({r.default_from})", Cell(_n(r.value), cls="nw"), r.source, r.why]
+            for r in rows if r.changed]
+
+
+def _changes(page: Page, run: _Run, res: OptimizeResult) -> None:
+    final, vs = res.final, res.vs_baseline
+    s = page.section("What changed")
+    rows = final.changes
+    cols = ["param", "default (whose)", "result", "from", "why: the measurement or trial behind it"]
+    if any(r.changed for r in rows):
+        s.table(cols, _change_rows(rows), sortable=False, title="the result against the defaults")
+    else:
+        s.para("nothing: the result is the task's defaults" if rows else
+               "this run's result does not list its changes (recorded before they were)", cls="muted")
+    same = [f"{r.param} {_n(r.value)}" for r in rows if not r.changed]
+    if same:
+        s.para("unchanged: " + ", ".join(same), cls="muted")
+    if vs.leader_changes and not vs.adopted:
+        s.table(cols, _change_rows(vs.leader_changes), sortable=False,
+                title=f"what the search's best ({vs.leader}) would have changed: not adopted, "
+                      "not better than the defaults beyond noise")
+    _evidence(s, run, final.params)
+
+
+def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
+    """The measurements behind the computed values: the LR range curve, the memory model, the
+    noise scale, and every other recommendation with its reason (the recommend Run's own
+    recommendations, which hold their evidence; else the compute stage's)."""
+    comp = run.stage(ComputeOutputs)
+    rec_run = run.run(comp.run_id)
+    recs = {r.name: r for r in _recommendations(rec_run, comp)}
+    if not recs:
+        s.para("no recommendations recorded for this run", cls="muted")
+        return
+    curves = (rec_run.curves or {}) if rec_run else {}
+    lr = recs.get("lr")
+    pts = [p for p in curves.get("lr_range") or [] if isinstance(p, Mapping)]
+    s.html("<h3>evidence: learning rate</h3>")
+    s.para(lr.reason if lr is not None else "")
+    if pts and lr is not None:
+        marks = [("computed", lr.value, PALETTE[4])]
+        if _f(params.get("lr")) is not None and params.get("lr") != lr.value:
+            marks.append(("result", params.get("lr"), PALETTE[3]))
+        lr_chart(s, LRFindResult.from_dict({**lr.evidence, "curve": pts}), marks)
+    else:
+        s.para("the LR range curve is not in this store (recorded before the curve was kept)", cls="muted")
+    bs = recs.get("batch_size")
+    ev = bs.evidence if bs is not None else {}
+    s.html("<h3>evidence: batch size</h3>")
+    s.para(bs.reason if bs is not None else "")
+    if isinstance(ev.get("search"), Mapping):
+        memory_model_chart(s, BatchSizeResult.from_dict(dict(ev["search"])))
+    elif ev.get("memory_model"):
+        s.para("the batch-size search's probes are not in this store (recorded before they were kept)", cls="muted")
+    crit = recs.get("critical_batch_size")
+    cev = crit.evidence if crit is not None else {}
+    noise = [p for p in curves.get("noise_scale") or [] if isinstance(p, Mapping)]
+    if crit is not None and cev.get("used_steps") is None:  # not measured: the reason alone, no table of dashes
+        s.para("gradient noise scale: " + (crit.reason or "not measured"), cls="muted")
+    elif crit is not None:
+        items = [("critical batch", crit.value), ("B_simple = tr(Σ)/|G|²", _n(cev.get("b_simple"))),
+                 ("tr(Σ)", _n(cev.get("trace_sigma"))), ("|G|²", _n(cev.get("grad_sq_norm"))),
+                 ("steps (used / clipped)", f"{cev.get('used_steps')} / {cev.get('clipped_steps')}"),
+                 ("micro-batches", f"{cev.get('small_batch')} samples, {cev.get('big_batch')} per step")]
+        key = next((k for k in ("b_simple", "b_simple_ema", "ema") if any(_f(p.get(k)) is not None for p in noise)), None)
+        side = s.side(lambda t: t.kv(items, title="gradient noise scale"))
+        if noise and key:
+            s.chart({"data": [line(list(range(1, len(noise) + 1)), [p.get(key) for p in noise], "B_simple",
+                                   color=PALETTE[0], markers=True)],
+                     "layout": layout("gradient noise scale per measured step (the critical batch)", x="step",
+                                      y="B_simple", showlegend=False, height=300, xaxis={"dtick": 1})}, side=side)
+        else:
+            s.html(side)
+        s.para(crit.reason, cls="muted")
+    others = [x for k, x in recs.items() if k not in ("lr", "batch_size", "critical_batch_size")]
+    if others:
+        s.table(["recommendation", "value", "confidence", "why", "effect"],
+                [[x.name, Cell(_short_value(x.value), cls="nw"), x.confidence, clipped(x.reason, 150),
+                  clipped(x.effect, 80)] for x in others],
+                sortable=False, title="the other computed values")
+
+
+def _recommendations(rec_run: RunRecord | None, comp: ComputeOutputs) -> list[Recommendation]:
+    """The recommend Run's recommendations (their evidence with them), else the compute stage's."""
+    if rec_run is not None and rec_run.result:
+        try:
+            return list(Recommendations.from_dict(dict(rec_run.result)))
+        except ConfigError:  # a recommend Run of an older proftune: the stage's own list
+            pass
+    return [Recommendation.from_dict(x) for x in comp.recommendations]
+
+
+def _short_value(v: Any) -> str:
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k} {_n(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return ", ".join(str(i.get("layer", i.get("name", i))) if isinstance(i, Mapping) else str(i) for i in v) or "none"
+    return _n(v) if isinstance(v, (int, float)) else str(v)
+
+
+# -- baseline and health -----------------------------------------------------------------------------
+def _baseline(page: Page, run: _Run, vs: VsBaseline) -> None:
+    b = run.stage(BaselineOutputs)
+    m = run.metric
+    s = page.section("Baseline")
+    nt, dflt = b.no_tricks, b.defaults
+    vals = [("no tricks (1 seed)", nt.metrics.get(m)), ("task defaults (1 seed, health checks)", dflt.metrics.get(m)),
+            ("task defaults (final race, mean)", vs.defaults.val.mean), ("result (final race, mean)", vs.final.val.mean)]
+    vals = [(k, v) for k, v in vals if _f(v) is not None]
+    s.para("Triangulation: the task's defaults beside a run with no tricks (AdamW at lr 1e-3, no weight decay, "
+           "no dropout), trained as many epochs; their spread says how much tuning can matter here.", cls="muted")
+    side = s.side(lambda t: t.kv([("no tricks", _short_value(nt.params)), ("defaults", _short_value(dflt.params)),
+                                  ("epochs", dflt.epochs), ("spread", _n(b.spread)),
+                                  ("defaults' training", _secs(dflt.duration_s))], title="baseline"))
+    if vals:
+        s.chart({"data": [bar([k for k, _ in vals], [v for _, v in vals], m, color=PALETTE[0],
+                              text=[_n(v) for _, v in vals])],
+                 "layout": layout(f"{m}: no tricks, the defaults and the result", y=m, showlegend=False, height=320)},
+                side=side)
+    else:
+        s.html(side)
+    diag = run.run(dflt.run_id)
+    steps = [p for p in ((diag.curves or {}).get("step") if diag else None) or [] if isinstance(p, Mapping)]
+    if steps and any(_f(p.get("loss")) is not None for p in steps):
+        s.chart({"data": [line([p.get("step") for p in steps], [p.get("loss") for p in steps], "loss",
+                               color=PALETTE[0], width=1.5)],
+                 "layout": layout("the defaults' training loss per step (the health checks watched it)", x="step",
+                                  y="loss", showlegend=False, height=280)})
+
+
+def _health(page: Page, run: _Run) -> None:
+    h = run.stage(HealthOutputs)
+    findings = run.stage(BaselineOutputs).findings
+    s = page.section("Health")
+    if findings:
+        s.table(["severity", "cause", "what was seen", "fix"],
+                [[f.severity, f.cause, clipped(f.summary, 140), clipped(f.fix, 100)] for f in findings],
+                sortable=False, row_classes=[f.severity for f in findings],
+                title="findings of the health checks on the defaults' training")
+        if h.ignored:
+            s.para("error findings were ignored (--ignore-findings)", cls="error")
+    else:
+        s.para("no findings: the defaults' training looked healthy to every check (NaN/Inf, exploding or "
+               "vanishing gradients, dead units, unshuffled data, lr too high or low, overfitting)", cls="muted")
+    s.kv([("step time", _ms(h.step_time_ms)), ("peak memory of a step", format_bytes(h.peak_memory_bytes)),
+          ("params", fmt_number(h.params)), ("MACs (forward)", fmt_number(h.macs)),
+          ("throughput", f"{_n(h.throughput)} samples/s")], title="the defaults' training step, profiled")
+
+
+# -- layer value -------------------------------------------------------------------------------------
+def _layer_value(page: Page, run: _Run) -> None:
+    lv = run.stage(LayerValueOutputs)
+    s = page.section("Layer value")
+    layers = lv.layers
+    if not layers:
+        s.para("no layers measured" + (f": {'; '.join(lv.notes)}" if lv.notes else ""), cls="muted")
+        return
+    s.para(f"Each layer's share of the step time beside its share of the measured contribution: the "
+           f"{run.metric} lost when its output is replaced by its batch mean.", cls="muted")
+    names = [f"{x.name} · {x.type}" for x in layers]
+    data = [bar(names, [100 * (_f(getattr(x, k)) or 0) for x in layers], label, color=PALETTE[i])
+            for i, (k, label) in enumerate((("time_share", "time share"), ("value_share", "value share"),
+                                            ("params_share", "params share")))]
+    s.chart({"data": data, "layout": layout("share of step time vs share of value per layer (%)", y="%",
+                                            barmode="group", height=340)})
+    s.table(["layer", "type", "params", "time", "value", f"{run.metric} drop", "finding"],
+            [[x.name, x.type, x.params, Cell(f"{100 * (_f(x.time_share) or 0):.1f}%", sort=_f(x.time_share) or 0),
+              Cell(f"{100 * (_f(x.value_share) or 0):.1f}%", sort=_f(x.value_share) or 0),
+              Cell(_n(x.drop), sort=_f(x.drop) or 0), clipped(x.finding or "", 120)]
+             for x in layers])
+    for f in lv.findings:
+        s.para(f"layer {f.layer}: {f.finding}; {f.action}")
+    if lv.keep:
+        s.para("spared by compression (worth more than they cost): " + ", ".join(lv.keep), cls="muted")
+
+
+# -- search ---------------------------------------------------------------------------------------
+def _search(page: Page, run: _Run) -> None:
+    srch = run.stage(SearchStageOutputs)
+    s = page.section("Search")
+    s.kv([("study", srch.study), ("trials", srch.trials),
+          ("states", ", ".join(f"{k} {v}" for k, v in srch.counts.items())),
+          ("arms", ", ".join(f"{ARM_STYLE.get(k, ('', '', k))[2]} {v}" for k, v in srch.arms.items())),
+          ("epochs per trial", srch.epochs_per_trial), ("pruner", srch.pruner),
+          ("time", _secs(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
+    s.para("Where each trial's params came from (its arm): the first trials are the computed centre, the "
+           "task's defaults and a local design around the centre (lr x3 and /3, half the batch); then TPE "
+           "proposes the rest from every finished trial, away from paused regions.", cls="muted")
+    if srch.trials_log:
+        _search_history(s, run, srch.trials_log, srch)
+    else:
+        s.para("the per-trial log is not in this run's record (recorded before it was); the best so far:", cls="muted")
+        hist = [h for h in srch.history if isinstance(h, Sequence)]
+        if hist:
+            s.chart({"data": [{**line([h[0] for h in hist], [h[1] for h in hist], "best so far", color=PALETTE[2]),
+                               "line": {"shape": "hv", "color": PALETTE[2], "width": 2}}],
+                     "layout": layout(f"{run.metric}: best so far per trial", x="trial", y=run.metric)})
+    if srch.flags:
+        s.table(["cause", "region", "trials", "action"],
+                [[f.cause, f.region, ", ".join(map(str, f.trials)), f.ACTION] for f in srch.flags],
+                sortable=False, title="yellow flags: regions paused")
+    else:
+        s.para("no yellow flags: no region had several trials fail for one cause", cls="muted")
+    _space_table(s, srch.search_plan())
+    if srch.top:
+        s.table(["rank", f"{run.metric} mean ± std", "n", "trials", "arms", "params"],
+                [[i + 1, _pm(g.mean, g.std), g.n, ", ".join(map(str, g.trials)), ", ".join(sorted(set(g.arms))),
+                  clipped(_short_value(g.params), 110)] for i, g in enumerate(srch.top)],
+                sortable=False, title="the best configurations (the final race takes the first ones)")
+    imp = _study_importance(run, srch.study or run.r.study or "")
+    if imp:
+        s.html("<h3>parameter importance</h3>")
+        importance_charts(s, imp)
+    else:
+        s.para("no parameter importance: it needs at least 2 completed trials of the study", cls="muted")
+
+
+def _study_importance(run: _Run, study: str) -> dict[str, Any]:
+    """The importance the study's newest tune Run holds ({} without one it can read)."""
+    if run.store is None or not study:
+        return {}
+    tunes = run.store.list_runs(kind="tune", study=study, limit=1)
+    if not tunes or not tunes[0].result:
+        return {}
+    try:
+        return SearchResult.from_dict(dict(tunes[0].result)).importance
+    except ConfigError:  # a tune Run of an older proftune: the section says there is none
+        return {}
+
+
+def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: SearchStageOutputs) -> None:
+    """Every trial at its number: its value (or, without one, at the axis floor with why), by arm."""
+    maximize = _maximize(run)
+    values = [v for v in (_f(t.value) for t in trials) if v is not None]
+    floor = (min(values) if maximize else max(values)) if values else 0.0
+    data: list[dict[str, Any]] = []
+    for arm, (color, symbol, label) in ARM_STYLE.items():
+        pts = [t for t in trials if (t.arm or "tpe") == arm and _f(t.value) is not None]
+        if pts:
+            data.append({"type": "scatter", "mode": "markers", "name": label, "x": [t.number for t in pts],
+                         "y": [t.value for t in pts], "marker": {"size": 10, "color": color, "symbol": symbol},
+                         "hovertext": [plot_text(f"trial {t.number} ({arm}): {t.state}, {_secs(t.duration_s)}")
+                                       for t in pts],
+                         "hovertemplate": "%{hovertext}<br>" + run.metric + " %{y:.4g}<extra></extra>"})
+    no_value = [t for t in trials if _f(t.value) is None]
+    if no_value:
+        data.append({"type": "scatter", "mode": "markers", "name": "no value (pruned, infeasible, failed)",
+                     "x": [t.number for t in no_value], "y": [floor] * len(no_value),
+                     "marker": {"size": 10, "color": "#c92a2a", "symbol": "x"},
+                     "hovertext": [plot_text(f"trial {t.number} ({t.arm}): {t.state}: "
+                                             f"{_short(str(t.reason or 'no reason recorded'), 160)}")
+                                   for t in no_value],
+                     "hovertemplate": "%{hovertext}<extra></extra>"})
+    best, cur = [], None
+    ordered = sorted(trials, key=lambda t: t.number)
+    for t in ordered:
+        v = _f(t.value)
+        if v is not None and (cur is None or (v > cur if maximize else v < cur)):
+            cur = v
+        best.append(cur)
+    data.append({**line([t.number for t in ordered], best, "best so far", color=PALETTE[3]),
+                 "line": {"shape": "hv", "color": PALETTE[3], "width": 2}})
+    shapes, notes = [], []
+    dflt = next((t for t in trials if t.arm == "defaults" and _f(t.value) is not None), None)
+    if dflt is not None and dflt.value is not None:
+        sh, no = hline(float(dflt.value), f"the defaults: {_n(dflt.value)}", color="#495057", dash="dot")
+        shapes.append(sh)
+        notes.append(no)
+    if ordered:
+        sh, no = vline(float(ordered[-1].number), "stopped: " + _short(srch.stop_reason, 60), color="#c92a2a", y=1.0)
+        no["xanchor"] = "right"
+        shapes.append(sh)
+        notes.append(no)
+    for f in srch.flags:
+        if f.trials:
+            shapes.append({"type": "rect", "x0": min(f.trials) - 0.5, "x1": max(f.trials) + 0.5, "y0": 0, "y1": 1,
+                           "xref": "x", "yref": "paper", "fillcolor": "rgba(250,176,5,0.15)", "line": {"width": 0}})
+            notes.append({"x": (min(f.trials) + max(f.trials)) / 2, "y": 0.02, "xref": "x", "yref": "paper",
+                          "text": f"yellow flag: {f.cause}", "showarrow": False,
+                          "font": {"size": 11, "color": "#a05a00"}})
+    s.chart({"data": data, "layout": layout(f"{run.metric} of every trial, by arm", x="trial", y=run.metric,
+                                            shapes=shapes, annotations=notes, height=400)})
+
+
+def _maximize(run: _Run) -> bool:
+    obj = run.res.objective if run.res is not None else ""
+    if ":" in obj:
+        return obj.split(":", 1)[1].startswith("max")
+    return True
+
+
+def _space_table(s: Section, plan: SearchPlan | None) -> None:
+    if plan is None or not plan.space.params:
+        return
+    rows = []
+    for p in plan.space.params:
+        wide = (", ".join(_n(c) for c in p.choices) if p.choices
+                else f"{_n(p.low)} … {_n(p.high)}" + (" (log)" if p.log else ""))
+        rows.append([p.name, wide, _n(plan.centre.get(p.name)), clipped(plan.evidence.get(p.name, ""), 100)])
+    s.table(["param", "range searched", "computed centre (the first trial)", "centre from"], rows,
+            sortable=False, title="the space searched")
+    if plan.space.fixed:
+        s.para("fixed in every trial: " + ", ".join(f"{k} {_n(v)}" for k, v in plan.space.fixed.items()), cls="muted")
+
+
+# -- the final race ---------------------------------------------------------------------------------
+def _final_race(page: Page, run: _Run, res: OptimizeResult) -> None:
+    race = run.stage(FinalOutputs).race
+    vs = res.vs_baseline
+    s = page.section("Final race")
+    if race is None or not race.arms:
+        s.para("the race's runs are not in this store", cls="muted")
+        return
+    plan = race.plan
+    d_epochs = next((a.epochs for a in race.arms if a.name == "defaults"), None) or plan.epochs
+    own = (f"; the defaults at their own {d_epochs} epoch(s), as the user runs them"
+           if d_epochs != plan.epochs else "")
+    s.para(f"The defaults and the search's best trained with the same seeds ({', '.join(map(str, race.seeds))})"
+           f": each configuration as the search measured it ({plan.protocol or '-'}, {plan.epochs} "
+           f"epoch(s)){own}; judged on validation, reported on held-out data ({vs.held_out_source or '-'}).",
+           cls="muted")
+    if race.note:
+        s.para(f"final race: {race.note}", cls="muted")
+    data = []
+    for j, (split, label, symbol) in enumerate((("val", "validation", "circle"), ("test", "held out", "diamond"))):
+        xs, ys, hover = [], [], []
+        for a in race.arms:
+            for r in a.runs:
+                v = _f(getattr(r, split))
+                if v is not None:
+                    xs.append(a.name)
+                    ys.append(v)
+                    hover.append(plot_text(f"{a.name}, seed {r.seed}: {label} {_n(v, 4)}"
+                                           + (" (cut by the time limit)" if r.cut else "")))
+        data.append({"type": "box", "name": label, "x": xs, "y": ys, "boxpoints": "all", "jitter": 0.4,
+                     "pointpos": 0, "marker": {"color": PALETTE[j], "symbol": symbol, "size": 8},
+                     "line": {"color": PALETTE[j]}, "fillcolor": "rgba(0,0,0,0)", "hovertext": hover,
+                     "hoverinfo": "text"})
+    s.chart({"data": data, "layout": layout(f"{run.metric} of every seed, per configuration", y=run.metric,
+                                            boxmode="group", height=360)},
+            side=s.side(lambda t: t.kv(_comparison_items(vs, res.story), title="the decision")))
+    cols = ["configuration", "seed", f"{run.metric}, validation", f"{run.metric}, held out", "epochs", "time", "run"]
+    rows, classes = [], []
+    for a in race.arms:
+        for r in a.runs:
+            rows.append([a.name, r.seed, Cell(_n(r.val, 4), sort=_f(r.val) or 0),
+                         Cell(_n(r.test, 4), sort=_f(r.test) or 0), r.epochs,
+                         _secs(r.duration_s) + (" (cut)" if r.cut else ""), r.run_id])
+            classes.append("best" if a.name == race.chosen else "")
+    s.table(cols, rows, row_classes=classes, title="every run of the race")
+    s.table(["configuration", "where it came from", "search mean ± std (n)", "params"],
+            [[a.name, clipped(a.source, 60), f"{_pm(a.search_mean, a.search_std)} ({a.search_n})",
+              clipped(_short_value(a.params), 110)] for a in race.arms],
+            sortable=False, title="the configurations")
+
+
+def _comparison_items(vs: VsBaseline, story: Story) -> list[tuple[str, Any]]:
+    items: list[tuple[str, Any]] = [("decision", f"adopted {vs.leader}" if vs.adopted else "kept the defaults")]
+    for split, label in (("val", "validation"), ("test", "held out")):
+        c = getattr(vs.leader_vs_defaults, split)
+        if c is None:
+            continue
+        gain = _f(c.gain)
+        items.append((f"gain, {label}", "-" if gain is None else
+                      f"{gain:+.3g}" + (f" ± {_n(c.gain_std, 2)}" if _f(c.gain_std) is not None else "")
+                      + f" over {len(c.seeds)} seed(s)"))
+        if _f(c.lower) is not None:
+            items.append((f"{float(c.level or 0.95):.1%} lower bound, {label}", f"{float(c.lower):+.3g}"))
+        items.append((f"beyond noise, {label}", "yes" if c.beyond_noise else "no"))
+    told = story.answer("did it help")
+    cv = vs.leader_vs_defaults.val
+    if told or (cv is not None and cv.reason):
+        items.append(("why", told or (cv.reason if cv is not None else "")))
+    return items
+
+
+# -- compression ------------------------------------------------------------------------------------
+def _compression(page: Page, run: _Run, res: OptimizeResult) -> None:
+    comp = run.stage(CompressOutputs)
+    final = res.final
+    s = page.section("Compression")
+    if comp.skipped:
+        s.para(f"not tried: {comp.skipped}", cls="muted")
+        return
+    sel = comp.selected
+    verdict = str(res.vs_baseline.compression or comp.verdict or "")
+    s.html(f'<p class="verdict {"good" if sel is not None else "bad"}">{esc(verdict)}</p>')
+    for t in comp.plan or []:
+        s.para(str(t), cls="muted")
+    rep = _compress_record(run.run(comp.run_id))
+    if rep is not None and rep.candidates:
+        candidate_charts(s, rep)
+        if rep.sensitivity:
+            sensitivity_chart(s, rep)
+    elif comp.candidates:
+        s.table(["method", f"{run.metric}", "drop", "ms @1", "ms @batch", "size", "within budget"],
+                [[c.method, _n(c.metric, 4), _n(c.metric_drop, 2), _ms(c.latency_ms), _ms(c.latency_batch_ms),
+                  format_bytes(c.size_bytes), "yes" if c.within_budget else "no"] for c in comp.candidates],
+                title="candidates")
+    if sel is not None:
+        s.kv([("chosen", sel.method), (f"{run.metric} (validation / held out)",
+                                       f"{_n(sel.metric, 4)} / {_n(sel.test_metric, 4)}"),
+              ("latency at batch 1", f"{_ms(sel.latency_ms)} (uncompressed {_ms(final.latency_ms)})"),
+              (f"latency at batch {final.batch_size or '-'}",
+               f"{_ms(sel.latency_batch_ms)} (uncompressed {_ms(final.latency_batch_ms)})"),
+              ("size", f"{format_bytes(sel.size_bytes)} (uncompressed "
+                       f"{format_bytes(comp.baseline.size_bytes if comp.baseline is not None else None)})"),
+              ("load it", str(comp.load or "-"))], title="the compressed model")
+
+
+def _compress_record(crun: RunRecord | None) -> CompressResult | None:
+    """The compress Run's record (None without one this proftune can read)."""
+    if crun is None or not crun.result:
+        return None
+    try:
+        return CompressResult.from_dict(dict(crun.result))
+    except ConfigError:
+        return None
+
+
+# -- budget and files ---------------------------------------------------------------------------------
+def _budget(page: Page, res: OptimizeResult) -> None:
+    stages = res.stages
+    story = {x.stage: x for x in res.story.stages}
+    s = page.section("Budget")
+    budget = _f(res.budget_s)
+    s.para(f"{_secs(res.elapsed_s)} of the {_secs(budget)} budget; each stage has a share, and what one "
+           f"leaves goes to the next. Stopped: {res.stop_reason or '-'}", cls="muted")
+    names = [st.name for st in stages]
+    s.chart({"data": [bar([_f(st.share_s) for st in stages], names, "share", orientation="h", color="#ced4da"),
+                      bar([_f(st.duration_s) for st in stages], names, "spent", orientation="h", color=PALETTE[0])],
+             "layout": layout("seconds per stage: its share and what it spent", x="seconds", barmode="group",
+                              height=max(260, 70 + 34 * len(stages)), yaxis={"autorange": "reversed"})})
+    cols = ["stage", "status", "spent", "share", "of the budget", f"{res.metric}: the two numbers", "what it did", "run"]
+    rows = []
+    for st in stages:
+        said = story.get(st.name)
+        spent = _f(st.duration_s) or 0
+        rows.append([st.name, st.status, Cell(_secs(st.duration_s), sort=spent),
+                     Cell(_secs(st.share_s), sort=_f(st.share_s) or 0),
+                     Cell(f"{spent / budget:.0%}" if budget else "-", sort=spent),
+                     said.numbers if said is not None else "",
+                     clipped(said.did if said is not None else "", 110), st.run_id])
+    s.table(cols, rows, sortable=False)
+
+
+def _files(page: Page, run: _Run, res: OptimizeResult) -> None:
+    files = {k: v for k, v in (run.r.artifacts or {}).items() if isinstance(v, str) and v}
+    final = res.final
+    s = page.section("Files")
+    others = [(k, v) for k, v in files.items() if not v.endswith(".png")]
+    if others:
+        s.kv(others, title="what the run wrote")
+    if final.load:
+        s.html(f"<h3>load the model</h3><pre>{esc(final.load)}</pre>")
+    if final.compressed is not None and final.compressed.load:
+        s.html(f"<h3>load the compressed model</h3><pre>{esc(final.compressed.load)}</pre>")
+    pngs = [v for v in files.values() if v.endswith(".png")]
+    if pngs:
+        s.html("<h3>the PNG plots the run wrote</h3>")
+    figures = []
+    for path in pngs:
+        p = Path(path)
+        if p.is_file() and p.stat().st_size < 2_000_000:
+            data = base64.b64encode(p.read_bytes()).decode("ascii")
+            figures.append(f'<figure class="png"><img alt="{esc(p.name)}" src="data:image/png;base64,{data}">'
+                           f"<figcaption>{esc(path)}</figcaption></figure>")
+        else:
+            s.para(f"{path}: not found (moved or deleted since the run)", cls="muted")
+    if figures:
+        s.html('<div class="pngs">' + "".join(figures) + "</div>")

@@ -1,0 +1,234 @@
+"""What ``proftune.optimize`` returns: one frozen, versioned record, and the records it holds.
+
+:class:`OptimizeResult` is built once, at the end of the run; the optimize Run, ``--json`` and
+``summary.json`` hold its :meth:`~OptimizeResult.to_dict`, and the report reads it back through
+:meth:`~OptimizeResult.from_dict` (a renamed field is a ConfigError there, not a blank cell).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from .._holdout import HoldoutInfo
+from .._records import JsonRecord, Reader, each, optional, record_fields, stored_version
+from ..diagnose import Finding
+from ._changes import ParamChange
+from ._decide import Comparison
+from ._final import SearchGap, SeedSummary
+from ._layer_value import LayerFinding
+from ._records import STAGE_RECORDS, ModelFigures, StageOutputs
+from ._search import YellowFlag
+from ._story import Story
+
+__all__ = ["OPTIMIZE_SCHEMA_VERSION", "CompressedModel", "FinalSummary", "OptimizeResult", "SplitComparisons",
+           "SplitSummaries", "StageRow", "VsBaseline"]
+
+#: Bumped when a field of :class:`OptimizeResult`'s JSON changes meaning.
+OPTIMIZE_SCHEMA_VERSION = 1
+
+S = TypeVar("S", bound=StageOutputs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageRow(JsonRecord):
+    """One stage in the result: its status, time, share of the budget and its two numbers."""
+
+    WHAT: ClassVar[str] = "an optimize stage row"
+    name: str
+    status: str | None = None
+    duration_s: float | None = None
+    share_s: float | None = None
+    #: The stage's Run (its whole outputs); ``outputs`` here are those without their bulk.
+    run_id: int | None = None
+    metric_before: float | None = None
+    metric_after: float | None = None
+    #: What "before -> after" means for this stage.
+    compares: str | None = None
+    gain_vs_baseline: float | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, kind: type[S]) -> S:
+        """The outputs kept here as the stage's record (``kind``: e.g. ``CompressOutputs``)."""
+        if kind is not STAGE_RECORDS.get(self.name):
+            raise TypeError(f"stage {self.name!r} holds {STAGE_RECORDS[self.name].__name__}, not {kind.__name__}")
+        return kind.from_dict(self.outputs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompressedModel(ModelFigures):
+    """The compressed model that is part of the result: its figures, its file and its load line."""
+
+    WHAT: ClassVar[str] = "a compressed model"
+    model: str | None = None
+    load: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinalSummary(JsonRecord):
+    """The result's configuration and model: params with their evidence, the race's figures."""
+
+    WHAT: ClassVar[str] = "an optimize final"
+    READERS: ClassVar[dict[str, Reader]] = {
+        "metrics": lambda d: {k: SeedSummary.from_dict(v) for k, v in d.items()},
+        "test": SeedSummary.from_dict, "compressed": optional(CompressedModel.from_dict),
+        "changes": each(ParamChange.from_dict)}
+    params: dict[str, Any] = field(default_factory=dict)
+    #: Where each param's value came from (task default, computed, searched), in a sentence.
+    evidence: dict[str, str] = field(default_factory=dict)
+    decision: str = ""
+    #: The objective's figures on validation, by its name (``values``: every seed's).
+    metrics: dict[str, SeedSummary] = field(default_factory=dict)
+    mean: float | None = None
+    std: float | None = None
+    test: SeedSummary = field(default_factory=SeedSummary)
+    seeds: list[int] = field(default_factory=list)
+    epochs: int | None = None
+    default_epochs: int | None = None
+    #: The seed whose model is the result (the best on validation), and its two figures.
+    model_seed: int | None = None
+    model_val: float | None = None
+    model_test: float | None = None
+    model: str = ""
+    #: Python that rebuilds the model from the output folder, from any directory.
+    load: str = ""
+    #: The uncompressed model at batch 1 and at the task's batch (``batch_size``), and as saved.
+    latency_ms: float | None = None
+    latency_batch_ms: float | None = None
+    batch_size: int | None = None
+    size_bytes: int | None = None
+    compressed: CompressedModel | None = None
+    #: Every param against the defaults in effect.
+    changes: list[ParamChange] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitSummaries(JsonRecord):
+    """One configuration's figures on the validation and on the held-out data."""
+
+    WHAT: ClassVar[str] = "a figures by split"
+    READERS: ClassVar[dict[str, Reader]] = {"val": SeedSummary.from_dict, "test": SeedSummary.from_dict}
+    val: SeedSummary = field(default_factory=SeedSummary)
+    test: SeedSummary = field(default_factory=SeedSummary)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitComparisons(JsonRecord):
+    """The leader against the defaults, paired over the seeds, on both splits."""
+
+    WHAT: ClassVar[str] = "a comparisons by split"
+    READERS: ClassVar[dict[str, Reader]] = {"val": Comparison.from_dict, "test": Comparison.from_dict}
+    val: Comparison | None = None
+    test: Comparison | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class VsBaseline(JsonRecord):
+    """The result against the task's defaults: the decision, both splits' figures, the noise."""
+
+    WHAT: ClassVar[str] = "an optimize result against the defaults"
+    READERS: ClassVar[dict[str, Reader]] = {
+        "defaults": SplitSummaries.from_dict, "final": SplitSummaries.from_dict,
+        "leader_vs_defaults": SplitComparisons.from_dict, "search_gap": SearchGap.from_dict,
+        "held_out": optional(HoldoutInfo.from_dict), "leader_changes": each(ParamChange.from_dict)}
+    metric: str = ""
+    #: ``chosen`` (a configuration beat the defaults beyond noise) or ``defaults`` (kept them).
+    decision: str = "defaults"
+    defaults_params: dict[str, Any] = field(default_factory=dict)
+    #: The decision in one line with its numbers.
+    summary: str = ""
+    defaults: SplitSummaries = field(default_factory=SplitSummaries)
+    final: SplitSummaries = field(default_factory=SplitSummaries)
+    baseline: float | None = None
+    baseline_test: float | None = None
+    final_mean: float | None = None
+    final_std: float | None = None
+    final_test_mean: float | None = None
+    final_test_std: float | None = None
+    #: The best challenger of the race (compared with the defaults), adopted or not.
+    leader: str | None = None
+    leader_vs_defaults: SplitComparisons = field(default_factory=SplitComparisons)
+    beyond_noise: bool = False
+    search_gap: SearchGap | None = None
+    race_note: str = ""
+    held_out: HoldoutInfo | None = None
+    held_out_source: str = ""
+    #: The baseline stage's single runs: no tricks, and the defaults with the health checks.
+    no_tricks: float | None = None
+    baseline_run: float | None = None
+    gain: float | None = None
+    gain_test: float | None = None
+    #: What the leader would have changed, when it was not adopted.
+    leader_changes: list[ParamChange] = field(default_factory=list)
+    #: The compress stage's verdict, or why it was skipped.
+    compression: str | None = None
+    compressed_metric: float | None = None
+    compressed_test_metric: float | None = None
+    latency_speedup: float | None = None
+    latency_batch_speedup: float | None = None
+    size_ratio: float | None = None
+
+    @property
+    def adopted(self) -> bool:
+        return self.decision == "chosen"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizeResult:
+    """What the loop produced: each stage's row, the final configuration and model, the gain.
+
+    A frozen, versioned record, built once at the end of the run: the optimize Run, ``--json``
+    and ``summary.json`` hold :meth:`to_dict`; the report reads it back through :meth:`from_dict`.
+    """
+
+    task: str
+    study: str
+    run_id: int
+    out: str
+    objective: str
+    budget_s: float
+    elapsed_s: float
+    stages: list[StageRow] = field(default_factory=list)
+    final: FinalSummary = field(default_factory=FinalSummary)
+    vs_baseline: VsBaseline = field(default_factory=VsBaseline)
+    flags: list[YellowFlag] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    layer_findings: list[LayerFinding] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    #: Why the run ended when it did (the budget, an early end of the search, ...).
+    stop_reason: str = ""
+    #: How ``proftune.load_task`` finds the task again (its spec, or its name).
+    spec: str = ""
+    #: The result in sentences: what the terminal summary and the report print.
+    story: Story = field(default_factory=Story)
+    schema_version: int = OPTIMIZE_SCHEMA_VERSION
+
+    READERS: ClassVar[dict[str, Reader]] = {
+        "stages": each(StageRow.from_dict), "final": FinalSummary.from_dict, "vs_baseline": VsBaseline.from_dict,
+        "flags": each(YellowFlag.from_dict), "warnings": each(Finding.from_dict),
+        "layer_findings": each(LayerFinding.from_dict), "story": Story.from_dict}
+
+    @property
+    def metric(self) -> str:
+        """The objective's metric (``accuracy`` of ``accuracy:max``)."""
+        return self.objective.split(":")[0]
+
+    def stage(self, name: str) -> StageRow | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "study": self.study, "run_id": self.run_id, "out": self.out,
+                "objective": self.objective, "budget_s": self.budget_s, "elapsed_s": self.elapsed_s,
+                "stop_reason": self.stop_reason, "spec": self.spec,
+                "stages": [s.to_dict() for s in self.stages], "final": self.final.to_dict(),
+                "vs_baseline": self.vs_baseline.to_dict(), "flags": [f.to_dict() for f in self.flags],
+                "warnings": [w.to_dict() for w in self.warnings],
+                "layer_findings": [f.to_dict() for f in self.layer_findings],
+                "files": self.files, "story": self.story.to_dict(), "schema_version": self.schema_version}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OptimizeResult:
+        """The record back from :meth:`to_dict`'s JSON (an optimize Run's result, ``summary.json``)."""
+        stored_version(d, what="an optimize result", current=OPTIMIZE_SCHEMA_VERSION)
+        kw = record_fields(cls, d, what="an optimize result")
+        return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})

@@ -1,0 +1,98 @@
+"""The optimize page and story read the records a real optimize run left in the Store (the session's
+``optimize_run``: TooSlowLR, 60 s), not a frozen JSON: every Run reads back as its record, the
+page shows the record's numbers, and a field a producer renames fails where it is read."""
+
+from __future__ import annotations
+
+import html as htmllib
+import json
+import re
+from typing import Any
+
+import pytest
+
+from proftune.exceptions import ConfigError
+from proftune.optimize import STAGE_RECORDS, FinalOutputs, OptimizeResult, SearchStageOutputs
+from proftune.optimize._story import tell
+from proftune.report import render_report
+from proftune.track import Store
+
+
+def _sections(html: str) -> list[str]:
+    return re.findall(r"<section id=\"[^\"]+\"><h2>(.*?)</h2>", html)
+
+
+def _text(html: str) -> str:
+    return " ".join(htmllib.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+@pytest.fixture(scope="module")
+def stored(optimize_run: dict[str, Any]) -> tuple[Store, OptimizeResult]:
+    store = Store(str(optimize_run["db"]))
+    run = store.get_run(optimize_run["result"]["run_id"])
+    return store, OptimizeResult.from_dict(dict(run.result))
+
+
+def test_every_run_of_the_loop_reads_back_as_its_record(optimize_run: dict[str, Any],
+                                                       stored: tuple[Store, OptimizeResult]) -> None:
+    store, res = stored
+    raw = store.get_run(res.run_id).result
+    assert raw["schema_version"] == res.schema_version == 1
+    assert res.to_dict() == json.loads(json.dumps(raw))
+    summary = optimize_run["result"]  # summary.json: the same record, with the report among its files
+    assert OptimizeResult.from_dict(summary).to_dict() == summary
+    for child in store.list_runs(parent_id=res.run_id):
+        stage = child.config["stage"]
+        assert STAGE_RECORDS[stage].from_dict(child.result).to_dict() == child.result, stage
+    # the story is told from the record alone: the same sentences as the run printed
+    assert tell(res) == res.story
+    assert res.story.decision in str(optimize_run["output"])
+
+
+def test_the_page_shows_the_record_s_numbers(stored: tuple[Store, OptimizeResult]) -> None:
+    store, res = stored
+    html = render_report(res.run_id, store=store)
+    assert _sections(html)[:2] == ["Result", "What changed"]
+    assert _sections(html)[-3:] == ["Budget", "Files", "Run and environment"]
+    text = _text(html)
+    vs = res.vs_baseline
+    assert res.story.decision in text
+    for line in res.story.lines:
+        assert line.text in text
+    d, f = vs.defaults.val, vs.final.val
+    assert f"{d.mean:.3g}" in text
+    assert f"{f.mean:.3g}" in text
+    for row in res.stages:
+        assert f'class="stage {row.status}"' in html
+    race = next(c for c in store.list_runs(parent_id=res.run_id) if c.config["stage"] == "final")
+    fin = FinalOutputs.from_dict(race.result)
+    assert fin.race is not None
+    runs = [r for a in fin.race.arms for r in a.runs]
+    assert len(re.findall(r"<tr class=\"(?:best)?\"><td class=\"nw\">(?:defaults|search #\d)</td>", html)) == len(runs)
+    srch = next(c for c in store.list_runs(parent_id=res.run_id) if c.config["stage"] == "search")
+    for t in SearchStageOutputs.from_dict(srch.result).trials_log[:5]:
+        assert t.state in text
+    for c in res.final.changes:
+        if c.changed:
+            assert f"{c.param} " in text
+
+
+def test_a_renamed_field_fails_and_the_page_says_so(stored: tuple[Store, OptimizeResult]) -> None:
+    store, res = stored
+    raw = dict(store.get_run(res.run_id).result)
+    vs = dict(raw["vs_baseline"])
+    vs["defaults"] = {"val": {("average" if k == "mean" else k): v for k, v in vs["defaults"]["val"].items()},
+                      "test": vs["defaults"]["test"]}
+    renamed = {**raw, "vs_baseline": vs}
+    with pytest.raises(ConfigError, match=r"a seed summary.*average is not a field"):
+        OptimizeResult.from_dict(renamed)
+    with pytest.raises(ConfigError, match=r"schema_version=2, newer"):
+        OptimizeResult.from_dict({**raw, "schema_version": 2})
+    with pytest.raises(ConfigError, match="the_story is not a field"):
+        OptimizeResult.from_dict({**raw, "the_story": raw["story"]})
+    rid = store.start_run("optimize", res.task, config={"stage": None})
+    store.finish_run(rid, status="finished", result=renamed)
+    html = render_report(rid, store=store)
+    assert _sections(html) == ["Result", "Run and environment"]
+    assert "cannot be read as its record" in html
+    assert "average is not a field" in html
