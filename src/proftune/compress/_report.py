@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._jsonsafe import json_safe
+from .._records import stored_version
 from ..exceptions import ConfigError
 from ._checkpoint import LOAD_LINES, runs_no_user_code
 from ._pipeline import Candidate
@@ -77,16 +78,11 @@ class CompressResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompressResult:
         """The record back from :meth:`to_dict`'s JSON (a ``compress`` Run's result)."""
-        if not isinstance(d, dict):
-            raise ConfigError(f"a compression report must be a JSON object, but got {type(d).__name__}.")
         # Runs recorded before the record had a version hold the same fields: version 1
-        version = d.get("schema_version", 1)
-        if not isinstance(version, int) or "baseline" not in d:
+        version = stored_version(d, what="a compression report", current=COMPRESS_SCHEMA_VERSION)
+        if "baseline" not in d:
             raise ConfigError(f"this JSON is not a proftune compression report: schema_version={version!r}, "
                               f"keys {sorted(d)[:12]}.")
-        if version > COMPRESS_SCHEMA_VERSION:
-            raise ConfigError(f"compression report schema_version={version} is newer than this proftune reads "
-                              f"({COMPRESS_SCHEMA_VERSION}); upgrade proftune.")
         known = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
         kw["baseline"] = _candidate(d["baseline"])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._jsonsafe import json_safe
+from .._records import stored_version
 from ..exceptions import ConfigError
 from ..profile import ParamCounts
 
@@ -151,15 +152,10 @@ class PredictResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PredictResult:
         """The record back from :meth:`to_dict`'s JSON (a Run's result, a saved file)."""
-        if not isinstance(d, dict):
-            raise ConfigError(f"a prediction must be a JSON object, but got {type(d).__name__}.")
-        version = d.get("schema_version")
-        if not isinstance(version, int) or version < PREDICT_SCHEMA_VERSION:
+        version = stored_version(d, what="a prediction", current=PREDICT_SCHEMA_VERSION)
+        if version < PREDICT_SCHEMA_VERSION:  # version 1 was flat (peak_bytes, params an int)
             raise ConfigError(f"this JSON is not a proftune prediction of schema_version "
                               f"{PREDICT_SCHEMA_VERSION}: it has schema_version={version!r}.")
-        if version > PREDICT_SCHEMA_VERSION:
-            raise ConfigError(f"prediction schema_version={version} is newer than this proftune reads "
-                              f"({PREDICT_SCHEMA_VERSION}); upgrade proftune.")
         known = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
         kw["params"] = _build(ParamCounts, d.get("params") or {})
