@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import proftune
 from proftune import metrics
 from proftune._registry import Registry
+from proftune.cli import app
 from proftune.diagnose import CAUSES, CHECKS, BaseCheck, Finding, History, register_check
 from proftune.diagnose._causes import CHECK_REGISTRY
 from proftune.exceptions import ConfigError
@@ -53,6 +56,16 @@ def test_a_registered_check_is_a_cause_and_runs_in_diagnose() -> None:
     assert "short_run" in found
     assert found["short_run"].evidence["steps"] < 1000
     assert "short_run" in json.dumps(result.to_dict())
+
+
+@pytest.mark.usefixtures("short_run")
+def test_a_registered_check_shows_in_the_cli_json_and_the_report(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["diagnose", "digits-mlp", "--epochs", "1", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    assert "short_run" in res.stdout
+    page = proftune.report.render_report(proftune.Store(db).list_runs(kind="diagnose")[0], db=db)
+    assert "short_run" in page
 
 
 def test_an_unregistered_cause_is_refused_and_removal_puts_the_list_back() -> None:
