@@ -70,3 +70,39 @@ def test_metric_producers_is_stages_with_a_warning() -> None:
     assert m.stages == ("inference",)
     with pytest.warns(DeprecationWarning, match=r"Metric.producers is deprecated; use Metric.stages"):
         assert m.producers == m.stages
+
+
+def test_a_former_name_says_when_it_was_deprecated_and_when_it_goes() -> None:
+    from proftune._deprecated import DEPRECATED_IN, removal_version
+
+    with pytest.warns(DeprecationWarning, match="TrainReport") as w:
+        _ = proftune.TrainReport  # type: ignore[attr-defined]
+    text = str(w[0].message)
+    assert f"Deprecated in {DEPRECATED_IN}, to be removed in {removal_version(DEPRECATED_IN)}." in text
+    assert removal_version("0.1.0") == "0.3.0"
+    assert removal_version("1.9.2") == "1.11.0"
+
+
+def test_experimental_warns_once_naming_its_version() -> None:
+    import warnings
+
+    from proftune._deprecated import ExperimentalWarning, experimental
+
+    @experimental("0.2.0")
+    def plan(x: int) -> int:
+        return x + 1
+
+    @experimental("0.2.0", name="Planner")
+    class Planner:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    with pytest.warns(ExperimentalWarning, match=r"plan is experimental \(since 0\.2\.0\)"):
+        assert plan(1) == 2
+    with pytest.warns(ExperimentalWarning, match=r"Planner is experimental"):
+        assert Planner(3).n == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan(2) == 3  # once only
+        assert Planner(4).n == 4
+    assert plan.__name__ == "plan"

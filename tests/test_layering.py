@@ -31,6 +31,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "proftune"
 #: Bottom first. A unit imports only units of the layers below its own.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"exceptions", "_deprecated", "_callable"},  # errors; former names, callable subpackages
+    {"_registry"},  # the one way a kind of part is pluggable: named entries, plug-ins by entry point
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
     {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
      "_records", "metrics"},

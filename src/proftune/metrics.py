@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._deprecated import renamed
+from ._registry import Registry
 from .exceptions import ConfigError
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "is_known",
     "metric_names",
     "produced_by",
+    "register_metric",
     "resolve_direction",
     "split_objective",
 ]
@@ -146,8 +148,30 @@ _TASK = (
     _m("train_loss", "min", "", ("train",), "mean training loss of the last epoch"),
 )
 
-#: Every metric proftune knows, by name.
-METRICS: Mapping[str, Metric] = {m.name: m for m in (*_PROFILE, *_TASK)}
+#: Every metric proftune knows, by name: the built-ins, then what :func:`register_metric` (or an
+#: installed plug-in's ``proftune.metrics`` entry point) added.
+METRICS: Registry[Metric] = Registry("metric", key=lambda m: m.name, entry_points="proftune.metrics")
+
+
+def register_metric(metric: Metric, *, replace: bool = False) -> Metric:
+    """Make ``metric`` known by its name: its direction, unit and the stages that produce it are
+    then what every consumer (constraints, objectives, goals, early stopping, the bandit, the
+    report) reads. A built-in's name needs ``replace=True``."""
+    problems = []
+    if not isinstance(metric, Metric):
+        raise ConfigError(f"metric={metric!r} is not a proftune.metrics.Metric.")
+    if metric.direction not in ("min", "max"):
+        problems.append(f"direction={metric.direction!r} is unknown; valid: max, min.")
+    unknown = [s for s in metric.stages if s not in METRIC_STAGES]
+    if not metric.stages or unknown:
+        problems.append(f"stages={metric.stages!r} must name at least one of {', '.join(METRIC_STAGES)}.")
+    if problems:
+        raise ConfigError([f"metric {metric.name!r}: {p}" for p in problems])
+    return METRICS.add(metric, replace=replace)
+
+
+for _metric in (*_PROFILE, *_TASK):
+    register_metric(_metric)
 
 
 def metric_names(*, stage: str | None = None) -> tuple[str, ...]:

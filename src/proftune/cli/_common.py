@@ -199,6 +199,7 @@ LIBRARY_ARGUMENTS = {
     "constraints": "constraint",
     "objectives": "objective",
     "params": "param",
+    "methods": "method",  # compress(methods=...): its --method is repeated
     "uri": "mlflow",  # report.export_mlflow(run, uri): export's --mlflow
 }
 

@@ -51,6 +51,7 @@ def compress(
     ignore_layers: Annotated[list[str] | None, typer.Option("--ignore-layers", help="Layer paths to keep whole (comma-separated or repeated).", show_default=False)] = None,
     quantize: Annotated[str | None, typer.Option("--quantize", help="dynamic, static or qat (INT8).", show_default=False)] = None,
     half: Annotated[bool, typer.Option("--half", help="Also try fp16 weights (half precision) of the float models.")] = False,
+    method: Annotated[list[str] | None, typer.Option("--method", help="A registered compression method of one's own (proftune.compress.COMPRESS_METHODS); repeatable.", show_default=False)] = None,
     compile_: Annotated[str | None, typer.Option("--compile", help="Compile the float models too: inductor (AOTInductor), onnxruntime (comma-separated).", show_default=False)] = None,
     target: Annotated[str | None, typer.Option("--target", help="Deployment preset that picks the methods: cpu, gpu, mobile or edge.", show_default=False)] = None,
     distill: Annotated[bool, typer.Option("--distill", help="The original model teaches during fine-tuning (Hinton loss).")] = False,
@@ -82,7 +83,7 @@ def compress(
             callbacks=[EpochProgress(None)],
             prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
             global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, distill=distill,
-            half=half, compile=tuple(n.strip() for n in (compile_ or "").split(",") if n.strip()), target=target,
+            half=half, methods=tuple(method or ()), compile=tuple(n.strip() for n in (compile_ or "").split(",") if n.strip()), target=target,
             finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,
             goal=goal, out=out, plot_dir=plot, round_to=round_to, force=force, seed=seed, device=device,
         )

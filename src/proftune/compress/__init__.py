@@ -11,6 +11,7 @@ from ._api import compress
 from ._checkpoint import LOAD_LINES, ExportedModule, load_model
 from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
+from ._methods import COMPRESS_METHODS, BaseCompressMethod, MethodContext, register_method
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
 from ._quant_backends import QUANT_BACKENDS, BaseQuantBackend, QuantInputs, backend_status
@@ -18,8 +19,10 @@ from ._report import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = [
+    "COMPRESS_METHODS",
     "LOAD_LINES",
     "QUANT_BACKENDS",
+    "BaseCompressMethod",
     "BaseQuantBackend",
     "Candidate",
     "CompressConfig",
@@ -27,6 +30,7 @@ __all__ = [
     "DistillationTask",
     "ExportedModule",
     "LayerSensitivity",
+    "MethodContext",
     "QuantInputs",
     "backend_status",
     "compress",
@@ -36,6 +40,7 @@ __all__ = [
     "prune_structured",
     "prune_unstructured",
     "ratios_from_sensitivity",
+    "register_method",
 ]
 
 #: Former names, deprecated (a DeprecationWarning names the current one).

@@ -26,6 +26,7 @@ from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
 from ._half import HalfPrecision, save_half
 from ._measure import count, sparse_size_bytes
+from ._methods import COMPRESS_METHODS, MethodContext
 from ._pipeline import GOAL_METRICS, Candidate, choose
 from ._plan import Plan, plan_methods, profile_summary
 from ._prune import (
@@ -152,6 +153,9 @@ class Compressor:
                 found = self._compiled(model, engine, _joined(prefix, engine), ratio, tmp)
                 if found is not None:
                     built.append(found)
+            for name in cfg.methods:
+                if not self._out_of_time(_joined(prefix, name)):
+                    built.extend(self._own_method(model, name, _joined(prefix, name), ratio, tmp))
         if self.left_out:
             self.notes.append(f"not built, the time limit ({cfg.time_limit_s:.0f} s) spent: "
                               + ", ".join(self.left_out))
@@ -206,7 +210,7 @@ class Compressor:
         possible = {m: not backend_problems(dataclasses.replace(cfg, quantize=m), self.dev)
                     for m in ("dynamic", "static")}
         plan = plan_methods(summary, prune=cfg.prune, quant=cfg.quantize, quant_possible=possible,
-                            half=cfg.half, compile=cfg.compile, target=cfg.target)
+                            half=cfg.half, compile=cfg.compile, target=cfg.target, methods=cfg.methods)
         status = compiler_status(self.dev)
         for engine in [e for e in plan.compile if status.get(e) is not None]:  # a preset's engine
             plan.lines.append(f"{engine} skipped: {status[engine]}")
@@ -325,6 +329,21 @@ class Compressor:
         return self._measured(name, ratio, float_model, half, loaded, path=path, fmt="export",
                               notes=["weights in fp16: half the bytes; the latency is this device's "
                                      "fp16 speed (x86 CPUs without AVX512-FP16 convert, GPUs have tensor cores)"])
+
+    def _own_method(self, float_model: nn.Module, name: str, label: str, ratio: float,
+                    tmp: Path) -> list[Built]:
+        """A registered method's model of ``float_model`` (a copy), saved, reloaded and measured;
+        nothing (with a note) when the method cannot run here."""
+        method = COMPRESS_METHODS.get_entry(name)
+        why = method.unavailable(self.dev)
+        if why is not None:
+            self.notes.append(f"{label} skipped: {why}")
+            return []
+        context = MethodContext(example=move_to_device(self.example, self.dev), task=self.task,
+                                params=dict(self.params), device=self.dev, finetune=self._fit)
+        model = method.apply(copy.deepcopy(float_model).to(self.dev).eval(), context).eval()
+        return [self._save_measure(label, ratio, model, tmp=tmp, fmt=method.save_format,
+                                   float_model=float_model)]
 
     def _compiled(self, float_model: nn.Module, engine: str, name: str, ratio: float, tmp: Path) -> Built | None:
         """``float_model`` compiled by ``engine``, loaded back from its file and checked against the

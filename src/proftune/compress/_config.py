@@ -12,6 +12,7 @@ import torch
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError, ProblemCollector
 from ._compile import COMPILER_NAMES, compiler_status
+from ._methods import COMPRESS_METHODS
 from ._pipeline import GOAL_METRICS
 from ._plan import TARGETS
 from ._plot import PLOT_FILES
@@ -44,6 +45,8 @@ class CompressConfig:
     half: bool = False
     #: Engines to compile the float models with: ``inductor`` (AOTInductor), ``onnxruntime``.
     compile: tuple[str, ...] = ()
+    #: Compression methods of one's own (names in ``COMPRESS_METHODS``), applied to every float model.
+    methods: tuple[str, ...] = ()
     #: A deployment preset (``cpu``, ``gpu``, ``mobile``, ``edge``) that picks the methods.
     target: str | None = None
     distill: bool = False
@@ -92,6 +95,9 @@ class CompressConfig:
         for name in self.compile:
             if name not in COMPILER_NAMES:
                 p.add(f"compile={name!r} is unknown; valid: {', '.join(COMPILER_NAMES)}.")
+        for name in self.methods:
+            if name not in COMPRESS_METHODS:
+                p.add(f"methods={name!r} is unknown; valid: {', '.join(COMPRESS_METHODS) or '(none registered)'}.")
         if self.target is not None and self.target not in TARGETS:
             p.add(f"target={self.target!r} is unknown; valid: {', '.join(TARGETS)}.")
 
@@ -137,8 +143,10 @@ def merge_config(config: CompressConfig | None, overrides: dict[str, Any]) -> Co
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise ConfigError(f"compress() got unknown options {unknown}; valid: {', '.join(sorted(names))}.")
-    for key in ("ratios", "ignore_layers", "compile"):
-        if overrides.get(key) is not None:
+    for key in ("ratios", "ignore_layers", "compile", "methods"):
+        if isinstance(overrides.get(key), str):
+            overrides[key] = (overrides[key],)
+        elif overrides.get(key) is not None:
             overrides[key] = tuple(overrides[key])
     return dataclasses.replace(cfg, **overrides)
 

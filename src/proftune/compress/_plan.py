@@ -79,7 +79,7 @@ class Plan:
 
 def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | None,
                  quant_possible: dict[str, bool], half: bool = False, compile: tuple[str, ...] = (),
-                 target: str | None = None) -> Plan:
+                 target: str | None = None, methods: tuple[str, ...] = ()) -> Plan:
     """The methods to run; chosen from where the parameters and MACs sit when none is given, or
     from ``target``'s preset (what the user named explicitly wins over the preset).
 
@@ -102,7 +102,7 @@ def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | Non
         if plan.quant is not None and quant is None and not quant_possible.get(plan.quant, False):
             plan.lines.append(f"{plan.quant} INT8 skipped: no backend here")
             plan.quant = None
-    elif prune is None and quant is None and not half and not compile:
+    elif prune is None and quant is None and not half and not compile and not methods:
         plan.prune = "structured"
         plan.quant = "static" if conv_macs >= 0.5 else "dynamic"
         plan.lines.append(f"no method given: structured pruning (removes channels: fewer MACs and "
@@ -126,6 +126,9 @@ def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | Non
     if plan.half:
         plan.lines.append("fp16: the float models with half-precision weights (half the bytes; fast on "
                           "tensor cores, slow where the CPU converts: measured)")
+    if methods:
+        plan.lines.append("methods of one's own: " + ", ".join(methods) + " of every float model, "
+                          "measured like every other candidate")
     if plan.compile:
         plan.lines.append("compiled: " + ", ".join(plan.compile) + " of every float model, checked against "
                           "the eager outputs on the validation data")

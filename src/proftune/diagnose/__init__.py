@@ -27,7 +27,7 @@ from ._findings import CAUSES, SEVERITIES, Finding, flatten_findings, rank_findi
 from ._health import HealthCheck
 from ._history import History, StepRecord
 from ._lrtest import RangeTest, lr_range_test
-from .checks import CHECKS, BaseCheck
+from .checks import CHECKS, BaseCheck, register_check
 
 __all__ = [
     "CAUSES",
@@ -62,6 +62,7 @@ __all__ = [
     "load_configs",
     "lr_range_test",
     "rank_findings",
+    "register_check",
     "regret_curve",
     "simulate",
 ]

@@ -16,53 +16,31 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._records import mapping, record_fields
+from .._registry import LiveSequence
 from ..exceptions import ConfigError
+from ._causes import CHECK_REGISTRY
 
 __all__ = ["CAUSES", "SEVERITIES", "Finding", "flatten_findings", "rank_findings"]
 
-#: Every cause a check can name, in the order an engineer follows them for a bad loss curve.
-CAUSES = (
-    "lr_too_high",
-    "unshuffled_data",
-    "exploding_gradients",
-    "vanishing_gradients",
-    "saturated_activations",
-    "dead_units",
-    "nan_inf",
-    "batchnorm_small_batch",
-    "no_warmup",
-    "oscillating_loss",
-    "overfitting",
-    "lr_too_low",
-    "slow_convergence",
-    "no_lr_decay",
-)
 SEVERITIES = ("info", "warning", "error")
 _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
-_ORDER = {c: i for i, c in enumerate(CAUSES)}
 
-#: Which causes can produce the symptoms of which: ``_EXPLAINS[a]`` are the causes whose findings
-#: a finding of ``a`` accounts for when it started no later than they did (or is a root cause).
-_EXPLAINS: dict[str, tuple[str, ...]] = {
-    "lr_too_high": ("exploding_gradients", "nan_inf", "dead_units", "lr_too_low", "overfitting",
-                    "oscillating_loss", "saturated_activations", "no_lr_decay", "no_warmup"),
-    "unshuffled_data": ("lr_too_high", "exploding_gradients", "dead_units", "lr_too_low", "overfitting",
-                        "nan_inf", "oscillating_loss", "slow_convergence", "no_lr_decay", "no_warmup"),
-    "exploding_gradients": ("lr_too_high", "nan_inf", "dead_units", "lr_too_low", "oscillating_loss",
-                            "saturated_activations", "no_warmup"),
-    "nan_inf": ("lr_too_high", "exploding_gradients", "dead_units", "lr_too_low"),
-    "dead_units": ("vanishing_gradients", "lr_too_low", "slow_convergence"),
-    "saturated_activations": ("vanishing_gradients", "lr_too_low", "slow_convergence"),
-    "vanishing_gradients": ("lr_too_low", "slow_convergence"),
-    "batchnorm_small_batch": ("lr_too_high", "overfitting", "exploding_gradients", "oscillating_loss",
-                              "no_lr_decay", "dead_units"),
-    "no_warmup": ("lr_too_high", "exploding_gradients", "oscillating_loss", "dead_units"),
-    "no_lr_decay": ("oscillating_loss",),
-    "oscillating_loss": (),
-    "lr_too_low": (),
-    "slow_convergence": (),
-    "overfitting": (),
-}
+#: Every cause a check can name, in the order an engineer follows them for a bad loss curve (the
+#: order the checks were registered in; a plug-in's cause comes after the built-ins).
+CAUSES: Sequence[str] = LiveSequence(lambda: tuple(CHECK_REGISTRY))
+
+
+def _order(cause: str) -> int:
+    names = CHECK_REGISTRY.names()
+    return names.index(cause) if cause in names else len(names)
+
+
+def _explains(cause: str) -> tuple[str, ...]:
+    """The causes whose findings a finding of ``cause`` accounts for (its check's ``explains``)."""
+    check = CHECK_REGISTRY.get(cause)
+    return tuple(getattr(check, "explains", ())) if check is not None else ()
+
+
 #: Demotion factor of the confidence of an explained finding.
 _EXPLAINED_FACTOR = 0.5
 #: A finding explains a later one only when it is at least this fraction as confident.
@@ -148,7 +126,7 @@ def _at(f: Finding) -> str:
 def _can_explain(g: Finding, f: Finding, roots: set[str]) -> bool:
     """Whether ``g`` accounts for ``f``: a cause that can produce it, and a root cause of the run
     or one seen no later than ``f`` with a comparable confidence."""
-    if f.cause not in _EXPLAINS.get(g.cause, ()) or f.cause in roots:
+    if f.cause not in _explains(g.cause) or f.cause in roots:
         return False
     if g.cause in roots or f.evidence.get("attributed_to") == g.cause:
         return True  # a root cause, or the cause that f's own check named
@@ -182,7 +160,7 @@ def _versus(f: Finding, above: Finding) -> str:
 def rank_findings(findings: Iterable[Finding], *, roots: Sequence[str] = ()) -> list[Finding]:
     """Root causes first, each with the findings it explains attached; one finding per cause.
 
-    ``g`` explains ``f`` when ``g``'s cause can produce ``f``'s (``_EXPLAINS``) and either ``g`` is
+    ``g`` explains ``f`` when ``g``'s cause can produce ``f``'s (its check's ``explains``) and either ``g`` is
     a root cause of the run (``roots``, or a finding marked ``root``: a layer initialised far off
     scale, labels in order, batch norm over two samples) or ``g`` was seen no later than ``f``
     and is about as confident. Findings are considered in the order roots, onset, confidence, so
@@ -198,7 +176,7 @@ def rank_findings(findings: Iterable[Finding], *, roots: Sequence[str] = ()) -> 
             best[f.cause] = f
     root_set = set(roots) | {f.cause for f in best.values() if f.root}
     order = sorted(best.values(), key=lambda f: (f.cause not in root_set, _onset(f), -f.confidence,
-                                                 _ORDER[f.cause]))
+                                                 _order(f.cause)))
     parent: dict[str, Finding] = {}
 
     def top_of(f: Finding) -> Finding:
@@ -223,7 +201,7 @@ def rank_findings(findings: Iterable[Finding], *, roots: Sequence[str] = ()) -> 
     out: list[Finding] = []
     for top in tops:
         below = [f for f in order if f.cause in parent and top_of(f).cause == top.cause]
-        below.sort(key=lambda f: (_onset(f), _ORDER[f.cause]))
+        below.sort(key=lambda f: (_onset(f), _order(f.cause)))
         consequences = tuple(
             replace(f, confidence=f.confidence * _EXPLAINED_FACTOR, explained_by=parent[f.cause].cause,
                     why=_explanation(parent[f.cause], f, root_set))
@@ -233,7 +211,7 @@ def rank_findings(findings: Iterable[Finding], *, roots: Sequence[str] = ()) -> 
                            evidence={**top.evidence, "own_severity": top.severity}
                            if worst.severity != top.severity else top.evidence))
     out.sort(key=lambda f: (-_SEVERITY_RANK[f.severity], -len(f.consequences), -f.confidence, _onset(f),
-                            _ORDER[f.cause]))
+                            _order(f.cause)))
     ranked: list[Finding] = []
     for i, f in enumerate(out):
         if i == 0:

@@ -1,10 +1,15 @@
 """One check per cause of bad training, each behind :class:`BaseCheck`; ``CHECKS`` runs them.
 
-The order of ``CHECKS`` settles ties when two findings explain each other equally.
+The built-ins register here exactly as a plug-in does (:func:`register_check`); the order they
+register in settles ties when two findings explain each other equally.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from ..._registry import LiveSequence
+from .._causes import CHECK_REGISTRY, register_check
 from ._base import BaseCheck
 from ._batchnorm import BatchNormSmallBatch
 from ._dead_units import DeadUnits
@@ -20,22 +25,12 @@ from ._slow import SlowConvergence
 from ._unshuffled import Unshuffled
 from ._vanishing import VanishingGradients
 
-__all__ = ["CHECKS", "BaseCheck"]
+__all__ = ["CHECKS", "BaseCheck", "register_check"]
 
-#: Every registered check, in the order they run.
-CHECKS: tuple[BaseCheck, ...] = (
-    LrTooHigh(),
-    Unshuffled(),
-    ExplodingGradients(),
-    VanishingGradients(),
-    SaturatedActivations(),
-    DeadUnits(),
-    NanInf(),
-    BatchNormSmallBatch(),
-    NoWarmup(),
-    OscillatingLoss(),
-    Overfitting(),
-    LrTooLow(),
-    SlowConvergence(),
-    NoLrDecay(),
-)
+for _check in (LrTooHigh, Unshuffled, ExplodingGradients, VanishingGradients, SaturatedActivations,
+               DeadUnits, NanInf, BatchNormSmallBatch, NoWarmup, OscillatingLoss, Overfitting,
+               LrTooLow, SlowConvergence, NoLrDecay):
+    register_check(_check)
+
+#: Every registered check, in the order they run (a live view: a plug-in registered later is in it).
+CHECKS: Sequence[BaseCheck] = LiveSequence(lambda: tuple(CHECK_REGISTRY.values()))

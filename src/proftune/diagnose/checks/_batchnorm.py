@@ -12,6 +12,14 @@ from ._base import BaseCheck
 
 class BatchNormSmallBatch(BaseCheck):
     cause = "batchnorm_small_batch"
+    explains = (
+        "lr_too_high",
+        "overfitting",
+        "exploding_gradients",
+        "oscillating_loss",
+        "no_lr_decay",
+        "dead_units",
+    )
 
     def check(self, history: History) -> Finding | None:
         if not history.batchnorm or not history.batch_sizes:

@@ -19,6 +19,8 @@ class DeadUnits(BaseCheck):
 
     cause = "dead_units"
 
+    explains = ("vanishing_gradients", "lr_too_low", "slow_convergence")
+
     def check(self, history: History) -> Finding | None:
         per_layer = _relu_zero_fractions(history)
         worst = _worst_layer(per_layer, history.dead_threshold)

@@ -22,6 +22,15 @@ OVERSCALE_GAIN = 100.0
 
 class ExplodingGradients(BaseCheck):
     cause = "exploding_gradients"
+    explains = (
+        "lr_too_high",
+        "nan_inf",
+        "dead_units",
+        "lr_too_low",
+        "oscillating_loss",
+        "saturated_activations",
+        "no_warmup",
+    )
 
     def check(self, history: History) -> Finding | None:
         spikes = history.spikes()

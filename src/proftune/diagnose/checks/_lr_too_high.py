@@ -15,6 +15,17 @@ FAR_ABOVE = 10.0
 
 class LrTooHigh(BaseCheck):
     cause = "lr_too_high"
+    explains = (
+        "exploding_gradients",
+        "nan_inf",
+        "dead_units",
+        "lr_too_low",
+        "overfitting",
+        "oscillating_loss",
+        "saturated_activations",
+        "no_lr_decay",
+        "no_warmup",
+    )
 
     def check(self, history: History) -> Finding | None:
         rise = history.lr_rise()

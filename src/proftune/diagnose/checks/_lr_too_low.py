@@ -11,6 +11,7 @@ from ._base import BaseCheck, fmt
 
 class LrTooLow(BaseCheck):
     cause = "lr_too_low"
+    explains = ()
 
     def check(self, history: History) -> Finding | None:
         plateau = history.plateau()

@@ -14,6 +14,7 @@ _OVERFLOW_ONLY = ("Linear", "Conv1d", "Conv2d", "Conv3d", "LazyLinear", "Bilinea
 
 class NanInf(BaseCheck):
     cause = "nan_inf"
+    explains = ("lr_too_high", "exploding_gradients", "dead_units", "lr_too_low")
 
     def check(self, history: History) -> Finding | None:
         nf = history.nonfinite

@@ -18,6 +18,7 @@ _CAUSE_OF = {"learning rate": "lr_too_high", "data order": "unshuffled_data", "g
 
 class OscillatingLoss(BaseCheck):
     cause = "oscillating_loss"
+    explains = ()
 
     def check(self, history: History) -> Finding | None:
         osc = history.oscillation()

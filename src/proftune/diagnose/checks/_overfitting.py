@@ -20,6 +20,7 @@ RISE, LARGE_RISE = 0.05, 0.25
 
 class Overfitting(BaseCheck):
     cause = "overfitting"
+    explains = ()
 
     def check(self, history: History) -> Finding | None:
         ep = [e for e in history.epochs if math.isfinite(float(e.get("val_loss", math.nan)))

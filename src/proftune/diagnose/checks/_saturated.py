@@ -18,6 +18,7 @@ LARGE_INPUT_RMS = 10.0
 
 class SaturatedActivations(BaseCheck):
     cause = "saturated_activations"
+    explains = ("vanishing_gradients", "lr_too_low", "slow_convergence")
 
     def check(self, history: History) -> Finding | None:
         per_layer = _per_layer(history)

@@ -27,6 +27,8 @@ class NoWarmup(BaseCheck):
 
     cause = "no_warmup"
 
+    explains = ("lr_too_high", "exploding_gradients", "oscillating_loss", "dead_units")
+
     def check(self, history: History) -> Finding | None:
         if not warmup_suspected(history):
             return None
@@ -72,6 +74,7 @@ class NoWarmup(BaseCheck):
 
 class NoLrDecay(BaseCheck):
     cause = "no_lr_decay"
+    explains = ("oscillating_loss",)
 
     def check(self, history: History) -> Finding | None:
         lr = history.constant_lr()

@@ -15,6 +15,7 @@ HEALTHY_UPDATE_RATIO = 1e-3
 
 class SlowConvergence(BaseCheck):
     cause = "slow_convergence"
+    explains = ()
 
     def check(self, history: History) -> Finding | None:
         slow = history.slow_progress()

@@ -9,6 +9,18 @@ from ._base import BaseCheck
 
 class Unshuffled(BaseCheck):
     cause = "unshuffled_data"
+    explains = (
+        "lr_too_high",
+        "exploding_gradients",
+        "dead_units",
+        "lr_too_low",
+        "overfitting",
+        "nan_inf",
+        "oscillating_loss",
+        "slow_convergence",
+        "no_lr_decay",
+        "no_warmup",
+    )
 
     def check(self, history: History) -> Finding | None:
         order = history.label_order()

@@ -12,6 +12,7 @@ from ._base import BaseCheck, fmt
 
 class VanishingGradients(BaseCheck):
     cause = "vanishing_gradients"
+    explains = ("lr_too_low", "slow_convergence")
 
     def check(self, history: History) -> Finding | None:
         norms = layer_grad_norms(history)
