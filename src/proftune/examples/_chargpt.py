@@ -17,7 +17,8 @@ bytes, each file wholly in one split by that hash, each split filled to its shar
 The protocol: an epoch is ``samples_per_epoch`` random windows of ``block_size + 1`` bytes of the
 training split (2400: 200 steps at batch 12), so the defaults' 10 epochs are nanoGPT's 2000 steps
 and a batch size changes the steps, not the data, of an epoch. The schedule spans the run the fit
-loop is asked for (its epochs, or ``max_steps``). Validation and test are fixed, evenly spaced
+loop is asked for (its epochs, or ``max_steps``); its warm-up, in steps of the task's own 10
+epochs, is the same share of a shorter run. Validation and test are fixed, evenly spaced
 windows of their splits. Metrics: ``val_loss`` (nats per byte), ``perplexity``, ``bits_per_char``.
 """
 
@@ -278,13 +279,15 @@ class CharGPTTask(Task):
 
     def configure_scheduler(self, optimizer: torch.optim.Optimizer, params: dict[str, Any], *,
                             epochs: int | None, max_steps: int | None) -> Any:
-        """Linear warm-up over ``params["warmup"]`` steps, then a cosine from lr to lr *
-        ``min_lr_ratio`` over the rest of the run (nanoGPT's ``get_lr``)."""
-        planned = [n for n in (max_steps, epochs * self.steps_per_epoch(int(params["batch_size"]))
-                               if epochs is not None else None) if n is not None]
-        total = max(1, min(planned)) if planned else self.default_epochs * self.steps_per_epoch(
-            int(params["batch_size"]))
-        warmup = max(0, min(int(params.get("warmup", 100)), total))
+        """Linear warm-up, then a cosine from lr to lr * ``min_lr_ratio`` over the rest of the run
+        (nanoGPT's ``get_lr``). ``params["warmup"]`` is in steps of the task's own protocol (its
+        ``default_epochs``); a shorter run warms up for the same share of its steps, so that a
+        short trial is not all warm-up."""
+        per_epoch = self.steps_per_epoch(int(params["batch_size"]))
+        protocol = self.default_epochs * per_epoch
+        planned = [n for n in (max_steps, epochs * per_epoch if epochs is not None else None) if n is not None]
+        total = max(1, min(planned)) if planned else protocol
+        warmup = max(0, min(round(int(params.get("warmup", 100)) * min(1.0, total / protocol)), total))
         floor = self.min_lr_ratio
 
         def factor(step: int) -> float:
