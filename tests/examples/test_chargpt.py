@@ -96,3 +96,15 @@ def test_max_steps_plans_the_schedule_and_wrappers_keep_it() -> None:
     assert lrs[0] < lrs[1]
     assert lrs[1] == pytest.approx(1e-3, rel=0.01)
     assert all(a > b for a, b in itertools.pairwise(lrs[1:]))
+
+
+@pytest.mark.slow
+def test_the_defaults_train_to_nanogpts_regime() -> None:
+    """One full training of the defaults (2000 steps; ~100 s on a free 2-core machine): measured
+    1.644 / 1.651 validation loss over seeds 0 / 1, against 5.5 untrained."""
+    task = proftune.load_task("char-gpt")
+    result = fit(task, device="cpu", seed=0)
+    assert result.steps == 2000
+    assert result.metrics["val_loss"] < 1.75
+    test = evaluate_model(task, result.model, torch.device("cpu"), 12, split="test")
+    assert test["val_loss"] < 1.75
