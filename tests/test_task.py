@@ -206,6 +206,11 @@ class _Recording(proftune.ClassificationTask):
         self.calls.append("configure_optimizer")
         return torch.optim.SGD(model.parameters(), lr=0.1)
 
+    def configure_scheduler(self, optimizer: torch.optim.Optimizer, params: dict[str, Any], *,
+                            epochs: int | None, max_steps: int | None) -> Any:
+        self.calls.append("configure_scheduler")
+        return None
+
     def example_batch(self, batch_size: int) -> Any:
         self.calls.append("example_batch")
         return self.x[:batch_size], self.y[:batch_size]
@@ -244,6 +249,8 @@ _CALLS: dict[str, Callable[[Task], Any]] = {
     "loss": lambda t: t.loss(_MODEL, _BATCH),
     "evaluate": lambda t: _no_grad(lambda: t.evaluate(_MODEL, [_BATCH])),
     "configure_optimizer": lambda t: t.configure_optimizer(_MODEL, {}),
+    "configure_scheduler": lambda t: t.configure_scheduler(torch.optim.SGD(_MODEL.parameters(), lr=0.1), {},
+                                                           epochs=1, max_steps=None),
     "example_batch": lambda t: t.example_batch(4),
 }
 

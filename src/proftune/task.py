@@ -98,6 +98,13 @@ class Task:
         """The optimizer named by ``params["optimizer"]`` (default AdamW, lr 1e-3)."""
         return build_optimizer(model.parameters(), params)
 
+    def configure_scheduler(self, optimizer: torch.optim.Optimizer, params: dict[str, Any], *,
+                            epochs: int | None, max_steps: int | None) -> Any:
+        """A learning-rate schedule the fit loop steps after every optimizer step (an
+        ``LRScheduler``), planned for the run's ``epochs`` and ``max_steps`` (either may be None);
+        None (the default): the rate stays as the optimizer has it."""
+        return None
+
     def example_batch(self, batch_size: int) -> Any:
         """One batch for profiling; the default is the first batch of ``train_data``."""
         params = dict(self.default_params)
@@ -166,6 +173,10 @@ class TaskWrapper(Task):
 
     def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
         return self.inner.configure_optimizer(model, params)
+
+    def configure_scheduler(self, optimizer: torch.optim.Optimizer, params: dict[str, Any], *,
+                            epochs: int | None, max_steps: int | None) -> Any:
+        return self.inner.configure_scheduler(optimizer, params, epochs=epochs, max_steps=max_steps)
 
     def example_batch(self, batch_size: int) -> Any:
         return self.inner.example_batch(batch_size)

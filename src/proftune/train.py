@@ -117,6 +117,8 @@ class FitState:
     #: When True the loop synchronises the device around each phase so that timings are exact.
     sync_timing: bool = False
     scaler: Any = None
+    #: The task's learning-rate schedule (``Task.configure_scheduler``), stepped after each step.
+    scheduler: Any = None
 
     def request_stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step."""
@@ -370,8 +372,9 @@ def fit(
     optimizer = task.configure_optimizer(model, merged)
     scaler = spec.grad_scaler(dev.type)
 
+    scheduler = task.configure_scheduler(optimizer, merged, epochs=epochs, max_steps=max_steps)
     state = FitState(task=task, model=model, optimizer=optimizer, params=merged, device=dev,
-                     batch_size=bs, scaler=scaler)
+                     batch_size=bs, scaler=scaler, scheduler=scheduler)
     started = time.perf_counter()
     try:
         for cb in callbacks:
@@ -485,6 +488,8 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, spec: StepSpec
         }
         state.curves["step"].append({"step": state.step, "epoch": state.epoch, "loss": state.loss,
                                      "lr": state.lr, "samples": n})
+        if state.scheduler is not None:  # the rate of the next step; the curve holds this step's
+            state.scheduler.step()
         if not math.isfinite(state.loss):
             state.record_anomaly("nan_loss", loss=state.loss)
             if stop_on_nan:

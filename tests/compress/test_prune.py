@@ -129,3 +129,27 @@ def test_selection_breaks_latency_ties_by_batch_latency_and_respects_the_budget(
     mark_pareto(cands, "latency_ms", metric_up=True)
     assert [x.pareto for x in cands] == [True, True, False, True]
     assert select(cands, "latency_ms", 0.001) is None
+
+
+def test_sensitivity_rows_and_their_chart_name_each_layer_by_what_it_is() -> None:
+    """digits-cnn is an nn.Sequential: its layers' paths are 0, 3, 7, ...; the chart says what each is."""
+    from types import SimpleNamespace
+
+    from proftune.compress._sensitivity import layer_sensitivity
+    from proftune.report import sensitivity_chart
+    from proftune.report._html import Section
+
+    task = load_task("digits-cnn")
+    torch.manual_seed(0)
+    model = task.build_model(dict(task.default_params)).eval()
+    x = torch.randn(4, 1, 8, 8)
+    sens = layer_sensitivity(model, x, ratio=0.5, baseline=1.0, score=lambda m: 1.0, ignored=[model[-1]])
+    modules = {s.layer: s.module for s in sens}
+    assert modules["0"] == "Conv2d 1→16 3x3"
+    assert modules["13"] == "Linear 256→64"
+    section = Section("s", "s")
+    sensitivity_chart(section, SimpleNamespace(metric="accuracy",
+                                               sensitivity=[{**vars(s)} for s in sens] + [{"layer": "old", "drop": 0.0}]))
+    labels = section.blocks[0].figure["data"][0]["y"]
+    assert "0 · Conv2d 1→16 3x3" in labels
+    assert "old" in labels  # a record from before the rows named their module: the path alone

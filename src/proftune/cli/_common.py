@@ -201,6 +201,9 @@ LIBRARY_ARGUMENTS = {
     "params": "param",
     "methods": "method",  # compress(methods=...): its --method is repeated
     "uri": "mlflow",  # report.export_mlflow(run, uri): export's --mlflow
+    # recommend(): its time budgets in seconds (the command takes a duration, 300 or 5min)
+    "embedding_budget_s": "embedding_budget",
+    "optimizer_budget_s": "optimizer_budget",
 }
 
 

@@ -27,6 +27,20 @@ class LayerSensitivity:
     params: int
     ratio: float
     drop: float
+    #: What the layer is, for a reader: ``Conv2d 16→32 3x3``, ``Linear 256→64`` (its module path
+    #: alone is ``0``, ``5``, ``10`` in an ``nn.Sequential``).
+    module: str = ""
+
+
+def describe_layer(layer: nn.Module) -> str:
+    """The layer's type and shape, as a chart labels it: ``Conv2d 16→32 3x3``, ``Linear 256→64``."""
+    kind = type(layer).__name__
+    if isinstance(layer, nn.modules.conv._ConvNd):
+        size = "x".join(str(k) for k in layer.kernel_size)
+        return f"{kind} {layer.in_channels}→{layer.out_channels} {size}"
+    if isinstance(layer, nn.Linear):
+        return f"{kind} {layer.in_features}→{layer.out_features}"
+    return kind
 
 
 def layer_sensitivity(
@@ -53,7 +67,7 @@ def layer_sensitivity(
         prune_structured(trial, example, 0.0, importance=importance, ignored=trial_ignored,
                          round_to=round_to, ratio_dict={target: ratio}, taylor_loss=taylor_loss)
         out.append(LayerSensitivity(layer=name, params=sum(p.numel() for p in layer.parameters()),
-                                    ratio=ratio, drop=baseline - score(trial)))
+                                    ratio=ratio, drop=baseline - score(trial), module=describe_layer(layer)))
     return out
 
 

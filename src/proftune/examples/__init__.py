@@ -1,4 +1,5 @@
-"""Built-in tasks on real data that ships with scikit-learn (and synthetic vision and recommender tasks).
+"""Built-in tasks on real data that ships with scikit-learn or Python itself (and synthetic vision
+and recommender tasks).
 
 ``proftune tasks`` lists them; any command takes their name in place of a task file.
 """
@@ -42,6 +43,11 @@ BUILTIN_TASKS: dict[str, BuiltinTask] = {
     "implicit-two-tower": BuiltinTask(
         "proftune.examples._recsys:ImplicitTwoTower",
         "generated implicit feedback (Zipf items, latent rank 8), two-tower recommender at dim 64",
+    ),
+    "char-gpt": BuiltinTask(
+        "proftune.examples._chargpt:CharGPTTask",
+        "character-level GPT, nanoGPT's CPU shape (4x4x128, block 64, batch 12, 2000 steps, warm-up + cosine) "
+        "on ~3 MB of the Python standard library's own sources; minutes per training",
     ),
     "resnet18-synthetic": BuiltinTask(
         "proftune.examples._vision:ResNet18Synthetic",

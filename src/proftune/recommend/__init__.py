@@ -30,8 +30,10 @@ from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, comp
 from ._recommendation import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
+    MeasuredEffect,
     Recommendation,
     Recommendations,
+    keep_unless_better,
 )
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import ScalingRule, optimizer_family, scale_lr
@@ -49,6 +51,7 @@ __all__ = [
     "LRFindConfig",
     "LRFindResult",
     "LRRangeCallback",
+    "MeasuredEffect",
     "MemoryProbe",
     "NoiseScaleCallback",
     "NoiseScaleResult",
@@ -65,6 +68,7 @@ __all__ = [
     "find_batch_size",
     "format_bytes",
     "hashed_remap",
+    "keep_unless_better",
     "lr_find",
     "noise_scale",
     "optimizer_family",

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..exceptions import ConfigError
 from ..profile import DDPScaling, fit_scaling, profile_ddp_batches
-from ._recommendation import Recommendation
+from ._recommendation import MeasuredEffect, Recommendation, keep_unless_better
 from ._scaling import scale_lr
 
 __all__ = ["DDP_SHARE", "DDPPlan", "measure_and_plan", "plan_ddp_batch"]
@@ -130,11 +130,11 @@ def ddp_recommendation(scaling: DDPScaling, plan: DDPPlan, *, lr: float | None, 
                 f"({scaling.backend}, {n} ranks); step {scaling.fixed_ms:.2f} ms + {scaling.per_sample_ms:.3f} ms "
                 f"per sample (fitted through batches {', '.join(str(p.batch_size) for p in scaling.points)})")
     if plan.limited_by == "noise":
-        return Recommendation("ddp_batch_size", plan.current,
-                              f"keep {plan.current} per rank: the measured DDP step did not grow with the batch "
-                              f"(slope {scaling.per_sample_ms:.3g} ms per sample), so the load on this machine "
-                              f"hides the compute; profile again on an idle machine. {measured}.",
-                              evidence, "low", "")
+        return keep_unless_better(
+            Recommendation("ddp_batch_size", plan.current, f"{measured}.", evidence, "low", ""), plan.current,
+            inconclusive=(f"the measured DDP step did not grow with the batch (slope {scaling.per_sample_ms:.3g} "
+                          "ms per sample), so the load on this machine hides the compute"),
+            would_decide="the DDP step profiled again on an idle machine")
     if plan.batch_size == plan.current and plan.needed <= plan.current:
         reason = (f"keep {plan.current} per rank: the all-reduce takes {plan.current_share:.0%} of the step, "
                   f"within the {plan.share:.0%} target. {measured}.")
@@ -149,4 +149,6 @@ def ddp_recommendation(scaling: DDPScaling, plan: DDPPlan, *, lr: float | None, 
     effect = (f"predicted {plan.predicted_throughput:.0f} samples/s over {n} ranks at {plan.batch_size} per rank, "
               f"against {plan.current_throughput:.0f} at {plan.current} ({gain:+.0%}); all-reduce "
               f"{plan.current_share:.0%} -> {plan.predicted_share:.0%} of the step")
-    return Recommendation("ddp_batch_size", plan.batch_size, reason, evidence, "medium", effect)
+    row = Recommendation("ddp_batch_size", plan.batch_size, reason, evidence, "medium", effect)
+    return keep_unless_better(row, plan.current, effect=MeasuredEffect(
+        "throughput", plan.current_throughput, plan.predicted_throughput, True))

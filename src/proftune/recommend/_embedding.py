@@ -31,7 +31,8 @@ from ..metrics import direction
 from ..profile import Profile
 from ..task import Task
 from ..train import Callback, EarlyStopping, FitResult, FitState, fit, seed_everything
-from ._recommendation import Recommendation
+from ._full_batches import samples_per_epoch
+from ._recommendation import MeasuredEffect, Recommendation, keep_unless_better
 
 __all__ = ["FactorizedEmbedding", "HashedRows", "TablePlan", "plan_table", "recommend_embedding_dim"]
 
@@ -43,6 +44,8 @@ ROWS_PER_BUCKET = 8
 MIN_DIM = 8
 #: The recommended width keeps this share of the trained table's energy above the noise floor.
 SIGNAL_ENERGY = "95%"
+#: The resized model ties the original when its best metric is within this share of the original's.
+METRIC_TIE = 0.01
 
 
 class FactorizedEmbedding(nn.Module):
@@ -114,11 +117,18 @@ class TablePlan:
                 "min_count": self.min_count, "rows_kept": self.rows_kept, "hash_buckets": self.buckets}
 
 
+def spectrum_is_noise(spectrum: Any) -> bool:
+    """Whether no singular value of the trained table stands above the noise floor."""
+    return int(spectrum.signal_rank) == 0
+
+
 def plan_table(stats: Any, spectrum: Any, counts: torch.Tensor) -> TablePlan:
     """The plan for one table from its index stats and spectrum (``proftune.profile`` records)."""
     dim = int(stats.dim)
     signal = int(spectrum.signal_dims.get(SIGNAL_ENERGY, spectrum.signal_rank) or 1)
-    new_dim = dim if dim < MIN_DIM else max(1, min(dim, signal))
+    # a spectrum with nothing above the noise floor says the table has not learned yet, not that
+    # it needs one column: its width is kept (see recommend_embedding_dim)
+    new_dim = dim if dim < MIN_DIM or spectrum_is_noise(spectrum) else max(1, min(dim, signal))
     if new_dim >= 16:
         new_dim = min(dim, 8 * math.ceil(new_dim / 8))  # friendlier to matmul kernels
     rare_rows = stats.rows - stats.rows_for_99
@@ -276,6 +286,31 @@ class _Trained:
     cut: bool
 
 
+def _short(task: Task, trained: _Trained) -> bool:
+    """Stopped by the time budget before the task's own epochs: too short a training to decide."""
+    return trained.cut and trained.result.epochs <= task.default_epochs
+
+
+def _epoch_seconds(task: Task, params: dict[str, Any], result: FitResult) -> float:
+    """Seconds one epoch took here: the median full epoch, else the partial first one scaled up."""
+    epochs = result.curves["epoch"]
+    full = sorted(float(e["epoch_s"]) for e in epochs[:-1])
+    if full:
+        return full[len(full) // 2]
+    bs = int(params.get("batch_size", 32))
+    per_epoch = samples_per_epoch(task, params, batch_size=bs, stop_after=1 << 30)
+    return result.duration_s * per_epoch / max(1, result.samples)
+
+
+def _needed_budget(task: Task, params: dict[str, Any], result: FitResult) -> str:
+    """What would decide: the budget for two trainings of the task's own epochs at this machine's pace."""
+    epoch_s = _epoch_seconds(task, params, result)
+    need = 2 * task.default_epochs * epoch_s * 1.1
+    return (f"embedding_budget_s={math.ceil(need)} (two trainings of the task's {task.default_epochs} epochs "
+            f"at ~{epoch_s:.1f} s per epoch measured here; the {result.epochs} epoch(s) that ran "
+            f"took {result.duration_s:.1f} s)")
+
+
 def _train_to_best(task: Task, params: dict[str, Any], metric: str, cfg: EmbeddingConfig, *, epochs: int,
                    device: torch.device, model: nn.Module | None = None,
                    extra: tuple[Callback, ...] = ()) -> _Trained:
@@ -316,9 +351,26 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
                                 "metric": metric, "max_epochs": epochs, "patience": cfg.patience,
                                 "seed": cfg.seed}
     value = {p.table: p.new_dim for p in plans}
+    current = {p.table: p.dim for p in plans}
+    if _short(task, original):
+        # the spectrum of a training cut short is that of a table still learning: nothing to read
+        row = Recommendation("embedding_dim", value, _reason(plans, stats, spectra, "") + ".", evidence, "low", "")
+        return keep_unless_better(
+            row, current, would_decide=_needed_budget(task, params, original.result),
+            inconclusive=(f"the original model's training hit the time budget after {original.result.epochs} "
+                          f"of the task's {task.default_epochs} epochs, so its tables' spectra are those of "
+                          "a model still learning"))
+    noise = [p.table for p in plans if p.dim >= MIN_DIM and spectrum_is_noise(spectra[p.table])]
     if all(p.new_dim == p.dim and p.rows_kept is None for p in plans):
-        return Recommendation("embedding_dim", value, _reason(plans, stats, spectra, "keep every table: ") + ".",
-                              evidence, "medium", "none: every table uses its columns")
+        row = Recommendation("embedding_dim", value, _reason(plans, stats, spectra, "keep every table: ") + ".",
+                             evidence, "medium", "none: every table uses its columns")
+        if not noise:
+            return row
+        return keep_unless_better(
+            row, current, inconclusive=_noise_text(noise, spectra, original),
+            would_decide=("a training in which the tables learn: more epochs or more "
+                          "interactions per row" + (f"; {_needed_budget(task, params, original.result)}"
+                                                    if original.cut else "")))
     seed_everything(cfg.seed)
     small, small_params, how = _resized(task, params, plans, counter.counts)
     resized = _train_to_best(task, small_params, metric, cfg, epochs=epochs, device=device, model=small)
@@ -326,18 +378,30 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
     e.update(_effect(task, params, small_params, original, resized, metric))
     e["built"] = how
     e["params_to_set"] = {k: v for k, v in small_params.items() if params.get(k) != v}
-    cut = original.cut or resized.cut
     up = direction(metric, task=task) == "max"
-    drop = (e["original_metric"] - e["resized_metric"]) if up else (e["resized_metric"] - e["original_metric"])
     effect = (f"params {e['original_params']:,} -> {e['resized_params']:,} ({-e['params_saved']:+,}), MACs "
               f"{e['original_macs']:,} -> {e['resized_macs']:,}, training memory {e['memory_saved_bytes'] / 2**20:.2f} "
               f"MiB less; retrained: best {metric} {e['resized_metric']:.4g} (epoch {resized.best_epoch}) vs "
               f"{e['original_metric']:.4g} (epoch {original.best_epoch}) at the original size")
-    confidence = "low" if cut else ("medium" if drop <= 0.01 * max(abs(e["original_metric"]), 1e-9) else "low")
     reason = _reason(plans, stats, spectra, "") + f". Built as: {how}."
-    if cut:
-        reason += " A training hit the time budget before its epochs: the figures are from a shorter run."
-    return Recommendation("embedding_dim", value, reason, evidence, confidence, effect)
+    if noise:
+        reason += f" {_noise_text(noise, spectra, original)}: their widths are kept."
+    row = Recommendation("embedding_dim", value, reason, evidence, "medium", effect)
+    measured = MeasuredEffect(metric, float(e["original_metric"]), float(e["resized_metric"]), up,
+                              tie=METRIC_TIE * max(abs(float(e["original_metric"])), 1e-9))
+    if _short(task, resized):
+        return keep_unless_better(
+            row, current, effect=measured, would_decide=_needed_budget(task, small_params, resized.result),
+            inconclusive=(f"the resized model's training hit the time budget after {resized.result.epochs} of "
+                          f"the task's {task.default_epochs} epochs"))
+    return keep_unless_better(row, current, effect=measured)
+
+
+def _noise_text(noise: list[str], spectra: dict[str, Any], original: _Trained) -> str:
+    tables = ", ".join(f"{n} (0 singular values above the noise floor {spectra[n].noise_threshold:.3g})"
+                       for n in noise)
+    return (f"the trained spectrum of {tables} is still noise after {original.result.epochs} epoch(s): "
+            "the table has not learned enough to show the width it needs")
 
 
 def _effect(task: Task, params: dict[str, Any], small_params: dict[str, Any], original: _Trained,
@@ -380,6 +444,9 @@ def _reason(plans: list[TablePlan], stats: dict[str, Any], spectra: dict[str, An
                 f"{st.top1_share:.0%}/{st.top10_share:.0%} of lookups{zipf}; ")
         if p.dim < MIN_DIM:
             part += f"narrower than {MIN_DIM}: its width is kept"
+        elif spectrum_is_noise(sp):
+            part += (f"trained spectrum: 0 singular values above the noise floor {sp.noise_threshold:.3g} "
+                     f"(still noise; stable rank {sp.stable_rank:.1f}) -> its width {p.dim} is kept")
         else:
             part += (f"trained spectrum: {sp.signal_rank} singular values above the noise floor "
                      f"{sp.noise_threshold:.3g}, 95% of the energy above it in {sp.signal_dims.get('95%')} dims "

@@ -31,7 +31,7 @@ from ..task import Task, TaskWrapper
 from ..train import Callback, FitState, build_optimizer, evaluate_model, fit, seed_everything
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult, run_lr_range_test
-from ._recommendation import Recommendation
+from ._recommendation import MeasuredEffect, Recommendation, keep_unless_better
 
 __all__ = ["CompareConfig", "OptimizerComparison", "OptimizerTrial", "compare_optimizers", "gradient_noise",
            "optimizer_recommendation"]
@@ -418,7 +418,11 @@ def optimizer_recommendation(comp: OptimizerComparison) -> Recommendation:
     mine = comp.trial(comp.current)
     evidence["params"] = dict(chosen.params) if chosen is not None else {"optimizer": comp.current}
     if not comp.trials:
-        return Recommendation("optimizer", comp.current, f"keep {comp.current}: {comp.reason}.", evidence, "low", "")
+        return keep_unless_better(
+            Recommendation("optimizer", comp.current, f"{comp.reason}.", evidence, "low", ""), comp.current,
+            inconclusive="no optimizer trained long enough to be compared",
+            would_decide=(f"a larger optimizer_budget_s (each range test needs {MIN_RANGE_STEPS} steps and each "
+                          f"optimizer {MIN_STEPS} steps, at the profiled step time)"))
     noise = comp.noise
     heard = ""
     if "kurtosis" in noise:
@@ -440,4 +444,15 @@ def optimizer_recommendation(comp: OptimizerComparison) -> Recommendation:
         effect = f"validation loss {chosen.val_loss:.4g} after {chosen.time_s:.2f} s"
         if mine is not None and mine is not chosen:
             effect += f" against {mine.val_loss:.4g} for {comp.current} ({margin:.0%} lower)"
-    return Recommendation("optimizer", comp.choice, reason, evidence, confidence, effect)
+    row = Recommendation("optimizer", comp.choice, reason, evidence, confidence, effect)
+    if chosen is None or comp.choice == comp.current:
+        return row
+    if mine is None:  # the task's own optimizer has no figure beside the other's: nothing is compared
+        why = next((x["why"] for x in comp.skipped if x["optimizer"] == comp.current), "it was not trained")
+        return keep_unless_better(
+            row, comp.current, inconclusive=f"the task's {comp.current} has no validation loss to compare ({why})",
+            would_decide=f"a range test of {comp.current} that finds a rate (a wider min_lr..max_lr), then the comparison")
+    _, se = paired_gain(mine, chosen)
+    tie = max(KEEP_TOLERANCE * abs(mine.val_loss), NOISE_SIGMAS * se if se is not None else 0.0)
+    return keep_unless_better(row, comp.current, effect=MeasuredEffect("val_loss", mine.val_loss, chosen.val_loss,
+                                                                      False, tie=tie))

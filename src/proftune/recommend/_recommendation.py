@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -59,6 +60,80 @@ class Recommendation:
             return cls(**kw)
         except ValueError as exc:  # an unknown name or confidence
             raise ConfigError(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class MeasuredEffect:
+    """What a recommended value did where it was tried beside the current one: ``metric`` at the
+    current value and at the proposed one, its direction, and ``tie``, the difference (in metric
+    units) within which the two are equal (the measurement's noise or resolution)."""
+
+    metric: str
+    current: float
+    proposed: float
+    maximize: bool
+    tie: float = 0.0
+
+    @property
+    def worse_by(self) -> float:
+        """How much worse the proposed value measured (negative: better); inf when it gave no figure."""
+        if not math.isfinite(self.proposed):
+            return math.inf
+        return (self.current - self.proposed) if self.maximize else (self.proposed - self.current)
+
+    @property
+    def worse(self) -> bool:
+        """Worse beyond the tie: the current value is better (a current value without a figure
+        cannot be compared, and then nothing is worse)."""
+        return math.isfinite(self.current) and self.worse_by > self.tie
+
+    def text(self) -> str:
+        return (f"{self.metric} {self.proposed:.4g} against {self.current:.4g} at the current value "
+                f"({'higher' if self.maximize else 'lower'} is better; a tie within {self.tie:.2g})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "current": self.current, "proposed": self.proposed,
+                "maximize": self.maximize, "tie": self.tie}
+
+
+def keep_unless_better(rec: Recommendation, current: Any, *, effect: MeasuredEffect | None = None,
+                       inconclusive: str | None = None, would_decide: str = "") -> Recommendation:
+    """The one rule of every recommendation: ``rec`` stands only where its value's own measured
+    effect is no worse than the current value's and the measurement could decide. A measured-worse
+    value (``effect.worse``) or an ``inconclusive`` measurement (a training stopped by its time
+    budget, a spectrum that is still noise: the text says which) gives the current value instead,
+    its reason saying why, with the numbers, and ``would_decide``: the time or data that would."""
+    if inconclusive is None and (effect is None or not effect.worse):
+        return rec
+    if rec.value == current:
+        why = inconclusive if inconclusive is not None else ""
+    elif inconclusive is not None:
+        why = f"the measurement is inconclusive: {inconclusive}"
+    else:
+        assert effect is not None
+        why = f"its own measured effect is worse: {effect.text()}"
+    head = f"keep the current value {_shown(current)}" + (
+        f", not {_shown(rec.value)}" if rec.value != current else "")
+    reason = f"{head}: {why.rstrip('.')}." if why else f"{head}."
+    if would_decide:
+        reason += f" What would decide it: {would_decide.rstrip('.')}."
+    reason += f" Measured: {rec.reason}"
+    evidence = {**rec.evidence, "proposed": rec.value, "current": current,
+                "kept_current": "inconclusive" if inconclusive is not None else "measured worse",
+                "would_decide": would_decide or None}
+    if effect is not None:
+        evidence["measured_effect"] = effect.to_dict()
+    if evidence.get("params_to_set"):  # what the proposal would set: nothing is set now
+        evidence["proposed_params"], evidence["params_to_set"] = evidence["params_to_set"], {}
+    return Recommendation(rec.name, current, reason, evidence, "low",
+                          f"none: the current value is kept ({rec.effect})" if rec.effect else
+                          "none: the current value is kept")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return str(value)
 
 
 #: Bumped when a field of :class:`Recommendations`'s JSON changes meaning.

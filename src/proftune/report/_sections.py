@@ -743,13 +743,20 @@ def sensitivity_chart(ss: Section, rep: CompressResult) -> None:
     sens = [x for x in rep.sensitivity if isinstance(x, Mapping)]
     if sens:
         ordered = sorted(sens, key=lambda x: finite(x.get("drop")) or 0)
-        ss.chart({"data": [bar([x.get("drop") for x in ordered], [str(x.get("layer")) for x in ordered],
+        ss.chart({"data": [bar([x.get("drop") for x in ordered], [_layer_name(x) for x in ordered],
                                f"{metric} drop", orientation="h", color=PALETTE[3])],
                   "layout": layout(f"{metric} drop when one layer alone is pruned", x=f"{metric} drop",
-                                   height=max(260, 60 + 24 * len(ordered)), margin={"l": 120})},
+                                   height=max(260, 60 + 24 * len(ordered)), margin={"l": 200})},
                  side=ss.side(lambda t: t.table(["layer", "params", "ratio", "drop"],
-                                                [[x.get("layer"), x.get("params"), x.get("ratio"), x.get("drop")]
+                                                [[_layer_name(x), x.get("params"), x.get("ratio"), x.get("drop")]
                                                  for x in sens])))
+
+
+def _layer_name(row: Mapping[str, Any]) -> str:
+    """A sensitivity row's layer by its path and what it is (``5 · Conv2d 16→32 3x3``); a record
+    from before the rows named their module shows the path alone."""
+    module = row.get("module")
+    return f"{row.get('layer')} · {module}" if module else str(row.get("layer"))
 
 
 # -- tune / study -----------------------------------------------------------------------------------------
