@@ -143,8 +143,9 @@ def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: s
     search = next(s for s in d["stages"] if s["name"] == "search")
     # ended by the auto-stop, early in trials (not in seconds: how fast trials run is the machine's)
     assert search["outputs"]["stop_reason"].startswith("auto-stop"), search["outputs"]["stop_reason"]
-    # it had more time (all the later stages do not need) and stopped itself before it was spent
-    assert search["outputs"]["seconds"] >= search["share_s"]
+    # it had the time the planned race and compression leave (about its share or more), and
+    # stopped itself before it was spent
+    assert search["outputs"]["seconds"] >= 0.8 * search["share_s"]
     assert search["duration_s"] < 0.9 * search["outputs"]["seconds"]
     assert "ended early" in d["stop_reason"]
 
