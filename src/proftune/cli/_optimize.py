@@ -74,6 +74,8 @@ def optimize_command(
     def progress(event: str, data: dict[str, Any]) -> None:
         if event == "stage_start":
             err_console.print(f"[bold]{data['stage']}[/] (share {data['share_s']:.0f} s)", highlight=False)
+        elif event == "plan":
+            err_console.print(f"[bold]plan[/]: {escape(str(data['text']))}", highlight=False)
         elif event == "stage_reused":
             err_console.print(f"[dim]{data['stage']}: finished before, reused[/]", highlight=False)
         elif event == "yellow_flag":

@@ -36,9 +36,10 @@ from ..train import Callback, FitState, evaluate_model, fit, validate_params
 from ._budget import OPTIMIZE_STAGES, Budget, Deadline
 from ._changes import ParamChange, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
-from ._decide import pooled_seed_std, prior_seed_std
+from ._decide import ALPHA, pooled_seed_std, prior_seed_std
 from ._final import (
     MAX_CANDIDATES,
+    MAX_ROUNDS,
     RESERVED_CANDIDATES,
     RUN_OVERHEAD_S,
     Arm,
@@ -48,6 +49,7 @@ from ._final import (
 )
 from ._layer_value import LayerFinding, keep_layers, layer_values
 from ._output import load_line, write_html, write_outputs, write_summary
+from ._plan import BudgetPlan, paired_seeds_needed, plan_budget
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -186,6 +188,8 @@ class _Loop:
         self.state.save()
         self.say("stage_end", {"stage": name, "duration_s": duration, "status": res.status,
                                "before": res.before, "after": res.after})
+        if name == "baseline":  # the plan, as soon as one training's time is measured
+            self.say("plan", {"text": self._budget_plan().describe()})
 
     # -- stages -------------------------------------------------------------------------------
     def baseline(self, share: float, end: float) -> _StageResult:
@@ -298,6 +302,41 @@ class _Loop:
     def _epoch_s(self) -> float:
         return max(float(self.state.record(BaselineOutputs).epoch_s or 1.0), 1e-3)
 
+    def _race_seeds(self) -> int:
+        """Paired seeds the race plans for: enough to detect, at the decision's confidence, the
+        gain the search measured given the seeds' spread (``--seeds`` at least; before the
+        search, ``--seeds``)."""
+        low = int(self.cfg.seeds)
+        if not self.state.finished("search"):
+            return low
+        srch = self.state.record(SearchStageOutputs)
+        if srch.best is None or srch.defaults is None:
+            return low
+        gain = abs(srch.best.mean - srch.defaults.mean)
+        std = prior_seed_std(srch.seed_std, metric=self.v.metric, val_samples=self.holdout.val_samples,
+                             level=finite_float(srch.defaults.mean))
+        from ._final import _resolution
+
+        return paired_seeds_needed(seed_std=std, gain=gain, resolution=_resolution(self.v.metric, self.holdout.val_samples),
+                                   alpha=ALPHA, low=low, high=max(low, MAX_ROUNDS))
+
+    def _budget_plan(self, *, search_done: bool = False) -> BudgetPlan:
+        """What the seconds left hold at the task's own protocol (made again from measured times
+        before each stage that depends on it)."""
+        full = self.task.default_epochs
+        # the stages before the search that have not run yet take their shares from what is left
+        pending = [s for s in ("health", "compute", "layer_value") if not self.state.finished(s)]
+        after = self._compress_reserve() + sum(self.budget.stage_s(s) for s in pending)
+        seeds, finalists = self._race_seeds(), 1 if search_done else RESERVED_CANDIDATES
+
+        def plan(trial_epochs: int) -> BudgetPlan:
+            return plan_budget(full_epochs=full, epoch_s=self._epoch_s(), run_overhead_s=RUN_OVERHEAD_S,
+                               left_s=self.budget.left_s, spent_s=self.budget.elapsed_s,
+                               budget_s=self.v.budget_s, after_s=after, seeds=seeds, finalists=finalists,
+                               trial_epochs=trial_epochs, search_done=search_done)
+
+        return plan(self._trial_epochs(plan(full).search_s))
+
     def _trial_epochs(self, seconds: float) -> int:
         """Epochs of every search trial and of the race's candidates: the task's own (the
         protocol the defaults are judged by), unless the search's time cannot hold about six
@@ -330,13 +369,14 @@ class _Loop:
         plan = build_plan(self.task, comp.computed, user_space=self.cfg.space,
                           max_batch=comp.max_batch_size, samples=_samples(self.task, self.defaults))
         compress_min = self._compress_reserve()
-        room = max(share, self.budget.left_s - compress_min)
-        # the final race at the task's epochs comes first; what is left is the search's
-        epochs = self._trial_epochs(room - self._final_reserve(self.task.default_epochs))
+        budget_plan = self._budget_plan()
+        self.say("plan", {"text": budget_plan.describe()})
+        epochs = budget_plan.trial_epochs
         epoch_s = self._epoch_s()
+        race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
 
         def reserve(trial_s: float) -> float:
-            return self._final_reserve(epochs, trial_s, candidates=RESERVED_CANDIDATES) + compress_min
+            return race_s + compress_min
 
         # (the budget already excludes what an earlier, killed process spent: the clock resumes)
         seconds = max(1.0, self.budget.left_s - reserve(0.0))
@@ -376,7 +416,7 @@ class _Loop:
             flags=list(outcome.flags), stop_reason=outcome.stop_reason,
             early=outcome.early, arms=outcome.arms, counts=counts,
             trials=len(outcome.trials), search_calls=outcome.search_calls,
-            history=[list(h) for h in outcome.history], trials_file="search_trials.json",
+            history=[list(h) for h in outcome.history], trials_file="search_trials.json", budget_plan=budget_plan,
             duration_s=outcome.duration_s, seconds=seconds,
             seed_std=pooled_seed_std((g.std, g.n) for g in [*outcome.groups, *filter(None, [outcome.defaults])]),
             # every trial as the report draws it (its arm, state and why it ended)
@@ -389,46 +429,52 @@ class _Loop:
         """The defaults and the search's best, same seeds, same protocol; keep the defaults unless
         a configuration beats them beyond noise; held-out figures for both."""
         srch = self.state.record(SearchStageOutputs)
-        epochs = int(srch.epochs_per_trial or self._trial_epochs(share))
+        # every arm trains at the task's own protocol: the defaults as the user runs them, and the
+        # search's finalists promoted from the trials' fidelity to it (never a shortened copy)
+        epochs = self.task.default_epochs
         base_epoch_s = self._epoch_s()
+        budget_plan = self._budget_plan(search_done=True)
+        race_notes: list[str] = []
         fixed = srch.fixed()
         defaults_key = _params_key(self.defaults)
-        candidates: list[Arm] = []
+        trial_epochs = int(srch.epochs_per_trial or epochs)
+        proposals: list[Arm] = []
         for g in srch.top:  # the groups the search measured, best first
             params = validate_params({**self.defaults, **fixed, **g.params})
-            if _params_key(params) == defaults_key or len(candidates) >= MAX_CANDIDATES:
+            if _params_key(params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
                 continue
-            candidates.append(Arm(
-                name=f"search #{len(candidates) + 1}", params=params,
-                source=f"search trials {g.trials} ({', '.join(sorted(set(g.arms)))})",
+            proposals.append(Arm(
+                name=f"search #{len(proposals) + 1}", params=params,
+                source=(f"search trials {g.trials} ({', '.join(sorted(set(g.arms)))}"
+                        + (f", at {trial_epochs} of {epochs} epochs" if trial_epochs < epochs else "") + ")"),
                 search_mean=g.mean, search_std=g.std, search_n=g.n,
-                epoch_s=max(g.trial_s / epochs, base_epoch_s * 0.25)))
+                epoch_s=max(g.trial_s / max(trial_epochs, 1), base_epoch_s * 0.25), epochs=epochs))
+        candidates = proposals
+        # the search's best at the trials' shorter protocol races too: adopted only as a time
+        # gain, where it reaches the defaults' metric at their own protocol
+        shorter = (dataclasses.replace(proposals[0], name=f"{proposals[0].name} at {trial_epochs} epochs",
+                               epochs=trial_epochs) if proposals and trial_epochs < epochs else None)
+        if not budget_plan.race_fits and proposals:
+            shorter = None
+            candidates = []  # the race would compare at a protocol neither the user nor the result uses
+            race_notes.append(budget_plan.describe())
         d_group = srch.defaults
-        # the defaults as the user runs them: their own epochs, whatever the trials could afford;
-        # unless one such run would take more than half the time left (a budget too short for the
-        # task's own protocol): then every arm at the trials' epochs, and the result says so
         hard_end = self.budget.end - min(self._compress_reserve(), MIN_COMPRESS_S)
-        d_epochs, race_notes = self.task.default_epochs, []
-        own_s = d_epochs * base_epoch_s + RUN_OVERHEAD_S
-        if d_epochs != epochs and own_s > 0.5 * (hard_end - time.monotonic()):
-            race_notes.append(f"the defaults' own {d_epochs} epochs (~{own_s:.0f} s at the measured "
-                              f"{base_epoch_s:.2g} s per epoch) do not fit the {hard_end - time.monotonic():.0f} s "
-                              f"left, so every configuration trained {epochs} epoch(s), as the search's trials; "
-                              f"a --budget of at least {self.v.budget_s + 2 * own_s:.0f} s compares at the defaults' own")
-            d_epochs = epochs
         defaults = Arm(name="defaults", params=dict(self.defaults), source="the task's defaults",
-                       search_mean=d_group.mean if d_group is not None and epochs == d_epochs else None,
+                       search_mean=d_group.mean if d_group is not None and trial_epochs == epochs else None,
                        search_std=d_group.std if d_group is not None else None,
-                       search_n=d_group.n if d_group is not None else 0, epoch_s=base_epoch_s, epochs=d_epochs)
+                       search_n=d_group.n if d_group is not None else 0, epoch_s=base_epoch_s, epochs=epochs)
         plan = FinalPlan(metric=self.v.metric, maximize=self.v.maximize, epochs=epochs,
-                         seeds=int(self.cfg.seeds), seed=self.cfg.seed, device=str(self.dev),
+                         seeds=max(int(self.cfg.seeds), budget_plan.seeds), seed=self.cfg.seed, device=str(self.dev),
                          val_samples=self.holdout.val_samples,
                          prior_std=prior_seed_std(srch.seed_std, metric=self.v.metric,
                                                   val_samples=self.holdout.val_samples,
-                                                  level=finite_float(d_group.mean if d_group else None)))
+                                                  level=finite_float(d_group.mean if d_group else None)),
+                         protocol=f"the task's own protocol ({epochs} epochs) for every arm")
         outcome = run_final(self.task, defaults, candidates, plan, store=self.store,
                             end=self.budget.end - self._compress_reserve(), hard_end=hard_end,
-                            cap_end=self.budget.end, folder=self.out, say=self.say, notes=race_notes)
+                            cap_end=self.budget.end, folder=self.out, say=self.say, notes=race_notes,
+                            shorter=shorter)
         chosen = outcome.arm(outcome.chosen)
         params, evidence = self._evidence(chosen, outcome)
         model = self.task.build_model(dict(params))
@@ -439,6 +485,7 @@ class _Loop:
         return _StageResult(FinalOutputs(
             params=params, evidence=evidence, epochs=chosen.epochs or epochs,
             default_epochs=self.task.default_epochs, race=outcome,
+            proposals=[] if candidates else [a.params for a in proposals],
             decision=outcome.decision, chosen=outcome.chosen,
             metric=dataclasses.replace(val, values=[r.val for r in chosen.runs]),
             test=dataclasses.replace(test, values=[r.test for r in chosen.runs]),
@@ -596,7 +643,7 @@ class _Loop:
         if epochs is not None and epochs != default_epochs:  # the race trains the search's arms as they were measured
             rows.append(ParamChange(param="epochs", default=default_epochs, default_from="task", value=epochs,
                                     changed=True, source="computed",
-                                    why="the epochs every search trial ran: what the budget held six full trials of"))
+                                    why="the epochs this arm trained"))
         return rows
 
     def _result(self) -> OptimizeResult:
@@ -657,7 +704,12 @@ class _Loop:
                        if fin.test.mean is not None and d_test.mean is not None else None),
             # what the search proposed, though it was not adopted
             leader_changes=(self._changes(race.arm(race.leader))
-                            if race.leader is not None and race.leader != race.chosen else []),
+                            if race.leader is not None and race.leader != race.chosen else
+                            self._changes(Arm(name="search #1", params=dict(fin.proposals[0]),
+                                              source="the search's best (not raced: the budget could not "
+                                                     "hold a race at the task's own protocol)",
+                                              epochs=self.task.default_epochs))
+                            if fin.proposals else []),
             compression=comp.verdict or comp.skipped,
             compressed_metric=sel.metric if sel is not None else None,
             compressed_test_metric=sel.test_metric if sel is not None else None, **speedups)
@@ -688,6 +740,10 @@ def _decision_line(race: FinalOutcome, metric: str) -> str:
         return "kept the defaults: no searched configuration reached the final race"
     if race.kept_defaults:
         return f"no configuration beat the defaults beyond noise; kept them ({cmp.describe()})"
+    if race.shorter:
+        return (f"{race.chosen} reaches the defaults' {metric} at a shorter protocol: the same result in "
+                f"less training time ({cmp.metric} difference {cmp.gain:+.4g}, lower bound {cmp.lower:+.4g} "
+                f"over {len(cmp.seeds)} paired seeds)")
     return f"{race.chosen} beats the defaults beyond noise ({cmp.describe()})"
 
 

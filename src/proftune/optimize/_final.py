@@ -145,7 +145,8 @@ class FinalOutcome:
     plan: FinalPlan
     arms: list[Arm]
     seeds: list[int]
-    #: "chosen" (a configuration beat the defaults beyond noise) or "defaults" (kept them).
+    #: "chosen" (a configuration beat the defaults beyond noise), "shorter" (a shorter protocol
+    #: reached the defaults' metric: the same result in less training time) or "defaults".
     decision: str
     chosen: str  # the arm whose model is the result
     leader: str | None  # the best challenger on validation (compared with the defaults)
@@ -162,6 +163,11 @@ class FinalOutcome:
     @property
     def kept_defaults(self) -> bool:
         return self.decision == "defaults"
+
+    @property
+    def shorter(self) -> bool:
+        """The result is a shorter protocol at the defaults' metric (a time gain, not a gain)."""
+        return self.decision == "shorter"
 
     def model_run(self) -> ArmRun | None:
         """The run whose model is the result."""
@@ -270,7 +276,7 @@ def _leader(arms: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> Arm | 
 def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalPlan, *,
               store: Store, end: float, hard_end: float | None = None, cap_end: float | None = None,
               folder: Path, say: Callable[[str, dict[str, Any]], None] | None = None,
-              notes: Sequence[str] = ()) -> FinalOutcome:
+              notes: Sequence[str] = (), shorter: Arm | None = None) -> FinalOutcome:
     """Race ``defaults`` and ``candidates`` with paired seeds; the chosen model's state dict is
     left at ``folder / "model.pt"``.
 
@@ -279,13 +285,20 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     no run goes on past ``cap_end`` (the budget's own end: a run slower than measured is cut
     there, not let run over the user's budget). All ``time.monotonic()``. ``notes``: said
     before the race's own.
+
+    ``shorter``: the leader of the search at the search's shorter protocol (fewer epochs). It
+    races beside the others but is never the leader; where no configuration beats the defaults,
+    it is the result only when it reaches their metric: the one-sided lower bound of its paired
+    difference at least minus the metric's resolution (one validation sample), over two seeds
+    or more. Then the result is the same metric in less training time, and says so.
     """
     hard_end = max(end, hard_end if hard_end is not None else end)
     cap = max(hard_end, cap_end if cap_end is not None else math.inf)
     work = folder / "final"
     work.mkdir(parents=True, exist_ok=True)
-    arms = [defaults, *list(candidates)[:MAX_CANDIDATES]]
+    arms = [defaults, *list(candidates)[:MAX_CANDIDATES], *([shorter] if shorter is not None else [])]
     notes = list(notes)
+    short_name = shorter.name if shorter is not None else None
 
     measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
 
@@ -329,7 +342,8 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
         seeds.append(plan.seed + 100 + r)
         run_round([current(n) for n in active], seeds[-1], until=hard_end, stop_at=cap)
         raced = max(raced, len(active) - 1)
-    leader = _leader([arms[0], *(a for a in arms[1:] if a.name in active)], seeds, plan.maximize)
+    leader = _leader([arms[0], *(a for a in arms[1:] if a.name in active and a.name != short_name)],
+                     seeds, plan.maximize)
     # time left: more paired seeds of the leader and the defaults, for a sharper comparison; a
     # round starts only with half its measured time to spare and its runs stop at ``end`` (what
     # comes after, compression, keeps its time: one round that ran long under load took it)
@@ -351,6 +365,26 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
         if comparison.beyond_noise:
             decision, chosen = "chosen", leader
+    short = current(short_name) if short_name is not None else None
+    if decision == "defaults" and short is not None and short_name in active:
+        same = compare_paired(short.values("val", seeds), arms[0].values("val", seeds), seeds=seeds,
+                              metric=plan.metric, maximize=plan.maximize, split="val",
+                              resolution=resolution, alpha=ALPHA / max(1, raced + 1))
+        d_epochs, s_epochs = _epochs(arms[0], plan), _epochs(short, plan)
+        if same.lower is not None and len(same.seeds) >= 2 and same.lower >= -max(resolution, 1e-12):
+            decision, chosen = "shorter", short
+            comparison = same
+            comparison_test = compare_paired(short.values("test", seeds), arms[0].values("test", seeds),
+                                             seeds=seeds, metric=plan.metric, maximize=plan.maximize,
+                                             split="test", alpha=ALPHA)
+            leader = short
+            notes.append(f"{short.name} at {s_epochs} of {d_epochs} epochs reached the defaults' {plan.metric} "
+                         f"(the lower bound of its paired difference {same.lower:+.4g} is within one validation "
+                         f"sample, {resolution:.4g}): the same {plan.metric} in {s_epochs / d_epochs:.0%} of the "
+                         "training time")
+        else:
+            notes.append(f"{short.name} at {s_epochs} of {d_epochs} epochs did not reach the defaults' "
+                         f"{plan.metric} at their own protocol ({same.describe()}): not adopted")
     # the model handed back is the chosen configuration's best seed on validation (a choice made
     # on selection data, like every other); its held-out figure is reported on its own
     ran = [r for r in chosen.runs if r.val is not None and not r.cut] or list(chosen.runs)

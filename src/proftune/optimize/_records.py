@@ -23,6 +23,7 @@ from ..diagnose import Finding
 from ..exceptions import ConfigError
 from ._final import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
+from ._plan import BudgetPlan
 from ._search import ConfigGroup, TrialLog, YellowFlag
 from ._space import SearchPlan
 
@@ -199,7 +200,7 @@ class SearchStageOutputs(StageOutputs):
     READERS: ClassVar[dict[str, Reader]] = {
         "best": optional(ConfigGroup.from_dict), "top": each(ConfigGroup.from_dict),
         "defaults": optional(ConfigGroup.from_dict), "flags": each(YellowFlag.from_dict),
-        "trials_log": each(TrialLog.from_dict)}
+        "trials_log": each(TrialLog.from_dict), "budget_plan": optional(BudgetPlan.from_dict)}
     study: str = ""
     #: ``SearchPlan.to_dict()`` (JSON: a state.json of an older proftune may hold a part of one).
     plan: dict[str, Any] = field(default_factory=dict)
@@ -226,6 +227,8 @@ class SearchStageOutputs(StageOutputs):
     seed_std: float | None = None
     #: Every trial as the report draws it.
     trials_log: list[TrialLog] = field(default_factory=list)
+    #: The budget as planned when the search started (None: a run recorded before plans).
+    budget_plan: BudgetPlan | None = None
 
     def fixed(self) -> dict[str, Any]:
         """The params the space fixed (not searched)."""
@@ -263,6 +266,9 @@ class FinalOutputs(StageOutputs):
     model_val: float | None = None
     model_test: float | None = None
     load: str = ""
+    #: The search's best configurations that did not race (the budget could not hold a race at
+    #: the task's own protocol): proposals, not adopted.
+    proposals: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -170,7 +170,9 @@ class VsBaseline(JsonRecord):
 
     @property
     def adopted(self) -> bool:
-        return self.decision == "chosen"
+        """A configuration replaced the defaults: better beyond noise, or a shorter protocol at
+        their metric (``decision == "shorter"``: a time gain)."""
+        return self.decision in ("chosen", "shorter")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -267,7 +267,10 @@ def tell(result: OptimizeResult) -> Story:
     adopted = vs.adopted
     dv, fv = vs.defaults, vs.final
     seeds = len(final.seeds)
-    if adopted:
+    if vs.decision == "shorter":
+        decision = (f"adopted {vs.leader}: the task's defaults' {metric} (within one validation sample) "
+                    f"in {final.epochs} of their {final.default_epochs} epochs, a time gain")
+    elif adopted:
         decision = f"adopted {vs.leader}: better than the task's defaults beyond noise"
     elif vs.leader:
         decision = f"kept the task's defaults: the search's best ({vs.leader}) is not better beyond noise"
@@ -275,7 +278,8 @@ def tell(result: OptimizeResult) -> Story:
         decision = "kept the task's defaults: no searched configuration reached the final race"
     held = vs.held_out
     lines: list[tuple[str, str]] = [  # (the question a newcomer asks, the answer)
-        ("did it help", ("yes, beyond noise: " if adopted else "no, not beyond noise: ") + _noise(val, metric)),
+        ("did it help", ("the same result in less training time: " if vs.decision == "shorter" else
+                         "yes, beyond noise: " if adopted else "no, not beyond noise: ") + _noise(val, metric)),
         (f"{metric}, validation", f"defaults {_pm(dv.val)} -> result {_pm(fv.val)} "
                                   f"({seeds} paired seed(s); selection on {(held.val_samples if held else None) or '-'}"
                                   " samples)"),
