@@ -177,7 +177,10 @@ class Watcher:
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = id(opt)
         w = self.watched.get(key)
-        closure = kwargs.get("closure", args[0] if args else None)
+        # the hook gets the step's own arguments, the optimizer first
+        lead = args[:1] if args and args[0] is opt else ()
+        rest = args[len(lead):]
+        closure = kwargs.get("closure", rest[0] if rest else None)
         if callable(closure):
             with torch.enable_grad():
                 loss = closure()
@@ -192,7 +195,7 @@ class Watcher:
                 return closure()
 
             # the Monitor's own pre-hook (on the optimizer) runs after this one: after backward
-            return ((), {**{k: v for k, v in kwargs.items() if k != "closure"}, "closure": cached})
+            return (lead, {**{k: v for k, v in kwargs.items() if k != "closure"}, "closure": cached})
         if w is None:
             self._maybe_adopt(opt)
         return None
