@@ -39,15 +39,22 @@ def test_plain_loop_matches_task_profile(tmp_path: Path) -> None:
                               "python", PLAIN, "--steps", "30"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
-    assert d["steps_seen"] == 30 and d["exit_code"] == 0
+    assert d["steps_seen"] == 30
+    assert d["exit_code"] == 0
     watched = Profile.load(out)
-    assert watched.steps == 6 and watched.config["source"] == "watch" and watched.config["model"] == "Sequential"
+    assert watched.steps == 6
+    assert watched.config["source"] == "watch"
+    assert watched.config["model"] == "Sequential"
     ref = profile(_plain_model(), example_input=torch.zeros(32, 64), steps=2, warmup=1)
     assert {lay.name: (lay.params, lay.macs) for lay in watched.layers} == \
         {lay.name: (lay.params, lay.macs) for lay in ref.layers}
-    assert watched.macs == ref.macs and watched.params.total == ref.params.total
-    assert watched.batch_size == 32 and watched.step.time_ms > 0 and watched.step.forward_ms > 0
-    assert watched.step.backward_ms > 0 and watched.grad.norm is not None
+    assert watched.macs == ref.macs
+    assert watched.params.total == ref.params.total
+    assert watched.batch_size == 32
+    assert watched.step.time_ms > 0
+    assert watched.step.forward_ms > 0
+    assert watched.step.backward_ms > 0
+    assert watched.grad.norm is not None
     # time per layer: both profiles put the two big Linears above the small one and the ReLUs
     for p in (watched, ref):
         t = {lay.name: (lay.forward_ms or 0) + (lay.backward_ms or 0) for lay in p.layers}
@@ -55,7 +62,8 @@ def test_plain_loop_matches_task_profile(tmp_path: Path) -> None:
     names = [r["name"] for r in d["recommendations"]]
     assert names == ["precision", "data_loading", "bottleneck", "batch_size"]
     run = Store(db).get_run(d["run_ids"][0])
-    assert run.kind == "profile" and run.status == "finished"
+    assert run.kind == "profile"
+    assert run.status == "finished"
     assert Profile.from_dict(run.result).macs == ref.macs
 
 
@@ -65,10 +73,13 @@ def test_crash_propagates_exit_code_and_keeps_partial_profile(tmp_path: Path) ->
                               "--steps", "30", "--crash-at", "9"])
     assert res.exit_code == 1
     d = json.loads(res.stdout)
-    assert d["error"] == "RuntimeError: crash at step 9" and d["steps_seen"] == 9
-    assert len(d["profiles"]) == 1 and d["profiles"][0]["steps"] == 4
+    assert d["error"] == "RuntimeError: crash at step 9"
+    assert d["steps_seen"] == 9
+    assert len(d["profiles"]) == 1
+    assert d["profiles"][0]["steps"] == 4
     run = Store(db).get_run(d["run_ids"][0])
-    assert run.status == "failed" and "crash at step 9" in (run.error or "")
+    assert run.status == "failed"
+    assert "crash at step 9" in (run.error or "")
     # a clean sys.exit(N) is the command's exit code too
     res = runner.invoke(app, ["run", "--every", "5", "--db", db, "--", "python", PLAIN, "--steps", "10",
                               "--exit-code", "3"])
@@ -77,10 +88,13 @@ def test_crash_propagates_exit_code_and_keeps_partial_profile(tmp_path: Path) ->
 
 def test_inference_script_watches_forward_calls() -> None:
     r = run_script(["python", PLAIN, "--eval", "--steps", "12"], every=3)
-    assert r.exit_code == 0 and len(r.profiles) == 1
+    assert r.exit_code == 0
+    assert len(r.profiles) == 1
     p = r.profiles[0]
-    assert p.mode == "inference" and p.config["optimizer"] is None
-    assert "no optimizer stepped" in r.summary and p.macs == 544_768
+    assert p.mode == "inference"
+    assert p.config["optimizer"] is None
+    assert "no optimizer stepped" in r.summary
+    assert p.macs == 544_768
 
 
 def test_two_optimizers_two_models() -> None:
@@ -118,14 +132,17 @@ def test_closure_optimizer_sees_forward_and_backward() -> None:
             assert opt.step(closure) is not None
     assert len(calls) == 6  # the closure ran once a step, not twice
     p = w.profiles()[0]
-    assert p.step.backward_ms > 0 and p.params.total == 8 * 8 + 8 + 8 * 2 + 2
+    assert p.step.backward_ms > 0
+    assert p.params.total == 8 * 8 + 8 + 8 * 2 + 2
 
 
 def test_bad_command_exits_2(tmp_path: Path) -> None:
     res = runner.invoke(app, ["run", "--", "python", str(tmp_path / "missing.py")])
-    assert res.exit_code == 2 and "does not exist" in res.output
+    assert res.exit_code == 2
+    assert "does not exist" in res.output
     res = runner.invoke(app, ["run"])
-    assert res.exit_code == 2 and "after --" in res.output
+    assert res.exit_code == 2
+    assert "after --" in res.output
 
 
 def test_sigterm_is_recorded_as_interrupted(tmp_path: Path) -> None:
@@ -153,9 +170,11 @@ def test_sigterm_is_recorded_as_interrupted(tmp_path: Path) -> None:
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM
     d = json.loads(stdout)
-    assert d["interrupted"] == "SIGTERM" and d["profiles"]
+    assert d["interrupted"] == "SIGTERM"
+    assert d["profiles"]
     run = Store(db).get_run(d["run_ids"][0])
-    assert run.status == "failed" and run.error == "interrupted by SIGTERM"
+    assert run.status == "failed"
+    assert run.error == "interrupted by SIGTERM"
 
 
 PLAIN_SLOW = '''

@@ -23,15 +23,19 @@ def test_lightning_trainer_fit_script() -> None:
     pytest.importorskip("lightning")
     r = run_script(["python", str(SCRIPTS / "lightning_fit.py")], every=4)
     assert r.exit_code == 0, r.error
-    assert r.steps_seen == 20 and "SGD over Sequential" in r.summary
+    assert r.steps_seen == 20
+    assert "SGD over Sequential" in r.summary
     (p,) = r.profiles
     torch.manual_seed(0)
     ref_model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64),
                                     torch.nn.ReLU(), torch.nn.Linear(64, 10))
     ref = profile(ref_model, example_input=torch.zeros(32, 64), steps=2, warmup=1)
-    assert _counts(p) == _counts(ref) and p.macs == ref.macs and p.batch_size == 32
+    assert _counts(p) == _counts(ref)
+    assert p.macs == ref.macs
+    assert p.batch_size == 32
     # Lightning steps with a closure: forward and backward are still told apart from the update
-    assert p.step.forward_ms > 0 and p.step.backward_ms > 0
+    assert p.step.forward_ms > 0
+    assert p.step.backward_ms > 0
     assert p.step.optimizer_ms < p.step.forward_ms + p.step.backward_ms
 
 
@@ -49,5 +53,7 @@ def test_hf_trainer_script(tmp_path: Path) -> None:
     batch = {"input_ids": torch.randint(0, 128, (8, 16)), "attention_mask": torch.ones(8, 16, dtype=torch.long),
              "labels": torch.randint(0, 2, (8,))}
     ref = profile(model, example_input=batch, steps=2, warmup=1)
-    assert _counts(p) == _counts(ref) and p.macs == ref.macs and p.batch_size == 8
+    assert _counts(p) == _counts(ref)
+    assert p.macs == ref.macs
+    assert p.batch_size == 8
     assert p.params.total == ref.params.total

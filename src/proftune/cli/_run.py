@@ -11,8 +11,7 @@ import typer
 
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
-from ..profile import Profile
-from ..profile._watch import ScriptResult, run_script
+from ..profile import Profile, ScriptResult, run_script
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment
 from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
@@ -63,7 +62,7 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
     elif result.exit_code:
         error = f"the script exited with code {result.exit_code}" + (f": {result.error}" if result.error else "")
     profiles = result.profiles or (None,)
-    for i, p in enumerate(profiles):
+    for p in profiles:
         run_id = store.start_run("profile", task, config={**config, "command": command},
                                  env=environment(p.device if p is not None else None))
         fields: dict[str, Any] = {}

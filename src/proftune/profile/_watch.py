@@ -85,8 +85,14 @@ class Watcher:
 
     # -- install / remove ---------------------------------------------------------------------
     def start(self) -> Watcher:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
         if self.active:
             return self
