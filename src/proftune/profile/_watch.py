@@ -396,8 +396,8 @@ def run_script(command: Sequence[str], *, every: int = 50, steps: int | None = N
     finally:
         watcher.stop()
         sys.argv, sys.path[:] = saved_argv, saved_path
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        for num, old in previous.items():
+            signal.signal(num, old)
         sys.stdout.flush()
     return ScriptResult(exit_code=code, profiles=tuple(watcher.profiles()), summary=watcher.summary(),
                         steps_seen=watcher.steps_seen, interrupted=interrupted, error=error)
