@@ -197,3 +197,18 @@ while True:
 def test_unsupported_python_options(cmd: list[str]) -> None:
     res = runner.invoke(app, ["run", "--", *cmd])
     assert res.exit_code == 2
+
+
+def test_watch_inside_a_script_saves_its_profile(tmp_path: Path) -> None:
+    out = tmp_path / "w.json"
+    script = tmp_path / "w.py"
+    script.write_text(f"import proftune\nproftune.watch(every=2, out={str(out)!r})\n" + PLAIN_SLOW.replace(
+        "while True:", "for _ in range(10):"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "profile saved to" in proc.stderr
+    p = Profile.load(out)
+    assert p.steps == 5
+    assert p.params.total == 8 * 2 + 2
