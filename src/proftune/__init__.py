@@ -30,7 +30,7 @@ from .diagnose import (
 )
 from .exceptions import ConfigError, DependencyError, ProftuneError, RunFailedError, TaskLoadError
 from .predict import PredictConfig, PredictResult
-from .profile import Monitor, Profile, ProfileConfig
+from .profile import Monitor, Profile, ProfileConfig, Watcher, watch
 from .recommend import (
     BatchSizeConfig,
     LRFindConfig,
@@ -122,6 +122,7 @@ __all__ = [
     "Task",
     "TaskLoadError",
     "TrainResult",
+    "Watcher",
     "__version__",
     "compress",
     "diagnose",
@@ -136,4 +137,5 @@ __all__ = [
     "recommend",
     "run_train",
     "search",
+    "watch",
 ]

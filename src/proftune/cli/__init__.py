@@ -16,6 +16,7 @@ from ._predict import predict_command
 from ._profile import profile_command
 from ._recommend import recommend_command
 from ._report import report_command
+from ._run import run_command
 from ._runs import runs_app
 from ._tasks import tasks
 from ._train import train
@@ -46,6 +47,7 @@ app.command("profile")(profile_command)
 app.command("report")(report_command)
 app.command("export")(export_command)
 app.command("predict")(predict_command)
+app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_command)
 
 
 def main() -> None:

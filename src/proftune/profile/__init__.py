@@ -60,6 +60,7 @@ from ._static import (
 )
 from ._stats import LayerStats, tensor_stats
 from ._timing import LayerTimer
+from ._watch import ScriptResult, Watcher, run_script, watch
 
 __all__ = [
     "EMBEDDING_TYPES",
@@ -86,10 +87,12 @@ __all__ = [
     "ProfileConfig",
     "RankProfile",
     "RanksResult",
+    "ScriptResult",
     "StaticCounts",
     "StepProfile",
     "TableSpectrum",
     "UncountedOps",
+    "Watcher",
     "buffers_bytes",
     "compare_profiles",
     "count_model",
@@ -104,12 +107,14 @@ __all__ = [
     "profile",
     "profile_ddp_batches",
     "profile_ranks",
+    "run_script",
     "size_bytes",
     "table_spectrum",
     "task_latencies",
     "tensor_stats",
     "time_forwards",
     "uncounted_op",
+    "watch",
     "zipf_exponent",
 ]
 

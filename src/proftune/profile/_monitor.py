@@ -306,7 +306,11 @@ class Monitor:
         self._mark.setdefault("fwd_start", now)
         self._mark["_fwd_t0"] = now
         if self._example is None:
-            self._example = kwargs if (kwargs and not args) else (args[0] if len(args) == 1 else args)
+            from torch.utils._pytree import tree_map
+
+            example = kwargs if (kwargs and not args) else (args[0] if len(args) == 1 else args)
+            # detached: an input computed by another model (a GAN's generator) carries its graph
+            self._example = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, example)
         self._batch += batch_size_of(args if args else list(kwargs.values()))
 
     def _sample_fwd_end(self, mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:

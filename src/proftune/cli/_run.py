@@ -1,0 +1,152 @@
+"""``proftune run [--every N] [--steps K] [--out profile.json] -- python train.py ARGS``: profile an
+unmodified script; its training step is found by the optimizer's global step hooks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .._paths import OutputPath, check_outputs
+from ..exceptions import ConfigError
+from ..profile import Profile, ScriptResult, run_script
+from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
+from ..track import Store, environment
+from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
+
+
+def _memory_headroom(p: Profile) -> Recommendation:
+    """A larger batch where the sampled step's peak leaves room on the device (CUDA only: a CPU
+    has no allocator limit to measure against)."""
+    import torch
+
+    mem = p.memory
+    evidence: dict[str, Any] = {"peak_bytes": mem.peak_bytes, "activations_bytes": mem.activations_bytes,
+                                "batch_size": p.batch_size, "device": p.device}
+    if not p.device.startswith("cuda") or not torch.cuda.is_available() or not mem.peak_bytes:
+        return Recommendation("batch_size", None, "memory headroom is measured against a CUDA device's "
+                              f"memory; this profile ran on {p.device} (use `proftune batch-size TASK`).",
+                              evidence, "low", "")
+    total = torch.cuda.get_device_properties(torch.device(p.device)).total_memory
+    fixed = max(mem.peak_bytes - mem.activations_bytes, 0)
+    per_sample = mem.activations_bytes / max(p.batch_size, 1)
+    evidence["device_total_bytes"] = total
+    if per_sample <= 0:
+        return Recommendation("batch_size", None, "no activation memory was measured per sample.", evidence, "low", "")
+    fits = int((0.9 * total - fixed) / per_sample)
+    return Recommendation("batch_size", max(fits, p.batch_size),
+                          f"the step's peak is {mem.peak_bytes / 2**30:.2f} GiB of {total / 2**30:.1f} GiB at "
+                          f"batch {p.batch_size}; activations grow ~linearly, so about {fits} samples fit in 90%.",
+                          evidence, "low", "a larger batch uses the device better; re-tune the learning rate")
+
+
+def recommendations(p: Profile) -> list[Recommendation]:
+    """What a profile alone supports: precision, data loading, bottleneck layers, memory headroom."""
+    rules = [data_loading_rule, bottleneck_rule, _memory_headroom]
+    if p.mode == "train":
+        rules.insert(0, precision_rule)
+    return [rule(p) for rule in rules]
+
+
+def _record(store: Store, result: ScriptResult, command: list[str], config: dict[str, Any]) -> list[int]:
+    """One Run per profiled model (or one failed Run when nothing was sampled)."""
+    ids: list[int] = []
+    task = Path(command[1] if command and Path(command[0]).name.startswith("python") and len(command) > 1
+                else command[0]).stem
+    status = "finished" if result.exit_code == 0 and result.interrupted is None else "failed"
+    error = None
+    if result.interrupted:
+        error = f"interrupted by {result.interrupted}"
+    elif result.exit_code:
+        error = f"the script exited with code {result.exit_code}" + (f": {result.error}" if result.error else "")
+    profiles = result.profiles or (None,)
+    for p in profiles:
+        run_id = store.start_run("profile", task, config={**config, "command": command},
+                                 env=environment(p.device if p is not None else None))
+        fields: dict[str, Any] = {}
+        if p is not None:
+            p = dataclasses.replace(p, config={**p.config, "run_id": run_id})
+            fields = {"metrics": p.metrics(), "result": p.to_dict()}
+        err = error if p is not None else (error or f"no step was sampled: {result.summary}")
+        store.finish_run(run_id, status=status if p is not None else "failed", error=err, **fields)
+        ids.append(run_id)
+    return ids
+
+
+def run_command(
+    ctx: typer.Context,
+    command: Annotated[list[str] | None, typer.Argument(
+        help="The script to run, after --: python train.py ARGS (or python -m pkg.module ARGS).",
+        show_default=False)] = None,
+    every: Annotated[int, typer.Option("--every", help="Sample every N-th training step.")] = 50,
+    steps: Annotated[int | None, typer.Option(
+        "--steps", help="Stop watching after K sampled steps (the script runs on untouched).",
+        show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the (largest model's) profile as JSON here.",
+                                             show_default=False)] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write the HTML report of the run here.",
+                                                show_default=False)] = None,
+    stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Weight, activation, gradient statistics.")] = True,
+    force: ForceOpt = False,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Profile an unmodified training script: per-layer time, MACs, memory, statistics and the step's
+    phases, found through its optimizer; records a Run and prints what the profile recommends."""
+    cmd = list(command or []) + list(ctx.args)
+    exit_code = [0]
+
+    def body() -> dict[str, Any]:
+        if isinstance(every, bool) or every < 1:
+            raise ConfigError(f"--every must be a positive integer, but got {every}.")
+        if steps is not None and steps < 1:
+            raise ConfigError(f"--steps must be a positive integer, but got {steps}.")
+        check_outputs([OutputPath("--out", out), OutputPath("--report", report)], force=force)
+        store = Store(db)
+        result = run_script(cmd, every=every, steps=steps, stats=stats)
+        exit_code[0] = result.exit_code
+        config = {"every": every, "steps": steps, "source": "run"}
+        first = result.profiles[0] if result.profiles else None
+        recs = recommendations(first) if first is not None else []
+        ids = _record(store, result, cmd, config)
+        if first is not None and out is not None:
+            dataclasses.replace(first, config={**first.config, "run_id": ids[0]}).save(out)
+        if first is not None and report is not None:
+            from ..report import write_report
+
+            write_report(ids[0], report, store=store, force=True)
+        return {"exit_code": result.exit_code, "interrupted": result.interrupted, "error": result.error,
+                "summary": result.summary, "steps_seen": result.steps_seen, "run_ids": ids,
+                "profiles": [p.to_dict() for p in result.profiles],
+                "recommendations": [r.to_dict() for r in recs],
+                "out": str(out) if (out and first is not None) else None,
+                "report": str(report) if (report and first is not None) else None}
+
+    def render(d: dict[str, Any]) -> None:
+        from ._profile import _render_profile
+
+        err_console.print(f"proftune: {d['summary']}", markup=False, highlight=False)
+        if d["profiles"]:
+            p = Profile.from_dict(d["profiles"][0])
+            _render_profile(dataclasses.replace(p, config={**p.config, "run_id": d["run_ids"][0]}), 10,
+                            Path(d["out"]) if d["out"] else None)
+            for other, rid in zip(d["profiles"][1:], d["run_ids"][1:], strict=False):
+                out_console.print(f"also profiled: {other['config'].get('model')} (run {rid})", highlight=False)
+            for r in d["recommendations"]:
+                out_console.print(f"→ {r['name']}: {r['value']!r} — {r['reason']}", highlight=False)
+            if d["report"]:
+                out_console.print(f"report {d['report']}", style="dim")
+        else:
+            out_console.print("no profile: no step was sampled (lower --every?)", highlight=False)
+        if d["interrupted"]:
+            err_console.print(f"the script was interrupted by {d['interrupted']}; the steps sampled before "
+                              "are recorded.", markup=False)
+        elif d["exit_code"]:
+            err_console.print(f"the script exited with code {d['exit_code']}", markup=False)
+
+    execute(body, json_out=json_out, debug=debug, render=render)
+    if exit_code[0]:
+        raise typer.Exit(exit_code[0])
