@@ -55,3 +55,34 @@ def test_a_file_that_is_no_database_is_refused_untouched(tmp_path: Path) -> None
     with pytest.raises(StoreError, match="is not a SQLite database; it was left untouched"):
         Store(f"sqlite:///{path}")
     assert path.read_bytes() == b"my notes, not a database\n" * 100
+
+
+def test_a_bare_postgresql_url_uses_the_installed_driver() -> None:
+    import importlib.util
+
+    import sqlalchemy as sa
+
+    from proftune.track._store import _installed_driver
+
+    url = _installed_driver(sa.make_url("postgresql://u:pw@127.0.0.1:5/db"), "postgresql://u:***@127.0.0.1:5/db")
+    expected = "postgresql+psycopg" if importlib.util.find_spec("psycopg") else "postgresql+psycopg2"
+    assert url.drivername == expected
+    assert url.password == "pw"
+    assert url.database == "db"
+    kept = _installed_driver(sa.make_url("postgresql+psycopg2://u@h/db"), "x")
+    assert kept.drivername == "postgresql+psycopg2"
+
+
+def test_the_documented_postgresql_url_opens_a_store() -> None:
+    import os
+
+    import pytest
+    import sqlalchemy as sa
+
+    url = os.environ.get("PROFTUNE_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("PROFTUNE_TEST_POSTGRES_URL is unset (CI starts a PostgreSQL server and sets it)")
+    bare = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    store = Store(bare)
+    run = store.start_run("train", "t")
+    assert store.get_run(run).status == "running"

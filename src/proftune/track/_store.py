@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from .._jsonsafe import json_safe
-from ..exceptions import ConfigError, StoreError
+from ..exceptions import ConfigError, DependencyError, StoreError
 
 __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url", "redact_url"]
 
@@ -219,6 +219,20 @@ def _check_sqlite_file(url: sa.URL) -> None:
         raise _refuse_foreign(url.render_as_string(hide_password=True), foreign)
 
 
+def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
+    """A bare ``postgresql://`` URL (as the README writes it) on the PostgreSQL driver that is
+    installed: SQLAlchemy's default (psycopg 3) or psycopg2, which ``[dev]`` installs."""
+    if url.drivername != "postgresql":
+        return url
+    import importlib.util
+
+    for module, driver in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return url.set(drivername=driver)
+    raise DependencyError(f"db={shown!r} needs a PostgreSQL driver: pip install psycopg2-binary "
+                          "(or psycopg), or name one in the URL (postgresql+psycopg2://...).")
+
+
 def _redacted(exc: BaseException | None, store: Store) -> str:
     """A driver's message with the store's password taken out wherever it appears."""
     text = str(exc)
@@ -248,6 +262,9 @@ class Store:
                 f"db={self.shown_url!r} is not a database URL; give e.g. sqlite:///proftune.db "
                 "or postgresql://user@host/db."
             ) from None
+        parsed = _installed_driver(parsed, self.shown_url)
+        if parsed.drivername != sa.make_url(self.url).drivername:
+            self.url = parsed.render_as_string(hide_password=False)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.retries = retries
         if self.is_sqlite:
