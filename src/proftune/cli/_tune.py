@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from .._paths import OutputPath
+from ..exceptions import RunFailedError
 from ._common import (
     DataOpt,
     DbOpt,
@@ -92,6 +93,11 @@ def tune(
                         study=study, db=db, workers=workers, seed=seed, device=device,
                         max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
                         backend=backend, ray=ray, params=params)
+        failed = [t for t in result.trials if t.state == "failed"]
+        if result.trials and len(failed) == len(result.trials):  # nothing was tuned: not done
+            last = failed[-1]
+            raise RunFailedError(f"every trial failed ({len(failed)} of {len(result.trials)}); the last, "
+                                 f"trial {last.number}: {last.reason}")
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 

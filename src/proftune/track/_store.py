@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from .._jsonsafe import json_safe
-from ..exceptions import ConfigError, StoreError
+from ..exceptions import ConfigError, DependencyError, StoreError
 
 __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url", "redact_url"]
 
@@ -34,7 +34,6 @@ DEFAULT_DB = "sqlite:///proftune.db"
 RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size",
              "optimize", "predict")
 RUN_STATUSES = ("running", "finished", "failed")
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 T = TypeVar("T")
 
@@ -163,12 +162,20 @@ def _foreign_tables(tables: Iterable[str]) -> list[str] | None:
 
 
 def _sqlite_tables(path: Path) -> list[str]:
-    """The table names of an existing SQLite file, read without changing it (``immutable``: no
-    lock, no journal, no WAL switch)."""
+    """The table names of an existing SQLite file, read by SQLite itself and without changing it
+    (``mode=ro``: no journal-mode switch, no write; its WAL is read, so a database that another
+    process writes now reads as it is).
+
+    The file is never opened by other means: closing any descriptor of a file drops every POSIX
+    lock this process holds on it, SQLite's own included, after which another process may reset
+    the WAL under a live writer ("How To Corrupt An SQLite Database File", section 2.2). SQLite's
+    own descriptors are shared per file within the process and kept while a lock lives.
+    """
     from urllib.parse import quote
 
-    conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True)
+    conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=60)
     try:
+        conn.execute("PRAGMA busy_timeout=60000")
         return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
     finally:
         conn.close()
@@ -197,21 +204,33 @@ def _check_sqlite_file(url: sa.URL) -> None:
         return
     if path.stat().st_size == 0:
         return
-    with path.open("rb") as fh:
-        head = fh.read(len(_SQLITE_MAGIC))
-    if head != _SQLITE_MAGIC:
-        raise StoreError(
-            f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
-            "database; it was left untouched. Give a new file name or an existing proftune database."
-        )
     try:
         tables = _sqlite_tables(path)
-    except sqlite3.Error as exc:  # a damaged or encrypted file
+    except sqlite3.DatabaseError as exc:  # not a database, damaged or encrypted
+        if "not a database" in str(exc):
+            raise StoreError(
+                f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
+                "database; it was left untouched. Give a new file name or an existing proftune database."
+            ) from None
         raise StoreError(f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} cannot be read "
                          f"as a SQLite database ({exc}); it was left untouched.") from exc
     foreign = _foreign_tables(tables)
     if foreign is not None:
         raise _refuse_foreign(url.render_as_string(hide_password=True), foreign)
+
+
+def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
+    """A bare ``postgresql://`` URL (as the README writes it) on the PostgreSQL driver that is
+    installed: SQLAlchemy's default (psycopg 3) or psycopg2, which ``[dev]`` installs."""
+    if url.drivername != "postgresql":
+        return url
+    import importlib.util
+
+    for module, driver in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return url.set(drivername=driver)
+    raise DependencyError(f"db={shown!r} needs a PostgreSQL driver: pip install psycopg2-binary "
+                          "(or psycopg), or name one in the URL (postgresql+psycopg2://...).")
 
 
 def _redacted(exc: BaseException | None, store: Store) -> str:
@@ -243,6 +262,9 @@ class Store:
                 f"db={self.shown_url!r} is not a database URL; give e.g. sqlite:///proftune.db "
                 "or postgresql://user@host/db."
             ) from None
+        parsed = _installed_driver(parsed, self.shown_url)
+        if parsed.drivername != sa.make_url(self.url).drivername:
+            self.url = parsed.render_as_string(hide_password=False)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.retries = retries
         if self.is_sqlite:
