@@ -385,3 +385,33 @@ def test_resume_after_sigkill_in_the_compress_stage(tmp_path: Path, db_url: str)
     if outputs["selected"] is not None:
         assert "HeldOutTask" not in outputs["load"]
         assert ":TinyTask" in outputs["load"]  # the task file (or its module, in a package)
+
+
+def test_resume_trusts_files_not_a_flag_and_refuses_a_newer_state(tmp_path: Path, db_url: str) -> None:
+    """A finished stage whose file is gone runs again (and says so); a state.json of a newer
+    version is refused (exit 2) before anything is written."""
+    out = tmp_path / "o"
+    proftune.optimize(_spec("TinyTask"), budget=20, out=str(out), db=db_url, goal="none", seeds=1, max_trials=3)
+    (out / "model.pt").unlink()
+    events: list[tuple[str, dict[str, Any]]] = []
+    result = proftune.optimize(_spec("TinyTask"), budget=20, out=str(out), db=db_url, goal="none", seeds=1,
+                               max_trials=3, resume=True, progress=lambda e, d: events.append((e, d)))
+    assert ("stage_rerun", {"stage": "final", "missing": ["model.pt"]}) in events
+    assert Path(result.final.model).is_file()
+    # a state.json of another store: refused before anything in the folder changes
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "20", "--out", str(out),
+                                   "--db", other, "--goal", "none", "--resume"])
+    assert res.exit_code == 2, res.output
+    assert "belongs to another store" in res.output
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    state = json.loads((out / "state.json").read_text())
+    state["version"] = 99
+    (out / "state.json").write_text(json.dumps(state))
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "20", "--out", str(out),
+                                   "--db", db_url, "--goal", "none", "--resume"])
+    assert res.exit_code == 2, res.output
+    assert "version 99" in res.output
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before

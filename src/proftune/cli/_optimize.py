@@ -76,6 +76,9 @@ def optimize_command(
             err_console.print(f"[bold]{data['stage']}[/] (share {data['share_s']:.0f} s)", highlight=False)
         elif event == "plan":
             err_console.print(f"[bold]plan[/]: {escape(str(data['text']))}", highlight=False)
+        elif event == "stage_rerun":
+            err_console.print(f"[yellow]{data['stage']}[/]: finished before, but {', '.join(data['missing'])} "
+                              "is missing: running it again", highlight=False)
         elif event == "stage_reused":
             err_console.print(f"[dim]{data['stage']}: finished before, reused[/]", highlight=False)
         elif event == "yellow_flag":

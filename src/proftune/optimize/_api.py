@@ -159,8 +159,14 @@ class _Loop:
     def stage(self, name: str, fn: Callable[[float, float], _StageResult]) -> None:
         """Run stage ``name`` (unless it finished before) as a Run linked to the optimize run."""
         if self.state.finished(name):
-            self.say("stage_reused", {"stage": name})
-            return
+            missing = self.state.missing_files(name, self.out)
+            if not missing:
+                self.say("stage_reused", {"stage": name})
+                return
+            # resume trusts files, not a flag: a finished stage whose outputs are gone runs again
+            log.warning("stage %s finished before but its file(s) %s are missing: running it again",
+                        name, ", ".join(missing))
+            self.say("stage_rerun", {"stage": name, "missing": missing})
         share = self.budget.stage_s(name)
         self.say("stage_start", {"stage": name, "share_s": share})
         started = time.monotonic()
@@ -734,6 +740,28 @@ STAGE_COMPARES = {
 }
 
 
+def _check_same_store(v: Validated, store: Store) -> None:
+    """A ``state.json`` to continue must belong to this store: its optimize run is there, of the
+    same task and study. Refused before anything is written (a resume would else write the
+    outputs of another store's run)."""
+    stored = v.stored or {}
+    run_id = stored.get("run_id")
+    if run_id is None:
+        return
+    why = None
+    try:
+        run = store.get_run(int(run_id))
+    except (ConfigError, TypeError, ValueError):
+        why = f"its optimize run {run_id!r} is not in {store.shown_url}"
+    else:
+        if run.kind != "optimize" or run.task != stored.get("task") or run.study != stored.get("study"):
+            why = (f"run {run_id} of {store.shown_url} is a {run.kind} run of task {run.task!r}, study "
+                   f"{run.study!r}, not this folder's optimize run of task {stored.get('task')!r}")
+    if why is not None:
+        raise ConfigError(f"out={str(v.out)!r}: its state.json belongs to another store ({why}); resume "
+                          "with the --db it was recorded in, or choose another out=.")
+
+
 def _decision_line(race: FinalOutcome, metric: str) -> str:
     cmp = race.comparison
     if cmp is None:
@@ -820,6 +848,7 @@ def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeC
     task_obj = load_task(task)
     v = validate(task_obj, config, {"budget": budget, **options})
     st = store or Store(v.cfg.db)
+    _check_same_store(v, st)
     with own_run(v.out, st, (v.stored or {}).get("study") or v.cfg.study):
         return _Loop(task_obj, v, st, progress, spec=task if isinstance(task, str) else None).run()
 

@@ -48,6 +48,15 @@ class OptimizeState:
     def finished(self, stage: str) -> bool:
         return self.stages.get(stage, {}).get("status") in ("finished", "skipped")
 
+    #: The outputs' fields that name a file in ``out`` a finished stage claims.
+    FILE_FIELDS = ("model", "profile", "trials_file", "output")
+
+    def missing_files(self, stage: str, out: Path) -> list[str]:
+        """The files finished stage ``stage`` says it wrote that are not in ``out``."""
+        outs = self.outputs(stage)
+        return [str(outs[k]) for k in self.FILE_FIELDS
+                if isinstance(outs.get(k), str) and outs[k] and not (out / str(outs[k])).is_file()]
+
     def outputs(self, stage: str) -> dict[str, Any]:
         """The stage's outputs as ``state.json`` holds them (the JSON-shaped dict)."""
         return dict(self.stages.get(stage, {}).get("outputs") or {})
@@ -88,6 +97,11 @@ def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
             stored = json.loads(state_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             problems.add(f"out={str(out)!r}: {STATE_FILE} cannot be read ({exc}); choose another out=.")
+            return None
+        version = stored.get("version", 1) if isinstance(stored, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+            problems.add(f"out={str(out)!r}: {STATE_FILE} has version {version!r}, newer than this proftune "
+                         f"reads (version {VERSION}); upgrade proftune or choose another out=.")
             return None
         same_study = study is not None and stored.get("study") == study
         if not (resume or same_study):
