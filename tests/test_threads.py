@@ -3,8 +3,11 @@ the step time drifts, a user's fixed value kept, torch's count put back after th
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -192,3 +195,20 @@ def test_a_train_record_without_threads_still_reads() -> None:
     rec = TrainResult(epochs=1, steps=12, samples=96, throughput=1.0, stop_reason=None, threads=choice)
     back = TrainResult.from_dict(rec.to_dict())
     assert back.threads == choice
+
+
+def test_the_cli_threads_option_is_kept_and_recorded(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["train", "digits-cnn", "--max-steps", "3", "--threads", "1", "--json",
+                                   "--db", db, "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    threads = json.loads(res.stdout)["threads"]
+    assert (threads["threads"], threads["source"], threads["given_by"]) == (1, "user", "$PROFTUNE_THREADS")
+    assert _threads.THREADS_ENV not in os.environ  # the command put the environment back
+    bad = CliRunner().invoke(app, ["train", "digits-cnn", "--threads", "0", "--db", db])
+    assert bad.exit_code == 2
+    assert "--threads" in bad.output

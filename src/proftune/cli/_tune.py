@@ -20,6 +20,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    ThreadsOpt,
     execute,
     out_console,
     parse_params,
@@ -75,6 +76,7 @@ def tune(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    threads: ThreadsOpt = None,
     report: ReportOpt = None,
     force: ForceOpt = False,
     data: DataOpt = None,
@@ -95,7 +97,7 @@ def tune(
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render, threads=threads)
 
 
 def _plot_output(plot: Path | None) -> OutputPath:
