@@ -212,3 +212,16 @@ def test_the_cli_threads_option_is_kept_and_recorded(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["train", "digits-cnn", "--threads", "0", "--db", db])
     assert bad.exit_code == 2
     assert "--threads" in bad.output
+
+
+def test_a_candidate_cut_off_mid_step_is_measured_once() -> None:
+    tuner = ThreadTuner([1, 2], warmup=0)
+    assert tuner.cut_off() is None  # nothing faster measured yet
+    for _ in range(3):
+        tuner.observe(10.0)
+    assert tuner.threads == 2
+    assert tuner.cut_off() == (30.0, 1)  # after 30 ms the step goes on at 1 thread
+    tuner.observe(31.0, cut=True)
+    assert not tuner.measuring
+    assert tuner.checks[0].step_ms == {"1": 10.0, "2": 31.0}
+    assert tuner.threads == 1

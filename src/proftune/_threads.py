@@ -215,15 +215,26 @@ class ThreadTuner:
     def measuring(self) -> bool:
         return self._measuring is not None
 
-    def observe(self, step_ms: float) -> None:
-        """The step just run took ``step_ms`` at :attr:`threads`; :attr:`threads` is the next's."""
+    def cut_off(self) -> tuple[float, int] | None:
+        """While a candidate is measured after a faster one: the milliseconds after which its step
+        is already too slow (``abort`` x the best median so far) and the best count, which the
+        rest of that step may run at (:meth:`observe` with ``cut=True``). Else None."""
+        m = self._measuring
+        if m is None or not m.done or self._warmup > 0:
+            return None
+        best = min(m.done, key=lambda c: m.done[c])
+        return (self.abort * m.done[best], best) if best != self.threads else None
+
+    def observe(self, step_ms: float, *, cut: bool = False) -> None:
+        """The step just run took ``step_ms`` at :attr:`threads` (``cut``: it went on at the best
+        count once it took too long); :attr:`threads` is the next step's."""
         self.step += 1
         self.steps_at[self.threads] = self.steps_at.get(self.threads, 0) + 1
         if self._warmup > 0:  # the first step of a fit builds its buffers: it says nothing of threads
             self._warmup -= 1
             return
         if self._measuring is not None:
-            self._measure(step_ms)
+            self._measure(step_ms, cut=cut)
             return
         self._window.append(step_ms)
         self._since += 1
@@ -245,14 +256,15 @@ class ThreadTuner:
                                  previous=None if reason == "start" else self.threads)
         self.threads = order[0]
 
-    def _measure(self, step_ms: float) -> None:
+    def _measure(self, step_ms: float, *, cut: bool) -> None:
         m = self._measuring
         assert m is not None
         m.times.append(step_ms)
         best = min(m.done.values()) if m.done else None
-        if len(m.times) < self.steps_per and not (best is not None and step_ms > self.abort * best):
+        aborted = cut or (best is not None and step_ms > self.abort * best)
+        if len(m.times) < self.steps_per and not aborted:
             return
-        value = statistics.median(m.times)
+        value = max(m.times) if aborted else statistics.median(m.times)
         m.done[self.threads] = value
         m.times = []
         m.order.pop(0)

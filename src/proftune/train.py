@@ -356,6 +356,8 @@ class _ThreadControl(Callback):
         self.fixed, self.given_by, self.key = fixed, given_by, key
         self.limit = max_threads()
         self.tuner: ThreadTuner | None = None
+        self._hook: Any = None
+        self._deadline, self._fallback, self._cut = 0.0, 1, False
         if fixed is None:
             hit = recall(key)
             start, recheck, since = hit if hit is not None else (None, 64, 0)
@@ -367,12 +369,46 @@ class _ThreadControl(Callback):
         if want is not None and torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
+    def on_step_start(self, state: FitState) -> None:
+        # a candidate measured after a faster one: once its step has taken ``abort`` x the best
+        # step, the rest of the step runs at the best count (a module's forward at a time), so a
+        # count that waits on busy cores costs a few good steps, not one of its own
+        cut = self.tuner.cut_off() if self.tuner is not None else None
+        if cut is not None and self._hook is None:
+            self._deadline, self._fallback = time.perf_counter() + cut[0] / 1e3, cut[1]
+            self._cut = False
+            self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._check)
+
+    def _check(self, *_: Any) -> None:
+        if not self._cut and time.perf_counter() > self._deadline:
+            self._cut = True
+            torch.set_num_threads(self._fallback)
+
+    def on_after_backward(self, state: FitState) -> None:
+        if self._hook is not None:
+            self._check()
+
     def on_step_end(self, state: FitState) -> None:
+        cut = False
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook, cut = None, self._cut
         if self.tuner is not None:
-            self.tuner.observe(float(state.timing.get("step_ms", 0.0)))
+            self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut)
             self._apply()
 
     def on_fit_end(self, state: FitState) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._remember()
+
+    def on_exception(self, state: FitState, exc: BaseException) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _remember(self) -> None:
         t = self.tuner
         if t is not None and (t.checks or t.remembered) and not t.measuring:
             remember(self.key, t.threads, t.recheck, t.since)
