@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -114,24 +115,30 @@ class SmallTransformer(_DigitsTask):
         return _Encoder()
 
 
-class _TimeCap(Callback):
-    """Stop a fit after ``seconds`` (a fixed count that waits on busy cores would take minutes)."""
+class _Steps(Callback):
+    """The step times of a fit (ms); stops it after ``cap_s`` seconds (a fixed count that waits on
+    busy cores would take minutes)."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.started = seconds, 0.0
+    def __init__(self, cap_s: float) -> None:
+        self.cap_s, self.started, self.ms = cap_s, 0.0, []
 
     def on_fit_start(self, state: FitState) -> None:
         self.started = time.perf_counter()
 
     def on_step_end(self, state: FitState) -> None:
-        if time.perf_counter() - self.started > self.seconds:
+        self.ms.append(state.timing["step_ms"])
+        if time.perf_counter() - self.started > self.cap_s:
             state.request_stop("time cap")
 
 
 def _ms_per_step(task: Any, threads: int | None, steps: int, cap_s: float) -> tuple[float, Any]:
+    """Mean ms/step. A fixed count leaves out its first step (warm-up) and may be stopped after
+    ``cap_s``; proftune's default runs every step, its first and its measurements included."""
     _threads.forget()  # every proftune run pays for its own first measurement
-    r = fit(task, max_steps=steps, evaluate=False, threads=threads, device="cpu", callbacks=[_TimeCap(cap_s)])
-    return 1e3 * r.duration_s / max(1, r.steps), r.threads
+    steps_cb = _Steps(cap_s if threads is not None else 600.0)
+    r = fit(task, max_steps=steps, evaluate=False, threads=threads, device="cpu", callbacks=[steps_cb])
+    ms = steps_cb.ms[1:] if threads is not None and len(steps_cb.ms) > 1 else steps_cb.ms
+    return statistics.fmean(ms), r.threads
 
 
 def _start(kind: str, n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -158,12 +165,13 @@ def _uptime() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40, help="steps of each timed fit")
-    ap.add_argument("--cap-s", type=float, default=2.0, help="longest timed fit, seconds")
+    ap.add_argument("--steps", type=int, default=60, help="steps of each timed fit")
+    ap.add_argument("--cap-s", type=float, default=3.0, help="longest timed fit at a fixed count, seconds")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--case-s", type=float, default=90.0, help="longest life of a competitor, seconds")
+    ap.add_argument("--case-s", type=float, default=240.0, help="longest life of a competitor, seconds")
     ap.add_argument("--quick", action="store_true", help="only the quiet case and one torch competitor")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped script stops its competitors
 
     cores = _threads.max_threads()
     fixed = _threads.candidate_counts(cores)
@@ -173,7 +181,7 @@ def main() -> None:
     if args.quick:
         cases = cases[:2]
     print(f"cores of this process: {cores}; fixed counts {fixed}; {args.steps} steps per fit (at most "
-          f"{args.cap_s:g} s), median of {args.repeats}; ms/step includes proftune's measurement steps")
+          f"{args.cap_s:g} s), median of {args.repeats}; ms/step: a fixed count's mean without its first step (stopped after the cap), proftune's mean of every step, its measurements included")
     header = ("| case | load before | model | proftune (choice) | "
               + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed) + " | best fixed | ratio |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]

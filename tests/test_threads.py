@@ -168,7 +168,7 @@ def test_a_later_fit_starts_at_the_remembered_choice() -> None:
 
 def test_the_tuner_stops_climbing_at_a_slower_count_and_rechecks_periodically() -> None:
     ms = {1: 10.0, 2: 5.0, 4: 8.0, 8: 30.0}
-    tuner = ThreadTuner([1, 2, 4, 8], recheck=16, window=4)
+    tuner = ThreadTuner([1, 2, 4, 8], recheck=16, window=4, cost_share=1.0)
     for _ in range(60):
         tuner.observe(ms[tuner.threads])
     first = tuner.checks[0]
@@ -179,6 +179,11 @@ def test_the_tuner_stops_climbing_at_a_slower_count_and_rechecks_periodically() 
     assert all(c.reason == "periodic" for c in tuner.checks[1:])
     assert tuner.threads == 2
     assert tuner.recheck > 16  # the choice held: the next re-check is later
+    thrifty = ThreadTuner([1, 2, 4, 8], recheck=16, window=4)  # re-checks within 2% of the training
+    for _ in range(60):
+        thrifty.observe(ms[thrifty.threads])
+    assert len(thrifty.checks) == 1
+    assert thrifty.recheck == 240  # its steps at 1 and 4 took 3 x 5 + 3 x 3 ms more: 24 ms = 2% of 240 steps
 
 
 def test_candidates_and_shares() -> None:

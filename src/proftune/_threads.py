@@ -16,6 +16,7 @@ fixes the count (the CLI's ``--threads N``), as ``FitConfig(threads=N)`` does.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
@@ -182,15 +183,17 @@ class ThreadTuner:
     ``tie`` of the fastest (fewer threads leave cores to others). Then the median of each window
     of ``window`` steps is compared with the first window's at the choice: a move by more than
     ``drift`` (0.5: half) measures again, and so does the ``recheck``-th step after the choice
-    (doubled while the choice holds, up to ``max_recheck``).
+    (doubled while the choice holds, and at least the steps over which the last check's extra time,
+    its steps at the other counts beyond the chosen one's, is ``cost_share`` of the training; at
+    most ``max_recheck``).
     """
 
     def __init__(self, candidates: list[int], *, start: int | None = None, recheck: int = 64,
                  steps: int = 3, window: int = 8, drift: float = 0.5, abort: float = 3.0, tie: float = 0.05,
-                 max_recheck: int = 1024, warmup: int = 1, since: int = 0) -> None:
+                 max_recheck: int = 1024, warmup: int = 1, since: int = 0, cost_share: float = 0.02) -> None:
         self.candidates = sorted(set(candidates))
         self.steps_per, self.window_size, self.drift, self.abort, self.tie = steps, window, drift, abort, tie
-        self.base_recheck, self.max_recheck = recheck, max_recheck
+        self.base_recheck, self.max_recheck, self.cost_share = recheck, max_recheck, cost_share
         self.recheck = recheck
         self.checks: list[ThreadCheck] = []
         self.steps_at: dict[int, int] = {}
@@ -260,6 +263,7 @@ class ThreadTuner:
         m = self._measuring
         assert m is not None
         m.times.append(step_ms)
+        m.spent.append((self.threads, step_ms))
         best = min(m.done.values()) if m.done else None
         aborted = cut or (best is not None and step_ms > self.abort * best)
         if len(m.times) < self.steps_per and not aborted:
@@ -284,7 +288,11 @@ class ThreadTuner:
                                        step_ms={str(c): round(v, 4) for c, v in sorted(m.done.items())},
                                        drift_ms=[round(v, 4) for v in m.drift_ms]))
         kept = m.previous is not None and chosen == m.previous
-        self.recheck = min(2 * self.recheck, self.max_recheck) if kept else self.base_recheck
+        # a check costs what its steps at the other counts took beyond the chosen one's; the next
+        # periodic one comes when that is at most ``cost_share`` of the training between them
+        excess = sum(max(0.0, ms - m.done[chosen]) for count, ms in m.spent if count != chosen)
+        affordable = math.ceil(excess / (self.cost_share * m.done[chosen])) if m.done[chosen] > 0 else 0
+        self.recheck = min(max(2 * self.recheck if kept else self.base_recheck, affordable), self.max_recheck)
         self._drift_gap = min(2 * self._drift_gap, self.max_recheck) if kept else 2 * self.window_size
         self.threads = chosen
         self._measuring = None
@@ -308,6 +316,7 @@ class _Check:
     previous: int | None
     times: list[float] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    spent: list[tuple[int, float]] = field(default_factory=list)
 
 
 #: The last completed choice per workload (task, device) in this process: a fit that follows one

@@ -357,6 +357,7 @@ class _ThreadControl(Callback):
         self.limit = max_threads()
         self.tuner: ThreadTuner | None = None
         self._hook: Any = None
+        self._grad_hooks: list[Any] = []
         self._deadline, self._fallback, self._cut = 0.0, 1, False
         if fixed is None:
             hit = recall(key)
@@ -378,35 +379,42 @@ class _ThreadControl(Callback):
             self._deadline, self._fallback = time.perf_counter() + cut[0] / 1e3, cut[1]
             self._cut = False
             self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._check)
+            self._grad_hooks = [p.register_hook(self._check_grad) for p in state.model.parameters()
+                                if p.requires_grad]
 
     def _check(self, *_: Any) -> None:
         if not self._cut and time.perf_counter() > self._deadline:
             self._cut = True
             torch.set_num_threads(self._fallback)
 
+    def _check_grad(self, grad: torch.Tensor) -> None:
+        self._check()  # in the backward too, as each parameter's gradient is computed
+
     def on_after_backward(self, state: FitState) -> None:
         if self._hook is not None:
             self._check()
 
-    def on_step_end(self, state: FitState) -> None:
-        cut = False
+    def _unhook(self) -> None:
         if self._hook is not None:
             self._hook.remove()
-            self._hook, cut = None, self._cut
+            self._hook = None
+        for h in self._grad_hooks:
+            h.remove()
+        self._grad_hooks = []
+
+    def on_step_end(self, state: FitState) -> None:
+        cut = self._hook is not None and self._cut
+        self._unhook()
         if self.tuner is not None:
             self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut)
             self._apply()
 
     def on_fit_end(self, state: FitState) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._unhook()
         self._remember()
 
     def on_exception(self, state: FitState, exc: BaseException) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._unhook()
 
     def _remember(self) -> None:
         t = self.tuner
