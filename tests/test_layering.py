@@ -35,6 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
     {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
      "_records", "metrics"},
+    {"_threads"},  # the CPU thread count computed from measured steps (reads _records)
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"train", "examples"},  # the fit loop; the built-in tasks
     {"track"},  # the Store

@@ -12,7 +12,8 @@ import torch
 from ._deprecated import renamed
 from ._device import resolve_device
 from ._jsonsafe import json_safe
-from ._records import record_fields, stored_version
+from ._records import plain, record_fields, stored_version
+from ._threads import ThreadChoice
 from .task import Task, load_task
 from .track import Store, short_fingerprint, tracked_run
 from .train import Callback, FitResult, fit, validate_params
@@ -47,6 +48,8 @@ class TrainResult:
     #: The first 8 hex digits of the training data's fingerprint (the Run holds the whole MD5).
     data_fingerprint: str | None = None
     anomalies: list[dict[str, Any]] = field(default_factory=list)
+    #: The CPU thread count it trained at and its evidence (None in a record from before it was kept).
+    threads: ThreadChoice | None = None
     schema_version: int = TRAIN_SCHEMA_VERSION
     result: FitResult | None = field(default=None, compare=False, repr=False)
 
@@ -59,17 +62,21 @@ class TrainResult:
                    stop_reason=r.stop_reason, run_id=run_id, task=task, params=dict(r.params),
                    metrics=dict(r.metrics), duration_s=r.duration_s, device=r.device,
                    data_fingerprint=short_fingerprint(data_fingerprint), anomalies=list(r.anomalies),
-                   result=r)
+                   threads=r.threads, result=r)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"}))
+        return dict(json_safe({f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                               if f.name != "result"}))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainResult:
         """The record back from :meth:`to_dict`'s JSON (a ``train`` Run's result); a Run recorded
         before the record had a version holds epochs, steps, samples, throughput and stop_reason."""
         stored_version(d, what="a training run's result", current=TRAIN_SCHEMA_VERSION)
-        return cls(**record_fields(cls, d, what="a training run's result", exclude=("result",)))
+        kw = record_fields(cls, d, what="a training run's result", exclude=("result",))
+        if kw.get("threads") is not None:
+            kw["threads"] = ThreadChoice.from_dict(kw["threads"])
+        return cls(**kw)
 
 
 def run_train(
@@ -81,11 +88,14 @@ def run_train(
     batch_size: int | None = None,
     device: str | torch.device = "auto",
     seed: int = 0,
+    threads: int | None = None,
     callbacks: Sequence[Callback] = (),
     store: Store | str | None = None,
     db: str | None = None,
 ) -> TrainResult:
     """Train ``task`` with the fit loop and record the run (kind ``train``) in the Store.
+
+    ``threads``: torch's CPU threads (None: computed from the measured steps, see ``FitConfig``).
 
     ``store``: a Store, a database URL or None for the default store (``db``: the older name of
     a URL); see :func:`proftune.track.open_store`.
@@ -95,10 +105,11 @@ def run_train(
     if batch_size is not None:
         merged["batch_size"] = batch_size
     dev = resolve_device(device)
-    config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed, "device": str(dev)}
+    config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed, "device": str(dev),
+              **({"threads": threads} if threads is not None else {})}
     with tracked_run("train", task_obj, config=config, device=dev, store=store, db=db) as run:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
-                     callbacks=callbacks)
+                     threads=threads, callbacks=callbacks)
         record = TrainResult.of_fit(result, run_id=run.id, task=task_obj.name or type(task_obj).__name__,
                                     data_fingerprint=run.store.get_run(run.id).data_fingerprint)
         run.set(metrics=result.metrics, curves=result.curves, anomalies=result.anomalies, result=record.to_dict())

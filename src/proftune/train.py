@@ -23,6 +23,15 @@ from torch import nn
 from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resolve_device
 from ._optimizers import OPTIMIZERS, build_optimizer
 from ._options import with_options
+from ._threads import (
+    ThreadChoice,
+    ThreadTuner,
+    candidate_counts,
+    max_threads,
+    recall,
+    remember,
+    threads_from_env,
+)
 from .exceptions import ConfigError, ProblemCollector
 from .metrics import direction, is_known, resolve_direction
 from .task import Task, load_task
@@ -36,6 +45,7 @@ __all__ = [
     "FitState",
     "StepPhases",
     "StepSpec",
+    "ThreadChoice",
     "build_optimizer",
     "evaluate_model",
     "fit",
@@ -153,6 +163,8 @@ class FitResult:
     anomalies: list[dict[str, Any]]
     stop_reason: str | None
     device: str
+    #: The CPU thread count it trained at and its evidence (the measured step times, the re-checks).
+    threads: ThreadChoice | None = None
 
     @property
     def throughput(self) -> float:
@@ -320,7 +332,13 @@ class _Timer:
 class FitConfig:
     """How long and where :func:`fit` trains: ``epochs`` or ``max_steps`` (optimizer steps; with
     neither, the task's ``default_epochs``), ``batch_size`` (overrides ``params['batch_size']``),
-    device and seed, whether to evaluate after each epoch, and whether a NaN loss stops the run."""
+    device and seed, whether to evaluate after each epoch, and whether a NaN loss stops the run.
+
+    ``threads``: torch's intra-op CPU threads while it trains. None computes it: a few of the
+    training's own steps at each count (1, 2, 4, ... up to this process's share of the cores), the
+    fastest kept and measured again when the step time drifts (``proftune._threads``); a number
+    (or ``$PROFTUNE_THREADS``, the CLI's ``--threads``) is kept as given. Torch's count is put back
+    when the fit returns."""
 
     epochs: int | None = None
     max_steps: int | None = None
@@ -329,6 +347,90 @@ class FitConfig:
     seed: int = 0
     evaluate: bool = True
     stop_on_nan: bool = True
+    threads: int | None = None
+
+
+class _ThreadControl(Callback):
+    """Sets torch's thread count for each step, as :class:`ThreadTuner` decides from the steps'
+    times (or once, for a fixed count); :meth:`choice` is the record of what it did."""
+
+    def __init__(self, fixed: int | None, given_by: str, key: tuple[str, ...]) -> None:
+        self.fixed, self.given_by, self.key = fixed, given_by, key
+        self.limit = max_threads()
+        self.tuner: ThreadTuner | None = None
+        self._hook: Any = None
+        self._grad_hooks: list[Any] = []
+        self._deadline, self._fallback, self._cut = 0.0, 1, False
+        if fixed is None:
+            hit = recall(key)
+            start, recheck, since = hit if hit is not None else (None, 64, 0)
+            self.tuner = ThreadTuner(candidate_counts(self.limit), start=start, recheck=recheck, since=since)
+        self._apply()
+
+    def _apply(self) -> None:
+        want = self.fixed if self.fixed is not None else (self.tuner.threads if self.tuner else None)
+        if want is not None and torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
+    def on_step_start(self, state: FitState) -> None:
+        # a candidate measured after a faster one: once its step has taken ``abort`` x the best
+        # step, the rest of the step runs at the best count (a module's forward at a time), so a
+        # count that waits on busy cores costs a few good steps, not one of its own
+        cut = self.tuner.cut_off() if self.tuner is not None else None
+        if cut is not None and self._hook is None:
+            self._deadline, self._fallback = time.perf_counter() + cut[0] / 1e3, cut[1]
+            self._cut = False
+            self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._check)
+            self._grad_hooks = [p.register_hook(self._check_grad) for p in state.model.parameters()
+                                if p.requires_grad]
+
+    def _check(self, *_: Any) -> None:
+        if not self._cut and time.perf_counter() > self._deadline:
+            self._cut = True
+            torch.set_num_threads(self._fallback)
+
+    def _check_grad(self, grad: torch.Tensor) -> None:
+        self._check()  # in the backward too, as each parameter's gradient is computed
+
+    def on_after_backward(self, state: FitState) -> None:
+        if self._hook is not None:
+            self._check()
+
+    def _unhook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        for h in self._grad_hooks:
+            h.remove()
+        self._grad_hooks = []
+
+    def on_step_end(self, state: FitState) -> None:
+        cut = self._hook is not None and self._cut
+        self._unhook()
+        if self.tuner is not None:
+            self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut)
+            self._apply()
+
+    def on_fit_end(self, state: FitState) -> None:
+        self._unhook()
+        self._remember()
+
+    def on_exception(self, state: FitState, exc: BaseException) -> None:
+        self._unhook()
+
+    def _remember(self) -> None:
+        t = self.tuner
+        if t is not None and (t.checks or t.remembered) and not t.measuring:
+            remember(self.key, t.threads, t.recheck, t.since)
+
+    def choice(self) -> ThreadChoice:
+        t = self.tuner
+        if t is None:
+            assert self.fixed is not None
+            return ThreadChoice(threads=self.fixed, source="user", max_threads=self.limit, given_by=self.given_by)
+        return ThreadChoice(threads=t.threads, source="computed", max_threads=self.limit, candidates=t.candidates,
+                            checks=list(t.checks), remembered=t.remembered,
+                            steps_at={str(k): v for k, v in sorted(t.steps_at.items())})
 
 
 def fit(
@@ -358,7 +460,12 @@ def fit(
         problems.add(f"epochs must be at least 1, but got {epochs=}.")
     if max_steps is not None and (isinstance(max_steps, bool) or int(max_steps) < 1):
         problems.add(f"max_steps must be at least 1, but got {max_steps=}.")
+    threads, given_by = cfg.threads, "threads="
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        problems.add(f"threads must be a whole number >= 1 (None: computed), but got {threads=}.")
     problems.raise_if_any()
+    if threads is None and (env := threads_from_env()) is not None:
+        threads, given_by = env, "$PROFTUNE_THREADS"
     if epochs is None and max_steps is None:
         epochs = task.default_epochs
     bs = int(merged.setdefault("batch_size", 32))
@@ -375,6 +482,9 @@ def fit(
     scheduler = task.configure_scheduler(optimizer, merged, epochs=epochs, max_steps=max_steps)
     state = FitState(task=task, model=model, optimizer=optimizer, params=merged, device=dev,
                      batch_size=bs, scaler=scaler, scheduler=scheduler)
+    threads_before = torch.get_num_threads()
+    control = _ThreadControl(threads, given_by, (task.name or type(task).__name__, dev.type))
+    callbacks = [*callbacks, control]
     started = time.perf_counter()
     try:
         for cb in callbacks:
@@ -392,11 +502,13 @@ def fit(
             with contextlib.suppress(Exception):
                 cb.on_exception(state, exc)
         raise
+    finally:
+        torch.set_num_threads(threads_before)  # process-global: a library leaves it as it found it
     return FitResult(
         metrics=dict(state.metrics), curves=state.curves, params=merged, model=model,
         optimizer=optimizer, steps=state.step, epochs=state.epoch, samples=state.samples_seen,
         duration_s=time.perf_counter() - started, anomalies=state.anomalies,
-        stop_reason=state.stop_reason, device=str(dev),
+        stop_reason=state.stop_reason, device=str(dev), threads=control.choice(),
     )
 
 

@@ -19,6 +19,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from .._cpplog import cpp_logs_shown
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import OutputPath, check_outputs
+from .._threads import fixed_threads
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
 
 T = TypeVar("T")
@@ -41,6 +42,11 @@ ParamOpt = Annotated[
     typer.Option("--param", "-p", help="A param as key=value; repeat for several.", show_default=False),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--threads", min=1, help="CPU threads of every training (default: computed from the measured "
+                 "step times, re-checked when the machine's load changes).", show_default=False),
+]
 TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class, timm:MODEL or a built-in name.")]
 DataOpt = Annotated[
     str | None,
@@ -131,14 +137,18 @@ def execute(
     json_out: bool,
     debug: bool = False,
     render: Callable[[T], None] | None = None,
+    threads: int | None = None,
 ) -> None:
     """Run a command body: map errors to exit codes, print JSON or the rendered result.
+
+    ``threads`` (``--threads N``) fixes the CPU thread count of every fit the body runs, in this
+    process and the workers it starts; None leaves it to be computed.
 
     Exit 2 for a :class:`ConfigError` (bad usage, config or input), 1 for any other failure.
     With ``--json``, anything the body prints goes to stderr so stdout holds one JSON object.
     """
     try:
-        with library_warnings(shown=debug):
+        with library_warnings(shown=debug), fixed_threads(threads):
             if json_out:
                 with contextlib.redirect_stdout(sys.stderr):
                     result = fn()

@@ -19,6 +19,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    ThreadsOpt,
     execute,
     out_console,
     parse_params,
@@ -71,6 +72,7 @@ def compress(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    threads: ThreadsOpt = None,
     report: ReportOpt = None,
 ) -> None:
     """Compress TASK's model under an accuracy budget; every figure is measured on the model as saved."""
@@ -120,4 +122,4 @@ def compress(
             out_console.print(f"plot: {p}", highlight=False)
         out_console.print(f"run {d['run_id']} recorded", highlight=False)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)

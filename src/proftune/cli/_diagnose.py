@@ -23,6 +23,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    ThreadsOpt,
     execute,
     out_console,
     parse_params,
@@ -54,6 +55,7 @@ def diagnose(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    threads: ThreadsOpt = None,
     report: ReportOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -83,4 +85,4 @@ def diagnose(
                               f"{escape(c['summary'])}{_where(c)}\n[dim]{escape(c.get('why', ''))}[/]", "")
         out_console.print(table)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)

@@ -22,6 +22,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    ThreadsOpt,
     err_console,
     execute,
     out_console,
@@ -63,6 +64,7 @@ def optimize_command(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    threads: ThreadsOpt = None,
     report: ReportOpt = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing --report file (the --out folder always holds its own "
@@ -95,7 +97,7 @@ def optimize_command(
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=_render, threads=threads)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    ThreadsOpt,
     as_flags,
     err_console,
     execute,
@@ -96,6 +97,7 @@ def recommend_command(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    threads: ThreadsOpt = None,
     report: ReportOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -133,4 +135,4 @@ def recommend_command(
             table.add_row(r.name, _short(r.value), r.confidence, as_flags(r.reason), r.effect)
         out_console.print(table)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)

@@ -21,6 +21,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    ThreadsOpt,
     execute,
     out_console,
     parse_params,
@@ -41,6 +42,7 @@ def train(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    threads: ThreadsOpt = None,
     report: ReportOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -64,8 +66,21 @@ def train(
         table.add_row("duration", f"{d['duration_s']:.1f} s")
         table.add_row("throughput", f"{d['throughput']:.0f} samples/s")
         table.add_row("data fingerprint", str(d["data_fingerprint"]))
+        if d.get("threads"):
+            table.add_row("threads", _threads_text(d["threads"]))
         if d["stop_reason"]:
             table.add_row("stopped", d["stop_reason"])
         out_console.print(table)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)
+
+
+def _threads_text(t: dict[str, Any]) -> str:
+    """``1 (computed; ms/step 1: 8.9, 2: 506)`` or ``2 (--threads)``."""
+    if t["source"] == "user":
+        return f"{t['threads']} ({'--threads' if t['given_by'] == '$PROFTUNE_THREADS' else t['given_by']})"
+    measured: dict[str, float] = {}
+    for check in t.get("checks", []):
+        measured.update(check["step_ms"])
+    times = ", ".join(f"{k}: {v:.3g}" for k, v in sorted(measured.items(), key=lambda kv: int(kv[0])))
+    return f"{t['threads']} (computed; ms/step {times})" if times else f"{t['threads']} (computed)"

@@ -21,6 +21,7 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
+    ThreadsOpt,
     execute,
     out_console,
     parse_params,
@@ -76,6 +77,7 @@ def tune(
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
+    threads: ThreadsOpt = None,
     report: ReportOpt = None,
     force: ForceOpt = False,
     data: DataOpt = None,
@@ -101,7 +103,7 @@ def tune(
         d = result.to_dict()
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render, threads=threads)
 
 
 def _plot_output(plot: Path | None) -> OutputPath:

@@ -556,8 +556,10 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
             if wrapped is not model:
                 prof.comm = CommRecorder(wrapped)
             # room for the partial last batches the plan skips; the profiler stops the loop when done
+            # at the caller's thread count: a timed measurement does not change threads under itself
             fit(task, params, max_steps=2 * plan.total + 2, batch_size=bs, device=dev, seed=seed,
-                callbacks=[prof], model=wrapped, evaluate=False, stop_on_nan=False)
+                callbacks=[prof], model=wrapped, evaluate=False, stop_on_nan=False,
+                threads=torch.get_num_threads())
     except torch.OutOfMemoryError:
         raise
     except ConfigError:

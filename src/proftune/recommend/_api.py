@@ -556,6 +556,8 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
 
     recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
+    say("threads")
+    recs["threads"] = _threads_row(task, params, b_prof, device=device, seed=seed)
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
     return Recommendations(tuple(recs[name] for name in names if name in recs), profile=prof,
                            curves={"lr_range": lr_res.to_dict()["curve"],
@@ -652,3 +654,45 @@ __all__ = [
     "recommend",
     "static_memory",
 ]
+
+
+def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device: torch.device,
+                 seed: int) -> Recommendation:
+    """The CPU thread count as the fit loop computes it (a fresh first measurement: a few of a
+    short fit's steps at each count), with the measured step times; and what can be said of the
+    data loader's ``num_workers``."""
+    from .. import _threads
+    from ..train import fit
+
+    _threads.forget()  # measure here and now, not an earlier fit's choice
+    limit = _threads.max_threads()
+    steps = 2 + 3 * len(_threads.candidate_counts(limit)) + 8
+    result = fit(task, params, max_steps=steps, batch_size=batch_size, device=device, seed=seed, evaluate=False)
+    choice = result.threads
+    assert choice is not None
+    loader = task.train_data(batch_size, params)
+    if isinstance(loader, torch.utils.data.DataLoader):
+        workers: dict[str, Any] = {
+            "num_workers": loader.num_workers,
+            "num_workers_note": "the task's DataLoader sets num_workers itself; proftune measures and sets "
+                                "only what its loop owns, so this is the task's value, not measured"}
+    else:
+        workers = {"num_workers": None,
+                   "num_workers_note": f"not measured: the task's train_data is a {type(loader).__name__}, "
+                                       "not a DataLoader (batches from memory); it has no loader workers to set"}
+    evidence = {"step_ms": choice.step_ms, "candidates": choice.candidates, "max_threads": limit,
+                "checks": [c.to_dict() for c in choice.checks], "source": choice.source, "steps": result.steps,
+                "batch_size": batch_size, **workers}
+    if choice.source == "user":
+        return Recommendation("threads", choice.threads, f"kept the fixed {choice.threads} ({choice.given_by}).",
+                              evidence, "high", "")
+    times = ", ".join(f"{k} thread{'s' if k != '1' else ''} {v:.3g} ms" for k, v in
+                      sorted(choice.step_ms.items(), key=lambda kv: int(kv[0])))
+    if len(choice.candidates) < 2:
+        return Recommendation("threads", choice.threads, f"one core for this process ({limit}): 1 thread.",
+                              evidence, "high", "")
+    return Recommendation(
+        "threads", choice.threads,
+        f"measured per step on this machine as loaded now: {times}; the fit loop computes it again for "
+        f"every training and re-checks when the step time drifts (--threads N fixes it).",
+        evidence, "medium", f"{choice.threads} thread(s) per training on this machine's present load")

@@ -13,7 +13,7 @@ from ..exceptions import ConfigError
 #: The names a recommendation can have, in the order ``recommend`` returns them.
 RECOMMENDATION_NAMES = (
     "batch_size", "lr", "lr_scaling", "critical_batch_size", "grad_accumulation", "precision",
-    "data_loading", "bottleneck", "optimizer",
+    "data_loading", "bottleneck", "optimizer", "threads",
 )
 #: Names present only where they apply: ``embedding_dim`` for a model with embedding tables,
 #: ``ddp_batch_size`` when ``recommend`` is asked about DDP (``ddp=N``); they follow the others.

@@ -321,7 +321,10 @@ def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[s
 def _worker_entry(settings: SearchSettings, worker: int, deadline: float | None, threads: int) -> None:
     import torch
 
+    from .._threads import limit_threads
+
     torch.set_num_threads(threads)
+    limit_threads(threads)  # the fit loop computes its count within this worker's share of the cores
     run_worker(settings, worker, deadline)
 
 
@@ -520,7 +523,9 @@ def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, 
 def _run_processes(settings: SearchSettings, workers: int, deadline: float | None) -> str:
     """``workers`` processes on this machine share the study through the database."""
     ctx = mp.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    from .._threads import share_cores
+
+    threads = share_cores(workers)  # each worker's part of the cores this process may use
     procs = [ctx.Process(target=_worker_entry, args=(settings, i, deadline, threads), daemon=False)
              for i in range(workers)]
     for p in procs:

@@ -181,6 +181,9 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
 
     config = {k: v for k, v in config.items() if k != _MEMBER}
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    from .._threads import limit_threads
+
+    limit_threads(torch.get_num_threads())  # Ray's CPUs for this trial: the fit loop's most threads
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     task = load_task(settings.task)
     runner = _WorkerRunner(settings, task)

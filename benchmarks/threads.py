@@ -1,0 +1,223 @@
+"""The CPU thread count proftune computes, beside each fixed count, on a quiet and on a busy machine.
+
+For three models (digits-cnn, a wide MLP on digits, a small transformer on digits' rows as
+tokens) the script times ``proftune.fit`` (``max_steps`` steps, no evaluation) at each fixed
+thread count (1, 2, ... up to the cores of this process) and at proftune's default (computed:
+its measurement steps are counted in its time), in turns, ``--repeats`` times, and prints the
+median ms/step. Each case runs beside competitors that the script starts and stops itself: none
+(quiet), 1, 2 and 4 other torch processes training at torch's default threads, and 1, 2 and 4
+plain Python busy loops. Each competitor ends by itself after ``--case-s`` seconds at most.
+
+The anchor is torch's own behaviour: a fixed count (torch's default is one thread per core). The
+goal: proftune within 10% of the best fixed count, never more than 1.2x slower.
+
+    PYTHONPATH=src python benchmarks/threads.py            # all cases (about 5-8 minutes)
+    PYTHONPATH=src python benchmarks/threads.py --quick    # quiet and one torch competitor
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+import proftune
+from proftune import _threads
+from proftune.train import Callback, FitState, fit
+
+TORCH_COMPETITOR = """
+import sys, time, torch
+end = time.time() + float(sys.argv[1])
+m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+o = torch.optim.SGD(m.parameters(), lr=0.01)
+x = torch.randn(128, 512)
+while time.time() < end:
+    o.zero_grad(); m(x).square().mean().backward(); o.step()
+"""
+BUSY_COMPETITOR = """
+import sys, time
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    pass
+"""
+
+
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+
+
+class _DigitsTask(proftune.Task):
+    """Digits with a model of the subclass's; batches of (x, y)."""
+
+    default_params: ClassVar[dict[str, Any]] = {"batch_size": 64, "lr": 1e-3}
+
+    def __init__(self) -> None:
+        self.x, self.y = _digits()
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterator[Any]:
+        g = torch.Generator().manual_seed(0)
+        order = torch.randperm(len(self.x), generator=g)
+        for i in range(0, len(order) - batch_size + 1, batch_size):
+            idx = order[i:i + batch_size]
+            yield self.shape(self.x[idx]), self.y[idx]
+
+    def val_data(self, batch_size: int) -> Iterator[Any]:
+        yield self.shape(self.x[:256]), self.y[:256]
+
+    def shape(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y)
+
+
+class WideMLP(_DigitsTask):
+    name = "wide-mlp"
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 64)
+        layer = nn.TransformerEncoderLayer(64, nhead=4, dim_feedforward=128, batch_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(x)).mean(1))
+
+
+class SmallTransformer(_DigitsTask):
+    """Each 8x8 digit as 8 tokens of 8 pixels."""
+
+    name = "small-transformer"
+
+    def shape(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1, 8, 8)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return _Encoder()
+
+
+class _Steps(Callback):
+    """The step times of a fit (ms); stops it after ``cap_s`` seconds (a fixed count that waits on
+    busy cores would take minutes)."""
+
+    def __init__(self, cap_s: float) -> None:
+        self.cap_s, self.started, self.ms = cap_s, 0.0, []
+
+    def on_fit_start(self, state: FitState) -> None:
+        self.started = time.perf_counter()
+
+    def on_step_end(self, state: FitState) -> None:
+        self.ms.append(state.timing["step_ms"])
+        if time.perf_counter() - self.started > self.cap_s:
+            state.request_stop("time cap")
+
+
+def _ms_per_step(task: Any, threads: int | None, steps: int, cap_s: float) -> tuple[float, Any]:
+    """Mean ms/step. A fixed count leaves out its first step (warm-up) and may be stopped after
+    ``cap_s``; proftune's default runs every step, its first and its measurements included."""
+    _threads.forget()  # every proftune run pays for its own first measurement
+    steps_cb = _Steps(cap_s if threads is not None else 600.0)
+    r = fit(task, max_steps=steps, evaluate=False, threads=threads, device="cpu", callbacks=[steps_cb])
+    ms = steps_cb.ms[1:] if threads is not None and len(steps_cb.ms) > 1 else steps_cb.ms
+    return statistics.fmean(ms), r.threads
+
+
+def _start(kind: str, n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
+    code = TORCH_COMPETITOR if kind == "torch" else BUSY_COMPETITOR
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", _threads.MAX_THREADS_ENV)}
+    return [subprocess.Popen([sys.executable, "-c", code, str(seconds)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _uptime() -> str:
+    one, five, _fifteen = os.getloadavg()
+    return f"load {one:.2f} (1 min) {five:.2f} (5 min)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60, help="steps of each timed fit")
+    ap.add_argument("--cap-s", type=float, default=3.0, help="longest timed fit at a fixed count, seconds")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--case-s", type=float, default=240.0, help="longest life of a competitor, seconds")
+    ap.add_argument("--quick", action="store_true", help="only the quiet case and one torch competitor")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped script stops its competitors
+
+    cores = _threads.max_threads()
+    fixed = _threads.candidate_counts(cores)
+    tasks = [proftune.load_task("digits-cnn"), WideMLP(), SmallTransformer()]
+    cases = [("quiet", "none", 0), ("1 torch", "torch", 1), ("2 torch", "torch", 2), ("4 torch", "torch", 4),
+             ("1 busy", "busy", 1), ("2 busy", "busy", 2), ("4 busy", "busy", 4)]
+    if args.quick:
+        cases = cases[:2]
+    print(f"cores of this process: {cores}; fixed counts {fixed}; {args.steps} steps per fit (at most "
+          f"{args.cap_s:g} s), median of {args.repeats}; ms/step: a fixed count's mean without its first step (stopped after the cap), proftune's mean of every step, its measurements included")
+    header = ("| case | load before | model | proftune (choice) | "
+              + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed) + " | best fixed | ratio |")
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    ratios = []
+    for case, kind, n in cases:
+        procs = _start(kind, n, args.case_s) if n else []
+        try:
+            time.sleep(1.0 if n else 0.0)  # the competitors' start-up (imports) is not their load
+            load = _uptime()
+            for task in tasks:
+                fit(task, max_steps=3, evaluate=False, threads=1, device="cpu")  # warm-up: imports, allocator
+                times: dict[Any, list[float]] = {k: [] for k in [*fixed, None]}
+                chosen: list[int] = []
+                for rep in range(args.repeats):
+                    order = [*fixed, None]
+                    order = order[rep % len(order):] + order[:rep % len(order)]  # in turns
+                    for k in order:
+                        ms, choice = _ms_per_step(task, k, args.steps, args.cap_s)
+                        times[k].append(ms)
+                        if k is None and choice is not None:
+                            chosen.append(choice.threads)
+                med = {k: statistics.median(v) for k, v in times.items()}
+                best_k = min(fixed, key=lambda k: med[k])
+                ratio = med[None] / med[best_k]
+                ratios.append(ratio)
+                rows.append(f"| {case} | {load} | {task.name} | {med[None]:.2f} ({'/'.join(map(str, chosen))}) | "
+                            + " | ".join(f"{med[k]:.2f}" for k in fixed)
+                            + f" | {best_k}: {med[best_k]:.2f} | {ratio:.2f} |")
+                print(rows[-1], flush=True)
+        finally:
+            _stop(procs)
+    print()
+    print("\n".join(rows))
+    print(f"\nratio proftune / best fixed: median {statistics.median(ratios):.2f}, worst {max(ratios):.2f} "
+          f"(goal: within 1.10, never above 1.20); after: {_uptime()}")
+
+
+if __name__ == "__main__":
+    main()

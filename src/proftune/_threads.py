@@ -1,0 +1,345 @@
+"""The CPU thread count as a computed parameter: measured on real training steps, re-checked.
+
+On a shared machine torch's default (one intra-op thread per core) can make a step many times
+slower than one thread, because the threads wait on each other while other processes hold the
+cores; on a quiet machine more threads are faster. :class:`ThreadTuner` decides from the step
+times it is given: it tries the candidate counts (1, 2, 4, ... up to :func:`max_threads`) for a
+few steps each, keeps the fastest, and measures again when the median step time of a window
+drifts from the one at the choice, or after a number of steps that doubles while the choice
+holds. The steps it measures are the training's own steps; the fit loop (``train.fit``) feeds it.
+
+Several workers on one machine share its cores: :func:`share_cores` sets the count this process
+may use (``$PROFTUNE_MAX_THREADS``, inherited by the processes it starts). ``$PROFTUNE_THREADS``
+fixes the count (the CLI's ``--threads N``), as ``FitConfig(threads=N)`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ._records import JsonRecord, each
+from .exceptions import ConfigError
+
+__all__ = [
+    "MAX_THREADS_ENV",
+    "THREADS_ENV",
+    "ThreadCheck",
+    "ThreadChoice",
+    "ThreadTuner",
+    "candidate_counts",
+    "fixed_threads",
+    "forget",
+    "limit_threads",
+    "max_threads",
+    "recall",
+    "remember",
+    "share_cores",
+    "threads_from_env",
+]
+
+#: A fixed thread count for every fit of this process and the processes it starts (``--threads``).
+THREADS_ENV = "PROFTUNE_THREADS"
+#: The most threads this process may use: its share of the cores (set by :func:`share_cores`).
+MAX_THREADS_ENV = "PROFTUNE_MAX_THREADS"
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity mask
+        return max(1, os.cpu_count() or 1)
+
+
+def max_threads() -> int:
+    """The most intra-op threads a fit here may use: ``$PROFTUNE_MAX_THREADS`` when a worker's
+    share was set, else the cores of this process's affinity mask."""
+    text = os.environ.get(MAX_THREADS_ENV)
+    if text:
+        try:
+            return max(1, int(text))
+        except ValueError:
+            raise ConfigError(f"${MAX_THREADS_ENV}={text!r} must be a whole number of threads.") from None
+    return _cores()
+
+
+def share_cores(workers: int) -> int:
+    """The cores this process may use (:func:`max_threads`) divided among ``workers`` processes
+    that run at once: the share one gets (at least 1). A worker calls :func:`limit_threads` with it."""
+    return max(1, max_threads() // max(1, int(workers)))
+
+
+def limit_threads(threads: int) -> None:
+    """Cap this process (and those it starts) at ``threads``: a worker's share of the cores."""
+    os.environ[MAX_THREADS_ENV] = str(max(1, int(threads)))
+
+
+def threads_from_env() -> int | None:
+    """``$PROFTUNE_THREADS`` as a count (the CLI's ``--threads``), or None when it is not set."""
+    text = os.environ.get(THREADS_ENV)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"${THREADS_ENV}={text!r} must be a whole number of threads >= 1.")
+    return value
+
+
+@contextlib.contextmanager
+def fixed_threads(threads: int | None) -> Iterator[None]:
+    """Within the block every fit of this process (and of the processes it starts) trains at
+    ``threads`` (None: computed); the environment is put back after."""
+    if threads is None:
+        yield
+        return
+    if isinstance(threads, bool) or int(threads) < 1:
+        raise ConfigError(f"threads must be a whole number >= 1, but got {threads=}.")
+    before = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(int(threads))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = before
+
+
+def candidate_counts(limit: int) -> list[int]:
+    """1, 2, 4, ... below ``limit``, and ``limit`` itself."""
+    out, n = [], 1
+    while n < limit:
+        out.append(n)
+        n *= 2
+    return [*out, max(1, limit)]
+
+
+@dataclass(frozen=True)
+class ThreadCheck(JsonRecord):
+    """One measurement of the candidates: when it began (the fit's step), why (``start``,
+    ``drift``: the step time moved, ``periodic``), each candidate's median step time (ms; a
+    candidate stopped after one step slower than ``abort`` x the best has that step's time),
+    the candidates not measured (a smaller count was already slower), and the one chosen."""
+
+    WHAT: ClassVar[str] = "a thread check"
+
+    step: int
+    reason: str
+    step_ms: dict[str, float]
+    chosen: int
+    skipped: list[int] = field(default_factory=list)
+    #: For ``drift``: the window's median step time (ms) against the one at the choice.
+    drift_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ThreadChoice(JsonRecord):
+    """The thread count a fit trained at, and its evidence: ``source`` is ``user`` (a fixed
+    value: ``given_by`` says where, ``threads=`` or ``$PROFTUNE_THREADS``) or ``computed``
+    (``checks`` hold the measurements); ``threads`` is the count at the end, ``max_threads``
+    the share of the cores it could use, ``remembered`` whether it started from an earlier fit's
+    choice in this process (``checks`` then start later)."""
+
+    WHAT: ClassVar[str] = "a thread choice"
+    READERS: ClassVar[dict] = {"checks": each(ThreadCheck.from_dict)}
+
+    threads: int
+    source: str
+    max_threads: int
+    candidates: list[int] = field(default_factory=list)
+    checks: list[ThreadCheck] = field(default_factory=list)
+    given_by: str = ""
+    remembered: bool = False
+    #: Steps trained at each count (``{"1": 40, "2": 3}``).
+    steps_at: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def step_ms(self) -> dict[str, float]:
+        """The latest measured median step time (ms) of each candidate."""
+        out: dict[str, float] = {}
+        for check in self.checks:
+            out.update(check.step_ms)
+        return out
+
+
+class ThreadTuner:
+    """Which thread count the next step runs at, from the step times of the steps before it.
+
+    Feed it with :meth:`observe` (the last step's milliseconds, run at :attr:`threads`). A check
+    measures the candidates in ascending order for ``steps`` steps each (a candidate whose step
+    takes more than ``abort`` x the best median so far is stopped after that step) and stops
+    climbing at the first count slower than the best; it chooses the smallest count within
+    ``tie`` of the fastest (fewer threads leave cores to others). Then the median of each window
+    of ``window`` steps is compared with the first window's at the choice: a move by more than
+    ``drift`` (0.5: half) measures again, and so does the ``recheck``-th step after the choice
+    (doubled while the choice holds, and at least the steps over which the last check's extra time,
+    its steps at the other counts beyond the chosen one's, is ``cost_share`` of the training; at
+    most ``max_recheck``).
+    """
+
+    def __init__(self, candidates: list[int], *, start: int | None = None, recheck: int = 64,
+                 steps: int = 3, window: int = 8, drift: float = 0.5, abort: float = 3.0, tie: float = 0.05,
+                 max_recheck: int = 1024, warmup: int = 1, since: int = 0, cost_share: float = 0.02) -> None:
+        self.candidates = sorted(set(candidates))
+        self.steps_per, self.window_size, self.drift, self.abort, self.tie = steps, window, drift, abort, tie
+        self.base_recheck, self.max_recheck, self.cost_share = recheck, max_recheck, cost_share
+        self.recheck = recheck
+        self.checks: list[ThreadCheck] = []
+        self.steps_at: dict[int, int] = {}
+        self.step = 0
+        self._warmup = warmup
+        self._window: deque[float] = deque(maxlen=window)
+        self._since = since if start is not None else 0
+        self._ref: float | None = None
+        self._drift_gap = 2 * window
+        self._measuring: _Check | None = None
+        self.remembered = start is not None and start in self.candidates
+        self.threads = start if self.remembered and start is not None else self.candidates[0]
+        if not self.remembered and len(self.candidates) > 1:
+            self._begin("start", prefilled=None)
+
+    @property
+    def since(self) -> int:
+        """Steps trained since the last check ended."""
+        return self._since
+
+    @property
+    def measuring(self) -> bool:
+        return self._measuring is not None
+
+    def cut_off(self) -> tuple[float, int] | None:
+        """While a candidate is measured after a faster one: the milliseconds after which its step
+        is already too slow (``abort`` x the best median so far) and the best count, which the
+        rest of that step may run at (:meth:`observe` with ``cut=True``). Else None."""
+        m = self._measuring
+        if m is None or not m.done or self._warmup > 0:
+            return None
+        best = min(m.done, key=lambda c: m.done[c])
+        return (self.abort * m.done[best], best) if best != self.threads else None
+
+    def observe(self, step_ms: float, *, cut: bool = False) -> None:
+        """The step just run took ``step_ms`` at :attr:`threads` (``cut``: it went on at the best
+        count once it took too long); :attr:`threads` is the next step's."""
+        self.step += 1
+        self.steps_at[self.threads] = self.steps_at.get(self.threads, 0) + 1
+        if self._warmup > 0:  # the first step of a fit builds its buffers: it says nothing of threads
+            self._warmup -= 1
+            return
+        if self._measuring is not None:
+            self._measure(step_ms, cut=cut)
+            return
+        self._window.append(step_ms)
+        self._since += 1
+        if len(self.candidates) < 2 or len(self._window) < self.window_size or self._since % self.window_size:
+            return
+        median = statistics.median(self._window)
+        if self._ref is None:
+            self._ref = median
+        elif abs(median - self._ref) > self.drift * self._ref and self._since >= self._drift_gap:
+            self._begin("drift", prefilled=median, drift_ms=[median, self._ref])
+            return
+        if self._since >= self.recheck:
+            self._begin("periodic", prefilled=median)
+
+    def _begin(self, reason: str, *, prefilled: float | None, drift_ms: list[float] | None = None) -> None:
+        order = [c for c in self.candidates if prefilled is None or c != self.threads]
+        done = {self.threads: prefilled} if prefilled is not None else {}
+        self._measuring = _Check(reason=reason, at=self.step, order=order, done=done, drift_ms=drift_ms or [],
+                                 previous=None if reason == "start" else self.threads)
+        self.threads = order[0]
+
+    def _measure(self, step_ms: float, *, cut: bool) -> None:
+        m = self._measuring
+        assert m is not None
+        m.times.append(step_ms)
+        m.spent.append((self.threads, step_ms))
+        best = min(m.done.values()) if m.done else None
+        aborted = cut or (best is not None and step_ms > self.abort * best)
+        if len(m.times) < self.steps_per and not aborted:
+            return
+        value = max(m.times) if aborted else statistics.median(m.times)
+        m.done[self.threads] = value
+        m.times = []
+        m.order.pop(0)
+        best_count = min(m.done, key=lambda c: m.done[c])
+        if value > m.done[best_count] * (1 + self.tie) and self.threads > best_count:
+            m.skipped = [c for c in m.order if c > self.threads]  # slower at more threads: stop climbing
+            m.order = [c for c in m.order if c < self.threads]
+        if m.order:
+            self.threads = m.order[0]
+            return
+        self._finish(m)
+
+    def _finish(self, m: _Check) -> None:
+        fastest = min(m.done.values())
+        chosen = min(c for c, v in m.done.items() if v <= fastest * (1 + self.tie))
+        self.checks.append(ThreadCheck(step=m.at, reason=m.reason, chosen=chosen, skipped=sorted(m.skipped),
+                                       step_ms={str(c): round(v, 4) for c, v in sorted(m.done.items())},
+                                       drift_ms=[round(v, 4) for v in m.drift_ms]))
+        kept = m.previous is not None and chosen == m.previous
+        # a check costs what its steps at the other counts took beyond the chosen one's; the next
+        # periodic one comes when that is at most ``cost_share`` of the training between them
+        excess = sum(max(0.0, ms - m.done[chosen]) for count, ms in m.spent if count != chosen)
+        affordable = math.ceil(excess / (self.cost_share * m.done[chosen])) if m.done[chosen] > 0 else 0
+        self.recheck = min(max(2 * self.recheck if kept else self.base_recheck, affordable), self.max_recheck)
+        self._drift_gap = min(2 * self._drift_gap, self.max_recheck) if kept else 2 * self.window_size
+        self.threads = chosen
+        self._measuring = None
+        self._window.clear()
+        self._since = 0
+        self._ref = None
+        self._warmup = 1 if chosen != self._last_measured(m) else 0
+
+    @staticmethod
+    def _last_measured(m: _Check) -> int | None:
+        return next(reversed(m.done), None)
+
+
+@dataclass
+class _Check:
+    reason: str
+    at: int
+    order: list[int]
+    done: dict[int, float]
+    drift_ms: list[float]
+    previous: int | None
+    times: list[float] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    spent: list[tuple[int, float]] = field(default_factory=list)
+
+
+#: The last completed choice per workload (task, device) in this process: a fit that follows one
+#: within ``_MEMORY_S`` seconds starts at it (trials of a search, the seeds of a race) and checks
+#: again at its periodic re-check instead of paying for a first measurement.
+_MEMORY: dict[tuple[str, ...], tuple[int, int, int, float]] = {}
+_MEMORY_S = 120.0
+
+
+def remember(key: tuple[str, ...], threads: int, recheck: int, since: int) -> None:
+    """Note the choice of a fit of the workload ``key``, its re-check interval and the steps
+    trained since its last check (the next fit's periodic re-check counts on from there)."""
+    _MEMORY[key] = (threads, recheck, since, time.monotonic())
+
+
+def recall(key: tuple[str, ...]) -> tuple[int, int, int] | None:
+    """The recent choice, re-check interval and steps since its check for ``key``, or None."""
+    hit = _MEMORY.get(key)
+    if hit is None or time.monotonic() - hit[3] > _MEMORY_S:
+        return None
+    return hit[0], hit[1], hit[2]
+
+
+def forget() -> None:
+    """Drop every remembered choice (a benchmark's cases, tests)."""
+    _MEMORY.clear()

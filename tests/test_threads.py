@@ -1,0 +1,232 @@
+"""The CPU thread count as a computed parameter: measured on the fit's own steps, re-checked when
+the step time drifts, a user's fixed value kept, torch's count put back after the fit."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from proftune import _threads
+from proftune._api import TrainResult
+from proftune._threads import (
+    ThreadChoice,
+    ThreadTuner,
+    candidate_counts,
+    fixed_threads,
+    share_cores,
+)
+from proftune.task import Task
+from proftune.train import Callback, FitState, fit
+
+
+class _Tiny(Task):
+    """A linear model on made-up data: a step costs about the same at any thread count, so the
+    only slow count is the one the test makes slow."""
+
+    name = "tiny-threads"
+    default_epochs = 1
+
+    def __init__(self) -> None:
+        self.slow_at: int | None = None
+        self.seen: list[int] = []
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(2048, 8, generator=g)
+        self.y = self.x.sum(1, keepdim=True)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return nn.Linear(8, 1)
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterator[Any]:
+        for i in range(0, len(self.x), batch_size):
+            yield self.x[i:i + batch_size], self.y[i:i + batch_size]
+
+    def val_data(self, batch_size: int) -> Iterator[Any]:
+        yield self.x[:64], self.y[:64]
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        if self.slow_at is not None and torch.get_num_threads() == self.slow_at:
+            time.sleep(0.02)  # the injected load: a step at this count takes 20 ms more
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+
+@pytest.fixture(autouse=True)
+def _two_candidates(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Candidates 1 and 2 on any machine, no choice remembered from another test."""
+    monkeypatch.setenv(_threads.MAX_THREADS_ENV, "2")
+    monkeypatch.delenv(_threads.THREADS_ENV, raising=False)
+    _threads.forget()
+    yield
+    _threads.forget()
+
+
+class _SlowDownChosen(Callback):
+    """At step ``at`` the count the fit trains at becomes slow (the machine's load changed)."""
+
+    def __init__(self, task: _Tiny, at: int) -> None:
+        self.task, self.at = task, at
+        self.made_slow: int | None = None
+
+    def on_step_end(self, state: FitState) -> None:
+        if state.step == self.at:
+            self.made_slow = self.task.slow_at = torch.get_num_threads()
+
+
+def test_the_choice_follows_a_change_of_load() -> None:
+    task = _Tiny()
+    slow = _SlowDownChosen(task, at=24)
+    result = fit(task, {"batch_size": 8}, max_steps=90, evaluate=False, callbacks=[slow])
+    choice = result.threads
+    assert choice is not None
+    assert choice.source == "computed"
+    assert choice.candidates == [1, 2]
+    assert choice.checks[0].reason == "start"
+    assert choice.checks[0].step == 0
+    assert slow.made_slow == choice.checks[0].chosen  # the count chosen at the start became slow
+    drift = [c for c in choice.checks if c.reason == "drift"]
+    assert drift, choice.checks
+    other = 3 - slow.made_slow
+    assert drift[0].chosen == other
+    assert drift[0].step_ms[str(slow.made_slow)] > 2 * drift[0].step_ms[str(other)]
+    assert drift[0].drift_ms[0] > 1.5 * drift[0].drift_ms[1]  # the window's median against the choice's
+    assert choice.threads == other
+    assert task.seen[-1] == other  # the last steps ran at the new count
+    assert choice.steps_at[str(other)] > choice.steps_at[str(slow.made_slow)] - 24
+
+
+def test_a_slow_count_is_not_chosen_at_the_start() -> None:
+    task = _Tiny()
+    task.slow_at = 1
+    result = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
+    assert result.threads is not None
+    assert result.threads.checks[0].chosen == 2
+    assert result.threads.checks[0].step_ms["1"] > result.threads.checks[0].step_ms["2"]
+
+
+def test_a_fixed_value_is_kept_and_recorded_as_the_users() -> None:
+    task = _Tiny()
+    task.slow_at = 1  # slow at the user's count: it is kept all the same
+    before = torch.get_num_threads()
+    result = fit(task, {"batch_size": 8}, max_steps=30, evaluate=False, threads=1)
+    assert set(task.seen) == {1}
+    assert result.threads == ThreadChoice(threads=1, source="user", max_threads=2, given_by="threads=")
+    assert torch.get_num_threads() == before
+    task.seen.clear()
+    with fixed_threads(1):  # the CLI's --threads
+        by_env = fit(task, {"batch_size": 8}, max_steps=5, evaluate=False)
+    assert set(task.seen) == {1}
+    assert by_env.threads is not None
+    assert (by_env.threads.source, by_env.threads.given_by) == ("user", "$PROFTUNE_THREADS")
+
+
+def test_torch_threads_are_put_back_after_a_computed_fit_and_a_failed_one() -> None:
+    task = _Tiny()
+    task.slow_at = 2
+    torch.set_num_threads(2)
+    try:
+        fit(task, {"batch_size": 8}, max_steps=12, evaluate=False)
+        assert torch.get_num_threads() == 2
+
+        class Boom(Callback):
+            def on_step_end(self, state: FitState) -> None:
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            fit(task, {"batch_size": 8}, max_steps=12, evaluate=False, threads=1, callbacks=[Boom()])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(2)
+
+
+def test_bad_thread_values_are_named() -> None:
+    from proftune.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="threads=0"):
+        fit(_Tiny(), {"batch_size": 8}, max_steps=2, threads=0)
+
+
+def test_a_later_fit_starts_at_the_remembered_choice() -> None:
+    task = _Tiny()
+    task.slow_at = 1
+    first = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
+    second = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
+    assert first.threads is not None
+    assert second.threads is not None
+    assert second.threads.remembered
+    assert second.threads.checks == []
+    assert second.threads.steps_at == {"2": 20}
+
+
+def test_the_tuner_stops_climbing_at_a_slower_count_and_rechecks_periodically() -> None:
+    ms = {1: 10.0, 2: 5.0, 4: 8.0, 8: 30.0}
+    tuner = ThreadTuner([1, 2, 4, 8], recheck=16, window=4, cost_share=1.0)
+    for _ in range(60):
+        tuner.observe(ms[tuner.threads])
+    first = tuner.checks[0]
+    assert first.chosen == 2
+    assert first.skipped == [8]
+    assert set(first.step_ms) == {"1", "2", "4"}
+    assert [c.reason for c in tuner.checks[1:]]
+    assert all(c.reason == "periodic" for c in tuner.checks[1:])
+    assert tuner.threads == 2
+    assert tuner.recheck > 16  # the choice held: the next re-check is later
+    thrifty = ThreadTuner([1, 2, 4, 8], recheck=16, window=4)  # re-checks within 2% of the training
+    for _ in range(60):
+        thrifty.observe(ms[thrifty.threads])
+    assert len(thrifty.checks) == 1
+    assert thrifty.recheck == 240  # its steps at 1 and 4 took 3 x 5 + 3 x 3 ms more: 24 ms = 2% of 240 steps
+
+
+def test_candidates_and_shares() -> None:
+    assert candidate_counts(1) == [1]
+    assert candidate_counts(6) == [1, 2, 4, 6]
+    assert candidate_counts(8) == [1, 2, 4, 8]
+    assert share_cores(10**6) == 1
+
+
+def test_a_train_record_without_threads_still_reads() -> None:
+    old = {"epochs": 1, "steps": 3, "samples": 96, "throughput": 10.0, "stop_reason": None}
+    assert TrainResult.from_dict(old).threads is None
+    choice = fit(_Tiny(), {"batch_size": 8}, max_steps=12, evaluate=False).threads
+    rec = TrainResult(epochs=1, steps=12, samples=96, throughput=1.0, stop_reason=None, threads=choice)
+    back = TrainResult.from_dict(rec.to_dict())
+    assert back.threads == choice
+
+
+def test_the_cli_threads_option_is_kept_and_recorded(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["train", "digits-cnn", "--max-steps", "3", "--threads", "1", "--json",
+                                   "--db", db, "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    threads = json.loads(res.stdout)["threads"]
+    assert (threads["threads"], threads["source"], threads["given_by"]) == (1, "user", "$PROFTUNE_THREADS")
+    assert _threads.THREADS_ENV not in os.environ  # the command put the environment back
+    bad = CliRunner().invoke(app, ["train", "digits-cnn", "--threads", "0", "--db", db])
+    assert bad.exit_code == 2
+    assert "--threads" in bad.output
+
+
+def test_a_candidate_cut_off_mid_step_is_measured_once() -> None:
+    tuner = ThreadTuner([1, 2], warmup=0)
+    assert tuner.cut_off() is None  # nothing faster measured yet
+    for _ in range(3):
+        tuner.observe(10.0)
+    assert tuner.threads == 2
+    assert tuner.cut_off() == (30.0, 1)  # after 30 ms the step goes on at 1 thread
+    tuner.observe(31.0, cut=True)
+    assert not tuner.measuring
+    assert tuner.checks[0].step_ms == {"1": 10.0, "2": 31.0}
+    assert tuner.threads == 1
