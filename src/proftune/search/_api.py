@@ -371,9 +371,9 @@ def search(
     started = time.perf_counter()
     objective = is_objective(task)
     if objective:
-        task = ObjectiveTask(task, metrics=_objective_metrics(c))
-    task_obj = load_task(task)
-    settings, space_obj = _settings(task, task_obj, space, c)
+        task = ObjectiveTask(task, metrics=_objective_metrics(c))  # type: ignore[arg-type]
+    task_obj = load_task(task)  # type: ignore[arg-type]
+    settings, space_obj = _settings(task, task_obj, space, c)  # type: ignore[arg-type]
     epochs = c.epochs
     if epochs is None and c.max_steps is None and not objective:
         settings.epochs = epochs = task_obj.default_epochs

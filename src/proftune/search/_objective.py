@@ -35,7 +35,7 @@ class ObjectiveTask(Task):
 
     def __init__(self, fn: Callable[..., Any], *, metrics: Sequence[str]) -> None:
         self.fn = fn
-        self.name = getattr(fn, "__name__", type(fn).__name__)
+        self.name = getattr(fn, "__name__", type(fn).__name__)  # type: ignore[misc]
         #: The metric names the objective returns (from the objectives and constraints given).
         self.metrics = list(metrics)
         try:
