@@ -28,7 +28,7 @@ from ._common import (
 )
 
 #: Keys of ``--json`` (the issue's contract), in this order.
-JSON_KEYS = ("study", "best", "selection", "trials", "correlations", "importance", "budget", "scan", "strategy")
+JSON_KEYS = ("study", "best", "trials", "correlations", "importance", "budget", "scan", "strategy")
 
 
 def tune(
