@@ -174,6 +174,11 @@ def _render_best(d: dict[str, Any]) -> None:
     out_console.print(f"[bold]{label}[/]: trial {best['number']}: "
                       + ", ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items())
                       + " -> " + ", ".join(f"{m}={_fmt(best['metrics'].get(m))}" for m in metric_names))
+    sel = d.get("selection")
+    if sel:
+        interval = f", 95% interval [{_fmt(sel['low'])}, {_fmt(sel['high'])}]" if sel.get("se") is not None else ""
+        out_console.print(f"  mean {metric_names[0]}={_fmt(sel['mean'])} over {sel['n']} evaluations{interval} "
+                          f"({sel['repeats']} of {sel['evaluations']} trials re-evaluated leaders)")
     for p in d["pareto"][1:]:
         out_console.print(f"  trial {p['number']}: "
                           + ", ".join(f"{m}={_fmt(p['metrics'].get(m))}" for m in metric_names))

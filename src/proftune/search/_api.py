@@ -8,7 +8,7 @@ import multiprocessing as mp
 import os
 import pickle
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,16 +24,18 @@ from ..track import Store, StudyLock, environment, open_store, redact_url, track
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._config import SearchConfig, search_config
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_targets
-from ._pruners import PRUNERS
+from ._objective import VALUE, ObjectiveTask, is_objective
+from ._pruners import PRUNERS, pruner_name
 from ._ray import RayOptions, pbt_plot, run_ray
 from ._records import ATTR, TrialRecord, counts, trial_records
-from ._samplers import SAMPLERS
+from ._reeval import DEFAULT_SHARE, Selection, select
+from ._samplers import SAMPLERS, sampler_name
 from ._scan import ScanResult, restrict_space, run_scan
 from ._settings import SearchSettings, check_settings
 from ._space import Space, load_space
 from ._storage import open_storage
 from ._strategy import Statement, strategy
-from ._study import raise_if_too_many_failures, run_worker
+from ._study import evaluations, raise_if_too_many_failures, run_worker
 
 __all__ = ["DEFAULT_SCAN", "SEARCH_BACKENDS", "SearchResult", "cancel_waiting", "feasibility_scan", "search",
            "study_trials", "task_metrics"]
@@ -46,7 +48,7 @@ SEARCH_BACKENDS = ("local", "ray")
 
 
 #: Bumped when a field of :class:`SearchResult`'s JSON changes meaning.
-SEARCH_SCHEMA_VERSION = 1
+SEARCH_SCHEMA_VERSION = 2  # 2: selection (noise-aware best); a version-1 record reads with None
 #: The keys of :meth:`SearchResult.to_dict` that :class:`TrialTally` (and two fields) are read from.
 _TALLY_KEYS = ("counts", "budget", "compute")
 
@@ -132,6 +134,8 @@ class SearchResult:
     stopped: str | None = None
     #: Under ``backend="ray"``: scheduler, experiment folder, retries, PBT schedules.
     backend: dict[str, Any] = field(default_factory=lambda: {"backend": "local"})
+    #: The best by its mean over repeated evaluations (None: ``reevaluate`` off, the best draw).
+    selection: Selection | None = None
     schema_version: int = SEARCH_SCHEMA_VERSION
 
     def counts(self) -> dict[str, int]:
@@ -177,6 +181,7 @@ class SearchResult:
             "duration_s": self.duration_s,
             "plots": self.plots,
             "backend": self.backend,
+            "selection": self.selection.to_dict() if self.selection else None,
             "schema_version": self.schema_version,
         }
 
@@ -200,6 +205,7 @@ class SearchResult:
             "pareto": [TrialRecord.from_dict(t) for t in kw["pareto"] or []],
             "tally": TrialTally.read(d["counts"], d["budget"], d["compute"]),
             "scan": ScanResult.from_dict(kw["scan"]) if kw.get("scan") else None,
+            "selection": Selection.from_dict(kw["selection"]) if kw.get("selection") else None,
             "strategy": [Statement.from_dict(x) for x in kw.get("strategy") or []],
             "max_gated": d["budget"].get("max_gated"), "stopped": d["budget"].get("stopped"),
             "plots": list(kw.get("plots") or [])})
@@ -329,7 +335,7 @@ def _worker_entry(settings: SearchSettings, worker: int, deadline: float | None,
 
 
 def search(
-    task: Task | str,
+    task: Task | str | Callable[..., Any],
     space: str | Path | Mapping[str, Any] | Space,
     *,
     config: SearchConfig | None = None,
@@ -345,13 +351,34 @@ def search(
     ``config`` override its fields. ``trials`` counts the study's trained trials, so running
     again with the same ``study`` continues it; profile constraints gate each trial before it
     trains. The trials and the tune Run are recorded in ``store`` (or the database ``db``).
+
+    ``task`` may also be a plain objective: a callable from params (a dict) to metrics (a dict,
+    or one number, recorded as ``value``), searched with the same samplers, constraints,
+    analysis, store and report::
+
+        def branin(p):
+            x, y = p["x"], p["y"]
+            return {"loss": (y - 5.1 / 39.5 * x**2 + 5 / 3.14 * x - 6) ** 2 + 10 * (1 - 1 / 25.1) * math.cos(x)}
+
+        result = proftune.search(branin, {"params": {"x": {"type": "float", "low": -5, "high": 10},
+                                                     "y": {"type": "float", "low": 0, "high": 15}}},
+                                 objectives=["loss:min"], trials=50)
+        result.selection.mean, result.selection.se, result.selection.n
+
+    A plain objective is taken as noisy: up to ``reevaluate`` of the trials re-evaluate the
+    leading configurations (a ``seed`` keyword of the callable gets a new seed each time), and
+    ``result.selection`` names the best by its mean over its evaluations (see
+    :mod:`proftune.search._reeval`); for a Task the same is opt-in (``reevaluate=0.1``).
     """
     c = search_config(config, options)
     started = time.perf_counter()
-    task_obj = load_task(task)
-    settings, space_obj = _settings(task, task_obj, space, c)
+    objective = is_objective(task)
+    if objective:
+        task = ObjectiveTask(task, metrics=_objective_metrics(c))  # type: ignore[arg-type]
+    task_obj = load_task(task)  # type: ignore[arg-type]
+    settings, space_obj = _settings(task, task_obj, space, c)  # type: ignore[arg-type]
     epochs = c.epochs
-    if epochs is None and c.max_steps is None:
+    if epochs is None and c.max_steps is None and not objective:
         settings.epochs = epochs = task_obj.default_epochs
 
     store = open_store(store, db=db)
@@ -365,12 +392,13 @@ def search(
     run_config = {"study": name, "space": space_obj.to_dict(), "space_hash": space_obj.hash(),
                   "objectives": [o.text for o in settings.objectives],
                   "constraints": [k.text for k in settings.constraints], "trials": c.trials, "timeout": c.timeout,
-                  "sampler": c.sampler, "pruner": c.pruner, "epochs": epochs, "max_steps": c.max_steps,
+                  "sampler": sampler_name(c.sampler), "pruner": pruner_name(c.pruner), "epochs": epochs, "max_steps": c.max_steps,
                   "workers": c.workers, "seed": c.seed, "device": c.device, "max_failures": c.max_failures,
                   "max_gated": c.max_gated, "scan": c.scan, "resumed": stored is not None,
                   "params": dict(space_obj.fixed)}
     with (StudyLock(store, name, command="tune", shared=True),  # tune runs share a study, optimize does not
-          tracked_run("tune", task_obj, config=run_config, device=None, store=store, study=name) as run):
+          tracked_run("tune", task_obj, config=run_config, device=None, store=store, study=name,
+                      fingerprint=not objective) as run):
         record = store.get_run(run.id)
         settings.tune_run_id = run.id
         settings.data_fingerprint = record.data_fingerprint
@@ -407,6 +435,29 @@ def search(
     return result
 
 
+def _objective_metrics(c: SearchConfig) -> list[str]:
+    """The metrics a plain objective returns, as its objectives and constraints name them."""
+    names = [str(o).partition(":")[0].strip() for o in (c.objectives or ())] or [VALUE]
+    for text in c.constraints:
+        problems = ProblemCollector()
+        con = parse_constraint(text, problems)
+        if con is not None and not con.is_profile:
+            names.append(con.metric)
+    return list(dict.fromkeys(names))
+
+
+def _objective_problems(plain: bool, targets: Sequence[Objective | Constraint], metrics: Sequence[str] | None,
+                        c: SearchConfig, problems: ProblemCollector) -> None:
+    """What a plain objective cannot do (profile metrics, worker processes), and ``reevaluate``'s range."""
+    if plain and any(t.is_profile for t in targets):
+        problems.add("a plain objective has no model to profile; its objectives= and constraints= name "
+                     f"the metrics it returns ({', '.join(metrics or [])}), not profile metrics.")
+    if plain and c.workers > 1:
+        problems.add(f"workers={c.workers}: a plain objective runs in this process; use workers=1.")
+    if c.reevaluate is not None and (isinstance(c.reevaluate, bool) or not 0 <= c.reevaluate < 1):
+        problems.add(f"reevaluate={c.reevaluate!r} must be a share of the trials in [0, 1).")
+
+
 def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> tuple[SearchSettings, Space]:
     """Validate every option of :func:`search` together; one ConfigError lists every problem."""
     problems = ProblemCollector()
@@ -424,14 +475,16 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
             space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **c.params})
     metrics = task_metrics(task_obj)
     objectives = c.objectives
+    plain = isinstance(task_obj, ObjectiveTask)
     if not objectives:
-        objectives = [default_objective(metrics)]
+        objectives = [f"{VALUE}:min"] if plain else [default_objective(metrics)]
     objs, cons = parse_targets(objectives, c.constraints, task_metrics=metrics, problems=problems,
                                task=task_obj)
-    if c.sampler not in SAMPLERS:
-        problems.add(f"sampler={c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}.")
-    if c.pruner not in PRUNERS:
-        problems.add(f"pruner={c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}.")
+    _objective_problems(plain, [*objs, *cons], metrics, c, problems)
+    if not isinstance(c.sampler, optuna.samplers.BaseSampler) and c.sampler not in SAMPLERS:
+        problems.add(f"sampler={c.sampler!r} is unknown; valid: {', '.join(SAMPLERS)}, or an optuna BaseSampler.")
+    if not isinstance(c.pruner, optuna.pruners.BasePruner) and c.pruner not in PRUNERS:
+        problems.add(f"pruner={c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}, or an optuna BasePruner.")
     if c.backend not in SEARCH_BACKENDS:
         problems.add(f"backend={c.backend!r} is unknown; valid: {', '.join(SEARCH_BACKENDS)}.")
     if c.scan is not None and (isinstance(c.scan, bool) or c.scan < 0):
@@ -449,7 +502,13 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
             max_failures=c.max_failures, max_gated=c.max_gated,
             gate_steps=c.gate_steps, workers=c.workers,
             task_name=task_obj.name or type(task_obj).__name__, coarse=c.coarse,
-            grid_points=c.grid_points)
+            grid_points=c.grid_points,
+            reevaluate=(DEFAULT_SHARE if plain else 0.0) if c.reevaluate is None else float(c.reevaluate))
+        if settings.reevaluate and (len(objs) > 1 or space_obj.tiers):
+            if c.reevaluate:
+                problems.add(f"reevaluate={c.reevaluate} re-evaluates the leaders of one objective in one stage, "
+                             f"but the search has {len(objs)} objectives and {len(space_obj.tiers)} tiers.")
+            settings.reevaluate = 0.0
         check_settings(settings, problems)
     problems.raise_if_any(header="tune: the search is not well-formed, found the following errors:")
     assert settings is not None
@@ -510,10 +569,20 @@ def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, 
     corr = correlations(records, space, objs) if full else {}
     imp = importance(loaded, records, objs, seed=settings.seed) if full else {}
     plots = plot_study(records, objs, corr, imp, front, plot) if plot is not None and full else []
+    best = front[0] if front else None
+    selection = None
+    if settings.reevaluate > 0 and len(objs) == 1:
+        selection = select(evaluations(records), maximize=objs[0].direction == "maximize",
+                           repeats=sum(1 for r in records if r.repeat), share=settings.reevaluate)
+        if selection is not None:  # the best trial: the picked configuration's best draw
+            same = [r for r in front if r.params == selection.params] or [
+                r for r in records if r.state == "complete" and r.params == selection.params]
+            best = same[0] if same else best
     return SearchResult(
         study=settings.study, run_id=run_id, db=url, objectives=objs, constraints=cons,
-        trials=records, best=front[0] if front else None, pareto=front, correlations=corr,
-        importance=imp, space_hash=space.hash(), sampler=settings.sampler, pruner=settings.pruner,
+        trials=records, best=best, selection=selection, pareto=front, correlations=corr,
+        importance=imp, space_hash=space.hash(), sampler=sampler_name(settings.sampler),
+        pruner=pruner_name(settings.pruner),
         duration_s=time.perf_counter() - started, resumed=resumed, tally=TrialTally.of(records), scan=scan_result,
         strategy=strategy(records, space, objs, cons, scan=scan_result, seed=settings.seed) if full else [],
         max_gated=settings.gated_limit, stopped=stopped, backend=backend or {"backend": "local"},

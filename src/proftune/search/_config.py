@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from ..exceptions import ConfigError
 
 if TYPE_CHECKING:
+    from optuna.pruners import BasePruner
+    from optuna.samplers import BaseSampler
+
     from ._ray import RayOptions
 
 __all__ = ["SearchConfig", "search_config"]
@@ -46,13 +49,19 @@ class SearchConfig:
     #: Trials gated before training, counted apart (None: ten per trial, at least 20).
     max_gated: int | None = None
     # -- how it samples and prunes ------------------------------------------------------------
-    sampler: str = "tpe"
-    pruner: str = "none"
+    #: A key of ``SAMPLERS`` (``"tpe"``, ``"sobol"``, ...) or your own Optuna ``BaseSampler``.
+    sampler: str | BaseSampler = "tpe"
+    #: A key of ``PRUNERS`` (``"median"``, ``"asha"``, ...) or your own Optuna ``BasePruner``.
+    pruner: str | BasePruner = "none"
     #: The first pass of ``sampler="coarse-to-fine"``: ``"halton"`` or ``"grid"``.
     coarse: str = "halton"
     #: Points per continuous param of a grid (``sampler="grid"``, ``coarse="grid"``).
     grid_points: int = 5
     seed: int = 0
+    #: The most of ``trials`` spent re-evaluating the leading configurations (noise-aware
+    #: selection, :mod:`proftune.search._reeval`); None: 0.1 for a plain objective, 0 (off, every
+    #: trial a new configuration, the best single draw named best) for a Task.
+    reevaluate: float | None = None
     #: Configurations to train first (Optuna's ``enqueue_trial``), each
     #: ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.
     enqueue: Sequence[Mapping[str, Any]] = ()

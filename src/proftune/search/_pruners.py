@@ -19,7 +19,7 @@ from optuna.study import StudyDirection
 
 from ..exceptions import ConfigError
 
-__all__ = ["PRUNERS", "PatiencePruner", "make_pruner"]
+__all__ = ["PRUNERS", "PatiencePruner", "make_pruner", "pruner_name"]
 
 PRUNERS = ("none", "median", "asha", "patience")
 
@@ -60,8 +60,16 @@ class PatiencePruner(BasePruner):
         return self.reports_since_improvement(values, maximize=maximize) >= self.patience
 
 
-def make_pruner(name: str, options: dict[str, Any]) -> BasePruner:
-    """The pruner called ``name`` with options from the space file's ``pruner:`` section."""
+def pruner_name(pruner: str | BasePruner) -> str:
+    """A registry key as it is; a user's own Optuna pruner by its class."""
+    return pruner if isinstance(pruner, str) else type(pruner).__name__
+
+
+def make_pruner(name: str | BasePruner, options: dict[str, Any]) -> BasePruner:
+    """The pruner called ``name`` (a key of ``PRUNERS``) with options from the space file's
+    ``pruner:`` section, or the user's own Optuna pruner as given."""
+    if isinstance(name, BasePruner):
+        return name
     if name == "none":
         return optuna.pruners.NopPruner()
     if name == "median":

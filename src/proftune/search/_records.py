@@ -48,9 +48,13 @@ class TrialRecord:
     tags: dict[str, Any] = field(default_factory=dict)
     #: The task's metrics after each epoch, as trained.
     curve: list[dict[str, Any]] = field(default_factory=list)
+    #: A re-evaluation: the configuration's evaluations before this one (0: a new configuration).
+    repeat: int = 0
+    #: The seed this evaluation ran with (the search's, plus ``repeat``).
+    seed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return {"repeat": self.repeat, "seed": self.seed,
             "number": self.number, "state": self.state, "params": self.params,
             "values": self.values, "metrics": self.metrics, "constraints": self.constraints,
             "reason": self.reason, "duration_s": self.duration_s, "run_id": self.run_id,
@@ -246,5 +250,6 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
             retried_from=t.system_attrs.get("failed_trial"),
             gated=bool(t.user_attrs.get(f"{ATTR}_gated")), sampler=rec.get("sampler"),
             tags=dict(t.user_attrs.get(f"{ATTR}_tags") or {}), curve=list(rec.get("curve") or []),
+            repeat=int(rec.get("repeat") or t.user_attrs.get(f"{ATTR}_repeat") or 0), seed=rec.get("seed"),
         ))
     return out

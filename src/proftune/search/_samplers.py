@@ -10,7 +10,7 @@ from ..exceptions import ConfigError
 from ._coarse_fine import CoarseToFineSampler
 from ._settings import SearchSettings
 
-__all__ = ["SAMPLERS", "describe_sampler", "make_sampler"]
+__all__ = ["SAMPLERS", "describe_sampler", "make_sampler", "sampler_name"]
 
 SAMPLERS = ("tpe", "halton", "sobol", "random", "grid", "coarse-to-fine", "nsga2")
 
@@ -21,8 +21,16 @@ def describe_sampler(sampler: optuna.samplers.BaseSampler) -> str:
     return f"{type(sampler).__name__}({qmc})" if qmc else type(sampler).__name__
 
 
+def sampler_name(sampler: str | optuna.samplers.BaseSampler) -> str:
+    """A registry key as it is; a user's own Optuna sampler by its class (``describe_sampler``)."""
+    return sampler if isinstance(sampler, str) else describe_sampler(sampler)
+
+
 def make_sampler(settings: SearchSettings, worker: int = 0) -> optuna.samplers.BaseSampler:
-    """The sampler called ``settings.sampler``; each worker gets its own seed."""
+    """The sampler called ``settings.sampler`` (a key of ``SAMPLERS``), or the user's own Optuna
+    sampler as given; each worker of a named one gets its own seed."""
+    if isinstance(settings.sampler, optuna.samplers.BaseSampler):
+        return settings.sampler
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return _make_sampler(settings, worker)

@@ -23,8 +23,9 @@ class SearchSettings:
     trials: int
     study: str
     db: str
-    sampler: str = "tpe"
-    pruner: str = "none"
+    #: A key of ``SAMPLERS`` / ``PRUNERS``, or the user's own Optuna sampler / pruner.
+    sampler: Any = "tpe"
+    pruner: Any = "none"
     epochs: int | None = None
     max_steps: int | None = None
     timeout: float | None = None
@@ -44,6 +45,8 @@ class SearchSettings:
     data_fingerprint: str | None = None
     env: dict[str, Any] = field(default_factory=dict)
     task_name: str = ""
+    #: The most of ``trials`` that re-evaluate leading configurations (0: none).
+    reevaluate: float = 0.0
 
     @property
     def gated_limit(self) -> int:
@@ -60,12 +63,13 @@ def check_settings(settings: SearchSettings, problems: ProblemCollector) -> None
     its flag."""
     multi = len(settings.objectives) > 1
     given = f"objectives= has {len(settings.objectives)} ({', '.join(o.text for o in settings.objectives)})"
-    if settings.pruner != "none":
+    pruner = settings.pruner if isinstance(settings.pruner, str) else type(settings.pruner).__name__
+    if pruner not in ("none", "NopPruner"):
         if multi:
-            problems.add(f"pruner={settings.pruner!r} needs one objective (Optuna cannot prune "
+            problems.add(f"pruner={pruner!r} needs one objective (Optuna cannot prune "
                          f"multi-objective trials), but {given}.")
         elif settings.objectives and settings.objectives[0].is_profile:
-            problems.add(f"pruner={settings.pruner!r} needs a task metric as the objective, but got "
+            problems.add(f"pruner={pruner!r} needs a task metric as the objective, but got "
                          f"{settings.objectives[0].text!r} (a profile metric, known before training).")
     if settings.coarse not in ("halton", "grid"):
         problems.add(f"coarse={settings.coarse!r} is unknown; valid: halton, grid.")

@@ -19,14 +19,18 @@ from ..task import load_task
 from ..track import Store
 from ._constraints import Objective
 from ._pruners import make_pruner
-from ._records import TrialRecord, counts, trial_records
+from ._records import ATTR, TrialRecord, counts, trial_records
+from ._reeval import groups, next_repeat
 from ._samplers import make_sampler
 from ._settings import SearchSettings
 from ._space import Space
 from ._storage import open_storage, reap_dead_trials
 from ._trial import Surplus, TrialFailed, TrialRunner
 
-__all__ = ["raise_if_too_many_failures", "run_worker"]
+__all__ = ["STARTUP", "evaluations", "raise_if_too_many_failures", "run_worker"]
+
+#: Complete trials before the first repeat (TPE's random start-up).
+STARTUP = 10
 
 
 def _stage_plan(space: Space, trials: int) -> list[tuple[str, int]]:
@@ -106,10 +110,36 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
             runner.stage = stage
             runner.only = [p.name for p in settings.space.params if p.tier == stage]
             runner.preset = _best_params(study, settings.objectives, settings.space.tiers[:idx])
+        elif settings.reevaluate > 0:
+            _maybe_repeat(study, settings)
         study.optimize(runner, n_trials=1, catch=(TrialFailed, Surplus), gc_after_trial=False,
                        show_progress_bar=False)
         ran += 1
     return {"worker": worker, "trials_run": ran, "stopped": reason}
+
+
+def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], float]]:
+    """(params, first objective value) of every complete trial, in order."""
+    return [(dict(r.params), r.values[0]) for r in records if r.state == "complete" and r.values]
+
+
+def _maybe_repeat(study: optuna.Study, settings: SearchSettings) -> None:
+    """Enqueue a repeat of a leading configuration when the rule of ``_reeval`` asks for one."""
+    if counts(study)["waiting"]:
+        return  # a queued trial runs first
+    records = trial_records(study)
+    evals = evaluations(records)
+    if len(evals) < STARTUP:
+        return
+    repeats = sum(1 for r in records if r.repeat and r.state != "running")
+    gs = groups(evals)
+    again = next_repeat(gs, maximize=settings.objectives[0].direction == "maximize", repeats=repeats,
+                        evaluations=len(evals), share=settings.reevaluate, budget=settings.trials)
+    if again is None:
+        return
+    n = next(g.n for g in gs if g.params == again)
+    searched = {k: v for k, v in again.items() if k in set(settings.space.names)}
+    study.enqueue_trial(searched, skip_if_exists=False, user_attrs={f"{ATTR}_repeat": n})
 
 
 def raise_if_too_many_failures(study: optuna.Study, max_failures: int) -> None:

@@ -16,6 +16,8 @@ from ..track import Store
 from ..train import Callback, FitState, fit
 from ._constraints import constraint_table
 from ._gate import ProfileGate, free_memory, is_oom
+from ._objective import ObjectiveTask
+from ._pruners import pruner_name
 from ._records import ATTR, TrialResult, slots_before
 from ._samplers import describe_sampler
 from ._settings import SearchSettings
@@ -86,6 +88,8 @@ class TrialRunner:
             trial.set_user_attr(f"{ATTR}_surplus", True)
             raise Surplus(f"trial {trial.number}: the study already has {self.s.trials} trials")
         params = self.s.space.suggest(trial, only=self.only, preset=self.preset)
+        #: a repeat of a configuration evaluated ``repeat`` times before: a new seed
+        repeat = int(trial.user_attrs.get(f"{ATTR}_repeat", 0) or 0)
         config = {**self.s.space.fixed, **params}
         run_id = self.store.start_run(
             "trial", self.s.task_name, config={"params": config, "trial": trial.number,
@@ -95,7 +99,8 @@ class TrialRunner:
         rec: dict[str, Any] = {"params": config, "metrics": {}, "constraints": {}, "reason": None,
                                "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
                                "stage": self.stage, "run_id": run_id,
-                               "sampler": describe_sampler(trial.study.sampler)}
+                               "sampler": describe_sampler(trial.study.sampler), "repeat": repeat,
+                               "seed": self.s.seed + repeat}
         try:
             return self._run(trial, config, rec)
         except optuna.TrialPruned:
@@ -154,10 +159,16 @@ class TrialRunner:
 
     def _train(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> _PruningCallback:
         t0 = time.perf_counter()
-        cb = _PruningCallback(trial, self.report_metric, self.s.pruner)
+        cb = _PruningCallback(trial, self.report_metric, pruner_name(self.s.pruner))
+        if isinstance(self.task, ObjectiveTask):  # a plain objective: one call, no training
+            try:
+                rec["metrics"].update(self.task.call(config, seed=rec["seed"]))
+            finally:
+                rec["train_s"] = time.perf_counter() - t0
+            return cb
         try:
             result = fit(self.task, config, epochs=self.s.epochs, max_steps=self.s.max_steps,
-                         device=self.s.device, seed=self.s.seed,
+                         device=self.s.device, seed=rec["seed"],
                              callbacks=[cb, *self.extra_callbacks])
         finally:
             rec["train_s"] = time.perf_counter() - t0

@@ -1,0 +1,173 @@
+"""Noise-aware selection: re-evaluate the leading configurations, name the best by its mean.
+
+A single draw of a noisy objective flatters the luckiest configuration (the winner's curse).
+Within the same budget of evaluations, the search spends a share on re-evaluating leaders:
+
+* configurations are grouped by their params; each group has a mean and a standard error,
+  taken from the pooled within-group spread (``noise``) once any group has two evaluations;
+* after each new evaluation, the leaders whose interval (mean +- ``Z`` standard errors)
+  overlaps the leader's are the contenders; the contender with the fewest evaluations (the
+  leader first on a tie) is evaluated again, unless re-evaluations already hold ``share``
+  of the evaluations made; when one leader is ahead beyond the intervals, nothing is
+  re-evaluated and the search explores;
+* the best (``pick``) is the group whose mean, less ``Z`` standard errors in the better
+  direction, is best: a configuration seen once is not named over one whose mean has held up
+  on repeats unless it is ahead beyond noise.
+
+``share`` (the most of the budget that goes to repeats) was measured on the exhaustive tables
+of ``benchmarks/samplers.py``: see the README's search section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._jsonsafe import json_dumps
+from .._records import mapping, record_fields
+
+__all__ = ["DEFAULT_SHARE", "Group", "Selection", "Z", "group_key", "groups", "next_repeat", "pick", "pooled_noise", "select"]
+
+#: The most of the evaluations that go to repeats (measured; see the module docstring).
+DEFAULT_SHARE = 0.1
+#: Standard errors on each side of a mean that make an interval.
+Z = 1.0
+#: Contenders considered beside the leader.
+TOP = 5
+
+
+def group_key(params: Mapping[str, Any]) -> str:
+    """One text per configuration (floats as JSON writes them)."""
+    return json_dumps(dict(sorted(params.items())))
+
+
+@dataclass(frozen=True)
+class Group:
+    """The evaluations of one configuration: params, values (the objective, as measured)."""
+
+    params: dict[str, Any]
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    def sq(self) -> float:
+        m = self.mean
+        return sum((v - m) ** 2 for v in self.values)
+
+
+def groups(evaluations: Sequence[tuple[Mapping[str, Any], float]]) -> list[Group]:
+    """The (params, value) evaluations grouped by configuration, in order of first evaluation."""
+    table: dict[str, tuple[dict[str, Any], list[float]]] = {}
+    for params, value in evaluations:
+        if value is None or not math.isfinite(value):
+            continue
+        table.setdefault(group_key(params), (dict(params), []))[1].append(float(value))
+    return [Group(p, tuple(v)) for p, v in table.values()]
+
+
+def pooled_noise(gs: Sequence[Group]) -> float | None:
+    """The objective's standard deviation within a configuration, pooled over groups with repeats."""
+    dof = sum(g.n - 1 for g in gs if g.n > 1)
+    if dof == 0:
+        return None
+    return math.sqrt(sum(g.sq() for g in gs if g.n > 1) / dof)
+
+
+def _se(g: Group, noise: float) -> float:
+    return noise / math.sqrt(g.n)
+
+
+def _ranked(gs: Sequence[Group], maximize: bool) -> list[Group]:
+    return sorted(gs, key=lambda g: -g.mean if maximize else g.mean)
+
+
+def next_repeat(gs: Sequence[Group], *, maximize: bool, repeats: int, evaluations: int,
+                share: float = DEFAULT_SHARE, budget: int | None = None) -> dict[str, Any] | None:
+    """The params to evaluate again now, or None to explore (see the module docstring).
+
+    ``repeats`` of the ``evaluations`` made so far were repeats; another is allowed while
+    ``repeats + 1 <= share * budget`` (``budget``: the evaluations planned; default: made).
+    """
+    if share <= 0 or len(gs) < 2:
+        return None
+    total = budget if budget is not None else evaluations
+    if repeats + 1 > share * total or repeats + 1 > share * (evaluations + 1):
+        return None
+    ranked = _ranked(gs, maximize)
+    leader = ranked[0]
+    noise = pooled_noise(gs)
+    if noise is None:  # no spread known yet: one repeat of the leader tells it
+        return dict(leader.params)
+    contenders = [g for g in ranked[1:TOP + 1]
+                  if abs(g.mean - leader.mean) < Z * (_se(g, noise) + _se(leader, noise))]
+    if not contenders:
+        return None
+    chosen = min([leader, *contenders], key=lambda g: g.n)
+    return dict(chosen.params)
+
+
+def pick(gs: Sequence[Group], *, maximize: bool) -> Group | None:
+    """The best configuration by its mean: among the most-evaluated contenders, unless one seen
+    fewer times is ahead of them beyond its interval."""
+    if not gs:
+        return None
+    ranked = _ranked(gs, maximize)
+    noise = pooled_noise(gs)
+    if noise is None:
+        return ranked[0]
+    sign = 1.0 if maximize else -1.0
+
+    def lower(g: Group) -> float:  # the mean, less its interval, in the better direction
+        return sign * g.mean - Z * _se(g, noise)
+
+    return max(ranked, key=lower)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The configuration named best by its mean: its params, the mean of its ``n`` evaluations,
+    their standard error (pooled noise / sqrt(n); None before any repeat), the interval
+    (mean +- 1.96 se), and how the budget was spent (evaluations, of which repeats)."""
+
+    params: dict[str, Any]
+    mean: float
+    n: int
+    se: float | None
+    low: float | None
+    high: float | None
+    evaluations: int
+    repeats: int
+    share: float
+    #: The within-configuration standard deviation, pooled over the repeated configurations.
+    noise: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Selection:
+        return cls(**record_fields(cls, mapping(d, what="a search selection"), what="a search selection"))
+
+
+def select(evaluations: Sequence[tuple[Mapping[str, Any], float]], *, maximize: bool, repeats: int,
+           share: float) -> Selection | None:
+    """The :class:`Selection` of ``evaluations`` (params, value) by :func:`pick`."""
+    gs = groups(evaluations)
+    best = pick(gs, maximize=maximize)
+    if best is None:
+        return None
+    noise = pooled_noise(gs)
+    se = noise / math.sqrt(best.n) if noise is not None else None
+    return Selection(params=best.params, mean=best.mean, n=best.n, se=se,
+                     low=best.mean - 1.96 * se if se is not None else None,
+                     high=best.mean + 1.96 * se if se is not None else None,
+                     evaluations=sum(g.n for g in gs), repeats=repeats, share=share, noise=noise)
