@@ -96,3 +96,21 @@ def test_a_renamed_field_fails_and_the_page_says_so(stored: tuple[Store, Optimiz
     assert _sections(html) == ["Result", "Run and environment"]
     assert "cannot be read as its record" in html
     assert "average is not a field" in html
+
+
+def test_the_page_s_cards_sizes_and_layer_table_read_whole(stored: tuple[Store, OptimizeResult]) -> None:
+    """Issue 39's report fixes: the result cards carry their sentences whole (no "…"), the model's
+    size is one figure wherever it is shown, and the layer table shows what is left of the metric
+    beside its drop (a drop near the whole metric is a layer the model cannot do without)."""
+    from proftune._units import format_bytes
+
+    store, res = stored
+    page = render_report(res.run_id, store=store)
+    headline = page[page.index('<div class="headline">'):]
+    headline = headline[:headline.index("</section>")]
+    assert "…" not in headline
+    sizes = set(re.findall(r"\d+(?:\.\d+)? [KMG]iB", _text(headline)))
+    assert format_bytes(res.final.size_bytes) in sizes
+    if res.final.compressed is None:
+        assert len(sizes) == 1, sizes
+    assert "without it (of" in page

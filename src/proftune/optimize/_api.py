@@ -682,7 +682,9 @@ class _Loop:
             # the uncompressed model as compress measured it beside its candidates, where it ran
             latency_ms=cb.latency_ms if cb is not None and cb.latency_ms is not None else fin.latency_ms,
             latency_batch_ms=cb.latency_batch_ms if cb is not None else None,
-            batch_size=cb.batch_size if cb is not None else None, size_bytes=fin.size_bytes,
+            batch_size=cb.batch_size if cb is not None else None,
+            # one figure of the model's size wherever it is shown: compress's, where it ran
+            size_bytes=cb.size_bytes if cb is not None and cb.size_bytes else fin.size_bytes,
             compressed=(CompressedModel(**{**sel.to_dict(), "model": str(self.out / "model_compressed.pt"),
                                            "load": comp.load}) if sel is not None else None),
             changes=self._changes(chosen))

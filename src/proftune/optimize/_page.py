@@ -191,7 +191,7 @@ def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
     stats.append(("time used of the budget", f"{_secs(res.elapsed_s)} of {_secs(res.budget_s)}", res.stop_reason, ""))
     s.html('<div class="headline">' + "".join(
         f'<div class="stat {cls}" title="{esc(hint)}"><div class="v">{esc(value)}</div><div class="l">{esc(label)}</div>'
-        + (f'<div class="l">{esc(_short(hint, 110))}</div>' if hint else "") + "</div>"
+        + (f'<div class="l">{esc(hint)}</div>' if hint else "") + "</div>"
         for label, value, hint, cls in stats) + "</div>")
     if story.lines:
         s.kv([(x.label, x.text) for x in story.lines], title="what a newcomer asks")
@@ -397,10 +397,16 @@ def _layer_value(page: Page, run: _Run) -> None:
                                             ("params_share", "params share")))]
     s.chart({"data": data, "layout": layout("share of step time vs share of value per layer (%)", y="%",
                                             barmode="group", height=340)})
-    s.table(["layer", "type", "params", "time", "value", f"{run.metric} drop", "finding"],
+    base = _f(lv.metric)
+    # the drop beside what is left of the metric: a drop near the whole metric is a layer the
+    # model cannot do without (it falls to chance), not an accuracy misfiled as a drop
+    s.table(["layer", "type", "params", "time", "value", f"{run.metric} drop",
+             f"{run.metric} without it (of {_n(base)})", "finding"],
             [[x.name, x.type, x.params, Cell(f"{100 * (_f(x.time_share) or 0):.1f}%", sort=_f(x.time_share) or 0),
               Cell(f"{100 * (_f(x.value_share) or 0):.1f}%", sort=_f(x.value_share) or 0),
-              Cell(_n(x.drop), sort=_f(x.drop) or 0), clipped(x.finding or "", 120)]
+              Cell(_n(x.drop), sort=_f(x.drop) or 0),
+              _n(base - x.drop if base is not None and _f(x.drop) is not None else None),
+              x.finding or ""]
              for x in layers])
     for f in lv.findings:
         s.para(f"layer {f.layer}: {f.finding}; {f.action}")
@@ -512,8 +518,13 @@ def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: Sea
             notes.append({"x": (min(f.trials) + max(f.trials)) / 2, "y": 0.02, "xref": "x", "yref": "paper",
                           "text": f"yellow flag: {f.cause}", "showarrow": False,
                           "font": {"size": 11, "color": "#a05a00"}})
-    s.chart({"data": data, "layout": layout(f"{run.metric} of every trial, by arm", x="trial", y=run.metric,
-                                            shapes=shapes, annotations=notes, height=400)})
+    chart_layout = layout(f"{run.metric} of every trial, by arm", x="trial", y=run.metric,
+                          shapes=shapes, annotations=notes, height=400)
+    numbers = [t.number for t in ordered]
+    if numbers:  # trial numbers on the axis (a lone trial is not drawn on an axis from -1 to 1)
+        chart_layout["xaxis"] = {**chart_layout.get("xaxis", {}), "range": [min(numbers) - 0.5, max(numbers) + 0.5],
+                                 "dtick": max(1, (max(numbers) - min(numbers) + 1) // 10)}
+    s.chart({"data": data, "layout": chart_layout})
 
 
 def _maximize(run: _Run) -> bool:
