@@ -14,6 +14,7 @@ selective activation checkpointing, ``create_selective_checkpoint_contexts``).
 from __future__ import annotations
 
 import functools
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -77,7 +78,9 @@ def _checkpointed(forward: Any, mode: str) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         if mode == "selective":
-            return checkpoint(forward, *args, use_reentrant=False, context_fn=_selective_context, **kwargs)
+            with warnings.catch_warnings():  # torch's note on saved-tensor hooks around SAC: not the user's
+                warnings.filterwarnings("ignore", message=".*saved_tensors_hooks.*", category=FutureWarning)
+                return checkpoint(forward, *args, use_reentrant=False, context_fn=_selective_context, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run
@@ -95,6 +98,6 @@ def apply_activation_checkpointing(model: nn.Module, mode: str = "full") -> str:
     for _, unit in block_units(model):
         if getattr(unit, _MARK, None):
             continue
-        unit.forward = _checkpointed(unit.forward, mode)  # type: ignore[method-assign]
+        unit.forward = _checkpointed(unit.forward, mode)
         setattr(unit, _MARK, mode)
     return mode

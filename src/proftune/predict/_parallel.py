@@ -224,7 +224,8 @@ class Evaluator:
         plain = self.point("none", b, exact=exact) if checkpointing != "none" else pt
         step = self._time(strategy, s, offload, pt, micro)
         global_batch = b * micro * n
-        per_s = global_batch / (step["time_ms"] / 1e3) if step.get("time_ms") else None
+        time_ms = step.get("time_ms")
+        per_s = global_batch / (float(time_ms) / 1e3) if time_ms else None
         gpn = n // self.nodes
         ds = strategy.deepspeed(s.n_params, s.largest_layer_params, gpn, self.nodes, offload)
         buffers = sum(v for k, v in peak.breakdown.items() if k in ("comm_buckets", "gathered_params"))
@@ -347,6 +348,7 @@ def plan(evaluator: Evaluator, global_batch: int) -> tuple[list[ParallelPredicti
                                         best.batch_size, best.micro_batches)
         if fitting[0].fits is False:
             rejected.append({**_reason(fitting.pop(0)), "reason": "does not fit when traced at its batch"})
+        fitting.sort(key=lambda o: -(o.samples_per_s or 0.0))  # the exact trace may move it down
     return fitting, rejected
 
 

@@ -179,7 +179,7 @@ class _ZeroBucketed(BaseStrategy):
     """ZeRO 1 and 2: DeepSpeed's reduce and all-gather buckets (500M elements by default, capped
     by the model)."""
 
-    offloads = ("none", "optimizer")
+    offloads: ClassVar[tuple[str, ...]] = ("none", "optimizer")
 
     def _bucket(self, s: ModelSizes) -> int:
         per = s.grads_bytes / max(s.n_params, 1)
@@ -247,7 +247,7 @@ class _FullShard(BaseStrategy):
     its forward and again for its backward, its gradients reduce-scattered after its backward."""
 
     shards_optimizer = shards_grads = shards_params = True
-    offloads = ("none", "optimizer", "params")
+    offloads: ClassVar[tuple[str, ...]] = ("none", "optimizer", "params")
 
     def buffers(self, s: ModelSizes, n: int, offload: str, phase: str) -> dict[str, int]:
         u = s.largest_unit_bytes
@@ -300,7 +300,7 @@ class FSDP(_FullShard):
     together: ``params``. DeepSpeed's figure is ZeRO-3's, the same partitioning."""
 
     name, title = "fsdp", "FSDP"
-    offloads = ("none", "params")
+    offloads: ClassVar[tuple[str, ...]] = ("none", "params")
 
 
 #: The strategies by name.
