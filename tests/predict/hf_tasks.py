@@ -75,7 +75,8 @@ class _Llama(_TokenTask):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         ids, labels = batch
-        out: torch.Tensor = model(input_ids=ids, labels=labels).loss
+        # no KV cache in training (it would also change between a checkpointed forward and its recompute)
+        out: torch.Tensor = model(input_ids=ids, labels=labels, use_cache=False).loss
         return out
 
 

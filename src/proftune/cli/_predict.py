@@ -10,7 +10,17 @@ from rich.table import Table
 
 from .._units import format_bytes
 from ..exceptions import ConfigError
-from ..predict import DEVICES, PredictConfig, PredictResult, predict
+from ..predict import (
+    CHECKPOINTING,
+    DEVICES,
+    OFFLOAD,
+    STRATEGIES,
+    ParallelPlan,
+    ParallelPrediction,
+    PredictConfig,
+    PredictResult,
+    predict,
+)
 from ..track import Store
 from ._common import (
     DbOpt,
@@ -42,6 +52,15 @@ BandwidthOpt = Annotated[str | None, typer.Option(
 
 
 def _render(r: PredictResult) -> None:
+    if r.plan is not None:
+        _render_plan(r.plan)
+        return
+    _render_single(r)
+    if r.parallel is not None:
+        _render_parallel(r.parallel)
+
+
+def _render_single(r: PredictResult) -> None:
     t, m = r.target, r.memory
     run = f"run {r.run_id}: " if r.run_id is not None else ""
     accumulation = int((r.config.get("params") or {}).get("grad_accumulation") or 1)
@@ -93,9 +112,73 @@ def _render(r: PredictResult) -> None:
             f"{u['op']} x{u['calls']} {u['shapes'][:2]}" for u in r.uncounted_ops), highlight=False)
 
 
+def _render_parallel(p: ParallelPrediction) -> None:
+    title = STRATEGIES[p.strategy].title
+    out_console.print(
+        f"[bold]{title}[/] on {p.gpus} GPUs ({p.nodes} node{'s' if p.nodes > 1 else ''}), checkpointing "
+        f"{p.activation_checkpointing}, offload {p.offload}: per-GPU batch {p.batch_size} x {p.micro_batches} "
+        f"micro-batches = global batch {p.global_batch}", highlight=False)
+    t = Table(title="one GPU's memory at the step's peak (predicted)")
+    t.add_column("part")
+    t.add_column("bytes", justify="right")
+    for kind, value in sorted(p.memory.items(), key=lambda kv: -kv[1]):
+        t.add_row(kind, format_bytes(value))
+    t.add_row("[bold]peak[/]", f"[bold]{format_bytes(p.peak_bytes)}[/]")
+    out_console.print(t)
+    ms = p.model_states
+    out_console.print(
+        f"peak in {p.peak_phase}; model states per GPU: parameters {format_bytes(ms['params'])}, gradients "
+        f"{format_bytes(ms['grads'])}, optimizer state {format_bytes(ms['optimizer_state'])}"
+        + (f", on the host {format_bytes(ms['host'])}" if ms.get("host") else "")
+        + f"; activations {format_bytes(p.activations_bytes)} (without checkpointing "
+        f"{format_bytes(p.activations_without_checkpointing_bytes)}); communication buffers "
+        f"{format_bytes(p.comm_buffers_bytes)}", highlight=False)
+    ds = p.deepspeed
+    out_console.print(
+        f"DeepSpeed's terms (Ψ={p.n_params:,} params, L={p.largest_layer_params:,}, fp16 + Adam): "
+        f"{ds['formula']} = GPU {format_bytes(ds['gpu_bytes'])}, CPU {format_bytes(ds['cpu_bytes'])} "
+        f"({ds['source']})", highlight=False)
+    st = p.step
+    if st.get("time_ms") is not None:
+        link = p.link
+        bw = f"{link['bytes_s'] / 1e9:.3g} GB/s" if link.get("bytes_s") else "-"
+        rate = f", {p.samples_per_s:.4g} samples/s" if p.samples_per_s else ""
+        rate += f", {p.tokens_per_s:.4g} tokens/s" if p.tokens_per_s else ""
+        out_console.print(
+            f"step (estimate) {st['time_ms']:.4g} ms: compute {st['compute_ms']:.4g} ms, collectives "
+            f"{st['comm_ms']:.4g} ms over {link['name']} {bw} ({st['exposed_comm_ms']:.4g} ms not hidden), "
+            f"offload {st['offload_ms']:.4g} ms{rate}", highlight=False)
+    if p.max_batch_size is not None:
+        out_console.print(f"largest per-GPU batch that fits {format_bytes(p.device_memory_bytes)}: "
+                          f"[bold]{p.max_batch_size}[/]", highlight=False)
+
+
+def _render_plan(plan: ParallelPlan) -> None:
+    tokens = f" x {plan.tokens_per_sample} tokens" if plan.tokens_per_sample else ""
+    t = Table(title=f"plan: {plan.gpus} GPUs, global batch {plan.global_batch}{tokens} "
+                    f"({plan.traces} fake steps, {plan.seconds:.1f} s)")
+    for col in ("#", "strategy", "checkpointing", "offload", "per-GPU batch", "accumulation", "peak/GPU",
+                "step ms", "samples/s", "tokens/s"):
+        t.add_column(col, justify="left" if col in ("strategy", "checkpointing", "offload") else "right")
+    for i, o in enumerate(plan.options[:15], 1):
+        step = o.step.get("time_ms")
+        t.add_row(str(i), STRATEGIES[o.strategy].title, o.activation_checkpointing, o.offload, str(o.batch_size),
+                  str(o.micro_batches), format_bytes(o.peak_bytes), "-" if step is None else f"{step:.4g}",
+                  "-" if o.samples_per_s is None else f"{o.samples_per_s:.4g}",
+                  "-" if o.tokens_per_s is None else f"{o.tokens_per_s:.4g}")
+    out_console.print(t)
+    if len(plan.options) > 15:
+        out_console.print(f"... and {len(plan.options) - 15} more options that fit (--json lists them all)")
+    for r in plan.rejected:
+        out_console.print(f"[yellow]{r['reason']}[/] (checkpointing {r['activation_checkpointing']}, "
+                          f"offload {r['offload']})", highlight=False)
+
+
 def predict_command(
     task: TaskArg,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Batch size to predict.")],
+    batch_size: Annotated[int | None, typer.Option(
+        "--batch-size", "-b", help="Batch size to predict (per GPU with --gpus); not with --plan.",
+        show_default=False)] = None,
     target: TargetOpt = "auto",
     device_memory: MemoryOpt = None,
     peak_tflops: TflopsOpt = None,
@@ -109,6 +192,25 @@ def predict_command(
     calibrate: Annotated[int | None, typer.Option(
         "--calibrate", help="Also run a few real steps at this (small) batch on this machine's CPU and report "
                             "the prediction's error there.", show_default=False)] = None,
+    gpus: Annotated[int | None, typer.Option(
+        "--gpus", help="Data-parallel GPUs in all: predict one GPU of them.", show_default=False)] = None,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", help="Nodes the --gpus are spread over (collectives cross the network).",
+        show_default=False)] = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", help=f"Data-parallel strategy: {', '.join(STRATEGIES)} (default with --gpus: ddp).",
+        show_default=False)] = None,
+    activation_checkpointing: Annotated[str, typer.Option(
+        "--activation-checkpointing", help=f"Recompute the blocks' activations: {', '.join(CHECKPOINTING)}.")] = "none",
+    offload: Annotated[str, typer.Option(
+        "--offload", help=f"Keep on the host: {', '.join(OFFLOAD)} (zero1/2: optimizer; zero3: both; "
+                          "fsdp: params).")] = "none",
+    plan: Annotated[bool, typer.Option(
+        "--plan", help="Rank every strategy x checkpointing x offload x per-GPU batch that fits --global-batch "
+                       "on --gpus, by predicted throughput.")] = False,
+    global_batch: Annotated[int | None, typer.Option(
+        "--global-batch", help="Samples per optimizer step over all GPUs (with --plan; for a sequence model "
+                               "each sample is the task's sequence).", show_default=False)] = None,
     device: DeviceOpt = "auto",
     db: DbOpt = None,
     json_out: JsonOpt = False,
@@ -121,11 +223,17 @@ def predict_command(
     fake-tensor trace: nothing is allocated and no step runs. Exits 2 when the batch does not fit."""
 
     def body() -> PredictResult:
-        config = PredictConfig(batch_size=batch_size, target=target, device_memory=device_memory,
+        if batch_size is None and not plan:
+            raise ConfigError("--batch-size is required (or --plan with --gpus and --global-batch).")
+        if batch_size is not None and plan:
+            raise ConfigError("--plan chooses the per-GPU batch: leave --batch-size out.")
+        config = PredictConfig(batch_size=batch_size or 0, target=target, device_memory=device_memory,
                                peak_tflops=peak_tflops, bandwidth=bandwidth, precision=precision,
-                               optimizer=optimizer, calibrate=calibrate, device=device)
+                               optimizer=optimizer, calibrate=calibrate, device=device, gpus=gpus, nodes=nodes,
+                               strategy=strategy, activation_checkpointing=activation_checkpointing,
+                               offload=offload, plan=plan, global_batch=global_batch)
         result = predict(task, parse_params(param), config, store=Store(db))
-        if result.fits is False:
+        if result.fits is False and result.parallel is None and result.plan is None:
             best = result.max_batch_size
             raise ConfigError(
                 f"batch_size={batch_size} does not fit {result.target['name']}'s "

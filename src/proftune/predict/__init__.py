@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from .._callable import make_callable as _make_callable
 from ._api import PredictConfig, predict
+from ._checkpointing import CHECKPOINTING, apply_activation_checkpointing, block_units
 from ._devices import DEVICES, DeviceSpec, resolve_target, roofline_ms
 from ._memory_model import MIN_MARGIN_FRACTION, RESIDUAL_MARGIN, MemoryModel, fit_memory_model
+from ._parallel import ParallelPlan, ParallelPrediction
 from ._record import (
     ESTIMATE_NOTE,
     PREDICT_SCHEMA_VERSION,
@@ -21,24 +23,36 @@ from ._record import (
     PredictedStep,
     PredictResult,
 )
+from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, Collective, DeepSpeedStates, ModelSizes
 from ._trace import PHASES, StepTracer
 
 __all__ = [
+    "CHECKPOINTING",
     "DEVICES",
     "ESTIMATE_NOTE",
     "MIN_MARGIN_FRACTION",
+    "OFFLOAD",
     "PHASES",
     "PREDICT_SCHEMA_VERSION",
     "RESIDUAL_MARGIN",
+    "STRATEGIES",
+    "BaseStrategy",
+    "Collective",
+    "DeepSpeedStates",
     "DeviceSpec",
     "LayerPrediction",
     "MemoryModel",
+    "ModelSizes",
+    "ParallelPlan",
+    "ParallelPrediction",
     "PeakAt",
     "PredictConfig",
     "PredictResult",
     "PredictedMemory",
     "PredictedStep",
     "StepTracer",
+    "apply_activation_checkpointing",
+    "block_units",
     "fit_memory_model",
     "predict",
     "resolve_target",

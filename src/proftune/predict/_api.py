@@ -26,7 +26,10 @@ from ..track import Store, optional_store, tracked_run
 from ..train import validate_params
 from ._devices import DeviceSpec, resolve_target, roofline_ms
 from ._memory_model import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
+from ._parallel import Evaluator, ParallelPlan, ParallelPrediction, validate_parallel
+from ._parallel import plan as run_plan
 from ._record import LayerPrediction, PeakAt, PredictedMemory, PredictedStep, PredictResult
+from ._sharding import STRATEGIES
 from ._trace import PHASES, StepTracer, _Trace
 
 __all__ = ["PredictConfig", "predict"]
@@ -157,6 +160,18 @@ class PredictConfig:
     foreach: bool | None = None
     calibrate: int | None = None
     device: str | torch.device = "auto"
+    #: Data parallelism: the GPUs in all (over ``nodes`` nodes), the strategy (ddp, fsdp, zero1,
+    #: zero2, zero3), activation checkpointing of the blocks (none, full, selective) and offload
+    #: (none, optimizer, params); ``batch_size`` is then the per-GPU micro-batch.
+    gpus: int | None = None
+    nodes: int | None = None
+    strategy: str | None = None
+    activation_checkpointing: str = "none"
+    offload: str = "none"
+    #: Rank every strategy x checkpointing x offload x per-GPU batch that fits ``global_batch``
+    #: samples per step on ``gpus`` GPUs, by predicted throughput.
+    plan: bool = False
+    global_batch: int | None = None
 
 
 def predict(
@@ -188,6 +203,12 @@ def predict(
         merged["optimizer"] = optimizer
     merged = validate_params(merged)
     prec = str(merged.get("precision", "fp32"))
+    validate_parallel(gpus=cfg.gpus, nodes=cfg.nodes, strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
+                      offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch)
+    if cfg.plan and not batch_size:
+        batch_size, max_batch = 1, False
+    if cfg.gpus is not None and cfg.strategy is None and not cfg.plan:
+        cfg = dataclasses.replace(cfg, strategy="ddp")
     _validate(batch_size, prec)
     if calibrate is not None and (isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 1):
         raise ConfigError(f"calibrate must be a positive batch size, but got {calibrate=}.")
@@ -201,13 +222,16 @@ def predict(
     st = optional_store(store, db=db)
     if st is None:
         return _predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
-                        calibrate=calibrate, dev=dev)
+                        calibrate=calibrate, dev=dev, cfg=cfg)
     run_config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
-                  "calibrate": calibrate, "device": str(dev)}
+                  "calibrate": calibrate, "device": str(dev), "gpus": cfg.gpus, "nodes": cfg.nodes,
+                  "strategy": cfg.strategy, "activation_checkpointing": cfg.activation_checkpointing,
+                  "offload": cfg.offload, "plan": cfg.plan, "global_batch": cfg.global_batch}
     # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
     with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
         result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
-                                              foreach=foreach, calibrate=calibrate, dev=dev), run_id=run.id)
+                                              foreach=foreach, calibrate=calibrate, dev=dev, cfg=cfg),
+                                     run_id=run.id)
         metrics = {"predicted_peak_bytes": float(result.memory.peak_bytes), "params": float(result.params.total)}
         if result.step.time_ms is not None:
             metrics["predicted_step_time_ms"] = float(result.step.time_ms)
@@ -218,12 +242,14 @@ def predict(
 
 
 def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec, batch_size: int, *,
-             max_batch: bool, foreach: bool | None, calibrate: int | None, dev: torch.device) -> PredictResult:
+             max_batch: bool, foreach: bool | None, calibrate: int | None, dev: torch.device,
+             cfg: PredictConfig) -> PredictResult:
     """One prediction of validated inputs (see :func:`predict`)."""
     started = time.perf_counter()
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
-    tracer = _tracer(task_obj, merged, prec, foreach)
+    tracer = _tracer(task_obj, merged, prec, foreach, cfg.activation_checkpointing)
+    parallel, plan_result = _parallel(task_obj, merged, prec, foreach, tracer, spec, batch_size, cfg, started)
     traces: dict[int, _Trace] = {}
 
     def peak_at(b: int) -> int:
@@ -257,8 +283,42 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
         device_memory_bytes=memory, fits=fits, max_batch_size=max_b, max_batch=found,
         trace_s=time.perf_counter() - started, traces=len(traces) + (1 if calibration else 0),
         real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
-        config={"params": {**merged, "batch_size": batch_size}},
+        config={"params": {**merged, "batch_size": batch_size}}, parallel=parallel, plan=plan_result,
     )
+
+
+def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, tracer: StepTracer,
+              spec: DeviceSpec, batch_size: int, cfg: PredictConfig,
+              started: float) -> tuple[ParallelPrediction | None, ParallelPlan | None]:
+    """The per-GPU prediction (``strategy``) or the plan, when ``gpus`` is given."""
+    if cfg.gpus is None:
+        return None, None
+    tracers = {cfg.activation_checkpointing: tracer}
+
+    def tracer_for(mode: str) -> StepTracer:
+        if mode not in tracers:
+            tracers[mode] = StepTracer(task_obj, merged, precision=prec, foreach=foreach, checkpointing=mode)
+        return tracers[mode]
+
+    ev = Evaluator(tracer_for, spec, cfg.gpus, cfg.nodes or 1, tokens_per_sample=_tokens_per_sample(tracer.sample))
+    if not cfg.plan:
+        one = ev.evaluate(STRATEGIES[cfg.strategy or "ddp"], cfg.activation_checkpointing, cfg.offload, batch_size,
+                          tracer.grad_accumulation)
+        return one, None
+    options, rejected = run_plan(ev, int(cfg.global_batch or 0))
+    return None, ParallelPlan(gpus=cfg.gpus, nodes=cfg.nodes or 1, global_batch=int(cfg.global_batch or 0),
+                              tokens_per_sample=ev.tokens_per_sample, options=tuple(options),
+                              rejected=tuple(rejected), traces=ev.traces, seconds=time.perf_counter() - started)
+
+
+def _tokens_per_sample(sample: Any) -> int:
+    """Tokens of one sample of a sequence model: the length of its first 2-D integer tensor."""
+    from torch.utils._pytree import tree_flatten
+
+    for leaf in tree_flatten(sample)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() == 2 and not leaf.dtype.is_floating_point:
+            return int(leaf.shape[1])
+    return 0
 
 
 def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget: int, start: int,
@@ -327,13 +387,14 @@ def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget
 _LAST: list[tuple[Any, StepTracer]] = []
 
 
-def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool) -> StepTracer:
+def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool,
+            checkpointing: str = "none") -> StepTracer:
     """The tracer of the same task object and settings as the last call (a 7B model takes tens
     of seconds to build and trace: asking again for another device reuses its traces)."""
-    key = (id(task), repr(sorted(params.items())), precision, foreach)
+    key = (id(task), repr(sorted(params.items())), precision, foreach, checkpointing)
     if _LAST and _LAST[0][0] == key and _LAST[0][1].task is task:
         return _LAST[0][1]
-    tracer = StepTracer(task, params, precision=precision, foreach=foreach)
+    tracer = StepTracer(task, params, precision=precision, foreach=foreach, checkpointing=checkpointing)
     _LAST[:] = [(key, tracer)]
     return tracer
 

@@ -39,6 +39,13 @@ class DeviceSpec:
     bandwidth_bytes_s: float | None
     op_overhead_us: float = 0.0
     source: str = "datasheet"
+    #: Bytes/s one GPU sends to another in its node (NVLink, else PCIe), per direction.
+    intra_node_bytes_s: float | None = None
+    #: Bytes/s one GPU sends to another node (its InfiniBand or Ethernet NIC), per direction.
+    inter_node_bytes_s: float | None = None
+    #: Bytes/s between the GPU and its host (PCIe), per direction: offload's link.
+    host_bytes_s: float | None = None
+    link_source: str = ""
 
     def tflops(self, compute: str) -> float | None:
         return self.peak_tflops.get(compute) or self.peak_tflops.get("fp32")
@@ -46,7 +53,9 @@ class DeviceSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_tflops": dict(self.peak_tflops),
                 "bandwidth_bytes_s": self.bandwidth_bytes_s, "op_overhead_us": self.op_overhead_us,
-                "source": self.source}
+                "source": self.source, "intra_node_bytes_s": self.intra_node_bytes_s,
+                "inter_node_bytes_s": self.inter_node_bytes_s, "host_bytes_s": self.host_bytes_s,
+                "link_source": self.link_source}
 
 
 # Datasheet numbers, dense (NVIDIA's "with sparsity" figures are twice these); fp32 without TF32
@@ -54,17 +63,23 @@ class DeviceSpec:
 # Memory: the total nvidia-smi reports for the board (H200 141 GB: 143771 MiB).
 DEVICES: dict[str, DeviceSpec] = {
     "h200": DeviceSpec("h200", 143771 * _MIB, {"fp32": 67.0, "bf16": 989.0, "fp16": 989.0}, 4.8e12, 4.0,
-                       "NVIDIA H200 SXM datasheet"),
+                       "NVIDIA H200 SXM datasheet",
+                       450e9, 50e9, 64e9, "NVLink 4 900 GB/s bidirectional (H200 SXM datasheet); 1 ConnectX-7 NDR 400 Gb/s per GPU (DGX H200); PCIe Gen5 x16"),
     "h100": DeviceSpec("h100", 81559 * _MIB, {"fp32": 67.0, "bf16": 989.0, "fp16": 989.0}, 3.35e12, 4.0,
-                       "NVIDIA H100 SXM datasheet"),
+                       "NVIDIA H100 SXM datasheet",
+                       450e9, 50e9, 64e9, "NVLink 4 900 GB/s bidirectional (H100 SXM datasheet); 1 ConnectX-7 NDR 400 Gb/s per GPU (DGX H100); PCIe Gen5 x16"),
     "a100": DeviceSpec("a100", 81920 * _MIB, {"fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 2.039e12, 4.0,
-                       "NVIDIA A100 80GB SXM datasheet"),
+                       "NVIDIA A100 80GB SXM datasheet",
+                       300e9, 25e9, 32e9, "NVLink 3 600 GB/s bidirectional (A100 SXM datasheet); 1 HDR 200 Gb/s per GPU (DGX A100); PCIe Gen4 x16"),
     "v100": DeviceSpec("v100", 32768 * _MIB, {"fp32": 15.7, "bf16": 15.7, "fp16": 125.0}, 0.9e12, 5.0,
-                       "NVIDIA V100 SXM2 32GB datasheet"),
+                       "NVIDIA V100 SXM2 32GB datasheet",
+                       150e9, 12.5e9, 16e9, "NVLink 2 300 GB/s bidirectional (V100 SXM2 datasheet); EDR 100 Gb/s per GPU (DGX-1/2); PCIe Gen3 x16"),
     "l4": DeviceSpec("l4", 23034 * _MIB, {"fp32": 30.3, "bf16": 121.0, "fp16": 121.0}, 0.3e12, 5.0,
-                     "NVIDIA L4 datasheet"),
+                     "NVIDIA L4 datasheet",
+                       32e9, 12.5e9, 32e9, "no NVLink: PCIe Gen4 x16 64 GB/s bidirectional (L4 datasheet); 100 GbE per GPU assumed"),
     "t4": DeviceSpec("t4", 15360 * _MIB, {"fp32": 8.1, "bf16": 8.1, "fp16": 65.0}, 0.32e12, 5.0,
-                     "NVIDIA T4 datasheet"),
+                     "NVIDIA T4 datasheet",
+                       16e9, 12.5e9, 16e9, "no NVLink: PCIe Gen3 x16 32 GB/s bidirectional (T4 datasheet); 100 GbE per GPU assumed"),
 }
 TARGET_NAMES = (*DEVICES, "cpu")
 
@@ -102,7 +117,9 @@ def _measured_cpu() -> DeviceSpec:
         memory = None
     threads = torch.get_num_threads()
     return DeviceSpec("cpu", memory, peaks, bandwidth, per_op * 1e6,
-                      f"measured on this machine ({threads} thread{'s' if threads != 1 else ''})")
+                      f"measured on this machine ({threads} thread{'s' if threads != 1 else ''})",
+                      bandwidth / 4, bandwidth / 4, bandwidth,
+                      "gloo over loopback between processes: assumed a quarter of the measured copy bandwidth")
 
 
 def resolve_target(target: str | None = None, *, memory: int | str | None = None,

@@ -14,6 +14,7 @@ from .._jsonsafe import json_safe
 from .._records import stored_version
 from ..exceptions import ConfigError
 from ..profile import ParamCounts
+from ._parallel import ParallelPlan, ParallelPrediction
 
 __all__ = [
     "ESTIMATE_NOTE",
@@ -30,7 +31,7 @@ ESTIMATE_NOTE = ("time is a roofline estimate (max of FLOPs/peak and bytes/bandw
 
 
 #: Bumped when a field of :class:`PredictResult`'s JSON changes meaning.
-PREDICT_SCHEMA_VERSION = 2
+PREDICT_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,10 @@ class PredictResult:
     traced_as: str = "cpu (fake tensors)"
     #: The Run this prediction was recorded as (None: not recorded).
     run_id: int | None = None
+    #: With ``gpus``: one GPU of the data-parallel run (schema_version 3; None before).
+    parallel: ParallelPrediction | None = None
+    #: With ``plan``: the options that fit, best throughput first (schema_version 3; None before).
+    plan: ParallelPlan | None = None
     schema_version: int = PREDICT_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,8 +158,8 @@ class PredictResult:
     def from_dict(cls, d: dict[str, Any]) -> PredictResult:
         """The record back from :meth:`to_dict`'s JSON (a Run's result, a saved file)."""
         version = stored_version(d, what="a prediction", current=PREDICT_SCHEMA_VERSION)
-        if version < PREDICT_SCHEMA_VERSION:  # version 1 was flat (peak_bytes, params an int)
-            raise ConfigError(f"this JSON is not a proftune prediction of schema_version "
+        if version < 2:  # version 1 was flat (peak_bytes, params an int); 3 added parallel and plan
+            raise ConfigError(f"this JSON is not a proftune prediction of schema_version 2 or "
                               f"{PREDICT_SCHEMA_VERSION}: it has schema_version={version!r}.")
         known = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
@@ -164,6 +169,8 @@ class PredictResult:
         kw["peak"] = _build(PeakAt, d.get("peak") or {})
         kw["layers"] = tuple(_build(LayerPrediction, lay) for lay in d.get("layers") or [])
         kw["uncounted_ops"] = tuple(dict(u) for u in d.get("uncounted_ops") or ())
+        kw["parallel"] = ParallelPrediction.from_dict(d["parallel"]) if d.get("parallel") else None
+        kw["plan"] = ParallelPlan.from_dict(d["plan"]) if d.get("plan") else None
         return cls(**kw)
 
 

@@ -43,6 +43,7 @@ from ..exceptions import ConfigError
 from ..profile import LayerHooks, UncountedOps, op_flops, uncounted_op
 from ..task import Task
 from ..train import StepPhases, StepSpec, run_step
+from ._checkpointing import apply_activation_checkpointing, block_units
 
 __all__ = ["PHASES", "StepTracer"]
 
@@ -149,6 +150,8 @@ class _Trace:
     peak: int = 0
     #: The highest live bytes within each phase.
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    #: The live bytes by kind at each phase's peak (they add up to ``phase_peaks[phase]``).
+    phase_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
     peak_where: tuple[str, str, str] = ("", "", "")
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     ops: list[_OpRecord] = field(default_factory=list)
@@ -210,6 +213,7 @@ class _StepTracker(TorchDispatchMode):
     def _update_peak(self, op: str) -> None:
         if self.total > self.trace.phase_peaks.get(self.phase, 0):
             self.trace.phase_peaks[self.phase] = self.total
+            self.trace.phase_breakdowns[self.phase] = {k: v for k, v in self.live.items() if v}
         if self.total > self.trace.peak:
             self.trace.peak = self.total
             self.trace.peak_where = (self.phase, self.layer_of(), op)
@@ -383,7 +387,7 @@ class StepTracer:
     """
 
     def __init__(self, task: Task, params: dict[str, Any], *, precision: str = "fp32",
-                 foreach: bool = False) -> None:
+                 foreach: bool = False, checkpointing: str = "none") -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         if params.get("optimizer") == "lbfgs":
@@ -411,6 +415,9 @@ class StepTracer:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         with self.fake_mode:
             _fake_parameters(model)
+        #: The blocks that FSDP wraps and activation checkpointing recomputes (module paths).
+        self.units = [name for name, _ in block_units(model)]
+        self.checkpointing = apply_activation_checkpointing(model, checkpointing)
         self.model = model
         self.traces = 0
         #: Traces by batch size (a trace depends on nothing else).

@@ -1,0 +1,363 @@
+"""Training beyond one GPU, predicted: one GPU's memory and the step's time under a data-parallel
+strategy (``_sharding.py``), and the plan that ranks every strategy that fits.
+
+The single-device step is traced on fake tensors (with the blocks checkpointed as asked); the
+strategy shards the model states of each phase's peak and adds its buffers; the step's time is
+the roofline's compute at the per-GPU batch, plus the collectives' bytes over the interconnect
+(``DeviceSpec.intra_node_bytes_s`` within a node, ``inter_node_bytes_s`` across nodes), hidden
+behind the phase each overlaps with as far as that phase lasts, plus offload's host traffic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._jsonsafe import json_safe
+from ..exceptions import ProblemCollector
+from ._checkpointing import CHECKPOINTING
+from ._devices import DeviceSpec
+from ._memory_model import MIN_MARGIN_FRACTION
+from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, ModelSizes
+from ._trace import StepTracer, _Trace
+
+__all__ = ["ParallelPlan", "ParallelPrediction", "validate_parallel"]
+
+#: Host memory bandwidth one GPU's share of an offloaded optimizer step streams at (bytes/s).
+HOST_OPTIMIZER_BYTES_S = 50e9
+
+
+@dataclass(frozen=True)
+class ParallelPrediction:
+    """One GPU of a data-parallel run: bytes by kind at the step's peak, the model states, the
+    largest per-GPU batch, the step's time with its collectives, and DeepSpeed's figure."""
+
+    strategy: str
+    gpus: int
+    nodes: int
+    activation_checkpointing: str
+    offload: str
+    #: Per-GPU micro-batch, micro-batches per step, and the global batch (samples).
+    batch_size: int
+    micro_batches: int
+    global_batch: int
+    #: Bytes one GPU holds at the step's peak, by kind (params, grads, optimizer_state,
+    #: activations, backward_temp, comm_buckets, gathered_params, ...).
+    memory: dict[str, int]
+    peak_bytes: int
+    peak_phase: str
+    phase_peaks: dict[str, int]
+    #: Bytes of parameters, gradients and optimizer state one GPU holds, and on its host.
+    model_states: dict[str, int]
+    activations_bytes: int
+    activations_without_checkpointing_bytes: int
+    comm_buffers_bytes: int
+    device_memory_bytes: int | None
+    fits: bool | None
+    max_batch_size: int | None
+    #: Milliseconds: compute (roofline, every micro-batch), the collectives in all, the part not
+    #: hidden, the host traffic of offload, and the step.
+    step: dict[str, float | None]
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    collectives: tuple[dict[str, Any], ...]
+    link: dict[str, Any]
+    deepspeed: dict[str, Any]
+    n_params: int
+    largest_layer_params: int
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(json_safe(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ParallelPrediction:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["collectives"] = tuple(dict(c) for c in d.get("collectives") or ())
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Every strategy × checkpointing × offload × per-GPU batch that fits, best throughput first,
+    and why each strategy that has no fitting option does not fit."""
+
+    gpus: int
+    nodes: int
+    global_batch: int
+    tokens_per_sample: int
+    options: tuple[ParallelPrediction, ...]
+    #: One entry per strategy (and mode) that fits at no per-GPU batch: its smallest need.
+    rejected: tuple[dict[str, Any], ...]
+    traces: int
+    seconds: float
+    note: str = ("memory and time at per-GPU batches between the traced ones are the per-kind lines "
+                 "through two traced batches; the best option is traced at its batch")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(json_safe(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ParallelPlan:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["options"] = tuple(ParallelPrediction.from_dict(o) for o in d.get("options") or ())
+        kw["rejected"] = tuple(dict(r) for r in d.get("rejected") or ())
+        return cls(**kw)
+
+
+def validate_parallel(*, gpus: Any, nodes: Any, strategy: Any, checkpointing: Any, offload: Any,
+                      plan: bool, global_batch: Any) -> None:
+    """One ConfigError naming every problem of the parallel options."""
+    problems = ProblemCollector()
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        problems.add(f"gpus must be a positive integer, but got {gpus=}.")
+    if nodes is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            problems.add(f"nodes must be a positive integer, but got {nodes=}.")
+        elif gpus is None:
+            problems.add(f"nodes={nodes} needs gpus= (the GPUs in all, over the nodes).")
+        elif isinstance(gpus, int) and gpus >= 1 and gpus % nodes:
+            problems.add(f"gpus={gpus} is not a multiple of nodes={nodes} (the same GPUs on every node).")
+    names = ", ".join(STRATEGIES)
+    if strategy is not None and strategy not in STRATEGIES:
+        problems.add(f"strategy={strategy!r} is unknown; valid: {names}.")
+    if checkpointing not in CHECKPOINTING:
+        problems.add(f"activation_checkpointing={checkpointing!r} is unknown; valid: {', '.join(CHECKPOINTING)}.")
+    if offload not in OFFLOAD:
+        problems.add(f"offload={offload!r} is unknown; valid: {', '.join(OFFLOAD)}.")
+    elif strategy in STRATEGIES and offload not in STRATEGIES[strategy].offloads:
+        problems.add(f"offload={offload!r} does not go with strategy={strategy!r}; valid for it: "
+                     f"{', '.join(STRATEGIES[strategy].offloads)}.")
+    if (strategy is not None or checkpointing != "none" or offload != "none") and gpus is None and not plan:
+        problems.add("strategy=, activation_checkpointing= and offload= need gpus= (the data-parallel GPUs).")
+    if plan:
+        _plan_problems(problems, gpus=gpus, strategy=strategy, global_batch=global_batch)
+    if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
+                                     or global_batch < 1):
+        problems.add(f"global_batch must be a positive integer, but got {global_batch=}.")
+    problems.raise_if_any()
+
+
+def _plan_problems(problems: ProblemCollector, *, gpus: Any, strategy: Any, global_batch: Any) -> None:
+    if gpus is None:
+        problems.add("plan=True needs gpus= (the GPUs to plan for).")
+    if global_batch is None:
+        problems.add("plan=True needs global_batch= (samples per optimizer step over all GPUs).")
+    elif isinstance(gpus, int) and isinstance(global_batch, int) and gpus >= 1 and global_batch % gpus:
+        problems.add(f"global_batch={global_batch} is not a multiple of gpus={gpus}.")
+    if strategy is not None:
+        problems.add(f"plan=True ranks every strategy; leave strategy= out (got {strategy=}).")
+
+
+# -- the per-GPU arithmetic over traces ----------------------------------------------------------------
+
+
+def model_sizes(tracer: StepTracer, trace: _Trace) -> ModelSizes:
+    """The model states of a trace and the parameter bytes of each unit (FSDP's blocks)."""
+    st = trace.static
+    per = st["params_bytes"] / max(tracer.n_params, 1)
+    units = tuple(int(per * sum(v for k, v in tracer.layer_params.items() if k == u or k.startswith(u + ".")))
+                  for u in tracer.units)
+    return ModelSizes(n_params=tracer.n_params, params_bytes=st["params_bytes"], grads_bytes=trace.grads_bytes,
+                      optimizer_bytes=trace.optimizer_bytes, unit_bytes=units,
+                      root_bytes=max(0, st["params_bytes"] - sum(units)),
+                      largest_layer_params=max(tracer.layer_params.values(), default=0))
+
+
+@dataclass
+class _Point:
+    """What a trace at one per-GPU batch gives: each phase's breakdown, phase ms, activations."""
+
+    breakdowns: dict[str, dict[str, int]]
+    phase_ms: dict[str, float | None]
+    activations: int
+
+
+@dataclass
+class Evaluator:
+    """Prices (strategy, checkpointing, offload, per-GPU batch, micro-batches) on a target from
+    fake-traced steps, one tracer per checkpointing mode, traces cached by batch size."""
+
+    tracer_for: Callable[[str], StepTracer]
+    spec: DeviceSpec
+    gpus: int
+    nodes: int
+    tokens_per_sample: int = 0
+    points: dict[tuple[str, int], _Point] = field(default_factory=dict)
+    traces: int = 0
+
+    def point(self, checkpointing: str, b: int, *, exact: bool = True) -> _Point:
+        key = (checkpointing, b)
+        if key in self.points:
+            return self.points[key]
+        if not exact:
+            lo, hi = self.point(checkpointing, 1), self.point(checkpointing, 2)
+            return _line(lo, hi, b)
+        from ._api import _roofline
+
+        tracer = self.tracer_for(checkpointing)
+        trace = tracer.cache.get(b) or tracer.trace(b)
+        tracer.cache[b] = trace
+        self.traces += 1
+        _, phase_ms, _ = _roofline(trace, self.spec)
+        self.points[key] = _Point({k: dict(v) for k, v in trace.phase_breakdowns.items()}, phase_ms,
+                                  sum(trace.activations.values()))
+        return self.points[key]
+
+    def sizes(self, checkpointing: str) -> ModelSizes:
+        tracer = self.tracer_for(checkpointing)
+        self.point(checkpointing, 1)
+        return model_sizes(tracer, tracer.cache[1])
+
+    def evaluate(self, strategy: BaseStrategy, checkpointing: str, offload: str, b: int, micro: int,
+                 *, exact: bool = True) -> ParallelPrediction:
+        n, s = self.gpus, self.sizes(checkpointing)
+        pt = self.point(checkpointing, b, exact=exact)
+        phases = strategy.phase_bytes(s, n, offload, pt.breakdowns, accumulating=micro > 1)
+        peak = max(phases, key=lambda p: p.total)
+        memory = self.spec.memory_bytes
+        plain = self.point("none", b, exact=exact) if checkpointing != "none" else pt
+        step = self._time(strategy, s, offload, pt, micro)
+        global_batch = b * micro * n
+        time_ms = step.get("time_ms")
+        per_s = global_batch / (float(time_ms) / 1e3) if time_ms else None
+        gpn = n // self.nodes
+        ds = strategy.deepspeed(s.n_params, s.largest_layer_params, gpn, self.nodes, offload)
+        buffers = sum(v for k, v in peak.breakdown.items() if k in ("comm_buckets", "gathered_params"))
+        return ParallelPrediction(
+            strategy=strategy.name, gpus=n, nodes=self.nodes, activation_checkpointing=checkpointing,
+            offload=offload, batch_size=b, micro_batches=micro, global_batch=global_batch,
+            memory=dict(peak.breakdown), peak_bytes=peak.total, peak_phase=peak.phase,
+            phase_peaks={p.phase: p.total for p in phases}, model_states=strategy.model_states(s, n, offload),
+            activations_bytes=pt.activations, activations_without_checkpointing_bytes=plain.activations,
+            comm_buffers_bytes=buffers, device_memory_bytes=memory,
+            fits=None if memory is None else peak.total <= memory,
+            max_batch_size=self._max_batch(strategy, checkpointing, offload, micro) if memory else None,
+            step=step, samples_per_s=per_s,
+            tokens_per_s=per_s * self.tokens_per_sample if (per_s and self.tokens_per_sample) else None,
+            collectives=tuple(c.to_dict() for c in strategy.collectives(s, n, micro)),
+            link=self._link(), deepspeed=ds.to_dict(), n_params=s.n_params,
+            largest_layer_params=s.largest_layer_params,
+            note="" if exact else "batch between traced ones: per-kind line through batches 1 and 2",
+        )
+
+    def _link(self) -> dict[str, Any]:
+        across = self.nodes > 1
+        bw = self.spec.inter_node_bytes_s if across else self.spec.intra_node_bytes_s
+        return {"name": "inter-node" if across else "intra-node", "bytes_s": bw, "source": self.spec.link_source}
+
+    def _time(self, strategy: BaseStrategy, s: ModelSizes, offload: str, pt: _Point,
+              micro: int) -> dict[str, float | None]:
+        fwd, bwd, opt = (pt.phase_ms.get(p) for p in ("forward", "backward", "optimizer"))
+        if fwd is None or bwd is None or opt is None:
+            return {"compute_ms": None, "comm_ms": None, "exposed_comm_ms": None, "offload_ms": None, "time_ms": None}
+        n = self.gpus
+        opt_ms = opt / n if strategy.shards_optimizer else opt
+        offload_ms = 0.0
+        if offload != "none":
+            opt_ms = 0.0
+            host = self.spec.host_bytes_s or 1.0
+            shard = (s.params_bytes + s.grads_bytes) / n
+            offload_ms = 1e3 * (shard / host + 2 * (s.optimizer_bytes + s.params_bytes) / n / HOST_OPTIMIZER_BYTES_S)
+            if offload == "params":
+                offload_ms += 1e3 * micro * 2 * s.params_bytes / n / host
+        compute = micro * (fwd + bwd) + opt_ms
+        bw = self._link()["bytes_s"]
+        comm = exposed = 0.0
+        window = {"forward": fwd, "backward": bwd}
+        by_phase: dict[str, list[float]] = {}
+        for c in strategy.collectives(s, n, micro):
+            ms = 1e3 * c.bytes_per_gpu * c.times / bw if bw else 0.0
+            comm += ms
+            if c.overlaps:
+                acc = by_phase.setdefault(c.overlaps, [0.0, 0.0])
+                acc[0] += ms
+                acc[1] = max(acc[1], c.times * window[c.overlaps])
+            else:
+                exposed += ms
+        for hidden, span in by_phase.values():
+            exposed += max(0.0, hidden - span)
+        return {"compute_ms": compute, "comm_ms": comm, "exposed_comm_ms": exposed, "offload_ms": offload_ms,
+                "time_ms": compute + exposed + offload_ms}
+
+    def _max_batch(self, strategy: BaseStrategy, checkpointing: str, offload: str, micro: int) -> int:
+        """The largest per-GPU batch whose peak plus batch-size's smallest margin fits: each
+        phase's peak is a line in the batch (traces at 1 and 2)."""
+        memory = float(self.spec.memory_bytes or 0)
+        s = self.sizes(checkpointing)
+        one = strategy.phase_bytes(s, self.gpus, offload, self.point(checkpointing, 1).breakdowns,
+                                   accumulating=micro > 1)
+        two = strategy.phase_bytes(s, self.gpus, offload, self.point(checkpointing, 2).breakdowns,
+                                   accumulating=micro > 1)
+        budget = memory * (1 - MIN_MARGIN_FRACTION)
+        best = 1 << 31
+        for a, c in zip(one, two, strict=True):
+            slope, base = c.total - a.total, 2 * a.total - c.total
+            if base > budget:
+                return 0
+            if slope > 0:
+                best = min(best, math.floor((budget - base) / slope))
+        return max(0, best)
+
+
+def _line(lo: _Point, hi: _Point, b: int) -> _Point:
+    """The point at batch ``b`` on the per-kind lines through batches 1 and 2."""
+    def at(x1: float, x2: float) -> float:
+        return x1 + (x2 - x1) * (b - 1)
+
+    breakdowns = {}
+    for phase in lo.breakdowns:
+        kinds = set(lo.breakdowns[phase]) | set(hi.breakdowns.get(phase, {}))
+        breakdowns[phase] = {k: int(max(0.0, at(lo.breakdowns[phase].get(k, 0), hi.breakdowns[phase].get(k, 0))))
+                             for k in kinds}
+    ms = {p: (None if lo.phase_ms[p] is None or hi.phase_ms.get(p) is None
+              else max(0.0, at(float(lo.phase_ms[p] or 0), float(hi.phase_ms[p] or 0)))) for p in lo.phase_ms}
+    return _Point(breakdowns, ms, int(at(lo.activations, hi.activations)))
+
+
+def plan(evaluator: Evaluator, global_batch: int) -> tuple[list[ParallelPrediction], list[dict[str, Any]]]:
+    """Every option that fits, by throughput, and the reason for each strategy mode with none."""
+    n = evaluator.gpus
+    per_gpu = global_batch // n
+    batches = [b for b in range(1, per_gpu + 1) if per_gpu % b == 0 and (b & (b - 1) == 0 or b == per_gpu)]
+    fitting: list[ParallelPrediction] = []
+    rejected: list[dict[str, Any]] = []
+    for strategy in STRATEGIES.values():
+        for ckpt in CHECKPOINTING:
+            for offload in strategy.offloads:
+                smallest: ParallelPrediction | None = None
+                found = False
+                for b in batches:
+                    option = evaluator.evaluate(strategy, ckpt, offload, b, per_gpu // b, exact=b <= 2)
+                    if smallest is None:
+                        smallest = option
+                    if option.fits is not False:
+                        fitting.append(option)
+                        found = True
+                if not found and smallest is not None:
+                    rejected.append(_reason(smallest))
+    fitting.sort(key=lambda o: -(o.samples_per_s or 0.0))
+    if fitting and fitting[0].note:
+        best = fitting[0]
+        fitting[0] = evaluator.evaluate(STRATEGIES[best.strategy], best.activation_checkpointing, best.offload,
+                                        best.batch_size, best.micro_batches)
+        if fitting[0].fits is False:
+            rejected.append({**_reason(fitting.pop(0)), "reason": "does not fit when traced at its batch"})
+        fitting.sort(key=lambda o: -(o.samples_per_s or 0.0))  # the exact trace may move it down
+    return fitting, rejected
+
+
+def _reason(o: ParallelPrediction) -> dict[str, Any]:
+    title = STRATEGIES[o.strategy].title
+    return {"strategy": o.strategy, "activation_checkpointing": o.activation_checkpointing, "offload": o.offload,
+            "needs_bytes": o.peak_bytes, "batch_size": o.batch_size,
+            "reason": f"{title} does not fit: needs {_gb(o.peak_bytes)} per GPU at per-GPU batch {o.batch_size}"}
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"

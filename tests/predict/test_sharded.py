@@ -1,0 +1,134 @@
+"""predict beyond one GPU: each strategy's sharding arithmetic against DeepSpeed's closed forms,
+the flags' validation, the plan's ranking, and one real FSDP2 run on 2 CPU ranks (gloo)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from proftune.cli import app
+from proftune.exceptions import ConfigError
+from proftune.predict import STRATEGIES, ModelSizes, PredictResult, predict
+
+from .hf_tasks import TinyBert
+
+runner = CliRunner()
+PSI, LARGEST = 1_000_000_000, 100_000_000
+
+
+@pytest.mark.parametrize(("strategy", "offload", "gpus_per_node", "nodes", "gpu", "cpu"), [
+    # estimate_zero2_model_states_mem_needs: 2Ψ + 18Ψ/N; offload: 2Ψ on the GPU, Ψ·max(4N, 16)·1.5 on the CPU
+    ("zero2", "none", 8, 1, 2 * PSI + 18 * PSI // 8, PSI * 4 * 8 * 1.5),
+    ("zero2", "optimizer", 8, 2, 2 * PSI, PSI * max(4 * 16, 16) * 1.5),
+    # estimate_zero3_model_states_mem_needs: 4L + 18Ψ/N; 4L + 2Ψ/N; 4L (zero_init)
+    ("zero3", "none", 8, 1, 4 * LARGEST + 18 * PSI // 8, LARGEST * 4 * 8 * 1.5),
+    ("zero3", "optimizer", 4, 2, 4 * LARGEST + 2 * PSI // 8, PSI * 16 / 2 * 1.5),
+    ("zero3", "params", 4, 2, 4 * LARGEST, PSI * 18 / 2 * 1.5),
+    ("fsdp", "none", 8, 1, 4 * LARGEST + 18 * PSI // 8, LARGEST * 4 * 8 * 1.5),
+    ("zero1", "none", 8, 1, 4 * PSI + 12 * PSI // 8, 0),
+    ("ddp", "none", 8, 1, 16 * PSI, 0),
+])
+def test_deepspeed_closed_forms(strategy: str, offload: str, gpus_per_node: int, nodes: int, gpu: int,
+                                cpu: float) -> None:
+    ds = STRATEGIES[strategy].deepspeed(PSI, LARGEST, gpus_per_node, nodes, offload)
+    assert ds.gpu_bytes == gpu
+    assert ds.cpu_bytes == int(cpu)
+
+
+@pytest.mark.parametrize(("strategy", "offload", "expected"), [
+    ("ddp", "none", {"params": 400, "grads": 400, "optimizer_state": 800, "host": 0}),
+    ("zero1", "none", {"params": 400, "grads": 400, "optimizer_state": 200, "host": 0}),
+    ("zero2", "none", {"params": 400, "grads": 100, "optimizer_state": 200, "host": 0}),
+    ("zero2", "optimizer", {"params": 400, "grads": 100, "optimizer_state": 0, "host": 200}),
+    ("zero3", "none", {"params": 100, "grads": 100, "optimizer_state": 200, "host": 0}),
+    ("zero3", "params", {"params": 0, "grads": 0, "optimizer_state": 0, "host": 400}),
+    ("fsdp", "none", {"params": 100, "grads": 100, "optimizer_state": 200, "host": 0}),
+])
+def test_model_states_are_sharded_as_the_strategy_shards_them(strategy: str, offload: str,
+                                                              expected: dict[str, int]) -> None:
+    sizes = ModelSizes(n_params=100, params_bytes=400, grads_bytes=400, optimizer_bytes=800,
+                       unit_bytes=(150, 150), root_bytes=100, largest_layer_params=40)
+    assert STRATEGIES[strategy].model_states(sizes, 4, offload) == expected
+
+
+def test_phase_bytes_add_the_strategys_buffers() -> None:
+    sizes = ModelSizes(n_params=100, params_bytes=400, grads_bytes=400, optimizer_bytes=800,
+                       unit_bytes=(150, 150), root_bytes=100)
+    backward = {"backward": {"params": 400, "optimizer_state": 800, "activations": 1000, "grads": 50}}
+    ddp = STRATEGIES["ddp"].phase_bytes(sizes, 4, "none", backward)[0]
+    assert ddp.breakdown["comm_buckets"] == 400  # the Reducer's flat copy of every gradient
+    assert ddp.total == 400 + 800 + 1000 + 50 + 400
+    fsdp = STRATEGIES["fsdp"].phase_bytes(sizes, 4, "none", backward)[0]
+    assert fsdp.breakdown["gathered_params"] == 100 + 2 * 150  # the root, a unit and the next one
+    assert fsdp.total == 100 + 200 + 1000 + 50 + 400
+
+
+def test_flags_are_validated_together() -> None:
+    out = runner.invoke(app, ["predict", "digits-mlp", "-b", "4", "--nodes", "2", "--strategy", "ddp",
+                              "--offload", "params", "--activation-checkpointing", "some"])
+    assert out.exit_code == 2
+    for expected in ("--nodes 2 needs --gpus", "--offload 'params' does not go with --strategy 'ddp'",
+                     "--activation-checkpointing 'some' is unknown"):
+        assert expected in out.output
+    bad = runner.invoke(app, ["predict", "digits-mlp", "--gpus", "4", "--plan", "--strategy", "fsdp"])
+    assert bad.exit_code == 2
+    assert "--global-batch" in bad.output
+    assert "leave --strategy out" in bad.output
+    with pytest.raises(ConfigError, match="strategy='zero9'"):
+        predict("digits-mlp", batch_size=4, gpus=2, strategy="zero9")
+
+
+def test_zero3_with_params_offload_and_its_json(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["predict", "digits-mlp", "-b", "16", "--gpus", "4", "--strategy", "zero3",
+                              "--offload", "params", "--target", "a100", "--json"])
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.stdout)
+    p = d["parallel"]
+    assert p["strategy"] == "zero3"
+    assert p["model_states"]["params"] == p["model_states"]["optimizer_state"] == 0
+    assert p["model_states"]["host"] > 0
+    assert p["peak_bytes"] == sum(p["memory"].values())
+    r = PredictResult.from_dict(d)
+    assert r.parallel is not None
+    assert r.parallel.peak_bytes == p["peak_bytes"]
+    old = {k: v for k, v in d.items() if k not in ("parallel", "plan")}
+    assert PredictResult.from_dict({**old, "schema_version": 2}).parallel is None  # a version-2 record reads
+
+
+def test_plan_ranks_what_fits_by_throughput_and_says_why_the_rest_does_not() -> None:
+    # a device just too small for DDP's replicated states at per-GPU batch 1
+    ddp_peak = predict(TinyBert(), batch_size=1, target="a100", gpus=4, strategy="ddp", max_batch=False)
+    assert ddp_peak.parallel is not None
+    memory = ddp_peak.parallel.peak_bytes - 1
+    r = predict(TinyBert(), target="a100", device_memory=memory, gpus=4, plan=True, global_batch=32)
+    plan = r.plan
+    assert plan is not None
+    assert plan.options
+    rates = [o.samples_per_s or 0.0 for o in plan.options]
+    assert rates == sorted(rates, reverse=True)
+    assert all(o.fits and o.batch_size * o.micro_batches * 4 == 32 for o in plan.options)
+    assert all(o.peak_bytes <= memory for o in plan.options)
+    reasons = [x["reason"] for x in plan.rejected if x["strategy"] == "ddp" and x["activation_checkpointing"] == "none"]
+    assert reasons
+    assert reasons[0].startswith("DDP does not fit: needs")
+    assert not any(o.strategy == "ddp" and o.activation_checkpointing == "none" for o in plan.options)
+    assert plan.tokens_per_sample == TinyBert.seq_len
+    assert PredictResult.from_dict(r.to_dict()) == r
+
+
+def test_one_real_fsdp_step_on_two_cpu_ranks_matches_the_prediction() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sharded_runs import measure
+
+    task = f"{Path(__file__).parent / 'hf_tasks.py'}:TinyBert"
+    measured = measure(task, world=2, strategy="fsdp", batch_size=8, timed_steps=1)
+    p = predict(task, batch_size=8, target="cpu", gpus=2, strategy="fsdp", max_batch=False).parallel
+    assert p is not None
+    assert abs(p.peak_bytes / measured["peak_bytes"] - 1) < 0.10, (p.peak_bytes, measured)
+    # sharding saves memory against the single device's step, as measured
+    single = predict(task, batch_size=8, target="cpu", max_batch=False)
+    assert measured["peak_bytes"] < single.memory.peak_bytes
