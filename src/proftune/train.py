@@ -358,7 +358,7 @@ class _ThreadControl(Callback):
         self.fixed, self.given_by, self.key = fixed, given_by, key
         self.limit = max_threads()
         self.tuner: ThreadTuner | None = None
-        self._hook: Any = None
+        self._armed = False
         self._grad_hooks: list[Any] = []
         self._deadline, self._fallback, self._cut = 0.0, 1, False
         if fixed is None:
@@ -374,13 +374,15 @@ class _ThreadControl(Callback):
 
     def on_step_start(self, state: FitState) -> None:
         # a candidate measured after a faster one: once its step has taken ``abort`` x the best
-        # step, the rest of the step runs at the best count (a module's forward at a time), so a
-        # count that waits on busy cores costs a few good steps, not one of its own
+        # step, the rest of the step runs at the best count (checked as each parameter's gradient
+        # is computed, the backward being most of a step; no global module hook: the one stack of
+        # running modules is profile's), so a count that waits on busy cores costs a few good
+        # steps, not one of its own
         cut = self.tuner.cut_off() if self.tuner is not None else None
-        if cut is not None and self._hook is None:
+        if cut is not None and not self._armed:
             self._deadline, self._fallback = time.perf_counter() + cut[0] / 1e3, cut[1]
             self._cut = False
-            self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._check)
+            self._armed = True
             self._grad_hooks = [p.register_hook(self._check_grad) for p in state.model.parameters()
                                 if p.requires_grad]
 
@@ -393,19 +395,17 @@ class _ThreadControl(Callback):
         self._check()  # in the backward too, as each parameter's gradient is computed
 
     def on_after_backward(self, state: FitState) -> None:
-        if self._hook is not None:
+        if self._armed:
             self._check()
 
     def _unhook(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._armed = False
         for h in self._grad_hooks:
             h.remove()
         self._grad_hooks = []
 
     def on_step_end(self, state: FitState) -> None:
-        cut = self._hook is not None and self._cut
+        cut = self._armed and self._cut
         self._unhook()
         if self.tuner is not None:
             self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut)

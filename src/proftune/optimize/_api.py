@@ -761,7 +761,7 @@ def _check_same_store(v: Validated, store: Store) -> None:
                    f"{run.study!r}, not this folder's optimize run of task {stored.get('task')!r}")
     if why is not None:
         raise ConfigError(f"out={str(v.out)!r}: its state.json belongs to another store ({why}); resume "
-                          "with the --db it was recorded in, or choose another out=.")
+                          "with the db= it was recorded in, or choose another out=.")
 
 
 def _decision_line(race: FinalOutcome, metric: str) -> str:

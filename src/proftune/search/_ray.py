@@ -195,7 +195,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     trial = optuna.trial.FixedTrial(config)
     rec: dict[str, Any] = {"params": dict(config), "metrics": {}, "constraints": {}, "reason": None,
                            "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
-                           "stage": None, "run_id": None}
+                           "stage": None, "run_id": None, "repeat": 0, "seed": settings.seed}
     started = time.perf_counter()
     values: Any = None
     try:
