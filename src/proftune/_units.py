@@ -62,6 +62,8 @@ _SECONDS = {
     "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
 }
 _TIME_UNITS = "ms, s, min (or m), h"
+#: The longest duration any option takes (a budget, a timeout): 30 days.
+MAX_DURATION_S = 30 * 86400.0
 _MEMORY_UNITS = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
 _QUANTITY = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-zµ]*)\s*$", re.IGNORECASE)
 
@@ -81,6 +83,9 @@ def parse_duration(value: str | int | float, *, name: str = "timeout") -> float:
         seconds = float(match.group(1)) * _SECONDS[unit]
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"{name}={value!r} must be a finite duration > 0 seconds.")
+    if seconds > MAX_DURATION_S:
+        raise ConfigError(f"{name}={value!r} is longer than the longest duration proftune takes, "
+                          f"30 days ({MAX_DURATION_S:.0f} s); give e.g. 90s, 5min, 2h or 720h.")
     return seconds
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from proftune.cli import app
@@ -91,3 +92,15 @@ def test_an_existing_report_is_refused_before_any_work(tmp_path: Path) -> None:
     assert "--force" in out.output
     assert page.read_text() == "mine"
     assert not (tmp_path / "out").exists()
+
+
+def test_an_absurd_budget_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for budget in ("99999999h", "1e300"):
+        out = CliRunner().invoke(app, ["optimize", "digits-mlp", "--budget", budget, "--out", str(tmp_path / "out"),
+                                       "--db", f"sqlite:///{tmp_path / 'p.db'}"])
+        assert out.exit_code == 2, out.output
+        assert "30 days" in out.output
+        assert "budget" in out.output
+        assert "Traceback" not in out.output
+        assert list(tmp_path.iterdir()) == []

@@ -53,6 +53,9 @@ def test_malicious_pickle_exits_2_and_runs_nothing(tmp_path: Path) -> None:
     assert "(--trust-model)" in out
     assert "trust_model=" not in out
     assert "runs code" in res.output
+    assert "state_dict()" in out  # what proftune accepts instead
+    for advice in ("weights_only", "will likely succeed", "add_safe_globals", "allowlist"):
+        assert advice not in out  # torch's own advice is the code-running load, not ours
     assert not marker.exists()
     with pytest.raises(ConfigError, match=r"\(trust=True\)") as err:
         load_model(path)

@@ -107,3 +107,15 @@ def test_export_needs_a_target(runs: dict[str, int], db_url: str) -> None:
     res = runner.invoke(app, ["export", str(runs["train"]), "--db", db_url])
     assert res.exit_code == 2
     assert "--tensorboard" in res.output
+
+
+@pytest.mark.parametrize("content", ['{"layers": "x"}', "{}", '{"task": "t", "params": {}, "layers": [1]}'])
+def test_a_json_that_is_no_profile_exits_2_naming_what_a_profile_holds(tmp_path: Path, content: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weird.json").write_text(content)
+    res = CliRunner().invoke(app, ["report", "weird.json", "--out", str(tmp_path / "w.html")])
+    assert res.exit_code == 2, res.output
+    assert "not a profile" in res.output
+    assert "'layers' (a list of layer objects)" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weird.json"]

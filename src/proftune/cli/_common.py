@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -131,6 +133,24 @@ def library_warnings(*, shown: bool) -> Iterator[None]:
                 lg.setLevel(level)
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM handled like Ctrl-C while a command runs: a KeyboardInterrupt in the main thread,
+    so the run is recorded ``interrupted`` and every ``finally`` (temp folders) runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def execute(
     fn: Callable[[], T],
     *,
@@ -148,7 +168,7 @@ def execute(
     With ``--json``, anything the body prints goes to stderr so stdout holds one JSON object.
     """
     try:
-        with library_warnings(shown=debug), fixed_threads(threads):
+        with library_warnings(shown=debug), fixed_threads(threads), _sigterm_as_interrupt():
             if json_out:
                 with contextlib.redirect_stdout(sys.stderr):
                     result = fn()

@@ -39,7 +39,7 @@ def _fmt(v: Any) -> str:
 def list_runs(
     task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
     kind: Annotated[str | None, typer.Option("--kind", help=f"Only runs of this kind ({', '.join(RUN_KINDS)}).")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="running, finished or failed.")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="running, finished, failed or interrupted.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs, newest first.")] = 50,
     db: DbOpt = None,
     json_out: JsonOpt = False,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 import warnings
 import zipfile
@@ -207,12 +208,14 @@ def _torch_load(path: Path, *, trust: bool, name: str, trust_name: str) -> Any:
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # the weights-only unpickler fails on a non-checkpoint with any error
-        found = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), None)
+        # only the refused class's name: torch's own advice (weights_only=False, add_safe_globals)
+        # is the code-running load that proftune offers as an explicit trust switch instead
+        found = re.search(r"GLOBAL\s+([\w.]+)", str(exc))
         if found is None:  # no class reference refused: the bytes are not a torch.save file
             raise _not_a_checkpoint(path, name, trust_name, exc) from exc
         if not trust:
             raise ConfigError(
-                f"{name}={str(path)!r} holds a whole pickled model ({found}), not just weights: "
+                f"{name}={str(path)!r} holds a whole pickled model (class {found.group(1)}), not just weights: "
                 "loading it runs code stored in the file. Load it only if you trust where it came "
                 f"from ({trust_name}=True), or save the weights with "
                 "torch.save(model.state_dict(), path) and pass that file."

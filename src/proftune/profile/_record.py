@@ -182,6 +182,7 @@ class Profile:
         a key that is no field of it, at any level, is a :class:`ConfigError` naming it."""
         stored_version(d, what="a profile", current=SCHEMA_VERSION)
         kw = record_fields(cls, d, what="a profile")
+        _check_shape(d)
         kw["params"] = _build(ParamCounts, d.get("params") or {})
         kw["memory"] = _build(MemoryProfile, d.get("memory") or {})
         kw["step"] = _build(StepProfile, d.get("step") or {})
@@ -209,6 +210,29 @@ class Profile:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"profile file {str(p)!r} is not JSON: {exc}") from exc
         return cls.from_dict(data)
+
+
+#: What a profile's JSON must hold, for the one message that names it.
+_PROFILE_SHAPE = ("a profile is a JSON object holding 'task' (a string), 'params' (an object) and 'layers' "
+                  "(a list of layer objects), as `proftune profile TASK --out FILE.json` writes it")
+
+
+def _check_shape(d: dict[str, Any]) -> None:
+    """A JSON object that is no profile (``{}``, ``{"layers": "x"}``): one :class:`ConfigError`."""
+    missing = [k for k in ("task", "params", "layers") if k not in d]
+    if missing:
+        raise ConfigError(f"this JSON is not a profile: it has no {', '.join(map(repr, missing))}; "
+                          f"{_PROFILE_SHAPE}.")
+    wrong = [f"{k!r} is {type(d[k]).__name__}" for k, kind in
+             (("task", str), ("params", dict), ("layers", list), ("memory", dict), ("step", dict),
+              ("grad", dict), ("bottlenecks", list), ("by_type", list), ("uncounted_ops", list))
+             if d.get(k) is not None and not isinstance(d[k], kind)]
+    wrong += [f"'layers' item {i} is {type(x).__name__}" for i, x in enumerate(d["layers"] or [])
+              if isinstance(d["layers"], list) and not isinstance(x, dict)][:1]
+    if d.get("comm") is not None and not isinstance(d["comm"], dict):
+        wrong.append(f"'comm' is {type(d['comm']).__name__}")
+    if wrong:
+        raise ConfigError(f"this JSON is not a profile: {'; '.join(wrong)}; {_PROFILE_SHAPE}.")
 
 
 def _build(cls: type, d: dict[str, Any]) -> Any:

@@ -282,7 +282,7 @@ letter-spacing:.04em}
 .badge{display:inline-block;padding:2px 9px;border-radius:999px;font-size:12px;font-weight:600;
 background:rgba(255,255,255,.18);color:#fff}
 .badge.finished,.badge.complete{background:#d3f9d8;color:#1b5e20}
-.badge.failed,.badge.error{background:#ffe3e3;color:#a51111}
+.badge.failed,.badge.error{background:#ffe3e3;color:#a51111}.badge.interrupted{background:#fff3bf;color:#8a5a00}
 .badge.running,.badge.warning{background:#fff3bf;color:#7a4b00}
 .badge.info{background:#d0ebff;color:#1864ab}
 .row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}

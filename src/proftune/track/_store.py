@@ -33,7 +33,8 @@ __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "def
 DEFAULT_DB = "sqlite:///proftune.db"
 RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size",
              "optimize", "predict")
-RUN_STATUSES = ("running", "finished", "failed")
+#: ``interrupted``: ended by Ctrl-C or SIGTERM (the CLI handles both alike), not by an error.
+RUN_STATUSES = ("running", "finished", "failed", "interrupted")
 
 T = TypeVar("T")
 
@@ -367,7 +368,8 @@ class Store:
 
     @contextlib.contextmanager
     def track(self, kind: str, task: str, **start: Any) -> Iterator[RunHandle]:
-        """A run that is marked failed (with the error) if the block raises, finished otherwise."""
+        """A run that is marked failed (with the error) if the block raises, interrupted on Ctrl-C or
+        SIGTERM (a KeyboardInterrupt), finished otherwise."""
         run_id = self.start_run(kind, task, **start)
         handle = RunHandle(self, run_id)
         try:
@@ -375,8 +377,9 @@ class Store:
         except BaseException as exc:
             message = f"{type(exc).__name__}: {exc}"
             detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:]
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             with contextlib.suppress(Exception):
-                self.finish_run(run_id, status="failed", error=message + "\n" + detail, **handle.pending)
+                self.finish_run(run_id, status=status, error=message + "\n" + detail, **handle.pending)
             raise
         else:
             self.finish_run(run_id, status="finished", **handle.pending)
