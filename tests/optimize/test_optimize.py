@@ -66,7 +66,7 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     """The "chosen beats the defaults" path: defaults 1000x too slow, a searched rate wins beyond
     noise, on validation and on the held-out part of the validation data."""
     out = tmp_path / "out"
-    result = proftune.optimize(_spec("TooSlowLR"), budget=40, out=str(out), db=db_url, goal="none", seeds=3)
+    result = proftune.optimize(_spec("TooSlowLR"), budget=60, out=str(out), db=db_url, goal="none", seeds=3)
     assert [s.name for s in result.stages] == list(OPTIMIZE_STAGES)
     assert {s.status for s in result.stages} <= {"finished", "skipped"}
     assert result.stages[-1].status == "skipped"  # --goal none
