@@ -352,14 +352,6 @@ class _Loop:
             return full
         return max(1, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self._epoch_s()))))
 
-    def _final_reserve(self, epochs: int, trial_s: float = 0.0, *, candidates: int = 1) -> float:
-        """Seconds the final race needs at least: ``--seeds`` runs of the defaults at the task's
-        epochs and of ``candidates`` configurations at the trials' ``epochs``."""
-        per = max(trial_s, epochs * self._epoch_s()) + RUN_OVERHEAD_S
-        own = max(trial_s * self.task.default_epochs / max(epochs, 1),
-                  self.task.default_epochs * self._epoch_s()) + RUN_OVERHEAD_S
-        return 1.2 * int(self.cfg.seeds) * (own + candidates * per)
-
     def _compress_reserve(self) -> float:
         """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""
         if self.cfg.goal == "none":
