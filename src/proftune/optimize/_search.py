@@ -37,6 +37,8 @@ ARM_TAG = "arm"
 ARMS = ("centre", "defaults", "local", "tpe")
 #: The successive-halving pruner's rungs grow by this factor (epochs 1, 3, 9, ...).
 REDUCTION_FACTOR = 3
+#: Seconds a call of ``search`` is assumed to cost beyond its trials before one is measured.
+CALL_OVERHEAD_S = 0.3
 #: Share of the search's time after which a flat search may stop itself.
 STALL_AFTER = 0.75
 
@@ -371,6 +373,13 @@ def _trial_s(rows: Sequence[Mapping[str, Any]]) -> float:
     return statistics.median(durations) if durations else 0.0
 
 
+def _slow_trial_s(rows: Sequence[Mapping[str, Any]]) -> float:
+    """The 90th percentile of the last 20 finished trials' seconds (0 before any): what the
+    next trial may take on a machine whose load changes."""
+    durations = sorted(float(r["duration_s"]) for r in rows[-20:] if r.get("duration_s"))
+    return durations[min(len(durations) - 1, int(0.9 * len(durations)))] if durations else 0.0
+
+
 def _key(params: Mapping[str, Any]) -> str:
     return repr(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
 
@@ -450,6 +459,10 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
     rows = [_row(t) for t in study_trials(settings.study, store=store)]  # a resumed search's trials
     result: SearchResult | None = None
     flags: list[YellowFlag] = []
+    # seconds a call of ``search`` costs beyond its trials (opening the study, the run record,
+    # reading the trials back): measured per call, the largest kept; on a busy machine it is
+    # seconds, and a call that starts too late eats the final race's reserve
+    overhead = CALL_OVERHEAD_S
     while True:
         if result is not None:
             rows = [_row(t) for t in result.trials]
@@ -465,20 +478,27 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
             stop_reason, early = f"max_trials={settings.max_trials} reached", True
             break
         per_trial = _trial_s(rows) or settings.trial_s_estimate
-        if rows and time.monotonic() + per_trial >= end:
+        slow_trial = _slow_trial_s(rows) or per_trial
+        # the time a call's trials may start in: what is left less the call's own cost and one
+        # slow trial (a trial started before the call's timeout runs to its end)
+        window = end - time.monotonic() - overhead - slow_trial
+        if rows and window <= 0:
             break  # the next trial would not finish in time
         # a chunk of about a second of trials (at least 3): the call's own cost stays small; never
         # more than the time left holds (a queued trial that never runs is cancelled below)
-        fit_in = int((end - time.monotonic()) / per_trial) if per_trial > 0 else 20
+        fit_in = int((window + slow_trial) / per_trial) if per_trial > 0 else 20
         size = max(1, min(int(min(20, max(3, 1.0 / max(per_trial, 1e-3)))), fit_in))
         chunk = warm_start(plan, settings.defaults, settings.alternative)[:max(size, 2)] if not rows else propose(
             rows, plan, settings, flags, size)
         if not chunk:
             stop_reason, early = "every configuration left is in a paused region or already tried", True
             break
-        timeout = max(1.0, end - time.monotonic() - per_trial)
+        before = {r["number"] for r in rows}
+        t_call = time.monotonic()
         result = _call(task, plan, settings, store=store, trials=_trained(rows) + len(chunk),
-                       timeout=timeout, items=chunk)
+                       timeout=max(0.05, window), items=chunk)
+        trained_s = sum(float(t.duration_s or 0.0) for t in result.trials if t.number not in before)
+        overhead = max(overhead, time.monotonic() - t_call - trained_s)
         calls += 1
         if on_chunk is not None:
             on_chunk({"finished": _finished([_row(t) for t in result.trials]), "flags": len(flags)})
