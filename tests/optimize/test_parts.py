@@ -334,3 +334,14 @@ def test_optimize_reads_the_study_through_search_s_public_api_only() -> None:
     assert "cancel_waiting(" in own["_search.py"]
     defined = [p for p in src.rglob("*.py") if re.search(r"^class SearchSettings\b", p.read_text(), re.M)]
     assert [p.relative_to(src).as_posix() for p in defined] == ["search/_settings.py"]
+
+
+def test_the_lr_range_without_a_measured_rate_spans_three_decades_each_way() -> None:
+    """A task's rate 1000x too small is in the space when the range test gave no rate (a busy
+    machine's compute stage may have had no time for it); a measured rate keeps its 30x."""
+    measured = build_plan(TinyTask(), {"lr": 0.02}, user_space=None, max_batch=None, samples=192)
+    lr = measured.space.to_dict()["params"]["lr"]
+    assert (lr["low"], lr["high"]) == (pytest.approx(0.01 / 30 * 2), pytest.approx(0.6))
+    unmeasured = build_plan(TinyTask(), {}, user_space=None, max_batch=None, samples=192)
+    lr = unmeasured.space.to_dict()["params"]["lr"]  # around the task's 1e-2, bounded to [1e-6, 3]
+    assert (lr["low"], lr["high"]) == (pytest.approx(1e-5), pytest.approx(3.0))

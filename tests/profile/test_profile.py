@@ -244,3 +244,21 @@ def test_profile_takes_a_config_or_its_fields_by_name() -> None:
     assert proftune.profile("digits-mlp", cfg, batch_size=8).batch_size == 8  # a name overrides
     with pytest.raises(ConfigError, match=r"unknown options \['step'\]; valid: .*steps"):
         proftune.profile("digits-mlp", step=1)
+
+
+def test_a_profile_steps_at_the_thread_count_the_fit_loop_chose_for_its_task() -> None:
+    """On a busy machine torch's default count can be 100x slower than the one the fit loop
+    measured best moments before; the profile's timed steps use that one."""
+    from proftune import _threads
+    from proftune.profile._api import _step_threads
+
+    task = proftune.load_task("digits-mlp")
+    cpu = torch.device("cpu")
+    _threads.forget()
+    assert _step_threads(task, cpu) == torch.get_num_threads()
+    _threads.remember((task.name, "cpu"), 1, 64, 0)
+    try:
+        assert _step_threads(task, cpu) == 1
+        assert _step_threads(task, torch.device("meta")) == torch.get_num_threads()  # CPU only
+    finally:
+        _threads.forget()

@@ -84,7 +84,9 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
     narrow: dict[str, Any] = {}
     evidence: dict[str, str] = {}
     lr = float(computed.get("lr") or defaults.get("lr") or 1e-3)
-    lo, hi = _log_range(lr, 30.0, 1e-6, 3.0)
+    # a measured rate is searched within 30x; without one (the range test found none, or had no
+    # time) the task's rate may be off by far more: three decades each way
+    lo, hi = _log_range(lr, 30.0 if computed.get("lr") else 1000.0, 1e-6, 3.0)
     if isinstance(defaults.get("lr"), (int, float)) and float(defaults["lr"]) > 0:
         lo, hi = min(lo, float(defaults["lr"])), max(hi, float(defaults["lr"]))
     params["lr"] = {"type": "float", "low": lo, "high": hi, "log": True}

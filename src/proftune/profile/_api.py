@@ -556,10 +556,12 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
             if wrapped is not model:
                 prof.comm = CommRecorder(wrapped)
             # room for the partial last batches the plan skips; the profiler stops the loop when done
-            # at the caller's thread count: a timed measurement does not change threads under itself
+            # at one thread count (a timed measurement does not change threads under itself): the
+            # one the fit loop chose for this workload moments ago where it did (on a busy machine
+            # torch's default count can be 100x slower than it), else the caller's
             fit(task, params, max_steps=2 * plan.total + 2, batch_size=bs, device=dev, seed=seed,
                 callbacks=[prof], model=wrapped, evaluate=False, stop_on_nan=False,
-                threads=torch.get_num_threads())
+                threads=_step_threads(task, dev))
     except torch.OutOfMemoryError:
         raise
     except ConfigError:
@@ -581,6 +583,15 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
         config={**config, "timed_fwd_bwd_ms": m.timed_fwd_bwd_ms},
     )
     return p
+
+
+def _step_threads(task: Task, dev: torch.device) -> int:
+    """The thread count a profile's training steps run at: the fit loop's recent choice for the
+    same task and device (``_threads.recall``), else the process's count."""
+    from .._threads import recall
+
+    hit = recall((task.name or type(task).__name__, dev.type)) if dev.type == "cpu" else None
+    return hit[0] if hit is not None else torch.get_num_threads()
 
 
 def _maybe_ddp(model: nn.Module, dev: torch.device) -> nn.Module:
