@@ -18,9 +18,15 @@ from torch import nn
 from proftune._jsonsafe import json_dumps
 from proftune._units import parse_duration
 from proftune.exceptions import ConfigError
-from proftune.optimize import Budget, build_plan, find_flags, mean_ablation_hook
+from proftune.optimize import (
+    OPTIMIZE_STAGES,
+    SHARES,
+    Budget,
+    build_plan,
+    find_flags,
+    mean_ablation_hook,
+)
 from proftune.optimize._api import OptimizeResult
-from proftune.optimize._budget import OPTIMIZE_STAGES, SHARES
 from proftune.optimize._output import write_summary
 from proftune.optimize._records import (
     BaselineOutputs,
@@ -334,6 +340,33 @@ def test_optimize_reads_the_study_through_search_s_public_api_only() -> None:
     assert "cancel_waiting(" in own["_search.py"]
     defined = [p for p in src.rglob("*.py") if re.search(r"^class SearchSettings\b", p.read_text(), re.M)]
     assert [p.relative_to(src).as_posix() for p in defined] == ["search/_settings.py"]
+
+
+def test_a_stage_block_of_state_json_is_a_typed_record_checked_on_load(tmp_path: Path) -> None:
+    """state.json's stage blocks read back as StageStatus; an unknown status or field is refused
+    before anything is written, naming the stage and what is valid."""
+    from proftune.exceptions import ProblemCollector
+    from proftune.optimize._state import STATE_FILE, StageStatus, check_out_dir
+
+    good = StageStatus(status="finished", duration_s=1.5, share_s=2.0, run_id=3, outputs={"x": 1})
+    assert StageStatus.from_dict(good.to_dict()) == good
+    out = tmp_path / "out"
+    out.mkdir()
+    state = {"version": 1, "task": "tiny", "study": "s", "stages": {"baseline": good.to_dict(),
+                                                                     "search": {"status": "half-done"}}}
+    (out / STATE_FILE).write_text(json.dumps(state))
+    problems = ProblemCollector()
+    assert check_out_dir(out, resume=True, study=None, task="tiny", problems=problems) is None
+    text = " ".join(problems.problems)
+    assert "the search stage's status in state.json: status='half-done' is unknown" in text
+    assert "valid: finished, skipped, failed" in text
+    with pytest.raises(ConfigError, match="the search stage's status"):
+        OptimizeState.load_or_new(out, {})
+    state["stages"]["search"] = {"status": "finished", "secs": 1}
+    (out / STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match="secs"):
+        OptimizeState.load_or_new(out, {})
+    assert sorted(p.name for p in out.iterdir()) == [STATE_FILE]
 
 
 def test_the_lr_range_without_a_measured_rate_spans_three_decades_each_way() -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
+from . import _builtin  # noqa: F401  (registers the built-in stages)
 from ._api import OptimizeResult, optimize
-from ._budget import OPTIMIZE_STAGES, SHARES, Budget, Deadline
+from ._budget import Budget, Deadline
 from ._changes import ParamChange
 from ._config import OPTIMIZE_GOALS, OptimizeConfig
 from ._final import SearchGap, SeedSummary
@@ -20,7 +21,6 @@ from ._layer_value import (
     mean_ablation_hook,
 )
 from ._records import (
-    STAGE_RECORDS,
     BaselineOutputs,
     CompressOutputs,
     ComputeOutputs,
@@ -42,6 +42,16 @@ from ._result import (
 )
 from ._search import ConfigGroup, SearchOutcome, TrialLog, YellowFlag, find_flags
 from ._space import SearchPlan, build_plan
+from ._stages import (
+    OPTIMIZE_STAGES,
+    SHARES,
+    STAGE_RECORDS,
+    STAGE_REGISTRY,
+    BaseStage,
+    StageResult,
+    register_stage,
+)
+from ._state import StageStatus
 from ._story import StageStory, Story, StoryLine
 
 __all__ = [
@@ -49,6 +59,8 @@ __all__ = [
     "OPTIMIZE_STAGES",
     "SHARES",
     "STAGE_RECORDS",
+    "STAGE_REGISTRY",
+    "BaseStage",
     "BaselineOutputs",
     "Budget",
     "CompressOutputs",
@@ -74,7 +86,9 @@ __all__ = [
     "SplitComparisons",
     "SplitSummaries",
     "StageOutputs",
+    "StageResult",
     "StageRow",
+    "StageStatus",
     "StageStory",
     "Story",
     "StoryLine",
@@ -87,6 +101,7 @@ __all__ = [
     "layer_values",
     "mean_ablation_hook",
     "optimize",
+    "register_stage",
 ]
 
 #: ``STAGES`` and ``GOALS``: former names of OPTIMIZE_STAGES and OPTIMIZE_GOALS, deprecated.

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 
 from ..train import Callback, FitState
 
-__all__ = ["OPTIMIZE_STAGES", "SHARES", "Budget", "Deadline"]
+__all__ = ["Budget", "Deadline"]
 
-#: The stages, in the order they run (names in the Store and in ``--json``).
-OPTIMIZE_STAGES = ("baseline", "health", "compute", "layer_value", "search", "final", "compress")
-#: Each stage's share of the total budget. What a stage leaves unspent goes to the stages after
-#: it in proportion to their shares, so the run as a whole stays within the budget.
-SHARES: Mapping[str, float] = {
-    "baseline": 0.10, "health": 0.04, "compute": 0.06, "layer_value": 0.02,
-    "search": 0.42, "final": 0.16, "compress": 0.20,
-}
 #: Kept back for writing the outputs (config, summary, plots) after the last stage.
 RESERVE = 0.03
 
@@ -50,6 +41,8 @@ class Budget:
 
     def stage_s(self, stage: str) -> float:
         """Seconds for ``stage`` now: its share of what is left among it and the stages after it."""
+        from ._stages import OPTIMIZE_STAGES, SHARES  # (the stages' records import this module)
+
         if stage in self.skip:
             return 0.0
         idx = OPTIMIZE_STAGES.index(stage)

@@ -352,6 +352,15 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
         seeds.append(plan.seed + 100 + len(seeds))
         run_round([arms[0], leader], seeds[-1], until=end, stop_at=end)
         leader = current(leader.name)
+        if any(r.cut for a in (arms[0], leader) for r in a.runs if r.seed == seeds[-1]):
+            # an extra round counts only paired: a run cut by the clock leaves the other unpaired,
+            # and the two summaries would then be over different seeds
+            seed = seeds.pop()
+            for i, a in enumerate(arms):
+                arms[i] = replace(a, runs=tuple(r for r in a.runs if r.seed != seed))
+            leader = current(leader.name)
+            notes.append(f"the extra round at seed {seed} was dropped: a run of it was cut by the time left")
+            break
     resolution = _resolution(plan.metric, plan.val_samples)
     comparison = comparison_test = None
     decision, chosen = "defaults", arms[0]

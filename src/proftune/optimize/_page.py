@@ -180,7 +180,9 @@ def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
         r1, rb = _ratio(final.latency_ms, comp.latency_ms), _ratio(final.latency_batch_ms, comp.latency_batch_ms)
         stats.append(("compressed: speed-up at batch 1 / batch " + str(final.batch_size or "-"),
                       f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {_ms(comp.latency_ms)} vs "
-                      f"{_ms(final.latency_ms)} uncompressed", "good" if (r1 or 0) > 1 else "bad"))
+                      f"{_ms(final.latency_ms)} uncompressed"
+                      + (f", on {final.latency_device}" if final.latency_device else ""),
+                      "good" if (r1 or 0) > 1 else "bad"))
         base = run.stage(CompressOutputs).baseline
         saved = (base.size_bytes if base is not None else None) or final.size_bytes
         stats.append(("size as saved: uncompressed → compressed",

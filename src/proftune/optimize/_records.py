@@ -29,7 +29,6 @@ from ._space import SearchPlan
 
 __all__ = [
     "SCHEMA_VERSION",
-    "STAGE_RECORDS",
     "BaselineOutputs",
     "CompressOutputs",
     "ComputeOutputs",
@@ -261,7 +260,9 @@ class FinalOutputs(StageOutputs):
     test: SeedSummary = field(default_factory=SeedSummary)
     model: str = "model.pt"
     model_seed: int | None = None
+    #: Milliseconds per batch-1 forward on ``latency_device`` (the run's device, as compress measures).
     latency_ms: float | None = None
+    latency_device: str = ""
     size_bytes: int | None = None
     model_val: float | None = None
     model_test: float | None = None
@@ -301,8 +302,3 @@ class CompressOutputs(StageOutputs):
         return {"schema_version": self.schema_version, "skipped": self.skipped,
                 **({"verdict": self.verdict} if self.verdict is not None else {})}
 
-
-#: The record of each stage, by the stage's name.
-STAGE_RECORDS: dict[str, type[StageOutputs]] = {
-    k.STAGE: k for k in (BaselineOutputs, HealthOutputs, ComputeOutputs, LayerValueOutputs, SearchStageOutputs,
-                         FinalOutputs, CompressOutputs)}

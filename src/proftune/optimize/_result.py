@@ -17,8 +17,9 @@ from ._changes import ParamChange
 from ._decide import Comparison
 from ._final import SearchGap, SeedSummary
 from ._layer_value import LayerFinding
-from ._records import STAGE_RECORDS, ModelFigures, StageOutputs
+from ._records import ModelFigures, StageOutputs
 from ._search import YellowFlag
+from ._stages import STAGE_RECORDS
 from ._story import Story
 
 __all__ = ["OPTIMIZE_SCHEMA_VERSION", "CompressedModel", "FinalSummary", "OptimizeResult", "SplitComparisons",
@@ -95,6 +96,8 @@ class FinalSummary(JsonRecord):
     #: The uncompressed model at batch 1 and at the task's batch (``batch_size``), and as saved.
     latency_ms: float | None = None
     latency_batch_ms: float | None = None
+    #: The device both latencies (and the compressed model's) were measured on: the run's.
+    latency_device: str = ""
     batch_size: int | None = None
     size_bytes: int | None = None
     compressed: CompressedModel | None = None

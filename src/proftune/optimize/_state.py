@@ -11,21 +11,52 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from .._jsonsafe import json_dumps
 from .._paths import OutputPath, output_problems
-from ..exceptions import ProblemCollector
+from .._records import JsonRecord, mapping, record_fields
+from ..exceptions import ConfigError, ProblemCollector
 from ..track import LOCK_FILE, FolderLock, Store, StudyLock
 from ._records import StageOutputs
 
-__all__ = ["STATE_FILE", "OptimizeState", "check_out_dir", "own_run"]
+__all__ = ["STATE_FILE", "OptimizeState", "StageStatus", "check_out_dir", "own_run"]
 
 STATE_FILE = "state.json"
 VERSION = 1
 
 R = TypeVar("R", bound=StageOutputs)
+
+
+@dataclass(frozen=True)
+class StageStatus(JsonRecord):
+    """One stage's block in ``state.json``: how it ended, its time, its Run and its outputs (the
+    stage's record as a dict)."""
+
+    WHAT: ClassVar[str] = "a stage status"
+    #: ``finished``, ``skipped`` or ``failed``.
+    status: str
+    duration_s: float | None = None
+    share_s: float | None = None
+    run_id: int | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    metric_before: float | None = None
+    metric_after: float | None = None
+    error: str | None = None
+
+    STATUSES: ClassVar[tuple[str, ...]] = ("finished", "skipped", "failed")
+
+    @classmethod
+    def from_dict(cls, d: Any, *, stage: str = "") -> StageStatus:
+        what = f"the {stage} stage's status in {STATE_FILE}" if stage else cls.WHAT
+        rec = cls(**record_fields(cls, mapping(d, what=what), what=what))
+        if rec.status not in cls.STATUSES:
+            raise ConfigError(f"{what}: status={rec.status!r} is unknown; valid: {', '.join(cls.STATUSES)}.")
+        if not isinstance(rec.outputs, dict):
+            raise ConfigError(f"{what}: outputs must be an object, but got {type(rec.outputs).__name__}.")
+        return rec
 
 
 class OptimizeState:
@@ -36,9 +67,19 @@ class OptimizeState:
 
     @classmethod
     def load_or_new(cls, out: Path, identity: dict[str, Any]) -> OptimizeState:
+        """The state in ``out``, every stage block checked as a :class:`StageStatus` (a ConfigError
+        naming the stage and the field otherwise), or a new one."""
         path = out / STATE_FILE
         if path.is_file():
-            return cls(path, json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            version = data.get("version", 1) if isinstance(data, dict) else None
+            if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+                raise ConfigError(f"out={str(out)!r}: {STATE_FILE} has version {version!r}, newer than this "
+                                  f"proftune reads (version {VERSION}); upgrade proftune or choose another out=.")
+            state = cls(path, data)
+            for name in list(state.stages):
+                state.status(name)
+            return state
         return cls(path, {"version": VERSION, **identity, "stages": {}, "spent_s": 0.0})
 
     @property
@@ -48,14 +89,13 @@ class OptimizeState:
     def finished(self, stage: str) -> bool:
         return self.stages.get(stage, {}).get("status") in ("finished", "skipped")
 
-    #: The outputs' fields that name a file in ``out`` a finished stage claims.
-    FILE_FIELDS = ("model", "profile", "trials_file", "output")
+    def status(self, stage: str) -> StageStatus | None:
+        """The stage's status block as its record (None: it has not run)."""
+        block = self.stages.get(stage)
+        return None if block is None else StageStatus.from_dict(block, stage=stage)
 
-    def missing_files(self, stage: str, out: Path) -> list[str]:
-        """The files finished stage ``stage`` says it wrote that are not in ``out``."""
-        outs = self.outputs(stage)
-        return [str(outs[k]) for k in self.FILE_FIELDS
-                if isinstance(outs.get(k), str) and outs[k] and not (out / str(outs[k])).is_file()]
+    def set_status(self, stage: str, status: StageStatus) -> None:
+        self.stages[stage] = status.to_dict()
 
     def outputs(self, stage: str) -> dict[str, Any]:
         """The stage's outputs as ``state.json`` holds them (the JSON-shaped dict)."""
@@ -103,6 +143,12 @@ def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
             problems.add(f"out={str(out)!r}: {STATE_FILE} has version {version!r}, newer than this proftune "
                          f"reads (version {VERSION}); upgrade proftune or choose another out=.")
             return None
+        for name, block in dict(stored.get("stages") or {}).items():
+            try:
+                StageStatus.from_dict(block, stage=str(name))
+            except ConfigError as exc:
+                problems.add(f"out={str(out)!r}: {exc}; choose another out=.")
+                return None
         same_study = study is not None and stored.get("study") == study
         if not (resume or same_study):
             problems.add(f"out={str(out)!r} holds an optimize run (study {stored.get('study')!r}); pass "

@@ -24,10 +24,10 @@ from ._coarse_fine import CoarseToFineSampler
 from ._config import SearchConfig
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._gate import GateResult, ProfileGate
-from ._pruners import PRUNERS, PatiencePruner
+from ._pruners import PRUNER_REGISTRY, PRUNERS, BasePrunerMaker, PatiencePruner, register_pruner
 from ._ray import SCHEDULERS, RayOptions
 from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
-from ._samplers import SAMPLERS
+from ._samplers import SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
 from ._scan import Bound, ScanResult
 from ._space import ForbidRule, Param, Space, load_space
 from ._strategy import Statement, strategy
@@ -37,10 +37,14 @@ __all__ = [
     "PLOT_FILES",
     "PROFILE_METRICS",
     "PRUNERS",
+    "PRUNER_REGISTRY",
     "SAMPLERS",
+    "SAMPLER_REGISTRY",
     "SCHEDULERS",
     "SEARCH_BACKENDS",
     "TRIAL_SCHEMA_VERSION",
+    "BasePrunerMaker",
+    "BaseSamplerMaker",
     "Bound",
     "CoarseToFineSampler",
     "Constraint",
@@ -65,6 +69,8 @@ __all__ = [
     "load_space",
     "parse_constraint",
     "parse_objective",
+    "register_pruner",
+    "register_sampler",
     "search",
     "strategy",
     "study_trials",

@@ -10,18 +10,52 @@ Lightning's EarlyStopping): stop when the best value has not improved by more th
 
 from __future__ import annotations
 
+import abc
 import math
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import optuna
 from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 
+from .._registry import LiveSequence, Registry
 from ..exceptions import ConfigError
 
-__all__ = ["PRUNERS", "PatiencePruner", "make_pruner", "pruner_name"]
+__all__ = ["PRUNERS", "PRUNER_REGISTRY", "BasePrunerMaker", "PatiencePruner", "make_pruner", "pruner_name",
+           "register_pruner"]
 
-PRUNERS = ("none", "median", "asha", "patience")
+
+
+class BasePrunerMaker(abc.ABC):
+    """Builds the Optuna pruner called ``name`` from the space file's ``pruner:`` options."""
+
+    #: The key ``--pruner`` and ``pruner=`` take.
+    name: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def make(self, options: dict[str, Any]) -> BasePruner:
+        """The pruner, with ``options`` from the space file's ``pruner:`` section."""
+
+
+#: Every pruner by name (``proftune.pruners`` entry points included).
+PRUNER_REGISTRY: Registry[BasePrunerMaker] = Registry(
+    "pruner", key=lambda m: m.name, entry_points="proftune.pruners")
+#: The valid ``--pruner`` keys, read from the registry.
+PRUNERS = LiveSequence(lambda: PRUNER_REGISTRY.names())
+
+P = TypeVar("P")
+
+
+def register_pruner(maker: P) -> P:
+    """Register a :class:`BasePrunerMaker` subclass (built with no arguments) or instance;
+    usable as a class decorator."""
+    obj: Any = maker() if isinstance(maker, type) else maker
+    if not isinstance(obj, BasePrunerMaker):
+        raise ConfigError(f"pruner={maker!r} is not a proftune.search.BasePrunerMaker.")
+    if not isinstance(obj.name, str) or not obj.name:
+        raise ConfigError(f"{type(obj).__name__}.name must be a non-empty string, but got {obj.name!r}.")
+    PRUNER_REGISTRY.add(obj)
+    return maker
 
 
 class PatiencePruner(BasePruner):
@@ -70,15 +104,38 @@ def make_pruner(name: str | BasePruner, options: dict[str, Any]) -> BasePruner:
     ``pruner:`` section, or the user's own Optuna pruner as given."""
     if isinstance(name, BasePruner):
         return name
-    if name == "none":
+    return PRUNER_REGISTRY.get_entry(name).make(dict(options))
+
+
+@register_pruner
+class _NoPruner(BasePrunerMaker):
+    name = "none"
+
+    def make(self, options: dict[str, Any]) -> BasePruner:
         return optuna.pruners.NopPruner()
-    if name == "median":
+
+
+@register_pruner
+class _Median(BasePrunerMaker):
+    name = "median"
+
+    def make(self, options: dict[str, Any]) -> BasePruner:
         return optuna.pruners.MedianPruner(n_startup_trials=int(options.get("n_startup_trials", 4)),
                                            n_warmup_steps=int(options.get("n_warmup_steps", 0)))
-    if name == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=int(options.get("min_resource", 1)),
-            reduction_factor=int(options.get("reduction_factor", 3)))
-    if name == "patience":
+
+
+@register_pruner
+class _ASHA(BasePrunerMaker):
+    name = "asha"
+
+    def make(self, options: dict[str, Any]) -> BasePruner:
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=int(options.get("min_resource", 1)),
+                                                      reduction_factor=int(options.get("reduction_factor", 3)))
+
+
+@register_pruner
+class _Patience(BasePrunerMaker):
+    name = "patience"
+
+    def make(self, options: dict[str, Any]) -> BasePruner:
         return PatiencePruner(int(options.get("patience", 2)), float(options.get("min_delta", 0.0)))
-    raise ConfigError(f"pruner={name!r} is unknown; valid: {', '.join(PRUNERS)}.")

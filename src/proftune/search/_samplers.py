@@ -1,18 +1,113 @@
-"""The samplers a search can use, each an Optuna sampler (one of ours: coarse-to-fine)."""
+"""The samplers a search can use: each a registered :class:`BaseSamplerMaker` that builds an
+Optuna sampler for one search (one of ours: coarse-to-fine). A user's own sampler registers the
+same way (``@register_sampler``, or the ``proftune.samplers`` entry point group), and its key is
+then valid for ``tune --sampler``; a ready Optuna ``BaseSampler`` instance is taken as it is."""
 
 from __future__ import annotations
 
+import abc
 import warnings
+from typing import Any, ClassVar, TypeVar
 
 import optuna
 
+from .._registry import LiveSequence, Registry
 from ..exceptions import ConfigError
 from ._coarse_fine import CoarseToFineSampler
 from ._settings import SearchSettings
 
-__all__ = ["SAMPLERS", "describe_sampler", "make_sampler", "sampler_name"]
+__all__ = ["SAMPLERS", "SAMPLER_REGISTRY", "BaseSamplerMaker", "describe_sampler", "make_sampler",
+           "register_sampler", "sampler_name"]
 
-SAMPLERS = ("tpe", "halton", "sobol", "random", "grid", "coarse-to-fine", "nsga2")
+
+class BaseSamplerMaker(abc.ABC):
+    """Builds the Optuna sampler called ``name`` for one search."""
+
+    #: The key ``--sampler`` and ``sampler=`` take.
+    name: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
+        """The sampler for ``settings`` (its space, trials, grid points); ``seed`` is this worker's."""
+
+
+#: Every sampler by name, in the order ``--help`` lists them.
+SAMPLER_REGISTRY: Registry[BaseSamplerMaker] = Registry(
+    "sampler", key=lambda m: m.name, entry_points="proftune.samplers")
+#: The valid ``--sampler`` keys, read from the registry.
+SAMPLERS = LiveSequence(lambda: SAMPLER_REGISTRY.names())
+
+M = TypeVar("M")
+
+
+def register_sampler(maker: M) -> M:
+    """Register a :class:`BaseSamplerMaker` subclass (built with no arguments) or instance;
+    usable as a class decorator."""
+    obj: Any = maker() if isinstance(maker, type) else maker
+    if not isinstance(obj, BaseSamplerMaker):
+        raise ConfigError(f"sampler={maker!r} is not a proftune.search.BaseSamplerMaker.")
+    if not isinstance(obj.name, str) or not obj.name:
+        raise ConfigError(f"{type(obj).__name__}.name must be a non-empty string, but got {obj.name!r}.")
+    SAMPLER_REGISTRY.add(obj)
+    return maker
+
+
+@register_sampler
+class _TPE(BaseSamplerMaker):
+    name = "tpe"
+
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.TPESampler(seed=seed)  # Optuna's defaults (10 random startup trials)
+
+
+class _QMC(BaseSamplerMaker):
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
+        # one scrambled sequence shared by the workers (each draws the study's next point)
+        return optuna.samplers.QMCSampler(qmc_type=self.name, scramble=True, seed=settings.seed,
+                                          warn_independent_sampling=False, warn_asynchronous_seeding=False)
+
+
+@register_sampler
+class _Halton(_QMC):
+    name = "halton"
+
+
+@register_sampler
+class _Sobol(_QMC):
+    name = "sobol"
+
+
+@register_sampler
+class _Random(BaseSamplerMaker):
+    name = "random"
+
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.RandomSampler(seed=seed)
+
+
+@register_sampler
+class _Grid(BaseSamplerMaker):
+    name = "grid"
+
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.GridSampler(settings.space.grid(settings.grid_points), seed=settings.seed)
+
+
+@register_sampler
+class _CoarseToFine(BaseSamplerMaker):
+    name = "coarse-to-fine"
+
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
+        grid = settings.space.grid(settings.grid_points) if settings.coarse == "grid" else None
+        return CoarseToFineSampler(n_coarse=max(2, settings.trials // 2), seed=seed, grid=grid)
+
+
+@register_sampler
+class _NSGA2(BaseSamplerMaker):
+    name = "nsga2"
+
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, settings.trials // 4)))
 
 
 def describe_sampler(sampler: optuna.samplers.BaseSampler) -> str:
@@ -31,27 +126,7 @@ def make_sampler(settings: SearchSettings, worker: int = 0) -> optuna.samplers.B
     sampler as given; each worker of a named one gets its own seed."""
     if isinstance(settings.sampler, optuna.samplers.BaseSampler):
         return settings.sampler
+    maker = SAMPLER_REGISTRY.get_entry(settings.sampler)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return _make_sampler(settings, worker)
-
-
-def _make_sampler(settings: SearchSettings, worker: int) -> optuna.samplers.BaseSampler:
-    name, seed = settings.sampler, settings.seed + 1000 * worker
-    n = settings.trials
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)  # Optuna's defaults (10 random startup trials)
-    if name in ("halton", "sobol"):
-        return optuna.samplers.QMCSampler(qmc_type=name, scramble=True, seed=settings.seed,
-                                          warn_independent_sampling=False,
-                                          warn_asynchronous_seeding=False)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "grid":
-        return optuna.samplers.GridSampler(settings.space.grid(settings.grid_points), seed=settings.seed)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, n // 4)))
-    if name == "coarse-to-fine":
-        grid = settings.space.grid(settings.grid_points) if settings.coarse == "grid" else None
-        return CoarseToFineSampler(n_coarse=max(2, n // 2), seed=seed, grid=grid)
-    raise ConfigError(f"sampler={name!r} is unknown; valid: {', '.join(SAMPLERS)}.")
+        return maker.make(settings, seed=settings.seed + 1000 * worker)

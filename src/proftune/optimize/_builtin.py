@@ -1,0 +1,457 @@
+"""The built-in stages of the optimize loop, each a registered :class:`BaseStage`:
+baseline -> health -> compute -> layer_value -> search -> final -> compress.
+
+Every stage calls the public API of the subpackage that owns the work, and reads what the
+stages before it measured from their records in ``state.json`` (``loop.state.record(...)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import torch
+
+from .._jsonsafe import finite_float, json_dumps
+from .._units import format_bytes
+from ..compress import compress as run_compress
+from ..compress import load_model
+from ..diagnose import diagnose
+from ..exceptions import ConfigError, RunFailedError
+from ..profile import Profile, size_bytes
+from ..profile import profile as run_profile
+from ..recommend import recommend
+from ..train import evaluate_model, fit, validate_params
+from ._api import (
+    FULL_TRIALS_FOR_NO_PRUNER,
+    MIN_COMPRESS_S,
+    _Capture,
+    _figures,
+    _latency_ms,
+    _Loop,
+    _params_key,
+    _same,
+    _samples,
+    _steps_per_epoch,
+)
+from ._budget import Deadline
+from ._decide import pooled_seed_std, prior_seed_std
+from ._final import (
+    MAX_CANDIDATES,
+    Arm,
+    FinalOutcome,
+    FinalPlan,
+    run_final,
+)
+from ._layer_value import LayerFinding, keep_layers, layer_values
+from ._records import (
+    BaselineOutputs,
+    CompressOutputs,
+    ComputeOutputs,
+    FinalOutputs,
+    HealthOutputs,
+    LayerValueOutputs,
+    SearchStageOutputs,
+    TrainedRun,
+)
+from ._search import StageSettings, TrialLog, run_search_stage
+from ._space import build_plan, task_param_defaults
+from ._stages import BaseStage, StageResult, register_stage
+from ._story import fmt_ms, method_name
+
+log = logging.getLogger(__name__)
+
+
+@register_stage
+class Baseline(BaseStage):
+    name = "baseline"
+    share = 0.1
+    record = BaselineOutputs
+    compares = "no-tricks run -> the task's defaults (one seed, with the health checks)"
+
+    def on_end(self, loop: _Loop) -> None:
+        loop.say("plan", {"text": loop._budget_plan().describe()})  # as soon as one training is timed
+
+    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+        """The task's defaults (trained with the health checks) and a no-tricks run beside it."""
+        epochs = loop.task.default_epochs
+        capture = _Capture()
+        diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
+                        callbacks=[Deadline(share * 0.55), capture], store=loop.store)
+        if capture.model is not None:
+            torch.save(capture.model.state_dict(), loop.out / "baseline_model.pt")
+        defaults_metric = finite_float(diag.metrics.get(loop.v.metric))
+        known = task_param_defaults(loop.task)
+        plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
+                 "batch_size": int(loop.defaults.get("batch_size", 32)),
+                 **{k: 0.0 for k in known if "dropout" in k}}
+        # as many epochs as the defaults got, so that the spread compares like with like, within
+        # what is left of the stage's share (a slow model's no-tricks run is cut, and says so)
+        plain_res = fit(loop.task, plain, epochs=max(1, diag.epochs), device=loop.dev, seed=loop.cfg.seed,
+                        callbacks=[Deadline(max(1.0, end - time.monotonic()))])
+        plain_metric = finite_float(plain_res.metrics.get(loop.v.metric))
+        # seconds per epoch of the plain loop (the health checks slow the defaults' run)
+        epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
+            plain_res.steps / max(plain_res.epochs, 1), _steps_per_epoch(loop.task, loop.defaults))
+        spread = (abs(defaults_metric - plain_metric)
+                  if defaults_metric is not None and plain_metric is not None else None)
+        return StageResult(BaselineOutputs(
+            defaults=TrainedRun(params=loop.defaults, metrics=diag.metrics, epochs=diag.epochs, steps=diag.steps,
+                                duration_s=diag.duration_s, run_id=diag.run_id, stop_reason=diag.stop_reason),
+            no_tricks=TrainedRun(params=plain, metrics=plain_res.metrics, epochs=plain_res.epochs,
+                                 duration_s=plain_res.duration_s, stop_reason=plain_res.stop_reason),
+            spread=spread, epoch_s=epoch_s, held_out=loop.holdout, findings=list(diag.findings),
+            model="baseline_model.pt" if capture.model is not None else None,
+        ), before=plain_metric, after=defaults_metric)
+
+
+@register_stage
+class Health(BaseStage):
+    name = "health"
+    share = 0.04
+    record = HealthOutputs
+
+    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+        """Stop on an error-severity finding of the baseline's training; profile its step."""
+        findings = loop.state.record(BaselineOutputs).findings
+        errors = [f for f in findings if f.severity == "error"]
+        warnings = [f for f in findings if f.severity == "warning"]
+        if errors and not loop.cfg.ignore_findings:
+            lines = [f"the baseline's training has {len(errors)} error finding(s); the loop stops before "
+                     "any search (pass --ignore-findings to go on anyway):"]
+            for f in errors:
+                lines.append(f"  [{f.severity}] {f.cause}: {f.summary}")
+                lines.append(f"    evidence: {f.to_dict()['evidence']}")
+                lines.append(f"    fix: {f.fix}")
+            raise RunFailedError("\n".join(lines))
+        prof = run_profile(loop.task, params=loop.defaults, device=loop.dev, seed=loop.cfg.seed,
+                           store=loop.store)
+        prof.save(loop.out / "profile.json")
+        return StageResult(HealthOutputs(
+            errors=errors, warnings=warnings, ignored=bool(errors), profile="profile.json",
+            step_time_ms=prof.step.time_ms, peak_memory_bytes=prof.memory.peak_bytes,
+            params=prof.params.total, macs=prof.macs, throughput=prof.step.throughput,
+        ))
+
+
+@register_stage
+class Compute(BaseStage):
+    name = "compute"
+    share = 0.06
+    record = ComputeOutputs
+
+    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+        """Batch size, LR (range test, scaled), accumulation, precision, data loading: recommend().
+
+        The range test and the noise scale get as many steps as the share holds at the profiled
+        step time (a slow model gets fewer, never more than the defaults of recommend)."""
+        prof = Profile.load(loop.out / "profile.json")
+        step_s = max((prof.step.time_ms or 1.0) / 1e3, 1e-4)
+        steps = share / step_s  # training steps the share holds at the profiled step time
+        lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
+        noise_steps = int(min(30, 0.2 * steps / 4))
+        noise_steps = noise_steps if noise_steps >= 3 else 0  # too few to estimate: not measured
+        optimizer_s = min(4.0, 0.25 * share) if 0.25 * steps >= 20 else 0.0  # each optimizer ~10 steps
+        recs = recommend(loop.task, loop.defaults, profile=prof, memory_budget=loop.v.memory_bytes,
+                         device=loop.dev, seed=loop.cfg.seed, lr_steps=lr_steps,
+                         noise_steps=noise_steps, optimizer_budget_s=optimizer_s,
+                         embedding_budget_s=min(120.0, 0.3 * share), store=loop.store)
+        values = {r.name: r.value for r in recs}
+        computed: dict[str, Any] = {}
+        if isinstance(values.get("batch_size"), int):
+            computed["batch_size"] = values["batch_size"]
+        if finite_float(values.get("lr")) is not None:
+            computed["lr"] = float(values["lr"])
+        if isinstance(values.get("grad_accumulation"), int):
+            computed["grad_accumulation"] = values["grad_accumulation"]
+        if values.get("precision") in ("fp32", "bf16", "fp16"):
+            computed["precision"] = values["precision"]
+        opt = recs.get("optimizer") if "optimizer" in values else None
+        chosen = (opt.evidence.get("params") or {}) if opt is not None else {}
+        if (opt is not None and opt.value in ("adamw", "adam", "sgd") and opt.value != loop.defaults.get("optimizer", "adamw")
+                and chosen.get("lr")):
+            # measured better than the task's optimizer: the search tries both, each at its own rate
+            computed["optimizer_alternative"] = {k: chosen[k] for k in ("optimizer", "lr", "momentum") if k in chosen}
+        max_batch = recs.get("batch_size").evidence.get("max_batch_size")
+        return StageResult(ComputeOutputs(
+            computed=computed, max_batch_size=max_batch, run_id=recs.run_id,
+            steps={"lr_range_test": lr_steps, "noise_scale": noise_steps, "optimizer_budget_s": optimizer_s,
+                   "step_ms": prof.step.time_ms, "share_steps": steps},
+            recommendations=[{"name": r.name, "value": r.value, "reason": r.reason,
+                              "confidence": r.confidence, "effect": r.effect} for r in recs],
+        ))
+
+
+@register_stage
+class LayerValue(BaseStage):
+    name = "layer_value"
+    share = 0.02
+    record = LayerValueOutputs
+
+    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+        """Each layer's cost (time, params, MACs) beside its measured contribution (mean ablation)."""
+        prof = Profile.load(loop.out / "profile.json")
+        model = loop.task.build_model(dict(loop.defaults))
+        model.load_state_dict(torch.load(loop.out / "baseline_model.pt", weights_only=True))
+        base, values, notes = layer_values(
+            loop.task, model, metric=loop.v.metric, higher_is_better=loop.v.maximize, profile=prof,
+            device=loop.dev, batch_size=int(loop.defaults.get("batch_size", 32)), deadline=end)
+        named = [LayerFinding(layer=x.name, finding=x.finding, action=x.action) for x in values if x.finding]
+        return StageResult(LayerValueOutputs(metric=base, layers=list(values), findings=named,
+                                              keep=list(keep_layers(values)), notes=list(notes)))
+
+
+@register_stage
+class Search(BaseStage):
+    name = "search"
+    share = 0.42
+    record = SearchStageOutputs
+    compares = "the defaults -> the best configuration, as the search trials measured them"
+
+    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+        """Search what the compute stage could not decide: warm start, TPE, successive halving.
+
+        The search gets every second the stages after it do not need (their reserves: the final
+        race at ``--seeds`` seeds, one compression sweep), not only its share."""
+        comp = loop.state.record(ComputeOutputs)
+        plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space,
+                          max_batch=comp.max_batch_size, samples=_samples(loop.task, loop.defaults))
+        compress_min = loop._compress_reserve()
+        budget_plan = loop._budget_plan()
+        loop.say("plan", {"text": budget_plan.describe()})
+        epochs = budget_plan.trial_epochs
+        epoch_s = loop._epoch_s()
+        race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
+
+        def reserve(trial_s: float) -> float:
+            return race_s + compress_min
+
+        # (the budget already excludes what an earlier, killed process spent: the clock resumes)
+        seconds = max(1.0, loop.budget.left_s - reserve(0.0))
+        # successive halving only where full trials are dear (below ~15 in the time there is): it
+        # favours fast starters, which small or noisy data punishes (measured: benchmarks/optimize.py)
+        full_trials = seconds / (epochs * epoch_s)
+        settings = StageSettings(
+            objective=loop.v.objective, metric=loop.v.metric, maximize=loop.v.maximize,
+            constraints=tuple(loop.cfg.constraints), epochs=epochs, study=loop.study, seed=loop.cfg.seed,
+            device=str(loop.dev), max_trials=loop.cfg.max_trials, patience=loop.cfg.patience,
+            min_delta=loop.cfg.min_delta, flag_min=loop.cfg.flag_min, defaults=loop.defaults,
+            pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER else "none",
+            trial_s_estimate=epochs * epoch_s,
+            alternative=dict(comp.computed.get("optimizer_alternative") or {}))
+        spent = float(loop.state.data.get("search_spent_s", 0.0))
+        t0 = time.monotonic()
+
+        def on_chunk(info: dict[str, Any]) -> None:
+            loop.state.data["search_spent_s"] = spent + time.monotonic() - t0
+            loop.state.data["spent_s"] = loop.budget.elapsed_s
+            loop.state.save()
+            loop.say("search_chunk", info)
+
+        outcome = run_search_stage(loop.task, plan, settings, store=loop.store, seconds=seconds,
+                                   on_chunk=on_chunk, must_end=loop.budget.end, reserve=reserve)
+        for flag in outcome.flags:
+            loop.say("yellow_flag", flag.to_dict())
+        best = outcome.best
+        counts: dict[str, int] = {}
+        for r in outcome.trials:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        (loop.out / "search_trials.json").write_text(json_dumps(outcome.trials, indent=1))
+        return StageResult(SearchStageOutputs(
+            study=loop.study, plan=plan.to_dict(), epochs_per_trial=epochs,
+            pruner=settings.pruner if epochs >= 3 else "none", full_trials_in_share=full_trials,
+            best=best, top=outcome.groups[:5], defaults=outcome.defaults,
+            flags=list(outcome.flags), stop_reason=outcome.stop_reason,
+            early=outcome.early, arms=outcome.arms, counts=counts,
+            trials=len(outcome.trials), search_calls=outcome.search_calls,
+            history=[list(h) for h in outcome.history], trials_file="search_trials.json", budget_plan=budget_plan,
+            duration_s=outcome.duration_s, seconds=seconds,
+            seed_std=pooled_seed_std((g.std, g.n) for g in [*outcome.groups, *filter(None, [outcome.defaults])]),
+            # every trial as the report draws it (its arm, state and why it ended)
+            trials_log=[TrialLog(number=r["number"], state=r["state"], value=r["value"], arm=r["arm"],
+                                 reason=r["reason"], duration_s=r["duration_s"]) for r in outcome.trials],
+        ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
+            after=best.mean if best else None)
+
+
+@register_stage
+class Final(BaseStage):
+    name = "final"
+    share = 0.16
+    record = FinalOutputs
+    compares = "the defaults -> the result, mean over the paired seeds (validation data)"
+
+    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+        """The defaults and the search's best, same seeds, same protocol; keep the defaults unless
+        a configuration beats them beyond noise; held-out figures for both."""
+        srch = loop.state.record(SearchStageOutputs)
+        # every arm trains at the task's own protocol: the defaults as the user runs them, and the
+        # search's finalists promoted from the trials' fidelity to it (never a shortened copy)
+        epochs = loop.task.default_epochs
+        base_epoch_s = loop._epoch_s()
+        budget_plan = loop._budget_plan(search_done=True)
+        race_notes: list[str] = []
+        fixed = srch.fixed()
+        defaults_key = _params_key(loop.defaults)
+        trial_epochs = int(srch.epochs_per_trial or epochs)
+        proposals: list[Arm] = []
+        for g in srch.top:  # the groups the search measured, best first
+            params = validate_params({**loop.defaults, **fixed, **g.params})
+            if _params_key(params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
+                continue
+            proposals.append(Arm(
+                name=f"search #{len(proposals) + 1}", params=params,
+                source=(f"search trials {g.trials} ({', '.join(sorted(set(g.arms)))}"
+                        + (f", at {trial_epochs} of {epochs} epochs" if trial_epochs < epochs else "") + ")"),
+                search_mean=g.mean, search_std=g.std, search_n=g.n,
+                epoch_s=max(g.trial_s / max(trial_epochs, 1), base_epoch_s * 0.25), epochs=epochs))
+        candidates = proposals
+        # the search's best at the trials' shorter protocol races too: adopted only as a time
+        # gain, where it reaches the defaults' metric at their own protocol
+        shorter = (dataclasses.replace(proposals[0], name=f"{proposals[0].name} at {trial_epochs} epochs",
+                               epochs=trial_epochs) if proposals and trial_epochs < epochs else None)
+        if not budget_plan.race_fits and proposals:
+            shorter = None
+            candidates = []  # the race would compare at a protocol neither the user nor the result uses
+            race_notes.append(budget_plan.describe())
+        d_group = srch.defaults
+        hard_end = loop.budget.end - min(loop._compress_reserve(), MIN_COMPRESS_S)
+        defaults = Arm(name="defaults", params=dict(loop.defaults), source="the task's defaults",
+                       search_mean=d_group.mean if d_group is not None and trial_epochs == epochs else None,
+                       search_std=d_group.std if d_group is not None else None,
+                       search_n=d_group.n if d_group is not None else 0, epoch_s=base_epoch_s, epochs=epochs)
+        plan = FinalPlan(metric=loop.v.metric, maximize=loop.v.maximize, epochs=epochs,
+                         seeds=max(int(loop.cfg.seeds), budget_plan.seeds), seed=loop.cfg.seed, device=str(loop.dev),
+                         val_samples=loop.holdout.val_samples,
+                         prior_std=prior_seed_std(srch.seed_std, metric=loop.v.metric,
+                                                  val_samples=loop.holdout.val_samples,
+                                                  level=finite_float(d_group.mean if d_group else None)),
+                         protocol=f"the task's own protocol ({epochs} epochs) for every arm")
+        outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
+                            end=loop.budget.end - loop._compress_reserve(), hard_end=hard_end,
+                            cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
+                            shorter=shorter)
+        chosen = outcome.arm(outcome.chosen)
+        params, evidence = self._evidence(loop, chosen, outcome)
+        model = loop.task.build_model(dict(params))
+        model.load_state_dict(torch.load(loop.out / "model.pt", weights_only=True))
+        latency, size = _latency_ms(loop.task, model, loop.dev), size_bytes(loop.out / "model.pt")
+        val, test = chosen.summary("val"), chosen.summary("test")
+        picked = outcome.model_run()
+        return StageResult(FinalOutputs(
+            params=params, evidence=evidence, epochs=chosen.epochs or epochs,
+            default_epochs=loop.task.default_epochs, race=outcome,
+            proposals=[] if candidates else [a.params for a in proposals],
+            decision=outcome.decision, chosen=outcome.chosen,
+            metric=dataclasses.replace(val, values=[r.val for r in chosen.runs]),
+            test=dataclasses.replace(test, values=[r.test for r in chosen.runs]),
+            model="model.pt", model_seed=outcome.model_seed, latency_ms=latency, latency_device=str(loop.dev), size_bytes=size,
+            model_val=picked.val if picked else None, model_test=picked.test if picked else None,
+            load=(f"model = proftune.load_task({loop.spec!r}).build_model(params); "
+                  "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
+        ), before=finite_float(outcome.arm("defaults").summary("val").mean), after=val.mean)
+
+    def _evidence(self, loop: _Loop, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
+        """The result's params, and for each where its value came from."""
+        comp = loop.state.record(ComputeOutputs).computed
+        params = dict(chosen.params)
+        evidence: dict[str, str] = {}
+        why = (outcome.comparison.describe() if outcome.comparison is not None
+               else "no configuration reached the final race")
+        for k, val in params.items():
+            default = loop.defaults.get(k)
+            if outcome.kept_defaults:
+                evidence[k] = f"task default (kept: {why})"
+            elif k in comp and _same(comp[k], val):
+                evidence[k] = "computed (compute stage: recommend)"
+            elif k == "optimizer" and val == (comp.get("optimizer_alternative") or {}).get("optimizer"):
+                evidence[k] = (f"computed (the optimizer row measured {val} better than "
+                               f"{loop.defaults.get('optimizer', 'adamw')} at equal time; the race confirmed it)")
+            elif k in loop.defaults and _same(default, val):
+                evidence[k] = "task default"
+            else:
+                std = f" +- {chosen.search_std:.4g}" if chosen.search_std is not None else ""
+                mean = f"{chosen.search_mean:.4g}" if chosen.search_mean is not None else "-"
+                evidence[k] = (f"searched (study {loop.study}, {chosen.source}: {loop.v.metric} {mean}{std} "
+                               f"over {chosen.search_n} trial(s); final: {why})")
+        return params, evidence
+
+
+@register_stage
+class Compress(BaseStage):
+    name = "compress"
+    share = 0.2
+    record = CompressOutputs
+    compares = "the uncompressed result -> the compressed model"
+
+    def skipped(self, loop: _Loop) -> bool:
+        return loop.cfg.goal == "none"
+
+    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+        """The final model toward ``--goal`` within ``--max-accuracy-drop`` (proftune.compress)."""
+        if loop.cfg.goal == "none":
+            return StageResult(CompressOutputs(skipped="--goal none"), status="skipped")
+        params = dict(loop.state.record(FinalOutputs).params)
+        model = loop.task.build_model(dict(params))
+        model.load_state_dict(torch.load(loop.out / "model.pt", weights_only=True))
+        names = {n for n, _ in model.named_modules()}
+        keep = [n for n in loop.state.record(LayerValueOutputs).keep if n in names]
+        if share < MIN_COMPRESS_S:
+            return StageResult(CompressOutputs(skipped=f"{share:.1f} s left for compression, below the "
+                                                        f"{MIN_COMPRESS_S:.0f} s one pruning + INT8 sweep needs "
+                                                        "here; give a larger --budget"), status="skipped")
+        # the sweep grows with the time there is: per-layer sensitivity and a second ratio
+        # only when the share holds them (measured: ~45 s for one ratio with sensitivity on 2 cores)
+        roomy = share >= 90
+        ratios = (0.3, 0.5) if roomy else (0.5,)
+        out_file = loop.out / "model_compressed.pt"
+        try:
+            report = run_compress(
+                loop.task, params=params, model=model, store=loop.store,
+                callbacks=[Deadline(max(1.0, (end - time.monotonic()) / (2 * len(ratios))))],
+                ratios=ratios, ignore_layers=tuple(keep), max_accuracy_drop=loop.cfg.max_accuracy_drop,
+                metric=loop.v.metric, goal=loop.cfg.goal, out=str(out_file), force=True,
+                finetune_epochs=1, seed=loop.cfg.seed, device=str(loop.dev), sensitivity=roomy,
+                # building stops at 60% of the share: measuring, saving and the held-out check follow
+                time_limit_s=max(1.0, 0.6 * (end - time.monotonic())),
+                latency_rounds=5 if roomy else 3, layer_times=roomy)
+        except (ConfigError, RunFailedError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
+            # a model these methods cannot cut or convert keeps the uncompressed result, which
+            # the stages before already hold; the run goes on to its outputs
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            log.info("compression failed: %s", why)
+            out_file.unlink(missing_ok=True)
+            return StageResult(CompressOutputs(skipped=f"compression failed ({why})",
+                                                verdict=f"kept the uncompressed model: compression failed ({why})"),
+                                status="skipped")
+        chosen_c = report.selected
+        test_metric = None
+        if chosen_c is not None and report.output:
+            try:
+                small = load_model(report.output, task=loop.task, params=params)
+                test_metric = finite_float(evaluate_model(loop.task, small, torch.device("cpu"),
+                                                     int(params.get("batch_size", 32)), split="test")
+                                      .get(loop.v.metric))
+            except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
+                log.info("the compressed model could not be evaluated on the held-out data: %s", exc)
+        elif out_file.exists():
+            out_file.unlink()  # a file from an earlier sweep is not this run's result
+        base = _figures(report.baseline, method=False)
+        sel = _figures(chosen_c, test_metric=test_metric, format=True) if chosen_c is not None else None
+        goal_key = "latency_ms" if loop.cfg.goal == "latency" else "size_bytes"
+        kept = "kept the uncompressed model: "
+        notes = [n[len(kept):] if n.startswith(kept) else n for n in report.notes or ["no candidate qualified"]]
+        verdict = (f"{kept}{'; '.join(notes)}"
+                   if sel is None else
+                   f"{method_name(sel)} beats the uncompressed model on {loop.cfg.goal}: "
+                   + (f"{fmt_ms(sel.latency_ms)} vs {fmt_ms(base.latency_ms)} at batch 1"
+                      if goal_key == "latency_ms" else
+                      f"{format_bytes(sel.size_bytes)} vs {format_bytes(base.size_bytes)}"))
+        return StageResult(CompressOutputs(
+            run_id=report.run_id, plan=list(report.plan), notes=list(report.notes), verdict=verdict,
+            ignored_layers=keep, ratios=list(ratios), baseline=base, selected=sel,
+            candidates=[_figures(c, within_budget=True) for c in report.candidates],
+            output="model_compressed.pt" if sel is not None and report.output else None, load=report.load_line,
+        ), before=finite_float(base.metric), after=finite_float(sel.metric) if sel is not None else None)

@@ -1,0 +1,156 @@
+"""A sampler and an optimize stage added from outside the package, each one class and its
+registration; each then shows up where the built-ins do: the CLI, the JSON and the report.
+
+(The other kinds' plug-in tests: a diagnosis check and a metric in ``test_registry.py``, a
+compression method in ``compress/test_own_method.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+import proftune
+from proftune.cli import app
+from proftune.exceptions import ConfigError
+from proftune.optimize import (
+    OPTIMIZE_STAGES,
+    SHARES,
+    STAGE_RECORDS,
+    STAGE_REGISTRY,
+    BaseStage,
+    StageOutputs,
+    StageResult,
+    register_stage,
+)
+from proftune.search import PRUNERS, SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
+
+HERE = Path(__file__).resolve().parent
+TASKS = HERE / "optimize" / "tasks.py"
+SPACE = "params:\n  lr: {type: float, low: 0.001, high: 0.1, log: true}\n"
+
+
+class EdgesFirst(BaseSamplerMaker):
+    """A plug-in's sampler: Optuna's random sampler under a name of its own (its seed from us)."""
+
+    name = "edges-first"
+    made: ClassVar[list[int]] = []
+
+    def make(self, settings: Any, *, seed: int) -> optuna.samplers.BaseSampler:
+        EdgesFirst.made.append(seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+
+
+@pytest.fixture
+def edges_first() -> Iterator[None]:
+    register_sampler(EdgesFirst)
+    yield
+    SAMPLER_REGISTRY.remove("edges-first")
+
+
+@pytest.mark.usefixtures("edges_first")
+def test_a_registered_sampler_is_a_valid_key_of_tune(tmp_path: Path) -> None:
+    assert SAMPLERS[-1] == "edges-first" and "tpe" in SAMPLERS
+    space = tmp_path / "s.yaml"
+    space.write_text(SPACE)
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "3",
+                                   "--epochs", "1", "--sampler", "edges-first", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["sampler"] == "edges-first"
+    assert out["counts"]["complete"] == 3
+    assert EdgesFirst.made  # the plug-in built the sampler the trials used
+    tune = proftune.Store(db).list_runs(kind="tune")[0]
+    assert tune.config["sampler"] == "edges-first"
+    assert "edges-first" in proftune.report.render_report(tune, db=db)
+
+
+def test_an_unknown_sampler_lists_the_registered_ones(tmp_path: Path) -> None:
+    space = tmp_path / "s.yaml"
+    space.write_text(SPACE)
+    res = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "1",
+                                   "--sampler", "nope", "--db", f"sqlite:///{tmp_path / 'p.db'}"])
+    assert res.exit_code == 2
+    assert "--sampler 'nope' is unknown" in res.output and "coarse-to-fine" in res.output
+    assert "asha" in PRUNERS
+
+
+@dataclass(frozen=True, kw_only=True)
+class WidthOutputs(StageOutputs):
+    """The plug-in stage's record: the defaults' model's parameters per layer."""
+
+    STAGE: ClassVar[str] = "widths"
+    params_per_layer: dict[str, int]
+    total: int = 0
+
+
+class Widths(BaseStage):
+    """A plug-in stage after ``compute``: counts the defaults' model's parameters per layer."""
+
+    name = "widths"
+    share = 0.01
+    record = WidthOutputs
+    after = "compute"
+
+    def run(self, loop: Any, share: float, end: float) -> StageResult:
+        model = loop.task.build_model(dict(loop.defaults))
+        per = {n: sum(p.numel() for p in m.parameters(recurse=False))
+               for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))}
+        return StageResult(WidthOutputs(params_per_layer=per, total=sum(per.values())))
+
+
+@pytest.fixture
+def widths() -> Iterator[None]:
+    register_stage(Widths)
+    yield
+    STAGE_REGISTRY.remove("widths")
+
+
+@pytest.mark.usefixtures("widths")
+def test_a_registered_stage_runs_in_its_place_and_shows_everywhere(tmp_path: Path) -> None:
+    order = list(OPTIMIZE_STAGES)
+    assert order.index("widths") == order.index("compute") + 1
+    assert SHARES["widths"] == 0.01 and STAGE_RECORDS["widths"] is WidthOutputs
+    out, db = tmp_path / "out", f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["optimize", f"{TASKS}:TinyTask", "--budget", "25s", "--goal", "none",
+                                   "--out", str(out), "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    names = [s["name"] for s in d["stages"]]
+    assert names == order
+    row = d["stages"][names.index("widths")]
+    assert row["status"] == "finished"
+    assert row["outputs"]["total"] == 8 * 16 + 16 + 16 * 2 + 2  # TinyTask's MLP at hidden=16
+    state = json.loads((out / "state.json").read_text())
+    assert WidthOutputs.from_dict(state["stages"]["widths"]["outputs"]).total == row["outputs"]["total"]
+    stage_runs = [r for r in proftune.Store(db).list_runs(kind="optimize") if r.config.get("stage") == "widths"]
+    assert len(stage_runs) == 1 and stage_runs[0].status == "finished"
+    page = (out / "report.html").read_text()
+    assert "widths" in page
+
+
+def test_a_bad_stage_is_one_error_naming_each_problem() -> None:
+    class Bad(BaseStage):
+        name = "bad"
+        share = 2.0
+        record = WidthOutputs  # its STAGE is "widths", not "bad"
+        after = "nowhere"
+
+        def run(self, loop: Any, share: float, end: float) -> StageResult:
+            raise AssertionError("never runs")
+
+    with pytest.raises(ConfigError) as e:
+        register_stage(Bad)
+    text = str(e.value)
+    assert "share must be a share of the budget in [0, 1], but got 2.0" in text
+    assert "STAGE is 'bad'" in text
+    assert "after='nowhere' is no registered stage; valid: baseline, health" in text
+    assert "bad" not in OPTIMIZE_STAGES
