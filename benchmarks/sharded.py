@@ -26,6 +26,8 @@ DeepSpeed is optional: ``pip install 'proftune[deepspeed]'`` (or ``pip install d
 builds from source in about a minute and runs its estimators on a CPU-only machine). Without
 it, part 2 prints how to install it and our closed forms alone.
 
+Part 1 starts 8 sets of ranks (about a minute each on a busy 2-core machine; ``--skip-measured``
+leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
 Timings on a shared, busy machine: compare within one run.
 Usage: python benchmarks/sharded.py [--skip-measured] [--skip-deepspeed] [--skip-7b] [--ranks 2]
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import os
 import statistics
 import sys
@@ -228,6 +231,8 @@ def main() -> None:
     ap.add_argument("--skip-7b", action="store_true")
     ap.add_argument("--ranks", type=int, default=2)
     args = ap.parse_args()
+    # torchao (imported by transformers) registers Enums with pytree, which torch logs as deprecated
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     import torch
     from transformers.utils import logging as hf_logging
 
