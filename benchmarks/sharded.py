@@ -30,6 +30,7 @@ Part 1 starts 8 sets of ranks (about a minute each on a busy 2-core machine; ``-
 leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
 Timings on a shared, busy machine: compare within one run.
 Usage: python benchmarks/sharded.py [--skip-measured] [--skip-deepspeed] [--skip-7b] [--ranks 2]
+       [--repeats 1] [--models TinyBert TinyLlama] [--strategies ddp fsdp] [--checkpointing none full]
 """
 
 from __future__ import annotations
@@ -75,19 +76,28 @@ def ratio(a: float | None, b: float | None) -> str:
 # -- 1. predicted vs measured on CPU ranks --------------------------------------------------------------
 
 
-def measured_table(ranks: int) -> list[float]:
+def measured_table(ranks: int, *, repeats: int = 1, models: tuple[str, ...] = tuple(MEASURED_TASKS),
+                   strategies: tuple[str, ...] = ("ddp", "fsdp"),
+                   checkpointing: tuple[str, ...] = ("none", "full")) -> list[float]:
     from sharded_runs import measure
 
     print(f"\n== 1. per-rank peak and step, {ranks} CPU ranks (gloo), fp32, per-rank batch 8: "
-          "predicted vs measured")
+          f"predicted vs measured (median of {repeats} run{'s' if repeats > 1 else ''}; the peak of a run is its "
+          "highest rank's)")
     print(f"{'model':10s} {'strategy':8s} {'ckpt':5s} {'pred MiB':>9s} {'meas MiB':>9s} {'pred/meas':>9s} "
-          f"{'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'DS ZeRO-3 states MiB':>21s} {'wall s':>7s}")
+          f"{'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'DS ZeRO-3 states MiB':>21s} {'wall s':>7s}  "
+          "measured peaks of the runs' ranks, MiB")
     errors = []
-    for label, task in MEASURED_TASKS.items():
-        for strategy in ("ddp", "fsdp"):
-            for ckpt in ("none", "full"):
+    for label in models:
+        task = MEASURED_TASKS[label]
+        for strategy in strategies:
+            for ckpt in checkpointing:
                 t0 = time.perf_counter()
-                m = measure(task, world=ranks, strategy=strategy, checkpointing=ckpt, batch_size=8, timed_steps=5)
+                runs = [measure(task, world=ranks, strategy=strategy, checkpointing=ckpt, batch_size=8,
+                                timed_steps=5) for _ in range(repeats)]
+                m = {"peak_bytes": statistics.median(r["peak_bytes"] for r in runs),
+                     "step_ms": statistics.median(r["step_ms"] for r in runs)}
+                ranks_seen = " | ".join(" ".join(mib(x) for x in r["peaks"]) for r in runs)
                 p = predict(task, batch_size=8, target="cpu", gpus=ranks, strategy=strategy,
                             activation_checkpointing=ckpt, max_batch=False).parallel
                 assert p is not None
@@ -97,7 +107,7 @@ def measured_table(ranks: int) -> list[float]:
                 print(f"{label:10s} {strategy:8s} {ckpt:5s} {mib(p.peak_bytes):>9s} {mib(m['peak_bytes']):>9s} "
                       f"{ratio(p.peak_bytes, m['peak_bytes']):>9s} {p.step.get('time_ms') or 0:8.2f} "
                       f"{m['step_ms']:8.2f} {ratio(p.step.get('time_ms'), m['step_ms']):>9s} {mib(ds):>21s} "
-                      f"{time.perf_counter() - t0:7.1f}", flush=True)
+                      f"{time.perf_counter() - t0:7.1f}  {ranks_seen}", flush=True)
     print(f"max |peak error| {max(errors):.2%} (goal <= 10%); median {statistics.median(errors):.2%}. "
           "Step: the roofline on this CPU's measured numbers; gloo's all-reduce on loopback is not in the "
           "device table's link figures.")
@@ -230,6 +240,10 @@ def main() -> None:
     ap.add_argument("--skip-deepspeed", action="store_true")
     ap.add_argument("--skip-7b", action="store_true")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each measured case (median)")
+    ap.add_argument("--models", nargs="+", default=list(MEASURED_TASKS), choices=list(MEASURED_TASKS))
+    ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp"], choices=["ddp", "fsdp"])
+    ap.add_argument("--checkpointing", nargs="+", default=["none", "full"], choices=["none", "full", "selective"])
     args = ap.parse_args()
     # torchao (imported by transformers) registers Enums with pytree, which torch logs as deprecated
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
@@ -242,7 +256,8 @@ def main() -> None:
     if not args.skip_deepspeed:
         deepspeed_table(args.skip_7b)
     if not args.skip_measured:
-        measured_table(args.ranks)
+        measured_table(args.ranks, repeats=args.repeats, models=tuple(args.models),
+                       strategies=tuple(args.strategies), checkpointing=tuple(args.checkpointing))
     print(f"\ntotal {time.perf_counter() - started:.0f} s (shared, busy machine)")
 
 
