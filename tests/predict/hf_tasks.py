@@ -96,3 +96,24 @@ class Llama7B(_Llama):
     samples: ClassVar[int] = 64
     config: ClassVar[dict[str, int]] = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                                         "num_attention_heads": 32, "num_key_value_heads": 32}
+
+
+class Gpt2Small(_TokenTask):
+    """GPT-2 small's shapes (``transformers.GPT2Config``'s defaults: 12 layers of width 768, vocab
+    50257, context 1024; 124M parameters, the head tied to the embedding), causal LM loss."""
+
+    name = "gpt2-small"
+    seq_len: ClassVar[int] = 1024
+    vocab: ClassVar[int] = 50257
+    samples: ClassVar[int] = 64
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(vocab_size=self.vocab, n_positions=self.seq_len,
+                                          attn_implementation="sdpa"))
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        ids, labels = batch
+        out: torch.Tensor = model(input_ids=ids, labels=labels, use_cache=False).loss
+        return out

@@ -16,6 +16,7 @@ the optimizer state).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import statistics
@@ -63,6 +64,9 @@ def _peak_in_step(prof: Any) -> int:
 def _rank(rank: int, world: int, port: int, case: dict[str, Any], out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    # torchao, which transformers imports, registers Enums with pytree; torch 2.10+ logs each one
+    # as deprecated on stderr: a library's note, not the run's
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         from torch.profiler import ProfilerActivity, profile

@@ -39,6 +39,24 @@ def test_deepspeed_closed_forms(strategy: str, offload: str, gpus_per_node: int,
     assert ds.cpu_bytes == int(cpu)
 
 
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+@pytest.mark.parametrize(("strategy", "offload"), [("zero2", "none"), ("zero2", "optimizer"), ("zero3", "none"),
+                                                   ("zero3", "optimizer"), ("zero3", "params"), ("fsdp", "none")])
+def test_closed_forms_equal_deepspeeds_own_estimators(strategy: str, offload: str, gpus: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # DeepSpeed warns on stderr when it has to guess
+    stage12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2", reason="pip install 'proftune[deepspeed]'")
+    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    psi, largest = 6_738_415_616, 131_072_000  # Llama-2-7B: Ψ and its embedding
+    if strategy == "zero2":
+        cpu, gpu = stage12.estimate_zero2_model_states_mem_needs(psi, gpus, 1, cpu_offload=offload == "optimizer")
+    else:
+        cpu, gpu, _ = stage3.estimate_zero3_model_states_mem_needs(psi, largest, gpus, 1, cpu_offload=offload != "none",
+                                                                   cpu_offload_params=offload == "params")
+    ds = STRATEGIES[strategy].deepspeed(psi, largest, gpus, 1, offload)
+    assert (ds.gpu_bytes, ds.cpu_bytes) == (gpu, cpu)
+
+
 @pytest.mark.parametrize(("strategy", "offload", "expected"), [
     ("ddp", "none", {"params": 400, "grads": 400, "optimizer_state": 800, "host": 0}),
     ("zero1", "none", {"params": 400, "grads": 400, "optimizer_state": 200, "host": 0}),

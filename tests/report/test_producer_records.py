@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +96,44 @@ def test_predict_page_renders_the_recorded_record(db_url: str) -> None:
     assert r.peak.phase in html
     for lay in r.layers:
         assert f">{lay.type}<" in html
+
+
+def test_predict_page_shows_one_gpus_memory_under_a_strategy(db_url: str) -> None:
+    r = proftune.predict("digits-cnn", batch_size=16, target="a100", device="cpu", gpus=4, strategy="zero3",
+                         store=db_url)
+    p = r.parallel
+    assert p is not None
+    html = render_report(r.run_id, store=Store(db_url))
+    assert _sections(html)[-1] == "Per GPU: ZeRO-3 on 4 GPUs (1 node), checkpointing none, offload none"
+    bars = _charts(html)[-1]["data"][0]
+    assert bars["x"][:3] == ["params", "grads", "optimizer_state"]
+    assert bars["y"] == pytest.approx([p.memory[k] / 2**20 for k in bars["x"]])
+    assert sum(bars["y"]) == pytest.approx(p.peak_bytes / 2**20)
+    for c in p.collectives:
+        assert c["name"] in html
+    assert p.deepspeed["formula"] in html
+
+
+def test_predict_page_ranks_the_plan_with_each_options_per_gpu_memory(db_url: str) -> None:
+    bert = f"{Path(__file__).parents[1] / 'predict' / 'hf_tasks.py'}:TinyBert"
+    ddp = proftune.predict(bert, batch_size=1, target="a100", gpus=4, strategy="ddp", max_batch=False)
+    assert ddp.parallel is not None
+    r = proftune.predict(bert, target="a100", device_memory=ddp.parallel.peak_bytes - 1, gpus=4, plan=True,
+                         global_batch=32, store=db_url)
+    plan = r.plan
+    assert plan is not None
+    assert plan.options
+    assert plan.rejected
+    html = render_report(r.run_id, store=Store(db_url))
+    assert _sections(html)[-1] == "Plan: 4 GPUs, global batch 32"
+    stacked = _charts(html)[-1]
+    assert stacked["layout"]["barmode"] == "stack"
+    strategies = list(dict.fromkeys(o.strategy for o in plan.options))
+    assert len(stacked["data"][0]["x"]) == len(strategies)
+    # each bar is the fastest option of its strategy; its stacked kinds add up to its per-GPU peak
+    for i, s in enumerate(strategies):
+        best = next(o for o in plan.options if o.strategy == s)
+        assert sum(trace["y"][i] for trace in stacked["data"]) == pytest.approx(best.peak_bytes / 2**20)
+    table = html.split("options that fit, fastest first (per GPU)")[1].split("</table>")[0]
+    assert table.count("<tr") == len(plan.options) + 1  # the header and one row per option
+    assert "DDP does not fit: needs" in html

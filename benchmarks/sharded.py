@@ -1,0 +1,265 @@
+"""Data-parallel predictions (``proftune predict --gpus N --strategy ...``) beside the real thing.
+
+1. Measured: real DDP and FSDP2 (``fully_shard`` per block, then the root) training steps on 2
+   CPU ranks (gloo, one thread each; ``tests/predict/sharded_runs.py``), with and without full
+   activation checkpointing, on TinyBert and TinyLlama (``transformers`` configs, random
+   weights) at per-rank batch 8, fp32: the predicted per-rank peak (``--target cpu``) beside the
+   measured one (the CPU memory profile's running sum of allocations, the highest rank), the
+   predicted step beside the measured one (median of 5 timed steps, the median rank), and for
+   FSDP DeepSpeed's ZeRO-3 figure for the model states. Goal: peak within 10%.
+2. DeepSpeed: one GPU's model states (parameters, gradients, optimizer state) under ZeRO-2,
+   ZeRO-3 and FSDP (priced by ZeRO-3's form) at 1, 2, 4 and 8 GPUs on one node, for GPT-2 small
+   (124M), TinyLlama and a Llama-2-7B-shaped decoder, with DeepSpeed's own estimators called
+   directly (``deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs`` and
+   ``stage3.estimate_zero3_model_states_mem_needs``, the functions its ``*_all_live`` and
+   ``*_all_cold`` print; the counts from DeepSpeed's ``model_to_params`` on the live model, or
+   for 7B from the config's closed form, never allocated). Printed: DeepSpeed's GPU bytes, our
+   closed form of them (``STRATEGIES[s].deepspeed``; goal: ratio 1.000), our traced per-GPU
+   model states and the ratio to DeepSpeed's, and our per-GPU peak at batch 1 (the activations
+   DeepSpeed leaves out). Ours are PyTorch's mixed precision as the fit loop runs it (bf16
+   autocast over fp32 weights: 4Ψ parameters, 4Ψ gradients, 8Ψ AdamW state, each sharded as the
+   strategy shards it); DeepSpeed's assume its own fp16 layout (2Ψ fp16 parameters on every GPU;
+   2Ψ fp16 + 4Ψ fp32 gradients, 4Ψ fp32 master weights and 8Ψ Adam state sharded): the ratio
+   is that difference of layouts, not an error (ZeRO-2 at N GPUs: (4 + 12/N) / (2 + 18/N)).
+
+DeepSpeed is optional: ``pip install 'proftune[deepspeed]'`` (or ``pip install deepspeed``: it
+builds from source in about a minute and runs its estimators on a CPU-only machine). Without
+it, part 2 prints how to install it and our closed forms alone.
+
+Part 1 starts 8 sets of ranks (about a minute each on a busy 2-core machine; ``--skip-measured``
+leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
+Timings on a shared, busy machine: compare within one run.
+Usage: python benchmarks/sharded.py [--skip-measured] [--skip-deepspeed] [--skip-7b] [--ranks 2]
+       [--repeats 1] [--models TinyBert TinyLlama] [--strategies ddp fsdp] [--checkpointing none full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(HERE, "..", "tests", "predict")
+HF = os.path.join(TESTS, "hf_tasks.py")
+sys.path.insert(0, TESTS)
+
+import proftune  # noqa: E402
+from proftune.predict import STRATEGIES, predict  # noqa: E402
+
+MEASURED_TASKS = {"TinyBert": f"{HF}:TinyBert", "TinyLlama": f"{HF}:TinyLlama"}
+#: (strategy, offload) rows of part 2.
+DS_ROWS = [("zero2", "none"), ("zero2", "optimizer"), ("zero3", "none"), ("zero3", "optimizer"),
+           ("zero3", "params"), ("fsdp", "none")]
+GPUS = (1, 2, 4, 8)
+
+
+def in_unit(unit: int) -> Any:
+    """Bytes as a number in ``unit`` (2**20: MiB, 2**30: GiB), three decimals."""
+    return lambda n: "-" if n is None else f"{n / unit:.3f}"
+
+
+def mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.3f}"
+
+
+# -- 1. predicted vs measured on CPU ranks --------------------------------------------------------------
+
+
+def measured_table(ranks: int, *, repeats: int = 1, models: tuple[str, ...] = tuple(MEASURED_TASKS),
+                   strategies: tuple[str, ...] = ("ddp", "fsdp"),
+                   checkpointing: tuple[str, ...] = ("none", "full")) -> list[float]:
+    from sharded_runs import measure
+
+    print(f"\n== 1. per-rank peak and step, {ranks} CPU ranks (gloo), fp32, per-rank batch 8: "
+          f"predicted vs measured (median of {repeats} run{'s' if repeats > 1 else ''}; the peak of a run is its "
+          "highest rank's)")
+    print(f"{'model':10s} {'strategy':8s} {'ckpt':5s} {'pred MiB':>9s} {'meas MiB':>9s} {'pred/meas':>9s} "
+          f"{'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'DS ZeRO-3 states MiB':>21s} {'wall s':>7s}  "
+          "measured peaks of the runs' ranks, MiB")
+    errors = []
+    for label in models:
+        task = MEASURED_TASKS[label]
+        for strategy in strategies:
+            for ckpt in checkpointing:
+                t0 = time.perf_counter()
+                runs = [measure(task, world=ranks, strategy=strategy, checkpointing=ckpt, batch_size=8,
+                                timed_steps=5) for _ in range(repeats)]
+                m = {"peak_bytes": statistics.median(r["peak_bytes"] for r in runs),
+                     "step_ms": statistics.median(r["step_ms"] for r in runs)}
+                ranks_seen = " | ".join(" ".join(mib(x) for x in r["peaks"]) for r in runs)
+                p = predict(task, batch_size=8, target="cpu", gpus=ranks, strategy=strategy,
+                            activation_checkpointing=ckpt, max_batch=False).parallel
+                assert p is not None
+                err = p.peak_bytes / m["peak_bytes"] - 1
+                errors.append(abs(err))
+                ds = p.deepspeed["gpu_bytes"] if strategy == "fsdp" else None
+                print(f"{label:10s} {strategy:8s} {ckpt:5s} {mib(p.peak_bytes):>9s} {mib(m['peak_bytes']):>9s} "
+                      f"{ratio(p.peak_bytes, m['peak_bytes']):>9s} {p.step.get('time_ms') or 0:8.2f} "
+                      f"{m['step_ms']:8.2f} {ratio(p.step.get('time_ms'), m['step_ms']):>9s} {mib(ds):>21s} "
+                      f"{time.perf_counter() - t0:7.1f}  {ranks_seen}", flush=True)
+    print(f"max |peak error| {max(errors):.2%} (goal <= 10%); median {statistics.median(errors):.2%}. "
+          "Step: the roofline on this CPU's measured numbers; gloo's all-reduce on loopback is not in the "
+          "device table's link figures.")
+    return errors
+
+
+# -- 2. DeepSpeed's estimators ---------------------------------------------------------------------------
+
+
+def deepspeed_estimators() -> tuple[Any, Any, Any] | None:
+    """DeepSpeed's two returning estimators and ``model_to_params``, or None when not installed."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU here: say so, rather than its fallback warning
+    try:
+        from deepspeed.runtime.zero.stage3 import (
+            estimate_zero3_model_states_mem_needs,
+            model_to_params,
+        )
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    except ImportError as exc:
+        print(f"DeepSpeed is not installed ({exc}): pip install 'proftune[deepspeed]' (or pip install deepspeed) "
+              "to print its figures; below, our closed forms of its estimators alone.")
+        return None
+    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs, model_to_params
+
+
+def deepspeed_bytes(fns: tuple[Any, Any, Any] | None, strategy: str, offload: str, psi: int, largest: int,
+                    gpus: int) -> tuple[int, int] | None:
+    """(GPU, CPU) bytes from DeepSpeed's own function for this strategy and offload."""
+    if fns is None:
+        return None
+    z2, z3, _ = fns
+    if strategy == "zero2":
+        cpu, gpu = z2(psi, num_gpus_per_node=gpus, num_nodes=1, cpu_offload=offload == "optimizer")
+    else:
+        cpu, gpu, _ = z3(psi, largest, num_gpus_per_node=gpus, num_nodes=1, cpu_offload=offload != "none",
+                         cpu_offload_params=offload == "params", zero_init=True)
+    return int(gpu), int(cpu)
+
+
+def llama7b_counts() -> tuple[int, int]:
+    """Ψ and DeepSpeed's largest layer of Llama-2-7B's config, in closed form (nothing built)."""
+    h, ffn, layers, vocab = 4096, 11008, 32, 32000
+    per_layer = 4 * h * h + 3 * h * ffn + 2 * h  # q, k, v, o; gate, up, down; two RMSNorms
+    return vocab * h + layers * per_layer + h + vocab * h, vocab * h  # embedding, layers, norm, untied head
+
+
+def counts(fns: tuple[Any, Any, Any] | None, label: str, task: proftune.Task) -> tuple[int, int, str]:
+    """(Ψ, largest layer, how they were counted): DeepSpeed's ``model_to_params`` on the live model
+    (random weights), or the 7B config's closed form."""
+    if label == "Llama-2-7B":
+        psi, largest = llama7b_counts()
+        return psi, largest, "closed form of the config (never allocated)"
+    if fns is None:
+        return 0, 0, "ours"
+    import torch
+
+    torch.manual_seed(0)
+    model = task.build_model(dict(task.default_params))
+    psi, largest = fns[2](model)
+    if label == "GPT-2 small":
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
+        from deepspeed.runtime.zero.stage_1_and_2 import (
+            estimate_zero2_model_states_mem_needs_all_live,
+        )
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            estimate_zero2_model_states_mem_needs_all_live(model, num_gpus_per_node=8, num_nodes=1)
+            estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=8, num_nodes=1)
+        print(f"DeepSpeed's own printout for {label} on 8 GPUs (estimate_zero2/3_model_states_mem_needs_all_live; "
+              "its 'GB' are GiB):")
+        print("    " + buf.getvalue().strip().replace("\n", "\n    "))
+    del model
+    return int(psi), int(largest), "DeepSpeed's model_to_params on the live model"
+
+
+def deepspeed_table(skip_7b: bool) -> list[float]:
+    from hf_tasks import Gpt2Small, Llama7B, TinyLlama
+
+    print("\n== 2. one GPU's model states: DeepSpeed's estimators (called) vs our closed form of them vs our "
+          "traced states (bf16 autocast + AdamW, batch 1, a100)")
+    fns = deepspeed_estimators()
+    models: dict[str, proftune.Task] = {"TinyLlama": TinyLlama(), "GPT-2 small": Gpt2Small()}
+    if not skip_7b:
+        models["Llama-2-7B"] = Llama7B()
+    form_ratios: list[float] = []
+    for label, task in models.items():
+        t0 = time.perf_counter()
+        psi, largest, how = counts(fns, label, task)
+        first = predict(task, batch_size=1, target="a100", precision="bf16", gpus=1, strategy="zero2",
+                        max_batch=False).parallel
+        assert first is not None
+        ours_psi, ours_largest = first.n_params, first.largest_layer_params
+        if not psi:
+            psi, largest = ours_psi, ours_largest
+        unit, u = (2**30, "GiB") if psi > 2**30 else (2**20, "MiB")
+        fmt = in_unit(unit)
+        print(f"\n{label}: Ψ = {psi:,} ({how}; ours {ours_psi:,}), largest layer L = {largest:,} "
+              f"(ours {ours_largest:,})")
+        print(f"{'N':>2s} {'strategy':8s} {'offload':9s} {'DeepSpeed ' + u:>13s} {'our form ' + u:>12s} "
+              f"{'form/DS':>7s} {'our states ' + u:>14s} {'ours/DS':>7s} {'our peak ' + u:>12s} "
+              f"{'DS CPU ' + u:>10s} {'our host ' + u:>12s}")
+        for n in GPUS:
+            for strategy, offload in DS_ROWS:
+                p = predict(task, batch_size=1, target="a100", precision="bf16", gpus=n, strategy=strategy,
+                            offload=offload, max_batch=False).parallel
+                assert p is not None
+                form = STRATEGIES[strategy].deepspeed(psi, largest, n, 1, offload)
+                ds = deepspeed_bytes(fns, strategy, offload, psi, largest, n)
+                states = sum(p.model_states.get(k, 0) for k in ("params", "grads", "optimizer_state"))
+                if ds is not None:
+                    form_ratios.append(form.gpu_bytes / ds[0])
+                ds_gpu = ds[0] if ds else None
+                print(f"{n:2d} {STRATEGIES[strategy].title:8s} {offload:9s} {fmt(ds_gpu):>13s} "
+                      f"{fmt(form.gpu_bytes):>12s} {ratio(form.gpu_bytes, ds_gpu):>7s} {fmt(states):>14s} "
+                      f"{ratio(states, ds_gpu or form.gpu_bytes):>7s} {fmt(p.peak_bytes):>12s} "
+                      f"{fmt(ds[1] if ds else form.cpu_bytes):>10s} {fmt(p.model_states.get('host', 0)):>12s}",
+                      flush=True)
+        print(f"({label}: {time.perf_counter() - t0:.1f} s, traces reused across rows)")
+    if form_ratios:
+        worst = max(abs(r - 1) for r in form_ratios)
+        print(f"\nour closed forms vs DeepSpeed's functions: {len(form_ratios)} figures, max |ratio - 1| = {worst:.2e} "
+              "(goal: equal)")
+    return form_ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-measured", action="store_true")
+    ap.add_argument("--skip-deepspeed", action="store_true")
+    ap.add_argument("--skip-7b", action="store_true")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each measured case (median)")
+    ap.add_argument("--models", nargs="+", default=list(MEASURED_TASKS), choices=list(MEASURED_TASKS))
+    ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp"], choices=["ddp", "fsdp"])
+    ap.add_argument("--checkpointing", nargs="+", default=["none", "full"], choices=["none", "full", "selective"])
+    args = ap.parse_args()
+    # torchao (imported by transformers) registers Enums with pytree, which torch logs as deprecated
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()  # GPT-2's config notes its default loss on stderr
+    started = time.perf_counter()
+    if not args.skip_deepspeed:
+        deepspeed_table(args.skip_7b)
+    if not args.skip_measured:
+        measured_table(args.ranks, repeats=args.repeats, models=tuple(args.models),
+                       strategies=tuple(args.strategies), checkpointing=tuple(args.checkpointing))
+    print(f"\ntotal {time.perf_counter() - started:.0f} s (shared, busy machine)")
+
+
+if __name__ == "__main__":
+    main()
