@@ -57,7 +57,8 @@ def edges_first() -> Iterator[None]:
 
 @pytest.mark.usefixtures("edges_first")
 def test_a_registered_sampler_is_a_valid_key_of_tune(tmp_path: Path) -> None:
-    assert SAMPLERS[-1] == "edges-first" and "tpe" in SAMPLERS
+    assert SAMPLERS[-1] == "edges-first"
+    assert "tpe" in SAMPLERS
     space = tmp_path / "s.yaml"
     space.write_text(SPACE)
     db = f"sqlite:///{tmp_path / 'p.db'}"
@@ -79,7 +80,8 @@ def test_an_unknown_sampler_lists_the_registered_ones(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "1",
                                    "--sampler", "nope", "--db", f"sqlite:///{tmp_path / 'p.db'}"])
     assert res.exit_code == 2
-    assert "--sampler 'nope' is unknown" in res.output and "coarse-to-fine" in res.output
+    assert "--sampler 'nope' is unknown" in res.output
+    assert "coarse-to-fine" in res.output
     assert "asha" in PRUNERS
 
 
@@ -118,7 +120,8 @@ def widths() -> Iterator[None]:
 def test_a_registered_stage_runs_in_its_place_and_shows_everywhere(tmp_path: Path) -> None:
     order = list(OPTIMIZE_STAGES)
     assert order.index("widths") == order.index("compute") + 1
-    assert SHARES["widths"] == 0.01 and STAGE_RECORDS["widths"] is WidthOutputs
+    assert SHARES["widths"] == 0.01
+    assert STAGE_RECORDS["widths"] is WidthOutputs
     out, db = tmp_path / "out", f"sqlite:///{tmp_path / 'p.db'}"
     res = CliRunner().invoke(app, ["optimize", f"{TASKS}:TinyTask", "--budget", "25s", "--goal", "none",
                                    "--out", str(out), "--db", db, "--json"])
@@ -132,7 +135,8 @@ def test_a_registered_stage_runs_in_its_place_and_shows_everywhere(tmp_path: Pat
     state = json.loads((out / "state.json").read_text())
     assert WidthOutputs.from_dict(state["stages"]["widths"]["outputs"]).total == row["outputs"]["total"]
     stage_runs = [r for r in proftune.Store(db).list_runs(kind="optimize") if r.config.get("stage") == "widths"]
-    assert len(stage_runs) == 1 and stage_runs[0].status == "finished"
+    assert len(stage_runs) == 1
+    assert stage_runs[0].status == "finished"
     page = (out / "report.html").read_text()
     assert "widths" in page
 

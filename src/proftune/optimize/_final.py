@@ -250,6 +250,30 @@ def _with_run(arm: Arm, run: ArmRun) -> Arm:
     return replace(arm, runs=(*arm.runs, run))
 
 
+def _keep_model(chosen: Arm, *, maximize: bool, work: Path, folder: Path) -> int | None:
+    """Copy the chosen arm's best seed on validation to ``folder/model.pt``; that seed (None: no run)."""
+    ran = [r for r in chosen.runs if r.val is not None and not r.cut] or list(chosen.runs)
+    if not ran:
+        return None
+    sign = 1.0 if maximize else -1.0
+    seed = max(ran, key=lambda r: sign * r.val if r.val is not None else -math.inf).seed
+    shutil.copyfile(work / f"{_slug(chosen.name)}-{seed}.pt", folder / "model.pt")
+    return seed
+
+
+def _drop_unpaired(arms: list[Arm], names: Sequence[str], seeds: list[int], notes: list[str]) -> bool:
+    """Drop the last round (its seed and every arm's run at it) where a run of the arms ``names``
+    was cut; says so in ``notes``. Whether it dropped it."""
+    seed = seeds[-1]
+    if not any(r.cut for a in arms if a.name in names for r in a.runs if r.seed == seed):
+        return False
+    seeds.pop()
+    for i, a in enumerate(arms):
+        arms[i] = replace(a, runs=tuple(r for r in a.runs if r.seed != seed))
+    notes.append(f"the extra round at seed {seed} was dropped: a run of it was cut by the time left")
+    return True
+
+
 def _weakest(challengers: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> str:
     """The challenger with the worst validation mean so far (the last one before any run)."""
     sign = 1.0 if maximize else -1.0
@@ -352,14 +376,10 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
         seeds.append(plan.seed + 100 + len(seeds))
         run_round([arms[0], leader], seeds[-1], until=end, stop_at=end)
         leader = current(leader.name)
-        if any(r.cut for a in (arms[0], leader) for r in a.runs if r.seed == seeds[-1]):
-            # an extra round counts only paired: a run cut by the clock leaves the other unpaired,
-            # and the two summaries would then be over different seeds
-            seed = seeds.pop()
-            for i, a in enumerate(arms):
-                arms[i] = replace(a, runs=tuple(r for r in a.runs if r.seed != seed))
+        # an extra round counts only paired: a run cut by the clock leaves the other unpaired,
+        # and the two summaries would then be over different seeds
+        if _drop_unpaired(arms, [arms[0].name, leader.name], seeds, notes):
             leader = current(leader.name)
-            notes.append(f"the extra round at seed {seed} was dropped: a run of it was cut by the time left")
             break
     resolution = _resolution(plan.metric, plan.val_samples)
     comparison = comparison_test = None
@@ -396,12 +416,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                          f"{plan.metric} at their own protocol ({same.describe()}): not adopted")
     # the model handed back is the chosen configuration's best seed on validation (a choice made
     # on selection data, like every other); its held-out figure is reported on its own
-    ran = [r for r in chosen.runs if r.val is not None and not r.cut] or list(chosen.runs)
-    model_seed: int | None = None
-    if ran:
-        sign = 1.0 if plan.maximize else -1.0
-        model_seed = max(ran, key=lambda r: sign * r.val if r.val is not None else -math.inf).seed
-        shutil.copyfile(work / f"{_slug(chosen.name)}-{model_seed}.pt", folder / "model.pt")
+    model_seed = _keep_model(chosen, maximize=plan.maximize, work=work, folder=folder)
     shutil.rmtree(work, ignore_errors=True)
     return FinalOutcome(plan=plan, arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,
                         leader=leader.name if leader else None, comparison=comparison,
