@@ -1,17 +1,21 @@
 """The CPU thread count proftune computes, beside each fixed count, on a quiet and on a busy machine.
 
 For three models (digits-cnn, a wide MLP on digits, a small transformer on digits' rows as
-tokens) the script times ``proftune.fit`` (``max_steps`` steps, no evaluation) at each fixed
-thread count (1, 2, ... up to the cores of this process) and at proftune's default (computed:
-its measurement steps are counted in its time), in turns, ``--repeats`` times, and prints the
-median ms/step. Each case runs beside competitors that the script starts and stops itself: none
-(quiet), 1, 2 and 4 other torch processes training at torch's default threads, and 1, 2 and 4
-plain Python busy loops. Each competitor ends by itself after ``--case-s`` seconds at most.
+tokens) the script times ``proftune.fit`` (``--steps`` steps or ``--cap-s`` seconds, whichever
+comes first, no evaluation) at each fixed thread count (1, 2, ... up to the cores of this
+process) and at proftune's default (computed, with no choice remembered from an earlier fit: its
+measurement steps at the other counts are in its time), in turns, ``--repeats`` times, and
+prints the median of each fit's mean ms/step (every step of a fit, its first included). A fixed
+count 3x slower than the best in the first round runs its later rounds for ``--slow-cap-s``
+only. Each case runs beside competitors that the script starts and stops itself: none
+("quiet": the machine's other jobs still run, see the load column), 1, 2 and 4 other torch
+processes training at torch's default threads, and 1, 2 and 4 plain Python busy loops; each
+competitor ends by itself after ``--case-s`` seconds at most.
 
 The anchor is torch's own behaviour: a fixed count (torch's default is one thread per core). The
 goal: proftune within 10% of the best fixed count, never more than 1.2x slower.
 
-    PYTHONPATH=src python benchmarks/threads.py            # all cases (about 5-8 minutes)
+    PYTHONPATH=src python benchmarks/threads.py            # all cases (about 10 minutes on 2 busy cores)
     PYTHONPATH=src python benchmarks/threads.py --quick    # quiet and one torch competitor
 """
 
@@ -132,13 +136,12 @@ class _Steps(Callback):
 
 
 def _ms_per_step(task: Any, threads: int | None, steps: int, cap_s: float) -> tuple[float, Any]:
-    """Mean ms/step. A fixed count leaves out its first step (warm-up) and may be stopped after
-    ``cap_s``; proftune's default runs every step, its first and its measurements included."""
+    """Mean ms over every step of one fit (its first and, for proftune's default, its
+    measurements at the other counts included), stopped after ``steps`` steps or ``cap_s``."""
     _threads.forget()  # every proftune run pays for its own first measurement
-    steps_cb = _Steps(cap_s if threads is not None else 600.0)
+    steps_cb = _Steps(cap_s)
     r = fit(task, max_steps=steps, evaluate=False, threads=threads, device="cpu", callbacks=[steps_cb])
-    ms = steps_cb.ms[1:] if threads is not None and len(steps_cb.ms) > 1 else steps_cb.ms
-    return statistics.fmean(ms), r.threads
+    return statistics.fmean(steps_cb.ms), r.threads
 
 
 def _start(kind: str, n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -163,12 +166,36 @@ def _uptime() -> str:
     return f"load {one:.2f} (1 min) {five:.2f} (5 min)"
 
 
+def _case(task: Any, fixed: list[int], args: argparse.Namespace) -> tuple[dict[Any, float], list[str]]:
+    """Median ms/step of each fixed count and of proftune's default (key None), in turns, and
+    proftune's choice per repeat (``1`` or ``1>2``: the counts it ended its checks at). A fixed
+    count more than 3x slower than the best in the first round runs its later rounds for at most
+    ``--slow-cap-s`` (it is not the best either way)."""
+    fit(task, max_steps=3, evaluate=False, threads=1, device="cpu")  # warm-up: imports, allocator
+    times: dict[Any, list[float]] = {k: [] for k in [*fixed, None]}
+    chosen: list[str] = []
+    order: list[Any] = [*fixed, None]
+    for rep in range(args.repeats):
+        turn = order[rep % len(order):] + order[:rep % len(order)]
+        for k in turn:
+            cap = args.cap_s
+            if rep and k is not None and times[k][0] > 3 * min(times[j][0] for j in fixed):
+                cap = args.slow_cap_s
+            ms, choice = _ms_per_step(task, k, args.steps, cap)
+            times[k].append(ms)
+            if k is None and choice is not None:
+                chosen.append(">".join(str(c.chosen) for c in choice.checks) or str(choice.threads))
+    return {k: statistics.median(v) for k, v in times.items()}, chosen
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60, help="steps of each timed fit")
-    ap.add_argument("--cap-s", type=float, default=3.0, help="longest timed fit at a fixed count, seconds")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--case-s", type=float, default=240.0, help="longest life of a competitor, seconds")
+    ap.add_argument("--cap-s", type=float, default=1.5, help="longest timed fit, seconds")
+    ap.add_argument("--slow-cap-s", type=float, default=0.5,
+                    help="longest later fit of a fixed count 3x slower than the best in the first round")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--case-s", type=float, default=180.0, help="longest life of a competitor, seconds")
     ap.add_argument("--quick", action="store_true", help="only the quiet case and one torch competitor")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped script stops its competitors
@@ -180,8 +207,11 @@ def main() -> None:
              ("1 busy", "busy", 1), ("2 busy", "busy", 2), ("4 busy", "busy", 4)]
     if args.quick:
         cases = cases[:2]
-    print(f"cores of this process: {cores}; fixed counts {fixed}; {args.steps} steps per fit (at most "
-          f"{args.cap_s:g} s), median of {args.repeats}; ms/step: a fixed count's mean without its first step (stopped after the cap), proftune's mean of every step, its measurements included")
+    started = time.perf_counter()
+    print(f"cores of this process: {cores}; fixed counts {fixed}; fits of {args.steps} steps (at most "
+          f"{args.cap_s:g} s), in turns, median of {args.repeats}; ms/step: the mean of every step of a fit "
+          f"(its first, and proftune's measurements at the other counts, included). 'quiet': no competitor "
+          f"started by this script; the machine's other jobs run all the same (the load column).", flush=True)
     header = ("| case | load before | model | proftune (choice) | "
               + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed) + " | best fixed | ratio |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -190,24 +220,13 @@ def main() -> None:
         procs = _start(kind, n, args.case_s) if n else []
         try:
             time.sleep(1.0 if n else 0.0)  # the competitors' start-up (imports) is not their load
-            load = _uptime()
             for task in tasks:
-                fit(task, max_steps=3, evaluate=False, threads=1, device="cpu")  # warm-up: imports, allocator
-                times: dict[Any, list[float]] = {k: [] for k in [*fixed, None]}
-                chosen: list[int] = []
-                for rep in range(args.repeats):
-                    order = [*fixed, None]
-                    order = order[rep % len(order):] + order[:rep % len(order)]  # in turns
-                    for k in order:
-                        ms, choice = _ms_per_step(task, k, args.steps, args.cap_s)
-                        times[k].append(ms)
-                        if k is None and choice is not None:
-                            chosen.append(choice.threads)
-                med = {k: statistics.median(v) for k, v in times.items()}
+                load = _uptime()
+                med, chosen = _case(task, fixed, args)
                 best_k = min(fixed, key=lambda k: med[k])
                 ratio = med[None] / med[best_k]
                 ratios.append(ratio)
-                rows.append(f"| {case} | {load} | {task.name} | {med[None]:.2f} ({'/'.join(map(str, chosen))}) | "
+                rows.append(f"| {case} | {load} | {task.name} | {med[None]:.2f} ({'/'.join(chosen)}) | "
                             + " | ".join(f"{med[k]:.2f}" for k in fixed)
                             + f" | {best_k}: {med[best_k]:.2f} | {ratio:.2f} |")
                 print(rows[-1], flush=True)
@@ -216,7 +235,7 @@ def main() -> None:
     print()
     print("\n".join(rows))
     print(f"\nratio proftune / best fixed: median {statistics.median(ratios):.2f}, worst {max(ratios):.2f} "
-          f"(goal: within 1.10, never above 1.20); after: {_uptime()}")
+          f"(goal: within 1.10, never above 1.20); {time.perf_counter() - started:.0f} s; after: {_uptime()}")
 
 
 if __name__ == "__main__":
