@@ -392,7 +392,8 @@ class _ThreadControl(Callback):
             self._armed = True
             self._grad_hooks = [p.register_hook(self._check_grad) for p in state.model.parameters()
                                 if p.requires_grad]
-            self._grad_hooks += [m.register_forward_pre_hook(self._check) for m in state.model.modules()]
+            if not hasattr(state.model, "_orig_mod"):  # a compiled model would recompile for new hooks
+                self._grad_hooks += [m.register_forward_pre_hook(self._check) for m in state.model.modules()]
 
     def _check(self, *_: Any) -> None:
         if not self._cut and time.perf_counter() > self._deadline:
