@@ -18,7 +18,7 @@ competitor ends by itself after ``--case-s`` seconds at most.
 The anchor is torch's own behaviour: a fixed count (torch's default is one thread per core). The
 goal: proftune within 10% of the best fixed count, never more than 1.2x slower.
 
-    PYTHONPATH=src python benchmarks/threads.py            # all cases (about 9 minutes on 2 busy cores)
+    PYTHONPATH=src python benchmarks/threads.py            # all cases (13 minutes on 2 cores at load 10-16)
     PYTHONPATH=src python benchmarks/threads.py --quick    # quiet and one torch competitor
 """
 
