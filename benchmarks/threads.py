@@ -1,24 +1,33 @@
 """The CPU thread count proftune computes, beside each fixed count, on a quiet and on a busy machine.
 
 For three models (digits-cnn, a wide MLP on digits, a small transformer on digits' rows as
-tokens) the script times ``proftune.fit`` (``max_steps`` steps, no evaluation) at each fixed
-thread count (1, 2, ... up to the cores of this process) and at proftune's default (computed:
-its measurement steps are counted in its time), in turns, ``--repeats`` times, and prints the
-median ms/step. Each case runs beside competitors that the script starts and stops itself: none
-(quiet), 1, 2 and 4 other torch processes training at torch's default threads, and 1, 2 and 4
-plain Python busy loops. Each competitor ends by itself after ``--case-s`` seconds at most.
+tokens) the script times ``proftune.fit`` (``--steps`` steps or ``--cap-s`` seconds, whichever
+comes first, no evaluation) at each fixed thread count (1, 2, ... up to the cores of this
+process) and at proftune's default (computed, with no choice remembered from an earlier fit: its
+measurement steps at the other counts are in its time), in turns, ``--repeats`` times, and
+prints the median of each fit's mean ms/step (every step of a fit, its first included), the
+median of the rounds' ratios proftune / best fixed count (paired: fits seconds apart, so the
+machine's load drifting over a case cancels out) and the share of proftune's time that its
+steps at the counts it did not keep cost beyond the kept count's median step. A fixed
+count 3x slower than the best in the first round runs its later rounds for ``--slow-cap-s``
+only. Each case runs beside competitors that the script starts and stops itself: none
+("quiet": the machine's other jobs still run, see the load column), 1, 2 and 4 other torch
+processes training at torch's default threads, and 1, 2 and 4 plain Python busy loops; each
+competitor ends by itself after ``--case-s`` seconds at most.
 
 The anchor is torch's own behaviour: a fixed count (torch's default is one thread per core). The
 goal: proftune within 10% of the best fixed count, never more than 1.2x slower.
 
-    PYTHONPATH=src python benchmarks/threads.py            # all cases (about 5-8 minutes)
+    PYTHONPATH=src python benchmarks/threads.py            # all cases (13 minutes on 2 cores at load 10-16)
     PYTHONPATH=src python benchmarks/threads.py --quick    # quiet and one torch competitor
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -116,29 +125,39 @@ class SmallTransformer(_DigitsTask):
 
 
 class _Steps(Callback):
-    """The step times of a fit (ms); stops it after ``cap_s`` seconds (a fixed count that waits on
-    busy cores would take minutes)."""
+    """The step times of a fit (ms) and the thread count each began at; stops the fit after
+    ``cap_s`` seconds (a fixed count that waits on busy cores would take minutes)."""
 
     def __init__(self, cap_s: float) -> None:
-        self.cap_s, self.started, self.ms = cap_s, 0.0, []
+        self.cap_s, self.started = cap_s, 0.0
+        self.ms: list[tuple[int, float]] = []
+        self._threads = 1
 
     def on_fit_start(self, state: FitState) -> None:
         self.started = time.perf_counter()
 
+    def on_step_start(self, state: FitState) -> None:
+        self._threads = torch.get_num_threads()
+
     def on_step_end(self, state: FitState) -> None:
-        self.ms.append(state.timing["step_ms"])
+        self.ms.append((self._threads, state.timing["step_ms"]))
         if time.perf_counter() - self.started > self.cap_s:
             state.request_stop("time cap")
 
 
-def _ms_per_step(task: Any, threads: int | None, steps: int, cap_s: float) -> tuple[float, Any]:
-    """Mean ms/step. A fixed count leaves out its first step (warm-up) and may be stopped after
-    ``cap_s``; proftune's default runs every step, its first and its measurements included."""
+def _ms_per_step(task: Any, threads: int | None, steps: int, cap_s: float) -> tuple[float, float, Any]:
+    """Mean ms over every step of one fit (its first and, for proftune's default, its
+    measurements at the other counts included), stopped after ``steps`` steps or ``cap_s``; and
+    the share of the fit's time its steps at other counts than the one it ended at took beyond
+    that count's median step (proftune's cost of measuring; 0 for a fixed count)."""
     _threads.forget()  # every proftune run pays for its own first measurement
-    steps_cb = _Steps(cap_s if threads is not None else 600.0)
+    steps_cb = _Steps(cap_s)
     r = fit(task, max_steps=steps, evaluate=False, threads=threads, device="cpu", callbacks=[steps_cb])
-    ms = steps_cb.ms[1:] if threads is not None and len(steps_cb.ms) > 1 else steps_cb.ms
-    return statistics.fmean(ms), r.threads
+    ms = [m for _, m in steps_cb.ms]
+    end = r.threads.threads if r.threads is not None else threads
+    at_end = [m for k, m in steps_cb.ms if k == end] or ms
+    cost = sum(max(0.0, m - statistics.median(at_end)) for k, m in steps_cb.ms if k != end) / sum(ms)
+    return statistics.fmean(ms), cost, r.threads
 
 
 def _start(kind: str, n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -163,12 +182,43 @@ def _uptime() -> str:
     return f"load {one:.2f} (1 min) {five:.2f} (5 min)"
 
 
+def _case(task: Any, fixed: list[int], args: argparse.Namespace) -> tuple[dict[Any, list[float]], list[str], float]:
+    """Each fit's ms/step at each fixed count and at proftune's default (key None), round by
+    round, in every order in turn; proftune's choice per round (``1`` or ``1>2``: the counts its checks chose)
+    and the median share of its time its measurements cost. A fixed count more than 3x slower
+    than the best in the first round runs its later rounds for at most ``--slow-cap-s`` (it is
+    not the best either way)."""
+    fit(task, max_steps=3, evaluate=False, threads=1, device="cpu")  # warm-up: imports, allocator
+    times: dict[Any, list[float]] = {k: [] for k in [*fixed, None]}
+    chosen: list[str] = []
+    costs: list[float] = []
+    # every order of the fits in turn (a seeded shuffle for many counts): each follows each other
+    # as often, so what a fit leaves behind (a slow count's spinning threads, a switch) is shared alike
+    order: list[Any] = [*fixed, None]
+    turns = list(itertools.permutations(order)) if len(order) <= 4 else [
+        random.Random(rep).sample(order, len(order)) for rep in range(args.repeats)]
+    for rep in range(args.repeats):
+        turn = turns[rep % len(turns)]
+        for k in turn:
+            cap = args.cap_s
+            if rep and k is not None and times[k][0] > 3 * min(times[j][0] for j in fixed):
+                cap = args.slow_cap_s
+            ms, cost, choice = _ms_per_step(task, k, args.steps, cap)
+            times[k].append(ms)
+            if k is None and choice is not None:
+                costs.append(cost)
+                chosen.append(">".join(str(c.chosen) for c in choice.checks) or str(choice.threads))
+    return times, chosen, statistics.median(costs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60, help="steps of each timed fit")
-    ap.add_argument("--cap-s", type=float, default=3.0, help="longest timed fit at a fixed count, seconds")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--case-s", type=float, default=240.0, help="longest life of a competitor, seconds")
+    ap.add_argument("--cap-s", type=float, default=1.0, help="longest timed fit, seconds")
+    ap.add_argument("--slow-cap-s", type=float, default=0.5,
+                    help="longest later fit of a fixed count 3x slower than the best in the first round")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--case-s", type=float, default=180.0, help="longest life of a competitor, seconds")
     ap.add_argument("--quick", action="store_true", help="only the quiet case and one torch competitor")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped script stops its competitors
@@ -180,43 +230,40 @@ def main() -> None:
              ("1 busy", "busy", 1), ("2 busy", "busy", 2), ("4 busy", "busy", 4)]
     if args.quick:
         cases = cases[:2]
-    print(f"cores of this process: {cores}; fixed counts {fixed}; {args.steps} steps per fit (at most "
-          f"{args.cap_s:g} s), median of {args.repeats}; ms/step: a fixed count's mean without its first step (stopped after the cap), proftune's mean of every step, its measurements included")
+    started = time.perf_counter()
+    print(f"cores of this process: {cores}; fixed counts {fixed}; fits of {args.steps} steps (at most "
+          f"{args.cap_s:g} s), in turns, median of {args.repeats} rounds; ms/step: the mean of every step of a "
+          f"fit (its first, and proftune's measurements at the other counts, included); ratio: the median "
+          f"of each round's proftune / best fixed count; measuring: the share of proftune's time its steps "
+          f"at the counts it did not keep took beyond the kept one's median step. 'quiet': no competitor "
+          f"started by this script; the machine's other jobs run all the same (the load column).", flush=True)
     header = ("| case | load before | model | proftune (choice) | "
-              + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed) + " | best fixed | ratio |")
+              + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed) + " | best fixed | ratio (paired) | proftune's measuring |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     ratios = []
     for case, kind, n in cases:
         procs = _start(kind, n, args.case_s) if n else []
         try:
             time.sleep(1.0 if n else 0.0)  # the competitors' start-up (imports) is not their load
-            load = _uptime()
             for task in tasks:
-                fit(task, max_steps=3, evaluate=False, threads=1, device="cpu")  # warm-up: imports, allocator
-                times: dict[Any, list[float]] = {k: [] for k in [*fixed, None]}
-                chosen: list[int] = []
-                for rep in range(args.repeats):
-                    order = [*fixed, None]
-                    order = order[rep % len(order):] + order[:rep % len(order)]  # in turns
-                    for k in order:
-                        ms, choice = _ms_per_step(task, k, args.steps, args.cap_s)
-                        times[k].append(ms)
-                        if k is None and choice is not None:
-                            chosen.append(choice.threads)
+                load = _uptime()
+                times, chosen, cost = _case(task, fixed, args)
                 med = {k: statistics.median(v) for k, v in times.items()}
                 best_k = min(fixed, key=lambda k: med[k])
-                ratio = med[None] / med[best_k]
+                # paired: each round's proftune fit against the same round's fit at the best count
+                # (fits seconds apart), so the machine's load drifting over the case cancels out
+                ratio = statistics.median(a / b for a, b in zip(times[None], times[best_k], strict=True))
                 ratios.append(ratio)
-                rows.append(f"| {case} | {load} | {task.name} | {med[None]:.2f} ({'/'.join(map(str, chosen))}) | "
+                rows.append(f"| {case} | {load} | {task.name} | {med[None]:.2f} ({'/'.join(chosen)}) | "
                             + " | ".join(f"{med[k]:.2f}" for k in fixed)
-                            + f" | {best_k}: {med[best_k]:.2f} | {ratio:.2f} |")
+                            + f" | {best_k}: {med[best_k]:.2f} | {ratio:.2f} | {cost:.1%} |")
                 print(rows[-1], flush=True)
         finally:
             _stop(procs)
     print()
     print("\n".join(rows))
     print(f"\nratio proftune / best fixed: median {statistics.median(ratios):.2f}, worst {max(ratios):.2f} "
-          f"(goal: within 1.10, never above 1.20); after: {_uptime()}")
+          f"(goal: within 1.10, never above 1.20); {time.perf_counter() - started:.0f} s; after: {_uptime()}")
 
 
 if __name__ == "__main__":

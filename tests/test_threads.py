@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from proftune import _threads
+from proftune import _threads, train
 from proftune._api import TrainResult
 from proftune._threads import (
     ThreadChoice,
@@ -26,16 +26,19 @@ from proftune._threads import (
 from proftune.task import Task
 from proftune.train import Callback, FitState, fit
 
+#: Virtual seconds added to the fit loop's clock: a step made slow costs no real time.
+_VIRTUAL = [0.0]
+
 
 class _Tiny(Task):
     """A linear model on made-up data: a step costs about the same at any thread count, so the
-    only slow count is the one the test makes slow."""
+    only slow count is the one the test makes slow, by ``extra_ms`` on the fit loop's clock."""
 
     name = "tiny-threads"
     default_epochs = 1
 
     def __init__(self) -> None:
-        self.slow_at: int | None = None
+        self.extra_ms: dict[int, float] = {}
         self.seen: list[int] = []
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(2048, 8, generator=g)
@@ -53,59 +56,126 @@ class _Tiny(Task):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         self.seen.append(torch.get_num_threads())
-        if self.slow_at is not None and torch.get_num_threads() == self.slow_at:
-            time.sleep(0.02)  # the injected load: a step at this count takes 20 ms more
+        _VIRTUAL[0] += self.extra_ms.get(torch.get_num_threads(), 0.0) / 1e3  # the injected load
         x, y = batch
         return nn.functional.mse_loss(model(x), y)
 
 
 @pytest.fixture(autouse=True)
 def _two_candidates(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Candidates 1 and 2 on any machine, no choice remembered from another test."""
+    """Candidates 1 and 2 on any machine, no choice remembered from another test, the fit loop's
+    clock with the injected load, and no run-queue wait read from the (shared) machine."""
     monkeypatch.setenv(_threads.MAX_THREADS_ENV, "2")
     monkeypatch.delenv(_threads.THREADS_ENV, raising=False)
+    monkeypatch.setattr(train, "clock", lambda device=None: time.perf_counter() + _VIRTUAL[0])
+    monkeypatch.setattr(train, "run_queue_ms", lambda: None)
     _threads.forget()
     yield
     _threads.forget()
 
 
-class _SlowDownChosen(Callback):
-    """At step ``at`` the count the fit trains at becomes slow (the machine's load changed)."""
+class _Load(Callback):
+    """The machine's load changes at given steps: from each, the extra milliseconds per step at
+    each count (``{30: {1: 200.0, 2: 400.0}}``: from step 30 a step at 2 threads takes 400 ms more)."""
 
-    def __init__(self, task: _Tiny, at: int) -> None:
-        self.task, self.at = task, at
-        self.made_slow: int | None = None
+    def __init__(self, task: _Tiny, phases: dict[int, dict[int, float]]) -> None:
+        self.task, self.phases = task, phases
 
     def on_step_end(self, state: FitState) -> None:
-        if state.step == self.at:
-            self.made_slow = self.task.slow_at = torch.get_num_threads()
+        if state.step in self.phases:
+            self.task.extra_ms = self.phases[state.step]
 
 
 def test_the_choice_follows_a_change_of_load() -> None:
     task = _Tiny()
-    slow = _SlowDownChosen(task, at=24)
-    result = fit(task, {"batch_size": 8}, max_steps=90, evaluate=False, callbacks=[slow])
+    task.extra_ms = {1: 100.0}  # at first one thread is slow (others would run beside it)
+    load = _Load(task, {30: {1: 200.0, 2: 400.0},  # busier: both slower, two threads the most
+                        70: {1: 20.0}})  # quieter: one thread faster, two faster still
+    result = fit(task, {"batch_size": 8}, max_steps=120, evaluate=False, callbacks=[load])
     choice = result.threads
     assert choice is not None
     assert choice.source == "computed"
     assert choice.candidates == [1, 2]
-    assert choice.checks[0].reason == "start"
-    assert choice.checks[0].step == 0
-    assert slow.made_slow == choice.checks[0].chosen  # the count chosen at the start became slow
-    drift = [c for c in choice.checks if c.reason == "drift"]
-    assert drift, choice.checks
-    other = 3 - slow.made_slow
-    assert drift[0].chosen == other
-    assert drift[0].step_ms[str(slow.made_slow)] > 2 * drift[0].step_ms[str(other)]
-    assert drift[0].drift_ms[0] > 1.5 * drift[0].drift_ms[1]  # the window's median against the choice's
-    assert choice.threads == other
-    assert task.seen[-1] == other  # the last steps ran at the new count
-    assert choice.steps_at[str(other)] > choice.steps_at[str(slow.made_slow)] - 24
+    assert [(c.reason, c.chosen) for c in choice.checks] == [("start", 2), ("drift", 1), ("drift", 2)]
+    start, busier, quieter = choice.checks
+    assert start.step == 0
+    assert start.step_ms["1"] > 50 * start.step_ms["2"]
+    assert busier.step >= 30
+    assert busier.drift_ms[0] > 100 * busier.drift_ms[1]  # the window's median against the choice's time
+    assert busier.step_ms["2"] > 1.5 * busier.step_ms["1"] > 250  # measured under the new load
+    assert 70 <= quieter.step
+    assert quieter.drift_ms[0] < 0.5 * quieter.drift_ms[1]  # faster: the larger count is measured again
+    assert choice.threads == 2
+    assert task.seen[-1] == 2  # the last steps ran at the new count
+    assert choice.steps_at["1"] >= 30  # from the busier check to the quieter one, at one thread
+
+
+def test_a_slower_step_at_one_thread_measures_nothing_more() -> None:
+    """A step slower at the smallest count means others hold the cores: more threads would wait
+    for them, so no check is spent on it (the periodic re-check still comes)."""
+    tuner = ThreadTuner([1, 2], recheck=1000, window=4)
+    ms = {1: 10.0, 2: 20.0}
+    for _ in range(10):
+        tuner.observe(ms[tuner.threads])
+    assert [c.chosen for c in tuner.checks] == [1]
+    ms = {1: 30.0, 2: 90.0}  # busier
+    for _ in range(40):
+        tuner.observe(ms[tuner.threads])
+    assert len(tuner.checks) == 1
+    assert tuner.steps_at == {1: 47, 2: 3}
+    ms = {1: 8.0, 2: 4.0}  # quieter than ever: the larger count is measured again
+    for _ in range(20):
+        tuner.observe(ms[tuner.threads])
+    assert [(c.reason, c.chosen) for c in tuner.checks] == [("start", 1), ("drift", 2)]
+
+
+def test_a_choice_made_on_a_lucky_moment_is_measured_again() -> None:
+    """The probe saw two threads fast; their steps since are slow: the first windows show it."""
+    tuner = ThreadTuner([1, 2], recheck=1000, window=4)
+    probe = iter([10.0, 10.0, 10.0, 5.0, 5.0, 5.0])  # warm-up, 3 at one thread, 3 at two
+    tuner.observe(10.0)
+    for ms in probe:
+        tuner.observe(ms)
+    assert tuner.checks[0].chosen == 2
+    for _ in range(30):
+        tuner.observe(40.0 if tuner.threads == 2 else 10.0)
+    assert [(c.reason, c.chosen) for c in tuner.checks] == [("start", 2), ("drift", 1)]
+    assert tuner.checks[1].drift_ms == [40.0, 5.0]
+    assert tuner.threads == 1
+
+
+def test_steps_that_wait_for_cores_skip_the_larger_counts() -> None:
+    """At one thread the training thread waited half of each step for a core held by others:
+    two threads are not tried (on a busy machine they are many times slower), and the record says why."""
+    tuner = ThreadTuner([1, 2, 4], recheck=16, window=4)
+    for _ in range(30):
+        tuner.observe(10.0, wait_ms=5.0)
+    assert tuner.steps_at == {1: 30}
+    first = tuner.checks[0]
+    assert (first.chosen, first.skipped, first.step_ms, first.wait_share) == (1, [2, 4], {"1": 10.0}, {"1": 0.5})
+    assert len(tuner.checks) >= 2
+    assert all(c.skipped == [2, 4] for c in tuner.checks[1:])  # the periodic re-checks too
+    quiet = ThreadTuner([1, 2, 4], window=4)
+    for _ in range(12):
+        quiet.observe({1: 10.0, 2: 6.0, 4: 7.0}[quiet.threads], wait_ms=0.1)
+    assert quiet.checks[0].chosen == 2
+    assert set(quiet.checks[0].step_ms) == {"1", "2", "4"}
+
+
+def test_a_fit_that_waits_for_cores_trains_at_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fit loop reads the run-queue wait around each step (faked: half of every step)."""
+    monkeypatch.setattr(train, "run_queue_ms", lambda: time.perf_counter() * 1e3 / 2)
+    task = _Tiny()
+    result = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
+    assert result.threads is not None
+    assert result.threads.steps_at == {"1": 20}
+    assert set(task.seen) == {1}
+    assert result.threads.checks[0].wait_share["1"] == pytest.approx(0.5, abs=0.1)
 
 
 def test_a_slow_count_is_not_chosen_at_the_start() -> None:
     task = _Tiny()
-    task.slow_at = 1
+    task.extra_ms = {1: 50.0}
     result = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
     assert result.threads is not None
     assert result.threads.checks[0].chosen == 2
@@ -114,7 +184,7 @@ def test_a_slow_count_is_not_chosen_at_the_start() -> None:
 
 def test_a_fixed_value_is_kept_and_recorded_as_the_users() -> None:
     task = _Tiny()
-    task.slow_at = 1  # slow at the user's count: it is kept all the same
+    task.extra_ms = {1: 50.0}  # slow at the user's count: it is kept all the same
     before = torch.get_num_threads()
     result = fit(task, {"batch_size": 8}, max_steps=30, evaluate=False, threads=1)
     assert set(task.seen) == {1}
@@ -130,7 +200,7 @@ def test_a_fixed_value_is_kept_and_recorded_as_the_users() -> None:
 
 def test_torch_threads_are_put_back_after_a_computed_fit_and_a_failed_one() -> None:
     task = _Tiny()
-    task.slow_at = 2
+    task.extra_ms = {2: 50.0}
     torch.set_num_threads(2)
     try:
         fit(task, {"batch_size": 8}, max_steps=12, evaluate=False)
@@ -156,7 +226,7 @@ def test_bad_thread_values_are_named() -> None:
 
 def test_a_later_fit_starts_at_the_remembered_choice() -> None:
     task = _Tiny()
-    task.slow_at = 1
+    task.extra_ms = {1: 50.0}
     first = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
     second = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
     assert first.threads is not None

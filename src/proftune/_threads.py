@@ -5,8 +5,10 @@ slower than one thread, because the threads wait on each other while other proce
 cores; on a quiet machine more threads are faster. :class:`ThreadTuner` decides from the step
 times it is given: it tries the candidate counts (1, 2, 4, ... up to :func:`max_threads`) for a
 few steps each, keeps the fastest, and measures again when the median step time of a window
-drifts from the one at the choice, or after a number of steps that doubles while the choice
-holds. The steps it measures are the training's own steps; the fit loop (``train.fit``) feeds it.
+drifts from the chosen count's measured one, or after a number of steps that doubles while the
+choice holds. Where the training thread's steps waited for a core held by others
+(:func:`run_queue_ms`), larger counts are not tried: their threads would wait too. The steps it
+measures are the training's own steps; the fit loop (``train.fit``) feeds it.
 
 Several workers on one machine share its cores: :func:`share_cores` sets the count this process
 may use (``$PROFTUNE_MAX_THREADS``, inherited by the processes it starts). ``$PROFTUNE_THREADS``
@@ -41,6 +43,7 @@ __all__ = [
     "max_threads",
     "recall",
     "remember",
+    "run_queue_ms",
     "share_cores",
     "threads_from_env",
 ]
@@ -125,12 +128,31 @@ def candidate_counts(limit: int) -> list[int]:
     return [*out, max(1, limit)]
 
 
+def run_queue_ms() -> float | None:
+    """Milliseconds the calling thread has waited so far for a core held by others (Linux's
+    ``/proc/thread-self/schedstat``: time runnable but not running); None where the OS does not
+    say. Waiting on a sleep, a disk or a GPU is not counted: only other processes holding the cores."""
+    global _SCHEDSTAT
+    if not _SCHEDSTAT:
+        return None
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        _SCHEDSTAT = False
+        return None
+
+
+_SCHEDSTAT = True
+
+
 @dataclass(frozen=True)
 class ThreadCheck(JsonRecord):
     """One measurement of the candidates: when it began (the fit's step), why (``start``,
     ``drift``: the step time moved, ``periodic``), each candidate's median step time (ms; a
     candidate stopped after one step slower than ``abort`` x the best has that step's time),
-    the candidates not measured (a smaller count was already slower), and the one chosen."""
+    the candidates not measured (a smaller count was already slower, or its steps waited for
+    cores held by others: ``wait_share``), and the one chosen."""
 
     WHAT: ClassVar[str] = "a thread check"
 
@@ -141,6 +163,9 @@ class ThreadCheck(JsonRecord):
     skipped: list[int] = field(default_factory=list)
     #: For ``drift``: the window's median step time (ms) against the one at the choice.
     drift_ms: list[float] = field(default_factory=list)
+    #: Per measured count, the share of its steps' time the training thread waited for a core
+    #: (run queue; Linux). Above ``busy`` the larger counts are skipped: their threads would wait too.
+    wait_share: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -176,23 +201,32 @@ class ThreadChoice(JsonRecord):
 class ThreadTuner:
     """Which thread count the next step runs at, from the step times of the steps before it.
 
-    Feed it with :meth:`observe` (the last step's milliseconds, run at :attr:`threads`). A check
-    measures the candidates in ascending order for ``steps`` steps each (a candidate whose step
-    takes more than ``abort`` x the best median so far is stopped after that step) and stops
-    climbing at the first count slower than the best; it chooses the smallest count within
-    ``tie`` of the fastest (fewer threads leave cores to others). Then the median of each window
-    of ``window`` steps is compared with the first window's at the choice: a move by more than
-    ``drift`` (0.5: half) measures again, and so does the ``recheck``-th step after the choice
-    (doubled while the choice holds, and at least the steps over which the last check's extra time,
-    its steps at the other counts beyond the chosen one's, is ``cost_share`` of the training; at
-    most ``max_recheck``).
+    Feed it with :meth:`observe` (the last step's milliseconds, run at :attr:`threads`, and the
+    milliseconds of it the training thread waited for a core). A check measures the candidates
+    in ascending order for ``steps`` steps each; a candidate whose step takes more than ``abort``
+    x the best median so far is stopped after that step, and the climb stops at the first count
+    slower than the best, or at a count whose steps waited for a core more than ``busy`` of their
+    time (the cores are held by others: more threads would wait for them, and on a shared machine
+    that is where a step at torch's default is many times slower). It chooses the smallest count
+    within ``tie`` of the fastest (fewer threads leave cores to others and wait less).
+
+    Then the median of each window of ``window`` steps is compared with the chosen count's
+    measured time: a move by more than ``drift`` (0.5: half) measures again where a change can
+    help: a slower step (the machine got busier) the smaller counts, a faster one the larger
+    counts (unless the window's steps waited for cores); with none to measure, the window is the
+    new reference. So does the ``recheck``-th step after the choice (every count; doubled while
+    the choice holds, and at least the steps over which the last check's extra time, its steps at
+    the other counts beyond the chosen one's, is ``cost_share`` of the training; at most
+    ``max_recheck``).
     """
 
     def __init__(self, candidates: list[int], *, start: int | None = None, recheck: int = 64,
-                 steps: int = 3, window: int = 8, drift: float = 0.5, abort: float = 3.0, tie: float = 0.05,
-                 max_recheck: int = 1024, warmup: int = 1, since: int = 0, cost_share: float = 0.02) -> None:
+                 steps: int = 3, window: int = 8, drift: float = 0.5, abort: float = 3.0, tie: float = 0.1,
+                 busy: float = 0.2, max_recheck: int = 1024, warmup: int = 1, since: int = 0,
+                 cost_share: float = 0.02) -> None:
         self.candidates = sorted(set(candidates))
         self.steps_per, self.window_size, self.drift, self.abort, self.tie = steps, window, drift, abort, tie
+        self.busy = busy
         self.base_recheck, self.max_recheck, self.cost_share = recheck, max_recheck, cost_share
         self.recheck = recheck
         self.checks: list[ThreadCheck] = []
@@ -200,6 +234,7 @@ class ThreadTuner:
         self.step = 0
         self._warmup = warmup
         self._window: deque[float] = deque(maxlen=window)
+        self._waits: deque[float] = deque(maxlen=window)
         self._since = since if start is not None else 0
         self._ref: float | None = None
         self._drift_gap = 2 * window
@@ -207,7 +242,7 @@ class ThreadTuner:
         self.remembered = start is not None and start in self.candidates
         self.threads = start if self.remembered and start is not None else self.candidates[0]
         if not self.remembered and len(self.candidates) > 1:
-            self._begin("start", prefilled=None)
+            self._begin("start", order=list(self.candidates))
 
     @property
     def since(self) -> int:
@@ -228,41 +263,67 @@ class ThreadTuner:
         best = min(m.done, key=lambda c: m.done[c])
         return (self.abort * m.done[best], best) if best != self.threads else None
 
-    def observe(self, step_ms: float, *, cut: bool = False) -> None:
+    def observe(self, step_ms: float, *, cut: bool = False, wait_ms: float | None = None) -> None:
         """The step just run took ``step_ms`` at :attr:`threads` (``cut``: it went on at the best
-        count once it took too long); :attr:`threads` is the next step's."""
+        count once it took too long; ``wait_ms``: of it, the training thread waited for a core,
+        None: not known); :attr:`threads` is the next step's."""
         self.step += 1
         self.steps_at[self.threads] = self.steps_at.get(self.threads, 0) + 1
         if self._warmup > 0:  # the first step of a fit builds its buffers: it says nothing of threads
             self._warmup -= 1
             return
+        wait = None if wait_ms is None or step_ms <= 0 else min(1.0, max(0.0, wait_ms / step_ms))
         if self._measuring is not None:
-            self._measure(step_ms, cut=cut)
+            self._measure(step_ms, wait, cut=cut)
             return
         self._window.append(step_ms)
+        if wait is not None:
+            self._waits.append(wait)
         self._since += 1
         if len(self.candidates) < 2 or len(self._window) < self.window_size or self._since % self.window_size:
             return
         median = statistics.median(self._window)
+        waited = statistics.median(self._waits) if len(self._waits) == len(self._window) else None
         if self._ref is None:
             self._ref = median
         elif abs(median - self._ref) > self.drift * self._ref and self._since >= self._drift_gap:
-            self._begin("drift", prefilled=median, drift_ms=[median, self._ref])
-            return
+            slower = median > self._ref
+            order = [c for c in self.candidates if (c < self.threads if slower else c > self.threads)]
+            if waited is not None and waited > self.busy:
+                order = [c for c in order if c < self.threads]
+            if order:
+                self._begin("drift", order=order, prefilled=(median, waited), drift_ms=[median, self._ref])
+                return
+            self._ref = median  # nothing a change could help: the machine's new pace is the reference
         if self._since >= self.recheck:
-            self._begin("periodic", prefilled=median)
+            order = [c for c in self.candidates if c != self.threads]
+            if waited is not None and waited > self.busy:
+                order = [c for c in order if c < self.threads]
+            self._begin("periodic", order=order, prefilled=(median, waited))
 
-    def _begin(self, reason: str, *, prefilled: float | None, drift_ms: list[float] | None = None) -> None:
-        order = [c for c in self.candidates if prefilled is None or c != self.threads]
-        done = {self.threads: prefilled} if prefilled is not None else {}
-        self._measuring = _Check(reason=reason, at=self.step, order=order, done=done, drift_ms=drift_ms or [],
-                                 previous=None if reason == "start" else self.threads)
-        self.threads = order[0]
+    def _begin(self, reason: str, *, order: list[int], prefilled: tuple[float, float | None] | None = None,
+               drift_ms: list[float] | None = None) -> None:
+        done: dict[int, float] = {}
+        waits: dict[int, float] = {}
+        if prefilled is not None:
+            done[self.threads] = prefilled[0]
+            if prefilled[1] is not None:
+                waits[self.threads] = prefilled[1]
+        skipped = [c for c in self.candidates if c not in order and c not in done]
+        m = _Check(reason=reason, at=self.step, order=order, done=done, drift_ms=drift_ms or [],
+                   previous=None if reason == "start" else self.threads, waits=waits, skipped=skipped)
+        self._measuring = m
+        if order:
+            self.threads = order[0]
+        else:
+            self._finish(m)
 
-    def _measure(self, step_ms: float, *, cut: bool) -> None:
+    def _measure(self, step_ms: float, wait: float | None, *, cut: bool) -> None:
         m = self._measuring
         assert m is not None
         m.times.append(step_ms)
+        if wait is not None:
+            m.wait_times.append(wait)
         m.spent.append((self.threads, step_ms))
         best = min(m.done.values()) if m.done else None
         aborted = cut or (best is not None and step_ms > self.abort * best)
@@ -270,11 +331,15 @@ class ThreadTuner:
             return
         value = max(m.times) if aborted else statistics.median(m.times)
         m.done[self.threads] = value
-        m.times = []
+        if len(m.wait_times) == len(m.times):
+            m.waits[self.threads] = statistics.median(m.wait_times)
+        m.times, m.wait_times = [], []
         m.order.pop(0)
         best_count = min(m.done, key=lambda c: m.done[c])
-        if value > m.done[best_count] * (1 + self.tie) and self.threads > best_count:
-            m.skipped = [c for c in m.order if c > self.threads]  # slower at more threads: stop climbing
+        waited = m.waits.get(self.threads, 0.0) > self.busy
+        if (value > m.done[best_count] * (1 + self.tie) and self.threads > best_count) or waited:
+            # slower at more threads, or its steps waited for cores others hold: stop climbing
+            m.skipped += [c for c in m.order if c > self.threads]
             m.order = [c for c in m.order if c < self.threads]
         if m.order:
             self.threads = m.order[0]
@@ -284,9 +349,10 @@ class ThreadTuner:
     def _finish(self, m: _Check) -> None:
         fastest = min(m.done.values())
         chosen = min(c for c, v in m.done.items() if v <= fastest * (1 + self.tie))
-        self.checks.append(ThreadCheck(step=m.at, reason=m.reason, chosen=chosen, skipped=sorted(m.skipped),
+        self.checks.append(ThreadCheck(step=m.at, reason=m.reason, chosen=chosen, skipped=sorted(set(m.skipped)),
                                        step_ms={str(c): round(v, 4) for c, v in sorted(m.done.items())},
-                                       drift_ms=[round(v, 4) for v in m.drift_ms]))
+                                       drift_ms=[round(v, 4) for v in m.drift_ms],
+                                       wait_share={str(c): round(v, 3) for c, v in sorted(m.waits.items())}))
         kept = m.previous is not None and chosen == m.previous
         # a check costs what its steps at the other counts took beyond the chosen one's; the next
         # periodic one comes when that is at most ``cost_share`` of the training between them
@@ -294,16 +360,20 @@ class ThreadTuner:
         affordable = math.ceil(excess / (self.cost_share * m.done[chosen])) if m.done[chosen] > 0 else 0
         self.recheck = min(max(2 * self.recheck if kept else self.base_recheck, affordable), self.max_recheck)
         self._drift_gap = min(2 * self._drift_gap, self.max_recheck) if kept else 2 * self.window_size
+        # the next windows are compared with the chosen count's measured time: a choice made on
+        # a lucky moment is measured again as soon as its steps show it
+        last = self._last_measured(m)
         self.threads = chosen
         self._measuring = None
         self._window.clear()
+        self._waits.clear()
         self._since = 0
-        self._ref = None
-        self._warmup = 1 if chosen != self._last_measured(m) else 0
+        self._ref = m.done[chosen]
+        self._warmup = 1 if m.spent and chosen != last else 0
 
     @staticmethod
     def _last_measured(m: _Check) -> int | None:
-        return next(reversed(m.done), None)
+        return m.spent[-1][0] if m.spent else None
 
 
 @dataclass
@@ -314,7 +384,9 @@ class _Check:
     done: dict[int, float]
     drift_ms: list[float]
     previous: int | None
+    waits: dict[int, float] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
+    wait_times: list[float] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     spent: list[tuple[int, float]] = field(default_factory=list)
 

@@ -691,8 +691,15 @@ def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device:
     if len(choice.candidates) < 2:
         return Recommendation("threads", choice.threads, f"one core for this process ({limit}): 1 thread.",
                               evidence, "high", "")
+    skipped = sorted({c for check in choice.checks for c in check.skipped})
+    waited = {k: v for check in choice.checks for k, v in check.wait_share.items()}
+    why = ""
+    if skipped:
+        shares = ", ".join(f"{k} thread{'s' if k != '1' else ''} {v:.0%}" for k, v in sorted(waited.items()))
+        why = (f"; not measured: {', '.join(map(str, skipped))} threads (a smaller count was slower"
+               + (f", or its steps waited for cores held by others: {shares} of the step" if shares else "") + ")")
     return Recommendation(
         "threads", choice.threads,
-        f"measured per step on this machine as loaded now: {times}; the fit loop computes it again for "
-        f"every training and re-checks when the step time drifts (--threads N fixes it).",
+        f"measured per step on this machine as loaded now: {times}{why}; the fit loop computes it again "
+        f"for every training and re-checks when the step time drifts (--threads N fixes it).",
         evidence, "medium", f"{choice.threads} thread(s) per training on this machine's present load")
