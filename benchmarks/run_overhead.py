@@ -95,6 +95,7 @@ def main() -> None:
         for _ in range(args.runs):
             for name, cmd in ways.items():  # interleaved: the machine's load hits all alike
                 times[name].append(_loop_s(cmd, tmp))
+                print(f"  run {len(times[name])}: {name} {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
     base = statistics.median(times["plain"])
     print(f"training loop CPU time, {args.steps} steps, median of {args.runs} runs (min..max):")
     for name, ts in times.items():

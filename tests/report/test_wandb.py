@@ -186,3 +186,21 @@ def test_cli_export(db_url: str, runs: dict[str, int], tmp_path: Path, monkeypat
     bad = CliRunner().invoke(app, ["export", str(runs["train"]), "--wandb", "--wandb-mode", "cloud", "--db", db_url])
     assert bad.exit_code == 2
     assert "offline, online, disabled" in bad.output
+
+
+@pytest.mark.usefixtures("offline")
+def test_a_study_as_one_group(store: Store, runs: dict[str, int], tmp_path: Path) -> None:
+    tune = store.get_run(runs["tune"])
+    trials = sorted(store.list_runs(parent_id=tune.id), key=lambda r: r.id)
+    assert trials, "the recorded study has trials"
+    out = export_wandb(tune, project="study", dir=tmp_path, store=store, report=False)
+    assert [o["proftune_run"] for o in out] == [tune.id, *(t.id for t in trials)]
+    groups = set()
+    for o, rec in zip(out, [tune, *trials], strict=True):
+        got = read_offline(o["dir"])
+        groups.add(got["run"]["group"])
+        assert got["run"]["job_type"] == rec.kind
+        for k, v in rec.metrics.items():
+            if isinstance(v, float):
+                assert got["summary"][k] == pytest.approx(v)
+    assert groups == {tune.study}
