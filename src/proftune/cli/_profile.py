@@ -182,7 +182,7 @@ def profile_command(
             raise ConfigError("missing TASK (e.g. `proftune profile digits-cnn`), or use --compare A.json B.json.")
         params = parse_params(param)
         if ddp is not None:
-            return _ranks(task, ddp, params=params, batch_size=batch_size, steps=steps,
+            return _ranks(task, ddp, extras=structure or onnx is not None, params=params, batch_size=batch_size, steps=steps,
                           warmup=warmup, device=device, seed=seed)
         store = Store(db)
         p = profile(task_arg(task, data), params=params, batch_size=batch_size, steps=steps, warmup=warmup,
@@ -279,8 +279,11 @@ def _render_onnx(o: Any) -> None:
     out_console.print(line, highlight=False)
 
 
-def _ranks(task: str, nprocs: int, *, device: str, **kw: Any) -> dict[str, Any]:
+def _ranks(task: str, nprocs: int, *, device: str, extras: bool, **kw: Any) -> dict[str, Any]:
     from ..profile import profile_ranks
+
+    if extras:
+        raise ConfigError("--structure and --onnx describe one model: run them without --ddp.")
 
     dev = "cuda" if device == "cuda" or (device == "auto" and __import__("torch").cuda.device_count() >= nprocs) else "cpu"
     return profile_ranks(task, nprocs=nprocs, device=dev, **kw).to_dict()
