@@ -95,12 +95,15 @@ def main() -> None:
         for _ in range(args.runs):
             for name, cmd in ways.items():  # interleaved: the machine's load hits all alike
                 times[name].append(_loop_s(cmd, tmp))
+                print(f"  run {len(times[name])}: {name} {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
     base = statistics.median(times["plain"])
     print(f"training loop CPU time, {args.steps} steps, median of {args.runs} runs (min..max):")
     for name, ts in times.items():
         med = statistics.median(ts)
+        paired = sorted(t / p for t, p in zip(ts, times["plain"], strict=True))  # same round: same load
         print(f"  {name:20s} {med:8.3f} s  ({min(ts):.3f}..{max(ts):.3f})  ratio {med / base:.3f} "
-              f"({(med / base - 1) * 100:+.1f}%)")
+              f"({(med / base - 1) * 100:+.1f}%)  paired ratio median {statistics.median(paired):.3f} "
+              f"({paired[0]:.3f}..{paired[-1]:.3f})")
     print("gives: proftune run: per-layer time, MACs, memory, statistics, the step's phases and "
           "recommendations, a Run in the store; bottleneck: whole-script cProfile + autograd "
           "operator table, no per-layer view, no advice.")

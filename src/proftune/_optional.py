@@ -25,6 +25,10 @@ EXTRAS: dict[str, str] = {
     "plotly": "report",
     "torchvision": "vision",
     "ray": "ray",
+    "wandb": "wandb",
+    "onnx": "compile",
+    "onnxruntime": "compile",
+    "onnxscript": "compile",
 }
 #: Optional packages that no extra installs (yet): the error names the package itself.
 PACKAGES: dict[str, str] = {"lightning": "lightning", "transformers": "transformers",

@@ -129,3 +129,32 @@ def test_stderr_has_no_native_profiler_log_lines(tmp_path: Path) -> None:
     noisy = [line for line in proc.stderr.splitlines()
              if line.startswith(("USDT:", "ERROR:", "WARNING:", "[W", "[I")) or "Warning" in line]
     assert noisy == []
+
+
+def test_structure_and_onnx(tmp_path: Path) -> None:
+    """--structure adds the module tree (totals those of the profile: one counter), --onnx a
+    file ONNX Runtime ran with torch's outputs; --onnx is checked before any work."""
+    pytest.importorskip("onnxruntime")
+    onnx_path = tmp_path / "m.onnx"
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = runner.invoke(app, ["profile", "digits-mlp", "--steps", "1", "--warmup", "0", "--detail", "step",
+                              "--structure", "--onnx", str(onnx_path), "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    s = d["structure"]
+    assert s["macs"] == d["macs"]
+    assert s["params_total"] == d["params"]["total"]
+    root = s["rows"][0]
+    assert root["name"] == ""
+    assert root["output_shapes"][0][-1] == 10
+    assert d["onnx"]["matches"] is True
+    assert onnx_path.stat().st_size == d["onnx"]["size_bytes"]
+    again = runner.invoke(app, ["profile", "digits-mlp", "--onnx", str(onnx_path), "--db", db])
+    assert again.exit_code == 2
+    assert "--onnx" in again.output
+    assert "exists" in again.output
+    table = runner.invoke(app, ["profile", "digits-mlp", "--steps", "1", "--warmup", "0", "--detail", "step",
+                                "--structure", "--db", db])
+    assert table.exit_code == 0
+    assert "model structure" in table.output
+    assert "Linear" in table.output

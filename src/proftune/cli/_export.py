@@ -1,7 +1,8 @@
-"""``proftune export RUN --tensorboard DIR | --mlflow URI``: a run in the tools people already use."""
+"""``proftune export RUN --tensorboard DIR | --mlflow URI | --wandb``: a run in the tools people already use."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,22 +20,33 @@ def export_command(
         "--mlflow", help="Log to this MLflow tracking URI (sqlite:///mlflow.db, file:///..., http://...).",
         show_default=False)] = None,
     experiment: Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")] = "proftune",
+    wandb: Annotated[bool, typer.Option(
+        "--wandb", help="Log to Weights & Biases (offline with WANDB_MODE=offline or --wandb-mode offline: "
+                        "files under ./wandb, no account, no network).")] = False,
+    project: Annotated[str, typer.Option("--project", help="W&B project name.")] = "proftune",
+    wandb_dir: Annotated[Path | None, typer.Option(
+        "--wandb-dir", help="Folder that holds W&B's wandb/ folder (default: here).", show_default=False)] = None,
+    wandb_mode: Annotated[str | None, typer.Option(
+        "--wandb-mode", help="offline, online or disabled (default: W&B's own setting, WANDB_MODE).",
+        show_default=False)] = None,
     force: ForceOpt = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Export a recorded run: scalars, histograms, tables and hparams to TensorBoard; params,
-    metrics per step, tags and artifacts to MLflow."""
+    metrics per step, tags and artifacts to MLflow; config, history, histograms, summary and artifacts
+    to W&B."""
 
     def body() -> dict[str, Any]:
-        from ..report import export_mlflow, export_tensorboard
+        from ..report import export_mlflow, export_tensorboard, export_wandb
         from ..track import Store
 
-        if tensorboard is None and mlflow is None:
-            raise ConfigError("give --tensorboard DIR and/or --mlflow URI.")
+        if tensorboard is None and mlflow is None and not wandb:
+            raise ConfigError("give --tensorboard DIR, --mlflow URI and/or --wandb.")
         # event files get names of their own (time, host, pid): the folder only needs to be writable
-        check_outputs([OutputPath("--tensorboard", tensorboard, folder=True)], force=force)
+        check_outputs([OutputPath("--tensorboard", tensorboard, folder=True),
+                       OutputPath("--wandb-dir", wandb_dir, folder=True)], force=force)
         store = Store(db)
         record = store.get_run(run_id)
         out: dict[str, Any] = {"run_id": run_id}
@@ -43,6 +55,9 @@ def export_command(
         if mlflow is not None:
             out["mlflow"] = {"uri": mlflow, "experiment": experiment,
                              "run_id": export_mlflow(record, mlflow, experiment=experiment, store=store)}
+        if wandb:
+            out["wandb"] = {"project": project, "runs": export_wandb(record, project=project, dir=wandb_dir,
+                                                                     mode=wandb_mode, store=store)}
         return out
 
     def render(d: dict[str, Any]) -> None:
@@ -53,5 +68,9 @@ def export_command(
             m = d["mlflow"]
             out_console.print(f"mlflow: run {m['run_id']} in experiment {m['experiment']!r} at {m['uri']}",
                               highlight=False)
+        if "wandb" in d:
+            for w in d["wandb"]["runs"]:
+                out_console.print(f"wandb: run {w['proftune_run']} as {w['wandb_id']} in project "
+                                  f"{d['wandb']['project']!r} at {w['dir']}", highlight=False)
 
     execute(body, json_out=json_out, debug=debug, render=render)

@@ -148,6 +148,15 @@ def profile_command(
     compare: Annotated[tuple[str, str] | None, typer.Option(
         "--compare", help="Compare two saved profiles: --compare A.json B.json.", show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", help="Layers to show.")] = 10,
+    structure: Annotated[bool, typer.Option(
+        "--structure", help="Also show the module tree: each module's input/output shapes, params and "
+                            "MACs (as torchinfo.summary prints it).")] = False,
+    depth: Annotated[int, typer.Option("--depth", min=0, help="Module depth the --structure table shows (the JSON "
+                                                       "holds every module).")] = 3,
+    onnx: Annotated[Path | None, typer.Option(
+        "--onnx", help="Also write the model (as built from the seed, before the profile's steps) as an "
+                       "ONNX file for Netron, checked in ONNX Runtime against torch (needs proftune[compile]).",
+        show_default=False)] = None,
     ddp: Annotated[int | None, typer.Option(
         "--ddp", help="Profile N DDP ranks on this machine (gloo; NCCL on GPUs) and find the straggler.",
         show_default=False)] = None,
@@ -173,29 +182,108 @@ def profile_command(
             raise ConfigError("missing TASK (e.g. `proftune profile digits-cnn`), or use --compare A.json B.json.")
         params = parse_params(param)
         if ddp is not None:
-            return _ranks(task, ddp, params=params, batch_size=batch_size, steps=steps,
+            return _ranks(task, ddp, extras=structure or onnx is not None, params=params, batch_size=batch_size, steps=steps,
                           warmup=warmup, device=device, seed=seed)
         store = Store(db)
         p = profile(task_arg(task, data), params=params, batch_size=batch_size, steps=steps, warmup=warmup,
                     inference=inference, device=device, seed=seed, detail=detail, trace=trace, store=store)
         if out is not None:
             p.save(out)
-        return p
+        if not structure and onnx is None:
+            return p
+        return _with_extras(p, task_arg(task, data), params=params, batch_size=p.batch_size, seed=seed,
+                            device=p.device, structure=structure, onnx=onnx)
 
     def render(result: Any) -> None:
         if isinstance(result, Profile):
             _render_profile(result, top, out)
+        elif isinstance(result, _Extras):
+            _render_profile(result.profile, top, out)
+            if result.structure is not None:
+                _render_structure(result.structure, depth)
+            if result.onnx is not None:
+                _render_onnx(result.onnx)
         elif "ranks" in result:
             _render_ranks(result)
         else:
             _render_compare(result, top)
 
-    execute(with_report(body, report, db, force=force,
-                         outputs=[OutputPath("--out", out), OutputPath("--trace", trace)]), json_out=json_out, debug=debug, render=render)
+    def checked() -> Any:  # --onnx is checked with the other outputs, before any work
+        return with_report(body, report, db, force=force, outputs=[
+            OutputPath("--out", out), OutputPath("--trace", trace), OutputPath("--onnx", onnx)])()
+
+    execute(checked, json_out=json_out, debug=debug, render=render)
 
 
-def _ranks(task: str, nprocs: int, *, device: str, **kw: Any) -> dict[str, Any]:
+class _Extras:
+    """A profile with the structure table and the ONNX export asked beside it; JSON: the profile's
+    object with ``structure`` and ``onnx`` added."""
+
+    def __init__(self, profile: Profile, structure: Any, onnx: Any) -> None:
+        self.profile, self.structure, self.onnx = profile, structure, onnx
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.profile.to_dict()
+        if self.structure is not None:
+            d["structure"] = self.structure.to_dict()
+        if self.onnx is not None:
+            d["onnx"] = self.onnx.to_dict()
+        return d
+
+    @property
+    def config(self) -> dict[str, Any]:  # what the report reads to find the run
+        return self.profile.config
+
+
+def _with_extras(p: Profile, task: Any, *, params: dict[str, Any], batch_size: int, seed: int, device: str,
+                 structure: bool, onnx: Path | None) -> _Extras:
+    from ..compress import export_onnx
+    from ..profile import model_and_input, model_structure
+
+    model, example = model_and_input(task, params=params, batch_size=batch_size or None, seed=seed, device=device)
+    s = model_structure(model, example) if structure else None
+    exported = export_onnx(model, example, onnx, force=True) if onnx is not None else None  # checked up front
+    return _Extras(p, s, exported)
+
+
+def _shape(shapes: list[Any]) -> str:
+    if not shapes:
+        return "-"
+    text = ", ".join(str(list(s)) if isinstance(s, (list, tuple)) else str(s) for s in shapes)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _render_structure(s: Any, depth: int) -> None:
+    rows = [r for r in s.rows if r.depth <= depth]
+    table = Table(title=f"model structure · batch {s.batch_size} · depth <= {depth} of {max(r.depth for r in s.rows)}",
+                  caption="params: the module's and those under it; MACs: forward multiply-accumulates of "
+                          "its subtree (matmuls inside it included); shapes: its first call")
+    for col in ("module", "type", "input", "output", "params", "MACs"):
+        table.add_column(col, justify="left" if col in ("module", "type", "input", "output") else "right",
+                         no_wrap=True)
+    for r in rows:
+        label = "(model)" if not r.name else "  " * (r.depth - 1) + r.name.rsplit(".", 1)[-1]
+        table.add_row(label, r.type, _shape(r.input_shapes), _shape(r.output_shapes),
+                      f"{r.params:,}" if r.params else "-", _num(r.macs) if r.macs else "-")
+    out_console.print(table)
+    out_console.print(f"total params {s.params_total:,} (trainable {s.params_trainable:,}) · "
+                      f"MACs {_num(s.macs)} · FLOPs {_num(s.flops)}", highlight=False)
+
+
+def _render_onnx(o: Any) -> None:
+    line = f"onnx: {o.path} ({format_bytes(o.size_bytes)}; open it in Netron)"
+    if o.checked:
+        verdict = "matches torch" if o.matches else "DOES NOT match torch"
+        line += (f" · ONNX Runtime {verdict}: max |diff| {o.max_abs_diff:.3g} "
+                 f"(atol {o.atol:g}, rtol {o.rtol:g})")
+    out_console.print(line, highlight=False)
+
+
+def _ranks(task: str, nprocs: int, *, device: str, extras: bool, **kw: Any) -> dict[str, Any]:
     from ..profile import profile_ranks
+
+    if extras:
+        raise ConfigError("--structure and --onnx describe one model: run them without --ddp.")
 
     dev = "cuda" if device == "cuda" or (device == "auto" and __import__("torch").cuda.device_count() >= nprocs) else "cpu"
     return profile_ranks(task, nprocs=nprocs, device=dev, **kw).to_dict()

@@ -12,6 +12,7 @@ from ._checkpoint import LOAD_LINES, ExportedModule, load_model
 from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
 from ._methods import COMPRESS_METHODS, BaseCompressMethod, MethodContext, register_method
+from ._onnx import OnnxExport, export_onnx
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
 from ._quant_backends import QUANT_BACKENDS, BaseQuantBackend, QuantInputs, backend_status
@@ -31,9 +32,11 @@ __all__ = [
     "ExportedModule",
     "LayerSensitivity",
     "MethodContext",
+    "OnnxExport",
     "QuantInputs",
     "backend_status",
     "compress",
+    "export_onnx",
     "hinton_loss",
     "layer_sensitivity",
     "load_model",

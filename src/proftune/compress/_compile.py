@@ -134,10 +134,13 @@ class OrtModule(nn.Module):
         self.session = session
         self.input_names = [i.name for i in session.get_inputs()]
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        device = tensors[0].device if tensors else torch.device("cpu")
+        named = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k in self.input_names}
+        first = tensors or list(named.values())
+        device = first[0].device if first else torch.device("cpu")
         feed = {n: a.detach().cpu().numpy() for n, a in zip(self.input_names, tensors, strict=False)}
+        feed.update({k: v.detach().cpu().numpy() for k, v in named.items()})
         outs = [torch.from_numpy(o).to(device) for o in self.session.run(None, feed)]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -168,10 +171,17 @@ class OnnxRuntime(BaseCompiler):
         return [p for p in wanted if p in have] + ["CPUExecutionProvider"]
 
     def compile(self, model: nn.Module, example: Any, path: Path, *, device: torch.device) -> None:
+        # one self-contained file (weights inside, not in a side .data file that a copy would lose);
+        # protobuf caps it at 2 GB
+        if isinstance(example, dict):  # keyword inputs (a Hugging Face model's input_ids=...): named so
+            kwargs = dict(example)
+            with _quiet(), torch.no_grad():
+                torch.onnx.export(model, (), str(path), kwargs=kwargs, dynamo=True,
+                                  dynamic_shapes={k: _dynamic((v,))[0] for k, v in kwargs.items()},
+                                  input_names=list(kwargs), external_data=False)
+            return
         args = _args(example)
         with _quiet(), torch.no_grad():
-            # one self-contained file (weights inside, not in a side .data file that a copy would lose);
-            # protobuf caps it at 2 GB
             torch.onnx.export(model, args, str(path), dynamo=True, dynamic_shapes=_dynamic(args),
                               input_names=[f"input{i}" for i in range(len(args))], external_data=False)
 

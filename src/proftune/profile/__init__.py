@@ -59,12 +59,20 @@ from ._static import (
     uncounted_op,
 )
 from ._stats import LayerStats, tensor_stats
+from ._structure import (
+    STRUCTURE_SCHEMA_VERSION,
+    ModuleRow,
+    Structure,
+    model_and_input,
+    model_structure,
+)
 from ._timing import LayerTimer
 from ._watch import ScriptResult, Watcher, run_script, watch
 
 __all__ = [
     "EMBEDDING_TYPES",
     "SCHEMA_VERSION",
+    "STRUCTURE_SCHEMA_VERSION",
     "ActivationRecorder",
     "CommProfile",
     "CommRecorder",
@@ -80,6 +88,7 @@ __all__ = [
     "LayerStats",
     "LayerTimer",
     "MemoryProfile",
+    "ModuleRow",
     "Monitor",
     "ParamCounts",
     "PeakMemory",
@@ -90,6 +99,7 @@ __all__ = [
     "ScriptResult",
     "StaticCounts",
     "StepProfile",
+    "Structure",
     "TableSpectrum",
     "UncountedOps",
     "Watcher",
@@ -100,6 +110,8 @@ __all__ = [
     "embedding_tables",
     "fit_scaling",
     "index_stats",
+    "model_and_input",
+    "model_structure",
     "op_flops",
     "optimizer_state_bytes",
     "params_bytes",

@@ -10,7 +10,8 @@
   the charts other pages share (:func:`candidate_charts`, :func:`importance_charts`,
   :func:`lr_chart`, :func:`memory_model_chart`, :func:`sensitivity_chart`).
 - :func:`export_tensorboard`, :class:`TensorBoardLogger`; :func:`export_mlflow`,
-  :class:`MLflowLogger`: the same numbers in TensorBoard and MLflow.
+  :class:`MLflowLogger`; :func:`export_wandb`, :class:`WandbLogger`: the same numbers in
+  TensorBoard, MLflow and Weights & Biases (offline too).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ._build import (
 )
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
-from ._loggers import MLflowLogger, TensorBoardLogger
+from ._loggers import MLflowLogger, TensorBoardLogger, WandbLogger
 from ._mlflow import export_mlflow
 from ._sections import (
     Context,
@@ -38,6 +39,7 @@ from ._sections import (
     sensitivity_chart,
 )
 from ._tensorboard import export_tensorboard
+from ._wandb import export_wandb
 
 __all__ = [
     "PALETTE",
@@ -47,6 +49,7 @@ __all__ = [
     "Page",
     "Section",
     "TensorBoardLogger",
+    "WandbLogger",
     "bar",
     "candidate_charts",
     "clipped",
@@ -54,6 +57,7 @@ __all__ = [
     "esc",
     "export_mlflow",
     "export_tensorboard",
+    "export_wandb",
     "fmt_number",
     "hline",
     "importance_charts",

@@ -12,7 +12,7 @@ from .._jsonsafe import is_finite_number
 from ..exceptions import ConfigError
 from ..train import Callback, FitState
 
-__all__ = ["MLflowLogger", "TensorBoardLogger"]
+__all__ = ["MLflowLogger", "TensorBoardLogger", "WandbLogger"]
 
 
 def _every(every: int) -> int:
@@ -174,3 +174,57 @@ class MLflowLogger(_StepLog):
         if self.run_id is not None:
             self._flush()
             self.client.set_terminated(self.run_id, status="FAILED")
+
+
+class WandbLogger(_StepLog):
+    """A W&B run per fit: the params as config, ``step/*`` every ``every`` steps, ``epoch/*``
+    against ``epoch``, the final metrics as the summary; exit code 0, or 1 when the fit raised.
+
+    ``mode="offline"`` (or ``WANDB_MODE=offline``) writes ``<dir>/wandb/offline-run-*`` with no
+    account and no network; ``group`` puts the runs of one study together.
+    """
+
+    def __init__(self, project: str = "proftune", *, dir: str | Path | None = None, mode: str | None = None,
+                 group: str | None = None, name: str | None = None, every: int = 1) -> None:
+        from ._wandb import _mode
+
+        super().__init__(every)
+        self.project, self.dir, self.mode = project, dir, _mode(mode)
+        self.group, self.name = group, name
+        self.run: Any = None
+        self._ctx: Any = None
+
+    def on_fit_start(self, state: FitState) -> None:
+        from ._wandb import wandb_run
+
+        task = getattr(state.task, "name", None) or (type(state.task).__name__ if state.task else "model")
+        config = {str(k): v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
+                  for k, v in state.params.items()}
+        self._ctx = wandb_run(project=self.project, dir=self.dir, mode=self.mode, name=self.name or f"{task} fit",
+                              group=self.group, job_type="fit", config={**config, "env.device": str(state.device)})
+        self.run = self._ctx.__enter__()
+        self.run.define_metric("epoch")
+        self.run.define_metric("epoch/*", step_metric="epoch")
+
+    def on_step_end(self, state: FitState) -> None:
+        if self.run is not None and state.step % self.every == 0:
+            values = {f"step/{k}": v for k, v in self.step_values(state).items()}
+            if values:
+                self.run.log(values, step=state.step)
+
+    def on_epoch_end(self, state: FitState) -> None:
+        if self.run is not None:
+            values = {f"epoch/{k}": v for k, v in self.epoch_values(state).items()}
+            self.run.log({"epoch": state.epoch, **values})
+
+    def on_fit_end(self, state: FitState) -> None:
+        if self.run is None:
+            return
+        self.run.summary.update({k: float(v) for k, v in state.metrics.items() if is_finite_number(v)})
+        ctx, self._ctx, self.run = self._ctx, None, None
+        ctx.__exit__(None, None, None)
+
+    def on_exception(self, state: FitState, exc: BaseException) -> None:
+        if self.run is not None:
+            ctx, self._ctx, self.run = self._ctx, None, None
+            ctx.__exit__(type(exc), exc, exc.__traceback__)

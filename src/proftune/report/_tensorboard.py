@@ -11,7 +11,7 @@ from .._jsonsafe import is_finite_number as _num
 from ..exceptions import DependencyError
 from ..track import RunRecord, Store
 
-__all__ = ["export_tensorboard", "hparams_of", "summary_writer"]
+__all__ = ["export_tensorboard", "hparams_of", "quantile_histogram", "summary_writer"]
 
 
 def summary_writer(logdir: str | Path) -> Any:
@@ -90,13 +90,15 @@ def _scalars(writer: Any, r: RunRecord) -> None:
                 writer.add_scalar(f"bandit/{key}", float(value), i + 1)
 
 
-def _histogram(writer: Any, tag: str, stats: Mapping[str, Any]) -> bool:
-    """A histogram from quantiles: 1% of values below p1, 49% up to the median, 49% to p99,
-    1% above; the bucket edges are the recorded quantiles (and min/max where recorded)."""
+def quantile_histogram(stats: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A histogram from a layer's recorded quantiles: 1% of values below p1, 49% up to the
+    median, 49% to p99, 1% above; the bucket edges are the quantiles (and min/max where recorded).
+    ``{"lo", "edges", "counts", "n", "mean", "std"}``, or None when the quantiles are missing.
+    TensorBoard and W&B draw the same buckets."""
     raw: list[Any] = [stats.get("numel"), stats.get("p1"), stats.get("p50"), stats.get("p99")]
     n, p1, p50, p99 = raw
     if not all(_num(v) for v in (n, p1, p50, p99)) or not n:
-        return False
+        return None
     n, p1, p50, p99 = float(n), float(p1), float(p50), float(p99)
     std = float(stats["std"]) if _num(stats.get("std")) else abs(p99 - p1) / 4.65
     mean = float(stats["mean"]) if _num(stats.get("mean")) else p50
@@ -104,12 +106,20 @@ def _histogram(writer: Any, tag: str, stats: Mapping[str, Any]) -> bool:
     hi = float(stats["max"]) if _num(stats.get("max")) else p99 + (p99 - p50) * 0.25
     edges = [p1, p50, p99, max(hi, p99)]
     counts = [0.01 * n, 0.49 * n, 0.49 * n, 0.01 * n]
-    # TensorBoard wants increasing right edges
+    # increasing right edges
     for i in range(1, len(edges)):
         edges[i] = max(edges[i], edges[i - 1] + 1e-12)
-    writer.add_histogram_raw(tag, min=min(lo, p1), max=edges[-1], num=int(n), sum=mean * n,
-                             sum_squares=n * (std * std + mean * mean), bucket_limits=edges,
-                             bucket_counts=counts, global_step=0)
+    return {"lo": min(lo, p1), "edges": edges, "counts": counts, "n": n, "mean": mean, "std": std}
+
+
+def _histogram(writer: Any, tag: str, stats: Mapping[str, Any]) -> bool:
+    h = quantile_histogram(stats)
+    if h is None:
+        return False
+    n, mean, std = h["n"], h["mean"], h["std"]
+    writer.add_histogram_raw(tag, min=h["lo"], max=h["edges"][-1], num=int(n), sum=mean * n,
+                             sum_squares=n * (std * std + mean * mean), bucket_limits=h["edges"],
+                             bucket_counts=h["counts"], global_step=0)
     return True
 
 
