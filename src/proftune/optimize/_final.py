@@ -300,7 +300,9 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     ``plan.seeds`` rounds run while ``hard_end`` holds them (the comparison needs them; what
     comes after gets less); more rounds of the leader and the defaults only until ``end``;
     no run goes on past ``cap_end`` (the budget's own end: a run slower than measured is cut
-    there, not let run over the user's budget). All ``time.monotonic()``. ``notes``: said
+    there, not let run over the user's budget), except the defaults' first training: it is the
+    reference and the result when nothing beats it, so it runs its own epochs (said so when it
+    ends past ``cap_end``). All ``time.monotonic()``. ``notes``: said
     before the race's own.
 
     ``shorter``: the leader of the search at the search's shorter protocol (fewer epochs). It
