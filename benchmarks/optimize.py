@@ -20,13 +20,33 @@ model's latency at batch 1 and at the task's batch and its size, the ratios ours
 the goal: ours >= the defaults on every repetition (within one held-out sample), and >= Optuna's
 median on a headroom task at <= 50% of its time (ours@B/2 against Optuna at B).
 
-    python benchmarks/optimize.py [--budget 60] [--reps 5] [--tasks small-digits noisy-digits ...]
+    python benchmarks/optimize.py --budget 60 [--reps 5] [--tasks small-digits noisy-digits ...]
+
+The few-trainings regime (issue 39; the default when ``--budget`` is not given): one full training
+of the task's defaults is measured first (``T`` s), then every arm gets budgets of ``k * T`` for
+``k`` in ``--budgets`` (2, 4 and 8 full trainings), on one ``--task``:
+- defaults: the task's defaults at their own protocol (its epochs), one training per repetition;
+- optuna+hyperband: Optuna's TPE with its ``HyperbandPruner`` (its own multi-fidelity: resource =
+  epochs, max resource = the task's own epochs, so a completed trial is a full training) over
+  the wide space above, plain PyTorch loop, the same wall clock (a trial still running at the
+  budget's end is stopped and counts as pruned); the best completed trial's model, or the best
+  pruned one where none completed (said so);
+- ours: ``proftune.optimize(task, budget=k*T, goal="none")``: its model at its own protocol.
+Every result is judged on the held-out data against the defaults: mean +- std and median [IQR]
+over ``--reps`` repetitions (seeds), the ratios, and how often each handed back less than the
+defaults (below the same repetition's defaults by more than one held-out sample, and below the
+defaults' mean by more than twice their seeds' spread). Then one more repetition of every arm at
+the same budgets in seconds beside ``--hog`` busy-loop processes that the script starts and stops
+(a machine under load: the budget is the user's, the machine is slower).
+
+    python benchmarks/optimize.py [--task digits-cnn] [--reps 5] [--budgets 2 4 8] [--hog 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import math
 import statistics
 import sys
@@ -43,6 +63,7 @@ from torch import nn
 import proftune
 from proftune._holdout import with_test_split
 from proftune.examples._digits import DigitsMLP
+from proftune.optimize import FinalOutputs
 from proftune.train import build_optimizer, evaluate_model, fit, seed_everything
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -144,13 +165,7 @@ def optuna_arm(task: proftune.Task, budget: float, seed: int, *, pruner: bool) -
     best: dict[str, Any] = {"value": -1.0, "model": None, "params": None}
 
     def objective(trial: optuna.Trial) -> float:
-        params = {**base,
-                  "lr": trial.suggest_float("lr", 1e-5, 0.3, log=True),
-                  "batch_size": trial.suggest_categorical("batch_size", [8, 16, 32, 64, 128, 256]),
-                  "weight_decay": trial.suggest_float("weight_decay", 1e-6, 0.3, log=True),
-                  "dropout": trial.suggest_float("dropout", 0.0, 0.5)}
-        if arch is not None:
-            params[arch[0]] = trial.suggest_int(arch[0], max(4, arch[1] // 2), arch[1] * 2, log=True)
+        params = _space(trial, base, arch)
 
         def report(epoch: int, value: float) -> bool:
             if not pruner:
@@ -186,14 +201,15 @@ def defaults_arm(task: proftune.Task, seed: int) -> dict[str, Any]:
             "wall": time.perf_counter() - started, **measure(task, res.model, bs)}
 
 
-def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge: proftune.Task) -> dict[str, Any]:
+def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge: proftune.Task,
+             goal: str = "latency") -> dict[str, Any]:
     """``task`` as the user has it (optimize finds its test split, or holds one out); ``judge``:
     the same task with the split every arm is judged on."""
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = proftune.optimize(task, budget=budget, out=str(tmp / f"out-{task.name}-{budget:.0f}-{seed}"),
-                                db=f"sqlite:///{tmp / 'ours.db'}", goal="latency", seeds=3, seed=seed,
+                                db=f"sqlite:///{tmp / 'ours.db'}", goal=goal, seeds=3, seed=seed,
                                 device="cpu", ignore_findings=isinstance(task, HarmfulDefaults))
     wall = time.perf_counter() - t0
     params = res.final.params
@@ -201,10 +217,14 @@ def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge:
     model = task.build_model(params)
     model.load_state_dict(torch.load(Path(res.out) / "model.pt", weights_only=True))
     vs = res.vs_baseline
-    out: dict[str, Any] = {"test": test_accuracy(judge, model, bs), "val": res.final.mean, "wall": wall,
+    state = json.loads((Path(res.out) / "state.json").read_text())  # the result's rows are compacted
+    race = FinalOutputs.from_dict(state["stages"]["final"]["outputs"]).race
+    picked = race.model_run() if race is not None else None
+    out: dict[str, Any] = {"cut": picked is None or picked.cut, "test": test_accuracy(judge, model, bs), "val": res.final.mean, "wall": wall,
                            "decision": vs.decision, "gain_test": vs.gain_test, "beyond_noise": vs.beyond_noise,
                            "gap": vs.search_gap.gap if vs.search_gap else None,
-                           "stop": res.stop_reason, **measure(task, model, bs)}
+                           "stop": res.stop_reason, "epochs": res.final.epochs,
+                           "race_note": vs.race_note, **measure(task, model, bs)}
     comp = res.final.compressed
     if comp is not None and comp.model:
         from proftune.compress import load_model
@@ -215,6 +235,197 @@ def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge:
         out.update({"lat1": m["lat1"], "latb": m["latb"], "size": m["size"],
                     "compressed": comp.method, "test_compressed": test_accuracy(judge, small, bs)})
     return out
+
+
+def _space(trial: Any, base: dict[str, Any], arch: tuple[str, int] | None) -> dict[str, Any]:
+    """The wide space every Optuna arm searches (the task's other defaults kept)."""
+    params = {**base,
+              "lr": trial.suggest_float("lr", 1e-5, 0.3, log=True),
+              "batch_size": trial.suggest_categorical("batch_size", [8, 16, 32, 64, 128, 256]),
+              "weight_decay": trial.suggest_float("weight_decay", 1e-6, 0.3, log=True),
+              "dropout": trial.suggest_float("dropout", 0.0, 0.5)}
+    if arch is not None:
+        params[arch[0]] = trial.suggest_int(arch[0], max(4, arch[1] // 2), arch[1] * 2, log=True)
+    return params
+
+
+def hyperband_arm(task: proftune.Task, budget: float, seed: int) -> dict[str, Any]:
+    """Optuna TPE with its HyperbandPruner (resource: epochs; max resource: the task's own
+    epochs), stopped at ``budget`` s of wall clock: a trial running at the end is cut (pruned)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    arch = _arch_param(task)
+    base = dict(task.default_params)
+    full = int(task.default_epochs)
+    started = time.perf_counter()
+    end = started + budget
+    best: dict[str, Any] = {"value": -1.0, "model": None, "params": None}
+    fallback: dict[str, Any] = {"value": -1.0, "model": None, "params": None}
+
+    def objective(trial: optuna.Trial) -> float:
+        params = _space(trial, base, arch)
+        state = {"pruned": False}
+
+        def report(epoch: int, value: float) -> bool:
+            trial.report(value, epoch + 1)
+            if time.perf_counter() > end or trial.should_prune():
+                state["pruned"] = True
+            return state["pruned"]
+
+        model, value = plain_fit(task, params, full, seed + 1000 * trial.number, report)
+        if not math.isfinite(value):
+            return 0.0
+        keep = fallback if state["pruned"] else best
+        if value > keep["value"]:
+            keep.update(value=value, model=model, params=params)
+        if state["pruned"]:
+            raise optuna.TrialPruned()
+        return value
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed),
+                                pruner=optuna.pruners.HyperbandPruner(min_resource=1, max_resource=full))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.optimize(objective, timeout=budget, catch=(RuntimeError, ValueError))
+    wall = time.perf_counter() - started
+    states = [t.state for t in study.trials]
+    complete = sum(s == optuna.trial.TrialState.COMPLETE for s in states)
+    pick = best if best["model"] is not None else fallback
+    if pick["model"] is None:  # not one epoch fitted in the budget: the user has nothing new
+        return {"test": float("nan"), "val": None, "trials": len(states), "complete": 0, "wall": wall,
+                "from": "nothing"}
+    bs = int(pick["params"]["batch_size"])
+    return {"test": test_accuracy(task, pick["model"], bs), "val": pick["value"], "trials": len(states),
+            "complete": complete, "wall": wall, "from": "completed" if pick is best else "pruned only"}
+
+
+class _Hog:
+    """``n`` busy-loop processes, started on enter and stopped (by their own ids) on exit."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.procs = n, []  # type: ignore[var-annotated]
+
+    def __enter__(self) -> _Hog:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.procs = [ctx.Process(target=_spin, daemon=True) for _ in range(self.n)]
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.join(timeout=10)
+
+
+def _spin() -> None:
+    x = 0
+    while True:
+        x += 1
+
+
+def _mean_std(xs: list[float]) -> str:
+    xs = [x for x in xs if math.isfinite(x)]
+    if not xs:
+        return "nan"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.fmean(xs):.4f} +- {sd:.4f}"
+
+
+def _fmean(xs: list[float]) -> float:
+    xs = [x for x in xs if math.isfinite(x)]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def fullruns_main(args: argparse.Namespace) -> None:
+    """The few-trainings regime: budgets of ``k`` full trainings of the defaults (issue 39)."""
+    raw = _task(args.task)
+    task, info = with_test_split(raw)
+    slack = 1.0 / info.test_samples if info.test_samples else 0.0
+    fit(task, dict(task.default_params), max_steps=1)  # warm-up outside every clock
+    t0 = time.perf_counter()
+    fit(task, dict(task.default_params), seed=0, device="cpu")
+    full_s = time.perf_counter() - t0
+    budgets = [(k, k * full_s) for k in args.budgets]
+    total = (args.reps + (1 if args.hog else 0)) * (2 * sum(b for _, b in budgets) + full_s)
+    print(f"== {raw.name}: one full training of the defaults ({task.default_epochs} epochs) took {full_s:.1f} s; "
+          f"budgets {', '.join(f'{k:g}x = {b:.0f} s' for k, b in budgets)}; {args.reps} repetitions"
+          f"{f' + 1 beside {args.hog} CPU hog(s)' if args.hog else ''}; about {total / 60:.0f} min. "
+          f"held out: {info.describe()}", flush=True)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="proftune-bench-opt-") as tmpdir:
+        tmp = Path(tmpdir)
+        reps: list[tuple[int, bool]] = [(r, False) for r in range(args.reps)]
+        if args.hog:
+            reps.append((args.reps, True))
+        for rep, hog in reps:
+            ctx: Any = _Hog(args.hog) if hog else _NoHog()
+            with ctx:
+                label = f"rep {rep}{' hog' if hog else ''}"
+                d = defaults_arm(task, rep)
+                rows.setdefault(f"defaults{'/hog' if hog else ''}", []).append(d)
+                print(f"   {label} defaults            test {d['test']:.4f} {d['wall']:6.1f} s", flush=True)
+                for k, b in budgets:
+                    key = f"{k:g}x{'/hog' if hog else ''}"
+                    o = ours_arm(raw, b, rep, tmp, judge=task, goal="none")
+                    h = hyperband_arm(task, b, rep)
+                    o["ref"] = h["ref"] = d["test"]
+                    rows.setdefault(f"ours {key}", []).append(o)
+                    rows.setdefault(f"hb {key}", []).append(h)
+                    print(f"   {label} {k:g}x ({b:.0f} s) ours test {o['test']:.4f} {o['wall']:5.1f} s "
+                          f"({o['decision']}, {o['epochs']} epochs{', CUT' if o['cut'] else ''}) | optuna+hyperband test {h['test']:.4f} "
+                          f"{h['wall']:5.1f} s ({h['complete']}/{h['trials']} trials completed, {h['from']})",
+                          flush=True)
+    _fullruns_table(raw.name, rows, budgets, slack, hog=bool(args.hog))
+
+
+class _NoHog:
+    def __enter__(self) -> _NoHog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _fullruns_table(name: str, rows: dict[str, list[dict[str, Any]]], budgets: list[tuple[float, float]],
+                    slack: float, *, hog: bool) -> None:
+    for suffix in ("", "/hog") if hog else ("",):
+        if f"defaults{suffix}" not in rows:
+            continue
+        dflt = [r["test"] for r in rows[f"defaults{suffix}"]]
+        dm = _fmean(dflt)
+        dsd = statistics.stdev(dflt) if len(dflt) > 1 else 0.0
+        n = len(dflt)
+        print(f"\n{name}{' beside a CPU hog' if suffix else ''}: held-out accuracy, mean +- std / median "
+              f"[IQR] over {n} repetition(s); defaults at their own protocol {_mean_std(dflt)} / {_med_iqr(dflt)}")
+        print(f"{'budget':>12} {'ours':>18} {'optuna+hyperband':>18} {'ours/dflt':>9} {'hb/dflt':>8} "
+              f"{'ours/hb':>8} {'ours<dflt':>9} {'hb<dflt':>8} {'wall s ours/hb':>14}  ours' decisions")
+        for k, b in budgets:
+            key = f"{k:g}x{suffix}"
+            ours, hb = rows[f"ours {key}"], rows[f"hb {key}"]
+            o, h = [r["test"] for r in ours], [r["test"] for r in hb]
+            om, hm = _fmean(o), _fmean(h)
+
+            def below(rs: list[dict[str, Any]], bar: float = dm - max(slack, 2 * dsd)) -> str:
+                paired = sum(not (r["test"] >= r["ref"] - slack) for r in rs)  # nan counts as below
+                return f"{paired}/{sum(not (r['test'] >= bar) for r in rs)}"
+
+            decisions = ", ".join(f"{d} {sum(r['decision'] == d for r in ours)}"
+                                  for d in sorted({r["decision"] for r in ours}))
+            print(f"{f'{k:g}x {b:.0f} s':>12} {_mean_std(o):>18} {_mean_std(h):>18} {om / dm:9.4f} {hm / dm:8.4f} "
+                  f"{om / hm:8.4f} {below(ours):>9} {below(hb):>8} "
+                  f"{_q([r['wall'] for r in ours], .5):7.1f}/{_q([r['wall'] for r in hb], .5):<6.1f}  {decisions}")
+        print(f"  x<dflt: repetitions below the same repetition's defaults by more than one held-out sample "
+              f"({slack:.4f}) / below the defaults' mean by more than max(one sample, 2 std) "
+              f"({max(slack, 2 * dsd):.4f})")
+        worse_o = any(not (r["test"] >= r["ref"] - slack) for k, _ in budgets for r in rows[f"ours {k:g}x{suffix}"])
+        worse_h = any(not (r["test"] >= r["ref"] - slack) for k, _ in budgets for r in rows[f"hb {k:g}x{suffix}"])
+        print(f"  ever handed back less than the defaults (paired, beyond one sample): ours "
+              f"{'YES' if worse_o else 'no'}, optuna+hyperband {'YES' if worse_h else 'no'}")
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -233,13 +444,28 @@ def _med_iqr(xs: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds per arm")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions (seeds) per task")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds per arm: the fixed-seconds benchmark over --tasks and --arms")
+    parser.add_argument("--reps", type=int, default=5,
+                        help="repetitions (seeds) per task (0 with --hog: only the repetition beside the hog)")
     parser.add_argument("--tasks", nargs="+", default=[*HEADROOM, *BUILTIN])
     parser.add_argument("--arms", nargs="+", default=["defaults", "optuna", "optuna+pruner", "ours", "ours@B/2"])
+    parser.add_argument("--task", default="digits-cnn",
+                        help="the few-trainings benchmark's task (a built-in or headroom name, or 'harmful')")
+    parser.add_argument("--budgets", nargs="+", type=float, default=[2.0, 4.0, 8.0],
+                        help="budgets in full trainings of the task's defaults (measured first)")
+    parser.add_argument("--hog", type=int, default=1,
+                        help="busy-loop processes beside one more repetition (0: none)")
     args = parser.parse_args()
+    if args.reps < 0 or args.hog < 0 or args.reps + args.hog == 0 or any(k <= 0 for k in args.budgets):
+        parser.error(f"--reps must be >= 0 (got {args.reps}), --hog >= 0 (got {args.hog}), not both 0, and every "
+                     f"--budgets > 0 (got {args.budgets}); --reps 0 --hog 1 runs only the repetition beside the hog")
     torch.set_num_threads(1)
     import optuna  # noqa: F401  (imported before any clock starts, as a user's session would have it)
+
+    if args.budget is None:
+        fullruns_main(args)
+        return
 
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="proftune-bench-opt-") as tmpdir:

@@ -112,3 +112,19 @@ class SlowDefaults(TinyTask):
         for batch in super().train_data(batch_size, params):
             time.sleep(0.05)
             yield batch
+
+
+class LoadedMidRun(TinyTask):
+    """TinyTask whose batches wait ``DELAY`` s (0 at first): a test raises it mid-run, the machine
+    becoming loaded after the baseline measured its pace."""
+
+    name = "tiny-loaded"
+    DELAY: ClassVar[float] = 0.0
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        import time
+
+        for batch in super().train_data(batch_size, params):
+            if LoadedMidRun.DELAY > 0:
+                time.sleep(LoadedMidRun.DELAY)
+            yield batch

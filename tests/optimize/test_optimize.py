@@ -181,6 +181,59 @@ def test_a_budget_too_short_for_the_defaults_own_protocol_returns_them_with_prop
     assert plan_min > 20
 
 
+@pytest.mark.parametrize("slowed_from", ["search", "final"])
+def test_a_loop_slowed_mid_run_never_hands_back_less_than_the_defaults(tmp_path: Path, db_url: str,
+                                                                       slowed_from: str) -> None:
+    """The baseline measures a fast pace; from ``slowed_from`` on every batch waits 0.2 s (about 50x
+    slower: a machine that became loaded), so the plan made from the baseline's pace is wrong and
+    the budget runs out. The model handed back is still a whole training at the task's own
+    protocol, never below the defaults trained at it (within their seeds' noise and one held-out
+    sample): a training cut by the budget's end would be (one at 2 steps scores ~0.4, the
+    defaults ~0.76)."""
+    import statistics
+
+    import torch
+
+    from proftune._holdout import with_test_split
+    from proftune.train import evaluate_model, fit
+
+    from .tasks import LoadedMidRun
+
+    task = LoadedMidRun()
+    judge, info = with_test_split(task, batch_size=32)
+    ref = [evaluate_model(judge, fit(judge, dict(task.default_params), seed=s, device="cpu").model,
+                          torch.device("cpu"), 32, split="test")["accuracy"] for s in range(5)]
+    bar = statistics.fmean(ref) - 3 * statistics.stdev(ref) - 1 / (info.test_samples or 1)
+
+    def progress(event: str, data: dict[str, Any]) -> None:
+        if event == "stage_start" and data["stage"] == slowed_from:
+            LoadedMidRun.DELAY = 0.2
+
+    out = tmp_path / "o"
+    try:
+        result = proftune.optimize(task, budget=18, out=str(out), db=db_url, goal="none", seeds=2,
+                                   device="cpu", progress=progress)
+    finally:
+        LoadedMidRun.DELAY = 0.0
+    fin = _stored(out, "final", FinalOutputs)
+    race = fin.race
+    assert race is not None
+    picked = race.model_run()
+    assert picked is not None
+    assert not picked.cut, race.note  # the model handed back is a whole training
+    own = task.default_epochs
+    assert picked.epochs == (race.arm(race.chosen).epochs if race.decision == "shorter" else own)
+    assert result.final.epochs == picked.epochs
+    assert all(r.epochs == own for r in race.arm("defaults").runs if not r.cut)
+    assert any(not r.cut for r in race.arm("defaults").runs)  # the reference was measured
+    model = judge.build_model(result.final.params)
+    model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
+    test = evaluate_model(judge, model, torch.device("cpu"), 32, split="test")["accuracy"]
+    assert test >= bar, (test, ref, race.decision, race.note)
+    if race.decision == "defaults":
+        assert result.final.params == task.default_params
+
+
 def test_the_task_s_own_test_data_gives_the_held_out_figures(tmp_path: Path, db_url: str) -> None:
     res = CliRunner().invoke(app, ["optimize", _spec("WithTestSplit"), "--budget", "30", "--out",
                                    str(tmp_path / "o"), "--db", db_url, "--goal", "none", "--seeds", "2"])

@@ -250,21 +250,31 @@ class _SlowEpochs(TinyTask):
             yield batch
 
 
-def test_no_final_run_goes_on_past_the_budget_s_end(tmp_path: Path) -> None:
+def test_no_final_run_goes_on_past_the_budget_s_end_but_the_defaults_reference(tmp_path: Path) -> None:
     """A run may take up to three times its measured epochs (the race's time is spent, but a
-    round that started finishes), yet never past the budget's end (``cap_end``): there it is cut."""
+    round that started finishes), yet never past the budget's end (``cap_end``): there it is cut.
+    The one exception is the defaults' first training, the reference and the result when nothing
+    beats it: a model cut before their own epochs would be less than the user had (issue 39), so
+    it runs them, past the end, and the note says so."""
     from proftune.optimize._final import Arm, FinalPlan, run_final
     from proftune.track import Store
 
     plan = FinalPlan(metric="accuracy", maximize=True, epochs=5, seeds=1, seed=0, device="cpu", val_samples=96)
     defaults = Arm(name="defaults", params=dict(TinyTask.default_params), source="defaults", epoch_s=1.0)
+    other = Arm(name="search #1", params={**TinyTask.default_params, "lr": 3e-2}, source="search", epoch_s=1.0)
     now = time.monotonic()
-    out = run_final(_SlowEpochs(), defaults, [], plan, store=Store(f"sqlite:///{tmp_path / 'p.db'}"),
+    out = run_final(_SlowEpochs(), defaults, [other], plan, store=Store(f"sqlite:///{tmp_path / 'p.db'}"),
                     end=now + 0.5, cap_end=now + 1.5, folder=tmp_path, notes=["said first"])
-    (run,) = out.arm("defaults").runs
-    assert run.cut  # 5 epochs of 6 batches at >= 0.2 s each: at least 6 s (3x measured: 17 s)
+    (ref,) = out.arm("defaults").runs
+    assert not ref.cut  # 5 epochs of 6 batches at >= 0.2 s each: at least 6 s, past the end
+    assert ref.epochs == 5
+    (run,) = out.arm("search #1").runs
+    assert run.cut  # started after the end: cut there (after its first step)
     assert run.epochs < 5
+    assert out.decision == "defaults"
+    assert out.model_run() == ref
     assert out.note.startswith("said first")
+    assert "s past the budget's end" in out.note
 
 
 def _strict_json(path: Path) -> Any:

@@ -105,3 +105,39 @@ def test_paired_seeds_follow_the_spread_and_the_gain() -> None:
     mid = paired_seeds_needed(seed_std=0.01, gain=0.015, resolution=0.005, alpha=0.05, low=3, high=20)
     assert 3 < mid < 20
     assert paired_seeds_needed(seed_std=None, gain=0.1, resolution=0.0, alpha=0.05, low=3, high=10) == 3
+
+
+def test_the_defaults_reference_training_is_never_cut_by_the_budget_s_end(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """The race starts after the budget's end (a machine that slowed down): every other run is cut
+    there, but the defaults' first training runs its own epochs, is the result, and says it ran
+    over; a model stopped before the defaults' own epochs would be less than the user had."""
+    import time
+
+    limits: list[tuple[str, float]] = []
+
+    def fake_train(task: Any, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, store: Store,
+                   folder: Path) -> ArmRun:
+        limits.append((arm.name, limit_s))
+        (folder / f"{_final._slug(arm.name)}-{seed}.pt").write_bytes(b"weights")
+        cut = limit_s < 5.0  # one training takes 5 s here
+        time.sleep(0.6 if not cut else 0.0)
+        return ArmRun(seed=seed, run_id=None, val=0.5 if cut else 0.9, test=0.5 if cut else 0.9,
+                      epochs=1 if cut else 10, duration_s=0.6, cut=cut)
+
+    monkeypatch.setattr(_final, "_train", fake_train)
+    defaults = Arm(name="defaults", params={"lr": 1e-3}, source="defaults", epoch_s=0.5, epochs=10)
+    finalist = Arm(name="search #1", params={"lr": 3e-3}, source="search", epoch_s=0.5, epochs=10)
+    plan = FinalPlan(metric="accuracy", maximize=True, epochs=10, seeds=2, seed=0, device="cpu", val_samples=200)
+    now = time.monotonic()
+    out = run_final(None, defaults, [finalist], plan, store=None, end=now - 1, hard_end=now - 1,  # type: ignore[arg-type]
+                    cap_end=now - 1, folder=tmp_path)
+    assert limits[0] == ("defaults", float("inf"))
+    assert all(limit < 5.0 for _, limit in limits[1:])  # the others stop at the budget's end
+    assert out.decision == "defaults"
+    run = out.model_run()
+    assert run is not None
+    assert not run.cut
+    assert run.epochs == 10
+    assert (tmp_path / "model.pt").is_file()
+    assert "s past the budget's end: a model stopped before their own epochs" in out.note

@@ -242,6 +242,23 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
                   val_metrics=dict(res.metrics), test_metrics=test_metrics)
 
 
+def _limit(arm: Arm, plan: FinalPlan, *, until: float, stop_at: float, left: int) -> float:
+    """Seconds one run may take: up to 3x its estimate or its part of the time to ``until``
+    (``left`` runs share it), never past ``stop_at``."""
+    now = time.monotonic()
+    return min(max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0, (until - now) / max(1, left)),
+               max(1.0, stop_at - now))
+
+
+def _overrun(arm: Arm, plan: FinalPlan, cap: float) -> list[str]:
+    """The note of a reference training that ran past the budget's end (``cap``), if it did."""
+    over = time.monotonic() - cap
+    if over <= 0.5:
+        return []
+    return [f"the defaults' own training ({_epochs(arm, plan)} epochs) ran {over:.0f} s past the budget's end: "
+            "a model stopped before their own epochs would be less than the user had"]
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name).strip("-")
 
@@ -307,7 +324,9 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     ``plan.seeds`` rounds run while ``hard_end`` holds them (the comparison needs them; what
     comes after gets less); more rounds of the leader and the defaults only until ``end``;
     no run goes on past ``cap_end`` (the budget's own end: a run slower than measured is cut
-    there, not let run over the user's budget). All ``time.monotonic()``. ``notes``: said
+    there, not let run over the user's budget), except the defaults' first training: it is the
+    reference and the result when nothing beats it, so it runs its own epochs (said so when it
+    ends past ``cap_end``). All ``time.monotonic()``. ``notes``: said
     before the race's own.
 
     ``shorter``: the leader of the search at the search's shorter protocol (fewer epochs). It
@@ -339,14 +358,17 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
         never goes on past ``stop_at``."""
         for i, arm in enumerate(list(group)):
             idx = arms.index(current(arm.name))
-            now = time.monotonic()
-            limit = min(max(3.0 * _epochs(arm, plan) * max(arm.epoch_s, 1e-3) + 2.0,
-                            (until - now) / max(1, len(group) - i)),
-                        max(1.0, stop_at - now))
+            # the defaults' first whole training is the reference and the result when nothing
+            # beats it: it is never cut (a model stopped before their own epochs would be less
+            # than the user had), even where it runs past the budget's end (said so)
+            reference = idx == 0 and not any(not r.cut for r in arms[0].runs)
+            limit = math.inf if reference else _limit(arm, plan, until=until, stop_at=stop_at,
+                                                      left=len(group) - i)
             t0 = time.monotonic()
             run = _train(task, arm, plan=plan, seed=seed, limit_s=limit, store=store, folder=work)
             measured[arm.name] = time.monotonic() - t0
             arms[idx] = _with_run(arms[idx], run)
+            notes.extend(_overrun(arm, plan, cap) if reference else [])
             if say is not None:
                 say("final_run", {"arm": arm.name, "seed": seed, "val": run.val, "test": run.test})
 
