@@ -22,6 +22,7 @@ from torch import nn
 from .._device import resolve_device
 from .._holdout import with_test_split
 from .._jsonsafe import finite_float, json_dumps, json_safe
+from .._paths import replacing, write_text
 from .._units import format_bytes
 from ..compress import Candidate, load_model
 from ..compress import compress as run_compress
@@ -205,7 +206,8 @@ class _Loop:
         diag = diagnose(self.task, self.defaults, epochs=epochs, device=self.dev, seed=self.cfg.seed,
                         callbacks=[Deadline(share * 0.55), capture], store=self.store)
         if capture.model is not None:
-            torch.save(capture.model.state_dict(), self.out / "baseline_model.pt")
+            with replacing(self.out / "baseline_model.pt") as tmp:  # a signal leaves no half a file
+                torch.save(capture.model.state_dict(), tmp)
         defaults_metric = finite_float(diag.metrics.get(self.v.metric))
         known = task_param_defaults(self.task)
         plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
@@ -406,7 +408,7 @@ class _Loop:
         counts: dict[str, int] = {}
         for r in outcome.trials:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
-        (self.out / "search_trials.json").write_text(json_dumps(outcome.trials, indent=1))
+        write_text(self.out / "search_trials.json", json_dumps(outcome.trials, indent=1))
         return _StageResult(SearchStageOutputs(
             study=self.study, plan=plan.to_dict(), epochs_per_trial=epochs,
             pruner=settings.pruner if epochs >= 3 else "none", full_trials_in_share=full_trials,
