@@ -219,6 +219,9 @@ def main() -> None:
     print(f"writers    {r['writers']}  (tune workers {a.tune_workers}, train loops {a.trainers})")
     print(f"readers    {r['readers']}  reads/errors {reads}")
     print(f"trials     {r['trials']} complete reported, train runs {r.get('runs', 0)}")
+    for x in r["reports"]:
+        if x["role"] == "tune":
+            print(f"tune said  {' | '.join(x.get('said') or [])}")
     print(f"seconds    {r['seconds']}")
     print(f"integrity  {r['integrity']}")
     print(f"lost       {len(r['lost'])} {r['lost'][:5]}")
