@@ -7,7 +7,10 @@ only), ``Store.list_runs`` (what ``runs list`` calls), Optuna's RDB storage read
 trials (what optuna-dashboard reads). Each writer reports every run and trial it finished as it
 goes; afterwards ``PRAGMA integrity_check`` must say ``ok`` and each of them must be in the store.
 
-On main before the fix the tune died with ``disk I/O error`` and the trials were gone.
+On main before the fix the tune died with ``disk I/O error`` and the trials were gone; with the
+Store's plain ``open()``/``close()`` put back, ``--tune-workers 1`` dies within seconds
+(``UnboundLocalError: ... 'updated_state'``, Optuna's write failing under it).
+``tests/track/test_store_torture.py`` runs a bounded variant (counts of trials and runs, not time).
 
     python benchmarks/store_torture.py [--seconds 60] [--tune-workers 2] [--trainers 1] [--readers 3]
                                        [--db URL]  # default: a SQLite file in a temp folder
