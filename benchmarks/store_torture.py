@@ -7,7 +7,10 @@ only), ``Store.list_runs`` (what ``runs list`` calls), Optuna's RDB storage read
 trials (what optuna-dashboard reads). Each writer reports every run and trial it finished as it
 goes; afterwards ``PRAGMA integrity_check`` must say ``ok`` and each of them must be in the store.
 
-On main before the fix the tune died with ``disk I/O error`` and the trials were gone.
+On main before the fix the tune died with ``disk I/O error`` and the trials were gone; with the
+Store's plain ``open()``/``close()`` put back, ``--tune-workers 1`` dies within seconds
+(``UnboundLocalError: ... 'updated_state'``, Optuna's write failing under it).
+``tests/track/test_store_torture.py`` runs a bounded variant (counts of trials and runs, not time).
 
     python benchmarks/store_torture.py [--seconds 60] [--tune-workers 2] [--trainers 1] [--readers 3]
                                        [--db URL]  # default: a SQLite file in a temp folder
@@ -34,33 +37,38 @@ def _report(out: str, **fields: Any) -> None:
         f.write(json.dumps(fields) + "\n")
 
 
-def role_tune(url: str, seconds: float, out: str, workers: int, study: str, folder: str) -> None:
+def role_tune(url: str, seconds: float, out: str, workers: int, study: str, folder: str,
+              trials: int = 100000) -> None:
     """``proftune tune`` as a user runs it in a terminal (its table, not ``--json``: the issue's case)."""
     space = Path(folder) / f"{study}.yaml"
     space.write_text(SPACE)
-    cmd = [sys.executable, "-m", "proftune.cli", "tune", "wine-mlp", "--space", str(space), "--trials", "100000",
+    cmd = [sys.executable, "-m", "proftune.cli", "tune", "wine-mlp", "--space", str(space), "--trials", str(trials),
            "--timeout", str(seconds), "--epochs", "1", "--sampler", "random", "--workers", str(workers),
            "--study", study, "--db", url]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-2000:])
         sys.exit(proc.returncode)
-    _report(out, role="tune", study=study)
+    said = [line.strip() for line in proc.stdout.splitlines() if line.startswith(("trials:", "stopped"))]
+    _report(out, role="tune", study=study, said=said)
 
 
-def role_train(url: str, seconds: float, out: str) -> None:
+def role_train(url: str, seconds: float, out: str, runs: int | None = None) -> None:
+    """``train`` runs one after another (``runs`` of them, or until ``seconds`` have passed)."""
     import proftune
 
-    end = time.time() + seconds
-    while time.time() < end:
+    end, done = time.time() + seconds, 0
+    while time.time() < end and (runs is None or done < runs):
         r = proftune.run_train("wine-mlp", max_steps=2, device="cpu", store=url)
         _report(out, role="train", run_id=r.run_id)
+        done += 1
 
 
-def role_read(url: str, seconds: float, out: str, how: str) -> None:
+def role_read(url: str, seconds: float, out: str, how: str, stop: str | None = None) -> None:
+    """Read in a loop until the writers are done (``stop`` exists), or ``seconds`` have passed."""
     end, reads = time.time() + seconds, 0
     errors: list[str] = []
-    while time.time() < end:
+    while time.time() < end and not (stop and os.path.exists(stop) and reads):
         try:
             if how == "sqlite3":
                 import sqlite3
@@ -133,10 +141,14 @@ def _check(url: str, reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def torture(url: str, *, seconds: float, tune_workers: int = 1, trainers: int = 1,
-            readers: tuple[str, ...] = ("sqlite3", "runs", "optuna"), tunes: int = 1) -> dict[str, Any]:
-    """Run the writers and readers on ``url`` for ``seconds``; what each did and what was lost."""
+            readers: tuple[str, ...] = ("sqlite3", "runs", "optuna"), tunes: int = 1,
+            trials: int | None = None, train_runs: int | None = None) -> dict[str, Any]:
+    """Run the writers on ``url`` for ``seconds`` (or until each tune has ``trials`` trials and
+    each train loop ``train_runs`` runs, ``seconds`` then a cap) and the readers until the writers
+    are done; what each did and what was lost."""
     folder = tempfile.mkdtemp(prefix="proftune-torture-")
     out = str(Path(folder) / "reports.jsonl")
+    stop = str(Path(folder) / "writers-done")
     Path(out).touch()
     script = str(Path(__file__).resolve())
     if url.startswith("sqlite"):
@@ -149,20 +161,25 @@ def torture(url: str, *, seconds: float, tune_workers: int = 1, trainers: int = 
         procs.append(("tune", subprocess.Popen([sys.executable, script, "--role", "tune", "--db", url,
                                                 "--seconds", str(seconds), "--out", out,
                                                 "--tune-workers", str(tune_workers), "--study", f"torture-{i}",
-                                                "--folder", folder], stderr=subprocess.PIPE)))
+                                                "--folder", folder, "--trials", str(trials or 100000)],
+                                               stderr=subprocess.PIPE)))
     for _ in range(trainers):
         procs.append(("train", subprocess.Popen([sys.executable, script, "--role", "train", "--db", url,
-                                                 "--seconds", str(seconds), "--out", out],
+                                                 "--seconds", str(seconds), "--out", out,
+                                                 *(["--runs", str(train_runs)] if train_runs else [])],
                                                 stderr=subprocess.PIPE)))
-    for how in readers:
+    writers = len(procs)
+    for how in readers:  # until the writers are done, at most a while after their time is up
         procs.append((f"read-{how}", subprocess.Popen([sys.executable, script, "--role", f"read-{how}",
-                                                        "--db", url, "--seconds", str(seconds), "--out", out],
-                                                       stderr=subprocess.PIPE)))
+                                                        "--db", url, "--seconds", str(seconds + 300), "--out", out,
+                                                        "--stop", stop], stderr=subprocess.PIPE)))
     failed = []
-    for name, p in procs:
+    for i, (name, p) in enumerate(procs):
         _, err = p.communicate(timeout=seconds + 300)
         if p.returncode != 0:
             failed.append(f"{name} exit {p.returncode}: {err.decode(errors='replace').strip()[-400:]}")
+        if i == writers - 1:
+            Path(stop).touch()
     elapsed = time.time() - started
     reports = [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]
     result: dict[str, Any] = {"writers": tunes * tune_workers + trainers, "readers": len(readers),
@@ -187,13 +204,16 @@ def main() -> None:
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--study", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--folder", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--trials", type=int, default=100000, help=argparse.SUPPRESS)
+    ap.add_argument("--runs", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--stop", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.role == "tune":
-        return role_tune(a.db, a.seconds, a.out, a.tune_workers, a.study, a.folder)
+        return role_tune(a.db, a.seconds, a.out, a.tune_workers, a.study, a.folder, a.trials)
     if a.role == "train":
-        return role_train(a.db, a.seconds, a.out)
+        return role_train(a.db, a.seconds, a.out, a.runs)
     if a.role and a.role.startswith("read-"):
-        return role_read(a.db, a.seconds, a.out, a.role[len("read-"):])
+        return role_read(a.db, a.seconds, a.out, a.role[len("read-"):], a.stop)
     url = a.db or f"sqlite:///{Path(tempfile.mkdtemp(prefix='proftune-torture-db-')) / 'store.db'}"
     r = torture(url, seconds=a.seconds, tune_workers=a.tune_workers, trainers=a.trainers,
                 readers=tuple(x for x in a.readers.split(",") if x))
@@ -202,6 +222,9 @@ def main() -> None:
     print(f"writers    {r['writers']}  (tune workers {a.tune_workers}, train loops {a.trainers})")
     print(f"readers    {r['readers']}  reads/errors {reads}")
     print(f"trials     {r['trials']} complete reported, train runs {r.get('runs', 0)}")
+    for x in r["reports"]:
+        if x["role"] == "tune":
+            print(f"tune said  {' | '.join(x.get('said') or [])}")
     print(f"seconds    {r['seconds']}")
     print(f"integrity  {r['integrity']}")
     print(f"lost       {len(r['lost'])} {r['lost'][:5]}")

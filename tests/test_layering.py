@@ -37,7 +37,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
      "_records", "metrics"},
     {"_threads"},  # the CPU thread count computed from measured steps (reads _records)
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
-    {"train", "examples"},  # the fit loop; the built-in tasks
+    {"train", "examples", "_usercode"},  # the fit loop; the built-in tasks; where user code failed (reads task)
     {"track"},  # the Store
     {"profile"},  # measurements
     {"predict"},  # models of cost: a step's memory and time predicted, the memory model

@@ -183,8 +183,13 @@ def execute(
         err_console.print("interrupted", markup=False)
         raise typer.Exit(130) from None
     except (ProftuneError, Exception) as exc:  # noqa: BLE001 - the CLI boundary: any failure is exit 1 with its message
+        from .._usercode import failed_in
+
+        where = failed_in(exc)  # the user's own line to fix (a task method), shown without --debug
         err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {escape(as_flags(str(exc)))}", markup=True,
                           highlight=False, soft_wrap=True)
+        if where is not None and where not in str(exc):
+            err_console.print(f"  {where}", markup=False, highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
         else:

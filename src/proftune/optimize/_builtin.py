@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .._jsonsafe import finite_float, json_dumps
+from .._paths import replacing, write_text
 from .._units import format_bytes
 from ..compress import compress as run_compress
 from ..compress import load_model
@@ -81,7 +82,8 @@ class Baseline(BaseStage):
         diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
                         callbacks=[Deadline(share * 0.55), capture], store=loop.store)
         if capture.model is not None:
-            torch.save(capture.model.state_dict(), loop.out / "baseline_model.pt")
+            with replacing(loop.out / "baseline_model.pt") as tmp:  # a signal leaves no half a file
+                torch.save(capture.model.state_dict(), tmp)
         defaults_metric = finite_float(diag.metrics.get(loop.v.metric))
         known = task_param_defaults(loop.task)
         plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
@@ -258,7 +260,7 @@ class Search(BaseStage):
         counts: dict[str, int] = {}
         for r in outcome.trials:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
-        (loop.out / "search_trials.json").write_text(json_dumps(outcome.trials, indent=1))
+        write_text(loop.out / "search_trials.json", json_dumps(outcome.trials, indent=1))
         return StageResult(SearchStageOutputs(
             study=loop.study, plan=plan.to_dict(), epochs_per_trial=epochs,
             pruner=settings.pruner if epochs >= 3 else "none", full_trials_in_share=full_trials,

@@ -21,6 +21,7 @@ import torch
 
 from .._api import run_train
 from .._jsonsafe import finite_float
+from .._paths import replacing
 from .._records import JsonRecord, Reader, plain, record_fields, stored_version
 from ..task import Task
 from ..track import Store
@@ -231,7 +232,8 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
     if task.test_data(1) is not None:
         dev = next((p.device for p in model.parameters()), torch.device("cpu"))
         test_metrics = evaluate_model(task, model, dev, int(res.params.get("batch_size", 32)), split="test")
-    torch.save(model.cpu().state_dict(), folder / f"{_slug(arm.name)}-{seed}.pt")
+    with replacing(folder / f"{_slug(arm.name)}-{seed}.pt") as tmp:
+        torch.save(model.cpu().state_dict(), tmp)
     cut = deadline.hit and res.epochs < epochs
 
     def value(metrics: dict[str, float]) -> float | None:
@@ -274,7 +276,8 @@ def _keep_model(chosen: Arm, *, maximize: bool, work: Path, folder: Path) -> int
         return None
     sign = 1.0 if maximize else -1.0
     seed = max(ran, key=lambda r: sign * r.val if r.val is not None else -math.inf).seed
-    shutil.copyfile(work / f"{_slug(chosen.name)}-{seed}.pt", folder / "model.pt")
+    with replacing(folder / "model.pt") as tmp:  # a signal mid-copy leaves no half a model.pt
+        shutil.copyfile(work / f"{_slug(chosen.name)}-{seed}.pt", tmp)
     return seed
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import yaml
 
 from .._jsonsafe import json_dumps, json_safe
+from .._paths import replacing, write_text
 from ..task import Task
 from . import _page  # noqa: F401  (registers the optimize page with proftune.report: write_html renders it)
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
@@ -79,7 +80,8 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         ax.legend()
         ax.set_title("search: best value by trial")
         fig.tight_layout()
-        fig.savefig(folder / "search.png", dpi=100)
+        with replacing(folder / "search.png") as tmp:  # never a half-written plot where a finished one belongs
+            fig.savefig(tmp, dpi=100)
         plt.close(fig)
         files.append(str(folder / "search.png"))
     layers = state.record(LayerValueOutputs).layers
@@ -92,7 +94,8 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         ax.legend()
         ax.set_title("layer value: share of step time vs share of the measured contribution", fontsize=9)
         fig.tight_layout()
-        fig.savefig(folder / "layer_value.png", dpi=100)
+        with replacing(folder / "layer_value.png") as tmp:  # never a half-written plot where a finished one belongs
+            fig.savefig(tmp, dpi=100)
         plt.close(fig)
         files.append(str(folder / "layer_value.png"))
     stages = [s for s in result.stages if s.duration_s]
@@ -105,7 +108,8 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         ax.legend()
         ax.invert_yaxis()
         fig.tight_layout()
-        fig.savefig(folder / "stages.png", dpi=100)
+        with replacing(folder / "stages.png") as tmp:  # never a half-written plot where a finished one belongs
+            fig.savefig(tmp, dpi=100)
         plt.close(fig)
         files.append(str(folder / "stages.png"))
     return files
@@ -127,7 +131,7 @@ def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, ta
     the result's ``files``)."""
     files = {"config": str(out / "config.yaml"), "summary": str(out / "summary.json"),
              "model": str(out / "model.pt")}
-    (out / "config.yaml").write_text(yaml.safe_dump(_config_yaml(result, state), sort_keys=False))
+    write_text(out / "config.yaml", yaml.safe_dump(_config_yaml(result, state), sort_keys=False))
     if result.final.compressed is not None:
         files["model_compressed"] = str(out / "model_compressed.pt")
     for i, path in enumerate(_plots(result, state, out / "plots")):
@@ -137,4 +141,4 @@ def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, ta
 
 def write_summary(result: OptimizeResult, out: Path) -> None:
     """``summary.json``: the result as ``--json`` prints it, with the files written; once, last."""
-    (out / "summary.json").write_text(json_dumps({**result.to_dict(), "files": result.files}, indent=1))
+    write_text(out / "summary.json", json_dumps({**result.to_dict(), "files": result.files}, indent=1))

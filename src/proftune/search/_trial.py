@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from .._usercode import failed_in
 from ..task import Task
 from ..track import Store
 from ..train import Callback, FitState, fit
@@ -128,7 +129,8 @@ class TrialRunner:
                 trial.set_constraint("oom", 1.0)
                 rec["reason"] = f"out of memory: {str(exc).splitlines()[0][:300]}"
                 return self._infeasible(trial, rec, started)
-            rec["reason"] = f"{type(exc).__name__}: {exc}"
+            where = failed_in(exc)  # the task's line, in the table and the all-failed message
+            rec["reason"] = f"{type(exc).__name__}: {exc}" + (f"; {where}" if where else "")
             rec["traceback"] = traceback.format_exc()[-8000:]
             raise TrialFailed(rec["reason"]) from exc
         nan = [a for a in rec["anomalies"] if a.get("kind") in ("nan_loss", "nonfinite_metric")]

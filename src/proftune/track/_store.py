@@ -189,21 +189,48 @@ def _refuse_foreign(shown: str, tables: list[str]) -> StoreError:
         "Optuna's; it was left untouched. Give a new file name or an existing proftune database.")
 
 
+def _read_only(path: Path) -> str | None:
+    """What of a SQLite database at ``path`` cannot be written (None: all of it can): the file, or
+    its folder, where SQLite creates the file and its write-ahead log (``-wal``, ``-shm``) beside it.
+    ``os.access`` asks the kernel, so an immutable file (``chattr +i``) or a read-only mount counts
+    for root too, whom permission bits do not stop."""
+    folder = path.parent.resolve()
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"the database file {str(path)!r} is read-only"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        sidecars = [Path(f"{path}-wal"), Path(f"{path}-shm")]
+        if not path.exists():
+            return f"folder {str(folder)!r} is read-only: the database file cannot be created there"
+        if not all(s.exists() and os.access(s, os.W_OK) for s in sidecars):
+            return (f"folder {str(folder)!r} is read-only: SQLite writes its log ({path.name}-wal, "
+                    f"{path.name}-shm) beside the database")
+    return None
+
+
+def _read_only_error(shown: str, what: str) -> StoreError:
+    return StoreError(
+        f"db={shown!r}: {what}, and proftune records every run in its store. Give db= a writable "
+        "location (a new file in a folder you can write, e.g. sqlite:///proftune.db in your working "
+        "folder), or make this one writable (chmod u+w on the file and its folder; chattr -i if it is "
+        "immutable).")
+
+
 def _check_sqlite_file(url: sa.URL) -> None:
-    """Refuse a SQLite URL whose file exists but is not a SQLite database (leave it untouched)."""
+    """Refuse a SQLite URL whose file exists but is not a SQLite database (leave it untouched), or
+    whose file or folder cannot be written (before any work: every command writes its run)."""
     database = url.database
     if not database or database == ":memory:" or database.startswith("file:"):
         return
     path = Path(database)
+    shown = url.render_as_string(hide_password=True)
     if path.is_dir():
-        raise StoreError(f"db={url.render_as_string(hide_password=True)!r} points at a directory, not a database file.")
-    if not path.exists():
-        if not path.parent.exists():
-            raise StoreError(
-                f"db={url.render_as_string(hide_password=True)!r}: folder {str(path.parent)!r} does not exist."
-            )
-        return
-    if path.stat().st_size == 0:
+        raise StoreError(f"db={shown!r} points at a directory, not a database file.")
+    if not path.exists() and not path.parent.exists():
+        raise StoreError(f"db={shown!r}: folder {str(path.parent)!r} does not exist.")
+    what = _read_only(path)  # before SQLite reads it: that would leave its -wal and -shm beside it
+    if what is not None:
+        raise _read_only_error(shown, what)
+    if not path.exists() or path.stat().st_size == 0:
         return
     try:
         tables = _sqlite_tables(path)
@@ -217,7 +244,7 @@ def _check_sqlite_file(url: sa.URL) -> None:
                          f"as a SQLite database ({exc}); it was left untouched.") from exc
     foreign = _foreign_tables(tables)
     if foreign is not None:
-        raise _refuse_foreign(url.render_as_string(hide_password=True), foreign)
+        raise _refuse_foreign(shown, foreign)
 
 
 def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
@@ -303,6 +330,8 @@ class Store:
             try:
                 return fn()
             except OperationalError as exc:
+                if self.is_sqlite and "readonly database" in str(exc.orig):  # made read-only since it was opened
+                    raise _read_only_error(self.shown_url, "the database became read-only") from None
                 if attempt == self.retries - 1 or not _is_retryable(exc):
                     raise
                 time.sleep(delay * (1 + random.random()))
