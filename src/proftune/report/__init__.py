@@ -24,21 +24,15 @@ from ._build import (
     write_compare_report,
     write_report,
 )
+from ._common import Context, read_result, register_renderer
+from ._compress_page import candidate_charts, sensitivity_chart
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
 from ._loggers import MLflowLogger, TensorBoardLogger, WandbLogger
 from ._mlflow import export_mlflow
-from ._sections import (
-    Context,
-    candidate_charts,
-    importance_charts,
-    lr_chart,
-    memory_model_chart,
-    read_result,
-    register_renderer,
-    sensitivity_chart,
-)
+from ._recommend_page import lr_chart, memory_model_chart
 from ._tensorboard import export_tensorboard
+from ._tune_page import importance_charts
 from ._wandb import export_wandb
 
 __all__ = [

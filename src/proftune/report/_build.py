@@ -12,10 +12,12 @@ from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..track import RunRecord, Store, open_store
-from . import _predict  # noqa: F401  (register the predict renderer; optimize registers its own)
+from . import _compress_page, _diagnose_page, _predict, _recommend_page  # noqa: F401  (they register their pages)
+from ._common import RENDERERS, Context, curves, overview
 from ._figures import PALETTE, layout, line
 from ._html import Page
-from ._sections import RENDERERS, Context, curves, overview, profile_sections, study_sections
+from ._profile_page import profile_sections
+from ._tune_page import study_sections
 
 __all__ = ["compare_html", "render_report", "run_id_of", "run_page", "write_compare_report", "write_report"]
 

@@ -8,9 +8,9 @@ from typing import Any
 from .._units import format_bytes
 from ..predict import STRATEGIES, ParallelPlan, ParallelPrediction, PredictResult
 from ..track import RunRecord
+from ._common import Context, register_renderer
 from ._figures import PALETTE, bar, hline, layout
 from ._html import Page, Section
-from ._sections import Context, register_renderer
 
 #: The per-GPU kinds in the order the stacked bars and the tables show them.
 _KINDS = ("params", "grads", "optimizer_state", "optimizer_temp", "activations", "comm_buckets", "gathered_params",
