@@ -158,3 +158,15 @@ def test_structure_and_onnx(tmp_path: Path) -> None:
     assert table.exit_code == 0
     assert "model structure" in table.output
     assert "Linear" in table.output
+    # the stored profile holds its structure, and its report shows the tree
+    from proftune.profile import Profile, Structure
+    from proftune.report import render_report
+    from proftune.track import Store
+
+    run = Store(db).list_runs(kind="profile")[0]
+    stored = Profile.from_dict(dict(run.result))
+    assert stored.structure is not None
+    assert Structure.from_dict(stored.structure).params_total == stored.params.total
+    page = render_report(run, db=db)
+    assert "<h2>Structure</h2>" in page or ">Structure<" in page
+    assert "Linear" in page

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -192,7 +193,7 @@ def profile_command(
         if not structure and onnx is None:
             return p
         return _with_extras(p, task_arg(task, data), params=params, batch_size=p.batch_size, seed=seed,
-                            device=p.device, structure=structure, onnx=onnx)
+                            device=p.device, structure=structure, onnx=onnx, store=store, out=out)
 
     def render(result: Any) -> None:
         if isinstance(result, Profile):
@@ -236,13 +237,20 @@ class _Extras:
 
 
 def _with_extras(p: Profile, task: Any, *, params: dict[str, Any], batch_size: int, seed: int, device: str,
-                 structure: bool, onnx: Path | None) -> _Extras:
+                 structure: bool, onnx: Path | None, store: Any = None, out: Path | None = None) -> _Extras:
     from ..compress import export_onnx
     from ..profile import model_and_input, model_structure
 
     model, example = model_and_input(task, params=params, batch_size=batch_size or None, seed=seed, device=device)
     s = model_structure(model, example) if structure else None
     exported = export_onnx(model, example, onnx, force=True) if onnx is not None else None  # checked up front
+    if s is not None:  # the profile holds its structure: in --out's file, the stored Run and its report
+        p = dataclasses.replace(p, structure=s.to_dict())
+        if out is not None:
+            p.save(out)
+        run_id = p.config.get("run_id")
+        if store is not None and isinstance(run_id, int):
+            store.update_run(run_id, result=p.to_dict())
     return _Extras(p, s, exported)
 
 

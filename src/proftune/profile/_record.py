@@ -139,6 +139,9 @@ class Profile:
     #: Ops that do arithmetic the FLOP count could not count (custom ops, no formula), with
     #: call counts and input shapes: ``{"op", "calls", "shapes"}``; empty when all were counted.
     uncounted_ops: tuple[dict[str, Any], ...] = ()
+    #: The module tree (``profile --structure``): :meth:`Structure.to_dict` of the model for the
+    #: profiled input; None where it was not asked for.
+    structure: dict[str, Any] | None = None
 
     # -- derived ----------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

@@ -9,7 +9,7 @@ from typing import Any
 from .._api import TrainResult
 from .._jsonsafe import is_finite_number as _num
 from .._units import format_bytes
-from ..profile import CommProfile, LayerProfile, Profile
+from ..profile import CommProfile, LayerProfile, Profile, Structure
 from ..search import TrialResult
 from ..track import RunRecord
 from ._common import Context, _pct, curves, register_renderer
@@ -67,6 +67,8 @@ def profile_sections(page: Page, p: Profile) -> None:
 
     if p.layers:
         _layer_sections(page, p.layers)
+    if p.structure:
+        _structure_section(page, p.structure)
     # bottlenecks and by_type are the profile's free-form rows (dicts in the record)
     bottlenecks = [b for b in p.bottlenecks if isinstance(b, Mapping)]
     if bottlenecks:
@@ -81,6 +83,28 @@ def profile_sections(page: Page, p: Profile) -> None:
         cols = [c for c in ("type", "count", "params", "macs", "forward_ms", "backward_ms", "time_share",
                             "activation_bytes") if any(c in t for t in by_type)]
         ts.table(cols, [[_share(t.get(c)) if c == "time_share" else t.get(c) for c in cols] for t in by_type])
+
+
+#: Depth of the module tree the structure table shows (the whole tree is in the JSON).
+STRUCTURE_DEPTH = 3
+
+
+def _structure_section(page: Page, structure: Mapping[str, Any]) -> None:
+    """The module tree (``profile --structure``): each module's type, shapes, params and MACs."""
+    rec = Structure.from_dict(dict(structure))
+    rows = [r for r in rec.rows if r.depth <= STRUCTURE_DEPTH]
+    ss = page.section("Structure")
+    ss.para(f"the module tree for one batch of {rec.batch_size}, to depth {STRUCTURE_DEPTH} of "
+            f"{max((r.depth for r in rec.rows), default=0)}: {rec.params_total:,} params, {rec.macs:,} MACs "
+            "(forward multiply-accumulates of each subtree; params: the module's and those under it)",
+            cls="muted")
+
+    def shapes(v: Sequence[Any]) -> str:
+        return ", ".join(str(list(x)) if isinstance(x, (list, tuple)) else str(x) for x in v) or "-"
+
+    ss.table(["module", "type", "input", "output", "params", "MACs"],
+             [["\u00a0\u00a0" * r.depth + (r.name or "(model)"), r.type, shapes(r.input_shapes),
+               shapes(r.output_shapes), r.params, r.macs] for r in rows], sortable=False)
 
 
 def _share(v: Any) -> tuple[str, float]:
