@@ -35,3 +35,27 @@ def test_tune_logs_its_study_to_wandb(tmp_path: Path, monkeypatch: pytest.Monkey
                                    "--db", f"sqlite:///{tmp_path / 'runs.db'}"])
     assert bad.exit_code == 2
     assert "valid: wandb" in bad.output
+
+
+def test_optimize_logs_its_run_and_stages_to_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same sink for optimize: its run and the runs it started (each stage's, the trials, the
+    race's trainings) as one group, checked before the loop starts."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    bad = CliRunner().invoke(app, ["optimize", "wine-mlp", "--budget", "20s", "--log", "tensorboard", "--db", db,
+                                   "--out", str(tmp_path / "never")])
+    assert bad.exit_code == 2
+    assert "valid: wandb" in bad.output
+    assert not (tmp_path / "never").exists()
+    res = CliRunner().invoke(app, ["optimize", "wine-mlp", "--budget", "20s", "--goal", "none", "--log", "wandb",
+                                   "--wandb-project", "ow", "--out", str(tmp_path / "o"), "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    runs = d["wandb"]["runs"]
+    assert d["wandb"]["project"] == "ow"
+    assert len(runs) > len(d["stages"])  # the optimize run and at least each stage's
+    wandb.teardown()
+    assert all(list(Path(r["dir"]).glob("run-*.wandb")) for r in runs)

@@ -59,6 +59,34 @@ EpochsOpt = Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs t
 MaxStepsOpt = Annotated[
     int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")
 ]
+LogOpt = Annotated[
+    str | None,
+    typer.Option("--log", help="wandb: when the run ends, log it to Weights & Biases, it and the runs it "
+                 "started as runs of one group (offline: WANDB_MODE=offline).", show_default=False),
+]
+WandbProjectOpt = Annotated[str, typer.Option("--wandb-project", help="W&B project for --log wandb.")]
+
+
+def check_log(log: str | None, *, command: str) -> None:
+    """``--log``'s value is known and its package installed: an error before the work, not after it."""
+    if log is None:
+        return
+    if log != "wandb":
+        raise ConfigError(f"--log {log!r} is unknown; valid: wandb (TensorBoard and MLflow: proftune export).")
+    from .._optional import require
+
+    require("wandb", feature=f"proftune {command} --log wandb")
+
+
+def log_run(log: str | None, run_id: int, *, project: str, db: str | None) -> dict[str, Any] | None:
+    """Log the finished run ``run_id`` and its children where ``--log`` asks; what was logged."""
+    if log != "wandb":
+        return None
+    from ..report import export_wandb
+
+    return {"project": project, "runs": export_wandb(run_id, project=project, db=db, report=False)}
+
+
 ReportOpt = Annotated[
     str | None,
     typer.Option("--report", help="Also write the result as one self-contained HTML report here.",

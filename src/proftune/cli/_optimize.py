@@ -19,12 +19,16 @@ from ._common import (
     DebugOpt,
     DeviceOpt,
     JsonOpt,
+    LogOpt,
     ReportOpt,
     SeedOpt,
     TaskArg,
     ThreadsOpt,
+    WandbProjectOpt,
+    check_log,
     err_console,
     execute,
+    log_run,
     out_console,
     with_report,
 )
@@ -65,6 +69,8 @@ def optimize_command(
     json_out: JsonOpt = False,
     debug: DebugOpt = False,
     threads: ThreadsOpt = None,
+    log: LogOpt = None,
+    wandb_project: WandbProjectOpt = "proftune",
     report: ReportOpt = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing --report file (the --out folder always holds its own "
@@ -88,6 +94,7 @@ def optimize_command(
                               f"(trials {data['trials']}): region paused", highlight=False)
 
     def body() -> Any:
+        check_log(log, command="optimize")
         with _quiet(debug):
             result = optimize(task, budget, memory_budget=memory_budget, constraints=tuple(constraint or ()),
                           objective=objective, space=space, max_accuracy_drop=max_accuracy_drop, goal=goal,
@@ -95,6 +102,9 @@ def optimize_command(
                               ignore_findings=ignore_findings, seed=seed, device=device, db=db,
                               progress=progress)
         d = result.to_dict()
+        logged = log_run(log, result.run_id, project=wandb_project, db=db)
+        if logged is not None:
+            d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
     execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=_render, threads=threads)

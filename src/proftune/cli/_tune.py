@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from .._paths import OutputPath
-from ..exceptions import ConfigError, RunFailedError
+from ..exceptions import RunFailedError
 from ._common import (
     DataOpt,
     DbOpt,
@@ -17,12 +17,16 @@ from ._common import (
     DeviceOpt,
     ForceOpt,
     JsonOpt,
+    LogOpt,
     ParamOpt,
     ReportOpt,
     SeedOpt,
     TaskArg,
     ThreadsOpt,
+    WandbProjectOpt,
+    check_log,
     execute,
+    log_run,
     out_console,
     parse_params,
     task_arg,
@@ -71,11 +75,8 @@ def tune(
         show_default=False)] = None,
     scheduler: Annotated[str, typer.Option(
         "--scheduler", help="With --backend ray: fifo, asha or pbt (population-based training).")] = "fifo",
-    log: Annotated[str | None, typer.Option(
-        "--log", help="wandb: when the study ends, log it to Weights & Biases, the tune run and each "
-                      "trial as runs of one group named after the study (offline: WANDB_MODE=offline).",
-        show_default=False)] = None,
-    wandb_project: Annotated[str, typer.Option("--wandb-project", help="W&B project for --log wandb.")] = "proftune",
+    log: LogOpt = None,
+    wandb_project: WandbProjectOpt = "proftune",
     param: ParamOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
@@ -92,10 +93,7 @@ def tune(
         from ..search import RayOptions, search
 
         params = parse_params(param)  # fixed for every trial, as the space's fixed:
-        if log is not None and log != "wandb":
-            raise ConfigError(f"--log {log!r} is unknown; valid: wandb (TensorBoard and MLflow: proftune export).")
-        if log == "wandb":
-            _require_wandb()  # a missing wandb is an error before the study, not after it
+        check_log(log, command="tune")
 
         ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=debug)
                if backend == "ray" else None)
@@ -110,20 +108,12 @@ def tune(
             raise RunFailedError(f"every trial failed ({len(failed)} of {len(result.trials)}); the last, "
                                  f"trial {last.number}: {last.reason}")
         d = result.to_dict()
-        if log == "wandb":
-            from ..report import export_wandb
-
-            d["wandb"] = {"project": wandb_project, "runs": export_wandb(result.run_id, project=wandb_project, db=db,
-                                                                         report=False)}
+        logged = log_run(log, result.run_id, project=wandb_project, db=db)
+        if logged is not None:
+            d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
     execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render, threads=threads)
-
-
-def _require_wandb() -> None:
-    from .._optional import require
-
-    require("wandb", feature="proftune tune --log wandb")
 
 
 def _plot_output(plot: Path | None) -> OutputPath:
