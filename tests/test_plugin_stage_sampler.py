@@ -1,4 +1,4 @@
-"""A sampler and an optimize stage added from outside the package, each one class and its
+"""A sampler, a search backend and an optimize stage added from outside the package, each one class and its
 registration; each then shows up where the built-ins do: the CLI, the JSON and the report.
 
 (The other kinds' plug-in tests: a diagnosis check and a metric in ``test_registry.py``, a
@@ -30,7 +30,18 @@ from proftune.optimize import (
     StageResult,
     register_stage,
 )
-from proftune.search import PRUNERS, SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
+from proftune.search import (
+    PRUNERS,
+    SAMPLER_REGISTRY,
+    SAMPLERS,
+    SEARCH_BACKEND_REGISTRY,
+    SEARCH_BACKENDS,
+    BackendRun,
+    BaseSamplerMaker,
+    BaseSearchBackend,
+    register_backend,
+    register_sampler,
+)
 
 HERE = Path(__file__).resolve().parent
 TASKS = HERE / "optimize" / "tasks.py"
@@ -158,3 +169,47 @@ def test_a_bad_stage_is_one_error_naming_each_problem() -> None:
     assert "STAGE is 'bad'" in text
     assert "after='nowhere' is no registered stage; valid: baseline, health" in text
     assert "bad" not in OPTIMIZE_STAGES
+
+
+class CountingBackend(BaseSearchBackend):
+    """A plug-in's backend: this machine's, counting the searches it ran and refusing workers > 2."""
+
+    name = "counting"
+    ran: ClassVar[list[int]] = []
+
+    def check(self, config: Any, problems: list[str]) -> None:
+        if config.workers > 2:
+            problems.append(f"workers={config.workers}: the counting backend runs at most 2.")
+
+    def run(self, settings: Any, config: Any, *, storage: Any, store: Any, deadline: float | None,
+            finished: int) -> BackendRun:
+        CountingBackend.ran.append(finished)
+        local = SEARCH_BACKEND_REGISTRY.get_entry("local").run(
+            settings, config, storage=storage, store=store, deadline=deadline, finished=finished)
+        return BackendRun(stopped=local.stopped, details={"counted": len(CountingBackend.ran)})
+
+
+@pytest.fixture
+def counting() -> Iterator[None]:
+    register_backend(CountingBackend)
+    yield
+    SEARCH_BACKEND_REGISTRY.remove("counting")
+
+
+@pytest.mark.usefixtures("counting")
+def test_a_registered_search_backend_runs_the_trials_and_checks_its_options(tmp_path: Path) -> None:
+    assert "counting" in SEARCH_BACKENDS
+    space = tmp_path / "s.yaml"
+    space.write_text(SPACE)
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "2",
+                                   "--epochs", "1", "--backend", "counting", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["counts"]["complete"] == 2
+    assert out["backend"] == {"backend": "counting", "counted": 1}
+    assert CountingBackend.ran == [0]
+    bad = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "2",
+                                   "--backend", "counting", "--workers", "3", "--db", db])
+    assert bad.exit_code == 2
+    assert "the counting backend runs at most 2" in bad.output

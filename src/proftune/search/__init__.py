@@ -11,7 +11,6 @@ from .._optional import optuna  # noqa: F401  (missing: DependencyError naming t
 from ._analysis import PLOT_FILES
 from ._api import (
     DEFAULT_SCAN,
-    SEARCH_BACKENDS,
     SearchResult,
     TrialTally,
     cancel_waiting,
@@ -19,6 +18,13 @@ from ._api import (
     search,
     study_trials,
     task_metrics,
+)
+from ._backends import (
+    SEARCH_BACKEND_REGISTRY,
+    SEARCH_BACKENDS,
+    BackendRun,
+    BaseSearchBackend,
+    register_backend,
 )
 from ._coarse_fine import CoarseToFineSampler
 from ._config import SearchConfig
@@ -42,9 +48,12 @@ __all__ = [
     "SAMPLER_REGISTRY",
     "SCHEDULERS",
     "SEARCH_BACKENDS",
+    "SEARCH_BACKEND_REGISTRY",
     "TRIAL_SCHEMA_VERSION",
+    "BackendRun",
     "BasePrunerMaker",
     "BaseSamplerMaker",
+    "BaseSearchBackend",
     "Bound",
     "CoarseToFineSampler",
     "Constraint",
@@ -69,6 +78,7 @@ __all__ = [
     "load_space",
     "parse_constraint",
     "parse_objective",
+    "register_backend",
     "register_pruner",
     "register_sampler",
     "search",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import multiprocessing as mp
 import os
 import pickle
 import time
@@ -17,16 +16,17 @@ import optuna
 
 from .._jsonsafe import json_safe
 from .._records import record_fields, stored_version
-from ..exceptions import ConfigError, ProblemCollector, RunFailedError
+from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, split_objective
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
+from ._backends import SEARCH_BACKEND_REGISTRY, SEARCH_BACKENDS
 from ._config import SearchConfig, search_config
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_targets
 from ._objective import VALUE, ObjectiveTask, is_objective
 from ._pruners import PRUNERS, pruner_name
-from ._ray import RayOptions, pbt_plot, run_ray
+from ._ray import pbt_plot
 from ._records import ATTR, TrialRecord, counts, trial_records
 from ._reeval import DEFAULT_SHARE, Selection, select
 from ._samplers import SAMPLERS, sampler_name
@@ -35,7 +35,7 @@ from ._settings import SearchSettings, check_settings
 from ._space import Space, load_space
 from ._storage import open_storage
 from ._strategy import Statement, strategy
-from ._study import evaluations, raise_if_too_many_failures, run_worker
+from ._study import evaluations, raise_if_too_many_failures
 
 __all__ = ["DEFAULT_SCAN", "SEARCH_BACKENDS", "SearchResult", "cancel_waiting", "feasibility_scan", "search",
            "study_trials", "task_metrics"]
@@ -43,8 +43,6 @@ __all__ = ["DEFAULT_SCAN", "SEARCH_BACKENDS", "SearchResult", "cancel_waiting", 
 #: Configurations the feasibility scan profiles when there are hard profile constraints.
 DEFAULT_SCAN = 16
 
-#: Where trials run: this machine's processes, or a Ray cluster (``RayOptions``).
-SEARCH_BACKENDS = ("local", "ray")
 
 
 #: Bumped when a field of :class:`SearchResult`'s JSON changes meaning.
@@ -324,16 +322,6 @@ def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[s
     return out
 
 
-def _worker_entry(settings: SearchSettings, worker: int, deadline: float | None, threads: int) -> None:
-    import torch
-
-    from .._threads import limit_threads
-
-    torch.set_num_threads(threads)
-    limit_threads(threads)  # the fit loop computes its count within this worker's share of the cores
-    run_worker(settings, worker, deadline)
-
-
 def search(
     task: Task | str | Callable[..., Any],
     space: str | Path | Mapping[str, Any] | Space,
@@ -415,21 +403,15 @@ def search(
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
         deadline = time.time() + c.timeout if c.timeout else None
-        ray_out: dict[str, Any] | None = None
-        if c.backend == "ray":
-            ray_out = run_ray(settings, c.ray or RayOptions(workers=c.workers), storage=storage,
-                              store=store, deadline=deadline, finished=counts(created)["trained"])
-            stopped = "ray"
-        elif c.workers == 1:
-            stopped = run_worker(settings, 0, deadline, storage=storage)["stopped"]
-        else:
-            stopped = _run_processes(settings, c.workers, deadline)
+        ran = SEARCH_BACKEND_REGISTRY.get_entry(c.backend).run(
+            settings, c, storage=storage, store=store, deadline=deadline, finished=counts(created)["trained"])
+        backend = {"backend": c.backend, **ran.details}
         extra_plots = []
-        if ray_out is not None and c.plot is not None and ray_out.get("schedule") and ray_out.get("scheduler") == "pbt":
-            extra_plots.append(str(pbt_plot(ray_out["schedule"], Path(c.plot) / "pbt_schedule.png")))
+        if c.plot is not None and backend.get("schedule") and backend.get("scheduler") == "pbt":
+            extra_plots.append(str(pbt_plot(backend["schedule"], Path(c.plot) / "pbt_schedule.png")))
         result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
-                          scan_result, c.plot, full=c.analyse, stopped=stopped,
-                          backend=ray_out or {"backend": "local"}, extra_plots=extra_plots)
+                          scan_result, c.plot, full=c.analyse, stopped=ran.stopped,
+                          backend=backend, extra_plots=extra_plots)
         run.set(metrics=dict(result.best.metrics) if result.best else {}, result=result.to_dict(trials=False),
                 artifacts={"plots": result.plots})
     return result
@@ -487,6 +469,11 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
         problems.add(f"pruner={c.pruner!r} is unknown; valid: {', '.join(PRUNERS)}, or an optuna BasePruner.")
     if c.backend not in SEARCH_BACKENDS:
         problems.add(f"backend={c.backend!r} is unknown; valid: {', '.join(SEARCH_BACKENDS)}.")
+    else:
+        backend_problems: list[str] = []
+        SEARCH_BACKEND_REGISTRY.get_entry(c.backend).check(c, backend_problems)
+        for problem in backend_problems:
+            problems.add(problem)
     if c.scan is not None and (isinstance(c.scan, bool) or c.scan < 0):
         problems.add(f"scan={c.scan!r} must be an integer >= 0 (0: no scan).")
     if c.workers > 1 and not isinstance(task, str) and not _picklable(task_obj):
@@ -589,20 +576,3 @@ def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, 
         plots=[*plots, *extra_plots])
 
 
-def _run_processes(settings: SearchSettings, workers: int, deadline: float | None) -> str:
-    """``workers`` processes on this machine share the study through the database."""
-    ctx = mp.get_context("spawn")
-    from .._threads import share_cores
-
-    threads = share_cores(workers)  # each worker's part of the cores this process may use
-    procs = [ctx.Process(target=_worker_entry, args=(settings, i, deadline, threads), daemon=False)
-             for i in range(workers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    bad = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode != 0]
-    if bad:
-        raise RunFailedError(f"search workers ended with errors: {bad} (worker, exit code); the "
-                             "finished trials are in the study, run the same command to continue.")
-    return "workers_done"
