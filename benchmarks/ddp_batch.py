@@ -63,9 +63,11 @@ def main() -> None:
         print(f"{label:>16s}{scaling.throughput(b):>22.0f}{measured[b].throughput:>21.0f}"
               f"{measured[b].allreduce_share:>18.0%}")
     speed = measured[target].throughput / measured[current].throughput
-    print(f"measured speed-up ours/anchor: x{speed:.2f} (predicted x{scaling.throughput(target) / scaling.throughput(current):.2f}); "
-          f"verified at {target}/rank" + ("" if target == plan.batch_size else
-                                          f" (the uncapped plan; the critical batch {crit} caps the row at {plan.batch_size})"))
+    predicted = scaling.throughput(target) / scaling.throughput(current)
+    print(f"measured speed-up ours/anchor: x{speed:.2f} (predicted x{predicted:.2f}); "
+          f"verified at {target}/rank"
+          + ("" if target == plan.batch_size else
+             f" (the uncapped plan; the critical batch {crit} caps the row at {plan.batch_size})"))
 
 
 if __name__ == "__main__":

@@ -220,7 +220,8 @@ def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge:
     state = json.loads((Path(res.out) / "state.json").read_text())  # the result's rows are compacted
     race = FinalOutputs.from_dict(state["stages"]["final"]["outputs"]).race
     picked = race.model_run() if race is not None else None
-    out: dict[str, Any] = {"cut": picked is None or picked.cut, "test": test_accuracy(judge, model, bs), "val": res.final.mean, "wall": wall,
+    out: dict[str, Any] = {"cut": picked is None or picked.cut, "test": test_accuracy(judge, model, bs),
+                           "val": res.final.mean, "wall": wall,
                            "decision": vs.decision, "gain_test": vs.gain_test, "beyond_noise": vs.beyond_noise,
                            "gap": vs.search_gap.gap if vs.search_gap else None,
                            "stop": res.stop_reason, "epochs": res.final.epochs,
@@ -377,7 +378,8 @@ def fullruns_main(args: argparse.Namespace) -> None:
                     rows.setdefault(f"ours {key}", []).append(o)
                     rows.setdefault(f"hb {key}", []).append(h)
                     print(f"   {label} {k:g}x ({b:.0f} s) ours test {o['test']:.4f} {o['wall']:5.1f} s "
-                          f"({o['decision']}, {o['epochs']} epochs{', CUT' if o['cut'] else ''}) | optuna+hyperband test {h['test']:.4f} "
+                          f"({o['decision']}, {o['epochs']} epochs{', CUT' if o['cut'] else ''}) | "
+                          f"optuna+hyperband test {h['test']:.4f} "
                           f"{h['wall']:5.1f} s ({h['complete']}/{h['trials']} trials completed, {h['from']})",
                           flush=True)
     _fullruns_table(raw.name, rows, budgets, slack, hog=bool(args.hog))

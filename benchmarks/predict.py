@@ -123,7 +123,8 @@ PROFILE_CASES = (("digits-cnn", 256, 2), ("digits-cnn", 256, 3), ("digits-mlp", 
 
 def profile_table() -> list[float]:
     print("\n== 1b. predicted vs the peak a whole profile measures (proftune.profile, detail full)")
-    print(f"{'task':24s} {'batch':>6s} {'steps':>5s} {'predicted':>12s} {'profile':>12s} {'error':>8s} {'batch measured':>14s}")
+    print(f"{'task':24s} {'batch':>6s} {'steps':>5s} {'predicted':>12s} {'profile':>12s} {'error':>8s} "
+          f"{'batch measured':>14s}")
     errors = []
     for task, b, steps in PROFILE_CASES:
         r = predict(task, batch_size=b, target=None, max_batch=False)

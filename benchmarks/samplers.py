@@ -165,7 +165,8 @@ def run(tables: list[Table], studies: int, budgets: list[int], samplers: list[st
 
 
 def summary(rows: list[dict[str, Any]], budgets: list[int], samplers: list[str]) -> str:
-    lines = ["| budget | family | " + " | ".join(samplers) + " | proftune / tpe regret |", "|---" * (len(samplers) + 3) + "|"]
+    lines = ["| budget | family | " + " | ".join(samplers) + " | proftune / tpe regret |",
+             "|---" * (len(samplers) + 3) + "|"]
     fams = ["all", *sorted({r["family"] for r in rows})]
     for b in budgets:
         for fam in fams:

@@ -238,7 +238,8 @@ def main() -> None:
           f"at the counts it did not keep took beyond the kept one's median step. 'quiet': no competitor "
           f"started by this script; the machine's other jobs run all the same (the load column).", flush=True)
     header = ("| case | load before | model | proftune (choice) | "
-              + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed) + " | best fixed | ratio (paired) | proftune's measuring |")
+              + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed)
+              + " | best fixed | ratio (paired) | proftune's measuring |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     ratios = []
     for case, kind, n in cases:

@@ -56,7 +56,8 @@ def test_other_names_are_still_attribute_errors() -> None:
 def test_a_name_moved_to_predict_warns_and_is_the_same_object(name: str) -> None:
     """The models of cost moved from proftune.recommend to proftune.predict, unrenamed."""
     recommend, home = importlib.import_module("proftune.recommend"), importlib.import_module("proftune.predict")
-    with pytest.warns(DeprecationWarning, match=f"proftune.recommend.{name} is deprecated; use proftune.predict.{name}"):
+    with pytest.warns(DeprecationWarning,
+                      match=f"proftune.recommend.{name} is deprecated; use proftune.predict.{name}"):
         assert getattr(recommend, name) is getattr(home, name)
     assert name not in recommend.__all__
     assert name in home.__all__

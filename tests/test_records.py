@@ -32,7 +32,8 @@ def test_a_version_is_a_positive_integer(bad: Any) -> None:
 
 
 def test_a_newer_version_names_both() -> None:
-    with pytest.raises(ConfigError, match=r"schema_version=3, newer than this proftune reads \(schema_version 1 to 2\)"):
+    with pytest.raises(ConfigError,
+                       match=r"schema_version=3, newer than this proftune reads \(schema_version 1 to 2\)"):
         stored_version({"schema_version": 3}, what="a thing", current=2)
     with pytest.raises(ConfigError, match="must be a JSON object, but got list"):
         stored_version([1], what="a thing", current=2)

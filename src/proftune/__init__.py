@@ -68,7 +68,8 @@ try:
         from . import optimize, search
 except DependencyError as _missing_search:  # the [search] extra is not installed
     _MISSING: dict[str, str] = dict.fromkeys(
-        ("SearchConfig", "SearchResult", "search", "OptimizeConfig", "OptimizeResult", "optimize"), str(_missing_search))
+        ("SearchConfig", "SearchResult", "search", "OptimizeConfig", "OptimizeResult", "optimize"),
+        str(_missing_search))
 else:
     _MISSING = {}
 

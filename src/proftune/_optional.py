@@ -36,8 +36,8 @@ PACKAGES: dict[str, str] = {"lightning": "lightning", "transformers": "transform
 
 
 def require(module: str, *, feature: str, extra: str | None = None) -> ModuleType:
-    """Import ``module`` for ``feature`` (who needs it, e.g. ``"proftune tune"``); if it is missing, raise :class:`DependencyError`
-    naming the extra that installs it (``extra``, else the one ``EXTRAS`` lists)."""
+    """Import ``module`` for ``feature`` (who needs it, e.g. ``"proftune tune"``); if it is missing, raise
+    :class:`DependencyError` naming the extra that installs it (``extra``, else the one ``EXTRAS`` lists)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -94,7 +94,9 @@ def test_an_existing_report_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_an_absurd_budget_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_absurd_budget_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     for budget in ("99999999h", "1e300"):
         out = CliRunner().invoke(app, ["optimize", "digits-mlp", "--budget", budget, "--out", str(tmp_path / "out"),

@@ -72,7 +72,8 @@ def test_bad_path_existing_file_and_missing_dependency(tmp_path: Path, monkeypat
         export_onnx(_cnn(), x, tmp_path / "a.onnx", atol=-1)
     from proftune.compress._compile import OnnxRuntime
 
-    monkeypatch.setattr(OnnxRuntime, "unavailable", lambda self, device: "onnx not installed (pip install 'proftune[compile]')")
+    monkeypatch.setattr(OnnxRuntime, "unavailable",
+                        lambda self, device: "onnx not installed (pip install 'proftune[compile]')")
     with pytest.raises(DependencyError, match=r"proftune\[compile\]"):
         export_onnx(_cnn(), x, tmp_path / "b.onnx")
     assert not list(tmp_path.glob("*b*.onnx"))

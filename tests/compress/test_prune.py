@@ -148,8 +148,8 @@ def test_sensitivity_rows_and_their_chart_name_each_layer_by_what_it_is() -> Non
     assert modules["0"] == "Conv2d 1→16 3x3"
     assert modules["13"] == "Linear 256→64"
     section = Section("s", "s")
-    sensitivity_chart(section, SimpleNamespace(metric="accuracy",
-                                               sensitivity=[{**vars(s)} for s in sens] + [{"layer": "old", "drop": 0.0}]))
+    sensitivity_chart(section, SimpleNamespace(
+        metric="accuracy", sensitivity=[{**vars(s)} for s in sens] + [{"layer": "old", "drop": 0.0}]))
     labels = section.blocks[0].figure["data"][0]["y"]
     assert "0 · Conv2d 1→16 3x3" in labels
     assert "old" in labels  # a record from before the rows named their module: the path alone

@@ -108,7 +108,8 @@ def test_overfitting_on_a_tiny_train_set() -> None:
 
     class Tiny(HealthySGD):
         name = "digits-tiny-train"
-        default_params: ClassVar[dict[str, Any]] = {"optimizer": "adamw", "lr": 3e-3, "batch_size": 16, "weight_decay": 0.0}
+        default_params: ClassVar[dict[str, Any]] = {"optimizer": "adamw", "lr": 3e-3, "batch_size": 16,
+                                                    "weight_decay": 0.0}
 
         def train_data(self, batch_size: int, params: dict) -> TensorBatches:  # type: ignore[type-arg]
             x, y, _, _ = load_split("digits")

@@ -303,7 +303,8 @@ def test_an_existing_run_is_not_overwritten_without_resume(tmp_path: Path, db_ur
     res = CliRunner().invoke(app, ["optimize", _spec("TinyTask"), "--budget", "30", "--out", str(out),
                                    "--db", db_url])
     assert res.exit_code == 2
-    assert "pass --resume (or the same --study) to continue it, or choose another --out." in " ".join(res.output.split())
+    assert ("pass --resume (or the same --study) to continue it, or choose another --out."
+            in " ".join(res.output.split()))
     with pytest.raises(proftune.ConfigError) as err:  # the same call in Python names its arguments
         proftune.optimize(_spec("TinyTask"), 30, out=str(out), db=db_url)
     assert "pass resume=True (or the same study=) to continue it, or choose another out=." in str(err.value)

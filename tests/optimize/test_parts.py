@@ -333,7 +333,8 @@ def test_a_state_json_written_before_records_resumes() -> None:
     skipped = CompressOutputs.from_dict({"skipped": "--goal none"})
     assert skipped.to_dict() == {"schema_version": 1, "skipped": "--goal none"}  # its keys, no empty fields
     assert SearchStageOutputs.from_dict({"plan": {"space": {"fixed": {"epochs": 2}}}}).fixed() == {"epochs": 2}
-    assert BaselineOutputs.from_dict({"no_tricks": {"metrics": {"accuracy": 0.5}}}).metric("no_tricks", "accuracy") == 0.5
+    baseline = BaselineOutputs.from_dict({"no_tricks": {"metrics": {"accuracy": 0.5}}})
+    assert baseline.metric("no_tricks", "accuracy") == 0.5
 
 
 def test_optimize_reads_the_study_through_search_s_public_api_only() -> None:

@@ -113,5 +113,6 @@ def test_sentences_from_other_parts_are_rounded_but_versions_are_not() -> None:
     from proftune.optimize._story import rounded
 
     assert rounded("the mean gain -0.002778 is not a gain") == "the mean gain -0.00278 is not a gain"
-    assert rounded("costs only 0.7611 accuracy, lower bound +0.3211 > 0") == "costs only 0.761 accuracy, lower bound +0.321 > 0"
+    assert (rounded("costs only 0.7611 accuracy, lower bound +0.3211 > 0")
+            == "costs only 0.761 accuracy, lower bound +0.321 > 0")
     assert rounded("torch 2.14.1, 0.5 and 12.5, 98%") == "torch 2.14.1, 0.5 and 12.5, 98%"

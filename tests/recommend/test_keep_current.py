@@ -28,7 +28,8 @@ DIMS = {"users": 16, "items": 16}
 
 
 def _row(value: object = 4) -> Recommendation:
-    return Recommendation("embedding_dim", value, "measured: x.", {"params_to_set": {"dim": 4}}, "medium", "fewer params")
+    return Recommendation("embedding_dim", value, "measured: x.", {"params_to_set": {"dim": 4}}, "medium",
+                          "fewer params")
 
 
 @pytest.mark.parametrize(("proposed", "kept"), [(0.40, True), (0.497, False), (0.55, False), (float("nan"), True)])

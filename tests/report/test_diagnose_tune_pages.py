@@ -68,7 +68,8 @@ def test_diagnose_record_round_trips_through_its_run(db: str, diagnosed: Diagnos
     renamed = {**stored, "findings": [{("text" if k == "summary" else k): v for k, v in stored["findings"][0].items()}]}
     with pytest.raises(proftune.ConfigError, match=r"no field summary; text is not a field"):
         DiagnoseResult.from_dict(renamed)  # a renamed field fails, it does not render as blank
-    with pytest.raises(proftune.ConfigError, match=r"schema_version=2, newer than this proftune reads \(schema_version 1\)"):
+    with pytest.raises(proftune.ConfigError,
+                       match=r"schema_version=2, newer than this proftune reads \(schema_version 1\)"):
         DiagnoseResult.from_dict({**stored, "schema_version": 2})
 
 
@@ -113,7 +114,8 @@ def test_bandit_record_round_trips_through_its_run(db: str, bandit_result: Bandi
     assert again.pulls == bandit_result.pulls
     assert [a.arm for a in again.arms] == [a.arm for a in bandit_result.arms]
     metric = again.metric
-    renamed = {**stored, "pulls": [{("reward" if k == metric else k): v for k, v in p.items()} for p in stored["pulls"]]}
+    renamed = {**stored,
+               "pulls": [{("reward" if k == metric else k): v for k, v in p.items()} for p in stored["pulls"]]}
     with pytest.raises(proftune.ConfigError, match="reward is not a field"):
         BanditResult.from_dict(renamed)
     with pytest.raises(proftune.ConfigError, match="no field best"):

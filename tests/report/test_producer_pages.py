@@ -224,7 +224,8 @@ def test_each_run_holds_its_record_and_reads_it_back(recorded: Recorded, kind: s
 
 def test_the_records_equal_what_the_producers_returned(recorded: Recorded) -> None:
     # a bottleneck's excess can be inf, which JSON holds as null: compared as written
-    assert json_dumps(Profile.from_dict(_stored(recorded, "profile")).to_dict()) == json_dumps(recorded.profile.to_dict())
+    assert (json_dumps(Profile.from_dict(_stored(recorded, "profile")).to_dict())
+            == json_dumps(recorded.profile.to_dict()))
     assert TrainResult.from_dict(_stored(recorded, "train")) == recorded.train
     assert BatchSizeResult.from_dict(_stored(recorded, "batch_size")) == recorded.batch
     lr = _read("lr_find", _stored(recorded, "lr_find"), recorded)

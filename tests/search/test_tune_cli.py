@@ -53,7 +53,8 @@ def test_bad_input_exits_2_listing_every_problem(tmp_path: Path) -> None:
     assert result.stdout == ""
     err = result.stderr
     for needle in ("low=0.1 > high=0.001", "log=true needs low > 0", "type='activation' is unknown",
-                   "choices is empty", "metric 'f1' is produced by nothing", "metric 'latency_p99' is produced by nothing",
+                   "choices is empty", "metric 'f1' is produced by nothing",
+                   "metric 'latency_p99' is produced by nothing",
                    "'step_time_ms<<50' is malformed"):
         assert needle in err, (needle, err)
     assert not (tmp_path / "p.db").exists()  # nothing ran, nothing was written

@@ -25,12 +25,15 @@ from ._common import (
 
 def bandit(
     task: TaskArg,
-    configs: Annotated[str, typer.Option("--configs", help="YAML file: a list of param mappings (each may have a name).")],
+    configs: Annotated[str, typer.Option(
+        "--configs", help="YAML file: a list of param mappings (each may have a name).")],
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Training runs to allocate in this call (>= 1).")],
     policy: Annotated[str, typer.Option("--policy", help="thompson, ucb or uniform.")] = "thompson",
     metric: Annotated[str | None, typer.Option("--metric", help="Metric to reward (default accuracy, else val_loss).",
                                                show_default=False)] = None,
-    mode: Annotated[str, typer.Option("--mode", help="max, min or auto (the metric's known direction, or the task's metric_directions).")] = "auto",
+    mode: Annotated[str, typer.Option(
+        "--mode", help="max, min or auto (the metric's known direction, or the task's metric_directions).",
+    )] = "auto",
     epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs per run.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Bandit name in the store (default: task + configs hash).",
                                              show_default=False)] = None,

@@ -203,7 +203,8 @@ def execute(
             else:
                 result = fn()
     except ConfigError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(as_flags(str(exc)))}", markup=True, highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(as_flags(str(exc)))}",
+                          markup=True, highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
         raise typer.Exit(2) from None

@@ -45,27 +45,60 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
 def compress(
     task: TaskArg,
     data: DataOpt = None,
-    prune: Annotated[str | None, typer.Option("--prune", help="unstructured or structured.", show_default=False)] = None,
-    ratios: Annotated[str, typer.Option("--ratios", help="Fractions removed, comma-separated (channels for structured, weights for unstructured).")] = "0.3,0.5,0.7",
+    prune: Annotated[str | None, typer.Option(
+        "--prune", help="unstructured or structured.", show_default=False)] = None,
+    ratios: Annotated[str, typer.Option(
+        "--ratios",
+        help="Fractions removed, comma-separated (channels for structured, weights for unstructured).",
+    )] = "0.3,0.5,0.7",
     importance: Annotated[str, typer.Option("--importance", help="l1, l2, taylor or bn.")] = "l2",
-    global_pruning: Annotated[bool, typer.Option("--global", help="Rank channels/weights across layers, not per layer.")] = False,
-    ignore_layers: Annotated[list[str] | None, typer.Option("--ignore-layers", help="Layer paths to keep whole (comma-separated or repeated).", show_default=False)] = None,
-    quantize: Annotated[str | None, typer.Option("--quantize", help="dynamic, static or qat (INT8).", show_default=False)] = None,
-    half: Annotated[bool, typer.Option("--half", help="Also try fp16 weights (half precision) of the float models.")] = False,
-    method: Annotated[list[str] | None, typer.Option("--method", help="A registered compression method of one's own (proftune.compress.COMPRESS_METHODS); repeatable.", show_default=False)] = None,
-    compile_: Annotated[str | None, typer.Option("--compile", help="Compile the float models too: inductor (AOTInductor), onnxruntime (comma-separated).", show_default=False)] = None,
-    target: Annotated[str | None, typer.Option("--target", help="Deployment preset that picks the methods: cpu, gpu, mobile or edge.", show_default=False)] = None,
-    distill: Annotated[bool, typer.Option("--distill", help="The original model teaches during fine-tuning (Hinton loss).")] = False,
-    finetune_epochs: Annotated[int, typer.Option("--finetune-epochs", help="Fine-tuning epochs after pruning (fit loop).")] = 1,
-    max_accuracy_drop: Annotated[float, typer.Option("--max-accuracy-drop", help="Largest metric drop allowed (0.01 = 1 point).")] = 0.01,
+    global_pruning: Annotated[bool, typer.Option(
+        "--global", help="Rank channels/weights across layers, not per layer.")] = False,
+    ignore_layers: Annotated[list[str] | None, typer.Option(
+        "--ignore-layers", help="Layer paths to keep whole (comma-separated or repeated).",
+        show_default=False)] = None,
+    quantize: Annotated[str | None, typer.Option(
+        "--quantize", help="dynamic, static or qat (INT8).", show_default=False)] = None,
+    half: Annotated[bool, typer.Option(
+        "--half", help="Also try fp16 weights (half precision) of the float models.")] = False,
+    method: Annotated[list[str] | None, typer.Option(
+        "--method",
+        help="A registered compression method of one's own (proftune.compress.COMPRESS_METHODS); repeatable.",
+        show_default=False)] = None,
+    compile_: Annotated[str | None, typer.Option(
+        "--compile",
+        help="Compile the float models too: inductor (AOTInductor), onnxruntime (comma-separated).",
+        show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(
+        "--target", help="Deployment preset that picks the methods: cpu, gpu, mobile or edge.",
+        show_default=False)] = None,
+    distill: Annotated[bool, typer.Option(
+        "--distill", help="The original model teaches during fine-tuning (Hinton loss).")] = False,
+    finetune_epochs: Annotated[int, typer.Option(
+        "--finetune-epochs", help="Fine-tuning epochs after pruning (fit loop).")] = 1,
+    max_accuracy_drop: Annotated[float, typer.Option(
+        "--max-accuracy-drop", help="Largest metric drop allowed (0.01 = 1 point).")] = 0.01,
     metric: Annotated[str, typer.Option("--metric", help="The task metric the budget applies to.")] = "accuracy",
-    goal: Annotated[str, typer.Option("--goal", help="latency, size or macs: what the selection minimises.")] = "latency",
-    out: Annotated[str | None, typer.Option("--out", help="Write the selected model here (refuses to replace a file without --force).", show_default=False)] = None,
-    plot: Annotated[str | None, typer.Option("--plot", help="Folder for metric-vs-params and metric-vs-latency PNGs.", show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", help="The trained original: torch.save(model.state_dict()) or a compress output; default: train the task first. Never modified.", show_default=False)] = None,
-    trust_model: Annotated[bool, typer.Option("--trust-model", help="Let --model be a whole pickled model (torch.save(model)): loading it runs code from the file, so only for files you trust.")] = False,
-    round_to: Annotated[int | None, typer.Option("--round-to", help="Keep channel counts multiples of this (structured).", show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace existing --out, --plot and --report files (never the --model file).")] = False,
+    goal: Annotated[str, typer.Option(
+        "--goal", help="latency, size or macs: what the selection minimises.")] = "latency",
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Write the selected model here (refuses to replace a file without --force).",
+        show_default=False)] = None,
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help="Folder for metric-vs-params and metric-vs-latency PNGs.", show_default=False)] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model",
+        help="The trained original: torch.save(model.state_dict()) or a compress output; "
+        "default: train the task first. Never modified.",
+        show_default=False)] = None,
+    trust_model: Annotated[bool, typer.Option(
+        "--trust-model",
+        help="Let --model be a whole pickled model (torch.save(model)): loading it runs code from the file, "
+        "so only for files you trust.")] = False,
+    round_to: Annotated[int | None, typer.Option(
+        "--round-to", help="Keep channel counts multiples of this (structured).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace existing --out, --plot and --report files (never the --model file).")] = False,
     param: ParamOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
@@ -85,7 +118,8 @@ def compress(
             callbacks=[EpochProgress(None)],
             prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
             global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, distill=distill,
-            half=half, methods=tuple(method or ()), compile=tuple(n.strip() for n in (compile_ or "").split(",") if n.strip()), target=target,
+            half=half, methods=tuple(method or ()),
+            compile=tuple(n.strip() for n in (compile_ or "").split(",") if n.strip()), target=target,
             finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,
             goal=goal, out=out, plot_dir=plot, round_to=round_to, force=force, seed=seed, device=device,
         )

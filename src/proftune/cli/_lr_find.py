@@ -71,4 +71,5 @@ def lr_find_command(
         if plot:
             out_console.print(f"plot: {plot}")
 
-    execute(with_report(body, report, db, force=force, outputs=[OutputPath("--plot", plot)]), json_out=json_out, debug=debug, render=render)
+    execute(with_report(body, report, db, force=force, outputs=[OutputPath("--plot", plot)]),
+            json_out=json_out, debug=debug, render=render)

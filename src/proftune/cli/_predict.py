@@ -95,7 +95,8 @@ def _render_single(r: PredictResult) -> None:
                        ms(lay.forward_ms), ms(lay.backward_ms), lay.bound)
     out_console.print(layers)
     step = r.step
-    phases = f"forward {ms(step.forward_ms)} ms, backward {ms(step.backward_ms)} ms, optimizer {ms(step.optimizer_ms)} ms"
+    phases = (f"forward {ms(step.forward_ms)} ms, backward {ms(step.backward_ms)} ms, "
+              f"optimizer {ms(step.optimizer_ms)} ms")
     out_console.print(f"step time (estimate) {ms(step.time_ms)} ms ({phases}); bound: {r.bound}", highlight=False)
     if r.max_batch_size is not None:
         out_console.print(f"largest batch that fits {format_bytes(r.device_memory_bytes)}: "

@@ -82,7 +82,8 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
     summary.add_row("throughput", f"{s.throughput:,.0f} samples/s" if s.throughput >= 100
                     else f"{s.throughput:.3g} samples/s")
     summary.add_row("params / grads / optimizer state",
-                    f"{format_bytes(mem.params_bytes)} / {format_bytes(mem.grads_bytes)} / {format_bytes(mem.optimizer_bytes)}")
+                    f"{format_bytes(mem.params_bytes)} / {format_bytes(mem.grads_bytes)} / "
+                    f"{format_bytes(mem.optimizer_bytes)}")
     summary.add_row("activations saved for backward", format_bytes(mem.activations_bytes))
     summary.add_row("peak of a step", format_bytes(mem.peak_bytes))
     if p.grad.norm is not None:
@@ -140,7 +141,8 @@ def profile_command(
                                                    show_default=False)] = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps (after the warm-up).")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up steps.")] = 1,
-    inference: Annotated[bool, typer.Option("--inference", help="Profile the forward pass only (eval, no_grad).")] = False,
+    inference: Annotated[bool, typer.Option(
+        "--inference", help="Profile the forward pass only (eval, no_grad).")] = False,
     detail: Annotated[str, typer.Option("--detail", help="full (per layer) or step (step, memory, counts).")] = "full",
     out: Annotated[Path | None, typer.Option("--out", help="Write the profile as JSON here.",
                                              show_default=False)] = None,
@@ -183,8 +185,8 @@ def profile_command(
             raise ConfigError("missing TASK (e.g. `proftune profile digits-cnn`), or use --compare A.json B.json.")
         params = parse_params(param)
         if ddp is not None:
-            return _ranks(task, ddp, extras=structure or onnx is not None, params=params, batch_size=batch_size, steps=steps,
-                          warmup=warmup, device=device, seed=seed)
+            return _ranks(task, ddp, extras=structure or onnx is not None, params=params, batch_size=batch_size,
+                          steps=steps, warmup=warmup, device=device, seed=seed)
         store = Store(db)
         p = profile(task_arg(task, data), params=params, batch_size=batch_size, steps=steps, warmup=warmup,
                     inference=inference, device=device, seed=seed, detail=detail, trace=trace, store=store)
@@ -293,7 +295,8 @@ def _ranks(task: str, nprocs: int, *, device: str, extras: bool, **kw: Any) -> d
     if extras:
         raise ConfigError("--structure and --onnx describe one model: run them without --ddp.")
 
-    dev = "cuda" if device == "cuda" or (device == "auto" and __import__("torch").cuda.device_count() >= nprocs) else "cpu"
+    dev = ("cuda" if device == "cuda" or (device == "auto" and __import__("torch").cuda.device_count() >= nprocs)
+           else "cpu")
     return profile_ranks(task, nprocs=nprocs, device=dev, **kw).to_dict()
 
 
@@ -310,7 +313,8 @@ def _render_ranks(d: dict[str, Any]) -> None:
     comm = (d.get("extra") or {}).get("comm") or {}
     if comm.get("batch_size"):
         per = comm.get("busy_ms_per_sample")
-        out_console.print(f"all-reduce {format_bytes(comm['allreduce_bytes'])} per step in {comm['allreduce_ms']:.2f} ms "
+        out_console.print(f"all-reduce {format_bytes(comm['allreduce_bytes'])} per step "
+                          f"in {comm['allreduce_ms']:.2f} ms "
                           f"({comm['allreduce_share']:.0%} of the step) at batch {comm['batch_size']} per rank; "
                           f"busy {per:.3f} ms per sample" if per is not None else "", highlight=False)
     out_console.print(f"imbalance {d['imbalance']:.2f}x (busy, max / median); {d['advice']}")

@@ -78,7 +78,8 @@ def recommend_command(
     profile: Annotated[str | None, typer.Option(
         "--profile", help="A saved Profile (JSON) to read instead of profiling now.", show_default=False)] = None,
     lr_steps: Annotated[int, typer.Option("--lr-steps", min=5, help="Steps of the LR range test.")] = 100,
-    noise_steps: Annotated[int, typer.Option("--noise-steps", min=1, help="Steps of the noise-scale measurement.")] = 30,
+    noise_steps: Annotated[int, typer.Option(
+        "--noise-steps", min=1, help="Steps of the noise-scale measurement.")] = 30,
     optimizer_budget: Annotated[str, typer.Option(
         "--optimizer-budget", help="Time for the equal-time optimizer comparison (4s, 1min; 0 skips it).")] = "4s",
     embedding_budget: Annotated[str, typer.Option(

@@ -38,7 +38,8 @@ def _fmt(v: Any) -> str:
 @runs_app.command("list")
 def list_runs(
     task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
-    kind: Annotated[str | None, typer.Option("--kind", help=f"Only runs of this kind ({', '.join(RUN_KINDS)}).")] = None,
+    kind: Annotated[str | None, typer.Option(
+        "--kind", help=f"Only runs of this kind ({', '.join(RUN_KINDS)}).")] = None,
     status: Annotated[str | None, typer.Option("--status", help="running, finished, failed or interrupted.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs, newest first.")] = 50,
     db: DbOpt = None,

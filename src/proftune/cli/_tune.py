@@ -113,7 +113,8 @@ def tune(
             d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]), json_out=json_out, debug=debug, render=_render, threads=threads)
+    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]),
+            json_out=json_out, debug=debug, render=_render, threads=threads)
 
 
 def _plot_output(plot: Path | None) -> OutputPath:

@@ -3,8 +3,8 @@
 The torch.ao recipes (``torch.ao.quantization`` FX graph mode, which fuses conv-bn-relu and
 calibrates observers, its INT8 kernels on CPU through the x86/fbgemm/qnnpack engines). The
 backends (``_quant_backends``: these recipes, and torchao's ``quantize_`` with tensor
-subclasses, dynamic INT8 Linear on CPU and CUDA) call them; nothing here knows the backends. Where both can do a method, both are built and timed on the
-device and the faster one is kept.
+subclasses, dynamic INT8 Linear on CPU and CUDA) call them; nothing here knows the backends.
+Where both can do a method, both are built and timed on the device and the faster one is kept.
 """
 
 from __future__ import annotations
@@ -126,7 +126,9 @@ def _tuple(example: Any) -> tuple[Any, ...]:
     return (example.cpu() if isinstance(example, torch.Tensor) else example,)
 
 
-def run_batches(task_loss: Callable[[nn.Module, Any], Any], batches: Iterable[Any], limit: int) -> Callable[[nn.Module], None]:
+def run_batches(
+    task_loss: Callable[[nn.Module, Any], Any], batches: Iterable[Any], limit: int,
+) -> Callable[[nn.Module], None]:
     """A calibration function: feed up to ``limit`` batches through ``task_loss(model, batch)``.
 
     The task's own loss drives the forward, so any batch layout the task understands works.

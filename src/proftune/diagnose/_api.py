@@ -442,8 +442,9 @@ def bandit(
 
     Each round trains the chosen configuration (a child ``train`` run) and feeds its ``metric``
     (default: accuracy if the task reports it, else val_loss) to the bandit; ``mode`` max or min
-    (auto: the metric registry's direction, or the task's ``metric_directions``). State lives in the Store, so the same configs (or ``name``) continue
-    across processes. The regret curve is against the estimated means at the end.
+    (auto: the metric registry's direction, or the task's ``metric_directions``). State lives in the
+    Store, so the same configs (or ``name``) continue across processes. The regret curve is against
+    the estimated means at the end.
     """
     c = with_options(BanditConfig, config, options, caller="bandit")
     policy, metric, mode, epochs, max_steps, name, seed = (c.policy, c.metric, c.mode, c.epochs, c.max_steps,

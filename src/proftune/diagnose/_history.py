@@ -232,7 +232,8 @@ class History:
         if len(curve) < 30:
             return None
         k = len(curve) // 3
-        start, mid, last = statistics.fmean(curve[:3]), statistics.fmean(curve[k:2 * k]), statistics.fmean(curve[2 * k:])
+        start, mid, last = (statistics.fmean(curve[:3]), statistics.fmean(curve[k:2 * k]),
+                            statistics.fmean(curve[2 * k:]))
         if last < 0.97 * mid or last < 0.5 * start:
             return None
         return {"start_loss": start, "middle_loss": mid, "last_loss": last}

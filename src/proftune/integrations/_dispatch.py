@@ -204,8 +204,10 @@ def task_with_data(task: str, data: str) -> Task:
 
     adapted = foreign_task(obj, origin=task, datamodule=dm)
     if not isinstance(adapted, LightningTask):  # a proftune Task, a plain or Hugging Face module: not trained on it
-        brings = "a proftune Task brings its own data" if adapted is None else f"{adapted.description} makes its own data"
+        brings = ("a proftune Task brings its own data" if adapted is None
+                  else f"{adapted.description} makes its own data")
         raise ConfigError(f"data= applies to a LightningModule task, but the task {task!r} is "
                           f"{getattr(obj, '__name__', type(obj).__name__)}; {brings}.")
-    adapted.specs = (absolute_spec(task), absolute_spec(data))  # another process (a Ray trial) rebuilds it from the files
+    # another process (a Ray trial) rebuilds it from the files
+    adapted.specs = (absolute_spec(task), absolute_spec(data))
     return adapted

@@ -141,8 +141,8 @@ class ProftuneCallback(_Callback):
             return
         config = {"every": self.every, "health": self.health, "adapt": self.adapt, "source": "lightning",
                   "steps_seen": mon.state.step, "max_epochs": trainer.max_epochs}
-        self.run_id, self.metrics = record(mon, store=self.store, db=self.db, task=type(pl_module).__name__, config=config,
-                                           device=pl_module.device)
+        self.run_id, self.metrics = record(mon, store=self.store, db=self.db, task=type(pl_module).__name__,
+                                           config=config, device=pl_module.device)
         if trainer.logger is not None and self.metrics:
             trainer.logger.log_metrics({f"proftune/{k}": v for k, v in self.metrics.items()},
                                        step=trainer.global_step)

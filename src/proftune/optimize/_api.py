@@ -200,7 +200,8 @@ class _Loop:
                              level=finite_float(srch.defaults.mean))
         from ._final import _resolution
 
-        return paired_seeds_needed(seed_std=std, gain=gain, resolution=_resolution(self.v.metric, self.holdout.val_samples),
+        return paired_seeds_needed(seed_std=std, gain=gain,
+                                   resolution=_resolution(self.v.metric, self.holdout.val_samples),
                                    alpha=ALPHA, low=low, high=max(low, MAX_ROUNDS))
 
     def _budget_plan(self, *, search_done: bool = False) -> BudgetPlan:

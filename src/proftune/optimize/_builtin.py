@@ -172,8 +172,8 @@ class Compute(BaseStage):
             computed["precision"] = values["precision"]
         opt = recs.get("optimizer") if "optimizer" in values else None
         chosen = (opt.evidence.get("params") or {}) if opt is not None else {}
-        if (opt is not None and opt.value in ("adamw", "adam", "sgd") and opt.value != loop.defaults.get("optimizer", "adamw")
-                and chosen.get("lr")):
+        if (opt is not None and opt.value in ("adamw", "adam", "sgd")
+                and opt.value != loop.defaults.get("optimizer", "adamw") and chosen.get("lr")):
             # measured better than the task's optimizer: the search tries both, each at its own rate
             computed["optimizer_alternative"] = {k: chosen[k] for k in ("optimizer", "lr", "momentum") if k in chosen}
         max_batch = recs.get("batch_size").evidence.get("max_batch_size")
@@ -349,7 +349,8 @@ class Final(BaseStage):
             decision=outcome.decision, chosen=outcome.chosen,
             metric=dataclasses.replace(val, values=[r.val for r in chosen.runs]),
             test=dataclasses.replace(test, values=[r.test for r in chosen.runs]),
-            model="model.pt", model_seed=outcome.model_seed, latency_ms=latency, latency_device=str(loop.dev), size_bytes=size,
+            model="model.pt", model_seed=outcome.model_seed, latency_ms=latency, latency_device=str(loop.dev),
+            size_bytes=size,
             model_val=picked.val if picked else None, model_test=picked.test if picked else None,
             load=(f"model = proftune.load_task({loop.spec!r}).build_model(params); "
                   "model.load_state_dict(torch.load('model.pt', weights_only=True))"),

@@ -89,6 +89,7 @@ def param_changes(params: Mapping[str, Any], *, task_defaults: Mapping[str, Any]
             source, why = "fixed", "fixed by the search space"
         else:
             source, why = "searched", searched
-        rows.append(ParamChange(param=name, default=default, default_from=_default_from(name, task_defaults, read_defaults),
+        rows.append(ParamChange(param=name, default=default,
+                                default_from=_default_from(name, task_defaults, read_defaults),
                                 value=value, changed=changed, source=source, why=why))
     return rows

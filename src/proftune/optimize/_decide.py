@@ -18,7 +18,8 @@ from typing import Any
 from .._jsonsafe import finite_float
 from .._records import record_fields, stored_version
 
-__all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "compare_paired", "pooled_seed_std", "prior_seed_std"]
+__all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "compare_paired", "pooled_seed_std",
+           "prior_seed_std"]
 
 SCHEMA_VERSION = 1
 #: One-sided error rate of "beyond noise" (before dividing among several candidates).
@@ -67,7 +68,8 @@ class Comparison:
         if self.gain is None:
             return self.reason
         std = f" ± {self.gain_std:.4g}" if self.gain_std is not None else ""
-        return f"{self.metric} gain {self.gain:+.4g}{std} over {len(self.seeds)} paired seed(s) on {self.split}: {self.reason}"
+        return (f"{self.metric} gain {self.gain:+.4g}{std} over {len(self.seeds)} paired seed(s) "
+                f"on {self.split}: {self.reason}")
 
 
 def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | None], *, seeds: Sequence[int],

@@ -107,7 +107,8 @@ class _Run:
 
     def __init__(self, r: RunRecord, store: Store | None, res: OptimizeResult | None) -> None:
         self.r, self.store, self.res = r, store, res
-        self.metric = res.metric if res is not None else str((r.config or {}).get("objective") or "metric").split(":")[0]
+        self.metric = (res.metric if res is not None
+                       else str((r.config or {}).get("objective") or "metric").split(":")[0])
         self.children: dict[str, RunRecord] = {}
         if store is not None:
             for c in reversed(store.list_runs(parent_id=r.id)):  # oldest first: a resumed stage's last run wins
@@ -170,7 +171,8 @@ def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
     gain = _f(cmp_val.gain) if cmp_val is not None else None
     stats = [(f"{m}, validation: defaults → result", f"{_pm(dv.val.mean, dv.val.std)} → {_pm(fv.val.mean, fv.val.std)}",
               f"{len(final.seeds)} paired seed(s)", "good" if adopted else "bad"),
-             (f"{m}, held out: defaults → result", f"{_pm(dv.test.mean, dv.test.std)} → {_pm(fv.test.mean, fv.test.std)}",
+             (f"{m}, held out: defaults → result",
+              f"{_pm(dv.test.mean, dv.test.std)} → {_pm(fv.test.mean, fv.test.std)}",
               vs.held_out_source, ""),
              ("beyond noise?", ("yes" if beyond else "no") + (f", gain {gain:+.2g}" if gain is not None else ""),
               story.answer("did it help") or (cmp_val.reason if cmp_val is not None else ""),
@@ -192,7 +194,8 @@ def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
         stats.append(("model", f"{format_bytes(final.size_bytes)}, {_ms(final.latency_ms)} at batch 1", "", ""))
     stats.append(("time used of the budget", f"{_secs(res.elapsed_s)} of {_secs(res.budget_s)}", res.stop_reason, ""))
     s.html('<div class="headline">' + "".join(
-        f'<div class="stat {cls}" title="{esc(hint)}"><div class="v">{esc(value)}</div><div class="l">{esc(label)}</div>'
+        f'<div class="stat {cls}" title="{esc(hint)}"><div class="v">{esc(value)}</div>'
+        f'<div class="l">{esc(label)}</div>'
         + (f'<div class="l">{esc(hint)}</div>' if hint else "") + "</div>"
         for label, value, hint, cls in stats) + "</div>")
     if story.lines:
@@ -298,7 +301,8 @@ def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
                  ("tr(Σ)", _n(cev.get("trace_sigma"))), ("|G|²", _n(cev.get("grad_sq_norm"))),
                  ("steps (used / clipped)", f"{cev.get('used_steps')} / {cev.get('clipped_steps')}"),
                  ("micro-batches", f"{cev.get('small_batch')} samples, {cev.get('big_batch')} per step")]
-        key = next((k for k in ("b_simple", "b_simple_ema", "ema") if any(_f(p.get(k)) is not None for p in noise)), None)
+        key = next((k for k in ("b_simple", "b_simple_ema", "ema")
+                    if any(_f(p.get(k)) is not None for p in noise)), None)
         side = s.side(lambda t: t.kv(items, title="gradient noise scale"))
         if noise and key:
             s.chart({"data": [line(list(range(1, len(noise) + 1)), [p.get(key) for p in noise], "B_simple",
@@ -330,7 +334,8 @@ def _short_value(v: Any) -> str:
     if isinstance(v, Mapping):
         return ", ".join(f"{k} {_n(x)}" for k, x in v.items())
     if isinstance(v, list):
-        return ", ".join(str(i.get("layer", i.get("name", i))) if isinstance(i, Mapping) else str(i) for i in v) or "none"
+        return ", ".join(str(i.get("layer", i.get("name", i))) if isinstance(i, Mapping) else str(i)
+                         for i in v) or "none"
     return _n(v) if isinstance(v, (int, float)) else str(v)
 
 
@@ -341,7 +346,8 @@ def _baseline(page: Page, run: _Run, vs: VsBaseline) -> None:
     s = page.section("Baseline")
     nt, dflt = b.no_tricks, b.defaults
     vals = [("no tricks (1 seed)", nt.metrics.get(m)), ("task defaults (1 seed, health checks)", dflt.metrics.get(m)),
-            ("task defaults (final race, mean)", vs.defaults.val.mean), ("result (final race, mean)", vs.final.val.mean)]
+            ("task defaults (final race, mean)", vs.defaults.val.mean),
+            ("result (final race, mean)", vs.final.val.mean)]
     vals = [(k, v) for k, v in vals if _f(v) is not None]
     s.para("Triangulation: the task's defaults beside a run with no tricks (AdamW at lr 1e-3, no weight decay, "
            "no dropout), trained as many epochs; their spread says how much tuning can matter here.", cls="muted")
@@ -678,7 +684,8 @@ def _budget(page: Page, res: OptimizeResult) -> None:
                       bar([_f(st.duration_s) for st in stages], names, "spent", orientation="h", color=PALETTE[0])],
              "layout": layout("seconds per stage: its share and what it spent", x="seconds", barmode="group",
                               height=max(260, 70 + 34 * len(stages)), yaxis={"autorange": "reversed"})})
-    cols = ["stage", "status", "spent", "share", "of the budget", f"{res.metric}: the two numbers", "what it did", "run"]
+    cols = ["stage", "status", "spent", "share", "of the budget", f"{res.metric}: the two numbers", "what it did",
+            "run"]
     rows = []
     for st in stages:
         said = story.get(st.name)

@@ -131,7 +131,8 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
         centre["optimizer"], narrow["optimizer"] = own, [own, str(alt["optimizer"])]
         evidence["optimizer"] = f"computed (the optimizer row: {alt['optimizer']} beat {own} at equal time)"
         a_lr = float(alt["lr"])
-        params["lr"]["low"], params["lr"]["high"] = min(params["lr"]["low"], a_lr / 30), max(params["lr"]["high"], a_lr * 30)
+        params["lr"]["low"] = min(params["lr"]["low"], a_lr / 30)
+        params["lr"]["high"] = max(params["lr"]["high"], a_lr * 30)
         if "sgd" in (own, alt["optimizer"]):
             params["momentum"] = {"type": "float", "low": 0.0, "high": 0.99, "when": {"optimizer": "sgd"}}
             centre["momentum"] = float(alt.get("momentum", defaults.get("momentum", 0.9)) or 0.9)

@@ -64,22 +64,28 @@ class DeviceSpec:
 DEVICES: dict[str, DeviceSpec] = {
     "h200": DeviceSpec("h200", 143771 * _MIB, {"fp32": 67.0, "bf16": 989.0, "fp16": 989.0}, 4.8e12, 4.0,
                        "NVIDIA H200 SXM datasheet",
-                       450e9, 50e9, 64e9, "NVLink 4 900 GB/s bidirectional (H200 SXM datasheet); 1 ConnectX-7 NDR 400 Gb/s per GPU (DGX H200); PCIe Gen5 x16"),
+                       450e9, 50e9, 64e9, "NVLink 4 900 GB/s bidirectional (H200 SXM datasheet); "
+                       "1 ConnectX-7 NDR 400 Gb/s per GPU (DGX H200); PCIe Gen5 x16"),
     "h100": DeviceSpec("h100", 81559 * _MIB, {"fp32": 67.0, "bf16": 989.0, "fp16": 989.0}, 3.35e12, 4.0,
                        "NVIDIA H100 SXM datasheet",
-                       450e9, 50e9, 64e9, "NVLink 4 900 GB/s bidirectional (H100 SXM datasheet); 1 ConnectX-7 NDR 400 Gb/s per GPU (DGX H100); PCIe Gen5 x16"),
+                       450e9, 50e9, 64e9, "NVLink 4 900 GB/s bidirectional (H100 SXM datasheet); "
+                       "1 ConnectX-7 NDR 400 Gb/s per GPU (DGX H100); PCIe Gen5 x16"),
     "a100": DeviceSpec("a100", 81920 * _MIB, {"fp32": 19.5, "bf16": 312.0, "fp16": 312.0}, 2.039e12, 4.0,
                        "NVIDIA A100 80GB SXM datasheet",
-                       300e9, 25e9, 32e9, "NVLink 3 600 GB/s bidirectional (A100 SXM datasheet); 1 HDR 200 Gb/s per GPU (DGX A100); PCIe Gen4 x16"),
+                       300e9, 25e9, 32e9, "NVLink 3 600 GB/s bidirectional (A100 SXM datasheet); "
+                       "1 HDR 200 Gb/s per GPU (DGX A100); PCIe Gen4 x16"),
     "v100": DeviceSpec("v100", 32768 * _MIB, {"fp32": 15.7, "bf16": 15.7, "fp16": 125.0}, 0.9e12, 5.0,
                        "NVIDIA V100 SXM2 32GB datasheet",
-                       150e9, 12.5e9, 16e9, "NVLink 2 300 GB/s bidirectional (V100 SXM2 datasheet); EDR 100 Gb/s per GPU (DGX-1/2); PCIe Gen3 x16"),
+                       150e9, 12.5e9, 16e9, "NVLink 2 300 GB/s bidirectional (V100 SXM2 datasheet); "
+                       "EDR 100 Gb/s per GPU (DGX-1/2); PCIe Gen3 x16"),
     "l4": DeviceSpec("l4", 23034 * _MIB, {"fp32": 30.3, "bf16": 121.0, "fp16": 121.0}, 0.3e12, 5.0,
                      "NVIDIA L4 datasheet",
-                       32e9, 12.5e9, 32e9, "no NVLink: PCIe Gen4 x16 64 GB/s bidirectional (L4 datasheet); 100 GbE per GPU assumed"),
+                       32e9, 12.5e9, 32e9, "no NVLink: PCIe Gen4 x16 64 GB/s bidirectional (L4 datasheet); "
+                       "100 GbE per GPU assumed"),
     "t4": DeviceSpec("t4", 15360 * _MIB, {"fp32": 8.1, "bf16": 8.1, "fp16": 65.0}, 0.32e12, 5.0,
                      "NVIDIA T4 datasheet",
-                       16e9, 12.5e9, 16e9, "no NVLink: PCIe Gen3 x16 32 GB/s bidirectional (T4 datasheet); 100 GbE per GPU assumed"),
+                       16e9, 12.5e9, 16e9, "no NVLink: PCIe Gen3 x16 32 GB/s bidirectional (T4 datasheet); "
+                       "100 GbE per GPU assumed"),
 }
 TARGET_NAMES = (*DEVICES, "cpu")
 

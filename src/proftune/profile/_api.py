@@ -492,8 +492,10 @@ def profile(
     module itself is left untouched, a copy is trained). ``steps`` steps are measured after
     ``warmup`` unmeasured ones; ``detail="step"`` measures the step, memory and static counts
     only; ``detail="time"`` the step's time, throughput and gradient norms only, no memory step
-    and no static counts (cheapest: gating trials; ``metrics()`` leaves out what it did not measure). ``trace`` writes a Chrome/Perfetto trace of one more step.
-    ``store``: record a ``profile`` Run there (a Store or a URL; ``db`` is the older spelling). Times in ms, memory in bytes, rates per second.
+    and no static counts (cheapest: gating trials; ``metrics()`` leaves out what it did not
+    measure). ``trace`` writes a Chrome/Perfetto trace of one more step.
+    ``store``: record a ``profile`` Run there (a Store or a URL; ``db`` is the older spelling).
+    Times in ms, memory in bytes, rates per second.
     """
     cfg = with_options(ProfileConfig, config, options, caller="profile")
     batch_size, steps, warmup, inference, device = cfg.batch_size, cfg.steps, cfg.warmup, cfg.inference, cfg.device

@@ -4,8 +4,9 @@
 on CPU (``_scaled_dot_product_flash_attention_for_cpu`` counts 0 there, pytorch/pytorch#195460),
 the matmul forms it has no formula for (``mv``, ``addmv``, ``dot``, ``vdot``, ``addr``,
 ``addbmm``, ``_trilinear``: a 3-D x 1-D ``torch.matmul`` is an ``mv``; ``einsum`` and
-``tensordot`` decompose into ``bmm``/``mm``, which it counts), recurrent layers (their fused kernels are invisible to the counter) and embeddings (0 MACs, a
-lookup). Units follow torchvision's "GFLOPS" column: ``macs`` are multiply-accumulates of the
+``tensordot`` decompose into ``bmm``/``mm``, which it counts), recurrent layers (their fused
+kernels are invisible to the counter) and embeddings (0 MACs, a lookup). Units follow
+torchvision's "GFLOPS" column: ``macs`` are multiply-accumulates of the
 forward pass; ``flops`` = 2 x ``macs`` for the matmul-like ops counted.
 """
 

@@ -313,7 +313,9 @@ def _reduce(rows: Sequence[_Rows]) -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
-def tensor_stats(x: torch.Tensor, *, sample_size: int = 1024, generator: torch.Generator | None = None) -> dict[str, Any]:
+def tensor_stats(
+    x: torch.Tensor, *, sample_size: int = 1024, generator: torch.Generator | None = None,
+) -> dict[str, Any]:
     """Mean, std, min, max, p1/p50/p99, fraction of exact zeros and count of non-finite values.
 
     Moments and range are exact, over the finite values; percentiles and the zero fraction of

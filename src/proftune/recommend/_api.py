@@ -375,7 +375,8 @@ def recommend(
     if ddp is not None and (isinstance(ddp, bool) or not isinstance(ddp, int) or ddp < 2):
         raise ConfigError(f"ddp must be a number of processes >= 2, but got {ddp=}.")
     if not (isinstance(ddp_share, (int, float)) and 0.0 < float(ddp_share) < 1.0):
-        raise ConfigError(f"ddp_share must be in (0, 1) (the all-reduce's largest share of the step), but got {ddp_share=}.")
+        raise ConfigError("ddp_share must be in (0, 1) (the all-reduce's largest share of the step), "
+                          f"but got {ddp_share=}.")
     for name, value in (("optimizer_budget_s", optimizer_budget_s), ("embedding_budget_s", embedding_budget_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"{name} must be a finite number of seconds >= 0, but got {name}={value!r}.")

@@ -125,7 +125,8 @@ def ddp_recommendation(scaling: DDPScaling, plan: DDPPlan, *, lr: float | None, 
                         critical_batch=critical_batch)
         evidence["lr"] = rule.lr
         evidence["lr_scaling"] = rule.to_dict()
-        lr_text = f"; lr {lr:.3g} -> {rule.lr:.3g} ({rule.rule} rule for the global batch {n * plan.current} -> {n * plan.batch_size})"
+        lr_text = (f"; lr {lr:.3g} -> {rule.lr:.3g} ({rule.rule} rule for the global batch "
+                   f"{n * plan.current} -> {n * plan.batch_size})")
     measured = (f"all-reduce {scaling.allreduce_bytes / 2**20:.2f} MiB per step in {scaling.allreduce_ms:.2f} ms "
                 f"({scaling.backend}, {n} ranks); step {scaling.fixed_ms:.2f} ms + {scaling.per_sample_ms:.3f} ms "
                 f"per sample (fitted through batches {', '.join(str(p.batch_size) for p in scaling.points)})")

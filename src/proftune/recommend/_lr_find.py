@@ -143,7 +143,8 @@ class LRFindResult:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as exc:  # pragma: no cover - matplotlib is in the report extra
-            raise DependencyError("plotting the curve (plot=) needs matplotlib: pip install 'proftune[report]'.") from exc
+            raise DependencyError(
+                "plotting the curve (plot=) needs matplotlib: pip install 'proftune[report]'.") from exc
         out = Path(path)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         try:

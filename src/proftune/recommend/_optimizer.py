@@ -4,8 +4,9 @@ AdamW and SGD with momentum each train from the same seeded start at their own r
 for the same wall-clock share of the budget (the number of steps set from the profile's measured
 step time, so that the comparison does not depend on the machine's load; a hard stop at 1.25
 times the share, and at 1.25 times the budget for the whole comparison, guards the bound).
-L-BFGS joins where the whole training set fits in one batch and a full-batch step fits the share: the data is small and the loss deterministic, which is where a
-quasi-Newton method pays. The winner is the lowest validation loss at the end of its share; the
+L-BFGS joins where the whole training set fits in one batch and a full-batch step fits the share:
+the data is small and the loss deterministic, which is where a quasi-Newton method pays. The
+winner is the lowest validation loss at the end of its share; the
 task's own optimizer is kept unless another one beats it by more than ``KEEP_TOLERANCE`` and
 beyond the noise of the paired per-batch validation losses.
 
@@ -402,7 +403,8 @@ def _choose(trials: list[OptimizerTrial], current: str) -> tuple[str, str]:
     if best.optimizer == current:
         return current, f"the task's {current} is best after equal time ({table})"
     gain, se = paired_gain(mine, best)
-    noise = f"±{se:.2g} (paired over {len(mine.batch_losses)} validation batches)" if se is not None else "(no noise estimate)"
+    noise = (f"±{se:.2g} (paired over {len(mine.batch_losses)} validation batches)" if se is not None
+             else "(no noise estimate)")
     beyond = se is None or gain > NOISE_SIGMAS * se
     if best.val_loss < mine.val_loss * (1 - KEEP_TOLERANCE) and beyond:
         return best.optimizer, (f"{best.optimizer} ends {gain / mine.val_loss:.0%} below the task's {current} "
@@ -451,7 +453,8 @@ def optimizer_recommendation(comp: OptimizerComparison) -> Recommendation:
         why = next((x["why"] for x in comp.skipped if x["optimizer"] == comp.current), "it was not trained")
         return keep_unless_better(
             row, comp.current, inconclusive=f"the task's {comp.current} has no validation loss to compare ({why})",
-            would_decide=f"a range test of {comp.current} that finds a rate (a wider min_lr..max_lr), then the comparison")
+            would_decide=f"a range test of {comp.current} that finds a rate (a wider min_lr..max_lr), "
+            "then the comparison")
     _, se = paired_gain(mine, chosen)
     tie = max(KEEP_TOLERANCE * abs(mine.val_loss), NOISE_SIGMAS * se if se is not None else 0.0)
     return keep_unless_better(row, comp.current, effect=MeasuredEffect("val_loss", mine.val_loss, chosen.val_loss,

@@ -91,11 +91,14 @@ def precision_rule(profile: Profile) -> Recommendation:
             major, minor = torch.cuda.get_device_capability(idx)
             evidence["compute_capability"] = f"{major}.{minor}"
             if torch.cuda.is_bf16_supported():
-                choice, why = "bf16", f"compute capability {major}.{minor} has bf16 tensor cores; bf16 needs no loss scaling."
+                choice, why = "bf16", (f"compute capability {major}.{minor} has bf16 tensor cores; "
+                                       "bf16 needs no loss scaling.")
             elif major >= 7:
-                choice, why = "fp16", f"compute capability {major}.{minor} has fp16 tensor cores but no bf16; fp16 needs the grad scaler (precision=fp16 adds it)."
+                choice, why = "fp16", (f"compute capability {major}.{minor} has fp16 tensor cores but no bf16; "
+                                       "fp16 needs the grad scaler (precision=fp16 adds it).")
             else:
-                choice, why = None, f"compute capability {major}.{minor} has no tensor cores: half precision would not be faster."
+                choice, why = None, (f"compute capability {major}.{minor} has no tensor cores: "
+                                     "half precision would not be faster.")
     elif device.type == "cpu":
         flags = cpu_bf16_flags()
         evidence["cpu_bf16_flags"] = list(flags)
@@ -142,7 +145,8 @@ def data_loading_rule(profile: Profile) -> Recommendation:
               + (", pin_memory=True) and .to(device, non_blocking=True)" if cuda else ")")
               + "; decode/augment once and cache if the transform itself is slow.")
     return Recommendation("data_loading", value, reason, evidence, "medium",
-                          f"up to {saved:.2f} ms less per step (x{faster:.2f} throughput) when loading overlaps compute")
+                          f"up to {saved:.2f} ms less per step (x{faster:.2f} throughput) "
+                          "when loading overlaps compute")
 
 
 def _advice(layer: LayerProfile) -> str:

@@ -23,7 +23,8 @@ __all__ = ["compare_html", "render_report", "run_id_of", "run_page", "write_comp
 
 _TITLES = {"train": "training run", "profile": "profile", "recommend": "recommendations",
            "batch_size": "batch size", "lr_find": "LR range test", "tune": "study", "trial": "trial",
-           "compress": "compression", "diagnose": "diagnosis", "bandit": "bandit", "optimize": "optimize", "predict": "prediction"}
+           "compress": "compression", "diagnose": "diagnosis", "bandit": "bandit", "optimize": "optimize",
+           "predict": "prediction"}
 
 
 def run_id_of(result: Any) -> int | None:

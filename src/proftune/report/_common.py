@@ -241,9 +241,10 @@ def read_result(page: Page, r: RunRecord, reader: Callable[[dict[str, Any]], T])
     with a section that says why and what the run holds, when there is none or it cannot be read
     (a run that failed before its result, one recorded by an older proftune in another form)."""
     if not r.result:
-        page.section("Result").para("this run holds no result" + (f": {r.error}" if r.error else
-                                                                   " (it is still running, or it stopped before it had one)"),
-                                    cls="muted")
+        page.section("Result").para(
+            "this run holds no result"
+            + (f": {r.error}" if r.error else " (it is still running, or it stopped before it had one)"),
+            cls="muted")
         return None
     try:
         return reader(dict(r.result))

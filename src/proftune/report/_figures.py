@@ -143,7 +143,8 @@ def parallel(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], color_by: s
         traces.append({"type": "scatter", "mode": "lines+markers", "x": list(range(len(axes))), "y": ys,
                        "line": {"color": color, "width": 2}, "marker": {"size": 5, "color": color},
                        "opacity": 0.75, "showlegend": False, "name": str(r.get("#", "")),
-                       "hovertext": [hover] * len(axes), "hovertemplate": "%{hovertext}<extra>trial %{fullData.name}</extra>"})
+                       "hovertext": [hover] * len(axes),
+                       "hovertemplate": "%{hovertext}<extra>trial %{fullData.name}</extra>"})
     notes = []
     for i, s in enumerate(scales):
         if s[0] == "num":

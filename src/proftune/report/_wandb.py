@@ -79,19 +79,22 @@ def _log_curves(run: Any, r: RunRecord) -> None:
     run.define_metric("epoch/*", step_metric="epoch")
     for point in curves.get("step") or []:
         if isinstance(point, Mapping) and is_finite_number(point.get("step")):
-            values = {f"step/{k}": float(v) for k, v in point.items() if k not in ("step", "epoch") and is_finite_number(v)}
+            values = {f"step/{k}": float(v) for k, v in point.items()
+                      if k not in ("step", "epoch") and is_finite_number(v)}
             if values:
                 run.log(values, step=int(point["step"]))
     for point in curves.get("epoch") or []:
         if isinstance(point, Mapping) and is_finite_number(point.get("epoch")):
-            values = {f"epoch/{k}": float(v) for k, v in point.items() if k not in ("step", "epoch") and is_finite_number(v)}
+            values = {f"epoch/{k}": float(v) for k, v in point.items()
+                      if k not in ("step", "epoch") and is_finite_number(v)}
             if values:
                 run.log({"epoch": int(point["epoch"]), **values})
     lr_range = [p for p in curves.get("lr_range") or [] if isinstance(p, Mapping)]
     if lr_range:
         run.define_metric("lr_range/*", step_metric="lr_range/index")
         for i, point in enumerate(lr_range):
-            values = {f"lr_range/{k}": float(point[k]) for k in ("lr", "loss", "smoothed") if is_finite_number(point.get(k))}
+            values = {f"lr_range/{k}": float(point[k]) for k in ("lr", "loss", "smoothed")
+                      if is_finite_number(point.get(k))}
             run.log({"lr_range/index": i, **values})
 
 

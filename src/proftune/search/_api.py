@@ -188,7 +188,8 @@ class SearchResult:
         """The record back from :meth:`to_dict`'s JSON (a tune Run's result: ``trials`` is then
         ``[]``, the tally and the best trials are there)."""
         stored_version(d, what="a search result", current=SEARCH_SCHEMA_VERSION)
-        kw = record_fields(cls, d, what="a search result", derived=(*_TALLY_KEYS, "trials"), exclude=("tally", "trials"))
+        kw = record_fields(cls, d, what="a search result", derived=(*_TALLY_KEYS, "trials"),
+                           exclude=("tally", "trials"))
         missing = [k for k in _TALLY_KEYS if k not in d]
         if missing:
             raise ConfigError(f"a search result has no {', '.join(missing)}, which its tally is read from.")
@@ -380,7 +381,8 @@ def search(
     run_config = {"study": name, "space": space_obj.to_dict(), "space_hash": space_obj.hash(),
                   "objectives": [o.text for o in settings.objectives],
                   "constraints": [k.text for k in settings.constraints], "trials": c.trials, "timeout": c.timeout,
-                  "sampler": sampler_name(c.sampler), "pruner": pruner_name(c.pruner), "epochs": epochs, "max_steps": c.max_steps,
+                  "sampler": sampler_name(c.sampler), "pruner": pruner_name(c.pruner), "epochs": epochs,
+                  "max_steps": c.max_steps,
                   "workers": c.workers, "seed": c.seed, "device": c.device, "max_failures": c.max_failures,
                   "max_gated": c.max_gated, "scan": c.scan, "resumed": stored is not None,
                   "params": dict(space_obj.fixed)}

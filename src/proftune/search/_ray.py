@@ -322,8 +322,8 @@ class _Recorder:
         self.numbers[trial_id] = number if number is not None else len(self.numbers)
         self.runs[trial_id] = self.store.start_run(
             "trial", self.s.task_name,
-            config={"params": {k: v for k, v in config.items() if k != _MEMBER}, "trial": self.numbers[trial_id], "epochs": self.s.epochs,
-                    "seed": self.s.seed, "backend": "ray"},
+            config={"params": {k: v for k, v in config.items() if k != _MEMBER}, "trial": self.numbers[trial_id],
+                    "epochs": self.s.epochs, "seed": self.s.seed, "backend": "ray"},
             env=self.s.env, data_fingerprint=self.s.data_fingerprint,
             parent_id=self.s.tune_run_id, study=self.s.study)
 

@@ -29,7 +29,8 @@ from typing import Any
 from .._jsonsafe import json_dumps
 from .._records import mapping, record_fields
 
-__all__ = ["DEFAULT_SHARE", "Group", "Selection", "Z", "group_key", "groups", "next_repeat", "pick", "pooled_noise", "select"]
+__all__ = ["DEFAULT_SHARE", "Group", "Selection", "Z", "group_key", "groups", "next_repeat", "pick", "pooled_noise",
+           "select"]
 
 #: The most of the evaluations that go to repeats (measured; see the module docstring).
 DEFAULT_SHARE = 0.1

@@ -55,7 +55,8 @@ class Bound:
         return bool(x <= self.value) if self.op == "<=" else bool(x >= self.value)
 
     def describe(self) -> str:
-        bound = f"{self.param} in {list(self.value)}" if self.op == "in" else f"{self.param} {self.op} {_fmt(self.value)}"
+        bound = (f"{self.param} in {list(self.value)}" if self.op == "in"
+                 else f"{self.param} {self.op} {_fmt(self.value)}")
         keeps = " and ".join(self.constraints) or "the constraints"
         return f"{bound} keeps {keeps}: {self.agree} of {self.total} scanned profiles agree"
 

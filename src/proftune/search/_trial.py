@@ -234,7 +234,8 @@ class TrialRunner:
         status = "failed" if state == "failed" else "finished"
         with contextlib.suppress(Exception):
             self.store.finish_run(
-                rec["run_id"], status=status, error=rec.get("traceback") or (rec["reason"] if status == "failed" else None),
+                rec["run_id"], status=status,
+                error=rec.get("traceback") or (rec["reason"] if status == "failed" else None),
                 metrics=rec["metrics"], anomalies=rec["anomalies"],
                 curves={"epoch": rec.get("curve", [])},
                 result=TrialResult.build(trial=trial.number, state=state, reason=rec["reason"],

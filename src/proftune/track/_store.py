@@ -31,8 +31,8 @@ from ..exceptions import ConfigError, DependencyError, StoreError
 __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url", "redact_url"]
 
 DEFAULT_DB = "sqlite:///proftune.db"
-RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find", "batch_size",
-             "optimize", "predict")
+RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find",
+             "batch_size", "optimize", "predict")
 #: ``interrupted``: ended by Ctrl-C or SIGTERM (the CLI handles both alike), not by an error.
 RUN_STATUSES = ("running", "finished", "failed", "interrupted")
 

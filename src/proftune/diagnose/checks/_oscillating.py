@@ -48,7 +48,8 @@ def _lr(history: History) -> dict[str, Any]:
         return {**base, "verdict": "yes", "fix": f"lower the learning rate to about {fmt(test.best_lr / 3)} "
                 "(a third of the range test's safe maximum)",
                 "detail": f"lr {fmt(lr)} is above the range test's safe maximum {fmt(test.best_lr)}"}
-    return {**base, "verdict": "no", "detail": f"lr {fmt(lr)} is within the range test's safe maximum {fmt(test.best_lr)}"}
+    return {**base, "verdict": "no",
+            "detail": f"lr {fmt(lr)} is within the range test's safe maximum {fmt(test.best_lr)}"}
 
 
 def _shuffle(history: History) -> dict[str, Any]:
