@@ -85,7 +85,7 @@ def test_every_problem_is_listed_in_one_error() -> None:
     text = str(info.value)
     assert len(info.value.problems) == 6, info.value.problems
     assert "low=1 > high=0.1" in text
-    assert "log=true needs low > 0" in text
+    assert "log: true (a key of the space file) needs low > 0" in text
     assert "type='complex' is unknown" in text
     assert "float, int, categorical" in text
     assert "choices is empty" in text

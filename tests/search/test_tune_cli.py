@@ -52,7 +52,8 @@ def test_bad_input_exits_2_listing_every_problem(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stdout == ""
     err = result.stderr
-    for needle in ("low=0.1 > high=0.001", "log=true needs low > 0", "type='activation' is unknown",
+    for needle in ("low=0.1 > high=0.001", "log: true (a key of the space file) needs low > 0",
+                   "type='activation' is unknown",
                    "choices is empty", "metric 'f1' is produced by nothing",
                    "metric 'latency_p99' is produced by nothing",
                    "'step_time_ms<<50' is malformed"):

@@ -489,9 +489,9 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any], log: bool,
     if low > high:
         problems.add(f"{where}: low={low:g} > high={high:g}; low must be <= high.")
     if log and low <= 0:
-        problems.add(f"{where}: log=true needs low > 0, but got low={low:g}.")
+        problems.add(f"{where}: log: true (a key of the space file) needs low > 0, but got low={low:g}.")
     if log and step_num is not None:
-        problems.add(f"{where}: log=true and step={step!r} cannot be combined; drop one.")
+        problems.add(f"{where}: log: true and step: {step!r} cannot be combined; drop one.")
     if kind == "int":
         for key, v in (("low", low), ("high", high)):
             if not float(v).is_integer():
