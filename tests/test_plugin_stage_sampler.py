@@ -134,7 +134,7 @@ def test_a_registered_stage_runs_in_its_place_and_shows_everywhere(tmp_path: Pat
     assert SHARES["widths"] == 0.01
     assert STAGE_RECORDS["widths"] is WidthOutputs
     out, db = tmp_path / "out", f"sqlite:///{tmp_path / 'p.db'}"
-    res = CliRunner().invoke(app, ["optimize", f"{TASKS}:TinyTask", "--budget", "25s", "--goal", "none",
+    res = CliRunner().invoke(app, ["optimize", f"{TASKS}:TinyTask", "--budget", "15s", "--goal", "none",
                                    "--out", str(out), "--db", db, "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)

@@ -37,6 +37,7 @@ def test_tune_logs_its_study_to_wandb(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "valid: wandb" in bad.output
 
 
+@pytest.mark.slow  # ~25 s: a whole optimize loop; tune's test above covers the sink itself
 def test_optimize_logs_its_run_and_stages_to_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same sink for optimize: its run and the runs it started (each stage's, the trials, the
     race's trainings) as one group, checked before the loop starts."""

@@ -181,7 +181,7 @@ def test_a_budget_too_short_for_the_defaults_own_protocol_returns_them_with_prop
     assert plan_min > 20
 
 
-@pytest.mark.parametrize("slowed_from", ["search", "final"])
+@pytest.mark.parametrize("slowed_from", [pytest.param("search", marks=pytest.mark.slow), "final"])
 def test_a_loop_slowed_mid_run_never_hands_back_less_than_the_defaults(tmp_path: Path, db_url: str,
                                                                        slowed_from: str) -> None:
     """The baseline measures a fast pace; from ``slowed_from`` on every batch waits 0.2 s (about 50x
