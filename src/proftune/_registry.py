@@ -10,7 +10,7 @@ valid choices of an option, the causes a check can name) are read from it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 from .exceptions import ConfigError
 
@@ -18,6 +18,7 @@ __all__ = ["LiveSequence", "Registry"]
 
 T = TypeVar("T")
 E = TypeVar("E")
+X = TypeVar("X")
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -60,6 +61,19 @@ class Registry(Mapping[str, T], Generic[T]):
             return obj
 
         return deco(entry) if entry is not None else deco
+
+    def add_named(self, entry: X, *, base: type, arg: str, public: str) -> X:
+        """Register a ``base`` subclass (built with no arguments) or instance whose ``name`` is its
+        key, checking both (``arg`` and ``public`` name them in the message); returns ``entry``, so
+        a plug-in's ``register_*`` is this one call and usable as a class decorator."""
+        obj: Any = entry() if isinstance(entry, type) else entry
+        if not isinstance(obj, base):
+            raise ConfigError(f"{arg}={entry!r} is not a {public}.")
+        name = getattr(obj, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{type(obj).__name__}.name must be a non-empty string, but got {name!r}.")
+        self.add(cast(T, obj), name=name)
+        return entry
 
     def remove(self, name: str) -> T:
         """Unregister ``name`` (a plug-in's own tests put the registry back as it was)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from .._registry import LiveSequence, Registry
-from ..exceptions import ConfigError, RunFailedError
+from ..exceptions import RunFailedError
 from ..track import Store
 from ._config import SearchConfig
 from ._settings import SearchSettings
@@ -58,13 +58,8 @@ B = TypeVar("B")
 def register_backend(backend: B) -> B:
     """Register a :class:`BaseSearchBackend` subclass (built with no arguments) or instance; usable
     as a class decorator."""
-    obj: Any = backend() if isinstance(backend, type) else backend
-    if not isinstance(obj, BaseSearchBackend):
-        raise ConfigError(f"backend={backend!r} is not a proftune.search.BaseSearchBackend.")
-    if not isinstance(obj.name, str) or not obj.name:
-        raise ConfigError(f"{type(obj).__name__}.name must be a non-empty string, but got {obj.name!r}.")
-    SEARCH_BACKEND_REGISTRY.add(obj)
-    return backend
+    return SEARCH_BACKEND_REGISTRY.add_named(backend, base=BaseSearchBackend, arg="backend",
+                        public="proftune.search.BaseSearchBackend")
 
 
 @register_backend

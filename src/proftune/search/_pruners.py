@@ -49,13 +49,8 @@ P = TypeVar("P")
 def register_pruner(maker: P) -> P:
     """Register a :class:`BasePrunerMaker` subclass (built with no arguments) or instance;
     usable as a class decorator."""
-    obj: Any = maker() if isinstance(maker, type) else maker
-    if not isinstance(obj, BasePrunerMaker):
-        raise ConfigError(f"pruner={maker!r} is not a proftune.search.BasePrunerMaker.")
-    if not isinstance(obj.name, str) or not obj.name:
-        raise ConfigError(f"{type(obj).__name__}.name must be a non-empty string, but got {obj.name!r}.")
-    PRUNER_REGISTRY.add(obj)
-    return maker
+    return PRUNER_REGISTRY.add_named(maker, base=BasePrunerMaker, arg="pruner",
+                        public="proftune.search.BasePrunerMaker")
 
 
 class PatiencePruner(BasePruner):

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import abc
 import warnings
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import optuna
 
 from .._registry import LiveSequence, Registry
-from ..exceptions import ConfigError
 from ._coarse_fine import CoarseToFineSampler
 from ._settings import SearchSettings
 
@@ -43,13 +42,8 @@ M = TypeVar("M")
 def register_sampler(maker: M) -> M:
     """Register a :class:`BaseSamplerMaker` subclass (built with no arguments) or instance;
     usable as a class decorator."""
-    obj: Any = maker() if isinstance(maker, type) else maker
-    if not isinstance(obj, BaseSamplerMaker):
-        raise ConfigError(f"sampler={maker!r} is not a proftune.search.BaseSamplerMaker.")
-    if not isinstance(obj.name, str) or not obj.name:
-        raise ConfigError(f"{type(obj).__name__}.name must be a non-empty string, but got {obj.name!r}.")
-    SAMPLER_REGISTRY.add(obj)
-    return maker
+    return SAMPLER_REGISTRY.add_named(maker, base=BaseSamplerMaker, arg="sampler",
+                        public="proftune.search.BaseSamplerMaker")
 
 
 @register_sampler
