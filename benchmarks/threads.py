@@ -160,6 +160,13 @@ def _ms_per_step(task: Any, threads: int | None, steps: int, cap_s: float) -> tu
     return statistics.fmean(ms), cost, r.threads
 
 
+def _interval(paired: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of the rounds' paired ratios (the machine's noise)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(paired, k=len(paired))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
 def _start(kind: str, n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
     code = TORCH_COMPETITOR if kind == "torch" else BUSY_COMPETITOR
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", _threads.MAX_THREADS_ENV)}
@@ -239,9 +246,10 @@ def main() -> None:
           f"started by this script; the machine's other jobs run all the same (the load column).", flush=True)
     header = ("| case | load before | model | proftune (choice) | "
               + " | ".join(f"{k} thread{'s' if k > 1 else ''}" for k in fixed)
-              + " | best fixed | ratio (paired) | proftune's measuring |")
+              + " | best fixed | ratio (paired) [95% interval] | proftune's measuring |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    ratios = []
+    ratios: list[float] = []
+    within: list[bool] = []
     for case, kind, n in cases:
         procs = _start(kind, n, args.case_s) if n else []
         try:
@@ -253,18 +261,23 @@ def main() -> None:
                 best_k = min(fixed, key=lambda k: med[k])
                 # paired: each round's proftune fit against the same round's fit at the best count
                 # (fits seconds apart), so the machine's load drifting over the case cancels out
-                ratio = statistics.median(a / b for a, b in zip(times[None], times[best_k], strict=True))
+                paired = [a / b for a, b in zip(times[None], times[best_k], strict=True)]
+                ratio = statistics.median(paired)
+                low, high = _interval(paired)
                 ratios.append(ratio)
+                within.append(low <= 1.10)
                 rows.append(f"| {case} | {load} | {task.name} | {med[None]:.2f} ({'/'.join(chosen)}) | "
                             + " | ".join(f"{med[k]:.2f}" for k in fixed)
-                            + f" | {best_k}: {med[best_k]:.2f} | {ratio:.2f} | {cost:.1%} |")
+                            + f" | {best_k}: {med[best_k]:.2f} | {ratio:.2f} [{low:.2f}, {high:.2f}] | {cost:.1%} |")
                 print(rows[-1], flush=True)
         finally:
             _stop(procs)
     print()
     print("\n".join(rows))
     print(f"\nratio proftune / best fixed: median {statistics.median(ratios):.2f}, worst {max(ratios):.2f} "
-          f"(goal: within 1.10, never above 1.20); {time.perf_counter() - started:.0f} s; after: {_uptime()}")
+          f"(goal: within 1.10, never above 1.20); {sum(r <= 1.10 for r in ratios)} of {len(ratios)} cases at "
+          f"or below 1.10, {sum(within)} with 1.10 inside or above their interval's low end; "
+          f"{time.perf_counter() - started:.0f} s; after: {_uptime()}")
 
 
 if __name__ == "__main__":

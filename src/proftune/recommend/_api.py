@@ -38,6 +38,7 @@ from ._recommendation import (
 )
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
+from ._workers import num_workers_row
 
 _store = optional_store
 
@@ -559,6 +560,11 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
                            critical=b_crit, device=device, seed=seed, say=say))
     say("threads")
     recs["threads"] = _threads_row(task, params, b_prof, device=device, seed=seed)
+    say("data loader workers")
+    workers = num_workers_row(task, params, b_prof, threads=int(recs["threads"].value), device=device, seed=seed)
+    if workers is not None:
+        recs["num_workers"] = workers
+        recs["data_loading"] = _measured_workers(recs["data_loading"], workers)
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
     return Recommendations(tuple(recs[name] for name in names if name in recs), profile=prof,
                            curves={"lr_range": lr_res.to_dict()["curve"],
@@ -657,6 +663,16 @@ __all__ = [
 ]
 
 
+def _measured_workers(row: Recommendation, workers: Recommendation) -> Recommendation:
+    """The data-loading rule's advice with the measured ``num_workers`` in place of its rule of thumb."""
+    if not isinstance(row.value, dict) or workers.value is None:
+        return row
+    value = {**row.value, "num_workers": workers.value}
+    reason = row.reason.replace(f"num_workers={row.value.get('num_workers')}", f"num_workers={workers.value}")
+    return dataclasses.replace(row, value=value, reason=reason + " (num_workers as measured: the num_workers row)",
+                               evidence={**row.evidence, "num_workers_measured": workers.evidence["step_ms"]})
+
+
 def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device: torch.device,
                  seed: int) -> Recommendation:
     """The CPU thread count as the fit loop computes it (a fresh first measurement: a few of a
@@ -675,8 +691,7 @@ def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device:
     if isinstance(loader, torch.utils.data.DataLoader):
         workers: dict[str, Any] = {
             "num_workers": loader.num_workers,
-            "num_workers_note": "the task's DataLoader sets num_workers itself; proftune measures and sets "
-                                "only what its loop owns, so this is the task's value, not measured"}
+            "num_workers_note": "the task's own value; the num_workers row measures each count on training steps"}
     else:
         workers = {"num_workers": None,
                    "num_workers_note": f"not measured: the task's train_data is a {type(loader).__name__}, "

@@ -17,7 +17,7 @@ RECOMMENDATION_NAMES = (
 )
 #: Names present only where they apply: ``embedding_dim`` for a model with embedding tables,
 #: ``ddp_batch_size`` when ``recommend`` is asked about DDP (``ddp=N``); they follow the others.
-CONDITIONAL_NAMES = ("embedding_dim", "ddp_batch_size")
+CONDITIONAL_NAMES = ("embedding_dim", "ddp_batch_size", "num_workers")
 CONFIDENCES = ("high", "medium", "low")
 
 
