@@ -89,6 +89,16 @@ def test_bad_url() -> None:
         Store("this is not a url")
 
 
+def test_a_path_to_a_sqlite_file_is_its_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--db runs.db`` (what a user types) opens that file, relative to the working folder."""
+    monkeypatch.chdir(tmp_path)
+    store = Store("runs.db")
+    assert store.url == f"sqlite:///{tmp_path / 'runs.db'}"
+    rid = store.start_run("train", "digits-mlp")
+    assert Store(str(tmp_path / "runs.db")).get_run(rid).kind == "train"
+    assert (tmp_path / "runs.db").exists()
+
+
 WRITER = textwrap.dedent(
     """
     import sys

@@ -36,7 +36,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
 DbOpt = Annotated[
     str | None,
-    typer.Option("--db", help="Run store URL (default $PROFTUNE_DB or sqlite:///proftune.db).", show_default=False),
+    typer.Option("--db", help="Run store URL or a .db file (default $PROFTUNE_DB or sqlite:///proftune.db).",
+                 show_default=False),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of failures and library warnings.")]
 ParamOpt = Annotated[

@@ -273,6 +273,17 @@ def _is_retryable(exc: BaseException) -> bool:
     return any(s in text for s in ("locked", "busy", "already exists", "deadlock", "could not serialize"))
 
 
+#: A --db without a scheme whose name ends so is a SQLite file's path (``runs.db`` -> ``sqlite:///runs.db``).
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def _path_as_url(url: str) -> str:
+    """A path to a SQLite file (``/tmp/runs.db``, ``runs.sqlite``) as its URL; anything else as given."""
+    if "://" in url or not url.lower().endswith(SQLITE_SUFFIXES):
+        return url
+    return f"sqlite:///{Path(url).expanduser().absolute()}"
+
+
 class Store:
     """The run store. ``Store()`` opens ``$PROFTUNE_DB`` or ``./proftune.db``.
 
@@ -280,7 +291,7 @@ class Store:
     """
 
     def __init__(self, url: str | None = None, *, retries: int = 40) -> None:
-        self.url = url or default_db_url()
+        self.url = _path_as_url(url or default_db_url())
         #: The URL as it may be shown: its password hidden (every message and log uses it).
         self.shown_url = redact_url(self.url)
         try:
@@ -288,7 +299,7 @@ class Store:
         except sa.exc.ArgumentError:
             raise StoreError(
                 f"db={self.shown_url!r} is not a database URL; give e.g. sqlite:///proftune.db "
-                "or postgresql://user@host/db."
+                "or postgresql://user@host/db (or a path to a SQLite file: runs.db, runs.sqlite)."
             ) from None
         parsed = _installed_driver(parsed, self.shown_url)
         if parsed.drivername != sa.make_url(self.url).drivername:
