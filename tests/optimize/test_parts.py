@@ -41,7 +41,7 @@ from proftune.optimize._records import (
 from proftune.optimize._result import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
 from proftune.optimize._state import OptimizeState
-from proftune.search import load_space
+from proftune.search import TrialRecord, load_space
 
 from .tasks import TinyTask
 
@@ -78,14 +78,16 @@ def _plan() -> Any:
     return build_plan(TinyTask(), {"lr": 0.01}, user_space=_space().to_dict(), max_batch=None, samples=None)
 
 
-def _row(n: int, lr: float, state: str, value: float | None = None, **kw: Any) -> dict[str, Any]:
-    return {"number": n, "state": state, "params": {"lr": lr, "hidden": 8 + n % 24}, "value": value,
-            "reason": kw.get("reason"), "anomalies": kw.get("anomalies", []), "arm": kw.get("arm", "tpe"),
-            "duration_s": 1.0, "metrics": {"accuracy": value} if value is not None else {}, "steps": 10,
-            "gated": False, "epochs": 2}
+def _row(n: int, lr: float, state: str, value: float | None = None, **kw: Any) -> TrialRecord:
+    """A search trial as ``proftune.search`` reports it (the stage reads these records as they are)."""
+    return TrialRecord(number=n, state=state, params={"lr": lr, "hidden": 8 + n % 24},
+                       values=[value] if value is not None else None,
+                       metrics={"accuracy": value} if value is not None else {}, constraints={},
+                       reason=kw.get("reason"), duration_s=1.0, steps=10, anomalies=kw.get("anomalies", []),
+                       tags={"arm": kw.get("arm", "tpe")}, curve=[{"epoch": 0}, {"epoch": 1}])
 
 
-def _nan(n: int, lr: float) -> dict[str, Any]:
+def _nan(n: int, lr: float) -> TrialRecord:
     return _row(n, lr, "pruned", reason="non-finite values: {'kind': 'nan_loss'}",
                 anomalies=[{"kind": "nan_loss"}])
 
@@ -184,7 +186,7 @@ def test_auto_stop_patience_grows_with_the_trials_run() -> None:
 
 
 def test_groups_are_mean_and_std_over_seeds() -> None:
-    rows = [_row(0, 0.01, "complete", 0.8), {**_row(0, 0.01, "complete", 0.9), "number": 5},
+    rows = [_row(0, 0.01, "complete", 0.8), dataclasses.replace(_row(0, 0.01, "complete", 0.9), number=5),
             _row(1, 0.02, "complete", 0.95)]
     groups = groups_of(rows, maximize=True)
     assert groups[0].n == 1

@@ -57,7 +57,7 @@ from ._records import (
     SearchStageOutputs,
     TrainedRun,
 )
-from ._search import StageSettings, TrialLog, run_search_stage
+from ._search import StageSettings, TrialLog, run_search_stage, trial_json
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
 from ._story import fmt_ms, method_name
@@ -259,8 +259,8 @@ class Search(BaseStage):
         best = outcome.best
         counts: dict[str, int] = {}
         for r in outcome.trials:
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
-        write_text(loop.out / "search_trials.json", json_dumps(outcome.trials, indent=1))
+            counts[r.state] = counts.get(r.state, 0) + 1
+        write_text(loop.out / "search_trials.json", json_dumps([trial_json(t) for t in outcome.trials], indent=1))
         return StageResult(SearchStageOutputs(
             study=loop.study, plan=plan.to_dict(), epochs_per_trial=epochs,
             pruner=settings.pruner if epochs >= 3 else "none", full_trials_in_share=full_trials,
@@ -272,8 +272,7 @@ class Search(BaseStage):
             duration_s=outcome.duration_s, seconds=seconds,
             seed_std=pooled_seed_std((g.std, g.n) for g in [*outcome.groups, *filter(None, [outcome.defaults])]),
             # every trial as the report draws it (its arm, state and why it ended)
-            trials_log=[TrialLog(number=r["number"], state=r["state"], value=r["value"], arm=r["arm"],
-                                 reason=r["reason"], duration_s=r["duration_s"]) for r in outcome.trials],
+            trials_log=[TrialLog.of(t) for t in outcome.trials],
         ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
             after=best.mean if best else None)
 
