@@ -27,6 +27,7 @@ from proftune.optimize import (
     mean_ablation_hook,
 )
 from proftune.optimize._api import OptimizeResult
+from proftune.optimize._computed import ComputedValues, OptimizerChoice
 from proftune.optimize._output import write_summary
 from proftune.optimize._records import (
     BaselineOutputs,
@@ -41,6 +42,7 @@ from proftune.optimize._records import (
 from proftune.optimize._result import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
 from proftune.optimize._state import OptimizeState
+from proftune.recommend import Recommendation, Recommendations
 from proftune.search import TrialRecord, load_space
 
 from .tasks import TinyTask
@@ -323,12 +325,39 @@ def test_stage_records_are_frozen_versioned_and_read_back(kind: type[StageOutput
         kind.from_dict({**d, "schema_version": 99})
 
 
+def test_computed_values_read_the_recommendations_and_keep_their_json_shape() -> None:
+    def recs(optimizer: str, params: dict[str, Any]) -> Recommendations:
+        return Recommendations(items=(
+            Recommendation("batch_size", 64, "memory", {"max_batch_size": 128}),
+            Recommendation("lr", 0.004, "range test"), Recommendation("precision", "int4", "?"),
+            Recommendation("optimizer", optimizer, "compared", {"params": params})))
+
+    sgd = ComputedValues.from_recommendations(recs("sgd", {"optimizer": "sgd", "lr": 0.2, "momentum": 0.9}),
+                                              own_optimizer="adamw")
+    assert sgd.params() == {"batch_size": 64, "lr": 0.004}  # an unknown precision is not a computed value
+    assert sgd.optimizer_alternative == OptimizerChoice(optimizer="sgd", lr=0.2, momentum=0.9)
+    d = sgd.to_dict()
+    assert d == {"batch_size": 64, "lr": 0.004, "optimizer_alternative": {"optimizer": "sgd", "lr": 0.2,
+                                                                          "momentum": 0.9}}
+    assert ComputedValues.from_dict(json.loads(json.dumps(d))) == sgd
+    own = ComputedValues.from_recommendations(recs("adamw", {"optimizer": "adamw", "lr": 1e-3}),
+                                              own_optimizer="adamw")
+    assert own.optimizer_alternative is None  # the task's own optimizer won: nothing to add
+    adam = ComputedValues.from_recommendations(recs("adam", {"optimizer": "adam", "lr": 3e-3}),
+                                               own_optimizer="adamw")
+    assert adam.to_dict()["optimizer_alternative"] == {"optimizer": "adam", "lr": 3e-3}  # no momentum key
+    assert build_plan(TinyTask(), sgd, user_space=None, max_batch=None, samples=192).space.param(
+        "optimizer").choices == ("adamw", "sgd")
+
+
 def test_a_state_json_written_before_records_resumes() -> None:
     """Outputs without ``schema_version`` (state.json of an earlier proftune) read as records."""
     old = {"computed": {"lr": 0.01, "batch_size": 64}, "max_batch_size": 512, "run_id": 3,
            "steps": {"lr_range_test": 10}, "recommendations": [{"name": "lr", "value": 0.01, "reason": "range test"}]}
     comp = ComputeOutputs.from_dict(old)
-    assert comp.computed["lr"] == 0.01
+    assert comp.computed.lr == 0.01
+    assert comp.computed.batch_size == 64
+    assert comp.computed.precision is None  # not computed: the task's own
     assert comp.max_batch_size == 512
     assert comp.reasons() == {"lr": "range test"}
     assert comp.to_dict() == {**old, "schema_version": 1}
