@@ -258,6 +258,8 @@ def test_a_registered_search_backend_runs_the_trials_and_checks_its_options(tmp_
     assert out["counts"]["complete"] == 2
     assert out["backend"] == {"backend": "counting", "counted": 1}
     assert CountingBackend.ran == [0]
+    tune = proftune.Store(db).list_runs(kind="tune")[0]
+    assert "counting (counted 1)" in proftune.report.render_report(tune, db=db)  # the study page names it
     bad = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "2",
                                    "--backend", "counting", "--workers", "3", "--db", db])
     assert bad.exit_code == 2

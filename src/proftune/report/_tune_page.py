@@ -96,6 +96,7 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     s.kv([("study", latest.study if latest else "-"), ("objectives", ", ".join(objectives) or "-"),
           ("constraints", ", ".join(constraints) or "-"),
           ("sampler", res.sampler if res else cfg.get("sampler")), ("pruner", res.pruner if res else cfg.get("pruner")),
+          ("search backend", _backend(res.backend) if res else "-"),
           ("epochs per trial", cfg.get("epochs")),
           ("trials trained / gated", f"{res.tally.trained} / {res.tally.gated}" if res else "- / -"),
           ("stopped by", (res.stopped if res else None) or "-"),
@@ -116,6 +117,14 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     _correlations(page, res.correlations if res else {})
     if len(obj) >= 2:
         _pareto(page, rows, obj, res.pareto if res else [])
+
+
+def _backend(details: Mapping[str, Any]) -> str:
+    """The backend that ran the trials, with what it reported of itself (``counted 1``)."""
+    name = str(details.get("backend", "local"))
+    extra = ", ".join(f"{k.replace('_', ' ')} {_short_value(v)}" for k, v in details.items()
+                      if k != "backend" and not isinstance(v, (list, dict)))
+    return f"{name} ({extra})" if extra else name
 
 
 def _best_trial(s: Section, res: SearchResult | None, obj: Sequence[tuple[str, str]]) -> None:
