@@ -4,6 +4,7 @@ current one (result kinds renamed, and constants that had one name for two meani
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,47 @@ def test_experimental_warns_once_naming_its_version() -> None:
         assert plan(2) == 3  # once only
         assert Planner(4).n == 4
     assert plan.__name__ == "plan"
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each experimental interface warns once per process: start from none having warned."""
+    from proftune import _deprecated
+
+    monkeypatch.setattr(_deprecated, "_WARNED", set())
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+def test_new_api_of_this_round_is_marked_experimental_and_warns_once(tmp_path: Path) -> None:
+    import warnings
+
+    from proftune._deprecated import ExperimentalWarning
+
+    space = {"params": {"x": {"type": "float", "low": -1.0, "high": 1.0}}}
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    with pytest.warns(ExperimentalWarning, match=r"plain objective .* experimental \(since 0\.1\.0\)") as w:
+        proftune.search(lambda p: p["x"] ** 2, space, trials=2, store=db, reevaluate=0.0)
+    assert w[0].filename == __file__  # the warning names the caller's line, not one of proftune's
+    with pytest.warns(ExperimentalWarning, match=r"proftune\.watch is experimental \(since 0\.1\.0\)"):
+        proftune.watch(every=10).stop()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        proftune.watch(every=10).stop()  # once only
+        proftune.search(lambda p: p["x"] ** 2, space, trials=3, store=db, reevaluate=0.0)
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+def test_the_cli_keeps_lifecycle_warnings_off_stderr_unless_debug(recwarn: pytest.WarningsRecorder) -> None:
+    from proftune._deprecated import warn_deprecated, warn_experimental
+    from proftune.cli._common import library_warnings
+
+    with library_warnings(shown=False):
+        warn_experimental("thing", "0.1.0")
+        warn_deprecated("old", use="new")
+    assert not recwarn.list
+    with library_warnings(shown=True):  # --debug
+        warn_experimental("other thing", "0.1.0")
+        warn_deprecated("old", use="new")
+    assert [type(w.message).__name__ for w in recwarn.list] == ["ExperimentalWarning", "DeprecationWarning"]
+    assert str(recwarn.list[1].message) == ("old is deprecated; use new. Deprecated in 0.1.0, "
+                                            "to be removed in 0.3.0.")

@@ -1,8 +1,9 @@
-"""A sampler, a search backend and an optimize stage added from outside the package, each one class and its
-registration; each then shows up where the built-ins do: the CLI, the JSON and the report.
+"""A sampler, a pruner, a search backend and an optimize stage added from outside the package, each one class
+and its registration; each then shows up where the built-ins do: the CLI, the JSON and the report.
 
 (The other kinds' plug-in tests: a diagnosis check and a metric in ``test_registry.py``, a
-compression method in ``compress/test_own_method.py``.)
+compression method in ``compress/test_own_method.py``, a quantization backend and a compiler in
+``compress/test_own_backend_compiler.py``.)
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ from proftune.optimize import (
     register_stage,
 )
 from proftune.search import (
+    PRUNER_REGISTRY,
     PRUNERS,
     SAMPLER_REGISTRY,
     SAMPLERS,
     SEARCH_BACKEND_REGISTRY,
     SEARCH_BACKENDS,
     BackendRun,
+    BasePrunerMaker,
     BaseSamplerMaker,
     BaseSearchBackend,
     register_backend,
+    register_pruner,
     register_sampler,
 )
 
@@ -94,6 +98,51 @@ def test_an_unknown_sampler_lists_the_registered_ones(tmp_path: Path) -> None:
     assert "--sampler 'nope' is unknown" in res.output
     assert "coarse-to-fine" in res.output
     assert "asha" in PRUNERS
+
+
+class _AfterFirst(optuna.pruners.BasePruner):
+    """Keeps the first trial whole and cuts every later one at its first report."""
+
+    def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return trial.number > 0 and bool(trial.intermediate_values)
+
+
+class CutAfterFirst(BasePrunerMaker):
+    """A plug-in's pruner: built by its maker from the space file's ``pruner:`` options."""
+
+    name = "cut-after-first"
+    option_types: ClassVar[dict[str, str]] = {"keep": "int"}  # its own option in the space file's pruner:
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def make(self, options: dict[str, Any]) -> optuna.pruners.BasePruner:
+        CutAfterFirst.seen.append(options)
+        return _AfterFirst()
+
+
+@pytest.fixture
+def cut_after_first() -> Iterator[None]:
+    register_pruner(CutAfterFirst)
+    yield
+    PRUNER_REGISTRY.remove("cut-after-first")
+
+
+@pytest.mark.usefixtures("cut_after_first")
+def test_a_registered_pruner_is_a_valid_key_of_tune_and_prunes(tmp_path: Path) -> None:
+    assert PRUNERS[-1] == "cut-after-first"
+    space = tmp_path / "s.yaml"
+    space.write_text(SPACE + "pruner: {keep: 1}\n")
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "3",
+                                   "--epochs", "2", "--pruner", "cut-after-first", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["pruner"] == "cut-after-first"
+    assert out["counts"]["complete"] == 1  # the first trial ran whole
+    assert out["counts"]["pruned"] == 2  # the plug-in cut the others at their first epoch
+    assert CutAfterFirst.seen[-1] == {"keep": 1}  # the space file's options reached the maker
+    tune = proftune.Store(db).list_runs(kind="tune")[0]
+    assert tune.config["pruner"] == "cut-after-first"
+    assert "cut-after-first" in proftune.report.render_report(tune, db=db)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +258,8 @@ def test_a_registered_search_backend_runs_the_trials_and_checks_its_options(tmp_
     assert out["counts"]["complete"] == 2
     assert out["backend"] == {"backend": "counting", "counted": 1}
     assert CountingBackend.ran == [0]
+    tune = proftune.Store(db).list_runs(kind="tune")[0]
+    assert "counting (counted 1)" in proftune.report.render_report(tune, db=db)  # the study page names it
     bad = CliRunner().invoke(app, ["tune", f"{TASKS}:TinyTask", "--space", str(space), "--trials", "2",
                                    "--backend", "counting", "--workers", "3", "--db", db])
     assert bad.exit_code == 2

@@ -2,7 +2,8 @@
 
 A diagnosis check and a metric are added here the way an installed plug-in adds them; each then
 shows up where the built-ins do (the valid causes, the checks that run, the findings of a real
-diagnose run and its JSON; the metric's direction for objectives and constraints).
+diagnose run and its JSON; the metric's direction for objectives and constraints, and as a
+``tune --objective`` of a user's task file: the JSON's best and the report).
 """
 
 from __future__ import annotations
@@ -109,6 +110,56 @@ def test_a_registered_metric_has_its_direction_everywhere() -> None:
         metrics.METRICS.remove("energy_j")
     with pytest.raises(ConfigError, match="energy_j"):
         metrics.direction("energy_j")
+
+
+#: A task file of a user's: TinyTask whose evaluation also reports a metric the package does not know.
+ENERGY_TASK = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_tiny_tasks", {tasks!r})
+tiny = importlib.util.module_from_spec(spec)
+sys.modules["_tiny_tasks"] = tiny
+spec.loader.exec_module(tiny)
+
+
+class EnergyTiny(tiny.TinyTask):
+    def evaluate(self, model, data):
+        out = super().evaluate(model, data)
+        out["energy_j"] = 1e-6 * sum(p.numel() for p in model.parameters())  # grows with hidden
+        return out
+"""
+
+
+@pytest.fixture
+def energy() -> Iterator[None]:
+    metrics.register_metric(metrics.Metric("energy_j", "min", "J", ("evaluate",), "energy of one evaluation",
+                                           "Task.evaluate"))
+    yield
+    metrics.METRICS.remove("energy_j")
+
+
+@pytest.mark.usefixtures("energy")
+def test_a_registered_metric_is_an_objective_on_the_cli_in_the_json_and_the_report(tmp_path: Path) -> None:
+    """``--objective energy_j`` with no direction: the registry's (min) is the study's."""
+    task = tmp_path / "energy_task.py"
+    task.write_text(ENERGY_TASK.format(tasks=str(Path(__file__).parent / "optimize" / "tasks.py")))
+    space = tmp_path / "s.yaml"
+    space.write_text("params:\n  hidden: {type: int, low: 2, high: 64, log: true}\n")
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    res = CliRunner().invoke(app, ["tune", f"{task}:EnergyTiny", "--space", str(space), "--trials", "4",
+                                   "--epochs", "1", "--objective", "energy_j", "--sampler", "random",
+                                   "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["objectives"] == ["energy_j:min"]
+    done = [t for t in out["trials"] if t["state"] == "complete"]
+    assert len(done) == 4
+    assert out["best"]["metrics"]["energy_j"] == min(t["metrics"]["energy_j"] for t in done)  # minimised
+    tune = proftune.Store(db).list_runs(kind="tune")[0]
+    assert "energy_j" in proftune.report.render_report(tune, db=db)
+    unknown = CliRunner().invoke(app, ["tune", f"{task}:EnergyTiny", "--space", str(space), "--trials", "1",
+                                       "--objective", "joules", "--db", db])
+    assert unknown.exit_code == 2
+    assert "energy_j" in unknown.output  # a registered metric is among the valid names
 
 
 def test_a_bad_metric_names_every_problem() -> None:

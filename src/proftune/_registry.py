@@ -94,6 +94,11 @@ class Registry(Mapping[str, T], Generic[T]):
         self._load()
         return tuple(self._entries)
 
+    def names_so_far(self) -> tuple[str, ...]:
+        """The names registered in this process so far, without loading the installed plug-ins
+        (a command's ``--help`` text, built at import, must not import them)."""
+        return tuple(self._entries)
+
     def _unknown(self, name: object) -> str:
         return f"{self.kind} {name!r} is unknown; valid: {', '.join(self._entries) or '(none)'}."
 

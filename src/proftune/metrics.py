@@ -78,10 +78,9 @@ class Metric:
     @property
     def producers(self) -> tuple[str, ...]:
         """Deprecated: :attr:`stages` (``producer`` is the function, ``stages`` where it runs)."""
-        import warnings
+        from ._deprecated import warn_deprecated
 
-        warnings.warn("Metric.producers is deprecated; use Metric.stages (the same tuple).",
-                      DeprecationWarning, stacklevel=2)
+        warn_deprecated("Metric.producers", use="Metric.stages (the same tuple)")
         return self.stages
 
     @property

@@ -70,11 +70,29 @@ def test_the_page_shows_the_record_s_numbers(stored: tuple[Store, OptimizeResult
     runs = [r for a in fin.race.arms for r in a.runs]
     assert len(re.findall(r"<tr class=\"(?:best)?\"><td class=\"nw\">(?:defaults|search #\d)</td>", html)) == len(runs)
     srch = next(c for c in store.list_runs(parent_id=res.run_id) if c.config["stage"] == "search")
-    for t in SearchStageOutputs.from_dict(srch.result).trials_log[:5]:
+    search = SearchStageOutputs.from_dict(srch.result)
+    for t in search.trials_log[:5]:
         assert t.state in text
     for c in res.final.changes:
         if c.changed:
             assert f"{c.param} " in text
+
+
+def test_the_search_s_trials_file_and_log_are_the_search_s_trial_records(optimize_run: dict[str, Any],
+                                                                       stored: tuple[Store, OptimizeResult]) -> None:
+    """search_trials.json (its keys as first written) and the stage's log are read from the
+    search's TrialRecords: the same numbers, states, values and arms."""
+    store, res = stored
+    srch = next(c for c in store.list_runs(parent_id=res.run_id) if c.config["stage"] == "search")
+    log = SearchStageOutputs.from_dict(srch.result).trials_log
+    rows = json.loads((optimize_run["out"] / "search_trials.json").read_text())
+    assert {frozenset(r) for r in rows} == {frozenset({"number", "state", "params", "value", "reason", "anomalies",
+                                                       "arm", "duration_s", "metrics", "steps", "gated", "epochs"})}
+    assert [(r["number"], r["state"], r["value"], r["arm"]) for r in rows] == [
+        (t.number, t.state, t.value, t.arm) for t in log]
+    assert {t.arm for t in log} >= {"centre", "defaults"}  # the warm start's tags came back from the study
+    assert all(r["value"] is None for r in rows if r["state"] != "complete")  # a value is a complete trial's
+    assert any(r["value"] is not None for r in rows)
 
 
 def test_a_renamed_field_fails_and_the_page_says_so(stored: tuple[Store, OptimizeResult]) -> None:

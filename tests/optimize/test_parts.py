@@ -27,6 +27,7 @@ from proftune.optimize import (
     mean_ablation_hook,
 )
 from proftune.optimize._api import OptimizeResult
+from proftune.optimize._computed import ComputedValues, OptimizerChoice
 from proftune.optimize._output import write_summary
 from proftune.optimize._records import (
     BaselineOutputs,
@@ -41,7 +42,8 @@ from proftune.optimize._records import (
 from proftune.optimize._result import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
 from proftune.optimize._state import OptimizeState
-from proftune.search import load_space
+from proftune.recommend import Recommendation, Recommendations
+from proftune.search import TrialRecord, load_space
 
 from .tasks import TinyTask
 
@@ -78,14 +80,16 @@ def _plan() -> Any:
     return build_plan(TinyTask(), {"lr": 0.01}, user_space=_space().to_dict(), max_batch=None, samples=None)
 
 
-def _row(n: int, lr: float, state: str, value: float | None = None, **kw: Any) -> dict[str, Any]:
-    return {"number": n, "state": state, "params": {"lr": lr, "hidden": 8 + n % 24}, "value": value,
-            "reason": kw.get("reason"), "anomalies": kw.get("anomalies", []), "arm": kw.get("arm", "tpe"),
-            "duration_s": 1.0, "metrics": {"accuracy": value} if value is not None else {}, "steps": 10,
-            "gated": False, "epochs": 2}
+def _row(n: int, lr: float, state: str, value: float | None = None, **kw: Any) -> TrialRecord:
+    """A search trial as ``proftune.search`` reports it (the stage reads these records as they are)."""
+    return TrialRecord(number=n, state=state, params={"lr": lr, "hidden": 8 + n % 24},
+                       values=[value] if value is not None else None,
+                       metrics={"accuracy": value} if value is not None else {}, constraints={},
+                       reason=kw.get("reason"), duration_s=1.0, steps=10, anomalies=kw.get("anomalies", []),
+                       tags={"arm": kw.get("arm", "tpe")}, curve=[{"epoch": 0}, {"epoch": 1}])
 
 
-def _nan(n: int, lr: float) -> dict[str, Any]:
+def _nan(n: int, lr: float) -> TrialRecord:
     return _row(n, lr, "pruned", reason="non-finite values: {'kind': 'nan_loss'}",
                 anomalies=[{"kind": "nan_loss"}])
 
@@ -184,7 +188,7 @@ def test_auto_stop_patience_grows_with_the_trials_run() -> None:
 
 
 def test_groups_are_mean_and_std_over_seeds() -> None:
-    rows = [_row(0, 0.01, "complete", 0.8), {**_row(0, 0.01, "complete", 0.9), "number": 5},
+    rows = [_row(0, 0.01, "complete", 0.8), dataclasses.replace(_row(0, 0.01, "complete", 0.9), number=5),
             _row(1, 0.02, "complete", 0.95)]
     groups = groups_of(rows, maximize=True)
     assert groups[0].n == 1
@@ -321,12 +325,39 @@ def test_stage_records_are_frozen_versioned_and_read_back(kind: type[StageOutput
         kind.from_dict({**d, "schema_version": 99})
 
 
+def test_computed_values_read_the_recommendations_and_keep_their_json_shape() -> None:
+    def recs(optimizer: str, params: dict[str, Any]) -> Recommendations:
+        return Recommendations(items=(
+            Recommendation("batch_size", 64, "memory", {"max_batch_size": 128}),
+            Recommendation("lr", 0.004, "range test"), Recommendation("precision", "int4", "?"),
+            Recommendation("optimizer", optimizer, "compared", {"params": params})))
+
+    sgd = ComputedValues.from_recommendations(recs("sgd", {"optimizer": "sgd", "lr": 0.2, "momentum": 0.9}),
+                                              own_optimizer="adamw")
+    assert sgd.params() == {"batch_size": 64, "lr": 0.004}  # an unknown precision is not a computed value
+    assert sgd.optimizer_alternative == OptimizerChoice(optimizer="sgd", lr=0.2, momentum=0.9)
+    d = sgd.to_dict()
+    assert d == {"batch_size": 64, "lr": 0.004, "optimizer_alternative": {"optimizer": "sgd", "lr": 0.2,
+                                                                          "momentum": 0.9}}
+    assert ComputedValues.from_dict(json.loads(json.dumps(d))) == sgd
+    own = ComputedValues.from_recommendations(recs("adamw", {"optimizer": "adamw", "lr": 1e-3}),
+                                              own_optimizer="adamw")
+    assert own.optimizer_alternative is None  # the task's own optimizer won: nothing to add
+    adam = ComputedValues.from_recommendations(recs("adam", {"optimizer": "adam", "lr": 3e-3}),
+                                               own_optimizer="adamw")
+    assert adam.to_dict()["optimizer_alternative"] == {"optimizer": "adam", "lr": 3e-3}  # no momentum key
+    assert build_plan(TinyTask(), sgd, user_space=None, max_batch=None, samples=192).space.param(
+        "optimizer").choices == ("adamw", "sgd")
+
+
 def test_a_state_json_written_before_records_resumes() -> None:
     """Outputs without ``schema_version`` (state.json of an earlier proftune) read as records."""
     old = {"computed": {"lr": 0.01, "batch_size": 64}, "max_batch_size": 512, "run_id": 3,
            "steps": {"lr_range_test": 10}, "recommendations": [{"name": "lr", "value": 0.01, "reason": "range test"}]}
     comp = ComputeOutputs.from_dict(old)
-    assert comp.computed["lr"] == 0.01
+    assert comp.computed.lr == 0.01
+    assert comp.computed.batch_size == 64
+    assert comp.computed.precision is None  # not computed: the task's own
     assert comp.max_batch_size == 512
     assert comp.reasons() == {"lr": "range test"}
     assert comp.to_dict() == {**old, "schema_version": 1}

@@ -14,6 +14,7 @@ from torch import nn
 import proftune
 from proftune.examples import TensorBatches
 from proftune.profile import MemoryProfile, Profile, StepProfile
+from proftune.recommend import OptimizerEvidence
 from proftune.recommend._lr_find import run_lr_range_test
 from proftune.recommend._optimizer import (
     KEEP_TOLERANCE,
@@ -161,6 +162,9 @@ def test_recommend_gives_the_optimizer_row_with_its_evidence_and_skips_it_at_zer
     row = recs.get("optimizer")
     assert row.value in ("adamw", "sgd", "lbfgs")
     assert row.evidence["params"]["optimizer"] == row.value
+    chosen = OptimizerEvidence.of(row)  # the typed view optimize reads
+    assert chosen.optimizer == row.value
+    assert chosen.params == row.evidence["params"]
     assert {"trials", "noise", "budget_s", "share_s", "skipped"} <= set(row.evidence)
     assert row.evidence["budget_s"] == 2.0
     skipped = proftune.recommend(task, profile=_profile(0.5, 32), device="cpu", lr_steps=20, noise_steps=5,

@@ -6,7 +6,13 @@ import pytest
 
 import proftune
 from proftune.profile import LayerProfile, MemoryProfile, Profile, StepProfile, peak_step_memory
-from proftune.recommend import RECOMMENDATION_NAMES, Recommendation, Recommendations
+from proftune.recommend import (
+    RECOMMENDATION_NAMES,
+    BatchSizeEvidence,
+    NoiseScaleEvidence,
+    Recommendation,
+    Recommendations,
+)
 from proftune.recommend._full_batches import FullBatchTask
 from proftune.track import Store
 
@@ -83,6 +89,21 @@ def test_recommend_derives_every_parameter_from_one_profile(db_url: str) -> None
     assert len(curve) == lr.evidence["steps"]
     assert curve[0]["lr"] == pytest.approx(lr.evidence["start_lr"])
     assert len(run.curves["noise_scale"]) == by["critical_batch_size"].evidence["steps"]
+    # what optimize and the report read of the evidence, as typed records from the package that wrote it
+    read = Recommendations.from_dict(dict(run.result))
+    bs_ev = BatchSizeEvidence.of(read.get("batch_size"))
+    assert bs_ev.max_batch_size == batch.evidence["max_batch_size"]
+    assert bs_ev.search is not None
+    assert bs_ev.search.max_batch_size == bs_ev.max_batch_size
+    assert bs_ev.memory_model
+    ns_ev = NoiseScaleEvidence.of(read.get("critical_batch_size"))
+    assert ns_ev.measured
+    assert ns_ev.used_steps == by["critical_batch_size"].evidence["used_steps"] > 0
+    assert ns_ev.b_simple is not None
+    assert max(1, round(ns_ev.b_simple)) == by["critical_batch_size"].value
+    with pytest.raises(ValueError, match="not 'batch_size'"):
+        BatchSizeEvidence.of(read.get("lr"))
+    assert BatchSizeEvidence.of(None) == BatchSizeEvidence()  # no row: nothing measured
 
 
 def test_budget_below_the_model_itself_exits_with_the_batch_1_need() -> None:

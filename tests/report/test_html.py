@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from proftune.exceptions import ConfigError
 from proftune.profile import Profile
 from proftune.report import (
+    RENDERERS,
     Context,
     Page,
     compare_html,
@@ -169,9 +171,16 @@ def test_optimize_stage_chain_and_custom_renderers(store: Store) -> None:
         seen.append(r.id)
         page.section("Mine").para("hello")
 
-    html = run_page(RunRecord(id=5, kind="custom_kind", task="t", status="finished", started_at="x"), store).render()
-    assert seen == [5]
-    assert "Mine" in _sections(html)
+    try:
+        html = run_page(RunRecord(id=5, kind="custom_kind", task="t", status="finished", started_at="x"),
+                        store).render()
+        assert seen == [5]
+        assert "Mine" in _sections(html)
+        with pytest.raises(ConfigError, match="report page named 'custom_kind' is registered already"):
+            register_renderer("custom_kind")(lambda page, r, ctx: None)
+    finally:
+        RENDERERS.remove("custom_kind")
+    assert "custom_kind" not in RENDERERS
 
 
 def test_recommend_with_a_budget_shows_the_memory_model(store: Store, runs: dict[str, int]) -> None:

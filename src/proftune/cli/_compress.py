@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from ..compress import COMPILER_REGISTRY, QUANT_BACKEND_REGISTRY
 from ..compress import compress as run_compress
 from ..exceptions import ConfigError
 from ._common import (
@@ -42,6 +43,11 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
     return tuple(values)
 
 
+def _libraries() -> str:
+    """The quantization libraries registered so far (the built-ins, at import), for ``--help``."""
+    return ", ".join(dict.fromkeys(key.split(":")[0] for key in QUANT_BACKEND_REGISTRY.names_so_far()))
+
+
 def compress(
     task: TaskArg,
     data: DataOpt = None,
@@ -65,9 +71,14 @@ def compress(
         "--method",
         help="A registered compression method of one's own (proftune.compress.COMPRESS_METHODS); repeatable.",
         show_default=False)] = None,
+    quant_backend: Annotated[str, typer.Option(
+        "--quant-backend",
+        help="The quantization library: auto (each usable one measured, the fastest kept) or one of "
+        f"{_libraries()} (proftune.compress.QUANT_BACKEND_REGISTRY; a plug-in's name too).")] = "auto",
     compile_: Annotated[str | None, typer.Option(
         "--compile",
-        help="Compile the float models too: inductor (AOTInductor), onnxruntime (comma-separated).",
+        help=f"Compile the float models too, comma-separated: {', '.join(COMPILER_REGISTRY.names_so_far())} "
+        "(proftune.compress.COMPILER_REGISTRY; a plug-in's name too).",
         show_default=False)] = None,
     target: Annotated[str | None, typer.Option(
         "--target", help="Deployment preset that picks the methods: cpu, gpu, mobile or edge.",
@@ -117,7 +128,8 @@ def compress(
             task_arg(task, data), params=params, model=model, trust_model=trust_model, db=db,
             callbacks=[EpochProgress(None)],
             prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
-            global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, distill=distill,
+            global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, quant_backend=quant_backend,
+            distill=distill,
             half=half, methods=tuple(method or ()),
             compile=tuple(n.strip() for n in (compile_ or "").split(",") if n.strip()), target=target,
             finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,

@@ -9,20 +9,32 @@ from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
 from ._api import compress
 from ._checkpoint import LOAD_LINES, ExportedModule, load_model
+from ._compile import COMPILER_REGISTRY, COMPILERS, BaseCompiler, register_compiler
 from ._config import CompressConfig
 from ._distill import DistillationTask, hinton_loss
 from ._methods import COMPRESS_METHODS, BaseCompressMethod, MethodContext, register_method
 from ._onnx import OnnxExport, export_onnx
 from ._pipeline import Candidate
 from ._prune import prune_structured, prune_unstructured
-from ._quant_backends import QUANT_BACKENDS, BaseQuantBackend, QuantInputs, backend_status
+from ._quant_backends import (
+    QUANT_BACKEND_REGISTRY,
+    QUANT_BACKENDS,
+    BaseQuantBackend,
+    QuantInputs,
+    backend_status,
+    register_quant_backend,
+)
 from ._report import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = [
+    "COMPILERS",
+    "COMPILER_REGISTRY",
     "COMPRESS_METHODS",
     "LOAD_LINES",
     "QUANT_BACKENDS",
+    "QUANT_BACKEND_REGISTRY",
+    "BaseCompiler",
     "BaseCompressMethod",
     "BaseQuantBackend",
     "Candidate",
@@ -43,7 +55,9 @@ __all__ = [
     "prune_structured",
     "prune_unstructured",
     "ratios_from_sensitivity",
+    "register_compiler",
     "register_method",
+    "register_quant_backend",
 ]
 
 #: Former names, deprecated (a DeprecationWarning names the current one).

@@ -9,7 +9,9 @@
   where they are installed and the device is a GPU.
 
 Both keep a dynamic batch dimension, so one artifact serves batch 1, the task's batch and the
-last partial batch of the validation data. A new engine is one subclass in :data:`COMPILERS`.
+last partial batch of the validation data. A new engine is one subclass and its registration
+(``@register_compiler``, or the ``proftune.compilers`` entry point group), as the built-ins are;
+its name is then valid for ``--compile`` and ``compress(compile=)``.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 from torch import nn
 
-__all__ = ["COMPILERS", "COMPILER_NAMES", "BaseCompiler", "OrtModule", "compiler_status", "get_compiler"]
+from .._registry import LiveSequence, Registry
+from ..exceptions import ConfigError, ProblemCollector
+from ._checkpoint import LOAD_LINES
+
+__all__ = ["COMPILERS", "COMPILER_NAMES", "COMPILER_REGISTRY", "BaseCompiler", "OrtModule", "compiler_status",
+           "get_compiler", "load_line_of", "register_compiler"]
 
 
 @contextlib.contextmanager
@@ -64,9 +71,11 @@ class BaseCompiler(abc.ABC):
 
     #: The method name a candidate carries (``--compile`` names it).
     name: ClassVar[str]
-    #: The file's format (``_checkpoint.LOAD_LINES`` has its load line) and suffix.
+    #: The file's format and suffix; a format that ``_checkpoint.LOAD_LINES`` lacks needs ``load_line``.
     save_format: ClassVar[str]
     suffix: ClassVar[str]
+    #: The one line that loads a saved file (``{path!r}`` is replaced), for a format of its own.
+    load_line: ClassVar[str | None] = None
 
     @abc.abstractmethod
     def unavailable(self, device: torch.device) -> str | None:
@@ -82,6 +91,50 @@ class BaseCompiler(abc.ABC):
 
     def providers(self, device: torch.device) -> list[str]:
         return []
+
+
+#: Every engine by name, in the order they are tried.
+COMPILER_REGISTRY: Registry[BaseCompiler] = Registry(
+    "compiler", key=lambda c: c.name, entry_points="proftune.compilers")
+#: Every engine object and the ``--compile`` names, read from the registry on each use.
+COMPILERS = LiveSequence(lambda: tuple(COMPILER_REGISTRY.values()))
+COMPILER_NAMES = LiveSequence(lambda: COMPILER_REGISTRY.names())
+
+C = TypeVar("C")
+
+
+def register_compiler(compiler: C) -> C:
+    """Register a :class:`BaseCompiler` subclass (built with no arguments) or instance; usable as
+    a class decorator. Its ``name`` is then a ``--compile`` engine."""
+    obj: Any = compiler() if isinstance(compiler, type) else compiler
+    if not isinstance(obj, BaseCompiler):
+        raise ConfigError(f"compiler={compiler!r} is not a proftune.compress.BaseCompiler.")
+    p = ProblemCollector()
+    label = type(obj).__name__
+    name, fmt, suffix = (getattr(obj, a, None) for a in ("name", "save_format", "suffix"))
+    if not isinstance(name, str) or not name or "," in name:
+        p.add(f"{label}.name must be a non-empty string without ',', but got {name!r}.")
+    if not isinstance(suffix, str) or not suffix.startswith("."):
+        p.add(f"{label}.suffix must be a file suffix such as '.onnx', but got {suffix!r}.")
+    if not isinstance(fmt, str) or not fmt:
+        p.add(f"{label}.save_format must be a non-empty string, but got {fmt!r}.")
+    elif fmt not in LOAD_LINES and not isinstance(obj.load_line, str):
+        p.add(f"{label}.save_format={fmt!r} has no load line; give {label}.load_line "
+              f"(or one of {', '.join(LOAD_LINES)}).")
+    if p.problems:
+        raise ConfigError(p.problems)
+    COMPILER_REGISTRY.add(obj)
+    return compiler
+
+
+def load_line_of(fmt: str) -> str:
+    """The line that loads a file of format ``fmt``: ``LOAD_LINES``, else its compiler's own."""
+    if fmt in LOAD_LINES:
+        return LOAD_LINES[fmt]
+    line = next((c.load_line for c in COMPILERS if c.save_format == fmt and c.load_line), None)
+    if line is None:
+        raise ConfigError(f"format={fmt!r} has no load line; valid: {', '.join(LOAD_LINES)}.")
+    return line
 
 
 class _Package(nn.Module):
@@ -103,6 +156,7 @@ class _Package(nn.Module):
         return self
 
 
+@register_compiler
 class InductorAOT(BaseCompiler):
     name = "inductor"
     save_format = "aoti"
@@ -152,6 +206,7 @@ class OrtModule(nn.Module):
         return self
 
 
+@register_compiler
 class OnnxRuntime(BaseCompiler):
     name = "onnxruntime"
     save_format = "onnx"
@@ -197,13 +252,9 @@ class OnnxRuntime(BaseCompiler):
         return OrtModule(session).eval()
 
 
-#: Every engine, in the order they are tried.
-COMPILERS: tuple[BaseCompiler, ...] = (InductorAOT(), OnnxRuntime())
-COMPILER_NAMES: tuple[str, ...] = tuple(c.name for c in COMPILERS)
-
-
 def get_compiler(name: str) -> BaseCompiler:
-    return next(c for c in COMPILERS if c.name == name)
+    """The engine called ``name`` (a ConfigError lists the valid ones)."""
+    return COMPILER_REGISTRY.get_entry(name)
 
 
 def compiler_status(device: torch.device) -> dict[str, str | None]:

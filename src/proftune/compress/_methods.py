@@ -5,9 +5,10 @@ A method turns a float model into another model (weight clustering, low-rank fac
 distilled student, ...). The compressor applies it to every float model of the run (the baseline
 and each pruned model: ``structured+NAME``), then saves, reloads and measures the result like
 every other candidate, so it is judged on the same accuracy budget and goal, and shows up in
-the result, its JSON and the report. Pruning, quantization backends (``QUANT_BACKENDS``) and
-compilers (``COMPILERS``) keep their own registries: they carry settings of their own (ratios,
-calibration, engines).
+the result, its JSON and the report. Quantization backends (``QUANT_BACKEND_REGISTRY``,
+``@register_quant_backend``) and compilers (``COMPILER_REGISTRY``, ``@register_compiler``) are
+registries of their own, built the same way: each carries more than a method (an INT8 method
+and its calibration inputs; an engine's file, its loader and its load line).
 """
 
 from __future__ import annotations

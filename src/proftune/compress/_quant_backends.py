@@ -1,8 +1,10 @@
-"""Quantization backends behind one small base class, registered in one list.
+"""Quantization backends behind one small base class, registered in one registry.
 
 A backend quantizes with one method (dynamic, static, qat) through one library, says whether it
 can run here (and why not), and names the format its models are saved in. A new backend is one
-new subclass added to :data:`QUANT_BACKENDS`.
+subclass and its registration (``@register_quant_backend``, or the ``proftune.quant_backends``
+entry point group); the built-ins register the same way. Its library name is then valid for
+``--quant-backend`` and ``compress(quant_backend=)``, and is measured beside the others.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
 
-from ..exceptions import ConfigError
+from .._registry import LiveSequence, Registry
+from ..exceptions import ConfigError, ProblemCollector
 from . import _quantize as recipes
+from ._checkpoint import FORMATS
 
 __all__ = [
     "BACKEND_NAMES",
     "QUANT_BACKENDS",
+    "QUANT_BACKEND_REGISTRY",
     "BaseQuantBackend",
     "QuantInputs",
     "TorchAODynamic",
@@ -30,6 +35,7 @@ __all__ = [
     "backend_status",
     "get_backend",
     "quantize_dynamic",
+    "register_quant_backend",
 ]
 
 
@@ -54,6 +60,11 @@ class BaseQuantBackend(abc.ABC):
     #: How its models are saved (``_checkpoint.FORMATS``).
     save_format: ClassVar[str]
 
+    @property
+    def key(self) -> str:
+        """Its registry key, ``library:method`` (``torch.ao:static``)."""
+        return f"{self.name}:{self.method}"
+
     @abc.abstractmethod
     def unavailable(self, device: torch.device, model: nn.Module | None = None) -> str | None:
         """None when this backend can quantize ``model`` for ``device``, else the reason it cannot."""
@@ -64,6 +75,38 @@ class BaseQuantBackend(abc.ABC):
     @abc.abstractmethod
     def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
         """An INT8 copy of the float ``model`` (the original is left as it was)."""
+
+
+#: Every backend by ``library:method``, in the order they are tried; the fastest measured one is kept.
+QUANT_BACKEND_REGISTRY: Registry[BaseQuantBackend] = Registry(
+    "quantization backend", key=lambda b: b.key, entry_points="proftune.quant_backends")
+#: Every backend object, read from the registry on each use.
+QUANT_BACKENDS = LiveSequence(lambda: tuple(QUANT_BACKEND_REGISTRY.values()))
+#: The libraries ``--quant-backend`` names (besides ``auto``), read from the registry.
+BACKEND_NAMES = LiveSequence(lambda: tuple(dict.fromkeys(b.name for b in QUANT_BACKEND_REGISTRY.values())))
+
+B = TypeVar("B")
+
+
+def register_quant_backend(backend: B) -> B:
+    """Register a :class:`BaseQuantBackend` subclass (built with no arguments) or instance under
+    ``library:method``; usable as a class decorator. Its ``name`` is then a ``--quant-backend``."""
+    obj: Any = backend() if isinstance(backend, type) else backend
+    if not isinstance(obj, BaseQuantBackend):
+        raise ConfigError(f"backend={backend!r} is not a proftune.compress.BaseQuantBackend.")
+    p = ProblemCollector()
+    label = type(obj).__name__
+    name, method, fmt = (getattr(obj, a, None) for a in ("name", "method", "save_format"))
+    if not isinstance(name, str) or not name or name == "auto":
+        p.add(f"{label}.name must be a non-empty string other than 'auto', but got {name!r}.")
+    if method not in recipes.QUANT_METHODS:
+        p.add(f"{label}.method={method!r} is unknown; valid: {', '.join(recipes.QUANT_METHODS)}.")
+    if fmt not in FORMATS:
+        p.add(f"{label}.save_format={fmt!r} is unknown; valid: {', '.join(FORMATS)}.")
+    if p.problems:
+        raise ConfigError(p.problems)
+    QUANT_BACKEND_REGISTRY.add(obj)
+    return backend
 
 
 class _TorchAO(BaseQuantBackend):
@@ -82,6 +125,7 @@ class _TorchAO(BaseQuantBackend):
         return None
 
 
+@register_quant_backend
 class TorchAODynamic(_TorchAO):
     """Dynamic INT8 of Linear and LSTM: weights INT8, activations quantized on the fly."""
 
@@ -91,6 +135,7 @@ class TorchAODynamic(_TorchAO):
         return recipes.torch_ao_dynamic(model)
 
 
+@register_quant_backend
 class TorchAOStatic(_TorchAO):
     """Static post-training INT8 (FX graph mode): fuse conv-bn-relu, calibrate observers, convert."""
 
@@ -102,6 +147,7 @@ class TorchAOStatic(_TorchAO):
         return recipes.quantize_static(model, inputs.example, inputs.calibrate)
 
 
+@register_quant_backend
 class TorchAOQAT(_TorchAO):
     """Quantization-aware training: fake-quantize, fine-tune with the fit loop, convert."""
 
@@ -115,6 +161,7 @@ class TorchAOQAT(_TorchAO):
         return recipes.convert_qat(prepared)
 
 
+@register_quant_backend
 class TorchaoDynamic(BaseQuantBackend):
     """torchao's dynamic INT8 Linear (tensor subclasses; CPU and CUDA), saved with torch.export."""
 
@@ -141,9 +188,6 @@ class TorchaoDynamic(BaseQuantBackend):
         return quantized
 
 
-#: Every backend, in the order they are tried; the fastest measured one is kept.
-QUANT_BACKENDS: tuple[BaseQuantBackend, ...] = (TorchAODynamic(), TorchAOStatic(), TorchAOQAT(), TorchaoDynamic())
-BACKEND_NAMES: tuple[str, ...] = tuple(dict.fromkeys(b.name for b in QUANT_BACKENDS))
 #: Why a library has no backend for a method (said instead of a bare "unsupported").
 _MISSING = {
     ("torchao", "static"): "torchao's static INT8 for conv models runs only as a torch.compile (pt2e + "
@@ -155,7 +199,7 @@ _MISSING = {
 
 def get_backend(name: str, method: str) -> BaseQuantBackend | None:
     """The backend of library ``name`` for ``method``, or None when it has none."""
-    return next((b for b in QUANT_BACKENDS if b.name == name and b.method == method), None)
+    return QUANT_BACKEND_REGISTRY.get(f"{name}:{method}")
 
 
 def backend_status(method: str, device: torch.device, model: nn.Module | None = None) -> dict[str, str | None]:
@@ -175,5 +219,6 @@ def quantize_dynamic(model: nn.Module, *, backend: str) -> nn.Module:
     quantized on the fly."""
     found = get_backend(backend, "dynamic")
     if found is None:
-        raise ConfigError(f"backend={backend!r} is unknown; valid: {', '.join(BACKEND_NAMES)}.")
+        valid = [b.name for b in QUANT_BACKENDS if b.method == "dynamic"]
+        raise ConfigError(f"backend={backend!r} has no dynamic INT8; valid: {', '.join(valid)}.")
     return found.quantize(model, QuantInputs())

@@ -9,7 +9,8 @@ from typing import Any
 from .._jsonsafe import json_safe
 from .._records import stored_version
 from ..exceptions import ConfigError
-from ._checkpoint import LOAD_LINES, runs_no_user_code
+from ._checkpoint import runs_no_user_code
+from ._compile import load_line_of
 from ._pipeline import Candidate
 
 __all__ = ["COMPRESS_SCHEMA_VERSION", "CompressResult"]
@@ -53,7 +54,7 @@ class CompressResult:
         if self.selected is None or not self.output:
             return None
         named = self.selected.format == "state" and not runs_no_user_code(self.task_spec) and self.task_spec
-        return LOAD_LINES[self.selected.format].format(path=self.output,
+        return load_line_of(self.selected.format).format(path=self.output,
                                                        task=f", task={self.task_spec!r}" if named else "")
 
     def to_dict(self) -> dict[str, Any]:

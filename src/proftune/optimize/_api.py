@@ -280,7 +280,7 @@ class _Loop:
         searched = (f"{arm.source}: {self.v.metric} {arm.search_mean:.3g}{std} over {arm.search_n} trial(s)"
                     if arm.search_mean is not None else arm.source)
         rows = param_changes(arm.params, task_defaults=self.defaults, read_defaults=task_param_defaults(self.task),
-                             computed=comp.computed, reasons=comp.reasons(),
+                             computed=comp.computed.params(), reasons=comp.reasons(),
                              fixed=self.state.record(SearchStageOutputs).fixed(), searched=searched)
         default_epochs = self.task.default_epochs
         runs = {r.epochs for r in arm.runs if not r.cut}

@@ -23,7 +23,7 @@ from ..diagnose import diagnose
 from ..exceptions import ConfigError, RunFailedError
 from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
-from ..recommend import recommend
+from ..recommend import BatchSizeEvidence, recommend
 from ..train import evaluate_model, fit, validate_params
 from ._api import (
     FULL_TRIALS_FOR_NO_PRUNER,
@@ -38,6 +38,7 @@ from ._api import (
     _steps_per_epoch,
 )
 from ._budget import Deadline
+from ._computed import ComputedValues
 from ._decide import pooled_seed_std, prior_seed_std
 from ._final import (
     MAX_CANDIDATES,
@@ -57,7 +58,7 @@ from ._records import (
     SearchStageOutputs,
     TrainedRun,
 )
-from ._search import StageSettings, TrialLog, run_search_stage
+from ._search import StageSettings, TrialLog, run_search_stage, trial_json
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
 from ._story import fmt_ms, method_name
@@ -160,23 +161,9 @@ class Compute(BaseStage):
                          device=loop.dev, seed=loop.cfg.seed, lr_steps=lr_steps,
                          noise_steps=noise_steps, optimizer_budget_s=optimizer_s,
                          embedding_budget_s=min(120.0, 0.3 * share), store=loop.store)
-        values = {r.name: r.value for r in recs}
-        computed: dict[str, Any] = {}
-        if isinstance(values.get("batch_size"), int):
-            computed["batch_size"] = values["batch_size"]
-        if finite_float(values.get("lr")) is not None:
-            computed["lr"] = float(values["lr"])
-        if isinstance(values.get("grad_accumulation"), int):
-            computed["grad_accumulation"] = values["grad_accumulation"]
-        if values.get("precision") in ("fp32", "bf16", "fp16"):
-            computed["precision"] = values["precision"]
-        opt = recs.get("optimizer") if "optimizer" in values else None
-        chosen = (opt.evidence.get("params") or {}) if opt is not None else {}
-        if (opt is not None and opt.value in ("adamw", "adam", "sgd")
-                and opt.value != loop.defaults.get("optimizer", "adamw") and chosen.get("lr")):
-            # measured better than the task's optimizer: the search tries both, each at its own rate
-            computed["optimizer_alternative"] = {k: chosen[k] for k in ("optimizer", "lr", "momentum") if k in chosen}
-        max_batch = recs.get("batch_size").evidence.get("max_batch_size")
+        computed = ComputedValues.from_recommendations(
+            recs, own_optimizer=str(loop.defaults.get("optimizer", "adamw")))
+        max_batch = BatchSizeEvidence.of(recs.get("batch_size")).max_batch_size
         return StageResult(ComputeOutputs(
             computed=computed, max_batch_size=max_batch, run_id=recs.run_id,
             steps={"lr_range_test": lr_steps, "noise_scale": noise_steps, "optimizer_budget_s": optimizer_s,
@@ -242,7 +229,7 @@ class Search(BaseStage):
             min_delta=loop.cfg.min_delta, flag_min=loop.cfg.flag_min, defaults=loop.defaults,
             pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER else "none",
             trial_s_estimate=epochs * epoch_s,
-            alternative=dict(comp.computed.get("optimizer_alternative") or {}))
+            alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {})
         spent = float(loop.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
@@ -259,8 +246,8 @@ class Search(BaseStage):
         best = outcome.best
         counts: dict[str, int] = {}
         for r in outcome.trials:
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
-        write_text(loop.out / "search_trials.json", json_dumps(outcome.trials, indent=1))
+            counts[r.state] = counts.get(r.state, 0) + 1
+        write_text(loop.out / "search_trials.json", json_dumps([trial_json(t) for t in outcome.trials], indent=1))
         return StageResult(SearchStageOutputs(
             study=loop.study, plan=plan.to_dict(), epochs_per_trial=epochs,
             pruner=settings.pruner if epochs >= 3 else "none", full_trials_in_share=full_trials,
@@ -272,8 +259,7 @@ class Search(BaseStage):
             duration_s=outcome.duration_s, seconds=seconds,
             seed_std=pooled_seed_std((g.std, g.n) for g in [*outcome.groups, *filter(None, [outcome.defaults])]),
             # every trial as the report draws it (its arm, state and why it ended)
-            trials_log=[TrialLog(number=r["number"], state=r["state"], value=r["value"], arm=r["arm"],
-                                 reason=r["reason"], duration_s=r["duration_s"]) for r in outcome.trials],
+            trials_log=[TrialLog.of(t) for t in outcome.trials],
         ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
             after=best.mean if best else None)
 
@@ -358,7 +344,8 @@ class Final(BaseStage):
 
     def _evidence(self, loop: _Loop, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
         """The result's params, and for each where its value came from."""
-        comp = loop.state.record(ComputeOutputs).computed
+        computed = loop.state.record(ComputeOutputs).computed
+        comp, alt = computed.params(), computed.optimizer_alternative
         params = dict(chosen.params)
         evidence: dict[str, str] = {}
         why = (outcome.comparison.describe() if outcome.comparison is not None
@@ -369,7 +356,7 @@ class Final(BaseStage):
                 evidence[k] = f"task default (kept: {why})"
             elif k in comp and _same(comp[k], val):
                 evidence[k] = "computed (compute stage: recommend)"
-            elif k == "optimizer" and val == (comp.get("optimizer_alternative") or {}).get("optimizer"):
+            elif k == "optimizer" and alt is not None and val == alt.optimizer:
                 evidence[k] = (f"computed (the optimizer row measured {val} better than "
                                f"{loop.defaults.get('optimizer', 'adamw')} at equal time; the race confirmed it)")
             elif k in loop.defaults and _same(default, val):

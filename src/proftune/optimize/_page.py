@@ -22,7 +22,7 @@ from .._jsonsafe import finite_float as _f
 from .._units import format_bytes
 from ..compress import CompressResult
 from ..exceptions import ConfigError
-from ..recommend import BatchSizeResult, LRFindResult, Recommendation, Recommendations
+from ..recommend import BatchSizeEvidence, LRFindResult, NoiseScaleEvidence, Recommendation, Recommendations
 from ..report import (
     PALETTE,
     Cell,
@@ -284,23 +284,23 @@ def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
     else:
         s.para("the LR range curve is not in this store (recorded before the curve was kept)", cls="muted")
     bs = recs.get("batch_size")
-    ev = bs.evidence if bs is not None else {}
+    ev = BatchSizeEvidence.of(bs)
     s.html("<h3>evidence: batch size</h3>")
     s.para(bs.reason if bs is not None else "")
-    if isinstance(ev.get("search"), Mapping):
-        memory_model_chart(s, BatchSizeResult.from_dict(dict(ev["search"])))
-    elif ev.get("memory_model"):
+    if ev.search is not None:
+        memory_model_chart(s, ev.search)
+    elif ev.memory_model:
         s.para("the batch-size search's probes are not in this store (recorded before they were kept)", cls="muted")
     crit = recs.get("critical_batch_size")
-    cev = crit.evidence if crit is not None else {}
+    cev = NoiseScaleEvidence.of(crit)
     noise = [p for p in curves.get("noise_scale") or [] if isinstance(p, Mapping)]
-    if crit is not None and cev.get("used_steps") is None:  # not measured: the reason alone, no table of dashes
+    if crit is not None and not cev.measured:  # not measured: the reason alone, no table of dashes
         s.para("gradient noise scale: " + (crit.reason or "not measured"), cls="muted")
     elif crit is not None:
-        items = [("critical batch", crit.value), ("B_simple = tr(Σ)/|G|²", _n(cev.get("b_simple"))),
-                 ("tr(Σ)", _n(cev.get("trace_sigma"))), ("|G|²", _n(cev.get("grad_sq_norm"))),
-                 ("steps (used / clipped)", f"{cev.get('used_steps')} / {cev.get('clipped_steps')}"),
-                 ("micro-batches", f"{cev.get('small_batch')} samples, {cev.get('big_batch')} per step")]
+        items = [("critical batch", crit.value), ("B_simple = tr(Σ)/|G|²", _n(cev.b_simple)),
+                 ("tr(Σ)", _n(cev.trace_sigma)), ("|G|²", _n(cev.grad_sq_norm)),
+                 ("steps (used / clipped)", f"{cev.used_steps} / {cev.clipped_steps}"),
+                 ("micro-batches", f"{cev.small_batch} samples, {cev.big_batch} per step")]
         key = next((k for k in ("b_simple", "b_simple_ema", "ema")
                     if any(_f(p.get(k)) is not None for p in noise)), None)
         side = s.side(lambda t: t.kv(items, title="gradient noise scale"))

@@ -21,6 +21,7 @@ from .._holdout import HoldoutInfo
 from .._records import JsonRecord, Reader, each, optional, plain, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
+from ._computed import ComputedValues
 from ._final import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
 from ._plan import BudgetPlan
@@ -162,8 +163,9 @@ class ComputeOutputs(StageOutputs):
     """What ``recommend`` computed: the values the search centres on, and their reasons."""
 
     STAGE: ClassVar[str] = "compute"
-    #: ``batch_size``, ``lr``, ``grad_accumulation``, ``precision``, ``optimizer_alternative``.
-    computed: dict[str, Any] = field(default_factory=dict)
+    READERS: ClassVar[dict[str, Reader]] = {"computed": ComputedValues.from_dict}
+    #: The values computed (its JSON: only those, by name).
+    computed: ComputedValues = field(default_factory=ComputedValues)
     max_batch_size: int | None = None
     run_id: int | None = None
     #: The steps each measurement got from the stage's share.

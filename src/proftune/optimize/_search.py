@@ -134,13 +134,19 @@ class TrialLog(JsonRecord):
     reason: str | None = None
     duration_s: float | None = None
 
+    @classmethod
+    def of(cls, t: TrialRecord) -> TrialLog:
+        """The search's trial record as the stage keeps it (the few fields its chart reads)."""
+        return cls(number=t.number, state=t.state, value=t.value, arm=arm_of(t), reason=t.reason,
+                   duration_s=t.duration_s)
+
 
 @dataclass
 class SearchOutcome:
     """What the search stage found and how it ended."""
 
     study: str
-    trials: list[dict[str, Any]]
+    trials: list[TrialRecord]
     best: ConfigGroup | None
     groups: list[ConfigGroup]
     flags: list[YellowFlag]
@@ -156,48 +162,51 @@ class SearchOutcome:
 
 
 # -- reading trials -----------------------------------------------------------------------------
-def _row(t: TrialRecord) -> dict[str, Any]:
-    value = t.values[0] if (t.values and t.state == "complete") else None
-    return {"number": t.number, "state": t.state, "params": dict(t.params), "value": value,
-            "reason": t.reason, "anomalies": t.anomalies, "arm": str(t.tags.get(ARM_TAG, "tpe")),
-            "duration_s": t.duration_s, "metrics": t.metrics, "steps": t.steps, "gated": t.gated,
-            "epochs": len(t.curve)}
+def arm_of(t: TrialRecord) -> str:
+    """Where the trial's configuration came from (its enqueue tag; ``tpe`` for a sampled one)."""
+    return str(t.tags.get(ARM_TAG, "tpe"))
 
 
-def _finished(rows: Sequence[dict[str, Any]]) -> int:
+def trial_json(t: TrialRecord) -> dict[str, Any]:
+    """A trial as ``search_trials.json`` holds it (the file's keys since it was first written)."""
+    return {"number": t.number, "state": t.state, "params": dict(t.params), "value": t.value,
+            "reason": t.reason, "anomalies": t.anomalies, "arm": arm_of(t), "duration_s": t.duration_s,
+            "metrics": t.metrics, "steps": t.steps, "gated": t.gated, "epochs": t.epochs}
+
+
+def _finished(rows: Sequence[TrialRecord]) -> int:
     """Trials that ended (trained, gated or failed in user code)."""
-    return sum(1 for r in rows if r["state"] in ("complete", "pruned", "infeasible")
-               or (r["state"] == "failed" and r["reason"]))
+    return sum(1 for r in rows if r.ended)
 
 
-def _trained(rows: Sequence[dict[str, Any]]) -> int:
+def _trained(rows: Sequence[TrialRecord]) -> int:
     """What ``search(trials=...)`` counts: trained trials (gated ones apart)."""
-    return sum(1 for r in rows if (r["state"] in ("complete", "pruned", "infeasible") and not r["gated"])
-               or (r["state"] == "failed" and r["reason"]))
+    return sum(1 for r in rows if (r.state in ("complete", "pruned", "infeasible") and not r.gated)
+               or (r.state == "failed" and bool(r.reason)))
 
 
 # -- yellow flags -----------------------------------------------------------------------------
-def _cause(row: Mapping[str, Any]) -> str | None:
-    reason = str(row.get("reason") or "")
-    kinds = {a.get("kind") for a in row.get("anomalies") or []}
-    if row["state"] == "pruned" and ("non-finite" in reason or kinds & {"nan_loss", "nonfinite_metric"}):
+def _cause(row: TrialRecord) -> str | None:
+    reason = str(row.reason or "")
+    kinds = {a.get("kind") for a in row.anomalies or []}
+    if row.state == "pruned" and ("non-finite" in reason or kinds & {"nan_loss", "nonfinite_metric"}):
         return "nan"
     if "out of memory" in reason.lower():
         return "oom"
-    if row["state"] == "failed" and reason:
+    if row.state == "failed" and reason:
         m = re.match(r"^([A-Za-z_][\w.]*)(?::|$)", reason)
         return f"exception:{m.group(1) if m else 'unknown'}"
     return None
 
 
-def find_flags(rows: Sequence[Mapping[str, Any]], plan: SearchPlan, *, flag_min: int) -> list[YellowFlag]:
+def find_flags(rows: Sequence[TrialRecord], plan: SearchPlan, *, flag_min: int) -> list[YellowFlag]:
     """Regions where ``flag_min`` or more trials failed for one cause and no trial succeeded.
 
     The region is the box the failing trials span, widened to the edge of the space on a side
     where no successful trial lies beyond it; categorical params: the values the failures took.
     """
-    ok = [r for r in rows if r["state"] == "complete"]
-    by_cause: dict[str, list[Mapping[str, Any]]] = {}
+    ok = [r for r in rows if r.state == "complete"]
+    by_cause: dict[str, list[TrialRecord]] = {}
     for r in rows:
         c = _cause(r)
         if c is not None:
@@ -208,7 +217,7 @@ def find_flags(rows: Sequence[Mapping[str, Any]], plan: SearchPlan, *, flag_min:
             continue
         region: dict[str, Any] = {}
         for p in plan.space.params:
-            vals = [r["params"][p.name] for r in bad if p.name in r["params"]]
+            vals = [r.params[p.name] for r in bad if p.name in r.params]
             if not vals:
                 continue
             if p.type == "categorical":
@@ -217,15 +226,15 @@ def find_flags(rows: Sequence[Mapping[str, Any]], plan: SearchPlan, *, flag_min:
             assert p.low is not None
             assert p.high is not None
             lo, hi = min(float(v) for v in vals), max(float(v) for v in vals)
-            good = [float(r["params"][p.name]) for r in ok if p.name in r["params"]]
+            good = [float(r.params[p.name]) for r in ok if p.name in r.params]
             if not any(g < lo for g in good):
                 lo = float(p.low)
             if not any(g > hi for g in good):
                 hi = float(p.high)
             region[p.name] = {"low": lo, "high": hi}
-        flag = YellowFlag(cause=cause, trials=[int(r["number"]) for r in bad], region=region,
-                          evidence=[f"trial {r['number']}: {_short(r['params'])} -> {r['reason']}" for r in bad[:5]])
-        if any(flag.contains(r["params"]) for r in ok):
+        flag = YellowFlag(cause=cause, trials=[r.number for r in bad], region=region,
+                          evidence=[f"trial {r.number}: {_short(r.params)} -> {r.reason}" for r in bad[:5]])
+        if any(flag.contains(r.params) for r in ok):
             continue  # successes inside: the cause is not the region's
         flags.append(flag)
     return flags
@@ -285,7 +294,7 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any],
     return out
 
 
-def _mirror(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSettings, seed: int) -> Any:
+def _mirror(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettings, seed: int) -> Any:
     """An in-memory Optuna study holding every finished trial, sampled by multivariate TPE."""
     import optuna
 
@@ -297,17 +306,17 @@ def _mirror(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSet
     study = optuna.create_study(direction="maximize" if settings.maximize else "minimize", sampler=sampler)
     params_by_name = {p.name: p for p in plan.space.params}
     for r in rows:
-        params = {k: v for k, v in r["params"].items() if k in params_by_name}
+        params = {k: v for k, v in r.params.items() if k in params_by_name}
         if not params:
             continue
         dists = {k: params_by_name[k].distribution() for k in params}
         try:
-            value = finite_float(r["value"])
-            if r["state"] == "complete" and value is not None:
+            value = finite_float(r.value)
+            if r.state == "complete" and value is not None:
                 trial = optuna.trial.create_trial(params=params, distributions=dists, value=value)
-            elif r["state"] in ("pruned", "infeasible"):
-                last = finite_float(r["metrics"].get(settings.metric))
-                inter = {max(1, int(r.get("epochs") or 1)): last} if last is not None else {}
+            elif r.state in ("pruned", "infeasible"):
+                last = finite_float(r.metrics.get(settings.metric))
+                inter = {max(1, r.epochs): last} if last is not None else {}
                 trial = optuna.trial.create_trial(params=params, distributions=dists, intermediate_values=inter,
                                                   state=optuna.trial.TrialState.PRUNED)
             else:
@@ -318,14 +327,14 @@ def _mirror(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSet
     return study
 
 
-def propose(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSettings,
+def propose(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettings,
             flags: Sequence[YellowFlag], n: int) -> list[tuple[str, dict[str, Any]]]:
     """``n`` new configurations from TPE over every finished trial, none in a paused region and
     none already tried (TPE's constant liar spreads the chunk)."""
     import optuna
 
     study = _mirror(rows, plan, settings, seed=settings.seed * 7919 + len(rows))
-    seen = [{**plan.space.fixed, **r["params"]} for r in rows]
+    seen = [{**plan.space.fixed, **r.params} for r in rows]
     chunk: list[tuple[str, dict[str, Any]]] = []
     for _ in range(n):
         for _attempt in range(30):
@@ -346,15 +355,14 @@ def propose(rows: Sequence[dict[str, Any]], plan: SearchPlan, settings: StageSet
 
 
 # -- auto-stop, groups ------------------------------------------------------------------------
-def stalled(rows: Sequence[Mapping[str, Any]], settings: StageSettings) -> str | None:
+def stalled(rows: Sequence[TrialRecord], settings: StageSettings) -> str | None:
     """Why the search stops now for lack of progress, or None.
 
     Stopped when the best improved by less than ``min_delta`` over the last
     ``max(patience, patience_share x trials)`` trials: a patience that grows with the search, so
     that cheap trials and a long budget are not thrown away after a few flat draws.
     """
-    vals = [r["value"] for r in sorted(rows, key=lambda r: r["number"])
-            if r["state"] == "complete" and r["value"] is not None]
+    vals = [r.value for r in sorted(rows, key=lambda r: r.number) if r.value is not None]
     k = max(settings.patience, math.ceil(settings.patience_share * len(vals)))
     if len(vals) <= k:
         return None
@@ -367,16 +375,16 @@ def stalled(rows: Sequence[Mapping[str, Any]], settings: StageSettings) -> str |
     return None
 
 
-def _trial_s(rows: Sequence[Mapping[str, Any]]) -> float:
+def _trial_s(rows: Sequence[TrialRecord]) -> float:
     """Median seconds of the finished trials (0 before any): what the next one will take."""
-    durations = [float(r["duration_s"]) for r in rows if r.get("duration_s")]
+    durations = [float(r.duration_s) for r in rows if r.duration_s]
     return statistics.median(durations) if durations else 0.0
 
 
-def _slow_trial_s(rows: Sequence[Mapping[str, Any]]) -> float:
+def _slow_trial_s(rows: Sequence[TrialRecord]) -> float:
     """The 90th percentile of the last 20 finished trials' seconds (0 before any): what the
     next trial may take on a machine whose load changes."""
-    durations = sorted(float(r["duration_s"]) for r in rows[-20:] if r.get("duration_s"))
+    durations = sorted(float(r.duration_s) for r in rows[-20:] if r.duration_s)
     return durations[min(len(durations) - 1, int(0.9 * len(durations)))] if durations else 0.0
 
 
@@ -384,31 +392,31 @@ def _key(params: Mapping[str, Any]) -> str:
     return repr(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
-def groups_of(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[ConfigGroup]:
+def groups_of(rows: Sequence[TrialRecord], maximize: bool) -> list[ConfigGroup]:
     """Complete trials grouped by configuration: mean +- std over seeds, best first."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+    groups: dict[str, list[tuple[TrialRecord, float]]] = {}
     for r in rows:
-        if r["state"] == "complete" and r["value"] is not None:
-            groups.setdefault(_key(r["params"]), []).append(r)
+        if r.value is not None:
+            groups.setdefault(_key(r.params), []).append((r, float(r.value)))
     out = []
     for members in groups.values():
-        vals = [float(r["value"]) for r in members]
-        out.append(ConfigGroup(params=dict(members[0]["params"]), values=vals,
-                               trials=[int(r["number"]) for r in members],
-                               arms=[str(r.get("arm") or "tpe") for r in members], mean=statistics.fmean(vals),
+        vals = [v for _, v in members]
+        out.append(ConfigGroup(params=dict(members[0][0].params), values=vals,
+                               trials=[r.number for r, _ in members],
+                               arms=[arm_of(r) for r, _ in members], mean=statistics.fmean(vals),
                                std=statistics.stdev(vals) if len(vals) > 1 else None, n=len(vals),
-                               trial_s=statistics.median(float(r.get("duration_s") or 0.0) for r in members)))
+                               trial_s=statistics.median(float(r.duration_s or 0.0) for r, _ in members)))
     out.sort(key=lambda g: -g.mean if maximize else g.mean)
     return out
 
 
-def _history(rows: Sequence[Mapping[str, Any]], maximize: bool) -> list[tuple[float, float]]:
+def _history(rows: Sequence[TrialRecord], maximize: bool) -> list[tuple[float, float]]:
     history: list[tuple[float, float]] = []
-    for r in sorted(rows, key=lambda r: r["number"]):
-        if r["state"] == "complete" and r["value"] is not None:
-            v = float(r["value"])
+    for r in sorted(rows, key=lambda r: r.number):
+        if r.value is not None:
+            v = float(r.value)
             best = history[-1][1] if history else v
-            history.append((float(r["number"]), max(best, v) if maximize else min(best, v)))
+            history.append((float(r.number), max(best, v) if maximize else min(best, v)))
     return history
 
 
@@ -447,7 +455,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
     started = time.monotonic()
     end = started + seconds
 
-    def bound(rows: Sequence[dict[str, Any]]) -> None:
+    def bound(rows: Sequence[TrialRecord]) -> None:
         nonlocal end
         if must_end is None or reserve is None:
             return
@@ -456,7 +464,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
     calls = 0
     stop_reason = "the search stage's share of the budget is spent"
     early = False
-    rows = [_row(t) for t in study_trials(settings.study, store=store)]  # a resumed search's trials
+    rows = list(study_trials(settings.study, store=store))  # a resumed search's trials
     result: SearchResult | None = None
     flags: list[YellowFlag] = []
     # seconds a call of ``search`` costs beyond its trials (opening the study, the run record,
@@ -465,7 +473,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
     overhead = CALL_OVERHEAD_S
     while True:
         if result is not None:
-            rows = [_row(t) for t in result.trials]
+            rows = list(result.trials)
         bound(rows)
         flags = find_flags(rows, plan, flag_min=settings.flag_min)
         # a flat search stops only once three quarters of its time are spent: cheap trials and a
@@ -493,7 +501,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         if not chunk:
             stop_reason, early = "every configuration left is in a paused region or already tried", True
             break
-        before = {r["number"] for r in rows}
+        before = {r.number for r in rows}
         t_call = time.monotonic()
         result = _call(task, plan, settings, store=store, trials=_trained(rows) + len(chunk),
                        timeout=max(0.05, window), items=chunk)
@@ -501,13 +509,13 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         overhead = max(overhead, time.monotonic() - t_call - trained_s)
         calls += 1
         if on_chunk is not None:
-            on_chunk({"finished": _finished([_row(t) for t in result.trials]), "flags": len(flags)})
+            on_chunk({"finished": _finished(result.trials), "flags": len(flags)})
     cancelled = cancel_waiting(settings.study, store=store, reason="queued, not run: the search's time was spent")
-    rows = [r for r in rows if r["number"] not in set(cancelled)]
+    rows = [r for r in rows if r.number not in set(cancelled)]
     groups = groups_of(rows, settings.maximize)
     arms: dict[str, int] = {}
     for r in rows:
-        arms[r["arm"]] = arms.get(r["arm"], 0) + 1
+        arms[arm_of(r)] = arms.get(arm_of(r), 0) + 1
     defaults_key = _key(_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)}))
     defaults = next((g for g in groups if _key(g.params) == defaults_key), None)
     best = groups[0] if groups else None

@@ -14,6 +14,7 @@ from ..exceptions import ProblemCollector
 from ..search import Param, Space, load_space
 from ..task import Task
 from ..train import LOOP_PARAMS
+from ._computed import ComputedValues
 
 __all__ = ["SearchPlan", "build_plan", "task_param_defaults"]
 
@@ -71,7 +72,7 @@ def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[f
     return max(low, centre / factor), min(high, centre * factor)
 
 
-def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | None,
+def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | None,
                    samples: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]:
     """(space dict, centre, narrow, evidence) over the params the fit loop and the task read.
 
@@ -83,16 +84,16 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
     centre: dict[str, Any] = {}
     narrow: dict[str, Any] = {}
     evidence: dict[str, str] = {}
-    lr = float(computed.get("lr") or defaults.get("lr") or 1e-3)
+    lr = float(computed.lr or defaults.get("lr") or 1e-3)
     # a measured rate is searched within 30x; without one (the range test found none, or had no
     # time) the task's rate may be off by far more: three decades each way
-    lo, hi = _log_range(lr, 30.0 if computed.get("lr") else 1000.0, 1e-6, 3.0)
+    lo, hi = _log_range(lr, 30.0 if computed.lr else 1000.0, 1e-6, 3.0)
     if isinstance(defaults.get("lr"), (int, float)) and float(defaults["lr"]) > 0:
         lo, hi = min(lo, float(defaults["lr"])), max(hi, float(defaults["lr"]))
     params["lr"] = {"type": "float", "low": lo, "high": hi, "log": True}
     centre["lr"], narrow["lr"] = lr, _log_range(lr, 3.0, lo, hi)
-    evidence["lr"] = "computed (LR range test, scaled to the batch)" if computed.get("lr") else "task default"
-    bs = int(computed.get("batch_size") or defaults.get("batch_size") or 32)
+    evidence["lr"] = "computed (LR range test, scaled to the batch)" if computed.lr else "task default"
+    bs = int(computed.batch_size or defaults.get("batch_size") or 32)
     cap = min(x for x in (max_batch, samples, 4096) if x)
     default_bs = int(defaults.get("batch_size") or bs)
     # down to an eighth of the computed batch: a batch computed from the noise scale can leave a
@@ -101,8 +102,7 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
     params["batch_size"] = {"type": "categorical", "choices": choices}
     centre["batch_size"] = min(bs, cap)
     narrow["batch_size"] = [c for c in choices if bs // 2 <= c <= bs * 2]
-    evidence["batch_size"] = ("computed (memory budget / critical batch)" if computed.get("batch_size")
-                              else "task default")
+    evidence["batch_size"] = "computed (memory budget / critical batch)" if computed.batch_size else "task default"
     if str(defaults.get("optimizer", "adamw")) in ("adamw", "adam", "sgd"):
         wd = float(defaults.get("weight_decay") or 1e-2)
         params["weight_decay"] = {"type": "float", "low": min(1e-6, wd), "high": max(0.3, wd), "log": True}
@@ -121,35 +121,36 @@ def _default_space(task: Task, computed: Mapping[str, Any], *, max_batch: int | 
             params[name] = {"type": "int", "low": lo_i, "high": hi_i, "log": True}
             centre[name], narrow[name] = value, (max(lo_i, round(value * 0.75)), min(hi_i, round(value * 1.5)))
             evidence[name] = "task default (architecture)"
-    fixed = {k: computed[k] for k in COMPUTED_FIXED if computed.get(k) is not None}
-    alt = computed.get("optimizer_alternative") or {}
+    fixed = {k: v for k, v in computed.params().items() if k in COMPUTED_FIXED}
+    alt = computed.optimizer_alternative
     own = str(defaults.get("optimizer", "adamw"))
-    if alt.get("optimizer") and alt["optimizer"] != own:
+    if alt is not None and alt.optimizer != own:
         # the optimizer row measured another optimizer better: both are searched, the lr range
         # covers both rates, SGD's momentum where SGD is drawn
-        params["optimizer"] = {"type": "categorical", "choices": [own, str(alt["optimizer"])]}
-        centre["optimizer"], narrow["optimizer"] = own, [own, str(alt["optimizer"])]
-        evidence["optimizer"] = f"computed (the optimizer row: {alt['optimizer']} beat {own} at equal time)"
-        a_lr = float(alt["lr"])
-        params["lr"]["low"] = min(params["lr"]["low"], a_lr / 30)
-        params["lr"]["high"] = max(params["lr"]["high"], a_lr * 30)
-        if "sgd" in (own, alt["optimizer"]):
+        params["optimizer"] = {"type": "categorical", "choices": [own, alt.optimizer]}
+        centre["optimizer"], narrow["optimizer"] = own, [own, alt.optimizer]
+        evidence["optimizer"] = f"computed (the optimizer row: {alt.optimizer} beat {own} at equal time)"
+        params["lr"]["low"] = min(params["lr"]["low"], alt.lr / 30)
+        params["lr"]["high"] = max(params["lr"]["high"], alt.lr * 30)
+        if "sgd" in (own, alt.optimizer):
             params["momentum"] = {"type": "float", "low": 0.0, "high": 0.99, "when": {"optimizer": "sgd"}}
-            centre["momentum"] = float(alt.get("momentum", defaults.get("momentum", 0.9)) or 0.9)
+            momentum = alt.momentum if alt.momentum is not None else defaults.get("momentum", 0.9)
+            centre["momentum"] = float(momentum or 0.9)
             narrow["momentum"] = (0.5, 0.99)
     elif "optimizer" in defaults:
         fixed["optimizer"] = defaults["optimizer"]
     return {"params": params, "fixed": fixed}, centre, narrow, evidence
 
 
-def _user_plan(space: Space, computed: Mapping[str, Any], problems: ProblemCollector,
+def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollector,
                *, max_batch: int | None) -> tuple[Space, dict[str, Any], dict[str, Any], dict[str, str]]:
     if space.tiers:
         space = dataclasses.replace(space, tiers=())  # optimize draws whole configurations
+    values = computed.params()
     for key in COMPUTED_FIXED:
-        if key in space.fixed and computed.get(key) is not None and space.fixed[key] != computed[key]:
+        if key in space.fixed and values.get(key) is not None and space.fixed[key] != values[key]:
             problems.add(f"space= fixes {key}={space.fixed[key]!r}, but the compute stage measured "
-                         f"{key}={computed[key]!r}; remove it from the space or make them agree.")
+                         f"{key}={values[key]!r}; remove it from the space or make them agree.")
     if max_batch is not None:
         fixed_bs = space.fixed.get("batch_size")
         if fixed_bs is not None and int(fixed_bs) > max_batch:
@@ -165,7 +166,7 @@ def _user_plan(space: Space, computed: Mapping[str, Any], problems: ProblemColle
     narrow: dict[str, Any] = {}
     evidence: dict[str, str] = {}
     for p in space.params:
-        c = computed.get(p.name)
+        c = values.get(p.name)  # a param of the user's space, by its name
         centre[p.name] = _snap(p, c) if c is not None else p.center()
         evidence[p.name] = "computed (centre)" if c is not None else "the given space (centre of the range)"
         narrow[p.name] = _narrow(p, centre[p.name])
@@ -196,10 +197,12 @@ def _narrow(p: Param, centre: Any) -> Any:
     return (max(p.low, float(centre) - width), min(p.high, float(centre) + width))
 
 
-def build_plan(task: Task, computed: Mapping[str, Any], *, user_space: str | Mapping[str, Any] | None,
-               max_batch: int | None, samples: int | None) -> SearchPlan:
-    """The search plan from the compute stage's values; a user space that contradicts them is a
-    :class:`ConfigError` naming every contradiction."""
+def build_plan(task: Task, computed: ComputedValues | Mapping[str, Any], *,
+               user_space: str | Mapping[str, Any] | None, max_batch: int | None, samples: int | None) -> SearchPlan:
+    """The search plan from the compute stage's values (its record, or the record's JSON); a user
+    space that contradicts them is a :class:`ConfigError` naming every contradiction."""
+    if not isinstance(computed, ComputedValues):
+        computed = ComputedValues.from_dict(computed)
     problems = ProblemCollector()
     if user_space is None:
         raw, centre, narrow, evidence = _default_space(task, computed, max_batch=max_batch, samples=samples)

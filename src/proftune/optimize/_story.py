@@ -229,7 +229,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
                + f"; profiled the step: {fmt_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
                f"{fmt(h.params)} params")
     elif s.name == "compute":
-        did = "computed " + (", ".join(f"{k} {fmt(v)}" for k, v in s.record(ComputeOutputs).computed.items())
+        did = "computed " + (", ".join(f"{k} {fmt(v)}" for k, v in s.record(ComputeOutputs).computed.to_dict().items())
                              or "nothing")
     elif s.name == "layer_value":
         found = s.record(LayerValueOutputs).findings

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._deprecated import experimental
 from ..exceptions import ConfigError
 from ._monitor import Monitor
 from ._record import Profile
@@ -279,6 +280,7 @@ class Watcher:
 _CURRENT: list[Watcher] = []
 
 
+@experimental("0.1.0", name="proftune.watch")
 def watch(*, every: int = 50, steps: int | None = None, out: str | Path | None = None,
           stats: bool = True, timing: bool = True) -> Watcher:
     """Watch the rest of this script: find its training step and sample every ``every``-th one.

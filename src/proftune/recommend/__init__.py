@@ -24,6 +24,7 @@ from ._api import (
 from ._batch_size import BatchSizeResult, MemoryProbe, search_max_batch
 from ._ddp import DDPPlan, plan_ddp_batch
 from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend_embedding_dim
+from ._evidence import BatchSizeEvidence, NoiseScaleEvidence, OptimizerEvidence
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
 from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
@@ -43,6 +44,7 @@ __all__ = [
     "RECOMMENDATION_NAMES",
     "AccumulationPlan",
     "BatchSizeConfig",
+    "BatchSizeEvidence",
     "BatchSizeResult",
     "CompareConfig",
     "DDPPlan",
@@ -54,8 +56,10 @@ __all__ = [
     "MeasuredEffect",
     "MemoryProbe",
     "NoiseScaleCallback",
+    "NoiseScaleEvidence",
     "NoiseScaleResult",
     "OptimizerComparison",
+    "OptimizerEvidence",
     "OptimizerTrial",
     "RecommendConfig",
     "Recommendation",

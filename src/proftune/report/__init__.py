@@ -24,7 +24,7 @@ from ._build import (
     write_compare_report,
     write_report,
 )
-from ._common import Context, read_result, register_renderer
+from ._common import RENDERERS, Context, read_result, register_renderer
 from ._compress_page import candidate_charts, sensitivity_chart
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
@@ -37,6 +37,7 @@ from ._wandb import export_wandb
 
 __all__ = [
     "PALETTE",
+    "RENDERERS",
     "Cell",
     "Context",
     "MLflowLogger",

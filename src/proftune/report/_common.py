@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._jsonsafe import is_finite_number as _num
+from .._registry import Registry
 from .._units import format_bytes
 from ..diagnose import Finding
 from ..exceptions import ConfigError
@@ -17,8 +18,9 @@ from ._html import Page, Section, esc, fmt_number, fmt_value
 
 Renderer = Callable[[Page, RunRecord, "Context"], None]
 
-#: Renderers by run kind; :func:`register_renderer` adds one (``optimize`` adds its own).
-RENDERERS: dict[str, Renderer] = {}
+#: Renderers by run kind; :func:`register_renderer` adds one (``optimize`` adds its own), and an
+#: installed package's through the ``proftune.report_pages`` entry point group (its name: the kind).
+RENDERERS: Registry[Renderer] = Registry("report page", entry_points="proftune.report_pages")
 
 
 @dataclass
@@ -28,11 +30,14 @@ class Context:
     store: Store | None = None
 
 
-def register_renderer(kind: str) -> Callable[[Renderer], Renderer]:
-    """Decorator: ``@register_renderer("optimize")`` renders runs of that kind after the overview."""
+def register_renderer(kind: str, *, replace: bool = False) -> Callable[[Renderer], Renderer]:
+    """Decorator: ``@register_renderer("optimize")`` renders runs of that kind after the overview;
+    a kind that has a page already needs ``replace=True``."""
 
     def deco(fn: Renderer) -> Renderer:
-        RENDERERS[kind] = fn
+        if not callable(fn):
+            raise ConfigError(f"a report page must be a function (page, run, context), but got {fn!r}.")
+        RENDERERS.add(fn, name=kind, replace=replace)
         return fn
 
     return deco

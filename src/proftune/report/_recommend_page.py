@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._units import format_bytes
-from ..recommend import BatchSizeResult, LRFindResult, Recommendations
+from ..recommend import BatchSizeEvidence, BatchSizeResult, LRFindResult, Recommendations
 from ..track import RunRecord
 from ._common import Context, _flatten, _pct, _short_value, register_renderer
 from ._figures import PALETTE, finite, hline, layout, line, vline
@@ -39,10 +39,10 @@ def _recommend(page: Page, r: RunRecord, ctx: Context) -> None:
     s.html('<div class="cards">' + "".join(cards) + "</div>")
     batch = next((x for x in recs if x.name == "batch_size"), None)
     if batch is not None:
-        search = batch.evidence.get("search")
-        if isinstance(search, Mapping):
-            _memory_model(page, BatchSizeResult.from_dict(dict(search)))
-        elif batch.evidence.get("memory_model"):
+        measured = BatchSizeEvidence.of(batch)
+        if measured.search is not None:
+            _memory_model(page, measured.search)
+        elif measured.memory_model:
             page.section("Memory model").para(
                 "the batch-size search's probes are not in this run (recorded before they were kept): "
                 "its fitted model is in the batch_size card's evidence", cls="muted")

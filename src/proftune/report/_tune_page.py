@@ -4,6 +4,7 @@ importance, correlations and the Pareto front."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._jsonsafe import is_finite_number as _num
@@ -15,7 +16,33 @@ from ._figures import PALETTE, bar, finite, heatmap, layout, line, parallel
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
 
 if TYPE_CHECKING:  # search needs the [search] extra: its records are read where a study is drawn
-    from ..search import ScanResult, SearchResult, Statement, TrialRecord
+    from ..search import ConstraintCheck, ScanResult, SearchResult, Statement, TrialRecord, TrialResult
+
+
+@dataclass(frozen=True)
+class _TrialRow:
+    """One trial of a study as the page draws it, from its trial Run and the Run's TrialResult
+    (None while it runs, or when it failed before it ended): ``number`` is the trial's (the
+    Run's id without a result)."""
+
+    number: int
+    state: str
+    reason: str | None
+    params: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+    constraints: Mapping[str, ConstraintCheck]
+    duration_s: float | None
+    run_id: int
+
+    @classmethod
+    def of(cls, run: RunRecord, result: TrialResult | None) -> _TrialRow:
+        number = result.trial if result is not None and result.trial is not None else run.id
+        state = result.state if result is not None else ("running" if run.status == "running" else run.status)
+        return cls(number=number, state=str(state), reason=result.reason if result is not None else None,
+                   params=(run.config or {}).get("params") or {}, metrics=run.metrics or {},
+                   constraints=result.constraints if result is not None else {}, duration_s=run.duration_s,
+                   run_id=run.id)
+
 
 # -- tune / study -----------------------------------------------------------------------------------------
 @register_renderer("tune")
@@ -46,7 +73,7 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
         constraints = [str(c) for c in cfg.get("constraints") or []]
     reported = {k for t in trials for k in (t.metrics or {})} or None
     obj = obj or [split_objective(default_objective(reported))]
-    rows: list[dict[str, Any]] = []
+    rows: list[_TrialRow] = []
     unread: list[str] = []
     for t in trials:
         try:  # a trial Run's record (none while it runs, or when it failed before it ended)
@@ -54,25 +81,22 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
         except ConfigError as exc:
             tr = None
             unread.append(f"run {t.id}: {exc}")
-        rows.append({"#": tr.trial if tr is not None and tr.trial is not None else t.id,
-                     "state": tr.state if tr is not None else ("running" if t.status == "running" else t.status),
-                     "reason": tr.reason if tr is not None else None, "params": (t.config or {}).get("params") or {},
-                     "metrics": t.metrics or {}, "constraints": tr.constraints if tr is not None else {},
-                     "duration": t.duration_s, "run": t.id, "curve": (t.curves or {}).get("epoch") or []})
-    rows.sort(key=lambda row: (row["#"], row["run"]))
+        rows.append(_TrialRow.of(t, tr))
+    rows.sort(key=lambda row: (row.number, row.run_id))
     s = page.section("Study")
     if unread:
         s.para(f"{len(unread)} trial run(s) cannot be read as their record: {unread[0]}", cls="error")
     _best_trial(s, res, obj)
     counts: dict[str, int] = {}
     for row in rows:
-        counts[str(row["state"])] = counts.get(str(row["state"]), 0) + 1
+        counts[row.state] = counts.get(row.state, 0) + 1
     s.html('<div class="stats">' + "".join(
         f'<div class="stat"><div class="v">{n}</div><div class="l">{esc(k)}</div></div>'
         for k, n in sorted(counts.items())) + "</div>")
     s.kv([("study", latest.study if latest else "-"), ("objectives", ", ".join(objectives) or "-"),
           ("constraints", ", ".join(constraints) or "-"),
           ("sampler", res.sampler if res else cfg.get("sampler")), ("pruner", res.pruner if res else cfg.get("pruner")),
+          ("search backend", _backend(res.backend) if res else "-"),
           ("epochs per trial", cfg.get("epochs")),
           ("trials trained / gated", f"{res.tally.trained} / {res.tally.gated}" if res else "- / -"),
           ("stopped by", (res.stopped if res else None) or "-"),
@@ -93,6 +117,14 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
     _correlations(page, res.correlations if res else {})
     if len(obj) >= 2:
         _pareto(page, rows, obj, res.pareto if res else [])
+
+
+def _backend(details: Mapping[str, Any]) -> str:
+    """The backend that ran the trials, with what it reported of itself (``counted 1``)."""
+    name = str(details.get("backend", "local"))
+    extra = ", ".join(f"{k.replace('_', ' ')} {_short_value(v)}" for k, v in details.items()
+                      if k != "backend" and not isinstance(v, (list, dict)))
+    return f"{name} ({extra})" if extra else name
 
 
 def _best_trial(s: Section, res: SearchResult | None, obj: Sequence[tuple[str, str]]) -> None:
@@ -153,42 +185,42 @@ def _objective(text: str) -> tuple[str, str] | None:
         return None
 
 
-def _history(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:
+def _history(page: Page, rows: Sequence[_TrialRow], obj: Sequence[tuple[str, str]]) -> None:
     """Every trial at its number: a value where it has one, else at the axis floor with why it has
     none (infeasible, pruned, failed) on hover."""
     s = page.section("Optimisation history")
     colors = {"complete": PALETTE[0], "infeasible": PALETTE[1], "pruned": "#868e96", "failed": "#c92a2a",
               "running": "#adb5bd"}
     for name, direction in obj:
-        vals = [float(row["metrics"][name]) for row in rows if _num(row["metrics"].get(name))]
+        vals = [float(row.metrics[name]) for row in rows if _num(row.metrics.get(name))]
         floor = (min(vals) if direction == "max" else max(vals)) if vals else 0.0
         data = []
         for state, color in colors.items():
-            pts = [row for row in rows if row["state"] == state]
-            with_v = [row for row in pts if _num(row["metrics"].get(name))]
-            without = [row for row in pts if not _num(row["metrics"].get(name))]
+            pts = [row for row in rows if row.state == state]
+            with_v = [row for row in pts if _num(row.metrics.get(name))]
+            without = [row for row in pts if not _num(row.metrics.get(name))]
             for group, label, symbol in ((with_v, state, "circle"), (without, f"{state}: no {name}", "x")):
                 if not group:
                     continue
                 data.append({"type": "scatter", "mode": "markers", "name": label,
-                             "x": [row["#"] for row in group],
-                             "y": [row["metrics"][name] if symbol == "circle" else floor for row in group],
+                             "x": [row.number for row in group],
+                             "y": [row.metrics[name] if symbol == "circle" else floor for row in group],
                              "marker": {"size": 9, "color": color, "symbol": symbol},
-                             "hovertext": [plot_text(f"trial {row['#']} ({row['state']})"
-                                                     + (f": {_clip(row['reason'], 160)}" if row["reason"] else "")
-                                                     + f"<br>{_short_value(row['params'])}") for row in group],
+                             "hovertext": [plot_text(f"trial {row.number} ({row.state})"
+                                                     + (f": {_clip(row.reason, 160)}" if row.reason else "")
+                                                     + f"<br>{_short_value(row.params)}") for row in group],
                              "hovertemplate": "%{hovertext}<extra></extra>" if symbol == "x"
                              else "%{hovertext}<br>" + name + " %{y:.4g}<extra></extra>"})
         best: list[float | None] = []
         cur: float | None = None
         for row in rows:
-            v = finite(row["metrics"].get(name)) if row["state"] == "complete" else None
+            v = finite(row.metrics.get(name)) if row.state == "complete" else None
             if v is not None and (cur is None or (v > cur if direction == "max" else v < cur)):
                 cur = v
             best.append(cur)
-        data.append({**line([row["#"] for row in rows], best, f"best so far ({direction})", color=PALETTE[2]),
+        data.append({**line([row.number for row in rows], best, f"best so far ({direction})", color=PALETTE[2]),
                      "line": {"shape": "hv", "color": PALETTE[2], "width": 2}})
-        missing = sum(1 for row in rows if not _num(row["metrics"].get(name)))
+        missing = sum(1 for row in rows if not _num(row.metrics.get(name)))
         s.chart({"data": data, "layout": layout(f"{name} of every trial ({len(rows)})", x="trial", y=name)})
         if missing:
             s.para(f"{missing} trial(s) have no {name} (gated before training, pruned early or failed): "
@@ -200,43 +232,43 @@ def _clip(text: Any, n: int) -> str:
     return t if len(t) <= n else t[: n - 1] + "…"
 
 
-def _trial_table(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
+def _trial_table(page: Page, rows: Sequence[_TrialRow], obj: Sequence[tuple[str, str]],
                  constrained: Sequence[str] = ()) -> None:
     """One line per trial: params, the objectives and the constrained metrics, why it ended (cut
     to one line, whole on hover)."""
     s = page.section("Trials")
-    pnames = list(dict.fromkeys(k for row in rows for k in row["params"]))
-    fixed = {k for k in pnames if len({repr(row["params"].get(k)) for row in rows}) == 1}
+    pnames = list(dict.fromkeys(k for row in rows for k in row.params))
+    fixed = {k for k in pnames if len({repr(row.params.get(k)) for row in rows}) == 1}
     shown = [p for p in pnames if p not in fixed]
     mnames = list(dict.fromkeys([*(n for n, _ in obj), *constrained]))
     if fixed:
-        s.para("the same in every trial: " + ", ".join(f"{k} {fmt_number(rows[0]['params'].get(k), digits=3)}"
+        s.para("the same in every trial: " + ", ".join(f"{k} {fmt_number(rows[0].params.get(k), digits=3)}"
                                                        for k in sorted(fixed)), cls="muted")
     table_rows = []
     for row in rows:
-        cons = row["constraints"]
+        cons = row.constraints
         broken = [f"{k}: measured {fmt_number(c.value)}" for k, c in cons.items() if not c.ok]
-        reason = row["reason"] or ""
-        if broken and row["state"] == "infeasible" and not reason:
+        reason = row.reason or ""
+        if broken and row.state == "infeasible" and not reason:
             reason = "; ".join(broken)
-        table_rows.append([row["#"], row["state"],
-                           *[Cell(fmt_number(row["params"].get(p), digits=3), cls="nw") for p in shown],
-                           *[(fmt_value(m, row["metrics"].get(m)), finite(row["metrics"].get(m)) or 0)
-                             if _num(row["metrics"].get(m)) else "-" for m in mnames],
-                           clipped(reason, 40), (f"{row['duration']:.1f}", row["duration"])
-                           if _num(row["duration"]) else "-", row["run"]])
+        table_rows.append([row.number, row.state,
+                           *[Cell(fmt_number(row.params.get(p), digits=3), cls="nw") for p in shown],
+                           *[(fmt_value(m, row.metrics.get(m)), finite(row.metrics.get(m)) or 0)
+                             if _num(row.metrics.get(m)) else "-" for m in mnames],
+                           clipped(reason, 40), (f"{row.duration_s:.1f}", row.duration_s)
+                           if _num(row.duration_s) else "-", row.run_id])
     s.table(["#", "state", *shown, *mnames, "why it ended", "seconds", "run"], table_rows,
-            row_classes=[str(row["state"]) for row in rows])
+            row_classes=[row.state for row in rows])
 
 
-def _parallel(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]]) -> None:
-    done = [row for row in rows if row["state"] == "complete"]
+def _parallel(page: Page, rows: Sequence[_TrialRow], obj: Sequence[tuple[str, str]]) -> None:
+    done = [row for row in rows if row.state == "complete"]
     if len(done) < 2:
         return
-    pnames = [k for k in dict.fromkeys(k for row in done for k in row["params"])
-              if len({repr(row["params"].get(k)) for row in done}) > 1]  # a fixed param is no axis
+    pnames = [k for k in dict.fromkeys(k for row in done for k in row.params)
+              if len({repr(row.params.get(k)) for row in done}) > 1]  # a fixed param is no axis
     target = obj[0][0]
-    flat = [{"#": row["#"], **row["params"], target: row["metrics"].get(target)} for row in done]
+    flat = [{"#": row.number, **row.params, target: row.metrics.get(target)} for row in done]
     s = page.section("Parallel coordinates")
     s.chart(parallel(flat, [*pnames, target], target, title=f"completed trials, coloured by {target}"))
 
@@ -306,26 +338,26 @@ def _correlations(page: Page, corr: Mapping[str, Any]) -> None:
         s.chart(heatmap(z, targets, params, title=f"{method.capitalize()} correlation: param × metric"))
 
 
-def _pareto(page: Page, rows: Sequence[Mapping[str, Any]], obj: Sequence[tuple[str, str]],
+def _pareto(page: Page, rows: Sequence[_TrialRow], obj: Sequence[tuple[str, str]],
             front: Sequence[TrialRecord]) -> None:
     (m1, d1), (m2, d2) = obj[0], obj[1]
-    done = [row for row in rows if row["state"] in ("complete", "infeasible")
-            and _num(row["metrics"].get(m1)) and _num(row["metrics"].get(m2))]
+    done = [row for row in rows if row.state in ("complete", "infeasible")
+            and _num(row.metrics.get(m1)) and _num(row.metrics.get(m2))]
     if not done:
         return
     on_front = {f.number for f in front}
     s = page.section("Pareto front")
     data = []
     for name, pts, color, size in (
-            ("infeasible", [r for r in done if r["state"] == "infeasible"], PALETTE[1], 8),
-            ("dominated", [r for r in done if r["state"] == "complete" and r["#"] not in on_front], "#adb5bd", 9),
-            ("Pareto front", sorted([r for r in done if r["#"] in on_front], key=lambda r: r["metrics"][m1]),
+            ("infeasible", [r for r in done if r.state == "infeasible"], PALETTE[1], 8),
+            ("dominated", [r for r in done if r.state == "complete" and r.number not in on_front], "#adb5bd", 9),
+            ("Pareto front", sorted([r for r in done if r.number in on_front], key=lambda r: r.metrics[m1]),
              PALETTE[0], 12)):
         if pts:
             data.append({"type": "scatter", "mode": "lines+markers" if name == "Pareto front" else "markers",
-                         "name": name, "x": [r["metrics"][m1] for r in pts], "y": [r["metrics"][m2] for r in pts],
+                         "name": name, "x": [r.metrics[m1] for r in pts], "y": [r.metrics[m2] for r in pts],
                          "marker": {"size": size, "color": color}, "line": {"color": color, "shape": "hv"},
-                         "hovertext": [plot_text(f"trial {r['#']}: {_short_value(r['params'])}") for r in pts],
+                         "hovertext": [plot_text(f"trial {r.number}: {_short_value(r.params)}") for r in pts],
                          "hovertemplate": "%{hovertext}<br>%{x:.4g}, %{y:.4g}<extra></extra>"})
     s.chart({"data": data, "layout": layout(f"{m1} ({d1}) vs {m2} ({d2})", x=m1, y=m2)},
             side=s.side(lambda t: t.table(["trial", m1, m2], [[f.number, f.metrics.get(m1), f.metrics.get(m2)]

@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from .._deprecated import warn_experimental
 from .._jsonsafe import json_safe
 from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector
@@ -363,6 +364,7 @@ def search(
     started = time.perf_counter()
     objective = is_objective(task)
     if objective:
+        warn_experimental("proftune.search with a plain objective (a callable)", "0.1.0")
         task = ObjectiveTask(task, metrics=_objective_metrics(c))  # type: ignore[arg-type]
     task_obj = load_task(task)  # type: ignore[arg-type]
     settings, space_obj = _settings(task, task_obj, space, c)  # type: ignore[arg-type]

@@ -31,6 +31,9 @@ class BasePrunerMaker(abc.ABC):
 
     #: The key ``--pruner`` and ``pruner=`` take.
     name: ClassVar[str] = ""
+    #: The options it reads from the space file's ``pruner:`` section, each ``int`` or ``float``
+    #: (a space file may give only the options some registered pruner reads).
+    option_types: ClassVar[dict[str, str]] = {}
 
     @abc.abstractmethod
     def make(self, options: dict[str, Any]) -> BasePruner:
@@ -89,6 +92,15 @@ class PatiencePruner(BasePruner):
         return self.reports_since_improvement(values, maximize=maximize) >= self.patience
 
 
+def pruner_options() -> dict[str, str]:
+    """Every option a registered pruner reads from the space file, with its type (``int``, ``float``)."""
+    out: dict[str, str] = {}
+    for maker in PRUNER_REGISTRY.values():
+        for key, kind in maker.option_types.items():
+            out.setdefault(key, kind)
+    return out
+
+
 def pruner_name(pruner: str | BasePruner) -> str:
     """A registry key as it is; a user's own Optuna pruner by its class."""
     return pruner if isinstance(pruner, str) else type(pruner).__name__
@@ -113,6 +125,7 @@ class _NoPruner(BasePrunerMaker):
 @register_pruner
 class _Median(BasePrunerMaker):
     name = "median"
+    option_types: ClassVar[dict[str, str]] = {"n_startup_trials": "int", "n_warmup_steps": "int"}
 
     def make(self, options: dict[str, Any]) -> BasePruner:
         return optuna.pruners.MedianPruner(n_startup_trials=int(options.get("n_startup_trials", 4)),
@@ -122,6 +135,7 @@ class _Median(BasePrunerMaker):
 @register_pruner
 class _ASHA(BasePrunerMaker):
     name = "asha"
+    option_types: ClassVar[dict[str, str]] = {"min_resource": "int", "reduction_factor": "int"}
 
     def make(self, options: dict[str, Any]) -> BasePruner:
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=int(options.get("min_resource", 1)),
@@ -131,6 +145,7 @@ class _ASHA(BasePrunerMaker):
 @register_pruner
 class _Patience(BasePrunerMaker):
     name = "patience"
+    option_types: ClassVar[dict[str, str]] = {"patience": "int", "min_delta": "float"}
 
     def make(self, options: dict[str, Any]) -> BasePruner:
         return PatiencePruner(int(options.get("patience", 2)), float(options.get("min_delta", 0.0)))

@@ -53,6 +53,21 @@ class TrialRecord:
     #: The seed this evaluation ran with (the search's, plus ``repeat``).
     seed: int | None = None
 
+    @property
+    def value(self) -> float | None:
+        """The first objective's value of a complete trial (None for any other state)."""
+        return self.values[0] if (self.values and self.state == "complete") else None
+
+    @property
+    def epochs(self) -> int:
+        """The epochs it trained (its curve's length)."""
+        return len(self.curve)
+
+    @property
+    def ended(self) -> bool:
+        """It ended: trained (complete, pruned, infeasible), or failed in user code (with a reason)."""
+        return self.state in ("complete", "pruned", "infeasible") or (self.state == "failed" and bool(self.reason))
+
     def to_dict(self) -> dict[str, Any]:
         return {"repeat": self.repeat, "seed": self.seed,
             "number": self.number, "state": self.state, "params": self.params,

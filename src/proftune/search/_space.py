@@ -393,22 +393,22 @@ def _parse_tiers(where: str, raw: Any, params: Sequence[Param], problems: Proble
     return tiers
 
 
-_PRUNER_KEYS = ("patience", "min_delta", "n_startup_trials", "n_warmup_steps", "reduction_factor", "min_resource")
-
-
 def _parse_pruner(where: str, raw: Any, problems: ProblemCollector) -> dict[str, Any]:
+    from ._pruners import pruner_options  # the options the registered pruners read (a plug-in's too)
+
     if not isinstance(raw, Mapping):
         problems.add(f"{where}: 'pruner:' must be a mapping (patience, min_delta), but got {raw!r}.")
         return {}
+    types = pruner_options()
     pruner = dict(raw)
     for key, value in raw.items():
         num = _number(value)
-        if key not in _PRUNER_KEYS:
-            problems.add(f"{where}: pruner option {key!r} is unknown; valid: {', '.join(_PRUNER_KEYS)}.")
+        if key not in types:
+            problems.add(f"{where}: pruner option {key!r} is unknown; valid: {', '.join(types)}.")
         elif num is None or num < 0:
             problems.add(f"{where}: pruner {key}={value!r} must be a number >= 0.")
         else:
-            pruner[key] = num if key == "min_delta" else int(num)
+            pruner[key] = float(num) if types[key] == "float" else int(num)
     return pruner
 
 
