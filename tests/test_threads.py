@@ -69,6 +69,7 @@ def _two_candidates(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(_threads.THREADS_ENV, raising=False)
     monkeypatch.setattr(train, "clock", lambda device=None: time.perf_counter() + _VIRTUAL[0])
     monkeypatch.setattr(train, "run_queue_ms", lambda: None)
+    monkeypatch.setattr(train, "others_running", lambda own=1: None)
     _threads.forget()
     yield
     _threads.forget()
@@ -160,6 +161,41 @@ def test_steps_that_wait_for_cores_skip_the_larger_counts() -> None:
         quiet.observe({1: 10.0, 2: 6.0, 4: 7.0}[quiet.threads], wait_ms=0.1)
     assert quiet.checks[0].chosen == 2
     assert set(quiet.checks[0].step_ms) == {"1", "2", "4"}
+
+
+def test_counts_above_the_cores_others_leave_free_are_not_tried() -> None:
+    """On 4 cores, with 3 of other processes' threads runnable around the one-thread steps, no
+    larger count is tried (each would wait for a core at every parallel region); with one, two
+    threads are tried but not four; with none, all; the record says what the others held."""
+    held = ThreadTuner([1, 2, 4], window=4, cores=4)
+    for _ in range(12):
+        held.observe(10.0, others=3)
+    assert held.steps_at == {1: 12}
+    assert (held.checks[0].skipped, held.checks[0].others) == ([2, 4], {"1": 3.0})
+    some = ThreadTuner([1, 2, 4], window=4, cores=4)
+    for _ in range(12):
+        some.observe({1: 10.0, 2: 6.0, 4: 4.0}[some.threads], others=1)
+    assert (some.checks[0].chosen, some.checks[0].skipped) == (2, [4])
+    free = ThreadTuner([1, 2, 4], window=4, cores=4)
+    for _ in range(12):
+        free.observe({1: 10.0, 2: 6.0, 4: 4.0}[free.threads], others=0)
+    assert free.checks[0].chosen == 4
+    unknown = ThreadTuner([1, 2, 4], window=4)  # the machine's cores not known: the signal is unused
+    for _ in range(12):
+        unknown.observe({1: 10.0, 2: 6.0, 4: 4.0}[unknown.threads], others=3)
+    assert unknown.checks[0].chosen == 4
+
+
+def test_a_fit_beside_other_runnable_threads_trains_at_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fit loop samples other processes' runnable threads around each step (faked: one, on a
+    machine of two cores): two threads are never tried."""
+    monkeypatch.setattr(train, "others_running", lambda own=1: 1)
+    monkeypatch.setattr(train, "machine_cores", lambda: 2)
+    task = _Tiny()
+    result = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
+    assert result.threads is not None
+    assert result.threads.steps_at == {"1": 20}
+    assert result.threads.checks[0].others == {"1": 1.0}
 
 
 def test_a_fit_that_waits_for_cores_trains_at_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:

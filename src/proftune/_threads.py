@@ -40,7 +40,9 @@ __all__ = [
     "fixed_threads",
     "forget",
     "limit_threads",
+    "machine_cores",
     "max_threads",
+    "others_running",
     "recall",
     "remember",
     "run_queue_ms",
@@ -146,6 +148,33 @@ def run_queue_ms() -> float | None:
 _SCHEDSTAT = True
 
 
+def machine_cores() -> int | None:
+    """The machine's cores where this process may run on all of them (then the threads other
+    processes run, :func:`others_running`, compete for ours); None where its affinity mask holds
+    fewer (the others may run on cores it cannot use) or the OS does not say."""
+    total = os.cpu_count()
+    return total if total and _cores() == total else None
+
+
+def others_running(own: int = 1) -> int | None:
+    """Threads of other processes runnable on the machine right now (Linux's ``/proc/loadavg``:
+    the runnable count, less ``own``: this process's threads that may be running); None where
+    the OS does not say. Sampled around each step: where the others hold all cores but one, a
+    second thread of ours waits for a core at every parallel region (many times slower)."""
+    global _LOADAVG
+    if not _LOADAVG:
+        return None
+    try:
+        with open("/proc/loadavg") as f:
+            return max(0, int(f.read().split()[3].split("/")[0]) - max(1, own))
+    except (OSError, ValueError, IndexError):
+        _LOADAVG = False
+        return None
+
+
+_LOADAVG = True
+
+
 @dataclass(frozen=True)
 class ThreadCheck(JsonRecord):
     """One measurement of the candidates: when it began (the fit's step), why (``start``,
@@ -166,6 +195,10 @@ class ThreadCheck(JsonRecord):
     #: Per measured count, the share of its steps' time the training thread waited for a core
     #: (run queue; Linux). Above ``busy`` the larger counts are skipped: their threads would wait too.
     wait_share: dict[str, float] = field(default_factory=dict)
+    #: Per measured count, the median number of other processes' threads runnable around its
+    #: steps (Linux), where the tuner knows the machine's cores: larger counts than the cores
+    #: the others leave free are skipped (their threads would wait for a core).
+    others: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -207,7 +240,9 @@ class ThreadTuner:
     x the best median so far is stopped after that step, and the climb stops at the first count
     slower than the best, or at a count whose steps waited for a core more than ``busy`` of their
     time (the cores are held by others: more threads would wait for them, and on a shared machine
-    that is where a step at torch's default is many times slower). It chooses the smallest count
+    that is where a step at torch's default is many times slower); where it knows the machine's
+    ``cores``, counts above the cores other processes' runnable threads leave free (``others``,
+    the median around the last count's steps) are not tried either. It chooses the smallest count
     within ``tie`` of the fastest (fewer threads leave cores to others and wait less).
 
     Then the median of each window of ``window`` steps is compared with the chosen count's
@@ -223,10 +258,10 @@ class ThreadTuner:
     def __init__(self, candidates: list[int], *, start: int | None = None, recheck: int = 64,
                  steps: int = 3, window: int = 8, drift: float = 0.5, abort: float = 3.0, tie: float = 0.1,
                  busy: float = 0.2, max_recheck: int = 1024, warmup: int = 1, since: int = 0,
-                 cost_share: float = 0.02) -> None:
+                 cost_share: float = 0.02, cores: int | None = None) -> None:
         self.candidates = sorted(set(candidates))
         self.steps_per, self.window_size, self.drift, self.abort, self.tie = steps, window, drift, abort, tie
-        self.busy = busy
+        self.busy, self.cores = busy, cores
         self.base_recheck, self.max_recheck, self.cost_share = recheck, max_recheck, cost_share
         self.recheck = recheck
         self.checks: list[ThreadCheck] = []
@@ -235,6 +270,7 @@ class ThreadTuner:
         self._warmup = warmup
         self._window: deque[float] = deque(maxlen=window)
         self._waits: deque[float] = deque(maxlen=window)
+        self._others: deque[float] = deque(maxlen=window)
         self._since = since if start is not None else 0
         self._ref: float | None = None
         self._drift_gap = 2 * window
@@ -263,10 +299,12 @@ class ThreadTuner:
         best = min(m.done, key=lambda c: m.done[c])
         return (self.abort * m.done[best], best) if best != self.threads else None
 
-    def observe(self, step_ms: float, *, cut: bool = False, wait_ms: float | None = None) -> None:
+    def observe(self, step_ms: float, *, cut: bool = False, wait_ms: float | None = None,
+                others: float | None = None) -> None:
         """The step just run took ``step_ms`` at :attr:`threads` (``cut``: it went on at the best
         count once it took too long; ``wait_ms``: of it, the training thread waited for a core,
-        None: not known); :attr:`threads` is the next step's."""
+        None: not known; ``others``: other processes' threads runnable around it, None: not
+        known); :attr:`threads` is the next step's."""
         self.step += 1
         self.steps_at[self.threads] = self.steps_at.get(self.threads, 0) + 1
         if self._warmup > 0:  # the first step of a fit builds its buffers: it says nothing of threads
@@ -274,16 +312,19 @@ class ThreadTuner:
             return
         wait = None if wait_ms is None or step_ms <= 0 else min(1.0, max(0.0, wait_ms / step_ms))
         if self._measuring is not None:
-            self._measure(step_ms, wait, cut=cut)
+            self._measure(step_ms, wait, others, cut=cut)
             return
         self._window.append(step_ms)
         if wait is not None:
             self._waits.append(wait)
+        if others is not None:
+            self._others.append(others)
         self._since += 1
         if len(self.candidates) < 2 or len(self._window) < self.window_size or self._since % self.window_size:
             return
         median = statistics.median(self._window)
         waited = statistics.median(self._waits) if len(self._waits) == len(self._window) else None
+        held = statistics.median(self._others) if len(self._others) == len(self._window) else None
         if self._ref is None:
             self._ref = median
         elif abs(median - self._ref) > self.drift * self._ref and self._since >= self._drift_gap:
@@ -291,39 +332,55 @@ class ThreadTuner:
             order = [c for c in self.candidates if (c < self.threads if slower else c > self.threads)]
             if waited is not None and waited > self.busy:
                 order = [c for c in order if c < self.threads]
+            order = [c for c in order if c <= self._free(held)]
             if order:
-                self._begin("drift", order=order, prefilled=(median, waited), drift_ms=[median, self._ref])
+                self._begin("drift", order=order, prefilled=(median, waited, held), drift_ms=[median, self._ref])
                 return
             self._ref = median  # nothing a change could help: the machine's new pace is the reference
         if self._since >= self.recheck:
             order = [c for c in self.candidates if c != self.threads]
             if waited is not None and waited > self.busy:
                 order = [c for c in order if c < self.threads]
-            self._begin("periodic", order=order, prefilled=(median, waited))
+            order = [c for c in order if c <= self._free(held)]
+            self._begin("periodic", order=order, prefilled=(median, waited, held))
 
-    def _begin(self, reason: str, *, order: list[int], prefilled: tuple[float, float | None] | None = None,
+    def _free(self, others: float | None) -> int:
+        """The most threads worth trying while ``others`` of other processes' threads are
+        runnable: the cores they leave free (at least 1); every count where that is not known."""
+        if others is None or self.cores is None:
+            return max(self.candidates)
+        return max(1, self.cores - math.ceil(others))
+
+    def _begin(self, reason: str, *, order: list[int],
+               prefilled: tuple[float, float | None, float | None] | None = None,
                drift_ms: list[float] | None = None) -> None:
         done: dict[int, float] = {}
         waits: dict[int, float] = {}
+        held: dict[int, float] = {}
         if prefilled is not None:
             done[self.threads] = prefilled[0]
             if prefilled[1] is not None:
                 waits[self.threads] = prefilled[1]
+            if prefilled[2] is not None:
+                held[self.threads] = prefilled[2]
         skipped = [c for c in self.candidates if c not in order and c not in done]
         m = _Check(reason=reason, at=self.step, order=order, done=done, drift_ms=drift_ms or [],
-                   previous=None if reason == "start" else self.threads, waits=waits, skipped=skipped)
+                   previous=None if reason == "start" else self.threads, waits=waits, skipped=skipped,
+                   held=held)
         self._measuring = m
         if order:
             self.threads = order[0]
         else:
             self._finish(m)
 
-    def _measure(self, step_ms: float, wait: float | None, *, cut: bool) -> None:
+    def _measure(self, step_ms: float, wait: float | None, others: float | None, *, cut: bool) -> None:
         m = self._measuring
         assert m is not None
         m.times.append(step_ms)
         if wait is not None:
             m.wait_times.append(wait)
+        if others is not None:
+            m.others_times.append(others)
         m.spent.append((self.threads, step_ms))
         best = min(m.done.values()) if m.done else None
         aborted = cut or (best is not None and step_ms > self.abort * best)
@@ -333,7 +390,9 @@ class ThreadTuner:
         m.done[self.threads] = value
         if len(m.wait_times) == len(m.times):
             m.waits[self.threads] = statistics.median(m.wait_times)
-        m.times, m.wait_times = [], []
+        if len(m.others_times) == len(m.times):
+            m.held[self.threads] = statistics.median(m.others_times)
+        m.times, m.wait_times, m.others_times = [], [], []
         m.order.pop(0)
         best_count = min(m.done, key=lambda c: m.done[c])
         waited = m.waits.get(self.threads, 0.0) > self.busy
@@ -341,6 +400,9 @@ class ThreadTuner:
             # slower at more threads, or its steps waited for cores others hold: stop climbing
             m.skipped += [c for c in m.order if c > self.threads]
             m.order = [c for c in m.order if c < self.threads]
+        free = self._free(m.held.get(self.threads))
+        m.skipped += [c for c in m.order if c > free]  # the cores others hold: those threads would wait
+        m.order = [c for c in m.order if c <= free]
         if m.order:
             self.threads = m.order[0]
             return
@@ -352,7 +414,8 @@ class ThreadTuner:
         self.checks.append(ThreadCheck(step=m.at, reason=m.reason, chosen=chosen, skipped=sorted(set(m.skipped)),
                                        step_ms={str(c): round(v, 4) for c, v in sorted(m.done.items())},
                                        drift_ms=[round(v, 4) for v in m.drift_ms],
-                                       wait_share={str(c): round(v, 3) for c, v in sorted(m.waits.items())}))
+                                       wait_share={str(c): round(v, 3) for c, v in sorted(m.waits.items())},
+                                       others={str(c): round(v, 2) for c, v in sorted(m.held.items())}))
         kept = m.previous is not None and chosen == m.previous
         # a check costs what its steps at the other counts took beyond the chosen one's; the next
         # periodic one comes when that is at most ``cost_share`` of the training between them
@@ -367,6 +430,7 @@ class ThreadTuner:
         self._measuring = None
         self._window.clear()
         self._waits.clear()
+        self._others.clear()
         self._since = 0
         self._ref = m.done[chosen]
         self._warmup = 1 if m.spent and chosen != last else 0
@@ -389,6 +453,8 @@ class _Check:
     wait_times: list[float] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     spent: list[tuple[int, float]] = field(default_factory=list)
+    held: dict[int, float] = field(default_factory=dict)
+    others_times: list[float] = field(default_factory=list)
 
 
 #: The last completed choice per workload (task, device) in this process: a fit that follows one

@@ -27,7 +27,9 @@ from ._threads import (
     ThreadChoice,
     ThreadTuner,
     candidate_counts,
+    machine_cores,
     max_threads,
+    others_running,
     recall,
     remember,
     run_queue_ms,
@@ -363,11 +365,13 @@ class _ThreadControl(Callback):
         self._grad_hooks: list[Any] = []
         self._deadline, self._fallback, self._cut = 0.0, 1, False
         self._wait0: float | None = None
+        self._others0: int | None = None
         self._wall0 = 0.0
         if fixed is None:
             hit = recall(key)
             start, recheck, since = hit if hit is not None else (None, 64, 0)
-            self.tuner = ThreadTuner(candidate_counts(self.limit), start=start, recheck=recheck, since=since)
+            self.tuner = ThreadTuner(candidate_counts(self.limit), start=start, recheck=recheck, since=since,
+                                     cores=machine_cores())
         self._apply()
 
     def _apply(self) -> None:
@@ -378,6 +382,7 @@ class _ThreadControl(Callback):
     def on_step_start(self, state: FitState) -> None:
         if self.tuner is not None:
             self._wait0, self._wall0 = run_queue_ms(), time.perf_counter()
+            self._others0 = others_running(torch.get_num_threads())
         # a candidate measured after a faster one: once its step has taken ``abort`` x the best
         # step, the rest of the step runs at the best count (checked as each module's forward
         # starts and each parameter's gradient is computed, through hooks on this model's own
@@ -421,7 +426,10 @@ class _ThreadControl(Callback):
             # the share of the step the training thread waited for a core, scaled to the step's time
             waited = (None if wait is None or self._wait0 is None or wall <= 0 else
                       (wait - self._wait0) / wall * float(state.timing.get("step_ms", 0.0)))
-            self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut, wait_ms=waited)
+            # other processes' runnable threads, sampled as the step began and as it ended
+            after = others_running(torch.get_num_threads())
+            others = None if after is None or self._others0 is None else (self._others0 + after) / 2
+            self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut, wait_ms=waited, others=others)
             self._apply()
 
     def on_fit_end(self, state: FitState) -> None:
