@@ -712,8 +712,11 @@ def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device:
     why = ""
     if skipped:
         shares = ", ".join(f"{k} thread{'s' if k != '1' else ''} {v:.0%}" for k, v in sorted(waited.items()))
+        held = {k: v for check in choice.checks for k, v in check.others.items()}
+        others = ", ".join(f"{v:.3g} beside {k} thread{'s' if k != '1' else ''}" for k, v in sorted(held.items()))
         why = (f"; not measured: {', '.join(map(str, skipped))} threads (a smaller count was slower"
-               + (f", or its steps waited for cores held by others: {shares} of the step" if shares else "") + ")")
+               + (f", or its steps waited for cores held by others: {shares} of the step" if shares else "")
+               + (f", or other processes' runnable threads held the other cores: {others}" if others else "") + ")")
     return Recommendation(
         "threads", choice.threads,
         f"measured per step on this machine as loaded now: {times}{why}; the fit loop computes it again "
