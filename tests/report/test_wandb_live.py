@@ -120,3 +120,25 @@ def test_a_failed_trial_is_logged_failed(tmp_path: Path, monkeypatch: pytest.Mon
     out = proftune.report.export_wandb(result.run_id, project="failures", dir=tmp_path, mode="offline", db=db,
                                        report=False, skip=sink.run_ids)
     assert [o["proftune_run"] for o in out] == [result.run_id]
+
+
+def test_a_trial_wandb_refuses_is_left_to_the_final_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B online with no account refuses every run: the study still ends, the sink says which
+    trials it could not log, and the end-of-study export (offline here) logs them after all."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))  # no stored login
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    sink = WandbTrialLogger("refused", dir=tmp_path, mode="online")
+    result = proftune.search(lambda p: float(p["x"]), {"params": {"x": {"type": "categorical", "choices": [1, 2]}}},
+                             objectives=["value:min"], trials=2, sampler="grid", study="refused", db=db,
+                             on_trial=sink)
+    assert [run for run, _ in sink.errors] == sorted(t.run_id for t in result.trials)
+    assert all(error.startswith("UsageError") for _, error in sink.errors), sink.errors
+    assert sink.logged == []
+    assert sink.run_ids == set()
+    out = proftune.report.export_wandb(result.run_id, project="refused", dir=tmp_path, mode="offline", db=db,
+                                       report=False, skip=sink.run_ids)
+    assert [o["proftune_run"] for o in out] == [result.run_id, *sorted(t.run_id for t in result.trials)]

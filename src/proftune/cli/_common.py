@@ -100,7 +100,10 @@ def log_run(log: str | None, run_id: int, *, project: str, db: str | None,
 
     ended = export_wandb(run_id, project=project, db=db, report=False, skip=live.run_ids if live else ())
     runs = [{**x, "live": False} for x in ended[:1]] + [{**x, "live": True} for x in (live.logged if live else [])]
-    return {"project": project, "runs": runs + [{**x, "live": False} for x in ended[1:]]}
+    out = {"project": project, "runs": runs + [{**x, "live": False} for x in ended[1:]]}
+    if live is not None and live.errors:  # W&B refused them live; the export above tried again
+        out["live_errors"] = [{"proftune_run": run, "error": error} for run, error in live.errors]
+    return out
 
 
 ReportOpt = Annotated[
