@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import optuna
+import pytest
 
 import proftune
 from proftune import Store
@@ -28,8 +29,10 @@ def _check_shared(result: proftune.SearchResult, db: str, study: str, trials: in
     assert {r.result["trial"] for r in runs} == {t.number for t in kept}
 
 
-def test_two_workers_share_a_sqlite_study(tmp_path: Path) -> None:
+def test_two_workers_share_a_sqlite_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """...and ``on_trial`` is called here, in the parent, once per trial as the workers end them."""
+    # a look every 20 ms, not every second: these trials take a fraction of a second each
+    monkeypatch.setattr("proftune.search._backends.POLL_S", 0.02)
     db = f"sqlite:///{tmp_path / 'p.db'}"
     calls: list[tuple[int, int, str, int, str]] = []  # (pid, trial run, its status, trials ended, tune status)
 
