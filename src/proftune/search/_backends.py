@@ -36,8 +36,8 @@ class BaseSearchBackend(abc.ABC):
     """Runs the study's remaining trials; every trial lands in the study (Optuna's storage on the
     Store's database) and the Store, as ``run_worker`` does them.
 
-    A backend that can say when trials have ended calls ``notify_ended(config, store,
-    settings.tune_run_id)`` then (in the process that called the search): ``config.on_trial``
+    A backend that can say when trials have ended calls ``proftune.search.notify_ended(config,
+    store, settings.tune_run_id)`` then (in the process that called the search): ``config.on_trial``
     gets each trial as it ends; otherwise the search hands them over when ``run`` returns."""
 
     #: The key ``--backend`` and ``search(backend=)`` take.
