@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from proftune.cli import app
+from proftune.track import Store
 
 pytest.importorskip("wandb", reason="the wandb extra: pip install -e '.[wandb]'")
 
@@ -39,8 +40,8 @@ def test_tune_logs_its_study_to_wandb(tmp_path: Path, monkeypatch: pytest.Monkey
 
 @pytest.mark.slow  # ~25 s: a whole optimize loop; tune's test above covers the sink itself
 def test_optimize_logs_its_run_and_stages_to_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same sink for optimize: its run and the runs it started (each stage's, the trials, the
-    race's trainings) as one group, checked before the loop starts."""
+    """The same sink for optimize: its search trials as they end, then its run and the runs it
+    started (each stage's) as one group, checked before the loop starts."""
     import wandb
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -58,5 +59,14 @@ def test_optimize_logs_its_run_and_stages_to_wandb(tmp_path: Path, monkeypatch: 
     runs = d["wandb"]["runs"]
     assert d["wandb"]["project"] == "ow"
     assert len(runs) > len(d["stages"])  # the optimize run and at least each stage's
+    store = Store(db)
+    opt = store.get_run(runs[0]["proftune_run"])  # the run first
+    assert (opt.kind, opt.parent_id) == ("optimize", None)
+    trials = store.list_runs(kind="trial", study=opt.study)
+    assert trials, "the search stage ran trials"
+    # every search trial logged live, once; the end-of-run export adds the rest, none twice
+    assert sorted(r["proftune_run"] for r in runs if r["live"]) == sorted(t.id for t in trials)
+    assert len({r["proftune_run"] for r in runs}) == len(runs)
     wandb.teardown()
     assert all(list(Path(r["dir"]).glob("run-*.wandb")) for r in runs)
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == len(runs)

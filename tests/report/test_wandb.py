@@ -10,6 +10,7 @@ framing is undone here (a dozen lines) and every record is parsed by wandb's pro
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import struct
 from pathlib import Path
@@ -60,7 +61,7 @@ def _key(item: Any) -> str:
 
 
 def read_offline(run_dir: str | Path) -> dict[str, Any]:
-    """What an offline run holds: run (name, group, job type, tags), config, history rows,
+    """What an offline run holds: run (name, group, job type, tags, start time), config, history rows,
     summary, artifacts (name, type, files), exit code."""
     # wandb's service writes the file out when it shuts down (at exit; here, now): run.finish()
     # returns once the run is complete, not once the file is
@@ -73,7 +74,8 @@ def read_offline(run_dir: str | Path) -> dict[str, Any]:
         if kind == "run":
             r = rec.run
             got["run"] = {"id": r.run_id, "project": r.project, "name": r.display_name, "group": r.run_group,
-                          "job_type": r.job_type, "tags": list(r.tags)}
+                          "job_type": r.job_type, "tags": list(r.tags),
+                          "start_time": r.start_time.ToDatetime(tzinfo=dt.timezone.utc)}
             got["config"].update({_key(i): json.loads(i.value_json) for i in r.config.update})
         elif kind == "config":
             got["config"].update({_key(i): json.loads(i.value_json) for i in rec.config.update})

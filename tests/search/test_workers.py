@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import optuna
+import pytest
 
 import proftune
 from proftune import Store
+from proftune.track import RunRecord
 
 SPACE = {"params": {"hidden": {"type": "int", "low": 4, "high": 32},
                     "lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
@@ -26,11 +29,25 @@ def _check_shared(result: proftune.SearchResult, db: str, study: str, trials: in
     assert {r.result["trial"] for r in runs} == {t.number for t in kept}
 
 
-def test_two_workers_share_a_sqlite_study(tmp_path: Path) -> None:
+def test_two_workers_share_a_sqlite_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """...and ``on_trial`` is called here, in the parent, once per trial as the workers end them."""
+    # a look every 20 ms, not every second: these trials take a fraction of a second each
+    monkeypatch.setattr("proftune.search._backends.POLL_S", 0.02)
     db = f"sqlite:///{tmp_path / 'p.db'}"
+    calls: list[tuple[int, int, str, int, str]] = []  # (pid, trial run, its status, trials ended, tune status)
+
+    def on_trial(record: RunRecord) -> None:
+        st = Store(db)
+        ended = sum(1 for r in st.list_runs(kind="trial") if r.status != "running")
+        calls.append((os.getpid(), record.id, record.status, ended, st.list_runs(kind="tune")[0].status))
+
     result = proftune.search("wine-mlp", SPACE, trials=6, epochs=2, sampler="random", workers=2,
-                             study="w", db=db)
+                             study="w", db=db, on_trial=on_trial)
     _check_shared(result, db, "w", 6)
+    trials = Store(db).list_runs(kind="trial", study="w")
+    assert sorted(c[1] for c in calls) == sorted(r.id for r in trials)  # each once
+    assert {(c[0], c[2], c[4]) for c in calls} == {(os.getpid(), "finished", "running")}
+    assert calls[0][3] < len(trials)  # the first handed over while trials were still to end
 
 
 def test_two_workers_share_a_postgresql_study(postgres_url: str) -> None:

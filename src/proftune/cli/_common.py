@@ -62,8 +62,9 @@ MaxStepsOpt = Annotated[
 ]
 LogOpt = Annotated[
     str | None,
-    typer.Option("--log", help="wandb: when the run ends, log it to Weights & Biases, it and the runs it "
-                 "started as runs of one group (offline: WANDB_MODE=offline).", show_default=False),
+    typer.Option("--log", help="wandb: log to Weights & Biases as one group: each trial as it ends, "
+                 "while the study runs; the run and the other runs it started when it ends "
+                 "(offline: WANDB_MODE=offline).", show_default=False),
 ]
 WandbProjectOpt = Annotated[str, typer.Option("--wandb-project", help="W&B project for --log wandb.")]
 
@@ -79,13 +80,30 @@ def check_log(log: str | None, *, command: str) -> None:
     require("wandb", feature=f"proftune {command} --log wandb")
 
 
-def log_run(log: str | None, run_id: int, *, project: str, db: str | None) -> dict[str, Any] | None:
-    """Log the finished run ``run_id`` and its children where ``--log`` asks; what was logged."""
+def trial_logger(log: str | None, *, project: str) -> Any:
+    """Where ``--log`` asks: the sink that logs each trial as it ends (``search(on_trial=)``), else None."""
+    if log != "wandb":
+        return None
+    from ..report import WandbTrialLogger
+
+    return WandbTrialLogger(project)
+
+
+def log_run(log: str | None, run_id: int, *, project: str, db: str | None,
+            live: Any = None) -> dict[str, Any] | None:
+    """Log the finished run ``run_id`` and its children where ``--log`` asks, but for the trials
+    ``live`` (a :func:`trial_logger`) logged as they ended; what was logged, the run first, each
+    entry with ``live`` (logged while the run ran)."""
     if log != "wandb":
         return None
     from ..report import export_wandb
 
-    return {"project": project, "runs": export_wandb(run_id, project=project, db=db, report=False)}
+    ended = export_wandb(run_id, project=project, db=db, report=False, skip=live.run_ids if live else ())
+    runs = [{**x, "live": False} for x in ended[:1]] + [{**x, "live": True} for x in (live.logged if live else [])]
+    out = {"project": project, "runs": runs + [{**x, "live": False} for x in ended[1:]]}
+    if live is not None and live.errors:  # W&B refused them live; the export above tried again
+        out["live_errors"] = [{"proftune_run": run, "error": error} for run, error in live.errors]
+    return out
 
 
 ReportOpt = Annotated[

@@ -30,6 +30,7 @@ from ._common import (
     execute,
     log_run,
     out_console,
+    trial_logger,
     with_report,
 )
 
@@ -95,14 +96,15 @@ def optimize_command(
 
     def body() -> Any:
         check_log(log, command="optimize")
+        live = trial_logger(log, project=wandb_project)
         with _quiet(debug):
             result = optimize(task, budget, memory_budget=memory_budget, constraints=tuple(constraint or ()),
                           objective=objective, space=space, max_accuracy_drop=max_accuracy_drop, goal=goal,
                               seeds=seeds, out=out, study=study, resume=resume,
                               ignore_findings=ignore_findings, seed=seed, device=device, db=db,
-                              progress=progress)
+                              progress=progress, on_trial=live)
         d = result.to_dict()
-        logged = log_run(log, result.run_id, project=wandb_project, db=db)
+        logged = log_run(log, result.run_id, project=wandb_project, db=db, live=live)
         if logged is not None:
             d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}

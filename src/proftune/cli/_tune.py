@@ -30,6 +30,7 @@ from ._common import (
     out_console,
     parse_params,
     task_arg,
+    trial_logger,
     with_report,
 )
 
@@ -94,6 +95,7 @@ def tune(
 
         params = parse_params(param)  # fixed for every trial, as the space's fixed:
         check_log(log, command="tune")
+        live = trial_logger(log, project=wandb_project)
 
         ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=debug)
                if backend == "ray" else None)
@@ -101,14 +103,14 @@ def tune(
                         trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
                         study=study, db=db, workers=workers, seed=seed, device=device,
                         max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
-                        backend=backend, ray=ray, params=params)
+                        backend=backend, ray=ray, params=params, on_trial=live)
         failed = [t for t in result.trials if t.state == "failed"]
         if result.trials and len(failed) == len(result.trials):  # nothing was tuned: not done
             last = failed[-1]
             raise RunFailedError(f"every trial failed ({len(failed)} of {len(result.trials)}); the last, "
                                  f"trial {last.number}: {last.reason}")
         d = result.to_dict()
-        logged = log_run(log, result.run_id, project=wandb_project, db=db)
+        logged = log_run(log, result.run_id, project=wandb_project, db=db, live=live)
         if logged is not None:
             d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}

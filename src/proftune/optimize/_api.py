@@ -128,7 +128,7 @@ class _Loop:
                   "params": self.defaults, "out": str(self.out), "study": self.study,
                   "held_out": self.holdout.to_dict(),
                   "options": {k: redact_url(v) if k == "db" and v else v
-                              for k, v in vars(self.cfg).items() if k != "extra"}}
+                              for k, v in vars(self.cfg).items() if k not in ("extra", "on_trial")}}
         run_id = self.store.start_run("optimize", self.name, config=config, env=environment(self.dev),
                                       data_fingerprint=data_fingerprint(self.task, self.defaults),
                                       study=self.study)
@@ -475,7 +475,8 @@ def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeC
 
     ``options`` set :class:`OptimizeConfig` fields (``memory_budget``, ``constraints``,
     ``objective``, ``space``, ``max_accuracy_drop``, ``goal``, ``seeds``, ``out``, ``study``,
-    ``resume``, ``ignore_findings``, ``device``, ``db``, ``seed``). The same call again with
+    ``resume``, ``ignore_findings``, ``device``, ``db``, ``seed``, ``on_trial``: each search trial's
+    Run as it ends, e.g. ``proftune.report.WandbTrialLogger``). The same call again with
     ``resume=True`` (or the same ``study``) continues from the last finished stage.
     ``progress(event, data)`` is called at each stage's start and end, after search chunks and
     after each final run.

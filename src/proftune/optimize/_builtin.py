@@ -229,7 +229,8 @@ class Search(BaseStage):
             min_delta=loop.cfg.min_delta, flag_min=loop.cfg.flag_min, defaults=loop.defaults,
             pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER else "none",
             trial_s_estimate=epochs * epoch_s,
-            alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {})
+            alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {},
+            on_trial=loop.cfg.on_trial)
         spent = float(loop.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 

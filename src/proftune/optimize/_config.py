@@ -5,15 +5,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._units import parse_duration, parse_memory
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, get_metric
 from ..search import load_space, parse_constraint, parse_objective, task_metrics
 from ..task import Task
+
+if TYPE_CHECKING:
+    from ..track import RunRecord
 
 __all__ = ["OPTIMIZE_GOALS", "OptimizeConfig", "Validated", "validate"]
 
@@ -47,6 +51,9 @@ class OptimizeConfig:
     #: Trials failing for one cause before their region is paused (yellow flag).
     flag_min: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Called in this process with each search trial's Run as it ends (``search(on_trial=)``):
+    #: a live sink such as ``proftune.report.WandbTrialLogger``. Not recorded with the options.
+    on_trial: Callable[[RunRecord], object] | None = None
 
 
 @dataclass
@@ -129,6 +136,8 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
             problems.add(f"{key}={getattr(cfg, key)!r} must be at least 1.")
     if cfg.min_delta < 0:
         problems.add(f"min_delta={cfg.min_delta!r} must be >= 0.")
+    if cfg.on_trial is not None and not callable(cfg.on_trial):
+        problems.add(f"on_trial={cfg.on_trial!r} must be a callable of a trial's RunRecord (or None).")
     out = Path(cfg.out) if cfg.out else Path("proftune-optimize") / _safe(name)
     stored = check_out_dir(out, resume=cfg.resume, study=cfg.study, task=name, problems=problems)
     problems.raise_if_any(header="optimize: the options are not well-formed, found the following errors:")

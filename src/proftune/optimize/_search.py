@@ -24,7 +24,7 @@ from .._jsonsafe import finite_float
 from .._records import JsonRecord, mapping, record_fields
 from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
-from ..track import Store
+from ..track import RunRecord, Store
 from ._space import SearchPlan
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
@@ -70,6 +70,8 @@ class StageSettings:
     trial_s_estimate: float = 0.0
     #: Another optimizer (with its lr, momentum) the compute stage measured better than the task's.
     alternative: dict[str, Any] = field(default_factory=dict)
+    #: Each trial's Run as it ends (``search(on_trial=)``); None: nobody is told.
+    on_trial: Callable[[RunRecord], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -439,6 +441,7 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
                       trials=trials, timeout=timeout, sampler="random", pruner=pruner,
                       epochs=settings.epochs, study=settings.study, store=store, seed=settings.seed,
                       device=settings.device, max_failures=10**6, scan=0, analyse=False,
+                      on_trial=settings.on_trial,
                       enqueue=[{"params": {k: v for k, v in p.items() if k in names}, "tags": {ARM_TAG: arm}}
                                for arm, p in items])
 

@@ -11,7 +11,8 @@
   :func:`lr_chart`, :func:`memory_model_chart`, :func:`sensitivity_chart`).
 - :func:`export_tensorboard`, :class:`TensorBoardLogger`; :func:`export_mlflow`,
   :class:`MLflowLogger`; :func:`export_wandb`, :class:`WandbLogger`: the same numbers in
-  TensorBoard, MLflow and Weights & Biases (offline too).
+  TensorBoard, MLflow and Weights & Biases (offline too); :class:`WandbTrialLogger`: a study's
+  trials in W&B as they end (``search(on_trial=)``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ._mlflow import export_mlflow
 from ._recommend_page import lr_chart, memory_model_chart
 from ._tensorboard import export_tensorboard
 from ._tune_page import importance_charts
-from ._wandb import export_wandb
+from ._wandb import WandbTrialLogger, export_wandb
 
 __all__ = [
     "PALETTE",
@@ -45,6 +46,7 @@ __all__ = [
     "Section",
     "TensorBoardLogger",
     "WandbLogger",
+    "WandbTrialLogger",
     "bar",
     "candidate_charts",
     "clipped",

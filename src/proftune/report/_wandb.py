@@ -11,7 +11,7 @@ writes the run under ``<dir>/wandb/offline-run-*``; ``wandb sync`` uploads it la
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from ..track import RunRecord, Store
 from ._mlflow import flat_params
 from ._tensorboard import quantile_histogram
 
-__all__ = ["MODES", "export_wandb", "wandb_module", "wandb_run"]
+__all__ = ["MODES", "WandbTrialLogger", "export_wandb", "wandb_module", "wandb_run"]
 
 #: W&B's modes: ``offline`` writes files only; ``online`` needs an account; ``disabled`` logs nothing.
 MODES = ("offline", "online", "disabled")
@@ -44,9 +44,10 @@ def _mode(mode: str | None) -> str | None:
 
 
 @contextmanager
-def wandb_run(*, project: str, dir: str | Path | None, mode: str | None, **init: Any) -> Iterator[Any]:
+def wandb_run(*, project: str, dir: str | Path | None, mode: str | None, exit_code: int = 0,
+              **init: Any) -> Iterator[Any]:
     """``wandb.init`` quiet (no console capture, no git or code scan, no system stats), finished
-    on leaving; failed (exit code 1) when the block raises."""
+    on leaving with ``exit_code``; failed (exit code 1) when the block raises."""
     wandb = wandb_module()
     folder = Path(dir) if dir is not None else Path.cwd()
     folder.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,7 @@ def wandb_run(*, project: str, dir: str | Path | None, mode: str | None, **init:
     except BaseException:
         run.finish(exit_code=1)
         raise
-    run.finish(exit_code=0)
+    run.finish(exit_code=exit_code)
 
 
 def _config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,8 +156,10 @@ def _export_one(r: RunRecord, store: Store | None, *, project: str, dir: str | P
     tags = [f"kind:{r.kind}", f"status:{r.status}"]
     if r.data_fingerprint:
         tags.append(f"data:{r.data_fingerprint[:8]}")
+    # a run that failed (or was interrupted) in proftune fails in W&B too: exit code 1
     with wandb_run(project=project, dir=dir, mode=mode, name=f"{r.task} {r.kind} {r.id}", group=group,
-                   job_type=r.kind, tags=tags, config=_config(r.config)) as run:
+                   job_type=r.kind, tags=tags, config=_config(r.config),
+                   exit_code=0 if r.status in ("finished", "running") else 1) as run:
         run.config.update({"proftune.run_id": r.id, "proftune.task": r.task,
                            **{f"env.{k}": str(v) for k, v in (r.env or {}).items()
                               if k in ("device", "device_name", "python", "torch", "cuda", "cores", "git_commit")
@@ -171,7 +174,8 @@ def _export_one(r: RunRecord, store: Store | None, *, project: str, dir: str | P
 
 def export_wandb(run: int | RunRecord, *, project: str = "proftune", dir: str | Path | None = None,
                  mode: str | None = None, group: str | None = None, store: Store | str | None = None,
-                 db: str | None = None, report: bool = True, children: bool = True) -> list[dict[str, Any]]:
+                 db: str | None = None, report: bool = True, children: bool = True,
+                 skip: Collection[int] = ()) -> list[dict[str, Any]]:
     """Log run ``run`` to W&B project ``project``; returns ``{"proftune_run", "wandb_id", "dir"}``
     per W&B run written (``dir``: the local run folder, ``<dir>/wandb/offline-run-*`` offline).
 
@@ -180,7 +184,8 @@ def export_wandb(run: int | RunRecord, *, project: str = "proftune", dir: str | 
     table and weight/activation histograms (rebuilt from the recorded quantiles, as TensorBoard's);
     summary: the final metrics; artifacts: ``profile.json``, ``report.html`` and the files the
     run wrote (the model). The runs it started (``children``: a study's trials) follow as runs of
-    one group (``group``, default the study's name, else ``<task> <kind> <id>``).
+    one group (``group``, default the study's name, else ``<task> <kind> <id>``), but for the
+    run ids in ``skip`` (logged already, by :class:`WandbTrialLogger` while the study ran).
     """
     st = store if isinstance(store, Store) else (None if isinstance(run, RunRecord) and store is None and db is None
                                                  else Store(store or db))
@@ -193,6 +198,47 @@ def export_wandb(run: int | RunRecord, *, project: str = "proftune", dir: str | 
     out = [_export_one(record, st, project=project, dir=dir, mode=mode, group=name, report=report)]
     if children and st is not None:
         for child in sorted(st.list_runs(parent_id=record.id), key=lambda c: c.id):
+            if child.id in skip:
+                continue
             out.append(_export_one(child, st, project=project, dir=dir, mode=mode, group=name, report=False))
     return out
 
+
+
+class WandbTrialLogger:
+    """A study's trials in W&B as they end: ``search(..., on_trial=WandbTrialLogger("team"))``.
+
+    Each trial Run becomes one W&B run as :func:`export_wandb` writes a trial (params as config,
+    ``epoch/*`` curves, final metrics as summary; job type ``trial``), in the group named after
+    its study, so that a team sees a study's trials while it runs; a failed trial is logged with
+    exit code 1. Afterwards ``export_wandb(tune_run, skip=logger.run_ids)`` adds the study's own
+    run without logging its trials twice. A trial that W&B refused (``errors``) is not in
+    ``run_ids``: that export tries it again. ``mode`` and ``dir`` as for :func:`export_wandb`.
+    """
+
+    def __init__(self, project: str = "proftune", *, dir: str | Path | None = None, mode: str | None = None,
+                 group: str | None = None) -> None:
+        if not project or "/" in project:
+            raise ConfigError(f"project={project!r} is not a W&B project name; give a name without '/', "
+                              "e.g. 'proftune'.")
+        self.project, self.dir, self.mode, self.group = project, dir, _mode(mode), group
+        wandb_module()
+        #: ``{"proftune_run", "wandb_id", "dir"}`` per trial logged, in the order they ended.
+        self.logged: list[dict[str, Any]] = []
+        #: ``(proftune run id, message)`` per trial that W&B refused.
+        self.errors: list[tuple[int, str]] = []
+
+    @property
+    def run_ids(self) -> set[int]:
+        """The proftune run ids logged (what ``export_wandb(skip=)`` takes)."""
+        return {int(x["proftune_run"]) for x in self.logged}
+
+    def __call__(self, record: RunRecord) -> None:
+        group = self.group or record.study or f"{record.task} tune {record.parent_id}"
+        try:
+            out = _export_one(record, None, project=self.project, dir=self.dir, mode=self.mode, group=group,
+                              report=False)
+        except (wandb_module().errors.Error, OSError) as exc:  # W&B's failure (service, network) ends no study
+            self.errors.append((record.id, f"{type(exc).__name__}: {exc}"))
+            return
+        self.logged.append(out)

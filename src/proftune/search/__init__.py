@@ -29,6 +29,7 @@ from ._backends import (
 from ._coarse_fine import CoarseToFineSampler
 from ._config import SearchConfig
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
+from ._feed import notify_ended
 from ._gate import GateResult, ProfileGate
 from ._pruners import PRUNER_REGISTRY, PRUNERS, BasePrunerMaker, PatiencePruner, register_pruner
 from ._ray import SCHEDULERS, RayOptions
@@ -76,6 +77,7 @@ __all__ = [
     "cancel_waiting",
     "feasibility_scan",
     "load_space",
+    "notify_ended",
     "parse_constraint",
     "parse_objective",
     "register_backend",

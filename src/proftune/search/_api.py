@@ -25,6 +25,7 @@ from ._analysis import _direction, correlations, importance, pareto_front, plot_
 from ._backends import SEARCH_BACKEND_REGISTRY, SEARCH_BACKENDS
 from ._config import SearchConfig, search_config
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_targets
+from ._feed import TrialFeed, notify_ended
 from ._objective import VALUE, ObjectiveTask, is_objective
 from ._pruners import PRUNERS, pruner_name
 from ._ray import pbt_plot
@@ -359,6 +360,10 @@ def search(
     leading configurations (a ``seed`` keyword of the callable gets a new seed each time), and
     ``result.selection`` names the best by its mean over its evaluations (see
     :mod:`proftune.search._reeval`); for a Task the same is opt-in (``reevaluate=0.1``).
+
+    ``on_trial`` (a callable of a trial's :class:`~proftune.track.RunRecord`) is called in this
+    process with each trial as it ends, while the study runs: a live sink such as
+    :class:`proftune.report.WandbTrialLogger`.
     """
     c = search_config(config, options)
     started = time.perf_counter()
@@ -407,8 +412,12 @@ def search(
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
         deadline = time.time() + c.timeout if c.timeout else None
+        # each trial to on_trial once, as it ends; those a backend did not hand over, when it returns
+        ran_with = dataclasses.replace(c, on_trial=TrialFeed(c.on_trial)) if c.on_trial is not None else c
         ran = SEARCH_BACKEND_REGISTRY.get_entry(c.backend).run(
-            settings, c, storage=storage, store=store, deadline=deadline, finished=counts(created)["trained"])
+            settings, ran_with, storage=storage, store=store, deadline=deadline,
+            finished=counts(created)["trained"])
+        notify_ended(ran_with, store, run.id)
         backend = {"backend": c.backend, **ran.details}
         extra_plots = []
         if c.plot is not None and backend.get("schedule") and backend.get("scheduler") == "pbt":
@@ -434,7 +443,8 @@ def _objective_metrics(c: SearchConfig) -> list[str]:
 
 def _objective_problems(plain: bool, targets: Sequence[Objective | Constraint], metrics: Sequence[str] | None,
                         c: SearchConfig, problems: ProblemCollector) -> None:
-    """What a plain objective cannot do (profile metrics, worker processes), and ``reevaluate``'s range."""
+    """What a plain objective cannot do (profile metrics, worker processes), ``reevaluate``'s range,
+    and an ``on_trial`` that is not a callable."""
     if plain and any(t.is_profile for t in targets):
         problems.add("a plain objective has no model to profile; its objectives= and constraints= name "
                      f"the metrics it returns ({', '.join(metrics or [])}), not profile metrics.")
@@ -442,6 +452,8 @@ def _objective_problems(plain: bool, targets: Sequence[Objective | Constraint], 
         problems.add(f"workers={c.workers}: a plain objective runs in this process; use workers=1.")
     if c.reevaluate is not None and (isinstance(c.reevaluate, bool) or not 0 <= c.reevaluate < 1):
         problems.add(f"reevaluate={c.reevaluate!r} must be a share of the trials in [0, 1).")
+    if c.on_trial is not None and not callable(c.on_trial):
+        problems.add(f"on_trial={c.on_trial!r} must be a callable of a trial's RunRecord (or None).")
 
 
 def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> tuple[SearchSettings, Space]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import abc
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -14,6 +16,7 @@ from .._registry import LiveSequence, Registry
 from ..exceptions import RunFailedError
 from ..track import Store
 from ._config import SearchConfig
+from ._feed import POLL_S, notify_ended
 from ._settings import SearchSettings
 from ._study import run_worker
 
@@ -31,7 +34,11 @@ class BackendRun:
 
 class BaseSearchBackend(abc.ABC):
     """Runs the study's remaining trials; every trial lands in the study (Optuna's storage on the
-    Store's database) and the Store, as ``run_worker`` does them."""
+    Store's database) and the Store, as ``run_worker`` does them.
+
+    A backend that can say when trials have ended calls ``proftune.search.notify_ended(config,
+    store, settings.tune_run_id)`` then (in the process that called the search): ``config.on_trial``
+    gets each trial as it ends; otherwise the search hands them over when ``run`` returns."""
 
     #: The key ``--backend`` and ``search(backend=)`` take.
     name: ClassVar[str] = ""
@@ -70,10 +77,13 @@ class _Local(BaseSearchBackend):
 
     def run(self, settings: SearchSettings, config: SearchConfig, *, storage: Any, store: Store,
             deadline: float | None, finished: int) -> BackendRun:
+        def ended() -> None:
+            notify_ended(config, store, settings.tune_run_id)
+
         if config.workers == 1:
-            stopped = str(run_worker(settings, 0, deadline, storage=storage)["stopped"])
+            stopped = str(run_worker(settings, 0, deadline, storage=storage, after_trial=ended)["stopped"])
         else:
-            stopped = _run_processes(settings, config.workers, deadline)
+            stopped = _run_processes(settings, config.workers, deadline, poll=ended)
         return BackendRun(stopped=stopped, details={"backend": self.name})
 
 
@@ -102,8 +112,10 @@ def _worker_entry(settings: SearchSettings, worker: int, deadline: float | None,
     run_worker(settings, worker, deadline)
 
 
-def _run_processes(settings: SearchSettings, workers: int, deadline: float | None) -> str:
-    """``workers`` processes on this machine share the study through the database."""
+def _run_processes(settings: SearchSettings, workers: int, deadline: float | None, *,
+                   poll: Callable[[], None] | None = None) -> str:
+    """``workers`` processes on this machine share the study through the database; ``poll`` is
+    called here about every ``POLL_S`` seconds while they run, and once when they have ended."""
     ctx = mp.get_context("spawn")
     from .._threads import share_cores
 
@@ -112,6 +124,18 @@ def _run_processes(settings: SearchSettings, workers: int, deadline: float | Non
              for i in range(workers)]
     for p in procs:
         p.start()
+    running = list(procs)
+    try:
+        while running:
+            mp_connection.wait([p.sentinel for p in running], timeout=POLL_S if poll is not None else None)
+            running = [p for p in running if p.is_alive()]
+            if poll is not None:
+                poll()
+    except Exception:  # the observer's error ends the search: its workers too
+        for p in running:
+            p.terminate()
+            p.join()
+        raise
     for p in procs:
         p.join()
     bad = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode != 0]

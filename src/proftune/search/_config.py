@@ -9,7 +9,7 @@ search validates them together (one error naming every problem).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from optuna.pruners import BasePruner
     from optuna.samplers import BaseSampler
 
+    from ..track import RunRecord
     from ._ray import RayOptions
 
 __all__ = ["SearchConfig", "search_config"]
@@ -88,6 +89,11 @@ class SearchConfig:
     #: False skips correlations, importance and the strategy (seconds at a hundred trials): for
     #: a caller that runs a study in many short calls and reads only the trials.
     analyse: bool = True
+    #: Called in this process with each trial's Run (kind ``trial``) once it has ended and is in
+    #: the Store, while the study runs: after each trial here, within about a second of its end
+    #: in a worker process, when the workers return under another backend (Ray). Once per
+    #: trial, failed ones too (``status`` says); what it raises ends the search.
+    on_trial: Callable[[RunRecord], object] | None = None
 
     def __post_init__(self) -> None:
         # one objective or constraint given as text is a sequence of one (a str would be read

@@ -8,7 +8,7 @@ in user code -> failed with its traceback; the study goes on until ``max_failure
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -80,12 +80,13 @@ def stop_reason(study: optuna.Study, settings: SearchSettings, deadline: float |
 
 
 def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None = None, *,
-               storage: RDBStorage | None = None) -> dict[str, Any]:
+               storage: RDBStorage | None = None, after_trial: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run trials of ``settings.study`` until it holds ``settings.trials`` trained ones.
 
     Gated trials (ended before training) do not count, up to ``settings.gated_limit`` of them.
-    Several workers (processes, machines) may run this on one study at once. Returns what this
-    worker did and why it stopped.
+    Several workers (processes, machines) may run this on one study at once. ``after_trial`` is
+    called after each trial has ended and is recorded. Returns what this worker did and why it
+    stopped.
     """
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     task = load_task(settings.task)
@@ -115,6 +116,8 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
         study.optimize(runner, n_trials=1, catch=(TrialFailed, Surplus), gc_after_trial=False,
                        show_progress_bar=False)
         ran += 1
+        if after_trial is not None:
+            after_trial()
     return {"worker": worker, "trials_run": ran, "stopped": reason}
 
 
