@@ -13,12 +13,22 @@ interleaved, ``--runs`` times each:
   ``bottleneck/cProfile`` (``python -m cProfile``) and ``bottleneck/autograd``
   (``runpy`` under ``torch.autograd.profiler.profile()``); when the module exists it is run too.
 
-The figure of record is the median loop time of each, its spread (min..max) and the ratio to the
-plain run; the goal for `proftune run` is at most +2%. What each gives beside its cost is printed
+The script also prints the CPU time of each 100 steps (two sampled steps of `proftune run` in each
+at ``--every 50``). Two figures per way, each the median over rounds of the round's ratio to the
+plain run of the same round (paired: the machine's load drifting over the benchmark cancels out;
+the ways run in a rotated order each round, so none always follows another), with a bootstrap 95%
+interval of that median:
+
+- ``steady``, the figure of record: the median 100-step chunk x the chunks (a burst of other
+  load on the machine hits a few chunks, not the median; the sampled steps are in every chunk);
+- ``loop``: the whole loop's CPU time, its first steps included (where `proftune run` finds the
+  training step and counts the model's MACs once).
+
+The goal for `proftune run` is at most +2%. What each gives beside its cost is printed
 too: `proftune run` per-layer time, MACs, memory, statistics and recommendations; bottleneck a
 whole-script cProfile and an autograd operator table (no per-layer view, no advice).
 
-    python benchmarks/run_overhead.py [--steps 1500] [--runs 3]
+    python benchmarks/run_overhead.py [--steps 1500] [--runs 9] [--anchor-runs 3]
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -46,11 +57,16 @@ model = nn.Sequential(*layers, nn.Linear(256, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 t0 = time.process_time()
-for _ in range(steps):
+chunk = t0
+for i in range(1, steps + 1):
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
+    if i % 100 == 0:
+        now = time.process_time()
+        print(f"CHUNK_S {now - chunk:.6f}", flush=True)
+        chunk = now
 print(f"LOOP_S {time.process_time() - t0:.6f}", flush=True)
 '''
 
@@ -64,19 +80,30 @@ print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=5))
 '''
 
 
-def _loop_s(cmd: list[str], cwd: str) -> float:
+def _loop_s(cmd: list[str], cwd: str) -> tuple[float, float]:
+    """(whole loop, median 100-step chunk x chunks) CPU seconds of one run of the script."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=900, check=False)
-    found = re.findall(r"LOOP_S ([0-9.]+)", proc.stdout + proc.stderr)
-    if not found:
+    out = proc.stdout + proc.stderr
+    found = re.findall(r"LOOP_S ([0-9.]+)", out)
+    chunks = [float(c) for c in re.findall(r"CHUNK_S ([0-9.]+)", out)]
+    if not found or not chunks:
         raise RuntimeError(f"{cmd[:4]} printed no loop time (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return float(found[0])
+    return float(found[0]), statistics.median(chunks) * len(chunks)
+
+
+def _interval(paired: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of the rounds' paired ratios."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(paired, k=len(paired))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=9, help="rounds of plain and proftune run")
+    ap.add_argument("--anchor-runs", type=int, default=3, help="of them, rounds that run the anchor too")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "train.py"
@@ -91,19 +118,35 @@ def main() -> None:
         }
         if importlib.util.find_spec("torch.utils.bottleneck") is not None:
             ways["bottleneck"] = [sys.executable, "-m", "torch.utils.bottleneck", str(script), steps]
-        times: dict[str, list[float]] = {k: [] for k in ways}
-        for _ in range(args.runs):
-            for name, cmd in ways.items():  # interleaved: the machine's load hits all alike
-                times[name].append(_loop_s(cmd, tmp))
-                print(f"  run {len(times[name])}: {name} {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
-    base = statistics.median(times["plain"])
-    print(f"training loop CPU time, {args.steps} steps, median of {args.runs} runs (min..max):")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        paired = sorted(t / p for t, p in zip(ts, times["plain"], strict=True))  # same round: same load
-        print(f"  {name:20s} {med:8.3f} s  ({min(ts):.3f}..{max(ts):.3f})  ratio {med / base:.3f} "
-              f"({(med / base - 1) * 100:+.1f}%)  paired ratio median {statistics.median(paired):.3f} "
-              f"({paired[0]:.3f}..{paired[-1]:.3f})")
+        loop: dict[str, list[float]] = {k: [] for k in ways}
+        steady: dict[str, list[float]] = {k: [] for k in ways}
+        paired: dict[str, dict[str, list[float]]] = {k: {"loop": [], "steady": []} for k in ways}
+        names = list(ways)
+        for rnd in range(args.runs):
+            turn = [n for n in names if rnd < args.anchor_runs or n in ("plain", "proftune run")]
+            turn = turn[rnd % len(turn):] + turn[:rnd % len(turn)]  # rotated: none always follows another
+            got = {}
+            for name in turn:
+                got[name] = _loop_s(ways[name], tmp)
+                print(f"  round {rnd + 1}: {name} loop {got[name][0]:.3f} s, steady {got[name][1]:.3f} s",
+                      file=sys.stderr, flush=True)
+            for name, (whole, chunks) in got.items():
+                loop[name].append(whole)
+                steady[name].append(chunks)
+                paired[name]["loop"].append(whole / got["plain"][0])
+                paired[name]["steady"].append(chunks / got["plain"][1])
+    print(f"training loop CPU time, {args.steps} steps; the median over rounds of each round's ratio to the "
+          f"plain run [bootstrap 95% interval]:")
+    for name in names:
+        cells = []
+        for kind, seconds in (("steady", steady[name]), ("loop", loop[name])):
+            ratios = paired[name][kind]
+            low, high = _interval(ratios)
+            cells.append(f"{kind} {statistics.median(seconds):.3f} s ratio {statistics.median(ratios):.3f} "
+                         f"[{low:.3f}, {high:.3f}]")
+        print(f"  {name:20s} {len(loop[name])} rounds: " + "; ".join(cells))
+    med = statistics.median(paired["proftune run"]["steady"])
+    print(f"proftune run (steady): {(med - 1) * 100:+.1f}% (goal: at most +2%)")
     print("gives: proftune run: per-layer time, MACs, memory, statistics, the step's phases and "
           "recommendations, a Run in the store; bottleneck: whole-script cProfile + autograd "
           "operator table, no per-layer view, no advice.")
