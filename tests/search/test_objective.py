@@ -25,19 +25,21 @@ def noisy(params: dict, seed: int) -> dict:
 @pytest.fixture(scope="module")
 def found(tmp_path_factory: pytest.TempPathFactory) -> tuple[SearchResult, str]:
     db = f"sqlite:///{tmp_path_factory.mktemp('objective') / 'p.db'}"
-    return proftune.search(noisy, SPACE, objectives=["loss:min"], trials=20, store=db, reevaluate=0.3), db
+    return proftune.search(noisy, SPACE, objectives=["loss:min"], trials=50, store=db, reevaluate=0.3), db
 
 
 def test_plain_objective_is_searched_recorded_and_selected_by_its_mean(found: tuple[SearchResult, str]) -> None:
     result, db = found
-    assert result.counts()["complete"] == 20  # repeats are inside the budget, not beside it
+    assert result.counts()["complete"] == 50  # repeats are inside the budget, not beside it
     repeats = [t for t in result.trials if t.repeat]
     assert repeats
-    assert len(repeats) <= 0.3 * 20
+    assert len(repeats) <= 0.3 * 50
+    order = sorted(result.trials, key=lambda t: t.number)
+    assert all(t.repeat == 0 for t in order[:35])  # the first 70% explore; the repeats come at the end
     assert all(t.seed == t.repeat for t in result.trials)  # each repeat its own seed (search seed 0)
     sel = result.selection
     assert sel is not None
-    assert sel.evaluations == 20
+    assert sel.evaluations == 50
     assert sel.repeats == len(repeats)
     same = [t.values[0] for t in result.trials if t.params == sel.params and t.values]
     assert sel.n == len(same)
@@ -111,10 +113,13 @@ def test_version_1_record_reads_without_selection(found: tuple[SearchResult, str
 
 def test_rule_repeats_close_leaders_and_not_a_clear_winner() -> None:
     close = [Group({"x": 1}, (1.0, 1.2)), Group({"x": 2}, (1.05,)), Group({"x": 3}, (5.0,))]
-    assert next_repeat(close, maximize=False, repeats=0, evaluations=4, budget=20, share=0.3) == {"x": 2}
+    assert next_repeat(close, maximize=False, repeats=0, evaluations=4, share=0.3) == {"x": 2}  # no budget: now
+    assert next_repeat(close, maximize=False, repeats=0, evaluations=40, budget=60, share=0.3) is None  # exploring
+    assert next_repeat(close, maximize=False, repeats=0, evaluations=42, budget=60, share=0.3) == {"x": 2}  # its end
+    assert next_repeat(close, maximize=False, repeats=0, evaluations=18, budget=20, share=0.3) is None  # too few
     clear = [Group({"x": 1}, (1.0, 1.02)), Group({"x": 2}, (3.0,)), Group({"x": 3}, (5.0,))]
-    assert next_repeat(clear, maximize=False, repeats=0, evaluations=4, budget=20, share=0.3) is None
-    assert next_repeat(close, maximize=False, repeats=6, evaluations=19, budget=20, share=0.3) is None  # share spent
+    assert next_repeat(clear, maximize=False, repeats=0, evaluations=50, budget=60, share=0.3) is None
+    assert next_repeat(close, maximize=False, repeats=18, evaluations=59, budget=60, share=0.3) is None  # spent
     # a lucky single draw is not named over a mean that held up, unless it is ahead beyond noise
     lucky = [Group({"x": 1}, (1.0, 1.1, 0.9, 1.0)), Group({"x": 2}, (0.98,))]
     assert pick(lucky, maximize=False).params == {"x": 1}  # type: ignore[union-attr]
