@@ -6,27 +6,22 @@ time, so other load on the machine does not inflate it) and prints it. It is run
 interleaved, ``--runs`` times each:
 
 - ``plain``: ``python script.py``;
-- ``proftune run``: ``proftune run --every 50 -- python script.py`` (the default ``--every``);
+- ``proftune run``: ``proftune run -- python script.py`` (the default ``--every``: every 50th
+  step, further apart where a sampled step costs more than 1.5% of the training's time);
 - the anchor, ``python -m torch.utils.bottleneck script.py``, which runs the script once under
   cProfile and once under the autograd profiler. ``torch.utils.bottleneck`` is gone from the
   installed torch (2.14 has no such module), so its two passes are run as it ran them:
   ``bottleneck/cProfile`` (``python -m cProfile``) and ``bottleneck/autograd``
   (``runpy`` under ``torch.autograd.profiler.profile()``); when the module exists it is run too.
 
-The script also prints the CPU time of each 100 steps (two sampled steps of `proftune run` in each
-at ``--every 50``). Two figures per way, each the median over rounds of the round's ratio to the
-plain run of the same round (paired: the machine's load drifting over the benchmark cancels out;
-the ways run in a rotated order each round, so none always follows another), with a bootstrap 95%
-interval of that median:
-
-- ``steady``, the figure of record: the median 100-step chunk x the chunks (a burst of other
-  load on the machine hits a few chunks, not the median; the sampled steps are in every chunk);
-- ``loop``: the whole loop's CPU time, its first steps included (where `proftune run` finds the
-  training step and counts the model's MACs once).
-
-The goal for `proftune run` is at most +2%. What each gives beside its cost is printed
-too: `proftune run` per-layer time, MACs, memory, statistics and recommendations; bottleneck a
-whole-script cProfile and an autograd operator table (no per-layer view, no advice).
+The figure of record per way: the median over rounds of the round's ratio to the plain run of
+the same round (paired: the machine's load drifting over the benchmark cancels out; the ways run
+in a rotated order each round, so none always follows another), with a bootstrap 95% interval of
+that median; the loop's CPU time includes its first steps (where `proftune run` finds the
+training step and counts the model's MACs once). The goal for `proftune run` is at most +2%.
+What each gives beside its cost is printed too: `proftune run` per-layer time, MACs, memory,
+statistics and recommendations; bottleneck a whole-script cProfile and an autograd operator
+table (no per-layer view, no advice).
 
     python benchmarks/run_overhead.py [--steps 1500] [--runs 9] [--anchor-runs 3]
 """
@@ -57,16 +52,11 @@ model = nn.Sequential(*layers, nn.Linear(256, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 t0 = time.process_time()
-chunk = t0
-for i in range(1, steps + 1):
+for _ in range(steps):
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
-    if i % 100 == 0:
-        now = time.process_time()
-        print(f"CHUNK_S {now - chunk:.6f}", flush=True)
-        chunk = now
 print(f"LOOP_S {time.process_time() - t0:.6f}", flush=True)
 '''
 
@@ -80,16 +70,15 @@ print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=5))
 '''
 
 
-def _loop_s(cmd: list[str], cwd: str) -> tuple[float, float]:
-    """(whole loop, median 100-step chunk x chunks) CPU seconds of one run of the script."""
+def _loop_s(cmd: list[str], cwd: str) -> float:
+    """The training loop's CPU seconds in one run of the script."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=900, check=False)
     out = proc.stdout + proc.stderr
     found = re.findall(r"LOOP_S ([0-9.]+)", out)
-    chunks = [float(c) for c in re.findall(r"CHUNK_S ([0-9.]+)", out)]
-    if not found or not chunks:
+    if not found:
         raise RuntimeError(f"{cmd[:4]} printed no loop time (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return float(found[0]), statistics.median(chunks) * len(chunks)
+    return float(found[0])
 
 
 def _interval(paired: list[float], draws: int = 2000) -> tuple[float, float]:
@@ -111,7 +100,7 @@ def main() -> None:
         steps = str(args.steps)
         ways = {
             "plain": [sys.executable, str(script), steps],
-            "proftune run": [sys.executable, "-m", "proftune.cli", "run", "--every", "50", "--db",
+            "proftune run": [sys.executable, "-m", "proftune.cli", "run", "--db",
                              f"sqlite:///{tmp}/p.db", "--", "python", str(script), steps],
             "bottleneck/cProfile": [sys.executable, "-m", "cProfile", "-o", f"{tmp}/c.prof", str(script), steps],
             "bottleneck/autograd": [sys.executable, "-c", AUTOGRAD, str(script), steps],
@@ -119,8 +108,7 @@ def main() -> None:
         if importlib.util.find_spec("torch.utils.bottleneck") is not None:
             ways["bottleneck"] = [sys.executable, "-m", "torch.utils.bottleneck", str(script), steps]
         loop: dict[str, list[float]] = {k: [] for k in ways}
-        steady: dict[str, list[float]] = {k: [] for k in ways}
-        paired: dict[str, dict[str, list[float]]] = {k: {"loop": [], "steady": []} for k in ways}
+        paired: dict[str, list[float]] = {k: [] for k in ways}
         names = list(ways)
         for rnd in range(args.runs):
             turn = [n for n in names if rnd < args.anchor_runs or n in ("plain", "proftune run")]
@@ -128,25 +116,18 @@ def main() -> None:
             got = {}
             for name in turn:
                 got[name] = _loop_s(ways[name], tmp)
-                print(f"  round {rnd + 1}: {name} loop {got[name][0]:.3f} s, steady {got[name][1]:.3f} s",
-                      file=sys.stderr, flush=True)
-            for name, (whole, chunks) in got.items():
-                loop[name].append(whole)
-                steady[name].append(chunks)
-                paired[name]["loop"].append(whole / got["plain"][0])
-                paired[name]["steady"].append(chunks / got["plain"][1])
+                print(f"  round {rnd + 1}: {name} {got[name]:.3f} s", file=sys.stderr, flush=True)
+            for name, seconds in got.items():
+                loop[name].append(seconds)
+                paired[name].append(seconds / got["plain"])
     print(f"training loop CPU time, {args.steps} steps; the median over rounds of each round's ratio to the "
           f"plain run [bootstrap 95% interval]:")
     for name in names:
-        cells = []
-        for kind, seconds in (("steady", steady[name]), ("loop", loop[name])):
-            ratios = paired[name][kind]
-            low, high = _interval(ratios)
-            cells.append(f"{kind} {statistics.median(seconds):.3f} s ratio {statistics.median(ratios):.3f} "
-                         f"[{low:.3f}, {high:.3f}]")
-        print(f"  {name:20s} {len(loop[name])} rounds: " + "; ".join(cells))
-    med = statistics.median(paired["proftune run"]["steady"])
-    print(f"proftune run (steady): {(med - 1) * 100:+.1f}% (goal: at most +2%)")
+        low, high = _interval(paired[name])
+        print(f"  {name:20s} {len(loop[name])} rounds: {statistics.median(loop[name]):.3f} s, ratio "
+              f"{statistics.median(paired[name]):.3f} [{low:.3f}, {high:.3f}]")
+    med = statistics.median(paired["proftune run"])
+    print(f"proftune run: {(med - 1) * 100:+.1f}% (goal: at most +2%)")
     print("gives: proftune run: per-layer time, MACs, memory, statistics, the step's phases and "
           "recommendations, a Run in the store; bottleneck: whole-script cProfile + autograd "
           "operator table, no per-layer view, no advice.")

@@ -320,3 +320,38 @@ def test_a_statistics_sample_does_not_synchronise_the_device(monkeypatch: pytest
             mon.step(loss)
     assert syncs["stats"] == 2  # two statistics samples, one sync each
     assert syncs["time"] >= 2 * 12  # both timed samples: every module's start and end, and the phases
+
+
+def test_max_overhead_spaces_samples_by_their_measured_cost() -> None:
+    """A step of a tiny model costs far less than a sample of it: with ``max_overhead`` the
+    samples come further apart than ``every`` (the gaps in the profile's config), and the
+    profile is still made; a step that sleeps 20 ms makes the sample's cost small beside it,
+    and the samples keep to ``every``."""
+    import time as _time
+
+    def train(model: nn.Module, opt: torch.optim.Optimizer, mon: Monitor, steps: int, sleep: float) -> None:
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        for _ in range(steps):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sleep:
+                _time.sleep(sleep)
+            mon.step(loss)
+
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Monitor(model, opt, every=5, max_overhead=0.015) as mon:
+        train(model, opt, mon, 400, 0.0)
+    prof = mon.profile
+    assert min(mon.gaps) > 5 and max(mon.gaps) <= 50
+    assert prof.config["max_overhead"] == 0.015 and prof.config["gaps"] == sorted(set(mon.gaps))
+    assert 2 <= mon.samples < 400 // 5
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Monitor(model, opt, every=5, max_overhead=0.5) as slow:
+        train(model, opt, slow, 30, 0.02)
+    assert set(slow.gaps) == {5}
+    with pytest.raises(ConfigError, match="max_overhead"):
+        Monitor(model, opt, max_overhead=1.5)

@@ -12,6 +12,7 @@ import typer
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
 from ..profile import Profile, ScriptResult, run_script
+from ..profile._watch import DEFAULT_EVERY, MAX_OVERHEAD
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment
 from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
@@ -80,7 +81,10 @@ def run_command(
     command: Annotated[list[str] | None, typer.Argument(
         help="The script to run, after --: python train.py ARGS (or python -m pkg.module ARGS).",
         show_default=False)] = None,
-    every: Annotated[int, typer.Option("--every", help="Sample every N-th training step.")] = 50,
+    every: Annotated[int | None, typer.Option(
+        "--every", help="Sample every N-th training step (default: every 50th, further apart where a sampled "
+                        "step costs more than 1.5% of the training's time: a very short step).",
+        show_default=False)] = None,
     steps: Annotated[int | None, typer.Option(
         "--steps", help="Stop watching after K sampled steps (the script runs on untouched).",
         show_default=False)] = None,
@@ -100,7 +104,7 @@ def run_command(
     exit_code = [0]
 
     def body() -> dict[str, Any]:
-        if isinstance(every, bool) or every < 1:
+        if every is not None and (isinstance(every, bool) or every < 1):
             raise ConfigError(f"--every must be a positive integer, but got {every}.")
         if steps is not None and steps < 1:
             raise ConfigError(f"--steps must be a positive integer, but got {steps}.")
@@ -108,7 +112,8 @@ def run_command(
         store = Store(db)
         result = run_script(cmd, every=every, steps=steps, stats=stats)
         exit_code[0] = result.exit_code
-        config = {"every": every, "steps": steps, "source": "run"}
+        config = {"every": every or DEFAULT_EVERY, "max_overhead": None if every else MAX_OVERHEAD,
+                  "steps": steps, "source": "run"}
         first = result.profiles[0] if result.profiles else None
         recs = recommendations(first) if first is not None else []
         ids = _record(store, result, cmd, config)

@@ -31,6 +31,13 @@ takes a ``1/stats_rotation`` share of the layers, round-robin, so that every lay
 once every ``stats_rotation`` statistics samples (the profile keeps each layer's latest). The
 global gradient norm is measured on every sample; the global update ratio of a rotated model
 combines each layer's latest measured update and weight norms.
+
+With ``max_overhead`` (``proftune run`` sets 0.015 unless ``--every`` is given) the interval is
+computed from what sampling costs: after each sample its wall time (the step and the sample's
+bookkeeping after it) beside the median unsampled step gives its excess, and the next sample
+comes ``max(every, excess / (max_overhead x step))`` steps later (at most ``MAX_SPREAD x every``):
+a small step (a 2 ms MLP step, whose sample costs about 3 steps) is sampled less often than
+``every`` so that sampling stays within ``max_overhead`` of the training's time.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ __all__ = ["Monitor"]
 
 #: The fewest layers a statistics sample covers: a model with no more gets all of them each time.
 STATS_MIN_LAYERS = 8
+#: With ``max_overhead``, samples are at most this many times ``every`` apart.
+MAX_SPREAD = 10
 
 
 def _combined_ratio(parts: Iterable[tuple[float, float]]) -> float | None:
@@ -116,6 +125,7 @@ class Monitor:
         peak_memory: bool | None = None,
         stats_rotation: int = 4,
         task: str | None = None,
+        max_overhead: float | None = None,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"every must be a positive integer (sample every N-th step), but got {every=}.")
@@ -124,6 +134,14 @@ class Monitor:
                               f"N statistics samples; 1: all layers each time), but got {stats_rotation=}.")
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module, but got {type(model).__name__}.")
+        if max_overhead is not None and (isinstance(max_overhead, bool) or not 0 < max_overhead < 1):
+            raise ConfigError(f"max_overhead must be a share of the training's time in (0, 1) or None, "
+                              f"but got {max_overhead=}.")
+        self.max_overhead = max_overhead
+        #: The step index of the next sampled step (``every - 1``, then spaced by :meth:`_space`).
+        self._next_at = every - 1
+        #: The steps between samples as computed (``every`` without ``max_overhead``).
+        self.gaps: list[int] = []
         self.model = model
         self.inner = unwrap(model)
         self.optimizer = optimizer
@@ -207,7 +225,21 @@ class Monitor:
             cb.on_fit_end(self.state)
 
     def _is_sampled(self, step: int) -> bool:
-        return (step + 1) % self.every == 0
+        if self.max_overhead is None:
+            return (step + 1) % self.every == 0
+        return step >= self._next_at
+
+    def _space(self, sampled_step: int, wall_ms: float) -> None:
+        """The next sample's step, from this one's cost (``max_overhead``; see the module docstring)."""
+        gap = self.every
+        recent = self._clean_walls[-64:]
+        if self.max_overhead is not None and recent:
+            clean = median(recent)
+            if clean > 0:
+                excess = max(0.0, wall_ms - clean)
+                gap = min(MAX_SPREAD * self.every, max(self.every, math.ceil(excess / (self.max_overhead * clean))))
+        self.gaps.append(gap)
+        self._next_at = sampled_step + gap
 
     @property
     def sampling(self) -> bool:
@@ -404,6 +436,8 @@ class Monitor:
                 self._finish_sample(kind, now)
             finally:
                 self._resume_gc()
+            if self.max_overhead is not None:
+                self._space(self.state.step, (self._now() - self._last) * 1e3)
         else:
             self._clean_walls.append((now - self._last) * 1e3)
         state = self.state
@@ -501,5 +535,7 @@ class Monitor:
         return assemble_profile(
             m, counts, task=self.task, device=self.device, batch_size=batch, mode="train",
             steps=self._samples,
-            config={"every": self.every, "steps_seen": self.state.step, "source": "monitor"},
+            config={"every": self.every, "steps_seen": self.state.step, "source": "monitor",
+                    **({"max_overhead": self.max_overhead, "gaps": sorted(set(self.gaps))}
+                       if self.max_overhead is not None else {})},
         )

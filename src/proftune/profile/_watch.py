@@ -39,7 +39,12 @@ from ..exceptions import ConfigError
 from ._monitor import Monitor
 from ._record import Profile
 
-__all__ = ["ScriptResult", "Watcher", "run_script", "watch"]
+__all__ = ["DEFAULT_EVERY", "MAX_OVERHEAD", "ScriptResult", "Watcher", "run_script", "watch"]
+
+#: Without a given ``every``: sample every 50th step, or further apart where a sample costs more
+#: than ``MAX_OVERHEAD`` of the training's time (:class:`Monitor`'s ``max_overhead``).
+DEFAULT_EVERY = 50
+MAX_OVERHEAD = 0.015
 
 
 def _params_of(opt: torch.optim.Optimizer) -> set[int]:
@@ -60,12 +65,16 @@ class _Watched:
 class Watcher:
     """Global hooks that find the training step(s) of whatever runs and sample them.
 
-    ``every``: sample every N-th step (as :class:`Monitor`); ``steps``: stop watching after this
-    many sampled steps (None: watch to the end). ``stats``, ``timing``: as the Monitor's.
+    ``every``: sample every N-th step (as :class:`Monitor`); None: every ``DEFAULT_EVERY``-th,
+    spaced further where a sample costs more than ``MAX_OVERHEAD`` of the training's time;
+    ``steps``: stop watching after this many sampled steps (None: watch to the end). ``stats``,
+    ``timing``: as the Monitor's.
     """
 
-    def __init__(self, *, every: int = 50, steps: int | None = None, stats: bool = True,
+    def __init__(self, *, every: int | None = None, steps: int | None = None, stats: bool = True,
                  timing: bool = True, task: str | None = None) -> None:
+        self.max_overhead = MAX_OVERHEAD if every is None else None
+        every = DEFAULT_EVERY if every is None else every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"every must be a positive integer (sample every N-th step), but got {every=}.")
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
@@ -145,7 +154,8 @@ class Watcher:
         self._depth = max(self._depth - 1, 0)
 
     def _start_inference(self, mod: nn.Module) -> None:
-        mon = Monitor(mod, None, every=self.every, stats=self.stats, timing=self.timing, task=self.task)
+        mon = Monitor(mod, None, every=self.every, stats=self.stats, timing=self.timing, task=self.task,
+                      max_overhead=self.max_overhead)
         mon.__enter__()
         w = _Watched(mod, None, mon)
         self._inference = w
@@ -169,7 +179,8 @@ class Watcher:
         matches.sort(key=lambda t: -t[0])
         model = matches[0][1]
         others = [type(m).__name__ for _, m in matches[1:]]
-        mon = Monitor(model, opt, every=self.every, stats=self.stats, timing=self.timing, task=self.task)
+        mon = Monitor(model, opt, every=self.every, stats=self.stats, timing=self.timing, task=self.task,
+                      max_overhead=self.max_overhead)
         mon.__enter__()
         w = _Watched(model, opt, mon, others=others)
         if others:
@@ -281,9 +292,10 @@ _CURRENT: list[Watcher] = []
 
 
 @experimental("0.1.0", name="proftune.watch")
-def watch(*, every: int = 50, steps: int | None = None, out: str | Path | None = None,
+def watch(*, every: int | None = None, steps: int | None = None, out: str | Path | None = None,
           stats: bool = True, timing: bool = True) -> Watcher:
-    """Watch the rest of this script: find its training step and sample every ``every``-th one.
+    """Watch the rest of this script: find its training step and sample every ``every``-th one
+    (None: as :class:`Watcher`, every 50th or further apart where sampling would cost more).
 
     Returns the started :class:`Watcher` (``.profiles()`` at any time); with ``out`` the largest
     model's Profile is written there as JSON when the interpreter exits.
@@ -300,7 +312,7 @@ def watch(*, every: int = 50, steps: int | None = None, out: str | Path | None =
                 found[0].save(out)
                 print(f"proftune: {w.summary()}; profile saved to {out}", file=sys.stderr)
             else:
-                print(f"proftune: {w.summary()}; no step was sampled (every={every}).", file=sys.stderr)
+                print(f"proftune: {w.summary()}; no step was sampled (every={w.every}).", file=sys.stderr)
 
         atexit.register(save)
     return w
@@ -345,7 +357,7 @@ def parse_command(command: Sequence[str]) -> tuple[str, str, list[str]]:
     return "path", str(path), cmd
 
 
-def run_script(command: Sequence[str], *, every: int = 50, steps: int | None = None,
+def run_script(command: Sequence[str], *, every: int | None = None, steps: int | None = None,
                stats: bool = True, timing: bool = True,
                on_signal: Callable[[str], None] | None = None) -> ScriptResult:
     """Run ``python train.py ARGS`` (or ``-m module``) unchanged in this process, watched.
