@@ -345,8 +345,10 @@ def test_max_overhead_spaces_samples_by_their_measured_cost() -> None:
     with Monitor(model, opt, every=5, max_overhead=0.015) as mon:
         train(model, opt, mon, 400, 0.0)
     prof = mon.profile
-    assert min(mon.gaps) > 5 and max(mon.gaps) <= 50
-    assert prof.config["max_overhead"] == 0.015 and prof.config["gaps"] == sorted(set(mon.gaps))
+    assert min(mon.gaps) > 5
+    assert max(mon.gaps) <= 50
+    assert prof.config["max_overhead"] == 0.015
+    assert prof.config["gaps"] == sorted(set(mon.gaps))
     assert 2 <= mon.samples < 400 // 5
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
