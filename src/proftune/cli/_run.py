@@ -12,7 +12,6 @@ import typer
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
 from ..profile import Profile, ScriptResult, run_script
-from ..profile._watch import DEFAULT_EVERY, MAX_OVERHEAD
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment
 from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
@@ -112,8 +111,7 @@ def run_command(
         store = Store(db)
         result = run_script(cmd, every=every, steps=steps, stats=stats)
         exit_code[0] = result.exit_code
-        config = {"every": every or DEFAULT_EVERY, "max_overhead": None if every else MAX_OVERHEAD,
-                  "steps": steps, "source": "run"}
+        config = {"every": result.every, "max_overhead": result.max_overhead, "steps": steps, "source": "run"}
         first = result.profiles[0] if result.profiles else None
         recs = recommendations(first) if first is not None else []
         ids = _record(store, result, cmd, config)

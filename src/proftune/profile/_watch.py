@@ -328,6 +328,8 @@ class ScriptResult:
     steps_seen: int
     interrupted: str | None = None  # the signal's name, when a signal ended it
     error: str | None = None  # the exception that ended it, as text
+    every: int = DEFAULT_EVERY  # the sampling interval (the least, with max_overhead)
+    max_overhead: float | None = None  # the samples spaced by their cost to stay under it (None: every N-th)
 
 
 class _Signalled(BaseException):
@@ -414,4 +416,5 @@ def run_script(command: Sequence[str], *, every: int | None = None, steps: int |
             signal.signal(num, old)
         sys.stdout.flush()
     return ScriptResult(exit_code=code, profiles=tuple(watcher.profiles()), summary=watcher.summary(),
-                        steps_seen=watcher.steps_seen, interrupted=interrupted, error=error)
+                        steps_seen=watcher.steps_seen, interrupted=interrupted, error=error,
+                        every=watcher.every, max_overhead=watcher.max_overhead)
