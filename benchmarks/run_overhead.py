@@ -31,13 +31,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import random
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _paired import median_interval
 
 SCRIPT = '''
 import sys, time, torch
@@ -81,13 +82,6 @@ def _loop_s(cmd: list[str], cwd: str) -> float:
     return float(found[0])
 
 
-def _interval(paired: list[float], draws: int = 2000) -> tuple[float, float]:
-    """A bootstrap 95% interval of the median of the rounds' paired ratios."""
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(paired, k=len(paired))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1500)
@@ -122,8 +116,8 @@ def main() -> None:
                 paired[name].append(seconds / got["plain"])
     print(f"training loop CPU time, {args.steps} steps; the median over rounds of each round's ratio to the "
           f"plain run [bootstrap 95% interval]:")
-    for name in names:
-        low, high = _interval(paired[name])
+    for name in [n for n in names if loop[n]]:  # an anchor with --anchor-runs 0 ran no round
+        low, high = median_interval(paired[name])
         print(f"  {name:20s} {len(loop[name])} rounds: {statistics.median(loop[name]):.3f} s, ratio "
               f"{statistics.median(paired[name]):.3f} [{low:.3f}, {high:.3f}]")
     med = statistics.median(paired["proftune run"])

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
+from _paired import median_interval
 from torch import nn
 
 import proftune
@@ -160,13 +161,6 @@ def _ms_per_step(task: Any, threads: int | None, steps: int, cap_s: float) -> tu
     return statistics.fmean(ms), cost, r.threads
 
 
-def _interval(paired: list[float], draws: int = 2000) -> tuple[float, float]:
-    """A bootstrap 95% interval of the median of the rounds' paired ratios (the machine's noise)."""
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(paired, k=len(paired))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
-
-
 def _start(kind: str, n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
     code = TORCH_COMPETITOR if kind == "torch" else BUSY_COMPETITOR
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", _threads.MAX_THREADS_ENV)}
@@ -263,7 +257,7 @@ def main() -> None:
                 # (fits seconds apart), so the machine's load drifting over the case cancels out
                 paired = [a / b for a, b in zip(times[None], times[best_k], strict=True)]
                 ratio = statistics.median(paired)
-                low, high = _interval(paired)
+                low, high = median_interval(paired)
                 ratios.append(ratio)
                 within.append(low <= 1.10)
                 rows.append(f"| {case} | {load} | {task.name} | {med[None]:.2f} ({'/'.join(chosen)}) | "
