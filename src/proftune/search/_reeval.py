@@ -20,8 +20,9 @@ Within the same budget of evaluations, the search spends a share on re-evaluatin
 ``share`` (the most of the budget that goes to repeats) and where the repeats go were measured on
 the exhaustive tables of ``benchmarks/samplers.py`` (15 tables, 10 studies each, regret of the
 true mean of the pick against Optuna's TPE alone at 25/50/100/200 evaluations): interleaved from
-the 10th evaluation 1.43/1.05/0.91/0.99; at the end of the budget, none under 50, 1.00/0.99/0.90/0.94
-(offline, on TPE's own trajectories; a share of 0.2 or 0.3 gained at 200 and lost at 25-50).
+the 10th evaluation 1.43/1.05/0.91/0.99; at the end of the budget, none under 50, 1.00/0.97/0.95/0.99
+(offline, on TPE's own trajectories, a share of 0.2 or 0.3 did no better: it gained at 200 and lost
+at 25-50).
 """
 
 from __future__ import annotations
