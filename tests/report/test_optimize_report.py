@@ -96,3 +96,41 @@ def test_the_report_lays_out_in_a_browser(optimize_run: dict[str, object], width
     assert got["wide"] == [], got["wide"]  # every table fits its section: no hidden columns
     assert got["images"] >= 3
     assert re.search(r"did it help\s+(yes|no)", seen.text)
+
+
+@pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
+def test_a_long_recommended_value_wraps_instead_of_squeezing_its_reason(optimize_run: dict[str, object],
+                                                                         tmp_path: Path) -> None:
+    """On a busy machine the data_loading rule fires and recommends a whole DataLoader setting: the
+    table of the other computed values keeps its rows a few lines tall (the value wraps)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from proftune.recommend._rules import data_loading_rule
+    from proftune.report import write_report
+    from proftune.track import Store
+
+    from ._chromium import chromium, visit
+
+    db = tmp_path / "runs.db"
+    shutil.copy(str(optimize_run["db"]).removeprefix("sqlite:///"), db)
+    store = Store(f"sqlite:///{db}")
+    busy = data_loading_rule(SimpleNamespace(step=SimpleNamespace(data_ms=6.0, time_ms=10.0), device="cpu"))
+    assert isinstance(busy.value, dict)
+    changed = 0
+    for r in store.list_runs(kind="recommend"):
+        result = dict(r.result or {})
+        recs = [x for x in result.get("recommendations", []) if x.get("name") != "data_loading"]
+        result["recommendations"] = [*recs, busy.to_dict()]
+        store.update_run(r.id, result=result)
+        changed += 1
+    assert changed >= 1
+    result = optimize_run["result"]
+    assert isinstance(result, dict)
+    path = write_report(result["run_id"], tmp_path / "report.html", store=store)
+    assert "persistent_workers" in path.read_text()
+    with chromium() as browser:
+        seen = visit(browser, path, width=1024, probe=LAYOUT)
+    got = seen.probed
+    assert got["tallest"][0] <= 5 * got["lineHeight"] + 12, got["tallest"]
+    assert got["wide"] == [], got["wide"]

@@ -315,7 +315,7 @@ def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
     others = [x for k, x in recs.items() if k not in ("lr", "batch_size", "critical_batch_size")]
     if others:
         s.table(["recommendation", "value", "confidence", "why", "effect"],
-                [[x.name, Cell(_short_value(x.value), cls="nw"), x.confidence, clipped(x.reason, 150),
+                [[x.name, _value_cell(x.value), x.confidence, clipped(x.reason, 150),
                   clipped(x.effect, 80)] for x in others],
                 sortable=False, title="the other computed values")
 
@@ -328,6 +328,16 @@ def _recommendations(rec_run: RunRecord | None, comp: ComputeOutputs) -> list[Re
         except ConfigError:  # a recommend Run of an older proftune: the stage's own list
             pass
     return [Recommendation.from_dict(x) for x in comp.recommendations]
+
+
+#: The longest value kept on one line in a table; a longer one (a DataLoader's settings) wraps, or
+#: it would squeeze the "why" beside it into a column a word wide.
+NOWRAP_CHARS = 24
+
+
+def _value_cell(v: Any) -> Cell | str:
+    text = _short_value(v)
+    return Cell(text, cls="nw") if len(text) <= NOWRAP_CHARS else text
 
 
 def _short_value(v: Any) -> str:
