@@ -31,7 +31,10 @@ from typing import Any
 import numpy as np
 import optuna
 
-from proftune.search._reeval import DEFAULT_SHARE, groups, next_repeat, pick
+from proftune.search import Space
+from proftune.search._reeval import DEFAULT_SHARE, groups, pick
+from proftune.search._refine import next_step
+from proftune.search._study import STARTUP
 
 FAMILIES = {"hpolib": ("HPOLib", ["naval_propulsion", "parkinsons_telemonitoring", "protein_structure",
                                   "slice_localization"]),
@@ -70,6 +73,16 @@ class Table:
             else:  # ordered values: their index, so that TPE sees the order
                 out[n] = choices[trial.suggest_int(n, 0, len(choices) - 1)]
         return out
+
+    def proftune_space(self) -> Space:
+        """The table's space as proftune's search sees it: categoricals, and ordered values by index."""
+        return Space.from_dict({"params": {
+            n: {"type": "categorical", "choices": list(c)} if self.types[n] is str
+            else {"type": "int", "low": 0, "high": len(c) - 1} for n, c in self.space.items()}})
+
+    def decode(self, coded: dict[str, Any]) -> dict[str, Any]:
+        """Params as TPE drew them (indices of ordered values) as the table's own values."""
+        return {n: v if self.types[n] is str else self.space[n][int(v)] for n, v in coded.items()}
 
     def loss(self, params: dict[str, Any]) -> float:
         true = self.truth[self.key(params)]
@@ -116,28 +129,32 @@ def plain_study(table: Table, sampler: str, seed: int, budgets: list[int]) -> di
 
 
 def proftune_study(table: Table, seed: int, budget: int, share: float = DEFAULT_SHARE) -> dict[str, Any]:
-    """TPE with the search's noise-aware selection, ``budget`` evaluations in all."""
+    """TPE with the search's refining end and noise-aware pick, ``budget`` evaluations in all: the
+    library's own rule (``next_step``, as ``search`` enqueues it) on the table's space, whose
+    ordered params are their indices as TPE sees them."""
     table.bench.reseed(seed)
     study = optuna.create_study(direction="maximize" if table.maximize else "minimize",
                                 sampler=_sampler("proftune", seed))
+    space = table.proftune_space()
     evals: list[tuple[dict[str, Any], float]] = []
-    repeats = 0
+    repeats = neighbours = 0
     t0 = time.perf_counter()
     for i in range(budget):
-        again = next_repeat(groups(evals), maximize=table.maximize, repeats=repeats, evaluations=i,
-                            share=share, budget=budget) if i >= 10 else None
-        if again is not None:
-            study.enqueue_trial({n: (v if table.types[n] is str else table.space[n].index(v))
-                                 for n, v in again.items()})
-            repeats += 1
+        step = next_step(groups(evals), space, maximize=table.maximize, repeats=repeats, evaluations=i,
+                         share=share, budget=budget, seed=seed) if i >= STARTUP else None
+        if step is not None:
+            study.enqueue_trial(step.params)
+            repeats += step.kind == "repeat"
+            neighbours += step.kind == "neighbour"
         trial = study.ask()
         params = table.suggest(trial)
         value = float(table.bench(params)[table.metric])
         study.tell(trial, value)
-        evals.append((params, value))
+        evals.append((dict(trial.params), value))
     best = pick(groups(evals), maximize=table.maximize)
     assert best is not None
-    return {"params": best.params, "s": time.perf_counter() - t0, "repeats": repeats, "n": best.n}
+    return {"params": table.decode(best.params), "s": time.perf_counter() - t0, "repeats": repeats,
+            "neighbours": neighbours, "n": best.n}
 
 
 def run(tables: list[Table], studies: int, budgets: list[int], samplers: list[str], share: float,
@@ -153,7 +170,7 @@ def run(tables: list[Table], studies: int, budgets: list[int], samplers: list[st
                         p, g = table.judge(r["params"])
                         rows.append({"table": f"{table.family}/{table.name}", "family": table.family,
                                      "sampler": name, "budget": b, "seed": seed, "percentile": p,
-                                     "regret": g, "s": r["s"], "repeats": r["repeats"]})
+                                     "regret": g, "s": r["s"], "repeats": r["repeats"], "neighbours": r["neighbours"]})
                 else:
                     picks = plain_study(table, name, seed, budgets)
                     for b, r in picks.items():

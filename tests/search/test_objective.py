@@ -35,7 +35,9 @@ def test_plain_objective_is_searched_recorded_and_selected_by_its_mean(found: tu
     assert repeats
     assert len(repeats) <= 0.3 * 50
     order = sorted(result.trials, key=lambda t: t.number)
-    assert all(t.repeat == 0 for t in order[:35])  # the first 70% explore; the repeats come at the end
+    # the first 40% explore; the last 2 x 0.3 of the budget refine: repeats and neighbours of the leaders
+    assert all(t.repeat == 0 and t.sampler != "neighbour" for t in order[:20])
+    assert any(t.sampler == "neighbour" for t in order[20:])
     assert all(t.seed == t.repeat for t in result.trials)  # each repeat its own seed (search seed 0)
     sel = result.selection
     assert sel is not None
@@ -95,7 +97,7 @@ def test_user_sampler_and_pruner_instances(tmp_path: Path) -> None:
 def test_the_task_path_keeps_its_default_no_repeats() -> None:
     from proftune.search import SearchConfig
 
-    assert SearchConfig().reevaluate is None  # None: 0.1 for a plain objective, 0 for a Task
+    assert SearchConfig().reevaluate is None  # None: 0.25 for a plain objective, 0 for a Task
 
 
 def test_version_1_record_reads_without_selection(found: tuple[SearchResult, str]) -> None:
@@ -131,3 +133,19 @@ def test_rule_repeats_close_leaders_and_not_a_clear_winner() -> None:
     assert sel.n == 2
     assert sel.se == pytest.approx(0.5 ** 0.5 / 2 ** 0.5)
     assert [g.n for g in groups([({"x": 1, "y": "a"}, 1.0), ({"y": "a", "x": 1}, 2.0)])] == [2]
+
+
+def test_the_study_report_names_the_best_by_its_mean_with_its_interval(found: tuple[SearchResult, str]) -> None:
+    from proftune.report import render_report
+    from proftune.report._html import fmt_number
+
+    result, db = found
+    sel = result.selection
+    assert sel is not None
+    assert sel.neighbours == sum(1 for t in result.trials if t.sampler == "neighbour") > 0
+    html = render_report(study=result.study, store=db)
+    assert f"loss {fmt_number(sel.mean)} over {sel.n} evaluation(s)" in html
+    if sel.se is not None:
+        assert f"95% interval [{fmt_number(sel.low)}, {fmt_number(sel.high)}]" in html
+    told = f"{sel.repeats} of {sel.evaluations} trials re-evaluated leaders, {sel.neighbours} tried their neighbours"
+    assert told in html

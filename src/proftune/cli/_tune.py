@@ -191,7 +191,8 @@ def _render_best(d: dict[str, Any]) -> None:
     if sel:
         interval = f", 95% interval [{_fmt(sel['low'])}, {_fmt(sel['high'])}]" if sel.get("se") is not None else ""
         out_console.print(f"  mean {metric_names[0]}={_fmt(sel['mean'])} over {sel['n']} evaluations{interval} "
-                          f"({sel['repeats']} of {sel['evaluations']} trials re-evaluated leaders)")
+                          f"({sel['repeats']} of {sel['evaluations']} trials re-evaluated leaders"
+                          + (f", {sel['neighbours']} tried their neighbours" if sel.get("neighbours") else "") + ")")
     for p in d["pareto"][1:]:
         out_console.print(f"  trial {p['number']}: "
                           + ", ".join(f"{m}={_fmt(p['metrics'].get(m))}" for m in metric_names))

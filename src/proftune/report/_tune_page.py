@@ -140,6 +140,13 @@ def _best_trial(s: Section, res: SearchResult | None, obj: Sequence[tuple[str, s
     values = ", ".join(f"{n} {fmt_value(n, best.metrics.get(n))}" for n, _ in obj if n in best.metrics)
     s.html(f'<p class="verdict good">best trial: #{esc(best.number)}: {esc(values)}</p>')
     s.para("its params: " + _short_value(best.params), cls="muted")
+    sel = res.selection if res is not None else None
+    if sel is not None:
+        interval = (f"95% interval [{fmt_number(sel.low)}, {fmt_number(sel.high)}]" if sel.se is not None
+                    else "no interval: no configuration was evaluated twice")
+        s.para(f"named best by its mean, not its best draw: {obj[0][0]} {fmt_number(sel.mean)} over "
+               f"{sel.n} evaluation(s), {interval}; {sel.repeats} of {sel.evaluations} trials re-evaluated "
+               f"leaders" + (f", {sel.neighbours} tried their neighbours" if sel.neighbours else ""))
     stats = [(k, v) for k, v in best.metrics.items() if _num(v)][:10]
     if stats:
         s.html('<div class="stats">' + "".join(

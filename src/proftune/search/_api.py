@@ -356,10 +356,12 @@ def search(
                                  objectives=["loss:min"], trials=50)
         result.selection.mean, result.selection.se, result.selection.n
 
-    A plain objective is taken as noisy: up to ``reevaluate`` of the trials re-evaluate the
-    leading configurations (a ``seed`` keyword of the callable gets a new seed each time), and
+    A plain objective is taken as noisy: a share ``reevaluate`` (0.25) of the trials re-evaluates
+    the leading configurations (a ``seed`` keyword of the callable gets a new seed each time) and,
+    where ``trials`` is 50 or more, as many try their neighbours, at the end of the budget; and
     ``result.selection`` names the best by its mean over its evaluations (see
-    :mod:`proftune.search._reeval`); for a Task the same is opt-in (``reevaluate=0.1``).
+    :mod:`proftune.search._reeval` and :mod:`proftune.search._refine`); for a Task the same is
+    opt-in (``reevaluate=0.25``).
 
     ``on_trial`` (a callable of a trial's :class:`~proftune.track.RunRecord`) is called in this
     process with each trial as it ends, while the study runs: a live sink such as
@@ -576,7 +578,8 @@ def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, 
     selection = None
     if settings.reevaluate > 0 and len(objs) == 1:
         selection = select(evaluations(records), maximize=objs[0].direction == "maximize",
-                           repeats=sum(1 for r in records if r.repeat), share=settings.reevaluate)
+                           repeats=sum(1 for r in records if r.repeat), share=settings.reevaluate,
+                           neighbours=sum(1 for r in records if r.sampler == "neighbour" and r.state == "complete"))
         if selection is not None:  # the best trial: the picked configuration's best draw
             same = [r for r in front if r.params == selection.params] or [
                 r for r in records if r.state == "complete" and r.params == selection.params]

@@ -59,9 +59,10 @@ class SearchConfig:
     #: Points per continuous param of a grid (``sampler="grid"``, ``coarse="grid"``).
     grid_points: int = 5
     seed: int = 0
-    #: The most of ``trials`` spent re-evaluating the leading configurations (noise-aware
-    #: selection, :mod:`proftune.search._reeval`); None: 0.1 for a plain objective, 0 (off, every
-    #: trial a new configuration, the best single draw named best) for a Task.
+    #: The share of ``trials`` spent re-evaluating the leading configurations; where ``trials`` is
+    #: known, as many again try their neighbours, at the end of the budget (noise-aware selection,
+    #: :mod:`proftune.search._reeval`, :mod:`proftune.search._refine`); None: 0.25 for a plain
+    #: objective, 0 (off, every trial a new configuration, the best single draw named best) for a Task.
     reevaluate: float | None = None
     #: Configurations to train first (Optuna's ``enqueue_trial``), each
     #: ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.

@@ -5,24 +5,22 @@ Within the same budget of evaluations, the search spends a share on re-evaluatin
 
 * configurations are grouped by their params; each group has a mean and a standard error,
   taken from the pooled within-group spread (``noise``) once any group has two evaluations;
-* where the number of evaluations is known (``budget``), the repeats come at its end: the first
-  ``(1 - share) x budget`` evaluations explore, and a budget under ``MIN_BUDGET`` explores only
-  (at 25 evaluations every repeat cost more in exploration than it won in selection);
-* after each new evaluation, the leaders whose interval (mean +- ``Z`` standard errors)
-  overlaps the leader's are the contenders; the contender with the fewest evaluations (the
-  leader first on a tie) is evaluated again, unless re-evaluations already hold ``share``
-  of the evaluations made; when one leader is ahead beyond the intervals, nothing is
-  re-evaluated and the search explores;
+* where the number of evaluations is known (``budget``), the end of it refines around the
+  leaders, repeats and neighbours (:mod:`proftune.search._refine`), and a budget under
+  ``MIN_BUDGET`` explores only (at 25 evaluations every repeat cost more in exploration than
+  it won in selection);
+* where it is not known, repeats are interleaved with exploring (:func:`next_repeat`): after
+  each new evaluation, the leaders whose interval (mean +- ``Z`` standard errors) overlaps the
+  leader's are the contenders; the contender with the fewest evaluations (the leader first on
+  a tie) is evaluated again, unless re-evaluations already hold ``share`` of the evaluations
+  made; when one leader is ahead beyond the intervals, the search explores;
 * the best (``pick``) is the group whose mean, less ``Z`` standard errors in the better
   direction, is best: a configuration seen once is not named over one whose mean has held up
   on repeats unless it is ahead beyond noise.
 
-``share`` (the most of the budget that goes to repeats) and where the repeats go were measured on
-the exhaustive tables of ``benchmarks/samplers.py`` (15 tables, 10 studies each, regret of the
-true mean of the pick against Optuna's TPE alone at 25/50/100/200 evaluations): interleaved from
-the 10th evaluation 1.43/1.05/0.91/0.99; at the end of the budget, none under 50, 1.00/0.97/0.95/0.99
-(offline, on TPE's own trajectories, a share of 0.2 or 0.3 did no better: it gained at 200 and lost
-at 25-50).
+``share`` and the phase were measured on the exhaustive tables of ``benchmarks/samplers.py``
+(15 tables, regret of the true mean of the pick against Optuna's TPE alone): the figures are
+in the README's "Searching any objective" section.
 """
 
 from __future__ import annotations
@@ -39,8 +37,8 @@ from .._records import mapping, record_fields
 __all__ = ["DEFAULT_SHARE", "MIN_BUDGET", "Group", "Selection", "Z", "group_key", "groups", "next_repeat", "pick",
            "pooled_noise", "select"]
 
-#: The most of the evaluations that go to repeats (measured; see the module docstring).
-DEFAULT_SHARE = 0.1
+#: The share of a known budget that goes to repeats; as much again tries the leaders' neighbours.
+DEFAULT_SHARE = 0.25
 #: Standard errors on each side of a mean that make an interval.
 Z = 1.0
 #: Contenders considered beside the leader.
@@ -163,6 +161,8 @@ class Selection:
     share: float
     #: The within-configuration standard deviation, pooled over the repeated configurations.
     noise: float | None = None
+    #: Evaluations that tried a leader's neighbour (:mod:`proftune.search._refine`).
+    neighbours: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -173,7 +173,7 @@ class Selection:
 
 
 def select(evaluations: Sequence[tuple[Mapping[str, Any], float]], *, maximize: bool, repeats: int,
-           share: float) -> Selection | None:
+           share: float, neighbours: int = 0) -> Selection | None:
     """The :class:`Selection` of ``evaluations`` (params, value) by :func:`pick`."""
     gs = groups(evaluations)
     best = pick(gs, maximize=maximize)
@@ -184,4 +184,5 @@ def select(evaluations: Sequence[tuple[Mapping[str, Any], float]], *, maximize: 
     return Selection(params=best.params, mean=best.mean, n=best.n, se=se,
                      low=best.mean - 1.96 * se if se is not None else None,
                      high=best.mean + 1.96 * se if se is not None else None,
-                     evaluations=sum(g.n for g in gs), repeats=repeats, share=share, noise=noise)
+                     evaluations=sum(g.n for g in gs), repeats=repeats, share=share, noise=noise,
+                     neighbours=neighbours)

@@ -20,7 +20,8 @@ from ..track import Store
 from ._constraints import Objective
 from ._pruners import make_pruner
 from ._records import ATTR, TrialRecord, counts, trial_records
-from ._reeval import groups, next_repeat
+from ._reeval import groups
+from ._refine import next_step
 from ._samplers import make_sampler
 from ._settings import SearchSettings
 from ._space import Space
@@ -127,7 +128,8 @@ def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], fl
 
 
 def _maybe_repeat(study: optuna.Study, settings: SearchSettings) -> None:
-    """Enqueue a repeat of a leading configuration when the rule of ``_reeval`` asks for one."""
+    """Enqueue a repeat of a leading configuration, or a neighbour of one at the end of a known
+    budget, when the rules of ``_reeval`` and ``_refine`` ask for one."""
     if counts(study)["waiting"]:
         return  # a queued trial runs first
     records = trial_records(study)
@@ -136,13 +138,13 @@ def _maybe_repeat(study: optuna.Study, settings: SearchSettings) -> None:
         return
     repeats = sum(1 for r in records if r.repeat and r.state != "running")
     gs = groups(evals)
-    again = next_repeat(gs, maximize=settings.objectives[0].direction == "maximize", repeats=repeats,
-                        evaluations=len(evals), share=settings.reevaluate, budget=settings.trials)
-    if again is None:
+    step = next_step(gs, settings.space, maximize=settings.objectives[0].direction == "maximize", repeats=repeats,
+                     evaluations=len(evals), share=settings.reevaluate, budget=settings.trials, seed=settings.seed)
+    if step is None:
         return
-    n = next(g.n for g in gs if g.params == again)
-    searched = {k: v for k, v in again.items() if k in set(settings.space.names)}
-    study.enqueue_trial(searched, skip_if_exists=False, user_attrs={f"{ATTR}_repeat": n})
+    attrs = {f"{ATTR}_repeat": step.n} if step.kind == "repeat" else {f"{ATTR}_neighbour": True}
+    names = set(settings.space.names)
+    study.enqueue_trial({k: v for k, v in step.params.items() if k in names}, skip_if_exists=False, user_attrs=attrs)
 
 
 def raise_if_too_many_failures(study: optuna.Study, max_failures: int) -> None:

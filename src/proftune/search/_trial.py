@@ -100,7 +100,8 @@ class TrialRunner:
         rec: dict[str, Any] = {"params": config, "metrics": {}, "constraints": {}, "reason": None,
                                "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
                                "stage": self.stage, "run_id": run_id,
-                               "sampler": describe_sampler(trial.study.sampler), "repeat": repeat,
+                               "sampler": ("neighbour" if trial.user_attrs.get(f"{ATTR}_neighbour")
+                                           else describe_sampler(trial.study.sampler)), "repeat": repeat,
                                "seed": self.s.seed + repeat}
         try:
             return self._run(trial, config, rec)
