@@ -78,12 +78,13 @@ def test_every_problem_is_listed_in_one_error() -> None:
             "d": {"type": "categorical", "choices": []},
             "e": {"type": "int", "low": 1, "high": 5, "when": {"nope": 1}},
         },
-        "forbid": [{"ghost": 3}],
+        "forbid": [{"ghost": 3}, {"e": {">": 0.5}}],
     }
     with pytest.raises(ConfigError) as info:
         Space.from_dict(bad)
     text = str(info.value)
-    assert len(info.value.problems) == 6, info.value.problems
+    assert len(info.value.problems) == 7, info.value.problems
+    assert "{'>': 0.5} is not a condition; valid: a value, a list of values, or a comparison string" in text
     assert "low=1 > high=0.1" in text
     assert "log: true (a key of the space file) needs low > 0" in text
     assert "type='complex' is unknown" in text

@@ -532,6 +532,10 @@ def _parse_forbid(raw: Any, names: set[str], problems: ProblemCollector) -> list
             if isinstance(cond, (list, tuple)):
                 conditions.append((name, "in", tuple(_scalar(c) for c in cond)))
                 continue
+            if isinstance(cond, Mapping):
+                problems.add(f"forbid rule {i + 1}: {name}: {cond!r} is not a condition; valid: a value, a list "
+                             "of values, or a comparison string such as '>0.05' or '!=adam'.")
+                continue
             if isinstance(cond, str):
                 m = _COMPARISON.match(cond)
                 if m:
