@@ -39,4 +39,5 @@ def test_regret_stays_below_the_bound(budget: int) -> None:
         regrets += [table.judge(proftune_study(table, seed, budget)["params"])[1] for seed in range(10)]
     mean = sum(regrets) / len(regrets)
     bound = BOUNDS[budget]
-    assert mean <= bound, f"the search's mean regret at {budget} evaluations rose to {mean:.3f} (bound {bound}): {regrets}"
+    said = f"the search's mean regret at {budget} evaluations rose to {mean:.3f} (bound {bound}): {regrets}"
+    assert mean <= bound, said

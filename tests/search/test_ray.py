@@ -128,6 +128,23 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
     assert all("proftune" in t.user_attrs for t in study.trials)
 
 
+def test_each_ray_trial_reaches_on_trial_as_it_ends(tmp_path: Path, local_ray: Any) -> None:
+    """A live sink (W&B) beside a Ray search gets each trial while the others still run, not all
+    of them when Ray returns."""
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    seen: list[tuple[int, int]] = []  # (trial Run, trial Runs not ended yet at that moment)
+
+    def on_trial(record: Any) -> None:
+        runs = Store(db).list_runs(kind="trial", summary=True)
+        seen.append((record.id, 4 - sum(1 for r in runs if r.status != "running")))
+
+    res = proftune.search("digits-mlp", {"params": {"lr": {"type": "float", "low": 1e-3, "high": 1e-2}}},
+                          trials=4, epochs=1, db=db, study="ray-live", device="cpu", backend="ray",
+                          on_trial=on_trial, ray=RayOptions(workers=2, storage_path=tmp_path / "ray"))
+    assert sorted(i for i, _ in seen) == sorted(t.run_id for t in res.trials)  # each trial once
+    assert seen[0][1] > 0, seen  # the first came while trials were still to end
+
+
 RELATIVE_TASK = """
 from proftune.examples._wine import WineMLP
 

@@ -97,8 +97,11 @@ class _Ray(BaseSearchBackend):
             deadline: float | None, finished: int) -> BackendRun:
         from ._ray import RayOptions, run_ray
 
+        def ended() -> None:
+            notify_ended(config, store, settings.tune_run_id)
+
         out = run_ray(settings, config.ray or RayOptions(workers=config.workers), storage=storage,
-                      store=store, deadline=deadline, finished=finished)
+                      store=store, deadline=deadline, finished=finished, on_ended=ended)
         return BackendRun(stopped="ray", details=out)
 
 

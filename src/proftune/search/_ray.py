@@ -298,10 +298,15 @@ class _Recorder:
         self.schedule: dict[str, list[dict[str, Any]]] = {}
         #: The experiment was resumed from its folder (``Tuner.restore``), not begun.
         self.resumed = False
+        #: Called in the driver after each trial's Run is finished in the Store (the search's
+        #: ``notify_ended``: ``on_trial`` gets each trial as it ends); what it raised, kept for later.
+        self.on_ended: Callable[[], None] | None = None
+        self.ended_errors: list[BaseException] = []
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_store"] = None  # an open engine does not pickle; reopened from the URL
+        d["on_ended"], d["ended_errors"] = None, []  # the driver's observer stays in the driver
         return d
 
     def url_only(self) -> _Recorder:
@@ -369,6 +374,11 @@ class _Recorder:
                     result={"state": state, "reason": rec.get("reason"),
                             "constraints": rec.get("constraints"), "trial": self.numbers.get(trial_id),
                             "steps": rec.get("steps"), "ray_retries": rec["ray_retries"]})
+        if self.on_ended is not None:
+            try:
+                self.on_ended()
+            except Exception as exc:  # noqa: BLE001  (raised inside Ray's loop it would end the run unsaid)
+                self.ended_errors.append(exc)
         return state, values, rec
 
 
@@ -701,8 +711,11 @@ def _rung(ladder: list[Any], value: Any, direction: int) -> tuple[Any, str]:
 
 
 def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, store: Store,
-            deadline: float | None = None, finished: int = 0) -> dict[str, Any]:
-    """Run the study's remaining trials on Ray; every trial lands in the study and the Store.
+            deadline: float | None = None, finished: int = 0,
+            on_ended: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run the study's remaining trials on Ray; every trial lands in the study and the Store;
+    ``on_ended`` is called in this process after each trial's Run is finished (what it raises is
+    raised once Ray has returned).
 
     Returns what the run did: trials run, retries, the experiment folder and, under PBT, each
     member's schedule of params over epochs.
@@ -734,6 +747,7 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
     store.reap_stale()
     with _ray_session(options):
         recorder = _Recorder(settings, store, options.scheduler)
+        recorder.on_ended = on_ended
         progress = _callback_class()(recorder)
         trainable = tune.with_resources(
             tune.with_parameters(_trainable, settings=settings, pbt=pbt), {"cpu": 1})
@@ -750,6 +764,8 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
         out["retries"] = sum(recorder.retries.values())
         out["resumed"] = recorder.resumed
         out["schedule"] = {str(numbers.get(k, k)): v for k, v in recorder.schedule.items()}
+        if recorder.ended_errors:
+            raise recorder.ended_errors[0]
         errors = [r.error for r in grid if r.error is not None]
         if errors and len(errors) == len(grid):
             raise RunFailedError(f"every Ray trial failed; the first error: {errors[0]}")
