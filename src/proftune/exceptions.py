@@ -60,6 +60,9 @@ class DependencyError(ConfigError):
 class RunFailedError(ProftuneError):
     """Something failed while running (training diverged, a user's model raised, ...)."""
 
+    #: The Run it failed in, where one was recorded (a sink such as W&B can still log it).
+    run_id: int | None = None
+
 
 class ProblemCollector:
     """Collects configuration problems so that one :class:`ConfigError` lists them all."""

@@ -70,3 +70,45 @@ def test_optimize_logs_its_run_and_stages_to_wandb(tmp_path: Path, monkeypatch: 
     wandb.teardown()
     assert all(list(Path(r["dir"]).glob("run-*.wandb")) for r in runs)
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == len(runs)
+
+
+BROKEN = '''
+from proftune.examples._wine import WineMLP
+
+
+class Broken(WineMLP):
+    name = "broken-wine"
+
+    def evaluate(self, model, data):
+        raise ValueError("my evaluate is broken")
+'''
+
+
+@pytest.mark.parametrize("max_failures", [5, 0])
+def test_a_tune_whose_trials_all_failed_still_logs_its_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           max_failures: int) -> None:
+    """Every trial failed (within --max-failures: exit 1 after the search; beyond it: the search
+    itself stops): the team's W&B project still gets the failed study and each failed trial."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    task = tmp_path / "broken.py"
+    task.write_text(BROKEN)
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  hidden: {type: categorical, choices: [8, 16]}\n")
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    res = CliRunner().invoke(app, ["tune", str(task), "--space", str(space), "--trials", "2", "--epochs", "1",
+                                   "--max-failures", str(max_failures), "--log", "wandb", "--wandb-project", "tf",
+                                   "--db", db])
+    assert res.exit_code == 1, res.output
+    assert "my evaluate is broken" in res.stderr
+    store = Store(db)
+    tune = store.list_runs(kind="tune")[0]
+    trials = store.list_runs(kind="trial", parent_id=tune.id)
+    assert trials
+    assert all(t.status == "failed" for t in trials)
+    wandb.teardown()
+    logged = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(logged) == 1 + len(trials), logged  # the study's run and each failed trial, once
+    assert all(list(d.glob("run-*.wandb")) for d in logged)

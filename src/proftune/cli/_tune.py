@@ -99,18 +99,24 @@ def tune(
 
         ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=debug)
                if backend == "ray" else None)
-        result = search(task_arg(task, data), str(space), objectives=objective or None, constraints=constraint or (),
-                        trials=trials, timeout=timeout, sampler=sampler, pruner=pruner, epochs=epochs,
-                        study=study, db=db, workers=workers, seed=seed, device=device,
-                        max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
-                        backend=backend, ray=ray, params=params, on_trial=live)
+        try:
+            result = search(task_arg(task, data), str(space), objectives=objective or None,
+                            constraints=constraint or (), trials=trials, timeout=timeout, sampler=sampler,
+                            pruner=pruner, epochs=epochs, study=study, db=db, workers=workers, seed=seed,
+                            device=device, max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
+                            backend=backend, ray=ray, params=params, on_trial=live)
+        except RunFailedError as exc:  # too many failures: the study still reaches W&B, failed
+            if exc.run_id is not None:
+                log_run(log, exc.run_id, project=wandb_project, db=db, live=live)
+            raise
+        logged = log_run(log, result.run_id, project=wandb_project, db=db, live=live)
         failed = [t for t in result.trials if t.state == "failed"]
         if result.trials and len(failed) == len(result.trials):  # nothing was tuned: not done
             last = failed[-1]
             raise RunFailedError(f"every trial failed ({len(failed)} of {len(result.trials)}); the last, "
-                                 f"trial {last.number}: {last.reason}")
+                                 f"trial {last.number}: {last.reason}"
+                                 + (f" (logged to W&B project {wandb_project})" if logged else ""))
         d = result.to_dict()
-        logged = log_run(log, result.run_id, project=wandb_project, db=db, live=live)
         if logged is not None:
             d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}

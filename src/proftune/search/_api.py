@@ -17,7 +17,7 @@ import optuna
 from .._deprecated import warn_experimental
 from .._jsonsafe import json_safe
 from .._records import record_fields, stored_version
-from ..exceptions import ConfigError, ProblemCollector
+from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..metrics import default_objective, split_objective
 from ..task import ClassificationTask, Task, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
@@ -416,17 +416,21 @@ def search(
         deadline = time.time() + c.timeout if c.timeout else None
         # each trial to on_trial once, as it ends; those a backend did not hand over, when it returns
         ran_with = dataclasses.replace(c, on_trial=TrialFeed(c.on_trial)) if c.on_trial is not None else c
-        ran = SEARCH_BACKEND_REGISTRY.get_entry(c.backend).run(
-            settings, ran_with, storage=storage, store=store, deadline=deadline,
-            finished=counts(created)["trained"])
-        notify_ended(ran_with, store, run.id)
-        backend = {"backend": c.backend, **ran.details}
-        extra_plots = []
-        if c.plot is not None and backend.get("schedule") and backend.get("scheduler") == "pbt":
-            extra_plots.append(str(pbt_plot(backend["schedule"], Path(c.plot) / "pbt_schedule.png")))
-        result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
-                          scan_result, c.plot, full=c.analyse, stopped=ran.stopped,
-                          backend=backend, extra_plots=extra_plots)
+        try:
+            ran = SEARCH_BACKEND_REGISTRY.get_entry(c.backend).run(
+                settings, ran_with, storage=storage, store=store, deadline=deadline,
+                finished=counts(created)["trained"])
+            notify_ended(ran_with, store, run.id)
+            backend = {"backend": c.backend, **ran.details}
+            extra_plots = []
+            if c.plot is not None and backend.get("schedule") and backend.get("scheduler") == "pbt":
+                extra_plots.append(str(pbt_plot(backend["schedule"], Path(c.plot) / "pbt_schedule.png")))
+            result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
+                              scan_result, c.plot, full=c.analyse, stopped=ran.stopped,
+                              backend=backend, extra_plots=extra_plots)
+        except RunFailedError as exc:  # too many trials failed: the tune Run it ends, for a sink to log
+            exc.run_id = exc.run_id if exc.run_id is not None else run.id
+            raise
         run.set(metrics=dict(result.best.metrics) if result.best else {}, result=result.to_dict(trials=False),
                 artifacts={"plots": result.plots})
     return result
