@@ -91,7 +91,7 @@ def tune(
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
     def body() -> Any:
-        from ..search import RayOptions, search
+        from ..search import RayOptions, load_objective, search
 
         params = parse_params(param)  # fixed for every trial, as the space's fixed:
         check_log(log, command="tune")
@@ -100,7 +100,8 @@ def tune(
         ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=debug)
                if backend == "ray" else None)
         try:
-            result = search(task_arg(task, data), str(space), objectives=objective or None,
+            target = (load_objective(task) if data is None else None) or task_arg(task, data)
+            result = search(target, str(space), objectives=objective or None,
                             constraints=constraint or (), trials=trials, timeout=timeout, sampler=sampler,
                             pruner=pruner, epochs=epochs, study=study, db=db, workers=workers, seed=seed,
                             device=device, max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,

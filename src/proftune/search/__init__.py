@@ -31,6 +31,7 @@ from ._config import SearchConfig
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._feed import notify_ended
 from ._gate import GateResult, ProfileGate
+from ._objective import load_objective
 from ._pruners import PRUNER_REGISTRY, PRUNERS, BasePrunerMaker, PatiencePruner, register_pruner
 from ._ray import SCHEDULERS, RayOptions
 from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
@@ -76,6 +77,7 @@ __all__ = [
     "TrialTally",
     "cancel_waiting",
     "feasibility_scan",
+    "load_objective",
     "load_space",
     "notify_ended",
     "parse_constraint",

@@ -15,7 +15,7 @@ from typing import Any
 from ..exceptions import ConfigError
 from ..task import Task
 
-__all__ = ["VALUE", "ObjectiveTask", "is_objective"]
+__all__ = ["VALUE", "ObjectiveTask", "is_objective", "load_objective"]
 
 #: The metric a number returned by the objective is recorded as.
 VALUE = "value"
@@ -28,6 +28,43 @@ def is_objective(obj: Any) -> bool:
     if isinstance(obj, (Task, str, torch.nn.Module)) or isinstance(obj, type):
         return False  # a model (a bare module, a LightningModule) is a task's, through its adapter
     return callable(obj)
+
+
+def load_objective(spec: str) -> Callable[..., Any] | None:
+    """The plain function ``spec`` names (``file.py:fn``, ``package.module:fn``), or None where it
+    names none (a Task, a built-in task): ``proftune tune obj.py:fn`` searches it as
+    :func:`proftune.search` does a callable. A file is imported only where its top level defines
+    ``fn`` (a Task file is imported once, by the task loader)."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    from ..exceptions import TaskLoadError
+    from ..task import import_file
+
+    head, _, name = spec.strip().rpartition(":")
+    if not head or not name.isidentifier():
+        return None
+    path = Path(head)
+    if head.endswith(".py") or path.is_file():
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            return None  # the task loader says what is wrong with the file
+        if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body):
+            return None
+        try:
+            module = import_file(path.resolve())
+        except Exception as exc:
+            raise TaskLoadError(f"importing {str(path)!r} for the objective {name!r} failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    else:
+        try:
+            module = importlib.import_module(head)
+        except Exception:  # noqa: BLE001  (not a module: the task loader names the problem)
+            return None
+    fn = getattr(module, name, None)
+    return fn if inspect.isfunction(fn) else None
 
 
 class ObjectiveTask(Task):
