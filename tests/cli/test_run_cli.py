@@ -28,8 +28,8 @@ PLAIN = str(SCRIPTS / "plain_loop.py")
 
 def _plain_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                               torch.nn.ReLU(), torch.nn.Linear(512, 10))
 
 
 def test_plain_loop_matches_task_profile(tmp_path: Path) -> None:
@@ -55,10 +55,13 @@ def test_plain_loop_matches_task_profile(tmp_path: Path) -> None:
     assert watched.step.forward_ms > 0
     assert watched.step.backward_ms > 0
     assert watched.grad.norm is not None
-    # time per layer: both profiles put the two big Linears above the small one and the ReLUs
+    # time per layer: both profiles put the 512x512 Linear (8.4M MACs a step, ~500x a ReLU's
+    # elements) above each ReLU, and the Linears together above the ReLUs; a tiny Linear beside a
+    # ReLU is within a busy machine's noise (CI saw 62 vs 66 us), so it is not compared
     for p in (watched, ref):
         t = {lay.name: (lay.forward_ms or 0) + (lay.backward_ms or 0) for lay in p.layers}
-        assert min(t["0"], t["2"]) > max(t["1"], t["3"])
+        assert t["2"] > max(t["1"], t["3"]), t
+        assert t["0"] + t["2"] + t["4"] > t["1"] + t["3"], t
     names = [r["name"] for r in d["recommendations"]]
     assert names == ["precision", "data_loading", "bottleneck", "batch_size"]
     run = Store(db).get_run(d["run_ids"][0])
@@ -94,7 +97,7 @@ def test_inference_script_watches_forward_calls() -> None:
     assert p.mode == "inference"
     assert p.config["optimizer"] is None
     assert "no optimizer stepped" in r.summary
-    assert p.macs == 544_768
+    assert p.macs == 32 * (64 * 512 + 512 * 512 + 512 * 10)  # batch x the three Linears
 
 
 def test_two_optimizers_two_models() -> None:

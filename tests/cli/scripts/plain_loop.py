@@ -23,7 +23,7 @@ y = torch.tensor(digits.target)
 
 def build_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+    return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
 
 
 model = build_model()
