@@ -112,3 +112,28 @@ def test_a_tune_whose_trials_all_failed_still_logs_its_study(tmp_path: Path, mon
     logged = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(logged) == 1 + len(trials), logged  # the study's run and each failed trial, once
     assert all(list(d.glob("run-*.wandb")) for d in logged)
+
+
+def test_an_optimize_that_fails_midway_still_logs_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop fails in a stage (the user's evaluate raises): exit 1 with that error, and the
+    team's W&B project still gets the failed optimize run and the failed stage."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    task = tmp_path / "broken.py"
+    task.write_text(BROKEN)
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    res = CliRunner().invoke(app, ["optimize", str(task), "--budget", "20s", "--goal", "none", "--log", "wandb",
+                                   "--wandb-project", "of", "--out", str(tmp_path / "o"), "--db", db])
+    assert res.exit_code == 1, res.output
+    assert "my evaluate is broken" in res.stderr
+    store = Store(db)
+    top = [r for r in store.list_runs(kind="optimize") if r.parent_id is None]
+    assert [r.status for r in top] == ["failed"]
+    runs = [r for r in store.list_runs() if top[0].id in (r.id, r.parent_id)]
+    assert any(r.status == "failed" and r.parent_id == top[0].id for r in runs), "the stage that failed"
+    wandb.teardown()
+    logged = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(logged) >= len(runs), (logged, runs)  # the run, its stages (and any trial), each once
+    assert all(list(d.glob("run-*.wandb")) for d in logged)

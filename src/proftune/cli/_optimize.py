@@ -80,8 +80,12 @@ def optimize_command(
     """Profile, compute, search, verify and compress TASK within --budget; resumable."""
     from ..optimize import optimize
 
+    failed_run: list[int] = []  # the optimize run, where it failed midway: W&B still gets it
+
     def progress(event: str, data: dict[str, Any]) -> None:
-        if event == "stage_start":
+        if event == "run_failed":
+            failed_run.append(int(data["run_id"]))
+        elif event == "stage_start":
             err_console.print(f"[bold]{data['stage']}[/] (share {data['share_s']:.0f} s)", highlight=False)
         elif event == "plan":
             err_console.print(f"[bold]plan[/]: {escape(str(data['text']))}", highlight=False)
@@ -97,12 +101,21 @@ def optimize_command(
     def body() -> Any:
         check_log(log, command="optimize")
         live = trial_logger(log, project=wandb_project)
-        with _quiet(debug):
-            result = optimize(task, budget, memory_budget=memory_budget, constraints=tuple(constraint or ()),
-                          objective=objective, space=space, max_accuracy_drop=max_accuracy_drop, goal=goal,
-                              seeds=seeds, out=out, study=study, resume=resume,
-                              ignore_findings=ignore_findings, seed=seed, device=device, db=db,
-                              progress=progress, on_trial=live)
+        try:
+            with _quiet(debug):
+                result = optimize(task, budget, memory_budget=memory_budget, constraints=tuple(constraint or ()),
+                                  objective=objective, space=space, max_accuracy_drop=max_accuracy_drop, goal=goal,
+                                  seeds=seeds, out=out, study=study, resume=resume,
+                                  ignore_findings=ignore_findings, seed=seed, device=device, db=db,
+                                  progress=progress, on_trial=live)
+        except Exception:  # failed midway: the team's project still gets the run and its stages, failed
+            if failed_run:
+                try:
+                    log_run(log, failed_run[0], project=wandb_project, db=db, live=live)
+                except Exception as exc:  # noqa: BLE001 - the loop's own error is what the user must see
+                    err_console.print(f"[yellow]W&B[/]: the failed run {failed_run[0]} was not logged: "
+                                      f"{escape(f'{type(exc).__name__}: {exc}')}", highlight=False)
+            raise
         d = result.to_dict()
         logged = log_run(log, result.run_id, project=wandb_project, db=db, live=live)
         if logged is not None:

@@ -244,6 +244,7 @@ class _Loop:
         except BaseException as exc:
             self.store.finish_run(self.run_id, status="failed", error=f"{type(exc).__name__}: {exc}",
                                   result=json_safe({"stages": self.state.stages}))
+            self.say("run_failed", {"run_id": self.run_id, "error": f"{type(exc).__name__}: {exc}"})
             raise
         result = self._result()
         result = dataclasses.replace(result, files=write_outputs(result, self.state, self.out, task=self.task))
@@ -479,7 +480,8 @@ def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeC
     Run as it ends, e.g. ``proftune.report.WandbTrialLogger``). The same call again with
     ``resume=True`` (or the same ``study``) continues from the last finished stage.
     ``progress(event, data)`` is called at each stage's start and end, after search chunks and
-    after each final run.
+    after each final run, and with ``"run_failed"`` (``run_id``, ``error``) where the loop fails
+    midway, before the error is raised.
     """
     task_obj = load_task(task)
     v = validate(task_obj, config, {"budget": budget, **options})
