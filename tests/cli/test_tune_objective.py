@@ -44,3 +44,8 @@ def test_tune_searches_a_function_in_a_file(tmp_path: Path) -> None:
                                        "--db", f"sqlite:///{tmp_path / 'r.db'}"])
     assert missing.exit_code != 0
     assert "absent" in missing.output
+    unknown = CliRunner().invoke(app, ["tune", "no-such-task", "--space", str(space), "--trials", "2",
+                                       "--db", f"sqlite:///{tmp_path / 'r.db'}"])
+    assert unknown.exit_code == 2
+    assert "Built-in tasks" in unknown.output  # both forms named: a Task's and a function's
+    assert "'obj.py:fn'" in unknown.output

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from .._paths import OutputPath
-from ..exceptions import RunFailedError
+from ..exceptions import RunFailedError, TaskLoadError
 from ._common import (
     DataOpt,
     DbOpt,
@@ -106,6 +106,11 @@ def tune(
                             pruner=pruner, epochs=epochs, study=study, db=db, workers=workers, seed=seed,
                             device=device, max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
                             backend=backend, ray=ray, params=params, on_trial=live)
+        except TaskLoadError as exc:
+            if data is not None:
+                raise
+            raise TaskLoadError(f"{exc} tune also searches a plain function of the params: 'obj.py:fn' or "
+                                "'package.module:fn' (see proftune.search).") from None
         except RunFailedError as exc:  # too many failures: the study still reaches W&B, failed
             if exc.run_id is not None:
                 log_run(log, exc.run_id, project=wandb_project, db=db, live=live)
