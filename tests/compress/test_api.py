@@ -171,8 +171,12 @@ def test_cli_json(original: Path, tmp_path: Path) -> None:
     # it started from the profile: where the parameters, MACs and forward time are
     top = d["profile"]["top_time"]
     assert top
-    assert top[0]["type"] == "Linear"
-    assert 0 < top[0]["time_share"] <= 1
+    # which of a tiny MLP's layers takes longest is within a busy machine's noise (CI saw a ReLU
+    # first): the Linears are among the top layers by time, ranked by their measured share
+    assert "Linear" in {x["type"] for x in top}
+    shares = [x["time_share"] for x in top]
+    assert shares == sorted(shares, reverse=True)
+    assert 0 < shares[0] <= 1
     assert any("where the MACs are" in line for line in d["plan"])
 
 
