@@ -20,7 +20,7 @@ from .._device import resolve_device
 from .._options import with_options
 from .._paths import OutputPath, check_outputs
 from .._units import format_bytes, parse_memory
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, ProblemCollector
 from ..profile import Profile
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
@@ -28,8 +28,9 @@ from ..train import seed_everything, validate_params
 from ._accumulation import StepCost, plan_accumulation
 from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
 from ._full_batches import FullBatchTask, samples_per_epoch
-from ._lr_find import LRFindResult, run_lr_range_test, validate_lr_range
+from ._lr_find import LRFindResult, decide_by_ladder, run_lr_range_test, validate_lr_range
 from ._noise_scale import NoiseScaleResult, measure_noise_scale
+from ._precision import checked_precision_row
 from ._recommendation import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
@@ -226,7 +227,9 @@ def _from_prediction(task: Task, params: dict[str, Any], measure: Measure, budge
 @dataclass(frozen=True)
 class LRFindConfig:
     """An LR range test: from ``min_lr`` to ``max_lr`` over ``steps`` steps at ``batch_size``
-    (default: the task's), on ``device`` from ``seed``; ``plot`` a PNG path for the curve."""
+    (default: the task's), on ``device`` from ``seed``; ``plot`` a PNG path for the curve.
+    Where the sweep sees no fall, the lr ladder decides: ``ladder_rungs`` constant rates half a
+    decade apart around the task's lr, ``ladder_steps`` steps each (0: no ladder)."""
 
     min_lr: float = 1e-7
     max_lr: float = 10.0
@@ -235,6 +238,8 @@ class LRFindConfig:
     device: str | torch.device = "auto"
     seed: int = 0
     plot: str | None = None
+    ladder_steps: int = 100
+    ladder_rungs: int = 7
 
 
 def lr_find(
@@ -260,6 +265,7 @@ def lr_find(
     min_lr, max_lr, steps, batch_size, seed, plot = (cfg.min_lr, cfg.max_lr, cfg.steps, cfg.batch_size, cfg.seed,
                                                      cfg.plot)
     validate_lr_range(min_lr, max_lr, steps)
+    _check_ladder(cfg.ladder_steps, cfg.ladder_rungs)
     check_outputs([OutputPath("plot=", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
     merged = _merged(task_obj, params)
@@ -268,6 +274,9 @@ def lr_find(
     def body() -> LRFindResult:
         result = run_lr_range_test(task_obj, merged, model=model, optimizer=optimizer, min_lr=min_lr,
                                    max_lr=max_lr, steps=steps, batch_size=batch_size, device=dev, seed=seed)
+        if model is None and optimizer is None:  # a given model is the user's: the ladder trains the task's
+            result = decide_by_ladder(result, task_obj, merged, steps=cfg.ladder_steps, rungs=cfg.ladder_rungs,
+                                      device=dev, seed=seed)
         if plot:
             result.plot(plot)
         return result
@@ -276,7 +285,8 @@ def lr_find(
     if st is None:
         return body()
     run_config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
-                  "batch_size": batch_size, "device": str(dev), "seed": seed}
+                  "batch_size": batch_size, "device": str(dev), "seed": seed,
+                  "ladder_steps": cfg.ladder_steps, "ladder_rungs": cfg.ladder_rungs}
     with tracked_run("lr_find", task_obj, config=run_config, device=dev, store=st) as run:
         result = dataclasses.replace(body(), run_id=run.id)
         metrics = {k: v for k, v in (("suggested_lr", result.suggested_lr), ("min_lr", result.min_lr),
@@ -285,6 +295,15 @@ def lr_find(
                 curves={"lr_range": result.to_dict()["curve"]},
                 artifacts={"plot": str(plot)} if plot else {})
     return result
+
+
+def _check_ladder(steps: Any, rungs: Any) -> None:
+    problems = ProblemCollector()
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0 or 0 < steps < 8:
+        problems.add(f"ladder_steps={steps!r} must be 0 (no ladder) or an integer >= 8 (steps per rate).")
+    if isinstance(rungs, bool) or not isinstance(rungs, int) or rungs < 3:
+        problems.add(f"ladder_rungs={rungs!r} must be an integer >= 3 (a rate each side of the centre).")
+    problems.raise_if_any(header="The lr ladder is not well-formed, found the following errors:")
 
 
 # -- noise scale ---------------------------------------------------------------------------------------
@@ -312,6 +331,41 @@ def noise_scale(
 # -- everything ------------------------------------------------------------------------------------------
 
 
+#: A computed batch leaves an epoch at least this many optimizer steps (or the task's own count, if fewer).
+MIN_STEPS_PER_EPOCH = 8
+
+
+@dataclass(frozen=True)
+class DataBound:
+    """The largest batch the training data allows: never above one epoch's samples, and small
+    enough that an epoch keeps ``MIN_STEPS_PER_EPOCH`` optimizer steps (the task's own batch is
+    allowed where it keeps fewer: the defaults' schedule trains with it)."""
+
+    samples: int
+    cap: int
+    default_batch: int
+
+    def describe(self) -> str:
+        return (f"{self.samples} training samples, at most {self.cap} a batch so that an epoch keeps "
+                f">= {min(MIN_STEPS_PER_EPOCH, max(1, self.samples // self.default_batch))} optimizer steps "
+                f"(the task's batch {self.default_batch} keeps {self.samples // max(self.default_batch, 1)})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"train_samples": self.samples, "max_batch_by_data": self.cap,
+                "min_steps_per_epoch": MIN_STEPS_PER_EPOCH, "default_batch": self.default_batch}
+
+
+def data_bound(task: Task, params: dict[str, Any], default_batch: int, *,
+               target_batch: int | None = None) -> DataBound | None:
+    """The data's bound on a computed batch (None: the training data has no countable samples); a
+    ``target_batch`` the user gave is theirs, bounded only by the training set itself."""
+    n = samples_per_epoch(task, params, batch_size=max(1, min(default_batch, 1 << 16)), stop_after=1 << 22)
+    if n < 1:
+        return None
+    cap = min(n, max(min(default_batch, n), n // MIN_STEPS_PER_EPOCH, 1, min(int(target_batch or 0), n)))
+    return DataBound(samples=n, cap=cap, default_batch=default_batch)
+
+
 def _round_batch(b: float) -> int:
     """Round a batch size to a multiple of 8 from 16 up (friendlier to kernels), else to an int."""
     if b >= 16:
@@ -322,20 +376,23 @@ def _round_batch(b: float) -> int:
 @dataclass(frozen=True)
 class RecommendConfig:
     """What :func:`recommend` measures beyond the Profile, and how long it may: the memory budget
-    (bytes or ``4GiB``), a target global batch, device and seed, the range test's and the noise
-    scale's steps, the optimizer comparison's and the embedding row's seconds, and DDP ranks and
-    the all-reduce's largest share of the step."""
+    (bytes or ``4GiB``), a target global batch, device and seed, the range test's steps and the lr
+    ladder's per rate (where the sweep sees no fall; 0: none), the noise scale's steps, the optimizer
+    comparison's and the embedding row's seconds, DDP ranks and the all-reduce's largest share of the
+    step, and whether a lower precision may be timed against fp32 (without it fp32 is kept)."""
 
     memory_budget: int | str | None = None
     target_batch: int | None = None
     device: str | torch.device = "auto"
     seed: int = 0
     lr_steps: int = 100
+    ladder_steps: int = 100
     noise_steps: int = 30
     optimizer_budget_s: float = 4.0
     embedding_budget_s: float = 120.0
     ddp: int | None = None
     ddp_share: float = 0.10
+    precision_check: bool = True
 
 
 def recommend(
@@ -392,17 +449,19 @@ def recommend(
 
             prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
         return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
-                               device=dev, seed=seed, lr_steps=lr_steps, noise_steps=noise_steps, say=say,
+                               device=dev, seed=seed, lr_steps=(lr_steps, cfg.ladder_steps),
+                               noise_steps=noise_steps, say=say,
                                more=_MoreRows(optimizer_budget_s=float(optimizer_budget_s),
                                               embedding_budget_s=float(embedding_budget_s),
                                               ddp_spec=task if isinstance(task, str) else task_obj,
-                                              ddp=ddp, ddp_share=float(ddp_share)))
+                                              ddp=ddp, ddp_share=float(ddp_share),
+                                              precision_check=bool(cfg.precision_check)))
 
     st = _store(store, db=db)
     if st is None:
         return body()
     run_config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
-                  "seed": seed, "lr_steps": lr_steps, "noise_steps": noise_steps,
+                  "seed": seed, "lr_steps": lr_steps, "ladder_steps": cfg.ladder_steps, "noise_steps": noise_steps,
                   "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
                   "ddp": ddp, "ddp_share": ddp_share}
     with tracked_run("recommend", task_obj, config=run_config, device=dev, store=st) as run:
@@ -414,7 +473,7 @@ def recommend(
 
 
 def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget: int | None,
-                    target_batch: int | None, device: torch.device, seed: int, lr_steps: int,
+                    target_batch: int | None, device: torch.device, seed: int, lr_steps: tuple[int, int],
                     noise_steps: int, say: Callable[[str], None], more: _MoreRows) -> Recommendations:
     recs: dict[str, Recommendation] = {}
     b_prof = int(prof.batch_size or params.get("batch_size", 32))
@@ -432,7 +491,9 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
 
     # -- the LR range test first: the noise scale is measured at a rate that trains ---------------------
     say("lr range test")
-    lr_res = lr_find(task, params, batch_size=b_prof, steps=lr_steps, device=device, seed=seed)
+    # the range test's steps, and the ladder's per rate where the sweep sees no fall
+    lr_res = lr_find(task, params, batch_size=b_prof, steps=lr_steps[0], device=device, seed=seed,
+                     ladder_steps=lr_steps[1])
 
     # -- noise scale: the critical batch ------------------------------------------------------------
     say("noise scale")
@@ -446,37 +507,25 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     ns = (noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
                       device=device, seed=seed) if noise_steps > 0 else None)
     b_crit = ns.critical_batch_size if ns is not None else None
-    ns_evidence = {k: v for k, v in ns.to_dict().items() if k != "history"} if ns is not None else {}
+    ns_evidence = {k: v for k, v in ns.to_dict().items() if k not in ("history", "losses")} if ns is not None else {}
     ns_lr = ns_params.get("lr")
     ns_evidence["lr"] = ns_lr
-    if ns is None:
-        recs["critical_batch_size"] = Recommendation(
-            "critical_batch_size", None, "not measured (noise_steps=0: the time given held too few steps).",
-            ns_evidence, "low", "")
-    elif b_crit is None:
-        recs["critical_batch_size"] = Recommendation(
-            "critical_batch_size", None, "no step had full micro-batches to estimate the noise scale.",
-            ns_evidence, "low", "")
-    else:
-        conf = "low" if ns.clipped_steps > ns.used_steps // 2 else "medium"
-        at_lr = f" at lr {ns_lr:.3g}" if isinstance(ns_lr, float) else ""
-        recs["critical_batch_size"] = Recommendation(
-            "critical_batch_size", b_crit,
-            f"gradient noise scale B_simple = tr(Σ)/|G|² = {ns.trace_sigma:.4g}/{ns.grad_sq_norm:.4g} "
-            f"= {ns.b_simple:.1f}, measured over {ns.used_steps} steps of {micro}x{small} samples{at_lr} "
-            "(EMA-smoothed); below it a bigger batch cuts the steps almost linearly, above it "
-            "mostly adds compute. It grows as the loss falls: measure again later in training.",
-            ns_evidence, conf,
-            f"batches up to ~{b_crit} train in proportionally fewer steps (McCandlish et al. 2018)")
+    b_crit, recs["critical_batch_size"] = _critical_row(ns, ns_evidence, ns_lr, micro=micro, small=small)
 
     # -- target and batch size -------------------------------------------------------------------------
     target = int(target_batch) if target_batch is not None else (_round_batch(b_crit) if b_crit else b_prof)
     target_src = "target_batch=" if target_batch is not None else (
         "the critical batch size" if b_crit else "the profiled batch size")
+    data = data_bound(task, params, b_prof, target_batch=target_batch)
+    data_note = ""
+    if data is not None and target > data.cap:
+        data_note = f"; {target_src} {target} is bounded by the data: {data.describe()}"
+        target = data.cap
     batch = min(target, max_batch) if max_batch is not None else target
     evidence: dict[str, Any] = {"target_batch": target, "target_from": target_src,
                                 "profile_batch_size": b_prof,
-                                "profile_peak_bytes": prof.memory.peak_bytes}
+                                "profile_peak_bytes": prof.memory.peak_bytes,
+                                **({"data": data.to_dict()} if data is not None else {})}
     if batch_result is not None:
         evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
                          "measured_peak_bytes": batch_result.measured_peak_bytes,
@@ -498,6 +547,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
         why = (f"no memory budget given on {device.type}: batch size from {target_src} ({target}); "
                "pass memory_budget= to bound it by memory")
         conf = "medium" if b_crit else "low"
+    why += data_note
     time_ms = step.time_ms * batch / b_prof if step.time_ms and b_prof else None
     recs["batch_size"] = Recommendation(
         "batch_size", batch, why + ".", evidence, conf,
@@ -521,17 +571,24 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
             rule = None
             scaling_msg = str(exc)
         lr_value = rule.lr if rule is not None else lr_res.suggested_lr
-        reason = (f"LR range test at batch {b_prof} ({lr_res.optimizer}, {lr_res.steps} steps): loss "
-                  f"falls from {lr_res.min_lr:.2g}, smoothed minimum at {lr_res.lr_at_min_loss:.2g}, "
-                  f"blows up after {lr_res.max_lr:.2g}; suggested {lr_res.suggested_lr:.3g}")
+        if lr_res.ladder is not None:  # the sweep saw no fall: the ladder's rates decided
+            reason = (f"LR range test at batch {b_prof} ({lr_res.optimizer}, {lr_res.steps} steps) saw no fall; "
+                      f"the lr ladder at batch {b_prof} decided: {lr_res.ladder.message} "
+                      f"[{lr_res.ladder.describe()}]")
+            effect = f"the rate whose short training ended lowest, {lr_res.suggested_lr:.3g}"
+        else:
+            reason = (f"LR range test at batch {b_prof} ({lr_res.optimizer}, {lr_res.steps} steps): loss "
+                      f"falls from {lr_res.min_lr:.2g}, smoothed minimum at {lr_res.lr_at_min_loss:.2g}, "
+                      f"blows up after {lr_res.max_lr:.2g}; suggested {lr_res.suggested_lr:.3g}")
+            effect = (f"a stable lr {math.log10((lr_res.max_lr or lr_value) / lr_res.suggested_lr):.1f} "
+                      "decades below where the loss blows up")
         if rule is not None and effective != b_prof:
             reason += f", scaled to batch {effective} by the {rule.rule} rule: {lr_value:.3g}"
-        if lr_res.message:
+        if lr_res.message and lr_res.ladder is None:
             reason += f" ({lr_res.message})"
         recs["lr"] = Recommendation("lr", lr_value, reason + ".", lr_ev,
-                                    "medium" if lr_res.message is None else "low",
-                                    f"a stable lr {math.log10((lr_res.max_lr or lr_value) / lr_res.suggested_lr):.1f} "
-                                    "decades below where the loss blows up")
+                                    "medium" if lr_res.message is None or lr_res.ladder is not None else "low",
+                                    effect)
         if rule is not None:
             recs["lr_scaling"] = Recommendation("lr_scaling", rule.rule, rule.reason, rule.to_dict(), "medium",
                                                 f"lr x{rule.factor:.3g} for batch {b_prof} -> {effective}")
@@ -552,7 +609,9 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
              f"optimizer step ({accumulation.samples_per_s:.0f} samples/s)") if accumulation.step_ms else "")
 
     # -- rules on the profile ------------------------------------------------------------------------------
-    recs["precision"] = precision_rule(prof)
+    say("precision")
+    recs["precision"] = checked_precision_row(precision_rule(prof), task, params, device=device, seed=seed,
+                                              measure=more.precision_check)
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
 
@@ -571,6 +630,46 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
                                    "noise_scale": list(ns.history) if ns is not None else []})
 
 
+def _critical_row(ns: NoiseScaleResult | None, ns_evidence: dict[str, Any], ns_lr: Any, *, micro: int,
+                  small: int) -> tuple[int | None, Recommendation]:
+    """The critical batch (None where not measured, or measured where the model was not learning)
+    and its row."""
+    b_crit = ns.critical_batch_size if ns is not None else None
+    recs: dict[str, Recommendation] = {}
+    learning, trend = ns.learning() if ns is not None else (False, "")
+    ns_evidence["learning"], ns_evidence["loss_trend"] = learning, trend
+    if ns is not None and b_crit is not None and not learning:
+        # measured where the loss did not fall: the gradients of a plateau, not of its training
+        b_crit = None
+        at = f"{ns_lr:.3g}" if isinstance(ns_lr, (int, float)) else "the task's"
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", None,
+            f"not measured: the model was not learning at lr {at} ({trend}); the noise scale there "
+            f"(B_simple {ns.b_simple:.1f}) is a plateau's, not the training's, so no batch is computed from it.",
+            ns_evidence, "low", "")
+    elif ns is None:
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", None, "not measured (noise_steps=0: the time given held too few steps).",
+            ns_evidence, "low", "")
+    elif b_crit is None:
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", None, "no step had full micro-batches to estimate the noise scale.",
+            ns_evidence, "low", "")
+    else:
+        conf = "low" if ns.clipped_steps > ns.used_steps // 2 else "medium"
+        at_lr = f" at lr {ns_lr:.3g}" if isinstance(ns_lr, float) else ""
+        recs["critical_batch_size"] = Recommendation(
+            "critical_batch_size", b_crit,
+            f"gradient noise scale B_simple = tr(Σ)/|G|² = {ns.trace_sigma:.4g}/{ns.grad_sq_norm:.4g} "
+            f"= {ns.b_simple:.1f}, measured over {ns.used_steps} steps of {micro}x{small} samples{at_lr} "
+            "(EMA-smoothed); below it a bigger batch cuts the steps almost linearly, above it "
+            "mostly adds compute. It grows as the loss falls: measure again later in training.",
+            ns_evidence, conf,
+            f"batches up to ~{b_crit} train in proportionally fewer steps (McCandlish et al. 2018)")
+
+    return b_crit, recs["critical_batch_size"]
+
+
 @dataclass(frozen=True)
 class _MoreRows:
     """The rows past the first eight: the optimizer comparison's budget, the embedding row's
@@ -581,6 +680,7 @@ class _MoreRows:
     ddp_spec: Any = None
     ddp: int | None = None
     ddp_share: float = 0.10
+    precision_check: bool = True
 
 
 def _more_rows(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, more: _MoreRows, *,

@@ -15,6 +15,7 @@ suggest one decade below it, clamped into the region where the loss falls.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, DependencyError, ProblemCollector
 from ..task import Task, load_task
 from ..train import Callback, FitState, fit
+from ._lr_ladder import LadderResult, run_lr_ladder
 
 #: The suggestion sits this many times below the lr of the smoothed minimum (one decade:
 #: Smith 2017, fastai's ``minimum/10``); clamped into the descending region.
@@ -81,6 +83,8 @@ class LRFindResult:
     optimizer: str
     rule: str = f"lr of the smoothed minimum / {SUGGEST_FACTOR:g}, clamped to the descending region"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The lr ladder that decided where the sweep saw no fall (None: the sweep decided, or no ladder ran).
+    ladder: LadderResult | None = None
     #: The Run this test was recorded as (with ``store=``).
     run_id: int | None = None
     schema_version: int = LR_FIND_SCHEMA_VERSION
@@ -112,6 +116,7 @@ class LRFindResult:
                 for lr, loss, sm in zip(self.lrs, self.losses, self.smoothed, strict=True)
             ],
             **({"extra": self.extra} if self.extra else {}),
+            **({"ladder": self.ladder.to_dict()} if self.ladder is not None else {}),
             "schema_version": self.schema_version,
         }
 
@@ -132,6 +137,8 @@ class LRFindResult:
         kw = record_fields(cls, {k: v for k, v in d.items() if k != "curve"}, what=what, derived=("steps",),
                            exclude=("lrs", "losses", "smoothed"))
         kw["extra"] = dict(kw.get("extra") or {})
+        if kw.get("ladder") is not None:
+            kw["ladder"] = LadderResult.from_dict(kw["ladder"])
         return cls(**kw, lrs=column("lr"), losses=column("loss"), smoothed=column("smoothed"))
 
 
@@ -409,3 +416,27 @@ def run_lr_range_test(
         start_lr=float(min_lr), end_lr=float(max_lr), steps_planned=steps,
         batch_size=int(result.params.get("batch_size", 0)), optimizer=opt_name,
     )
+
+
+def decide_by_ladder(result: LRFindResult, task: Task | str, params: dict[str, Any] | None = None, *,
+                     steps: int, rungs: int = 7, device: str | torch.device = "auto", seed: int = 0) -> LRFindResult:
+    """``result`` as it is where the sweep suggested a rate; else the lr ladder's rate (rungs half
+    a decade apart around the task's lr, ``steps`` each, the sweep's batch and seed) with the
+    ladder as its evidence. ``steps=0``: no ladder."""
+    if result.suggested_lr is not None or steps <= 0:
+        return result
+    task_obj = load_task(task)
+    merged = {**task_obj.default_params, **(params or {})}
+    own = merged.get("lr")
+    centre = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else 1e-3
+    ladder = run_lr_ladder(task_obj, merged, centre_lr=centre, rungs=rungs, steps=max(8, int(steps)),
+                           batch_size=result.batch_size or None, device=device, seed=seed)
+    sweep = result.message or "the range test suggested no rate"
+    if ladder.best_lr is None:
+        return dataclasses.replace(result, ladder=ladder,
+                                   message=f"{sweep} The lr ladder decided nothing either: {ladder.message}.")
+    return dataclasses.replace(
+        result, ladder=ladder, suggested_lr=ladder.best_lr,
+        rule=f"the lr ladder: {len(ladder.rungs)} constant rates half a decade apart, {max(8, int(steps))} "
+             "steps each from one seed, the lowest final training loss among those whose loss fell",
+        message=f"the range test saw no fall ({sweep.rstrip('.')}); {ladder.message}")

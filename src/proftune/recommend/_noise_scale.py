@@ -25,6 +25,7 @@ from .._device import batch_size_of
 from ..exceptions import ProblemCollector
 from ..task import Task, load_task
 from ..train import Callback, FitState, fit
+from ._lr_ladder import fell_beyond_noise, loss_trend
 
 #: Where the smoothed |G|² is not positive it is clipped to this fraction of |G_B|².
 CLIP_FRACTION = 0.01
@@ -44,6 +45,20 @@ class NoiseScaleResult:
     clipped_steps: int
     ema: float
     history: tuple[dict[str, float], ...]
+    #: The training loss of each step it measured (whether the model was learning there).
+    losses: tuple[float, ...] = ()
+
+    def learning(self) -> tuple[bool, str]:
+        """Whether the loss fell beyond its noise over the measured steps, and the figures: a noise
+        scale taken where the model does not learn (a plateau, a rate too low) is not the critical
+        batch of its training."""
+        trend = loss_trend(list(self.losses))
+        if trend is None:
+            return False, f"{len(self.losses)} step(s) with a finite loss, too few to see it fall"
+        start, end, noise, window = trend
+        fell = fell_beyond_noise(start, end, noise, window=window)
+        return fell, (f"training loss {start:.4g} -> {end:.4g} over {len(self.losses)} steps "
+                      f"(noise {noise:.2g}){'' if fell else ': no fall beyond noise'}")
 
     @property
     def critical_batch_size(self) -> int | None:
@@ -63,6 +78,7 @@ class NoiseScaleResult:
             "clipped_steps": self.clipped_steps,
             "ema": self.ema,
             "history": list(self.history),
+            "losses": list(self.losses),
         }
 
 
@@ -88,6 +104,7 @@ class NoiseScaleCallback(Callback):
         self._sq: list[float] = []
         self._handles: list[Any] = []
         self._scale = 1.0
+        self.losses: list[float] = []
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_fit_start(self, state: FitState) -> None:
@@ -144,6 +161,10 @@ class NoiseScaleCallback(Callback):
             "clipped": float(clipped),
         })
 
+    def on_step_end(self, state: FitState) -> None:
+        if state.step > self.warmup_steps:
+            self.losses.append(float(state.loss) if state.loss is not None else math.nan)
+
     def on_fit_end(self, state: FitState) -> None:
         self._remove()
 
@@ -178,7 +199,7 @@ class NoiseScaleCallback(Callback):
             b_simple=b_simple, trace_sigma=None if self.used == 0 else s,
             grad_sq_norm=None if self.used == 0 else g2, small_batch=self.b,
             big_batch=self.b * self.k, steps=steps, used_steps=self.used,
-            clipped_steps=self.clipped, ema=self.ema, history=tuple(self.history),
+            clipped_steps=self.clipped, ema=self.ema, history=tuple(self.history), losses=tuple(self.losses),
         )
 
 
