@@ -39,7 +39,7 @@ from ._final import (
     FinalOutcome,
 )
 from ._output import load_line, write_html, write_outputs, write_summary
-from ._plan import BudgetPlan, paired_seeds_needed, plan_budget
+from ._plan import BudgetPlan, paired_seeds_needed, plan_budget, rankable_epoch
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -82,10 +82,17 @@ FULL_TRIALS_AT_LEAST = 6.0
 
 
 class _Capture(Callback):
-    """Keeps the fit loop's model at the end (diagnose returns findings, not the model)."""
+    """Keeps the fit loop's model at the end (diagnose returns findings, not the model), and the
+    metric ``metric`` after each epoch (the defaults' own learning curve)."""
 
-    def __init__(self) -> None:
+    def __init__(self, metric: str | None = None) -> None:
         self.model: nn.Module | None = None
+        self.metric = metric
+        self.curve: list[float | None] = []
+
+    def on_epoch_end(self, state: FitState) -> None:
+        if self.metric is not None:
+            self.curve.append(finite_float(state.metrics.get(self.metric)))
 
     def on_fit_end(self, state: FitState) -> None:
         self.model = state.model
@@ -224,11 +231,24 @@ class _Loop:
     def _trial_epochs(self, seconds: float) -> int:
         """Epochs of every search trial and of the race's candidates: the task's own (the
         protocol the defaults are judged by), unless the search's time cannot hold about six
-        trials of them."""
+        trials of them; never fewer than the epochs at which the defaults' curve could rank."""
         full = self.task.default_epochs
         if seconds >= FULL_TRIALS_AT_LEAST * full * self._epoch_s():
             return full
-        return max(1, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self._epoch_s()))))
+        rank_at = self._rank_epoch()
+        floor = full if rank_at is None else rank_at
+        return max(1, floor, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self._epoch_s()))))
+
+    def _rank_epoch(self) -> int | None:
+        """The first epoch at which the defaults' own curve had separated from its start (1 before
+        the baseline measured it; None: it never did, so no shorter protocol ranks)."""
+        if not self.state.finished("baseline"):
+            return 1
+        base = self.state.record(BaselineOutputs)
+        if base.start_metric is None or not base.curve:
+            return 1  # a state written before the curve was kept
+        return rankable_epoch(base.start_metric, base.curve, maximize=self.v.maximize,
+                              val_samples=self.holdout.val_samples)
 
     def _compress_reserve(self) -> float:
         """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""

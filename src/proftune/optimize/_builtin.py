@@ -24,7 +24,7 @@ from ..exceptions import ConfigError, RunFailedError
 from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
-from ..train import evaluate_model, fit, validate_params
+from ..train import evaluate_model, fit, seed_everything, validate_params
 from ._api import (
     FULL_TRIALS_FOR_NO_PRUNER,
     MIN_COMPRESS_S,
@@ -79,7 +79,13 @@ class Baseline(BaseStage):
     def run(self, loop: _Loop, share: float, end: float) -> StageResult:
         """The task's defaults (trained with the health checks) and a no-tricks run beside it."""
         epochs = loop.task.default_epochs
-        capture = _Capture()
+        # the untrained model's metric (the defaults' seed): where the defaults' curve starts
+        seed_everything(loop.cfg.seed)
+        untrained = loop.task.build_model(dict(loop.defaults)).to(loop.dev)
+        start = finite_float(evaluate_model(loop.task, untrained, loop.dev, int(loop.defaults.get("batch_size", 32)))
+                             .get(loop.v.metric))
+        del untrained
+        capture = _Capture(loop.v.metric)
         diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
                         callbacks=[Deadline(share * 0.55), capture], store=loop.store)
         if capture.model is not None:
@@ -107,6 +113,7 @@ class Baseline(BaseStage):
                                  duration_s=plain_res.duration_s, stop_reason=plain_res.stop_reason),
             spread=spread, epoch_s=epoch_s, held_out=loop.holdout, findings=list(diag.findings),
             model="baseline_model.pt" if capture.model is not None else None,
+            start_metric=start, curve=list(capture.curve),
         ), before=plain_metric, after=defaults_metric)
 
 
@@ -154,20 +161,24 @@ class Compute(BaseStage):
         step_s = max((prof.step.time_ms or 1.0) / 1e3, 1e-4)
         steps = share / step_s  # training steps the share holds at the profiled step time
         lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
+        # the ladder runs only where the sweep saw no fall: ~9 rates, each as long as the share holds
+        ladder_steps = int(min(100, 0.45 * steps / 9))
+        ladder_steps = ladder_steps if ladder_steps >= 20 else 0  # fewer cannot leave a plateau
         noise_steps = int(min(30, 0.2 * steps / 4))
         noise_steps = noise_steps if noise_steps >= 3 else 0  # too few to estimate: not measured
         optimizer_s = min(4.0, 0.25 * share) if 0.25 * steps >= 20 else 0.0  # each optimizer ~10 steps
         recs = recommend(loop.task, loop.defaults, profile=prof, memory_budget=loop.v.memory_bytes,
-                         device=loop.dev, seed=loop.cfg.seed, lr_steps=lr_steps,
+                         device=loop.dev, seed=loop.cfg.seed, lr_steps=lr_steps, ladder_steps=ladder_steps,
                          noise_steps=noise_steps, optimizer_budget_s=optimizer_s,
-                         embedding_budget_s=min(120.0, 0.3 * share), store=loop.store)
+                         embedding_budget_s=min(120.0, 0.3 * share), store=loop.store,
+                         precision_check=0.1 * steps >= 160)  # the timed rounds and two short trainings
         computed = ComputedValues.from_recommendations(
             recs, own_optimizer=str(loop.defaults.get("optimizer", "adamw")))
         max_batch = BatchSizeEvidence.of(recs.get("batch_size")).max_batch_size
         return StageResult(ComputeOutputs(
             computed=computed, max_batch_size=max_batch, run_id=recs.run_id,
-            steps={"lr_range_test": lr_steps, "noise_scale": noise_steps, "optimizer_budget_s": optimizer_s,
-                   "step_ms": prof.step.time_ms, "share_steps": steps},
+            steps={"lr_range_test": lr_steps, "lr_ladder": ladder_steps, "noise_scale": noise_steps,
+                   "optimizer_budget_s": optimizer_s, "step_ms": prof.step.time_ms, "share_steps": steps},
             recommendations=[{"name": r.name, "value": r.value, "reason": r.reason,
                               "confidence": r.confidence, "effect": r.effect} for r in recs],
         ))
@@ -222,12 +233,16 @@ class Search(BaseStage):
         # successive halving only where full trials are dear (below ~15 in the time there is): it
         # favours fast starters, which small or noisy data punishes (measured: benchmarks/optimize.py)
         full_trials = seconds / (epochs * epoch_s)
+        # no rung before the defaults' own curve separated from its start: a rung that cannot rank
+        # prunes slow starters by noise (None: it never separated, so nothing is pruned by epoch)
+        rank_at = loop._rank_epoch()
         settings = StageSettings(
             objective=loop.v.objective, metric=loop.v.metric, maximize=loop.v.maximize,
             constraints=tuple(loop.cfg.constraints), epochs=epochs, study=loop.study, seed=loop.cfg.seed,
             device=str(loop.dev), max_trials=loop.cfg.max_trials, patience=loop.cfg.patience,
             min_delta=loop.cfg.min_delta, flag_min=loop.cfg.flag_min, defaults=loop.defaults,
-            pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER else "none",
+            pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER and rank_at is not None else "none",
+            first_rung=rank_at or 1,
             trial_s_estimate=epochs * epoch_s,
             alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {},
             on_trial=loop.cfg.on_trial)

@@ -15,12 +15,13 @@ depends on it (a machine under load is normal).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .._records import JsonRecord
 
-__all__ = ["BudgetPlan", "paired_seeds_needed", "plan_budget"]
+__all__ = ["BudgetPlan", "paired_seeds_needed", "plan_budget", "rankable_epoch"]
 
 #: Power of the race's test for the gain worth finding (the chance to detect it when it is there).
 POWER = 0.8
@@ -137,3 +138,22 @@ def plan_budget(*, full_epochs: int, epoch_s: float, run_overhead_s: float, left
                       finalists=finalists, race_s=race_s, after_s=after_s, search_s=search_s,
                       trial_epochs=trial_epochs, race_fits=fits, min_budget_s=min_budget,
                       budget_s=budget_s)
+
+
+def rankable_epoch(start: float | None, curve: Sequence[float | None], *, maximize: bool,
+                   val_samples: int | None) -> int | None:
+    """The first epoch at which the defaults' own curve had separated from its start: half of its
+    final gain over the untrained model, and beyond the validation set's resolution (two samples of
+    it, or 2% of the start's magnitude). A trial stopped or compared before then is ranked by the
+    noise of a curve still at its start (a plateau, a slow starter), so no rung of the search is
+    placed there. None: the curve never separated (no epoch ranks; nothing is pruned by epoch)."""
+    values = [v for v in curve if v is not None and math.isfinite(v)]
+    if start is None or not math.isfinite(start) or not values or len(values) != len(curve):
+        return None
+    sign = 1.0 if maximize else -1.0
+    gains = [sign * (v - start) for v in values]
+    tol = max(2.0 / val_samples if val_samples else 0.0, 0.02 * abs(start), 1e-12)
+    final = gains[-1]
+    if final <= tol:
+        return None
+    return next(i + 1 for i, g in enumerate(gains) if g >= 0.5 * final and g > tol)

@@ -134,6 +134,10 @@ class BaselineOutputs(StageOutputs):
     findings: list[Finding] = field(default_factory=list)
     #: The defaults' trained weights in ``--out`` (a file name), when the fit kept a model.
     model: str | None = None
+    #: The objective's metric of the untrained model (the defaults' seed), and after each epoch of
+    #: the defaults' training: where the curve separates from its start is the first epoch that ranks.
+    start_metric: float | None = None
+    curve: list[float | None] = field(default_factory=list)
 
     def metric(self, run: str, name: str) -> Any:
         """The metric ``name`` of the ``defaults`` or ``no_tricks`` run (None when absent)."""

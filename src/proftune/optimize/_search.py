@@ -66,6 +66,8 @@ class StageSettings:
     defaults: dict[str, Any] = field(default_factory=dict)
     #: Successive halving on epochs (``asha``) or none.
     pruner: str = "asha"
+    #: The first epoch a rung may sit at: where the defaults' own curve had separated from its start.
+    first_rung: int = 1
     #: Seconds a full trial is expected to take before any has run (epochs x the baseline's epoch).
     trial_s_estimate: float = 0.0
     #: Another optimizer (with its lr, momentum) the compute stage measured better than the task's.
@@ -428,12 +430,15 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
     """Every trial of the stage runs through this one call of ``proftune.search``."""
     names = set(plan.space.names)
     pruner = settings.pruner if settings.epochs >= REDUCTION_FACTOR else "none"
+    # the first rung at about a ninth of the epochs (one epoch of a short schedule says little), and
+    # never before the defaults' curve separated from its start; none left below the last epoch: no pruner
+    first = max(1, math.ceil(settings.epochs / REDUCTION_FACTOR**2), settings.first_rung)
+    if first >= settings.epochs:
+        pruner = "none"
     space = plan.space
     if pruner == "asha" and not space.pruner:
         import dataclasses
 
-        # the first rung at about a ninth of the epochs: one epoch of a short schedule says little
-        first = max(1, math.ceil(settings.epochs / REDUCTION_FACTOR**2))
         space = dataclasses.replace(space, pruner={"min_resource": first, "reduction_factor": REDUCTION_FACTOR})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
