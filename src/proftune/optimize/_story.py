@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,9 +37,15 @@ __all__ = ["StageStory", "Story", "StoryLine", "fmt", "fmt_ms", "method_name", "
 
 
 def fmt(v: Any, digits: int = 3) -> str:
-    """A number for people: three significant digits (``0.0679``, ``0.887``), ints as they are."""
+    """A number for people: three significant digits (``0.0679``, ``0.887``), ints as they are;
+    a mapping or a list figure by figure (``optimizer sgd, lr 0.0869``: never a float's repr)."""
     if isinstance(v, bool) or v is None:
         return "-" if v is None else str(v)
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k} ({fmt(x, digits)})" if isinstance(x, Mapping) else f"{k} {fmt(x, digits)}"
+                         for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(fmt(x, digits) for x in v) + "]"
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
     f = _f(v)
@@ -50,7 +56,9 @@ def fmt(v: Any, digits: int = 3) -> str:
     return f"{f:.{digits}g}"
 
 
-_DECIMAL = re.compile(r"(?<![\w.])([+-]?)(\d+\.\d+)(?![\w.])")
+#: A decimal number in a sentence, with its exponent: at the end of a sentence ("0.0869.") and
+#: before a unit ("0.0869s", "1.99x") too; not a version's part ("2.14.1").
+_DECIMAL = re.compile(r"(?<![\w.])([+-]?)(\d+\.\d+)([eE][+-]?\d+)?(?!\d|\.\d)")
 
 
 def rounded(text: Any) -> str:
@@ -58,7 +66,9 @@ def rounded(text: Any) -> str:
     other parts: "the mean gain -0.002778 is not a gain" -> "-0.00278")."""
     def cut(m: re.Match[str]) -> str:
         digits = m.group(2).replace(".", "").lstrip("0")
-        return m.group(0) if len(digits) <= 3 else f"{m.group(1)}{float(m.group(2)):.3g}"
+        if len(digits) <= 3:
+            return m.group(0)
+        return f"{m.group(1)}{float(m.group(2) + (m.group(3) or '')):.3g}"
 
     return _DECIMAL.sub(cut, str(text))
 
@@ -166,6 +176,18 @@ def _compression(final: FinalSummary, vs: VsBaseline, compress: CompressOutputs)
             )
 
 
+def _region(region: Mapping[str, Any]) -> str:
+    """A paused region as people read it: ``lr 0.0869 to 1, optimizer in [sgd]``."""
+    def bound(b: Any) -> str:
+        if isinstance(b, Mapping) and "in" in b:
+            return f"in {fmt(b['in'])}"
+        if isinstance(b, Mapping) and {"low", "high"} <= set(b):
+            return f"{fmt(b['low'])} to {fmt(b['high'])}"
+        return fmt(b)
+
+    return ", ".join(f"{name} {bound(b)}" for name, b in region.items()) or "the whole space"
+
+
 def _changed(rows: Sequence[ParamChange]) -> str:
     moved = [r for r in rows if r.changed]
     if not moved:
@@ -229,8 +251,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
                + f"; profiled the step: {fmt_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
                f"{fmt(h.params)} params")
     elif s.name == "compute":
-        did = "computed " + (", ".join(f"{k} {fmt(v)}" for k, v in s.record(ComputeOutputs).computed.to_dict().items())
-                             or "nothing")
+        did = "computed " + (fmt(s.record(ComputeOutputs).computed.to_dict()) or "nothing")
     elif s.name == "layer_value":
         found = s.record(LayerValueOutputs).findings
         did = (f"{len(found)} layer(s) cost far more time than they are worth: "
@@ -305,7 +326,7 @@ def tell(result: OptimizeResult) -> Story:
     headline = (f"{metric} {fmt(dv.val.mean)} (defaults) -> {_pm(fv.val)} "
                 f"(result, {seeds} seed(s)); {decision}")
     notes = [f"final race: {vs.race_note}"] if vs.race_note else []
-    notes += [f"yellow flag: {f.cause} in {f.region}: {f.ACTION}" for f in result.flags]
+    notes += [f"yellow flag: {f.cause} in {_region(f.region)}: {f.ACTION}" for f in result.flags]
     notes += [f"warning {w.cause}: {w.summary} (fix: {w.fix})" for w in result.warnings]
     notes += [f"layer {f.layer}: {f.finding}; {f.action}" for f in result.layer_findings]
     return Story(headline=headline, decision=decision, adopted=adopted, notes=[rounded(n) for n in notes],
