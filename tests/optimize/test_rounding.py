@@ -125,8 +125,8 @@ def _search_stop(monkeypatch: pytest.MonkeyPatch, *, step: float, max_trials: in
 
     def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
                   items: Any) -> Any:
-        for _arm, params in items:  # a plateau, each trial 1.23e-5 better: below min_delta
-            rows.append(_trial(len(rows), params, 0.9012345678901 + 1.2345678901e-5 * len(rows)))
+        for item in items:  # a plateau, each trial 1.23e-5 better: below min_delta
+            rows.append(_trial(len(rows), item[1], 0.9012345678901 + 1.2345678901e-5 * len(rows)))
         return SimpleNamespace(trials=list(rows))
 
     clock = _Clock(step)

@@ -29,7 +29,8 @@ from ..train import evaluate_model
 from ._budget import Deadline
 from ._decide import ALPHA, Comparison, compare_paired
 
-__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary", "run_final"]
+__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary",
+           "representative", "run_final"]
 
 SCHEMA_VERSION = 1
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
@@ -153,7 +154,7 @@ class FinalOutcome:
     leader: str | None  # the best challenger on validation (compared with the defaults)
     comparison: Comparison | None  # leader vs defaults on validation (the decision)
     comparison_test: Comparison | None  # the same pairs on held-out data (the report)
-    #: The seed whose model is the result: the chosen configuration's best on validation.
+    #: The seed whose model is the result: the chosen configuration's median seed on validation.
     model_seed: int | None
     note: str
     schema_version: int = SCHEMA_VERSION
@@ -269,16 +270,34 @@ def _with_run(arm: Arm, run: ArmRun) -> Arm:
     return replace(arm, runs=(*arm.runs, run))
 
 
-def _keep_model(chosen: Arm, *, maximize: bool, work: Path, folder: Path) -> int | None:
-    """Copy the chosen arm's best seed on validation to ``folder/model.pt``; that seed (None: no run)."""
-    ran = [r for r in chosen.runs if r.val is not None and not r.cut] or list(chosen.runs)
+def representative(runs: Sequence[ArmRun]) -> ArmRun | None:
+    """The run whose validation figure is the median of ``runs``' (nearest it for an even count;
+    the lower seed on a tie): the model that stands for the decision. The best of many seeds on a
+    small validation set is the luckiest one (its own winner's curse), and its held-out figure
+    falls back by that luck."""
+    ran = [r for r in runs if r.val is not None and not r.cut] or [r for r in runs if not r.cut] or list(runs)
     if not ran:
         return None
-    sign = 1.0 if maximize else -1.0
-    seed = max(ran, key=lambda r: sign * r.val if r.val is not None else -math.inf).seed
+    vals = [r.val for r in ran if r.val is not None]
+    if not vals:
+        return min(ran, key=lambda r: r.seed)
+    mid = statistics.median(vals)
+    return min(ran, key=lambda r: (abs(r.val - mid) if r.val is not None else math.inf, r.seed))
+
+
+def _keep_model(chosen: Arm, *, work: Path, folder: Path, notes: list[str]) -> int | None:
+    """Copy the chosen arm's :func:`representative` run to ``folder/model.pt``; its seed (None: no
+    run). Says which in ``notes`` where there was a choice."""
+    run = representative(chosen.runs)
+    if run is None:
+        return None
+    ran = [r for r in chosen.runs if not r.cut]
+    if len(ran) > 1:
+        notes.append(f"the model handed back is seed {run.seed} of {chosen.name}: the median of its {len(ran)} "
+                     "seeds on validation (not the best of them: that one's figure is its luck)")
     with replacing(folder / "model.pt") as tmp:  # a signal mid-copy leaves no half a model.pt
-        shutil.copyfile(work / f"{_slug(chosen.name)}-{seed}.pt", tmp)
-    return seed
+        shutil.copyfile(work / f"{_slug(chosen.name)}-{run.seed}.pt", tmp)
+    return run.seed
 
 
 def _drop_unpaired(arms: list[Arm], names: Sequence[str], seeds: list[int], notes: list[str]) -> bool:
@@ -439,9 +458,9 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
         else:
             notes.append(f"{short.name} at {s_epochs} of {d_epochs} epochs did not reach the defaults' "
                          f"{plan.metric} at their own protocol ({same.describe()}): not adopted")
-    # the model handed back is the chosen configuration's best seed on validation (a choice made
-    # on selection data, like every other); its held-out figure is reported on its own
-    model_seed = _keep_model(chosen, maximize=plan.maximize, work=work, folder=folder)
+    # the model handed back is the chosen configuration's median seed on validation: it stands for
+    # the decision (the best of several seeds is that many draws' luck); its held-out figure is its own
+    model_seed = _keep_model(chosen, work=work, folder=folder, notes=notes)
     shutil.rmtree(work, ignore_errors=True)
     return FinalOutcome(plan=plan, arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,
                         leader=leader.name if leader else None, comparison=comparison,

@@ -41,6 +41,17 @@ REDUCTION_FACTOR = 3
 CALL_OVERHEAD_S = 0.3
 #: Share of the search's time after which a flat search may stop itself.
 STALL_AFTER = 0.75
+#: The last share of the search's time re-evaluates its leaders at new seeds: among hundreds of
+#: single draws on a small or noisy validation set the best draw is the luckiest (the winner's
+#: curse), and the race's challengers are named by the mean that held up on repeats.
+REEVAL_SHARE = 0.2
+#: Leaders re-evaluated (by the shrunk order of :func:`groups_of`), evaluations each at most, and
+#: complete trials before the phase starts (a few draws have little curse to undo).
+REEVAL_TOP = 4
+REEVAL_N = 3
+REEVAL_MIN_TRIALS = 12
+#: Standard errors taken off a mean in the better direction to rank groups (as ``search``'s pick).
+RANK_Z = 1.0
 
 
 @dataclass
@@ -396,8 +407,25 @@ def _key(params: Mapping[str, Any]) -> str:
     return repr(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
+def pooled_std(groups: Sequence[ConfigGroup]) -> float | None:
+    """The metric's standard deviation within a configuration, pooled over the repeated groups."""
+    dof = sum(g.n - 1 for g in groups if g.n > 1)
+    if dof == 0:
+        return None
+    return math.sqrt(sum((g.n - 1) * (g.std or 0.0) ** 2 for g in groups if g.n > 1) / dof)
+
+
+def shrunk(g: ConfigGroup, noise: float | None, maximize: bool) -> float:
+    """A group's mean less ``RANK_Z`` standard errors in the better direction (higher is better):
+    a configuration seen once is not named over one whose mean held up on repeats unless it is
+    ahead beyond that noise."""
+    sign = 1.0 if maximize else -1.0
+    return sign * g.mean - (RANK_Z * noise / math.sqrt(g.n) if noise is not None else 0.0)
+
+
 def groups_of(rows: Sequence[TrialRecord], maximize: bool) -> list[ConfigGroup]:
-    """Complete trials grouped by configuration: mean +- std over seeds, best first."""
+    """Complete trials grouped by configuration: mean +- std over seeds, best first by
+    :func:`shrunk` (the mean itself until some configuration was evaluated twice)."""
     groups: dict[str, list[tuple[TrialRecord, float]]] = {}
     for r in rows:
         if r.value is not None:
@@ -410,8 +438,28 @@ def groups_of(rows: Sequence[TrialRecord], maximize: bool) -> list[ConfigGroup]:
                                arms=[arm_of(r) for r, _ in members], mean=statistics.fmean(vals),
                                std=statistics.stdev(vals) if len(vals) > 1 else None, n=len(vals),
                                trial_s=statistics.median(float(r.duration_s or 0.0) for r, _ in members)))
-    out.sort(key=lambda g: -g.mean if maximize else g.mean)
+    noise = pooled_std(out)
+    out.sort(key=lambda g: -shrunk(g, noise, maximize))
     return out
+
+
+def repeats_due(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettings,
+                n: int) -> list[tuple[str, dict[str, Any], int]]:
+    """Up to ``n`` re-evaluations (arm, params, evaluations before) of the ``REEVAL_TOP`` leaders
+    tried fewer than ``REEVAL_N`` times; none before ``REEVAL_MIN_TRIALS`` complete trials."""
+    groups = groups_of(rows, settings.maximize)
+    if sum(g.n for g in groups) < REEVAL_MIN_TRIALS:
+        return []
+    names = set(plan.space.names)
+    tried: dict[str, int] = {}
+    for r in rows:  # every attempt counts (a pruned or failed repeat is not tried again and again)
+        tried[_key(r.params)] = tried.get(_key(r.params), 0) + 1
+    out = []
+    for g in groups[:REEVAL_TOP]:
+        attempts = tried.get(_key(g.params), 0)
+        if attempts < REEVAL_N:
+            out.append((g.arms[0], {k: v for k, v in g.params.items() if k in names}, attempts))
+    return out[:n]
 
 
 def _history(rows: Sequence[TrialRecord], maximize: bool) -> list[tuple[float, float]]:
@@ -426,7 +474,8 @@ def _history(rows: Sequence[TrialRecord], maximize: bool) -> list[tuple[float, f
 
 # -- the stage --------------------------------------------------------------------------------
 def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store, trials: int,
-          timeout: float | None, items: Sequence[tuple[str, dict[str, Any]]]) -> SearchResult:
+          timeout: float | None,
+          items: Sequence[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], int]]) -> SearchResult:
     """Every trial of the stage runs through this one call of ``proftune.search``."""
     names = set(plan.space.names)
     pruner = settings.pruner if settings.epochs >= REDUCTION_FACTOR else "none"
@@ -447,8 +496,9 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
                       epochs=settings.epochs, study=settings.study, store=store, seed=settings.seed,
                       device=settings.device, max_failures=10**6, scan=0, analyse=False,
                       on_trial=settings.on_trial,
-                      enqueue=[{"params": {k: v for k, v in p.items() if k in names}, "tags": {ARM_TAG: arm}}
-                               for arm, p in items])
+                      enqueue=[{"params": {k: v for k, v in item[1].items() if k in names},
+                                "tags": {ARM_TAG: item[0]}, "repeat": item[2] if len(item) > 2 else 0}
+                               for item in items])
 
 
 def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store,
@@ -487,7 +537,8 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         # a flat search stops only once three quarters of its time are spent: cheap trials and a
         # long budget are worth more draws; what it leaves goes to the final race and compression
         why = stalled(rows, settings) if time.monotonic() - started >= STALL_AFTER * (end - started) else None
-        if why:
+        # a flat search re-evaluates its leaders before it stops (the race takes its best by that mean)
+        if why and not repeats_due(rows, plan, settings, 1):
             stop_reason, early = why, True
             break
         if _finished(rows) >= settings.max_trials:
@@ -504,8 +555,17 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         # more than the time left holds (a queued trial that never runs is cancelled below)
         fit_in = int((window + slow_trial) / per_trial) if per_trial > 0 else 20
         size = max(1, min(int(min(20, max(3, 1.0 / max(per_trial, 1e-3)))), fit_in))
-        chunk = warm_start(plan, settings.defaults, settings.alternative)[:max(size, 2)] if not rows else propose(
-            rows, plan, settings, flags, size)
+        # the stage's last REEVAL_SHARE (of its time or of max_trials) re-evaluates the leaders
+        # first, then explores again
+        late = (bool(why) or time.monotonic() - started >= (1 - REEVAL_SHARE) * (end - started)
+                or _finished(rows) >= (1 - REEVAL_SHARE) * settings.max_trials)
+        again = repeats_due(rows, plan, settings, size) if late and rows else []
+        chunk: list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], int]]
+        if not rows:
+            chunk = list(warm_start(plan, settings.defaults, settings.alternative)[:max(size, 2)])
+        else:
+            chunk = [*again, *(propose(rows, plan, settings, flags, size - len(again))
+                               if len(again) < size and not why else [])]
         if not chunk:
             stop_reason, early = "every configuration left is in a paused region or already tried", True
             break

@@ -408,8 +408,10 @@ def search(
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
         for item in c.enqueue:
-            created.enqueue_trial(dict(item.get("params") or {}), skip_if_exists=False,
-                                  user_attrs={f"{ATTR}_tags": json_safe(dict(item.get("tags") or {}))})
+            # ``repeat``: the evaluations of these params before this one (a new seed each)
+            attrs = {f"{ATTR}_tags": json_safe(dict(item.get("tags") or {})),
+                     **({f"{ATTR}_repeat": int(item["repeat"])} if item.get("repeat") else {})}
+            created.enqueue_trial(dict(item.get("params") or {}), skip_if_exists=False, user_attrs=attrs)
         scan_result = _scan_for(created, stored, task_obj, space_obj, settings, c.scan)
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)

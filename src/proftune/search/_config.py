@@ -65,7 +65,8 @@ class SearchConfig:
     #: objective, 0 (off, every trial a new configuration, the best single draw named best) for a Task.
     reevaluate: float | None = None
     #: Configurations to train first (Optuna's ``enqueue_trial``), each
-    #: ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``.
+    #: ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``; an item's
+    #: ``"repeat": n`` (the params' evaluations before it) trains it at a new seed (``seed + n``).
     enqueue: Sequence[Mapping[str, Any]] = ()
     # -- each trial ---------------------------------------------------------------------------
     #: Epochs per trial (None with ``max_steps`` None: the task's own).
