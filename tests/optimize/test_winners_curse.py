@@ -48,7 +48,8 @@ def test_a_single_draw_ahead_by_less_than_its_noise_does_not_outrank_a_mean_that
     lucky = _trial(3, 0.02, 0.91)  # one draw, 0.01 above a mean whose seeds spread by 0.05
     far = _trial(4, 0.04, 0.99)  # one draw ahead beyond that noise
     ranked = groups_of([*steady, lucky], maximize=True)
-    assert ranked[0].n == 3 and ranked[0].mean == pytest.approx(0.90)
+    assert ranked[0].n == 3
+    assert ranked[0].mean == pytest.approx(0.90)
     assert groups_of([*steady, lucky, far], maximize=True)[0].params["lr"] == 0.04
     # before any configuration was evaluated twice, the mean itself ranks (no noise is known)
     assert groups_of([_trial(0, 0.01, 0.90), lucky], maximize=True)[0].params["lr"] == 0.02
@@ -117,9 +118,11 @@ def test_the_search_stage_ends_by_re_evaluating_and_names_its_best_by_that_mean(
     first_repeat = min(t.number for t in repeats)
     assert first_repeat >= REEVAL_MIN_TRIALS  # only late, after enough draws
     assert {t.params["lr"] for t in repeats} >= {0.5, 0.25}
-    assert out.best is not None and out.best.params["lr"] == pytest.approx(0.25)
+    assert out.best is not None
+    assert out.best.params["lr"] == pytest.approx(0.25)
     lucky = next(g for g in out.groups if g.params["lr"] == pytest.approx(0.5))
-    assert lucky.n >= 2 and lucky.mean < 0.93
+    assert lucky.n >= 2
+    assert lucky.mean < 0.93
 
 
 class _Seeded(TinyTask):
@@ -136,6 +139,7 @@ def test_the_model_handed_back_is_the_median_seed_and_the_note_says_so(tmp_path:
     vals = [r.val for r in runs if r.val is not None]
     assert len(vals) == 5
     chosen = out.model_run()
-    assert chosen is not None and chosen.val == statistics.median(vals)
+    assert chosen is not None
+    assert chosen.val == statistics.median(vals)
     assert (tmp_path / "model.pt").is_file()
     assert f"the model handed back is seed {out.model_seed} of defaults: the median of its 5 seeds" in out.note

@@ -65,6 +65,18 @@ from ._story import fmt_ms, method_name
 
 log = logging.getLogger(__name__)
 
+#: Error findings whose cause is the learning rate, which the search tunes: the loop goes on.
+SEARCHED_CAUSES = frozenset({"lr_too_high", "lr_too_low", "exploding_gradients", "oscillating_loss"})
+
+
+def _searches_lr(space: Any) -> bool:
+    """Whether the search's space has ``lr`` (the default space does; a user's may fix it)."""
+    if space is None:
+        return True
+    from ..search import load_space
+
+    return "lr" in load_space(space).names
+
 
 @register_stage
 class Baseline(BaseStage):
@@ -128,10 +140,18 @@ class Health(BaseStage):
         findings = loop.state.record(BaselineOutputs).findings
         errors = [f for f in findings if f.severity == "error"]
         warnings = [f for f in findings if f.severity == "warning"]
-        if errors and not loop.cfg.ignore_findings:
-            lines = [f"the baseline's training has {len(errors)} error finding(s); the loop stops before "
-                     "any search (pass --ignore-findings to go on anyway):"]
-            for f in errors:
+        # an error the search itself tunes (the lr too high or too low, gradients that explode at
+        # it) is what the loop is for: it goes on, the compute stage measures the rate anew and the
+        # race still judges against the defaults as they are; any other error stops it
+        searched = [f for f in errors if f.cause in SEARCHED_CAUSES and _searches_lr(loop.cfg.space)]
+        stopping = [f for f in errors if f not in searched]
+        for f in searched:
+            log.warning("the defaults' training: %s (%s); the loop goes on: the search tunes the learning rate, and "
+                        "the defaults stay the bar", f.cause, f.summary)
+        if stopping and not loop.cfg.ignore_findings:
+            lines = [f"the baseline's training has {len(stopping)} error finding(s) the search does not tune; the loop "
+                     "stops before any search (pass --ignore-findings to go on anyway):"]
+            for f in stopping:
                 lines.append(f"  [{f.severity}] {f.cause}: {f.summary}")
                 lines.append(f"    evidence: {f.to_dict()['evidence']}")
                 lines.append(f"    fix: {f.fix}")
@@ -140,7 +160,8 @@ class Health(BaseStage):
                            store=loop.store)
         prof.save(loop.out / "profile.json")
         return StageResult(HealthOutputs(
-            errors=errors, warnings=warnings, ignored=bool(errors), profile="profile.json",
+            errors=errors, warnings=warnings, ignored=bool(stopping), searched=[f.cause for f in searched],
+            profile="profile.json",
             step_time_ms=prof.step.time_ms, peak_memory_bytes=prof.memory.peak_bytes,
             params=prof.params.total, macs=prof.macs, throughput=prof.step.throughput,
         ))

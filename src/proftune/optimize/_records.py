@@ -152,8 +152,10 @@ class HealthOutputs(StageOutputs):
     READERS: ClassVar[dict[str, Reader]] = {"errors": each(Finding.from_dict), "warnings": each(Finding.from_dict)}
     errors: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
-    #: Error findings were there and ``--ignore-findings`` went on anyway.
+    #: Error findings the search does not tune were there and ``--ignore-findings`` went on anyway.
     ignored: bool = False
+    #: The causes of error findings the search tunes (the loop went on without ``--ignore-findings``).
+    searched: list[str] = field(default_factory=list)
     profile: str | None = None  # the Profile's file in --out
     step_time_ms: float | None = None
     peak_memory_bytes: int | None = None

@@ -248,6 +248,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
         h = s.record(HealthOutputs)
         did = (f"{len(h.errors)} error(s), {len(h.warnings)} warning(s) in the baseline's training"
                + ("; ignored (--ignore-findings)" if h.ignored else "")
+               + (f"; went on: the search tunes what {', '.join(h.searched)} is about" if h.searched else "")
                + f"; profiled the step: {fmt_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
                f"{fmt(h.params)} params")
     elif s.name == "compute":

@@ -1,0 +1,57 @@
+"""The health stage stops on an error the search cannot fix, and goes on where the error is the
+learning rate the search tunes (issue 45: a task whose default lr is 10x too high is what the loop
+is for, not a reason to stop before it)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from proftune.diagnose import Finding
+from proftune.exceptions import RunFailedError
+from proftune.optimize import _builtin
+from proftune.optimize._records import BaselineOutputs, HealthOutputs
+
+
+def _finding(cause: str) -> Finding:
+    return Finding(cause=cause, severity="error", summary=f"{cause} seen", fix="do something")
+
+
+def _loop(findings: list[Finding], *, space: Any = None, ignore: bool = False, tmp: Any) -> Any:
+    baseline = BaselineOutputs(findings=findings)
+    return SimpleNamespace(state=SimpleNamespace(record=lambda kind: baseline),
+                           cfg=SimpleNamespace(ignore_findings=ignore, space=space, seed=0),
+                           task=None, defaults={}, dev="cpu", store=None, out=tmp)
+
+
+@pytest.fixture
+def no_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = SimpleNamespace(save=lambda path: None, step=SimpleNamespace(time_ms=1.0, throughput=1.0),
+                           memory=SimpleNamespace(peak_bytes=1), params=SimpleNamespace(total=1), macs=1)
+    monkeypatch.setattr(_builtin, "run_profile", lambda *a, **k: prof)
+
+
+@pytest.mark.usefixtures("no_profile")
+def test_an_lr_error_goes_on_and_says_the_search_tunes_it(tmp_path: Any) -> None:
+    out = _builtin.Health().run(_loop([_finding("lr_too_high")], tmp=tmp_path), 1.0, 0.0).outputs
+    assert isinstance(out, HealthOutputs)
+    assert out.searched == ["lr_too_high"]
+    assert not out.ignored
+    assert [f.cause for f in out.errors] == ["lr_too_high"]
+
+
+@pytest.mark.usefixtures("no_profile")
+@pytest.mark.parametrize(("cause", "space"), [
+    ("nan_inf", None),  # not a rate the search tunes: it stops
+    ("unshuffled_data", None),
+    ("lr_too_high", {"params": {"batch_size": {"type": "categorical", "choices": [16, 32]}}}),  # lr not searched
+])
+def test_an_error_the_search_does_not_tune_stops_the_loop(cause: str, space: Any, tmp_path: Any) -> None:
+    with pytest.raises(RunFailedError, match=rf"(?s)error finding\(s\) the search does not tune.*{cause}"):
+        _builtin.Health().run(_loop([_finding(cause)], space=space, tmp=tmp_path), 1.0, 0.0)
+    # --ignore-findings goes on, and the record says so
+    out = _builtin.Health().run(_loop([_finding(cause)], space=space, ignore=True, tmp=tmp_path), 1.0, 0.0).outputs
+    assert isinstance(out, HealthOutputs)
+    assert out.ignored
