@@ -1,6 +1,9 @@
 """Tasks whose defaults are far from their best configuration (headroom), each with a test split
 that no search sees: a small-data regime, noisy labels, a small transformer on a synthetic
-sequence task, and a breast-cancer MLP with its own ``evaluate()``.
+sequence task, a breast-cancer MLP with its own ``evaluate()``, and the six of the headroom
+benchmark (``benchmarks/headroom.py``, issue 45): a plateau-start CNN whose lr is 30x too low, an
+MLP whose lr is 10x too high, a batch too large for small data, few-shot, 20% noisy labels, and
+the small transformer.
 
 Data ships with scikit-learn or is generated here (seeded); nothing is downloaded. Every task
 splits its data once into train / val / test (fixed seeds), ``val_data`` selects and
@@ -183,4 +186,109 @@ class CancerMLP(_Split3):
         return {"accuracy": float((p == t).float().mean()), "balanced_accuracy": sum(recalls) / len(recalls)}
 
 
-HEADROOM = {t.name: t for t in (SmallDigits, NoisyDigits, SeqTransformer, CancerMLP)}
+@cache
+def _digits16(n_train: int) -> Split:
+    """digits upsampled to 16x16 (bilinear), one channel: images for a CNN."""
+    x_tr, y_tr, x_va, y_va, x_te, y_te = _digits(n_train, 0.0)
+
+    def up(x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.interpolate(x.reshape(-1, 1, 8, 8), size=(16, 16), mode="bilinear",
+                                         align_corners=False).contiguous()
+
+    return up(x_tr), y_tr, up(x_va), y_va, up(x_te), y_te
+
+
+class _TanhCNN(nn.Module):
+    """Two tanh conv blocks and a linear head, every weight drawn with std 0.01: its loss sits at
+    log(10) for its first hundred-odd steps at any small lr (a plateau start)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2),
+                                  nn.Conv2d(width, 2 * width, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2),
+                                  nn.Flatten(), nn.Linear(2 * width * 16, 10))
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.normal_(m.weight, std=0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)  # type: ignore[no-any-return]
+
+
+class PlateauCNN(_Split3):
+    """A tanh CNN on upsampled digits (900 train) with a plateau start; its default lr (Adam 3e-5)
+    is 30x below the rates that train it in 10 epochs."""
+
+    name = "plateau-cnn"
+    description = "sklearn digits at 16x16, tanh CNN with a plateau start, lr 30x too low"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 3e-5, "batch_size": 32, "optimizer": "adam"}
+    default_epochs: ClassVar[int] = 10
+
+    def _tensors(self) -> Split:
+        return _digits16(900)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return _TanhCNN(int(params.get("width", 8)))
+
+
+class HotDigits(_Split3):
+    """digits MLP (900 train) whose default lr (AdamW 0.1) is 10x too high: it trains, badly."""
+
+    name = "lr-too-high"
+    description = "sklearn digits, MLP, AdamW lr 0.1 (10x too high)"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 0.1, "batch_size": 32, "optimizer": "adamw"}
+    default_epochs: ClassVar[int] = 8
+
+    def _tensors(self) -> Split:
+        return _digits(900, 0.0)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return _mlp(64, 10, params)
+
+
+class BigBatchDigits(_Split3):
+    """digits MLP on 300 training samples at batch 256: two optimizer steps an epoch, and it
+    underfits in its 10 epochs (the batch is too large for the data)."""
+
+    name = "big-batch"
+    description = "sklearn digits, 300 training samples, MLP, batch 256 (two steps an epoch)"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 1e-3, "batch_size": 256, "optimizer": "adamw"}
+    default_epochs: ClassVar[int] = 10
+
+    def _tensors(self) -> Split:
+        return _digits(300, 0.0)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return _mlp(64, 10, params)
+
+
+class FewShotDigits(_Split3):
+    """digits MLP on 50 training samples (about five a class), SGD-like defaults too slow for it."""
+
+    name = "few-shot"
+    description = "sklearn digits, 50 training samples, MLP"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 3e-4, "batch_size": 16, "optimizer": "adamw"}
+    default_epochs: ClassVar[int] = 10
+
+    def _tensors(self) -> Split:
+        return _digits(50, 0.0)
+
+    def build_model(self, params: dict[str, Any]) -> nn.Module:
+        return _mlp(64, 10, params)
+
+
+class Noisy20Digits(NoisyDigits):
+    """digits MLP whose training labels are 20% random (val and test clean); its defaults fit the noise."""
+
+    name = "noisy-labels"
+    description = "sklearn digits, 20% symmetric label noise in train, MLP"
+
+    def _tensors(self) -> Split:
+        return _digits(900, 0.2)
+
+
+HEADROOM = {t.name: t for t in (SmallDigits, NoisyDigits, SeqTransformer, CancerMLP, PlateauCNN, HotDigits,
+                                BigBatchDigits, FewShotDigits, Noisy20Digits)}
+#: The six tasks of ``benchmarks/headroom.py``: one per way defaults are far from their best.
+HEADROOM_BENCH = ("plateau-cnn", "lr-too-high", "big-batch", "few-shot", "noisy-labels", "seq-transformer")
