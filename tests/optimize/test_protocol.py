@@ -11,7 +11,7 @@ import pytest
 
 from proftune.optimize import _final
 from proftune.optimize._final import Arm, ArmRun, FinalPlan, run_final
-from proftune.optimize._plan import paired_seeds_needed, plan_budget
+from proftune.optimize._plan import MIN_SEARCH_TRIALS, paired_seeds_needed, plan_budget
 from proftune.track import Store
 
 
@@ -141,3 +141,21 @@ def test_the_defaults_reference_training_is_never_cut_by_the_budget_s_end(monkey
     assert run.epochs == 10
     assert (tmp_path / "model.pt").is_file()
     assert "s past the budget's end: a model stopped before their own epochs" in out.note
+
+
+def test_a_race_of_fewer_seeds_where_the_asked_ones_do_not_fit() -> None:
+    """Three paired seeds of 2 arms at ~4.3 s a training need ~28 s; 20 s left (less 4 s after)
+    hold one: the race runs over it (one pair decides only a gain far beyond the seeds' noise)
+    rather than not at all, and the plan says it had asked for three."""
+    plan = plan_budget(full_epochs=10, epoch_s=0.4, run_overhead_s=0.3, left_s=20.0, spent_s=4.0,
+                       budget_s=24.0, after_s=4.0, seeds=3, finalists=2, trial_epochs=10, search_done=True)
+    assert plan.race_fits
+    assert plan.seeds == 1
+    assert plan.seeds_wanted == 3
+    assert plan.race_s == pytest.approx(1.1 * 1 * 2 * (10 * 0.4 + 0.3))
+    assert "over 1 paired seed (of the 3 asked for" in plan.describe()
+    # where even one pair does not fit, nothing races, and the budget named is a one-pair race's
+    tight = plan_budget(full_epochs=10, epoch_s=0.4, run_overhead_s=0.3, left_s=8.0, spent_s=4.0,
+                        budget_s=12.0, after_s=4.0, seeds=3, finalists=2, trial_epochs=10, search_done=True)
+    assert not tight.race_fits
+    assert tight.min_budget_s == pytest.approx(4.0 + 1.1 * 2 * (10 * 0.4 + 0.3) + MIN_SEARCH_TRIALS * 4.3 + 4.0)

@@ -348,7 +348,9 @@ class Final(BaseStage):
                        search_std=d_group.std if d_group is not None else None,
                        search_n=d_group.n if d_group is not None else 0, epoch_s=base_epoch_s, epochs=epochs)
         plan = FinalPlan(metric=loop.v.metric, maximize=loop.v.maximize, epochs=epochs,
-                         seeds=max(int(loop.cfg.seeds), budget_plan.seeds), seed=loop.cfg.seed, device=str(loop.dev),
+                         seeds=(budget_plan.seeds if budget_plan.race_fits
+                                else max(int(loop.cfg.seeds), budget_plan.seeds)),
+                         seed=loop.cfg.seed, device=str(loop.dev),
                          val_samples=loop.holdout.val_samples,
                          prior_std=prior_seed_std(srch.seed_std, metric=loop.v.metric,
                                                   val_samples=loop.holdout.val_samples,

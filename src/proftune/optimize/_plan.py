@@ -68,7 +68,8 @@ class BudgetPlan(JsonRecord):
     left_s: float
     #: How many full trainings the seconds left hold.
     full_trainings: float
-    #: Paired seeds the race plans for (power calculation, at least ``--seeds``).
+    #: Paired seeds the race plans for (power calculation, at least ``--seeds``; fewer, down to one,
+    #: where the time left holds no more: ``seeds_wanted`` were asked for).
     seeds: int
     #: Finalists of the search promoted to the full protocol beside the defaults.
     finalists: int
@@ -86,6 +87,8 @@ class BudgetPlan(JsonRecord):
     min_budget_s: float
     #: The whole budget (s).
     budget_s: float
+    #: The paired seeds the power calculation (or ``--seeds``) asked for (0: as ``seeds``).
+    seeds_wanted: int = 0
 
     def describe(self) -> str:
         """The plan in one sentence a user reads at the start."""
@@ -99,9 +102,11 @@ class BudgetPlan(JsonRecord):
                     f"--budget >= {_duration(self.min_budget_s)}")
         fidelity = (f"trials at the full {self.full_epochs} epochs" if self.trial_epochs >= self.full_epochs
                     else f"trials at {self.trial_epochs} of {self.full_epochs} epochs (low fidelity, for ranking)")
+        fewer = (f" (of the {self.seeds_wanted} asked for: the time holds no more, so only a gain beyond the seeds' "
+                 "noise at that count can replace the defaults)" if 0 < self.seeds < self.seeds_wanted else "")
         return (f"{head}: the search gets ~{self.search_s:.0f} s ({fidelity}); its best {self.finalists} "
                 f"then race the defaults at the full {self.full_epochs} epochs over {self.seeds} paired "
-                f"seeds (~{self.race_s:.0f} s set aside)")
+                f"seed{'' if self.seeds == 1 else 's'}{fewer} (~{self.race_s:.0f} s set aside)")
 
 
 def _duration(seconds: float) -> str:
@@ -123,18 +128,25 @@ def plan_budget(*, full_epochs: int, epoch_s: float, run_overhead_s: float, left
     min_search = 0.0 if search_done else MIN_SEARCH_TRIALS * trial_s
     finalists = max(MIN_FINALISTS, finalists)
 
-    def race(k: int) -> float:
-        return 1.1 * seeds * (1 + k) * full_s
+    def race(k: int, n: int = seeds) -> float:
+        return 1.1 * n * (1 + k) * full_s
 
     while finalists > MIN_FINALISTS and race(finalists) + after_s + min_search > left_s:
         finalists -= 1
-    race_s = race(finalists)
+    # where ``seeds`` paired seeds do not fit, fewer do, down to one: with the seeds' noise known
+    # (the search's repeats, the validation set's sampling noise) one pair still decides a gain far
+    # beyond it, and nothing less (a plateau start the defaults never leave is such a gain)
+    n = seeds
+    while n > 1 and race(finalists, n) + after_s + min_search > left_s:
+        n -= 1
+    race_s = race(finalists, n)
     fits = race_s + after_s + min_search <= left_s
-    # the smallest budget: what is spent, the race with one finalist, a minimal search, what follows
-    min_budget = spent_s + race(MIN_FINALISTS) + MIN_SEARCH_TRIALS * trial_s + after_s
+    # the smallest budget: what is spent, a one-seed race with one finalist, a minimal search, what follows
+    min_budget = spent_s + race(MIN_FINALISTS, 1) + MIN_SEARCH_TRIALS * trial_s + after_s
     search_s = max(0.0, left_s - after_s - (race_s if fits else 0.0))
     return BudgetPlan(full_epochs=full_epochs, full_s=full_s, left_s=left_s,
-                      full_trainings=left_s / full_s if full_s > 0 else math.inf, seeds=seeds,
+                      full_trainings=left_s / full_s if full_s > 0 else math.inf, seeds=n if fits else seeds,
+                      seeds_wanted=seeds,
                       finalists=finalists, race_s=race_s, after_s=after_s, search_s=search_s,
                       trial_epochs=trial_epochs, race_fits=fits, min_budget_s=min_budget,
                       budget_s=budget_s)
