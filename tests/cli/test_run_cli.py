@@ -173,8 +173,9 @@ def test_sigterm_is_recorded_as_interrupted(tmp_path: Path) -> None:
     assert d["interrupted"] == "SIGTERM"
     assert d["profiles"]
     run = Store(db).get_run(d["run_ids"][0])
-    assert run.status == "failed"
+    assert run.status == "interrupted"  # as the README says, not failed (issue 47)
     assert run.error == "interrupted by SIGTERM"
+    assert [r.id for r in Store(db).list_runs(status="interrupted")] == [run.id]
 
 
 PLAIN_SLOW = '''

@@ -55,7 +55,8 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
     ids: list[int] = []
     task = Path(command[1] if command and Path(command[0]).name.startswith("python") and len(command) > 1
                 else command[0]).stem
-    status = "finished" if result.exit_code == 0 and result.interrupted is None else "failed"
+    # a script stopped by SIGTERM/SIGINT is interrupted (what it sampled is kept), not failed
+    status = "interrupted" if result.interrupted else ("finished" if result.exit_code == 0 else "failed")
     error = None
     if result.interrupted:
         error = f"interrupted by {result.interrupted}"
@@ -70,7 +71,8 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
             p = dataclasses.replace(p, config={**p.config, "run_id": run_id})
             fields = {"metrics": p.metrics(), "result": p.to_dict()}
         err = error if p is not None else (error or f"no step was sampled: {result.summary}")
-        store.finish_run(run_id, status=status if p is not None else "failed", error=err, **fields)
+        store.finish_run(run_id, status=status if p is not None or result.interrupted else "failed", error=err,
+                         **fields)
         ids.append(run_id)
     return ids
 

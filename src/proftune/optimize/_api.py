@@ -66,6 +66,12 @@ from ._story import tell
 
 log = logging.getLogger(__name__)
 
+
+def ended_as(exc: BaseException) -> str:
+    """The status a run or stage ended by ``exc`` is recorded with: ``interrupted`` for Ctrl-C or
+    SIGTERM (a KeyboardInterrupt, as the CLI raises it), ``failed`` for anything else."""
+    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+
 __all__ = ["OptimizeResult", "optimize"]
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -165,8 +171,9 @@ class _Loop:
         try:
             res = st.run(self, share, started + share)
         except BaseException as exc:
-            self.store.finish_run(run_id, status="failed", error=f"{type(exc).__name__}: {exc}")
-            self.state.set_status(name, StageStatus(status="failed", error=f"{type(exc).__name__}: {exc}",
+            status = ended_as(exc)
+            self.store.finish_run(run_id, status=status, error=f"{type(exc).__name__}: {exc}")
+            self.state.set_status(name, StageStatus(status=status, error=f"{type(exc).__name__}: {exc}",
                                                     run_id=run_id, share_s=share,
                                                     duration_s=time.monotonic() - started))
             self.state.save()
@@ -262,9 +269,10 @@ class _Loop:
             for st in stages():
                 self.stage(st)
         except BaseException as exc:
-            self.store.finish_run(self.run_id, status="failed", error=f"{type(exc).__name__}: {exc}",
+            status = ended_as(exc)
+            self.store.finish_run(self.run_id, status=status, error=f"{type(exc).__name__}: {exc}",
                                   result=json_safe({"stages": self.state.stages}))
-            self.say("run_failed", {"run_id": self.run_id, "error": f"{type(exc).__name__}: {exc}"})
+            self.say("run_failed", {"run_id": self.run_id, "error": f"{type(exc).__name__}: {exc}", "status": status})
             raise
         result = self._result()
         result = dataclasses.replace(result, files=write_outputs(result, self.state, self.out, task=self.task))
@@ -500,8 +508,8 @@ def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeC
     Run as it ends, e.g. ``proftune.report.WandbTrialLogger``). The same call again with
     ``resume=True`` (or the same ``study``) continues from the last finished stage.
     ``progress(event, data)`` is called at each stage's start and end, after search chunks and
-    after each final run, and with ``"run_failed"`` (``run_id``, ``error``) where the loop fails
-    midway, before the error is raised.
+    after each final run, and with ``"run_failed"`` (``run_id``, ``error``, ``status``: ``failed``,
+    or ``interrupted`` by Ctrl-C or SIGTERM) where the loop ends midway, before the error is raised.
     """
     task_obj = load_task(task)
     v = validate(task_obj, config, {"budget": budget, **options})

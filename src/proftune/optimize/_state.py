@@ -46,7 +46,8 @@ class StageStatus(JsonRecord):
     metric_after: float | None = None
     error: str | None = None
 
-    STATUSES: ClassVar[tuple[str, ...]] = ("finished", "skipped", "failed")
+    #: ``interrupted``: ended by Ctrl-C or SIGTERM (``--resume`` runs it again, as a failed one).
+    STATUSES: ClassVar[tuple[str, ...]] = ("finished", "skipped", "failed", "interrupted")
 
     @classmethod
     def from_dict(cls, d: Any, *, stage: str = "") -> StageStatus:

@@ -137,5 +137,6 @@ def export_mlflow(run: int | RunRecord, uri: str, *, experiment: str = "proftune
             for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, str) and item and Path(item).is_file():
                     client.log_artifact(mlflow_id, item, artifact_path="model" if name == "output" else name)
-    client.set_terminated(mlflow_id, status="FAILED" if record.status == "failed" else "FINISHED")
+    ended = {"failed": "FAILED", "interrupted": "KILLED"}.get(record.status, "FINISHED")  # MLflow's RunStatus names
+    client.set_terminated(mlflow_id, status=ended)
     return mlflow_id
