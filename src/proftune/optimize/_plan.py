@@ -96,7 +96,8 @@ class BudgetPlan(JsonRecord):
                 f"here; the {self.left_s:.0f} s left hold {self.full_trainings:.1f} such trainings")
         if not self.race_fits:
             return (f"{head}: too few to compare a configuration with the defaults at their own protocol "
-                    f"({self.seeds} paired seeds of the defaults and {self.finalists} finalist(s) need "
+                    f"({'even one paired seed' if self.seeds_wanted > 1 else f'{self.seeds} paired seed(s)'} of the "
+                    f"defaults and {self.finalists} finalist(s) need "
                     f"~{self.race_s:.0f} s), so the defaults are the result and the search's best are "
                     f"proposals, not adopted; comparing at their own {self.full_epochs} epochs needs "
                     f"--budget >= {_duration(self.min_budget_s)}")
@@ -145,7 +146,7 @@ def plan_budget(*, full_epochs: int, epoch_s: float, run_overhead_s: float, left
     min_budget = spent_s + race(MIN_FINALISTS, 1) + MIN_SEARCH_TRIALS * trial_s + after_s
     search_s = max(0.0, left_s - after_s - (race_s if fits else 0.0))
     return BudgetPlan(full_epochs=full_epochs, full_s=full_s, left_s=left_s,
-                      full_trainings=left_s / full_s if full_s > 0 else math.inf, seeds=n if fits else seeds,
+                      full_trainings=left_s / full_s if full_s > 0 else math.inf, seeds=n,
                       seeds_wanted=seeds,
                       finalists=finalists, race_s=race_s, after_s=after_s, search_s=search_s,
                       trial_epochs=trial_epochs, race_fits=fits, min_budget_s=min_budget,
