@@ -25,6 +25,7 @@ from .._records import JsonRecord, mapping, record_fields
 from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import RunRecord, Store
+from ._decide import pooled_seed_std
 from ._space import SearchPlan
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
@@ -407,14 +408,6 @@ def _key(params: Mapping[str, Any]) -> str:
     return repr(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
-def pooled_std(groups: Sequence[ConfigGroup]) -> float | None:
-    """The metric's standard deviation within a configuration, pooled over the repeated groups."""
-    dof = sum(g.n - 1 for g in groups if g.n > 1)
-    if dof == 0:
-        return None
-    return math.sqrt(sum((g.n - 1) * (g.std or 0.0) ** 2 for g in groups if g.n > 1) / dof)
-
-
 def shrunk(g: ConfigGroup, noise: float | None, maximize: bool) -> float:
     """A group's mean less ``RANK_Z`` standard errors in the better direction (higher is better):
     a configuration seen once is not named over one whose mean held up on repeats unless it is
@@ -438,7 +431,7 @@ def groups_of(rows: Sequence[TrialRecord], maximize: bool) -> list[ConfigGroup]:
                                arms=[arm_of(r) for r, _ in members], mean=statistics.fmean(vals),
                                std=statistics.stdev(vals) if len(vals) > 1 else None, n=len(vals),
                                trial_s=statistics.median(float(r.duration_s or 0.0) for r, _ in members)))
-    noise = pooled_std(out)
+    noise = pooled_seed_std((g.std, g.n) for g in out)
     out.sort(key=lambda g: -shrunk(g, noise, maximize))
     return out
 
