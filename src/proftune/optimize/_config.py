@@ -138,7 +138,10 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
         problems.add(f"min_delta={cfg.min_delta!r} must be >= 0.")
     if cfg.on_trial is not None and not callable(cfg.on_trial):
         problems.add(f"on_trial={cfg.on_trial!r} must be a callable of a trial's RunRecord (or None).")
-    out = Path(cfg.out) if cfg.out else Path("proftune-optimize") / _safe(name)
+    if cfg.out is not None and not str(cfg.out).strip():
+        problems.add(f"out={cfg.out!r} is empty: name a folder, or leave it out for the default "
+                     f"./proftune-optimize/{_safe(name)}/.")
+    out = Path(cfg.out) if cfg.out is not None and str(cfg.out).strip() else Path("proftune-optimize") / _safe(name)
     stored = check_out_dir(out, resume=cfg.resume, study=cfg.study, task=name, problems=problems)
     problems.raise_if_any(header="optimize: the options are not well-formed, found the following errors:")
     return Validated(cfg=cfg, budget_s=budget_s, memory_bytes=memory, metric=metric, maximize=maximize,

@@ -120,6 +120,10 @@ def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
     """Problems with ``out``: unwritable, in use by a running optimize, or holding another run
     that would be overwritten. Returns the stored state when the run there may be continued.
     """
+    if out.is_symlink() and not out.exists():  # a dangling link: creating the folder would fail at the lock
+        problems.add(f"out={str(out)!r} is a symbolic link to {os.readlink(out)!r}, which does not exist: "
+                     "create that folder, or choose another out=.")
+        return None
     writable = output_problems(OutputPath("out=", out, folder=True), force=True)  # its files: below
     if writable:
         for problem in writable:
