@@ -1,4 +1,4 @@
-"""A tune whose every trial failed did not do what was asked: exit 1 with the reason."""
+"""A tune whose every trial failed did not do what was asked: exit 1 with the reason, its run failed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from proftune.cli import app
+from proftune.track import Store
 
 TASK = '''
 from proftune.examples._wine import WineMLP
@@ -30,3 +31,7 @@ def test_a_tune_whose_every_trial_failed_exits_1_with_the_reason(tmp_path: Path)
     assert result.exit_code == 1, result.output
     assert "every trial failed (2 of 2)" in result.stderr
     assert "my evaluate is broken" in result.stderr
+    # its tune run is failed too, not finished (issue 47), with the reason
+    (tune,) = Store(f"sqlite:///{tmp_path / 'runs.db'}").list_runs(kind="tune")
+    assert tune.status == "failed"
+    assert "every trial failed (2 of 2)" in (tune.error or "")

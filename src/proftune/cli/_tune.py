@@ -119,9 +119,13 @@ def tune(
         failed = [t for t in result.trials if t.state == "failed"]
         if result.trials and len(failed) == len(result.trials):  # nothing was tuned: not done
             last = failed[-1]
-            raise RunFailedError(f"every trial failed ({len(failed)} of {len(result.trials)}); the last, "
-                                 f"trial {last.number}: {last.reason}"
-                                 + (f" (logged to W&B project {wandb_project})" if logged else ""))
+            message = (f"every trial failed ({len(failed)} of {len(result.trials)}); the last, "
+                       f"trial {last.number}: {last.reason}")
+            from ..track import Store
+
+            # the tune's run says so too (it ended, but tuned nothing): runs list --status failed finds it
+            Store(result.db).update_run(result.run_id, status="failed", error=message)
+            raise RunFailedError(message + (f" (logged to W&B project {wandb_project})" if logged else ""))
         d = result.to_dict()
         if logged is not None:
             d["wandb"] = logged
