@@ -4,6 +4,7 @@ the file should be; models handed to a task's evaluate() behave like modules; no
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import proftune
 from proftune.cli import app
 from proftune.compress import ExportedModule, load_model
 from proftune.exceptions import ConfigError
+from proftune.track import Store
 
 runner = CliRunner()
 FAST = {"latency_rounds": 1, "finetune_epochs": 0, "layer_times": False}
@@ -157,12 +159,19 @@ def test_files_that_are_not_checkpoints_exit_2(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'c.db'}"
     junk = tmp_path / "random.bin"
     junk.write_bytes(os.urandom(256))
-    for bad in ("/etc/passwd", str(junk)):
+    pickled = tmp_path / "plain.pkl"  # a plain pickle (protocol 4), not torch.save's: torch's unpickler refuses it
+    pickled.write_bytes(pickle.dumps({"weights": [1.0, 2.0]}, protocol=4))
+    for bad in ("/etc/passwd", str(junk), str(pickled)):
         res = runner.invoke(app, ["compress", "digits-mlp", "--model", bad, "--prune", "unstructured",
                                   "--db", db])
         assert res.exit_code == 2, res.output
         assert "is not a PyTorch checkpoint" in res.output
         assert "state_dict" in res.output
+        # torch's advice to load with weights_only=False (code-running) is not passed on (issue 47)
+        assert "weights_only" not in res.output
+        assert "will likely succeed" not in res.output
+    # a refused file is refused before any work: no compress Run is left behind, failed or not
+    assert Store(db).list_runs() == []
 
 
 def test_saved_selection_loads_safely_and_rebuilds_through_the_task(tmp_path: Path, db_url: str) -> None:

@@ -61,6 +61,11 @@ def compress(
         problems.append(f"--model {model_path!r} is not a file.")
     if problems:
         raise ConfigError(problems)
+    if model_path is not None:  # a file that is refused is refused before any Run is recorded
+        from ._checkpoint import read_model
+
+        model = read_model(model_path, task=task_obj, params=merged, trust=trust_model, name="model",
+                           trust_name="trust_model")
     run_config = {"params": merged, **dataclasses.asdict(cfg), "model": model_path, "trust_model": trust_model}
     rebuild = Rebuild(task=task_spec(task, task_obj), params=merged)
     with tracked_run("compress", task_obj, config=run_config, device=dev, store=store, db=db) as run:

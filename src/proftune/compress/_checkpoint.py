@@ -226,8 +226,18 @@ def _torch_load(path: Path, *, trust: bool, name: str, trust_name: str) -> Any:
         raise _not_a_checkpoint(path, name, trust_name, exc) from exc
 
 
+def _why(exc: BaseException) -> str:
+    """torch's reason a file did not load, without its advice to load with ``weights_only=False``
+    (the code-running load, which proftune offers only as an explicit trust switch)."""
+    text = str(exc)
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    line = found.group(1) if found else (text.splitlines()[0] if text else "")
+    kept = [s for s in re.split(r"(?<=[.!?])\s+", line.strip()) if "weights_only" not in s]
+    return " ".join(kept)
+
+
 def _not_a_checkpoint(path: Path, name: str, trust_name: str, exc: BaseException) -> ConfigError:
-    first = str(exc).splitlines()[0] if str(exc) else ""
+    first = _why(exc)
     return ConfigError(
         f"{name}={str(path)!r} is not a PyTorch checkpoint ({type(exc).__name__}: {first}); expected a "
         "file written by torch.save(model.state_dict(), path), by proftune compress, or (with "
