@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +89,68 @@ def test_sigterm_to_compress_removes_its_temp_folder(tmp_path: Path) -> None:
         assert ("interrupted",) in con.execute("SELECT status FROM proftune_runs").fetchall()
     finally:
         con.close()
+
+
+def _tune(tmp_path: Path) -> tuple[subprocess.Popen[str], list[Any]]:
+    """``tune --workers 2`` on a search far longer than the test, once both workers run; the
+    workers' processes as psutil sees them."""
+    psutil = pytest.importorskip("psutil")
+    space = tmp_path / "s.yaml"
+    space.write_text("params:\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "proftune.cli", "tune", "digits-mlp", "--space", str(space),
+                             "--trials", "100000", "--epochs", "2", "--workers", "2",
+                             "--db", f"sqlite:///{tmp_path / 't.db'}"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    end = time.monotonic() + 120
+    workers: list[Any] = []
+    while len(workers) < 2:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, "the two workers did not start"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        workers = [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+        time.sleep(0.2)
+    time.sleep(3.0)  # inside their trials
+    return proc, workers
+
+
+def _gone(workers: list[Any], within_s: float) -> list[int]:
+    """The pids of ``workers`` still alive (not zombies) after ``within_s`` seconds."""
+    import psutil
+
+    end = time.monotonic() + within_s
+    alive = list(workers)
+    while alive and time.monotonic() < end:
+        alive = [w for w in alive if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    return [w.pid for w in alive]
+
+
+def test_sigterm_to_tune_stops_its_workers(tmp_path: Path) -> None:
+    """SIGTERM to a tune with workers: they are stopped (SIGTERM, then SIGKILL after a grace), no
+    trial runs after the signal, and the tune exits 130 (issue 47: they ran all the trials)."""
+    proc, workers = _tune(tmp_path)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert _gone(workers, 15.0) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.kill()
+
+
+def test_workers_end_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL to the parent (nothing of it runs): each worker notices its parent is gone and ends,
+    instead of being re-parented to init and running every trial left."""
+    proc, workers = _tune(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    try:
+        assert _gone(workers, 15.0) == []
+    finally:
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.kill()

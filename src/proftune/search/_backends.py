@@ -8,6 +8,7 @@ from __future__ import annotations
 import abc
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -105,14 +106,59 @@ class _Ray(BaseSearchBackend):
         return BackendRun(stopped="ray", details=out)
 
 
-def _worker_entry(settings: SearchSettings, worker: int, deadline: float | None, threads: int) -> None:
+#: Seconds a worker has to end after SIGTERM (the trial it is in is left as Optuna left it) before
+#: it is killed; and how often a worker checks that the process that started it is alive.
+GRACE_S = 5.0
+PARENT_CHECK_S = 0.5
+
+
+def _watch_parent(parent: int) -> None:
+    """End this worker once the process that started it is gone (killed, even by SIGKILL): a worker
+    re-parented to init would otherwise run every trial left of the search on its own."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GRACE_S)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="proftune-parent-watch", daemon=True).start()
+
+
+def _worker_entry(settings: SearchSettings, worker: int, deadline: float | None, threads: int,
+                  parent: int | None = None) -> None:
     import torch
 
     from .._threads import limit_threads
 
+    if parent is not None:
+        _watch_parent(parent)
     torch.set_num_threads(threads)
     limit_threads(threads)  # the fit loop computes its count within this worker's share of the cores
     run_worker(settings, worker, deadline)
+
+
+def _stop(procs: list[Any]) -> None:
+    """SIGTERM every worker still running (none starts another trial), then SIGKILL the ones that
+    have not ended within ``GRACE_S`` seconds; returns once all have ended."""
+    import time
+
+    started = [p for p in procs if p.pid is not None]
+    for p in started:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + GRACE_S
+    for p in started:
+        p.join(max(0.0, end - time.monotonic()))
+    for p in started:
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _run_processes(settings: SearchSettings, workers: int, deadline: float | None, *,
@@ -123,21 +169,19 @@ def _run_processes(settings: SearchSettings, workers: int, deadline: float | Non
     from .._threads import share_cores
 
     threads = share_cores(workers)  # each worker's part of the cores this process may use
-    procs = [ctx.Process(target=_worker_entry, args=(settings, i, deadline, threads), daemon=False)
+    procs = [ctx.Process(target=_worker_entry, args=(settings, i, deadline, threads, os.getpid()), daemon=False)
              for i in range(workers)]
-    for p in procs:
-        p.start()
     running = list(procs)
     try:
+        for p in procs:
+            p.start()
         while running:
             mp_connection.wait([p.sentinel for p in running], timeout=POLL_S if poll is not None else None)
             running = [p for p in running if p.is_alive()]
             if poll is not None:
                 poll()
-    except Exception:  # the observer's error ends the search: its workers too
-        for p in running:
-            p.terminate()
-            p.join()
+    except BaseException:  # an error, Ctrl-C or SIGTERM here ends the search: its workers too
+        _stop(running)
         raise
     for p in procs:
         p.join()
