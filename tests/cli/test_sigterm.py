@@ -109,7 +109,7 @@ def _tune(tmp_path: Path) -> tuple[subprocess.Popen[str], list[Any]]:
         children = psutil.Process(proc.pid).children(recursive=True)
         workers = [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
         time.sleep(0.2)
-    time.sleep(3.0)  # inside their trials
+    time.sleep(2.0)  # inside their trials
     return proc, workers
 
 
