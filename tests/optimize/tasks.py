@@ -128,3 +128,14 @@ class LoadedMidRun(TinyTask):
             if LoadedMidRun.DELAY > 0:
                 time.sleep(LoadedMidRun.DELAY)
             yield batch
+
+
+class StepClock:
+    """Injected time (``time.monotonic``): every reading is ``step`` seconds after the one before."""
+
+    def __init__(self, step: float) -> None:
+        self.t, self.step = 1000.0, step
+
+    def monotonic(self) -> float:
+        self.t += self.step
+        return self.t

@@ -54,7 +54,7 @@ from proftune.optimize._search import StageSettings, run_search_stage
 from proftune.optimize._story import rounded, tell
 from proftune.search import TrialRecord, load_space
 
-from .tasks import TinyTask
+from .tasks import StepClock, TinyTask
 
 #: A float as ``str()`` writes it: what the issue found in the piped output.
 LONG = 0.0868511373751352
@@ -94,17 +94,6 @@ def _row(name: str, record: Any) -> StageRow:
 
 
 # -- the search stage: each way it stops, from run_search_stage with a fake clock and fake trials
-class _Clock:
-    """Injected time: every reading is ``step`` seconds after the one before."""
-
-    def __init__(self, step: float) -> None:
-        self.t, self.step = 1000.0, step
-
-    def monotonic(self) -> float:
-        self.t += self.step
-        return self.t
-
-
 def _plan() -> Any:
     space = load_space({"params": {"lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True},
                                    "hidden": {"type": "int", "low": 4, "high": 32}}})
@@ -129,7 +118,7 @@ def _search_stop(monkeypatch: pytest.MonkeyPatch, *, step: float, max_trials: in
             rows.append(_trial(len(rows), item[1], 0.9012345678901 + 1.2345678901e-5 * len(rows)))
         return SimpleNamespace(trials=list(rows))
 
-    clock = _Clock(step)
+    clock = StepClock(step)
     monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=clock.monotonic))
     monkeypatch.setattr(_search, "_call", fake_call)
     monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])

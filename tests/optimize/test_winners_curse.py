@@ -25,7 +25,7 @@ from proftune.optimize._search import REEVAL_MIN_TRIALS, REEVAL_N, StageSettings
 from proftune.search import TrialRecord, load_space
 from proftune.track import Store
 
-from .tasks import TinyTask
+from .tasks import StepClock, TinyTask
 
 
 def _trial(n: int, lr: float, value: float | None, *, state: str = "complete", repeat: int = 0) -> TrialRecord:
@@ -73,15 +73,6 @@ def test_the_leaders_are_re_evaluated_at_new_seeds_and_an_attempt_counts_once() 
     assert top not in [d[1]["lr"] for d in repeats_due(tried, _plan(), SETTINGS, 10)]
 
 
-class _Clock:
-    def __init__(self, step: float) -> None:
-        self.t, self.step = 1000.0, step
-
-    def monotonic(self) -> float:
-        self.t += self.step
-        return self.t
-
-
 def test_the_search_stage_ends_by_re_evaluating_and_names_its_best_by_that_mean(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A lucky configuration (0.97 on its first seed, 0.85 after) and a steady one (0.93 at every
@@ -105,7 +96,7 @@ def test_the_search_stage_ends_by_re_evaluating_and_names_its_best_by_that_mean(
         return SimpleNamespace(trials=list(rows))
 
     fresh = itertools.chain([0.5, 0.25], (1e-4 + 1e-6 * k for k in itertools.count()))
-    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=_Clock(0.2).monotonic))
+    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=StepClock(0.2).monotonic))
     monkeypatch.setattr(_search, "_call", fake_call)
     monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
     monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
