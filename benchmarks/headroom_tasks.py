@@ -12,6 +12,7 @@ splits its data once into train / val / test (fixed seeds), ``val_data`` selects
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from functools import cache
 from typing import Any, ClassVar
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 import proftune
-from proftune.examples import TensorBatches
+from proftune.examples import TensorBatches, resplit_tensors
 
 Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -54,6 +55,15 @@ class _Split3(proftune.ClassificationTask):
     def test_data(self, batch_size: int) -> Iterable[Any]:
         *_, x, y = self._tensors()
         return TensorBatches(x, y, batch_size, shuffle=False)
+
+    def resplit(self, index: int) -> proftune.Task | None:
+        """Another partition of the training and validation samples (their labels are of one kind);
+        the test split stays as it is."""
+        x_tr, y_tr, x_va, y_va, x_te, y_te = self._tensors()
+        (x_tr, y_tr), (x_va, y_va) = resplit_tensors((x_tr, y_tr), (x_va, y_va), index)
+        other = copy.copy(self)
+        other._tensors = lambda: (x_tr, y_tr, x_va, y_va, x_te, y_te)  # type: ignore[method-assign]
+        return other
 
 
 def _mlp(n_in: int, n_out: int, params: dict[str, Any], hidden: int = 128) -> nn.Module:
@@ -102,6 +112,9 @@ class NoisyDigits(_Split3):
 
     def _tensors(self) -> Split:
         return _digits(900, 0.4)
+
+    def resplit(self, index: int) -> proftune.Task | None:
+        return None  # the training labels are noisy, validation's clean: a partition of both mixes them
 
     def build_model(self, params: dict[str, Any]) -> nn.Module:
         return _mlp(64, 10, params, hidden=256)

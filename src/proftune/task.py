@@ -7,6 +7,7 @@ Task subclass), ``path/to/file.py:Class``, ``package.module:Class`` or a built-i
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import inspect
@@ -92,6 +93,16 @@ class Task:
     def test_data(self, batch_size: int) -> Iterable[Any] | None:
         """Held-out batches that nothing selects on, in a fixed order; None (the default): the task
         has none, and ``optimize`` holds out a fixed part of ``val_data`` for its final figures."""
+        return None
+
+    def resplit(self, index: int) -> Task | None:
+        """This task with another partition of its training and validation samples: partition
+        ``index`` (1, 2, ...) of the pooled samples into sets of the task's own sizes, seeded by
+        ``index`` (0 is the task itself). ``optimize``'s final race trains and judges each round on
+        its own partition where validation is small, so its decision rests on more of the data
+        than the one split the search chose on. None (the default): the two sets differ in kind
+        (noisy or augmented training data, validation drawn elsewhere) and the task has its one
+        split. :func:`proftune.examples.resplit_tensors` makes the partition for tensors."""
         return None
 
     def configure_optimizer(self, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
@@ -180,6 +191,22 @@ class TaskWrapper(Task):
 
     def example_batch(self, batch_size: int) -> Any:
         return self.inner.example_batch(batch_size)
+
+    def resplit(self, index: int) -> Task | None:
+        """``inner``'s partition ``index`` in this wrapper, where the wrapper leaves the data as
+        ``inner`` has it; None where it changes them (a held-out part of validation, other
+        batches): a partition of ``inner``'s samples would not be this task's."""
+        data = ("train_data", "val_data", "test_data")
+        if index == 0:
+            return self
+        if any(getattr(type(self), m) is not getattr(TaskWrapper, m) for m in data):
+            return None
+        inner = self.inner.resplit(index)
+        if inner is None:
+            return None
+        other = copy.copy(self)
+        other.inner = inner
+        return other
 
 
 #: The data attributes a Task declares on its class; a TaskWrapper takes each from its inner task.

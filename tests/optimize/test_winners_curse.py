@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import pytest
 
 from proftune.optimize import _search, build_plan
-from proftune.optimize._final import Arm, FinalPlan, run_final
+from proftune.optimize._final import Arm, FinalPlan, run_final, sampling_std
 from proftune.optimize._search import REEVAL_MIN_TRIALS, REEVAL_N, StageSettings, groups_of, repeats_due
 from proftune.search import TrialRecord, load_space
 from proftune.track import Store
@@ -120,7 +120,7 @@ class _Seeded(TinyTask):
     default_epochs: ClassVar[int] = 1
 
 
-def test_the_model_handed_back_is_the_median_seed_and_the_note_says_so(tmp_path: Path) -> None:
+def test_the_model_handed_back_stands_for_the_arm_and_the_note_says_how(tmp_path: Path) -> None:
     plan = FinalPlan(metric="accuracy", maximize=True, epochs=1, seeds=5, seed=0, device="cpu", val_samples=96)
     defaults = Arm(name="defaults", params={**TinyTask.default_params, "hidden": 2, "lr": 3e-3}, source="defaults",
                    epoch_s=0.05)
@@ -131,6 +131,14 @@ def test_the_model_handed_back_is_the_median_seed_and_the_note_says_so(tmp_path:
     assert len(vals) == 5
     chosen = out.model_run()
     assert chosen is not None
-    assert chosen.val == statistics.median(vals)
     assert (tmp_path / "model.pt").is_file()
-    assert f"the model handed back is seed {out.model_seed} of defaults: the median of its 5 seeds" in out.note
+    # the median where the seeds spread within the validation set's sampling noise, else the best
+    # (tests/optimize/test_small_budgets.py injects both cases)
+    noise = sampling_std("accuracy", 96, statistics.fmean(vals))
+    assert noise is not None
+    if statistics.stdev(vals) ** 2 <= 2 * noise ** 2:
+        assert chosen.val == statistics.median(vals)
+        assert f"the model handed back is seed {out.model_seed} of defaults: the median of its 5 seeds" in out.note
+    else:
+        assert chosen.val == max(vals)
+        assert f"the model handed back is seed {out.model_seed} of defaults: the best of its 5 seeds" in out.note

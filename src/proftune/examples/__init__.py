@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..task import register_builtin_tasks
-from ._data import TensorBatches
+from ._data import TensorBatches, resplit_tensors
 
-__all__ = ["BUILTIN_TASKS", "BuiltinTask", "TensorBatches"]
+__all__ = ["BUILTIN_TASKS", "BuiltinTask", "TensorBatches", "resplit_tensors"]
 
 
 @dataclass(frozen=True)

@@ -32,3 +32,19 @@ class TensorBatches:
         for start in range(0, n, self.batch_size):
             idx = order[start : start + self.batch_size]
             yield self.x[idx], self.y[idx]
+
+
+def resplit_tensors(train: tuple[torch.Tensor, ...], val: tuple[torch.Tensor, ...],
+                    index: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Partition ``index`` of the pooled rows of ``train`` and ``val`` (each a tuple of tensors of
+    one length, as ``(x, y)``) into sets of their own sizes, seeded by ``index``; index 0 is
+    ``(train, val)`` unchanged. For :meth:`proftune.Task.resplit`."""
+    if len(train) != len(val):
+        raise ValueError(f"train and val must hold as many tensors; got {len(train)} and {len(val)}.")
+    if index == 0:
+        return train, val
+    n_train = int(train[0].shape[0])
+    pooled = [torch.cat([a, b]) for a, b in zip(train, val, strict=True)]
+    order = torch.randperm(int(pooled[0].shape[0]), generator=torch.Generator().manual_seed(int(index)))
+    first, rest = order[:n_train], order[n_train:]
+    return tuple(t[first] for t in pooled), tuple(t[rest] for t in pooled)

@@ -231,9 +231,20 @@ class _Loop:
             return plan_budget(full_epochs=full, epoch_s=self._epoch_s(), run_overhead_s=RUN_OVERHEAD_S,
                                left_s=self.budget.left_s, spent_s=self.budget.elapsed_s,
                                budget_s=self.v.budget_s, after_s=after, seeds=seeds, finalists=finalists,
-                               trial_epochs=trial_epochs, search_done=search_done)
+                               trial_epochs=trial_epochs, search_done=search_done,
+                               done_runs=1 if self.baseline_reusable() else 0)
 
         return plan(self._trial_epochs(plan(full).search_s))
+
+    def baseline_reusable(self) -> bool:
+        """Whether the baseline's training of the defaults ran their own epochs to the end and left
+        its model: then it is the defaults' first seed in the race (not trained again)."""
+        if not self.state.finished("baseline"):
+            return True  # planned for: the baseline trains the defaults at their own protocol
+        base = self.state.record(BaselineOutputs)
+        return (base.model is not None and (self.out / base.model).is_file()
+                and (base.defaults.epochs or 0) >= self.task.default_epochs
+                and base.defaults.metrics.get(self.v.metric) is not None)
 
     def _trial_epochs(self, seconds: float) -> int:
         """Epochs of every search trial and of the race's candidates: the task's own (the

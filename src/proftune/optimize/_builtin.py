@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,7 +43,9 @@ from ._computed import ComputedValues
 from ._decide import pooled_seed_std, prior_seed_std
 from ._final import (
     MAX_CANDIDATES,
+    RESPLIT_BELOW,
     Arm,
+    ArmRun,
     FinalOutcome,
     FinalPlan,
     run_final,
@@ -67,6 +70,9 @@ log = logging.getLogger(__name__)
 
 #: Error findings whose cause is the learning rate, which the search tunes: the loop goes on.
 SEARCHED_CAUSES = frozenset({"lr_too_high", "lr_too_low", "exploding_gradients", "oscillating_loss"})
+#: The baseline's no-tricks run trains as long as the defaults only where the budget holds this
+#: many trainings of them; below, it is timed over a couple of epochs (the plain loop's epoch time).
+NO_TRICKS_AT_LEAST = 24
 
 
 def _searches_lr(space: Any) -> bool:
@@ -109,10 +115,14 @@ class Baseline(BaseStage):
                  "batch_size": int(loop.defaults.get("batch_size", 32)),
                  **{k: 0.0 for k in known if "dropout" in k}}
         # as many epochs as the defaults got, so that the spread compares like with like, within
-        # what is left of the stage's share (a slow model's no-tricks run is cut, and says so)
-        plain_res = fit(loop.task, plain, epochs=max(1, diag.epochs), device=loop.dev, seed=loop.cfg.seed,
-                        callbacks=[Deadline(max(1.0, end - time.monotonic()))])
-        plain_metric = finite_float(plain_res.metrics.get(loop.v.metric))
+        # what is left of the stage's share (a slow model's no-tricks run is cut, and says so);
+        # where the budget holds only a few trainings, a whole one is a share the search and the
+        # race need: it is then timed over a couple of epochs only (its metric is not compared)
+        trainings = loop.v.budget_s / max(diag.duration_s, 1e-3)
+        whole = trainings >= NO_TRICKS_AT_LEAST
+        plain_res = fit(loop.task, plain, epochs=max(1, diag.epochs if whole else min(diag.epochs, 2)),
+                        device=loop.dev, seed=loop.cfg.seed, callbacks=[Deadline(max(1.0, end - time.monotonic()))])
+        plain_metric = finite_float(plain_res.metrics.get(loop.v.metric)) if whole else None
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
             plain_res.steps / max(plain_res.epochs, 1), _steps_per_epoch(loop.task, loop.defaults))
@@ -121,8 +131,11 @@ class Baseline(BaseStage):
         return StageResult(BaselineOutputs(
             defaults=TrainedRun(params=loop.defaults, metrics=diag.metrics, epochs=diag.epochs, steps=diag.steps,
                                 duration_s=diag.duration_s, run_id=diag.run_id, stop_reason=diag.stop_reason),
-            no_tricks=TrainedRun(params=plain, metrics=plain_res.metrics, epochs=plain_res.epochs,
-                                 duration_s=plain_res.duration_s, stop_reason=plain_res.stop_reason),
+            no_tricks=TrainedRun(params=plain, metrics=plain_res.metrics if whole else {}, epochs=plain_res.epochs,
+                                 duration_s=plain_res.duration_s,
+                                 stop_reason=plain_res.stop_reason if whole else (
+                                     f"timed over {plain_res.epochs} epoch(s) only: the budget holds "
+                                     f"~{trainings:.0f} trainings of the defaults, too few to spend one here")),
             spread=spread, epoch_s=epoch_s, held_out=loop.holdout, findings=list(diag.findings),
             model="baseline_model.pt" if capture.model is not None else None,
             start_metric=start, curve=list(capture.curve),
@@ -355,11 +368,12 @@ class Final(BaseStage):
                          prior_std=prior_seed_std(srch.seed_std, metric=loop.v.metric,
                                                   val_samples=loop.holdout.val_samples,
                                                   level=finite_float(d_group.mean if d_group else None)),
-                         protocol=f"the task's own protocol ({epochs} epochs) for every arm")
+                         protocol=f"the task's own protocol ({epochs} epochs) for every arm",
+                         resplit=self._resplit(loop, race_notes))
         outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
                             end=loop.budget.end - loop._compress_reserve(), hard_end=hard_end,
                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
-                            shorter=shorter)
+                            shorter=shorter, first=self._baseline_run(loop))
         chosen = outcome.arm(outcome.chosen)
         params, evidence = self._evidence(loop, chosen, outcome)
         model = loop.task.build_model(dict(params))
@@ -380,6 +394,38 @@ class Final(BaseStage):
             load=(f"model = proftune.load_task({loop.spec!r}).build_model(params); "
                   "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
         ), before=finite_float(outcome.arm("defaults").summary("val").mean), after=val.mean)
+
+    @staticmethod
+    def _resplit(loop: _Loop, notes: list[str]) -> bool:
+        """Whether the race's rounds train and judge on partitions of their own: where validation
+        is small and the task offers them (its two sets of one kind); says so in ``notes``."""
+        n = loop.holdout.val_samples
+        if n is None or n >= RESPLIT_BELOW or loop.task.resplit(1) is None:
+            return False
+        notes.append(f"validation has {n} samples, so each round of the race trains and judges on its own partition "
+                     "of the training and validation samples (the task's resplit; round 1 on its own split): the "
+                     "decision rests on more of the data than the one split the search chose on")
+        return True
+
+    @staticmethod
+    def _baseline_run(loop: _Loop) -> tuple[ArmRun, Path] | None:
+        """The baseline's training of the defaults as the race's first run of them (their own epochs
+        to the end, its model kept): one training the race does not pay again. None: it was cut."""
+        if not loop.baseline_reusable():
+            return None
+        base = loop.state.record(BaselineOutputs)
+        assert base.model is not None  # baseline_reusable checked it
+        path = loop.out / base.model
+        d = base.defaults
+        test: dict[str, float] = {}
+        if loop.task.test_data(1) is not None:
+            model = loop.task.build_model(dict(loop.defaults)).to(loop.dev)
+            model.load_state_dict(torch.load(path, map_location=loop.dev, weights_only=True))
+            test = evaluate_model(loop.task, model, loop.dev, int(loop.defaults.get("batch_size", 32)), split="test")
+        return ArmRun(seed=int(loop.cfg.seed), run_id=d.run_id, val=finite_float(d.metrics.get(loop.v.metric)),
+                      test=finite_float(test.get(loop.v.metric)), epochs=int(d.epochs or 0),
+                      duration_s=float(d.duration_s or 0.0), cut=False, val_metrics=dict(d.metrics),
+                      test_metrics=test), path
 
     def _evidence(self, loop: _Loop, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
         """The result's params, and for each where its value came from."""

@@ -29,8 +29,8 @@ from ..train import evaluate_model
 from ._budget import Deadline
 from ._decide import ALPHA, Comparison, compare_paired
 
-__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary",
-           "representative", "run_final"]
+__all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary",
+           "representative", "run_final", "sampling_std"]
 
 SCHEMA_VERSION = 1
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
@@ -43,6 +43,10 @@ RESERVED_CANDIDATES = 2
 MAX_ROUNDS = 10
 #: Seconds one run costs beyond its epochs (the run record, the held-out evaluation, the save).
 RUN_OVERHEAD_S = 0.3
+#: The race rounds train and judge on partitions of their own (where the task offers them) when
+#: validation has fewer samples than this: one split's sampling noise, and the search's choice on
+#: it, weigh on the decision.
+RESPLIT_BELOW = 2000
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,9 @@ class FinalPlan(JsonRecord):
     #: The seeds' standard deviation the search measured (for a single seed's decision).
     prior_std: float | None = None
     protocol: str = "the fit loop as the search trials ran it (same epochs, no extra callbacks)"
+    #: Round ``r`` of the race trains and judges on the task's partition ``r`` of its training and
+    #: validation samples (:meth:`~proftune.Task.resplit`; round 0 on the task's own split).
+    resplit: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,31 +277,65 @@ def _with_run(arm: Arm, run: ArmRun) -> Arm:
     return replace(arm, runs=(*arm.runs, run))
 
 
-def representative(runs: Sequence[ArmRun]) -> ArmRun | None:
-    """The run whose validation figure is the median of ``runs``' (nearest it for an even count;
-    the lower seed on a tie): the model that stands for the decision. The best of many seeds on a
-    small validation set is the luckiest one (its own winner's curse), and its held-out figure
-    falls back by that luck."""
+def representative(runs: Sequence[ArmRun], *, sampling_std: float | None = None,
+                   maximize: bool = True) -> tuple[ArmRun | None, str]:
+    """The run that stands for the decision, and how it was chosen (a note; empty for one run).
+
+    Where the seeds' validation figures spread by less than ``sampling_std`` (the noise of one
+    validation figure: a ratio metric's binomial noise on the validation set) times sqrt(2),
+    their differences are mostly the validation set's draw: the best of them is the luckiest (its
+    own winner's curse), so the median run stands for the arm. Where they spread beyond it, at
+    least half of their variance is the models' own: the best on validation is then better on
+    any data in expectation (by its gain shrunk by that share), and it is the one handed back.
+    Unknown noise (a loss, a custom metric): the median. Ties: the lower seed."""
     ran = [r for r in runs if r.val is not None and not r.cut] or [r for r in runs if not r.cut] or list(runs)
     if not ran:
-        return None
+        return None, ""
     vals = [r.val for r in ran if r.val is not None]
     if not vals:
-        return min(ran, key=lambda r: r.seed)
+        return min(ran, key=lambda r: r.seed), ""
+    if len(vals) >= 3 and sampling_std is not None and sampling_std > 0:
+        spread = statistics.stdev(vals)
+        share = 1.0 - sampling_std ** 2 / spread ** 2 if spread > 0 else 0.0
+        if share >= 0.5:
+            sign = 1.0 if maximize else -1.0
+            best = max(ran, key=lambda r: (sign * r.val if r.val is not None else -math.inf, -r.seed))
+            assert best.val is not None
+            mean = statistics.fmean(vals)
+            expected = mean + share * (best.val - mean)
+            return best, (f"the best of its {len(vals)} seeds on validation: they spread by {spread:.3g}, beyond one "
+                          f"validation figure's sampling noise ({sampling_std:.3g}), so {share:.0%} of their variance "
+                          f"is the models' own and the best is expected at {expected:.4g} on new data (its "
+                          f"{best.val:.4g} shrunk toward the mean {mean:.4g}); its held-out figure is its own")
     mid = statistics.median(vals)
-    return min(ran, key=lambda r: (abs(r.val - mid) if r.val is not None else math.inf, r.seed))
+    pick = min(ran, key=lambda r: (abs(r.val - mid) if r.val is not None else math.inf, r.seed))
+    return pick, (f"the median of its {len(vals)} seeds on validation (not the best of them: their spread is "
+                  "within the validation set's sampling noise, so the best one's figure is its luck)"
+                  if len(ran) > 1 else "")
 
 
-def _keep_model(chosen: Arm, *, work: Path, folder: Path, notes: list[str]) -> int | None:
+def sampling_std(metric: str, val_samples: int | None, level: float | None) -> float | None:
+    """The noise of one validation figure of ``metric`` at ``level``: binomial for a ratio metric
+    on ``val_samples`` samples; None where it is not known."""
+    from ..metrics import METRICS
+
+    m = METRICS.get(metric)
+    if m is None or m.unit != "ratio" or not val_samples or level is None or not 0.0 <= level <= 1.0:
+        return None
+    return math.sqrt(max(level * (1.0 - level), 0.25 / val_samples) / val_samples)
+
+
+def _keep_model(chosen: Arm, plan: FinalPlan, *, work: Path, folder: Path, notes: list[str]) -> int | None:
     """Copy the chosen arm's :func:`representative` run to ``folder/model.pt``; its seed (None: no
     run). Says which in ``notes`` where there was a choice."""
-    run = representative(chosen.runs)
+    vals = [r.val for r in chosen.runs if r.val is not None and not r.cut]
+    level = statistics.fmean(vals) if vals else None
+    run, how = representative(chosen.runs, sampling_std=sampling_std(plan.metric, plan.val_samples, level),
+                              maximize=plan.maximize)
     if run is None:
         return None
-    ran = [r for r in chosen.runs if not r.cut]
-    if len(ran) > 1:
-        notes.append(f"the model handed back is seed {run.seed} of {chosen.name}: the median of its {len(ran)} "
-                     "seeds on validation (not the best of them: that one's figure is its luck)")
+    if how:
+        notes.append(f"the model handed back is seed {run.seed} of {chosen.name}: {how}")
     with replacing(folder / "model.pt") as tmp:  # a signal mid-copy leaves no half a model.pt
         shutil.copyfile(work / f"{_slug(chosen.name)}-{run.seed}.pt", tmp)
     return run.seed
@@ -336,10 +377,93 @@ def _leader(arms: Sequence[Arm], seeds: Sequence[int], maximize: bool) -> Arm | 
     return max(scored, key=lambda t: t[0])[1] if scored else None
 
 
+def _shorter_reaches(short: Arm, defaults: Arm, plan: FinalPlan, seeds: Sequence[int], *, resolution: float,
+                     raced: int, notes: list[str]) -> Comparison | None:
+    """The paired comparison where the search's leader at its shorter protocol reaches the defaults'
+    metric at theirs (the lower bound within one validation sample, over two seeds or more), else
+    None; says which in ``notes``."""
+    same = compare_paired(short.values("val", seeds), defaults.values("val", seeds), seeds=seeds,
+                          metric=plan.metric, maximize=plan.maximize, split="val",
+                          resolution=resolution, alpha=ALPHA / max(1, raced + 1))
+    d_epochs, s_epochs = _epochs(defaults, plan), _epochs(short, plan)
+    if same.lower is not None and len(same.seeds) >= 2 and same.lower >= -max(resolution, 1e-12):
+        notes.append(f"{short.name} at {s_epochs} of {d_epochs} epochs reached the defaults' {plan.metric} "
+                     f"(the lower bound of its paired difference {same.lower:+.4g} is within one validation "
+                     f"sample, {resolution:.4g}): the same {plan.metric} in {s_epochs / d_epochs:.0%} of the "
+                     "training time")
+        return same
+    notes.append(f"{short.name} at {s_epochs} of {d_epochs} epochs did not reach the defaults' "
+                 f"{plan.metric} at their own protocol ({same.describe()}): not adopted")
+    return None
+
+
+class _Race:
+    """The race's arms and their runs, the seeds so far, and what one round of them costs."""
+
+    def __init__(self, task: Task, plan: FinalPlan, *, store: Store, folder: Path, arms: list[Arm],
+                 cap: float, say: Callable[[str, dict[str, Any]], None] | None, notes: Sequence[str],
+                 first: tuple[ArmRun, Path] | None) -> None:
+        self.task, self.plan, self.store, self.cap, self.say = task, plan, store, cap, say
+        self.arms, self.notes = arms, list(notes)
+        self.seeds: list[int] = []
+        self.work = folder / "final"
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
+        self.first_seed: int | None = None
+        if first is not None:
+            run, model = first
+            shutil.copyfile(model, self.work / f"{_slug(arms[0].name)}-{run.seed}.pt")
+            self.arms[0] = _with_run(self.arms[0], run)
+            self.measured[arms[0].name] = run.duration_s + RUN_OVERHEAD_S
+            self.first_seed = run.seed
+
+    def current(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    def cost(self, names: Sequence[str]) -> float:
+        """Seconds one run of each arm ``names`` takes (as measured, else as estimated)."""
+        return sum(self.measured.get(n, _epochs(self.current(n), self.plan) * max(self.current(n).epoch_s, 1e-3)
+                                     + RUN_OVERHEAD_S) for n in names)
+
+    def need(self, names: Sequence[str], r: int) -> float:
+        """Seconds of the rounds ``r`` on of the arms ``names`` (the defaults' first seed, where
+        the baseline's run is it, is done)."""
+        done = self.cost([self.arms[0].name]) if self.first_seed is not None and r == 0 else 0.0
+        return self.cost(names) * (self.plan.seeds - r) - done
+
+    def round(self, names: Sequence[str], *, until: float, stop_at: float) -> None:
+        """One more seed for the arms ``names``: each run may take up to 3x its estimate or its part
+        of the time to ``until``, and never goes on past ``stop_at``; an arm with its run at the
+        seed already (the baseline's) is not trained again."""
+        r = len(self.seeds)
+        seed = self.first_seed if self.first_seed is not None and r == 0 else self.plan.seed + 100 + r
+        self.seeds.append(seed)
+        group = [n for n in names if not any(run.seed == seed for run in self.current(n).runs)]
+        task = (self.task.resplit(r) if self.plan.resplit else None) or self.task
+        for i, name in enumerate(group):
+            arm = self.current(name)
+            idx = self.arms.index(arm)
+            # the defaults' first whole training is the reference and the result when nothing
+            # beats it: it is never cut (a model stopped before their own epochs would be less
+            # than the user had), even where it runs past the budget's end (said so)
+            reference = idx == 0 and not any(not run.cut for run in self.arms[0].runs)
+            limit = math.inf if reference else _limit(arm, self.plan, until=until, stop_at=stop_at,
+                                                      left=len(group) - i)
+            t0 = time.monotonic()
+            run = _train(task, arm, plan=self.plan, seed=seed, limit_s=limit, store=self.store,
+                         folder=self.work)
+            self.measured[name] = time.monotonic() - t0
+            self.arms[idx] = _with_run(arm, run)
+            self.notes.extend(_overrun(arm, self.plan, self.cap) if reference else [])
+            if self.say is not None:
+                self.say("final_run", {"arm": name, "seed": seed, "val": run.val, "test": run.test})
+
+
 def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalPlan, *,
               store: Store, end: float, hard_end: float | None = None, cap_end: float | None = None,
               folder: Path, say: Callable[[str, dict[str, Any]], None] | None = None,
-              notes: Sequence[str] = (), shorter: Arm | None = None) -> FinalOutcome:
+              notes: Sequence[str] = (), shorter: Arm | None = None,
+              first: tuple[ArmRun, Path] | None = None) -> FinalOutcome:
     """Race ``defaults`` and ``candidates`` with paired seeds; the chosen model's state dict is
     left at ``folder / "model.pt"``.
 
@@ -356,59 +480,32 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     it is the result only when it reaches their metric: the one-sided lower bound of its paired
     difference at least minus the metric's resolution (one validation sample), over two seeds
     or more. Then the result is the same metric in less training time, and says so.
+
+    ``first``: a run of the defaults at their own protocol made before the race (the baseline's,
+    not cut) and its state dict's file: it is the defaults' run at the first seed (``run.seed``),
+    which the other arms are trained at, and the defaults are not trained again for it.
     """
     hard_end = max(end, hard_end if hard_end is not None else end)
-    cap = max(hard_end, cap_end if cap_end is not None else math.inf)
-    work = folder / "final"
-    work.mkdir(parents=True, exist_ok=True)
-    arms = [defaults, *list(candidates)[:MAX_CANDIDATES], *([shorter] if shorter is not None else [])]
-    notes = list(notes)
+    race = _Race(task, plan, store=store, folder=folder, say=say, notes=notes,
+                 cap=max(hard_end, cap_end if cap_end is not None else math.inf),
+                 arms=[defaults, *list(candidates)[:MAX_CANDIDATES], *([shorter] if shorter is not None else [])],
+                 first=first)
+    arms, seeds, notes = race.arms, race.seeds, race.notes
     short_name = shorter.name if shorter is not None else None
-
-    measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
-
-    def cost(group: Sequence[Arm]) -> float:
-        return sum(measured.get(a.name, _epochs(a, plan) * max(a.epoch_s, 1e-3) + RUN_OVERHEAD_S) for a in group)
-
-    def current(name: str) -> Arm:
-        return next(a for a in arms if a.name == name)
-
-    seeds: list[int] = []
-
-    def run_round(group: Sequence[Arm], seed: int, *, until: float, stop_at: float) -> None:
-        """Each run may take up to 3x its estimate or its part of the time to ``until``, and
-        never goes on past ``stop_at``."""
-        for i, arm in enumerate(list(group)):
-            idx = arms.index(current(arm.name))
-            # the defaults' first whole training is the reference and the result when nothing
-            # beats it: it is never cut (a model stopped before their own epochs would be less
-            # than the user had), even where it runs past the budget's end (said so)
-            reference = idx == 0 and not any(not r.cut for r in arms[0].runs)
-            limit = math.inf if reference else _limit(arm, plan, until=until, stop_at=stop_at,
-                                                      left=len(group) - i)
-            t0 = time.monotonic()
-            run = _train(task, arm, plan=plan, seed=seed, limit_s=limit, store=store, folder=work)
-            measured[arm.name] = time.monotonic() - t0
-            arms[idx] = _with_run(arms[idx], run)
-            notes.extend(_overrun(arm, plan, cap) if reference else [])
-            if say is not None:
-                say("final_run", {"arm": arm.name, "seed": seed, "val": run.val, "test": run.test})
-
     # ``--seeds`` rounds; while the rounds left do not fit the time, the weakest challenger so far
     # leaves the race (successive elimination; the comparison still counts every one that ran)
     active = [a.name for a in arms]
     raced = 0
     for r in range(plan.seeds):
-        while len(active) > 2 and time.monotonic() + cost([current(n) for n in active]) * (plan.seeds - r) > hard_end:
-            weakest = _weakest([current(n) for n in active[1:]], seeds, plan.maximize)
+        while len(active) > 2 and time.monotonic() + race.need(active, r) > hard_end:
+            weakest = _weakest([race.current(n) for n in active[1:]], seeds, plan.maximize)
             active.remove(weakest)
             notes.append(f"{weakest} left the race after {r} seed(s): the time left would not hold "
                          f"{plan.seeds - r} more round(s) of every configuration")
-        if r > 0 and time.monotonic() + cost([current(n) for n in active]) > hard_end:
+        if r > 0 and time.monotonic() + race.cost(active) > hard_end:
             notes.append(f"stopped after {r} seed(s) of {plan.seeds}: the time left would not hold another round")
             break
-        seeds.append(plan.seed + 100 + r)
-        run_round([current(n) for n in active], seeds[-1], until=hard_end, stop_at=cap)
+        race.round(active, until=hard_end, stop_at=race.cap)
         raced = max(raced, len(active) - 1)
     leader = _leader([arms[0], *(a for a in arms[1:] if a.name in active and a.name != short_name)],
                      seeds, plan.maximize)
@@ -416,14 +513,13 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     # round starts only with half its measured time to spare and its runs stop at ``end`` (what
     # comes after, compression, keeps its time: one round that ran long under load took it)
     while (leader is not None and len(seeds) < MAX_ROUNDS
-           and time.monotonic() + cost([arms[0], leader]) * 1.5 < end):
-        seeds.append(plan.seed + 100 + len(seeds))
-        run_round([arms[0], leader], seeds[-1], until=end, stop_at=end)
-        leader = current(leader.name)
+           and time.monotonic() + race.cost([arms[0].name, leader.name]) * 1.5 < end):
+        race.round([arms[0].name, leader.name], until=end, stop_at=end)
+        leader = race.current(leader.name)
         # an extra round counts only paired: a run cut by the clock leaves the other unpaired,
         # and the two summaries would then be over different seeds
         if _drop_unpaired(arms, [arms[0].name, leader.name], seeds, notes):
-            leader = current(leader.name)
+            leader = race.current(leader.name)
             break
     resolution = _resolution(plan.metric, plan.val_samples)
     comparison = comparison_test = None
@@ -438,30 +534,18 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
         if comparison.beyond_noise:
             decision, chosen = "chosen", leader
-    short = current(short_name) if short_name is not None else None
+    short = race.current(short_name) if short_name is not None else None
     if decision == "defaults" and short is not None and short_name in active:
-        same = compare_paired(short.values("val", seeds), arms[0].values("val", seeds), seeds=seeds,
-                              metric=plan.metric, maximize=plan.maximize, split="val",
-                              resolution=resolution, alpha=ALPHA / max(1, raced + 1))
-        d_epochs, s_epochs = _epochs(arms[0], plan), _epochs(short, plan)
-        if same.lower is not None and len(same.seeds) >= 2 and same.lower >= -max(resolution, 1e-12):
-            decision, chosen = "shorter", short
-            comparison = same
+        same = _shorter_reaches(short, arms[0], plan, seeds, resolution=resolution, raced=raced, notes=notes)
+        if same is not None:
+            decision, chosen, leader, comparison = "shorter", short, short, same
             comparison_test = compare_paired(short.values("test", seeds), arms[0].values("test", seeds),
                                              seeds=seeds, metric=plan.metric, maximize=plan.maximize,
                                              split="test", alpha=ALPHA)
-            leader = short
-            notes.append(f"{short.name} at {s_epochs} of {d_epochs} epochs reached the defaults' {plan.metric} "
-                         f"(the lower bound of its paired difference {same.lower:+.4g} is within one validation "
-                         f"sample, {resolution:.4g}): the same {plan.metric} in {s_epochs / d_epochs:.0%} of the "
-                         "training time")
-        else:
-            notes.append(f"{short.name} at {s_epochs} of {d_epochs} epochs did not reach the defaults' "
-                         f"{plan.metric} at their own protocol ({same.describe()}): not adopted")
     # the model handed back is the chosen configuration's median seed on validation: it stands for
     # the decision (the best of several seeds is that many draws' luck); its held-out figure is its own
-    model_seed = _keep_model(chosen, work=work, folder=folder, notes=notes)
-    shutil.rmtree(work, ignore_errors=True)
+    model_seed = _keep_model(chosen, plan, work=race.work, folder=folder, notes=notes)
+    shutil.rmtree(race.work, ignore_errors=True)
     return FinalOutcome(plan=plan, arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,
                         leader=leader.name if leader else None, comparison=comparison,
                         comparison_test=comparison_test, model_seed=model_seed, note="; ".join(notes))

@@ -73,7 +73,7 @@ class BudgetPlan(JsonRecord):
     seeds: int
     #: Finalists of the search promoted to the full protocol beside the defaults.
     finalists: int
-    #: Seconds set aside for the race (``seeds`` x (1 + ``finalists``) full trainings).
+    #: Seconds set aside for the race (``seeds`` x (1 + ``finalists``) full trainings, less those done).
     race_s: float
     #: Seconds kept for compression and the outputs.
     after_s: float
@@ -117,20 +117,24 @@ def _duration(seconds: float) -> str:
 
 def plan_budget(*, full_epochs: int, epoch_s: float, run_overhead_s: float, left_s: float,
                 spent_s: float, budget_s: float, after_s: float, seeds: int, finalists: int,
-                trial_epochs: int, trial_overhead_s: float = 0.0, search_done: bool = False) -> BudgetPlan:
+                trial_epochs: int, trial_overhead_s: float = 0.0, search_done: bool = False,
+                done_runs: int = 0) -> BudgetPlan:
     """The plan for ``left_s`` seconds: the race at ``seeds`` paired seeds of the defaults and
     ``finalists`` finalists at ``full_epochs``, ``after_s`` for what follows, the search the rest.
 
     ``trial_epochs``: the fidelity the caller would give a trial in the search's seconds (the
     plan checks that the search holds a few trials of it). A race that does not fit with fewer
-    finalists (down to one) does not fit at all."""
+    finalists (down to one) does not fit at all.
+
+    ``done_runs``: the race's trainings already done (the baseline's training of the defaults at
+    their own protocol is the defaults' first seed: 1), which the race does not pay again."""
     full_s = full_epochs * max(epoch_s, 1e-4) + run_overhead_s
     trial_s = max(trial_epochs, 1) * max(epoch_s, 1e-4) + run_overhead_s + trial_overhead_s
     min_search = 0.0 if search_done else MIN_SEARCH_TRIALS * trial_s
     finalists = max(MIN_FINALISTS, finalists)
 
     def race(k: int, n: int = seeds) -> float:
-        return 1.1 * n * (1 + k) * full_s
+        return 1.1 * max(0, n * (1 + k) - done_runs) * full_s
 
     while finalists > MIN_FINALISTS and race(finalists) + after_s + min_search > left_s:
         finalists -= 1

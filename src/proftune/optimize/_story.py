@@ -241,9 +241,12 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
     numbers, did = "", ""
     if s.name == "baseline":
         b = s.record(BaselineOutputs)
-        numbers = f"no tricks {fmt(before)} -> defaults {fmt(after)}"
+        numbers = (f"no tricks {fmt(before)} -> defaults {fmt(after)}" if before is not None
+                   else f"defaults {fmt(after)}")
         did = (f"trained the defaults ({b.defaults.epochs} epoch(s), with the health checks) beside a no-tricks "
-               f"run (AdamW lr 1e-3, no regularisation); spread {fmt(b.spread, 2)}")
+               f"run (AdamW lr 1e-3, no regularisation); spread {fmt(b.spread, 2)}" if before is not None else
+               f"trained the defaults ({b.defaults.epochs} epoch(s), with the health checks); the no-tricks run "
+               f"(AdamW lr 1e-3) was {b.no_tricks.stop_reason or 'not compared'}")
     elif s.name == "health":
         h = s.record(HealthOutputs)
         did = (f"{len(h.errors)} error(s), {len(h.warnings)} warning(s) in the baseline's training"
