@@ -55,3 +55,36 @@ def test_two_workers_share_a_postgresql_study(postgres_url: str) -> None:
                              study="pg-shared", db=postgres_url)
     assert result.db.startswith("postgresql")
     _check_shared(result, postgres_url, "pg-shared", 6)
+
+
+def test_workers_beyond_memory_or_cores_are_refused_with_the_figures() -> None:
+    """Bounds from the machine (issue 47): the memory figure injected, the cores as given."""
+    from proftune._machine import worker_bound
+
+    gib = 1 << 30
+    assert worker_bound(4, rss=400 << 20, available=6 * gib, n_cores=2) is None
+    why = worker_bound(512, rss=400 << 20, available=6 * gib, n_cores=2)
+    assert why is not None
+    assert "512 workers need ~200 GiB" in why
+    assert "6 GiB is available" in why
+    assert "at most 15 fit" in why
+    cores = worker_bound(9, rss=None, available=None, n_cores=2)  # memory unknown: the cores still bound
+    assert cores is not None
+    assert "valid: 1 to 8 (4 per core)" in cores
+
+
+def test_tune_refuses_more_workers_than_this_machine_holds_before_any_trial(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from proftune.cli import app
+
+    space = tmp_path / "s.yaml"
+    space.write_text("params:\n  hidden: {type: int, low: 4, high: 32}\n")
+    db = tmp_path / "t.db"
+    result = CliRunner().invoke(app, ["tune", "wine-mlp", "--space", str(space), "--trials", "4", "--epochs", "1",
+                                      "--workers", "100000", "--db", f"sqlite:///{db}"])
+    assert result.exit_code == 2, result.output
+    assert "--workers 100000 does not fit this machine: 100000 workers need ~" in result.stderr
+    assert "is available" in result.stderr
+    assert "valid: 1 to" in result.stderr
+    assert not db.exists() or not Store(f"sqlite:///{db}").list_runs(kind="trial")  # refused before any trial

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from .._machine import available_memory_bytes, cores, resident_bytes, worker_bound
 from .._registry import LiveSequence, Registry
 from ..exceptions import RunFailedError
 from ..track import Store
@@ -75,6 +76,14 @@ class _Local(BaseSearchBackend):
     """This machine: the trials in this process, or ``workers`` processes sharing the study."""
 
     name = "local"
+
+    def check(self, config: SearchConfig, problems: list[str]) -> None:
+        """``workers`` processes must fit this machine's memory and cores (the figures measured now)."""
+        if config.workers > 1:
+            why = worker_bound(config.workers, rss=resident_bytes(), available=available_memory_bytes(),
+                               n_cores=cores())
+            if why:
+                problems.append(f"workers={config.workers} does not fit this machine: {why}.")
 
     def run(self, settings: SearchSettings, config: SearchConfig, *, storage: Any, store: Store,
             deadline: float | None, finished: int) -> BackendRun:
