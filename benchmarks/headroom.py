@@ -137,7 +137,10 @@ def run_task(name: str, *, budgets: list[float], reps: int, grid: tuple[tuple[fl
         budget = k * t_one
         ours, optuna = [], []
         for rep in range(reps):
-            ours.append(ours_arm(task, budget, rep, tmp, judge=task, goal="none"))
+            try:
+                ours.append(ours_arm(task, budget, rep, tmp, judge=task, goal="none"))
+            except proftune.ProftuneError as exc:  # the user keeps their defaults, and the table says so
+                ours.append({"test": d_test[rep], "decision": f"failed: {str(exc).splitlines()[0]}", "failed": True})
             optuna.append(hyperband_arm(task, budget, rep))
             print(f"  {k:g} trainings ({budget:.1f} s) rep {rep}: ours {ours[-1]['test']:.3f} "
                   f"({ours[-1]['decision']}), optuna {optuna[-1]['test']:.3f}, defaults {d_test[rep]:.3f}", flush=True)
@@ -156,10 +159,11 @@ def summarise(ours: list[dict[str, Any]], optuna: list[dict[str, Any]], d_test: 
     has_headroom = headroom > 2 * noise
     share = (statistics.fmean(o) - d_mean) / headroom if has_headroom else None
     below = sum(1 for a, b in zip(o, d_test, strict=True) if a < b - 1.0 / test_n and a < d_mean - 2 * noise)
+    failed = sum(1 for r in ours if r.get("failed"))
     vs = _paired(o, p)
     return {"ours": _mean_std(o), "optuna": _mean_std(p), "defaults": _mean_std(d_test), "oracle": oracle_test,
             "ratio_ours_optuna": vs["ratio"], "diff_ours_optuna": vs["diff"], "diff_se": vs["se"],
-            "has_headroom": has_headroom, "share_of_oracle_gain": share, "below_defaults": below,
+            "has_headroom": has_headroom, "share_of_oracle_gain": share, "below_defaults": below, "failed": failed,
             "ours_ge_optuna": vs["diff"] is not None and vs["diff"] >= -(vs["se"] or 0.0) - 1.0 / test_n}
 
 
@@ -169,8 +173,8 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 def table(results: list[dict[str, Any]]) -> None:
     print("\n| task | trainings | defaults | optuna+hyperband | ours | oracle | ours/optuna (paired) "
-          "| ours - optuna | share of oracle gain | below defaults |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| ours - optuna | share of oracle gain | below defaults | ours failed (defaults kept) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         for k, b in r["budgets"].items():
             s = b["summary"]
@@ -179,7 +183,7 @@ def table(results: list[dict[str, Any]]) -> None:
             print(f"| {r['task']} | {k} ({b['budget_s']:.0f} s) | {s['defaults']} | {s['optuna']} | {s['ours']} | "
                   f"{s['oracle']:.3f} | {_fmt(s['ratio_ours_optuna'], '.3f')} | {diff} | "
                   f"{_fmt(s['share_of_oracle_gain'], '.0%') if s['has_headroom'] else 'no headroom'} | "
-                  f"{s['below_defaults']}/{len(b['ours'])} |")
+                  f"{s['below_defaults']}/{len(b['ours'])} | {s.get('failed', 0)}/{len(b['ours'])} |")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

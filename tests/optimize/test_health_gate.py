@@ -34,12 +34,13 @@ def no_profile(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("no_profile")
-def test_an_lr_error_goes_on_and_says_the_search_tunes_it(tmp_path: Any) -> None:
-    out = _builtin.Health().run(_loop([_finding("lr_too_high")], tmp=tmp_path), 1.0, 0.0).outputs
+@pytest.mark.parametrize("cause", ["lr_too_high", "no_warmup"])  # a full-rate start that climbs: the rate too
+def test_an_lr_error_goes_on_and_says_the_search_tunes_it(cause: str, tmp_path: Any) -> None:
+    out = _builtin.Health().run(_loop([_finding(cause)], tmp=tmp_path), 1.0, 0.0).outputs
     assert isinstance(out, HealthOutputs)
-    assert out.searched == ["lr_too_high"]
+    assert out.searched == [cause]
     assert not out.ignored
-    assert [f.cause for f in out.errors] == ["lr_too_high"]
+    assert [f.cause for f in out.errors] == [cause]
 
 
 @pytest.mark.usefixtures("no_profile")

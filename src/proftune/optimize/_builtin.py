@@ -68,8 +68,9 @@ from ._story import fmt_ms, method_name
 
 log = logging.getLogger(__name__)
 
-#: Error findings whose cause is the learning rate, which the search tunes: the loop goes on.
-SEARCHED_CAUSES = frozenset({"lr_too_high", "lr_too_low", "exploding_gradients", "oscillating_loss"})
+#: Error findings whose cause is the learning rate, which the search tunes: the loop goes on. A
+#: start at full rate that climbs (no warm-up) is one of them: a lower rate starts without the climb.
+SEARCHED_CAUSES = frozenset({"lr_too_high", "lr_too_low", "exploding_gradients", "oscillating_loss", "no_warmup"})
 #: The baseline's no-tricks run trains as long as the defaults only where the budget holds this
 #: many trainings of them; below, it is timed over a couple of epochs (the plain loop's epoch time).
 NO_TRICKS_AT_LEAST = 24
