@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+
+from proftune import Store
 
 
 def _running_run(db: Path, proc: subprocess.Popen[str], limit_s: float = 90.0) -> None:
@@ -106,11 +109,32 @@ def _tune(tmp_path: Path) -> tuple[subprocess.Popen[str], list[Any]]:
     while len(workers) < 2:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < end, "the two workers did not start"
-        children = psutil.Process(proc.pid).children(recursive=True)
-        workers = [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if _worker(c)]
         time.sleep(0.2)
-    time.sleep(2.0)  # inside their trials
+    db = tmp_path / "t.db"
+    while not (db.exists() and _running_trials(f"sqlite:///{db}")):  # inside their trials, at any load
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, "no trial started"
+        time.sleep(0.2)
     return proc, workers
+
+
+def _running_trials(db: str) -> int:
+    try:
+        return len(Store(db).list_runs(kind="trial", status="running"))
+    except Exception:  # noqa: BLE001  (another process is making the tables: not yet)
+        return 0
+
+
+def _worker(child: Any) -> bool:
+    """Whether ``child`` is a live search worker (not multiprocessing's resource tracker, nor a
+    short-lived helper process that has ended)."""
+    import psutil
+
+    try:
+        return "resource_tracker" not in " ".join(child.cmdline())
+    except psutil.Error:  # gone or a zombie between the listing and the look
+        return False
 
 
 def _gone(workers: list[Any], within_s: float) -> list[int]:
@@ -134,6 +158,17 @@ def test_sigterm_to_tune_stops_its_workers(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         assert _gone(workers, 15.0) == []
+        # every record it touched says so: no trial left running, the ones cut mid-trial interrupted
+        store = Store(f"sqlite:///{tmp_path / 't.db'}")
+        assert [r.status for r in store.list_runs(kind="tune")] == ["interrupted"]
+        trials = store.list_runs(kind="trial")
+        assert trials
+        assert not [r.id for r in trials if r.status == "running"]
+        cut = [r for r in trials if r.status == "interrupted"]
+        assert all("interrupted" in (r.error or "") for r in cut)
+        study = optuna.load_study(study_name=store.list_runs(kind="tune")[0].study,
+                                  storage=f"sqlite:///{tmp_path / 't.db'}")
+        assert not [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     finally:
         if proc.poll() is None:
             proc.kill()

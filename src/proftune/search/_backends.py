@@ -170,6 +170,28 @@ def _stop(procs: list[Any]) -> None:
             p.join()
 
 
+def _record_interrupted(settings: SearchSettings, pids: list[int]) -> None:
+    """The trials the stopped workers ``pids`` were running: their Runs ``interrupted``, their
+    Optuna trials failed with their configuration enqueued again (so running the same command
+    goes on with them). A store that cannot be reached now leaves them to the next run's reaping."""
+    import contextlib
+
+    import optuna
+
+    from ._storage import open_storage, reap_dead_trials
+
+    with contextlib.suppress(Exception):
+        store = Store(settings.db)
+        mine = [r for r in store.list_runs(kind="trial", study=settings.study, status="running") if r.pid in pids]
+        if not mine:
+            return
+        study = optuna.load_study(study_name=settings.study, storage=open_storage(settings.db))
+        reap_dead_trials(study, store)
+        for run in mine:
+            store.finish_run(run.id, status="interrupted",
+                             error="the search was interrupted (Ctrl-C or SIGTERM): its worker was stopped mid-trial")
+
+
 def _run_processes(settings: SearchSettings, workers: int, deadline: float | None, *,
                    poll: Callable[[], None] | None = None) -> str:
     """``workers`` processes on this machine share the study through the database; ``poll`` is
@@ -189,8 +211,10 @@ def _run_processes(settings: SearchSettings, workers: int, deadline: float | Non
             running = [p for p in running if p.is_alive()]
             if poll is not None:
                 poll()
-    except BaseException:  # an error, Ctrl-C or SIGTERM here ends the search: its workers too
+    except BaseException as exc:  # an error, Ctrl-C or SIGTERM here ends the search: its workers too
         _stop(running)
+        if isinstance(exc, KeyboardInterrupt):
+            _record_interrupted(settings, [p.pid for p in procs if p.pid is not None])
         raise
     for p in procs:
         p.join()
