@@ -14,6 +14,7 @@ Trainings are faked (values injected) where the rule, not the training, is under
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -195,6 +196,15 @@ def test_optimize_races_on_partitions_where_validation_is_small(tmp_path: Path) 
     note = result.vs_baseline.race_note or ""
     assert "its own partition of the training and validation samples" in note
     assert "validation has 96 samples" in note
+    # the baseline's training measured the defaults at the trials' protocol: the search did not
+    # train them again, and their group is that training
+    state = json.loads((tmp_path / "o" / "state.json").read_text())
+    search = state["stages"]["search"]["outputs"]
+    assert search["epochs_per_trial"] == _WithTest.default_epochs
+    assert "defaults" not in search["arms"]
+    assert search["defaults"]["arms"] == ["baseline"]
+    baseline = state["stages"]["baseline"]["outputs"]["defaults"]["metrics"]["accuracy"]
+    assert search["defaults"]["mean"] == pytest.approx(baseline)
 
 
 class _WithTest(_Splittable):

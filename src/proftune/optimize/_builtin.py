@@ -276,6 +276,7 @@ class Search(BaseStage):
             constraints=tuple(loop.cfg.constraints), epochs=epochs, study=loop.study, seed=loop.cfg.seed,
             device=str(loop.dev), max_trials=loop.cfg.max_trials, patience=loop.cfg.patience,
             min_delta=loop.cfg.min_delta, flag_min=loop.cfg.flag_min, defaults=loop.defaults,
+            defaults_measured=self._defaults_measured(loop, epochs),
             pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER and rank_at is not None else "none",
             first_rung=rank_at or 1,
             trial_s_estimate=epochs * epoch_s,
@@ -313,6 +314,15 @@ class Search(BaseStage):
             trials_log=[TrialLog.of(t) for t in outcome.trials],
         ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
             after=best.mean if best else None)
+
+
+    @staticmethod
+    def _defaults_measured(loop: _Loop, epochs: int) -> float | None:
+        """The baseline's metric of the defaults where the trials run their own epochs (and the
+        baseline ran them to the end): the search does not train them again."""
+        if epochs < loop.task.default_epochs or not loop.baseline_reusable():
+            return None
+        return finite_float(loop.state.record(BaselineOutputs).defaults.metrics.get(loop.v.metric))
 
 
 @register_stage

@@ -76,6 +76,9 @@ class StageSettings:
     flag_min: int = 3
     #: The task's defaults (their metric under the trial protocol is measured first).
     defaults: dict[str, Any] = field(default_factory=dict)
+    #: The defaults' metric at the trials' protocol measured before the search (the baseline's
+    #: training, where the trials run the task's own epochs): they are not trained again as a trial.
+    defaults_measured: float | None = None
     #: Successive halving on epochs (``asha``) or none.
     pruner: str = "asha"
     #: The first epoch a rung may sit at: where the defaults' own curve had separated from its start.
@@ -285,8 +288,8 @@ def _point(plan: SearchPlan, values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def warm_start(plan: SearchPlan, defaults: Mapping[str, Any],
-               alternative: Mapping[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
+def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mapping[str, Any] | None = None, *,
+               with_defaults: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """The first trials: the computed centre, the task's defaults (measured under the trial
     protocol, the bar every other trial is read against), and a local design around the centre
     (lr x3 and /3, half the batch): what the measurements say before any model of the space;
@@ -294,8 +297,8 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any],
     centre = _point(plan, plan.centre)
     items: list[tuple[str, dict[str, Any]]] = [("centre", centre)]
     names = set(plan.space.names)
-    default_point = _point(plan, {k: v for k, v in defaults.items() if k in names})
-    items.append(("defaults", default_point))
+    if with_defaults:  # (not where they were measured at this protocol already)
+        items.append(("defaults", _point(plan, {k: v for k, v in defaults.items() if k in names})))
     if "lr" in names and "lr" in centre:
         for factor in (3.0, 1 / 3.0):
             items.append(("local", _point(plan, {**centre, "lr": float(centre["lr"]) * factor})))
@@ -555,7 +558,8 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         again = repeats_due(rows, plan, settings, size) if late and rows else []
         chunk: list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], int]]
         if not rows:
-            chunk = list(warm_start(plan, settings.defaults, settings.alternative)[:max(size, 2)])
+            chunk = list(warm_start(plan, settings.defaults, settings.alternative,
+                                    with_defaults=settings.defaults_measured is None)[:max(size, 2)])
         else:
             chunk = [*again, *(propose(rows, plan, settings, flags, size - len(again))
                                if len(again) < size and not why else [])]
@@ -579,6 +583,12 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         arms[arm_of(r)] = arms.get(arm_of(r), 0) + 1
     defaults_key = _key(_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)}))
     defaults = next((g for g in groups if _key(g.params) == defaults_key), None)
+    if defaults is None and settings.defaults_measured is not None:  # the baseline's training stands for them
+        v = float(settings.defaults_measured)
+        defaults = ConfigGroup(params=_point(plan, {k: val for k, val in settings.defaults.items()
+                                                    if k in set(plan.space.names)}),
+                               values=[v], trials=[], arms=["baseline"], mean=v, std=None, n=1,
+                               trial_s=settings.trial_s_estimate)
     best = groups[0] if groups else None
     return SearchOutcome(study=settings.study, trials=rows, best=best, groups=groups[:10],
                          flags=find_flags(rows, plan, flag_min=settings.flag_min), stop_reason=stop_reason,
