@@ -222,3 +222,29 @@ class _WithTest(_Splittable):
         other = _WithTest(index)
         other.tensors = resplit_tensors((X_TRAIN, Y_TRAIN), (X_VAL, Y_VAL), index)
         return other
+
+
+def test_the_race_plans_more_seeds_where_the_defaults_spread_widely() -> None:
+    """A rate too high makes the defaults' seeds differ by tens of points: the paired difference
+    spreads by that, not by the leader's small spread, so the race needs more seeds for the same gap."""
+    from types import SimpleNamespace
+
+    from proftune.optimize._api import _Loop
+    from proftune.optimize._search import ConfigGroup
+
+    loop = SimpleNamespace(cfg=SimpleNamespace(seeds=3), v=SimpleNamespace(metric="accuracy"),
+                           holdout=SimpleNamespace(val_samples=300))
+
+    def group(mean: float, values: list[float]) -> ConfigGroup:
+        import statistics
+
+        return ConfigGroup(params={}, values=values, trials=[], arms=[], mean=mean, std=statistics.stdev(values),
+                           n=len(values))
+
+    leader = group(0.96, [0.95, 0.96, 0.97])
+    steady = group(0.74, [0.73, 0.74, 0.75])
+    wild = group(0.74, [0.50, 0.74, 0.98])
+    calm = _Loop.race_seeds_for(loop, steady, leader, 0.01)  # type: ignore[arg-type]
+    wide = _Loop.race_seeds_for(loop, wild, leader, 0.01)  # type: ignore[arg-type]
+    assert calm == 3
+    assert wide > calm

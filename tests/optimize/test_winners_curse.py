@@ -65,8 +65,11 @@ def test_the_leaders_are_re_evaluated_at_new_seeds_and_an_attempt_counts_once() 
     rows = [_trial(i, 0.001 * (i + 1), 0.5 + 0.01 * i) for i in range(REEVAL_MIN_TRIALS + 4)]
     due = repeats_due(rows, _plan(), SETTINGS, 10)
     best = sorted(rows, key=lambda r: -(r.value or 0))[:4]
-    assert [d[1]["lr"] for d in due] == [r.params["lr"] for r in best]
-    assert all(d[2] == 1 for d in due)  # each evaluated once before: the repeat's seed is the search's + 1
+    # the defaults first: the race's seeds follow their spread (a rate too high spreads them widely)
+    assert due[0][0] == "defaults"
+    assert due[0][1]["lr"] == pytest.approx(SETTINGS.defaults["lr"])
+    assert [d[1]["lr"] for d in due[1:]] == [r.params["lr"] for r in best]
+    assert all(d[2] == 1 for d in due[1:])  # each evaluated once before: the repeat's seed is the search's + 1
     # a repeat that was pruned still counts as an attempt: a leader is not retried without end
     top = best[0].params["lr"]
     tried = [*rows, *(_trial(100 + k, top, None, state="pruned", repeat=k + 1) for k in range(REEVAL_N - 1))]

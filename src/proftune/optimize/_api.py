@@ -59,6 +59,7 @@ from ._result import (
     StageRow,
     VsBaseline,
 )
+from ._search import ConfigGroup
 from ._space import task_param_defaults
 from ._stages import BaseStage, StageResult, stages
 from ._state import OptimizeState, StageStatus, own_run
@@ -203,15 +204,26 @@ class _Loop:
         """Paired seeds the race plans for: enough to detect, at the decision's confidence, the
         gain the search measured given the seeds' spread (``--seeds`` at least; before the
         search, ``--seeds``)."""
-        low = int(self.cfg.seeds)
         if not self.state.finished("search"):
-            return low
+            return int(self.cfg.seeds)
         srch = self.state.record(SearchStageOutputs)
-        if srch.best is None or srch.defaults is None:
+        return self.race_seeds_for(srch.defaults, srch.best, srch.seed_std)
+
+    def race_seeds_for(self, defaults: ConfigGroup | None, best: ConfigGroup | None, pooled: float | None) -> int:
+        """Paired seeds for the race of ``best`` against ``defaults`` as the search measured them
+        (``pooled``: the seeds' spread over every group it repeated)."""
+        low = int(self.cfg.seeds)
+        if best is None or defaults is None:
             return low
-        gain = abs(srch.best.mean - srch.defaults.mean)
-        std = prior_seed_std(srch.seed_std, metric=self.v.metric, val_samples=self.holdout.val_samples,
-                             level=finite_float(srch.defaults.mean))
+        gain = abs(best.mean - defaults.mean)
+        # the paired difference spreads by both arms' seeds: where each was measured (the defaults
+        # at a rate too high spread many times the leader), their own figures, else the pooled one
+        own = [g.std for g in (defaults, best) if g.std is not None and g.n >= 2]
+        spread = math.sqrt(sum(x * x for x in own) / 2) if len(own) == 2 else pooled
+        if spread is not None and pooled is not None:
+            spread = max(spread, pooled)
+        std = prior_seed_std(spread, metric=self.v.metric, val_samples=self.holdout.val_samples,
+                             level=finite_float(defaults.mean))
         from ._final import _resolution
 
         return paired_seeds_needed(seed_std=std, gain=gain,

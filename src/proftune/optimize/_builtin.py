@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ from ._records import (
     SearchStageOutputs,
     TrainedRun,
 )
-from ._search import StageSettings, TrialLog, run_search_stage, trial_json
+from ._search import StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
 from ._story import fmt_ms, method_name
@@ -260,11 +261,20 @@ class Search(BaseStage):
         epoch_s = loop._epoch_s()
         race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
 
-        def reserve(trial_s: float) -> float:
-            return race_s + compress_min
+        def reserve(rows: Sequence[Any]) -> float:
+            """The race's seconds as the trials stand: more paired seeds where the defaults and the
+            leader spread widely against their gap (a rate too high makes the defaults' seeds differ
+            by tens of points), within half the search's own time."""
+            if not race_s:
+                return compress_min
+            d, best, pooled = standing(rows, plan, settings)
+            seeds = loop.race_seeds_for(d, best, pooled)
+            done = 1 if loop.baseline_reusable() else 0
+            need = 1.1 * max(0, 2 * seeds - done) * budget_plan.full_s
+            return min(max(race_s, need), race_s + 0.5 * seconds) + compress_min
 
         # (the budget already excludes what an earlier, killed process spent: the clock resumes)
-        seconds = max(1.0, loop.budget.left_s - reserve(0.0))
+        seconds = max(1.0, loop.budget.left_s - race_s - compress_min)
         # successive halving only where full trials are dear (below ~15 in the time there is): it
         # favours fast starters, which small or noisy data punishes (measured: benchmarks/optimize.py)
         full_trials = seconds / (epochs * epoch_s)

@@ -17,7 +17,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
@@ -411,6 +411,15 @@ def _key(params: Mapping[str, Any]) -> str:
     return repr(sorted((k, round(v, 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
+def _is_point(params: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
+    """Whether a trial's ``params`` (the space's values and the fixed ones) are at ``point``."""
+    return _key({k: params.get(k) for k in point}) == _key(point)
+
+
+def _defaults_point(plan: SearchPlan, settings: StageSettings) -> dict[str, Any]:
+    return _point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)})
+
+
 def shrunk(g: ConfigGroup, noise: float | None, maximize: bool) -> float:
     """A group's mean less ``RANK_Z`` standard errors in the better direction (higher is better):
     a configuration seen once is not named over one whose mean held up on repeats unless it is
@@ -455,7 +464,40 @@ def repeats_due(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSe
         attempts = tried.get(_key(g.params), 0)
         if attempts < REEVAL_N:
             out.append((g.arms[0], {k: v for k, v in g.params.items() if k in names}, attempts))
+    # the defaults too: the race's power rests on their seeds' spread, which a rate too high makes
+    # many times the leaders' (the baseline's training is their first evaluation where it was one)
+    point = _defaults_point(plan, settings)
+    attempts = sum(_is_point(r.params, point) for r in rows) + (settings.defaults_measured is not None)
+    if settings.defaults and attempts < REEVAL_N:  # first: the race's plan reads their spread
+        out.insert(0, ("defaults", point, attempts))
     return out[:n]
+
+
+def standing(rows: Sequence[TrialRecord], plan: SearchPlan,
+             settings: StageSettings) -> tuple[ConfigGroup | None, ConfigGroup | None, float | None]:
+    """The defaults' group (with the baseline's measurement), the best other group, and the seeds'
+    spread pooled over every group: what the race will be planned from, as the trials stand."""
+    groups = groups_of(rows, settings.maximize)
+    point = _defaults_point(plan, settings)
+    defaults = _with_baseline(next((g for g in groups if _is_point(g.params, point)), None), plan, settings)
+    best = next((g for g in groups if not _is_point(g.params, point)), None)
+    spread = pooled_seed_std((g.std, g.n) for g in [*groups, *([defaults] if defaults else [])])
+    return defaults, best, spread
+
+
+def _with_baseline(group: ConfigGroup | None, plan: SearchPlan, settings: StageSettings) -> ConfigGroup | None:
+    """The defaults' group with the baseline's measurement of them at this protocol (where it is one)
+    as its first value (arm ``baseline``)."""
+    if settings.defaults_measured is None:
+        return group
+    v = float(settings.defaults_measured)
+    if group is None:
+        return ConfigGroup(params=_defaults_point(plan, settings),
+                           values=[v], trials=[], arms=["baseline"], mean=v, std=None, n=1,
+                           trial_s=settings.trial_s_estimate)
+    values = [v, *group.values]
+    return replace(group, values=values, arms=["baseline", *group.arms], mean=statistics.fmean(values),
+                               std=statistics.stdev(values), n=len(values))
 
 
 def _history(rows: Sequence[TrialRecord], maximize: bool) -> list[tuple[float, float]]:
@@ -500,11 +542,12 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
 def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store,
                      seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None,
                      must_end: float | None = None,
-                     reserve: Callable[[float], float] | None = None) -> SearchOutcome:
+                     reserve: Callable[[Sequence[TrialRecord]], float] | None = None) -> SearchOutcome:
     """Run the stage for at most ``seconds``.
 
-    ``must_end`` (``time.monotonic()``) less ``reserve(seconds per trial)`` bounds it too: the
-    stages after the search need time that grows with what a trial of the chosen kind costs.
+    ``must_end`` (``time.monotonic()``) less ``reserve(the trials so far)`` bounds it too: the
+    stages after the search need time that grows with what the trials found (the race's seeds
+    follow the spread of the defaults and the leader, and the gain between them).
     """
     started = time.monotonic()
     end = started + seconds
@@ -513,7 +556,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         nonlocal end
         if must_end is None or reserve is None:
             return
-        end = min(end, max(started, must_end - reserve(_trial_s(rows))))
+        end = min(end, max(started, must_end - reserve(rows)))
 
     calls = 0
     stop_reason = "the search stage's share of the budget is spent"
@@ -581,14 +624,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
     arms: dict[str, int] = {}
     for r in rows:
         arms[arm_of(r)] = arms.get(arm_of(r), 0) + 1
-    defaults_key = _key(_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)}))
-    defaults = next((g for g in groups if _key(g.params) == defaults_key), None)
-    if defaults is None and settings.defaults_measured is not None:  # the baseline's training stands for them
-        v = float(settings.defaults_measured)
-        defaults = ConfigGroup(params=_point(plan, {k: val for k, val in settings.defaults.items()
-                                                    if k in set(plan.space.names)}),
-                               values=[v], trials=[], arms=["baseline"], mean=v, std=None, n=1,
-                               trial_s=settings.trial_s_estimate)
+    defaults = standing(rows, plan, settings)[0]
     best = groups[0] if groups else None
     return SearchOutcome(study=settings.study, trials=rows, best=best, groups=groups[:10],
                          flags=find_flags(rows, plan, flag_min=settings.flag_min), stop_reason=stop_reason,
