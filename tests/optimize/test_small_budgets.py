@@ -248,3 +248,30 @@ def test_the_race_plans_more_seeds_where_the_defaults_spread_widely() -> None:
     wide = _Loop.race_seeds_for(loop, wild, leader, 0.01)  # type: ignore[arg-type]
     assert calm == 3
     assert wide > calm
+
+
+class _Slowish(TinyTask):
+    """TinyTask whose 12 batches wait 0.12 s each (~1.5 s a training): a sixth of a 9 s budget,
+    three times the baseline stage's share."""
+
+    name = "tiny-slowish"
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
+        for batch in super().train_data(batch_size, params):
+            time.sleep(0.12)
+            yield batch
+
+
+def test_the_baselines_training_of_the_defaults_runs_their_epochs_and_is_not_trained_again(tmp_path: Path) -> None:
+    """Cut at the stage's share (as it was), the defaults' training was trained again in full by
+    the race: on a loaded machine that training was the race's time, and the defaults were kept."""
+    db = f"sqlite:///{tmp_path / 'o.db'}"
+    proftune.optimize(_Slowish(), budget=9, out=str(tmp_path / "o"), db=db, goal="none", seeds=1)
+    state = json.loads((tmp_path / "o" / "state.json").read_text())
+    baseline = state["stages"]["baseline"]["outputs"]
+    assert baseline["defaults"]["epochs"] == _Slowish.default_epochs
+    assert baseline["no_tricks"]["epochs"] <= 2  # 9 s hold ~6 trainings: the no-tricks run is only timed
+    assert "timed over" in baseline["no_tricks"]["stop_reason"]
+    race = state["stages"]["final"]["outputs"]["race"]
+    first = race["arms"][0]["runs"][0]
+    assert first["run_id"] == baseline["defaults"]["run_id"]  # the race's first defaults run is the baseline's

@@ -75,6 +75,9 @@ SEARCHED_CAUSES = frozenset({"lr_too_high", "lr_too_low", "exploding_gradients",
 #: The baseline's no-tricks run trains as long as the defaults only where the budget holds this
 #: many trainings of them; below, it is timed over a couple of epochs (the plain loop's epoch time).
 NO_TRICKS_AT_LEAST = 24
+#: The baseline's training of the defaults runs their own epochs while it is within this share of
+#: the budget (beyond, it is cut at the stage's share and the race trains them again).
+BASELINE_WHOLE = 0.4
 
 
 def _searches_lr(space: Any) -> bool:
@@ -106,8 +109,12 @@ class Baseline(BaseStage):
                              .get(loop.v.metric))
         del untrained
         capture = _Capture(loop.v.metric)
+        # the defaults' own epochs to the end where they fit in BASELINE_WHOLE of the budget: this
+        # training is their first race seed and their search measurement, so cutting it at the
+        # stage's share would only mean training it again (on a loaded machine, the race's time)
         diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
-                        callbacks=[Deadline(share * 0.55), capture], store=loop.store)
+                        callbacks=[Deadline(max(share * 0.55, BASELINE_WHOLE * loop.v.budget_s)), capture],
+                        store=loop.store)
         if capture.model is not None:
             with replacing(loop.out / "baseline_model.pt") as tmp:  # a signal leaves no half a file
                 torch.save(capture.model.state_dict(), tmp)
