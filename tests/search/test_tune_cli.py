@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from proftune.cli import app
@@ -138,3 +139,38 @@ def test_a_failed_study_and_a_changed_one_name_their_flags(tmp_path: Path) -> No
     result = runner.invoke(app, ["tune", faulty, "--space", str(space), "--study", "f", *db])
     assert result.exit_code == 2, result.output
     assert "Use another --study name, or the original space" in result.stderr, result.stderr
+
+
+def test_a_trial_count_the_timeout_cannot_reach_is_said_with_the_pace(tmp_path: Path) -> None:
+    """--trials far beyond what --timeout holds (issue 47): one line after the first trials, with
+    the pace it came from; the search stops at the timeout."""
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  hidden: {type: int, low: 4, high: 32}\n")
+    result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), "--trials", "1000000000", "--epochs", "1",
+                                 "--timeout", "4", "--db", f"sqlite:///{tmp_path / 'p.db'}"])
+    assert result.exit_code == 0, result.output
+    assert "--trials 1000000000: at ~" in result.stderr
+    assert "s a trial (the median of the first 3)" in result.stderr
+    assert "the --timeout 4 s holds ~" in result.stderr
+    assert result.stderr.count("--trials 1000000000") == 1  # said once
+
+
+def test_a_trial_count_that_would_take_days_without_a_timeout_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from proftune.cli import _tune
+
+    buf = io.StringIO()
+    monkeypatch.setattr(_tune, "err_console", Console(file=buf, width=400))
+    seen: list[object] = []
+    pace = _tune.TrialPace(10**9, timeout=None, workers=2, then=seen.append)
+    for _ in range(4):
+        pace(SimpleNamespace(duration_s=0.5))
+    assert len(seen) == 4  # every trial still reaches the live logger
+    text = buf.getvalue()
+    assert "the 999999997 left would take ~" in text
+    assert "days; --timeout S bounds it" in text
+    assert text.count("--trials") == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +27,7 @@ from ._common import (
     ThreadsOpt,
     WandbProjectOpt,
     check_log,
+    err_console,
     execute,
     log_run,
     out_console,
@@ -105,7 +108,8 @@ def tune(
                             constraints=constraint or (), trials=trials, timeout=timeout, sampler=sampler,
                             pruner=pruner, epochs=epochs, study=study, db=db, workers=workers, seed=seed,
                             device=device, max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
-                            backend=backend, ray=ray, params=params, on_trial=live)
+                            backend=backend, ray=ray, params=params,
+                            on_trial=TrialPace(trials, timeout=timeout, workers=workers, then=live))
         except TaskLoadError as exc:
             if data is not None:
                 raise
@@ -167,6 +171,49 @@ def _render_scan(scan: dict[str, Any] | None) -> None:
         out_console.print(f"  {b['text']}")
     for note in scan["notes"]:
         out_console.print(f"  {note}")
+
+
+class TrialPace:
+    """Says once, after the first trials, when ``--trials`` is beyond what the time holds at their
+    pace: the ``--timeout`` ends the search first, or no timeout and the trials would take days.
+    Then hands each trial to ``then`` (a live logger) where there is one."""
+
+    #: Trials ended before the pace is read (their median seconds).
+    AFTER = 3
+    #: Without a --timeout, a search longer than this is worth a word.
+    LONG_S = 86400.0
+
+    def __init__(self, trials: int, *, timeout: float | None, workers: int, then: Any = None) -> None:
+        self.trials, self.timeout, self.workers, self.then = trials, timeout, max(1, workers), then
+        self.started: float | None = None  # the first trial's start: about when the timeout's clock began
+        self.seconds: list[float] = []
+        self.said = False
+
+    def __call__(self, record: Any) -> None:
+        if self.then is not None:
+            self.then(record)
+        if record.duration_s is not None:
+            self.seconds.append(float(record.duration_s))
+            if self.started is None:
+                self.started = time.monotonic() - float(record.duration_s)
+        if self.said or len(self.seconds) < self.AFTER:
+            return
+        self.said = True
+        pace = statistics.median(self.seconds) / self.workers  # seconds of wall clock a trial
+        left = self.trials - len(self.seconds)
+        if self.timeout is not None:
+            spent = time.monotonic() - (self.started if self.started is not None else time.monotonic())
+            holds = int(max(0.0, self.timeout - spent) / max(pace, 1e-9))
+            if holds < left:
+                err_console.print(f"--trials {self.trials}: at ~{pace:.3g} s a trial (the median of the first "
+                                  f"{len(self.seconds)}{f', {self.workers} workers' if self.workers > 1 else ''}), "
+                                  f"the --timeout {self.timeout:g} s holds ~{holds} more of the {left} left: the "
+                                  "search stops at the timeout", markup=False, soft_wrap=True)
+        elif left * pace > self.LONG_S:
+            err_console.print(f"--trials {self.trials}: at ~{pace:.3g} s a trial (the median of the first "
+                              f"{len(self.seconds)}), the {left} left would take ~{left * pace / 86400:.3g} days; "
+                              "--timeout S bounds it (Ctrl-C stops it, the study keeps every trial that ended)",
+                              markup=False, soft_wrap=True)
 
 
 def _render_trials(d: dict[str, Any]) -> None:
