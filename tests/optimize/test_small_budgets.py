@@ -74,6 +74,10 @@ def test_the_plan_does_not_pay_the_baselines_training_again() -> None:
     tight = plan_budget(left_s=1.2, done_runs=1, **kw)
     assert tight.race_fits
     assert tight.seeds == 1
+    # before the search: its two first trials (the computed centre and one local step) and that pair
+    before = {**kw, "search_done": False}
+    assert plan_budget(left_s=3.2, done_runs=1, **before).race_fits  # 1.1 + 2 x 1.0
+    assert not plan_budget(left_s=3.0, done_runs=1, **before).race_fits
 
 
 def test_the_race_takes_the_baselines_run_as_the_defaults_first_seed(tmp_path: Path,
