@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -166,10 +167,16 @@ def test_sigterm_is_recorded_as_interrupted(tmp_path: Path) -> None:
     t = threading.Thread(target=wait_ready, daemon=True)
     t.start()
     assert ready.wait(120)
+    # recorded while it runs (issue 47: only at the end, a 30 s script showed 0.01 s)
+    running = Store(db).list_runs(kind="profile", status="running")
+    assert [r.pid for r in running] == [proc.pid]
+    time.sleep(1.5)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM
     d = json.loads(stdout)
+    assert d["run_ids"][0] == running[0].id
+    assert (Store(db).get_run(running[0].id).duration_s or 0.0) >= 1.5  # the script's time, not the record's
     assert d["interrupted"] == "SIGTERM"
     assert d["profiles"]
     run = Store(db).get_run(d["run_ids"][0])

@@ -12,6 +12,7 @@ import typer
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
 from ..profile import Profile, ScriptResult, run_script
+from ..profile._watch import parse_command
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment
 from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
@@ -50,11 +51,17 @@ def recommendations(p: Profile) -> list[Recommendation]:
     return [rule(p) for rule in rules]
 
 
-def _record(store: Store, result: ScriptResult, command: list[str], config: dict[str, Any]) -> list[int]:
-    """One Run per profiled model (or one failed Run when nothing was sampled)."""
-    ids: list[int] = []
-    task = Path(command[1] if command and Path(command[0]).name.startswith("python") and len(command) > 1
+def _task_name(command: list[str]) -> str:
+    return Path(command[1] if command and Path(command[0]).name.startswith("python") and len(command) > 1
                 else command[0]).stem
+
+
+def _record(store: Store, result: ScriptResult, command: list[str], config: dict[str, Any],
+            first: int) -> list[int]:
+    """One Run per profiled model (or one failed Run when nothing was sampled); ``first``: the Run
+    started with the script (``running`` while it ran), which the first model's profile finishes."""
+    ids: list[int] = []
+    task = _task_name(command)
     # a script stopped by SIGTERM/SIGINT is interrupted (what it sampled is kept), not failed
     status = "interrupted" if result.interrupted else ("finished" if result.exit_code == 0 else "failed")
     error = None
@@ -63,9 +70,13 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
     elif result.exit_code:
         error = f"the script exited with code {result.exit_code}" + (f": {result.error}" if result.error else "")
     profiles = result.profiles or (None,)
-    for p in profiles:
-        run_id = store.start_run("profile", task, config={**config, "command": command},
-                                 env=environment(p.device if p is not None else None))
+    for i, p in enumerate(profiles):
+        env = environment(p.device if p is not None else None)
+        if i == 0:
+            run_id = first
+            store.update_run(run_id, config={**config, "command": command}, env=env)
+        else:
+            run_id = store.start_run("profile", task, config={**config, "command": command}, env=env)
         fields: dict[str, Any] = {}
         if p is not None:
             p = dataclasses.replace(p, config={**p.config, "run_id": run_id})
@@ -111,12 +122,21 @@ def run_command(
             raise ConfigError(f"--steps must be a positive integer, but got {steps}.")
         check_outputs([OutputPath("--out", out), OutputPath("--report", report)], force=force)
         store = Store(db)
-        result = run_script(cmd, every=every, steps=steps, stats=stats)
+        # recorded as it starts (running, with this process): its duration is the script's, and a
+        # crash of this process leaves a run the store's reaping finds
+        parse_command(cmd)  # a command that cannot run is refused before any Run is recorded
+        run0 = store.start_run("profile", _task_name(cmd), config={"command": cmd})
+        try:
+            result = run_script(cmd, every=every, steps=steps, stats=stats)
+        except BaseException as exc:
+            store.finish_run(run0, status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                             error=f"{type(exc).__name__}: {exc}")
+            raise
         exit_code[0] = result.exit_code
         config = {"every": result.every, "max_overhead": result.max_overhead, "steps": steps, "source": "run"}
         first = result.profiles[0] if result.profiles else None
         recs = recommendations(first) if first is not None else []
-        ids = _record(store, result, cmd, config)
+        ids = _record(store, result, cmd, config, run0)
         if first is not None and out is not None:
             dataclasses.replace(first, config={**first.config, "run_id": ids[0]}).save(out)
         if first is not None and report is not None:
