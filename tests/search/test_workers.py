@@ -88,3 +88,16 @@ def test_tune_refuses_more_workers_than_this_machine_holds_before_any_trial(tmp_
     assert "is available" in result.stderr
     assert "valid: 1 to" in result.stderr
     assert not db.exists() or not Store(f"sqlite:///{db}").list_runs(kind="trial")  # refused before any trial
+
+
+def test_two_tunes_of_one_study_do_not_draw_the_same_configurations(tmp_path: Path) -> None:
+    """Each tune of a study after the first gets its own sampler seed (issue 47: two tunes started
+    at once on one study both began with the same configuration; a continuation redrew the first
+    ones). The later tune counts the earlier one's Run, whatever their timing."""
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    first = proftune.search("wine-mlp", SPACE, trials=3, epochs=1, sampler="random", study="s", db=db)
+    again = proftune.search("wine-mlp", SPACE, trials=6, epochs=1, sampler="random", study="s", db=db)
+    drawn = [tuple(sorted(t.params.items())) for t in again.trials]
+    assert len(drawn) == 6
+    assert len(set(drawn)) == 6  # the continuation did not draw the first tune's configurations again
+    assert {tuple(sorted(t.params.items())) for t in first.trials} <= set(drawn)

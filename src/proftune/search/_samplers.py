@@ -115,12 +115,13 @@ def sampler_name(sampler: str | optuna.samplers.BaseSampler) -> str:
     return sampler if isinstance(sampler, str) else describe_sampler(sampler)
 
 
-def make_sampler(settings: SearchSettings, worker: int = 0) -> optuna.samplers.BaseSampler:
+def make_sampler(settings: SearchSettings, worker: int = 0, *, earlier: int = 0) -> optuna.samplers.BaseSampler:
     """The sampler called ``settings.sampler`` (a key of ``SAMPLERS``), or the user's own Optuna
-    sampler as given; each worker of a named one gets its own seed."""
+    sampler as given; each worker of a named one gets its own seed, and so does each tune of the
+    study after the first (``earlier``: the tunes of it recorded before this one)."""
     if isinstance(settings.sampler, optuna.samplers.BaseSampler):
         return settings.sampler
     maker = SAMPLER_REGISTRY.get_entry(settings.sampler)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return maker.make(settings, seed=settings.seed + 1000 * worker)
+        return maker.make(settings, seed=settings.seed + 1000 * worker + 7919 * earlier)

@@ -80,6 +80,15 @@ def stop_reason(study: optuna.Study, settings: SearchSettings, deadline: float |
     return None
 
 
+def _earlier_tunes(store: Store, settings: SearchSettings) -> int:
+    """Tunes of this study recorded before this one (another process's at once, or an earlier
+    continuation): each gets its own sampler seed, so two tunes of one study started together do
+    not draw the same configurations (a fresh study's first tune: 0, its seed as given)."""
+    if settings.tune_run_id is None:
+        return 0
+    return sum(1 for r in store.list_runs(kind="tune", study=settings.study) if r.id < settings.tune_run_id)
+
+
 def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None = None, *,
                storage: RDBStorage | None = None, after_trial: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run trials of ``settings.study`` until it holds ``settings.trials`` trained ones.
@@ -95,7 +104,7 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
     store = Store(settings.db)
     storage = storage or open_storage(settings.db)
     study = optuna.load_study(study_name=settings.study, storage=storage,
-                              sampler=make_sampler(settings, worker),
+                              sampler=make_sampler(settings, worker, earlier=_earlier_tunes(store, settings)),
                               pruner=make_pruner(settings.pruner, settings.space.pruner))
     reap_dead_trials(study, store)
     store.reap_stale()
