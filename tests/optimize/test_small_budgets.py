@@ -279,3 +279,15 @@ def test_the_baselines_training_of_the_defaults_runs_their_epochs_and_is_not_tra
     race = state["stages"]["final"]["outputs"]["race"]
     first = race["arms"][0]["runs"][0]
     assert first["run_id"] == baseline["defaults"]["run_id"]  # the race's first defaults run is the baseline's
+
+
+def test_a_race_planned_below_seeds_leaves_the_search_its_trials(tmp_path: Path) -> None:
+    """At a few trainings the plan races fewer pairs than --seeds asks; the search's reserve grows
+    only from a measured spread of the defaults, never from --seeds before any trial (it then
+    took the search's whole time: no trial ran, and the race had no challenger)."""
+    db = f"sqlite:///{tmp_path / 'o.db'}"
+    proftune.optimize(_Slowish(), budget=20, out=str(tmp_path / "o"), db=db, goal="none", seeds=3)
+    state = json.loads((tmp_path / "o" / "state.json").read_text())
+    search = state["stages"]["search"]["outputs"]
+    assert search["budget_plan"]["seeds"] < 3  # the race was planned below --seeds
+    assert sum(search["counts"].values()) >= 1

@@ -275,6 +275,8 @@ class Search(BaseStage):
             if not race_s:
                 return compress_min
             d, best, pooled = standing(rows, plan, settings)
+            if d is None or best is None or d.n < 2:  # the defaults' spread not measured yet: as planned
+                return race_s + compress_min
             seeds = loop.race_seeds_for(d, best, pooled)
             done = 1 if loop.baseline_reusable() else 0
             need = 1.1 * max(0, 2 * seeds - done) * budget_plan.full_s
