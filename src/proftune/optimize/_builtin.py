@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -276,6 +277,9 @@ class Search(BaseStage):
                 return compress_min
             d, best, pooled = standing(rows, plan, settings)
             if d is None or best is None or d.n < 2:  # the defaults' spread not measured yet: as planned
+                return race_s + compress_min
+            gain = (best.mean - d.mean) * (1.0 if loop.v.maximize else -1.0)
+            if gain <= (d.std or 0.0) / math.sqrt(d.n):  # no gain beyond one standard error of theirs to confirm
                 return race_s + compress_min
             seeds = loop.race_seeds_for(d, best, pooled)
             done = 1 if loop.baseline_reusable() else 0

@@ -449,7 +449,7 @@ def groups_of(rows: Sequence[TrialRecord], maximize: bool) -> list[ConfigGroup]:
 
 
 def repeats_due(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettings,
-                n: int) -> list[tuple[str, dict[str, Any], int]]:
+                n: int, *, with_defaults: bool = True) -> list[tuple[str, dict[str, Any], int]]:
     """Up to ``n`` re-evaluations (arm, params, evaluations before) of the ``REEVAL_TOP`` leaders
     tried fewer than ``REEVAL_N`` times; none before ``REEVAL_MIN_TRIALS`` complete trials."""
     groups = groups_of(rows, settings.maximize)
@@ -468,7 +468,7 @@ def repeats_due(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSe
     # many times the leaders' (the baseline's training is their first evaluation where it was one)
     point = _defaults_point(plan, settings)
     attempts = sum(_is_point(r.params, point) for r in rows) + (settings.defaults_measured is not None)
-    if settings.defaults and attempts < REEVAL_N:  # first: the race's plan reads their spread
+    if with_defaults and settings.defaults and attempts < REEVAL_N:  # first: the race's plan reads their spread
         out.insert(0, ("defaults", point, attempts))
     return out[:n]
 
@@ -577,7 +577,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         # long budget are worth more draws; what it leaves goes to the final race and compression
         why = stalled(rows, settings) if time.monotonic() - started >= STALL_AFTER * (end - started) else None
         # a flat search re-evaluates its leaders before it stops (the race takes its best by that mean)
-        if why and not repeats_due(rows, plan, settings, 1):
+        if why and not repeats_due(rows, plan, settings, 1, with_defaults=False):
             stop_reason, early = why, True
             break
         if _finished(rows) >= settings.max_trials:
