@@ -166,13 +166,18 @@ def test_sigterm_is_recorded_as_interrupted(tmp_path: Path) -> None:
 
     t = threading.Thread(target=wait_ready, daemon=True)
     t.start()
-    assert ready.wait(120)
-    # recorded while it runs (issue 47: only at the end, a 30 s script showed 0.01 s)
-    running = Store(db).list_runs(kind="profile", status="running")
-    assert [r.pid for r in running] == [proc.pid]
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGTERM)
-    stdout, _ = proc.communicate(timeout=120)
+    try:  # the script loops for ever: a failed assertion must not leave it running
+        assert ready.wait(120)
+        # recorded while it runs (issue 47: only at the end, a 30 s script showed 0.01 s)
+        running = Store(db).list_runs(kind="profile", status="running")
+        assert [r.pid for r in running] == [proc.pid]
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM
     d = json.loads(stdout)
     assert d["run_ids"][0] == running[0].id
