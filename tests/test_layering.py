@@ -35,7 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
     {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
      "_records", "metrics"},
-    {"_threads"},  # the CPU thread count computed from measured steps (reads _records)
+    {"_threads", "_machine"},  # the CPU thread count from measured steps (reads _records); memory and cores
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"train", "examples", "_usercode"},  # the fit loop; the built-in tasks; where user code failed (reads task)
     {"track"},  # the Store

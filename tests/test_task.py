@@ -198,6 +198,10 @@ class _Recording(proftune.ClassificationTask):
         self.calls.append("loss")
         return super().loss(model, batch)
 
+    def resplit(self, index: int) -> Task | None:
+        self.calls.append("resplit")
+        return None
+
     def evaluate(self, model: torch.nn.Module, data: Iterable[Any]) -> dict[str, float]:
         self.calls.append("evaluate")
         return super().evaluate(model, data)
@@ -252,6 +256,7 @@ _CALLS: dict[str, Callable[[Task], Any]] = {
     "configure_scheduler": lambda t: t.configure_scheduler(torch.optim.SGD(_MODEL.parameters(), lr=0.1), {},
                                                            epochs=1, max_steps=None),
     "example_batch": lambda t: t.example_batch(4),
+    "resplit": lambda t: t.resplit(1),
 }
 
 
@@ -274,7 +279,12 @@ def test_wrapper_delegates_every_task_method_and_attribute(wrapper: str) -> None
     assert {"name", "default_params", "default_epochs", "metric_directions"} <= set(attributes)
     for method in methods:
         inner = _Recording()
-        _CALLS[method](_wrappers()[wrapper](inner))
+        wrapped = _wrappers()[wrapper](inner)
+        out = _CALLS[method](wrapped)
+        if method == "resplit" and any(getattr(type(wrapped), m) is not getattr(TaskWrapper, m)
+                                       for m in ("train_data", "val_data", "test_data")):
+            assert out is None, f"{wrapper} changes the data, so a partition of the inner task's is not its own"
+            continue
         reached = _FROM.get((wrapper, method), method)
         assert reached in inner.calls, f"{wrapper}.{method} does not reach the inner task"
     inner = _Recording()

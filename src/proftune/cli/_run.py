@@ -11,8 +11,7 @@ import typer
 
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
-from ..profile import Profile, ScriptResult, run_script
-from ..profile._watch import parse_command
+from ..profile import Profile, ScriptResult, parse_command, run_script
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment
 from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console

@@ -67,7 +67,7 @@ from ._structure import (
     model_structure,
 )
 from ._timing import LayerTimer
-from ._watch import ScriptResult, Watcher, run_script, watch
+from ._watch import ScriptResult, Watcher, parse_command, run_script, watch
 
 __all__ = [
     "EMBEDDING_TYPES",
@@ -115,6 +115,7 @@ __all__ = [
     "op_flops",
     "optimizer_state_bytes",
     "params_bytes",
+    "parse_command",
     "peak_step_memory",
     "profile",
     "profile_ddp_batches",
