@@ -173,7 +173,10 @@ def test_tune_and_compress_by_file_name(tmp_path: Path) -> None:
     assert out["metric"] == "accuracy"  # what validation_step logged
     assert out["baseline"]["metric"] > 0.5
     assert out["baseline"]["metrics"]["accuracy"] == out["baseline"]["metric"]
-    assert out["selected"] is not None
+    dynamic = next(c for c in out["candidates"] if c["method"] == "dynamic")
+    assert dynamic["metric_drop"] <= 0.05  # measured with the module's own validation_step
+    # on a busy machine INT8 on a 2k-parameter MLP need not be faster: then the note says so
+    assert out["selected"] is not None or any("not better on --goal latency" in n for n in out["notes"])
 
 
 def test_test_dataloader_is_the_held_out_split(tmp_path: Path) -> None:

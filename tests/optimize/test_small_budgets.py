@@ -205,10 +205,13 @@ def test_optimize_races_on_partitions_where_validation_is_small(tmp_path: Path) 
     state = json.loads((tmp_path / "o" / "state.json").read_text())
     search = state["stages"]["search"]["outputs"]
     assert search["epochs_per_trial"] == _WithTest.default_epochs
-    assert "defaults" not in search["arms"]
-    assert search["defaults"]["arms"] == ["baseline"]
+    group = search["defaults"]
+    assert group["arms"][0] == "baseline"  # their first value is the baseline's training
     baseline = state["stages"]["baseline"]["outputs"]["defaults"]["metrics"]["accuracy"]
-    assert search["defaults"]["mean"] == pytest.approx(baseline)
+    assert group["values"][0] == pytest.approx(baseline)
+    # the search enqueued no first evaluation of them; on a machine fast enough to reach its last
+    # share it re-evaluates them (arm "defaults"), every one a repeat inside the same group
+    assert search["arms"].get("defaults", 0) == len(group["arms"]) - 1 <= 2
 
 
 class _WithTest(_Splittable):
@@ -286,8 +289,8 @@ def test_a_race_planned_below_seeds_leaves_the_search_its_trials(tmp_path: Path)
     only from a measured spread of the defaults, never from --seeds before any trial (it then
     took the search's whole time: no trial ran, and the race had no challenger)."""
     db = f"sqlite:///{tmp_path / 'o.db'}"
-    proftune.optimize(_Slowish(), budget=20, out=str(tmp_path / "o"), db=db, goal="none", seeds=3)
+    proftune.optimize(_Slowish(), budget=20, out=str(tmp_path / "o"), db=db, goal="none", seeds=5)
     state = json.loads((tmp_path / "o" / "state.json").read_text())
     search = state["stages"]["search"]["outputs"]
-    assert search["budget_plan"]["seeds"] < 3  # the race was planned below --seeds
+    assert search["budget_plan"]["seeds"] < 5  # the race was planned below --seeds (5 pairs hold ~16 s)
     assert sum(search["counts"].values()) >= 1
