@@ -7,7 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from proftune.optimize._decide import Comparison, compare_paired, pooled_seed_std, prior_seed_std
+from proftune.optimize._decide import (
+    Comparison,
+    compare_paired,
+    compare_race,
+    pooled_seed_std,
+    prior_seed_std,
+    rank_sum_p,
+)
 
 
 def test_a_consistent_gain_over_seeds_is_beyond_noise() -> None:
@@ -125,3 +132,85 @@ def test_two_seeds_of_a_large_gain_are_judged_against_the_known_noise() -> None:
     small = compare_paired([0.72, 0.70], [0.69, 0.69], seeds=[1, 2], metric="accuracy", maximize=True,
                            prior_std=prior, resolution=1 / 96, alpha=0.05 / 4)
     assert not small.beyond_noise
+
+
+# -- the race's decision: the paired test, and ranks against every unselected training of the defaults ----------
+
+
+def test_defaults_whose_seeds_diverge_are_beaten_by_ranks() -> None:
+    """lr-too-high at 8 trainings, as measured: the paired t-test's bound was -0.02 and the defaults
+    (test 0.48-0.90) were kept beside a choice at 0.92-0.95 on every seed."""
+    chosen, defaults = [0.95, 0.9333, 0.9233, 0.9467], [0.4733, 0.85, 0.9033, 0.5333]
+    paired = compare_paired(chosen, defaults, seeds=[0, 1, 2, 3], metric="accuracy", maximize=True,
+                            resolution=1 / 300)
+    assert not paired.beyond_noise
+    race = compare_race(chosen, defaults, seeds=[0, 1, 2, 3], metric="accuracy", maximize=True, resolution=1 / 300)
+    assert race.beyond_noise
+    assert race.extra["rank_p"] == pytest.approx(1 / 70)
+    assert "by ranks" in race.reason
+    assert race.gain == pytest.approx(paired.gain)
+
+
+def test_the_rank_test_counts_the_defaults_trainings_outside_the_race() -> None:
+    chosen, defaults = [0.95, 0.93, 0.94], [0.47, 0.85, 0.90]
+    alone = compare_race(chosen, defaults, seeds=[0, 1, 2], metric="accuracy", maximize=True)
+    assert not alone.beyond_noise  # 3 against 3: the smallest p, 1/20, cannot reach alpha / 2
+    assert "rank_p" not in alone.extra
+    more = compare_race(chosen, defaults, seeds=[0, 1, 2], defaults_more=[0.55, 0.88, float("nan")],
+                        metric="accuracy", maximize=True)
+    assert more.beyond_noise
+    assert more.extra["defaults_outside_race"] == 2
+    assert "2 more training(s) of the defaults" in more.describe()
+
+
+def test_where_ranks_cannot_decide_the_paired_test_keeps_its_full_level() -> None:
+    chosen, defaults = [0.90, 0.91, 0.92], [0.80, 0.82, 0.81]
+    race = compare_race(chosen, defaults, seeds=[1, 2, 3], metric="accuracy", maximize=True)
+    paired = compare_paired(chosen, defaults, seeds=[1, 2, 3], metric="accuracy", maximize=True)
+    assert race.lower == paired.lower
+    assert race.level == paired.level == pytest.approx(0.95)
+
+
+def test_ranks_do_not_adopt_a_gain_below_the_resolution() -> None:
+    c = compare_race([0.501, 0.502, 0.503, 0.504], [0.5, 0.5, 0.499, 0.498], seeds=[0, 1, 2, 3],
+                     metric="accuracy", maximize=True, resolution=0.01)
+    assert c.extra["rank_p"] == pytest.approx(1 / 70)
+    assert not c.beyond_noise
+
+
+def test_ranks_for_a_metric_to_minimise() -> None:
+    c = compare_race([0.2, 0.21, 0.19, 0.2], [0.9, 0.3, 2.5, 0.35], seeds=[0, 1, 2, 3], metric="val_loss",
+                     maximize=False)
+    assert c.beyond_noise
+    worse = compare_race([0.9, 0.3, 2.5, 0.35], [0.2, 0.21, 0.19, 0.2], seeds=[0, 1, 2, 3], metric="val_loss",
+                         maximize=False)
+    assert not worse.beyond_noise
+
+
+def test_the_exact_rank_sum_p_value_matches_the_enumeration_with_ties() -> None:
+    from itertools import combinations
+
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        a = list(rng.integers(0, 5, 4).astype(float))
+        b = list(rng.integers(0, 5, 5).astype(float))
+        r = rankdata(a + b)
+        obs = r[:4].sum()
+        subsets = list(combinations(range(9), 4))
+        expect = sum(r[list(s)].sum() >= obs - 1e-9 for s in subsets) / len(subsets)
+        assert rank_sum_p(a, b, maximize=True) == pytest.approx(expect)
+
+
+def test_the_race_rarely_adopts_a_configuration_equal_to_heavy_tailed_defaults() -> None:
+    """Both from one distribution whose seeds diverge now and then: at most alpha (0.05) of draws,
+    the two tests together (Bonferroni) included."""
+    rng = np.random.default_rng(1)
+
+    def draw(n: int) -> list[float]:
+        return [float(0.9 + rng.normal(0, 0.01) - (0.4 if rng.random() < 0.3 else 0.0)) for _ in range(n)]
+
+    chosen = sum(compare_race(draw(4), draw(4), seeds=list(range(4)), defaults_more=draw(3), metric="accuracy",
+                              maximize=True).beyond_noise for _ in range(2000))
+    assert chosen / 2000 < 0.06

@@ -27,7 +27,7 @@ from ..task import Task
 from ..track import Store
 from ..train import evaluate_model
 from ._budget import Deadline
-from ._decide import ALPHA, Comparison, compare_paired
+from ._decide import ALPHA, Comparison, compare_paired, compare_race
 
 __all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary",
            "representative", "run_final", "sampling_std"]
@@ -463,7 +463,8 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
               store: Store, end: float, hard_end: float | None = None, cap_end: float | None = None,
               folder: Path, say: Callable[[str, dict[str, Any]], None] | None = None,
               notes: Sequence[str] = (), shorter: Arm | None = None,
-              first: tuple[ArmRun, Path] | None = None) -> FinalOutcome:
+              first: tuple[ArmRun, Path] | None = None,
+              defaults_more: Sequence[float] = ()) -> FinalOutcome:
     """Race ``defaults`` and ``candidates`` with paired seeds; the chosen model's state dict is
     left at ``folder / "model.pt"``.
 
@@ -484,6 +485,10 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     ``first``: a run of the defaults at their own protocol made before the race (the baseline's,
     not cut) and its state dict's file: it is the defaults' run at the first seed (``run.seed``),
     which the other arms are trained at, and the defaults are not trained again for it.
+
+    ``defaults_more``: the defaults' metric on validation from their trainings at this protocol
+    outside the race (the search's evaluations of them): the rank test of the decision
+    (:func:`~proftune.optimize._decide.compare_race`) counts them beside the race's runs.
     """
     hard_end = max(end, hard_end if hard_end is not None else end)
     race = _Race(task, plan, store=store, folder=folder, say=say, notes=notes,
@@ -526,9 +531,9 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     decision, chosen = "defaults", arms[0]
     if leader is not None:
         alpha = ALPHA / max(1, raced)
-        comparison = compare_paired(leader.values("val", seeds), arms[0].values("val", seeds), seeds=seeds,
-                                    metric=plan.metric, maximize=plan.maximize, split="val",
-                                    resolution=resolution, alpha=alpha, prior_std=plan.prior_std)
+        comparison = compare_race(leader.values("val", seeds), arms[0].values("val", seeds), seeds=seeds,
+                                  defaults_more=defaults_more, metric=plan.metric, maximize=plan.maximize,
+                                  split="val", resolution=resolution, alpha=alpha, prior_std=plan.prior_std)
         comparison_test = compare_paired(leader.values("test", seeds), arms[0].values("test", seeds),
                                          seeds=seeds, metric=plan.metric, maximize=plan.maximize,
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
