@@ -63,7 +63,7 @@ from ._records import (
     SearchStageOutputs,
     TrainedRun,
 )
-from ._search import StageSettings, TrialLog, run_search_stage, standing, trial_json
+from ._search import ConfigGroup, StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
 from ._story import fmt_ms, method_name
@@ -90,6 +90,11 @@ def _searches_lr(space: Any) -> bool:
     return "lr" in load_space(space).names
 
 
+def _stopping(findings: Sequence[Any], *, searches_lr: bool) -> list[Any]:
+    """The error findings that stop the loop: every error but those whose cause the search tunes."""
+    return [f for f in findings if f.severity == "error" and not (searches_lr and f.cause in SEARCHED_CAUSES)]
+
+
 @register_stage
 class Baseline(BaseStage):
     name = "baseline"
@@ -113,9 +118,20 @@ class Baseline(BaseStage):
         # the defaults' own epochs to the end where they fit in BASELINE_WHOLE of the budget: this
         # training is their first race seed and their search measurement, so cutting it at the
         # stage's share would only mean training it again (on a loaded machine, the race's time)
+        # the health checks' confirmations (an LR range test, warm-up and decay probes: up to three
+        # trainings' time on a small task) only refine a learning-rate finding, and where the search
+        # tunes the rate the compute stage measures it anyway and the loop goes on: they run only
+        # where an error the search does not tune would stop the loop (a NaN that the range test
+        # may show to be the rate's), on a second training
+        limit = max(share * 0.55, BASELINE_WHOLE * loop.v.budget_s)
+        confirm = not _searches_lr(loop.cfg.space)
         diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
-                        callbacks=[Deadline(max(share * 0.55, BASELINE_WHOLE * loop.v.budget_s)), capture],
-                        store=loop.store)
+                        callbacks=[Deadline(limit), capture], store=loop.store, lr_test=confirm, probes=confirm)
+        if not confirm and _stopping(diag.findings, searches_lr=True):
+            log.info("the defaults' training has an error the search does not tune: trained again with the "
+                     "health checks' confirmations (range test, probes)")
+            diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
+                            callbacks=[Deadline(limit)], store=loop.store)
         if capture.model is not None:
             with replacing(loop.out / "baseline_model.pt") as tmp:  # a signal leaves no half a file
                 torch.save(capture.model.state_dict(), tmp)
@@ -166,8 +182,8 @@ class Health(BaseStage):
         # an error the search itself tunes (the lr too high or too low, gradients that explode at
         # it) is what the loop is for: it goes on, the compute stage measures the rate anew and the
         # race still judges against the defaults as they are; any other error stops it
-        searched = [f for f in errors if f.cause in SEARCHED_CAUSES and _searches_lr(loop.cfg.space)]
-        stopping = [f for f in errors if f not in searched]
+        stopping = _stopping(findings, searches_lr=_searches_lr(loop.cfg.space))
+        searched = [f for f in errors if f not in stopping]
         for f in searched:
             log.warning("the defaults' training: %s (%s); the loop goes on: the search tunes the learning rate, and "
                         "the defaults stay the bar", f.cause, f.summary)
@@ -407,7 +423,8 @@ class Final(BaseStage):
         outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
                             end=loop.budget.end - loop._compress_reserve(), hard_end=hard_end,
                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
-                            shorter=shorter, first=self._baseline_run(loop))
+                            shorter=shorter, first=self._baseline_run(loop),
+                            defaults_more=self._defaults_outside_race(d_group, trial_epochs == epochs))
         chosen = outcome.arm(outcome.chosen)
         params, evidence = self._evidence(loop, chosen, outcome)
         model = loop.task.build_model(dict(params))
@@ -440,6 +457,15 @@ class Final(BaseStage):
                      "of the training and validation samples (the task's resplit; round 1 on its own split): the "
                      "decision rests on more of the data than the one split the search chose on")
         return True
+
+    @staticmethod
+    def _defaults_outside_race(group: ConfigGroup | None, full: bool) -> list[float]:
+        """The search's evaluations of the defaults where its trials ran the full protocol: trainings
+        of them that nothing selected, beside the race's (the baseline's, their first race seed, is
+        left out: it is in the race already)."""
+        if group is None or not full:
+            return []
+        return [float(v) for v, arm in zip(group.values, group.arms, strict=False) if arm != "baseline"]
 
     @staticmethod
     def _baseline_run(loop: _Loop) -> tuple[ArmRun, Path] | None:
