@@ -145,3 +145,24 @@ def test_the_model_handed_back_stands_for_the_arm_and_the_note_says_how(tmp_path
     else:
         assert chosen.val == max(vals)
         assert f"the model handed back is seed {out.model_seed} of defaults: the best of its 5 seeds" in out.note
+
+
+@pytest.mark.parametrize(("seconds", "first_chunk"), [(60.0, 3), (1.5, 1)])
+def test_the_first_chunk_of_the_search_holds_only_the_trials_its_time_holds(
+        seconds: float, first_chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial started runs to its end: where the search's time holds one trial, the warm start is
+    the computed centre alone (two took the race's time on a loaded machine: the defaults were kept)."""
+    calls: list[list[Any]] = []
+
+    def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
+                  items: Any) -> Any:
+        calls.append(list(items))
+        return SimpleNamespace(trials=[_trial(i, 0.001 * (i + 1), 0.5) for i in range(sum(map(len, calls)))])
+
+    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=StepClock(0.01).monotonic))
+    monkeypatch.setattr(_search, "_call", fake_call)
+    monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
+    monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
+    settings = dataclasses.replace(SETTINGS, trial_s_estimate=1.0, patience=10**6)
+    _search.run_search_stage(TinyTask(), _plan(), settings, store=None, seconds=seconds)  # type: ignore[arg-type]
+    assert len(calls[0]) == first_chunk

@@ -601,8 +601,11 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         again = repeats_due(rows, plan, settings, size) if late and rows else []
         chunk: list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], int]]
         if not rows:
+            # the computed centre and one step of its local design where two trials fit; the centre
+            # alone where one does (a trial started runs to its end: a second one past the window
+            # took the race's time on a loaded machine, and the defaults were kept)
             chunk = list(warm_start(plan, settings.defaults, settings.alternative,
-                                    with_defaults=settings.defaults_measured is None)[:max(size, 2)])
+                                    with_defaults=settings.defaults_measured is None)[:max(size, min(2, fit_in))])
         else:
             chunk = [*again, *(propose(rows, plan, settings, flags, size - len(again))
                                if len(again) < size and not why else [])]
