@@ -6,6 +6,7 @@ import os
 import socket
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,8 +27,30 @@ GRACE_PERIOD_S = 30
 MAX_RETRY = 2
 
 
+#: Storages opened in this process, newest last (a few: one store is the common case).
+_OPEN: OrderedDict[tuple[Any, ...], RDBStorage] = OrderedDict()
+_OPEN_MAX = 4
+
+
+def _sqlite_file_id(url: str) -> tuple[int, int] | None:
+    """The SQLite file's (device, inode): a file replaced under the same URL is another database."""
+    try:
+        path = sa.engine.make_url(url).database
+        if not path or path == ":memory:":
+            return None
+        st = os.stat(path)
+    except (OSError, ValueError, sa.exc.ArgumentError):
+        return None
+    return st.st_dev, st.st_ino
+
+
 def open_storage(url: str, *, heartbeat: bool | None = None) -> RDBStorage:
-    """Optuna's RDB storage on the Store's database (same URL, same file).
+    """Optuna's RDB storage on the Store's database (same URL, same file), opened once per process.
+
+    Opening one checks Optuna's schema against alembic's revision files: 0.25-0.3 s, paid by every
+    ``search`` call and again by its workers; the optimize loop's search calls it once a chunk of
+    trials (a second of them), so it took a fifth of a small task's search. The storage is kept
+    per URL, process and database file (a file replaced under the URL is opened anew).
 
     ``heartbeat`` (default: on for server databases, off for SQLite): Optuna's heartbeat marks a
     trial whose process stopped beating failed after ``GRACE_PERIOD_S`` and re-enqueues its
@@ -38,6 +61,23 @@ def open_storage(url: str, *, heartbeat: bool | None = None) -> RDBStorage:
     is_sqlite = url.startswith("sqlite")
     if heartbeat is None:
         heartbeat = not is_sqlite
+    key = (url, heartbeat, os.getpid(), _sqlite_file_id(url) if is_sqlite else None)
+    if key[3] is not None or not is_sqlite:
+        cached = _OPEN.get(key)
+        if cached is not None:
+            _OPEN.move_to_end(key)
+            return cached
+    storage = _open(url, heartbeat=heartbeat, is_sqlite=is_sqlite)
+    key = (url, heartbeat, os.getpid(), _sqlite_file_id(url) if is_sqlite else None)  # the file exists now
+    if key[3] is not None or not is_sqlite:
+        _OPEN[key] = storage
+        while len(_OPEN) > _OPEN_MAX:
+            _, old = _OPEN.popitem(last=False)
+            old.engine.dispose()
+    return storage
+
+
+def _open(url: str, *, heartbeat: bool, is_sqlite: bool) -> RDBStorage:
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if is_sqlite else {"pool_pre_ping": True}
     extra: dict[str, Any] = {}
     if heartbeat:
