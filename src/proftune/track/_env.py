@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,25 @@ def _memory_bytes() -> int | None:
         return None
 
 
+#: Seconds a git commit read for one folder stands for runs started after it: a loop records a run
+#: a second (each read is two ``git`` processes, 30-60 ms on a loaded machine).
+GIT_TTL_S = 10.0
+_GIT: dict[str, tuple[float, str | None]] = {}
+
+
 def _git_commit(cwd: str | None = None) -> str | None:
+    """HEAD of the repository the process runs in (``-dirty`` with tracked changes), or None."""
+    key = os.path.abspath(cwd or os.getcwd())
+    now = time.monotonic()
+    hit = _GIT.get(key)
+    if hit is not None and now - hit[0] < GIT_TTL_S:
+        return hit[1]
+    commit = _read_git_commit(cwd)
+    _GIT[key] = (now, commit)
+    return commit
+
+
+def _read_git_commit(cwd: str | None) -> str | None:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
@@ -50,7 +70,8 @@ def _git_commit(cwd: str | None = None) -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
-def _versions() -> dict[str, str]:
+@functools.cache
+def _versions_read() -> tuple[tuple[str, str], ...]:
     from importlib import metadata
 
     out: dict[str, str] = {}
@@ -59,7 +80,13 @@ def _versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return out
+    return tuple(out.items())
+
+
+def _versions() -> dict[str, str]:
+    """The versions of the packages a run's results depend on, read once a process (what it imported
+    stays what it runs, whatever is installed after)."""
+    return dict(_versions_read())
 
 
 def environment(device: str | torch.device | None = None) -> dict[str, Any]:
