@@ -171,15 +171,14 @@ def _stop(procs: list[Any]) -> None:
 
 
 def _record_interrupted(settings: SearchSettings, pids: list[int]) -> None:
-    """The trials the stopped workers ``pids`` were running: their Runs ``interrupted``, their
-    Optuna trials failed (Optuna has no such state: the user attribute ``interrupted`` says why)
-    with their configuration enqueued again (so running the same command goes on with them). A
-    store that cannot be reached now leaves them to the next run's reaping."""
+    """The trials the stopped workers ``pids`` were running, recorded interrupted (their Runs and
+    their Optuna trials: ``interrupt_trials``). A store that cannot be reached now leaves them to
+    the next run's reaping."""
     import contextlib
 
     import optuna
 
-    from ._storage import open_storage, reap_dead_trials
+    from ._storage import interrupt_trials, open_storage
 
     with contextlib.suppress(Exception):
         store = Store(settings.db)
@@ -187,19 +186,8 @@ def _record_interrupted(settings: SearchSettings, pids: list[int]) -> None:
         if not mine:
             return
         study = optuna.load_study(study_name=settings.study, storage=open_storage(settings.db))
-        for run in mine:
-            with contextlib.suppress(Exception):  # a trial that ended meanwhile keeps its state
-                trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id,
-                                                                                  int(run.config["trial"]))
-                study._storage.set_trial_user_attr(trial_id, "interrupted", True)
-        reaped = reap_dead_trials(study, store)
-        for queued in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-            if queued.system_attrs.get("failed_trial") in reaped and queued.user_attrs.get("interrupted"):
-                # the retry copies the cut trial's attributes; it has not been interrupted itself
-                study._storage.set_trial_user_attr(queued._trial_id, "interrupted", None)
-        for run in mine:
-            store.finish_run(run.id, status="interrupted",
-                             error="the search was interrupted (Ctrl-C or SIGTERM): its worker was stopped mid-trial")
+        interrupt_trials(study, store, mine,
+                         why="the search was interrupted (Ctrl-C or SIGTERM): its worker was stopped mid-trial")
 
 
 def _run_processes(settings: SearchSettings, workers: int, deadline: float | None, *,
