@@ -200,11 +200,9 @@ def free_bytes(path: str | Path) -> int | None:
 def write_failed(path: str | Path, exc: OSError) -> OutputWriteError:
     """The error of a failed write of ``path``: the file, the system's reason and the free space
     of its device (a full disk reads as such, not as a bare ``[Errno 28]``)."""
-    from ._units import format_bytes
-
     free = free_bytes(path)
     reason = exc.strerror or str(exc) or type(exc).__name__
-    room = "" if free is None else f"; {format_bytes(free)} ({free} bytes) free on its device"
+    room = "" if free is None else f"; {free} bytes free on its device"
     full = " (no space left on the device)" if exc.errno == errno.ENOSPC and "space" not in reason else ""
     return OutputWriteError(f"writing {str(path)!r} failed: {reason}{full}{room}", path=str(path), free_bytes=free,
                             errno=exc.errno)

@@ -4,7 +4,7 @@ of the rate, and the finding says what that measured."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ class _NaNFromCall(DigitsMLP):
     """The loss is NaN from its 40th call on, whatever the weights (a counter in the task)."""
 
     name = "digits-nan-from-call-40"
-    default_params = dict(SGD)
+    default_params: ClassVar[dict[str, Any]] = dict(SGD)
 
     def __init__(self) -> None:
         self.calls = 0
@@ -35,21 +35,26 @@ class _Explodes(DigitsMLP):
     the loss stays finite for the epoch)."""
 
     name = "digits-overflow"
-    default_params = {**SGD, "lr": 1e5}
+    default_params: ClassVar[dict[str, Any]] = {**SGD, "lr": 1e5}
 
 
 def test_a_nan_at_a_fixed_call_is_not_blamed_on_the_learning_rate() -> None:
     result = proftune.diagnose(_NaNFromCall(), epochs=3, record=False)
     top = result.top
-    assert top is not None and top.cause == "nan_inf" and top.root
+    assert top is not None
+    assert top.cause == "nan_inf"
+    assert top.root
     assert "lr_too_high" not in {f.cause for f in result.findings}
     probe = top.evidence["nan_probe"]
     assert probe["follows_lr"] is False
     assert probe["probe_lr"] == SGD["lr"] * 0.01
-    assert probe["probe_nan_step"] is not None and probe["probe_nan_step"] <= top.step
-    assert "not the learning rate" in top.summary and "0.001" in top.summary
+    assert probe["probe_nan_step"] is not None
+    assert probe["probe_nan_step"] <= top.step
+    assert "not the learning rate" in top.summary
+    assert "0.001" in top.summary
     assert "(the loss made it)" in top.summary  # weights, inputs and layer outputs finite
-    assert "will not help" in top.fix and "lower the learning rate to" not in top.fix
+    assert "will not help" in top.fix
+    assert "lower the learning rate to" not in top.fix
     assert result.lr_test is None  # no range test is asked where the rate is not the cause
 
 

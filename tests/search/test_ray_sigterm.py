@@ -73,7 +73,8 @@ def test_sigterm_to_a_ray_tune_cancels_its_trials_and_records_them_interrupted(t
         assert [r.status for r in tune] == ["interrupted"]
         trials = store.list_runs(kind="trial")
         cut = [r for r in trials if r.status == "interrupted"]
-        assert cut and not [r.id for r in trials if r.status == "running"]
+        assert cut
+        assert not [r.id for r in trials if r.status == "running"]
         assert all("Ray trial was cancelled" in (r.error or "") for r in cut)
         study = optuna.load_study(study_name=tune[0].study, storage=f"sqlite:///{db}")
         states = optuna.trial.TrialState

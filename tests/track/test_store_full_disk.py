@@ -17,8 +17,7 @@ import pytest
 from sqlalchemy import event
 
 from proftune.exceptions import StoreError
-from proftune.track import Store
-from proftune.track import _store
+from proftune.track import Store, _store
 
 
 def _capped(pages: int) -> Any:
@@ -39,8 +38,10 @@ def test_a_disk_full_while_the_schema_is_made_says_so_and_leaves_nothing(
         Store(f"sqlite:///{tmp_path / 'p.db'}")
     message = str(err.value)
     assert "no space left on the device holding the store" in message
-    assert str(tmp_path / "p.db") in message and "bytes free" in message
-    assert "CREATE" not in message and "[SQL" not in message
+    assert str(tmp_path / "p.db") in message
+    assert "bytes free" in message
+    assert "CREATE" not in message
+    assert "[SQL" not in message
     assert list(tmp_path.iterdir()) == []  # the new store's file and logs are gone again
 
 
@@ -71,7 +72,8 @@ def test_the_cli_shows_no_sql_of_a_database_error(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
     assert "the database failed: OperationalError" in out.stderr
-    assert "SELECT" not in out.stderr and "[SQL" not in out.stderr
+    assert "SELECT" not in out.stderr
+    assert "[SQL" not in out.stderr
 
 
 @contextlib.contextmanager
@@ -98,5 +100,6 @@ def test_a_store_on_a_full_tmpfs_is_refused_untouched(tmp_path: Path) -> None:
                               "--db", f"sqlite:///{disk / 'p.db'}"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, out.stderr
         assert "no space left on the device holding the store" in out.stderr
-        assert "disk I/O error" not in out.stderr and "SQL" not in out.stderr
+        assert "disk I/O error" not in out.stderr
+        assert "SQL" not in out.stderr
         assert {p.name: p.read_bytes() for p in disk.iterdir() if p.name != "fill"} == before

@@ -63,8 +63,9 @@ def _not_the_rate(cause: str, nf: dict[str, Any], probe: dict[str, Any], evidenc
     """The finding of a NaN that came at the same step (or sooner) at a far lower rate: what was
     measured, and where to look instead of the learning rate."""
     at = probe["probe_nan_step"]
-    summary = (f"loss became {nf.get('loss')} at step {nf['step']}" + (f", first in {nf['layer']}" if nf.get("layer") else "")
-               + f"; re-run from the same start at lr {fmt(probe['probe_lr'])} ({fmt(probe['factor'])}x the run's "
+    where = f", first in {nf['layer']}" if nf.get("layer") else ""
+    summary = (f"loss became {nf.get('loss')} at step {nf['step']}{where}"
+               f"; re-run from the same start at lr {fmt(probe['probe_lr'])} ({fmt(probe['factor'])}x the run's "
                f"{fmt(probe['lr'])}), it became non-finite at step {at} {'too' if at == nf['step'] else '(sooner)'}: "
                "the NaN follows the number of steps or calls, not the learning rate")
     if nf.get("weights_finite") and nf.get("inputs_finite") and nf.get("layers_finite"):
