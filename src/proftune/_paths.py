@@ -12,7 +12,8 @@ before minutes of work instead of a traceback after them:
   itself (its target is never written through); a device, pipe or socket is never replaced.
 
 Writers then go through :func:`replacing`: the data lands in a temporary file beside the target
-and is renamed over it, so a crash never leaves half a file and a link is never followed.
+and is renamed over it, so a crash never leaves half a file and a link is never followed; a write
+that fails (a full disk) is an :class:`OutputWriteError` naming the file and the free space left.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .exceptions import ProblemCollector
+from .exceptions import OutputWriteError, ProblemCollector
 
-__all__ = ["OutputPath", "check_outputs", "output_problems", "replacing", "write_text"]
+__all__ = ["OutputPath", "check_outputs", "free_bytes", "output_problems", "replacing", "write_failed", "write_text"]
 
 
 @dataclass(frozen=True)
@@ -174,9 +176,36 @@ def replacing(path: str | Path) -> Iterator[Path]:
         if not tmp.exists():
             raise OSError(f"writing {str(target)!r} produced no file")
         os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # first: the free space said is what the failed write leaves
+        raise write_failed(target, exc) from exc
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes free to this user on the device holding ``path`` (its nearest existing folder);
+    None where the system cannot say."""
+    folder = _nearest_existing(Path(path).absolute())
+    if folder is None:
+        return None
+    try:
+        return int(shutil.disk_usage(folder).free)
+    except OSError:
+        return None
+
+
+def write_failed(path: str | Path, exc: OSError) -> OutputWriteError:
+    """The error of a failed write of ``path``: the file, the system's reason and the free space
+    of its device (a full disk reads as such, not as a bare ``[Errno 28]``)."""
+    free = free_bytes(path)
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    room = "" if free is None else f"; {free} bytes free on its device"
+    full = " (no space left on the device)" if exc.errno == errno.ENOSPC and "space" not in reason else ""
+    return OutputWriteError(f"writing {str(path)!r} failed: {reason}{full}{room}", path=str(path), free_bytes=free,
+                            errno=exc.errno)
 
 
 def write_text(path: str | Path, text: str) -> Path:

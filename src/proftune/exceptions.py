@@ -11,6 +11,7 @@ from collections.abc import Iterable
 __all__ = [
     "ConfigError",
     "DependencyError",
+    "OutputWriteError",
     "ProblemCollector",
     "ProftuneError",
     "RunFailedError",
@@ -62,6 +63,17 @@ class RunFailedError(ProftuneError):
 
     #: The Run it failed in, where one was recorded (a sink such as W&B can still log it).
     run_id: int | None = None
+
+
+class OutputWriteError(RunFailedError, OSError):
+    """A file proftune was writing could not be written (a full disk, an I/O error); the message
+    names the file and the free space of the device that holds it. An ``OSError`` too (``errno``
+    the system's), for code that catches those."""
+
+    def __init__(self, message: str, *, path: str, free_bytes: int | None, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path, self.free_bytes = path, free_bytes
+        self.errno = errno
 
 
 class ProblemCollector:

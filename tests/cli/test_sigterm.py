@@ -94,16 +94,17 @@ def test_sigterm_to_compress_removes_its_temp_folder(tmp_path: Path) -> None:
         con.close()
 
 
-def _tune(tmp_path: Path) -> tuple[subprocess.Popen[str], list[Any]]:
+def _tune(tmp_path: Path, trials: int = 100000) -> tuple[subprocess.Popen[str], list[Any]]:
     """``tune --workers 2`` on a search far longer than the test, once both workers run; the
-    workers' processes as psutil sees them."""
+    workers' processes as psutil sees them. The tune leads a process group of its own (its id the
+    tune's pid), so that whatever it started can be found after it has gone."""
     psutil = pytest.importorskip("psutil")
     space = tmp_path / "s.yaml"
     space.write_text("params:\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n")
     proc = subprocess.Popen([sys.executable, "-m", "proftune.cli", "tune", "digits-mlp", "--space", str(space),
-                             "--trials", "100000", "--epochs", "2", "--workers", "2",
+                             "--trials", str(trials), "--epochs", "2", "--workers", "2",
                              "--db", f"sqlite:///{tmp_path / 't.db'}"], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     end = time.monotonic() + 120
     workers: list[Any] = []
     while len(workers) < 2:
@@ -149,34 +150,6 @@ def _gone(workers: list[Any], within_s: float) -> list[int]:
     return [w.pid for w in alive]
 
 
-def test_sigterm_to_tune_stops_its_workers(tmp_path: Path) -> None:
-    """SIGTERM to a tune with workers: they are stopped (SIGTERM, then SIGKILL after a grace), no
-    trial runs after the signal, and the tune exits 130 (issue 47: they ran all the trials)."""
-    proc, workers = _tune(tmp_path)
-    try:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 130, err
-        assert _gone(workers, 15.0) == []
-        # every record it touched says so: no trial left running, the ones cut mid-trial interrupted
-        store = Store(f"sqlite:///{tmp_path / 't.db'}")
-        assert [r.status for r in store.list_runs(kind="tune")] == ["interrupted"]
-        trials = store.list_runs(kind="trial")
-        assert trials
-        assert not [r.id for r in trials if r.status == "running"]
-        cut = [r for r in trials if r.status == "interrupted"]
-        assert all("interrupted" in (r.error or "") for r in cut)
-        study = optuna.load_study(study_name=store.list_runs(kind="tune")[0].study,
-                                  storage=f"sqlite:///{tmp_path / 't.db'}")
-        assert not [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for w in workers:
-            with contextlib.suppress(Exception):
-                w.kill()
-
-
 def test_workers_end_when_their_parent_is_killed(tmp_path: Path) -> None:
     """SIGKILL to the parent (nothing of it runs): each worker notices its parent is gone and ends,
     instead of being re-parented to init and running every trial left."""
@@ -186,6 +159,73 @@ def test_workers_end_when_their_parent_is_killed(tmp_path: Path) -> None:
     try:
         assert _gone(workers, 15.0) == []
     finally:
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.kill()
+
+
+def _in_group(pgid: int) -> list[int]:
+    """The live processes (not zombies) of process group ``pgid``."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+    return left
+
+
+def test_sigterm_to_a_300_trial_tune_with_two_workers_stops_everything(tmp_path: Path) -> None:
+    """Issue 47's done-when: SIGTERM to ``tune --trials 300 --epochs 2 --workers 2`` while both
+    workers are inside trials: the tune exits within 5 s, no trial starts after the signal, no
+    process of its group is left, and every record the signal cut is ``interrupted``: the tune
+    run, the trials' Runs, and their Optuna trials (failed there, marked interrupted, their
+    configurations queued again for a rerun)."""
+    import datetime as dt
+
+    proc, workers = _tune(tmp_path, trials=300)
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    try:
+        signalled_utc, signalled_local = dt.datetime.now(dt.timezone.utc), dt.datetime.now()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+        assert proc.returncode == 130, err
+        assert took < 5.0, f"the tune took {took:.1f} s to exit after SIGTERM"
+        assert _gone(workers, 0.5) == []
+        assert _in_group(proc.pid) == []
+
+        store = Store(db)
+        tune = store.list_runs(kind="tune")
+        assert [r.status for r in tune] == ["interrupted"]
+        trials = store.list_runs(kind="trial")
+        assert trials
+        assert len(trials) < 300
+        late = [r.id for r in trials if dt.datetime.fromisoformat(r.started_at) > signalled_utc]
+        assert late == [], "trials started after the signal"
+        assert not [r.id for r in trials if r.status == "running"]
+        cut = [r for r in trials if r.status == "interrupted"]
+        assert cut, "the workers were inside trials: those are interrupted"
+        assert {r.status for r in trials} <= {"finished", "interrupted"}
+
+        study = optuna.load_study(study_name=tune[0].study, storage=db)
+        states = optuna.trial.TrialState
+        started = [t for t in study.trials if t.datetime_start is not None]
+        assert not [t.number for t in started if t.datetime_start > signalled_local]
+        assert not [t.number for t in study.trials if t.state == states.RUNNING]
+        by_number = {t.number: t for t in study.trials}
+        for run in cut:
+            trial = by_number[int(run.config["trial"])]
+            assert trial.state == states.FAIL
+            assert trial.user_attrs.get("interrupted") is True
+        queued = [t for t in study.trials if t.state == states.WAITING]
+        assert len(queued) == len(cut)
+        assert not [t.number for t in queued if t.user_attrs.get("interrupted")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         for w in workers:
             with contextlib.suppress(Exception):
                 w.kill()

@@ -198,6 +198,18 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _error_line(exc: BaseException) -> str:
+    """``Type: message`` of a failure, in flags, escaped for rich. A database driver's error (the
+    store's, Optuna's storage) is its driver's reason alone: SQLAlchemy appends the SQL statement
+    and its parameters, which no user should have to read."""
+    import sqlalchemy.exc
+
+    if isinstance(exc, sqlalchemy.exc.StatementError) and exc.orig is not None:
+        reason = f"{type(exc.orig).__name__}: {exc.orig}"
+        return f"the database failed: {escape(as_flags(reason))}"
+    return f"{type(exc).__name__}: {escape(as_flags(str(exc)))}"
+
+
 def execute(
     fn: Callable[[], T],
     *,
@@ -234,8 +246,7 @@ def execute(
         from .._usercode import failed_in
 
         where = failed_in(exc)  # the user's own line to fix (a task method), shown without --debug
-        err_console.print(f"[bold red]failed:[/] {type(exc).__name__}: {escape(as_flags(str(exc)))}", markup=True,
-                          highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]failed:[/] {_error_line(exc)}", markup=True, highlight=False, soft_wrap=True)
         if where is not None and where not in str(exc):
             err_console.print(f"  {where}", markup=False, highlight=False, soft_wrap=True)
         if debug:

@@ -26,7 +26,7 @@ from ._bandit import POLICIES, Arm, Bandit, bandit_key, regret_curve
 from ._findings import Finding
 from ._health import HealthCheck
 from ._lrtest import RangeTest, lr_range_test
-from ._probes import decay_probe, warmup_probe
+from ._probes import decay_probe, nan_probe, warmup_probe
 
 __all__ = [
     "DIAGNOSE_SCHEMA_VERSION",
@@ -157,6 +157,11 @@ def diagnose(
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=[check, *callbacks])
         _measure_train_metrics(task_obj, result, check, dev)
+        if c.probes and check.wants_nan_probe:  # first: a NaN the rate does not drive asks no range test
+            nf = check.history.nonfinite
+            assert nf is not None
+            check.history.nan_probe = nan_probe(task_obj, result.params, lr=check.history.lrs()[0],
+                                                nan_step=int(nf["step"]), device=dev, seed=seed)
         if c.lr_test and check.wants_lr_test:
             check.add_lr_test(lr_range_test(task_obj, result.params, device=dev, seed=seed))
         if c.probes:

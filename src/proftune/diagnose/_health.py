@@ -238,7 +238,10 @@ class HealthCheck(Callback):
             stats = self._rerun_forward(state)
         record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": norm, "layer": None,
                                   "type": None, "phase": "forward" if not math.isfinite(loss) else "backward",
-                                  "inputs_finite": None}
+                                  "inputs_finite": None,
+                                  # the weights this step's forward ran on (the optimizer has not stepped)
+                                  "weights_finite": all(bool(torch.isfinite(p.detach()).all())
+                                                        for p in state.model.parameters())}
         if stats:
             # the forward is to blame when any activation is non-finite (the loss may not be
             # known yet inside a Monitor): the first such layer in forward order made it
@@ -249,6 +252,9 @@ class HealthCheck(Callback):
                                   inputs_finite=not _batch_nonfinite(state.batch),
                                   nonfinite_values=act.get("nonfinite"))
                     break
+            if record["layer"] is None and record["phase"] == "forward":
+                # every layer's output finite, on finite inputs: the loss computation made it
+                record.update(layers_finite=True, inputs_finite=not _batch_nonfinite(state.batch))
             if record["phase"] == "backward":
                 for name in reversed(list(stats)):
                     grad = stats[name].get("grad") or {}
@@ -281,6 +287,16 @@ class HealthCheck(Callback):
         plateau, slow progress or an oscillating loss)."""
         h = self.history
         return h.lr_test is None and bool(h.lr_rise() or h.plateau() or h.slow_progress() or h.oscillation())
+
+    @property
+    def wants_nan_probe(self) -> bool:
+        """Whether the run's loss turned non-finite where the rate could be blamed (neither an op
+        that makes NaN from finite inputs nor a NaN in the data): ``nan_probe`` tells."""
+        nf = self.history.nonfinite
+        if self.history.nan_probe is not None or nf is None or not self.history.lrs():
+            return False
+        named = nf.get("layer") is not None and nf.get("phase") == "forward"
+        return not (named and nf.get("inputs_finite") is False)
 
     @property
     def wants_decay_probe(self) -> bool:

@@ -42,7 +42,8 @@ class History:
     ``saturation`` holds, per sampled step, the fraction of each sigmoid/tanh layer's outputs in
     the flat tails (derivative below 1% of its peak). ``train_metrics`` are the task's metrics of
     the final model on its training data (``diagnose`` measures them; a Monitor has none).
-    ``decay_probe`` and ``warmup_probe`` are the short confirming runs of :mod:`._probes`.
+    ``decay_probe``, ``warmup_probe`` and ``nan_probe`` are the short confirming runs of
+    :mod:`._probes`.
     """
 
     spike_factor: float = 10.0
@@ -64,6 +65,7 @@ class History:
     train_metrics: dict[str, float] = field(default_factory=dict)
     decay_probe: dict[str, Any] | None = None
     warmup_probe: dict[str, Any] | None = None
+    nan_probe: dict[str, Any] | None = None
 
     # -- derived signals that several checks share -----------------------------------------
     def losses(self) -> list[tuple[int, float]]:
@@ -97,7 +99,7 @@ class History:
             return None
         start = statistics.fmean(v for _, v in curve[:3])
         found = _rise_onset(curve, start)
-        blew_up = self.nonfinite is not None
+        blew_up = self.nonfinite is not None and not self.nan_not_lr()
         if found is None and not blew_up:
             return None
         final = curve[-1][1]
@@ -113,6 +115,11 @@ class History:
                 "final_loss": final, "onset": found["onset"],
                 "ended_above_start": final > start,
                 "tail_cv": statistics.pstdev(tail) / max(statistics.fmean(tail), 1e-12) if len(tail) > 1 else None}
+
+    def nan_not_lr(self) -> bool:
+        """Whether the NaN probe found the first NaN at the same step (or sooner) at a far lower
+        rate: it does not follow the learning rate, so no rise of the loss is read from it."""
+        return self.nan_probe is not None and self.nan_probe.get("follows_lr") is False
 
     def lrs(self) -> list[float]:
         """The learning rate of every step that recorded one."""

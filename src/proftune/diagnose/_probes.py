@@ -9,6 +9,7 @@ with a linear warm-up: an early spike that warm-up removes was the missing warm-
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 from ..task import Task
 from ..train import Callback, FitState, fit
 
-__all__ = ["decay_probe", "warmup_probe"]
+__all__ = ["NAN_PROBE_FACTOR", "decay_probe", "nan_probe", "warmup_probe"]
 
 
 class _SetLR(Callback):
@@ -65,3 +66,23 @@ def warmup_probe(task: Task, params: dict[str, Any], *, lr: float, steps: int, w
     result = fit(task, params, max_steps=steps, device=device, seed=seed, evaluate=False,
                  callbacks=[_SetLR(lr, warmup=warmup)])
     return {"steps": steps, "warmup_steps": warmup, "lr": lr, "losses": _losses(result)}
+
+
+#: The rate of the NaN probe, as a fraction of the run's: far enough below that a NaN the rate
+#: drives (weights that grew) cannot come at the same step.
+NAN_PROBE_FACTOR = 0.01
+
+
+def nan_probe(task: Task, params: dict[str, Any], *, lr: float, nan_step: int, device: torch.device,
+              seed: int, factor: float = NAN_PROBE_FACTOR) -> dict[str, Any]:
+    """The steps of the run up to its first non-finite loss (step ``nan_step``, 1-based) and a few
+    beyond, again from the same init and batches at ``factor * lr``: the step at which the loss
+    turned non-finite there (None: finite throughout), and whether the NaN follows the rate (it
+    does where the lower rate stays finite past the run's step)."""
+    steps = nan_step + max(5, nan_step // 10)
+    result = fit(task, params, max_steps=steps, device=device, seed=seed, evaluate=False,
+                 callbacks=[_SetLR(lr * factor)])
+    losses = _losses(result)
+    first = next((i + 1 for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    return {"lr": lr, "probe_lr": lr * factor, "factor": factor, "steps": len(losses), "nan_step": nan_step,
+            "probe_nan_step": first, "follows_lr": first is None or first > nan_step}

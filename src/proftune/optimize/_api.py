@@ -298,15 +298,29 @@ class _Loop:
             self.say("run_failed", {"run_id": self.run_id, "error": f"{type(exc).__name__}: {exc}", "status": status})
             raise
         result = self._result()
-        result = dataclasses.replace(result, files=write_outputs(result, self.state, self.out, task=self.task))
+        metrics = {f"final_{self.v.metric}": result.final.mean or float("nan")}
+        # finished only once every output is written: a write that fails (a full disk) leaves the
+        # run failed with what was kept, and --resume writes the outputs again (every stage reused)
+        try:
+            result = dataclasses.replace(result, files=write_outputs(result, self.state, self.out, task=self.task))
+            self.store.update_run(self.run_id, result=json_safe(result.to_dict()), metrics=metrics,
+                                  artifacts=result.files)
+            html = write_html(self.run_id, self.out, self.store)  # reads the run's result
+            if html is not None:
+                result = dataclasses.replace(result, files={**result.files, "report": html})
+            write_summary(result, self.out)
+        except BaseException as exc:
+            kept = sorted(str(p.relative_to(self.out)) for p in self.out.rglob("*")
+                          if p.is_file() and not p.name.startswith("."))
+            status = ended_as(exc)
+            self.store.finish_run(self.run_id, status=status,
+                                  error=f"{type(exc).__name__}: {exc}; kept in {str(self.out)!r}: {', '.join(kept)}; "
+                                        "run again with --resume to write the outputs",
+                                  artifacts={"kept": kept})
+            self.say("run_failed", {"run_id": self.run_id, "error": f"{type(exc).__name__}: {exc}", "status": status})
+            raise
         self.store.finish_run(self.run_id, status="finished", result=json_safe(result.to_dict()),
-                              metrics={f"final_{self.v.metric}": result.final.mean or float("nan")},
-                              artifacts=result.files)
-        html = write_html(self.run_id, self.out, self.store)  # reads the finished run
-        if html is not None:
-            result = dataclasses.replace(result, files={**result.files, "report": html})
-            self.store.update_run(self.run_id, artifacts=result.files)
-        write_summary(result, self.out)
+                              metrics=metrics, artifacts=result.files)
         return result
 
     def _stop_reason(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -116,14 +117,16 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
 
 
 def write_html(run_id: int, out: Path, store: Any) -> str | None:
-    """The HTML report of the optimize run, where the report feature exists (``proftune.report``)."""
+    """The HTML report of the optimize run, where the report feature exists (``proftune.report``):
+    the run as it is recorded once its outputs are written (its result stored, not yet finished)."""
     if importlib.util.find_spec("proftune.report") is None:
         return None
     module = importlib.import_module("proftune.report")
     write_report = getattr(module, "write_report", None)
     if write_report is None:
         return None
-    return str(write_report(run_id, out / "report.html", store=store))
+    record = dataclasses.replace(store.get_run(run_id), status="finished")
+    return str(write_report(record, out / "report.html", store=store))
 
 
 def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, task: Task) -> dict[str, str]:

@@ -171,14 +171,14 @@ def _stop(procs: list[Any]) -> None:
 
 
 def _record_interrupted(settings: SearchSettings, pids: list[int]) -> None:
-    """The trials the stopped workers ``pids`` were running: their Runs ``interrupted``, their
-    Optuna trials failed with their configuration enqueued again (so running the same command
-    goes on with them). A store that cannot be reached now leaves them to the next run's reaping."""
+    """The trials the stopped workers ``pids`` were running, recorded interrupted (their Runs and
+    their Optuna trials: ``interrupt_trials``). A store that cannot be reached now leaves them to
+    the next run's reaping."""
     import contextlib
 
     import optuna
 
-    from ._storage import open_storage, reap_dead_trials
+    from ._storage import interrupt_trials, open_storage
 
     with contextlib.suppress(Exception):
         store = Store(settings.db)
@@ -186,10 +186,8 @@ def _record_interrupted(settings: SearchSettings, pids: list[int]) -> None:
         if not mine:
             return
         study = optuna.load_study(study_name=settings.study, storage=open_storage(settings.db))
-        reap_dead_trials(study, store)
-        for run in mine:
-            store.finish_run(run.id, status="interrupted",
-                             error="the search was interrupted (Ctrl-C or SIGTERM): its worker was stopped mid-trial")
+        interrupt_trials(study, store, mine,
+                         why="the search was interrupted (Ctrl-C or SIGTERM): its worker was stopped mid-trial")
 
 
 def _run_processes(settings: SearchSettings, workers: int, deadline: float | None, *,

@@ -25,7 +25,10 @@ import logging
 import math
 import os
 import random
+import signal
+import socket
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -546,14 +549,33 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
         loopback = _on_loopback(options.address)
         if loopback:
             kwargs["_node_ip_address"] = "127.0.0.1"
+        handler = signal.getsignal(signal.SIGTERM)
         with warnings.catch_warnings(), (_loopback_node_ip() if loopback else contextlib.nullcontext()):
             warnings.simplefilter("ignore")
             ray.init(**kwargs)
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            # ray.init puts its own SIGTERM handler in (it aborts the driver: exit -6, the trials
+            # left running); the caller's (the CLI's: an interrupt) is the one that records them
+            signal.signal(signal.SIGTERM, handler)
     try:
         yield ray
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _record_interrupted(settings: SearchSettings, store: Store, storage: Any) -> None:
+    """This driver's trials that were running when the search was interrupted: their Runs and
+    Optuna trials interrupted (``interrupt_trials``); a store that cannot be reached now leaves
+    them to the next run's reaping."""
+    from ._storage import interrupt_trials
+
+    with contextlib.suppress(Exception):
+        mine = [r for r in store.list_runs(kind="trial", study=settings.study, status="running")
+                if r.pid == os.getpid() and r.host == socket.gethostname()]
+        if mine:
+            interrupt_trials(optuna.load_study(study_name=settings.study, storage=storage), store, mine,
+                             why="the search was interrupted (Ctrl-C or SIGTERM): its Ray trial was cancelled")
 
 
 def _ladder(param: Param) -> list[Any]:
@@ -755,7 +777,11 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
                             remaining, deadline)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            grid = tuner.fit()
+            try:
+                grid = tuner.fit()
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the session's end cancels the trials
+                _record_interrupted(settings, store, storage)
+                raise
         numbers = dict(recorder.numbers)
         if pbt:  # the members' numbers in the study, in the order they started
             added = _record_population(settings, storage, progress.records)

@@ -113,6 +113,33 @@ def _retry_locked(fn: Callable[[], _T], attempts: int = 30) -> _T:
     raise AssertionError("unreachable")
 
 
+def interrupt_trials(study: optuna.Study, store: Store, runs: list[Any], *, why: str) -> list[int]:
+    """The trials of ``runs`` (trial Runs a search stopped by Ctrl-C or SIGTERM left running):
+    each Run ``interrupted`` with ``why``; each Optuna trial still RUNNING failed (Optuna has no
+    interrupted state: the user attribute ``interrupted`` says it) with its configuration enqueued
+    again, so running the same command goes on with it (the retry, not itself interrupted, without
+    the attribute). Returns the trial numbers failed."""
+    import contextlib
+
+    retry = retry_callback()
+    failed = []
+    for run in runs:
+        number = run.config.get("trial")
+        with contextlib.suppress(KeyError, RuntimeError, TypeError, ValueError,
+                                 optuna.exceptions.UpdateFinishedTrialError):
+            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number))
+            if study._storage.get_trial(trial_id).state == TrialState.RUNNING:
+                study._storage.set_trial_user_attr(trial_id, "interrupted", True)
+                if study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                    retry(study, study._storage.get_trial(trial_id))
+                    failed.append(int(number))
+        store.finish_run(run.id, status="interrupted", error=why)
+    for queued in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if queued.system_attrs.get("failed_trial") in failed and queued.user_attrs.get("interrupted"):
+            study._storage.set_trial_user_attr(queued._trial_id, "interrupted", None)
+    return failed
+
+
 def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
     """Fail the RUNNING trials whose process on this host is gone, and enqueue their retry.
 

@@ -232,9 +232,16 @@ def _check_sqlite_file(url: sa.URL) -> None:
         raise _read_only_error(shown, what)
     if not path.exists() or path.stat().st_size == 0:
         return
+    sidecars = [p for p in (Path(f"{path}-wal"), Path(f"{path}-shm")) if not p.exists()]
     try:
         tables = _sqlite_tables(path)
-    except sqlite3.DatabaseError as exc:  # not a database, damaged or encrypted
+    except sqlite3.DatabaseError as exc:  # not a database, damaged or encrypted, or its device full
+        full = _no_space(shown, path, exc)
+        if full is not None:
+            for p in sidecars:  # the log files the failed read began (nothing can write there now)
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            raise full from None
         if "not a database" in str(exc):
             raise StoreError(
                 f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
@@ -245,6 +252,31 @@ def _check_sqlite_file(url: sa.URL) -> None:
     foreign = _foreign_tables(tables)
     if foreign is not None:
         raise _refuse_foreign(shown, foreign)
+
+
+#: SQLite reports a write its log could not make ("disk I/O error") where a device is full as well
+#: as "database or disk is full"; with less than this free, either is read as a full device.
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _free_bytes(path: Path) -> int | None:
+    from .._paths import free_bytes
+
+    return free_bytes(path)
+
+
+def _no_space(shown: str, path: Path, exc: BaseException) -> StoreError | None:
+    """The error of a store whose device is full (None: ``exc`` is not that): what the user can
+    do, without the driver's SQL."""
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    free = _free_bytes(path)
+    full = "disk is full" in text or "no space left" in text or (
+        "disk i/o error" in text and free is not None and free < LOW_SPACE_BYTES)
+    if not full:
+        return None
+    left = f"{free} bytes free" if free is not None else "its free space unknown"
+    return StoreError(f"db={shown!r}: no space left on the device holding the store ({str(path)!r}, {left}); "
+                      "nothing was written. Free space there, or give db= a store on another device.")
 
 
 def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
@@ -306,8 +338,15 @@ class Store:
             self.url = parsed.render_as_string(hide_password=False)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.retries = retries
+        #: The SQLite file (None: a server, or SQLite in memory).
+        self.path: Path | None = None
+        made: list[Path] = []
         if self.is_sqlite:
             _check_sqlite_file(parsed)
+            database = parsed.database
+            if database and database != ":memory:" and not database.startswith("file:"):
+                self.path = Path(database)
+                made = [p for p in (self.path, Path(f"{database}-wal"), Path(f"{database}-shm")) if not p.exists()]
             self.engine: Engine = sa.create_engine(
                 self.url, connect_args={"timeout": 60}, poolclass=sa.pool.NullPool
             )
@@ -317,11 +356,28 @@ class Store:
                 self.engine = sa.create_engine(self.url, pool_pre_ping=True)
             except Exception as exc:
                 raise StoreError(f"db={self.shown_url!r} cannot be opened: {_redacted(exc, self)}") from exc
+        event.listen(self.engine, "handle_error", self._full_device)
         try:
             self._retry(self._create_schema_once_created)
-        except DBAPIError as exc:
+        except (DBAPIError, StoreError) as exc:
+            if made:  # a new store that could not be made leaves nothing behind (a full disk)
+                self.engine.dispose()
+                for p in made:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError(f"db={self.shown_url!r} cannot be opened as a database: "
                              f"{_redacted(exc.orig, self)}") from None
+
+    def _full_device(self, context: Any) -> None:
+        """Every error of the store's database where the device holding its SQLite file is full
+        (schema, a run's start or end, a lock): one StoreError that says so, never the SQL."""
+        if self.path is None:
+            return
+        error = _no_space(self.shown_url, self.path, context.original_exception)
+        if error is not None:
+            raise error
 
     def _create_schema_once_created(self) -> None:
         """The schema, where another process creating it at the same moment (PostgreSQL's
