@@ -228,3 +228,21 @@ def test_real_fsdp2_ranks_hold_what_the_prediction_says() -> None:
     whole = p.model_states["grads"] * 2
     assert held < 0.75 * whole
     assert (p.peak_bytes - held + whole) / measured["peak_bytes"] > 1.12  # the old model's figure: too high
+
+
+@pytest.mark.slow  # traces the 7B decoder (meta device, fake tensors): about a minute
+def test_7b_on_8_gpus_zero3_holds_its_shard_and_a_few_units_and_saves_the_parameters() -> None:
+    from .hf_tasks import Llama7B
+
+    task = Llama7B()
+    got = {s: predict(task, batch_size=1, target="a100", gpus=8, strategy=s, max_batch=False).parallel
+           for s in ("zero2", "zero3")}
+    z2, z3 = got["zero2"], got["zero3"]
+    assert z2 is not None
+    assert z3 is not None
+    unit = max(z3.memory.get("gathered_params", 0), 1)  # the root and two units, gathered
+    held = z3.memory.get("grads", 0) + z3.memory.get("unsharded_grads", 0)
+    assert held <= z3.model_states["grads"] + unit  # its shard plus the root's and two units', never the model's
+    assert held < 0.25 * 8 * z3.model_states["grads"]
+    saving = z2.model_states["params"] - z3.model_states["params"]
+    assert z2.peak_bytes - z3.peak_bytes > 0.85 * saving
