@@ -1,12 +1,17 @@
 """Data-parallel predictions (``proftune predict --gpus N --strategy ...``) beside the real thing.
 
 1. Measured: real DDP and FSDP2 (``fully_shard`` per block, then the root) training steps on 2
-   CPU ranks (gloo, one thread each; ``tests/predict/sharded_runs.py``), with and without full
-   activation checkpointing, on TinyBert and TinyLlama (``transformers`` configs, random
-   weights) at per-rank batch 8, fp32: the predicted per-rank peak (``--target cpu``) beside the
-   measured one (the CPU memory profile's running sum of allocations, the highest rank), the
-   predicted step beside the measured one (median of 5 timed steps, the median rank), and for
-   FSDP DeepSpeed's ZeRO-3 figure for the model states. Goal: peak within 10%.
+   and 4 CPU ranks (gloo, one thread each; ``tests/predict/sharded_runs.py``), with and without
+   full activation checkpointing, with gradient accumulation 1 and 4, on DeepBlocks (8 residual
+   blocks of width 128, ``tests/predict/block_tasks.py``: the shard plus the units in flight is
+   far from the whole model) at per-rank batch 2, fp32: the predicted per-rank peak
+   (``--target cpu``) beside the measured one (PyTorch's ``FSDPMemTracker`` / ``MemTracker``,
+   the highest rank; the CPU memory profile's running sum beside it), and the predicted step
+   beside the measured one (median of 5 timed steps, the median rank) three ways: the roofline's
+   compute plus the collectives over the link measured in those ranks (a short sweep after their
+   steps), the same with the device table's link figure, and one rank's measured step alone
+   (one process, one thread) plus the measured link's collectives. Goal: peak within 10%, step
+   within 25%. ``--models TinyBert TinyLlama`` runs the ``transformers`` models instead.
 2. DeepSpeed: one GPU's model states (parameters, gradients, optimizer state) under ZeRO-2,
    ZeRO-3 and FSDP (priced by ZeRO-3's form) at 1, 2, 4 and 8 GPUs on one node, for GPT-2 small
    (124M), TinyLlama and a Llama-2-7B-shaped decoder, with DeepSpeed's own estimators called
@@ -26,11 +31,12 @@ DeepSpeed is optional: ``pip install 'proftune[deepspeed]'`` (or ``pip install d
 builds from source in about a minute and runs its estimators on a CPU-only machine). Without
 it, part 2 prints how to install it and our closed forms alone.
 
-Part 1 starts 8 sets of ranks (about a minute each on a busy 2-core machine; ``--skip-measured``
+Part 1 starts 32 sets of ranks (30-60 s each on a busy 2-core machine; ``--skip-measured``
 leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
 Timings on a shared, busy machine: compare within one run.
-Usage: python benchmarks/sharded.py [--skip-measured] [--skip-deepspeed] [--skip-7b] [--ranks 2]
-       [--repeats 1] [--models TinyBert TinyLlama] [--strategies ddp fsdp] [--checkpointing none full]
+Usage: python benchmarks/sharded.py [--skip-measured] [--skip-deepspeed] [--skip-7b] [--ranks 2 4]
+       [--repeats 1] [--models DeepBlocks] [--strategies ddp fsdp] [--checkpointing none full]
+       [--accumulation 1 4]
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ sys.path.insert(0, TESTS)
 import proftune  # noqa: E402
 from proftune.predict import STRATEGIES, predict  # noqa: E402
 
-MEASURED_TASKS = {"TinyBert": f"{HF}:TinyBert", "TinyLlama": f"{HF}:TinyLlama"}
+MEASURED_TASKS = {"DeepBlocks": os.path.join(TESTS, "block_tasks.py") + ":DeepBlocks",
+                  "TinyBert": f"{HF}:TinyBert", "TinyLlama": f"{HF}:TinyLlama"}
 #: (strategy, offload) rows of part 2.
 DS_ROWS = [("zero2", "none"), ("zero2", "optimizer"), ("zero3", "none"), ("zero3", "optimizer"),
            ("zero3", "params"), ("fsdp", "none")]
@@ -76,42 +83,93 @@ def ratio(a: float | None, b: float | None) -> str:
 # -- 1. predicted vs measured on CPU ranks --------------------------------------------------------------
 
 
-def measured_table(ranks: int, *, repeats: int = 1, models: tuple[str, ...] = tuple(MEASURED_TASKS),
-                   strategies: tuple[str, ...] = ("ddp", "fsdp"),
-                   checkpointing: tuple[str, ...] = ("none", "full")) -> list[float]:
+def single_step_ms(task: str, params: dict[str, Any], batch_size: int, steps: int = 15) -> float:
+    """One process's step at one thread (the fit loop's own step, median of ``steps``): the
+    compute a rank would take alone, to price the link apart from the roofline's compute."""
+    import torch
+
+    from proftune.train import StepSpec, run_step
+
+    t = proftune.load_task(task)
+    full = proftune.train.validate_params({**t.default_params, **params})
+    spec = StepSpec.from_params(full)
+    batch = next(iter(t.train_data(batch_size, full)))
+    torch.manual_seed(0)
+    model = t.build_model(full)
+    optimizer = t.configure_optimizer(model, full)
+    times = []
+    for i in range(steps + 2):
+        t0 = time.perf_counter()
+        run_step(t, model, optimizer, [batch] * spec.grad_accumulation, spec, device_type="cpu")
+        if i >= 2:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[str, ...] = ("DeepBlocks",),
+                   strategies: tuple[str, ...] = ("ddp", "fsdp"), checkpointing: tuple[str, ...] = ("none", "full"),
+                   accumulation: tuple[int, ...] = (1, 4), batch_size: int = 2) -> dict[str, list[float]]:
     from sharded_runs import measure
 
-    print(f"\n== 1. per-rank peak and step, {ranks} CPU ranks (gloo), fp32, per-rank batch 8: "
-          f"predicted vs measured (median of {repeats} run{'s' if repeats > 1 else ''}; the peak of a run is its "
-          "highest rank's)")
-    print(f"{'model':10s} {'strategy':8s} {'ckpt':5s} {'pred MiB':>9s} {'meas MiB':>9s} {'pred/meas':>9s} "
-          f"{'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'DS ZeRO-3 states MiB':>21s} {'wall s':>7s}  "
-          "measured peaks of the runs' ranks, MiB")
-    errors = []
+    from proftune.predict import LinkFigures
+
+    print(f"\n== 1. per-rank peak and step on gloo CPU ranks, fp32, per-rank batch {batch_size}: predicted vs measured "
+          f"(median of {repeats} run{'s' if repeats > 1 else ''}; a run's peak is its highest rank's, PyTorch's "
+          "FSDPMemTracker / MemTracker; its step the median rank's median of 5)")
+    print("   link: measured in the same ranks after their steps (all-reduce/all-gather/reduce-scatter at "
+          "16 KiB-4 MiB); 'table' = the device table's cpu figure (a quarter of the copy bandwidth, no latency)")
+    print(f"{'model':10s} {'N':>2s} {'strategy':8s} {'ckpt':5s} {'acc':>3s} {'pred MiB':>9s} {'meas MiB':>9s} "
+          f"{'pred/meas':>9s} {'prof MiB':>9s} {'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'table ms':>8s} "
+          f"{'tbl/meas':>8s} {'1-rank ms':>9s} {'(1r+comm)/meas':>14s} {'wall s':>7s}")
+    out: dict[str, list[float]] = {"peak": [], "step": [], "step_table": [], "step_alone": []}
+    links: dict[int, Any] = {}
     for label in models:
         task = MEASURED_TASKS[label]
-        for strategy in strategies:
-            for ckpt in checkpointing:
-                t0 = time.perf_counter()
-                runs = [measure(task, world=ranks, strategy=strategy, checkpointing=ckpt, batch_size=8,
-                                timed_steps=5) for _ in range(repeats)]
-                m = {"peak_bytes": statistics.median(r["peak_bytes"] for r in runs),
-                     "step_ms": statistics.median(r["step_ms"] for r in runs)}
-                ranks_seen = " | ".join(" ".join(mib(x) for x in r["peaks"]) for r in runs)
-                p = predict(task, batch_size=8, target="cpu", gpus=ranks, strategy=strategy,
-                            activation_checkpointing=ckpt, max_batch=False).parallel
-                assert p is not None
-                err = p.peak_bytes / m["peak_bytes"] - 1
-                errors.append(abs(err))
-                ds = p.deepspeed["gpu_bytes"] if strategy == "fsdp" else None
-                print(f"{label:10s} {strategy:8s} {ckpt:5s} {mib(p.peak_bytes):>9s} {mib(m['peak_bytes']):>9s} "
-                      f"{ratio(p.peak_bytes, m['peak_bytes']):>9s} {p.step.get('time_ms') or 0:8.2f} "
-                      f"{m['step_ms']:8.2f} {ratio(p.step.get('time_ms'), m['step_ms']):>9s} {mib(ds):>21s} "
-                      f"{time.perf_counter() - t0:7.1f}  {ranks_seen}", flush=True)
-    print(f"max |peak error| {max(errors):.2%} (goal <= 10%); median {statistics.median(errors):.2%}. "
-          "Step: the roofline on this CPU's measured numbers; gloo's all-reduce on loopback is not in the "
-          "device table's link figures.")
-    return errors
+        for n in ranks:
+            for strategy in strategies:
+                for ckpt in checkpointing:
+                    for acc in accumulation:
+                        t0 = time.perf_counter()
+                        params = {"grad_accumulation": acc}
+                        runs = [measure(task, world=n, strategy=strategy, checkpointing=ckpt, batch_size=batch_size,
+                                        params=params, timed_steps=5, profiler=True, link=True)
+                                for _ in range(repeats)]
+                        peak = statistics.median(r["peak_bytes"] for r in runs)
+                        step_ms = statistics.median(r["step_ms"] for r in runs)
+                        prof = statistics.median(r["profiler_peak_bytes"] for r in runs)
+                        link = LinkFigures("gloo", n, runs[-1]["link"], False,
+                                           f"measured: gloo between the {n} ranks of this run")
+                        links[n] = link
+                        kw = {"batch_size": batch_size, "target": "cpu", "gpus": n, "strategy": strategy,
+                              "activation_checkpointing": ckpt, "max_batch": False}
+                        p = predict(task, params, link=link, **kw).parallel
+                        tbl = predict(task, params, link="table", **kw).parallel
+                        assert p is not None
+                        assert tbl is not None
+                        alone = single_step_ms(task, params, batch_size) * max(1.0, n / (os.cpu_count() or 1))
+                        with_comm = alone + float(p.step["exposed_comm_ms"] or 0.0)
+                        out["peak"].append(p.peak_bytes / peak - 1)
+                        out["step"].append(float(p.step["time_ms"] or 0) / step_ms)
+                        out["step_table"].append(float(tbl.step["time_ms"] or 0) / step_ms)
+                        out["step_alone"].append(with_comm / step_ms)
+                        print(f"{label:10s} {n:2d} {strategy:8s} {ckpt:5s} {acc:3d} {mib(p.peak_bytes):>9s} "
+                              f"{mib(peak):>9s} {ratio(p.peak_bytes, peak):>9s} {mib(prof):>9s} "
+                              f"{p.step['time_ms'] or 0:8.2f} {step_ms:8.2f} {ratio(p.step['time_ms'], step_ms):>9s} "
+                              f"{tbl.step['time_ms'] or 0:8.2f} {ratio(tbl.step['time_ms'], step_ms):>8s} "
+                              f"{alone:9.2f} {ratio(with_comm, step_ms):>14s} {time.perf_counter() - t0:7.1f}",
+                              flush=True)
+    for n, link in links.items():
+        print(f"link measured on {n} ranks (last run): " + "; ".join(
+            f"{k} {v['latency_s'] * 1e6:.0f} us + bytes / {v['bytes_s'] / 1e9:.3g} GB/s"
+            for k, v in link.collectives.items()))
+    errs = [abs(e) for e in out["peak"]]
+    print(f"peak: max |error| {max(errs):.2%}, median {statistics.median(errs):.2%} (goal <= 10%)")
+    for key, what in (("step", "roofline compute + measured link"), ("step_table", "roofline compute + table link"),
+                      ("step_alone", "one rank's measured step + measured link")):
+        r = out[key]
+        print(f"step pred/meas, {what}: median {statistics.median(r):.2f}, range {min(r):.2f}-{max(r):.2f}, "
+              f"within 25% in {sum(abs(x - 1) <= 0.25 for x in r)} of {len(r)}")
+    return out
 
 
 # -- 2. DeepSpeed's estimators ---------------------------------------------------------------------------
@@ -239,9 +297,10 @@ def main() -> None:
     ap.add_argument("--skip-measured", action="store_true")
     ap.add_argument("--skip-deepspeed", action="store_true")
     ap.add_argument("--skip-7b", action="store_true")
-    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--repeats", type=int, default=1, help="runs of each measured case (median)")
-    ap.add_argument("--models", nargs="+", default=list(MEASURED_TASKS), choices=list(MEASURED_TASKS))
+    ap.add_argument("--models", nargs="+", default=["DeepBlocks"], choices=list(MEASURED_TASKS))
+    ap.add_argument("--accumulation", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp"], choices=["ddp", "fsdp"])
     ap.add_argument("--checkpointing", nargs="+", default=["none", "full"], choices=["none", "full", "selective"])
     args = ap.parse_args()
@@ -256,8 +315,9 @@ def main() -> None:
     if not args.skip_deepspeed:
         deepspeed_table(args.skip_7b)
     if not args.skip_measured:
-        measured_table(args.ranks, repeats=args.repeats, models=tuple(args.models),
-                       strategies=tuple(args.strategies), checkpointing=tuple(args.checkpointing))
+        measured_table(tuple(args.ranks), repeats=args.repeats, models=tuple(args.models),
+                       strategies=tuple(args.strategies), checkpointing=tuple(args.checkpointing),
+                       accumulation=tuple(args.accumulation))
     print(f"\ntotal {time.perf_counter() - started:.0f} s (shared, busy machine)")
 
 

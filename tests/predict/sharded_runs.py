@@ -1,20 +1,29 @@
 """Real DDP and FSDP2 training steps on CPU ranks (gloo), measured per rank: peak bytes and step ms.
 
 Used by ``tests/predict/test_sharded.py`` and ``benchmarks/sharded.py``. Each rank runs the fit
-loop's own step (:func:`proftune.train.run_step`) on its model wrapped as the strategy wraps it
-(``DistributedDataParallel``; or ``fully_shard`` on each block of
-:func:`proftune.predict.block_units`, then on the root), with the blocks checkpointed as the
-prediction checkpoints them (:func:`proftune.predict.apply_activation_checkpointing`).
+loop's own step (:func:`proftune.train.run_step`, with the task's ``grad_accumulation``
+micro-batches) on its model wrapped as the strategy wraps it (``DistributedDataParallel``; or
+``fully_shard`` on each block of :func:`proftune.predict.block_units`, then on the root), with
+the blocks checkpointed as the prediction checkpoints them
+(:func:`proftune.predict.apply_activation_checkpointing`).
 
-The peak is the CPU memory profile's own accounting (``torch.profiler`` allocation events, the
-running sum of allocations and frees, as ``Profile.memory.peak_bytes`` on CPU): the window opens
-before the model is built, so everything the rank allocates is seen (DDP's gradient buckets,
-FSDP's shards), and the peak is read inside the measured step (the second; the first creates
-the optimizer state).
+The peak is PyTorch's own trackers' figure, as its tests of them measure one: FSDP2 under
+``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (sharded and unsharded parameters
+and gradients, all-gather and reduce-scatter buffers, activations, optimizer state), DDP under
+``mem_tracker.MemTracker`` with the model and the optimizer tracked (the Reducer's flat gradient
+buckets are made again in each backward: the tracker counts them there, as ``Temp``); one step
+after two warm-up steps (the first creates the optimizer state, the second's
+start is where DDP rebuilds its buckets in the order the gradients came). Beside it
+(``profiler=True``), the CPU memory profile's running sum of allocations within that step: under
+DDP it now and then holds one more gradient-sized tensor than the tracker (its events are those
+of the threads it profiles; gloo's own threads complete the all-reduces), so it is a cross-check.
+After the timed steps the ranks sweep their collectives (:func:`proftune.predict.sweep_collectives`):
+the link measured on the ranks at hand.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -28,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import proftune
+from proftune.train import StepPhases
 
 _MARK = "proftune_measured_step"
 
@@ -61,6 +71,51 @@ def _peak_in_step(prof: Any) -> int:
     return peak
 
 
+def _wrap(model: torch.nn.Module, strategy: str) -> Any:
+    from proftune.predict import block_units
+
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for _, unit in block_units(model):
+        fully_shard(unit, reshard_after_forward=strategy != "fsdp-no-reshard")
+    return fully_shard(model)
+
+
+class _ResetEachForward(StepPhases):
+    """Clears the tracker's per-module statistics before each micro-batch's forward: its peak
+    stays, and a second forward of the root in one step (accumulation) is no longer refused."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+
+    def forward(self) -> contextlib.AbstractContextManager[Any]:
+        self.tracker.reset_mod_stats()
+        return contextlib.nullcontext()
+
+
+def _tracked_peak(wrapped: Any, optimizer: Any, step: Any, strategy: str) -> tuple[int, dict[str, int]]:
+    """The tracker's peak of one step on this rank's CPU, and its bytes by kind then."""
+    if strategy == "ddp":
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker: Any = MemTracker()
+        tracker.track_external(wrapped, optimizer)
+    else:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        tracker = FSDPMemTracker(wrapped, optimizer)
+    with tracker:
+        step(_ResetEachForward(tracker))
+    snap = tracker.get_tracker_snapshot("peak")
+    cpu = next((v for k, v in snap.items() if torch.device(k).type == "cpu"), {})
+    total = int(cpu.get("Total", 0))
+    return total, {str(k): int(v) for k, v in cpu.items() if k != "Total" and v}
+
+
 def _rank(rank: int, world: int, port: int, case: dict[str, Any], out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -71,56 +126,65 @@ def _rank(rank: int, world: int, port: int, case: dict[str, Any], out: Any) -> N
     try:
         from torch.profiler import ProfilerActivity, profile
 
-        from proftune.predict import apply_activation_checkpointing, block_units
+        from proftune.predict import apply_activation_checkpointing, sweep_collectives
         from proftune.train import StepSpec, run_step
 
         task = proftune.load_task(case["task"])
         params = proftune.train.validate_params({**task.default_params, **case.get("params", {})})
         spec = dataclasses.replace(StepSpec.from_params(params), precision="fp32")
         batch = next(iter(task.train_data(case["batch_size"], params)))
+        micro = [batch] * spec.grad_accumulation
+
+        def step(phases: StepPhases | None = None) -> None:
+            run_step(task, wrapped, optimizer, micro, spec, device_type="cpu", phases=phases)
+
         torch.manual_seed(0)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                     record_shapes=False) if case.get("profiler") else contextlib.nullcontext() as prof:
             model = task.build_model(params)
             apply_activation_checkpointing(model, case["checkpointing"])
-            if case["strategy"] == "ddp":
-                from torch.nn.parallel import DistributedDataParallel
-
-                wrapped: Any = DistributedDataParallel(model)
-            else:
-                from torch.distributed.fsdp import fully_shard
-
-                for _, unit in block_units(model):
-                    fully_shard(unit)
-                wrapped = fully_shard(model)
+            wrapped = _wrap(model, case["strategy"])
             optimizer = task.configure_optimizer(wrapped, params)
-            for i in range(2):
-                if i == 1:
-                    dist.barrier()
-                    with torch.profiler.record_function(_MARK):
-                        run_step(task, wrapped, optimizer, [batch], spec, device_type="cpu")
-                else:
-                    run_step(task, wrapped, optimizer, [batch], spec, device_type="cpu")
-        peak = _peak_in_step(prof)
+            # the first step creates the optimizer state; DDP rebuilds its buckets in the order the
+            # gradients came at the second step's start (new flat buckets, the old ones freed)
+            step()
+            step()
+            if prof is not None:
+                dist.barrier()
+                with torch.profiler.record_function(_MARK):
+                    step()
+        profiled = _peak_in_step(prof) if prof is not None else None
+        dist.barrier()
+        peak, kinds = _tracked_peak(wrapped, optimizer, step, case["strategy"])
         times = []
         for _ in range(case.get("timed_steps", 3)):
             dist.barrier()
             t0 = time.perf_counter()
-            run_step(task, wrapped, optimizer, [batch], spec, device_type="cpu")
+            step()
             times.append((time.perf_counter() - t0) * 1e3)
-        out.put((rank, peak, statistics.median(times)))
+        link = sweep_collectives() if case.get("link") else None
+        out.put((rank, peak, statistics.median(times), kinds, profiled, link))
     finally:
         dist.destroy_process_group()
 
 
 def measure(task: str, *, world: int, strategy: str, checkpointing: str = "none", batch_size: int,
-            params: dict[str, Any] | None = None, timed_steps: int = 3) -> dict[str, Any]:
-    """Per-rank peak bytes (the highest rank's) and step ms (the median over ranks) of a real step."""
+            params: dict[str, Any] | None = None, timed_steps: int = 3, profiler: bool = False,
+            link: bool = False) -> dict[str, Any]:
+    """Per-rank peak bytes (the highest rank's, the tracker's; its bytes by kind), step ms (the
+    median over ranks), with ``profiler`` the profiler's peak too, with ``link`` the ranks'
+    collectives measured after the steps (rank 0's sweep)."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     case = {"task": task, "strategy": strategy, "checkpointing": checkpointing, "batch_size": batch_size,
-            "params": dict(params or {}), "timed_steps": timed_steps}
+            "params": dict(params or {}), "timed_steps": timed_steps, "profiler": profiler, "link": link}
     mp.start_processes(_rank, args=(world, free_port(), case, queue), nprocs=world, join=True,
                        start_method="spawn")
-    results = [queue.get() for _ in range(world)]
-    peaks = [p for _, p, _ in results]
-    return {"peak_bytes": max(peaks), "peaks": peaks, "step_ms": statistics.median(t for _, _, t in results)}
+    results = sorted((queue.get() for _ in range(world)), key=lambda r: r[0])
+    peaks = [r[1] for r in results]
+    top = max(results, key=lambda r: r[1])
+    profiled = [r[4] for r in results if r[4] is not None]
+    return {"peak_bytes": max(peaks), "peaks": peaks, "kinds": top[3],
+            "step_ms": statistics.median(r[2] for r in results),
+            "profiler_peak_bytes": max(profiled) if profiled else None,
+            "link": results[0][5]}

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from proftune.cli import app
 from proftune.exceptions import ConfigError
-from proftune.predict import STRATEGIES, ModelSizes, PredictResult, predict
+from proftune.predict import COLLECTIVES, STRATEGIES, LinkFigures, ModelSizes, PredictResult, predict
 
 from .hf_tasks import TinyBert
 
@@ -138,18 +138,111 @@ def test_plan_ranks_what_fits_by_throughput_and_says_why_the_rest_does_not() -> 
     assert PredictResult.from_dict(r.to_dict()) == r
 
 
-def test_one_real_fsdp_step_on_two_cpu_ranks_matches_the_prediction() -> None:
+#: Nine units of 400 bytes (a block each) and a root of 400: the shard plus two units is far from the whole.
+DEEP = ModelSizes(n_params=1000, params_bytes=4000, grads_bytes=4000, optimizer_bytes=8000,
+                  unit_bytes=(400,) * 9, root_bytes=400, largest_layer_params=100)
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "fsdp"])
+def test_full_shard_holds_its_shard_and_the_units_in_flight_not_the_models_gradients(strategy: str) -> None:
+    # at the single device's backward peak every gradient has been made
+    late = {"backward": {"params": 4000, "optimizer_state": 8000, "activations": 100, "grads": 4000}}
+    got = STRATEGIES[strategy].phase_bytes(DEEP, 4, "none", late)[0].breakdown
+    in_flight = 400 + 2 * 400  # the root's gradients (reduced when backward ends) and two units'
+    assert got["unsharded_grads"] == in_flight
+    assert got["grads"] == (4000 - in_flight) // 4  # the rest reduce-scattered: this GPU's shard
+    assert got["grads"] + got["unsharded_grads"] < 0.5 * DEEP.grads_bytes
+    # ZeRO-2 shards them too (its buckets are the comm buffers); DDP and ZeRO-1 keep them whole
+    assert STRATEGIES["zero2"].phase_bytes(DEEP, 4, "none", late)[0].breakdown["grads"] == 1000
+    assert STRATEGIES["ddp"].phase_bytes(DEEP, 4, "none", late)[0].breakdown["grads"] == 4000
+    assert STRATEGIES["zero1"].phase_bytes(DEEP, 4, "none", late)[0].breakdown["grads"] == 4000
+
+
+def test_backward_peaks_where_the_strategy_holds_the_most() -> None:
+    # the single device peaks late in backward (all gradients made); sharded, the early moment
+    # (all activations, no gradients yet) is higher
+    peak = {"params": 4000, "optimizer_state": 8000, "activations": 500, "grads": 4000}
+    moments = {0: {"params": 4000, "optimizer_state": 8000, "activations": 3000},
+               2000: {"params": 4000, "optimizer_state": 8000, "activations": 1500, "grads": 2000},
+               4000: peak}
+    ddp = STRATEGIES["ddp"].phase_bytes(DEEP, 4, "none", {"backward": peak}, moments=moments)[0]
+    assert ddp.breakdown["grads"] == 4000  # unsharded: the single device's moment stays the peak
+    zero3 = STRATEGIES["zero3"].phase_bytes(DEEP, 4, "none", {"backward": peak}, moments=moments)[0]
+    assert zero3.breakdown["activations"] == 3000
+    assert "grads" not in zero3.breakdown
+    assert "unsharded_grads" not in zero3.breakdown
+
+
+def test_accumulation_keeps_a_shard_of_the_earlier_micro_batches_gradients() -> None:
+    forward = {"forward": {"params": 4000, "optimizer_state": 8000, "activations": 700}}
+    for strategy, grads in (("fsdp", 1000), ("zero2", 1000), ("zero1", 4000), ("ddp", 4000)):
+        got = STRATEGIES[strategy].phase_bytes(DEEP, 4, "none", forward, accumulating=True)[0].breakdown
+        assert got["grads"] == grads, strategy
+    alone = STRATEGIES["fsdp"].phase_bytes(DEEP, 4, "none", forward)[0].breakdown
+    assert "grads" not in alone
+
+
+def test_fsdp_without_reshard_after_forward_keeps_every_unit_gathered() -> None:
+    backward = {"backward": {"params": 4000, "optimizer_state": 8000, "activations": 100}}
+    keep = STRATEGIES["fsdp-no-reshard"].phase_bytes(DEEP, 4, "none", backward)[0].breakdown
+    reshard = STRATEGIES["fsdp"].phase_bytes(DEEP, 4, "none", backward)[0].breakdown
+    assert keep["gathered_params"] == 400 + 9 * 400
+    assert reshard["gathered_params"] == 400 + 2 * 400
+    names = [c.name for c in STRATEGIES["fsdp-no-reshard"].collectives(DEEP, 4, 1)]
+    assert not any("backward" in n for n in names)  # nothing to all-gather again
+
+
+def test_a_measured_link_prices_the_collectives() -> None:
+    fast = LinkFigures("gloo", 2, {k: {"latency_s": 0.0, "bytes_s": 1e12} for k in COLLECTIVES}, False, "test")
+    slow = LinkFigures("gloo", 2, {k: {"latency_s": 1e-3, "bytes_s": 1e6} for k in COLLECTIVES}, False, "test")
+    a, b = (predict("digits-mlp", batch_size=8, target="a100", gpus=2, strategy="fsdp", max_batch=False,
+                    link=link).parallel for link in (fast, slow.to_dict()))
+    assert a is not None
+    assert b is not None
+    assert b.link["source"] == "test"
+    assert b.link["collectives"] == slow.collectives
+    calls = sum(c["calls"] * c["times"] for c in b.collectives)
+    sent = sum(c["bytes_per_gpu"] * c["times"] for c in b.collectives)
+    assert b.step["comm_ms"] == pytest.approx(1e3 * (calls * 1e-3 + sent / 1e6))
+    # gloo on CPU: the collectives take the cores' time, none of it hidden
+    assert b.step["exposed_comm_ms"] == pytest.approx(b.step["comm_ms"])
+    assert b.step["time_ms"] > a.step["time_ms"]
+    with pytest.raises(ConfigError, match="link='fast'"):
+        predict("digits-mlp", batch_size=8, gpus=2, link="fast")
+    with pytest.raises(ConfigError, match="link="):
+        predict("digits-mlp", batch_size=8, target="a100", gpus=2, link={"backend": "gloo"})
+
+
+def test_real_fsdp2_ranks_hold_what_the_prediction_says() -> None:
+    """FSDP2 per block on 2 gloo CPU ranks, 8 blocks: PyTorch's FSDPMemTracker's per-rank peak
+    within 10% of the prediction, where keeping the whole model's gradients would be 15% over."""
     sys.path.insert(0, str(Path(__file__).parent))
     from sharded_runs import measure
 
-    task = f"{Path(__file__).parent / 'hf_tasks.py'}:TinyBert"
-    measured = measure(task, world=2, strategy="fsdp", batch_size=8, timed_steps=1)
-    p = predict(task, batch_size=8, target="cpu", gpus=2, strategy="fsdp", max_batch=False).parallel
+    task = f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks"
+    measured = measure(task, world=2, strategy="fsdp", batch_size=2, timed_steps=1)
+    p = predict(task, batch_size=2, target="cpu", gpus=2, strategy="fsdp", max_batch=False, link="table").parallel
     assert p is not None
-    assert abs(p.peak_bytes / measured["peak_bytes"] - 1) < 0.10, (p.peak_bytes, measured)
-    # FSDP shards the model states: each rank holds about half of the single device's (on a model
-    # this small the all-gather buffers eat the saving at the peak, so the peak is not compared)
-    single = predict(task, batch_size=8, target="cpu", max_batch=False).memory
-    states = sum(p.model_states.get(k, 0) for k in ("params", "grads", "optimizer_state"))
-    assert states > 0
-    assert states < 0.6 * (single.params_bytes + single.grads_bytes + single.optimizer_bytes), p.model_states
+    assert abs(p.peak_bytes / measured["peak_bytes"] - 1) < 0.10, (p.memory, measured)
+    held = p.memory.get("grads", 0) + p.memory.get("unsharded_grads", 0)
+    whole = p.model_states["grads"] * 2
+    assert held < 0.75 * whole
+    assert (p.peak_bytes - held + whole) / measured["peak_bytes"] > 1.12  # the old model's figure: too high
+
+
+@pytest.mark.slow  # traces the 7B decoder (meta device, fake tensors): about a minute
+def test_7b_on_8_gpus_zero3_holds_its_shard_and_a_few_units_and_saves_the_parameters() -> None:
+    from .hf_tasks import Llama7B
+
+    task = Llama7B()
+    got = {s: predict(task, batch_size=1, target="a100", gpus=8, strategy=s, max_batch=False).parallel
+           for s in ("zero2", "zero3")}
+    z2, z3 = got["zero2"], got["zero3"]
+    assert z2 is not None
+    assert z3 is not None
+    unit = max(z3.memory.get("gathered_params", 0), 1)  # the root and two units, gathered
+    held = z3.memory.get("grads", 0) + z3.memory.get("unsharded_grads", 0)
+    assert held <= z3.model_states["grads"] + unit  # its shard plus the root's and two units', never the model's
+    assert held < 0.25 * 8 * z3.model_states["grads"]
+    saving = z2.model_states["params"] - z3.model_states["params"]
+    assert z2.peak_bytes - z3.peak_bytes > 0.85 * saving

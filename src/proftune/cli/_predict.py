@@ -148,7 +148,7 @@ def _render_parallel(p: ParallelPrediction) -> None:
         out_console.print(
             f"step (estimate) {st['time_ms']:.4g} ms: compute {st['compute_ms']:.4g} ms, collectives "
             f"{st['comm_ms']:.4g} ms over {link['name']} {bw} ({st['exposed_comm_ms']:.4g} ms not hidden), "
-            f"offload {st['offload_ms']:.4g} ms{rate}", highlight=False)
+            f"offload {st['offload_ms']:.4g} ms{rate}; link: {link.get('source') or '-'}", highlight=False)
     if p.max_batch_size is not None:
         out_console.print(f"largest per-GPU batch that fits {format_bytes(p.device_memory_bytes)}: "
                           f"[bold]{p.max_batch_size}[/]", highlight=False)
@@ -212,6 +212,10 @@ def predict_command(
     global_batch: Annotated[int | None, typer.Option(
         "--global-batch", help="Samples per optimizer step over all GPUs (with --plan; for a sequence model "
                                "each sample is the task's sequence).", show_default=False)] = None,
+    link: Annotated[str, typer.Option(
+        "--link", help="The link the collectives are priced with: auto (measured between --gpus CPU ranks here "
+                       "when --target is cpu, else the target's datasheet figure), table, or measure (a short "
+                       "all-reduce/all-gather/reduce-scatter sweep between --gpus ranks of this machine).")] = "auto",
     device: DeviceOpt = "auto",
     db: DbOpt = None,
     json_out: JsonOpt = False,
@@ -232,7 +236,7 @@ def predict_command(
                                peak_tflops=peak_tflops, bandwidth=bandwidth, precision=precision,
                                optimizer=optimizer, calibrate=calibrate, device=device, gpus=gpus, nodes=nodes,
                                strategy=strategy, activation_checkpointing=activation_checkpointing,
-                               offload=offload, plan=plan, global_batch=global_batch)
+                               offload=offload, plan=plan, global_batch=global_batch, link=link)
         result = predict(task, parse_params(param), config, store=Store(db))
         if result.fits is False and result.parallel is None and result.plan is None:
             best = result.max_batch_size

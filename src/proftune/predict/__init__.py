@@ -12,12 +12,14 @@ from .._callable import make_callable as _make_callable
 from ._api import PredictConfig, predict
 from ._checkpointing import CHECKPOINTING, apply_activation_checkpointing, block_units
 from ._devices import DEVICES, DeviceSpec, resolve_target, roofline_ms
+from ._link import COLLECTIVES, LinkFigures, measure_link, sweep_collectives
 from ._memory_model import MIN_MARGIN_FRACTION, RESIDUAL_MARGIN, MemoryModel, fit_memory_model
-from ._parallel import ParallelPlan, ParallelPrediction
 from ._record import (
     ESTIMATE_NOTE,
     PREDICT_SCHEMA_VERSION,
     LayerPrediction,
+    ParallelPlan,
+    ParallelPrediction,
     PeakAt,
     PredictedMemory,
     PredictedStep,
@@ -28,6 +30,7 @@ from ._trace import PHASES, StepTracer
 
 __all__ = [
     "CHECKPOINTING",
+    "COLLECTIVES",
     "DEVICES",
     "ESTIMATE_NOTE",
     "MIN_MARGIN_FRACTION",
@@ -41,6 +44,7 @@ __all__ = [
     "DeepSpeedStates",
     "DeviceSpec",
     "LayerPrediction",
+    "LinkFigures",
     "MemoryModel",
     "ModelSizes",
     "ParallelPlan",
@@ -54,9 +58,11 @@ __all__ = [
     "apply_activation_checkpointing",
     "block_units",
     "fit_memory_model",
+    "measure_link",
     "predict",
     "resolve_target",
     "roofline_ms",
+    "sweep_collectives",
 ]
 
 # ``proftune.predict(task, ...)`` calls :func:`predict`: the subpackage is the one object of the name.

@@ -24,11 +24,20 @@ from ..profile import ParamCounts
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
 from ..train import validate_params
-from ._devices import DeviceSpec, resolve_target, roofline_ms
+from ._devices import DeviceSpec, price_phases, resolve_target
+from ._link import LinkFigures, measure_link
 from ._memory_model import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
-from ._parallel import Evaluator, ParallelPlan, ParallelPrediction, validate_parallel
+from ._parallel import Evaluator, validate_parallel
 from ._parallel import plan as run_plan
-from ._record import LayerPrediction, PeakAt, PredictedMemory, PredictedStep, PredictResult
+from ._record import (
+    LayerPrediction,
+    ParallelPlan,
+    ParallelPrediction,
+    PeakAt,
+    PredictedMemory,
+    PredictedStep,
+    PredictResult,
+)
 from ._sharding import STRATEGIES
 from ._trace import PHASES, StepTracer, _Trace
 
@@ -36,40 +45,6 @@ __all__ = ["PredictConfig", "predict"]
 
 
 # -- from a trace to a prediction ----------------------------------------------------------------------
-
-
-def _roofline(trace: _Trace, spec: DeviceSpec) -> tuple[dict[str, dict[str, Any]], dict[str, float | None], str]:
-    """Per layer and per phase: FLOPs, bytes, estimated ms, and the bound."""
-    layers: dict[str, dict[str, Any]] = {}
-    phases: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in PHASES}  # compute s, memory s, ms
-    known = bool(spec.bandwidth_bytes_s) and bool(spec.peak_tflops)
-    for op in trace.ops:
-        tflops = spec.tflops(op.compute)
-        ms, _ = roofline_ms(op.flops, op.nbytes, tflops=tflops, bandwidth=spec.bandwidth_bytes_s,
-                            ops=1, overhead_us=spec.op_overhead_us)
-        w = trace.weight(op)  # FLOPs and bytes of one micro-batch; ms of the whole step
-        entry = layers.setdefault(op.layer, {"forward_flops": 0, "backward_flops": 0, "bytes": 0,
-                                             "forward_ms": 0.0, "backward_ms": 0.0, "compute_s": 0.0,
-                                             "memory_s": 0.0, "overhead_s": 0.0})
-        if op.phase in ("forward", "backward"):
-            if op.micro == 0:
-                entry[f"{op.phase}_flops"] += op.flops
-                entry["bytes"] += op.nbytes
-            entry[f"{op.phase}_ms"] += w * (ms or 0.0)
-        if known and tflops:
-            c, m = op.flops / (tflops * 1e12), op.nbytes / float(spec.bandwidth_bytes_s or 1)
-            entry["compute_s"] += w * c
-            entry["memory_s"] += w * m
-            entry["overhead_s"] += w * spec.op_overhead_us * 1e-6
-            acc = phases[op.phase]
-            acc[0] += w * c
-            acc[1] += w * m
-            acc[2] += w * (ms or 0.0)
-    phase_ms: dict[str, float | None] = {p: (phases[p][2] if known else None) for p in PHASES}
-    comp = sum(v[0] for v in phases.values())
-    mem = sum(v[1] for v in phases.values())
-    bound = "unknown" if not known else ("compute" if comp >= mem else "memory")
-    return layers, phase_ms, bound
 
 
 def _bound(entry: dict[str, Any]) -> str:
@@ -83,7 +58,7 @@ def _bound(entry: dict[str, Any]) -> str:
 
 def _assemble(trace: _Trace, spec: DeviceSpec, tracer: StepTracer) -> dict[str, Any]:
     """The parts of a prediction that one trace on one target gives: counts, memory, time, layers."""
-    layer_costs, phase_ms, bound = _roofline(trace, spec)
+    layer_costs, phase_ms, bound = price_phases(trace, spec)
     names = [n for n in trace.layer_types if n in layer_costs or n in trace.activations]
     names += [n for n in layer_costs if n not in names]
     layers = []
@@ -172,6 +147,11 @@ class PredictConfig:
     #: samples per step on ``gpus`` GPUs, by predicted throughput.
     plan: bool = False
     global_batch: int | None = None
+    #: The link the collectives are priced with: ``auto`` (measured between ``gpus`` CPU ranks of
+    #: this machine when the target is ``cpu``, the target's datasheet figure otherwise),
+    #: ``table`` (the datasheet's), ``measure`` (a short sweep between ``gpus`` ranks of this
+    #: machine: gloo, or nccl on as many GPUs), or figures measured before (``LinkFigures`` or its dict).
+    link: str | dict[str, Any] | LinkFigures = "auto"
 
 
 def predict(
@@ -204,7 +184,7 @@ def predict(
     merged = validate_params(merged)
     prec = str(merged.get("precision", "fp32"))
     validate_parallel(gpus=cfg.gpus, nodes=cfg.nodes, strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
-                      offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch)
+                      offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch, link=cfg.link)
     if cfg.plan and not batch_size:
         batch_size, max_batch = 1, False
     if cfg.gpus is not None and cfg.strategy is None and not cfg.plan:
@@ -226,7 +206,8 @@ def predict(
     run_config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
                   "calibrate": calibrate, "device": str(dev), "gpus": cfg.gpus, "nodes": cfg.nodes,
                   "strategy": cfg.strategy, "activation_checkpointing": cfg.activation_checkpointing,
-                  "offload": cfg.offload, "plan": cfg.plan, "global_batch": cfg.global_batch}
+                  "offload": cfg.offload, "plan": cfg.plan, "global_batch": cfg.global_batch,
+                  "link": cfg.link.to_dict() if isinstance(cfg.link, LinkFigures) else cfg.link}
     # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
     with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
         result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
@@ -300,7 +281,8 @@ def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, 
             tracers[mode] = StepTracer(task_obj, merged, precision=prec, foreach=foreach, checkpointing=mode)
         return tracers[mode]
 
-    ev = Evaluator(tracer_for, spec, cfg.gpus, cfg.nodes or 1, tokens_per_sample=_tokens_per_sample(tracer.sample))
+    ev = Evaluator(tracer_for, spec, cfg.gpus, cfg.nodes or 1, tokens_per_sample=_tokens_per_sample(tracer.sample),
+                   link=_resolve_link(cfg, spec))
     if not cfg.plan:
         one = ev.evaluate(STRATEGIES[cfg.strategy or "ddp"], cfg.activation_checkpointing, cfg.offload, batch_size,
                           tracer.grad_accumulation)
@@ -309,6 +291,19 @@ def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, 
     return None, ParallelPlan(gpus=cfg.gpus, nodes=cfg.nodes or 1, global_batch=int(cfg.global_batch or 0),
                               tokens_per_sample=ev.tokens_per_sample, options=tuple(options),
                               rejected=tuple(rejected), traces=ev.traces, seconds=time.perf_counter() - started)
+
+
+def _resolve_link(cfg: PredictConfig, spec: DeviceSpec) -> LinkFigures | None:
+    """The measured link the collectives are priced with, or None for the target's datasheet figure."""
+    link, gpus = cfg.link, int(cfg.gpus or 1)
+    if isinstance(link, LinkFigures):
+        return link
+    if isinstance(link, dict):
+        return LinkFigures.from_dict(link)
+    if link == "table" or gpus < 2 or (link == "auto" and (spec.name != "cpu" or (cfg.nodes or 1) > 1)):
+        return None
+    on_gpus = link == "measure" and torch.cuda.is_available() and torch.cuda.device_count() >= gpus
+    return measure_link(gpus, backend="nccl" if on_gpus else "gloo")
 
 
 def _tokens_per_sample(sample: Any) -> int:
@@ -409,7 +404,7 @@ def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_siz
         raise ConfigError(f"calibrate on {torch.cuda.get_device_name(dev)} needs its numbers, which the "
                           f"device table lacks; valid: device='cpu', or a GPU among {', '.join(_GPU_KEYS)}.")
     trace = tracer.trace(batch_size)
-    _, phase_ms, _ = _roofline(trace, here)
+    _, phase_ms, _ = price_phases(trace, here)
     predicted_ms = sum(v for v in phase_ms.values() if v is not None)
     steps, warmup = 3, 1
     prof = run_profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup, device=dev,

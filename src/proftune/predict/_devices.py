@@ -18,8 +18,9 @@ import torch
 
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError, ProblemCollector
+from ._trace import PHASES, _Trace
 
-__all__ = ["DEVICES", "DeviceSpec", "resolve_target", "roofline_ms"]
+__all__ = ["DEVICES", "DeviceSpec", "price_phases", "resolve_target", "roofline_ms"]
 
 _MIB = 1024**2
 
@@ -195,3 +196,37 @@ def describe(spec: DeviceSpec) -> str:
     peaks = ", ".join(f"{k} {v:.3g}" for k, v in spec.peak_tflops.items())
     bw = f"{spec.bandwidth_bytes_s / 1e9:.3g} GB/s" if spec.bandwidth_bytes_s else "-"
     return f"{spec.name}: memory {format_bytes(spec.memory_bytes)}, TFLOP/s {peaks or '-'}, bandwidth {bw}"
+
+
+def price_phases(trace: _Trace, spec: DeviceSpec) -> tuple[dict[str, dict[str, Any]], dict[str, float | None], str]:
+    """Per layer and per phase: FLOPs, bytes, estimated ms, and the bound."""
+    layers: dict[str, dict[str, Any]] = {}
+    phases: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in PHASES}  # compute s, memory s, ms
+    known = bool(spec.bandwidth_bytes_s) and bool(spec.peak_tflops)
+    for op in trace.ops:
+        tflops = spec.tflops(op.compute)
+        ms, _ = roofline_ms(op.flops, op.nbytes, tflops=tflops, bandwidth=spec.bandwidth_bytes_s,
+                            ops=1, overhead_us=spec.op_overhead_us)
+        w = trace.weight(op)  # FLOPs and bytes of one micro-batch; ms of the whole step
+        entry = layers.setdefault(op.layer, {"forward_flops": 0, "backward_flops": 0, "bytes": 0,
+                                             "forward_ms": 0.0, "backward_ms": 0.0, "compute_s": 0.0,
+                                             "memory_s": 0.0, "overhead_s": 0.0})
+        if op.phase in ("forward", "backward"):
+            if op.micro == 0:
+                entry[f"{op.phase}_flops"] += op.flops
+                entry["bytes"] += op.nbytes
+            entry[f"{op.phase}_ms"] += w * (ms or 0.0)
+        if known and tflops:
+            c, m = op.flops / (tflops * 1e12), op.nbytes / float(spec.bandwidth_bytes_s or 1)
+            entry["compute_s"] += w * c
+            entry["memory_s"] += w * m
+            entry["overhead_s"] += w * spec.op_overhead_us * 1e-6
+            acc = phases[op.phase]
+            acc[0] += w * c
+            acc[1] += w * m
+            acc[2] += w * (ms or 0.0)
+    phase_ms: dict[str, float | None] = {p: (phases[p][2] if known else None) for p in PHASES}
+    comp = sum(v[0] for v in phases.values())
+    mem = sum(v[1] for v in phases.values())
+    bound = "unknown" if not known else ("compute" if comp >= mem else "memory")
+    return layers, phase_ms, bound

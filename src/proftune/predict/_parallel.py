@@ -10,108 +10,31 @@ behind the phase each overlaps with as far as that phase lasts, plus offload's h
 
 from __future__ import annotations
 
-import dataclasses
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._jsonsafe import json_safe
 from ..exceptions import ProblemCollector
 from ._checkpointing import CHECKPOINTING
-from ._devices import DeviceSpec
+from ._devices import DeviceSpec, price_phases
+from ._link import LinkFigures
 from ._memory_model import MIN_MARGIN_FRACTION
+from ._record import ParallelPrediction
 from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, ModelSizes
 from ._trace import StepTracer, _Trace
 
-__all__ = ["ParallelPlan", "ParallelPrediction", "validate_parallel"]
+__all__ = ["Evaluator", "model_sizes", "plan", "validate_parallel"]
 
+#: How the link between GPUs is found (or figures measured before, ``LinkFigures``).
+LINKS = ("auto", "table", "measure")
 #: Host memory bandwidth one GPU's share of an offloaded optimizer step streams at (bytes/s).
 HOST_OPTIMIZER_BYTES_S = 50e9
 
 
-@dataclass(frozen=True)
-class ParallelPrediction:
-    """One GPU of a data-parallel run: bytes by kind at the step's peak, the model states, the
-    largest per-GPU batch, the step's time with its collectives, and DeepSpeed's figure."""
-
-    strategy: str
-    gpus: int
-    nodes: int
-    activation_checkpointing: str
-    offload: str
-    #: Per-GPU micro-batch, micro-batches per step, and the global batch (samples).
-    batch_size: int
-    micro_batches: int
-    global_batch: int
-    #: Bytes one GPU holds at the step's peak, by kind (params, grads, optimizer_state,
-    #: activations, backward_temp, comm_buckets, gathered_params, ...).
-    memory: dict[str, int]
-    peak_bytes: int
-    peak_phase: str
-    phase_peaks: dict[str, int]
-    #: Bytes of parameters, gradients and optimizer state one GPU holds, and on its host.
-    model_states: dict[str, int]
-    activations_bytes: int
-    activations_without_checkpointing_bytes: int
-    comm_buffers_bytes: int
-    device_memory_bytes: int | None
-    fits: bool | None
-    max_batch_size: int | None
-    #: Milliseconds: compute (roofline, every micro-batch), the collectives in all, the part not
-    #: hidden, the host traffic of offload, and the step.
-    step: dict[str, float | None]
-    samples_per_s: float | None
-    tokens_per_s: float | None
-    collectives: tuple[dict[str, Any], ...]
-    link: dict[str, Any]
-    deepspeed: dict[str, Any]
-    n_params: int
-    largest_layer_params: int
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(json_safe(dataclasses.asdict(self)))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ParallelPrediction:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["collectives"] = tuple(dict(c) for c in d.get("collectives") or ())
-        return cls(**kw)
-
-
-@dataclass(frozen=True)
-class ParallelPlan:
-    """Every strategy × checkpointing × offload × per-GPU batch that fits, best throughput first,
-    and why each strategy that has no fitting option does not fit."""
-
-    gpus: int
-    nodes: int
-    global_batch: int
-    tokens_per_sample: int
-    options: tuple[ParallelPrediction, ...]
-    #: One entry per strategy (and mode) that fits at no per-GPU batch: its smallest need.
-    rejected: tuple[dict[str, Any], ...]
-    traces: int
-    seconds: float
-    note: str = ("memory and time at per-GPU batches between the traced ones are the per-kind lines "
-                 "through two traced batches; the best option is traced at its batch")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(json_safe(dataclasses.asdict(self)))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ParallelPlan:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["options"] = tuple(ParallelPrediction.from_dict(o) for o in d.get("options") or ())
-        kw["rejected"] = tuple(dict(r) for r in d.get("rejected") or ())
-        return cls(**kw)
-
-
 def validate_parallel(*, gpus: Any, nodes: Any, strategy: Any, checkpointing: Any, offload: Any,
-                      plan: bool, global_batch: Any) -> None:
+                      plan: bool, global_batch: Any, link: Any = "auto") -> None:
     """One ConfigError naming every problem of the parallel options."""
     problems = ProblemCollector()
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
@@ -135,6 +58,10 @@ def validate_parallel(*, gpus: Any, nodes: Any, strategy: Any, checkpointing: An
                      f"{', '.join(STRATEGIES[strategy].offloads)}.")
     if (strategy is not None or checkpointing != "none" or offload != "none") and gpus is None and not plan:
         problems.add("strategy=, activation_checkpointing= and offload= need gpus= (the data-parallel GPUs).")
+    if not isinstance(link, (dict, LinkFigures)) and link not in LINKS:
+        problems.add(f"link={link!r} is unknown; valid: {', '.join(LINKS)}, or measured LinkFigures.")
+    elif link == "measure" and (gpus is None or (isinstance(gpus, int) and gpus < 2)):
+        problems.add(f"link='measure' needs gpus= of at least 2 (the ranks to measure between), but got {gpus=}.")
     if plan:
         _plan_problems(problems, gpus=gpus, strategy=strategy, global_batch=global_batch)
     if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
@@ -176,6 +103,10 @@ class _Point:
     breakdowns: dict[str, dict[str, int]]
     phase_ms: dict[str, float | None]
     activations: int
+    #: Backward's breakdowns by the single device's gradient bytes then (``_Trace.grad_moments``).
+    moments: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: Micro-batches the trace ran (``phase_ms`` holds all of them).
+    micro_batches: int = 1
 
 
 @dataclass
@@ -188,6 +119,9 @@ class Evaluator:
     gpus: int
     nodes: int
     tokens_per_sample: int = 0
+    #: The link measured between this machine's ranks (``_link.measure_link``); None: the
+    #: target's datasheet figure (``DeviceSpec.intra_node_bytes_s`` / ``inter_node_bytes_s``).
+    link: LinkFigures | None = None
     points: dict[tuple[str, int], _Point] = field(default_factory=dict)
     traces: int = 0
 
@@ -198,15 +132,14 @@ class Evaluator:
         if not exact:
             lo, hi = self.point(checkpointing, 1), self.point(checkpointing, 2)
             return _line(lo, hi, b)
-        from ._api import _roofline
-
         tracer = self.tracer_for(checkpointing)
         trace = tracer.cache.get(b) or tracer.trace(b)
         tracer.cache[b] = trace
         self.traces += 1
-        _, phase_ms, _ = _roofline(trace, self.spec)
+        _, phase_ms, _ = price_phases(trace, self.spec)
         self.points[key] = _Point({k: dict(v) for k, v in trace.phase_breakdowns.items()}, phase_ms,
-                                  sum(trace.activations.values()))
+                                  sum(trace.activations.values()), dict(trace.grad_moments),
+                                  trace.micro_batches)
         return self.points[key]
 
     def sizes(self, checkpointing: str) -> ModelSizes:
@@ -218,7 +151,7 @@ class Evaluator:
                  *, exact: bool = True) -> ParallelPrediction:
         n, s = self.gpus, self.sizes(checkpointing)
         pt = self.point(checkpointing, b, exact=exact)
-        phases = strategy.phase_bytes(s, n, offload, pt.breakdowns, accumulating=micro > 1)
+        phases = strategy.phase_bytes(s, n, offload, pt.breakdowns, accumulating=micro > 1, moments=pt.moments)
         peak = max(phases, key=lambda p: p.total)
         memory = self.spec.memory_bytes
         plain = self.point("none", b, exact=exact) if checkpointing != "none" else pt
@@ -247,15 +180,23 @@ class Evaluator:
         )
 
     def _link(self) -> dict[str, Any]:
+        """The link figure the collectives were priced with, and where it comes from."""
+        if self.link is not None:
+            return {"name": f"measured {self.link.backend} ({self.link.ranks} ranks)", "bytes_s": self.link.bytes_s,
+                    "source": self.link.source, "overlaps": self.link.overlaps,
+                    "collectives": self.link.collectives}
         across = self.nodes > 1
         bw = self.spec.inter_node_bytes_s if across else self.spec.intra_node_bytes_s
-        return {"name": "inter-node" if across else "intra-node", "bytes_s": bw, "source": self.spec.link_source}
+        return {"name": "inter-node" if across else "intra-node", "bytes_s": bw, "source": self.spec.link_source,
+                "overlaps": True}
 
     def _time(self, strategy: BaseStrategy, s: ModelSizes, offload: str, pt: _Point,
               micro: int) -> dict[str, float | None]:
         fwd, bwd, opt = (pt.phase_ms.get(p) for p in ("forward", "backward", "optimizer"))
         if fwd is None or bwd is None or opt is None:
             return {"compute_ms": None, "comm_ms": None, "exposed_comm_ms": None, "offload_ms": None, "time_ms": None}
+        # the trace's phase times hold its micro-batches: one micro-batch's, for ``micro`` of them
+        fwd, bwd = fwd / pt.micro_batches, bwd / pt.micro_batches
         n = self.gpus
         opt_ms = opt / n if strategy.shards_optimizer else opt
         offload_ms = 0.0
@@ -266,15 +207,19 @@ class Evaluator:
             offload_ms = 1e3 * (shard / host + 2 * (s.optimizer_bytes + s.params_bytes) / n / HOST_OPTIMIZER_BYTES_S)
             if offload == "params":
                 offload_ms += 1e3 * micro * 2 * s.params_bytes / n / host
-        compute = micro * (fwd + bwd) + opt_ms
-        bw = self._link()["bytes_s"]
+        compute = (micro * (fwd + bwd) + opt_ms) * self._sharing()
+        link = self._link()
+        bw = link["bytes_s"]
         comm = exposed = 0.0
         window = {"forward": fwd, "backward": bwd}
         by_phase: dict[str, list[float]] = {}
         for c in strategy.collectives(s, n, micro):
-            ms = 1e3 * c.bytes_per_gpu * c.times / bw if bw else 0.0
+            if self.link is not None:
+                ms = 1e3 * c.times * self.link.seconds(c.name, c.bytes_per_gpu, c.calls)
+            else:
+                ms = 1e3 * c.bytes_per_gpu * c.times / bw if bw else 0.0
             comm += ms
-            if c.overlaps:
+            if c.overlaps and link["overlaps"]:
                 acc = by_phase.setdefault(c.overlaps, [0.0, 0.0])
                 acc[0] += ms
                 acc[1] = max(acc[1], c.times * window[c.overlaps])
@@ -285,15 +230,21 @@ class Evaluator:
         return {"compute_ms": compute, "comm_ms": comm, "exposed_comm_ms": exposed, "offload_ms": offload_ms,
                 "time_ms": compute + exposed + offload_ms}
 
+    def _sharing(self) -> float:
+        """How many ranks share one core: ``gpus`` CPU ranks of this machine (target ``cpu``, one
+        thread each) on fewer cores than ranks run each in its share of the time."""
+        if self.spec.name != "cpu":
+            return 1.0
+        return max(1.0, self.gpus / _cores())
+
     def _max_batch(self, strategy: BaseStrategy, checkpointing: str, offload: str, micro: int) -> int:
         """The largest per-GPU batch whose peak plus batch-size's smallest margin fits: each
         phase's peak is a line in the batch (traces at 1 and 2)."""
         memory = float(self.spec.memory_bytes or 0)
         s = self.sizes(checkpointing)
-        one = strategy.phase_bytes(s, self.gpus, offload, self.point(checkpointing, 1).breakdowns,
-                                   accumulating=micro > 1)
-        two = strategy.phase_bytes(s, self.gpus, offload, self.point(checkpointing, 2).breakdowns,
-                                   accumulating=micro > 1)
+        lo, hi = self.point(checkpointing, 1), self.point(checkpointing, 2)
+        one = strategy.phase_bytes(s, self.gpus, offload, lo.breakdowns, accumulating=micro > 1, moments=lo.moments)
+        two = strategy.phase_bytes(s, self.gpus, offload, hi.breakdowns, accumulating=micro > 1, moments=hi.moments)
         budget = memory * (1 - MIN_MARGIN_FRACTION)
         best = 1 << 31
         for a, c in zip(one, two, strict=True):
@@ -305,19 +256,26 @@ class Evaluator:
         return max(0, best)
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _line(lo: _Point, hi: _Point, b: int) -> _Point:
     """The point at batch ``b`` on the per-kind lines through batches 1 and 2."""
     def at(x1: float, x2: float) -> float:
         return x1 + (x2 - x1) * (b - 1)
 
-    breakdowns = {}
-    for phase in lo.breakdowns:
-        kinds = set(lo.breakdowns[phase]) | set(hi.breakdowns.get(phase, {}))
-        breakdowns[phase] = {k: int(max(0.0, at(lo.breakdowns[phase].get(k, 0), hi.breakdowns[phase].get(k, 0))))
-                             for k in kinds}
+    def kinds_at(a: dict[str, int], c: dict[str, int]) -> dict[str, int]:
+        return {k: int(max(0.0, at(a.get(k, 0), c.get(k, 0)))) for k in set(a) | set(c)}
+
+    breakdowns = {phase: kinds_at(lo.breakdowns[phase], hi.breakdowns.get(phase, {})) for phase in lo.breakdowns}
+    moments = {g: kinds_at(lo.moments[g], hi.moments[g]) for g in lo.moments if g in hi.moments}
     ms = {p: (None if lo.phase_ms[p] is None or hi.phase_ms.get(p) is None
               else max(0.0, at(float(lo.phase_ms[p] or 0), float(hi.phase_ms[p] or 0)))) for p in lo.phase_ms}
-    return _Point(breakdowns, ms, int(at(lo.activations, hi.activations)))
+    return _Point(breakdowns, ms, int(at(lo.activations, hi.activations)), moments, lo.micro_batches)
 
 
 def plan(evaluator: Evaluator, global_batch: int) -> tuple[list[ParallelPrediction], list[dict[str, Any]]]:

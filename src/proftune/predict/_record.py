@@ -14,12 +14,13 @@ from .._jsonsafe import json_safe
 from .._records import stored_version
 from ..exceptions import ConfigError
 from ..profile import ParamCounts
-from ._parallel import ParallelPlan, ParallelPrediction
 
 __all__ = [
     "ESTIMATE_NOTE",
     "PREDICT_SCHEMA_VERSION",
     "LayerPrediction",
+    "ParallelPlan",
+    "ParallelPrediction",
     "PeakAt",
     "PredictResult",
     "PredictedMemory",
@@ -95,6 +96,86 @@ class PeakAt:
     layer: str = ""
     op: str = ""
     breakdown: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParallelPrediction:
+    """One GPU of a data-parallel run: bytes by kind at the step's peak, the model states, the
+    largest per-GPU batch, the step's time with its collectives, and DeepSpeed's figure."""
+
+    strategy: str
+    gpus: int
+    nodes: int
+    activation_checkpointing: str
+    offload: str
+    #: Per-GPU micro-batch, micro-batches per step, and the global batch (samples).
+    batch_size: int
+    micro_batches: int
+    global_batch: int
+    #: Bytes one GPU holds at the step's peak, by kind (params, grads, optimizer_state,
+    #: activations, backward_temp, comm_buckets, gathered_params, ...).
+    memory: dict[str, int]
+    peak_bytes: int
+    peak_phase: str
+    phase_peaks: dict[str, int]
+    #: Bytes of parameters, gradients and optimizer state one GPU holds, and on its host.
+    model_states: dict[str, int]
+    activations_bytes: int
+    activations_without_checkpointing_bytes: int
+    comm_buffers_bytes: int
+    device_memory_bytes: int | None
+    fits: bool | None
+    max_batch_size: int | None
+    #: Milliseconds: compute (roofline, every micro-batch), the collectives in all, the part not
+    #: hidden, the host traffic of offload, and the step.
+    step: dict[str, float | None]
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    collectives: tuple[dict[str, Any], ...]
+    link: dict[str, Any]
+    deepspeed: dict[str, Any]
+    n_params: int
+    largest_layer_params: int
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(json_safe(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ParallelPrediction:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["collectives"] = tuple(dict(c) for c in d.get("collectives") or ())
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Every strategy × checkpointing × offload × per-GPU batch that fits, best throughput first,
+    and why each strategy that has no fitting option does not fit."""
+
+    gpus: int
+    nodes: int
+    global_batch: int
+    tokens_per_sample: int
+    options: tuple[ParallelPrediction, ...]
+    #: One entry per strategy (and mode) that fits at no per-GPU batch: its smallest need.
+    rejected: tuple[dict[str, Any], ...]
+    traces: int
+    seconds: float
+    note: str = ("memory and time at per-GPU batches between the traced ones are the per-kind lines "
+                 "through two traced batches; the best option is traced at its batch")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(json_safe(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ParallelPlan:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["options"] = tuple(ParallelPrediction.from_dict(o) for o in d.get("options") or ())
+        kw["rejected"] = tuple(dict(r) for r in d.get("rejected") or ())
+        return cls(**kw)
 
 
 @dataclass(frozen=True)

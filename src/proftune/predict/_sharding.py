@@ -48,16 +48,18 @@ class ModelSizes:
 @dataclass(frozen=True)
 class Collective:
     """One collective of a step: bytes each GPU sends (ring algorithms), how many times per step,
-    and the phase it can hide behind ("" when the step waits for it)."""
+    the phase it can hide behind ("" when the step waits for it), and the launches each time
+    sends those bytes in (buckets, units: each pays the link's latency)."""
 
     name: str
     bytes_per_gpu: float
     times: int
     overlaps: str = ""
+    calls: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "bytes_per_gpu": self.bytes_per_gpu, "times": self.times,
-                "overlaps": self.overlaps}
+                "overlaps": self.overlaps, "calls": self.calls}
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,14 @@ def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
+def _buckets(nbytes: float, bucket: float) -> int:
+    return max(1, math.ceil(nbytes / bucket))
+
+
+#: DDP's bucket cap (``bucket_cap_mb=25``) and its first, smaller bucket (1 MiB).
+DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES = 25 * 2**20, 2**20
+
+
 class BaseStrategy(abc.ABC):
     """How one data-parallel strategy places model states and what it communicates."""
 
@@ -116,31 +126,47 @@ class BaseStrategy(abc.ABC):
         return {"params": params, "grads": grads, "optimizer_state": opt, "host": host}
 
     def phase_bytes(self, s: ModelSizes, n: int, offload: str, breakdowns: dict[str, dict[str, int]],
-                    *, accumulating: bool = False) -> list[PhaseBytes]:
+                    *, accumulating: bool = False,
+                    moments: dict[int, dict[str, int]] | None = None) -> list[PhaseBytes]:
         """One GPU's live bytes at each phase's peak: the single-device breakdown with the model
-        states sharded as this strategy shards them, plus its communication buffers."""
+        states sharded as this strategy shards them, its gradients as :meth:`grads_at` holds them,
+        plus its communication buffers. ``moments`` (backward's breakdowns by the gradient bytes
+        made so far) are priced too: where gradients are sharded as they are made, backward's
+        peak moves earlier than the single device's, to where fewer gradients and more
+        activations are live."""
         states = self.model_states(s, n, offload)
         out = []
-        for phase, full in breakdowns.items():
-            b = {k: v for k, v in full.items() if k not in ("params", "grads", "optimizer_state")}
-            b["params"] = states["params"]
-            grads_live = full.get("grads", 0)
-            if accumulating and phase == "forward":
-                grads_live = s.grads_bytes  # the earlier micro-batches' gradients
-            b["grads"] = self.live_grads(grads_live, n, phase, offload)
-            b["optimizer_state"] = states["optimizer_state"]
-            if "optimizer_temp" in b and (self.shards_optimizer or offload != "none"):
-                b["optimizer_temp"] = 0 if offload != "none" else math.ceil(b["optimizer_temp"] / n)
-            for kind, value in self.buffers(s, n, offload, phase).items():
-                b[kind] = b.get(kind, 0) + value
-            out.append(PhaseBytes(phase, {k: int(v) for k, v in b.items() if v}))
+        for phase, peak in breakdowns.items():
+            candidates = [peak, *(moments.values() if (moments and phase == "backward") else ())]
+            priced = [self._priced(s, n, offload, phase, full, states, accumulating) for full in candidates]
+            out.append(max(priced, key=lambda p: p.total))
         return out
 
-    def live_grads(self, grads: int, n: int, phase: str, offload: str) -> int:
-        """Bytes of gradients one GPU holds when the single device holds ``grads``."""
+    def _priced(self, s: ModelSizes, n: int, offload: str, phase: str, full: dict[str, int],
+                states: dict[str, int], accumulating: bool) -> PhaseBytes:
+        b = {k: v for k, v in full.items() if k not in ("params", "grads", "optimizer_state")}
+        b["params"] = states["params"]
+        b.update(self.grads_at(s, n, offload, phase, full.get("grads", 0), accumulating=accumulating))
+        b["optimizer_state"] = states["optimizer_state"]
+        if "optimizer_temp" in b and (self.shards_optimizer or offload != "none"):
+            b["optimizer_temp"] = 0 if offload != "none" else math.ceil(b["optimizer_temp"] / n)
+        for kind, value in self.buffers(s, n, offload, phase).items():
+            b[kind] = b.get(kind, 0) + value
+        return PhaseBytes(phase, {k: int(v) for k, v in b.items() if v})
+
+    def grads_at(self, s: ModelSizes, n: int, offload: str, phase: str, made: int, *,
+                 accumulating: bool = False) -> dict[str, int]:
+        """Gradient bytes one GPU holds, by kind, at a moment of ``phase`` when the single device
+        holds ``made`` bytes of them: the one place that says how each strategy holds gradients.
+
+        ``grads``: what the strategy keeps (all of them, or its shard once reduced);
+        ``unsharded_grads``: full gradients waiting for their reduce-scatter (FSDP, ZeRO-3). With
+        accumulation the earlier micro-batches' gradients are live in the next forward."""
+        if accumulating and phase == "forward":
+            made = s.grads_bytes
         if offload == "params":
-            return 0
-        return math.ceil(grads / n) if self.shards_grads else grads
+            return {}
+        return {"grads": math.ceil(made / n) if self.shards_grads else made}
 
     @abc.abstractmethod
     def buffers(self, s: ModelSizes, n: int, offload: str, phase: str) -> dict[str, int]:
@@ -167,7 +193,9 @@ class DDP(BaseStrategy):
         return {"comm_buckets": s.grads_bytes}
 
     def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
-        return [Collective("all-reduce gradients", 2 * _ring(n) * s.grads_bytes, 1, "backward")]
+        rest = max(0, s.grads_bytes - DDP_FIRST_BUCKET_BYTES)
+        calls = 1 + (_buckets(rest, DDP_BUCKET_BYTES) if rest else 0)
+        return [Collective("all-reduce gradients", 2 * _ring(n) * s.grads_bytes, 1, "backward", calls)]
 
     def deepspeed(self, n_params: int, largest_layer: int, gpus_per_node: int, nodes: int,
                   offload: str) -> DeepSpeedStates:
@@ -202,7 +230,8 @@ class Zero1(_ZeroBucketed):
     shards_optimizer = True
 
     def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
-        return [Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, 1, "backward"),
+        return [Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, 1, "backward",
+                           _buckets(s.grads_bytes, self._bucket(s))),
                 Collective("all-gather parameters", _ring(n) * s.params_bytes, 1, "")]
 
     def deepspeed(self, n_params: int, largest_layer: int, gpus_per_node: int, nodes: int,
@@ -223,7 +252,8 @@ class Zero2(_ZeroBucketed):
     shards_optimizer = shards_grads = True
 
     def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
-        return [Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, micro_batches, "backward"),
+        return [Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, micro_batches, "backward",
+                           _buckets(s.grads_bytes, self._bucket(s))),
                 Collective("all-gather parameters", _ring(n) * s.params_bytes, 1, "")]
 
     def deepspeed(self, n_params: int, largest_layer: int, gpus_per_node: int, nodes: int,
@@ -259,17 +289,36 @@ class _FullShard(BaseStrategy):
             return {"gathered_params": s.root_bytes + 2 * u}
         return {}
 
-    def live_grads(self, grads: int, n: int, phase: str, offload: str) -> int:
-        # at backward's peak the gradients made so far are a unit's (and the root's), unsharded
-        # until the unit's reduce-scatter
-        if phase == "backward" and offload != "params":
-            return grads
-        return super().live_grads(grads, n, phase, offload)
+    #: Units whose full gradients are live at once in backward: the one running (its
+    #: gradients accumulating) and the one being reduce-scattered (its reduce-scatter input).
+    UNITS_IN_FLIGHT: ClassVar[int] = 2
+
+    def grads_at(self, s: ModelSizes, n: int, offload: str, phase: str, made: int, *,
+                 accumulating: bool = False) -> dict[str, int]:
+        # Each unit's gradients are reduce-scattered right after its backward and the full copy
+        # freed: a GPU holds its shard of the units done, plus the full gradients of the units in
+        # flight and of the root (embeddings, head: reduced when the whole backward ends). With
+        # accumulation, FSDP2 reduce-scatters every micro-batch (its default): the earlier
+        # micro-batches' gradients are a shard. (With ``set_requires_gradient_sync(False)``,
+        # ``no_sync``, each GPU keeps every unsharded gradient across micro-batches instead.)
+        if phase != "backward":
+            return super().grads_at(s, n, offload, phase, made, accumulating=accumulating)
+        per = s.grads_bytes / max(s.params_bytes, 1)
+        in_flight = min(made, int(per * (s.root_bytes + self.UNITS_IN_FLIGHT * s.largest_unit_bytes)))
+        held = {"unsharded_grads": in_flight}
+        if offload != "params":
+            held["grads"] = math.ceil((made - in_flight) / n)
+        return held
 
     def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
-        return [Collective("all-gather parameters (forward)", _ring(n) * s.params_bytes, micro_batches, "forward"),
-                Collective("all-gather parameters (backward)", _ring(n) * s.params_bytes, micro_batches, "backward"),
-                Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, micro_batches, "backward")]
+        # one all-gather and one reduce-scatter per unit and for the root; the root's parameters
+        # stay gathered from its forward to its backward
+        units = len(s.unit_bytes) + (1 if s.root_bytes else 0)
+        return [Collective("all-gather parameters (forward)", _ring(n) * s.params_bytes, micro_batches, "forward",
+                           units),
+                Collective("all-gather parameters (backward)", _ring(n) * (s.params_bytes - s.root_bytes),
+                           micro_batches, "backward", len(s.unit_bytes)),
+                Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, micro_batches, "backward", units)]
 
     def deepspeed(self, n_params: int, largest_layer: int, gpus_per_node: int, nodes: int,
                   offload: str) -> DeepSpeedStates:
@@ -303,5 +352,25 @@ class FSDP(_FullShard):
     offloads: ClassVar[tuple[str, ...]] = ("none", "params")
 
 
+class FSDPNoReshard(FSDP):
+    """FSDP2 with ``reshard_after_forward=False`` (FSDP1's ``SHARD_GRAD_OP``): each unit keeps
+    its gathered parameters from its forward to its backward, so no all-gather in backward, and
+    at the end of forward every unit's full parameters are live on every GPU."""
+
+    name, title = "fsdp-no-reshard", "FSDP (no reshard after forward)"
+
+    def buffers(self, s: ModelSizes, n: int, offload: str, phase: str) -> dict[str, int]:
+        if phase in ("forward", "backward"):
+            return {"gathered_params": s.root_bytes + sum(s.unit_bytes)}
+        return {}
+
+    def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
+        units = len(s.unit_bytes) + (1 if s.root_bytes else 0)
+        return [Collective("all-gather parameters (forward)", _ring(n) * s.params_bytes, micro_batches, "forward",
+                           units),
+                Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, micro_batches, "backward", units)]
+
+
 #: The strategies by name.
-STRATEGIES: dict[str, BaseStrategy] = {s.name: s for s in (DDP(), Zero1(), Zero2(), Zero3(), FSDP())}
+STRATEGIES: dict[str, BaseStrategy] = {s.name: s for s in (DDP(), Zero1(), Zero2(), Zero3(), FSDP(),
+                                                           FSDPNoReshard())}

@@ -152,6 +152,10 @@ class _Trace:
     phase_peaks: dict[str, int] = field(default_factory=dict)
     #: The live bytes by kind at each phase's peak (they add up to ``phase_peaks[phase]``).
     phase_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Backward's moments by the gradient bytes live then: for each amount of gradients made so
+    #: far, the live bytes by kind at the highest total with that amount. A strategy that shards
+    #: gradients as backward makes them peaks earlier than the single device: it prices each.
+    grad_moments: dict[int, dict[str, int]] = field(default_factory=dict)
     peak_where: tuple[str, str, str] = ("", "", "")
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     ops: list[_OpRecord] = field(default_factory=list)
@@ -185,6 +189,7 @@ class _StepTracker(TorchDispatchMode):
         self.info: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.trace = _Trace()
         self.uncounted = UncountedOps()
+        self._moment_totals: dict[int, int] = {}
 
     # bookkeeping of storages
     def track(self, st: torch.UntypedStorage, kind: str) -> None:
@@ -214,6 +219,11 @@ class _StepTracker(TorchDispatchMode):
         if self.total > self.trace.phase_peaks.get(self.phase, 0):
             self.trace.phase_peaks[self.phase] = self.total
             self.trace.phase_breakdowns[self.phase] = {k: v for k, v in self.live.items() if v}
+        if self.phase == "backward":
+            grads = self.live.get("grads", 0)
+            if self.total > self._moment_totals.get(grads, -1):
+                self._moment_totals[grads] = self.total
+                self.trace.grad_moments[grads] = {k: v for k, v in self.live.items() if v}
         if self.total > self.trace.peak:
             self.trace.peak = self.total
             self.trace.peak_where = (self.phase, self.layer_of(), op)

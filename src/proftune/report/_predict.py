@@ -13,8 +13,8 @@ from ._figures import PALETTE, bar, hline, layout
 from ._html import Page, Section
 
 #: The per-GPU kinds in the order the stacked bars and the tables show them.
-_KINDS = ("params", "grads", "optimizer_state", "optimizer_temp", "activations", "comm_buckets", "gathered_params",
-          "batch", "buffers")
+_KINDS = ("params", "grads", "unsharded_grads", "optimizer_state", "optimizer_temp", "activations", "comm_buckets",
+          "gathered_params", "batch", "buffers")
 
 
 @register_renderer("predict")
