@@ -15,6 +15,8 @@ import contextlib
 import io
 import re
 import shlex
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +129,10 @@ def run_section(page: Path, heading: str, folder: Path, monkeypatch: pytest.Monk
     every = blocks(page)
     found = [b for b in every if b.section.startswith(heading)]
     assert found, (page, heading)
-    scope: dict[str, Any] = {"__name__": "__docs__"}
+    # a real module, so that a page's dataclasses and pickles find the module they were defined in
+    session = types.ModuleType("__docs__")
+    monkeypatch.setitem(sys.modules, "__docs__", session)
+    scope: dict[str, Any] = session.__dict__
     printed = ""
     for b in found:
         for name, code in files_before(every, b):
