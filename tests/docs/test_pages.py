@@ -9,7 +9,7 @@ default suite; those that train run under ``slow`` (the CI budget is tight).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -101,11 +101,44 @@ def test_the_pages_that_train_nothing_run(name: str, tmp_path: Path, monkeypatch
     assert _run_page(name, tmp_path, monkeypatch)
 
 
+def _made(folder: Path, *files: str) -> None:
+    for f in files:
+        assert (folder / f).exists(), f"{f} was not written"
+
+
+#: What a page's blocks must have made, beyond running (exit 0, no exception).
+AFTER: dict[str, Callable[[Path], None]] = {
+    "tutorial.md": lambda d: _made(d, "proftune-optimize/digits-cnn/summary.json", "digits-profile.json",
+                                   "digits-profile.html", "proftune-optimize/regression/summary.json"),
+    "howto/optimize.md": lambda d: _made(d, "runs/digits-cnn/summary.json", "runs/digits-cnn/config.yaml"),
+    "howto/python.md": lambda d: _made(d, "lr.png", "cnn.json"),
+    "howto/tune.md": lambda d: (_made(d, "plots", "cnn-study.html"),
+                                # the Pareto example used to exit 2 (a staged space takes one objective)
+                                _assert("Pareto front" in (d / "cnn.html").read_text(), "cnn.html: no Pareto front"),
+                                _assert((d / "cnn-study.html").stat().st_size > 100_000, "cnn-study.html is small")),
+    "howto/report.md": lambda d: _made(d, "run.html"),
+    "howto/export.md": lambda d: _made(d, "tb", "mlflow.db", "wandb"),
+    "howto/compress.md": lambda d: _made(d, "small.pt"),
+    "howto/lr-find.md": lambda d: _made(d, "lr.png"),
+    "howto/run.md": lambda d: _made(d, "profile.json"),
+}
+#: What a page needs installed (its blocks import it), beyond the default extras.
+NEEDS = {"howto/frameworks.md": ("lightning", "transformers", "timm"), "howto/ray.md": ("ray",),
+         "howto/trackers.md": ("tensorboard", "mlflow", "wandb"), "howto/export.md": ("tensorboard", "mlflow", "wandb")}
+
+
+def _assert(ok: bool, why: str) -> None:
+    assert ok, why
+
+
 @pytest.mark.slow  # each page trains digits tasks for seconds to minutes
 @pytest.mark.parametrize("name", [n for n, trains in PAGES.items() if trains])
 def test_the_pages_that_train_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in NEEDS.get(name, ()):
+        pytest.importorskip(module)
     try:
         assert _run_page(name, tmp_path, monkeypatch)
+        AFTER.get(name, lambda d: None)(tmp_path)
     finally:
         for mod in ("lit_digits", "timm_user", "my_task", "objective"):
             sys.modules.pop(mod, None)
