@@ -35,6 +35,10 @@ QUICK = [(r"--budget \S+", "--budget 40"), (r'(?<![\w])budget="[^"]+"', "budget=
          (r"--rounds \d+", "--rounds 2")]
 
 
+#: What ``recommend --emit FRAMEWORK`` prints for each framework.
+EMITTED = {"lightning": "L.Trainer(", "transformers": "TrainingArguments("}
+
+
 @dataclass(frozen=True)
 class Block:
     page: Path
@@ -104,8 +108,9 @@ def _shell(block: Block) -> str:
             assert args[0] == "proftune", (block.where, cmd)
             result = CliRunner().invoke(app, args[1:], env={"COLUMNS": "100"})
             assert result.exit_code == 0, (block.where, cmd, result.output[-3000:])
-            if "--emit" in args:
-                assert "L.Trainer(" in result.stdout
+            if "--emit" in args:  # the snippet to paste is the framework's own call
+                emitted = args[args.index("--emit") + 1]
+                assert EMITTED.get(emitted, "") in result.stdout, (block.where, emitted)
             printed.append(result.output)
     return "".join(printed)
 
