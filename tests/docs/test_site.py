@@ -57,14 +57,15 @@ def _mkdocs_missing() -> str | None:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``mkdocs build --strict`` of this checkout into a temp folder (a warning fails the build)."""
+    """``mkdocs build --strict`` of this checkout into a temp folder (a warning fails the build; not
+    with ``-q``, under which mkdocs does not count warnings)."""
     missing = _mkdocs_missing()
     if missing:
         pytest.skip(missing)
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"),
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                           "-d", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     return out
