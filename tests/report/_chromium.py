@@ -22,6 +22,17 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-default-apps", "--disable-extensions", "--mute-audio", "--hide-scrollbars"]
 
 
+def chromium_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+        return f"{CHROMIUM} is absent: apt-get install chromium (.ci/run does it as root)"
+    try:
+        import websocket  # noqa: F401
+    except ImportError:
+        return "websocket-client is absent: pip install -e '.[dev]'"
+    return None
+
+
 @dataclass
 class PageVisit:
     """What happened while a page loaded and drew its charts."""
@@ -127,9 +138,10 @@ def chromium() -> Iterator[str]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def visit(base: str, path: Path, *, width: int = 1280, height: int = 900, timeout: float = 60,
+def visit(base: str, path: Path | str, *, width: int = 1280, height: int = 900, timeout: float = 60,
           probe: str | None = None) -> PageVisit:
-    """Load ``path`` from file:// in a new tab; wait until every chart is drawn; record it all."""
+    """Load ``path`` from file:// (or a URL, given as text) in a new tab; wait until every chart is
+    drawn; record it all."""
     req = urllib.request.Request(f"{base}/json/new?about:blank", method="PUT")
     with urllib.request.urlopen(req, timeout=30) as resp:
         target = json.loads(resp.read())
@@ -139,7 +151,7 @@ def visit(base: str, path: Path, *, width: int = 1280, height: int = 900, timeou
         for domain in ("Page", "Runtime", "Log", "Network"):
             dt.call(f"{domain}.enable")
         dt.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-        dt.call("Page.navigate", url=path.resolve().as_uri())
+        dt.call("Page.navigate", url=path if isinstance(path, str) else path.resolve().as_uri())
         if dt.wait_event("Page.loadEventFired", timeout) is None:
             raise RuntimeError(f"{path} did not finish loading in {timeout} s")
         deadline = time.monotonic() + timeout

@@ -4,13 +4,14 @@ step curves trimmed), so report tests render real shapes without training anythi
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proftune.track import Store
+
+from ._chromium import chromium_missing as chromium_missing  # where the browser tests import it from
 
 RUNS = Path(__file__).with_name("runs.json")
 
@@ -41,15 +42,3 @@ def store(db_url: str) -> Store:
 def runs(store: Store) -> dict[str, int]:
     return load_runs(store)
 
-
-def chromium_missing() -> str | None:
-    """Why the browser tests cannot run here, or None."""
-    from ._chromium import CHROMIUM
-
-    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
-        return f"{CHROMIUM} is absent: apt-get install chromium (.ci/run does it as root)"
-    try:
-        import websocket  # noqa: F401
-    except ImportError:
-        return "websocket-client is absent: pip install -e '.[dev]'"
-    return None
