@@ -294,3 +294,31 @@ def test_a_race_planned_below_seeds_leaves_the_search_its_trials(tmp_path: Path)
     search = state["stages"]["search"]["outputs"]
     assert search["budget_plan"]["seeds"] < 5  # the race was planned below --seeds (5 pairs hold ~16 s)
     assert sum(search["counts"].values()) >= 1
+
+
+def test_cheap_defaults_train_alone_in_the_time_left_for_the_rank_test(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """big-batch at 8 trainings: the defaults (0.03 s a training) diverge on some seeds, the leader
+    (0.5 s) is steady; three pairs decide nothing (the paired bound is wide, three runs against three
+    cannot reach the rank test's level), and the time left, too short for another pair, holds seven
+    more trainings of the defaults alone: with them the rank test decides."""
+    clock = [0.0]
+    cost = {"defaults": 0.03, "search #1": 0.5}
+    values = {"defaults": itertools.cycle([0.47, 0.85, 0.90, 0.53]), "search #1": itertools.cycle([0.95, 0.93, 0.92])}
+
+    def fake(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, store: Any, folder: Path) -> ArmRun:
+        clock[0] += cost[arm.name]
+        torch.save({"w": torch.zeros(1)}, folder / f"{_final._slug(arm.name)}-{seed}.pt")
+        return _run(seed, next(values[arm.name]))
+
+    monkeypatch.setattr(_final, "_train", fake)
+    monkeypatch.setattr(_final, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    out = run_final(TinyTask(), _arm("defaults", 1e-2), [_arm("search #1", 3e-2)], _plan(seeds=3), store=None,
+                    end=2.0, folder=tmp_path)  # type: ignore[arg-type]
+    assert len(out.seeds) == 3
+    solo = [r for r in out.arm("defaults").runs if r.seed not in out.seeds]
+    assert len(solo) == _final.MAX_ROUNDS - 3
+    assert out.comparison is not None
+    assert out.comparison.extra["defaults_outside_race"] == len(solo)
+    assert out.decision == "chosen"
+    assert "more training(s) of the defaults alone" in out.note
