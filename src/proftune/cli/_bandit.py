@@ -8,19 +8,8 @@ import typer
 from rich.table import Table
 
 from ..diagnose import bandit as run_bandit
-from ._common import (
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    execute,
-    out_console,
-    with_report,
-)
+from ._common import execute, out_console, with_report
+from ._options import DbOpt, DebugOpt, DeviceOpt, ForceOpt, JsonOpt, ReportOpt, SeedOpt, TaskArg
 
 
 def bandit(

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from ..recommend import find_batch_size, format_bytes
 from ..track import Store
-from ._common import (
+from ._common import execute, out_console, parse_params, task_arg, with_report
+from ._options import (
     DataOpt,
     DbOpt,
     DebugOpt,
@@ -20,11 +21,6 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
 )
 
 BudgetOpt = Annotated[str, typer.Option("--memory-budget", help="Memory budget: 4GiB, 512MB or bytes (123456).")]

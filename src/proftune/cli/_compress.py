@@ -7,10 +7,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..compress import COMPILER_REGISTRY, QUANT_BACKEND_REGISTRY
 from ..compress import compress as run_compress
 from ..exceptions import ConfigError
-from ._common import (
+from ._common import execute, out_console, parse_params, task_arg, with_report
+from ._options import (
     DataOpt,
     DbOpt,
     DebugOpt,
@@ -21,11 +21,7 @@ from ._common import (
     SeedOpt,
     TaskArg,
     ThreadsOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
+    choices,
 )
 from ._progress import EpochProgress
 
@@ -41,11 +37,6 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
         except ValueError:
             raise ConfigError(f"{option} {text!r}: {part!r} is not a number; give e.g. {option} 0.3,0.5,0.7.") from None
     return tuple(values)
-
-
-def _libraries() -> str:
-    """The quantization libraries registered so far (the built-ins, at import), for ``--help``."""
-    return ", ".join(dict.fromkeys(key.split(":")[0] for key in QUANT_BACKEND_REGISTRY.names_so_far()))
 
 
 def compress(
@@ -74,10 +65,11 @@ def compress(
     quant_backend: Annotated[str, typer.Option(
         "--quant-backend",
         help="The quantization library: auto (each usable one measured, the fastest kept) or one of "
-        f"{_libraries()} (proftune.compress.QUANT_BACKEND_REGISTRY; a plug-in's name too).")] = "auto",
+        f"{choices('quant_libraries', last=', ')} "
+        "(proftune.compress.QUANT_BACKEND_REGISTRY; a plug-in's name too).")] = "auto",
     compile_: Annotated[str | None, typer.Option(
         "--compile",
-        help=f"Compile the float models too, comma-separated: {', '.join(COMPILER_REGISTRY.names_so_far())} "
+        help=f"Compile the float models too, comma-separated: {choices('compilers', last=', ')} "
         "(proftune.compress.COMPILER_REGISTRY; a plug-in's name too).",
         show_default=False)] = None,
     target: Annotated[str | None, typer.Option(

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from ..diagnose import diagnose as run_diagnose
 from ..task import load_task
-from ._common import (
+from ._common import execute, out_console, parse_params, task_arg, with_report
+from ._options import (
     DataOpt,
     DbOpt,
     DebugOpt,
@@ -24,11 +25,6 @@ from ._common import (
     SeedOpt,
     TaskArg,
     ThreadsOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
 )
 from ._progress import EpochProgress
 

@@ -9,7 +9,8 @@ import typer
 
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
-from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, execute, out_console
+from ._common import execute, out_console
+from ._options import DbOpt, DebugOpt, ForceOpt, JsonOpt
 
 
 def export_command(

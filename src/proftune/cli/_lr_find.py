@@ -9,7 +9,8 @@ import typer
 from .._paths import OutputPath
 from ..recommend import lr_find
 from ..track import Store
-from ._common import (
+from ._common import execute, out_console, parse_params, task_arg, with_report
+from ._options import (
     DataOpt,
     DbOpt,
     DebugOpt,
@@ -20,11 +21,6 @@ from ._common import (
     ReportOpt,
     SeedOpt,
     TaskArg,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
 )
 
 

@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from .._units import format_bytes
-from ._common import (
+from ._common import check_log, err_console, execute, log_run, out_console, trial_logger, with_report
+from ._options import (
     DbOpt,
     DebugOpt,
     DeviceOpt,
@@ -25,13 +26,6 @@ from ._common import (
     TaskArg,
     ThreadsOpt,
     WandbProjectOpt,
-    check_log,
-    err_console,
-    execute,
-    log_run,
-    out_console,
-    trial_logger,
-    with_report,
 )
 
 #: Keys of ``--json`` (the issue's contract) first, in this order.

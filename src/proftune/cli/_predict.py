@@ -22,20 +22,8 @@ from ..predict import (
     predict,
 )
 from ..track import Store
-from ._common import (
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    TaskArg,
-    execute,
-    out_console,
-    parse_params,
-    with_report,
-)
+from ._common import execute, out_console, parse_params, with_report
+from ._options import DbOpt, DebugOpt, DeviceOpt, ForceOpt, JsonOpt, ParamOpt, ReportOpt, TaskArg
 
 TargetOpt = Annotated[str, typer.Option(
     "--target",

@@ -14,22 +14,8 @@ from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..profile import Profile, compare_profiles, profile
 from ..track import Store
-from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
-)
+from ._common import execute, out_console, parse_params, task_arg, with_report
+from ._options import DataOpt, DbOpt, DebugOpt, DeviceOpt, ForceOpt, JsonOpt, ParamOpt, ReportOpt, SeedOpt
 
 
 def _num(n: float | None) -> str:

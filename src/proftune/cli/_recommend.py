@@ -16,6 +16,16 @@ from ..profile import Profile
 from ..recommend import recommend
 from ..track import Store
 from ._common import (
+    as_flags,
+    err_console,
+    execute,
+    out_console,
+    parse_params,
+    progress_enabled,
+    task_arg,
+    with_report,
+)
+from ._options import (
     DataOpt,
     DbOpt,
     DebugOpt,
@@ -27,14 +37,6 @@ from ._common import (
     SeedOpt,
     TaskArg,
     ThreadsOpt,
-    as_flags,
-    err_console,
-    execute,
-    out_console,
-    parse_params,
-    progress_enabled,
-    task_arg,
-    with_report,
 )
 
 

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 import typer
 
 from ..exceptions import ConfigError
-from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
+from ._common import err_console, execute, out_console
+from ._options import DbOpt, DebugOpt, ForceOpt, JsonOpt
 
 
 def report_command(

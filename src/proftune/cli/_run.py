@@ -14,7 +14,8 @@ from ..exceptions import ConfigError
 from ..profile import Profile, ScriptResult, parse_command, run_script
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment
-from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
+from ._common import err_console, execute, out_console
+from ._options import DbOpt, DebugOpt, ForceOpt, JsonOpt
 
 
 def _memory_headroom(p: Profile) -> Recommendation:

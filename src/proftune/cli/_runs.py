@@ -9,16 +9,8 @@ from rich.table import Table
 
 from .._paths import OutputPath, check_outputs
 from ..track import RUN_KINDS, Store
-from ._common import (
-    DbOpt,
-    DebugOpt,
-    ForceOpt,
-    JsonOpt,
-    ReportOpt,
-    err_console,
-    execute,
-    out_console,
-)
+from ._common import err_console, execute, out_console
+from ._options import DbOpt, DebugOpt, ForceOpt, JsonOpt, ReportOpt, choices
 
 runs_app = typer.Typer(help="List, show and compare recorded runs.", no_args_is_help=True)
 
@@ -39,7 +31,7 @@ def _fmt(v: Any) -> str:
 def list_runs(
     task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
     kind: Annotated[str | None, typer.Option(
-        "--kind", help=f"Only runs of this kind ({', '.join(RUN_KINDS)}).")] = None,
+        "--kind", help=f"Only runs of this kind ({choices('run_kinds', last=', ')}).")] = None,
     status: Annotated[str | None, typer.Option("--status", help="running, finished, failed or interrupted.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs, newest first.")] = 50,
     db: DbOpt = None,

@@ -7,7 +7,8 @@ from typing import Any
 from rich.table import Table
 
 from ..examples import BUILTIN_TASKS
-from ._common import JsonOpt, execute, out_console
+from ._common import execute, out_console
+from ._options import JsonOpt
 
 
 def tasks(json_out: JsonOpt = False) -> None:

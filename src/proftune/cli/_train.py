@@ -8,7 +8,8 @@ from rich.table import Table
 
 from .._api import run_train
 from ..task import load_task
-from ._common import (
+from ._common import execute, out_console, parse_params, task_arg, with_report
+from ._options import (
     DataOpt,
     DbOpt,
     DebugOpt,
@@ -22,11 +23,6 @@ from ._common import (
     SeedOpt,
     TaskArg,
     ThreadsOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
 )
 from ._progress import EpochProgress
 

@@ -13,6 +13,17 @@ from rich.table import Table
 from .._paths import OutputPath
 from ..exceptions import RunFailedError, TaskLoadError
 from ._common import (
+    check_log,
+    err_console,
+    execute,
+    log_run,
+    out_console,
+    parse_params,
+    task_arg,
+    trial_logger,
+    with_report,
+)
+from ._options import (
     DataOpt,
     DbOpt,
     DebugOpt,
@@ -26,15 +37,7 @@ from ._common import (
     TaskArg,
     ThreadsOpt,
     WandbProjectOpt,
-    check_log,
-    err_console,
-    execute,
-    log_run,
-    out_console,
-    parse_params,
-    task_arg,
-    trial_logger,
-    with_report,
+    choices,
 )
 
 #: Keys of ``--json`` (the issue's contract), in this order.
@@ -61,8 +64,8 @@ def tune(
     timeout: Annotated[float | None, typer.Option("--timeout", help="Stop starting trials after S seconds.",
                                                   show_default=False)] = None,
     sampler: Annotated[str, typer.Option(
-        "--sampler", help="tpe, halton, sobol, random, grid, coarse-to-fine or nsga2.")] = "tpe",
-    pruner: Annotated[str, typer.Option("--pruner", help="none, median, asha or patience.")] = "none",
+        "--sampler", help=f"{choices('samplers')}.")] = "tpe",
+    pruner: Annotated[str, typer.Option("--pruner", help=f"{choices('pruners')}.")] = "none",
     epochs: Annotated[int | None, typer.Option("--epochs", help="Epochs per trial (default: the task's).",
                                                show_default=False)] = None,
     study: Annotated[str | None, typer.Option(
@@ -73,7 +76,7 @@ def tune(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.",
                                               show_default=False)] = None,
     backend: Annotated[str, typer.Option(
-        "--backend", help="local (this machine's processes) or ray (Ray Tune).")] = "local",
+        "--backend", help=f"{choices('search_backends')} (local: this machine's processes; ray: Ray Tune).")] = "local",
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", help="Ray cluster to join: auto or HOST:PORT (default: start a local one).",
         show_default=False)] = None,

@@ -40,5 +40,8 @@ def register_check(check: C) -> C:
                             f"but got {explains!r}.")
     if problems:
         raise ConfigError(problems)
-    CHECK_REGISTRY.add(obj)
+    CHECK_REGISTRY.add(obj, origin=check)
     return check
+
+
+CHECK_REGISTRY.loads_through(register_check)
