@@ -23,7 +23,7 @@ from .._jsonsafe import json_dumps, json_safe
 from .._paths import OutputPath, check_outputs
 from .._threads import fixed_threads
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
-from ._options import fill_choices
+from ._options import ReportOpts, RunOpts, fill_choices
 
 T = TypeVar("T")
 
@@ -203,6 +203,15 @@ def execute(
         render(result)
     else:
         out_console.print_json(json_dumps(result))
+
+
+def execute_run(body: Callable[[], T], o: RunOpts, r: ReportOpts, *, render: Callable[[T], None] | None = None,
+                threads: int | None = None,
+                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = ()) -> None:
+    """:func:`execute` of a command that runs a task: ``body`` after its outputs' checks, then
+    ``--report``'s page (:func:`with_report`), with the command's :class:`RunOpts` and :class:`ReportOpts`."""
+    execute(with_report(body, r.report, o.db, force=r.force, outputs=outputs), json_out=o.json_out,
+            debug=o.debug, render=render, threads=threads)
 
 
 def with_report(body: Callable[[], T], report: str | None, db: str | None, *, force: bool = False,

@@ -1,14 +1,21 @@
 """Every option and argument the commands share, declared once as a typed ``Annotated`` alias.
 
 A command module names them in its signature (``task: TaskArg``, ``db: DbOpt = None``); its own
-options stay in its file. An option whose valid values come from a registry lists them in its
-help through :func:`choices`, filled when --help is shown, so an installed plug-in's names are there.
+options stay in its file. The options nearly every command takes together are one group,
+:class:`RunOpts` (``o: RunOpts = RUN``), which :func:`command` spreads into the signature typer
+reads, in its place, and gathers back into one record for the command. An option whose valid
+values come from a registry lists them in its help through :func:`choices`, filled when --help is
+shown, so an installed plug-in's names are there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import typing
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
@@ -103,3 +110,85 @@ def fill_choices(text: str) -> str:
     return re.sub(r"@@(\w+)\|(.*?)@@", names, text)
 
 
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOpts:
+    """The options of every command that runs a task: ``--seed --device --db --json --debug``."""
+
+    seed: SeedOpt = 0
+    device: DeviceOpt = "auto"
+    db: DbOpt = None
+    json_out: JsonOpt = False
+    debug: DebugOpt = False
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOpts:
+    """The options of a command that trains TASK: ``--data --epochs --max-steps --param``."""
+
+    data: DataOpt = None
+    epochs: EpochsOpt = None
+    max_steps: MaxStepsOpt = None
+    param: ParamOpt = None
+
+
+#: The defaults of a command's ``t: FitOpts`` parameter.
+FIT = FitOpts()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportOpts:
+    """The options of every command that records a run: ``--report FILE`` and ``--force``."""
+
+    report: ReportOpt = None
+    force: ForceOpt = False
+
+
+@dataclasses.dataclass(frozen=True)
+class FileOpts:
+    """The options of a command that reads the store and writes files: ``--force --db --json --debug``."""
+
+    force: ForceOpt = False
+    db: DbOpt = None
+    json_out: JsonOpt = False
+    debug: DebugOpt = False
+
+
+#: The defaults of a command's ``f: FileOpts`` parameter.
+FILE = FileOpts()
+#: The defaults of a command's ``r: ReportOpts`` parameter.
+REPORT = ReportOpts()
+#: The default of a command's ``o: RunOpts`` parameter (typer fills each field from its option).
+RUN = RunOpts()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(fn: F) -> F:
+    """``fn`` as typer reads it: each parameter annotated with an option group (a dataclass of
+    ``Annotated`` options) is spread into those options in its place, and gathered back into one
+    record of the group when typer calls it."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    groups: dict[str, tuple[type, tuple[str, ...]]] = {}
+    params: list[inspect.Parameter] = []
+    for p in inspect.signature(fn).parameters.values():
+        kind = hints.get(p.name)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            fields = dataclasses.fields(kind)
+            field_hints = typing.get_type_hints(kind, include_extras=True)
+            groups[p.name] = (kind, tuple(f.name for f in fields))
+            params += [inspect.Parameter(f.name, p.kind, default=f.default, annotation=field_hints[f.name])
+                       for f in fields]
+        else:
+            params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+
+    @functools.wraps(fn)
+    def spread(**kwargs: Any) -> Any:
+        for name, (kind, fields) in groups.items():
+            kwargs[name] = kind(**{f: kwargs.pop(f) for f in fields})
+        return fn(**kwargs)
+
+    spread.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    spread.__annotations__ = {p.name: p.annotation for p in params}
+    return cast(F, spread)
