@@ -247,7 +247,7 @@ def _pbt_best(tmp: Path, key: str, lr: dict[str, Any], epochs: int, seed: int, *
 
 def part_rescue(args: argparse.Namespace, tmp: Path) -> bool:
     from proftune.search import Space
-    from proftune.search._ray import _ladder
+    from proftune.search._pbt import ladder as _ladder
 
     e = args.pbt_epochs
     print(f"\n== rescue: {RESCUE_TASK}, SGD, PBT 4 members x {e} epochs, 2 workers, seed {args.seed}; "

@@ -93,8 +93,12 @@ def test_a_bad_check_is_one_error_naming_each_problem() -> None:
     assert "explains must be a tuple" in str(e.value)
     with pytest.raises(ConfigError, match=r"is not a proftune\.diagnose\.BaseCheck"):
         register_check(object())
+    # the same class again is the same plug-in (a no-op); another class under its cause is an error
+    assert register_check(type(CHECKS[0])) is type(CHECKS[0])
+    assert CHECKS[0] is CHECK_REGISTRY[CHECKS[0].cause]
+    clash = type("Clash", (type(CHECKS[0]),), {})
     with pytest.raises(ConfigError, match="registered already"):
-        register_check(type(CHECKS[0]))
+        register_check(clash)
 
 
 def test_a_registered_metric_has_its_direction_everywhere() -> None:

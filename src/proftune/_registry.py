@@ -17,6 +17,7 @@ from .exceptions import ConfigError
 __all__ = ["LiveSequence", "Registry"]
 
 T = TypeVar("T")
+_loading = False  # some registry is importing its installed plug-ins now
 E = TypeVar("E")
 X = TypeVar("X")
 
@@ -36,19 +37,31 @@ class Registry(Mapping[str, T], Generic[T]):
         self._group = entry_points
         self._loaded = entry_points is None
         self._entries: dict[str, T] = {}
+        #: What each entry was registered from: the class a decorator built it of, else the entry.
+        self._origins: dict[str, object] = {}
+        self._registrar: Callable[..., object] | None = None
+        self._registrar_named = False
 
-    def add(self, entry: T, *, name: str | None = None, replace: bool = False) -> T:
-        """Register ``entry`` under ``name`` (or its own key); a taken name needs ``replace=True``."""
+    def add(self, entry: T, *, name: str | None = None, replace: bool = False,
+            origin: object = None) -> T:
+        """Register ``entry`` under ``name`` (or its own key); a taken name needs ``replace=True``.
+
+        Registering the same object again (or an instance built again from the same ``origin``, the
+        class a decorator was given) is a no-op, so a plug-in module that is both decorated and
+        named by an entry point registers once; another object under a taken name is an error."""
         if name is None:
             if self._key is None:
                 raise ConfigError(f"a {self.kind} needs a name: add(entry, name=...).")
             name = self._key(entry)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"a {self.kind}'s name must be a non-empty string, but got {name!r}.")
-        if name in self._entries and not replace and self._entries[name] is not entry:
+        if name in self._entries and not replace:
+            if self._entries[name] is entry or (origin is not None and self._origins.get(name) is origin):
+                return self._entries[name]
             raise ConfigError(f"a {self.kind} named {name!r} is registered already "
                               f"({self._entries[name]!r}); pass replace=True to replace it.")
         self._entries[name] = entry
+        self._origins[name] = entry if origin is None else origin
         return entry
 
     def register(self, entry: Any = None, /, *, name: str | None = None,
@@ -57,7 +70,7 @@ class Registry(Mapping[str, T], Generic[T]):
         object; a class is registered as one instance of it built with no arguments, so a plug-in
         class needs nothing else. Returns what it decorates, unchanged."""
         def deco(obj: Any) -> Any:
-            self.add(obj() if isinstance(obj, type) else obj, name=name, replace=replace)
+            self.add(obj() if isinstance(obj, type) else obj, name=name, replace=replace, origin=obj)
             return obj
 
         return deco(entry) if entry is not None else deco
@@ -72,14 +85,21 @@ class Registry(Mapping[str, T], Generic[T]):
         name = getattr(obj, "name", None)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{type(obj).__name__}.name must be a non-empty string, but got {name!r}.")
-        self.add(cast(T, obj), name=name)
+        self.add(cast(T, obj), name=name, origin=entry)
         return entry
+
+    def loads_through(self, registrar: Callable[..., object], *, named: bool = False) -> None:
+        """Route the installed plug-ins through ``registrar(obj)`` (the kind's ``register_*``; with
+        ``named``, ``registrar(obj, entry_point_name)``), so an entry point passes the same checks
+        as a call in Python does."""
+        self._registrar, self._registrar_named = registrar, named
 
     def remove(self, name: str) -> T:
         """Unregister ``name`` (a plug-in's own tests put the registry back as it was)."""
         self._load()
         if name not in self._entries:
             raise ConfigError(self._unknown(name))
+        self._origins.pop(name, None)
         return self._entries.pop(name)
 
     def get_entry(self, name: str) -> T:
@@ -103,18 +123,44 @@ class Registry(Mapping[str, T], Generic[T]):
         return f"{self.kind} {name!r} is unknown; valid: {', '.join(self._entries) or '(none)'}."
 
     def _load(self) -> None:
-        if self._loaded:
+        global _loading
+        if self._loaded or _loading:
+            # While one registry imports a plug-in, that module's own decorators read registries (a
+            # stage's ``after``): they see what is registered so far and load theirs on a later
+            # read, rather than import the half-imported module again.
             return
         self._loaded = True
+        _loading = True
+        try:
+            self._load_entry_points()
+        finally:
+            _loading = False
+
+    def _load_entry_points(self) -> None:
         from importlib.metadata import entry_points
 
         for ep in entry_points(group=self._group or ""):
+            where = f"the {self.kind} plug-in {ep.name!r} ({ep.value}) of entry point group {self._group!r}"
             try:
                 obj = ep.load()
             except Exception as e:
-                raise ConfigError(f"the {self.kind} plug-in {ep.name!r} ({ep.value}) of entry point "
-                                  f"group {self._group!r} failed to load: {type(e).__name__}: {e}") from e
-            self.add(obj() if isinstance(obj, type) else obj, name=None if self._key else ep.name)
+                raise ConfigError(f"{where} failed to load: {type(e).__name__}: {e}") from e
+            if self._registered(obj):  # its module registered it with the decorator as it loaded
+                continue
+            try:
+                if self._registrar is not None:
+                    self._registrar(*((obj, ep.name) if self._registrar_named else (obj,)))
+                else:
+                    self.add(obj() if isinstance(obj, type) else obj, name=None if self._key else ep.name,
+                             origin=obj)
+            except ConfigError as e:
+                raise ConfigError(f"{where} is refused: {e}") from e
+
+    def _registered(self, obj: object) -> bool:
+        """``obj`` (an entry point's object) is registered already: itself, or built from it."""
+        if any(obj is o for o in self._origins.values()) or any(obj is e for e in self._entries.values()):
+            return True
+        return isinstance(obj, type) and any(type(e) is obj for e in self._entries.values())
 
     # Mapping: every read loads the plug-ins first.
     def __getitem__(self, name: str) -> T:

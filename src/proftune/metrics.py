@@ -169,6 +169,9 @@ def register_metric(metric: Metric, *, replace: bool = False) -> Metric:
     return METRICS.add(metric, replace=replace)
 
 
+METRICS.loads_through(register_metric)
+
+
 for _metric in (*_PROFILE, *_TASK):
     register_metric(_metric)
 

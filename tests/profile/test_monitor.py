@@ -18,7 +18,7 @@ from torch import nn
 import proftune
 from proftune.exceptions import ConfigError
 from proftune.profile import Monitor, Profile
-from proftune.profile._stats import StepStats
+from proftune.profile._summaries import StepStats
 from proftune.train import Callback, FitState
 
 SRC = Path(proftune.__file__).resolve().parent

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from proftune.profile import LayerStats, tensor_stats
-from proftune.profile._stats import (
+from proftune.profile._summaries import (
     _reduce_rows_numpy,
     _reduce_rows_torch,
     _row_moments,
@@ -246,7 +246,7 @@ def test_a_diverged_layer_s_statistics_raise_no_numpy_warning() -> None:
 
     import numpy as np
 
-    from proftune.profile._stats import _reduce_rows_numpy
+    from proftune.profile._summaries import _reduce_rows_numpy
 
     mat = torch.tensor([[1.0, float("inf"), float("inf"), 2.0], [0.0, 1.0, 2.0, 3.0]])
     with warnings.catch_warnings():

@@ -34,7 +34,9 @@ def _space(**params: Any) -> dict[str, Any]:
 
 def test_pbt_ladder_and_population_start_at_the_users_setting() -> None:
     from proftune.search import Space
-    from proftune.search._ray import _ladder, _population_space
+    from proftune.search._pbt import ladder as _ladder
+    from proftune.search._pbt import population_space
+    from proftune.search._ray import _ray_space
 
     space = Space.from_dict({"params": {
         "lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True, "default": 0.1},
@@ -44,7 +46,7 @@ def test_pbt_ladder_and_population_start_at_the_users_setting() -> None:
     # half-decade rungs down from the start, inside the declared range
     assert _ladder(lr) == pytest.approx([1e-4, 10**-3.5, 1e-3, 10**-2.5, 1e-2, 10**-1.5, 0.1])
     assert _ladder(dropout) == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4])
-    pop = _population_space(space, 4)
+    pop = population_space(_ray_space(space, start_at_default=True), space, 4)
     spec = type("Spec", (), {})()
     values = []
     for member in range(4):
@@ -227,7 +229,7 @@ def _assert_rounds_follow_the_ladder(schedule: dict[str, list[dict[str, Any]]], 
 def test_pbt_beats_a_fixed_rate_from_a_start_10x_off(tmp_path: Path, local_ray: Any, start: float,
                                                       low: float, high: float) -> None:
     from proftune.search import Space
-    from proftune.search._ray import _ladder
+    from proftune.search._pbt import ladder as _ladder
 
     # SGD on digits-mlp for 4 epochs: 0.1 is a good rate (0.79 accuracy); the start is 10x below it, or
     # 3 half-decades above it (3.16, on PBT's ladder through 0.1), where SGD diverges at any thread

@@ -8,23 +8,13 @@ import typer
 from rich.table import Table
 
 from ..diagnose import bandit as run_bandit
-from ._common import (
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    execute,
-    out_console,
-    with_report,
-)
+from . import _options as opt
+from ._common import execute_run, out_console
 
 
+@opt.command
 def bandit(
-    task: TaskArg,
+    task: opt.TaskArg,
     configs: Annotated[str, typer.Option(
         "--configs", help="YAML file: a list of param mappings (each may have a name).")],
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Training runs to allocate in this call (>= 1).")],
@@ -37,20 +27,15 @@ def bandit(
     epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs per run.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Bandit name in the store (default: task + configs hash).",
                                              show_default=False)] = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    o: opt.RunOpts = opt.RUN,
+    r: opt.ReportOpts = opt.REPORT,
 ) -> None:
     """Run TASK ROUNDS times, choosing each configuration by Thompson sampling or UCB; the state
     lives in the store, so the next call continues. Reports allocation and the regret curve."""
 
     def body() -> Any:
         return run_bandit(task, configs, rounds=rounds, policy=policy, metric=metric, mode=mode,
-                          epochs=epochs, name=name, device=device, seed=seed, db=db)
+                          epochs=epochs, name=name, device=o.device, seed=o.seed, db=o.db)
 
     def render(report: Any) -> None:
         d = report.to_dict()
@@ -70,4 +55,4 @@ def bandit(
             out_console.print(f"cumulative regret vs the best estimated mean (pull: regret): {points}; "
                               f"final {d['regret'][-1]:.3g} (uniform allocation: {d['uniform_regret'][-1]:.3g})")
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)
+    execute_run(body, o, r, render=render)

@@ -9,39 +9,20 @@ from rich.table import Table
 
 from ..recommend import find_batch_size, format_bytes
 from ..track import Store
-from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
-)
+from . import _options as opt
+from ._common import execute_run, out_console, parse_params, task_arg
 
 BudgetOpt = Annotated[str, typer.Option("--memory-budget", help="Memory budget: 4GiB, 512MB or bytes (123456).")]
 
 
+@opt.command
 def batch_size(
-    task: TaskArg,
+    task: opt.TaskArg,
     memory_budget: BudgetOpt,
-    data: DataOpt = None,
-    param: ParamOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    data: opt.DataOpt = None,
+    param: opt.ParamOpt = None,
+    o: opt.RunOpts = opt.RUN,
+    r: opt.ReportOpts = opt.REPORT,
     from_prediction: Annotated[bool, typer.Option(
         "--predict", help="Start from `proftune predict`'s answer (fake steps) and verify it with one "
                           "real step instead of probing.")] = False,
@@ -51,7 +32,7 @@ def batch_size(
 
     def body() -> Any:
         return find_batch_size(task_arg(task, data), parse_params(param), memory_budget=memory_budget,
-                               device=device, seed=seed, store=Store(db), from_prediction=from_prediction)
+                               device=o.device, seed=o.seed, store=Store(o.db), from_prediction=from_prediction)
 
     def render(result: Any) -> None:
         d = result.to_dict()
@@ -78,4 +59,4 @@ def batch_size(
             f"{format_bytes(d['static_bytes'])}"
         )
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render)
+    execute_run(body, o, r, render=render)

@@ -11,7 +11,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -23,6 +23,7 @@ from .._jsonsafe import json_dumps, json_safe
 from .._paths import OutputPath, check_outputs
 from .._threads import fixed_threads
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
+from ._options import ReportOpts, RunOpts, fill_choices
 
 T = TypeVar("T")
 
@@ -31,43 +32,6 @@ T = TypeVar("T")
 err_console = Console(stderr=True)
 #: Piped (not a terminal) the tables keep their full width rather than rich's 80 columns.
 out_console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 240))
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
-DbOpt = Annotated[
-    str | None,
-    typer.Option("--db", help="Run store URL or a .db file (default $PROFTUNE_DB or sqlite:///proftune.db).",
-                 show_default=False),
-]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of failures and library warnings.")]
-ParamOpt = Annotated[
-    list[str] | None,
-    typer.Option("--param", "-p", help="A param as key=value; repeat for several.", show_default=False),
-]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
-ThreadsOpt = Annotated[
-    int | None,
-    typer.Option("--threads", min=1, help="CPU threads of every training (default: computed from the measured "
-                 "step times, re-checked when the machine's load changes).", show_default=False),
-]
-TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class, timm:MODEL or a built-in name.")]
-DataOpt = Annotated[
-    str | None,
-    typer.Option("--data", help="A LightningDataModule for a LightningModule TASK: file.py[:Class] or "
-                 "pkg.mod:Class.", show_default=False),
-]
-EpochsOpt = Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")]
-MaxStepsOpt = Annotated[
-    int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")
-]
-LogOpt = Annotated[
-    str | None,
-    typer.Option("--log", help="wandb: log to Weights & Biases as one group: each trial as it ends, "
-                 "while the study runs; the run and the other runs it started when it ends "
-                 "(offline: WANDB_MODE=offline).", show_default=False),
-]
-WandbProjectOpt = Annotated[str, typer.Option("--wandb-project", help="W&B project for --log wandb.")]
-
 
 def check_log(log: str | None, *, command: str) -> None:
     """``--log``'s value is known and its package installed: an error before the work, not after it."""
@@ -104,17 +68,6 @@ def log_run(log: str | None, run_id: int, *, project: str, db: str | None,
     if live is not None and live.errors:  # W&B refused them live; the export above tried again
         out["live_errors"] = [{"proftune_run": run, "error": error} for run, error in live.errors]
     return out
-
-
-ReportOpt = Annotated[
-    str | None,
-    typer.Option("--report", help="Also write the result as one self-contained HTML report here.",
-                 show_default=False),
-]
-ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Replace existing output files (a symbolic link is replaced itself, "
-                       "never followed); without it they are refused before any work.")
-]
 
 
 def parse_value(text: str) -> Any:
@@ -261,6 +214,15 @@ def execute(
         render(result)
     else:
         out_console.print_json(json_dumps(result))
+
+
+def execute_run(body: Callable[[], T], o: RunOpts, r: ReportOpts, *, render: Callable[[T], None] | None = None,
+                threads: int | None = None,
+                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = ()) -> None:
+    """:func:`execute` of a command that runs a task: ``body`` after its outputs' checks, then
+    ``--report``'s page (:func:`with_report`), with the command's :class:`RunOpts` and :class:`ReportOpts`."""
+    execute(with_report(body, r.report, o.db, force=r.force, outputs=outputs), json_out=o.json_out,
+            debug=o.debug, render=render, threads=threads)
 
 
 def with_report(body: Callable[[], T], report: str | None, db: str | None, *, force: bool = False,
@@ -427,7 +389,16 @@ def _plain_help_option(opt: Any) -> Any:
 
 
 class _Command(TyperCommand):
-    """A typer command whose usage line names its arguments plainly: ``TASK``, ``[OUT]``."""
+    """A typer command whose usage line names its arguments plainly: ``TASK``, ``[OUT]``, and
+    whose options' help lists the registered choices as they are when --help is shown."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for p in self.params:
+            template = getattr(p, "help_template", None) or getattr(p, "help", None)
+            if template and "@@" in template:
+                setattr(p, "help_template", template)  # noqa: B010 - click's Parameter has no such field
+                setattr(p, "help", fill_choices(template))  # noqa: B010
+        super().format_help(ctx, formatter)
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

@@ -7,26 +7,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..compress import COMPILER_REGISTRY, QUANT_BACKEND_REGISTRY
 from ..compress import compress as run_compress
 from ..exceptions import ConfigError
-from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    ThreadsOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
-)
+from . import _options as opt
+from ._common import execute_run, out_console, parse_params, task_arg
 from ._progress import EpochProgress
 
 
@@ -43,14 +27,10 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-def _libraries() -> str:
-    """The quantization libraries registered so far (the built-ins, at import), for ``--help``."""
-    return ", ".join(dict.fromkeys(key.split(":")[0] for key in QUANT_BACKEND_REGISTRY.names_so_far()))
-
-
+@opt.command
 def compress(
-    task: TaskArg,
-    data: DataOpt = None,
+    task: opt.TaskArg,
+    data: opt.DataOpt = None,
     prune: Annotated[str | None, typer.Option(
         "--prune", help="unstructured or structured.", show_default=False)] = None,
     ratios: Annotated[str, typer.Option(
@@ -74,10 +54,11 @@ def compress(
     quant_backend: Annotated[str, typer.Option(
         "--quant-backend",
         help="The quantization library: auto (each usable one measured, the fastest kept) or one of "
-        f"{_libraries()} (proftune.compress.QUANT_BACKEND_REGISTRY; a plug-in's name too).")] = "auto",
+        f"{opt.choices('quant_libraries', last=', ')} "
+        "(proftune.compress.QUANT_BACKEND_REGISTRY; a plug-in's name too).")] = "auto",
     compile_: Annotated[str | None, typer.Option(
         "--compile",
-        help=f"Compile the float models too, comma-separated: {', '.join(COMPILER_REGISTRY.names_so_far())} "
+        help=f"Compile the float models too, comma-separated: {opt.choices('compilers', last=', ')} "
         "(proftune.compress.COMPILER_REGISTRY; a plug-in's name too).",
         show_default=False)] = None,
     target: Annotated[str | None, typer.Option(
@@ -110,14 +91,10 @@ def compress(
         "--round-to", help="Keep channel counts multiples of this (structured).", show_default=False)] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace existing --out, --plot and --report files (never the --model file).")] = False,
-    param: ParamOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    threads: ThreadsOpt = None,
-    report: ReportOpt = None,
+    param: opt.ParamOpt = None,
+    o: opt.RunOpts = opt.RUN,
+    threads: opt.ThreadsOpt = None,
+    report: opt.ReportOpt = None,
 ) -> None:
     """Compress TASK's model under an accuracy budget; every figure is measured on the model as saved."""
 
@@ -125,7 +102,7 @@ def compress(
         params = parse_params(param)
         layers = tuple(name.strip() for item in (ignore_layers or []) for name in item.split(",") if name.strip())
         return run_compress(
-            task_arg(task, data), params=params, model=model, trust_model=trust_model, db=db,
+            task_arg(task, data), params=params, model=model, trust_model=trust_model, db=o.db,
             callbacks=[EpochProgress(None)],
             prune=prune, ratios=_floats(ratios, "--ratios"), importance=importance,
             global_pruning=global_pruning, ignore_layers=layers, quantize=quantize, quant_backend=quant_backend,
@@ -133,7 +110,7 @@ def compress(
             half=half, methods=tuple(method or ()),
             compile=tuple(n.strip() for n in (compile_ or "").split(",") if n.strip()), target=target,
             finetune_epochs=finetune_epochs, max_accuracy_drop=max_accuracy_drop, metric=metric,
-            goal=goal, out=out, plot_dir=plot, round_to=round_to, force=force, seed=seed, device=device,
+            goal=goal, out=out, plot_dir=plot, round_to=round_to, force=force, seed=o.seed, device=o.device,
         )
 
     def render(report: Any) -> None:
@@ -168,4 +145,4 @@ def compress(
             out_console.print(f"plot: {p}", highlight=False)
         out_console.print(f"run {d['run_id']} recorded", highlight=False)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)
+    execute_run(body, o, opt.ReportOpts(report, force), render=render, threads=threads)

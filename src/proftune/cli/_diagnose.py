@@ -9,28 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..diagnose import diagnose as run_diagnose
-from ..task import load_task
-from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    EpochsOpt,
-    ForceOpt,
-    JsonOpt,
-    MaxStepsOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    ThreadsOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
-)
-from ._progress import EpochProgress
+from . import _options as opt
+from ._common import execute_run, out_console
+from ._progress import train_task
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
@@ -42,31 +23,20 @@ def _where(f: dict[str, Any]) -> str:
     return escape(f" [{where}]") if where else ""  # escaped: rich would read "[step 3]" as markup
 
 
+@opt.command
 def diagnose(
-    task: TaskArg,
-    data: DataOpt = None,
-    epochs: EpochsOpt = None,
-    max_steps: MaxStepsOpt = None,
-    param: ParamOpt = None,
+    task: opt.TaskArg,
+    t: opt.FitOpts = opt.FIT,
     lr_test: Annotated[bool, typer.Option("--lr-test/--no-lr-test",
                                           help="Confirm lr findings with a short LR range test.")] = True,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    threads: ThreadsOpt = None,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    o: opt.RunOpts = opt.RUN,
+    threads: opt.ThreadsOpt = None,
+    r: opt.ReportOpts = opt.REPORT,
 ) -> None:
     """Train TASK, watch it, and say what is wrong: cause, evidence, severity and fix."""
 
     def body() -> Any:
-        params = parse_params(param)
-        task_obj = load_task(task_arg(task, data))
-        progress = EpochProgress.for_run(task_obj, epochs, max_steps, description="diagnose")
-        return run_diagnose(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
-                            lr_test=lr_test, db=db, callbacks=[progress])
+        return train_task(run_diagnose, task, t, o, description="diagnose", lr_test=lr_test)
 
     def render(report: Any) -> None:
         d = report.to_dict()
@@ -85,4 +55,4 @@ def diagnose(
                               f"{escape(c['summary'])}{_where(c)}\n[dim]{escape(c.get('why', ''))}[/]", "")
         out_console.print(table)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)
+    execute_run(body, o, r, render=render, threads=threads)

@@ -9,9 +9,11 @@ import typer
 
 from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
-from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, execute, out_console
+from . import _options as opt
+from ._common import execute, out_console
 
 
+@opt.command
 def export_command(
     run_id: Annotated[int, typer.Argument(help="Run id.")],
     tensorboard: Annotated[str | None, typer.Option(
@@ -29,10 +31,7 @@ def export_command(
     wandb_mode: Annotated[str | None, typer.Option(
         "--wandb-mode", help="offline, online or disabled (default: W&B's own setting, WANDB_MODE).",
         show_default=False)] = None,
-    force: ForceOpt = False,
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    f: opt.FileOpts = opt.FILE,
 ) -> None:
     """Export a recorded run: scalars, histograms, tables and hparams to TensorBoard; params,
     metrics per step, tags and artifacts to MLflow; config, history, histograms, summary and artifacts
@@ -46,8 +45,8 @@ def export_command(
             raise ConfigError("give --tensorboard DIR, --mlflow URI and/or --wandb.")
         # event files get names of their own (time, host, pid): the folder only needs to be writable
         check_outputs([OutputPath("--tensorboard", tensorboard, folder=True),
-                       OutputPath("--wandb-dir", wandb_dir, folder=True)], force=force)
-        store = Store(db)
+                       OutputPath("--wandb-dir", wandb_dir, folder=True)], force=f.force)
+        store = Store(f.db)
         record = store.get_run(run_id)
         out: dict[str, Any] = {"run_id": run_id}
         if tensorboard is not None:
@@ -73,4 +72,4 @@ def export_command(
                 out_console.print(f"wandb: run {w['proftune_run']} as {w['wandb_id']} in project "
                                   f"{d['wandb']['project']!r} at {w['dir']}", highlight=False)
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(body, json_out=f.json_out, debug=f.debug, render=render)

@@ -9,48 +9,29 @@ import typer
 from .._paths import OutputPath
 from ..recommend import lr_find
 from ..track import Store
-from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
-)
+from . import _options as opt
+from ._common import execute_run, out_console, parse_params, task_arg
 
 
+@opt.command
 def lr_find_command(
-    task: TaskArg,
-    data: DataOpt = None,
+    task: opt.TaskArg,
+    data: opt.DataOpt = None,
     min_lr: Annotated[float, typer.Option("--min-lr", help="First lr of the sweep.")] = 1e-7,
     max_lr: Annotated[float, typer.Option("--max-lr", help="Last lr of the sweep.")] = 10.0,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of the sweep.")] = 100,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size (default: the task's).")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write the curve to this PNG.")] = None,
-    param: ParamOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    param: opt.ParamOpt = None,
+    o: opt.RunOpts = opt.RUN,
+    r: opt.ReportOpts = opt.REPORT,
 ) -> None:
     """Exponential LR range test through the fit loop: suggested_lr (robust to noisy loss),
     min_lr where the loss starts to fall, max_lr the last before it blows up, and the curve."""
 
     def body() -> Any:
         return lr_find(task_arg(task, data), parse_params(param), min_lr=min_lr, max_lr=max_lr, steps=steps,
-                       batch_size=batch_size, device=device, seed=seed, plot=plot, store=Store(db))
+                       batch_size=batch_size, device=o.device, seed=o.seed, plot=plot, store=Store(o.db))
 
     def render(result: Any) -> None:
         def fmt(v: float | None) -> str:
@@ -71,5 +52,4 @@ def lr_find_command(
         if plot:
             out_console.print(f"plot: {plot}")
 
-    execute(with_report(body, report, db, force=force, outputs=[OutputPath("--plot", plot)]),
-            json_out=json_out, debug=debug, render=render)
+    execute_run(body, o, r, render=render, outputs=[OutputPath("--plot", plot)])

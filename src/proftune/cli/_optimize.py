@@ -14,32 +14,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from .._units import format_bytes
-from ._common import (
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    JsonOpt,
-    LogOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    ThreadsOpt,
-    WandbProjectOpt,
-    check_log,
-    err_console,
-    execute,
-    log_run,
-    out_console,
-    trial_logger,
-    with_report,
-)
+from . import _options as opt
+from ._common import check_log, err_console, execute_run, log_run, out_console, trial_logger
 
 #: Keys of ``--json`` (the issue's contract) first, in this order.
 JSON_KEYS = ("stages", "final", "vs_baseline")
 
 
+@opt.command
 def optimize_command(
-    task: TaskArg,
+    task: opt.TaskArg,
     budget: Annotated[str, typer.Option("--budget", help="Wall-clock budget: 90, 90s, 5m, 1h.")] = "20m",
     memory_budget: Annotated[str | None, typer.Option(
         "--memory-budget", help="Largest training step memory (4GiB, 512MB); bounds the batch size.",
@@ -64,15 +48,11 @@ def optimize_command(
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its last stage.")] = False,
     ignore_findings: Annotated[bool, typer.Option(
         "--ignore-findings", help="Go on past error findings of the health stage.")] = False,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    threads: ThreadsOpt = None,
-    log: LogOpt = None,
-    wandb_project: WandbProjectOpt = "proftune",
-    report: ReportOpt = None,
+    o: opt.RunOpts = opt.RUN,
+    threads: opt.ThreadsOpt = None,
+    log: opt.LogOpt = None,
+    wandb_project: opt.WandbProjectOpt = "proftune",
+    report: opt.ReportOpt = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace an existing --report file (the --out folder always holds its own "
                         "report.html).")] = False,
@@ -102,27 +82,27 @@ def optimize_command(
         check_log(log, command="optimize")
         live = trial_logger(log, project=wandb_project)
         try:
-            with _quiet(debug):
+            with _quiet(o.debug):
                 result = optimize(task, budget, memory_budget=memory_budget, constraints=tuple(constraint or ()),
                                   objective=objective, space=space, max_accuracy_drop=max_accuracy_drop, goal=goal,
                                   seeds=seeds, out=out, study=study, resume=resume,
-                                  ignore_findings=ignore_findings, seed=seed, device=device, db=db,
+                                  ignore_findings=ignore_findings, seed=o.seed, device=o.device, db=o.db,
                                   progress=progress, on_trial=live)
         except Exception:  # failed midway: the team's project still gets the run and its stages, failed
             if failed_run:
                 try:
-                    log_run(log, failed_run[0], project=wandb_project, db=db, live=live)
+                    log_run(log, failed_run[0], project=wandb_project, db=o.db, live=live)
                 except Exception as exc:  # noqa: BLE001 - the loop's own error is what the user must see
                     err_console.print(f"[yellow]W&B[/]: the failed run {failed_run[0]} was not logged: "
                                       f"{escape(f'{type(exc).__name__}: {exc}')}", highlight=False)
             raise
         d = result.to_dict()
-        logged = log_run(log, result.run_id, project=wandb_project, db=db, live=live)
+        logged = log_run(log, result.run_id, project=wandb_project, db=o.db, live=live)
         if logged is not None:
             d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=_render, threads=threads)
+    execute_run(body, o, opt.ReportOpts(report, force), render=_render, threads=threads)
 
 
 @contextlib.contextmanager

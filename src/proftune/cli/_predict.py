@@ -22,20 +22,8 @@ from ..predict import (
     predict,
 )
 from ..track import Store
-from ._common import (
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    TaskArg,
-    execute,
-    out_console,
-    parse_params,
-    with_report,
-)
+from . import _options as opt
+from ._common import execute, out_console, parse_params, with_report
 
 TargetOpt = Annotated[str, typer.Option(
     "--target",
@@ -175,8 +163,9 @@ def _render_plan(plan: ParallelPlan) -> None:
                           f"offload {r['offload']})", highlight=False)
 
 
+@opt.command
 def predict_command(
-    task: TaskArg,
+    task: opt.TaskArg,
     batch_size: Annotated[int | None, typer.Option(
         "--batch-size", "-b", help="Batch size to predict (per GPU with --gpus); not with --plan.",
         show_default=False)] = None,
@@ -189,7 +178,7 @@ def predict_command(
         show_default=False)] = None,
     optimizer: Annotated[str | None, typer.Option(
         "--optimizer", help="adamw, adam or sgd; default: the task's.", show_default=False)] = None,
-    param: ParamOpt = None,
+    param: opt.ParamOpt = None,
     calibrate: Annotated[int | None, typer.Option(
         "--calibrate", help="Also run a few real steps at this (small) batch on this machine's CPU and report "
                             "the prediction's error there.", show_default=False)] = None,
@@ -216,12 +205,11 @@ def predict_command(
         "--link", help="The link the collectives are priced with: auto (measured between --gpus CPU ranks here "
                        "when --target is cpu, else the target's datasheet figure), table, or measure (a short "
                        "all-reduce/all-gather/reduce-scatter sweep between --gpus ranks of this machine).")] = "auto",
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    device: opt.DeviceOpt = "auto",
+    db: opt.DbOpt = None,
+    json_out: opt.JsonOpt = False,
+    debug: opt.DebugOpt = False,
+    r: opt.ReportOpts = opt.REPORT,
 ) -> None:
     """Predict memory (params, grads, optimizer state, activations per layer, the step's peak and
     where) and time (roofline estimate per layer) of one training step on a target device, from a
@@ -249,4 +237,4 @@ def predict_command(
             )
         return result
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=_render)
+    execute(with_report(body, r.report, db, force=r.force), json_out=json_out, debug=debug, render=_render)

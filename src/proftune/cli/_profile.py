@@ -14,22 +14,8 @@ from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..profile import Profile, compare_profiles, profile
 from ..track import Store
-from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
-)
+from . import _options as opt
+from ._common import execute, out_console, parse_params, task_arg, with_report
 
 
 def _num(n: float | None) -> str:
@@ -134,6 +120,7 @@ def _render_compare(d: dict[str, Any], top: int) -> None:
     out_console.print(table)
 
 
+@opt.command
 def profile_command(
     task: Annotated[str | None, typer.Argument(
         help="Task: file.py[:Class], pkg.mod:Class or a built-in name.", show_default=False)] = None,
@@ -163,15 +150,10 @@ def profile_command(
     ddp: Annotated[int | None, typer.Option(
         "--ddp", help="Profile N DDP ranks on this machine (gloo; NCCL on GPUs) and find the straggler.",
         show_default=False)] = None,
-    param: ParamOpt = None,
-    data: DataOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    param: opt.ParamOpt = None,
+    data: opt.DataOpt = None,
+    o: opt.RunOpts = opt.RUN,
+    r: opt.ReportOpts = opt.REPORT,
 ) -> None:
     """Profile TASK: params, MACs/FLOPs, memory, time per layer, statistics; record it as a Run."""
 
@@ -186,15 +168,15 @@ def profile_command(
         params = parse_params(param)
         if ddp is not None:
             return _ranks(task, ddp, extras=structure or onnx is not None, params=params, batch_size=batch_size,
-                          steps=steps, warmup=warmup, device=device, seed=seed)
-        store = Store(db)
+                          steps=steps, warmup=warmup, device=o.device, seed=o.seed)
+        store = Store(o.db)
         p = profile(task_arg(task, data), params=params, batch_size=batch_size, steps=steps, warmup=warmup,
-                    inference=inference, device=device, seed=seed, detail=detail, trace=trace, store=store)
+                    inference=inference, device=o.device, seed=o.seed, detail=detail, trace=trace, store=store)
         if out is not None:
             p.save(out)
         if not structure and onnx is None:
             return p
-        return _with_extras(p, task_arg(task, data), params=params, batch_size=p.batch_size, seed=seed,
+        return _with_extras(p, task_arg(task, data), params=params, batch_size=p.batch_size, seed=o.seed,
                             device=p.device, structure=structure, onnx=onnx, store=store, out=out)
 
     def render(result: Any) -> None:
@@ -212,10 +194,10 @@ def profile_command(
             _render_compare(result, top)
 
     def checked() -> Any:  # --onnx is checked with the other outputs, before any work
-        return with_report(body, report, db, force=force, outputs=[
+        return with_report(body, r.report, o.db, force=r.force, outputs=[
             OutputPath("--out", out), OutputPath("--trace", trace), OutputPath("--onnx", onnx)])()
 
-    execute(checked, json_out=json_out, debug=debug, render=render)
+    execute(checked, json_out=o.json_out, debug=o.debug, render=render)
 
 
 class _Extras:

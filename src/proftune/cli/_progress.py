@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..task import Task
 from ..train import Callback, FitState
-from ._common import err_console, progress_enabled
+from ._common import err_console, parse_params, progress_enabled, task_arg
+from ._options import FitOpts, RunOpts
+
+T = TypeVar("T")
 
 
 class EpochProgress(Callback):
@@ -54,3 +58,16 @@ class EpochProgress(Callback):
 
     def on_exception(self, state: FitState, exc: BaseException) -> None:
         self.on_fit_end(state)
+
+
+def train_task(fn: Callable[..., T], task: str, t: FitOpts, o: RunOpts, *, description: str = "train",
+               **options: Any) -> T:
+    """``fn(task, params, ...)`` of a command that trains TASK (``train``, ``diagnose``): the params
+    checked, the task loaded, and an epoch progress bar among its callbacks."""
+    from ..task import load_task
+
+    params = parse_params(t.param)
+    task_obj = load_task(task_arg(task, t.data))
+    progress = EpochProgress.for_run(task_obj, t.epochs, t.max_steps, description=description)
+    return fn(task_obj, params, epochs=t.epochs, max_steps=t.max_steps, device=o.device, seed=o.seed, db=o.db,
+              callbacks=[progress], **options)

@@ -15,26 +15,15 @@ from ..integrations import EMIT_FORMATS, emit_snippet
 from ..profile import Profile
 from ..recommend import recommend
 from ..track import Store
+from . import _options as opt
 from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    ThreadsOpt,
     as_flags,
     err_console,
-    execute,
+    execute_run,
     out_console,
     parse_params,
     progress_enabled,
     task_arg,
-    with_report,
 )
 
 
@@ -66,9 +55,10 @@ class _Result:
         return emit_snippet(self.recs, self.emit, header=f"proftune recommend, run {self.recs.run_id}")
 
 
+@opt.command
 def recommend_command(
-    task: TaskArg,
-    data: DataOpt = None,
+    task: opt.TaskArg,
+    data: opt.DataOpt = None,
     memory_budget: Annotated[str | None, typer.Option(
         "--memory-budget", help="Memory budget (4GiB, 512MB, bytes); default: free CUDA memory, none on CPU.",
         show_default=False)] = None,
@@ -92,15 +82,10 @@ def recommend_command(
     emit: Annotated[str | None, typer.Option(
         "--emit", help="Print the parameters as a snippet to paste: lightning, transformers or yaml.",
         show_default=False)] = None,
-    param: ParamOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    threads: ThreadsOpt = None,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    param: opt.ParamOpt = None,
+    o: opt.RunOpts = opt.RUN,
+    threads: opt.ThreadsOpt = None,
+    r: opt.ReportOpts = opt.REPORT,
 ) -> None:
     """Batch size, lr and its scaling, critical batch, accumulation, precision, data loading,
     bottleneck layers and the optimizer (and embedding sizes for a model with embedding tables),
@@ -115,10 +100,10 @@ def recommend_command(
                                            (embedding_budget, "--embedding-budget")))
         say = (lambda msg: err_console.print(f"[dim]... {msg}[/]")) if progress_enabled() else None
         return _Result(recommend(task_arg(task, data), parse_params(param), profile=prof, memory_budget=memory_budget,
-                                 target_batch=target_batch, device=device, seed=seed, lr_steps=lr_steps,
+                                 target_batch=target_batch, device=o.device, seed=o.seed, lr_steps=lr_steps,
                                  noise_steps=noise_steps, optimizer_budget_s=opt_s, embedding_budget_s=emb_s,
                                  ddp=ddp, ddp_share=ddp_share,
-                                 store=Store(db),
+                                 store=Store(o.db),
                                  progress=say), emit)
 
     def render(result: Any) -> None:
@@ -136,4 +121,4 @@ def recommend_command(
             table.add_row(r.name, _short(r.value), r.confidence, as_flags(r.reason), r.effect)
         out_console.print(table)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)
+    execute_run(body, o, r, render=render, threads=threads)

@@ -14,7 +14,8 @@ from ..exceptions import ConfigError
 from ..profile import Profile, ScriptResult, parse_command, run_script
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment
-from ._common import DbOpt, DebugOpt, ForceOpt, JsonOpt, err_console, execute, out_console
+from . import _options as opt
+from ._common import err_console, execute, out_console
 
 
 def _memory_headroom(p: Profile) -> Recommendation:
@@ -87,6 +88,7 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
     return ids
 
 
+@opt.command
 def run_command(
     ctx: typer.Context,
     command: Annotated[list[str] | None, typer.Argument(
@@ -104,10 +106,7 @@ def run_command(
     report: Annotated[Path | None, typer.Option("--report", help="Write the HTML report of the run here.",
                                                 show_default=False)] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Weight, activation, gradient statistics.")] = True,
-    force: ForceOpt = False,
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    f: opt.FileOpts = opt.FILE,
 ) -> None:
     """Profile an unmodified training script: per-layer time, MACs, memory, statistics and the step's
     phases, found through its optimizer; records a Run and prints what the profile recommends."""
@@ -119,8 +118,8 @@ def run_command(
             raise ConfigError(f"--every must be a positive integer, but got {every}.")
         if steps is not None and steps < 1:
             raise ConfigError(f"--steps must be a positive integer, but got {steps}.")
-        check_outputs([OutputPath("--out", out), OutputPath("--report", report)], force=force)
-        store = Store(db)
+        check_outputs([OutputPath("--out", out), OutputPath("--report", report)], force=f.force)
+        store = Store(f.db)
         # recorded as it starts (running, with this process): its duration is the script's, and a
         # crash of this process leaves a run the store's reaping finds
         parse_command(cmd)  # a command that cannot run is refused before any Run is recorded
@@ -171,6 +170,6 @@ def run_command(
         elif d["exit_code"]:
             err_console.print(f"the script exited with code {d['exit_code']}", markup=False)
 
-    execute(body, json_out=json_out, debug=debug, render=render)
+    execute(body, json_out=f.json_out, debug=f.debug, render=render)
     if exit_code[0]:
         raise typer.Exit(exit_code[0])

@@ -9,16 +9,8 @@ from rich.table import Table
 
 from .._paths import OutputPath, check_outputs
 from ..track import RUN_KINDS, Store
-from ._common import (
-    DbOpt,
-    DebugOpt,
-    ForceOpt,
-    JsonOpt,
-    ReportOpt,
-    err_console,
-    execute,
-    out_console,
-)
+from . import _options as opt
+from ._common import err_console, execute, out_console
 
 runs_app = typer.Typer(help="List, show and compare recorded runs.", no_args_is_help=True)
 
@@ -39,12 +31,12 @@ def _fmt(v: Any) -> str:
 def list_runs(
     task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
     kind: Annotated[str | None, typer.Option(
-        "--kind", help=f"Only runs of this kind ({', '.join(RUN_KINDS)}).")] = None,
+        "--kind", help=f"Only runs of this kind ({opt.choices('run_kinds', last=', ')}).")] = None,
     status: Annotated[str | None, typer.Option("--status", help="running, finished, failed or interrupted.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs, newest first.")] = 50,
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    db: opt.DbOpt = None,
+    json_out: opt.JsonOpt = False,
+    debug: opt.DebugOpt = False,
 ) -> None:
     """List recorded runs, newest first."""
 
@@ -74,9 +66,9 @@ def list_runs(
 @runs_app.command("show")
 def show(
     run_id: Annotated[int, typer.Argument(help="Run id.")],
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
+    db: opt.DbOpt = None,
+    json_out: opt.JsonOpt = False,
+    debug: opt.DebugOpt = False,
 ) -> None:
     """Show one run: config, environment, data fingerprint, metrics, curves, anomalies."""
 
@@ -109,11 +101,11 @@ def show(
 def compare(
     a: Annotated[int, typer.Argument(help="First run id.")],
     b: Annotated[int, typer.Argument(help="Second run id.")],
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    db: opt.DbOpt = None,
+    json_out: opt.JsonOpt = False,
+    debug: opt.DebugOpt = False,
+    report: opt.ReportOpt = None,
+    force: opt.ForceOpt = False,
 ) -> None:
     """Compare two runs: config and environment differences, data fingerprints, metric deltas."""
 

@@ -7,10 +7,11 @@ from typing import Any
 from rich.table import Table
 
 from ..examples import BUILTIN_TASKS
-from ._common import JsonOpt, execute, out_console
+from . import _options as opt
+from ._common import execute, out_console
 
 
-def tasks(json_out: JsonOpt = False) -> None:
+def tasks(json_out: opt.JsonOpt = False) -> None:
     """List the built-in tasks (usable wherever a command takes TASK)."""
 
     def body() -> dict[str, Any]:

@@ -7,53 +7,23 @@ from typing import Any
 from rich.table import Table
 
 from .._api import run_train
-from ..task import load_task
-from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    EpochsOpt,
-    ForceOpt,
-    JsonOpt,
-    MaxStepsOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    ThreadsOpt,
-    execute,
-    out_console,
-    parse_params,
-    task_arg,
-    with_report,
-)
-from ._progress import EpochProgress
+from . import _options as opt
+from ._common import execute_run, out_console
+from ._progress import train_task
 
 
+@opt.command
 def train(
-    task: TaskArg,
-    data: DataOpt = None,
-    epochs: EpochsOpt = None,
-    max_steps: MaxStepsOpt = None,
-    param: ParamOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    threads: ThreadsOpt = None,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
+    task: opt.TaskArg,
+    t: opt.FitOpts = opt.FIT,
+    o: opt.RunOpts = opt.RUN,
+    threads: opt.ThreadsOpt = None,
+    r: opt.ReportOpts = opt.REPORT,
 ) -> None:
     """Train TASK and record the run (config, environment, data fingerprint, metrics, curves)."""
 
     def body() -> Any:
-        params = parse_params(param)
-        task_obj = load_task(task_arg(task, data))
-        progress = EpochProgress.for_run(task_obj, epochs, max_steps)
-        return run_train(task_obj, params, epochs=epochs, max_steps=max_steps, device=device, seed=seed,
-                         db=db, callbacks=[progress])
+        return train_task(run_train, task, t, o)
 
     def render(report: Any) -> None:
         d = report.to_dict()
@@ -72,7 +42,7 @@ def train(
             table.add_row("stopped", d["stop_reason"])
         out_console.print(table)
 
-    execute(with_report(body, report, db, force=force), json_out=json_out, debug=debug, render=render, threads=threads)
+    execute_run(body, o, r, render=render, threads=threads)
 
 
 def _threads_text(t: dict[str, Any]) -> str:

@@ -12,37 +12,25 @@ from rich.table import Table
 
 from .._paths import OutputPath
 from ..exceptions import RunFailedError, TaskLoadError
+from . import _options as opt
 from ._common import (
-    DataOpt,
-    DbOpt,
-    DebugOpt,
-    DeviceOpt,
-    ForceOpt,
-    JsonOpt,
-    LogOpt,
-    ParamOpt,
-    ReportOpt,
-    SeedOpt,
-    TaskArg,
-    ThreadsOpt,
-    WandbProjectOpt,
     check_log,
     err_console,
-    execute,
+    execute_run,
     log_run,
     out_console,
     parse_params,
     task_arg,
     trial_logger,
-    with_report,
 )
 
 #: Keys of ``--json`` (the issue's contract), in this order.
 JSON_KEYS = ("study", "best", "trials", "correlations", "importance", "budget", "scan", "strategy")
 
 
+@opt.command
 def tune(
-    task: TaskArg,
+    task: opt.TaskArg,
     space: Annotated[Path, typer.Option("--space", help="Search space YAML (params, fixed, forbid, tiers).")],
     objective: Annotated[list[str] | None, typer.Option(
         "--objective", help="METRIC[:max|min]; repeat for a Pareto front (default accuracy:max).",
@@ -61,8 +49,8 @@ def tune(
     timeout: Annotated[float | None, typer.Option("--timeout", help="Stop starting trials after S seconds.",
                                                   show_default=False)] = None,
     sampler: Annotated[str, typer.Option(
-        "--sampler", help="tpe, halton, sobol, random, grid, coarse-to-fine or nsga2.")] = "tpe",
-    pruner: Annotated[str, typer.Option("--pruner", help="none, median, asha or patience.")] = "none",
+        "--sampler", help=f"{opt.choices('samplers')}.")] = "tpe",
+    pruner: Annotated[str, typer.Option("--pruner", help=f"{opt.choices('pruners')}.")] = "none",
     epochs: Annotated[int | None, typer.Option("--epochs", help="Epochs per trial (default: the task's).",
                                                show_default=False)] = None,
     study: Annotated[str | None, typer.Option(
@@ -73,24 +61,20 @@ def tune(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.",
                                               show_default=False)] = None,
     backend: Annotated[str, typer.Option(
-        "--backend", help="local (this machine's processes) or ray (Ray Tune).")] = "local",
+        "--backend",
+        help=f"{opt.choices('search_backends')} (local: this machine's processes; ray: Ray Tune).")] = "local",
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", help="Ray cluster to join: auto or HOST:PORT (default: start a local one).",
         show_default=False)] = None,
     scheduler: Annotated[str, typer.Option(
         "--scheduler", help="With --backend ray: fifo, asha or pbt (population-based training).")] = "fifo",
-    log: LogOpt = None,
-    wandb_project: WandbProjectOpt = "proftune",
-    param: ParamOpt = None,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    db: DbOpt = None,
-    json_out: JsonOpt = False,
-    debug: DebugOpt = False,
-    threads: ThreadsOpt = None,
-    report: ReportOpt = None,
-    force: ForceOpt = False,
-    data: DataOpt = None,
+    log: opt.LogOpt = None,
+    wandb_project: opt.WandbProjectOpt = "proftune",
+    param: opt.ParamOpt = None,
+    o: opt.RunOpts = opt.RUN,
+    threads: opt.ThreadsOpt = None,
+    r: opt.ReportOpts = opt.REPORT,
+    data: opt.DataOpt = None,
 ) -> None:
     """Search TASK's hyperparameters under constraints; gate each trial by profiling it first."""
     def body() -> Any:
@@ -100,14 +84,14 @@ def tune(
         check_log(log, command="tune")
         live = trial_logger(log, project=wandb_project)
 
-        ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=debug)
+        ray = (RayOptions(address=ray_address, scheduler=scheduler, workers=workers, debug=o.debug)
                if backend == "ray" else None)
         try:
             target = (load_objective(task) if data is None else None) or task_arg(task, data)
             result = search(target, str(space), objectives=objective or None,
                             constraints=constraint or (), trials=trials, timeout=timeout, sampler=sampler,
-                            pruner=pruner, epochs=epochs, study=study, db=db, workers=workers, seed=seed,
-                            device=device, max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
+                            pruner=pruner, epochs=epochs, study=study, db=o.db, workers=workers, seed=o.seed,
+                            device=o.device, max_failures=max_failures, max_gated=max_gated, scan=scan, plot=plot,
                             backend=backend, ray=ray, params=params,
                             on_trial=TrialPace(trials, timeout=timeout, workers=workers, then=live))
         except TaskLoadError as exc:
@@ -117,9 +101,9 @@ def tune(
                                 "'package.module:fn' (see proftune.search).") from None
         except RunFailedError as exc:  # too many failures: the study still reaches W&B, failed
             if exc.run_id is not None:
-                log_run(log, exc.run_id, project=wandb_project, db=db, live=live)
+                log_run(log, exc.run_id, project=wandb_project, db=o.db, live=live)
             raise
-        logged = log_run(log, result.run_id, project=wandb_project, db=db, live=live)
+        logged = log_run(log, result.run_id, project=wandb_project, db=o.db, live=live)
         failed = [t for t in result.trials if t.state == "failed"]
         if result.trials and len(failed) == len(result.trials):  # nothing was tuned: not done
             last = failed[-1]
@@ -135,8 +119,8 @@ def tune(
             d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute(with_report(body, report, db, force=force, outputs=lambda: [_plot_output(plot)]),
-            json_out=json_out, debug=debug, render=_render, threads=threads)
+    execute_run(body, o, r, render=_render, threads=threads,
+                outputs=lambda: [_plot_output(plot)])
 
 
 def _plot_output(plot: Path | None) -> OutputPath:

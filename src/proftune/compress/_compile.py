@@ -123,8 +123,11 @@ def register_compiler(compiler: C) -> C:
               f"(or one of {', '.join(LOAD_LINES)}).")
     if p.problems:
         raise ConfigError(p.problems)
-    COMPILER_REGISTRY.add(obj)
+    COMPILER_REGISTRY.add(obj, origin=compiler)
     return compiler
+
+
+COMPILER_REGISTRY.loads_through(register_compiler)
 
 
 def load_line_of(fmt: str) -> str:

@@ -78,5 +78,8 @@ def register_method(method: Any) -> Any:
                         "valid: state, export.")
     if problems:
         raise ConfigError(problems)
-    COMPRESS_METHODS.add(obj)
+    COMPRESS_METHODS.add(obj, origin=method)
     return method
+
+
+COMPRESS_METHODS.loads_through(register_method)

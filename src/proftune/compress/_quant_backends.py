@@ -105,8 +105,11 @@ def register_quant_backend(backend: B) -> B:
         p.add(f"{label}.save_format={fmt!r} is unknown; valid: {', '.join(FORMATS)}.")
     if p.problems:
         raise ConfigError(p.problems)
-    QUANT_BACKEND_REGISTRY.add(obj)
+    QUANT_BACKEND_REGISTRY.add(obj, origin=backend)
     return backend
+
+
+QUANT_BACKEND_REGISTRY.loads_through(register_quant_backend)
 
 
 class _TorchAO(BaseQuantBackend):

@@ -210,4 +210,5 @@ def task_with_data(task: str, data: str) -> Task:
                           f"{getattr(obj, '__name__', type(obj).__name__)}; {brings}.")
     # another process (a Ray trial) rebuilds it from the files
     adapted.specs = (absolute_spec(task), absolute_spec(data))
+    adapted.rebuild = task_with_data
     return adapted

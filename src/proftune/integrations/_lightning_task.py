@@ -271,16 +271,16 @@ class LightningTask(Task):
     ``train_dataloader``/``val_dataloader`` give the data.
     """
 
-    #: The task and data specs (absolute paths) this was built from, if it was: a pickled copy
-    #: (a Ray trial, a --workers process) is built again from them; the module objects do not pickle.
+    #: The task and data specs (absolute paths) this was built from, if it was, and the function
+    #: that built it (``task_with_data``, which sets both): a pickled copy (a Ray trial, a --workers
+    #: process) is built again by calling it on them; the module objects do not pickle.
     specs: tuple[str, str] | None = None
+    rebuild: Callable[[str, str], Any] | None = None
 
     def __reduce__(self) -> Any:
-        if self.specs is None:
+        if self.specs is None or self.rebuild is None:
             return super().__reduce__()
-        from ._dispatch import task_with_data
-
-        return (task_with_data, self.specs)
+        return (self.rebuild, self.specs)
 
     def __init__(self, module: Callable[..., Any], datamodule: Any = None, *, name: str | None = None) -> None:
         pl = lightning_namespace()

@@ -58,7 +58,7 @@ from ._static import (
     op_flops,
     uncounted_op,
 )
-from ._stats import LayerStats, tensor_stats
+from ._stats import LayerStats
 from ._structure import (
     STRUCTURE_SCHEMA_VERSION,
     ModuleRow,
@@ -66,6 +66,7 @@ from ._structure import (
     model_and_input,
     model_structure,
 )
+from ._summaries import tensor_stats
 from ._timing import LayerTimer
 from ._watch import ScriptResult, Watcher, parse_command, run_script, watch
 

@@ -43,6 +43,15 @@ def register_renderer(kind: str, *, replace: bool = False) -> Callable[[Renderer
     return deco
 
 
+def _register_installed_page(fn: Renderer, kind: str) -> None:
+    """An installed package's page (its entry point's name the run kind) replaces a built-in one:
+    installing it is the choice."""
+    register_renderer(kind, replace=True)(fn)
+
+
+RENDERERS.loads_through(_register_installed_page, named=True)
+
+
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, v in d.items():

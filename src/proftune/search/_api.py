@@ -27,8 +27,8 @@ from ._config import SearchConfig, search_config
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_targets
 from ._feed import TrialFeed, notify_ended
 from ._objective import VALUE, ObjectiveTask, is_objective
+from ._pbt import pbt_plot
 from ._pruners import PRUNERS, pruner_name
-from ._ray import pbt_plot
 from ._records import ATTR, TrialRecord, counts, trial_records
 from ._reeval import DEFAULT_SHARE, Selection, select
 from ._samplers import SAMPLERS, sampler_name

@@ -71,6 +71,9 @@ def register_backend(backend: B) -> B:
                         public="proftune.search.BaseSearchBackend")
 
 
+SEARCH_BACKEND_REGISTRY.loads_through(register_backend)
+
+
 @register_backend
 class _Local(BaseSearchBackend):
     """This machine: the trials in this process, or ``workers`` processes sharing the study."""

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._registry import LiveSequence
 from .._units import parse_quantity
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import METRICS, is_known, produced_by, resolve_direction
@@ -25,12 +26,14 @@ __all__ = [
     "parse_targets",
 ]
 
+# Read from the registry on each use, never at import: an installed plug-in's metric is loaded
+# then (loading it while proftune is half-imported would fail), and one registered later counts.
 #: Metrics measured by profiling a configuration (no training needed), from the registry.
-PROFILE_METRICS = tuple(name for name, m in METRICS.items() if m.is_profile)
+PROFILE_METRICS = LiveSequence(lambda: tuple(name for name, m in METRICS.items() if m.is_profile))
 #: Profile metrics that need no step at all: counted from the model.
-STATIC_METRICS = produced_by("static")
+STATIC_METRICS = LiveSequence(lambda: produced_by("static"))
 #: Metrics the fit loop itself reports after training (the task's evaluate adds its own).
-TRAIN_METRICS = produced_by("train")
+TRAIN_METRICS = LiveSequence(lambda: produced_by("train"))
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(<=|>=|<|>)\s*([-+.0-9][^<>=]*?)\s*$")
 _OPS = ("<", "<=", ">", ">=")
 _TINY = 1e-9

@@ -56,6 +56,9 @@ def register_pruner(maker: P) -> P:
                         public="proftune.search.BasePrunerMaker")
 
 
+PRUNER_REGISTRY.loads_through(register_pruner)
+
+
 class PatiencePruner(BasePruner):
     """Prune when the best reported value has not improved by > ``min_delta`` in ``patience`` reports.
 

@@ -17,14 +17,10 @@ killed midway resumes the experiment from its folder (``Tuner.restore``) with th
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import functools
 import json
 import logging
-import math
 import os
-import random
 import signal
 import socket
 import tempfile
@@ -33,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import optuna
 import torch
@@ -43,10 +39,19 @@ from ..exceptions import ConfigError, DependencyError, RunFailedError
 from ..task import Task, absolute_spec, load_task
 from ..track import Store
 from ..train import Callback, FitState, evaluate_model
+from ._pbt import (
+    MEMBER,
+    PERTURBABLE,
+    ladder,
+    pbt_class,
+    population_class,
+    population_space,
+    record_population,
+)
 from ._records import ATTR
 from ._samplers import make_sampler
 from ._settings import SearchSettings
-from ._space import Param, Space
+from ._space import Space
 from ._storage import reap_dead_trials
 from ._trial import WORST, TrialRunner
 from ._trial import TrialFailed as _TrialFailed
@@ -54,14 +59,10 @@ from ._trial import TrialFailed as _TrialFailed
 __all__ = ["PERTURBABLE", "SCHEDULERS", "RayOptions", "run_ray"]
 
 SCHEDULERS = ("fifo", "asha", "pbt")
-#: Params that population-based training perturbs while a member trains.
-PERTURBABLE = ("lr", "weight_decay", "momentum", "dropout")
 _METRIC = "objective"
 #: The objective at a trial's last epoch: recorded, not seen by the schedulers.
 _LAST = "objective_last_epoch"
 _CKPT = "proftune_ckpt.pt"
-#: PBT: the config key that numbers the members of the initial population (not a param).
-_MEMBER = "pbt_member"
 
 
 def _ray() -> Any:
@@ -182,7 +183,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
     """One trial on a Ray worker: gate, train through ``fit``, report the record."""
     from ray import tune
 
-    config = {k: v for k, v in config.items() if k != _MEMBER}
+    config = {k: v for k, v in config.items() if k != MEMBER}
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     from .._threads import limit_threads
 
@@ -330,7 +331,7 @@ class _Recorder:
         self.numbers[trial_id] = number if number is not None else len(self.numbers)
         self.runs[trial_id] = self.store.start_run(
             "trial", self.s.task_name,
-            config={"params": {k: v for k, v in config.items() if k != _MEMBER}, "trial": self.numbers[trial_id],
+            config={"params": {k: v for k, v in config.items() if k != MEMBER}, "trial": self.numbers[trial_id],
                     "epochs": self.s.epochs, "seed": self.s.seed, "backend": "ray"},
             env=self.s.env, data_fingerprint=self.s.data_fingerprint,
             parent_id=self.s.tune_run_id, study=self.s.study)
@@ -408,7 +409,7 @@ def _callback_class() -> type:
 
         def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             # a PBT member is numbered by its place in the population, not by which started first
-            self.recorder.started(trial.trial_id, trial.config.get(_MEMBER), trial.config)
+            self.recorder.started(trial.trial_id, trial.config.get(MEMBER), trial.config)
 
         def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             self._finish_unsearched(trial, error=False)
@@ -453,34 +454,6 @@ def _ray_space(space: Space, *, start_at_default: bool = False) -> dict[str, Any
         else:
             out[p.name] = tune.quniform(p.low, p.high, p.step) if p.step else tune.uniform(p.low, p.high)
     return out
-
-
-def _population_space(space: Space, size: int) -> dict[str, Any]:
-    """PBT's initial population: member 0 at each param's start (its ``default``), the others
-    spread along each perturbed param's ladder around it, nearest rungs first (0, -1, +1, -2, ...).
-
-    A population that all starts at one harmful value is damaged alike in its first epoch (a
-    learning rate 10x too high ruins an MLP in a few steps) and has nobody to exploit.
-    """
-    from ray import tune
-
-    out = _ray_space(space, start_at_default=True)
-    out[_MEMBER] = tune.grid_search(list(range(size)))
-    for p in space.params:
-        if p.name in PERTURBABLE:
-            ladder = _ladder(p)
-            home = ladder.index(p.center()) if p.center() in ladder else 0
-            order = sorted(range(len(ladder)), key=functools.partial(_distance, home))
-            out[p.name] = tune.sample_from(functools.partial(_member_value, [ladder[i] for i in order]))
-    return out
-
-
-def _distance(home: int, i: int) -> tuple[int, int]:
-    return abs(i - home), i
-
-
-def _member_value(values: list[Any], spec: Any) -> Any:
-    return values[int(spec.config[_MEMBER]) % len(values)]
 
 
 class _Define:
@@ -578,39 +551,6 @@ def _record_interrupted(settings: SearchSettings, store: Store, storage: Any) ->
                              why="the search was interrupted (Ctrl-C or SIGTERM): its Ray trial was cancelled")
 
 
-def _ladder(param: Param) -> list[Any]:
-    """The values PBT moves a param between, one rung per perturbation, through its default.
-
-    Log-scale params step by half a decade (x3.16), others by an eighth of their range (or
-    their ``step``); Ray's own perturbation (x0.8 / x1.2) needs many intervals to leave a
-    harmful start (a learning rate 10x too high) and steps outside the declared range.
-    """
-    if param.type == "categorical":
-        return list(param.choices)
-    assert param.low is not None
-    assert param.high is not None
-    start = param.center()
-    anchor = float(start)
-    if param.log:
-        ratio = math.sqrt(10.0)
-        below = math.floor(math.log(anchor / param.low, ratio) + 1e-9)
-        above = math.floor(math.log(param.high / anchor, ratio) + 1e-9)
-        raw = [anchor * ratio**k for k in range(-below, above + 1)]
-    else:
-        step = float(param.step or (param.high - param.low) / 8)
-        below = math.floor((anchor - param.low) / step + 1e-9)
-        above = math.floor((param.high - anchor) / step + 1e-9)
-        raw = [anchor + k * step for k in range(-below, above + 1)]
-    ladder: list[Any] = []
-    for v in raw:  # the anchor exactly (the start value is found on the ladder), others rounded
-        snapped = start if v == anchor else param.snap(v)
-        if isinstance(snapped, float) and v != anchor:
-            snapped = float(f"{snapped:.12g}")
-        if snapped not in ladder:
-            ladder.append(snapped)
-    return ladder
-
-
 def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int = 8) -> Any:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -622,12 +562,12 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
         return ASHAScheduler(time_attr="epoch", metric=_METRIC, mode=mode, max_t=epochs,
                              grace_period=1, reduction_factor=2, stop_last_trials=False)
     if options.scheduler == "pbt":
-        mutations: dict[str, Any] = {p.name: _ladder(p) for p in settings.space.params
+        mutations: dict[str, Any] = {p.name: ladder(p) for p in settings.space.params
                                      if p.name in PERTURBABLE}
         if not mutations:
             raise ConfigError("scheduler='pbt' perturbs lr, weight_decay, momentum or dropout; the "
                               f"space searches none of them (it has: {', '.join(settings.space.names) or 'none'}).")
-        return _pbt_class()(time_attr="epoch", metric=_METRIC, mode=mode,
+        return pbt_class()(time_attr="epoch", metric=_METRIC, mode=mode,
                             perturbation_interval=options.perturbation_interval,
                             hyperparam_mutations=mutations,
                             # at least two members explore in each round
@@ -635,101 +575,6 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
                             resample_probability=0.0, synch=True, require_attrs=False,
                             seed=settings.seed)
     return FIFOScheduler()
-
-
-def _pbt_class() -> type:
-    from ray.tune.schedulers import PopulationBasedTraining
-
-    class _LadderPBT(PopulationBasedTraining):
-        """Synchronous PBT whose exploit and explore depend on the members' scores and the seed only.
-
-        Each round (every member at the same epoch) the lower quantile continues from the upper
-        quantile's checkpoints, two members per parent, the best parent first (the worst two
-        take the best). Of each two, one moves the perturbed params a rung along their ladders
-        and the other the opposite way; which way per param is drawn from a generator seeded by
-        ``seed``, so with one param the best member is bracketed a rung up and a rung down. A
-        run depends neither on which Ray worker reports first nor on Ray's unseeded ``random``,
-        which picks a parent at random and resamples a quarter of the time.
-        """
-
-        def __init__(self, *, seed: int, **kw: Any) -> None:
-            super().__init__(**kw)
-            self._rng = random.Random(seed)
-            #: Each exploiting member's rank in this round's lower quantile (0: the worst).
-            self._rank: dict[Any, int] = {}
-            #: Each pair's directions (+1/-1 per param): its first member explores them, the other their opposite.
-            self._directions: dict[int, list[int]] = {}
-
-        def _checkpoint_or_exploit(self, trial: Any, tune_controller: Any, upper_quantile: list[Any],
-                                   lower_quantile: list[Any]) -> None:
-            if trial in lower_quantile:  # both quantiles are sorted worst first
-                rank = self._rank[trial] = lower_quantile.index(trial)
-                upper_quantile = [upper_quantile[-1 - (rank // 2) % len(upper_quantile)]]
-            super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
-
-        def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-            rank = self._rank.pop(trial, 0)
-            if rank % 2 == 0 or rank // 2 not in self._directions:
-                self._directions[rank // 2] = [self._rng.choice((-1, 1)) for _ in self._hyperparam_mutations]
-            sign = 1 if rank % 2 == 0 else -1
-            config, operations = copy.deepcopy(trial_to_clone.config), {}
-            for direction, (name, ladder) in zip(self._directions[rank // 2], self._hyperparam_mutations.items(),
-                                                  strict=True):
-                config[name], operations[name] = _rung(list(cast(list[Any], ladder)),
-                                                       trial_to_clone.config.get(name), sign * direction)
-            return config, operations
-
-    return _LadderPBT
-
-
-def _population_class() -> type:
-    from ray.tune.search.basic_variant import BasicVariantGenerator
-
-    class _Population(BasicVariantGenerator):
-        """PBT's members (seeded), a search that ends only when its last member does.
-
-        Tune keeps a stopped trial's actor for the next trial only while the search goes on or
-        a trial is staged; at a round of synchronous PBT, the member that reported last and
-        exploits another is stopped with none staged, and each such round started a new Ray
-        worker (importing torch and the task: 5 s on a quiet machine, 15-25 s on a busy one).
-        """
-
-        _generating = False
-        _stop_requested = False
-
-        def next_trial(self) -> Any:
-            self._generating = True
-            try:
-                return super().next_trial()
-            finally:
-                self._generating = False
-
-        def set_finished(self) -> None:
-            if not self._generating:  # the experiment stops (time budget): nothing waits for members
-                self._stop_requested = True
-            super().set_finished()
-
-        def is_finished(self) -> bool:
-            return bool(super().is_finished() and (self._stop_requested or not self._live_trials))
-
-    return _Population
-
-
-def _rung(ladder: list[Any], value: Any, direction: int) -> tuple[Any, str]:
-    """The value one rung from ``value`` along ``ladder``, and how it moved.
-
-    At the ladder's end the move goes two rungs the other way: the other member of the pair
-    goes one rung that way, and a copy of the parent's own value would train the same as it.
-    """
-    if value not in ladder:  # off the ladder (a resumed experiment's older ladder): its nearest rung
-        try:
-            return min(ladder, key=lambda v: abs(float(v) - float(value))), "snap"
-        except (TypeError, ValueError):
-            return ladder[0], "snap"
-    at = ladder.index(value)
-    to = at + direction if 0 <= at + direction < len(ladder) else at - 2 * direction
-    to = min(max(to, 0), len(ladder) - 1)
-    return ladder[to], "up" if to > at else "down" if to < at else "stay"
 
 
 def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, store: Store,
@@ -784,7 +629,7 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
                 raise
         numbers = dict(recorder.numbers)
         if pbt:  # the members' numbers in the study, in the order they started
-            added = _record_population(settings, storage, progress.records)
+            added = record_population(settings, storage, progress.records)
             numbers = {tid: added.get(n, n) for tid, n in recorder.numbers.items()}
         out["trials_run"] = len(grid)
         out["retries"] = sum(recorder.retries.values())
@@ -826,10 +671,10 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         # below the population would add members only as others finish, and PBT would compare
         # a member with nobody (it never exploited: each member kept its start)
         cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=1,
-                              search_alg=_population_class()(random_state=settings.seed),
+                              search_alg=population_class()(random_state=settings.seed),
                               time_budget_s=time_budget, reuse_actors=True)
-        return tune.Tuner(trainable, param_space=_population_space(settings.space, size),
-                          tune_config=cfg,
+        members = population_space(_ray_space(settings.space, start_at_default=True), settings.space, size)
+        return tune.Tuner(trainable, param_space=members, tune_config=cfg,
                           run_config=run_config)
     searcher = _searcher_class()(
         recorder, space=_Define(settings.space), metric=[f"{_METRIC}_{i}" for i in range(len(settings.objectives))]
@@ -845,67 +690,3 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
     return tune.Tuner(trainable, tune_config=cfg, run_config=run_config)
 
 
-def _record_population(settings: SearchSettings, storage: Any,
-                       records: list[tuple[int, dict[str, Any], str, list[float] | None, dict[str, Any]]],
-                       ) -> dict[int, int]:
-    """PBT has no searcher: add each member to the study as a finished trial, with its record.
-
-    Returns each member's number in the study, by its number among the members.
-    """
-    study = optuna.load_study(study_name=settings.study, storage=storage)
-    dists = {p.name: p.distribution() for p in settings.space.params}
-    added: dict[int, int] = {}
-    for member, config, state, values, rec in sorted(records, key=lambda r: r[0]):
-        params = {k: v for k, v in config.items() if k in dists}
-        for key, v in params.items():  # a perturbed value may leave the declared range
-            params[key] = _clip(dists[key], v)
-        tstate = {"complete": optuna.trial.TrialState.COMPLETE,
-                  "infeasible": optuna.trial.TrialState.COMPLETE,
-                  "pruned": optuna.trial.TrialState.PRUNED}.get(state, optuna.trial.TrialState.FAIL)
-        rec.pop("constraints_raw", None)
-        flags = rec.pop("user_attrs_raw", {})
-        rec["params"] = {k: v for k, v in config.items() if k != _MEMBER}
-        attrs = {**flags, ATTR: rec, **({f"{ATTR}_failed": True} if state == "failed" else {})}
-        trial = optuna.trial.create_trial(
-            params=params, distributions={k: dists[k] for k in params},
-            values=values if tstate == optuna.trial.TrialState.COMPLETE else None,
-            state=tstate, user_attrs=attrs)
-        study.add_trial(trial)
-        added[member] = study.get_trials(deepcopy=False)[-1].number
-    return added
-
-
-def _clip(dist: Any, value: Any) -> Any:
-    low, high = getattr(dist, "low", None), getattr(dist, "high", None)
-    if low is None or high is None:
-        return value
-    v = min(max(value, low), high)
-    return round(v) if isinstance(low, int) and not isinstance(low, bool) else float(v)
-
-
-def pbt_plot(schedule: Mapping[str, list[dict[str, Any]]], path: str | Path,
-             params: Callable[[], list[str]] | None = None) -> Path:
-    """Each PBT member's params and objective over epochs, one panel each (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = sorted({k for pts in schedule.values() for p in pts for k in p if k not in ("epoch",)})
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.2 * max(1, len(keys))), squeeze=False)
-    for ax, key in zip(axes[:, 0], keys, strict=True):
-        for member, pts in schedule.items():
-            xs = [p["epoch"] for p in pts if p.get(key) is not None]
-            ys = [p[key] for p in pts if p.get(key) is not None]
-            ax.plot(xs, ys, marker="o", ms=3, label=f"member {member}")
-        ax.set_ylabel(key)
-        if key in ("lr", "weight_decay"):
-            ax.set_yscale("log")
-    axes[-1, 0].set_xlabel("epoch")
-    axes[0, 0].legend(fontsize=7, ncol=4)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out

@@ -46,6 +46,9 @@ def register_sampler(maker: M) -> M:
                         public="proftune.search.BaseSamplerMaker")
 
 
+SAMPLER_REGISTRY.loads_through(register_sampler)
+
+
 @register_sampler
 class _TPE(BaseSamplerMaker):
     name = "tpe"

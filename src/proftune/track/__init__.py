@@ -7,6 +7,7 @@ from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
 from ._store import (
     DEFAULT_DB,
+    RUN_KIND_REGISTRY,
     RUN_KINDS,
     RunHandle,
     RunRecord,
@@ -14,6 +15,7 @@ from ._store import (
     default_db_url,
     pid_alive,
     redact_url,
+    register_run_kind,
 )
 from ._store import _sqlite_pragmas as sqlite_pragmas
 from ._tracked import open_store, optional_store, tracked_run
@@ -22,6 +24,7 @@ __all__ = [
     "DEFAULT_DB",
     "LOCK_FILE",
     "RUN_KINDS",
+    "RUN_KIND_REGISTRY",
     "FolderLock",
     "Holder",
     "RunHandle",
@@ -35,6 +38,7 @@ __all__ = [
     "optional_store",
     "pid_alive",
     "redact_url",
+    "register_run_kind",
     "short_fingerprint",
     "sqlite_pragmas",
     "tracked_run",

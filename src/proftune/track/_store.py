@@ -26,13 +26,40 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from .._jsonsafe import json_safe
+from .._registry import LiveSequence, Registry
 from ..exceptions import ConfigError, DependencyError, StoreError
 
-__all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_STATUSES", "RunRecord", "Store", "default_db_url", "redact_url"]
+__all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_KIND_REGISTRY", "RUN_STATUSES", "RunRecord", "Store", "default_db_url",
+           "redact_url", "register_run_kind"]
 
 DEFAULT_DB = "sqlite:///proftune.db"
-RUN_KINDS = ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find",
-             "batch_size", "optimize", "predict")
+#: The kinds of run the Store records, by name; a plug-in records a kind of its own after
+#: ``register_run_kind`` (or an entry point of ``proftune.run_kinds`` naming its description).
+RUN_KIND_REGISTRY: Registry[str] = Registry("run kind", entry_points="proftune.run_kinds")
+#: The valid kinds, read from the registry on each use.
+RUN_KINDS = LiveSequence(lambda: RUN_KIND_REGISTRY.names())
+
+
+def register_run_kind(name: str, description: str = "") -> str:
+    """Make ``name`` a kind of run the Store records (and ``runs list --kind`` filters by); ``name``
+    is lower-case letters, digits and ``_``, at most 32 characters (the column's width); a kind
+    registered already stays as it is."""
+    if not isinstance(name, str) or not name or len(name) > 32 or not all(
+            c.islower() or c.isdigit() or c == "_" for c in name) or not name[0].isalpha():
+        raise ConfigError(f"run kind={name!r} must be 1 to 32 lower-case letters, digits or '_', "
+                          "starting with a letter.")
+    if not isinstance(description, str):
+        raise ConfigError(f"description={description!r} must be a string.")
+    if name not in RUN_KIND_REGISTRY.names_so_far():  # a kind is its name: registering it again is a no-op
+        RUN_KIND_REGISTRY.add(description, name=name)
+    return name
+
+
+RUN_KIND_REGISTRY.loads_through(lambda description, name: register_run_kind(name, str(description)), named=True)
+
+for _kind in ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find",
+              "batch_size", "optimize", "predict"):
+    register_run_kind(_kind)
 #: ``interrupted``: ended by Ctrl-C or SIGTERM (the CLI handles both alike), not by an error.
 RUN_STATUSES = ("running", "finished", "failed", "interrupted")
 

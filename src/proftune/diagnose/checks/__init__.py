@@ -7,10 +7,11 @@ register in settles ties when two findings explain each other equally.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from ..._registry import LiveSequence
-from .._causes import CHECK_REGISTRY, register_check
-from ._base import BaseCheck
+from .._causes import CHECK_REGISTRY
+from ._base import BaseCheck, register_check
 from ._batchnorm import BatchNormSmallBatch
 from ._dead_units import DeadUnits
 from ._exploding import ExplodingGradients
@@ -33,4 +34,4 @@ for _check in (LrTooHigh, Unshuffled, ExplodingGradients, VanishingGradients, Sa
     register_check(_check)
 
 #: Every registered check, in the order they run (a live view: a plug-in registered later is in it).
-CHECKS: Sequence[BaseCheck] = LiveSequence(lambda: tuple(CHECK_REGISTRY.values()))
+CHECKS: Sequence[BaseCheck] = LiveSequence(lambda: cast(tuple[BaseCheck, ...], tuple(CHECK_REGISTRY.values())))

@@ -1,0 +1,194 @@
+"""Every option and argument the commands share, declared once as a typed ``Annotated`` alias.
+
+A command module names them in its signature (``task: TaskArg``, ``db: DbOpt = None``); its own
+options stay in its file. The options nearly every command takes together are one group,
+:class:`RunOpts` (``o: RunOpts = RUN``), which :func:`command` spreads into the signature typer
+reads, in its place, and gathers back into one record for the command. An option whose valid
+values come from a registry lists them in its help through :func:`choices`, filled when --help is
+shown, so an installed plug-in's names are there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar, cast
+
+import typer
+
+from ..exceptions import ProftuneError
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+DbOpt = Annotated[
+    str | None,
+    typer.Option("--db", help="Run store URL or a .db file (default $PROFTUNE_DB or sqlite:///proftune.db).",
+                 show_default=False),
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of failures and library warnings.")]
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option("--param", "-p", help="A param as key=value; repeat for several.", show_default=False),
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--threads", min=1, help="CPU threads of every training (default: computed from the measured "
+                 "step times, re-checked when the machine's load changes).", show_default=False),
+]
+TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class, timm:MODEL or a built-in name.")]
+DataOpt = Annotated[
+    str | None,
+    typer.Option("--data", help="A LightningDataModule for a LightningModule TASK: file.py[:Class] or "
+                 "pkg.mod:Class.", show_default=False),
+]
+EpochsOpt = Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")]
+MaxStepsOpt = Annotated[
+    int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")
+]
+LogOpt = Annotated[
+    str | None,
+    typer.Option("--log", help="wandb: log to Weights & Biases as one group: each trial as it ends, "
+                 "while the study runs; the run and the other runs it started when it ends "
+                 "(offline: WANDB_MODE=offline).", show_default=False),
+]
+WandbProjectOpt = Annotated[str, typer.Option("--wandb-project", help="W&B project for --log wandb.")]
+
+
+ReportOpt = Annotated[
+    str | None,
+    typer.Option("--report", help="Also write the result as one self-contained HTML report here.",
+                 show_default=False),
+]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Replace existing output files (a symbolic link is replaced itself, "
+                       "never followed); without it they are refused before any work.")
+]
+
+
+#: The registries whose names an option's --help lists (``choices("samplers")`` in its help text),
+#: read when the help is shown, so an installed plug-in's names are among them.
+_CHOICES: dict[str, Callable[[], Sequence[str]]] = {
+    "samplers": lambda: _registry("search", "SAMPLER_REGISTRY").names(),
+    "pruners": lambda: _registry("search", "PRUNER_REGISTRY").names(),
+    "search_backends": lambda: _registry("search", "SEARCH_BACKEND_REGISTRY").names(),
+    "quant_libraries": lambda: tuple(dict.fromkeys(
+        k.split(":")[0] for k in _registry("compress", "QUANT_BACKEND_REGISTRY").names())),
+    "compilers": lambda: _registry("compress", "COMPILER_REGISTRY").names(),
+    "run_kinds": lambda: _registry("track", "RUN_KIND_REGISTRY").names(),
+}
+
+
+def _registry(package: str, name: str) -> Any:
+    import importlib
+
+    return getattr(importlib.import_module(f"proftune.{package}"), name)
+
+
+def choices(kind: str, *, last: str = " or ") -> str:
+    """A mark in an option's help text that --help replaces with the names of ``kind`` registered
+    then (built-ins and plug-ins): ``a, b or c`` (``last=", "``: ``a, b, c``)."""
+    if kind not in _CHOICES:
+        raise ValueError(f"kind={kind!r} is unknown; valid: {', '.join(_CHOICES)}.")
+    return f"@@{kind}|{last}@@"
+
+
+def fill_choices(text: str) -> str:
+    """``text`` with each :func:`choices` mark replaced by the names registered now."""
+    import re
+
+    def names(m: re.Match[str]) -> str:
+        try:
+            found = list(_CHOICES[m[1]]())
+        except ProftuneError as e:  # a broken plug-in: said here, the command itself then refuses it
+            return f"(the registered names could not be read: {e})"
+        return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found)
+
+    return re.sub(r"@@(\w+)\|(.*?)@@", names, text)
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOpts:
+    """The options of every command that runs a task: ``--seed --device --db --json --debug``."""
+
+    seed: SeedOpt = 0
+    device: DeviceOpt = "auto"
+    db: DbOpt = None
+    json_out: JsonOpt = False
+    debug: DebugOpt = False
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOpts:
+    """The options of a command that trains TASK: ``--data --epochs --max-steps --param``."""
+
+    data: DataOpt = None
+    epochs: EpochsOpt = None
+    max_steps: MaxStepsOpt = None
+    param: ParamOpt = None
+
+
+#: The defaults of a command's ``t: FitOpts`` parameter.
+FIT = FitOpts()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportOpts:
+    """The options of every command that records a run: ``--report FILE`` and ``--force``."""
+
+    report: ReportOpt = None
+    force: ForceOpt = False
+
+
+@dataclasses.dataclass(frozen=True)
+class FileOpts:
+    """The options of a command that reads the store and writes files: ``--force --db --json --debug``."""
+
+    force: ForceOpt = False
+    db: DbOpt = None
+    json_out: JsonOpt = False
+    debug: DebugOpt = False
+
+
+#: The defaults of a command's ``f: FileOpts`` parameter.
+FILE = FileOpts()
+#: The defaults of a command's ``r: ReportOpts`` parameter.
+REPORT = ReportOpts()
+#: The default of a command's ``o: RunOpts`` parameter (typer fills each field from its option).
+RUN = RunOpts()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(fn: F) -> F:
+    """``fn`` as typer reads it: each parameter annotated with an option group (a dataclass of
+    ``Annotated`` options) is spread into those options in its place, and gathered back into one
+    record of the group when typer calls it."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    groups: dict[str, tuple[type, tuple[str, ...]]] = {}
+    params: list[inspect.Parameter] = []
+    for p in inspect.signature(fn).parameters.values():
+        kind = hints.get(p.name)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            fields = dataclasses.fields(kind)
+            field_hints = typing.get_type_hints(kind, include_extras=True)
+            groups[p.name] = (kind, tuple(f.name for f in fields))
+            params += [inspect.Parameter(f.name, p.kind, default=f.default, annotation=field_hints[f.name])
+                       for f in fields]
+        else:
+            params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+
+    @functools.wraps(fn)
+    def spread(**kwargs: Any) -> Any:
+        for name, (kind, fields) in groups.items():
+            kwargs[name] = kind(**{f: kwargs.pop(f) for f in fields})
+        return fn(**kwargs)
+
+    spread.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    spread.__annotations__ = {p.name: p.annotation for p in params}
+    return cast(F, spread)
