@@ -556,7 +556,8 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     if solo:
         lead_s = race.cost([leader.name]) if leader else 0.0
         notes.append(f"{len(solo)} more training(s) of the defaults alone, at seeds after the race's (they train in "
-                     f"{race.cost([arms[0].name]):.2g} s against the leader's {lead_s:.2g} s): the rank test counts them")
+                     f"{race.cost([arms[0].name]):.2g} s against the leader's {lead_s:.2g} s): the rank test "
+                     "counts them")
     resolution = _resolution(plan.metric, plan.val_samples)
     comparison = comparison_test = None
     decision, chosen = "defaults", arms[0]
