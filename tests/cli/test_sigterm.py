@@ -220,8 +220,12 @@ def test_sigterm_to_a_300_trial_tune_with_two_workers_stops_everything(tmp_path:
             trial = by_number[int(run.config["trial"])]
             assert trial.state == states.FAIL
             assert trial.user_attrs.get("interrupted") is True
+        # a worker stopped between Optuna's start of a trial and its Run's leaves no Run: its Optuna
+        # trial is failed as interrupted all the same, and queued again
+        interrupted = [t for t in study.trials if t.state == states.FAIL and t.user_attrs.get("interrupted")]
+        assert len(interrupted) >= len(cut)
         queued = [t for t in study.trials if t.state == states.WAITING]
-        assert len(queued) == len(cut)
+        assert len(queued) == len(interrupted)
         assert not [t.number for t in queued if t.user_attrs.get("interrupted")]
     finally:
         if proc.poll() is None:

@@ -181,16 +181,28 @@ def _record_interrupted(settings: SearchSettings, pids: list[int]) -> None:
 
     import optuna
 
-    from ._storage import interrupt_trials, open_storage
+    from ._storage import fail_interrupted, interrupt_trials, open_storage
 
     with contextlib.suppress(Exception):
         store = Store(settings.db)
-        mine = [r for r in store.list_runs(kind="trial", study=settings.study, status="running") if r.pid in pids]
-        if not mine:
-            return
+        runs = store.list_runs(kind="trial", study=settings.study)
+        mine = [r for r in runs if r.status == "running" and r.pid in pids]
         study = optuna.load_study(study_name=settings.study, storage=open_storage(settings.db))
-        interrupt_trials(study, store, mine,
-                         why="the search was interrupted (Ctrl-C or SIGTERM): its worker was stopped mid-trial")
+        if mine:
+            interrupt_trials(study, store, mine,
+                             why="the search was interrupted (Ctrl-C or SIGTERM): its worker was stopped mid-trial")
+        # a worker stopped between Optuna's start of a trial and its Run (or between its Run's end
+        # and Optuna's tell) leaves the Optuna trial RUNNING with no running Run: failed as
+        # interrupted too where its Run was a stopped worker's, or where it has none and no other
+        # tune shares the study (another's trial may be at that moment of its own)
+        by_number = {int(r.config["trial"]): r for r in runs if r.config.get("trial") is not None}
+        alone = not [r for r in store.list_runs(kind="tune", study=settings.study, status="running")
+                     if r.id != settings.tune_run_id]
+        orphans = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                   if (t.number in by_number and by_number[t.number].pid in pids)
+                   or (t.number not in by_number and alone)]
+        if orphans:
+            fail_interrupted(study, [t._trial_id for t in orphans])
 
 
 def _run_processes(settings: SearchSettings, workers: int, deadline: float | None, *,

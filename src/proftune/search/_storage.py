@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
 
-__all__ = ["open_storage", "reap_dead_trials", "retry_callback"]
+__all__ = ["fail_interrupted", "interrupt_trials", "open_storage", "reap_dead_trials", "retry_callback"]
 
 _T = TypeVar("_T")
 
@@ -121,19 +121,31 @@ def interrupt_trials(study: optuna.Study, store: Store, runs: list[Any], *, why:
     the attribute). Returns the trial numbers failed."""
     import contextlib
 
-    retry = retry_callback()
-    failed = []
+    ids = []
     for run in runs:
         number = run.config.get("trial")
-        with contextlib.suppress(KeyError, RuntimeError, TypeError, ValueError,
-                                 optuna.exceptions.UpdateFinishedTrialError):
-            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number))
+        with contextlib.suppress(KeyError, RuntimeError, TypeError, ValueError):
+            ids.append(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number)))
+        store.finish_run(run.id, status="interrupted", error=why)
+    return fail_interrupted(study, ids)
+
+
+def fail_interrupted(study: optuna.Study, trial_ids: list[int]) -> list[int]:
+    """Each of ``trial_ids`` still RUNNING failed with the user attribute ``interrupted`` and its
+    configuration enqueued again (the retry, not itself interrupted, without the attribute).
+    Returns the trial numbers failed."""
+    import contextlib
+
+    retry = retry_callback()
+    failed = []
+    for trial_id in trial_ids:
+        with contextlib.suppress(KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
             if study._storage.get_trial(trial_id).state == TrialState.RUNNING:
                 study._storage.set_trial_user_attr(trial_id, "interrupted", True)
                 if study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
-                    retry(study, study._storage.get_trial(trial_id))
-                    failed.append(int(number))
-        store.finish_run(run.id, status="interrupted", error=why)
+                    frozen = study._storage.get_trial(trial_id)
+                    retry(study, frozen)
+                    failed.append(frozen.number)
     for queued in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         if queued.system_attrs.get("failed_trial") in failed and queued.user_attrs.get("interrupted"):
             study._storage.set_trial_user_attr(queued._trial_id, "interrupted", None)
