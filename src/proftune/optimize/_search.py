@@ -593,12 +593,12 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         if rows and window <= 0:
             break  # the next trial would not finish in time
         # a chunk of trials that takes four times the call's own measured cost (at least a second,
-        # at least 3 trials; at most a tenth of the stage's time, so that the plan, the auto-stop
+        # at least 3 trials; at most a twentieth of the stage's time, so that the plan, the auto-stop
         # and the re-evaluations are read again between chunks): at a second a chunk, a call's
         # ~0.5-1 s took a third of a search; never more than the time left holds (a queued trial
         # that never runs is cancelled)
         fit_in = int((window + slow_trial) / per_trial) if per_trial > 0 else 20
-        target_s = max(1.0, min(4.0 * overhead, 0.1 * (end - started)))
+        target_s = max(1.0, min(4.0 * overhead, 0.05 * (end - started)))
         size = max(1, min(int(min(CHUNK_MAX, max(3, target_s / max(per_trial, 1e-3)))), fit_in))
         # the stage's last REEVAL_SHARE (of its time or of max_trials) re-evaluates the leaders
         # first, then explores again
