@@ -41,7 +41,7 @@ REDUCTION_FACTOR = 3
 #: Seconds a call of ``search`` is assumed to cost beyond its trials before one is measured.
 CALL_OVERHEAD_S = 0.3
 #: The most trials one call of ``search`` runs (a chunk).
-CHUNK_MAX = 50
+CHUNK_MAX = 20
 #: Share of the search's time after which a flat search may stop itself.
 STALL_AFTER = 0.75
 #: The last share of the search's time re-evaluates its leaders at new seeds: among hundreds of
@@ -592,14 +592,12 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         window = end - time.monotonic() - overhead - slow_trial
         if rows and window <= 0:
             break  # the next trial would not finish in time
-        # a chunk of trials that takes four times the call's own measured cost (at least a second,
-        # at least 3 trials; at most a twentieth of the stage's time, so that the plan, the auto-stop
-        # and the re-evaluations are read again between chunks): at a second a chunk, a call's
-        # ~0.5-1 s took a third of a search; never more than the time left holds (a queued trial
-        # that never runs is cancelled)
+        # a chunk of about a second of trials (at least 3): the call's own cost stays small, and the
+        # plan, the auto-stop and the re-evaluations are read again between chunks (larger chunks,
+        # tried in this round, let a flat search's re-evaluations run past its auto-stop on a quiet
+        # machine); never more than the time left holds (a queued trial that never runs is cancelled)
         fit_in = int((window + slow_trial) / per_trial) if per_trial > 0 else 20
-        target_s = max(1.0, min(4.0 * overhead, 0.05 * (end - started)))
-        size = max(1, min(int(min(CHUNK_MAX, max(3, target_s / max(per_trial, 1e-3)))), fit_in))
+        size = max(1, min(int(min(CHUNK_MAX, max(3, 1.0 / max(per_trial, 1e-3)))), fit_in))
         # the stage's last REEVAL_SHARE (of its time or of max_trials) re-evaluates the leaders
         # first, then explores again
         late = (bool(why) or time.monotonic() - started >= (1 - REEVAL_SHARE) * (end - started)
