@@ -336,3 +336,40 @@ def test_a_candidate_cut_off_mid_step_is_measured_once() -> None:
     assert not tuner.measuring
     assert tuner.checks[0].step_ms == {"1": 10.0, "2": 31.0}
     assert tuner.threads == 1
+
+
+def test_the_load_is_read_around_one_step_in_four_between_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read of the load opens a file under /proc (about a tenth of a millisecond, a small
+    model's whole step): between checks it is read around one step in ``load_every``."""
+    reads = {"queue": 0, "others": 0}
+
+    def queue() -> float:
+        reads["queue"] += 1
+        return 0.0
+
+    def others(own: int = 1) -> int:
+        reads["others"] += 1
+        return 0
+
+    monkeypatch.setattr(train, "run_queue_ms", queue)
+    monkeypatch.setattr(train, "others_running", others)
+    result = fit(_Tiny(), {"batch_size": 8}, max_steps=120, evaluate=False)
+    assert result.threads is not None
+    checked = sum(len(c.step_ms) for c in result.threads.checks) * 3 + len(result.threads.checks)
+    assert reads["queue"] == reads["others"]
+    assert reads["queue"] <= 2 * (checked + 120 // 4 + 1) < 2 * 120 * 0.5
+
+
+def test_a_sampled_load_still_keeps_the_larger_counts_untried() -> None:
+    """With the wait read around one step in four, a machine whose cores are held still keeps
+    the periodic re-checks at one thread."""
+    tuner = ThreadTuner([1, 2, 4], recheck=16, window=8, load_every=4)
+    sampled = 0
+    for _ in range(80):
+        read = tuner.wants_load()
+        sampled += read
+        tuner.observe(10.0, wait_ms=5.0 if read else None)
+    assert tuner.steps_at == {1: 80}
+    assert len(tuner.checks) >= 2
+    assert all(c.skipped == [2, 4] and c.chosen == 1 for c in tuner.checks)
+    assert sampled < 40

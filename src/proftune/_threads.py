@@ -253,15 +253,20 @@ class ThreadTuner:
     the choice holds, and at least the steps over which the last check's extra time, its steps at
     the other counts beyond the chosen one's, is ``cost_share`` of the training; at most
     ``max_recheck``).
+
+    Outside a check the load (the wait and the others' threads) is read around one step in
+    ``load_every`` (:meth:`wants_load`; each read opens a file under /proc, about a tenth of a
+    millisecond, as much as a small model's whole step): a window's figure is the median of the
+    steps it was read around.
     """
 
     def __init__(self, candidates: list[int], *, start: int | None = None, recheck: int = 64,
                  steps: int = 3, window: int = 8, drift: float = 0.5, abort: float = 3.0, tie: float = 0.1,
                  busy: float = 0.2, max_recheck: int = 1024, warmup: int = 1, since: int = 0,
-                 cost_share: float = 0.02, cores: int | None = None) -> None:
+                 cost_share: float = 0.02, cores: int | None = None, load_every: int = 4) -> None:
         self.candidates = sorted(set(candidates))
         self.steps_per, self.window_size, self.drift, self.abort, self.tie = steps, window, drift, abort, tie
-        self.busy, self.cores = busy, cores
+        self.busy, self.cores, self.load_every = busy, cores, max(1, load_every)
         self.base_recheck, self.max_recheck, self.cost_share = recheck, max_recheck, cost_share
         self.recheck = recheck
         self.checks: list[ThreadCheck] = []
@@ -269,8 +274,9 @@ class ThreadTuner:
         self.step = 0
         self._warmup = warmup
         self._window: deque[float] = deque(maxlen=window)
-        self._waits: deque[float] = deque(maxlen=window)
-        self._others: deque[float] = deque(maxlen=window)
+        # (the step since the last check, the figure) of the steps the load was read around
+        self._waits: deque[tuple[int, float]] = deque(maxlen=window)
+        self._others: deque[tuple[int, float]] = deque(maxlen=window)
         self._since = since if start is not None else 0
         self._ref: float | None = None
         self._drift_gap = 2 * window
@@ -288,6 +294,13 @@ class ThreadTuner:
     @property
     def measuring(self) -> bool:
         return self._measuring is not None
+
+    def wants_load(self) -> bool:
+        """Whether the next step's load is read (its wait for a core, the others' runnable
+        threads): every step a check measures, one in ``load_every`` between checks."""
+        if self._measuring is not None:
+            return self._warmup == 0
+        return (self._since + 1) % self.load_every == 0
 
     def cut_off(self) -> tuple[float, int] | None:
         """While a candidate is measured after a faster one: the milliseconds after which its step
@@ -315,16 +328,15 @@ class ThreadTuner:
             self._measure(step_ms, wait, others, cut=cut)
             return
         self._window.append(step_ms)
-        if wait is not None:
-            self._waits.append(wait)
-        if others is not None:
-            self._others.append(others)
         self._since += 1
+        if wait is not None:
+            self._waits.append((self._since, wait))
+        if others is not None:
+            self._others.append((self._since, others))
         if len(self.candidates) < 2 or len(self._window) < self.window_size or self._since % self.window_size:
             return
         median = statistics.median(self._window)
-        waited = statistics.median(self._waits) if len(self._waits) == len(self._window) else None
-        held = statistics.median(self._others) if len(self._others) == len(self._window) else None
+        waited, held = self._window_median(self._waits), self._window_median(self._others)
         if self._ref is None:
             self._ref = median
         elif abs(median - self._ref) > self.drift * self._ref and self._since >= self._drift_gap:
@@ -343,6 +355,11 @@ class ThreadTuner:
                 order = [c for c in order if c < self.threads]
             order = [c for c in order if c <= self._free(held)]
             self._begin("periodic", order=order, prefilled=(median, waited, held))
+
+    def _window_median(self, sampled: deque[tuple[int, float]]) -> float | None:
+        """The median of the figures read around this window's steps; None where none was."""
+        inside = [v for at, v in sampled if at > self._since - self.window_size]
+        return statistics.median(inside) if inside else None
 
     def _free(self, others: float | None) -> int:
         """The most threads worth trying while ``others`` of other processes' threads are

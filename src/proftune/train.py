@@ -380,9 +380,11 @@ class _ThreadControl(Callback):
             torch.set_num_threads(want)
 
     def on_step_start(self, state: FitState) -> None:
-        if self.tuner is not None:
+        if self.tuner is not None and self.tuner.wants_load():
             self._wait0, self._wall0 = run_queue_ms(), time.perf_counter()
             self._others0 = others_running(torch.get_num_threads())
+        else:  # not read around this step (each read opens a file under /proc)
+            self._wait0 = self._others0 = None
         # a candidate measured after a faster one: once its step has taken ``abort`` x the best
         # step, the rest of the step runs at the best count (checked as each module's forward
         # starts and each parameter's gradient is computed, through hooks on this model's own
@@ -422,13 +424,17 @@ class _ThreadControl(Callback):
         cut = self._armed and self._cut
         self._unhook()
         if self.tuner is not None:
-            wait, wall = run_queue_ms(), (time.perf_counter() - self._wall0) * 1e3
-            # the share of the step the training thread waited for a core, scaled to the step's time
-            waited = (None if wait is None or self._wait0 is None or wall <= 0 else
-                      (wait - self._wait0) / wall * float(state.timing.get("step_ms", 0.0)))
-            # other processes' runnable threads, sampled as the step began and as it ended
-            after = others_running(torch.get_num_threads())
-            others = None if after is None or self._others0 is None else (self._others0 + after) / 2
+            waited: float | None = None
+            others: float | None = None
+            if self._wait0 is not None:
+                wait, wall = run_queue_ms(), (time.perf_counter() - self._wall0) * 1e3
+                # the share of the step the training thread waited for a core, scaled to the step's time
+                waited = (None if wait is None or wall <= 0 else
+                          (wait - self._wait0) / wall * float(state.timing.get("step_ms", 0.0)))
+            if self._others0 is not None:
+                # other processes' runnable threads, sampled as the step began and as it ended
+                after = others_running(torch.get_num_threads())
+                others = None if after is None else (self._others0 + after) / 2
             self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut, wait_ms=waited, others=others)
             self._apply()
 
