@@ -210,6 +210,18 @@ def test_default_space_reads_the_task_and_centres_on_the_computed_values() -> No
     assert plan.evidence["lr"].startswith("computed")
 
 
+def test_a_small_training_set_can_be_searched_in_one_batch() -> None:
+    """On 50 samples with a computed batch of 16 the whole set is a choice (capped there, never
+    above it): few-shot digits trains best at one step an epoch, which a space up to 2x the
+    computed batch never tried."""
+    plan = build_plan(TinyTask(), {"lr": 0.01, "batch_size": 16, "grad_accumulation": 1, "precision": "fp32"},
+                      user_space=None, max_batch=None, samples=50)
+    choices = plan.space.param("batch_size").choices
+    assert max(choices) == 50
+    assert min(choices) == 2
+    assert plan.centre["batch_size"] == 16
+
+
 def test_a_space_contradicting_computed_values_is_refused() -> None:
     space = {"params": {"lr": {"type": "float", "low": 1e-3, "high": 1.0, "log": True},
                         "batch_size": {"type": "categorical", "choices": [128, 256]}},

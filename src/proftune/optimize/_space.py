@@ -96,9 +96,12 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     bs = int(computed.batch_size or defaults.get("batch_size") or 32)
     cap = min(x for x in (max_batch, samples, 4096) if x)
     default_bs = int(defaults.get("batch_size") or bs)
-    # down to an eighth of the computed batch: a batch computed from the noise scale can leave a
-    # small dataset a handful of steps per epoch
-    choices = sorted({max(2, min(cap, b)) for b in (bs // 8, bs // 4, bs // 2, bs, bs * 2, min(cap, default_bs))})
+    # an eighth to eight times the computed batch: a batch computed from the noise scale can leave
+    # a small dataset a handful of steps per epoch, and on a few dozen samples the whole training
+    # set in one step (capped there) can be the best (few-shot digits: batch 50 of 50 at test
+    # 0.80 against 0.77 at 16 and below)
+    choices = sorted({max(2, min(cap, b)) for b in (bs // 8, bs // 4, bs // 2, bs, bs * 2, bs * 4, bs * 8,
+                                                   min(cap, default_bs))})
     params["batch_size"] = {"type": "categorical", "choices": choices}
     centre["batch_size"] = min(bs, cap)
     narrow["batch_size"] = [c for c in choices if bs // 2 <= c <= bs * 2]

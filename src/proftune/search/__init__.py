@@ -38,6 +38,7 @@ from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialR
 from ._samplers import SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
 from ._scan import Bound, ScanResult
 from ._space import ForbidRule, Param, Space, load_space
+from ._storage import prepare_storage
 from ._strategy import Statement, strategy
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "notify_ended",
     "parse_constraint",
     "parse_objective",
+    "prepare_storage",
     "register_backend",
     "register_pruner",
     "register_sampler",

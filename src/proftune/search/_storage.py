@@ -18,7 +18,8 @@ from optuna.trial import TrialState
 from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
 
-__all__ = ["fail_interrupted", "interrupt_trials", "open_storage", "reap_dead_trials", "retry_callback"]
+__all__ = ["fail_interrupted", "interrupt_trials", "open_storage", "prepare_storage", "reap_dead_trials",
+           "retry_callback"]
 
 _T = TypeVar("_T")
 
@@ -90,6 +91,13 @@ def _open(url: str, *, heartbeat: bool, is_sqlite: bool) -> RDBStorage:
         sa.event.listen(storage.engine, "connect", _sqlite_pragmas)
         storage.engine.dispose()
     return storage
+
+
+def prepare_storage(url: str) -> None:
+    """Open the study storage on ``url`` now, as the first ``search`` call on it would: a caller
+    with a clock (the optimize loop) pays it before the clock starts. On a new database it loads
+    alembic and stamps Optuna's schema: 0.3 s on this 2-core machine, 2 s at load 9."""
+    open_storage(url)
 
 
 def retry_callback() -> RetryHeartbeatStaleTrialCallback:
