@@ -18,6 +18,7 @@ from ._store import (
     register_run_kind,
 )
 from ._store import _sqlite_pragmas as sqlite_pragmas
+from ._outputs import held_until_written, kept_files
 from ._tracked import open_store, optional_store, tracked_run
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "data_fingerprint",
     "default_db_url",
     "environment",
+    "held_until_written",
+    "kept_files",
     "open_store",
     "optional_store",
     "pid_alive",

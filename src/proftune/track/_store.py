@@ -16,7 +16,7 @@ import sqlite3
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from .._jsonsafe import json_safe
 from .._registry import LiveSequence, Registry
 from ..exceptions import ConfigError, DependencyError, StoreError
+from ._outputs import held
 
 __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_KIND_REGISTRY", "RUN_STATUSES", "RunRecord", "Store", "default_db_url",
            "redact_url", "register_run_kind"]
@@ -496,6 +497,13 @@ class Store:
         if status not in RUN_STATUSES:
             raise ValueError(f"status={status!r} is unknown; valid: {', '.join(RUN_STATUSES)}.")
         record = self.get_run(run_id)
+        runs = held()
+        if runs is not None and status == "finished" and record.parent_id is None:
+            # a command's Run waits for the command's outputs (track._outputs.held_until_written)
+            self.update_run(run_id, error=error, **fields)
+            if not runs.holds(self.url, run_id):
+                runs.runs.append((self, run_id))
+            return
         ended = _now()
         started = dt.datetime.fromisoformat(record.started_at)
         duration = (dt.datetime.fromisoformat(ended) - started).total_seconds()
@@ -524,7 +532,11 @@ class Store:
             row = conn.execute(sa.select(runs_table).where(runs_table.c.id == int(run_id))).mappings().first()
         if row is None:
             raise ConfigError(f"run {run_id} does not exist in {self.shown_url}.")
-        return _record(row)
+        record = _record(row)
+        runs = held()
+        if runs is not None and record.status == "running" and runs.holds(self.url, record.id):
+            return replace(record, status="finished")  # as it is recorded once its outputs are written
+        return record
 
     def get_runs(self, run_ids: Iterable[int]) -> list[RunRecord]:
         """The runs ``run_ids`` in that order; a ConfigError names every one that does not exist."""
