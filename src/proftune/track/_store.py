@@ -307,6 +307,24 @@ def _no_space(shown: str, path: Path, exc: BaseException) -> StoreError | None:
                       "nothing was written. Free space there, or give db= a store on another device.")
 
 
+#: PostgreSQL's SQLSTATE of a full disk (``disk_full``: psycopg2's ``pgcode``, psycopg 3's ``sqlstate``).
+PG_DISK_FULL = "53100"
+
+
+def _server_no_space(shown: str, exc: BaseException) -> StoreError | None:
+    """The error of a database server whose disk is full (None: ``exc`` is not that), worded as
+    a full SQLite file's is, without the driver's SQL."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
+    full = code == PG_DISK_FULL or type(orig).__name__ == "DiskFull" or "no space left on device" in str(orig).lower()
+    if not full:
+        return None
+    host = sa.make_url(shown).host or "localhost"
+    return StoreError(f"db={shown!r}: no space left on the device holding the store (the database server on "
+                      f"{host}: SQLSTATE {code or PG_DISK_FULL} disk_full); nothing was written. Free space on the "
+                      "server's data directory, or give db= another store.")
+
+
 def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
     """A bare ``postgresql://`` URL (as the README writes it) on the PostgreSQL driver that is
     installed: SQLAlchemy's default (psycopg 3) or psycopg2, which ``[dev]`` installs."""
@@ -400,10 +418,14 @@ class Store:
 
     def _full_device(self, context: Any) -> None:
         """Every error of the store's database where the device holding its SQLite file is full
-        (schema, a run's start or end, a lock): one StoreError that says so, never the SQL."""
-        if self.path is None:
+        (schema, a run's start or end, a lock), or where a database server's disk is full: one
+        StoreError that says so, never the SQL."""
+        if self.path is not None:
+            error = _no_space(self.shown_url, self.path, context.original_exception)
+        elif not self.is_sqlite:
+            error = _server_no_space(self.shown_url, context.original_exception)
+        else:
             return
-        error = _no_space(self.shown_url, self.path, context.original_exception)
         if error is not None:
             raise error
 
