@@ -43,7 +43,8 @@ def _check_failed(res: Any, target: Path, db: str, seen: list[list[str]], *, kin
     assert str(target) in text
     assert "No space left on device" in text
     assert "bytes free on its device" in text
-    assert seen and "finished" not in seen[0]  # not finished while its outputs were still being written
+    assert seen
+    assert "finished" not in seen[0]
     runs = [r for r in Store(db).list_runs(kind=kind) if r.parent_id is None]
     assert [r.status for r in runs] == ["failed"]  # was finished, with an output never written
     record = Store(db).get_run(runs[0].id)
@@ -69,7 +70,8 @@ def test_profile_out_on_a_full_disk_leaves_its_run_failed(tmp_path: Path, db: st
     record = _check_failed(res, out, db, seen, kind="profile")
     assert record.artifacts["kept"] == []
     assert record.result  # the profile measured is kept in the store
-    assert not out.exists() and not trace.exists()
+    assert not out.exists()
+    assert not trace.exists()
 
 
 def test_profile_report_written_then_finished(tmp_path: Path, db: str) -> None:
@@ -113,7 +115,8 @@ def test_tune_report_on_a_full_disk_leaves_its_run_failed(tmp_path: Path, db: st
     res = runner.invoke(app, ["tune", "digits-mlp", "--space", str(space), "--trials", "1", "--epochs", "1",
                               "--plot", str(plots), "--report", str(report), "--db", db])
     record = _check_failed(res, report, db, seen, kind="tune")
-    assert record.artifacts["kept"] and all(k.startswith(str(plots)) for k in record.artifacts["kept"])
+    assert record.artifacts["kept"]
+    assert all(k.startswith(str(plots)) for k in record.artifacts["kept"])
 
 
 def test_tune_plot_on_a_full_disk_leaves_its_run_failed(tmp_path: Path, db: str,
@@ -125,8 +128,10 @@ def test_tune_plot_on_a_full_disk_leaves_its_run_failed(tmp_path: Path, db: str,
                               "--plot", str(plots), "--db", db])
     assert res.exit_code == 1, res.output
     text = " ".join(res.output.split())
-    assert str(plots / "history.png") in text and "bytes free on its device" in text
-    assert seen and "finished" not in seen[0]
+    assert str(plots / "history.png") in text
+    assert "bytes free on its device" in text
+    assert seen
+    assert "finished" not in seen[0]
     assert [r.status for r in Store(db).list_runs(kind="tune")] == ["failed"]
 
 

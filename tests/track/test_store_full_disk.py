@@ -130,7 +130,10 @@ def test_a_server_store_on_a_full_disk_says_so_without_sql(tmp_path: Path) -> No
         message = str(err.value)
         assert "no space left on the device holding the store" in message
         assert "nothing was written" in message
-        assert "53100" in message and "db.example" in message
-        assert "INSERT" not in message and "UPDATE" not in message and "SELECT" not in message
+        assert "53100" in message
+        assert "db.example" in message
+        assert "INSERT" not in message
+        assert "UPDATE" not in message
+        assert "SELECT" not in message
     event.remove(store.engine, "before_cursor_execute", full)
     assert store.get_run(run_id).status == "running"  # untouched

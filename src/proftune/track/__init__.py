@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
+from ._outputs import held_until_written, kept_files
 from ._store import (
     DEFAULT_DB,
     RUN_KIND_REGISTRY,
@@ -18,7 +19,6 @@ from ._store import (
     register_run_kind,
 )
 from ._store import _sqlite_pragmas as sqlite_pragmas
-from ._outputs import held_until_written, kept_files
 from ._tracked import open_store, optional_store, tracked_run
 
 __all__ = [
