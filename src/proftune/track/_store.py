@@ -554,10 +554,14 @@ class Store:
             row = conn.execute(sa.select(runs_table).where(runs_table.c.id == int(run_id))).mappings().first()
         if row is None:
             raise ConfigError(f"run {run_id} does not exist in {self.shown_url}.")
-        record = _record(row)
+        return self._as_recorded(_record(row))
+
+    def _as_recorded(self, record: RunRecord) -> RunRecord:
+        """A run held until its command's outputs are written reads, inside that command, as it
+        will be recorded then (``finished``): the report and the exporters written meanwhile show it so."""
         runs = held()
         if runs is not None and record.status == "running" and runs.holds(self.url, record.id):
-            return replace(record, status="finished")  # as it is recorded once its outputs are written
+            return replace(record, status="finished")
         return record
 
     def get_runs(self, run_ids: Iterable[int]) -> list[RunRecord]:
@@ -565,7 +569,7 @@ class Store:
         ids = [int(i) for i in run_ids]
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(runs_table).where(runs_table.c.id.in_(ids))).mappings().all()
-        found = {int(r["id"]): _record(r) for r in rows}
+        found = {int(r["id"]): self._as_recorded(_record(r)) for r in rows}
         missing = [i for i in dict.fromkeys(ids) if i not in found]
         if missing:
             names = ", ".join(str(i) for i in missing)
