@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -103,3 +104,36 @@ def test_a_store_on_a_full_tmpfs_is_refused_untouched(tmp_path: Path) -> None:
         assert "disk I/O error" not in out.stderr
         assert "SQL" not in out.stderr
         assert {p.name: p.read_bytes() for p in disk.iterdir() if p.name != "fill"} == before
+
+
+class _DiskFull(sqlite3.OperationalError):
+    """A driver error as psycopg2 raises it on PostgreSQL's full disk (SQLSTATE 53100 disk_full),
+    a DBAPI error of the engine's driver so that SQLAlchemy wraps it in an OperationalError."""
+
+    pgcode = "53100"
+
+
+def test_a_server_store_on_a_full_disk_says_so_without_sql(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}")
+    run_id = store.start_run("train", "t")
+    store.path, store.is_sqlite = None, False  # read as a server's store: no file whose device can be asked
+    store.shown_url = "postgresql://proftune@db.example:5432/runs"
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def full(*args: Any) -> None:
+        raise _DiskFull('could not extend file "base/16384/16390": No space left on device\n'
+                        "HINT:  Check free disk space.")
+
+    for write in (lambda: store.start_run("train", "t"), lambda: store.finish_run(run_id, status="finished")):
+        with pytest.raises(StoreError) as err:
+            write()
+        message = str(err.value)
+        assert "no space left on the device holding the store" in message
+        assert "nothing was written" in message
+        assert "53100" in message
+        assert "db.example" in message
+        assert "INSERT" not in message
+        assert "UPDATE" not in message
+        assert "SELECT" not in message
+    event.remove(store.engine, "before_cursor_execute", full)
+    assert store.get_run(run_id).status == "running"  # untouched

@@ -11,6 +11,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -23,6 +24,7 @@ from .._jsonsafe import json_dumps, json_safe
 from .._paths import OutputPath, check_outputs
 from .._threads import fixed_threads
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError
+from ..track import held_until_written
 from ._options import ReportOpts, RunOpts, fill_choices
 
 T = TypeVar("T")
@@ -218,29 +220,36 @@ def execute(
 
 def execute_run(body: Callable[[], T], o: RunOpts, r: ReportOpts, *, render: Callable[[T], None] | None = None,
                 threads: int | None = None,
-                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = ()) -> None:
+                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = (),
+                written: Sequence[str | Path | None] = ()) -> None:
     """:func:`execute` of a command that runs a task: ``body`` after its outputs' checks, then
     ``--report``'s page (:func:`with_report`), with the command's :class:`RunOpts` and :class:`ReportOpts`."""
-    execute(with_report(body, r.report, o.db, force=r.force, outputs=outputs), json_out=o.json_out,
+    execute(with_report(body, r.report, o.db, force=r.force, outputs=outputs, written=written), json_out=o.json_out,
             debug=o.debug, render=render, threads=threads)
 
 
 def with_report(body: Callable[[], T], report: str | None, db: str | None, *, force: bool = False,
-                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = ()) -> Callable[[], T]:
+                outputs: Sequence[OutputPath] | Callable[[], Sequence[OutputPath]] = (),
+                written: Sequence[str | Path | None] = ()) -> Callable[[], T]:
     """``body`` once every output path (``outputs`` and ``--report``) has passed its check (exit 2
     before any work: a missing or unwritable folder, an existing file without ``--force``), then
     (with ``--report FILE``) the HTML report of the run it recorded. ``outputs`` may be a function
-    (called inside the command, so that a missing optional dependency is an exit 2 too)."""
+    (called inside the command, so that a missing optional dependency is an exit 2 too);
+    ``written``: the paths the library checks and writes itself (what was kept if a write fails).
+    The run is finished once all are written (``track.held_until_written``)."""
 
     def run() -> T:
         given = outputs() if callable(outputs) else outputs
         check_outputs([*given, OutputPath("--report", report)], force=force)
-        result = body()
-        if report is not None:
-            from ..report import write_report
+        # the command's Run is finished only once its outputs are written: a failed write leaves
+        # it failed, naming the file, its device's free space and what was kept
+        with held_until_written([*(o.path for o in given), *written, report]):
+            result = body()
+            if report is not None:
+                from ..report import write_report
 
-            path = write_report(result, report, db=db, force=True)  # checked above
-            err_console.print(f"report: {path}", markup=False, highlight=False)
+                path = write_report(result, report, db=db, force=True)  # checked above
+                err_console.print(f"report: {path}", markup=False, highlight=False)
         return result
 
     return run

@@ -145,4 +145,4 @@ def compress(
             out_console.print(f"plot: {p}", highlight=False)
         out_console.print(f"run {d['run_id']} recorded", highlight=False)
 
-    execute_run(body, o, opt.ReportOpts(report, force), render=render, threads=threads)
+    execute_run(body, o, opt.ReportOpts(report, force), render=render, threads=threads, written=[out, plot])

@@ -13,7 +13,7 @@ from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
 from ..profile import Profile, ScriptResult, parse_command, run_script
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
-from ..track import Store, environment
+from ..track import Store, environment, held_until_written
 from . import _options as opt
 from ._common import err_console, execute, out_console
 
@@ -134,13 +134,14 @@ def run_command(
         config = {"every": result.every, "max_overhead": result.max_overhead, "steps": steps, "source": "run"}
         first = result.profiles[0] if result.profiles else None
         recs = recommendations(first) if first is not None else []
-        ids = _record(store, result, cmd, config, run0)
-        if first is not None and out is not None:
-            dataclasses.replace(first, config={**first.config, "run_id": ids[0]}).save(out)
-        if first is not None and report is not None:
-            from ..report import write_report
+        with held_until_written([out, report]):  # its Runs finished once --out and --report are written
+            ids = _record(store, result, cmd, config, run0)
+            if first is not None and out is not None:
+                dataclasses.replace(first, config={**first.config, "run_id": ids[0]}).save(out)
+            if first is not None and report is not None:
+                from ..report import write_report
 
-            write_report(ids[0], report, store=store, force=True)
+                write_report(ids[0], report, store=store, force=True)
         return {"exit_code": result.exit_code, "interrupted": result.interrupted, "error": result.error,
                 "summary": result.summary, "steps_seen": result.steps_seen, "run_ids": ids,
                 "profiles": [p.to_dict() for p in result.profiles],

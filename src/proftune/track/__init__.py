@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
+from ._outputs import held_until_written, kept_files
 from ._store import (
     DEFAULT_DB,
     RUN_KIND_REGISTRY,
@@ -34,6 +35,8 @@ __all__ = [
     "data_fingerprint",
     "default_db_url",
     "environment",
+    "held_until_written",
+    "kept_files",
     "open_store",
     "optional_store",
     "pid_alive",

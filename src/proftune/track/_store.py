@@ -16,7 +16,7 @@ import sqlite3
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from .._jsonsafe import json_safe
 from .._registry import LiveSequence, Registry
 from ..exceptions import ConfigError, DependencyError, StoreError
+from ._outputs import held
 
 __all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_KIND_REGISTRY", "RUN_STATUSES", "RunRecord", "Store", "default_db_url",
            "redact_url", "register_run_kind"]
@@ -306,6 +307,24 @@ def _no_space(shown: str, path: Path, exc: BaseException) -> StoreError | None:
                       "nothing was written. Free space there, or give db= a store on another device.")
 
 
+#: PostgreSQL's SQLSTATE of a full disk (``disk_full``: psycopg2's ``pgcode``, psycopg 3's ``sqlstate``).
+PG_DISK_FULL = "53100"
+
+
+def _server_no_space(shown: str, exc: BaseException) -> StoreError | None:
+    """The error of a database server whose disk is full (None: ``exc`` is not that), worded as
+    a full SQLite file's is, without the driver's SQL."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
+    full = code == PG_DISK_FULL or type(orig).__name__ == "DiskFull" or "no space left on device" in str(orig).lower()
+    if not full:
+        return None
+    host = sa.make_url(shown).host or "localhost"
+    return StoreError(f"db={shown!r}: no space left on the device holding the store (the database server on "
+                      f"{host}: SQLSTATE {code or PG_DISK_FULL} disk_full); nothing was written. Free space on the "
+                      "server's data directory, or give db= another store.")
+
+
 def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
     """A bare ``postgresql://`` URL (as the README writes it) on the PostgreSQL driver that is
     installed: SQLAlchemy's default (psycopg 3) or psycopg2, which ``[dev]`` installs."""
@@ -399,10 +418,14 @@ class Store:
 
     def _full_device(self, context: Any) -> None:
         """Every error of the store's database where the device holding its SQLite file is full
-        (schema, a run's start or end, a lock): one StoreError that says so, never the SQL."""
-        if self.path is None:
+        (schema, a run's start or end, a lock), or where a database server's disk is full: one
+        StoreError that says so, never the SQL."""
+        if self.path is not None:
+            error = _no_space(self.shown_url, self.path, context.original_exception)
+        elif not self.is_sqlite:
+            error = _server_no_space(self.shown_url, context.original_exception)
+        else:
             return
-        error = _no_space(self.shown_url, self.path, context.original_exception)
         if error is not None:
             raise error
 
@@ -496,6 +519,13 @@ class Store:
         if status not in RUN_STATUSES:
             raise ValueError(f"status={status!r} is unknown; valid: {', '.join(RUN_STATUSES)}.")
         record = self.get_run(run_id)
+        runs = held()
+        if runs is not None and status == "finished" and record.parent_id is None:
+            # a command's Run waits for the command's outputs (track._outputs.held_until_written)
+            self.update_run(run_id, error=error, **fields)
+            if not runs.holds(self.url, run_id):
+                runs.runs.append((self, run_id))
+            return
         ended = _now()
         started = dt.datetime.fromisoformat(record.started_at)
         duration = (dt.datetime.fromisoformat(ended) - started).total_seconds()
@@ -524,14 +554,22 @@ class Store:
             row = conn.execute(sa.select(runs_table).where(runs_table.c.id == int(run_id))).mappings().first()
         if row is None:
             raise ConfigError(f"run {run_id} does not exist in {self.shown_url}.")
-        return _record(row)
+        return self._as_recorded(_record(row))
+
+    def _as_recorded(self, record: RunRecord) -> RunRecord:
+        """A run held until its command's outputs are written reads, inside that command, as it
+        will be recorded then (``finished``): the report and the exporters written meanwhile show it so."""
+        runs = held()
+        if runs is not None and record.status == "running" and runs.holds(self.url, record.id):
+            return replace(record, status="finished")
+        return record
 
     def get_runs(self, run_ids: Iterable[int]) -> list[RunRecord]:
         """The runs ``run_ids`` in that order; a ConfigError names every one that does not exist."""
         ids = [int(i) for i in run_ids]
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(runs_table).where(runs_table.c.id.in_(ids))).mappings().all()
-        found = {int(r["id"]): _record(r) for r in rows}
+        found = {int(r["id"]): self._as_recorded(_record(r)) for r in rows}
         missing = [i for i in dict.fromkeys(ids) if i not in found]
         if missing:
             names = ", ".join(str(i) for i in missing)
