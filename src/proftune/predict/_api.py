@@ -291,10 +291,10 @@ def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, 
 
     where, why = _compute_device(cfg, spec, dev)
 
-    def measure(mode: str, b: int) -> Any:
+    def measure(strategy: str, mode: str, b: int) -> Any:
         threads = CPU_RANK_THREADS if where is not None and where.type == "cpu" else torch.get_num_threads()
-        return measure_compute(task_obj, merged, batch_size=b, checkpointing=mode, device=where or "cpu",
-                               threads=threads)
+        return measure_compute(task_obj, merged, batch_size=b, checkpointing=mode, strategy=strategy,
+                               device=where or "cpu", threads=threads)
 
     ev = Evaluator(tracer_for, spec, cfg.gpus, cfg.nodes or 1, tokens_per_sample=_tokens_per_sample(tracer.sample),
                    link=_resolve_link(cfg, spec), measure=None if where is None else measure, roofline_reason=why)

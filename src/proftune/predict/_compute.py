@@ -53,6 +53,8 @@ class ComputeFigures:
     backward_ms: float
     optimizer_ms: float
     steps: int
+    #: The strategy whose runtime wrapped the model (one rank of it), or "" (the bare model).
+    wrapped: str = ""
     #: Cores' worth of CPU time the process got while it ran (its CPU time over the wall time):
     #: below ``threads`` where other processes took the rest of the cores.
     cpu_share: float = 1.0
@@ -61,7 +63,8 @@ class ComputeFigures:
     def source(self) -> str:
         return (f"measured: {self.steps} steps of one process on {self.device} at {self.threads} "
                 f"thread{'s' if self.threads > 1 else ''} ({self.cpu_share:.2f} of a core's time each), "
-                f"per-rank batch {self.batch_size}, checkpointing {self.checkpointing}")
+                f"per-rank batch {self.batch_size}, checkpointing {self.checkpointing}"
+                + (f", wrapped as one {self.wrapped} rank" if self.wrapped else ""))
 
 
 class _PhaseTimer(StepPhases):
@@ -101,23 +104,65 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+#: The strategies whose runtime is PyTorch's own, wrapped as the ranks wrap the model (one rank).
+WRAPPED = ("ddp", "fsdp", "fsdp-no-reshard")
+
+
+@contextlib.contextmanager
+def _one_rank(strategy: str, device: torch.device) -> Iterator[bool]:
+    """A process group of this process alone (gloo; an in-memory store) while the strategy's own
+    runtime is measured, when none is there already: True when the model is to be wrapped."""
+    import torch.distributed as dist
+
+    if strategy not in WRAPPED or not dist.is_available() or dist.is_initialized() or device.type != "cpu":
+        yield False
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield True
+    finally:
+        dist.destroy_process_group()
+
+
+def _wrap(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
+    """The model as the strategy's ranks hold it: DDP, or ``fully_shard`` on each block then the root."""
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    from ._checkpointing import block_units
+
+    for _, unit in block_units(model):
+        fully_shard(unit, reshard_after_forward=strategy != "fsdp-no-reshard")
+    wrapped = fully_shard(model)
+    assert isinstance(wrapped, torch.nn.Module)  # fully_shard returns the module, its class extended
+    return wrapped
+
+
 def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, checkpointing: str = "none",
-                    device: torch.device | str = "cpu", threads: int = CPU_RANK_THREADS, steps: int = 5,
-                    warmup: int = 2) -> ComputeFigures:
+                    strategy: str = "", device: torch.device | str = "cpu", threads: int = CPU_RANK_THREADS,
+                    steps: int = 5, warmup: int = 2) -> ComputeFigures:
     """Time ``steps`` of the fit loop's step of ``task`` (validated ``params``, its micro-batches)
     at ``batch_size`` on ``device`` at ``threads`` CPU threads, after ``warmup`` steps (the first
-    creates the optimizer state); each phase's median."""
+    creates the optimizer state); each phase's median. With ``strategy`` DDP or FSDP (on CPU) the
+    model runs wrapped as one rank of it holds it, in a process group of this process alone: the
+    runtime's own work per bucket and per unit (copies in and out, hooks) is in the phases, the
+    collectives between ranks are not."""
     dev = torch.device(device)
     spec = StepSpec.from_params(params)
     batch = move_to_device(next(iter(task.train_data(batch_size, params))), dev)
     micro = [batch] * spec.grad_accumulation
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    with _threads(threads):
+    with _threads(threads), _one_rank(strategy, dev) as wrap:
         state = torch.random.get_rng_state()
         torch.manual_seed(0)
         model = task.build_model(params).to(dev)
         torch.random.set_rng_state(state)
         apply_activation_checkpointing(model, checkpointing)
+        if wrap:
+            model = _wrap(model, strategy)
         optimizer = task.configure_optimizer(model, params)
         scaler = spec.grad_scaler(dev.type)
         per: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
@@ -131,8 +176,10 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
                 cpu += time.process_time() - c0
                 for phase, ms in timer.ms.items():
                     per[phase].append(ms)
+        wrapped = strategy if wrap else ""
     n = len(micro)
     return ComputeFigures(device=str(dev), threads=threads, batch_size=batch_size, checkpointing=checkpointing,
+                          wrapped=wrapped,
                           forward_ms=statistics.median(per["forward"]) / n,
                           backward_ms=statistics.median(per["backward"]) / n,
                           optimizer_ms=statistics.median(per["optimizer"]), steps=steps,

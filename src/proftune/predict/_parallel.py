@@ -133,9 +133,9 @@ class Evaluator:
     link: LinkFigures | None = None
     #: Times one process's step at (checkpointing, per-GPU batch) where the ranks would run
     #: (``_compute.measure_compute``); None: the roofline's compute, for ``roofline_reason``.
-    measure: Callable[[str, int], ComputeFigures] | None = None
+    measure: Callable[[str, str, int], ComputeFigures] | None = None
     roofline_reason: str = "compute='roofline'"
-    measured: dict[tuple[str, int], ComputeFigures | str] = field(default_factory=dict)
+    measured: dict[tuple[str, str, int], ComputeFigures | str] = field(default_factory=dict)
     points: dict[tuple[str, int], _Point] = field(default_factory=dict)
     traces: int = 0
 
@@ -169,7 +169,7 @@ class Evaluator:
         peak = max(phases, key=lambda p: p.total)
         memory = self.spec.memory_bytes
         plain = self.point("none", b, exact=exact) if checkpointing != "none" else pt
-        figures = self._measured(checkpointing, b, pt, exact=exact)
+        figures = self._measured(strategy.name, checkpointing, b, pt, exact=exact)
         step = self._time(strategy, s, offload, pt, micro, figures)
         global_batch = b * micro * n
         time_ms = step.get("time_ms")
@@ -189,7 +189,8 @@ class Evaluator:
             step=step, samples_per_s=per_s,
             tokens_per_s=per_s * self.tokens_per_sample if (per_s and self.tokens_per_sample) else None,
             collectives=tuple(c.to_dict() for c in strategy.collectives(s, n, micro)),
-            link=self._link(), compute=self._compute(checkpointing, b, figures), deepspeed=ds.to_dict(),
+            link=self._link(), compute=self._compute(strategy.name, checkpointing, b, figures),
+            deepspeed=ds.to_dict(),
             n_params=s.n_params,
             largest_layer_params=s.largest_layer_params,
             note="" if exact else "batch between traced ones: per-kind line through batches 1 and 2",
@@ -206,29 +207,31 @@ class Evaluator:
         return {"name": "inter-node" if across else "intra-node", "bytes_s": bw, "source": self.spec.link_source,
                 "overlaps": True}
 
-    def _measured(self, checkpointing: str, b: int, pt: _Point, *, exact: bool) -> ComputeFigures | None:
+    def _measured(self, strategy: str, checkpointing: str, b: int, pt: _Point, *,
+                  exact: bool) -> ComputeFigures | None:
         """One process's measured phases at per-GPU batch ``b``, or None where the roofline prices
         the compute (nothing can be measured, or the step is too large to time here)."""
         if self.measure is None:
             return None
         if not exact:  # a batch between traced ones: the line through the measured 1 and 2
-            lo = self._measured(checkpointing, 1, self.point(checkpointing, 1), exact=True)
-            hi = self._measured(checkpointing, 2, self.point(checkpointing, 2), exact=True)
+            lo = self._measured(strategy, checkpointing, 1, self.point(checkpointing, 1), exact=True)
+            hi = self._measured(strategy, checkpointing, 2, self.point(checkpointing, 2), exact=True)
             if lo is None or hi is None:
                 return None
             at = {k: max(0.0, getattr(lo, k) + (getattr(hi, k) - getattr(lo, k)) * (b - 1))
                   for k in ("forward_ms", "backward_ms", "optimizer_ms")}
-            return ComputeFigures(lo.device, lo.threads, b, checkpointing, steps=lo.steps, **at)
-        key = (checkpointing, b)
+            return ComputeFigures(lo.device, lo.threads, b, checkpointing, steps=lo.steps, wrapped=lo.wrapped,
+                                  cpu_share=lo.cpu_share, **at)
+        key = (strategy, checkpointing, b)
         if key not in self.measured:
             peak = max((sum(v.values()) for v in pt.breakdowns.values()), default=0)
             known = [v for v in pt.phase_ms.values() if v is not None]
             why = why_not_measured(peak, sum(known) if known else None)
-            self.measured[key] = why or self.measure(checkpointing, b)
+            self.measured[key] = why or self.measure(strategy, checkpointing, b)
         got = self.measured[key]
         return got if isinstance(got, ComputeFigures) else None
 
-    def _compute(self, checkpointing: str, b: int, figures: ComputeFigures | None) -> dict[str, Any]:
+    def _compute(self, strategy: str, checkpointing: str, b: int, figures: ComputeFigures | None) -> dict[str, Any]:
         """Where the step's compute figure comes from, as the plan states it beside the link."""
         sharing = self._sharing(figures)
         if figures is not None:
@@ -236,7 +239,7 @@ class Evaluator:
                     "threads_per_rank": figures.threads, "cpu_share": figures.cpu_share, "sharing": sharing,
                     "forward_ms": figures.forward_ms, "backward_ms": figures.backward_ms,
                     "optimizer_ms": figures.optimizer_ms}
-        why = self.measured.get((checkpointing, b))
+        why = self.measured.get((strategy, checkpointing, b))
         reason = why if isinstance(why, str) and why else self.roofline_reason
         return {"name": "roofline", "source": f"roofline of the {self.spec.name} table entry ({reason})",
                 "sharing": sharing}
