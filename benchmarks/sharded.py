@@ -7,11 +7,12 @@
    far from the whole model) at per-rank batch 2, fp32: the predicted per-rank peak
    (``--target cpu``) beside the measured one (PyTorch's ``FSDPMemTracker`` / ``MemTracker``,
    the highest rank; the CPU memory profile's running sum beside it), and the predicted step
-   beside the measured one (median of 5 timed steps, the median rank) three ways: the roofline's
-   compute plus the collectives over the link measured in those ranks (a short sweep after their
-   steps), the same with the device table's link figure, and one rank's measured step alone
-   (one process, one thread) plus the measured link's collectives. Goal: peak within 10%, step
-   within 25%. ``--models TinyBert TinyLlama`` runs the ``transformers`` models instead.
+   beside the measured one (median of 5 timed steps, the median rank) three ways: predict's own
+   (``compute="auto"``: one process's step timed here at one thread and the per-rank batch,
+   slowed by the ranks sharing the cores and the load it met, plus the collectives over the link
+   measured in those ranks, a short sweep after their steps), the roofline's compute with that
+   link (``compute="roofline"``), and the roofline with the device table's link. Goal: peak
+   within 10%, step within 25%. ``--models TinyBert TinyLlama`` runs the ``transformers`` models instead.
 2. DeepSpeed: one GPU's model states (parameters, gradients, optimizer state) under ZeRO-2,
    ZeRO-3 and FSDP (priced by ZeRO-3's form) at 1, 2, 4 and 8 GPUs on one node, for GPT-2 small
    (124M), TinyLlama and a Llama-2-7B-shaped decoder, with DeepSpeed's own estimators called
@@ -83,29 +84,6 @@ def ratio(a: float | None, b: float | None) -> str:
 # -- 1. predicted vs measured on CPU ranks --------------------------------------------------------------
 
 
-def single_step_ms(task: str, params: dict[str, Any], batch_size: int, steps: int = 15) -> float:
-    """One process's step at one thread (the fit loop's own step, median of ``steps``): the
-    compute a rank would take alone, to price the link apart from the roofline's compute."""
-    import torch
-
-    from proftune.train import StepSpec, run_step
-
-    t = proftune.load_task(task)
-    full = proftune.train.validate_params({**t.default_params, **params})
-    spec = StepSpec.from_params(full)
-    batch = next(iter(t.train_data(batch_size, full)))
-    torch.manual_seed(0)
-    model = t.build_model(full)
-    optimizer = t.configure_optimizer(model, full)
-    times = []
-    for i in range(steps + 2):
-        t0 = time.perf_counter()
-        run_step(t, model, optimizer, [batch] * spec.grad_accumulation, spec, device_type="cpu")
-        if i >= 2:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[str, ...] = ("DeepBlocks",),
                    strategies: tuple[str, ...] = ("ddp", "fsdp"), checkpointing: tuple[str, ...] = ("none", "full"),
                    accumulation: tuple[int, ...] = (1, 4), batch_size: int = 2) -> dict[str, list[float]]:
@@ -120,8 +98,9 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
           "16 KiB-4 MiB); 'table' = the device table's cpu figure (a quarter of the copy bandwidth, no latency)")
     print(f"{'model':10s} {'N':>2s} {'strategy':8s} {'ckpt':5s} {'acc':>3s} {'pred MiB':>9s} {'meas MiB':>9s} "
           f"{'pred/meas':>9s} {'prof MiB':>9s} {'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'table ms':>8s} "
-          f"{'tbl/meas':>8s} {'1-rank ms':>9s} {'(1r+comm)/meas':>14s} {'wall s':>7s}")
-    out: dict[str, list[float]] = {"peak": [], "step": [], "step_table": [], "step_alone": []}
+          f"{'tbl/meas':>8s} {'roof ms':>8s} {'roof/meas':>9s} {'share':>5s} {'sharing':>7s} {'wall s':>7s}")
+    out: dict[str, list[float]] = {"peak": [], "step": [], "step_table": [], "step_roofline": []}
+    rows: list[tuple[int, str, str, int, float, float]] = []
     links: dict[int, Any] = {}
     for label in models:
         task = MEASURED_TASKS[label]
@@ -143,29 +122,38 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
                         kw = {"batch_size": batch_size, "target": "cpu", "gpus": n, "strategy": strategy,
                               "activation_checkpointing": ckpt, "max_batch": False}
                         p = predict(task, params, link=link, **kw).parallel
-                        tbl = predict(task, params, link="table", **kw).parallel
+                        tbl = predict(task, params, link="table", compute="roofline", **kw).parallel
+                        roof = predict(task, params, link=link, compute="roofline", **kw).parallel
                         assert p is not None
                         assert tbl is not None
-                        alone = single_step_ms(task, params, batch_size) * max(1.0, n / (os.cpu_count() or 1))
-                        with_comm = alone + float(p.step["exposed_comm_ms"] or 0.0)
+                        assert roof is not None
+                        pred_ms = float(p.step["time_ms"] or 0)
                         out["peak"].append(p.peak_bytes / peak - 1)
-                        out["step"].append(float(p.step["time_ms"] or 0) / step_ms)
+                        out["step"].append(pred_ms / step_ms)
                         out["step_table"].append(float(tbl.step["time_ms"] or 0) / step_ms)
-                        out["step_alone"].append(with_comm / step_ms)
+                        out["step_roofline"].append(float(roof.step["time_ms"] or 0) / step_ms)
+                        rows.append((n, strategy, ckpt, acc, pred_ms, step_ms))
                         print(f"{label:10s} {n:2d} {strategy:8s} {ckpt:5s} {acc:3d} {mib(p.peak_bytes):>9s} "
                               f"{mib(peak):>9s} {ratio(p.peak_bytes, peak):>9s} {mib(prof):>9s} "
                               f"{p.step['time_ms'] or 0:8.2f} {step_ms:8.2f} {ratio(p.step['time_ms'], step_ms):>9s} "
                               f"{tbl.step['time_ms'] or 0:8.2f} {ratio(tbl.step['time_ms'], step_ms):>8s} "
-                              f"{alone:9.2f} {ratio(with_comm, step_ms):>14s} {time.perf_counter() - t0:7.1f}",
-                              flush=True)
+                              f"{roof.step['time_ms'] or 0:8.2f} {ratio(roof.step['time_ms'], step_ms):>9s} "
+                              f"{p.compute.get('cpu_share', 0):5.2f} {p.compute.get('sharing', 0):7.2f} "
+                              f"{time.perf_counter() - t0:7.1f}", flush=True)
     for n, link in links.items():
         print(f"link measured on {n} ranks (last run): " + "; ".join(
             f"{k} {v['latency_s'] * 1e6:.0f} us + bytes / {v['bytes_s'] / 1e9:.3g} GB/s"
             for k, v in link.collectives.items()))
     errs = [abs(e) for e in out["peak"]]
     print(f"peak: max |error| {max(errs):.2%}, median {statistics.median(errs):.2%} (goal <= 10%)")
-    for key, what in (("step", "roofline compute + measured link"), ("step_table", "roofline compute + table link"),
-                      ("step_alone", "one rank's measured step + measured link")):
+    print("\nthe step, predict's own (measured compute + measured link):")
+    print(f"{'ranks':>5s} {'strategy':8s} {'ckpt':5s} {'acc':>3s} {'predicted ms':>12s} {'measured ms':>11s} "
+          f"{'ratio':>6s}")
+    for n, strategy, ckpt, acc, pred_ms, step_ms in rows:
+        print(f"{n:5d} {strategy:8s} {ckpt:5s} {acc:3d} {pred_ms:12.2f} {step_ms:11.2f} {pred_ms / step_ms:6.2f}")
+    for key, what in (("step", "measured compute + measured link (predict's own)"),
+                      ("step_roofline", "roofline compute + measured link"),
+                      ("step_table", "roofline compute + table link")):
         r = out[key]
         print(f"step pred/meas, {what}: median {statistics.median(r):.2f}, range {min(r):.2f}-{max(r):.2f}, "
               f"within 25% in {sum(abs(x - 1) <= 0.25 for x in r)} of {len(r)}")

@@ -24,6 +24,7 @@ from ..profile import ParamCounts
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
 from ..train import validate_params
+from ._compute import CPU_RANK_THREADS, measure_compute
 from ._devices import DeviceSpec, price_phases, resolve_target
 from ._link import LinkFigures, measure_link
 from ._memory_model import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
@@ -152,6 +153,10 @@ class PredictConfig:
     #: ``table`` (the datasheet's), ``measure`` (a short sweep between ``gpus`` ranks of this
     #: machine: gloo, or nccl on as many GPUs), or figures measured before (``LinkFigures`` or its dict).
     link: str | dict[str, Any] | LinkFigures = "auto"
+    #: The step's compute: ``auto`` (a few steps of one process timed where the ranks would run:
+    #: this CPU for target ``cpu``, at one thread per rank; this CUDA GPU when it is the target),
+    #: else the roofline of the target's table entry) or ``roofline``.
+    compute: str = "auto"
 
 
 def predict(
@@ -184,7 +189,8 @@ def predict(
     merged = validate_params(merged)
     prec = str(merged.get("precision", "fp32"))
     validate_parallel(gpus=cfg.gpus, nodes=cfg.nodes, strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
-                      offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch, link=cfg.link)
+                      offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch, link=cfg.link,
+                      compute=cfg.compute)
     if cfg.plan and not batch_size:
         batch_size, max_batch = 1, False
     if cfg.gpus is not None and cfg.strategy is None and not cfg.plan:
@@ -207,7 +213,8 @@ def predict(
                   "calibrate": calibrate, "device": str(dev), "gpus": cfg.gpus, "nodes": cfg.nodes,
                   "strategy": cfg.strategy, "activation_checkpointing": cfg.activation_checkpointing,
                   "offload": cfg.offload, "plan": cfg.plan, "global_batch": cfg.global_batch,
-                  "link": cfg.link.to_dict() if isinstance(cfg.link, LinkFigures) else cfg.link}
+                  "link": cfg.link.to_dict() if isinstance(cfg.link, LinkFigures) else cfg.link,
+                  "compute": cfg.compute}
     # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
     with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
         result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
@@ -230,7 +237,8 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
     tracer = _tracer(task_obj, merged, prec, foreach, cfg.activation_checkpointing)
-    parallel, plan_result = _parallel(task_obj, merged, prec, foreach, tracer, spec, batch_size, cfg, started)
+    parallel, plan_result = _parallel(task_obj, merged, prec, foreach, tracer, spec, batch_size, cfg, started,
+                                      dev)
     traces: dict[int, _Trace] = {}
 
     def peak_at(b: int) -> int:
@@ -269,8 +277,8 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
 
 
 def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, tracer: StepTracer,
-              spec: DeviceSpec, batch_size: int, cfg: PredictConfig,
-              started: float) -> tuple[ParallelPrediction | None, ParallelPlan | None]:
+              spec: DeviceSpec, batch_size: int, cfg: PredictConfig, started: float,
+              dev: torch.device) -> tuple[ParallelPrediction | None, ParallelPlan | None]:
     """The per-GPU prediction (``strategy``) or the plan, when ``gpus`` is given."""
     if cfg.gpus is None:
         return None, None
@@ -281,8 +289,15 @@ def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, 
             tracers[mode] = StepTracer(task_obj, merged, precision=prec, foreach=foreach, checkpointing=mode)
         return tracers[mode]
 
+    where, why = _compute_device(cfg, spec, dev)
+
+    def measure(strategy: str, mode: str, b: int) -> Any:
+        threads = CPU_RANK_THREADS if where is not None and where.type == "cpu" else torch.get_num_threads()
+        return measure_compute(task_obj, merged, batch_size=b, checkpointing=mode, strategy=strategy,
+                               device=where or "cpu", threads=threads)
+
     ev = Evaluator(tracer_for, spec, cfg.gpus, cfg.nodes or 1, tokens_per_sample=_tokens_per_sample(tracer.sample),
-                   link=_resolve_link(cfg, spec))
+                   link=_resolve_link(cfg, spec), measure=None if where is None else measure, roofline_reason=why)
     if not cfg.plan:
         one = ev.evaluate(STRATEGIES[cfg.strategy or "ddp"], cfg.activation_checkpointing, cfg.offload, batch_size,
                           tracer.grad_accumulation)
@@ -291,6 +306,19 @@ def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, 
     return None, ParallelPlan(gpus=cfg.gpus, nodes=cfg.nodes or 1, global_batch=int(cfg.global_batch or 0),
                               tokens_per_sample=ev.tokens_per_sample, options=tuple(options),
                               rejected=tuple(rejected), traces=ev.traces, seconds=time.perf_counter() - started)
+
+
+def _compute_device(cfg: PredictConfig, spec: DeviceSpec, dev: torch.device) -> tuple[torch.device | None, str]:
+    """Where one process's step is timed for the compute (None: the roofline's), and why not."""
+    if cfg.compute == "roofline":
+        return None, "compute='roofline'"
+    if (cfg.nodes or 1) > 1:
+        return None, f"nodes={cfg.nodes}: the ranks are not this machine's"
+    if spec.name == "cpu":
+        return torch.device("cpu"), ""
+    if dev.type == "cuda" and _local_target(dev) == spec.name:
+        return dev, ""
+    return None, f"no {spec.name} here to measure on"
 
 
 def _resolve_link(cfg: PredictConfig, spec: DeviceSpec) -> LinkFigures | None:

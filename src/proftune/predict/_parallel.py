@@ -3,21 +3,24 @@ strategy (``_sharding.py``), and the plan that ranks every strategy that fits.
 
 The single-device step is traced on fake tensors (with the blocks checkpointed as asked); the
 strategy shards the model states of each phase's peak and adds its buffers; the step's time is
-the roofline's compute at the per-GPU batch, plus the collectives' bytes over the interconnect
-(``DeviceSpec.intra_node_bytes_s`` within a node, ``inter_node_bytes_s`` across nodes), hidden
-behind the phase each overlaps with as far as that phase lasts, plus offload's host traffic.
+the compute at the per-GPU batch (one process's measured phases where the ranks would run here,
+``_compute.py``, slowed by the ranks sharing the cores; else the roofline's), plus the
+collectives over the link (measured, or ``DeviceSpec.intra_node_bytes_s`` within a node,
+``inter_node_bytes_s`` across nodes), each hidden behind the phase it overlaps with as the runtime
+overlaps it (all but one bucket's or one unit's call, as far as that phase lasts, and on CPU ranks
+only where a core is free for it), plus offload's host traffic.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..exceptions import ProblemCollector
 from ._checkpointing import CHECKPOINTING
+from ._compute import COMPUTE, ComputeFigures, rank_sharing, spare_cores_per_rank, why_not_measured
 from ._devices import DeviceSpec, price_phases
 from ._link import LinkFigures
 from ._memory_model import MIN_MARGIN_FRACTION
@@ -34,7 +37,7 @@ HOST_OPTIMIZER_BYTES_S = 50e9
 
 
 def validate_parallel(*, gpus: Any, nodes: Any, strategy: Any, checkpointing: Any, offload: Any,
-                      plan: bool, global_batch: Any, link: Any = "auto") -> None:
+                      plan: bool, global_batch: Any, link: Any = "auto", compute: Any = "auto") -> None:
     """One ConfigError naming every problem of the parallel options."""
     problems = ProblemCollector()
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
@@ -58,16 +61,22 @@ def validate_parallel(*, gpus: Any, nodes: Any, strategy: Any, checkpointing: An
                      f"{', '.join(STRATEGIES[strategy].offloads)}.")
     if (strategy is not None or checkpointing != "none" or offload != "none") and gpus is None and not plan:
         problems.add("strategy=, activation_checkpointing= and offload= need gpus= (the data-parallel GPUs).")
-    if not isinstance(link, (dict, LinkFigures)) and link not in LINKS:
-        problems.add(f"link={link!r} is unknown; valid: {', '.join(LINKS)}, or measured LinkFigures.")
-    elif link == "measure" and (gpus is None or (isinstance(gpus, int) and gpus < 2)):
-        problems.add(f"link='measure' needs gpus= of at least 2 (the ranks to measure between), but got {gpus=}.")
+    _timing_problems(problems, gpus=gpus, link=link, compute=compute)
     if plan:
         _plan_problems(problems, gpus=gpus, strategy=strategy, global_batch=global_batch)
     if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
                                      or global_batch < 1):
         problems.add(f"global_batch must be a positive integer, but got {global_batch=}.")
     problems.raise_if_any()
+
+
+def _timing_problems(problems: ProblemCollector, *, gpus: Any, link: Any, compute: Any) -> None:
+    if not isinstance(link, (dict, LinkFigures)) and link not in LINKS:
+        problems.add(f"link={link!r} is unknown; valid: {', '.join(LINKS)}, or measured LinkFigures.")
+    elif link == "measure" and (gpus is None or (isinstance(gpus, int) and gpus < 2)):
+        problems.add(f"link='measure' needs gpus= of at least 2 (the ranks to measure between), but got {gpus=}.")
+    if compute not in COMPUTE:
+        problems.add(f"compute={compute!r} is unknown; valid: {', '.join(COMPUTE)}.")
 
 
 def _plan_problems(problems: ProblemCollector, *, gpus: Any, strategy: Any, global_batch: Any) -> None:
@@ -122,6 +131,11 @@ class Evaluator:
     #: The link measured between this machine's ranks (``_link.measure_link``); None: the
     #: target's datasheet figure (``DeviceSpec.intra_node_bytes_s`` / ``inter_node_bytes_s``).
     link: LinkFigures | None = None
+    #: Times one process's step at (checkpointing, per-GPU batch) where the ranks would run
+    #: (``_compute.measure_compute``); None: the roofline's compute, for ``roofline_reason``.
+    measure: Callable[[str, str, int], ComputeFigures] | None = None
+    roofline_reason: str = "compute='roofline'"
+    measured: dict[tuple[str, str, int], ComputeFigures | str] = field(default_factory=dict)
     points: dict[tuple[str, int], _Point] = field(default_factory=dict)
     traces: int = 0
 
@@ -155,7 +169,8 @@ class Evaluator:
         peak = max(phases, key=lambda p: p.total)
         memory = self.spec.memory_bytes
         plain = self.point("none", b, exact=exact) if checkpointing != "none" else pt
-        step = self._time(strategy, s, offload, pt, micro)
+        figures = self._measured(strategy.name, checkpointing, b, pt, exact=exact)
+        step = self._time(strategy, s, offload, pt, micro, figures)
         global_batch = b * micro * n
         time_ms = step.get("time_ms")
         per_s = global_batch / (float(time_ms) / 1e3) if time_ms else None
@@ -174,7 +189,9 @@ class Evaluator:
             step=step, samples_per_s=per_s,
             tokens_per_s=per_s * self.tokens_per_sample if (per_s and self.tokens_per_sample) else None,
             collectives=tuple(c.to_dict() for c in strategy.collectives(s, n, micro)),
-            link=self._link(), deepspeed=ds.to_dict(), n_params=s.n_params,
+            link=self._link(), compute=self._compute(strategy.name, checkpointing, b, figures),
+            deepspeed=ds.to_dict(),
+            n_params=s.n_params,
             largest_layer_params=s.largest_layer_params,
             note="" if exact else "batch between traced ones: per-kind line through batches 1 and 2",
         )
@@ -190,14 +207,57 @@ class Evaluator:
         return {"name": "inter-node" if across else "intra-node", "bytes_s": bw, "source": self.spec.link_source,
                 "overlaps": True}
 
-    def _time(self, strategy: BaseStrategy, s: ModelSizes, offload: str, pt: _Point,
-              micro: int) -> dict[str, float | None]:
-        fwd, bwd, opt = (pt.phase_ms.get(p) for p in ("forward", "backward", "optimizer"))
-        if fwd is None or bwd is None or opt is None:
-            return {"compute_ms": None, "comm_ms": None, "exposed_comm_ms": None, "offload_ms": None, "time_ms": None}
-        # the trace's phase times hold its micro-batches: one micro-batch's, for ``micro`` of them
-        fwd, bwd = fwd / pt.micro_batches, bwd / pt.micro_batches
+    def _measured(self, strategy: str, checkpointing: str, b: int, pt: _Point, *,
+                  exact: bool) -> ComputeFigures | None:
+        """One process's measured phases at per-GPU batch ``b``, or None where the roofline prices
+        the compute (nothing can be measured, or the step is too large to time here)."""
+        if self.measure is None:
+            return None
+        if not exact:  # a batch between traced ones: the line through the measured 1 and 2
+            lo = self._measured(strategy, checkpointing, 1, self.point(checkpointing, 1), exact=True)
+            hi = self._measured(strategy, checkpointing, 2, self.point(checkpointing, 2), exact=True)
+            if lo is None or hi is None:
+                return None
+            at = {k: max(0.0, getattr(lo, k) + (getattr(hi, k) - getattr(lo, k)) * (b - 1))
+                  for k in ("forward_ms", "backward_ms", "optimizer_ms")}
+            return ComputeFigures(lo.device, lo.threads, b, checkpointing, steps=lo.steps, wrapped=lo.wrapped,
+                                  cpu_share=lo.cpu_share, **at)
+        key = (strategy, checkpointing, b)
+        if key not in self.measured:
+            peak = max((sum(v.values()) for v in pt.breakdowns.values()), default=0)
+            known = [v for v in pt.phase_ms.values() if v is not None]
+            why = why_not_measured(peak, sum(known) if known else None)
+            self.measured[key] = why or self.measure(strategy, checkpointing, b)
+        got = self.measured[key]
+        return got if isinstance(got, ComputeFigures) else None
+
+    def _compute(self, strategy: str, checkpointing: str, b: int, figures: ComputeFigures | None) -> dict[str, Any]:
+        """Where the step's compute figure comes from, as the plan states it beside the link."""
+        sharing = self._sharing(figures)
+        if figures is not None:
+            return {"name": "measured", "source": figures.source, "device": figures.device,
+                    "threads_per_rank": figures.threads, "cpu_share": figures.cpu_share, "sharing": sharing,
+                    "forward_ms": figures.forward_ms, "backward_ms": figures.backward_ms,
+                    "optimizer_ms": figures.optimizer_ms}
+        why = self.measured.get((strategy, checkpointing, b))
+        reason = why if isinstance(why, str) and why else self.roofline_reason
+        return {"name": "roofline", "source": f"roofline of the {self.spec.name} table entry ({reason})",
+                "sharing": sharing}
+
+    def _time(self, strategy: BaseStrategy, s: ModelSizes, offload: str, pt: _Point, micro: int,
+              figures: ComputeFigures | None = None) -> dict[str, float | None]:
+        if figures is not None:
+            fwd, bwd, opt = figures.forward_ms, figures.backward_ms, figures.optimizer_ms
+        else:
+            traced = [pt.phase_ms.get(p) for p in ("forward", "backward", "optimizer")]
+            if any(v is None for v in traced):
+                return {"compute_ms": None, "comm_ms": None, "exposed_comm_ms": None, "offload_ms": None,
+                        "time_ms": None}
+            # the trace's phase times hold its micro-batches: one micro-batch's, for ``micro`` of them
+            fwd, bwd, opt = (float(traced[0] or 0) / pt.micro_batches, float(traced[1] or 0) / pt.micro_batches,
+                             float(traced[2] or 0))
         n = self.gpus
+        sharing = self._sharing(figures)
         opt_ms = opt / n if strategy.shards_optimizer else opt
         offload_ms = 0.0
         if offload != "none":
@@ -207,11 +267,12 @@ class Evaluator:
             offload_ms = 1e3 * (shard / host + 2 * (s.optimizer_bytes + s.params_bytes) / n / HOST_OPTIMIZER_BYTES_S)
             if offload == "params":
                 offload_ms += 1e3 * micro * 2 * s.params_bytes / n / host
-        compute = (micro * (fwd + bwd) + opt_ms) * self._sharing()
+        compute = (micro * (fwd + bwd) + opt_ms) * sharing
         link = self._link()
         bw = link["bytes_s"]
+        beside = self._overlap(link)
         comm = exposed = 0.0
-        window = {"forward": fwd, "backward": bwd}
+        window = {"forward": fwd * sharing, "backward": bwd * sharing}
         by_phase: dict[str, list[float]] = {}
         for c in strategy.collectives(s, n, micro):
             if self.link is not None:
@@ -219,10 +280,14 @@ class Evaluator:
             else:
                 ms = 1e3 * c.bytes_per_gpu * c.times / bw if bw else 0.0
             comm += ms
-            if c.overlaps and link["overlaps"]:
+            if c.overlaps and beside > 0:
+                # each time, one call has nothing to run beside: the first unit's all-gather
+                # before any compute, the last bucket's or unit's reduction after it
+                hideable = beside * ms * (1 - 1 / max(c.calls, 1))
                 acc = by_phase.setdefault(c.overlaps, [0.0, 0.0])
-                acc[0] += ms
+                acc[0] += hideable
                 acc[1] = max(acc[1], c.times * window[c.overlaps])
+                exposed += ms - hideable
             else:
                 exposed += ms
         for hidden, span in by_phase.values():
@@ -230,12 +295,22 @@ class Evaluator:
         return {"compute_ms": compute, "comm_ms": comm, "exposed_comm_ms": exposed, "offload_ms": offload_ms,
                 "time_ms": compute + exposed + offload_ms}
 
-    def _sharing(self) -> float:
-        """How many ranks share one core: ``gpus`` CPU ranks of this machine (target ``cpu``, one
-        thread each) on fewer cores than ranks run each in its share of the time."""
+    def _overlap(self, link: dict[str, Any]) -> float:
+        """The share of an overlapping collective that can run beside compute: on this machine's
+        CPU ranks, as far as a core is free for each rank's collectives (gloo's thread); on GPUs,
+        all of it where the link runs on its own streams."""
+        if self.spec.name == "cpu":
+            return spare_cores_per_rank(self.gpus)
+        return 1.0 if link["overlaps"] else 0.0
+
+    def _sharing(self, figures: ComputeFigures | None = None) -> float:
+        """How much slower each rank computes than one process alone: ``gpus`` CPU ranks of this
+        machine (target ``cpu``) at their threads share its cores; GPUs each have their own."""
         if self.spec.name != "cpu":
             return 1.0
-        return max(1.0, self.gpus / _cores())
+        if figures is not None:
+            return rank_sharing(self.gpus, threads=figures.threads, cpu_share=figures.cpu_share)
+        return rank_sharing(self.gpus)
 
     def _max_batch(self, strategy: BaseStrategy, checkpointing: str, offload: str, micro: int) -> int:
         """The largest per-GPU batch whose peak plus batch-size's smallest margin fits: each
@@ -254,13 +329,6 @@ class Evaluator:
             if slope > 0:
                 best = min(best, math.floor((budget - base) / slope))
         return max(0, best)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _line(lo: _Point, hi: _Point, b: int) -> _Point:

@@ -126,8 +126,8 @@ class ParallelPrediction:
     device_memory_bytes: int | None
     fits: bool | None
     max_batch_size: int | None
-    #: Milliseconds: compute (roofline, every micro-batch), the collectives in all, the part not
-    #: hidden, the host traffic of offload, and the step.
+    #: Milliseconds: compute (measured or roofline, as ``compute`` says; every micro-batch), the
+    #: collectives in all, the part not hidden, the host traffic of offload, and the step.
     step: dict[str, float | None]
     samples_per_s: float | None
     tokens_per_s: float | None
@@ -137,6 +137,9 @@ class ParallelPrediction:
     n_params: int
     largest_layer_params: int
     note: str = ""
+    #: Where the step's compute comes from: ``name`` measured (one process's phases, ms, and the
+    #: ranks' ``sharing`` of the cores) or roofline, and ``source`` (empty in records before it).
+    compute: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(json_safe(dataclasses.asdict(self)))

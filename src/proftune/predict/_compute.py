@@ -1,0 +1,218 @@
+"""The compute part of a data-parallel step, measured where it can be: a few of the fit loop's
+own steps (:func:`proftune.train.run_step`) of one process at the per-rank batch, timed by phase,
+on the device the ranks would run on, at the threads one rank would have.
+
+The roofline's compute is what a device's peak FLOPs and bandwidth allow; on a CPU, small
+matmuls reach a fraction of that peak (one process's step measures 2-4x the roofline's), so a
+prediction for this machine's ranks (``target="cpu"``, or the CUDA GPU proftune runs on) times
+the step instead, and keeps the roofline only where nothing can be measured: a named GPU that
+is not here, or a model too large to run here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._device import move_to_device
+from .._machine import available_memory_bytes, cores
+from ..task import Task
+from ..train import StepPhases, StepSpec, run_step
+from ._checkpointing import apply_activation_checkpointing
+
+__all__ = ["COMPUTE", "ComputeFigures", "measure_compute", "rank_sharing", "spare_cores_per_rank", "why_not_measured"]
+
+#: Where the step's compute comes from: ``auto`` (measured where the ranks would run here, else
+#: the roofline) or ``roofline`` (the device table's peak FLOPs and bandwidth, always).
+COMPUTE = ("auto", "roofline")
+#: Threads each CPU rank computes with: ``torchrun`` sets ``OMP_NUM_THREADS=1`` for more than one
+#: process per node, as ``measure_link`` and the gloo benchmarks do.
+CPU_RANK_THREADS = 1
+#: Measured only when the roofline's step is below this (ms; it reads 2-4x low on a CPU) and the
+#: traced peak below this share of the available host memory.
+MAX_ROOFLINE_STEP_MS = 2000.0
+MAX_MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ComputeFigures:
+    """One process's measured phases at ``batch_size`` (median of ``steps`` timed steps after
+    warm-up): forward and backward per micro-batch, the whole model's optimizer step, in ms."""
+
+    device: str
+    threads: int
+    batch_size: int
+    checkpointing: str
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    steps: int
+    #: The strategy whose runtime wrapped the model (one rank of it), or "" (the bare model).
+    wrapped: str = ""
+    #: Cores' worth of CPU time the process got while it ran (its CPU time over the wall time):
+    #: below ``threads`` where other processes took the rest of the cores.
+    cpu_share: float = 1.0
+
+    @property
+    def source(self) -> str:
+        return (f"measured: {self.steps} steps of one process on {self.device} at {self.threads} "
+                f"thread{'s' if self.threads > 1 else ''} ({self.cpu_share:.2f} of a core's time each), "
+                f"per-rank batch {self.batch_size}, checkpointing {self.checkpointing}"
+                + (f", wrapped as one {self.wrapped} rank" if self.wrapped else ""))
+
+
+class _PhaseTimer(StepPhases):
+    """Milliseconds spent in each phase of the steps it wraps."""
+
+    def __init__(self, sync: Any) -> None:
+        self.sync = sync
+        self.ms = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        self.sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.ms[phase] += (time.perf_counter() - t0) * 1e3
+
+    def forward(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("forward")
+
+    def backward(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("backward")
+
+    def optimizer(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("optimizer")
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+#: The strategies whose runtime is PyTorch's own, wrapped as the ranks wrap the model (one rank).
+WRAPPED = ("ddp", "fsdp", "fsdp-no-reshard")
+
+
+@contextlib.contextmanager
+def _one_rank(strategy: str, device: torch.device) -> Iterator[bool]:
+    """A process group of this process alone (gloo; an in-memory store) while the strategy's own
+    runtime is measured, when none is there already: True when the model is to be wrapped."""
+    import torch.distributed as dist
+
+    if strategy not in WRAPPED or not dist.is_available() or dist.is_initialized() or device.type != "cpu":
+        yield False
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield True
+    finally:
+        dist.destroy_process_group()
+
+
+def _wrap(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
+    """The model as the strategy's ranks hold it: DDP, or ``fully_shard`` on each block then the root."""
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    from ._checkpointing import block_units
+
+    for _, unit in block_units(model):
+        fully_shard(unit, reshard_after_forward=strategy != "fsdp-no-reshard")
+    wrapped = fully_shard(model)
+    assert isinstance(wrapped, torch.nn.Module)  # fully_shard returns the module, its class extended
+    return wrapped
+
+
+def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, checkpointing: str = "none",
+                    strategy: str = "", device: torch.device | str = "cpu", threads: int = CPU_RANK_THREADS,
+                    steps: int = 5, warmup: int = 2) -> ComputeFigures:
+    """Time ``steps`` of the fit loop's step of ``task`` (validated ``params``, its micro-batches)
+    at ``batch_size`` on ``device`` at ``threads`` CPU threads, after ``warmup`` steps (the first
+    creates the optimizer state); each phase's median. With ``strategy`` DDP or FSDP (on CPU) the
+    model runs wrapped as one rank of it holds it, in a process group of this process alone: the
+    runtime's own work per bucket and per unit (copies in and out, hooks) is in the phases, the
+    collectives between ranks are not."""
+    dev = torch.device(device)
+    spec = StepSpec.from_params(params)
+    batch = move_to_device(next(iter(task.train_data(batch_size, params))), dev)
+    micro = [batch] * spec.grad_accumulation
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    with _threads(threads), _one_rank(strategy, dev) as wrap:
+        state = torch.random.get_rng_state()
+        torch.manual_seed(0)
+        model = task.build_model(params).to(dev)
+        torch.random.set_rng_state(state)
+        apply_activation_checkpointing(model, checkpointing)
+        if wrap:
+            model = _wrap(model, strategy)
+        optimizer = task.configure_optimizer(model, params)
+        scaler = spec.grad_scaler(dev.type)
+        per: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+        wall = cpu = 0.0
+        for i in range(warmup + steps):
+            timer = _PhaseTimer(sync)
+            w0, c0 = time.perf_counter(), time.process_time()
+            run_step(task, model, optimizer, micro, spec, device_type=dev.type, scaler=scaler, phases=timer)
+            if i >= warmup:
+                wall += time.perf_counter() - w0
+                cpu += time.process_time() - c0
+                for phase, ms in timer.ms.items():
+                    per[phase].append(ms)
+        wrapped = strategy if wrap else ""
+    n = len(micro)
+    return ComputeFigures(device=str(dev), threads=threads, batch_size=batch_size, checkpointing=checkpointing,
+                          wrapped=wrapped,
+                          forward_ms=statistics.median(per["forward"]) / n,
+                          backward_ms=statistics.median(per["backward"]) / n,
+                          optimizer_ms=statistics.median(per["optimizer"]), steps=steps,
+                          cpu_share=min(float(threads), cpu / wall) if wall > 0 and dev.type == "cpu" else 1.0)
+
+
+def rank_sharing(ranks: int, *, threads: int = CPU_RANK_THREADS, n_cores: int | None = None,
+                 cpu_share: float | None = None) -> float:
+    """How much slower each of ``ranks`` CPU processes of ``threads`` threads computes than the
+    one process measured alone, on this machine's cores shared in equal parts by the runnable
+    threads (4 one-thread ranks on 2 cores each get half a core). ``cpu_share``: the cores' worth
+    of time that process got; below ``threads``, other processes' runnable threads took the rest
+    (c / share - 1 of them per thread), and they stay beside the ranks."""
+    c = float(n_cores or cores())
+    alone = min(1.0, (cpu_share if cpu_share is not None else threads) / threads)
+    others = c / alone - threads if alone < 1.0 else 0.0
+    shared = min(1.0, c / (ranks * threads + others))
+    return max(1.0, alone / shared)
+
+
+def spare_cores_per_rank(ranks: int, *, threads: int = CPU_RANK_THREADS, n_cores: int | None = None) -> float:
+    """Cores left over per CPU rank once every rank's compute threads have one (0..1): where a
+    rank's collectives (gloo's own thread) can run beside its compute."""
+    free = (n_cores or cores()) - ranks * threads
+    return max(0.0, min(1.0, free / max(ranks, 1)))
+
+
+def why_not_measured(peak_bytes: int, roofline_ms: float | None) -> str:
+    """Why a step of this size is not timed here ("" when it is)."""
+    if roofline_ms is not None and roofline_ms > MAX_ROOFLINE_STEP_MS:
+        return f"the roofline's step is {roofline_ms:.0f} ms (measured only below {MAX_ROOFLINE_STEP_MS:.0f} ms)"
+    avail = available_memory_bytes()
+    if avail is not None and peak_bytes > MAX_MEMORY_SHARE * avail:
+        return (f"its peak of {peak_bytes / 2**30:.2f} GiB is over {MAX_MEMORY_SHARE:.0%} of the "
+                f"{avail / 2**30:.2f} GiB available here")
+    return ""
