@@ -66,6 +66,53 @@ def test_sigterm_to_train_records_the_run_interrupted(tmp_path: Path) -> None:
     assert '"interrupted"' in listed.stdout
 
 
+_WAITS_IN_EXEC = """
+from proftune.examples._digits import DigitsMLP
+
+
+class WaitsInExec(DigitsMLP):
+    name = "waits-in-exec"
+
+    def loss(self, model, batch):
+        # the step runs code made from a string (as a dataclass or namedtuple made by a lazy
+        # import does), says so, and waits there for the signal
+        exec("open(MARKER, 'w').close()\\nimport signal\\nsignal.pause()", {"MARKER": MARKER})
+        return super().loss(model, batch)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_inside_code_run_from_a_string_still_exits_130(tmp_path: Path, sig: signal.Signals) -> None:
+    """The signal lands where it was once seen under load: inside ``exec(str)``. CPython then marks
+    the KeyboardInterrupt unhandled even though the CLI catches it, and ``python -m`` used to end
+    killed by SIGINT (-2) after printing "interrupted"."""
+    marker = tmp_path / "waiting"
+    task = tmp_path / "waits.py"
+    task.write_text(f"MARKER = {str(marker)!r}\n" + _WAITS_IN_EXEC)
+    db = tmp_path / "w.db"
+    proc = subprocess.Popen([sys.executable, "-m", "proftune.cli", "train", str(task), "--epochs", "1",
+                             "--threads", "1", "--db", f"sqlite:///{db}"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 90
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, "the step did not reach its exec"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().endswith("interrupted"), err
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("SELECT status FROM proftune_runs").fetchall() == [("interrupted",)]
+    finally:
+        con.close()
+
+
 @pytest.mark.slow  # ~20-30 s: compress trains its baseline before the temp folder exists
 def test_sigterm_to_compress_removes_its_temp_folder(tmp_path: Path) -> None:
     db, tmp = tmp_path / "c.db", tmp_path / "tmp"

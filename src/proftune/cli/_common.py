@@ -151,6 +151,18 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _interrupt_handled() -> None:
+    """Tell CPython that the KeyboardInterrupt was handled, so that the process exits 130.
+
+    A KeyboardInterrupt that leaves code run from a string (``exec(str)``: a dataclass or a
+    namedtuple being made, as a lazy import does in a training step) sets CPython's "unhandled
+    KeyboardInterrupt" flag, even when a caller catches it; ``python -m proftune`` then ends by
+    killing itself with SIGINT (exit -2) instead of the exit code we give. The interpreter clears
+    that flag as it starts to run any code from a string, and this is such a run.
+    """
+    exec("")  # an empty program: its only effect is the reset above
+
+
 def _error_line(exc: BaseException) -> str:
     """``Type: message`` of a failure, in flags, escaped for rich. A database driver's error (the
     store's, Optuna's storage) is its driver's reason alone: SQLAlchemy appends the SQL statement
@@ -193,6 +205,7 @@ def execute(
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
+        _interrupt_handled()
         err_console.print("interrupted", markup=False)
         raise typer.Exit(130) from None
     except (ProftuneError, Exception) as exc:  # noqa: BLE001 - the CLI boundary: any failure is exit 1 with its message
