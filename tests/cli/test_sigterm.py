@@ -113,6 +113,31 @@ def test_a_signal_inside_code_run_from_a_string_still_exits_130(tmp_path: Path, 
         con.close()
 
 
+def test_a_second_sigterm_during_the_cleanup_lets_the_cleanup_finish() -> None:
+    """In process, the signals raised at exact points: the first SIGTERM interrupts the command,
+    a second one while its ``finally`` cleans up does not cut that cleanup short."""
+    import typer
+
+    from proftune.cli._common import execute
+
+    cleaned: list[str] = []
+
+    def body() -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            cleaned.append("not interrupted")
+        finally:
+            signal.raise_signal(signal.SIGTERM)  # again, as the cleanup runs
+            cleaned.append("cleaned up")
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(typer.Exit) as exited:
+        execute(body, json_out=False)
+    assert exited.value.exit_code == 130
+    assert cleaned == ["cleaned up"]
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone with it
+
+
 @pytest.mark.slow  # ~20-30 s: compress trains its baseline before the temp folder exists
 def test_sigterm_to_compress_removes_its_temp_folder(tmp_path: Path) -> None:
     db, tmp = tmp_path / "c.db", tmp_path / "tmp"

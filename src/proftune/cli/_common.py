@@ -136,12 +136,21 @@ def library_warnings(*, shown: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM handled like Ctrl-C while a command runs: a KeyboardInterrupt in the main thread,
-    so the run is recorded ``interrupted`` and every ``finally`` (temp folders) runs."""
+    so the run is recorded ``interrupted`` and every ``finally`` (temp folders) runs.
+
+    Only the first SIGTERM interrupts: a repeat (a service manager or a shell sending it again)
+    would cut the cleanup the first one started, leaving the run ``running`` and its temp
+    folders behind; SIGKILL remains for a cleanup that hangs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    raised = False
 
     def interrupt(signum: int, frame: object) -> None:
+        nonlocal raised
+        if raised:
+            return
+        raised = True
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
