@@ -124,9 +124,19 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     assert proftune.OptimizeResult.from_dict(summary).to_dict() == summary  # --json reads back as the record
 
 
-def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: str) -> None:
+def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The "kept the defaults" path: nothing beats them beyond noise, so they are the result; the
-    flat search stops itself (after half its time) and the run says why it ended early."""
+    flat search stops itself and the run says why it ended early.
+
+    The flat search may stop itself from 0.3 of its time here, not 0.75: the re-evaluations of its
+    leaders then have most of its time to run in, at the pace of any load (at 0.75 a loaded machine
+    spent the time on them and the search timed out). That a flat search waits for
+    ``STALL_AFTER`` of its time is held exactly, on an injected clock, by
+    test_winners_curse.py::test_a_flat_search_stops_itself_late_in_its_time_once_its_leaders_are_re_evaluated."""
+    from proftune.optimize import _search
+
+    monkeypatch.setattr(_search, "STALL_AFTER", 0.3)
     res = CliRunner().invoke(app, ["optimize", _spec("Flat"), "--budget", "50", "--out", str(tmp_path / "o"),
                                    "--db", db_url, "--goal", "none", "--seeds", "2", "--json"])
     assert res.exit_code == 0, res.output
@@ -144,9 +154,10 @@ def test_a_flat_search_keeps_the_defaults_and_says_why(tmp_path: Path, db_url: s
     # ended by the auto-stop, early in trials (not in seconds: how fast trials run is the machine's)
     assert search["outputs"]["stop_reason"].startswith("auto-stop"), search["outputs"]["stop_reason"]
     # it had the time the planned race and compression leave (about its share or more), and
-    # stopped itself before it was spent
+    # stopped itself before it was spent (how far before is the load's)
     assert search["outputs"]["seconds"] >= 0.8 * search["share_s"]
-    assert search["duration_s"] < 0.9 * search["outputs"]["seconds"]
+    assert search["outputs"]["early"] is True
+    assert search["duration_s"] < search["outputs"]["seconds"]
     assert "ended early" in d["stop_reason"]
 
 

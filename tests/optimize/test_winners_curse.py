@@ -166,3 +166,35 @@ def test_the_first_chunk_of_the_search_holds_only_the_trials_its_time_holds(
     settings = dataclasses.replace(SETTINGS, trial_s_estimate=1.0, patience=10**6)
     _search.run_search_stage(TinyTask(), _plan(), settings, store=None, seconds=seconds)  # type: ignore[arg-type]
     assert len(calls[0]) == first_chunk
+
+
+def test_a_flat_search_stops_itself_late_in_its_time_once_its_leaders_are_re_evaluated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flat search on an injected clock: it stops itself (auto-stop, early), not before
+    ``STALL_AFTER`` of its time, after re-evaluating its leaders, and before its time is spent.
+    ``test_optimize.py::test_a_flat_search_keeps_the_defaults_and_says_why`` runs the same path for
+    real, where these shares are the machine's load's; here they are exact."""
+    rows: list[TrialRecord] = []
+
+    def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
+                  items: Any) -> Any:
+        for item in items:  # every configuration scores the same
+            rows.append(_trial(len(rows), item[1]["lr"], 0.5, repeat=item[2] if len(item) > 2 else 0))
+        return SimpleNamespace(trials=list(rows))
+
+    fresh = (1e-4 * (1 + k) for k in itertools.count())
+    clock = StepClock(0.25)
+    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(_search, "_call", fake_call)
+    monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
+    monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
+    monkeypatch.setattr(_search, "propose", lambda rows_, plan, settings, flags, n: [
+        ("tpe", {"lr": next(fresh), "hidden": 8}) for _ in range(n)])
+    settings = dataclasses.replace(SETTINGS, trial_s_estimate=0.5)
+    out = _search.run_search_stage(TinyTask(), _plan(), settings, store=None, seconds=60.0)  # type: ignore[arg-type]
+    assert out.stop_reason.startswith("auto-stop"), out.stop_reason
+    assert out.early
+    assert _search.STALL_AFTER * 60.0 <= out.duration_s < 60.0
+    repeats = [t for t in out.trials if t.repeat]
+    assert repeats, "the flat search stopped before re-evaluating its leaders"
+    assert max(t.number for t in out.trials) == max(t.number for t in repeats)  # the repeats came last

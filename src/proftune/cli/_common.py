@@ -138,12 +138,21 @@ def library_warnings(*, shown: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM handled like Ctrl-C while a command runs: a KeyboardInterrupt in the main thread,
-    so the run is recorded ``interrupted`` and every ``finally`` (temp folders) runs."""
+    so the run is recorded ``interrupted`` and every ``finally`` (temp folders) runs.
+
+    Only the first SIGTERM interrupts: a repeat (a service manager or a shell sending it again)
+    would cut the cleanup the first one started, leaving the run ``running`` and its temp
+    folders behind; SIGKILL remains for a cleanup that hangs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    raised = False
 
     def interrupt(signum: int, frame: object) -> None:
+        nonlocal raised
+        if raised:
+            return
+        raised = True
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
@@ -151,6 +160,18 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_handled() -> None:
+    """Tell CPython that the KeyboardInterrupt was handled, so that the process exits 130.
+
+    A KeyboardInterrupt that leaves code run from a string (``exec(str)``: a dataclass or a
+    namedtuple being made, as a lazy import does in a training step) sets CPython's "unhandled
+    KeyboardInterrupt" flag, even when a caller catches it; ``python -m proftune`` then ends by
+    killing itself with SIGINT (exit -2) instead of the exit code we give. The interpreter clears
+    that flag as it starts to run any code from a string, and this is such a run.
+    """
+    exec("")  # an empty program: its only effect is the reset above
 
 
 def _error_line(exc: BaseException) -> str:
@@ -195,6 +216,7 @@ def execute(
             err_console.print(traceback.format_exc(), markup=False, highlight=False)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
+        _interrupt_handled()
         err_console.print("interrupted", markup=False)
         raise typer.Exit(130) from None
     except (ProftuneError, Exception) as exc:  # noqa: BLE001 - the CLI boundary: any failure is exit 1 with its message
