@@ -18,7 +18,7 @@ from . import _page  # noqa: F401  (registers the optimize page with proftune.re
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
-    from ._api import OptimizeResult
+    from ._result import OptimizeResult
     from ._state import OptimizeState
 
 __all__ = ["load_line", "write_html", "write_outputs", "write_summary"]

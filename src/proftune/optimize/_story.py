@@ -10,11 +10,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from .._jsonsafe import finite_float as _f
-from .._records import JsonRecord, Reader, each
 from .._units import format_bytes
 from ._records import (
     BaselineOutputs,
@@ -26,12 +24,12 @@ from ._records import (
     ModelFigures,
     SearchStageOutputs,
 )
+from ._result import FinalSummary, OptimizeResult, StageRow, StageStory, Story, StoryLine, VsBaseline
 
 if TYPE_CHECKING:
     from ._changes import ParamChange
     from ._decide import Comparison
-    from ._final import SeedSummary
-    from ._result import FinalSummary, OptimizeResult, StageRow, VsBaseline
+    from ._final_records import SeedSummary
 
 __all__ = ["StageStory", "Story", "StoryLine", "fmt", "fmt_ms", "method_name", "rounded", "tell"]
 
@@ -193,46 +191,6 @@ def _changed(rows: Sequence[ParamChange]) -> str:
     if not moved:
         return "nothing: the result is the task's defaults"
     return ", ".join(f"{r.param} {fmt(r.default)} -> {fmt(r.value)} ({r.source})" for r in moved)
-
-
-@dataclass(frozen=True)
-class StoryLine(JsonRecord):
-    """A question a newcomer asks, and the run's answer."""
-
-    WHAT: ClassVar[str] = "a story line"
-    label: str
-    text: str
-
-
-@dataclass(frozen=True)
-class StageStory(JsonRecord):
-    """A stage in a few words: its two numbers, labelled, and what it did."""
-
-    WHAT: ClassVar[str] = "a stage story"
-    stage: str
-    status: str | None
-    time: str
-    share: str
-    numbers: str = ""
-    did: str = ""
-
-
-@dataclass(frozen=True)
-class Story(JsonRecord):
-    """The result in sentences, from the result's own numbers."""
-
-    WHAT: ClassVar[str] = "an optimize story"
-    READERS: ClassVar[dict[str, Reader]] = {"lines": each(StoryLine.from_dict), "stages": each(StageStory.from_dict)}
-    headline: str = ""
-    decision: str = ""
-    adopted: bool = False
-    notes: list[str] = field(default_factory=list)
-    lines: list[StoryLine] = field(default_factory=list)
-    stages: list[StageStory] = field(default_factory=list)
-
-    def answer(self, label: str) -> str:
-        """The answer to the question ``label`` ("did it help", ...), "" when it was not asked."""
-        return next((x.text for x in self.lines if x.label == label), "")
 
 
 def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
