@@ -47,8 +47,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"diagnose"},  # health checks, controllers, the bandit (reads recommend's LR range test)
     {"integrations"},  # adapters of Lightning, Hugging Face, bare modules; their callbacks
     {"_holdout", "_api", "search", "compress"},
-    {"report"},  # renders every result kind, read back through its record (CompressResult, PredictResult)
     {"optimize"},  # the loop over all of it
+    {"report"},  # renders every result kind, read back through its record (CompressResult, OptimizeResult)
     {"cli"},
     {"proftune"},  # the package's __init__: the curated public API
 ))

@@ -14,7 +14,6 @@ import yaml
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import replacing, write_text
 from ..task import Task
-from . import _page  # noqa: F401  (registers the optimize page with proftune.report: write_html renders it)
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
