@@ -13,6 +13,7 @@ from ._api import OptimizeResult, optimize
 from ._budget import Budget, Deadline
 from ._changes import ParamChange
 from ._config import OPTIMIZE_GOALS, OptimizeConfig
+from ._context import StageClock, StageContext
 from ._final_records import SearchGap, SeedSummary
 from ._layer_value import (
     LayerFinding,
@@ -88,6 +89,8 @@ __all__ = [
     "SeedSummary",
     "SplitComparisons",
     "SplitSummaries",
+    "StageClock",
+    "StageContext",
     "StageOutputs",
     "StageResult",
     "StageRow",

@@ -197,7 +197,7 @@ class _Loop:
         st.on_end(self)
 
     # -- stages -------------------------------------------------------------------------------
-    def _epoch_s(self) -> float:
+    def epoch_s(self) -> float:
         return max(float(self.state.record(BaselineOutputs).epoch_s or 1.0), 1e-3)
 
     def _race_seeds(self) -> int:
@@ -230,17 +230,17 @@ class _Loop:
                                    resolution=_resolution(self.v.metric, self.holdout.val_samples),
                                    alpha=ALPHA, low=low, high=max(low, MAX_ROUNDS))
 
-    def _budget_plan(self, *, search_done: bool = False) -> BudgetPlan:
+    def budget_plan(self, *, search_done: bool = False) -> BudgetPlan:
         """What the seconds left hold at the task's own protocol (made again from measured times
         before each stage that depends on it)."""
         full = self.task.default_epochs
         # the stages before the search that have not run yet take their shares from what is left
         pending = [s for s in ("health", "compute", "layer_value") if not self.state.finished(s)]
-        after = self._compress_reserve() + sum(self.budget.stage_s(s) for s in pending)
+        after = self.compress_reserve() + sum(self.budget.stage_s(s) for s in pending)
         seeds, finalists = self._race_seeds(), 1 if search_done else RESERVED_CANDIDATES
 
         def plan(trial_epochs: int) -> BudgetPlan:
-            return plan_budget(full_epochs=full, epoch_s=self._epoch_s(), run_overhead_s=RUN_OVERHEAD_S,
+            return plan_budget(full_epochs=full, epoch_s=self.epoch_s(), run_overhead_s=RUN_OVERHEAD_S,
                                left_s=self.budget.left_s, spent_s=self.budget.elapsed_s,
                                budget_s=self.v.budget_s, after_s=after, seeds=seeds, finalists=finalists,
                                trial_epochs=trial_epochs, search_done=search_done,
@@ -263,13 +263,13 @@ class _Loop:
         protocol the defaults are judged by), unless the search's time cannot hold about six
         trials of them; never fewer than the epochs at which the defaults' curve could rank."""
         full = self.task.default_epochs
-        if seconds >= FULL_TRIALS_AT_LEAST * full * self._epoch_s():
+        if seconds >= FULL_TRIALS_AT_LEAST * full * self.epoch_s():
             return full
-        rank_at = self._rank_epoch()
+        rank_at = self.rank_epoch()
         floor = full if rank_at is None else rank_at
-        return max(1, floor, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self._epoch_s()))))
+        return max(1, floor, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self.epoch_s()))))
 
-    def _rank_epoch(self) -> int | None:
+    def rank_epoch(self) -> int | None:
         """The first epoch at which the defaults' own curve had separated from its start (1 before
         the baseline measured it; None: it never did, so no shorter protocol ranks)."""
         if not self.state.finished("baseline"):
@@ -280,7 +280,7 @@ class _Loop:
         return rankable_epoch(base.start_metric, base.curve, maximize=self.v.maximize,
                               val_samples=self.holdout.val_samples)
 
-    def _compress_reserve(self) -> float:
+    def compress_reserve(self) -> float:
         """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""
         if self.cfg.goal == "none":
             return 0.0
