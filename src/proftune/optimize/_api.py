@@ -15,18 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from .._device import resolve_device
 from .._holdout import with_test_split
 from .._jsonsafe import finite_float, json_safe
-from ..compress import Candidate
 from ..exceptions import ConfigError, RunFailedError
-from ..profile import task_latencies
 from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, redact_url
-from ..train import Callback, FitState, validate_params
+from ..train import validate_params
 from ._budget import Budget
 from ._changes import ParamChange, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
@@ -39,7 +34,15 @@ from ._final import (
     FinalOutcome,
 )
 from ._output import load_line, write_html, write_outputs, write_summary
-from ._plan import BudgetPlan, paired_seeds_needed, plan_budget, rankable_epoch
+from ._plan import (
+    COMPRESS_RESERVE_S,
+    FULL_TRIALS_AT_LEAST,
+    MIN_COMPRESS_S,
+    BudgetPlan,
+    paired_seeds_needed,
+    plan_budget,
+    rankable_epoch,
+)
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -47,7 +50,6 @@ from ._records import (
     FinalOutputs,
     HealthOutputs,
     LayerValueOutputs,
-    ModelFigures,
     SearchStageOutputs,
 )
 from ._result import (
@@ -76,33 +78,6 @@ def ended_as(exc: BaseException) -> str:
 __all__ = ["OptimizeResult", "optimize"]
 
 Progress = Callable[[str, dict[str, Any]], None]
-#: Below this many seconds the compress stage is skipped (imports + one pruned and one INT8
-#: candidate measured as saved take ~20-30 s on 2 shared cores).
-MIN_COMPRESS_S = 15.0
-#: What the search keeps back for the compress stage (measured: 25-50 s for one structured ratio
-#: and INT8 on digits-cnn on 2 shared cores, imports included).
-COMPRESS_RESERVE_S = 40.0
-#: The search prunes by successive halving when its time holds fewer full trials than this.
-FULL_TRIALS_FOR_NO_PRUNER = 15.0
-#: Trials run at the task's own epochs when the search's time holds at least this many of them.
-FULL_TRIALS_AT_LEAST = 6.0
-
-
-class _Capture(Callback):
-    """Keeps the fit loop's model at the end (diagnose returns findings, not the model), and the
-    metric ``metric`` after each epoch (the defaults' own learning curve)."""
-
-    def __init__(self, metric: str | None = None) -> None:
-        self.model: nn.Module | None = None
-        self.metric = metric
-        self.curve: list[float | None] = []
-
-    def on_epoch_end(self, state: FitState) -> None:
-        if self.metric is not None:
-            self.curve.append(finite_float(state.metrics.get(self.metric)))
-
-    def on_fit_end(self, state: FitState) -> None:
-        self.model = state.model
 
 
 class _Loop:
@@ -479,60 +454,11 @@ def _signed(diff: float, maximize: bool) -> float:
     return diff if maximize else -diff
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        try:
-            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
-        except (TypeError, ValueError):
-            return False
-    return bool(a == b)
-
-
-def _params_key(params: dict[str, Any]) -> str:
-    return repr(sorted((k, round(float(v), 12) if isinstance(v, float) else v) for k, v in params.items()))
-
-
 def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
     """A stage's outputs for ``--json`` and the table: the decisions, not every measurement."""
     drop = {"search": ("history", "plan", "top", "trials_log"), "layer_value": ("layers",),
             "compute": ("recommendations",), "final": ("evidence", "race")}
     return {k: v for k, v in outputs.items() if k not in drop.get(name, ())}
-
-
-def _figures(c: Candidate, *, method: bool = True, format: bool = False, within_budget: bool = False,
-             test_metric: float | None = None) -> ModelFigures:
-    """A compress candidate as the stage keeps it: its figures (``method=False``: the
-    uncompressed model), with its file format, budget verdict or held-out metric where asked."""
-    return ModelFigures(method=c.method if method else None, ratio=c.ratio if method else None, metric=c.metric,
-                        metric_drop=c.metric_drop if method else None, test_metric=test_metric,
-                        latency_ms=c.latency_ms, latency_batch_ms=c.latency_batch_ms, size_bytes=c.size_bytes,
-                        params=c.params, macs=c.macs, batch_size=c.batch_size, format=c.format if format else None,
-                        within_budget=c.within_budget if within_budget else None)
-
-
-def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
-    data = task.train_data(int(params.get("batch_size", 32)), params)
-    n = getattr(data, "__len__", None)
-    return int(n()) if callable(n) else 1
-
-
-def _samples(task: Task, params: dict[str, Any]) -> int | None:
-    """Training samples per epoch (an upper bound: batches x batch size), when the data has a length."""
-    bs = int(params.get("batch_size", 32))
-    data = task.train_data(bs, params)
-    n = getattr(data, "__len__", None)
-    return int(n()) * bs if callable(n) else None
-
-
-def _latency_ms(task: Task, model: nn.Module, device: torch.device) -> float | None:
-    """``latency_ms`` of the model at batch 1 on ``device``, the run's (its one producer,
-    :func:`proftune.profile.task_latencies`); None when the task's loss does not feed the model
-    inputs that can be sliced to one sample."""
-    try:
-        return task_latencies(task, model.to(device), (1,), device=device, rounds=5)[1].ms
-    except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
-        log.info("no latency for the final model: %s", exc)
-        return None
 
 
 def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeConfig | None = None,

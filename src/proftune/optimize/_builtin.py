@@ -28,17 +28,6 @@ from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
 from ..train import evaluate_model, fit, seed_everything, validate_params
-from ._api import (
-    FULL_TRIALS_FOR_NO_PRUNER,
-    MIN_COMPRESS_S,
-    _Capture,
-    _figures,
-    _latency_ms,
-    _params_key,
-    _same,
-    _samples,
-    _steps_per_epoch,
-)
 from ._budget import Deadline
 from ._computed import ComputedValues
 from ._context import StageContext
@@ -53,6 +42,9 @@ from ._final import (
     run_final,
 )
 from ._layer_value import LayerFinding, keep_layers, layer_values
+from ._measure import _Capture, _figures, _latency_ms, _params_key, _same, _samples, _steps_per_epoch
+from ._numbers import fmt_ms, method_name
+from ._plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -66,7 +58,6 @@ from ._records import (
 from ._search import ConfigGroup, StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
-from ._story import fmt_ms, method_name
 
 log = logging.getLogger(__name__)
 
