@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .._jsonsafe import finite_float, json_dumps
+from .._optimizers import DEFAULT_LR, DEFAULT_OPTIMIZER
 from .._paths import replacing, write_text
 from .._units import format_bytes
 from ..compress import compress as run_compress
@@ -128,7 +129,7 @@ class Baseline(BaseStage):
                 torch.save(capture.model.state_dict(), tmp)
         defaults_metric = finite_float(diag.metrics.get(loop.v.metric))
         known = task_param_defaults(loop.task)
-        plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
+        plain = {"optimizer": DEFAULT_OPTIMIZER, "lr": DEFAULT_LR, "weight_decay": 0.0,
                  "batch_size": int(loop.defaults.get("batch_size", 32)),
                  **{k: 0.0 for k in known if "dropout" in k}}
         # as many epochs as the defaults got, so that the spread compares like with like, within

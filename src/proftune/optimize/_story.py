@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._jsonsafe import finite_float as _f
+from .._optimizers import DEFAULT_LR
 from .._units import format_bytes
 from ._numbers import fmt, fmt_ms, method_name, rounded
 from ._records import (
@@ -144,9 +145,10 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
         numbers = (f"no tricks {fmt(before)} -> defaults {fmt(after)}" if before is not None
                    else f"defaults {fmt(after)}")
         did = (f"trained the defaults ({b.defaults.epochs} epoch(s), with the health checks) beside a no-tricks "
-               f"run (AdamW lr 1e-3, no regularisation); spread {fmt(b.spread, 2)}" if before is not None else
+               f"run (AdamW lr {fmt(DEFAULT_LR)}, no regularisation); spread {fmt(b.spread, 2)}"
+               if before is not None else
                f"trained the defaults ({b.defaults.epochs} epoch(s), with the health checks); the no-tricks run "
-               f"(AdamW lr 1e-3) was {b.no_tricks.stop_reason or 'not compared'}")
+               f"(AdamW lr {fmt(DEFAULT_LR)}) was {b.no_tricks.stop_reason or 'not compared'}")
     elif s.name == "health":
         h = s.record(HealthOutputs)
         did = (f"{len(h.errors)} error(s), {len(h.warnings)} warning(s) in the baseline's training"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .._jsonsafe import finite_float as _f
+from .._optimizers import DEFAULT_LR
 from .._units import format_bytes
 from ..compress import CompressResult
 from ..exceptions import ConfigError
@@ -345,8 +346,9 @@ def _baseline(page: Page, run: _Run, vs: VsBaseline) -> None:
             ("task defaults (final race, mean)", vs.defaults.val.mean),
             ("result (final race, mean)", vs.final.val.mean)]
     vals = [(k, v) for k, v in vals if _f(v) is not None]
-    s.para("Triangulation: the task's defaults beside a run with no tricks (AdamW at lr 1e-3, no weight decay, "
-           "no dropout), trained as many epochs; their spread says how much tuning can matter here.", cls="muted")
+    s.para(f"Triangulation: the task's defaults beside a run with no tricks (AdamW at lr {DEFAULT_LR:g}, "
+           "no weight decay, no dropout), trained as many epochs; their spread says how much tuning can "
+           "matter here.", cls="muted")
     side = s.side(lambda t: t.kv([("no tricks", _short_value(nt.params)), ("defaults", _short_value(dflt.params)),
                                   ("epochs", dflt.epochs), ("spread", _n(b.spread)),
                                   ("defaults' training", _secs(dflt.duration_s))], title="baseline"))
