@@ -27,6 +27,7 @@ from proftune.optimize import (
     STAGE_RECORDS,
     STAGE_REGISTRY,
     BaseStage,
+    StageContext,
     StageOutputs,
     StageResult,
     register_stage,
@@ -152,6 +153,9 @@ class WidthOutputs(StageOutputs):
     STAGE: ClassVar[str] = "widths"
     params_per_layer: dict[str, int]
     total: int = 0
+    #: What the stage read of the loop through the public context (the baseline's epoch, the plan).
+    epoch_s: float = 0.0
+    search_s: float = 0.0
 
 
 class Widths(BaseStage):
@@ -162,11 +166,12 @@ class Widths(BaseStage):
     record = WidthOutputs
     after = "compute"
 
-    def run(self, loop: Any, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         model = loop.task.build_model(dict(loop.defaults))
         per = {n: sum(p.numel() for p in m.parameters(recurse=False))
                for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))}
-        return StageResult(WidthOutputs(params_per_layer=per, total=sum(per.values())))
+        return StageResult(WidthOutputs(params_per_layer=per, total=sum(per.values()), epoch_s=loop.epoch_s(),
+                                        search_s=loop.budget_plan().search_s))
 
 
 @pytest.fixture
@@ -192,6 +197,10 @@ def test_a_registered_stage_runs_in_its_place_and_shows_everywhere(tmp_path: Pat
     row = d["stages"][names.index("widths")]
     assert row["status"] == "finished"
     assert row["outputs"]["total"] == 8 * 16 + 16 + 16 * 2 + 2  # TinyTask's MLP at hidden=16
+    # the stage read the loop through StageContext: the baseline's measured epoch, the plan from it
+    baseline = d["stages"][names.index("baseline")]["outputs"]
+    assert row["outputs"]["epoch_s"] == pytest.approx(max(baseline["epoch_s"] or 1.0, 1e-3))
+    assert row["outputs"]["search_s"] > 0
     state = json.loads((out / "state.json").read_text())
     assert WidthOutputs.from_dict(state["stages"]["widths"]["outputs"]).total == row["outputs"]["total"]
     stage_runs = [r for r in proftune.Store(db).list_runs(kind="optimize") if r.config.get("stage") == "widths"]

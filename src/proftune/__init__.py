@@ -66,6 +66,8 @@ try:
         from .search import search
     else:
         from . import optimize, search
+    # the pages register on import (the optimize page is one); ``proftune.report`` after ``import proftune``
+    from . import report  # noqa: F401
 except DependencyError as _missing_search:  # the [search] extra is not installed
     _MISSING: dict[str, str] = dict.fromkeys(
         ("SearchConfig", "SearchResult", "search", "OptimizeConfig", "OptimizeResult", "optimize"),

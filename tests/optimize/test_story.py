@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import torch
+
 from proftune._holdout import HoldoutInfo
 from proftune.optimize import (
     CompressOutputs,
@@ -21,6 +24,7 @@ from proftune.optimize import (
 from proftune.optimize._changes import defaults_in_effect, param_changes
 from proftune.optimize._decide import Comparison
 from proftune.optimize._story import method_name, tell
+from proftune.train import build_optimizer
 
 
 def _rows(params: dict[str, Any], **kw: Any) -> dict[str, dict[str, Any]]:
@@ -48,6 +52,19 @@ def test_sgd_s_weight_decay_default_is_zero() -> None:
     assert defaults_in_effect({"optimizer": "sgd"}, {})["weight_decay"] == 0.0
     rows = _rows({"optimizer": "sgd", "weight_decay": 0.01}, task_defaults={"optimizer": "sgd"})
     assert rows["weight_decay"]["changed"]
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
+def test_the_defaults_in_effect_are_what_the_fit_loop_builds(name: str) -> None:
+    """optimize's defaults in effect and the optimizer the loop builds from params that leave them
+    out read one home (``_optimizers``): the lr, the weight decay and the momentum agree."""
+    built = build_optimizer(torch.nn.Linear(2, 1).parameters(), {"optimizer": name}).param_groups[0]
+    assumed = defaults_in_effect({"optimizer": name}, {})
+    assert assumed["lr"] == built["lr"]
+    assert assumed["weight_decay"] == built["weight_decay"]
+    assert assumed["momentum"] == built.get("momentum", 0.0)
+    assert defaults_in_effect({}, {})["optimizer"] == type(build_optimizer(torch.nn.Linear(2, 1).parameters(),
+                                                                            {})).__name__.lower()
 
 
 def _result(decision: str, **vs: Any) -> OptimizeResult:

@@ -13,7 +13,8 @@ from ._api import OptimizeResult, optimize
 from ._budget import Budget, Deadline
 from ._changes import ParamChange
 from ._config import OPTIMIZE_GOALS, OptimizeConfig
-from ._final import SearchGap, SeedSummary
+from ._context import StageClock, StageContext
+from ._final_records import SearchGap, SeedSummary
 from ._layer_value import (
     LayerFinding,
     LayerValue,
@@ -38,9 +39,13 @@ from ._result import (
     SplitComparisons,
     SplitSummaries,
     StageRow,
+    StageStory,
+    Story,
+    StoryLine,
     VsBaseline,
 )
-from ._search import ConfigGroup, SearchOutcome, TrialLog, YellowFlag, find_flags
+from ._search import SearchOutcome, find_flags
+from ._search_records import ConfigGroup, TrialLog, YellowFlag
 from ._space import SearchPlan, build_plan
 from ._stages import (
     OPTIMIZE_STAGES,
@@ -52,7 +57,6 @@ from ._stages import (
     register_stage,
 )
 from ._state import StageStatus
-from ._story import StageStory, Story, StoryLine
 
 __all__ = [
     "OPTIMIZE_GOALS",
@@ -85,6 +89,8 @@ __all__ = [
     "SeedSummary",
     "SplitComparisons",
     "SplitSummaries",
+    "StageClock",
+    "StageContext",
     "StageOutputs",
     "StageResult",
     "StageRow",

@@ -15,19 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from .._device import resolve_device
 from .._holdout import with_test_split
 from .._jsonsafe import finite_float, json_safe
-from ..compress import Candidate
 from ..exceptions import ConfigError, RunFailedError
-from ..profile import task_latencies
 from ..search import prepare_storage
 from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, redact_url
-from ..train import Callback, FitState, validate_params
+from ..train import validate_params
 from ._budget import Budget
 from ._changes import ParamChange, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
@@ -40,7 +35,15 @@ from ._final import (
     FinalOutcome,
 )
 from ._output import load_line, write_html, write_outputs, write_summary
-from ._plan import BudgetPlan, paired_seeds_needed, plan_budget, rankable_epoch
+from ._plan import (
+    COMPRESS_RESERVE_S,
+    FULL_TRIALS_AT_LEAST,
+    MIN_COMPRESS_S,
+    BudgetPlan,
+    paired_seeds_needed,
+    plan_budget,
+    rankable_epoch,
+)
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -48,7 +51,6 @@ from ._records import (
     FinalOutputs,
     HealthOutputs,
     LayerValueOutputs,
-    ModelFigures,
     SearchStageOutputs,
 )
 from ._result import (
@@ -77,33 +79,6 @@ def ended_as(exc: BaseException) -> str:
 __all__ = ["OptimizeResult", "optimize"]
 
 Progress = Callable[[str, dict[str, Any]], None]
-#: Below this many seconds the compress stage is skipped (imports + one pruned and one INT8
-#: candidate measured as saved take ~20-30 s on 2 shared cores).
-MIN_COMPRESS_S = 15.0
-#: What the search keeps back for the compress stage (measured: 25-50 s for one structured ratio
-#: and INT8 on digits-cnn on 2 shared cores, imports included).
-COMPRESS_RESERVE_S = 40.0
-#: The search prunes by successive halving when its time holds fewer full trials than this.
-FULL_TRIALS_FOR_NO_PRUNER = 15.0
-#: Trials run at the task's own epochs when the search's time holds at least this many of them.
-FULL_TRIALS_AT_LEAST = 6.0
-
-
-class _Capture(Callback):
-    """Keeps the fit loop's model at the end (diagnose returns findings, not the model), and the
-    metric ``metric`` after each epoch (the defaults' own learning curve)."""
-
-    def __init__(self, metric: str | None = None) -> None:
-        self.model: nn.Module | None = None
-        self.metric = metric
-        self.curve: list[float | None] = []
-
-    def on_epoch_end(self, state: FitState) -> None:
-        if self.metric is not None:
-            self.curve.append(finite_float(state.metrics.get(self.metric)))
-
-    def on_fit_end(self, state: FitState) -> None:
-        self.model = state.model
 
 
 class _Loop:
@@ -198,7 +173,7 @@ class _Loop:
         st.on_end(self)
 
     # -- stages -------------------------------------------------------------------------------
-    def _epoch_s(self) -> float:
+    def epoch_s(self) -> float:
         return max(float(self.state.record(BaselineOutputs).epoch_s or 1.0), 1e-3)
 
     def _race_seeds(self) -> int:
@@ -231,17 +206,17 @@ class _Loop:
                                    resolution=_resolution(self.v.metric, self.holdout.val_samples),
                                    alpha=ALPHA, low=low, high=max(low, MAX_ROUNDS))
 
-    def _budget_plan(self, *, search_done: bool = False) -> BudgetPlan:
+    def budget_plan(self, *, search_done: bool = False) -> BudgetPlan:
         """What the seconds left hold at the task's own protocol (made again from measured times
         before each stage that depends on it)."""
         full = self.task.default_epochs
         # the stages before the search that have not run yet take their shares from what is left
         pending = [s for s in ("health", "compute", "layer_value") if not self.state.finished(s)]
-        after = self._compress_reserve() + sum(self.budget.stage_s(s) for s in pending)
+        after = self.compress_reserve() + sum(self.budget.stage_s(s) for s in pending)
         seeds, finalists = self._race_seeds(), 1 if search_done else RESERVED_CANDIDATES
 
         def plan(trial_epochs: int) -> BudgetPlan:
-            return plan_budget(full_epochs=full, epoch_s=self._epoch_s(), run_overhead_s=RUN_OVERHEAD_S,
+            return plan_budget(full_epochs=full, epoch_s=self.epoch_s(), run_overhead_s=RUN_OVERHEAD_S,
                                left_s=self.budget.left_s, spent_s=self.budget.elapsed_s,
                                budget_s=self.v.budget_s, after_s=after, seeds=seeds, finalists=finalists,
                                trial_epochs=trial_epochs, search_done=search_done,
@@ -264,13 +239,13 @@ class _Loop:
         protocol the defaults are judged by), unless the search's time cannot hold about six
         trials of them; never fewer than the epochs at which the defaults' curve could rank."""
         full = self.task.default_epochs
-        if seconds >= FULL_TRIALS_AT_LEAST * full * self._epoch_s():
+        if seconds >= FULL_TRIALS_AT_LEAST * full * self.epoch_s():
             return full
-        rank_at = self._rank_epoch()
+        rank_at = self.rank_epoch()
         floor = full if rank_at is None else rank_at
-        return max(1, floor, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self._epoch_s()))))
+        return max(1, floor, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self.epoch_s()))))
 
-    def _rank_epoch(self) -> int | None:
+    def rank_epoch(self) -> int | None:
         """The first epoch at which the defaults' own curve had separated from its start (1 before
         the baseline measured it; None: it never did, so no shorter protocol ranks)."""
         if not self.state.finished("baseline"):
@@ -281,7 +256,7 @@ class _Loop:
         return rankable_epoch(base.start_metric, base.curve, maximize=self.v.maximize,
                               val_samples=self.holdout.val_samples)
 
-    def _compress_reserve(self) -> float:
+    def compress_reserve(self) -> float:
         """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""
         if self.cfg.goal == "none":
             return 0.0
@@ -480,60 +455,11 @@ def _signed(diff: float, maximize: bool) -> float:
     return diff if maximize else -diff
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        try:
-            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
-        except (TypeError, ValueError):
-            return False
-    return bool(a == b)
-
-
-def _params_key(params: dict[str, Any]) -> str:
-    return repr(sorted((k, round(float(v), 12) if isinstance(v, float) else v) for k, v in params.items()))
-
-
 def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
     """A stage's outputs for ``--json`` and the table: the decisions, not every measurement."""
     drop = {"search": ("history", "plan", "top", "trials_log"), "layer_value": ("layers",),
             "compute": ("recommendations",), "final": ("evidence", "race")}
     return {k: v for k, v in outputs.items() if k not in drop.get(name, ())}
-
-
-def _figures(c: Candidate, *, method: bool = True, format: bool = False, within_budget: bool = False,
-             test_metric: float | None = None) -> ModelFigures:
-    """A compress candidate as the stage keeps it: its figures (``method=False``: the
-    uncompressed model), with its file format, budget verdict or held-out metric where asked."""
-    return ModelFigures(method=c.method if method else None, ratio=c.ratio if method else None, metric=c.metric,
-                        metric_drop=c.metric_drop if method else None, test_metric=test_metric,
-                        latency_ms=c.latency_ms, latency_batch_ms=c.latency_batch_ms, size_bytes=c.size_bytes,
-                        params=c.params, macs=c.macs, batch_size=c.batch_size, format=c.format if format else None,
-                        within_budget=c.within_budget if within_budget else None)
-
-
-def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
-    data = task.train_data(int(params.get("batch_size", 32)), params)
-    n = getattr(data, "__len__", None)
-    return int(n()) if callable(n) else 1
-
-
-def _samples(task: Task, params: dict[str, Any]) -> int | None:
-    """Training samples per epoch (an upper bound: batches x batch size), when the data has a length."""
-    bs = int(params.get("batch_size", 32))
-    data = task.train_data(bs, params)
-    n = getattr(data, "__len__", None)
-    return int(n()) * bs if callable(n) else None
-
-
-def _latency_ms(task: Task, model: nn.Module, device: torch.device) -> float | None:
-    """``latency_ms`` of the model at batch 1 on ``device``, the run's (its one producer,
-    :func:`proftune.profile.task_latencies`); None when the task's loss does not feed the model
-    inputs that can be sliced to one sample."""
-    try:
-        return task_latencies(task, model.to(device), (1,), device=device, rounds=5)[1].ms
-    except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
-        log.info("no latency for the final model: %s", exc)
-        return None
 
 
 def optimize(task: Task | str, budget: str | float = "20m", *, config: OptimizeConfig | None = None,

@@ -6,6 +6,7 @@ import math
 import time
 
 from ..train import Callback, FitState
+from ._stages import OPTIMIZE_STAGES, SHARES
 
 __all__ = ["Budget", "Deadline"]
 
@@ -41,8 +42,6 @@ class Budget:
 
     def stage_s(self, stage: str) -> float:
         """Seconds for ``stage`` now: its share of what is left among it and the stages after it."""
-        from ._stages import OPTIMIZE_STAGES, SHARES  # (the stages' records import this module)
-
         if stage in self.skip:
             return 0.0
         idx = OPTIMIZE_STAGES.index(stage)

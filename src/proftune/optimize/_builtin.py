@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .._jsonsafe import finite_float, json_dumps
+from .._optimizers import DEFAULT_LR, DEFAULT_OPTIMIZER
 from .._paths import replacing, write_text
 from .._units import format_bytes
 from ..compress import compress as run_compress
@@ -28,20 +29,9 @@ from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
 from ..train import evaluate_model, fit, seed_everything, validate_params
-from ._api import (
-    FULL_TRIALS_FOR_NO_PRUNER,
-    MIN_COMPRESS_S,
-    _Capture,
-    _figures,
-    _latency_ms,
-    _Loop,
-    _params_key,
-    _same,
-    _samples,
-    _steps_per_epoch,
-)
 from ._budget import Deadline
 from ._computed import ComputedValues
+from ._context import StageContext
 from ._decide import pooled_seed_std, prior_seed_std
 from ._final import (
     MAX_CANDIDATES,
@@ -53,6 +43,9 @@ from ._final import (
     run_final,
 )
 from ._layer_value import LayerFinding, keep_layers, layer_values
+from ._measure import _Capture, _figures, _latency_ms, _params_key, _same, _samples, _steps_per_epoch
+from ._numbers import fmt_ms, method_name
+from ._plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -66,7 +59,6 @@ from ._records import (
 from ._search import ConfigGroup, StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
-from ._story import fmt_ms, method_name
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +94,10 @@ class Baseline(BaseStage):
     record = BaselineOutputs
     compares = "no-tricks run -> the task's defaults (one seed, with the health checks)"
 
-    def on_end(self, loop: _Loop) -> None:
-        loop.say("plan", {"text": loop._budget_plan().describe()})  # as soon as one training is timed
+    def on_end(self, loop: StageContext) -> None:
+        loop.say("plan", {"text": loop.budget_plan().describe()})  # as soon as one training is timed
 
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """The task's defaults (trained with the health checks) and a no-tricks run beside it."""
         epochs = loop.task.default_epochs
         # the untrained model's metric (the defaults' seed): where the defaults' curve starts
@@ -137,7 +129,7 @@ class Baseline(BaseStage):
                 torch.save(capture.model.state_dict(), tmp)
         defaults_metric = finite_float(diag.metrics.get(loop.v.metric))
         known = task_param_defaults(loop.task)
-        plain = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.0,
+        plain = {"optimizer": DEFAULT_OPTIMIZER, "lr": DEFAULT_LR, "weight_decay": 0.0,
                  "batch_size": int(loop.defaults.get("batch_size", 32)),
                  **{k: 0.0 for k in known if "dropout" in k}}
         # as many epochs as the defaults got, so that the spread compares like with like, within
@@ -174,7 +166,7 @@ class Health(BaseStage):
     share = 0.04
     record = HealthOutputs
 
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """Stop on an error-severity finding of the baseline's training; profile its step."""
         findings = loop.state.record(BaselineOutputs).findings
         errors = [f for f in findings if f.severity == "error"]
@@ -212,7 +204,7 @@ class Compute(BaseStage):
     share = 0.06
     record = ComputeOutputs
 
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """Batch size, LR (range test, scaled), accumulation, precision, data loading: recommend().
 
         The range test and the noise scale get as many steps as the share holds at the profiled
@@ -250,7 +242,7 @@ class LayerValue(BaseStage):
     share = 0.02
     record = LayerValueOutputs
 
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """Each layer's cost (time, params, MACs) beside its measured contribution (mean ablation)."""
         prof = Profile.load(loop.out / "profile.json")
         model = loop.task.build_model(dict(loop.defaults))
@@ -270,7 +262,7 @@ class Search(BaseStage):
     record = SearchStageOutputs
     compares = "the defaults -> the best configuration, as the search trials measured them"
 
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """Search what the compute stage could not decide: warm start, TPE, successive halving.
 
         The search gets every second the stages after it do not need (their reserves: the final
@@ -278,11 +270,11 @@ class Search(BaseStage):
         comp = loop.state.record(ComputeOutputs)
         plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space,
                           max_batch=comp.max_batch_size, samples=_samples(loop.task, loop.defaults))
-        compress_min = loop._compress_reserve()
-        budget_plan = loop._budget_plan()
+        compress_min = loop.compress_reserve()
+        budget_plan = loop.budget_plan()
         loop.say("plan", {"text": budget_plan.describe()})
         epochs = budget_plan.trial_epochs
-        epoch_s = loop._epoch_s()
+        epoch_s = loop.epoch_s()
         race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
 
         def reserve(rows: Sequence[Any]) -> float:
@@ -309,7 +301,7 @@ class Search(BaseStage):
         full_trials = seconds / (epochs * epoch_s)
         # no rung before the defaults' own curve separated from its start: a rung that cannot rank
         # prunes slow starters by noise (None: it never separated, so nothing is pruned by epoch)
-        rank_at = loop._rank_epoch()
+        rank_at = loop.rank_epoch()
         settings = StageSettings(
             objective=loop.v.objective, metric=loop.v.metric, maximize=loop.v.maximize,
             constraints=tuple(loop.cfg.constraints), epochs=epochs, study=loop.study, seed=loop.cfg.seed,
@@ -356,7 +348,7 @@ class Search(BaseStage):
 
 
     @staticmethod
-    def _defaults_measured(loop: _Loop, epochs: int) -> float | None:
+    def _defaults_measured(loop: StageContext, epochs: int) -> float | None:
         """The baseline's metric of the defaults where the trials run their own epochs (and the
         baseline ran them to the end): the search does not train them again."""
         if epochs < loop.task.default_epochs or not loop.baseline_reusable():
@@ -371,15 +363,15 @@ class Final(BaseStage):
     record = FinalOutputs
     compares = "the defaults -> the result, mean over the paired seeds (validation data)"
 
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """The defaults and the search's best, same seeds, same protocol; keep the defaults unless
         a configuration beats them beyond noise; held-out figures for both."""
         srch = loop.state.record(SearchStageOutputs)
         # every arm trains at the task's own protocol: the defaults as the user runs them, and the
         # search's finalists promoted from the trials' fidelity to it (never a shortened copy)
         epochs = loop.task.default_epochs
-        base_epoch_s = loop._epoch_s()
-        budget_plan = loop._budget_plan(search_done=True)
+        base_epoch_s = loop.epoch_s()
+        budget_plan = loop.budget_plan(search_done=True)
         race_notes: list[str] = []
         fixed = srch.fixed()
         defaults_key = _params_key(loop.defaults)
@@ -405,7 +397,7 @@ class Final(BaseStage):
             candidates = []  # the race would compare at a protocol neither the user nor the result uses
             race_notes.append(budget_plan.describe())
         d_group = srch.defaults
-        hard_end = loop.budget.end - min(loop._compress_reserve(), MIN_COMPRESS_S)
+        hard_end = loop.budget.end - min(loop.compress_reserve(), MIN_COMPRESS_S)
         defaults = Arm(name="defaults", params=dict(loop.defaults), source="the task's defaults",
                        search_mean=d_group.mean if d_group is not None and trial_epochs == epochs else None,
                        search_std=d_group.std if d_group is not None else None,
@@ -421,7 +413,7 @@ class Final(BaseStage):
                          protocol=f"the task's own protocol ({epochs} epochs) for every arm",
                          resplit=self._resplit(loop, race_notes))
         outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
-                            end=loop.budget.end - loop._compress_reserve(), hard_end=hard_end,
+                            end=loop.budget.end - loop.compress_reserve(), hard_end=hard_end,
                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
                             shorter=shorter, first=self._baseline_run(loop),
                             defaults_more=self._defaults_outside_race(d_group, trial_epochs == epochs))
@@ -447,7 +439,7 @@ class Final(BaseStage):
         ), before=finite_float(outcome.arm("defaults").summary("val").mean), after=val.mean)
 
     @staticmethod
-    def _resplit(loop: _Loop, notes: list[str]) -> bool:
+    def _resplit(loop: StageContext, notes: list[str]) -> bool:
         """Whether the race's rounds train and judge on partitions of their own: where validation
         is small and the task offers them (its two sets of one kind); says so in ``notes``."""
         n = loop.holdout.val_samples
@@ -468,7 +460,7 @@ class Final(BaseStage):
         return [float(v) for v, arm in zip(group.values, group.arms, strict=False) if arm != "baseline"]
 
     @staticmethod
-    def _baseline_run(loop: _Loop) -> tuple[ArmRun, Path] | None:
+    def _baseline_run(loop: StageContext) -> tuple[ArmRun, Path] | None:
         """The baseline's training of the defaults as the race's first run of them (their own epochs
         to the end, its model kept): one training the race does not pay again. None: it was cut."""
         if not loop.baseline_reusable():
@@ -487,7 +479,8 @@ class Final(BaseStage):
                       duration_s=float(d.duration_s or 0.0), cut=False, val_metrics=dict(d.metrics),
                       test_metrics=test), path
 
-    def _evidence(self, loop: _Loop, chosen: Arm, outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
+    def _evidence(self, loop: StageContext, chosen: Arm,
+                  outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
         """The result's params, and for each where its value came from."""
         computed = loop.state.record(ComputeOutputs).computed
         comp, alt = computed.params(), computed.optimizer_alternative
@@ -521,10 +514,10 @@ class Compress(BaseStage):
     record = CompressOutputs
     compares = "the uncompressed result -> the compressed model"
 
-    def skipped(self, loop: _Loop) -> bool:
+    def skipped(self, loop: StageContext) -> bool:
         return loop.cfg.goal == "none"
 
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """The final model toward ``--goal`` within ``--max-accuracy-drop`` (proftune.compress)."""
         if loop.cfg.goal == "none":
             return StageResult(CompressOutputs(skipped="--goal none"), status="skipped")

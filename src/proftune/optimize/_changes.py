@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .._optimizers import DEFAULT_LR, DEFAULT_MOMENTUM, DEFAULT_OPTIMIZER, default_weight_decay
 from .._records import JsonRecord
 
 __all__ = ["ParamChange", "defaults_in_effect", "param_changes"]
@@ -35,15 +36,15 @@ class ParamChange(JsonRecord):
     why: str = ""
 
 #: The fit loop's value for each param it reads when the params leave it out (``proftune.train``).
-LOOP_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "optimizer": "adamw", "grad_accumulation": 1, "precision": "fp32",
-                                 "momentum": 0.0, "grad_clip": None}
+LOOP_DEFAULTS: dict[str, Any] = {"lr": DEFAULT_LR, "optimizer": DEFAULT_OPTIMIZER, "grad_accumulation": 1,
+                                 "precision": "fp32", "momentum": DEFAULT_MOMENTUM, "grad_clip": None}
 
 
 def defaults_in_effect(task_defaults: Mapping[str, Any], read_defaults: Mapping[str, Any]) -> dict[str, Any]:
     """Each param's value when the params leave it out: the task's, its code's, then the loop's."""
     out: dict[str, Any] = dict(LOOP_DEFAULTS)
     opt = str(task_defaults.get("optimizer", out["optimizer"])).lower()
-    out["weight_decay"] = 0.0 if opt in ("sgd", "lbfgs") else 1e-2
+    out["weight_decay"] = default_weight_decay(opt)
     out.update(read_defaults)
     out.update(task_defaults)
     return out

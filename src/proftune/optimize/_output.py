@@ -14,11 +14,10 @@ import yaml
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import replacing, write_text
 from ..task import Task
-from . import _page  # noqa: F401  (registers the optimize page with proftune.report: write_html renders it)
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
-    from ._api import OptimizeResult
+    from ._result import OptimizeResult
     from ._state import OptimizeState
 
 __all__ = ["load_line", "write_html", "write_outputs", "write_summary"]

@@ -31,6 +31,16 @@ MIN_FINALISTS = 1
 #: computed centre and one step of its local design (on a loaded machine, at 8 trainings, four
 #: left no time for the race, and the defaults were kept where the centre alone was far better).
 MIN_SEARCH_TRIALS = 2
+#: Below this many seconds the compress stage is skipped (imports + one pruned and one INT8
+#: candidate measured as saved take ~20-30 s on 2 shared cores).
+MIN_COMPRESS_S = 15.0
+#: What the search keeps back for the compress stage (measured: 25-50 s for one structured ratio
+#: and INT8 on digits-cnn on 2 shared cores, imports included).
+COMPRESS_RESERVE_S = 40.0
+#: The search prunes by successive halving when its time holds fewer full trials than this.
+FULL_TRIALS_FOR_NO_PRUNER = 15.0
+#: Trials run at the task's own epochs when the search's time holds at least this many of them.
+FULL_TRIALS_AT_LEAST = 6.0
 
 
 def _z(p: float) -> float:

@@ -22,10 +22,10 @@ from .._records import JsonRecord, Reader, each, optional, plain, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
 from ._computed import ComputedValues
-from ._final import FinalOutcome, SeedSummary
+from ._final_records import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
 from ._plan import BudgetPlan
-from ._search import ConfigGroup, TrialLog, YellowFlag
+from ._search_records import ConfigGroup, TrialLog, YellowFlag
 from ._space import SearchPlan
 
 __all__ = [

@@ -15,15 +15,14 @@ from .._records import JsonRecord, Reader, each, optional, record_fields, stored
 from ..diagnose import Finding
 from ._changes import ParamChange
 from ._decide import Comparison
-from ._final import SearchGap, SeedSummary
+from ._final_records import SearchGap, SeedSummary
 from ._layer_value import LayerFinding
 from ._records import ModelFigures, StageOutputs
-from ._search import YellowFlag
+from ._search_records import YellowFlag
 from ._stages import STAGE_RECORDS
-from ._story import Story
 
 __all__ = ["OPTIMIZE_SCHEMA_VERSION", "CompressedModel", "FinalSummary", "OptimizeResult", "SplitComparisons",
-           "SplitSummaries", "StageRow", "VsBaseline"]
+           "SplitSummaries", "StageRow", "StageStory", "Story", "StoryLine", "VsBaseline"]
 
 #: Bumped when a field of :class:`OptimizeResult`'s JSON changes meaning.
 OPTIMIZE_SCHEMA_VERSION = 1
@@ -176,6 +175,46 @@ class VsBaseline(JsonRecord):
         """A configuration replaced the defaults: better beyond noise, or a shorter protocol at
         their metric (``decision == "shorter"``: a time gain)."""
         return self.decision in ("chosen", "shorter")
+
+
+@dataclass(frozen=True)
+class StoryLine(JsonRecord):
+    """A question a newcomer asks, and the run's answer."""
+
+    WHAT: ClassVar[str] = "a story line"
+    label: str
+    text: str
+
+
+@dataclass(frozen=True)
+class StageStory(JsonRecord):
+    """A stage in a few words: its two numbers, labelled, and what it did."""
+
+    WHAT: ClassVar[str] = "a stage story"
+    stage: str
+    status: str | None
+    time: str
+    share: str
+    numbers: str = ""
+    did: str = ""
+
+
+@dataclass(frozen=True)
+class Story(JsonRecord):
+    """The result in sentences, from the result's own numbers."""
+
+    WHAT: ClassVar[str] = "an optimize story"
+    READERS: ClassVar[dict[str, Reader]] = {"lines": each(StoryLine.from_dict), "stages": each(StageStory.from_dict)}
+    headline: str = ""
+    decision: str = ""
+    adopted: bool = False
+    notes: list[str] = field(default_factory=list)
+    lines: list[StoryLine] = field(default_factory=list)
+    stages: list[StageStory] = field(default_factory=list)
+
+    def answer(self, label: str) -> str:
+        """The answer to the question ``label`` ("did it help", ...), "" when it was not asked."""
+        return next((x.text for x in self.lines if x.label == label), "")
 
 
 @dataclass(frozen=True, kw_only=True)

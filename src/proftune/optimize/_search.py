@@ -18,21 +18,19 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any
 
 from .._jsonsafe import finite_float
-from .._records import JsonRecord, mapping, record_fields
 from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import RunRecord, Store
 from ._decide import pooled_seed_std
+from ._search_records import ARM_TAG, ConfigGroup, TrialLog, YellowFlag, arm_of
 from ._space import SearchPlan
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
            "run_search_stage"]
 
-#: Tag of an enqueued trial: where its configuration came from.
-ARM_TAG = "arm"
 #: The arms: warm-start points (computed centre, the task's defaults, a local design around the
 #: centre), then TPE proposals.
 ARMS = ("centre", "defaults", "local", "tpe")
@@ -93,75 +91,6 @@ class StageSettings:
     on_trial: Callable[[RunRecord], object] | None = None
 
 
-@dataclass(frozen=True)
-class YellowFlag(JsonRecord):
-    """Several trials failed for the same cause in one region; that region is paused."""
-
-    WHAT: ClassVar[str] = "a yellow flag"
-    cause: str
-    trials: list[int]
-    region: dict[str, Any]
-    evidence: list[str]
-
-    def contains(self, params: Mapping[str, Any]) -> bool:
-        for name, bound in self.region.items():
-            if name not in params:
-                continue
-            v = params[name]
-            if "in" in bound:
-                if v not in bound["in"]:
-                    return False
-            elif not (bound["low"] <= float(v) <= bound["high"]):
-                return False
-        return True
-
-    #: What the search does about it (said in every flag's JSON).
-    ACTION: ClassVar[str] = "region paused: no more samples there; the search goes on elsewhere"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "action": self.ACTION}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> YellowFlag:
-        return cls(**record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT, derived=("action",)))
-
-
-@dataclass(frozen=True)
-class ConfigGroup(JsonRecord):
-    """The complete trials of one configuration: its metric's mean ± std over their seeds."""
-
-    WHAT: ClassVar[str] = "a search group"
-    params: dict[str, Any]
-    values: list[float]
-    trials: list[int]
-    #: The arm of each trial (``centre``, ``defaults``, ``local``, ``tpe``).
-    arms: list[str]
-    mean: float
-    std: float | None
-    n: int
-    #: Median seconds of its trials.
-    trial_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class TrialLog(JsonRecord):
-    """One search trial as the report draws it: its arm, state, value and why it ended."""
-
-    WHAT: ClassVar[str] = "a search trial log"
-    number: int
-    state: str
-    value: float | None = None
-    arm: str = "tpe"
-    reason: str | None = None
-    duration_s: float | None = None
-
-    @classmethod
-    def of(cls, t: TrialRecord) -> TrialLog:
-        """The search's trial record as the stage keeps it (the few fields its chart reads)."""
-        return cls(number=t.number, state=t.state, value=t.value, arm=arm_of(t), reason=t.reason,
-                   duration_s=t.duration_s)
-
-
 @dataclass
 class SearchOutcome:
     """What the search stage found and how it ended."""
@@ -183,11 +112,6 @@ class SearchOutcome:
 
 
 # -- reading trials -----------------------------------------------------------------------------
-def arm_of(t: TrialRecord) -> str:
-    """Where the trial's configuration came from (its enqueue tag; ``tpe`` for a sampled one)."""
-    return str(t.tags.get(ARM_TAG, "tpe"))
-
-
 def trial_json(t: TrialRecord) -> dict[str, Any]:
     """A trial as ``search_trials.json`` holds it (the file's keys since it was first written)."""
     return {"number": t.number, "state": t.state, "params": dict(t.params), "value": t.value,

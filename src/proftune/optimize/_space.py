@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._optimizers import DEFAULT_LR, DEFAULT_WEIGHT_DECAY
 from .._records import mapping, record_fields
 from ..exceptions import ProblemCollector
 from ..search import Param, Space, load_space
@@ -84,7 +85,7 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     centre: dict[str, Any] = {}
     narrow: dict[str, Any] = {}
     evidence: dict[str, str] = {}
-    lr = float(computed.lr or defaults.get("lr") or 1e-3)
+    lr = float(computed.lr or defaults.get("lr") or DEFAULT_LR)
     # a measured rate is searched within 30x; without one (the range test found none, or had no
     # time) the task's rate may be off by far more: three decades each way
     lo, hi = _log_range(lr, 30.0 if computed.lr else 1000.0, 1e-6, 3.0)
@@ -107,7 +108,7 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     narrow["batch_size"] = [c for c in choices if bs // 2 <= c <= bs * 2]
     evidence["batch_size"] = "computed (memory budget / critical batch)" if computed.batch_size else "task default"
     if str(defaults.get("optimizer", "adamw")) in ("adamw", "adam", "sgd"):
-        wd = float(defaults.get("weight_decay") or 1e-2)
+        wd = float(defaults.get("weight_decay") or DEFAULT_WEIGHT_DECAY)
         params["weight_decay"] = {"type": "float", "low": min(1e-6, wd), "high": max(0.3, wd), "log": True}
         centre["weight_decay"], narrow["weight_decay"] = wd, _log_range(wd, 10.0, 1e-6, 0.3)
         evidence["weight_decay"] = "task default (AdamW's 0.01 when unset)"

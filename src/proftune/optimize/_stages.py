@@ -20,7 +20,7 @@ from ..exceptions import ConfigError
 from ._records import StageOutputs
 
 if TYPE_CHECKING:
-    from ._api import _Loop
+    from ._context import StageContext
 
 __all__ = ["OPTIMIZE_STAGES", "SHARES", "STAGE_RECORDS", "STAGE_REGISTRY", "BaseStage", "StageResult",
            "register_stage", "stage_order"]
@@ -41,10 +41,11 @@ class BaseStage(abc.ABC):
     """One stage of the optimize loop.
 
     ``run(loop, share, end)`` does the stage's work in about ``share`` seconds (``end`` is
-    ``time.monotonic()`` by which it should be done) and returns its record. ``loop`` gives what
-    every stage shares: the task (its validation data split for held-out figures), the defaults,
-    the options (``loop.cfg``, ``loop.v``), the Store, the state of the stages before it
-    (``loop.state.record(TheirOutputs)``), the clock (``loop.budget``), the output folder
+    ``time.monotonic()`` by which it should be done) and returns its record. ``loop`` is a
+    :class:`StageContext`, the public contract a stage relies on: the task (its validation data
+    split for held-out figures), the defaults, the options (``loop.cfg``, ``loop.v``), the Store,
+    the state of the stages before it (``loop.state.record(TheirOutputs)``), the clock
+    (``loop.budget``), the plan of the budget (``loop.budget_plan()``), the output folder
     (``loop.out``) and ``loop.say(event, data)`` for progress.
     """
 
@@ -62,10 +63,10 @@ class BaseStage(abc.ABC):
     file_fields: ClassVar[tuple[str, ...]] = ("model", "profile", "trials_file", "output")
 
     @abc.abstractmethod
-    def run(self, loop: _Loop, share: float, end: float) -> StageResult:
+    def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """Do the stage's work and return its record."""
 
-    def skipped(self, loop: _Loop) -> bool:
+    def skipped(self, loop: StageContext) -> bool:
         """Whether the stage's work is off with these options: its share goes to the others (its
         ``run`` is still called, and returns its record with status ``skipped`` and why)."""
         return False
@@ -76,7 +77,7 @@ class BaseStage(abc.ABC):
         return [str(outputs[k]) for k in self.file_fields
                 if isinstance(outputs.get(k), str) and outputs[k] and not (out / str(outputs[k])).is_file()]
 
-    def on_end(self, loop: _Loop) -> None:  # noqa: B027  (an optional hook, a no-op by default)
+    def on_end(self, loop: StageContext) -> None:  # noqa: B027  (an optional hook, a no-op by default)
         """Called after the stage finished and its record is saved."""
 
 
@@ -90,7 +91,9 @@ S = TypeVar("S")
 def register_stage(stage: S) -> S:
     """Register a :class:`BaseStage` subclass (built with no arguments) or instance; usable as a
     class decorator. Its name must be new, its ``after`` a registered stage, its record a
-    :class:`StageOutputs` whose ``STAGE`` is its name."""
+    :class:`StageOutputs` whose ``STAGE`` is its name. The loop calls its ``run`` with a
+    :class:`StageContext` (``proftune.optimize.StageContext``); the built-in stages register here
+    too, and an installed package's through the ``proftune.optimize_stages`` entry point group."""
     obj: Any = stage() if isinstance(stage, type) else stage
     problems: list[str] = []
     if not isinstance(obj, BaseStage):

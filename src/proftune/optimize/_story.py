@@ -8,14 +8,13 @@ One home for these sentences: the terminal summary and the HTML report both prin
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from .._jsonsafe import finite_float as _f
-from .._records import JsonRecord, Reader, each
+from .._optimizers import DEFAULT_LR
 from .._units import format_bytes
+from ._numbers import fmt, fmt_ms, method_name, rounded
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -23,65 +22,21 @@ from ._records import (
     FinalOutputs,
     HealthOutputs,
     LayerValueOutputs,
-    ModelFigures,
     SearchStageOutputs,
 )
+from ._result import FinalSummary, OptimizeResult, StageRow, StageStory, Story, StoryLine, VsBaseline
 
 if TYPE_CHECKING:
     from ._changes import ParamChange
     from ._decide import Comparison
-    from ._final import SeedSummary
-    from ._result import FinalSummary, OptimizeResult, StageRow, VsBaseline
+    from ._final_records import SeedSummary
 
 __all__ = ["StageStory", "Story", "StoryLine", "fmt", "fmt_ms", "method_name", "rounded", "tell"]
-
-
-def fmt(v: Any, digits: int = 3) -> str:
-    """A number for people: three significant digits (``0.0679``, ``0.887``), ints as they are;
-    a mapping or a list figure by figure (``optimizer sgd, lr 0.0869``: never a float's repr)."""
-    if isinstance(v, bool) or v is None:
-        return "-" if v is None else str(v)
-    if isinstance(v, Mapping):
-        return ", ".join(f"{k} ({fmt(x, digits)})" if isinstance(x, Mapping) else f"{k} {fmt(x, digits)}"
-                         for k, x in v.items())
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(fmt(x, digits) for x in v) + "]"
-    if isinstance(v, int):
-        return f"{v:,}" if abs(v) >= 10_000 else str(v)
-    f = _f(v)
-    if f is None:
-        return str(v)
-    if f.is_integer() and abs(f) < 1e6:
-        return str(int(f))
-    return f"{f:.{digits}g}"
-
-
-#: A decimal number in a sentence, with its exponent: at the end of a sentence ("0.0869.") and
-#: before a unit ("0.0869s", "1.99x") too; not a version's part ("2.14.1").
-_DECIMAL = re.compile(r"(?<![\w.])([+-]?)(\d+\.\d+)([eE][+-]?\d+)?(?!\d|\.\d)")
-
-
-def rounded(text: Any) -> str:
-    """``text`` with every decimal number in it cut to three significant digits (sentences from
-    other parts: "the mean gain -0.002778 is not a gain" -> "-0.00278")."""
-    def cut(m: re.Match[str]) -> str:
-        digits = m.group(2).replace(".", "").lstrip("0")
-        if len(digits) <= 3:
-            return m.group(0)
-        return f"{m.group(1)}{float(m.group(2) + (m.group(3) or '')):.3g}"
-
-    return _DECIMAL.sub(cut, str(text))
 
 
 def _signed(v: Any, digits: int = 2) -> str:
     f = _f(v)
     return "-" if f is None else f"{f:+.{digits}g}"
-
-
-def fmt_ms(v: Any) -> str:
-    """Milliseconds: ``0.0164 ms``, ``1.12 ms``, ``240 ms``."""
-    f = _f(v)
-    return "-" if f is None else f"{f:.3g} ms"
 
 
 def _secs(v: Any) -> str:
@@ -119,20 +74,6 @@ def _noise(cmp: Comparison | None, metric: str) -> str:
         return reason or "no comparison"
     std = f" ± {fmt(cmp.gain_std, 2)}" if _f(cmp.gain_std) is not None else ""
     return f"{metric} gain {_signed(cmp.gain)}{std} over {len(cmp.seeds)} paired seed(s); {reason}"
-
-
-def method_name(c: ModelFigures) -> str:
-    """A compression candidate as people name it: ``structured pruning 50% + dynamic INT8``."""
-    words = {"dynamic": "dynamic INT8", "static": "static INT8", "qat": "INT8 (QAT)",
-             "structured": "structured pruning", "unstructured": "unstructured pruning"}
-    ratio = _f(c.ratio)
-    out = []
-    for part in str(c.method or "-").split("+"):
-        name = words.get(part, part)
-        if "pruning" in name and ratio:
-            name += f" {ratio:.0%}"
-        out.append(name)
-    return " + ".join(out)
 
 
 def _compression(final: FinalSummary, vs: VsBaseline, compress: CompressOutputs) -> str:
@@ -195,46 +136,6 @@ def _changed(rows: Sequence[ParamChange]) -> str:
     return ", ".join(f"{r.param} {fmt(r.default)} -> {fmt(r.value)} ({r.source})" for r in moved)
 
 
-@dataclass(frozen=True)
-class StoryLine(JsonRecord):
-    """A question a newcomer asks, and the run's answer."""
-
-    WHAT: ClassVar[str] = "a story line"
-    label: str
-    text: str
-
-
-@dataclass(frozen=True)
-class StageStory(JsonRecord):
-    """A stage in a few words: its two numbers, labelled, and what it did."""
-
-    WHAT: ClassVar[str] = "a stage story"
-    stage: str
-    status: str | None
-    time: str
-    share: str
-    numbers: str = ""
-    did: str = ""
-
-
-@dataclass(frozen=True)
-class Story(JsonRecord):
-    """The result in sentences, from the result's own numbers."""
-
-    WHAT: ClassVar[str] = "an optimize story"
-    READERS: ClassVar[dict[str, Reader]] = {"lines": each(StoryLine.from_dict), "stages": each(StageStory.from_dict)}
-    headline: str = ""
-    decision: str = ""
-    adopted: bool = False
-    notes: list[str] = field(default_factory=list)
-    lines: list[StoryLine] = field(default_factory=list)
-    stages: list[StageStory] = field(default_factory=list)
-
-    def answer(self, label: str) -> str:
-        """The answer to the question ``label`` ("did it help", ...), "" when it was not asked."""
-        return next((x.text for x in self.lines if x.label == label), "")
-
-
 def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
     """A stage: what its two numbers are, labelled, and what it did, in a few words."""
     before, after = s.metric_before, s.metric_after
@@ -244,9 +145,10 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
         numbers = (f"no tricks {fmt(before)} -> defaults {fmt(after)}" if before is not None
                    else f"defaults {fmt(after)}")
         did = (f"trained the defaults ({b.defaults.epochs} epoch(s), with the health checks) beside a no-tricks "
-               f"run (AdamW lr 1e-3, no regularisation); spread {fmt(b.spread, 2)}" if before is not None else
+               f"run (AdamW lr {fmt(DEFAULT_LR)}, no regularisation); spread {fmt(b.spread, 2)}"
+               if before is not None else
                f"trained the defaults ({b.defaults.epochs} epoch(s), with the health checks); the no-tricks run "
-               f"(AdamW lr 1e-3) was {b.no_tricks.stop_reason or 'not compared'}")
+               f"(AdamW lr {fmt(DEFAULT_LR)}) was {b.no_tricks.stop_reason or 'not compared'}")
     elif s.name == "health":
         h = s.record(HealthOutputs)
         did = (f"{len(h.errors)} error(s), {len(h.warnings)} warning(s) in the baseline's training"

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .._device import resolve_device
+from .._optimizers import DEFAULT_OPTIMIZER
 from .._options import with_options
 from ..exceptions import ConfigError
 from ..profile import ParamCounts
@@ -268,7 +269,7 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
         calibration = _calibrate(task_obj, merged, same, calibrate, dev)
     return PredictResult(
         task=task_obj.name or type(task_obj).__name__, device=spec.name, batch_size=batch_size, precision=prec,
-        optimizer=str(merged.get("optimizer", "adamw")), target=spec.to_dict(), **parts,
+        optimizer=str(merged.get("optimizer", DEFAULT_OPTIMIZER)), target=spec.to_dict(), **parts,
         device_memory_bytes=memory, fits=fits, max_batch_size=max_b, max_batch=found,
         trace_s=time.perf_counter() - started, traces=len(traces) + (1 if calibration else 0),
         real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,

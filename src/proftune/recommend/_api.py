@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .._device import resolve_device
+from .._optimizers import DEFAULT_OPTIMIZER
 from .._options import with_options
 from .._paths import OutputPath, check_outputs
 from .._units import format_bytes, parse_memory
@@ -558,7 +559,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     lr_ev = {k: v for k, v in lr_res.to_dict().items() if k != "curve"}
     accumulation = plan_accumulation(target, max_batch, cost=_step_cost(prof)) if max_batch else None
     effective = accumulation.effective_batch if accumulation is not None else batch
-    opt_name = str(params.get("optimizer", "adamw"))
+    opt_name = str(params.get("optimizer", DEFAULT_OPTIMIZER))
     if lr_res.suggested_lr is None:
         recs["lr"] = Recommendation("lr", None, f"no lr suggested: {lr_res.message}", lr_ev, "low", "")
         recs["lr_scaling"] = Recommendation("lr_scaling", None, "no lr to scale (the range test gave none).",
@@ -718,7 +719,7 @@ def _ddp_row(ddp: tuple[Any, int, float], task: Task, params: dict[str, Any], b_
                                      device="cuda" if device.type == "cuda" else "cpu", seed=seed)
     lr = params.get("lr")
     return ddp_recommendation(scaling, plan, lr=float(lr) if isinstance(lr, (int, float)) else None,
-                              optimizer=str(params.get("optimizer", "adamw")), critical_batch=critical)
+                              optimizer=str(params.get("optimizer", DEFAULT_OPTIMIZER)), critical_batch=critical)
 
 
 def _optimizer_row(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, *,
@@ -731,7 +732,7 @@ def _optimizer_row(task: Task, params: dict[str, Any], prof: Profile, lr_res: LR
         optimizer_recommendation,
     )
 
-    current = str(params.get("optimizer", "adamw")).lower()
+    current = str(params.get("optimizer", DEFAULT_OPTIMIZER)).lower()
     if budget_s <= 0:
         return Recommendation("optimizer", current, f"keep {current}: the comparison was skipped "
                               "(optimizer_budget_s=0).", {"current": current}, "low", "")

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._optimizers import DEFAULT_LR
 from .._paths import replacing
 from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, DependencyError, ProblemCollector
@@ -428,7 +429,7 @@ def decide_by_ladder(result: LRFindResult, task: Task | str, params: dict[str, A
     task_obj = load_task(task)
     merged = {**task_obj.default_params, **(params or {})}
     own = merged.get("lr")
-    centre = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else 1e-3
+    centre = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else DEFAULT_LR
     ladder = run_lr_ladder(task_obj, merged, centre_lr=centre, rungs=rungs, steps=max(8, int(steps)),
                            batch_size=result.batch_size or None, device=device, seed=seed)
     sweep = result.message or "the range test suggested no rate"

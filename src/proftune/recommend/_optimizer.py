@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._device import move_to_device
+from .._optimizers import DEFAULT_OPTIMIZER
 from ..profile import Profile
 from ..task import Task, TaskWrapper
 from ..train import Callback, FitState, build_optimizer, evaluate_model, fit, seed_everything
@@ -310,7 +311,7 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
     started = time.perf_counter()
     # the whole comparison stops here at the latest (trials and range tests), unless a share is given
     until = started + HARD_STOP * cfg.budget_s if cfg.share_s is None else math.inf
-    current = str(params.get("optimizer", "adamw")).lower()
+    current = str(params.get("optimizer", DEFAULT_OPTIMIZER)).lower()
     honours = honours_optimizer_param(task, params)
     runner: Task = task if honours else _NamedOptimizer(task)
     b = int(cfg.batch_size)

@@ -3,7 +3,7 @@
 - :func:`write_report` / :func:`render_report`: one self-contained HTML page for a run, a
   study, or a saved profile (plotly.js inlined, opens offline from ``file://``);
   :func:`write_compare_report`: two runs side by side.
-- :func:`register_renderer`: how another kind of run (``optimize``) adds its sections, with
+- :func:`register_renderer`: how a kind of run (a plug-in's, or a built-in page) adds its sections, with
   what a page is drawn with: :func:`read_result` (the Run's record, or why not), the figures
   (:func:`bar`, :func:`line`, :func:`hline`, :func:`vline`, :func:`layout`, ``PALETTE``), the
   cells (:class:`Cell`, :func:`clipped`, :func:`esc`, :func:`fmt_number`, :func:`plot_text`) and

@@ -12,7 +12,13 @@ from .._paths import OutputPath, check_outputs, write_text
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..track import RunRecord, Store, open_store
-from . import _compress_page, _diagnose_page, _predict, _recommend_page  # noqa: F401  (they register their pages)
+from . import (  # noqa: F401  (they register their pages)
+    _compress_page,
+    _diagnose_page,
+    _optimize_page,
+    _predict,
+    _recommend_page,
+)
 from ._common import RENDERERS, Context, curves, overview
 from ._figures import PALETTE, layout, line
 from ._html import Page

@@ -18,7 +18,7 @@ from ._html import Page, Section, esc, fmt_number, fmt_value
 
 Renderer = Callable[[Page, RunRecord, "Context"], None]
 
-#: Renderers by run kind; :func:`register_renderer` adds one (``optimize`` adds its own), and an
+#: Renderers by run kind; :func:`register_renderer` adds one (each page of this package does), and an
 #: installed package's through the ``proftune.report_pages`` entry point group (its name: the kind).
 RENDERERS: Registry[Renderer] = Registry("report page", entry_points="proftune.report_pages")
 

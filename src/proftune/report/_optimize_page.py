@@ -7,8 +7,8 @@ budget went. Everything comes from the Store: the optimize Run (:class:`Optimize
 Runs of its stages (``parent_id``: each stage's record) and the Runs those name (recommend,
 diagnose, compress, the study's tune Run).
 
-The page lives with the records it reads: the report is a layer below optimize, so optimize
-adds its page with :func:`proftune.report.register_renderer`.
+The page sits beside the other pages and registers as they do (``_build`` imports it); it reads
+the loop's records through ``proftune.optimize``'s public names (the report is the layer above).
 """
 
 from __future__ import annotations
@@ -19,50 +19,37 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .._jsonsafe import finite_float as _f
+from .._optimizers import DEFAULT_LR
 from .._units import format_bytes
 from ..compress import CompressResult
 from ..exceptions import ConfigError
-from ..recommend import BatchSizeEvidence, LRFindResult, NoiseScaleEvidence, Recommendation, Recommendations
-from ..report import (
-    PALETTE,
-    Cell,
-    Context,
-    Page,
-    Section,
-    bar,
-    candidate_charts,
-    clipped,
-    esc,
-    fmt_number,
-    hline,
-    importance_charts,
-    layout,
-    line,
-    lr_chart,
-    memory_model_chart,
-    plot_text,
-    read_result,
-    register_renderer,
-    sensitivity_chart,
-    vline,
-)
-from ..search import SearchResult
-from ..track import RunRecord, Store
-from ._changes import ParamChange
-from ._records import (
+from ..optimize import (
     BaselineOutputs,
     CompressOutputs,
     ComputeOutputs,
     FinalOutputs,
     HealthOutputs,
     LayerValueOutputs,
+    OptimizeResult,
+    ParamChange,
+    SearchPlan,
     SearchStageOutputs,
     StageOutputs,
+    StageRow,
+    StageStory,
+    Story,
+    TrialLog,
+    VsBaseline,
 )
-from ._result import OptimizeResult, StageRow, VsBaseline
-from ._search import TrialLog
-from ._space import SearchPlan
-from ._story import StageStory, Story
+from ..recommend import BatchSizeEvidence, LRFindResult, NoiseScaleEvidence, Recommendation, Recommendations
+from ..search import SearchResult
+from ..track import RunRecord, Store
+from ._common import Context, read_result, register_renderer
+from ._compress_page import candidate_charts, sensitivity_chart
+from ._figures import PALETTE, bar, hline, layout, line, vline
+from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
+from ._recommend_page import lr_chart, memory_model_chart
+from ._tune_page import importance_charts
 
 __all__ = ["ARM_STYLE", "STAGE_TITLES", "optimize_sections"]
 
@@ -359,8 +346,9 @@ def _baseline(page: Page, run: _Run, vs: VsBaseline) -> None:
             ("task defaults (final race, mean)", vs.defaults.val.mean),
             ("result (final race, mean)", vs.final.val.mean)]
     vals = [(k, v) for k, v in vals if _f(v) is not None]
-    s.para("Triangulation: the task's defaults beside a run with no tricks (AdamW at lr 1e-3, no weight decay, "
-           "no dropout), trained as many epochs; their spread says how much tuning can matter here.", cls="muted")
+    s.para(f"Triangulation: the task's defaults beside a run with no tricks (AdamW at lr {DEFAULT_LR:g}, "
+           "no weight decay, no dropout), trained as many epochs; their spread says how much tuning can "
+           "matter here.", cls="muted")
     side = s.side(lambda t: t.kv([("no tricks", _short_value(nt.params)), ("defaults", _short_value(dflt.params)),
                                   ("epochs", dflt.epochs), ("spread", _n(b.spread)),
                                   ("defaults' training", _secs(dflt.duration_s))], title="baseline"))

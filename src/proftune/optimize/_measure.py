@@ -1,0 +1,89 @@
+"""What the built-in stages measure and compare with, beside the public API they call: the fit
+callback that keeps the model and the metric's curve, a task's steps and samples per epoch, the
+final model's latency, a compress candidate's figures, and params compared as values.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._jsonsafe import finite_float
+from ..compress import Candidate
+from ..exceptions import ConfigError
+from ..profile import task_latencies
+from ..task import Task
+from ..train import Callback, FitState
+from ._records import ModelFigures
+
+log = logging.getLogger(__name__)
+
+
+class _Capture(Callback):
+    """Keeps the fit loop's model at the end (diagnose returns findings, not the model), and the
+    metric ``metric`` after each epoch (the defaults' own learning curve)."""
+
+    def __init__(self, metric: str | None = None) -> None:
+        self.model: nn.Module | None = None
+        self.metric = metric
+        self.curve: list[float | None] = []
+
+    def on_epoch_end(self, state: FitState) -> None:
+        if self.metric is not None:
+            self.curve.append(finite_float(state.metrics.get(self.metric)))
+
+    def on_fit_end(self, state: FitState) -> None:
+        self.model = state.model
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+        except (TypeError, ValueError):
+            return False
+    return bool(a == b)
+
+
+def _params_key(params: dict[str, Any]) -> str:
+    return repr(sorted((k, round(float(v), 12) if isinstance(v, float) else v) for k, v in params.items()))
+
+
+def _figures(c: Candidate, *, method: bool = True, format: bool = False, within_budget: bool = False,
+             test_metric: float | None = None) -> ModelFigures:
+    """A compress candidate as the stage keeps it: its figures (``method=False``: the
+    uncompressed model), with its file format, budget verdict or held-out metric where asked."""
+    return ModelFigures(method=c.method if method else None, ratio=c.ratio if method else None, metric=c.metric,
+                        metric_drop=c.metric_drop if method else None, test_metric=test_metric,
+                        latency_ms=c.latency_ms, latency_batch_ms=c.latency_batch_ms, size_bytes=c.size_bytes,
+                        params=c.params, macs=c.macs, batch_size=c.batch_size, format=c.format if format else None,
+                        within_budget=c.within_budget if within_budget else None)
+
+
+def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
+    data = task.train_data(int(params.get("batch_size", 32)), params)
+    n = getattr(data, "__len__", None)
+    return int(n()) if callable(n) else 1
+
+
+def _samples(task: Task, params: dict[str, Any]) -> int | None:
+    """Training samples per epoch (an upper bound: batches x batch size), when the data has a length."""
+    bs = int(params.get("batch_size", 32))
+    data = task.train_data(bs, params)
+    n = getattr(data, "__len__", None)
+    return int(n()) * bs if callable(n) else None
+
+
+def _latency_ms(task: Task, model: nn.Module, device: torch.device) -> float | None:
+    """``latency_ms`` of the model at batch 1 on ``device``, the run's (its one producer,
+    :func:`proftune.profile.task_latencies`); None when the task's loss does not feed the model
+    inputs that can be sliced to one sample."""
+    try:
+        return task_latencies(task, model.to(device), (1,), device=device, rounds=5)[1].ms
+    except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
+        log.info("no latency for the final model: %s", exc)
+        return None

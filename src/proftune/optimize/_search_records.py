@@ -1,0 +1,92 @@
+"""The search stage's records: a yellow flag, a configuration's group of trials, a trial as the
+report draws it. The search stage (``_search.py``) builds them; the stage's outputs, the result
+and the report read them. They import no stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .._records import JsonRecord, mapping, record_fields
+from ..search import TrialRecord
+
+__all__ = ["ARM_TAG", "ConfigGroup", "TrialLog", "YellowFlag", "arm_of"]
+
+#: Tag of an enqueued trial: where its configuration came from.
+ARM_TAG = "arm"
+
+
+def arm_of(t: TrialRecord) -> str:
+    """Where the trial's configuration came from (its enqueue tag; ``tpe`` for a sampled one)."""
+    return str(t.tags.get(ARM_TAG, "tpe"))
+
+
+@dataclass(frozen=True)
+class YellowFlag(JsonRecord):
+    """Several trials failed for the same cause in one region; that region is paused."""
+
+    WHAT: ClassVar[str] = "a yellow flag"
+    cause: str
+    trials: list[int]
+    region: dict[str, Any]
+    evidence: list[str]
+
+    def contains(self, params: Mapping[str, Any]) -> bool:
+        for name, bound in self.region.items():
+            if name not in params:
+                continue
+            v = params[name]
+            if "in" in bound:
+                if v not in bound["in"]:
+                    return False
+            elif not (bound["low"] <= float(v) <= bound["high"]):
+                return False
+        return True
+
+    #: What the search does about it (said in every flag's JSON).
+    ACTION: ClassVar[str] = "region paused: no more samples there; the search goes on elsewhere"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "action": self.ACTION}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> YellowFlag:
+        return cls(**record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT, derived=("action",)))
+
+
+@dataclass(frozen=True)
+class ConfigGroup(JsonRecord):
+    """The complete trials of one configuration: its metric's mean ± std over their seeds."""
+
+    WHAT: ClassVar[str] = "a search group"
+    params: dict[str, Any]
+    values: list[float]
+    trials: list[int]
+    #: The arm of each trial (``centre``, ``defaults``, ``local``, ``tpe``).
+    arms: list[str]
+    mean: float
+    std: float | None
+    n: int
+    #: Median seconds of its trials.
+    trial_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialLog(JsonRecord):
+    """One search trial as the report draws it: its arm, state, value and why it ended."""
+
+    WHAT: ClassVar[str] = "a search trial log"
+    number: int
+    state: str
+    value: float | None = None
+    arm: str = "tpe"
+    reason: str | None = None
+    duration_s: float | None = None
+
+    @classmethod
+    def of(cls, t: TrialRecord) -> TrialLog:
+        """The search's trial record as the stage keeps it (the few fields its chart reads)."""
+        return cls(number=t.number, state=t.state, value=t.value, arm=arm_of(t), reason=t.reason,
+                   duration_s=t.duration_s)
