@@ -103,7 +103,7 @@ def test_a_long_recommended_value_wraps_instead_of_squeezing_its_reason(optimize
                                                                          tmp_path: Path) -> None:
     """On a busy machine the data_loading rule fires and recommends a whole DataLoader setting: the
     table of the other computed values keeps its rows a few lines tall (the value wraps)."""
-    import shutil
+    import sqlite3
     from types import SimpleNamespace
 
     from proftune.recommend._rules import data_loading_rule
@@ -113,7 +113,10 @@ def test_a_long_recommended_value_wraps_instead_of_squeezing_its_reason(optimize
     from ._chromium import chromium, visit
 
     db = tmp_path / "runs.db"
-    shutil.copy(str(optimize_run["db"]).removeprefix("sqlite:///"), db)
+    # SQLite's backup, not a file copy: the store runs in WAL mode, and its last commits (the run
+    # finished) can still be in the -wal file while this process holds a connection open
+    with sqlite3.connect(str(optimize_run["db"]).removeprefix("sqlite:///")) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)
     store = Store(f"sqlite:///{db}")
     busy = data_loading_rule(SimpleNamespace(step=SimpleNamespace(data_ms=6.0, time_ms=10.0), device="cpu"))
     assert isinstance(busy.value, dict)
