@@ -109,8 +109,9 @@ def test_real_ddp_ranks_take_about_the_step_the_prediction_says() -> None:
     """DDP on 2 gloo CPU ranks, 8 blocks: the predicted step (one process's step measured here,
     wrapped as one DDP rank, shared between the ranks, plus the collectives over the link those
     ranks measured) against the ranks' measured step. The band is wide because the ranks and the
-    measurement run at different moments of a shared machine's load; benchmarks/sharded.py reports
-    the 16 cases' ratios."""
+    measurement run at different moments of a shared machine's load (benchmarks/sharded.py at load
+    8-15: 0.39-1.82 over the 16 cases; the roofline's compute with the same link: 0.13-0.63), and
+    the suite must pass on a machine in any state (issue 48): a third to three times."""
     import sys
     from pathlib import Path
 
@@ -126,4 +127,4 @@ def test_real_ddp_ranks_take_about_the_step_the_prediction_says() -> None:
     assert "wrapped as one ddp rank" in p.compute["source"]
     assert p.link["source"] == "measured in the ranks"
     ratio = float(p.step["time_ms"] or 0) / measured["step_ms"]
-    assert 0.5 <= ratio <= 2.0, (p.step, p.compute, measured["step_ms"])
+    assert 1 / 3 <= ratio <= 3.0, (p.step, p.compute, measured["step_ms"])
