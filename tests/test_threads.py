@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from proftune import _threads, train
+from proftune import _thread_control, _threads, train
 from proftune._api import TrainResult
 from proftune._threads import (
     ThreadChoice,
@@ -68,8 +68,8 @@ def _two_candidates(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(_threads.MAX_THREADS_ENV, "2")
     monkeypatch.delenv(_threads.THREADS_ENV, raising=False)
     monkeypatch.setattr(train, "clock", lambda device=None: time.perf_counter() + _VIRTUAL[0])
-    monkeypatch.setattr(train, "run_queue_ms", lambda: None)
-    monkeypatch.setattr(train, "others_running", lambda own=1: None)
+    monkeypatch.setattr(_thread_control, "run_queue_ms", lambda: None)
+    monkeypatch.setattr(_thread_control, "others_running", lambda own=1: None)
     _threads.forget()
     yield
     _threads.forget()
@@ -189,8 +189,8 @@ def test_counts_above_the_cores_others_leave_free_are_not_tried() -> None:
 def test_a_fit_beside_other_runnable_threads_trains_at_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fit loop samples other processes' runnable threads around each step (faked: one, on a
     machine of two cores): two threads are never tried."""
-    monkeypatch.setattr(train, "others_running", lambda own=1: 1)
-    monkeypatch.setattr(train, "machine_cores", lambda: 2)
+    monkeypatch.setattr(_thread_control, "others_running", lambda own=1: 1)
+    monkeypatch.setattr(_thread_control, "machine_cores", lambda: 2)
     task = _Tiny()
     result = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
     assert result.threads is not None
@@ -200,7 +200,7 @@ def test_a_fit_beside_other_runnable_threads_trains_at_one_thread(monkeypatch: p
 
 def test_a_fit_that_waits_for_cores_trains_at_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fit loop reads the run-queue wait around each step (faked: half of every step)."""
-    monkeypatch.setattr(train, "run_queue_ms", lambda: time.perf_counter() * 1e3 / 2)
+    monkeypatch.setattr(_thread_control, "run_queue_ms", lambda: time.perf_counter() * 1e3 / 2)
     task = _Tiny()
     result = fit(task, {"batch_size": 8}, max_steps=20, evaluate=False)
     assert result.threads is not None
@@ -351,8 +351,8 @@ def test_the_load_is_read_around_one_step_in_four_between_checks(monkeypatch: py
         reads["others"] += 1
         return 0
 
-    monkeypatch.setattr(train, "run_queue_ms", queue)
-    monkeypatch.setattr(train, "others_running", others)
+    monkeypatch.setattr(_thread_control, "run_queue_ms", queue)
+    monkeypatch.setattr(_thread_control, "others_running", others)
     result = fit(_Tiny(), {"batch_size": 8}, max_steps=120, evaluate=False)
     assert result.threads is not None
     checked = sum(len(c.step_ms) for c in result.threads.checks) * 3 + len(result.threads.checks)

@@ -12,8 +12,8 @@ import copy
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,20 +21,12 @@ import torch
 from torch import nn
 
 from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resolve_device
+from ._fit_state import Callback, FitResult, FitState
 from ._optimizers import OPTIMIZERS, build_optimizer
 from ._options import with_options
-from ._threads import (
-    ThreadChoice,
-    ThreadTuner,
-    candidate_counts,
-    machine_cores,
-    max_threads,
-    others_running,
-    recall,
-    remember,
-    run_queue_ms,
-    threads_from_env,
-)
+from ._step import StepPhases, StepSpec, run_step
+from ._thread_control import ThreadControl
+from ._threads import ThreadChoice, threads_from_env
 from .exceptions import ConfigError, ProblemCollector
 from .metrics import direction, is_known, resolve_direction
 from .task import Task, load_task
@@ -63,116 +55,6 @@ LOOP_PARAMS = (
     "lr", "batch_size", "weight_decay", "optimizer", "momentum",
     "grad_accumulation", "grad_clip", "precision",
 )
-
-
-class Callback:
-    """Hooks into :func:`fit` (and :class:`proftune.Monitor`); every hook is a no-op by default."""
-
-    def on_fit_start(self, state: FitState) -> None:
-        """Once, after the model and optimizer are built, before the first batch."""
-
-    def on_epoch_start(self, state: FitState) -> None:
-        """At the start of each epoch."""
-
-    def on_step_start(self, state: FitState) -> None:
-        """Before the forward pass of an optimizer step; the batch is loaded (``state.batch``)."""
-
-    def on_after_backward(self, state: FitState) -> None:
-        """After the last backward of a step: gradients are complete and unscaled, not clipped."""
-
-    def on_step_end(self, state: FitState) -> None:
-        """After the optimizer step; ``state.loss`` and ``state.timing`` hold the step's figures."""
-
-    def on_epoch_end(self, state: FitState) -> None:
-        """After the epoch's evaluation; ``state.metrics`` holds its metrics."""
-
-    def on_fit_end(self, state: FitState) -> None:
-        """Once, at the end (also after a stop request)."""
-
-    def on_exception(self, state: FitState, exc: BaseException) -> None:
-        """When the loop is about to raise ``exc``."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-
-
-@dataclass
-class FitState:
-    """What the loop knows at a hook; callbacks read it and may request a stop."""
-
-    task: Task | None
-    model: nn.Module
-    optimizer: torch.optim.Optimizer | None
-    params: dict[str, Any]
-    device: torch.device
-    batch_size: int = 0
-    epoch: int = 0
-    #: Optimizer steps done so far (the step being run, inside step hooks, is ``step``).
-    step: int = 0
-    batch: Any = None
-    #: Mean loss of the last step (over its micro-batches), as a float.
-    loss: float | None = None
-    #: The last step's loss tensor (the last micro-batch's, unscaled, attached to the graph).
-    loss_tensor: torch.Tensor | None = None
-    #: Milliseconds of the last step: data_ms, forward_ms, backward_ms, optimizer_ms, step_ms.
-    timing: dict[str, float] = field(default_factory=dict)
-    #: Metrics of the last evaluation.
-    metrics: dict[str, float] = field(default_factory=dict)
-    #: ``{"step": [...], "epoch": [...]}``: one dict per step and per epoch.
-    curves: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"step": [], "epoch": []})
-    anomalies: list[dict[str, Any]] = field(default_factory=list)
-    samples_seen: int = 0
-    should_stop: bool = False
-    stop_reason: str | None = None
-    #: When True the loop synchronises the device around each phase so that timings are exact.
-    sync_timing: bool = False
-    scaler: Any = None
-    #: The task's learning-rate schedule (``Task.configure_scheduler``), stepped after each step.
-    scheduler: Any = None
-
-    def request_stop(self, reason: str) -> None:
-        """Ask the loop to stop after the current step."""
-        self.should_stop = True
-        if self.stop_reason is None:
-            self.stop_reason = reason
-
-    def record_anomaly(self, kind: str, **detail: Any) -> None:
-        """Note an anomaly (``nan_loss``, ``grad_spike``, ...) at the current step."""
-        self.anomalies.append({"kind": kind, "step": self.step, "epoch": self.epoch, **detail})
-
-    @property
-    def lr(self) -> float | None:
-        if self.optimizer is None or not self.optimizer.param_groups:
-            return None
-        return float(self.optimizer.param_groups[0]["lr"])
-
-
-@dataclass
-class FitResult:
-    """What :func:`fit` returns: final metrics, curves, the trained model and how it ended."""
-
-    metrics: dict[str, float]
-    curves: dict[str, list[dict[str, Any]]]
-    params: dict[str, Any]
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    steps: int
-    epochs: int
-    samples: int
-    duration_s: float
-    anomalies: list[dict[str, Any]]
-    stop_reason: str | None
-    device: str
-    #: The CPU thread count it trained at and its evidence (the measured step times, the re-checks).
-    threads: ThreadChoice | None = None
-
-    @property
-    def throughput(self) -> float:
-        """Training samples per second over the whole fit (evaluation included)."""
-        return self.samples / self.duration_s if self.duration_s > 0 else 0.0
 
 
 def seed_everything(seed: int) -> None:
@@ -230,93 +112,6 @@ def validate_params(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# -- one optimizer step: the description the fit loop runs and the step predictor traces ----------------
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    """How one optimizer step runs, described once: ``grad_accumulation`` micro-batches, each
-    forward under autocast at ``precision`` (fp16 with a GradScaler), the loss divided by the
-    micro-batches, gradients unscaled, clipped to ``grad_clip`` (None: not clipped), one optimizer
-    step. :func:`fit` runs it; ``proftune.predict`` traces the same :func:`run_step` on fake tensors."""
-
-    precision: str = "fp32"
-    grad_accumulation: int = 1
-    grad_clip: float | None = None
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> StepSpec:
-        """The step of validated params (:func:`validate_params`): precision, grad_accumulation, grad_clip."""
-        clip = params.get("grad_clip")
-        return cls(precision=str(params.get("precision", "fp32")),
-                   grad_accumulation=int(params.get("grad_accumulation", 1) or 1),
-                   grad_clip=float(clip) if clip else None)
-
-    def autocast(self, device_type: str) -> contextlib.AbstractContextManager[Any]:
-        """The forward's autocast on ``device_type`` ("cpu", "cuda"); nothing at fp32."""
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(device_type=device_type, dtype=dtype)
-
-    def grad_scaler(self, device_type: str) -> torch.amp.GradScaler | None:
-        """A GradScaler at fp16 (its gradients underflow without one), else None."""
-        return torch.amp.GradScaler(device_type) if self.precision == "fp16" else None
-
-
-class StepPhases:
-    """What the caller of :func:`run_step` does around its phases: the fit loop times them and
-    runs its callbacks, the predictor tags every op with its phase. No-ops by default."""
-
-    def forward(self) -> contextlib.AbstractContextManager[Any]:
-        """Around each micro-batch's forward and loss."""
-        return contextlib.nullcontext()
-
-    def backward(self) -> contextlib.AbstractContextManager[Any]:
-        """Around each micro-batch's backward."""
-        return contextlib.nullcontext()
-
-    def optimizer(self) -> contextlib.AbstractContextManager[Any]:
-        """Around the optimizer's part: unscaling the gradients, then (a second time) clip and step."""
-        return contextlib.nullcontext()
-
-    def after_backward(self, loss: torch.Tensor) -> None:
-        """The gradients are complete and unscaled, not clipped; ``loss`` is the last micro-batch's."""
-
-
-def run_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Any],
-             spec: StepSpec, *, device_type: str, scaler: torch.amp.GradScaler | None = None,
-             phases: StepPhases | None = None) -> list[torch.Tensor]:
-    """One optimizer step over ``micro_batches`` as ``spec`` describes it; the losses (detached,
-    unscaled), one per micro-batch. Not for LBFGS (its closure re-runs the model)."""
-    phases = phases or StepPhases()
-    optimizer.zero_grad(set_to_none=True)
-    losses: list[torch.Tensor] = []
-    loss: torch.Tensor | None = None
-    for batch in micro_batches:
-        with phases.forward(), spec.autocast(device_type):
-            loss = task.loss(model, batch)
-        scaled = loss / len(micro_batches)
-        with phases.backward():
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        losses.append(loss.detach())
-    if loss is None:
-        raise ValueError("run_step needs at least one micro-batch.")
-    if scaler is not None:
-        with phases.optimizer():
-            scaler.unscale_(optimizer)
-    phases.after_backward(loss)
-    with phases.optimizer():
-        if spec.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-    return losses
-
-
 class _Timer:
     """Milliseconds between marks; synchronises the device first when asked."""
 
@@ -351,113 +146,6 @@ class FitConfig:
     evaluate: bool = True
     stop_on_nan: bool = True
     threads: int | None = None
-
-
-class _ThreadControl(Callback):
-    """Sets torch's thread count for each step, as :class:`ThreadTuner` decides from the steps'
-    times (or once, for a fixed count); :meth:`choice` is the record of what it did."""
-
-    def __init__(self, fixed: int | None, given_by: str, key: tuple[str, ...]) -> None:
-        self.fixed, self.given_by, self.key = fixed, given_by, key
-        self.limit = max_threads()
-        self.tuner: ThreadTuner | None = None
-        self._armed = False
-        self._grad_hooks: list[Any] = []
-        self._deadline, self._fallback, self._cut = 0.0, 1, False
-        self._wait0: float | None = None
-        self._others0: int | None = None
-        self._wall0 = 0.0
-        if fixed is None:
-            hit = recall(key)
-            start, recheck, since = hit if hit is not None else (None, 64, 0)
-            self.tuner = ThreadTuner(candidate_counts(self.limit), start=start, recheck=recheck, since=since,
-                                     cores=machine_cores())
-        self._apply()
-
-    def _apply(self) -> None:
-        want = self.fixed if self.fixed is not None else (self.tuner.threads if self.tuner else None)
-        if want is not None and torch.get_num_threads() != want:
-            torch.set_num_threads(want)
-
-    def on_step_start(self, state: FitState) -> None:
-        if self.tuner is not None and self.tuner.wants_load():
-            self._wait0, self._wall0 = run_queue_ms(), time.perf_counter()
-            self._others0 = others_running(torch.get_num_threads())
-        else:  # not read around this step (each read opens a file under /proc)
-            self._wait0 = self._others0 = None
-        # a candidate measured after a faster one: once its step has taken ``abort`` x the best
-        # step, the rest of the step runs at the best count (checked as each module's forward
-        # starts and each parameter's gradient is computed, through hooks on this model's own
-        # modules and parameters, removed at the step's end; no global module hook: the one stack
-        # of running modules is profile's), so a count that waits on busy cores costs about
-        # ``abort`` good steps, not one of its own (2 threads of digits-cnn on 2 cores at load 9:
-        # 0.55 s with the backward checked alone, 0.13-0.18 s with the forward too; 20 ms at 1)
-        cut = self.tuner.cut_off() if self.tuner is not None else None
-        if cut is not None and not self._armed:
-            self._deadline, self._fallback = time.perf_counter() + cut[0] / 1e3, cut[1]
-            self._cut = False
-            self._armed = True
-            self._grad_hooks = [p.register_hook(self._check_grad) for p in state.model.parameters()
-                                if p.requires_grad]
-            if not hasattr(state.model, "_orig_mod"):  # a compiled model would recompile for new hooks
-                self._grad_hooks += [m.register_forward_pre_hook(self._check) for m in state.model.modules()]
-
-    def _check(self, *_: Any) -> None:
-        if not self._cut and time.perf_counter() > self._deadline:
-            self._cut = True
-            torch.set_num_threads(self._fallback)
-
-    def _check_grad(self, grad: torch.Tensor) -> None:
-        self._check()  # in the backward too, as each parameter's gradient is computed
-
-    def on_after_backward(self, state: FitState) -> None:
-        if self._armed:
-            self._check()
-
-    def _unhook(self) -> None:
-        self._armed = False
-        for h in self._grad_hooks:
-            h.remove()
-        self._grad_hooks = []
-
-    def on_step_end(self, state: FitState) -> None:
-        cut = self._armed and self._cut
-        self._unhook()
-        if self.tuner is not None:
-            waited: float | None = None
-            others: float | None = None
-            if self._wait0 is not None:
-                wait, wall = run_queue_ms(), (time.perf_counter() - self._wall0) * 1e3
-                # the share of the step the training thread waited for a core, scaled to the step's time
-                waited = (None if wait is None or wall <= 0 else
-                          (wait - self._wait0) / wall * float(state.timing.get("step_ms", 0.0)))
-            if self._others0 is not None:
-                # other processes' runnable threads, sampled as the step began and as it ended
-                after = others_running(torch.get_num_threads())
-                others = None if after is None else (self._others0 + after) / 2
-            self.tuner.observe(float(state.timing.get("step_ms", 0.0)), cut=cut, wait_ms=waited, others=others)
-            self._apply()
-
-    def on_fit_end(self, state: FitState) -> None:
-        self._unhook()
-        self._remember()
-
-    def on_exception(self, state: FitState, exc: BaseException) -> None:
-        self._unhook()
-
-    def _remember(self) -> None:
-        t = self.tuner
-        if t is not None and (t.checks or t.remembered) and not t.measuring:
-            remember(self.key, t.threads, t.recheck, t.since)
-
-    def choice(self) -> ThreadChoice:
-        t = self.tuner
-        if t is None:
-            assert self.fixed is not None
-            return ThreadChoice(threads=self.fixed, source="user", max_threads=self.limit, given_by=self.given_by)
-        return ThreadChoice(threads=t.threads, source="computed", max_threads=self.limit, candidates=t.candidates,
-                            checks=list(t.checks), remembered=t.remembered,
-                            steps_at={str(k): v for k, v in sorted(t.steps_at.items())})
 
 
 def fit(
@@ -510,7 +198,7 @@ def fit(
     state = FitState(task=task, model=model, optimizer=optimizer, params=merged, device=dev,
                      batch_size=bs, scaler=scaler, scheduler=scheduler)
     threads_before = torch.get_num_threads()
-    control = _ThreadControl(threads, given_by, (task.name or type(task).__name__, dev.type))
+    control = ThreadControl(threads, given_by, (task.name or type(task).__name__, dev.type))
     callbacks = [*callbacks, control]
     started = time.perf_counter()
     try:
