@@ -16,7 +16,6 @@ import logging
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -337,12 +336,3 @@ class HealthCheck(Callback):
         """The findings so far, most likely cause first (every check of ``CHECKS`` runs)."""
         found = [f for f in (c.check(self.history) for c in CHECKS) if f is not None]
         return rank_findings(found)
-
-
-def summarize(findings: Sequence[Finding]) -> str:
-    """One line per finding, for logs; each consequence indented under the finding it follows from."""
-    lines = []
-    for f in findings:
-        lines.append(f"[{f.severity}] {f.cause}: {f.summary}")
-        lines.extend(f"    -> [{c.severity}] {c.cause}: {c.summary}" for c in f.consequences)
-    return "\n".join(lines)
