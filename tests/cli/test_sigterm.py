@@ -47,9 +47,13 @@ def test_sigterm_to_train_records_the_run_interrupted(tmp_path: Path, sig: signa
     tmp.mkdir()
     task.write_text(f"MARKER = {str(marker)!r}\n" + _WAITS_IN_EXEC)
     env = {**os.environ, "TMPDIR": str(tmp)}
+    # Ctrl-C as a terminal sends it: a suite started in the background (``cmd &`` in a script)
+    # inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored (as a user's own
+    # ``nohup ... &`` asks), so the child gets SIGINT's default back
     proc = subprocess.Popen([sys.executable, "-m", "proftune.cli", "train", str(task), "--epochs", "1",
                              "--threads", "1", "--db", f"sqlite:///{db}"], env=env, cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         end = time.monotonic() + 90
         while not marker.exists():

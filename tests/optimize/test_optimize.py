@@ -84,7 +84,9 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     assert len(cmp.seeds) >= 3
     assert cmp.lower is not None
     assert cmp.lower > 0
-    assert vs.defaults.val.n == vs.final.val.n >= 3
+    # the defaults have at least the result's runs: where they train in a third of its time, more
+    # of them train alone in the time a pair does not fit, for the rank test (a loaded machine)
+    assert vs.defaults.val.n >= vs.final.val.n >= 3
     # every arm raced at the task's own protocol (its 2 epochs), whatever the trials ran
     race = _stored(out, "final", FinalOutputs).race
     assert race is not None
