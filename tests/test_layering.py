@@ -52,6 +52,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"optimize"},  # the loop over all of it
     {"report"},  # renders every result kind, read back through its record (CompressResult, OptimizeResult)
     {"cli"},
+    {"__main__"},  # python -m proftune: the console script
     {"proftune"},  # the package's __init__: the curated public API
 ))
 

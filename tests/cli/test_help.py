@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
@@ -35,3 +38,12 @@ def test_the_main_job_is_listed_first_and_descriptions_read_as_sentences() -> No
     assert "<bool>" not in text
     # a docstring's line breaks are joined, not kept mid-sentence
     assert re.search(r"precision, data loading, bottleneck layers and the optimizer", text)
+
+
+def test_python_dash_m_proftune_is_the_console_script() -> None:
+    """``python -m proftune`` runs the CLI, as ``proftune`` and ``python -m proftune.cli`` do."""
+    proc = subprocess.run([sys.executable, "-m", "proftune", "--help"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: proftune " in proc.stdout
+    assert "optimize" in proc.stdout

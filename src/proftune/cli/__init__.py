@@ -24,6 +24,8 @@ from ._tasks import tasks
 from ._train import train
 from ._tune import tune
 
+__all__ = ["app", "main"]
+
 app = typer.Typer(
     name="proftune",
     help="Compute the parameters of PyTorch models and their training from measurements.",
