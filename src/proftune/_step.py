@@ -14,7 +14,7 @@ from torch import nn
 
 from .task import Task
 
-__all__ = ["StepPhases", "StepSpec", "run_step"]
+__all__ = ["StepPhases", "StepSpec", "TimedPhases", "run_step"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,23 @@ class StepPhases:
 
     def after_backward(self, loss: torch.Tensor) -> None:
         """The gradients are complete and unscaled, not clipped; ``loss`` is the last micro-batch's."""
+
+
+class TimedPhases(StepPhases):
+    """Phases that each run inside one context of the caller's, :meth:`_timed` (``phase``:
+    "forward", "backward", "optimizer"): the fit loop's timer and predict's measured step."""
+
+    def _timed(self, phase: str) -> contextlib.AbstractContextManager[Any]:
+        raise NotImplementedError(f"{type(self).__name__} must implement _timed(phase).")
+
+    def forward(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("forward")
+
+    def backward(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("backward")
+
+    def optimizer(self) -> contextlib.AbstractContextManager[Any]:
+        return self._timed("optimizer")
 
 
 def run_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Any],

@@ -24,7 +24,7 @@ from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resol
 from ._fit_state import Callback, FitResult, FitState
 from ._optimizers import OPTIMIZERS, build_optimizer
 from ._options import with_options
-from ._step import StepPhases, StepSpec, run_step
+from ._step import StepPhases, StepSpec, TimedPhases, run_step
 from ._thread_control import ThreadControl
 from ._threads import ThreadChoice, threads_from_env
 from .exceptions import ConfigError, ProblemCollector
@@ -41,6 +41,7 @@ __all__ = [
     "StepPhases",
     "StepSpec",
     "ThreadChoice",
+    "TimedPhases",
     "build_optimizer",
     "evaluate_model",
     "fit",
@@ -238,7 +239,7 @@ def _micro_batches(it: Iterator[Any], accum: int) -> Iterator[list[Any]]:
         yield group
 
 
-class _TimedPhases(StepPhases):
+class _TimedPhases(TimedPhases):
     """The fit loop's side of a step: each phase's milliseconds, and ``on_after_backward``."""
 
     def __init__(self, state: FitState, callbacks: Sequence[Callback], timer: _Timer) -> None:
@@ -251,14 +252,6 @@ class _TimedPhases(StepPhases):
         yield
         self.ms[phase] += self.timer.lap()
 
-    def forward(self) -> contextlib.AbstractContextManager[Any]:
-        return self._timed("forward")
-
-    def backward(self) -> contextlib.AbstractContextManager[Any]:
-        return self._timed("backward")
-
-    def optimizer(self) -> contextlib.AbstractContextManager[Any]:
-        return self._timed("optimizer")
 
     def after_backward(self, loss: torch.Tensor) -> None:
         self.state.loss_tensor = loss

@@ -23,7 +23,7 @@ import torch
 from .._device import move_to_device
 from .._machine import available_memory_bytes, cores
 from ..task import Task
-from ..train import StepPhases, StepSpec, run_step
+from ..train import StepSpec, TimedPhases, run_step
 from ._checkpointing import apply_activation_checkpointing
 
 __all__ = ["COMPUTE", "ComputeFigures", "measure_compute", "rank_sharing", "spare_cores_per_rank", "why_not_measured"]
@@ -67,7 +67,7 @@ class ComputeFigures:
                 + (f", wrapped as one {self.wrapped} rank" if self.wrapped else ""))
 
 
-class _PhaseTimer(StepPhases):
+class _PhaseTimer(TimedPhases):
     """Milliseconds spent in each phase of the steps it wraps."""
 
     def __init__(self, sync: Any) -> None:
@@ -83,15 +83,6 @@ class _PhaseTimer(StepPhases):
         finally:
             self.sync()
             self.ms[phase] += (time.perf_counter() - t0) * 1e3
-
-    def forward(self) -> contextlib.AbstractContextManager[Any]:
-        return self._timed("forward")
-
-    def backward(self) -> contextlib.AbstractContextManager[Any]:
-        return self._timed("backward")
-
-    def optimizer(self) -> contextlib.AbstractContextManager[Any]:
-        return self._timed("optimizer")
 
 
 @contextlib.contextmanager
