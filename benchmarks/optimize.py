@@ -225,7 +225,7 @@ def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge:
                            "decision": vs.decision, "gain_test": vs.gain_test, "beyond_noise": vs.beyond_noise,
                            "gap": vs.search_gap.gap if vs.search_gap else None,
                            "stop": res.stop_reason, "epochs": res.final.epochs,
-                           "race_note": vs.race_note, **measure(task, model, bs)}
+                           "race_note": vs.race_note, "params": params, **measure(task, model, bs)}
     comp = res.final.compressed
     if comp is not None and comp.model:
         from proftune.compress import load_model
@@ -298,7 +298,9 @@ def hyperband_arm(task: proftune.Task, budget: float, seed: int) -> dict[str, An
                 "from": "nothing"}
     bs = int(pick["params"]["batch_size"])
     return {"test": test_accuracy(task, pick["model"], bs), "val": pick["value"], "trials": len(states),
-            "complete": complete, "wall": wall, "from": "completed" if pick is best else "pruned only"}
+            "complete": complete, "wall": wall,
+            "params": {k: v for k, v in pick["params"].items() if k in ("lr", "batch_size", "weight_decay", "dropout")},
+            "from": "completed" if pick is best else "pruned only"}
 
 
 class _Hog:

@@ -108,7 +108,7 @@ def test_runs_every_stage_on_a_user_task_file(tmp_path: Path, db_url: str) -> No
     for name in ("config.yaml", "summary.json", "model.pt", "state.json"):
         assert (out / name).is_file(), name
     _records_hold_every_output(out)
-    # the final model is a state dict that the task rebuilds (safe to load), the median seed's
+    # the final model is a state dict that the task rebuilds (safe to load), the seed best on validation's
     import torch
 
     from proftune._holdout import HeldOutTask

@@ -3,8 +3,8 @@ the decision, and a race that decides on more of the data than one split.
 
 - the baseline's training of the defaults (their own epochs, not cut) is the defaults' first seed
   in the race: the plan sets aside one training less and the race does not train it again;
-- the model handed back is the chosen arm's median seed where its seeds' spread is within the
-  validation set's sampling noise, and its best seed where the spread is the models' own;
+- the model handed back is the chosen arm's seed best on validation, its figure shrunk toward the
+  mean by the share of its seeds' spread beyond the validation set's sampling noise;
 - where validation is small and the task offers partitions of its samples (``Task.resplit``),
   each round of the race trains and judges on its own partition.
 
@@ -99,14 +99,20 @@ def test_the_race_takes_the_baselines_run_as_the_defaults_first_seed(tmp_path: P
 
 
 # -- the model handed back -----------------------------------------------------------------------------------
-def test_within_the_sampling_noise_the_median_seed_stands_for_the_arm() -> None:
+def test_within_the_sampling_noise_the_best_seed_is_handed_back_with_its_figure_shrunk_to_the_mean() -> None:
+    """The best seed on validation is expected at least as good as the median on new data (the
+    headroom tasks: +0.007 to +0.05 on test over the median of 10); within the validation set's
+    sampling noise its expected figure is the mean, and the note says so."""
     noise = sampling_std("accuracy", 300, 0.9)  # ~0.017
     assert noise == pytest.approx((0.9 * 0.1 / 300) ** 0.5)
     runs = [_run(s, v) for s, v in enumerate([0.90, 0.91, 0.89, 0.905, 0.895])]  # spread 0.008
     pick, how = representative(runs, sampling_std=noise)
     assert pick is not None
-    assert pick.val == 0.90
-    assert "the median of its 5 seeds" in how
+    assert pick.val == 0.91
+    assert "the best of its 5 seeds" in how
+    assert "about 0% of their variance is the models' own" in how
+    assert "expected at 0.9 on new data" in how  # the mean: nothing of its gain is the model's
+    assert representative(runs[:1], sampling_std=noise) == (runs[0], "")  # one seed: nothing to choose
 
 
 def test_beyond_the_sampling_noise_the_best_seed_is_the_models_own() -> None:
@@ -120,8 +126,11 @@ def test_beyond_the_sampling_noise_the_best_seed_is_the_models_own() -> None:
     low, _ = representative(runs, sampling_std=noise, maximize=False)  # a metric to minimise: its lowest
     assert low is not None
     assert low.seed == 0
-    # unknown noise (a loss, a custom metric) or two seeds: the median
-    assert representative(runs, sampling_std=None)[0].val == 0.74  # type: ignore[union-attr]
+    # unknown noise (a loss, a custom metric): still the best, its figure called optimistic
+    unknown, how = representative(runs, sampling_std=None)
+    assert unknown is not None
+    assert unknown.seed == 2
+    assert "its own figure is optimistic" in how
     assert sampling_std("val_loss", 300, 0.5) is None
 
 

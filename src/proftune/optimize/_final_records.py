@@ -130,7 +130,7 @@ class FinalOutcome:
     leader: str | None  # the best challenger on validation (compared with the defaults)
     comparison: Comparison | None  # leader vs defaults on validation (the decision)
     comparison_test: Comparison | None  # the same pairs on held-out data (the report)
-    #: The seed whose model is the result: the chosen configuration's median seed on validation.
+    #: The seed whose model is the result: the chosen configuration's seed best on validation.
     model_seed: int | None
     note: str
     schema_version: int = SCHEMA_VERSION

@@ -85,7 +85,7 @@ class FinalSummary(JsonRecord):
     seeds: list[int] = field(default_factory=list)
     epochs: int | None = None
     default_epochs: int | None = None
-    #: The seed whose model is the result (the median seed on validation), and its two figures.
+    #: The seed whose model is the result (the chosen configuration's best on validation), and its figures.
     model_seed: int | None = None
     model_val: float | None = None
     model_test: float | None = None
