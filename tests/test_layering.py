@@ -290,7 +290,7 @@ OPTIMIZE_LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer i
     # records: every stage's typed outputs and their parts, the plans, the state file; no stage
     # and the result (a record names its stage: it needs no stage registry)
     {"_computed", "_changes", "_decide", "_plan", "_layer_value", "_space", "_search_records", "_final_records",
-     "_records", "_state", "_numbers", "_result"},
+     "_records", "_state", "_numbers", "_result_records"},
     # the contract: options, what a stage is given, the stage base and registry, the clock
     {"_config", "_context", "_stages", "_budget"},
     {"_measure", "_search", "_final", "_builtin"},  # the stages' work and the built-in stages

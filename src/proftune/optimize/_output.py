@@ -16,7 +16,7 @@ from ..task import Task
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
-    from ._result import OptimizeResult
+    from ._result_records import OptimizeResult
     from ._state import OptimizeState
 
 __all__ = ["load_line", "write_html", "write_outputs", "write_summary"]

@@ -28,7 +28,7 @@ from ._evidence import BatchSizeEvidence, NoiseScaleEvidence, OptimizerEvidence
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
 from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
-from ._recommendation import (
+from ._records import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
     MeasuredEffect,

@@ -32,7 +32,7 @@ from ._full_batches import FullBatchTask, samples_per_epoch
 from ._lr_find import LRFindResult, decide_by_ladder, run_lr_range_test, validate_lr_range
 from ._noise_scale import NoiseScaleResult, measure_noise_scale
 from ._precision import checked_precision_row
-from ._recommendation import (
+from ._records import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
     Recommendation,
