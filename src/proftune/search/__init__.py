@@ -31,7 +31,7 @@ from ._feed import notify_ended
 from ._gate import GateResult, ProfileGate
 from ._objective import load_objective
 from ._pruners import PRUNER_REGISTRY, PRUNERS, BasePrunerMaker, PatiencePruner, register_pruner
-from ._ray import SCHEDULERS, RayOptions
+from ._ray_session import SCHEDULERS, RayOptions
 from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
 from ._result_records import SearchResult, TrialTally
 from ._samplers import SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
