@@ -94,6 +94,7 @@ _CHOICES: dict[str, Callable[[], Sequence[str]]] = {
     "quant_libraries": lambda: tuple(dict.fromkeys(
         k.split(":")[0] for k in _registry("compress", "QUANT_BACKEND_REGISTRY").names())),
     "compilers": lambda: _registry("compress", "COMPILER_REGISTRY").names(),
+    "compress_methods": lambda: _registry("compress", "COMPRESS_METHODS").names(),
     "run_kinds": lambda: _registry("track", "RUN_KIND_REGISTRY").names(),
 }
 
@@ -121,7 +122,7 @@ def fill_choices(text: str) -> str:
             found = list(_CHOICES[m[1]]())
         except ProftuneError as e:  # a broken plug-in: said here, the command itself then refuses it
             return f"(the registered names could not be read: {e})"
-        return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found)
+        return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found) or "none registered"
 
     return re.sub(r"@@(\w+)\|(.*?)@@", names, text)
 
