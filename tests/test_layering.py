@@ -36,7 +36,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"_registry"},  # the one way a kind of part is pluggable: named entries, plug-ins by entry point
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
     {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
-     "_records", "metrics"},
+     "_records", "metrics", "_report_writers"},
     {"_threads", "_machine"},  # the CPU thread count from measured steps (reads _records); memory and cores
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"_fit_state", "_step"},  # the fit loop's parts: its callbacks' state and result; one optimizer step
@@ -82,6 +82,20 @@ def _is_module(parts: list[str], src: Path = SRC) -> bool:
     return (src / rel).with_suffix(".py").is_file() or (src / rel / "__init__.py").is_file()
 
 
+_BY_NAME = {"import_module", "find_spec", "__import__"}
+
+
+def _named_by_importlib(node: ast.AST) -> str | None:
+    """The module a call ``importlib.import_module("proftune.x")`` (``find_spec``, ``__import__``)
+    names by a literal string: a lower unit that reaches a higher one so is importing it."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return node.args[0].value if name in _BY_NAME else None
+
+
 def _imports(src: Path = SRC) -> Iterator[Import]:
     """Every import of a proftune module in the package at ``src``, lazy ones included."""
     for path in sorted(src.rglob("*.py")):
@@ -89,7 +103,10 @@ def _imports(src: Path = SRC) -> Iterator[Import]:
         package = here if path.name == "__init__.py" else here[:-1]
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             where = f"{path.relative_to(src.parent)}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.Import):
+            named = _named_by_importlib(node)
+            if named is not None and named.split(".")[0] == "proftune":  # an import all the same
+                yield Import(where, _unit(here), _unit(named.split(".")), named, ())
+            elif isinstance(node, ast.Import):
                 for alias in node.names:
                     parts = alias.name.split(".")
                     if parts[0] == "proftune":
@@ -271,10 +288,11 @@ def test_the_known_circles_are_still_there() -> None:
 #: optimize/'s files, bottom first (issue 50): a file imports only files of its own layer or below.
 OPTIMIZE_LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # records: every stage's typed outputs and their parts, the plans, the state file; no stage
+    # and the result (a record names its stage: it needs no stage registry)
     {"_computed", "_changes", "_decide", "_plan", "_layer_value", "_space", "_search_records", "_final_records",
-     "_records", "_state", "_numbers"},
-    # the contract: options, what a stage is given, the stage base and registry, the clock, the result
-    {"_config", "_context", "_stages", "_budget", "_result"},
+     "_records", "_state", "_numbers", "_result_records"},
+    # the contract: options, what a stage is given, the stage base and registry, the clock
+    {"_config", "_context", "_stages", "_budget"},
     {"_measure", "_search", "_final", "_builtin"},  # the stages' work and the built-in stages
     {"_story", "_output"},  # what the run writes: the story told from the result, the files
     {"_api", "__init__"},  # the orchestrator (_Loop, optimize) and the public names
@@ -319,3 +337,19 @@ def test_the_parser_sees_lazy_private_and_upward_imports(tmp_path: Path) -> None
     assert ("task", "search", "proftune.search._gate") in found
     assert ("task", "search", "proftune.search") in found
     assert _layer_of("search") > _layer_of("task")
+
+
+def test_the_parser_sees_an_import_by_importlib(tmp_path: Path) -> None:
+    """A module reached through ``importlib`` by a literal name is imported all the same."""
+    pkg = tmp_path / "proftune"
+    (pkg / "optimize").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "optimize" / "__init__.py").write_text("")
+    (pkg / "optimize" / "_output.py").write_text(
+        "import importlib\nimport importlib.util\n\ndef f():\n"
+        "    if importlib.util.find_spec('proftune.report') is not None:\n"
+        "        return importlib.import_module('proftune.report').write_report\n"
+        "    return importlib.import_module(name)\n")
+    found = {(imp.source, imp.target, imp.module) for imp in _imports(pkg)}
+    assert found == {("optimize", "report", "proftune.report")}
+    assert _layer_of("report") > _layer_of("optimize")

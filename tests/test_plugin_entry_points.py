@@ -277,7 +277,7 @@ def test_help_lists_the_installed_choices(installed: dict[str, Any]) -> None:
     tune, compress, runs = installed["help"]["tune"], installed["help"]["compress"], installed["help"]["runs"]
     for name in ("my-random", "my-never", "my-backend", "tpe"):
         assert name in tune
-    for name in ("my-engine", "my-quant"):
+    for name in ("my-engine", "my-quant", "my-method"):
         assert name in compress
     assert "my_kind" in runs
 

@@ -39,7 +39,7 @@ from proftune.optimize._records import (
     SearchStageOutputs,
     StageOutputs,
 )
-from proftune.optimize._result import FinalSummary, StageRow, VsBaseline
+from proftune.optimize._result_records import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
 from proftune.optimize._state import OptimizeState
 from proftune.recommend import Recommendation, Recommendations

@@ -1,7 +1,7 @@
 """The predict package's modules import one way: records at the bottom, the public call on top.
 
 Every ``from .x import`` / ``from . import x`` in the package counts, lazy ones inside functions
-and those under ``TYPE_CHECKING`` too (issue 50: ``_api`` <-> ``_parallel`` <-> ``_record`` was a circle).
+and those under ``TYPE_CHECKING`` too (issue 50: ``_api`` <-> ``_parallel`` <-> ``_records`` was a circle).
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_package_has_no_circle_of_imports() -> None:
     graph = sibling_imports()
-    assert {"_api", "_parallel", "_record"} <= set(graph)
+    assert {"_api", "_parallel", "_records"} <= set(graph)
     assert find_cycle(graph) == []
 
 
 def test_records_sit_at_the_bottom() -> None:
-    assert sibling_imports()["_record"] == set()
+    assert sibling_imports()["_records"] == set()
 
 
 def test_the_check_finds_a_circle() -> None:

@@ -16,7 +16,7 @@ from proftune.recommend._api import MIN_STEPS_PER_EPOCH, data_bound
 from proftune.recommend._lr_ladder import LadderRung, read_ladder, run_lr_ladder
 from proftune.recommend._noise_scale import NoiseScaleResult
 from proftune.recommend._precision import checked_precision_row
-from proftune.recommend._recommendation import Recommendation
+from proftune.recommend._records import Recommendation
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:

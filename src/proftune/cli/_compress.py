@@ -47,10 +47,9 @@ def compress(
         "--quantize", help="dynamic, static or qat (INT8).", show_default=False)] = None,
     half: Annotated[bool, typer.Option(
         "--half", help="Also try fp16 weights (half precision) of the float models.")] = False,
-    method: Annotated[list[str] | None, typer.Option(
-        "--method",
-        help="A registered compression method of one's own (proftune.compress.COMPRESS_METHODS); repeatable.",
-        show_default=False)] = None,
+    method: Annotated[list[str] | None, opt.unset(
+        "--method", help=f"A registered compression method of one's own: {opt.choices('compress_methods', last=', ')} "
+                         "(proftune.compress.COMPRESS_METHODS; a plug-in's name too); repeatable.")] = None,
     quant_backend: Annotated[str, typer.Option(
         "--quant-backend",
         help="The quantization library: auto (each usable one measured, the fastest kept) or one of "

@@ -39,7 +39,23 @@ ThreadsOpt = Annotated[
     typer.Option("--threads", min=1, help="CPU threads of every training (default: computed from the measured "
                  "step times, re-checked when the machine's load changes).", show_default=False),
 ]
-TaskArg = Annotated[str, typer.Argument(help="Task: file.py[:Class], pkg.mod:Class, timm:MODEL or a built-in name.")]
+_TASK_HELP = "Task: file.py[:Class], pkg.mod:Class, timm:MODEL or a built-in name."
+TaskArg = Annotated[str, typer.Argument(help=_TASK_HELP)]
+
+
+def unset(*flags: str, help: str, **kw: Any) -> Any:
+    """A ``typer.Option`` whose value is None until given, so --help shows no default:
+    ``out: Annotated[Path | None, unset("--out", help="...")] = None``."""
+    return typer.Option(*flags, help=help, show_default=False, **kw)
+
+
+def unset_argument(*, help: str) -> Any:
+    """A ``typer.Argument`` that may be left out (None), with no default shown."""
+    return typer.Argument(help=help, show_default=False)
+
+
+#: TASK where a command can do without one (``profile --compare``).
+OptionalTaskArg = Annotated[str | None, unset_argument(help=_TASK_HELP)]
 DataOpt = Annotated[
     str | None,
     typer.Option("--data", help="A LightningDataModule for a LightningModule TASK: file.py[:Class] or "
@@ -78,6 +94,7 @@ _CHOICES: dict[str, Callable[[], Sequence[str]]] = {
     "quant_libraries": lambda: tuple(dict.fromkeys(
         k.split(":")[0] for k in _registry("compress", "QUANT_BACKEND_REGISTRY").names())),
     "compilers": lambda: _registry("compress", "COMPILER_REGISTRY").names(),
+    "compress_methods": lambda: _registry("compress", "COMPRESS_METHODS").names(),
     "run_kinds": lambda: _registry("track", "RUN_KIND_REGISTRY").names(),
 }
 
@@ -105,7 +122,7 @@ def fill_choices(text: str) -> str:
             found = list(_CHOICES[m[1]]())
         except ProftuneError as e:  # a broken plug-in: said here, the command itself then refuses it
             return f"(the registered names could not be read: {e})"
-        return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found)
+        return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found) or "none registered"
 
     return re.sub(r"@@(\w+)\|(.*?)@@", names, text)
 
@@ -113,14 +130,21 @@ def fill_choices(text: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunOpts:
+class StoreOpts:
+    """The options of every command that reads or writes the store: ``--db --json --debug``.
+    The groups below add their own to these (in --help, a group's own options come first)."""
+
+    db: DbOpt = None
+    json_out: JsonOpt = False
+    debug: DebugOpt = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOpts(StoreOpts):
     """The options of every command that runs a task: ``--seed --device --db --json --debug``."""
 
     seed: SeedOpt = 0
     device: DeviceOpt = "auto"
-    db: DbOpt = None
-    json_out: JsonOpt = False
-    debug: DebugOpt = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +170,10 @@ class ReportOpts:
 
 
 @dataclasses.dataclass(frozen=True)
-class FileOpts:
+class FileOpts(StoreOpts):
     """The options of a command that reads the store and writes files: ``--force --db --json --debug``."""
 
     force: ForceOpt = False
-    db: DbOpt = None
-    json_out: JsonOpt = False
-    debug: DebugOpt = False
 
 
 #: The defaults of a command's ``f: FileOpts`` parameter.
@@ -175,7 +196,8 @@ def command(fn: F) -> F:
     for p in inspect.signature(fn).parameters.values():
         kind = hints.get(p.name)
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            fields = dataclasses.fields(kind)
+            own = set(vars(kind).get("__annotations__", {}))  # the group's own options first, as declared
+            fields = sorted(dataclasses.fields(kind), key=lambda f: f.name not in own)
             field_hints = typing.get_type_hints(kind, include_extras=True)
             groups[p.name] = (kind, tuple(f.name for f in fields))
             params += [inspect.Parameter(f.name, p.kind, default=f.default, annotation=field_hints[f.name])

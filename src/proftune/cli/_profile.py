@@ -122,34 +122,28 @@ def _render_compare(d: dict[str, Any], top: int) -> None:
 
 @opt.command
 def profile_command(
-    task: Annotated[str | None, typer.Argument(
-        help="Task: file.py[:Class], pkg.mod:Class or a built-in name.", show_default=False)] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size (default: the task's).",
-                                                   show_default=False)] = None,
+    task: opt.OptionalTaskArg = None,
+    batch_size: Annotated[int | None, opt.unset("--batch-size", help="Batch size (default: the task's).")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps (after the warm-up).")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up steps.")] = 1,
     inference: Annotated[bool, typer.Option(
         "--inference", help="Profile the forward pass only (eval, no_grad).")] = False,
     detail: Annotated[str, typer.Option("--detail", help="full (per layer) or step (step, memory, counts).")] = "full",
-    out: Annotated[Path | None, typer.Option("--out", help="Write the profile as JSON here.",
-                                             show_default=False)] = None,
-    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace of one step.",
-                                               show_default=False)] = None,
-    compare: Annotated[tuple[str, str] | None, typer.Option(
-        "--compare", help="Compare two saved profiles: --compare A.json B.json.", show_default=False)] = None,
+    out: Annotated[Path | None, opt.unset("--out", help="Write the profile as JSON here.")] = None,
+    trace: Annotated[Path | None, opt.unset("--trace", help="Write a Chrome/Perfetto trace of one step.")] = None,
+    compare: Annotated[tuple[str, str] | None, opt.unset(
+        "--compare", help="Compare two saved profiles: --compare A.json B.json.")] = None,
     top: Annotated[int, typer.Option("--top", help="Layers to show.")] = 10,
     structure: Annotated[bool, typer.Option(
         "--structure", help="Also show the module tree: each module's input/output shapes, params and "
                             "MACs (as torchinfo.summary prints it).")] = False,
     depth: Annotated[int, typer.Option("--depth", min=0, help="Module depth the --structure table shows (the JSON "
                                                        "holds every module).")] = 3,
-    onnx: Annotated[Path | None, typer.Option(
-        "--onnx", help="Also write the model (as built from the seed, before the profile's steps) as an "
-                       "ONNX file for Netron, checked in ONNX Runtime against torch (needs proftune[compile]).",
-        show_default=False)] = None,
-    ddp: Annotated[int | None, typer.Option(
-        "--ddp", help="Profile N DDP ranks on this machine (gloo; NCCL on GPUs) and find the straggler.",
-        show_default=False)] = None,
+    onnx: Annotated[Path | None, opt.unset(
+        "--onnx", help="Also write the model (as built from the seed, before the profile's steps) as an ONNX "
+                       "file for Netron, checked in ONNX Runtime against torch (needs proftune[compile]).")] = None,
+    ddp: Annotated[int | None, opt.unset(
+        "--ddp", help="Profile N DDP ranks on this machine (gloo; NCCL on GPUs) and find the straggler.")] = None,
     param: opt.ParamOpt = None,
     data: opt.DataOpt = None,
     o: opt.RunOpts = opt.RUN,

@@ -13,12 +13,9 @@ from ._common import err_console, execute, out_console
 
 @opt.command
 def report_command(
-    source: Annotated[str | None, typer.Argument(
-        help="A run id, or a saved profile (JSON).", show_default=False)] = None,
-    study: Annotated[str | None, typer.Option("--study", help="Report a study (all its trials) instead.",
-                                              show_default=False)] = None,
-    out: Annotated[str | None, typer.Option("--out", help="HTML file to write (default report-<id>.html).",
-                                            show_default=False)] = None,
+    source: Annotated[str | None, opt.unset_argument(help="A run id, or a saved profile (JSON).")] = None,
+    study: Annotated[str | None, opt.unset("--study", help="Report a study (all its trials) instead.")] = None,
+    out: Annotated[str | None, opt.unset("--out", help="HTML file to write (default report-<id>.html).")] = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in the browser.")] = False,
     f: opt.FileOpts = opt.FILE,
 ) -> None:

@@ -91,20 +91,15 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
 @opt.command
 def run_command(
     ctx: typer.Context,
-    command: Annotated[list[str] | None, typer.Argument(
-        help="The script to run, after --: python train.py ARGS (or python -m pkg.module ARGS).",
-        show_default=False)] = None,
-    every: Annotated[int | None, typer.Option(
+    command: Annotated[list[str] | None, opt.unset_argument(
+        help="The script to run, after --: python train.py ARGS (or python -m pkg.module ARGS).")] = None,
+    every: Annotated[int | None, opt.unset(
         "--every", help="Sample every N-th training step (default: every 50th, further apart where a sampled "
-                        "step costs more than 1.5% of the training's time: a very short step).",
-        show_default=False)] = None,
-    steps: Annotated[int | None, typer.Option(
-        "--steps", help="Stop watching after K sampled steps (the script runs on untouched).",
-        show_default=False)] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Write the (largest model's) profile as JSON here.",
-                                             show_default=False)] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write the HTML report of the run here.",
-                                                show_default=False)] = None,
+                        "step costs more than 1.5% of the training's time: a very short step).")] = None,
+    steps: Annotated[int | None, opt.unset(
+        "--steps", help="Stop watching after K sampled steps (the script runs on untouched).")] = None,
+    out: Annotated[Path | None, opt.unset("--out", help="Write the (largest model's) profile as JSON here.")] = None,
+    report: Annotated[Path | None, opt.unset("--report", help="Write the HTML report of the run here.")] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Weight, activation, gradient statistics.")] = True,
     f: opt.FileOpts = opt.FILE,
 ) -> None:

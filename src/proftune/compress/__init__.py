@@ -24,7 +24,7 @@ from ._quant_backends import (
     backend_status,
     register_quant_backend,
 )
-from ._report import CompressResult
+from ._records import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = [

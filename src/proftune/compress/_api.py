@@ -23,7 +23,7 @@ from ..train import Callback, validate_params
 from ._checkpoint import Rebuild, task_spec
 from ._compressor import Compressor
 from ._config import CompressConfig, backend_problems, compile_problems, merge_config
-from ._report import CompressResult
+from ._records import CompressResult
 
 __all__ = ["CompressConfig", "CompressResult", "compress"]
 

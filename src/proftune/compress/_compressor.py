@@ -39,7 +39,7 @@ from ._prune import (
 )
 from ._quant_backends import BACKEND_NAMES, QuantInputs, backend_status, get_backend
 from ._quantize import run_batches
-from ._report import CompressResult
+from ._records import CompressResult
 from ._sensitivity import LayerSensitivity, layer_sensitivity, ratios_from_sensitivity
 
 __all__ = ["Compressor"]

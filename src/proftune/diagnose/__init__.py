@@ -9,12 +9,8 @@ from .._callable import make_callable as _make_callable
 from .._deprecated import renamed
 from ..train import EarlyStopping
 from ._api import (
-    ArmResult,
     BanditConfig,
-    BanditPull,
-    BanditResult,
     DiagnoseConfig,
-    DiagnoseResult,
     bandit,
     check_arms,
     diagnose,
@@ -27,6 +23,7 @@ from ._findings import CAUSES, SEVERITIES, Finding, flatten_findings, rank_findi
 from ._health import HealthCheck
 from ._history import History, StepRecord
 from ._lrtest import RangeTest, lr_range_test
+from ._records import ArmResult, BanditPull, BanditResult, DiagnoseResult
 from .checks import CHECKS, BaseCheck, register_check
 
 __all__ = [

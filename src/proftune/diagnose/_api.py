@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +16,20 @@ import torch
 from .._device import resolve_device
 from .._jsonsafe import finite_float
 from .._options import with_options
-from .._records import mapping, record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
 from ..track import Store, open_store, tracked_run
 from ..train import LOOP_PARAMS, Callback, fit, validate_params
 from ._bandit import POLICIES, Arm, Bandit, bandit_key, regret_curve
-from ._findings import Finding
 from ._health import HealthCheck
-from ._lrtest import RangeTest, lr_range_test
+from ._lrtest import lr_range_test
 from ._probes import decay_probe, nan_probe, warmup_probe
+from ._records import ArmResult, BanditPull, BanditResult, DiagnoseResult
 
 __all__ = [
-    "DIAGNOSE_SCHEMA_VERSION",
-    "ArmResult",
     "BanditConfig",
-    "BanditPull",
-    "BanditResult",
     "DiagnoseConfig",
-    "DiagnoseResult",
     "bandit",
     "check_arms",
     "diagnose",
@@ -44,62 +38,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-
-#: Bumped when a field of :class:`DiagnoseResult`'s or :class:`BanditResult`'s JSON changes meaning.
-DIAGNOSE_SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class DiagnoseResult:
-    """Findings of a diagnosis run, most likely cause first, and what the run measured.
-
-    A frozen, versioned record: :func:`diagnose` builds it, its Run holds :meth:`to_dict`, and
-    the report reads it back through :meth:`from_dict`.
-    """
-
-    run_id: int | None
-    task: str
-    findings: list[Finding]
-    metrics: dict[str, float]
-    steps: int
-    epochs: int
-    stop_reason: str | None
-    duration_s: float
-    params: dict[str, Any]
-    lr_test: RangeTest | None = None
-    schema_version: int = DIAGNOSE_SCHEMA_VERSION
-
-    @property
-    def top(self) -> Finding | None:
-        """The most likely cause, or None for a healthy run."""
-        return self.findings[0] if self.findings else None
-
-    @property
-    def healthy(self) -> bool:
-        """No finding of warning or error severity."""
-        return not any(f.severity in ("warning", "error") for f in self.findings)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id, "task": self.task,
-            "findings": [f.to_dict() for f in self.findings],
-            "healthy": self.healthy,
-            "metrics": self.metrics, "steps": self.steps, "epochs": self.epochs,
-            "stop_reason": self.stop_reason, "duration_s": self.duration_s,
-            "params": {k: v for k, v in self.params.items() if not str(k).startswith("_")},
-            "lr_test": self.lr_test.to_dict() if self.lr_test else None,
-            "schema_version": self.schema_version,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DiagnoseResult:
-        """The record back from :meth:`to_dict`'s JSON (a ``diagnose`` Run's result)."""
-        stored_version(d, what="a diagnosis", current=DIAGNOSE_SCHEMA_VERSION)
-        kw = record_fields(cls, d, what="a diagnosis", derived=("healthy",))
-        kw["findings"] = [Finding.from_dict(f) for f in kw["findings"] or []]
-        kw["lr_test"] = RangeTest.from_dict(kw["lr_test"]) if kw.get("lr_test") else None
-        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -331,87 +269,6 @@ def check_arms(arms: Sequence[Arm], task: Task, *, problems: ProblemCollector | 
         problems.add(f"configuration names must be unique, but got {names}.")
     problems.raise_if_any(header=header)
     return out
-
-
-@dataclass(frozen=True)
-class ArmResult:
-    """One configuration at the end of a bandit session: its pulls and reward in the metric's
-    own direction (the bandit maximises the sign-adjusted reward; this is the metric as measured)."""
-
-    arm: str
-    pulls: int
-    mean: float | None
-    std: float | None
-    params: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"arm": self.arm, "pulls": self.pulls, "mean": self.mean, "std": self.std, "params": self.params}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ArmResult:
-        kw = record_fields(cls, mapping(d, what="a bandit arm"), what="a bandit arm")
-        return cls(**{**kw, "mean": finite_float(kw["mean"]), "std": finite_float(kw["std"])})
-
-
-@dataclass(frozen=True)
-class BanditPull:
-    """One round: the configuration pulled, its metric, and the ``train`` Run that measured it."""
-
-    round: int
-    arm: str
-    value: float | None
-    run_id: int | None
-
-    def to_dict(self, metric: str) -> dict[str, Any]:
-        """Keyed by the metric's name (``{"round": 1, "arm": "a", "accuracy": 0.9, "run_id": 7}``)."""
-        return {"round": self.round, "arm": self.arm, metric: self.value, "run_id": self.run_id}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], metric: str) -> BanditPull:
-        keyed = {("value" if k == metric else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
-        kw = record_fields(cls, mapping(keyed, what=f"a bandit pull (metric {metric})"),
-                           what=f"a bandit pull (metric {metric})")
-        return cls(**{**kw, "value": finite_float(kw["value"])})
-
-
-@dataclass(frozen=True)
-class BanditResult:
-    """A bandit session: allocation, arm statistics, regret curve, best configuration.
-
-    A frozen, versioned record: :func:`bandit` builds it, its Run holds :meth:`to_dict`, and the
-    report reads it back through :meth:`from_dict`.
-    """
-
-    run_id: int | None
-    name: str
-    policy: str
-    metric: str
-    mode: str
-    pulls: list[BanditPull]
-    arms: list[ArmResult]
-    best: str
-    regret: list[float]
-    total_pulls: int
-    uniform_regret: list[float] = field(default_factory=list)
-    schema_version: int = DIAGNOSE_SCHEMA_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "bandit": self.name, "policy": self.policy, "metric": self.metric,
-                "mode": self.mode, "best": self.best, "total_pulls": self.total_pulls,
-                "arms": [a.to_dict() for a in self.arms], "pulls": [p.to_dict(self.metric) for p in self.pulls],
-                "regret": self.regret, "uniform_regret": self.uniform_regret,
-                "schema_version": self.schema_version}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BanditResult:
-        """The record back from :meth:`to_dict`'s JSON (a ``bandit`` Run's result)."""
-        renamed = {("name" if k == "bandit" else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
-        stored_version(renamed, what="a bandit session", current=DIAGNOSE_SCHEMA_VERSION)
-        kw = record_fields(cls, renamed, what="a bandit session")
-        metric = str(kw["metric"])
-        kw["arms"] = [ArmResult.from_dict(a) for a in kw["arms"] or []]
-        kw["pulls"] = [BanditPull.from_dict(p, metric) for p in kw["pulls"] or []]
-        return cls(**kw)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 from ..exceptions import DependencyError
 from ..track import Store
 from ._lightning_task import LightningTask
-from ._record import checks, error_findings, new_monitor, record, validate
+from ._monitoring import checks, error_findings, new_monitor, record, validate
 
 try:
     from lightning.pytorch import Callback as _Callback

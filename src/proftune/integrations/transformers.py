@@ -16,7 +16,7 @@ import torch
 from .._device import output_loss
 from ..exceptions import DependencyError
 from ..track import Store
-from ._record import checks, error_findings, new_monitor, record, validate
+from ._monitoring import checks, error_findings, new_monitor, record, validate
 
 try:
     import transformers as _hf

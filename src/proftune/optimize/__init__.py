@@ -33,7 +33,7 @@ from ._records import (
     StageOutputs,
     TrainedRun,
 )
-from ._result import (
+from ._result_records import (
     CompressedModel,
     FinalSummary,
     SplitComparisons,

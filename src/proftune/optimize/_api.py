@@ -53,7 +53,7 @@ from ._records import (
     LayerValueOutputs,
     SearchStageOutputs,
 )
-from ._result import (
+from ._result_records import (
     CompressedModel,
     FinalSummary,
     OptimizeResult,

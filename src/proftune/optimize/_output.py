@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -13,11 +11,12 @@ import yaml
 
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import replacing, write_text
+from .._report_writers import report_writer
 from ..task import Task
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
-    from ._result import OptimizeResult
+    from ._result_records import OptimizeResult
     from ._state import OptimizeState
 
 __all__ = ["load_line", "write_html", "write_outputs", "write_summary"]
@@ -116,12 +115,10 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
 
 
 def write_html(run_id: int, out: Path, store: Any) -> str | None:
-    """The HTML report of the optimize run, where the report feature exists (``proftune.report``):
-    the run as it is recorded once its outputs are written (its result stored, not yet finished)."""
-    if importlib.util.find_spec("proftune.report") is None:
-        return None
-    module = importlib.import_module("proftune.report")
-    write_report = getattr(module, "write_report", None)
+    """The HTML report of the optimize run, where the report feature registered its writer
+    (``proftune.report`` does on import): the run as it is recorded once its outputs are written
+    (its result stored, not yet finished)."""
+    write_report = report_writer("html")
     if write_report is None:
         return None
     record = dataclasses.replace(store.get_run(run_id), status="finished")

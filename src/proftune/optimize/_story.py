@@ -24,7 +24,7 @@ from ._records import (
     LayerValueOutputs,
     SearchStageOutputs,
 )
-from ._result import FinalSummary, OptimizeResult, StageRow, StageStory, Story, StoryLine, VsBaseline
+from ._result_records import FinalSummary, OptimizeResult, StageRow, StageStory, Story, StoryLine, VsBaseline
 
 if TYPE_CHECKING:
     from ._changes import ParamChange

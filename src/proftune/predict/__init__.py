@@ -14,7 +14,7 @@ from ._checkpointing import CHECKPOINTING, apply_activation_checkpointing, block
 from ._devices import DEVICES, DeviceSpec, resolve_target, roofline_ms
 from ._link import COLLECTIVES, LinkFigures, measure_link, sweep_collectives
 from ._memory_model import MIN_MARGIN_FRACTION, RESIDUAL_MARGIN, MemoryModel, fit_memory_model
-from ._record import (
+from ._records import (
     ESTIMATE_NOTE,
     PREDICT_SCHEMA_VERSION,
     LayerPrediction,

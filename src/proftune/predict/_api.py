@@ -31,7 +31,7 @@ from ._link import LinkFigures, measure_link
 from ._memory_model import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
 from ._parallel import Evaluator, validate_parallel
 from ._parallel import plan as run_plan
-from ._record import (
+from ._records import (
     LayerPrediction,
     ParallelPlan,
     ParallelPrediction,

@@ -24,7 +24,7 @@ from ._compute import COMPUTE, ComputeFigures, rank_sharing, spare_cores_per_ran
 from ._devices import DeviceSpec, price_phases
 from ._link import LinkFigures
 from ._memory_model import MIN_MARGIN_FRACTION
-from ._record import ParallelPrediction
+from ._records import ParallelPrediction
 from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, ModelSizes
 from ._trace import StepTracer, _Trace
 

@@ -38,7 +38,7 @@ from ._ranks import (
     profile_ddp_batches,
     profile_ranks,
 )
-from ._record import (
+from ._records import (
     SCHEMA_VERSION,
     CommProfile,
     GradProfile,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._record import (
+from ._records import (
     CommProfile,
     GradProfile,
     LayerProfile,

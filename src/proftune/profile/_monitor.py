@@ -66,7 +66,7 @@ from ._memory import (
     optimizer_state_bytes,
     params_bytes,
 )
-from ._record import Profile
+from ._records import Profile
 from ._stats import LayerStats
 from ._timing import LayerTimer, median, step_summary
 

@@ -37,7 +37,7 @@ from torch import nn
 from .._deprecated import experimental
 from ..exceptions import ConfigError
 from ._monitor import Monitor
-from ._record import Profile
+from ._records import Profile
 
 __all__ = ["DEFAULT_EVERY", "MAX_OVERHEAD", "ScriptResult", "Watcher", "run_script", "watch"]
 

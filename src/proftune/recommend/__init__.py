@@ -11,24 +11,16 @@ from .._callable import make_callable as _make_callable
 from .._deprecated import renamed as _renamed
 from .._units import format_bytes, parse_memory
 from ._accumulation import AccumulationPlan, StepCost, plan_accumulation
-from ._api import (
-    BatchSizeConfig,
-    LRFindConfig,
-    RecommendConfig,
-    find_batch_size,
-    lr_find,
-    noise_scale,
-    recommend,
-    static_memory,
-)
+from ._api import RecommendConfig, recommend
 from ._batch_size import BatchSizeResult, MemoryProbe, search_max_batch
 from ._ddp import DDPPlan, plan_ddp_batch
 from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend_embedding_dim
 from ._evidence import BatchSizeEvidence, NoiseScaleEvidence, OptimizerEvidence
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
+from ._measurements import BatchSizeConfig, LRFindConfig, find_batch_size, lr_find, noise_scale, static_memory
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
 from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
-from ._recommendation import (
+from ._records import (
     CONDITIONAL_NAMES,
     RECOMMENDATION_NAMES,
     MeasuredEffect,

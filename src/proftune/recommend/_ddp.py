@@ -17,7 +17,7 @@ from typing import Any
 
 from ..exceptions import ConfigError
 from ..profile import DDPScaling, fit_scaling, profile_ddp_batches
-from ._recommendation import MeasuredEffect, Recommendation, keep_unless_better
+from ._records import MeasuredEffect, Recommendation, keep_unless_better
 from ._scaling import scale_lr
 
 __all__ = ["DDP_SHARE", "DDPPlan", "measure_and_plan", "plan_ddp_batch"]

@@ -32,7 +32,7 @@ from ..profile import Profile
 from ..task import Task
 from ..train import Callback, EarlyStopping, FitResult, FitState, fit, seed_everything
 from ._full_batches import samples_per_epoch
-from ._recommendation import MeasuredEffect, Recommendation, keep_unless_better
+from ._records import MeasuredEffect, Recommendation, keep_unless_better
 
 __all__ = ["FactorizedEmbedding", "HashedRows", "TablePlan", "plan_table", "recommend_embedding_dim"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._jsonsafe import finite_float
 from ._batch_size import BatchSizeResult
-from ._recommendation import Recommendation
+from ._records import Recommendation
 
 __all__ = ["BatchSizeEvidence", "NoiseScaleEvidence", "OptimizerEvidence"]
 

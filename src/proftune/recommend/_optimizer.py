@@ -33,7 +33,7 @@ from ..task import Task, TaskWrapper
 from ..train import Callback, FitState, build_optimizer, evaluate_model, fit, seed_everything
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult, run_lr_range_test
-from ._recommendation import MeasuredEffect, Recommendation, keep_unless_better
+from ._records import MeasuredEffect, Recommendation, keep_unless_better
 
 __all__ = ["CompareConfig", "OptimizerComparison", "OptimizerTrial", "compare_optimizers", "gradient_noise",
            "optimizer_recommendation"]

@@ -23,7 +23,7 @@ from .._records import JsonRecord
 from ..task import Task
 from ..train import Callback, FitState, fit
 from ._lr_ladder import loss_trend
-from ._recommendation import Recommendation
+from ._records import Recommendation
 
 __all__ = ["MARGIN", "PrecisionCheck", "check_precision", "checked_precision_row"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..profile import LayerProfile, Profile
-from ._recommendation import Recommendation
+from ._records import Recommendation
 
 #: Waiting for data above this share of the step is worth fixing (issue 4).
 DATA_SHARE_THRESHOLD = 0.10

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from .._threads import candidate_counts, fixed_threads, max_threads
 from ..task import Task, TaskWrapper
 from ..train import Callback, FitState, fit
-from ._recommendation import Recommendation
+from ._records import Recommendation
 
 __all__ = ["WorkerTimes", "measure_num_workers", "num_workers_row"]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._jsonsafe import json_dumps
 from .._paths import OutputPath, check_outputs, write_text
+from .._report_writers import REPORT_WRITERS
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..track import RunRecord, Store, open_store
@@ -97,6 +98,9 @@ def write_report(source: Any = None, out: str | Path | None = None, *, study: st
     check_outputs([OutputPath("out=", path)], force=force)
     text = render_report(source, study=study, store=store, db=db)
     return _write(path, text, open_browser)
+
+
+REPORT_WRITERS.add(write_report, name="html")  # how the units below report write one (optimize's report.html)
 
 
 def _default_name(source: Any, study: str | None) -> str:

@@ -11,8 +11,6 @@ from .._optional import optuna  # noqa: F401  (missing: DependencyError naming t
 from ._analysis import PLOT_FILES
 from ._api import (
     DEFAULT_SCAN,
-    SearchResult,
-    TrialTally,
     cancel_waiting,
     feasibility_scan,
     search,
@@ -33,8 +31,9 @@ from ._feed import notify_ended
 from ._gate import GateResult, ProfileGate
 from ._objective import load_objective
 from ._pruners import PRUNER_REGISTRY, PRUNERS, BasePrunerMaker, PatiencePruner, register_pruner
-from ._ray import SCHEDULERS, RayOptions
+from ._ray_session import SCHEDULERS, RayOptions
 from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
+from ._result_records import SearchResult, TrialTally
 from ._samplers import SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
 from ._scan import Bound, ScanResult
 from ._space import ForbidRule, Param, Space, load_space

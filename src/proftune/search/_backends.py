@@ -108,7 +108,8 @@ class _Ray(BaseSearchBackend):
 
     def run(self, settings: SearchSettings, config: SearchConfig, *, storage: Any, store: Store,
             deadline: float | None, finished: int) -> BackendRun:
-        from ._ray import RayOptions, run_ray
+        from ._ray import run_ray
+        from ._ray_session import RayOptions
 
         def ended() -> None:
             notify_ended(config, store, settings.tune_run_id)

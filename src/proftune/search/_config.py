@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
 
     from ..track import RunRecord
-    from ._ray import RayOptions
+    from ._ray_session import RayOptions
 
 __all__ = ["SearchConfig", "search_config"]
 

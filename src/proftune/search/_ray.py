@@ -19,26 +19,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
-import signal
 import socket
-import tempfile
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
 
-from .._jsonsafe import finite_float, json_dumps
-from ..exceptions import ConfigError, DependencyError, RunFailedError
-from ..task import Task, absolute_spec, load_task
+from ..exceptions import ConfigError, RunFailedError
+from ..task import absolute_spec
 from ..track import Store
-from ..train import Callback, FitState, evaluate_model
 from ._pbt import (
     MEMBER,
     PERTURBABLE,
@@ -48,177 +41,16 @@ from ._pbt import (
     population_space,
     record_population,
 )
+from ._ray_session import RayOptions, _experiment_dir, _next_folder, _ray_session
+from ._ray_worker import _LAST, _METRIC, _trainable
 from ._records import ATTR
 from ._samplers import make_sampler
 from ._settings import SearchSettings
 from ._space import Space
 from ._storage import reap_dead_trials
-from ._trial import WORST, TrialRunner
-from ._trial import TrialFailed as _TrialFailed
+from ._trial import WORST
 
-__all__ = ["PERTURBABLE", "SCHEDULERS", "RayOptions", "run_ray"]
-
-SCHEDULERS = ("fifo", "asha", "pbt")
-_METRIC = "objective"
-#: The objective at a trial's last epoch: recorded, not seen by the schedulers.
-_LAST = "objective_last_epoch"
-_CKPT = "proftune_ckpt.pt"
-
-
-def _ray() -> Any:
-    """Import Ray quietly, usage stats off; a missing install is a :class:`DependencyError`."""
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # nothing leaves the machine (issue 14)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    # intermediate reports carry the per-epoch metric, the last one the objective values
-    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import ray
-            from ray import tune  # noqa: F401
-    except ImportError as exc:
-        raise DependencyError(
-            "backend='ray' needs Ray Tune, which is not installed; install the extra: "
-            "pip install 'proftune[ray]'.") from exc
-    for name in ("ray", "ray.tune", "ray.train", "ray.air", "ray.data"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    return ray
-
-
-class RayOptions:
-    """How to run on Ray: where (``address``), how wide (``workers``), which scheduler."""
-
-    def __init__(self, *, address: str | None = None, scheduler: str = "fifo", workers: int = 1,
-                 storage_path: str | Path | None = None, max_retries: int = 2,
-                 population: int | None = None, perturbation_interval: int = 1,
-                 debug: bool = False) -> None:
-        if scheduler not in SCHEDULERS:
-            raise ConfigError(f"scheduler={scheduler!r} is unknown; valid: {', '.join(SCHEDULERS)}.")
-        if workers < 1:
-            raise ConfigError(f"workers={workers!r} must be >= 1.")
-        if address is not None and address != "auto" and ":" not in address:
-            raise ConfigError(f"address={address!r} is malformed; give 'auto' or 'HOST:PORT'.")
-        self.address, self.scheduler, self.workers = address, scheduler, int(workers)
-        self.storage_path = Path(storage_path) if storage_path else None
-        self.max_retries, self.population = int(max_retries), population
-        self.perturbation_interval, self.debug = int(perturbation_interval), debug
-
-
-# -- inside the Ray worker ----------------------------------------------------------------------
-class _RayReport(Callback):
-    """Each epoch: report the objective metric to Ray (ASHA, PBT), with a checkpoint for PBT."""
-
-    def __init__(self, metric: str | None, *, checkpoint: bool, sign: float,
-                 last_epoch: int | None = None) -> None:
-        self.metric, self.checkpoint, self.sign = metric, checkpoint, sign
-        self.last_epoch = last_epoch
-        self.schedule: list[dict[str, Any]] = []
-
-    def on_epoch_end(self, state: FitState) -> None:
-        from ray import tune
-
-        value = state.metrics.get(self.metric) if self.metric else None
-        report: dict[str, Any] = {"epoch": state.epoch, "proftune_done": False}
-        last = self.last_epoch is not None and state.epoch >= self.last_epoch
-        if (finite := finite_float(value)) is not None:
-            # the last epoch's value under another name: the schedulers act on ``objective``,
-            # and a trial that trained every epoch is complete (ASHA would cut it at its top
-            # rung, PBT would pause it for a round with nothing left to train)
-            report[_LAST if last else _METRIC] = finite
-        for key in PERTURBABLE:
-            if key in state.params:
-                report[f"param_{key}"] = state.params[key]
-        if not self.checkpoint or last:
-            tune.report(report)
-            return
-        with tempfile.TemporaryDirectory() as tmp:
-            opt = state.optimizer.state_dict() if state.optimizer is not None else None
-            torch.save({"model": state.model.state_dict(), "optimizer": opt, "epoch": state.epoch,
-                        "step": state.step}, Path(tmp) / _CKPT)
-            tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
-
-
-class _RestoreCheckpoint(Callback):
-    """PBT: continue a member from its (or an exploited member's) checkpoint, at the new params."""
-
-    def __init__(self, checkpoint: Any, epochs: int) -> None:
-        self.checkpoint, self.epochs = checkpoint, epochs
-
-    def on_fit_start(self, state: FitState) -> None:
-        if self.checkpoint is None:
-            return
-        with self.checkpoint.as_directory() as folder:
-            # a checkpoint this trainable wrote itself, in this experiment: tensors and ints only
-            saved = torch.load(Path(folder) / _CKPT, map_location=state.device, weights_only=True)
-        state.model.load_state_dict(saved["model"])
-        if state.optimizer is not None and saved.get("optimizer") is not None:
-            state.optimizer.load_state_dict(saved["optimizer"])
-            for group in state.optimizer.param_groups:  # the perturbed params win
-                for key in ("lr", "weight_decay", "momentum"):
-                    if key in state.params and key in group:
-                        group[key] = float(state.params[key])
-        state.epoch, state.step = int(saved["epoch"]), int(saved["step"])
-        if state.epoch >= self.epochs and state.task is not None:
-            # exploited after its last epoch: nothing left to train; its metrics are those of
-            # the weights it now holds
-            state.metrics = evaluate_model(state.task, state.model, state.device, state.batch_size)
-
-
-class _WorkerRunner(TrialRunner):
-    """The local trial runner without the Store: the driver records the Run."""
-
-    def __init__(self, settings: SearchSettings, task: Task) -> None:
-        super().__init__(settings, task, store=None)  # type: ignore[arg-type]
-        self.record: dict[str, Any] | None = None
-
-    def _finish(self, trial: Any, rec: dict[str, Any], state: str, started: float) -> None:
-        rec["state"] = state
-        rec["duration_s"] = time.perf_counter() - started
-        self.record = rec
-
-
-def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> None:
-    """One trial on a Ray worker: gate, train through ``fit``, report the record."""
-    from ray import tune
-
-    config = {k: v for k, v in config.items() if k != MEMBER}
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    from .._threads import limit_threads
-
-    limit_threads(torch.get_num_threads())  # Ray's CPUs for this trial: the fit loop's most threads
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    task = load_task(settings.task)
-    runner = _WorkerRunner(settings, task)
-    sign = -1.0 if settings.objectives[0].direction == "maximize" else 1.0
-    metric = settings.objectives[0].metric if runner.report_metric or pbt else None
-    runner.extra_callbacks = [_RayReport(metric, checkpoint=pbt, sign=sign, last_epoch=settings.epochs)]
-    if pbt:
-        runner.extra_callbacks.insert(0, _RestoreCheckpoint(tune.get_checkpoint(), int(settings.epochs or 1)))
-    trial = optuna.trial.FixedTrial(config)
-    rec: dict[str, Any] = {"params": dict(config), "metrics": {}, "constraints": {}, "reason": None,
-                           "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
-                           "stage": None, "run_id": None, "repeat": 0, "seed": settings.seed}
-    started = time.perf_counter()
-    values: Any = None
-    try:
-        values = runner._run(trial, dict(config), rec)  # type: ignore[arg-type]
-    except optuna.TrialPruned:
-        runner._finish(trial, rec, "pruned", started)
-    except _TrialFailed:
-        runner._finish(trial, rec, "failed", started)
-    record = runner.record or rec
-    record["constraints_raw"] = dict(trial.constraints)
-    record["user_attrs_raw"] = {k: v for k, v in trial.user_attrs.items() if k != ATTR}
-    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json_dumps(record),
-                             "epoch": int(settings.epochs or 1)}
-    if values is not None:  # for the searcher; the schedulers decide on the epochs' reports only
-        vals = values if isinstance(values, (list, tuple)) else [values]
-        final.update({f"{_METRIC}_{i}": float(v) for i, v in enumerate(vals)})
-    # no ``objective`` here: synchronous PBT would pause a member on this report, waiting for the
-    # others, and restore it from its last checkpoint again and again
-    tune.report(final)
+__all__ = ["PERTURBABLE", "run_ray"]
 
 
 # -- on the driver ------------------------------------------------------------------------------
@@ -464,77 +296,6 @@ class _Define:
 
     def __call__(self, trial: Any) -> dict[str, Any]:
         return dict(self.space.fixed) | self.space.suggest(trial)
-
-
-def _experiment_dir(settings: SearchSettings, options: RayOptions) -> Path:
-    root = options.storage_path or Path(os.environ.get("PROFTUNE_RAY_DIR", "proftune-ray"))
-    return (root / settings.study).resolve()
-
-
-def _next_folder(folder: Path) -> Path:
-    """``STUDY-2``, ``STUDY-3``, ...: the first beside ``folder`` that holds no experiment."""
-    from ray import tune
-
-    n = 2
-    while tune.Tuner.can_restore(str(folder.with_name(f"{folder.name}-{n}"))):
-        n += 1
-    return folder.with_name(f"{folder.name}-{n}")
-
-
-def _on_loopback(address: str | None) -> bool:
-    """A local instance, or a cluster on this machine's loopback (``127.0.0.1:P``)."""
-    return address is None or address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
-
-
-@contextlib.contextmanager
-def _loopback_node_ip() -> Iterator[None]:
-    """While Ray starts or joins: this node's address is 127.0.0.1, never the outward one.
-
-    Ray resolves a loopback ``_node_ip_address`` to the machine's outward-facing address unless
-    its switch ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is off; that env var is read once, when Ray
-    is first imported, so the switch is flipped here for the start only. With the node on
-    127.0.0.1, Ray's servers (GCS, raylet, workers, agents) listen on loopback only.
-    """
-    from ray._private import ray_constants
-
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
-
-
-@contextlib.contextmanager
-def _ray_session(options: RayOptions) -> Iterator[Any]:
-    ray = _ray()
-    started_here = not ray.is_initialized()
-    if started_here:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": options.debug,
-                                  "logging_level": logging.DEBUG if options.debug else logging.ERROR,
-                                  "configure_logging": options.debug, "ignore_reinit_error": True}
-        if options.address:
-            kwargs["address"] = options.address
-        else:  # a new instance of our own, even where another cluster runs on this machine
-            kwargs["address"] = "local"
-            kwargs["num_cpus"] = options.workers
-        loopback = _on_loopback(options.address)
-        if loopback:
-            kwargs["_node_ip_address"] = "127.0.0.1"
-        handler = signal.getsignal(signal.SIGTERM)
-        with warnings.catch_warnings(), (_loopback_node_ip() if loopback else contextlib.nullcontext()):
-            warnings.simplefilter("ignore")
-            ray.init(**kwargs)
-        if callable(handler) and threading.current_thread() is threading.main_thread():
-            # ray.init puts its own SIGTERM handler in (it aborts the driver: exit -6, the trials
-            # left running); the caller's (the CLI's: an interrupt) is the one that records them
-            signal.signal(signal.SIGTERM, handler)
-    try:
-        yield ray
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 def _record_interrupted(settings: SearchSettings, store: Store, storage: Any) -> None:

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
+from ._database import _sqlite_pragmas as sqlite_pragmas
+from ._database import redact_url
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
 from ._outputs import held_until_written, kept_files
-from ._store import (
-    DEFAULT_DB,
-    RUN_KIND_REGISTRY,
-    RUN_KINDS,
-    RunHandle,
-    RunRecord,
-    Store,
-    default_db_url,
-    pid_alive,
-    redact_url,
-    register_run_kind,
-)
-from ._store import _sqlite_pragmas as sqlite_pragmas
+from ._records import RunRecord
+from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
+from ._store import DEFAULT_DB, RunHandle, Store, default_db_url, pid_alive
 from ._tracked import open_store, optional_store, tracked_run
 
 __all__ = [

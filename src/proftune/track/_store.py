@@ -12,11 +12,10 @@ import json
 import os
 import random
 import socket
-import sqlite3
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,34 +25,27 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from .._jsonsafe import json_safe
-from .._registry import LiveSequence, Registry
-from ..exceptions import ConfigError, DependencyError, StoreError
+from ..exceptions import ConfigError, StoreError
+from ._database import (
+    _check_sqlite_file,
+    _foreign_tables,
+    _installed_driver,
+    _is_retryable,
+    _no_space,
+    _path_as_url,
+    _read_only_error,
+    _refuse_foreign,
+    _server_no_space,
+    _sqlite_pragmas,
+    redact_url,
+)
 from ._outputs import held
+from ._records import RUN_STATUSES, RunRecord, _diff, _flatten, _record
+from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
 
-__all__ = ["DEFAULT_DB", "RUN_KINDS", "RUN_KIND_REGISTRY", "RUN_STATUSES", "RunRecord", "Store", "default_db_url",
-           "redact_url", "register_run_kind"]
+__all__ = ["DEFAULT_DB", "Store", "default_db_url",]
 
 DEFAULT_DB = "sqlite:///proftune.db"
-#: The kinds of run the Store records, by name; a plug-in records a kind of its own after
-#: ``register_run_kind`` (or an entry point of ``proftune.run_kinds`` naming its description).
-RUN_KIND_REGISTRY: Registry[str] = Registry("run kind", entry_points="proftune.run_kinds")
-#: The valid kinds, read from the registry on each use.
-RUN_KINDS = LiveSequence(lambda: RUN_KIND_REGISTRY.names())
-
-
-def register_run_kind(name: str, description: str = "") -> str:
-    """Make ``name`` a kind of run the Store records (and ``runs list --kind`` filters by); ``name``
-    is lower-case letters, digits and ``_``, at most 32 characters (the column's width); a kind
-    registered already stays as it is."""
-    if not isinstance(name, str) or not name or len(name) > 32 or not all(
-            c.islower() or c.isdigit() or c == "_" for c in name) or not name[0].isalpha():
-        raise ConfigError(f"run kind={name!r} must be 1 to 32 lower-case letters, digits or '_', "
-                          "starting with a letter.")
-    if not isinstance(description, str):
-        raise ConfigError(f"description={description!r} must be a string.")
-    if name not in RUN_KIND_REGISTRY.names_so_far():  # a kind is its name: registering it again is a no-op
-        RUN_KIND_REGISTRY.add(description, name=name)
-    return name
 
 
 RUN_KIND_REGISTRY.loads_through(lambda description, name: register_run_kind(name, str(description)), named=True)
@@ -61,8 +53,6 @@ RUN_KIND_REGISTRY.loads_through(lambda description, name: register_run_kind(name
 for _kind in ("train", "profile", "recommend", "tune", "trial", "compress", "diagnose", "bandit", "lr_find",
               "batch_size", "optimize", "predict"):
     register_run_kind(_kind)
-#: ``interrupted``: ended by Ctrl-C or SIGTERM (the CLI handles both alike), not by an error.
-RUN_STATUSES = ("running", "finished", "failed", "interrupted")
 
 T = TypeVar("T")
 
@@ -120,246 +110,11 @@ def _json_column(value: Any) -> Any:
     return value
 
 
-@dataclass
-class RunRecord:
-    """One run as stored."""
-
-    id: int
-    kind: str
-    task: str
-    status: str
-    started_at: str
-    ended_at: str | None = None
-    duration_s: float | None = None
-    error: str | None = None
-    host: str | None = None
-    pid: int | None = None
-    parent_id: int | None = None
-    study: str | None = None
-    env: dict[str, Any] = field(default_factory=dict)
-    data_fingerprint: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    curves: dict[str, Any] = field(default_factory=dict)
-    anomalies: list[Any] = field(default_factory=list)
-    artifacts: dict[str, Any] = field(default_factory=dict)
-    result: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["run_id"] = d["id"]
-        fp = d.pop("data_fingerprint")
-        d["data_fingerprint"] = fp[:8] if fp else None
-        d["data_md5"] = fp
-        return d
-
-    def summary(self) -> dict[str, Any]:
-        """The columns a listing shows."""
-        return {
-            "run_id": self.id, "kind": self.kind, "task": self.task, "status": self.status,
-            "started_at": self.started_at, "duration_s": self.duration_s,
-            "data_fingerprint": self.data_fingerprint[:8] if self.data_fingerprint else None,
-            "metrics": self.metrics, "study": self.study, "parent_id": self.parent_id,
-        }
-
-
-def redact_url(url: str | sa.URL) -> str:
-    """``url`` as it may be printed or logged: its password replaced by ``***``
-    (``postgresql://u:***@host/db``). In a string that is no URL, whatever lies between a colon
-    and an ``@`` is hidden."""
-    if isinstance(url, sa.URL):
-        return url.render_as_string(hide_password=True)
-    try:
-        return sa.make_url(url).render_as_string(hide_password=True)
-    except (sa.exc.ArgumentError, ValueError, TypeError):
-        import re
-
-        return re.sub(r"(?<=:)[^:@/\s]+(?=@)", "***", str(url))
-
-
-#: Tables that make a database proftune's or Optuna's (Optuna's RDB storage).
-_OPTUNA_TABLES = frozenset({"studies", "version_info"})
-
-
-def _foreign_tables(tables: Iterable[str]) -> list[str] | None:
-    """The tables of a database that belongs to another application (None: it is proftune's or
-    Optuna's, or empty)."""
-    names = sorted(tables)
-    if not names or any(t.startswith("proftune_") for t in names) or _OPTUNA_TABLES <= set(names):
-        return None
-    return names
-
-
-def _sqlite_tables(path: Path) -> list[str]:
-    """The table names of an existing SQLite file, read by SQLite itself and without changing it
-    (``mode=ro``: no journal-mode switch, no write; its WAL is read, so a database that another
-    process writes now reads as it is).
-
-    The file is never opened by other means: closing any descriptor of a file drops every POSIX
-    lock this process holds on it, SQLite's own included, after which another process may reset
-    the WAL under a live writer ("How To Corrupt An SQLite Database File", section 2.2). SQLite's
-    own descriptors are shared per file within the process and kept while a lock lives.
-    """
-    from urllib.parse import quote
-
-    conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=60)
-    try:
-        conn.execute("PRAGMA busy_timeout=60000")
-        return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    finally:
-        conn.close()
-
-
-def _refuse_foreign(shown: str, tables: list[str]) -> StoreError:
-    listed = ", ".join(tables[:8]) + (f" and {len(tables) - 8} more" if len(tables) > 8 else "")
-    return StoreError(
-        f"db={shown!r} holds another application's tables ({listed}), neither proftune's nor "
-        "Optuna's; it was left untouched. Give a new file name or an existing proftune database.")
-
-
-def _read_only(path: Path) -> str | None:
-    """What of a SQLite database at ``path`` cannot be written (None: all of it can): the file, or
-    its folder, where SQLite creates the file and its write-ahead log (``-wal``, ``-shm``) beside it.
-    ``os.access`` asks the kernel, so an immutable file (``chattr +i``) or a read-only mount counts
-    for root too, whom permission bits do not stop."""
-    folder = path.parent.resolve()
-    if path.exists() and not os.access(path, os.W_OK):
-        return f"the database file {str(path)!r} is read-only"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        sidecars = [Path(f"{path}-wal"), Path(f"{path}-shm")]
-        if not path.exists():
-            return f"folder {str(folder)!r} is read-only: the database file cannot be created there"
-        if not all(s.exists() and os.access(s, os.W_OK) for s in sidecars):
-            return (f"folder {str(folder)!r} is read-only: SQLite writes its log ({path.name}-wal, "
-                    f"{path.name}-shm) beside the database")
-    return None
-
-
-def _read_only_error(shown: str, what: str) -> StoreError:
-    return StoreError(
-        f"db={shown!r}: {what}, and proftune records every run in its store. Give db= a writable "
-        "location (a new file in a folder you can write, e.g. sqlite:///proftune.db in your working "
-        "folder), or make this one writable (chmod u+w on the file and its folder; chattr -i if it is "
-        "immutable).")
-
-
-def _check_sqlite_file(url: sa.URL) -> None:
-    """Refuse a SQLite URL whose file exists but is not a SQLite database (leave it untouched), or
-    whose file or folder cannot be written (before any work: every command writes its run)."""
-    database = url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return
-    path = Path(database)
-    shown = url.render_as_string(hide_password=True)
-    if path.is_dir():
-        raise StoreError(f"db={shown!r} points at a directory, not a database file.")
-    if not path.exists() and not path.parent.exists():
-        raise StoreError(f"db={shown!r}: folder {str(path.parent)!r} does not exist.")
-    what = _read_only(path)  # before SQLite reads it: that would leave its -wal and -shm beside it
-    if what is not None:
-        raise _read_only_error(shown, what)
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    sidecars = [p for p in (Path(f"{path}-wal"), Path(f"{path}-shm")) if not p.exists()]
-    try:
-        tables = _sqlite_tables(path)
-    except sqlite3.DatabaseError as exc:  # not a database, damaged or encrypted, or its device full
-        full = _no_space(shown, path, exc)
-        if full is not None:
-            for p in sidecars:  # the log files the failed read began (nothing can write there now)
-                with contextlib.suppress(OSError):
-                    p.unlink()
-            raise full from None
-        if "not a database" in str(exc):
-            raise StoreError(
-                f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} exists and is not a SQLite "
-                "database; it was left untouched. Give a new file name or an existing proftune database."
-            ) from None
-        raise StoreError(f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} cannot be read "
-                         f"as a SQLite database ({exc}); it was left untouched.") from exc
-    foreign = _foreign_tables(tables)
-    if foreign is not None:
-        raise _refuse_foreign(shown, foreign)
-
-
-#: SQLite reports a write its log could not make ("disk I/O error") where a device is full as well
-#: as "database or disk is full"; with less than this free, either is read as a full device.
-LOW_SPACE_BYTES = 1 << 20
-
-
-def _free_bytes(path: Path) -> int | None:
-    from .._paths import free_bytes
-
-    return free_bytes(path)
-
-
-def _no_space(shown: str, path: Path, exc: BaseException) -> StoreError | None:
-    """The error of a store whose device is full (None: ``exc`` is not that): what the user can
-    do, without the driver's SQL."""
-    text = str(getattr(exc, "orig", None) or exc).lower()
-    free = _free_bytes(path)
-    full = "disk is full" in text or "no space left" in text or (
-        "disk i/o error" in text and free is not None and free < LOW_SPACE_BYTES)
-    if not full:
-        return None
-    left = f"{free} bytes free" if free is not None else "its free space unknown"
-    return StoreError(f"db={shown!r}: no space left on the device holding the store ({str(path)!r}, {left}); "
-                      "nothing was written. Free space there, or give db= a store on another device.")
-
-
-#: PostgreSQL's SQLSTATE of a full disk (``disk_full``: psycopg2's ``pgcode``, psycopg 3's ``sqlstate``).
-PG_DISK_FULL = "53100"
-
-
-def _server_no_space(shown: str, exc: BaseException) -> StoreError | None:
-    """The error of a database server whose disk is full (None: ``exc`` is not that), worded as
-    a full SQLite file's is, without the driver's SQL."""
-    orig = getattr(exc, "orig", None) or exc
-    code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
-    full = code == PG_DISK_FULL or type(orig).__name__ == "DiskFull" or "no space left on device" in str(orig).lower()
-    if not full:
-        return None
-    host = sa.make_url(shown).host or "localhost"
-    return StoreError(f"db={shown!r}: no space left on the device holding the store (the database server on "
-                      f"{host}: SQLSTATE {code or PG_DISK_FULL} disk_full); nothing was written. Free space on the "
-                      "server's data directory, or give db= another store.")
-
-
-def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
-    """A bare ``postgresql://`` URL (as the README writes it) on the PostgreSQL driver that is
-    installed: SQLAlchemy's default (psycopg 3) or psycopg2, which ``[dev]`` installs."""
-    if url.drivername != "postgresql":
-        return url
-    import importlib.util
-
-    for module, driver in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
-        if importlib.util.find_spec(module) is not None:
-            return url.set(drivername=driver)
-    raise DependencyError(f"db={shown!r} needs a PostgreSQL driver: pip install psycopg2-binary "
-                          "(or psycopg), or name one in the URL (postgresql+psycopg2://...).")
-
-
 def _redacted(exc: BaseException | None, store: Store) -> str:
     """A driver's message with the store's password taken out wherever it appears."""
     text = str(exc)
     password = sa.make_url(store.url).password
     return text.replace(str(password), "***") if password else text
-
-
-def _is_retryable(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(s in text for s in ("locked", "busy", "already exists", "deadlock", "could not serialize"))
-
-
-#: A --db without a scheme whose name ends so is a SQLite file's path (``runs.db`` -> ``sqlite:///runs.db``).
-SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
-
-
-def _path_as_url(url: str) -> str:
-    """A path to a SQLite file (``/tmp/runs.db``, ``runs.sqlite``) as its URL; anything else as given."""
-    if "://" in url or not url.lower().endswith(SQLITE_SUFFIXES):
-        return url
-    return f"sqlite:///{Path(url).expanduser().absolute()}"
 
 
 class Store:
@@ -704,56 +459,3 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    try:
-        cur.execute("PRAGMA busy_timeout=60000")
-        for _ in range(50):
-            try:
-                cur.execute("PRAGMA journal_mode=WAL")
-                break
-            except Exception as exc:  # another process is switching the mode at this moment
-                if "locked" not in str(exc).lower():
-                    raise
-                time.sleep(0.05)
-        cur.execute("PRAGMA synchronous=NORMAL")
-    finally:
-        cur.close()
-
-
-def _record(row: Any) -> RunRecord:
-    def js(value: Any, default: Any) -> Any:
-        if value is None:
-            return default
-        if isinstance(value, str):
-            try:
-                return json.loads(value)
-            except ValueError:
-                return value
-        return value
-
-    return RunRecord(
-        id=row["id"], kind=row["kind"], task=row["task"], status=row["status"],
-        started_at=row["started_at"], ended_at=row.get("ended_at"), duration_s=row.get("duration_s"),
-        error=row.get("error"), host=row.get("host"), pid=row.get("pid"), parent_id=row.get("parent_id"),
-        study=row.get("study"), env=js(row.get("env"), {}), data_fingerprint=row.get("data_fingerprint"),
-        config=js(row.get("config"), {}), metrics=js(row.get("metrics"), {}),
-        curves=js(row.get("curves"), {}), anomalies=js(row.get("anomalies"), []),
-        artifacts=js(row.get("artifacts"), {}), result=js(row.get("result"), {}),
-    )
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Keys whose values differ: ``{key: {"a": ..., "b": ...}}`` (missing is None)."""
-    return {k: {"a": a.get(k), "b": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

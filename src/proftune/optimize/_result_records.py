@@ -19,7 +19,6 @@ from ._final_records import SearchGap, SeedSummary
 from ._layer_value import LayerFinding
 from ._records import ModelFigures, StageOutputs
 from ._search_records import YellowFlag
-from ._stages import STAGE_RECORDS
 
 __all__ = ["OPTIMIZE_SCHEMA_VERSION", "CompressedModel", "FinalSummary", "OptimizeResult", "SplitComparisons",
            "SplitSummaries", "StageRow", "StageStory", "Story", "StoryLine", "VsBaseline"]
@@ -50,8 +49,9 @@ class StageRow(JsonRecord):
 
     def record(self, kind: type[S]) -> S:
         """The outputs kept here as the stage's record (``kind``: e.g. ``CompressOutputs``)."""
-        if kind is not STAGE_RECORDS.get(self.name):
-            raise TypeError(f"stage {self.name!r} holds {STAGE_RECORDS[self.name].__name__}, not {kind.__name__}")
+        if kind.STAGE != self.name:  # a record names its stage (register_stage checks it)
+            raise TypeError(f"stage {self.name!r} holds the {self.name!r} stage's record, not {kind.__name__} "
+                            f"(the {kind.STAGE!r} stage's)")
         return kind.from_dict(self.outputs)
 
 

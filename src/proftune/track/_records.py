@@ -1,0 +1,95 @@
+"""A run as the Store holds it: :class:`RunRecord`, read from a row of the runs table, and the
+statuses a run can have."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["RUN_STATUSES", "RunRecord"]
+
+
+#: ``interrupted``: ended by Ctrl-C or SIGTERM (the CLI handles both alike), not by an error.
+RUN_STATUSES = ("running", "finished", "failed", "interrupted")
+
+
+@dataclass
+class RunRecord:
+    """One run as stored."""
+
+    id: int
+    kind: str
+    task: str
+    status: str
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    parent_id: int | None = None
+    study: str | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    data_fingerprint: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, Any] = field(default_factory=dict)
+    anomalies: list[Any] = field(default_factory=list)
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["run_id"] = d["id"]
+        fp = d.pop("data_fingerprint")
+        d["data_fingerprint"] = fp[:8] if fp else None
+        d["data_md5"] = fp
+        return d
+
+    def summary(self) -> dict[str, Any]:
+        """The columns a listing shows."""
+        return {
+            "run_id": self.id, "kind": self.kind, "task": self.task, "status": self.status,
+            "started_at": self.started_at, "duration_s": self.duration_s,
+            "data_fingerprint": self.data_fingerprint[:8] if self.data_fingerprint else None,
+            "metrics": self.metrics, "study": self.study, "parent_id": self.parent_id,
+        }
+
+
+def _record(row: Any) -> RunRecord:
+    def js(value: Any, default: Any) -> Any:
+        if value is None:
+            return default
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+        return value
+
+    return RunRecord(
+        id=row["id"], kind=row["kind"], task=row["task"], status=row["status"],
+        started_at=row["started_at"], ended_at=row.get("ended_at"), duration_s=row.get("duration_s"),
+        error=row.get("error"), host=row.get("host"), pid=row.get("pid"), parent_id=row.get("parent_id"),
+        study=row.get("study"), env=js(row.get("env"), {}), data_fingerprint=row.get("data_fingerprint"),
+        config=js(row.get("config"), {}), metrics=js(row.get("metrics"), {}),
+        curves=js(row.get("curves"), {}), anomalies=js(row.get("anomalies"), []),
+        artifacts=js(row.get("artifacts"), {}), result=js(row.get("result"), {}),
+    )
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Keys whose values differ: ``{key: {"a": ..., "b": ...}}`` (missing is None)."""
+    return {k: {"a": a.get(k), "b": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
