@@ -373,3 +373,50 @@ def test_a_sampled_load_still_keeps_the_larger_counts_untried() -> None:
     assert len(tuner.checks) >= 2
     assert all(c.skipped == [2, 4] and c.chosen == 1 for c in tuner.checks)
     assert sampled < 40
+
+
+# -- the work outside the fit loop ---------------------------------------------------------------
+def test_work_outside_the_fit_loop_runs_at_one_thread_on_busy_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluations, probes, range tests and gradient samples run outside the fit loop's steps: on a
+    machine whose cores the others hold but one they run at one thread (torch's thread per core
+    waits at every parallel region: 5-20x slower at load 8 on 2 cores), at the fit loop's last
+    choice for the workload where it made one, at ``$PROFTUNE_THREADS`` where set; torch's count
+    is put back after."""
+    monkeypatch.setattr(_threads, "machine_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(_threads, "others_running", lambda own=1: 3)
+        with _threads.work_threads(("w", "cpu")):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        monkeypatch.setattr(_threads, "others_running", lambda own=1: 0)  # a quiet machine: torch's own
+        assert _threads.threads_for_work(("w", "cpu")) is None
+        _threads.remember(("w", "cpu"), 2, 64, 0)  # the fit loop measured 2 best for this workload
+        monkeypatch.setattr(_threads, "others_running", lambda own=1: 3)
+        assert _threads.threads_for_work(("w", "cpu")) == 2
+        assert _threads.threads_for_work(("other", "cpu")) == 1
+        monkeypatch.setenv(_threads.THREADS_ENV, "1")  # --threads 1
+        assert _threads.threads_for_work(("w", "cpu")) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_diagnose_evaluates_outside_the_fit_loop_at_the_threads_the_load_leaves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """diagnose evaluates the trained model on its training data after the fit: at one thread
+    where the others hold the cores (faked), and torch's count is put back after."""
+    import proftune
+
+    monkeypatch.setattr(_threads, "machine_cores", lambda: 2)
+    monkeypatch.setattr(_threads, "others_running", lambda own=1: 3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        task = _Tiny()
+        proftune.diagnose(task, {"batch_size": 256}, epochs=1, record=False, probes=False)
+        after_fit = task.seen[-1]  # the last loss: the evaluation of the training data, after the fit
+        assert after_fit == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

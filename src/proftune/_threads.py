@@ -37,6 +37,7 @@ __all__ = [
     "ThreadChoice",
     "ThreadTuner",
     "candidate_counts",
+    "fit_key",
     "fixed_threads",
     "forget",
     "limit_threads",
@@ -48,6 +49,7 @@ __all__ = [
     "run_queue_ms",
     "share_cores",
     "threads_from_env",
+    "work_threads",
 ]
 
 #: A fixed thread count for every fit of this process and the processes it starts (``--threads``).
@@ -493,6 +495,50 @@ def recall(key: tuple[str, ...]) -> tuple[int, int, int] | None:
     if hit is None or time.monotonic() - hit[3] > _MEMORY_S:
         return None
     return hit[0], hit[1], hit[2]
+
+
+def fit_key(task: object, device_type: str) -> tuple[str, ...]:
+    """The workload key under which the fit loop remembers its thread choice for ``task``."""
+    return (getattr(task, "name", None) or type(task).__name__, device_type)
+
+
+def threads_for_work(key: tuple[str, ...] | None) -> int | None:
+    """torch's thread count for the work of ``key`` outside the fit loop's steps (evaluations,
+    probes, range tests, gradient samples), or None to keep torch's own.
+
+    ``$PROFTUNE_THREADS`` where set; else the count the fit loop last measured best for ``key``
+    (:func:`recall`); else 1 where other processes' runnable threads hold all this machine's
+    cores but one (:func:`others_running`): torch's default, a thread per core, then waits on busy
+    cores at every parallel region (a small CNN's forward and backward at load 8 on 2 cores: 0.19
+    s for 16 batches at one thread, 1-3.8 s at two). Within :func:`max_threads`."""
+    fixed = threads_from_env()
+    if fixed is not None:
+        return min(fixed, max_threads())
+    hit = recall(key) if key is not None else None
+    if hit is not None:
+        return min(hit[0], max_threads())
+    cores = machine_cores()
+    others = others_running(1)
+    if cores is not None and others is not None and others >= cores - 1:
+        return 1
+    return None
+
+
+@contextlib.contextmanager
+def work_threads(key: tuple[str, ...] | None) -> Iterator[None]:
+    """Within the block torch runs at :func:`threads_for_work`'s count for ``key`` (read once, as
+    it begins); the count before is put back after (the fit loop sets its own per step)."""
+    import torch
+
+    want = threads_for_work(key)
+    before = torch.get_num_threads()
+    if want is not None and want != before:
+        torch.set_num_threads(want)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def forget() -> None:

@@ -26,7 +26,7 @@ from ._optimizers import OPTIMIZERS, build_optimizer
 from ._options import with_options
 from ._step import StepPhases, StepSpec, TimedPhases, run_step
 from ._thread_control import ThreadControl
-from ._threads import ThreadChoice, threads_from_env
+from ._threads import ThreadChoice, fit_key, threads_from_env
 from .exceptions import ConfigError, ProblemCollector
 from .metrics import direction, is_known, resolve_direction
 from .task import Task, load_task
@@ -199,7 +199,7 @@ def fit(
     state = FitState(task=task, model=model, optimizer=optimizer, params=merged, device=dev,
                      batch_size=bs, scaler=scaler, scheduler=scheduler)
     threads_before = torch.get_num_threads()
-    control = ThreadControl(threads, given_by, (task.name or type(task).__name__, dev.type))
+    control = ThreadControl(threads, given_by, fit_key(task, dev.type))
     callbacks = [*callbacks, control]
     started = time.perf_counter()
     try:

@@ -16,6 +16,7 @@ import torch
 from .._device import resolve_device
 from .._jsonsafe import finite_float
 from .._options import with_options
+from .._threads import fit_key, work_threads
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
@@ -92,6 +93,10 @@ def diagnose(
     check = HealthCheck(every=c.every)
 
     def body() -> DiagnoseResult:
+        with work_threads(fit_key(task_obj, dev.type)):  # probes and evaluations outside the fit loop
+            return checked()
+
+    def checked() -> DiagnoseResult:
         result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=[check, *callbacks])
         _measure_train_metrics(task_obj, result, check, dev)

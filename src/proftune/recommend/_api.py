@@ -18,6 +18,7 @@ import torch
 from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
 from .._options import with_options
+from .._threads import fit_key, work_threads
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError
 from ..profile import Profile
@@ -166,6 +167,12 @@ def recommend(
     say = progress or (lambda _msg: None)
 
     def body() -> Recommendations:
+        # the work outside the fit loop (profile, range tests, gradient samples) at the threads
+        # the load leaves (a thread per core on a busy machine waits at every parallel region)
+        with work_threads(fit_key(task_obj, dev.type)):
+            return measured()
+
+    def measured() -> Recommendations:
         prof = profile
         if prof is None:
             say("profiling")
