@@ -100,7 +100,9 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
           f"{'pred/meas':>9s} {'prof MiB':>9s} {'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'table ms':>8s} "
           f"{'tbl/meas':>8s} {'roof ms':>8s} {'roof/meas':>9s} {'share':>5s} {'sharing':>7s} {'wall s':>7s}")
     out: dict[str, list[float]] = {"peak": [], "step": [], "step_table": [], "step_roofline": []}
-    rows: list[tuple[int, str, str, int, float, float]] = []
+    rows: list[tuple[int, str, str, int, float, float, float, float, float, float]] = []
+    spreads: list[tuple[float, float]] = []
+    load_seen: list[float] = []
     links: dict[int, Any] = {}
     for label in models:
         task = MEASURED_TASKS[label]
@@ -110,32 +112,43 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
                     for acc in accumulation:
                         t0 = time.perf_counter()
                         params = {"grad_accumulation": acc}
-                        runs = [measure(task, world=n, strategy=strategy, checkpointing=ckpt, batch_size=batch_size,
-                                        params=params, timed_steps=5, profiler=True, link=True)
-                                for _ in range(repeats)]
+                        kw = {"batch_size": batch_size, "target": "cpu", "gpus": n, "strategy": strategy,
+                              "activation_checkpointing": ckpt, "max_batch": False}
+                        # each repetition: predict's own measurement right before the real run, so that
+                        # both meet the same moment of the machine's load
+                        runs, preds, loads = [], [], []
+                        for r in range(repeats):
+                            loads.append(os.getloadavg()[0])
+                            preds.append(predict(task, params, **kw).parallel)
+                            runs.append(measure(task, world=n, strategy=strategy, checkpointing=ckpt,
+                                                batch_size=batch_size, params=params, timed_steps=5,
+                                                profiler=r == 0, link=True))
+                        p = preds[0]
+                        assert p is not None
+                        per_run = [float(q.step["time_ms"] or 0) / m["step_ms"]
+                                   for q, m in zip(preds, runs, strict=True) if q is not None]
                         peak = statistics.median(r["peak_bytes"] for r in runs)
                         step_ms = statistics.median(r["step_ms"] for r in runs)
-                        prof = statistics.median(r["profiler_peak_bytes"] for r in runs)
+                        prof = runs[0]["profiler_peak_bytes"]
                         link = LinkFigures("gloo", n, runs[-1]["link"], False,
                                            f"measured: gloo between the {n} ranks of this run")
                         links[n] = link
-                        kw = {"batch_size": batch_size, "target": "cpu", "gpus": n, "strategy": strategy,
-                              "activation_checkpointing": ckpt, "max_batch": False}
-                        p = predict(task, params, link=link, **kw).parallel
                         tbl = predict(task, params, link="table", compute="roofline", **kw).parallel
                         roof = predict(task, params, link=link, compute="roofline", **kw).parallel
-                        assert p is not None
                         assert tbl is not None
                         assert roof is not None
-                        pred_ms = float(p.step["time_ms"] or 0)
+                        pred_ms = statistics.median(float(q.step["time_ms"] or 0) for q in preds if q is not None)
                         out["peak"].append(p.peak_bytes / peak - 1)
-                        out["step"].append(pred_ms / step_ms)
+                        out["step"].append(statistics.median(per_run))
                         out["step_table"].append(float(tbl.step["time_ms"] or 0) / step_ms)
                         out["step_roofline"].append(float(roof.step["time_ms"] or 0) / step_ms)
-                        rows.append((n, strategy, ckpt, acc, pred_ms, step_ms))
+                        spreads.append((min(per_run), max(per_run)))
+                        load_seen.extend(loads)
+                        rows.append((n, strategy, ckpt, acc, pred_ms, step_ms, min(per_run), max(per_run),
+                                     min(loads), max(loads)))
                         print(f"{label:10s} {n:2d} {strategy:8s} {ckpt:5s} {acc:3d} {mib(p.peak_bytes):>9s} "
                               f"{mib(peak):>9s} {ratio(p.peak_bytes, peak):>9s} {mib(prof):>9s} "
-                              f"{p.step['time_ms'] or 0:8.2f} {step_ms:8.2f} {ratio(p.step['time_ms'], step_ms):>9s} "
+                              f"{pred_ms:8.2f} {step_ms:8.2f} {statistics.median(per_run):9.3f} "
                               f"{tbl.step['time_ms'] or 0:8.2f} {ratio(tbl.step['time_ms'], step_ms):>8s} "
                               f"{roof.step['time_ms'] or 0:8.2f} {ratio(roof.step['time_ms'], step_ms):>9s} "
                               f"{p.compute.get('cpu_share', 0):5.2f} {p.compute.get('sharing', 0):7.2f} "
@@ -146,12 +159,16 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
             for k, v in link.collectives.items()))
     errs = [abs(e) for e in out["peak"]]
     print(f"peak: max |error| {max(errs):.2%}, median {statistics.median(errs):.2%} (goal <= 10%)")
-    print("\nthe step, predict's own (measured compute + measured link):")
+    print(f"\nthe step, predict's own (the ranks' compute measured as they step together + their collectives "
+          f"replayed between them; each repetition right before its real run; medians of {repeats}):")
     print(f"{'ranks':>5s} {'strategy':8s} {'ckpt':5s} {'acc':>3s} {'predicted ms':>12s} {'measured ms':>11s} "
-          f"{'ratio':>6s}")
-    for n, strategy, ckpt, acc, pred_ms, step_ms in rows:
-        print(f"{n:5d} {strategy:8s} {ckpt:5s} {acc:3d} {pred_ms:12.2f} {step_ms:11.2f} {pred_ms / step_ms:6.2f}")
-    for key, what in (("step", "measured compute + measured link (predict's own)"),
+          f"{'ratio':>6s} {'ratio range':>11s} {'load':>9s}")
+    for (n, strategy, ckpt, acc, pred_ms, step_ms, lo, hi, l0, l1), r in zip(rows, out["step"], strict=True):
+        print(f"{n:5d} {strategy:8s} {ckpt:5s} {acc:3d} {pred_ms:12.2f} {step_ms:11.2f} {r:6.2f} "
+              f"{lo:5.2f}-{hi:<5.2f} {l0:4.1f}-{l1:<4.1f}")
+    if load_seen:
+        print(f"load (1-minute average) at the predictions: {min(load_seen):.1f}-{max(load_seen):.1f}")
+    for key, what in (("step", "the ranks measured stepping together + collectives replayed (predict's own)"),
                       ("step_roofline", "roofline compute + measured link"),
                       ("step_table", "roofline compute + table link")):
         r = out[key]
