@@ -156,13 +156,15 @@ class PredictConfig:
     #: samples per step on ``gpus`` GPUs, by predicted throughput.
     plan: bool = False
     global_batch: int | None = None
-    #: The link the collectives are priced with: ``auto`` (measured between ``gpus`` CPU ranks of
-    #: this machine when the target is ``cpu``, the target's datasheet figure otherwise),
+    #: The link the collectives are priced with: ``auto`` (on this machine's CPU ranks, target
+    #: ``cpu``: one strategy's own collectives replayed at their sizes between ``gpus`` ranks as they
+    #: step, a plan's priced by a sweep between them; the target's datasheet figure otherwise),
     #: ``table`` (the datasheet's), ``measure`` (a short sweep between ``gpus`` ranks of this
     #: machine: gloo, or nccl on as many GPUs), or figures measured before (``LinkFigures`` or its dict).
     link: str | dict[str, Any] | LinkFigures = "auto"
-    #: The step's compute: ``auto`` (a few steps of one process timed where the ranks would run:
-    #: this CPU for target ``cpu``, at one thread per rank; this CUDA GPU when it is the target),
+    #: The step's compute: ``auto`` (a few steps timed where the ranks would run: for target ``cpu``
+    #: and one strategy, ``gpus`` processes stepping together at one thread each, a plan's options
+    #: one process each; this CUDA GPU when it is the target),
     #: else the roofline of the target's table entry) or ``roofline``.
     compute: str = "auto"
 

@@ -7,6 +7,13 @@ matmuls reach a fraction of that peak (one process's step measures 2-4x the roof
 prediction for this machine's ranks (``target="cpu"``, or the CUDA GPU proftune runs on) times
 the step instead, and keeps the roofline only where nothing can be measured: a named GPU that
 is not here, or a model too large to run here.
+
+For one strategy on this machine's CPU ranks, :func:`measure_in_ranks` starts the ranks: each
+steps as one rank alone, all at once (their sharing of the cores and the load is measured, not
+modelled), then they replay the step's collectives between them at its sizes and launches, each
+launch after its share of the step's compute, so that the waiting of ranks that the cores' time
+slicing holds back is in the figure (issue 46: one process's step and a separate sweep met other
+moments of the load and missed that waiting: 4 of 16 cases within 25%).
 """
 
 from __future__ import annotations

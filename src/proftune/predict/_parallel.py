@@ -3,9 +3,10 @@ strategy (``_sharding.py``), and the plan that ranks every strategy that fits.
 
 The single-device step is traced on fake tensors (with the blocks checkpointed as asked); the
 strategy shards the model states of each phase's peak and adds its buffers; the step's time is
-the compute at the per-GPU batch (one process's measured phases where the ranks would run here,
-``_compute.py``, slowed by the ranks sharing the cores; else the roofline's), plus the
-collectives over the link (measured, or ``DeviceSpec.intra_node_bytes_s`` within a node,
+the compute at the per-GPU batch (measured where the ranks would run here, ``_compute.py``: on
+this machine's CPU ranks the ranks themselves stepping together, their collectives replayed
+between them; for a plan one process, slowed by the ranks sharing the cores; else the roofline's),
+plus the collectives over the link (replayed, measured, or ``DeviceSpec.intra_node_bytes_s`` within a node,
 ``inter_node_bytes_s`` across nodes), each hidden behind the phase it overlaps with as the runtime
 overlaps it (all but one bucket's or one unit's call, as far as that phase lasts, and on CPU ranks
 only where a core is free for it), plus offload's host traffic.
