@@ -75,6 +75,8 @@ class ComputeFigures:
     #: Processes that stepped together, each as one rank (the median rank's phases): where more
     #: than one, their sharing of the cores is in the figures, not modelled.
     ranks: int = 1
+    #: The ranks the model was wrapped for (all but one pretended): a rank's shards, not the whole.
+    world: int = 1
     #: Milliseconds per step of each of the strategy's collectives (by name), replayed at the
     #: sizes and launches the step sends them in, between those ranks (empty: priced by a link).
     collectives_ms: dict[str, float] = field(default_factory=dict)
@@ -85,7 +87,8 @@ class ComputeFigures:
         return (f"measured: {self.steps} steps of {who} on {self.device} at {self.threads} "
                 f"thread{'s' if self.threads > 1 else ''} ({self.cpu_share:.2f} of a core's time each), "
                 f"per-rank batch {self.batch_size}, checkpointing {self.checkpointing}"
-                + (f", wrapped as one {self.wrapped} rank" if self.wrapped else ""))
+                + (f", wrapped as one {self.wrapped} rank" if self.wrapped else "")
+                + (f" of {self.world} (the others pretended)" if self.world > 1 else ""))
 
 
 class _PhaseTimer(TimedPhases):
@@ -120,16 +123,33 @@ def _threads(n: int) -> Iterator[None]:
 WRAPPED = ("ddp", "fsdp", "fsdp-no-reshard")
 
 
+def _group_size() -> int:
+    """The ranks of this process's group (1 where there is none)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 @contextlib.contextmanager
-def _one_rank(strategy: str, device: torch.device) -> Iterator[bool]:
-    """A process group of this process alone (gloo; an in-memory store) while the strategy's own
-    runtime is measured, when none is there already: True when the model is to be wrapped."""
+def _one_rank(strategy: str, device: torch.device, world: int = 1) -> Iterator[bool]:
+    """A process group of this process alone while the strategy's own runtime is measured, when
+    none is there already: True when the model is to be wrapped. Of ``world`` ranks, all but this
+    one pretended (PyTorch's ``fake`` backend: its collectives return at once), so that FSDP holds
+    a rank's shards and runs its copies in and out of each all-gather and reduce-scatter, which
+    it skips in a group of one; else gloo, an in-memory store."""
     import torch.distributed as dist
 
     if strategy not in WRAPPED or not dist.is_available() or dist.is_initialized() or device.type != "cpu":
         yield False
         return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    fake: Any = None
+    if world > 1 and strategy != "ddp":  # DDP's Reducer copies its buckets in a group of one too
+        with contextlib.suppress(ImportError):
+            from torch.testing._internal.distributed.fake_pg import FakeStore as fake
+    if fake is not None:
+        dist.init_process_group("fake", store=fake(), rank=0, world_size=world)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield True
     finally:
@@ -156,7 +176,7 @@ def _wrap(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
 def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, checkpointing: str = "none",
                     strategy: str = "", device: torch.device | str = "cpu", threads: int = CPU_RANK_THREADS,
                     steps: int = 5, warmup: int = 2,
-                    before_step: Callable[[], object] | None = None) -> ComputeFigures:
+                    before_step: Callable[[], object] | None = None, world: int = 1) -> ComputeFigures:
     """Time ``steps`` of the fit loop's step of ``task`` (validated ``params``, its micro-batches)
     at ``batch_size`` on ``device`` at ``threads`` CPU threads, after ``warmup`` steps (the first
     creates the optimizer state); each phase's median. With ``strategy`` DDP or FSDP (on CPU) the
@@ -169,7 +189,7 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
     batch = move_to_device(next(iter(task.train_data(batch_size, params))), dev)
     micro = [batch] * spec.grad_accumulation
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    with _threads(threads), _one_rank(strategy, dev) as wrap:
+    with _threads(threads), _one_rank(strategy, dev, world) as wrap:
         state = torch.random.get_rng_state()
         torch.manual_seed(0)
         model = task.build_model(params).to(dev)
@@ -193,9 +213,10 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
                 for phase, ms in timer.ms.items():
                     per[phase].append(ms)
         wrapped = strategy if wrap else ""
+        world = _group_size() if wrap else 1
     n = len(micro)
     return ComputeFigures(device=str(dev), threads=threads, batch_size=batch_size, checkpointing=checkpointing,
-                          wrapped=wrapped,
+                          wrapped=wrapped, world=world,
                           forward_ms=statistics.median(per["forward"]) / n,
                           backward_ms=statistics.median(per["backward"]) / n,
                           optimizer_ms=statistics.median(per["optimizer"]), steps=steps,
@@ -211,7 +232,7 @@ def _in_rank(rank: int, world: int, port: int, job: dict[str, Any], barrier: Any
     task = load_task(job["task"])
     figures = measure_compute(task, job["params"], batch_size=job["batch_size"], checkpointing=job["checkpointing"],
                               strategy=job["strategy"], threads=job["threads"], steps=job["steps"],
-                              warmup=job["warmup"], before_step=barrier.wait)
+                              warmup=job["warmup"], before_step=barrier.wait, world=world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -263,7 +284,8 @@ def measure_in_ranks(task: Task | str, params: dict[str, Any], *, ranks: int, ba
            for k in ("forward_ms", "backward_ms", "optimizer_ms", "cpu_share")}
     comm = {name: statistics.median(g[2][name] for g in got) for name in got[0][2]}
     return ComputeFigures(device="cpu", threads=threads, batch_size=batch_size, checkpointing=checkpointing,
-                          steps=steps, wrapped=figs[0].wrapped, ranks=ranks, collectives_ms=comm, **mid)
+                          steps=steps, wrapped=figs[0].wrapped, world=figs[0].world, ranks=ranks,
+                          collectives_ms=comm, **mid)
 
 
 def rank_sharing(ranks: int, *, threads: int = CPU_RANK_THREADS, n_cores: int | None = None,

@@ -270,7 +270,9 @@ class Evaluator:
         n = self.gpus
         sharing = self._sharing(figures)
         opt_ms = opt / n if strategy.shards_optimizer else opt
-        if strategy.shards_optimizer and figures is not None and figures.wrapped:
+        if strategy.shards_optimizer and figures is not None and figures.wrapped and figures.world == n:
+            opt_ms = opt  # measured on a rank's own shards
+        elif strategy.shards_optimizer and figures is not None and figures.wrapped:
             # measured as one rank of a group of itself: the same tensors as a rank's, whole; only
             # their elements' part (the roofline's, the most it can be) shrinks to a shard
             elements = min(opt, float(pt.phase_ms.get("optimizer") or 0))
