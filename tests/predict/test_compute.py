@@ -48,6 +48,23 @@ def test_one_process_step_is_timed_by_phase() -> None:
     assert "per-rank batch 4" in got.source
 
 
+def test_an_fsdp_rank_is_timed_on_its_shards_with_the_other_ranks_pretended() -> None:
+    """In a group of one FSDP2 skips its all-gather copies in and out and holds the whole model;
+    of 2 ranks (the other one PyTorch's fake backend) it runs them on a rank's shards."""
+    from pathlib import Path
+
+    task = load_task(f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks")
+    params = validate_params(dict(task.default_params))
+    alone = measure_compute(task, params, batch_size=2, strategy="fsdp", steps=1, warmup=1)
+    two = measure_compute(task, params, batch_size=2, strategy="fsdp", steps=1, warmup=1, world=2)
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the pretended group is gone with the measurement
+    assert (alone.world, two.world) == (1, 2)
+    assert "wrapped as one fsdp rank of 2 (the others pretended)" in two.source
+    assert "pretended" not in alone.source
+
+
 def test_the_roofline_where_asked_or_where_the_ranks_are_not_here() -> None:
     kw = {"batch_size": 8, "gpus": 2, "strategy": "ddp", "max_batch": False, "link": SLOW}
     params = {"grad_accumulation": 2}
