@@ -8,10 +8,13 @@
    (``--target cpu``) beside the measured one (PyTorch's ``FSDPMemTracker`` / ``MemTracker``,
    the highest rank; the CPU memory profile's running sum beside it), and the predicted step
    beside the measured one (median of 5 timed steps, the median rank) three ways: predict's own
-   (``compute="auto"``: one process's step timed here at one thread and the per-rank batch,
-   slowed by the ranks sharing the cores and the load it met, plus the collectives over the link
-   measured in those ranks, a short sweep after their steps), the roofline's compute with that
-   link (``compute="roofline"``), and the roofline with the device table's link. Goal: peak
+   (``compute="auto"``, ``link="auto"``: the N ranks started for a few steps each, stepping
+   together, each wrapped as one rank holds the model (FSDP of N ranks with all but one pretended),
+   then the step's own collectives replayed between them at its sizes and launches, each launch
+   after its share of the step's compute), the roofline's compute with the link swept in the
+   measured ranks (``compute="roofline"``), and the roofline with the device table's link. Each
+   repetition predicts right before its real run, so both meet the same moment of the load; the
+   per-case ratio is the median of the repetitions' ratios, its range beside it. Goal: peak
    within 10%, step within 25%. ``--models TinyBert TinyLlama`` runs the ``transformers`` models instead.
 2. DeepSpeed: one GPU's model states (parameters, gradients, optimizer state) under ZeRO-2,
    ZeRO-3 and FSDP (priced by ZeRO-3's form) at 1, 2, 4 and 8 GPUs on one node, for GPT-2 small
@@ -32,8 +35,8 @@ DeepSpeed is optional: ``pip install 'proftune[deepspeed]'`` (or ``pip install d
 builds from source in about a minute and runs its estimators on a CPU-only machine). Without
 it, part 2 prints how to install it and our closed forms alone.
 
-Part 1 starts 32 sets of ranks (30-60 s each on a busy 2-core machine; ``--skip-measured``
-leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
+Part 1 starts 2 sets of ranks per case and repetition (80-170 s a case at 3 repetitions on a busy
+2-core machine; ``--skip-measured`` leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
 Timings on a shared, busy machine: compare within one run.
 Usage: python benchmarks/sharded.py [--skip-measured] [--skip-deepspeed] [--skip-7b] [--ranks 2 4]
        [--repeats 1] [--models DeepBlocks] [--strategies ddp fsdp] [--checkpointing none full]
