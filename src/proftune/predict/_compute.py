@@ -182,8 +182,9 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
     creates the optimizer state); each phase's median. With ``strategy`` DDP or FSDP (on CPU) the
     model runs wrapped as one rank of it holds it, in a process group of this process alone: the
     runtime's own work per bucket and per unit (copies in and out, hooks) is in the phases, the
-    collectives between ranks are not. ``before_step``: called before each step (processes that
-    step together wait for each other there)."""
+    collectives between ranks are not. ``world``: FSDP wrapped as one rank of that many (the
+    others pretended: a rank's shards, its copies in and out). ``before_step``: called before
+    each step (processes that step together wait for each other there)."""
     dev = torch.device(device)
     spec = StepSpec.from_params(params)
     batch = move_to_device(next(iter(task.train_data(batch_size, params))), dev)
