@@ -8,11 +8,20 @@
    (``--target cpu``) beside the measured one (PyTorch's ``FSDPMemTracker`` / ``MemTracker``,
    the highest rank; the CPU memory profile's running sum beside it), and the predicted step
    beside the measured one (median of 5 timed steps, the median rank) three ways: predict's own
-   (``compute="auto"``: one process's step timed here at one thread and the per-rank batch,
-   slowed by the ranks sharing the cores and the load it met, plus the collectives over the link
-   measured in those ranks, a short sweep after their steps), the roofline's compute with that
-   link (``compute="roofline"``), and the roofline with the device table's link. Goal: peak
+   (``compute="auto"``, ``link="auto"``: the N ranks started for a few steps each, stepping
+   together, each wrapped as one rank holds the model (FSDP of N ranks with all but one pretended),
+   then the step's own collectives replayed between them at its sizes and launches, each launch
+   after its share of the step's compute), the roofline's compute with the link swept in the
+   measured ranks (``compute="roofline"``), and the roofline with the device table's link. Each
+   repetition predicts right before its real run, so both meet the same moment of the load; the
+   per-case ratio is the median of the repetitions' ratios, its range beside it. Goal: peak
    within 10%, step within 25%. ``--models TinyBert TinyLlama`` runs the ``transformers`` models instead.
+   Measured (docs/development.md, 'The sharded step on gloo CPU ranks'): predict's own step (the
+   ranks started for a few steps, stepping together, FSDP's rank on its shards with the other ranks
+   pretended, the step's collectives replayed between them at its sizes and launches; each of 3
+   repetitions right before its real run; load 5.9-10.3): pred/meas median 1.17 (0.81-1.49), within
+   25% in 12 of 16; the roofline's compute with the link swept in the same ranks 0.51 (0.30-0.98, 3
+   of 16); peak within 3.42% in all 16 (median 0.32%).
 2. DeepSpeed: one GPU's model states (parameters, gradients, optimizer state) under ZeRO-2,
    ZeRO-3 and FSDP (priced by ZeRO-3's form) at 1, 2, 4 and 8 GPUs on one node, for GPT-2 small
    (124M), TinyLlama and a Llama-2-7B-shaped decoder, with DeepSpeed's own estimators called
@@ -32,8 +41,8 @@ DeepSpeed is optional: ``pip install 'proftune[deepspeed]'`` (or ``pip install d
 builds from source in about a minute and runs its estimators on a CPU-only machine). Without
 it, part 2 prints how to install it and our closed forms alone.
 
-Part 1 starts 32 sets of ranks (30-60 s each on a busy 2-core machine; ``--skip-measured``
-leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
+Part 1 starts 2 sets of ranks per case and repetition (80-170 s a case at 3 repetitions on a busy
+2-core machine; ``--skip-measured`` leaves it out); part 2 traces the 7B decoder twice (about a minute; ``--skip-7b``).
 Timings on a shared, busy machine: compare within one run.
 Usage: python benchmarks/sharded.py [--skip-measured] [--skip-deepspeed] [--skip-7b] [--ranks 2 4]
        [--repeats 1] [--models DeepBlocks] [--strategies ddp fsdp] [--checkpointing none full]
@@ -100,7 +109,9 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
           f"{'pred/meas':>9s} {'prof MiB':>9s} {'pred ms':>8s} {'meas ms':>8s} {'pred/meas':>9s} {'table ms':>8s} "
           f"{'tbl/meas':>8s} {'roof ms':>8s} {'roof/meas':>9s} {'share':>5s} {'sharing':>7s} {'wall s':>7s}")
     out: dict[str, list[float]] = {"peak": [], "step": [], "step_table": [], "step_roofline": []}
-    rows: list[tuple[int, str, str, int, float, float]] = []
+    rows: list[tuple[int, str, str, int, float, float, float, float, float, float]] = []
+    spreads: list[tuple[float, float]] = []
+    load_seen: list[float] = []
     links: dict[int, Any] = {}
     for label in models:
         task = MEASURED_TASKS[label]
@@ -110,32 +121,43 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
                     for acc in accumulation:
                         t0 = time.perf_counter()
                         params = {"grad_accumulation": acc}
-                        runs = [measure(task, world=n, strategy=strategy, checkpointing=ckpt, batch_size=batch_size,
-                                        params=params, timed_steps=5, profiler=True, link=True)
-                                for _ in range(repeats)]
+                        kw = {"batch_size": batch_size, "target": "cpu", "gpus": n, "strategy": strategy,
+                              "activation_checkpointing": ckpt, "max_batch": False}
+                        # each repetition: predict's own measurement right before the real run, so that
+                        # both meet the same moment of the machine's load
+                        runs, preds, loads = [], [], []
+                        for r in range(repeats):
+                            loads.append(os.getloadavg()[0])
+                            preds.append(predict(task, params, **kw).parallel)
+                            runs.append(measure(task, world=n, strategy=strategy, checkpointing=ckpt,
+                                                batch_size=batch_size, params=params, timed_steps=5,
+                                                profiler=r == 0, link=True))
+                        p = preds[0]
+                        assert p is not None
+                        per_run = [float(q.step["time_ms"] or 0) / m["step_ms"]
+                                   for q, m in zip(preds, runs, strict=True) if q is not None]
                         peak = statistics.median(r["peak_bytes"] for r in runs)
                         step_ms = statistics.median(r["step_ms"] for r in runs)
-                        prof = statistics.median(r["profiler_peak_bytes"] for r in runs)
+                        prof = runs[0]["profiler_peak_bytes"]
                         link = LinkFigures("gloo", n, runs[-1]["link"], False,
                                            f"measured: gloo between the {n} ranks of this run")
                         links[n] = link
-                        kw = {"batch_size": batch_size, "target": "cpu", "gpus": n, "strategy": strategy,
-                              "activation_checkpointing": ckpt, "max_batch": False}
-                        p = predict(task, params, link=link, **kw).parallel
                         tbl = predict(task, params, link="table", compute="roofline", **kw).parallel
                         roof = predict(task, params, link=link, compute="roofline", **kw).parallel
-                        assert p is not None
                         assert tbl is not None
                         assert roof is not None
-                        pred_ms = float(p.step["time_ms"] or 0)
+                        pred_ms = statistics.median(float(q.step["time_ms"] or 0) for q in preds if q is not None)
                         out["peak"].append(p.peak_bytes / peak - 1)
-                        out["step"].append(pred_ms / step_ms)
+                        out["step"].append(statistics.median(per_run))
                         out["step_table"].append(float(tbl.step["time_ms"] or 0) / step_ms)
                         out["step_roofline"].append(float(roof.step["time_ms"] or 0) / step_ms)
-                        rows.append((n, strategy, ckpt, acc, pred_ms, step_ms))
+                        spreads.append((min(per_run), max(per_run)))
+                        load_seen.extend(loads)
+                        rows.append((n, strategy, ckpt, acc, pred_ms, step_ms, min(per_run), max(per_run),
+                                     min(loads), max(loads)))
                         print(f"{label:10s} {n:2d} {strategy:8s} {ckpt:5s} {acc:3d} {mib(p.peak_bytes):>9s} "
                               f"{mib(peak):>9s} {ratio(p.peak_bytes, peak):>9s} {mib(prof):>9s} "
-                              f"{p.step['time_ms'] or 0:8.2f} {step_ms:8.2f} {ratio(p.step['time_ms'], step_ms):>9s} "
+                              f"{pred_ms:8.2f} {step_ms:8.2f} {statistics.median(per_run):9.3f} "
                               f"{tbl.step['time_ms'] or 0:8.2f} {ratio(tbl.step['time_ms'], step_ms):>8s} "
                               f"{roof.step['time_ms'] or 0:8.2f} {ratio(roof.step['time_ms'], step_ms):>9s} "
                               f"{p.compute.get('cpu_share', 0):5.2f} {p.compute.get('sharing', 0):7.2f} "
@@ -146,12 +168,16 @@ def measured_table(ranks: tuple[int, ...], *, repeats: int = 1, models: tuple[st
             for k, v in link.collectives.items()))
     errs = [abs(e) for e in out["peak"]]
     print(f"peak: max |error| {max(errs):.2%}, median {statistics.median(errs):.2%} (goal <= 10%)")
-    print("\nthe step, predict's own (measured compute + measured link):")
+    print(f"\nthe step, predict's own (the ranks' compute measured as they step together + their collectives "
+          f"replayed between them; each repetition right before its real run; medians of {repeats}):")
     print(f"{'ranks':>5s} {'strategy':8s} {'ckpt':5s} {'acc':>3s} {'predicted ms':>12s} {'measured ms':>11s} "
-          f"{'ratio':>6s}")
-    for n, strategy, ckpt, acc, pred_ms, step_ms in rows:
-        print(f"{n:5d} {strategy:8s} {ckpt:5s} {acc:3d} {pred_ms:12.2f} {step_ms:11.2f} {pred_ms / step_ms:6.2f}")
-    for key, what in (("step", "measured compute + measured link (predict's own)"),
+          f"{'ratio':>6s} {'ratio range':>11s} {'load':>9s}")
+    for (n, strategy, ckpt, acc, pred_ms, step_ms, lo, hi, l0, l1), r in zip(rows, out["step"], strict=True):
+        print(f"{n:5d} {strategy:8s} {ckpt:5s} {acc:3d} {pred_ms:12.2f} {step_ms:11.2f} {r:6.2f} "
+              f"{lo:5.2f}-{hi:<5.2f} {l0:4.1f}-{l1:<4.1f}")
+    if load_seen:
+        print(f"load (1-minute average) at the predictions: {min(load_seen):.1f}-{max(load_seen):.1f}")
+    for key, what in (("step", "the ranks measured stepping together + collectives replayed (predict's own)"),
                       ("step_roofline", "roofline compute + measured link"),
                       ("step_table", "roofline compute + table link")):
         r = out[key]

@@ -30,6 +30,7 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import proftune
-from proftune.train import StepPhases
+from proftune.train import StepPhases, TimedPhases
 
 _MARK = "proftune_measured_step"
 
@@ -95,6 +96,21 @@ class _ResetEachForward(StepPhases):
     def forward(self) -> contextlib.AbstractContextManager[Any]:
         self.tracker.reset_mod_stats()
         return contextlib.nullcontext()
+
+
+class _Phases(TimedPhases):
+    """Milliseconds of each phase of one step on this rank (the collectives it waits on inside)."""
+
+    def __init__(self) -> None:
+        self.ms = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[phase] += (time.perf_counter() - t0) * 1e3
 
 
 def _tracked_peak(wrapped: Any, optimizer: Any, step: Any, strategy: str) -> tuple[int, dict[str, int]]:
@@ -157,13 +173,18 @@ def _rank(rank: int, world: int, port: int, case: dict[str, Any], out: Any) -> N
         dist.barrier()
         peak, kinds = _tracked_peak(wrapped, optimizer, step, case["strategy"])
         times = []
+        phase_ms: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
         for _ in range(case.get("timed_steps", 3)):
+            timer = _Phases()
             dist.barrier()
             t0 = time.perf_counter()
-            step()
+            step(timer)
             times.append((time.perf_counter() - t0) * 1e3)
+            for k, v in timer.ms.items():
+                phase_ms[k].append(v)
         link = sweep_collectives() if case.get("link") else None
-        out.put((rank, peak, statistics.median(times), kinds, profiled, link))
+        phases = {k: statistics.median(v) for k, v in phase_ms.items()}
+        out.put((rank, peak, statistics.median(times), kinds, profiled, link, phases))
     finally:
         dist.destroy_process_group()
 
@@ -173,7 +194,8 @@ def measure(task: str, *, world: int, strategy: str, checkpointing: str = "none"
             link: bool = False) -> dict[str, Any]:
     """Per-rank peak bytes (the highest rank's, the tracker's; its bytes by kind), step ms (the
     median over ranks), with ``profiler`` the profiler's peak too, with ``link`` the ranks'
-    collectives measured after the steps (rank 0's sweep)."""
+    collectives measured after the steps (rank 0's sweep); ``phases``: each phase's ms in the
+    timed steps (the median rank's median; the collectives each phase waits on inside it)."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     case = {"task": task, "strategy": strategy, "checkpointing": checkpointing, "batch_size": batch_size,
@@ -187,4 +209,5 @@ def measure(task: str, *, world: int, strategy: str, checkpointing: str = "none"
     return {"peak_bytes": max(peaks), "peaks": peaks, "kinds": top[3],
             "step_ms": statistics.median(r[2] for r in results),
             "profiler_peak_bytes": max(profiled) if profiled else None,
-            "link": results[0][5]}
+            "link": results[0][5],
+            "phases": {k: statistics.median(r[6][k] for r in results) for k in results[0][6]}}

@@ -9,6 +9,7 @@ import pytest
 from proftune.exceptions import ConfigError
 from proftune.predict import COLLECTIVES, STRATEGIES, LinkFigures, ModelSizes, predict
 from proftune.predict._compute import measure_compute, rank_sharing, spare_cores_per_rank
+from proftune.predict._link import replayed_calls
 from proftune.task import load_task
 from proftune.train import validate_params
 
@@ -47,28 +48,59 @@ def test_one_process_step_is_timed_by_phase() -> None:
     assert "per-rank batch 4" in got.source
 
 
-def test_cpu_ranks_price_the_measured_compute_and_a_named_gpu_the_roofline() -> None:
+def test_an_fsdp_rank_is_timed_on_its_shards_with_the_other_ranks_pretended() -> None:
+    """In a group of one FSDP2 skips its all-gather copies in and out and holds the whole model;
+    of 2 ranks (the other one PyTorch's fake backend) it runs them on a rank's shards."""
+    from pathlib import Path
+
+    task = load_task(f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks")
+    params = validate_params(dict(task.default_params))
+    alone = measure_compute(task, params, batch_size=2, strategy="fsdp", steps=1, warmup=1)
+    two = measure_compute(task, params, batch_size=2, strategy="fsdp", steps=1, warmup=1, world=2)
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the pretended group is gone with the measurement
+    assert (alone.world, two.world) == (1, 2)
+    assert "wrapped as one fsdp rank of 2 (the others pretended)" in two.source
+    assert "pretended" not in alone.source
+
+
+def test_the_roofline_where_asked_or_where_the_ranks_are_not_here() -> None:
     kw = {"batch_size": 8, "gpus": 2, "strategy": "ddp", "max_batch": False, "link": SLOW}
     params = {"grad_accumulation": 2}
-    cpu = predict("digits-mlp", params, target="cpu", **kw).parallel
-    assert cpu is not None
-    c = cpu.compute
-    assert c["name"] == "measured"
-    assert c["source"].startswith("measured: 5 steps of one process on cpu at 1 thread")
-    # DDP: every micro-batch's forward and backward, the whole optimizer step, slowed by the sharing
-    expected = (2 * (c["forward_ms"] + c["backward_ms"]) + c["optimizer_ms"]) * c["sharing"]
-    assert cpu.step["compute_ms"] == pytest.approx(expected)
     roof = predict("digits-mlp", params, target="cpu", compute="roofline", **kw).parallel
     assert roof is not None
     assert roof.compute["name"] == "roofline"
     assert "compute='roofline'" in roof.compute["source"]
-    assert roof.step["compute_ms"] != pytest.approx(cpu.step["compute_ms"])
+    assert roof.link["source"] == "test"
     gpu = predict("digits-mlp", params, target="a100", **kw).parallel
     assert gpu is not None
     assert gpu.compute["name"] == "roofline"
     assert "no a100 here" in gpu.compute["source"]
     with pytest.raises(ConfigError, match="compute='fast' is unknown; valid: auto, roofline"):
         predict("digits-mlp", batch_size=8, gpus=2, compute="fast")
+
+
+def test_ddp_all_reduces_each_micro_batch_as_the_fit_loop_runs_it() -> None:
+    one, four = (STRATEGIES["ddp"].collectives(DEEP, 4, m)[0] for m in (1, 4))
+    assert (one.times, four.times) == (1, 4)
+    assert four.bytes_per_gpu == one.bytes_per_gpu == 2 * 0.75 * DEEP.grads_bytes
+
+
+def test_the_replay_sends_each_collective_at_the_step_s_sizes_and_launches() -> None:
+    for name in ("ddp", "fsdp"):
+        for n in (2, 4):
+            collectives = STRATEGIES[name].collectives(DEEP, n, 3)
+            calls = replayed_calls(collectives, n)
+            for c, r in zip(collectives, calls, strict=True):
+                assert r.name == c.name
+                assert r.launches == c.calls * c.times
+                assert r.elements % n == 0
+                ring = (2 if r.kind == "all-reduce" else 1) * (n - 1) / n
+                assert r.elements * 4 * ring * c.calls == pytest.approx(c.bytes_per_gpu, rel=1e-3), (name, n, c)
+    fsdp = replayed_calls(STRATEGIES["fsdp"].collectives(DEEP, 2, 1), 2)
+    # one unit's parameters per all-gather (nine units and the root), not the model's
+    assert fsdp[0].elements == 4_000_000 // 4
 
 
 #: Nine units and a root; gradients of 40 MB, bucketed by DDP into several all-reduces.
@@ -105,13 +137,19 @@ def test_cpu_ranks_with_no_core_to_spare_hide_none_of_their_collectives() -> Non
     assert p.step["exposed_comm_ms"] == pytest.approx(p.step["comm_ms"])
 
 
+#: The predicted / measured step of the real DDP test: the benchmark's single repetitions of the
+#: 2-rank DDP cases reach 0.57-2.01 at load 6-10 (medians of 3: 0.81-1.19), and this test beside
+#: the benchmark's ranks read 1.74: a machine in any state.
+BAND = (0.4, 2.5)
+
+
 def test_real_ddp_ranks_take_about_the_step_the_prediction_says() -> None:
-    """DDP on 2 gloo CPU ranks, 8 blocks: the predicted step (one process's step measured here,
-    wrapped as one DDP rank, shared between the ranks, plus the collectives over the link those
-    ranks measured) against the ranks' measured step. The band is wide because the ranks and the
-    measurement run at different moments of a shared machine's load (benchmarks/sharded.py at load
-    8-15: 0.39-1.82 over the 16 cases; the roofline's compute with the same link: 0.13-0.63), and
-    the suite must pass on a machine in any state (issue 48): a third to three times."""
+    """DDP on 2 gloo CPU ranks, 8 blocks, accumulation 2: the predicted step (the 2 ranks' compute
+    measured as they step together, wrapped as DDP ranks, plus the step's all-reduces replayed
+    between them), taken right before the real ranks' step. benchmarks/sharded.py at load 6-10,
+    all 16 cases: medians of 3 repetitions 0.81-1.49 (12 of 16 within 25%); before (one process's
+    step, slowed by a modelled sharing, plus a sweep): 0.39-1.82 (4 of 16).
+    The band is for a machine in any state (issue 48)."""
     import sys
     from pathlib import Path
 
@@ -119,12 +157,24 @@ def test_real_ddp_ranks_take_about_the_step_the_prediction_says() -> None:
     from sharded_runs import measure
 
     task = f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks"
-    measured = measure(task, world=2, strategy="ddp", batch_size=2, timed_steps=3, link=True)
-    link = LinkFigures("gloo", 2, measured["link"], False, "measured in the ranks")
-    p = predict(task, batch_size=2, target="cpu", gpus=2, strategy="ddp", max_batch=False, link=link).parallel
+    params = {"grad_accumulation": 2}
+    p = predict(task, params, batch_size=2, target="cpu", gpus=2, strategy="ddp", max_batch=False).parallel
+    measured = measure(task, world=2, strategy="ddp", batch_size=2, params=params, timed_steps=5)
     assert p is not None
-    assert p.compute["name"] == "measured"
-    assert "wrapped as one ddp rank" in p.compute["source"]
-    assert p.link["source"] == "measured in the ranks"
+    c = p.compute
+    assert c["name"] == "measured"
+    assert c["source"].startswith("measured: 5 steps of each of 2 processes stepping together on cpu at 1 thread")
+    assert "wrapped as one ddp rank" in c["source"]
+    assert c["ranks_measured"] == 2
+    assert c["sharing"] == 1.0  # measured while the ranks shared the cores, not modelled
+    # DDP: every micro-batch's forward and backward, the whole optimizer step
+    assert p.step["compute_ms"] == pytest.approx(2 * (c["forward_ms"] + c["backward_ms"]) + c["optimizer_ms"])
+    # the collectives: the step's own, replayed between those ranks (no sweep, no datasheet)
+    assert p.link["name"] == "replayed gloo (2 ranks)"
+    replayed = p.link["collectives_ms"]
+    assert set(replayed) == {"all-reduce gradients"}
+    assert [x["times"] for x in p.collectives] == [2]  # one all-reduce per micro-batch
+    assert p.step["comm_ms"] == pytest.approx(sum(replayed.values()))
+    assert p.step["comm_ms"] > 0
     ratio = float(p.step["time_ms"] or 0) / measured["step_ms"]
-    assert 1 / 3 <= ratio <= 3.0, (p.step, p.compute, measured["step_ms"])
+    assert BAND[0] <= ratio <= BAND[1], (p.step, p.compute, measured["step_ms"])

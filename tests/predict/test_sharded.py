@@ -221,7 +221,8 @@ def test_real_fsdp2_ranks_hold_what_the_prediction_says() -> None:
 
     task = f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks"
     measured = measure(task, world=2, strategy="fsdp", batch_size=2, timed_steps=1)
-    p = predict(task, batch_size=2, target="cpu", gpus=2, strategy="fsdp", max_batch=False, link="table").parallel
+    p = predict(task, batch_size=2, target="cpu", gpus=2, strategy="fsdp", max_batch=False, link="table",
+                compute="roofline").parallel
     assert p is not None
     assert abs(p.peak_bytes / measured["peak_bytes"] - 1) < 0.10, (p.memory, measured)
     held = p.memory.get("grads", 0) + p.memory.get("unsharded_grads", 0)

@@ -202,8 +202,10 @@ def predict_command(
         "--global-batch", help="Samples per optimizer step over all GPUs (with --plan; for a sequence model "
                                "each sample is the task's sequence).", show_default=False)] = None,
     link: Annotated[str, typer.Option(
-        "--link", help="The link the collectives are priced with: auto (measured between --gpus CPU ranks here "
-                       "when --target is cpu, else the target's datasheet figure), table, or measure (a short "
+        "--link", help="The link the collectives are priced with: auto (with --target cpu and one "
+                       "--strategy, the step's own collectives replayed between --gpus CPU ranks here as they "
+                       "step; with --plan a sweep between them; else the target's datasheet figure), table, or "
+                       "measure (a short "
                        "all-reduce/all-gather/reduce-scatter sweep between --gpus ranks of this machine).")] = "auto",
     device: opt.DeviceOpt = "auto",
     db: opt.DbOpt = None,

@@ -25,9 +25,16 @@ from ..profile import ParamCounts
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
 from ..train import validate_params
-from ._compute import CPU_RANK_THREADS, measure_compute
+from ._compute import (
+    CPU_RANK_THREADS,
+    MAX_RANKS_HERE,
+    ComputeFigures,
+    can_start_ranks,
+    measure_compute,
+    measure_in_ranks,
+)
 from ._devices import DeviceSpec, price_phases, resolve_target
-from ._link import LinkFigures, measure_link
+from ._link import LinkFigures, measure_link, replayed_calls
 from ._memory_model import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
 from ._parallel import Evaluator, validate_parallel
 from ._parallel import plan as run_plan
@@ -40,7 +47,7 @@ from ._records import (
     PredictedStep,
     PredictResult,
 )
-from ._sharding import STRATEGIES
+from ._sharding import STRATEGIES, Collective
 from ._trace import PHASES, StepTracer, _Trace
 
 __all__ = ["PredictConfig", "predict"]
@@ -149,13 +156,15 @@ class PredictConfig:
     #: samples per step on ``gpus`` GPUs, by predicted throughput.
     plan: bool = False
     global_batch: int | None = None
-    #: The link the collectives are priced with: ``auto`` (measured between ``gpus`` CPU ranks of
-    #: this machine when the target is ``cpu``, the target's datasheet figure otherwise),
+    #: The link the collectives are priced with: ``auto`` (on this machine's CPU ranks, target
+    #: ``cpu``: one strategy's own collectives replayed at their sizes between ``gpus`` ranks as they
+    #: step, a plan's priced by a sweep between them; the target's datasheet figure otherwise),
     #: ``table`` (the datasheet's), ``measure`` (a short sweep between ``gpus`` ranks of this
     #: machine: gloo, or nccl on as many GPUs), or figures measured before (``LinkFigures`` or its dict).
     link: str | dict[str, Any] | LinkFigures = "auto"
-    #: The step's compute: ``auto`` (a few steps of one process timed where the ranks would run:
-    #: this CPU for target ``cpu``, at one thread per rank; this CUDA GPU when it is the target),
+    #: The step's compute: ``auto`` (a few steps timed where the ranks would run: for target ``cpu``
+    #: and one strategy, ``gpus`` processes stepping together at one thread each, a plan's options
+    #: one process each; this CUDA GPU when it is the target),
     #: else the roofline of the target's table entry) or ``roofline``.
     compute: str = "auto"
 
@@ -219,7 +228,8 @@ def predict(
     # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
     with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
         result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
-                                              foreach=foreach, calibrate=calibrate, dev=dev, cfg=cfg),
+                                              foreach=foreach, calibrate=calibrate, dev=dev, cfg=cfg,
+                                              task_ref=task if isinstance(task, str) else task_obj),
                                      run_id=run.id)
         metrics = {"predicted_peak_bytes": float(result.memory.peak_bytes), "params": float(result.params.total)}
         if result.step.time_ms is not None:
@@ -232,13 +242,15 @@ def predict(
 
 def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec, batch_size: int, *,
              max_batch: bool, foreach: bool | None, calibrate: int | None, dev: torch.device,
-             cfg: PredictConfig) -> PredictResult:
-    """One prediction of validated inputs (see :func:`predict`)."""
+             cfg: PredictConfig, task_ref: Task | str | None = None) -> PredictResult:
+    """One prediction of validated inputs (see :func:`predict`); ``task_ref``: the task as given
+    (a spec string rebuilds it in other processes)."""
     started = time.perf_counter()
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
     tracer = _tracer(task_obj, merged, prec, foreach, cfg.activation_checkpointing)
-    parallel, plan_result = _parallel(task_obj, merged, prec, foreach, tracer, spec, batch_size, cfg, started,
+    parallel, plan_result = _parallel(task_ref or task_obj, task_obj, merged, prec, foreach,
+                                      tracer, spec, batch_size, cfg, started,
                                       dev)
     traces: dict[int, _Trace] = {}
 
@@ -277,7 +289,8 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     )
 
 
-def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, tracer: StepTracer,
+def _parallel(task_ref: Task | str, task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool,
+              tracer: StepTracer,
               spec: DeviceSpec, batch_size: int, cfg: PredictConfig, started: float,
               dev: torch.device) -> tuple[ParallelPrediction | None, ParallelPlan | None]:
     """The per-GPU prediction (``strategy``) or the plan, when ``gpus`` is given."""
@@ -291,14 +304,22 @@ def _parallel(task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool, 
         return tracers[mode]
 
     where, why = _compute_device(cfg, spec, dev)
+    # one strategy on this machine's CPU ranks: the ranks themselves step (a few, short) and replay
+    # their collectives; a plan's many options each time one process instead
+    in_ranks = (where is not None and where.type == "cpu" and not cfg.plan and 2 <= cfg.gpus <= MAX_RANKS_HERE
+                and can_start_ranks(task_ref))
 
-    def measure(strategy: str, mode: str, b: int) -> Any:
+    def measure(strategy: str, mode: str, b: int, collectives: list[Collective]) -> ComputeFigures:
+        if in_ranks:
+            return measure_in_ranks(task_ref, merged, ranks=int(cfg.gpus or 1), batch_size=b, checkpointing=mode,
+                                    strategy=strategy, calls=replayed_calls(collectives, int(cfg.gpus or 1)))
         threads = CPU_RANK_THREADS if where is not None and where.type == "cpu" else torch.get_num_threads()
         return measure_compute(task_obj, merged, batch_size=b, checkpointing=mode, strategy=strategy,
                                device=where or "cpu", threads=threads)
 
+    link = None if in_ranks and cfg.link == "auto" else _resolve_link(cfg, spec)
     ev = Evaluator(tracer_for, spec, cfg.gpus, cfg.nodes or 1, tokens_per_sample=_tokens_per_sample(tracer.sample),
-                   link=_resolve_link(cfg, spec), measure=None if where is None else measure, roofline_reason=why)
+                   link=link, measure=None if where is None else measure, roofline_reason=why)
     if not cfg.plan:
         one = ev.evaluate(STRATEGIES[cfg.strategy or "ddp"], cfg.activation_checkpointing, cfg.offload, batch_size,
                           tracer.grad_accumulation)

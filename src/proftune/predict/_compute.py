@@ -7,26 +7,38 @@ matmuls reach a fraction of that peak (one process's step measures 2-4x the roof
 prediction for this machine's ranks (``target="cpu"``, or the CUDA GPU proftune runs on) times
 the step instead, and keeps the roofline only where nothing can be measured: a named GPU that
 is not here, or a model too large to run here.
+
+For one strategy on this machine's CPU ranks, :func:`measure_in_ranks` starts the ranks: each
+steps as one rank alone, all at once (their sharing of the cores and the load is measured, not
+modelled), then they replay the step's collectives between them at its sizes and launches, each
+launch after its share of the step's compute, so that the waiting of ranks that the cores' time
+slicing holds back is in the figure (issue 46: one process's step and a separate sweep met other
+moments of the load and missed that waiting: 4 of 16 cases within 25%).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import pickle
 import statistics
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .._device import move_to_device
 from .._machine import available_memory_bytes, cores
-from ..task import Task
+from ..exceptions import ConfigError, RunFailedError
+from ..task import Task, load_task
 from ..train import StepSpec, TimedPhases, run_step
 from ._checkpointing import apply_activation_checkpointing
+from ._link import ReplayedCall, free_port, replay_collectives
 
-__all__ = ["COMPUTE", "ComputeFigures", "measure_compute", "rank_sharing", "spare_cores_per_rank", "why_not_measured"]
+__all__ = ["COMPUTE", "ComputeFigures", "can_start_ranks", "measure_compute", "measure_in_ranks", "rank_sharing",
+           "spare_cores_per_rank", "why_not_measured"]
 
 #: Where the step's compute comes from: ``auto`` (measured where the ranks would run here, else
 #: the roofline) or ``roofline`` (the device table's peak FLOPs and bandwidth, always).
@@ -38,6 +50,8 @@ CPU_RANK_THREADS = 1
 #: traced peak below this share of the available host memory.
 MAX_ROOFLINE_STEP_MS = 2000.0
 MAX_MEMORY_SHARE = 0.5
+#: CPU ranks that step here to be measured (more: one process's step, the sharing modelled).
+MAX_RANKS_HERE = max(4, 2 * cores())
 
 
 @dataclass(frozen=True)
@@ -58,13 +72,23 @@ class ComputeFigures:
     #: Cores' worth of CPU time the process got while it ran (its CPU time over the wall time):
     #: below ``threads`` where other processes took the rest of the cores.
     cpu_share: float = 1.0
+    #: Processes that stepped together, each as one rank (the median rank's phases): where more
+    #: than one, their sharing of the cores is in the figures, not modelled.
+    ranks: int = 1
+    #: The ranks the model was wrapped for (all but one pretended): a rank's shards, not the whole.
+    world: int = 1
+    #: Milliseconds per step of each of the strategy's collectives (by name), replayed at the
+    #: sizes and launches the step sends them in, between those ranks (empty: priced by a link).
+    collectives_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def source(self) -> str:
-        return (f"measured: {self.steps} steps of one process on {self.device} at {self.threads} "
+        who = "one process" if self.ranks == 1 else f"each of {self.ranks} processes stepping together"
+        return (f"measured: {self.steps} steps of {who} on {self.device} at {self.threads} "
                 f"thread{'s' if self.threads > 1 else ''} ({self.cpu_share:.2f} of a core's time each), "
                 f"per-rank batch {self.batch_size}, checkpointing {self.checkpointing}"
-                + (f", wrapped as one {self.wrapped} rank" if self.wrapped else ""))
+                + (f", wrapped as one {self.wrapped} rank" if self.wrapped else "")
+                + (f" of {self.world} (the others pretended)" if self.world > 1 else ""))
 
 
 class _PhaseTimer(TimedPhases):
@@ -99,16 +123,33 @@ def _threads(n: int) -> Iterator[None]:
 WRAPPED = ("ddp", "fsdp", "fsdp-no-reshard")
 
 
+def _group_size() -> int:
+    """The ranks of this process's group (1 where there is none)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 @contextlib.contextmanager
-def _one_rank(strategy: str, device: torch.device) -> Iterator[bool]:
-    """A process group of this process alone (gloo; an in-memory store) while the strategy's own
-    runtime is measured, when none is there already: True when the model is to be wrapped."""
+def _one_rank(strategy: str, device: torch.device, world: int = 1) -> Iterator[bool]:
+    """A process group of this process alone while the strategy's own runtime is measured, when
+    none is there already: True when the model is to be wrapped. Of ``world`` ranks, all but this
+    one pretended (PyTorch's ``fake`` backend: its collectives return at once), so that FSDP holds
+    a rank's shards and runs its copies in and out of each all-gather and reduce-scatter, which
+    it skips in a group of one; else gloo, an in-memory store."""
     import torch.distributed as dist
 
     if strategy not in WRAPPED or not dist.is_available() or dist.is_initialized() or device.type != "cpu":
         yield False
         return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    fake: Any = None
+    if world > 1 and strategy != "ddp":  # DDP's Reducer copies its buckets in a group of one too
+        with contextlib.suppress(ImportError):
+            from torch.testing._internal.distributed.fake_pg import FakeStore as fake
+    if fake is not None:
+        dist.init_process_group("fake", store=fake(), rank=0, world_size=world)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield True
     finally:
@@ -134,19 +175,22 @@ def _wrap(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
 
 def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, checkpointing: str = "none",
                     strategy: str = "", device: torch.device | str = "cpu", threads: int = CPU_RANK_THREADS,
-                    steps: int = 5, warmup: int = 2) -> ComputeFigures:
+                    steps: int = 5, warmup: int = 2,
+                    before_step: Callable[[], object] | None = None, world: int = 1) -> ComputeFigures:
     """Time ``steps`` of the fit loop's step of ``task`` (validated ``params``, its micro-batches)
     at ``batch_size`` on ``device`` at ``threads`` CPU threads, after ``warmup`` steps (the first
     creates the optimizer state); each phase's median. With ``strategy`` DDP or FSDP (on CPU) the
     model runs wrapped as one rank of it holds it, in a process group of this process alone: the
     runtime's own work per bucket and per unit (copies in and out, hooks) is in the phases, the
-    collectives between ranks are not."""
+    collectives between ranks are not. ``world``: FSDP wrapped as one rank of that many (the
+    others pretended: a rank's shards, its copies in and out). ``before_step``: called before
+    each step (processes that step together wait for each other there)."""
     dev = torch.device(device)
     spec = StepSpec.from_params(params)
     batch = move_to_device(next(iter(task.train_data(batch_size, params))), dev)
     micro = [batch] * spec.grad_accumulation
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    with _threads(threads), _one_rank(strategy, dev) as wrap:
+    with _threads(threads), _one_rank(strategy, dev, world) as wrap:
         state = torch.random.get_rng_state()
         torch.manual_seed(0)
         model = task.build_model(params).to(dev)
@@ -160,6 +204,8 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
         wall = cpu = 0.0
         for i in range(warmup + steps):
             timer = _PhaseTimer(sync)
+            if before_step is not None:
+                before_step()
             w0, c0 = time.perf_counter(), time.process_time()
             run_step(task, model, optimizer, micro, spec, device_type=dev.type, scaler=scaler, phases=timer)
             if i >= warmup:
@@ -168,13 +214,79 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
                 for phase, ms in timer.ms.items():
                     per[phase].append(ms)
         wrapped = strategy if wrap else ""
+        world = _group_size() if wrap else 1
     n = len(micro)
     return ComputeFigures(device=str(dev), threads=threads, batch_size=batch_size, checkpointing=checkpointing,
-                          wrapped=wrapped,
+                          wrapped=wrapped, world=world,
                           forward_ms=statistics.median(per["forward"]) / n,
                           backward_ms=statistics.median(per["backward"]) / n,
                           optimizer_ms=statistics.median(per["optimizer"]), steps=steps,
                           cpu_share=min(float(threads), cpu / wall) if wall > 0 and dev.type == "cpu" else 1.0)
+
+
+def _in_rank(rank: int, world: int, port: int, job: dict[str, Any], barrier: Any, queue: Any) -> None:
+    """One of :func:`measure_in_ranks`'s processes: its compute as one rank alone, stepping with
+    the others, then the step's collectives between all of them."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(job["threads"])
+    task = load_task(job["task"])
+    figures = measure_compute(task, job["params"], batch_size=job["batch_size"], checkpointing=job["checkpointing"],
+                              strategy=job["strategy"], threads=job["threads"], steps=job["steps"],
+                              warmup=job["warmup"], before_step=barrier.wait, world=world)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        # the step's CPU time spread over its collectives' launches, spent before each one
+        micro = StepSpec.from_params(job["params"]).grad_accumulation
+        cpu_ms = figures.cpu_share * micro * (figures.forward_ms + figures.backward_ms)
+        launches = sum(c.launches for c in job["calls"])
+        comm = replay_collectives(job["calls"], repeats=job["repeats"], work_ms=cpu_ms / max(launches, 1))
+    finally:
+        dist.destroy_process_group()
+    queue.put((rank, figures, comm))
+
+
+def can_start_ranks(task: Task | str) -> bool:
+    """Whether spawned processes can rebuild ``task`` (a spec string, or a picklable Task)."""
+    try:
+        pickle.dumps(task)
+    except Exception:  # noqa: BLE001 - any pickling failure (a local class, a lambda, an open file) means no
+        return False
+    return True
+
+
+def measure_in_ranks(task: Task | str, params: dict[str, Any], *, ranks: int, batch_size: int,
+                     calls: Sequence[ReplayedCall], checkpointing: str = "none", strategy: str = "",
+                     threads: int = CPU_RANK_THREADS, steps: int = 5, warmup: int = 2,
+                     repeats: int = 3) -> ComputeFigures:
+    """Start ``ranks`` CPU processes that step together, each wrapped as one rank of ``strategy``
+    holds the model (``measure_compute`` in a group of itself, all waiting for each other before
+    each step: their sharing of the cores and the load measured as it happens), then replay the
+    step's collectives ``calls`` between them (:func:`replay_collectives`); the median rank's
+    phases and each collective's median ms per step."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+        raise ConfigError(f"measure_in_ranks needs ranks >= 2, but got {ranks=}.")
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.SimpleQueue(), ctx.Barrier(ranks)
+    job = {"task": task, "params": dict(params), "batch_size": batch_size, "checkpointing": checkpointing,
+           "strategy": strategy, "threads": threads, "steps": steps, "warmup": warmup, "repeats": repeats,
+           "calls": list(calls)}
+    try:
+        mp.start_processes(_in_rank, args=(ranks, free_port(), job, barrier, queue), nprocs=ranks, join=True,
+                           start_method="spawn")
+    except mp.ProcessRaisedException as exc:
+        raise RunFailedError(f"measuring the step on {ranks} CPU ranks failed: {exc}") from exc
+    got = [queue.get() for _ in range(ranks)]
+    figs: list[ComputeFigures] = [g[1] for g in got]
+    mid = {k: statistics.median(getattr(f, k) for f in figs)
+           for k in ("forward_ms", "backward_ms", "optimizer_ms", "cpu_share")}
+    comm = {name: statistics.median(g[2][name] for g in got) for name in got[0][2]}
+    return ComputeFigures(device="cpu", threads=threads, batch_size=batch_size, checkpointing=checkpointing,
+                          steps=steps, wrapped=figs[0].wrapped, world=figs[0].world, ranks=ranks,
+                          collectives_ms=comm, **mid)
 
 
 def rank_sharing(ranks: int, *, threads: int = CPU_RANK_THREADS, n_cores: int | None = None,

@@ -17,13 +17,14 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..exceptions import ConfigError, RunFailedError
 
-__all__ = ["COLLECTIVES", "LinkFigures", "collective_kind", "measure_link", "sweep_collectives"]
+__all__ = ["COLLECTIVES", "LinkFigures", "ReplayedCall", "collective_kind", "free_port", "measure_link",
+           "replay_collectives", "replayed_calls", "sweep_collectives"]
 
 #: The collectives a strategy runs, by the name a :class:`~proftune.predict.Collective` starts with.
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter")
@@ -99,9 +100,7 @@ def sweep_collectives(*, elements: tuple[int, ...] = SWEEP_ELEMENTS, repeats: in
     import torch.distributed as dist
 
     n = dist.get_world_size()
-    # torch 2.14 renamed the tensor forms (the old names warn); older releases have only those
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    gather, scatter = _gather_scatter()
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     out: dict[str, dict[str, float]] = {}
     for kind in COLLECTIVES:
@@ -134,7 +133,81 @@ def sweep_collectives(*, elements: tuple[int, ...] = SWEEP_ELEMENTS, repeats: in
     return out
 
 
-def _free_port() -> int:
+class ReplayedCall(NamedTuple):
+    """One of a step's collectives as its ranks launch it: ``launches`` calls per step of a
+    tensor of ``elements`` (fp32; the full tensor, each rank's share of it for the gathers)."""
+
+    name: str
+    kind: str
+    elements: int
+    launches: int
+
+
+def replayed_calls(collectives: Any, ranks: int) -> list[ReplayedCall]:
+    """The calls that send a strategy's ``collectives`` (:class:`~proftune.predict.Collective`,
+    bytes each rank sends by the ring) on ``ranks`` ranks: each launch's full tensor, in fp32."""
+    out = []
+    for c in collectives:
+        kind = collective_kind(c.name)
+        launches = max(1, c.calls) * c.times
+        full = c.bytes_per_gpu / max(_ring_factor(kind, ranks), 1e-9) / max(1, c.calls) / 4
+        out.append(ReplayedCall(c.name, kind, max(ranks, int(full) - int(full) % ranks), launches))
+    return out
+
+
+def _gather_scatter() -> tuple[Any, Any]:
+    import torch.distributed as dist
+
+    # torch 2.14 renamed the tensor forms (the old names warn); older releases have only those
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
+            getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)
+
+
+def _busy(ms: float, a: torch.Tensor) -> None:
+    """``ms`` of this thread's CPU time spent on matmuls (a step's compute between its collectives)."""
+    end = time.thread_time() + ms / 1e3
+    while time.thread_time() < end:
+        torch.mm(a, a)
+
+
+def replay_collectives(calls: list[ReplayedCall], *, repeats: int = 3, work_ms: float = 0.0) -> dict[str, float]:
+    """Milliseconds per step inside each call (its ``launches``, each after ``work_ms`` of CPU
+    work as the step computes between them, so a rank that the cores' time slicing holds back
+    keeps the others waiting as in the step; the median of ``repeats`` after one warm-up round)
+    on the process group of this rank (every rank calls it)."""
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    gather, scatter = _gather_scatter()
+    tensors = {c.name: (torch.ones(c.elements), torch.empty(c.elements // n)) for c in calls}
+    a = torch.rand(64, 64)
+
+    def once(call: ReplayedCall) -> None:
+        full, shard = tensors[call.name]
+        if call.kind == "all-reduce":
+            dist.all_reduce(full)
+        elif call.kind == "all-gather":
+            gather(full, shard)
+        else:
+            scatter(shard, full)
+
+    per: dict[str, list[float]] = {c.name: [] for c in calls}
+    for r in range(repeats + 1):
+        dist.barrier()
+        spent = dict.fromkeys(per, 0.0)
+        for call in calls:
+            for _ in range(call.launches):
+                _busy(work_ms, a)
+                t0 = time.perf_counter()
+                once(call)
+                spent[call.name] += (time.perf_counter() - t0) * 1e3
+        if r:  # the first round warms gloo's buffers up
+            for name, ms in spent.items():
+                per[name].append(ms)
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -174,7 +247,7 @@ def measure_link(ranks: int, *, backend: str = "gloo") -> LinkFigures:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     try:
-        mp.start_processes(_rank, args=(ranks, _free_port(), backend, queue), nprocs=ranks, join=True,
+        mp.start_processes(_rank, args=(ranks, free_port(), backend, queue), nprocs=ranks, join=True,
                            start_method="spawn")
     except mp.ProcessRaisedException as exc:
         raise RunFailedError(f"measuring the link on {ranks} {backend} ranks failed: {exc}") from exc

@@ -3,9 +3,10 @@ strategy (``_sharding.py``), and the plan that ranks every strategy that fits.
 
 The single-device step is traced on fake tensors (with the blocks checkpointed as asked); the
 strategy shards the model states of each phase's peak and adds its buffers; the step's time is
-the compute at the per-GPU batch (one process's measured phases where the ranks would run here,
-``_compute.py``, slowed by the ranks sharing the cores; else the roofline's), plus the
-collectives over the link (measured, or ``DeviceSpec.intra_node_bytes_s`` within a node,
+the compute at the per-GPU batch (measured where the ranks would run here, ``_compute.py``: on
+this machine's CPU ranks the ranks themselves stepping together, their collectives replayed
+between them; for a plan one process, slowed by the ranks sharing the cores; else the roofline's),
+plus the collectives over the link (replayed, measured, or ``DeviceSpec.intra_node_bytes_s`` within a node,
 ``inter_node_bytes_s`` across nodes), each hidden behind the phase it overlaps with as the runtime
 overlaps it (all but one bucket's or one unit's call, as far as that phase lasts, and on CPU ranks
 only where a core is free for it), plus offload's host traffic.
@@ -25,7 +26,7 @@ from ._devices import DeviceSpec, price_phases
 from ._link import LinkFigures
 from ._memory_model import MIN_MARGIN_FRACTION
 from ._records import ParallelPrediction
-from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, ModelSizes
+from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, Collective, ModelSizes
 from ._trace import StepTracer, _Trace
 
 __all__ = ["Evaluator", "model_sizes", "plan", "validate_parallel"]
@@ -131,11 +132,13 @@ class Evaluator:
     #: The link measured between this machine's ranks (``_link.measure_link``); None: the
     #: target's datasheet figure (``DeviceSpec.intra_node_bytes_s`` / ``inter_node_bytes_s``).
     link: LinkFigures | None = None
-    #: Times one process's step at (checkpointing, per-GPU batch) where the ranks would run
-    #: (``_compute.measure_compute``); None: the roofline's compute, for ``roofline_reason``.
-    measure: Callable[[str, str, int], ComputeFigures] | None = None
+    #: Times the step's compute at (strategy, checkpointing, per-GPU batch, its collectives) where
+    #: the ranks would run (``_compute.measure_compute``: one process; ``measure_in_ranks``: the
+    #: ranks themselves, their collectives replayed between them); None: the roofline's compute,
+    #: for ``roofline_reason``.
+    measure: Callable[[str, str, int, list[Collective]], ComputeFigures] | None = None
     roofline_reason: str = "compute='roofline'"
-    measured: dict[tuple[str, str, int], ComputeFigures | str] = field(default_factory=dict)
+    measured: dict[tuple[str, str, int, int], ComputeFigures | str] = field(default_factory=dict)
     points: dict[tuple[str, int], _Point] = field(default_factory=dict)
     traces: int = 0
 
@@ -169,7 +172,7 @@ class Evaluator:
         peak = max(phases, key=lambda p: p.total)
         memory = self.spec.memory_bytes
         plain = self.point("none", b, exact=exact) if checkpointing != "none" else pt
-        figures = self._measured(strategy.name, checkpointing, b, pt, exact=exact)
+        figures = self._measured(strategy, checkpointing, b, micro, pt, exact=exact)
         step = self._time(strategy, s, offload, pt, micro, figures)
         global_batch = b * micro * n
         time_ms = step.get("time_ms")
@@ -189,15 +192,20 @@ class Evaluator:
             step=step, samples_per_s=per_s,
             tokens_per_s=per_s * self.tokens_per_sample if (per_s and self.tokens_per_sample) else None,
             collectives=tuple(c.to_dict() for c in strategy.collectives(s, n, micro)),
-            link=self._link(), compute=self._compute(strategy.name, checkpointing, b, figures),
+            link=self._link(figures), compute=self._compute(strategy.name, checkpointing, b, micro, figures),
             deepspeed=ds.to_dict(),
             n_params=s.n_params,
             largest_layer_params=s.largest_layer_params,
             note="" if exact else "batch between traced ones: per-kind line through batches 1 and 2",
         )
 
-    def _link(self) -> dict[str, Any]:
+    def _link(self, figures: ComputeFigures | None = None) -> dict[str, Any]:
         """The link figure the collectives were priced with, and where it comes from."""
+        if self.link is None and figures is not None and figures.collectives_ms:
+            return {"name": f"replayed gloo ({figures.ranks} ranks)", "bytes_s": None, "overlaps": False,
+                    "source": f"measured: the step's collectives replayed at their sizes and launches between "
+                              f"the {figures.ranks} CPU processes that stepped together, back to back, median of 3",
+                    "collectives_ms": dict(figures.collectives_ms)}
         if self.link is not None:
             return {"name": f"measured {self.link.backend} ({self.link.ranks} ranks)", "bytes_s": self.link.bytes_s,
                     "source": self.link.source, "overlaps": self.link.overlaps,
@@ -207,39 +215,42 @@ class Evaluator:
         return {"name": "inter-node" if across else "intra-node", "bytes_s": bw, "source": self.spec.link_source,
                 "overlaps": True}
 
-    def _measured(self, strategy: str, checkpointing: str, b: int, pt: _Point, *,
+    def _measured(self, strategy: BaseStrategy, checkpointing: str, b: int, micro: int, pt: _Point, *,
                   exact: bool) -> ComputeFigures | None:
         """One process's measured phases at per-GPU batch ``b``, or None where the roofline prices
         the compute (nothing can be measured, or the step is too large to time here)."""
         if self.measure is None:
             return None
         if not exact:  # a batch between traced ones: the line through the measured 1 and 2
-            lo = self._measured(strategy, checkpointing, 1, self.point(checkpointing, 1), exact=True)
-            hi = self._measured(strategy, checkpointing, 2, self.point(checkpointing, 2), exact=True)
+            lo = self._measured(strategy, checkpointing, 1, micro, self.point(checkpointing, 1), exact=True)
+            hi = self._measured(strategy, checkpointing, 2, micro, self.point(checkpointing, 2), exact=True)
             if lo is None or hi is None:
                 return None
             at = {k: max(0.0, getattr(lo, k) + (getattr(hi, k) - getattr(lo, k)) * (b - 1))
                   for k in ("forward_ms", "backward_ms", "optimizer_ms")}
             return ComputeFigures(lo.device, lo.threads, b, checkpointing, steps=lo.steps, wrapped=lo.wrapped,
-                                  cpu_share=lo.cpu_share, **at)
-        key = (strategy, checkpointing, b)
+                                  cpu_share=lo.cpu_share, ranks=lo.ranks, collectives_ms=lo.collectives_ms, **at)
+        key = (strategy.name, checkpointing, b, micro)
         if key not in self.measured:
             peak = max((sum(v.values()) for v in pt.breakdowns.values()), default=0)
             known = [v for v in pt.phase_ms.values() if v is not None]
             why = why_not_measured(peak, sum(known) if known else None)
-            self.measured[key] = why or self.measure(strategy, checkpointing, b)
+            self.measured[key] = why or self.measure(strategy.name, checkpointing, b,
+                                                     strategy.collectives(self.sizes(checkpointing), self.gpus, micro))
         got = self.measured[key]
         return got if isinstance(got, ComputeFigures) else None
 
-    def _compute(self, strategy: str, checkpointing: str, b: int, figures: ComputeFigures | None) -> dict[str, Any]:
+    def _compute(self, strategy: str, checkpointing: str, b: int, micro: int,
+                 figures: ComputeFigures | None) -> dict[str, Any]:
         """Where the step's compute figure comes from, as the plan states it beside the link."""
         sharing = self._sharing(figures)
         if figures is not None:
             return {"name": "measured", "source": figures.source, "device": figures.device,
                     "threads_per_rank": figures.threads, "cpu_share": figures.cpu_share, "sharing": sharing,
+                    "ranks_measured": figures.ranks,
                     "forward_ms": figures.forward_ms, "backward_ms": figures.backward_ms,
                     "optimizer_ms": figures.optimizer_ms}
-        why = self.measured.get((strategy, checkpointing, b))
+        why = self.measured.get((strategy, checkpointing, b, micro))
         reason = why if isinstance(why, str) and why else self.roofline_reason
         return {"name": "roofline", "source": f"roofline of the {self.spec.name} table entry ({reason})",
                 "sharing": sharing}
@@ -259,6 +270,13 @@ class Evaluator:
         n = self.gpus
         sharing = self._sharing(figures)
         opt_ms = opt / n if strategy.shards_optimizer else opt
+        if strategy.shards_optimizer and figures is not None and figures.wrapped and figures.world == n:
+            opt_ms = opt  # measured on a rank's own shards
+        elif strategy.shards_optimizer and figures is not None and figures.wrapped:
+            # measured as one rank of a group of itself: the same tensors as a rank's, whole; only
+            # their elements' part (the roofline's, the most it can be) shrinks to a shard
+            elements = min(opt, float(pt.phase_ms.get("optimizer") or 0))
+            opt_ms = opt - elements + elements / n
         offload_ms = 0.0
         if offload != "none":
             opt_ms = 0.0
@@ -268,14 +286,16 @@ class Evaluator:
             if offload == "params":
                 offload_ms += 1e3 * micro * 2 * s.params_bytes / n / host
         compute = (micro * (fwd + bwd) + opt_ms) * sharing
-        link = self._link()
+        link = self._link(figures)
         bw = link["bytes_s"]
         beside = self._overlap(link)
         comm = exposed = 0.0
         window = {"forward": fwd * sharing, "backward": bwd * sharing}
         by_phase: dict[str, list[float]] = {}
         for c in strategy.collectives(s, n, micro):
-            if self.link is not None:
+            if self.link is None and figures is not None and c.name in figures.collectives_ms:
+                ms = figures.collectives_ms[c.name]
+            elif self.link is not None:
                 ms = 1e3 * c.times * self.link.seconds(c.name, c.bytes_per_gpu, c.calls)
             else:
                 ms = 1e3 * c.bytes_per_gpu * c.times / bw if bw else 0.0
@@ -306,8 +326,8 @@ class Evaluator:
     def _sharing(self, figures: ComputeFigures | None = None) -> float:
         """How much slower each rank computes than one process alone: ``gpus`` CPU ranks of this
         machine (target ``cpu``) at their threads share its cores; GPUs each have their own."""
-        if self.spec.name != "cpu":
-            return 1.0
+        if self.spec.name != "cpu" or (figures is not None and figures.ranks == self.gpus):
+            return 1.0  # each GPU its own; or the ranks' sharing measured while they stepped together
         if figures is not None:
             return rank_sharing(self.gpus, threads=figures.threads, cpu_share=figures.cpu_share)
         return rank_sharing(self.gpus)

@@ -195,7 +195,8 @@ class DDP(BaseStrategy):
     def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
         rest = max(0, s.grads_bytes - DDP_FIRST_BUCKET_BYTES)
         calls = 1 + (_buckets(rest, DDP_BUCKET_BYTES) if rest else 0)
-        return [Collective("all-reduce gradients", 2 * _ring(n) * s.grads_bytes, 1, "backward", calls)]
+        # each micro-batch's backward all-reduces (the fit loop's step runs no ``no_sync``)
+        return [Collective("all-reduce gradients", 2 * _ring(n) * s.grads_bytes, micro_batches, "backward", calls)]
 
     def deepspeed(self, n_params: int, largest_layer: int, gpus_per_node: int, nodes: int,
                   offload: str) -> DeepSpeedStates:
