@@ -20,8 +20,10 @@
    ranks started for a few steps, stepping together, FSDP's rank on its shards with the other ranks
    pretended, the step's collectives replayed between them at its sizes and launches; each of 3
    repetitions right before its real run; load 5.9-10.3): pred/meas median 1.17 (0.81-1.49), within
-   25% in 12 of 16; the roofline's compute with the link swept in the same ranks 0.51 (0.30-0.98, 3
-   of 16); peak within 3.42% in all 16 (median 0.32%).
+   25% in 12 of 16 (FSDP2 high); FSDP's compute read at the share a rank gets between its
+   collectives: FSDP2 median 0.98 (0.83-1.54), 7 of 8 (medians of 3 runs, load 3.7-7.4); the
+   roofline's compute with the link swept in the same ranks 0.51 (0.30-0.98, 3 of 16); peak within
+   3.42% in all 16 (median 0.32%).
 2. DeepSpeed: one GPU's model states (parameters, gradients, optimizer state) under ZeRO-2,
    ZeRO-3 and FSDP (priced by ZeRO-3's form) at 1, 2, 4 and 8 GPUs on one node, for GPT-2 small
    (124M), TinyLlama and a Llama-2-7B-shaped decoder, with DeepSpeed's own estimators called

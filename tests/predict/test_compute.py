@@ -8,8 +8,15 @@ import pytest
 
 from proftune.exceptions import ConfigError
 from proftune.predict import COLLECTIVES, STRATEGIES, LinkFigures, ModelSizes, predict
-from proftune.predict._compute import measure_compute, rank_sharing, spare_cores_per_rank
-from proftune.predict._link import replayed_calls
+from proftune.predict._compute import (
+    ComputeFigures,
+    between_collectives,
+    measure_compute,
+    measure_in_ranks,
+    rank_sharing,
+    spare_cores_per_rank,
+)
+from proftune.predict._link import ReplayedCall, replayed_calls
 from proftune.task import load_task
 from proftune.train import validate_params
 
@@ -63,6 +70,42 @@ def test_an_fsdp_rank_is_timed_on_its_shards_with_the_other_ranks_pretended() ->
     assert (alone.world, two.world) == (1, 2)
     assert "wrapped as one fsdp rank of 2 (the others pretended)" in two.source
     assert "pretended" not in alone.source
+
+
+def test_fsdp_s_compute_is_timed_at_the_share_a_rank_gets_between_the_collectives_it_waits_on() -> None:
+    """FSDP2 on CPU waits on each all-gather and reduce-scatter in its compute thread: its core is
+    free for the other ranks then. Stepping together without their collectives the ranks got half
+    a core each; between them 0.9: forward and backward take 0.5 / 0.9 of what they measured, the
+    optimizer step (no collectives in it) what it measured (issue 46: FSDP2 predicted 1.1-1.5x)."""
+    together = ComputeFigures("cpu", 1, 2, "none", forward_ms=10.0, backward_ms=20.0, optimizer_ms=5.0, steps=5,
+                              wrapped="fsdp", cpu_share=0.5, ranks=2, world=2)
+    got = between_collectives(together, wall_ms=100.0, cpu_ms=90.0)
+    assert (got.forward_ms, got.backward_ms) == (pytest.approx(10.0 * 0.5 / 0.9), pytest.approx(20.0 * 0.5 / 0.9))
+    assert got.optimizer_ms == 5.0
+    assert got.cpu_share == pytest.approx(0.9)
+    assert "between its replayed collectives" in got.source
+    assert "between its replayed collectives" not in together.source
+    assert between_collectives(together, wall_ms=0.0, cpu_ms=0.0) == together  # nothing replayed
+
+
+def test_fsdp_ranks_time_their_compute_between_their_replayed_collectives() -> None:
+    """Two real FSDP ranks (gloo): the step's all-gathers and reduce-scatters replayed between
+    them with the compute's CPU time spent before each launch, and the compute read at the share
+    of a core each got there."""
+    from pathlib import Path
+
+    task = f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks"
+    params = validate_params(dict(load_task(task).default_params))
+    calls = [ReplayedCall("all-gather parameters (forward)", "all-gather", 16384, 9),
+             ReplayedCall("reduce-scatter gradients", "reduce-scatter", 16384, 9)]  # 9 units, 64 KiB each
+    got = measure_in_ranks(task, params, ranks=2, batch_size=2, calls=calls, strategy="fsdp", steps=1, warmup=1,
+                           repeats=1)
+    assert got.between_collectives
+    assert 0 < got.cpu_share <= 1.0
+    assert got.forward_ms > 0
+    assert got.backward_ms > 0
+    assert set(got.collectives_ms) == {c.name for c in calls}
+    assert "between its replayed collectives" in got.source
 
 
 def test_the_roofline_where_asked_or_where_the_ranks_are_not_here() -> None:

@@ -19,6 +19,7 @@ moments of the load and missed that waiting: 4 of 16 cases within 25%).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import statistics
@@ -37,8 +38,8 @@ from ..train import StepSpec, TimedPhases, run_step
 from ._checkpointing import apply_activation_checkpointing
 from ._link import ReplayedCall, free_port, replay_collectives
 
-__all__ = ["COMPUTE", "ComputeFigures", "can_start_ranks", "measure_compute", "measure_in_ranks", "rank_sharing",
-           "spare_cores_per_rank", "why_not_measured"]
+__all__ = ["BLOCKING", "COMPUTE", "ComputeFigures", "between_collectives", "can_start_ranks", "measure_compute",
+           "measure_in_ranks", "rank_sharing", "spare_cores_per_rank", "why_not_measured"]
 
 #: Where the step's compute comes from: ``auto`` (measured where the ranks would run here, else
 #: the roofline) or ``roofline`` (the device table's peak FLOPs and bandwidth, always).
@@ -80,6 +81,10 @@ class ComputeFigures:
     #: Milliseconds per step of each of the strategy's collectives (by name), replayed at the
     #: sizes and launches the step sends them in, between those ranks (empty: priced by a link).
     collectives_ms: dict[str, float] = field(default_factory=dict)
+    #: Forward and backward timed at the share of a core the rank got between its replayed
+    #: collectives, which it waits on in the compute thread (FSDP on CPU: ``BLOCKING``), not as
+    #: the ranks stepped together without them.
+    between_collectives: bool = False
 
     @property
     def source(self) -> str:
@@ -88,7 +93,9 @@ class ComputeFigures:
                 f"thread{'s' if self.threads > 1 else ''} ({self.cpu_share:.2f} of a core's time each), "
                 f"per-rank batch {self.batch_size}, checkpointing {self.checkpointing}"
                 + (f", wrapped as one {self.wrapped} rank" if self.wrapped else "")
-                + (f" of {self.world} (the others pretended)" if self.world > 1 else ""))
+                + (f" of {self.world} (the others pretended)" if self.world > 1 else "")
+                + (", forward and backward at the share of a core each rank got between its replayed collectives"
+                   if self.between_collectives else ""))
 
 
 class _PhaseTimer(TimedPhases):
@@ -121,6 +128,13 @@ def _threads(n: int) -> Iterator[None]:
 
 #: The strategies whose runtime is PyTorch's own, wrapped as the ranks wrap the model (one rank).
 WRAPPED = ("ddp", "fsdp", "fsdp-no-reshard")
+#: Those whose collectives a CPU rank waits on in its compute thread, between its units' compute:
+#: FSDP2 on CPU has no streams, its all-gathers and reduce-scatters return when done (DDP's
+#: all-reduces run in gloo's thread beside the backward). While a rank waits, its core is free
+#: for the other ranks' compute: on 2 ranks of 2 shared cores, 8 blocks, accumulation 4 (load 3),
+#: the real ranks computed at 0.94 of a core between their collectives, 0.5 stepping together
+#: without them (issue 46: FSDP2 predicted 1.1-1.5x the measured step).
+BLOCKING = ("fsdp", "fsdp-no-reshard")
 
 
 def _group_size() -> int:
@@ -241,10 +255,24 @@ def _in_rank(rank: int, world: int, port: int, job: dict[str, Any], barrier: Any
         micro = StepSpec.from_params(job["params"]).grad_accumulation
         cpu_ms = figures.cpu_share * micro * (figures.forward_ms + figures.backward_ms)
         launches = sum(c.launches for c in job["calls"])
-        comm = replay_collectives(job["calls"], repeats=job["repeats"], work_ms=cpu_ms / max(launches, 1))
+        replayed = replay_collectives(job["calls"], repeats=job["repeats"], work_ms=cpu_ms / max(launches, 1))
     finally:
         dist.destroy_process_group()
-    queue.put((rank, figures, comm))
+    if job["strategy"] in BLOCKING:
+        figures = between_collectives(figures, replayed.work_wall_ms, replayed.work_cpu_ms)
+    queue.put((rank, figures, replayed.collectives_ms))
+
+
+def between_collectives(figures: ComputeFigures, wall_ms: float, cpu_ms: float) -> ComputeFigures:
+    """``figures`` with forward and backward at the share of a core (``cpu_ms`` over ``wall_ms``
+    of the work replayed between the collectives) that a rank gets where it waits on each of its
+    collectives between its pieces of compute, instead of the share it got stepping without them."""
+    if wall_ms <= 0 or cpu_ms <= 0:
+        return figures  # no work replayed (no collectives): nothing measured to say otherwise
+    share = min(float(figures.threads), cpu_ms / wall_ms)
+    scale = figures.cpu_share / share
+    return dataclasses.replace(figures, forward_ms=figures.forward_ms * scale,
+                               backward_ms=figures.backward_ms * scale, cpu_share=share, between_collectives=True)
 
 
 def can_start_ranks(task: Task | str) -> bool:
@@ -286,7 +314,7 @@ def measure_in_ranks(task: Task | str, params: dict[str, Any], *, ranks: int, ba
     comm = {name: statistics.median(g[2][name] for g in got) for name in got[0][2]}
     return ComputeFigures(device="cpu", threads=threads, batch_size=batch_size, checkpointing=checkpointing,
                           steps=steps, wrapped=figs[0].wrapped, world=figs[0].world, ranks=ranks,
-                          collectives_ms=comm, **mid)
+                          collectives_ms=comm, between_collectives=figs[0].between_collectives, **mid)
 
 
 def rank_sharing(ranks: int, *, threads: int = CPU_RANK_THREADS, n_cores: int | None = None,

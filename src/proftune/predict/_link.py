@@ -23,7 +23,7 @@ import torch
 
 from ..exceptions import ConfigError, RunFailedError
 
-__all__ = ["COLLECTIVES", "LinkFigures", "ReplayedCall", "collective_kind", "free_port", "measure_link",
+__all__ = ["COLLECTIVES", "LinkFigures", "Replayed", "ReplayedCall", "collective_kind", "free_port", "measure_link",
            "replay_collectives", "replayed_calls", "sweep_collectives"]
 
 #: The collectives a strategy runs, by the name a :class:`~proftune.predict.Collective` starts with.
@@ -170,11 +170,21 @@ def _busy(ms: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def replay_collectives(calls: list[ReplayedCall], *, repeats: int = 3, work_ms: float = 0.0) -> dict[str, float]:
+class Replayed(NamedTuple):
+    """What :func:`replay_collectives` measured per step (medians of its rounds): ms inside each
+    call, and the wall and CPU ms of the work spent between them (the share of a core the rank's
+    compute gets while it waits on its collectives between its pieces of compute)."""
+
+    collectives_ms: dict[str, float]
+    work_wall_ms: float
+    work_cpu_ms: float
+
+
+def replay_collectives(calls: list[ReplayedCall], *, repeats: int = 3, work_ms: float = 0.0) -> Replayed:
     """Milliseconds per step inside each call (its ``launches``, each after ``work_ms`` of CPU
     work as the step computes between them, so a rank that the cores' time slicing holds back
     keeps the others waiting as in the step; the median of ``repeats`` after one warm-up round)
-    on the process group of this rank (every rank calls it)."""
+    on the process group of this rank (every rank calls it), and that work's wall and CPU ms."""
     import torch.distributed as dist
 
     n = dist.get_world_size()
@@ -192,19 +202,26 @@ def replay_collectives(calls: list[ReplayedCall], *, repeats: int = 3, work_ms: 
             scatter(shard, full)
 
     per: dict[str, list[float]] = {c.name: [] for c in calls}
+    work: list[tuple[float, float]] = []
     for r in range(repeats + 1):
         dist.barrier()
         spent = dict.fromkeys(per, 0.0)
+        wall = cpu = 0.0
         for call in calls:
             for _ in range(call.launches):
+                w0, c0 = time.perf_counter(), time.thread_time()
                 _busy(work_ms, a)
                 t0 = time.perf_counter()
+                wall += (t0 - w0) * 1e3
+                cpu += (time.thread_time() - c0) * 1e3
                 once(call)
                 spent[call.name] += (time.perf_counter() - t0) * 1e3
         if r:  # the first round warms gloo's buffers up
             for name, ms in spent.items():
                 per[name].append(ms)
-    return {name: statistics.median(v) for name, v in per.items()}
+            work.append((wall, cpu))
+    return Replayed({name: statistics.median(v) for name, v in per.items()},
+                    statistics.median(w for w, _ in work), statistics.median(c for _, c in work))
 
 
 def free_port() -> int:

@@ -229,7 +229,8 @@ class Evaluator:
             at = {k: max(0.0, getattr(lo, k) + (getattr(hi, k) - getattr(lo, k)) * (b - 1))
                   for k in ("forward_ms", "backward_ms", "optimizer_ms")}
             return ComputeFigures(lo.device, lo.threads, b, checkpointing, steps=lo.steps, wrapped=lo.wrapped,
-                                  cpu_share=lo.cpu_share, ranks=lo.ranks, collectives_ms=lo.collectives_ms, **at)
+                                  cpu_share=lo.cpu_share, ranks=lo.ranks, collectives_ms=lo.collectives_ms,
+                                  between_collectives=lo.between_collectives, **at)
         key = (strategy.name, checkpointing, b, micro)
         if key not in self.measured:
             peak = max((sum(v.values()) for v in pt.breakdowns.values()), default=0)
