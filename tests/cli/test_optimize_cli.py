@@ -54,6 +54,9 @@ def test_the_summary_answers_a_newcomer_s_questions(optimize_run: dict[str, obje
         assert comp.startswith(("no:", "not tried:"))
     assert answers["stopped"] == result["stop_reason"]
     assert re.fullmatch(r"\d+\.?\d* s of the \d+\.?\d* s budget \(\d+%\)", answers["time"])
+    # the model line says how its seed was chosen, as the race hands it back: the best on validation
+    seeds = len(final.get("seeds") or [])
+    assert f"seed {final['model_seed']}, the best on validation of {seeds} seeds" in " ".join(text.split())
 
 
 def test_piped_it_is_plain_whole_and_rounded(optimize_run: dict[str, object]) -> None:

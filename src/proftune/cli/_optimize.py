@@ -191,7 +191,7 @@ def _render(d: dict[str, Any]) -> None:
     out_console.print(table)
     f = d.get("final") or {}
     out_console.print(f"model: {escape(str(f.get('model')))} ({f.get('epochs')} epoch(s), seed {f.get('model_seed')}, "
-                      f"the median on validation of {len(f.get('seeds') or [])} seeds: {fmt(f.get('model_val'))}, "
+                      f"the best on validation of {len(f.get('seeds') or [])} seeds: {fmt(f.get('model_val'))}, "
                       "held out "
                       f"{fmt(f.get('model_test'))}; batch 1 {fmt_ms(f.get('latency_ms'))}, batch "
                       f"{f.get('batch_size') or '-'} {fmt_ms(f.get('latency_batch_ms'))}, "
