@@ -214,3 +214,34 @@ def test_the_race_rarely_adopts_a_configuration_equal_to_heavy_tailed_defaults()
     chosen = sum(compare_race(draw(4), draw(4), seeds=list(range(4)), defaults_more=draw(3), metric="accuracy",
                               maximize=True).beyond_noise for _ in range(2000))
     assert chosen / 2000 < 0.06
+
+
+def test_three_seeds_within_the_known_noise_are_judged_against_it() -> None:
+    """noisy-labels under load: three paired seeds, +0.037 on 300 validation samples, were kept as
+    noise by the t-test at two degrees of freedom (6x the spread at the race's level), though two
+    seeds of the same gain had passed against the known noise."""
+    prior = prior_seed_std(None, metric="accuracy", val_samples=300, level=0.9) / 2  # the binomial 0.0173
+    args = {"metric": "accuracy", "maximize": True, "resolution": 1 / 300, "alpha": 0.05 / 4}
+    c = compare_paired([0.93, 0.92, 0.94], [0.90, 0.87, 0.91], seeds=[1, 2, 3], prior_std=prior, **args)
+    assert c.beyond_noise, c.reason
+    assert "3 paired seeds" in c.reason
+    assert not compare_paired([0.93, 0.92, 0.94], [0.90, 0.87, 0.91], seeds=[1, 2, 3], **args).beyond_noise
+    two = compare_paired([0.93, 0.92], [0.90, 0.87], seeds=[1, 2], prior_std=prior, **args)
+    assert two.beyond_noise  # as before: the third seed no longer makes the bound wider
+    small = compare_paired([0.91, 0.90, 0.92], [0.90, 0.89, 0.90], seeds=[1, 2, 3], prior_std=prior, **args)
+    assert not small.beyond_noise  # +0.013: within three seeds' noise
+    # pairs spreading beyond the known noise (defaults that diverge): their own t-test decides
+    wide = compare_paired([0.95, 0.94, 0.95], [0.90, 0.60, 0.91], seeds=[1, 2, 3], prior_std=prior, **args)
+    assert "t-test" in wide.reason and not wide.beyond_noise
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_false_choices_stay_rare_against_the_known_noise(n: int) -> None:
+    """Equal configurations whose seeds spread by the known noise: adopted in at most alpha of draws."""
+    rng = np.random.default_rng(n)
+    chosen = 0
+    for _ in range(3000):
+        a, b = 0.9 + rng.normal(0, 0.02, n), 0.9 + rng.normal(0, 0.02, n)
+        chosen += compare_paired(list(a), list(b), seeds=list(range(n)), metric="accuracy", maximize=True,
+                                 prior_std=0.02).beyond_noise
+    assert chosen / 3000 < 0.06

@@ -101,17 +101,22 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
     std = statistics.stdev(gains) if n > 1 else None
     known = prior_std is not None and prior_std > 0
     test = "a paired t-test over the seeds"
-    if n <= 2 and known:
-        # one or two pairs and the seeds' noise known (the search's spread, the validation set's
-        # sampling noise): a normal bound, with the pairs' own spread where it is larger; the
-        # difference of two seeds has the seeds' variance twice. (A t-test at one degree of
-        # freedom needs a gain 25x its spread: a race cut to two seeds by the time could not pass.)
+    if known and (n <= 2 or (std is not None and std <= prior_std * math.sqrt(2.0))):
+        # the seeds' noise known (the search's spread, the validation set's sampling noise): a
+        # normal bound at that noise; the difference of two seeds has the seeds' variance twice.
+        # One or two pairs: with their own spread where it is larger (a t-test at one degree of
+        # freedom needs a gain 25x its spread: a race cut to two seeds by the time could not pass).
+        # Three or more: while their own spread is within the known noise (a t-test at two degrees
+        # of freedom needs 6x its spread at the race's level, so a third seed made the bound wider
+        # than two seeds' had been: noisy labels, +0.04 on 300 samples kept as noise); where it is
+        # larger (defaults that diverge on some seeds), the t-test on their own spread decides
         from scipy import stats
 
         assert prior_std is not None
         sd = max(std or 0.0, prior_std * math.sqrt(2.0))
         lower = mean - float(stats.norm.ppf(level)) * sd / math.sqrt(n)
-        test = (f"{'one paired seed' if n == 1 else 'two paired seeds'} against the seeds' noise, "
+        many = f"{n} paired seeds (their spread {std:.3g} within it)" if n > 2 and std is not None else ""
+        test = (f"{many or ('one paired seed' if n == 1 else 'two paired seeds')} against the seeds' noise, "
                 f"std {prior_std:.3g}")
     elif n > 1:
         assert std is not None
