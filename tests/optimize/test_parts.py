@@ -163,9 +163,11 @@ def test_warm_start_is_the_computed_centre_the_defaults_and_a_local_design() -> 
     assert items[0][1]["lr"] == pytest.approx(0.02)
     assert items[1][1]["lr"] == pytest.approx(0.01)
     assert items[1][1]["batch_size"] == 32  # the default space holds the task's default batch
-    lrs = sorted(p["lr"] for a, p in items if a == "local" and p["batch_size"] == 64)
+    lrs = sorted(p["lr"] for a, p in items if a == "local" and p["batch_size"] == 64 and p["weight_decay"] == 0.01)
     assert lrs == [pytest.approx(0.02 / 3), pytest.approx(0.06)]
     assert any(a == "local" and p["batch_size"] == 32 for a, p in items)
+    # the weight decay nothing measured (AdamW's 0.01): a hundredth of it, at the centre's lr and batch
+    assert [p for a, p in items if p["weight_decay"] != 0.01] == [{**items[0][1], "weight_decay": pytest.approx(1e-4)}]
 
 
 def test_auto_stop_patience_grows_with_the_trials_run() -> None:

@@ -27,10 +27,11 @@ from proftune.track import Store
 from .tasks import StepClock, TinyTask
 
 
-def _trial(n: int, lr: float, value: float | None, *, state: str = "complete", repeat: int = 0) -> TrialRecord:
+def _trial(n: int, lr: float, value: float | None, *, state: str = "complete", repeat: int = 0,
+           arm: str = "tpe") -> TrialRecord:
     return TrialRecord(number=n, state=state, params={"lr": lr, "hidden": 8}, values=[value] if value is not None
                        else None, metrics={"accuracy": value} if value is not None else {}, constraints={},
-                       reason=None, duration_s=0.5, steps=10, tags={"arm": "tpe"}, repeat=repeat)
+                       reason=None, duration_s=0.5, steps=10, tags={"arm": arm}, repeat=repeat)
 
 
 def _plan() -> Any:
@@ -174,7 +175,7 @@ def test_a_flat_search_stops_itself_late_in_its_time_once_its_leaders_are_re_eva
     def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
                   items: Any) -> Any:
         for item in items:  # every configuration scores the same
-            rows.append(_trial(len(rows), item[1]["lr"], 0.5, repeat=item[2] if len(item) > 2 else 0))
+            rows.append(_trial(len(rows), item[1]["lr"], 0.5, repeat=item[2] if len(item) > 2 else 0, arm=item[0]))
         return SimpleNamespace(trials=list(rows))
 
     fresh = (1e-4 * (1 + k) for k in itertools.count())
@@ -205,3 +206,31 @@ def test_the_search_keeps_room_for_a_trial_that_is_not_pruned() -> None:
     assert _search._slow_trial_s(rows) == pytest.approx(2.5)
     assert _search._slow_trial_s(rows[2:], 1.4) == pytest.approx(1.4)  # none complete: the estimate
     assert _search._slow_trial_s([]) == 0.0
+
+
+def test_the_warm_start_the_first_chunk_had_no_room_for_runs_before_tpe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first chunk holds about a second of trials (three here); the warm start's other points
+    (half the batch, a hundredth of the decay) ran in no chunk before, and TPE proposed in their place."""
+    calls: list[list[Any]] = []
+    rows: list[TrialRecord] = []
+
+    def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
+                  items: Any) -> Any:
+        calls.append([item[0] for item in items])
+        for item in items:
+            rows.append(dataclasses.replace(_trial(len(rows), item[1]["lr"], 0.5, arm=item[0]), params=item[1]))
+        return SimpleNamespace(trials=list(rows))
+
+    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=StepClock(0.01).monotonic))
+    monkeypatch.setattr(_search, "_call", fake_call)
+    monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
+    monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
+    plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64}, user_space=None, max_batch=None, samples=192)
+    warm = _search.warm_start(plan, SETTINGS.defaults)
+    assert len(warm) == 6  # centre, defaults, lr x3 and /3, half the batch, a hundredth of the decay
+    settings = dataclasses.replace(SETTINGS, trial_s_estimate=1.0, patience=10**6)
+    _search.run_search_stage(TinyTask(), plan, settings, store=None, seconds=20.0)  # type: ignore[arg-type]
+    arms = [a for call in calls for a in call]
+    assert arms[:6] == [a for a, _ in warm]
+    assert len(calls[0]) == 3 and "tpe" in arms and arms.index("tpe") == 6
+    assert [r.params for r in rows[:6]] == [p for _, p in warm]

@@ -34,6 +34,8 @@ __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowF
 #: The arms: warm-start points (computed centre, the task's defaults, a local design around the
 #: centre), then TPE proposals.
 ARMS = ("centre", "defaults", "local", "tpe")
+#: The warm start's arms (placed by :func:`warm_start`, not drawn).
+WARM_ARMS = ARMS[:3]
 #: The successive-halving pruner's rungs grow by this factor (epochs 1, 3, 9, ...).
 REDUCTION_FACTOR = 3
 #: Seconds a call of ``search`` is assumed to cost beyond its trials before one is measured.
@@ -218,8 +220,9 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
                with_defaults: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """The first trials: the computed centre, the task's defaults (measured under the trial
     protocol, the bar every other trial is read against), and a local design around the centre
-    (lr x3 and /3, half the batch): what the measurements say before any model of the space;
-    ``alternative``: another optimizer the optimizer row measured better, at its own rate."""
+    (lr x3 and /3, half the batch, a hundredth of a weight decay nothing measured): what the
+    measurements say before any model of the space; ``alternative``: another optimizer the
+    optimizer row measured better, at its own rate."""
     centre = _point(plan, plan.centre)
     items: list[tuple[str, dict[str, Any]]] = [("centre", centre)]
     names = set(plan.space.names)
@@ -230,6 +233,13 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
             items.append(("local", _point(plan, {**centre, "lr": float(centre["lr"]) * factor})))
     if "batch_size" in names and "batch_size" in centre:
         items.append(("local", _point(plan, {**centre, "batch_size": int(centre["batch_size"]) // 2})))
+    wd = centre.get("weight_decay")
+    if (isinstance(wd, (int, float)) and wd >= 1e-4
+            and not str(plan.evidence.get("weight_decay", "")).startswith("computed")):
+        # the decay is the task's or the optimizer's default, not a measurement: on Adam it is
+        # L2 in the gradient, and 0.01 of it cost the plateau-start CNN two points held-out that a
+        # plain Optuna loop found at ~1e-6 (the centre's other trials all hold it)
+        items.append(("local", _point(plan, {**centre, "weight_decay": float(wd) / 100})))
     if alternative:
         items.insert(1, ("centre", _point(plan, {**centre, **{k: v for k, v in alternative.items() if k in names}})))
     out: list[tuple[str, dict[str, Any]]] = []
@@ -544,8 +554,14 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
             chunk = list(warm_start(plan, settings.defaults, settings.alternative,
                                     with_defaults=settings.defaults_measured is None)[:max(size, min(2, fit_in))])
         else:
-            chunk = [*again, *(propose(rows, plan, settings, flags, size - len(again))
-                               if len(again) < size and not why else [])]
+            # the warm start's trials the first chunk had no room for come before TPE's
+            placed = sum(1 for r in rows if r.repeat == 0 and arm_of(r) in WARM_ARMS)
+            warm = [] if late or why else [
+                item for item in warm_start(plan, settings.defaults, settings.alternative,
+                                            with_defaults=settings.defaults_measured is None)[placed:]
+                if not any(_is_point(r.params, item[1]) for r in rows)][:max(0, size - len(again))]
+            chunk = [*again, *warm, *(propose(rows, plan, settings, flags, size - len(again) - len(warm))
+                                      if len(again) + len(warm) < size and not why else [])]
         if not chunk:
             stop_reason, early = "every configuration left is in a paused region or already tried", True
             break
