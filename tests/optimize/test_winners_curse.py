@@ -221,7 +221,7 @@ def test_the_warm_start_the_first_chunk_had_no_room_for_runs_before_tpe(monkeypa
             rows.append(dataclasses.replace(_trial(len(rows), item[1]["lr"], 0.5, arm=item[0]), params=item[1]))
         return SimpleNamespace(trials=list(rows))
 
-    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=StepClock(0.01).monotonic))
+    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=StepClock(0.05).monotonic))
     monkeypatch.setattr(_search, "_call", fake_call)
     monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
     monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
@@ -229,7 +229,7 @@ def test_the_warm_start_the_first_chunk_had_no_room_for_runs_before_tpe(monkeypa
     warm = _search.warm_start(plan, SETTINGS.defaults)
     assert len(warm) == 6  # centre, defaults, lr x3 and /3, half the batch, a hundredth of the decay
     settings = dataclasses.replace(SETTINGS, trial_s_estimate=1.0, patience=10**6)
-    _search.run_search_stage(TinyTask(), plan, settings, store=None, seconds=20.0)  # type: ignore[arg-type]
+    _search.run_search_stage(TinyTask(), plan, settings, store=None, seconds=12.0)  # type: ignore[arg-type]
     arms = [a for call in calls for a in call]
     assert arms[:6] == [a for a, _ in warm]
     assert len(calls[0]) == 3 and "tpe" in arms and arms.index("tpe") == 6

@@ -134,7 +134,8 @@ def _search(page: Page, run: _Run) -> None:
           ("epochs per trial", srch.epochs_per_trial), ("pruner", srch.pruner),
           ("time", _secs(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
     s.para("Where each trial's params came from (its arm): the first trials are the computed centre, the "
-           "task's defaults and a local design around the centre (lr x3 and /3, half the batch); then TPE "
+           "task's defaults and a local design around the centre (lr x3 and /3, half the batch, a hundredth "
+           "of a weight decay nothing measured); then TPE "
            "proposes the rest from every finished trial, away from paused regions.", cls="muted")
     if srch.trials_log:
         _search_history(s, run, srch.trials_log, srch)
