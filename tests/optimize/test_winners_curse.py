@@ -232,5 +232,7 @@ def test_the_warm_start_the_first_chunk_had_no_room_for_runs_before_tpe(monkeypa
     _search.run_search_stage(TinyTask(), plan, settings, store=None, seconds=12.0)  # type: ignore[arg-type]
     arms = [a for call in calls for a in call]
     assert arms[:6] == [a for a, _ in warm]
-    assert len(calls[0]) == 3 and "tpe" in arms and arms.index("tpe") == 6
+    assert len(calls[0]) == 3
+    assert "tpe" in arms
+    assert arms.index("tpe") == 6
     assert [r.params for r in rows[:6]] == [p for _, p in warm]

@@ -99,9 +99,9 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
     mean = statistics.fmean(gains)
     n = len(gains)
     std = statistics.stdev(gains) if n > 1 else None
-    known = prior_std is not None and prior_std > 0
     test = "a paired t-test over the seeds"
-    if known and (n <= 2 or (std is not None and std <= prior_std * math.sqrt(2.0))):
+    within = n <= 2 or (std is not None and prior_std is not None and std <= prior_std * math.sqrt(2.0))
+    if prior_std is not None and prior_std > 0 and within:
         # the seeds' noise known (the search's spread, the validation set's sampling noise): a
         # normal bound at that noise; the difference of two seeds has the seeds' variance twice.
         # One or two pairs: with their own spread where it is larger (a t-test at one degree of
@@ -112,7 +112,6 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
         # larger (defaults that diverge on some seeds), the t-test on their own spread decides
         from scipy import stats
 
-        assert prior_std is not None
         sd = max(std or 0.0, prior_std * math.sqrt(2.0))
         lower = mean - float(stats.norm.ppf(level)) * sd / math.sqrt(n)
         many = f"{n} paired seeds (their spread {std:.3g} within it)" if n > 2 and std is not None else ""
