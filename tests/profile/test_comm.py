@@ -53,8 +53,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_ddp_allreduce_bytes_equal_gradient_bytes(tmp_path: Path) -> None:
-    # fork: the children reuse this process's imports (spawning would import torch twice more)
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: a child forked from a test process that has run threads (torch's pools, the
+    # Store's, the thread monitor's) can abort in its first collective ("Resource deadlock
+    # avoided", SIGABRT: once in a clean-clone CI run on a loaded machine); the imports cost seconds
+    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     for rank in (0, 1):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for key, grad_bytes in (("profile", r["profile_grad_bytes"]), ("monitor", r["monitor_grad_bytes"])):
