@@ -141,6 +141,18 @@ def test_epochs_zero_rejected() -> None:
         fit("wine-mlp", epochs=0)
 
 
+def test_an_epoch_with_no_batch_is_refused_not_looped() -> None:
+    """With ``max_steps`` alone, training data that yields nothing in an epoch looped forever."""
+    task = proftune.load_task("wine-mlp")
+
+    class _Empty(type(task)):  # type: ignore[misc]
+        def train_data(self, batch_size: int, params: dict[str, Any]) -> list[Any]:
+            return []
+
+    with pytest.raises(ConfigError, match=r"yielded no batch in epoch 1"):
+        fit(_Empty(), max_steps=3, device="cpu")
+
+
 def test_task_params_reach_the_model() -> None:
     result = fit("digits-mlp", {"hidden": 7}, max_steps=1, device="cpu")
     assert result.model[0].out_features == 7

@@ -207,8 +207,14 @@ def fit(
             cb.on_fit_start(state)
         epoch_limit = epochs if epochs is not None else math.inf
         while state.epoch < epoch_limit and not state.should_stop:
+            steps_before = state.step
             _run_epoch(state, callbacks, spec=spec, max_steps=max_steps, evaluate=evaluate,
                        stop_on_nan=stop_on_nan, started=started)
+            if state.step == steps_before:  # with max_steps alone, an empty epoch looped forever
+                raise ConfigError(
+                    f"train_data(batch_size={bs}) yielded no batch in epoch {state.epoch}: a task's "
+                    "training data must give at least one batch an epoch (a smaller batch_size, or "
+                    "keep a last partial batch).")
             if max_steps is not None and state.step >= max_steps:
                 break
         for cb in callbacks:
