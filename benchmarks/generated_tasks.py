@@ -523,21 +523,24 @@ def draw(seed: int, index: int, *, max_training_s: float | None = None) -> Spec:
 
 
 def _cap(spec: Spec, max_s: float) -> Spec:
-    """``spec`` at most ``max_s`` estimated seconds: the training samples and the epochs each cut
-    by the square root of the excess (the samples down to 50, the epochs to 1), then the epochs
-    alone for what is left."""
+    """``spec`` at most ``max_s`` estimated seconds (where 50 samples and one epoch are): the
+    training samples and the epochs each cut by the square root of the excess (the samples down to
+    50, the epochs to 1), then the epochs, then the samples for what is left."""
     if spec.est_s <= max_s:
         return spec
     was = f"{spec.n_train} samples x {spec.epochs} epochs, est. {spec.est_s:.1f} s"
     root = math.sqrt(max_s / spec.est_s)
     out = replace(spec, n_train=max(50, min(spec.n_train, int(spec.n_train * root))))
-    if spec.data in ("wine", "cancer") or spec.data.startswith("digits"):  # the rest is tested on
-        out = replace(out, n_test=spec.n_test + spec.n_train - out.n_train)
     out = replace(out, epochs=max(1, int(out.epochs * root)))
     out = replace(out, est_s=_estimate_s(out))
     if out.est_s > max_s:
         out = replace(out, epochs=max(1, int(out.epochs * max_s / out.est_s)))
         out = replace(out, est_s=_estimate_s(out))
+    if out.est_s > max_s:  # one epoch is still too long: fewer samples again
+        out = replace(out, n_train=max(50, int(out.n_train * max_s / out.est_s)))
+        out = replace(out, est_s=_estimate_s(out))
+    if out.n_train != spec.n_train and (spec.data in ("wine", "cancer") or spec.data.startswith("digits")):
+        out = replace(out, n_test=spec.n_test + spec.n_train - out.n_train)  # the rest is tested on
     return replace(out, capped=f"was {was}")
 
 

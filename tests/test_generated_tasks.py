@@ -58,7 +58,7 @@ def test_the_cap_bounds_the_estimated_training_and_says_so() -> None:
             assert c.capped.startswith("was ")
             assert c.n_train <= f.n_train
             assert c.epochs <= f.epochs
-            assert c.est_s <= 1.0 or c.epochs == 1
+            assert c.est_s <= 1.0 or (c.epochs == 1 and c.n_train == 50)
 
 
 @pytest.mark.parametrize("index", range(12))
