@@ -26,7 +26,9 @@ wall clock for each ``k`` in ``--budgets`` (8 and 60 by default), in one process
 - ``tpe@32`` (with ``--vs-optuna-at 32`` and a budget of 8): the TPE loop at 32 units, beside ours
   at 8: what computing from measurements should buy.
 
-Every figure is the test accuracy of the arm's model. Printed per task: each arm's figure, ours'
+Repetition ``r`` of task ``i`` runs every arm at seed ``100 i + r`` (the trainings, Optuna's sampler,
+ours' seeds): paired within a task, independent across tasks. Every figure is the test accuracy of
+the arm's model. Printed per task: each arm's figure, ours'
 differences to each anchor with their noise (the test split's binomial standard error of the pair,
 sqrt(p1(1-p1)/n + p2(1-p2)/n), with one repetition; the paired differences' standard error with
 more), and ours' decision. At the end, per budget, over tasks: the distribution of ours - optuna-tpe,
@@ -127,7 +129,8 @@ def run_task(seed: int, index: int, *, budgets: list[float], reps: int, cap: flo
                            "test_n": task.spec.n_test, "est_s": task.spec.est_s}
     try:
         fit(task, dict(task.default_params), seed=0, device="cpu", max_steps=1)  # warm-up, outside every clock
-        defaults = [defaults_arm(task, rep) for rep in range(reps)]
+        seeds = [100 * index + rep for rep in range(reps)]  # paired within a task, apart across tasks
+        defaults = [defaults_arm(task, s) for s in seeds]
         rec["defaults"] = [{"test": d["test"], "val": d["val"], "wall": d["wall"]} for d in defaults]
         rec["training_s"] = float(defaults[0]["wall"])
         rec["unit_s"] = unit = max(rec["training_s"], floor_s)
@@ -136,12 +139,12 @@ def run_task(seed: int, index: int, *, budgets: list[float], reps: int, cap: flo
             for k in budgets:
                 budget = k * unit
                 cell: dict[str, Any] = {"budget_s": budget, "ours": [], "optuna-tpe": [], "optuna-hyperband": []}
-                for rep in range(reps):
-                    cell["ours"].append(_ours(task, budget, rep, Path(tmpdir), float(defaults[rep]["test"])))
-                    cell["optuna-tpe"].append(_optuna(task, budget, rep, hyperband=False))
-                    cell["optuna-hyperband"].append(_optuna(task, budget, rep, hyperband=True))
+                for rep, s in enumerate(seeds):
+                    cell["ours"].append(_ours(task, budget, s, Path(tmpdir), float(defaults[rep]["test"])))
+                    cell["optuna-tpe"].append(_optuna(task, budget, s, hyperband=False))
+                    cell["optuna-hyperband"].append(_optuna(task, budget, s, hyperband=True))
                 if vs_at is not None and k == 8:
-                    cell["tpe@32"] = [_optuna(task, vs_at * unit, rep, hyperband=False) for rep in range(reps)]
+                    cell["tpe@32"] = [_optuna(task, vs_at * unit, s, hyperband=False) for s in seeds]
                 rec["budgets"][f"{k:g}"] = cell
     except Exception as exc:  # noqa: BLE001  (one task's failure is reported; a long run goes on)
         rec["error"] = f"{type(exc).__name__}: {exc}"
@@ -206,7 +209,7 @@ def print_task(rec: dict[str, Any]) -> None:
               f"{dd['defaults'][0]:+.3f} ± {dd['defaults'][1]:.3f}", flush=True)
         for rep, (o, t) in enumerate(zip(cell["ours"], cell["optuna-tpe"], strict=True)):
             ours_line = f"{o['decision']}: {o.get('changed', '')}; {o.get('wall', 0) or 0:.1f} s"
-            print(f"      rep {rep} ours: {ours_line}; {(o.get('stop') or '')[:120]}", flush=True)
+            print(f"      rep {rep} ours: {ours_line}; {(o.get('stop') or '')[:200]}", flush=True)
             print(f"      rep {rep} optuna-tpe: {t.get('trials', 0)} trials in {t.get('wall', 0):.1f} s, best "
                   f"{t.get('changed', 'nothing')}", flush=True)
 

@@ -258,15 +258,17 @@ def _build(spec: Spec, params: dict[str, Any]) -> nn.Module:
 
 
 class _NoSingles(TensorBatches):
-    """Training batches without a last batch of one sample (BatchNorm cannot train on it), as a
-    user's ``drop_last`` would have it."""
+    """Training batches without a last, partial batch of one sample (BatchNorm cannot train on
+    it), as a user's ``drop_last`` would have it; batches of one are kept where they are the size."""
 
     def __len__(self) -> int:
+        if self.batch_size == 1:
+            return int(self.x.shape[0])
         return self.x.shape[0] // self.batch_size + (self.x.shape[0] % self.batch_size > 1)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for x, y in super().__iter__():
-            if len(y) > 1 or self.x.shape[0] == 1:
+            if len(y) > 1 or self.batch_size == 1:
                 yield x, y
 
 

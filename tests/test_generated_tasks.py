@@ -4,8 +4,11 @@ val / test splits that do not overlap; and the draws cover the space the issue n
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -109,3 +112,66 @@ def test_the_users_optimizer_and_schedule_are_the_drawn_ones() -> None:
     opt = adam.configure_optimizer(adam.build_model(dict(adam.default_params)), dict(adam.default_params))
     assert type(opt) is torch.optim.Adam
     assert opt.param_groups[0]["weight_decay"] == adam.default_params["weight_decay"]
+
+
+def _runner() -> Any:
+    spec = importlib.util.spec_from_file_location("proftune_bench_generated", BENCH / "generated.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_runner_refuses_bad_arguments_before_any_work(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    gen = _runner()
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    for argv, says in ((["--out", str(out)], "--force"), (["--resume"], "--resume needs --out"),
+                       (["--budgets", "60", "--vs-optuna-at", "32"], "--budgets must include 8"),
+                       (["--budgets", "0"], "--budgets must be positive")):
+        with pytest.raises(SystemExit):
+            gen.parse(argv)
+        assert says in capsys.readouterr().err
+    assert out.read_text() == "{}"
+    args = gen.parse(["--out", str(out), "--resume", "--seed", "3", "--n", "5"])
+    assert args.budgets == [8.0, 60.0]
+    assert args.reps == 1
+
+
+def _record(index: int, ours: float, tpe: float, defaults: float, n: int = 400) -> dict[str, Any]:
+    arm = {"decision": "chosen", "changed": "lr", "trials": 3}
+    return {"name": f"gen-0-{index}", "index": index, "description": f"task {index}", "test_n": n,
+            "defaults": [{"test": defaults}],
+            "budgets": {"8": {"budget_s": 8.0, "ours": [{**arm, "test": ours}], "optuna-tpe": [{**arm, "test": tpe}],
+                              "optuna-hyperband": [{**arm, "test": float("nan")}]}}}
+
+
+def test_the_summary_counts_against_each_tasks_noise(capsys: pytest.CaptureFixture[str]) -> None:
+    gen = _runner()
+    diff, se = gen.paired([0.9], [0.8], 100)
+    assert diff == pytest.approx(0.1)
+    assert se == pytest.approx(math.sqrt(0.9 * 0.1 / 100 + 0.8 * 0.2 / 100))
+    # SE of a pair near 0.9 on 400 test samples: ~0.021
+    results = [_record(0, 0.90, 0.91, 0.80),   # within one SE of Optuna
+               _record(1, 0.80, 0.90, 0.80),   # behind Optuna beyond noise; at the defaults
+               _record(2, 0.70, 0.90, 0.85),   # below the defaults beyond noise: the worst
+               _record(3, 0.95, 0.90, 0.50)]
+    stats = gen.summary(results, ["8"])["8"]
+    assert stats["tasks"] == 4
+    assert stats["within_one_se"] == 2
+    assert stats["below_defaults"] == ["gen-0-2"]
+    assert stats["worst"][:2] == ["gen-0-2", "gen-0-1"]
+    # a Hyperband arm with nothing (NaN) counts as its user's defaults
+    assert stats["diffs"]["optuna-hyperband"] == pytest.approx([0.10, 0.0, -0.15, 0.45])
+    assert "worst five against optuna-tpe" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("n", "batch", "sizes"), [(9, 4, [4, 4]), (10, 4, [4, 4, 2]), (3, 1, [1, 1, 1])])
+def test_training_batches_drop_only_a_last_partial_batch_of_one(n: int, batch: int, sizes: list[int]) -> None:
+    from generated_tasks import _NoSingles
+
+    batches = _NoSingles(torch.arange(n).float()[:, None], torch.arange(n), batch, shuffle=True)
+    assert [len(y) for _, y in batches] == sizes
+    assert len(batches) == len(sizes)
