@@ -45,16 +45,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import math
 import multiprocessing
 import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,9 @@ ARMS = ("optuna-tpe", "optuna-hyperband", "defaults")
 #: Seconds a run of ours spends beyond its budget (its stages' fixed costs), and a task's own
 #: overhead (data, warm-up, evaluations): for the estimate printed at the start.
 OURS_OVERHEAD_S, TASK_OVERHEAD_S = 3.0, 3.0
+#: Ours is stopped (and counted as a crash that keeps the defaults) past this many times its budget
+#: plus these seconds: a run of ours that hangs would otherwise stop the whole benchmark.
+OURS_LIMIT_X, OURS_LIMIT_PLUS_S = 5.0, 120.0
 
 
 # -- one task ------------------------------------------------------------------------------------
@@ -91,9 +97,30 @@ def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+class ArmTimeout(Exception):
+    """An arm ran far past its budget (a hang would stop a long run of many tasks)."""
+
+
+@contextlib.contextmanager
+def _limit(seconds: float, what: str) -> Iterator[None]:
+    """Raise :class:`ArmTimeout` in this (main) thread after ``seconds`` of wall clock."""
+
+    def fire(signum: int, frame: Any) -> None:
+        raise ArmTimeout(f"{what} ran past {seconds:.0f} s, {OURS_LIMIT_X:g}x its budget (+{OURS_LIMIT_PLUS_S:g} s)")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _ours(task: GeneratedTask, budget: float, rep: int, tmp: Path, fallback: float) -> dict[str, Any]:
     try:
-        r = ours_arm(task, budget, rep, tmp, judge=task, goal="none")
+        with _limit(OURS_LIMIT_X * budget + OURS_LIMIT_PLUS_S, "ours"):
+            r = ours_arm(task, budget, rep, tmp, judge=task, goal="none")
     except Exception as exc:  # noqa: BLE001  (a crash keeps the defaults too, and the table says so)
         kind = "failed" if isinstance(exc, proftune.ProftuneError) else f"crashed ({type(exc).__name__})"
         return {"test": fallback, "decision": f"{kind}: {str(exc).splitlines()[0][:160] if str(exc) else ''}",
