@@ -46,6 +46,8 @@ MISTAKE_KINDS = ("lr-high", "lr-low", "batch-big", "batch-small", "over-reg", "u
 _MODELS_FOR = {"digits8": ("mlp", "resmlp", "cnn"), "digits16": ("cnn", "mlp"), "digits32": ("cnn",),
                "wine": ("mlp", "resmlp"), "cancer": ("mlp", "resmlp"), "table": ("mlp", "resmlp"),
                "sequences": ("gru", "lstm", "transformer"), "images": ("cnn", "mlp")}
+#: The longest training of the defaults the space holds (estimated s); ``max_training_s`` caps lower.
+SPACE_MAX_S = 30.0
 _CONFLICTS = ({"lr-high", "lr-low"}, {"batch-big", "batch-small"}, {"over-reg", "under-reg"})
 #: The width parameter each model reads (the one Optuna's space scales, benchmarks/optimize.py).
 _WIDTH_KEY = {"mlp": "hidden", "resmlp": "hidden", "cnn": "width", "gru": "hidden", "lstm": "hidden",
@@ -486,7 +488,8 @@ def _apply(rng: random.Random, kind: str, params: dict[str, Any], epochs: int, n
 
 
 def draw(seed: int, index: int, *, max_training_s: float | None = None) -> Spec:
-    """The ``index``-th task of ``seed``: a function of the two alone (and of the cap)."""
+    """The ``index``-th task of ``seed``: a function of the two alone (and of the cap, at most
+    ``SPACE_MAX_S``)."""
     rng = random.Random(f"proftune-generated-{seed}-{index}")
     data = rng.choice(DATA_KINDS)
     model = rng.choice(_MODELS_FOR[data])
@@ -521,7 +524,7 @@ def draw(seed: int, index: int, *, max_training_s: float | None = None) -> Spec:
                 init_std=init_std, params=tuple(sorted(params.items())), epochs=epochs, est_s=0.0,
                 shape=shape, classes=classes)
     spec = replace(spec, est_s=_estimate_s(spec))
-    return _cap(spec, max_training_s) if max_training_s else spec
+    return _cap(spec, min(max_training_s or SPACE_MAX_S, SPACE_MAX_S))
 
 
 def _cap(spec: Spec, max_s: float) -> Spec:

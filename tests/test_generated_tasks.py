@@ -21,6 +21,7 @@ from generated_tasks import (  # noqa: E402
     MISTAKE_KINDS,
     MODEL_KINDS,
     OPTIMIZER_KINDS,
+    SPACE_MAX_S,
     GeneratedTask,
     draw,
     draw_tasks,
@@ -53,9 +54,11 @@ def test_one_seed_draws_the_same_tasks_and_another_seed_others() -> None:
 def test_the_cap_bounds_the_estimated_training_and_says_so() -> None:
     free = [draw(3, i) for i in range(30)]
     capped = [draw(3, i, max_training_s=1.0) for i in range(30)]
-    assert max(s.est_s for s in free) > 1.0  # the uncapped space has trainings beyond a second
+    assert max(s.est_s for s in free) > 10.0  # the space has trainings of many seconds
+    assert max(s.est_s for s in free) <= SPACE_MAX_S
+    assert min(s.est_s for s in free) < 0.5
     for f, c in zip(free, capped, strict=True):
-        if f.est_s <= 1.0:
+        if f.est_s <= 1.0 and not f.capped:
             assert c == f
         else:
             assert c.capped.startswith("was ")
