@@ -79,7 +79,7 @@ _q = _bench._q
 ARMS = ("optuna-tpe", "optuna-hyperband", "defaults")
 #: Seconds a run of ours spends beyond its budget (its stages' fixed costs), and a task's own
 #: overhead (data, warm-up, evaluations): for the estimate printed at the start.
-OURS_OVERHEAD_S, TASK_OVERHEAD_S = 3.0, 3.0
+OURS_OVERHEAD_S, TASK_OVERHEAD_S = 5.0, 5.0
 #: Ours is stopped (and counted as a crash that keeps the defaults) past this many times its budget
 #: plus these seconds: a run of ours that hangs would otherwise stop the whole benchmark.
 OURS_LIMIT_X, OURS_LIMIT_PLUS_S = 5.0, 120.0
@@ -286,12 +286,14 @@ def summary(results: list[dict[str, Any]], budgets: list[str]) -> dict[str, Any]
 
 
 def estimate_s(indices: list[int], args: argparse.Namespace) -> float:
-    """Seconds the run should take: each task's estimated unit times its arms' budgets, ours'
-    overhead, the task's own; over the jobs."""
+    """Seconds the run should take on a quiet machine: each task's estimated unit times its arms'
+    budgets, ours' overhead, the task's own; over the jobs (a busy machine's trainings are slower,
+    and so are its units: the pace printed after each task says it)."""
     total = 0.0
     for i in indices:
         unit = max(draw(args.seed, i, max_training_s=args.max_training_s).est_s, args.unit_floor_s)
-        per_rep = unit * (1 + 3 * sum(args.budgets) + (args.vs_optuna_at or 0) * (8.0 in args.budgets))
+        tpe = len(args.budgets) + (args.vs_optuna_at is not None)  # the TPE loop finishes its last trial
+        per_rep = unit * (1 + 3 * sum(args.budgets) + (args.vs_optuna_at or 0) + tpe)
         total += args.reps * (per_rep + OURS_OVERHEAD_S * len(args.budgets)) + TASK_OVERHEAD_S
     return total / args.jobs
 
@@ -400,7 +402,11 @@ def main(argv: list[str] | None = None) -> None:
     def done(rec: dict[str, Any]) -> None:
         results.append(rec)
         print_task(rec)
-        print(f"   [{len(results)}/{args.n} tasks, {(time.perf_counter() - started) / 60:.1f} min]", flush=True)
+        spent = time.perf_counter() - started
+        ran = len(results) - len(have)
+        left = spent / ran * (len(todo) - ran)  # the measured pace: the machine's load shows in it
+        print(f"   [{len(results)}/{args.n} tasks, {spent / 60:.1f} min; at this pace about {left / 60:.0f} min left]",
+              flush=True)
         _write(args, results)
 
     if args.jobs == 1:
