@@ -78,6 +78,8 @@ def test_a_drawn_task_trains_a_step_and_evaluates_on_disjoint_splits(index: int)
     train_rows = {r.flatten().numpy().tobytes() for r in x_tr}
     assert not any(r.flatten().numpy().tobytes() in train_rows for r in x_va[:100])
     assert not any(r.flatten().numpy().tobytes() in train_rows for r in x_te[:100])
+    val_rows = {r.flatten().numpy().tobytes() for r in x_va}
+    assert not any(r.flatten().numpy().tobytes() in val_rows for r in x_te[:100])
     res = fit(task, seed=0, device="cpu", max_steps=1)
     assert res.steps == 1
     assert torch.isfinite(torch.tensor(res.metrics["val_loss"]))
