@@ -5,8 +5,10 @@ val / test splits that do not overlap; and the draws cover the space the issue n
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +182,35 @@ def test_training_batches_drop_only_a_last_partial_batch_of_one(n: int, batch: i
     batches = _NoSingles(torch.arange(n).float()[:, None], torch.arange(n), batch, shuffle=True)
     assert [len(y) for _, y in batches] == sizes
     assert len(batches) == len(sizes)
+
+
+@pytest.fixture
+def _threads_back(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The runner sets one thread for the process (torch and ``PROFTUNE_THREADS``): put both back."""
+    monkeypatch.setenv("PROFTUNE_THREADS", "1")
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("_threads_back")
+def test_the_runner_measures_every_arm_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gen = _runner()
+    out = tmp_path / "r.json"
+    argv = ["--seed", "1", "--budgets", "2", "--max-training-s", "0.3", "--unit-floor-s", "0.5", "--out", str(out)]
+    gen.main([*argv, "--n", "1"])
+    first = json.loads(out.read_text())
+    (rec,) = first["results"]
+    assert "error" not in rec
+    cell = rec["budgets"]["2"]
+    for arm in ("ours", "optuna-tpe", "optuna-hyperband"):
+        assert 0.0 <= cell[arm][0]["test"] <= 1.0
+    assert cell["budget_s"] == pytest.approx(2 * rec["unit_s"])
+    gen.main([*argv, "--n", "2", "--resume"])
+    second = json.loads(out.read_text())
+    assert [r["name"] for r in second["results"]] == ["gen-1-0", "gen-1-1"]
+    assert second["results"][0] == rec  # kept, not measured again
+    printed = capsys.readouterr().out
+    assert "1 kept from" in printed
+    assert "ours - optuna-tpe" in printed
