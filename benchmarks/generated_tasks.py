@@ -319,6 +319,8 @@ class GeneratedTask(_Split3):
         if self.spec.schedule == "none":
             return None
         per_epoch = math.ceil(len(self._tensors()[0]) / int(params["batch_size"]))
+        if epochs is None and max_steps is None:  # the run's length unsaid: the task's own protocol
+            epochs = self.default_epochs
         total = min(s for s in (epochs * per_epoch if epochs else None, max_steps) if s is not None)
         if self.spec.schedule == "cosine":
             return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total))
@@ -553,6 +555,3 @@ def draw_tasks(seed: int, n: int, *, max_training_s: float | None = None) -> lis
     """``n`` tasks drawn with ``seed``; each a :class:`proftune.Task` with ``test_data``."""
     return [GeneratedTask(draw(seed, i, max_training_s=max_training_s)) for i in range(n)]
 
-
-def task_ids(tasks: Iterable[GeneratedTask]) -> list[str]:
-    return [t.name for t in tasks]
