@@ -64,7 +64,7 @@ import proftune
 from proftune._holdout import with_test_split
 from proftune.examples._digits import DigitsMLP
 from proftune.optimize import FinalOutputs
-from proftune.train import build_optimizer, evaluate_model, fit, seed_everything
+from proftune.train import evaluate_model, fit, seed_everything
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headroom_tasks import HEADROOM
@@ -134,11 +134,13 @@ def measure(task: proftune.Task, model: nn.Module, bs: int) -> dict[str, float]:
 # -- the arms -----------------------------------------------------------------------------------
 def plain_fit(task: proftune.Task, params: dict[str, Any], epochs: int, seed: int,
               report: Callable[[int, float], bool] | None = None) -> tuple[nn.Module, float]:
-    """A plain PyTorch loop: the task's batches, loss and optimizer; validation after each epoch.
-    ``report(epoch, value)`` returning True stops it (a pruner)."""
+    """A plain PyTorch loop: the task's batches, loss, optimizer and schedule (its own
+    ``configure_optimizer`` and ``configure_scheduler``, as a user's loop calls them); validation
+    after each epoch. ``report(epoch, value)`` returning True stops it (a pruner)."""
     seed_everything(seed)
     model = task.build_model(params)
-    opt = build_optimizer(model.parameters(), params)
+    opt = task.configure_optimizer(model, params)
+    sched = task.configure_scheduler(opt, params, epochs=epochs, max_steps=None)
     value = float("nan")
     for epoch in range(epochs):
         model.train()
@@ -149,6 +151,8 @@ def plain_fit(task: proftune.Task, params: dict[str, Any], epochs: int, seed: in
                 return model, float("nan")
             loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
         value = float(evaluate_model(task, model, torch.device("cpu"), int(params["batch_size"]))["accuracy"])
         if report is not None and report(epoch, value):
             break
@@ -188,9 +192,12 @@ def optuna_arm(task: proftune.Task, budget: float, seed: int, *, pruner: bool) -
         warnings.simplefilter("ignore")
         study.optimize(objective, timeout=budget, catch=(RuntimeError, ValueError))
     model, params = best["model"], best["params"]
+    if model is None:  # no trial finished with a finite loss: the user has nothing new
+        return {"test": float("nan"), "val": None, "trials": len(study.trials),
+                "wall": time.perf_counter() - started, "from": "nothing"}
     bs = int(params["batch_size"])
     return {"test": test_accuracy(task, model, bs), "val": best["value"], "trials": len(study.trials),
-            "wall": time.perf_counter() - started, **measure(task, model, bs)}
+            "wall": time.perf_counter() - started, "params": _searched(params), **measure(task, model, bs)}
 
 
 def defaults_arm(task: proftune.Task, seed: int) -> dict[str, Any]:
@@ -250,6 +257,12 @@ def _space(trial: Any, base: dict[str, Any], arch: tuple[str, int] | None) -> di
     return params
 
 
+def _searched(params: dict[str, Any]) -> dict[str, Any]:
+    """The values ``_space`` searches, of a trial's params."""
+    return {k: v for k, v in params.items()
+            if k in ("lr", "batch_size", "weight_decay", "dropout", "width", "hidden", "d_model")}
+
+
 def hyperband_arm(task: proftune.Task, budget: float, seed: int) -> dict[str, Any]:
     """Optuna TPE with its HyperbandPruner (resource: epochs; max resource: the task's own
     epochs), stopped at ``budget`` s of wall clock: a trial running at the end is cut (pruned)."""
@@ -299,7 +312,7 @@ def hyperband_arm(task: proftune.Task, budget: float, seed: int) -> dict[str, An
     bs = int(pick["params"]["batch_size"])
     return {"test": test_accuracy(task, pick["model"], bs), "val": pick["value"], "trials": len(states),
             "complete": complete, "wall": wall,
-            "params": {k: v for k, v in pick["params"].items() if k in ("lr", "batch_size", "weight_decay", "dropout")},
+            "params": _searched(pick["params"]),
             "from": "completed" if pick is best else "pruned only"}
 
 
