@@ -159,9 +159,14 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
     elif s.name == "compute":
         did = "computed " + (fmt(s.record(ComputeOutputs).computed.to_dict()) or "nothing")
     elif s.name == "layer_value":
-        found = s.record(LayerValueOutputs).findings
+        lv = s.record(LayerValueOutputs)
+        found = lv.findings
         did = (f"{len(found)} layer(s) cost far more time than they are worth: "
                + ", ".join(f.layer for f in found)) if found else "no layer costs far more time than it is worth"
+        unmeasured = [x.name for x in lv.layers if not x.measured]
+        did += f"; not measured (their outputs could not be replaced): {', '.join(unmeasured)}" if unmeasured else ""
+        essential = [x.name for x in lv.layers if x.essential]
+        did += f"; the model cannot work without {', '.join(essential)}: kept whole" if essential else ""
     elif s.name == "search":
         srch = s.record(SearchStageOutputs)
         numbers = f"best {fmt(after)}" + (f" (defaults {fmt(before)})" if before is not None else "")
