@@ -68,22 +68,14 @@ def _rule_row(value: str, share: float) -> Recommendation:
 
 @pytest.mark.parametrize(("ratio", "expected"), [(0.6, "bf16"), (1.0, "fp32")])
 def test_a_share_either_side_of_the_rules_threshold_gives_one_answer(ratio: float, expected: str) -> None:
+    # the share measured under load: 9% to 60% on one task in five runs
     task = PlateauMLP()
     cpu = torch.device("cpu")
     rows = [checked_precision_row(_rule_row(value, share), task, dict(task.default_params), device=cpu, seed=0,
                                   timer=_bursty(ratio, seed))
-            for seed, (value, share) in enumerate((("fp32", 0.45), ("bf16", 0.55)))]
-    assert [r.value for r in rows] == [expected, expected], [r.reason for r in rows]
+            for seed, (value, share) in enumerate((("fp32", 0.09), ("fp32", 0.45), ("bf16", 0.55)))]
+    assert [r.value for r in rows] == [expected] * 3, [r.reason for r in rows]
     assert all("Measured here" in r.reason or "keep fp32" in r.reason for r in rows)
-
-
-def test_no_speed_up_of_a_small_matmul_share_could_pay_so_it_is_not_measured() -> None:
-    def never(_precision: str) -> float:
-        raise AssertionError("a share below MIN_SHARE is not timed")
-
-    task = PlateauMLP()
-    row = checked_precision_row(_rule_row("fp32", 0.05), task, {}, device=torch.device("cpu"), seed=0, timer=never)
-    assert row.value == "fp32"
 
 
 def test_a_candidate_whose_short_training_ends_worse_is_not_adopted(monkeypatch: pytest.MonkeyPatch) -> None:
