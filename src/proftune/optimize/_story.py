@@ -157,7 +157,9 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
                + f"; profiled the step: {fmt_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
                f"{fmt(h.params)} params")
     elif s.name == "compute":
-        did = "computed " + (fmt(s.record(ComputeOutputs).computed.to_dict()) or "nothing")
+        computed = s.record(ComputeOutputs)
+        did = "computed " + (fmt(computed.computed.to_dict()) or "nothing")
+        did += f"; lr check: {computed.lr_check.describe()}" if computed.lr_check is not None else ""
     elif s.name == "layer_value":
         lv = s.record(LayerValueOutputs)
         found = lv.findings
