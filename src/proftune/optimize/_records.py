@@ -183,6 +183,12 @@ class ComputeOutputs(StageOutputs):
     #: where it did not win, ``computed`` holds no lr and the search centres on the defaults'.
     lr_check: LrCheck | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if d.get("lr_check") is None:
+            d.pop("lr_check", None)  # the JSON as it was before the check: nothing where nothing was checked
+        return d
+
     def reasons(self) -> dict[str, str]:
         """Each recommendation's reason by its name."""
         return {str(r["name"]): str(r.get("reason") or "") for r in self.recommendations}
