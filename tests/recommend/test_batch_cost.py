@@ -73,6 +73,24 @@ def test_the_step_timer_times_the_tasks_own_steps() -> None:
     assert 0 < ms < 1000
 
 
+class _NormMLP(PlateauMLP):
+    """A BatchNorm MLP: it cannot train at batch 1."""
+
+    def build_model(self, params: dict[str, Any]) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, 4))
+
+
+def test_a_batch_the_task_cannot_train_at_moves_toward_the_defaults() -> None:
+    task = _NormMLP()
+    timer = step_timer(task, dict(task.default_params), device=torch.device("cpu"), seed=0)
+    assert timer(1) == float("inf")
+    cost = bound_by_cost(1, default_batch=16, samples=400, timer=timer)
+    assert cost is not None
+    assert cost.batch > 1
+    assert cost.checks[0].epoch_ratio == float("inf")
+
+
 def _small_noise_scale(*_: Any, **__: Any) -> NoiseScaleResult:
     """A noise scale measured where the loss fell steeply, whose B_simple is 2 (a plateau's first fall)."""
     losses = tuple(3.6 - 0.05 * i for i in range(30))

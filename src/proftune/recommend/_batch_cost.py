@@ -30,7 +30,8 @@ MAX_EPOCH_COST = 2.0
 #: Paired rounds per batch checked; untimed and timed steps of each short run.
 ROUNDS, WARMUP, TIMED_STEPS = 3, 2, 5
 
-#: batch size -> one measured step time (ms) at that batch (median of a short run's timed steps).
+#: batch size -> one measured step time (ms) at that batch (median of a short run's timed steps);
+#: inf where the task cannot train at that batch, nan where nothing was timed.
 StepTimer = Callable[[int], float]
 
 
@@ -47,8 +48,11 @@ def step_timer(task: Task, params: dict[str, Any], *, device: torch.device, seed
 
     def measure(batch_size: int) -> float:
         cb = _StepTimes()
-        fit(task, {**params, "batch_size": int(batch_size)}, max_steps=WARMUP + TIMED_STEPS,
-            batch_size=int(batch_size), device=device, seed=seed, callbacks=[cb], evaluate=False, threads=1)
+        try:
+            fit(task, {**params, "batch_size": int(batch_size)}, max_steps=WARMUP + TIMED_STEPS,
+                batch_size=int(batch_size), device=device, seed=seed, callbacks=[cb], evaluate=False, threads=1)
+        except (RuntimeError, ValueError):  # e.g. BatchNorm at batch 1: no epoch trains there at all
+            return math.inf
         finite = [t for t in cb.ms[WARMUP:] if math.isfinite(t)]
         return statistics.median(finite) if finite else math.nan
 
@@ -109,10 +113,11 @@ def _epoch_ratio(timer: StepTimer, batch: int, default_batch: int, samples: int)
             t0, t1 = timer(default_batch), timer(batch)
         else:
             t1, t0 = timer(batch), timer(default_batch)
-        if not (math.isfinite(t0) and math.isfinite(t1)) or t0 <= 0:
+        if not math.isfinite(t0) or t0 <= 0 or math.isnan(t1):
             continue
         mine.append(t1)
         theirs.append(t0)
+        # a batch the task cannot train at (inf) costs more than any bound
         ratios.append((math.ceil(samples / batch) * t1) / (math.ceil(samples / default_batch) * t0))
     if not ratios:
         return math.nan, math.nan, math.nan
@@ -134,7 +139,7 @@ def bound_by_cost(batch: int, *, default_batch: int, samples: int, timer: StepTi
             default_ms = default_ms_b
         checks.append(CostCheck(batch=b, step_ms=step_ms, steps_per_epoch=math.ceil(samples / b),
                                 epoch_ratio=ratio))
-        if not math.isfinite(ratio) or ratio <= max_ratio:
+        if math.isnan(ratio) or ratio <= max_ratio:
             break
         nxt = min(default_batch, 2 * b) if b < default_batch else max(default_batch, b // 2)
         if nxt == default_batch:
