@@ -44,20 +44,43 @@ def _faster(ratio: float, seed: int, *, busy_share: float = 0.3) -> bool:
 
 
 def test_the_timed_verdict_is_the_same_when_measured_again() -> None:
-    # each seed is another measurement of the same machine: a candidate 40% faster is faster in
-    # every one of them, one no faster in none, whatever bursts of load hit the runs
-    faster = [_faster(0.6, seed) for seed in range(200)]
+    # each seed is another measurement of the same machine, 30% of its runs slowed 2.4x by load
+    # elsewhere: a candidate 45% faster reads faster in nearly all of them, one no faster in
+    # nearly none
+    faster = [_faster(0.55, seed) for seed in range(200)]
     same = [_faster(1.0, seed) for seed in range(200)]
-    assert all(faster), faster
-    assert not any(same), same
+    assert sum(faster) >= 190, sum(faster)
+    assert sum(same) <= 2, sum(same)
 
 
 def test_a_candidate_within_the_margin_is_not_adopted() -> None:
     assert not any(_faster(0.97, seed, busy_share=0.0) for seed in range(10))
     # two measurements that disagree are decided by a third
-    ratios, faster, decided = timed_verdict([3.0] * ROUNDS * 3, [2.0] * ROUNDS + [3.0] * ROUNDS + [2.0] * ROUNDS)
+    ratios, _, faster, decided = timed_verdict([3.0] * ROUNDS * 3, [2.0] * ROUNDS + [3.0] * ROUNDS + [2.0] * ROUNDS)
     assert (len(ratios), faster, decided) == (3, True, True)
-    assert timed_verdict([3.0] * ROUNDS * 2, [2.0] * ROUNDS + [3.0] * ROUNDS)[2] is False
+    assert timed_verdict([3.0] * ROUNDS * 2, [2.0] * ROUNDS + [3.0] * ROUNDS)[3] is False
+
+
+def _states(ratio: float, seed: int) -> Any:
+    """A shared machine's load states: a run takes 2.3, 4.4 or 6.5 ms a step in fp32 (8%, 30%, 62%
+    of runs, as measured on plateau-cnn under load), ``ratio`` x that in the candidate, +-3%."""
+    rng = random.Random(seed)
+
+    def measure(precision: str) -> float:
+        u = rng.random()
+        state = 0.37 if u < 0.08 else 0.7 if u < 0.38 else 1.0
+        return 6.5 * state * (1.0 if precision == "fp32" else ratio) * (1.0 + 0.03 * (2.0 * rng.random() - 1.0))
+
+    return measure
+
+
+def test_load_states_do_not_decide_the_precision() -> None:
+    # the fastest run or a median reads whichever state a precision's few runs caught: a candidate
+    # no faster than fp32 then read faster in about a quarter of the measurements
+    no_faster = [time_candidate("bf16", _states(1.0, seed))[3] for seed in range(200)]
+    much_faster = [time_candidate("bf16", _states(0.55, seed))[3] for seed in range(200)]
+    assert sum(no_faster) <= 4, sum(no_faster)
+    assert all(much_faster)
 
 
 def _rule_row(value: str, share: float) -> Recommendation:
