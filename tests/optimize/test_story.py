@@ -3,7 +3,7 @@ answers to a newcomer's questions for each way a run can end."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -21,10 +21,12 @@ from proftune.optimize import (
     StageRow,
     VsBaseline,
 )
-from proftune.optimize._changes import defaults_in_effect, param_changes
+from proftune.optimize._changes import defaults_in_effect, optimizer_defaults, param_changes
 from proftune.optimize._decide import Comparison
 from proftune.optimize._story import method_name, tell
 from proftune.train import build_optimizer
+
+from .tasks import TinyTask
 
 
 def _rows(params: dict[str, Any], **kw: Any) -> dict[str, dict[str, Any]]:
@@ -52,6 +54,31 @@ def test_sgd_s_weight_decay_default_is_zero() -> None:
     assert defaults_in_effect({"optimizer": "sgd"}, {})["weight_decay"] == 0.0
     rows = _rows({"optimizer": "sgd", "weight_decay": 0.01}, task_defaults={"optimizer": "sgd"})
     assert rows["weight_decay"]["changed"]
+
+
+class _OwnSGD(TinyTask):
+    """A task whose own ``configure_optimizer`` builds SGD with momentum and no weight decay."""
+
+    default_params: ClassVar[dict[str, Any]] = {"lr": 3e-4, "batch_size": 32}
+
+    def configure_optimizer(self, model: torch.nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=float(params.get("lr", 3e-4)), momentum=0.9)
+
+
+def test_the_defaults_shown_are_those_of_the_optimizer_the_task_builds() -> None:
+    # issue 60: "weight decay 0.01 -> 0.00095" for a task whose own SGD leaves it at 0
+    task = _OwnSGD()
+    built = optimizer_defaults(task, dict(task.default_params))
+    assert built == {"lr": 3e-4, "weight_decay": 0.0, "momentum": 0.9, "optimizer": "sgd"}
+    rows = _rows({"lr": 3e-3, "batch_size": 32, "weight_decay": 0.00095, "momentum": 0.9},
+                 task_defaults=dict(task.default_params), read_defaults={}, built=built)
+    assert rows["weight_decay"]["default"] == 0.0
+    assert rows["weight_decay"]["default_from"] == "task's optimizer"
+    assert rows["weight_decay"]["changed"]
+    assert rows["momentum"]["default"] == 0.9
+    assert not rows["momentum"]["changed"]
+    # the fit loop's own AdamW where the task builds none of its own
+    assert optimizer_defaults(TinyTask(), {"lr": 1e-3})["weight_decay"] == 0.01
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
@@ -133,3 +160,4 @@ def test_sentences_from_other_parts_are_rounded_but_versions_are_not() -> None:
     assert (rounded("costs only 0.7611 accuracy, lower bound +0.3211 > 0")
             == "costs only 0.761 accuracy, lower bound +0.321 > 0")
     assert rounded("torch 2.14.1, 0.5 and 12.5, 98%") == "torch 2.14.1, 0.5 and 12.5, 98%"
+

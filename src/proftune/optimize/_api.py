@@ -25,7 +25,7 @@ from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, redact_url
 from ..train import validate_params
 from ._budget import Budget
-from ._changes import ParamChange, param_changes
+from ._changes import ParamChange, optimizer_defaults, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
 from ._decide import ALPHA, prior_seed_std
 from ._final import (
@@ -328,7 +328,8 @@ class _Loop:
                     if arm.search_mean is not None else arm.source)
         rows = param_changes(arm.params, task_defaults=self.defaults, read_defaults=task_param_defaults(self.task),
                              computed=comp.computed.params(), reasons=comp.reasons(),
-                             fixed=self.state.record(SearchStageOutputs).fixed(), searched=searched)
+                             fixed=self.state.record(SearchStageOutputs).fixed(), searched=searched,
+                             built=optimizer_defaults(self.task, self.defaults))
         default_epochs = self.task.default_epochs
         runs = {r.epochs for r in arm.runs if not r.cut}
         epochs = arm.epochs or (runs.pop() if len(runs) == 1 else None)

@@ -43,6 +43,7 @@ from ._final import (
     run_final,
 )
 from ._layer_value import LayerFinding, keep_layers, layer_values
+from ._lr_check import check_computed_lr, short_check_seconds
 from ._measure import _Capture, _figures, _latency_ms, _params_key, _same, _samples, _steps_per_epoch
 from ._numbers import fmt_ms, method_name
 from ._plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
@@ -226,9 +227,16 @@ class Compute(BaseStage):
                          precision_check=0.1 * steps >= 160)  # the timed rounds and two short trainings
         computed = ComputedValues.from_recommendations(
             recs, own_optimizer=str(loop.defaults.get("optimizer", "adamw")))
+        # the computed lr is a hypothesis: a few seconds of it against the defaults' before the
+        # search centres on it (a rate read off a loss that only came back to chance trains nothing)
+        lr_check = check_computed_lr(loop.task, loop.defaults, computed, metric=loop.v.metric,
+                                     maximize=loop.v.maximize, seconds=short_check_seconds(share),
+                                     device=loop.dev, seed=loop.cfg.seed, val_samples=loop.holdout.val_samples)
+        if lr_check is not None and not lr_check.used:
+            computed = dataclasses.replace(computed, lr=None)
         max_batch = BatchSizeEvidence.of(recs.get("batch_size")).max_batch_size
         return StageResult(ComputeOutputs(
-            computed=computed, max_batch_size=max_batch, run_id=recs.run_id,
+            computed=computed, max_batch_size=max_batch, run_id=recs.run_id, lr_check=lr_check,
             steps={"lr_range_test": lr_steps, "lr_ladder": ladder_steps, "noise_scale": noise_steps,
                    "optimizer_budget_s": optimizer_s, "step_ms": prof.step.time_ms, "share_steps": steps},
             recommendations=[{"name": r.name, "value": r.value, "reason": r.reason,

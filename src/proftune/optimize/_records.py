@@ -24,6 +24,7 @@ from ..exceptions import ConfigError
 from ._computed import ComputedValues
 from ._final_records import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
+from ._lr_check import LrCheck
 from ._plan import BudgetPlan
 from ._search_records import ConfigGroup, TrialLog, YellowFlag
 from ._space import SearchPlan
@@ -169,7 +170,7 @@ class ComputeOutputs(StageOutputs):
     """What ``recommend`` computed: the values the search centres on, and their reasons."""
 
     STAGE: ClassVar[str] = "compute"
-    READERS: ClassVar[dict[str, Reader]] = {"computed": ComputedValues.from_dict}
+    READERS: ClassVar[dict[str, Reader]] = {"computed": ComputedValues.from_dict, "lr_check": LrCheck.from_dict}
     #: The values computed (its JSON: only those, by name).
     computed: ComputedValues = field(default_factory=ComputedValues)
     max_batch_size: int | None = None
@@ -178,6 +179,15 @@ class ComputeOutputs(StageOutputs):
     steps: dict[str, Any] = field(default_factory=dict)
     #: ``name``, ``value``, ``reason``, ``confidence``, ``effect`` of each recommendation.
     recommendations: list[dict[str, Any]] = field(default_factory=list)
+    #: The computed lr's short run against the defaults' (None: no lr computed, or not checked);
+    #: where it did not win, ``computed`` holds no lr and the search centres on the defaults'.
+    lr_check: LrCheck | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if d.get("lr_check") is None:
+            d.pop("lr_check", None)  # the JSON as it was before the check: nothing where nothing was checked
+        return d
 
     def reasons(self) -> dict[str, str]:
         """Each recommendation's reason by its name."""

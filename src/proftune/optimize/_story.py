@@ -157,11 +157,18 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
                + f"; profiled the step: {fmt_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
                f"{fmt(h.params)} params")
     elif s.name == "compute":
-        did = "computed " + (fmt(s.record(ComputeOutputs).computed.to_dict()) or "nothing")
+        computed = s.record(ComputeOutputs)
+        did = "computed " + (fmt(computed.computed.to_dict()) or "nothing")
+        did += f"; lr check: {computed.lr_check.describe()}" if computed.lr_check is not None else ""
     elif s.name == "layer_value":
-        found = s.record(LayerValueOutputs).findings
+        lv = s.record(LayerValueOutputs)
+        found = lv.findings
         did = (f"{len(found)} layer(s) cost far more time than they are worth: "
                + ", ".join(f.layer for f in found)) if found else "no layer costs far more time than it is worth"
+        unmeasured = [x.name for x in lv.layers if not x.measured]
+        did += f"; not measured (their outputs could not be replaced): {', '.join(unmeasured)}" if unmeasured else ""
+        essential = [x.name for x in lv.layers if x.essential]
+        did += f"; the model cannot work without {', '.join(essential)}: kept whole" if essential else ""
     elif s.name == "search":
         srch = s.record(SearchStageOutputs)
         numbers = f"best {fmt(after)}" + (f" (defaults {fmt(before)})" if before is not None else "")

@@ -25,6 +25,7 @@ from ..profile import Profile
 from ..task import Task, load_task
 from ..track import Store, tracked_run
 from ._accumulation import StepCost, plan_accumulation
+from ._batch_cost import StepTimer, bound_by_cost, step_timer
 from ._batch_size import BatchSizeResult
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult
@@ -253,10 +254,15 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
         data_note = f"; {target_src} {target} is bounded by the data: {data.describe()}"
         target = data.cap
     batch = min(target, max_batch) if max_batch is not None else target
+    checked, cost_note, cost_ev = _epoch_cost(task, params, batch, b_prof, data, more, max_batch=max_batch,
+                                              user_batch=target_batch is not None, device=device, seed=seed,
+                                              say=say)
+    data_note += cost_note
     evidence: dict[str, Any] = {"target_batch": target, "target_from": target_src,
                                 "profile_batch_size": b_prof,
                                 "profile_peak_bytes": prof.memory.peak_bytes,
-                                **({"data": data.to_dict()} if data is not None else {})}
+                                **({"data": data.to_dict()} if data is not None else {}),
+                                **cost_ev}
     if batch_result is not None:
         evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
                          "measured_peak_bytes": batch_result.measured_peak_bytes,
@@ -279,6 +285,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
                "pass memory_budget= to bound it by memory")
         conf = "medium" if b_crit else "low"
     why += data_note
+    batch, target = checked, max(target, checked)
     time_ms = step.time_ms * batch / b_prof if step.time_ms and b_prof else None
     recs["batch_size"] = Recommendation(
         "batch_size", batch, why + ".", evidence, conf,
@@ -361,6 +368,23 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
                                    "noise_scale": list(ns.history) if ns is not None else []})
 
 
+def _epoch_cost(task: Task, params: dict[str, Any], batch: int, b_prof: int, data: DataBound | None,
+                more: _MoreRows, *, max_batch: int | None, user_batch: bool, device: torch.device, seed: int,
+                say: Callable[[str], None]) -> tuple[int, str, dict[str, Any]]:
+    """A computed batch is a hypothesis: an epoch at it timed against the defaults' epoch. (the
+    batch to use, what the reason adds, the evidence): ``batch`` unchecked where it is the user's
+    own target, or the data has no countable samples, or the check is off."""
+    if data is None or user_batch or not more.batch_cost:
+        return batch, "", {}
+    say("batch cost")
+    cost = bound_by_cost(batch, default_batch=b_prof, samples=data.samples,
+                         timer=more.timer or step_timer(task, params, device=device, seed=seed))
+    if cost is None:
+        return batch, "", {}
+    # never above what memory holds (a budget below the profiled batch's peak)
+    return min(cost.batch, max_batch or cost.batch), cost.note(), {"epoch_cost": cost.to_dict()}
+
+
 def _critical_row(ns: NoiseScaleResult | None, ns_evidence: dict[str, Any], ns_lr: Any, *, micro: int,
                   small: int) -> tuple[int | None, Recommendation]:
     """The critical batch (None where not measured, or measured where the model was not learning)
@@ -412,6 +436,9 @@ class _MoreRows:
     ddp: int | None = None
     ddp_share: float = 0.10
     precision_check: bool = True
+    #: Whether a computed batch's epoch is timed against the defaults' (and by what: None, the task's steps).
+    batch_cost: bool = True
+    timer: StepTimer | None = None
 
 
 def _more_rows(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, more: _MoreRows, *,

@@ -30,13 +30,44 @@ from .._optimizers import DEFAULT_LR
 from .._paths import replacing
 from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, DependencyError, ProblemCollector
-from ..task import Task, load_task
+from ..task import ClassificationTask, Task, TaskWrapper, load_task
 from ..train import Callback, FitState, fit
 from ._lr_ladder import LadderResult, run_lr_ladder
 
 #: The suggestion sits this many times below the lr of the smoothed minimum (one decade:
 #: Smith 2017, fastai's ``minimum/10``); clamped into the descending region.
 SUGGEST_FACTOR = 10.0
+#: Labels read, at most, to estimate a classification task's chance-level loss.
+CHANCE_SAMPLES = 1 << 15
+
+
+def chance_loss(task: Task, params: dict[str, Any], batch_size: int) -> float | None:
+    """The training loss of the best constant prediction, where it is known: for a task whose loss is
+    :class:`~proftune.ClassificationTask`'s cross-entropy, the entropy of its training labels (ln 10
+    for ten balanced classes). None for any other loss. A loss that falls only to it has learned the
+    labels' frequencies, not the inputs (a plateau-start CNN's loss from 3.64 back to 2.30)."""
+    inner = task
+    while isinstance(inner, TaskWrapper) and type(inner).loss is TaskWrapper.loss:
+        inner = inner.inner
+    if not isinstance(inner, ClassificationTask) or type(inner).loss is not ClassificationTask.loss:
+        return None
+    counts: dict[int, int] = {}
+    seen = 0
+    try:
+        for batch in task.train_data(batch_size, params):
+            y = batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
+            if not isinstance(y, torch.Tensor) or y.dtype not in (torch.int64, torch.int32) or y.dim() != 1:
+                return None  # soft or multi-dimensional targets: no one constant prediction to read
+            for label, n in zip(*torch.unique(y, return_counts=True), strict=True):
+                counts[int(label)] = counts.get(int(label), 0) + int(n)
+            seen += int(y.numel())
+            if seen >= CHANCE_SAMPLES:
+                break
+    except (TypeError, ValueError, IndexError):
+        return None
+    if seen < 2:
+        return None
+    return float(-sum((n / seen) * math.log(n / seen) for n in counts.values()))
 
 
 @dataclass(frozen=True)
@@ -222,13 +253,15 @@ class CurveReading:
     message: str | None
 
 
-def suggest_lr(lrs: Any, losses: Any, *, diverged: bool = False, factor: float = SUGGEST_FACTOR) -> CurveReading:
+def suggest_lr(lrs: Any, losses: Any, *, diverged: bool = False, factor: float = SUGGEST_FACTOR,
+               chance: float | None = None) -> CurveReading:
     """Read a range-test curve: where the loss starts to fall, its minimum, where it blows up.
 
     ``suggested_lr`` is the lr of the smoothed minimum divided by ``factor``, clamped into
     ``[min_lr, lr_at_min_loss]``; when that region is narrower than ``factor``, its geometric
     middle. No suggestion when the loss rose from the first step or never fell significantly
-    (significance: a drop larger than both 2% of the start level and 3 noise standard errors).
+    (significance: a drop larger than both 2% of the start level and 3 noise standard errors),
+    or fell only to ``chance`` (the best constant prediction's loss, where known) within that margin.
     """
     lr = np.asarray(lrs, dtype=float)
     raw = np.asarray(losses, dtype=float)
@@ -254,7 +287,14 @@ def suggest_lr(lrs: Any, losses: Any, *, diverged: bool = False, factor: float =
     resid = y - sm
     noise = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
     window = 2 * max(1, n // 20) + 1
-    significant = drop > max(0.02 * abs(start_level), 3.0 * noise / math.sqrt(window), 1e-12)
+    margin = max(0.02 * abs(start_level), 3.0 * noise / math.sqrt(window), 1e-12)
+    significant = drop > margin
+    if significant and chance is not None and float(sm[i_min]) > chance - max(0.02 * chance,
+                                                                             3.0 * noise / math.sqrt(window)):
+        return CurveReading(None, None, None, None, full_sm,
+                            f"the loss fell from {start_level:.4g} only to {float(sm[i_min]):.4g}, chance level "
+                            f"(the best constant prediction's loss is {chance:.4g}): it learned the labels' "
+                            "frequencies, not the inputs, so no rate is read off it.")
     # blows up: first point after the minimum where the smoothed loss has lost half its drop
     above = np.nonzero(sm[i_min:] > float(sm[i_min]) + 0.5 * max(drop, 0.0))[0]
     i_blow = i_min + int(above[0]) if len(above) else None
@@ -406,7 +446,8 @@ def run_lr_range_test(
             optimizer.load_state_dict(saved_opt[0])
             for group, old in zip(optimizer.param_groups, saved_opt[1], strict=True):
                 group["lr"] = old["lr"]
-    reading = suggest_lr(callback.seen_lrs, callback.losses, diverged=callback.diverged)
+    chance = chance_loss(task_obj, merged, int(result.params.get("batch_size", 32)))
+    reading = suggest_lr(callback.seen_lrs, callback.losses, diverged=callback.diverged, chance=chance)
     opt_name = type(optimizer if optimizer is not None else result.optimizer).__name__
     return LRFindResult(
         suggested_lr=reading.suggested_lr, min_lr=reading.min_lr, max_lr=reading.max_lr,
@@ -416,6 +457,7 @@ def run_lr_range_test(
         diverged=callback.diverged, stop_reason=result.stop_reason, message=reading.message,
         start_lr=float(min_lr), end_lr=float(max_lr), steps_planned=steps,
         batch_size=int(result.params.get("batch_size", 0)), optimizer=opt_name,
+        extra={"chance_loss": chance} if chance is not None else {},
     )
 
 
@@ -431,7 +473,8 @@ def decide_by_ladder(result: LRFindResult, task: Task | str, params: dict[str, A
     own = merged.get("lr")
     centre = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else DEFAULT_LR
     ladder = run_lr_ladder(task_obj, merged, centre_lr=centre, rungs=rungs, steps=max(8, int(steps)),
-                           batch_size=result.batch_size or None, device=device, seed=seed)
+                           batch_size=result.batch_size or None, device=device, seed=seed,
+                           chance=result.extra.get("chance_loss"))
     sweep = result.message or "the range test suggested no rate"
     if ladder.best_lr is None:
         return dataclasses.replace(result, ladder=ladder,

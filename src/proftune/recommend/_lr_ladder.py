@@ -23,8 +23,8 @@ from ..exceptions import ConfigError
 from ..task import Task
 from ..train import Callback, FitState, fit
 
-__all__ = ["LADDER_FACTOR", "LadderResult", "LadderRung", "fell_beyond_noise", "loss_trend", "read_ladder",
-           "run_lr_ladder"]
+__all__ = ["LADDER_FACTOR", "LadderResult", "LadderRung", "below_chance", "fell_beyond_noise", "loss_trend",
+           "read_ladder", "run_lr_ladder"]
 
 #: Neighbouring rungs are this factor apart: half a decade.
 LADDER_FACTOR = math.sqrt(10.0)
@@ -117,13 +117,30 @@ def _rung(lr: float, losses: list[float], steps: int) -> LadderRung:
                       noise=noise, diverged=blown)
 
 
-def read_ladder(rungs: list[LadderRung]) -> LadderResult:
-    """The rate whose loss ended lowest among those that fell beyond noise (None: none fell)."""
+def below_chance(rung: LadderRung, chance: float | None) -> bool:
+    """Whether the rung's loss ended below ``chance`` (the best constant prediction's loss; None:
+    not known, so any fall counts) by more than 2% of it and 3 standard errors of its noise."""
+    if chance is None:
+        return True
+    if rung.end_loss is None:
+        return False
+    margin = max(0.02 * chance, 3.0 * (rung.noise or 0.0) / math.sqrt(max(1, rung.steps // 4)))
+    return rung.end_loss < chance - margin
+
+
+def read_ladder(rungs: list[LadderRung], *, chance: float | None = None) -> LadderResult:
+    """The rate whose loss ended lowest among those that fell beyond noise and below ``chance``
+    (where known: a fall only to chance learned the labels' frequencies; None: none learned)."""
     ordered = sorted(rungs, key=lambda r: r.lr)
-    learned = [r for r in ordered if r.fell()]
+    learned = [r for r in ordered if r.fell() and below_chance(r, chance)]
     if not learned:
+        at_chance = ("" if chance is None or not any(r.fell() for r in ordered) else
+                     f" (those whose loss fell ended at chance level, {chance:.4g})")
         return LadderResult(rungs=ordered, best_lr=None,
-                            message=(f"the loss fell beyond its noise at none of {len(ordered)} rates "
+                            message=(f"the loss fell beyond its noise and below chance at none of {len(ordered)} "
+                                     f"rates {ordered[0].lr:.3g}..{ordered[-1].lr:.3g}{at_chance}"
+                                     if chance is not None and ordered else
+                                     f"the loss fell beyond its noise at none of {len(ordered)} rates "
                                      f"{ordered[0].lr:.3g}..{ordered[-1].lr:.3g}" if ordered else "no rung ran"))
     best = min(learned, key=lambda r: float(r.end_loss or math.inf))
     return LadderResult(rungs=ordered, best_lr=best.lr,
@@ -138,10 +155,12 @@ def _ladder_rates(centre: float, rungs: int) -> list[float]:
 
 
 def run_lr_ladder(task: Task, params: dict[str, Any], *, centre_lr: float, rungs: int = 7, steps: int = 100,
-                  batch_size: int | None = None, device: str | torch.device = "auto", seed: int = 0) -> LadderResult:
+                  batch_size: int | None = None, device: str | torch.device = "auto", seed: int = 0,
+                  chance: float | None = None) -> LadderResult:
     """Train ``steps`` steps at each of ``rungs`` rates centred on ``centre_lr`` (half a decade
     apart, one seed), and up to two rungs more beyond an edge whose rate ended lowest (upward where
-    no rate's loss fell and the top one was stable: a plateau)."""
+    no rate's loss fell and the top one was stable: a plateau). ``chance``: the best constant
+    prediction's loss, where known; a rate whose loss fell only to it learned nothing."""
     if not (isinstance(centre_lr, (int, float)) and math.isfinite(centre_lr) and centre_lr > 0):
         raise ConfigError(f"the lr ladder needs a positive, finite centre, but got {centre_lr=}.")
     if isinstance(rungs, bool) or not isinstance(rungs, int) or rungs < 3:
@@ -160,7 +179,7 @@ def run_lr_ladder(task: Task, params: dict[str, Any], *, centre_lr: float, rungs
     for lr in _ladder_rates(float(centre_lr), rungs):
         train(lr)
     for _ in range(MAX_EXTENSION):
-        reading = read_ladder(list(done.values()))
+        reading = read_ladder(list(done.values()), chance=chance)
         ordered = sorted(done)
         if reading.best_lr is None:
             # nothing fell: a plateau at every rate tried goes on upward while the top rate is stable
@@ -173,4 +192,4 @@ def run_lr_ladder(task: Task, params: dict[str, Any], *, centre_lr: float, rungs
             train(ordered[0] / LADDER_FACTOR)
         else:
             break
-    return read_ladder(list(done.values()))
+    return read_ladder(list(done.values()), chance=chance)

@@ -109,6 +109,9 @@ def precision_rule(profile: Profile) -> Recommendation:
                                  "fp32 and run slower than fp32 itself, so autocast would cost time.")
     else:
         choice, why = None, f"device type {device.type!r} is not one whose autocast speed proftune knows."
+    # the precision the device could run faster, before the share's threshold: a timed check
+    # decides it where the share is near the threshold (a share measured twice lands either side)
+    evidence["candidate"] = choice
     if choice is not None and share < MATMUL_SHARE_THRESHOLD:
         why = (f"{why} But matmul/conv take only {share:.0%} of the measured step (threshold "
                f"{MATMUL_SHARE_THRESHOLD:.0%}): autocast would save at most "

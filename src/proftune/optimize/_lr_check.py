@@ -1,0 +1,102 @@
+"""A computed learning rate checked on the task before the search centres on it.
+
+The range test's rate is a hypothesis read off 100 steps of a sweep: on a plateau-start CNN it
+suggested 0.0316 from a loss that only came back from 3.64 to chance (2.30), and the search then
+spent its trainings around a rate that did not train. So the computed rate (at the computed batch)
+and the task's own each train for the same few seconds from one seed, and the computed rate is
+the search's centre only where its short run ends better on the task's metric by more than one
+validation sample's worth; otherwise the centre stays the defaults' rate, and the output says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from .._jsonsafe import finite_float
+from .._records import JsonRecord
+from ..task import Task
+from ..train import evaluate_model, fit
+from ._computed import ComputedValues
+
+__all__ = ["LrCheck", "check_computed_lr", "short_check_seconds"]
+
+#: The seconds each short run trains: a share of the compute stage's, within these bounds.
+MIN_SECONDS, MAX_SECONDS, SHARE = 1.0, 3.0, 0.12
+
+
+def short_check_seconds(share_s: float) -> float:
+    """Seconds of each of the two short runs for a compute stage of ``share_s`` seconds."""
+    return min(MAX_SECONDS, max(MIN_SECONDS, SHARE * share_s))
+
+
+@dataclass(frozen=True)
+class LrCheck(JsonRecord):
+    """The computed rate's short run against the defaults' at the same wall clock, and the verdict."""
+
+    WHAT: ClassVar[str] = "the computed lr's short check"
+    computed_lr: float
+    default_lr: float | None
+    batch_size: int
+    seconds: float
+    metric: str
+    maximize: bool
+    defaults_value: float | None
+    computed_value: float | None
+    defaults_steps: int
+    computed_steps: int
+    margin: float
+    used: bool
+
+    def describe(self) -> str:
+        """One line: both short runs, and whether the search centres on the computed rate."""
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.4g}"
+
+        runs = (f"{self.seconds:.1f} s each from one seed: the computed lr {self.computed_lr:.3g} (batch "
+                f"{self.batch_size}, {self.computed_steps} steps) reached {self.metric} {fmt(self.computed_value)}, "
+                f"the defaults' lr {fmt(self.default_lr)} ({self.defaults_steps} steps) "
+                f"{fmt(self.defaults_value)}")
+        if self.used:
+            return f"{runs}: better by more than {self.margin:.3g}, so the search centres on the computed lr"
+        return (f"{runs}: not better by more than {self.margin:.3g}, so the search centres on the defaults' lr "
+                "(the computed one is a hypothesis this check did not confirm)")
+
+
+def _short(task: Task, params: dict[str, Any], *, seconds: float, metric: str, device: torch.device,
+           seed: int) -> tuple[float | None, int]:
+    from ._budget import Deadline  # _budget reads the stages, whose records hold this one
+
+    deadline = Deadline(seconds)
+    result = fit(task, params, epochs=max(1, int(task.default_epochs)), device=device, seed=seed,
+                 callbacks=[deadline], evaluate=False)
+    metrics = evaluate_model(task, result.model, device, int(params.get("batch_size", 32)))
+    return finite_float(metrics.get(metric)), int(result.steps)
+
+
+def check_computed_lr(task: Task, defaults: dict[str, Any], computed: ComputedValues, *, metric: str,
+                      maximize: bool, seconds: float, device: torch.device, seed: int,
+                      val_samples: int | None) -> LrCheck | None:
+    """The computed rate (at the computed batch) and the defaults each trained ``seconds`` from
+    ``seed``; None where there is no computed rate, or it is the defaults' own."""
+    own = defaults.get("lr")
+    default_lr = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) else None
+    if computed.lr is None or (default_lr is not None and math.isclose(computed.lr, default_lr, rel_tol=0.05)):
+        return None
+    batch = int(computed.batch_size or defaults.get("batch_size") or 32)
+    mine = {**defaults, "lr": computed.lr, "batch_size": batch}
+    base_value, base_steps = _short(task, dict(defaults), seconds=seconds, metric=metric, device=device, seed=seed)
+    value, steps = _short(task, mine, seconds=seconds, metric=metric, device=device, seed=seed)
+    margin = 1.0 / val_samples if val_samples else 0.0
+    used = False
+    if value is not None and base_value is not None:
+        gain = (value - base_value) if maximize else (base_value - value)
+        used = gain > margin
+    elif value is not None:
+        used = True  # the defaults' short run gave no finite metric
+    return LrCheck(computed_lr=float(computed.lr), default_lr=default_lr, batch_size=batch, seconds=float(seconds),
+                   metric=metric, maximize=maximize, defaults_value=base_value, computed_value=value,
+                   defaults_steps=base_steps, computed_steps=steps, margin=margin, used=used)
