@@ -14,21 +14,26 @@ from __future__ import annotations
 
 from ._channel import REPORT_ENV, report
 from ._flags import Flag, ScriptFlags, read_flags
+from ._loop import SKIPPED_STAGES, load_script, optimize_script, tune_script
 from ._process import ScriptRun, metric_lines, run_process
 from ._space import script_space
 from ._task import ScriptFailed, ScriptTask, imports_torch
 
 __all__ = [
     "REPORT_ENV",
+    "SKIPPED_STAGES",
     "Flag",
     "ScriptFailed",
     "ScriptFlags",
     "ScriptRun",
     "ScriptTask",
     "imports_torch",
+    "load_script",
     "metric_lines",
+    "optimize_script",
     "read_flags",
     "report",
     "run_process",
     "script_space",
+    "tune_script",
 ]

@@ -168,6 +168,10 @@ class ScriptTask(ObjectiveTask):
                                + "\n".join(run.tail[-8:]))
         return {**run.profile, **run.metrics}
 
+    def output(self) -> list[str]:
+        """The last lines the last run of the script printed (kept with its Run)."""
+        return list(self.runs[-1].tail) if self.runs else []
+
     def source(self) -> str | None:
         """Where the first metric was read from in the last run that had it."""
         for run in reversed(self.runs):
