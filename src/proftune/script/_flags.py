@@ -47,7 +47,7 @@ class Flag:
     @property
     def settable(self) -> bool:
         """A single value the command line can set: an optional flag of a plain type."""
-        return bool(self.options) and self.type in SETTABLE and self.nargs in (None, "?")
+        return bool(self.options) and self.type in SETTABLE and (self.type == "bool" or self.nargs in (None, "?"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
