@@ -67,21 +67,25 @@ def test_flags_are_read_without_running_the_training(script: Path, tmp_path: Pat
     marker = tmp_path / "ran.txt"
     flags = read_flags(["python", str(script), "--marker", str(marker)])
     assert not marker.exists()  # the parse was the end of it
-    assert flags["lr"].default == 1e-4 and flags["lr"].type == "float"
-    assert flags["batch_size"].option == "--batch-size" and flags["batch_size"].type == "int"
+    assert flags["lr"].default == 1e-4
+    assert flags["lr"].type == "float"
+    assert flags["batch_size"].option == "--batch-size"
+    assert flags["batch_size"].type == "int"
     assert flags["act"].choices == ("relu", "tanh")
     assert flags["crash"].type == "bool"
     task = ScriptTask(["python", str(script), "--marker", str(marker)], metrics=["val_acc"], flags=flags)
     space = script_space(task).to_dict()["params"]
     assert space["act"] == {"type": "categorical", "choices": ["relu", "tanh"]}
-    assert space["lr"]["log"] and space["lr"]["low"] < 1e-4 < space["lr"]["high"]
+    assert space["lr"]["log"]
+    assert space["lr"]["low"] < 1e-4 < space["lr"]["high"]
     assert 32 in space["batch_size"]["choices"]
     assert not {"seed", "epochs", "marker", "crash"} & set(space)  # the protocol stays as the script has it
     narrowed = script_space(task, {"params": {"lr": {"type": "float", "low": 0.001, "high": 0.05, "log": True}},
                                    "fixed": {"act": "tanh"}}).to_dict()
-    assert narrowed["params"]["lr"]["high"] == 0.05 and narrowed["fixed"] == {"act": "tanh"}
+    assert narrowed["params"]["lr"]["high"] == 0.05
+    assert narrowed["fixed"] == {"act": "tanh"}
     assert "act" not in narrowed["params"]
-    with pytest.raises(ConfigError, match="'width' is not a flag.*valid.*batch_size"):
+    with pytest.raises(ConfigError, match=r"'width' is not a flag.*valid.*batch_size"):
         script_space(task, {"params": {"width": {"type": "int", "low": 1, "high": 4}}})
     assert not marker.exists()
 
@@ -89,7 +93,7 @@ def test_flags_are_read_without_running_the_training(script: Path, tmp_path: Pat
 def test_a_script_without_argparse_is_a_clear_error(tmp_path: Path) -> None:
     plain = tmp_path / "plain.py"
     plain.write_text("print('val_acc=0.5')\n")
-    with pytest.raises(ConfigError, match="no argparse flags.*parse_args"):
+    with pytest.raises(ConfigError, match=r"no argparse flags.*parse_args"):
         read_flags(["python", str(plain)])
 
 
@@ -146,7 +150,8 @@ def test_a_crash_is_a_failed_trial_with_its_last_lines(script: Path, db_url: str
     result = tune_script(task, space, obj, trials=4, db=db_url, seed=0, sampler="random", reevaluate=0.0)
     failed = [t for t in result.trials if t.state == "failed"]
     complete = [t for t in result.trials if t.state == "complete"]
-    assert failed and complete  # the study went on past the crash
+    assert failed
+    assert complete
     assert all(t.params["crash"] for t in failed)
     assert "boom at the start of training" in (failed[0].reason or "")
 
@@ -161,7 +166,8 @@ def test_pruning_ends_the_process(script: Path) -> None:
     started = time.perf_counter()
     run = run_process([str(script), "--epochs", "50", "--sleep", "0.2", "--lr", "0.001"], watch="val_acc",
                       should_stop=stop, grace_s=2.0)
-    assert run.pruned and run.exit_code != 0
+    assert run.pruned
+    assert run.exit_code != 0
     assert [s for s, _ in seen][:2] == [1, 2]  # the n-th line of the metric is step n
     assert time.perf_counter() - started < 8.0  # 50 epochs at 0.2 s would be 10 s
 
@@ -190,7 +196,8 @@ def test_sigterm_to_proftune_leaves_no_child(script: Path, tmp_path: Path) -> No
     from proftune.track import Store
 
     runs = Store(db).list_runs(kind="tune")
-    assert runs and runs[0].status == "interrupted"
+    assert runs
+    assert runs[0].status == "interrupted"
 
 
 def test_tune_end_to_end_leaves_the_script_unchanged(script: Path, db_url: str) -> None:
@@ -202,7 +209,8 @@ def test_tune_end_to_end_leaves_the_script_unchanged(script: Path, db_url: str) 
     assert d["script"]["metric_source"].startswith("val_acc read from `val_acc=value`")
     best = d["script"]["best_params"]
     assert d["best"]["metrics"]["val_acc"] > 0.2  # the default rate (1e-4) leaves ~0.2
-    assert d["script"]["best_command"].startswith(f"python {script}") and f"--lr {best['lr']:.6g}" in \
+    assert d["script"]["best_command"].startswith(f"python {script}")
+    assert f"--lr {best['lr']:.6g}" in \
         d["script"]["best_command"]
     assert script.read_bytes() == before
 
@@ -215,3 +223,25 @@ def test_optimize_on_a_script_file_says_to_run_it_as_a_script(script: Path, tmp_
     assert res.exit_code == 2
     assert "this is a script: use `proftune optimize -- python" in res.output.lower().replace("\n", " ")
     assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_optimize_on_a_script_beats_its_bad_default_rate(script: Path, db_url: str) -> None:
+    """The loop on a script whose default rate (1e-4) is far below the best: its defaults, a search,
+    the race paired by --seed, and the flags to pass, each flag by its argparse name."""
+    before = script.read_bytes()
+    res = CliRunner().invoke(app, ["optimize", "--json", "--db", db_url, "--budget", "25s", "--",
+                                   "python", str(script), "--objective", "val_acc:max"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    stages = {s["stage"]: s for s in d["stages"]}
+    assert stages["compress"]["status"] == "skipped" and stages["compress"]["did"]
+    assert stages["search"]["status"] == "finished"
+    vs = d["vs_baseline"]
+    assert vs["paired"] and vs["rounds"] >= 2
+    assert d["final"]["adopted"], d["final"]["decision"]
+    params = d["final"]["params"]
+    assert set(params) >= {"lr", "batch_size", "epochs"} and params["lr"] > 1e-3
+    assert vs["best_test"]["mean"] > vs["defaults_test"]["mean"] + 0.3
+    assert d["final"]["command"].startswith(f"python {script}")
+    assert script.read_bytes() == before

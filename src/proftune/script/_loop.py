@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import ConfigError, ProblemCollector, ProftuneError
+from ..exceptions import ConfigError, ProblemCollector, ProftuneError, RunFailedError
 from ..optimize import compare_race
 from ..search import Objective, SearchResult, Space, parse_objective, search
 from ..track import Store, environment, open_store
@@ -29,6 +29,8 @@ SKIPPED_STAGES = {
 }
 #: Rounds of the race (each one run of the best and one of the defaults), at least and at most.
 MIN_ROUNDS, MAX_ROUNDS = 2, 5
+#: A trial of the search may take this many times the defaults' run before it is ended.
+TRIAL_CAP = 3.0
 
 
 def load_script(command: Sequence[str], *, objective: str | None, constraints: Sequence[str] = (),
@@ -67,6 +69,27 @@ def _mean_std(values: Sequence[float]) -> dict[str, Any]:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return {"mean": statistics.fmean(vals) if vals else None,
             "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals), "values": vals}
+
+
+def _search_stage(task: ScriptTask, space: Space, objective: Objective, *, search_s: float, run_s: float,
+                  **options: Any) -> tuple[SearchResult | None, dict[str, Any] | None, dict[str, Any]]:
+    """The search within ``search_s`` seconds: its result, its best params and its stage row (a search
+    whose trials failed too often keeps the defaults, with why)."""
+    t1 = time.monotonic()
+    task.timeout_s = max(TRIAL_CAP * run_s, 10.0)
+    try:
+        result = search(task, space, objectives=[objective.text], trials=10_000, timeout=search_s, **options)
+    except RunFailedError as exc:
+        return None, None, {"stage": "search", "status": "failed", "time_s": time.monotonic() - t1, "did": str(exc)}
+    finally:
+        task.timeout_s = None
+    best = (dict(result.selection.params) if result.selection is not None
+            else dict(result.best.params) if result.best is not None else None)
+    states = [t.state for t in result.trials]
+    did = (f"{len(states)} trials ({states.count('complete')} complete, {states.count('pruned')} pruned, "
+           f"{states.count('failed')} failed), study {result.study}")
+    return result, best, {"stage": "search", "status": "finished", "time_s": time.monotonic() - t1, "did": did,
+                          "best": best}
 
 
 class _Recorder:
@@ -126,7 +149,9 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
             stages.append({"stage": name, "status": "skipped", "time_s": 0.0, "did": why})
         left = budget_s - (time.monotonic() - started)
         race_s = 2 * MIN_ROUNDS * run_s * 1.15
-        search_s = left - race_s
+        # the search stops starting trials at its timeout; the last one started runs to its end
+        # (at most TRIAL_CAP runs of the defaults' time: a slower one is ended, a failed trial)
+        search_s = left - race_s - run_s
         best_params: dict[str, Any] | None = None
         result: SearchResult | None = None
         if search_s < 2 * run_s:
@@ -135,23 +160,17 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                                   f"rounds at {run_s:.1f} s a run"})
         else:
             say(f"search: {search_s:.0f} s of trials, each one process of the script")
-            t1 = time.monotonic()
-            result = search(task, space, objectives=[objective.text], trials=10_000, timeout=search_s,
-                            sampler=sampler, pruner=pruner, study=study, db=store.url, seed=seed, **search_options)
-            if result.selection is not None:
-                best_params = dict(result.selection.params)
-            elif result.best is not None:
-                best_params = dict(result.best.params)
-            done = sum(1 for t in result.trials if t.state == "complete")
-            pruned = sum(1 for t in result.trials if t.state == "pruned")
-            failed = sum(1 for t in result.trials if t.state == "failed")
-            stages.append({"stage": "search", "status": "finished", "time_s": time.monotonic() - t1,
-                           "did": f"{len(result.trials)} trials ({done} complete, {pruned} pruned, {failed} failed), "
-                                  f"study {result.study}", "best": best_params})
+            result, best_params, row = _search_stage(task, space, objective, search_s=search_s, run_s=run_s,
+                                                     sampler=sampler, pruner=pruner, study=study, db=store.url,
+                                                     seed=seed, **search_options)
+            stages.append(row)
         chosen = {**defaults, **(best_params or {})}
         race: dict[str, Any] = {"rounds": 0}
         comparison = None
         paired = task.takes_seed
+        if time.monotonic() - started > budget_s * 1.05:
+            notes.append(f"the budget ({budget_s:.0f} s) was overrun by {time.monotonic() - started - budget_s:.0f} s "
+                         "before the race (a trial ran to its end past the search's timeout)")
         if best_params is not None and chosen != defaults:
             t2 = time.monotonic()
             seeds: list[int] = []

@@ -76,6 +76,8 @@ class ScriptTask(ObjectiveTask):
         self.takes_seed = "seed" in self.flags and self.flags["seed"].settable
         self.profile = imports_torch(target) if (profile is None and kind == "path") else bool(profile)
         self.grace_s = grace_s
+        #: Seconds one run may take before it is ended (SIGTERM, then SIGKILL): a failed run. None: no limit.
+        self.timeout_s: float | None = None
         self.fn = self.call  # the search calls ``call``; ``fn`` only names it
         #: The runs of the script so far, the last one last.
         self.runs: list[ScriptRun] = []
@@ -153,10 +155,12 @@ class ScriptTask(ObjectiveTask):
         if self.takes_seed and seed is not None:
             full["seed"] = int(seed)
         run = run_process(self.command_for(full), watch=self.metrics[0], profile=self.profile,
-                          should_stop=report, grace_s=self.grace_s)
+                          should_stop=report, grace_s=self.grace_s, timeout_s=self.timeout_s)
         self.runs.append(run)
         if run.pruned:
             return {k: v for k, v in run.metrics.items()}
+        if run.interrupted:
+            raise ScriptFailed(f"the run was ended at {run.interrupted}; its last lines:\n" + "\n".join(run.tail[-8:]))
         if run.exit_code != 0:
             raise ScriptFailed(f"the script exited with code {run.exit_code}; its last lines:\n"
                                + "\n".join(run.tail[-12:]))
