@@ -248,3 +248,49 @@ def test_optimize_on_a_script_beats_its_bad_default_rate(script: Path, db_url: s
     assert vs["best_test"]["mean"] > vs["defaults_test"]["mean"] + 0.3
     assert d["final"]["command"].startswith(f"python {script}")
     assert script.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_lightning_scripts_logged_metric_is_read(tmp_path: Path) -> None:
+    """``self.log("val_acc", ...)`` in an unchanged Lightning script reaches the trial, per epoch."""
+    pytest.importorskip("lightning")
+    path = tmp_path / "lit.py"
+    path.write_text(textwrap.dedent('''
+        import argparse
+        import lightning as L
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        p = argparse.ArgumentParser()
+        p.add_argument("--lr", type=float, default=1e-4)
+        args = p.parse_args()
+
+        class Classifier(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(0)
+                self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return nn.functional.cross_entropy(self.net(x), y)
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                self.log("val_acc", (self.net(x).argmax(1) == y).float().mean())
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=args.lr)
+
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 8, generator=g)
+        data = TensorDataset(x, (x[:, 0] > 0).long())
+        trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(Classifier(), DataLoader(data, batch_size=32), DataLoader(data, batch_size=64))
+    '''))
+    task = ScriptTask(["python", str(path)], metrics=["val_acc"])
+    good = task.call({"lr": 0.5}, seed=0)
+    run = task.runs[-1]
+    assert run.sources["val_acc"] == "lightning"
+    assert [s for s, _ in run.history] == [1, 2]
+    assert good["val_acc"] > 0.8
+    assert good["step_time_ms"] > 0  # profiled by the hooks of `proftune run`

@@ -9,11 +9,20 @@ import os
 import sys
 
 
+#: The steps of a trial's profile: every SAMPLE_EVERY-th, SAMPLES of them.
+SAMPLE_EVERY, SAMPLES = 10, 3
+
+
 def main(argv: list[str]) -> int:
     from ..profile import run_script
     from ._channel import REPORT_ENV
+    from ._frameworks import install_framework_reports
 
-    result = run_script(["python", *argv], stats=False)
+    if argv and argv[0] != "-m":
+        install_framework_reports(argv[0])
+    # every 10th step, 3 samples: a trial's profile (step time, memory) at a bounded cost, even
+    # for a short script (the default every 50th samples nothing in its first 50 steps)
+    result = run_script(["python", *argv], every=SAMPLE_EVERY, steps=SAMPLES, stats=False)
     path = os.environ.get(REPORT_ENV)
     if path and result.profiles:
         p = result.profiles[0]

@@ -31,12 +31,15 @@ GRACE_S = 5.0
 #: Lines of a script's output kept with its Run.
 TAIL_LINES = 40
 #: ``name=value`` or ``name: value``, several on one line (``epoch 3 val_acc=0.91 loss: 0.2``).
-_METRIC = re.compile(r"(?<![\w.\-])([A-Za-z_][\w./\-]*)\s*(?:=|:)\s*"
+_METRIC = re.compile(r"(?<![\w.\-/])([A-Za-z_][\w\-]*(?:/[A-Za-z_][\w\-]*)*)\s*(?:=|:)\s*"
                      r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?nan|[-+]?inf)(?![\w.])", re.IGNORECASE)
+#: What the name of a metric printed on stdout looks like (beyond the one watched).
+_METRIC_NAME = re.compile(r"acc|loss|err|test|val|eval|f1|auc|score|ppl|perplexity|bleu|rouge|mse|mae|rmse|iou|map",
+                          re.IGNORECASE)
 #: Names on a metric's line that give its step.
 _STEP_KEYS = ("epoch", "step", "iter", "iteration")
 #: Where a metric came from, in the order one is preferred.
-SOURCES = ("proftune.report", "stdout")
+SOURCES = ("proftune.report", "lightning", "transformers", "stdout")
 
 
 def metric_lines(line: str) -> dict[str, float]:
@@ -52,7 +55,7 @@ class ScriptRun:
     exit_code: int | None = None
     #: The last value of each metric, from its preferred source.
     metrics: dict[str, float] = field(default_factory=dict)
-    #: metric -> the source it was read from (``proftune.report`` or ``stdout``).
+    #: metric -> the source it was read from (``proftune.report``, ``lightning``, ``transformers``, ``stdout``).
     sources: dict[str, str] = field(default_factory=dict)
     #: Each report of the watched metric: (step, value).
     history: list[tuple[int, float]] = field(default_factory=list)
@@ -172,6 +175,8 @@ def run_process(argv: Sequence[str], *, watch: str | None, profile: bool = False
     run.profile = reads.profile
     for source in reversed(SOURCES):  # the preferred source's values win
         for k, v in reads.by_source[source].items():
+            if source == "stdout" and k != watch and not _METRIC_NAME.search(k):
+                continue  # ``using: 0``, ``max_epochs=2``: a line's words, not the script's metrics
             run.metrics[k] = v
             run.sources[k] = source
     run.history = [(s, v) for src, s, v in reads.new if src == _source_of(reads)]
@@ -211,5 +216,6 @@ def _read_channel(channel: Path, offset: int, reads: _Reads) -> int:
             reads.profile = {k: float(v) for k, v in msg["profile"].items()}
             continue
         vals = {str(k): float(v) for k, v in (msg.get("metrics") or {}).items()}
-        reads.add("proftune.report", vals, msg.get("step"))
+        source = msg.get("source", "proftune.report")
+        reads.add(source if source in SOURCES else "proftune.report", vals, msg.get("step"))
     return offset + end + 1

@@ -188,6 +188,9 @@ class ScriptTask(ObjectiveTask):
         m = self.metrics[0]
         if src == "proftune.report":
             return f"{m} read from the script's proftune.report({m}=...) calls"
+        if src in ("lightning", "transformers"):
+            how = "self.log" if src == "lightning" else "Trainer.evaluate"
+            return f"{m} read from the {src.title()} Trainer's logged metrics ({how}), through a callback"
         if src == "stdout":
             return f"{m} read from `{m}=value` / `{m}: value` lines on the script's stdout"
         return f"{m} was not read yet"
