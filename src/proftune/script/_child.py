@@ -8,7 +8,6 @@ import json
 import os
 import sys
 
-
 #: The steps of a trial's profile: every SAMPLE_EVERY-th, SAMPLES of them.
 SAMPLE_EVERY, SAMPLES = 10, 3
 
