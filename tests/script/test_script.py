@@ -294,3 +294,12 @@ def test_a_lightning_scripts_logged_metric_is_read(tmp_path: Path) -> None:
     assert [s for s, _ in run.history] == [1, 2]
     assert good["val_acc"] > 0.8
     assert good["step_time_ms"] > 0  # profiled by the hooks of `proftune run`
+
+
+def test_a_task_takes_no_script_arguments_and_tune_needs_a_space_for_it() -> None:
+    extra = CliRunner().invoke(app, ["tune", "digits-mlp", "--bogus"])
+    assert extra.exit_code == 2
+    assert "unexpected arguments after TASK: '--bogus'" in extra.output
+    missing = CliRunner().invoke(app, ["tune", "digits-mlp"])
+    assert missing.exit_code == 2
+    assert "--space is required for a task" in missing.output
