@@ -148,16 +148,18 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
         for name, why in SKIPPED_STAGES.items():
             stages.append({"stage": name, "status": "skipped", "time_s": 0.0, "did": why})
         left = budget_s - (time.monotonic() - started)
-        race_s = 2 * MIN_ROUNDS * run_s * 1.15
-        # the search stops starting trials at its timeout; the last one started runs to its end
-        # (at most TRIAL_CAP runs of the defaults' time: a slower one is ended, a failed trial)
-        search_s = left - race_s - run_s
+        race_s = 2 * MIN_ROUNDS * run_s
+        # the search stops starting trials at its timeout and the last one started runs to its end
+        # (a trial past TRIAL_CAP runs of the defaults' time is ended, a failed trial): its timeout
+        # leaves one run's time for that; the first trial always runs where one fits beside the race
+        room = left - race_s
+        search_s = max(room - run_s, 0.5 * run_s)
         best_params: dict[str, Any] | None = None
         result: SearchResult | None = None
-        if search_s < 2 * run_s:
+        if room < run_s:
             stages.append({"stage": "search", "status": "skipped", "time_s": 0.0,
-                           "did": f"the budget left ({left:.0f} s) holds no search beside a race of {MIN_ROUNDS} "
-                                  f"rounds at {run_s:.1f} s a run"})
+                           "did": f"the budget left ({left:.0f} s) holds no trial beside a race of {MIN_ROUNDS} "
+                                  f"rounds at {run_s:.1f} s a run (give a larger --budget)"})
         else:
             say(f"search: {search_s:.0f} s of trials, each one process of the script")
             result, best_params, row = _search_stage(task, space, objective, search_s=search_s, run_s=run_s,
