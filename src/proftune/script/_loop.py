@@ -65,6 +65,15 @@ def _test_metric(metrics: Mapping[str, float], objective: str) -> str | None:
     return tests[0] if tests else None
 
 
+def _pooled_std(groups: Sequence[Sequence[float]]) -> float | None:
+    """The seeds' noise: the standard deviation within each configuration's runs, pooled (None with
+    no configuration run twice). A race of two seeds judged by its gains' own spread alone needs a
+    gain 9x that spread (Student's t at one degree of freedom): +0.60 +- 0.14 was kept as noise."""
+    num = sum((len(g) - 1) * statistics.variance(g) for g in groups if len(g) > 1)
+    df = sum(len(g) - 1 for g in groups if len(g) > 1)
+    return math.sqrt(num / df) if df else None
+
+
 def _mean_std(values: Sequence[float]) -> dict[str, Any]:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return {"mean": statistics.fmean(vals) if vals else None,
@@ -189,8 +198,10 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                 d_runs.append(rec.run(defaults, s, "race-defaults"))
             c_vals = [r.get(metric) if r else None for r in c_runs]
             d_vals = [r.get(metric) if r else None for r in d_runs]
+            prior = _pooled_std([[v for v in c_vals if v is not None],
+                                 [v for v in [*d_vals, base.get(metric)] if v is not None]])
             comparison = compare_race(c_vals, d_vals, seeds=seeds, defaults_more=[base.get(metric)], metric=metric,
-                                      maximize=maximize, split="val")
+                                      maximize=maximize, split="val", prior_std=prior)
             test = _test_metric(base, metric)
             race = {"rounds": len(seeds), "seeds": seeds if paired else None, "paired": paired,
                     "best": _mean_std([v for v in c_vals if v is not None]),
