@@ -65,6 +65,15 @@ def _test_metric(metrics: Mapping[str, float], objective: str) -> str | None:
     return tests[0] if tests else None
 
 
+def _best_value(result: SearchResult | None) -> float | None:
+    """The objective's value of the search's pick (its mean where it re-evaluated it)."""
+    if result is None:
+        return None
+    if result.selection is not None:
+        return float(result.selection.mean)
+    return float(result.best.values[0]) if result.best is not None and result.best.values else None
+
+
 def _pooled_std(groups: Sequence[Sequence[float]]) -> float | None:
     """The seeds' noise: the standard deviation within each configuration's runs, pooled (None with
     no configuration run twice). A race of two seeds judged by its gains' own spread alone needs a
@@ -175,13 +184,20 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                                                      sampler=sampler, pruner=pruner, study=study, db=store.url,
                                                      seed=seed, **search_options)
             stages.append(row)
-        chosen = {**defaults, **(best_params or {})}
+        proposed = best_params
         race: dict[str, Any] = {"rounds": 0}
         comparison = None
         paired = task.takes_seed
         if time.monotonic() - started > budget_s * 1.05:
             notes.append(f"the budget ({budget_s:.0f} s) was overrun by {time.monotonic() - started - budget_s:.0f} s "
                          "before the race (a trial ran to its end past the search's timeout)")
+        searched = _best_value(result)
+        if (best_params is not None and searched is not None and base.get(metric) is not None
+                and (searched <= base[metric] if maximize else searched >= base[metric])):
+            notes.append(f"the search's best ({metric}={searched:.4g}) is not better than the defaults' run "
+                         f"({base[metric]:.4g}): nothing to race")
+            best_params = None
+        chosen = {**defaults, **(best_params or {})}
         if best_params is not None and chosen != defaults:
             t2 = time.monotonic()
             seeds: list[int] = []
@@ -231,7 +247,7 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                "final": {"params": final, "command": task.flags_text(final), "adopted": adopted,
                          "decision": decision},
                "vs_baseline": {"comparison": comparison.to_dict() if comparison is not None else None, **race,
-                               "search_best": best_params, "baseline": base},
+                               "search_best": proposed, "baseline": base},
                "flags": [f.to_dict() for f in task.flags.flags], "space": space.to_dict(),
                "study": result.study if result is not None else None, "notes": notes}
     except BaseException as exc:
