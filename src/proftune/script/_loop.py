@@ -96,7 +96,9 @@ def _search_stage(task: ScriptTask, space: Space, objective: Objective, *, searc
     t1 = time.monotonic()
     task.timeout_s = max(TRIAL_CAP * run_s, 10.0)
     try:
-        result = search(task, space, objectives=[objective.text], trials=10_000, timeout=search_s, **options)
+        # no importance or correlations at the end: the loop reads the best, and their fit costs seconds
+        result = search(task, space, objectives=[objective.text], trials=10_000, timeout=search_s,
+                        analyse=False, **options)
     except RunFailedError as exc:
         return None, None, {"stage": "search", "status": "failed", "time_s": time.monotonic() - t1, "did": str(exc)}
     finally:

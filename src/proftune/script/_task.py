@@ -139,10 +139,14 @@ class ScriptTask(ObjectiveTask):
         return head + out_args
 
     def flags_text(self, params: Mapping[str, Any]) -> str:
-        """``python train.py --lr 0.003 ...``: how to run the script with ``params``."""
+        """``python train.py --lr 0.003 ...``: how to run the script with ``params`` (the flags at the
+        parser's own default left out, the user's own ARGS kept)."""
         import shlex
 
-        return "python " + " ".join(shlex.quote(a) for a in self.command_for(params))
+        given = self.given_args()
+        changed = {k: v for k, v in params.items()
+                   if k in given or k not in self.flags or v != self.flags[k].default}
+        return "python " + " ".join(shlex.quote(a) for a in self.command_for(changed))
 
     # -- one evaluation -------------------------------------------------------------------------
     def call(self, params: Mapping[str, Any], seed: int | None = None, *,
