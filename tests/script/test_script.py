@@ -115,6 +115,7 @@ def test_a_trial_sets_the_flags_and_reads_the_metric(script: Path) -> None:
     assert "stdout" in task.describe_source()
 
 
+@pytest.mark.slow  # the script imports proftune (and torch): 11-19 s on the loaded 2-core machine
 def test_proftune_report_is_preferred_over_stdout(tmp_path: Path) -> None:
     path = tmp_path / "rep.py"
     path.write_text(textwrap.dedent('''
