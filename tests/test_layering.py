@@ -50,6 +50,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"integrations"},  # adapters of Lightning, Hugging Face, bare modules; their callbacks
     {"_holdout", "_api", "search", "compress"},
     {"optimize"},  # the loop over all of it
+    {"script"},  # a training script as it is: its flags searched, each trial one process of it
     {"report"},  # renders every result kind, read back through its record (CompressResult, OptimizeResult)
     {"cli"},
     {"__main__"},  # python -m proftune: the console script

@@ -34,6 +34,7 @@ __all__ = [
     "builtin_task_names",
     "import_file",
     "load_task",
+    "looks_like_script",
     "register_builtin_tasks",
     "register_task_adapter",
 ]
@@ -342,6 +343,11 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
     if not path.is_file():
         raise TaskLoadError(f"task path {str(path)!r} is not a file; give a .py file that defines a Task.")
     resolved = path.resolve()
+    if class_name is None and looks_like_script(resolved):
+        raise TaskLoadError(
+            f"{str(path)!r} is a script, not a task (it parses its arguments and defines no Task): importing it "
+            f"would run its training. This is a script: use `proftune COMMAND -- python {path} ARGS` (its "
+            "argparse flags are the params, its printed metric the objective).")
     try:
         module = import_file(resolved)
     except TaskLoadError:
@@ -364,6 +370,37 @@ def _load_from_file(path: Path, class_name: str | None, spec: str) -> Task:
         if foreign is not None:
             return foreign
     return _pick_class(candidates, class_name, where=f"task file {str(path)!r}", spec=spec)
+
+
+def looks_like_script(path: Path) -> bool:
+    """Whether the file at ``path`` is a training script rather than a task file, read without running
+    it: it calls ``parse_args``/``parse_known_args`` outside any function (at the top or under
+    ``if __name__ == "__main__":``), or has that guard and imports argparse, and it defines no class
+    on a ``*Task`` or ``LightningModule`` base (which the loader or an adapter takes)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False  # the import says what is wrong
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any(
+                ast.unparse(b).endswith(("Task", "LightningModule")) for b in node.bases):
+            return False
+
+    def top_level(nodes: list[ast.stmt]) -> Iterable[ast.AST]:
+        for n in nodes:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            yield from ast.walk(n)
+
+    parses = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr in ("parse_args", "parse_known_args") for n in top_level(tree.body))
+    guard = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+    argparse_used = any(isinstance(n, (ast.Import, ast.ImportFrom)) and (
+        any(a.name == "argparse" for a in n.names) or getattr(n, "module", None) == "argparse")
+        for n in ast.walk(tree))
+    return parses or (guard and argparse_used)
 
 
 def import_file(path: Path) -> ModuleType:

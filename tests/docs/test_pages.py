@@ -24,6 +24,7 @@ PAGES: dict[str, bool] = {
     "tutorial.md": True,
     "howto/optimize.md": True,
     "howto/run.md": True,
+    "howto/script.md": True,
     "howto/tasks.md": False,
     "howto/train.md": True,
     "howto/profile.md": True,

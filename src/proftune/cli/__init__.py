@@ -34,7 +34,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=HelpGroup,
 )
-app.command("optimize")(optimize_command)  # the main job first in --help
+#: a script's command line after -- (python train.py ARGS) reaches the command whole
+_SCRIPT_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+app.command("optimize", context_settings=_SCRIPT_ARGS)(optimize_command)  # the main job first in --help
 app.command("tasks")(tasks)
 app.command("train")(train)
 app.add_typer(runs_app, name="runs")
@@ -46,7 +48,7 @@ app.command("batch-size")(batch_size)
 app.command("lr-find")(lr_find_command)
 app.command("diagnose")(diagnose)
 app.command("bandit")(bandit)
-app.command("tune")(tune)
+app.command("tune", context_settings=_SCRIPT_ARGS)(tune)
 app.command("profile")(profile_command)
 app.command("report")(report_command)
 app.command("export")(export_command)

@@ -186,6 +186,15 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {escape(as_flags(str(exc)))}"
 
 
+def _this_command(text: str) -> str:
+    """``proftune COMMAND`` in a message named as the command that runs (``proftune optimize``)."""
+    if "proftune COMMAND" not in text:
+        return text
+    ctx = _click_context()
+    name = ctx.info_name if ctx is not None and ctx.info_name in ("tune", "optimize") else "optimize"
+    return text.replace("proftune COMMAND", f"proftune {name}")
+
+
 def execute(
     fn: Callable[[], T],
     *,
@@ -210,7 +219,7 @@ def execute(
             else:
                 result = fn()
     except ConfigError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(as_flags(str(exc)))}",
+        err_console.print(f"[bold red]error:[/] {escape(as_flags(_this_command(str(exc))))}",
                           markup=True, highlight=False, soft_wrap=True)
         if debug:
             err_console.print(traceback.format_exc(), markup=False, highlight=False)

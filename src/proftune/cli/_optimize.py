@@ -16,6 +16,7 @@ from rich.table import Table
 from .._units import format_bytes
 from . import _options as opt
 from ._common import check_log, err_console, execute_run, log_run, out_console, trial_logger
+from ._script import optimize_on_script, script_command
 
 #: Keys of ``--json`` (the issue's contract) first, in this order.
 JSON_KEYS = ("stages", "final", "vs_baseline")
@@ -23,6 +24,7 @@ JSON_KEYS = ("stages", "final", "vs_baseline")
 
 @opt.command
 def optimize_command(
+    ctx: typer.Context,
     task: opt.TaskArg,
     budget: Annotated[str, typer.Option("--budget", help="Wall-clock budget: 90, 90s, 5m, 1h.")] = "20m",
     memory_budget: Annotated[str | None, typer.Option(
@@ -79,6 +81,10 @@ def optimize_command(
                               f"(trials {data['trials']}): region paused", highlight=False)
 
     def body() -> Any:
+        cmd = script_command(task, ctx.args, command="optimize")
+        if cmd is not None:
+            return optimize_on_script(cmd, objective=objective, space=space, budget=budget, seed=o.seed, db=o.db,
+                                      study=study)
         check_log(log, command="optimize")
         live = trial_logger(log, project=wandb_project)
         try:
@@ -102,7 +108,8 @@ def optimize_command(
             d["wandb"] = logged
         return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
 
-    execute_run(body, o, opt.ReportOpts(report, force), render=_render, threads=threads)
+    execute_run(body, o, opt.ReportOpts(report, force), threads=threads,
+                render=lambda d: _render_script(d) if "metric_source" in d else _render(d))
 
 
 @contextlib.contextmanager
@@ -204,3 +211,29 @@ def _render(d: dict[str, Any]) -> None:
     report = (d.get("files") or {}).get("report")
     out_console.print(f"outputs: {escape(d['out'])}" + (f" (the whole story: {escape(report)})" if report else ""),
                       highlight=False)
+
+
+def _render_script(d: dict[str, Any]) -> None:
+    """The loop on a script: the decision, each stage (those skipped with why), the flags to pass."""
+    metric = d["objective"].split(":")[0]
+    final = d["final"]
+    style = "green" if final["adopted"] else "yellow"
+    out_console.print(f"[bold]optimize {escape(d['task'])}[/] (run {d['run_id']}): {escape(d['metric_source'])}",
+                      highlight=False)
+    out_console.print(f"[bold {style}]{escape(final['decision'])}[/]", highlight=False)
+    table = _table("stages", ("stage", "status", "time", "what it did"))
+    for row in d["stages"]:
+        table.add_row(row["stage"], row["status"], f"{row['time_s']:.1f} s", escape(str(row["did"])))
+    out_console.print(table)
+    vs = d.get("vs_baseline") or {}
+    for key, label in (("best", "search's best"), ("defaults", "defaults")):
+        figs = vs.get(key) or {}
+        if figs.get("mean") is not None:
+            test = vs.get(f"{key}_test") or {}
+            held = (f"; {vs.get('test_metric')} {fmt(test.get('mean'))} ± {fmt(test.get('std'))}"
+                    if test.get("mean") is not None else "")
+            out_console.print(f"  {label}: {metric} {fmt(figs['mean'])} ± {fmt(figs.get('std'))} over {figs['n']} "
+                              f"run(s){held}", highlight=False, markup=False)
+    for note in d.get("notes") or []:
+        out_console.print(f"[yellow]{escape(note)}[/]", highlight=False)
+    out_console.print(f"run it: {final['command']}", highlight=False, markup=False)

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from .._paths import OutputPath
-from ..exceptions import RunFailedError, TaskLoadError
+from ..exceptions import ConfigError, RunFailedError, TaskLoadError
 from . import _options as opt
 from ._common import (
     check_log,
@@ -23,6 +23,7 @@ from ._common import (
     task_arg,
     trial_logger,
 )
+from ._script import script_command, tune_on_script
 
 #: Keys of ``--json`` (the issue's contract), in this order.
 JSON_KEYS = ("study", "best", "trials", "correlations", "importance", "budget", "scan", "strategy")
@@ -30,8 +31,11 @@ JSON_KEYS = ("study", "best", "trials", "correlations", "importance", "budget", 
 
 @opt.command
 def tune(
+    ctx: typer.Context,
     task: opt.TaskArg,
-    space: Annotated[Path, typer.Option("--space", help="Search space YAML (params, fixed, forbid, tiers).")],
+    space: Annotated[Path | None, typer.Option(
+        "--space", help="Search space YAML (params, fixed, forbid, tiers); for a script (-- python train.py ARGS) "
+        "it narrows or extends the space read from its flags.", show_default=False)] = None,
     objective: Annotated[list[str] | None, typer.Option(
         "--objective", help="METRIC[:max|min]; repeat for a Pareto front (default accuracy:max).",
         show_default=False)] = None,
@@ -80,6 +84,14 @@ def tune(
     def body() -> Any:
         from ..search import RayOptions, load_objective, search
 
+        cmd = script_command(task, ctx.args, command="tune")
+        if cmd is not None:
+            return tune_on_script(cmd, objective=objective, space=space, trials=trials, timeout=timeout,
+                                  sampler=sampler, pruner=pruner, study=study, db=o.db, seed=o.seed,
+                                  max_failures=max_failures)
+        if space is None:
+            raise ConfigError("--space is required for a task (a YAML of the params to search); a script "
+                              "goes after --: `proftune tune --objective val_acc:max -- python train.py ARGS`.")
         params = parse_params(param)  # fixed for every trial, as the space's fixed:
         check_log(log, command="tune")
         live = trial_logger(log, project=wandb_project)
@@ -137,10 +149,15 @@ def _fmt(v: Any) -> str:
 
 def _render(d: dict[str, Any]) -> None:
     _render_scan(d.get("scan"))
+    if d.get("script"):
+        out_console.print(f"script {d['script']['command']}: {d['script']['metric_source']}", highlight=False,
+                          markup=False)
     _render_trials(d)
     _render_best(d)
     _render_analysis(d)
     _render_strategy(d.get("strategy") or [])
+    if (d.get("script") or {}).get("best_command"):
+        out_console.print(f"run it: {d['script']['best_command']}", highlight=False, markup=False)
     if d["plots"]:
         out_console.print("plots: " + ", ".join(d["plots"]))
 

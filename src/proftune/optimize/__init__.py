@@ -14,6 +14,7 @@ from ._budget import Budget, Deadline
 from ._changes import ParamChange
 from ._config import OPTIMIZE_GOALS, OptimizeConfig
 from ._context import StageClock, StageContext
+from ._decide import Comparison, compare_race
 from ._final_records import SearchGap, SeedSummary
 from ._layer_value import (
     LayerFinding,
@@ -67,6 +68,7 @@ __all__ = [
     "BaseStage",
     "BaselineOutputs",
     "Budget",
+    "Comparison",
     "CompressOutputs",
     "CompressedModel",
     "ComputeOutputs",
@@ -103,6 +105,7 @@ __all__ = [
     "VsBaseline",
     "YellowFlag",
     "build_plan",
+    "compare_race",
     "find_flags",
     "layer_values",
     "mean_ablation_hook",

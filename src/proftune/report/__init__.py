@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+from .._callable import make_callable as _make_callable
+from ..script import report
 from ._build import (
     compare_html,
     render_report,
@@ -66,6 +68,7 @@ __all__ = [
     "read_result",
     "register_renderer",
     "render_report",
+    "report",
     "run_id_of",
     "run_page",
     "sensitivity_chart",
@@ -73,3 +76,6 @@ __all__ = [
     "write_compare_report",
     "write_report",
 ]
+
+# ``proftune.report(val_acc=0.9, step=3)`` inside a launched script: the subpackage is the one object.
+_make_callable(__name__)

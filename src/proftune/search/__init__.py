@@ -29,7 +29,7 @@ from ._config import SearchConfig
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._feed import notify_ended
 from ._gate import GateResult, ProfileGate
-from ._objective import load_objective
+from ._objective import ObjectiveTask, load_objective
 from ._pruners import PRUNER_REGISTRY, PRUNERS, BasePrunerMaker, PatiencePruner, register_pruner
 from ._ray_session import SCHEDULERS, RayOptions
 from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
@@ -63,6 +63,7 @@ __all__ = [
     "ForbidRule",
     "GateResult",
     "Objective",
+    "ObjectiveTask",
     "Param",
     "PatiencePruner",
     "ProfileGate",

@@ -224,7 +224,7 @@ def search(
                   "params": dict(space_obj.fixed)}
     with (StudyLock(store, name, command="tune", shared=True),  # tune runs share a study, optimize does not
           tracked_run("tune", task_obj, config=run_config, device=None, store=store, study=name,
-                      fingerprint=not objective) as run):
+                      fingerprint=not isinstance(task_obj, ObjectiveTask)) as run):
         record = store.get_run(run.id)
         settings.tune_run_id = run.id
         settings.data_fingerprint = record.data_fingerprint

@@ -70,6 +70,10 @@ def load_objective(spec: str) -> Callable[..., Any] | None:
 class ObjectiveTask(Task):
     """The Task-shaped holder of a plain objective: the search calls :meth:`call` instead of training."""
 
+    #: Whether :meth:`call` takes ``report=``, a callable of (step, value) that returns True to stop
+    #: (a script run in its own process reports its metric as it goes, for the pruner).
+    reports_progress: bool = False
+
     def __init__(self, fn: Callable[..., Any], *, metrics: Sequence[str]) -> None:
         self.fn = fn
         self.name = getattr(fn, "__name__", type(fn).__name__)  # type: ignore[misc]

@@ -165,9 +165,17 @@ class TrialRunner:
         cb = _PruningCallback(trial, self.report_metric, pruner_name(self.s.pruner))
         if isinstance(self.task, ObjectiveTask):  # a plain objective: one call, no training
             try:
-                rec["metrics"].update(self.task.call(config, seed=rec["seed"]))
+                if self.task.reports_progress:  # a script: its metric as it runs, for the pruner
+                    call: Any = self.task.call
+                    rec["metrics"].update(call(config, seed=rec["seed"],
+                                               report=lambda step, value: self._report(cb, step, value)))
+                else:
+                    rec["metrics"].update(self.task.call(config, seed=rec["seed"]))
             finally:
                 rec["train_s"] = time.perf_counter() - t0
+                output = getattr(self.task, "output", None)
+                if callable(output):
+                    rec["output"] = output()
             return cb
         try:
             result = fit(self.task, config, epochs=self.s.epochs, max_steps=self.s.max_steps,
@@ -181,6 +189,21 @@ class TrialRunner:
         rec["curve"] = [{k: v for k, v in e.items() if isinstance(v, (int, float))}
                         for e in result.curves.get("epoch", [])]
         return cb
+
+    def _report(self, cb: _PruningCallback, step: int, value: float) -> bool:
+        """An objective's intermediate value to the pruner (as the fit loop's epochs are); True: stop."""
+        if cb.metric is None:
+            return False
+        if not math.isfinite(value):
+            cb.pruned_reason = f"{cb.metric}={value} at step {step}"
+            return True
+        if cb.pruner == "none":
+            return False
+        cb.trial.report(float(value), step=step)
+        if cb.trial.should_prune():
+            cb.pruned_reason = f"pruned by the {cb.pruner} pruner at step {step} ({cb.metric}={value:.4g})"
+            return True
+        return False
 
     def _post_constraints(self, trial: optuna.Trial, rec: dict[str, Any]) -> list[str]:
         """Constraints on task metrics, known only after training: the reasons of those broken."""
@@ -229,6 +252,7 @@ class TrialRunner:
     def _finish(self, trial: optuna.Trial, rec: dict[str, Any], state: str, started: float) -> None:
         rec["state"] = state
         rec["duration_s"] = time.perf_counter() - started
+        output = rec.pop("output", None)  # a script's last lines: its Run keeps them, not the study
         trial.set_user_attr(ATTR, rec)
         if state == "failed":  # read by the slot count, which does not parse the record
             trial.set_user_attr(f"{ATTR}_failed", True)
@@ -239,6 +263,7 @@ class TrialRunner:
                 error=rec.get("traceback") or (rec["reason"] if status == "failed" else None),
                 metrics=rec["metrics"], anomalies=rec["anomalies"],
                 curves={"epoch": rec.get("curve", [])},
+                **({"artifacts": {"output": output}} if output else {}),
                 result=TrialResult.build(trial=trial.number, state=state, reason=rec["reason"],
                                          constraints=rec["constraints"], steps=rec["steps"],
                                          train_s=rec["train_s"], gate_s=rec["gate_s"]).to_dict())

@@ -1,0 +1,126 @@
+"""A training script on the command line: ``proftune tune|optimize [OPTIONS] -- python train.py ARGS``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import ConfigError
+from ._common import err_console
+
+__all__ = ["is_script", "optimize_on_script", "script_command", "split_tail", "tune_on_script"]
+
+
+def is_script(task: str | None) -> bool:
+    """TASK is a Python interpreter: what follows ``--`` is a script to run."""
+    return task is not None and Path(task).name.startswith("python")
+
+
+def script_command(task: str | None, extra: Sequence[str], *, command: str) -> list[str] | None:
+    """``[python, train.py, ARGS...]`` where TASK names an interpreter; None for a task spec (which
+    takes no extra arguments)."""
+    if is_script(task):
+        assert task is not None
+        return [task, *extra]
+    if extra:
+        raise ConfigError(f"unexpected arguments after TASK: {' '.join(extra)!r}; a script goes after --: "
+                          f"`proftune {command} [OPTIONS] -- python train.py ARGS`.")
+    return None
+
+
+def split_tail(cmd: list[str], script_options: set[str], ours: Mapping[str, str]) -> tuple[list[str], dict[str, Any]]:
+    """Take proftune's own options off the end of a script's command line where the script has no
+    such option (``-- python train.py --lr 0.1 --objective val_acc:max``): the command left, and
+    the options taken (``ours``: option -> ``flag``, ``value`` or ``list``)."""
+    out: list[str] = []
+    taken: dict[str, Any] = {}
+    i = 0
+    head = 2 if len(cmd) > 1 and cmd[1] != "-m" else 3
+    out.extend(cmd[:head])
+    while i + head < len(cmd):
+        tok = cmd[i + head]
+        opt, eq, val = tok.partition("=")
+        kind = ours.get(opt)
+        if kind is None or opt in script_options:
+            out.append(tok)
+            i += 1
+            continue
+        if kind == "flag":
+            taken[opt] = True
+            i += 1
+            continue
+        if not eq:
+            if i + head + 1 >= len(cmd):
+                raise ConfigError(f"{opt} needs a value (after the script, proftune's {opt} takes one).")
+            val = cmd[i + head + 1]
+            i += 1
+        i += 1
+        if kind == "list":
+            taken.setdefault(opt, []).append(val)
+        else:
+            taken[opt] = val
+    return out, taken
+
+
+#: proftune's options a script's command line may end with, and how each is read.
+TUNE_TAIL = {"--objective": "value", "--trials": "value", "--timeout": "value", "--space": "value",
+             "--pruner": "value", "--sampler": "value"}
+OPTIMIZE_TAIL = {"--objective": "value", "--budget": "value", "--space": "value", "--pruner": "value"}
+
+
+def _script_parts(cmd: list[str], tail: Mapping[str, str]) -> tuple[list[str], dict[str, Any], Any]:
+    """The command without proftune's trailing options, those options, and the script's flags."""
+    from ..script import read_flags
+
+    flags = read_flags(cmd)
+    options = {o for f in flags.flags for o in f.options}
+    rest, taken = split_tail(cmd, options, tail)
+    return rest, taken, flags
+
+
+def tune_on_script(cmd: list[str], *, objective: list[str] | None, space: Path | None, trials: int,
+                   timeout: float | None, sampler: str, pruner: str, study: str | None, db: str | None,
+                   seed: int, max_failures: int) -> dict[str, Any]:
+    """``proftune tune -- python train.py ARGS``: the search over the script's flags, as ``--json`` has it."""
+    from ..exceptions import ProblemCollector
+    from ..script import ScriptTask, script_space, tune_script
+    from ..search import parse_objective
+
+    rest, taken, flags = _script_parts(cmd, TUNE_TAIL)
+    objectives = list(objective or []) or ([taken["--objective"]] if "--objective" in taken else [])
+    if len(objectives) != 1:
+        raise ConfigError("a script is tuned on one metric it prints or reports: --objective NAME[:max|min] "
+                          f"(e.g. val_acc:max), but got {objectives or 'none'}.")
+    problems = ProblemCollector()
+    obj = parse_objective(objectives[0], problems, name="--objective")
+    problems.raise_if_any()
+    assert obj is not None
+    task = ScriptTask(rest, metrics=[obj.metric], flags=flags)
+    space_obj = script_space(task, taken.get("--space", space))
+    result = tune_script(task, space_obj, obj, trials=int(taken.get("--trials", trials)),
+                         timeout=float(taken["--timeout"]) if "--timeout" in taken else timeout,
+                         sampler=taken.get("--sampler", sampler), pruner=taken.get("--pruner", pruner),
+                         study=study, db=db, seed=seed, max_failures=max_failures)
+    d = result.to_dict()
+    best = result.selection.params if result.selection is not None else (result.best.params if result.best else None)
+    d["script"] = {"command": task.flags_text({}), "metric_source": task.describe_source(),
+                   "flags": [f.to_dict() for f in flags.flags], "space": space_obj.to_dict(),
+                   "best_params": best, "best_command": task.flags_text(best) if best else None}
+    return d
+
+
+def optimize_on_script(cmd: list[str], *, objective: str | None, space: str | None, budget: str, seed: int,
+                       db: str | None, study: str | None) -> dict[str, Any]:
+    """``proftune optimize --budget 5m -- python train.py ARGS``: the loop on the script."""
+    from .._units import parse_duration
+    from ..script import load_script, optimize_script
+
+    rest, taken, _ = _script_parts(cmd, OPTIMIZE_TAIL)
+    task, space_obj, obj = load_script(rest, objective=taken.get("--objective", objective),
+                                       space=taken.get("--space", space))
+    text = taken.get("--budget", budget)
+    budget_s = parse_duration(text, name="budget")
+    return optimize_script(task, space_obj, obj, budget_s=float(budget_s), seed=seed, db=db, study=study,
+                           pruner=taken.get("--pruner", "asha"),
+                           progress=lambda text: err_console.print(text, markup=False, highlight=False))
