@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._device import resolve_device
-from .._holdout import with_test_split
+from .._holdout import HoldoutInfo, held_out_info
 from .._jsonsafe import finite_float, json_safe
 from .._threads import fit_key, work_threads
 from ..exceptions import ConfigError, RunFailedError
@@ -102,11 +102,11 @@ class _Loop:
         self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)),
                              skip=tuple(st.name for st in stages() if st.skipped(self)))
         self.defaults = validate_params(dict(task.default_params))
-        # selection reads val_data; the figures a user reads come from data nothing selected on
+        # selection reads all of val_data; the figures a user reads come from data nothing selected
+        # on (test_data, resplit rounds) or an estimate corrected for the winner's curse
         self.user_task = task
-        self.task, self.holdout = with_test_split(task, batch_size=int(self.defaults.get("batch_size", 32)))
-        if self.holdout.note:
-            log.warning("%s", self.holdout.note)
+        self.task = task
+        self.holdout = held_out_info(task, batch_size=int(self.defaults.get("batch_size", 32)))
         self.run_id = self._parent_run()
 
     # -- records ------------------------------------------------------------------------------
@@ -345,6 +345,11 @@ class _Loop:
         if race is None:
             raise RunFailedError("the final stage left no race in state.json; run the same command to redo it")
         d_val, d_test = race.arm("defaults").summary("val"), race.arm("defaults").summary("test")
+        held_source = self.holdout.describe()
+        if race.estimate is not None:  # no data nothing selected on: the defaults' figure is their own
+            d_test = dataclasses.replace(d_test, mean=race.estimate.defaults)
+            held_source = f"{HoldoutInfo('estimate', None, self.holdout.val_samples, None).describe()}: " \
+                          f"{race.estimate.describe()}"
         rows: list[StageRow] = []
         for stage in stages():
             name = stage.name
@@ -386,12 +391,14 @@ class _Loop:
         vs = VsBaseline(
             metric=self.v.metric, decision=race.decision, defaults_params=self.defaults,
             summary=_decision_line(race, self.v.metric), defaults=SplitSummaries(val=d_val, test=d_test),
-            final=SplitSummaries(val=chosen.summary("val"), test=chosen.summary("test")),
+            final=SplitSummaries(val=chosen.summary("val"), test=(
+                dataclasses.replace(chosen.summary("test"), mean=race.estimate.chosen) if race.estimate is not None
+                else chosen.summary("test"))),
             baseline=d_val.mean, baseline_test=d_test.mean, final_mean=fin.metric.mean, final_std=fin.metric.std,
             final_test_mean=fin.test.mean, final_test_std=fin.test.std, leader=race.leader,
             leader_vs_defaults=SplitComparisons(val=cmp_val, test=race.comparison_test),
             beyond_noise=bool(cmp_val and cmp_val.beyond_noise), search_gap=race.search_gap(),
-            race_note=race.note, held_out=self.holdout, held_out_source=self.holdout.describe(),
+            race_note=race.note, held_out=self.holdout, held_out_source=held_source,
             no_tricks=finite_float(base.metric("no_tricks", self.v.metric)),
             baseline_run=finite_float(base.metric("defaults", self.v.metric)),
             gain=(_signed(fin.metric.mean - d_val.mean, self.v.maximize)
