@@ -73,12 +73,12 @@ def rung_epochs(pruner: optuna.pruners.BasePruner) -> Callable[[int], bool] | No
     rate = getattr(pruner, "_min_early_stopping_rate", None)
     if not isinstance(first, int) or not isinstance(factor, int) or not isinstance(rate, int) or factor < 2:
         return None
-    start = first * factor**rate
+    start, k = int(first * factor**rate), int(factor)
 
     def at(epoch: int) -> bool:
         step = start
         while step < epoch:
-            step *= factor
+            step *= k
         return step == epoch
 
     return at
