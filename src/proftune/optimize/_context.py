@@ -52,7 +52,7 @@ class StageContext(Protocol):
     :class:`StageOutputs`); ``ctx.state.finished(name)`` says whether a stage has run.
     """
 
-    #: The task, its validation data split off for held-out figures (``holdout`` says how).
+    #: The task (all of its validation data selects) and where its held-out figures come from.
     task: Task
     #: The task's default params, validated: the bar every configuration is compared with.
     defaults: dict[str, Any]
