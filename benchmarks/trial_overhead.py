@@ -53,8 +53,11 @@ def configurations(n: int, seed: int = 0) -> list[dict[str, Any]]:
              "dropout": rng.uniform(0.0, 0.5), "batch_size": rng.choice([16, 32, 64, 128])} for _ in range(n)]
 
 
-def plain_arm(task: proftune.Task, configs: list[dict[str, Any]], epochs: int) -> float:
-    """Seconds of the user's own loop over ``configs`` (an in-memory Optuna study)."""
+def plain_arm(task: proftune.Task, configs: list[dict[str, Any]], epochs: int, *,
+              asha: bool = False) -> tuple[float, int]:
+    """Seconds of the user's own loop over ``configs`` (an in-memory Optuna study) and the epochs
+    it trained; ``asha``: evaluated each epoch, reported, pruned as Optuna's docs show."""
+    trained = 0
 
     def objective(trial: optuna.Trial) -> float:
         p = {"lr": trial.suggest_float("lr", 1e-4, 3e-2, log=True),
@@ -64,13 +67,24 @@ def plain_arm(task: proftune.Task, configs: list[dict[str, Any]], epochs: int) -
         torch.manual_seed(trial.number)
         model = task.build_model({**task.default_params, **p})
         opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], weight_decay=p["weight_decay"])
-        for _ in range(epochs):
+        nonlocal trained
+        for epoch in range(1, epochs + 1):
             model.train()
             for x, y in task.train_data(p["batch_size"], p):
                 loss = nn.functional.cross_entropy(model(x), y)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+            trained += 1
+            if asha or epoch == epochs:
+                acc = accuracy(model)
+            if asha:
+                trial.report(acc, epoch)
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+        return acc
+
+    def accuracy(model: nn.Module) -> float:
         model.eval()
         right = total = 0
         with torch.no_grad():
@@ -79,31 +93,37 @@ def plain_arm(task: proftune.Task, configs: list[dict[str, Any]], epochs: int) -
                 total += len(y)
         return right / total
 
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
+    pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3) if asha
+              else optuna.pruners.NopPruner())
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0), pruner=pruner)
     for c in configs:
         study.enqueue_trial(c)
     t0 = time.perf_counter()
     study.optimize(objective, n_trials=len(configs))
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, trained
 
 
 def search_arm(task: proftune.Task, configs: list[dict[str, Any]], epochs: int, folder: Path, *,
-               chunk: int | None) -> float:
-    """Seconds of ``proftune.search`` over ``configs``: one call, or one call per ``chunk``."""
+               chunk: int | None, asha: bool = False) -> tuple[float, int]:
+    """Seconds of ``proftune.search`` over ``configs`` (one call, or one call per ``chunk``) and
+    the epochs its trials trained; ``asha``: ASHA at the plain loop's rungs (first 1, factor 3)."""
     db = f"sqlite:///{folder / 'p.db'}"
     store = proftune.Store(db)
     groups = [configs] if chunk is None else [configs[i:i + chunk] for i in range(0, len(configs), chunk)]
     study = f"overhead-{time.time_ns()}"
+    space = {**SPACE, "pruner": {"min_resource": 1, "reduction_factor": 3}} if asha else SPACE
     t0 = time.perf_counter()
     done = 0
     for group in groups:
         done += len(group)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            proftune.search(task, SPACE, objectives=["accuracy:max"], trials=done, sampler="random",
-                            pruner="none", epochs=epochs, study=study, store=store, seed=0, device="cpu",
-                            scan=0, analyse=False, enqueue=[{"params": c} for c in group])
-    return time.perf_counter() - t0
+            result = proftune.search(task, space, objectives=["accuracy:max"], trials=done, sampler="random",
+                                     pruner="asha" if asha else "none", epochs=epochs, study=study, store=store,
+                                     seed=0, device="cpu", scan=0, analyse=False,
+                                     enqueue=[{"params": c} for c in group])
+    seconds = time.perf_counter() - t0
+    return seconds, sum(t.epochs for t in result.trials)
 
 
 def main() -> None:
@@ -114,6 +134,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--chunk", type=int, default=3)
     ap.add_argument("--arms", nargs="+", default=["plain", "search", "chunks"])
+    ap.add_argument("--pruner", choices=["none", "asha"], default="none",
+                    help="asha: every arm evaluates and reports each epoch and prunes (first rung 1, factor 3); "
+                         "the figure is then per trained epoch")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every arm (fit's through "
                                                            "$PROFTUNE_THREADS)")
     args = ap.parse_args()
@@ -124,21 +147,23 @@ def main() -> None:
     configs = configurations(args.trials)
     plain_arm(task, configs[:1], 1)  # warm-up outside every clock
     per: dict[str, list[float]] = {a: [] for a in args.arms}
-    print(f"== {args.task}: {args.trials} configurations x {args.epochs} epoch(s), {args.rounds} rounds; "
-          f"torch threads {torch.get_num_threads()}", flush=True)
+    asha = args.pruner == "asha"
+    unit = "epoch" if asha else "trial"
+    print(f"== {args.task}: {args.trials} configurations x {args.epochs} epoch(s), {args.rounds} rounds, pruner "
+          f"{args.pruner}; torch threads {torch.get_num_threads()}; ms per {unit}", flush=True)
     for r in range(args.rounds):
         order = args.arms[r % len(args.arms):] + args.arms[:r % len(args.arms)]
         for arm in order:
             with tempfile.TemporaryDirectory(prefix="proftune-overhead-") as tmp:
                 if arm == "plain":
-                    s = plain_arm(task, configs, args.epochs)
+                    s, n = plain_arm(task, configs, args.epochs, asha=asha)
                 else:
-                    s = search_arm(task, configs, args.epochs, Path(tmp),
-                                   chunk=args.chunk if arm == "chunks" else None)
-            per[arm].append(s / args.trials)
-        print(f"round {r + 1}: " + ", ".join(f"{a} {per[a][-1] * 1000:.0f} ms/trial" for a in args.arms),
+                    s, n = search_arm(task, configs, args.epochs, Path(tmp),
+                                      chunk=args.chunk if arm == "chunks" else None, asha=asha)
+            per[arm].append(s / (n if asha else args.trials))
+        print(f"round {r + 1}: " + ", ".join(f"{a} {per[a][-1] * 1000:.0f} ms/{unit}" for a in args.arms),
               flush=True)
-    print(f"{'arm':<8} {'ms/trial (median)':>18} {'ratio to plain (median, 95% CI)':>34}")
+    print(f"{'arm':<8} {f'ms/{unit} (median)':>18} {'ratio to plain (median, 95% CI)':>34}")
     for a in args.arms:
         med = statistics.median(per[a]) * 1000
         if a == "plain" or "plain" not in per:
