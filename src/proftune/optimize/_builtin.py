@@ -289,7 +289,7 @@ class Search(BaseStage):
             gain = (best.mean - d.mean) * (1.0 if loop.v.maximize else -1.0)
             if gain <= (d.std or 0.0) / math.sqrt(d.n):  # no gain beyond one standard error of theirs to confirm
                 return race_s + compress_min
-            seeds = loop.race_seeds_for(d, best, pooled)
+            seeds = loop.race_seeds_for(d, best, pooled, compared=len(rows))
             done = 1 if loop.baseline_reusable() else 0
             need = 1.1 * max(0, 2 * seeds - done) * budget_plan.full_s
             return min(max(race_s, need), race_s + 0.5 * seconds) + compress_min

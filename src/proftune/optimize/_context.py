@@ -92,5 +92,6 @@ class StageContext(Protocol):
         """Whether the baseline's training of the defaults is their first seed in the race."""
 
     def race_seeds_for(self, defaults: ConfigGroup | None, best: ConfigGroup | None,
-                       pooled: float | None) -> int:
-        """Paired seeds the race needs for ``best`` against ``defaults`` as the search measured them."""
+                       pooled: float | None, *, compared: int = 1) -> int:
+        """Paired seeds the race needs for ``best`` against ``defaults`` as the search measured them
+        (the best of ``compared`` trials on the same validation data)."""
