@@ -232,3 +232,35 @@ def test_run_step_is_the_one_description_of_a_step() -> None:
     expected = torch.cat([p.grad.flatten() for p in reference.parameters()])
     assert torch.allclose(grads[0], expected, rtol=0.05, atol=1e-3)
     assert StepSpec.from_params({}).grad_scaler("cpu") is None
+
+
+def test_a_step_of_one_micro_batch_backpropagates_the_loss_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No division by one (an autograd node more at every step of every trial, issue 60); with
+    accumulation each micro-batch's loss is divided by their count as before."""
+    from proftune.train import StepSpec, run_step
+
+    task = proftune.load_task("digits-mlp")
+    params = dict(task.default_params)
+    torch.manual_seed(0)
+    model = task.build_model(params)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [b for _, b in zip(range(2), task.train_data(16, params), strict=False)]
+    made: list[torch.Tensor] = []
+    backed: list[torch.Tensor] = []
+    real_loss, real_backward = task.loss, torch.Tensor.backward
+
+    def loss(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        made.append(real_loss(m, batch))
+        return made[-1]
+
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        backed.append(self)
+        real_backward(self, *args, **kwargs)
+
+    monkeypatch.setattr(task, "loss", loss)
+    monkeypatch.setattr(torch.Tensor, "backward", backward)
+    run_step(task, model, optimizer, batches[:1], StepSpec(), device_type="cpu")
+    assert backed[0] is made[0]
+    run_step(task, model, optimizer, batches, StepSpec(grad_accumulation=2), device_type="cpu")
+    assert all(b is not m for b, m in zip(backed[1:], made[1:], strict=True))
+    assert [float(b.detach()) for b in backed[1:]] == pytest.approx([float(m.detach()) / 2 for m in made[1:]])

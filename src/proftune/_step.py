@@ -97,7 +97,8 @@ def run_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer, mic
     for batch in micro_batches:
         with phases.forward(), spec.autocast(device_type):
             loss = task.loss(model, batch)
-        scaled = loss / len(micro_batches)
+        # one micro-batch: the loss itself (a division by 1 is one more autograd node a step)
+        scaled = loss / len(micro_batches) if len(micro_batches) > 1 else loss
         with phases.backward():
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         losses.append(loss.detach())

@@ -93,7 +93,8 @@ class Task:
 
     def test_data(self, batch_size: int) -> Iterable[Any] | None:
         """Held-out batches that nothing selects on, in a fixed order; None (the default): the task
-        has none, and ``optimize`` holds out a fixed part of ``val_data`` for its final figures."""
+        has none, and ``optimize`` selects on all of ``val_data`` and reports its race's rounds on
+        other partitions (:meth:`resplit`) or an estimate corrected for the winner's curse."""
         return None
 
     def resplit(self, index: int) -> Task | None:

@@ -37,7 +37,7 @@ def test_every_run_of_the_loop_reads_back_as_its_record(optimize_run: dict[str, 
                                                        stored: tuple[Store, OptimizeResult]) -> None:
     store, res = stored
     raw = store.get_run(res.run_id).result
-    assert raw["schema_version"] == res.schema_version == 1
+    assert raw["schema_version"] == res.schema_version == 2  # 2: held-out figures from all of validation (issue 60)
     assert res.to_dict() == json.loads(json.dumps(raw))
     summary = optimize_run["result"]  # summary.json: the same record, with the report among its files
     assert OptimizeResult.from_dict(summary).to_dict() == summary
@@ -105,8 +105,8 @@ def test_a_renamed_field_fails_and_the_page_says_so(stored: tuple[Store, Optimiz
     renamed = {**raw, "vs_baseline": vs}
     with pytest.raises(ConfigError, match=r"a seed summary.*average is not a field"):
         OptimizeResult.from_dict(renamed)
-    with pytest.raises(ConfigError, match=r"schema_version=2, newer"):
-        OptimizeResult.from_dict({**raw, "schema_version": 2})
+    with pytest.raises(ConfigError, match=r"schema_version=3, newer"):
+        OptimizeResult.from_dict({**raw, "schema_version": 3})
     with pytest.raises(ConfigError, match="the_story is not a field"):
         OptimizeResult.from_dict({**raw, "the_story": raw["story"]})
     rid = store.start_run("optimize", res.task, config={"stage": None})

@@ -58,7 +58,10 @@ def test_the_race_round_trips_with_its_gap_and_a_run_without_a_value() -> None:
     with pytest.raises(ConfigError, match="seed_list is not a field"):
         FinalOutcome.from_dict({**stored, "seed_list": stored["seeds"]})
     with pytest.raises(ConfigError, match="newer"):
-        FinalOutcome.from_dict({**stored, "schema_version": 2})
+        FinalOutcome.from_dict({**stored, "schema_version": 3})
+    # a race recorded before issue 60 (version 1, no estimate) reads as it was
+    old = {k: v for k, v in stored.items() if k != "estimate"}
+    assert FinalOutcome.from_dict({**old, "schema_version": 1}).estimate is None
     final = FinalOutputs(race=race, metric=race.arm("search #1").summary("val"))
     assert FinalOutputs.from_dict(_json(final.to_dict())).to_dict() == _json(final.to_dict())
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._device import resolve_device
-from .._holdout import with_test_split
+from .._holdout import HoldoutInfo, held_out_info
 from .._jsonsafe import finite_float, json_safe
 from .._threads import fit_key, work_threads
 from ..exceptions import ConfigError, RunFailedError
@@ -102,11 +102,11 @@ class _Loop:
         self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)),
                              skip=tuple(st.name for st in stages() if st.skipped(self)))
         self.defaults = validate_params(dict(task.default_params))
-        # selection reads val_data; the figures a user reads come from data nothing selected on
+        # selection reads all of val_data; the figures a user reads come from data nothing selected
+        # on (test_data, resplit rounds) or an estimate corrected for the winner's curse
         self.user_task = task
-        self.task, self.holdout = with_test_split(task, batch_size=int(self.defaults.get("batch_size", 32)))
-        if self.holdout.note:
-            log.warning("%s", self.holdout.note)
+        self.task = task
+        self.holdout = held_out_info(task, batch_size=int(self.defaults.get("batch_size", 32)))
         self.run_id = self._parent_run()
 
     # -- records ------------------------------------------------------------------------------
@@ -188,15 +188,27 @@ class _Loop:
         if not self.state.finished("search"):
             return int(self.cfg.seeds)
         srch = self.state.record(SearchStageOutputs)
-        return self.race_seeds_for(srch.defaults, srch.best, srch.seed_std)
+        return self.race_seeds_for(srch.defaults, srch.best, srch.seed_std, compared=srch.trials)
 
-    def race_seeds_for(self, defaults: ConfigGroup | None, best: ConfigGroup | None, pooled: float | None) -> int:
+    def race_seeds_for(self, defaults: ConfigGroup | None, best: ConfigGroup | None, pooled: float | None, *,
+                       compared: int = 1) -> int:
         """Paired seeds for the race of ``best`` against ``defaults`` as the search measured them
-        (``pooled``: the seeds' spread over every group it repeated)."""
+        (``pooled``: the seeds' spread over every group it repeated; ``compared``: the trials the
+        search ran on the same validation data), planned at the level the race decides at (its
+        challengers share the error rate).
+
+        The search's best is the best of ``compared`` draws on one validation set: its gain is
+        inflated by about the sampling noise of one figure there (binomial, sqrt(p (1 - p) / n))
+        times sqrt(2 ln compared). The race plans for the gain that remains (issue 60: on 300
+        samples the search's +0.04 planned three seeds, which cannot show the +0.02 left)."""
         low = int(self.cfg.seeds)
         if best is None or defaults is None:
             return low
-        gain = abs(best.mean - defaults.mean)
+        from ._final import _resolution, sampling_std
+
+        noise = sampling_std(self.v.metric, self.holdout.val_samples, finite_float(defaults.mean))
+        curse = noise * math.sqrt(2.0 * math.log(compared)) if noise is not None and compared > 1 else 0.0
+        gain = max(0.0, abs(best.mean - defaults.mean) - curse)
         # the paired difference spreads by both arms' seeds: where each was measured (the defaults
         # at a rate too high spread many times the leader), their own figures, else the pooled one
         own = [g.std for g in (defaults, best) if g.std is not None and g.n >= 2]
@@ -205,11 +217,9 @@ class _Loop:
             spread = max(spread, pooled)
         std = prior_seed_std(spread, metric=self.v.metric, val_samples=self.holdout.val_samples,
                              level=finite_float(defaults.mean))
-        from ._final import _resolution
-
         return paired_seeds_needed(seed_std=std, gain=gain,
                                    resolution=_resolution(self.v.metric, self.holdout.val_samples),
-                                   alpha=ALPHA, low=low, high=max(low, MAX_ROUNDS))
+                                   alpha=ALPHA / RESERVED_CANDIDATES, low=low, high=max(low, MAX_ROUNDS))
 
     def budget_plan(self, *, search_done: bool = False) -> BudgetPlan:
         """What the seconds left hold at the task's own protocol (made again from measured times
@@ -346,6 +356,11 @@ class _Loop:
         if race is None:
             raise RunFailedError("the final stage left no race in state.json; run the same command to redo it")
         d_val, d_test = race.arm("defaults").summary("val"), race.arm("defaults").summary("test")
+        held_source = self.holdout.describe()
+        if race.estimate is not None:  # no data nothing selected on: the defaults' figure is their own
+            d_test = dataclasses.replace(d_test, mean=race.estimate.defaults)
+            held_source = f"{HoldoutInfo('estimate', None, self.holdout.val_samples, None).describe()}: " \
+                          f"{race.estimate.describe()}"
         rows: list[StageRow] = []
         for stage in stages():
             name = stage.name
@@ -387,12 +402,14 @@ class _Loop:
         vs = VsBaseline(
             metric=self.v.metric, decision=race.decision, defaults_params=self.defaults,
             summary=_decision_line(race, self.v.metric), defaults=SplitSummaries(val=d_val, test=d_test),
-            final=SplitSummaries(val=chosen.summary("val"), test=chosen.summary("test")),
+            final=SplitSummaries(val=chosen.summary("val"), test=(
+                dataclasses.replace(chosen.summary("test"), mean=race.estimate.chosen) if race.estimate is not None
+                else chosen.summary("test"))),
             baseline=d_val.mean, baseline_test=d_test.mean, final_mean=fin.metric.mean, final_std=fin.metric.std,
             final_test_mean=fin.test.mean, final_test_std=fin.test.std, leader=race.leader,
             leader_vs_defaults=SplitComparisons(val=cmp_val, test=race.comparison_test),
             beyond_noise=bool(cmp_val and cmp_val.beyond_noise), search_gap=race.search_gap(),
-            race_note=race.note, held_out=self.holdout, held_out_source=self.holdout.describe(),
+            race_note=race.note, held_out=self.holdout, held_out_source=held_source,
             no_tricks=finite_float(base.metric("no_tricks", self.v.metric)),
             baseline_run=finite_float(base.metric("defaults", self.v.metric)),
             gain=(_signed(fin.metric.mean - d_val.mean, self.v.maximize)

@@ -297,7 +297,7 @@ class Search(BaseStage):
             gain = (best.mean - d.mean) * (1.0 if loop.v.maximize else -1.0)
             if gain <= (d.std or 0.0) / math.sqrt(d.n):  # no gain beyond one standard error of theirs to confirm
                 return race_s + compress_min
-            seeds = loop.race_seeds_for(d, best, pooled)
+            seeds = loop.race_seeds_for(d, best, pooled, compared=len(rows))
             done = 1 if loop.baseline_reusable() else 0
             need = 1.1 * max(0, 2 * seeds - done) * budget_plan.full_s
             return min(max(race_s, need), race_s + 0.5 * seconds) + compress_min
@@ -419,7 +419,7 @@ class Final(BaseStage):
                                                   val_samples=loop.holdout.val_samples,
                                                   level=finite_float(d_group.mean if d_group else None)),
                          protocol=f"the task's own protocol ({epochs} epochs) for every arm",
-                         resplit=self._resplit(loop, race_notes))
+                         resplit=self._resplit(loop, race_notes), compared=srch.trials)
         outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
                             end=loop.budget.end - loop.compress_reserve(), hard_end=hard_end,
                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
@@ -438,7 +438,9 @@ class Final(BaseStage):
             proposals=[] if candidates else [a.params for a in proposals],
             decision=outcome.decision, chosen=outcome.chosen,
             metric=dataclasses.replace(val, values=[r.val for r in chosen.runs]),
-            test=dataclasses.replace(test, values=[r.test for r in chosen.runs]),
+            # no run of it judged on data nothing selected on: the estimate corrected for the winner's curse
+            test=dataclasses.replace(test, values=[r.test for r in chosen.runs],
+                                     mean=outcome.estimate.chosen if outcome.estimate is not None else test.mean),
             model="model.pt", model_seed=outcome.model_seed, latency_ms=latency, latency_device=str(loop.dev),
             size_bytes=size,
             model_val=picked.val if picked else None, model_test=picked.test if picked else None,
@@ -567,9 +569,10 @@ class Compress(BaseStage):
         if chosen_c is not None and report.output:
             try:
                 small = load_model(report.output, task=loop.task, params=params)
-                test_metric = finite_float(evaluate_model(loop.task, small, torch.device("cpu"),
-                                                     int(params.get("batch_size", 32)), split="test")
-                                      .get(loop.v.metric))
+                if loop.task.test_data(1) is not None:  # else no data nothing selected on
+                    test_metric = finite_float(evaluate_model(loop.task, small, torch.device("cpu"),
+                                                              int(params.get("batch_size", 32)), split="test")
+                                               .get(loop.v.metric))
             except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
                 log.info("the compressed model could not be evaluated on the held-out data: %s", exc)
         elif out_file.exists():

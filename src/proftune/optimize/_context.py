@@ -52,7 +52,7 @@ class StageContext(Protocol):
     :class:`StageOutputs`); ``ctx.state.finished(name)`` says whether a stage has run.
     """
 
-    #: The task, its validation data split off for held-out figures (``holdout`` says how).
+    #: The task (all of its validation data selects) and where its held-out figures come from.
     task: Task
     #: The task's default params, validated: the bar every configuration is compared with.
     defaults: dict[str, Any]
@@ -92,5 +92,6 @@ class StageContext(Protocol):
         """Whether the baseline's training of the defaults is their first seed in the race."""
 
     def race_seeds_for(self, defaults: ConfigGroup | None, best: ConfigGroup | None,
-                       pooled: float | None) -> int:
-        """Paired seeds the race needs for ``best`` against ``defaults`` as the search measured them."""
+                       pooled: float | None, *, compared: int = 1) -> int:
+        """Paired seeds the race needs for ``best`` against ``defaults`` as the search measured them
+        (the best of ``compared`` trials on the same validation data)."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .._api import run_train
+from .._holdout import RESPLIT_BELOW
 from .._jsonsafe import finite_float
 from .._paths import replacing
 from ..task import Task
@@ -27,10 +28,19 @@ from ..track import Store
 from ..train import evaluate_model
 from ._budget import Deadline
 from ._decide import ALPHA, Comparison, compare_paired, compare_race
-from ._final_records import SCHEMA_VERSION, Arm, ArmRun, FinalOutcome, FinalPlan, SearchGap, SeedSummary
+from ._final_records import (
+    SCHEMA_VERSION,
+    Arm,
+    ArmRun,
+    FinalOutcome,
+    FinalPlan,
+    HeldOutEstimate,
+    SearchGap,
+    SeedSummary,
+)
 
-__all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary",
-           "representative", "run_final", "sampling_std"]
+__all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "HeldOutEstimate",
+           "SearchGap", "SeedSummary", "held_out_estimate", "representative", "run_final", "sampling_std"]
 
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
 #: when the time left does not hold ``--seeds`` runs of each): one seed per search trial makes
@@ -42,10 +52,6 @@ RESERVED_CANDIDATES = 2
 MAX_ROUNDS = 10
 #: Seconds one run costs beyond its epochs (the run record, the held-out evaluation, the save).
 RUN_OVERHEAD_S = 0.3
-#: The race rounds train and judge on partitions of their own (where the task offers them) when
-#: validation has fewer samples than this: one split's sampling noise, and the search's choice on
-#: it, weigh on the decision.
-RESPLIT_BELOW = 2000
 
 
 def _resolution(metric: str, val_samples: int | None) -> float:
@@ -165,6 +171,35 @@ def sampling_std(metric: str, val_samples: int | None, level: float | None) -> f
     return math.sqrt(max(level * (1.0 - level), 0.25 / val_samples) / val_samples)
 
 
+def held_out_estimate(chosen: Arm, defaults: Arm, plan: FinalPlan, *, seeds: Sequence[int],
+                      compared: int) -> HeldOutEstimate:
+    """The result's figure on new data where no run of it has a held-out one (see
+    :class:`HeldOutEstimate`): the paired gain over ``seeds`` on validation, less the expected
+    maximum of the sampling error of ``compared`` configurations on the validation samples; a gain
+    is never turned into a loss (the curse can explain all of a gain, not make it negative)."""
+    d_val = defaults.summary("val").mean
+    sign = 1.0 if plan.maximize else -1.0
+    pairs = [(c, d) for c, d in zip(chosen.values("val", seeds), defaults.values("val", seeds), strict=True)
+             if c is not None and d is not None]
+    if chosen.name == defaults.name:
+        gain_val: float | None = 0.0
+    elif pairs:
+        gain_val = sign * statistics.fmean(c - d for c, d in pairs)
+    else:
+        c_val = chosen.summary("val").mean
+        gain_val = sign * (c_val - d_val) if c_val is not None and d_val is not None else None
+    k = max(1, int(compared))
+    s = sampling_std(plan.metric, plan.val_samples, d_val)
+    bias = None if s is None or gain_val is None else (0.0 if chosen.name == defaults.name
+                                                       else s * math.sqrt(2.0 * math.log(k)))
+    gain = None
+    if gain_val is not None and bias is not None:
+        gain = max(min(gain_val, 0.0), gain_val - bias)
+    return HeldOutEstimate(defaults=d_val, chosen=d_val + sign * gain if d_val is not None and gain is not None
+                           else None, gain_val=gain_val, gain=gain, bias=bias, compared=k, sampling_std=s,
+                           val_samples=plan.val_samples)
+
+
 def _keep_model(chosen: Arm, plan: FinalPlan, *, work: Path, folder: Path, notes: list[str]) -> int | None:
     """Copy the chosen arm's :func:`representative` run to ``folder/model.pt``; its seed (None: no
     run). Says which in ``notes`` where there was a choice."""
@@ -250,12 +285,22 @@ class _Race:
         self.work.mkdir(parents=True, exist_ok=True)
         self.measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
         self.first_seed: int | None = None
+        # a task without test_data: a round on another partition than the one the search selected
+        # on (round 0, the task's own) gives the held-out figures (its validation figure)
+        self.partitions_hold_out = plan.resplit and task.test_data(1) is None
         if first is not None:
             run, model = first
             shutil.copyfile(model, self.work / f"{_slug(arms[0].name)}-{run.seed}.pt")
             self.arms[0] = _with_run(self.arms[0], run)
             self.measured[arms[0].name] = run.duration_s + RUN_OVERHEAD_S
             self.first_seed = run.seed
+
+    def _held_out(self, run: ArmRun, r: int) -> ArmRun:
+        """``run`` of round ``r`` with its held-out figure: its validation figure on partition
+        ``r`` where the partitions give them (not round 0: the search's own split)."""
+        if not self.partitions_hold_out or r == 0 or run.test is not None:
+            return run
+        return replace(run, test=run.val, test_metrics=dict(run.val_metrics))
 
     def current(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
@@ -281,6 +326,7 @@ class _Race:
         t0 = time.monotonic()
         run = _train(task, arm, plan=self.plan, seed=self.plan.seed + 100 + r,
                      limit_s=max(0.5, stop_at - time.monotonic()), store=self.store, folder=self.work)
+        run = self._held_out(run, r)
         self.measured[name] = time.monotonic() - t0
         self.arms[idx] = _with_run(arm, run)
         if self.say is not None:
@@ -308,6 +354,7 @@ class _Race:
             t0 = time.monotonic()
             run = _train(task, arm, plan=self.plan, seed=seed, limit_s=limit, store=self.store,
                          folder=self.work)
+            run = self._held_out(run, r)
             self.measured[name] = time.monotonic() - t0
             self.arms[idx] = _with_run(arm, run)
             self.notes.extend(_overrun(arm, self.plan, self.cap) if reference else [])
@@ -423,6 +470,13 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     # its median on new data; the decision's figure stays the mean); its held-out figure is its own
     model_seed = _keep_model(chosen, plan, work=race.work, folder=folder, notes=notes)
     shutil.rmtree(race.work, ignore_errors=True)
+    # no run of the result was judged on data nothing selected on (no test_data, no resplit round
+    # after the first): its figure on new data is an estimate corrected for the winner's curse
+    estimate = None
+    if not any(r.test is not None for r in chosen.runs if not r.cut):
+        estimate = held_out_estimate(chosen, arms[0], plan, seeds=seeds,
+                                     compared=max(plan.compared, raced + 1))
     return FinalOutcome(plan=plan, arms=arms, seeds=seeds, decision=decision, chosen=chosen.name,
                         leader=leader.name if leader else None, comparison=comparison,
-                        comparison_test=comparison_test, model_seed=model_seed, note="; ".join(notes))
+                        comparison_test=comparison_test, model_seed=model_seed, note="; ".join(notes),
+                        estimate=estimate)

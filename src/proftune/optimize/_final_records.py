@@ -13,9 +13,13 @@ from typing import Any, ClassVar
 from .._records import JsonRecord, Reader, plain, record_fields, stored_version
 from ._decide import Comparison
 
-__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "SearchGap", "SeedSummary"]
+__all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "HeldOutEstimate", "SearchGap",
+           "SeedSummary"]
 
-SCHEMA_VERSION = 1
+#: 2 (issue 60): a task without test_data selects on all of validation; a run's ``test`` figure is
+#: then its validation figure on a partition the search did not select on (a resplit round), and
+#: ``estimate`` holds the figure corrected for the winner's curse where there is no such run.
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,38 @@ class FinalPlan(JsonRecord):
     #: Round ``r`` of the race trains and judges on the task's partition ``r`` of its training and
     #: validation samples (:meth:`~proftune.Task.resplit`; round 0 on the task's own split).
     resplit: bool = False
+    #: Configurations compared on this validation data before the race (the search's trials):
+    #: the winner's curse of the held-out estimate grows with them.
+    compared: int = 0
+
+
+@dataclass(frozen=True)
+class HeldOutEstimate(JsonRecord):
+    """The result's figure on new data where no data is left that nothing selected on (no
+    ``test_data``, no resplit rounds): its gain over the defaults on validation less the sampling
+    error expected of the best of ``compared`` configurations on the same samples,
+    ``sampling_std * sqrt(2 ln compared)`` (the expected maximum of that many draws of its noise;
+    conservative: it takes them all as equal). The defaults were not selected: their figure is
+    their validation mean."""
+
+    WHAT: ClassVar[str] = "a held-out estimate"
+    defaults: float | None
+    chosen: float | None
+    #: The result's gain over the defaults on validation, and after the correction (positive: better).
+    gain_val: float | None
+    gain: float | None
+    bias: float | None
+    compared: int
+    sampling_std: float | None
+    val_samples: int | None
+
+    def describe(self) -> str:
+        if self.bias is None:
+            return ("no estimate: the metric's sampling noise on the validation data is not known (a ratio "
+                    "metric's is binomial), so the validation figures are the only ones")
+        return (f"gain {self.gain_val:+.4g} on validation less {self.bias:.3g} (one figure's sampling noise "
+                f"{self.sampling_std:.3g} on {self.val_samples} samples x sqrt(2 ln {self.compared}) for the best "
+                f"of {self.compared} configurations compared on them): {self.gain:+.4g} expected on new data")
 
 
 @dataclass(frozen=True)
@@ -134,6 +170,8 @@ class FinalOutcome:
     model_seed: int | None
     note: str
     schema_version: int = SCHEMA_VERSION
+    #: The result's held-out figure as an estimate, where no run of it has one (see the class).
+    estimate: HeldOutEstimate | None = None
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
@@ -179,4 +217,5 @@ class FinalOutcome:
                       "comparison": Comparison.from_dict(kw["comparison"]) if kw.get("comparison") else None,
                       "comparison_test": (Comparison.from_dict(kw["comparison_test"])
                                           if kw.get("comparison_test") else None),
-                      "note": str(kw.get("note") or "")})
+                      "note": str(kw.get("note") or ""),
+                      "estimate": HeldOutEstimate.from_dict(kw["estimate"]) if kw.get("estimate") else None})

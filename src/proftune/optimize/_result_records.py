@@ -23,8 +23,12 @@ from ._search_records import YellowFlag
 __all__ = ["OPTIMIZE_SCHEMA_VERSION", "CompressedModel", "FinalSummary", "OptimizeResult", "SplitComparisons",
            "SplitSummaries", "StageRow", "StageStory", "Story", "StoryLine", "VsBaseline"]
 
-#: Bumped when a field of :class:`OptimizeResult`'s JSON changes meaning.
-OPTIMIZE_SCHEMA_VERSION = 1
+#: Bumped when a field of :class:`OptimizeResult`'s JSON changes meaning. 2 (issue 60): a task
+#: without test_data selected on all of validation; ``vs_baseline``'s held-out figures (``final.test``,
+#: ``final_test_mean``, ``gain_test``) are then the race's rounds on other partitions or an estimate
+#: corrected for the winner's curse (``held_out.source``: "resplits", "estimate"), no longer half of
+#: validation ("validation split").
+OPTIMIZE_SCHEMA_VERSION = 2
 
 S = TypeVar("S", bound=StageOutputs)
 

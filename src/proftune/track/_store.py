@@ -203,9 +203,21 @@ class Store:
             foreign = _foreign_tables(sa.inspect(self.engine).get_table_names())
             if foreign is not None:
                 raise _refuse_foreign(self.shown_url, foreign)
+        if self.is_sqlite and self._schema_present():
+            return  # every table and index there: one read, not create_all's checks (30 ms a Store)
         _metadata.create_all(self.engine)
         for index in runs_table.indexes:
             index.create(self.engine, checkfirst=True)
+
+    def _schema_present(self) -> bool:
+        """Whether the SQLite database holds every table and index of the schema already (a search
+        opens a Store per chunk and per worker; issue 60)."""
+        wanted = {t.name for t in _metadata.tables.values()} | {
+            str(i.name) for t in _metadata.tables.values() for i in t.indexes}
+        with self.engine.connect() as conn:
+            names = {r[0] for r in conn.exec_driver_sql(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")}
+        return wanted <= names
 
     # -- plumbing ---------------------------------------------------------------------------
     def _retry(self, fn: Callable[[], T]) -> T:
