@@ -23,7 +23,7 @@ from .._cpplog import cpp_logs_shown
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import OutputPath, check_outputs
 from .._threads import fixed_threads
-from ..exceptions import ConfigError, ProblemCollector, ProftuneError
+from ..exceptions import ConfigError, ProblemCollector, ProftuneError, TaskWarning
 from ..track import held_until_written
 from ._options import ReportOpts, RunOpts, fill_choices
 
@@ -119,13 +119,15 @@ def library_warnings(*, shown: bool) -> Iterator[None]:
     """The one place the CLI hides library warnings (Python warnings and the libraries' logged
     warnings, the C++ lines proftune keeps off stderr); ``--debug`` shows them."""
     if shown:
-        with cpp_logs_shown():
+        with cpp_logs_shown(), warnings.catch_warnings():
+            _show_task_warnings()
             yield
         return
     loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _show_task_warnings()
         for lg in loggers:
             lg.setLevel(logging.ERROR)
         try:
@@ -133,6 +135,21 @@ def library_warnings(*, shown: bool) -> Iterator[None]:
         finally:
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
+
+
+def _show_task_warnings() -> None:
+    """Inside ``warnings.catch_warnings()``: a warning about the user's own task (a
+    :class:`TaskWarning`, which warns once itself) printed as one line, ``warning: ...``."""
+    warnings.filterwarnings("always", category=TaskWarning)
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, TaskWarning):
+            err_console.print(f"[bold yellow]warning:[/] {escape(str(message))}", highlight=False)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
 
 
 @contextlib.contextmanager
