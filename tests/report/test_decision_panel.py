@@ -11,9 +11,9 @@ from proftune.report._optimize_stages import _bound_arithmetic, _bound_label
 
 
 @pytest.mark.parametrize(("alpha", "label"), [
-    (0.05, "lower bound (95% one-sided)"),
-    (0.025, "lower bound (95% for the race; 97.5% one-sided for each of its 2 tests)"),
-    (0.05 / 3, "lower bound (95% for the race; 98.3% one-sided for each of its 3 tests)"),
+    (0.05, "95% one-sided"),
+    (0.025, "95% for the race (97.5% one-sided for each of its 2 tests)"),
+    (0.05 / 3, "95% for the race (98.3% one-sided for each of its 3 tests)"),
 ])
 def test_the_bound_is_stated_at_the_race_s_one_level(alpha: float, label: str) -> None:
     c = compare_paired([0.93, 0.91], [0.90, 0.91], seeds=[0, 1], metric="accuracy", maximize=True,

@@ -111,12 +111,13 @@ def _layer_value(page: Page, run: _Run) -> None:
     # the drop beside what is left of the metric: a drop near the whole metric is a layer the
     # model cannot do without (it falls to chance), not an accuracy misfiled as a drop
     s.table(["layer", "type", "params", "time", "value", f"{run.metric} drop",
-             f"{run.metric} without it (of {_n(base)})", "finding"],
-            [[x.name, x.type, x.params, Cell(f"{100 * (_f(x.time_share) or 0):.1f}%", sort=_f(x.time_share) or 0),
+             f"without it (of {_n(base)})", "finding"],
+            [[clipped(x.name, 28), x.type, x.params,
+              Cell(f"{100 * (_f(x.time_share) or 0):.1f}%", sort=_f(x.time_share) or 0),
               Cell(f"{100 * (_f(x.value_share) or 0):.1f}%", sort=_f(x.value_share) or 0),
               Cell(_n(x.drop), sort=_f(x.drop) or 0),
               _n(base - x.drop if base is not None and _f(x.drop) is not None else None),
-              x.finding or ""]
+              clipped(x.finding or "", 40)]  # one line (whole on hover): the findings follow in full
              for x in layers])
     for f in lv.findings:
         s.para(f"layer {f.layer}: {f.finding}; {f.action}")
@@ -325,8 +326,8 @@ def _bound_label(level: float) -> str:
     race's error is split among several."""
     tests = max(1, round(_RACE_ALPHA / max(1.0 - level, 1e-12)))
     if tests == 1:
-        return "lower bound (95% one-sided)"
-    return f"lower bound (95% for the race; {level:.1%} one-sided for each of its {tests} tests)"
+        return "95% one-sided"
+    return f"95% for the race ({level:.1%} one-sided for each of its {tests} tests)"
 
 
 def _bound_arithmetic(c: Any, prior_std: float | None) -> str | None:
@@ -368,8 +369,8 @@ def _comparison_items(vs: VsBaseline, story: Story, *, prior_std: float | None =
                       + f" over {len(c.seeds)} seed(s)"))
         if _f(c.lower) is not None:
             how = _bound_arithmetic(c, prior_std)
-            items.append((f"{_bound_label(float(c.level or 0.95))}, {label}",
-                          f"{float(c.lower):+.3g}" + (f" = {how}" if how else "")))
+            items.append((f"lower bound, {label}", f"{float(c.lower):+.3g} at {_bound_label(float(c.level or 0.95))}"
+                          + (f" = {how}" if how else "")))
         items.append((f"beyond noise, {label}", "yes" if c.beyond_noise else "no"))
     told = story.answer("did it help")
     cv = vs.leader_vs_defaults.val
