@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+import warnings
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -264,3 +265,118 @@ def test_a_step_of_one_micro_batch_backpropagates_the_loss_itself(monkeypatch: p
     run_step(task, model, optimizer, batches, StepSpec(grad_accumulation=2), device_type="cpu")
     assert all(b is not m for b, m in zip(backed[1:], made[1:], strict=True))
     assert [float(b.detach()) for b in backed[1:]] == pytest.approx([float(m.detach()) / 2 for m in made[1:]])
+
+
+class _Scheduled(proftune.ClassificationTask):
+    """Six epochs of 10 steps each, with the scheduler that ``make`` builds (and its config)."""
+
+    name = "scheduled"
+    default_params: ClassVar[dict[str, Any]] = {"lr": 0.1, "batch_size": 16, "optimizer": "sgd"}
+    default_epochs = 6
+    make: Any = None
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(160, 4, generator=g), torch.randint(0, 2, (160,), generator=g)
+
+    def build_model(self, params: dict[str, Any]) -> torch.nn.Module:
+        return torch.nn.Linear(4, 2)
+
+    def train_data(self, batch_size: int, params: dict[str, Any]) -> Any:
+        return [(self.x[i:i + batch_size], self.y[i:i + batch_size]) for i in range(0, 160, batch_size)]
+
+    def val_data(self, batch_size: int) -> Any:
+        return [(self.x, self.y)]
+
+    def configure_scheduler(self, optimizer: torch.optim.Optimizer, params: dict[str, Any], *,
+                            epochs: int | None, max_steps: int | None) -> Any:
+        return type(self).make(optimizer)
+
+
+def _scheduled(make: Any) -> type[_Scheduled]:
+    from proftune import _schedule
+
+    _schedule._WARNED.clear()  # one warning per process: each test starts afresh
+    return type("Scheduled", (_Scheduled,), {"make": staticmethod(make)})
+
+
+def _lrs(result: Any) -> list[float]:
+    """The lr of the first step of each epoch."""
+    return [s["lr"] for s in result.curves["step"] if (s["step"] - 1) % 10 == 0]
+
+
+def test_a_scheduler_is_stepped_per_step_by_default_and_per_epoch_when_the_task_says() -> None:
+    from proftune.exceptions import TaskWarning
+
+    per_step = _scheduled(lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TaskWarning)  # step_size=20 > 6 epochs: counted in steps, no warning
+        result = fit(per_step, device="cpu", threads=1)
+    assert _lrs(result) == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
+    per_epoch = _scheduled(lambda opt: {"scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+                                        "interval": "epoch"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TaskWarning)
+        result = fit(per_epoch, device="cpu", threads=1)
+    assert _lrs(result) == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
+    assert not result.anomalies
+
+
+def test_a_per_epoch_looking_scheduler_stepped_per_step_warns_once_saying_what_to_do() -> None:
+    from proftune.exceptions import TaskWarning
+
+    task = _scheduled(lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit(task, device="cpu", threads=1)
+        fit(task, device="cpu", threads=1)  # optimize trains a task many times: still one warning
+    caught = [w for w in caught if issubclass(w.category, TaskWarning)]
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "StepLR(step_size=2)" in message
+    assert "10 optimizer steps" in message
+    assert "'interval': 'epoch'" in message
+    assert [a["kind"] for a in result.anomalies] == ["scheduler_interval"]
+    assert result.curves["step"][-1]["lr"] < 1e-7  # what the warning is about: 0.5**29 of 0.1
+    stated = _scheduled(lambda opt: {"scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+                                     "interval": "step"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TaskWarning)  # the task said per step: taken as meant
+        fit(stated, device="cpu", threads=1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[3, 5], gamma=0.1),
+    lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7),
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6),
+], ids=["MultiStepLR", "ExponentialLR", "CosineAnnealingLR"])
+def test_other_epoch_counted_schedulers_warn_too(make: Any) -> None:
+    from proftune.exceptions import TaskWarning
+
+    with pytest.warns(TaskWarning, match="looks counted in epochs"):
+        fit(_scheduled(make), device="cpu", threads=1)
+
+
+def test_a_slow_per_step_decay_does_not_warn() -> None:
+    from proftune.exceptions import TaskWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TaskWarning)
+        fit(_scheduled(lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.99)), device="cpu", threads=1)
+
+
+def test_a_plateau_scheduler_steps_per_epoch_on_its_metric_and_bad_configs_are_named() -> None:
+    plateau = _scheduled(lambda opt: {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt, mode="max", patience=0, factor=0.5), "interval": "epoch", "monitor": "accuracy"})
+    result = fit(plateau, device="cpu", threads=1)
+    assert _lrs(result)[0] == 0.1
+    assert min(_lrs(result)) < 0.1  # accuracy stalls on noise labels
+    bare_plateau = _scheduled(lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
+    with pytest.raises(ConfigError, match="'interval': 'epoch'"):
+        fit(bare_plateau, device="cpu", threads=1)
+    bad = _scheduled(lambda opt: {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 2), "interval": "epochs",
+                                  "every": 2})
+    with pytest.raises(ConfigError) as err:
+        fit(bad, device="cpu", threads=1)
+    assert "interval='epochs' is unknown; valid: step, epoch" in str(err.value)
+    assert "key 'every' is unknown" in str(err.value)

@@ -81,8 +81,10 @@ class FitState:
     #: When True the loop synchronises the device around each phase so that timings are exact.
     sync_timing: bool = False
     scaler: Any = None
-    #: The task's learning-rate schedule (``Task.configure_scheduler``), stepped after each step.
+    #: The task's learning-rate schedule (``Task.configure_scheduler``).
     scheduler: Any = None
+    #: When the loop steps ``scheduler``: ``"step"`` (after every optimizer step) or ``"epoch"``.
+    scheduler_interval: str = "step"
 
     def request_stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step."""

@@ -17,6 +17,7 @@ __all__ = [
     "RunFailedError",
     "StoreError",
     "TaskLoadError",
+    "TaskWarning",
 ]
 
 
@@ -74,6 +75,11 @@ class OutputWriteError(RunFailedError, OSError):
         super().__init__(message)
         self.path, self.free_bytes = path, free_bytes
         self.errno = errno
+
+
+class TaskWarning(UserWarning):
+    """Something in the user's task that runs but is likely not what was meant (a scheduler
+    counted in epochs, stepped per step). The CLI shows it, where it hides library warnings."""
 
 
 class ProblemCollector:

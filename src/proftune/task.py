@@ -113,9 +113,15 @@ class Task:
 
     def configure_scheduler(self, optimizer: torch.optim.Optimizer, params: dict[str, Any], *,
                             epochs: int | None, max_steps: int | None) -> Any:
-        """A learning-rate schedule the fit loop steps after every optimizer step (an
-        ``LRScheduler``), planned for the run's ``epochs`` and ``max_steps`` (either may be None);
-        None (the default): the rate stays as the optimizer has it."""
+        """A learning-rate schedule for the run's ``epochs`` and ``max_steps`` (either may be None).
+
+        Return a ``torch.optim.lr_scheduler`` scheduler, which the fit loop steps after every
+        optimizer step (the default interval), or ``{"scheduler": s, "interval": "epoch"}`` to
+        step it once per epoch, after the epoch's evaluation (Lightning's default; a
+        ``ReduceLROnPlateau`` needs it, and ``"monitor"``, the metric it watches, default
+        ``val_loss``). A per-step scheduler whose counts read as epochs (``StepLR(step_size=2)``
+        over a 5-epoch run) warns once; ``"interval": "step"`` says per step is meant. None (the
+        default): the rate stays as the optimizer has it."""
         return None
 
     def example_batch(self, batch_size: int) -> Any:

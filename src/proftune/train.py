@@ -24,6 +24,7 @@ from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resol
 from ._fit_state import Callback, FitResult, FitState
 from ._optimizers import OPTIMIZERS, build_optimizer
 from ._options import with_options
+from ._schedule import Schedule, run_epochs, schedule_from, warn_if_per_epoch
 from ._step import StepPhases, StepSpec, TimedPhases, run_step
 from ._thread_control import ThreadControl
 from ._threads import ThreadChoice, fit_key, threads_from_env
@@ -195,9 +196,11 @@ def fit(
     optimizer = task.configure_optimizer(model, merged)
     scaler = spec.grad_scaler(dev.type)
 
-    scheduler = task.configure_scheduler(optimizer, merged, epochs=epochs, max_steps=max_steps)
+    schedule = schedule_from(task.configure_scheduler(optimizer, merged, epochs=epochs, max_steps=max_steps),
+                             owner=type(task).__name__)
     state = FitState(task=task, model=model, optimizer=optimizer, params=merged, device=dev,
-                     batch_size=bs, scaler=scaler, scheduler=scheduler)
+                     batch_size=bs, scaler=scaler, scheduler=schedule.scheduler if schedule else None,
+                     scheduler_interval=schedule.interval if schedule else "step")
     threads_before = torch.get_num_threads()
     control = ThreadControl(threads, given_by, fit_key(task, dev.type))
     callbacks = [*callbacks, control]
@@ -207,14 +210,10 @@ def fit(
             cb.on_fit_start(state)
         epoch_limit = epochs if epochs is not None else math.inf
         while state.epoch < epoch_limit and not state.should_stop:
-            steps_before = state.step
             _run_epoch(state, callbacks, spec=spec, max_steps=max_steps, evaluate=evaluate,
                        stop_on_nan=stop_on_nan, started=started)
-            if state.step == steps_before:  # with max_steps alone, an empty epoch looped forever
-                raise ConfigError(
-                    f"train_data(batch_size={bs}) yielded no batch in epoch {state.epoch}: a task's "
-                    "training data must give at least one batch an epoch (a smaller batch_size, or "
-                    "keep a last partial batch).")
+            if schedule is not None:
+                _after_epoch(state, schedule, epochs=epochs, max_steps=max_steps)
             if max_steps is not None and state.step >= max_steps:
                 break
         for cb in callbacks:
@@ -232,6 +231,20 @@ def fit(
         duration_s=time.perf_counter() - started, anomalies=state.anomalies,
         stop_reason=state.stop_reason, device=str(dev), threads=control.choice(),
     )
+
+
+def _after_epoch(state: FitState, schedule: Schedule, *, epochs: int | None, max_steps: int | None) -> None:
+    """Step an epoch-interval schedule; after a whole first epoch (its step count known), warn
+    once where a per-step schedule reads as counted in epochs."""
+    if schedule.interval == "epoch" and not state.should_stop:
+        schedule.step_after_epoch(state.metrics)
+    whole = not state.should_stop and (max_steps is None or state.step < max_steps)
+    if state.epoch == 1 and whole:
+        assert state.task is not None
+        why = warn_if_per_epoch(schedule, task=state.task.name or type(state.task).__name__,
+                                epochs=run_epochs(epochs, max_steps, state.step), steps_per_epoch=state.step)
+        if why is not None:
+            state.record_anomaly("scheduler_interval", reason=why)
 
 
 def _micro_batches(it: Iterator[Any], accum: int) -> Iterator[list[Any]]:
@@ -282,11 +295,17 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, spec: StepSpec
     epoch_started = time.perf_counter()
     timer = _Timer(dev, state.sync_timing)
     groups = _micro_batches(iter(task.train_data(state.batch_size, state.params)), spec.grad_accumulation)
+    steps_before = state.step
     while True:
         timer.sync = state.sync_timing
         timer.lap()
         group = next(groups, None)
         if group is None:
+            if state.step == steps_before:  # with max_steps alone, an empty epoch looped forever
+                raise ConfigError(
+                    f"train_data(batch_size={state.batch_size}) yielded no batch in epoch {state.epoch + 1}: "
+                    "a task's training data must give at least one batch an epoch (a smaller batch_size, "
+                    "or keep a last partial batch).")
             break
         group = [move_to_device(b, dev) for b in group]
         data_ms = timer.lap()
@@ -314,7 +333,7 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, spec: StepSpec
         }
         state.curves["step"].append({"step": state.step, "epoch": state.epoch, "loss": state.loss,
                                      "lr": state.lr, "samples": n})
-        if state.scheduler is not None:  # the rate of the next step; the curve holds this step's
+        if state.scheduler is not None and state.scheduler_interval == "step":  # the next step's rate
             state.scheduler.step()
         if not math.isfinite(state.loss):
             state.record_anomaly("nan_loss", loss=state.loss)

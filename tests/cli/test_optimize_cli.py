@@ -109,3 +109,18 @@ def test_an_absurd_budget_is_refused_before_anything_is_written(
         assert "budget" in out.output
         assert "Traceback" not in out.output
         assert list(tmp_path.iterdir()) == []
+
+
+def test_the_budget_plan_said_again_says_what_changed() -> None:
+    """The plan is made again at the search's start from the time measured since the baseline:
+    the second print says what changed, not a second full plan with other numbers."""
+    from proftune.cli._optimize import plan_change
+
+    first = {"race_fits": True, "left_s": 57.2, "search_s": 31.0, "trial_epochs": 2, "finalists": 2, "seeds": 3,
+             "race_s": 3.1}
+    again = {**first, "left_s": 53.0, "search_s": 34.4}
+    assert plan_change(first, again) == ("made again from the time left: 53 s (was 57 s); "
+                                         "the search ~34 s (was ~31 s)")
+    assert plan_change(first, {**first, "left_s": 56.8}) == ("made again from the time left: 57 s (was 57 s); "
+                                                            "the rest as planned")
+    assert plan_change(first, {**again, "race_fits": False}) is None  # a new verdict: the whole plan again

@@ -132,3 +132,30 @@ def test_tasks_lists_builtins() -> None:
     out = invoke("tasks", "--json")
     names = {t["name"] for t in json.loads(out.stdout)["tasks"]}
     assert {"digits-mlp", "digits-cnn", "digits-transformer", "wine-mlp", "resnet18-synthetic"} <= names
+
+
+def test_a_scheduler_counted_in_epochs_but_stepped_per_step_is_one_warning_on_stderr(tmp_path: Path) -> None:
+    """The CLI hides library warnings; a warning about the user's own task still shows, once."""
+    from proftune import _schedule
+
+    _schedule._WARNED.clear()
+    task = tmp_path / "sched.py"
+    task.write_text(
+        "import torch\nimport proftune\n\n\n"
+        "class Sched(proftune.ClassificationTask):\n"
+        "    name = 'sched'\n"
+        "    default_params = {'lr': 0.1, 'batch_size': 8}\n"
+        "    default_epochs = 4\n\n"
+        "    def build_model(self, params):\n        return torch.nn.Linear(3, 2)\n\n"
+        "    def train_data(self, batch_size, params):\n"
+        "        g = torch.Generator().manual_seed(0)\n"
+        "        return [(torch.randn(8, 3, generator=g), torch.randint(0, 2, (8,), generator=g))\n"
+        "                for _ in range(8)]\n\n"
+        "    def val_data(self, batch_size):\n        return self.train_data(batch_size, {})\n\n"
+        "    def configure_scheduler(self, optimizer, params, *, epochs, max_steps):\n"
+        "        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)\n")
+    out = invoke("train", str(task), "--json", "--db", f"sqlite:///{tmp_path / 'p.db'}", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("warning:") == 1, out.stderr
+    assert "StepLR(step_size=2)" in out.stderr
+    assert json.loads(out.stdout)["run_id"]

@@ -21,6 +21,7 @@ PAGES: dict[str, bool] = {
     "extend.md": False,
     "concepts/loop.md": False,
     "index.md": False,
+    "quickstart.md": True,
     "tutorial.md": True,
     "howto/optimize.md": True,
     "howto/run.md": True,
@@ -111,6 +112,8 @@ def _made(folder: Path, *files: str) -> None:
 AFTER: dict[str, Callable[[Path], None]] = {
     "tutorial.md": lambda d: _made(d, "proftune-optimize/digits-cnn/summary.json", "digits-profile.json",
                                    "digits-profile.html", "proftune-optimize/regression/summary.json"),
+    "quickstart.md": lambda d: _made(d, "proftune-optimize/my-model/summary.json",
+                                     "proftune-optimize/my-model/report.html"),
     "howto/optimize.md": lambda d: _made(d, "runs/digits-cnn/summary.json", "runs/digits-cnn/config.yaml"),
     "howto/python.md": lambda d: _made(d, "lr.png", "cnn.json"),
     "howto/tune.md": lambda d: (_made(d, "plots", "cnn-study.html"),

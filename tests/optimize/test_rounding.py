@@ -359,7 +359,8 @@ FOUND: dict[str, Callable[[], dict[str, Any]]] = {
 def test_what_the_stages_found_is_printed_rounded(monkeypatch: pytest.MonkeyPatch, found: str) -> None:
     text = _printed(_result(**FOUND[found]()), monkeypatch)
     marker = {"optimizer alternative": "optimizer_alternative", "yellow flag": "yellow flag: nan in ",
-              "warning": "warning oscillating_loss", "layer finding": "layer fc1"}[found]
+              "warning": "warning about the defaults' training: oscillating_loss",
+              "layer finding": "layer fc1"}[found]
     assert marker in text
     assert not _unrounded(text), _unrounded(text)
 

@@ -161,3 +161,19 @@ def test_sentences_from_other_parts_are_rounded_but_versions_are_not() -> None:
             == "costs only 0.761 accuracy, lower bound +0.321 > 0")
     assert rounded("torch 2.14.1, 0.5 and 12.5, 98%") == "torch 2.14.1, 0.5 and 12.5, 98%"
 
+
+def test_a_finding_of_the_defaults_training_is_theirs_where_the_result_changed_its_param() -> None:
+    """lr_too_high, found while the defaults trained, under a result that raised the lr 43x: said
+    as the defaults' finding, with the change, not as the last word on the result."""
+    from proftune.diagnose import Finding
+    from proftune.optimize._changes import ParamChange
+    from proftune.optimize._story import _defaults_finding
+
+    w = Finding(cause="lr_too_high", severity="warning", fix="lower the lr", summary="the loss rose after a dip")
+    lr = ParamChange(param="lr", default=0.001, default_from="task", value=0.043, changed=True, source="searched",
+                     why="trial 3")
+    text = _defaults_finding(w, [lr])
+    assert text.startswith("warning about the defaults' training: lr_too_high")
+    assert "the result changed lr 0.001 -> 0.043: the finding is the defaults', not the result's" in text
+    kept = _defaults_finding(w, [])
+    assert "the result changed" not in kept

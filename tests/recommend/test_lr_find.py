@@ -72,6 +72,18 @@ def test_a_flat_loss_says_the_range_is_too_low() -> None:
     assert "did not fall" in (r.message or "")
 
 
+def test_a_flat_loss_that_then_blew_up_does_not_advise_a_larger_range() -> None:
+    """A loss that never fell and then blew up: a larger max_lr would only blow up sooner."""
+    flat = [*(2.3 + np.random.default_rng(1).normal(0, 0.01, 60)), 40.0, float("nan")]
+    for diverged in (True, False):  # the callback's flag, or only the non-finite loss
+        r = suggest_lr(LRS[:62], flat, diverged=diverged)
+        assert r.suggested_lr is None
+        assert "before it blew up" in (r.message or "")
+        assert "raise max_lr" not in (r.message or "")
+    still_falling = suggest_lr(LRS[:40], [*_curve()[:38], float("nan"), float("nan")])
+    assert "raise max_lr" not in (still_falling.message or "")
+
+
 def test_range_test_runs_through_the_fit_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[dict] = []
     real_fit = _lr_find.fit

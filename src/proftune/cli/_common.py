@@ -23,7 +23,7 @@ from .._cpplog import cpp_logs_shown
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import OutputPath, check_outputs
 from .._threads import fixed_threads
-from ..exceptions import ConfigError, ProblemCollector, ProftuneError
+from ..exceptions import ConfigError, ProblemCollector, ProftuneError, TaskWarning
 from ..track import held_until_written
 from ._options import ReportOpts, RunOpts, fill_choices
 
@@ -32,8 +32,41 @@ T = TypeVar("T")
 #: Human output and progress go to stderr; stdout carries only the result (and, with --json,
 #: nothing but one JSON object).
 err_console = Console(stderr=True)
-#: Piped (not a terminal) the tables keep their full width rather than rich's 80 columns.
-out_console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 240))
+#: The width of a result printed where no terminal says it (piped, a file, a log): the tables
+#: fit 100 columns, wrapping their long cells, rather than rich's 80 or a row as long as its text.
+PIPED_WIDTH = 100
+#: Human output and the result's tables; a terminal's own width, else $COLUMNS or PIPED_WIDTH.
+out_console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or PIPED_WIDTH))
+
+
+def value_text(value: Any, *, digits: int = 4) -> str:
+    """A value for a table cell, never a Python repr: ``0.003``, ``lr=0.003 batch_size=16``,
+    ``0, 3`` (a list; a layer's name for a dict that has one), ``-`` for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_nested(v, digits)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v["layer"]) if isinstance(v, dict) and "layer" in v else _nested(v, digits)
+                         for v in value) or "none"
+    return str(value)
+
+
+def _nested(value: Any, digits: int) -> str:
+    text = value_text(value, digits=digits)
+    return f"({text})" if isinstance(value, (dict, list, tuple)) and value else text
+
+
+def keep_whole(table: Any, *columns: str) -> None:
+    """Keep the cells of ``columns`` (numbers, short names) whole when a table is narrower than
+    its text: their width is their widest cell, and the other columns wrap into what is left."""
+    for column in table.columns:
+        if column.header in columns:
+            cells = [str(column.header), *(str(c) for c in column.cells)]
+            column.min_width = max(len(c) for c in cells)
+            column.no_wrap = True
 
 def check_log(log: str | None, *, command: str) -> None:
     """``--log``'s value is known and its package installed: an error before the work, not after it."""
@@ -119,13 +152,15 @@ def library_warnings(*, shown: bool) -> Iterator[None]:
     """The one place the CLI hides library warnings (Python warnings and the libraries' logged
     warnings, the C++ lines proftune keeps off stderr); ``--debug`` shows them."""
     if shown:
-        with cpp_logs_shown():
+        with cpp_logs_shown(), warnings.catch_warnings():
+            _show_task_warnings()
             yield
         return
     loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _show_task_warnings()
         for lg in loggers:
             lg.setLevel(logging.ERROR)
         try:
@@ -133,6 +168,21 @@ def library_warnings(*, shown: bool) -> Iterator[None]:
         finally:
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
+
+
+def _show_task_warnings() -> None:
+    """Inside ``warnings.catch_warnings()``: a warning about the user's own task (a
+    :class:`TaskWarning`, which warns once itself) printed as one line, ``warning: ...``."""
+    warnings.filterwarnings("always", category=TaskWarning)
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, TaskWarning):
+            err_console.print(f"[bold yellow]warning:[/] {escape(str(message))}", highlight=False)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
 
 
 @contextlib.contextmanager

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from ..compress import compress as run_compress
 from ..exceptions import ConfigError
 from . import _options as opt
-from ._common import execute_run, out_console, parse_params, task_arg
+from ._common import execute_run, keep_whole, out_console, parse_params, task_arg
 from ._progress import EpochProgress
 
 
@@ -115,19 +116,23 @@ def compress(
     def render(report: Any) -> None:
         d = report.to_dict()
         table = Table(title=f"compress {d['task']}: {d['metric']} within -{d['max_accuracy_drop']}, "
-                            f"goal {d['goal']} ({d['device']}, {d['threads']} thread(s))")
-        for col in ("method", "ratio", d["metric"], "drop", "params", "MMACs", "size KB",
-                    "ms @1", f"ms @{d['baseline']['batch_size']}", "backend", "front"):
+                            f"goal {d['goal']} ({d['device']}, {d['threads']} thread(s))",
+                      box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True,
+                      caption="*: the selected candidate; front: on the Pareto front")
+        numbers = (d["metric"], "drop", "params", "MMACs", "size KB", "ms @1", f"ms @{d['baseline']['batch_size']}")
+        for col in ("method", "ratio", *numbers, "backend", "front"):
             table.add_column(col, justify="left" if col in ("method", "backend") else "right")
         selected = d["selected"]
         for c in [d["baseline"], *d["candidates"]]:
             mark = " *" if selected and c["method"] == selected["method"] and c["ratio"] == selected["ratio"] else ""
             table.add_row(
-                c["method"] + mark, f"{c['ratio']:g}", f"{c['metric']:.4f}", f"{c['metric_drop']:+.4f}",
+                c["method"].replace("+", " + ") + mark,  # wraps at the "+" where the table is narrow
+                f"{c['ratio']:g}", f"{c['metric']:.4f}", f"{c['metric_drop']:+.4f}",
                 f"{c['params']:,}", f"{c['macs'] / 1e6:.2f}", f"{c['size_bytes'] / 1024:.1f}",
                 f"{c['latency_ms']:.3f}", f"{c['latency_batch_ms']:.3f}", c["quant_backend"] or "",
                 "yes" if c["pareto"] else "")
-        out_console.print(table, width=max(out_console.width, 150))  # a pipe gets 80 columns
+        keep_whole(table, "ratio", *numbers, "front")
+        out_console.print(table)
         for line in d["plan"]:
             out_console.print(f"plan: {line}", highlight=False)
         for note in d["notes"]:

@@ -63,6 +63,7 @@ def optimize_command(
     from ..optimize import optimize
 
     failed_run: list[int] = []  # the optimize run, where it failed midway: W&B still gets it
+    plans: list[dict[str, Any]] = []  # the budget plans said so far: a later one says what changed
 
     def progress(event: str, data: dict[str, Any]) -> None:
         if event == "run_failed":
@@ -70,7 +71,11 @@ def optimize_command(
         elif event == "stage_start":
             err_console.print(f"[bold]{data['stage']}[/] (share {data['share_s']:.0f} s)", highlight=False)
         elif event == "plan":
-            err_console.print(f"[bold]plan[/]: {escape(str(data['text']))}", highlight=False)
+            now = data.get("plan") or {}
+            again = plan_change(plans[-1], now) if plans and now else None
+            plans.append(now)
+            err_console.print(f"[bold]plan[/]: {escape(str(data['text']) if again is None else again)}",
+                              highlight=False)
         elif event == "stage_rerun":
             err_console.print(f"[yellow]{data['stage']}[/]: finished before, but {', '.join(data['missing'])} "
                               "is missing: running it again", highlight=False)
@@ -127,6 +132,28 @@ def _quiet(debug: bool) -> Iterator[None]:
             yield
     finally:
         torch_log.setLevel(level)
+
+
+def plan_change(before: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The budget plan made again (at the search's start, from the time measured since) in one
+    line of what changed against the one said before; None where the race no longer fits or now
+    does (the whole plan is said again)."""
+    if bool(before.get("race_fits")) != bool(now.get("race_fits")):
+        return None
+    said = [f"made again from the time left: {now.get('left_s', 0):.0f} s (was {before.get('left_s', 0):.0f} s)"]
+
+    def seconds(v: Any) -> str:
+        return f"~{float(v):.0f} s"
+
+    for key, label, show in (("search_s", "the search", seconds), ("trial_epochs", "epochs a trial", str),
+                             ("finalists", "finalists", str), ("seeds", "paired seeds", str),
+                             ("race_s", "the race", seconds)):
+        old, new = before.get(key), now.get(key)
+        if old is not None and new is not None and show(old) != show(new):
+            said.append(f"{label} {show(new)} (was {show(old)})")
+    if len(said) == 1:
+        said.append("the rest as planned")
+    return "; ".join(said)
 
 
 def fmt(v: Any) -> str:

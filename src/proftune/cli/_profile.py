@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from .._paths import OutputPath
@@ -15,7 +16,7 @@ from ..exceptions import ConfigError
 from ..profile import Profile, compare_profiles, profile
 from ..track import Store
 from . import _options as opt
-from ._common import execute, out_console, parse_params, task_arg, with_report
+from ._common import execute, keep_whole, out_console, parse_params, task_arg, with_report
 
 
 def _num(n: float | None) -> str:
@@ -41,14 +42,16 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
     layers = sorted(p.layers, key=lambda lay: (lay.time_share or 0.0, lay.macs), reverse=True)[:top]
     table = Table(title=f"top {len(layers)} layers by share of forward+backward time — {title}",
                   caption="act: bytes saved for backward; GF/s: forward GFLOP/s; par, MAC: share of the "
-                          "model's params and MACs")
-    for col in ("layer", "type", "params", "MACs", "fwd ms", "bwd ms", "act", "GF/s", "time", "par", "MAC"):
-        table.add_column(col, justify="left" if col in ("layer", "type") else "right", no_wrap=True)
+                          "model's params and MACs", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    numbers = ("params", "MACs", "fwd ms", "bwd ms", "act", "GF/s", "time", "par", "MAC")
+    for col in ("layer", "type", *numbers):
+        table.add_column(col, justify="left" if col in ("layer", "type") else "right", overflow="fold")
     for lay in layers:
         table.add_row(lay.name or "(model)", lay.type, _num(lay.params), _num(lay.macs), _ms(lay.forward_ms),
                       _ms(lay.backward_ms), format_bytes(lay.activation_bytes),
                       "-" if lay.gflops_per_s is None else f"{lay.gflops_per_s:.1f}",
                       _pct(lay.time_share), _pct(lay.params_share), _pct(lay.macs_share))
+    keep_whole(table, *numbers)  # the layer's name wraps; its numbers are never cut
     out_console.print(table)
 
     s, mem = p.step, p.memory
@@ -243,14 +246,16 @@ def _render_structure(s: Any, depth: int) -> None:
     rows = [r for r in s.rows if r.depth <= depth]
     table = Table(title=f"model structure · batch {s.batch_size} · depth <= {depth} of {max(r.depth for r in s.rows)}",
                   caption="params: the module's and those under it; MACs: forward multiply-accumulates of "
-                          "its subtree (matmuls inside it included); shapes: its first call")
+                          "its subtree (matmuls inside it included); shapes: its first call",
+                  box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     for col in ("module", "type", "input", "output", "params", "MACs"):
         table.add_column(col, justify="left" if col in ("module", "type", "input", "output") else "right",
-                         no_wrap=True)
+                         overflow="fold")
     for r in rows:
         label = "(model)" if not r.name else "  " * (r.depth - 1) + r.name.rsplit(".", 1)[-1]
         table.add_row(label, r.type, _shape(r.input_shapes), _shape(r.output_shapes),
                       f"{r.params:,}" if r.params else "-", _num(r.macs) if r.macs else "-")
+    keep_whole(table, "module", "params", "MACs")  # the shapes wrap; names and numbers are never cut
     out_console.print(table)
     out_console.print(f"total params {s.params_total:,} (trainable {s.params_trainable:,}) · "
                       f"MACs {_num(s.macs)} · FLOPs {_num(s.flops)}", highlight=False)

@@ -6,9 +6,9 @@ import sys
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from .._jsonsafe import json_dumps
 from .._units import parse_duration
 from ..exceptions import ConfigError
 from ..integrations import EMIT_FORMATS, emit_snippet
@@ -20,21 +20,18 @@ from ._common import (
     as_flags,
     err_console,
     execute_run,
+    keep_whole,
     out_console,
     parse_params,
     progress_enabled,
     task_arg,
+    value_text,
 )
 
 
 def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, list):
-        return ", ".join(str(v.get("layer", v)) if isinstance(v, dict) else str(v) for v in value) or "none"
-    if isinstance(value, dict):
-        return json_dumps(value)
-    return str(value)
+    """A recommended value to 3 digits, never a Python repr."""
+    return value_text(value, digits=3)
 
 
 class _Result:
@@ -115,10 +112,11 @@ def recommend_command(
         table.add_column("name")
         table.add_column("value")
         table.add_column("confidence")
-        table.add_column("why", overflow="fold")
-        table.add_column("effect", overflow="fold")
+        table.add_column("why, and its effect", overflow="fold")
         for r in recs:
-            table.add_row(r.name, _short(r.value), r.confidence, as_flags(r.reason), r.effect)
+            effect = f"\n[dim]effect:[/] {escape(r.effect)}" if r.effect else ""
+            table.add_row(r.name, escape(_short(r.value)), r.confidence, escape(as_flags(r.reason)) + effect)
+        keep_whole(table, "name", "confidence")
         out_console.print(table)
 
     execute_run(body, o, r, render=render, threads=threads)

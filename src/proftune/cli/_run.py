@@ -15,7 +15,7 @@ from ..profile import Profile, ScriptResult, parse_command, run_script
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
 from ..track import Store, environment, held_until_written
 from . import _options as opt
-from ._common import err_console, execute, out_console
+from ._common import err_console, execute, out_console, value_text
 
 
 def _memory_headroom(p: Profile) -> Recommendation:
@@ -155,7 +155,8 @@ def run_command(
             for other, rid in zip(d["profiles"][1:], d["run_ids"][1:], strict=False):
                 out_console.print(f"also profiled: {other['config'].get('model')} (run {rid})", highlight=False)
             for r in d["recommendations"]:
-                out_console.print(f"→ {r['name']}: {r['value']!r} — {r['reason']}", highlight=False)
+                out_console.print(f"→ {r['name']}: {value_text(r['value'], digits=3)} — {r['reason']}",
+                                  highlight=False, markup=False)
             if d["report"]:
                 out_console.print(f"report {d['report']}", style="dim")
         else:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from .._paths import OutputPath, check_outputs
 from ..track import RUN_KINDS, Store
 from . import _options as opt
-from ._common import err_console, execute, out_console
+from ._common import err_console, execute, keep_whole, out_console, value_text
 
 runs_app = typer.Typer(help="List, show and compare recorded runs.", no_args_is_help=True)
 
@@ -21,10 +22,8 @@ def _open(db: str | None) -> Store:
     return store
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+#: A cell of a run's field: a number to 4 digits, a dict as ``k=v`` pairs, never a Python repr.
+_fmt = value_text
 
 
 @runs_app.command("list")
@@ -50,14 +49,15 @@ def list_runs(
         return {"runs": [r.summary() for r in runs]}
 
     def render(d: dict[str, Any]) -> None:
-        table = Table(title="runs")
+        table = Table(title="runs", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
         for col in ("id", "kind", "task", "status", "started", "duration", "data", "metrics"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for r in d["runs"]:
-            metrics = " ".join(f"{k}={_fmt(v)}" for k, v in list(r["metrics"].items())[:3])
+            metrics = "\n".join(f"{k}={_fmt(v)}" for k, v in list(r["metrics"].items())[:3])  # one a line
             dur = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "-"
-            table.add_row(str(r["run_id"]), r["kind"], r["task"], r["status"], r["started_at"][:19],
-                          dur, str(r["data_fingerprint"] or "-"), metrics)
+            table.add_row(str(r["run_id"]), r["kind"], r["task"], r["status"],
+                          r["started_at"][:16].replace("T", " "), dur, str(r["data_fingerprint"] or "-"), metrics)
+        keep_whole(table, "id", "kind", "task", "status", "started", "duration", "data")
         out_console.print(table)
 
     execute(body, json_out=json_out, debug=debug, render=render)

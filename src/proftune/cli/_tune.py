@@ -17,11 +17,13 @@ from ._common import (
     check_log,
     err_console,
     execute_run,
+    keep_whole,
     log_run,
     out_console,
     parse_params,
     task_arg,
     trial_logger,
+    value_text,
 )
 from ._script import script_command, tune_on_script
 
@@ -141,10 +143,8 @@ def _plot_output(plot: Path | None) -> OutputPath:
     return OutputPath("--plot", plot, folder=True, names=PLOT_FILES)
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+#: A trial's value: a number to 4 digits, never a Python repr.
+_fmt = value_text
 
 
 def _render(d: dict[str, Any]) -> None:
@@ -229,6 +229,7 @@ def _render_trials(d: dict[str, Any]) -> None:
         state = "gated" if t.get("gated") else t["state"]
         table.add_row(str(t["number"]), state, params, *vals, t["reason"] or "",
                       f"{t['duration_s']:.1f}" if t["duration_s"] is not None else "")
+    keep_whole(table, "#", "state", *objectives, "s")  # params and reasons wrap; numbers are never cut
     out_console.print(table)
     counts = ", ".join(f"{k} {v}" for k, v in d["counts"].items() if v)
     comp, budget = d["compute"], d["budget"]

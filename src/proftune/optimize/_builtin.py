@@ -96,7 +96,8 @@ class Baseline(BaseStage):
     compares = "no-tricks run -> the task's defaults (one seed, with the health checks)"
 
     def on_end(self, loop: StageContext) -> None:
-        loop.say("plan", {"text": loop.budget_plan().describe()})  # as soon as one training is timed
+        plan = loop.budget_plan()  # as soon as one training is timed
+        loop.say("plan", {"text": plan.describe(), "plan": plan.to_dict()})
 
     def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """The task's defaults (trained with the health checks) and a no-tricks run beside it."""
@@ -280,7 +281,7 @@ class Search(BaseStage):
                           max_batch=comp.max_batch_size, samples=_samples(loop.task, loop.defaults))
         compress_min = loop.compress_reserve()
         budget_plan = loop.budget_plan()
-        loop.say("plan", {"text": budget_plan.describe()})
+        loop.say("plan", {"text": budget_plan.describe(), "plan": budget_plan.to_dict()})
         epochs = budget_plan.trial_epochs
         epoch_s = loop.epoch_s()
         race_s = budget_plan.race_s if budget_plan.race_fits else 0.0

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
-from .._jsonsafe import json_dumps, json_safe
+from .._jsonsafe import finite_float, json_dumps, json_safe
 from .._paths import replacing, write_text
 from .._report_writers import report_writer
 from ..task import Task
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ._result_records import OptimizeResult
     from ._state import OptimizeState
 
-__all__ = ["load_line", "write_html", "write_outputs", "write_summary"]
+__all__ = ["few_values", "load_line", "write_html", "write_outputs", "write_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,20 @@ def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]
                       "load": load_line(result)}))
 
 
+def few_values(srch: SearchStageOutputs) -> str | None:
+    """Why the search's plot has no line: fewer than two of its trials produced a value (how many
+    did, what became of the others, why the search stopped); None where two or more did."""
+    if srch.trials_log:
+        valued, total = sum(1 for t in srch.trials_log if finite_float(t.value) is not None), len(srch.trials_log)
+    else:
+        valued, total = len(srch.history), srch.trials
+    if valued >= 2:
+        return None
+    states = ", ".join(f"{v} {k.lower()}" for k, v in srch.counts.items() if v)
+    return (f"{valued} of {total} trial(s) produced a value" + (f" ({states})" if states else "")
+            + (f"; the search stopped: {srch.stop_reason}" if srch.stop_reason else ""))
+
+
 def load_line(result: OptimizeResult) -> str:
     """Python that rebuilds the result's model from this folder's files, from any directory."""
     folder = Path(result.out).resolve()
@@ -67,10 +81,15 @@ def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[s
         return []
     folder.mkdir(parents=True, exist_ok=True)
     files = []
-    hist = state.record(SearchStageOutputs).history
-    if hist:
+    srch = state.record(SearchStageOutputs)
+    hist = srch.history
+    if hist or srch.trials:
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.step([h[0] for h in hist], [h[1] for h in hist], where="post", label="best so far")
+        ax.step([h[0] for h in hist], [h[1] for h in hist], where="post", marker="o", label="best so far")
+        empty = few_values(srch)
+        if empty:  # a line needs two trials with a value: say why there is none
+            ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", wrap=True, fontsize=9,
+                    color="#c92a2a")
         base = result.vs_baseline.baseline
         if base is not None:
             ax.axhline(base, color="grey", linestyle="--", label="baseline (defaults)")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .._jsonsafe import finite_float as _f
 from .._optimizers import DEFAULT_LR
 from .._units import format_bytes
+from ._decide import ALPHA
 from ._numbers import fmt, fmt_ms, method_name, rounded
 from ._records import (
     BaselineOutputs,
@@ -63,17 +64,39 @@ def _times(new: Any, old: Any) -> tuple[float | None, str]:
     return r, (f"{r:.2f}x faster" if r >= 1 else f"{1 / r:.2f}x slower")
 
 
+def bound_level(level: float) -> str:
+    """The one stated confidence of a race's lower bound: 95% for the race, however many tests
+    share its error (each bound is one-sided at ``level``, ``ALPHA`` split among the tests)."""
+    tests = max(1, round(ALPHA / max(1.0 - level, 1e-12)))
+    if tests == 1:
+        return f"the {1 - ALPHA:.0%} lower bound"
+    return f"the lower bound ({1 - ALPHA:.0%} for the race: {level:.1%} one-sided for each of its {tests} tests)"
+
+
 def _noise(cmp: Comparison | None, metric: str) -> str:
     """A paired comparison in one sentence: the gain, its spread, the bound and what it means."""
     if cmp is None:
         return "no paired comparison (no searched configuration reached the final race)"
-    reason = rounded(cmp.reason)
+    # the decision names its bound at each test's own level; said once, at the race's
+    reason = rounded(cmp.reason.replace(f"the {cmp.level:.0%} lower bound", bound_level(cmp.level)))
     for said in ("beyond noise: ", "within noise: "):  # the answer says it already
         reason = reason[len(said):] if reason.startswith(said) else reason
     if _f(cmp.gain) is None:
         return reason or "no comparison"
     std = f" ± {fmt(cmp.gain_std, 2)}" if _f(cmp.gain_std) is not None else ""
     return f"{metric} gain {_signed(cmp.gain)}{std} over {len(cmp.seeds)} paired seed(s); {reason}"
+
+
+def _defaults_finding(w: Any, changes: Sequence[Any]) -> str:
+    """A health finding of the defaults' training, labelled as theirs; where the adopted result
+    changed the param it is about (``lr`` for ``lr_too_high``), the change, so that it is not read
+    as a finding about the result."""
+    text = f"warning about the defaults' training: {w.cause}: {w.summary} (fix: {w.fix})"
+    about = [c for c in changes if c.changed and c.param in str(w.cause).split("_")]
+    if about:
+        text += ("; the result changed " + ", ".join(f"{c.param} {fmt(c.default)} -> {fmt(c.value)}" for c in about)
+                 + ": the finding is the defaults', not the result's")
+    return text
 
 
 def _compression(final: FinalSummary, vs: VsBaseline, compress: CompressOutputs) -> str:
@@ -238,9 +261,10 @@ def tell(result: OptimizeResult) -> Story:
     lines.append(("stopped", rounded(result.stop_reason or "-")))
     headline = (f"{metric} {fmt(dv.val.mean)} (defaults) -> {_pm(fv.val)} "
                 f"(result, {seeds} seed(s)); {decision}")
-    notes = [f"final race: {vs.race_note}"] if vs.race_note else []
+    # the health checks ran on the defaults' training: said as theirs, before what the result did
+    notes = [_defaults_finding(w, final.changes if adopted else []) for w in result.warnings]
+    notes += [f"final race: {vs.race_note}"] if vs.race_note else []
     notes += [f"yellow flag: {f.cause} in {_region(f.region)}: {f.ACTION}" for f in result.flags]
-    notes += [f"warning {w.cause}: {w.summary} (fix: {w.fix})" for w in result.warnings]
     notes += [f"layer {f.layer}: {f.finding}; {f.action}" for f in result.layer_findings]
     return Story(headline=headline, decision=decision, adopted=adopted, notes=[rounded(n) for n in notes],
                  lines=[StoryLine(label=q, text=a) for q, a in lines],

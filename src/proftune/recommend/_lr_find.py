@@ -299,12 +299,16 @@ def suggest_lr(lrs: Any, losses: Any, *, diverged: bool = False, factor: float =
     above = np.nonzero(sm[i_min:] > float(sm[i_min]) + 0.5 * max(drop, 0.0))[0]
     i_blow = i_min + int(above[0]) if len(above) else None
     max_lr = float(lr[i_blow - 1]) if i_blow is not None and i_blow > 0 else float(lr[-1])
+    blew_up = diverged or end < len(raw)  # a larger max_lr would only blow up sooner
     if not significant:
-        rose = float(sm[-1]) > start_level or diverged
+        rose = float(sm[-1]) > start_level or blew_up
         if i_min <= max(head, n // 10) and rose:
             msg = (f"the loss rose from the first step (start lr {lr[0]:.3g}, smoothed loss "
                    f"{start_level:.4g} -> {float(sm[-1]):.4g}): the range starts above the largest "
                    "stable lr; lower min_lr.")
+        elif blew_up:
+            msg = (f"the loss did not fall over lr {lr[0]:.3g}..{lr[-1]:.3g} before it blew up (drop "
+                   f"{drop:.3g}, noise {noise:.3g}); lower min_lr or run more steps below lr {lr[-1]:.3g}.")
         else:
             msg = (f"the loss did not fall over lr {lr[0]:.3g}..{lr[-1]:.3g} (drop {drop:.3g}, "
                    f"noise {noise:.3g}); raise max_lr or run more steps.")
@@ -329,7 +333,7 @@ def suggest_lr(lrs: Any, losses: Any, *, diverged: bool = False, factor: float =
     else:
         suggestion = math.sqrt(lr_min * min_lr)
     note = None
-    if i_min >= n - 2 and not diverged:
+    if i_min >= n - 2 and not blew_up:
         note = (f"the loss was still falling at the end of the range (lr {lr[-1]:.3g}); the "
                 "suggestion is a lower bound: raise max_lr to see the minimum.")
     return CurveReading(suggestion, min_lr, max_lr, lr_min, full_sm, note)

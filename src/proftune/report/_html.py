@@ -296,7 +296,7 @@ vertical-align:top;width:1%}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(280px,1fr));gap:16px}
 .tablewrap{overflow-x:auto;margin:6px 0 10px}
 table.data th{position:sticky;top:0;background:#f2f4f7;text-align:left;padding:6px 10px;
-border-bottom:1px solid var(--line);font-weight:600;white-space:nowrap}
+border-bottom:1px solid var(--line);font-weight:600;vertical-align:bottom}
 table.data td{padding:5px 10px;border-bottom:1px solid #f0f1f3;vertical-align:top;word-break:break-word}
 table.data td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.data tbody tr:hover{background:#f8f9fc}

@@ -111,12 +111,13 @@ def _layer_value(page: Page, run: _Run) -> None:
     # the drop beside what is left of the metric: a drop near the whole metric is a layer the
     # model cannot do without (it falls to chance), not an accuracy misfiled as a drop
     s.table(["layer", "type", "params", "time", "value", f"{run.metric} drop",
-             f"{run.metric} without it (of {_n(base)})", "finding"],
-            [[x.name, x.type, x.params, Cell(f"{100 * (_f(x.time_share) or 0):.1f}%", sort=_f(x.time_share) or 0),
+             f"without it (of {_n(base)})", "finding"],
+            [[clipped(x.name, 28), x.type, x.params,
+              Cell(f"{100 * (_f(x.time_share) or 0):.1f}%", sort=_f(x.time_share) or 0),
               Cell(f"{100 * (_f(x.value_share) or 0):.1f}%", sort=_f(x.value_share) or 0),
               Cell(_n(x.drop), sort=_f(x.drop) or 0),
               _n(base - x.drop if base is not None and _f(x.drop) is not None else None),
-              x.finding or ""]
+              clipped(x.finding or "", 40)]  # one line (whole on hover): the findings follow in full
              for x in layers])
     for f in lv.findings:
         s.para(f"layer {f.layer}: {f.finding}; {f.action}")
@@ -236,6 +237,11 @@ def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: Sea
         chart_layout["xaxis"] = {**chart_layout.get("xaxis", {}), "range": [min(numbers) - 0.5, max(numbers) + 0.5],
                                  "dtick": max(1, (max(numbers) - min(numbers) + 1) // 10)}
     s.chart({"data": data, "layout": chart_layout})
+    if len(values) < 2:  # no line to draw: say why, not an empty chart
+        states = ", ".join(f"{v} {k.lower()}" for k, v in srch.counts.items() if v)
+        s.para(f"{len(values)} of {len(trials)} trial(s) produced a value" + (f" ({states})" if states else "")
+               + "; the red crosses are the others, each with why it ended"
+               + (f"; the search stopped: {srch.stop_reason}" if srch.stop_reason else ""), cls="verdict bad")
 
 
 def _maximize(run: _Run) -> bool:
@@ -294,7 +300,8 @@ def _final_race(page: Page, run: _Run, res: OptimizeResult) -> None:
                      "hoverinfo": "text"})
     s.chart({"data": data, "layout": layout(f"{run.metric} of every seed, per configuration", y=run.metric,
                                             boxmode="group", height=360)},
-            side=s.side(lambda t: t.kv(_comparison_items(vs, res.story), title="the decision")))
+            side=s.side(lambda t: t.kv(_comparison_items(vs, res.story, prior_std=_f(plan.prior_std)),
+                                       title="the decision")))
     cols = ["configuration", "seed", f"{run.metric}, validation", f"{run.metric}, held out", "epochs", "time", "run"]
     rows, classes = [], []
     for a in race.arms:
@@ -310,8 +317,48 @@ def _final_race(page: Page, run: _Run, res: OptimizeResult) -> None:
             sortable=False, title="the configurations")
 
 
-def _comparison_items(vs: VsBaseline, story: Story) -> list[tuple[str, Any]]:
+#: The race's one-sided error rate, split among its tests (``proftune.optimize``'s ``ALPHA``).
+_RACE_ALPHA = 0.05
+
+
+def _bound_label(level: float) -> str:
+    """The one stated confidence of the race's bound: 95%, and the level of each test where the
+    race's error is split among several."""
+    tests = max(1, round(_RACE_ALPHA / max(1.0 - level, 1e-12)))
+    if tests == 1:
+        return "95% one-sided"
+    return f"95% for the race ({level:.1%} one-sided for each of its {tests} tests)"
+
+
+def _bound_arithmetic(c: Any, prior_std: float | None) -> str | None:
+    """How the bound follows from the gain and the noise, as numbers a reader can check:
+    ``gain - q x sd / sqrt(n)``, with the noise it was judged against; None where it does not
+    come out as the stored bound (a rank test decided)."""
+    from scipy import stats
+
+    gain, std, lower, n = _f(c.gain), _f(c.gain_std), _f(c.lower), len(c.seeds)
+    if gain is None or lower is None or n < 1:
+        return None
+    level = float(c.level)
+    ways: list[tuple[float, str]] = []
+    if prior_std:
+        sd = max(std or 0.0, prior_std * 2 ** 0.5)
+        noise = (f"one seed's noise {prior_std:.3g} x √2 = {prior_std * 2 ** 0.5:.3g}"
+                 + (f", the pairs' own spread {std:.3g}" if std is not None else ""))
+        q = float(stats.norm.ppf(level))
+        ways.append((gain - q * sd / n ** 0.5, f"{gain:+.3g} - {q:.2f} x {sd:.3g} / √{n} (normal; {noise})"))
+    if std is not None and n > 1:
+        q = float(stats.t.ppf(level, n - 1))
+        ways.append((gain - q * std / n ** 0.5,
+                     f"{gain:+.3g} - {q:.2f} x {std:.3g} / √{n} (Student's t, {n - 1} df, the pairs' own spread)"))
+    return next((text for value, text in ways if abs(value - lower) <= 1e-9 + 1e-6 * abs(lower)), None)
+
+
+def _comparison_items(vs: VsBaseline, story: Story, *, prior_std: float | None = None) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = [("decision", f"adopted {vs.leader}" if vs.adopted else "kept the defaults")]
+    if prior_std:
+        items.append(("seeds' noise", f"std {prior_std:.3g} of one seed (the search's repeats, at least the "
+                                      "validation set's sampling noise)"))
     for split, label in (("val", "validation"), ("test", "held out")):
         c = getattr(vs.leader_vs_defaults, split)
         if c is None:
@@ -321,7 +368,9 @@ def _comparison_items(vs: VsBaseline, story: Story) -> list[tuple[str, Any]]:
                       f"{gain:+.3g}" + (f" ± {_n(c.gain_std, 2)}" if _f(c.gain_std) is not None else "")
                       + f" over {len(c.seeds)} seed(s)"))
         if _f(c.lower) is not None:
-            items.append((f"{float(c.level or 0.95):.1%} lower bound, {label}", f"{float(c.lower):+.3g}"))
+            how = _bound_arithmetic(c, prior_std)
+            items.append((f"lower bound, {label}", f"{float(c.lower):+.3g} at {_bound_label(float(c.level or 0.95))}"
+                          + (f" = {how}" if how else "")))
         items.append((f"beyond noise, {label}", "yes" if c.beyond_noise else "no"))
     told = story.answer("did it help")
     cv = vs.leader_vs_defaults.val
