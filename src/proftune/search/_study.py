@@ -19,8 +19,7 @@ from ..task import load_task
 from ..track import Store
 from ._constraints import Objective
 from ._pruners import make_pruner
-from ._records import ATTR, TrialRecord, counts, trial_records
-from ._reeval import groups
+from ._records import ATTR, TrialRecord, counts, study_view, trial_records
 from ._refine import next_step
 from ._samplers import make_sampler
 from ._settings import SearchSettings
@@ -54,7 +53,7 @@ def _best_params(study: optuna.Study, objectives: Sequence[Objective], stages: S
     """The full configuration of the best feasible complete trial among ``stages``."""
     best: TrialRecord | None = None
     sign = -1.0 if objectives[0].direction == "maximize" else 1.0
-    for r in trial_records(study):
+    for r in study_view(study).finished:
         if r.state == "complete" and r.stage in stages and r.values:
             if best is None or sign * r.values[0] < sign * (best.values or [0.0])[0]:
                 best = r
@@ -139,16 +138,15 @@ def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], fl
 def _maybe_repeat(study: optuna.Study, settings: SearchSettings) -> None:
     """Enqueue a repeat of a leading configuration, or a neighbour of one at the end of a known
     budget, when the rules of ``_reeval`` and ``_refine`` ask for one."""
-    if counts(study)["waiting"]:
+    view = study_view(study)  # read incrementally: this runs before every trial of a long study
+    if view.counts()["waiting"]:
         return  # a queued trial runs first
-    records = trial_records(study)
-    evals = evaluations(records)
-    if len(evals) < STARTUP:
+    if len(view.evaluations) < STARTUP:
         return
-    repeats = sum(1 for r in records if r.repeat and r.state != "running")
-    gs = groups(evals)
-    step = next_step(gs, settings.space, maximize=settings.objectives[0].direction == "maximize", repeats=repeats,
-                     evaluations=len(evals), share=settings.reevaluate, budget=settings.trials, seed=settings.seed)
+    gs = view.groups.groups()
+    step = next_step(gs, settings.space, maximize=settings.objectives[0].direction == "maximize",
+                     repeats=view.repeats, evaluations=len(view.evaluations), share=settings.reevaluate,
+                     budget=settings.trials, seed=settings.seed, seen=view.groups.seen(settings.space.names))
     if step is None:
         return
     attrs = {f"{ATTR}_repeat": step.n} if step.kind == "repeat" else {f"{ATTR}_neighbour": True}
