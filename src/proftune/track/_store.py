@@ -276,8 +276,9 @@ class Store:
         record = self.get_run(run_id)
         runs = held()
         if runs is not None and status == "finished" and record.parent_id is None:
-            # a command's Run waits for the command's outputs (track._outputs.held_until_written)
-            self.update_run(run_id, error=error, **fields)
+            # a command's Run waits for the command's outputs (track._outputs.held_until_written),
+            # running: this process is finishing it, whatever a sweep of stale runs took it for
+            self.update_run(run_id, status="running", ended_at=None, error=error, **fields)
             if not runs.holds(self.url, run_id):
                 runs.runs.append((self, run_id))
             return
