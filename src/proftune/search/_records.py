@@ -341,6 +341,8 @@ def _state_of(t: FrozenTrial) -> str:
     rec = t.user_attrs.get(ATTR) or {}
     if t.state == TrialState.RUNNING or t.state == TrialState.WAITING:
         return "running"
+    if t.state == TrialState.FAIL and rec.get("state") in ("complete", "infeasible", "pruned"):
+        return "failed"  # its result was written, but the database never heard it ended (told)
     if rec.get("state") in TRIAL_STATES:
         return str(rec["state"])
     if t.state == TrialState.COMPLETE:
@@ -364,6 +366,9 @@ def _record(t: FrozenTrial) -> TrialRecord:
     reason = rec.get("reason")
     if t.state == TrialState.FAIL and not rec:
         reason = "the process running the trial died (heartbeat lost or killed); its configuration is retried"
+    elif state == "failed" and rec.get("state") in ("complete", "infeasible", "pruned"):
+        reason = (f"its result ({rec['state']}) was recorded but never reached the study's database (the "
+                  "connection was lost before the trial was told); its configuration is retried")
     values = list(t.values) if (t.values is not None and state == "complete") else None
     return TrialRecord(
         number=t.number, state=state, params=rec.get("params") or dict(t.params), values=values,

@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
+import sqlalchemy as sa
 from optuna.storages import RDBStorage
 
 from ..exceptions import RunFailedError
 from ..task import load_task
-from ..track import Store
+from ..track import Store, redact_url
 from ._constraints import Objective
 from ._pruners import make_pruner
 from ._records import ATTR, TrialRecord, counts, study_view, trial_records
@@ -122,12 +123,41 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
             runner.preset = _best_params(study, settings.objectives, settings.space.tiers[:idx])
         elif settings.reevaluate > 0:
             _maybe_repeat(study, settings)
-        study.optimize(runner, n_trials=1, catch=(TrialFailed, Surplus), gc_after_trial=False,
-                       show_progress_bar=False)
+        try:
+            study.optimize(runner, n_trials=1, catch=(TrialFailed, Surplus), gc_after_trial=False,
+                           show_progress_bar=False)
+        except Exception as exc:
+            lost = _database_error(exc)
+            if lost is None:
+                raise
+            raise RunFailedError(_lost_message(settings, runner.current, lost)) from exc
         ran += 1
         if after_trial is not None:
             after_trial()
     return {"worker": worker, "trials_run": ran, "stopped": reason}
+
+
+def _database_error(exc: BaseException) -> sa.exc.DBAPIError | None:
+    """The database error behind ``exc`` (Optuna may lose it: an ``UnboundLocalError`` of its
+    own, raised while handling it), or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, sa.exc.DBAPIError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _lost_message(settings: SearchSettings, current: tuple[int, int] | None, err: sa.exc.DBAPIError) -> str:
+    what = str(getattr(err, "orig", None) or err).strip().splitlines()[0][:300]
+    lost = (f"trial {current[0]} ended, and its result is in its trial run {current[1]}, but the study does "
+            "not hold it (the trial stays running there until a later run of the study fails it and runs "
+            "its configuration again)" if current else "the trial being recorded")
+    return (f"the study {settings.study!r} lost its database {redact_url(settings.db)}: {type(err).__name__}: "
+            f"{what}. Lost: {lost}. Run the same command again once the database is back: the study "
+            "continues where it stopped.")
 
 
 def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], float]]:
