@@ -192,7 +192,9 @@ class StudyView:
     """
 
     def __init__(self, study: optuna.Study) -> None:
-        self.study = study
+        # weak: the view is the value of a WeakKeyDictionary keyed by the study, which a strong
+        # reference from here would keep alive for ever
+        self._study = weakref.ref(study)
         self.slots: dict[int, _Slot] = {}  # by trial_id
         self._finished: dict[int, TrialRecord] = {}  # by trial_id, surplus trials left out
         self._evaluations: list[tuple[dict[str, Any], float]] = []
@@ -226,6 +228,13 @@ class StudyView:
                 self._done["trained"] += 1
                 self._done["failed"] += slot.state == "FAIL"
         return self
+
+    @property
+    def study(self) -> optuna.Study:
+        study = self._study()
+        if study is None:
+            raise RuntimeError("the study of this view is gone")
+        return study
 
     def _records(self) -> None:
         """Build the record of each trial that ended since the last call, once."""
