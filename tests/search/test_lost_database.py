@@ -69,3 +69,18 @@ def test_a_lost_tell_is_named_and_the_next_run_continues_the_study(
     study = optuna.load_study(study_name="s", storage=url)
     assert study.trials[1].state == TrialState.FAIL
     assert any(t.system_attrs.get("failed_trial") == 1 for t in study.trials)  # its configuration retried
+
+
+def test_the_lost_database_is_named_with_its_password_hidden() -> None:
+    from proftune.search import Objective, Space
+    from proftune.search._settings import SearchSettings
+    from proftune.search._study import _lost_message
+
+    settings = SearchSettings(task="wine-mlp", space=Space.from_dict(SPACE), objectives=[Objective("loss", "minimize")],
+                              constraints=[], trials=4, study="s", db="postgresql+psycopg2://me:s3cret@db.lan/runs")
+    err = sa.exc.OperationalError("UPDATE trials", {}, Exception("server closed the connection unexpectedly"))
+    message = _lost_message(settings, (7, 42), err)
+    assert "s3cret" not in message
+    assert "postgresql+psycopg2://me:***@db.lan/runs" in message
+    assert "trial 7 ended" in message
+    assert "trial run 42" in message
