@@ -17,6 +17,12 @@ least squares: k ~ 0 flat, 1 linear, 2 quadratic) and its goal:
 - ``profile``: ``proftune.profile(mlp, inference=True)`` and the training profile of MLPs of
   10, 100 and 1,000 Linear+ReLU layers. Goal: linear in layers (k <= ~1.1: no quadratic
   bookkeeping).
+- ``search``: ``proftune.search`` of a plain function (two floats, its defaults: TPE, repeats and
+  neighbours at the end of the budget) for ``--trials`` trials (10,000) beside Optuna's own loop
+  (``study.optimize``, TPE with the same seed) on the same kind of storage (a SQLite file each):
+  the rate per block of a tenth of the trials (flat: the loop's cost per trial does not grow),
+  the totals and their ratio, then ``proftune report --study`` of proftune's study. Goal: <= 1.5x
+  Optuna's total, rate flat (last block >= 0.7 of the first), report < 10 s.
 - ``monitor``: a user's training loop on the same MLPs with and without
   ``Monitor(every=50)`` (as ``profiler_overhead.py`` measures it); its overhead in percent of
   the loop, as layers grow. Goal: <= 2% at any depth.
@@ -24,7 +30,7 @@ least squares: k ~ 0 flat, 1 linear, 2 quadratic) and its goal:
 Times are CPU seconds of this process (one thread; the machine's other load does not inflate
 them) and the median of several repeats where a repeat is cheap; wall seconds are shown beside.
 
-    python benchmarks/scale.py [--quick] [--part store,tune,profile,monitor]
+    python benchmarks/scale.py [--quick] [--part store,tune,profile,monitor,search] [--trials 10000]
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from typing import Any
 import torch
 from torch import nn
 
-PARTS = ("store", "tune", "profile", "monitor")
+PARTS = ("store", "tune", "profile", "monitor", "search")
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -513,6 +519,83 @@ def bench_monitor(quick: bool) -> list[Curve]:
     return [plain, sampled, over]
 
 
+# -- a long search ---------------------------------------------------------------------------------
+def _objective(stamps: list[float]) -> Callable[[dict[str, Any]], float]:
+    def fn(p: dict[str, Any]) -> float:
+        stamps.append(time.process_time())
+        return (p["x"] - 1.0) ** 2 + (p["y"] + 2.0) ** 2
+    return fn
+
+
+def _rates(stamps: Sequence[float], blocks: int) -> list[float]:
+    """Trials per CPU second in each of ``blocks`` equal blocks of the trials."""
+    size = max(len(stamps) // blocks, 2)
+    out = []
+    for i in range(0, len(stamps) - size + 1, size):
+        span = stamps[i + size - 1] - stamps[i]
+        out.append((size - 1) / span if span > 0 else float("inf"))
+    return out
+
+
+def bench_search(trials: int, tmp: Path) -> list[Curve]:
+    import optuna
+
+    import proftune
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space = {"params": {"x": {"type": "float", "low": -5.0, "high": 5.0},
+                        "y": {"type": "float", "low": -5.0, "high": 5.0}}}
+    blocks = 10
+    ours: list[float] = []
+    url = f"sqlite:///{tmp / 'search-proftune.db'}"
+    log(f"search: proftune.search, {trials:,} trials ...")
+    c0, w0 = time.process_time(), time.perf_counter()
+    with quiet():
+        proftune.search(_objective(ours), space, objectives=["value:min"], trials=trials, db=url,
+                        study="long", seed=0, analyse=False)
+    ours_cpu, ours_wall = time.process_time() - c0, time.perf_counter() - w0
+    log(f"search: proftune {ours_cpu:.0f} CPU s, {ours_wall:.0f} wall s; Optuna's loop ...")
+    theirs: list[float] = []
+    c0, w0 = time.process_time(), time.perf_counter()
+    study = optuna.create_study(storage=f"sqlite:///{tmp / 'search-optuna.db'}",
+                                sampler=optuna.samplers.TPESampler(seed=0))
+    fn = _objective(theirs)
+    study.optimize(lambda t: fn({"x": t.suggest_float("x", -5.0, 5.0), "y": t.suggest_float("y", -5.0, 5.0)}),
+                   n_trials=trials)
+    optuna_cpu, optuna_wall = time.process_time() - c0, time.perf_counter() - w0
+    log(f"search: Optuna {optuna_cpu:.0f} CPU s, {optuna_wall:.0f} wall s; report --study ...")
+    report = Curve("proftune report --study (HTML)", "trials", "<10s", check=lambda c: (
+        c.cpu_s[-1] < 10.0, f"{c.cpu_s[-1]:.1f} CPU s, {c.wall_s[-1]:.1f} wall s"))
+    with quiet():
+        cpu, wall = measure(_cli(["report", "--study", "long", "--db", url, "--out", str(tmp / "long.html")]), 1)
+    report.add(trials, cpu, wall)
+
+    def flat(c: Curve) -> tuple[bool, str]:
+        assert c.values is not None
+        first, last = c.cpu_s[0], c.cpu_s[-1]
+        return last >= 0.7 * first, f"first block {first:.1f}/s, last {last:.1f}/s"
+
+    curves = []
+    for name, stamps, total_cpu, total_wall in (("proftune.search", ours, ours_cpu, ours_wall),
+                                                ("optuna study.optimize", theirs, optuna_cpu, optuna_wall)):
+        rates = _rates(stamps, blocks)
+        size = max(len(stamps) // blocks, 2)
+        c = Curve(f"{name}: trials per CPU s, per block", "trials in", "rate flat (last >= 0.7 first)",
+                  check=flat if name.startswith("proftune") else None)
+        for i, r in enumerate(rates):
+            c.add((i + 1) * size, r, float("nan"))
+        c.values = [f"{r:.1f}/s" for r in rates]
+        curves.append(c)
+        log(f"search: {name}: {len(stamps):,} trials in {total_cpu:.1f} CPU s ({total_wall:.1f} wall s): "
+            + ", ".join(c.values))
+    total = Curve(f"total, {trials:,} trials: proftune / Optuna", "trials", "<= 1.5x Optuna's loop",
+                  check=lambda c: (c.cpu_s[-1] <= 1.5, f"{ours_cpu:.1f} / {optuna_cpu:.1f} CPU s = "
+                                   f"{c.cpu_s[-1]:.2f}x; wall {ours_wall:.1f} / {optuna_wall:.1f} s"))
+    total.add(trials, ours_cpu / optuna_cpu, float("nan"))
+    total.values = [f"{ours_cpu / optuna_cpu:.2f}x"]
+    return [*curves, total, report]
+
+
 # -- the table ------------------------------------------------------------------------------------------
 def _fmt_s(v: float) -> str:
     if math.isnan(v):
@@ -562,6 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repeats and steps (a few minutes)")
     ap.add_argument("--part", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    ap.add_argument("--trials", type=int, default=10_000, help="trials of the search part (10,000)")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
@@ -582,6 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             curves += bench_profile(args.quick)
         if "monitor" in parts:
             curves += bench_monitor(args.quick)
+        if "search" in parts:
+            curves += bench_search(args.trials, tmp)
     ok = print_table(curves)
     print(f"\n{'every goal met' if ok else 'some goals NOT met'}; "
           f"total {time.perf_counter() - started:.0f}s wall, load average now {os.getloadavg()[0]:.1f}")

@@ -115,3 +115,26 @@ def test_replacing_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) -> 
     with pytest.raises(OSError, match="produced no file"), replacing(f):
         pass  # a writer that logs its failure and returns (torch.profiler's trace export)
     assert f.read_text() == "old"
+
+
+@pytest.mark.parametrize("folder", [True, False])
+def test_a_path_under_a_loop_of_symbolic_links_is_refused(tmp_path: Path, folder: bool) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    text = _problems(tmp_path / "a" / "out", folder=folder)  # before: accepted, then ELOOP at the lock (exit 1)
+    assert f"{str(tmp_path / 'a')!r} is a loop of symbolic links" in text
+
+
+def test_a_relative_store_is_resolved_when_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from proftune.track import Store
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    store = Store("sqlite:///rel.db")
+    assert store.url == f"sqlite:///{first / 'rel.db'}"
+    monkeypatch.chdir(second)  # a task that changes the working folder, as Hydra does
+    run_id = store.start_run("train", "t", config={})
+    assert [r.id for r in Store(f"sqlite:///{first / 'rel.db'}").list_runs()] == [run_id]
+    assert not (second / "rel.db").exists()

@@ -52,6 +52,9 @@ def output_problems(out: OutputPath, *, force: bool) -> list[str]:
         return []
     path = Path(out.path)
     shown = f"{out.option}{str(path)!r}" if out.option.endswith("=") else f"{out.option} {str(path)!r}"
+    loop = _symlink_loop(path)
+    if loop is not None:
+        return [f"{shown}: {str(loop)!r} is a loop of symbolic links; choose another path."]
     link = _link_problem(path, shown, force=force, folder=out.folder)
     if link is not None:
         return [link]
@@ -80,6 +83,18 @@ def check_outputs(outputs: Iterable[OutputPath], *, force: bool = False,
     if problems is None and collected:
         collected.raise_if_any(header="the output paths cannot be used, found the following problems:"
                                if len(collected.problems) > 1 else None)
+
+
+def _symlink_loop(path: Path) -> Path | None:
+    """The first folder on the way to ``path`` (or ``path``) that is a loop of symbolic links
+    (``Path.exists`` reads one as absent, so the folder checks alone would let it through)."""
+    for probe in [*reversed(path.parents), path]:
+        try:
+            os.stat(probe)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return probe
+    return None
 
 
 def _link_problem(path: Path, shown: str, *, force: bool, folder: bool) -> str | None:

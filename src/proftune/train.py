@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import pickle
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -110,6 +111,12 @@ def validate_params(params: dict[str, Any]) -> dict[str, Any]:
         out["precision"] = prec
     if out.get("optimizer") == "lbfgs" and int(out.get("grad_accumulation", 1) or 1) > 1:
         problems.add("param grad_accumulation must be 1 with optimizer='lbfgs' (it re-evaluates the loss).")
+    for key, value in out.items():  # params are recorded, and sent to worker processes and checkpoints
+        try:
+            pickle.dumps(value)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            problems.add(f"param {key}={value!r} cannot be stored (pickled: {exc}); give it a value that can, "
+                         "such as a number, a string or a function defined at a module's top level.")
     problems.raise_if_any()
     return out
 
@@ -408,7 +415,30 @@ def evaluate_model(task: Task, model: nn.Module, device: torch.device, batch_siz
         metrics = task.evaluate(model, DeviceIterable(data, device))
     finally:
         model.train(was_training)
-    return {k: float(v) for k, v in metrics.items()}
+    return metric_values(task, metrics)
+
+
+def metric_values(task: Task, metrics: Any) -> dict[str, float]:
+    """The metrics a task's ``evaluate`` returned, as floats: the one place they enter.
+
+    A value that is not one number (a list, a string, a tensor of several) is a ConfigError that
+    names the metric and shows the value; NaN and infinity stay floats, which the fit loop records
+    as an anomaly and every later step reads as not finite.
+    """
+    who = f"task {task.name or type(task).__name__!r}: evaluate()"
+    if not isinstance(metrics, dict):
+        raise ConfigError(f"{who} must return a dict of metric name to number, but got {metrics!r}.")
+    out: dict[str, float] = {}
+    problems = ProblemCollector()
+    for k, v in metrics.items():
+        if (isinstance(v, torch.Tensor) and v.numel() == 1) or (isinstance(v, np.ndarray) and v.size == 1):
+            v = v.item()
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            problems.add(f"{k}={v!r}: a metric must be one number (a float, an int or a one-element tensor).")
+            continue
+        out[str(k)] = float(v)
+    problems.raise_if_any(header=f"{who} returned values that are not metrics:")
+    return out
 
 
 class EarlyStopping(Callback):

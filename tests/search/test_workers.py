@@ -68,9 +68,31 @@ def test_workers_beyond_memory_or_cores_are_refused_with_the_figures() -> None:
     assert "512 workers need ~200 GiB" in why
     assert "6 GiB is available" in why
     assert "at most 15 fit" in why
+    assert "valid: 1 to 8 (4 per core)" in why  # one range in every refusal: the smaller bound
+    assert worker_bound(8, rss=400 << 20, available=6 * gib, n_cores=2) is None
     cores = worker_bound(9, rss=None, available=None, n_cores=2)  # memory unknown: the cores still bound
     assert cores is not None
     assert "valid: 1 to 8 (4 per core)" in cores
+
+
+def test_the_memory_bound_reads_cgroup_v1_and_v2(tmp_path: Path) -> None:
+    from proftune._machine import available_memory_bytes
+
+    gib = 1 << 30
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "meminfo").write_text(f"MemAvailable: {60 * gib // 1024} kB\n")
+    v1 = tmp_path / "sys" / "fs" / "cgroup" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{4 * gib}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{gib}\n")
+    (tmp_path / "proc" / "self" / "cgroup").write_text("12:cpu,cpuacct:/job\n11:memory:/job\n0::/\n")
+    assert available_memory_bytes(root=str(tmp_path)) == 3 * gib  # before: 60 GiB, the v1 limit unread
+    v2 = tmp_path / "sys" / "fs" / "cgroup" / "user.slice"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text(f"{2 * gib}\n")
+    (v2 / "memory.current").write_text(f"{gib}\n")
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/user.slice\n")
+    assert available_memory_bytes(root=str(tmp_path)) == gib
 
 
 def test_tune_refuses_more_workers_than_this_machine_holds_before_any_trial(tmp_path: Path) -> None:

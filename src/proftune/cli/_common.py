@@ -319,6 +319,9 @@ def with_report(body: Callable[[], T], report: str | None, db: str | None, *, fo
     ``written``: the paths the library checks and writes itself (what was kept if a write fails).
     The run is finished once all are written (``track.held_until_written``)."""
 
+    # at the start: a task that changes the working folder (as Hydra does) must not move it
+    report = os.path.abspath(report) if report else report
+
     def run() -> T:
         given = outputs() if callable(outputs) else outputs
         check_outputs([*given, OutputPath("--report", report)], force=force)

@@ -125,7 +125,9 @@ def run_command(
             store.finish_run(run0, status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                              error=f"{type(exc).__name__}: {exc}")
             raise
-        exit_code[0] = result.exit_code
+        # a script ended by SIGTERM or SIGINT exits 130, as every other command does on an interrupt
+        # (a script's own exit code otherwise: 143 for a SIGTERM left to its default)
+        exit_code[0] = 130 if result.interrupted else result.exit_code
         config = {"every": result.every, "max_overhead": result.max_overhead, "steps": steps, "source": "run"}
         first = result.profiles[0] if result.profiles else None
         recs = recommendations(first) if first is not None else []

@@ -30,8 +30,8 @@ def train(
         table = Table(title=f"run {d['run_id']}: {d['task']}")
         table.add_column("metric")
         table.add_column("value", justify="right")
-        for k, v in d["metrics"].items():
-            table.add_row(k, f"{v:.4f}")
+        for k, v in d["metrics"].items():  # a NaN or infinity is recorded as null (JSON has neither)
+            table.add_row(k, f"{v:.4f}" if isinstance(v, (int, float)) else "not finite")
         table.add_row("epochs / steps", f"{d['epochs']} / {d['steps']}")
         table.add_row("duration", f"{d['duration_s']:.1f} s")
         table.add_row("throughput", f"{d['throughput']:.0f} samples/s")

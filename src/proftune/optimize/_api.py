@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +24,7 @@ from .._threads import fit_key, work_threads
 from ..exceptions import ConfigError, RunFailedError
 from ..search import prepare_storage
 from ..task import Task, load_task
-from ..track import Store, data_fingerprint, environment, redact_url
+from ..track import Store, data_fingerprint, environment, not_held, redact_url
 from ..train import validate_params
 from ._budget import Budget
 from ._changes import ParamChange, optimizer_defaults, param_changes
@@ -113,7 +115,10 @@ class _Loop:
     def _parent_run(self) -> int:
         stored = self.state.data.get("run_id")
         if stored is not None:
-            self.store.update_run(int(stored), status="running", ended_at=None)
+            # this process runs it now: a sweep of stale runs (a stage's, a concurrent `runs list`)
+            # must not take the first, dead process's pid for this one's and mark it failed
+            self.store.update_run(int(stored), status="running", ended_at=None, duration_s=None, error=None,
+                                  pid=os.getpid(), host=socket.gethostname())
             return int(stored)
         config = {"stage": None, "budget_s": self.v.budget_s, "objective": self.v.objective,
                   "params": self.defaults, "out": str(self.out), "study": self.study,
@@ -150,7 +155,9 @@ class _Loop:
             # the stage's work outside the fit loop (evaluations, probes, range tests) at the
             # threads the load leaves: a thread per core on a busy machine waits at every parallel
             # region (a plateau CNN's compute stage at load 8: 9.4 s at two threads, 2.5 s at one)
-            with work_threads(fit_key(self.task, self.dev.type)):
+            # the stage's own runs (diagnose, profile, each tune and train) end with it, with their
+            # own status and end time, not held until the command's outputs are written
+            with work_threads(fit_key(self.task, self.dev.type)), not_held():
                 res = st.run(self, share, started + share)
         except BaseException as exc:
             status = ended_as(exc)

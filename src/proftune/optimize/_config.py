@@ -142,6 +142,7 @@ def validate(task: Task, cfg: OptimizeConfig | None, overrides: dict[str, Any]) 
         problems.add(f"out={cfg.out!r} is empty: name a folder, or leave it out for the default "
                      f"./proftune-optimize/{_safe(name)}/.")
     out = Path(cfg.out) if cfg.out is not None and str(cfg.out).strip() else Path("proftune-optimize") / _safe(name)
+    out = out.absolute()  # at the start: a task that changes the working folder must not move it
     stored = check_out_dir(out, resume=cfg.resume, study=cfg.study, task=name, problems=problems)
     problems.raise_if_any(header="optimize: the options are not well-formed, found the following errors:")
     return Validated(cfg=cfg, budget_s=budget_s, memory_bytes=memory, metric=metric, maximize=maximize,

@@ -114,7 +114,9 @@ def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[
     import optuna
 
     keep = {r.number for r in records if r.state == "complete"}
-    trials = [t for t in study.get_trials(deepcopy=False) if t.number in keep and t.params]
+    # a trial whose result never reached the database (its tell lost) has no values to weigh
+    trials = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+              if t.number in keep and t.params and t.values is not None]
     out: dict[str, Any] = {}
     if len(trials) < 2:
         return out
@@ -135,8 +137,12 @@ def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[
                     imp = optuna.importance.get_param_importances(
                         shadow, evaluator=make(), target=_target(i), normalize=True)
                 per[name] = {k: float(v) for k, v in imp.items()}
-            except (ValueError, RuntimeError, ZeroDivisionError) as exc:
-                per[name] = {"error": str(exc)}
+            except (ValueError, RuntimeError, ZeroDivisionError, ArithmeticError, AssertionError) as exc:
+                # values so large that the estimator's sums overflow (1e308) fail inside Optuna,
+                # an AssertionError without a message among them: the study's result stands
+                values = [t.values[i] for t in trials]
+                why = str(exc) or type(exc).__name__
+                per[name] = {"error": f"{why} ({o.metric} from {min(values):.6g} to {max(values):.6g})"}
         out[o.metric] = per
     return out
 

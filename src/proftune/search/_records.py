@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,9 +13,10 @@ import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
 from .._records import mapping, record_fields, stored_version
+from ._reeval import GroupTable
 
-__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "TrialRecord", "TrialResult", "counts",
-           "slots_before", "trial_records"]
+__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "StudyView", "TrialRecord",
+           "TrialResult", "counts", "slots_before", "study_view", "trial_records"]
 
 TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
 ATTR = "proftune"
@@ -169,30 +172,161 @@ class _Slot:
 
 
 _FLAGS = ("failed", "surplus", "gated")
+#: Trials that ended since the last look above which a look reads the whole study at once (into
+#: Optuna's cache, which keeps finished trials) rather than one trial at a time.
+_BULK = 8
 
 
-def _slot_table(study: optuna.Study) -> list[_Slot]:
-    """Every trial's number, state and flags, in one SQL query.
+def _slot_of(t: FrozenTrial) -> _Slot:
+    return _Slot(t.number, t.state.name, *(bool(t.user_attrs.get(f"{ATTR}_{f}")) for f in _FLAGS))
 
-    Runs before every trial, so it reads a few columns instead of building every FrozenTrial.
+
+class StudyView:
+    """One study's trials, read incrementally: a finished trial never changes (Optuna refuses any
+    update to it), so each is read once; each look reads only the trials created since the last
+    one and those still running or queued. The worker loop looks before every trial, so its cost
+    per trial does not grow with the study.
+
+    Holds the slot of every trial and the record of every finished one (:func:`trial_records`'s
+    terms), the counts of :func:`counts` and the complete trials' evaluations in order.
     """
-    backend = getattr(study._storage, "_backend", study._storage)
-    engine = getattr(backend, "engine", None)
-    if engine is None:  # not an RDB storage
-        return [_Slot(t.number, t.state.name, *(bool(t.user_attrs.get(f"{ATTR}_{f}")) for f in _FLAGS))
-                for t in study.get_trials(deepcopy=False)]
-    query = sa.text(
-        "SELECT t.number, t.state, a.key FROM trials t LEFT JOIN trial_user_attributes a "
-        "ON a.trial_id = t.trial_id AND a.key IN (:failed, :surplus, :gated) WHERE t.study_id = :sid")
-    with engine.connect() as conn:
-        rows = conn.execute(query, {**{f: f"{ATTR}_{f}" for f in _FLAGS}, "sid": study._study_id}).all()
-    table: dict[int, dict[str, Any]] = {}
-    for number, state, key in rows:
-        entry = table.setdefault(int(number), {"number": int(number), "state": str(state),
-                                               **dict.fromkeys(_FLAGS, False)})
-        if key is not None and key.startswith(f"{ATTR}_"):
-            entry[key[len(ATTR) + 1:]] = True
-    return [_Slot(**e) for e in table.values()]
+
+    def __init__(self, study: optuna.Study) -> None:
+        # weak: the view is the value of a WeakKeyDictionary keyed by the study, which a strong
+        # reference from here would keep alive for ever
+        self._study = weakref.ref(study)
+        self.slots: dict[int, _Slot] = {}  # by trial_id
+        self._finished: dict[int, TrialRecord] = {}  # by trial_id, surplus trials left out
+        self._evaluations: list[tuple[dict[str, Any], float]] = []
+        self._groups = GroupTable()
+        self._repeats = 0
+        self._pending: list[int] = []  # trial_ids ended since the records were last brought up to date
+        self._ended: set[int] = set()
+        self._open: set[int] = set()  # trial_ids running or queued at the last look
+        self._last = -1  # the greatest trial_id read
+        self._done: dict[str, int] = dict.fromkeys(("trained", "gated", "failed"), 0)
+        self._occupied: list[int] = []  # sorted numbers of the finished trials that hold a slot
+
+    def refresh(self) -> StudyView:
+        """Read the slots that changed since the last look (the records, when next asked for);
+        returns itself."""
+        for trial_id, slot in self._changed():
+            self.slots[trial_id] = slot
+            if slot.state in ("RUNNING", "WAITING"):
+                self._open.add(trial_id)
+                continue
+            self._open.discard(trial_id)
+            if trial_id in self._ended or slot.surplus:
+                continue
+            self._ended.add(trial_id)
+            self._pending.append(trial_id)
+            if _occupies(slot):
+                bisect.insort(self._occupied, slot.number)
+            if slot.gated:
+                self._done["gated"] += 1
+            elif slot.state in ("COMPLETE", "PRUNED") or (slot.state == "FAIL" and slot.failed):
+                self._done["trained"] += 1
+                self._done["failed"] += slot.state == "FAIL"
+        return self
+
+    @property
+    def study(self) -> optuna.Study:
+        study = self._study()
+        if study is None:
+            raise RuntimeError("the study of this view is gone")
+        return study
+
+    def _records(self) -> None:
+        """Build the record of each trial that ended since the last call, once."""
+        if not self._pending:
+            return
+        if len(self._pending) > _BULK:  # many at once (the first look at a long study): one read of them all
+            self.study._storage.get_all_trials(self.study._study_id, deepcopy=False)
+        for trial_id in self._pending:
+            rec = _record(self.study._storage.get_trial(trial_id))
+            self._finished[trial_id] = rec
+            if rec.state == "complete" and rec.values:
+                self._evaluations.append((dict(rec.params), rec.values[0]))
+                self._groups.add(rec.params, rec.values[0])
+            self._repeats += bool(rec.repeat)
+        self._pending.clear()
+
+    @property
+    def finished(self) -> list[TrialRecord]:
+        """The record of every finished trial (surplus ones left out), in the order they ended."""
+        self._records()
+        return list(self._finished.values())
+
+    @property
+    def evaluations(self) -> list[tuple[dict[str, Any], float]]:
+        """(params, first objective value) of every complete trial, in the order they ended."""
+        self._records()
+        return self._evaluations
+
+    @property
+    def groups(self) -> GroupTable:
+        """The evaluations grouped by configuration (:func:`~proftune.search._reeval.groups`)."""
+        self._records()
+        return self._groups
+
+    @property
+    def repeats(self) -> int:
+        """Finished re-evaluations."""
+        self._records()
+        return self._repeats
+
+    def _changed(self) -> list[tuple[int, _Slot]]:
+        """(trial_id, slot) of every trial created since the last look or open at it."""
+        backend = getattr(self.study._storage, "_backend", self.study._storage)
+        engine = getattr(backend, "engine", None)
+        if engine is None:  # not an RDB storage: its trials are in memory
+            out = [(t._trial_id, _slot_of(t)) for t in self.study.get_trials(deepcopy=False)
+                   if t._trial_id > self._last or t._trial_id in self._open]
+        else:
+            query = sa.text(
+                "SELECT t.trial_id, t.number, t.state, a.key FROM trials t LEFT JOIN trial_user_attributes a "
+                "ON a.trial_id = t.trial_id AND a.key IN (:failed, :surplus, :gated) "
+                "WHERE t.study_id = :sid AND (t.trial_id > :last OR t.trial_id IN :open)"
+            ).bindparams(sa.bindparam("open", expanding=True))
+            with engine.connect() as conn:
+                rows = conn.execute(query, {**{f: f"{ATTR}_{f}" for f in _FLAGS}, "sid": self.study._study_id,
+                                            "last": self._last, "open": sorted(self._open)}).all()
+            table: dict[int, dict[str, Any]] = {}
+            for trial_id, number, state, key in rows:
+                entry = table.setdefault(int(trial_id), {"number": int(number), "state": str(state),
+                                                         **dict.fromkeys(_FLAGS, False)})
+                if key is not None and key.startswith(f"{ATTR}_"):
+                    entry[key[len(ATTR) + 1:]] = True
+            out = [(trial_id, _Slot(**e)) for trial_id, e in table.items()]
+        out.sort()
+        if out:
+            self._last = max(self._last, out[-1][0])
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """:func:`counts` of the study at the last look."""
+        c = {**self._done, "running": 0, "waiting": 0}
+        for trial_id in self._open:
+            slot = self.slots[trial_id]
+            if not slot.surplus:
+                c["gated" if slot.gated else "running" if slot.state == "RUNNING" else "waiting"] += 1
+        return c
+
+    def slots_before(self, number: int) -> int:
+        """Slot-holding trials numbered before ``number`` at the last look."""
+        done = bisect.bisect_left(self._occupied, number)
+        return done + sum(1 for i in self._open if self.slots[i].number < number and _occupies(self.slots[i]))
+
+
+_VIEWS: weakref.WeakKeyDictionary[optuna.Study, StudyView] = weakref.WeakKeyDictionary()
+
+
+def study_view(study: optuna.Study) -> StudyView:
+    """The study's :class:`StudyView`, brought up to date (one per Study object)."""
+    view = _VIEWS.get(study)
+    if view is None:
+        view = _VIEWS[study] = StudyView(study)
+    return view.refresh()
 
 
 def _occupies(slot: _Slot) -> bool:
@@ -204,33 +338,20 @@ def _occupies(slot: _Slot) -> bool:
 
 def slots_before(trial: optuna.Trial) -> int:
     """Slot-holding trials numbered before ``trial``: trial numbers order the workers' races."""
-    return sum(1 for slot in _slot_table(trial.study) if slot.number < trial.number and _occupies(slot))
+    return study_view(trial.study).slots_before(trial.number)
 
 
 def counts(study: optuna.Study) -> dict[str, int]:
     """``trained`` (complete, pruned or failed in user code), ``gated``, ``running``, ``waiting``, ``failed``."""
-    c = dict.fromkeys(("trained", "gated", "running", "waiting", "failed"), 0)
-    for slot in _slot_table(study):
-        if slot.surplus:
-            continue
-        if slot.gated:
-            c["gated"] += 1
-        elif slot.state in ("COMPLETE", "PRUNED"):
-            c["trained"] += 1
-        elif slot.state == "FAIL" and slot.failed:
-            c["trained"] += 1
-            c["failed"] += 1
-        elif slot.state == "RUNNING":
-            c["running"] += 1
-        elif slot.state == "WAITING":
-            c["waiting"] += 1
-    return c
+    return study_view(study).counts()
 
 
 def _state_of(t: FrozenTrial) -> str:
     rec = t.user_attrs.get(ATTR) or {}
     if t.state == TrialState.RUNNING or t.state == TrialState.WAITING:
         return "running"
+    if t.state == TrialState.FAIL and rec.get("state") in ("complete", "infeasible", "pruned"):
+        return "failed"  # its result was written, but the database never heard it ended (told)
     if rec.get("state") in TRIAL_STATES:
         return str(rec["state"])
     if t.state == TrialState.COMPLETE:
@@ -242,29 +363,31 @@ def _state_of(t: FrozenTrial) -> str:
 
 def trial_records(study: optuna.Study) -> list[TrialRecord]:
     """Every trial of ``study`` in our terms (complete, pruned, infeasible, failed, running)."""
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        rec = t.user_attrs.get(ATTR) or {}
-        if t.user_attrs.get(f"{ATTR}_surplus"):
-            continue
-        state = _state_of(t)
-        duration = rec.get("duration_s")
-        if duration is None and t.datetime_start and t.datetime_complete:
-            duration = (t.datetime_complete - t.datetime_start).total_seconds()
-        reason = rec.get("reason")
-        if t.state == TrialState.FAIL and not rec:
-            reason = "the process running the trial died (heartbeat lost or killed); its configuration is retried"
-        values = list(t.values) if (t.values is not None and state == "complete") else None
-        out.append(TrialRecord(
-            number=t.number, state=state, params=rec.get("params") or dict(t.params), values=values,
-            metrics=rec.get("metrics") or {}, constraints=rec.get("constraints") or {},
-            reason=reason, duration_s=duration, run_id=rec.get("run_id"),
-            stage=rec.get("stage"), steps=int(rec.get("steps") or 0),
-            train_s=float(rec.get("train_s") or 0.0), gate_s=float(rec.get("gate_s") or 0.0),
-            anomalies=rec.get("anomalies") or [], traceback=rec.get("traceback"),
-            retried_from=t.system_attrs.get("failed_trial"),
-            gated=bool(t.user_attrs.get(f"{ATTR}_gated")), sampler=rec.get("sampler"),
-            tags=dict(t.user_attrs.get(f"{ATTR}_tags") or {}), curve=list(rec.get("curve") or []),
-            repeat=int(rec.get("repeat") or t.user_attrs.get(f"{ATTR}_repeat") or 0), seed=rec.get("seed"),
-        ))
-    return out
+    return [_record(t) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(f"{ATTR}_surplus")]
+
+
+def _record(t: FrozenTrial) -> TrialRecord:
+    rec = t.user_attrs.get(ATTR) or {}
+    state = _state_of(t)
+    duration = rec.get("duration_s")
+    if duration is None and t.datetime_start and t.datetime_complete:
+        duration = (t.datetime_complete - t.datetime_start).total_seconds()
+    reason = rec.get("reason")
+    if t.state == TrialState.FAIL and not rec:
+        reason = "the process running the trial died (heartbeat lost or killed); its configuration is retried"
+    elif state == "failed" and rec.get("state") in ("complete", "infeasible", "pruned"):
+        reason = (f"its result ({rec['state']}) was recorded but never reached the study's database (the "
+                  "connection was lost before the trial was told); its configuration is retried")
+    values = list(t.values) if (t.values is not None and state == "complete") else None
+    return TrialRecord(
+        number=t.number, state=state, params=rec.get("params") or dict(t.params), values=values,
+        metrics=rec.get("metrics") or {}, constraints=rec.get("constraints") or {},
+        reason=reason, duration_s=duration, run_id=rec.get("run_id"),
+        stage=rec.get("stage"), steps=int(rec.get("steps") or 0),
+        train_s=float(rec.get("train_s") or 0.0), gate_s=float(rec.get("gate_s") or 0.0),
+        anomalies=rec.get("anomalies") or [], traceback=rec.get("traceback"),
+        retried_from=t.system_attrs.get("failed_trial"),
+        gated=bool(t.user_attrs.get(f"{ATTR}_gated")), sampler=rec.get("sampler"),
+        tags=dict(t.user_attrs.get(f"{ATTR}_tags") or {}), curve=list(rec.get("curve") or []),
+        repeat=int(rec.get("repeat") or t.user_attrs.get(f"{ATTR}_repeat") or 0), seed=rec.get("seed"),
+    )

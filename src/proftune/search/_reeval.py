@@ -34,8 +34,8 @@ from typing import Any
 from .._jsonsafe import json_dumps
 from .._records import mapping, record_fields
 
-__all__ = ["DEFAULT_SHARE", "MIN_BUDGET", "Group", "Selection", "Z", "group_key", "groups", "next_repeat", "pick",
-           "pooled_noise", "select"]
+__all__ = ["DEFAULT_SHARE", "MIN_BUDGET", "Group", "GroupTable", "Selection", "Z", "group_key", "groups",
+           "next_repeat", "pick", "pooled_noise", "select"]
 
 #: The share of a known budget that goes to repeats; as much again tries the leaders' neighbours.
 DEFAULT_SHARE = 0.25
@@ -80,6 +80,38 @@ def groups(evaluations: Sequence[tuple[Mapping[str, Any], float]]) -> list[Group
             continue
         table.setdefault(group_key(params), (dict(params), []))[1].append(float(value))
     return [Group(p, tuple(v)) for p, v in table.values()]
+
+
+class GroupTable:
+    """:func:`groups` kept up to date one evaluation at a time (a long study's worker loop asks
+    for them before every trial)."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, Group] = {}
+        self._seen: dict[tuple[str, ...], tuple[int, set[str]]] = {}
+
+    def add(self, params: Mapping[str, Any], value: float) -> None:
+        if value is None or not math.isfinite(value):
+            return
+        key = group_key(params)
+        g = self._table.get(key)
+        values = (float(value),) if g is None else (*g.values, float(value))
+        self._table[key] = Group(dict(params) if g is None else g.params, values)
+
+    def groups(self) -> list[Group]:
+        """As :func:`groups` of the evaluations added."""
+        return list(self._table.values())
+
+    def seen(self, names: Sequence[str]) -> set[str]:
+        """The group keys of every configuration's params among ``names`` (what ``next_step``
+        takes as already seen); read-only for the caller."""
+        key = tuple(names)
+        done, keys = self._seen.get(key, (0, set()))
+        wanted = set(names)
+        groups = list(self._table.values())
+        keys.update(group_key({k: v for k, v in g.params.items() if k in wanted}) for g in groups[done:])
+        self._seen[key] = (len(groups), keys)
+        return keys
 
 
 def pooled_noise(gs: Sequence[Group]) -> float | None:

@@ -26,9 +26,11 @@ third evaluation a repeat, only contested repeats, or the top 5 leaders did no b
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,10 +132,12 @@ def refining(evaluations: int, *, share: float, budget: int | None) -> bool:
 
 
 def next_step(gs: Sequence[Group], space: Space, *, maximize: bool, repeats: int, evaluations: int,
-              share: float, budget: int | None, seed: int = 0) -> Step | None:
+              share: float, budget: int | None, seed: int = 0, seen: AbstractSet[str] | None = None) -> Step | None:
     """The repeat or neighbour to evaluate now, or None to let the sampler draw: before the phase;
     in it, where no leader has an unseen neighbour and no repeat is allowed. Without a ``budget``
-    repeats are interleaved with exploring (:func:`~proftune.search._reeval.next_repeat`)."""
+    repeats are interleaved with exploring (:func:`~proftune.search._reeval.next_repeat`).
+    ``seen``: the group keys of ``gs``'s params among the space's names, where the caller keeps
+    them (:meth:`~proftune.search._reeval.GroupTable.seen`); computed here otherwise."""
     if not gs:
         return None
     if budget is None:
@@ -147,13 +151,15 @@ def next_step(gs: Sequence[Group], space: Space, *, maximize: bool, repeats: int
     def lower(g: Group) -> float:  # pick's order: the mean less its interval, in the better direction
         return sign * g.mean - (noise / math.sqrt(g.n) if noise is not None else 0.0)
 
-    leaders = sorted(gs, key=lower, reverse=True)[:TOP]
+    leaders = heapq.nlargest(TOP, gs, key=lower)  # sorted(..., reverse=True)[:TOP], in one pass
     start = budget - math.floor(2 * share * budget)
     repeat_ok = repeats + 1 <= share * budget
     if repeat_ok and (evaluations - start) % 2 == 1:
         g = min(leaders, key=lambda x: x.n)
         return Step("repeat", dict(g.params), g.n)
-    seen = {group_key({k: v for k, v in g.params.items() if k in set(space.names)}) for g in gs}
+    if seen is None:
+        names = set(space.names)
+        seen = {group_key({k: v for k, v in g.params.items() if k in names}) for g in gs}
     rng = random.Random(seed * 1_000_003 + evaluations)
     for g in leaders:
         for scale in SCALES:  # a continuous range's nearer neighbours once the farther ones are seen

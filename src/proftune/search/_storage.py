@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -15,6 +16,7 @@ import sqlalchemy as sa
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from ..exceptions import ProftuneError
 from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
 
@@ -184,4 +186,20 @@ def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
         if ok:
             retry(study, study._storage.get_trial(trial_id))
             reaped.append(int(number))
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # ended (its record written, its Run finished) but never told: the database went away
+        # between the two, and the process that ran it is gone
+        rec = t.user_attrs.get("proftune") or {}
+        if not rec.get("state") or rec.get("run_id") is None:
+            continue
+        try:
+            run = store.get_run(int(rec["run_id"]))
+        except (KeyError, ValueError, ProftuneError):
+            continue
+        if run.status == "running" or run.host != host or run.pid is None or pid_alive(int(run.pid)):
+            continue
+        with contextlib.suppress(KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                retry(study, study._storage.get_trial(t._trial_id))
+                reaped.append(t.number)
     return reaped

@@ -12,15 +12,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
+import sqlalchemy as sa
 from optuna.storages import RDBStorage
 
 from ..exceptions import RunFailedError
 from ..task import load_task
-from ..track import Store
+from ..track import Store, redact_url
 from ._constraints import Objective
 from ._pruners import make_pruner
-from ._records import ATTR, TrialRecord, counts, trial_records
-from ._reeval import groups
+from ._records import ATTR, TrialRecord, counts, study_view, trial_records
 from ._refine import next_step
 from ._samplers import make_sampler
 from ._settings import SearchSettings
@@ -54,7 +54,7 @@ def _best_params(study: optuna.Study, objectives: Sequence[Objective], stages: S
     """The full configuration of the best feasible complete trial among ``stages``."""
     best: TrialRecord | None = None
     sign = -1.0 if objectives[0].direction == "maximize" else 1.0
-    for r in trial_records(study):
+    for r in study_view(study).finished:
         if r.state == "complete" and r.stage in stages and r.values:
             if best is None or sign * r.values[0] < sign * (best.values or [0.0])[0]:
                 best = r
@@ -123,12 +123,41 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
             runner.preset = _best_params(study, settings.objectives, settings.space.tiers[:idx])
         elif settings.reevaluate > 0:
             _maybe_repeat(study, settings)
-        study.optimize(runner, n_trials=1, catch=(TrialFailed, Surplus), gc_after_trial=False,
-                       show_progress_bar=False)
+        try:
+            study.optimize(runner, n_trials=1, catch=(TrialFailed, Surplus), gc_after_trial=False,
+                           show_progress_bar=False)
+        except Exception as exc:
+            lost = _database_error(exc)
+            if lost is None:
+                raise
+            raise RunFailedError(_lost_message(settings, runner.current, lost)) from exc
         ran += 1
         if after_trial is not None:
             after_trial()
     return {"worker": worker, "trials_run": ran, "stopped": reason}
+
+
+def _database_error(exc: BaseException) -> sa.exc.DBAPIError | None:
+    """The database error behind ``exc`` (Optuna may lose it: an ``UnboundLocalError`` of its
+    own, raised while handling it), or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, sa.exc.DBAPIError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _lost_message(settings: SearchSettings, current: tuple[int, int] | None, err: sa.exc.DBAPIError) -> str:
+    what = str(getattr(err, "orig", None) or err).strip().splitlines()[0][:300]
+    lost = (f"trial {current[0]} ended, and its result is in its trial run {current[1]}, but the study does "
+            "not hold it (the trial stays running there until a later run of the study fails it and runs "
+            "its configuration again)" if current else "the trial being recorded")
+    return (f"the study {settings.study!r} lost its database {redact_url(settings.db)}: {type(err).__name__}: "
+            f"{what}. Lost: {lost}. Run the same command again once the database is back: the study "
+            "continues where it stopped.")
 
 
 def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], float]]:
@@ -139,16 +168,15 @@ def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], fl
 def _maybe_repeat(study: optuna.Study, settings: SearchSettings) -> None:
     """Enqueue a repeat of a leading configuration, or a neighbour of one at the end of a known
     budget, when the rules of ``_reeval`` and ``_refine`` ask for one."""
-    if counts(study)["waiting"]:
+    view = study_view(study)  # read incrementally: this runs before every trial of a long study
+    if view.counts()["waiting"]:
         return  # a queued trial runs first
-    records = trial_records(study)
-    evals = evaluations(records)
-    if len(evals) < STARTUP:
+    if len(view.evaluations) < STARTUP:
         return
-    repeats = sum(1 for r in records if r.repeat and r.state != "running")
-    gs = groups(evals)
-    step = next_step(gs, settings.space, maximize=settings.objectives[0].direction == "maximize", repeats=repeats,
-                     evaluations=len(evals), share=settings.reevaluate, budget=settings.trials, seed=settings.seed)
+    gs = view.groups.groups()
+    step = next_step(gs, settings.space, maximize=settings.objectives[0].direction == "maximize",
+                     repeats=view.repeats, evaluations=len(view.evaluations), share=settings.reevaluate,
+                     budget=settings.trials, seed=settings.seed, seen=view.groups.seen(settings.space.names))
     if step is None:
         return
     attrs = {f"{ATTR}_repeat": step.n} if step.kind == "repeat" else {f"{ATTR}_neighbour": True}

@@ -108,6 +108,8 @@ class TrialRunner:
         self.extra_callbacks: list[Callback] = []
         self.only: list[str] | None = None
         self.preset: dict[str, Any] = {}
+        #: (number, trial Run id) of the trial run last (what a lost database connection lost).
+        self.current: tuple[int, int] | None = None
 
     def __call__(self, trial: optuna.Trial) -> Sequence[float] | float:
         started = time.perf_counter()
@@ -124,6 +126,7 @@ class TrialRunner:
                                                "epochs": self.s.epochs, "seed": self.s.seed},
             env=self.s.env, data_fingerprint=self.s.data_fingerprint,
             parent_id=self.s.tune_run_id, study=self.s.study)
+        self.current = (trial.number, run_id)
         rec: dict[str, Any] = {"params": config, "metrics": {}, "constraints": {}, "reason": None,
                                "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
                                "stage": self.stage, "run_id": run_id,

@@ -7,7 +7,7 @@ from ._database import redact_url
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
-from ._outputs import held_until_written, kept_files
+from ._outputs import held_until_written, kept_files, not_held
 from ._records import RunRecord
 from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
 from ._store import DEFAULT_DB, RunHandle, Store, default_db_url, pid_alive
@@ -29,6 +29,7 @@ __all__ = [
     "environment",
     "held_until_written",
     "kept_files",
+    "not_held",
     "open_store",
     "optional_store",
     "pid_alive",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HeldRuns", "held_until_written", "kept_files"]
+__all__ = ["HeldRuns", "held_until_written", "kept_files", "not_held"]
 
 
 @dataclass
@@ -77,3 +77,15 @@ def held_until_written(outputs: Iterable[str | Path | None] = ()) -> Iterator[He
     for store, run_id in runs.runs:
         if store.get_run(run_id).status == "running":  # a command may have failed it (tune: every trial failed)
             store.finish_run(run_id, status="finished")
+
+
+@contextlib.contextmanager
+def not_held() -> Iterator[None]:
+    """Runs finished inside the block are finished at once, inside :func:`held_until_written`
+    too: the runs of one stage of a longer command (optimize's diagnose, profile, tune, ...) end
+    with the stage, with its own status and end time, not with the command's outputs."""
+    token = _HELD.set(None)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)

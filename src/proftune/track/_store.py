@@ -135,7 +135,13 @@ class Store:
                 "or postgresql://user@host/db (or a path to a SQLite file: runs.db, runs.sqlite)."
             ) from None
         parsed = _installed_driver(parsed, self.shown_url)
-        if parsed.drivername != sa.make_url(self.url).drivername:
+        given = parsed.database or ""
+        if (parsed.get_backend_name() == "sqlite" and given and given != ":memory:"
+                and not given.startswith("file:") and not os.path.isabs(given)):
+            # resolved now, once: each connection opens the file anew, and a task that changes the
+            # working folder (as Hydra does) would otherwise open a second, empty store
+            parsed = parsed.set(database=os.path.abspath(given))
+        if parsed != sa.make_url(self.url):
             self.url = parsed.render_as_string(hide_password=False)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         self.retries = retries
@@ -288,8 +294,9 @@ class Store:
         record = self.get_run(run_id)
         runs = held()
         if runs is not None and status == "finished" and record.parent_id is None:
-            # a command's Run waits for the command's outputs (track._outputs.held_until_written)
-            self.update_run(run_id, error=error, **fields)
+            # a command's Run waits for the command's outputs (track._outputs.held_until_written),
+            # running: this process is finishing it, whatever a sweep of stale runs took it for
+            self.update_run(run_id, status="running", ended_at=None, error=error, **fields)
             if not runs.holds(self.url, run_id):
                 runs.runs.append((self, run_id))
             return
