@@ -9,34 +9,25 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from proftune._holdout import held_out_info
 from proftune.examples import TensorBatches
 from proftune.optimize import _final
 from proftune.optimize._final import Arm, ArmRun, FinalOutcome, FinalPlan, held_out_estimate, run_final, sampling_std
-from proftune.task import Task
 
 from .tasks import X_TEST, X_VAL, Y_TEST, TinyTask
-from .test_small_budgets import _Splittable
+from .test_small_budgets import _FakeTrain, _Splittable
 
 
-class _NoTestFake:
+class _NoTestFake(_FakeTrain):
     """``_final._train`` for a task without test_data: validation figures only (``test`` None)."""
 
-    def __init__(self, values: dict[str, Iterator[float]]) -> None:
-        self.values, self.calls = values, []  # type: ignore[var-annotated]
-
-    def __call__(self, task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, store: Any,
-                 folder: Path) -> ArmRun:
-        self.calls.append((arm.name, seed, task))
-        torch.save({"w": torch.zeros(1)}, folder / f"{_final._slug(arm.name)}-{seed}.pt")
-        val = next(self.values[arm.name])
+    def result(self, seed: int, val: float) -> ArmRun:
         return ArmRun(seed=seed, run_id=None, val=val, test=None, epochs=1, duration_s=0.01, cut=False,
                       val_metrics={"accuracy": val})
 
