@@ -182,7 +182,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
     elif s.name == "compute":
         computed = s.record(ComputeOutputs)
         did = "computed " + (fmt(computed.computed.to_dict()) or "nothing")
-        did += f"; lr check: {computed.lr_check.describe()}" if computed.lr_check is not None else ""
+        did += f"; lr check: {rounded(computed.lr_check.describe())}" if computed.lr_check is not None else ""
     elif s.name == "layer_value":
         lv = s.record(LayerValueOutputs)
         found = lv.findings
@@ -244,7 +244,7 @@ def tell(result: OptimizeResult) -> Story:
                                 + (f": gain {_signed(test.gain)}, "
                                    + ("beyond noise there too" if test.beyond_noise else "within noise there")
                                    if adopted and test is not None and _f(test.gain) is not None else "")
-                                + f" ({vs.held_out_source or '-'})"),
+                                + f" ({rounded(vs.held_out_source or '-')})"),
         ("what changed", _changed(final.changes)),
     ]
     if not adopted and vs.leader_changes:

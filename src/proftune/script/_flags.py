@@ -119,7 +119,7 @@ def read_flags(command: Sequence[str], *, timeout: float = PROBE_TIMEOUT_S) -> S
             raise ConfigError(
                 f"{target!r} has no argparse flags to search: {how} without calling "
                 "argparse.ArgumentParser.parse_args() (proftune reads a script's parameters from its "
-                "argparse parser: `parser.add_argument('--lr', type=float, default=1e-3)`)"
+                "argparse parser, its add_argument() calls)"
                 + (f"; its last lines:\n{tail}" if tail else "."))
         raw = json.loads(out.read_text(encoding="utf-8"))
     flags = tuple(Flag(dest=a["dest"], options=tuple(a["options"]), default=a["default"], type=a["type"],

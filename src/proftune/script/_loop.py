@@ -38,7 +38,7 @@ def load_script(command: Sequence[str], *, objective: str | None, constraints: S
                 profile: bool | None = None) -> tuple[ScriptTask, Space, Objective]:
     """The script as a task, its space and its objective (``val_acc:max``)."""
     if not objective:
-        raise ConfigError("a script's objective must be named: --objective NAME[:max|min], the metric it prints "
+        raise ConfigError("a script's objective must be named with objective= (NAME[:max|min]): the metric it prints "
                           "as `NAME=value` (or `NAME: value`) or reports with proftune.report(NAME=value).")
     flags = read_flags(command)
     problems = ProblemCollector()

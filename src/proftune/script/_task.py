@@ -69,7 +69,7 @@ class ScriptTask(ObjectiveTask):
         self.name = Path(target).stem if kind == "path" else target  # type: ignore[misc]
         self.metrics = list(dict.fromkeys(metrics))
         if not self.metrics:
-            raise ConfigError("a script's metric must be named: --objective NAME[:max|min] (what it prints as "
+            raise ConfigError("a script's metric must be named with objective= (NAME[:max|min]: what it prints as "
                               "`NAME=value` or reports with proftune.report(NAME=value)).")
         given = self.given_args()
         self.default_params = {**self.flags.defaults, **given}  # type: ignore[misc]
