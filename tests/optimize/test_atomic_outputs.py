@@ -48,7 +48,7 @@ def test_a_summary_interrupted_while_written_leaves_the_finished_one(tmp_path: P
 def test_a_plot_interrupted_while_written_leaves_no_partial_png(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")
-    empty = SimpleNamespace(history=[], layers=[])
+    empty = SimpleNamespace(history=[], trials=[], layers=[])
     state = SimpleNamespace(record=lambda kind: empty)
     result = SimpleNamespace(stages=[SimpleNamespace(name="baseline", duration_s=2.0, share_s=3.0)])
     _interrupted_writes(monkeypatch)
