@@ -434,3 +434,14 @@ def test_the_lr_range_without_a_measured_rate_spans_three_decades_each_way() -> 
     unmeasured = build_plan(TinyTask(), {}, user_space=None, max_batch=None, samples=192)
     lr = unmeasured.space.to_dict()["params"]["lr"]  # around the task's 1e-2, bounded to [1e-6, 3]
     assert (lr["low"], lr["high"]) == (pytest.approx(1e-5), pytest.approx(3.0))
+
+
+def test_a_batch_beyond_the_data_still_leaves_batches_of_many_steps_to_search() -> None:
+    """Defaults at batch 8192 on 3,196 samples: the space's batches an eighth to eight times it
+    were all one or two steps an epoch; a batch of eight and of 32 steps an epoch is a choice too."""
+    plan = build_plan(TinyTask(), {"lr": 0.01, "batch_size": 8192, "grad_accumulation": 1, "precision": "fp32"},
+                      user_space=None, max_batch=None, samples=3196)
+    choices = plan.space.param("batch_size").choices
+    assert 3196 // 8 in choices
+    assert 3196 // 32 in choices
+    assert max(choices) == 3196
