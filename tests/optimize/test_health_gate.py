@@ -58,6 +58,23 @@ def test_an_error_the_search_does_not_tune_stops_the_loop(cause: str, space: Any
     assert out.ignored
 
 
+@pytest.mark.usefixtures("no_profile")
+@pytest.mark.parametrize(("at_init", "stops"), [(False, False), (True, True)])
+def test_units_that_died_while_training_are_the_rate_s_and_from_init_the_init_s(at_init: bool, stops: bool,
+                                                                              tmp_path: Any) -> None:
+    """SGD at 4x its rate killed a ReLU layer: the search lowers the rate, so the loop goes on;
+    units dead from init are the init's, which no rate fixes: it stops."""
+    dead = Finding(cause="dead_units", severity="error", summary="ReLU outputs zero", fix="lower the lr",
+                   evidence={"zero_frac": 0.98, "dead_from_init": at_init})
+    if stops:
+        with pytest.raises(RunFailedError, match="dead_units"):
+            _builtin.Health().run(_loop([dead], tmp=tmp_path), 1.0, 0.0)
+    else:
+        out = _builtin.Health().run(_loop([dead], tmp=tmp_path), 1.0, 0.0).outputs
+        assert isinstance(out, HealthOutputs)
+        assert out.searched == ["dead_units"]
+
+
 def _baseline_loop(tmp: Any, *, space: Any = None) -> Any:
     from tests.optimize.tasks import TinyTask
 

@@ -63,14 +63,11 @@ from ._stages import BaseStage, StageResult, register_stage
 
 log = logging.getLogger(__name__)
 
-#: Error findings whose cause is the learning rate, which the search tunes: the loop goes on. A
-#: start at full rate that climbs (no warm-up) is one of them: a lower rate starts without the climb.
+#: Error findings caused by the learning rate, which the search tunes (a full-rate start that climbs too).
 SEARCHED_CAUSES = frozenset({"lr_too_high", "lr_too_low", "exploding_gradients", "oscillating_loss", "no_warmup"})
-#: The baseline's no-tricks run trains as long as the defaults only where the budget holds this
-#: many trainings of them; below, it is timed over a couple of epochs (the plain loop's epoch time).
+#: Trainings of the defaults the budget holds for the no-tricks run to train as long (else two epochs).
 NO_TRICKS_AT_LEAST = 24
-#: The baseline's training of the defaults runs their own epochs while it is within this share of
-#: the budget (beyond, it is cut at the stage's share and the race trains them again).
+#: The share of the budget within which the baseline trains the defaults' own epochs (else cut).
 BASELINE_WHOLE = 0.4
 
 
@@ -83,9 +80,16 @@ def _searches_lr(space: Any) -> bool:
     return "lr" in load_space(space).names
 
 
+def _searched(finding: Any) -> bool:
+    """The rate is the cause: a searched one, or units that died while training (SGD at 4x its rate
+    killed a ReLU layer; dead from init is the init's, which no rate fixes)."""
+    died_training = (finding.to_dict().get("evidence") or {}).get("dead_from_init") is False
+    return finding.cause in SEARCHED_CAUSES or (finding.cause == "dead_units" and died_training)
+
+
 def _stopping(findings: Sequence[Any], *, searches_lr: bool) -> list[Any]:
     """The error findings that stop the loop: every error but those whose cause the search tunes."""
-    return [f for f in findings if f.severity == "error" and not (searches_lr and f.cause in SEARCHED_CAUSES)]
+    return [f for f in findings if f.severity == "error" and not (searches_lr and _searched(f))]
 
 
 @register_stage
