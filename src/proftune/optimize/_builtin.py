@@ -81,8 +81,7 @@ def _searches_lr(space: Any) -> bool:
 
 
 def _searched(finding: Any) -> bool:
-    """The rate is the cause: a searched one, or units that died while training (SGD at 4x its rate
-    killed a ReLU layer; dead from init is the init's, which no rate fixes)."""
+    """The rate is the cause: a searched one, or units that died while training (not from init)."""
     died_training = (finding.to_dict().get("evidence") or {}).get("dead_from_init") is False
     return finding.cause in SEARCHED_CAUSES or (finding.cause == "dead_units" and died_training)
 
