@@ -34,7 +34,8 @@ def no_profile(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("no_profile")
-@pytest.mark.parametrize("cause", ["lr_too_high", "no_warmup"])  # a full-rate start that climbs: the rate too
+@pytest.mark.parametrize("cause", ["lr_too_high", "no_warmup",  # a full-rate start that climbs: the rate too
+                                   "batchnorm_small_batch"])  # batch 2 under batch norm: the search tunes the batch
 def test_an_lr_error_goes_on_and_says_the_search_tunes_it(cause: str, tmp_path: Any) -> None:
     out = _builtin.Health().run(_loop([_finding(cause)], tmp=tmp_path), 1.0, 0.0).outputs
     assert isinstance(out, HealthOutputs)
@@ -48,6 +49,7 @@ def test_an_lr_error_goes_on_and_says_the_search_tunes_it(cause: str, tmp_path: 
     ("nan_inf", None),  # not a rate the search tunes: it stops
     ("unshuffled_data", None),
     ("lr_too_high", {"params": {"batch_size": {"type": "categorical", "choices": [16, 32]}}}),  # lr not searched
+    ("batchnorm_small_batch", {"params": {"lr": {"type": "float", "low": 1e-4, "high": 1e-1}}}),  # nor the batch
 ])
 def test_an_error_the_search_does_not_tune_stops_the_loop(cause: str, space: Any, tmp_path: Any) -> None:
     with pytest.raises(RunFailedError, match=rf"(?s)error finding\(s\) the search does not tune.*{cause}"):

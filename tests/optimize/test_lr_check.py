@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from proftune.optimize._computed import ComputedValues
-from proftune.optimize._lr_check import LrCheck, check_computed_lr, short_check_seconds
+from proftune.optimize._computed import ComputedValues, LrCheck
+from proftune.optimize._lr_check import check_computed_lr, short_check_seconds
 from proftune.optimize._records import ComputeOutputs
 from proftune.optimize._space import build_plan
 

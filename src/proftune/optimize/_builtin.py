@@ -42,6 +42,7 @@ from ._final import (
     FinalPlan,
     run_final,
 )
+from ._health_gate import searched_params, stopping_findings, tuned
 from ._layer_value import LayerFinding, keep_layers, layer_values
 from ._lr_check import check_computed_lr, short_check_seconds
 from ._measure import _Capture, _figures, _latency_ms, _params_key, _same, _samples, _steps_per_epoch
@@ -63,32 +64,10 @@ from ._stages import BaseStage, StageResult, register_stage
 
 log = logging.getLogger(__name__)
 
-#: Error findings caused by the learning rate, which the search tunes (a full-rate start that climbs too).
-SEARCHED_CAUSES = frozenset({"lr_too_high", "lr_too_low", "exploding_gradients", "oscillating_loss", "no_warmup"})
 #: Trainings of the defaults the budget holds for the no-tricks run to train as long (else two epochs).
 NO_TRICKS_AT_LEAST = 24
 #: The share of the budget within which the baseline trains the defaults' own epochs (else cut).
 BASELINE_WHOLE = 0.4
-
-
-def _searches_lr(space: Any) -> bool:
-    """Whether the search's space has ``lr`` (the default space does; a user's may fix it)."""
-    if space is None:
-        return True
-    from ..search import load_space
-
-    return "lr" in load_space(space).names
-
-
-def _searched(finding: Any) -> bool:
-    """The rate is the cause: a searched one, or units that died while training (not from init)."""
-    died_training = (finding.to_dict().get("evidence") or {}).get("dead_from_init") is False
-    return finding.cause in SEARCHED_CAUSES or (finding.cause == "dead_units" and died_training)
-
-
-def _stopping(findings: Sequence[Any], *, searches_lr: bool) -> list[Any]:
-    """The error findings that stop the loop: every error but those whose cause the search tunes."""
-    return [f for f in findings if f.severity == "error" and not (searches_lr and _searched(f))]
 
 
 @register_stage
@@ -121,10 +100,10 @@ class Baseline(BaseStage):
         # where an error the search does not tune would stop the loop (a NaN that the range test
         # may show to be the rate's), on a second training
         limit = max(share * 0.55, BASELINE_WHOLE * loop.v.budget_s)
-        confirm = not _searches_lr(loop.cfg.space)
+        confirm = "lr" not in searched_params(loop.cfg.space)
         diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
                         callbacks=[Deadline(limit), capture], store=loop.store, lr_test=confirm, probes=confirm)
-        if not confirm and _stopping(diag.findings, searches_lr=True):
+        if not confirm and stopping_findings(diag.findings, searched=searched_params(loop.cfg.space)):
             log.info("the defaults' training has an error the search does not tune: trained again with the "
                      "health checks' confirmations (range test, probes)")
             diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
@@ -176,14 +155,13 @@ class Health(BaseStage):
         findings = loop.state.record(BaselineOutputs).findings
         errors = [f for f in findings if f.severity == "error"]
         warnings = [f for f in findings if f.severity == "warning"]
-        # an error the search itself tunes (the lr too high or too low, gradients that explode at
-        # it) is what the loop is for: it goes on, the compute stage measures the rate anew and the
-        # race still judges against the defaults as they are; any other error stops it
-        stopping = _stopping(findings, searches_lr=_searches_lr(loop.cfg.space))
+        # an error the search itself tunes (the lr too high or too low, a batch too small for batch
+        # norm) is what the loop is for: it goes on, the race judges against the defaults as they are
+        stopping = stopping_findings(findings, searched=searched_params(loop.cfg.space))
         searched = [f for f in errors if f not in stopping]
         for f in searched:
-            log.warning("the defaults' training: %s (%s); the loop goes on: the search tunes the learning rate, and "
-                        "the defaults stay the bar", f.cause, f.summary)
+            log.warning("the defaults' training: %s (%s); the loop goes on: the search tunes %s, and the defaults "
+                        "stay the bar", f.cause, f.summary, tuned(f))
         if stopping and not loop.cfg.ignore_findings:
             lines = [f"the baseline's training has {len(stopping)} error finding(s) the search does not tune; the loop "
                      "stops before any search (pass --ignore-findings to go on anyway):"]

@@ -10,7 +10,7 @@ from .._jsonsafe import finite_float
 from .._records import JsonRecord, Reader
 from ..recommend import OptimizerEvidence, Recommendations
 
-__all__ = ["ComputedValues", "OptimizerChoice"]
+__all__ = ["ComputedValues", "LrCheck", "OptimizerChoice"]
 
 #: The precisions a computed value may take.
 _PRECISIONS = ("fp32", "bf16", "fp16")
@@ -72,3 +72,36 @@ class ComputedValues(JsonRecord):
         return cls(batch_size=bs if isinstance(bs, int) else None, lr=finite_float(values.get("lr")),
                    grad_accumulation=accum if isinstance(accum, int) else None,
                    precision=precision if precision in _PRECISIONS else None, optimizer_alternative=alt)
+
+
+@dataclass(frozen=True)
+class LrCheck(JsonRecord):
+    """The computed rate's short run against the defaults' at the same wall clock, and the verdict."""
+
+    WHAT: ClassVar[str] = "the computed lr's short check"
+    computed_lr: float
+    default_lr: float | None
+    batch_size: int
+    seconds: float
+    metric: str
+    maximize: bool
+    defaults_value: float | None
+    computed_value: float | None
+    defaults_steps: int
+    computed_steps: int
+    margin: float
+    used: bool
+
+    def describe(self) -> str:
+        """One line: both short runs, and whether the search centres on the computed rate."""
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.4g}"
+
+        runs = (f"{self.seconds:.1f} s each from one seed: the computed lr {self.computed_lr:.3g} (batch "
+                f"{self.batch_size}, {self.computed_steps} steps) reached {self.metric} {fmt(self.computed_value)}, "
+                f"the defaults' lr {fmt(self.default_lr)} ({self.defaults_steps} steps) "
+                f"{fmt(self.defaults_value)}")
+        if self.used:
+            return f"{runs}: better by more than {self.margin:.3g}, so the search centres on the computed lr"
+        return (f"{runs}: not better by more than {self.margin:.3g}, so the search centres on the defaults' lr "
+                "(the computed one is a hypothesis this check did not confirm)")

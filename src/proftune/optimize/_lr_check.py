@@ -11,18 +11,17 @@ validation sample's worth; otherwise the centre stays the defaults' rate, and th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from .._jsonsafe import finite_float
-from .._records import JsonRecord
 from ..task import Task
 from ..train import evaluate_model, fit
-from ._computed import ComputedValues
+from ._budget import Deadline
+from ._computed import ComputedValues, LrCheck
 
-__all__ = ["LrCheck", "check_computed_lr", "short_check_seconds"]
+__all__ = ["check_computed_lr", "short_check_seconds"]
 
 #: The seconds each short run trains: a share of the compute stage's, within these bounds.
 MIN_SECONDS, MAX_SECONDS, SHARE = 1.0, 3.0, 0.12
@@ -33,43 +32,8 @@ def short_check_seconds(share_s: float) -> float:
     return min(MAX_SECONDS, max(MIN_SECONDS, SHARE * share_s))
 
 
-@dataclass(frozen=True)
-class LrCheck(JsonRecord):
-    """The computed rate's short run against the defaults' at the same wall clock, and the verdict."""
-
-    WHAT: ClassVar[str] = "the computed lr's short check"
-    computed_lr: float
-    default_lr: float | None
-    batch_size: int
-    seconds: float
-    metric: str
-    maximize: bool
-    defaults_value: float | None
-    computed_value: float | None
-    defaults_steps: int
-    computed_steps: int
-    margin: float
-    used: bool
-
-    def describe(self) -> str:
-        """One line: both short runs, and whether the search centres on the computed rate."""
-        def fmt(v: float | None) -> str:
-            return "-" if v is None else f"{v:.4g}"
-
-        runs = (f"{self.seconds:.1f} s each from one seed: the computed lr {self.computed_lr:.3g} (batch "
-                f"{self.batch_size}, {self.computed_steps} steps) reached {self.metric} {fmt(self.computed_value)}, "
-                f"the defaults' lr {fmt(self.default_lr)} ({self.defaults_steps} steps) "
-                f"{fmt(self.defaults_value)}")
-        if self.used:
-            return f"{runs}: better by more than {self.margin:.3g}, so the search centres on the computed lr"
-        return (f"{runs}: not better by more than {self.margin:.3g}, so the search centres on the defaults' lr "
-                "(the computed one is a hypothesis this check did not confirm)")
-
-
 def _short(task: Task, params: dict[str, Any], *, seconds: float, metric: str, device: torch.device,
            seed: int) -> tuple[float | None, int]:
-    from ._budget import Deadline  # _budget reads the stages, whose records hold this one
-
     deadline = Deadline(seconds)
     result = fit(task, params, epochs=max(1, int(task.default_epochs)), device=device, seed=seed,
                  callbacks=[deadline], evaluate=False)

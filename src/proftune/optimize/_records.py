@@ -21,10 +21,9 @@ from .._holdout import HoldoutInfo
 from .._records import JsonRecord, Reader, each, optional, plain, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
-from ._computed import ComputedValues
+from ._computed import ComputedValues, LrCheck
 from ._final_records import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
-from ._lr_check import LrCheck
 from ._plan import BudgetPlan
 from ._search_records import ConfigGroup, TrialLog, YellowFlag
 from ._space import SearchPlan
