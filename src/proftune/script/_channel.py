@@ -37,6 +37,14 @@ def report(step: int | None = None, **metrics: Any) -> None:
     path = os.environ.get(REPORT_ENV)
     if not path:
         return
-    line = json.dumps({"step": step, "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}})
     with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
+        fh.write(channel_line(step, values) + "\n")
+
+
+def channel_line(step: int | None, values: dict[str, float], source: str | None = None) -> str:
+    """One line of the report channel: strict JSON, a non-finite value as its text (float() reads it)."""
+    metrics = {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}
+    payload: dict[str, Any] = {"step": step, "metrics": metrics}
+    if source is not None:
+        payload["source"] = source
+    return json.dumps(payload, allow_nan=False)

@@ -4,7 +4,6 @@ SCRIPT ARGS``: the script runs unchanged under the same global hooks as ``proftu
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -13,6 +12,7 @@ SAMPLE_EVERY, SAMPLES = 10, 3
 
 
 def main(argv: list[str]) -> int:
+    from .._jsonsafe import is_finite_number, json_dumps
     from ..profile import run_script
     from ._channel import REPORT_ENV
     from ._frameworks import install_framework_reports
@@ -25,9 +25,9 @@ def main(argv: list[str]) -> int:
     path = os.environ.get(REPORT_ENV)
     if path and result.profiles:
         p = result.profiles[0]
-        metrics = {k: v for k, v in p.metrics().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics = {k: v for k, v in p.metrics().items() if is_finite_number(v)}
         with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"profile": metrics, "summary": result.summary}) + "\n")
+            fh.write(json_dumps({"profile": metrics, "summary": result.summary}) + "\n")
     return result.exit_code
 
 

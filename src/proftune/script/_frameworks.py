@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from ._channel import REPORT_ENV
+from ._channel import REPORT_ENV, channel_line
 
 __all__ = ["install_framework_reports"]
 
@@ -26,7 +25,7 @@ def _send(source: str, metrics: dict[str, Any], step: int | None) -> None:
             continue
     if path and values:
         with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"step": step, "metrics": values, "source": source}) + "\n")
+            fh.write(channel_line(step, values, source) + "\n")
 
 
 def _imports(path: str) -> set[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import runpy
 import sys
@@ -19,9 +20,9 @@ _TYPES = {int: "int", float: "float", str: "str"}
 
 
 def _value(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
+    if v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float) and math.isfinite(v)):
         return v
-    return str(v)
+    return str(v)  # an inf default travels as its text
 
 
 def _action(a: argparse.Action) -> dict[str, Any] | None:
@@ -48,7 +49,7 @@ def main() -> None:
     def captured(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
         actions = [d for a in self._actions if (d := _action(a)) is not None]
         with open(out, "w", encoding="utf-8") as fh:
-            json.dump({"prog": self.prog, "actions": actions}, fh)
+            json.dump({"prog": self.prog, "actions": actions}, fh, allow_nan=False)
         sys.stdout.flush()
         os._exit(0)  # the training after the parse never runs
 

@@ -36,7 +36,9 @@ class _PruningCallback(Callback):
     def __init__(self, trial: optuna.Trial, metric: str | None, pruner: str) -> None:
         self.trial, self.metric, self.pruner = trial, metric, pruner
         self.pruned_reason: str | None = None
-        self.rungs = rung_epochs(trial.study.pruner)
+        # a trial without a study (Ray's trials are Optuna FixedTrials) reports every epoch
+        study = getattr(trial, "study", None)
+        self.rungs = rung_epochs(study.pruner) if study is not None else None
 
     def on_epoch_end(self, state: FitState) -> None:
         if self.metric is None:
