@@ -127,3 +127,21 @@ def test_recommend_leaves_an_epoch_at_least_8_steps(monkeypatch: pytest.MonkeyPa
     row = _recommend(PlateauMLP()).get("batch_size")
     assert row.value <= 400 // 8, row.reason
     assert "bounded by the data" in row.reason
+
+
+def test_the_noise_probe_of_a_batch_norm_model_at_batch_2_trains_on_two_samples_at_least(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defaults at batch 2: the probe's micro-batches were a quarter of it, one sample, which a
+    batch-norm layer cannot train on (recommend crashed in optimize's compute stage)."""
+    seen: list[int] = []
+    real = _api.noise_scale
+
+    def spy(*args: Any, small_batch: int, **kw: Any) -> NoiseScaleResult:
+        seen.append(small_batch)
+        return real(*args, small_batch=small_batch, **kw)
+
+    monkeypatch.setattr(_api, "noise_scale", spy)
+    task = _NormMLP()
+    task.default_params = {**task.default_params, "batch_size": 2}  # type: ignore[misc]
+    assert _recommend(task).get("batch_size") is not None
+    assert seen == [2]

@@ -230,7 +230,9 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     # -- noise scale: the critical batch ------------------------------------------------------------
     say("noise scale")
     micro = 4
-    small = max(1, b_prof // micro)
+    # micro-batches of two samples at least: batch norm cannot train on one (the defaults at
+    # batch 2 crashed the probe at micro-batches of 1)
+    small = max(2, b_prof // micro)
     # at the range test's rate, not the task's: at a rate that diverges the gradients measure the
     # blow-up (digits-mlp at SGD lr 1.0: B_simple 2.8, against 45 at the suggested 0.15)
     ns_params = dict(params)
