@@ -353,16 +353,20 @@ def test_a_per_epoch_looking_scheduler_stepped_per_step_warns_once_saying_what_t
 def test_other_epoch_counted_schedulers_warn_too(make: Any) -> None:
     from proftune.exceptions import TaskWarning
 
-    with pytest.warns(TaskWarning, match="looks counted in epochs"):
+    with pytest.warns(TaskWarning, match="looks counted in epochs") as caught:
         fit(_scheduled(make), device="cpu", threads=1)
+    assert len([w for w in caught if issubclass(w.category, TaskWarning)]) == 1  # one warning, not one a step
 
 
 def test_a_slow_per_step_decay_does_not_warn() -> None:
     from proftune.exceptions import TaskWarning
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error", TaskWarning)
-        fit(_scheduled(lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.99)), device="cpu", threads=1)
+        warnings.simplefilter("error", TaskWarning)  # a warning would fail the fit
+        result = fit(_scheduled(lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.99)), device="cpu",
+                     threads=1)
+    assert not any(a["kind"] == "scheduler_interval" for a in result.anomalies)
+    assert _lrs(result)[-1] < _lrs(result)[0]  # it decayed, per step, as the task asked
 
 
 def test_a_plateau_scheduler_steps_per_epoch_on_its_metric_and_bad_configs_are_named() -> None:
