@@ -100,8 +100,8 @@ def test_the_seed_noise_of_a_one_seed_race_comes_from_the_search_or_the_validati
     # measured: kept, never below the validation set's own sampling noise (p=0.9, n=300: 0.0173)
     assert prior_seed_std(0.03, metric="accuracy", val_samples=300, level=0.9) == 0.03
     assert prior_seed_std(0.001, metric="accuracy", val_samples=300, level=0.9) == pytest.approx(0.01732, abs=1e-4)
-    # not measured: twice the binomial noise for a ratio; nothing for a loss
-    assert prior_seed_std(None, metric="accuracy", val_samples=300, level=0.9) == pytest.approx(0.03464, abs=1e-4)
+    # not measured: 1.25x the binomial noise for a ratio (SAMPLING_TO_SEED); nothing for a loss
+    assert prior_seed_std(None, metric="accuracy", val_samples=300, level=0.9) == pytest.approx(1.25 * 0.01732, abs=1e-4)
     assert prior_seed_std(None, metric="val_loss", val_samples=300, level=None) is None
 
 
@@ -246,3 +246,21 @@ def test_false_choices_stay_rare_against_the_known_noise(n: int) -> None:
         chosen += compare_paired(list(a), list(b), seeds=list(range(n)), metric="accuracy", maximize=True,
                                  prior_std=0.02).beyond_noise
     assert chosen / 3000 < 0.06
+
+
+def test_one_pair_counts_every_training_of_the_defaults_against_the_known_noise() -> None:
+    """A race starved to one paired seed: the defaults' trainings outside it (the search's
+    evaluations of them) narrow the noise of their mean, so a gain the pair alone leaves within
+    noise is beyond it; defaults that spread widely widen it again."""
+    prior = prior_seed_std(None, metric="accuracy", val_samples=300, level=0.8)  # 1.25 x 0.0231
+    pair = compare_paired([0.86], [0.80], seeds=[1], metric="accuracy", maximize=True, prior_std=prior,
+                          resolution=1 / 300)
+    assert not pair.beyond_noise, pair.reason
+    pooled = compare_race([0.86], [0.80], seeds=[1], defaults_more=[0.81, 0.79, 0.80], metric="accuracy",
+                          maximize=True, prior_std=prior, resolution=1 / 300)
+    assert pooled.beyond_noise, pooled.reason
+    assert "3 more training(s) of the defaults" in pooled.reason
+    assert pooled.gain == pytest.approx(0.86 - 0.80)
+    wide = compare_race([0.86], [0.80], seeds=[1], defaults_more=[0.60, 0.95, 0.85], metric="accuracy",
+                        maximize=True, prior_std=prior, resolution=1 / 300)
+    assert not wide.beyond_noise, wide.reason

@@ -383,8 +383,12 @@ class Final(BaseStage):
         shorter = (dataclasses.replace(proposals[0], name=f"{proposals[0].name} at {trial_epochs} epochs",
                                epochs=trial_epochs) if proposals and trial_epochs < epochs else None)
         if not budget_plan.race_fits and proposals:
+            # no full race fits: the search's best alone races the defaults at their own protocol,
+            # as many paired seeds as the time left holds (one training of it where the baseline's is
+            # the defaults' first seed); the known seeds' noise decides, so only a gain far beyond it
+            # replaces them (none, and nothing else, where even that one training does not fit)
             shorter = None
-            candidates = []  # the race would compare at a protocol neither the user nor the result uses
+            candidates = proposals[:1]
             race_notes.append(budget_plan.describe())
         d_group = srch.defaults
         hard_end = loop.budget.end - min(loop.compress_reserve(), MIN_COMPRESS_S)
@@ -417,7 +421,9 @@ class Final(BaseStage):
         return StageResult(FinalOutputs(
             params=params, evidence=evidence, epochs=chosen.epochs or epochs,
             default_epochs=loop.task.default_epochs, race=outcome,
-            proposals=[] if candidates else [a.params for a in proposals],
+            # the search's best not adopted where no full race could judge them: proposals
+            proposals=([a.params for a in proposals] if not budget_plan.race_fits and outcome.decision == "defaults"
+                       else [] if candidates else [a.params for a in proposals]),
             decision=outcome.decision, chosen=outcome.chosen,
             metric=dataclasses.replace(val, values=[r.val for r in chosen.runs]),
             # no run of it judged on data nothing selected on: the estimate corrected for the winner's curse

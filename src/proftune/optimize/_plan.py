@@ -110,9 +110,10 @@ class BudgetPlan(JsonRecord):
             return (f"{head}: too few to compare a configuration with the defaults at their own protocol "
                     f"({'even one paired seed' if self.seeds_wanted > 1 else f'{self.seeds} paired seed(s)'} of the "
                     f"defaults and {self.finalists} finalist(s) need "
-                    f"~{self.race_s:.0f} s), so the defaults are the result and the search's best are "
-                    f"proposals, not adopted; comparing at their own {self.full_epochs} epochs needs "
-                    f"--budget >= {_duration(self.min_budget_s)}")
+                    f"~{self.race_s:.0f} s), so the search's best races them only in the time the search "
+                    "leaves, where a gain far beyond the seeds' noise replaces them; else the defaults are the "
+                    f"result and the search's best are proposals, not adopted; comparing at their own "
+                    f"{self.full_epochs} epochs needs --budget >= {_duration(self.min_budget_s)}")
         fidelity = (f"trials at the full {self.full_epochs} epochs" if self.trial_epochs >= self.full_epochs
                     else f"trials at {self.trial_epochs} of {self.full_epochs} epochs (low fidelity, for ranking)")
         fewer = (f" (of the {self.seeds_wanted} asked for: the time holds no more, so only a gain beyond the seeds' "
