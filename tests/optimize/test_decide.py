@@ -101,7 +101,8 @@ def test_the_seed_noise_of_a_one_seed_race_comes_from_the_search_or_the_validati
     assert prior_seed_std(0.03, metric="accuracy", val_samples=300, level=0.9) == 0.03
     assert prior_seed_std(0.001, metric="accuracy", val_samples=300, level=0.9) == pytest.approx(0.01732, abs=1e-4)
     # not measured: 1.25x the binomial noise for a ratio (SAMPLING_TO_SEED); nothing for a loss
-    assert prior_seed_std(None, metric="accuracy", val_samples=300, level=0.9) == pytest.approx(1.25 * 0.01732, abs=1e-4)
+    assert prior_seed_std(None, metric="accuracy", val_samples=300, level=0.9) == pytest.approx(
+        1.25 * 0.01732, abs=1e-4)
     assert prior_seed_std(None, metric="val_loss", val_samples=300, level=None) is None
 
 

@@ -40,8 +40,9 @@ from proftune.optimize._records import (
     StageOutputs,
 )
 from proftune.optimize._result_records import FinalSummary, StageRow, VsBaseline
-from proftune.optimize._search import StageSettings, groups_of, propose, stalled, warm_start
+from proftune.optimize._search import StageSettings, groups_of, propose, stalled
 from proftune.optimize._state import OptimizeState
+from proftune.optimize._warm_start import WIDE_POINTS, warm_start, wide_points
 from proftune.recommend import Recommendation, Recommendations
 from proftune.search import TrialRecord, load_space
 
@@ -167,7 +168,26 @@ def test_warm_start_is_the_computed_centre_the_defaults_and_a_local_design() -> 
     assert lrs == [pytest.approx(0.02 / 3), pytest.approx(0.06)]
     assert any(a == "local" and p["batch_size"] == 32 for a, p in items)
     # the weight decay nothing measured (AdamW's 0.01): a hundredth of it, at the centre's lr and batch
-    assert [p for a, p in items if p["weight_decay"] != 0.01] == [{**items[0][1], "weight_decay": pytest.approx(1e-4)}]
+    assert [p for a, p in items if a == "local" and p["weight_decay"] != 0.01] == [
+        {**items[0][1], "weight_decay": pytest.approx(1e-4)}]
+    # each local step is followed by a point over the whole space, WIDE_POINTS of them
+    arms_after = arms[2:]
+    assert arms_after[:8] == ["local", "wide"] * 4
+    assert arms.count("wide") == WIDE_POINTS
+
+
+def test_the_wide_points_spread_over_the_whole_space_on_each_param_s_scale() -> None:
+    plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64}, user_space=None, max_batch=None, samples=192)
+    lr = plan.space.param("lr")
+    points = wide_points(plan, 16, seed=3)
+    assert points == wide_points(plan, 16, seed=3)  # a seed draws the same points
+    logs = sorted(math.log(p["lr"]) for p in points)
+    lo, hi = math.log(lr.low), math.log(lr.high)
+    # evenly over the log range: every quarter of it holds some (16 uniform draws miss one 1 time in 20)
+    assert all(any(lo + q * (hi - lo) / 4 <= v <= lo + (q + 1) * (hi - lo) / 4 for v in logs) for q in range(4))
+    assert len({p["batch_size"] for p in points}) >= 3
+    assert all(plan.space.param(k).low <= v <= plan.space.param(k).high for p in points for k, v in p.items()
+               if plan.space.param(k).type != "categorical")
 
 
 def test_auto_stop_patience_grows_with_the_trials_run() -> None:
@@ -254,7 +274,7 @@ def test_a_measured_better_optimizer_joins_the_space_and_the_warm_start() -> Non
     assert "optimizer" not in plan.space.fixed
     items = warm_start(plan, {"lr": 0.01, "batch_size": 32, "optimizer": "adamw"},
                        computed["optimizer_alternative"])
-    sgd = [p for _, p in items if p.get("optimizer") == "sgd"]
+    sgd = [p for a, p in items if p.get("optimizer") == "sgd" and a != "wide"]
     assert sgd == [{**sgd[0], "lr": pytest.approx(0.2), "momentum": pytest.approx(0.9)}]
     assert all("momentum" not in p for _, p in items if p.get("optimizer") == "adamw")
 

@@ -21,6 +21,7 @@ import pytest
 from proftune.optimize import _search, build_plan
 from proftune.optimize._final import Arm, FinalPlan, run_final
 from proftune.optimize._search import REEVAL_MIN_TRIALS, REEVAL_N, StageSettings, groups_of, repeats_due
+from proftune.optimize._warm_start import WIDE_POINTS
 from proftune.search import TrialRecord, load_space
 from proftune.track import Store
 
@@ -227,12 +228,13 @@ def test_the_warm_start_the_first_chunk_had_no_room_for_runs_before_tpe(monkeypa
     monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
     plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64}, user_space=None, max_batch=None, samples=192)
     warm = _search.warm_start(plan, SETTINGS.defaults)
-    assert len(warm) == 6  # centre, defaults, lr x3 and /3, half the batch, a hundredth of the decay
+    # centre, defaults, lr x3 and /3, half the batch, a hundredth of the decay, each step then a wide point
+    assert len(warm) == 6 + WIDE_POINTS
     settings = dataclasses.replace(SETTINGS, trial_s_estimate=1.0, patience=10**6)
     _search.run_search_stage(TinyTask(), plan, settings, store=None, seconds=12.0)  # type: ignore[arg-type]
     arms = [a for call in calls for a in call]
-    assert arms[:6] == [a for a, _ in warm]
+    assert arms[:len(warm)] == [a for a, _ in warm]
     assert len(calls[0]) == 3
     assert "tpe" in arms
-    assert arms.index("tpe") == 6
-    assert [r.params for r in rows[:6]] == [p for _, p in warm]
+    assert arms.index("tpe") == len(warm)
+    assert [r.params for r in rows[:len(warm)]] == [p for _, p in warm]

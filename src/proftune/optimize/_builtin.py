@@ -382,7 +382,13 @@ class Final(BaseStage):
         # gain, where it reaches the defaults' metric at their own protocol
         shorter = (dataclasses.replace(proposals[0], name=f"{proposals[0].name} at {trial_epochs} epochs",
                                epochs=trial_epochs) if proposals and trial_epochs < epochs else None)
-        if not budget_plan.race_fits and proposals:
+        if budget_plan.race_fits and budget_plan.seeds <= 2 and proposals:
+            # one or two paired seeds re-rank nothing (one seed per trial is how the search ranked
+            # them), and every further finalist splits the race's error rate and its time: the
+            # search's best alone races the defaults, over the seeds the time holds
+            shorter = None
+            candidates = proposals[:1]
+        elif not budget_plan.race_fits and proposals:
             # no full race fits: the search's best alone races the defaults at their own protocol,
             # as many paired seeds as the time left holds (one training of it where the baseline's is
             # the defaults' first seed); the known seeds' noise decides, so only a gain far beyond it

@@ -21,21 +21,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._jsonsafe import finite_float
-from ..search import Param, SearchResult, TrialRecord, cancel_waiting, search, study_trials
+from ..search import SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import RunRecord, Store
 from ._decide import pooled_seed_std
 from ._search_records import ARM_TAG, ConfigGroup, TrialLog, YellowFlag, arm_of
 from ._space import SearchPlan
+from ._warm_start import space_point, warm_start
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
            "run_search_stage"]
 
 #: The arms: warm-start points (computed centre, the task's defaults, a local design around the
-#: centre), then TPE proposals.
-ARMS = ("centre", "defaults", "local", "tpe")
+#: centre, quasi-random points over the whole space), then TPE proposals.
+ARMS = ("centre", "defaults", "local", "wide", "tpe")
 #: The warm start's arms (placed by :func:`warm_start`, not drawn).
-WARM_ARMS = ARMS[:3]
+WARM_ARMS = ARMS[:4]
 #: The successive-halving pruner's rungs grow by this factor (epochs 1, 3, 9, ...).
 REDUCTION_FACTOR = 3
 #: Seconds a call of ``search`` is assumed to cost beyond its trials before one is measured.
@@ -192,63 +193,6 @@ def _short(params: Mapping[str, Any]) -> str:
 
 
 # -- choosing configurations ------------------------------------------------------------------
-def _in_space(p: Param, value: Any) -> Any:
-    """``value`` as a legal value of ``p`` (snapped into its range, or the nearest choice)."""
-    if p.type == "categorical":
-        if value in p.choices:
-            return value
-        numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(value)))
-        return p.choices[0]
-    return p.snap(float(value))
-
-
-def _point(plan: SearchPlan, values: Mapping[str, Any]) -> dict[str, Any]:
-    """A configuration of the space's active params from ``values`` (the centre where absent)."""
-    chosen: dict[str, Any] = dict(plan.space.fixed)
-    out: dict[str, Any] = {}
-    for p in plan.space.params:
-        if not p.active(chosen):
-            continue
-        v = values.get(p.name, plan.centre.get(p.name, p.center()))
-        out[p.name] = chosen[p.name] = _in_space(p, v)
-    return out
-
-
-def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mapping[str, Any] | None = None, *,
-               with_defaults: bool = True) -> list[tuple[str, dict[str, Any]]]:
-    """The first trials: the computed centre, the task's defaults (measured under the trial
-    protocol, the bar every other trial is read against), and a local design around the centre
-    (lr x3 and /3, half the batch, a hundredth of a weight decay nothing measured): what the
-    measurements say before any model of the space; ``alternative``: another optimizer the
-    optimizer row measured better, at its own rate."""
-    centre = _point(plan, plan.centre)
-    items: list[tuple[str, dict[str, Any]]] = [("centre", centre)]
-    names = set(plan.space.names)
-    if with_defaults:  # (not where they were measured at this protocol already)
-        items.append(("defaults", _point(plan, {k: v for k, v in defaults.items() if k in names})))
-    if "lr" in names and "lr" in centre:
-        for factor in (3.0, 1 / 3.0):
-            items.append(("local", _point(plan, {**centre, "lr": float(centre["lr"]) * factor})))
-    if "batch_size" in names and "batch_size" in centre:
-        items.append(("local", _point(plan, {**centre, "batch_size": int(centre["batch_size"]) // 2})))
-    wd = centre.get("weight_decay")
-    if (isinstance(wd, (int, float)) and wd >= 1e-4
-            and not str(plan.evidence.get("weight_decay", "")).startswith("computed")):
-        # the decay is the task's or the optimizer's default, not a measurement: on Adam it is
-        # L2 in the gradient, and 0.01 of it cost the plateau-start CNN two points held-out that a
-        # plain Optuna loop found at ~1e-6 (the centre's other trials all hold it)
-        items.append(("local", _point(plan, {**centre, "weight_decay": float(wd) / 100})))
-    if alternative:
-        items.insert(1, ("centre", _point(plan, {**centre, **{k: v for k, v in alternative.items() if k in names}})))
-    out: list[tuple[str, dict[str, Any]]] = []
-    for arm, params in items:
-        if all(params != seen for _, seen in out):
-            out.append((arm, params))
-    return out
-
-
 def _mirror(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettings, seed: int) -> Any:
     """An in-memory Optuna study holding every finished trial, sampled by multivariate TPE."""
     import optuna
@@ -362,7 +306,7 @@ def _is_point(params: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
 
 
 def _defaults_point(plan: SearchPlan, settings: StageSettings) -> dict[str, Any]:
-    return _point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)})
+    return space_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)})
 
 
 def shrunk(g: ConfigGroup, noise: float | None, maximize: bool) -> float:
@@ -551,14 +495,16 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
             # the computed centre and one step of its local design where two trials fit; the centre
             # alone where one does (a trial started runs to its end: a second one past the window
             # took the race's time on a loaded machine, and the defaults were kept)
-            chunk = list(warm_start(plan, settings.defaults, settings.alternative,
-                                    with_defaults=settings.defaults_measured is None)[:max(size, min(2, fit_in))])
+            first = warm_start(plan, settings.defaults, settings.alternative,
+                               with_defaults=settings.defaults_measured is None, seed=settings.seed)
+            chunk = list(first[:max(size, min(2, fit_in))])
         else:
             # the warm start's trials the first chunk had no room for come before TPE's
             placed = sum(1 for r in rows if r.repeat == 0 and arm_of(r) in WARM_ARMS)
             warm = [] if late or why else [
                 item for item in warm_start(plan, settings.defaults, settings.alternative,
-                                            with_defaults=settings.defaults_measured is None)[placed:]
+                                            with_defaults=settings.defaults_measured is None,
+                                            seed=settings.seed)[placed:]
                 if not any(_is_point(r.params, item[1]) for r in rows)][:max(0, size - len(again))]
             chunk = [*again, *warm, *(propose(rows, plan, settings, flags, size - len(again) - len(warm))
                                       if len(again) + len(warm) < size and not why else [])]

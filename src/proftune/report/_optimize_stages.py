@@ -37,7 +37,8 @@ __all__ = ["ARM_STYLE"]
 
 #: The arms of the search (where each trial's params came from) and how they are drawn.
 ARM_STYLE = {"centre": (PALETTE[2], "diamond", "computed centre"), "defaults": ("#495057", "square", "task defaults"),
-             "local": (PALETTE[1], "triangle-up", "local design"), "tpe": (PALETTE[0], "circle", "TPE")}
+             "local": (PALETTE[1], "triangle-up", "local design"), "wide": (PALETTE[4], "square-open", "wide sample"),
+             "tpe": (PALETTE[0], "circle", "TPE")}
 
 
 # -- baseline and health -----------------------------------------------------------------------------
