@@ -211,8 +211,10 @@ class Compute(BaseStage):
             recs, own_optimizer=str(loop.defaults.get("optimizer", "adamw")))
         # the computed lr is a hypothesis: a few seconds of it against the defaults' before the
         # search centres on it (a rate read off a loss that only came back to chance trains nothing)
+        # never longer than one whole training of the defaults (then the check is two whole ones)
+        check_s = min(short_check_seconds(share), max(0.05, loop.budget_plan().full_s))
         lr_check = check_computed_lr(loop.task, loop.defaults, computed, metric=loop.v.metric,
-                                     maximize=loop.v.maximize, seconds=short_check_seconds(share),
+                                     maximize=loop.v.maximize, seconds=check_s,
                                      device=loop.dev, seed=loop.cfg.seed, val_samples=loop.holdout.val_samples)
         if lr_check is not None and not lr_check.used:
             computed = dataclasses.replace(computed, lr=None)
@@ -266,6 +268,10 @@ class Search(BaseStage):
         epochs = budget_plan.trial_epochs
         epoch_s = loop.epoch_s()
         race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
+        if not race_s and loop.budget.left_s >= 2.5 * budget_plan.full_s:
+            # no full race fits, but the time holds the search's best trained once at the defaults'
+            # protocol after the search: the final stage races it against their baseline training
+            race_s = 1.1 * budget_plan.full_s * (1 if loop.baseline_reusable() else 2)
 
         def reserve(rows: Sequence[Any]) -> float:
             """The race's seconds as the trials stand: more paired seeds where the defaults and the
