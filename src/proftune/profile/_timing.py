@@ -1,4 +1,5 @@
-"""Per-layer forward and backward time of one step, and the summary of a step's phases.
+"""Per-layer forward and backward time of one step, each layer's share of each timed step (its median
+and quartiles), and the summary of a step's phases (the median step's own, adding up to it).
 
 Both passes are cut at the moments layers start, and each piece goes to the layer that started
 it, so the layers' times add up to the pass (synchronised on CUDA). Forward: a layer's piece
