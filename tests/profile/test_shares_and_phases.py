@@ -53,15 +53,15 @@ def test_phases_of_instrumented_steps_are_scaled_to_the_untouched_step() -> None
 
 
 def test_share_spread_needs_two_steps_for_quartiles() -> None:
-    assert share_spread([])["time_share_samples"] == 0
+    assert share_spread([]).samples == 0
     one = share_spread([0.4])
-    assert one["time_share_median"] == 0.4
-    assert one["time_share_q1"] is None
+    assert one.median == 0.4
+    assert one.q1 is None
     five = share_spread([0.2, 0.63, 0.3, 0.25, 0.35])
-    assert five["time_share_median"] == 0.3
-    assert five["time_share_q1"] == 0.25
-    assert five["time_share_q3"] == 0.35
-    assert five["time_share_samples"] == 5
+    assert five.median == 0.3
+    assert five.q1 == 0.25
+    assert five.q3 == 0.35
+    assert five.samples == 5
 
 
 def _monitored(steps: int = 24) -> Profile:

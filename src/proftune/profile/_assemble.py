@@ -198,6 +198,7 @@ def assemble_profile(
         flops = c.flops if c is not None else 0
         gflops = flops / (fwd / 1e3) / 1e9 if (fwd and flops) else None
         t = None if fwd is None else fwd + (bwd or 0.0)
+        spread = share_spread(m.layer_shares.get(name, ()) if fwd is not None else ())
         act = None
         if m.activation_per_layer is not None:
             act = int(m.activation_per_layer.get(name, 0))
@@ -215,7 +216,10 @@ def assemble_profile(
             params_share=_share(c.params if c is not None else 0, total_params),
             macs_share=_share(c.macs if c is not None else 0, total_macs),
             stats=stats.get(name, {}),
-            **(share_spread(m.layer_shares.get(name, ())) if fwd is not None else {}),
+            time_share_median=spread.median,
+            time_share_q1=spread.q1,
+            time_share_q3=spread.q3,
+            time_share_samples=spread.samples,
         ))
     grad = GradProfile(
         norm=statistics.fmean(m.grad_norms) if m.grad_norms else None,

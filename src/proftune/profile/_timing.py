@@ -18,7 +18,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ from torch import nn
 from .._device import clock
 from ._layers import LayerHooks, output_tensors
 
-__all__ = ["PHASES", "SHARES_KEPT", "LayerTimer", "median", "scaled_to", "share_spread", "step_summary"]
+__all__ = ["PHASES", "SHARES_KEPT", "LayerTimer", "ShareSpread", "median", "scaled_to", "share_spread", "step_summary"]
 
 #: Per layer, the shares of this many latest sampled steps are kept (a Monitor over a long run
 #: samples thousands of steps; the spread of the latest few hundred is what the load does now).
@@ -193,18 +193,24 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(vals)) if vals else 0.0
 
 
-def share_spread(shares: Sequence[float]) -> dict[str, float | int | None]:
-    """The median and quartiles of one layer's per-step shares (``time_share_median``,
-    ``time_share_q1``, ``time_share_q3``, ``time_share_samples``); the quartiles need two steps."""
+class ShareSpread(NamedTuple):
+    """One layer's per-step shares: their median, quartiles (two steps or more) and count."""
+
+    median: float | None
+    q1: float | None
+    q3: float | None
+    samples: int
+
+
+def share_spread(shares: Sequence[float]) -> ShareSpread:
+    """The median and quartiles of one layer's per-step shares; the quartiles need two steps."""
     vals = sorted(float(v) for v in shares)
     if not vals:
-        return {"time_share_median": None, "time_share_q1": None, "time_share_q3": None,
-                "time_share_samples": 0}
+        return ShareSpread(None, None, None, 0)
     q1 = q3 = None
     if len(vals) >= 2:
         q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
-    return {"time_share_median": float(statistics.median(vals)), "time_share_q1": q1,
-            "time_share_q3": q3, "time_share_samples": len(vals)}
+    return ShareSpread(float(statistics.median(vals)), q1, q3, len(vals))
 
 
 PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms")
