@@ -225,3 +225,26 @@ def test_watch_inside_a_script_saves_its_profile(tmp_path: Path) -> None:
     p = Profile.load(out)
     assert p.steps == 5
     assert p.params.total == 8 * 2 + 2
+
+
+def test_the_report_and_the_output_show_the_runs_end_and_duration(tmp_path: Path) -> None:
+    """Issue 63: the `--report` page had no end time or duration, though the store has both (the
+    Run was held running until the page was written)."""
+    import re
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    page = tmp_path / "r.html"
+    res = runner.invoke(app, ["run", "--every", "5", "--report", str(page), "--db", db, "--",
+                              "python", PLAIN, "--steps", "10"])
+    assert res.exit_code == 0, res.output
+    run = Store(db).list_runs()[0]
+    assert run.status == "finished"
+    assert run.ended_at is not None
+    assert run.duration_s is not None
+    assert run.duration_s > 0
+    # the page shows what the store holds: the same end time and duration
+    html = page.read_text()
+    assert run.ended_at in html
+    assert f"{run.duration_s:.1f} s" in html
+    assert re.search(r"ended\W", html)
+    assert f"run {run.id} ended {run.ended_at} after {run.duration_s:.1f} s" in " ".join(res.stdout.split())

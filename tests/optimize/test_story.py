@@ -177,3 +177,32 @@ def test_a_finding_of_the_defaults_training_is_theirs_where_the_result_changed_i
     assert "the result changed lr 0.001 -> 0.043: the finding is the defaults', not the result's" in text
     kept = _defaults_finding(w, [])
     assert "the result changed" not in kept
+
+
+def test_the_lr_line_says_why_the_result_s_lr_is_not_the_range_test_s() -> None:
+    """Issue 63: `lr-find` and `recommend` picked lr 0.1 where `optimize` said its lr search found
+    nothing. The story says, in one line, the range test's rate, why the search did not centre on it
+    and where the result's lr came from."""
+    import dataclasses
+
+    from proftune.optimize import ComputeOutputs
+    from proftune.optimize._computed import ComputedValues, LrCheck
+
+    check = LrCheck(computed_lr=0.1, default_lr=1e-3, batch_size=64, seconds=2.0, metric="accuracy", maximize=True,
+                    defaults_value=0.9, computed_value=0.1, defaults_steps=40, computed_steps=40, margin=0.005,
+                    used=False)
+    compute = ComputeOutputs(computed=ComputedValues(batch_size=64), steps={"lr_range_test": 45},
+                             recommendations=[{"name": "lr", "value": 0.1, "reason": "LR range test ..."}],
+                             lr_check=check)
+    base = _result("defaults")
+    result = dataclasses.replace(base, stages=[StageRow(name="compute", outputs=compute.to_dict()), *base.stages])
+    lines = {x.label: x.text for x in tell(result).lines}
+    assert lines["lr"] == ("the range test of `lr-find` and `recommend` (45 steps here, 100 there) computed 0.1 "
+                           "at batch 64; a 2 s check trained no better with it than with the defaults' 0.001, so "
+                           "the search centred on the defaults'; the result trains at 0.001 (the defaults' lr)")
+    # a searched lr names the trial it came from
+    searched = ParamChange(param="lr", default=1e-3, default_from="task", value=0.043, changed=True,
+                           source="searched", why="search trial 3")
+    result = dataclasses.replace(result, final=dataclasses.replace(result.final, changes=[searched]))
+    lines = {x.label: x.text for x in tell(result).lines}
+    assert lines["lr"].endswith("the result trains at 0.043 (found by the search: search trial 3)")

@@ -44,6 +44,9 @@ def lr_find_command(
             out_console.print(f"[bold red]no suggestion[/]: {result.message}")
         else:
             out_console.print(f"suggested_lr = [bold]{fmt(result.suggested_lr)}[/]  ({result.rule})")
+            out_console.print(f"elsewhere: `recommend` runs this same test and scales {fmt(result.suggested_lr)} "
+                              f"from batch {result.batch_size} to the batch it recommends; `optimize` runs it "
+                              "shorter, checks the rate in a short training and searches around it", style="dim")
             if result.message:
                 out_console.print(f"note: {result.message}")
         out_console.print(f"min_lr (loss starts to fall) = {fmt(result.min_lr)}; lr at the smoothed "

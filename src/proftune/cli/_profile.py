@@ -37,20 +37,28 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0%}"
 
 
+def _spread(lay: Any) -> str:
+    """A layer's share over the timed steps, its quartiles in percent (``30-41``)."""
+    if lay.time_share_q1 is None or lay.time_share_q3 is None:
+        return "-"
+    return f"{lay.time_share_q1 * 100:.0f}-{lay.time_share_q3 * 100:.0f}"
+
+
 def _render_profile(p: Profile, top: int, out: Path | None) -> None:
     title = f"{p.task or 'model'} · {p.mode} · batch {p.batch_size} · {p.device}"
     layers = sorted(p.layers, key=lambda lay: (lay.time_share or 0.0, lay.macs), reverse=True)[:top]
     table = Table(title=f"top {len(layers)} layers by share of forward+backward time — {title}",
-                  caption="act: bytes saved for backward; GF/s: forward GFLOP/s; par, MAC: share of the "
+                  caption="act: bytes saved for backward; GF/s: forward GFLOP/s; time: share of forward+"
+                          "backward, mid½: its middle half over the timed steps; par, MAC: share of the "
                           "model's params and MACs", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
-    numbers = ("params", "MACs", "fwd ms", "bwd ms", "act", "GF/s", "time", "par", "MAC")
+    numbers = ("params", "MACs", "fwd ms", "bwd ms", "act", "GF/s", "time", "mid½", "par", "MAC")
     for col in ("layer", "type", *numbers):
         table.add_column(col, justify="left" if col in ("layer", "type") else "right", overflow="fold")
     for lay in layers:
         table.add_row(lay.name or "(model)", lay.type, _num(lay.params), _num(lay.macs), _ms(lay.forward_ms),
                       _ms(lay.backward_ms), format_bytes(lay.activation_bytes),
                       "-" if lay.gflops_per_s is None else f"{lay.gflops_per_s:.1f}",
-                      _pct(lay.time_share), _pct(lay.params_share), _pct(lay.macs_share))
+                      _pct(lay.time_share), _spread(lay), _pct(lay.params_share), _pct(lay.macs_share))
     keep_whole(table, *numbers)  # the layer's name wraps; its numbers are never cut
     out_console.print(table)
 
@@ -67,7 +75,9 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
                     f"{s.data_ms:.2f} / {s.forward_ms:.2f} / {s.backward_ms:.2f} ms")
     summary.add_row("  optimizer / other", f"{s.optimizer_ms:.2f} / {s.other_ms:.2f} ms")
     if s.outside_layers_ms:
-        summary.add_row("  of forward+backward, in no layer (loss, glue)", f"{s.outside_layers_ms:.2f} ms")
+        # measured on the layer-timed (hooked, slower) steps: a share of theirs, not ms of the step above
+        timed = sum((lay.forward_ms or 0.0) + (lay.backward_ms or 0.0) for lay in p.layers) + s.outside_layers_ms
+        summary.add_row("  of forward+backward, in no layer (loss, glue)", f"{s.outside_layers_ms / timed:.0%}")
     summary.add_row("throughput", f"{s.throughput:,.0f} samples/s" if s.throughput >= 100
                     else f"{s.throughput:.3g} samples/s")
     summary.add_row("params / grads / optimizer state",

@@ -88,6 +88,13 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
     return ids
 
 
+def _print_end(d: dict[str, Any]) -> None:
+    """When the Run ended and how long it took, as the store records it."""
+    if d.get("ended_at"):
+        took = f" after {d['duration_s']:.1f} s" if d.get("duration_s") is not None else ""
+        out_console.print(f"run {d['run_ids'][0]} ended {d['ended_at']}{took}", style="dim", highlight=False)
+
+
 @opt.command
 def run_command(
     ctx: typer.Context,
@@ -139,7 +146,10 @@ def run_command(
                 from ..report import write_report
 
                 write_report(ids[0], report, store=store, force=True)
-        return {"exit_code": result.exit_code, "interrupted": result.interrupted, "error": result.error,
+            # as recorded (the held Run reads with the end and duration of its work, as the page does)
+            ran = store.get_run(ids[0])
+        return {"ended_at": ran.ended_at, "duration_s": ran.duration_s, "exit_code": result.exit_code,
+                "interrupted": result.interrupted, "error": result.error,
                 "summary": result.summary, "steps_seen": result.steps_seen, "run_ids": ids,
                 "profiles": [p.to_dict() for p in result.profiles],
                 "recommendations": [r.to_dict() for r in recs],
@@ -163,6 +173,7 @@ def run_command(
                 out_console.print(f"report {d['report']}", style="dim")
         else:
             out_console.print("no profile: no step was sampled (lower --every?)", highlight=False)
+        _print_end(d)
         if d["interrupted"]:
             err_console.print(f"the script was interrupted by {d['interrupted']}; the steps sampled before "
                               "are recorded.", markup=False)

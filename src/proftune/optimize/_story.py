@@ -159,6 +159,38 @@ def _changed(rows: Sequence[ParamChange]) -> str:
     return ", ".join(f"{r.param} {fmt(r.default)} -> {fmt(r.value)} ({r.source})" for r in moved)
 
 
+#: Where the result's lr came from, as people say it.
+_LR_SOURCE = {"default": "the defaults' lr", "computed": "the computed lr", "searched": "found by the search",
+              "fixed": "fixed"}
+
+
+def _lr_line(result: OptimizeResult) -> str | None:
+    """One line that says why the result's lr is or is not the range test's (what `lr-find` and
+    `recommend` print): the test's rate, the short check's verdict, and where the result's came from."""
+    row = result.stage("compute")
+    change = next((c for c in result.final.changes if c.param == "lr"), None)
+    if row is None and change is None:
+        return None
+    parts: list[str] = []
+    if row is not None:
+        comp = row.record(ComputeOutputs)
+        rec = next((r for r in comp.recommendations if r.get("name") == "lr"), None)
+        steps = comp.steps.get("lr_range_test")
+        test = f"the range test of `lr-find` and `recommend` ({steps} steps here, 100 there)"
+        if rec is not None and rec.get("value") is not None:
+            parts.append(f"{test} computed {fmt(rec['value'])} at batch {comp.computed.batch_size or '-'}")
+        elif rec is not None:
+            parts.append(f"{test} computed none")
+        check = comp.lr_check
+        if check is not None and not check.used:
+            parts.append(f"a {check.seconds:.0f} s check trained no better with it than with the defaults' "
+                         f"{fmt(check.default_lr)}, so the search centred on the defaults'")
+    if change is not None:
+        parts.append(f"the result trains at {fmt(change.value)} ({_LR_SOURCE.get(change.source, change.source)}"
+                     + (f": {change.why}" if change.source == "searched" and change.why else "") + ")")
+    return "; ".join(parts)
+
+
 def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
     """A stage: what its two numbers are, labelled, and what it did, in a few words."""
     before, after = s.metric_before, s.metric_after
@@ -249,6 +281,9 @@ def tell(result: OptimizeResult) -> Story:
     ]
     if not adopted and vs.leader_changes:
         lines.append(("proposed, not adopted", _changed(vs.leader_changes)))
+    lr = _lr_line(result)
+    if lr:
+        lines.append(("lr", rounded(lr)))
     gap = vs.search_gap
     if gap is not None and _f(gap.gap) is not None:
         lines.append(("search -> final", f"the search measured {gap.arm} at {fmt(gap.search_mean)} "

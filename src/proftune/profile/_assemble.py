@@ -22,8 +22,10 @@ from ._records import (
     StepProfile,
 )
 from ._static import StaticCounts, count_model
+from ._timing import share_spread
 
-__all__ = ["Measurements", "StatsMerge", "assemble_profile", "merge_layer_stats", "static_counts"]
+__all__ = ["Measurements", "StatsMerge", "assemble_profile", "merge_layer_stats", "share_range",
+           "static_counts"]
 
 
 @dataclass
@@ -35,6 +37,8 @@ class Measurements:
     layer_types: dict[str, str] = field(default_factory=dict)
     #: Median forward+backward ms of the layer-timed steps (what layer times add up to).
     timed_fwd_bwd_ms: float = 0.0
+    #: Per layer, its share of each layer-timed step's forward+backward time, oldest first.
+    layer_shares: dict[str, list[float]] = field(default_factory=dict)
     step: dict[str, float] = field(default_factory=dict)
     params_bytes: int = 0
     grads_bytes: int = 0
@@ -194,6 +198,7 @@ def assemble_profile(
         flops = c.flops if c is not None else 0
         gflops = flops / (fwd / 1e3) / 1e9 if (fwd and flops) else None
         t = None if fwd is None else fwd + (bwd or 0.0)
+        spread = share_spread(m.layer_shares.get(name, ()) if fwd is not None else ())
         act = None
         if m.activation_per_layer is not None:
             act = int(m.activation_per_layer.get(name, 0))
@@ -211,6 +216,10 @@ def assemble_profile(
             params_share=_share(c.params if c is not None else 0, total_params),
             macs_share=_share(c.macs if c is not None else 0, total_macs),
             stats=stats.get(name, {}),
+            time_share_median=spread.median,
+            time_share_q1=spread.q1,
+            time_share_q3=spread.q3,
+            time_share_samples=spread.samples,
         ))
     grad = GradProfile(
         norm=statistics.fmean(m.grad_norms) if m.grad_norms else None,
@@ -250,7 +259,9 @@ def assemble_profile(
 
 def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[str, Any]]:
     """Layers ranked by share of the step's forward+backward time, beside their share of the
-    parameters and MACs; ``excess`` = time share / the larger of the two (>1: slower than its size)."""
+    parameters and MACs; ``excess`` = time share / the larger of the two (>1: slower than its size).
+    Each finding gives the share's spread over the layer-timed steps (its quartiles) where there
+    were two steps or more: a share that moves with the machine's load says so."""
     timed = [lay for lay in layers if lay.time_share is not None]
     timed.sort(key=lambda lay: lay.time_share or 0.0, reverse=True)
     out: list[dict[str, Any]] = []
@@ -264,11 +275,22 @@ def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[st
             "params_share": lay.params_share,
             "macs_share": lay.macs_share,
             "excess": ts / size if size > 0 else (math.inf if ts > 0 else None),
-            "finding": (f"{lay.name or '(model)'} ({lay.type}) takes {ts:.0%} of forward+backward time "
-                        f"for {lay.params_share or 0:.0%} of the parameters and "
+            "time_share_q1": lay.time_share_q1,
+            "time_share_q3": lay.time_share_q3,
+            "time_share_samples": lay.time_share_samples,
+            "finding": (f"{lay.name or '(model)'} ({lay.type}) takes {ts:.0%} of forward+backward time"
+                        f"{share_range(lay)} for {lay.params_share or 0:.0%} of the parameters and "
                         f"{lay.macs_share or 0:.0%} of the MACs"),
         })
     return out
+
+
+def share_range(layer: LayerProfile) -> str:
+    """`` (middle half of 5 steps: 30-41%)``: a layer's share's quartiles, or ``""`` without them."""
+    if layer.time_share_q1 is None or layer.time_share_q3 is None:
+        return ""
+    return (f" (middle half of {layer.time_share_samples} steps: "
+            f"{layer.time_share_q1:.0%}-{layer.time_share_q3:.0%})")
 
 
 def _by_type(layers: Sequence[LayerProfile]) -> list[dict[str, Any]]:

@@ -68,7 +68,7 @@ from ._memory import (
 )
 from ._records import Profile
 from ._stats import LayerStats
-from ._timing import LayerTimer, median, step_summary
+from ._timing import LayerTimer, median, scaled_to, step_summary
 
 __all__ = ["Monitor"]
 
@@ -414,7 +414,7 @@ class Monitor:
         if self._timer is not None:
             if "bwd_end" not in mk:
                 self._timer.mark_backward_end(now)
-            self._timer.end_step()
+            self._timer.end_step(timing["forward_ms"] + timing["backward_ms"])
             self._timer.fold()
             self._fwd_bwd.append(timing["forward_ms"] + timing["backward_ms"])
         if self._comm is not None:
@@ -512,14 +512,19 @@ class Monitor:
             m.layer_times = self._timer.per_layer()
             m.layer_types = dict(self._timer.types)
             m.timed_fwd_bwd_ms = statistics.fmean(self._fwd_bwd) if self._fwd_bwd else 0.0
+            m.layer_shares = {name: list(v) for name, v in self._timer.shares.items()}
         batch = self.state.batch_size
         summary = step_summary(self._sample_timings, [batch] * len(self._sample_timings))
+        sampled_ms = None
         if self._clean_walls:
-            # the reported step is the untouched one; the phases come from the sampled steps
+            # the reported step is the untouched one; the phases are measured on the sampled steps,
+            # whose hooks make them slower: their shares of the sampled step are applied to it, so
+            # that the phases add up to the step they are shown under
             wall = median(self._clean_walls)
-            phases = sum(summary[k] for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms"))
-            summary["time_ms"] = wall
-            summary["other_ms"] = max(wall - phases, 0.0)
+            summary = scaled_to(summary, wall)
+            sampled_ms = summary.pop("sampled_ms")
+            summary["min_ms"] = min(self._clean_walls)
+            summary["noise"] = wall / summary["min_ms"] - 1 if summary["min_ms"] > 0 else 0.0
             summary["throughput"] = batch / (wall / 1e3) if wall > 0 else 0.0
         m.step = summary
         m.params_bytes = params_bytes(self.inner)
@@ -536,6 +541,7 @@ class Monitor:
             m, counts, task=self.task, device=self.device, batch_size=batch, mode="train",
             steps=self._samples,
             config={"every": self.every, "steps_seen": self.state.step, "source": "monitor",
+                    **({"sampled_step_ms": sampled_ms} if sampled_ms is not None else {}),
                     **({"max_overhead": self.max_overhead, "gaps": sorted(set(self.gaps))}
                        if self.max_overhead is not None else {})},
         )

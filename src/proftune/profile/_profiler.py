@@ -200,9 +200,10 @@ class _Profiler(Callback):
                 self.m.peak_bytes = self.peak.stop()
         elif phase == "layers":
             assert self.timer is not None
-            self.timer.end_step()
+            fwd_bwd = state.timing.get("forward_ms", 0.0) + state.timing.get("backward_ms", 0.0)
+            self.timer.end_step(fwd_bwd)
             self.timer.detach()
-            self.layer_fwd_bwd.append(state.timing.get("forward_ms", 0.0) + state.timing.get("backward_ms", 0.0))
+            self.layer_fwd_bwd.append(fwd_bwd)
         elif phase == "memory":
             assert self.peak is not None
             if self.acts is not None:
@@ -264,6 +265,7 @@ class _Profiler(Callback):
             m.layer_times = self.timer.per_layer()
             m.layer_types = dict(self.timer.types)
             m.timed_fwd_bwd_ms = statistics.fmean(self.layer_fwd_bwd)
+            m.layer_shares = {name: list(v) for name, v in self.timer.shares.items()}
         if self.comm is not None:
             m.comm = self.comm.summary(m.step["time_ms"])
         return m

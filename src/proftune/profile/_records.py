@@ -51,10 +51,18 @@ class LayerProfile:
     backward_ms: float | None = None
     activation_bytes: int | None = None
     gflops_per_s: float | None = None
+    #: The layer's share of the step's forward+backward time (its mean time over the mean step's:
+    #: the layers' shares add up to the time they account for).
     time_share: float | None = None
     params_share: float | None = None
     macs_share: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    #: The share measured on each layer-timed step: its median, quartiles (two steps or more) and
+    #: how many steps; a share is told from the load's noise by its lower quartile.
+    time_share_median: float | None = None
+    time_share_q1: float | None = None
+    time_share_q3: float | None = None
+    time_share_samples: int = 0
 
 
 @dataclass(frozen=True)

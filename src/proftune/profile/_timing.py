@@ -1,4 +1,5 @@
-"""Per-layer forward and backward time of one step, and the summary of a step's phases.
+"""Per-layer forward and backward time of one step, each layer's share of each timed step (its median
+and quartiles), and the summary of a step's phases (the median step's own, adding up to it).
 
 Both passes are cut at the moments layers start, and each piece goes to the layer that started
 it, so the layers' times add up to the pass (synchronised on CUDA). Forward: a layer's piece
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -24,7 +26,11 @@ from torch import nn
 from .._device import clock
 from ._layers import LayerHooks, output_tensors
 
-__all__ = ["LayerTimer", "median", "step_summary"]
+__all__ = ["PHASES", "SHARES_KEPT", "LayerTimer", "ShareSpread", "median", "scaled_to", "share_spread", "step_summary"]
+
+#: Per layer, the shares of this many latest sampled steps are kept (a Monitor over a long run
+#: samples thousands of steps; the spread of the latest few hundred is what the load does now).
+SHARES_KEPT = 256
 
 
 class LayerTimer:
@@ -52,6 +58,9 @@ class LayerTimer:
         self._folded = 0
         self._fwd_sums: dict[str, float] = {}
         self._bwd_sums: dict[str, float] = {}
+        #: Per layer, its share of each sampled step's forward+backward time (the latest
+        #: :data:`SHARES_KEPT`), from which a profile reports the share's median and spread.
+        self.shares: dict[str, deque[float]] = {}
 
     @property
     def attached(self) -> bool:
@@ -122,8 +131,11 @@ class LayerTimer:
         """The backward pass ended now (or at ``when``, ``time.perf_counter`` seconds)."""
         self._bwd_end = when if when is not None else self._now()
 
-    def end_step(self) -> tuple[dict[str, float], dict[str, float]]:
-        """Close the step: per-layer forward and backward milliseconds; starts the next step."""
+    def end_step(self, total_ms: float | None = None) -> tuple[dict[str, float], dict[str, float]]:
+        """Close the step: per-layer forward and backward milliseconds; starts the next step.
+
+        ``total_ms``: the step's forward+backward time, which each layer's share of this step is
+        taken of (kept in :attr:`shares`); without it, no share is kept for this step."""
         bwd: dict[str, float] = {}
         events = sorted(self._events)
         begins = sorted(self._forward_begins)
@@ -138,6 +150,10 @@ class LayerTimer:
                 continue
             bwd[name] = bwd.get(name, 0.0) + max(nxt - t, 0.0) * 1e3
         result = (dict(self._fwd), bwd)
+        if total_ms is not None and total_ms > 0:
+            for name in dict.fromkeys([*self._fwd, *bwd]):
+                ms = self._fwd.get(name, 0.0) + bwd.get(name, 0.0)
+                self.shares.setdefault(name, deque(maxlen=SHARES_KEPT)).append(ms / total_ms)
         self.steps.append(result)
         self._begin()
         return result
@@ -177,31 +193,80 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(vals)) if vals else 0.0
 
 
+class ShareSpread(NamedTuple):
+    """One layer's per-step shares: their median, quartiles (two steps or more) and count."""
+
+    median: float | None
+    q1: float | None
+    q3: float | None
+    samples: int
+
+
+def share_spread(shares: Sequence[float]) -> ShareSpread:
+    """The median and quartiles of one layer's per-step shares; the quartiles need two steps."""
+    vals = sorted(float(v) for v in shares)
+    if not vals:
+        return ShareSpread(None, None, None, 0)
+    q1 = q3 = None
+    if len(vals) >= 2:
+        q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
+    return ShareSpread(float(statistics.median(vals)), q1, q3, len(vals))
+
+
+PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms")
+
+
 def step_summary(timings: Sequence[dict[str, float]], samples: Sequence[int]) -> dict[str, float]:
-    """Median phase times of several steps and the throughput (samples/s) of the median step.
+    """The median step's time and phases, and the throughput (samples/s) of the median step.
 
     Each timing holds ``data_ms``, ``forward_ms``, ``backward_ms``, ``optimizer_ms``, ``wall_ms``
-    (the whole step, end to end) and ``cpu_ms`` (the process's CPU time in it); ``other_ms`` is
-    the wall time no phase explains. Beside the medians: the fastest step (``min_ms``), the
-    spread (``noise`` = median / fastest - 1) and the CPU time (``cpu_ms``, ``cpu_min_ms``).
+    (the whole step, end to end) and ``cpu_ms`` (the process's CPU time in it). The phases are
+    the median step's own (the mean of the two middle steps' for an even count), so that they add
+    up to its time: medians taken phase by phase add up to more than the median step when the
+    steps differ. ``other_ms`` is the wall time no phase explains; a step whose phases add up to
+    more than its wall (clocks read apart) takes their sum as its time. Beside the median: the
+    fastest step (``min_ms``), the spread (``noise`` = median / fastest - 1) and the CPU time
+    (``cpu_ms``, ``cpu_min_ms``).
     """
     if not timings:
         return {"time_ms": 0.0, "data_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0,
                 "optimizer_ms": 0.0, "other_ms": 0.0, "throughput": 0.0, "min_ms": 0.0,
                 "cpu_ms": 0.0, "cpu_min_ms": 0.0, "noise": 0.0}
-    keys = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms")
-    out = {k: median([t.get(k, 0.0) for t in timings]) for k in keys}
-    walls = [t.get("wall_ms", sum(t.get(k, 0.0) for k in keys)) for t in timings]
-    wall = median(walls)
+    steps = []
+    for t in timings:
+        phases = {k: float(t.get(k, 0.0)) for k in PHASES}
+        wall = max(float(t.get("wall_ms", 0.0)), sum(phases.values()))
+        steps.append({**phases, "wall_ms": wall})
+    steps.sort(key=lambda t: t["wall_ms"])
+    n = len(steps)
+    middle = steps[(n - 1) // 2: n // 2 + 1]  # one step for an odd count, the two middle ones else
+    out = {k: statistics.fmean(t[k] for t in middle) for k in PHASES}
+    wall = statistics.fmean(t["wall_ms"] for t in middle)
     out["time_ms"] = wall
-    out["other_ms"] = max(wall - sum(out[k] for k in keys), 0.0)
+    out["other_ms"] = max(wall - sum(out[k] for k in PHASES), 0.0)
     # the spread of the steps, and the CPU time beside the wall time: how much the machine's load
     # (or anything else) moved the measurement
-    out["min_ms"] = min(walls)
+    out["min_ms"] = steps[0]["wall_ms"]
     out["noise"] = wall / out["min_ms"] - 1 if out["min_ms"] > 0 else 0.0
     cpus = [t["cpu_ms"] for t in timings if "cpu_ms" in t]
     out["cpu_ms"] = median(cpus) if cpus else 0.0
     out["cpu_min_ms"] = min(cpus) if cpus else 0.0
-    n = median([float(s) for s in samples]) if samples else 0.0
-    out["throughput"] = n / (wall / 1e3) if wall > 0 else 0.0
+    count = median([float(s) for s in samples]) if samples else 0.0
+    out["throughput"] = count / (wall / 1e3) if wall > 0 else 0.0
+    return out
+
+
+def scaled_to(summary: dict[str, float], wall_ms: float) -> dict[str, float]:
+    """``summary`` (of instrumented steps) with its phases as shares of its step applied to a step
+    of ``wall_ms`` (an untouched one, measured without the hooks' cost): the phases and
+    ``other_ms`` still add up to the step. Keeps the instrumented step's time as ``sampled_ms``."""
+    out = dict(summary)
+    sampled = summary["time_ms"]
+    scale = wall_ms / sampled if sampled > 0 else 0.0
+    for k in (*PHASES, "other_ms"):
+        out[k] = summary[k] * scale
+    if sampled <= 0:
+        out["other_ms"] = wall_ms
+    out["sampled_ms"] = sampled
+    out["time_ms"] = wall_ms
     return out

@@ -323,7 +323,10 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
             effect = (f"a stable lr {math.log10((lr_res.max_lr or lr_value) / lr_res.suggested_lr):.1f} "
                       "decades below where the loss blows up")
         if rule is not None and effective != b_prof:
-            reason += f", scaled to batch {effective} by the {rule.rule} rule: {lr_value:.3g}"
+            reason += (f", scaled to batch {effective} by the {rule.rule} rule: {lr_value:.3g} (`proftune lr-find` "
+                       f"runs the same test and prints the unscaled {lr_res.suggested_lr:.3g})")
+        else:
+            reason += " (the rate `proftune lr-find` suggests: the same test, at the same batch)"
         if lr_res.message and lr_res.ladder is None:
             reason += f" ({lr_res.message})"
         recs["lr"] = Recommendation("lr", lr_value, reason + ".", lr_ev,

@@ -173,36 +173,62 @@ def _advice(layer: LayerProfile) -> str:
     return "look at its operators (proftune profile --trace) to see where its time goes."
 
 
+def _beyond_noise(lay: LayerProfile, work: float) -> bool:
+    """A share told from the load's noise: its lower quartile over the layer-timed steps clears
+    both bars (a share measured on one step has no spread to judge, and is not told)."""
+    low = lay.time_share_q1
+    return low is not None and low >= BOTTLENECK_MIN_SHARE and low > BOTTLENECK_RATIO * work
+
+
 def bottleneck_rule(profile: Profile) -> Recommendation:
-    """Layers whose share of time is far above their share of parameters and MACs."""
+    """Layers whose share of time is far above their share of parameters and MACs, beyond the
+    share's noise: advice only where the lower quartile of its per-step shares is above the bars."""
     layers = [lay for lay in profile.layers if lay.forward_ms is not None]
     total_ms = sum(_layer_ms(lay) for lay in layers)
     total_params = sum(lay.params for lay in profile.layers) or 1
     total_macs = sum(lay.macs for lay in profile.layers) or 1
     found: list[dict[str, Any]] = []
+    noisy: list[dict[str, Any]] = []
     for lay in layers:
         t_share = lay.time_share if lay.time_share is not None else (_layer_ms(lay) / total_ms if total_ms else 0.0)
         p_share = lay.params_share if lay.params_share is not None else lay.params / total_params
         m_share = lay.macs_share if lay.macs_share is not None else lay.macs / total_macs
         work = max(p_share, m_share)
         if t_share >= BOTTLENECK_MIN_SHARE and t_share > BOTTLENECK_RATIO * work:
-            found.append({"layer": lay.name, "type": lay.type, "time_share": t_share,
-                          "params_share": p_share, "macs_share": m_share,
-                          "ms": _layer_ms(lay), "action": _advice(lay)})
+            row = {"layer": lay.name, "type": lay.type, "time_share": t_share,
+                   "time_share_q1": lay.time_share_q1, "time_share_q3": lay.time_share_q3,
+                   "steps": lay.time_share_samples, "params_share": p_share, "macs_share": m_share,
+                   "ms": _layer_ms(lay)}
+            if _beyond_noise(lay, work):
+                found.append({**row, "action": _advice(lay)})
+            else:
+                noisy.append(row)
     found.sort(key=lambda d: -d["time_share"])
+    noisy.sort(key=lambda d: -d["time_share"])
     evidence = {"layers_ms": total_ms, "layers_profiled": len(layers), "ratio": BOTTLENECK_RATIO,
-                "min_time_share": BOTTLENECK_MIN_SHARE}
+                "min_time_share": BOTTLENECK_MIN_SHARE, "within_noise": noisy}
     if not layers:
         return Recommendation("bottleneck", None,
                               "the profile holds no per-layer times (profile with detail='full').",
                               evidence, "low", "")
+    withheld = ""
+    if noisy:
+        d = noisy[0]
+        spread = (f"its middle half over {d['steps']} steps is {d['time_share_q1']:.0%}-{d['time_share_q3']:.0%}"
+                  if d["time_share_q1"] is not None else
+                  f"it was timed on {d['steps']} step(s), too few to tell a share from noise")
+        withheld = (f" No advice for {d['layer'] or '(model)'} ({d['type']}, {d['time_share']:.0%} of the time): "
+                    f"{spread}, within the machine's noise of the bars"
+                    + (f" (and {len(noisy) - 1} more like it)" if len(noisy) > 1 else "") + ".")
     if not found:
         return Recommendation("bottleneck", [], "no layer takes far more time than its share of "
-                              f"parameters and MACs (>= {BOTTLENECK_MIN_SHARE:.0%} of the time and "
-                              f"> {BOTTLENECK_RATIO:g}x its work share).", evidence, "medium", "none needed")
+                              f"parameters and MACs beyond noise (>= {BOTTLENECK_MIN_SHARE:.0%} of the time "
+                              f"and > {BOTTLENECK_RATIO:g}x its work share on the lower quartile of its "
+                              f"steps).{withheld}", evidence, "medium", "none needed")
     saved = sum(d["ms"] for d in found) * 0.5
-    names = ", ".join(f"{d['layer']} ({d['type']}, {d['time_share']:.0%} of time vs "
+    names = ", ".join(f"{d['layer']} ({d['type']}, {d['time_share']:.0%} of time, middle half "
+                      f"{d['time_share_q1']:.0%}-{d['time_share_q3']:.0%} over {d['steps']} steps, vs "
                       f"{max(d['params_share'], d['macs_share']):.0%} of work)" for d in found[:5])
-    return Recommendation("bottleneck", found, f"layers whose time is far above their work: {names}.",
+    return Recommendation("bottleneck", found, f"layers whose time is far above their work: {names}.{withheld}",
                           evidence, "medium",
                           f"fusing/fixing them could save up to ~{saved:.2f} ms per step (half their time)")

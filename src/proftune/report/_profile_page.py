@@ -44,7 +44,10 @@ def profile_sections(page: Page, p: Profile) -> None:
                                               barmode="stack", yaxis={"showticklabels": False})}
         rows = [(k, f"{v:.4g} ms ({v / total:.0%})") for k, v in phases]
         if _num(step.outside_layers_ms) and step.outside_layers_ms:
-            rows.append(("of fwd+bwd in no layer", f"{float(step.outside_layers_ms):.4g} ms"))
+            # measured on the layer-timed (hooked, slower) steps: their share, not ms of this step
+            timed = float(step.outside_layers_ms) + sum(
+                float(lay.forward_ms or 0.0) + float(lay.backward_ms or 0.0) for lay in p.layers)
+            rows.append(("of fwd+bwd in no layer", f"{float(step.outside_layers_ms) / timed:.0%}"))
         st.chart(fig, side=st.side(lambda t: t.kv(rows, title="milliseconds per step")))
 
     # memory breakdown

@@ -6,7 +6,8 @@ that is finished in this thread is recorded with its result but kept ``running``
 ends: finished then, or, when a write fails (a full disk: the :class:`OutputWriteError` of
 ``_paths.replacing``, which names the file and its device's free space), ``failed`` with that
 error and the outputs that were kept (``interrupted`` on Ctrl-C or SIGTERM). Inside the block the
-held Run reads as it will be recorded (``finished``), so the report written there shows that.
+held Run reads as it will be recorded (``finished``, with the end time and duration of its work),
+so the report written there shows that, and the Run is recorded with that same end time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class HeldRuns:
     """The Runs held ``running`` until the outputs are written: ``(store, run id)`` in the order held."""
 
     runs: list[tuple[Any, int]] = field(default_factory=list)
+    #: When each held Run's work ended (ISO time), by ``(store url, run id)``.
+    ended: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def holds(self, url: str, run_id: int) -> bool:
         return any(store.url == url and rid == run_id for store, rid in self.runs)
@@ -76,7 +79,7 @@ def held_until_written(outputs: Iterable[str | Path | None] = ()) -> Iterator[He
     _HELD.reset(token)
     for store, run_id in runs.runs:
         if store.get_run(run_id).status == "running":  # a command may have failed it (tune: every trial failed)
-            store.finish_run(run_id, status="finished")
+            store.finish_run(run_id, status="finished", ended_at=runs.ended.get((store.url, run_id)))
 
 
 @contextlib.contextmanager

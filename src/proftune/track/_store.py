@@ -288,7 +288,8 @@ class Store:
         error: str | None = None,
         **fields: Any,
     ) -> None:
-        """Mark a run finished (or failed, with its error) and store its results."""
+        """Mark a run finished (or failed, with its error) and store its results (``ended_at``
+        among them: the time its work ended, where that was before now)."""
         if status not in RUN_STATUSES:
             raise ValueError(f"status={status!r} is unknown; valid: {', '.join(RUN_STATUSES)}.")
         record = self.get_run(run_id)
@@ -296,11 +297,13 @@ class Store:
         if runs is not None and status == "finished" and record.parent_id is None:
             # a command's Run waits for the command's outputs (track._outputs.held_until_written),
             # running: this process is finishing it, whatever a sweep of stale runs took it for
+            fields.pop("ended_at", None)
             self.update_run(run_id, status="running", ended_at=None, error=error, **fields)
             if not runs.holds(self.url, run_id):
                 runs.runs.append((self, run_id))
+            runs.ended[(self.url, run_id)] = _now()  # the work's end, which the outputs then show
             return
-        ended = _now()
+        ended = fields.pop("ended_at", None) or _now()
         started = dt.datetime.fromisoformat(record.started_at)
         duration = (dt.datetime.fromisoformat(ended) - started).total_seconds()
         self.update_run(run_id, status=status, error=error, ended_at=ended, duration_s=duration, **fields)
@@ -335,7 +338,11 @@ class Store:
         will be recorded then (``finished``): the report and the exporters written meanwhile show it so."""
         runs = held()
         if runs is not None and record.status == "running" and runs.holds(self.url, record.id):
-            return replace(record, status="finished")
+            ended = runs.ended.get((self.url, record.id))
+            if ended is None:
+                return replace(record, status="finished")
+            duration = (dt.datetime.fromisoformat(ended) - dt.datetime.fromisoformat(record.started_at)).total_seconds()
+            return replace(record, status="finished", ended_at=ended, duration_s=duration)
         return record
 
     def get_runs(self, run_ids: Iterable[int]) -> list[RunRecord]:
