@@ -323,3 +323,22 @@ def test_a_two_seed_race_is_judged_against_the_runs_pooled_noise() -> None:
                          maximize=True, prior_std=_pooled_std([[0.36, 0.39], [0.35, 0.37, 0.36]]))
     assert not small.beyond_noise
     assert _pooled_std([[0.5], [0.7]]) is None
+
+
+@pytest.mark.parametrize("command", ["recommend", "lr-find", "batch-size"])
+def test_a_command_that_takes_no_script_says_what_to_run_instead(command: str, script: Path, tmp_path: Path) -> None:
+    """``proftune recommend -- python train.py``: exit 2 before anything runs, naming the commands that take a
+    script (not typer's "unexpected extra argument", not a traceback)."""
+    marker = tmp_path / "ran.txt"
+    res = CliRunner().invoke(app, [command, "--", "python", str(script), "--marker", str(marker)])
+    assert res.exit_code == 2
+    text = " ".join(res.output.replace("│", " ").split())
+    assert f"`proftune {command}` takes a task, not a script" in text
+    assert "proftune optimize -- python" in text
+    assert "proftune run -- python" in text
+    assert "Traceback" not in res.output
+    assert not marker.exists()
+    needs = ["--memory-budget", "1GiB"] if command == "batch-size" else []
+    task = CliRunner().invoke(app, [command, str(tmp_path / "missing.py"), *needs])  # a task goes on to be loaded
+    assert "does not exist" in " ".join(task.output.replace("│", " ").split())
+    assert "not a script" not in task.output

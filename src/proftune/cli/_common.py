@@ -520,3 +520,17 @@ class HelpGroup(_Group):
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         tidy_help(self)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """A script after a command that takes none (``recommend -- python train.py``): exit 2 saying
+        what to run on a script instead, before the command's own parse calls it an extra argument."""
+        import importlib
+
+        from ._script_args import script_elsewhere
+
+        name, cmd, rest = super().resolve_command(ctx, args)
+        message = script_elsewhere(name or "", rest)
+        if message is not None:  # the click that typer runs on: its vendored copy since 0.2x
+            package = type(ctx).__module__.rsplit(".", 1)[0]
+            raise importlib.import_module(f"{package}.exceptions").UsageError(message, ctx)
+        return name, cmd, rest

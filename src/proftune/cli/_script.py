@@ -8,13 +8,9 @@ from typing import Any
 
 from ..exceptions import ConfigError
 from ._common import err_console
+from ._script_args import is_script
 
-__all__ = ["is_script", "optimize_on_script", "script_command", "split_tail", "tune_on_script"]
-
-
-def is_script(task: str | None) -> bool:
-    """TASK is a Python interpreter: what follows ``--`` is a script to run."""
-    return task is not None and Path(task).name.startswith("python")
+__all__ = ["optimize_on_script", "script_command", "split_tail", "tune_on_script"]
 
 
 def script_command(task: str | None, extra: Sequence[str], *, command: str) -> list[str] | None:
