@@ -27,7 +27,7 @@ from ..task import Task
 from ..track import Store
 from ..train import evaluate_model
 from ._budget import Deadline
-from ._decide import ALPHA, Comparison, compare_paired, compare_race
+from ._decide import ALPHA, Comparison, ahead_within_noise, compare_paired, compare_race
 from ._final_records import (
     SCHEMA_VERSION,
     Arm,
@@ -458,6 +458,11 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
         if comparison.beyond_noise:
             decision, chosen = "chosen", leader
+        elif ahead_within_noise(comparison, margin=sampling_std(plan.metric, plan.val_samples,
+                                                                arms[0].summary("val").mean)):
+            decision, chosen = "chosen", leader
+            notes.append(f"{leader.name} is ahead of the defaults and not behind them beyond noise: "
+                         f"{comparison.describe()}")
     short = race.current(short_name) if short_name is not None else None
     if decision == "defaults" and short is not None and short_name in active:
         same = _shorter_reaches(short, arms[0], plan, seeds, resolution=resolution, raced=raced, notes=notes)
