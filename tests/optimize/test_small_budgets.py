@@ -28,7 +28,7 @@ from proftune._holdout import HeldOutTask
 from proftune.examples import TensorBatches, resplit_tensors
 from proftune.optimize import _final
 from proftune.optimize._final import Arm, ArmRun, FinalPlan, representative, run_final, sampling_std
-from proftune.optimize._plan import plan_budget
+from proftune.optimize._plan import RACE_SHARE_MAX, plan_budget
 from proftune.task import Task, TaskWrapper
 
 from .tasks import X_TRAIN, X_VAL, Y_TRAIN, Y_VAL, TinyTask
@@ -81,6 +81,20 @@ def test_the_plan_does_not_pay_the_baselines_training_again() -> None:
     before = {**kw, "search_done": False}
     assert plan_budget(left_s=3.2, done_runs=1, **before).race_fits  # 1.1 + 2 x 1.0
     assert not plan_budget(left_s=3.0, done_runs=1, **before).race_fits
+
+
+def test_the_races_seeds_leave_the_search_most_of_a_small_budget() -> None:
+    """Eight trainings left: three planned seeds (5 trainings with the baseline's reused) would
+    leave the search three; the plan takes fewer seeds, the race at most RACE_SHARE_MAX of the time,
+    and keeps three at forty trainings."""
+    kw: dict[str, Any] = {"full_epochs": 10, "epoch_s": 0.1, "run_overhead_s": 0.0, "spent_s": 2.0, "budget_s": 10.0,
+                          "after_s": 0.0, "seeds": 3, "finalists": 1, "trial_epochs": 10, "done_runs": 1}
+    small = plan_budget(left_s=8.0, **kw)
+    assert small.race_fits
+    assert small.seeds < 3
+    assert small.race_s <= RACE_SHARE_MAX * 8.0
+    assert small.search_s >= 8.0 - RACE_SHARE_MAX * 8.0
+    assert plan_budget(left_s=40.0, **kw).seeds == 3
 
 
 def test_the_race_takes_the_baselines_run_as_the_defaults_first_seed(tmp_path: Path,

@@ -478,6 +478,9 @@ def _decision_line(race: FinalOutcome, metric: str) -> str:
         return (f"{race.chosen} reaches the defaults' {metric} at a shorter protocol: the same result in "
                 f"less training time ({cmp.metric} difference {cmp.gain:+.4g}, lower bound {cmp.lower:+.4g} "
                 f"over {len(cmp.seeds)} paired seeds)")
+    if not cmp.beyond_noise:
+        return (f"{race.chosen} is ahead of the defaults and not behind them beyond one validation figure's noise "
+                f"({cmp.describe()})")
     return f"{race.chosen} beats the defaults beyond noise ({cmp.describe()})"
 
 

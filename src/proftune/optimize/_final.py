@@ -458,11 +458,14 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
         if comparison.beyond_noise:
             decision, chosen = "chosen", leader
-        elif ahead_within_noise(comparison, margin=sampling_std(plan.metric, plan.val_samples,
-                                                                arms[0].summary("val").mean)):
+        elif ahead_within_noise(comparison, margin=(margin := sampling_std(plan.metric, plan.val_samples,
+                                                                          arms[0].summary("val").mean))):
+            assert margin is not None
+            assert comparison.lower is not None
             decision, chosen = "chosen", leader
-            notes.append(f"{leader.name} is ahead of the defaults and not behind them beyond noise: "
-                         f"{comparison.describe()}")
+            comparison = replace(comparison, extra={**comparison.extra, "margin": margin},
+                                 reason=f"{comparison.reason}; ahead, and the bound {comparison.lower:+.4g} is above "
+                                        f"-{margin:.3g}, one validation figure's sampling noise: not behind beyond it")
     short = race.current(short_name) if short_name is not None else None
     if decision == "defaults" and short is not None and short_name in active:
         same = _shorter_reaches(short, arms[0], plan, seeds, resolution=resolution, raced=raced, notes=notes)

@@ -31,6 +31,12 @@ MIN_FINALISTS = 1
 #: computed centre and one step of its local design (on a loaded machine, at 8 trainings, four
 #: left no time for the race, and the defaults were kept where the centre alone was far better).
 MIN_SEARCH_TRIALS = 2
+#: The race's planned seeds take at most this share of the time left (after what follows it), down
+#: to one seed: at a few trainings the search's trials are worth more than the race's power (its
+#: further rounds still use what the search leaves). On generated tasks at 8 trainings, three planned
+#: seeds left the search 3 trials where a plain loop ran 8-10, and the race then confirmed a centre
+#: worse than the defaults over 4 rounds.
+RACE_SHARE_MAX = 0.4
 #: Below this many seconds the compress stage is skipped (imports + one pruned and one INT8
 #: candidate measured as saved take ~20-30 s on 2 shared cores).
 MIN_COMPRESS_S = 15.0
@@ -155,7 +161,8 @@ def plan_budget(*, full_epochs: int, epoch_s: float, run_overhead_s: float, left
     # (the search's repeats, the validation set's sampling noise) one pair still decides a gain far
     # beyond it, and nothing less (a plateau start the defaults never leave is such a gain)
     n = seeds
-    while n > 1 and race(finalists, n) + after_s + min_search > left_s:
+    while n > 1 and (race(finalists, n) + after_s + min_search > left_s
+                     or race(finalists, n) > RACE_SHARE_MAX * (left_s - after_s)):
         n -= 1
     race_s = race(finalists, n)
     fits = race_s + after_s + min_search <= left_s

@@ -259,6 +259,9 @@ def tell(result: OptimizeResult) -> Story:
     if vs.decision == "shorter":
         decision = (f"adopted {vs.leader}: the task's defaults' {metric} (within one validation sample) "
                     f"in {final.epochs} of their {final.default_epochs} epochs, a time gain")
+    elif adopted and val is not None and not val.beyond_noise:
+        decision = (f"adopted {vs.leader}: ahead of the task's defaults, and not behind them beyond one "
+                    "validation figure's noise")
     elif adopted:
         decision = f"adopted {vs.leader}: better than the task's defaults beyond noise"
     elif vs.leader:
@@ -268,7 +271,9 @@ def tell(result: OptimizeResult) -> Story:
     held = vs.held_out
     lines: list[tuple[str, str]] = [  # (the question a newcomer asks, the answer)
         ("did it help", ("the same result in less training time: " if vs.decision == "shorter" else
-                         "yes, beyond noise: " if adopted else "no, not beyond noise: ") + _noise(val, metric)),
+                         "yes, beyond noise: " if adopted and (val is None or val.beyond_noise) else
+                         "ahead, within noise (a loss beyond one validation figure's noise ruled out): " if adopted
+                         else "no, not beyond noise: ") + _noise(val, metric)),
         (f"{metric}, validation", f"defaults {_pm(dv.val)} -> result {_pm(fv.val)} "
                                   f"({seeds} paired seed(s); selection on {(held.val_samples if held else None) or '-'}"
                                   " samples)"),
