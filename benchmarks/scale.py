@@ -217,8 +217,9 @@ def _cli(args: list[str]) -> Callable[[], None]:
 
     def go() -> None:
         res = runner.invoke(app, args, env={"COLUMNS": "200"})
-        if res.exit_code != 0:
-            raise RuntimeError(f"proftune {' '.join(args)} exited {res.exit_code}: {res.output[-2000:]}")
+        if res.exit_code != 0:  # an exception the command did not handle leaves no output: name it
+            why = res.output[-2000:] or repr(res.exception)
+            raise RuntimeError(f"proftune {' '.join(args)} exited {res.exit_code}: {why}") from res.exception
 
     return go
 

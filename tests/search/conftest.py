@@ -34,31 +34,77 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PgServer:
+    """A PostgreSQL server in a temp folder on a loopback port, which a test may stop and start."""
+
+    def __init__(self, bindir: str) -> None:
+        self.bindir = bindir
+        self.root = tempfile.mkdtemp(prefix="proftune-pg-")
+        self.data = os.path.join(self.root, "data")
+        #: initdb refuses to run as root: the server then runs as the postgres user
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            os.chmod(self.root, 0o777)
+        self.port = _free_port()
+        self._run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync")
+
+    def _run(self, tool: str, *args: str, check: bool = True) -> None:
+        subprocess.run([*self.as_user, os.path.join(self.bindir, tool), *args], check=check, capture_output=True,
+                       text=True)
+
+    def url(self, password: str | None = None) -> str:
+        auth = f"postgres:{password}" if password else "postgres"  # trust: any password is accepted
+        return f"postgresql+psycopg2://{auth}@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", self.data, "-w", "-l", os.path.join(self.root, "log"), "-o",
+                  f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+
+    def stop_command(self) -> list[str]:
+        """The command that stops the server at once (``immediate``: no client is waited for)."""
+        return [*self.as_user, os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-m", "immediate", "-w",
+                "stop"]
+
+    def stop(self) -> None:
+        subprocess.run(self.stop_command(), capture_output=True)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _pg_server() -> PgServer:
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL binaries (initdb, pg_ctl) are absent: apt-get install postgresql, "
+                    "or set PROFTUNE_TEST_POSTGRES_URL")
+    pytest.importorskip("psycopg2", reason="psycopg2-binary is in the dev extra: pip install -e '.[dev]'")
+    try:
+        server = PgServer(bindir)
+        server.start()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"PostgreSQL could not start here: {exc}")
+    return server
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     given = os.environ.get("PROFTUNE_TEST_POSTGRES_URL")
     if given:
         yield given
         return
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL binaries (initdb, pg_ctl) are absent: apt-get install postgresql, "
-                    "or set PROFTUNE_TEST_POSTGRES_URL")
-    pytest.importorskip("psycopg2", reason="psycopg2-binary is in the dev extra: pip install -e '.[dev]'")
-    root = tempfile.mkdtemp(prefix="proftune-pg-")
-    data = os.path.join(root, "data")
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses to run as root: run the server as the postgres user
-        os.chmod(root, 0o777)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
-    run = lambda *args: subprocess.run([*as_user, *args], check=True, capture_output=True, text=True)  # noqa: E731
-    run(os.path.join(bindir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-    run(os.path.join(bindir, "pg_ctl"), "-D", data, "-w", "-l", os.path.join(root, "log"), "-o",
-        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+    server = _pg_server()
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+        yield server.url()
     finally:
-        subprocess.run([*as_user, os.path.join(bindir, "pg_ctl"), "-D", data, "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+        server.remove()
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PgServer]:
+    """A server of this test's own, which it may stop and start again (the session's is shared)."""
+    server = _pg_server()
+    try:
+        yield server
+    finally:
+        server.remove()

@@ -75,9 +75,10 @@ def compress(
         "--goal", help="latency, size or macs: what the selection minimises.")] = "latency",
     out: Annotated[str | None, typer.Option(
         "--out", help="Write the selected model here (refuses to replace a file without --force).",
-        show_default=False)] = None,
+        show_default=False, callback=opt.at_start)] = None,
     plot: Annotated[str | None, typer.Option(
-        "--plot", help="Folder for metric-vs-params and metric-vs-latency PNGs.", show_default=False)] = None,
+        "--plot", help="Folder for metric-vs-params and metric-vs-latency PNGs.", show_default=False,
+        callback=opt.at_start)] = None,
     model: Annotated[str | None, typer.Option(
         "--model",
         help="The trained original: torch.save(model.state_dict()) or a compress output; "

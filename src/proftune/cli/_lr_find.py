@@ -21,7 +21,7 @@ def lr_find_command(
     max_lr: Annotated[float, typer.Option("--max-lr", help="Last lr of the sweep.")] = 10.0,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of the sweep.")] = 100,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size (default: the task's).")] = None,
-    plot: Annotated[str | None, typer.Option("--plot", help="Write the curve to this PNG.")] = None,
+    plot: Annotated[str | None, opt.output("--plot", help="Write the curve to this PNG.")] = None,
     param: opt.ParamOpt = None,
     o: opt.RunOpts = opt.RUN,
     r: opt.ReportOpts = opt.REPORT,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar, cast
@@ -23,10 +24,20 @@ from ..exceptions import ProftuneError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+
+
+def _db_at_start(url: str | None) -> str:
+    """``--db`` (or its default) resolved when the command starts, not when the store is opened:
+    a task that changes the working folder (as Hydra does) must not move a relative SQLite file."""
+    from ..track import resolve_db_url
+
+    return resolve_db_url(url)
+
+
 DbOpt = Annotated[
     str | None,
     typer.Option("--db", help="Run store URL or a .db file (default $PROFTUNE_DB or sqlite:///proftune.db).",
-                 show_default=False),
+                 show_default=False, callback=_db_at_start),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of failures and library warnings.")]
 ParamOpt = Annotated[
@@ -43,10 +54,23 @@ _TASK_HELP = "Task: file.py[:Class], pkg.mod:Class, timm:MODEL or a built-in nam
 TaskArg = Annotated[str, typer.Argument(help=_TASK_HELP)]
 
 
+def at_start(path: Any) -> Any:
+    """An output path resolved when the command starts (as given: None, or an empty one its check
+    names): a task that changes the working folder (as Hydra does) must not move what it writes."""
+    if path is None or not str(path).strip():
+        return path
+    return type(path)(os.path.abspath(path))
+
+
 def unset(*flags: str, help: str, **kw: Any) -> Any:
     """A ``typer.Option`` whose value is None until given, so --help shows no default:
     ``out: Annotated[Path | None, unset("--out", help="...")] = None``."""
     return typer.Option(*flags, help=help, show_default=False, **kw)
+
+
+def output(*flags: str, help: str, **kw: Any) -> Any:
+    """An output path option (:func:`unset`), resolved when the command starts (:func:`at_start`)."""
+    return unset(*flags, help=help, callback=at_start, **kw)
 
 
 def unset_argument(*, help: str) -> Any:
@@ -77,7 +101,7 @@ WandbProjectOpt = Annotated[str, typer.Option("--wandb-project", help="W&B proje
 ReportOpt = Annotated[
     str | None,
     typer.Option("--report", help="Also write the result as one self-contained HTML report here.",
-                 show_default=False),
+                 show_default=False, callback=at_start),
 ]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Replace existing output files (a symbolic link is replaced itself, "

@@ -142,8 +142,8 @@ def profile_command(
     inference: Annotated[bool, typer.Option(
         "--inference", help="Profile the forward pass only (eval, no_grad).")] = False,
     detail: Annotated[str, typer.Option("--detail", help="full (per layer) or step (step, memory, counts).")] = "full",
-    out: Annotated[Path | None, opt.unset("--out", help="Write the profile as JSON here.")] = None,
-    trace: Annotated[Path | None, opt.unset("--trace", help="Write a Chrome/Perfetto trace of one step.")] = None,
+    out: Annotated[Path | None, opt.output("--out", help="Write the profile as JSON here.")] = None,
+    trace: Annotated[Path | None, opt.output("--trace", help="Write a Chrome/Perfetto trace of one step.")] = None,
     compare: Annotated[tuple[str, str] | None, opt.unset(
         "--compare", help="Compare two saved profiles: --compare A.json B.json.")] = None,
     top: Annotated[int, typer.Option("--top", help="Layers to show.")] = 10,
@@ -152,7 +152,7 @@ def profile_command(
                             "MACs (as torchinfo.summary prints it).")] = False,
     depth: Annotated[int, typer.Option("--depth", min=0, help="Module depth the --structure table shows (the JSON "
                                                        "holds every module).")] = 3,
-    onnx: Annotated[Path | None, opt.unset(
+    onnx: Annotated[Path | None, opt.output(
         "--onnx", help="Also write the model (as built from the seed, before the profile's steps) as an ONNX "
                        "file for Netron, checked in ONNX Runtime against torch (needs proftune[compile]).")] = None,
     ddp: Annotated[int | None, opt.unset(

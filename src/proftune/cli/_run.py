@@ -105,8 +105,8 @@ def run_command(
                         "step costs more than 1.5% of the training's time: a very short step).")] = None,
     steps: Annotated[int | None, opt.unset(
         "--steps", help="Stop watching after K sampled steps (the script runs on untouched).")] = None,
-    out: Annotated[Path | None, opt.unset("--out", help="Write the (largest model's) profile as JSON here.")] = None,
-    report: Annotated[Path | None, opt.unset("--report", help="Write the HTML report of the run here.")] = None,
+    out: Annotated[Path | None, opt.output("--out", help="Write the (largest model's) profile as JSON here.")] = None,
+    report: Annotated[Path | None, opt.output("--report", help="Write the HTML report of the run here.")] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Weight, activation, gradient statistics.")] = True,
     f: opt.FileOpts = opt.FILE,
 ) -> None:

@@ -65,7 +65,7 @@ def tune(
     max_failures: Annotated[int, typer.Option(
         "--max-failures", help="Stop when more trials than this failed in user code.")] = 5,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.",
-                                              show_default=False)] = None,
+                                              show_default=False, callback=opt.at_start)] = None,
     backend: Annotated[str, typer.Option(
         "--backend",
         help=f"{opt.choices('search_backends')} (local: this machine's processes; ray: Ray Tune).")] = "local",

@@ -17,7 +17,7 @@ from .._deprecated import warn_experimental
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..metrics import default_objective
-from ..task import ClassificationTask, Task, load_task
+from ..task import ClassificationTask, Task, absolute_spec, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import _direction, correlations, importance, pareto_front, plot_study
 from ._backends import SEARCH_BACKEND_REGISTRY, SEARCH_BACKENDS
@@ -333,7 +333,9 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
     settings = None
     if space_obj is not None:
         settings = SearchSettings(
-            task=task if isinstance(task, str) else task_obj, space=space_obj, objectives=objs,
+            # a file's spec made absolute now: each trial loads it again, maybe after a task that
+            # changed the working folder (as Hydra does)
+            task=absolute_spec(task) if isinstance(task, str) else task_obj, space=space_obj, objectives=objs,
             constraints=cons, trials=c.trials, study="", db="", sampler=c.sampler,
             pruner=c.pruner, epochs=c.epochs, max_steps=c.max_steps,
             timeout=c.timeout, seed=c.seed, device=c.device,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import socket
 import time
@@ -102,11 +103,28 @@ def prepare_storage(url: str) -> None:
     open_storage(url)
 
 
+#: What a trial's user attributes say of its outcome (its record, failed, surplus, gated): never
+#: a retry's. The rest (a repeat's count, a neighbour's mark, tags) say what to run, and are kept.
+OUTCOME_ATTRS = ("proftune", "proftune_failed", "proftune_surplus", "proftune_gated")
+
+
+class _Retry(RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry, which copies every user attribute of the dead trial to its retry, less its
+    outcome: a retry holding the dead trial's record (state, its finished Run) read as a trial that
+    ended untold, and a reaper in another process failed it while a live worker ran it."""
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        kept = copy.copy(trial)
+        kept.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in OUTCOME_ATTRS}
+        super().__call__(study, kept)
+
+
 def retry_callback() -> RetryHeartbeatStaleTrialCallback:
-    """Re-enqueue a stale (killed) trial's configuration, at most ``MAX_RETRY`` times."""
+    """Re-enqueue a stale (killed) trial's configuration, at most ``MAX_RETRY`` times, without the
+    dead trial's outcome (:data:`OUTCOME_ATTRS`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+        return _Retry(max_retry=MAX_RETRY)
 
 
 def _retry_locked(fn: Callable[[], _T], attempts: int = 30) -> _T:

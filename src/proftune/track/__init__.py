@@ -10,7 +10,7 @@ from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
 from ._outputs import held_until_written, kept_files, not_held
 from ._records import RunRecord
 from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
-from ._store import DEFAULT_DB, RunHandle, Store, default_db_url, pid_alive
+from ._store import DEFAULT_DB, RunHandle, Store, default_db_url, pid_alive, resolve_db_url
 from ._tracked import open_store, optional_store, tracked_run
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "pid_alive",
     "redact_url",
     "register_run_kind",
+    "resolve_db_url",
     "short_fingerprint",
     "sqlite_pragmas",
     "tracked_run",

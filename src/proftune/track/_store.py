@@ -43,7 +43,7 @@ from ._outputs import held
 from ._records import RUN_STATUSES, RunRecord, _diff, _flatten, _record
 from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
 
-__all__ = ["DEFAULT_DB", "Store", "default_db_url",]
+__all__ = ["DEFAULT_DB", "Store", "default_db_url", "resolve_db_url"]
 
 DEFAULT_DB = "sqlite:///proftune.db"
 
@@ -96,6 +96,24 @@ def default_db_url() -> str:
     return os.environ.get("PROFTUNE_DB") or DEFAULT_DB
 
 
+def resolve_db_url(url: str | None = None) -> str:
+    """The store's URL as it is opened: the default for None, a file path as its URL, and a
+    relative SQLite file made absolute now. Each connection opens the file anew, so a command
+    resolves it at its start: a task that changes the working folder (as Hydra does) would
+    otherwise open a second, empty store. Anything that is no URL is returned as given (the
+    Store names the problem when it opens it)."""
+    url = _path_as_url(url or default_db_url())
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return url
+    given = parsed.database or ""
+    if (parsed.get_backend_name() == "sqlite" and given and given != ":memory:"
+            and not given.startswith("file:") and not os.path.isabs(given)):
+        return parsed.set(database=os.path.abspath(given)).render_as_string(hide_password=False)
+    return url
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -124,7 +142,7 @@ class Store:
     """
 
     def __init__(self, url: str | None = None, *, retries: int = 40) -> None:
-        self.url = _path_as_url(url or default_db_url())
+        self.url = resolve_db_url(url)
         #: The URL as it may be shown: its password hidden (every message and log uses it).
         self.shown_url = redact_url(self.url)
         try:
@@ -135,12 +153,6 @@ class Store:
                 "or postgresql://user@host/db (or a path to a SQLite file: runs.db, runs.sqlite)."
             ) from None
         parsed = _installed_driver(parsed, self.shown_url)
-        given = parsed.database or ""
-        if (parsed.get_backend_name() == "sqlite" and given and given != ":memory:"
-                and not given.startswith("file:") and not os.path.isabs(given)):
-            # resolved now, once: each connection opens the file anew, and a task that changes the
-            # working folder (as Hydra does) would otherwise open a second, empty store
-            parsed = parsed.set(database=os.path.abspath(given))
         if parsed != sa.make_url(self.url):
             self.url = parsed.render_as_string(hide_password=False)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
