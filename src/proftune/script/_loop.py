@@ -168,7 +168,9 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
         for name, why in SKIPPED_STAGES.items():
             stages.append({"stage": name, "status": "skipped", "time_s": 0.0, "did": why})
         left = budget_s - (time.monotonic() - started)
-        race_s = 2 * MIN_ROUNDS * run_s
+        # paired by --seed, the defaults' run above is their run at the race's first seed: the race
+        # trains the best there and both at the seeds after it (one run fewer to keep back)
+        race_s = (2 * MIN_ROUNDS - (1 if task.takes_seed else 0)) * run_s
         # the search stops starting trials at its timeout and the last one started runs to its end
         # (a trial past TRIAL_CAP runs of the defaults' time is ended, a failed trial): its timeout
         # leaves one run's time for that; the first trial always runs where one fits beside the race
@@ -209,25 +211,29 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                 spent = time.monotonic() - started
                 if len(seeds) >= MIN_ROUNDS and spent + 2 * run_s > budget_s:
                     break
-                s = seed + 1 + len(seeds)
-                say(f"race round {len(seeds) + 1}: the best and the defaults" + (f" at --seed {s}" if paired else ""))
+                reuse = paired and not seeds  # the defaults' run at --seed S is their first race run
+                s = seed if reuse else seed + 1 + len(seeds)
+                say(f"race round {len(seeds) + 1}: the best" + ("" if reuse else " and the defaults")
+                    + (f" at --seed {s}" if paired else ""))
                 seeds.append(s)
                 c_runs.append(rec.run(chosen, s, "race-best"))
-                d_runs.append(rec.run(defaults, s, "race-defaults"))
+                d_runs.append(base if reuse else rec.run(defaults, s, "race-defaults"))
             c_vals = [r.get(metric) if r else None for r in c_runs]
             d_vals = [r.get(metric) if r else None for r in d_runs]
+            more = [] if paired else [base.get(metric)]  # paired: the baseline is the first pair's
             prior = _pooled_std([[v for v in c_vals if v is not None],
-                                 [v for v in [*d_vals, base.get(metric)] if v is not None]])
-            comparison = compare_race(c_vals, d_vals, seeds=seeds, defaults_more=[base.get(metric)], metric=metric,
+                                 [v for v in [*d_vals, *more] if v is not None]])
+            comparison = compare_race(c_vals, d_vals, seeds=seeds, defaults_more=more, metric=metric,
                                       maximize=maximize, split="val", prior_std=prior)
             test = _test_metric(base, metric)
             race = {"rounds": len(seeds), "seeds": seeds if paired else None, "paired": paired,
                     "best": _mean_std([v for v in c_vals if v is not None]),
-                    "defaults": _mean_std([v for v in [*d_vals, base.get(metric)] if v is not None]),
+                    "defaults": _mean_std([v for v in [*d_vals, *more] if v is not None]),
                     "test_metric": test}
             if test is not None:
                 race["best_test"] = _mean_std([r[test] for r in c_runs if r and test in r])
-                race["defaults_test"] = _mean_std([r[test] for r in [*d_runs, base] if r and test in r])
+                race["defaults_test"] = _mean_std([r[test] for r in [*d_runs, *([] if paired else [base])]
+                                                   if r and test in r])
             how = (f"paired by --seed over {len(seeds)} seeds" if paired else
                    f"the script has no --seed flag, so seeds cannot be paired: {len(seeds)} runs of each, judged "
                    "by a rank-sum test of the runs beside the t-test on the runs in order")
