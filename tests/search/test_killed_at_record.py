@@ -114,13 +114,17 @@ def test_a_worker_killed_between_training_and_record_leaves_the_study_to_continu
     assert study.trials[1].state == TrialState.FAIL
     assert study.trials[1].values is None
     runs = {r.config.get("trial"): r for r in Store(db).list_runs(kind="trial")}
-    (retry,) = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1]
-    assert retry.params == study.trials[1].params  # its configuration, enqueued again
-    # run again, or (with two workers) dropped where the other worker filled the budget first;
-    # either way it holds no copy of the dead trial's record (its state, its finished Run)
-    assert retry.state == TrialState.COMPLETE or (workers > 1 and retry.user_attrs.get("proftune_surplus"))
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1]
+    # one retry; with two workers each may have found the dead trial and enqueued one (the
+    # budget's surplus is dropped)
+    assert 1 <= len(retries) <= workers
     dead_run = runs[1].id
-    assert (retry.user_attrs.get("proftune") or {}).get("run_id") != dead_run
+    for retry in retries:
+        assert retry.params == study.trials[1].params  # its configuration, enqueued again
+        # run again, or (with two workers) dropped where the other worker filled the budget first;
+        # either way it holds no copy of the dead trial's record (its state, its finished Run)
+        assert retry.state == TrialState.COMPLETE or (workers > 1 and retry.user_attrs.get("proftune_surplus"))
+        assert (retry.user_attrs.get("proftune") or {}).get("run_id") != dead_run
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 4
     assert all(r.status != "running" for r in runs.values())  # no trial Run left running
     assert len([r for r in Store(db).list_runs(kind="tune") if r.status == "finished"]) == 1

@@ -484,7 +484,8 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         # tried in this round, let a flat search's re-evaluations run past its auto-stop on a quiet
         # machine); never more than the time left holds (a queued trial that never runs is cancelled)
         fit_in = int((window + slow_trial) / per_trial) if per_trial > 0 else 20
-        size = max(1, min(int(min(CHUNK_MAX, max(3, 1.0 / max(per_trial, 1e-3)))), fit_in))
+        size = max(1, min(int(min(CHUNK_MAX, max(3, 1.0 / max(per_trial, 1e-3)))), fit_in,
+                          settings.max_trials - _finished(rows)))
         # the stage's last REEVAL_SHARE (of its time or of max_trials) re-evaluates the leaders
         # first, then explores again
         late = (bool(why) or time.monotonic() - started >= (1 - REEVAL_SHARE) * (end - started)
