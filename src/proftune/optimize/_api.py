@@ -242,9 +242,18 @@ class _Loop:
                                left_s=self.budget.left_s, spent_s=self.budget.elapsed_s,
                                budget_s=self.v.budget_s, after_s=after, seeds=seeds, finalists=finalists,
                                trial_epochs=trial_epochs, search_done=search_done,
-                               done_runs=1 if self.baseline_reusable() else 0)
+                               done_runs=self._race_runs_done(trial_epochs))
 
         return plan(self._trial_epochs(plan(full).search_s))
+
+    def _race_runs_done(self, trial_epochs: int) -> int:
+        """The race's first-seed trainings made before it: the baseline's of the defaults, and the
+        search's of its best where the trials run the task's own epochs (their models kept)."""
+        if not self.baseline_reusable():
+            return 0
+        if self.state.finished("search"):
+            return 1 + bool(self.state.record(SearchStageOutputs).kept)
+        return 1 + (trial_epochs >= self.task.default_epochs)
 
     def baseline_reusable(self) -> bool:
         """Whether the baseline's training of the defaults ran their own epochs to the end and left

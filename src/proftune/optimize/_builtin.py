@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,7 +37,6 @@ from ._final import (
     MAX_CANDIDATES,
     RESPLIT_BELOW,
     Arm,
-    ArmRun,
     FinalOutcome,
     FinalPlan,
     run_final,
@@ -58,6 +57,7 @@ from ._records import (
     SearchStageOutputs,
     TrainedRun,
 )
+from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first
 from ._search import ConfigGroup, StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
@@ -268,10 +268,14 @@ class Search(BaseStage):
         epochs = budget_plan.trial_epochs
         epoch_s = loop.epoch_s()
         race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
-        if not race_s and loop.budget.left_s >= 2.5 * budget_plan.full_s:
+        # trials at the task's own epochs keep their models: the race's first pair is then the
+        # baseline's training and the search's own training of its best (neither trained again)
+        reuse = epochs >= loop.task.default_epochs and loop.baseline_reusable()
+        done = (1 if loop.baseline_reusable() else 0) + (1 if reuse else 0)
+        if not budget_plan.race_fits and loop.budget.left_s >= 2.5 * budget_plan.full_s:
             # no full race fits, but the time holds the search's best trained once at the defaults'
             # protocol after the search: the final stage races it against their baseline training
-            race_s = 1.1 * budget_plan.full_s * (1 if loop.baseline_reusable() else 2)
+            race_s = 1.1 * budget_plan.full_s * (2 - done)
 
         def reserve(rows: Sequence[Any]) -> float:
             """The race's seconds as the trials stand: more paired seeds where the defaults and the
@@ -286,7 +290,6 @@ class Search(BaseStage):
             if gain <= (d.std or 0.0) / math.sqrt(d.n):  # no gain beyond one standard error of theirs to confirm
                 return race_s + compress_min
             seeds = loop.race_seeds_for(d, best, pooled, compared=len(rows))
-            done = 1 if loop.baseline_reusable() else 0
             need = 1.1 * max(0, 2 * seeds - done) * budget_plan.full_s
             return min(max(race_s, need), race_s + 0.5 * seconds) + compress_min
 
@@ -308,7 +311,7 @@ class Search(BaseStage):
             first_rung=rank_at or 1,
             trial_s_estimate=epochs * epoch_s,
             alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {},
-            on_trial=loop.cfg.on_trial)
+            on_trial=loop.cfg.on_trial, keep_models=str(loop.out / MODELS_DIR) if reuse else None)
         spent = float(loop.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
@@ -339,6 +342,8 @@ class Search(BaseStage):
             seed_std=pooled_seed_std((g.std, g.n) for g in [*outcome.groups, *filter(None, [outcome.defaults])]),
             # every trial as the report draws it (its arm, state and why it ended)
             trials_log=[TrialLog.of(t) for t in outcome.trials],
+            kept=(kept_runs(outcome.trials, out=loop.out, seed=int(loop.cfg.seed), epochs=loop.task.default_epochs,
+                            metric=loop.v.metric) if reuse else []),
         ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
             after=best.mean if best else None)
 
@@ -421,8 +426,11 @@ class Final(BaseStage):
         outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
                             end=loop.budget.end - loop.compress_reserve(), hard_end=hard_end,
                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
-                            shorter=shorter, first=self._baseline_run(loop),
+                            shorter=shorter, first=(first := baseline_first(loop)),
+                            first_more=(search_first(loop, candidates[0], seed=first[0].seed if first else None)
+                                        if candidates else None),
                             defaults_more=self._defaults_outside_race(d_group, trial_epochs == epochs))
+        shutil.rmtree(loop.out / MODELS_DIR, ignore_errors=True)  # the race copied what it took
         chosen = outcome.arm(outcome.chosen)
         params, evidence = self._evidence(loop, chosen, outcome)
         model = loop.task.build_model(dict(params))
@@ -468,26 +476,6 @@ class Final(BaseStage):
         if group is None or not full:
             return []
         return [float(v) for v, arm in zip(group.values, group.arms, strict=False) if arm != "baseline"]
-
-    @staticmethod
-    def _baseline_run(loop: StageContext) -> tuple[ArmRun, Path] | None:
-        """The baseline's training of the defaults as the race's first run of them (their own epochs
-        to the end, its model kept): one training the race does not pay again. None: it was cut."""
-        if not loop.baseline_reusable():
-            return None
-        base = loop.state.record(BaselineOutputs)
-        assert base.model is not None  # baseline_reusable checked it
-        path = loop.out / base.model
-        d = base.defaults
-        test: dict[str, float] = {}
-        if loop.task.test_data(1) is not None:
-            model = loop.task.build_model(dict(loop.defaults)).to(loop.dev)
-            model.load_state_dict(torch.load(path, map_location=loop.dev, weights_only=True))
-            test = evaluate_model(loop.task, model, loop.dev, int(loop.defaults.get("batch_size", 32)), split="test")
-        return ArmRun(seed=int(loop.cfg.seed), run_id=d.run_id, val=finite_float(d.metrics.get(loop.v.metric)),
-                      test=finite_float(test.get(loop.v.metric)), epochs=int(d.epochs or 0),
-                      duration_s=float(d.duration_s or 0.0), cut=False, val_metrics=dict(d.metrics),
-                      test_metrics=test), path
 
     def _evidence(self, loop: StageContext, chosen: Arm,
                   outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:

@@ -277,7 +277,7 @@ class _Race:
 
     def __init__(self, task: Task, plan: FinalPlan, *, store: Store, folder: Path, arms: list[Arm],
                  cap: float, say: Callable[[str, dict[str, Any]], None] | None, notes: Sequence[str],
-                 first: tuple[ArmRun, Path] | None) -> None:
+                 first: tuple[ArmRun, Path] | None, first_more: tuple[ArmRun, Path] | None = None) -> None:
         self.task, self.plan, self.store, self.cap, self.say = task, plan, store, cap, say
         self.arms, self.notes = arms, list(notes)
         self.seeds: list[int] = []
@@ -294,6 +294,11 @@ class _Race:
             self.arms[0] = _with_run(self.arms[0], run)
             self.measured[arms[0].name] = run.duration_s + RUN_OVERHEAD_S
             self.first_seed = run.seed
+            if first_more is not None and first_more[0].seed == run.seed and len(arms) > 1:
+                run, model = first_more
+                shutil.copyfile(model, self.work / f"{_slug(arms[1].name)}-{run.seed}.pt")
+                self.arms[1] = _with_run(self.arms[1], run)
+                self.measured[arms[1].name] = run.duration_s + RUN_OVERHEAD_S
 
     def _held_out(self, run: ArmRun, r: int) -> ArmRun:
         """``run`` of round ``r`` with its held-out figure: its validation figure on partition
@@ -311,9 +316,10 @@ class _Race:
                                      + RUN_OVERHEAD_S) for n in names)
 
     def need(self, names: Sequence[str], r: int) -> float:
-        """Seconds of the rounds ``r`` on of the arms ``names`` (the defaults' first seed, where
-        the baseline's run is it, is done)."""
-        done = self.cost([self.arms[0].name]) if self.first_seed is not None and r == 0 else 0.0
+        """Seconds of the rounds ``r`` on of the arms ``names`` (a first-seed run made before the
+        race, the baseline's or the search's, is done)."""
+        done = (self.cost([n for n in names if any(run.seed == self.first_seed for run in self.current(n).runs)])
+                if self.first_seed is not None and r == 0 else 0.0)
         return self.cost(names) * (self.plan.seeds - r) - done
 
     def solo(self, name: str, *, index: int, stop_at: float) -> ArmRun:
@@ -366,7 +372,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
               store: Store, end: float, hard_end: float | None = None, cap_end: float | None = None,
               folder: Path, say: Callable[[str, dict[str, Any]], None] | None = None,
               notes: Sequence[str] = (), shorter: Arm | None = None,
-              first: tuple[ArmRun, Path] | None = None,
+              first: tuple[ArmRun, Path] | None = None, first_more: tuple[ArmRun, Path] | None = None,
               defaults_more: Sequence[float] = ()) -> FinalOutcome:
     """Race ``defaults`` and ``candidates`` with paired seeds; the chosen model's state dict is
     left at ``folder / "model.pt"``.
@@ -389,6 +395,11 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     not cut) and its state dict's file: it is the defaults' run at the first seed (``run.seed``),
     which the other arms are trained at, and the defaults are not trained again for it.
 
+    ``first_more``: the search's own training of the first candidate at ``first``'s seed and the
+    protocol, and its state dict's file: that candidate's run at the first seed (not trained again;
+    the best of the search's draws, so its first pair is inflated by the selection: the decision's
+    bound against the seeds' known noise guards it, and later rounds dilute it).
+
     ``defaults_more``: the defaults' metric on validation from their trainings at this protocol
     outside the race (the search's evaluations of them): the rank test of the decision
     (:func:`~proftune.optimize._decide.compare_race`) counts them beside the race's runs.
@@ -397,7 +408,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     race = _Race(task, plan, store=store, folder=folder, say=say, notes=notes,
                  cap=max(hard_end, cap_end if cap_end is not None else math.inf),
                  arms=[defaults, *list(candidates)[:MAX_CANDIDATES], *([shorter] if shorter is not None else [])],
-                 first=first)
+                 first=first, first_more=first_more)
     arms, seeds, notes = race.arms, race.seeds, race.notes
     short_name = shorter.name if shorter is not None else None
     # ``--seeds`` rounds; while the rounds left do not fit the time, the weakest challenger so far

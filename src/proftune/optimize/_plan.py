@@ -45,8 +45,10 @@ MIN_COMPRESS_S = 15.0
 COMPRESS_RESERVE_S = 40.0
 #: The search prunes by successive halving when its time holds fewer full trials than this.
 FULL_TRIALS_FOR_NO_PRUNER = 15.0
-#: Trials run at the task's own epochs when the search's time holds at least this many of them.
-FULL_TRIALS_AT_LEAST = 6.0
+#: Trials run at the task's own epochs when the search's time holds at least this many of them
+#: (successive halving still stops the weak early): a trial at the own epochs is then the race's
+#: first run of the search's best (its model kept), where a shorter one must be trained again.
+FULL_TRIALS_AT_LEAST = 3.0
 
 
 def _z(p: float) -> float:

@@ -25,7 +25,7 @@ from ._computed import ComputedValues, LrCheck
 from ._final_records import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
 from ._plan import BudgetPlan
-from ._search_records import ConfigGroup, TrialLog, YellowFlag
+from ._search_records import ConfigGroup, KeptRun, TrialLog, YellowFlag
 from ._space import SearchPlan
 
 __all__ = [
@@ -216,7 +216,8 @@ class SearchStageOutputs(StageOutputs):
     READERS: ClassVar[dict[str, Reader]] = {
         "best": optional(ConfigGroup.from_dict), "top": each(ConfigGroup.from_dict),
         "defaults": optional(ConfigGroup.from_dict), "flags": each(YellowFlag.from_dict),
-        "trials_log": each(TrialLog.from_dict), "budget_plan": optional(BudgetPlan.from_dict)}
+        "trials_log": each(TrialLog.from_dict), "budget_plan": optional(BudgetPlan.from_dict),
+        "kept": each(KeptRun.from_dict)}
     study: str = ""
     #: ``SearchPlan.to_dict()`` (JSON: a state.json of an older proftune may hold a part of one).
     plan: dict[str, Any] = field(default_factory=dict)
@@ -245,6 +246,8 @@ class SearchStageOutputs(StageOutputs):
     trials_log: list[TrialLog] = field(default_factory=list)
     #: The budget as planned when the search started (None: a run recorded before plans).
     budget_plan: BudgetPlan | None = None
+    #: Trials at the task's own epochs and the race's first seed whose models were kept.
+    kept: list[KeptRun] = field(default_factory=list)
 
     def fixed(self) -> dict[str, Any]:
         """The params the space fixed (not searched)."""

@@ -92,6 +92,9 @@ class StageSettings:
     alternative: dict[str, Any] = field(default_factory=dict)
     #: Each trial's Run as it ends (``search(on_trial=)``); None: nobody is told.
     on_trial: Callable[[RunRecord], object] | None = None
+    #: A folder for the models of the leading trials (``search(keep_models=)``): the race takes the
+    #: search's training of its best as that configuration's first seed; None: none kept.
+    keep_models: str | None = None
 
 
 @dataclass
@@ -422,7 +425,7 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
                       trials=trials, timeout=timeout, sampler="random", pruner=pruner,
                       epochs=settings.epochs, study=settings.study, store=store, seed=settings.seed,
                       device=settings.device, max_failures=10**6, scan=0, analyse=False,
-                      on_trial=settings.on_trial,
+                      on_trial=settings.on_trial, keep_models=settings.keep_models,
                       enqueue=[{"params": {k: v for k, v in item[1].items() if k in names},
                                 "tags": {ARM_TAG: item[0]}, "repeat": item[2] if len(item) > 2 else 0}
                                for item in items])

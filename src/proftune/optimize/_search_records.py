@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from .._records import JsonRecord, mapping, record_fields
 from ..search import TrialRecord
 
-__all__ = ["ARM_TAG", "ConfigGroup", "TrialLog", "YellowFlag", "arm_of"]
+__all__ = ["ARM_TAG", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of"]
 
 #: Tag of an enqueued trial: where its configuration came from.
 ARM_TAG = "arm"
@@ -90,3 +90,21 @@ class TrialLog(JsonRecord):
         """The search's trial record as the stage keeps it (the few fields its chart reads)."""
         return cls(number=t.number, state=t.state, value=t.value, arm=arm_of(t), reason=t.reason,
                    duration_s=t.duration_s)
+
+
+@dataclass(frozen=True)
+class KeptRun(JsonRecord):
+    """A complete search trial at the task's own epochs and the race's first seed whose model the
+    search kept: the race takes it as that configuration's first training (not trained again)."""
+
+    WHAT: ClassVar[str] = "a kept search training"
+    trial: int
+    run_id: int | None
+    seed: int
+    val: float
+    epochs: int
+    duration_s: float
+    metrics: dict[str, float]
+    #: The model's state dict, relative to the loop's output folder.
+    model: str
+    params: dict[str, Any]

@@ -287,6 +287,8 @@ def _objective_problems(plain: bool, targets: Sequence[Objective | Constraint], 
         problems.add(f"workers={c.workers}: a plain objective runs in this process; use workers=1.")
     if c.reevaluate is not None and (isinstance(c.reevaluate, bool) or not 0 <= c.reevaluate < 1):
         problems.add(f"reevaluate={c.reevaluate!r} must be a share of the trials in [0, 1).")
+    if c.keep_models is not None and not isinstance(c.keep_models, (str, os.PathLike)):
+        problems.add(f"keep_models={c.keep_models!r} must be a folder (a str or a Path), or None to keep no model.")
     if c.on_trial is not None and not callable(c.on_trial):
         problems.add(f"on_trial={c.on_trial!r} must be a callable of a trial's RunRecord (or None).")
 
@@ -343,6 +345,7 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
             gate_steps=c.gate_steps, workers=c.workers,
             task_name=task_obj.name or type(task_obj).__name__, coarse=c.coarse,
             grid_points=c.grid_points,
+            keep_models=None if c.keep_models is None else os.fspath(c.keep_models),
             reevaluate=(DEFAULT_SHARE if plain else 0.0) if c.reevaluate is None else float(c.reevaluate))
         if settings.reevaluate and (len(objs) > 1 or space_obj.tiers):
             if c.reevaluate:

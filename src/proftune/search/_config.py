@@ -68,6 +68,11 @@ class SearchConfig:
     #: ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``; an item's
     #: ``"repeat": n`` (the params' evaluations before it) trains it at a new seed (``seed + n``).
     enqueue: Sequence[Mapping[str, Any]] = ()
+    #: A folder: each complete trial of one objective that leads the trials its worker ran so far
+    #: leaves its model's state dict there (``trial-<number>.pt``), so that a caller who would train
+    #: the search's best again at the same seed and epochs can take that training instead (the
+    #: optimize loop's race does). None: no model is kept.
+    keep_models: str | None = None
     # -- each trial ---------------------------------------------------------------------------
     #: Epochs per trial (None with ``max_steps`` None: the task's own).
     epochs: int | None = None

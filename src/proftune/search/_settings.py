@@ -47,6 +47,8 @@ class SearchSettings:
     task_name: str = ""
     #: The most of ``trials`` that re-evaluate leading configurations (0: none).
     reevaluate: float = 0.0
+    #: A folder for the models of leading trials (``SearchConfig.keep_models``); None: none kept.
+    keep_models: str | None = None
 
     @property
     def gated_limit(self) -> int:

@@ -7,6 +7,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -94,6 +95,11 @@ class Surplus(Exception):
     """Workers raced for the last trial of the budget; this one is dropped before it runs."""
 
 
+#: Models of this many of a runner's best trials are kept (``keep_models``): the search's best by
+#: its mean over repeats is then among them even where another trial scored higher once.
+KEEP_MODELS = 3
+
+
 class TrialRunner:
     """The Optuna objective: gate, train through ``fit``, record a Run, classify faults."""
 
@@ -112,6 +118,9 @@ class TrialRunner:
         self.preset: dict[str, Any] = {}
         #: (number, trial Run id) of the trial run last (what a lost database connection lost).
         self.current: tuple[int, int] | None = None
+        #: (objective value signed to be maximised, trial number) of each trial whose model is kept.
+        self.kept: list[tuple[float, int]] = []
+        self._model: Any = None  # the last trial's trained model, while its end is decided
 
     def __call__(self, trial: optuna.Trial) -> Sequence[float] | float:
         started = time.perf_counter()
@@ -144,6 +153,7 @@ class TrialRunner:
             self._finish(trial, rec, "failed", started)
             raise
         finally:
+            self._model = None
             free_memory()
 
     def _run(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> Sequence[float] | float:
@@ -177,8 +187,30 @@ class TrialRunner:
         values = self._objective_values(rec)
         if reasons:
             rec["reason"] = "; ".join(reasons)
+        else:
+            self._keep_model(trial.number, values)
         self._finish(trial, rec, "infeasible" if reasons else "complete", started)
         return values[0] if len(values) == 1 else values
+
+    def _keep_model(self, number: int, values: Sequence[float]) -> None:
+        """Save the model of a complete trial of one objective among the ``KEEP_MODELS`` best this
+        runner ran so far (``keep_models``; a model that leaves them is deleted): a caller that would
+        train the search's best again at the same seed can take this training instead."""
+        model, self._model = self._model, None
+        if self.s.keep_models is None or model is None or len(values) != 1 or not math.isfinite(values[0]):
+            return
+        sign = 1.0 if self.s.objectives[0].direction == "maximize" else -1.0
+        kept = sorted([*self.kept, (sign * values[0], number)], reverse=True)
+        if (sign * values[0], number) not in kept[:KEEP_MODELS]:
+            return
+        import torch
+
+        folder = Path(self.s.keep_models)
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), folder / f"trial-{number}.pt")
+        for _, gone in kept[KEEP_MODELS:]:
+            (folder / f"trial-{gone}.pt").unlink(missing_ok=True)
+        self.kept = kept[:KEEP_MODELS]
 
     def _gate(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> bool:
         """Profile ``config`` and check the hard constraints; False: infeasible, not trained."""
@@ -216,6 +248,7 @@ class TrialRunner:
         finally:
             rec["train_s"] = time.perf_counter() - t0
         rec["steps"] = result.steps
+        self._model = result.model if self.s.keep_models is not None else None
         rec["anomalies"] = result.anomalies
         rec["metrics"].update(result.metrics)
         rec["curve"] = [{k: v for k, v in e.items() if isinstance(v, (int, float))}

@@ -1,0 +1,93 @@
+"""The race's first seed from trainings already made: the baseline's of the defaults, and the
+search's of its best where that trial ran the task's own epochs at the same seed and its model
+was kept. Neither is trained again: at a few trainings of budget, the one or two trainings saved
+are a third of what the search gets.
+
+The search's training of its best is the best of its draws on the same validation data, so its
+first pair with the defaults is inflated by that selection; the race's decision rules (a paired
+bound against the seeds' known noise) are the guard, and further rounds at fresh seeds dilute it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._jsonsafe import finite_float
+from ..search import TrialRecord
+from ..train import evaluate_model
+from ._context import StageContext
+from ._final import Arm, ArmRun
+from ._measure import _params_key
+from ._records import BaselineOutputs, SearchStageOutputs
+from ._search_records import KeptRun
+
+__all__ = ["MODELS_DIR", "baseline_first", "kept_runs", "search_first"]
+
+#: The folder (in the loop's output folder) where the search keeps the models of its leading trials.
+MODELS_DIR = "search_models"
+
+
+def kept_runs(trials: Sequence[TrialRecord], *, out: Path, seed: int, epochs: int, metric: str) -> list[KeptRun]:
+    """The complete trials at ``epochs`` (the task's own) and ``seed`` (the race's first) whose model
+    the search kept under ``out / MODELS_DIR``."""
+    kept = []
+    for t in trials:
+        path = out / MODELS_DIR / f"trial-{t.number}.pt"
+        val = finite_float(t.metrics.get(metric))
+        if t.state != "complete" or t.repeat or t.seed != seed or t.epochs < epochs or val is None:
+            continue
+        if path.is_file():
+            kept.append(KeptRun(trial=t.number, run_id=t.run_id, seed=seed, val=val, epochs=t.epochs,
+                                duration_s=float(t.train_s or t.duration_s or 0.0),
+                                metrics={k: float(v) for k, v in t.metrics.items() if isinstance(v, (int, float))},
+                                model=str(path.relative_to(out)), params=dict(t.params)))
+    return kept
+
+
+def _run(loop: StageContext, params: dict[str, Any], path: Path, *, seed: int, run_id: int | None,
+         metrics: dict[str, float], epochs: int, duration_s: float) -> ArmRun:
+    """A finished training of ``params`` as a run of the race, its held-out figure measured now."""
+    test: dict[str, float] = {}
+    if loop.task.test_data(1) is not None:
+        model = loop.task.build_model(dict(params)).to(loop.dev)
+        model.load_state_dict(torch.load(path, map_location=loop.dev, weights_only=True))
+        test = evaluate_model(loop.task, model, loop.dev, int(params.get("batch_size", 32)), split="test")
+    return ArmRun(seed=seed, run_id=run_id, val=finite_float(metrics.get(loop.v.metric)),
+                  test=finite_float(test.get(loop.v.metric)), epochs=epochs, duration_s=duration_s, cut=False,
+                  val_metrics=dict(metrics), test_metrics=test)
+
+
+def baseline_first(loop: StageContext) -> tuple[ArmRun, Path] | None:
+    """The baseline's training of the defaults as the race's first run of them (their own epochs
+    to the end, its model kept): one training the race does not pay again. None: it was cut."""
+    if not loop.baseline_reusable():
+        return None
+    base = loop.state.record(BaselineOutputs)
+    assert base.model is not None  # baseline_reusable checked it
+    path = loop.out / base.model
+    d = base.defaults
+    return _run(loop, dict(loop.defaults), path, seed=int(loop.cfg.seed), run_id=d.run_id, metrics=dict(d.metrics),
+                epochs=int(d.epochs or 0), duration_s=float(d.duration_s or 0.0)), path
+
+
+def search_first(loop: StageContext, arm: Arm, *, seed: int | None) -> tuple[ArmRun, Path] | None:
+    """The search's own training of ``arm``'s configuration at the race's first ``seed`` (the
+    baseline's) and the task's own epochs, where its model was kept: the arm's first run, not
+    trained again. None: no such training (trials at fewer epochs, another seed, not kept)."""
+    if seed is None:
+        return None
+    key = _params_key(arm.params)
+    srch = loop.state.record(SearchStageOutputs)
+    for k in srch.kept:
+        path = loop.out / k.model
+        if k.seed != seed or k.epochs < loop.task.default_epochs or not path.is_file():
+            continue
+        if _params_key({**arm.params, **k.params}) != key:
+            continue
+        return _run(loop, dict(arm.params), path, seed=seed, run_id=k.run_id, metrics=dict(k.metrics),
+                    epochs=k.epochs, duration_s=k.duration_s), path
+    return None
