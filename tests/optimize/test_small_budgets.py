@@ -115,6 +115,35 @@ def test_the_race_takes_the_baselines_run_as_the_defaults_first_seed(tmp_path: P
     assert out.decision == "chosen"
 
 
+def test_the_race_takes_the_searchs_own_training_of_its_best_as_its_first_seed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's training of its best at the baseline's seed and the protocol is that arm's
+    first run: the first round trains nothing, and its kept model is the one handed back where
+    that seed is the arm's best."""
+    fake = _FakeTrain({"defaults": itertools.repeat(0.5), "search #1": itertools.repeat(0.8)})
+    monkeypatch.setattr(_final, "_train", fake)
+    base, best = tmp_path / "baseline_model.pt", tmp_path / "trial-3.pt"
+    torch.save({"w": torch.ones(1)}, base)
+    torch.save({"w": torch.full((1,), 3.0)}, best)
+    out = run_final(TinyTask(), _arm("defaults", 1e-2), [_arm("search #1", 3e-2)], _plan(seeds=2),
+                    store=None, end=time.monotonic() + 60, folder=tmp_path,  # type: ignore[arg-type]
+                    first=(_run(7, 0.5), base), first_more=(_run(7, 0.9), best))
+    trained = [(name, seed) for name, seed, _ in fake.calls]
+    assert ("defaults", 7) not in trained
+    assert ("search #1", 7) not in trained
+    assert [r.seed for r in out.arm("search #1").runs][:1] == [7]
+    assert out.arm("search #1").runs[0].val == 0.9
+    assert out.decision == "chosen"
+    assert out.model_seed == 7
+    assert torch.load(tmp_path / "model.pt", weights_only=True)["w"].item() == 3.0  # the search's own model
+    # a run at another seed than the baseline's does not pair with it: trained again
+    fake.calls.clear()
+    run_final(TinyTask(), _arm("defaults", 1e-2), [_arm("search #1", 3e-2)], _plan(seeds=1),
+              store=None, end=time.monotonic() + 60, folder=tmp_path / "other",  # type: ignore[arg-type]
+              first=(_run(7, 0.5), base), first_more=(_run(8, 0.9), best))
+    assert next((n, s) for n, s, _ in fake.calls) == ("search #1", 7)
+
+
 # -- the model handed back -----------------------------------------------------------------------------------
 def test_within_the_sampling_noise_the_best_seed_is_handed_back_with_its_figure_shrunk_to_the_mean() -> None:
     """The best seed on validation is expected at least as good as the median on new data (the
@@ -308,6 +337,13 @@ def test_the_baselines_training_of_the_defaults_runs_their_epochs_and_is_not_tra
     race = state["stages"]["final"]["outputs"]["race"]
     first = race["arms"][0]["runs"][0]
     assert first["run_id"] == baseline["defaults"]["run_id"]  # the race's first defaults run is the baseline's
+    search = state["stages"]["search"]["outputs"]
+    if search["epochs_per_trial"] >= _Slowish.default_epochs and len(race["arms"]) > 1:
+        # trials at the task's own epochs: the search's training of its best is its first race run
+        kept = {k["run_id"] for k in search["kept"]}
+        assert kept
+        assert race["arms"][1]["runs"][0]["run_id"] in kept
+        assert not (tmp_path / "o" / "search_models").exists()  # the race copied what it took
 
 
 def test_a_race_planned_below_seeds_leaves_the_search_its_trials(tmp_path: Path) -> None:

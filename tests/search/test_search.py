@@ -7,6 +7,7 @@ from typing import Any
 
 import optuna
 import pytest
+import torch
 
 import proftune
 from proftune import ConfigError, RunFailedError, Store
@@ -289,3 +290,28 @@ def test_one_objective_or_constraint_as_text_is_a_sequence_of_one() -> None:
     assert cfg.objectives == ("accuracy:max",)
     assert cfg.constraints == ("params<1e6",)
     assert proftune.SearchConfig(objectives=["a:max", "b:min"]).objectives == ["a:max", "b:min"]
+
+
+def test_keep_models_leaves_the_leading_trials_models_and_they_are_the_trials_own(tmp_path: Path) -> None:
+    """``keep_models``: the models of the best trials so far (at most KEEP_MODELS a runner), each
+    its trial's own training: loaded into the task's model it scores the trial's metric again."""
+    from proftune.examples._wine import WineMLP
+    from proftune.search._trial import KEEP_MODELS
+    from proftune.train import evaluate_model
+
+    space = {"params": {"lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}}}
+    folder = tmp_path / "kept"
+    result = proftune.search(WineMLP(), space, trials=6, sampler="random", epochs=2, seed=3,
+                             db=f"sqlite:///{tmp_path / 'p.db'}", study="keep", keep_models=folder)
+    files = sorted(folder.glob("trial-*.pt"))
+    assert 1 <= len(files) <= KEEP_MODELS
+    best = max((t for t in result.trials if t.value is not None), key=lambda t: t.value or 0.0)
+    path = folder / f"trial-{best.number}.pt"
+    assert path.is_file()
+    task = WineMLP()
+    model = task.build_model({**task.default_params, **best.params})
+    model.load_state_dict(torch.load(path, weights_only=True))
+    again = evaluate_model(task, model, torch.device("cpu"), int(task.default_params.get("batch_size", 32)))
+    assert again["accuracy"] == pytest.approx(best.metrics["accuracy"])
+    with pytest.raises(ConfigError, match="keep_models=3 must be a folder"):
+        proftune.search(WineMLP(), space, trials=1, db=f"sqlite:///{tmp_path / 'p.db'}", keep_models=3)

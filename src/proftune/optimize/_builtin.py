@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 NO_TRICKS_AT_LEAST = 24
 #: The share of the budget within which the baseline trains the defaults' own epochs (else cut).
 BASELINE_WHOLE = 0.4
+#: Each of the computed lr's two short runs takes at most this share of the whole budget.
+CHECK_BUDGET_SHARE = 0.05
 
 
 @register_stage
@@ -211,8 +213,10 @@ class Compute(BaseStage):
             recs, own_optimizer=str(loop.defaults.get("optimizer", "adamw")))
         # the computed lr is a hypothesis: a few seconds of it against the defaults' before the
         # search centres on it (a rate read off a loss that only came back to chance trains nothing)
-        # never longer than one whole training of the defaults (then the check is two whole ones)
-        check_s = min(short_check_seconds(share), max(0.05, loop.budget_plan().full_s))
+        # never longer than one whole training of the defaults (then the check is two whole ones),
+        # nor than a small share of the whole budget (at 8 trainings two of 1 s took a quarter of it)
+        check_s = min(short_check_seconds(share), max(0.05, loop.budget_plan().full_s),
+                      max(0.05, CHECK_BUDGET_SHARE * loop.v.budget_s))
         lr_check = check_computed_lr(loop.task, loop.defaults, computed, metric=loop.v.metric,
                                      maximize=loop.v.maximize, seconds=check_s,
                                      device=loop.dev, seed=loop.cfg.seed, val_samples=loop.holdout.val_samples)

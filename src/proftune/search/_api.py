@@ -345,7 +345,7 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
             gate_steps=c.gate_steps, workers=c.workers,
             task_name=task_obj.name or type(task_obj).__name__, coarse=c.coarse,
             grid_points=c.grid_points,
-            keep_models=None if c.keep_models is None else os.fspath(c.keep_models),
+            keep_models=os.fspath(c.keep_models) if isinstance(c.keep_models, (str, os.PathLike)) else None,
             reevaluate=(DEFAULT_SHARE if plain else 0.0) if c.reevaluate is None else float(c.reevaluate))
         if settings.reevaluate and (len(objs) > 1 or space_obj.tiers):
             if c.reevaluate:
