@@ -17,6 +17,7 @@ from proftune import metrics
 from proftune.cli import _options as opt
 from proftune.cli import app
 from proftune.compress import COMPILER_REGISTRY, COMPRESS_METHODS
+from proftune.optimize import OPTIMIZE_STAGES
 from proftune.search import PRUNER_REGISTRY, SAMPLER_REGISTRY, SEARCH_BACKEND_REGISTRY
 from proftune.track import RUN_KIND_REGISTRY
 
@@ -95,6 +96,7 @@ REGISTERED = [
     ("compress", "--method", lambda: COMPRESS_METHODS.names()),
     ("compress", "--compile", lambda: COMPILER_REGISTRY.names()),
     ("runs list", "--kind", lambda: RUN_KIND_REGISTRY.names()),
+    ("optimize", "--resume", lambda: tuple(OPTIMIZE_STAGES)),
 ]
 
 
@@ -104,6 +106,9 @@ def test_an_option_of_a_registered_kind_lists_every_registered_name(command: str
     assert "@@" not in text
     missing = [n for n in names() if n not in text]
     assert missing == [], text
+    if flag == "--resume":  # the stages in the order they run
+        listed = text.split(": ", 1)[1].rstrip(").")
+        assert listed.split(", ") == list(names()), text
 
 
 def test_a_metric_registered_later_is_in_the_help() -> None:

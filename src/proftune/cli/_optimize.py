@@ -39,7 +39,9 @@ def optimize_command(
     out: Annotated[str | None, opt.shared(
         "--out", then=" the run's folder (default ./proftune-optimize/TASK/).", show_default=False)] = None,
     study: opt.StudyOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its last stage.")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the run in --out from its last stage (the stages, in the order they run: "
+        f"{opt.choices('optimize_stages', last=', ')}).")] = False,
     ignore_findings: Annotated[bool, typer.Option(
         "--ignore-findings", help="Go on past error findings of the health stage.")] = False,
     o: opt.RunOpts = opt.RUN,

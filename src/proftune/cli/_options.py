@@ -2,11 +2,11 @@
 
 A command module names them in its signature (``task: TaskArg``, ``db: DbOpt = None``); its own
 options stay in its file. A flag that several commands take in uses of their own is declared with
-:func:`shared`: one help text (:data:`SHARED_HELP`), each command adding only what differs. The options nearly every command takes together are one group,
-:class:`RunOpts` (``o: RunOpts = RUN``), which :func:`command` spreads into the signature typer
-reads, in its place, and gathers back into one record for the command. An option whose valid
-values come from a registry lists them in its help through :func:`choices`, filled when --help is
-shown, so an installed plug-in's names are there.
+:func:`shared`: one help text (:data:`SHARED_HELP`), each command adding only what differs. The
+options nearly every command takes together are one group, :class:`RunOpts` (``o: RunOpts = RUN``),
+which :func:`command` spreads into the signature typer reads, in its place, and gathers back into
+one record for the command. An option whose valid values come from a registry lists them in its
+help through :func:`choices`, filled when --help is shown, so an installed plug-in's names are there.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _CHOICES: dict[str, Callable[[], Sequence[str]]] = {
     "run_kinds": lambda: _registry("track", "RUN_KIND_REGISTRY").names(),
     "metrics": lambda: _registry("metrics", "METRICS").names(),
     "task_metrics": lambda: _registry("metrics", "metric_names")(stage="evaluate"),
+    "optimize_stages": lambda: tuple(_registry("optimize", "OPTIMIZE_STAGES")),
 }
 
 
