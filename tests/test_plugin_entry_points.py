@@ -199,10 +199,25 @@ print(json.dumps(out))
 '''
 
 BAD = '''
-from typing import Any
+from typing import Any, ClassVar
 from torch import nn
 from proftune.compress import BaseCompressMethod
 from proftune.diagnose import BaseCheck
+from proftune.optimize import BaseStage, StageOutputs
+
+
+class BadOutputs(StageOutputs):
+    STAGE: ClassVar[str] = "another-stage"
+
+
+class BadStage(BaseStage):
+    name = "bad-stage"
+    share = 5.0
+    record = BadOutputs
+    after = "no-such-stage"
+
+    def run(self, loop: Any, share: float, end: float) -> Any:
+        raise NotImplementedError("never run: refused when registered")
 
 
 class BadMethod(BaseCompressMethod):
@@ -225,13 +240,22 @@ import json
 from proftune.compress import COMPRESS_METHODS
 from proftune.diagnose import CAUSES
 from proftune.exceptions import ConfigError
+from proftune.optimize import OPTIMIZE_STAGES, register_stage
 
 out = {}
-for label, read in (("method", lambda: list(COMPRESS_METHODS)), ("check", lambda: list(CAUSES))):
+for label, read in (("method", lambda: list(COMPRESS_METHODS)), ("check", lambda: list(CAUSES)),
+                    ("stage", lambda: list(OPTIMIZE_STAGES))):
     try:
         out[label] = read()
     except ConfigError as e:
         out[label] = "refused: " + str(e)
+import bad_plugins  # the same stage through the decorator, once the entry points were read
+try:
+    register_stage(bad_plugins.BadStage)
+    out["stage_decorated"] = "registered"
+except ConfigError as e:
+    out["stage_decorated"] = str(e)
+out["stages_after"] = list(OPTIMIZE_STAGES)
 print(json.dumps(out))
 '''
 
@@ -304,3 +328,19 @@ def test_entry_points_pass_the_checks_of_register(tmp_path: Path) -> None:
     assert "name must be a non-empty string without '+'" in method
     assert "save_format='pickle'" in method
     assert "cause must be a non-empty string" in str(check), check
+
+
+def test_an_entry_point_stage_is_refused_as_the_decorator_refuses_it(tmp_path: Path) -> None:
+    _install(tmp_path / "site", "bad_plugins", "bad_plugins", BAD,
+             "[proftune.optimize_stages]\nbad-stage = bad_plugins:BadStage\n")
+    out = _run(tmp_path / "site", BAD_USE, tmp_path)
+    stage, decorated = str(out["stage"]), str(out["stage_decorated"])
+    assert stage.startswith("refused"), stage
+    assert "'bad-stage'" in stage
+    assert "proftune.optimize_stages" in stage
+    for problem in ("BadStage.share must be a share of the budget in [0, 1], but got 5.0",
+                    "BadStage.after='no-such-stage' is no registered stage",
+                    "BadStage.record must be a StageOutputs subclass whose STAGE is 'bad-stage'"):
+        assert problem in decorated, decorated
+    assert stage.endswith(decorated), (stage, decorated)  # the decorator's own message, after where it came from
+    assert "bad-stage" not in out["stages_after"]

@@ -43,6 +43,7 @@ from proftune.search import (
     BasePrunerMaker,
     BaseSamplerMaker,
     BaseSearchBackend,
+    SearchSettings,
     register_backend,
     register_pruner,
     register_sampler,
@@ -59,7 +60,7 @@ class EdgesFirst(BaseSamplerMaker):
     name = "edges-first"
     made: ClassVar[list[int]] = []
 
-    def make(self, settings: Any, *, seed: int) -> optuna.samplers.BaseSampler:
+    def make(self, settings: SearchSettings, *, seed: int) -> optuna.samplers.BaseSampler:
         EdgesFirst.made.append(seed)
         return optuna.samplers.RandomSampler(seed=seed)
 
@@ -239,12 +240,14 @@ class CountingBackend(BaseSearchBackend):
         if config.workers > 2:
             problems.append(f"workers={config.workers}: the counting backend runs at most 2.")
 
-    def run(self, settings: Any, config: Any, *, storage: Any, store: Any, deadline: float | None,
+    def run(self, settings: SearchSettings, config: Any, *, storage: Any, store: Any, deadline: float | None,
             finished: int) -> BackendRun:
         CountingBackend.ran.append(finished)
         local = SEARCH_BACKEND_REGISTRY.get_entry("local").run(
             settings, config, storage=storage, store=store, deadline=deadline, finished=finished)
-        return BackendRun(stopped=local.stopped, details={"counted": len(CountingBackend.ran)})
+        # the delegate's details passed on: the search still records this backend's own name
+        return BackendRun(stopped=local.stopped, details={**local.details, "backend": "local",
+                                                         "counted": len(CountingBackend.ran)})
 
 
 @pytest.fixture

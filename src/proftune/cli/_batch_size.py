@@ -12,7 +12,7 @@ from ..track import Store
 from . import _options as opt
 from ._common import execute_run, out_console, parse_params, task_arg
 
-BudgetOpt = Annotated[str, typer.Option("--memory-budget", help="Memory budget: 4GiB, 512MB or bytes (123456).")]
+BudgetOpt = Annotated[str, opt.shared("--memory-budget")]
 
 
 @opt.command

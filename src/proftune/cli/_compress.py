@@ -61,24 +61,20 @@ def compress(
         help=f"Compile the float models too, comma-separated: {opt.choices('compilers', last=', ')} "
         "(proftune.compress.COMPILER_REGISTRY; a plug-in's name too).",
         show_default=False)] = None,
-    target: Annotated[str | None, typer.Option(
-        "--target", help="Deployment preset that picks the methods: cpu, gpu, mobile or edge.",
+    target: Annotated[str | None, opt.shared(
+        "--target", then=": cpu, gpu, mobile or edge, a deployment preset that picks the methods.",
         show_default=False)] = None,
     distill: Annotated[bool, typer.Option(
         "--distill", help="The original model teaches during fine-tuning (Hinton loss).")] = False,
     finetune_epochs: Annotated[int, typer.Option(
         "--finetune-epochs", help="Fine-tuning epochs after pruning (fit loop).")] = 1,
-    max_accuracy_drop: Annotated[float, typer.Option(
-        "--max-accuracy-drop", help="Largest metric drop allowed (0.01 = 1 point).")] = 0.01,
-    metric: Annotated[str, typer.Option("--metric", help="The task metric the budget applies to.")] = "accuracy",
-    goal: Annotated[str, typer.Option(
-        "--goal", help="latency, size or macs: what the selection minimises.")] = "latency",
-    out: Annotated[str | None, typer.Option(
-        "--out", help="Write the selected model here (refuses to replace a file without --force).",
-        show_default=False, callback=opt.at_start)] = None,
-    plot: Annotated[str | None, typer.Option(
-        "--plot", help="Folder for metric-vs-params and metric-vs-latency PNGs.", show_default=False,
-        callback=opt.at_start)] = None,
+    max_accuracy_drop: opt.MaxDropOpt = 0.01,
+    metric: Annotated[str, opt.shared("--metric", then=": the one the budget applies to.")] = "accuracy",
+    goal: Annotated[str, opt.shared("--goal", then=": latency, size or macs.")] = "latency",
+    out: Annotated[str | None, opt.shared_output(
+        "--out", then=" the selected model (refuses to replace a file without --force).")] = None,
+    plot: Annotated[str | None, opt.shared_output(
+        "--plot", then=": a folder (metric vs params, metric vs latency).")] = None,
     model: Annotated[str | None, typer.Option(
         "--model",
         help="The trained original: torch.save(model.state_dict()) or a compress output; "
@@ -90,8 +86,7 @@ def compress(
         "so only for files you trust.")] = False,
     round_to: Annotated[int | None, typer.Option(
         "--round-to", help="Keep channel counts multiples of this (structured).", show_default=False)] = None,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Replace existing --out, --plot and --report files (never the --model file).")] = False,
+    force: Annotated[bool, opt.shared("--force", then="; never the --model file.")] = False,
     param: opt.ParamOpt = None,
     o: opt.RunOpts = opt.RUN,
     threads: opt.ThreadsOpt = None,

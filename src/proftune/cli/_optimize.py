@@ -27,27 +27,21 @@ def optimize_command(
     ctx: typer.Context,
     task: opt.TaskArg,
     budget: Annotated[str, typer.Option("--budget", help="Wall-clock budget: 90, 90s, 5m, 1h.")] = "20m",
-    memory_budget: Annotated[str | None, typer.Option(
-        "--memory-budget", help="Largest training step memory (4GiB, 512MB); bounds the batch size.",
-        show_default=False)] = None,
-    constraint: Annotated[list[str] | None, typer.Option(
-        "--constraint", help='Hard constraint on every trial, e.g. "step_time_ms<50"; repeat for several.',
-        show_default=False)] = None,
-    objective: Annotated[str | None, typer.Option(
-        "--objective", help="METRIC[:max|min] (default accuracy:max, else val_loss:min).",
-        show_default=False)] = None,
-    space: Annotated[str | None, typer.Option(
-        "--space", help="Search space YAML (default: the params the fit loop and the task read).",
-        show_default=False)] = None,
-    max_accuracy_drop: Annotated[float, typer.Option(
-        "--max-accuracy-drop", help="Largest metric drop compression may cost (0.01 = 1 point).")] = 0.01,
-    goal: Annotated[str, typer.Option("--goal", help="Compress toward: latency, size or none.")] = "latency",
+    memory_budget: Annotated[str | None, opt.shared(
+        "--memory-budget", then="; bounds the batch size.", show_default=False)] = None,
+    constraint: opt.ConstraintOpt = None,
+    objective: Annotated[str | None, opt.shared("--objective", show_default=False)] = None,
+    space: Annotated[str | None, opt.shared(
+        "--space", then="; default: the params the fit loop and the task read.", show_default=False)] = None,
+    max_accuracy_drop: opt.MaxDropOpt = 0.01,
+    goal: Annotated[str, opt.shared("--goal", then=": latency, size or none.")] = "latency",
     seeds: Annotated[int, typer.Option("--seeds", help="Seeds of the final training (mean +- std).")] = 3,
-    out: Annotated[str | None, typer.Option(
-        "--out", help="Output folder (default ./proftune-optimize/TASK/).", show_default=False)] = None,
-    study: Annotated[str | None, typer.Option(
-        "--study", help="Study name; the same name again continues the run.", show_default=False)] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its last stage.")] = False,
+    out: Annotated[str | None, opt.shared(
+        "--out", then=" the run's folder (default ./proftune-optimize/TASK/).", show_default=False)] = None,
+    study: opt.StudyOpt = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the run in --out from its last stage (the stages, in the order they run: "
+        f"{opt.choices('optimize_stages', last=', ')}).")] = False,
     ignore_findings: Annotated[bool, typer.Option(
         "--ignore-findings", help="Go on past error findings of the health stage.")] = False,
     o: opt.RunOpts = opt.RUN,
@@ -55,9 +49,8 @@ def optimize_command(
     log: opt.LogOpt = None,
     wandb_project: opt.WandbProjectOpt = "proftune",
     report: opt.ReportOpt = None,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Replace an existing --report file (the --out folder always holds its own "
-                        "report.html).")] = False,
+    force: Annotated[bool, opt.shared(
+        "--force", then="; the --out folder always holds its own report.html.")] = False,
 ) -> None:
     """Profile, compute, search, verify and compress TASK within --budget; resumable."""
     from ..optimize import optimize

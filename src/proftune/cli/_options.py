@@ -1,11 +1,12 @@
 """Every option and argument the commands share, declared once as a typed ``Annotated`` alias.
 
 A command module names them in its signature (``task: TaskArg``, ``db: DbOpt = None``); its own
-options stay in its file. The options nearly every command takes together are one group,
-:class:`RunOpts` (``o: RunOpts = RUN``), which :func:`command` spreads into the signature typer
-reads, in its place, and gathers back into one record for the command. An option whose valid
-values come from a registry lists them in its help through :func:`choices`, filled when --help is
-shown, so an installed plug-in's names are there.
+options stay in its file. A flag that several commands take in uses of their own is declared with
+:func:`shared`: one help text (:data:`SHARED_HELP`), each command adding only what differs. The
+options nearly every command takes together are one group, :class:`RunOpts` (``o: RunOpts = RUN``),
+which :func:`command` spreads into the signature typer reads, in its place, and gathers back into
+one record for the command. An option whose valid values come from a registry lists them in its
+help through :func:`choices`, filled when --help is shown, so an installed plug-in's names are there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,96 @@ import typer
 
 from ..exceptions import ProftuneError
 
+#: The registries whose names an option's --help lists (``choices("samplers")`` in its help text),
+#: read when the help is shown, so an installed plug-in's names are among them.
+_CHOICES: dict[str, Callable[[], Sequence[str]]] = {
+    "samplers": lambda: _registry("search", "SAMPLER_REGISTRY").names(),
+    "pruners": lambda: _registry("search", "PRUNER_REGISTRY").names(),
+    "search_backends": lambda: _registry("search", "SEARCH_BACKEND_REGISTRY").names(),
+    "quant_libraries": lambda: tuple(dict.fromkeys(
+        k.split(":")[0] for k in _registry("compress", "QUANT_BACKEND_REGISTRY").names())),
+    "compilers": lambda: _registry("compress", "COMPILER_REGISTRY").names(),
+    "compress_methods": lambda: _registry("compress", "COMPRESS_METHODS").names(),
+    "run_kinds": lambda: _registry("track", "RUN_KIND_REGISTRY").names(),
+    "metrics": lambda: _registry("metrics", "METRICS").names(),
+    "task_metrics": lambda: _registry("metrics", "metric_names")(stage="evaluate"),
+    "optimize_stages": lambda: tuple(_registry("optimize", "OPTIMIZE_STAGES")),
+}
+
+
+def _registry(package: str, name: str) -> Any:
+    import importlib
+
+    return getattr(importlib.import_module(f"proftune.{package}"), name)
+
+
+def choices(kind: str, *, last: str = " or ") -> str:
+    """A mark in an option's help text that --help replaces with the names of ``kind`` registered
+    then (built-ins and plug-ins): ``a, b or c`` (``last=", "``: ``a, b, c``)."""
+    if kind not in _CHOICES:
+        raise ValueError(f"kind={kind!r} is unknown; valid: {', '.join(_CHOICES)}.")
+    return f"@@{kind}|{last}@@"
+
+
+def fill_choices(text: str) -> str:
+    """``text`` with each :func:`choices` mark replaced by the names registered now."""
+    import re
+
+    def names(m: re.Match[str]) -> str:
+        try:
+            found = list(_CHOICES[m[1]]())
+        except ProftuneError as e:  # a broken plug-in: said here, the command itself then refuses it
+            return f"(the registered names could not be read: {e})"
+        return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found) or "none registered"
+
+    return re.sub(r"@@(\w+)\|(.*?)@@", names, text)
+
+
+#: The one help text of each --flag that several commands take. A command declares the flag through
+#: :func:`shared`, adding after it only what differs in its use (``then``): the shared part cannot drift.
+SHARED_HELP: dict[str, str] = {
+    "--batch-size": "Batch size",
+    "--constraint": 'Hard constraint on every trial, e.g. "step_time_ms<50"; repeat for several; METRIC: '
+                    f"{choices('metrics', last=', ')} or one the task reports",
+    "--ddp": "Profile N DDP ranks on this machine (gloo; NCCL on GPUs)",
+    "--epochs": "Epochs to train",
+    "--force": "Replace existing output files (a symbolic link is replaced itself, never followed); without it "
+               "they are refused before any work",
+    "--goal": "What compression minimises",
+    "--max-accuracy-drop": "Largest metric drop compression may cost (0.01 = 1 point)",
+    "--memory-budget": "Largest training step memory: 4GiB, 512MB or bytes (123456)",
+    "--metric": f"A task metric ({choices('task_metrics', last=', ')} or one the task reports)",
+    "--objective": "METRIC[:max|min] (default accuracy:max, else val_loss:min); METRIC: "
+                   f"{choices('metrics', last=', ')} or one the task reports",
+    "--out": "Where to write",
+    "--plot": "Write PNG plots here",
+    "--report": "Also write the result as one self-contained HTML report here",
+    "--space": "Search space YAML (params, fixed, forbid, tiers); for a script (-- python train.py ARGS) it "
+               "narrows or extends the space read from its flags",
+    "--steps": "Training steps to measure",
+    "--study": "Study name",
+    "--target": "The target device",
+}
+
+
+def shared(flag: str, *aliases: str, then: str = ".", **kw: Any) -> Any:
+    """``typer.Option(flag)`` with the flag's one help text (:data:`SHARED_HELP`) and, after it, what
+    this command adds (``then``: ``" per trial (default: the task's)."``); ``kw`` as typer takes them."""
+    if flag not in SHARED_HELP:
+        raise ValueError(f"flag={flag!r} has no shared help; valid: {', '.join(SHARED_HELP)}.")
+    return typer.Option(flag, *aliases, help=SHARED_HELP[flag] + then, **kw)
+
+
+BatchSizeOpt = Annotated[int | None, shared("--batch-size", then=" (default: the task's).", show_default=False)]
+def shared_output(flag: str, *, then: str = ".") -> Any:
+    """A shared output path option (:func:`shared`): no default shown, resolved when the command
+    starts (:func:`at_start`)."""
+    return shared(flag, then=then, show_default=False, callback=at_start)
+
+
+ConstraintOpt = Annotated[list[str] | None, shared("--constraint", show_default=False)]
+MaxDropOpt = Annotated[float, shared("--max-accuracy-drop")]
+StudyOpt = Annotated[str | None, shared("--study", then="; the same name again continues it.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
 
@@ -85,7 +176,7 @@ DataOpt = Annotated[
     typer.Option("--data", help="A LightningDataModule for a LightningModule TASK: file.py[:Class] or "
                  "pkg.mod:Class.", show_default=False),
 ]
-EpochsOpt = Annotated[int | None, typer.Option("--epochs", min=1, help="Epochs to train.")]
+EpochsOpt = Annotated[int | None, shared("--epochs", min=1)]
 MaxStepsOpt = Annotated[
     int | None, typer.Option("--max-steps", min=1, help="Stop after this many optimizer steps.")
 ]
@@ -98,59 +189,8 @@ LogOpt = Annotated[
 WandbProjectOpt = Annotated[str, typer.Option("--wandb-project", help="W&B project for --log wandb.")]
 
 
-ReportOpt = Annotated[
-    str | None,
-    typer.Option("--report", help="Also write the result as one self-contained HTML report here.",
-                 show_default=False, callback=at_start),
-]
-ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Replace existing output files (a symbolic link is replaced itself, "
-                       "never followed); without it they are refused before any work.")
-]
-
-
-#: The registries whose names an option's --help lists (``choices("samplers")`` in its help text),
-#: read when the help is shown, so an installed plug-in's names are among them.
-_CHOICES: dict[str, Callable[[], Sequence[str]]] = {
-    "samplers": lambda: _registry("search", "SAMPLER_REGISTRY").names(),
-    "pruners": lambda: _registry("search", "PRUNER_REGISTRY").names(),
-    "search_backends": lambda: _registry("search", "SEARCH_BACKEND_REGISTRY").names(),
-    "quant_libraries": lambda: tuple(dict.fromkeys(
-        k.split(":")[0] for k in _registry("compress", "QUANT_BACKEND_REGISTRY").names())),
-    "compilers": lambda: _registry("compress", "COMPILER_REGISTRY").names(),
-    "compress_methods": lambda: _registry("compress", "COMPRESS_METHODS").names(),
-    "run_kinds": lambda: _registry("track", "RUN_KIND_REGISTRY").names(),
-}
-
-
-def _registry(package: str, name: str) -> Any:
-    import importlib
-
-    return getattr(importlib.import_module(f"proftune.{package}"), name)
-
-
-def choices(kind: str, *, last: str = " or ") -> str:
-    """A mark in an option's help text that --help replaces with the names of ``kind`` registered
-    then (built-ins and plug-ins): ``a, b or c`` (``last=", "``: ``a, b, c``)."""
-    if kind not in _CHOICES:
-        raise ValueError(f"kind={kind!r} is unknown; valid: {', '.join(_CHOICES)}.")
-    return f"@@{kind}|{last}@@"
-
-
-def fill_choices(text: str) -> str:
-    """``text`` with each :func:`choices` mark replaced by the names registered now."""
-    import re
-
-    def names(m: re.Match[str]) -> str:
-        try:
-            found = list(_CHOICES[m[1]]())
-        except ProftuneError as e:  # a broken plug-in: said here, the command itself then refuses it
-            return f"(the registered names could not be read: {e})"
-        return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found) or "none registered"
-
-    return re.sub(r"@@(\w+)\|(.*?)@@", names, text)
-
-
+ReportOpt = Annotated[str | None, shared_output("--report")]
+ForceOpt = Annotated[bool, shared("--force")]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,9 +25,9 @@ from ..track import Store
 from . import _options as opt
 from ._common import execute, out_console, parse_params, with_report
 
-TargetOpt = Annotated[str, typer.Option(
+TargetOpt = Annotated[str, opt.shared(
     "--target",
-    help=("The device to predict for (not --device, which says where proftune itself runs): "
+    then=(", to predict for (not --device, which says where proftune itself runs): "
           f"{', '.join(DEVICES)}, cpu (this machine) or auto (this machine's GPU, else its CPU; with only "
           "--device-memory/--peak-tflops/--bandwidth: a device of those numbers)."))]
 MemoryOpt = Annotated[str | None, typer.Option(
@@ -166,9 +166,8 @@ def _render_plan(plan: ParallelPlan) -> None:
 @opt.command
 def predict_command(
     task: opt.TaskArg,
-    batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", "-b", help="Batch size to predict (per GPU with --gpus); not with --plan.",
-        show_default=False)] = None,
+    batch_size: Annotated[int | None, opt.shared(
+        "--batch-size", "-b", then=" to predict (per GPU with --gpus); not with --plan.", show_default=False)] = None,
     target: TargetOpt = "auto",
     device_memory: MemoryOpt = None,
     peak_tflops: TflopsOpt = None,

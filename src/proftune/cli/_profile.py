@@ -136,13 +136,13 @@ def _render_compare(d: dict[str, Any], top: int) -> None:
 @opt.command
 def profile_command(
     task: opt.OptionalTaskArg = None,
-    batch_size: Annotated[int | None, opt.unset("--batch-size", help="Batch size (default: the task's).")] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Measured steps (after the warm-up).")] = 3,
+    batch_size: opt.BatchSizeOpt = None,
+    steps: Annotated[int, opt.shared("--steps", then=" (after the warm-up).")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up steps.")] = 1,
     inference: Annotated[bool, typer.Option(
         "--inference", help="Profile the forward pass only (eval, no_grad).")] = False,
     detail: Annotated[str, typer.Option("--detail", help="full (per layer) or step (step, memory, counts).")] = "full",
-    out: Annotated[Path | None, opt.output("--out", help="Write the profile as JSON here.")] = None,
+    out: Annotated[Path | None, opt.shared_output("--out", then=" the profile as JSON.")] = None,
     trace: Annotated[Path | None, opt.output("--trace", help="Write a Chrome/Perfetto trace of one step.")] = None,
     compare: Annotated[tuple[str, str] | None, opt.unset(
         "--compare", help="Compare two saved profiles: --compare A.json B.json.")] = None,
@@ -155,8 +155,7 @@ def profile_command(
     onnx: Annotated[Path | None, opt.output(
         "--onnx", help="Also write the model (as built from the seed, before the profile's steps) as an ONNX "
                        "file for Netron, checked in ONNX Runtime against torch (needs proftune[compile]).")] = None,
-    ddp: Annotated[int | None, opt.unset(
-        "--ddp", help="Profile N DDP ranks on this machine (gloo; NCCL on GPUs) and find the straggler.")] = None,
+    ddp: Annotated[int | None, opt.shared("--ddp", then=" and find the straggler.", show_default=False)] = None,
     param: opt.ParamOpt = None,
     data: opt.DataOpt = None,
     o: opt.RunOpts = opt.RUN,

@@ -56,9 +56,8 @@ class _Result:
 def recommend_command(
     task: opt.TaskArg,
     data: opt.DataOpt = None,
-    memory_budget: Annotated[str | None, typer.Option(
-        "--memory-budget", help="Memory budget (4GiB, 512MB, bytes); default: free CUDA memory, none on CPU.",
-        show_default=False)] = None,
+    memory_budget: Annotated[str | None, opt.shared(
+        "--memory-budget", then="; default: free CUDA memory, none on CPU.", show_default=False)] = None,
     target_batch: Annotated[int | None, typer.Option(
         "--target-batch", min=1, help="Batch size to reach (default: the critical batch size).",
         show_default=False)] = None,
@@ -71,8 +70,8 @@ def recommend_command(
         "--optimizer-budget", help="Time for the equal-time optimizer comparison (4s, 1min; 0 skips it).")] = "4s",
     embedding_budget: Annotated[str, typer.Option(
         "--embedding-budget", help="Time for sizing embedding tables (two trainings; 0 skips it).")] = "120s",
-    ddp: Annotated[int | None, typer.Option(
-        "--ddp", min=2, help="Profile N DDP ranks at a few batch sizes and give the per-rank batch (ddp_batch_size).",
+    ddp: Annotated[int | None, opt.shared(
+        "--ddp", then=" at a few batch sizes and give the per-rank batch (ddp_batch_size).", min=2,
         show_default=False)] = None,
     ddp_share: Annotated[float, typer.Option(
         "--ddp-share", help="The largest share of the DDP step the all-reduce may take.")] = 0.10,

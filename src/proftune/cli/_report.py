@@ -14,8 +14,9 @@ from ._common import err_console, execute, out_console
 @opt.command
 def report_command(
     source: Annotated[str | None, opt.unset_argument(help="A run id, or a saved profile (JSON).")] = None,
-    study: Annotated[str | None, opt.unset("--study", help="Report a study (all its trials) instead.")] = None,
-    out: Annotated[str | None, opt.output("--out", help="HTML file to write (default report-<id>.html).")] = None,
+    study: Annotated[str | None, opt.shared(
+        "--study", then=": report that study (all its trials) instead of a run.", show_default=False)] = None,
+    out: Annotated[str | None, opt.shared_output("--out", then=" the HTML file (default report-<id>.html).")] = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in the browser.")] = False,
     f: opt.FileOpts = opt.FILE,
 ) -> None:

@@ -103,10 +103,10 @@ def run_command(
     every: Annotated[int | None, opt.unset(
         "--every", help="Sample every N-th training step (default: every 50th, further apart where a sampled "
                         "step costs more than 1.5% of the training's time: a very short step).")] = None,
-    steps: Annotated[int | None, opt.unset(
-        "--steps", help="Stop watching after K sampled steps (the script runs on untouched).")] = None,
-    out: Annotated[Path | None, opt.output("--out", help="Write the (largest model's) profile as JSON here.")] = None,
-    report: Annotated[Path | None, opt.output("--report", help="Write the HTML report of the run here.")] = None,
+    steps: Annotated[int | None, opt.shared(
+        "--steps", then=": K sampled steps, then the script runs on unwatched.", show_default=False)] = None,
+    out: Annotated[Path | None, opt.shared_output("--out", then=" the (largest model's) profile as JSON.")] = None,
+    report: Annotated[Path | None, opt.shared_output("--report")] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Weight, activation, gradient statistics.")] = True,
     f: opt.FileOpts = opt.FILE,
 ) -> None:

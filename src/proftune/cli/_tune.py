@@ -35,15 +35,10 @@ JSON_KEYS = ("study", "best", "trials", "correlations", "importance", "budget", 
 def tune(
     ctx: typer.Context,
     task: opt.TaskArg,
-    space: Annotated[Path | None, typer.Option(
-        "--space", help="Search space YAML (params, fixed, forbid, tiers); for a script (-- python train.py ARGS) "
-        "it narrows or extends the space read from its flags.", show_default=False)] = None,
-    objective: Annotated[list[str] | None, typer.Option(
-        "--objective", help="METRIC[:max|min]; repeat for a Pareto front (default accuracy:max).",
-        show_default=False)] = None,
-    constraint: Annotated[list[str] | None, typer.Option(
-        "--constraint", help='Hard constraint, e.g. "step_time_ms<50"; repeat for several.',
-        show_default=False)] = None,
+    space: Annotated[Path | None, opt.shared("--space", then="; required for a task.", show_default=False)] = None,
+    objective: Annotated[list[str] | None, opt.shared(
+        "--objective", then="; repeat for a Pareto front.", show_default=False)] = None,
+    constraint: opt.ConstraintOpt = None,
     trials: Annotated[int, typer.Option(
         "--trials", help="Trained trials (complete or pruned) the study should hold; gated ones count apart.")] = 20,
     scan: Annotated[int | None, typer.Option(
@@ -57,15 +52,13 @@ def tune(
     sampler: Annotated[str, typer.Option(
         "--sampler", help=f"{opt.choices('samplers')}.")] = "tpe",
     pruner: Annotated[str, typer.Option("--pruner", help=f"{opt.choices('pruners')}.")] = "none",
-    epochs: Annotated[int | None, typer.Option("--epochs", help="Epochs per trial (default: the task's).",
-                                               show_default=False)] = None,
-    study: Annotated[str | None, typer.Option(
-        "--study", help="Study name; the same name again continues the study.", show_default=False)] = None,
+    epochs: Annotated[int | None, opt.shared("--epochs", then=" per trial (default: the task's).",
+                                             show_default=False)] = None,
+    study: opt.StudyOpt = None,
     workers: Annotated[int, typer.Option("--workers", help="Processes on this machine sharing the study.")] = 1,
     max_failures: Annotated[int, typer.Option(
         "--max-failures", help="Stop when more trials than this failed in user code.")] = 5,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots to this folder.",
-                                              show_default=False, callback=opt.at_start)] = None,
+    plot: Annotated[Path | None, opt.shared_output("--plot", then=": a folder.")] = None,
     backend: Annotated[str, typer.Option(
         "--backend",
         help=f"{opt.choices('search_backends')} (local: this machine's processes; ray: Ray Tune).")] = "local",

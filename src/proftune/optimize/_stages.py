@@ -111,8 +111,12 @@ def register_stage(stage: S) -> S:
                         f"{', '.join(STAGE_REGISTRY.names())} (or None: at the end).")
     if problems:
         raise ConfigError(problems)
-    STAGE_REGISTRY.add(obj)
+    STAGE_REGISTRY.add(obj, origin=stage)
     return stage
+
+
+# An installed stage (the ``proftune.optimize_stages`` entry point group) passes the same checks.
+STAGE_REGISTRY.loads_through(register_stage)
 
 
 def stage_order() -> tuple[str, ...]:

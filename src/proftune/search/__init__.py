@@ -36,6 +36,7 @@ from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialR
 from ._result_records import SearchResult, TrialTally
 from ._samplers import SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
 from ._scan import Bound, ScanResult
+from ._settings import SearchSettings
 from ._space import ForbidRule, Param, Space, load_space
 from ._storage import prepare_storage
 from ._strategy import Statement, strategy
@@ -71,6 +72,7 @@ __all__ = [
     "ScanResult",
     "SearchConfig",
     "SearchResult",
+    "SearchSettings",
     "Space",
     "Statement",
     "TrialRecord",

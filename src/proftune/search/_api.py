@@ -250,7 +250,8 @@ def search(
                 settings, ran_with, storage=storage, store=store, deadline=deadline,
                 finished=counts(created)["trained"])
             notify_ended(ran_with, store, run.id)
-            backend = {"backend": c.backend, **ran.details}
+            # under the backend's own registered name, also where it delegated to another
+            backend = {"backend": c.backend, **{k: v for k, v in ran.details.items() if k != "backend"}}
             extra_plots = []
             if c.plot is not None and backend.get("schedule") and backend.get("scheduler") == "pbt":
                 extra_plots.append(str(pbt_plot(backend["schedule"], Path(c.plot) / "pbt_schedule.png")))

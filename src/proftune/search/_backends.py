@@ -28,7 +28,8 @@ __all__ = ["SEARCH_BACKENDS", "SEARCH_BACKEND_REGISTRY", "BackendRun", "BaseSear
 @dataclass(frozen=True)
 class BackendRun:
     """What a backend's run did: why its workers stopped, and what the search's result records
-    of it (``SearchResult.backend``: at least ``{"backend": name}``)."""
+    of it (``SearchResult.backend``: ``details`` under ``{"backend": name}``, the name the backend
+    is registered under, even where it ran another backend and passed on that one's details)."""
 
     stopped: str
     details: dict[str, Any] = field(default_factory=dict)
@@ -97,7 +98,7 @@ class _Local(BaseSearchBackend):
             stopped = str(run_worker(settings, 0, deadline, storage=storage, after_trial=ended)["stopped"])
         else:
             stopped = _run_processes(settings, config.workers, deadline, poll=ended)
-        return BackendRun(stopped=stopped, details={"backend": self.name})
+        return BackendRun(stopped=stopped)
 
 
 @register_backend

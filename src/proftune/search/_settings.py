@@ -14,7 +14,8 @@ __all__ = ["SearchSettings", "check_settings"]
 
 @dataclass
 class SearchSettings:
-    """Everything a worker process needs to run trials of a study (picklable)."""
+    """Everything a worker process needs to run trials of a study (picklable); the ``settings`` a
+    sampler plug-in's ``make`` and a search backend's ``run`` are given, read by attribute."""
 
     task: Any  # a task spec string, or a Task (single process)
     space: Space
@@ -52,10 +53,12 @@ class SearchSettings:
 
     @property
     def gated_limit(self) -> int:
+        """Trials that may end before training before the study stops."""
         return self.max_gated if self.max_gated is not None else max(20, 10 * self.trials)
 
     @property
     def directions(self) -> list[str]:
+        """Each objective's Optuna direction (``maximize`` or ``minimize``), in order."""
         return [o.direction for o in self.objectives]
 
 
