@@ -295,7 +295,8 @@ OPTIMIZE_LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer i
      "_records", "_state", "_numbers", "_result_records"},
     # the contract: options, what a stage is given, the stage base and registry, the clock
     {"_config", "_context", "_stages", "_budget"},
-    {"_measure", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_health_gate", "_builtin"},  # the stages' work
+    # the stages' work
+    {"_measure", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_health_gate", "_builtin"},
     {"_story", "_output"},  # what the run writes: the story told from the result, the files
     {"_api", "__init__"},  # the orchestrator (_Loop, optimize) and the public names
 ))
