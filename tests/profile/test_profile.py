@@ -24,11 +24,18 @@ def test_layer_times_add_up_to_the_step(cnn_profile: Profile) -> None:
     p = cnn_profile
     per_layer = sum((lay.forward_ms or 0.0) + (lay.backward_ms or 0.0) for lay in p.layers)
     # the typical forward+backward of the layer-timed steps (by the fit loop's clock): the layers'
-    # medians and the median of what no layer covers; the layers cover nearly all of it
+    # medians and what no layer covers at its median share of a step; the layers cover nearly all of it
     measured = p.config["timed_fwd_bwd_ms"]
     assert measured > 0
     assert abs(per_layer - measured) / measured < 0.15, (per_layer, measured)
-    assert sum(lay.time_share or 0.0 for lay in p.layers) == pytest.approx(per_layer / measured)
+    # a layer's share is the median of its shares of each step (robust to a stall, not additive
+    # across layers): inside the middle half of them
+    for lay in p.layers:
+        if lay.forward_ms is not None:
+            assert lay.time_share == lay.time_share_median
+            assert lay.time_share_q1 is not None
+            assert lay.time_share_q3 is not None
+            assert lay.time_share_q1 <= lay.time_share <= lay.time_share_q3
     assert per_layer + p.step.outside_layers_ms == pytest.approx(measured)  # the rest, named
     convs = [lay for lay in p.layers if lay.type == "Conv2d"]
     assert all(lay.backward_ms is not None and lay.backward_ms > 0 for lay in convs)

@@ -34,8 +34,8 @@ class Measurements:
     #: Per layer: median (forward_ms, backward_ms or None) over the layer-timed steps.
     layer_times: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     layer_types: dict[str, str] = field(default_factory=dict)
-    #: Forward+backward ms of the typical layer-timed step: the layers' medians and the median of
-    #: what no layer covers (what the layer times add up to, with the rest).
+    #: Forward+backward ms of the typical layer-timed step: the layers' medians and what no layer
+    #: covers at the median of its per-step shares (what the layer times add up to, with the rest).
     timed_fwd_bwd_ms: float = 0.0
     #: Per layer, its share of each layer-timed step's forward+backward time, oldest first.
     layer_shares: dict[str, list[float]] = field(default_factory=dict)

@@ -59,8 +59,10 @@ class LayerTimer:
         # the latest SHARES_KEPT: what :meth:`per_layer` takes the medians of
         self._fwd_ms: dict[str, deque[float]] = {}
         self._bwd_ms: dict[str, deque[float]] = {}
-        # of each step given its forward+backward time, the milliseconds no layer's piece covers
-        self._outside_ms: deque[float] = deque(maxlen=SHARES_KEPT)
+        # of each step given its forward+backward time: that time, and the share of it that no
+        # layer's piece covers
+        self._totals: deque[float] = deque(maxlen=SHARES_KEPT)
+        self._outside_shares: deque[float] = deque(maxlen=SHARES_KEPT)
         #: Per layer, its share of each sampled step's forward+backward time (the latest
         #: :data:`SHARES_KEPT`), from which a profile reports the share's median and spread.
         self.shares: dict[str, deque[float]] = {}
@@ -160,7 +162,8 @@ class LayerTimer:
             if total_ms is not None and total_ms > 0:
                 _keep(self.shares, name, (self._fwd.get(name, 0.0) + bwd.get(name, 0.0)) / total_ms)
         if total_ms is not None and total_ms > 0:
-            self._outside_ms.append(total_ms - sum(self._fwd.values()) - sum(bwd.values()))
+            self._totals.append(total_ms)
+            self._outside_shares.append(1 - (sum(self._fwd.values()) + sum(bwd.values())) / total_ms)
         self.steps.append(result)
         self._begin()
         return result
@@ -183,14 +186,18 @@ class LayerTimer:
 
     def typical_step_ms(self) -> tuple[float, float]:
         """``(forward+backward ms, of which outside any layer)`` of the typical step: the layers'
-        medians and the median of what no layer covers (the loss), so that the layers' times and
-        the rest add up to it; a step stalled in one layer moves none of them. (0, 0) before any
-        step was given its forward+backward time."""
-        if not self._outside_ms:
+        medians, and what no layer covers (the loss) at the median of its shares of each step, as
+        a layer's share is taken; the layers' times and the rest add up to it, and a step stalled
+        in one layer or in the rest moves none of them. (0, 0) before any step was given its
+        forward+backward time."""
+        if not self._totals:
             return 0.0, 0.0
-        outside = max(median(self._outside_ms), 0.0)
+        rest = max(median(self._outside_shares), 0.0)
         layers = sum(f + (b or 0.0) for f, b in self.per_layer().values())
-        return layers + outside, outside
+        if rest >= 1 or layers <= 0:  # no layer's piece in the typical step: all of it is the rest
+            return median(self._totals), median(self._totals)
+        total = layers / (1 - rest)
+        return total, total - layers
 
 
 def _keep(kept: dict[str, deque[float]], name: str, value: float) -> None:
