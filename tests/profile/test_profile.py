@@ -23,10 +23,19 @@ def cnn_profile() -> Profile:
 def test_layer_times_add_up_to_the_step(cnn_profile: Profile) -> None:
     p = cnn_profile
     per_layer = sum((lay.forward_ms or 0.0) + (lay.backward_ms or 0.0) for lay in p.layers)
-    measured = p.config["timed_fwd_bwd_ms"]  # the fit loop's forward+backward of the same steps
+    # the typical forward+backward of the layer-timed steps (by the fit loop's clock): the layers'
+    # medians and what no layer covers at its median share of a step; the layers cover nearly all of it
+    measured = p.config["timed_fwd_bwd_ms"]
     assert measured > 0
     assert abs(per_layer - measured) / measured < 0.15, (per_layer, measured)
-    assert sum(lay.time_share or 0.0 for lay in p.layers) == pytest.approx(per_layer / measured)
+    # a layer's share is the median of its shares of each step (robust to a stall, not additive
+    # across layers): inside the middle half of them
+    for lay in p.layers:
+        if lay.forward_ms is not None:
+            assert lay.time_share == lay.time_share_median
+            assert lay.time_share_q1 is not None
+            assert lay.time_share_q3 is not None
+            assert lay.time_share_q1 <= lay.time_share <= lay.time_share_q3
     assert per_layer + p.step.outside_layers_ms == pytest.approx(measured)  # the rest, named
     convs = [lay for lay in p.layers if lay.type == "Conv2d"]
     assert all(lay.backward_ms is not None and lay.backward_ms > 0 for lay in convs)
@@ -201,7 +210,7 @@ def test_peak_step_memory_is_the_profile_peak() -> None:
 
 
 def test_gradient_accumulation_times_and_throughput() -> None:
-    # four timed steps: their mean outlasts a busy machine's spikes (two read 0.84 once at load 5)
+    # four timed steps: their medians outlast a busy machine's spikes (two read 0.84 once at load 5)
     p = proftune.profile("digits-cnn", params={"grad_accumulation": 2}, batch_size=128, steps=4, device="cpu")
     per_layer = sum((lay.forward_ms or 0.0) + (lay.backward_ms or 0.0) for lay in p.layers)
     measured = p.config["timed_fwd_bwd_ms"]

@@ -100,9 +100,15 @@ def test_layer_timer_summary_is_linear_in_layers() -> None:
     def ops(layers: int) -> int:
         timer = _timing.LayerTimer(nn.Identity())
         names = [_CountedName(f"layer.{i}") for i in range(layers)]
-        timer.steps = [({n: 1.0 for n in names}, {n: 2.0 for n in names}) for _ in range(3)]
         _CountedName.ops = 0
+        timer._begin()
+        for _ in range(3):  # three steps closed as the hooks leave them: forward pieces, backward starts
+            timer._fwd = {n: 1.0 for n in names}
+            timer._events = [(i * 1e-3, n) for i, n in enumerate(names)]
+            timer.mark_backward_end(layers * 1e-3)
+            timer.end_step(2.0 * layers)  # each layer: 1 ms forward, 1 ms backward
         assert len(timer.per_layer()) == layers
+        assert timer.typical_step_ms() == pytest.approx((2.0 * layers, 0.0), abs=1e-6)
         return _CountedName.ops
 
     # counted, not timed: linear code costs the same per layer (exactly 8x), a list lookup per

@@ -11,7 +11,7 @@ from torch import nn
 
 import proftune
 from proftune.profile import Monitor, Profile
-from proftune.profile._timing import PHASES, scaled_to, share_spread, step_summary
+from proftune.profile._timing import PHASES, LayerTimer, scaled_to, share_spread, step_summary
 
 
 def _phases(summary: dict[str, float]) -> float:
@@ -109,3 +109,26 @@ def test_profile_keeps_each_layers_share_per_step_and_its_findings_give_the_spre
     assert top["time_share_samples"] == 4
     assert top["time_share_q1"] <= top["time_share_q3"]
     assert "middle half of 4 steps" in top["finding"]
+
+
+def test_a_step_stalled_in_one_layer_moves_neither_its_time_nor_its_share() -> None:
+    """Five steps of two layers (fc: 2 ms forward and 2 ms backward, act: 1 ms and 1 ms) and 1 ms of
+    loss outside them; on one step the machine's load stalls act's forward for 50 ms. Means would
+    read act at 12 ms of a 17 ms step (71%); the medians read it as the other four steps do (2 ms
+    of 7, 29%)."""
+    timer = LayerTimer(nn.Identity())
+    timer._begin()
+    for step in range(5):
+        act_fwd = 51.0 if step == 2 else 1.0
+        timer._fwd = {"fc": 2.0, "act": act_fwd}
+        # backward runs act's then fc's piece (seconds on the timer's clock)
+        timer._events = [(0.0, "act"), (0.001, "fc")]
+        timer.mark_backward_end(0.003)
+        timer.end_step(2.0 + act_fwd + 3.0 + 1.0)  # the layers, and 1 ms of loss outside them
+    assert timer.per_layer() == {"fc": (2.0, pytest.approx(2.0)), "act": (1.0, pytest.approx(1.0))}
+    total, outside = timer.typical_step_ms()
+    assert (total, outside) == (pytest.approx(7.0), pytest.approx(1.0))
+    act = share_spread(timer.shares["act"])
+    assert act.median == pytest.approx(2 / 7)
+    assert act.q3 == pytest.approx(2 / 7)  # the stalled step (52 of 57 ms) is outside the middle half
+    assert max(timer.shares["act"]) == pytest.approx(52 / 57)

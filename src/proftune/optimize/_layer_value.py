@@ -22,7 +22,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten
 
 from .._records import JsonRecord
-from ..profile import Profile
+from ..profile import LayerProfile, Profile
 from ..task import Task
 from ..train import evaluate_model
 
@@ -47,6 +47,8 @@ class LayerValue(JsonRecord):
     type: str
     params: int
     macs: int
+    #: Its share of the step's forward+backward time (the profile's: medians over the timed steps),
+    #: and the middle half of its per-step shares: a finding needs the share beyond that noise.
     time_share: float | None
     params_share: float | None
     macs_share: float | None
@@ -61,6 +63,8 @@ class LayerValue(JsonRecord):
     #: The model cannot work without it (``note`` says why): compression keeps it, no advice removes it.
     essential: bool = False
     note: str | None = None
+    time_share_q1: float | None = None
+    time_share_q3: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,15 @@ def _candidates(model: nn.Module, prof: Profile | None) -> list[tuple[str, nn.Mo
     return out
 
 
+def _beyond_noise(layer: LayerProfile, value_share: float) -> bool:
+    """Its share of the step is told from the load's noise: its per-step shares' middle half is
+    narrower than their median, and their lower quartile clears both bars (a share read on one
+    step, or one that a loaded machine moves, states no finding)."""
+    low = layer.time_share_q1
+    return (not layer.share_within_noise and low is not None and low >= MIN_TIME_SHARE
+            and low >= COST_RATIO * value_share)
+
+
 def _advice(layer_type: str) -> str:
     if layer_type == "Linear":
         return ("shrink it or prune its output features (structured); a large FC head after "
@@ -238,15 +251,18 @@ def layer_values(task: Task, model: nn.Module, *, metric: str, higher_is_better:
         ltype = lp.type if lp is not None else type(module).__name__
         finding = action = None
         essential = measured and note is not None
-        if (measured and not essential and lp is not None and tshare is not None and tshare >= MIN_TIME_SHARE
-                and tshare >= COST_RATIO * share):
-            finding = (f"{name} ({ltype}) takes {tshare:.0%} of the step time, "
+        costly = tshare is not None and tshare >= MIN_TIME_SHARE and tshare >= COST_RATIO * share
+        if measured and not essential and lp is not None and costly and _beyond_noise(lp, share):
+            finding = (f"{name} ({ltype}) takes {tshare:.0%} of the step time{lp.share_range()}, "
                        f"{(lp.params_share or 0):.0%} of the params and {(lp.macs_share or 0):.0%} of "
                        f"the MACs, but replacing its output by its mean costs only {drop:.4g} {metric} "
                        f"({share:.0%} of the measured contribution)")
             action = _advice(ltype)
         elif essential:
             notes.append(f"{name} ({ltype}) is kept whole: {note}")
+        elif measured and lp is not None and costly:
+            notes.append(f"{name} ({ltype}): no finding from its {tshare:.0%} of the step time{lp.share_range()}, "
+                         "within the load's noise of the bar")
         out.append(LayerValue(
             name=name, type=ltype, params=int(lp.params if lp is not None else
                                               sum(p.numel() for p in module.parameters())),
@@ -254,7 +270,9 @@ def layer_values(task: Task, model: nn.Module, *, metric: str, higher_is_better:
             params_share=lp.params_share if lp is not None else None,
             macs_share=lp.macs_share if lp is not None else None,
             drop=drop if measured else 0.0, value_share=share, finding=finding, action=action,
-            measured=measured, essential=essential, note=note))
+            measured=measured, essential=essential, note=note,
+            time_share_q1=lp.time_share_q1 if lp is not None else None,
+            time_share_q3=lp.time_share_q3 if lp is not None else None))
     return base, out, notes
 
 

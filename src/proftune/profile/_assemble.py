@@ -22,10 +22,9 @@ from ._records import (
     StepProfile,
 )
 from ._static import StaticCounts, count_model
-from ._timing import share_spread
+from ._timing import LayerTimer, share_spread
 
-__all__ = ["Measurements", "StatsMerge", "assemble_profile", "merge_layer_stats", "share_range",
-           "static_counts"]
+__all__ = ["Measurements", "StatsMerge", "assemble_profile", "merge_layer_stats", "static_counts"]
 
 
 @dataclass
@@ -35,7 +34,8 @@ class Measurements:
     #: Per layer: median (forward_ms, backward_ms or None) over the layer-timed steps.
     layer_times: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     layer_types: dict[str, str] = field(default_factory=dict)
-    #: Median forward+backward ms of the layer-timed steps (what layer times add up to).
+    #: Forward+backward ms of the typical layer-timed step: the layers' medians and what no layer
+    #: covers at the median of its per-step shares (what the layer times add up to, with the rest).
     timed_fwd_bwd_ms: float = 0.0
     #: Per layer, its share of each layer-timed step's forward+backward time, oldest first.
     layer_shares: dict[str, list[float]] = field(default_factory=dict)
@@ -53,6 +53,13 @@ class Measurements:
     grad_norms: list[float] = field(default_factory=list)
     update_ratios: list[float] = field(default_factory=list)
     comm: dict[str, Any] | None = None
+
+    def take_layers(self, timer: LayerTimer) -> None:
+        """The layer timer's medians, its typical step and per-step shares."""
+        self.layer_times = timer.per_layer()
+        self.layer_types = dict(timer.types)
+        self.timed_fwd_bwd_ms = timer.typical_step_ms()[0]
+        self.layer_shares = {name: list(v) for name, v in timer.shares.items()}
 
 
 def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
@@ -212,7 +219,7 @@ def assemble_profile(
             backward_ms=bwd,
             activation_bytes=act,
             gflops_per_s=gflops,
-            time_share=_share(t, denom),
+            time_share=spread.median if spread.median is not None else _share(t, denom),
             params_share=_share(c.params if c is not None else 0, total_params),
             macs_share=_share(c.macs if c is not None else 0, total_macs),
             stats=stats.get(name, {}),
@@ -261,7 +268,8 @@ def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[st
     """Layers ranked by share of the step's forward+backward time, beside their share of the
     parameters and MACs; ``excess`` = time share / the larger of the two (>1: slower than its size).
     Each finding gives the share's spread over the layer-timed steps (its quartiles) where there
-    were two steps or more: a share that moves with the machine's load says so."""
+    were two steps or more, and says "within noise" where that spread is wider than the share (or
+    it was timed on one step): a share that moves with the machine's load says so."""
     timed = [lay for lay in layers if lay.time_share is not None]
     timed.sort(key=lambda lay: lay.time_share or 0.0, reverse=True)
     out: list[dict[str, Any]] = []
@@ -278,19 +286,12 @@ def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[st
             "time_share_q1": lay.time_share_q1,
             "time_share_q3": lay.time_share_q3,
             "time_share_samples": lay.time_share_samples,
+            "within_noise": lay.share_within_noise,
             "finding": (f"{lay.name or '(model)'} ({lay.type}) takes {ts:.0%} of forward+backward time"
-                        f"{share_range(lay)} for {lay.params_share or 0:.0%} of the parameters and "
+                        f"{lay.share_range()} for {lay.params_share or 0:.0%} of the parameters and "
                         f"{lay.macs_share or 0:.0%} of the MACs"),
         })
     return out
-
-
-def share_range(layer: LayerProfile) -> str:
-    """`` (middle half of 5 steps: 30-41%)``: a layer's share's quartiles, or ``""`` without them."""
-    if layer.time_share_q1 is None or layer.time_share_q3 is None:
-        return ""
-    return (f" (middle half of {layer.time_share_samples} steps: "
-            f"{layer.time_share_q1:.0%}-{layer.time_share_q3:.0%})")
 
 
 def _by_type(layers: Sequence[LayerProfile]) -> list[dict[str, Any]]:

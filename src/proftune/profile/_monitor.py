@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import gc
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -179,7 +178,6 @@ class Monitor:
         self._merged = self._m.merged_stats = StatsMerge()
         self._sample_timings: list[dict[str, float]] = []
         self._clean_walls: list[float] = []
-        self._fwd_bwd: list[float] = []
         self._peaks: list[int] = []
         self._acts_totals: list[int] = []
         self._samples = 0
@@ -416,7 +414,6 @@ class Monitor:
                 self._timer.mark_backward_end(now)
             self._timer.end_step(timing["forward_ms"] + timing["backward_ms"])
             self._timer.fold()
-            self._fwd_bwd.append(timing["forward_ms"] + timing["backward_ms"])
         if self._comm is not None:
             self._comm.end_step(step_ms=timing["wall_ms"])
         self._samples += 1
@@ -509,10 +506,7 @@ class Monitor:
     def _build(self) -> Profile:
         m = self._m
         if self._timer is not None:
-            m.layer_times = self._timer.per_layer()
-            m.layer_types = dict(self._timer.types)
-            m.timed_fwd_bwd_ms = statistics.fmean(self._fwd_bwd) if self._fwd_bwd else 0.0
-            m.layer_shares = {name: list(v) for name, v in self._timer.shares.items()}
+            m.take_layers(self._timer)
         batch = self.state.batch_size
         summary = step_summary(self._sample_timings, [batch] * len(self._sample_timings))
         sampled_ms = None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -84,7 +83,6 @@ class _Profiler(Callback):
         self.m = Measurements()
         self.timings: list[dict[str, float]] = []
         self.samples: list[int] = []
-        self.layer_fwd_bwd: list[float] = []
         self.example: Any = None
         self.batch_size = 0
         self.model: nn.Module | None = None
@@ -203,7 +201,6 @@ class _Profiler(Callback):
             fwd_bwd = state.timing.get("forward_ms", 0.0) + state.timing.get("backward_ms", 0.0)
             self.timer.end_step(fwd_bwd)
             self.timer.detach()
-            self.layer_fwd_bwd.append(fwd_bwd)
         elif phase == "memory":
             assert self.peak is not None
             if self.acts is not None:
@@ -262,10 +259,7 @@ class _Profiler(Callback):
         m = self.m
         m.step = step_summary(self.timings, self.samples)
         if self.timer is not None and self.timer.steps:
-            m.layer_times = self.timer.per_layer()
-            m.layer_types = dict(self.timer.types)
-            m.timed_fwd_bwd_ms = statistics.fmean(self.layer_fwd_bwd)
-            m.layer_shares = {name: list(v) for name, v in self.timer.shares.items()}
+            m.take_layers(self.timer)
         if self.comm is not None:
             m.comm = self.comm.summary(m.step["time_ms"])
         return m

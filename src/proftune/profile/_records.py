@@ -51,8 +51,9 @@ class LayerProfile:
     backward_ms: float | None = None
     activation_bytes: int | None = None
     gflops_per_s: float | None = None
-    #: The layer's share of the step's forward+backward time (its mean time over the mean step's:
-    #: the layers' shares add up to the time they account for).
+    #: The layer's share of the step's forward+backward time: the median of its shares of each
+    #: layer-timed step (``time_share_median``; a step that the machine's load stalls in one layer
+    #: moves it no more than one sample), else its time over the typical step's.
     time_share: float | None = None
     params_share: float | None = None
     macs_share: float | None = None
@@ -63,6 +64,22 @@ class LayerProfile:
     time_share_q1: float | None = None
     time_share_q3: float | None = None
     time_share_samples: int = 0
+
+    @property
+    def share_within_noise(self) -> bool:
+        """Its share cannot be told from the load's noise: timed on fewer than two steps, or the
+        middle half of its per-step shares (q3 - q1) is wider than their median."""
+        q1, q3, mid = self.time_share_q1, self.time_share_q3, self.time_share_median
+        return q1 is None or q3 is None or mid is None or q3 - q1 > mid
+
+    def share_range(self) -> str:
+        """`` (middle half of 5 steps: 30-41%)``: its share's quartiles, led by ``within noise:``
+        where they are wider than the share (or the share was timed on one step); ``""`` untimed."""
+        noise = "within noise: " if self.share_within_noise else ""
+        n = self.time_share_samples
+        if self.time_share_q1 is None or self.time_share_q3 is None:
+            return f" ({noise}timed on {n} step{'s' if n != 1 else ''})" if n else ""
+        return f" ({noise}middle half of {n} steps: {self.time_share_q1:.0%}-{self.time_share_q3:.0%})"
 
 
 @dataclass(frozen=True)

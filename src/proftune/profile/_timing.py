@@ -1,5 +1,6 @@
-"""Per-layer forward and backward time of one step, each layer's share of each timed step (its median
-and quartiles), and the summary of a step's phases (the median step's own, adding up to it).
+"""Per-layer forward and backward time over the timed steps (each layer's median: one step that the
+machine's load stalls does not move it), each layer's share of each timed step (its median and
+quartiles), and the summary of a step's phases (the median step's own, adding up to it).
 
 Both passes are cut at the moments layers start, and each piece goes to the layer that started
 it, so the layers' times add up to the pass (synchronised on CUDA). Forward: a layer's piece
@@ -54,10 +55,14 @@ class LayerTimer:
         self._bwd_end: float | None = None
         #: One ``(forward_ms, backward_ms)`` dict pair per finished step (since the last :meth:`fold`).
         self.steps: list[tuple[dict[str, float], dict[str, float]]] = []
-        # the folded steps: their count and, per layer, the sums of forward ms and of backward ms
-        self._folded = 0
-        self._fwd_sums: dict[str, float] = {}
-        self._bwd_sums: dict[str, float] = {}
+        # per layer, its forward ms and (where it has a backward) backward ms of each finished step,
+        # the latest SHARES_KEPT: what :meth:`per_layer` takes the medians of
+        self._fwd_ms: dict[str, deque[float]] = {}
+        self._bwd_ms: dict[str, deque[float]] = {}
+        # of each step given its forward+backward time: that time, and the share of it that no
+        # layer's piece covers
+        self._totals: deque[float] = deque(maxlen=SHARES_KEPT)
+        self._outside_shares: deque[float] = deque(maxlen=SHARES_KEPT)
         #: Per layer, its share of each sampled step's forward+backward time (the latest
         #: :data:`SHARES_KEPT`), from which a profile reports the share's median and spread.
         self.shares: dict[str, deque[float]] = {}
@@ -150,42 +155,53 @@ class LayerTimer:
                 continue
             bwd[name] = bwd.get(name, 0.0) + max(nxt - t, 0.0) * 1e3
         result = (dict(self._fwd), bwd)
+        for name in dict.fromkeys([*self._fwd, *bwd]):
+            _keep(self._fwd_ms, name, self._fwd.get(name, 0.0))
+            if name in bwd or name in self._bwd_ms:
+                _keep(self._bwd_ms, name, bwd.get(name, 0.0))
+            if total_ms is not None and total_ms > 0:
+                _keep(self.shares, name, (self._fwd.get(name, 0.0) + bwd.get(name, 0.0)) / total_ms)
         if total_ms is not None and total_ms > 0:
-            for name in dict.fromkeys([*self._fwd, *bwd]):
-                ms = self._fwd.get(name, 0.0) + bwd.get(name, 0.0)
-                self.shares.setdefault(name, deque(maxlen=SHARES_KEPT)).append(ms / total_ms)
+            self._totals.append(total_ms)
+            self._outside_shares.append(1 - (sum(self._fwd.values()) + sum(bwd.values())) / total_ms)
         self.steps.append(result)
         self._begin()
         return result
 
     def fold(self) -> None:
-        """Fold the finished steps into running sums: a Monitor over a long run keeps one number
-        per layer, not one dict per sampled step (memory, and objects the garbage collector walks)."""
-        for fwd, bwd in self.steps:
-            for name, ms in fwd.items():
-                self._fwd_sums[name] = self._fwd_sums.get(name, 0.0) + ms
-            for name, ms in bwd.items():
-                self._bwd_sums[name] = self._bwd_sums.get(name, 0.0) + ms
-        self._folded += len(self.steps)
+        """Drop the finished steps' dicts: a Monitor over a long run keeps the latest
+        :data:`SHARES_KEPT` numbers per layer, not one dict per sampled step (memory, and objects the
+        garbage collector walks)."""
         self.steps = []
 
     def per_layer(self) -> dict[str, tuple[float, float | None]]:
-        """Mean over the finished steps of each layer's ``(forward_ms, backward_ms)``.
+        """Each layer's median ``(forward_ms, backward_ms)`` over the finished steps (the latest
+        :data:`SHARES_KEPT`).
 
-        The mean, not the median: the layers' means add up to the mean step, so per-layer times
-        and the step they are compared with stay consistent when one step is disturbed."""
-        n = self._folded + len(self.steps)
-        out: dict[str, tuple[float, float | None]] = {}
-        names: dict[str, None] = dict.fromkeys(self._fwd_sums)  # first-seen order
-        for fwd, _ in self.steps:
-            names.update(dict.fromkeys(fwd))
-        for name in names:
-            f = (self._fwd_sums.get(name, 0.0) + sum(fwd.get(name, 0.0) for fwd, _ in self.steps)) / n
-            has_bwd = name in self._bwd_sums or any(name in bwd for _, bwd in self.steps)
-            b = ((self._bwd_sums.get(name, 0.0) + sum(bwd.get(name, 0.0) for _, bwd in self.steps)) / n
-                 if has_bwd else None)
-            out[name] = (f, b)
-        return out
+        The median, not the mean: a step that the machine's load stalls inside one layer moves
+        that layer's mean (a ReLU read 63% of the step in one run and 20% in the next), not its
+        median; the profile compares it with the median step."""
+        return {name: (median(fwd), median(self._bwd_ms[name]) if name in self._bwd_ms else None)
+                for name, fwd in self._fwd_ms.items()}
+
+    def typical_step_ms(self) -> tuple[float, float]:
+        """``(forward+backward ms, of which outside any layer)`` of the typical step: the layers'
+        medians, and what no layer covers (the loss) at the median of its shares of each step, as
+        a layer's share is taken; the layers' times and the rest add up to it, and a step stalled
+        in one layer or in the rest moves none of them. (0, 0) before any step was given its
+        forward+backward time."""
+        if not self._totals:
+            return 0.0, 0.0
+        rest = max(median(self._outside_shares), 0.0)
+        layers = sum(f + (b or 0.0) for f, b in self.per_layer().values())
+        if rest >= 1 or layers <= 0:  # no layer's piece in the typical step: all of it is the rest
+            return median(self._totals), median(self._totals)
+        total = layers / (1 - rest)
+        return total, total - layers
+
+
+def _keep(kept: dict[str, deque[float]], name: str, value: float) -> None:
+    kept.setdefault(name, deque(maxlen=SHARES_KEPT)).append(value)
 
 
 def median(values: Sequence[float]) -> float:

@@ -174,10 +174,12 @@ def _advice(layer: LayerProfile) -> str:
 
 
 def _beyond_noise(lay: LayerProfile, work: float) -> bool:
-    """A share told from the load's noise: its lower quartile over the layer-timed steps clears
-    both bars (a share measured on one step has no spread to judge, and is not told)."""
+    """A share told from the load's noise: its spread over the layer-timed steps is narrower than
+    the share, and its lower quartile clears both bars (a share measured on one step has no spread
+    to judge, and is not told)."""
     low = lay.time_share_q1
-    return low is not None and low >= BOTTLENECK_MIN_SHARE and low > BOTTLENECK_RATIO * work
+    return (not lay.share_within_noise and low is not None and low >= BOTTLENECK_MIN_SHARE
+            and low > BOTTLENECK_RATIO * work)
 
 
 def bottleneck_rule(profile: Profile) -> Recommendation:
