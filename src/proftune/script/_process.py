@@ -1,5 +1,6 @@
 """One run of a script in its own process: its metrics read as it runs (``proftune.report`` calls,
-then ``name=value`` / ``name: value`` lines on stdout), ended cleanly when pruned or interrupted."""
+a Lightning or Hugging Face Trainer's metrics, TensorBoard scalars it writes, then ``name=value`` /
+``name: value`` lines on stdout), ended cleanly when pruned or interrupted."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ _METRIC_NAME = re.compile(r"acc|loss|err|test|val|eval|f1|auc|score|ppl|perplexi
 #: Names on a metric's line that give its step.
 _STEP_KEYS = ("epoch", "step", "iter", "iteration")
 #: Where a metric came from, in the order one is preferred.
-SOURCES = ("proftune.report", "lightning", "transformers", "stdout")
+SOURCES = ("proftune.report", "lightning", "transformers", "tensorboard", "stdout")
 
 
 def metric_lines(line: str) -> dict[str, float]:
@@ -55,7 +56,7 @@ class ScriptRun:
     exit_code: int | None = None
     #: The last value of each metric, from its preferred source.
     metrics: dict[str, float] = field(default_factory=dict)
-    #: metric -> the source it was read from (``proftune.report``, ``lightning``, ``transformers``, ``stdout``).
+    #: metric -> the source it was read from (one of SOURCES).
     sources: dict[str, str] = field(default_factory=dict)
     #: Each report of the watched metric: (step, value).
     history: list[tuple[int, float]] = field(default_factory=list)

@@ -172,7 +172,8 @@ class ScriptTask(ObjectiveTask):
         if missing:
             seen = ", ".join(sorted(run.metrics)) or "none"
             raise ScriptFailed(f"the script ended without reporting {', '.join(missing)} (metrics seen: {seen}); "
-                               "print `NAME=value` lines or call proftune.report(NAME=value); its last lines:\n"
+                               "print `NAME=value` lines or call proftune.report(NAME=value) (a Hugging Face "
+                               "Trainer's are eval_NAME); its last lines:\n"
                                + "\n".join(run.tail[-8:]))
         return {**run.profile, **run.metrics}
 
@@ -192,9 +193,13 @@ class ScriptTask(ObjectiveTask):
         m = self.metrics[0]
         if src == "proftune.report":
             return f"{m} read from the script's proftune.report({m}=...) calls"
-        if src in ("lightning", "transformers"):
-            how = "self.log" if src == "lightning" else "Trainer.evaluate"
-            return f"{m} read from the {src.title()} Trainer's logged metrics ({how}), through a callback"
+        if src == "lightning":
+            return f"{m} read from the Lightning Trainer's logged metrics (self.log), through a callback"
+        if src == "transformers":
+            return (f"{m} read from the Hugging Face Trainer's eval metrics (what its evaluate() returns), "
+                    "through a callback")
+        if src == "tensorboard":
+            return f"{m} read from the TensorBoard scalars the script writes (SummaryWriter.add_scalar), through a hook"
         if src == "stdout":
             return f"{m} read from `{m}=value` / `{m}: value` lines on the script's stdout"
         return f"{m} was not read yet"
