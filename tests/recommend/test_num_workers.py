@@ -119,3 +119,27 @@ def test_recommend_has_a_measured_num_workers_row_for_a_loader_task(db_url: str)
     assert by["threads"].evidence["num_workers_note"].startswith("the task's own value")
     run = proftune.track.Store(db_url).get_run(recs.run_id)
     assert [r["name"] for r in run.result["recommendations"]][-1] == "num_workers"
+
+
+def test_the_threads_row_reads_the_fit_loops_count_where_asked_not_to_measure_again() -> None:
+    """``measure=False`` (the optimize loop's compute stage, after the baseline's training): the
+    count the last fit of the task measured, not a second measurement (a slow model's took 3 s of a
+    15 s budget); none remembered: measured as before."""
+    from proftune import _threads
+    from proftune.recommend._api import _threads_row
+    from proftune.train import fit
+
+    task = proftune.task.load_task("digits-mlp")
+    cpu = torch.device("cpu")
+    _threads.forget()
+    fresh = _threads_row(task, {}, 32, device=cpu, seed=0, measure=False)
+    assert fresh.evidence["source"] != "remembered"  # nothing remembered: measured
+    assert fresh.evidence["steps"] > 0
+    fit(task, {}, max_steps=12, device=cpu, seed=0, evaluate=False)
+    remembered = _threads.recall(_threads.fit_key(task, "cpu"))
+    assert remembered is not None
+    row = _threads_row(task, {}, 32, device=cpu, seed=0, measure=False)
+    assert row.evidence["source"] == "remembered"
+    assert row.value == remembered[0]
+    assert row.evidence["num_workers"] is None  # the loader's evidence as a measured row gives it
+    assert _threads_row(task, {}, 32, device=cpu, seed=0).evidence["source"] != "remembered"

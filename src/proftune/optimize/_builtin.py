@@ -208,7 +208,8 @@ class Compute(BaseStage):
                          device=loop.dev, seed=loop.cfg.seed, lr_steps=lr_steps, ladder_steps=ladder_steps,
                          noise_steps=noise_steps, optimizer_budget_s=optimizer_s,
                          embedding_budget_s=min(120.0, 0.3 * share), store=loop.store,
-                         precision_check=0.1 * steps >= 160)  # the timed rounds and two short trainings
+                         precision_check=0.1 * steps >= 160,  # the timed rounds and two short trainings
+                         measure_threads=False)  # the baseline's training measured them (a slow model: seconds)
         computed = ComputedValues.from_recommendations(
             recs, own_optimizer=str(loop.defaults.get("optimizer", "adamw")))
         # the computed lr is a hypothesis: a few seconds of it against the defaults' before the

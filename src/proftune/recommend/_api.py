@@ -119,6 +119,9 @@ class RecommendConfig:
     ddp: int | None = None
     ddp_share: float = 0.10
     precision_check: bool = True
+    #: False: the threads row reads the thread count the fit loop measured for this task in its last
+    #: fit (within two minutes) instead of measuring it again (a fresh measurement where none is known).
+    measure_threads: bool = True
 
 
 def recommend(
@@ -187,7 +190,8 @@ def recommend(
                                               embedding_budget_s=float(embedding_budget_s),
                                               ddp_spec=task if isinstance(task, str) else task_obj,
                                               ddp=ddp, ddp_share=float(ddp_share),
-                                              precision_check=bool(cfg.precision_check)))
+                                              precision_check=bool(cfg.precision_check),
+                                              measure_threads=bool(cfg.measure_threads)))
 
     st = _store(store, db=db)
     if st is None:
@@ -361,7 +365,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     say("threads")
-    recs["threads"] = _threads_row(task, params, b_prof, device=device, seed=seed)
+    recs["threads"] = _threads_row(task, params, b_prof, device=device, seed=seed, measure=more.measure_threads)
     say("data loader workers")
     workers = num_workers_row(task, params, b_prof, threads=int(recs["threads"].value), device=device, seed=seed)
     if workers is not None:
@@ -441,6 +445,7 @@ class _MoreRows:
     ddp: int | None = None
     ddp_share: float = 0.10
     precision_check: bool = True
+    measure_threads: bool = True
     #: Whether a computed batch's epoch is timed against the defaults' (and by what: None, the task's steps).
     batch_cost: bool = True
     timer: StepTimer | None = None
@@ -532,29 +537,38 @@ def _measured_workers(row: Recommendation, workers: Recommendation) -> Recommend
                                evidence={**row.evidence, "num_workers_measured": workers.evidence["step_ms"]})
 
 
+def _loader_workers(task: Task, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """What can be said of the task's data loader's ``num_workers`` (the threads row's evidence)."""
+    loader = task.train_data(batch_size, params)
+    if isinstance(loader, torch.utils.data.DataLoader):
+        return {"num_workers": loader.num_workers,
+                "num_workers_note": "the task's own value; the num_workers row measures each count on training steps"}
+    return {"num_workers": None,
+            "num_workers_note": f"not measured: the task's train_data is a {type(loader).__name__}, "
+                                "not a DataLoader (batches from memory); it has no loader workers to set"}
+
+
 def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device: torch.device,
-                 seed: int) -> Recommendation:
+                 seed: int, measure: bool = True) -> Recommendation:
     """The CPU thread count as the fit loop computes it (a fresh first measurement: a few of a
     short fit's steps at each count), with the measured step times; and what can be said of the
-    data loader's ``num_workers``."""
+    data loader's ``num_workers``. ``measure=False``: the count the fit loop measured for this task
+    in its last fit, where it remembers one (a slow model's measurement is seconds)."""
     from .. import _threads
     from ..train import fit
 
+    workers = _loader_workers(task, params, batch_size)
+    known = None if measure else _threads.recall(_threads.fit_key(task, device.type))
+    if known is not None:
+        return Recommendation("threads", known[0], f"{known[0]} thread(s): the count the fit loop measured for "
+                              "this task in its last training (not measured again here).",
+                              {"source": "remembered", "max_threads": _threads.max_threads(), **workers}, "medium", "")
     _threads.forget()  # measure here and now, not an earlier fit's choice
     limit = _threads.max_threads()
     steps = 2 + 3 * len(_threads.candidate_counts(limit)) + 8
     result = fit(task, params, max_steps=steps, batch_size=batch_size, device=device, seed=seed, evaluate=False)
     choice = result.threads
     assert choice is not None
-    loader = task.train_data(batch_size, params)
-    if isinstance(loader, torch.utils.data.DataLoader):
-        workers: dict[str, Any] = {
-            "num_workers": loader.num_workers,
-            "num_workers_note": "the task's own value; the num_workers row measures each count on training steps"}
-    else:
-        workers = {"num_workers": None,
-                   "num_workers_note": f"not measured: the task's train_data is a {type(loader).__name__}, "
-                                       "not a DataLoader (batches from memory); it has no loader workers to set"}
     evidence = {"step_ms": choice.step_ms, "candidates": choice.candidates, "max_threads": limit,
                 "checks": [c.to_dict() for c in choice.checks], "source": choice.source, "steps": result.steps,
                 "batch_size": batch_size, **workers}
