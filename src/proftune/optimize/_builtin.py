@@ -64,8 +64,10 @@ from ._stages import BaseStage, StageResult, register_stage
 
 log = logging.getLogger(__name__)
 
-#: Trainings of the defaults the budget holds for the no-tricks run to train as long (else two epochs).
+#: Trainings of the defaults the budget holds for the no-tricks run to train as long (else it is timed).
 NO_TRICKS_AT_LEAST = 24
+#: Steps the no-tricks run is timed over where it is only timed (at most two epochs).
+NO_TRICKS_TIMED_STEPS = 12
 #: The share of the budget within which the baseline trains the defaults' own epochs (else cut).
 BASELINE_WHOLE = 0.4
 #: Each of the computed lr's two short runs takes at most this share of the whole budget.
@@ -124,8 +126,10 @@ class Baseline(BaseStage):
         # race need: it is then timed over a couple of epochs only (its metric is not compared)
         trainings = loop.v.budget_s / max(diag.duration_s, 1e-3)
         whole = trainings >= NO_TRICKS_AT_LEAST
+        # (timed only: a few steps time an epoch; a whole second of it was an eighth of 8 trainings of 1 s)
         plain_res = fit(loop.task, plain, epochs=max(1, diag.epochs if whole else min(diag.epochs, 2)),
-                        device=loop.dev, seed=loop.cfg.seed, callbacks=[Deadline(max(1.0, end - time.monotonic()))])
+                        max_steps=None if whole else NO_TRICKS_TIMED_STEPS, device=loop.dev, seed=loop.cfg.seed,
+                        callbacks=[Deadline(max(1.0 if whole else 0.25, end - time.monotonic()))])
         plain_metric = finite_float(plain_res.metrics.get(loop.v.metric)) if whole else None
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
