@@ -171,6 +171,25 @@ def sampling_std(metric: str, val_samples: int | None, level: float | None) -> f
     return math.sqrt(max(level * (1.0 - level), 0.25 / val_samples) / val_samples)
 
 
+def _unselected(arm: Arm, race: _Race, plan: FinalPlan, seeds: Sequence[int]) -> list[float | None]:
+    """``arm``'s validation figures over ``seeds`` for the decision: where its first run is the
+    search's own training of it (the best of ``plan.compared`` draws on the same validation data),
+    that figure less the expected maximum of their sampling error, sqrt(2 ln compared) times one
+    figure's noise (the winner's curse; unknown noise: the seeds' known spread)."""
+    values = arm.values("val", seeds)
+    first = race.first_seed
+    if race.selected != arm.name or first is None or first not in seeds or plan.compared < 2:
+        return values
+    i = list(seeds).index(first)
+    value = values[i]
+    noise = sampling_std(plan.metric, plan.val_samples, race.arms[0].summary("val").mean) or plan.prior_std
+    if value is None or noise is None:
+        return values
+    sign = 1.0 if plan.maximize else -1.0
+    values[i] = value - sign * noise * math.sqrt(2.0 * math.log(plan.compared))
+    return values
+
+
 def held_out_estimate(chosen: Arm, defaults: Arm, plan: FinalPlan, *, seeds: Sequence[int],
                       compared: int) -> HeldOutEstimate:
     """The result's figure on new data where no run of it has a held-out one (see
@@ -285,6 +304,8 @@ class _Race:
         self.work.mkdir(parents=True, exist_ok=True)
         self.measured: dict[str, float] = {}  # seconds per run of each arm, as they ran
         self.first_seed: int | None = None
+        #: The arm whose first run is the search's training of it: the best of the search's draws
+        self.selected: str | None = None
         # a task without test_data: a round on another partition than the one the search selected
         # on (round 0, the task's own) gives the held-out figures (its validation figure)
         self.partitions_hold_out = plan.resplit and task.test_data(1) is None
@@ -299,6 +320,7 @@ class _Race:
                 shutil.copyfile(model, self.work / f"{_slug(arms[1].name)}-{run.seed}.pt")
                 self.arms[1] = _with_run(self.arms[1], run)
                 self.measured[arms[1].name] = run.duration_s + RUN_OVERHEAD_S
+                self.selected = arms[1].name
 
     def _held_out(self, run: ArmRun, r: int) -> ArmRun:
         """``run`` of round ``r`` with its held-out figure: its validation figure on partition
@@ -461,7 +483,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
     decision, chosen = "defaults", arms[0]
     if leader is not None:
         alpha = ALPHA / max(1, raced)
-        comparison = compare_race(leader.values("val", seeds), arms[0].values("val", seeds), seeds=seeds,
+        comparison = compare_race(_unselected(leader, race, plan, seeds), arms[0].values("val", seeds), seeds=seeds,
                                   defaults_more=[*defaults_more, *solo], metric=plan.metric, maximize=plan.maximize,
                                   split="val", resolution=resolution, alpha=alpha, prior_std=plan.prior_std)
         comparison_test = compare_paired(leader.values("test", seeds), arms[0].values("test", seeds),
