@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import proftune.track
 from proftune.cli import app
 from proftune.exceptions import ConfigError
 from proftune.script import ScriptTask, metric_lines, read_flags, run_process, script_space
@@ -247,6 +248,10 @@ def test_optimize_on_a_script_beats_its_bad_default_rate(script: Path, db_url: s
     assert set(params) >= {"lr", "batch_size", "epochs"}
     assert params["lr"] > 1e-3
     assert vs["best_test"]["mean"] > vs["defaults_test"]["mean"] + 0.3
+    # the best's first race run is its search trial at --seed (not run again), judged less the curse
+    assert any("its search trial at --seed" in n for n in d["notes"]), d["notes"]
+    runs = proftune.track.Store(db_url).list_runs(kind="train")
+    assert sum(r.config.get("role") == "race-best" for r in runs) == vs["rounds"] - 1
     assert d["final"]["command"].startswith(f"python {script}")
     assert script.read_bytes() == before
 

@@ -112,6 +112,16 @@ def _search_stage(task: ScriptTask, space: Space, objective: Objective, *, searc
                           "best": best}
 
 
+def _search_run(result: SearchResult | None, params: Mapping[str, Any], seed: int) -> dict[str, float] | None:
+    """The search's complete trial of ``params`` at ``seed`` (a first evaluation, not a repeat): its
+    metrics, or None."""
+    for t in result.trials if result is not None else ():
+        if t.state == "complete" and not t.repeat and t.seed == seed and all(
+                t.params.get(k) == v for k, v in params.items()):
+            return dict(t.metrics)
+    return None
+
+
 class _Recorder:
     """Each run of the script outside the search, a ``train`` Run under the optimize Run."""
 
@@ -170,7 +180,9 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
         left = budget_s - (time.monotonic() - started)
         # paired by --seed, the defaults' run above is their run at the race's first seed: the race
         # trains the best there and both at the seeds after it (one run fewer to keep back)
-        race_s = (2 * MIN_ROUNDS - (1 if task.takes_seed else 0)) * run_s
+        # and the search's trial of its best at --seed S (the first trials' seed) is the best's run
+        # there: neither is run again
+        race_s = (2 * MIN_ROUNDS - (2 if task.takes_seed else 0)) * run_s
         # the search stops starting trials at its timeout and the last one started runs to its end
         # (a trial past TRIAL_CAP runs of the defaults' time is ended, a failed trial): its timeout
         # leaves one run's time for that; the first trial always runs where one fits beside the race
@@ -202,6 +214,7 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                          f"({base[metric]:.4g}): nothing to race")
             best_params = None
         chosen = {**defaults, **(best_params or {})}
+        first_best = _search_run(result, best_params, seed) if paired and best_params is not None else None
         if best_params is not None and chosen != defaults:
             t2 = time.monotonic()
             seeds: list[int] = []
@@ -213,21 +226,30 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                     break
                 reuse = paired and not seeds  # the defaults' run at --seed S is their first race run
                 s = seed if reuse else seed + 1 + len(seeds)
-                say(f"race round {len(seeds) + 1}: the best" + ("" if reuse else " and the defaults")
-                    + (f" at --seed {s}" if paired else ""))
+                again = first_best if reuse else None  # the search's run of the best at --seed S
+                say(f"race round {len(seeds) + 1}: " + ("the best and " if again is None else "")
+                    + ("the defaults" if not reuse else "") + (f" at --seed {s}" if paired else "")
+                    + (" (both run before the race)" if reuse and again is not None else ""))
                 seeds.append(s)
-                c_runs.append(rec.run(chosen, s, "race-best"))
+                c_runs.append(again if again is not None else rec.run(chosen, s, "race-best"))
                 d_runs.append(base if reuse else rec.run(defaults, s, "race-defaults"))
             c_vals = [r.get(metric) if r else None for r in c_runs]
             d_vals = [r.get(metric) if r else None for r in d_runs]
             more = [] if paired else [base.get(metric)]  # paired: the baseline is the first pair's
             prior = _pooled_std([[v for v in c_vals if v is not None],
                                  [v for v in [*d_vals, *more] if v is not None]])
+            raw = list(c_vals)  # the runs' own figures, for the report
+            if first_best is not None and c_vals and c_vals[0] is not None and prior is not None and result is not None:
+                # the search's run is the best of its draws: less the expected maximum of their noise
+                drawn = sum(t.state == "complete" for t in result.trials)
+                c_vals[0] -= (1.0 if maximize else -1.0) * prior * math.sqrt(2.0 * math.log(max(drawn, 1)))
+                notes.append(f"the best's first race run is its search trial at --seed {seed}, counted less the "
+                             f"winner's curse of {drawn} complete trials")
             comparison = compare_race(c_vals, d_vals, seeds=seeds, defaults_more=more, metric=metric,
                                       maximize=maximize, split="val", prior_std=prior)
             test = _test_metric(base, metric)
             race = {"rounds": len(seeds), "seeds": seeds if paired else None, "paired": paired,
-                    "best": _mean_std([v for v in c_vals if v is not None]),
+                    "best": _mean_std([v for v in raw if v is not None]),
                     "defaults": _mean_std([v for v in [*d_vals, *more] if v is not None]),
                     "test_metric": test}
             if test is not None:
