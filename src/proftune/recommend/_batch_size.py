@@ -37,7 +37,7 @@ class DataLimit(Exception):
 
     def __init__(self, asked: int, available: int) -> None:
         super().__init__(f"asked for a batch of {asked}, the training data holds {available}")
-        self.asked, self.available = asked, available
+        self.available = available
 
 
 #: batch size -> peak bytes of one training step; may raise torch.OutOfMemoryError or DataLimit.
