@@ -46,7 +46,7 @@ def test_pbt_ladder_and_population_start_at_the_users_setting() -> None:
     # half-decade rungs down from the start, inside the declared range
     assert _ladder(lr) == pytest.approx([1e-4, 10**-3.5, 1e-3, 10**-2.5, 1e-2, 10**-1.5, 0.1])
     assert _ladder(dropout) == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4])
-    pop = population_space(_ray_space(space, start_at_default=True), space, 4)
+    pop = population_space(_ray_space(space), space, 4)
     spec = type("Spec", (), {})()
     values = []
     for member in range(4):

@@ -20,7 +20,7 @@ from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from .._cpplog import cpp_logs_shown
-from .._jsonsafe import json_dumps, json_safe
+from .._jsonsafe import json_dumps
 from .._paths import OutputPath, check_outputs
 from .._threads import fixed_threads
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError, TaskWarning
@@ -137,10 +137,6 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         params[key] = parse_value(value)
     problems.raise_if_any()
     return validate_params(params)
-
-
-#: The one JSON cleaning (``proftune._jsonsafe``), under the name the commands import.
-to_jsonable = json_safe
 
 
 #: Loggers of libraries whose warnings (deprecations, torch.compile notices) are noise to a user.

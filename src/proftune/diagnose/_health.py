@@ -113,7 +113,6 @@ class HealthCheck(Callback):
         self._ls: Any = None
         self._sample_next = False
         self._n_labels = 0
-        self._current_lr: float | None = None
         self._pending_norm = math.nan  # the step's gradient norm, from on_after_backward
         self._sat_step: int | None = None  # the sampled step whose sigmoid/tanh outputs are measured
         self._sat_handles: list[Any] = []

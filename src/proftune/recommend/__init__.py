@@ -17,8 +17,8 @@ from ._ddp import DDPPlan, plan_ddp_batch
 from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend_embedding_dim
 from ._evidence import BatchSizeEvidence, NoiseScaleEvidence, OptimizerEvidence
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
-from ._measurements import BatchSizeConfig, LRFindConfig, find_batch_size, lr_find, noise_scale, static_memory
-from ._noise_scale import NoiseScaleCallback, NoiseScaleResult
+from ._measurements import BatchSizeConfig, LRFindConfig, find_batch_size, lr_find, static_memory
+from ._noise_scale import NoiseScaleCallback, NoiseScaleResult, noise_scale
 from ._optimizer import CompareConfig, OptimizerComparison, OptimizerTrial, compare_optimizers
 from ._records import (
     CONDITIONAL_NAMES,

@@ -29,8 +29,8 @@ from ._batch_cost import StepTimer, bound_by_cost, step_timer
 from ._batch_size import BatchSizeResult
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult
-from ._measurements import _merged, _store, find_batch_size, lr_find, noise_scale
-from ._noise_scale import NoiseScaleResult
+from ._measurements import _merged, _store, find_batch_size, lr_find
+from ._noise_scale import NoiseScaleResult, noise_scale
 from ._precision import checked_precision_row
 from ._records import (
     CONDITIONAL_NAMES,

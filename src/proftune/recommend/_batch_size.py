@@ -37,7 +37,7 @@ class DataLimit(Exception):
 
     def __init__(self, asked: int, available: int) -> None:
         super().__init__(f"asked for a batch of {asked}, the training data holds {available}")
-        self.asked, self.available = asked, available
+        self.available = available
 
 
 #: batch size -> peak bytes of one training step; may raise torch.OutOfMemoryError or DataLimit.
@@ -270,17 +270,7 @@ def search_max_batch(
         answer = search.clamp(min(model.largest_batch(budget), probe.batch_size - 1))
     fits = [p for p in search.probes if p.status == "fits" and p.role == "verify"]
     fits.sort(key=lambda p: p.batch_size)
-    if not fits:
-        fitting = [p for p in search.probes if p.status == "fits"]
-        if not fitting:
-            raise ConfigError(
-                f"memory_budget={format_bytes(budget)} does not hold one training step at any batch "
-                f"size tried ({sorted(p.batch_size for p in search.probes)}); the model needs "
-                f"{format_bytes(static_bytes)} for parameters, gradients and optimizer state alone."
-            )
-        best = max(fitting, key=lambda p: p.batch_size)
-    else:
-        best = fits[-1]
+    best = fits[-1] if fits else _largest_fitting(search, static_bytes)
     return BatchSizeResult(
         max_batch_size=best.batch_size, memory_budget=int(budget), probes=tuple(search.probes),
         model=model, predicted_peak_bytes=model.predict(best.batch_size),
@@ -354,8 +344,8 @@ def _next_probe(search: _Search, static_bytes: int) -> int | None:
     return target
 
 
-def _degenerate(search: _Search, static_bytes: int, device: str, detail: dict[str, int]) -> BatchSizeResult:
-    """No line could be fitted (OOM everywhere, or one batch size only): report what was seen."""
+def _largest_fitting(search: _Search, static_bytes: int) -> MemoryProbe:
+    """The largest probe that fitted; a ConfigError when none did."""
     fitting = [p for p in search.probes if p.status == "fits"]
     if not fitting:
         raise ConfigError(
@@ -363,7 +353,12 @@ def _degenerate(search: _Search, static_bytes: int, device: str, detail: dict[st
             f"batch size tried ({sorted(p.batch_size for p in search.probes)}); the model needs "
             f"{format_bytes(static_bytes)} for parameters, gradients and optimizer state alone."
         )
-    best = max(fitting, key=lambda p: p.batch_size)
+    return max(fitting, key=lambda p: p.batch_size)
+
+
+def _degenerate(search: _Search, static_bytes: int, device: str, detail: dict[str, int]) -> BatchSizeResult:
+    """No line could be fitted (OOM everywhere, or one batch size only): report what was seen."""
+    best = _largest_fitting(search, static_bytes)
     peak = float(best.peak_bytes or 0)
     model = MemoryModel(intercept_bytes=peak, per_sample_bytes=0.0, residual_bytes=0.0,
                         margin_bytes=MIN_MARGIN_FRACTION * search.budget, points=len(search.points))

@@ -32,6 +32,7 @@ from ..profile import Profile
 from ..task import Task
 from ..train import Callback, EarlyStopping, FitResult, FitState, fit, seed_everything
 from ._full_batches import samples_per_epoch
+from ._measurements import model_static_memory
 from ._records import MeasuredEffect, Recommendation, keep_unless_better
 
 __all__ = ["FactorizedEmbedding", "HashedRows", "TablePlan", "plan_table", "recommend_embedding_dim"]
@@ -228,25 +229,6 @@ def _primary_metric(task: Task, metrics: dict[str, float]) -> str:
     return "val_loss"
 
 
-def _static_bytes(task: Task, model: nn.Module, params: dict[str, Any]) -> int:
-    """Weights + gradients + optimizer state of ``model`` (one step on zero gradients)."""
-    from ..profile import buffers_bytes, optimizer_state_bytes
-    from ..profile import params_bytes as weights_bytes
-
-    model = model.cpu()
-    optimizer = task.configure_optimizer(model, params)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    for p in trainable:
-        p.grad = torch.zeros_like(p)
-    if not isinstance(optimizer, torch.optim.LBFGS):
-        optimizer.step()
-    total = (weights_bytes(model) + buffers_bytes(model) + sum(p.numel() * p.element_size() for p in trainable)
-             + optimizer_state_bytes(optimizer))
-    for p in trainable:
-        p.grad = None
-    return int(total)
-
-
 def _counts(model: nn.Module, example: Any, device: torch.device) -> tuple[int, int]:
     from ..profile import count_model
 
@@ -411,8 +393,8 @@ def _effect(task: Task, params: dict[str, Any], small_params: dict[str, Any], or
     m_orig, m_small = original.result.model, resized.result.model
     p0, m0 = _counts(m_orig, _inputs(task, m_orig, example), cpu)
     p1, m1 = _counts(m_small, _inputs(task, m_small, example), cpu)
-    b0 = _static_bytes(task, m_orig, params)
-    b1 = _static_bytes(task, m_small, small_params)
+    b0 = model_static_memory(task, m_orig, params)["total"]
+    b1 = model_static_memory(task, m_small, small_params)["total"]
     return {"original_metric": original.best, "resized_metric": resized.best,
             "original_best_epoch": original.best_epoch, "resized_best_epoch": resized.best_epoch,
             "original_step_ms": 1e3 * original.result.duration_s / max(1, original.result.steps),

@@ -1,6 +1,6 @@
-"""The three measurements that ``recommend`` is built from, each a public call of its own: the
-largest batch size that fits (``find_batch_size``), the LR range test (``lr_find``) and the
-gradient noise scale (``noise_scale``), with their configs and the task's static memory.
+"""Two of the three measurements that ``recommend`` is built from, each a public call of its own: the
+largest batch size that fits (``find_batch_size``) and the LR range test (``lr_find``), with their
+configs and the task's static memory (the third, ``noise_scale``, is in ``_noise_scale``).
 
 Each takes a task (and optionally a Profile measured before, whose numbers are not measured
 again) and, with ``store=`` (a Store or a URL; ``db=`` is the older spelling, as in every public
@@ -28,9 +28,8 @@ from ..train import seed_everything, validate_params
 from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
 from ._full_batches import FullBatchTask, samples_per_epoch
 from ._lr_find import LRFindResult, decide_by_ladder, run_lr_range_test, validate_lr_range
-from ._noise_scale import NoiseScaleResult, measure_noise_scale
 
-__all__ = ["find_batch_size", "lr_find", "noise_scale", "static_memory"]
+__all__ = ["find_batch_size", "lr_find", "static_memory"]
 
 
 _store = optional_store
@@ -51,10 +50,15 @@ def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None
         return {"params_bytes": int(m.params_bytes), "grads_bytes": int(m.grads_bytes),
                 "optimizer_bytes": int(m.optimizer_bytes),
                 "total": int(m.params_bytes + m.grads_bytes + m.optimizer_bytes)}
+    seed_everything(0)
+    return model_static_memory(task, task.build_model(params), params)
+
+
+def model_static_memory(task: Task, model: nn.Module, params: dict[str, Any]) -> dict[str, int]:
+    """:func:`static_memory` of a built ``model`` (moved to the CPU; its gradients are left unset)."""
     from ..profile import buffers_bytes, optimizer_state_bytes, params_bytes
 
-    seed_everything(0)
-    model = task.build_model(params)
+    model = model.cpu()
     optimizer = task.configure_optimizer(model, params)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
@@ -64,7 +68,8 @@ def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None
     weights = params_bytes(model) + buffers_bytes(model)
     grads = sum(p.numel() * p.element_size() for p in trainable)
     state = optimizer_state_bytes(optimizer)
-    del model, optimizer
+    for p in trainable:
+        p.grad = None
     return {"params_bytes": int(weights), "grads_bytes": int(grads), "optimizer_bytes": int(state),
             "total": int(weights + grads + state)}
 
@@ -287,22 +292,3 @@ def _check_ladder(steps: Any, rungs: Any) -> None:
     if isinstance(rungs, bool) or not isinstance(rungs, int) or rungs < 3:
         problems.add(f"ladder_rungs={rungs!r} must be an integer >= 3 (a rate each side of the centre).")
     problems.raise_if_any(header="The lr ladder is not well-formed, found the following errors:")
-
-
-def noise_scale(
-    task: Task | str,
-    params: dict[str, Any] | None = None,
-    *,
-    small_batch: int = 16,
-    micro_batches: int = 4,
-    steps: int = 30,
-    ema: float = 0.9,
-    warmup_steps: int = 0,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-) -> NoiseScaleResult:
-    """Gradient noise scale B_simple = tr(Σ)/|G|² from ``steps`` accumulated steps of the fit loop:
-    the ``micro_batches`` micro-batches of ``small_batch`` samples are the small batches, their
-    mean the big one. B_simple estimates the critical batch size."""
-    return measure_noise_scale(task, params, small_batch=small_batch, micro_batches=micro_batches,
-                               steps=steps, ema=ema, warmup_steps=warmup_steps, device=device, seed=seed)

@@ -203,7 +203,7 @@ class NoiseScaleCallback(Callback):
         )
 
 
-def measure_noise_scale(
+def noise_scale(
     task: Task | str,
     params: dict[str, Any] | None = None,
     *,
@@ -215,8 +215,9 @@ def measure_noise_scale(
     device: str | torch.device = "auto",
     seed: int = 0,
 ) -> NoiseScaleResult:
-    """Train ``steps`` optimizer steps of ``micro_batches`` x ``small_batch`` through the fit
-    loop and estimate B_simple from the micro-batch and step gradients."""
+    """Gradient noise scale B_simple = tr(Σ)/|G|² from ``steps`` accumulated steps of the fit loop:
+    the ``micro_batches`` micro-batches of ``small_batch`` samples are the small batches, their
+    mean the big one. B_simple estimates the critical batch size."""
     problems = ProblemCollector()
     if isinstance(small_batch, bool) or not isinstance(small_batch, int) or small_batch < 1:
         problems.add(f"small_batch={small_batch!r} must be an integer >= 1.")

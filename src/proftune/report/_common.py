@@ -155,7 +155,7 @@ def curves(page: Page, r: RunRecord, *, findings: Sequence[Finding] = ()) -> Non
                           if _num(f.step)]
             fig = _step_figure(xs, [p.get(key) for p in step_rows], key, marks,
                                log=key == "lr" and _spans_decades([p.get(key) for p in step_rows]))
-            side = _curve_summary(key, [p.get(key) for p in step_rows])
+            side = _curve_summary([p.get(key) for p in step_rows])
             s.chart(fig, side=s.side(lambda t, side=side, key=key: t.kv(side, title=key)))
     if epoch_rows:
         _epoch_charts(s, epoch_rows)
@@ -229,7 +229,7 @@ def _ema(ys: Sequence[Any], beta: float = 0.9) -> list[float | None]:
     return out
 
 
-def _curve_summary(key: str, ys: Sequence[Any]) -> list[tuple[str, Any]]:
+def _curve_summary(ys: Sequence[Any]) -> list[tuple[str, Any]]:
     nums = [float(v) for v in ys if _num(v)]
     if not nums:
         return [("points", len(ys))]

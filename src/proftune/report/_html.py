@@ -136,8 +136,7 @@ class Section:
         self.blocks.append(f'<div class="kv">{head}<table>{rows}</table></div>')
 
     def table(self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, sortable: bool = True,
-              title: str | None = None, row_classes: Sequence[str] | None = None,
-              numeric: Sequence[bool] | None = None) -> None:
+              title: str | None = None, row_classes: Sequence[str] | None = None) -> None:
         """A table; numbers sort as numbers (``data-v``), every cell is escaped."""
         head = "".join(f"<th>{esc(c)}</th>" for c in columns)
         body = []

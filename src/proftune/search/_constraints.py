@@ -30,12 +30,9 @@ __all__ = [
 # then (loading it while proftune is half-imported would fail), and one registered later counts.
 #: Metrics measured by profiling a configuration (no training needed), from the registry.
 PROFILE_METRICS = LiveSequence(lambda: tuple(name for name, m in METRICS.items() if m.is_profile))
-#: Profile metrics that need no step at all: counted from the model.
-STATIC_METRICS = LiveSequence(lambda: produced_by("static"))
 #: Metrics the fit loop itself reports after training (the task's evaluate adds its own).
 TRAIN_METRICS = LiveSequence(lambda: produced_by("train"))
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(<=|>=|<|>)\s*([-+.0-9][^<>=]*?)\s*$")
-_OPS = ("<", "<=", ">", ">=")
 _TINY = 1e-9
 
 

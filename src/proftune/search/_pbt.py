@@ -8,7 +8,7 @@ import copy
 import functools
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -221,8 +221,7 @@ def _clip(dist: Any, value: Any) -> Any:
     return round(v) if isinstance(low, int) and not isinstance(low, bool) else float(v)
 
 
-def pbt_plot(schedule: Mapping[str, list[dict[str, Any]]], path: str | Path,
-             params: Callable[[], list[str]] | None = None) -> Path:
+def pbt_plot(schedule: Mapping[str, list[dict[str, Any]]], path: str | Path) -> Path:
     """Each PBT member's params and objective over epochs, one panel each (PNG)."""
     import matplotlib
 

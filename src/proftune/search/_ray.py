@@ -260,17 +260,15 @@ def _callback_class() -> type:
     return _Progress
 
 
-def _ray_space(space: Space, *, start_at_default: bool = False) -> dict[str, Any]:
-    """The space as Ray Tune domains (PBT's initial population and its mutations).
-
-    ``start_at_default``: a param with a ``default`` starts there (PBT's population starts
-    from the user's current setting and the mutations move it within the range).
-    """
+def _ray_space(space: Space) -> dict[str, Any]:
+    """The space as Ray Tune domains (PBT's initial population and its mutations): a param with a
+    ``default`` starts there (PBT's population starts from the user's current setting and the
+    mutations move it within the range)."""
     from ray import tune
 
     out: dict[str, Any] = dict(space.fixed)
     for p in space.params:
-        if start_at_default and p.default is not None:
+        if p.default is not None:
             out[p.name] = p.default
             continue
         if p.type == "categorical":
@@ -434,7 +432,7 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         cfg = tune.TuneConfig(scheduler=_scheduler(settings, options, population=size), num_samples=1,
                               search_alg=population_class()(random_state=settings.seed),
                               time_budget_s=time_budget, reuse_actors=True)
-        members = population_space(_ray_space(settings.space, start_at_default=True), settings.space, size)
+        members = population_space(_ray_space(settings.space), settings.space, size)
         return tune.Tuner(trainable, param_space=members, tune_config=cfg,
                           run_config=run_config)
     searcher = _searcher_class()(

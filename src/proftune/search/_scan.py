@@ -295,8 +295,7 @@ class _Prober:
 
 
 def run_scan(task: Task, space: Space, constraints: Sequence[Constraint], *, n: int = 16, rounds: int = 4,
-             patience: int = 1, seed: int = 0, device: str = "auto", gate_steps: int = 2,
-             refine: bool = True) -> ScanResult:
+             patience: int = 1, seed: int = 0, device: str = "auto", gate_steps: int = 2) -> ScanResult:
     """Profile up to ``n`` Halton configurations of ``space`` (no training) and fit bounds.
 
     The sample is gated in ``rounds`` rounds; once the fitted bounds did not change for
@@ -322,8 +321,7 @@ def run_scan(task: Task, space: Space, constraints: Sequence[Constraint], *, n: 
             stopped_early = True
             break
     notes: list[str] = []
-    if refine:
-        bounds = _refine(space, bounds, probe, notes)
+    bounds = _refine(space, bounds, probe, notes)
     return _result(hard, probe.points, bounds, started, stopped_early, notes)
 
 
