@@ -39,8 +39,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
      "_records", "metrics", "_report_writers"},
     {"_threads", "_machine"},  # the CPU thread count from measured steps (reads _records); memory and cores
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
-    {"_fit_state", "_step", "_schedule"},  # the fit loop's parts: its callbacks' state and result; one
-    # optimizer step; a task's learning-rate schedule and when the loop steps it
+    {"_fit_state", "_step", "_schedule", "_train_params"},  # the fit loop's parts: its callbacks' state and
+    # result; one optimizer step; a task's learning-rate schedule and when the loop steps it; a training's
+    # params, validated once where they are made
     {"_thread_control"},  # the fit loop's CPU threads, a callback
     {"train", "examples", "_usercode"},  # the fit loop; the built-in tasks; where user code failed (reads task)
     {"track"},  # the Store

@@ -42,7 +42,7 @@ from .recommend import (
 )
 from .task import ClassificationTask, Task, load_task
 from .track import Store
-from .train import Callback, FitConfig, FitResult, FitState, fit
+from .train import Callback, FitConfig, FitResult, FitState, TrainParams, fit
 
 # proftune.profile, .compress, .diagnose, .recommend, .search and .optimize are the subpackages,
 # callable as their function of the same name (_callable.py): `proftune.compress(task)`,
@@ -124,6 +124,7 @@ __all__ = [
     "Store",
     "Task",
     "TaskLoadError",
+    "TrainParams",
     "TrainResult",
     "Watcher",
     "__version__",

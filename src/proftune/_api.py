@@ -14,9 +14,10 @@ from ._device import resolve_device
 from ._jsonsafe import json_safe
 from ._records import plain, record_fields, stored_version
 from ._threads import ThreadChoice
+from ._train_params import TrainParams, as_train_params
 from .task import Task, load_task
 from .track import Store, short_fingerprint, tracked_run
-from .train import Callback, FitResult, fit, validate_params
+from .train import Callback, FitResult, fit
 
 #: Bumped when a field of :class:`TrainResult`'s JSON changes meaning.
 TRAIN_SCHEMA_VERSION = 1
@@ -81,7 +82,7 @@ class TrainResult:
 
 def run_train(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     *,
     epochs: int | None = None,
     max_steps: int | None = None,
@@ -95,20 +96,21 @@ def run_train(
 ) -> TrainResult:
     """Train ``task`` with the fit loop and record the run (kind ``train``) in the Store.
 
+    ``params``: a :class:`~proftune.train.TrainParams` is taken as it is (validated where it was
+    made); a dict is merged over the task's ``default_params`` and validated here, once.
+
     ``threads``: torch's CPU threads (None: computed from the measured steps, see ``FitConfig``).
 
     ``store``: a Store, a database URL or None for the default store (``db``: the older name of
     a URL); see :func:`proftune.track.open_store`.
     """
     task_obj = load_task(task)
-    merged = validate_params({**task_obj.default_params, **(params or {})})
-    if batch_size is not None:
-        merged["batch_size"] = batch_size
+    given = as_train_params(task_obj, params, batch_size=batch_size)
     dev = resolve_device(device)
-    config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed, "device": str(dev),
+    config = {"params": given.params, "epochs": epochs, "max_steps": max_steps, "seed": seed, "device": str(dev),
               **({"threads": threads} if threads is not None else {})}
     with tracked_run("train", task_obj, config=config, device=dev, store=store, db=db) as run:
-        result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
+        result = fit(task_obj, given, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      threads=threads, callbacks=callbacks)
         record = TrainResult.of_fit(result, run_id=run.id, task=task_obj.name or type(task_obj).__name__,
                                     data_fingerprint=run.store.get_run(run.id).data_fingerprint)

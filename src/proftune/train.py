@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import pickle
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -23,12 +22,13 @@ from torch import nn
 
 from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resolve_device
 from ._fit_state import Callback, FitResult, FitState
-from ._optimizers import OPTIMIZERS, build_optimizer
+from ._optimizers import build_optimizer
 from ._options import with_options
 from ._schedule import Schedule, run_epochs, schedule_from, warn_if_per_epoch
 from ._step import StepPhases, StepSpec, TimedPhases, run_step
 from ._thread_control import ThreadControl
 from ._threads import ThreadChoice, fit_key, threads_from_env
+from ._train_params import LOOP_PARAMS, TrainParams, as_train_params, validate_params
 from .exceptions import ConfigError, ProblemCollector
 from .metrics import direction, is_known, resolve_direction
 from .task import Task, load_task
@@ -44,6 +44,7 @@ __all__ = [
     "StepSpec",
     "ThreadChoice",
     "TimedPhases",
+    "TrainParams",
     "build_optimizer",
     "evaluate_model",
     "fit",
@@ -52,73 +53,12 @@ __all__ = [
     "validate_params",
 ]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-#: Params with a meaning to the loop; every other param goes to the task untouched.
-LOOP_PARAMS = (
-    "lr", "batch_size", "weight_decay", "optimizer", "momentum",
-    "grad_accumulation", "grad_clip", "precision",
-)
-
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices)."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def validate_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Check and normalise the params the loop understands; one error lists every problem."""
-    out = dict(params)
-    problems = ProblemCollector()
-
-    def number(key: str, kind: type, *, low: float | None = None, strict: bool = False) -> None:
-        if key not in out:
-            return
-        value = out[key]
-        try:
-            if isinstance(value, bool):
-                raise TypeError
-            converted = kind(value)
-            if kind is int and float(value) != converted:
-                raise ValueError
-        except (TypeError, ValueError):
-            problems.add(f"param {key}={value!r} must be {'an integer' if kind is int else 'a number'}.")
-            return
-        if isinstance(converted, float) and not math.isfinite(converted):
-            problems.add(f"param {key}={value!r} must be finite.")
-            return
-        if low is not None and (converted <= low if strict else converted < low):
-            problems.add(f"param {key}={value!r} must be {'>' if strict else '>='} {low}.")
-            return
-        out[key] = converted
-
-    number("lr", float, low=0.0, strict=True)
-    number("batch_size", int, low=1)
-    number("weight_decay", float, low=0.0)
-    number("momentum", float, low=0.0)
-    number("grad_accumulation", int, low=1)
-    number("grad_clip", float, low=0.0, strict=True)
-    if "optimizer" in out:
-        name = str(out["optimizer"]).lower()
-        if name not in OPTIMIZERS:
-            problems.add(f"param optimizer={out['optimizer']!r} is unknown; valid: {', '.join(OPTIMIZERS)}.")
-        out["optimizer"] = name
-    if "precision" in out:
-        prec = str(out["precision"]).lower()
-        if prec not in PRECISIONS:
-            problems.add(f"param precision={out['precision']!r} is unknown; valid: {', '.join(PRECISIONS)}.")
-        out["precision"] = prec
-    if out.get("optimizer") == "lbfgs" and int(out.get("grad_accumulation", 1) or 1) > 1:
-        problems.add("param grad_accumulation must be 1 with optimizer='lbfgs' (it re-evaluates the loss).")
-    for key, value in out.items():  # params are recorded, and sent to worker processes and checkpoints
-        try:
-            pickle.dumps(value)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            problems.add(f"param {key}={value!r} cannot be stored (pickled: {exc}); give it a value that can, "
-                         "such as a number, a string or a function defined at a module's top level.")
-    problems.raise_if_any()
-    return out
 
 
 class _Timer:
@@ -159,7 +99,7 @@ class FitConfig:
 
 def fit(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     config: FitConfig | None = None,
     *,
     callbacks: Sequence[Callback] = (),
@@ -168,6 +108,9 @@ def fit(
 ) -> FitResult:
     """Train ``task`` with ``params``; seeded and deterministic on CPU.
 
+    ``params``: a :class:`TrainParams` is taken as it is (merged and validated where it was made);
+    a dict is merged over the task's ``default_params`` and validated here, once.
+
     ``config`` (a :class:`FitConfig`) or its fields by name (``epochs=3, seed=0``) say how long
     and where. ``model`` trains a given model (fine-tuning) instead of building one.
     """
@@ -175,10 +118,8 @@ def fit(
     epochs, max_steps, batch_size, device, seed = cfg.epochs, cfg.max_steps, cfg.batch_size, cfg.device, cfg.seed
     evaluate, stop_on_nan = cfg.evaluate, cfg.stop_on_nan
     task = load_task(task)
-    merged = {**task.default_params, **(params or {})}
-    if batch_size is not None:
-        merged["batch_size"] = batch_size
-    merged = validate_params(merged)
+    given = as_train_params(task, params, batch_size=batch_size)
+    merged = given.params
     problems = ProblemCollector()
     if epochs is not None and (isinstance(epochs, bool) or int(epochs) < 1):
         problems.add(f"epochs must be at least 1, but got {epochs=}.")
