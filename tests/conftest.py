@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,26 @@ def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'runs.db'}"
+
+
+@pytest.fixture
+def validations(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The params of every call of ``validate_params`` from now on, wherever a module of proftune
+    imported it (each binding is replaced by one counting wrapper)."""
+    from proftune import _train_params
+
+    original = _train_params.validate_params
+    calls: list[dict[str, Any]] = []
+
+    def counted(params: dict[str, Any]) -> dict[str, Any]:
+        calls.append(dict(params))
+        return original(params)
+
+    for name, module in list(sys.modules.items()):
+        ours = name == "proftune" or name.startswith("proftune.")
+        if ours and getattr(module, "validate_params", None) is original:
+            monkeypatch.setattr(module, "validate_params", counted)
+    return calls
 
 
 @pytest.fixture(autouse=True, scope="session")

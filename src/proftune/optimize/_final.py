@@ -25,7 +25,7 @@ from .._jsonsafe import finite_float
 from .._paths import replacing
 from ..task import Task
 from ..track import Store
-from ..train import evaluate_model
+from ..train import TrainParams, evaluate_model
 from ._budget import Deadline
 from ._decide import ALPHA, Comparison, ahead_within_noise, compare_paired, compare_race
 from ._final_records import (
@@ -72,7 +72,7 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
            folder: Path) -> ArmRun:
     deadline = Deadline(limit_s)
     epochs = _epochs(arm, plan)
-    rep = run_train(task, arm.params, epochs=epochs, device=plan.device, seed=seed,
+    rep = run_train(task, TrainParams.of(task, arm.params), epochs=epochs, device=plan.device, seed=seed,
                     callbacks=[deadline], store=store)
     res = rep.result
     assert res is not None  # run_train's record keeps what fit returned
