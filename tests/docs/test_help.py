@@ -51,8 +51,8 @@ def test_each_pasted_help_is_the_commands_help_now(p: Pasted) -> None:
 
 @pytest.mark.parametrize("args", [["optimize", "--help"], ["bandit", "--help"], ["runs", "compare", "--help"]])
 def test_the_help_reads_the_same_at_any_terminal_width(args: list[str]) -> None:
-    at = {w: help_text(live(args, w)) for w in (72, 100, 160)}
-    assert at[72] == at[100] == at[160]
+    at = {w: help_text(live(args, w)) for w in (80, 100, 160)}
+    assert at[80] == at[100] == at[160]
     assert len(at[100].boxes) >= 1
     assert all(rows for _, rows in at[100].boxes)
     options = dict(at[100].boxes)["Options"]
