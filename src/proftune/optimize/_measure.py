@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._holdout import count_samples
 from .._jsonsafe import finite_float
 from ..compress import Candidate
 from ..exceptions import ConfigError
@@ -70,12 +71,21 @@ def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
     return int(n()) if callable(n) else 1
 
 
+#: Up to this many (batches x batch size), the training samples are counted in one pass of the data.
+COUNT_SAMPLES_UP_TO = 200_000
+
+
 def _samples(task: Task, params: dict[str, Any]) -> int | None:
-    """Training samples per epoch (an upper bound: batches x batch size), when the data has a length."""
+    """Training samples per epoch, when the data has a length: counted in one pass where that is
+    cheap, else the upper bound batches x batch size (a batch of 4096 on 1,097 samples gave 4096,
+    and the search's batches then never went below 128)."""
     bs = int(params.get("batch_size", 32))
     data = task.train_data(bs, params)
     n = getattr(data, "__len__", None)
-    return int(n()) * bs if callable(n) else None
+    if not callable(n):
+        return None
+    bound = int(n()) * bs
+    return count_samples(data) if bound <= COUNT_SAMPLES_UP_TO else bound
 
 
 def _latency_ms(task: Task, model: nn.Module, device: torch.device) -> float | None:

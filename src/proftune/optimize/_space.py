@@ -21,6 +21,8 @@ __all__ = ["SearchPlan", "build_plan", "task_param_defaults"]
 
 #: Loop params the compute stage fixes (never searched by default).
 COMPUTED_FIXED = ("grad_accumulation", "precision")
+#: Batches the search's space holds whatever the computed centre (within what fits and the data).
+COMMON_BATCHES = (16, 32, 64, 128, 256)
 
 
 class _DefaultProbe(dict[str, Any]):
@@ -105,10 +107,17 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     # beyond the data (8192 on 3,196 samples) made every choice one or two steps an epoch, so
     # the search could not reach the batch of 64 a plain loop found (issue 60's generated tasks)
     reach = (samples // 8, samples // 32) if samples else ()
+    # and the batches a plain loop searches whatever the centre (a centre of a whole 1,097-sample set
+    # in one step kept the search at 128 and above, where a plain loop's best was 32)
     choices = sorted({max(2, min(cap, b)) for b in (bs // 8, bs // 4, bs // 2, bs, bs * 2, bs * 4, bs * 8,
-                                                   min(cap, default_bs), *reach)})
+                                                   min(cap, default_bs), *reach, *COMMON_BATCHES)})
     params["batch_size"] = {"type": "categorical", "choices": choices}
     centre["batch_size"] = min(bs, cap)
+    if samples and samples // 8 >= 2 and centre["batch_size"] >= samples:
+        # a centre of the whole set in one step (a default beyond the data, capped there) moves to
+        # the largest batch of the space that leaves eight steps an epoch (a few dozen samples in one
+        # step can be the best: it stays a choice)
+        centre["batch_size"] = max(c for c in choices if c <= samples // 8)
     narrow["batch_size"] = [c for c in choices if bs // 2 <= c <= bs * 2]
     evidence["batch_size"] = "computed (memory budget / critical batch)" if computed.batch_size else "task default"
     if str(defaults.get("optimizer", "adamw")) in ("adamw", "adam", "sgd"):
