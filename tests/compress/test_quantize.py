@@ -112,3 +112,18 @@ def test_every_backend_follows_the_base_class_contract() -> None:
         with torch.no_grad():
             assert (q(x) - model(x)).abs().max() < 0.1
         assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))  # untouched
+
+
+def test_asking_for_torchao_writes_nothing_to_stderr() -> None:
+    """torchao's import logs a deprecation of torch's own (``register_constant()`` on an Enum) to
+    stderr: the first line a newcomer's quickstart printed. A fresh interpreter, so the import is
+    not already done."""
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom proftune.compress._quant_backends import TorchaoDynamic\n"
+            "print(TorchaoDynamic().unavailable(torch.device('cpu')))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert res.stdout.strip() in ("None", "torchao is not installed (pip install 'proftune[quant]')")
+    assert "register_constant" not in res.stderr
+    assert res.stderr.strip() == ""

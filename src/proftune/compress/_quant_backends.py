@@ -164,6 +164,20 @@ class TorchAOQAT(_TorchAO):
         return recipes.convert_qat(prepared)
 
 
+def _import_torchao() -> None:
+    """Import torchao with torch's pytree logger quiet: its import logs a deprecation of torch's
+    own (``register_constant()`` on an Enum) to stderr, noise to a user of proftune."""
+    import logging
+
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
+    try:
+        import torchao  # noqa: F401
+    finally:
+        pytree.setLevel(level)
+
+
 @register_quant_backend
 class TorchaoDynamic(BaseQuantBackend):
     """torchao's dynamic INT8 Linear (tensor subclasses; CPU and CUDA), saved with torch.export."""
@@ -174,7 +188,7 @@ class TorchaoDynamic(BaseQuantBackend):
 
     def unavailable(self, device: torch.device, model: nn.Module | None = None) -> str | None:
         try:
-            import torchao  # noqa: F401
+            _import_torchao()
         except ImportError:
             return "torchao is not installed (pip install 'proftune[quant]')"
         if model is not None and not any(isinstance(m, nn.Linear) for m in model.modules()):
@@ -184,6 +198,7 @@ class TorchaoDynamic(BaseQuantBackend):
     def quantize(self, model: nn.Module, inputs: QuantInputs) -> nn.Module:
         import copy
 
+        _import_torchao()
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
         quantized = copy.deepcopy(model).eval()
