@@ -490,3 +490,19 @@ def test_the_training_samples_are_counted_not_bounded_by_a_batch_beyond_the_data
 
     assert _samples(TinyTask(), {"batch_size": 4096}) == len(X_TRAIN)
     assert _samples(TinyTask(), {"batch_size": 7}) == len(X_TRAIN)
+
+
+def test_across_chunks_only_the_best_trials_models_stay_on_disk(tmp_path: Path) -> None:
+    """Each chunk's runner keeps its own best models; the stage keeps the KEPT_MODELS best of all
+    (every chunk's three models of a large model would fill the disk)."""
+    from proftune.optimize._search import KEPT_MODELS, _drop_kept
+
+    values = [0.5, 0.9, 0.7, 0.95, 0.6, 0.8]
+    for n in range(len(values)):
+        torch.save({"w": torch.zeros(1)}, tmp_path / f"trial-{n}.pt")
+    rows = [_row(n, 0.01, "complete", v) for n, v in enumerate(values)] + [_row(6, 0.01, "pruned")]
+    _drop_kept(tmp_path, rows, maximize=True)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["trial-1.pt", "trial-3.pt", "trial-5.pt"]
+    assert KEPT_MODELS == 3
+    _drop_kept(tmp_path, rows, maximize=False)  # a loss: the lowest three
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == []  # none of the kept three is among them

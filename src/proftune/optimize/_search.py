@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from .._jsonsafe import finite_float
@@ -45,6 +46,8 @@ CALL_OVERHEAD_S = 0.3
 CHUNK_MAX = 20
 #: Share of the search's time after which a flat search may stop itself.
 STALL_AFTER = 0.75
+#: The models of this many of the best complete trials are kept across the stage's chunks (``keep_models``).
+KEPT_MODELS = 3
 #: The last share of the search's time re-evaluates its leaders at new seeds: among hundreds of
 #: single draws on a small or noisy validation set the best draw is the luckiest (the winner's
 #: curse), and the race's challengers are named by the mean that held up on repeats.
@@ -431,6 +434,17 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
                                for item in items])
 
 
+def _drop_kept(folder: Path, trials: Sequence[TrialRecord], maximize: bool) -> None:
+    """Keep the models of the ``KEPT_MODELS`` best complete trials so far (each chunk's runner kept
+    its own best: on a large model, every chunk's would fill the disk); delete the others."""
+    sign = 1.0 if maximize else -1.0
+    done = sorted((sign * v, t.number) for t in trials if (v := finite_float(t.value)) is not None)
+    keep = {f"trial-{n}.pt" for _, n in done[::-1][:KEPT_MODELS]}
+    for path in folder.glob("trial-*.pt"):
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
+
+
 def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store,
                      seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None,
                      must_end: float | None = None,
@@ -522,6 +536,8 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         trained_s = sum(float(t.duration_s or 0.0) for t in result.trials if t.number not in before)
         overhead = max(overhead, time.monotonic() - t_call - trained_s)
         calls += 1
+        if settings.keep_models is not None:
+            _drop_kept(Path(settings.keep_models), result.trials, settings.maximize)
         if on_chunk is not None:
             on_chunk({"finished": _finished(result.trials), "flags": len(flags)})
     cancelled = cancel_waiting(settings.study, store=store, reason="queued, not run: the search's time was spent")
