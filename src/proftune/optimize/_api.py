@@ -267,7 +267,7 @@ class _Loop:
 
     def _trial_epochs(self, seconds: float) -> int:
         """Epochs of every search trial and of the race's candidates: the task's own (the
-        protocol the defaults are judged by), unless the search's time cannot hold about six
+        protocol the defaults are judged by), unless the search's time cannot hold about three
         trials of them; never fewer than the epochs at which the defaults' curve could rank."""
         full = self.task.default_epochs
         if seconds >= FULL_TRIALS_AT_LEAST * full * self.epoch_s():
