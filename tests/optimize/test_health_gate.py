@@ -77,6 +77,25 @@ def test_units_that_died_while_training_are_the_rate_s_and_from_init_the_init_s(
         assert out.searched == ["dead_units"]
 
 
+@pytest.mark.parametrize(("beside", "stops"), [("lr_too_high", False), ("exploding_gradients", False),
+                                               ("no_warmup", True), (None, True)])
+def test_units_dead_from_the_first_step_at_a_rate_the_same_training_blames_are_the_rate_s(
+        beside: str | None, stops: bool) -> None:
+    """A rate 51x too high killed a CNN's ReLU by the first sampled step (74% zeros at init, 100%
+    after): "from init" there is the rate's, which the same training's lr finding says; the loop
+    stopped before any search where a plain loop reached 0.95. Without such a finding (a note that
+    the run has no warm-up blames nothing) the init is the cause and the loop stops."""
+    from proftune.optimize._health_gate import stopping_findings
+
+    dead = Finding(cause="dead_units", severity="error", summary="ReLU outputs zero", fix="lower the lr",
+                   evidence={"zero_frac": 1.0, "dead_from_init": True})
+    findings = [dead] + ([Finding(cause=beside, severity="info" if beside == "no_warmup" else "warning",
+                                  summary="the rate", fix="lower it", evidence={})] if beside else [])
+    assert (stopping_findings(findings, searched=frozenset({"lr", "batch_size"})) == [dead]) is stops
+    # where the search does not tune the rate, nothing about it lets the loop go on
+    assert stopping_findings(findings, searched=frozenset({"batch_size"})) == [dead]
+
+
 def _baseline_loop(tmp: Any, *, space: Any = None) -> Any:
     from tests.optimize.tasks import TinyTask
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SEARCHED_CAUSES", "searched_params", "stopping_findings", "tuned"]
+__all__ = ["RATE_BLAMED", "SEARCHED_CAUSES", "searched_params", "stopping_findings", "tuned"]
 
 #: Error findings caused by a param the search tunes, by that param: where it is searched the loop goes on.
 SEARCHED_CAUSES = {**dict.fromkeys(("lr_too_high", "lr_too_low", "exploding_gradients", "oscillating_loss",
@@ -22,9 +22,15 @@ def searched_params(space: Any) -> frozenset[str]:
     return frozenset(load_space(space).names)
 
 
-def _searched(finding: Any, params: frozenset[str]) -> bool:
-    """A param the search tunes is the cause (the rate, where units died while training, not from init)."""
-    died_training = (finding.to_dict().get("evidence") or {}).get("dead_from_init") is False
+#: Findings of the same training that put dead units down to the rate (a warning or worse): units
+#: "dead from the first sampled step" at a rate 51x too high were alive at init (74% zeros, not 100%).
+RATE_BLAMED = ("lr_too_high", "exploding_gradients", "oscillating_loss")
+
+
+def _searched(finding: Any, params: frozenset[str], *, rate_blamed: bool = False) -> bool:
+    """A param the search tunes is the cause (the rate, where units died while training, not from
+    init, or where the same training's findings blame the rate)."""
+    died_training = (finding.to_dict().get("evidence") or {}).get("dead_from_init") is False or rate_blamed
     return ("lr" if finding.cause == "dead_units" and died_training else SEARCHED_CAUSES.get(finding.cause)) in params
 
 
@@ -35,4 +41,5 @@ def tuned(finding: Any) -> str:
 
 def stopping_findings(findings: Sequence[Any], *, searched: frozenset[str]) -> list[Any]:
     """The error findings that stop the loop: every error but those whose cause the search tunes."""
-    return [f for f in findings if f.severity == "error" and not _searched(f, searched)]
+    rate = any(f.cause in RATE_BLAMED and f.severity in ("warning", "error") for f in findings)
+    return [f for f in findings if f.severity == "error" and not _searched(f, searched, rate_blamed=rate)]
