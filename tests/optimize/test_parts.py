@@ -506,20 +506,3 @@ def test_across_chunks_only_the_best_trials_models_stay_on_disk(tmp_path: Path) 
     assert KEPT_MODELS == 3
     _drop_kept(tmp_path, rows, maximize=False)  # a loss: the lowest three
     assert sorted(p.name for p in tmp_path.glob("*.pt")) == []  # none of the kept three is among them
-
-
-def test_without_a_measured_rate_the_warm_start_takes_no_local_steps_of_it() -> None:
-    """Steps of 3x refine a measured rate; around the task's own rate (nothing measured, or the
-    check failed) they spent two of a GRU's five trials at a rate 50x too high: the wide points
-    search it instead."""
-    measured = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64}, user_space=None, max_batch=None, samples=1024)
-    unmeasured = build_plan(TinyTask(), {"batch_size": 64}, user_space=None, max_batch=None, samples=1024)
-    assert not unmeasured.evidence["lr"].startswith("computed")
-
-    def lr_steps(plan: Any) -> list[float]:
-        items = warm_start(plan, {"lr": 0.01, "batch_size": 32, "hidden": 16})
-        return [p["lr"] for a, p in items if a == "local" and p["lr"] != plan.centre["lr"]]
-
-    assert len(lr_steps(measured)) == 2
-    assert lr_steps(unmeasured) == []
-    assert any(a == "wide" for a, _ in warm_start(unmeasured, {"lr": 0.01, "batch_size": 32, "hidden": 16}))

@@ -72,8 +72,7 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
                with_defaults: bool = True, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
     """The first trials: the computed centre, the task's defaults (measured under the trial
     protocol, the bar every other trial is read against), and a local design around the centre
-    (lr x3 and /3 where the rate was measured, half the batch, a hundredth of a weight decay nothing
-    measured): what the
+    (lr x3 and /3, half the batch, a hundredth of a weight decay nothing measured): what the
     measurements say before any model of the space, each local step followed by a point over the
     whole space (:func:`wide_points`, ``WIDE_POINTS`` of them): a wrong centre costs every other
     trial, not every trial; ``alternative``: another optimizer the optimizer row measured better,
@@ -83,10 +82,7 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
     names = set(plan.space.names)
     if with_defaults:  # (not where they were measured at this protocol already)
         items.append(("defaults", space_point(plan, {k: v for k, v in defaults.items() if k in names})))
-    if "lr" in names and "lr" in centre and str(plan.evidence.get("lr", "")).startswith("computed"):
-        # steps of 3x refine a measured rate; the task's own rate, where nothing measured one (or
-        # its check failed), may be off 50x: the wide points search it (lr 1.46 x3 and /3 on a GRU
-        # whose rate was 50x too high were two of its five trials)
+    if "lr" in names and "lr" in centre:
         for factor in (3.0, 1 / 3.0):
             items.append(("local", space_point(plan, {**centre, "lr": float(centre["lr"]) * factor})))
     if "batch_size" in names and "batch_size" in centre:
