@@ -18,8 +18,9 @@ PACKAGES = ("proftune", "proftune.profile", "proftune.recommend", "proftune.comp
             "proftune.integrations.transformers")
 #: optimize/ is reworked in #23's part A (its config names the store db=); records whose field is a URL.
 #: notify_ended is a search backend's hook, handed the open Store of the study it runs (no URL).
+#: SearchSettings is what a sampler or backend plug-in is handed: the study's resolved URL (``db``), not an entry.
 EXEMPT = {"optimize", "OptimizeConfig", "SearchResult", "Context", "run_page", "RunHandle", "StudyLock",
-          "Bandit", "BanditPulls", "simulate", "notify_ended"}
+          "Bandit", "BanditPulls", "simulate", "notify_ended", "SearchSettings"}
 
 
 def _entries() -> list[tuple[str, inspect.Signature]]:
