@@ -44,9 +44,8 @@ def test_the_pages_show_the_help_of_the_commands_they_document() -> None:
 @pytest.mark.parametrize("p", PASTED, ids=lambda p: f"{p.shown.page.name}:{' '.join(p.args[:-1])}")
 def test_each_pasted_help_is_the_commands_help_now(p: Pasted) -> None:
     page, now = help_text(p.shown.code), help_text(live(p.args, p.width))
-    if page != now:
-        pytest.fail(f"{p.shown.where}: the `proftune {' '.join(p.args)}` pasted there is not what the command "
-                    f"prints now; {_difference(page, now)}\n{REGENERATE}", pytrace=False)
+    assert page == now, (f"{p.shown.where}: the `proftune {' '.join(p.args)}` pasted there is not what the "
+                         f"command prints now; {_difference(page, now)}\n{REGENERATE}")
 
 
 @pytest.mark.parametrize("args", [["optimize", "--help"], ["bandit", "--help"], ["runs", "compare", "--help"]])
