@@ -26,10 +26,6 @@ NOT_YET: dict[str, tuple[int, int]] = {
     "howto/compress.md": (175, 0),
     "howto/diagnose.md": (234, 0),
     "howto/frameworks.md": (166, 0),
-    "howto/ray.md": (346, 0),
-    "howto/recommend.md": (271, 0),
-    "howto/report.md": (344, 0),
-    "howto/store.md": (260, 0),
     "howto/trackers.md": (197, 0),
 }
 
