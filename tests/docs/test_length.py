@@ -23,10 +23,6 @@ NOT_YET: dict[str, tuple[int, int]] = {
     "concepts/race.md": (202, 0),
     "concepts/winners-curse.md": (245, 6),
     "development.md": (394, 349),
-    "howto/compress.md": (175, 0),
-    "howto/diagnose.md": (234, 0),
-    "howto/frameworks.md": (166, 0),
-    "howto/trackers.md": (197, 0),
 }
 
 
