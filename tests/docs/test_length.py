@@ -17,9 +17,9 @@ from ._blocks import DOCS
 
 PARAGRAPH = 150
 CELL = 60
-#: Pages not split yet: (longest paragraph, longest cell) in words, today's. Shrink, never grow.
+#: Pages not split yet: (longest paragraph, longest cell) in words, today's. Shrink, never grow;
+#: none is left (issue 63 split the last fifteen), so a page that grows past the bounds fails.
 NOT_YET: dict[str, tuple[int, int]] = {
-    "development.md": (394, 349),
 }
 
 
