@@ -17,23 +17,9 @@ from ._blocks import DOCS
 
 PARAGRAPH = 150
 CELL = 60
-#: Pages not split yet: (longest paragraph, longest cell) in words, today's. Shrink, never grow.
+#: Pages not split yet: (longest paragraph, longest cell) in words, today's. Shrink, never grow;
+#: none is left (issue 63 split the last fifteen), so a page that grows past the bounds fails.
 NOT_YET: dict[str, tuple[int, int]] = {
-    "concepts/computed.md": (73, 82),
-    "concepts/loop.md": (135, 606),
-    "concepts/race.md": (202, 0),
-    "concepts/threads.md": (610, 0),
-    "concepts/winners-curse.md": (245, 6),
-    "development.md": (394, 349),
-    "howto/compress.md": (175, 0),
-    "howto/diagnose.md": (234, 0),
-    "howto/frameworks.md": (166, 0),
-    "howto/predict.md": (692, 0),
-    "howto/ray.md": (346, 0),
-    "howto/recommend.md": (271, 0),
-    "howto/report.md": (344, 0),
-    "howto/store.md": (260, 0),
-    "howto/trackers.md": (197, 0),
 }
 
 
