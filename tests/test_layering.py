@@ -297,7 +297,7 @@ OPTIMIZE_LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer i
     # the contract: options, what a stage is given, the stage base and registry, the clock
     {"_config", "_context", "_stages", "_budget"},
     # the stages' work
-    {"_measure", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_batch_check", "_health_gate", "_builtin"},
+    {"_measure", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_health_gate", "_builtin"},
     {"_story", "_output"},  # what the run writes: the story told from the result, the files
     {"_api", "__init__"},  # the orchestrator (_Loop, optimize) and the public names
 ))

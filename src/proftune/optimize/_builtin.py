@@ -29,7 +29,6 @@ from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
 from ..train import evaluate_model, fit, seed_everything, validate_params
-from ._batch_check import checked_batch
 from ._budget import Deadline
 from ._computed import ComputedValues
 from ._context import StageContext
@@ -217,9 +216,6 @@ class Compute(BaseStage):
                          measure_threads=False)  # the baseline's training measured them (a slow model: seconds)
         computed = ComputedValues.from_recommendations(
             recs, own_optimizer=str(loop.defaults.get("optimizer", "adamw")))
-        computed, batch_check = checked_batch(  # a batch of 1 from a noisy init cost 2.5x the defaults' epoch
-            loop.task, loop.defaults, computed, recs, samples=_samples(loop.task, loop.defaults),
-            default_epoch_s=loop.state.record(BaselineOutputs).epoch_s, device=loop.dev, seed=loop.cfg.seed)
         # the computed lr is a hypothesis: a few seconds of it against the defaults' before the
         # search centres on it (a rate read off a loss that only came back to chance trains nothing)
         # never longer than one whole training of the defaults (then the check is two whole ones),
@@ -234,7 +230,6 @@ class Compute(BaseStage):
         max_batch = BatchSizeEvidence.of(recs.get("batch_size")).max_batch_size
         return StageResult(ComputeOutputs(
             computed=computed, max_batch_size=max_batch, run_id=recs.run_id, lr_check=lr_check,
-            batch_check=batch_check,
             steps={"lr_range_test": lr_steps, "lr_ladder": ladder_steps, "noise_scale": noise_steps,
                    "optimizer_budget_s": optimizer_s, "step_ms": prof.step.time_ms, "share_steps": steps},
             recommendations=[{"name": r.name, "value": r.value, "reason": r.reason,

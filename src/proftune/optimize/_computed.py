@@ -10,7 +10,7 @@ from .._jsonsafe import finite_float
 from .._records import JsonRecord, Reader
 from ..recommend import OptimizerEvidence, Recommendations
 
-__all__ = ["BatchCheck", "ComputedValues", "LrCheck", "OptimizerChoice"]
+__all__ = ["ComputedValues", "LrCheck", "OptimizerChoice"]
 
 #: The precisions a computed value may take.
 _PRECISIONS = ("fp32", "bf16", "fp16")
@@ -105,27 +105,3 @@ class LrCheck(JsonRecord):
             return f"{runs}: better by more than {self.margin:.3g}, so the search centres on the computed lr"
         return (f"{runs}: not better by more than {self.margin:.3g}, so the search centres on the defaults' lr "
                 "(the computed one is a hypothesis this check did not confirm)")
-
-
-@dataclass(frozen=True)
-class BatchCheck(JsonRecord):
-    """The computed batch's timed steps against the defaults' epoch, and the batch the search centres on."""
-
-    WHAT: ClassVar[str] = "the computed batch's check"
-    computed_batch: int
-    default_batch: int
-    samples: int | None
-    step_ms: float
-    epoch_s: float | None
-    default_epoch_s: float | None
-    batch: int
-    lr_factor: float
-    reason: str
-
-    @property
-    def moved(self) -> bool:
-        return self.batch != self.computed_batch
-
-    def describe(self) -> str:
-        """One line: what was measured, and the batch the search centres on."""
-        return self.reason

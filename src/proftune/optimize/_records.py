@@ -21,7 +21,7 @@ from .._holdout import HoldoutInfo
 from .._records import JsonRecord, Reader, each, optional, plain, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
-from ._computed import BatchCheck, ComputedValues, LrCheck
+from ._computed import ComputedValues, LrCheck
 from ._final_records import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
 from ._plan import BudgetPlan
@@ -169,8 +169,7 @@ class ComputeOutputs(StageOutputs):
     """What ``recommend`` computed: the values the search centres on, and their reasons."""
 
     STAGE: ClassVar[str] = "compute"
-    READERS: ClassVar[dict[str, Reader]] = {"computed": ComputedValues.from_dict, "lr_check": LrCheck.from_dict,
-                                            "batch_check": BatchCheck.from_dict}
+    READERS: ClassVar[dict[str, Reader]] = {"computed": ComputedValues.from_dict, "lr_check": LrCheck.from_dict}
     #: The values computed (its JSON: only those, by name).
     computed: ComputedValues = field(default_factory=ComputedValues)
     max_batch_size: int | None = None
@@ -182,15 +181,11 @@ class ComputeOutputs(StageOutputs):
     #: The computed lr's short run against the defaults' (None: no lr computed, or not checked);
     #: where it did not win, ``computed`` holds no lr and the search centres on the defaults'.
     lr_check: LrCheck | None = None
-    #: The computed batch's timed steps (None: no batch computed, or the defaults'); where it moved,
-    #: ``computed`` holds the batch the search centres on.
-    batch_check: BatchCheck | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        for check in ("lr_check", "batch_check"):
-            if d.get(check) is None:
-                d.pop(check, None)  # the JSON as it was before the checks: nothing where nothing was checked
+        if d.get("lr_check") is None:
+            d.pop("lr_check", None)  # the JSON as it was before the check: nothing where nothing was checked
         return d
 
     def reasons(self) -> dict[str, str]:

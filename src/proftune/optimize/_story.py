@@ -215,7 +215,6 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
         computed = s.record(ComputeOutputs)
         did = "computed " + (fmt(computed.computed.to_dict()) or "nothing")
         did += f"; lr check: {rounded(computed.lr_check.describe())}" if computed.lr_check is not None else ""
-        did += f"; batch check: {rounded(computed.batch_check.describe())}" if computed.batch_check is not None else ""
     elif s.name == "layer_value":
         lv = s.record(LayerValueOutputs)
         found = lv.findings
