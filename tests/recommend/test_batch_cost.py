@@ -73,6 +73,28 @@ def test_the_step_timer_times_the_tasks_own_steps() -> None:
     assert 0 < ms < 1000
 
 
+class _SlowSchedule(PlateauMLP):
+    """PlateauMLP whose schedule takes 5 ms a step: a cost every step pays, outside its phases."""
+
+    def configure_scheduler(self, optimizer: torch.optim.Optimizer, params: dict[str, Any], *,
+                            epochs: int | None, max_steps: int | None) -> Any:
+        import time
+
+        def factor(_: int) -> float:
+            time.sleep(0.005)
+            return 1.0
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def test_the_step_timer_times_what_an_epoch_pays_for_a_step_not_its_phases_alone() -> None:
+    # the phases (data, forward, backward, optimizer) of this tiny MLP take well under a millisecond;
+    # an epoch pays the schedule's 5 ms at every step too
+    task = _SlowSchedule()
+    timer = step_timer(task, dict(task.default_params), device=torch.device("cpu"), seed=0)
+    assert timer(8) >= 5.0
+
+
 class _NormMLP(PlateauMLP):
     """A BatchNorm MLP: it cannot train at batch 1."""
 
