@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -174,6 +174,21 @@ def test_warm_start_is_the_computed_centre_the_defaults_and_a_local_design() -> 
     arms_after = arms[2:]
     assert arms_after[:8] == ["local", "wide"] * 4
     assert arms.count("wide") == WIDE_POINTS
+
+
+class _NoDecay(TinyTask):
+    default_params: ClassVar[dict[str, Any]] = {**TinyTask.default_params, "optimizer": "sgd", "weight_decay": 0.0}
+
+
+def test_a_task_s_own_decay_of_zero_is_the_centre_not_adamw_s() -> None:
+    plan = build_plan(_NoDecay(), {"lr": 0.02}, user_space=None, max_batch=None, samples=192)
+    p = plan.space.param("weight_decay")
+    assert plan.centre["weight_decay"] == p.low == pytest.approx(1e-6)  # no decay to speak of, on a log scale
+    low, high = plan.narrow["weight_decay"]
+    assert p.low <= low < high <= p.high
+    # and the warm start takes no hundredth of a decay the task chose to be none
+    items = warm_start(plan, dict(_NoDecay.default_params))
+    assert all(q["weight_decay"] == pytest.approx(1e-6) for a, q in items if a in ("centre", "defaults", "local"))
 
 
 def test_the_wide_points_spread_over_the_whole_space_on_each_param_s_scale() -> None:

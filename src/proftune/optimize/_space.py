@@ -121,9 +121,14 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     narrow["batch_size"] = [c for c in choices if bs // 2 <= c <= bs * 2]
     evidence["batch_size"] = "computed (memory budget / critical batch)" if computed.batch_size else "task default"
     if str(defaults.get("optimizer", "adamw")) in ("adamw", "adam", "sgd"):
-        wd = float(defaults.get("weight_decay") or DEFAULT_WEIGHT_DECAY)
-        params["weight_decay"] = {"type": "float", "low": min(1e-6, wd), "high": max(0.3, wd), "log": True}
-        centre["weight_decay"], narrow["weight_decay"] = wd, _log_range(wd, 10.0, 1e-6, 0.3)
+        own = defaults.get("weight_decay")
+        wd = DEFAULT_WEIGHT_DECAY if own is None else float(own)
+        # a decay of 0 the task gives is its choice: the centre is the space's floor (1e-6, no decay to
+        # speak of on a log scale), not AdamW's 0.01 (a task whose own SGD had none was centred at 0.01)
+        low = min(1e-6, wd) if wd > 0 else 1e-6
+        wd = max(wd, low)
+        params["weight_decay"] = {"type": "float", "low": low, "high": max(0.3, wd), "log": True}
+        centre["weight_decay"], narrow["weight_decay"] = wd, _log_range(wd, 10.0, low, 0.3)
         evidence["weight_decay"] = "task default (AdamW's 0.01 when unset)"
     for name, value in sorted(defaults.items()):
         if name in LOOP_PARAMS or name in params or isinstance(value, bool):
