@@ -405,3 +405,19 @@ def test_cheap_defaults_train_alone_in_the_time_left_for_the_rank_test(tmp_path:
     assert out.comparison.extra["defaults_outside_race"] == len(solo)
     assert out.decision == "chosen"
     assert "more training(s) of the defaults alone" in out.note
+
+
+def test_the_compute_stage_sizes_its_measurements_by_a_step_as_a_training_pays_it(
+        optimize_run: dict[str, object]) -> None:
+    # the profile's phases leave out the loop's own work around a step (at batch 4 the compute stage
+    # then took 3x its share): the steps it gives each measurement are counted at the no-tricks
+    # run's wall clock per step where that is longer
+    state = json.loads((Path(str(optimize_run["out"])) / "state.json").read_text())
+    baseline, compute = state["stages"]["baseline"]["outputs"], state["stages"]["compute"]
+    task = TinyTask()
+    steps_per_epoch = len(task.train_data(int(task.default_params["batch_size"]), dict(task.default_params)))
+    wall_ms = baseline["epoch_s"] / steps_per_epoch * 1e3
+    steps = compute["outputs"]["steps"]
+    assert steps["step_ms"] >= wall_ms * (1 - 1e-9)
+    assert steps["share_steps"] == pytest.approx(compute["share_s"] / (steps["step_ms"] / 1e3), rel=1e-6)
+    assert steps["lr_range_test"] == int(min(100, max(10, 0.45 * steps["share_steps"])))
