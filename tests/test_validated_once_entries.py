@@ -9,6 +9,7 @@ from proftune.compress import compress
 from proftune.diagnose import bandit, diagnose
 from proftune.diagnose._bandit import Arm
 from proftune.profile import profile
+from proftune.recommend import lr_find, recommend
 
 from .optimize.tasks import TinyTask
 
@@ -44,3 +45,19 @@ def test_compress_validates_its_params_once_for_the_baseline_and_the_finetuning(
     # inference profile of the trained model, a bare module at its example's batch
     assert validations == [dict(TinyTask.default_params), {"batch_size": TinyTask.default_params["batch_size"]}]
     assert report.candidates
+
+
+def test_lr_find_validates_its_params_once_for_the_range_test(validations: list[dict[str, Any]]) -> None:
+    result = lr_find(TinyTask(), {"hidden": 8}, steps=20, ladder_steps=0)
+    assert validations == [{**TinyTask.default_params, "hidden": 8}]
+    assert len(result.lrs) > 0
+
+
+def test_recommend_validates_the_tasks_configuration_once_across_its_measurements(
+        validations: list[dict[str, Any]]) -> None:
+    recs = recommend(TinyTask(), lr_steps=20, ladder_steps=0, noise_steps=4, optimizer_budget_s=0,
+                     embedding_budget_s=0, precision_check=False)
+    # the profile, the range test and the threads' measurement train the task's own configuration,
+    # made once; every other training is a configuration of its own (another rate, batch or optimizer)
+    assert validations.count(dict(TinyTask.default_params)) == 1
+    assert recs.get("batch_size").value == TinyTask.default_params["batch_size"]  # no budget on cpu: kept

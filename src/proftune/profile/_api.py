@@ -31,6 +31,7 @@ from torch import nn
 from .._device import batch_size_of, call_model, move_to_device, output_loss, resolve_device
 from .._options import with_options
 from .._paths import OutputPath, check_outputs
+from .._train_params import as_train_params
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
 from ..track import Store, environment, optional_store, tracked_run
@@ -226,7 +227,7 @@ def profile(
     task_or_model: Task | str | nn.Module,
     config: ProfileConfig | None = None,
     *,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     example_input: Any = None,
     store: Store | str | None = None,
     db: str | None = None,
@@ -264,11 +265,16 @@ def profile(
         task: Task = _ModuleTask(module, example_input, batch_size)  # type: ignore[arg-type]
         task.steps_needed = plan.total  # type: ignore[attr-defined]
         # a bare module has no defaults; its batch is the example's
-        given = TrainParams(params, batch_size=batch_size_of(task.example))  # type: ignore[attr-defined]
+        given = TrainParams(params.params if isinstance(params, TrainParams) else params,
+                            batch_size=batch_size_of(task.example))  # type: ignore[attr-defined]
     else:
         task = load_task(task_or_model)  # type: ignore[arg-type]
-        size = batch_size if batch_size is not None else {**task.default_params, **(params or {})}.get("batch_size", 32)
-        given = TrainParams.of(task, params, batch_size=size)
+        if isinstance(params, TrainParams):  # validated where it was made: not again at its own batch size
+            given = as_train_params(task, params, batch_size=batch_size or params.batch_size or 32)
+        else:
+            size = batch_size if batch_size is not None else {**task.default_params, **(params or {})}.get(
+                "batch_size", 32)
+            given = TrainParams.of(task, params, batch_size=size)
     assert given.batch_size is not None
     bs = given.batch_size
     task_name = task.name or type(task).__name__
