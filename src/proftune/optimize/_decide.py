@@ -15,11 +15,11 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
-from .._records import record_fields, stored_version
+from .._records import JsonRecord, record_fields, stored_version
 
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "ahead_within_noise", "compare_paired",
            "compare_race",
@@ -37,8 +37,10 @@ def _t_quantile(level: float, df: int) -> float:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(JsonRecord):
     """A paired comparison of ``chosen`` against ``defaults`` on one metric and one data split."""
+
+    WHAT: ClassVar[str] = "a paired comparison"
 
     metric: str
     maximize: bool
@@ -58,11 +60,8 @@ class Comparison:
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Comparison:
+    def from_dict(cls, d: Any) -> Comparison:
         """The comparison back from :meth:`to_dict`'s JSON; a key it does not define is a ConfigError."""
         stored_version(d, what="a paired comparison", current=SCHEMA_VERSION)
         return cls(**record_fields(cls, d, what="a paired comparison"))
