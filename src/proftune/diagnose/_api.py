@@ -17,6 +17,7 @@ from .._device import resolve_device
 from .._jsonsafe import finite_float
 from .._options import with_options
 from .._threads import fit_key, work_threads
+from .._train_params import as_train_params
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
@@ -64,7 +65,7 @@ class DiagnoseConfig:
 
 def diagnose(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     config: DiagnoseConfig | None = None,
     *,
     callbacks: Sequence[Callback] = (),
@@ -84,7 +85,7 @@ def diagnose(
     c = with_options(DiagnoseConfig, config, options, caller="diagnose")
     epochs, max_steps, seed = c.epochs, c.max_steps, c.seed
     task_obj = load_task(task)
-    given = TrainParams.of(task_obj, params, **({} if c.batch_size is None else {"batch_size": c.batch_size}))
+    given = as_train_params(task_obj, params, batch_size=c.batch_size)  # a TrainParams as it was made
     merged = given.params
     if epochs is None and max_steps is None:
         epochs = task_obj.default_epochs
