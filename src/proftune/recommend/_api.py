@@ -551,7 +551,7 @@ def _loader_workers(task: Task, params: dict[str, Any], batch_size: int) -> dict
                                 "not a DataLoader (batches from memory); it has no loader workers to set"}
 
 
-def _threads_row(task: Task, params: TrainParams, batch_size: int, *, device: torch.device,
+def _threads_row(task: Task, params: TrainParams | dict[str, Any], batch_size: int, *, device: torch.device,
                  seed: int, measure: bool = True) -> Recommendation:
     """The CPU thread count as the fit loop computes it (a fresh first measurement: a few of a
     short fit's steps at each count), with the measured step times; and what can be said of the
@@ -560,7 +560,7 @@ def _threads_row(task: Task, params: TrainParams, batch_size: int, *, device: to
     from .. import _threads
     from ..train import fit
 
-    workers = _loader_workers(task, params.params, batch_size)
+    workers = _loader_workers(task, params.params if isinstance(params, TrainParams) else params, batch_size)
     known = None if measure else _threads.recall(_threads.fit_key(task, device.type))
     if known is not None:
         return Recommendation("threads", known[0], f"{known[0]} thread(s): the count the fit loop measured for "
