@@ -59,8 +59,10 @@ class ModuleRow(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Structure:
+class Structure(JsonRecord):
     """The module tree of a model for one input: rows in definition order, the totals."""
+
+    WHAT: ClassVar[str] = "a model structure"
 
     rows: tuple[ModuleRow, ...] = ()
     params_total: int = 0
@@ -82,11 +84,6 @@ class Structure:
         names = [r.name for r in self.rows]
         return [r for r in self.rows if not any(n.startswith(r.name + ".") or (r.name == "" and n)
                                                 for n in names if n != r.name)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rows": [r.to_dict() for r in self.rows], "params_total": self.params_total,
-                "params_trainable": self.params_trainable, "macs": self.macs, "flops": self.flops,
-                "batch_size": self.batch_size, "schema_version": self.schema_version}
 
     @classmethod
     def from_dict(cls, d: Any) -> Structure:
