@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
-from .._records import JsonRecord, mapping, record_fields, stored_version
+from .._records import JsonRecord, Reader, mapping, record_fields, stored_version
 from ._findings import Finding
 from ._lrtest import RangeTest
 
@@ -77,17 +77,13 @@ class ArmResult(JsonRecord):
     own direction (the bandit maximises the sign-adjusted reward; this is the metric as measured)."""
 
     WHAT: ClassVar[str] = "a bandit arm"
+    READERS: ClassVar[dict[str, Reader]] = {"mean": finite_float, "std": finite_float}
 
     arm: str
     pulls: int
     mean: float | None
     std: float | None
     params: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> ArmResult:
-        kw = record_fields(cls, mapping(d, what="a bandit arm"), what="a bandit arm")
-        return cls(**{**kw, "mean": finite_float(kw["mean"]), "std": finite_float(kw["std"])})
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
-from .._records import JsonRecord, record_fields, stored_version
+from .._records import JsonRecord
 
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "ahead_within_noise", "compare_paired",
            "compare_race",
@@ -41,6 +41,7 @@ class Comparison(JsonRecord):
     """A paired comparison of ``chosen`` against ``defaults`` on one metric and one data split."""
 
     WHAT: ClassVar[str] = "a paired comparison"
+    SCHEMA: ClassVar[int | None] = SCHEMA_VERSION
 
     metric: str
     maximize: bool
@@ -59,12 +60,6 @@ class Comparison(JsonRecord):
     reason: str
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> Comparison:
-        """The comparison back from :meth:`to_dict`'s JSON; a key it does not define is a ConfigError."""
-        stored_version(d, what="a paired comparison", current=SCHEMA_VERSION)
-        return cls(**record_fields(cls, d, what="a paired comparison"))
 
     def describe(self) -> str:
         """One line: the gain with its noise and what it means."""
