@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from proftune._records import record_fields, stored_version
+from proftune._records import JsonRecord, record_fields, stored_version
 from proftune.exceptions import ConfigError
 
 
@@ -57,3 +57,24 @@ def test_derived_keys_are_skipped_and_excluded_fields_are_not_read() -> None:
     assert record_fields(_Rec, {"size": 1, "total": 9}, what="a thing", derived=("total",)) == {"size": 1}
     with pytest.raises(ConfigError, match="model is not a field"):
         record_fields(_Rec, {"size": 1, "model": "weights"}, what="a thing", exclude=("model",))
+
+
+@dataclass(frozen=True)
+class _Stored(JsonRecord):
+    WHAT: ClassVar[str] = "a stored thing"
+    SCHEMA: ClassVar[int | None] = 2
+
+    size: int
+    rows: tuple[int, ...] = ()
+    schema_version: int = 2
+
+
+def test_a_json_record_with_a_schema_reads_its_version_through_the_one_policy() -> None:
+    rec = _Stored(size=3, rows=(1, 2))
+    assert rec.to_dict() == {"size": 3, "rows": [1, 2], "schema_version": 2}
+    assert _Stored.from_dict(rec.to_dict()) == _Stored(size=3, rows=[1, 2])  # type: ignore[arg-type]
+    assert _Stored.from_dict({"size": 3}).schema_version == 2  # a record before versions: the field's default
+    with pytest.raises(ConfigError, match=r"a stored thing has schema_version=3, newer than this proftune reads"):
+        _Stored.from_dict({"size": 3, "schema_version": 3})
+    with pytest.raises(ConfigError, match=r"a stored thing must be a JSON object"):
+        _Stored.from_dict([3])

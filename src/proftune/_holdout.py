@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from ._device import batch_size_of, has_rows, take_rows
+from ._records import JsonRecord
 from .task import Task, TaskWrapper
 
 __all__ = ["HOLDOUT_FRACTION", "RESPLIT_BELOW", "HeldOutTask", "HoldoutInfo", "count_samples", "held_out_info",
@@ -45,8 +46,10 @@ def held_out(position: int, fraction: float) -> bool:
 
 
 @dataclass(frozen=True)
-class HoldoutInfo:
+class HoldoutInfo(JsonRecord):
     """Where the held-out figures come from, and how many samples each side has."""
+
+    WHAT: ClassVar[str] = "the held-out figures' source"
 
     #: "task.test_data", "resplits", "estimate" ("validation split": a record written before
     #: issue 60, when half of a small validation set was held out).
@@ -56,11 +59,8 @@ class HoldoutInfo:
     test_samples: int | None
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HoldoutInfo:
+    def from_dict(cls, d: Any) -> HoldoutInfo:
         return cls(source=str(d["source"]), fraction=d.get("fraction"), val_samples=d.get("val_samples"),
                    test_samples=d.get("test_samples"), note=str(d.get("note") or ""))
 

@@ -101,15 +101,20 @@ def optional(read: Reader) -> Reader:
 class JsonRecord:
     """A frozen dataclass nested in a versioned record: ``to_dict`` is its fields (records in them
     as their dicts), ``from_dict`` reads them back through :func:`record_fields`, each field that
-    holds records through its reader in ``READERS``. ``WHAT`` names it in messages."""
+    holds records through its reader in ``READERS``. ``WHAT`` names it in messages. A record stored
+    on its own sets ``SCHEMA``, the version this proftune writes: ``from_dict`` reads its
+    ``schema_version`` through :func:`stored_version` first."""
 
     WHAT: ClassVar[str] = "a record"
     READERS: ClassVar[dict[str, Reader]] = {}
+    SCHEMA: ClassVar[int | None] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(cast(Any, self))}
 
     @classmethod
     def from_dict(cls: type[R], d: Any) -> R:
+        if cls.SCHEMA is not None:
+            stored_version(d, what=cls.WHAT, current=cls.SCHEMA)
         kw = record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT)
         return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})

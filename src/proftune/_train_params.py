@@ -132,8 +132,8 @@ class TrainParams:
 def as_train_params(task: Task, params: TrainParams | Mapping[str, Any] | None, *,
                     batch_size: int | None = None) -> TrainParams:
     """What a training entry point was given, as one record: a :class:`TrainParams` as it is
-    (``batch_size`` over it, validated again), a dict merged over ``task``'s defaults and validated."""
+    (a different ``batch_size`` over it, validated again), a dict merged over ``task``'s defaults and validated."""
     resize = {} if batch_size is None else {"batch_size": batch_size}
     if isinstance(params, TrainParams):
-        return params.with_params(**resize) if resize else params
+        return params.with_params(**resize) if resize and batch_size != params.batch_size else params
     return TrainParams.of(task, params, **resize)

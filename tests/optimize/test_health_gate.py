@@ -99,8 +99,11 @@ def test_units_dead_from_the_first_step_at_a_rate_the_same_training_blames_are_t
 def _baseline_loop(tmp: Any, *, space: Any = None) -> Any:
     from tests.optimize.tasks import TinyTask
 
+    from proftune.train import TrainParams
+
     task = TinyTask()
-    return SimpleNamespace(task=task, defaults=dict(task.default_params), dev="cpu", store=None, out=tmp,
+    return SimpleNamespace(task=task, defaults=dict(task.default_params), defaults_record=TrainParams.of(task),
+                           dev="cpu", store=None, out=tmp,
                            holdout=None, v=SimpleNamespace(metric="accuracy", budget_s=60.0),
                            cfg=SimpleNamespace(seed=0, space=space, ignore_findings=False))
 

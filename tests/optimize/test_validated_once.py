@@ -5,11 +5,13 @@ task's defaults)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
-from proftune.optimize import _final
+from proftune.optimize import _builtin, _final
 from proftune.optimize._final import Arm, FinalPlan
 from proftune.track import Store
+from proftune.train import TrainParams
 
 from .tasks import TinyTask
 
@@ -27,3 +29,19 @@ def test_the_races_training_validates_its_arms_params_once(validations: list[dic
     assert run.val is not None
     assert run.run_id is not None
     assert store.get_run(run.run_id).config["params"] == {**TinyTask.default_params, **arm.params}
+
+
+def test_the_baseline_trains_the_defaults_as_the_loop_validated_them(validations: list[dict[str, Any]],
+                                                                      tmp_path: Path) -> None:
+    task = TinyTask()
+    record = TrainParams.of(task)  # made once, where the loop is made
+    loop = SimpleNamespace(task=task, defaults=record.params, defaults_record=record, dev="cpu", store=None,
+                           out=tmp_path, holdout=None, v=SimpleNamespace(metric="accuracy", budget_s=60.0),
+                           cfg=SimpleNamespace(seed=0, space=None, ignore_findings=False))
+    out = _builtin.Baseline().run(cast(Any, loop), 10.0, 1e12).outputs
+    # the loop's record, made above, and not again by the baseline's diagnosis; the no-tricks
+    # loop beside it is a configuration of its own (validated by its fit)
+    assert validations.count(dict(TinyTask.default_params)) == 1
+    assert len(validations) == 2
+    assert out.defaults.params == record.params
+    assert out.defaults.metrics["accuracy"] is not None

@@ -19,7 +19,7 @@ from .._device import resolve_device
 from ..exceptions import ConfigError
 from ..task import Task, load_task
 from ..track import Store, tracked_run
-from ..train import Callback, validate_params
+from ..train import Callback, TrainParams
 from ._checkpoint import Rebuild, task_spec
 from ._compressor import Compressor
 from ._config import CompressConfig, backend_problems, compile_problems, merge_config
@@ -52,7 +52,8 @@ def compress(
     model_path = str(model) if isinstance(model, (str, Path)) else None
     problems = cfg.problems(model_path)
     task_obj = load_task(task)
-    merged = validate_params({**task_obj.default_params, **(params or {})})
+    given = TrainParams.of(task_obj, params)
+    merged = given.params
     dev = resolve_device(cfg.device)
     if cfg.quantize is not None:
         problems += backend_problems(cfg, dev)
@@ -69,7 +70,7 @@ def compress(
     run_config = {"params": merged, **dataclasses.asdict(cfg), "model": model_path, "trust_model": trust_model}
     rebuild = Rebuild(task=task_spec(task, task_obj), params=merged)
     with tracked_run("compress", task_obj, config=run_config, device=dev, store=store, db=db) as run:
-        report = dataclasses.replace(Compressor(task_obj, merged, cfg, dev, callbacks=callbacks, rebuild=rebuild,
+        report = dataclasses.replace(Compressor(task_obj, given, cfg, dev, callbacks=callbacks, rebuild=rebuild,
                                                 trust_model=trust_model).run(model), run_id=run.id)
         run.set(metrics=_run_metrics(report), result={k: v for k, v in report.to_dict().items() if k != "run_id"},
                 artifacts={"output": report.output, "plots": report.plots})

@@ -19,7 +19,7 @@ from ..exceptions import ConfigError
 from ..metrics import direction
 from ..profile import size_bytes, time_forwards
 from ..task import Task
-from ..train import Callback, evaluate_model, fit
+from ..train import Callback, TrainParams, evaluate_model, fit
 from ._checkpoint import Rebuild, load_model, read_model, save_model
 from ._compile import compiler_status, get_compiler, providers_of
 from ._config import CompressConfig, backend_problems
@@ -56,10 +56,13 @@ Built = tuple[Candidate, Any, Any]
 class Compressor:
     """One compress run over ``task`` with ``cfg`` on ``dev``; :meth:`run` returns the report."""
 
-    def __init__(self, task: Task, params: dict[str, Any], cfg: CompressConfig, dev: torch.device, *,
+    def __init__(self, task: Task, given: TrainParams, cfg: CompressConfig, dev: torch.device, *,
                  callbacks: Sequence[Callback] = (), rebuild: Rebuild | None = None,
                  trust_model: bool = False) -> None:
-        self.task, self.params, self.cfg, self.dev = task, params, cfg, dev
+        #: the params as validated where the run was made: the fit loop takes them as they are
+        self.given, self.params = given, given.params
+        params = self.params
+        self.task, self.cfg, self.dev = task, cfg, dev
         self.callbacks = list(callbacks)
         self.rebuild = rebuild or Rebuild(task=None, params=params)
         self.trust_model = trust_model
@@ -188,7 +191,7 @@ class Compressor:
         if model is None:
             epochs = self.cfg.baseline_epochs or self.task.default_epochs
             self.plan.append(f"baseline: trained {epochs} epochs with the fit loop (no --model given)")
-            return fit(self.task, self.params, epochs=epochs, device=self.dev, seed=self.cfg.seed,
+            return fit(self.task, self.given, epochs=epochs, device=self.dev, seed=self.cfg.seed,
                        callbacks=self.callbacks).model
         if isinstance(model, nn.Module):
             return copy.deepcopy(model)
@@ -277,7 +280,7 @@ class Compressor:
         if self.cfg.distill:
             task = DistillationTask(self.task, copy.deepcopy(self.base), temperature=self.cfg.temperature,
                                     alpha=self.cfg.alpha)
-        fit(task, self.params, model=model, epochs=epochs, device=self.dev, seed=self.cfg.seed,
+        fit(task, self.given, model=model, epochs=epochs, device=self.dev, seed=self.cfg.seed,
             callbacks=self.callbacks)
 
     def _quantized(self, float_model: nn.Module, method: str, name: str, ratio: float, tmp: Path) -> Built | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .._records import JsonRecord
 
 __all__ = [
     "GOAL_METRICS",
@@ -24,13 +26,15 @@ GOAL_METRICS = {"latency": "latency_ms", "size": "size_bytes", "macs": "macs", "
 
 
 @dataclass
-class Candidate:
+class Candidate(JsonRecord):
     """One compressed model, measured as saved.
 
     ``params``/``macs`` of a quantized model are those of the float model it was converted from
     (INT8 changes the bytes per weight, not their number); ``latency_ms`` is one forward at
     batch 1 and ``latency_batch_ms`` at the task's ``batch_size`` (median, fixed threads).
     """
+
+    WHAT: ClassVar[str] = "a compressed candidate"
 
     method: str
     ratio: float
@@ -60,9 +64,6 @@ class Candidate:
     pareto: bool = False
     notes: list[str] = field(default_factory=list)
     path: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _key(c: Candidate, goal_key: str, goal_up: bool) -> float:

@@ -17,11 +17,12 @@ from .._device import resolve_device
 from .._jsonsafe import finite_float
 from .._options import with_options
 from .._threads import fit_key, work_threads
+from .._train_params import as_train_params
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task
 from ..track import Store, open_store, tracked_run
-from ..train import LOOP_PARAMS, Callback, fit, validate_params
+from ..train import LOOP_PARAMS, Callback, TrainParams, fit, validate_params
 from ._bandit import POLICIES, Arm, Bandit, bandit_key, regret_curve
 from ._health import HealthCheck
 from ._lrtest import lr_range_test
@@ -64,7 +65,7 @@ class DiagnoseConfig:
 
 def diagnose(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     config: DiagnoseConfig | None = None,
     *,
     callbacks: Sequence[Callback] = (),
@@ -84,9 +85,8 @@ def diagnose(
     c = with_options(DiagnoseConfig, config, options, caller="diagnose")
     epochs, max_steps, seed = c.epochs, c.max_steps, c.seed
     task_obj = load_task(task)
-    merged = validate_params({**task_obj.default_params, **(params or {})})
-    if c.batch_size is not None:
-        merged["batch_size"] = c.batch_size
+    given = as_train_params(task_obj, params, batch_size=c.batch_size)  # a TrainParams as it was made
+    merged = given.params
     if epochs is None and max_steps is None:
         epochs = task_obj.default_epochs
     dev = resolve_device(c.device)
@@ -97,7 +97,7 @@ def diagnose(
             return checked()
 
     def checked() -> DiagnoseResult:
-        result = fit(task_obj, merged, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
+        result = fit(task_obj, given, epochs=epochs, max_steps=max_steps, device=dev, seed=seed,
                      callbacks=[check, *callbacks])
         _measure_train_metrics(task_obj, result, check, dev)
         if c.probes and check.wants_nan_probe:  # first: a NaN the rate does not drive asks no range test
@@ -331,12 +331,14 @@ def bandit(
                   "seed": seed}
     pulls: list[BanditPull] = []
     chosen_metric, sign = metric, 1.0
+    # each arm's params over the task's defaults, validated once here, not again at every pull
+    trained = {a.name: TrainParams.of(task_obj, a.params) for a in arms}
     with tracked_run("bandit", task_obj, config=run_config, device=dev, store=st, study=key) as run:
         for _ in range(rounds):
             arm = engine.select()
-            params = {**task_obj.default_params, **arm.params}
+            params = trained[arm.name]
             pull_seed = seed + engine.t
-            with tracked_run("train", task_obj, config={"params": params, "epochs": epochs, "seed": pull_seed,
+            with tracked_run("train", task_obj, config={"params": params.params, "epochs": epochs, "seed": pull_seed,
                                                         "bandit": key, "arm": arm.name},
                              device=dev, store=st, parent_id=run.id, study=key) as child:
                 result = fit(task_obj, params, epochs=epochs, max_steps=max_steps, device=dev, seed=pull_seed)

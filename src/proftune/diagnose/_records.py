@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
-from .._records import mapping, record_fields, stored_version
+from .._records import JsonRecord, Reader, mapping, record_fields, stored_version
 from ._findings import Finding
 from ._lrtest import RangeTest
 
@@ -72,23 +72,18 @@ class DiagnoseResult:
 
 
 @dataclass(frozen=True)
-class ArmResult:
+class ArmResult(JsonRecord):
     """One configuration at the end of a bandit session: its pulls and reward in the metric's
     own direction (the bandit maximises the sign-adjusted reward; this is the metric as measured)."""
+
+    WHAT: ClassVar[str] = "a bandit arm"
+    READERS: ClassVar[dict[str, Reader]] = {"mean": finite_float, "std": finite_float}
 
     arm: str
     pulls: int
     mean: float | None
     std: float | None
     params: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"arm": self.arm, "pulls": self.pulls, "mean": self.mean, "std": self.std, "params": self.params}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ArmResult:
-        kw = record_fields(cls, mapping(d, what="a bandit arm"), what="a bandit arm")
-        return cls(**{**kw, "mean": finite_float(kw["mean"]), "std": finite_float(kw["std"])})
 
 
 @dataclass(frozen=True)

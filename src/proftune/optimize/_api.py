@@ -25,7 +25,7 @@ from ..exceptions import ConfigError, RunFailedError
 from ..search import prepare_storage
 from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, not_held, redact_url
-from ..train import validate_params
+from ..train import TrainParams
 from ._budget import Budget
 from ._changes import ParamChange, optimizer_defaults, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
@@ -103,7 +103,8 @@ class _Loop:
         self.study: str = self.state.data["study"]
         self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)),
                              skip=tuple(st.name for st in stages() if st.skipped(self)))
-        self.defaults = validate_params(dict(task.default_params))
+        self.defaults_record = TrainParams.of(task)
+        self.defaults = self.defaults_record.params
         # selection reads all of val_data; the figures a user reads come from data nothing selected
         # on (test_data, resplit rounds) or an estimate corrected for the winner's curse
         self.user_task = task

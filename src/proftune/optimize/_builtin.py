@@ -105,12 +105,12 @@ class Baseline(BaseStage):
         # may show to be the rate's), on a second training
         limit = max(share * 0.55, BASELINE_WHOLE * loop.v.budget_s)
         confirm = "lr" not in searched_params(loop.cfg.space)
-        diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
+        diag = diagnose(loop.task, loop.defaults_record, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
                         callbacks=[Deadline(limit), capture], store=loop.store, lr_test=confirm, probes=confirm)
         if not confirm and stopping_findings(diag.findings, searched=searched_params(loop.cfg.space)):
             log.info("the defaults' training has an error the search does not tune: trained again with the "
                      "health checks' confirmations (range test, probes)")
-            diag = diagnose(loop.task, loop.defaults, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
+            diag = diagnose(loop.task, loop.defaults_record, epochs=epochs, device=loop.dev, seed=loop.cfg.seed,
                             callbacks=[Deadline(limit)], store=loop.store)
         if capture.model is not None:
             with replacing(loop.out / "baseline_model.pt") as tmp:  # a signal leaves no half a file

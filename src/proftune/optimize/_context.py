@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from .._holdout import HoldoutInfo
+    from .._train_params import TrainParams
     from ..task import Task
     from ..track import Store
     from ._config import OptimizeConfig, Validated
@@ -56,6 +57,8 @@ class StageContext(Protocol):
     task: Task
     #: The task's default params, validated: the bar every configuration is compared with.
     defaults: dict[str, Any]
+    #: The same params as the record they were validated in once: a training of the defaults takes it.
+    defaults_record: TrainParams
     #: The options as given, and parsed (``v.metric``, ``v.maximize``, ``v.budget_s``, ...).
     cfg: OptimizeConfig
     v: Validated

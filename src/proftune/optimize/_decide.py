@@ -15,11 +15,11 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
-from .._records import record_fields, stored_version
+from .._records import JsonRecord
 
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "ahead_within_noise", "compare_paired",
            "compare_race",
@@ -37,8 +37,11 @@ def _t_quantile(level: float, df: int) -> float:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(JsonRecord):
     """A paired comparison of ``chosen`` against ``defaults`` on one metric and one data split."""
+
+    WHAT: ClassVar[str] = "a paired comparison"
+    SCHEMA: ClassVar[int | None] = SCHEMA_VERSION
 
     metric: str
     maximize: bool
@@ -57,15 +60,6 @@ class Comparison:
     reason: str
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Comparison:
-        """The comparison back from :meth:`to_dict`'s JSON; a key it does not define is a ConfigError."""
-        stored_version(d, what="a paired comparison", current=SCHEMA_VERSION)
-        return cls(**record_fields(cls, d, what="a paired comparison"))
 
     def describe(self) -> str:
         """One line: the gain with its noise and what it means."""

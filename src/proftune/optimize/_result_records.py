@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from .._holdout import HoldoutInfo
-from .._records import JsonRecord, Reader, each, optional, record_fields, stored_version
+from .._records import JsonRecord, Reader, each, optional
 from ..diagnose import Finding
 from ._changes import ParamChange
 from ._decide import Comparison
@@ -222,7 +222,7 @@ class Story(JsonRecord):
 
 
 @dataclass(frozen=True, kw_only=True)
-class OptimizeResult:
+class OptimizeResult(JsonRecord):
     """What the loop produced: each stage's row, the final configuration and model, the gain.
 
     A frozen, versioned record, built once at the end of the run: the optimize Run, ``--json``
@@ -251,6 +251,8 @@ class OptimizeResult:
     story: Story = field(default_factory=Story)
     schema_version: int = OPTIMIZE_SCHEMA_VERSION
 
+    WHAT: ClassVar[str] = "an optimize result"
+    SCHEMA: ClassVar[int | None] = OPTIMIZE_SCHEMA_VERSION
     READERS: ClassVar[dict[str, Reader]] = {
         "stages": each(StageRow.from_dict), "final": FinalSummary.from_dict, "vs_baseline": VsBaseline.from_dict,
         "flags": each(YellowFlag.from_dict), "warnings": each(Finding.from_dict),
@@ -274,9 +276,3 @@ class OptimizeResult:
                 "layer_findings": [f.to_dict() for f in self.layer_findings],
                 "files": self.files, "story": self.story.to_dict(), "schema_version": self.schema_version}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> OptimizeResult:
-        """The record back from :meth:`to_dict`'s JSON (an optimize Run's result, ``summary.json``)."""
-        stored_version(d, what="an optimize result", current=OPTIMIZE_SCHEMA_VERSION)
-        kw = record_fields(cls, d, what="an optimize result")
-        return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})

@@ -12,10 +12,11 @@ import functools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from .._records import JsonRecord
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError, ProblemCollector
 from ._trace import PHASES, _Trace
@@ -26,12 +27,14 @@ _MIB = 1024**2
 
 
 @dataclass(frozen=True)
-class DeviceSpec:
+class DeviceSpec(JsonRecord):
     """A device a step is predicted for: memory in bytes, peak TFLOP/s per compute dtype, bytes/s.
 
     ``op_overhead_us`` is the fixed cost of launching one op (kernel launch on a GPU, dispatch on
     a CPU): what makes a step of many tiny ops slower than its FLOPs and bytes say.
     """
+
+    WHAT: ClassVar[str] = "a device"
 
     name: str
     memory_bytes: int | None
@@ -50,13 +53,6 @@ class DeviceSpec:
 
     def tflops(self, compute: str) -> float | None:
         return self.peak_tflops.get(compute) or self.peak_tflops.get("fp32")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "memory_bytes": self.memory_bytes, "peak_tflops": dict(self.peak_tflops),
-                "bandwidth_bytes_s": self.bandwidth_bytes_s, "op_overhead_us": self.op_overhead_us,
-                "source": self.source, "intra_node_bytes_s": self.intra_node_bytes_s,
-                "inter_node_bytes_s": self.inter_node_bytes_s, "host_bytes_s": self.host_bytes_s,
-                "link_source": self.link_source}
 
 
 # Datasheet numbers, dense (NVIDIA's "with sparsity" figures are twice these); fp32 without TF32

@@ -10,17 +10,17 @@ process group (a benchmark's own); :func:`measure_link` starts the ranks for it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import socket
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from .._records import JsonRecord
 from ..exceptions import ConfigError, RunFailedError
 
 __all__ = ["COLLECTIVES", "LinkFigures", "Replayed", "ReplayedCall", "collective_kind", "free_port", "measure_link",
@@ -47,10 +47,12 @@ def _ring_factor(kind: str, n: int) -> float:
 
 
 @dataclass(frozen=True)
-class LinkFigures:
+class LinkFigures(JsonRecord):
     """Each collective's latency (s per call) and bandwidth (bytes one rank sends per s),
     measured on ``ranks`` ranks over ``backend``; ``overlaps``: whether collectives run beside
     compute (a GPU's own streams) rather than on the cores that compute (gloo on CPU)."""
+
+    WHAT: ClassVar[str] = "a link's figures"
 
     backend: str
     ranks: int
@@ -68,11 +70,8 @@ class LinkFigures:
         """The slowest collective's bandwidth (the one figure a summary line shows)."""
         return min(c["bytes_s"] for c in self.collectives.values())
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LinkFigures:
+    def from_dict(cls, d: Any) -> LinkFigures:
         missing = [k for k in ("backend", "ranks", "collectives") if k not in d]
         kinds = [k for k in COLLECTIVES if k not in (d.get("collectives") or {})]
         if missing or kinds:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .._jsonsafe import json_safe
-from .._records import stored_version
+from .._records import JsonRecord, stored_version
 from ..exceptions import ConfigError
 from ..profile import ParamCounts
 
@@ -36,10 +36,12 @@ PREDICT_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
-class LayerPrediction:
+class LayerPrediction(JsonRecord):
     """One layer (module path), by :class:`proftune.profile.LayerProfile`'s names: params, forward
     FLOPs (``flops``), activations saved, ms; and what only a trace has: backward FLOPs, the bytes
     its ops move and what bounds its estimated time."""
+
+    WHAT: ClassVar[str] = "a layer's prediction"
 
     name: str
     type: str
@@ -53,9 +55,6 @@ class LayerPrediction:
     bytes_moved: int
     #: What bounds its estimated time: "compute", "memory" or "overhead" (many tiny ops).
     bound: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

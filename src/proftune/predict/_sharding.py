@@ -15,7 +15,9 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from .._records import JsonRecord
 
 __all__ = ["OFFLOAD", "STRATEGIES", "BaseStrategy", "Collective", "DeepSpeedStates", "ModelSizes"]
 
@@ -46,10 +48,12 @@ class ModelSizes:
 
 
 @dataclass(frozen=True)
-class Collective:
+class Collective(JsonRecord):
     """One collective of a step: bytes each GPU sends (ring algorithms), how many times per step,
     the phase it can hide behind ("" when the step waits for it), and the launches each time
     sends those bytes in (buckets, units: each pays the link's latency)."""
+
+    WHAT: ClassVar[str] = "a collective"
 
     name: str
     bytes_per_gpu: float
@@ -57,23 +61,17 @@ class Collective:
     overlaps: str = ""
     calls: int = 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes_per_gpu": self.bytes_per_gpu, "times": self.times,
-                "overlaps": self.overlaps, "calls": self.calls}
-
 
 @dataclass(frozen=True)
-class DeepSpeedStates:
+class DeepSpeedStates(JsonRecord):
     """DeepSpeed's estimator for this strategy: GPU and CPU bytes of model states, its formula."""
+
+    WHAT: ClassVar[str] = "DeepSpeed's states"
 
     gpu_bytes: int
     cpu_bytes: int
     formula: str
     source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpu_bytes": self.gpu_bytes, "cpu_bytes": self.cpu_bytes, "formula": self.formula,
-                "source": self.source}
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,11 @@ from torch import nn
 from .._device import batch_size_of, call_model, move_to_device, output_loss, resolve_device
 from .._options import with_options
 from .._paths import OutputPath, check_outputs
+from .._train_params import as_train_params
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
 from ..track import Store, environment, optional_store, tracked_run
-from ..train import FitState, fit, seed_everything, validate_params
+from ..train import FitState, TrainParams, fit, seed_everything
 from ._assemble import assemble_profile, static_counts
 from ._comm import CommRecorder, unwrap
 from ._layers import module_names, shapes_of
@@ -226,7 +227,7 @@ def profile(
     task_or_model: Task | str | nn.Module,
     config: ProfileConfig | None = None,
     *,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     example_input: Any = None,
     store: Store | str | None = None,
     db: str | None = None,
@@ -263,21 +264,26 @@ def profile(
         module = copy.deepcopy(task_or_model)
         task: Task = _ModuleTask(module, example_input, batch_size)  # type: ignore[arg-type]
         task.steps_needed = plan.total  # type: ignore[attr-defined]
-        merged = validate_params(dict(params or {}))
-        bs = batch_size_of(task.example)  # type: ignore[attr-defined]
+        # a bare module has no defaults; its batch is the example's
+        given = TrainParams(params.params if isinstance(params, TrainParams) else params,
+                            batch_size=batch_size_of(task.example))  # type: ignore[attr-defined]
     else:
         task = load_task(task_or_model)  # type: ignore[arg-type]
-        merged = validate_params({**task.default_params, **(params or {})})
-        if batch_size is not None:
-            merged["batch_size"] = batch_size
-        bs = int(merged.setdefault("batch_size", 32))
+        if isinstance(params, TrainParams):  # validated where it was made: not again at its own batch size
+            given = as_train_params(task, params, batch_size=batch_size or params.batch_size or 32)
+        else:
+            size = batch_size if batch_size is not None else {**task.default_params, **(params or {})}.get(
+                "batch_size", 32)
+            given = TrainParams.of(task, params, batch_size=size)
+    assert given.batch_size is not None
+    bs = given.batch_size
     task_name = task.name or type(task).__name__
-    run_config = {"params": {k: v for k, v in merged.items()}, "batch_size": bs, "steps": steps,
+    run_config = {"params": given.params, "batch_size": bs, "steps": steps,
                   "warmup": warmup, "inference": inference, "detail": detail, "seed": seed,
                   "device": str(dev), "trace": str(trace_path) if trace_path else None}
 
     def measure() -> Profile:
-        return _measure(task, merged, plan, bs=bs, inference=inference, seed=seed, task_name=task_name,
+        return _measure(task, given, plan, bs=bs, inference=inference, seed=seed, task_name=task_name,
                         config=run_config, is_module=is_module)
 
     st = optional_store(store, db=db)
@@ -292,9 +298,10 @@ def profile(
     return result
 
 
-def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, inference: bool, seed: int,
+def _measure(task: Task, given: TrainParams, plan: _Plan, *, bs: int, inference: bool, seed: int,
              task_name: str, config: dict[str, Any], is_module: bool) -> Profile:
     dev = plan.device
+    params = given.params
     model: nn.Module | None = None
     try:
         if inference:
@@ -311,7 +318,7 @@ def _measure(task: Task, params: dict[str, Any], plan: _Plan, *, bs: int, infere
             # at one thread count (a timed measurement does not change threads under itself): the
             # one the fit loop chose for this workload moments ago where it did (on a busy machine
             # torch's default count can be 100x slower than it), else the caller's
-            fit(task, params, max_steps=2 * plan.total + 2, batch_size=bs, device=dev, seed=seed,
+            fit(task, given, max_steps=2 * plan.total + 2, batch_size=bs, device=dev, seed=seed,
                 callbacks=[prof], model=wrapped, evaluate=False, stop_on_nan=False,
                 threads=_step_threads(task, dev))
     except torch.OutOfMemoryError:

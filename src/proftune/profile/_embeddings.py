@@ -17,12 +17,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
 
+from .._records import JsonRecord
 from ..train import Callback, FitState
 
 __all__ = ["EMBEDDING_TYPES", "IndexCounter", "IndexStats", "TableSpectrum", "embedding_tables",
@@ -89,8 +90,10 @@ class IndexCounter(Callback):
 
 
 @dataclass(frozen=True)
-class IndexStats:
+class IndexStats(JsonRecord):
     """How the training data reads one table (counts of lookups per row)."""
+
+    WHAT: ClassVar[str] = "an embedding's index statistics"
 
     table: str
     rows: int
@@ -105,9 +108,6 @@ class IndexStats:
     #: Rows that together take 99% of the lookups, and the count of the least-read of them.
     rows_for_99: int
     count_at_99: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def zipf_exponent(counts: torch.Tensor) -> tuple[float | None, float | None]:
@@ -146,8 +146,10 @@ def index_stats(table: str, counts: torch.Tensor, dim: int) -> IndexStats:
 
 
 @dataclass(frozen=True)
-class TableSpectrum:
+class TableSpectrum(JsonRecord):
     """The singular-value spectrum of a trained table (rows the data touched)."""
+
+    WHAT: ClassVar[str] = "an embedding's spectrum"
 
     table: str
     rows_used: int
@@ -159,9 +161,6 @@ class TableSpectrum:
     noise_threshold: float
     #: The dimensions keeping 90/95/99% of the energy above the noise floor.
     signal_dims: dict[str, int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _omega(beta: float) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .._device import call_model
+from .._records import JsonRecord
 from ._layers import LayerHooks
 
 __all__ = ["LayerCount", "StaticCounts", "UncountedOps", "count_model", "count_params", "op_flops",
@@ -194,8 +195,10 @@ _RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "LSTMCell": 4, "GRUCell": 3, "RNNCe
 
 
 @dataclass
-class LayerCount:
+class LayerCount(JsonRecord):
     """Parameters and forward MACs/FLOPs of one layer (module path) or one layer type."""
+
+    WHAT: ClassVar[str] = "a layer's count"
 
     name: str
     type: str
@@ -203,10 +206,6 @@ class LayerCount:
     macs: int = 0
     flops: int = 0
     calls: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "params": self.params, "macs": self.macs,
-                "flops": self.flops, "calls": self.calls}
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .._device import batch_size_of, capture_inputs, move_to_device, resolve_device
-from .._records import JsonRecord, each, record_fields, stored_version
+from .._records import JsonRecord, Reader, each
 from ..exceptions import ConfigError
 from ..task import Task, load_task
 from ..train import seed_everything, validate_params
@@ -59,8 +59,12 @@ class ModuleRow(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Structure:
+class Structure(JsonRecord):
     """The module tree of a model for one input: rows in definition order, the totals."""
+
+    WHAT: ClassVar[str] = "a model structure"
+    SCHEMA: ClassVar[int | None] = STRUCTURE_SCHEMA_VERSION
+    READERS: ClassVar[dict[str, Reader]] = {"rows": lambda rows: tuple(each(ModuleRow.from_dict)(rows))}
 
     rows: tuple[ModuleRow, ...] = ()
     params_total: int = 0
@@ -83,17 +87,6 @@ class Structure:
         return [r for r in self.rows if not any(n.startswith(r.name + ".") or (r.name == "" and n)
                                                 for n in names if n != r.name)]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"rows": [r.to_dict() for r in self.rows], "params_total": self.params_total,
-                "params_trainable": self.params_trainable, "macs": self.macs, "flops": self.flops,
-                "batch_size": self.batch_size, "schema_version": self.schema_version}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> Structure:
-        stored_version(d, what="a model structure", current=STRUCTURE_SCHEMA_VERSION)
-        kw = record_fields(cls, d, what="a model structure")
-        kw["rows"] = tuple(each(ModuleRow.from_dict)(kw.get("rows")))
-        return cls(**kw)
 
 
 def _recursive_params(mod: nn.Module) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
 from .._options import with_options
 from .._threads import fit_key, work_threads
+from .._train_params import TrainParams
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError
 from ..profile import Profile
@@ -126,7 +127,7 @@ class RecommendConfig:
 
 def recommend(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     config: RecommendConfig | None = None,
     *,
     profile: Profile | None = None,
@@ -155,7 +156,8 @@ def recommend(
     optimizer_budget_s, embedding_budget_s, ddp, ddp_share = (cfg.optimizer_budget_s, cfg.embedding_budget_s,
                                                               cfg.ddp, cfg.ddp_share)
     task_obj = load_task(task)
-    merged = _merged(task_obj, params)
+    given = _merged(task_obj, params)
+    merged = given.params
     dev = resolve_device(cfg.device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
         raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
@@ -182,8 +184,8 @@ def recommend(
             say("profiling")
             from ..profile import profile as profile_fn
 
-            prof = profile_fn(task_obj, params=merged, device=dev, seed=seed)
-        return _recommend_from(task_obj, merged, prof, budget=budget, target_batch=target_batch,
+            prof = profile_fn(task_obj, params=given, device=dev, seed=seed)
+        return _recommend_from(task_obj, given, prof, budget=budget, target_batch=target_batch,
                                device=dev, seed=seed, lr_steps=(lr_steps, cfg.ladder_steps),
                                noise_steps=noise_steps, say=say,
                                more=_MoreRows(optimizer_budget_s=float(optimizer_budget_s),
@@ -208,10 +210,11 @@ def recommend(
     return recs
 
 
-def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget: int | None,
+def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: int | None,
                     target_batch: int | None, device: torch.device, seed: int, lr_steps: tuple[int, int],
                     noise_steps: int, say: Callable[[str], None], more: _MoreRows) -> Recommendations:
     recs: dict[str, Recommendation] = {}
+    params = given.params
     b_prof = int(prof.batch_size or params.get("batch_size", 32))
     step = prof.step
 
@@ -222,13 +225,13 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     batch_result: BatchSizeResult | None = None
     if budget is not None:
         say("batch size")
-        batch_result = find_batch_size(task, params, memory_budget=budget, device=device, profile=prof, seed=seed)
+        batch_result = find_batch_size(task, given, memory_budget=budget, device=device, profile=prof, seed=seed)
     max_batch = batch_result.max_batch_size if batch_result is not None else None
 
     # -- the LR range test first: the noise scale is measured at a rate that trains ---------------------
     say("lr range test")
     # the range test's steps, and the ladder's per rate where the sweep sees no fall
-    lr_res = lr_find(task, params, batch_size=b_prof, steps=lr_steps[0], device=device, seed=seed,
+    lr_res = lr_find(task, given, batch_size=b_prof, steps=lr_steps[0], device=device, seed=seed,
                      ladder_steps=lr_steps[1])
 
     # -- noise scale: the critical batch ------------------------------------------------------------
@@ -365,7 +368,7 @@ def _recommend_from(task: Task, params: dict[str, Any], prof: Profile, *, budget
     recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     say("threads")
-    recs["threads"] = _threads_row(task, params, b_prof, device=device, seed=seed, measure=more.measure_threads)
+    recs["threads"] = _threads_row(task, given, b_prof, device=device, seed=seed, measure=more.measure_threads)
     say("data loader workers")
     workers = num_workers_row(task, params, b_prof, threads=int(recs["threads"].value), device=device, seed=seed)
     if workers is not None:
@@ -548,7 +551,7 @@ def _loader_workers(task: Task, params: dict[str, Any], batch_size: int) -> dict
                                 "not a DataLoader (batches from memory); it has no loader workers to set"}
 
 
-def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device: torch.device,
+def _threads_row(task: Task, params: TrainParams | dict[str, Any], batch_size: int, *, device: torch.device,
                  seed: int, measure: bool = True) -> Recommendation:
     """The CPU thread count as the fit loop computes it (a fresh first measurement: a few of a
     short fit's steps at each count), with the measured step times; and what can be said of the
@@ -557,7 +560,7 @@ def _threads_row(task: Task, params: dict[str, Any], batch_size: int, *, device:
     from .. import _threads
     from ..train import fit
 
-    workers = _loader_workers(task, params, batch_size)
+    workers = _loader_workers(task, params.params if isinstance(params, TrainParams) else params, batch_size)
     known = None if measure else _threads.recall(_threads.fit_key(task, device.type))
     if known is not None:
         return Recommendation("threads", known[0], f"{known[0]} thread(s): the count the fit loop measured for "

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from .._records import record_fields, stored_version
+from .._records import JsonRecord, record_fields, stored_version
 from .._units import format_bytes
 from ..exceptions import ConfigError
 from ..predict import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
@@ -45,17 +45,15 @@ Measure = Callable[[int], int]
 
 
 @dataclass(frozen=True)
-class MemoryProbe:
+class MemoryProbe(JsonRecord):
     """One measured step: its batch size, peak bytes (None after an OOM) and what it showed."""
+
+    WHAT: ClassVar[str] = "a memory probe"
 
     batch_size: int
     peak_bytes: int | None
     status: str  # "fits" | "over_budget" | "oom"
     role: str  # "profile" (measured before, not repeated) | "probe" | "verify"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "peak_bytes": self.peak_bytes, "status": self.status,
-                "role": self.role}
 
 
 #: Bumped when a field of :class:`BatchSizeResult`'s JSON changes meaning.

@@ -29,6 +29,7 @@ from torch import nn
 from .._optimizers import DEFAULT_LR
 from .._paths import replacing
 from .._records import record_fields, stored_version
+from .._train_params import TrainParams, as_train_params
 from ..exceptions import ConfigError, DependencyError, ProblemCollector
 from ..task import ClassificationTask, Task, TaskWrapper, load_task
 from ..train import Callback, FitState, fit
@@ -405,7 +406,7 @@ def validate_lr_range(min_lr: float, max_lr: float, steps: int) -> None:
 
 def run_lr_range_test(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     *,
     model: nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
@@ -436,9 +437,10 @@ def run_lr_range_test(
         saved_model = (copy.deepcopy(model.state_dict()), model.training, home)
     if optimizer is not None:
         saved_opt = (copy.deepcopy(optimizer.state_dict()), [dict(g) for g in optimizer.param_groups])
-    merged = {**task_obj.default_params, **(params or {})}
+    given = as_train_params(task_obj, params)  # validated once: fit takes the record as it is
+    merged = given.params
     try:
-        result = fit(task_obj, merged, max_steps=steps, batch_size=batch_size, device=device, seed=seed,
+        result = fit(task_obj, given, max_steps=steps, batch_size=batch_size, device=device, seed=seed,
                      callbacks=[callback, *callbacks], model=model, evaluate=False, stop_on_nan=True)
     finally:
         if saved_model is not None and model is not None:

@@ -19,12 +19,13 @@ from torch import nn
 from .._device import resolve_device
 from .._options import with_options
 from .._paths import OutputPath, check_outputs
+from .._train_params import TrainParams, as_train_params
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError, ProblemCollector
 from ..profile import Profile
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
-from ..train import seed_everything, validate_params
+from ..train import seed_everything
 from ._batch_size import BatchSizeResult, DataLimit, Measure, search_max_batch
 from ._full_batches import FullBatchTask, samples_per_epoch
 from ._lr_find import LRFindResult, decide_by_ladder, run_lr_range_test, validate_lr_range
@@ -35,8 +36,9 @@ __all__ = ["find_batch_size", "lr_find", "static_memory"]
 _store = optional_store
 
 
-def _merged(task: Task, params: dict[str, Any] | None) -> dict[str, Any]:
-    return validate_params({**task.default_params, **(params or {})})
+def _merged(task: Task, params: TrainParams | dict[str, Any] | None) -> TrainParams:
+    """``params`` over ``task``'s defaults, validated once; a :class:`TrainParams` as it was made."""
+    return as_train_params(task, params)
 
 
 def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None = None) -> dict[str, int]:
@@ -122,7 +124,7 @@ class BatchSizeConfig:
 
 def find_batch_size(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     config: BatchSizeConfig | None = None,
     *,
     profile: Profile | None = None,
@@ -153,7 +155,7 @@ def find_batch_size(
         raise ConfigError("find_batch_size() needs memory_budget (bytes, or a size such as '4GiB').")
     start, max_probes, seed, from_prediction = cfg.start, cfg.max_probes, cfg.seed, cfg.from_prediction
     task_obj = load_task(task)
-    merged = _merged(task_obj, params)
+    merged = _merged(task_obj, params).params
     budget = parse_memory(cfg.memory_budget)
     dev = resolve_device(cfg.device)
     static = static_memory(task_obj, merged, profile=profile)
@@ -232,7 +234,7 @@ class LRFindConfig:
 
 def lr_find(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     config: LRFindConfig | None = None,
     *,
     model: nn.Module | None = None,
@@ -256,11 +258,12 @@ def lr_find(
     _check_ladder(cfg.ladder_steps, cfg.ladder_rungs)
     check_outputs([OutputPath("plot=", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
-    merged = _merged(task_obj, params)
+    given = _merged(task_obj, params)
+    merged = given.params
     dev = resolve_device(cfg.device)
 
     def body() -> LRFindResult:
-        result = run_lr_range_test(task_obj, merged, model=model, optimizer=optimizer, min_lr=min_lr,
+        result = run_lr_range_test(task_obj, given, model=model, optimizer=optimizer, min_lr=min_lr,
                                    max_lr=max_lr, steps=steps, batch_size=batch_size, device=dev, seed=seed)
         if model is None and optimizer is None:  # a given model is the user's: the ladder trains the task's
             result = decide_by_ladder(result, task_obj, merged, steps=cfg.ladder_steps, rungs=cfg.ladder_rungs,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
-from .._records import record_fields, stored_version
+from .._records import JsonRecord, record_fields, stored_version
 from ..exceptions import ConfigError
 
 #: The names a recommendation can have, in the order ``recommend`` returns them.
@@ -22,7 +22,7 @@ CONFIDENCES = ("high", "medium", "low")
 
 
 @dataclass(frozen=True)
-class Recommendation:
+class Recommendation(JsonRecord):
     """A training parameter computed from measurements.
 
     ``value`` is what to set (None when the measurements do not allow a value; ``reason``
@@ -30,6 +30,8 @@ class Recommendation:
     predicts. ``confidence``: high (measured and verified), medium (derived from measurements
     through a model that holds under stated assumptions), low (a rule of thumb, or thin data).
     """
+
+    WHAT: ClassVar[str] = "a recommendation"
 
     name: str
     value: Any
@@ -45,12 +47,8 @@ class Recommendation:
         if self.confidence not in CONFIDENCES:
             raise ValueError(f"confidence={self.confidence!r} is unknown; valid: {', '.join(CONFIDENCES)}.")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "reason": self.reason,
-                "evidence": self.evidence, "confidence": self.confidence, "effect": self.effect}
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Recommendation:
+    def from_dict(cls, d: Any) -> Recommendation:
         """One recommendation back from :meth:`to_dict`'s JSON."""
         if not isinstance(d, Mapping):
             raise ConfigError(f"a recommendation must be a JSON object, but got {type(d).__name__}.")
@@ -63,10 +61,12 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
-class MeasuredEffect:
+class MeasuredEffect(JsonRecord):
     """What a recommended value did where it was tried beside the current one: ``metric`` at the
     current value and at the proposed one, its direction, and ``tie``, the difference (in metric
     units) within which the two are equal (the measurement's noise or resolution)."""
+
+    WHAT: ClassVar[str] = "a measured effect"
 
     metric: str
     current: float
@@ -90,10 +90,6 @@ class MeasuredEffect:
     def text(self) -> str:
         return (f"{self.metric} {self.proposed:.4g} against {self.current:.4g} at the current value "
                 f"({'higher' if self.maximize else 'lower'} is better; a tie within {self.tie:.2g})")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "current": self.current, "proposed": self.proposed,
-                "maximize": self.maximize, "tie": self.tie}
 
 
 def keep_unless_better(rec: Recommendation, current: Any, *, effect: MeasuredEffect | None = None,

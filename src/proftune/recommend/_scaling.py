@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import torch
 
+from .._records import JsonRecord
 from ..exceptions import ConfigError
 
 _LINEAR = ("sgd",)
@@ -27,8 +28,10 @@ _SQRT = ("adam", "adamw", "adamax", "nadam", "radam", "rmsprop", "adagrad", "ada
 
 
 @dataclass(frozen=True)
-class ScalingRule:
+class ScalingRule(JsonRecord):
     """The lr for ``to_batch`` given a good lr at ``from_batch``, with the rule and why."""
+
+    WHAT: ClassVar[str] = "a scaling rule"
 
     rule: str  # "linear" | "sqrt"
     optimizer: str
@@ -39,11 +42,6 @@ class ScalingRule:
     factor: float
     reason: str
     capped_at: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "optimizer": self.optimizer, "from_batch": self.from_batch,
-                "to_batch": self.to_batch, "from_lr": self.from_lr, "lr": self.lr,
-                "factor": self.factor, "reason": self.reason, "capped_at": self.capped_at}
 
 
 def optimizer_family(optimizer: str | torch.optim.Optimizer | type) -> tuple[str, str]:
