@@ -165,15 +165,19 @@ def arm_ours(spec: Spec, budget: float, seed: int) -> dict[str, Any]:
         t0 = time.monotonic()
         out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, cwd=tmp, check=False)
         wall = time.monotonic() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"proftune optimize failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        if out.returncode != 0:
+            raise SystemExit(f"proftune optimize failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        from proftune.track import Store  # the runs outside the search: the defaults' and the race's
+
+        outside = len(Store(f"sqlite:///{tmp}/ours.db").list_runs(kind="train"))
     d = json.loads(out.stdout)
     search = next((s for s in d["stages"] if s["stage"] == "search"), {})
     m = re.match(r"(\d+) trials", search.get("did", ""))
     trials = int(m.group(1)) if m else 0
-    runs = 1 + trials + 2 * d["vs_baseline"].get("rounds", 0)
     return {"flags": d["final"]["params"], "adopted": d["final"]["adopted"], "decision": d["final"]["decision"],
-            "wall_s": wall, "trials": trials, "runs": runs, "source": d["metric_source"]}
+            "wall_s": wall, "loop_s": d["duration_s"], "trials": trials, "runs": trials + outside,
+            "source": d["metric_source"], "notes": d["notes"],
+            "stages": [{k: st.get(k) for k in ("stage", "status", "time_s", "did")} for st in d["stages"]]}
 
 
 def arm_optuna(spec: Spec, budget: float, seed: int) -> dict[str, Any]:
@@ -222,7 +226,8 @@ def main() -> None:
                "optuna_test": evaluate(spec, opt["flags"], eval_seeds)}
         rows.append(row)
         print(f"rep {rep}: defaults {row['defaults_test']:.4f} | ours {row['ours_test']:.4f} "
-              f"({ours['runs']} runs, {ours['wall_s']:.0f} s, {'adopted' if ours['adopted'] else 'kept defaults'}: "
+              f"({ours['runs']} runs, {ours['wall_s']:.0f} s, its loop {ours['loop_s']:.0f} s, "
+              f"{'adopted' if ours['adopted'] else 'kept defaults'}: "
               f"{json.dumps(ours['flags'])}; {ours['decision']}) | "
               f"optuna {row['optuna_test']:.4f} (own run {opt['own_test']:.4f}; "
               f"{opt['runs']} runs, {opt['wall_s']:.0f} s: {json.dumps(opt['flags'])})", flush=True)
