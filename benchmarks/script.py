@@ -167,15 +167,15 @@ def arm_ours(spec: Spec, budget: float, seed: int) -> dict[str, Any]:
         wall = time.monotonic() - t0
         if out.returncode != 0:
             raise SystemExit(f"proftune optimize failed ({out.returncode}):\n{out.stderr[-3000:]}")
-        from proftune.track import Store  # the runs outside the search: the defaults' and the race's
-
-        outside = len(Store(f"sqlite:///{tmp}/ours.db").list_runs(kind="train"))
+        from proftune.track import Store  # every process of the script: the search's trials (repeats too),
+        store = Store(f"sqlite:///{tmp}/ours.db")  # the defaults' run and the race's (train Runs)
+        runs = len(store.list_runs(kind="trial")) + len(store.list_runs(kind="train"))
     d = json.loads(out.stdout)
     search = next((s for s in d["stages"] if s["stage"] == "search"), {})
     m = re.match(r"(\d+) trials", search.get("did", ""))
     trials = int(m.group(1)) if m else 0
     return {"flags": d["final"]["params"], "adopted": d["final"]["adopted"], "decision": d["final"]["decision"],
-            "wall_s": wall, "loop_s": d["duration_s"], "trials": trials, "runs": trials + outside,
+            "wall_s": wall, "loop_s": d["duration_s"], "trials": trials, "runs": runs,
             "source": d["metric_source"], "notes": d["notes"],
             "stages": [{k: st.get(k) for k in ("stage", "status", "time_s", "did")} for st in d["stages"]]}
 
