@@ -12,8 +12,12 @@ The script, chosen by ``--script``:
   end; objective ``eval_accuracy:max``, which proftune reads from the Trainer's eval metrics (a
   callback) and the Optuna loop from the eval dicts the Trainer prints (``{'eval_loss': ...,
   'eval_accuracy': '0.93', ...}``, what a user's loop parses).
-(``scripts/lit_train.py`` is not offered: it prints nothing, so a subprocess loop could not read its
-metric without a change to the script.)
+- ``lit``: ``benchmarks/scripts/lit_train.py``, a Lightning script (a ``LightningModule`` digits MLP,
+  AdamW; ``--lr --batch-size --weight-decay --epochs --seed --log-dir``, default lr 1e-5: far too low)
+  that logs ``self.log("val_acc", ...)`` each validation and ``test_acc`` from ``trainer.test`` through
+  Lightning's ``CSVLogger`` (``LOG_DIR/digits/version_N/metrics.csv``); objective ``val_acc:max``, which
+  proftune reads from Lightning's logged metrics (a callback) and the Optuna loop from that run's
+  ``metrics.csv`` (what a user's loop reads).
 Nothing selects on ``test_acc``.
 
 Arms, one after the other, each at the same budget ``B`` seconds, every process at one thread
@@ -25,7 +29,7 @@ Arms, one after the other, each at the same budget ``B`` seconds, every process 
   sampler=TPESampler(seed=S))``, each trial ``subprocess.run([python, SCRIPT, --lr, ...])`` at the
   script's own epochs and seed, its last validation figure its value, ``study.optimize(timeout=B)``;
   the best trial on validation is kept. Its space is the one proftune derives from the flags (lr
-  1e-6..1e-2 log, batch 8..512 for ``plain`` and 4..256 for ``hf``, weight decay 1e-6..0.3 log), so
+  1e-6..1e-2 log, batch 8..512 for ``plain`` and ``lit``, 4..256 for ``hf``, weight decay 1e-6..0.3 log), so
   that the loops are compared, not the ranges.
 
 Judged the same way for every arm: the flags it hands back, run again at ``--eval-seeds`` fresh
@@ -34,7 +38,7 @@ seeds (out of the budget), the mean of their ``test_acc``. Also printed: Optuna'
 runs it started and its wall time; then ours - Optuna (paired by seed, mean +- its standard
 error) and ours / Optuna.
 
-    python benchmarks/script.py [--script plain|hf] [--budget 90] [--reps 3] [--eval-seeds 2] [--out F.json]
+    python benchmarks/script.py [--script plain|hf|lit] [--budget 90] [--reps 3] [--eval-seeds 2] [--out F.json]
 
 Writes nothing to the repository (temporary databases and output directories; the script is run,
 never changed).
@@ -45,6 +49,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import csv
 import json
 import math
 import os
@@ -68,7 +73,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
 LINE = re.compile(r"\b(val_acc|test_acc):\s*([0-9.]+)")
 
 
-def read_plain(stdout: str) -> dict[str, float]:
+def read_plain(stdout: str, workdir: Path) -> dict[str, float]:
     """``val_acc: X`` / ``test_acc: X`` lines: the last of each."""
     found: dict[str, float] = {}
     for line in stdout.splitlines():
@@ -77,7 +82,7 @@ def read_plain(stdout: str) -> dict[str, float]:
     return found
 
 
-def read_hf(stdout: str) -> dict[str, float]:
+def read_hf(stdout: str, workdir: Path) -> dict[str, float]:
     """The eval dicts the Trainer prints (``{'eval_loss': '2.3', 'eval_accuracy': '0.93', ...}``,
     the last one wins) and the script's ``test_acc: X`` line."""
     found: dict[str, float] = {}
@@ -87,6 +92,20 @@ def read_hf(stdout: str) -> dict[str, float]:
             with contextlib.suppress(ValueError, SyntaxError):
                 found["eval_accuracy"] = float(ast.literal_eval(text)["eval_accuracy"])
         found.update({k: float(v) for k, v in LINE.findall(line) if k == "test_acc"})
+    return found
+
+
+def read_lit(stdout: str, workdir: Path) -> dict[str, float]:
+    """The ``metrics.csv`` Lightning's ``CSVLogger`` wrote in that run's ``--log-dir`` (its newest
+    version): the last non-empty ``val_acc`` and ``test_acc`` of its rows."""
+    found: dict[str, float] = {}
+    files = sorted((workdir / "lit_logs" / "digits").glob("version_*/metrics.csv"),
+                   key=lambda f: int(f.parent.name.removeprefix("version_")))
+    if not files:
+        return found
+    with files[-1].open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            found.update({k: float(row[k]) for k in ("val_acc", "test_acc") if row.get(k)})
     return found
 
 
@@ -100,7 +119,7 @@ class Spec:
     metric: str
     defaults: dict[str, Any]
     space: dict[str, Any]
-    read: Callable[[str], dict[str, float]]
+    read: Callable[[str, Path], dict[str, float]]
 
 
 SCRIPTS = {
@@ -112,6 +131,9 @@ SCRIPTS = {
                {"learning_rate": (1e-6, 1e-2), "batch_size": [4, 8, 16, 32, 64, 128, 256],
                 "weight_decay": (1e-6, 0.3)},
                read_hf),
+    "lit": Spec(HERE / "scripts" / "lit_train.py", "val_acc", {"lr": 1e-5, "batch_size": 64, "weight_decay": 0.0},
+                {"lr": (1e-6, 1e-2), "batch_size": [8, 16, 32, 64, 128, 256, 512], "weight_decay": (1e-6, 0.3)},
+                read_lit),
 }
 
 
@@ -124,7 +146,7 @@ def run_script(spec: Spec, flags: dict[str, Any], seed: int) -> dict[str, float]
     cmd += ["--seed", str(seed)]
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, cwd=tmp, check=False)
-    found = spec.read(out.stdout)
+        found = spec.read(out.stdout, Path(tmp))
     if out.returncode != 0 or spec.metric not in found:
         return {spec.metric: 0.0, "test_acc": 0.0, "failed": 1.0}
     return found
@@ -143,15 +165,19 @@ def arm_ours(spec: Spec, budget: float, seed: int) -> dict[str, Any]:
         t0 = time.monotonic()
         out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, cwd=tmp, check=False)
         wall = time.monotonic() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"proftune optimize failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        if out.returncode != 0:
+            raise SystemExit(f"proftune optimize failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        from proftune.track import Store  # every process of the script: the search's trials (repeats too),
+        store = Store(f"sqlite:///{tmp}/ours.db")  # the defaults' run and the race's (train Runs)
+        runs = len(store.list_runs(kind="trial")) + len(store.list_runs(kind="train"))
     d = json.loads(out.stdout)
     search = next((s for s in d["stages"] if s["stage"] == "search"), {})
     m = re.match(r"(\d+) trials", search.get("did", ""))
     trials = int(m.group(1)) if m else 0
-    runs = 1 + trials + 2 * d["vs_baseline"].get("rounds", 0)
     return {"flags": d["final"]["params"], "adopted": d["final"]["adopted"], "decision": d["final"]["decision"],
-            "wall_s": wall, "trials": trials, "runs": runs, "source": d["metric_source"]}
+            "wall_s": wall, "loop_s": d["duration_s"], "trials": trials, "runs": runs,
+            "source": d["metric_source"], "notes": d["notes"],
+            "stages": [{k: st.get(k) for k in ("stage", "status", "time_s", "did")} for st in d["stages"]]}
 
 
 def arm_optuna(spec: Spec, budget: float, seed: int) -> dict[str, Any]:
@@ -200,7 +226,8 @@ def main() -> None:
                "optuna_test": evaluate(spec, opt["flags"], eval_seeds)}
         rows.append(row)
         print(f"rep {rep}: defaults {row['defaults_test']:.4f} | ours {row['ours_test']:.4f} "
-              f"({ours['runs']} runs, {ours['wall_s']:.0f} s, {'adopted' if ours['adopted'] else 'kept defaults'}: "
+              f"({ours['runs']} runs, {ours['wall_s']:.0f} s, its loop {ours['loop_s']:.0f} s, "
+              f"{'adopted' if ours['adopted'] else 'kept defaults'}: "
               f"{json.dumps(ours['flags'])}; {ours['decision']}) | "
               f"optuna {row['optuna_test']:.4f} (own run {opt['own_test']:.4f}; "
               f"{opt['runs']} runs, {opt['wall_s']:.0f} s: {json.dumps(opt['flags'])})", flush=True)

@@ -1,5 +1,5 @@
 """A Lightning script as users write it (``benchmarks/scripts/lit_train.py``: a LightningModule on
-digits, argparse flags, ``self.log("val_acc", ...)``), optimized end to end by
+digits, argparse flags, ``self.log("val_acc", ...)`` through a ``CSVLogger``), optimized end to end by
 ``proftune optimize -- python lit_train.py``, its metric read from Lightning's logged metrics."""
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ BUDGET = "3m"
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
-def test_optimize_on_a_lightning_script_reads_its_logged_metric(tmp_path: Path, db_url: str) -> None:
+def test_optimize_on_a_lightning_script_reads_its_logged_metric(tmp_path: Path, db_url: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # its runs' CSVLogger writes lit_logs/ in the working directory
     script = tmp_path / "lit_train.py"
     shutil.copy(LIT_SCRIPT, script)
     before = script.read_bytes()
@@ -51,3 +53,4 @@ def test_optimize_on_a_lightning_script_reads_its_logged_metric(tmp_path: Path, 
         assert params["lr"] > 1e-5
         assert d["vs_baseline"]["best"]["mean"] > d["vs_baseline"]["defaults"]["mean"]
     assert script.read_bytes() == before
+    assert list((tmp_path / "lit_logs" / "digits").glob("version_*/metrics.csv"))  # the script's own logger ran

@@ -174,15 +174,17 @@ def test_pruning_ends_the_process(script: Path) -> None:
     assert time.perf_counter() - started < 8.0  # 50 epochs at 0.2 s would be 10 s
 
 
-def test_sigterm_to_proftune_leaves_no_child(script: Path, tmp_path: Path) -> None:
-    """proftune stopped by SIGTERM mid-trial: the script's process is gone and the run interrupted."""
+@pytest.mark.parametrize(("command", "limit"), [("tune", ["--trials", "3"]), ("optimize", ["--budget", "5m"])])
+def test_sigterm_to_proftune_leaves_no_child(script: Path, tmp_path: Path, command: str, limit: list[str]) -> None:
+    """proftune stopped by SIGTERM mid-trial: the script's process is gone and the run interrupted
+    (``optimize``: its first run, the defaults', is the one stopped; it and the optimize Run both)."""
     db = f"sqlite:///{tmp_path / 'sig.db'}"
     pidfile = tmp_path / "pid"
     slow = tmp_path / "slow.py"
     slow.write_text(SCRIPT.replace("args = p.parse_args()", "args = p.parse_args()\n"
                                    f"pathlib.Path({str(pidfile)!r}).write_text(str(__import__('os').getpid()))"))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "proftune", "tune", "--objective", "val_acc:max", "--trials", "3",
+    proc = subprocess.Popen([sys.executable, "-m", "proftune", command, "--objective", "val_acc:max", *limit,
                              "--db", db, "--", "python", str(slow), "--epochs", "200", "--sleep", "0.2"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -197,9 +199,14 @@ def test_sigterm_to_proftune_leaves_no_child(script: Path, tmp_path: Path) -> No
         os.kill(child, 0)
     from proftune.track import Store
 
-    runs = Store(db).list_runs(kind="tune")
+    store = Store(db)
+    runs = store.list_runs(kind=command)
     assert runs
     assert runs[0].status == "interrupted"
+    if command == "optimize":
+        trials = store.list_runs(kind="train")
+        assert trials
+        assert trials[0].status == "interrupted"
 
 
 def test_tune_end_to_end_leaves_the_script_unchanged(script: Path, db_url: str) -> None:
