@@ -380,3 +380,37 @@ def test_the_one_formatter_rounds_any_number_in_a_sentence() -> None:
     assert rounded(f"waited {LONG}s, {1.2345678}x faster") == "waited 0.0869s, 1.23x faster"
     assert rounded("lr 3.4567891234e-05 to 1e-05") == "lr 3.46e-05 to 1e-05"
     assert rounded("torch 2.14.1, 0.5 and 12.5, 98%") == "torch 2.14.1, 0.5 and 12.5, 98%"
+
+
+def test_a_reserve_kept_before_any_trial_is_given_back_once_the_trials_show_no_leader(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the race's reserve as the trials stand: 20 s before any trial (a leader may come), none after
+    # (the trials show none ahead of the defaults); the search's window follows it both ways
+    rows: list[TrialRecord] = []
+
+    def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
+                  items: Any) -> Any:
+        for item in items:
+            rows.append(_trial(len(rows), item[1], 0.5))
+        return SimpleNamespace(trials=list(rows))
+
+    clock = StepClock(0.05)
+    monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(_search, "_call", fake_call)
+    monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
+    monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
+    monkeypatch.setattr(_search, "STALL_AFTER", 2.0)
+    monkeypatch.setattr(_search, "propose", lambda rows_, plan, settings, flags, n: [
+        ("tpe", {"lr": 0.001 * (1 + len(rows_) + i), "hidden": 8}) for i in range(n)])
+    settings = StageSettings(objective="accuracy:max", metric="accuracy", maximize=True, max_trials=10**6,
+                             defaults={"lr": 0.01}, trial_s_estimate=LONG)
+    def ran(reserve_after: float) -> float:
+        start = clock.t
+        rows.clear()
+        run_search_stage(TinyTask(), _plan(), settings, store=None, seconds=30.0,  # type: ignore[arg-type]
+                         must_end=clock.t + 30.0, reserve=lambda rs: 20.0 if not rs else reserve_after)
+        return clock.t - start
+
+    given_back, kept = ran(0.0), ran(20.0)
+    assert kept < 12.0  # the 20 s kept for the race: the search stops within the 10 s left
+    assert given_back > 25.0  # given back: the search runs on to its own 30 s

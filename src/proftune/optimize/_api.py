@@ -212,10 +212,9 @@ class _Loop:
         low = int(self.cfg.seeds)
         if best is None or defaults is None:
             return low
-        from ._final import _resolution, sampling_std
+        from ._final import _resolution, winners_curse
 
-        noise = sampling_std(self.v.metric, self.holdout.val_samples, finite_float(defaults.mean))
-        curse = noise * math.sqrt(2.0 * math.log(compared)) if noise is not None and compared > 1 else 0.0
+        curse = winners_curse(self.v.metric, self.holdout.val_samples, finite_float(defaults.mean), compared)
         gain = max(0.0, abs(best.mean - defaults.mean) - curse)
         # the paired difference spreads by both arms' seeds: where each was measured (the defaults
         # at a rate too high spread many times the leader), their own figures, else the pooled one

@@ -33,14 +33,7 @@ from ._budget import Deadline
 from ._computed import ComputedValues
 from ._context import StageContext
 from ._decide import pooled_seed_std, prior_seed_std
-from ._final import (
-    MAX_CANDIDATES,
-    RESPLIT_BELOW,
-    Arm,
-    FinalOutcome,
-    FinalPlan,
-    run_final,
-)
+from ._final import MAX_CANDIDATES, RESPLIT_BELOW, Arm, FinalOutcome, FinalPlan, run_final, winners_curse
 from ._health_gate import searched_params, stopping_findings, tuned
 from ._layer_value import LayerFinding, keep_layers, layer_values
 from ._lr_check import check_computed_lr, short_check_seconds
@@ -199,10 +192,8 @@ class Compute(BaseStage):
         The range test and the noise scale get as many steps as the share holds at the step time
         (a slow model gets fewer, never more than the defaults of recommend)."""
         prof = Profile.load(loop.out / "profile.json")
-        # a step as a training pays it (the no-tricks run's wall clock), where the profile's phases
-        # say less: at batch 4 they left out the loop's own cost and the stage took 3x its share
-        b = loop.state.record(BaselineOutputs)
-        wall_s = (b.epoch_s or 0.0) / max(1, _steps_per_epoch(loop.task, loop.defaults))
+        # a step as a training pays it (the no-tricks run's wall clock) where the profile's phases say less
+        wall_s = loop.epoch_s() / max(1, _steps_per_epoch(loop.task, loop.defaults))
         step_s = max((prof.step.time_ms or 1.0) / 1e3, wall_s, 1e-4)
         steps = share / step_s  # training steps the share holds at that step time
         lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
@@ -297,6 +288,9 @@ class Search(BaseStage):
             if not race_s:
                 return compress_min
             d, best, pooled = standing(rows, plan, settings)
+            if d is not None and best is not None and (best.mean - d.mean) * (1 if loop.v.maximize else -1) <= \
+                    winners_curse(loop.v.metric, loop.holdout.val_samples, d.mean, len(rows)):
+                return late_pair + compress_min  # none ahead of the defaults beyond the curse of the draws: no race
             if d is None or best is None or d.n < 2:  # the defaults' spread not measured yet: as planned
                 return race_s + compress_min
             gain = (best.mean - d.mean) * (1.0 if loop.v.maximize else -1.0)
@@ -307,10 +301,13 @@ class Search(BaseStage):
             return min(max(race_s, need), race_s + 0.5 * seconds) + compress_min
 
         # (the budget already excludes what an earlier, killed process spent: the clock resumes)
-        seconds = max(1.0, loop.budget.left_s - race_s - compress_min)
+        # the search runs on while nothing leads the defaults (`reserve` bounds it as trials stand), one pair's
+        # time kept for a late leader: a race kept for no leader left a third of 8 trainings unspent
+        late_pair = min(race_s, 1.1 * budget_plan.full_s * max(0, 2 - done))
+        seconds = max(1.0, loop.budget.left_s - late_pair - compress_min)
         # successive halving only where full trials are dear (below ~15 in the time there is): it
         # favours fast starters, which small or noisy data punishes (measured: benchmarks/optimize.py)
-        full_trials = seconds / (epochs * epoch_s)
+        full_trials = max(1.0, loop.budget.left_s - race_s - compress_min) / (epochs * epoch_s)
         # no rung before the defaults' own curve separated from its start: a rung that cannot rank
         # prunes slow starters by noise (None: it never separated, so nothing is pruned by epoch)
         rank_at = loop.rank_epoch()

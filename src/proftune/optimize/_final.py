@@ -171,6 +171,13 @@ def sampling_std(metric: str, val_samples: int | None, level: float | None) -> f
     return math.sqrt(max(level * (1.0 - level), 0.25 / val_samples) / val_samples)
 
 
+def winners_curse(metric: str, val_samples: int | None, level: float | None, compared: int) -> float:
+    """How much the best of ``compared`` draws on one validation set is inflated: one figure's
+    sampling noise there times sqrt(2 ln compared) (0 where the noise is not known, or one draw)."""
+    noise = sampling_std(metric, val_samples, level)
+    return noise * math.sqrt(2.0 * math.log(compared)) if noise is not None and compared > 1 else 0.0
+
+
 def _unselected(arm: Arm, race: _Race, plan: FinalPlan, seeds: Sequence[int]) -> list[float | None]:
     """``arm``'s validation figures over ``seeds`` for the decision: where its first run is the
     search's own training of it (the best of ``plan.compared`` draws on the same validation data),

@@ -459,10 +459,12 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
     end = started + seconds
 
     def bound(rows: Sequence[TrialRecord]) -> None:
+        # as the trials stand, not the least of every bound so far: a reserve kept before any trial
+        # (a race for a leader not yet found) is given back once the trials show none
         nonlocal end
         if must_end is None or reserve is None:
             return
-        end = min(end, max(started, must_end - reserve(rows)))
+        end = min(started + seconds, max(started, must_end - reserve(rows)))
 
     calls = 0
     stop_reason = "the search stage's share of the budget is spent"
