@@ -9,6 +9,22 @@ from typing import Any
 import pytest
 import torch
 
+#: Tests that share one session fixture run on one xdist worker, so that it is made once.
+_SHARED_FIXTURES = ("optimize_run",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for ``--dist loadgroup`` (pyproject's addopts): a test that uses a shared session
+    fixture goes with the others that use it; every other test goes with its file, so that a
+    module-scoped fixture (a Ray instance, a built site, a trained model) is made on one worker
+    only, as under a serial run."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        shared = [name for name in _SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
+        group = shared[0] if shared else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(autouse=True)
 def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
