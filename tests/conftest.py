@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist, never called
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: hand each worker this run's $COLUMNS (or its absence)."""
+    node.workerinput["proftune_columns"] = os.environ.get("COLUMNS")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, $COLUMNS as the run had it: a worker starts with COLUMNS=80 set, which
+    the CLI's piped tables (100 columns unless $COLUMNS says otherwise) would take as their width."""
+    given = getattr(config, "workerinput", {}).get("proftune_columns", "unset")
+    if given is None:
+        os.environ.pop("COLUMNS", None)
+    elif given != "unset":
+        os.environ["COLUMNS"] = given
+
 
 #: Tests that share one session fixture run on one xdist worker, so that it is made once.
 _SHARED_FIXTURES = ("optimize_run",)
