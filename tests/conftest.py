@@ -27,21 +27,27 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["COLUMNS"] = given
 
 
-#: Tests that share one session fixture run on one xdist worker, so that it is made once.
+#: Session fixtures that train or start something: the tests using one run on one xdist worker,
+#: so that it is made once.
 _SHARED_FIXTURES = ("optimize_run",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for ``--dist loadgroup`` (pyproject's addopts): a test that uses a shared session
-    fixture goes with the others that use it; every other test goes with its file, so that a
-    module-scoped fixture (a Ray instance, a built site, a trained model) is made on one worker
-    only, as under a serial run."""
+    fixture goes with the others that use it; a test that uses a module-scoped fixture (a Ray
+    instance, a built site, a trained model) goes with its file, so that the fixture is made on one
+    worker only, as in a serial run; every other test goes to whichever worker is free."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
-        shared = [name for name in _SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
-        group = shared[0] if shared else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        shared = [name for name in _SHARED_FIXTURES if name in defs]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif any(d and d[-1].scope in ("module", "package", "class") for d in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.fixture(autouse=True)
