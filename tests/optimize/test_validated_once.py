@@ -45,3 +45,23 @@ def test_the_baseline_trains_the_defaults_as_the_loop_validated_them(validations
     assert len(validations) == 2
     assert out.defaults.params == record.params
     assert out.defaults.metrics["accuracy"] is not None
+
+
+def test_an_arm_made_with_its_record_trains_it_as_made_and_stores_only_its_params(
+        validations: list[dict[str, Any]], tmp_path: Path, db_url: str) -> None:
+    task = TinyTask()
+    record = TrainParams.of(task, {"lr": 3e-3})  # made where the final stage makes the arm
+    validations.clear()
+    arm = Arm(name="search #1", params=record.params, source="search", epochs=1, train=record)
+    plan = FinalPlan(metric="accuracy", maximize=True, epochs=1, seeds=1, seed=0, device="cpu", val_samples=96)
+    store = Store(db_url)
+    for seed in (0, 1):  # every seed of the race
+        run = _final._train(task, arm, plan=plan, seed=seed, limit_s=60.0, store=store, folder=tmp_path)
+        assert run.run_id is not None
+        assert store.get_run(run.run_id).config["params"] == record.params
+    assert validations == []  # not once more at either seed
+    d = arm.to_dict()
+    assert "train" not in d
+    back = Arm.from_dict(d)
+    assert back.train is None
+    assert back == arm  # the record is not part of what the arm is

@@ -28,7 +28,7 @@ from ..exceptions import ConfigError, RunFailedError
 from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
-from ..train import evaluate_model, fit, seed_everything, validate_params
+from ..train import TrainParams, evaluate_model, fit, seed_everything
 from ._budget import Deadline
 from ._computed import ComputedValues
 from ._context import StageContext
@@ -389,11 +389,11 @@ class Final(BaseStage):
         trial_epochs = int(srch.epochs_per_trial or epochs)
         proposals: list[Arm] = []
         for g in srch.top:  # the groups the search measured, best first
-            params = validate_params({**loop.defaults, **fixed, **g.params})
-            if _params_key(params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
+            train = TrainParams({**loop.defaults, **fixed, **g.params})  # validated here, once
+            if _params_key(params := train.params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
                 continue
             proposals.append(Arm(
-                name=f"search #{len(proposals) + 1}", params=params,
+                name=f"search #{len(proposals) + 1}", params=params, train=train,
                 source=(f"search trials {g.trials} ({', '.join(sorted(set(g.arms)))}"
                         + (f", at {trial_epochs} of {epochs} epochs" if trial_epochs < epochs else "") + ")"),
                 search_mean=g.mean, search_std=g.std, search_n=g.n,
@@ -422,7 +422,8 @@ class Final(BaseStage):
         defaults = Arm(name="defaults", params=dict(loop.defaults), source="the task's defaults",
                        search_mean=d_group.mean if d_group is not None and trial_epochs == epochs else None,
                        search_std=d_group.std if d_group is not None else None,
-                       search_n=d_group.n if d_group is not None else 0, epoch_s=base_epoch_s, epochs=epochs)
+                       search_n=d_group.n if d_group is not None else 0, epoch_s=base_epoch_s, epochs=epochs,
+                       train=loop.defaults_record)
         plan = FinalPlan(metric=loop.v.metric, maximize=loop.v.maximize, epochs=epochs,
                          seeds=(budget_plan.seeds if budget_plan.race_fits
                                 else max(int(loop.cfg.seeds), budget_plan.seeds)),

@@ -72,7 +72,8 @@ def _train(task: Task, arm: Arm, *, plan: FinalPlan, seed: int, limit_s: float, 
            folder: Path) -> ArmRun:
     deadline = Deadline(limit_s)
     epochs = _epochs(arm, plan)
-    rep = run_train(task, TrainParams.of(task, arm.params), epochs=epochs, device=plan.device, seed=seed,
+    params = arm.train if arm.train is not None else TrainParams.of(task, arm.params)  # validated once
+    rep = run_train(task, params, epochs=epochs, device=plan.device, seed=seed,
                     callbacks=[deadline], store=store)
     res = rep.result
     assert res is not None  # run_train's record keeps what fit returned

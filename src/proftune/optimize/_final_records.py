@@ -5,12 +5,14 @@ and the report read them. They import no stage.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from .._records import JsonRecord, Reader, plain, record_fields, stored_version
+from .._train_params import TrainParams
 from ._decide import Comparison
 
 __all__ = ["SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "HeldOutEstimate", "SearchGap",
@@ -84,6 +86,12 @@ class Arm(JsonRecord):
     runs: tuple[ArmRun, ...] = ()
     #: Epochs of this arm's runs (None: the plan's): the defaults train at the task's own epochs.
     epochs: int | None = None
+    #: ``params`` as the record validated where the arm was made, which each of its trainings takes
+    #: as it is (None: an arm read back from JSON, validated at its first training; not stored).
+    train: TrainParams | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "train"}
 
     def values(self, split: str, seeds: Sequence[int]) -> list[float | None]:
         """This arm's metric at each of ``seeds`` (None where it did not run or was cut)."""
