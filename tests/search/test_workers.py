@@ -123,3 +123,30 @@ def test_two_tunes_of_one_study_do_not_draw_the_same_configurations(tmp_path: Pa
     assert len(drawn) == 6
     assert len(set(drawn)) == 6  # the continuation did not draw the first tune's configurations again
     assert {tuple(sorted(t.params.items())) for t in first.trials} <= set(drawn)
+
+
+def test_a_trial_another_worker_told_first_leaves_the_search_to_go_on(tmp_path: Path) -> None:
+    # SQLite cannot lock a queued trial for one worker: two workers may take the same one, and the one
+    # that tells it second is refused ("Cannot tell a COMPLETE trial."); that worker goes on, the
+    # other's result stands. Here the objective plays the other worker: it tells its own trial first.
+    import warnings
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    calls: list[float] = []
+
+    def loss(params: dict[str, float]) -> float:
+        calls.append(float(params["x"]))
+        if len(calls) == 2:
+            other = optuna.load_study(study_name="s", storage=db)
+            running = [t for t in other.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
+            other.tell(running[0].number, 0.25)
+        return float(params["x"]) ** 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = proftune.search(loss, {"params": {"x": {"type": "float", "low": -1.0, "high": 1.0}}},
+                              trials=4, store=db, study="s", sampler="random", seed=0)
+    study = optuna.load_study(study_name="s", storage=db)
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= 4
+    assert study.trials[1].values == [0.25]  # the other worker's result stands
+    assert len(res.trials) >= 4

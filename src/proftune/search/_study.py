@@ -7,6 +7,7 @@ in user code -> failed with its traceback; the study goes on until ``max_failure
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,8 @@ from ._settings import SearchSettings
 from ._space import Space
 from ._storage import open_storage, reap_dead_trials
 from ._trial import Surplus, TrialFailed, TrialRunner
+
+log = logging.getLogger(__name__)
 
 __all__ = ["STARTUP", "evaluations", "raise_if_too_many_failures", "run_worker"]
 
@@ -127,6 +130,12 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
             study.optimize(runner, n_trials=1, catch=(TrialFailed, Surplus), gc_after_trial=False,
                            show_progress_bar=False)
         except Exception as exc:
+            if _told_elsewhere(exc):
+                # SQLite cannot lock a queued trial for one worker (Optuna's pop reads, then writes):
+                # two workers took the same one, and the other told it first; its result stands
+                log.debug("trial told by another worker first: %s", exc)
+                ran += 1
+                continue
             lost = _database_error(exc)
             if lost is None:
                 raise
@@ -135,6 +144,12 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
         if after_trial is not None:
             after_trial()
     return {"worker": worker, "trials_run": ran, "stopped": reason}
+
+
+def _told_elsewhere(exc: BaseException) -> bool:
+    """Whether Optuna refused to tell a trial that another worker finished first (its ``ValueError``
+    "Cannot tell a COMPLETE trial.", or FAIL, PRUNED)."""
+    return isinstance(exc, ValueError) and str(exc).startswith("Cannot tell a ") and str(exc).endswith(" trial.")
 
 
 def _database_error(exc: BaseException) -> sa.exc.DBAPIError | None:
