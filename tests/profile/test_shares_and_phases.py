@@ -11,7 +11,7 @@ from torch import nn
 
 import proftune
 from proftune.profile import Monitor, Profile
-from proftune.profile._timing import PHASES, LayerTimer, scaled_to, share_spread, step_summary
+from proftune.profile._timing import PHASES, LayerTimer, fastest_step_ms, scaled_to, share_spread, step_summary
 
 
 def _phases(summary: dict[str, float]) -> float:
@@ -53,14 +53,17 @@ def test_phases_of_instrumented_steps_are_scaled_to_the_untouched_step() -> None
 
 
 def test_share_spread_needs_two_steps_for_quartiles() -> None:
-    assert share_spread([]).samples == 0
-    one = share_spread([0.4])
-    assert one.median == 0.4
+    assert share_spread([], 10.0).samples == 0
+    one = share_spread([4.0], 10.0)
+    assert (one.fastest, one.median) == (0.4, 0.4)
     assert one.q1 is None
-    five = share_spread([0.2, 0.63, 0.3, 0.25, 0.35])
-    assert five.median == 0.3
-    assert five.q1 == 0.25
-    assert five.q3 == 0.35
+    assert one.second is None
+    five = share_spread([2.0, 6.3, 3.0, 2.5, 3.5], 10.0)
+    assert five.fastest == pytest.approx(0.2)
+    assert five.second == pytest.approx(0.25)
+    assert five.median == pytest.approx(0.3)
+    assert five.q1 == pytest.approx(0.25)
+    assert five.q3 == pytest.approx(0.35)
     assert five.samples == 5
 
 
@@ -93,7 +96,7 @@ def test_a_monitored_profile_has_phases_that_add_up_to_its_step_and_shares_with_
         assert lay.time_share_samples == 6
         assert lay.time_share_q1 is not None
         assert lay.time_share_q3 is not None
-        assert 0.0 <= lay.time_share_q1 <= lay.time_share_median <= lay.time_share_q3 <= 1.0
+        assert 0.0 <= lay.time_share <= lay.time_share_q1 <= lay.time_share_median <= lay.time_share_q3
     # the record keeps the spread through its JSON
     assert Profile.from_dict(p.to_dict()).layers == p.layers
 
@@ -108,7 +111,7 @@ def test_profile_keeps_each_layers_share_per_step_and_its_findings_give_the_spre
     top = p.bottlenecks[0]
     assert top["time_share_samples"] == 4
     assert top["time_share_q1"] <= top["time_share_q3"]
-    assert "middle half of 4 steps" in top["finding"]
+    assert "fastest of 4 steps; their middle half took" in top["finding"]
 
 
 def test_a_step_stalled_in_one_layer_moves_neither_its_time_nor_its_share() -> None:
@@ -128,7 +131,9 @@ def test_a_step_stalled_in_one_layer_moves_neither_its_time_nor_its_share() -> N
     assert timer.per_layer() == {"fc": (2.0, pytest.approx(2.0)), "act": (1.0, pytest.approx(1.0))}
     total, outside = timer.typical_step_ms()
     assert (total, outside) == (pytest.approx(7.0), pytest.approx(1.0))
-    act = share_spread(timer.shares["act"])
-    assert act.median == pytest.approx(2 / 7)
-    assert act.q3 == pytest.approx(2 / 7)  # the stalled step (52 of 57 ms) is outside the middle half
-    assert max(timer.shares["act"]) == pytest.approx(52 / 57)
+    fastest = fastest_step_ms(timer.step_ms, timer.rest_ms)
+    assert fastest == pytest.approx(7.0)
+    act = share_spread(timer.step_ms["act"], fastest)
+    assert act.fastest == act.median == pytest.approx(2 / 7)
+    assert act.q3 == pytest.approx(2 / 7)  # the stalled step (52 ms) is outside the middle half
+    assert max(timer.step_ms["act"]) == pytest.approx(52.0)

@@ -23,7 +23,7 @@ def _model() -> nn.Module:
 
 
 def _profile() -> Profile:
-    return proftune.profile(_model(), example_input=torch.randn(64, 512), steps=7, device="cpu")
+    return proftune.profile(_model(), example_input=torch.randn(64, 512), steps=15, device="cpu")
 
 
 def _beyond_noise(p: Profile) -> list[str]:
@@ -67,6 +67,9 @@ def test_the_layers_beyond_noise_rank_the_same_beside_a_busy_process() -> None:
         busy.kill()
         busy.wait()
     figures = f"quiet: {_shares(quiet)}\nloaded: {_shares(loaded)}"
+    # the wide Linear's share moves with the load by less than a tenth of the step (its median
+    # share moved from 60% to 28% beside CI's own busy loop, and the narrower Linear ranked first)
+    assert abs(_share(quiet, "0") - _share(loaded, "0")) < 0.1, figures
     print(figures)
     both = set(_beyond_noise(quiet)) & set(_beyond_noise(loaded))
     # the wide Linear is told from the noise in both runs, and first in both
@@ -80,9 +83,10 @@ def test_the_layers_beyond_noise_rank_the_same_beside_a_busy_process() -> None:
                 assert (_share(quiet, a) > _share(quiet, b)) == (_share(loaded, a) > _share(loaded, b)), figures
     for p in (quiet, loaded):
         for lay in p.layers:
-            # the share is the median of the per-step shares: inside their middle half
-            assert lay.time_share_samples == 7
+            # the share is the layer's fastest step (a stall only adds time): at or under the
+            # middle half of its steps on the same scale
+            assert lay.time_share_samples == 15
             assert lay.time_share_q1 is not None
             assert lay.time_share_q3 is not None
-            assert lay.time_share_q1 <= (lay.time_share or 0.0) <= lay.time_share_q3, figures
+            assert (lay.time_share or 0.0) <= lay.time_share_q1 <= lay.time_share_q3, figures
         _no_advice_within_noise(p)

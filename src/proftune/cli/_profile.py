@@ -13,7 +13,7 @@ from rich.table import Table
 from .._paths import OutputPath
 from .._units import format_bytes
 from ..exceptions import ConfigError
-from ..profile import Profile, compare_profiles, profile
+from ..profile import Profile, compare_profiles, load_spread, profile
 from ..track import Store
 from . import _options as opt
 from ._common import execute, keep_whole, out_console, parse_params, task_arg, with_report
@@ -38,10 +38,8 @@ def _pct(v: float | None) -> str:
 
 
 def _spread(lay: Any) -> str:
-    """A layer's share over the timed steps, its quartiles in percent (``30-41``)."""
-    if lay.time_share_q1 is None or lay.time_share_q3 is None:
-        return "-"
-    return f"{lay.time_share_q1 * 100:.0f}-{lay.time_share_q3 * 100:.0f}"
+    """The middle half of a layer's timed steps against its fastest (``1.0-1.3x``)."""
+    return load_spread(lay.time_share, lay.time_share_q1, lay.time_share_q3) or "-"
 
 
 def _render_profile(p: Profile, top: int, out: Path | None) -> None:
@@ -49,8 +47,9 @@ def _render_profile(p: Profile, top: int, out: Path | None) -> None:
     layers = sorted(p.layers, key=lambda lay: (lay.time_share or 0.0, lay.macs), reverse=True)[:top]
     table = Table(title=f"top {len(layers)} layers by share of forward+backward time — {title}",
                   caption="act: bytes saved for backward; GF/s: forward GFLOP/s; time: share of forward+"
-                          "backward, mid½: its middle half over the timed steps; par, MAC: share of the "
-                          "model's params and MACs", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+                          "backward at its fastest step, mid½: its steps' middle half against it; par, MAC: "
+                          "share of the model's params and MACs", box=box.SIMPLE_HEAD, show_edge=False,
+                  collapse_padding=True)
     numbers = ("params", "MACs", "fwd ms", "bwd ms", "act", "GF/s", "time", "mid½", "par", "MAC")
     for col in ("layer", "type", *numbers):
         table.add_column(col, justify="left" if col in ("layer", "type") else "right", overflow="fold")

@@ -47,8 +47,8 @@ class LayerValue(JsonRecord):
     type: str
     params: int
     macs: int
-    #: Its share of the step's forward+backward time (the profile's: medians over the timed steps),
-    #: and the middle half of its per-step shares: a finding needs the share beyond that noise.
+    #: Its share of the step's forward+backward time (the profile's: at its fastest timed step), and
+    #: the middle half of its per-step times on that scale: a finding needs the share beyond noise.
     time_share: float | None
     params_share: float | None
     macs_share: float | None

@@ -48,6 +48,7 @@ from ._records import (
     Profile,
     StepProfile,
     compare_profiles,
+    load_spread,
 )
 from ._static import (
     LayerCount,
@@ -111,6 +112,7 @@ __all__ = [
     "embedding_tables",
     "fit_scaling",
     "index_stats",
+    "load_spread",
     "model_and_input",
     "model_structure",
     "op_flops",

@@ -22,7 +22,7 @@ from ._records import (
     StepProfile,
 )
 from ._static import StaticCounts, count_model
-from ._timing import LayerTimer, share_spread
+from ._timing import LayerTimer, fastest_step_ms, share_spread
 
 __all__ = ["Measurements", "StatsMerge", "assemble_profile", "merge_layer_stats", "static_counts"]
 
@@ -37,8 +37,10 @@ class Measurements:
     #: Forward+backward ms of the typical layer-timed step: the layers' medians and what no layer
     #: covers at the median of its per-step shares (what the layer times add up to, with the rest).
     timed_fwd_bwd_ms: float = 0.0
-    #: Per layer, its share of each layer-timed step's forward+backward time, oldest first.
-    layer_shares: dict[str, list[float]] = field(default_factory=dict)
+    #: Per layer, its forward+backward ms of each layer-timed step, and what no layer covered of
+    #: each such step, oldest first.
+    layer_step_ms: dict[str, list[float]] = field(default_factory=dict)
+    rest_step_ms: list[float] = field(default_factory=list)
     step: dict[str, float] = field(default_factory=dict)
     params_bytes: int = 0
     grads_bytes: int = 0
@@ -59,7 +61,8 @@ class Measurements:
         self.layer_times = timer.per_layer()
         self.layer_types = dict(timer.types)
         self.timed_fwd_bwd_ms = timer.typical_step_ms()[0]
-        self.layer_shares = {name: list(v) for name, v in timer.shares.items()}
+        self.layer_step_ms = {name: list(v) for name, v in timer.step_ms.items()}
+        self.rest_step_ms = list(timer.rest_ms)
 
 
 def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
@@ -198,6 +201,7 @@ def assemble_profile(
     total_params = counts.params_total if counts is not None else 0
     total_macs = counts.macs if counts is not None else 0
     denom = m.timed_fwd_bwd_ms or sum(f + (b or 0.0) for f, b in m.layer_times.values())
+    fastest_ms = fastest_step_ms(m.layer_step_ms, m.rest_step_ms)
     layers: list[LayerProfile] = []
     for name in names:
         c = count_layers.get(name)
@@ -205,7 +209,7 @@ def assemble_profile(
         flops = c.flops if c is not None else 0
         gflops = flops / (fwd / 1e3) / 1e9 if (fwd and flops) else None
         t = None if fwd is None else fwd + (bwd or 0.0)
-        spread = share_spread(m.layer_shares.get(name, ()) if fwd is not None else ())
+        spread = share_spread(m.layer_step_ms.get(name, ()) if fwd is not None else (), fastest_ms)
         act = None
         if m.activation_per_layer is not None:
             act = int(m.activation_per_layer.get(name, 0))
@@ -219,13 +223,14 @@ def assemble_profile(
             backward_ms=bwd,
             activation_bytes=act,
             gflops_per_s=gflops,
-            time_share=spread.median if spread.median is not None else _share(t, denom),
+            time_share=spread.fastest if spread.fastest is not None else _share(t, denom),
             params_share=_share(c.params if c is not None else 0, total_params),
             macs_share=_share(c.macs if c is not None else 0, total_macs),
             stats=stats.get(name, {}),
             time_share_median=spread.median,
             time_share_q1=spread.q1,
             time_share_q3=spread.q3,
+            time_share_second=spread.second,
             time_share_samples=spread.samples,
         ))
     grad = GradProfile(
@@ -267,9 +272,9 @@ def assemble_profile(
 def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[str, Any]]:
     """Layers ranked by share of the step's forward+backward time, beside their share of the
     parameters and MACs; ``excess`` = time share / the larger of the two (>1: slower than its size).
-    Each finding gives the share's spread over the layer-timed steps (its quartiles) where there
-    were two steps or more, and says "within noise" where that spread is wider than the share (or
-    it was timed on one step): a share that moves with the machine's load says so."""
+    Each finding gives the share at its fastest layer-timed step and the middle half of its steps
+    on that scale where there were two steps or more, and says "within noise" where its fastest step
+    is alone (or it was timed on one step): a share the machine's load may have made says so."""
     timed = [lay for lay in layers if lay.time_share is not None]
     timed.sort(key=lambda lay: lay.time_share or 0.0, reverse=True)
     out: list[dict[str, Any]] = []

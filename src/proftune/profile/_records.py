@@ -27,6 +27,7 @@ __all__ = [
     "Profile",
     "StepProfile",
     "compare_profiles",
+    "load_spread",
 ]
 
 SCHEMA_VERSION = 1
@@ -36,6 +37,10 @@ SCHEMA_VERSION = 1
 class ParamCounts:
     total: int = 0
     trainable: int = 0
+
+
+#: A layer's fastest step is confirmed where its second-fastest took at most this many times as long.
+SECOND_STEP_BAR = 1.5
 
 
 @dataclass(frozen=True)
@@ -51,35 +56,47 @@ class LayerProfile:
     backward_ms: float | None = None
     activation_bytes: int | None = None
     gflops_per_s: float | None = None
-    #: The layer's share of the step's forward+backward time: the median of its shares of each
-    #: layer-timed step (``time_share_median``; a step that the machine's load stalls in one layer
-    #: moves it no more than one sample), else its time over the typical step's.
+    #: The layer's share of the step's forward+backward time: its fastest forward+backward over the
+    #: layer-timed steps, of the step the pieces make at their fastest (a busy machine only adds
+    #: time, and to whichever piece it stalls: the fastest is what the piece costs), else its time
+    #: over the typical step's.
     time_share: float | None = None
     params_share: float | None = None
     macs_share: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
-    #: The share measured on each layer-timed step: its median, quartiles (two steps or more) and
-    #: how many steps; a share is told from the load's noise by its lower quartile.
+    #: Its time on each layer-timed step on the same scale: their median, quartiles (two steps or
+    #: more: how far the load moved it), its second-fastest and how many steps.
     time_share_median: float | None = None
     time_share_q1: float | None = None
     time_share_q3: float | None = None
     time_share_samples: int = 0
+    time_share_second: float | None = None
 
     @property
     def share_within_noise(self) -> bool:
-        """Its share cannot be told from the load's noise: timed on fewer than two steps, or the
-        middle half of its per-step shares (q3 - q1) is wider than their median."""
-        q1, q3, mid = self.time_share_q1, self.time_share_q3, self.time_share_median
-        return q1 is None or q3 is None or mid is None or q3 - q1 > mid
+        """Its share cannot be told from the load's noise: timed on fewer than two steps, or its
+        fastest step is alone (its second-fastest took more than 1.5x as long)."""
+        fastest, second = self.time_share, self.time_share_second
+        return (self.time_share_samples < 2 or fastest is None or second is None
+                or second > SECOND_STEP_BAR * fastest)
 
     def share_range(self) -> str:
-        """`` (middle half of 5 steps: 30-41%)``: its share's quartiles, led by ``within noise:``
-        where they are wider than the share (or the share was timed on one step); ``""`` untimed."""
+        """`` (fastest of 5 steps; their middle half took 1.0-1.3x as long)``: its share's footing, led
+        by ``within noise:`` where its fastest step is alone (or it was timed on one step); ``""`` untimed."""
         noise = "within noise: " if self.share_within_noise else ""
         n = self.time_share_samples
-        if self.time_share_q1 is None or self.time_share_q3 is None:
+        spread = load_spread(self.time_share, self.time_share_q1, self.time_share_q3)
+        if not spread:
             return f" ({noise}timed on {n} step{'s' if n != 1 else ''})" if n else ""
-        return f" ({noise}middle half of {n} steps: {self.time_share_q1:.0%}-{self.time_share_q3:.0%})"
+        return f" ({noise}fastest of {n} steps; their middle half took {spread} as long)"
+
+
+def load_spread(fastest: float | None, q1: float | None, q3: float | None) -> str:
+    """``1.0-1.3x``: the middle half of a layer's steps against its fastest (how far the machine's
+    load moved it); ``""`` where it was timed on fewer than two steps."""
+    if not fastest or q1 is None or q3 is None:
+        return ""
+    return f"{q1 / fastest:.1f}-{q3 / fastest:.1f}x"
 
 
 @dataclass(frozen=True)

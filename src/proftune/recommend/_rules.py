@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..profile import LayerProfile, Profile
+from ..profile import LayerProfile, Profile, load_spread
 from ._records import Recommendation
 
 #: Waiting for data above this share of the step is worth fixing (issue 4).
@@ -174,17 +174,16 @@ def _advice(layer: LayerProfile) -> str:
 
 
 def _beyond_noise(lay: LayerProfile, work: float) -> bool:
-    """A share told from the load's noise: its spread over the layer-timed steps is narrower than
-    the share, and its lower quartile clears both bars (a share measured on one step has no spread
-    to judge, and is not told)."""
-    low = lay.time_share_q1
+    """A share told from the load's noise: its fastest step is confirmed by another, and its share
+    (at its fastest) clears both bars (a share measured on one step is not told)."""
+    low = lay.time_share
     return (not lay.share_within_noise and low is not None and low >= BOTTLENECK_MIN_SHARE
             and low > BOTTLENECK_RATIO * work)
 
 
 def bottleneck_rule(profile: Profile) -> Recommendation:
     """Layers whose share of time is far above their share of parameters and MACs, beyond the
-    share's noise: advice only where the lower quartile of its per-step shares is above the bars."""
+    share's noise: advice only where its fastest step, confirmed by another, is above the bars."""
     layers = [lay for lay in profile.layers if lay.forward_ms is not None]
     total_ms = sum(_layer_ms(lay) for lay in layers)
     total_params = sum(lay.params for lay in profile.layers) or 1
@@ -216,7 +215,8 @@ def bottleneck_rule(profile: Profile) -> Recommendation:
     withheld = ""
     if noisy:
         d = noisy[0]
-        spread = (f"its middle half over {d['steps']} steps is {d['time_share_q1']:.0%}-{d['time_share_q3']:.0%}"
+        spread = (f"its fastest of {d['steps']} steps is alone (their middle half took "
+                  f"{load_spread(d['time_share'], d['time_share_q1'], d['time_share_q3'])} as long)"
                   if d["time_share_q1"] is not None else
                   f"it was timed on {d['steps']} step(s), too few to tell a share from noise")
         withheld = (f" No advice for {d['layer'] or '(model)'} ({d['type']}, {d['time_share']:.0%} of the time): "
@@ -225,11 +225,12 @@ def bottleneck_rule(profile: Profile) -> Recommendation:
     if not found:
         return Recommendation("bottleneck", [], "no layer takes far more time than its share of "
                               f"parameters and MACs beyond noise (>= {BOTTLENECK_MIN_SHARE:.0%} of the time "
-                              f"and > {BOTTLENECK_RATIO:g}x its work share on the lower quartile of its "
-                              f"steps).{withheld}", evidence, "medium", "none needed")
+                              f"and > {BOTTLENECK_RATIO:g}x its work share at its fastest step, "
+                              f"confirmed by another).{withheld}", evidence, "medium", "none needed")
     saved = sum(d["ms"] for d in found) * 0.5
-    names = ", ".join(f"{d['layer']} ({d['type']}, {d['time_share']:.0%} of time, middle half "
-                      f"{d['time_share_q1']:.0%}-{d['time_share_q3']:.0%} over {d['steps']} steps, vs "
+    names = ", ".join(f"{d['layer']} ({d['type']}, {d['time_share']:.0%} of time at its fastest of {d['steps']} "
+                      f"steps, their middle half "
+                      f"{load_spread(d['time_share'], d['time_share_q1'], d['time_share_q3'])} as long, vs "
                       f"{max(d['params_share'], d['macs_share']):.0%} of work)" for d in found[:5])
     return Recommendation("bottleneck", found, f"layers whose time is far above their work: {names}.{withheld}",
                           evidence, "medium",
