@@ -130,7 +130,28 @@ def _ours(task: GeneratedTask, budget: float, rep: int, tmp: Path, fallback: flo
     out["params"] = {k: v for k, v in r["params"].items() if isinstance(v, (int, float, str, bool))}
     out["changed"] = _changed({**out["params"], "epochs": r.get("epochs")},
                               {**task.default_params, "epochs": task.default_epochs})
+    out["search_best"] = _search_best(task, Path(r["out"]), rep)
     return out
+
+
+def _search_best(task: GeneratedTask, out: Path, rep: int) -> dict[str, Any] | None:
+    """A diagnostic beside ours' result, outside its clock: the search's best trial on validation
+    (at the most epochs a trial ran) trained again at the run's seed and judged on test; what ours
+    would score had it taken the search's best draw, as a plain loop does, without its race."""
+    try:
+        rows = json.loads((out / "search_trials.json").read_text())
+    except (OSError, ValueError):
+        return None
+    rows = rows if isinstance(rows, list) else rows.get("trials", [])
+    done = [t for t in rows if t.get("state") == "complete" and isinstance(t.get("value"), (int, float))]
+    if not done:
+        return None
+    top = max(int(t.get("epochs") or 0) for t in done)
+    best = max((t for t in done if int(t.get("epochs") or 0) == top), key=lambda t: t["value"])
+    res = fit(task, dict(best["params"]), seed=rep, device="cpu", epochs=top or None)
+    bs = int(res.params["batch_size"])
+    return {"test": _bench.test_accuracy(task, res.model, bs), "val": best["value"], "arm": best.get("arm"),
+            "trials": len(rows), "complete": len(done)}
 
 
 def _optuna(task: GeneratedTask, budget: float, rep: int, *, hyperband: bool) -> dict[str, Any]:
@@ -250,6 +271,27 @@ def _dist(xs: list[float]) -> str:
             f"{statistics.median(xs):+.3f}, std {sd:.3f}, quantiles 5/25/50/75/95% {qs}")
 
 
+def _search_best_line(rows: list[tuple[dict[str, Any], dict[str, Any]]], k: str) -> None:
+    """The diagnostic: ours had it taken its search's best draw on validation (no race), against
+    optuna-tpe and the defaults, over the tasks where both were measured (first repetition)."""
+    pairs = []
+    for r, _ in rows:
+        cell, n = r["budgets"][k], r["test_n"]
+        best = cell["ours"][0].get("search_best")
+        tpe, base = cell["optuna-tpe"][0].get("test"), r["defaults"][0].get("test")
+        if best is None or tpe is None or base is None or tpe != tpe:
+            continue
+        b = best["test"]
+        pairs.append((b - tpe, math.sqrt((b * (1 - b) + tpe * (1 - tpe)) / n), b - base,
+                      math.sqrt((b * (1 - b) + base * (1 - base)) / n)))
+    if pairs:
+        within = sum(d >= -se for d, se, _, _ in pairs)
+        below = sum(dd < -2 * sd for _, _, dd, sd in pairs)
+        print(f"(diagnostic) the search's best draw on validation, no race: - tpe {_dist([p[0] for p in pairs])}; "
+              f">= tpe - one SE {within}/{len(pairs)}; - defaults {_dist([p[2] for p in pairs])}; below the "
+              f"defaults by > 2 SE {below}/{len(pairs)}")
+
+
 def summary(results: list[dict[str, Any]], budgets: list[str]) -> dict[str, Any]:
     """The distribution over tasks, per budget; printed and returned."""
     done = [r for r in results if "error" not in r]
@@ -271,6 +313,7 @@ def summary(results: list[dict[str, Any]], budgets: list[str]) -> dict[str, Any]
         named = f" ({', '.join(below)})" if below else ""
         print(f"ours below the defaults beyond noise (by > 2 SE): {len(below)}/{len(rows)}{named}; "
               f"ours failed (defaults kept): {failed_ours}")
+        _search_best_line(rows, k)
         print(f"worst five against optuna-tpe at {k}:")
         worst = sorted(rows, key=lambda rf: rf[1]["diff"]["optuna-tpe"][0])[:5]
         for r, f in worst:

@@ -232,7 +232,8 @@ def ours_arm(task: proftune.Task, budget: float, seed: int, tmp: Path, *, judge:
                            "decision": vs.decision, "gain_test": vs.gain_test, "beyond_noise": vs.beyond_noise,
                            "gap": vs.search_gap.gap if vs.search_gap else None,
                            "stop": res.stop_reason, "epochs": res.final.epochs,
-                           "race_note": vs.race_note, "params": params, **measure(task, model, bs)}
+                           "race_note": vs.race_note, "params": params, "out": str(res.out),
+                           **measure(task, model, bs)}
     comp = res.final.compressed
     if comp is not None and comp.model:
         from proftune.compress import load_model
