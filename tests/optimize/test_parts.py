@@ -255,8 +255,14 @@ def test_a_small_training_set_can_be_searched_in_one_batch() -> None:
                       user_space=None, max_batch=None, samples=50)
     choices = plan.space.param("batch_size").choices
     assert max(choices) == 50
-    assert min(choices) == 2
     assert plan.centre["batch_size"] == 16
+    # and no batch under a quarter of the task's own (32): eight times its steps an epoch cost a
+    # small model eight times its training; a computed batch under it stays (its cost was checked)
+    assert TinyTask().default_params["batch_size"] == 32
+    assert min(choices) == 8
+    small = build_plan(TinyTask(), {"lr": 0.01, "batch_size": 4, "grad_accumulation": 1, "precision": "fp32"},
+                       user_space=None, max_batch=None, samples=50)
+    assert min(small.space.param("batch_size").choices) == 4
 
 
 def test_a_space_contradicting_computed_values_is_refused() -> None:
