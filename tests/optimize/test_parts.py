@@ -256,13 +256,22 @@ def test_a_small_training_set_can_be_searched_in_one_batch() -> None:
     choices = plan.space.param("batch_size").choices
     assert max(choices) == 50
     assert plan.centre["batch_size"] == 16
-    # and no batch under a quarter of the task's own (32): eight times its steps an epoch cost a
-    # small model eight times its training; a computed batch under it stays (its cost was checked)
+    # and no batch under a quarter of the task's own (32) or the one that leaves eight steps an
+    # epoch (6): eight times its steps an epoch cost a small model eight times its training; a
+    # computed batch under it stays (its cost was checked)
     assert TinyTask().default_params["batch_size"] == 32
-    assert min(choices) == 8
+    assert min(choices) == 6
     small = build_plan(TinyTask(), {"lr": 0.01, "batch_size": 4, "grad_accumulation": 1, "precision": "fp32"},
                        user_space=None, max_batch=None, samples=50)
     assert min(small.space.param("batch_size").choices) == 4
+    # a default batch beyond the data (128 of 107 samples): the floor leaves eight steps an epoch,
+    # where the centre moves (a floor of 32 left no choice there: the run crashed)
+    big = TinyTask()
+    big.default_params = {**big.default_params, "batch_size": 128}
+    plan = build_plan(big, {"lr": 0.01, "batch_size": 128, "grad_accumulation": 1, "precision": "fp32"},
+                      user_space=None, max_batch=None, samples=107)
+    assert min(plan.space.param("batch_size").choices) <= 13
+    assert plan.centre["batch_size"] <= 13
 
 
 def test_a_space_contradicting_computed_values_is_refused() -> None:
