@@ -33,7 +33,16 @@ from ._budget import Deadline
 from ._computed import ComputedValues
 from ._context import StageContext
 from ._decide import pooled_seed_std, prior_seed_std
-from ._final import MAX_CANDIDATES, RESPLIT_BELOW, Arm, FinalOutcome, FinalPlan, run_final, winners_curse
+from ._final import (
+    MAX_CANDIDATES,
+    RESPLIT_BELOW,
+    Arm,
+    FinalOutcome,
+    FinalPlan,
+    lead_in_search,
+    run_final,
+    winners_curse,
+)
 from ._health_gate import searched_params, stopping_findings, tuned
 from ._layer_value import LayerFinding, keep_layers, layer_values
 from ._lr_check import check_computed_lr, short_check_seconds
@@ -440,7 +449,10 @@ class Final(BaseStage):
                             shorter=shorter, first=(first := baseline_first(loop)),
                             first_more=(search_first(loop, candidates[0], seed=first[0].seed if first else None)
                                         if candidates else None),
-                            defaults_more=self._defaults_outside_race(d_group, trial_epochs == epochs))
+                            defaults_more=self._defaults_outside_race(d_group, trial_epochs == epochs),
+                            search_lead=lead_in_search(proposals[0].search_mean if proposals else None,
+                                                       d_group.mean if d_group is not None else None,
+                                                       loop.v.maximize))
         shutil.rmtree(loop.out / MODELS_DIR, ignore_errors=True)  # the race copied what it took
         chosen = outcome.arm(outcome.chosen)
         params, evidence = self._evidence(loop, chosen, outcome)

@@ -110,10 +110,10 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     # and the batches a plain loop searches whatever the centre (a centre of a whole 1,097-sample set
     # in one step kept the search at 128 and above, where a plain loop's best was 32)
     # and none under a quarter of the task's own batch (unless the computed batch, whose cost was
-    # checked, or the batch that leaves eight steps an epoch is there): an epoch at an eighth of it takes eight times the steps, and where a step
-    # costs its overhead more than its samples (a small model) eight times the time: on a 54-sample
-    # GRU one quasi-random point at batch 2 took 6x the defaults' training, a third of an 8-training
-    # budget's search (issue 60's generated tasks)
+    # checked, or the batch that leaves eight steps an epoch is there): an epoch at an eighth of it
+    # takes eight times the steps, and where a step costs its overhead more than its samples (a
+    # small model) eight times the time: on a 54-sample GRU one quasi-random point at batch 2 took
+    # 6x the defaults' training, a third of an 8-training budget's search (issue 60's generated tasks)
     floor = max(2, min(default_bs // 4, bs, *((samples // 8,) if samples else ())))
     choices = sorted({max(floor, min(cap, b)) for b in (bs // 8, bs // 4, bs // 2, bs, bs * 2, bs * 4, bs * 8,
                                                        min(cap, default_bs), *reach, *COMMON_BATCHES)})
