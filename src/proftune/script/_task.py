@@ -86,6 +86,8 @@ class ScriptTask(ObjectiveTask):
         #: ``time.monotonic()`` at which a run still going is cut and after which none starts
         #: (:class:`ScriptCut`): the end of a budget. None: none.
         self.deadline: float | None = None
+        self._window: float | None = None  # cut_after's seconds, and the end they set at the next run
+        self._window_end: float | None = None
         self.fn = self.call  # the search calls ``call``; ``fn`` only names it
         #: The runs of the script so far, the last one last.
         self.runs: list[ScriptRun] = []
@@ -156,6 +158,12 @@ class ScriptTask(ObjectiveTask):
                    if k in given or k not in self.flags or v != self.flags[k].default}
         return "python " + " ".join(shlex.quote(a) for a in self.command_for(changed))
 
+    def cut_after(self, seconds: float | None) -> None:
+        """Cut runs ``seconds`` after the next run starts, as at ``deadline`` (which still holds): a
+        search's trials, whose timeout counts from its first trial, not from the call that starts
+        the search (its study's setup: seconds on a loaded machine). None: off."""
+        self._window, self._window_end = seconds, None
+
     # -- one evaluation -------------------------------------------------------------------------
     def call(self, params: Mapping[str, Any], seed: int | None = None, *,
              report: Callable[[int, float], bool] | None = None) -> dict[str, float]:
@@ -166,13 +174,18 @@ class ScriptTask(ObjectiveTask):
         full = dict(params)
         if self.takes_seed and seed is not None:
             full["seed"] = int(seed)
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise ScriptCut("not started: the budget's end has passed")
+        if self._window is not None and self._window_end is None:
+            self._window_end = time.monotonic() + self._window
+        ends = [t for t in (self.deadline, self._window_end) if t is not None]
+        deadline = min(ends) if ends else None
+        where = "the budget's end" if deadline == self.deadline else "the search's end (the race's time kept)"
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ScriptCut(f"not started: {where} has passed")
         run = run_process(self.command_for(full), watch=self.metrics[0], profile=self.profile,
-                          should_stop=report, grace_s=self.grace_s, timeout_s=self.timeout_s, deadline=self.deadline)
+                          should_stop=report, grace_s=self.grace_s, timeout_s=self.timeout_s, deadline=deadline)
         self.runs.append(run)
         if run.cut:
-            raise ScriptCut(f"cut at the budget's end, {run.duration_s:.1f} s into the run; its last lines:\n"
+            raise ScriptCut(f"cut at {where}, {run.duration_s:.1f} s into the run; its last lines:\n"
                             + "\n".join(run.tail[-8:]))
         if run.pruned:
             return {k: v for k, v in run.metrics.items()}
