@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from proftune.exceptions import ProftuneError
 from proftune.script import ScriptCut, ScriptTask, load_script, optimize_script
 from proftune.track import Store
 
 #: A script as users write it: slow imports (a sleep standing in for torch), argparse flags, a
 #: ``val_acc=`` line per epoch; each process writes its pid into PIDS so a test can see it ended.
-#: A seed of 2 or more sleeps SLOW s an epoch (the race's later rounds); others 0.3 s.
+#: A seed of SLOW_SEED or more (2: the race's later rounds) sleeps SLOW s an epoch; others 0.3 s.
 SCRIPT = textwrap.dedent('''
     import os, pathlib, time
     time.sleep(IMPORT_S)  # a slow import (torch, transformers)
@@ -34,19 +35,19 @@ SCRIPT = textwrap.dedent('''
     pathlib.Path(PIDS, str(os.getpid())).touch()
     acc = 0.1
     for epoch in range(args.epochs):
-        time.sleep(SLOW if args.seed >= 2 else 0.3)
+        time.sleep(SLOW if args.seed >= SLOW_SEED else 0.3)
         acc = min(1.0, acc + min(args.lr, 0.05) * 10 + 0.001 * args.seed)
         print(f"epoch {epoch} val_acc={acc:.4f}", flush=True)
     print(f"test_acc={acc:.4f}")
 ''')
 
 
-def _script(tmp_path: Path, *, import_s: float, slow: float) -> tuple[Path, Path]:
+def _script(tmp_path: Path, *, import_s: float, slow: float, slow_seed: int = 2) -> tuple[Path, Path]:
     pids = tmp_path / "pids"
     pids.mkdir()
     path = tmp_path / "train.py"
     path.write_text(SCRIPT.replace("IMPORT_S", repr(import_s)).replace("PIDS", repr(str(pids)))
-                    .replace("SLOW", repr(slow)))
+                    .replace("SLOW_SEED", repr(slow_seed)).replace("SLOW", repr(slow)))
     return path, pids
 
 
@@ -128,3 +129,15 @@ def test_optimize_on_a_script_ends_within_its_budget_from_the_commands_start(tmp
     assert all("cut at the budget's end" in (r.error or "") for r in cut)
     assert not _alive(pids)
     assert path.read_bytes() == before
+
+
+def test_a_budget_that_ends_during_the_defaults_run_says_to_give_more(tmp_path: Path, db_url: str) -> None:
+    path, pids = _script(tmp_path, import_s=0.0, slow=30.0, slow_seed=0)
+    task, space, obj = load_script([sys.executable, str(path)], objective="val_acc:max")
+    t0 = time.monotonic()
+    with pytest.raises(ProftuneError, match=r"ended before one run of the script's defaults did.*larger budget_s"):
+        optimize_script(task, space, obj, budget_s=4.0, db=db_url, started=t0)
+    assert time.monotonic() - t0 <= 4.0
+    assert task.deadline is None
+    assert not _alive(pids)
+    assert Store(db_url).list_runs(kind="optimize")[0].status == "failed"

@@ -221,7 +221,7 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
         if base is None and rec.cut:
             raise ProftuneError(f"the budget ({budget_s:g} s) ended before one run of the script's defaults did: "
                                 f"{t0 - started:.1f} s went to reading its flags and starting, and the run was cut "
-                                f"after {run_s:.1f} s; give a larger --budget.")
+                                f"after {run_s:.1f} s; give a larger budget_s (--budget on the command line).")
         if base is None:
             raise ProftuneError("the script failed with its own defaults; its last lines:\n"
                                 + "\n".join(task.output()[-12:]))
@@ -349,6 +349,8 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
         store.finish_run(run_id, status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                          error=f"{type(exc).__name__}: {exc}")
         raise
+    finally:
+        task.deadline = None  # this budget's: the task may run again
     figure = (race.get("best") if adopted else race.get("defaults")) or {}
     value = figure.get("mean") if figure.get("mean") is not None else base.get(metric)
     store.finish_run(run_id, metrics={metric: value} if value is not None else {}, result=out)
