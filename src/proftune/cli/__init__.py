@@ -66,6 +66,9 @@ def main() -> None:
     flushed, but not the interpreter's teardown, which unloads torch's libraries: 1.1-1.5 s for
     ``import torch`` alone and 2.1 s for the CLI's imports on a loaded 2-core machine (measured),
     most of the 5 s a stopped ``tune --workers 2`` has to exit in (issue 47)."""
+    from . import _script
+
+    _script.AS_MAIN = True  # this process is the command: its start starts a script's budget clock
     try:
         app(prog_name="proftune")
     except SystemExit as exc:

@@ -16,7 +16,7 @@ from rich.table import Table
 from .._units import format_bytes
 from . import _options as opt
 from ._common import check_log, err_console, execute_run, log_run, out_console, trial_logger
-from ._script import optimize_on_script, script_command
+from ._script import command_started, optimize_on_script, script_command
 
 #: Keys of ``--json`` (the issue's contract) first, in this order.
 JSON_KEYS = ("stages", "final", "vs_baseline")
@@ -55,6 +55,7 @@ def optimize_command(
     """Profile, compute, search, verify and compress TASK within --budget; resumable."""
     from ..optimize import optimize
 
+    started = command_started()  # a script's budget is the user's wall clock from the command's start
     failed_run: list[int] = []  # the optimize run, where it failed midway: W&B still gets it
     plans: list[dict[str, Any]] = []  # the budget plans said so far: a later one says what changed
 
@@ -82,7 +83,7 @@ def optimize_command(
         cmd = script_command(task, ctx.args, command="optimize")
         if cmd is not None:
             return optimize_on_script(cmd, objective=objective, space=space, budget=budget, seed=o.seed, db=o.db,
-                                      study=study)
+                                      study=study, started=started)
         check_log(log, command="optimize")
         live = trial_logger(log, project=wandb_project)
         try:

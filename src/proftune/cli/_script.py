@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,7 +12,25 @@ from ..exceptions import ConfigError
 from ._common import err_console
 from ._script_args import is_script
 
-__all__ = ["optimize_on_script", "script_command", "split_tail", "tune_on_script"]
+__all__ = ["command_started", "optimize_on_script", "script_command", "split_tail", "tune_on_script"]
+
+#: Whether this process is the command (the console script, ``python -m proftune``): set by ``main``.
+AS_MAIN = False
+
+
+def command_started() -> float:
+    """The ``time.monotonic()`` at which the command started: this process's start where it is the
+    command (its imports and the reading of a script's flags count against a budget, the user's wall
+    clock), else now (a command invoked inside another program, such as a test's runner)."""
+    now = time.monotonic()
+    if not AS_MAIN:
+        return now
+    try:  # /proc/self/stat's 22nd field: the process's start, in clock ticks since boot
+        ticks = int(Path("/proc/self/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - min(max(age, 0.0), 3600.0)
 
 
 def script_command(task: str | None, extra: Sequence[str], *, command: str) -> list[str] | None:
@@ -107,16 +127,19 @@ def tune_on_script(cmd: list[str], *, objective: list[str] | None, space: Path |
 
 
 def optimize_on_script(cmd: list[str], *, objective: str | None, space: str | None, budget: str, seed: int,
-                       db: str | None, study: str | None) -> dict[str, Any]:
-    """``proftune optimize --budget 5m -- python train.py ARGS``: the loop on the script."""
+                       db: str | None, study: str | None, started: float | None = None) -> dict[str, Any]:
+    """``proftune optimize --budget 5m -- python train.py ARGS``: the loop on the script, within the
+    budget counted from ``started`` (``time.monotonic()``; default: now): reading its flags (a run
+    of the script up to its ``parse_args``: its imports) counts against it, and is done once."""
     from .._units import parse_duration
     from ..script import load_script, optimize_script
 
-    rest, taken, _ = _script_parts(cmd, OPTIMIZE_TAIL)
+    started = time.monotonic() if started is None else started
+    rest, taken, flags = _script_parts(cmd, OPTIMIZE_TAIL)
     task, space_obj, obj = load_script(rest, objective=taken.get("--objective", objective),
-                                       space=taken.get("--space", space))
+                                       space=taken.get("--space", space), flags=flags)
     text = taken.get("--budget", budget)
     budget_s = parse_duration(text, name="budget")
     return optimize_script(task, space_obj, obj, budget_s=float(budget_s), seed=seed, db=db, study=study,
-                           pruner=taken.get("--pruner", "asha"),
+                           pruner=taken.get("--pruner", "asha"), started=started,
                            progress=lambda text: err_console.print(text, markup=False, highlight=False))

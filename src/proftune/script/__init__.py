@@ -17,12 +17,13 @@ from ._flags import Flag, ScriptFlags, read_flags
 from ._loop import SKIPPED_STAGES, load_script, optimize_script, tune_script
 from ._process import ScriptRun, metric_lines, run_process
 from ._space import script_space
-from ._task import ScriptFailed, ScriptTask, imports_torch
+from ._task import ScriptCut, ScriptFailed, ScriptTask, imports_torch
 
 __all__ = [
     "REPORT_ENV",
     "SKIPPED_STAGES",
     "Flag",
+    "ScriptCut",
     "ScriptFailed",
     "ScriptFlags",
     "ScriptRun",

@@ -14,9 +14,9 @@ from ..exceptions import ConfigError, ProblemCollector, ProftuneError, RunFailed
 from ..optimize import compare_race
 from ..search import Objective, SearchResult, Space, parse_objective, search
 from ..track import Store, environment, open_store
-from ._flags import read_flags
+from ._flags import ScriptFlags, read_flags
 from ._space import script_space
-from ._task import ScriptTask
+from ._task import ScriptCut, ScriptTask
 
 __all__ = ["SKIPPED_STAGES", "load_script", "optimize_script", "tune_script"]
 
@@ -31,16 +31,23 @@ SKIPPED_STAGES = {
 MIN_ROUNDS, MAX_ROUNDS = 2, 5
 #: A trial of the search may take this many times the defaults' run before it is ended.
 TRIAL_CAP = 3.0
+#: Seconds of the budget kept back after the last run of the script, at least and as a share of
+#: it: the records, the JSON and the interpreter's exit (unloading torch: 1-2 s on a loaded machine).
+CLOSE_S, CLOSE_SHARE = 2.0, 0.02
+#: Seconds the search takes past its last trial (its tune Run's records; 0.8 s at a load of 4 on 2
+#: cores), kept from its timeout so that the race's rounds still fit.
+SEARCH_CLOSE_S = 1.0
 
 
 def load_script(command: Sequence[str], *, objective: str | None, constraints: Sequence[str] = (),
-                space: str | Path | Mapping[str, Any] | None = None,
-                profile: bool | None = None) -> tuple[ScriptTask, Space, Objective]:
-    """The script as a task, its space and its objective (``val_acc:max``)."""
+                space: str | Path | Mapping[str, Any] | None = None, profile: bool | None = None,
+                flags: ScriptFlags | None = None) -> tuple[ScriptTask, Space, Objective]:
+    """The script as a task, its space and its objective (``val_acc:max``); ``flags``: its flags where
+    they were read already (reading them runs the script up to its ``parse_args``: its imports)."""
     if not objective:
         raise ConfigError("a script's objective must be named with objective= (NAME[:max|min]): the metric it prints "
                           "as `NAME=value` (or `NAME: value`) or reports with proftune.report(NAME=value).")
-    flags = read_flags(command)
+    flags = flags if flags is not None else read_flags(command)
     problems = ProblemCollector()
     obj = parse_objective(objective, problems, name="objective")
     problems.raise_if_any()
@@ -112,6 +119,28 @@ def _search_stage(task: ScriptTask, space: Space, objective: Objective, *, searc
                           "best": best}
 
 
+def _cut_trials(result: SearchResult | None) -> int:
+    """The search's trials cut at its end (the race's time kept): failed trials, of no value."""
+    return sum(t.state == "failed" and ScriptCut.__name__ in (t.reason or "") for t in
+               (result.trials if result is not None else ()))
+
+
+def _stop_reason(budget_s: float, used_s: float, cut: Sequence[str], cut_trials: int, short: str, rounds: int,
+                 no_search: str) -> str:
+    """Why the loop ended when it did, in one sentence: the runs the budget's end cut, if any."""
+    ended = [*([f"{cut_trials} search trial(s)"] if cut_trials else []),
+             *(f"the {role} run" for role in dict.fromkeys(cut))]
+    short = "; ".join(t for t in (no_search, short) if t)
+    if ended or short:
+        return (f"the budget's end: {used_s:.0f} s of {budget_s:.0f} s used"
+                + (f"; cut or not started there: {', '.join(ended)}" if ended else "")
+                + (f"; {short}" if short else ""))
+    if used_s < 0.8 * budget_s:
+        return (f"every stage finished its work in {used_s:.0f} s of {budget_s:.0f} s "
+                f"(race: {rounds} round(s), at most {MAX_ROUNDS})")
+    return f"the budget is spent: {used_s:.0f} s of {budget_s:.0f} s (race: {rounds} round(s))"
+
+
 def _search_run(result: SearchResult | None, params: Mapping[str, Any], seed: int) -> dict[str, float] | None:
     """The search's complete trial of ``params`` at ``seed`` (a first evaluation, not a repeat): its
     metrics, or None."""
@@ -127,14 +156,25 @@ class _Recorder:
 
     def __init__(self, store: Store, task: ScriptTask, parent: int) -> None:
         self.store, self.task, self.parent = store, task, parent
+        #: The runs cut at the budget's end (or not started past it), by role.
+        self.cut: list[str] = []
 
     def run(self, params: Mapping[str, Any], seed: int, role: str) -> dict[str, float] | None:
+        """One run of ``params`` at ``seed``: its metrics, or None (failed, or cut at the budget's end)."""
+        if self.task.deadline is not None and time.monotonic() >= self.task.deadline:
+            self.cut.append(role)  # past the budget's end: not started, nothing to record
+            return None
         rid = self.store.start_run("train", self.task.name, parent_id=self.parent, env=environment(None),
                                    config={"params": dict(params), "seed": seed, "role": role,
                                            "command": self.task.command_for({**params, **(
                                                {"seed": seed} if self.task.takes_seed else {})})})
         try:
             metrics = self.task.call(params, seed)
+        except ScriptCut as exc:
+            self.cut.append(role)
+            self.store.finish_run(rid, status="interrupted", error=str(exc),
+                                  artifacts={"output": self.task.output(), "cut": True})
+            return None
         except ProftuneError as exc:
             self.store.finish_run(rid, status="failed", error=str(exc), artifacts={"output": self.task.output()})
             return None
@@ -148,13 +188,20 @@ class _Recorder:
 
 def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, budget_s: float, seed: int = 0,
                     db: str | None = None, study: str | None = None, sampler: str = "tpe", pruner: str = "asha",
-                    progress: Callable[[str], None] | None = None, **search_options: Any) -> dict[str, Any]:
+                    progress: Callable[[str], None] | None = None, started: float | None = None,
+                    **search_options: Any) -> dict[str, Any]:
     """The loop on a script within ``budget_s`` seconds: one run of its defaults, the search, the race
     of the search's best against the defaults, and the flags to pass (the defaults unless the best
     is better beyond noise). Returns the result as a JSON-safe dict (``final.params``: each flag's
-    argparse name to its value)."""
+    argparse name to its value; ``stop_reason``: why it ended when it did).
+
+    ``started``: the ``time.monotonic()`` at which the budget's clock started (the command's start,
+    reading the script's flags included; default: now). A run of the script still going at the
+    budget's end (less ``CLOSE_S`` kept for the records and the exit) is cut: its process group
+    ended, its Run ``interrupted``; the race stops at fewer rounds where the next would not fit."""
     say = progress or (lambda text: None)
-    started = time.monotonic()
+    started = time.monotonic() if started is None else float(started)
+    end = started + budget_s - max(CLOSE_S, CLOSE_SHARE * budget_s)
     store = open_store(None, db=db)
     metric, maximize = objective.metric, objective.direction == "maximize"
     defaults = {f.dest: task.default_params[f.dest] for f in task.flags.flags
@@ -165,11 +212,16 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
     rec = _Recorder(store, task, run_id)
     stages: list[dict[str, Any]] = []
     notes: list[str] = []
+    task.deadline = end
     try:
         say("baseline: one run of the script's defaults")
         t0 = time.monotonic()
         base = rec.run(defaults, seed, "baseline")
         run_s = time.monotonic() - t0
+        if base is None and rec.cut:
+            raise ProftuneError(f"the budget ({budget_s:g} s) ended before one run of the script's defaults did: "
+                                f"{t0 - started:.1f} s went to reading its flags and starting, and the run was cut "
+                                f"after {run_s:.1f} s; give a larger budget_s (--budget on the command line).")
         if base is None:
             raise ProftuneError("the script failed with its own defaults; its last lines:\n"
                                 + "\n".join(task.output()[-12:]))
@@ -177,36 +229,41 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                        "did": f"{metric}={base.get(metric)} with the script's defaults in {run_s:.1f} s"})
         for name, why in SKIPPED_STAGES.items():
             stages.append({"stage": name, "status": "skipped", "time_s": 0.0, "did": why})
-        left = budget_s - (time.monotonic() - started)
+        left = end - time.monotonic()
         # paired by --seed, the defaults' run above is their run at the race's first seed: the race
         # trains the best there and both at the seeds after it (one run fewer to keep back)
         # and the search's trial of its best at --seed S (the first trials' seed) is the best's run
         # there: neither is run again
         race_s = (2 * MIN_ROUNDS - (2 if task.takes_seed else 0)) * run_s
         # the search stops starting trials at its timeout and the last one started runs to its end
-        # (a trial past TRIAL_CAP runs of the defaults' time is ended, a failed trial): its timeout
-        # leaves one run's time for that; the first trial always runs where one fits beside the race
+        # (a trial past TRIAL_CAP runs of the defaults' time, or past the race's time, is ended, a
+        # failed trial): its timeout leaves one run's time for that; the first trial always runs
+        # where one fits beside the race
         room = left - race_s
-        search_s = max(room - run_s, 0.5 * run_s)
+        search_s = max(room - run_s - SEARCH_CLOSE_S, 0.5 * run_s)
         best_params: dict[str, Any] | None = None
         result: SearchResult | None = None
-        if room < run_s:
-            stages.append({"stage": "search", "status": "skipped", "time_s": 0.0,
-                           "did": f"the budget left ({left:.0f} s) holds no trial beside a race of {MIN_ROUNDS} "
-                                  f"rounds at {run_s:.1f} s a run (give a larger --budget)"})
+        short = ""  # the race cut short by the budget's end, why
+        no_search = ""  # the search skipped for want of time, why
+        if room < run_s + SEARCH_CLOSE_S:
+            no_search = (f"the budget left ({left:.0f} s) holds no trial beside a race of {MIN_ROUNDS} "
+                         f"rounds at {run_s:.1f} s a run (give a larger --budget)")
+            stages.append({"stage": "search", "status": "skipped", "time_s": 0.0, "did": no_search})
         else:
             say(f"search: {search_s:.0f} s of trials, each one process of the script")
-            result, best_params, row = _search_stage(task, space, objective, search_s=search_s, run_s=run_s,
-                                                     sampler=sampler, pruner=pruner, study=study, db=store.url,
-                                                     seed=seed, **search_options)
+            # the race's time is kept: a trial going on one run past the search's timeout is cut
+            task.cut_after(search_s + run_s)
+            try:
+                result, best_params, row = _search_stage(task, space, objective, search_s=search_s, run_s=run_s,
+                                                         sampler=sampler, pruner=pruner, study=study, db=store.url,
+                                                         seed=seed, **search_options)
+            finally:
+                task.cut_after(None)
             stages.append(row)
         proposed = best_params
         race: dict[str, Any] = {"rounds": 0}
         comparison = None
         paired = task.takes_seed
-        if time.monotonic() - started > budget_s * 1.05:
-            notes.append(f"the budget ({budget_s:.0f} s) was overrun by {time.monotonic() - started - budget_s:.0f} s "
-                         "before the race (a trial ran to its end past the search's timeout)")
         searched = _best_value(result)
         if (best_params is not None and searched is not None and base.get(metric) is not None
                 and (searched <= base[metric] if maximize else searched >= base[metric])):
@@ -221,12 +278,14 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
             c_runs: list[dict[str, float] | None] = []
             d_runs: list[dict[str, float] | None] = []
             while len(seeds) < MAX_ROUNDS:
-                spent = time.monotonic() - started
-                if len(seeds) >= MIN_ROUNDS and spent + 2 * run_s > budget_s:
-                    break
                 reuse = paired and not seeds  # the defaults' run at --seed S is their first race run
                 s = seed if reuse else seed + 1 + len(seeds)
                 again = first_best if reuse else None  # the search's run of the best at --seed S
+                runs = (again is None) + (not reuse)
+                if runs and time.monotonic() + runs * run_s > end:  # a round that would be cut
+                    if len(seeds) < MIN_ROUNDS:
+                        short = f"the race ran {len(seeds)} of its {MIN_ROUNDS} rounds: the budget's end"
+                    break
                 say(f"race round {len(seeds) + 1}: " + ("the best and " if again is None else "")
                     + ("the defaults" if not reuse else "") + (f" at --seed {s}" if paired else "")
                     + (" (both run before the race)" if reuse and again is not None else ""))
@@ -259,8 +318,12 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
             how = (f"paired by --seed over {len(seeds)} seeds" if paired else
                    f"the script has no --seed flag, so seeds cannot be paired: {len(seeds)} runs of each, judged "
                    "by a rank-sum test of the runs beside the t-test on the runs in order")
-            stages.append({"stage": "final", "status": "finished", "time_s": time.monotonic() - t2,
-                           "did": f"race of the best against the defaults, {how}: {comparison.describe()}"})
+            stages.append({"stage": "final", "status": "finished" if seeds else "skipped",
+                           "time_s": time.monotonic() - t2,
+                           "did": f"race of the best against the defaults, {how}: {comparison.describe()}" if seeds
+                           else f"no round of the race fits in the {end - t2:.1f} s left at {run_s:.1f} s a run"})
+            if short:
+                notes.append(short)
             if not paired:
                 notes.append("the script has no --seed flag: seeds cannot be paired; " + how)
         else:
@@ -279,11 +342,15 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                "vs_baseline": {"comparison": comparison.to_dict() if comparison is not None else None, **race,
                                "search_best": proposed, "baseline": base},
                "flags": [f.to_dict() for f in task.flags.flags], "space": space.to_dict(),
-               "study": result.study if result is not None else None, "notes": notes}
+               "study": result.study if result is not None else None, "notes": notes,
+               "stop_reason": _stop_reason(budget_s, time.monotonic() - started, rec.cut, _cut_trials(result), short,
+                                           race.get("rounds", 0), no_search)}
     except BaseException as exc:
         store.finish_run(run_id, status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                          error=f"{type(exc).__name__}: {exc}")
         raise
+    finally:
+        task.deadline = None  # this budget's: the task may run again
     figure = (race.get("best") if adopted else race.get("defaults")) or {}
     value = figure.get("mean") if figure.get("mean") is not None else base.get(metric)
     store.finish_run(run_id, metrics={metric: value} if value is not None else {}, result=out)

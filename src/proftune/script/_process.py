@@ -29,6 +29,8 @@ __all__ = ["GRACE_S", "ScriptRun", "metric_lines", "run_process"]
 
 #: Seconds a script has to end after SIGTERM before it is killed.
 GRACE_S = 5.0
+#: The same at a budget's hard end, where every second past it is the user's.
+CUT_GRACE_S = 1.0
 #: Lines of a script's output kept with its Run.
 TAIL_LINES = 40
 #: ``name=value`` or ``name: value``, several on one line (``epoch 3 val_acc=0.91 loss: 0.2``).
@@ -64,6 +66,8 @@ class ScriptRun:
     tail: list[str] = field(default_factory=list)
     pruned: bool = False
     interrupted: str | None = None
+    #: Ended at the ``deadline`` it was given (a budget's end), not by its own time limit.
+    cut: bool = False
     duration_s: float = 0.0
 
     @property
@@ -111,12 +115,15 @@ def _end(proc: subprocess.Popen[str], grace_s: float) -> None:
 
 def run_process(argv: Sequence[str], *, watch: str | None, profile: bool = False,
                 should_stop: Callable[[int, float], bool] | None = None, grace_s: float = GRACE_S,
-                echo: IO[str] | None = None, timeout_s: float | None = None) -> ScriptRun:
+                echo: IO[str] | None = None, timeout_s: float | None = None,
+                deadline: float | None = None) -> ScriptRun:
     """Run ``python SCRIPT ARGS`` (``argv``: the script and its args) in a new process group.
 
     ``watch``: the metric whose values are handed to ``should_stop(step, value)`` as they come (from
     ``proftune.report`` where the script calls it, else its stdout lines); True ends the script
-    (SIGTERM, then SIGKILL after ``grace_s``): a pruned run. ``profile``: run it under the hooks of
+    (SIGTERM, then SIGKILL after ``grace_s``): a pruned run. ``timeout_s``: seconds it may run;
+    ``deadline``: the ``time.monotonic()`` at which it is cut (``cut``; SIGKILL after at most
+    ``CUT_GRACE_S``), a budget's hard end. ``profile``: run it under the hooks of
     ``proftune run`` (its profile's metrics in ``.profile``). Any exception here (Ctrl-C, SIGTERM
     to proftune) ends the script before it propagates: no process is left behind."""
     started = time.perf_counter()
@@ -162,6 +169,9 @@ def run_process(argv: Sequence[str], *, watch: str | None, profile: bool = False
                 if timeout_s is not None and time.perf_counter() - started > timeout_s and proc.poll() is None:
                     run.interrupted = f"the time limit ({timeout_s:g} s)"
                     _end(proc, grace_s)
+                if deadline is not None and time.monotonic() >= deadline and proc.poll() is None:
+                    run.interrupted, run.cut = "the budget's end", True
+                    _end(proc, min(grace_s, CUT_GRACE_S))
             proc.wait()
             _read_channel(channel, offset, reads)
         except BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from ..search import ObjectiveTask
 from ._flags import ScriptFlags, read_flags
 from ._process import GRACE_S, ScriptRun, run_process
 
-__all__ = ["ScriptFailed", "ScriptTask", "imports_torch"]
+__all__ = ["ScriptCut", "ScriptFailed", "ScriptTask", "imports_torch"]
 
 #: Flag names a search leaves as the script has them: its protocol, seeds, where it runs.
 PROTOCOL_FLAGS = ("seed", "epochs", "num_epochs", "max_epochs", "n_epochs", "steps", "max_steps",
@@ -25,6 +26,10 @@ PROTOCOL_FLAGS = ("seed", "epochs", "num_epochs", "max_epochs", "n_epochs", "ste
 
 class ScriptFailed(ProftuneError):
     """A run of the script ended with a non-zero exit, or without the metric: a failed trial."""
+
+
+class ScriptCut(ScriptFailed):
+    """A run of the script cut at its task's ``deadline`` (a budget's end), or not started past it."""
 
 
 def imports_torch(path: str | Path) -> bool:
@@ -78,6 +83,11 @@ class ScriptTask(ObjectiveTask):
         self.grace_s = grace_s
         #: Seconds one run may take before it is ended (SIGTERM, then SIGKILL): a failed run. None: no limit.
         self.timeout_s: float | None = None
+        #: ``time.monotonic()`` at which a run still going is cut and after which none starts
+        #: (:class:`ScriptCut`): the end of a budget. None: none.
+        self.deadline: float | None = None
+        self._window: float | None = None  # cut_after's seconds, and the end they set at the next run
+        self._window_end: float | None = None
         self.fn = self.call  # the search calls ``call``; ``fn`` only names it
         #: The runs of the script so far, the last one last.
         self.runs: list[ScriptRun] = []
@@ -148,6 +158,12 @@ class ScriptTask(ObjectiveTask):
                    if k in given or k not in self.flags or v != self.flags[k].default}
         return "python " + " ".join(shlex.quote(a) for a in self.command_for(changed))
 
+    def cut_after(self, seconds: float | None) -> None:
+        """Cut runs ``seconds`` after the next run starts, as at ``deadline`` (which still holds): a
+        search's trials, whose timeout counts from its first trial, not from the call that starts
+        the search (its study's setup: seconds on a loaded machine). None: off."""
+        self._window, self._window_end = seconds, None
+
     # -- one evaluation -------------------------------------------------------------------------
     def call(self, params: Mapping[str, Any], seed: int | None = None, *,
              report: Callable[[int, float], bool] | None = None) -> dict[str, float]:
@@ -158,9 +174,19 @@ class ScriptTask(ObjectiveTask):
         full = dict(params)
         if self.takes_seed and seed is not None:
             full["seed"] = int(seed)
+        if self._window is not None and self._window_end is None:
+            self._window_end = time.monotonic() + self._window
+        ends = [t for t in (self.deadline, self._window_end) if t is not None]
+        deadline = min(ends) if ends else None
+        where = "the budget's end" if deadline == self.deadline else "the search's end (the race's time kept)"
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ScriptCut(f"not started: {where} has passed")
         run = run_process(self.command_for(full), watch=self.metrics[0], profile=self.profile,
-                          should_stop=report, grace_s=self.grace_s, timeout_s=self.timeout_s)
+                          should_stop=report, grace_s=self.grace_s, timeout_s=self.timeout_s, deadline=deadline)
         self.runs.append(run)
+        if run.cut:
+            raise ScriptCut(f"cut at {where}, {run.duration_s:.1f} s into the run; its last lines:\n"
+                            + "\n".join(run.tail[-8:]))
         if run.pruned:
             return {k: v for k, v in run.metrics.items()}
         if run.interrupted:
