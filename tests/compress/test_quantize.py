@@ -16,7 +16,7 @@ from proftune.compress import (
     load_model,
 )
 from proftune.compress._checkpoint import Rebuild, save_model
-from proftune.compress._quant_backends import get_backend, quantize_dynamic
+from proftune.compress._quant_backends import QuantInputs, get_backend
 from proftune.compress._quantize import quantize_static, run_batches
 
 
@@ -29,11 +29,11 @@ def _mlp() -> nn.Module:
 def test_dynamic_int8_saves_smaller_and_reloads_identically(backend: str, tmp_path: Path) -> None:
     model = _mlp()
     x = torch.randn(5, 64)
-    q = quantize_dynamic(model, backend=backend)
-    fp_path, q_path = tmp_path / "fp.pt", tmp_path / "q.pt"
-    save_model(model, fp_path, x, fmt="state", rebuild=Rebuild(task=None))
     found = get_backend(backend, "dynamic")
     assert found is not None
+    q = found.quantize(model, QuantInputs())
+    fp_path, q_path = tmp_path / "fp.pt", tmp_path / "q.pt"
+    save_model(model, fp_path, x, fmt="state", rebuild=Rebuild(task=None))
     save_model(q, q_path, x, fmt=found.save_format)
     loaded = load_model(q_path)
     with torch.no_grad():

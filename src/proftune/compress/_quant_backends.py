@@ -34,7 +34,6 @@ __all__ = [
     "TorchaoDynamic",
     "backend_status",
     "get_backend",
-    "quantize_dynamic",
     "register_quant_backend",
 ]
 
@@ -231,12 +230,3 @@ def backend_status(method: str, device: torch.device, model: nn.Module | None = 
             status[name] = backend.unavailable(device, model)
     return status
 
-
-def quantize_dynamic(model: nn.Module, *, backend: str) -> nn.Module:
-    """Dynamic INT8 with ``backend`` (``torch.ao`` or ``torchao``): weights INT8, activations
-    quantized on the fly."""
-    found = get_backend(backend, "dynamic")
-    if found is None:
-        valid = [b.name for b in QUANT_BACKENDS if b.method == "dynamic"]
-        raise ConfigError(f"backend={backend!r} has no dynamic INT8; valid: {', '.join(valid)}.")
-    return found.quantize(model, QuantInputs())

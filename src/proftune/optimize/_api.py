@@ -107,7 +107,6 @@ class _Loop:
         self.defaults = self.defaults_record.params
         # selection reads all of val_data; the figures a user reads come from data nothing selected
         # on (test_data, resplit rounds) or an estimate corrected for the winner's curse
-        self.user_task = task
         self.task = task
         self.holdout = held_out_info(task, batch_size=int(self.defaults.get("batch_size", 32)))
         self.run_id = self._parent_run()

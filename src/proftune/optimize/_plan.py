@@ -138,7 +138,7 @@ def _duration(seconds: float) -> str:
 
 def plan_budget(*, full_epochs: int, epoch_s: float, run_overhead_s: float, left_s: float,
                 spent_s: float, budget_s: float, after_s: float, seeds: int, finalists: int,
-                trial_epochs: int, trial_overhead_s: float = 0.0, search_done: bool = False,
+                trial_epochs: int, search_done: bool = False,
                 done_runs: int = 0) -> BudgetPlan:
     """The plan for ``left_s`` seconds: the race at ``seeds`` paired seeds of the defaults and
     ``finalists`` finalists at ``full_epochs``, ``after_s`` for what follows, the search the rest.
@@ -150,7 +150,7 @@ def plan_budget(*, full_epochs: int, epoch_s: float, run_overhead_s: float, left
     ``done_runs``: the race's trainings already done (the baseline's training of the defaults at
     their own protocol is the defaults' first seed: 1), which the race does not pay again."""
     full_s = full_epochs * max(epoch_s, 1e-4) + run_overhead_s
-    trial_s = max(trial_epochs, 1) * max(epoch_s, 1e-4) + run_overhead_s + trial_overhead_s
+    trial_s = max(trial_epochs, 1) * max(epoch_s, 1e-4) + run_overhead_s
     min_search = 0.0 if search_done else MIN_SEARCH_TRIALS * trial_s
     finalists = max(MIN_FINALISTS, finalists)
 
