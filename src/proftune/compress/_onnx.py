@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from .._device import call_model
 from .._paths import OutputPath, check_outputs, replacing
+from .._records import JsonRecord
 from ..exceptions import ConfigError, DependencyError, ProftuneError
 from ._compile import get_compiler
 
@@ -22,7 +23,7 @@ __all__ = ["OnnxExport", "export_onnx"]
 
 
 @dataclass(frozen=True)
-class OnnxExport:
+class OnnxExport(JsonRecord):
     """Where the ONNX file is and how its outputs compared with the eager model's on one input
     (``checked`` False: ONNX Runtime was not asked to run it)."""
 
@@ -42,10 +43,7 @@ class OnnxExport:
         return None if self.tolerance_used is None else self.tolerance_used <= 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size_bytes": self.size_bytes, "inputs": list(self.inputs),
-                "outputs": self.outputs, "checked": self.checked, "max_abs_diff": self.max_abs_diff,
-                "tolerance_used": self.tolerance_used, "atol": self.atol, "rtol": self.rtol,
-                "matches": self.matches}
+        return {**super().to_dict(), "matches": self.matches}
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .._records import JsonRecord
+
 __all__ = ["MIN_MARGIN_FRACTION", "RESIDUAL_MARGIN", "MemoryModel", "fit_memory_model"]
 
 #: The smallest margin, as a fraction of the budget: allocator rounding and run-to-run jitter
@@ -22,7 +24,7 @@ MIN_MARGIN_FRACTION = 0.005
 RESIDUAL_MARGIN = 2.0
 
 @dataclass(frozen=True)
-class MemoryModel:
+class MemoryModel(JsonRecord):
     """peak(B) = intercept_bytes + per_sample_bytes·B, fitted by least squares."""
 
     intercept_bytes: float
@@ -42,10 +44,7 @@ class MemoryModel:
         return math.floor((budget - self.margin_bytes - self.intercept_bytes) / self.per_sample_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"intercept_bytes": self.intercept_bytes, "per_sample_bytes": self.per_sample_bytes,
-                "residual_bytes": self.residual_bytes, "margin_bytes": self.margin_bytes,
-                "points": self.points,
-                "formula": "peak(B) = intercept_bytes + per_sample_bytes * B"}
+        return {**super().to_dict(), "formula": "peak(B) = intercept_bytes + per_sample_bytes * B"}
 
 
 def fit_memory_model(points: Sequence[tuple[int, int]], budget: float) -> MemoryModel:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .._jsonsafe import json_dumps
+from .._records import JsonRecord
 from ..exceptions import ConfigError, RunFailedError
 
 __all__ = ["DDPPoint", "DDPScaling", "RankProfile", "RanksResult", "fit_scaling", "profile_ddp_batches",
@@ -43,7 +44,7 @@ _ADVICE = {
 
 
 @dataclass(frozen=True)
-class RankProfile:
+class RankProfile(JsonRecord):
     """One rank's step in ms: the phases, the all-reduce time and the busy time (step - wait)."""
 
     rank: int
@@ -60,7 +61,7 @@ class RankProfile:
 
 
 @dataclass(frozen=True)
-class RanksResult:
+class RanksResult(JsonRecord):
     """Per-rank steps, the imbalance (max / median busy time), the straggler and what to do."""
 
     world_size: int
@@ -74,11 +75,6 @@ class RanksResult:
     advice: str
     task: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ranks"] = [asdict(r) for r in self.ranks]
-        return d
 
 
 def _free_port() -> int:
@@ -170,7 +166,7 @@ def profile_ranks(task: Any, *, nprocs: int, params: dict[str, Any] | None = Non
 
 
 @dataclass(frozen=True)
-class DDPPoint:
+class DDPPoint(JsonRecord):
     """The DDP step at one per-rank batch size: the slowest rank's step, the ranks' median
     all-reduce time and bytes, and the global throughput (samples of all ranks per second)."""
 
@@ -185,7 +181,7 @@ class DDPPoint:
 
 
 @dataclass(frozen=True)
-class DDPScaling:
+class DDPScaling(JsonRecord):
     """DDP steps at several per-rank batch sizes and the line step_ms = fixed_ms + per_sample_ms·B
     fitted through them. The all-reduce moves the gradients, whose size does not depend on the
     batch: ``allreduce_ms`` and ``allreduce_bytes`` are the medians over the points."""
@@ -206,11 +202,6 @@ class DDPScaling:
     def throughput(self, batch_size: float) -> float:
         """Predicted samples per second over all ranks at ``batch_size`` per rank."""
         return self.world_size * batch_size / self.step_ms(batch_size) * 1e3
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["points"] = [asdict(p) for p in self.points]
-        return d
 
 
 def ddp_point(rows: list[dict[str, Any]]) -> DDPPoint:

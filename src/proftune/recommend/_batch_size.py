@@ -61,7 +61,7 @@ BATCH_SIZE_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class BatchSizeResult:
+class BatchSizeResult(JsonRecord):
     """The largest batch size that fits ``memory_budget``, and how it was found.
 
     A frozen, versioned record: :func:`find_batch_size` builds it, its ``batch_size`` Run holds
@@ -99,26 +99,10 @@ class BatchSizeResult:
         return sum(1 for p in self.probes if p.role != "profile")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "max_batch_size": self.max_batch_size,
-            "memory_budget": self.memory_budget,
-            "limited_by": self.limited_by,
-            "memory_max_batch_size": self.memory_max_batch_size,
-            "data_samples": self.data_samples,
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "measured_peak_bytes": self.measured_peak_bytes,
-            "runs": self.runs,
-            "probes": [p.to_dict() for p in self.probes],
-            "model": self.model.to_dict(),
-            "static_bytes": self.static_bytes,
-            "static_detail": self.static_detail,
-            "device": self.device,
-            "run_id": self.run_id,
-            "schema_version": self.schema_version,
-        }
+        return {**super().to_dict(), "runs": self.runs}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BatchSizeResult:
+    def from_dict(cls, d: Any) -> BatchSizeResult:
         """The record back from :meth:`to_dict`'s JSON (a ``batch_size`` Run's result)."""
         what = "a batch-size search"
         stored_version(d, what=what, current=BATCH_SIZE_SCHEMA_VERSION)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .._device import batch_size_of
+from .._records import JsonRecord
 from ..exceptions import ProblemCollector
 from ..task import Task, load_task
 from ..train import Callback, FitState, fit
@@ -32,7 +33,7 @@ CLIP_FRACTION = 0.01
 
 
 @dataclass(frozen=True)
-class NoiseScaleResult:
+class NoiseScaleResult(JsonRecord):
     """The smoothed estimates after the last step and their history (one row per step)."""
 
     b_simple: float | None
@@ -66,20 +67,7 @@ class NoiseScaleResult:
         return None if self.b_simple is None else max(1, round(self.b_simple))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "b_simple": self.b_simple,
-            "critical_batch_size": self.critical_batch_size,
-            "trace_sigma": self.trace_sigma,
-            "grad_sq_norm": self.grad_sq_norm,
-            "small_batch": self.small_batch,
-            "big_batch": self.big_batch,
-            "steps": self.steps,
-            "used_steps": self.used_steps,
-            "clipped_steps": self.clipped_steps,
-            "ema": self.ema,
-            "history": list(self.history),
-            "losses": list(self.losses),
-        }
+        return {**super().to_dict(), "critical_batch_size": self.critical_batch_size}
 
 
 class NoiseScaleCallback(Callback):

@@ -25,14 +25,13 @@ in the README's "Searching any objective" section.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .._jsonsafe import json_dumps
-from .._records import mapping, record_fields
+from .._records import JsonRecord
 
 __all__ = ["DEFAULT_SHARE", "MIN_BUDGET", "Group", "GroupTable", "Selection", "Z", "group_key", "groups",
            "next_repeat", "pick", "pooled_noise", "select"]
@@ -177,11 +176,12 @@ def pick(gs: Sequence[Group], *, maximize: bool) -> Group | None:
 
 
 @dataclass(frozen=True)
-class Selection:
+class Selection(JsonRecord):
     """The configuration named best by its mean: its params, the mean of its ``n`` evaluations,
     their standard error (pooled noise / sqrt(n); None before any repeat), the interval
     (mean +- 1.96 se), and how the budget was spent (evaluations, of which repeats)."""
 
+    WHAT: ClassVar[str] = "a search selection"
     params: dict[str, Any]
     mean: float
     n: int
@@ -195,13 +195,6 @@ class Selection:
     noise: float | None = None
     #: Evaluations that tried a leader's neighbour (:mod:`proftune.search._refine`).
     neighbours: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Selection:
-        return cls(**record_fields(cls, mapping(d, what="a search selection"), what="a search selection"))
 
 
 def select(evaluations: Sequence[tuple[Mapping[str, Any], float]], *, maximize: bool, repeats: int,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._records import mapping, record_fields
+from .._records import JsonRecord, mapping, record_fields
 from ..task import Task
 from ._constraints import Constraint
 from ._gate import ProfileGate, free_memory, is_oom
@@ -75,7 +75,7 @@ class Bound:
 
 
 @dataclass(frozen=True)
-class ScanResult:
+class ScanResult(JsonRecord):
     """What the scan measured, the bounds it fitted, and what they cost."""
 
     constraints: list[str]
@@ -88,16 +88,8 @@ class ScanResult:
     kept_infeasible_share: float
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"constraints": self.constraints, "profiles": self.profiles,
-                "duration_s": self.duration_s, "stopped_early": self.stopped_early,
-                "feasible_share": self.feasible_share,
-                "kept_infeasible_share": self.kept_infeasible_share,
-                "bounds": [b.to_dict() for b in self.bounds], "notes": self.notes,
-                "points": self.points}
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ScanResult:
+    def from_dict(cls, d: Any) -> ScanResult:
         """The scan back from :meth:`to_dict`'s JSON (a study's stored scan, a tune Run's)."""
         kw = record_fields(cls, mapping(d, what="a feasibility scan"), what="a feasibility scan")
         return cls(**{**kw, "constraints": list(kw["constraints"]), "points": list(kw["points"] or []),

@@ -14,9 +14,9 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from .._records import mapping, record_fields
+from .._records import JsonRecord
 from ._constraints import Constraint, Objective
 from ._records import TrialRecord
 from ._space import Param, Space
@@ -33,22 +33,15 @@ BOOTSTRAP = 400
 
 
 @dataclass(frozen=True)
-class Statement:
+class Statement(JsonRecord):
     """One line of strategy: ``action`` on ``subject`` with the numbers behind it."""
 
+    WHAT: ClassVar[str] = "a strategy statement"
     kind: str  # "param" or "constraint"
     subject: str  # the param name, or the constraint text
     action: str  # restrict, fix, widen, keep, not enough trials; driven by / no driver (constraints)
     text: str
     evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "subject": self.subject, "action": self.action, "text": self.text,
-                "evidence": self.evidence}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Statement:
-        return cls(**record_fields(cls, mapping(d, what="a strategy statement"), what="a strategy statement"))
 
 
 # -- statistics -----------------------------------------------------------------------------------
