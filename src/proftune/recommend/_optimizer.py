@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from torch import nn
 
 from .._device import move_to_device
 from .._optimizers import DEFAULT_OPTIMIZER
+from .._records import JsonRecord
 from ..profile import Profile
 from ..task import Task, TaskWrapper
 from ..train import Callback, FitState, build_optimizer, evaluate_model, fit, seed_everything
@@ -62,7 +63,7 @@ CURVE_POINTS = 40
 
 
 @dataclass(frozen=True)
-class OptimizerTrial:
+class OptimizerTrial(JsonRecord):
     """One optimizer trained for its share of the budget: its settings, its cost and its result."""
 
     optimizer: str
@@ -80,7 +81,7 @@ class OptimizerTrial:
 
 
 @dataclass(frozen=True)
-class OptimizerComparison:
+class OptimizerComparison(JsonRecord):
     """The trials, the choice and the gradient-noise figures, with the budget they ran under."""
 
     choice: str
@@ -96,12 +97,6 @@ class OptimizerComparison:
 
     def trial(self, name: str) -> OptimizerTrial | None:
         return next((t for t in self.trials if t.optimizer == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"choice": self.choice, "current": self.current, "trials": [asdict(t) for t in self.trials],
-                "noise": dict(self.noise), "budget_s": self.budget_s, "share_s": self.share_s,
-                "spent_s": self.spent_s, "reason": self.reason, "skipped": list(self.skipped),
-                "honours_param": self.honours_param}
 
 
 class _NamedOptimizer(TaskWrapper):

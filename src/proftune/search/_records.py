@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +11,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from .._records import mapping, record_fields, stored_version
+from .._records import JsonRecord, mapping, record_fields, stored_version
 from ._reeval import GroupTable
 
 __all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "StudyView", "TrialRecord",
@@ -94,7 +93,7 @@ TRIAL_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class ConstraintCheck:
+class ConstraintCheck(JsonRecord):
     """One constraint as a trial measured it: the metric, its value (None: not measured), the
     limit, the operator, the violation (> 0: broken) and whether it holds."""
 
@@ -105,12 +104,9 @@ class ConstraintCheck:
     violation: float | None
     ok: bool | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
-class TrialResult:
+class TrialResult(JsonRecord):
     """How one trial ended, as its ``trial`` Run holds it: the trial's number, its state and why,
     the constraints as measured, the steps it trained and the seconds of training and of the gate.
 
@@ -139,14 +135,13 @@ class TrialResult:
                    steps=int(steps), train_s=float(train_s), gate_s=float(gate_s))
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["constraints"] = {k: c.to_dict() for k, c in self.constraints.items()}
+        d = super().to_dict()
         if self.ray_retries is None:
             del d["ray_retries"]
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
+    def from_dict(cls, d: Any) -> TrialResult:
         """The record back from :meth:`to_dict`'s JSON (a ``trial`` Run's result; one recorded
         before the record had a version holds the same fields)."""
         what = "a trial's result"
