@@ -5,13 +5,13 @@ from __future__ import annotations
 import bisect
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from .._records import JsonRecord, mapping, record_fields, stored_version
+from .._records import JsonRecord, record_fields, stored_version
 from ._reeval import GroupTable
 
 __all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "StudyView", "TrialRecord",
@@ -22,10 +22,12 @@ ATTR = "proftune"
 
 
 @dataclass(frozen=True)
-class TrialRecord:
+class TrialRecord(JsonRecord):
     """One trial as the search reports it (from the study's storage, in ``SearchResult.trials``);
-    its trial Run holds the shorter :class:`TrialResult`."""
+    its trial Run holds the shorter :class:`TrialResult`. Its JSON is nested in a search result,
+    whose version covers it; a key it does not define is a ConfigError."""
 
+    WHAT: ClassVar[str] = "a search trial"
     number: int
     state: str
     params: dict[str, Any]
@@ -69,23 +71,6 @@ class TrialRecord:
     def ended(self) -> bool:
         """It ended: trained (complete, pruned, infeasible), or failed in user code (with a reason)."""
         return self.state in ("complete", "pruned", "infeasible") or (self.state == "failed" and bool(self.reason))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"repeat": self.repeat, "seed": self.seed,
-            "number": self.number, "state": self.state, "params": self.params,
-            "values": self.values, "metrics": self.metrics, "constraints": self.constraints,
-            "reason": self.reason, "duration_s": self.duration_s, "run_id": self.run_id,
-            "stage": self.stage, "steps": self.steps, "train_s": self.train_s,
-            "gate_s": self.gate_s, "anomalies": self.anomalies, "traceback": self.traceback,
-            "retried_from": self.retried_from, "gated": self.gated, "sampler": self.sampler,
-            "tags": self.tags, "curve": self.curve,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
-        """The trial back from :meth:`to_dict`'s JSON (a record nested in a search result, whose
-        version covers it); a key it does not define is a ConfigError."""
-        return cls(**record_fields(cls, mapping(d, what="a search trial"), what="a search trial"))
 
 
 #: Bumped when a field of :class:`TrialResult`'s JSON changes meaning.
