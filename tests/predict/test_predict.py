@@ -50,6 +50,25 @@ def test_predicted_peak_matches_the_measured_cpu_peak(task: Any, batch_size: int
     assert r.uncounted_ops == ()
 
 
+def test_a_train_params_record_is_predicted_as_made_not_validated_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import proftune._train_params as tp
+
+    given = tp.TrainParams.of(proftune.task.load_task("digits-mlp"), {"optimizer": "sgd"})
+    calls: list[dict[str, Any]] = []
+    check = tp.validate_params
+    monkeypatch.setattr(tp, "validate_params", lambda p: calls.append(p) or check(p))
+    r = predict("digits-mlp", given, batch_size=16, target=None, max_batch=False)
+    assert calls == []  # the record is taken as it was made
+    # the same figures as the dict it was made from, which is merged over the defaults and checked once
+    d = predict("digits-mlp", {"optimizer": "sgd"}, batch_size=16, target=None, max_batch=False)
+    assert [c["optimizer"] for c in calls] == ["sgd"]
+    assert (r.memory.peak_bytes, r.memory.optimizer_bytes) == (d.memory.peak_bytes, d.memory.optimizer_bytes)
+    # an override given by name is one more check, over the record's params
+    adamw = predict("digits-mlp", given, batch_size=16, target=None, max_batch=False, optimizer="adamw")
+    assert [c["optimizer"] for c in calls] == ["sgd", "adamw"]
+    assert adamw.memory.optimizer_bytes > r.memory.optimizer_bytes  # two moments per weight, against none
+
+
 @pytest.mark.slow
 def test_resnet18_peak_and_nothing_uncounted() -> None:
     r = predict("resnet18-synthetic", batch_size=4, target="a100", max_batch=False)

@@ -24,7 +24,7 @@ from ..exceptions import ConfigError
 from ..profile import ParamCounts
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
-from ..train import validate_params
+from ..train import TrainParams
 from ._compute import (
     CPU_RANK_THREADS,
     MAX_RANKS_HERE,
@@ -171,7 +171,7 @@ class PredictConfig:
 
 def predict(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: TrainParams | dict[str, Any] | None = None,
     config: PredictConfig | None = None,
     *,
     store: Store | str | None = None,
@@ -190,13 +190,11 @@ def predict(
     peak_tflops, bandwidth, precision, optimizer = cfg.peak_tflops, cfg.bandwidth, cfg.precision, cfg.optimizer
     max_batch, foreach, calibrate, device = cfg.max_batch, cfg.foreach, cfg.calibrate, cfg.device
     task_obj = load_task(task)
-    merged = dict(task_obj.default_params)
-    merged.update(params or {})
-    if precision is not None:
-        merged["precision"] = precision
-    if optimizer is not None:
-        merged["optimizer"] = optimizer
-    merged = validate_params(merged)
+    # a TrainParams was validated where it was made; a dict is merged over the defaults here, once
+    over = {k: v for k, v in (("precision", precision), ("optimizer", optimizer)) if v is not None}
+    given = ((params.with_params(**over) if over else params) if isinstance(params, TrainParams)
+             else TrainParams.of(task_obj, params, **over))
+    merged = given.params
     prec = str(merged.get("precision", "fp32"))
     validate_parallel(gpus=cfg.gpus, nodes=cfg.nodes, strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
                       offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch, link=cfg.link,
@@ -212,8 +210,8 @@ def predict(
     name = (target or "").strip().lower()
     if name == "auto":
         # numbers given without a name describe another device; else the one proftune runs on
-        given = device_memory is not None or peak_tflops is not None or bandwidth is not None
-        name = "" if given else _local_target(dev)
+        described = device_memory is not None or peak_tflops is not None or bandwidth is not None
+        name = "" if described else _local_target(dev)
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
     st = optional_store(store, db=db)
     if st is None:

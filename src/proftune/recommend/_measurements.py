@@ -155,7 +155,8 @@ def find_batch_size(
         raise ConfigError("find_batch_size() needs memory_budget (bytes, or a size such as '4GiB').")
     start, max_probes, seed, from_prediction = cfg.start, cfg.max_probes, cfg.seed, cfg.from_prediction
     task_obj = load_task(task)
-    merged = _merged(task_obj, params).params
+    given = _merged(task_obj, params)
+    merged = given.params
     budget = parse_memory(cfg.memory_budget)
     dev = resolve_device(cfg.device)
     static = static_memory(task_obj, merged, profile=profile)
@@ -178,7 +179,7 @@ def find_batch_size(
         known.append((int(profile.batch_size), int(profile.memory.peak_bytes)))
 
     def body() -> BatchSizeResult:
-        found = _from_prediction(task_obj, merged, measure_fn, budget, start, dev, static) if from_prediction else None
+        found = _from_prediction(task_obj, given, measure_fn, budget, start, dev, static) if from_prediction else None
         if found is None:
             found = search_max_batch(measure_fn, budget, known=known, start=start, max_probes=max_probes,
                                      static_bytes=static["total"], device=str(dev), static_detail=static)
@@ -197,13 +198,13 @@ def find_batch_size(
     return result
 
 
-def _from_prediction(task: Task, params: dict[str, Any], measure: Measure, budget: int, start: int,
+def _from_prediction(task: Task, given: TrainParams, measure: Measure, budget: int, start: int,
                      dev: torch.device, static: dict[str, int]) -> BatchSizeResult | None:
     """``predict``'s largest batch under ``budget``, verified by real steps (see verify_prediction)."""
     from ..predict import MemoryModel, predict
     from ._batch_size import verify_prediction
 
-    pred = predict(task, params, batch_size=start, target=None, device_memory=budget,
+    pred = predict(task, given, batch_size=start, target=None, device_memory=budget,
                    foreach=dev.type == "cuda")
     if not pred.max_batch_size or pred.max_batch is None or not pred.max_batch.get("model"):
         return None
