@@ -191,6 +191,20 @@ def test_a_task_s_own_decay_of_zero_is_the_centre_not_adamw_s() -> None:
     assert all(q["weight_decay"] == pytest.approx(1e-6) for a, q in items if a in ("centre", "defaults", "local"))
 
 
+class _FitLoopSgd(TinyTask):
+    """The fit loop's SGD with no weight decay given: it applies none (SGD's default)."""
+
+    default_params: ClassVar[dict[str, Any]] = {"lr": 1e-2, "batch_size": 32, "optimizer": "sgd"}
+
+
+def test_an_unset_decay_is_the_fit_loops_optimizers_not_adamws() -> None:
+    plan = build_plan(_FitLoopSgd(), {"lr": 0.02}, user_space=None, max_batch=None, samples=192)
+    assert plan.centre["weight_decay"] == plan.space.param("weight_decay").low == pytest.approx(1e-6)
+    # AdamW's own default stays 0.01 where the task leaves it unset
+    assert build_plan(TinyTask(), {"lr": 0.02}, user_space=None, max_batch=None,
+                      samples=192).centre["weight_decay"] == pytest.approx(0.01)
+
+
 def test_the_wide_points_spread_over_the_whole_space_on_each_param_s_scale() -> None:
     plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64}, user_space=None, max_batch=None, samples=192)
     lr = plan.space.param("lr")

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._optimizers import DEFAULT_LR, DEFAULT_WEIGHT_DECAY
+from .._optimizers import DEFAULT_LR, default_weight_decay
 from .._records import mapping, record_fields
 from ..exceptions import ProblemCollector
 from ..search import Param, Space, load_space
@@ -128,14 +128,16 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     evidence["batch_size"] = "computed (memory budget / critical batch)" if computed.batch_size else "task default"
     if str(defaults.get("optimizer", "adamw")) in ("adamw", "adam", "sgd"):
         own = defaults.get("weight_decay")
-        wd = DEFAULT_WEIGHT_DECAY if own is None else float(own)
+        # unset: what the fit loop's optimizer applies (SGD none, AdamW 0.01): a fit-loop SGD task was
+        # centred at 0.01 of decay it never had, and "what changed" listed it
+        wd = default_weight_decay(str(defaults.get("optimizer", "adamw"))) if own is None else float(own)
         # a decay of 0 the task gives is its choice: the centre is the space's floor (1e-6, no decay to
         # speak of on a log scale), not AdamW's 0.01 (a task whose own SGD had none was centred at 0.01)
         low = min(1e-6, wd) if wd > 0 else 1e-6
         wd = max(wd, low)
         params["weight_decay"] = {"type": "float", "low": low, "high": max(0.3, wd), "log": True}
         centre["weight_decay"], narrow["weight_decay"] = wd, _log_range(wd, 10.0, low, 0.3)
-        evidence["weight_decay"] = "task default (AdamW's 0.01 when unset)"
+        evidence["weight_decay"] = "task default (the fit loop's optimizer's when unset)"
     for name, value in sorted(defaults.items()):
         if name in LOOP_PARAMS or name in params or isinstance(value, bool):
             continue
