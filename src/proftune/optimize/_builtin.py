@@ -35,11 +35,11 @@ from ._context import StageContext
 from ._decide import pooled_seed_std, prior_seed_std
 from ._final import (
     MAX_CANDIDATES,
-    RESPLIT_BELOW,
     Arm,
     FinalOutcome,
     FinalPlan,
     lead_in_search,
+    races_on_resplits,
     run_final,
     winners_curse,
 )
@@ -60,7 +60,8 @@ from ._records import (
     TrainedRun,
 )
 from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first
-from ._search import ConfigGroup, StageSettings, TrialLog, run_search_stage, standing, trial_json
+from ._search import StageSettings, TrialLog, measured_training_s, run_search_stage, standing, trial_json
+from ._search_records import defaults_outside_race
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
 
@@ -300,14 +301,17 @@ class Search(BaseStage):
             if d is not None and best is not None and (best.mean - d.mean) * (1 if loop.v.maximize else -1) <= \
                     winners_curse(loop.v.metric, loop.holdout.val_samples, d.mean, len(rows)):
                 return late_pair + compress_min  # none ahead of the defaults beyond the curse of the draws: no race
+            # a training as the trials took it, where they ran the race's epochs (the plan's 0.3 s a run)
+            full_s = measured_training_s(rows, budget_plan.full_epochs, budget_plan.full_s)
+            race_now = race_s * full_s / max(budget_plan.full_s, 1e-9)
             if d is None or best is None or d.n < 2:  # the defaults' spread not measured yet: as planned
-                return race_s + compress_min
+                return race_now + compress_min
             gain = (best.mean - d.mean) * (1.0 if loop.v.maximize else -1.0)
             if gain <= (d.std or 0.0) / math.sqrt(d.n):  # no gain beyond one standard error of theirs to confirm
-                return race_s + compress_min
+                return race_now + compress_min
             seeds = loop.race_seeds_for(d, best, pooled, compared=len(rows))
-            need = 1.1 * max(0, 2 * seeds - done) * budget_plan.full_s
-            return min(max(race_s, need), race_s + 0.5 * seconds) + compress_min
+            need = 1.1 * max(0, 2 * seeds - done) * full_s
+            return min(max(race_now, need), race_now + 0.5 * seconds) + compress_min
 
         # (the budget already excludes what an earlier, killed process spent: the clock resumes)
         # the search runs on while nothing leads the defaults (`reserve` bounds it as trials stand), one pair's
@@ -442,14 +446,15 @@ class Final(BaseStage):
                                                   val_samples=loop.holdout.val_samples,
                                                   level=finite_float(d_group.mean if d_group else None)),
                          protocol=f"the task's own protocol ({epochs} epochs) for every arm",
-                         resplit=self._resplit(loop, race_notes), compared=srch.trials)
+                         resplit=races_on_resplits(loop.task, loop.holdout.val_samples, race_notes),
+                         compared=srch.trials)
         outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
                             end=loop.budget.end - loop.compress_reserve(), hard_end=hard_end,
                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
                             shorter=shorter, first=(first := baseline_first(loop)),
                             first_more=(search_first(loop, candidates[0], seed=first[0].seed if first else None)
                                         if candidates else None),
-                            defaults_more=self._defaults_outside_race(d_group, trial_epochs == epochs),
+                            defaults_more=defaults_outside_race(d_group, trial_epochs == epochs),
                             search_lead=lead_in_search(proposals[0].search_mean if proposals else None,
                                                        d_group.mean if d_group is not None else None,
                                                        loop.v.maximize))
@@ -478,27 +483,6 @@ class Final(BaseStage):
             load=(f"model = proftune.load_task({loop.spec!r}).build_model(params); "
                   "model.load_state_dict(torch.load('model.pt', weights_only=True))"),
         ), before=finite_float(outcome.arm("defaults").summary("val").mean), after=val.mean)
-
-    @staticmethod
-    def _resplit(loop: StageContext, notes: list[str]) -> bool:
-        """Whether the race's rounds train and judge on partitions of their own: where validation
-        is small and the task offers them (its two sets of one kind); says so in ``notes``."""
-        n = loop.holdout.val_samples
-        if n is None or n >= RESPLIT_BELOW or loop.task.resplit(1) is None:
-            return False
-        notes.append(f"validation has {n} samples, so each round of the race trains and judges on its own partition "
-                     "of the training and validation samples (the task's resplit; round 1 on its own split): the "
-                     "decision rests on more of the data than the one split the search chose on")
-        return True
-
-    @staticmethod
-    def _defaults_outside_race(group: ConfigGroup | None, full: bool) -> list[float]:
-        """The search's evaluations of the defaults where its trials ran the full protocol: trainings
-        of them that nothing selected, beside the race's (the baseline's, their first race seed, is
-        left out: it is in the race already)."""
-        if group is None or not full:
-            return []
-        return [float(v) for v, arm in zip(group.values, group.arms, strict=False) if arm != "baseline"]
 
     def _evidence(self, loop: StageContext, chosen: Arm,
                   outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:

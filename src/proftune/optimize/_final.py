@@ -40,8 +40,8 @@ from ._final_records import (
 )
 
 __all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "HeldOutEstimate",
-           "SearchGap", "SeedSummary", "held_out_estimate", "lead_in_search", "representative", "run_final",
-           "sampling_std", "search_lead_holds"]
+           "SearchGap", "SeedSummary", "held_out_estimate", "lead_in_search", "races_on_resplits", "representative",
+           "run_final", "sampling_std", "search_lead_holds"]
 
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
 #: when the time left does not hold ``--seeds`` runs of each): one seed per search trial makes
@@ -254,6 +254,17 @@ def _decision(comparison: Comparison, leader: Arm, defaults: Arm, seeds: Sequenc
                    f"figure's sampling noise ({margin:.3g}) and the race's runs keep it ahead ({held:+.4g}): "
                    "adopted as a plain loop adopts its best")
     return "defaults", defaults, comparison
+
+
+def races_on_resplits(task: Task, val_samples: int | None, notes: list[str]) -> bool:
+    """Whether the race's rounds train and judge on partitions of their own: where validation
+    is small and the task offers them (its two sets of one kind); says so in ``notes``."""
+    if val_samples is None or val_samples >= RESPLIT_BELOW or task.resplit(1) is None:
+        return False
+    notes.append(f"validation has {val_samples} samples, so each round of the race trains and judges on its own "
+                 "partition of the training and validation samples (the task's resplit; round 1 on its own split): "
+                 "the decision rests on more of the data than the one split the search chose on")
+    return True
 
 
 def lead_in_search(candidate: float | None, defaults: float | None, maximize: bool) -> float | None:

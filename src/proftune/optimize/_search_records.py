@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from .._records import JsonRecord, mapping, record_fields
 from ..search import TrialRecord
 
-__all__ = ["ARM_TAG", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of"]
+__all__ = ["ARM_TAG", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of", "defaults_outside_race"]
 
 #: Tag of an enqueued trial: where its configuration came from.
 ARM_TAG = "arm"
@@ -108,3 +108,12 @@ class KeptRun(JsonRecord):
     #: The model's state dict, relative to the loop's output folder.
     model: str
     params: dict[str, Any]
+
+
+def defaults_outside_race(group: ConfigGroup | None, full: bool) -> list[float]:
+    """The search's evaluations of the defaults where its trials ran the full protocol: trainings
+    of them that nothing selected, beside the race's (the baseline's, their first race seed, is
+    left out: it is in the race already)."""
+    if group is None or not full:
+        return []
+    return [float(v) for v, arm in zip(group.values, group.arms, strict=False) if arm != "baseline"]

@@ -221,7 +221,7 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
         if base is None and rec.cut:
             raise ProftuneError(f"the budget ({budget_s:g} s) ended before one run of the script's defaults did: "
                                 f"{t0 - started:.1f} s went to reading its flags and starting, and the run was cut "
-                                f"after {run_s:.1f} s; give a larger budget_s (--budget on the command line).")
+                                f"after {run_s:.1f} s; give a larger budget=.")
         if base is None:
             raise ProftuneError("the script failed with its own defaults; its last lines:\n"
                                 + "\n".join(task.output()[-12:]))
