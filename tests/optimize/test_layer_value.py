@@ -152,15 +152,15 @@ def test_the_mean_reaches_tensors_in_any_structure() -> None:
 def test_a_layer_states_its_cost_only_where_its_share_is_beyond_the_loads_noise() -> None:
     """Issue 63: under load the layer-value stage read one Linear at 37% of the step and stated a
     finding a quiet run does not. Three layers worth nothing (the first one's output is constant),
-    each at about 40% of the step: the one whose per-step shares hold steady is stated, the one a
-    loaded machine moved (its middle half wider than its share) and the one timed on one step are not."""
+    each at about 40% of the step: the one timed on three steps is stated (its share at its fastest:
+    a busy machine only adds time), the two timed on one step each are not."""
     model = nn.Sequential(nn.Flatten(), nn.Linear(32, 16), nn.Linear(16, 16), nn.Linear(16, 2))
     with torch.no_grad():
         model[1].weight.zero_()  # the rest sees one input for every sample: every drop is 0
     steady = LayerProfile("3", "Linear", params=34, time_share=0.40, time_share_second=0.41,
                           time_share_median=0.42, time_share_q1=0.41, time_share_q3=0.44, time_share_samples=3)
-    moved = dataclasses.replace(steady, name="1", params=528, time_share_second=0.63, time_share_q1=0.63,
-                                time_share_q3=0.70)
+    moved = dataclasses.replace(steady, name="1", params=528, time_share_second=None, time_share_q1=None,
+                                time_share_q3=None, time_share_samples=1)
     once = dataclasses.replace(steady, name="2", params=272, time_share_q1=None, time_share_q3=None,
                                time_share_second=None, time_share_samples=1)
     prof = Profile(layers=(moved, once, steady))
@@ -174,8 +174,8 @@ def test_a_layer_states_its_cost_only_where_its_share_is_beyond_the_loads_noise(
     assert (by_name["3"].time_share_q1, by_name["3"].time_share_q3) == (0.41, 0.44)
     assert by_name["1"].finding is None
     assert by_name["2"].finding is None
-    assert any(n.startswith("1 (Linear): no finding from its 40% of the step time (within noise: fastest of 3 "
-                            "steps; their middle half took 1.6-1.7x as long)") for n in notes), notes
+    assert any(n.startswith("1 (Linear): no finding from its 40% of the step time (within noise: timed on 1 "
+                            "step)") for n in notes), notes
     assert any(n.startswith("2 (Linear): no finding") and "timed on 1 step" in n for n in notes), notes
     # a steady share under the bar (9% at its fastest) states nothing either, whatever its slower steps
     low = dataclasses.replace(steady, time_share=0.09, time_share_second=0.10, time_share_median=0.11,

@@ -98,24 +98,25 @@ def test_bottlenecks_are_layers_whose_time_far_exceeds_their_work() -> None:
 
 def test_a_bottleneck_within_its_noise_gets_no_advice() -> None:
     """The issue: one ReLU was 63% of the step in one run and 20% in the next, and the
-    "fuse with torch.compile" advice followed. A share whose fastest step no other step comes near
-    is within the load's noise: the rule names it, with its spread, and advises nothing."""
+    "fuse with torch.compile" advice followed. A share timed on one step is within the load's noise:
+    the rule names it and advises nothing."""
     import dataclasses
 
     bn = NORM_HEAVY[1]
-    noisy = dataclasses.replace(bn, time_share_second=0.80, time_share_q1=0.85, time_share_q3=0.93)
-    rec = bottleneck_rule(_profile(layers=(NORM_HEAVY[0], noisy, *NORM_HEAVY[2:])))
-    assert rec.value == []
-    assert "torch.compile" not in rec.reason
-    assert "No advice for bn" in rec.reason
-    assert "its fastest of 5 steps is alone (their middle half took 1.8-1.9x as long)" in rec.reason
-    assert [d["layer"] for d in rec.evidence["within_noise"]] == ["bn"]
-    # one timed step: no spread to judge a share by, so no advice either
+    # one timed step: no second step to tell a share from the load's noise, so no advice
     single = dataclasses.replace(bn, time_share_q1=None, time_share_q3=None, time_share_second=None,
                                  time_share_samples=1)
     rec = bottleneck_rule(_profile(layers=(NORM_HEAVY[0], single, *NORM_HEAVY[2:])))
     assert rec.value == []
+    assert "torch.compile" not in rec.reason
+    assert "No advice for bn" in rec.reason
     assert "too few to tell" in rec.reason
+    assert [d["layer"] for d in rec.evidence["within_noise"]] == ["bn"]
+    # a lone fast step among stalled ones is the layer's cost (a busy machine cannot make a step
+    # faster): its share at that step is advised on
+    lone = dataclasses.replace(bn, time_share_second=0.80, time_share_q1=0.85, time_share_q3=0.93)
+    assert [d["layer"] for d in bottleneck_rule(_profile(layers=(NORM_HEAVY[0], lone, *NORM_HEAVY[2:]))).value] == [
+        "bn"]
     # the same layer beyond its noise is advised, with its spread in the reason
     rec = bottleneck_rule(_profile(layers=NORM_HEAVY))
     assert [d["layer"] for d in rec.value] == ["bn"]

@@ -164,10 +164,9 @@ def _candidates(model: nn.Module, prof: Profile | None) -> list[tuple[str, nn.Mo
 
 
 def _beyond_noise(layer: LayerProfile, value_share: float) -> bool:
-    """Its share of the step is told from the load's noise: its per-step shares' middle half is
-    narrower than their median, and their lower quartile clears both bars (a share read on one
-    step, or one that a loaded machine moves, states no finding)."""
-    low = layer.time_share_q1
+    """Its share of the step is told from the load's noise (timed on two steps or more) and its share
+    at its fastest clears both bars (a share read on one step states no finding)."""
+    low = layer.time_share
     return (not layer.share_within_noise and low is not None and low >= MIN_TIME_SHARE
             and low >= COST_RATIO * value_share)
 

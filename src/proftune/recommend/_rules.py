@@ -174,8 +174,8 @@ def _advice(layer: LayerProfile) -> str:
 
 
 def _beyond_noise(lay: LayerProfile, work: float) -> bool:
-    """A share told from the load's noise: its fastest step is confirmed by another, and its share
-    (at its fastest) clears both bars (a share measured on one step is not told)."""
+    """A share told from the load's noise (timed on two steps or more) whose share at its fastest
+    step clears both bars (a share measured on one step is not told)."""
     low = lay.time_share
     return (not lay.share_within_noise and low is not None and low >= BOTTLENECK_MIN_SHARE
             and low > BOTTLENECK_RATIO * work)
@@ -183,7 +183,7 @@ def _beyond_noise(lay: LayerProfile, work: float) -> bool:
 
 def bottleneck_rule(profile: Profile) -> Recommendation:
     """Layers whose share of time is far above their share of parameters and MACs, beyond the
-    share's noise: advice only where its fastest step, confirmed by another, is above the bars."""
+    share's noise: advice only where its fastest of two or more timed steps is above the bars."""
     layers = [lay for lay in profile.layers if lay.forward_ms is not None]
     total_ms = sum(_layer_ms(lay) for lay in layers)
     total_params = sum(lay.params for lay in profile.layers) or 1
@@ -215,18 +215,15 @@ def bottleneck_rule(profile: Profile) -> Recommendation:
     withheld = ""
     if noisy:
         d = noisy[0]
-        spread = (f"its fastest of {d['steps']} steps is alone (their middle half took "
-                  f"{load_spread(d['time_share'], d['time_share_q1'], d['time_share_q3'])} as long)"
-                  if d["time_share_q1"] is not None else
-                  f"it was timed on {d['steps']} step(s), too few to tell a share from noise")
+        spread = f"it was timed on {d['steps']} step(s), too few to tell a share from noise"
         withheld = (f" No advice for {d['layer'] or '(model)'} ({d['type']}, {d['time_share']:.0%} of the time): "
                     f"{spread}, within the machine's noise of the bars"
                     + (f" (and {len(noisy) - 1} more like it)" if len(noisy) > 1 else "") + ".")
     if not found:
         return Recommendation("bottleneck", [], "no layer takes far more time than its share of "
                               f"parameters and MACs beyond noise (>= {BOTTLENECK_MIN_SHARE:.0%} of the time "
-                              f"and > {BOTTLENECK_RATIO:g}x its work share at its fastest step, "
-                              f"confirmed by another).{withheld}", evidence, "medium", "none needed")
+                              f"and > {BOTTLENECK_RATIO:g}x its work share at its fastest of two or more "
+                              f"timed steps).{withheld}", evidence, "medium", "none needed")
     saved = sum(d["ms"] for d in found) * 0.5
     names = ", ".join(f"{d['layer']} ({d['type']}, {d['time_share']:.0%} of time at its fastest of {d['steps']} "
                       f"steps, their middle half "
