@@ -60,7 +60,7 @@ from ._records import (
     TrainedRun,
 )
 from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first
-from ._search import StageSettings, TrialLog, measured_training_s, run_search_stage, standing, trial_json
+from ._search import StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._search_records import defaults_outside_race
 from ._space import build_plan, task_param_defaults
 from ._stages import BaseStage, StageResult, register_stage
@@ -301,9 +301,7 @@ class Search(BaseStage):
             if d is not None and best is not None and (best.mean - d.mean) * (1 if loop.v.maximize else -1) <= \
                     winners_curse(loop.v.metric, loop.holdout.val_samples, d.mean, len(rows)):
                 return late_pair + compress_min  # none ahead of the defaults beyond the curse of the draws: no race
-            # a training as the trials took it, where they ran the race's epochs (the plan's 0.3 s a run)
-            full_s = measured_training_s(rows, budget_plan.full_epochs, budget_plan.full_s)
-            race_now = race_s * full_s / max(budget_plan.full_s, 1e-9)
+            full_s, race_now = budget_plan.full_s, race_s
             if d is None or best is None or d.n < 2:  # the defaults' spread not measured yet: as planned
                 return race_now + compress_min
             gain = (best.mean - d.mean) * (1.0 if loop.v.maximize else -1.0)

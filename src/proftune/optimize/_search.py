@@ -31,7 +31,7 @@ from ._space import SearchPlan
 from ._warm_start import space_point, warm_start
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
-           "measured_training_s", "run_search_stage"]
+           "run_search_stage"]
 
 #: The arms: warm-start points (computed centre, the task's defaults, a local design around the
 #: centre, quasi-random points over the whole space), then TPE proposals.
@@ -366,18 +366,6 @@ def repeats_due(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSe
     if with_defaults and settings.defaults and attempts < REEVAL_N:  # first: the race's plan reads their spread
         out.insert(0, ("defaults", point, attempts))
     return out[:n]
-
-
-def measured_training_s(rows: Sequence[TrialRecord], epochs: int, planned: float) -> float:
-    """Seconds of one training at ``epochs`` as the search's trials took it (a quarter more, for
-    the race's records and held-out evaluation) where three or more complete trials ran those
-    epochs and took less than ``planned``; else ``planned``. A run's fixed cost is planned at
-    0.3 s: on a 0.06 s training the race's reserve planned 5x what its rounds took, and held the
-    search to 0.7 s of its 6.6 s."""
-    took = [r.duration_s for r in rows if r.state == "complete" and r.duration_s and r.epochs >= epochs]
-    if len(took) < 3:
-        return planned
-    return min(planned, 1.25 * statistics.median(took))
 
 
 def standing(rows: Sequence[TrialRecord], plan: SearchPlan,
