@@ -25,7 +25,7 @@ from ..exceptions import ProftuneError
 
 #: The registries whose names an option's --help lists (``choices("samplers")`` in its help text),
 #: read when the help is shown, so an installed plug-in's names are among them.
-_CHOICES: dict[str, Callable[[], Sequence[str]]] = {
+CHOICES: dict[str, Callable[[], Sequence[str]]] = {
     "samplers": lambda: _registry("search", "SAMPLER_REGISTRY").names(),
     "pruners": lambda: _registry("search", "PRUNER_REGISTRY").names(),
     "search_backends": lambda: _registry("search", "SEARCH_BACKEND_REGISTRY").names(),
@@ -49,8 +49,8 @@ def _registry(package: str, name: str) -> Any:
 def choices(kind: str, *, last: str = " or ") -> str:
     """A mark in an option's help text that --help replaces with the names of ``kind`` registered
     then (built-ins and plug-ins): ``a, b or c`` (``last=", "``: ``a, b, c``)."""
-    if kind not in _CHOICES:
-        raise ValueError(f"kind={kind!r} is unknown; valid: {', '.join(_CHOICES)}.")
+    if kind not in CHOICES:
+        raise ValueError(f"kind={kind!r} is unknown; valid: {', '.join(CHOICES)}.")
     return f"@@{kind}|{last}@@"
 
 
@@ -60,7 +60,7 @@ def fill_choices(text: str) -> str:
 
     def names(m: re.Match[str]) -> str:
         try:
-            found = list(_CHOICES[m[1]]())
+            found = list(CHOICES[m[1]]())
         except ProftuneError as e:  # a broken plug-in: said here, the command itself then refuses it
             return f"(the registered names could not be read: {e})"
         return ", ".join(found[:-1]) + m[2] + found[-1] if len(found) > 1 else "".join(found) or "none registered"
@@ -103,13 +103,13 @@ def shared(flag: str, *aliases: str, then: str = ".", **kw: Any) -> Any:
     return typer.Option(flag, *aliases, help=SHARED_HELP[flag] + then, **kw)
 
 
-BatchSizeOpt = Annotated[int | None, shared("--batch-size", then=" (default: the task's).", show_default=False)]
 def shared_output(flag: str, *, then: str = ".") -> Any:
     """A shared output path option (:func:`shared`): no default shown, resolved when the command
     starts (:func:`at_start`)."""
     return shared(flag, then=then, show_default=False, callback=at_start)
 
 
+BatchSizeOpt = Annotated[int | None, shared("--batch-size", then=" (default: the task's).", show_default=False)]
 ConstraintOpt = Annotated[list[str] | None, shared("--constraint", show_default=False)]
 MaxDropOpt = Annotated[float, shared("--max-accuracy-drop")]
 StudyOpt = Annotated[str | None, shared("--study", then="; the same name again continues it.", show_default=False)]

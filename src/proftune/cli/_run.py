@@ -106,7 +106,7 @@ def run_command(
     steps: Annotated[int | None, opt.shared(
         "--steps", then=": K sampled steps, then the script runs on unwatched.", show_default=False)] = None,
     out: Annotated[Path | None, opt.shared_output("--out", then=" the (largest model's) profile as JSON.")] = None,
-    report: Annotated[Path | None, opt.shared_output("--report")] = None,
+    report: opt.ReportOpt = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Weight, activation, gradient statistics.")] = True,
     f: opt.FileOpts = opt.FILE,
 ) -> None:
