@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 from ..exceptions import ProftuneError
 from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
+from ._records import study_view
 
 __all__ = ["fail_interrupted", "interrupt_trials", "open_storage", "prepare_storage", "reap_dead_trials",
            "retry_callback"]
@@ -246,9 +247,15 @@ def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
         if ok:
             retry(study, study._storage.get_trial(trial_id))
             reaped.append(int(number))
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    # the running trials from the study's slot view (one narrow query, read incrementally), each
+    # read in full only then: reading every open trial in full cost 15-30 ms a search call
+    view = study_view(study)
+    for trial_id in [i for i, slot in view.slots.items() if slot.state == "RUNNING"]:
         # ended (its record written, its Run finished) but never told: the database went away
         # between the two, and the process that ran it is gone
+        t = study._storage.get_trial(trial_id)
+        if t.state != TrialState.RUNNING:
+            continue
         rec = t.user_attrs.get("proftune") or {}
         if not rec.get("state") or rec.get("run_id") is None:
             continue
