@@ -4,6 +4,7 @@ calls ``search`` once a chunk of trials, and each opening checked the schema (0.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from proftune.search._storage import open_storage
 from proftune.track import Store
@@ -24,3 +25,51 @@ def test_one_storage_per_database_file_and_a_new_one_for_a_replaced_file(tmp_pat
     again = open_storage(url)
     assert again is not first
     assert open_storage(url) is again
+
+
+def test_a_new_database_is_in_wal_mode_from_optunas_first_statement(tmp_path: Path, monkeypatch: Any) -> None:
+    """Optuna's constructor creates its tables on connections already in the Store's mode (WAL,
+    synchronous=NORMAL), not in SQLite's default (a flush to disk per table): no Store made the file
+    first, and the storage's later connections are in the same mode."""
+    from optuna.storages._rdb import models
+
+    seen: list[tuple[str, int]] = []
+    real = models.BaseModel.metadata.create_all
+
+    def create_all(bind: Any, *args: Any, **kwargs: Any) -> None:
+        with bind.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            seen.append((raw.execute("PRAGMA journal_mode").fetchone()[0],
+                         raw.execute("PRAGMA synchronous").fetchone()[0]))
+        real(bind, *args, **kwargs)
+
+    monkeypatch.setattr(models.BaseModel.metadata, "create_all", create_all)
+    storage = open_storage(f"sqlite:///{tmp_path / 'fresh.db'}")
+    assert seen == [("wal", 1)]  # 1: NORMAL
+    with storage.engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert (raw.execute("PRAGMA journal_mode").fetchone()[0], raw.execute("PRAGMA synchronous").fetchone()[0]) \
+            == ("wal", 1)
+        assert {"studies", "trials", "alembic_version"} <= {
+            r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def test_new_databases_share_one_alembic_script_directory(tmp_path: Path, monkeypatch: Any) -> None:
+    """Alembic's revision files are parsed once a process, not three times a new database; each new
+    database is still stamped at Optuna's head revision."""
+    import alembic.script
+
+    built: list[Any] = []
+    real = alembic.script.ScriptDirectory.from_config
+
+    def counted(config: Any) -> Any:
+        built.append(config)
+        return real(config)
+
+    monkeypatch.setattr(alembic.script.ScriptDirectory, "from_config", counted)
+    heads = []
+    for name in ("a.db", "b.db", "c.db"):
+        storage = open_storage(f"sqlite:///{tmp_path / name}")
+        heads.append(storage._version_manager.get_current_version())
+    assert len(built) <= 1  # none where an earlier test of this process built it
+    assert heads[0] == heads[1] == heads[2] == storage._version_manager.get_head_version()

@@ -95,7 +95,8 @@ class _Local(BaseSearchBackend):
             notify_ended(config, store, settings.tune_run_id)
 
         if config.workers == 1:
-            stopped = str(run_worker(settings, 0, deadline, storage=storage, after_trial=ended)["stopped"])
+            stopped = str(run_worker(settings, 0, deadline, storage=storage, store=store,
+                                        after_trial=ended)["stopped"])
         else:
             stopped = _run_processes(settings, config.workers, deadline, poll=ended)
         return BackendRun(stopped=stopped)

@@ -93,18 +93,20 @@ def _earlier_tunes(store: Store, settings: SearchSettings) -> int:
 
 
 def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None = None, *,
-               storage: RDBStorage | None = None, after_trial: Callable[[], None] | None = None) -> dict[str, Any]:
+               storage: RDBStorage | None = None, store: Store | None = None,
+               after_trial: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run trials of ``settings.study`` until it holds ``settings.trials`` trained ones.
 
     Gated trials (ended before training) do not count, up to ``settings.gated_limit`` of them.
     Several workers (processes, machines) may run this on one study at once. ``after_trial`` is
-    called after each trial has ended and is recorded. Returns what this worker did and why it
-    stopped.
+    called after each trial has ended and is recorded; ``storage`` and ``store``: the study's
+    storage and the Store of ``settings.db`` where the caller has them open (opened here otherwise).
+    Returns what this worker did and why it stopped.
     """
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     task = load_task(settings.task)
     settings.task_name = settings.task_name or task.name or type(task).__name__
-    store = Store(settings.db)
+    store = store if store is not None else Store(settings.db)
     storage = storage or open_storage(settings.db)
     study = optuna.load_study(study_name=settings.study, storage=storage,
                               sampler=make_sampler(settings, worker, earlier=_earlier_tunes(store, settings)),
