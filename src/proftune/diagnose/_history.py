@@ -16,7 +16,7 @@ import torch
 
 from ._lrtest import RangeTest
 
-__all__ = ["History", "LayerSample", "NanProbe", "StepRecord"]
+__all__ = ["History", "LayerSample", "NanProbe", "NonFinite", "StepRecord"]
 
 #: (1-based step, per-layer statistics of :class:`proftune.profile.LayerStats` at that step).
 LayerSample = tuple[int, dict[str, dict[str, Any]]]
@@ -31,6 +31,25 @@ class StepRecord(TypedDict):
     lr: float | None
     median: float
     ratio: float  # grad_norm / median (NaN until the median is known)
+
+
+class _NonFiniteAt(TypedDict):
+    step: int
+    phase: str  # "forward", "backward" or "loss"
+    layer: str | None
+    type: str | None
+    inputs_finite: bool | None
+    loss: float
+
+
+class NonFinite(_NonFiniteAt, total=False):
+    """The first step whose loss or gradients were NaN/Inf: where (``phase``, the first ``layer``
+    in forward order and its ``type``) and what else was finite then."""
+
+    grad_norm: float
+    weights_finite: bool
+    nonfinite_values: float
+    layers_finite: bool
 
 
 class NanProbe(TypedDict):
@@ -65,7 +84,7 @@ class History:
     samples: list[LayerSample] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
     labels: list[torch.Tensor] = field(default_factory=list)
-    nonfinite: dict[str, Any] | None = None
+    nonfinite: NonFinite | None = None
     lr_test: RangeTest | None = None
     batchnorm: list[str] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
