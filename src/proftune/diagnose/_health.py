@@ -24,7 +24,7 @@ from torch import nn
 from .._tensors import global_grad_norm
 from ..train import Callback, FitState
 from ._findings import Finding, rank_findings
-from ._history import History, StepRecord
+from ._history import History, NonFinite, StepRecord
 from ._lrtest import RangeTest
 from .checks import CHECKS
 
@@ -234,7 +234,7 @@ class HealthCheck(Callback):
         failing step's forward with hooks when this step was not sampled."""
         if stats is None and state.task is not None and self._ls_cls is not None:
             stats = self._rerun_forward(state)
-        record: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": norm, "layer": None,
+        record: NonFinite = {"step": step, "loss": loss, "grad_norm": norm, "layer": None,
                                   "type": None, "phase": "forward" if not math.isfinite(loss) else "backward",
                                   "inputs_finite": None,
                                   # the weights this step's forward ran on (the optimizer has not stepped)
@@ -246,18 +246,18 @@ class HealthCheck(Callback):
             for name, s in stats.items():
                 act = s.get("activation") or {}
                 if act.get("nonfinite", 0):
-                    record.update(phase="forward", layer=name, type=self.history.types.get(name),
-                                  inputs_finite=not _batch_nonfinite(state.batch),
-                                  nonfinite_values=act.get("nonfinite"))
+                    record.update({"phase": "forward", "layer": name, "type": self.history.types.get(name),
+                                   "inputs_finite": not _batch_nonfinite(state.batch),
+                                   "nonfinite_values": act["nonfinite"]})
                     break
             if record["layer"] is None and record["phase"] == "forward":
                 # every layer's output finite, on finite inputs: the loss computation made it
-                record.update(layers_finite=True, inputs_finite=not _batch_nonfinite(state.batch))
+                record.update({"layers_finite": True, "inputs_finite": not _batch_nonfinite(state.batch)})
             if record["phase"] == "backward":
                 for name in reversed(list(stats)):
                     grad = stats[name].get("grad") or {}
                     if grad.get("nonfinite", 0):
-                        record.update(layer=name, type=self.history.types.get(name))
+                        record.update({"layer": name, "type": self.history.types.get(name)})
                         break
         self.history.nonfinite = record
 

@@ -16,7 +16,7 @@ import torch
 
 from ._lrtest import RangeTest
 
-__all__ = ["History", "LayerSample", "StepRecord"]
+__all__ = ["History", "LayerSample", "NanProbe", "NonFinite", "StepRecord"]
 
 #: (1-based step, per-layer statistics of :class:`proftune.profile.LayerStats` at that step).
 LayerSample = tuple[int, dict[str, dict[str, Any]]]
@@ -31,6 +31,38 @@ class StepRecord(TypedDict):
     lr: float | None
     median: float
     ratio: float  # grad_norm / median (NaN until the median is known)
+
+
+class _NonFiniteAt(TypedDict):
+    step: int
+    phase: str  # "forward", "backward" or "loss"
+    layer: str | None
+    type: str | None
+    inputs_finite: bool | None
+    loss: float
+
+
+class NonFinite(_NonFiniteAt, total=False):
+    """The first step whose loss or gradients were NaN/Inf: where (``phase``, the first ``layer``
+    in forward order and its ``type``) and what else was finite then."""
+
+    grad_norm: float
+    weights_finite: bool
+    nonfinite_values: float
+    layers_finite: bool
+
+
+class NanProbe(TypedDict):
+    """The run again at ``probe_lr`` (``factor`` x ``lr``) up to ``steps`` past its first NaN at
+    ``nan_step``: where the probe's loss turned non-finite (None: never), and whether the NaN follows the rate."""
+
+    lr: float
+    probe_lr: float
+    factor: float
+    steps: int
+    nan_step: int
+    probe_nan_step: int | None
+    follows_lr: bool
 
 
 @dataclass
@@ -52,7 +84,7 @@ class History:
     samples: list[LayerSample] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
     labels: list[torch.Tensor] = field(default_factory=list)
-    nonfinite: dict[str, Any] | None = None
+    nonfinite: NonFinite | None = None
     lr_test: RangeTest | None = None
     batchnorm: list[str] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
@@ -63,9 +95,9 @@ class History:
     optimizer: str | None = None  # the optimizer's class name
     saturation: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)
-    decay_probe: dict[str, Any] | None = None
+    decay_probe: dict[str, float] | None = None
     warmup_probe: dict[str, Any] | None = None
-    nan_probe: dict[str, Any] | None = None
+    nan_probe: NanProbe | None = None
 
     # -- derived signals that several checks share -----------------------------------------
     def losses(self) -> list[tuple[int, float]]:
@@ -125,7 +157,7 @@ class History:
         """The learning rate of every step that recorded one."""
         return [float(r["lr"]) for r in self.steps if r["lr"] is not None]
 
-    def label_order(self) -> dict[str, Any] | None:
+    def label_order(self) -> dict[str, float] | None:
         """How far the label sequence of the batches is from a shuffled one.
 
         ``excess``: how much more often consecutive samples share a label than under shuffling
@@ -153,7 +185,7 @@ class History:
                 "excess": (same - expected_same) / max(1 - expected_same, 1e-9),
                 "diversity": unique / max(expected_unique, 1e-9)}
 
-    def plateau(self) -> dict[str, Any] | None:
+    def plateau(self) -> dict[str, float] | None:
         """The smoothed loss fell by less than 10% over at least 30 steps."""
         curve = self.smoothed()
         if len(curve) < 30:
@@ -187,7 +219,7 @@ class History:
                 "largest_rise": largest[1], "largest_rise_step": largest[0], "start_loss": start,
                 "final_loss": means[-1][1], "low": min(m for _, m in means)}
 
-    def slow_progress(self) -> dict[str, Any] | None:
+    def slow_progress(self) -> dict[str, float] | None:
         """The loss falls, but slowly: it kept over 40% of its starting value (yet fell 10% or
         more, else it is a plateau) and the last quarter of the run still made a sixth or more
         of the progress, so it is far from converged and not flattening."""
@@ -223,7 +255,7 @@ class History:
             return None
         return lrs[0]
 
-    def early_instability(self) -> dict[str, Any] | None:
+    def early_instability(self) -> dict[str, float] | None:
         """In the first 20% of the steps (at most 200), the smoothed loss climbed back up from its
         low so far by 20%+ of the starting loss."""
         finite = [(s, v) for s, v in self.losses() if math.isfinite(v)]
@@ -232,7 +264,7 @@ class History:
         early = early_rise(finite[: max(10, min(200, len(finite) // 5))])
         return early if early is not None and early["rise"] >= 0.2 else None
 
-    def stalled_high(self) -> dict[str, Any] | None:
+    def stalled_high(self) -> dict[str, float] | None:
         """The smoothed loss of the last third is no lower than the middle third's while still
         above half the starting loss: training stopped far from converged."""
         curve = [v for _, v in self.smoothed()]
@@ -265,7 +297,7 @@ class History:
                 "tail_steps": len(tail)}
 
 
-def early_rise(losses: list[tuple[int, float]]) -> dict[str, Any] | None:
+def early_rise(losses: list[tuple[int, float]]) -> dict[str, float] | None:
     """The largest climb of the smoothed loss (bias-corrected EMA, beta 0.8) above its running
     low, as a fraction of the starting loss (the first value)."""
     if len(losses) < 5:
@@ -283,7 +315,7 @@ def early_rise(losses: list[tuple[int, float]]) -> dict[str, Any] | None:
     return best
 
 
-def _rise_onset(curve: list[tuple[int, float]], start: float) -> dict[str, Any] | None:
+def _rise_onset(curve: list[tuple[int, float]], start: float) -> dict[str, float] | None:
     """Where the smoothed loss first climbed back above its low, and its peak after that."""
     low, low_step, onset, peak, peak_step = math.inf, 0, None, -math.inf, 0
     low_before, low_before_step = math.nan, 0

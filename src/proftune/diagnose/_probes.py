@@ -18,6 +18,7 @@ from torch import nn
 
 from ..task import Task
 from ..train import Callback, FitState, fit
+from ._history import NanProbe
 
 __all__ = ["NAN_PROBE_FACTOR", "decay_probe", "nan_probe", "warmup_probe"]
 
@@ -46,7 +47,7 @@ def _losses(result: Any) -> list[float]:
 
 
 def decay_probe(task: Task, params: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                lr: float, steps: int, device: torch.device, seed: int, factor: float = 0.1) -> dict[str, Any]:
+                lr: float, steps: int, device: torch.device, seed: int, factor: float = 0.1) -> dict[str, float]:
     """Mean train loss over the second half of ``steps`` more steps at ``lr`` and at ``factor * lr``."""
     state = optimizer.state_dict()
     out: dict[str, float] = {}
@@ -74,7 +75,7 @@ NAN_PROBE_FACTOR = 0.01
 
 
 def nan_probe(task: Task, params: dict[str, Any], *, lr: float, nan_step: int, device: torch.device,
-              seed: int, factor: float = NAN_PROBE_FACTOR) -> dict[str, Any]:
+              seed: int, factor: float = NAN_PROBE_FACTOR) -> NanProbe:
     """The steps of the run up to its first non-finite loss (step ``nan_step``, 1-based) and a few
     beyond, again from the same init and batches at ``factor * lr``: the step at which the loss
     turned non-finite there (None: finite throughout), and whether the NaN follows the rate (it

@@ -308,7 +308,7 @@ class _Loop:
         # finished only once every output is written: a write that fails (a full disk) leaves the
         # run failed with what was kept, and --resume writes the outputs again (every stage reused)
         try:
-            result = dataclasses.replace(result, files=write_outputs(result, self.state, self.out, task=self.task))
+            result = dataclasses.replace(result, files=write_outputs(result, self.state, self.out))
             self.store.update_run(self.run_id, result=json_safe(result.to_dict()), metrics=metrics,
                                   artifacts=result.files)
             html = write_html(self.run_id, self.out, self.store)  # reads the run's result

@@ -41,15 +41,16 @@ class ParamChange(JsonRecord):
     why: str = ""
 
 #: The fit loop's value for each param it reads when the params leave it out (``proftune.train``).
-LOOP_DEFAULTS: dict[str, Any] = {"lr": DEFAULT_LR, "optimizer": DEFAULT_OPTIMIZER, "grad_accumulation": 1,
-                                 "precision": "fp32", "momentum": DEFAULT_MOMENTUM, "grad_clip": None}
+LOOP_DEFAULTS: dict[str, float | str | None] = {
+    "lr": DEFAULT_LR, "optimizer": DEFAULT_OPTIMIZER, "grad_accumulation": 1, "precision": "fp32",
+    "momentum": DEFAULT_MOMENTUM, "grad_clip": None}
 
 
 #: The optimizer settings read off the optimizer a task builds (its first param group).
 OPTIMIZER_KEYS = ("lr", "weight_decay", "momentum")
 
 
-def optimizer_defaults(task: Task, params: Mapping[str, Any]) -> dict[str, Any]:
+def optimizer_defaults(task: Task, params: Mapping[str, Any]) -> dict[str, float | str]:
     """The lr, weight decay and momentum of the optimizer the task's ``configure_optimizer`` builds
     from ``params`` (its first param group), and its name where the fit loop knows it; {} where
     it cannot be built (the baseline's training says why)."""
@@ -61,7 +62,7 @@ def optimizer_defaults(task: Task, params: Mapping[str, Any]) -> dict[str, Any]:
     groups = getattr(opt, "param_groups", None)
     if not groups:
         return {}
-    out: dict[str, Any] = {}
+    out: dict[str, float | str] = {}
     for key in OPTIMIZER_KEYS:
         value = groups[0].get(key)
         if isinstance(value, torch.Tensor) and value.numel() == 1:

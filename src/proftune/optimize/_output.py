@@ -12,7 +12,6 @@ import yaml
 from .._jsonsafe import finite_float, json_dumps, json_safe
 from .._paths import replacing, write_text
 from .._report_writers import report_writer
-from ..task import Task
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
@@ -144,7 +143,7 @@ def write_html(run_id: int, out: Path, store: Any) -> str | None:
     return str(write_report(record, out / "report.html", store=store))
 
 
-def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path, *, task: Task) -> dict[str, str]:
+def write_outputs(result: OptimizeResult, state: OptimizeState, out: Path) -> dict[str, str]:
     """Write config.yaml and the PNGs; the paths of every output file (summary.json written last:
     the result's ``files``)."""
     files = {"config": str(out / "config.yaml"), "summary": str(out / "summary.json"),

@@ -284,7 +284,7 @@ def profile(
 
     def measure() -> Profile:
         return _measure(task, given, plan, bs=bs, inference=inference, seed=seed, task_name=task_name,
-                        config=run_config, is_module=is_module)
+                        config=run_config)
 
     st = optional_store(store, db=db)
     if st is None:
@@ -299,7 +299,7 @@ def profile(
 
 
 def _measure(task: Task, given: TrainParams, plan: _Plan, *, bs: int, inference: bool, seed: int,
-             task_name: str, config: dict[str, Any], is_module: bool) -> Profile:
+             task_name: str, config: dict[str, Any]) -> Profile:
     dev = plan.device
     params = given.params
     model: nn.Module | None = None

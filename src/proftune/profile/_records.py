@@ -283,7 +283,7 @@ def _build(cls: type, d: dict[str, Any]) -> Any:
 def compare_profiles(a: Profile, b: Profile) -> dict[str, Any]:
     """Per-layer and total differences from ``a`` to ``b`` (before and after pruning, say)."""
 
-    def delta(x: float | None, y: float | None) -> dict[str, Any]:
+    def delta(x: float | None, y: float | None) -> dict[str, float | None]:
         ratio = (y / x) if (x and y is not None) else None
         diff = (y - x) if (x is not None and y is not None) else None
         return {"a": x, "b": y, "delta": diff, "ratio": ratio}

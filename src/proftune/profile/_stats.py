@@ -74,7 +74,7 @@ class LayerStats:
         self._order: dict[str, str] = {}  # layer path -> type, in the order layers ran
         self._mods: dict[str, nn.Module] = {}
         self._calls: dict[str, int] = {}
-        self._grads: dict[str, dict[str, Any]] | None = None
+        self._grads: dict[str, dict[str, float]] | None = None
         self._grad_total: float | None = None
         self._pending_grads: tuple[list[tuple[str, list[torch.Tensor]]], list[torch.Tensor]] | None = None
         self._before: list[torch.Tensor] | None = None
@@ -277,7 +277,7 @@ class LayerStats:
     def _resolve_gradients(self, layers: list[tuple[str, list[torch.Tensor]]], host: list[float]) -> None:
         """Per covered layer: gradient norm and non-finite count, from the host copy of the norms;
         the global norm over every layer."""
-        grads: dict[str, dict[str, Any]] = {}
+        grads: dict[str, dict[str, float]] = {}
         total = 0.0
         i = 0
         for name, gs in layers:
@@ -295,7 +295,7 @@ class LayerStats:
         self._grad_total = math.sqrt(total) if layers else None
         self._pending_grads = None
 
-    def capture_gradients(self) -> dict[str, dict[str, Any]]:
+    def capture_gradients(self) -> dict[str, dict[str, float]]:
         """Gradient norm and non-finite count per layer, read now (grads must be complete):
         one fused norm over every gradient and one host copy."""
         layers, norms = self._pending_grads or self._gradient_norms()
@@ -349,7 +349,7 @@ class LayerStats:
             entry: dict[str, Any] = {"type": self._order.get(name, type(mod).__name__ if mod is not None else "?"),
                                      "calls": self._calls.get(name, 0)}
             if self.gradients and grads and name in grads:
-                g = dict(grads[name])
+                g: dict[str, float | None] = dict(grads[name])
                 g["update_ratio"] = self._ratio(name, params.get(name, []), optimizer, group_of)
                 entry["grad"] = g
             entries[name] = entry

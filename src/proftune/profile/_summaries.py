@@ -145,7 +145,7 @@ def host_floats(tensors: Sequence[torch.Tensor]) -> list[float]:
 
 
 def _stats_dict(n: int, nonfinite: int, total: float, sq: float, lo: float, hi: float,
-                pct: Sequence[float]) -> dict[str, Any]:
+                pct: Sequence[float]) -> dict[str, float]:
     m = n - nonfinite
     mean = total / m if m else math.nan
     var = max(sq / m - mean * mean, 0.0) if m else math.nan
@@ -154,7 +154,7 @@ def _stats_dict(n: int, nonfinite: int, total: float, sq: float, lo: float, hi: 
 
 
 def _nonfinite_stats(n: int, sample: torch.Tensor, source: torch.Tensor | None, k: int,
-                     gen: torch.Generator | None) -> dict[str, Any]:
+                     gen: torch.Generator | None) -> dict[str, float]:
     """The statistics of the finite values of a tensor of ``n`` values that holds NaN/Inf (rare:
     a host sync or two per such tensor). Exact from the kept values (``source``) or a complete
     ``sample``; else the sample's finite values stand for the tensor's, and the non-finite count
@@ -204,7 +204,7 @@ class _Rows:
     k: int
     gen: torch.Generator | None
 
-    def stats(self, host_rows: list[list[float]]) -> list[dict[str, Any]]:
+    def stats(self, host_rows: list[list[float]]) -> list[dict[str, float]]:
         """Stat dicts (with ``l2``, the root of the sum of squares of every value) of the rows."""
         out = []
         for i, (total, sq, lo, hi, *pct) in enumerate(host_rows):
@@ -277,12 +277,12 @@ def _row_moments(mat: torch.Tensor) -> torch.Tensor:
     return torch.stack([mat.sum(dim=1), (mat * mat).sum(dim=1), lo, hi], dim=1)
 
 
-def _reduce(rows: Sequence[_Rows]) -> dict[tuple[str, str], dict[str, Any]]:
+def _reduce(rows: Sequence[_Rows]) -> dict[tuple[str, str], dict[str, float]]:
     """Stat dicts of every row, by key: a few ops per block and one host copy per device."""
     by_dev: dict[torch.device, list[_Rows]] = {}
     for r in rows:
         by_dev.setdefault(r.mat.device, []).append(r)
-    out: dict[tuple[str, str], dict[str, Any]] = {}
+    out: dict[tuple[str, str], dict[str, float]] = {}
     for blocks in by_dev.values():
         host = _rows_to_host([_reduce_rows(r.mat, moments=r.moments) for r in blocks])
         at = 0
@@ -294,7 +294,7 @@ def _reduce(rows: Sequence[_Rows]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def tensor_stats(
     x: torch.Tensor, *, sample_size: int = 1024, generator: torch.Generator | None = None,
-) -> dict[str, Any]:
+) -> dict[str, float]:
     """Mean, std, min, max, p1/p50/p99, fraction of exact zeros and count of non-finite values.
 
     Moments and range are exact, over the finite values; percentiles and the zero fraction of
@@ -413,9 +413,9 @@ class StepStats:
                 self.kinds.setdefault(name, []).append(kind)
         self._rows = rows
         self._fired = fired
-        self._done: dict[tuple[str, str], dict[str, Any]] | None = None
+        self._done: dict[tuple[str, str], dict[str, float]] | None = None
 
-    def kind(self, name: str, kind: str) -> dict[str, Any] | None:
+    def kind(self, name: str, kind: str) -> dict[str, float] | None:
         """The ``weight`` or ``activation`` statistics of layer ``name`` (reducing them all first)."""
         if self._done is None:
             done = _reduce(self._rows)

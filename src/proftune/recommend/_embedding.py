@@ -28,7 +28,7 @@ from torch import nn
 
 from .._device import move_to_device
 from ..metrics import direction
-from ..profile import Profile
+from ..profile import IndexStats, Profile, TableSpectrum
 from ..task import Task
 from ..train import Callback, EarlyStopping, FitResult, FitState, fit, seed_everything
 from ._full_batches import samples_per_epoch
@@ -379,7 +379,7 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
     return keep_unless_better(row, current, effect=measured)
 
 
-def _noise_text(noise: list[str], spectra: dict[str, Any], original: _Trained) -> str:
+def _noise_text(noise: list[str], spectra: dict[str, TableSpectrum], original: _Trained) -> str:
     tables = ", ".join(f"{n} (0 singular values above the noise floor {spectra[n].noise_threshold:.3g})"
                        for n in noise)
     return (f"the trained spectrum of {tables} is still noise after {original.result.epochs} epoch(s): "
@@ -417,7 +417,8 @@ def _inputs(task: Task, model: nn.Module, batch: Any) -> Any:
     return capture_inputs(task.loss, model.cpu().eval(), batch)
 
 
-def _reason(plans: list[TablePlan], stats: dict[str, Any], spectra: dict[str, Any], head: str) -> str:
+def _reason(plans: list[TablePlan], stats: dict[str, IndexStats], spectra: dict[str, TableSpectrum],
+            head: str) -> str:
     parts = []
     for p in plans:
         st, sp = stats[p.table], spectra[p.table]

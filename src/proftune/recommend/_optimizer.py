@@ -317,8 +317,8 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
     # a range test the caller ran through the task's own optimizer counts only where the task
     # builds the optimizer its params name
     rates: dict[str, LRFindResult] = dict(known_rates or {}) if honours else {}
-    settings: dict[str, dict[str, Any]] = {"adamw": {"optimizer": "adamw"},
-                                           "sgd": {"optimizer": "sgd", "momentum": SGD_MOMENTUM}}
+    settings: dict[str, dict[str, str | float]] = {"adamw": {"optimizer": "adamw"},
+                                                  "sgd": {"optimizer": "sgd", "momentum": SGD_MOMENTUM}}
     if current not in settings and current != "lbfgs":
         settings[current] = {"optimizer": current}
     skipped: list[dict[str, str]] = []

@@ -23,9 +23,9 @@ def summary_writer(logdir: str | Path) -> Any:
     return SummaryWriter(log_dir=str(logdir))
 
 
-def hparams_of(config: Mapping[str, Any]) -> dict[str, Any]:
+def hparams_of(config: Mapping[str, Any]) -> dict[str, bool | int | float | str]:
     """Scalar hyperparameters (``params`` flattened first, then the run's other settings)."""
-    out: dict[str, Any] = {}
+    out: dict[str, bool | int | float | str] = {}
     for key, value in (config.get("params") or {}).items():
         if isinstance(value, (bool, int, float, str)):
             out[str(key)] = value

@@ -63,9 +63,9 @@ def wandb_run(*, project: str, dir: str | Path | None, mode: str | None, exit_co
     run.finish(exit_code=exit_code)
 
 
-def _config(config: Mapping[str, Any]) -> dict[str, Any]:
+def _config(config: Mapping[str, Any]) -> dict[str, bool | int | float | str | None]:
     """The run's params by name (as values where they are scalars), then its settings as ``config.*``."""
-    out: dict[str, Any] = {}
+    out: dict[str, bool | int | float | str | None] = {}
     for k, v in (config.get("params") or {}).items():
         out[str(k)] = v if isinstance(v, (bool, int, float, str)) or v is None else json_dumps(v)
     for k, v in flat_params(config).items():

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 from .._findings import Finding
-from .._history import History, LayerSample
+from .._history import History, LayerSample, NonFinite
 from ._base import BaseCheck, fmt
 
 #: std * sqrt(fan_in) of PyTorch's default init of Linear/Conv (kaiming_uniform, a=sqrt(5)).
@@ -102,7 +102,7 @@ class ExplodingGradients(BaseCheck):
                        root=bool(culprit or overscale))
 
 
-def _what_happened(history: History, peak: Any, growth: dict[str, Any] | None, nf: dict[str, Any] | None) -> str:
+def _what_happened(history: History, peak: Any, growth: dict[str, Any] | None, nf: NonFinite | None) -> str:
     """The gradient-norm story of the run in one clause, with steps and values."""
     parts = []
     if growth:
