@@ -19,7 +19,7 @@ import torch
 
 from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
-from .._options import with_options
+from .._with_options import with_options
 from ..exceptions import ConfigError
 from ..profile import ParamCounts
 from ..task import Task, load_task

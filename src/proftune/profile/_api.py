@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from .._device import batch_size_of, call_model, move_to_device, output_loss, resolve_device
-from .._options import with_options
 from .._paths import OutputPath, check_outputs
 from .._train_params import as_train_params
+from .._with_options import with_options
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
 from ..track import Store, environment, optional_store, tracked_run

@@ -17,10 +17,10 @@ import torch
 
 from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
-from .._options import with_options
 from .._threads import fit_key, work_threads
 from .._train_params import TrainParams
 from .._units import format_bytes, parse_memory
+from .._with_options import with_options
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..task import Task, load_task

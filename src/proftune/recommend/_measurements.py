@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from .._device import resolve_device
-from .._options import with_options
 from .._paths import OutputPath, check_outputs
 from .._train_params import TrainParams, as_train_params
 from .._units import format_bytes, parse_memory
+from .._with_options import with_options
 from ..exceptions import ConfigError, ProblemCollector
 from ..profile import Profile
 from ..task import Task, load_task
