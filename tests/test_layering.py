@@ -35,7 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"exceptions", "_deprecated", "_callable"},  # errors; former names, callable subpackages
     {"_registry"},  # the one way a kind of part is pluggable: named entries, plug-ins by entry point
     # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
-    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_options",
+    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_with_options",
      "_records", "metrics", "_report_writers"},
     {"_threads", "_machine"},  # the CPU thread count from measured steps (reads _records); memory and cores
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
@@ -292,12 +292,12 @@ def test_the_known_circles_are_still_there() -> None:
 OPTIMIZE_LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # records: every stage's typed outputs and their parts, the plans, the state file; no stage
     # and the result (a record names its stage: it needs no stage registry)
-    {"_computed", "_changes", "_decide", "_plan", "_layer_value", "_space", "_search_records", "_final_records",
-     "_records", "_state", "_numbers", "_result_records"},
+    {"_computed", "_changes", "_decide", "_budget_plan", "_layer_value", "_search_plan", "_search_records",
+     "_final_records", "_records", "_state", "_numbers", "_result_records"},
     # the contract: options, what a stage is given, the stage base and registry, the clock
     {"_config", "_context", "_stages", "_budget"},
     # the stages' work
-    {"_measure", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_health_gate", "_builtin"},
+    {"_stage_measures", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_health_gate", "_builtin"},
     {"_story", "_output"},  # what the run writes: the story told from the result, the files
     {"_api", "__init__"},  # the orchestrator (_Loop, optimize) and the public names
 ))

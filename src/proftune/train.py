@@ -23,12 +23,12 @@ from torch import nn
 from ._device import DeviceIterable, batch_size_of, clock, move_to_device, resolve_device
 from ._fit_state import Callback, FitResult, FitState
 from ._optimizers import build_optimizer
-from ._options import with_options
 from ._schedule import Schedule, run_epochs, schedule_from, warn_if_per_epoch
 from ._step import StepPhases, StepSpec, TimedPhases, run_step
 from ._thread_control import ThreadControl
 from ._threads import ThreadChoice, fit_key, threads_from_env
 from ._train_params import LOOP_PARAMS, TrainParams, as_train_params, validate_params
+from ._with_options import with_options
 from .exceptions import ConfigError, ProblemCollector
 from .metrics import direction, is_known, resolve_direction
 from .task import Task, load_task

@@ -141,8 +141,8 @@ def test_the_race_plans_its_seeds_for_the_gain_left_after_the_search_s_curse() -
     from types import SimpleNamespace
 
     from proftune.optimize._api import _Loop
+    from proftune.optimize._budget_plan import paired_seeds_needed
     from proftune.optimize._final import MAX_ROUNDS
-    from proftune.optimize._plan import paired_seeds_needed
     from proftune.optimize._search import ConfigGroup
 
     loop = SimpleNamespace(cfg=SimpleNamespace(seeds=3), v=SimpleNamespace(metric="accuracy"),

@@ -9,7 +9,7 @@ import torch
 from proftune.optimize._computed import ComputedValues, LrCheck
 from proftune.optimize._lr_check import check_computed_lr, short_check_seconds
 from proftune.optimize._records import ComputeOutputs
-from proftune.optimize._space import build_plan
+from proftune.optimize._search_plan import build_plan
 
 from .tasks import TooSlowLR
 

@@ -515,7 +515,7 @@ def test_the_space_holds_the_common_batches_and_its_centre_leaves_eight_steps_an
     """A default batch beyond the data (4096 on 1,097 samples, capped there: one step an epoch) is
     no centre: it moves to the largest batch that leaves eight steps (the whole set stays a choice),
     and the space holds the batches a plain loop searches (its best was 32) whatever the centre."""
-    from proftune.optimize._space import COMMON_BATCHES
+    from proftune.optimize._search_plan import COMMON_BATCHES
 
     plan = build_plan(TinyTask(), {"batch_size": 1097}, user_space=None, max_batch=None, samples=1097)
     choices = plan.space.param("batch_size").choices
@@ -528,7 +528,7 @@ def test_the_space_holds_the_common_batches_and_its_centre_leaves_eight_steps_an
 def test_the_training_samples_are_counted_not_bounded_by_a_batch_beyond_the_data() -> None:
     """batches x batch size gave 4096 for a batch of 4096 on 1,097 samples: the space's batches then
     never went below 128."""
-    from proftune.optimize._measure import _samples
+    from proftune.optimize._stage_measures import _samples
 
     from .tasks import X_TRAIN
 

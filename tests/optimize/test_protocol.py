@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from proftune.optimize import _final
+from proftune.optimize._budget_plan import MIN_SEARCH_TRIALS, paired_seeds_needed, plan_budget
 from proftune.optimize._final import Arm, ArmRun, FinalPlan, run_final
-from proftune.optimize._plan import MIN_SEARCH_TRIALS, paired_seeds_needed, plan_budget
 from proftune.track import Store
 
 

@@ -46,10 +46,10 @@ from proftune.optimize import (
     find_flags,
 )
 from proftune.optimize._api import _Loop
+from proftune.optimize._budget_plan import BudgetPlan
 from proftune.optimize._computed import ComputedValues, OptimizerChoice
 from proftune.optimize._decide import Comparison, compare_paired
 from proftune.optimize._final import Arm, ArmRun, FinalOutcome, FinalPlan, run_final
-from proftune.optimize._plan import BudgetPlan
 from proftune.optimize._search import StageSettings, run_search_stage
 from proftune.optimize._story import rounded, tell
 from proftune.search import TrialRecord, load_space

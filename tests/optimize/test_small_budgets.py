@@ -27,8 +27,8 @@ import proftune
 from proftune._holdout import HeldOutTask
 from proftune.examples import TensorBatches, resplit_tensors
 from proftune.optimize import _final
+from proftune.optimize._budget_plan import RACE_SHARE_MAX, plan_budget
 from proftune.optimize._final import Arm, ArmRun, FinalPlan, representative, run_final, sampling_std
-from proftune.optimize._plan import RACE_SHARE_MAX, plan_budget
 from proftune.task import Task, TaskWrapper
 
 from .tasks import X_TRAIN, X_VAL, Y_TRAIN, Y_VAL, TinyTask

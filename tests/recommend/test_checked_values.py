@@ -11,7 +11,7 @@ from torch import nn
 
 import proftune
 from proftune.examples import TensorBatches
-from proftune.optimize._plan import rankable_epoch
+from proftune.optimize._budget_plan import rankable_epoch
 from proftune.recommend._api import MIN_STEPS_PER_EPOCH, data_bound
 from proftune.recommend._lr_ladder import LadderRung, read_ladder, run_lr_ladder
 from proftune.recommend._noise_scale import NoiseScaleResult

@@ -64,9 +64,9 @@ def local_ray() -> Iterator[Any]:
 
     The searches below join it (Ray starts once for all of them); it stops after the module.
     """
-    from proftune.search._ray import _ray_session
+    from proftune.search._ray import ray_session
 
-    with _ray_session(RayOptions(workers=2)) as ray:
+    with ray_session(RayOptions(workers=2)) as ray:
         yield ray
 
 

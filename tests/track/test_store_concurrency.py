@@ -62,14 +62,14 @@ def test_a_bare_postgresql_url_uses_the_installed_driver() -> None:
 
     import sqlalchemy as sa
 
-    from proftune.track._store import _installed_driver
+    from proftune.track._store import installed_driver
 
-    url = _installed_driver(sa.make_url("postgresql://u:pw@127.0.0.1:5/db"), "postgresql://u:***@127.0.0.1:5/db")
+    url = installed_driver(sa.make_url("postgresql://u:pw@127.0.0.1:5/db"), "postgresql://u:***@127.0.0.1:5/db")
     expected = "postgresql+psycopg" if importlib.util.find_spec("psycopg") else "postgresql+psycopg2"
     assert url.drivername == expected
     assert url.password == "pw"
     assert url.database == "db"
-    kept = _installed_driver(sa.make_url("postgresql+psycopg2://u@h/db"), "x")
+    kept = installed_driver(sa.make_url("postgresql+psycopg2://u@h/db"), "x")
     assert kept.drivername == "postgresql+psycopg2"
 
 

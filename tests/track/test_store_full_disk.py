@@ -23,7 +23,7 @@ from proftune.track import Store, _store
 
 def _capped(pages: int) -> Any:
     """The store's connection setup, then the database capped at ``pages`` pages."""
-    pragmas = _store._sqlite_pragmas
+    pragmas = _store.sqlite_pragmas
 
     def setup(dbapi_conn: Any, record: Any) -> None:
         pragmas(dbapi_conn, record)
@@ -34,7 +34,7 @@ def _capped(pages: int) -> Any:
 
 def test_a_disk_full_while_the_schema_is_made_says_so_and_leaves_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_store, "_sqlite_pragmas", _capped(1))
+    monkeypatch.setattr(_store, "sqlite_pragmas", _capped(1))
     with pytest.raises(StoreError) as err:
         Store(f"sqlite:///{tmp_path / 'p.db'}")
     message = str(err.value)

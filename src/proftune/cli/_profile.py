@@ -42,7 +42,7 @@ def _spread(lay: Any) -> str:
     return load_spread(lay.time_share, lay.time_share_q1, lay.time_share_q3) or "-"
 
 
-def _render_profile(p: Profile, top: int, out: Path | None) -> None:
+def render_profile(p: Profile, top: int, out: Path | None) -> None:
     title = f"{p.task or 'model'} · {p.mode} · batch {p.batch_size} · {p.device}"
     layers = sorted(p.layers, key=lambda lay: (lay.time_share or 0.0, lay.macs), reverse=True)[:top]
     table = Table(title=f"top {len(layers)} layers by share of forward+backward time — {title}",
@@ -186,9 +186,9 @@ def profile_command(
 
     def render(result: Any) -> None:
         if isinstance(result, Profile):
-            _render_profile(result, top, out)
+            render_profile(result, top, out)
         elif isinstance(result, _Extras):
-            _render_profile(result.profile, top, out)
+            render_profile(result.profile, top, out)
             if result.structure is not None:
                 _render_structure(result.structure, depth)
             if result.onnx is not None:

@@ -157,12 +157,12 @@ def run_command(
                 "report": str(report) if (report and first is not None) else None}
 
     def render(d: dict[str, Any]) -> None:
-        from ._profile import _render_profile
+        from ._profile import render_profile
 
         err_console.print(f"proftune: {d['summary']}", markup=False, highlight=False)
         if d["profiles"]:
             p = Profile.from_dict(d["profiles"][0])
-            _render_profile(dataclasses.replace(p, config={**p.config, "run_id": d["run_ids"][0]}), 10,
+            render_profile(dataclasses.replace(p, config={**p.config, "run_id": d["run_ids"][0]}), 10,
                             Path(d["out"]) if d["out"] else None)
             for other, rid in zip(d["profiles"][1:], d["run_ids"][1:], strict=False):
                 out_console.print(f"also profiled: {other['config'].get('model')} (run {rid})", highlight=False)

@@ -15,9 +15,9 @@ import torch
 
 from .._device import resolve_device
 from .._jsonsafe import finite_float
-from .._options import with_options
 from .._threads import fit_key, work_threads
 from .._train_params import as_train_params
+from .._with_options import with_options
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import default_objective, resolve_direction, split_objective
 from ..task import Task, load_task

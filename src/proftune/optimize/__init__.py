@@ -46,8 +46,8 @@ from ._result_records import (
     VsBaseline,
 )
 from ._search import SearchOutcome, find_flags
+from ._search_plan import SearchPlan, build_plan
 from ._search_records import ConfigGroup, TrialLog, YellowFlag
-from ._space import SearchPlan, build_plan
 from ._stages import (
     OPTIMIZE_STAGES,
     SHARES,

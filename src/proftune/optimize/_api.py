@@ -27,6 +27,15 @@ from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, not_held, redact_url
 from ..train import TrainParams
 from ._budget import Budget
+from ._budget_plan import (
+    COMPRESS_RESERVE_S,
+    FULL_TRIALS_AT_LEAST,
+    MIN_COMPRESS_S,
+    BudgetPlan,
+    paired_seeds_needed,
+    plan_budget,
+    rankable_epoch,
+)
 from ._changes import ParamChange, optimizer_defaults, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
 from ._decide import ALPHA, prior_seed_std
@@ -38,15 +47,6 @@ from ._final import (
     FinalOutcome,
 )
 from ._output import load_line, write_html, write_outputs, write_summary
-from ._plan import (
-    COMPRESS_RESERVE_S,
-    FULL_TRIALS_AT_LEAST,
-    MIN_COMPRESS_S,
-    BudgetPlan,
-    paired_seeds_needed,
-    plan_budget,
-    rankable_epoch,
-)
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -66,7 +66,7 @@ from ._result_records import (
     VsBaseline,
 )
 from ._search import ConfigGroup
-from ._space import task_param_defaults
+from ._search_plan import task_param_defaults
 from ._stages import BaseStage, StageResult, stages
 from ._state import OptimizeState, StageStatus, own_run
 from ._story import tell

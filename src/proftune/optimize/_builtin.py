@@ -30,6 +30,7 @@ from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
 from ..train import TrainParams, evaluate_model, fit, seed_everything
 from ._budget import Deadline
+from ._budget_plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
 from ._computed import ComputedValues
 from ._context import StageContext
 from ._decide import pooled_seed_std, prior_seed_std
@@ -46,9 +47,7 @@ from ._final import (
 from ._health_gate import searched_params, stopping_findings, tuned
 from ._layer_value import LayerFinding, keep_layers, layer_values
 from ._lr_check import check_computed_lr, short_check_seconds
-from ._measure import _Capture, _figures, _latency_ms, _params_key, _same, _samples, _steps_per_epoch
 from ._numbers import fmt_ms, method_name
-from ._plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -61,8 +60,9 @@ from ._records import (
 )
 from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first
 from ._search import StageSettings, TrialLog, run_search_stage, standing, trial_json
+from ._search_plan import build_plan, task_param_defaults
 from ._search_records import defaults_outside_race
-from ._space import build_plan, task_param_defaults
+from ._stage_measures import _Capture, _figures, _latency_ms, _params_key, _same, _samples, _steps_per_epoch
 from ._stages import BaseStage, StageResult, register_stage
 
 log = logging.getLogger(__name__)

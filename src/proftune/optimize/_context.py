@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from .._train_params import TrainParams
     from ..task import Task
     from ..track import Store
+    from ._budget_plan import BudgetPlan
     from ._config import OptimizeConfig, Validated
-    from ._plan import BudgetPlan
     from ._search_records import ConfigGroup
     from ._state import OptimizeState
 

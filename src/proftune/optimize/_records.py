@@ -21,12 +21,12 @@ from .._holdout import HoldoutInfo
 from .._records import JsonRecord, Reader, each, optional, plain, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
+from ._budget_plan import BudgetPlan
 from ._computed import ComputedValues, LrCheck
 from ._final_records import FinalOutcome, SeedSummary
 from ._layer_value import LayerFinding, LayerValue
-from ._plan import BudgetPlan
+from ._search_plan import SearchPlan
 from ._search_records import ConfigGroup, KeptRun, TrialLog, YellowFlag
-from ._space import SearchPlan
 
 __all__ = [
     "SCHEMA_VERSION",

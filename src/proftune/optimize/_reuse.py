@@ -21,9 +21,9 @@ from ..search import TrialRecord
 from ..train import evaluate_model
 from ._context import StageContext
 from ._final import Arm, ArmRun
-from ._measure import _params_key
 from ._records import BaselineOutputs, SearchStageOutputs
 from ._search_records import KeptRun
+from ._stage_measures import _params_key
 
 __all__ = ["MODELS_DIR", "baseline_first", "kept_runs", "search_first"]
 

@@ -26,8 +26,8 @@ from ..search import SearchResult, TrialRecord, cancel_waiting, search, study_tr
 from ..task import Task
 from ..track import RunRecord, Store
 from ._decide import pooled_seed_std
+from ._search_plan import SearchPlan
 from ._search_records import ARM_TAG, ConfigGroup, TrialLog, YellowFlag, arm_of
-from ._space import SearchPlan
 from ._warm_start import space_point, warm_start
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",

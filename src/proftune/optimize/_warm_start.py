@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..search import Param
-from ._space import SearchPlan
+from ._search_plan import SearchPlan
 
 __all__ = ["WIDE_POINTS", "in_space", "space_point", "warm_start", "wide_points"]
 

@@ -19,7 +19,7 @@ import torch
 
 from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
-from .._options import with_options
+from .._with_options import with_options
 from ..exceptions import ConfigError
 from ..profile import ParamCounts
 from ..task import Task, load_task
@@ -48,7 +48,7 @@ from ._records import (
     PredictResult,
 )
 from ._sharding import STRATEGIES, Collective
-from ._trace import PHASES, StepTracer, _Trace
+from ._trace import PHASES, MemoryTrace, StepTracer
 
 __all__ = ["PredictConfig", "predict"]
 
@@ -65,7 +65,7 @@ def _bound(entry: dict[str, Any]) -> str:
     return "compute" if c >= m else "memory"
 
 
-def _assemble(trace: _Trace, spec: DeviceSpec, tracer: StepTracer) -> dict[str, Any]:
+def _assemble(trace: MemoryTrace, spec: DeviceSpec, tracer: StepTracer) -> dict[str, Any]:
     """The parts of a prediction that one trace on one target gives: counts, memory, time, layers."""
     layer_costs, phase_ms, bound = price_phases(trace, spec)
     names = [n for n in trace.layer_types if n in layer_costs or n in trace.activations]
@@ -250,7 +250,7 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     parallel, plan_result = _parallel(task_ref or task_obj, task_obj, merged, prec, foreach,
                                       tracer, spec, batch_size, cfg, started,
                                       dev)
-    traces: dict[int, _Trace] = {}
+    traces: dict[int, MemoryTrace] = {}
 
     def peak_at(b: int) -> int:
         if b not in traces:

@@ -19,7 +19,7 @@ import torch
 from .._records import JsonRecord
 from .._units import format_bytes, parse_memory
 from ..exceptions import ConfigError, ProblemCollector
-from ._trace import PHASES, _Trace
+from ._trace import PHASES, MemoryTrace
 
 __all__ = ["DEVICES", "DeviceSpec", "price_phases", "resolve_target", "roofline_ms"]
 
@@ -194,7 +194,8 @@ def describe(spec: DeviceSpec) -> str:
     return f"{spec.name}: memory {format_bytes(spec.memory_bytes)}, TFLOP/s {peaks or '-'}, bandwidth {bw}"
 
 
-def price_phases(trace: _Trace, spec: DeviceSpec) -> tuple[dict[str, dict[str, Any]], dict[str, float | None], str]:
+def price_phases(trace: MemoryTrace,
+                 spec: DeviceSpec) -> tuple[dict[str, dict[str, Any]], dict[str, float | None], str]:
     """Per layer and per phase: FLOPs, bytes, estimated ms, and the bound."""
     layers: dict[str, dict[str, Any]] = {}
     phases: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in PHASES}  # compute s, memory s, ms

@@ -27,7 +27,7 @@ from ._link import LinkFigures
 from ._memory_model import MIN_MARGIN_FRACTION
 from ._records import ParallelPrediction
 from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, Collective, ModelSizes
-from ._trace import StepTracer, _Trace
+from ._trace import MemoryTrace, StepTracer
 
 __all__ = ["Evaluator", "model_sizes", "plan", "validate_parallel"]
 
@@ -94,7 +94,7 @@ def _plan_problems(problems: ProblemCollector, *, gpus: Any, strategy: Any, glob
 # -- the per-GPU arithmetic over traces ----------------------------------------------------------------
 
 
-def model_sizes(tracer: StepTracer, trace: _Trace) -> ModelSizes:
+def model_sizes(tracer: StepTracer, trace: MemoryTrace) -> ModelSizes:
     """The model states of a trace and the parameter bytes of each unit (FSDP's blocks)."""
     st = trace.static
     per = st["params_bytes"] / max(tracer.n_params, 1)
@@ -113,7 +113,7 @@ class _Point:
     breakdowns: dict[str, dict[str, int]]
     phase_ms: dict[str, float | None]
     activations: int
-    #: Backward's breakdowns by the single device's gradient bytes then (``_Trace.grad_moments``).
+    #: Backward's breakdowns by the single device's gradient bytes then (``MemoryTrace.grad_moments``).
     moments: dict[int, dict[str, int]] = field(default_factory=dict)
     #: Micro-batches the trace ran (``phase_ms`` holds all of them).
     micro_batches: int = 1

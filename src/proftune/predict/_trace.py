@@ -146,7 +146,7 @@ class _OpRecord:
 
 
 @dataclass
-class _Trace:
+class MemoryTrace:
     peak: int = 0
     #: The highest live bytes within each phase.
     phase_peaks: dict[str, int] = field(default_factory=dict)
@@ -187,7 +187,7 @@ class _StepTracker(TorchDispatchMode):
         self.live: dict[str, int] = defaultdict(int)
         self.total = 0
         self.info: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.trace = _Trace()
+        self.trace = MemoryTrace()
         self.uncounted = UncountedOps()
         self._moment_totals: dict[int, int] = {}
 
@@ -431,13 +431,13 @@ class StepTracer:
         self.model = model
         self.traces = 0
         #: Traces by batch size (a trace depends on nothing else).
-        self.cache: dict[int, _Trace] = {}
+        self.cache: dict[int, MemoryTrace] = {}
 
     @property
     def grad_accumulation(self) -> int:
         return self.spec.grad_accumulation
 
-    def trace(self, batch_size: int) -> _Trace:
+    def trace(self, batch_size: int) -> MemoryTrace:
         model, params, spec = self.model, self.params, self.spec
         layers = _LayerStack(model)
         tracker = _StepTracker(layers.current)

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from .._device import batch_size_of, call_model, move_to_device, output_loss, resolve_device
-from .._options import with_options
 from .._paths import OutputPath, check_outputs
 from .._train_params import as_train_params
+from .._with_options import with_options
 from ..exceptions import ConfigError, ProblemCollector
 from ..task import Task, load_task
 from ..track import Store, environment, optional_store, tracked_run
@@ -39,7 +39,7 @@ from ..train import FitState, TrainParams, fit, seed_everything
 from ._assemble import assemble_profile, static_counts
 from ._comm import CommRecorder, unwrap
 from ._layers import module_names, shapes_of
-from ._profiler import _Plan, _Profiler
+from ._profiler import ProfilePlan, ProfilerCallback
 from ._records import Profile
 
 __all__ = ["DETAILS", "ProfileConfig", "profile"]
@@ -141,10 +141,10 @@ def _batch_norm_hint(mod: nn.Module, exc: BaseException) -> str:
 
 
 # -- inference --------------------------------------------------------------------------------------
-def _profile_inference(task: Task, model: nn.Module, plan: _Plan, bs: int) -> _Profiler:
+def _profile_inference(task: Task, model: nn.Module, plan: ProfilePlan, bs: int) -> ProfilerCallback:
     """Forward-only steps through the task's loss in eval mode under no_grad (no fit loop: no
     training happens), timed per phase with hooks on the model's top module."""
-    prof = _Profiler(plan, train=False)
+    prof = ProfilerCallback(plan, train=False)
     model.eval()
     state = FitState(task=task, model=model, optimizer=None, params={}, device=plan.device, batch_size=bs)
     marks: dict[str, float] = {}
@@ -257,7 +257,7 @@ def profile(
     check_outputs([OutputPath("trace=", trace)], force=True)  # its folder, before any step
     dev = resolve_device(device)
     trace_path = Path(trace) if trace is not None else None
-    plan = _Plan(warmup=warmup, steps=steps, detail=detail, trace=trace_path, device=dev)
+    plan = ProfilePlan(warmup=warmup, steps=steps, detail=detail, trace=trace_path, device=dev)
     if is_module:
         import copy
 
@@ -298,7 +298,7 @@ def profile(
     return result
 
 
-def _measure(task: Task, given: TrainParams, plan: _Plan, *, bs: int, inference: bool, seed: int,
+def _measure(task: Task, given: TrainParams, plan: ProfilePlan, *, bs: int, inference: bool, seed: int,
              task_name: str, config: dict[str, Any]) -> Profile:
     dev = plan.device
     params = given.params
@@ -311,7 +311,7 @@ def _measure(task: Task, given: TrainParams, plan: _Plan, *, bs: int, inference:
         else:
             model = task.build_model(params)
             wrapped = _maybe_ddp(model.to(dev), dev)
-            prof = _Profiler(plan, train=True)
+            prof = ProfilerCallback(plan, train=True)
             if wrapped is not model:
                 prof.comm = CommRecorder(wrapped)
             # room for the partial last batches the plan skips; the profiler stops the loop when done

@@ -1,5 +1,5 @@
-"""What a profile measures and how: :class:`_Plan` (the detail asked for, the steps, the trace) and
-:class:`_Profiler`, the callback that measures them inside the fit loop (per-layer time, memory,
+"""What a profile measures and how: :class:`ProfilePlan` (the detail asked for, the steps, the trace) and
+:class:`ProfilerCallback`, the callback that measures them inside the fit loop (per-layer time, memory,
 the step's phases, the statistics), for ``profile`` to assemble into a Profile."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ._timing import LayerTimer, step_summary
 
 # -- the plan -----------------------------------------------------------------------------------
 @dataclasses.dataclass
-class _Plan:
+class ProfilePlan:
     warmup: int
     steps: int
     detail: str
@@ -74,10 +74,10 @@ class _Plan:
         return n + (1 if self.trace is not None else 0)
 
 
-class _Profiler(Callback):
+class ProfilerCallback(Callback):
     """The profiling callback: runs the plan's phases inside the fit loop (or the inference loop)."""
 
-    def __init__(self, plan: _Plan, *, train: bool) -> None:
+    def __init__(self, plan: ProfilePlan, *, train: bool) -> None:
         self.plan = plan
         self.train = train
         self.m = Measurements()

@@ -17,20 +17,20 @@ import torch
 
 from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
-from .._options import with_options
 from .._threads import fit_key, work_threads
 from .._train_params import TrainParams
 from .._units import format_bytes, parse_memory
+from .._with_options import with_options
 from ..exceptions import ConfigError
 from ..profile import Profile
 from ..task import Task, load_task
-from ..track import Store, tracked_run
+from ..track import Store, optional_store, tracked_run
 from ._accumulation import StepCost, plan_accumulation
 from ._batch_cost import StepTimer, bound_by_cost, step_timer
 from ._batch_size import BatchSizeResult
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult
-from ._measurements import _merged, _store, find_batch_size, lr_find
+from ._measurements import find_batch_size, lr_find, merged_params
 from ._noise_scale import NoiseScaleResult, noise_scale
 from ._precision import checked_precision_row
 from ._records import (
@@ -156,7 +156,7 @@ def recommend(
     optimizer_budget_s, embedding_budget_s, ddp, ddp_share = (cfg.optimizer_budget_s, cfg.embedding_budget_s,
                                                               cfg.ddp, cfg.ddp_share)
     task_obj = load_task(task)
-    given = _merged(task_obj, params)
+    given = merged_params(task_obj, params)
     merged = given.params
     dev = resolve_device(cfg.device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
@@ -195,7 +195,7 @@ def recommend(
                                               precision_check=bool(cfg.precision_check),
                                               measure_threads=bool(cfg.measure_threads)))
 
-    st = _store(store, db=db)
+    st = optional_store(store, db=db)
     if st is None:
         return body()
     run_config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from .._device import resolve_device
-from .._options import with_options
 from .._paths import OutputPath, check_outputs
 from .._train_params import TrainParams, as_train_params
 from .._units import format_bytes, parse_memory
+from .._with_options import with_options
 from ..exceptions import ConfigError, ProblemCollector
 from ..profile import Profile
 from ..task import Task, load_task
@@ -36,7 +36,7 @@ __all__ = ["find_batch_size", "lr_find", "static_memory"]
 _store = optional_store
 
 
-def _merged(task: Task, params: TrainParams | dict[str, Any] | None) -> TrainParams:
+def merged_params(task: Task, params: TrainParams | dict[str, Any] | None) -> TrainParams:
     """``params`` over ``task``'s defaults, validated once; a :class:`TrainParams` as it was made."""
     return as_train_params(task, params)
 
@@ -155,7 +155,7 @@ def find_batch_size(
         raise ConfigError("find_batch_size() needs memory_budget (bytes, or a size such as '4GiB').")
     start, max_probes, seed, from_prediction = cfg.start, cfg.max_probes, cfg.seed, cfg.from_prediction
     task_obj = load_task(task)
-    given = _merged(task_obj, params)
+    given = merged_params(task_obj, params)
     merged = given.params
     budget = parse_memory(cfg.memory_budget)
     dev = resolve_device(cfg.device)
@@ -259,7 +259,7 @@ def lr_find(
     _check_ladder(cfg.ladder_steps, cfg.ladder_rungs)
     check_outputs([OutputPath("plot=", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
-    given = _merged(task_obj, params)
+    given = merged_params(task_obj, params)
     merged = given.params
     dev = resolve_device(cfg.device)
 

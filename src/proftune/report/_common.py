@@ -52,18 +52,18 @@ def _register_installed_page(fn: Renderer, kind: str) -> None:
 RENDERERS.loads_through(_register_installed_page, named=True)
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+def flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping) and v:
-            out.extend(_flatten(v, key + "."))
+            out.extend(flatten(v, key + "."))
         else:
             out.append((key, v))
     return out
 
 
-def _stat(name: str, v: Any) -> str:
+def headline_stat(name: str, v: Any) -> str:
     """A headline number: counts shortened (39.4M), units from the metric registry."""
     text = fmt_value(name, v)
     f = float(v)
@@ -74,7 +74,7 @@ def _stat(name: str, v: Any) -> str:
     return text
 
 
-def _pct(v: Any) -> str:
+def fmt_pct(v: Any) -> str:
     return "-" if not _num(v) else f"{float(v):.1%}"
 
 
@@ -90,7 +90,7 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
                             else "the best trial's metrics") + "</h3>")
     if stats:
         s.html('<div class="stats">' + "".join(
-            f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)}</div></div>'
+            f'<div class="stat"><div class="v">{esc(headline_stat(k, v))}</div><div class="l">{esc(k)}</div></div>'
             for k, v in stats) + "</div>")
     if r.error:
         s.html(f'<h3>error</h3><pre class="error">{esc(r.error)}</pre>')
@@ -114,7 +114,7 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
     env_items = [(k, format_bytes(v) if k == "memory_bytes" and _num(v) else ("-" if v is None else str(v)))
                  for k, v in env_items]
     packages = env.get("packages") or {}
-    config = [(k, v if not isinstance(v, (list, dict)) else str(v)) for k, v in _flatten(r.config)]
+    config = [(k, v if not isinstance(v, (list, dict)) else str(v)) for k, v in flatten(r.config)]
     config_html = s.side(lambda t: t.kv(config[:14], title=config_title))
     if len(config) > 14:
         config_html += ("<details><summary>all config</summary>"
@@ -238,7 +238,7 @@ def _curve_summary(ys: Sequence[Any]) -> list[tuple[str, Any]]:
 
 
 
-def _short_value(v: Any) -> str:
+def short_value(v: Any) -> str:
     if isinstance(v, list):
         return ", ".join(str(i.get("layer", i.get("name", i))) if isinstance(i, Mapping) else str(i)
                          for i in v[:8]) or "none"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..diagnose import BanditResult, DiagnoseResult, Finding
 from ..track import RunRecord
-from ._common import Context, _flatten, _short_value, curves, read_result, register_renderer
+from ._common import Context, curves, flatten, read_result, register_renderer, short_value
 from ._figures import PALETTE, bar, layout, line
 from ._html import Page, esc, fmt_number
 
@@ -27,8 +27,8 @@ def _diagnose(page: Page, r: RunRecord, ctx: Context) -> None:
         numbered.extend((f"{n}.{j}", c) for j, c in enumerate(root.consequences, start=1))
     for i, f in numbered:
         ev = {**f.evidence, "step": f.step, "layer": f.layer}
-        evhtml = s.side(lambda t, ev=ev: t.kv([(k, v if not isinstance(v, (dict, list)) else _short_value(v))
-                                               for k, v in _flatten(ev)]))
+        evhtml = s.side(lambda t, ev=ev: t.kv([(k, v if not isinstance(v, (dict, list)) else short_value(v))
+                                               for k, v in flatten(ev)]))
         where = ([f"step {f.step}"] if f.step is not None else []) + ([f"layer {f.layer}"] if f.layer else [])
         cards.append(
             f'<div class="card {esc(f.severity)}"><div class="name">{i}. {esc(f.cause)}</div>'
@@ -41,7 +41,7 @@ def _diagnose(page: Page, r: RunRecord, ctx: Context) -> None:
     if cards:
         s.html('<div class="cards">' + "".join(cards) + "</div>")
     if res.lr_test is not None:
-        s.kv(list(_flatten(res.lr_test.summary())), title="LR range test")
+        s.kv(list(flatten(res.lr_test.summary())), title="LR range test")
     curves(page, r, findings=res.findings)
 
 
@@ -66,7 +66,7 @@ def _bandit(page: Page, r: RunRecord, ctx: Context) -> None:
                                                       "side": "right", "showgrid": False})}
         s.chart(fig, side=s.side(lambda t: t.table(
             ["config", "pulls", "mean", "std", "params"],
-            [[a.arm, a.pulls, a.mean, a.std, _short_value(a.params)] for a in res.arms],
+            [[a.arm, a.pulls, a.mean, a.std, short_value(a.params)] for a in res.arms],
             row_classes=["best" if a.arm == res.best else "" for a in res.arms])))
     if res.regret:
         rs = page.section("Regret")

@@ -186,10 +186,10 @@ class WandbLogger(_StepLog):
 
     def __init__(self, project: str = "proftune", *, dir: str | Path | None = None, mode: str | None = None,
                  group: str | None = None, name: str | None = None, every: int = 1) -> None:
-        from ._wandb import _mode
+        from ._wandb import wandb_mode
 
         super().__init__(every)
-        self.project, self.dir, self.mode = project, dir, _mode(mode)
+        self.project, self.dir, self.mode = project, dir, wandb_mode(mode)
         self.group, self.name = group, name
         self.run: Any = None
         self._ctx: Any = None

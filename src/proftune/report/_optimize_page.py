@@ -34,8 +34,15 @@ from ..track import RunRecord
 from ._common import Context, read_result, register_renderer
 from ._figures import PALETTE, bar, layout, line
 from ._html import Cell, Page, Section, clipped, esc
-from ._optimize_run import _ms, _n, _pm, _Run, _secs, _short_value
-from ._optimize_stages import _baseline, _compression, _final_race, _health, _layer_value, _search
+from ._optimize_run import OptimizeRun, fmt_ms, fmt_num, fmt_param_value, fmt_pm, fmt_secs
+from ._optimize_stages import (
+    baseline_section,
+    compression_section,
+    final_race_section,
+    health_section,
+    layer_value_section,
+    search_section,
+)
 from ._recommend_page import lr_chart, memory_model_chart
 
 __all__ = ["STAGE_TITLES", "optimize_sections"]
@@ -48,7 +55,7 @@ STAGE_TITLES = {"baseline": "Baseline", "health": "Health", "compute": "What cha
 def optimize_sections(page: Page, r: RunRecord, ctx: Context) -> None:
     """Every section of an optimize run's report, in the order of its story."""
     if r.status != "finished":  # running, or failed before its result: the stages that ran
-        run = _Run(r, ctx.store, None)
+        run = OptimizeRun(r, ctx.store, None)
         s = page.section("Result")
         s.para("this run holds no result yet" + (f": {r.error}" if r.error else " (it is still running)"),
                cls="muted")
@@ -58,21 +65,21 @@ def optimize_sections(page: Page, r: RunRecord, ctx: Context) -> None:
     res = read_result(page, r, OptimizeResult.from_dict)
     if res is None:
         return
-    run = _Run(r, ctx.store, res)
+    run = OptimizeRun(r, ctx.store, res)
     _headline(page, run, res)
     _changes(page, run, res)
-    _baseline(page, run, res.vs_baseline)
-    _health(page, run)
-    _layer_value(page, run)
-    _search(page, run)
-    _final_race(page, run, res)
-    _compression(page, run, res)
+    baseline_section(page, run, res.vs_baseline)
+    health_section(page, run)
+    layer_value_section(page, run)
+    search_section(page, run)
+    final_race_section(page, run, res)
+    compression_section(page, run, res)
     _budget(page, res)
     _files(page, run, res)
 
 
 # -- the headline ---------------------------------------------------------------------------------
-def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
+def _headline(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
     m, vs, final, story = run.metric, res.vs_baseline, res.final, res.story
     s = page.section("Result")
     adopted = vs.adopted
@@ -80,10 +87,11 @@ def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
     dv, fv, cmp_val = vs.defaults, vs.final, vs.leader_vs_defaults.val
     beyond = bool(cmp_val is not None and cmp_val.beyond_noise)
     gain = _f(cmp_val.gain) if cmp_val is not None else None
-    stats = [(f"{m}, validation: defaults → result", f"{_pm(dv.val.mean, dv.val.std)} → {_pm(fv.val.mean, fv.val.std)}",
+    stats = [(f"{m}, validation: defaults → result",
+              f"{fmt_pm(dv.val.mean, dv.val.std)} → {fmt_pm(fv.val.mean, fv.val.std)}",
               f"{len(final.seeds)} paired seed(s)", "good" if adopted else "bad"),
              (f"{m}, held out: defaults → result",
-              f"{_pm(dv.test.mean, dv.test.std)} → {_pm(fv.test.mean, fv.test.std)}",
+              f"{fmt_pm(dv.test.mean, dv.test.std)} → {fmt_pm(fv.test.mean, fv.test.std)}",
               vs.held_out_source, ""),
              ("beyond noise?", ("yes" if beyond else "no") + (f", gain {gain:+.2g}" if gain is not None else ""),
               story.answer("did it help") or (cmp_val.reason if cmp_val is not None else ""),
@@ -92,8 +100,8 @@ def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
     if comp is not None:
         r1, rb = _ratio(final.latency_ms, comp.latency_ms), _ratio(final.latency_batch_ms, comp.latency_batch_ms)
         stats.append(("compressed: speed-up at batch 1 / batch " + str(final.batch_size or "-"),
-                      f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {_ms(comp.latency_ms)} vs "
-                      f"{_ms(final.latency_ms)} uncompressed"
+                      f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {fmt_ms(comp.latency_ms)} vs "
+                      f"{fmt_ms(final.latency_ms)} uncompressed"
                       + (f", on {final.latency_device}" if final.latency_device else ""),
                       "good" if (r1 or 0) > 1 else "bad"))
         base = run.stage(CompressOutputs).baseline
@@ -102,8 +110,9 @@ def _headline(page: Page, run: _Run, res: OptimizeResult) -> None:
                       f"{format_bytes(saved)} → {format_bytes(comp.size_bytes)}", "", ""))
     else:
         stats.append(("compression", "kept the uncompressed model", str(vs.compression or ""), ""))
-        stats.append(("model", f"{format_bytes(final.size_bytes)}, {_ms(final.latency_ms)} at batch 1", "", ""))
-    stats.append(("time used of the budget", f"{_secs(res.elapsed_s)} of {_secs(res.budget_s)}", res.stop_reason, ""))
+        stats.append(("model", f"{format_bytes(final.size_bytes)}, {fmt_ms(final.latency_ms)} at batch 1", "", ""))
+    stats.append(("time used of the budget", f"{fmt_secs(res.elapsed_s)} of {fmt_secs(res.budget_s)}",
+                  res.stop_reason, ""))
     s.html('<div class="headline">' + "".join(
         f'<div class="stat {cls}" title="{esc(hint)}"><div class="v">{esc(value)}</div>'
         f'<div class="l">{esc(label)}</div>'
@@ -133,7 +142,7 @@ def _stage_chain(s: Section, rows: Sequence[StageRow], told: Sequence[StageStory
         said = story.get(st.name)
         anchor = STAGE_TITLES.get(st.name, st.name).lower().replace(" ", "-")
         lines = [f'<div class="name">{esc(st.name)}</div>',
-                 f'<div class="meta">{esc(st.status or "-")} · {esc(_secs(st.duration_s))}</div>']
+                 f'<div class="meta">{esc(st.status or "-")} · {esc(fmt_secs(st.duration_s))}</div>']
         if said is not None and said.numbers:
             lines.append(f"<div>{esc(said.numbers)}</div>")
         boxes.append(f'<a class="stage {esc(st.status or "")}" href="#{esc(anchor)}" '
@@ -144,11 +153,11 @@ def _stage_chain(s: Section, rows: Sequence[StageRow], told: Sequence[StageStory
 
 # -- what changed -------------------------------------------------------------------------------------
 def _change_rows(rows: Sequence[ParamChange]) -> list[list[Any]]:
-    return [[r.param, f"{_n(r.default)} ({r.default_from})", Cell(_n(r.value), cls="nw"), r.source, r.why]
+    return [[r.param, f"{fmt_num(r.default)} ({r.default_from})", Cell(fmt_num(r.value), cls="nw"), r.source, r.why]
             for r in rows if r.changed]
 
 
-def _changes(page: Page, run: _Run, res: OptimizeResult) -> None:
+def _changes(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
     final, vs = res.final, res.vs_baseline
     s = page.section("What changed")
     rows = final.changes
@@ -158,7 +167,7 @@ def _changes(page: Page, run: _Run, res: OptimizeResult) -> None:
     else:
         s.para("nothing: the result is the task's defaults" if rows else
                "this run's result does not list its changes (recorded before they were)", cls="muted")
-    same = [f"{r.param} {_n(r.value)}" for r in rows if not r.changed]
+    same = [f"{r.param} {fmt_num(r.value)}" for r in rows if not r.changed]
     if same:
         s.para("unchanged: " + ", ".join(same), cls="muted")
     if vs.leader_changes and not vs.adopted:
@@ -168,7 +177,7 @@ def _changes(page: Page, run: _Run, res: OptimizeResult) -> None:
     _evidence(s, run, final.params)
 
 
-def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
+def _evidence(s: Section, run: OptimizeRun, params: Mapping[str, Any]) -> None:
     """The measurements behind the computed values: the LR range curve, the memory model, the
     noise scale, and every other recommendation with its reason (the recommend Run's own
     recommendations, which hold their evidence; else the compute stage's)."""
@@ -204,8 +213,8 @@ def _evidence(s: Section, run: _Run, params: Mapping[str, Any]) -> None:
     if crit is not None and not cev.measured:  # not measured: the reason alone, no table of dashes
         s.para("gradient noise scale: " + (crit.reason or "not measured"), cls="muted")
     elif crit is not None:
-        items = [("critical batch", crit.value), ("B_simple = tr(Σ)/|G|²", _n(cev.b_simple)),
-                 ("tr(Σ)", _n(cev.trace_sigma)), ("|G|²", _n(cev.grad_sq_norm)),
+        items = [("critical batch", crit.value), ("B_simple = tr(Σ)/|G|²", fmt_num(cev.b_simple)),
+                 ("tr(Σ)", fmt_num(cev.trace_sigma)), ("|G|²", fmt_num(cev.grad_sq_norm)),
                  ("steps (used / clipped)", f"{cev.used_steps} / {cev.clipped_steps}"),
                  ("micro-batches", f"{cev.small_batch} samples, {cev.big_batch} per step")]
         key = next((k for k in ("b_simple", "b_simple_ema", "ema")
@@ -243,7 +252,7 @@ NOWRAP_CHARS = 24
 
 
 def _value_cell(v: Any) -> Cell | str:
-    text = _short_value(v)
+    text = fmt_param_value(v)
     return Cell(text, cls="nw") if len(text) <= NOWRAP_CHARS else text
 
 
@@ -253,7 +262,7 @@ def _budget(page: Page, res: OptimizeResult) -> None:
     story = {x.stage: x for x in res.story.stages}
     s = page.section("Budget")
     budget = _f(res.budget_s)
-    s.para(f"{_secs(res.elapsed_s)} of the {_secs(budget)} budget; each stage has a share, and what one "
+    s.para(f"{fmt_secs(res.elapsed_s)} of the {fmt_secs(budget)} budget; each stage has a share, and what one "
            f"leaves goes to the next. Stopped: {res.stop_reason or '-'}", cls="muted")
     names = [st.name for st in stages]
     s.chart({"data": [bar([_f(st.share_s) for st in stages], names, "share", orientation="h", color="#ced4da"),
@@ -266,15 +275,15 @@ def _budget(page: Page, res: OptimizeResult) -> None:
     for st in stages:
         said = story.get(st.name)
         spent = _f(st.duration_s) or 0
-        rows.append([st.name, st.status, Cell(_secs(st.duration_s), sort=spent),
-                     Cell(_secs(st.share_s), sort=_f(st.share_s) or 0),
+        rows.append([st.name, st.status, Cell(fmt_secs(st.duration_s), sort=spent),
+                     Cell(fmt_secs(st.share_s), sort=_f(st.share_s) or 0),
                      Cell(f"{spent / budget:.0%}" if budget else "-", sort=spent),
                      said.numbers if said is not None else "",
                      clipped(said.did if said is not None else "", 110), st.run_id])
     s.table(cols, rows, sortable=False)
 
 
-def _files(page: Page, run: _Run, res: OptimizeResult) -> None:
+def _files(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
     files = {k: v for k, v in (run.r.artifacts or {}).items() if isinstance(v, str) and v}
     final = res.final
     s = page.section("Files")

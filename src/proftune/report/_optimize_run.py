@@ -1,4 +1,4 @@
-"""The optimize Run as its report page reads it: :class:`_Run` (the record and the Runs of its
+"""The optimize Run as its report page reads it: :class:`OptimizeRun` (the record and the Runs of its
 stages, read once from the Store) and how the page writes a number in a cell."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..track import RunRecord, Store
 S = TypeVar("S", bound=StageOutputs)
 
 
-def _n(v: Any, digits: int = 3) -> str:
+def fmt_num(v: Any, digits: int = 3) -> str:
     """Three significant digits for people (``0.0679``), whole numbers as they are."""
     f = _f(v)
     if f is None:
@@ -26,24 +26,24 @@ def _n(v: Any, digits: int = 3) -> str:
     return f"{f:.{digits}g}"
 
 
-def _ms(v: Any) -> str:
+def fmt_ms(v: Any) -> str:
     f = _f(v)
     return "-" if f is None else f"{f:.3g} ms"
 
 
-def _secs(v: Any) -> str:
+def fmt_secs(v: Any) -> str:
     f = _f(v)
     return "-" if f is None else (f"{f:.0f} s" if f >= 100 else f"{f:.1f} s")
 
 
-def _pm(mean: Any, std: Any = None) -> str:
+def fmt_pm(mean: Any, std: Any = None) -> str:
     """``0.887 ± 0.012``: a mean and its spread over seeds."""
     if _f(mean) is None:
         return "-"
-    return _n(mean) + (f" ± {_n(std, 2)}" if _f(std) is not None else "")
+    return fmt_num(mean) + (f" ± {fmt_num(std, 2)}" if _f(std) is not None else "")
 
 
-class _Run:
+class OptimizeRun:
     """The optimize Run's record and the Runs it names, read once from the Store."""
 
     def __init__(self, r: RunRecord, store: Store | None, res: OptimizeResult | None) -> None:
@@ -74,14 +74,14 @@ class _Run:
             return None
 
 
-def _short(text: str, n: int) -> str:
+def shorten(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
 
 
-def _short_value(v: Any) -> str:
+def fmt_param_value(v: Any) -> str:
     if isinstance(v, Mapping):
-        return ", ".join(f"{k} {_n(x)}" for k, x in v.items())
+        return ", ".join(f"{k} {fmt_num(x)}" for k, x in v.items())
     if isinstance(v, list):
         return ", ".join(str(i.get("layer", i.get("name", i))) if isinstance(i, Mapping) else str(i)
                          for i in v) or "none"
-    return _n(v) if isinstance(v, (int, float)) else str(v)
+    return fmt_num(v) if isinstance(v, (int, float)) else str(v)

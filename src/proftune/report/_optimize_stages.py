@@ -29,10 +29,11 @@ from ..track import RunRecord
 from ._compress_page import candidate_charts, sensitivity_chart
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
-from ._optimize_run import _ms, _n, _pm, _Run, _secs, _short, _short_value
+from ._optimize_run import OptimizeRun, fmt_ms, fmt_num, fmt_param_value, fmt_pm, fmt_secs, shorten
 from ._tune_page import importance_charts
 
-__all__ = ["ARM_STYLE"]
+__all__ = ["ARM_STYLE", "baseline_section", "compression_section", "final_race_section", "health_section",
+           "layer_value_section", "search_section"]
 
 
 #: The arms of the search (where each trial's params came from) and how they are drawn.
@@ -42,7 +43,7 @@ ARM_STYLE = {"centre": (PALETTE[2], "diamond", "computed centre"), "defaults": (
 
 
 # -- baseline and health -----------------------------------------------------------------------------
-def _baseline(page: Page, run: _Run, vs: VsBaseline) -> None:
+def baseline_section(page: Page, run: OptimizeRun, vs: VsBaseline) -> None:
     b = run.stage(BaselineOutputs)
     m = run.metric
     s = page.section("Baseline")
@@ -54,12 +55,12 @@ def _baseline(page: Page, run: _Run, vs: VsBaseline) -> None:
     s.para(f"Triangulation: the task's defaults beside a run with no tricks (AdamW at lr {DEFAULT_LR:g}, "
            "no weight decay, no dropout), trained as many epochs; their spread says how much tuning can "
            "matter here.", cls="muted")
-    side = s.side(lambda t: t.kv([("no tricks", _short_value(nt.params)), ("defaults", _short_value(dflt.params)),
-                                  ("epochs", dflt.epochs), ("spread", _n(b.spread)),
-                                  ("defaults' training", _secs(dflt.duration_s))], title="baseline"))
+    side = s.side(lambda t: t.kv([("no tricks", fmt_param_value(nt.params)), ("defaults", fmt_param_value(dflt.params)),
+                                  ("epochs", dflt.epochs), ("spread", fmt_num(b.spread)),
+                                  ("defaults' training", fmt_secs(dflt.duration_s))], title="baseline"))
     if vals:
         s.chart({"data": [bar([k for k, _ in vals], [v for _, v in vals], m, color=PALETTE[0],
-                              text=[_n(v) for _, v in vals])],
+                              text=[fmt_num(v) for _, v in vals])],
                  "layout": layout(f"{m}: no tricks, the defaults and the result", y=m, showlegend=False, height=320)},
                 side=side)
     else:
@@ -73,7 +74,7 @@ def _baseline(page: Page, run: _Run, vs: VsBaseline) -> None:
                                   y="loss", showlegend=False, height=280)})
 
 
-def _health(page: Page, run: _Run) -> None:
+def health_section(page: Page, run: OptimizeRun) -> None:
     h = run.stage(HealthOutputs)
     findings = run.stage(BaselineOutputs).findings
     s = page.section("Health")
@@ -87,13 +88,13 @@ def _health(page: Page, run: _Run) -> None:
     else:
         s.para("no findings: the defaults' training looked healthy to every check (NaN/Inf, exploding or "
                "vanishing gradients, dead units, unshuffled data, lr too high or low, overfitting)", cls="muted")
-    s.kv([("step time", _ms(h.step_time_ms)), ("peak memory of a step", format_bytes(h.peak_memory_bytes)),
+    s.kv([("step time", fmt_ms(h.step_time_ms)), ("peak memory of a step", format_bytes(h.peak_memory_bytes)),
           ("params", fmt_number(h.params)), ("MACs (forward)", fmt_number(h.macs)),
-          ("throughput", f"{_n(h.throughput)} samples/s")], title="the defaults' training step, profiled")
+          ("throughput", f"{fmt_num(h.throughput)} samples/s")], title="the defaults' training step, profiled")
 
 
 # -- layer value -------------------------------------------------------------------------------------
-def _layer_value(page: Page, run: _Run) -> None:
+def layer_value_section(page: Page, run: OptimizeRun) -> None:
     lv = run.stage(LayerValueOutputs)
     s = page.section("Layer value")
     layers = lv.layers
@@ -112,12 +113,12 @@ def _layer_value(page: Page, run: _Run) -> None:
     # the drop beside what is left of the metric: a drop near the whole metric is a layer the
     # model cannot do without (it falls to chance), not an accuracy misfiled as a drop
     s.table(["layer", "type", "params", "time", "value", f"{run.metric} drop",
-             f"without it (of {_n(base)})", "finding"],
+             f"without it (of {fmt_num(base)})", "finding"],
             [[clipped(x.name, 28), x.type, x.params,
               Cell(f"{100 * (_f(x.time_share) or 0):.1f}%", sort=_f(x.time_share) or 0),
               Cell(f"{100 * (_f(x.value_share) or 0):.1f}%", sort=_f(x.value_share) or 0),
-              Cell(_n(x.drop), sort=_f(x.drop) or 0),
-              _n(base - x.drop if base is not None and _f(x.drop) is not None else None),
+              Cell(fmt_num(x.drop), sort=_f(x.drop) or 0),
+              fmt_num(base - x.drop if base is not None and _f(x.drop) is not None else None),
               clipped(x.finding or "", 40)]  # one line (whole on hover): the findings follow in full
              for x in layers])
     for f in lv.findings:
@@ -127,14 +128,14 @@ def _layer_value(page: Page, run: _Run) -> None:
 
 
 # -- search ---------------------------------------------------------------------------------------
-def _search(page: Page, run: _Run) -> None:
+def search_section(page: Page, run: OptimizeRun) -> None:
     srch = run.stage(SearchStageOutputs)
     s = page.section("Search")
     s.kv([("study", srch.study), ("trials", srch.trials),
           ("states", ", ".join(f"{k} {v}" for k, v in srch.counts.items())),
           ("arms", ", ".join(f"{ARM_STYLE.get(k, ('', '', k))[2]} {v}" for k, v in srch.arms.items())),
           ("epochs per trial", srch.epochs_per_trial), ("pruner", srch.pruner),
-          ("time", _secs(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
+          ("time", fmt_secs(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
     s.para("Where each trial's params came from (its arm): the first trials are the computed centre, the "
            "task's defaults and a local design around the centre (lr x3 and /3, half the batch, a hundredth "
            "of a weight decay nothing measured); then TPE "
@@ -157,8 +158,8 @@ def _search(page: Page, run: _Run) -> None:
     _space_table(s, srch.search_plan())
     if srch.top:
         s.table(["rank", f"{run.metric} mean ± std", "n", "trials", "arms", "params"],
-                [[i + 1, _pm(g.mean, g.std), g.n, ", ".join(map(str, g.trials)), ", ".join(sorted(set(g.arms))),
-                  clipped(_short_value(g.params), 110)] for i, g in enumerate(srch.top)],
+                [[i + 1, fmt_pm(g.mean, g.std), g.n, ", ".join(map(str, g.trials)), ", ".join(sorted(set(g.arms))),
+                  clipped(fmt_param_value(g.params), 110)] for i, g in enumerate(srch.top)],
                 sortable=False, title="the best configurations (the final race takes the first ones)")
     imp = _study_importance(run, srch.study or run.r.study or "")
     if imp:
@@ -168,7 +169,7 @@ def _search(page: Page, run: _Run) -> None:
         s.para("no parameter importance: it needs at least 2 completed trials of the study", cls="muted")
 
 
-def _study_importance(run: _Run, study: str) -> dict[str, Any]:
+def _study_importance(run: OptimizeRun, study: str) -> dict[str, Any]:
     """The importance the study's newest tune Run holds ({} without one it can read)."""
     if run.store is None or not study:
         return {}
@@ -181,7 +182,7 @@ def _study_importance(run: _Run, study: str) -> dict[str, Any]:
         return {}
 
 
-def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: SearchStageOutputs) -> None:
+def _search_history(s: Section, run: OptimizeRun, trials: Sequence[TrialLog], srch: SearchStageOutputs) -> None:
     """Every trial at its number: its value (or, without one, at the axis floor with why), by arm."""
     maximize = _maximize(run)
     values = [v for v in (_f(t.value) for t in trials) if v is not None]
@@ -192,7 +193,7 @@ def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: Sea
         if pts:
             data.append({"type": "scatter", "mode": "markers", "name": label, "x": [t.number for t in pts],
                          "y": [t.value for t in pts], "marker": {"size": 10, "color": color, "symbol": symbol},
-                         "hovertext": [plot_text(f"trial {t.number} ({arm}): {t.state}, {_secs(t.duration_s)}")
+                         "hovertext": [plot_text(f"trial {t.number} ({arm}): {t.state}, {fmt_secs(t.duration_s)}")
                                        for t in pts],
                          "hovertemplate": "%{hovertext}<br>" + run.metric + " %{y:.4g}<extra></extra>"})
     no_value = [t for t in trials if _f(t.value) is None]
@@ -201,7 +202,7 @@ def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: Sea
                      "x": [t.number for t in no_value], "y": [floor] * len(no_value),
                      "marker": {"size": 10, "color": "#c92a2a", "symbol": "x"},
                      "hovertext": [plot_text(f"trial {t.number} ({t.arm}): {t.state}: "
-                                             f"{_short(str(t.reason or 'no reason recorded'), 160)}")
+                                             f"{shorten(str(t.reason or 'no reason recorded'), 160)}")
                                    for t in no_value],
                      "hovertemplate": "%{hovertext}<extra></extra>"})
     best, cur = [], None
@@ -216,11 +217,11 @@ def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: Sea
     shapes, notes = [], []
     dflt = next((t for t in trials if t.arm == "defaults" and _f(t.value) is not None), None)
     if dflt is not None and dflt.value is not None:
-        sh, no = hline(float(dflt.value), f"the defaults: {_n(dflt.value)}", color="#495057", dash="dot")
+        sh, no = hline(float(dflt.value), f"the defaults: {fmt_num(dflt.value)}", color="#495057", dash="dot")
         shapes.append(sh)
         notes.append(no)
     if ordered:
-        sh, no = vline(float(ordered[-1].number), "stopped: " + _short(srch.stop_reason, 60), color="#c92a2a", y=1.0)
+        sh, no = vline(float(ordered[-1].number), "stopped: " + shorten(srch.stop_reason, 60), color="#c92a2a", y=1.0)
         no["xanchor"] = "right"
         shapes.append(sh)
         notes.append(no)
@@ -245,7 +246,7 @@ def _search_history(s: Section, run: _Run, trials: Sequence[TrialLog], srch: Sea
                + (f"; the search stopped: {srch.stop_reason}" if srch.stop_reason else ""), cls="verdict bad")
 
 
-def _maximize(run: _Run) -> bool:
+def _maximize(run: OptimizeRun) -> bool:
     obj = run.res.objective if run.res is not None else ""
     if ":" in obj:
         return obj.split(":", 1)[1].startswith("max")
@@ -257,17 +258,18 @@ def _space_table(s: Section, plan: SearchPlan | None) -> None:
         return
     rows = []
     for p in plan.space.params:
-        wide = (", ".join(_n(c) for c in p.choices) if p.choices
-                else f"{_n(p.low)} … {_n(p.high)}" + (" (log)" if p.log else ""))
-        rows.append([p.name, wide, _n(plan.centre.get(p.name)), clipped(plan.evidence.get(p.name, ""), 100)])
+        wide = (", ".join(fmt_num(c) for c in p.choices) if p.choices
+                else f"{fmt_num(p.low)} … {fmt_num(p.high)}" + (" (log)" if p.log else ""))
+        rows.append([p.name, wide, fmt_num(plan.centre.get(p.name)), clipped(plan.evidence.get(p.name, ""), 100)])
     s.table(["param", "range searched", "computed centre (the first trial)", "centre from"], rows,
             sortable=False, title="the space searched")
     if plan.space.fixed:
-        s.para("fixed in every trial: " + ", ".join(f"{k} {_n(v)}" for k, v in plan.space.fixed.items()), cls="muted")
+        s.para("fixed in every trial: " + ", ".join(f"{k} {fmt_num(v)}" for k, v in plan.space.fixed.items()),
+               cls="muted")
 
 
 # -- the final race ---------------------------------------------------------------------------------
-def _final_race(page: Page, run: _Run, res: OptimizeResult) -> None:
+def final_race_section(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
     race = run.stage(FinalOutputs).race
     vs = res.vs_baseline
     s = page.section("Final race")
@@ -293,7 +295,7 @@ def _final_race(page: Page, run: _Run, res: OptimizeResult) -> None:
                 if v is not None:
                     xs.append(a.name)
                     ys.append(v)
-                    hover.append(plot_text(f"{a.name}, seed {r.seed}: {label} {_n(v, 4)}"
+                    hover.append(plot_text(f"{a.name}, seed {r.seed}: {label} {fmt_num(v, 4)}"
                                            + (" (cut by the time limit)" if r.cut else "")))
         if not ys and split == "test":  # no held-out runs (an estimate instead): no empty box
             continue
@@ -309,14 +311,14 @@ def _final_race(page: Page, run: _Run, res: OptimizeResult) -> None:
     rows, classes = [], []
     for a in race.arms:
         for r in a.runs:
-            rows.append([a.name, r.seed, Cell(_n(r.val, 4), sort=_f(r.val) or 0),
-                         Cell(_n(r.test, 4), sort=_f(r.test) or 0), r.epochs,
-                         _secs(r.duration_s) + (" (cut)" if r.cut else ""), r.run_id])
+            rows.append([a.name, r.seed, Cell(fmt_num(r.val, 4), sort=_f(r.val) or 0),
+                         Cell(fmt_num(r.test, 4), sort=_f(r.test) or 0), r.epochs,
+                         fmt_secs(r.duration_s) + (" (cut)" if r.cut else ""), r.run_id])
             classes.append("best" if a.name == race.chosen else "")
     s.table(cols, rows, row_classes=classes, title="every run of the race")
     s.table(["configuration", "where it came from", "search mean ± std (n)", "params"],
-            [[a.name, clipped(a.source, 60), f"{_pm(a.search_mean, a.search_std)} ({a.search_n})",
-              clipped(_short_value(a.params), 110)] for a in race.arms],
+            [[a.name, clipped(a.source, 60), f"{fmt_pm(a.search_mean, a.search_std)} ({a.search_n})",
+              clipped(fmt_param_value(a.params), 110)] for a in race.arms],
             sortable=False, title="the configurations")
 
 
@@ -368,7 +370,7 @@ def _comparison_items(vs: VsBaseline, story: Story, *, prior_std: float | None =
             continue
         gain = _f(c.gain)
         items.append((f"gain, {label}", "-" if gain is None else
-                      f"{gain:+.3g}" + (f" ± {_n(c.gain_std, 2)}" if _f(c.gain_std) is not None else "")
+                      f"{gain:+.3g}" + (f" ± {fmt_num(c.gain_std, 2)}" if _f(c.gain_std) is not None else "")
                       + f" over {len(c.seeds)} seed(s)"))
         if _f(c.lower) is not None:
             how = _bound_arithmetic(c, prior_std)
@@ -383,7 +385,7 @@ def _comparison_items(vs: VsBaseline, story: Story, *, prior_std: float | None =
 
 
 # -- compression ------------------------------------------------------------------------------------
-def _compression(page: Page, run: _Run, res: OptimizeResult) -> None:
+def compression_section(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
     comp = run.stage(CompressOutputs)
     final = res.final
     s = page.section("Compression")
@@ -402,15 +404,16 @@ def _compression(page: Page, run: _Run, res: OptimizeResult) -> None:
             sensitivity_chart(s, rep)
     elif comp.candidates:
         s.table(["method", f"{run.metric}", "drop", "ms @1", "ms @batch", "size", "within budget"],
-                [[c.method, _n(c.metric, 4), _n(c.metric_drop, 2), _ms(c.latency_ms), _ms(c.latency_batch_ms),
-                  format_bytes(c.size_bytes), "yes" if c.within_budget else "no"] for c in comp.candidates],
+                [[c.method, fmt_num(c.metric, 4), fmt_num(c.metric_drop, 2), fmt_ms(c.latency_ms),
+                  fmt_ms(c.latency_batch_ms), format_bytes(c.size_bytes), "yes" if c.within_budget else "no"]
+                 for c in comp.candidates],
                 title="candidates")
     if sel is not None:
         s.kv([("chosen", sel.method), (f"{run.metric} (validation / held out)",
-                                       f"{_n(sel.metric, 4)} / {_n(sel.test_metric, 4)}"),
-              ("latency at batch 1", f"{_ms(sel.latency_ms)} (uncompressed {_ms(final.latency_ms)})"),
+                                       f"{fmt_num(sel.metric, 4)} / {fmt_num(sel.test_metric, 4)}"),
+              ("latency at batch 1", f"{fmt_ms(sel.latency_ms)} (uncompressed {fmt_ms(final.latency_ms)})"),
               (f"latency at batch {final.batch_size or '-'}",
-               f"{_ms(sel.latency_batch_ms)} (uncompressed {_ms(final.latency_batch_ms)})"),
+               f"{fmt_ms(sel.latency_batch_ms)} (uncompressed {fmt_ms(final.latency_batch_ms)})"),
               ("size", f"{format_bytes(sel.size_bytes)} (uncompressed "
                        f"{format_bytes(comp.baseline.size_bytes if comp.baseline is not None else None)})"),
               ("load it", str(comp.load or "-"))], title="the compressed model")

@@ -12,7 +12,7 @@ from .._units import format_bytes
 from ..profile import CommProfile, LayerProfile, Profile, Structure
 from ..search import TrialResult
 from ..track import RunRecord
-from ._common import Context, _pct, curves, register_renderer
+from ._common import Context, curves, fmt_pct, register_renderer
 from ._figures import PALETTE, bar, finite, hline, layout, line
 from ._html import Page, Section, esc
 
@@ -112,7 +112,7 @@ def _structure_section(page: Page, structure: Mapping[str, Any]) -> None:
 
 def _share(v: Any) -> tuple[str, float]:
     """A share as a sortable cell: ``12.5%`` shown, the fraction sorted by (0 when unknown)."""
-    return _pct(v), finite(v) or 0
+    return fmt_pct(v), finite(v) or 0
 
 
 def _comm_kv(t: Section, comm: CommProfile | None) -> None:
@@ -120,7 +120,7 @@ def _comm_kv(t: Section, comm: CommProfile | None) -> None:
         t.kv([("backend", comm.backend), ("world size", comm.world_size),
               ("all-reduce per step", format_bytes(comm.allreduce_bytes)),
               ("all-reduce time", f"{float(comm.allreduce_ms or 0):.3g} ms"),
-              ("share of the step", _pct(comm.share))], title="distributed")
+              ("share of the step", fmt_pct(comm.share))], title="distributed")
 
 
 def _layer_sections(page: Page, layers: Sequence[LayerProfile]) -> None:

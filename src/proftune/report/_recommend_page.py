@@ -10,7 +10,7 @@ from typing import Any
 from .._units import format_bytes
 from ..recommend import BatchSizeEvidence, BatchSizeResult, LRFindResult, Recommendations
 from ..track import RunRecord
-from ._common import Context, _flatten, _pct, _short_value, register_renderer
+from ._common import Context, flatten, fmt_pct, register_renderer, short_value
 from ._figures import PALETTE, finite, hline, layout, line, vline
 from ._html import Page, Section, esc, fmt_value
 
@@ -25,11 +25,11 @@ def _recommend(page: Page, r: RunRecord, ctx: Context) -> None:
         return
     cards = []
     for x in recs:
-        shown: str = (fmt_value(x.name, x.value) if not isinstance(x.value, (list, dict)) else _short_value(x.value))
+        shown: str = (fmt_value(x.name, x.value) if not isinstance(x.value, (list, dict)) else short_value(x.value))
         # the batch-size search's own record is drawn below, not listed; a record's version is no evidence
         evidence = {k: v for k, v in x.evidence.items() if k not in ("search", "schema_version")}
         ev = s.side(lambda t, evidence=evidence: t.kv(
-            [(k, v if not isinstance(v, (dict, list)) else _short_value(v)) for k, v in _flatten(evidence)]))
+            [(k, v if not isinstance(v, (dict, list)) else short_value(v)) for k, v in flatten(evidence)]))
         cards.append(f'<div class="card {esc(x.confidence)}"><div class="name">{esc(x.name)}</div>'
                      f'<div class="value">{esc(shown)}</div><div class="meta">confidence: {esc(x.confidence)}</div>'
                      f"<p>{esc(x.reason)}</p>"
@@ -52,7 +52,7 @@ def _value_table(s: Section, value: Any) -> str:
     if not (isinstance(value, list) and value and all(isinstance(i, Mapping) for i in value)):
         return ""
     cols = list(dict.fromkeys(k for i in value for k in i))
-    return s.side(lambda t: t.table(cols, [[(_pct(i.get(c)), finite(i.get(c)) or 0) if c.endswith("_share")
+    return s.side(lambda t: t.table(cols, [[(fmt_pct(i.get(c)), finite(i.get(c)) or 0) if c.endswith("_share")
                                             else i.get(c) for c in cols] for i in value], sortable=False))
 
 

@@ -11,7 +11,7 @@ from .._jsonsafe import is_finite_number as _num
 from ..exceptions import ConfigError
 from ..metrics import default_objective, split_objective
 from ..track import RunRecord
-from ._common import Context, _pct, _short_value, _stat, read_result, register_renderer
+from ._common import Context, fmt_pct, headline_stat, read_result, register_renderer, short_value
 from ._figures import PALETTE, bar, finite, heatmap, layout, line, parallel
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, fmt_value, plot_text
 
@@ -122,7 +122,7 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
 def _backend(details: Mapping[str, Any]) -> str:
     """The backend that ran the trials, with what it reported of itself (``counted 1``)."""
     name = str(details.get("backend", "local"))
-    extra = ", ".join(f"{k.replace('_', ' ')} {_short_value(v)}" for k, v in details.items()
+    extra = ", ".join(f"{k.replace('_', ' ')} {short_value(v)}" for k, v in details.items()
                       if k != "backend" and not isinstance(v, (list, dict)))
     return f"{name} ({extra})" if extra else name
 
@@ -139,7 +139,7 @@ def _best_trial(s: Section, res: SearchResult | None, obj: Sequence[tuple[str, s
         return
     values = ", ".join(f"{n} {fmt_value(n, best.metrics.get(n))}" for n, _ in obj if n in best.metrics)
     s.html(f'<p class="verdict good">best trial: #{esc(best.number)}: {esc(values)}</p>')
-    s.para("its params: " + _short_value(best.params), cls="muted")
+    s.para("its params: " + short_value(best.params), cls="muted")
     sel = res.selection if res is not None else None
     if sel is not None:
         interval = (f"95% interval [{fmt_number(sel.low)}, {fmt_number(sel.high)}]" if sel.se is not None
@@ -150,7 +150,8 @@ def _best_trial(s: Section, res: SearchResult | None, obj: Sequence[tuple[str, s
     stats = [(k, v) for k, v in best.metrics.items() if _num(v)][:10]
     if stats:
         s.html('<div class="stats">' + "".join(
-            f'<div class="stat"><div class="v">{esc(_stat(k, v))}</div><div class="l">{esc(k)} (best trial)</div></div>'
+            f'<div class="stat"><div class="v">{esc(headline_stat(k, v))}</div>'
+            f'<div class="l">{esc(k)} (best trial)</div></div>'
             for k, v in stats) + "</div>")
 
 
@@ -160,11 +161,11 @@ def _scan_section(page: Page, scan: ScanResult | None) -> None:
         return
     s = page.section("Feasibility scan")
     s.para(f"{scan.profiles} configurations profiled, not trained, in {scan.duration_s:.1f} s"
-           f" against {', '.join(scan.constraints)}; {_pct(scan.feasible_share)} of them feasible"
+           f" against {', '.join(scan.constraints)}; {fmt_pct(scan.feasible_share)} of them feasible"
            + ("; stopped once the bounds were stable" if scan.stopped_early else ""), cls="muted")
     if scan.bounds:
         s.table(["param", "bound", "scanned profiles that agree", "keeps"],
-                [[b.param, f"{b.op} {_short_value(list(b.value) if b.op == 'in' else b.value)}",
+                [[b.param, f"{b.op} {short_value(list(b.value) if b.op == 'in' else b.value)}",
                   f"{b.agree} of {b.total}", ", ".join(b.constraints)]
                  for b in scan.bounds], sortable=False, title="the bounds the study samples inside")
     else:
@@ -215,7 +216,7 @@ def _history(page: Page, rows: Sequence[_TrialRow], obj: Sequence[tuple[str, str
                              "marker": {"size": 9, "color": color, "symbol": symbol},
                              "hovertext": [plot_text(f"trial {row.number} ({row.state})"
                                                      + (f": {_clip(row.reason, 160)}" if row.reason else "")
-                                                     + f"<br>{_short_value(row.params)}") for row in group],
+                                                     + f"<br>{short_value(row.params)}") for row in group],
                              "hovertemplate": "%{hovertext}<extra></extra>" if symbol == "x"
                              else "%{hovertext}<br>" + name + " %{y:.4g}<extra></extra>"})
         best: list[float | None] = []
@@ -364,7 +365,7 @@ def _pareto(page: Page, rows: Sequence[_TrialRow], obj: Sequence[tuple[str, str]
             data.append({"type": "scatter", "mode": "lines+markers" if name == "Pareto front" else "markers",
                          "name": name, "x": [r.metrics[m1] for r in pts], "y": [r.metrics[m2] for r in pts],
                          "marker": {"size": size, "color": color}, "line": {"color": color, "shape": "hv"},
-                         "hovertext": [plot_text(f"trial {r.number}: {_short_value(r.params)}") for r in pts],
+                         "hovertext": [plot_text(f"trial {r.number}: {short_value(r.params)}") for r in pts],
                          "hovertemplate": "%{hovertext}<br>%{x:.4g}, %{y:.4g}<extra></extra>"})
     s.chart({"data": data, "layout": layout(f"{m1} ({d1}) vs {m2} ({d2})", x=m1, y=m2)},
             side=s.side(lambda t: t.table(["trial", m1, m2], [[f.number, f.metrics.get(m1), f.metrics.get(m2)]

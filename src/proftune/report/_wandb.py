@@ -36,7 +36,7 @@ def wandb_module() -> Any:
     return wandb
 
 
-def _mode(mode: str | None) -> str | None:
+def wandb_mode(mode: str | None) -> str | None:
     if mode is not None and mode not in MODES:
         raise ConfigError(f"mode={mode!r} is not a W&B mode; valid: {', '.join(MODES)} "
                           "(None: W&B's own setting, WANDB_MODE).")
@@ -53,7 +53,7 @@ def wandb_run(*, project: str, dir: str | Path | None, mode: str | None, exit_co
     folder.mkdir(parents=True, exist_ok=True)
     settings = wandb.Settings(console="off", silent=True, disable_git=True, save_code=False,
                               x_disable_stats=True, x_disable_machine_info=True)
-    run = wandb.init(project=project, dir=str(folder), mode=_mode(mode), settings=settings, reinit="create_new",
+    run = wandb.init(project=project, dir=str(folder), mode=wandb_mode(mode), settings=settings, reinit="create_new",
                      **init)
     try:
         yield run
@@ -192,7 +192,7 @@ def export_wandb(run: int | RunRecord, *, project: str = "proftune", dir: str | 
     record = run if isinstance(run, RunRecord) else st.get_run(int(run))  # type: ignore[union-attr]
     if not project or "/" in project:
         raise ConfigError(f"project={project!r} is not a W&B project name; give a name without '/', e.g. 'proftune'.")
-    _mode(mode)
+    wandb_mode(mode)
     wandb_module()
     name = group or record.study or f"{record.task} {record.kind} {record.id}"
     out = [_export_one(record, st, project=project, dir=dir, mode=mode, group=name, report=report)]
@@ -221,7 +221,7 @@ class WandbTrialLogger:
         if not project or "/" in project:
             raise ConfigError(f"project={project!r} is not a W&B project name; give a name without '/', "
                               "e.g. 'proftune'.")
-        self.project, self.dir, self.mode, self.group = project, dir, _mode(mode), group
+        self.project, self.dir, self.mode, self.group = project, dir, wandb_mode(mode), group
         wandb_module()
         #: ``{"proftune_run", "wandb_id", "dir"}`` per trial logged, in the order they ended.
         self.logged: list[dict[str, Any]] = []

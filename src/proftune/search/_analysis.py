@@ -120,7 +120,7 @@ def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[
     out: dict[str, Any] = {}
     if len(trials) < 2:
         return out
-    shadow = optuna.create_study(directions=[_direction(o) for o in objectives])
+    shadow = optuna.create_study(directions=[study_direction(o) for o in objectives])
     shadow.add_trials([optuna.trial.create_trial(params=t.params, distributions=t.distributions,
                                                  values=t.values) for t in trials])
     evaluators = {
@@ -147,7 +147,7 @@ def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[
     return out
 
 
-def _direction(o: Objective) -> Any:
+def study_direction(o: Objective) -> Any:
     from optuna.study import StudyDirection
 
     return StudyDirection.MAXIMIZE if o.direction == "maximize" else StudyDirection.MINIMIZE

@@ -19,7 +19,7 @@ from ..exceptions import ConfigError, ProblemCollector, RunFailedError
 from ..metrics import default_objective
 from ..task import ClassificationTask, Task, absolute_spec, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
-from ._analysis import _direction, correlations, importance, pareto_front, plot_study
+from ._analysis import correlations, importance, pareto_front, plot_study, study_direction
 from ._backends import SEARCH_BACKEND_REGISTRY, SEARCH_BACKENDS
 from ._config import SearchConfig, search_config
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_targets
@@ -230,7 +230,7 @@ def search(
         settings.data_fingerprint = record.data_fingerprint
         settings.env = environment(None)
         created = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                      directions=[_direction(o) for o in settings.objectives])
+                                      directions=[study_direction(o) for o in settings.objectives])
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)

@@ -41,8 +41,8 @@ from ._pbt import (
     population_space,
     record_population,
 )
-from ._ray_session import RayOptions, _experiment_dir, _next_folder, _ray_session
-from ._ray_worker import _LAST, _METRIC, _trainable
+from ._ray_session import RayOptions, experiment_dir, next_folder, ray_session
+from ._ray_worker import LAST_EPOCH_KEY, METRIC_KEY, _trainable
 from ._records import ATTR
 from ._samplers import make_sampler
 from ._settings import SearchSettings
@@ -73,7 +73,7 @@ def _searcher_class() -> type:
         def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
             if result.get("proftune_done") or trial_id not in self._ot_trials:
                 return
-            value, epoch = result.get(_METRIC), result.get("epoch")
+            value, epoch = result.get(METRIC_KEY), result.get("epoch")
             if value is not None and epoch is not None and not isinstance(self.metric, list):
                 with contextlib.suppress(ValueError, RuntimeError):
                     self._ot_trials[trial_id].report(float(value), step=int(epoch))
@@ -169,7 +169,7 @@ class _Recorder:
             parent_id=self.s.tune_run_id, study=self.s.study)
 
     def progress(self, trial_id: str, result: Mapping[str, Any]) -> None:
-        point = {"epoch": result.get("epoch"), _METRIC: result.get(_METRIC, result.get(_LAST))}
+        point = {"epoch": result.get("epoch"), METRIC_KEY: result.get(METRIC_KEY, result.get(LAST_EPOCH_KEY))}
         point.update({k[len("param_"):]: v for k, v in result.items() if str(k).startswith("param_")})
         self.schedule.setdefault(trial_id, []).append(point)
 
@@ -186,7 +186,7 @@ class _Recorder:
                    "train_s": 0.0, "gate_s": 0.0}
             state = "failed"
         else:  # stopped by the scheduler (ASHA, PBT) before its last epoch
-            rec = {"params": {}, "metrics": {k: v for k, v in result.items() if k == _METRIC},
+            rec = {"params": {}, "metrics": {k: v for k, v in result.items() if k == METRIC_KEY},
                    "constraints": {}, "anomalies": [], "steps": 0, "train_s": 0.0, "gate_s": 0.0,
                    "reason": f"stopped by the {self.scheduler} scheduler at epoch {result.get('epoch')}"}
             state = "pruned"
@@ -195,8 +195,8 @@ class _Recorder:
         rec["ray_retries"] = self.retries.get(trial_id, 0)
         if self.schedule.get(trial_id):
             rec["schedule"] = self.schedule[trial_id]
-        values = [float(result[f"{_METRIC}_{i}"]) for i in range(len(self.s.objectives))
-                  if f"{_METRIC}_{i}" in result] or None
+        values = [float(result[f"{METRIC_KEY}_{i}"]) for i in range(len(self.s.objectives))
+                  if f"{METRIC_KEY}_{i}" in result] or None
         if state in ("complete", "infeasible") and (values is None or len(values) != len(self.s.objectives)):
             values = [-WORST if o.direction == "maximize" else WORST for o in self.s.objectives]
         run_id = self.runs.get(trial_id)
@@ -318,7 +318,7 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
     if options.scheduler == "asha":
         # stop_last_trials=False: a trial at its last epoch goes on to send its record (Ray's
         # default stops it at that epoch's report, and it would end "pruned")
-        return ASHAScheduler(time_attr="epoch", metric=_METRIC, mode=mode, max_t=epochs,
+        return ASHAScheduler(time_attr="epoch", metric=METRIC_KEY, mode=mode, max_t=epochs,
                              grace_period=1, reduction_factor=2, stop_last_trials=False)
     if options.scheduler == "pbt":
         mutations: dict[str, Any] = {p.name: ladder(p) for p in settings.space.params
@@ -326,7 +326,7 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
         if not mutations:
             raise ConfigError("scheduler='pbt' perturbs lr, weight_decay, momentum or dropout; the "
                               f"space searches none of them (it has: {', '.join(settings.space.names) or 'none'}).")
-        return pbt_class()(time_attr="epoch", metric=_METRIC, mode=mode,
+        return pbt_class()(time_attr="epoch", metric=METRIC_KEY, mode=mode,
                             perturbation_interval=options.perturbation_interval,
                             hyperparam_mutations=mutations,
                             # at least two members explore in each round
@@ -356,7 +356,7 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
     if options.scheduler != "fifo" and len(settings.objectives) > 1:
         raise ConfigError(f"scheduler={options.scheduler!r} needs one objective, but objectives= has "
                           f"{len(settings.objectives)}; use scheduler='fifo' for a Pareto front.")
-    folder = _experiment_dir(settings, options)
+    folder = experiment_dir(settings, options)
     out: dict[str, Any] = {"backend": "ray", "scheduler": options.scheduler, "experiment": str(folder),
                            "trials_run": 0, "retries": 0, "schedule": {}}
     if remaining == 0:
@@ -365,13 +365,13 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
         # a killed PBT experiment starts its population again, in a folder of its own: restored, its
         # members' checkpoint records name checkpoints deleted after Ray's last save of them, and
         # the synchronous population waits forever for the member whose save failed
-        folder = _next_folder(folder)
+        folder = next_folder(folder)
         out["experiment"] = str(folder)
     # trials left RUNNING by a driver of this host that was killed: failed, their params queued
     # again (a resumed experiment's searcher asks for them first)
     reap_dead_trials(optuna.load_study(study_name=settings.study, storage=storage), store)
     store.reap_stale()
-    with _ray_session(options):
+    with ray_session(options):
         recorder = _Recorder(settings, store, options.scheduler)
         recorder.on_ended = on_ended
         progress = _callback_class()(recorder)
@@ -436,8 +436,8 @@ def _make_tuner(settings: SearchSettings, options: RayOptions, trainable: Any, r
         return tune.Tuner(trainable, param_space=members, tune_config=cfg,
                           run_config=run_config)
     searcher = _searcher_class()(
-        recorder, space=_Define(settings.space), metric=[f"{_METRIC}_{i}" for i in range(len(settings.objectives))]
-        if len(settings.objectives) > 1 else f"{_METRIC}_0",
+        recorder, space=_Define(settings.space), metric=[f"{METRIC_KEY}_{i}" for i in range(len(settings.objectives))]
+        if len(settings.objectives) > 1 else f"{METRIC_KEY}_0",
         mode=["max" if o.direction == "maximize" else "min" for o in settings.objectives]
         if len(settings.objectives) > 1 else ("max" if settings.objectives[0].direction == "maximize" else "min"),
         sampler=make_sampler(settings), study_name=settings.study, storage=storage)

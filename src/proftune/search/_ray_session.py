@@ -64,12 +64,12 @@ class RayOptions:
         self.perturbation_interval, self.debug = int(perturbation_interval), debug
 
 
-def _experiment_dir(settings: SearchSettings, options: RayOptions) -> Path:
+def experiment_dir(settings: SearchSettings, options: RayOptions) -> Path:
     root = options.storage_path or Path(os.environ.get("PROFTUNE_RAY_DIR", "proftune-ray"))
     return (root / settings.study).resolve()
 
 
-def _next_folder(folder: Path) -> Path:
+def next_folder(folder: Path) -> Path:
     """``STUDY-2``, ``STUDY-3``, ...: the first beside ``folder`` that holds no experiment."""
     from ray import tune
 
@@ -104,7 +104,7 @@ def _loopback_node_ip() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _ray_session(options: RayOptions) -> Iterator[Any]:
+def ray_session(options: RayOptions) -> Iterator[Any]:
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:

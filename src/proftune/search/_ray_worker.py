@@ -25,11 +25,11 @@ from ._settings import SearchSettings
 from ._trial import TrialFailed as _TrialFailed
 from ._trial import TrialRunner
 
-_METRIC = "objective"
+METRIC_KEY = "objective"
 
 
 #: The objective at a trial's last epoch: recorded, not seen by the schedulers.
-_LAST = "objective_last_epoch"
+LAST_EPOCH_KEY = "objective_last_epoch"
 
 
 _CKPT = "proftune_ckpt.pt"
@@ -55,7 +55,7 @@ class _RayReport(Callback):
             # the last epoch's value under another name: the schedulers act on ``objective``,
             # and a trial that trained every epoch is complete (ASHA would cut it at its top
             # rung, PBT would pause it for a round with nothing left to train)
-            report[_LAST if last else _METRIC] = finite
+            report[LAST_EPOCH_KEY if last else METRIC_KEY] = finite
         for key in PERTURBABLE:
             if key in state.params:
                 report[f"param_{key}"] = state.params[key]
@@ -144,7 +144,7 @@ def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> N
                              "epoch": int(settings.epochs or 1)}
     if values is not None:  # for the searcher; the schedulers decide on the epochs' reports only
         vals = values if isinstance(values, (list, tuple)) else [values]
-        final.update({f"{_METRIC}_{i}": float(v) for i, v in enumerate(vals)})
+        final.update({f"{METRIC_KEY}_{i}": float(v) for i, v in enumerate(vals)})
     # no ``objective`` here: synchronous PBT would pause a member on this report, waiting for the
     # others, and restore it from its last checkpoint again and again
     tune.report(final)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ._database import _sqlite_pragmas as sqlite_pragmas
-from ._database import redact_url
+from ._database import redact_url, sqlite_pragmas
 from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock

@@ -38,7 +38,7 @@ def redact_url(url: str | sa.URL) -> str:
 _OPTUNA_TABLES = frozenset({"studies", "version_info"})
 
 
-def _foreign_tables(tables: Iterable[str]) -> list[str] | None:
+def foreign_tables(tables: Iterable[str]) -> list[str] | None:
     """The tables of a database that belongs to another application (None: it is proftune's or
     Optuna's, or empty)."""
     names = sorted(tables)
@@ -67,7 +67,7 @@ def _sqlite_tables(path: Path) -> list[str]:
         conn.close()
 
 
-def _refuse_foreign(shown: str, tables: list[str]) -> StoreError:
+def refuse_foreign(shown: str, tables: list[str]) -> StoreError:
     listed = ", ".join(tables[:8]) + (f" and {len(tables) - 8} more" if len(tables) > 8 else "")
     return StoreError(
         f"db={shown!r} holds another application's tables ({listed}), neither proftune's nor "
@@ -92,7 +92,7 @@ def _read_only(path: Path) -> str | None:
     return None
 
 
-def _read_only_error(shown: str, what: str) -> StoreError:
+def read_only_error(shown: str, what: str) -> StoreError:
     return StoreError(
         f"db={shown!r}: {what}, and proftune records every run in its store. Give db= a writable "
         "location (a new file in a folder you can write, e.g. sqlite:///proftune.db in your working "
@@ -100,7 +100,7 @@ def _read_only_error(shown: str, what: str) -> StoreError:
         "immutable).")
 
 
-def _check_sqlite_file(url: sa.URL) -> None:
+def check_sqlite_file(url: sa.URL) -> None:
     """Refuse a SQLite URL whose file exists but is not a SQLite database (leave it untouched), or
     whose file or folder cannot be written (before any work: every command writes its run)."""
     database = url.database
@@ -114,14 +114,14 @@ def _check_sqlite_file(url: sa.URL) -> None:
         raise StoreError(f"db={shown!r}: folder {str(path.parent)!r} does not exist.")
     what = _read_only(path)  # before SQLite reads it: that would leave its -wal and -shm beside it
     if what is not None:
-        raise _read_only_error(shown, what)
+        raise read_only_error(shown, what)
     if not path.exists() or path.stat().st_size == 0:
         return
     sidecars = [p for p in (Path(f"{path}-wal"), Path(f"{path}-shm")) if not p.exists()]
     try:
         tables = _sqlite_tables(path)
     except sqlite3.DatabaseError as exc:  # not a database, damaged or encrypted, or its device full
-        full = _no_space(shown, path, exc)
+        full = no_space_error(shown, path, exc)
         if full is not None:
             for p in sidecars:  # the log files the failed read began (nothing can write there now)
                 with contextlib.suppress(OSError):
@@ -134,9 +134,9 @@ def _check_sqlite_file(url: sa.URL) -> None:
             ) from None
         raise StoreError(f"db={url.render_as_string(hide_password=True)!r}: {str(path)!r} cannot be read "
                          f"as a SQLite database ({exc}); it was left untouched.") from exc
-    foreign = _foreign_tables(tables)
+    foreign = foreign_tables(tables)
     if foreign is not None:
-        raise _refuse_foreign(shown, foreign)
+        raise refuse_foreign(shown, foreign)
 
 
 #: SQLite reports a write its log could not make ("disk I/O error") where a device is full as well
@@ -150,7 +150,7 @@ def _free_bytes(path: Path) -> int | None:
     return free_bytes(path)
 
 
-def _no_space(shown: str, path: Path, exc: BaseException) -> StoreError | None:
+def no_space_error(shown: str, path: Path, exc: BaseException) -> StoreError | None:
     """The error of a store whose device is full (None: ``exc`` is not that): what the user can
     do, without the driver's SQL."""
     text = str(getattr(exc, "orig", None) or exc).lower()
@@ -168,7 +168,7 @@ def _no_space(shown: str, path: Path, exc: BaseException) -> StoreError | None:
 PG_DISK_FULL = "53100"
 
 
-def _server_no_space(shown: str, exc: BaseException) -> StoreError | None:
+def server_no_space_error(shown: str, exc: BaseException) -> StoreError | None:
     """The error of a database server whose disk is full (None: ``exc`` is not that), worded as
     a full SQLite file's is, without the driver's SQL."""
     orig = getattr(exc, "orig", None) or exc
@@ -182,7 +182,7 @@ def _server_no_space(shown: str, exc: BaseException) -> StoreError | None:
                       "server's data directory, or give db= another store.")
 
 
-def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
+def installed_driver(url: sa.URL, shown: str) -> sa.URL:
     """A bare ``postgresql://`` URL (as the README writes it) on the PostgreSQL driver that is
     installed: SQLAlchemy's default (psycopg 3) or psycopg2, which ``[dev]`` installs."""
     if url.drivername != "postgresql":
@@ -196,7 +196,7 @@ def _installed_driver(url: sa.URL, shown: str) -> sa.URL:
                           "(or psycopg), or name one in the URL (postgresql+psycopg2://...).")
 
 
-def _is_retryable(exc: BaseException) -> bool:
+def is_retryable(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(s in text for s in ("locked", "busy", "already exists", "deadlock", "could not serialize"))
 
@@ -205,14 +205,14 @@ def _is_retryable(exc: BaseException) -> bool:
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 
-def _path_as_url(url: str) -> str:
+def path_as_url(url: str) -> str:
     """A path to a SQLite file (``/tmp/runs.db``, ``runs.sqlite``) as its URL; anything else as given."""
     if "://" in url or not url.lower().endswith(SQLITE_SUFFIXES):
         return url
     return f"sqlite:///{Path(url).expanduser().absolute()}"
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     try:
         cur.execute("PRAGMA busy_timeout=60000")

@@ -57,7 +57,7 @@ class RunRecord:
         }
 
 
-def _record(row: Any) -> RunRecord:
+def record_from_row(row: Any) -> RunRecord:
     def js(value: Any, default: Any) -> Any:
         if value is None:
             return default
@@ -79,17 +79,17 @@ def _record(row: Any) -> RunRecord:
     )
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+            out.update(flatten_dict(v, key + "."))
         else:
             out[key] = v
     return out
 
 
-def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def diff_dicts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Keys whose values differ: ``{key: {"a": ..., "b": ...}}`` (missing is None)."""
     return {k: {"a": a.get(k), "b": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

@@ -27,20 +27,20 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from .._jsonsafe import json_safe
 from ..exceptions import ConfigError, StoreError
 from ._database import (
-    _check_sqlite_file,
-    _foreign_tables,
-    _installed_driver,
-    _is_retryable,
-    _no_space,
-    _path_as_url,
-    _read_only_error,
-    _refuse_foreign,
-    _server_no_space,
-    _sqlite_pragmas,
+    check_sqlite_file,
+    foreign_tables,
+    installed_driver,
+    is_retryable,
+    no_space_error,
+    path_as_url,
+    read_only_error,
     redact_url,
+    refuse_foreign,
+    server_no_space_error,
+    sqlite_pragmas,
 )
 from ._outputs import held
-from ._records import RUN_STATUSES, RunRecord, _diff, _flatten, _record
+from ._records import RUN_STATUSES, RunRecord, diff_dicts, flatten_dict, record_from_row
 from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
 
 __all__ = ["DEFAULT_DB", "Store", "default_db_url", "resolve_db_url"]
@@ -102,7 +102,7 @@ def resolve_db_url(url: str | None = None) -> str:
     resolves it at its start: a task that changes the working folder (as Hydra does) would
     otherwise open a second, empty store. Anything that is no URL is returned as given (the
     Store names the problem when it opens it)."""
-    url = _path_as_url(url or default_db_url())
+    url = path_as_url(url or default_db_url())
     try:
         parsed = sa.make_url(url)
     except sa.exc.ArgumentError:
@@ -152,7 +152,7 @@ class Store:
                 f"db={self.shown_url!r} is not a database URL; give e.g. sqlite:///proftune.db "
                 "or postgresql://user@host/db (or a path to a SQLite file: runs.db, runs.sqlite)."
             ) from None
-        parsed = _installed_driver(parsed, self.shown_url)
+        parsed = installed_driver(parsed, self.shown_url)
         if parsed != sa.make_url(self.url):
             self.url = parsed.render_as_string(hide_password=False)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
@@ -161,7 +161,7 @@ class Store:
         self.path: Path | None = None
         made: list[Path] = []
         if self.is_sqlite:
-            _check_sqlite_file(parsed)
+            check_sqlite_file(parsed)
             database = parsed.database
             if database and database != ":memory:" and not database.startswith("file:"):
                 self.path = Path(database)
@@ -169,7 +169,7 @@ class Store:
             self.engine: Engine = sa.create_engine(
                 self.url, connect_args={"timeout": 60}, poolclass=sa.pool.NullPool
             )
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", sqlite_pragmas)
         else:
             try:
                 self.engine = sa.create_engine(self.url, pool_pre_ping=True)
@@ -194,9 +194,9 @@ class Store:
         (schema, a run's start or end, a lock), or where a database server's disk is full: one
         StoreError that says so, never the SQL."""
         if self.path is not None:
-            error = _no_space(self.shown_url, self.path, context.original_exception)
+            error = no_space_error(self.shown_url, self.path, context.original_exception)
         elif not self.is_sqlite:
-            error = _server_no_space(self.shown_url, context.original_exception)
+            error = server_no_space_error(self.shown_url, context.original_exception)
         else:
             return
         if error is not None:
@@ -218,9 +218,9 @@ class Store:
         """The tables, and the indexes a store made by an older version lacks (create_all adds
         indexes only with a new table). A database of another application is refused as it is."""
         if not self.is_sqlite:  # SQLite files were read before any connection (no WAL switch)
-            foreign = _foreign_tables(sa.inspect(self.engine).get_table_names())
+            foreign = foreign_tables(sa.inspect(self.engine).get_table_names())
             if foreign is not None:
-                raise _refuse_foreign(self.shown_url, foreign)
+                raise refuse_foreign(self.shown_url, foreign)
         if self.is_sqlite and self._schema_present():
             return  # every table and index there: one read, not create_all's checks (30 ms a Store)
         _metadata.create_all(self.engine)
@@ -245,8 +245,8 @@ class Store:
                 return fn()
             except OperationalError as exc:
                 if self.is_sqlite and "readonly database" in str(exc.orig):  # made read-only since it was opened
-                    raise _read_only_error(self.shown_url, "the database became read-only") from None
-                if attempt == self.retries - 1 or not _is_retryable(exc):
+                    raise read_only_error(self.shown_url, "the database became read-only") from None
+                if attempt == self.retries - 1 or not is_retryable(exc):
                     raise
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 1.0)
@@ -343,7 +343,7 @@ class Store:
             row = conn.execute(sa.select(runs_table).where(runs_table.c.id == int(run_id))).mappings().first()
         if row is None:
             raise ConfigError(f"run {run_id} does not exist in {self.shown_url}.")
-        return self._as_recorded(_record(row))
+        return self._as_recorded(record_from_row(row))
 
     def _as_recorded(self, record: RunRecord) -> RunRecord:
         """A run held until its command's outputs are written reads, inside that command, as it
@@ -362,7 +362,7 @@ class Store:
         ids = [int(i) for i in run_ids]
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(runs_table).where(runs_table.c.id.in_(ids))).mappings().all()
-        found = {int(r["id"]): self._as_recorded(_record(r)) for r in rows}
+        found = {int(r["id"]): self._as_recorded(record_from_row(r)) for r in rows}
         missing = [i for i in dict.fromkeys(ids) if i not in found]
         if missing:
             names = ", ".join(str(i) for i in missing)
@@ -396,7 +396,7 @@ class Store:
             stmt = stmt.limit(limit)
         with self.engine.connect() as conn:
             rows = conn.execute(stmt).mappings().all()
-        return [_record(r) for r in rows]
+        return [record_from_row(r) for r in rows]
 
     def add_runs(self, runs: Iterable[Mapping[str, Any]]) -> int:
         """Insert finished (or failed, or running) runs in one transaction; return how many.
@@ -459,8 +459,8 @@ class Store:
         return {
             "a": ra.id, "b": rb.id,
             "task": {"a": ra.task, "b": rb.task, "same": ra.task == rb.task},
-            "config": _diff(ra.config, rb.config),
-            "env": _diff(_flatten(ra.env), _flatten(rb.env)),
+            "config": diff_dicts(ra.config, rb.config),
+            "env": diff_dicts(flatten_dict(ra.env), flatten_dict(rb.env)),
             "data_fingerprint": {
                 "a": ra.data_fingerprint[:8] if ra.data_fingerprint else None,
                 "b": rb.data_fingerprint[:8] if rb.data_fingerprint else None,

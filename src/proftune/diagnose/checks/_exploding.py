@@ -34,7 +34,7 @@ class ExplodingGradients(BaseCheck):
 
     def check(self, history: History) -> Finding | None:
         spikes = history.spikes()
-        growth = _early_growth(history)
+        growth = early_growth(history)
         culprit = _culprit(history)
         overscale = None if culprit else _overscale(history)
         nf = history.nonfinite
@@ -138,7 +138,7 @@ def _loss_jumps(history: History, spikes: list[Any]) -> int:
     return n
 
 
-def _early_growth(history: History) -> dict[str, Any] | None:
+def early_growth(history: History) -> dict[str, Any] | None:
     """Before the running median exists (or before a non-finite step), the gradient norm grew
     ``spike_factor`` times over its first value: an explosion too fast for the median."""
     first: dict[str, Any] | None = None

@@ -7,7 +7,7 @@ from typing import Any
 from .._findings import Finding
 from .._history import History, NanProbe, NonFinite
 from ._base import BaseCheck, fmt
-from ._exploding import _early_growth
+from ._exploding import early_growth
 
 #: Layers that only overflow (a finite input times finite weights): a non-finite output of one
 #: of them follows values that grew, not an op that is undefined on its input.
@@ -31,7 +31,7 @@ class NanInf(BaseCheck):
             return _not_the_rate(self.cause, nf, probe, evidence)
         layer = nf.get("layer")
         produced = nf.get("phase") == "forward" and layer is not None and nf.get("inputs_finite")
-        grew = any(r["step"] < nf["step"] for r in history.spikes()) or _early_growth(history) is not None
+        grew = any(r["step"] < nf["step"] for r in history.spikes()) or early_growth(history) is not None
         overflow = nf.get("type") in _OVERFLOW_ONLY
         if produced and not overflow:
             summary = (f"layer {layer} ({nf.get('type')}) produced non-finite outputs from finite inputs at "
