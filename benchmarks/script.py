@@ -38,7 +38,8 @@ seeds (out of the budget), the mean of their ``test_acc``. Also printed: Optuna'
 runs it started and its wall time; then ours - Optuna (paired by seed, mean +- its standard
 error) and ours / Optuna.
 
-    python benchmarks/script.py [--script plain|hf|lit] [--budget 90] [--reps 3] [--eval-seeds 2] [--out F.json]
+    python benchmarks/script.py [--script plain|hf|lit] [--budget 90] [--reps 3] [--first-rep 0] [--eval-seeds 2]
+        [--out F.json]
 
 Writes nothing to the repository (temporary databases and output directories; the script is run,
 never changed).
@@ -211,12 +212,14 @@ def main() -> None:
     ap.add_argument("--script", choices=sorted(SCRIPTS), default="plain", help="which script (see above)")
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per arm")
     ap.add_argument("--reps", type=int, default=3, help="repetitions (seeds 0..reps-1)")
+    ap.add_argument("--first-rep", type=int, default=0,
+                    help="the first repetition's seed (repetitions FIRST..FIRST+reps-1: part of a run, same figures)")
     ap.add_argument("--eval-seeds", type=int, default=2, help="fresh seeds each arm's flags are judged at")
     ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
     args = ap.parse_args()
     spec = SCRIPTS[args.script]
     rows: list[dict[str, Any]] = []
-    for rep in range(args.reps):
+    for rep in range(args.first_rep, args.first_rep + args.reps):
         eval_seeds = [1000 + 10 * rep + k for k in range(args.eval_seeds)]
         ours = arm_ours(spec, args.budget, rep)
         opt = arm_optuna(spec, args.budget, rep)

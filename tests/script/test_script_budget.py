@@ -93,6 +93,8 @@ def test_the_race_run_at_the_budgets_end_is_cut_and_said(tmp_path: Path, db_url:
     assert d["stop_reason"].startswith("the budget's end"), d["stop_reason"]
     assert "the race-best run" in d["stop_reason"]
     assert d["vs_baseline"]["rounds"] == 2
+    final = next(s for s in d["stages"] if s["stage"] == "final")
+    assert "over 2 seeds, 1 of them with both runs" in final["did"], final["did"]  # judged on the one pair
     assert not _alive(pids)
     runs = Store(db_url).list_runs(kind="train")
     cut = [r for r in runs if r.status == "interrupted"]

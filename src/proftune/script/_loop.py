@@ -315,7 +315,11 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                 race["best_test"] = _mean_std([r[test] for r in c_runs if r and test in r])
                 race["defaults_test"] = _mean_std([r[test] for r in [*d_runs, *([] if paired else [base])]
                                                    if r and test in r])
-            how = (f"paired by --seed over {len(seeds)} seeds" if paired else
+            # a pair with a run failed or cut at the budget's end is not judged: say so beside the seeds run
+            pairs = sum(c is not None and d is not None for c, d in zip(c_vals, d_vals, strict=True))
+            how = (f"paired by --seed over {len(seeds)} seeds"
+                   + (f", {pairs} of them with both runs (the rest failed or cut)" if pairs < len(seeds) else "")
+                   if paired else
                    f"the script has no --seed flag, so seeds cannot be paired: {len(seeds)} runs of each, judged "
                    "by a rank-sum test of the runs beside the t-test on the runs in order")
             stages.append({"stage": "final", "status": "finished" if seeds else "skipped",
