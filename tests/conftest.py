@@ -2,12 +2,52 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist, never called
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: hand each worker this run's $COLUMNS (or its absence)."""
+    node.workerinput["proftune_columns"] = os.environ.get("COLUMNS")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, $COLUMNS as the run had it: a worker starts with COLUMNS=80 set, which
+    the CLI's piped tables (100 columns unless $COLUMNS says otherwise) would take as their width."""
+    given = getattr(config, "workerinput", {}).get("proftune_columns", "unset")
+    if given is None:
+        os.environ.pop("COLUMNS", None)
+    elif given != "unset":
+        os.environ["COLUMNS"] = given
+
+
+#: Session fixtures that train or start something: the tests using one run on one xdist worker,
+#: so that it is made once.
+_SHARED_FIXTURES = ("optimize_run",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for ``--dist loadgroup`` (pyproject's addopts): a test that uses a shared session
+    fixture goes with the others that use it; a test that uses a module-scoped fixture (a Ray
+    instance, a built site, a trained model) goes with its file, so that the fixture is made on one
+    worker only, as in a serial run; every other test goes to whichever worker is free."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        shared = [name for name in _SHARED_FIXTURES if name in defs]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif any(d and d[-1].scope in ("module", "package", "class") for d in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.fixture(autouse=True)
