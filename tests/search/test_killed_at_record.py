@@ -126,7 +126,8 @@ def test_a_worker_killed_between_training_and_record_leaves_the_study_to_continu
         assert retry.state == TrialState.COMPLETE or (workers > 1 and retry.user_attrs.get("proftune_surplus"))
         assert (retry.user_attrs.get("proftune") or {}).get("run_id") != dead_run
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 4
-    assert all(r.status != "running" for r in runs.values())  # no trial Run left running
+    left = [(r.id, r.config, r.pid) for r in Store(db).list_runs(kind="trial") if r.status == "running"]
+    assert not left, (left, killed.stderr[-2000:])  # no trial Run left running
     assert len([r for r in Store(db).list_runs(kind="tune") if r.status == "finished"]) == 1
 
 
@@ -152,3 +153,22 @@ def test_a_retry_running_in_a_live_worker_is_not_reaped_as_the_dead_trial(tmp_pa
     assert "proftune" not in retry.user_attrs
     assert reap_dead_trials(study, store) == []  # another process's reaping leaves it running
     assert study._storage.get_trial(retry._trial_id).state == TrialState.RUNNING
+
+
+def test_of_two_workers_that_found_one_dead_trial_one_fails_it_and_enqueues_its_retry(tmp_path: Path) -> None:
+    """Both read the trial RUNNING, then both fail it: one wins, the other is told it did not (on
+    SQLite, where Optuna's row lock does nothing, both used to win and each enqueued a retry)."""
+    from proftune.search._storage import fail_if_running, open_storage
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(db))
+    trial = study.ask()
+    first, second = (optuna.load_study(study_name="s", storage=open_storage(db)) for _ in range(2))
+    assert first._storage.get_trial(trial._trial_id).state == second._storage.get_trial(trial._trial_id).state \
+        == TrialState.RUNNING
+    won = [fail_if_running(s, trial._trial_id) for s in (first, second)]
+    assert won == [True, False]
+    finished = optuna.load_study(study_name="s", storage=db).trials[0]
+    assert finished.state == TrialState.FAIL
+    assert finished.datetime_complete is not None
+    assert fail_if_running(study, study.ask()._trial_id)  # the database's own trial ids, not numbers

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import os
 import socket
 import sqlite3
@@ -24,8 +25,8 @@ from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
 from ._records import study_view
 
-__all__ = ["fail_interrupted", "interrupt_trials", "open_storage", "prepare_storage", "reap_dead_trials",
-           "retry_callback"]
+__all__ = ["fail_if_running", "fail_interrupted", "interrupt_trials", "open_storage", "prepare_storage",
+           "reap_dead_trials", "retry_callback"]
 
 _T = TypeVar("_T")
 
@@ -201,6 +202,24 @@ def interrupt_trials(study: optuna.Study, store: Store, runs: list[Any], *, why:
     return fail_interrupted(study, ids)
 
 
+def fail_if_running(study: optuna.Study, trial_id: int) -> bool:
+    """Fail the trial only where it is still RUNNING, in one statement; True where this call did.
+
+    Of several workers that found the same dead trial, exactly one fails it and enqueues its retry:
+    Optuna's row lock (``for_update``) is a no-op on SQLite, so two workers that both read RUNNING
+    both failed it and each enqueued a retry (one left waiting past the budget). A storage with no
+    database (in memory) has one process: Optuna's own call is exact there."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    if engine is None:
+        return bool(study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL))
+    stmt = sa.text("UPDATE trials SET state = 'FAIL', datetime_complete = :now "
+                   "WHERE trial_id = :trial_id AND state = 'RUNNING'")
+    now = datetime.datetime.now()  # Optuna's own timestamps are naive local times
+    with engine.begin() as conn:
+        return bool(conn.execute(stmt, {"now": now, "trial_id": trial_id}).rowcount == 1)
+
+
 def fail_interrupted(study: optuna.Study, trial_ids: list[int]) -> list[int]:
     """Each of ``trial_ids`` still RUNNING failed with the user attribute ``interrupted`` and its
     configuration enqueued again (the retry, not itself interrupted, without the attribute).
@@ -213,7 +232,7 @@ def fail_interrupted(study: optuna.Study, trial_ids: list[int]) -> list[int]:
         with contextlib.suppress(KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
             if study._storage.get_trial(trial_id).state == TrialState.RUNNING:
                 study._storage.set_trial_user_attr(trial_id, "interrupted", True)
-                if study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                if fail_if_running(study, trial_id):
                     frozen = study._storage.get_trial(trial_id)
                     retry(study, frozen)
                     failed.append(frozen.number)
@@ -241,7 +260,7 @@ def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number))
             if study._storage.get_trial(trial_id).state != TrialState.RUNNING:
                 continue
-            ok = study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+            ok = fail_if_running(study, trial_id)
         except (KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
             continue
         if ok:
@@ -266,7 +285,7 @@ def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
         if run.status == "running" or run.host != host or run.pid is None or pid_alive(int(run.pid)):
             continue
         with contextlib.suppress(KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+            if fail_if_running(study, t._trial_id):
                 retry(study, study._storage.get_trial(t._trial_id))
                 reaped.append(t.number)
     return reaped

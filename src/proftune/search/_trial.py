@@ -318,9 +318,14 @@ class TrialRunner:
         rec["state"] = state
         rec["duration_s"] = time.perf_counter() - started
         output = rec.pop("output", None)  # a script's last lines: its Run keeps them, not the study
-        trial.set_user_attr(ATTR, rec)
-        if state == "failed":  # read by the slot count, which does not parse the record
-            trial.set_user_attr(f"{ATTR}_failed", True)
+        try:
+            trial.set_user_attr(ATTR, rec)
+            if state == "failed":  # read by the slot count, which does not parse the record
+                trial.set_user_attr(f"{ATTR}_failed", True)
+        finally:  # the Run ends with the training even where the study refused the record
+            self._finish_run(trial.number, rec, state, output)
+
+    def _finish_run(self, number: int, rec: dict[str, Any], state: str, output: Any) -> None:
         status = "failed" if state == "failed" else "finished"
         with contextlib.suppress(Exception):
             self.store.finish_run(
@@ -329,6 +334,6 @@ class TrialRunner:
                 metrics=rec["metrics"], anomalies=rec["anomalies"],
                 curves={"epoch": rec.get("curve", [])},
                 **({"artifacts": {"output": output}} if output else {}),
-                result=TrialResult.build(trial=trial.number, state=state, reason=rec["reason"],
+                result=TrialResult.build(trial=number, state=state, reason=rec["reason"],
                                          constraints=rec["constraints"], steps=rec["steps"],
                                          train_s=rec["train_s"], gate_s=rec["gate_s"]).to_dict())
