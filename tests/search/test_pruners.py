@@ -115,3 +115,27 @@ def test_rung_epochs_only_for_successive_halving_with_a_known_first_rung() -> No
     assert rung_epochs(optuna.pruners.SuccessiveHalvingPruner(min_resource="auto")) is None
     assert rung_epochs(optuna.pruners.MedianPruner()) is None
     assert rung_epochs(optuna.pruners.HyperbandPruner()) is None
+
+
+@pytest.mark.parametrize(("margin", "pruned"), [(0.0, [False, True, True]), (0.035, [False, False, True])])
+def test_noise_aware_halving_prunes_only_beyond_its_margin(margin: float, pruned: list[bool]) -> None:
+    """At the first rung, the first trial is the cut; 0.02 behind it is within one validation figure's
+    noise (0.035 on 200 samples) and goes on, 0.10 behind is pruned; margin 0 is Optuna's halving."""
+    from proftune.search._pruners import NoiseAwareHalvingPruner
+
+    study = optuna.create_study(direction="maximize",
+                                pruner=NoiseAwareHalvingPruner(min_resource=1, reduction_factor=3, margin=margin))
+    seen = []
+    for value in (0.40, 0.38, 0.30):
+        trial = study.ask()
+        trial.report(value, step=1)
+        seen.append(trial.should_prune())
+        study.tell(trial, value)
+    assert seen == pruned
+
+
+def test_noise_aware_halving_refuses_a_negative_margin() -> None:
+    from proftune.search._pruners import NoiseAwareHalvingPruner
+
+    with pytest.raises(ConfigError, match="margin"):
+        NoiseAwareHalvingPruner(margin=-0.1)

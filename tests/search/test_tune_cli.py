@@ -147,11 +147,11 @@ def test_a_trial_count_the_timeout_cannot_reach_is_said_with_the_pace(tmp_path: 
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  hidden: {type: int, low: 4, high: 32}\n")
     result = runner.invoke(app, ["tune", "wine-mlp", "--space", str(space), "--trials", "1000000000", "--epochs", "1",
-                                 "--timeout", "4", "--db", f"sqlite:///{tmp_path / 'p.db'}"])
+                                 "--timeout", "8", "--db", f"sqlite:///{tmp_path / 'p.db'}"])
     assert result.exit_code == 0, result.output
     assert "--trials 1000000000: at ~" in result.stderr
     assert "s a trial (the median of the first 3)" in result.stderr
-    assert "the --timeout 4 s holds ~" in result.stderr
+    assert "the --timeout 8 s holds ~" in result.stderr
     assert result.stderr.count("--trials 1000000000") == 1  # said once
 
 

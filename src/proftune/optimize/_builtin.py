@@ -42,6 +42,7 @@ from ._final import (
     lead_in_search,
     races_on_resplits,
     run_final,
+    sampling_std,
     winners_curse,
 )
 from ._health_gate import searched_params, stopping_findings, tuned
@@ -330,6 +331,8 @@ class Search(BaseStage):
             defaults_measured=self._defaults_measured(loop, epochs),
             pruner="asha" if full_trials < FULL_TRIALS_FOR_NO_PRUNER and rank_at is not None else "none",
             first_rung=rank_at or 1,
+            # a trial within one validation figure's noise of a rung's cut goes on: the cut cannot rank it
+            prune_margin=sampling_std(loop.v.metric, loop.holdout.val_samples, self._defaults_level(loop)) or 0.0,
             trial_s_estimate=epochs * epoch_s,
             alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {},
             on_trial=loop.cfg.on_trial, keep_models=str(loop.out / MODELS_DIR) if reuse else None)
@@ -370,12 +373,17 @@ class Search(BaseStage):
 
 
     @staticmethod
+    def _defaults_level(loop: StageContext) -> float | None:
+        """The defaults' metric in the baseline's training (None: not measured)."""
+        return finite_float(loop.state.record(BaselineOutputs).defaults.metrics.get(loop.v.metric))
+
+    @staticmethod
     def _defaults_measured(loop: StageContext, epochs: int) -> float | None:
         """The baseline's metric of the defaults where the trials run their own epochs (and the
         baseline ran them to the end): the search does not train them again."""
         if epochs < loop.task.default_epochs or not loop.baseline_reusable():
             return None
-        return finite_float(loop.state.record(BaselineOutputs).defaults.metrics.get(loop.v.metric))
+        return Search._defaults_level(loop)
 
 
 @register_stage

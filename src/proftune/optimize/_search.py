@@ -89,6 +89,9 @@ class StageSettings:
     pruner: str = "asha"
     #: The first epoch a rung may sit at: where the defaults' own curve had separated from its start.
     first_rung: int = 1
+    #: How far behind a rung's cut a trial must be before successive halving prunes it: one validation
+    #: figure's sampling noise (0: the cut alone, as Optuna's pruner).
+    prune_margin: float = 0.0
     #: Seconds a full trial is expected to take before any has run (epochs x the baseline's epoch).
     trial_s_estimate: float = 0.0
     #: Another optimizer (with its lr, momentum) the compute stage measured better than the task's.
@@ -421,7 +424,9 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
     if pruner == "asha" and not space.pruner:
         import dataclasses
 
-        space = dataclasses.replace(space, pruner={"min_resource": first, "reduction_factor": REDUCTION_FACTOR})
+        margin = {"margin": settings.prune_margin} if settings.prune_margin else {}
+        space = dataclasses.replace(space, pruner={"min_resource": first, "reduction_factor": REDUCTION_FACTOR,
+                                                   **margin})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return search(task, space, objectives=[settings.objective], constraints=settings.constraints,

@@ -21,8 +21,8 @@ from optuna.study import StudyDirection
 from .._registry import LiveSequence, Registry
 from ..exceptions import ConfigError
 
-__all__ = ["PRUNERS", "PRUNER_REGISTRY", "BasePrunerMaker", "PatiencePruner", "make_pruner", "pruner_name",
-           "register_pruner"]
+__all__ = ["PRUNERS", "PRUNER_REGISTRY", "BasePrunerMaker", "NoiseAwareHalvingPruner", "PatiencePruner",
+           "make_pruner", "pruner_name", "register_pruner"]
 
 
 
@@ -135,14 +135,57 @@ class _Median(BasePrunerMaker):
                                            n_warmup_steps=int(options.get("n_warmup_steps", 0)))
 
 
+class NoiseAwareHalvingPruner(BasePruner):
+    """Successive halving that does not rank by noise: Optuna's rule (at rung ``k``, step
+    ``min_resource * reduction_factor**k``, a trial goes on while it is among the best
+    ``1/reduction_factor`` of those that reached the rung), except that a trial within ``margin`` of
+    the rung's promotion cut goes on too.
+
+    ``margin`` is the noise of one figure (a validation accuracy on 200 samples moves by about 0.035
+    between equally good models): the halving's cut between two trials 0.02 apart is a coin toss,
+    and with the few trials a short budget holds it pruned slow starters the full training would
+    have ranked first (a rate 80x the defaults', cut at epoch 7 of 60 at 0.355 against 0.375).
+    ``margin`` 0 is Optuna's pruner exactly.
+    """
+
+    def __init__(self, min_resource: int = 1, reduction_factor: int = 3, margin: float = 0.0) -> None:
+        if not math.isfinite(margin) or margin < 0:
+            raise ConfigError(f"pruner margin={margin!r} must be a finite number >= 0.")
+        self.halving = optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource,
+                                                               reduction_factor=reduction_factor)
+        self.reduction_factor, self.margin = reduction_factor, margin
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if not self.halving.prune(study, trial):
+            return False
+        value = trial.intermediate_values.get(trial.last_step) if trial.last_step is not None else None
+        if self.margin <= 0 or value is None or not math.isfinite(value):
+            return True
+        # the rung the halving judged it at: the last one it recorded for the trial
+        attrs = study._storage.get_trial_system_attrs(trial._trial_id)
+        rung = 0
+        while f"completed_rung_{rung + 1}" in attrs:
+            rung += 1
+        key = f"completed_rung_{rung}"
+        others = [float(t.system_attrs[key]) for t in study.get_trials(deepcopy=False)
+                  if key in t.system_attrs and t.number != trial.number]
+        competing = sorted([*others, float(value)])
+        place = max(len(competing) // self.reduction_factor - 1, 0)
+        maximize = study.direction == StudyDirection.MAXIMIZE
+        cut = competing[-(place + 1)] if maximize else competing[place]
+        behind = (cut - value) if maximize else (value - cut)
+        return behind > self.margin
+
+
 @register_pruner
 class _ASHA(BasePrunerMaker):
     name = "asha"
-    option_types: ClassVar[dict[str, str]] = {"min_resource": "int", "reduction_factor": "int"}
+    option_types: ClassVar[dict[str, str]] = {"min_resource": "int", "reduction_factor": "int", "margin": "float"}
 
     def make(self, options: dict[str, Any]) -> BasePruner:
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=int(options.get("min_resource", 1)),
-                                                      reduction_factor=int(options.get("reduction_factor", 3)))
+        return NoiseAwareHalvingPruner(min_resource=int(options.get("min_resource", 1)),
+                                       reduction_factor=int(options.get("reduction_factor", 3)),
+                                       margin=float(options.get("margin", 0.0)))
 
 
 @register_pruner

@@ -19,7 +19,7 @@ from ..train import Callback, FitState, fit
 from ._constraints import constraint_table
 from ._gate import ProfileGate, free_memory, is_oom
 from ._objective import ObjectiveTask
-from ._pruners import pruner_name
+from ._pruners import NoiseAwareHalvingPruner, pruner_name
 from ._records import ATTR, TrialResult, slots_before
 from ._samplers import describe_sampler
 from ._settings import SearchSettings
@@ -69,6 +69,8 @@ def rung_epochs(pruner: optuna.pruners.BasePruner) -> Callable[[int], bool] | No
     or after ``min_resource * reduction_factor ** (rate + k)``), so a report at any other epoch, a
     database write and a read of the trial (20-30 ms on SQLite), changes nothing; None: report
     every epoch (median, Hyperband's brackets, the user's own pruner)."""
+    if isinstance(pruner, NoiseAwareHalvingPruner):  # its rungs are the halving's
+        pruner = pruner.halving
     if type(pruner) is not optuna.pruners.SuccessiveHalvingPruner:
         return None
     first = getattr(pruner, "_min_resource", None)
