@@ -14,9 +14,10 @@ from typing import Any, TypedDict
 
 import torch
 
+from .._records import JsonRecord
 from ._lrtest import RangeTest
 
-__all__ = ["History", "LayerSample", "NanProbe", "NonFinite", "StepRecord"]
+__all__ = ["History", "LayerSample", "LossRise", "NanProbe", "NonFinite", "Oscillation", "StalledTail", "StepRecord"]
 
 #: (1-based step, per-layer statistics of :class:`proftune.profile.LayerStats` at that step).
 LayerSample = tuple[int, dict[str, dict[str, Any]]]
@@ -63,6 +64,50 @@ class NanProbe(TypedDict):
     nan_step: int
     probe_nan_step: int | None
     follows_lr: bool
+
+
+@dataclass(frozen=True)
+class LossRise(JsonRecord):
+    """The smoothed loss rose back by more than half of the progress made (or blew up): its start,
+    its low before the rise, the peak after it (inf: it blew up), where it ended, and the rise's onset."""
+
+    start_loss: float
+    min_loss: float
+    min_step: int
+    min_loss_overall: float
+    peak_loss: float
+    peak_step: int
+    final_loss: float
+    onset: int
+    ended_above_start: bool
+    #: Spread over mean of the last fifth of the step losses (None: fewer than two finite ones).
+    tail_cv: float | None
+
+
+@dataclass(frozen=True)
+class Oscillation(JsonRecord):
+    """The loss climbed back up ``rises`` times between windows of ``window_steps`` steps."""
+
+    rises: int
+    windows: int
+    window_steps: int
+    first_rise_step: int
+    largest_rise: float
+    largest_rise_step: int
+    start_loss: float
+    final_loss: float
+    low: float
+
+
+@dataclass(frozen=True)
+class StalledTail(JsonRecord):
+    """The last ``tail_steps`` steps made ``tail_progress`` of the run's progress at a noisy level."""
+
+    start_loss: float
+    tail_loss: float
+    tail_noise: float
+    tail_progress: float
+    tail_steps: int
 
 
 @dataclass
@@ -124,7 +169,7 @@ class History:
         """Steps whose gradient norm reached ``spike_factor`` times its running median."""
         return [r for r in self.steps if math.isfinite(r["ratio"]) and r["ratio"] >= self.spike_factor]
 
-    def lr_rise(self) -> dict[str, Any] | None:
+    def lr_rise(self) -> LossRise | None:
         """The loss rose back by more than half of the progress made (or blew up)."""
         curve = self.smoothed()
         if len(curve) < 5:
@@ -139,14 +184,13 @@ class History:
         if found is None:
             assert self.nonfinite is not None
             low, low_step = min((v, s) for s, v in curve)
-            found = {"onset": int(self.nonfinite["step"]), "min_loss": low, "min_step": low_step,
-                     "peak_loss": math.inf, "peak_step": int(self.nonfinite["step"])}
-        return {"start_loss": start, "min_loss": found["min_loss"], "min_step": found["min_step"],
-                "min_loss_overall": min(v for _, v in curve),
-                "peak_loss": found["peak_loss"], "peak_step": found["peak_step"],
-                "final_loss": final, "onset": found["onset"],
-                "ended_above_start": final > start,
-                "tail_cv": statistics.pstdev(tail) / max(statistics.fmean(tail), 1e-12) if len(tail) > 1 else None}
+            found = (int(self.nonfinite["step"]), low, low_step, math.inf, int(self.nonfinite["step"]))
+        onset, min_loss, min_step, peak_loss, peak_step = found
+        return LossRise(start_loss=start, min_loss=min_loss, min_step=min_step,
+                        min_loss_overall=min(v for _, v in curve), peak_loss=peak_loss,
+                        peak_step=peak_step, final_loss=final, onset=onset,
+                        ended_above_start=final > start,
+                        tail_cv=statistics.pstdev(tail) / max(statistics.fmean(tail), 1e-12) if len(tail) > 1 else None)
 
     def nan_not_lr(self) -> bool:
         """Whether the NaN probe found the first NaN at the same step (or sooner) at a far lower
@@ -199,7 +243,7 @@ class History:
         return {"start_loss": start, "final_loss": end, "relative_drop": drop, "steps": len(curve)}
 
 
-    def oscillation(self) -> dict[str, Any] | None:
+    def oscillation(self) -> Oscillation | None:
         """The loss climbs back up again and again: 3+ rises between consecutive windows of
         steps, each by 20% of the starting loss and 35% of its level at the time (smaller ones
         are the batch noise of a low loss)."""
@@ -215,9 +259,9 @@ class History:
         if len(rises) < 3:
             return None
         largest = max(rises, key=lambda r: r[1])
-        return {"rises": len(rises), "windows": len(means), "window_steps": w, "first_rise_step": rises[0][0],
-                "largest_rise": largest[1], "largest_rise_step": largest[0], "start_loss": start,
-                "final_loss": means[-1][1], "low": min(m for _, m in means)}
+        return Oscillation(rises=len(rises), windows=len(means), window_steps=w, first_rise_step=rises[0][0],
+                           largest_rise=largest[1], largest_rise_step=largest[0], start_loss=start,
+                           final_loss=means[-1][1], low=min(m for _, m in means))
 
     def slow_progress(self) -> dict[str, float] | None:
         """The loss falls, but slowly: it kept over 40% of its starting value (yet fell 10% or
@@ -277,7 +321,7 @@ class History:
             return None
         return {"start_loss": start, "middle_loss": mid, "last_loss": last}
 
-    def stalled_tail(self) -> dict[str, Any] | None:
+    def stalled_tail(self) -> StalledTail | None:
         """The last 30% of the run made under 5% of the run's progress while the step loss stays
         noisy (std 10%+ of its level) well above zero: a floor that a lower rate would lower."""
         finite = [v for _, v in self.losses() if math.isfinite(v)]
@@ -293,8 +337,8 @@ class History:
         progress = (a - b) / max(start - b, 1e-12)
         if start <= b or progress >= 0.05 or noise < 0.1 or level < 0.05 * start:
             return None
-        return {"start_loss": start, "tail_loss": level, "tail_noise": noise, "tail_progress": progress,
-                "tail_steps": len(tail)}
+        return StalledTail(start_loss=start, tail_loss=level, tail_noise=noise, tail_progress=progress,
+                           tail_steps=len(tail))
 
 
 def early_rise(losses: list[tuple[int, float]]) -> dict[str, float] | None:
@@ -315,8 +359,9 @@ def early_rise(losses: list[tuple[int, float]]) -> dict[str, float] | None:
     return best
 
 
-def _rise_onset(curve: list[tuple[int, float]], start: float) -> dict[str, float] | None:
-    """Where the smoothed loss first climbed back above its low, and its peak after that."""
+def _rise_onset(curve: list[tuple[int, float]], start: float) -> tuple[int, float, int, float, int] | None:
+    """Where the smoothed loss first climbed back above its low, and its peak after that:
+    (onset step, low before it, its step, peak loss, its step)."""
     low, low_step, onset, peak, peak_step = math.inf, 0, None, -math.inf, 0
     low_before, low_before_step = math.nan, 0
     for s, v in curve:
@@ -330,5 +375,4 @@ def _rise_onset(curve: list[tuple[int, float]], start: float) -> dict[str, float
             low, low_step = v, s
     if onset is None:
         return None
-    return {"onset": onset, "min_loss": low_before, "min_step": low_before_step,
-            "peak_loss": peak, "peak_step": peak_step}
+    return onset, low_before, low_before_step, peak, peak_step

@@ -7,12 +7,14 @@ Each rule reads the measured numbers of the Profile (nothing is re-measured) and
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .._records import JsonRecord
 from ..profile import LayerProfile, Profile, load_spread
 from ._records import Recommendation
 
@@ -181,6 +183,21 @@ def _beyond_noise(lay: LayerProfile, work: float) -> bool:
             and low > BOTTLENECK_RATIO * work)
 
 
+@dataclass(frozen=True)
+class _SlowLayer(JsonRecord):
+    """A layer whose share of the time is far above its share of the work (at its fastest of ``steps``)."""
+
+    layer: str
+    type: str
+    time_share: float
+    time_share_q1: float | None
+    time_share_q3: float | None
+    steps: int
+    params_share: float
+    macs_share: float
+    ms: float
+
+
 def bottleneck_rule(profile: Profile) -> Recommendation:
     """Layers whose share of time is far above their share of parameters and MACs, beyond the
     share's noise: advice only where its fastest of two or more timed steps is above the bars."""
@@ -188,26 +205,24 @@ def bottleneck_rule(profile: Profile) -> Recommendation:
     total_ms = sum(_layer_ms(lay) for lay in layers)
     total_params = sum(lay.params for lay in profile.layers) or 1
     total_macs = sum(lay.macs for lay in profile.layers) or 1
-    found: list[dict[str, Any]] = []
-    noisy: list[dict[str, Any]] = []
+    found: list[tuple[_SlowLayer, str]] = []
+    noisy: list[_SlowLayer] = []
     for lay in layers:
         t_share = lay.time_share if lay.time_share is not None else (_layer_ms(lay) / total_ms if total_ms else 0.0)
         p_share = lay.params_share if lay.params_share is not None else lay.params / total_params
         m_share = lay.macs_share if lay.macs_share is not None else lay.macs / total_macs
         work = max(p_share, m_share)
         if t_share >= BOTTLENECK_MIN_SHARE and t_share > BOTTLENECK_RATIO * work:
-            row = {"layer": lay.name, "type": lay.type, "time_share": t_share,
-                   "time_share_q1": lay.time_share_q1, "time_share_q3": lay.time_share_q3,
-                   "steps": lay.time_share_samples, "params_share": p_share, "macs_share": m_share,
-                   "ms": _layer_ms(lay)}
+            row = _SlowLayer(lay.name, lay.type, t_share, lay.time_share_q1, lay.time_share_q3,
+                             lay.time_share_samples, p_share, m_share, _layer_ms(lay))
             if _beyond_noise(lay, work):
-                found.append({**row, "action": _advice(lay)})
+                found.append((row, _advice(lay)))
             else:
                 noisy.append(row)
-    found.sort(key=lambda d: -d["time_share"])
-    noisy.sort(key=lambda d: -d["time_share"])
+    found.sort(key=lambda d: -d[0].time_share)
+    noisy.sort(key=lambda d: -d.time_share)
     evidence = {"layers_ms": total_ms, "layers_profiled": len(layers), "ratio": BOTTLENECK_RATIO,
-                "min_time_share": BOTTLENECK_MIN_SHARE, "within_noise": noisy}
+                "min_time_share": BOTTLENECK_MIN_SHARE, "within_noise": [d.to_dict() for d in noisy]}
     if not layers:
         return Recommendation("bottleneck", None,
                               "the profile holds no per-layer times (profile with detail='full').",
@@ -215,8 +230,8 @@ def bottleneck_rule(profile: Profile) -> Recommendation:
     withheld = ""
     if noisy:
         d = noisy[0]
-        spread = f"it was timed on {d['steps']} step(s), too few to tell a share from noise"
-        withheld = (f" No advice for {d['layer'] or '(model)'} ({d['type']}, {d['time_share']:.0%} of the time): "
+        spread = f"it was timed on {d.steps} step(s), too few to tell a share from noise"
+        withheld = (f" No advice for {d.layer or '(model)'} ({d.type}, {d.time_share:.0%} of the time): "
                     f"{spread}, within the machine's noise of the bars"
                     + (f" (and {len(noisy) - 1} more like it)" if len(noisy) > 1 else "") + ".")
     if not found:
@@ -224,11 +239,11 @@ def bottleneck_rule(profile: Profile) -> Recommendation:
                               f"parameters and MACs beyond noise (>= {BOTTLENECK_MIN_SHARE:.0%} of the time "
                               f"and > {BOTTLENECK_RATIO:g}x its work share at its fastest of two or more "
                               f"timed steps).{withheld}", evidence, "medium", "none needed")
-    saved = sum(d["ms"] for d in found) * 0.5
-    names = ", ".join(f"{d['layer']} ({d['type']}, {d['time_share']:.0%} of time at its fastest of {d['steps']} "
-                      f"steps, their middle half "
-                      f"{load_spread(d['time_share'], d['time_share_q1'], d['time_share_q3'])} as long, vs "
-                      f"{max(d['params_share'], d['macs_share']):.0%} of work)" for d in found[:5])
-    return Recommendation("bottleneck", found, f"layers whose time is far above their work: {names}.{withheld}",
+    saved = sum(d.ms for d, _ in found) * 0.5
+    names = ", ".join(f"{d.layer} ({d.type}, {d.time_share:.0%} of time at its fastest of {d.steps} "
+                      f"steps, their middle half {load_spread(d.time_share, d.time_share_q1, d.time_share_q3)} "
+                      f"as long, vs {max(d.params_share, d.macs_share):.0%} of work)" for d, _ in found[:5])
+    rows = [{**d.to_dict(), "action": action} for d, action in found]
+    return Recommendation("bottleneck", rows, f"layers whose time is far above their work: {names}.{withheld}",
                           evidence, "medium",
                           f"fusing/fixing them could save up to ~{saved:.2f} ms per step (half their time)")

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from dataclasses import dataclass
 
 from .._findings import Finding
 from .._history import History
 from ._base import BaseCheck
 
 _RELU_TYPES = ("ReLU", "ReLU6")
+
+
+@dataclass(frozen=True)
+class _DeadLayer:
+    """A ReLU layer's zero and dead-unit fractions over the second half of its samples, from ``onset``."""
+
+    layer: str
+    zero_frac: float
+    dead_frac: float
+    onset: int
+    samples: int
 
 
 class DeadUnits(BaseCheck):
@@ -26,21 +37,21 @@ class DeadUnits(BaseCheck):
         worst = _worst_layer(per_layer, history.dead_threshold)
         if worst is None:
             return None
-        at_init = worst["onset"] == history.samples[0][0]
-        evidence = {"zero_frac": worst["zero_frac"], "dead_unit_frac": worst["dead_frac"],
-                    "threshold": history.dead_threshold, "sampled_steps": worst["samples"],
+        at_init = worst.onset == history.samples[0][0]
+        evidence = {"zero_frac": worst.zero_frac, "dead_unit_frac": worst.dead_frac,
+                    "threshold": history.dead_threshold, "sampled_steps": worst.samples,
                     "per_layer": {k: statistics.fmean(z for _, z, _ in v[len(v) // 2:])
                                   for k, v in per_layer.items()},
                     "dead_from_init": at_init}
-        dead_txt = (f", {worst['dead_frac']:.0%} of its units are zero on >90% of samples"
-                    if math.isfinite(worst["dead_frac"]) else "")
-        summary = (f"ReLU outputs of {worst['layer']} are zero {worst['zero_frac']:.0%} of the time{dead_txt} "
-                   f"(from step {worst['onset']}{', i.e. at init' if at_init else ''})")
+        dead_txt = (f", {worst.dead_frac:.0%} of its units are zero on >90% of samples"
+                    if math.isfinite(worst.dead_frac) else "")
+        summary = (f"ReLU outputs of {worst.layer} are zero {worst.zero_frac:.0%} of the time{dead_txt} "
+                   f"(from step {worst.onset}{', i.e. at init' if at_init else ''})")
         fix = ("check the biases and init of the layer before it (biases near 0, kaiming init), lower "
                "the learning rate, or use LeakyReLU/GELU")
-        severe = worst["zero_frac"] > 0.99 or (math.isfinite(worst["dead_frac"]) and worst["dead_frac"] > 0.9)
+        severe = worst.zero_frac > 0.99 or (math.isfinite(worst.dead_frac) and worst.dead_frac > 0.9)
         return Finding(self.cause, "error" if severe else "warning", summary, fix, evidence,
-                       0.95 if at_init else 0.7, step=worst["onset"], layer=worst["layer"], root=at_init)
+                       0.95 if at_init else 0.7, step=worst.onset, layer=worst.layer, root=at_init)
 
 
 def _relu_zero_fractions(history: History) -> dict[str, list[tuple[int, float, float]]]:
@@ -59,13 +70,14 @@ def _relu_zero_fractions(history: History) -> dict[str, list[tuple[int, float, f
     return per_layer
 
 
-def _worst_layer(per_layer: dict[str, list[tuple[int, float, float]]], threshold: float) -> dict[str, Any] | None:
+def _worst_layer(per_layer: dict[str, list[tuple[int, float, float]]], threshold: float) -> _DeadLayer | None:
     """The layer most dead over the second half of its samples, and when it first was."""
 
     def bad(z: float, d: float) -> bool:
         return z > threshold or (math.isfinite(d) and d >= 0.5)
 
-    worst: dict[str, Any] | None = None
+    worst: _DeadLayer | None = None
+    worst_key = (-math.inf, -math.inf)
     for name, rows in per_layer.items():
         tail = rows[len(rows) // 2:]
         zero = statistics.fmean(z for _, z, _ in tail)
@@ -75,7 +87,6 @@ def _worst_layer(per_layer: dict[str, list[tuple[int, float, float]]], threshold
             continue
         onset = next(step for step, z, d in rows if bad(z, d))
         key = (zero, dead if math.isfinite(dead) else 0.0)
-        if worst is None or key > worst["key"]:
-            worst = {"layer": name, "zero_frac": zero, "dead_frac": dead, "onset": onset,
-                     "samples": len(rows), "key": key}
+        if worst is None or key > worst_key:
+            worst, worst_key = _DeadLayer(name, zero, dead, onset, len(rows)), key
     return worst

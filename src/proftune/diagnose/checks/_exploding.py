@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
+from ..._records import JsonRecord
 from .._findings import Finding
-from .._history import History, LayerSample, NonFinite
+from .._history import History, LayerSample, NonFinite, StepRecord
 from ._base import BaseCheck, fmt
 
 #: std * sqrt(fan_in) of PyTorch's default init of Linear/Conv (kaiming_uniform, a=sqrt(5)).
@@ -18,6 +20,54 @@ HE_SCALE = math.sqrt(2.0)
 #: A network whose activations grow this much from the input to its last weight layer at the
 #: first step is over-scaled (a He-initialised ReLU net keeps them about constant).
 OVERSCALE_GAIN = 100.0
+
+
+@dataclass(frozen=True)
+class Growth(JsonRecord):
+    """The gradient norm grew ``ratio`` times from ``from_norm`` at ``from_step`` to ``grad_norm`` at ``step``."""
+
+    step: int
+    grad_norm: float
+    from_step: int
+    from_norm: float
+    ratio: float
+
+
+@dataclass(frozen=True)
+class Culprit(JsonRecord):
+    """A layer initialised ``times_reference`` times the scale (std * sqrt(fan_in)) of the others."""
+
+    layer: str
+    type: str | None
+    weight_scale: float
+    reference_scale: float
+    times_reference: float
+    activation_gain: float | None
+    sampled_step: int
+
+
+@dataclass(frozen=True)
+class Overscale(JsonRecord):
+    """Every weight layer initialised above He scale: activations grow ``gain`` times to ``last_layer``."""
+
+    layers: int
+    median_scale: float
+    times_he: float
+    gain: float
+    gain_per_layer: float
+    last_layer: str
+    sampled_step: int
+
+
+@dataclass(frozen=True)
+class LayerGrowth(JsonRecord):
+    """A layer's gradient norm at ``sampled_step`` against the median of its earlier samples."""
+
+    layer: str
+    grad_norm: float
+    baseline: float
+    ratio: float
+    sampled_step: int
 
 
 class ExplodingGradients(BaseCheck):
@@ -58,40 +108,40 @@ class ExplodingGradients(BaseCheck):
                             running_median=first["median"], first_spike_ratio=first["ratio"],
                             max_ratio=peak["ratio"], max_ratio_step=peak["step"])
         if growth:
-            evidence["early_growth"] = growth
+            evidence["early_growth"] = growth.to_dict()
         if nf is not None:
             evidence["nonfinite_step"] = nf["step"]
-        onset = min(s for s in (spikes[0]["step"] if spikes else None, growth["step"] if growth else None,
+        onset = min(s for s in (spikes[0]["step"] if spikes else None, growth.step if growth else None,
                                 nf["step"] if grads_nonfinite and nf else None) if s is not None) \
             if (spikes or growth or grads_nonfinite) else 1
         what = _what_happened(history, peak, growth, nf)
         layer = None
         if culprit:
-            evidence["culprit"] = culprit
-            layer = culprit["layer"]
-            summary = (f"layer {layer} ({culprit['type']}) is initialised at {fmt(culprit['times_reference'])}x "
-                       f"the scale of the other layers (std*sqrt(fan_in) {fmt(culprit['weight_scale'])} vs "
-                       f"{fmt(culprit['reference_scale'])}); {what}")
+            evidence["culprit"] = culprit.to_dict()
+            layer = culprit.layer
+            summary = (f"layer {layer} ({culprit.type}) is initialised at {fmt(culprit.times_reference)}x "
+                       f"the scale of the other layers (std*sqrt(fan_in) {fmt(culprit.weight_scale)} vs "
+                       f"{fmt(culprit.reference_scale)}); {what}")
             fix = (f"re-initialise {layer} at the default scale (e.g. nn.init.kaiming_uniform_); "
                    "clip gradients (grad_clip, proftune.GradGuard) as a guard")
-            onset = min(onset, culprit["sampled_step"])
+            onset = min(onset, culprit.sampled_step)
         elif overscale:
-            evidence["overscale"] = overscale
-            layer = overscale["last_layer"]
-            summary = (f"the {overscale['layers']} weight layers are initialised at {fmt(overscale['times_he'])}x "
-                       f"He scale (median std*sqrt(fan_in) {fmt(overscale['median_scale'])}; He {fmt(HE_SCALE)}, "
+            evidence["overscale"] = overscale.to_dict()
+            layer = overscale.last_layer
+            summary = (f"the {overscale.layers} weight layers are initialised at {fmt(overscale.times_he)}x "
+                       f"He scale (median std*sqrt(fan_in) {fmt(overscale.median_scale)}; He {fmt(HE_SCALE)}, "
                        f"PyTorch's default {fmt(DEFAULT_INIT_SCALE)}): activations grow "
-                       f"{fmt(overscale['gain_per_layer'])}x per layer, {fmt(overscale['gain'])}x from the input "
-                       f"to the output of layer {layer} at step {overscale['sampled_step']}; {what}")
+                       f"{fmt(overscale.gain_per_layer)}x per layer, {fmt(overscale.gain)}x from the input "
+                       f"to the output of layer {layer} at step {overscale.sampled_step}; {what}")
             fix = ("initialise at He scale (nn.init.kaiming_normal_(weight, nonlinearity='relu')) or keep "
                    "PyTorch's default init, or add normalisation layers; clip gradients "
                    "(grad_clip, proftune.GradGuard) as a guard")
-            onset = min(onset, overscale["sampled_step"])
+            onset = min(onset, overscale.sampled_step)
         else:
             where = _first_layer_of_spike(history, spikes[0]["step"]) if spikes else None
             if where:
-                evidence["first_layer"] = where
-                layer = where["layer"]
+                evidence["first_layer"] = where.to_dict()
+                layer = where.layer
             summary = what + (f"; the first layer to grow was {layer}" if layer else "")
             fix = ("clip gradients (param grad_clip or proftune.GradGuard), lower the learning rate, "
                    "or add normalisation")
@@ -102,12 +152,12 @@ class ExplodingGradients(BaseCheck):
                        root=bool(culprit or overscale))
 
 
-def _what_happened(history: History, peak: Any, growth: dict[str, Any] | None, nf: NonFinite | None) -> str:
+def _what_happened(history: History, peak: Any, growth: Growth | None, nf: NonFinite | None) -> str:
     """The gradient-norm story of the run in one clause, with steps and values."""
     parts = []
     if growth:
-        parts.append(f"the gradient norm grew from {fmt(growth['from_norm'])} at step {growth['from_step']} "
-                     f"to {fmt(growth['grad_norm'])} at step {growth['step']} ({fmt(growth['ratio'])}x)")
+        parts.append(f"the gradient norm grew from {fmt(growth.from_norm)} at step {growth.from_step} "
+                     f"to {fmt(growth.grad_norm)} at step {growth.step} ({fmt(growth.ratio)}x)")
     if peak is not None:
         n = len(history.spikes())
         parts.append(f"the gradient norm jumped to {fmt(peak['grad_norm'])} at step {peak['step']}, "
@@ -138,10 +188,10 @@ def _loss_jumps(history: History, spikes: list[Any]) -> int:
     return n
 
 
-def early_growth(history: History) -> dict[str, Any] | None:
+def early_growth(history: History) -> Growth | None:
     """Before the running median exists (or before a non-finite step), the gradient norm grew
     ``spike_factor`` times over its first value: an explosion too fast for the median."""
-    first: dict[str, Any] | None = None
+    first: StepRecord | None = None
     end = history.nonfinite["step"] if history.nonfinite else math.inf
     for r in history.steps:
         if r["step"] >= end or (math.isfinite(r["median"]) and first is not None):
@@ -150,11 +200,11 @@ def early_growth(history: History) -> dict[str, Any] | None:
         if not math.isfinite(g) or g <= 0:
             continue
         if first is None:
-            first = dict(r)
+            first = r
             continue
         if g >= history.spike_factor * first["grad_norm"]:
-            return {"step": r["step"], "grad_norm": g, "from_step": first["step"], "from_norm": first["grad_norm"],
-                    "ratio": g / first["grad_norm"]}
+            return Growth(step=r["step"], grad_norm=g, from_step=first["step"], from_norm=first["grad_norm"],
+                          ratio=g / first["grad_norm"])
     return None
 
 
@@ -171,7 +221,7 @@ def _scales(history: History) -> tuple[int, dict[str, dict[str, Any]], dict[str,
     return step, stats, scales
 
 
-def _culprit(history: History) -> dict[str, Any] | None:
+def _culprit(history: History) -> Culprit | None:
     """A Linear/Conv layer whose weights are far off the scale of the others at the first sample,
     and the activation gain it brings."""
     found = _scales(history)
@@ -182,9 +232,9 @@ def _culprit(history: History) -> dict[str, Any] | None:
         others = [v for k, v in scales.items() if k != name]
         ref = statistics.median(others) if others else DEFAULT_INIT_SCALE
         if scale >= 10 * DEFAULT_INIT_SCALE and scale >= 10 * ref:
-            return {"layer": name, "type": history.types.get(name), "weight_scale": scale,
-                    "reference_scale": ref, "times_reference": scale / ref,
-                    "activation_gain": _gain(history, stats, name, step), "sampled_step": step}
+            return Culprit(layer=name, type=history.types.get(name), weight_scale=scale, reference_scale=ref,
+                           times_reference=scale / ref, activation_gain=_gain(history, stats, name, step),
+                           sampled_step=step)
     return None
 
 
@@ -194,7 +244,7 @@ def _rms(act: dict[str, Any]) -> float | None:
     return math.sqrt(float(act["std"]) ** 2 + float(act.get("mean", 0.0)) ** 2)
 
 
-def _overscale(history: History) -> dict[str, Any] | None:
+def _overscale(history: History) -> Overscale | None:
     """Every weight layer initialised above He scale, with activations growing through the depth
     by :data:`OVERSCALE_GAIN` or more at the first sampled step."""
     found = _scales(history)
@@ -212,9 +262,8 @@ def _overscale(history: History) -> dict[str, Any] | None:
     gain = (_rms(stats[last].get("activation") or {}) or 0.0) / x_rms
     if gain < OVERSCALE_GAIN:
         return None
-    return {"layers": len(scales), "median_scale": median, "times_he": median / HE_SCALE,
-            "gain": gain, "gain_per_layer": gain ** (1 / len(weight_layers)), "last_layer": last,
-            "sampled_step": step}
+    return Overscale(layers=len(scales), median_scale=median, times_he=median / HE_SCALE, gain=gain,
+                     gain_per_layer=gain ** (1 / len(weight_layers)), last_layer=last, sampled_step=step)
 
 
 def _gain(history: History, stats: dict[str, dict[str, Any]], layer: str, step: int) -> float | None:
@@ -230,7 +279,7 @@ def _gain(history: History, stats: dict[str, dict[str, Any]], layer: str, step: 
     return None
 
 
-def _first_layer_of_spike(history: History, spike_step: int) -> dict[str, Any] | None:
+def _first_layer_of_spike(history: History, spike_step: int) -> LayerGrowth | None:
     """At the first sampled step at or after the spike, the first layer (forward order) whose
     gradient norm grew most against its own earlier median."""
     before = [(s, st) for s, st in history.samples if s < spike_step]
@@ -238,24 +287,23 @@ def _first_layer_of_spike(history: History, spike_step: int) -> dict[str, Any] |
     if not before or not after:
         return None
     step, stats = after[0]
-    best: dict[str, Any] | None = None
+    best: LayerGrowth | None = None
     for name, s in stats.items():
         found = _layer_growth(name, s, before, step)
         if found is None:
             continue
-        if found["ratio"] >= history.spike_factor:
+        if found.ratio >= history.spike_factor:
             return found
-        if best is None or found["ratio"] > best["ratio"]:
+        if best is None or found.ratio > best.ratio:
             best = found
     return best
 
 
-def _layer_growth(name: str, stats: dict[str, Any], before: list[LayerSample], step: int) -> dict[str, Any] | None:
+def _layer_growth(name: str, stats: dict[str, Any], before: list[LayerSample], step: int) -> LayerGrowth | None:
     g = (stats.get("grad") or {}).get("norm")
     base = [float((st.get(name, {}).get("grad") or {}).get("norm", math.nan)) for _, st in before]
     base = [b for b in base if math.isfinite(b) and b > 0]
     if g is None or not base or not math.isfinite(float(g)):
         return None
     median = statistics.median(base)
-    return {"layer": name, "grad_norm": float(g), "baseline": median, "ratio": float(g) / median,
-            "sampled_step": step}
+    return LayerGrowth(layer=name, grad_norm=float(g), baseline=median, ratio=float(g) / median, sampled_step=step)

@@ -32,10 +32,10 @@ class LrTooHigh(BaseCheck):
         if rise is None:
             return None
         lr = history.lr()
-        evidence: dict[str, Any] = {**rise, "lr": lr}
-        peak = "a non-finite value" if not math.isfinite(rise["peak_loss"]) else fmt(rise["peak_loss"])
-        summary = (f"loss rose from its low of {fmt(rise['min_loss'])} (step {rise['min_step']}) "
-                   f"to {peak} (step {rise['peak_step']})")
+        evidence: dict[str, Any] = {**rise.to_dict(), "lr": lr}
+        peak = "a non-finite value" if not math.isfinite(rise.peak_loss) else fmt(rise.peak_loss)
+        summary = (f"loss rose from its low of {fmt(rise.min_loss)} (step {rise.min_step}) "
+                   f"to {peak} (step {rise.peak_step})")
         confidence, severity, root = 0.5, "warning", False
         test = history.lr_test
         if test is not None and lr is not None:
@@ -46,7 +46,7 @@ class LrTooHigh(BaseCheck):
                 # (not over batches too small for batch norm: the range test itself is noise there)
                 tiny_bn = bool(history.batchnorm) and bool(history.batch_sizes) and min(history.batch_sizes) <= 8
                 root = lr >= FAR_ABOVE * test.best_lr and not tiny_bn
-                severity = "error" if rise["ended_above_start"] else "warning"
+                severity = "error" if rise.ended_above_start else "warning"
                 summary += (f"; a range test puts the safe maximum at lr {fmt(test.best_lr)}, "
                             f"below the current {fmt(lr)}")
             else:
@@ -57,4 +57,4 @@ class LrTooHigh(BaseCheck):
         fix = (f"lower the learning rate to about {fmt(safe / 3)} (a third of the range test's "
                "safe maximum), or add warm-up; proftune.AdaptiveLR lowers it online"
                if safe else "lower the learning rate (3-10x) or add warm-up; proftune.AdaptiveLR lowers it online")
-        return Finding(self.cause, severity, summary, fix, evidence, confidence, step=rise["onset"], root=root)
+        return Finding(self.cause, severity, summary, fix, evidence, confidence, step=rise.onset, root=root)

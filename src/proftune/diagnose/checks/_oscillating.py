@@ -6,14 +6,26 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
+from ..._records import JsonRecord
 from .._findings import Finding
 from .._history import History
 from ._base import BaseCheck, fmt
 
 #: The finding that stands for each of the four causes, where there is one.
 _CAUSE_OF = {"learning rate": "lr_too_high", "data order": "unshuffled_data", "gradient norm": "exploding_gradients"}
+
+
+@dataclass(frozen=True)
+class CauseProbe(JsonRecord):
+    """One of the four causes looked at: ``verdict`` yes, no or unknown, with the figures in ``detail``."""
+
+    name: str
+    fix: str
+    verdict: str
+    detail: str
 
 
 class OscillatingLoss(BaseCheck):
@@ -25,64 +37,63 @@ class OscillatingLoss(BaseCheck):
         if osc is None:
             return None
         probes = [_lr(history), _shuffle(history), _grad_norm(history), _batch_diversity(history)]
-        named = next((p for p in probes if p["verdict"] == "yes"), None)
-        evidence: dict[str, Any] = {**osc, "causes_checked": probes, "cause_found": named["name"] if named else None,
-                                    "attributed_to": _CAUSE_OF.get(named["name"]) if named else None}
-        summary = (f"the loss rose {osc['rises']} times between windows of {osc['window_steps']} steps "
-                   f"(largest +{fmt(osc['largest_rise'])} at step {osc['largest_rise_step']}; start "
-                   f"{fmt(osc['start_loss'])}, low {fmt(osc['low'])}, end {fmt(osc['final_loss'])}); causes "
-                   "checked in order: " + "; ".join(f"{p['name']}: {p['verdict']} ({p['detail']})" for p in probes))
-        fix = named["fix"] if named else ("no cause among the four was confirmed: lower the learning rate "
+        named = next((p for p in probes if p.verdict == "yes"), None)
+        evidence: dict[str, Any] = {**osc.to_dict(), "causes_checked": [p.to_dict() for p in probes],
+                                    "cause_found": named.name if named else None,
+                                    "attributed_to": _CAUSE_OF.get(named.name) if named else None}
+        summary = (f"the loss rose {osc.rises} times between windows of {osc.window_steps} steps "
+                   f"(largest +{fmt(osc.largest_rise)} at step {osc.largest_rise_step}; start "
+                   f"{fmt(osc.start_loss)}, low {fmt(osc.low)}, end {fmt(osc.final_loss)}); causes "
+                   "checked in order: " + "; ".join(f"{p.name}: {p.verdict} ({p.detail})" for p in probes))
+        fix = named.fix if named else ("no cause among the four was confirmed: lower the learning rate "
                                           "3x and clip gradients, then look again")
         # without a cause among the four the rises may be a low loss's batch noise: not an alarm
         return Finding(self.cause, "warning" if named else "info", summary, fix, evidence, 0.7 if named else 0.4,
-                       step=osc["first_rise_step"])
+                       step=osc.first_rise_step)
 
 
-def _lr(history: History) -> dict[str, Any]:
+def _lr(history: History) -> CauseProbe:
     lr, test = history.lr(), history.lr_test
-    base = {"name": "learning rate", "fix": "lower the learning rate 3-10x (or add warm-up and decay)"}
+    name, fix = "learning rate", "lower the learning rate 3-10x (or add warm-up and decay)"
     if lr is None or test is None:
-        return {**base, "verdict": "unknown", "detail": "no LR range test"}
+        return CauseProbe(name, fix, "unknown", "no LR range test")
     if lr > test.best_lr:
-        return {**base, "verdict": "yes", "fix": f"lower the learning rate to about {fmt(test.best_lr / 3)} "
-                "(a third of the range test's safe maximum)",
-                "detail": f"lr {fmt(lr)} is above the range test's safe maximum {fmt(test.best_lr)}"}
-    return {**base, "verdict": "no",
-            "detail": f"lr {fmt(lr)} is within the range test's safe maximum {fmt(test.best_lr)}"}
+        return CauseProbe(name, f"lower the learning rate to about {fmt(test.best_lr / 3)} (a third of the "
+                          "range test's safe maximum)", "yes",
+                          f"lr {fmt(lr)} is above the range test's safe maximum {fmt(test.best_lr)}")
+    return CauseProbe(name, fix, "no", f"lr {fmt(lr)} is within the range test's safe maximum {fmt(test.best_lr)}")
 
 
-def _shuffle(history: History) -> dict[str, Any]:
+def _shuffle(history: History) -> CauseProbe:
     order = history.label_order()
-    base = {"name": "data order", "fix": "shuffle the training data every epoch (DataLoader(shuffle=True))"}
+    name, fix = "data order", "shuffle the training data every epoch (DataLoader(shuffle=True))"
     if order is None:
-        return {**base, "verdict": "unknown", "detail": "no class labels in the batches"}
+        return CauseProbe(name, fix, "unknown", "no class labels in the batches")
     detail = (f"consecutive samples share a label {order['adjacent_same_label']:.0%} of the time "
               f"(shuffled {order['expected_if_shuffled']:.0%})")
-    return {**base, "verdict": "yes" if order["excess"] >= 0.3 else "no", "detail": detail}
+    return CauseProbe(name, fix, "yes" if order["excess"] >= 0.3 else "no", detail)
 
 
-def _grad_norm(history: History) -> dict[str, Any]:
+def _grad_norm(history: History) -> CauseProbe:
     norms = [r["grad_norm"] for r in history.steps if math.isfinite(r["grad_norm"])]
-    base = {"name": "gradient norm", "fix": "clip the gradient norm (param grad_clip, proftune.GradGuard)"}
+    name, fix = "gradient norm", "clip the gradient norm (param grad_clip, proftune.GradGuard)"
     if len(norms) < 10:
-        return {**base, "verdict": "unknown", "detail": "too few gradient norms"}
+        return CauseProbe(name, fix, "unknown", "too few gradient norms")
     half = norms[len(norms) // 2:]
     cv = statistics.pstdev(half) / max(statistics.fmean(half), 1e-12)
     spikes = len(history.spikes())
     detail = f"{spikes} steps at >= {fmt(history.spike_factor)}x the running median; spread {cv:.0%} of its mean"
-    return {**base, "verdict": "yes" if spikes >= 2 or cv >= 1.0 else "no", "detail": detail}
+    return CauseProbe(name, fix, "yes" if spikes >= 2 or cv >= 1.0 else "no", detail)
 
 
-def _batch_diversity(history: History) -> dict[str, Any]:
-    base = {"name": "batch diversity", "fix": "use larger batches (16+ samples, holding most classes), or "
-            "gradient accumulation"}
+def _batch_diversity(history: History) -> CauseProbe:
+    name, fix = "batch diversity", "use larger batches (16+ samples, holding most classes), or gradient accumulation"
     order = history.label_order()
     bs = statistics.median(history.batch_sizes) if history.batch_sizes else None
     if bs is None:
-        return {**base, "verdict": "unknown", "detail": "batch size not seen"}
+        return CauseProbe(name, fix, "unknown", "batch size not seen")
     if order is not None:
         few = order["labels_per_batch"] < 0.5 * order["classes"]
         detail = f"batches of {bs:g} hold {order['labels_per_batch']:.1f} of {order['classes']} classes"
-        return {**base, "verdict": "yes" if few or bs < 16 else "no", "detail": detail}
-    return {**base, "verdict": "yes" if bs < 16 else "no", "detail": f"batches of {bs:g} samples"}
+        return CauseProbe(name, fix, "yes" if few or bs < 16 else "no", detail)
+    return CauseProbe(name, fix, "yes" if bs < 16 else "no", f"batches of {bs:g} samples")

@@ -81,10 +81,10 @@ class NoLrDecay(BaseCheck):
         tail = history.stalled_tail()
         if lr is None or tail is None:
             return None
-        evidence: dict[str, Any] = {**tail, "lr": lr}
+        evidence: dict[str, Any] = {**tail.to_dict(), "lr": lr}
         summary = (f"the learning rate stayed at {fmt(lr)} for all {len(history.lrs())} steps and the last "
-                   f"{tail['tail_steps']} made {max(tail['tail_progress'], 0.0):.0%} of the run's progress: the "
-                   f"loss sits at {fmt(tail['tail_loss'])} with a step-to-step spread of {tail['tail_noise']:.0%}")
+                   f"{tail.tail_steps} made {max(tail.tail_progress, 0.0):.0%} of the run's progress: the "
+                   f"loss sits at {fmt(tail.tail_loss)} with a step-to-step spread of {tail.tail_noise:.0%}")
         probe = history.decay_probe
         severity, confidence = "info", 0.35
         if probe is not None:
@@ -99,7 +99,7 @@ class NoLrDecay(BaseCheck):
         fix = ("decay the learning rate (cosine to ~0 over the run, or step it down 10x for the last "
                "quarter: torch.optim.lr_scheduler.CosineAnnealingLR)")
         return Finding(self.cause, severity, summary, fix, evidence, confidence,
-                       step=history.steps[-tail["tail_steps"]]["step"] if history.steps else None)
+                       step=history.steps[-tail.tail_steps]["step"] if history.steps else None)
 
 
 def wants_warmup(history: History) -> bool:
