@@ -17,7 +17,8 @@ import torch
 from .._records import JsonRecord
 from ._lrtest import RangeTest
 
-__all__ = ["History", "LayerSample", "LossRise", "NanProbe", "NonFinite", "Oscillation", "StalledTail", "StepRecord"]
+__all__ = ["History", "LayerSample", "LossRise", "NanProbe", "NonFinite", "Oscillation", "StalledTail", "StepRecord",
+           "WarmupProbe"]
 
 #: (1-based step, per-layer statistics of :class:`proftune.profile.LayerStats` at that step).
 LayerSample = tuple[int, dict[str, dict[str, Any]]]
@@ -64,6 +65,16 @@ class NanProbe(TypedDict):
     nan_step: int
     probe_nan_step: int | None
     follows_lr: bool
+
+
+@dataclass(frozen=True)
+class WarmupProbe:
+    """The loss of the first ``steps`` steps of the run again at ``lr`` with a linear warm-up over ``warmup_steps``."""
+
+    steps: int
+    warmup_steps: int
+    lr: float
+    losses: list[float]
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ class History:
     saturation: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)
     decay_probe: dict[str, float] | None = None
-    warmup_probe: dict[str, Any] | None = None
+    warmup_probe: WarmupProbe | None = None
     nan_probe: NanProbe | None = None
 
     # -- derived signals that several checks share -----------------------------------------

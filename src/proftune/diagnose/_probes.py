@@ -18,7 +18,7 @@ from torch import nn
 
 from ..task import Task
 from ..train import Callback, FitState, fit
-from ._history import NanProbe
+from ._history import NanProbe, WarmupProbe
 
 __all__ = ["NAN_PROBE_FACTOR", "decay_probe", "nan_probe", "warmup_probe"]
 
@@ -62,11 +62,11 @@ def decay_probe(task: Task, params: dict[str, Any], model: nn.Module, optimizer:
 
 
 def warmup_probe(task: Task, params: dict[str, Any], *, lr: float, steps: int, warmup: int,
-                 device: torch.device, seed: int) -> dict[str, Any]:
+                 device: torch.device, seed: int) -> WarmupProbe:
     """The loss of the first ``steps`` steps of the same run with a linear warm-up over ``warmup``."""
     result = fit(task, params, max_steps=steps, device=device, seed=seed, evaluate=False,
                  callbacks=[_SetLR(lr, warmup=warmup)])
-    return {"steps": steps, "warmup_steps": warmup, "lr": lr, "losses": _losses(result)}
+    return WarmupProbe(steps=steps, warmup_steps=warmup, lr=lr, losses=_losses(result))
 
 
 #: The rate of the NaN probe, as a fraction of the run's: far enough below that a NaN the rate

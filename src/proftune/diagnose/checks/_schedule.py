@@ -45,8 +45,8 @@ class NoWarmup(BaseCheck):
         if probe is None:
             fix = "warm the learning rate up linearly over the first ~5% of the steps"
             return Finding(self.cause, "info", summary, fix, evidence, 0.3, step=1)
-        n, w = probe["steps"], probe["warmup_steps"]
-        ours = [v for v in probe["losses"] if math.isfinite(v)]
+        n, w = probe.steps, probe.warmup_steps
+        ours = [v for v in probe.losses if math.isfinite(v)]
         orig = [r["loss"] for r in history.steps[:n] if math.isfinite(r["loss"])]
         if len(ours) < n or len(orig) < n:
             return None  # the probe or the run broke off: nothing to compare
@@ -55,7 +55,7 @@ class NoWarmup(BaseCheck):
         climb = early_rise(list(enumerate(ours, start=1)))
         climb_rise = max(climb["rise"], 0.0) if climb else 0.0
         gain = 1 - ours_tail / orig_tail if orig_tail > 0 else 0.0
-        evidence["probe"] = {**{k_: v for k_, v in probe.items() if k_ != "losses"}, "loss_with_warmup": ours_tail,
+        evidence["probe"] = {"steps": n, "warmup_steps": w, "lr": probe.lr, "loss_with_warmup": ours_tail,
                              "loss_without": orig_tail, "relative_gain": gain, "climb_with_warmup": climb_rise}
         if gain < 0.2 or climb_rise >= 0.2:
             return None  # warm-up does not fix it (or only delays the climb): not the missing warm-up
