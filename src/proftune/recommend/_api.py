@@ -17,6 +17,7 @@ import torch
 
 from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
+from .._records import JsonRecord
 from .._threads import fit_key, work_threads
 from .._train_params import TrainParams
 from .._units import format_bytes, parse_memory
@@ -26,37 +27,17 @@ from ..profile import Profile
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
 from ._accumulation import StepCost, plan_accumulation
-from ._batch_cost import StepTimer, bound_by_cost, step_timer
+from ._batch_cost import BatchCost, StepTimer, bound_by_cost, step_timer
 from ._batch_size import BatchSizeResult
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult
 from ._measurements import find_batch_size, lr_find, merged_params
 from ._noise_scale import NoiseScaleResult, noise_scale
 from ._precision import checked_precision_row
-from ._records import (
-    CONDITIONAL_NAMES,
-    RECOMMENDATION_NAMES,
-    Recommendation,
-    Recommendations,
-)
+from ._records import CONDITIONAL_NAMES, RECOMMENDATION_NAMES, Recommendation, Recommendations
 from ._rules import bottleneck_rule, data_loading_rule, precision_rule
 from ._scaling import optimizer_family, scale_lr
 from ._workers import num_workers_row
-
-# -- static memory ---------------------------------------------------------------------------------
-
-
-# -- batch size --------------------------------------------------------------------------------------
-
-
-# -- learning rate -------------------------------------------------------------------------------------
-
-
-# -- noise scale ---------------------------------------------------------------------------------------
-
-
-# -- everything ------------------------------------------------------------------------------------------
-
 
 #: A computed batch leaves an epoch at least this many optimizer steps (or the task's own count, if fewer).
 MIN_STEPS_PER_EPOCH = 8
@@ -248,10 +229,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     ns = (noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
                       device=device, seed=seed) if noise_steps > 0 else None)
     b_crit = ns.critical_batch_size if ns is not None else None
-    ns_evidence = {k: v for k, v in ns.to_dict().items() if k not in ("history", "losses")} if ns is not None else {}
-    ns_lr = ns_params.get("lr")
-    ns_evidence["lr"] = ns_lr
-    b_crit, recs["critical_batch_size"] = _critical_row(ns, ns_evidence, ns_lr, micro=micro, small=small)
+    b_crit, recs["critical_batch_size"] = _critical_row(ns, ns_params.get("lr"), micro=micro, small=small)
 
     # -- target and batch size -------------------------------------------------------------------------
     target = int(target_batch) if target_batch is not None else (_round_batch(b_crit) if b_crit else b_prof)
@@ -263,7 +241,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
         data_note = f"; {target_src} {target} is bounded by the data: {data.describe()}"
         target = data.cap
     batch = min(target, max_batch) if max_batch is not None else target
-    checked, cost_note, cost_ev = _epoch_cost(task, params, batch, b_prof, data, more, max_batch=max_batch,
+    checked, cost_note, cost = _epoch_cost(task, params, batch, b_prof, data, more, max_batch=max_batch,
                                               user_batch=target_batch is not None, device=device, seed=seed,
                                               say=say)
     data_note += cost_note
@@ -271,7 +249,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                                 "profile_batch_size": b_prof,
                                 "profile_peak_bytes": prof.memory.peak_bytes,
                                 **({"data": data.to_dict()} if data is not None else {}),
-                                **cost_ev}
+                                **({"epoch_cost": cost.to_dict()} if cost is not None else {})}
     if batch_result is not None:
         evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
                          "measured_peak_bytes": batch_result.measured_peak_bytes,
@@ -382,29 +360,30 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
 
 def _epoch_cost(task: Task, params: dict[str, Any], batch: int, b_prof: int, data: DataBound | None,
                 more: _MoreRows, *, max_batch: int | None, user_batch: bool, device: torch.device, seed: int,
-                say: Callable[[str], None]) -> tuple[int, str, dict[str, Any]]:
+                say: Callable[[str], None]) -> tuple[int, str, BatchCost | None]:
     """A computed batch is a hypothesis: an epoch at it timed against the defaults' epoch. (the
-    batch to use, what the reason adds, the evidence): ``batch`` unchecked where it is the user's
+    batch to use, what the reason adds, the timed cost): ``batch`` unchecked where it is the user's
     own target, or the data has no countable samples, or the check is off."""
     if data is None or user_batch or not more.batch_cost:
-        return batch, "", {}
+        return batch, "", None
     say("batch cost")
     cost = bound_by_cost(batch, default_batch=b_prof, samples=data.samples,
                          timer=more.timer or step_timer(task, params, device=device, seed=seed))
     if cost is None:
-        return batch, "", {}
+        return batch, "", None
     # never above what memory holds (a budget below the profiled batch's peak)
-    return min(cost.batch, max_batch or cost.batch), cost.note(), {"epoch_cost": cost.to_dict()}
+    return min(cost.batch, max_batch or cost.batch), cost.note(), cost
 
 
-def _critical_row(ns: NoiseScaleResult | None, ns_evidence: dict[str, Any], ns_lr: Any, *, micro: int,
+def _critical_row(ns: NoiseScaleResult | None, ns_lr: Any, *, micro: int,
                   small: int) -> tuple[int | None, Recommendation]:
     """The critical batch (None where not measured, or measured where the model was not learning)
-    and its row."""
+    and its row (the noise scale measured at lr ``ns_lr``)."""
     b_crit = ns.critical_batch_size if ns is not None else None
     recs: dict[str, Recommendation] = {}
     learning, trend = ns.learning() if ns is not None else (False, "")
-    ns_evidence["learning"], ns_evidence["loss_trend"] = learning, trend
+    ns_evidence = {k: v for k, v in ns.to_dict().items() if k not in ("history", "losses")} if ns is not None else {}
+    ns_evidence.update(lr=ns_lr, learning=learning, loss_trend=trend)
     if ns is not None and b_crit is not None and not learning:
         # measured where the loss did not fall: the gradients of a plateau, not of its training
         b_crit = None
@@ -540,15 +519,21 @@ def _measured_workers(row: Recommendation, workers: Recommendation) -> Recommend
                                evidence={**row.evidence, "num_workers_measured": workers.evidence["step_ms"]})
 
 
-def _loader_workers(task: Task, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _LoaderWorkers(JsonRecord):
     """What can be said of the task's data loader's ``num_workers`` (the threads row's evidence)."""
+
+    num_workers: int | None
+    num_workers_note: str
+
+
+def _loader_workers(task: Task, params: dict[str, Any], batch_size: int) -> _LoaderWorkers:
     loader = task.train_data(batch_size, params)
     if isinstance(loader, torch.utils.data.DataLoader):
-        return {"num_workers": loader.num_workers,
-                "num_workers_note": "the task's own value; the num_workers row measures each count on training steps"}
-    return {"num_workers": None,
-            "num_workers_note": f"not measured: the task's train_data is a {type(loader).__name__}, "
-                                "not a DataLoader (batches from memory); it has no loader workers to set"}
+        return _LoaderWorkers(loader.num_workers,
+                              "the task's own value; the num_workers row measures each count on training steps")
+    return _LoaderWorkers(None, f"not measured: the task's train_data is a {type(loader).__name__}, not a "
+                          "DataLoader (batches from memory); it has no loader workers to set")
 
 
 def _threads_row(task: Task, params: TrainParams | dict[str, Any], batch_size: int, *, device: torch.device,
@@ -560,7 +545,7 @@ def _threads_row(task: Task, params: TrainParams | dict[str, Any], batch_size: i
     from .. import _threads
     from ..train import fit
 
-    workers = _loader_workers(task, params.params if isinstance(params, TrainParams) else params, batch_size)
+    workers = _loader_workers(task, params.params if isinstance(params, TrainParams) else params, batch_size).to_dict()
     known = None if measure else _threads.recall(_threads.fit_key(task, device.type))
     if known is not None:
         return Recommendation("threads", known[0], f"{known[0]} thread(s): the count the fit loop measured for "

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._device import move_to_device
+from .._records import JsonRecord
 from ..metrics import direction
 from ..profile import IndexStats, Profile, TableSpectrum
 from ..task import Task
@@ -356,21 +357,21 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
     seed_everything(cfg.seed)
     small, small_params, how = _resized(task, params, plans, counter.counts)
     resized = _train_to_best(task, small_params, metric, cfg, epochs=epochs, device=device, model=small)
-    e = evidence
-    e.update(_effect(task, params, small_params, original, resized, metric))
-    e["built"] = how
-    e["params_to_set"] = {k: v for k, v in small_params.items() if params.get(k) != v}
+    e = _effect(task, params, small_params, original, resized, metric)
+    evidence.update(e.to_dict())
+    evidence["built"] = how
+    evidence["params_to_set"] = {k: v for k, v in small_params.items() if params.get(k) != v}
     up = direction(metric, task=task) == "max"
-    effect = (f"params {e['original_params']:,} -> {e['resized_params']:,} ({-e['params_saved']:+,}), MACs "
-              f"{e['original_macs']:,} -> {e['resized_macs']:,}, training memory {e['memory_saved_bytes'] / 2**20:.2f} "
-              f"MiB less; retrained: best {metric} {e['resized_metric']:.4g} (epoch {resized.best_epoch}) vs "
-              f"{e['original_metric']:.4g} (epoch {original.best_epoch}) at the original size")
+    effect = (f"params {e.original_params:,} -> {e.resized_params:,} ({-e.params_saved:+,}), MACs "
+              f"{e.original_macs:,} -> {e.resized_macs:,}, training memory {e.memory_saved_bytes / 2**20:.2f} "
+              f"MiB less; retrained: best {metric} {e.resized_metric:.4g} (epoch {resized.best_epoch}) vs "
+              f"{e.original_metric:.4g} (epoch {original.best_epoch}) at the original size")
     reason = _reason(plans, stats, spectra, "") + f". Built as: {how}."
     if noise:
         reason += f" {_noise_text(noise, spectra, original)}: their widths are kept."
     row = Recommendation("embedding_dim", value, reason, evidence, "medium", effect)
-    measured = MeasuredEffect(metric, float(e["original_metric"]), float(e["resized_metric"]), up,
-                              tie=METRIC_TIE * max(abs(float(e["original_metric"])), 1e-9))
+    measured = MeasuredEffect(metric, float(e.original_metric), float(e.resized_metric), up,
+                              tie=METRIC_TIE * max(abs(float(e.original_metric)), 1e-9))
     if _short(task, resized):
         return keep_unless_better(
             row, current, effect=measured, would_decide=_needed_budget(task, small_params, resized.result),
@@ -386,8 +387,32 @@ def _noise_text(noise: list[str], spectra: dict[str, TableSpectrum], original: _
             "the table has not learned enough to show the width it needs")
 
 
+@dataclass(frozen=True)
+class _ResizeEffect(JsonRecord):
+    """The original and the resized model side by side: best metric, step time, metric curve,
+    parameters, MACs and training memory (bytes)."""
+
+    original_metric: float
+    resized_metric: float
+    original_best_epoch: int
+    resized_best_epoch: int
+    original_step_ms: float
+    resized_step_ms: float
+    original_curve: list[float]
+    resized_curve: list[float]
+    original_params: int
+    resized_params: int
+    params_saved: int
+    original_macs: int
+    resized_macs: int
+    macs_saved: int
+    original_memory_bytes: int
+    resized_memory_bytes: int
+    memory_saved_bytes: int
+
+
 def _effect(task: Task, params: dict[str, Any], small_params: dict[str, Any], original: _Trained,
-            resized: _Trained, metric: str) -> dict[str, Any]:
+            resized: _Trained, metric: str) -> _ResizeEffect:
     example = task.example_batch(int(params.get("batch_size", 32)))
     cpu = torch.device("cpu")
     m_orig, m_small = original.result.model, resized.result.model
@@ -395,14 +420,12 @@ def _effect(task: Task, params: dict[str, Any], small_params: dict[str, Any], or
     p1, m1 = _counts(m_small, _inputs(task, m_small, example), cpu)
     b0 = model_static_memory(task, m_orig, params)["total"]
     b1 = model_static_memory(task, m_small, small_params)["total"]
-    return {"original_metric": original.best, "resized_metric": resized.best,
-            "original_best_epoch": original.best_epoch, "resized_best_epoch": resized.best_epoch,
-            "original_step_ms": 1e3 * original.result.duration_s / max(1, original.result.steps),
-            "resized_step_ms": 1e3 * resized.result.duration_s / max(1, resized.result.steps),
-            "original_curve": _curve(original.result, metric), "resized_curve": _curve(resized.result, metric),
-            "original_params": p0, "resized_params": p1, "params_saved": p0 - p1,
-            "original_macs": m0, "resized_macs": m1, "macs_saved": m0 - m1,
-            "original_memory_bytes": b0, "resized_memory_bytes": b1, "memory_saved_bytes": b0 - b1}
+    return _ResizeEffect(
+        original.best, resized.best, original.best_epoch, resized.best_epoch,
+        1e3 * original.result.duration_s / max(1, original.result.steps),
+        1e3 * resized.result.duration_s / max(1, resized.result.steps),
+        _curve(original.result, metric), _curve(resized.result, metric),
+        p0, p1, p0 - p1, m0, m1, m0 - m1, b0, b1, b0 - b1)
 
 
 def _curve(result: FitResult, metric: str) -> list[float]:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .._records import JsonRecord
+from .._records import JsonRecord, Reader, each
 from ..exceptions import ConfigError
 from ..task import Task
 from ..train import Callback, FitState, fit
@@ -79,7 +79,7 @@ class LadderResult(JsonRecord):
     """The rungs (lowest rate first) and the one read as best (None: no rate learned)."""
 
     WHAT: ClassVar[str] = "an lr ladder"
-    READERS: ClassVar[dict[str, Any]] = {"rungs": lambda v: [LadderRung.from_dict(r) for r in v]}
+    READERS: ClassVar[dict[str, Reader]] = {"rungs": each(LadderRung.from_dict)}
     rungs: list[LadderRung]
     best_lr: float | None
     message: str
