@@ -11,6 +11,7 @@ bigger batch saves no steps); the lr is scaled with the global batch by the opti
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -97,13 +98,13 @@ def measure_and_plan(spec: Any, *, nprocs: int, current: int, params: dict[str, 
     sizes = sorted({b for b in (current, 2 * current, 4 * current) if b <= max(top, current)})
     if len(sizes) < 2:
         sizes = [max(1, current // 2), current]
-    kw: dict[str, Any] = {"nprocs": nprocs, "params": params, "device": device, "seed": seed, "rounds": rounds,
-                          "steps": steps}
-    scaling = profile_ddp_batches(spec, batch_sizes=sizes, **kw)
+    measure = functools.partial(profile_ddp_batches, spec, nprocs=nprocs, params=params, device=device, seed=seed,
+                                rounds=rounds, steps=steps)
+    scaling = measure(batch_sizes=sizes)
     plan = plan_ddp_batch(scaling, current=current, share=share, max_batch=max_batch,
                           critical_batch=critical_batch, samples=samples)
     if plan.batch_size > 2 * max(sizes):
-        extra = profile_ddp_batches(spec, batch_sizes=[current, plan.batch_size], **kw)
+        extra = measure(batch_sizes=[current, plan.batch_size])
         points = [*scaling.points, *(q for q in extra.points if q.batch_size == plan.batch_size)]
         scaling = fit_scaling(points, world_size=scaling.world_size, backend=scaling.backend, task=scaling.task)
         plan = plan_ddp_batch(scaling, current=current, share=share, max_batch=max_batch,

@@ -18,7 +18,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,7 +28,7 @@ from torch import nn
 
 from .._optimizers import DEFAULT_LR
 from .._paths import replacing
-from .._records import record_fields, stored_version
+from .._records import mapping, record_fields, stored_version
 from .._train_params import TrainParams, as_train_params
 from ..exceptions import ConfigError, DependencyError, ProblemCollector
 from ..task import ClassificationTask, Task, TaskWrapper, load_task
@@ -115,7 +115,8 @@ class LRFindResult:
     batch_size: int
     optimizer: str
     rule: str = f"lr of the smoothed minimum / {SUGGEST_FACTOR:g}, clamped to the descending region"
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: The loss of a model that predicts the labels' frequencies (None: not known), which the ladder reads.
+    chance_loss: float | None = None
     #: The lr ladder that decided where the sweep saw no fall (None: the sweep decided, or no ladder ran).
     ladder: LadderResult | None = None
     #: The Run this test was recorded as (with ``store=``).
@@ -148,7 +149,7 @@ class LRFindResult:
                 {"lr": lr, "loss": loss, "smoothed": sm}
                 for lr, loss, sm in zip(self.lrs, self.losses, self.smoothed, strict=True)
             ],
-            **({"extra": self.extra} if self.extra else {}),
+            **({"extra": {"chance_loss": self.chance_loss}} if self.chance_loss is not None else {}),
             **({"ladder": self.ladder.to_dict()} if self.ladder is not None else {}),
             "schema_version": self.schema_version,
         }
@@ -167,9 +168,9 @@ class LRFindResult:
         def column(key: str) -> tuple[float, ...]:
             return tuple(float("nan") if p[key] is None else float(p[key]) for p in curve)
 
-        kw = record_fields(cls, {k: v for k, v in d.items() if k != "curve"}, what=what, derived=("steps",),
+        kw = record_fields(cls, {k: v for k, v in d.items() if k != "curve"}, what=what, derived=("steps", "extra"),
                            exclude=("lrs", "losses", "smoothed"))
-        kw["extra"] = dict(kw.get("extra") or {})
+        kw["chance_loss"] = mapping(d.get("extra") or {}, what=f"{what}'s extra").get("chance_loss")
         if kw.get("ladder") is not None:
             kw["ladder"] = LadderResult.from_dict(kw["ladder"])
         return cls(**kw, lrs=column("lr"), losses=column("loss"), smoothed=column("smoothed"))
@@ -463,7 +464,7 @@ def run_lr_range_test(
         diverged=callback.diverged, stop_reason=result.stop_reason, message=reading.message,
         start_lr=float(min_lr), end_lr=float(max_lr), steps_planned=steps,
         batch_size=int(result.params.get("batch_size", 0)), optimizer=opt_name,
-        extra={"chance_loss": chance} if chance is not None else {},
+        chance_loss=chance,
     )
 
 
@@ -480,7 +481,7 @@ def decide_by_ladder(result: LRFindResult, task: Task | str, params: dict[str, A
     centre = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else DEFAULT_LR
     ladder = run_lr_ladder(task_obj, merged, centre_lr=centre, rungs=rungs, steps=max(8, int(steps)),
                            batch_size=result.batch_size or None, device=device, seed=seed,
-                           chance=result.extra.get("chance_loss"))
+                           chance=result.chance_loss)
     sweep = result.message or "the range test suggested no rate"
     if ladder.best_lr is None:
         return dataclasses.replace(result, ladder=ladder,
