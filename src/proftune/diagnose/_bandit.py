@@ -76,9 +76,6 @@ class ArmStats:
         self.total += reward
         self.total_sq += reward * reward
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"arm": self.name, "pulls": self.pulls, "mean": self.mean, "std": self.std}
-
 
 class BanditPulls:
     """The pull log of bandits in a Store's database (table ``proftune_bandit_pulls``)."""
@@ -225,10 +222,6 @@ class SimResult:
     regret: list[float]
     best_share_last_half: float
     allocation: dict[str, int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy, "final_regret": self.regret[-1] if self.regret else 0.0,
-                "best_share_last_half": self.best_share_last_half, "allocation": self.allocation}
 
 
 def simulate(means: Sequence[float], *, rounds: int, policy: str = "thompson", noise: float = 0.05,
