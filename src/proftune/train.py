@@ -35,6 +35,7 @@ from .task import Task, load_task
 
 __all__ = [
     "LOOP_PARAMS",
+    "NONFINITE_STOP",
     "Callback",
     "EarlyStopping",
     "FitConfig",
@@ -52,6 +53,9 @@ __all__ = [
     "seed_everything",
     "validate_params",
 ]
+
+#: How the stop reason of a training ended by a non-finite loss begins (``stop_on_nan``).
+NONFINITE_STOP = "loss became"
 
 
 def seed_everything(seed: int) -> None:
@@ -286,7 +290,7 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, spec: StepSpec
         if not math.isfinite(state.loss):
             state.record_anomaly("nan_loss", loss=state.loss)
             if stop_on_nan:
-                state.request_stop(f"loss became {state.loss} at step {state.step}")
+                state.request_stop(f"{NONFINITE_STOP} {state.loss} at step {state.step}")
         epoch_losses.append(state.loss)
         for cb in callbacks:
             cb.on_step_end(state)

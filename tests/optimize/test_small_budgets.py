@@ -13,6 +13,7 @@ Trainings are faked (values injected) where the rule, not the training, is under
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -421,3 +422,32 @@ def test_the_compute_stage_sizes_its_measurements_by_a_step_as_a_training_pays_i
     assert steps["step_ms"] >= wall_ms * (1 - 1e-9)
     assert steps["share_steps"] == pytest.approx(compute["share_s"] / (steps["step_ms"] / 1e3), rel=1e-6)
     assert steps["lr_range_test"] == int(min(100, max(10, 0.45 * steps["share_steps"])))
+
+
+def test_where_no_training_of_the_best_fits_its_own_shorter_training_races(tmp_path: Path) -> None:
+    """Trials at fewer epochs than the task's, and no time for one training of the search's best at
+    the task's own: the race takes the search's own training of it (kept at the baseline's seed)
+    as an arm at the trials' epochs, so the decision has a pair without training anything."""
+    from types import SimpleNamespace
+
+    from proftune.optimize._reuse import short_finalist
+    from proftune.optimize._search_records import KeptRun
+
+    task = TinyTask()
+    (tmp_path / "search_models").mkdir()
+    torch.save({"w": torch.ones(1)}, tmp_path / "search_models" / "trial-4.pt")
+    best = Arm(name="search #1", params={**task.default_params, "lr": 3e-2}, source="search", epoch_s=1.0)
+    kept = [KeptRun(trial=4, run_id=None, seed=0, val=0.9, epochs=1, duration_s=0.5, metrics={"accuracy": 0.9},
+                    model="search_models/trial-4.pt", params=dict(best.params))]
+    loop = SimpleNamespace(task=task, cfg=SimpleNamespace(seed=0), out=tmp_path, dev=torch.device("cpu"),
+                           v=SimpleNamespace(metric="accuracy"),
+                           state=SimpleNamespace(record=lambda _cls: SimpleNamespace(kept=kept)))
+    now = time.monotonic()
+    short = short_finalist(loop, best, 1, now + 0.5)  # type: ignore[arg-type]
+    assert short is not None
+    assert short.epochs == 1
+    assert short.name == "search #1 at 1 epochs"
+    assert short_finalist(loop, best, 1, now + 60) is None  # a training at the task's own epochs fits
+    assert short_finalist(loop, best, task.default_epochs, now) is None  # the trials ran the task's own
+    kept[0] = dataclasses.replace(kept[0], seed=5)
+    assert short_finalist(loop, best, 1, now) is None  # not at the baseline's seed: it would not pair

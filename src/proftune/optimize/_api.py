@@ -25,7 +25,7 @@ from ..exceptions import ConfigError, RunFailedError
 from ..search import prepare_storage
 from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, not_held, redact_url
-from ..train import TrainParams
+from ..train import NONFINITE_STOP, TrainParams
 from ._budget import Budget
 from ._budget_plan import (
     COMPRESS_RESERVE_S,
@@ -255,13 +255,15 @@ class _Loop:
         return 1 + (trial_epochs >= self.task.default_epochs)
 
     def baseline_reusable(self) -> bool:
-        """Whether the baseline's training of the defaults ran their own epochs to the end and left
-        its model: then it is the defaults' first seed in the race (not trained again)."""
+        """Whether the baseline's training of the defaults ran their own epochs to the end (or until
+        its loss turned non-finite: where the training was going) and left its model: then it is the
+        defaults' first seed in the race (not trained again)."""
         if not self.state.finished("baseline"):
             return True  # planned for: the baseline trains the defaults at their own protocol
         base = self.state.record(BaselineOutputs)
+        diverged = (base.defaults.stop_reason or "").startswith(NONFINITE_STOP)
         return (base.model is not None and (self.out / base.model).is_file()
-                and (base.defaults.epochs or 0) >= self.task.default_epochs
+                and ((base.defaults.epochs or 0) >= self.task.default_epochs or diverged)
                 and base.defaults.metrics.get(self.v.metric) is not None)
 
     def _trial_epochs(self, seconds: float) -> int:

@@ -59,7 +59,7 @@ from ._records import (
     SearchStageOutputs,
     TrainedRun,
 )
-from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first
+from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first, short_finalist
 from ._search import StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._search_plan import build_plan, task_param_defaults
 from ._search_records import defaults_outside_race
@@ -283,8 +283,7 @@ class Search(BaseStage):
         epochs = budget_plan.trial_epochs
         epoch_s = loop.epoch_s()
         race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
-        # trials at the task's own epochs keep their models: the race's first pair is then the
-        # baseline's training and the search's own training of its best (neither trained again)
+        # trials at the task's own epochs: the race's first pair is the baseline's and the search's best's
         reuse = epochs >= loop.task.default_epochs and loop.baseline_reusable()
         done = (1 if loop.baseline_reusable() else 0) + (1 if reuse else 0)
         if not budget_plan.race_fits and loop.budget.left_s >= 2.5 * budget_plan.full_s:
@@ -335,7 +334,8 @@ class Search(BaseStage):
             prune_margin=sampling_std(loop.v.metric, loop.holdout.val_samples, self._defaults_level(loop)) or 0.0,
             trial_s_estimate=epochs * epoch_s,
             alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {},
-            on_trial=loop.cfg.on_trial, keep_models=str(loop.out / MODELS_DIR) if reuse else None)
+            # the leading trials' models where the race's first seed is the baseline's (short_finalist)
+            on_trial=loop.cfg.on_trial, keep_models=str(loop.out / MODELS_DIR) if loop.baseline_reusable() else None)
         spent = float(loop.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
@@ -366,15 +366,14 @@ class Search(BaseStage):
             seed_std=pooled_seed_std((g.std, g.n) for g in [*outcome.groups, *filter(None, [outcome.defaults])]),
             # every trial as the report draws it (its arm, state and why it ended)
             trials_log=[TrialLog.of(t) for t in outcome.trials],
-            kept=(kept_runs(outcome.trials, out=loop.out, seed=int(loop.cfg.seed), epochs=loop.task.default_epochs,
-                            metric=loop.v.metric) if reuse else []),
+            kept=(kept_runs(outcome.trials, out=loop.out, seed=int(loop.cfg.seed), epochs=epochs,
+                            metric=loop.v.metric) if loop.baseline_reusable() else []),
         ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
             after=best.mean if best else None)
 
 
     @staticmethod
-    def _defaults_level(loop: StageContext) -> float | None:
-        """The defaults' metric in the baseline's training (None: not measured)."""
+    def _defaults_level(loop: StageContext) -> float | None:  # the baseline's metric (None: not measured)
         return finite_float(loop.state.record(BaselineOutputs).defaults.metrics.get(loop.v.metric))
 
     @staticmethod
@@ -428,16 +427,20 @@ class Final(BaseStage):
             # search's best alone races the defaults, over the seeds the time holds
             shorter = None
             candidates = proposals[:1]
-        elif not budget_plan.race_fits and proposals:
-            # no full race fits: the search's best alone races the defaults at their own protocol,
-            # as many paired seeds as the time left holds (one training of it where the baseline's is
-            # the defaults' first seed); the known seeds' noise decides, so only a gain far beyond it
-            # replaces them (none, and nothing else, where even that one training does not fit)
+        hard_end = loop.budget.end - min(loop.compress_reserve(), MIN_COMPRESS_S)
+        if not budget_plan.race_fits and proposals:
+            # no full race fits: the search's best alone races the defaults, as many paired seeds as
+            # the time holds; only a gain far beyond the known seeds' noise replaces them (where no
+            # training of it fits, its own at the trials' epochs races: short_finalist)
             shorter = None
             candidates = proposals[:1]
             race_notes.append(budget_plan.describe())
+            if (short := short_finalist(loop, proposals[0], trial_epochs, hard_end)) is not None:
+                candidates = [short]
+                race_notes.append(f"no time for the search's best at {epochs} epochs: its own training at "
+                                  f"{trial_epochs} (the baseline's seed) races the defaults, beyond noise and "
+                                  f"the best-of-{srch.trials} selection")
         d_group = srch.defaults
-        hard_end = loop.budget.end - min(loop.compress_reserve(), MIN_COMPRESS_S)
         defaults = Arm(name="defaults", params=dict(loop.defaults), source="the task's defaults",
                        search_mean=d_group.mean if d_group is not None and trial_epochs == epochs else None,
                        search_std=d_group.std if d_group is not None else None,

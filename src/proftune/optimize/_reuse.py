@@ -10,6 +10,8 @@ bound against the seeds' known noise) are the guard, and further rounds at fresh
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from ._records import BaselineOutputs, SearchStageOutputs
 from ._search_records import KeptRun
 from ._stage_measures import _params_key
 
-__all__ = ["MODELS_DIR", "baseline_first", "kept_runs", "search_first"]
+__all__ = ["MODELS_DIR", "baseline_first", "kept_runs", "search_first", "short_finalist"]
 
 #: The folder (in the loop's output folder) where the search keeps the models of its leading trials.
 MODELS_DIR = "search_models"
@@ -76,18 +78,32 @@ def baseline_first(loop: StageContext) -> tuple[ArmRun, Path] | None:
 
 def search_first(loop: StageContext, arm: Arm, *, seed: int | None) -> tuple[ArmRun, Path] | None:
     """The search's own training of ``arm``'s configuration at the race's first ``seed`` (the
-    baseline's) and the task's own epochs, where its model was kept: the arm's first run, not
-    trained again. None: no such training (trials at fewer epochs, another seed, not kept)."""
+    baseline's) and the arm's epochs (the task's own where it names none), where its model was kept:
+    the arm's first run, not trained again. None: no such training (trials at fewer epochs, another
+    seed, not kept)."""
     if seed is None:
         return None
     key = _params_key(arm.params)
     srch = loop.state.record(SearchStageOutputs)
     for k in srch.kept:
         path = loop.out / k.model
-        if k.seed != seed or k.epochs < loop.task.default_epochs or not path.is_file():
+        if k.seed != seed or k.epochs < (arm.epochs or loop.task.default_epochs) or not path.is_file():
             continue
         if _params_key({**arm.params, **k.params}) != key:
             continue
         return _run(loop, dict(arm.params), path, seed=seed, run_id=k.run_id, metrics=dict(k.metrics),
                     epochs=k.epochs, duration_s=k.duration_s), path
     return None
+
+
+def short_finalist(loop: StageContext, best: Arm, trial_epochs: int, hard_end: float) -> Arm | None:
+    """The search's best at the trials' fewer epochs, where one training of it at the task's own does
+    not fit before ``hard_end`` (``time.monotonic()``) and the search kept its model at the baseline's
+    seed: its first run costs nothing. A plain loop adopts its best as it trained it; the race judges
+    it first (its figure less the best-of-the-draws selection, against the seeds' noise). None: trials
+    at the task's own epochs, time for a training of it there, or no such model."""
+    epochs = loop.task.default_epochs
+    if trial_epochs >= epochs or hard_end - time.monotonic() >= 1.1 * best.epoch_s * epochs:
+        return None
+    short = dataclasses.replace(best, name=f"{best.name} at {trial_epochs} epochs", epochs=trial_epochs)
+    return short if search_first(loop, short, seed=int(loop.cfg.seed)) is not None else None

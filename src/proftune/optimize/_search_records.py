@@ -94,8 +94,8 @@ class TrialLog(JsonRecord):
 
 @dataclass(frozen=True)
 class KeptRun(JsonRecord):
-    """A complete search trial at the task's own epochs and the race's first seed whose model the
-    search kept: the race takes it as that configuration's first training (not trained again)."""
+    """A complete search trial at the race's first seed whose model the search kept: the race takes
+    it as that configuration's first training at its epochs (not trained again)."""
 
     WHAT: ClassVar[str] = "a kept search training"
     trial: int
