@@ -528,12 +528,12 @@ def test_the_space_holds_the_common_batches_and_its_centre_leaves_eight_steps_an
 def test_the_training_samples_are_counted_not_bounded_by_a_batch_beyond_the_data() -> None:
     """batches x batch size gave 4096 for a batch of 4096 on 1,097 samples: the space's batches then
     never went below 128."""
-    from proftune.optimize._stage_measures import _samples
+    from proftune.optimize._stage_measures import train_samples
 
     from .tasks import X_TRAIN
 
-    assert _samples(TinyTask(), {"batch_size": 4096}) == len(X_TRAIN)
-    assert _samples(TinyTask(), {"batch_size": 7}) == len(X_TRAIN)
+    assert train_samples(TinyTask(), {"batch_size": 4096}) == len(X_TRAIN)
+    assert train_samples(TinyTask(), {"batch_size": 7}) == len(X_TRAIN)
 
 
 def test_across_chunks_only_the_best_trials_models_stay_on_disk(tmp_path: Path) -> None:

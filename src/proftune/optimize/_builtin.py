@@ -29,6 +29,7 @@ from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
 from ..train import TrainParams, evaluate_model, fit, seed_everything
+from . import _stage_measures as measures
 from ._budget import Deadline
 from ._budget_plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
 from ._computed import ComputedValues
@@ -63,7 +64,6 @@ from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first, short_f
 from ._search import StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._search_plan import build_plan, task_param_defaults
 from ._search_records import defaults_outside_race
-from ._stage_measures import _Capture, _figures, _latency_ms, _params_key, _same, _samples, _steps_per_epoch
 from ._stages import BaseStage, StageResult, register_stage
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Baseline(BaseStage):
         start = finite_float(evaluate_model(loop.task, untrained, loop.dev, int(loop.defaults.get("batch_size", 32)))
                              .get(loop.v.metric))
         del untrained
-        capture = _Capture(loop.v.metric)
+        capture = measures.ModelCapture(loop.v.metric)
         # the defaults' own epochs to the end where they fit in BASELINE_WHOLE of the budget: this
         # training is their first race seed and their search measurement, so cutting it at the
         # stage's share would only mean training it again (on a loaded machine, the race's time)
@@ -137,7 +137,7 @@ class Baseline(BaseStage):
         plain_metric = finite_float(plain_res.metrics.get(loop.v.metric)) if whole else None
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
-            plain_res.steps / max(plain_res.epochs, 1), _steps_per_epoch(loop.task, loop.defaults))
+            plain_res.steps / max(plain_res.epochs, 1), measures.steps_per_epoch(loop.task, loop.defaults))
         spread = (abs(defaults_metric - plain_metric)
                   if defaults_metric is not None and plain_metric is not None else None)
         return StageResult(BaselineOutputs(
@@ -204,7 +204,7 @@ class Compute(BaseStage):
         (a slow model gets fewer, never more than the defaults of recommend)."""
         prof = Profile.load(loop.out / "profile.json")
         # a step as a training pays it (the no-tricks run's wall clock) where the profile's phases say less
-        wall_s = loop.epoch_s() / max(1, _steps_per_epoch(loop.task, loop.defaults))
+        wall_s = loop.epoch_s() / max(1, measures.steps_per_epoch(loop.task, loop.defaults))
         step_s = max((prof.step.time_ms or 1.0) / 1e3, wall_s, 1e-4)
         steps = share / step_s  # training steps the share holds at that step time
         lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
@@ -276,7 +276,7 @@ class Search(BaseStage):
         race at ``--seeds`` seeds, one compression sweep), not only its share."""
         comp = loop.state.record(ComputeOutputs)
         plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space,
-                          max_batch=comp.max_batch_size, samples=_samples(loop.task, loop.defaults))
+                          max_batch=comp.max_batch_size, samples=measures.train_samples(loop.task, loop.defaults))
         compress_min = loop.compress_reserve()
         budget_plan = loop.budget_plan()
         loop.say("plan", {"text": budget_plan.describe(), "plan": budget_plan.to_dict()})
@@ -403,12 +403,12 @@ class Final(BaseStage):
         budget_plan = loop.budget_plan(search_done=True)
         race_notes: list[str] = []
         fixed = srch.fixed()
-        defaults_key = _params_key(loop.defaults)
+        defaults_key = measures.params_key(loop.defaults)
         trial_epochs = int(srch.epochs_per_trial or epochs)
         proposals: list[Arm] = []
         for g in srch.top:  # the groups the search measured, best first
             train = TrainParams({**loop.defaults, **fixed, **g.params})  # validated here, once
-            if _params_key(params := train.params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
+            if measures.params_key(params := train.params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
                 continue
             proposals.append(Arm(
                 name=f"search #{len(proposals) + 1}", params=params, train=train,
@@ -472,7 +472,7 @@ class Final(BaseStage):
         params, evidence = self._evidence(loop, chosen, outcome)
         model = loop.task.build_model(dict(params))
         model.load_state_dict(torch.load(loop.out / "model.pt", weights_only=True))
-        latency, size = _latency_ms(loop.task, model, loop.dev), size_bytes(loop.out / "model.pt")
+        latency, size = measures.model_latency_ms(loop.task, model, loop.dev), size_bytes(loop.out / "model.pt")
         val, test = chosen.summary("val"), chosen.summary("test")
         picked = outcome.model_run()
         return StageResult(FinalOutputs(
@@ -506,12 +506,12 @@ class Final(BaseStage):
             default = loop.defaults.get(k)
             if outcome.kept_defaults:
                 evidence[k] = f"task default (kept: {why})"
-            elif k in comp and _same(comp[k], val):
+            elif k in comp and measures.same_value(comp[k], val):
                 evidence[k] = "computed (compute stage: recommend)"
             elif k == "optimizer" and alt is not None and val == alt.optimizer:
                 evidence[k] = (f"computed (the optimizer row measured {val} better than "
                                f"{loop.defaults.get('optimizer', 'adamw')} at equal time; the race confirmed it)")
-            elif k in loop.defaults and _same(default, val):
+            elif k in loop.defaults and measures.same_value(default, val):
                 evidence[k] = "task default"
             else:
                 std = f" +- {chosen.search_std:.4g}" if chosen.search_std is not None else ""
@@ -581,8 +581,8 @@ class Compress(BaseStage):
                 log.info("the compressed model could not be evaluated on the held-out data: %s", exc)
         elif out_file.exists():
             out_file.unlink()  # a file from an earlier sweep is not this run's result
-        base = _figures(report.baseline, method=False)
-        sel = _figures(chosen_c, test_metric=test_metric, format=True) if chosen_c is not None else None
+        base = measures.figures_of(report.baseline, method=False)
+        sel = measures.figures_of(chosen_c, test_metric=test_metric, format=True) if chosen_c is not None else None
         goal_key = "latency_ms" if loop.cfg.goal == "latency" else "size_bytes"
         kept = "kept the uncompressed model: "
         notes = [n[len(kept):] if n.startswith(kept) else n for n in report.notes or ["no candidate qualified"]]
@@ -595,6 +595,6 @@ class Compress(BaseStage):
         return StageResult(CompressOutputs(
             run_id=report.run_id, plan=list(report.plan), notes=list(report.notes), verdict=verdict,
             ignored_layers=keep, ratios=list(ratios), baseline=base, selected=sel,
-            candidates=[_figures(c, within_budget=True) for c in report.candidates],
+            candidates=[measures.figures_of(c, within_budget=True) for c in report.candidates],
             output="model_compressed.pt" if sel is not None and report.output else None, load=report.load_line,
         ), before=finite_float(base.metric), after=finite_float(sel.metric) if sel is not None else None)

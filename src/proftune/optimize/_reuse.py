@@ -25,7 +25,7 @@ from ._context import StageContext
 from ._final import Arm, ArmRun
 from ._records import BaselineOutputs, SearchStageOutputs
 from ._search_records import KeptRun
-from ._stage_measures import _params_key
+from ._stage_measures import params_key
 
 __all__ = ["MODELS_DIR", "baseline_first", "kept_runs", "search_first", "short_finalist"]
 
@@ -83,13 +83,13 @@ def search_first(loop: StageContext, arm: Arm, *, seed: int | None) -> tuple[Arm
     seed, not kept)."""
     if seed is None:
         return None
-    key = _params_key(arm.params)
+    key = params_key(arm.params)
     srch = loop.state.record(SearchStageOutputs)
     for k in srch.kept:
         path = loop.out / k.model
         if k.seed != seed or k.epochs < (arm.epochs or loop.task.default_epochs) or not path.is_file():
             continue
-        if _params_key({**arm.params, **k.params}) != key:
+        if params_key({**arm.params, **k.params}) != key:
             continue
         return _run(loop, dict(arm.params), path, seed=seed, run_id=k.run_id, metrics=dict(k.metrics),
                     epochs=k.epochs, duration_s=k.duration_s), path

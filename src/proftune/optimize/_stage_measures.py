@@ -21,10 +21,13 @@ from ..task import Task
 from ..train import Callback, FitState
 from ._records import ModelFigures
 
+__all__ = ["ModelCapture", "figures_of", "model_latency_ms", "params_key", "same_value", "steps_per_epoch",
+           "train_samples"]
+
 log = logging.getLogger(__name__)
 
 
-class _Capture(Callback):
+class ModelCapture(Callback):
     """Keeps the fit loop's model at the end (diagnose returns findings, not the model), and the
     metric ``metric`` after each epoch (the defaults' own learning curve)."""
 
@@ -41,7 +44,7 @@ class _Capture(Callback):
         self.model = state.model
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         try:
             return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
@@ -50,11 +53,11 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _params_key(params: dict[str, Any]) -> str:
+def params_key(params: dict[str, Any]) -> str:
     return repr(sorted((k, round(float(v), 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
-def _figures(c: Candidate, *, method: bool = True, format: bool = False, within_budget: bool = False,
+def figures_of(c: Candidate, *, method: bool = True, format: bool = False, within_budget: bool = False,
              test_metric: float | None = None) -> ModelFigures:
     """A compress candidate as the stage keeps it: its figures (``method=False``: the
     uncompressed model), with its file format, budget verdict or held-out metric where asked."""
@@ -65,7 +68,7 @@ def _figures(c: Candidate, *, method: bool = True, format: bool = False, within_
                         within_budget=c.within_budget if within_budget else None)
 
 
-def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
+def steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
     data = task.train_data(int(params.get("batch_size", 32)), params)
     n = getattr(data, "__len__", None)
     return int(n()) if callable(n) else 1
@@ -75,7 +78,7 @@ def _steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
 COUNT_SAMPLES_UP_TO = 200_000
 
 
-def _samples(task: Task, params: dict[str, Any]) -> int | None:
+def train_samples(task: Task, params: dict[str, Any]) -> int | None:
     """Training samples per epoch, when the data has a length: counted in one pass where that is
     cheap, else the upper bound batches x batch size (a batch of 4096 on 1,097 samples gave 4096,
     and the search's batches then never went below 128)."""
@@ -88,7 +91,7 @@ def _samples(task: Task, params: dict[str, Any]) -> int | None:
     return count_samples(data) if bound <= COUNT_SAMPLES_UP_TO else bound
 
 
-def _latency_ms(task: Task, model: nn.Module, device: torch.device) -> float | None:
+def model_latency_ms(task: Task, model: nn.Module, device: torch.device) -> float | None:
     """``latency_ms`` of the model at batch 1 on ``device``, the run's (its one producer,
     :func:`proftune.profile.task_latencies`); None when the task's loss does not feed the model
     inputs that can be sliced to one sample."""
