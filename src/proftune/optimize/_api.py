@@ -211,7 +211,7 @@ class _Loop:
         low = int(self.cfg.seeds)
         if best is None or defaults is None:
             return low
-        from ._final import _resolution, winners_curse
+        from ._final import metric_resolution, winners_curse
 
         curse = winners_curse(self.v.metric, self.holdout.val_samples, finite_float(defaults.mean), compared)
         gain = max(0.0, abs(best.mean - defaults.mean) - curse)
@@ -224,7 +224,7 @@ class _Loop:
         std = prior_seed_std(spread, metric=self.v.metric, val_samples=self.holdout.val_samples,
                              level=finite_float(defaults.mean))
         return paired_seeds_needed(seed_std=std, gain=gain,
-                                   resolution=_resolution(self.v.metric, self.holdout.val_samples),
+                                   resolution=metric_resolution(self.v.metric, self.holdout.val_samples),
                                    alpha=ALPHA / RESERVED_CANDIDATES, low=low, high=max(low, MAX_ROUNDS))
 
     def budget_plan(self, *, search_done: bool = False) -> BudgetPlan:

@@ -40,8 +40,8 @@ from ._final_records import (
 )
 
 __all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "HeldOutEstimate",
-           "SearchGap", "SeedSummary", "held_out_estimate", "lead_in_search", "races_on_resplits", "representative",
-           "run_final", "sampling_std", "search_lead_holds"]
+           "SearchGap", "SeedSummary", "held_out_estimate", "lead_in_search", "metric_resolution", "races_on_resplits",
+           "representative", "run_final", "sampling_std", "search_lead_holds"]
 
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
 #: when the time left does not hold ``--seeds`` runs of each): one seed per search trial makes
@@ -55,7 +55,7 @@ MAX_ROUNDS = 10
 RUN_OVERHEAD_S = 0.3
 
 
-def _resolution(metric: str, val_samples: int | None) -> float:
+def metric_resolution(metric: str, val_samples: int | None) -> float:
     """The smallest change of ``metric`` the validation data can show: one sample of a ratio."""
     from ..metrics import METRICS
 
@@ -558,7 +558,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
         notes.append(f"{len(solo)} more training(s) of the defaults alone, at seeds after the race's (they train in "
                      f"{race.cost([arms[0].name]):.2g} s against the leader's {lead_s:.2g} s): the rank test "
                      "counts them")
-    resolution = _resolution(plan.metric, plan.val_samples)
+    resolution = metric_resolution(plan.metric, plan.val_samples)
     comparison = comparison_test = None
     decision, chosen = "defaults", arms[0]
     if leader is not None:
