@@ -42,7 +42,7 @@ from ._pbt import (
     record_population,
 )
 from ._ray_session import RayOptions, experiment_dir, next_folder, ray_session
-from ._ray_worker import LAST_EPOCH_KEY, METRIC_KEY, _trainable
+from ._ray_worker import LAST_EPOCH_KEY, METRIC_KEY, ray_trainable
 from ._records import ATTR
 from ._samplers import make_sampler
 from ._settings import SearchSettings
@@ -376,7 +376,7 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
         recorder.on_ended = on_ended
         progress = _callback_class()(recorder)
         trainable = tune.with_resources(
-            tune.with_parameters(_trainable, settings=settings, pbt=pbt), {"cpu": 1})
+            tune.with_parameters(ray_trainable, settings=settings, pbt=pbt), {"cpu": 1})
         tuner = _make_tuner(settings, options, trainable, recorder, progress, storage, folder,
                             remaining, deadline)
         with warnings.catch_warnings():

@@ -108,7 +108,7 @@ class _WorkerRunner(TrialRunner):
         self.record = rec
 
 
-def _trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> None:
+def ray_trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> None:
     """One trial on a Ray worker: gate, train through ``fit``, report the record."""
     from ray import tune
 
