@@ -34,13 +34,12 @@ from ._budget import Deadline
 from ._budget_plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
 from ._computed import ComputedValues
 from ._context import StageContext
-from ._decide import pooled_seed_std, prior_seed_std
+from ._decide import lead_in_search, pooled_seed_std, prior_seed_std
 from ._final import (
     MAX_CANDIDATES,
     Arm,
     FinalOutcome,
     FinalPlan,
-    lead_in_search,
     races_on_resplits,
     run_final,
     sampling_std,

@@ -22,8 +22,7 @@ from .._jsonsafe import finite_float
 from .._records import JsonRecord
 
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "ahead_within_noise", "compare_paired",
-           "compare_race",
-           "pooled_seed_std", "prior_seed_std", "rank_sum_p"]
+           "compare_race", "lead_in_search", "pooled_seed_std", "prior_seed_std", "rank_sum_p"]
 
 SCHEMA_VERSION = 1
 #: One-sided error rate of "beyond noise" (before dividing among several candidates).
@@ -268,3 +267,11 @@ def ahead_within_noise(comparison: Comparison, *, margin: float | None) -> bool:
     if margin is None or margin <= 0 or comparison.gain is None or comparison.lower is None:
         return False
     return comparison.gain >= max(comparison.resolution, 1e-12) and comparison.lower > -margin
+
+
+def lead_in_search(candidate: float | None, defaults: float | None, maximize: bool) -> float | None:
+    """How far a candidate's mean in the search is ahead of the defaults' there (same protocol,
+    same validation data), in the better direction; None where either was not measured."""
+    if candidate is None or defaults is None or not math.isfinite(candidate) or not math.isfinite(defaults):
+        return None
+    return (candidate - defaults) * (1.0 if maximize else -1.0)

@@ -40,7 +40,7 @@ from ._final_records import (
 )
 
 __all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "HeldOutEstimate",
-           "SearchGap", "SeedSummary", "held_out_estimate", "lead_in_search", "metric_resolution", "races_on_resplits",
+           "SearchGap", "SeedSummary", "held_out_estimate", "metric_resolution", "races_on_resplits",
            "representative", "run_final", "sampling_std", "search_lead_holds"]
 
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
@@ -229,14 +229,21 @@ def held_out_estimate(chosen: Arm, defaults: Arm, plan: FinalPlan, *, seeds: Seq
 
 
 def _decision(comparison: Comparison, leader: Arm, defaults: Arm, seeds: Sequence[int], plan: FinalPlan, *,
-              first_candidate: str | None, search_lead: float | None) -> tuple[str, Arm, Comparison]:
+              first_candidate: str | None, search_lead: float | None,
+              only_selected: bool = False) -> tuple[str, Arm, Comparison]:
     """``("chosen", leader, comparison)`` where the leader replaces the defaults (beyond noise;
     ahead within one figure's noise; or the search's lead beyond it, the race not reversing it:
-    the comparison's reason says which), else ``("defaults", defaults, comparison)``."""
-    margin = sampling_std(plan.metric, plan.val_samples, defaults.summary("val").mean)
+    the comparison's reason says which), else ``("defaults", defaults, comparison)``.
+
+    ``only_selected``: the leader's one run is the search's best draw, which says no more than the
+    selection did: the within-noise rules take its lead less the winner's curse, not the bound."""
+    level = defaults.summary("val").mean
+    margin = sampling_std(plan.metric, plan.val_samples, level)
     if comparison.beyond_noise:
         return "chosen", leader, comparison
-    if ahead_within_noise(comparison, margin=margin):
+    if only_selected and search_lead is not None:
+        search_lead -= winners_curse(plan.metric, plan.val_samples, level, plan.compared)
+    if not only_selected and ahead_within_noise(comparison, margin=margin):
         assert margin is not None
         assert comparison.lower is not None
         return "chosen", leader, replace(
@@ -265,14 +272,6 @@ def races_on_resplits(task: Task, val_samples: int | None, notes: list[str]) -> 
                  "partition of the training and validation samples (the task's resplit; round 1 on its own split): "
                  "the decision rests on more of the data than the one split the search chose on")
     return True
-
-
-def lead_in_search(candidate: float | None, defaults: float | None, maximize: bool) -> float | None:
-    """How far a candidate's mean in the search is ahead of the defaults' there (same protocol,
-    same validation data), in the better direction; None where either was not measured."""
-    if candidate is None or defaults is None or not math.isfinite(candidate) or not math.isfinite(defaults):
-        return None
-    return (candidate - defaults) * (1.0 if maximize else -1.0)
 
 
 def search_lead_holds(leader: Arm, defaults: Arm, seeds: Sequence[int], plan: FinalPlan,
@@ -571,7 +570,8 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
         decision, chosen, comparison = _decision(comparison, leader, arms[0], seeds, plan,
                                                  first_candidate=candidates[0].name if candidates else None,
-                                                 search_lead=search_lead)
+                                                 search_lead=search_lead,
+                                                 only_selected=race.selected == leader.name and len(seeds) == 1)
     short = race.current(short_name) if short_name is not None else None
     if decision == "defaults" and short is not None and short_name in active:
         same = _shorter_reaches(short, arms[0], plan, seeds, resolution=resolution, raced=raced, notes=notes)
