@@ -42,7 +42,7 @@ from proftune.optimize._records import (
 from proftune.optimize._result_records import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled
 from proftune.optimize._state import OptimizeState
-from proftune.optimize._warm_start import WIDE_POINTS, warm_start, wide_points
+from proftune.optimize._warm_start import WIDE_POINTS, space_point, warm_start, wide_points
 from proftune.recommend import Recommendation, Recommendations
 from proftune.search import TrialRecord, load_space
 
@@ -174,6 +174,20 @@ def test_warm_start_is_the_computed_centre_the_defaults_and_a_local_design() -> 
     arms_after = arms[2:]
     assert arms_after[:8] == ["local", "wide"] * 4
     assert arms.count("wide") == WIDE_POINTS
+
+
+def test_a_centre_that_is_the_defaults_measured_already_is_not_trained_again() -> None:
+    # nothing computed moved the centre off the task's defaults, and the baseline measured them at
+    # the trials' protocol (with_defaults=False): the first trial is a local step, not their repeat
+    defaults = {"lr": 0.01, "batch_size": 32, "hidden": 16}
+    plan = build_plan(TinyTask(), {}, user_space=None, max_batch=None, samples=192)
+    assert warm_start(plan, defaults)[0][0] == "centre"
+    items = warm_start(plan, defaults, with_defaults=False)
+    assert [a for a, _ in items][:2] == ["local", "wide"]
+    assert all(p != space_point(plan, plan.centre) for _, p in items)
+    # a computed centre elsewhere is still the first trial
+    moved = build_plan(TinyTask(), {"lr": 0.05}, user_space=None, max_batch=None, samples=192)
+    assert warm_start(moved, defaults, with_defaults=False)[0][0] == "centre"
 
 
 class _NoDecay(TinyTask):

@@ -78,10 +78,13 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
     trial, not every trial; ``alternative``: another optimizer the optimizer row measured better,
     at its own rate."""
     centre = space_point(plan, plan.centre)
-    items: list[tuple[str, dict[str, Any]]] = [("centre", centre)]
     names = set(plan.space.names)
+    own = space_point(plan, {k: v for k, v in defaults.items() if k in names})
+    # a centre that is the defaults, already measured at this protocol (the baseline), is not trained
+    # again: at 8 trainings that second training of the defaults was one of the search's 5-6 trials
+    items: list[tuple[str, dict[str, Any]]] = [] if centre == own and not with_defaults else [("centre", centre)]
     if with_defaults:  # (not where they were measured at this protocol already)
-        items.append(("defaults", space_point(plan, {k: v for k, v in defaults.items() if k in names})))
+        items.append(("defaults", own))
     if "lr" in names and "lr" in centre:
         for factor in (3.0, 1 / 3.0):
             items.append(("local", space_point(plan, {**centre, "lr": float(centre["lr"]) * factor})))
