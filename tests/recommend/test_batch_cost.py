@@ -54,6 +54,21 @@ def test_a_batch_whose_epoch_costs_little_is_kept() -> None:
     assert bound_by_cost(32, default_batch=32, samples=900, timer=_timer(1.0, 0.0)) is None
 
 
+def test_a_ratio_the_bound_already_decides_takes_one_round_and_a_close_one_all() -> None:
+    # an epoch at batch 4 costs the same as the defaults' (per-sample cost): 1x, far under 2x: one
+    # round of two timings; at 1 ms a step and 0.03 ms a sample, batch 8 costs 2.5x: near the
+    # bound, every round (the fastest of three of each batch)
+    clear = _timer(0.01, 0.1)
+    assert not bound_by_cost(4, default_batch=32, samples=900, timer=clear).moved  # type: ignore[union-attr]
+    assert sorted(clear.calls) == [4, 32]
+    close = _timer(1.0, 0.03)
+    cost = bound_by_cost(8, default_batch=32, samples=900, timer=close)
+    assert cost is not None
+    assert cost.batch == 16
+    assert close.calls.count(8) == 3
+    assert close.calls.count(32) >= 3
+
+
 def test_a_larger_batch_whose_epoch_costs_more_moves_down() -> None:
     # a step that grows faster than its batch (memory thrash): batch 112 costs ~4x the defaults' epoch
     def convex(batch: int) -> float:
