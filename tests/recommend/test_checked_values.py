@@ -52,7 +52,7 @@ class PlateauMLP(proftune.ClassificationTask):
 
 def test_the_ladder_finds_a_rate_far_above_a_plateau_default() -> None:
     task = PlateauMLP()
-    result = run_lr_ladder(task, dict(task.default_params), centre_lr=3e-5, rungs=5, steps=40, device="cpu")
+    result = run_lr_ladder(task, proftune.TrainParams.of(task), centre_lr=3e-5, rungs=5, steps=40, device="cpu")
     assert result.best_lr is not None, result.message
     assert result.best_lr >= 30 * 3e-5, result.describe()
     lowest = min(result.rungs, key=lambda r: r.lr)
