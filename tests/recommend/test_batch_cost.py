@@ -83,7 +83,7 @@ def test_a_larger_batch_whose_epoch_costs_more_moves_down() -> None:
 
 def test_the_step_timer_times_the_tasks_own_steps() -> None:
     task = PlateauMLP()
-    timer = step_timer(task, dict(task.default_params), device=torch.device("cpu"), seed=0)
+    timer = step_timer(task, proftune.TrainParams.of(task), device=torch.device("cpu"), seed=0)
     ms = timer(8)
     assert 0 < ms < 1000
 
@@ -106,7 +106,7 @@ def test_the_step_timer_times_what_an_epoch_pays_for_a_step_not_its_phases_alone
     # the phases (data, forward, backward, optimizer) of this tiny MLP take well under a millisecond;
     # an epoch pays the schedule's 5 ms at every step too
     task = _SlowSchedule()
-    timer = step_timer(task, dict(task.default_params), device=torch.device("cpu"), seed=0)
+    timer = step_timer(task, proftune.TrainParams.of(task), device=torch.device("cpu"), seed=0)
     assert timer(8) >= 5.0
 
 
@@ -120,7 +120,7 @@ class _NormMLP(PlateauMLP):
 
 def test_a_batch_the_task_cannot_train_at_moves_toward_the_defaults() -> None:
     task = _NormMLP()
-    timer = step_timer(task, dict(task.default_params), device=torch.device("cpu"), seed=0)
+    timer = step_timer(task, proftune.TrainParams.of(task), device=torch.device("cpu"), seed=0)
     assert timer(1) == float("inf")
     cost = bound_by_cost(1, default_batch=16, samples=400, timer=timer)
     assert cost is not None

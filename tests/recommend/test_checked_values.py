@@ -52,7 +52,7 @@ class PlateauMLP(proftune.ClassificationTask):
 
 def test_the_ladder_finds_a_rate_far_above_a_plateau_default() -> None:
     task = PlateauMLP()
-    result = run_lr_ladder(task, dict(task.default_params), centre_lr=3e-5, rungs=5, steps=40, device="cpu")
+    result = run_lr_ladder(task, proftune.TrainParams.of(task), centre_lr=3e-5, rungs=5, steps=40, device="cpu")
     assert result.best_lr is not None, result.message
     assert result.best_lr >= 30 * 3e-5, result.describe()
     lowest = min(result.rungs, key=lambda r: r.lr)
@@ -70,16 +70,16 @@ def test_a_ladder_where_nothing_fell_decides_nothing() -> None:
 
 def test_a_batch_is_bounded_by_the_training_set_and_its_steps_per_epoch() -> None:
     task = PlateauMLP()
-    bound = data_bound(task, dict(task.default_params), 16)
+    bound = data_bound(task, proftune.TrainParams.of(task), 16)
     assert bound is not None
     assert bound.samples == 400
     assert bound.cap == 400 // MIN_STEPS_PER_EPOCH
     assert "400 training samples" in bound.describe()
     # a target the user gives is bounded by the training set only
-    given = data_bound(task, dict(task.default_params), 16, target_batch=300)
+    given = data_bound(task, proftune.TrainParams.of(task), 16, target_batch=300)
     assert given is not None
     assert given.cap == 300
-    huge = data_bound(task, dict(task.default_params), 16, target_batch=3200)
+    huge = data_bound(task, proftune.TrainParams.of(task), 16, target_batch=3200)
     assert huge is not None
     assert huge.cap == 400
 
@@ -111,11 +111,12 @@ def test_recommend_uses_no_critical_batch_measured_where_the_loss_did_not_fall()
 
 def test_precision_is_fp32_unless_measured() -> None:
     row = Recommendation("precision", "bf16", "this CPU has avx512_bf16.", {}, "medium", "")
-    kept = checked_precision_row(row, PlateauMLP(), {}, device=torch.device("cpu"), seed=0, measure=False)
+    kept = checked_precision_row(row, PlateauMLP(), proftune.TrainParams(), device=torch.device("cpu"), seed=0,
+                                 measure=False)
     assert kept.value == "fp32"
     assert "no timed comparison" in kept.reason
     fp32 = Recommendation("precision", "fp32", "keep fp32.", {}, "medium", "")
-    assert checked_precision_row(fp32, PlateauMLP(), {}, device=torch.device("cpu"), seed=0) is fp32
+    assert checked_precision_row(fp32, PlateauMLP(), proftune.TrainParams(), device=torch.device("cpu"), seed=0) is fp32
 
 
 def test_no_rung_before_the_defaults_curve_separates() -> None:

@@ -58,7 +58,8 @@ class _LoaderTask(proftune.Task):
 
 def test_loader_workers_that_hide_a_slow_dataset_are_measured_and_chosen() -> None:
     task = _LoaderTask()
-    w = measure_num_workers(task, {}, 16, threads=1, device=torch.device("cpu"), candidates=[0, 2])
+    w = measure_num_workers(task, proftune.TrainParams.of(task), 16, threads=1, device=torch.device("cpu"),
+                            candidates=[0, 2])
     # 16 samples x 1 ms of waiting per batch in the training process; two workers wait for it meanwhile
     assert w.step_ms[0] > 1.5 * w.step_ms[2], w.step_ms
     assert w.data_ms[0] > w.data_ms[2]
@@ -68,7 +69,8 @@ def test_loader_workers_that_hide_a_slow_dataset_are_measured_and_chosen() -> No
 
 
 def test_the_row_names_each_count_and_the_tasks_value() -> None:
-    row = num_workers_row(_LoaderTask(), {}, 16, threads=1, device=torch.device("cpu"))
+    task = _LoaderTask()
+    row = num_workers_row(task, proftune.TrainParams.of(task), 16, threads=1, device=torch.device("cpu"))
     assert row is not None
     assert row.name == "num_workers"
     assert row.value == min(int(c) for c, v in row.evidence["step_ms"].items()
@@ -95,11 +97,11 @@ def test_a_loader_keeps_its_sampler_and_collate_when_rebuilt() -> None:
 
 
 def test_no_dataloader_no_row_and_a_stream_is_not_measured() -> None:
-    assert num_workers_row(proftune.task.load_task("digits-mlp"), {}, 32, threads=1,
+    assert num_workers_row(proftune.task.load_task("digits-mlp"), proftune.TrainParams(), 32, threads=1,
                            device=torch.device("cpu")) is None
     task = _LoaderTask()
     task.dataset = _Stream()
-    row = num_workers_row(task, {}, 16, threads=1, device=torch.device("cpu"))
+    row = num_workers_row(task, proftune.TrainParams.of(task), 16, threads=1, device=torch.device("cpu"))
     assert row is not None
     assert row.value is None
     assert "IterableDataset" in row.reason
@@ -107,7 +109,8 @@ def test_no_dataloader_no_row_and_a_stream_is_not_measured() -> None:
 
 def test_measuring_refuses_a_task_without_a_loader() -> None:
     with pytest.raises(TypeError, match="not a DataLoader"):
-        measure_num_workers(proftune.task.load_task("digits-mlp"), {}, 32, threads=1, device=torch.device("cpu"))
+        measure_num_workers(proftune.task.load_task("digits-mlp"), proftune.TrainParams(), 32, threads=1,
+                            device=torch.device("cpu"))
 
 
 @pytest.mark.slow

@@ -94,7 +94,7 @@ def test_a_share_either_side_of_the_rules_threshold_gives_one_answer(ratio: floa
     # the share measured under load: 9% to 60% on one task in five runs
     task = PlateauMLP()
     cpu = torch.device("cpu")
-    rows = [checked_precision_row(_rule_row(value, share), task, dict(task.default_params), device=cpu, seed=0,
+    rows = [checked_precision_row(_rule_row(value, share), task, proftune.TrainParams.of(task), device=cpu, seed=0,
                                   timer=_bursty(ratio, seed))
             for seed, (value, share) in enumerate((("fp32", 0.09), ("fp32", 0.45), ("bf16", 0.55)))]
     assert [r.value for r in rows] == [expected] * 3, [r.reason for r in rows]
@@ -112,7 +112,7 @@ def test_a_candidate_whose_short_training_ends_worse_is_not_adopted(monkeypatch:
         return cb
 
     monkeypatch.setattr(_precision, "_run", worse)
-    check = check_precision(task, dict(task.default_params), "bf16", device=torch.device("cpu"), seed=0,
+    check = check_precision(task, proftune.TrainParams.of(task), "bf16", device=torch.device("cpu"), seed=0,
                             timer=_bursty(0.5, 0, busy_share=0.0))
     assert check.faster
     assert not check.matches

@@ -103,12 +103,12 @@ def diagnose(
         if c.probes and check.wants_nan_probe:  # first: a NaN the rate does not drive asks no range test
             nf = check.history.nonfinite
             assert nf is not None
-            check.history.nan_probe = nan_probe(task_obj, result.params, lr=check.history.lrs()[0],
+            check.history.nan_probe = nan_probe(task_obj, given, lr=check.history.lrs()[0],
                                                 nan_step=int(nf["step"]), device=dev, seed=seed)
         if c.lr_test and check.wants_lr_test:
-            check.add_lr_test(lr_range_test(task_obj, result.params, device=dev, seed=seed))
+            check.add_lr_test(lr_range_test(task_obj, given, device=dev, seed=seed))
         if c.probes:
-            _run_probes(task_obj, result, check, dev, seed)
+            _run_probes(task_obj, given, result, check, dev, seed)
         return DiagnoseResult(
             run_id=None, task=task_obj.name or type(task_obj).__name__, findings=check.findings,
             metrics=result.metrics, steps=result.steps, epochs=result.epochs,
@@ -149,7 +149,8 @@ def _measure_train_metrics(task: Task, result: Any, check: HealthCheck, device: 
         model.train(was_training)
 
 
-def _run_probes(task: Task, result: Any, check: HealthCheck, device: torch.device, seed: int) -> None:
+def _run_probes(task: Task, given: TrainParams, result: Any, check: HealthCheck, device: torch.device,
+                seed: int) -> None:
     """The warm-up and decay probes the run asks for (each a few dozen steps of the fit loop)."""
     h = check.history
     lrs = h.lrs()
@@ -159,10 +160,10 @@ def _run_probes(task: Task, result: Any, check: HealthCheck, device: torch.devic
         from .checks._schedule import warmup_steps
 
         warm = warmup_steps(h)
-        h.warmup_probe = warmup_probe(task, result.params, lr=lrs[0], steps=3 * warm, warmup=warm,
+        h.warmup_probe = warmup_probe(task, given, lr=lrs[0], steps=3 * warm, warmup=warm,
                                       device=device, seed=seed)
     if check.wants_decay_probe:
-        h.decay_probe = decay_probe(task, result.params, result.model, result.optimizer, lr=lrs[-1],
+        h.decay_probe = decay_probe(task, given, result.model, result.optimizer, lr=lrs[-1],
                                     steps=min(100, max(20, len(lrs) // 4)), device=device, seed=seed)
 
 

@@ -17,8 +17,8 @@ import torch
 from .._records import JsonRecord
 from ._lrtest import RangeTest
 
-__all__ = ["History", "LayerSample", "LossRise", "NanProbe", "NonFinite", "Oscillation", "StalledTail", "StepRecord",
-           "WarmupProbe"]
+__all__ = ["DecayProbe", "EarlyRise", "History", "LabelOrder", "LayerSample", "LossRise", "NanProbe", "NonFinite",
+           "Oscillation", "Plateau", "SlowProgress", "StalledTail", "StepRecord", "WarmupProbe"]
 
 #: (1-based step, per-layer statistics of :class:`proftune.profile.LayerStats` at that step).
 LayerSample = tuple[int, dict[str, dict[str, Any]]]
@@ -54,7 +54,8 @@ class NonFinite(_NonFiniteAt, total=False):
     layers_finite: bool
 
 
-class NanProbe(TypedDict):
+@dataclass(frozen=True)
+class NanProbe(JsonRecord):
     """The run again at ``probe_lr`` (``factor`` x ``lr``) up to ``steps`` past its first NaN at
     ``nan_step``: where the probe's loss turned non-finite (None: never), and whether the NaN follows the rate."""
 
@@ -65,6 +66,19 @@ class NanProbe(TypedDict):
     nan_step: int
     probe_nan_step: int | None
     follows_lr: bool
+
+
+@dataclass(frozen=True)
+class DecayProbe(JsonRecord):
+    """``steps`` more steps of the trained run at ``lr`` and at ``decayed_lr``: the mean train loss
+    of the second half of each, and how much lower the decayed one is (``relative_gain``)."""
+
+    steps: int
+    lr: float
+    decayed_lr: float
+    constant_loss: float
+    decayed_loss: float
+    relative_gain: float
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,55 @@ class Oscillation(JsonRecord):
 
 
 @dataclass(frozen=True)
+class Plateau(JsonRecord):
+    """The smoothed loss fell by ``relative_drop`` (under 10%) over ``steps`` steps."""
+
+    start_loss: float
+    final_loss: float
+    relative_drop: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class SlowProgress(JsonRecord):
+    """The loss fell by ``relative_drop`` over ``steps`` steps, the last quarter making ``last_quarter_share``."""
+
+    start_loss: float
+    final_loss: float
+    relative_drop: float
+    last_quarter_share: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class EarlyRise(JsonRecord):
+    """The largest climb of the smoothed loss above its running low, ``rise`` a fraction of the starting loss."""
+
+    rise: float
+    peak_step: int
+    peak_loss: float
+    low_step: int
+    low_loss: float
+    start_loss: float
+
+
+@dataclass(frozen=True)
+class LabelOrder(JsonRecord):
+    """How far the batches' label sequence is from a shuffled one (:meth:`History.label_order`)."""
+
+    adjacent_same_label: float
+    expected_if_shuffled: float
+    label_autocorrelation: float
+    labels_per_batch: float
+    expected_labels_per_batch: float
+    batches_seen: int
+    classes: int
+    batch_size: float
+    excess: float
+    diversity: float
+
+
+@dataclass(frozen=True)
 class StalledTail(JsonRecord):
     """The last ``tail_steps`` steps made ``tail_progress`` of the run's progress at a noisy level."""
 
@@ -151,7 +214,7 @@ class History:
     optimizer: str | None = None  # the optimizer's class name
     saturation: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)
-    decay_probe: dict[str, float] | None = None
+    decay_probe: DecayProbe | None = None
     warmup_probe: WarmupProbe | None = None
     nan_probe: NanProbe | None = None
 
@@ -206,13 +269,13 @@ class History:
     def nan_not_lr(self) -> bool:
         """Whether the NaN probe found the first NaN at the same step (or sooner) at a far lower
         rate: it does not follow the learning rate, so no rise of the loss is read from it."""
-        return self.nan_probe is not None and self.nan_probe.get("follows_lr") is False
+        return self.nan_probe is not None and not self.nan_probe.follows_lr
 
     def lrs(self) -> list[float]:
         """The learning rate of every step that recorded one."""
         return [float(r["lr"]) for r in self.steps if r["lr"] is not None]
 
-    def label_order(self) -> dict[str, float] | None:
+    def label_order(self) -> LabelOrder | None:
         """How far the label sequence of the batches is from a shuffled one.
 
         ``excess``: how much more often consecutive samples share a label than under shuffling
@@ -233,14 +296,14 @@ class History:
         unique = statistics.fmean(int(torch.unique(y).numel()) for y in self.labels)
         ys = seq.double()
         autocorr = float(torch.corrcoef(torch.stack([ys[1:], ys[:-1]]))[0, 1]) if ys.std() > 0 else 0.0
-        return {"adjacent_same_label": same, "expected_if_shuffled": expected_same,
-                "label_autocorrelation": autocorr, "labels_per_batch": unique,
-                "expected_labels_per_batch": expected_unique, "batches_seen": len(self.labels),
-                "classes": int(classes.numel()), "batch_size": bs,
-                "excess": (same - expected_same) / max(1 - expected_same, 1e-9),
-                "diversity": unique / max(expected_unique, 1e-9)}
+        return LabelOrder(adjacent_same_label=same, expected_if_shuffled=expected_same,
+                          label_autocorrelation=autocorr, labels_per_batch=unique,
+                          expected_labels_per_batch=expected_unique, batches_seen=len(self.labels),
+                          classes=int(classes.numel()), batch_size=bs,
+                          excess=(same - expected_same) / max(1 - expected_same, 1e-9),
+                          diversity=unique / max(expected_unique, 1e-9))
 
-    def plateau(self) -> dict[str, float] | None:
+    def plateau(self) -> Plateau | None:
         """The smoothed loss fell by less than 10% over at least 30 steps."""
         curve = self.smoothed()
         if len(curve) < 30:
@@ -251,7 +314,7 @@ class History:
         drop = (start - end) / max(abs(start), 1e-12)
         if drop >= 0.1:
             return None
-        return {"start_loss": start, "final_loss": end, "relative_drop": drop, "steps": len(curve)}
+        return Plateau(start_loss=start, final_loss=end, relative_drop=drop, steps=len(curve))
 
 
     def oscillation(self) -> Oscillation | None:
@@ -274,7 +337,7 @@ class History:
                            largest_rise=largest[1], largest_rise_step=largest[0], start_loss=start,
                            final_loss=means[-1][1], low=min(m for _, m in means))
 
-    def slow_progress(self) -> dict[str, float] | None:
+    def slow_progress(self) -> SlowProgress | None:
         """The loss falls, but slowly: it kept over 40% of its starting value (yet fell 10% or
         more, else it is a plateau) and the last quarter of the run still made a sixth or more
         of the progress, so it is far from converged and not flattening."""
@@ -290,8 +353,8 @@ class History:
         last_quarter = (q3 - end) / (start - end)
         if last_quarter < 1 / 6:
             return None
-        return {"start_loss": start, "final_loss": end, "relative_drop": (start - end) / start,
-                "last_quarter_share": last_quarter, "steps": len(curve)}
+        return SlowProgress(start_loss=start, final_loss=end, relative_drop=(start - end) / start,
+                            last_quarter_share=last_quarter, steps=len(curve))
 
     def update_ratio(self) -> float | None:
         """Median over sampled steps of the median per-layer ``||update|| / ||weight||``."""
@@ -310,14 +373,14 @@ class History:
             return None
         return lrs[0]
 
-    def early_instability(self) -> dict[str, float] | None:
+    def early_instability(self) -> EarlyRise | None:
         """In the first 20% of the steps (at most 200), the smoothed loss climbed back up from its
         low so far by 20%+ of the starting loss."""
         finite = [(s, v) for s, v in self.losses() if math.isfinite(v)]
         if len(finite) < 30:
             return None
         early = early_rise(finite[: max(10, min(200, len(finite) // 5))])
-        return early if early is not None and early["rise"] >= 0.2 else None
+        return early if early is not None and early.rise >= 0.2 else None
 
     def stalled_high(self) -> dict[str, float] | None:
         """The smoothed loss of the last third is no lower than the middle third's while still
@@ -352,19 +415,20 @@ class History:
                            tail_steps=len(tail))
 
 
-def early_rise(losses: list[tuple[int, float]]) -> dict[str, float] | None:
+def early_rise(losses: list[tuple[int, float]]) -> EarlyRise | None:
     """The largest climb of the smoothed loss (bias-corrected EMA, beta 0.8) above its running
     low, as a fraction of the starting loss (the first value)."""
     if len(losses) < 5:
         return None
-    avg, low, low_step, best = 0.0, math.inf, 0, None
+    avg, low, low_step = 0.0, math.inf, 0
+    best: EarlyRise | None = None
     start = losses[0][1]
     for i, (s, v) in enumerate(losses):
         avg = 0.8 * avg + 0.2 * v
         sm = avg / (1 - 0.8 ** (i + 1))
-        if math.isfinite(low) and start > 0 and (best is None or (sm - low) / start > best["rise"]):
-            best = {"rise": (sm - low) / start, "peak_step": s, "peak_loss": sm, "low_step": low_step,
-                    "low_loss": low, "start_loss": start}
+        if math.isfinite(low) and start > 0 and (best is None or (sm - low) / start > best.rise):
+            best = EarlyRise(rise=(sm - low) / start, peak_step=s, peak_loss=sm, low_step=low_step, low_loss=low,
+                             start_loss=start)
         if sm < low:
             low, low_step = sm, s
     return best

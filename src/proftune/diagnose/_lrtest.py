@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .._records import mapping, record_fields
+from .._train_params import TrainParams
 from ..task import Task
 
 __all__ = ["RangeTest", "lr_range_test"]
@@ -67,7 +68,7 @@ class RangeTest:
 
 def lr_range_test(
     task: Task,
-    params: dict[str, Any],
+    params: TrainParams | dict[str, Any],
     *,
     steps: int = 100,
     lr_min: float = 1e-6,

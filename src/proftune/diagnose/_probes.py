@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._train_params import TrainParams
 from ..task import Task
 from ..train import Callback, FitState, fit
-from ._history import NanProbe, WarmupProbe
+from ._history import DecayProbe, NanProbe, WarmupProbe
 
 __all__ = ["NAN_PROBE_FACTOR", "decay_probe", "nan_probe", "warmup_probe"]
 
@@ -46,8 +47,8 @@ def _losses(result: Any) -> list[float]:
     return [float(r["loss"]) for r in result.curves["step"]]
 
 
-def decay_probe(task: Task, params: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                lr: float, steps: int, device: torch.device, seed: int, factor: float = 0.1) -> dict[str, float]:
+def decay_probe(task: Task, params: TrainParams, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                lr: float, steps: int, device: torch.device, seed: int, factor: float = 0.1) -> DecayProbe:
     """Mean train loss over the second half of ``steps`` more steps at ``lr`` and at ``factor * lr``."""
     state = optimizer.state_dict()
     out: dict[str, float] = {}
@@ -57,11 +58,11 @@ def decay_probe(task: Task, params: dict[str, Any], model: nn.Module, optimizer:
         losses = _losses(result)
         out[arm] = statistics.fmean(losses[len(losses) // 2:])
     gain = 1 - out["decayed"] / out["constant"] if out["constant"] > 0 else 0.0
-    return {"steps": steps, "lr": lr, "decayed_lr": lr * factor, "constant_loss": out["constant"],
-            "decayed_loss": out["decayed"], "relative_gain": gain}
+    return DecayProbe(steps=steps, lr=lr, decayed_lr=lr * factor, constant_loss=out["constant"],
+                      decayed_loss=out["decayed"], relative_gain=gain)
 
 
-def warmup_probe(task: Task, params: dict[str, Any], *, lr: float, steps: int, warmup: int,
+def warmup_probe(task: Task, params: TrainParams, *, lr: float, steps: int, warmup: int,
                  device: torch.device, seed: int) -> WarmupProbe:
     """The loss of the first ``steps`` steps of the same run with a linear warm-up over ``warmup``."""
     result = fit(task, params, max_steps=steps, device=device, seed=seed, evaluate=False,
@@ -74,7 +75,7 @@ def warmup_probe(task: Task, params: dict[str, Any], *, lr: float, steps: int, w
 NAN_PROBE_FACTOR = 0.01
 
 
-def nan_probe(task: Task, params: dict[str, Any], *, lr: float, nan_step: int, device: torch.device,
+def nan_probe(task: Task, params: TrainParams, *, lr: float, nan_step: int, device: torch.device,
               seed: int, factor: float = NAN_PROBE_FACTOR) -> NanProbe:
     """The steps of the run up to its first non-finite loss (step ``nan_step``, 1-based) and a few
     beyond, again from the same init and batches at ``factor * lr``: the step at which the loss
@@ -85,5 +86,5 @@ def nan_probe(task: Task, params: dict[str, Any], *, lr: float, nan_step: int, d
                  callbacks=[_SetLR(lr * factor)])
     losses = _losses(result)
     first = next((i + 1 for i, v in enumerate(losses) if not math.isfinite(v)), None)
-    return {"lr": lr, "probe_lr": lr * factor, "factor": factor, "steps": len(losses), "nan_step": nan_step,
-            "probe_nan_step": first, "follows_lr": first is None or first > nan_step}
+    return NanProbe(lr=lr, probe_lr=lr * factor, factor=factor, steps=len(losses), nan_step=nan_step,
+                    probe_nan_step=first, follows_lr=first is None or first > nan_step)

@@ -14,9 +14,8 @@ from typing import Any
 import torch
 
 from ..exceptions import DependencyError
-from ..track import Store
 from ._lightning_task import LightningTask
-from ._monitoring import checks, error_findings, new_monitor, record, validate
+from ._monitoring import MonitoringCallback
 
 try:
     from lightning.pytorch import Callback as _Callback
@@ -58,7 +57,7 @@ class _AfterBackward:
         return getattr(self._opt, name)
 
 
-class ProftuneCallback(_Callback):
+class ProftuneCallback(MonitoringCallback, _Callback):
     """The Monitor's sampled per-layer profile and the health checks, inside ``lightning.Trainer``.
 
     Every ``every``-th optimizer step is instrumented (the others run untouched). ``health``:
@@ -70,28 +69,13 @@ class ProftuneCallback(_Callback):
     ``sqlite:///proftune.db``) and the profile's metrics go to the Trainer's logger.
     """
 
-    def __init__(self, every: int = 50, health: bool = True, adapt: bool = False, db: str | None = None,
-                 *, store: Store | str | None = None, stop_on_error: bool = False) -> None:
-        validate(every, db, store)
-        self.every, self.health, self.adapt, self.db, self.store = every, health, adapt, db, store
-        self.stop_on_error = stop_on_error
-        self.monitor: Any = None
-        self.run_id: int | None = None
-        self.metrics: dict[str, float] = {}
-        self._opt: _AfterBackward | None = None
-        self._stepped = False
-        self._open = False
-
-    @property
-    def findings(self) -> list[Any]:
-        return [] if self.monitor is None else self.monitor.findings
+    _opt: _AfterBackward | None = None
+    _stepped = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         opts = trainer.optimizers
         self._opt = _AfterBackward(opts[0]) if opts else None
-        self.monitor = new_monitor(pl_module, self._opt, every=self.every, task=type(pl_module).__name__,
-                                   callbacks=checks(health=self.health, adapt=self.adapt))
-        self._open = True
+        self._start(pl_module, self._opt)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.monitor is not None:
@@ -107,8 +91,7 @@ class ProftuneCallback(_Callback):
             return  # a micro-batch of an accumulated step: the step ends with its optimizer step
         self._stepped = False
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self.monitor.step(loss if isinstance(loss, torch.Tensor) else None)
-        if self.stop_on_error and self.monitor.state.step % self.every == 0 and error_findings(self.monitor):
+        if self._step(loss if isinstance(loss, torch.Tensor) else None):
             trainer.should_stop = True
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -116,33 +99,20 @@ class ProftuneCallback(_Callback):
             self.monitor.pause()
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        mon = self.monitor
-        if mon is None or trainer.sanity_checking:
+        if self.monitor is None or trainer.sanity_checking:
             return
-        mon.state.metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
-                             if isinstance(v, (int, float, torch.Tensor)) and torch.as_tensor(v).numel() == 1}
-        mon.state.epoch = trainer.current_epoch
-        for cb in mon.callbacks:
-            cb.on_epoch_end(mon.state)
+        self._evaluated({k: float(v) for k, v in trainer.callback_metrics.items()
+                         if isinstance(v, (int, float, torch.Tensor)) and torch.as_tensor(v).numel() == 1},
+                        trainer.current_epoch)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._finish(trainer, pl_module, None)
-
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._finish(trainer, pl_module, exception)
-
-    def _finish(self, trainer: Any, pl_module: Any, exc: BaseException | None) -> None:
-        mon = self.monitor
-        if mon is None or not self._open:
+        if not self._close():
             return
-        self._open = False
-        mon.__exit__(type(exc) if exc else None, exc, None)
-        if exc is not None:
-            return
-        config = {"every": self.every, "health": self.health, "adapt": self.adapt, "source": "lightning",
-                  "steps_seen": mon.state.step, "max_epochs": trainer.max_epochs}
-        self.run_id, self.metrics = record(mon, store=self.store, db=self.db, task=type(pl_module).__name__,
-                                           config=config, device=pl_module.device)
+        self._record(source="lightning", task=type(pl_module).__name__, device=pl_module.device,
+                     max_epochs=trainer.max_epochs)
         if trainer.logger is not None and self.metrics:
             trainer.logger.log_metrics({f"proftune/{k}": v for k, v in self.metrics.items()},
                                        step=trainer.global_step)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close(exception)

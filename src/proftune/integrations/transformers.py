@@ -16,7 +16,7 @@ import torch
 from .._device import output_loss
 from ..exceptions import DependencyError
 from ..track import Store
-from ._monitoring import checks, error_findings, new_monitor, record, validate
+from ._monitoring import MonitoringCallback
 
 try:
     import transformers as _hf
@@ -27,7 +27,7 @@ except ImportError as _exc:  # pragma: no cover - the extra is missing
 __all__ = ["ProftuneCallback"]
 
 
-class ProftuneCallback(_hf.TrainerCallback):
+class ProftuneCallback(MonitoringCallback, _hf.TrainerCallback):
     """The Monitor's sampled per-layer profile and the health checks, inside ``transformers.Trainer``.
 
     Every ``every``-th optimizer step is instrumented; ``health`` runs :class:`proftune.HealthCheck`
@@ -40,19 +40,9 @@ class ProftuneCallback(_hf.TrainerCallback):
 
     def __init__(self, every: int = 50, health: bool = True, adapt: bool = False, db: str | None = None,
                  *, store: Store | str | None = None, stop_on_error: bool = False) -> None:
-        validate(every, db, store)
-        self.every, self.health, self.adapt, self.db, self.store = every, health, adapt, db, store
-        self.stop_on_error = stop_on_error
-        self.monitor: Any = None
-        self.run_id: int | None = None
-        self.metrics: dict[str, float] = {}
+        super().__init__(every, health, adapt, db, store=store, stop_on_error=stop_on_error)
         self._losses: list[torch.Tensor] = []
         self._hook: Any = None
-        self._open = False
-
-    @property
-    def findings(self) -> list[Any]:
-        return [] if self.monitor is None else self.monitor.findings
 
     def _catch_loss(self, module: Any, args: Any, output: Any) -> None:
         if module.training:
@@ -65,10 +55,8 @@ class ProftuneCallback(_hf.TrainerCallback):
         if model is None:
             return
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch optimizer
-        self.monitor = new_monitor(model, inner, every=self.every, task=type(model).__name__,
-                                   callbacks=checks(health=self.health, adapt=self.adapt))
+        self._start(model, inner)
         self._hook = model.register_forward_hook(self._catch_loss)
-        self._open = True
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:
@@ -80,33 +68,23 @@ class ProftuneCallback(_hf.TrainerCallback):
             return
         loss = torch.stack(self._losses).float().mean() if self._losses else None
         self._losses.clear()
-        mon.step(loss)
-        if self.stop_on_error and mon.state.step % self.every == 0 and error_findings(mon):
+        if self._step(loss):
             control.should_training_stop = True
         if control.should_evaluate or control.should_save:
             mon.pause()  # what runs before the next step is not a step
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
                     **kwargs: Any) -> None:
-        mon = self.monitor
-        if mon is None or not metrics:
+        if self.monitor is None or not metrics:
             return
-        named = {("val_loss" if k == "eval_loss" else k.removeprefix("eval_")): float(v)
-                 for k, v in metrics.items() if isinstance(v, (int, float))}
-        mon.state.metrics = named
-        mon.state.epoch = int(state.epoch or 0)
-        for cb in mon.callbacks:
-            cb.on_epoch_end(mon.state)
+        self._evaluated({("val_loss" if k == "eval_loss" else k.removeprefix("eval_")): float(v)
+                         for k, v in metrics.items() if isinstance(v, (int, float))}, int(state.epoch or 0))
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        mon = self.monitor
-        if mon is None or not self._open:
+        if self.monitor is None or not self._open:
             return
-        self._open = False
         if self._hook is not None:
             self._hook.remove()
-        mon.__exit__(None, None, None)
-        config = {"every": self.every, "health": self.health, "adapt": self.adapt, "source": "transformers",
-                  "steps_seen": mon.state.step, "max_steps": state.max_steps}
-        self.run_id, self.metrics = record(mon, store=self.store, db=self.db, task=type(model or mon.model).__name__,
-                                           config=config, device=mon.device)
+        self._close()
+        self._record(source="transformers", task=type(model or self.monitor.model).__name__,
+                     device=self.monitor.device, max_steps=state.max_steps)

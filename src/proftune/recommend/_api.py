@@ -63,11 +63,11 @@ class DataBound:
                 "min_steps_per_epoch": MIN_STEPS_PER_EPOCH, "default_batch": self.default_batch}
 
 
-def data_bound(task: Task, params: dict[str, Any], default_batch: int, *,
+def data_bound(task: Task, params: TrainParams, default_batch: int, *,
                target_batch: int | None = None) -> DataBound | None:
     """The data's bound on a computed batch (None: the training data has no countable samples); a
     ``target_batch`` the user gave is theirs, bounded only by the training set itself."""
-    n = samples_per_epoch(task, params, batch_size=max(1, min(default_batch, 1 << 16)), stop_after=1 << 22)
+    n = samples_per_epoch(task, params.params, batch_size=max(1, min(default_batch, 1 << 16)), stop_after=1 << 22)
     if n < 1:
         return None
     cap = min(n, max(min(default_batch, n), n // MIN_STEPS_PER_EPOCH, 1, min(int(target_batch or 0), n)))
@@ -235,13 +235,13 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     target = int(target_batch) if target_batch is not None else (_round_batch(b_crit) if b_crit else b_prof)
     target_src = "target_batch=" if target_batch is not None else (
         "the critical batch size" if b_crit else "the profiled batch size")
-    data = data_bound(task, params, b_prof, target_batch=target_batch)
+    data = data_bound(task, given, b_prof, target_batch=target_batch)
     data_note = ""
     if data is not None and target > data.cap:
         data_note = f"; {target_src} {target} is bounded by the data: {data.describe()}"
         target = data.cap
     batch = min(target, max_batch) if max_batch is not None else target
-    checked, cost_note, cost = _epoch_cost(task, params, batch, b_prof, data, more, max_batch=max_batch,
+    checked, cost_note, cost = _epoch_cost(task, given, batch, b_prof, data, more, max_batch=max_batch,
                                               user_batch=target_batch is not None, device=device, seed=seed,
                                               say=say)
     data_note += cost_note
@@ -338,7 +338,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
 
     # -- rules on the profile ------------------------------------------------------------------------------
     say("precision")
-    recs["precision"] = checked_precision_row(precision_rule(prof), task, params, device=device, seed=seed,
+    recs["precision"] = checked_precision_row(precision_rule(prof), task, given, device=device, seed=seed,
                                               measure=more.precision_check)
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
@@ -348,7 +348,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     say("threads")
     recs["threads"] = _threads_row(task, given, b_prof, device=device, seed=seed, measure=more.measure_threads)
     say("data loader workers")
-    workers = num_workers_row(task, params, b_prof, threads=int(recs["threads"].value), device=device, seed=seed)
+    workers = num_workers_row(task, given, b_prof, threads=int(recs["threads"].value), device=device, seed=seed)
     if workers is not None:
         recs["num_workers"] = workers
         recs["data_loading"] = _measured_workers(recs["data_loading"], workers)
@@ -358,7 +358,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                                    "noise_scale": list(ns.history) if ns is not None else []})
 
 
-def _epoch_cost(task: Task, params: dict[str, Any], batch: int, b_prof: int, data: DataBound | None,
+def _epoch_cost(task: Task, params: TrainParams, batch: int, b_prof: int, data: DataBound | None,
                 more: _MoreRows, *, max_batch: int | None, user_batch: bool, device: torch.device, seed: int,
                 say: Callable[[str], None]) -> tuple[int, str, BatchCost | None]:
     """A computed batch is a hypothesis: an epoch at it timed against the defaults' epoch. (the

@@ -17,11 +17,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from .._records import JsonRecord
+from .._train_params import TrainParams
 from ..task import Task
 from ..train import Callback, FitState, fit
 
@@ -55,14 +56,14 @@ class _StepTimes(Callback):
         return [(b - a) * 1e3 for a, b in zip(self.ends, self.ends[1:], strict=False)]
 
 
-def step_timer(task: Task, params: dict[str, Any], *, device: torch.device, seed: int) -> StepTimer:
+def step_timer(task: Task, params: TrainParams, *, device: torch.device, seed: int) -> StepTimer:
     """The task's training step timed at a batch: a short fit at one thread, median of its timed steps."""
 
     def measure(batch_size: int) -> float:
         cb = _StepTimes()
         try:
-            fit(task, {**params, "batch_size": int(batch_size)}, max_steps=WARMUP + TIMED_STEPS,
-                batch_size=int(batch_size), device=device, seed=seed, callbacks=[cb], evaluate=False, threads=1)
+            fit(task, params, max_steps=WARMUP + TIMED_STEPS, batch_size=int(batch_size), device=device, seed=seed,
+                callbacks=[cb], evaluate=False, threads=1)
         except (RuntimeError, ValueError):  # e.g. BatchNorm at batch 1: no epoch trains there at all
             return math.inf
         finite = [t for t in cb.ms[WARMUP - 1:] if math.isfinite(t)]  # cb.ms[i]: step i + 2

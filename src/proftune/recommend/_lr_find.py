@@ -468,18 +468,16 @@ def run_lr_range_test(
     )
 
 
-def decide_by_ladder(result: LRFindResult, task: Task | str, params: dict[str, Any] | None = None, *,
+def decide_by_ladder(result: LRFindResult, task: Task, params: TrainParams, *,
                      steps: int, rungs: int = 7, device: str | torch.device = "auto", seed: int = 0) -> LRFindResult:
     """``result`` as it is where the sweep suggested a rate; else the lr ladder's rate (rungs half
     a decade apart around the task's lr, ``steps`` each, the sweep's batch and seed) with the
     ladder as its evidence. ``steps=0``: no ladder."""
     if result.suggested_lr is not None or steps <= 0:
         return result
-    task_obj = load_task(task)
-    merged = {**task_obj.default_params, **(params or {})}
-    own = merged.get("lr")
+    own = params.lr
     centre = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else DEFAULT_LR
-    ladder = run_lr_ladder(task_obj, merged, centre_lr=centre, rungs=rungs, steps=max(8, int(steps)),
+    ladder = run_lr_ladder(task, params, centre_lr=centre, rungs=rungs, steps=max(8, int(steps)),
                            batch_size=result.batch_size or None, device=device, seed=seed,
                            chance=result.chance_loss)
     sweep = result.message or "the range test suggested no rate"

@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from .._records import JsonRecord, Reader, each
+from .._train_params import TrainParams
 from ..exceptions import ConfigError
 from ..task import Task
 from ..train import Callback, FitState, fit
@@ -154,7 +155,7 @@ def _ladder_rates(centre: float, rungs: int) -> list[float]:
     return [centre * LADDER_FACTOR ** (k - below) for k in range(rungs)]
 
 
-def run_lr_ladder(task: Task, params: dict[str, Any], *, centre_lr: float, rungs: int = 7, steps: int = 100,
+def run_lr_ladder(task: Task, params: TrainParams, *, centre_lr: float, rungs: int = 7, steps: int = 100,
                   batch_size: int | None = None, device: str | torch.device = "auto", seed: int = 0,
                   chance: float | None = None) -> LadderResult:
     """Train ``steps`` steps at each of ``rungs`` rates centred on ``centre_lr`` (half a decade
@@ -172,7 +173,7 @@ def run_lr_ladder(task: Task, params: dict[str, Any], *, centre_lr: float, rungs
 
     def train(lr: float) -> None:
         cb = _Losses()
-        fit(task, {**params, "lr": lr}, max_steps=steps, batch_size=batch_size, device=device, seed=seed,
+        fit(task, params.with_params(lr=lr), max_steps=steps, batch_size=batch_size, device=device, seed=seed,
             callbacks=[cb], evaluate=False, stop_on_nan=True)
         done[lr] = _rung(lr, cb.losses, steps)
 

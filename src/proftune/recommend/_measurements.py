@@ -267,7 +267,7 @@ def lr_find(
         result = run_lr_range_test(task_obj, given, model=model, optimizer=optimizer, min_lr=min_lr,
                                    max_lr=max_lr, steps=steps, batch_size=batch_size, device=dev, seed=seed)
         if model is None and optimizer is None:  # a given model is the user's: the ladder trains the task's
-            result = decide_by_ladder(result, task_obj, merged, steps=cfg.ladder_steps, rungs=cfg.ladder_rungs,
+            result = decide_by_ladder(result, task_obj, given, steps=cfg.ladder_steps, rungs=cfg.ladder_rungs,
                                       device=dev, seed=seed)
         if plot:
             result.plot(plot)

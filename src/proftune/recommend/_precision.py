@@ -20,11 +20,12 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from .._records import JsonRecord
+from .._train_params import TrainParams
 from ..task import Task
 from ..train import Callback, FitState, fit
 from ._lr_ladder import loss_trend
@@ -92,15 +93,15 @@ class PrecisionCheck(JsonRecord):
         return f"{step}; {loss}"
 
 
-def _run(task: Task, params: dict[str, Any], precision: str, *, steps: int, device: torch.device,
+def _run(task: Task, params: TrainParams, precision: str, *, steps: int, device: torch.device,
          seed: int) -> _Steps:
     cb = _Steps()
-    fit(task, {**params, "precision": precision}, max_steps=steps, device=device, seed=seed, callbacks=[cb],
+    fit(task, params.with_params(precision=precision), max_steps=steps, device=device, seed=seed, callbacks=[cb],
         evaluate=False, threads=1)
     return cb
 
 
-def _step_timer(task: Task, params: dict[str, Any], *, device: torch.device, seed: int) -> PrecisionTimer:
+def _step_timer(task: Task, params: TrainParams, *, device: torch.device, seed: int) -> PrecisionTimer:
     def measure(precision: str) -> float:
         times = _run(task, params, precision, steps=WARMUP + TIMED_STEPS, device=device, seed=seed).ms[WARMUP:]
         finite = [t for t in times if math.isfinite(t)]
@@ -153,7 +154,7 @@ def time_candidate(candidate: str, timer: PrecisionTimer) -> tuple[list[float], 
     return fp32_ms, cand_ms, ratios, faster, decided
 
 
-def check_precision(task: Task, params: dict[str, Any], candidate: str, *, device: torch.device,
+def check_precision(task: Task, params: TrainParams, candidate: str, *, device: torch.device,
                     seed: int = 0, timer: PrecisionTimer | None = None) -> PrecisionCheck:
     """Time ``candidate`` against fp32 on the task's steps (:func:`time_candidate`; ``timer`` times
     one short run in a precision, the task's own steps by default), and train both
@@ -172,7 +173,7 @@ def check_precision(task: Task, params: dict[str, Any], candidate: str, *, devic
                           loss_tolerance=tol, faster=faster, decided=decided, matches=matches)
 
 
-def checked_precision_row(row: Recommendation, task: Task, params: dict[str, Any], *, device: torch.device,
+def checked_precision_row(row: Recommendation, task: Task, params: TrainParams, *, device: torch.device,
                           seed: int, measure: bool = True, timer: PrecisionTimer | None = None) -> Recommendation:
     """The rule's row where the device has no faster precision; else the candidate only where
     :func:`check_precision` measured it faster beyond noise in two measurements and no worse in

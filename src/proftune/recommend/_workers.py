@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .._threads import candidate_counts, fixed_threads, max_threads
+from .._train_params import TrainParams
 from ..task import Task, TaskWrapper
 from ..train import Callback, FitState, fit
 from ._records import Recommendation
@@ -84,12 +85,12 @@ class _StepTimes(Callback):
         self.data_ms.append(float(state.timing.get("data_ms", 0.0)))
 
 
-def measure_num_workers(task: Task, params: dict[str, Any], batch_size: int, *, threads: int,
+def measure_num_workers(task: Task, params: TrainParams, batch_size: int, *, threads: int,
                         device: torch.device, seed: int = 0, steps: int = STEPS, rounds: int = 2,
                         tie: float = 0.1, candidates: list[int] | None = None) -> WorkerTimes:
     """Time ``steps`` training steps of ``task`` with its DataLoader at each candidate count
     (``rounds`` rounds, the order reversed each round) at ``threads`` intra-op threads."""
-    loader = task.train_data(batch_size, params)
+    loader = task.train_data(batch_size, params.params)
     if not isinstance(loader, DataLoader):
         raise TypeError(f"the task's train_data is a {type(loader).__name__}, not a DataLoader")
     counts = candidates if candidates is not None else [0, *candidate_counts(max_threads())]
@@ -111,11 +112,11 @@ def measure_num_workers(task: Task, params: dict[str, Any], batch_size: int, *, 
                        steps=steps, rounds=rounds, tie=tie, threads=threads, samples=times)
 
 
-def num_workers_row(task: Task, params: dict[str, Any], batch_size: int, *, threads: int,
+def num_workers_row(task: Task, params: TrainParams, batch_size: int, *, threads: int,
                     device: torch.device, seed: int = 0) -> Recommendation | None:
     """The ``num_workers`` row where the task's loader is a DataLoader (None where it is not:
     batches from memory have no loader workers to set)."""
-    loader = task.train_data(batch_size, params)
+    loader = task.train_data(batch_size, params.params)
     if not isinstance(loader, DataLoader):
         return None
     if isinstance(loader.dataset, IterableDataset):

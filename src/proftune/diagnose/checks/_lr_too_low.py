@@ -18,9 +18,9 @@ class LrTooLow(BaseCheck):
         if plateau is None:
             return None
         lr = history.lr()
-        evidence: dict[str, Any] = {**plateau, "lr": lr}
-        summary = (f"loss went from {fmt(plateau['start_loss'])} to {fmt(plateau['final_loss'])} "
-                   f"({-plateau['relative_drop']:+.1%}) over {plateau['steps']} steps")
+        evidence: dict[str, Any] = {**plateau.to_dict(), "lr": lr}
+        summary = (f"loss went from {fmt(plateau.start_loss)} to {fmt(plateau.final_loss)} "
+                   f"({-plateau.relative_drop:+.1%}) over {plateau.steps} steps")
         confidence, severity, fix = 0.4, "warning", "raise the learning rate (run an LR range test)"
         test = history.lr_test
         if test is not None and lr is not None:

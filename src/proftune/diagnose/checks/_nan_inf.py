@@ -25,7 +25,7 @@ class NanInf(BaseCheck):
         evidence = {k: v for k, v in nf.items() if k not in ("step", "layer")}
         probe = history.nan_probe
         if probe is not None:
-            evidence["nan_probe"] = dict(probe)
+            evidence["nan_probe"] = probe.to_dict()
         if history.nan_not_lr():
             assert probe is not None
             return _not_the_rate(self.cause, nf, probe, evidence)
@@ -51,9 +51,9 @@ class NanInf(BaseCheck):
         else:
             summary = f"loss became {nf.get('loss')} at step {nf['step']}" + (f", first in {layer}" if layer else "")
             fix = "lower the learning rate, clip gradients, or guard the op that overflows"
-        if probe is not None and probe.get("follows_lr"):
-            summary += (f"; re-run from the same start at lr {fmt(probe['probe_lr'])} ({fmt(probe['factor'])}x), "
-                        f"it stayed finite through step {probe['steps']}: the NaN follows the rate")
+        if probe is not None and probe.follows_lr:
+            summary += (f"; re-run from the same start at lr {fmt(probe.probe_lr)} ({fmt(probe.factor)}x), "
+                        f"it stayed finite through step {probe.steps}: the NaN follows the rate")
         root = bool((produced and not overflow) or nf.get("inputs_finite") is False) and not grew
         return Finding(self.cause, "error", summary, fix, evidence, 0.95 if root else 0.6,
                        step=nf["step"], layer=layer, root=root)
@@ -62,11 +62,11 @@ class NanInf(BaseCheck):
 def _not_the_rate(cause: str, nf: NonFinite, probe: NanProbe, evidence: dict[str, Any]) -> Finding:
     """The finding of a NaN that came at the same step (or sooner) at a far lower rate: what was
     measured, and where to look instead of the learning rate."""
-    at = probe["probe_nan_step"]
+    at = probe.probe_nan_step
     where = f", first in {nf['layer']}" if nf.get("layer") else ""
     summary = (f"loss became {nf.get('loss')} at step {nf['step']}{where}"
-               f"; re-run from the same start at lr {fmt(probe['probe_lr'])} ({fmt(probe['factor'])}x the run's "
-               f"{fmt(probe['lr'])}), it became non-finite at step {at} {'too' if at == nf['step'] else '(sooner)'}: "
+               f"; re-run from the same start at lr {fmt(probe.probe_lr)} ({fmt(probe.factor)}x the run's "
+               f"{fmt(probe.lr)}), it became non-finite at step {at} {'too' if at == nf['step'] else '(sooner)'}: "
                "the NaN follows the number of steps or calls, not the learning rate")
     if nf.get("weights_finite") and nf.get("inputs_finite") and nf.get("layers_finite"):
         summary += "; the weights, the inputs and every layer's output of that step were finite (the loss made it)"

@@ -69,9 +69,9 @@ def _shuffle(history: History) -> CauseProbe:
     name, fix = "data order", "shuffle the training data every epoch (DataLoader(shuffle=True))"
     if order is None:
         return CauseProbe(name, fix, "unknown", "no class labels in the batches")
-    detail = (f"consecutive samples share a label {order['adjacent_same_label']:.0%} of the time "
-              f"(shuffled {order['expected_if_shuffled']:.0%})")
-    return CauseProbe(name, fix, "yes" if order["excess"] >= 0.3 else "no", detail)
+    detail = (f"consecutive samples share a label {order.adjacent_same_label:.0%} of the time "
+              f"(shuffled {order.expected_if_shuffled:.0%})")
+    return CauseProbe(name, fix, "yes" if order.excess >= 0.3 else "no", detail)
 
 
 def _grad_norm(history: History) -> CauseProbe:
@@ -93,7 +93,7 @@ def _batch_diversity(history: History) -> CauseProbe:
     if bs is None:
         return CauseProbe(name, fix, "unknown", "batch size not seen")
     if order is not None:
-        few = order["labels_per_batch"] < 0.5 * order["classes"]
-        detail = f"batches of {bs:g} hold {order['labels_per_batch']:.1f} of {order['classes']} classes"
+        few = order.labels_per_batch < 0.5 * order.classes
+        detail = f"batches of {bs:g} hold {order.labels_per_batch:.1f} of {order.classes} classes"
         return CauseProbe(name, fix, "yes" if few or bs < 16 else "no", detail)
     return CauseProbe(name, fix, "yes" if bs < 16 else "no", f"batches of {bs:g} samples")

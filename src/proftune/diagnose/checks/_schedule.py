@@ -34,13 +34,14 @@ class NoWarmup(BaseCheck):
             return None
         lrs = history.lrs()
         early = history.early_instability()
-        evidence: dict[str, Any] = {"lr": lrs[0], "optimizer": history.optimizer, "early_climb": early}
+        evidence: dict[str, Any] = {"lr": lrs[0], "optimizer": history.optimizer,
+                                    "early_climb": early.to_dict() if early is not None else None}
         summary = f"the run starts at its full learning rate {fmt(lrs[0])} ({history.optimizer or 'optimizer'}"
         layers = sorted({t for t in history.types.values() if t in _WARMUP_LAYERS})
         summary += (f", {'/'.join(layers)} in the model)" if layers else ")")
         if early is not None:
-            summary += (f" and the smoothed loss climbed from {fmt(early['low_loss'])} at step {early['low_step']} "
-                        f"back to {fmt(early['peak_loss'])} at step {early['peak_step']}")
+            summary += (f" and the smoothed loss climbed from {fmt(early.low_loss)} at step {early.low_step} "
+                        f"back to {fmt(early.peak_loss)} at step {early.peak_step}")
         probe = history.warmup_probe
         if probe is None:
             fix = "warm the learning rate up linearly over the first ~5% of the steps"
@@ -53,7 +54,7 @@ class NoWarmup(BaseCheck):
         k = max(n // 3, 1)
         ours_tail, orig_tail = statistics.fmean(ours[-k:]), statistics.fmean(orig[-k:])
         climb = early_rise(list(enumerate(ours, start=1)))
-        climb_rise = max(climb["rise"], 0.0) if climb else 0.0
+        climb_rise = max(climb.rise, 0.0) if climb else 0.0
         gain = 1 - ours_tail / orig_tail if orig_tail > 0 else 0.0
         evidence["probe"] = {"steps": n, "warmup_steps": w, "lr": probe.lr, "loss_with_warmup": ours_tail,
                              "loss_without": orig_tail, "relative_gain": gain, "climb_with_warmup": climb_rise}
@@ -88,12 +89,12 @@ class NoLrDecay(BaseCheck):
         probe = history.decay_probe
         severity, confidence = "info", 0.35
         if probe is not None:
-            evidence["probe"] = probe
-            if probe["relative_gain"] >= 0.1:
+            evidence["probe"] = probe.to_dict()
+            if probe.relative_gain >= 0.1:
                 severity, confidence = "warning", 0.8
-                summary += (f"; {probe['steps']} more steps at lr {fmt(probe['decayed_lr'])} lowered the train loss "
-                            f"to {fmt(probe['decayed_loss'])} against {fmt(probe['constant_loss'])} at the same rate "
-                            f"({probe['relative_gain']:.0%} lower)")
+                summary += (f"; {probe.steps} more steps at lr {fmt(probe.decayed_lr)} lowered the train loss "
+                            f"to {fmt(probe.decayed_loss)} against {fmt(probe.constant_loss)} at the same rate "
+                            f"({probe.relative_gain:.0%} lower)")
             else:
                 return None  # a lower rate does not help: the floor is not the rate's noise
         fix = ("decay the learning rate (cosine to ~0 over the run, or step it down 10x for the last "

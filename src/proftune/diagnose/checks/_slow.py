@@ -22,11 +22,11 @@ class SlowConvergence(BaseCheck):
         if slow is None:
             return None
         lr, test, ratio = history.lr(), history.lr_test, history.update_ratio()
-        evidence: dict[str, Any] = {**slow, "lr": lr, "update_ratio": ratio,
+        evidence: dict[str, Any] = {**slow.to_dict(), "lr": lr, "update_ratio": ratio,
                                     "healthy_update_ratio": HEALTHY_UPDATE_RATIO}
-        summary = (f"the loss fell only {slow['relative_drop']:.0%} over {slow['steps']} steps "
-                   f"({fmt(slow['start_loss'])} -> {fmt(slow['final_loss'])}) and the last quarter still made "
-                   f"{slow['last_quarter_share']:.0%} of that progress: far from converged")
+        summary = (f"the loss fell only {slow.relative_drop:.0%} over {slow.steps} steps "
+                   f"({fmt(slow.start_loss)} -> {fmt(slow.final_loss)}) and the last quarter still made "
+                   f"{slow.last_quarter_share:.0%} of that progress: far from converged")
         tiny = ratio is not None and ratio < HEALTHY_UPDATE_RATIO / 10
         if ratio is not None:
             summary += (f"; each step moves the weights by {fmt(ratio)} of their norm (healthy: about "
