@@ -28,7 +28,7 @@ from ._half import HalfPrecision, save_half
 from ._measure import count, sparse_size_bytes
 from ._methods import COMPRESS_METHODS, MethodContext
 from ._pipeline import GOAL_METRICS, Candidate, choose
-from ._plan import Plan, plan_methods, profile_summary
+from ._plan import Plan, ProfileSummary, plan_methods, profile_summary
 from ._prune import (
     final_classifier,
     make_permanent,
@@ -102,7 +102,7 @@ class Compressor:
             task=self.task.name or type(self.task).__name__, metric=cfg.metric, goal=cfg.goal,
             max_accuracy_drop=cfg.max_accuracy_drop, device=str(self.dev),
             threads=cfg.threads if self.dev.type == "cpu" else None, baseline=cands[0],
-            candidates=cands[1:], selected=selected, output=output, profile=summary, plan=self.plan,
+            candidates=cands[1:], selected=selected, output=output, profile=summary.to_dict(), plan=self.plan,
             sensitivity=[dataclasses.asdict(s) for s in sens], notes=self.notes, plots=plots,
             task_spec=self.rebuild.task,
         )
@@ -208,7 +208,7 @@ class Compressor:
                            steps=2 if timed else 1, warmup=1 if timed else 0,
                            detail="full" if timed else "step", seed=self.cfg.seed)
 
-    def _plan(self, summary: dict[str, Any]) -> Plan:
+    def _plan(self, summary: ProfileSummary) -> Plan:
         cfg = self.cfg
         possible = {m: not backend_problems(dataclasses.replace(cfg, quantize=m), self.dev)
                     for m in ("dynamic", "static")}

@@ -289,7 +289,7 @@ class Evaluator:
         compute = (micro * (fwd + bwd) + opt_ms) * sharing
         link = self._link(figures)
         bw = link["bytes_s"]
-        beside = self._overlap(link)
+        beside = self._overlap(bool(link["overlaps"]))
         comm = exposed = 0.0
         window = {"forward": fwd * sharing, "backward": bwd * sharing}
         by_phase: dict[str, list[float]] = {}
@@ -316,13 +316,13 @@ class Evaluator:
         return {"compute_ms": compute, "comm_ms": comm, "exposed_comm_ms": exposed, "offload_ms": offload_ms,
                 "time_ms": compute + exposed + offload_ms}
 
-    def _overlap(self, link: dict[str, Any]) -> float:
+    def _overlap(self, overlaps: bool) -> float:
         """The share of an overlapping collective that can run beside compute: on this machine's
         CPU ranks, as far as a core is free for each rank's collectives (gloo's thread); on GPUs,
         all of it where the link runs on its own streams."""
         if self.spec.name == "cpu":
             return spare_cores_per_rank(self.gpus)
-        return 1.0 if link["overlaps"] else 0.0
+        return 1.0 if overlaps else 0.0
 
     def _sharing(self, figures: ComputeFigures | None = None) -> float:
         """How much slower each rank computes than one process alone: ``gpus`` CPU ranks of this

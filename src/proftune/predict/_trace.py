@@ -40,7 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._device import batch_size_of
 from ..exceptions import ConfigError
-from ..profile import LayerHooks, UncountedOps, op_flops, uncounted_op
+from ..profile import LayerHooks, UncountedOp, UncountedOps, op_flops, uncounted_op
 from ..task import Task
 from ..train import StepPhases, StepSpec, run_step
 from ._checkpointing import apply_activation_checkpointing, block_units
@@ -160,13 +160,18 @@ class MemoryTrace:
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     ops: list[_OpRecord] = field(default_factory=list)
     activations: dict[str, int] = field(default_factory=dict)
-    uncounted: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uncounted: dict[str, UncountedOp] = field(default_factory=dict)
     layer_types: dict[str, str] = field(default_factory=dict)
     grads_bytes: int = 0
     optimizer_bytes: int = 0
     static: dict[str, int] = field(default_factory=dict)
     #: Micro-batches of the step (grad_accumulation); at most two are traced.
     micro_batches: int = 1
+
+    @property
+    def static_bytes(self) -> int:
+        """What no batch size changes: parameters, buffers, gradients, optimizer state."""
+        return self.static["params_bytes"] + self.static["buffers_bytes"] + self.grads_bytes + self.optimizer_bytes
 
     def weight(self, op: _OpRecord) -> int:
         """How many of the step's micro-batches ``op`` stands for: the first micro-batch's ops

@@ -54,7 +54,7 @@ class Measurements:
     merged_stats: StatsMerge | None = None
     grad_norms: list[float] = field(default_factory=list)
     update_ratios: list[float] = field(default_factory=list)
-    comm: dict[str, Any] | None = None
+    comm: CommProfile | None = None
 
     def take_layers(self, timer: LayerTimer) -> None:
         """The layer timer's medians, its typical step and per-step shares."""
@@ -243,7 +243,6 @@ def assemble_profile(
     step = StepProfile(**{k: float(m.step.get(k, 0.0)) for k in
                           ("time_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
                            "throughput", "min_ms", "noise", "cpu_ms", "cpu_min_ms")}, outside_layers_ms=outside)
-    comm = CommProfile(**m.comm) if m.comm is not None else None
     return Profile(
         task=task,
         device=str(device),
@@ -260,7 +259,7 @@ def assemble_profile(
                              peak_bytes=m.peak_bytes),
         step=step,
         grad=grad,
-        comm=comm,
+        comm=m.comm,
         bottlenecks=tuple(bottlenecks(layers)),
         by_type=tuple(_by_type(layers)),
         env=dict(env or {}),
