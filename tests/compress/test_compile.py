@@ -109,7 +109,7 @@ def test_bad_compile_and_target_names_list_the_valid_choices() -> None:
 def _summary(conv_share: float) -> ProfileSummary:
     conv = LayerShare(name="0", type="Conv2d", params=3, macs=9, forward_ms=None, time_share=None, params_share=0.3,
                       macs_share=conv_share)
-    return ProfileSummary(params=10, macs=10, batch_size=32, top_params=(conv,), top_macs=(conv,),
+    return ProfileSummary(params=10, macs=10, batch_size=32, top_params=[conv], top_macs=[conv],
                           by_type={"Conv2d": TypeShare(macs_share=conv_share, params_share=0.3, time_share=0.5),
                                    "Linear": TypeShare(macs_share=1 - conv_share, params_share=0.7, time_share=0.3)})
 

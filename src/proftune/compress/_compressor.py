@@ -25,7 +25,7 @@ from ._compile import compiler_status, get_compiler, providers_of
 from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
 from ._half import HalfPrecision, save_half
-from ._measure import count, sparse_size_bytes
+from ._measure import count, sparse_size_bytes, tensors_of
 from ._methods import COMPRESS_METHODS, MethodContext
 from ._pipeline import GOAL_METRICS, Candidate, choose
 from ._plan import Plan, ProfileSummary, plan_methods, profile_summary
@@ -404,7 +404,7 @@ class Compressor:
         for batch in self.task.val_data(self.bs):
             inputs = capture_inputs(self.task.loss, eager, move_to_device(batch, self.dev))
             a, b = call_model(eager, inputs), call_model(compiled, inputs)
-            for x, y in zip(_tensors(a), _tensors(b), strict=True):
+            for x, y in zip(tensors_of(a), tensors_of(b), strict=True):
                 worst = max(worst, float((x.float() - y.float()).abs().max()))
         return worst
 
@@ -462,7 +462,7 @@ class Compressor:
         """Interleaved latency runs of every built model at batch 1 and the task's batch size."""
         by_dev: dict[str, list[Built]] = {}
         for item in built:
-            tensors = _tensors(item[2])
+            tensors = tensors_of(item[2])
             by_dev.setdefault(str(tensors[0].device) if tensors else "cpu", []).append(item)
         for key, items in by_dev.items():
             ex = items[0][2]
@@ -502,10 +502,3 @@ class Compressor:
 
         assert self.cfg.plot_dir is not None
         return plot_tradeoffs(cands, selected, Path(self.cfg.plot_dir), metric=self.cfg.metric)
-
-
-def _tensors(example: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    leaves, _ = tree_flatten(example)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]

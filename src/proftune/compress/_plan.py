@@ -72,17 +72,15 @@ class ProfileSummary:
     params: int
     macs: int
     batch_size: int
-    top_params: tuple[LayerShare, ...]
-    top_macs: tuple[LayerShare, ...]
+    top_params: list[LayerShare]
+    top_macs: list[LayerShare]
     by_type: dict[str, TypeShare]
-    top_time: tuple[LayerShare, ...] | None = None
+    top_time: list[LayerShare] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON a :class:`CompressResult` holds as ``profile`` (no ``top_time`` where untimed)."""
         d = dataclasses.asdict(self)
-        for key in ("top_params", "top_macs", "top_time"):
-            d[key] = None if d[key] is None else list(d[key])
-        if d["top_time"] is None:
+        if self.top_time is None:
             del d["top_time"]
         return d
 
@@ -103,9 +101,8 @@ def profile_summary(record: Profile) -> ProfileSummary:
     timed = any(d.time_share is not None for d in layers)
     return ProfileSummary(
         params=record.params.total, macs=record.macs, batch_size=record.batch_size,
-        top_params=tuple(sorted(layers, key=lambda d: -d.params)[:5]),
-        top_macs=tuple(sorted(layers, key=lambda d: -d.macs)[:5]), by_type=by_type,
-        top_time=tuple(sorted(layers, key=lambda d: -(d.time_share or 0.0))[:5]) if timed else None)
+        top_params=sorted(layers, key=lambda d: -d.params)[:5], top_macs=sorted(layers, key=lambda d: -d.macs)[:5],
+        by_type=by_type, top_time=sorted(layers, key=lambda d: -(d.time_share or 0.0))[:5] if timed else None)
 
 
 @dataclass
@@ -181,7 +178,7 @@ def plan_methods(summary: ProfileSummary, *, prune: str | None, quant: str | Non
     return plan
 
 
-def _time_notes(summary: ProfileSummary, top_time: tuple[LayerShare, ...], plan: Plan) -> None:
+def _time_notes(summary: ProfileSummary, top_time: list[LayerShare], plan: Plan) -> None:
     """Where the forward time goes, and whether the INT8 method covers it."""
     by_type = summary.by_type
     plan.lines.append(f"forward time (profile, batch {summary.batch_size}): " + ", ".join(
