@@ -180,10 +180,7 @@ class Compressor:
         model = self.task.build_model(self.params).to(self.dev).eval()
         batch = move_to_device(next(iter(self.task.val_data(self.bs))), self.dev)
         example = capture_inputs(self.task.loss, model, batch)
-        names = list(self.cfg.ignore_layers)
-        resolve_layers(model, names)
-        head = final_classifier(model, example)
-        ignored = resolve_layers(model, [*names, *([head] if head and head not in names else [])])
+        ignored = resolve_layers(model, self._ignored_names(model, "structured", example, note=False))
         prune_structured(model, example, max(self.cfg.ratios), importance="l2", ignored=ignored,
                          round_to=self.cfg.round_to)
 
@@ -222,14 +219,17 @@ class Compressor:
         self.notes.extend(plan.notes)
         return plan
 
-    def _ignored_names(self, base: nn.Module, prune: str | None) -> list[str]:
+    def _ignored_names(self, base: nn.Module, prune: str | None, example: Any = None, *,
+                       note: bool = True) -> list[str]:
+        """The layers left whole: those named (checked), and for structured pruning the final classifier."""
         names = list(self.cfg.ignore_layers)
         resolve_layers(base, names)
         if prune == "structured":
-            head = final_classifier(base, self.example)
+            head = final_classifier(base, self.example if example is None else example)
             if head and head not in names:
                 names.append(head)
-                self.plan.append(f"kept the final classifier {head!r} whole (its outputs are the classes)")
+                if note:
+                    self.plan.append(f"kept the final classifier {head!r} whole (its outputs are the classes)")
         return names
 
     def _score(self, model: nn.Module) -> float:
