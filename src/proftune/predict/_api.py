@@ -80,14 +80,13 @@ def _assemble(trace: MemoryTrace, spec: DeviceSpec, tracer: StepTracer, *, start
     flops = {p: sum(op.flops for op in trace.ops if op.phase == p and (op.micro == 0 or p == "optimizer"))
              for p in PHASES}  # one micro-batch's forward and backward, as count_model counts them
     total_ms = sum(v for v in phase_ms.values() if v is not None) if phase_ms["forward"] is not None else None
-    st = trace.static
     return PredictResult(
         params=ParamCounts(total=tracer.n_params, trainable=tracer.n_trainable),
         flops=flops["forward"], backward_flops=flops["backward"], optimizer_flops=flops["optimizer"],
         memory=PredictedMemory(
-            params_bytes=st["params_bytes"], grads_bytes=trace.grads_bytes, optimizer_bytes=trace.optimizer_bytes,
+            params_bytes=trace.params_bytes, grads_bytes=trace.grads_bytes, optimizer_bytes=trace.optimizer_bytes,
             activations_bytes=sum(trace.activations.values()), peak_bytes=trace.peak,
-            buffers_bytes=st["buffers_bytes"], batch_bytes=st["batch_bytes"], static_bytes=trace.static_bytes),
+            buffers_bytes=trace.buffers_bytes, batch_bytes=trace.batch_bytes, static_bytes=trace.static_bytes),
         step=PredictedStep(time_ms=total_ms, forward_ms=phase_ms["forward"], backward_ms=phase_ms["backward"],
                            optimizer_ms=phase_ms["optimizer"]),
         layers=tuple(layers), bound=bound,

@@ -96,13 +96,12 @@ def _plan_problems(problems: ProblemCollector, *, gpus: Any, strategy: Any, glob
 
 def model_sizes(tracer: StepTracer, trace: MemoryTrace) -> ModelSizes:
     """The model states of a trace and the parameter bytes of each unit (FSDP's blocks)."""
-    st = trace.static
-    per = st["params_bytes"] / max(tracer.n_params, 1)
+    per = trace.params_bytes / max(tracer.n_params, 1)
     units = tuple(int(per * sum(v for k, v in tracer.layer_params.items() if k == u or k.startswith(u + ".")))
                   for u in tracer.units)
-    return ModelSizes(n_params=tracer.n_params, params_bytes=st["params_bytes"], grads_bytes=trace.grads_bytes,
+    return ModelSizes(n_params=tracer.n_params, params_bytes=trace.params_bytes, grads_bytes=trace.grads_bytes,
                       optimizer_bytes=trace.optimizer_bytes, unit_bytes=units,
-                      root_bytes=max(0, st["params_bytes"] - sum(units)),
+                      root_bytes=max(0, trace.params_bytes - sum(units)),
                       largest_layer_params=max(tracer.layer_params.values(), default=0))
 
 
