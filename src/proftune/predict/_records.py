@@ -13,7 +13,7 @@ from typing import Any, ClassVar, cast
 from .._jsonsafe import json_safe
 from .._records import JsonRecord, stored_version
 from ..exceptions import ConfigError
-from ..profile import ParamCounts
+from ..profile import MemoryProfile, ParamCounts
 
 __all__ = [
     "ESTIMATE_NOTE",
@@ -65,17 +65,11 @@ class LayerPrediction(JsonRecord):
 
 
 @dataclass(frozen=True)
-class PredictedMemory:
-    """Bytes of the step, by :class:`proftune.profile.MemoryProfile`'s names, and the parts a trace
-    also separates: buffers, the batch, and ``static_bytes`` (what no batch size changes:
-    parameters, buffers, gradients, optimizer state)."""
+class PredictedMemory(MemoryProfile):
+    """Bytes of the step: a :class:`proftune.profile.MemoryProfile`'s, and the parts a trace also
+    separates: buffers, the batch, and ``static_bytes`` (what no batch size changes: parameters,
+    buffers, gradients, optimizer state)."""
 
-    params_bytes: int = 0
-    grads_bytes: int = 0
-    optimizer_bytes: int = 0
-    #: Bytes autograd saves for backward (the activations), all layers.
-    activations_bytes: int = 0
-    peak_bytes: int = 0
     buffers_bytes: int = 0
     batch_bytes: int = 0
     static_bytes: int = 0
@@ -241,10 +235,8 @@ class PredictResult(_AsDict):
             raise ConfigError(f"this JSON is not a proftune prediction of schema_version 2 or "
                               f"{PREDICT_SCHEMA_VERSION}: it has schema_version={version!r}.")
         kw = _known(cls, d)
-        kw["params"] = _build(ParamCounts, d.get("params") or {})
-        kw["memory"] = _build(PredictedMemory, d.get("memory") or {})
-        kw["step"] = _build(PredictedStep, d.get("step") or {})
-        kw["peak"] = _build(PeakAt, d.get("peak") or {})
+        kw.update({key: _build(part, d.get(key) or {}) for key, part in
+                   (("params", ParamCounts), ("memory", PredictedMemory), ("step", PredictedStep), ("peak", PeakAt))})
         kw["layers"] = tuple(_build(LayerPrediction, lay) for lay in d.get("layers") or [])
         kw["uncounted_ops"] = tuple(dict(u) for u in d.get("uncounted_ops") or ())
         kw["parallel"] = ParallelPrediction.from_dict(d["parallel"]) if d.get("parallel") else None

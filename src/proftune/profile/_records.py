@@ -224,10 +224,8 @@ class Profile:
         stored_version(d, what="a profile", current=SCHEMA_VERSION)
         kw = record_fields(cls, d, what="a profile")
         _check_shape(d)
-        kw["params"] = _build(ParamCounts, d.get("params") or {})
-        kw["memory"] = _build(MemoryProfile, d.get("memory") or {})
-        kw["step"] = _build(StepProfile, d.get("step") or {})
-        kw["grad"] = _build(GradProfile, d.get("grad") or {})
+        kw.update({key: _build(part, d.get(key) or {}) for key, part in
+                   (("params", ParamCounts), ("memory", MemoryProfile), ("step", StepProfile), ("grad", GradProfile))})
         kw["comm"] = _build(CommProfile, d["comm"]) if d.get("comm") else None
         kw["layers"] = tuple(_build(LayerProfile, lay) for lay in d.get("layers") or [])
         kw["bottlenecks"] = tuple(d.get("bottlenecks") or ())
