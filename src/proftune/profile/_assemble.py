@@ -94,7 +94,7 @@ def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
 
 
 #: Reads one kind of one layer's statistics when asked: ``fetch(layer, kind)``.
-Fetch = Callable[[str, str], "dict[str, Any] | None"]
+Fetch = Callable[[str, str], "dict[str, float] | None"]
 
 
 class StatsMerge:
