@@ -305,12 +305,7 @@ def _by_type(layers: Sequence[LayerProfile]) -> list[dict[str, Any]]:
                                       "forward_ms": 0.0, "backward_ms": 0.0, "time_share": 0.0,
                                       "activation_bytes": 0})
         a["count"] += 1
-        a["params"] += lay.params
-        a["macs"] += lay.macs
-        a["flops"] += lay.flops
-        a["forward_ms"] += lay.forward_ms or 0.0
-        a["backward_ms"] += lay.backward_ms or 0.0
-        a["time_share"] += lay.time_share or 0.0
-        a["activation_bytes"] += lay.activation_bytes or 0
+        for key in ("params", "macs", "flops", "forward_ms", "backward_ms", "time_share", "activation_bytes"):
+            a[key] += getattr(lay, key) or 0  # an untimed layer adds nothing
     return sorted(agg.values(), key=lambda a: a["time_share"], reverse=True)
 
