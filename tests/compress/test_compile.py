@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import proftune
 from proftune import fit
 from proftune.cli import app
-from proftune.compress._plan import TARGETS, plan_methods
+from proftune.compress._plan import TARGETS, LayerShare, ProfileSummary, TypeShare, plan_methods
 from proftune.examples._digits import DigitsMLP
 from proftune.exceptions import ConfigError
 
@@ -106,10 +106,12 @@ def test_bad_compile_and_target_names_list_the_valid_choices() -> None:
     assert "--compile 'tvm' is unknown" in out.output  # the CLI says its flag
 
 
-def _summary(conv_share: float) -> dict[str, Any]:
-    return {"by_type": {"Conv2d": {"macs_share": conv_share, "params_share": 0.3, "time_share": 0.5},
-                        "Linear": {"macs_share": 1 - conv_share, "params_share": 0.7, "time_share": 0.3}},
-            "top_macs": [{"name": "0", "macs_share": conv_share}], "batch_size": 32}
+def _summary(conv_share: float) -> ProfileSummary:
+    conv = LayerShare(name="0", type="Conv2d", params=3, macs=9, forward_ms=None, time_share=None, params_share=0.3,
+                      macs_share=conv_share)
+    return ProfileSummary(params=10, macs=10, batch_size=32, top_params=[conv], top_macs=[conv],
+                          by_type={"Conv2d": TypeShare(macs_share=conv_share, params_share=0.3, time_share=0.5),
+                                   "Linear": TypeShare(macs_share=1 - conv_share, params_share=0.7, time_share=0.3)})
 
 
 @pytest.mark.parametrize(("target", "conv", "expected"), [

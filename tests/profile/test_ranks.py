@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from proftune.profile import profile_ranks
-from proftune.profile._ranks import summarize_ranks
+from proftune.profile import StepProfile, profile_ranks
+from proftune.profile._ranks import RankRow, summarize_ranks
 
 TASK = '''
 import time
@@ -46,11 +46,11 @@ def test_rank_sleeping_in_data_loading_is_the_straggler(tmp_path: Path) -> None:
     assert res.ranks[0].allreduce_ms > res.ranks[1].allreduce_ms
 
 
-def _row(rank: int, *, data: float = 1.0, fwd: float = 5.0, bwd: float = 10.0, wait: float = 1.0) -> dict[str, object]:
+def _row(rank: int, *, data: float = 1.0, fwd: float = 5.0, bwd: float = 10.0, wait: float = 1.0) -> RankRow:
     step = data + fwd + bwd + 1.0
-    return {"rank": rank, "allreduce_ms": wait, "backend": "gloo", "task": "t",
-            "step": {"time_ms": step, "data_ms": data, "forward_ms": fwd, "backward_ms": bwd,
-                     "optimizer_ms": 1.0, "throughput": 1.0}}
+    return RankRow(rank=rank, batch_size=16, allreduce_ms=wait, backend="gloo", task="t",
+                   step=StepProfile(time_ms=step, data_ms=data, forward_ms=fwd, backward_ms=bwd, optimizer_ms=1.0,
+                                    throughput=1.0))
 
 
 def test_balanced_ranks_name_no_phase() -> None:

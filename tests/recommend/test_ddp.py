@@ -8,8 +8,8 @@ import pytest
 import torch.distributed as dist
 
 import proftune
-from proftune.profile import DDPPoint, DDPScaling, profile_ddp_batches
-from proftune.profile._ranks import ddp_point, fit_scaling
+from proftune.profile import DDPPoint, DDPScaling, StepProfile, profile_ddp_batches
+from proftune.profile._ranks import RankRow, ddp_point, fit_scaling
 from proftune.recommend._ddp import ddp_recommendation, plan_ddp_batch
 
 
@@ -78,8 +78,9 @@ def test_the_row_scales_the_lr_with_the_global_batch() -> None:
 
 
 def test_ranks_rows_become_a_point_from_the_slowest_step_and_the_median_all_reduce() -> None:
-    rows = [{"rank": r, "batch_size": 16, "allreduce_ms": ar, "allreduce_bytes": 1000, "allreduce_calls": 1,
-             "step": {"time_ms": step}} for r, (step, ar) in enumerate([(10.0, 2.0), (12.0, 4.0), (11.0, 3.0)])]
+    rows = [RankRow(rank=r, batch_size=16, allreduce_ms=ar, allreduce_bytes=1000, allreduce_calls=1,
+                    step=StepProfile(time_ms=step))
+            for r, (step, ar) in enumerate([(10.0, 2.0), (12.0, 4.0), (11.0, 3.0)])]
     p = ddp_point(rows)
     assert p.step_ms == 12.0
     assert p.allreduce_ms == 3.0

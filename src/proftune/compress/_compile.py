@@ -140,9 +140,20 @@ def load_line_of(fmt: str) -> str:
     return line
 
 
-class _Package(nn.Module):
-    """An AOTInductor package behind ``nn.Module`` (``.eval()``/``.to()`` are no-ops: it runs where
-    it was compiled for)."""
+class _Compiled(nn.Module):
+    """A compiled program behind ``nn.Module``: ``.train()``/``.eval()`` only set the flag and
+    ``.to()`` is a no-op (it runs where it was compiled for)."""
+
+    def train(self, mode: bool = True) -> _Compiled:
+        self.training = mode
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> _Compiled:
+        return self
+
+
+class _Package(_Compiled):
+    """An AOTInductor package behind ``nn.Module``."""
 
     def __init__(self, runner: Any) -> None:
         super().__init__()
@@ -150,13 +161,6 @@ class _Package(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return self.runner(*args)
-
-    def train(self, mode: bool = True) -> _Package:
-        self.training = mode
-        return self
-
-    def _apply(self, fn: Any, recurse: bool = True) -> _Package:
-        return self
 
 
 @register_compiler
@@ -183,7 +187,7 @@ class InductorAOT(BaseCompiler):
             return _Package(torch._inductor.aoti_load_package(str(path))).eval()
 
 
-class OrtModule(nn.Module):
+class OrtModule(_Compiled):
     """An ONNX Runtime session behind ``nn.Module``: tensors in, tensors out (on the inputs' device)."""
 
     def __init__(self, session: Any) -> None:
@@ -200,13 +204,6 @@ class OrtModule(nn.Module):
         feed.update({k: v.detach().cpu().numpy() for k, v in named.items()})
         outs = [torch.from_numpy(o).to(device) for o in self.session.run(None, feed)]
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def train(self, mode: bool = True) -> OrtModule:
-        self.training = mode
-        return self
-
-    def _apply(self, fn: Any, recurse: bool = True) -> OrtModule:
-        return self
 
 
 @register_compiler

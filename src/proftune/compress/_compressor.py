@@ -25,10 +25,10 @@ from ._compile import compiler_status, get_compiler, providers_of
 from ._config import CompressConfig, backend_problems
 from ._distill import DistillationTask
 from ._half import HalfPrecision, save_half
-from ._measure import count, sparse_size_bytes
+from ._measure import count, sparse_size_bytes, tensors_of
 from ._methods import COMPRESS_METHODS, MethodContext
 from ._pipeline import GOAL_METRICS, Candidate, choose
-from ._plan import Plan, plan_methods, profile_summary
+from ._plan import Plan, ProfileSummary, plan_methods, profile_summary
 from ._prune import (
     final_classifier,
     make_permanent,
@@ -102,7 +102,7 @@ class Compressor:
             task=self.task.name or type(self.task).__name__, metric=cfg.metric, goal=cfg.goal,
             max_accuracy_drop=cfg.max_accuracy_drop, device=str(self.dev),
             threads=cfg.threads if self.dev.type == "cpu" else None, baseline=cands[0],
-            candidates=cands[1:], selected=selected, output=output, profile=summary, plan=self.plan,
+            candidates=cands[1:], selected=selected, output=output, profile=summary.to_dict(), plan=self.plan,
             sensitivity=[dataclasses.asdict(s) for s in sens], notes=self.notes, plots=plots,
             task_spec=self.rebuild.task,
         )
@@ -180,10 +180,7 @@ class Compressor:
         model = self.task.build_model(self.params).to(self.dev).eval()
         batch = move_to_device(next(iter(self.task.val_data(self.bs))), self.dev)
         example = capture_inputs(self.task.loss, model, batch)
-        names = list(self.cfg.ignore_layers)
-        resolve_layers(model, names)
-        head = final_classifier(model, example)
-        ignored = resolve_layers(model, [*names, *([head] if head and head not in names else [])])
+        ignored = resolve_layers(model, self._ignored_names(model, "structured", example, note=False))
         prune_structured(model, example, max(self.cfg.ratios), importance="l2", ignored=ignored,
                          round_to=self.cfg.round_to)
 
@@ -208,7 +205,7 @@ class Compressor:
                            steps=2 if timed else 1, warmup=1 if timed else 0,
                            detail="full" if timed else "step", seed=self.cfg.seed)
 
-    def _plan(self, summary: dict[str, Any]) -> Plan:
+    def _plan(self, summary: ProfileSummary) -> Plan:
         cfg = self.cfg
         possible = {m: not backend_problems(dataclasses.replace(cfg, quantize=m), self.dev)
                     for m in ("dynamic", "static")}
@@ -222,14 +219,17 @@ class Compressor:
         self.notes.extend(plan.notes)
         return plan
 
-    def _ignored_names(self, base: nn.Module, prune: str | None) -> list[str]:
+    def _ignored_names(self, base: nn.Module, prune: str | None, example: Any = None, *,
+                       note: bool = True) -> list[str]:
+        """The layers left whole: those named (checked), and for structured pruning the final classifier."""
         names = list(self.cfg.ignore_layers)
         resolve_layers(base, names)
         if prune == "structured":
-            head = final_classifier(base, self.example)
+            head = final_classifier(base, self.example if example is None else example)
             if head and head not in names:
                 names.append(head)
-                self.plan.append(f"kept the final classifier {head!r} whole (its outputs are the classes)")
+                if note:
+                    self.plan.append(f"kept the final classifier {head!r} whole (its outputs are the classes)")
         return names
 
     def _score(self, model: nn.Module) -> float:
@@ -404,7 +404,7 @@ class Compressor:
         for batch in self.task.val_data(self.bs):
             inputs = capture_inputs(self.task.loss, eager, move_to_device(batch, self.dev))
             a, b = call_model(eager, inputs), call_model(compiled, inputs)
-            for x, y in zip(_tensors(a), _tensors(b), strict=True):
+            for x, y in zip(tensors_of(a), tensors_of(b), strict=True):
                 worst = max(worst, float((x.float() - y.float()).abs().max()))
         return worst
 
@@ -462,7 +462,7 @@ class Compressor:
         """Interleaved latency runs of every built model at batch 1 and the task's batch size."""
         by_dev: dict[str, list[Built]] = {}
         for item in built:
-            tensors = _tensors(item[2])
+            tensors = tensors_of(item[2])
             by_dev.setdefault(str(tensors[0].device) if tensors else "cpu", []).append(item)
         for key, items in by_dev.items():
             ex = items[0][2]
@@ -502,10 +502,3 @@ class Compressor:
 
         assert self.cfg.plot_dir is not None
         return plot_tradeoffs(cands, selected, Path(self.cfg.plot_dir), metric=self.cfg.metric)
-
-
-def _tensors(example: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    leaves, _ = tree_flatten(example)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,8 @@ from typing import Any
 import torch
 
 from .._paths import OutputPath, check_outputs
-from ..exceptions import ConfigError, ProblemCollector
+from .._with_options import with_options
+from ..exceptions import ProblemCollector
 from ._compile import COMPILER_NAMES, compiler_status
 from ._methods import COMPRESS_METHODS
 from ._pipeline import GOAL_METRICS
@@ -137,18 +137,12 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def merge_config(config: CompressConfig | None, overrides: dict[str, Any]) -> CompressConfig:
-    """``config`` (or the defaults) with ``overrides`` set; unknown names are a ConfigError."""
-    cfg = config or CompressConfig()
-    names = {f.name for f in dataclasses.fields(CompressConfig)}
-    unknown = sorted(set(overrides) - names)
-    if unknown:
-        raise ConfigError(f"compress() got unknown options {unknown}; valid: {', '.join(sorted(names))}.")
-    for key in ("ratios", "ignore_layers", "compile", "methods"):
-        if isinstance(overrides.get(key), str):
-            overrides[key] = (overrides[key],)
-        elif overrides.get(key) is not None:
-            overrides[key] = tuple(overrides[key])
-    return dataclasses.replace(cfg, **overrides)
+    """``config`` (or the defaults) with ``overrides`` set (:func:`with_options`: an unknown name is
+    a ConfigError); a string or a list for a tuple field becomes a tuple."""
+    cfg = with_options(CompressConfig, config, overrides, caller="compress")
+    tuples = {key: (value,) if isinstance(value, str) else tuple(value) for key in ("ratios", "ignore_layers",
+              "compile", "methods") if (value := overrides.get(key)) is not None}
+    return with_options(CompressConfig, cfg, tuples, caller="compress")
 
 
 def backend_problems(cfg: CompressConfig, dev: torch.device) -> list[str]:

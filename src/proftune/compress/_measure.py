@@ -15,7 +15,7 @@ from torch import nn
 
 from ..profile import size_bytes
 
-__all__ = ["count", "sparse_size_bytes"]
+__all__ = ["count", "sparse_size_bytes", "tensors_of"]
 
 
 def count(model: nn.Module, example: Any) -> tuple[int, int]:
@@ -47,3 +47,11 @@ def sparse_size_bytes(model: nn.Module) -> int:
                 continue
         state[name] = t
     return size_bytes(state)
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value`` (a model's inputs or outputs: tuples, dicts, nested)."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(value)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]

@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from .._device import call_model
 from .._paths import OutputPath, check_outputs, replacing
 from .._records import JsonRecord
 from ..exceptions import ConfigError, DependencyError, ProftuneError
 from ._compile import get_compiler
+from ._measure import tensors_of
 
 __all__ = ["OnnxExport", "export_onnx"]
 
@@ -44,11 +44,6 @@ class OnnxExport(JsonRecord):
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "matches": self.matches}
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(out)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def export_onnx(model: nn.Module, example: Any, path: str | Path, *, check: bool = True,
@@ -85,9 +80,9 @@ def export_onnx(model: nn.Module, example: Any, path: str | Path, *, check: bool
             return OnnxExport(path=str(target), size_bytes=target.stat().st_size, inputs=inputs, outputs=0,
                               checked=False, atol=float(atol), rtol=float(rtol))
         with torch.no_grad():
-            want = _tensors(call_model(model, example))
+            want = tensors_of(call_model(model, example))
         session = compiler.load(target, device=cpu, threads=None)
-        got = _tensors(call_model(session, example))
+        got = tensors_of(call_model(session, example))
     finally:
         model.train(was_training)
     if len(got) != len(want):

@@ -3,12 +3,14 @@ methods that follow from it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..profile import Profile
 
-__all__ = ["TARGETS", "Plan", "TargetPreset", "plan_methods", "profile_summary"]
+__all__ = ["TARGETS", "LayerShare", "Plan", "ProfileSummary", "TargetPreset", "TypeShare", "plan_methods",
+           "profile_summary"]
 
 #: Layer types that dynamic INT8 quantizes.
 DENSE_TYPES = ("Linear", "LSTM", "NonDynamicallyQuantizableLinear")
@@ -39,29 +41,68 @@ TARGETS: dict[str, TargetPreset] = {
 }
 
 
-def profile_summary(record: Profile) -> dict[str, Any]:
-    """The report's view of the profile: totals, top layers by params/MACs/time, shares by type.
+@dataclass(frozen=True)
+class LayerShare:
+    """One layer of the profile: its size and forward time, and its shares of the model's."""
+
+    name: str
+    type: str
+    params: int
+    macs: int
+    forward_ms: float | None
+    time_share: float | None
+    params_share: float
+    macs_share: float
+
+
+@dataclass(frozen=True)
+class TypeShare:
+    """The shares of the parameters, MACs and forward time that one layer type holds."""
+
+    params_share: float
+    macs_share: float
+    time_share: float
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """The report's view of the profile: totals, top layers by params/MACs/time, shares by type;
+    ``top_time`` is None where no layer was timed."""
+
+    params: int
+    macs: int
+    batch_size: int
+    top_params: list[LayerShare]
+    top_macs: list[LayerShare]
+    by_type: dict[str, TypeShare]
+    top_time: list[LayerShare] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON a :class:`CompressResult` holds as ``profile`` (no ``top_time`` where untimed)."""
+        d = dataclasses.asdict(self)
+        if self.top_time is None:
+            del d["top_time"]
+        return d
+
+
+def profile_summary(record: Profile) -> ProfileSummary:
+    """Where the parameters, MACs and time of ``record`` sit.
 
     Shares come from the record (``LayerProfile.*_share``, ``Profile.by_type``); nothing is
     re-measured or re-aggregated here.
     """
-    layers: list[dict[str, Any]] = [{"name": lp.name, "type": lp.type, "params": lp.params, "macs": lp.macs,
-               "forward_ms": lp.forward_ms, "time_share": lp.time_share,
-               "params_share": lp.params_share or 0.0, "macs_share": lp.macs_share or 0.0}
-              for lp in record.layers]
+    layers = [LayerShare(name=lp.name, type=lp.type, params=lp.params, macs=lp.macs, forward_ms=lp.forward_ms,
+                         time_share=lp.time_share, params_share=lp.params_share or 0.0,
+                         macs_share=lp.macs_share or 0.0) for lp in record.layers]
     total_params, total_macs = max(record.params.total, 1), max(record.macs, 1)
-    by_type = {t["type"]: {"params_share": t["params"] / total_params, "macs_share": t["macs"] / total_macs,
-                           "time_share": float(t.get("time_share") or 0.0)}
+    by_type = {t["type"]: TypeShare(params_share=t["params"] / total_params, macs_share=t["macs"] / total_macs,
+                                    time_share=float(t.get("time_share") or 0.0))
                for t in record.by_type}
-    out: dict[str, Any] = {
-        "params": record.params.total, "macs": record.macs, "batch_size": record.batch_size,
-        "top_params": sorted(layers, key=lambda d: -d["params"])[:5],
-        "top_macs": sorted(layers, key=lambda d: -d["macs"])[:5],
-        "by_type": by_type,
-    }
-    if any(d["time_share"] is not None for d in layers):
-        out["top_time"] = sorted(layers, key=lambda d: -(d["time_share"] or 0.0))[:5]
-    return out
+    timed = any(d.time_share is not None for d in layers)
+    return ProfileSummary(
+        params=record.params.total, macs=record.macs, batch_size=record.batch_size,
+        top_params=sorted(layers, key=lambda d: -d.params)[:5], top_macs=sorted(layers, key=lambda d: -d.macs)[:5],
+        by_type=by_type, top_time=sorted(layers, key=lambda d: -(d.time_share or 0.0))[:5] if timed else None)
 
 
 @dataclass
@@ -77,7 +118,7 @@ class Plan:
     compile: tuple[str, ...] = ()
 
 
-def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | None,
+def plan_methods(summary: ProfileSummary, *, prune: str | None, quant: str | None,
                  quant_possible: dict[str, bool], half: bool = False, compile: tuple[str, ...] = (),
                  target: str | None = None, methods: tuple[str, ...] = ()) -> Plan:
     """The methods to run; chosen from where the parameters and MACs sit when none is given, or
@@ -85,9 +126,9 @@ def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | Non
 
     ``quant_possible[method]``: whether some backend can run that INT8 method here.
     """
-    by_type = summary["by_type"]
-    conv_macs = sum(v["macs_share"] for t, v in by_type.items() if t.startswith("Conv"))
-    dense_params = sum(v["params_share"] for t, v in by_type.items() if t in DENSE_TYPES)
+    by_type = summary.by_type
+    conv_macs = sum(v.macs_share for t, v in by_type.items() if t.startswith("Conv"))
+    dense_params = sum(v.params_share for t, v in by_type.items() if t in DENSE_TYPES)
     plan = Plan(prune, quant, half=half, compile=tuple(compile))
     if target is not None:
         preset = TARGETS[target]
@@ -122,7 +163,7 @@ def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | Non
                           "is the size when stored sparse (CSR) where that is smaller.")
     if plan.prune == "structured":
         plan.lines.append("structured pruning where the MACs are: " + ", ".join(
-            f"{d['name']} ({d['macs_share']:.0%})" for d in summary["top_macs"][:3]))
+            f"{d.name} ({d.macs_share:.0%})" for d in summary.top_macs[:3]))
     if plan.half:
         plan.lines.append("fp16: the float models with half-precision weights (half the bytes; fast on "
                           "tensor cores, slow where the CPU converts: measured)")
@@ -132,18 +173,18 @@ def plan_methods(summary: dict[str, Any], *, prune: str | None, quant: str | Non
     if plan.compile:
         plan.lines.append("compiled: " + ", ".join(plan.compile) + " of every float model, checked against "
                           "the eager outputs on the validation data")
-    if "top_time" in summary:
-        _time_notes(summary, plan)
+    if summary.top_time is not None:
+        _time_notes(summary, summary.top_time, plan)
     return plan
 
 
-def _time_notes(summary: dict[str, Any], plan: Plan) -> None:
+def _time_notes(summary: ProfileSummary, top_time: list[LayerShare], plan: Plan) -> None:
     """Where the forward time goes, and whether the INT8 method covers it."""
-    by_type = summary["by_type"]
-    plan.lines.append(f"forward time (profile, batch {summary['batch_size']}): " + ", ".join(
-        f"{d['name']} {d['type']} {(d['time_share'] or 0.0):.0%}" for d in summary["top_time"][:3]))
-    conv_time = sum(v["time_share"] for t, v in by_type.items() if t.startswith("Conv"))
-    dense_time = sum(v["time_share"] for t, v in by_type.items() if t in DENSE_TYPES)
+    by_type = summary.by_type
+    plan.lines.append(f"forward time (profile, batch {summary.batch_size}): " + ", ".join(
+        f"{d.name} {d.type} {(d.time_share or 0.0):.0%}" for d in top_time[:3]))
+    conv_time = sum(v.time_share for t, v in by_type.items() if t.startswith("Conv"))
+    dense_time = sum(v.time_share for t, v in by_type.items() if t in DENSE_TYPES)
     if plan.quant == "dynamic" and dense_time < 0.3:
         plan.notes.append(f"Linear/LSTM layers take only {dense_time:.0%} of the forward time; "
                           "dynamic INT8 cannot speed up the rest (static INT8 covers conv).")

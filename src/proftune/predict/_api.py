@@ -56,17 +56,10 @@ __all__ = ["PredictConfig", "predict"]
 # -- from a trace to a prediction ----------------------------------------------------------------------
 
 
-def _bound(entry: dict[str, Any]) -> str:
-    c, m, o = entry["compute_s"], entry["memory_s"], entry["overhead_s"]
-    if c == m == o == 0:
-        return "unknown"
-    if o > max(c, m):
-        return "overhead"
-    return "compute" if c >= m else "memory"
-
-
-def _assemble(trace: MemoryTrace, spec: DeviceSpec, tracer: StepTracer) -> dict[str, Any]:
-    """The parts of a prediction that one trace on one target gives: counts, memory, time, layers."""
+def _assemble(trace: MemoryTrace, spec: DeviceSpec, tracer: StepTracer, *, started: float,
+              **rest: Any) -> PredictResult:
+    """The prediction of one trace on one target: counts, memory, time, layers; ``rest``: its other
+    fields; ``trace_s`` the seconds since ``started``."""
     layer_costs, phase_ms, bound = price_phases(trace, spec)
     names = [n for n in trace.layer_types if n in layer_costs or n in trace.activations]
     names += [n for n in layer_costs if n not in names]
@@ -76,33 +69,31 @@ def _assemble(trace: MemoryTrace, spec: DeviceSpec, tracer: StepTracer) -> dict[
         known = e is not None and bool(spec.bandwidth_bytes_s)
         layers.append(LayerPrediction(
             name=name, type=trace.layer_types.get(name, "?"), params=tracer.layer_params.get(name, 0),
-            flops=int(e["forward_flops"]) if e else 0,
-            backward_flops=int(e["backward_flops"]) if e else 0,
+            flops=int(e.flops["forward"]) if e else 0,
+            backward_flops=int(e.flops["backward"]) if e else 0,
             activation_bytes=int(trace.activations.get(name, 0)),
-            forward_ms=float(e["forward_ms"]) if (e and known) else None,
-            backward_ms=float(e["backward_ms"]) if (e and known) else None,
-            bytes_moved=int(e["bytes"]) if e else 0,
-            bound=_bound(e) if (e and known) else "unknown",
+            forward_ms=float(e.ms["forward"]) if (e and known) else None,
+            backward_ms=float(e.ms["backward"]) if (e and known) else None,
+            bytes_moved=int(e.bytes) if e else 0,
+            bound=e.bound if (e and known) else "unknown",
         ))
     flops = {p: sum(op.flops for op in trace.ops if op.phase == p and (op.micro == 0 or p == "optimizer"))
              for p in PHASES}  # one micro-batch's forward and backward, as count_model counts them
     total_ms = sum(v for v in phase_ms.values() if v is not None) if phase_ms["forward"] is not None else None
-    st = trace.static
-    static = st["params_bytes"] + st["buffers_bytes"] + trace.grads_bytes + trace.optimizer_bytes
-    return {
-        "params": ParamCounts(total=tracer.n_params, trainable=tracer.n_trainable),
-        "flops": flops["forward"], "backward_flops": flops["backward"], "optimizer_flops": flops["optimizer"],
-        "memory": PredictedMemory(
-            params_bytes=st["params_bytes"], grads_bytes=trace.grads_bytes, optimizer_bytes=trace.optimizer_bytes,
+    return PredictResult(
+        params=ParamCounts(total=tracer.n_params, trainable=tracer.n_trainable),
+        flops=flops["forward"], backward_flops=flops["backward"], optimizer_flops=flops["optimizer"],
+        memory=PredictedMemory(
+            params_bytes=trace.params_bytes, grads_bytes=trace.grads_bytes, optimizer_bytes=trace.optimizer_bytes,
             activations_bytes=sum(trace.activations.values()), peak_bytes=trace.peak,
-            buffers_bytes=st["buffers_bytes"], batch_bytes=st["batch_bytes"], static_bytes=static),
-        "step": PredictedStep(time_ms=total_ms, forward_ms=phase_ms["forward"], backward_ms=phase_ms["backward"],
-                              optimizer_ms=phase_ms["optimizer"]),
-        "layers": tuple(layers), "bound": bound,
-        "peak": PeakAt(phase=trace.peak_where[0], layer=trace.peak_where[1], op=trace.peak_where[2],
-                       breakdown=dict(trace.peak_breakdown)),
-        "uncounted_ops": tuple(dict(u) for u in trace.uncounted.values()),
-    }
+            buffers_bytes=trace.buffers_bytes, batch_bytes=trace.batch_bytes, static_bytes=trace.static_bytes),
+        step=PredictedStep(time_ms=total_ms, forward_ms=phase_ms["forward"], backward_ms=phase_ms["backward"],
+                           optimizer_ms=phase_ms["optimizer"]),
+        layers=tuple(layers), bound=bound,
+        peak=PeakAt(phase=trace.peak_where[0], layer=trace.peak_where[1], op=trace.peak_where[2],
+                    breakdown=dict(trace.peak_breakdown)),
+        uncounted_ops=tuple(dataclasses.asdict(u) for u in trace.uncounted.values()),
+        trace_s=time.perf_counter() - started, **rest)
 
 
 def _validate(batch_size: Any, precision: str) -> None:
@@ -260,8 +251,7 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
 
     peak_at(batch_size)
     trace = traces[batch_size]
-    parts = _assemble(trace, spec, tracer)
-    static = parts["memory"].static_bytes
+    static = trace.static_bytes
     memory = spec.memory_bytes
     fits = None if memory is None else trace.peak <= memory
     found: dict[str, Any] | None = None
@@ -277,11 +267,12 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
         on_gpu = dev.type == "cuda"
         same = tracer if tracer.foreach == on_gpu else StepTracer(task_obj, merged, precision=prec, foreach=on_gpu)
         calibration = _calibrate(task_obj, merged, same, calibrate, dev)
-    return PredictResult(
+    return _assemble(
+        trace, spec, tracer, started=started,
         task=task_obj.name or type(task_obj).__name__, device=spec.name, batch_size=batch_size, precision=prec,
-        optimizer=str(merged.get("optimizer", DEFAULT_OPTIMIZER)), target=spec.to_dict(), **parts,
+        optimizer=str(merged.get("optimizer", DEFAULT_OPTIMIZER)), target=spec.to_dict(),
         device_memory_bytes=memory, fits=fits, max_batch_size=max_b, max_batch=found,
-        trace_s=time.perf_counter() - started, traces=len(traces) + (1 if calibration else 0),
+        traces=len(traces) + (1 if calibration else 0),
         real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
         config={"params": {**merged, "batch_size": batch_size}}, parallel=parallel, plan=plan_result,
     )

@@ -238,27 +238,44 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
                           cpu_share=min(float(threads), cpu / wall) if wall > 0 and dev.type == "cpu" else 1.0)
 
 
-def _in_rank(rank: int, world: int, port: int, job: dict[str, Any], barrier: Any, queue: Any) -> None:
+@dataclass(frozen=True)
+class _RankJob:
+    """What each of :func:`measure_in_ranks`'s processes measures: the task's step at
+    ``batch_size``, then the step's collectives ``calls`` replayed ``repeats`` times."""
+
+    task: Task | str
+    params: dict[str, Any]
+    batch_size: int
+    checkpointing: str
+    strategy: str
+    threads: int
+    steps: int
+    warmup: int
+    repeats: int
+    calls: list[ReplayedCall]
+
+
+def _in_rank(rank: int, world: int, port: int, job: _RankJob, barrier: Any, queue: Any) -> None:
     """One of :func:`measure_in_ranks`'s processes: its compute as one rank alone, stepping with
     the others, then the step's collectives between all of them."""
     import torch.distributed as dist
 
-    torch.set_num_threads(job["threads"])
-    task = load_task(job["task"])
-    figures = measure_compute(task, job["params"], batch_size=job["batch_size"], checkpointing=job["checkpointing"],
-                              strategy=job["strategy"], threads=job["threads"], steps=job["steps"],
-                              warmup=job["warmup"], before_step=barrier.wait, world=world)
+    torch.set_num_threads(job.threads)
+    task = load_task(job.task)
+    figures = measure_compute(task, job.params, batch_size=job.batch_size, checkpointing=job.checkpointing,
+                              strategy=job.strategy, threads=job.threads, steps=job.steps,
+                              warmup=job.warmup, before_step=barrier.wait, world=world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         # the step's CPU time spread over its collectives' launches, spent before each one
-        micro = StepSpec.from_params(job["params"]).grad_accumulation
+        micro = StepSpec.from_params(job.params).grad_accumulation
         cpu_ms = figures.cpu_share * micro * (figures.forward_ms + figures.backward_ms)
-        launches = sum(c.launches for c in job["calls"])
-        replayed = replay_collectives(job["calls"], repeats=job["repeats"], work_ms=cpu_ms / max(launches, 1))
+        launches = sum(c.launches for c in job.calls)
+        replayed = replay_collectives(job.calls, repeats=job.repeats, work_ms=cpu_ms / max(launches, 1))
     finally:
         dist.destroy_process_group()
-    if job["strategy"] in BLOCKING:
+    if job.strategy in BLOCKING:
         figures = between_collectives(figures, replayed.work_wall_ms, replayed.work_cpu_ms)
     queue.put((rank, figures, replayed.collectives_ms))
 
@@ -299,9 +316,8 @@ def measure_in_ranks(task: Task | str, params: dict[str, Any], *, ranks: int, ba
 
     ctx = mp.get_context("spawn")
     queue, barrier = ctx.SimpleQueue(), ctx.Barrier(ranks)
-    job = {"task": task, "params": dict(params), "batch_size": batch_size, "checkpointing": checkpointing,
-           "strategy": strategy, "threads": threads, "steps": steps, "warmup": warmup, "repeats": repeats,
-           "calls": list(calls)}
+    job = _RankJob(task=task, params=dict(params), batch_size=batch_size, checkpointing=checkpointing,
+                   strategy=strategy, threads=threads, steps=steps, warmup=warmup, repeats=repeats, calls=list(calls))
     try:
         mp.start_processes(_in_rank, args=(ranks, free_port(), job, barrier, queue), nprocs=ranks, join=True,
                            start_method="spawn")

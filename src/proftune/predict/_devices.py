@@ -11,17 +11,17 @@ import dataclasses
 import functools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from .._records import JsonRecord
-from .._units import format_bytes, parse_memory
+from .._units import parse_memory
 from ..exceptions import ConfigError, ProblemCollector
 from ._trace import PHASES, MemoryTrace
 
-__all__ = ["DEVICES", "DeviceSpec", "price_phases", "resolve_target", "roofline_ms"]
+__all__ = ["DEVICES", "DeviceSpec", "LayerCost", "price_phases", "resolve_target", "roofline_ms"]
 
 _MIB = 1024**2
 
@@ -187,17 +187,33 @@ def roofline_ms(flops: float, nbytes: float, *, tflops: float | None, bandwidth:
     return (max(compute, memory) + overhead) * 1e3, bound
 
 
-def describe(spec: DeviceSpec) -> str:
-    """One line: name, memory, peaks, bandwidth."""
-    peaks = ", ".join(f"{k} {v:.3g}" for k, v in spec.peak_tflops.items())
-    bw = f"{spec.bandwidth_bytes_s / 1e9:.3g} GB/s" if spec.bandwidth_bytes_s else "-"
-    return f"{spec.name}: memory {format_bytes(spec.memory_bytes)}, TFLOP/s {peaks or '-'}, bandwidth {bw}"
+@dataclass
+class LayerCost:
+    """One layer's ops priced on a target: FLOPs and bytes of one micro-batch, estimated ms of the
+    whole step per phase (forward, backward), and its compute, memory and launch seconds."""
+
+    flops: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0})
+    ms: dict[str, float] = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0})
+    bytes: int = 0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    overhead_s: float = 0.0
+
+    @property
+    def bound(self) -> str:
+        """What bounds its estimated time: "compute", "memory", "overhead" or "unknown"."""
+        c, m, o = self.compute_s, self.memory_s, self.overhead_s
+        if c == m == o == 0:
+            return "unknown"
+        if o > max(c, m):
+            return "overhead"
+        return "compute" if c >= m else "memory"
 
 
 def price_phases(trace: MemoryTrace,
-                 spec: DeviceSpec) -> tuple[dict[str, dict[str, Any]], dict[str, float | None], str]:
+                 spec: DeviceSpec) -> tuple[dict[str, LayerCost], dict[str, float | None], str]:
     """Per layer and per phase: FLOPs, bytes, estimated ms, and the bound."""
-    layers: dict[str, dict[str, Any]] = {}
+    layers: dict[str, LayerCost] = {}
     phases: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in PHASES}  # compute s, memory s, ms
     known = bool(spec.bandwidth_bytes_s) and bool(spec.peak_tflops)
     for op in trace.ops:
@@ -205,19 +221,17 @@ def price_phases(trace: MemoryTrace,
         ms, _ = roofline_ms(op.flops, op.nbytes, tflops=tflops, bandwidth=spec.bandwidth_bytes_s,
                             ops=1, overhead_us=spec.op_overhead_us)
         w = trace.weight(op)  # FLOPs and bytes of one micro-batch; ms of the whole step
-        entry = layers.setdefault(op.layer, {"forward_flops": 0, "backward_flops": 0, "bytes": 0,
-                                             "forward_ms": 0.0, "backward_ms": 0.0, "compute_s": 0.0,
-                                             "memory_s": 0.0, "overhead_s": 0.0})
+        cost = layers.setdefault(op.layer, LayerCost())
         if op.phase in ("forward", "backward"):
             if op.micro == 0:
-                entry[f"{op.phase}_flops"] += op.flops
-                entry["bytes"] += op.nbytes
-            entry[f"{op.phase}_ms"] += w * (ms or 0.0)
+                cost.flops[op.phase] += op.flops
+                cost.bytes += op.nbytes
+            cost.ms[op.phase] += w * (ms or 0.0)
         if known and tflops:
             c, m = op.flops / (tflops * 1e12), op.nbytes / float(spec.bandwidth_bytes_s or 1)
-            entry["compute_s"] += w * c
-            entry["memory_s"] += w * m
-            entry["overhead_s"] += w * spec.op_overhead_us * 1e-6
+            cost.compute_s += w * c
+            cost.memory_s += w * m
+            cost.overhead_s += w * spec.op_overhead_us * 1e-6
             acc = phases[op.phase]
             acc[0] += w * c
             acc[1] += w * m

@@ -96,13 +96,12 @@ def _plan_problems(problems: ProblemCollector, *, gpus: Any, strategy: Any, glob
 
 def model_sizes(tracer: StepTracer, trace: MemoryTrace) -> ModelSizes:
     """The model states of a trace and the parameter bytes of each unit (FSDP's blocks)."""
-    st = trace.static
-    per = st["params_bytes"] / max(tracer.n_params, 1)
+    per = trace.params_bytes / max(tracer.n_params, 1)
     units = tuple(int(per * sum(v for k, v in tracer.layer_params.items() if k == u or k.startswith(u + ".")))
                   for u in tracer.units)
-    return ModelSizes(n_params=tracer.n_params, params_bytes=st["params_bytes"], grads_bytes=trace.grads_bytes,
+    return ModelSizes(n_params=tracer.n_params, params_bytes=trace.params_bytes, grads_bytes=trace.grads_bytes,
                       optimizer_bytes=trace.optimizer_bytes, unit_bytes=units,
-                      root_bytes=max(0, st["params_bytes"] - sum(units)),
+                      root_bytes=max(0, trace.params_bytes - sum(units)),
                       largest_layer_params=max(tracer.layer_params.values(), default=0))
 
 
@@ -289,7 +288,7 @@ class Evaluator:
         compute = (micro * (fwd + bwd) + opt_ms) * sharing
         link = self._link(figures)
         bw = link["bytes_s"]
-        beside = self._overlap(link)
+        beside = self._overlap(bool(link["overlaps"]))
         comm = exposed = 0.0
         window = {"forward": fwd * sharing, "backward": bwd * sharing}
         by_phase: dict[str, list[float]] = {}
@@ -316,13 +315,13 @@ class Evaluator:
         return {"compute_ms": compute, "comm_ms": comm, "exposed_comm_ms": exposed, "offload_ms": offload_ms,
                 "time_ms": compute + exposed + offload_ms}
 
-    def _overlap(self, link: dict[str, Any]) -> float:
+    def _overlap(self, overlaps: bool) -> float:
         """The share of an overlapping collective that can run beside compute: on this machine's
         CPU ranks, as far as a core is free for each rank's collectives (gloo's thread); on GPUs,
         all of it where the link runs on its own streams."""
         if self.spec.name == "cpu":
             return spare_cores_per_rank(self.gpus)
-        return 1.0 if link["overlaps"] else 0.0
+        return 1.0 if overlaps else 0.0
 
     def _sharing(self, figures: ComputeFigures | None = None) -> float:
         """How much slower each rank computes than one process alone: ``gpus`` CPU ranks of this

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from .._jsonsafe import json_safe
 from .._records import JsonRecord, stored_version
 from ..exceptions import ConfigError
-from ..profile import ParamCounts
+from ..profile import MemoryProfile, ParamCounts
 
 __all__ = [
     "ESTIMATE_NOTE",
@@ -33,6 +33,13 @@ ESTIMATE_NOTE = ("time is a roofline estimate (max of FLOPs/peak and bytes/bandw
 
 #: Bumped when a field of :class:`PredictResult`'s JSON changes meaning.
 PREDICT_SCHEMA_VERSION = 3
+
+
+class _AsDict:
+    """A record whose JSON is its fields, every value made JSON-safe."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(json_safe(dataclasses.asdict(cast(Any, self))))
 
 
 @dataclass(frozen=True)
@@ -58,17 +65,11 @@ class LayerPrediction(JsonRecord):
 
 
 @dataclass(frozen=True)
-class PredictedMemory:
-    """Bytes of the step, by :class:`proftune.profile.MemoryProfile`'s names, and the parts a trace
-    also separates: buffers, the batch, and ``static_bytes`` (what no batch size changes:
-    parameters, buffers, gradients, optimizer state)."""
+class PredictedMemory(MemoryProfile):
+    """Bytes of the step: a :class:`proftune.profile.MemoryProfile`'s, and the parts a trace also
+    separates: buffers, the batch, and ``static_bytes`` (what no batch size changes: parameters,
+    buffers, gradients, optimizer state)."""
 
-    params_bytes: int = 0
-    grads_bytes: int = 0
-    optimizer_bytes: int = 0
-    #: Bytes autograd saves for backward (the activations), all layers.
-    activations_bytes: int = 0
-    peak_bytes: int = 0
     buffers_bytes: int = 0
     batch_bytes: int = 0
     static_bytes: int = 0
@@ -98,7 +99,7 @@ class PeakAt:
 
 
 @dataclass(frozen=True)
-class ParallelPrediction:
+class ParallelPrediction(_AsDict):
     """One GPU of a data-parallel run: bytes by kind at the step's peak, the model states, the
     largest per-GPU batch, the step's time with its collectives, and DeepSpeed's figure."""
 
@@ -140,19 +141,15 @@ class ParallelPrediction:
     #: ranks' ``sharing`` of the cores) or roofline, and ``source`` (empty in records before it).
     compute: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(json_safe(dataclasses.asdict(self)))
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ParallelPrediction:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
+        kw = _known(cls, d)
         kw["collectives"] = tuple(dict(c) for c in d.get("collectives") or ())
         return cls(**kw)
 
 
 @dataclass(frozen=True)
-class ParallelPlan:
+class ParallelPlan(_AsDict):
     """Every strategy × checkpointing × offload × per-GPU batch that fits, best throughput first,
     and why each strategy that has no fitting option does not fit."""
 
@@ -168,20 +165,16 @@ class ParallelPlan:
     note: str = ("memory and time at per-GPU batches between the traced ones are the per-kind lines "
                  "through two traced batches; the best option is traced at its batch")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(json_safe(dataclasses.asdict(self)))
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ParallelPlan:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
+        kw = _known(cls, d)
         kw["options"] = tuple(ParallelPrediction.from_dict(o) for o in d.get("options") or ())
         kw["rejected"] = tuple(dict(r) for r in d.get("rejected") or ())
         return cls(**kw)
 
 
 @dataclass(frozen=True)
-class PredictResult:
+class PredictResult(_AsDict):
     """What one fake-traced training step predicts; bytes, ms, FLOPs. Zero real steps run.
 
     The concepts a :class:`proftune.Profile` also has sit under its names and nesting
@@ -234,9 +227,6 @@ class PredictResult:
     plan: ParallelPlan | None = None
     schema_version: int = PREDICT_SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(json_safe(dataclasses.asdict(self)))
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PredictResult:
         """The record back from :meth:`to_dict`'s JSON (a Run's result, a saved file)."""
@@ -244,12 +234,9 @@ class PredictResult:
         if version < 2:  # version 1 was flat (peak_bytes, params an int); 3 added parallel and plan
             raise ConfigError(f"this JSON is not a proftune prediction of schema_version 2 or "
                               f"{PREDICT_SCHEMA_VERSION}: it has schema_version={version!r}.")
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
-        kw["params"] = _build(ParamCounts, d.get("params") or {})
-        kw["memory"] = _build(PredictedMemory, d.get("memory") or {})
-        kw["step"] = _build(PredictedStep, d.get("step") or {})
-        kw["peak"] = _build(PeakAt, d.get("peak") or {})
+        kw = _known(cls, d)
+        kw.update({key: _build(part, d.get(key) or {}) for key, part in
+                   (("params", ParamCounts), ("memory", PredictedMemory), ("step", PredictedStep), ("peak", PeakAt))})
         kw["layers"] = tuple(_build(LayerPrediction, lay) for lay in d.get("layers") or [])
         kw["uncounted_ops"] = tuple(dict(u) for u in d.get("uncounted_ops") or ())
         kw["parallel"] = ParallelPrediction.from_dict(d["parallel"]) if d.get("parallel") else None
@@ -257,6 +244,11 @@ class PredictResult:
         return cls(**kw)
 
 
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """``d``'s values of ``cls``'s fields (a key it does not know is left out)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
 def _build(cls: type, d: dict[str, Any]) -> Any:
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in known})
+    return cls(**_known(cls, d))

@@ -220,6 +220,14 @@ class _ZeroBucketed(BaseStrategy):
             return {"comm_buckets": int(min(s.params_bytes, DEEPSPEED_BUCKET_ELEMENTS * per))}
         return {}
 
+    def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
+        """Gradients reduce-scattered (each micro-batch where they are sharded, else once per step),
+        the updated parameters all-gathered after the step."""
+        times = micro_batches if self.shards_grads else 1
+        return [Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, times, "backward",
+                           _buckets(s.grads_bytes, self._bucket(s))),
+                Collective("all-gather parameters", _ring(n) * s.params_bytes, 1, "")]
+
 
 class Zero1(_ZeroBucketed):
     """ZeRO stage 1: optimizer state sharded; gradients reduce-scattered once per step, the
@@ -227,11 +235,6 @@ class Zero1(_ZeroBucketed):
 
     name, title = "zero1", "ZeRO-1"
     shards_optimizer = True
-
-    def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
-        return [Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, 1, "backward",
-                           _buckets(s.grads_bytes, self._bucket(s))),
-                Collective("all-gather parameters", _ring(n) * s.params_bytes, 1, "")]
 
     def deepspeed(self, n_params: int, largest_layer: int, gpus_per_node: int, nodes: int,
                   offload: str) -> DeepSpeedStates:
@@ -249,11 +252,6 @@ class Zero2(_ZeroBucketed):
 
     name, title = "zero2", "ZeRO-2"
     shards_optimizer = shards_grads = True
-
-    def collectives(self, s: ModelSizes, n: int, micro_batches: int) -> list[Collective]:
-        return [Collective("reduce-scatter gradients", _ring(n) * s.grads_bytes, micro_batches, "backward",
-                           _buckets(s.grads_bytes, self._bucket(s))),
-                Collective("all-gather parameters", _ring(n) * s.params_bytes, 1, "")]
 
     def deepspeed(self, n_params: int, largest_layer: int, gpus_per_node: int, nodes: int,
                   offload: str) -> DeepSpeedStates:

@@ -40,7 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._device import batch_size_of
 from ..exceptions import ConfigError
-from ..profile import LayerHooks, UncountedOps, op_flops, uncounted_op
+from ..profile import LayerHooks, UncountedOp, UncountedOps, op_flops, uncounted_op
 from ..task import Task
 from ..train import StepPhases, StepSpec, run_step
 from ._checkpointing import apply_activation_checkpointing, block_units
@@ -160,13 +160,21 @@ class MemoryTrace:
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     ops: list[_OpRecord] = field(default_factory=list)
     activations: dict[str, int] = field(default_factory=dict)
-    uncounted: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uncounted: dict[str, UncountedOp] = field(default_factory=dict)
     layer_types: dict[str, str] = field(default_factory=dict)
     grads_bytes: int = 0
     optimizer_bytes: int = 0
-    static: dict[str, int] = field(default_factory=dict)
+    #: Bytes of the parameters, the buffers and the batch (each storage once).
+    params_bytes: int = 0
+    buffers_bytes: int = 0
+    batch_bytes: int = 0
     #: Micro-batches of the step (grad_accumulation); at most two are traced.
     micro_batches: int = 1
+
+    @property
+    def static_bytes(self) -> int:
+        """What no batch size changes: parameters, buffers, gradients, optimizer state."""
+        return self.params_bytes + self.buffers_bytes + self.grads_bytes + self.optimizer_bytes
 
     def weight(self, op: _OpRecord) -> int:
         """How many of the step's micro-batches ``op`` stands for: the first micro-batch's ops
@@ -465,9 +473,8 @@ class StepTracer:
             tracker.track_all(list(model.buffers()), "buffers")
             tracker.track_all(_optimizer_state_tensors(optimizer), "optimizer_state")
             tracker.track_all(batch, "batch")
-            static = {"params_bytes": _unique_bytes(model.parameters()),
-                      "buffers_bytes": _unique_bytes(model.buffers()),
-                      "batch_bytes": _unique_bytes(tree_flatten(batch)[0])}
+            static = (_unique_bytes(model.parameters()), _unique_bytes(model.buffers()),
+                      _unique_bytes(tree_flatten(batch)[0]))
             saved = WeakIdKeyDictionary()
 
             def pack(t: torch.Tensor) -> torch.Tensor:
@@ -502,7 +509,7 @@ class StepTracer:
             del optimizer, batch, scaler
         trace.activations = dict(activations)
         trace.uncounted = tracker.uncounted.ops
-        trace.static = static
+        trace.params_bytes, trace.buffers_bytes, trace.batch_bytes = static
         return trace
 
 

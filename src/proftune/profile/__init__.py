@@ -53,6 +53,7 @@ from ._records import (
 from ._static import (
     LayerCount,
     StaticCounts,
+    UncountedOp,
     UncountedOps,
     count_model,
     count_params,
@@ -103,6 +104,7 @@ __all__ = [
     "StepProfile",
     "Structure",
     "TableSpectrum",
+    "UncountedOp",
     "UncountedOps",
     "Watcher",
     "buffers_bytes",

@@ -38,7 +38,7 @@ from ..track import Store, environment, optional_store, tracked_run
 from ..train import FitState, TrainParams, fit, seed_everything
 from ._assemble import assemble_profile, static_counts
 from ._comm import CommRecorder, unwrap
-from ._layers import module_names, shapes_of
+from ._layers import module_names, output_tensors, shapes_of
 from ._profiler import ProfilePlan, ProfilerCallback
 from ._records import Profile
 
@@ -73,17 +73,10 @@ class _ModuleTask(Task):
         own = output_loss(out)  # a Hugging Face model given labels returns its loss
         if own is not None:
             return own
-        leaves = [t for t in _tensors(out) if t.is_floating_point()]
+        leaves = [t for t in output_tensors(out) if t.is_floating_point()]
         if not leaves:
             raise ConfigError(f"{self.name}'s output holds no floating tensor to backpropagate from.")
         return sum(t.float().mean() for t in leaves)  # type: ignore[return-value]
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    leaves, _ = tree_flatten(value)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def _resize_batch(example: Any, batch_size: int) -> Any:

@@ -54,7 +54,7 @@ class Measurements:
     merged_stats: StatsMerge | None = None
     grad_norms: list[float] = field(default_factory=list)
     update_ratios: list[float] = field(default_factory=list)
-    comm: dict[str, Any] | None = None
+    comm: CommProfile | None = None
 
     def take_layers(self, timer: LayerTimer) -> None:
         """The layer timer's medians, its typical step and per-step shares."""
@@ -94,7 +94,7 @@ def static_counts(model: nn.Module, example_input: Any, *, backward: bool,
 
 
 #: Reads one kind of one layer's statistics when asked: ``fetch(layer, kind)``.
-Fetch = Callable[[str, str], "dict[str, Any] | None"]
+Fetch = Callable[[str, str], "dict[str, float] | None"]
 
 
 class StatsMerge:
@@ -243,7 +243,6 @@ def assemble_profile(
     step = StepProfile(**{k: float(m.step.get(k, 0.0)) for k in
                           ("time_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
                            "throughput", "min_ms", "noise", "cpu_ms", "cpu_min_ms")}, outside_layers_ms=outside)
-    comm = CommProfile(**m.comm) if m.comm is not None else None
     return Profile(
         task=task,
         device=str(device),
@@ -260,7 +259,7 @@ def assemble_profile(
                              peak_bytes=m.peak_bytes),
         step=step,
         grad=grad,
-        comm=comm,
+        comm=m.comm,
         bottlenecks=tuple(bottlenecks(layers)),
         by_type=tuple(_by_type(layers)),
         env=dict(env or {}),
@@ -306,12 +305,7 @@ def _by_type(layers: Sequence[LayerProfile]) -> list[dict[str, Any]]:
                                       "forward_ms": 0.0, "backward_ms": 0.0, "time_share": 0.0,
                                       "activation_bytes": 0})
         a["count"] += 1
-        a["params"] += lay.params
-        a["macs"] += lay.macs
-        a["flops"] += lay.flops
-        a["forward_ms"] += lay.forward_ms or 0.0
-        a["backward_ms"] += lay.backward_ms or 0.0
-        a["time_share"] += lay.time_share or 0.0
-        a["activation_bytes"] += lay.activation_bytes or 0
+        for key in ("params", "macs", "flops", "forward_ms", "backward_ms", "time_share", "activation_bytes"):
+            a[key] += getattr(lay, key) or 0  # an untimed layer adds nothing
     return sorted(agg.values(), key=lambda a: a["time_share"], reverse=True)
 

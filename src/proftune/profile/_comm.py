@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._records import CommProfile
+
 __all__ = ["CommRecorder", "is_ddp", "unwrap"]
 
 
@@ -109,7 +111,7 @@ class CommRecorder:
         with self._lock:
             self._intervals, self._bytes, self._calls = [], 0, 0
 
-    def summary(self, step_ms: float) -> dict[str, Any]:
+    def summary(self, step_ms: float) -> CommProfile:
         """Median bytes and time per recorded step, and the time's share of the step.
 
         The share is the median of each step's own share where the steps' times were given
@@ -119,16 +121,10 @@ class CommRecorder:
         from ._timing import median
 
         if not self.steps:
-            return {"backend": self.backend, "world_size": self.world_size, "allreduce_bytes": 0,
-                    "allreduce_ms": 0.0, "allreduce_calls": 0, "share": 0.0}
+            return CommProfile(backend=self.backend, world_size=self.world_size)
         ms = median([s["allreduce_ms"] for s in self.steps])
         shares = [s["share"] for s in self.steps if "share" in s]
         share = median(shares) if shares else (ms / step_ms if step_ms > 0 else 0.0)
-        return {
-            "backend": self.backend,
-            "world_size": self.world_size,
-            "allreduce_bytes": int(median([s["allreduce_bytes"] for s in self.steps])),
-            "allreduce_ms": ms,
-            "allreduce_calls": int(median([s["allreduce_calls"] for s in self.steps])),
-            "share": share,
-        }
+        return CommProfile(backend=self.backend, world_size=self.world_size,
+                           allreduce_bytes=int(median([s["allreduce_bytes"] for s in self.steps])), allreduce_ms=ms,
+                           allreduce_calls=int(median([s["allreduce_calls"] for s in self.steps])), share=share)

@@ -19,13 +19,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from .._jsonsafe import json_dumps
-from .._records import JsonRecord
+from .._records import JsonRecord, Reader
 from ..exceptions import ConfigError, RunFailedError
+from ._records import CommProfile, StepProfile
 
 __all__ = ["DDPPoint", "DDPScaling", "RankProfile", "RanksResult", "fit_scaling", "profile_ddp_batches",
            "profile_ranks"]
@@ -77,6 +78,23 @@ class RanksResult(JsonRecord):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RankRow(JsonRecord):
+    """One rank's profile at one per-rank batch size, as the rank hands it to the parent process."""
+
+    WHAT: ClassVar[str] = "a rank's row"
+    READERS: ClassVar[dict[str, Reader]] = {"step": lambda d: StepProfile(**d)}
+
+    rank: int
+    batch_size: int
+    step: StepProfile
+    allreduce_ms: float = 0.0
+    allreduce_bytes: int = 0
+    allreduce_calls: int = 0
+    backend: str = ""
+    task: str = ""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,12 +117,10 @@ def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: dict[str, An
         rows = []
         for b in batch_sizes:  # one process group, each batch size profiled in turn
             p = profile(spec, detail="step", **{**kwargs, "batch_size": b})
-            comm = p.comm
-            rows.append({"rank": rank, "batch_size": p.batch_size, "step": asdict(p.step),
-                         "allreduce_ms": comm.allreduce_ms if comm else 0.0,
-                         "allreduce_bytes": comm.allreduce_bytes if comm else 0,
-                         "allreduce_calls": comm.allreduce_calls if comm else 0,
-                         "backend": comm.backend if comm else "", "task": p.task or ""})
+            comm = p.comm or CommProfile()
+            rows.append(asdict(RankRow(rank=rank, batch_size=p.batch_size, step=p.step, allreduce_ms=comm.allreduce_ms,
+                                       allreduce_bytes=comm.allreduce_bytes, allreduce_calls=comm.allreduce_calls,
+                                       backend=comm.backend, task=p.task or "")))
         Path(out_dir, f"rank{rank}.json").write_text(json_dumps(rows))
     finally:
         dist.destroy_process_group()
@@ -121,7 +137,7 @@ def _check(nprocs: int, device: str) -> None:
 
 
 def _run_ranks(task: Any, nprocs: int, kwargs: dict[str, Any], batch_sizes: Sequence[int | None],
-               timeout_s: float) -> list[list[dict[str, Any]]]:
+               timeout_s: float) -> list[list[RankRow]]:
     """Start ``nprocs`` ranks that each profile every batch size; rows[batch][rank]."""
     import torch.multiprocessing as mp
 
@@ -146,7 +162,8 @@ def _run_ranks(task: Any, nprocs: int, kwargs: dict[str, Any], batch_sizes: Sequ
             late = f"; rank(s) {stopped} were stopped at timeout_s={timeout_s}" if stopped else ""
             raise RunFailedError(f"DDP ranks ended with errors: {bad} (rank, exit code){late}; a rank that "
                                  "raised printed its traceback to stderr, above.")
-        per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(int(nprocs))]
+        per_rank = [[RankRow.from_dict(d) for d in json.loads(Path(tmp, f"rank{r}.json").read_text())]
+                    for r in range(int(nprocs))]
     return [[per_rank[r][i] for r in range(int(nprocs))] for i in range(len(batch_sizes))]
 
 
@@ -204,16 +221,15 @@ class DDPScaling(JsonRecord):
         return self.world_size * batch_size / self.step_ms(batch_size) * 1e3
 
 
-def ddp_point(rows: list[dict[str, Any]]) -> DDPPoint:
+def ddp_point(rows: list[RankRow]) -> DDPPoint:
     """One batch size's per-rank rows as a :class:`DDPPoint`."""
-    b = int(rows[0]["batch_size"])
-    step = max(float(r["step"]["time_ms"]) for r in rows)
-    ar = statistics.median(float(r.get("allreduce_ms") or 0.0) for r in rows)
-    busy = statistics.median(max(0.0, float(r["step"]["time_ms"]) - float(r.get("allreduce_ms") or 0.0))
-                             for r in rows)
+    b = rows[0].batch_size
+    step = max(r.step.time_ms for r in rows)
+    ar = statistics.median(r.allreduce_ms for r in rows)
+    busy = statistics.median(max(0.0, r.step.time_ms - r.allreduce_ms) for r in rows)
     return DDPPoint(batch_size=b, step_ms=step, busy_ms=busy, allreduce_ms=ar,
-                    allreduce_bytes=int(statistics.median(int(r.get("allreduce_bytes") or 0) for r in rows)),
-                    allreduce_calls=int(statistics.median(int(r.get("allreduce_calls") or 0) for r in rows)),
+                    allreduce_bytes=int(statistics.median(r.allreduce_bytes for r in rows)),
+                    allreduce_calls=int(statistics.median(r.allreduce_calls for r in rows)),
                     throughput=len(rows) * b / step * 1e3 if step > 0 else 0.0,
                     allreduce_share=ar / step if step > 0 else 0.0)
 
@@ -255,22 +271,18 @@ def profile_ddp_batches(task: Any, *, nprocs: int, batch_sizes: list[int], param
     measured = [ddp_point(rows) for rows in per_batch]
     points = [min((m for m in measured if m.batch_size == b), key=lambda m: m.step_ms) for b in sizes]
     first = per_batch[0][0]
-    return fit_scaling(points, world_size=int(nprocs), backend=str(first.get("backend", "")),
-                       task=str(first.get("task", "")))
+    return fit_scaling(points, world_size=int(nprocs), backend=first.backend, task=first.task)
 
 
-def summarize_ranks(rows: list[dict[str, Any]]) -> RanksResult:
-    """The straggler analysis of per-rank step measurements (one dict per rank)."""
+def summarize_ranks(rows: list[RankRow]) -> RanksResult:
+    """The straggler analysis of per-rank step measurements (one row per rank)."""
     ranks = []
-    for row in sorted(rows, key=lambda r: int(r["rank"])):
-        s = row["step"]
-        wait = float(row.get("allreduce_ms") or 0.0)
+    for row in sorted(rows, key=lambda r: r.rank):
+        s, wait = row.step, row.allreduce_ms
         ranks.append(RankProfile(
-            rank=int(row["rank"]), step_ms=float(s["time_ms"]), data_ms=float(s["data_ms"]),
-            forward_ms=float(s["forward_ms"]), backward_ms=float(s["backward_ms"]),
-            optimizer_ms=float(s["optimizer_ms"]), allreduce_ms=wait,
-            busy_ms=max(0.0, float(s["time_ms"]) - wait), throughput=float(s.get("throughput", 0.0)),
-            allreduce_bytes=int(row.get("allreduce_bytes") or 0)))
+            rank=row.rank, step_ms=s.time_ms, data_ms=s.data_ms, forward_ms=s.forward_ms, backward_ms=s.backward_ms,
+            optimizer_ms=s.optimizer_ms, allreduce_ms=wait, busy_ms=max(0.0, s.time_ms - wait),
+            throughput=s.throughput, allreduce_bytes=row.allreduce_bytes))
     busy = [r.busy_ms for r in ranks]
     med = statistics.median(busy) or 1e-9
     slow = max(ranks, key=lambda r: r.busy_ms)
@@ -284,17 +296,17 @@ def summarize_ranks(rows: list[dict[str, Any]]) -> RanksResult:
         advice = (f"rank {slow.rank} is the straggler: {slow.busy_ms:.1f} ms busy per step against a "
                   f"median of {med:.1f} ms ({imbalance:.2f}x); it loses {excess:.1f} ms in "
                   f"{_ADVICE[phase]}. The other ranks wait for it in the all-reduce.")
-    b = int(rows[0].get("batch_size") or 0)
+    b = rows[0].batch_size
     comm = {"batch_size": b, "allreduce_ms": statistics.median(r.allreduce_ms for r in ranks),
             "allreduce_bytes": int(statistics.median(r.allreduce_bytes for r in ranks)),
             "allreduce_share": statistics.median(r.allreduce_ms / r.step_ms if r.step_ms > 0 else 0.0 for r in ranks),
             # the step less the all-reduce wait, per sample: an upper bound of the compute per sample
             # (the fixed part of the step, the optimizer's, is in it; profile_ddp_batches splits them)
             "busy_ms_per_sample": med / b if b else None}
-    return RanksResult(world_size=len(ranks), backend=str(rows[0].get("backend", "")), ranks=ranks,
+    return RanksResult(world_size=len(ranks), backend=rows[0].backend, ranks=ranks,
                        imbalance=imbalance, step_imbalance=step_imb, slowest_rank=slow.rank,
                        phase=phase if imbalance >= 1.1 else None, excess_ms=excess, advice=advice,
-                       task=str(rows[0].get("task", "")), extra={"comm": comm})
+                       task=rows[0].task, extra={"comm": comm})
 
 
 def _losing_phase(ranks: list[RankProfile], slow: RankProfile) -> tuple[str | None, float]:

@@ -224,10 +224,8 @@ class Profile:
         stored_version(d, what="a profile", current=SCHEMA_VERSION)
         kw = record_fields(cls, d, what="a profile")
         _check_shape(d)
-        kw["params"] = _build(ParamCounts, d.get("params") or {})
-        kw["memory"] = _build(MemoryProfile, d.get("memory") or {})
-        kw["step"] = _build(StepProfile, d.get("step") or {})
-        kw["grad"] = _build(GradProfile, d.get("grad") or {})
+        kw.update({key: _build(part, d.get(key) or {}) for key, part in
+                   (("params", ParamCounts), ("memory", MemoryProfile), ("step", StepProfile), ("grad", GradProfile))})
         kw["comm"] = _build(CommProfile, d["comm"]) if d.get("comm") else None
         kw["layers"] = tuple(_build(LayerProfile, lay) for lay in d.get("layers") or [])
         kw["bottlenecks"] = tuple(d.get("bottlenecks") or ())
@@ -305,9 +303,7 @@ def compare_profiles(a: Profile, b: Profile) -> dict[str, Any]:
             "name": name,
             "type": (x or y).type,  # type: ignore[union-attr]
             "status": "both" if x and y else ("only_a" if x else "only_b"),
-            "params": delta(x.params if x else None, y.params if y else None),
-            "macs": delta(x.macs if x else None, y.macs if y else None),
-            "forward_ms": delta(x.forward_ms if x else None, y.forward_ms if y else None),
-            "backward_ms": delta(x.backward_ms if x else None, y.backward_ms if y else None),
+            **{key: delta(getattr(x, key) if x else None, getattr(y, key) if y else None)
+               for key in ("params", "macs", "forward_ms", "backward_ms")},
         })
     return {"totals": totals, "layers": layers}

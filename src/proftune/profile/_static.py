@@ -12,8 +12,9 @@ forward pass; ``flops`` = 2 x ``macs`` for the matmul-like ops counted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ from .._device import call_model
 from .._records import JsonRecord
 from ._layers import LayerHooks
 
-__all__ = ["LayerCount", "StaticCounts", "UncountedOps", "count_model", "count_params", "op_flops",
+__all__ = ["LayerCount", "StaticCounts", "UncountedOp", "UncountedOps", "count_model", "count_params", "op_flops",
            "uncounted_op"]
 
 aten = torch.ops.aten
@@ -165,30 +166,38 @@ def _shapes_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]
     return [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
 
 
+@dataclass
+class UncountedOp:
+    """One op that :func:`uncounted_op` flags: its calls and (up to 5) distinct input shapes."""
+
+    op: str
+    calls: int = 0
+    shapes: list[list[list[int]]] = field(default_factory=list)
+
+    def add(self, calls: int, shapes: Iterable[list[list[int]]]) -> None:
+        self.calls += calls
+        for sh in shapes:
+            if sh not in self.shapes and len(self.shapes) < 5:
+                self.shapes.append(sh)
+
+
 class UncountedOps:
     """Ops that :func:`uncounted_op` flags, with their call counts and (up to 5) input shapes."""
 
     def __init__(self) -> None:
-        self.ops: dict[str, dict[str, Any]] = {}
+        self.ops: dict[str, UncountedOp] = {}
 
     def add(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        entry = self.ops.setdefault(_op_name(func), {"op": _op_name(func), "calls": 0, "shapes": []})
-        entry["calls"] += 1
-        shapes = _shapes_of(args, kwargs)
-        if shapes not in entry["shapes"] and len(entry["shapes"]) < 5:
-            entry["shapes"].append(shapes)
+        name = _op_name(func)
+        self.ops.setdefault(name, UncountedOp(name)).add(1, [_shapes_of(args, kwargs)])
 
     def merge(self, other: UncountedOps) -> UncountedOps:
         for name, e in other.ops.items():
-            mine = self.ops.setdefault(name, {"op": name, "calls": 0, "shapes": []})
-            mine["calls"] += e["calls"]
-            for sh in e["shapes"]:
-                if sh not in mine["shapes"] and len(mine["shapes"]) < 5:
-                    mine["shapes"].append(sh)
+            self.ops.setdefault(name, UncountedOp(name)).add(e.calls, e.shapes)
         return self
 
     def to_list(self) -> list[dict[str, Any]]:
-        return [dict(e) for e in self.ops.values()]
+        return [dataclasses.asdict(e) for e in self.ops.values()]
 
 
 _RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "LSTMCell": 4, "GRUCell": 3, "RNNCell": 1}
