@@ -24,7 +24,10 @@ wall clock for each ``k`` in ``--budgets`` (8 and 60 by default), in one process
 - ``optuna-hyperband``: the same with Optuna's ``HyperbandPruner`` (``optimize.py``'s
   ``hyperband_arm``; a trial running at the end is cut);
 - ``tpe@32`` (with ``--vs-optuna-at 32`` and a budget of 8): the TPE loop at 32 units, beside ours
-  at 8: what computing from measurements should buy.
+  at 8: what computing from measurements should buy;
+- ``tpe-again`` (with ``--tpe-again``): the same TPE loop at another seed (its sampler and its
+  trainings), at every budget: how often a plain loop is within one standard error of itself, the
+  ceiling of the issue's per-task criterion at one repetition.
 
 Repetition ``r`` of task ``i`` runs every arm at seed ``100 i + r`` (the trainings, Optuna's sampler,
 ours' seeds): paired within a task, independent across tasks. Every figure is the test accuracy of
@@ -83,6 +86,8 @@ OURS_OVERHEAD_S, TASK_OVERHEAD_S = 5.0, 5.0
 #: Ours is stopped (and counted as a crash that keeps the defaults) past this many times its budget
 #: plus these seconds: a run of ours that hangs would otherwise stop the whole benchmark.
 OURS_LIMIT_X, OURS_LIMIT_PLUS_S = 5.0, 120.0
+#: ``tpe-again`` runs at the paired seed plus this (no other task's or repetition's seed).
+AGAIN_SEED = 1_000_000
 
 
 # -- one task ------------------------------------------------------------------------------------
@@ -164,7 +169,7 @@ def _optuna(task: GeneratedTask, budget: float, rep: int, *, hyperband: bool) ->
 
 
 def run_task(seed: int, index: int, *, budgets: list[float], reps: int, cap: float, floor_s: float,
-             vs_at: float | None) -> dict[str, Any]:
+             vs_at: float | None, again: bool = False) -> dict[str, Any]:
     """Every arm on task ``index`` of ``seed``; a JSON-able record."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
@@ -193,6 +198,8 @@ def run_task(seed: int, index: int, *, budgets: list[float], reps: int, cap: flo
                     cell["optuna-hyperband"].append(_optuna(task, budget, s, hyperband=True))
                 if vs_at is not None and k == 8:
                     cell["tpe@32"] = [_optuna(task, vs_at * unit, s, hyperband=False) for s in seeds]
+                if again:
+                    cell["tpe-again"] = [_optuna(task, budget, s + AGAIN_SEED, hyperband=False) for s in seeds]
                 rec["budgets"][f"{k:g}"] = cell
     except Exception as exc:  # noqa: BLE001  (one task's failure is reported; a long run goes on)
         rec["error"] = f"{type(exc).__name__}: {exc}"
@@ -292,6 +299,22 @@ def _search_best_line(rows: list[tuple[dict[str, Any], dict[str, Any]]], k: str)
               f"defaults by > 2 SE {below}/{len(pairs)}")
 
 
+def _again_line(rows: list[tuple[dict[str, Any], dict[str, Any]]], k: str) -> None:
+    """The per-task criterion's ceiling: the TPE loop at another seed against itself (first
+    repetition), where ``--tpe-again`` ran it."""
+    pairs = []
+    for r, _ in rows:
+        again, tpe = r["budgets"][k].get("tpe-again"), r["budgets"][k]["optuna-tpe"][0].get("test")
+        if not again or again[0].get("test") is None or tpe is None or tpe != tpe:
+            continue
+        a, n = float(again[0]["test"]), r["test_n"]
+        pairs.append((a - tpe, math.sqrt((a * (1 - a) + tpe * (1 - tpe)) / n)))
+    if pairs:
+        within = sum(d >= -se for d, se in pairs)
+        print(f"(the criterion's ceiling) optuna-tpe at another seed - optuna-tpe: {_dist([d for d, _ in pairs])}; "
+              f">= optuna-tpe - one SE {within}/{len(pairs)} ({within / len(pairs):.0%})")
+
+
 def summary(results: list[dict[str, Any]], budgets: list[str]) -> dict[str, Any]:
     """The distribution over tasks, per budget; printed and returned."""
     done = [r for r in results if "error" not in r]
@@ -314,6 +337,7 @@ def summary(results: list[dict[str, Any]], budgets: list[str]) -> dict[str, Any]
         print(f"ours below the defaults beyond noise (by > 2 SE): {len(below)}/{len(rows)}{named}; "
               f"ours failed (defaults kept): {failed_ours}")
         _search_best_line(rows, k)
+        _again_line(rows, k)
         print(f"worst five against optuna-tpe at {k}:")
         worst = sorted(rows, key=lambda rf: rf[1]["diff"]["optuna-tpe"][0])[:5]
         for r, f in worst:
@@ -336,7 +360,7 @@ def estimate_s(indices: list[int], args: argparse.Namespace) -> float:
     for i in indices:
         unit = max(draw(args.seed, i, max_training_s=args.max_training_s).est_s, args.unit_floor_s)
         tpe = len(args.budgets) + (args.vs_optuna_at is not None)  # the TPE loop finishes its last trial
-        per_rep = unit * (1 + 3 * sum(args.budgets) + (args.vs_optuna_at or 0) + tpe)
+        per_rep = unit * (1 + (3 + args.tpe_again) * sum(args.budgets) + (args.vs_optuna_at or 0) + tpe)
         total += args.reps * (per_rep + OURS_OVERHEAD_S * len(args.budgets)) + TASK_OVERHEAD_S
     return total / args.jobs
 
@@ -355,6 +379,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the budget's unit is one training of the defaults, or this many s if longer (default 1)")
     ap.add_argument("--vs-optuna-at", type=float, default=None,
                     help="also run optuna-tpe at this many trainings beside ours at 8 (e.g. 32)")
+    ap.add_argument("--tpe-again", action="store_true",
+                    help="also run optuna-tpe at another seed: how often it is within one SE of itself")
     ap.add_argument("--jobs", type=int, default=1, choices=(1, 2), help="tasks at a time, one process each (1 or 2)")
     ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here, after each task")
     ap.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -389,7 +415,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 #: The arguments a resumed file must share with the command: the tasks and how they are measured.
-_SAME = ("seed", "budgets", "reps", "max_training_s", "unit_floor_s", "vs_optuna_at")
+_SAME = ("seed", "budgets", "reps", "max_training_s", "unit_floor_s", "vs_optuna_at", "tpe_again")
 
 
 def _load_resumed(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -400,7 +426,8 @@ def _load_resumed(args: argparse.Namespace) -> list[dict[str, Any]]:
     except json.JSONDecodeError as exc:
         sys.exit(f"generated.py: --out {args.out} is not JSON ({exc}); cannot resume from it")
     mine = _args_record(args)
-    diffs = [f"{k} {doc['args'].get(k)!r} != {mine[k]!r}" for k in _SAME if doc.get("args", {}).get(k) != mine[k]]
+    theirs = {"tpe_again": False, **doc.get("args", {})}  # (files from before the option ran without it)
+    diffs = [f"{k} {theirs.get(k)!r} != {mine[k]!r}" for k in _SAME if theirs.get(k) != mine[k]]
     if diffs:
         print(f"generated.py: --out {args.out} was measured with other arguments: {'; '.join(diffs)}",
               file=sys.stderr)
@@ -439,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
           f"capped at {args.max_training_s:g} s, unit floor {args.unit_floor_s:g} s, {args.jobs} job(s) at one thread; "
           f"estimated {est / 60:.0f} min", flush=True)
     kw = {"budgets": args.budgets, "reps": args.reps, "cap": args.max_training_s, "floor_s": args.unit_floor_s,
-          "vs_at": args.vs_optuna_at}
+          "vs_at": args.vs_optuna_at, "again": args.tpe_again}
     started = time.perf_counter()
 
     def done(rec: dict[str, Any]) -> None:

@@ -175,6 +175,22 @@ def test_the_summary_counts_against_each_tasks_noise(capsys: pytest.CaptureFixtu
     assert "worst five against optuna-tpe" in capsys.readouterr().out
 
 
+def test_the_criterions_ceiling_is_the_plain_loop_against_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    # --tpe-again: the same loop at another seed; within one SE of itself on 2 of 3 tasks
+    results = [_record(0, 0.90, 0.91, 0.80), _record(1, 0.80, 0.90, 0.80), _record(2, 0.85, 0.85, 0.80)]
+    for rec, again in zip(results, (0.90, 0.80, 0.86), strict=True):
+        rec["budgets"]["8"]["tpe-again"] = [{"test": again, "trials": 4}]
+    gen = _runner()
+    gen.summary(results, ["8"])
+    out = capsys.readouterr().out
+    assert "optuna-tpe at another seed - optuna-tpe: mean -0.0333" in out
+    assert ">= optuna-tpe - one SE 2/3 (67%)" in out
+    gen.summary([_record(0, 0.9, 0.9, 0.8)], ["8"])  # none ran: no line
+    assert "another seed" not in capsys.readouterr().out
+    args = gen.parse(["--tpe-again", "--budgets", "8"])
+    assert args.tpe_again
+
+
 @pytest.mark.parametrize(("n", "batch", "sizes"), [(9, 4, [4, 4]), (10, 4, [4, 4, 2]), (3, 1, [1, 1, 1])])
 def test_training_batches_drop_only_a_last_partial_batch_of_one(n: int, batch: int, sizes: list[int]) -> None:
     from generated_tasks import _NoSingles
