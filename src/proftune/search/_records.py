@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import optuna
@@ -14,11 +14,76 @@ from optuna.trial import FrozenTrial, TrialState
 from .._records import JsonRecord, record_fields, stored_version
 from ._reeval import GroupTable
 
-__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "StudyView", "TrialRecord",
-           "TrialResult", "counts", "slots_before", "study_view", "trial_records"]
+__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "StudyView", "TrialFigures",
+           "TrialRecord", "TrialResult", "counts", "slots_before", "study_view", "trial_records"]
 
 TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
 ATTR = "proftune"
+
+
+@dataclass
+class TrialFigures:
+    """A trial's figures while it runs, read and written by attribute: the trial runner fills them
+    in, :meth:`to_dict` is the study's user attr ``ATTR``, which :class:`TrialRecord` reads back
+    (Optuna's ``Trial`` beside its ``FrozenTrial``). Not a :class:`TrialRecord` with more fields:
+    that one is frozen and holds what the study adds (number, values, tags)."""
+
+    params: dict[str, Any]
+    metrics: dict[str, float] = field(default_factory=dict)
+    constraints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reason: str | None = None
+    steps: int = 0
+    train_s: float = 0.0
+    gate_s: float = 0.0
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    stage: str | None = None
+    run_id: int | None = None
+    #: The sampler that drew the params (None, left out of the JSON: a Ray trial's, drawn by Ray's searcher).
+    sampler: str | None = None
+    #: The configuration's evaluations before this one, and the seed this one trains with.
+    repeat: int = 0
+    seed: int = 0
+    # each field from here on is left out of the JSON while it is None
+    #: The task's metrics after each epoch, where ``fit`` trained it.
+    curve: list[dict[str, float]] | None = None
+    #: A script's last lines: its Run keeps them (the local runner takes them out before the study).
+    output: list[str] | None = None
+    traceback: str | None = None
+    state: str | None = None
+    duration_s: float | None = None
+    #: A Ray trial's retries and, under a scheduler, its epochs' reports (the driver adds them).
+    ray_retries: int | None = None
+    schedule: list[dict[str, Any]] | None = None
+    #: The Ray driver's own record of a trial whose worker sent none (failed after its retries, or
+    #: stopped by the scheduler): its JSON has no ``stage``, ``repeat`` or ``seed``.
+    from_driver: bool = False
+    #: What a Ray worker's trial was told (constraint violations, flag attrs), for the driver to tell
+    #: the study's trial: sent beside the JSON, not in it.
+    constraints_raw: dict[str, float] = field(default_factory=dict)
+    user_attrs_raw: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The user attr ``ATTR``: the fields' values as they are (not copied), in field order."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _NOT_IN_JSON or (value is None and f.name in _LEFT_OUT_WHEN_NONE):
+                continue
+            if self.from_driver and f.name in _DRIVER_LEAVES_OUT:
+                continue
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TrialFigures:
+        """The figures back from a Ray worker's JSON (:meth:`to_dict` with the ``*_raw`` fields)."""
+        return cls(**record_fields(cls, d, what="a Ray worker's trial record"))
+
+
+_NOT_IN_JSON = frozenset({"from_driver", "constraints_raw", "user_attrs_raw"})
+_DRIVER_LEAVES_OUT = frozenset({"stage", "repeat", "seed"})
+_LEFT_OUT_WHEN_NONE = frozenset({"sampler", "curve", "output", "traceback", "state", "duration_s",
+                                 "ray_retries", "schedule"})
 
 
 @dataclass(frozen=True)

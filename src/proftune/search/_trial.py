@@ -20,7 +20,7 @@ from ._constraints import constraint_table
 from ._gate import ProfileGate, free_memory, is_oom
 from ._objective import ObjectiveTask
 from ._pruners import NoiseAwareHalvingPruner, pruner_name
-from ._records import ATTR, TrialResult, slots_before
+from ._records import ATTR, TrialFigures, TrialResult, slots_before
 from ._samplers import describe_sampler
 from ._settings import SearchSettings
 
@@ -140,12 +140,10 @@ class TrialRunner:
             env=self.s.env, data_fingerprint=self.s.data_fingerprint,
             parent_id=self.s.tune_run_id, study=self.s.study)
         self.current = (trial.number, run_id)
-        rec: dict[str, Any] = {"params": config, "metrics": {}, "constraints": {}, "reason": None,
-                               "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
-                               "stage": self.stage, "run_id": run_id,
-                               "sampler": ("neighbour" if trial.user_attrs.get(f"{ATTR}_neighbour")
-                                           else describe_sampler(trial.study.sampler)), "repeat": repeat,
-                               "seed": self.s.seed + repeat}
+        rec = TrialFigures(params=config, stage=self.stage, run_id=run_id,
+                           sampler=("neighbour" if trial.user_attrs.get(f"{ATTR}_neighbour")
+                                    else describe_sampler(trial.study.sampler)),
+                           repeat=repeat, seed=self.s.seed + repeat)
         try:
             return self._run(trial, config, rec)
         except optuna.TrialPruned:
@@ -158,12 +156,12 @@ class TrialRunner:
             self._model = None
             free_memory()
 
-    def _run(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> Sequence[float] | float:
+    def _run(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> Sequence[float] | float:
         started = time.perf_counter()
         rule = self.s.space.forbidden(config)
         if rule is not None:
             trial.set_constraint("forbid", 1.0)
-            rec["reason"] = f"forbidden by rule: {rule.describe()}"
+            rec.reason = f"forbidden by rule: {rule.describe()}"
             return self._infeasible(trial, rec, started, gated=True)
         try:
             if self.gate.active and not self._gate(trial, config, rec):
@@ -172,23 +170,23 @@ class TrialRunner:
         except Exception as exc:
             if is_oom(exc):
                 trial.set_constraint("oom", 1.0)
-                rec["reason"] = f"out of memory: {str(exc).splitlines()[0][:300]}"
+                rec.reason = f"out of memory: {str(exc).splitlines()[0][:300]}"
                 return self._infeasible(trial, rec, started)
             where = failed_in(exc)  # the task's line, in the table and the all-failed message
-            rec["reason"] = f"{type(exc).__name__}: {exc}" + (f"; {where}" if where else "")
-            rec["traceback"] = traceback.format_exc()[-8000:]
-            raise TrialFailed(rec["reason"]) from exc
-        nan = [a for a in rec["anomalies"] if a.get("kind") in ("nan_loss", "nonfinite_metric")]
+            rec.reason = f"{type(exc).__name__}: {exc}" + (f"; {where}" if where else "")
+            rec.traceback = traceback.format_exc()[-8000:]
+            raise TrialFailed(rec.reason) from exc
+        nan = [a for a in rec.anomalies if a.get("kind") in ("nan_loss", "nonfinite_metric")]
         if nan:
-            rec["reason"] = f"non-finite values: {nan[0]}"
-            raise optuna.TrialPruned(rec["reason"])
+            rec.reason = f"non-finite values: {nan[0]}"
+            raise optuna.TrialPruned(rec.reason)
         if cb.pruned_reason is not None:
-            rec["reason"] = cb.pruned_reason
-            raise optuna.TrialPruned(rec["reason"])
+            rec.reason = cb.pruned_reason
+            raise optuna.TrialPruned(rec.reason)
         reasons = self._post_constraints(trial, rec)
         values = self._objective_values(rec)
         if reasons:
-            rec["reason"] = "; ".join(reasons)
+            rec.reason = "; ".join(reasons)
         else:
             self._keep_model(trial.number, values)
         self._finish(trial, rec, "infeasible" if reasons else "complete", started)
@@ -214,46 +212,46 @@ class TrialRunner:
             (folder / f"trial-{gone}.pt").unlink(missing_ok=True)
         self.kept = kept[:KEEP_MODELS]
 
-    def _gate(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> bool:
+    def _gate(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> bool:
         """Profile ``config`` and check the hard constraints; False: infeasible, not trained."""
         g = self.gate.check(self.task, config)
-        rec["gate_s"] = g.duration_s
-        rec["metrics"].update(g.metrics)
+        rec.gate_s = g.duration_s
+        rec.metrics.update(g.metrics)
         for key, v in g.violations.items():
             trial.set_constraint(key, v)
-        rec["constraints"] = constraint_table(self.gate.constraints, rec["metrics"])
+        rec.constraints = constraint_table(self.gate.constraints, rec.metrics)
         if not g.feasible:
-            rec["reason"] = "; ".join(g.reasons)
+            rec.reason = "; ".join(g.reasons)
         return g.feasible
 
-    def _train(self, trial: optuna.Trial, config: dict[str, Any], rec: dict[str, Any]) -> _PruningCallback:
+    def _train(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> _PruningCallback:
         t0 = time.perf_counter()
         cb = _PruningCallback(trial, self.report_metric, pruner_name(self.s.pruner))
         if isinstance(self.task, ObjectiveTask):  # a plain objective: one call, no training
             try:
                 if self.task.reports_progress:  # a script: its metric as it runs, for the pruner
                     call: Any = self.task.call
-                    rec["metrics"].update(call(config, seed=rec["seed"],
+                    rec.metrics.update(call(config, seed=rec.seed,
                                                report=lambda step, value: self._report(cb, step, value)))
                 else:
-                    rec["metrics"].update(self.task.call(config, seed=rec["seed"]))
+                    rec.metrics.update(self.task.call(config, seed=rec.seed))
             finally:
-                rec["train_s"] = time.perf_counter() - t0
+                rec.train_s = time.perf_counter() - t0
                 output = getattr(self.task, "output", None)
                 if callable(output):
-                    rec["output"] = output()
+                    rec.output = output()
             return cb
         try:
             result = fit(self.task, config, epochs=self.s.epochs, max_steps=self.s.max_steps,
-                         device=self.s.device, seed=rec["seed"],
+                         device=self.s.device, seed=rec.seed,
                              callbacks=[cb, *self.extra_callbacks])
         finally:
-            rec["train_s"] = time.perf_counter() - t0
-        rec["steps"] = result.steps
+            rec.train_s = time.perf_counter() - t0
+        rec.steps = result.steps
         self._model = result.model if self.s.keep_models is not None else None
-        rec["anomalies"] = result.anomalies
-        rec["metrics"].update(result.metrics)
-        rec["curve"] = [{k: v for k, v in e.items() if isinstance(v, (int, float))}
+        rec.anomalies = result.anomalies
+        rec.metrics.update(result.metrics)
+        rec.curve = [{k: v for k, v in e.items() if isinstance(v, (int, float))}
                         for e in result.curves.get("epoch", [])]
         return cb
 
@@ -272,43 +270,43 @@ class TrialRunner:
             return True
         return False
 
-    def _post_constraints(self, trial: optuna.Trial, rec: dict[str, Any]) -> list[str]:
+    def _post_constraints(self, trial: optuna.Trial, rec: TrialFigures) -> list[str]:
         """Constraints on task metrics, known only after training: the reasons of those broken."""
         reasons = []
         for c in (c for c in self.s.constraints if not c.is_profile):
-            value = rec["metrics"].get(c.metric)
+            value = rec.metrics.get(c.metric)
             if value is None:
-                rec["reason"] = f"the task's metrics have no {c.metric!r} for constraint {c.text!r}"
-                raise TrialFailed(rec["reason"])
+                rec.reason = f"the task's metrics have no {c.metric!r} for constraint {c.text!r}"
+                raise TrialFailed(rec.reason)
             v = c.violation(float(value))
             trial.set_constraint(c.key, v)
             if v > 0:
                 reasons.append(c.reason(float(value)))
-        rec["constraints"] = constraint_table(self.s.constraints, rec["metrics"])
+        rec.constraints = constraint_table(self.s.constraints, rec.metrics)
         return reasons
 
-    def _objective_values(self, rec: dict[str, Any]) -> list[float]:
+    def _objective_values(self, rec: TrialFigures) -> list[float]:
         values = []
         for o in self.s.objectives:
-            if o.metric not in rec["metrics"]:
-                rec["reason"] = (f"objective metric {o.metric!r} was not measured; task metrics: "
-                                 f"{', '.join(sorted(rec['metrics']))}")
-                raise TrialFailed(rec["reason"])
-            values.append(float(rec["metrics"][o.metric]))
+            if o.metric not in rec.metrics:
+                rec.reason = (f"objective metric {o.metric!r} was not measured; task metrics: "
+                              f"{', '.join(sorted(rec.metrics))}")
+                raise TrialFailed(rec.reason)
+            values.append(float(rec.metrics[o.metric]))
         if not all(math.isfinite(v) for v in values):
-            rec["anomalies"].append({"kind": "nonfinite_objective", "values": [str(v) for v in values]})
-            rec["reason"] = f"objective is not finite: {values}"
-            raise optuna.TrialPruned(rec["reason"])
+            rec.anomalies.append({"kind": "nonfinite_objective", "values": [str(v) for v in values]})
+            rec.reason = f"objective is not finite: {values}"
+            raise optuna.TrialPruned(rec.reason)
         return values
 
-    def _infeasible(self, trial: optuna.Trial, rec: dict[str, Any], started: float, *,
+    def _infeasible(self, trial: optuna.Trial, rec: TrialFigures, started: float, *,
                     gated: bool = False) -> Sequence[float] | float:
         """End ``trial`` as infeasible; ``gated``: before any training (not counted in ``trials``)."""
         if gated:  # read by the slot count, which does not parse the record
             trial.set_user_attr(f"{ATTR}_gated", True)
         values = []
         for o in self.s.objectives:
-            measured = rec["metrics"].get(o.metric)
+            measured = rec.metrics.get(o.metric)
             if measured is not None and math.isfinite(float(measured)):
                 values.append(float(measured))
             else:
@@ -316,26 +314,28 @@ class TrialRunner:
         self._finish(trial, rec, "infeasible", started)
         return values[0] if len(values) == 1 else values
 
-    def _finish(self, trial: optuna.Trial, rec: dict[str, Any], state: str, started: float) -> None:
-        rec["state"] = state
-        rec["duration_s"] = time.perf_counter() - started
-        output = rec.pop("output", None)  # a script's last lines: its Run keeps them, not the study
+    def _finish(self, trial: optuna.Trial, rec: TrialFigures, state: str, started: float) -> None:
+        rec.state = state
+        rec.duration_s = time.perf_counter() - started
+        output, rec.output = rec.output, None  # a script's last lines: its Run keeps them, not the study
         try:
-            trial.set_user_attr(ATTR, rec)
+            trial.set_user_attr(ATTR, rec.to_dict())
             if state == "failed":  # read by the slot count, which does not parse the record
                 trial.set_user_attr(f"{ATTR}_failed", True)
         finally:  # the Run ends with the training even where the study refused the record
             self._finish_run(trial.number, rec, state, output)
 
-    def _finish_run(self, number: int, rec: dict[str, Any], state: str, output: Any) -> None:
+    def _finish_run(self, number: int, rec: TrialFigures, state: str, output: Any) -> None:
         status = "failed" if state == "failed" else "finished"
+        if rec.run_id is None:  # a Ray worker's: the driver finishes the Run
+            return
         with contextlib.suppress(Exception):
             self.store.finish_run(
-                rec["run_id"], status=status,
-                error=rec.get("traceback") or (rec["reason"] if status == "failed" else None),
-                metrics=rec["metrics"], anomalies=rec["anomalies"],
-                curves={"epoch": rec.get("curve", [])},
+                rec.run_id, status=status,
+                error=rec.traceback or (rec.reason if status == "failed" else None),
+                metrics=rec.metrics, anomalies=rec.anomalies,
+                curves={"epoch": rec.curve if rec.curve is not None else []},
                 **({"artifacts": {"output": output}} if output else {}),
-                result=TrialResult.build(trial=number, state=state, reason=rec["reason"],
-                                         constraints=rec["constraints"], steps=rec["steps"],
-                                         train_s=rec["train_s"], gate_s=rec["gate_s"]).to_dict())
+                result=TrialResult.build(trial=number, state=state, reason=rec.reason,
+                                         constraints=rec.constraints, steps=rec.steps,
+                                         train_s=rec.train_s, gate_s=rec.gate_s).to_dict())
