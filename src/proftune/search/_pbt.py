@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import optuna
 
-from ._records import ATTR
+from ._records import ATTR, TrialFigures
 from ._settings import SearchSettings
 from ._space import Param, Space
 
@@ -184,7 +184,7 @@ def rung(ladder: list[Any], value: Any, direction: int) -> tuple[Any, str]:
 
 
 def record_population(settings: SearchSettings, storage: Any,
-                       records: list[tuple[int, dict[str, Any], str, list[float] | None, dict[str, Any]]],
+                       records: list[tuple[int, dict[str, Any], str, list[float] | None, TrialFigures]],
                        ) -> dict[int, int]:
     """PBT has no searcher: add each member to the study as a finished trial, with its record.
 
@@ -200,10 +200,8 @@ def record_population(settings: SearchSettings, storage: Any,
         tstate = {"complete": optuna.trial.TrialState.COMPLETE,
                   "infeasible": optuna.trial.TrialState.COMPLETE,
                   "pruned": optuna.trial.TrialState.PRUNED}.get(state, optuna.trial.TrialState.FAIL)
-        rec.pop("constraints_raw", None)
-        flags = rec.pop("user_attrs_raw", {})
-        rec["params"] = {k: v for k, v in config.items() if k != MEMBER}
-        attrs = {**flags, ATTR: rec, **({f"{ATTR}_failed": True} if state == "failed" else {})}
+        rec.params = {k: v for k, v in config.items() if k != MEMBER}
+        attrs = {**rec.user_attrs_raw, ATTR: rec.to_dict(), **({f"{ATTR}_failed": True} if state == "failed" else {})}
         trial = optuna.trial.create_trial(
             params=params, distributions={k: dists[k] for k in params},
             values=values if tstate == optuna.trial.TrialState.COMPLETE else None,

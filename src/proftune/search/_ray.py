@@ -43,7 +43,7 @@ from ._pbt import (
 )
 from ._ray_session import RayOptions, experiment_dir, next_folder, ray_session
 from ._ray_worker import LAST_EPOCH_KEY, METRIC_KEY, ray_trainable
-from ._records import ATTR
+from ._records import ATTR, TrialFigures
 from ._samplers import make_sampler
 from ._settings import SearchSettings
 from ._space import Space
@@ -89,12 +89,11 @@ def _searcher_class() -> type:
                 self._completed_trials.add(trial_id)
                 return
             state, values, rec = self._recorder.finished(trial_id, result, error)
-            for key, v in rec.get("constraints_raw", {}).items():
+            for key, v in rec.constraints_raw.items():
                 ot_trial.set_constraint(key, float(v))
-            rec.pop("constraints_raw", None)
-            for key, value in rec.pop("user_attrs_raw", {}).items():  # gated, failed flags
+            for key, value in rec.user_attrs_raw.items():  # gated, failed flags
                 ot_trial.set_user_attr(key, value)
-            ot_trial.set_user_attr(ATTR, rec)
+            ot_trial.set_user_attr(ATTR, rec.to_dict())
             if state == "failed":
                 ot_trial.set_user_attr(f"{ATTR}_failed", True)
             tell_state = {"complete": optuna.trial.TrialState.COMPLETE,
@@ -174,27 +173,26 @@ class _Recorder:
         self.schedule.setdefault(trial_id, []).append(point)
 
     def finished(self, trial_id: str, result: Mapping[str, Any] | None,
-                 error: bool) -> tuple[str, list[float] | None, dict[str, Any]]:
+                 error: bool) -> tuple[str, list[float] | None, TrialFigures]:
         result = result or {}
         raw = result.get("proftune_record")
         if raw:
-            rec: dict[str, Any] = json.loads(raw)
-            state = str(rec.get("state") or ("failed" if error else "pruned"))
+            rec = TrialFigures.from_dict(json.loads(raw))
+            state = str(rec.state or ("failed" if error else "pruned"))
         elif error:
-            rec = {"params": {}, "metrics": {}, "constraints": {}, "anomalies": [], "steps": 0,
-                   "reason": "the Ray worker running the trial failed after its retries",
-                   "train_s": 0.0, "gate_s": 0.0}
+            rec = TrialFigures(params={}, reason="the Ray worker running the trial failed after its retries",
+                               from_driver=True)
             state = "failed"
         else:  # stopped by the scheduler (ASHA, PBT) before its last epoch
-            rec = {"params": {}, "metrics": {k: v for k, v in result.items() if k == METRIC_KEY},
-                   "constraints": {}, "anomalies": [], "steps": 0, "train_s": 0.0, "gate_s": 0.0,
-                   "reason": f"stopped by the {self.scheduler} scheduler at epoch {result.get('epoch')}"}
+            rec = TrialFigures(params={}, metrics={k: v for k, v in result.items() if k == METRIC_KEY},
+                               reason=f"stopped by the {self.scheduler} scheduler at epoch {result.get('epoch')}",
+                               from_driver=True)
             state = "pruned"
-        rec["state"] = state
-        rec["run_id"] = self.runs.get(trial_id)
-        rec["ray_retries"] = self.retries.get(trial_id, 0)
+        rec.state = state
+        rec.run_id = self.runs.get(trial_id)
+        rec.ray_retries = self.retries.get(trial_id, 0)
         if self.schedule.get(trial_id):
-            rec["schedule"] = self.schedule[trial_id]
+            rec.schedule = self.schedule[trial_id]
         values = [float(result[f"{METRIC_KEY}_{i}"]) for i in range(len(self.s.objectives))
                   if f"{METRIC_KEY}_{i}" in result] or None
         if state in ("complete", "infeasible") and (values is None or len(values) != len(self.s.objectives)):
@@ -204,12 +202,12 @@ class _Recorder:
             with contextlib.suppress(Exception):
                 self.store.finish_run(
                     run_id, status="failed" if state == "failed" else "finished",
-                    error=rec.get("traceback") or (rec.get("reason") if state == "failed" else None),
-                    metrics=rec.get("metrics") or {}, anomalies=rec.get("anomalies") or [],
-                    curves={"epoch": rec.get("curve", [])},
-                    result={"state": state, "reason": rec.get("reason"),
-                            "constraints": rec.get("constraints"), "trial": self.numbers.get(trial_id),
-                            "steps": rec.get("steps"), "ray_retries": rec["ray_retries"]})
+                    error=rec.traceback or (rec.reason if state == "failed" else None),
+                    metrics=rec.metrics, anomalies=rec.anomalies,
+                    curves={"epoch": rec.curve if rec.curve is not None else []},
+                    result={"state": state, "reason": rec.reason,
+                            "constraints": rec.constraints, "trial": self.numbers.get(trial_id),
+                            "steps": rec.steps, "ray_retries": rec.ray_retries})
         if self.on_ended is not None:
             try:
                 self.on_ended()
@@ -229,7 +227,7 @@ def _callback_class() -> type:
             #: False under PBT, which runs without a searcher: trials are recorded here.
             self.searched = True
             #: PBT's finished members, in the order they started: (number, config, state, values, record).
-            self.records: list[tuple[int, dict[str, Any], str, list[float] | None, dict[str, Any]]] = []
+            self.records: list[tuple[int, dict[str, Any], str, list[float] | None, TrialFigures]] = []
 
         def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             self.recorder.retries[trial.trial_id] = self.recorder.retries.get(trial.trial_id, 0) + 1

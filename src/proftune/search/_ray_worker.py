@@ -20,7 +20,7 @@ from ._pbt import (
     MEMBER,
     PERTURBABLE,
 )
-from ._records import ATTR
+from ._records import ATTR, TrialFigures
 from ._settings import SearchSettings
 from ._trial import TrialFailed as _TrialFailed
 from ._trial import TrialRunner
@@ -100,11 +100,11 @@ class _WorkerRunner(TrialRunner):
 
     def __init__(self, settings: SearchSettings, task: Task) -> None:
         super().__init__(settings, task, store=None)  # type: ignore[arg-type]
-        self.record: dict[str, Any] | None = None
+        self.record: TrialFigures | None = None
 
-    def _finish(self, trial: Any, rec: dict[str, Any], state: str, started: float) -> None:
-        rec["state"] = state
-        rec["duration_s"] = time.perf_counter() - started
+    def _finish(self, trial: Any, rec: TrialFigures, state: str, started: float) -> None:
+        rec.state = state
+        rec.duration_s = time.perf_counter() - started
         self.record = rec
 
 
@@ -126,9 +126,7 @@ def ray_trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -
     if pbt:
         runner.extra_callbacks.insert(0, _RestoreCheckpoint(tune.get_checkpoint(), int(settings.epochs or 1)))
     trial = optuna.trial.FixedTrial(config)
-    rec: dict[str, Any] = {"params": dict(config), "metrics": {}, "constraints": {}, "reason": None,
-                           "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
-                           "stage": None, "run_id": None, "repeat": 0, "seed": settings.seed}
+    rec = TrialFigures(params=dict(config), seed=settings.seed)
     started = time.perf_counter()
     values: Any = None
     try:
@@ -137,10 +135,10 @@ def ray_trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -
         runner._finish(trial, rec, "pruned", started)
     except _TrialFailed:
         runner._finish(trial, rec, "failed", started)
-    record = runner.record or rec
-    record["constraints_raw"] = dict(trial.constraints)
-    record["user_attrs_raw"] = {k: v for k, v in trial.user_attrs.items() if k != ATTR}
-    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json_dumps(record),
+    record = runner.record if runner.record is not None else rec
+    told = {"constraints_raw": dict(trial.constraints),
+            "user_attrs_raw": {k: v for k, v in trial.user_attrs.items() if k != ATTR}}
+    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json_dumps({**record.to_dict(), **told}),
                              "epoch": int(settings.epochs or 1)}
     if values is not None:  # for the searcher; the schedulers decide on the epochs' reports only
         vals = values if isinstance(values, (list, tuple)) else [values]
