@@ -287,3 +287,52 @@ def test_scheduler_problems_name_ray_options_and_read_as_flags_in_tune(tmp_path:
     assert result.exit_code == 2, result.output
     assert ("--scheduler 'asha' needs one objective, but --objective has 2; use --scheduler 'fifo' for a "
             "Pareto front.") in result.stderr, result.stderr
+
+
+def test_the_drivers_records_keep_the_keys_a_study_held(tmp_path: Path) -> None:
+    """A worker's record crosses to the driver as JSON whole, the driver adding its Run and retries;
+    a trial whose worker sent none (failed after its retries, stopped by the scheduler) is recorded
+    by the driver without the keys of a run trial (stage, repeat, seed, duration_s)."""
+    from proftune._jsonsafe import json_dumps
+    from proftune.search import Objective, Space
+    from proftune.search._ray import _Recorder
+    from proftune.search._records import TrialFigures
+    from proftune.search._settings import SearchSettings
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    settings = SearchSettings(task="wine-mlp", space=Space.from_dict(_space(lr={"type": "float", "low": 0.01,
+                                                                                 "high": 0.1})),
+                              objectives=[Objective("accuracy", "maximize")], constraints=[], trials=3,
+                              study="s", db=db)
+    store = Store(db)
+    recorder = _Recorder(settings, store, "asha")
+    for number, trial_id in enumerate("abc"):
+        recorder.started(trial_id, number, {"lr": 0.05})
+    recorder.retries["a"] = 2
+    recorder.schedule["b"] = [{"epoch": 1, "objective": 0.4}]
+
+    state, values, failed = recorder.finished("a", None, True)
+    assert (state, values) == ("failed", None)
+    assert failed.to_dict() == {"params": {}, "metrics": {}, "constraints": {},
+                                "reason": "the Ray worker running the trial failed after its retries",
+                                "steps": 0, "train_s": 0.0, "gate_s": 0.0, "anomalies": [],
+                                "run_id": recorder.runs["a"], "state": "failed", "ray_retries": 2}
+    state, values, stopped = recorder.finished("b", {"objective": 0.4, "epoch": 1}, False)
+    assert (state, values) == ("pruned", None)
+    assert stopped.to_dict()["metrics"] == {"objective": 0.4}
+    assert stopped.to_dict()["schedule"] == [{"epoch": 1, "objective": 0.4}]
+    assert not {"stage", "repeat", "seed", "duration_s", "sampler"} & set(stopped.to_dict())
+
+    worker = TrialFigures(params={"lr": 0.05}, metrics={"accuracy": 0.9}, steps=3, seed=4,
+                          curve=[{"epoch": 1, "accuracy": 0.9}], state="complete", duration_s=1.5)
+    told = {"constraints_raw": {"c": 0.0}, "user_attrs_raw": {"proftune_gated": True}}
+    state, values, got = recorder.finished("c", {"proftune_record": json_dumps({**worker.to_dict(), **told}),
+                                                 "objective_0": 0.9}, False)
+    assert (state, values) == ("complete", [0.9])
+    assert got.to_dict() == {**worker.to_dict(), "run_id": recorder.runs["c"], "ray_retries": 0}
+    assert list(got.to_dict())[:13] == ["params", "metrics", "constraints", "reason", "steps", "train_s", "gate_s",
+                                        "anomalies", "stage", "run_id", "repeat", "seed", "curve"]
+    assert (got.constraints_raw, got.user_attrs_raw) == (told["constraints_raw"], told["user_attrs_raw"])
+    runs = {r.id: r for r in store.list_runs(kind="trial")}
+    assert runs[recorder.runs["a"]].status == "failed"
+    assert runs[recorder.runs["c"]].result["steps"] == 3

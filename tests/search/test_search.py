@@ -58,6 +58,27 @@ def test_gated_trials_end_at_once_with_the_measured_reason(gated: tuple[SearchRe
     study = optuna.load_study(study_name="gated", storage=db)
     for ft in study.trials:
         assert "params<2000" in ft.constraints
+
+
+#: The keys of a trial's user attr ``proftune`` (``TrialFigures.to_dict``), in order: a gated trial
+#: has no curve; the key set is what studies written before hold, so TrialRecord reads both alike.
+FIGURES = ["params", "metrics", "constraints", "reason", "steps", "train_s", "gate_s", "anomalies", "stage",
+           "run_id", "sampler", "repeat", "seed", "curve", "state", "duration_s"]
+
+
+def test_a_trials_figures_are_stored_with_the_same_keys_as_before(gated: tuple[SearchResult, str]) -> None:
+    result, db = gated
+    study = optuna.load_study(study_name="gated", storage=db)
+    by_number = {t.number: t for t in result.trials}
+    for ft in study.trials:
+        figures = ft.user_attrs["proftune"]
+        trained = by_number[ft.number].state == "complete"
+        assert list(figures) == (FIGURES if trained else [k for k in FIGURES if k != "curve"])
+        assert (figures["sampler"], figures["seed"], figures["repeat"]) == ("RandomSampler", 1, 0)
+        record = by_number[ft.number]
+        assert (record.steps, record.run_id, record.metrics) == (figures["steps"], figures["run_id"],
+                                                                 figures["metrics"])
+        assert len(record.curve) == (1 if trained else 0)
         assert (ft.constraints["params<2000"] > 0) == (ft.params["hidden"] >= 64)
 
 
