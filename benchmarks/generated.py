@@ -73,6 +73,7 @@ import headroom  # noqa: E402
 from generated_tasks import GeneratedTask, draw  # noqa: E402
 
 import proftune  # noqa: E402
+from proftune.optimize import FinalOutputs  # noqa: E402
 from proftune.train import fit  # noqa: E402
 
 _bench = headroom._bench  # benchmarks/optimize.py, loaded once under its own name
@@ -136,7 +137,35 @@ def _ours(task: GeneratedTask, budget: float, rep: int, tmp: Path, fallback: flo
     out["changed"] = _changed({**out["params"], "epochs": r.get("epochs")},
                               {**task.default_params, "epochs": task.default_epochs})
     out["search_best"] = _search_best(task, Path(r["out"]), rep)
+    out["race"] = _race_summary(Path(r["out"]))
+    out["stages_s"] = _stage_seconds(Path(r["out"]))
     return out
+
+
+def _stage_seconds(out: Path) -> dict[str, float] | None:
+    """Each stage's wall clock in ours' run (where the budget went), from its state.json."""
+    try:
+        stages = json.loads((out / "state.json").read_text())["stages"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return {name: round(float(s.get("duration_s") or 0.0), 2) for name, s in stages.items()}
+
+
+def _race_summary(out: Path) -> dict[str, Any] | None:
+    """What the final race saw (a diagnostic of the decision): each arm's search lead and validation
+    mean over the race's seeds, the leader and the comparison that decided."""
+    try:
+        race = FinalOutputs.from_dict(json.loads((out / "state.json").read_text())["stages"]["final"]["outputs"]).race
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if race is None:
+        return None
+    c = race.comparison
+    return {"seeds": len(race.seeds), "leader": race.leader, "decision": race.decision,
+            "arms": {a.name: {"search": a.search_mean, "n": a.search_n, "val": a.summary("val").mean,
+                              "runs": len([r for r in a.runs if r.val is not None])} for a in race.arms},
+            "gain": c.gain if c else None, "lower": c.lower if c else None,
+            "reason": (c.reason[:300] if c else None)}
 
 
 def _search_best(task: GeneratedTask, out: Path, rep: int) -> dict[str, Any] | None:

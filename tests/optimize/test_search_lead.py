@@ -1,11 +1,14 @@
 """The search's lead decides where the race cannot (issue 60): at 8 trainings a race of one or two
 paired seeds leaves most leaders within noise, and keeping the defaults there lost 4-11 points on
 tasks a plain loop, adopting its best on validation, won. The search's best is adopted where its
-lead in the search is beyond one validation figure's sampling noise and the race's own runs do not
-reverse it; a lead within that noise, or one the race reverses, keeps the defaults."""
+lead in the search is beyond one validation figure's sampling noise and the race's other runs do
+not put it behind beyond that noise; a lead within that noise, or one the race's other runs put
+behind beyond it, keeps the defaults. The lead is taken as measured (no winner's curse taken off:
+on 160 generated tasks the search's best led by 1-3 figures' noise scored +0.02 to +0.03 on test)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from pathlib import Path
@@ -32,9 +35,7 @@ def _race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, candidate: tuple[f
 
 def test_a_lead_beyond_one_figures_noise_is_adopted_where_the_race_is_within_noise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    margin = sampling_std("accuracy", 96, 0.82)  # one figure's noise at the defaults' mean
-    assert margin is not None
-    assert margin == pytest.approx(0.0392, abs=1e-3)
+    assert sampling_std("accuracy", 96, 0.82) == pytest.approx(0.0392, abs=1e-3)  # one figure's noise
     # without the search's lead, paired seeds +0.15 and -0.09 ahead are within noise: the defaults stay
     ahead = (0.95, 0.75)
     out = _race(tmp_path / "a", monkeypatch, candidate=ahead, lead=None)
@@ -46,13 +47,18 @@ def test_a_lead_beyond_one_figures_noise_is_adopted_where_the_race_is_within_noi
     assert (out.decision, out.chosen) == ("chosen", "search #1")
     assert out.comparison is not None
     assert out.comparison.extra["search_lead"] == 0.06
+    # the margin is one figure's noise at the defaults' mean over the race's seeds (0.80 and 0.84 alternate)
+    margin = sampling_std("accuracy", 96, out.arm("defaults").summary("val").mean)
+    assert margin is not None
     assert out.comparison.extra["margin"] == pytest.approx(margin)
-    assert "its lead in the search, +0.06, is beyond one validation figure's sampling noise (0.0392)" in (
+    assert f"its lead in the search, +0.06, is beyond one validation figure's sampling noise ({margin:.3g})" in (
         out.comparison.reason)
     # a lead within one figure's noise keeps the defaults
     assert _race(tmp_path / "c", monkeypatch, candidate=ahead, lead=0.03).decision == "defaults"
-    # and so does a lead the race reverses (its runs of the leader behind the defaults')
-    assert _race(tmp_path / "d", monkeypatch, candidate=(0.70, 0.90), lead=0.06).decision == "defaults"
+    # and so does a lead the race's runs put behind beyond that noise (0.10 behind on average)
+    assert _race(tmp_path / "d", monkeypatch, candidate=(0.60, 0.84), lead=0.06).decision == "defaults"
+    # a race behind by less than that noise (0.02 on average) does not overturn the search's lead
+    assert _race(tmp_path / "e", monkeypatch, candidate=(0.70, 0.90), lead=0.06).decision == "chosen"
 
 
 def test_the_lead_is_taken_in_the_better_direction_and_needs_both_figures() -> None:
@@ -66,13 +72,14 @@ def test_the_lead_is_taken_in_the_better_direction_and_needs_both_figures() -> N
     assert search_lead_holds(c, d, [0], plan, 0.5, None) is None
 
 
-@pytest.mark.parametrize(("selected", "lead", "decision"), [(0.37, 0.057, "defaults"), (0.51, 0.2, "chosen")])
-def test_a_lead_that_is_only_the_searchs_own_draw_counts_less_the_winners_curse(
+@pytest.mark.parametrize(("selected", "lead", "decision"),
+                         [(0.33, 0.02, "defaults"), (0.37, 0.057, "chosen"), (0.51, 0.2, "chosen")])
+def test_a_lead_that_is_only_the_searchs_own_draw_is_taken_as_measured(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, selected: float, lead: float, decision: str) -> None:
     """The race's one pair is the baseline's training and the search's own training of its best (the
-    best of 5 draws): a lead of 0.057 on 300 samples at 0.31 is 0.009 after the curse (0.048), within
-    one figure's noise (0.027), so the defaults stay (a rate of 1.2 on a task at chance, 0.038 behind
-    them on test); a lead of 0.2 is far beyond both."""
+    best of 5 draws): on 300 samples at 0.31 one figure's noise is 0.027, so a lead of 0.02 keeps the
+    defaults and leads of 0.057 and 0.2 are adopted, as a plain loop adopts its best (the race's bound
+    alone, the draw less its winner's curse, would keep the defaults at 0.057)."""
     monkeypatch.setattr(_final, "_train", _NoTestFake({"defaults": itertools.repeat(0.31),
                                                        "search #1": itertools.repeat(selected)}))
     import torch
@@ -87,3 +94,38 @@ def test_a_lead_that_is_only_the_searchs_own_draw_counts_less_the_winners_curse(
                     first=(run, base), first_more=(_final.ArmRun(**{**run.__dict__, "val": selected}), best))
     assert out.seeds == [7]  # the one pair made before the race
     assert out.decision == decision
+
+
+def _runs(arm: _final.Arm, vals: dict[int, float]) -> _final.Arm:
+    return dataclasses.replace(arm, runs=tuple(
+        _final.ArmRun(seed=s, run_id=None, val=v, test=None, epochs=1, duration_s=0.01, cut=False)
+        for s, v in vals.items()))
+
+
+def test_the_races_other_runs_judge_the_lead_not_the_searchs_own_draw() -> None:
+    """The search's own training of its best is the draw its lead was measured on: the race's
+    check is the other seeds' runs (here 0.02 behind, within one figure's noise of 0.023 at 0.8 on
+    300 samples: the lead holds; 0.05 behind: it does not), never that draw again."""
+    plan = _plan(seeds=2, val_samples=300)
+    d = _runs(_arm("defaults", 1e-2), {7: 0.80, 8: 0.80})
+    own = {7: 0.95}
+    assert search_lead_holds(_runs(_arm("search #1", 3e-2), {**own, 8: 0.78}), d, [7, 8], plan, 0.1, 0.023,
+                             own_seed=7) == pytest.approx(-0.02)
+    assert search_lead_holds(_runs(_arm("search #1", 3e-2), {**own, 8: 0.75}), d, [7, 8], plan, 0.1, 0.023,
+                             own_seed=7) is None
+    # counted with the other runs, its own draw would carry the lead past them: +0.05 on average
+    assert search_lead_holds(_runs(_arm("search #1", 3e-2), {**own, 8: 0.75}), d, [7, 8], plan, 0.1,
+                             0.023) == pytest.approx(0.05)
+    # only its own draw ran: the lead is the search's, as measured
+    assert search_lead_holds(_runs(_arm("search #1", 3e-2), own), _runs(_arm("defaults", 1e-2), {7: 0.8}), [7],
+                             plan, 0.1, 0.023, own_seed=7) == pytest.approx(0.1)
+
+
+def test_another_finalists_lead_is_the_firsts_moved_by_their_search_means() -> None:
+    first = dataclasses.replace(_arm("search #1", 3e-2), search_mean=0.90)
+    second = dataclasses.replace(_arm("search #2", 2e-2), search_mean=0.88)
+    assert _final._lead_of(first, first, 0.05, True) == pytest.approx(0.05)
+    assert _final._lead_of(second, first, 0.05, True) == pytest.approx(0.03)
+    assert _final._lead_of(second, first, 0.05, False) == pytest.approx(0.07)  # a loss: lower is the lead
+    assert _final._lead_of(dataclasses.replace(second, search_mean=None), first, 0.05, True) is None
+    assert _final._lead_of(first, None, 0.05, True) is None

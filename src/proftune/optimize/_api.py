@@ -211,7 +211,7 @@ class _Loop:
         low = int(self.cfg.seeds)
         if best is None or defaults is None:
             return low
-        from ._final import metric_resolution, winners_curse
+        from ._decide import metric_resolution, winners_curse
 
         curse = winners_curse(self.v.metric, self.holdout.val_samples, finite_float(defaults.mean), compared)
         gain = max(0.0, abs(best.mean - defaults.mean) - curse)

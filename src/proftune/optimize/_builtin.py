@@ -34,7 +34,7 @@ from ._budget import Deadline
 from ._budget_plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
 from ._computed import ComputedValues
 from ._context import StageContext
-from ._decide import lead_in_search, pooled_seed_std, prior_seed_std
+from ._decide import lead_in_search, pooled_seed_std, prior_seed_std, sampling_std, winners_curse
 from ._final import (
     MAX_CANDIDATES,
     Arm,
@@ -42,8 +42,6 @@ from ._final import (
     FinalPlan,
     races_on_resplits,
     run_final,
-    sampling_std,
-    winners_curse,
 )
 from ._health_gate import searched_params, stopping_findings, tuned
 from ._layer_value import LayerFinding, keep_layers, layer_values

@@ -22,7 +22,8 @@ from .._jsonsafe import finite_float
 from .._records import JsonRecord
 
 __all__ = ["ALPHA", "SAMPLING_TO_SEED", "SCHEMA_VERSION", "Comparison", "ahead_within_noise", "compare_paired",
-           "compare_race", "lead_in_search", "pooled_seed_std", "prior_seed_std", "rank_sum_p"]
+           "compare_race", "lead_in_search", "metric_resolution", "pooled_seed_std", "prior_seed_std", "rank_sum_p",
+           "sampling_std", "winners_curse"]
 
 SCHEMA_VERSION = 1
 #: One-sided error rate of "beyond noise" (before dividing among several candidates).
@@ -275,3 +276,31 @@ def lead_in_search(candidate: float | None, defaults: float | None, maximize: bo
     if candidate is None or defaults is None or not math.isfinite(candidate) or not math.isfinite(defaults):
         return None
     return (candidate - defaults) * (1.0 if maximize else -1.0)
+
+
+def metric_resolution(metric: str, val_samples: int | None) -> float:
+    """The smallest change of ``metric`` the validation data can show: one sample of a ratio."""
+    from ..metrics import METRICS
+
+    m = METRICS.get(metric)
+    if m is not None and m.unit == "ratio" and val_samples:
+        return 1.0 / val_samples
+    return 0.0
+
+
+def sampling_std(metric: str, val_samples: int | None, level: float | None) -> float | None:
+    """The noise of one validation figure of ``metric`` at ``level``: binomial for a ratio metric
+    on ``val_samples`` samples; None where it is not known."""
+    from ..metrics import METRICS
+
+    m = METRICS.get(metric)
+    if m is None or m.unit != "ratio" or not val_samples or level is None or not 0.0 <= level <= 1.0:
+        return None
+    return math.sqrt(max(level * (1.0 - level), 0.25 / val_samples) / val_samples)
+
+
+def winners_curse(metric: str, val_samples: int | None, level: float | None, compared: int) -> float:
+    """How much the best of ``compared`` draws on one validation set is inflated: one figure's
+    sampling noise there times sqrt(2 ln compared) (0 where the noise is not known, or one draw)."""
+    noise = sampling_std(metric, val_samples, level)
+    return noise * math.sqrt(2.0 * math.log(compared)) if noise is not None and compared > 1 else 0.0
