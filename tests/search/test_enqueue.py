@@ -44,7 +44,7 @@ def test_a_record_is_checked_where_it_is_made_and_keeps_its_own_copy() -> None:
     assert "repeat=-1 must be an integer >= 0" in str(err.value)
     with pytest.raises(ConfigError, match="repeat=True"):
         EnqueuedTrial({}, repeat=True)
-    with pytest.raises(ConfigError, match="tags=.* must be a mapping"):
+    with pytest.raises(ConfigError, match=r"tags=.* must be a mapping"):
         EnqueuedTrial({}, tags={1: "a"})  # type: ignore[dict-item]
 
 
@@ -56,7 +56,7 @@ def test_every_bad_item_is_named_in_one_error_with_what_is_valid(tmp_path: Path)
     assert "enqueue[1] has unknown key(s) ['parms']; valid: params, tags, repeat." in text
     assert "enqueue[1]: repeat='2' must be an integer >= 0" in text
     assert "enqueue[2]=3 must be a dict" in text
-    with pytest.raises(ConfigError, match="enqueue=.* must be a list"):
+    with pytest.raises(ConfigError, match=r"enqueue=.* must be a list"):
         _search(tmp_path, trials=1, enqueue={"params": {"hidden": 8}})
 
 
@@ -83,5 +83,5 @@ def test_an_enqueued_configuration_is_validated_and_merged_once_on_its_way_to_fi
     assert [t.state for t in result.trials] == ["complete"]
     assert merged == [{"hidden": 16, "lr": 0.01}]
     assert len(seen) == 1
-    assert seen[0]["hidden"] == 16 and seen[0]["lr"] == 0.01
+    assert {k: seen[0][k] for k in ("hidden", "lr")} == {"hidden": 16, "lr": 0.01}
     assert seen[0]["batch_size"] == proftune.load_task("wine-mlp").default_params["batch_size"]
