@@ -1,9 +1,10 @@
-"""The options of one :func:`proftune.search` call, as one frozen record.
+"""The options of one :func:`proftune.search` call, as one frozen record, and the configurations it enqueues.
 
 ``search(task, space, trials=40, sampler="tpe")`` and
 ``search(task, space, config=SearchConfig(trials=40, sampler="tpe"))`` are the same call; keyword
 options given beside ``config`` override its fields. Each option alone is checked where the
-search validates them together (one error naming every problem).
+search validates them together (one error naming every problem); an ``enqueue`` item given as a
+dict becomes an :class:`EnqueuedTrial` there, once.
 """
 
 from __future__ import annotations
