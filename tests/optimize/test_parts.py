@@ -41,6 +41,7 @@ from proftune.optimize._records import (
 )
 from proftune.optimize._result_records import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled
+from proftune.optimize._search_records import arm_of
 from proftune.optimize._state import OptimizeState
 from proftune.optimize._warm_start import WIDE_POINTS, space_point, warm_start, wide_points
 from proftune.recommend import Recommendation, Recommendations
@@ -133,13 +134,13 @@ def test_no_new_configuration_is_drawn_in_a_paused_region() -> None:
     drawn: list[dict[str, Any]] = []
     for i in range(6):
         rows_i = [*rows, *(_row(10 + j, 0.002 + 0.001 * j, "complete", 0.5) for j in range(i))]
-        drawn += [c for _, c in propose(rows_i, plan, settings, flags, 10)]
+        drawn += [dict(c.params) for c in propose(rows_i, plan, settings, flags, 10)]
     assert len(drawn) > 50
     (flag,) = flags
     assert flag.region["lr"]["low"] == pytest.approx(0.1)
     assert not any(flag.contains(c) for c in drawn)  # the paused region is never drawn
     assert any(c["lr"] >= 0.1 for c in drawn)  # ... though its lr range is, outside the region
-    keys = [tuple(sorted(c.items())) for _, c in propose(rows, plan, settings, flags, 10)]
+    keys = [tuple(sorted(c.params.items())) for c in propose(rows, plan, settings, flags, 10)]
     assert len(keys) == len(set(keys))  # a chunk never repeats a configuration
 
 
@@ -152,13 +153,13 @@ def test_tpe_proposals_move_towards_the_good_region() -> None:
     for n in range(30):
         lr = float(np.exp(rng.uniform(np.log(1e-3), np.log(1.0))))
         rows.append(_row(n, lr, "complete", 1.0 - abs(np.log10(lr) + 2.5) / 3))  # best at lr ~3e-3
-    drawn = [c["lr"] for _, c in propose(rows, plan, settings, [], 20)]
+    drawn = [c.params["lr"] for c in propose(rows, plan, settings, [], 20)]
     assert np.median(np.abs(np.log10(drawn) + 2.5)) < 0.6  # uniform draws would give ~0.75
 
 
 def test_warm_start_is_the_computed_centre_the_defaults_and_a_local_design() -> None:
     plan = build_plan(TinyTask(), {"lr": 0.02, "batch_size": 64}, user_space=None, max_batch=None, samples=192)
-    items = warm_start(plan, {"lr": 0.01, "batch_size": 32, "hidden": 16})
+    items = [(arm_of(i), i.params) for i in warm_start(plan, {"lr": 0.01, "batch_size": 32, "hidden": 16})]
     arms = [a for a, _ in items]
     assert arms[:2] == ["centre", "defaults"]
     assert items[0][1]["lr"] == pytest.approx(0.02)
@@ -181,13 +182,13 @@ def test_a_centre_that_is_the_defaults_measured_already_is_not_trained_again() -
     # the trials' protocol (with_defaults=False): the first trial is a local step, not their repeat
     defaults = {"lr": 0.01, "batch_size": 32, "hidden": 16}
     plan = build_plan(TinyTask(), {}, user_space=None, max_batch=None, samples=192)
-    assert warm_start(plan, defaults)[0][0] == "centre"
-    items = warm_start(plan, defaults, with_defaults=False)
+    assert arm_of(warm_start(plan, defaults)[0]) == "centre"
+    items = [(arm_of(i), i.params) for i in warm_start(plan, defaults, with_defaults=False)]
     assert [a for a, _ in items][:2] == ["local", "wide"]
     assert all(p != space_point(plan, plan.centre) for _, p in items)
     # a computed centre elsewhere is still the first trial
     moved = build_plan(TinyTask(), {"lr": 0.05}, user_space=None, max_batch=None, samples=192)
-    assert warm_start(moved, defaults, with_defaults=False)[0][0] == "centre"
+    assert arm_of(warm_start(moved, defaults, with_defaults=False)[0]) == "centre"
 
 
 class _NoDecay(TinyTask):
@@ -201,7 +202,7 @@ def test_a_task_s_own_decay_of_zero_is_the_centre_not_adamw_s() -> None:
     low, high = plan.narrow["weight_decay"]
     assert p.low <= low < high <= p.high
     # and the warm start takes no hundredth of a decay the task chose to be none
-    items = warm_start(plan, dict(_NoDecay.default_params))
+    items = [(arm_of(i), i.params) for i in warm_start(plan, dict(_NoDecay.default_params))]
     assert all(q["weight_decay"] == pytest.approx(1e-6) for a, q in items if a in ("centre", "defaults", "local"))
 
 
@@ -330,8 +331,8 @@ def test_a_measured_better_optimizer_joins_the_space_and_the_warm_start() -> Non
     assert plan.space.param("optimizer").choices == ("adamw", "sgd")
     assert plan.space.param("lr").high >= 0.2 * 30 * 0.999
     assert "optimizer" not in plan.space.fixed
-    items = warm_start(plan, {"lr": 0.01, "batch_size": 32, "optimizer": "adamw"},
-                       computed["optimizer_alternative"])
+    items = [(arm_of(i), i.params) for i in warm_start(plan, {"lr": 0.01, "batch_size": 32, "optimizer": "adamw"},
+                                                       computed["optimizer_alternative"])]
     sgd = [p for a, p in items if p.get("optimizer") == "sgd" and a != "wide"]
     assert sgd == [{**sgd[0], "lr": pytest.approx(0.2), "momentum": pytest.approx(0.9)}]
     assert all("momentum" not in p for _, p in items if p.get("optimizer") == "adamw")

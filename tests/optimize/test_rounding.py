@@ -51,6 +51,7 @@ from proftune.optimize._computed import ComputedValues, OptimizerChoice
 from proftune.optimize._decide import Comparison, compare_paired
 from proftune.optimize._final import Arm, ArmRun, FinalOutcome, FinalPlan, run_final
 from proftune.optimize._search import StageSettings, run_search_stage
+from proftune.optimize._search_records import enqueued
 from proftune.optimize._story import rounded, tell
 from proftune.search import TrialRecord, load_space
 
@@ -115,7 +116,7 @@ def _search_stop(monkeypatch: pytest.MonkeyPatch, *, step: float, max_trials: in
     def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
                   items: Any) -> Any:
         for item in items:  # a plateau, each trial 1.23e-5 better: below min_delta
-            rows.append(_trial(len(rows), item[1], 0.9012345678901 + 1.2345678901e-5 * len(rows)))
+            rows.append(_trial(len(rows), item.params, 0.9012345678901 + 1.2345678901e-5 * len(rows)))
         return SimpleNamespace(trials=list(rows))
 
     clock = StepClock(step)
@@ -128,7 +129,7 @@ def _search_stop(monkeypatch: pytest.MonkeyPatch, *, step: float, max_trials: in
         monkeypatch.setattr(_search, "propose", lambda *a, **k: [])
     else:  # fresh configurations without Optuna: the clock, not the sampler, is under test
         monkeypatch.setattr(_search, "propose", lambda rows_, plan, settings, flags, n: [
-            ("tpe", {"lr": 0.001 * (1 + len(rows_) + i) * 1.0868511373751352, "hidden": 8}) for i in range(n)])
+            enqueued("tpe", {"lr": 0.001 * (1 + len(rows_) + i) * 1.0868511373751352, "hidden": 8}) for i in range(n)])
     settings = StageSettings(objective="accuracy:max", metric="accuracy", maximize=True, patience=3,
                              min_delta=0.0012345678901, max_trials=max_trials, defaults={"lr": 0.01},
                              trial_s_estimate=LONG)
@@ -391,7 +392,7 @@ def test_a_reserve_kept_before_any_trial_is_given_back_once_the_trials_show_no_l
     def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
                   items: Any) -> Any:
         for item in items:
-            rows.append(_trial(len(rows), item[1], 0.5))
+            rows.append(_trial(len(rows), item.params, 0.5))
         return SimpleNamespace(trials=list(rows))
 
     clock = StepClock(0.05)
@@ -401,7 +402,7 @@ def test_a_reserve_kept_before_any_trial_is_given_back_once_the_trials_show_no_l
     monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
     monkeypatch.setattr(_search, "STALL_AFTER", 2.0)
     monkeypatch.setattr(_search, "propose", lambda rows_, plan, settings, flags, n: [
-        ("tpe", {"lr": 0.001 * (1 + len(rows_) + i), "hidden": 8}) for i in range(n)])
+        enqueued("tpe", {"lr": 0.001 * (1 + len(rows_) + i), "hidden": 8}) for i in range(n)])
     settings = StageSettings(objective="accuracy:max", metric="accuracy", maximize=True, max_trials=10**6,
                              defaults={"lr": 0.01}, trial_s_estimate=LONG)
     def ran(reserve_after: float) -> float:

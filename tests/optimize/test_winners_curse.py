@@ -21,6 +21,7 @@ import pytest
 from proftune.optimize import _search, build_plan
 from proftune.optimize._final import Arm, FinalPlan, run_final
 from proftune.optimize._search import REEVAL_MIN_TRIALS, REEVAL_N, StageSettings, groups_of, repeats_due
+from proftune.optimize._search_records import arm_of, enqueued
 from proftune.optimize._warm_start import WIDE_POINTS
 from proftune.search import TrialRecord, load_space
 from proftune.track import Store
@@ -67,14 +68,14 @@ def test_the_leaders_are_re_evaluated_at_new_seeds_and_an_attempt_counts_once() 
     due = repeats_due(rows, _plan(), SETTINGS, 10)
     best = sorted(rows, key=lambda r: -(r.value or 0))[:4]
     # the defaults first: the race's seeds follow their spread (a rate too high spreads them widely)
-    assert due[0][0] == "defaults"
-    assert due[0][1]["lr"] == pytest.approx(SETTINGS.defaults["lr"])
-    assert [d[1]["lr"] for d in due[1:]] == [r.params["lr"] for r in best]
-    assert all(d[2] == 1 for d in due[1:])  # each evaluated once before: the repeat's seed is the search's + 1
+    assert arm_of(due[0]) == "defaults"
+    assert due[0].params["lr"] == pytest.approx(SETTINGS.defaults["lr"])
+    assert [d.params["lr"] for d in due[1:]] == [r.params["lr"] for r in best]
+    assert all(d.repeat == 1 for d in due[1:])  # each evaluated once before: the repeat's seed is the search's + 1
     # a repeat that was pruned still counts as an attempt: a leader is not retried without end
     top = best[0].params["lr"]
     tried = [*rows, *(_trial(100 + k, top, None, state="pruned", repeat=k + 1) for k in range(REEVAL_N - 1))]
-    assert top not in [d[1]["lr"] for d in repeats_due(tried, _plan(), SETTINGS, 10)]
+    assert top not in [d.params["lr"] for d in repeats_due(tried, _plan(), SETTINGS, 10)]
 
 
 def test_the_search_stage_ends_by_re_evaluating_and_names_its_best_by_that_mean(
@@ -95,8 +96,7 @@ def test_the_search_stage_ends_by_re_evaluating_and_names_its_best_by_that_mean(
                   items: Any) -> Any:
         calls.append(list(items))
         for item in items:
-            repeat = item[2] if len(item) > 2 else 0
-            rows.append(_trial(len(rows), item[1]["lr"], value(item[1]["lr"], repeat), repeat=repeat))
+            rows.append(_trial(len(rows), item.params["lr"], value(item.params["lr"], item.repeat), repeat=item.repeat))
         return SimpleNamespace(trials=list(rows))
 
     fresh = itertools.chain([0.5, 0.25], (1e-4 + 1e-6 * k for k in itertools.count()))
@@ -105,7 +105,7 @@ def test_the_search_stage_ends_by_re_evaluating_and_names_its_best_by_that_mean(
     monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
     monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
     monkeypatch.setattr(_search, "propose", lambda rows_, plan, settings, flags, n: [
-        ("tpe", {"lr": next(fresh), "hidden": 8}) for _ in range(n)])
+        enqueued("tpe", {"lr": next(fresh), "hidden": 8}) for _ in range(n)])
     settings = dataclasses.replace(SETTINGS, trial_s_estimate=0.5, patience=10**6)
     out = _search.run_search_stage(TinyTask(), _plan(), settings, store=None, seconds=60.0)  # type: ignore[arg-type]
     repeats = [t for t in out.trials if t.repeat]
@@ -176,7 +176,7 @@ def test_a_flat_search_stops_itself_late_in_its_time_once_its_leaders_are_re_eva
     def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
                   items: Any) -> Any:
         for item in items:  # every configuration scores the same
-            rows.append(_trial(len(rows), item[1]["lr"], 0.5, repeat=item[2] if len(item) > 2 else 0, arm=item[0]))
+            rows.append(_trial(len(rows), item.params["lr"], 0.5, repeat=item.repeat, arm=arm_of(item)))
         return SimpleNamespace(trials=list(rows))
 
     fresh = (1e-4 * (1 + k) for k in itertools.count())
@@ -186,7 +186,7 @@ def test_a_flat_search_stops_itself_late_in_its_time_once_its_leaders_are_re_eva
     monkeypatch.setattr(_search, "study_trials", lambda study, *, store: [])
     monkeypatch.setattr(_search, "cancel_waiting", lambda study, *, store, reason: [])
     monkeypatch.setattr(_search, "propose", lambda rows_, plan, settings, flags, n: [
-        ("tpe", {"lr": next(fresh), "hidden": 8}) for _ in range(n)])
+        enqueued("tpe", {"lr": next(fresh), "hidden": 8}) for _ in range(n)])
     settings = dataclasses.replace(SETTINGS, trial_s_estimate=0.5)
     out = _search.run_search_stage(TinyTask(), _plan(), settings, store=None, seconds=60.0)  # type: ignore[arg-type]
     assert out.stop_reason.startswith("auto-stop"), out.stop_reason
@@ -217,9 +217,10 @@ def test_the_warm_start_the_first_chunk_had_no_room_for_runs_before_tpe(monkeypa
 
     def fake_call(task: Any, plan: Any, settings: Any, *, store: Any, trials: int, timeout: float | None,
                   items: Any) -> Any:
-        calls.append([item[0] for item in items])
+        calls.append([arm_of(item) for item in items])
         for item in items:
-            rows.append(dataclasses.replace(_trial(len(rows), item[1]["lr"], 0.5, arm=item[0]), params=item[1]))
+            rows.append(dataclasses.replace(_trial(len(rows), item.params["lr"], 0.5, arm=arm_of(item)),
+                                            params=dict(item.params)))
         return SimpleNamespace(trials=list(rows))
 
     monkeypatch.setattr(_search, "time", SimpleNamespace(monotonic=StepClock(0.05).monotonic))
@@ -233,8 +234,8 @@ def test_the_warm_start_the_first_chunk_had_no_room_for_runs_before_tpe(monkeypa
     settings = dataclasses.replace(SETTINGS, trial_s_estimate=1.0, patience=10**6)
     _search.run_search_stage(TinyTask(), plan, settings, store=None, seconds=12.0)  # type: ignore[arg-type]
     arms = [a for call in calls for a in call]
-    assert arms[:len(warm)] == [a for a, _ in warm]
+    assert arms[:len(warm)] == [arm_of(w) for w in warm]
     assert len(calls[0]) == 3
     assert "tpe" in arms
     assert arms.index("tpe") == len(warm)
-    assert [r.params for r in rows[:len(warm)]] == [p for _, p in warm]
+    assert [r.params for r in rows[:len(warm)]] == [w.params for w in warm]

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from .._jsonsafe import finite_float
-from ..search import SearchResult, TrialRecord, cancel_waiting, search, study_trials
+from ..search import EnqueuedTrial, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import RunRecord, Store
 from ._decide import pooled_seed_std
 from ._search_plan import SearchPlan
-from ._search_records import ARM_TAG, ConfigGroup, TrialLog, YellowFlag, arm_of
+from ._search_records import ConfigGroup, TrialLog, YellowFlag, arm_of, enqueued
 from ._warm_start import space_point, warm_start
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
@@ -236,14 +236,14 @@ def _mirror(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettin
 
 
 def propose(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettings,
-            flags: Sequence[YellowFlag], n: int) -> list[tuple[str, dict[str, Any]]]:
+            flags: Sequence[YellowFlag], n: int) -> list[EnqueuedTrial]:
     """``n`` new configurations from TPE over every finished trial, none in a paused region and
     none already tried (TPE's constant liar spreads the chunk)."""
     import optuna
 
     study = _mirror(rows, plan, settings, seed=settings.seed * 7919 + len(rows))
     seen = [{**plan.space.fixed, **r.params} for r in rows]
-    chunk: list[tuple[str, dict[str, Any]]] = []
+    chunk: list[EnqueuedTrial] = []
     for _ in range(n):
         for _attempt in range(30):
             with warnings.catch_warnings():
@@ -258,7 +258,7 @@ def propose(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettin
         else:
             continue
         seen.append(merged)
-        chunk.append(("tpe", params))
+        chunk.append(enqueued("tpe", params))
     return chunk
 
 
@@ -347,8 +347,8 @@ def groups_of(rows: Sequence[TrialRecord], maximize: bool) -> list[ConfigGroup]:
 
 
 def repeats_due(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSettings,
-                n: int, *, with_defaults: bool = True) -> list[tuple[str, dict[str, Any], int]]:
-    """Up to ``n`` re-evaluations (arm, params, evaluations before) of the ``REEVAL_TOP`` leaders
+                n: int, *, with_defaults: bool = True) -> list[EnqueuedTrial]:
+    """Up to ``n`` re-evaluations (arm, params, evaluations before: ``repeat``) of the ``REEVAL_TOP`` leaders
     tried fewer than ``REEVAL_N`` times; none before ``REEVAL_MIN_TRIALS`` complete trials."""
     groups = groups_of(rows, settings.maximize)
     if sum(g.n for g in groups) < REEVAL_MIN_TRIALS:
@@ -361,13 +361,13 @@ def repeats_due(rows: Sequence[TrialRecord], plan: SearchPlan, settings: StageSe
     for g in groups[:REEVAL_TOP]:
         attempts = tried.get(_key(g.params), 0)
         if attempts < REEVAL_N:
-            out.append((g.arms[0], {k: v for k, v in g.params.items() if k in names}, attempts))
+            out.append(enqueued(g.arms[0], {k: v for k, v in g.params.items() if k in names}, attempts))
     # the defaults too: the race's power rests on their seeds' spread, which a rate too high makes
     # many times the leaders' (the baseline's training is their first evaluation where it was one)
     point = _defaults_point(plan, settings)
     attempts = sum(_is_point(r.params, point) for r in rows) + (settings.defaults_measured is not None)
     if with_defaults and settings.defaults and attempts < REEVAL_N:  # first: the race's plan reads their spread
-        out.insert(0, ("defaults", point, attempts))
+        out.insert(0, enqueued("defaults", point, attempts))
     return out[:n]
 
 
@@ -410,10 +410,9 @@ def _history(rows: Sequence[TrialRecord], maximize: bool) -> list[tuple[float, f
 
 # -- the stage --------------------------------------------------------------------------------
 def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store, trials: int,
-          timeout: float | None,
-          items: Sequence[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], int]]) -> SearchResult:
-    """Every trial of the stage runs through this one call of ``proftune.search``."""
-    names = set(plan.space.names)
+          timeout: float | None, items: Sequence[EnqueuedTrial]) -> SearchResult:
+    """Every trial of the stage runs through this one call of ``proftune.search``: ``items``, the
+    configurations it trains first, each made (and checked) where it was chosen, of the space's params."""
     pruner = settings.pruner if settings.epochs >= REDUCTION_FACTOR else "none"
     # the first rung at about a ninth of the epochs (one epoch of a short schedule says little), and
     # never before the defaults' curve separated from its start; none left below the last epoch: no pruner
@@ -434,9 +433,7 @@ def _call(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store
                       epochs=settings.epochs, study=settings.study, store=store, seed=settings.seed,
                       device=settings.device, max_failures=10**6, scan=0, analyse=False,
                       on_trial=settings.on_trial, keep_models=settings.keep_models,
-                      enqueue=[{"params": {k: v for k, v in item[1].items() if k in names},
-                                "tags": {ARM_TAG: item[0]}, "repeat": item[2] if len(item) > 2 else 0}
-                               for item in items])
+                      enqueue=list(items))
 
 
 def _drop_kept(folder: Path, trials: Sequence[TrialRecord], maximize: bool) -> None:
@@ -515,7 +512,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         late = (bool(why) or time.monotonic() - started >= (1 - REEVAL_SHARE) * (end - started)
                 or _finished(rows) >= (1 - REEVAL_SHARE) * settings.max_trials)
         again = repeats_due(rows, plan, settings, size) if late and rows else []
-        chunk: list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], int]]
+        chunk: list[EnqueuedTrial]
         if not rows:
             # the computed centre and one step of its local design where two trials fit; the centre
             # alone where one does (a trial started runs to its end: a second one past the window
@@ -530,7 +527,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
                 item for item in warm_start(plan, settings.defaults, settings.alternative,
                                             with_defaults=settings.defaults_measured is None,
                                             seed=settings.seed)[placed:]
-                if not any(_is_point(r.params, item[1]) for r in rows)][:max(0, size - len(again))]
+                if not any(_is_point(r.params, item.params) for r in rows)][:max(0, size - len(again))]
             chunk = [*again, *warm, *(propose(rows, plan, settings, flags, size - len(again) - len(warm))
                                       if len(again) + len(warm) < size and not why else [])]
         if not chunk:

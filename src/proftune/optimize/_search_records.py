@@ -10,17 +10,24 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .._records import JsonRecord, mapping, record_fields
-from ..search import TrialRecord
+from ..search import EnqueuedTrial, TrialRecord
 
-__all__ = ["ARM_TAG", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of", "defaults_outside_race"]
+__all__ = ["ARM_TAG", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of", "defaults_outside_race",
+           "enqueued"]
 
 #: Tag of an enqueued trial: where its configuration came from.
 ARM_TAG = "arm"
 
 
-def arm_of(t: TrialRecord) -> str:
+def arm_of(t: TrialRecord | EnqueuedTrial) -> str:
     """Where the trial's configuration came from (its enqueue tag; ``tpe`` for a sampled one)."""
     return str(t.tags.get(ARM_TAG, "tpe"))
+
+
+def enqueued(arm: str, params: Mapping[str, Any], repeat: int = 0) -> EnqueuedTrial:
+    """A configuration of the search stage for ``proftune.search``'s queue, tagged with its ``arm``;
+    ``repeat``: its evaluations before this one (a new seed)."""
+    return EnqueuedTrial(params, tags={ARM_TAG: arm}, repeat=repeat)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..search import Param
+from ..search import EnqueuedTrial, Param
 from ._search_plan import SearchPlan
+from ._search_records import enqueued
 
 __all__ = ["WIDE_POINTS", "in_space", "space_point", "warm_start", "wide_points"]
 
@@ -69,7 +70,7 @@ def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mapping[str, Any] | None = None, *,
-               with_defaults: bool = True, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
+               with_defaults: bool = True, seed: int = 0) -> list[EnqueuedTrial]:
     """The first trials: the computed centre, the task's defaults (measured under the trial
     protocol, the bar every other trial is read against), and a local design around the centre
     (lr x3 and /3, half the batch, a hundredth of a weight decay nothing measured): what the
@@ -105,8 +106,8 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
     wide = [("wide", p) for p in wide_points(plan, WIDE_POINTS, seed)]
     items = [*head, *(x for pair in zip(local, wide, strict=False) for x in pair),
              *local[len(wide):], *wide[len(local):]]
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[EnqueuedTrial] = []
     for arm, params in items:
-        if all(params != seen for _, seen in out):
-            out.append((arm, params))
+        if all(params != seen.params for seen in out):
+            out.append(enqueued(arm, params))
     return out

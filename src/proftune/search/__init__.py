@@ -25,7 +25,7 @@ from ._backends import (
     register_backend,
 )
 from ._coarse_fine import CoarseToFineSampler
-from ._config import SearchConfig
+from ._config import EnqueuedTrial, SearchConfig
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
 from ._feed import notify_ended
 from ._gate import GateResult, ProfileGate
@@ -61,6 +61,7 @@ __all__ = [
     "CoarseToFineSampler",
     "Constraint",
     "ConstraintCheck",
+    "EnqueuedTrial",
     "ForbidRule",
     "GateResult",
     "Objective",

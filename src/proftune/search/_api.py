@@ -21,7 +21,7 @@ from ..task import ClassificationTask, Task, absolute_spec, load_task
 from ..track import Store, StudyLock, environment, open_store, redact_url, tracked_run
 from ._analysis import correlations, importance, pareto_front, plot_study, study_direction
 from ._backends import SEARCH_BACKEND_REGISTRY, SEARCH_BACKENDS
-from ._config import SearchConfig, search_config
+from ._config import EnqueuedTrial, SearchConfig, enqueued_trials, search_config
 from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_targets
 from ._feed import TrialFeed, notify_ended
 from ._objective import VALUE, ObjectiveTask, is_objective
@@ -201,7 +201,7 @@ def search(
         warn_experimental("proftune.search with a plain objective (a callable)", "0.1.0")
         task = ObjectiveTask(task, metrics=_objective_metrics(c))  # type: ignore[arg-type]
     task_obj = load_task(task)  # type: ignore[arg-type]
-    settings, space_obj = _settings(task, task_obj, space, c)  # type: ignore[arg-type]
+    settings, space_obj, queue = _settings(task, task_obj, space, c)  # type: ignore[arg-type]
     epochs = c.epochs
     if epochs is None and c.max_steps is None and not objective:
         settings.epochs = epochs = task_obj.default_epochs
@@ -234,11 +234,11 @@ def search(
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
-        for item in c.enqueue:
+        for item in queue:
             # ``repeat``: the evaluations of these params before this one (a new seed each)
-            attrs = {f"{ATTR}_tags": json_safe(dict(item.get("tags") or {})),
-                     **({f"{ATTR}_repeat": int(item["repeat"])} if item.get("repeat") else {})}
-            created.enqueue_trial(dict(item.get("params") or {}), skip_if_exists=False, user_attrs=attrs)
+            attrs = {f"{ATTR}_tags": json_safe(dict(item.tags)),
+                     **({f"{ATTR}_repeat": item.repeat} if item.repeat else {})}
+            created.enqueue_trial(dict(item.params), skip_if_exists=False, user_attrs=attrs)
         scan_result = _scan_for(created, stored, task_obj, space_obj, settings, c.scan)
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
@@ -294,9 +294,12 @@ def _objective_problems(plain: bool, targets: Sequence[Objective | Constraint], 
         problems.add(f"on_trial={c.on_trial!r} must be a callable of a trial's RunRecord (or None).")
 
 
-def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> tuple[SearchSettings, Space]:
-    """Validate every option of :func:`search` together; one ConfigError lists every problem."""
+def _settings(task: Task | str, task_obj: Task, space: Any,
+              c: SearchConfig) -> tuple[SearchSettings, Space, list[EnqueuedTrial]]:
+    """Validate every option of :func:`search` together; one ConfigError lists every problem.
+    The ``enqueue`` items come back as records, converted here once."""
     problems = ProblemCollector()
+    queue = enqueued_trials(c.enqueue, problems)
     space_obj: Space | None = None
     try:
         space_obj = load_space(space)
@@ -309,6 +312,7 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
                          "space; keep one (a fixed value belongs in the space's fixed:).")
         if not searched:
             space_obj = dataclasses.replace(space_obj, fixed={**space_obj.fixed, **c.params})
+    _enqueue_problems(queue, space_obj, problems)
     metrics = task_metrics(task_obj)
     objectives = c.objectives
     plain = isinstance(task_obj, ObjectiveTask)
@@ -357,7 +361,19 @@ def _settings(task: Task | str, task_obj: Task, space: Any, c: SearchConfig) -> 
     problems.raise_if_any(header="tune: the search is not well-formed, found the following errors:")
     assert settings is not None
     assert space_obj is not None
-    return settings, space_obj
+    return settings, space_obj, queue
+
+
+def _enqueue_problems(queue: Sequence[EnqueuedTrial], space: Space | None, problems: ProblemCollector) -> None:
+    """An enqueued param the space neither searches nor fixes (Optuna would drop it unsaid);
+    nothing to check against where the space itself is wrong."""
+    if space is None:
+        return
+    for i, item in enumerate(queue):
+        unknown = sorted(set(item.params) - set(space.names) - set(space.fixed))
+        if unknown:
+            problems.add(f"enqueue[{i}] names param(s) {unknown} that the space does not hold; "
+                         f"valid: {', '.join(space.names)}.")
 
 
 def _picklable(obj: Any) -> bool:

@@ -1,20 +1,21 @@
-"""The options of one :func:`proftune.search` call, as one frozen record.
+"""The options of one :func:`proftune.search` call, as one frozen record, and the configurations it enqueues.
 
 ``search(task, space, trials=40, sampler="tpe")`` and
 ``search(task, space, config=SearchConfig(trials=40, sampler="tpe"))`` are the same call; keyword
 options given beside ``config`` override its fields. Each option alone is checked where the
-search validates them together (one error naming every problem).
+search validates them together (one error naming every problem); an ``enqueue`` item given as a
+dict becomes an :class:`EnqueuedTrial` there, once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, ProblemCollector
 
 if TYPE_CHECKING:
     from optuna.pruners import BasePruner
@@ -23,7 +24,78 @@ if TYPE_CHECKING:
     from ..track import RunRecord
     from ._ray_session import RayOptions
 
-__all__ = ["SearchConfig", "search_config"]
+__all__ = ["EnqueuedTrial", "SearchConfig", "enqueued_trials", "search_config"]
+
+#: The keys of an ``enqueue`` item in its dict form.
+_ENQUEUE_KEYS = ("params", "tags", "repeat")
+
+
+@dataclass(frozen=True)
+class EnqueuedTrial:
+    """A configuration the search trains before it samples (Optuna's ``enqueue_trial``), checked
+    where it is made: ``params`` (names of the space), ``tags`` that come back in
+    ``TrialRecord.tags``, and ``repeat``, the evaluations of these params before this one (it
+    trains at the seed ``seed + repeat``)."""
+
+    params: Mapping[str, Any]
+    tags: Mapping[str, Any] = field(default_factory=dict)
+    repeat: int = 0
+
+    def __post_init__(self) -> None:
+        problems = _problems(self.params, self.tags, self.repeat)
+        if problems:
+            raise ConfigError(problems, header="EnqueuedTrial is not well-formed, found the following errors:")
+        # copies: a caller's dict changed later does not change the queued configuration
+        object.__setattr__(self, "params", dict(self.params))
+        object.__setattr__(self, "tags", dict(self.tags))
+
+    @classmethod
+    def of(cls, item: EnqueuedTrial | Mapping[str, Any], *, where: str = "enqueue item") -> EnqueuedTrial:
+        """An ``enqueue`` item as a record: a record as it is; the documented dict form
+        ``{"params": {...}, "tags": {...}, "repeat": n}`` (each key optional) checked and converted."""
+        if isinstance(item, EnqueuedTrial):
+            return item
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{where}={item!r} must be a dict {{'params': {{...}}, 'tags': {{...}}, "
+                              "'repeat': n} or an EnqueuedTrial.")
+        unknown = sorted(str(k) for k in item if k not in _ENQUEUE_KEYS)
+        problems = [f"{where} has unknown key(s) {unknown}; valid: {', '.join(_ENQUEUE_KEYS)}."] if unknown else []
+        try:  # a key given as None: its default, as before the record
+            made = cls(params=item.get("params") or {}, tags=item.get("tags") or {}, repeat=item.get("repeat") or 0)
+        except ConfigError as exc:
+            problems += [f"{where}: {p}" for p in exc.problems]
+        if problems:
+            raise ConfigError(problems)
+        return made
+
+
+def _problems(params: object, tags: object, repeat: object) -> list[str]:
+    """What is wrong with an enqueued configuration's fields (nothing: an empty list)."""
+    out = []
+    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+        out.append(f"params={params!r} must be a mapping of param name -> value.")
+    if not isinstance(tags, Mapping) or not all(isinstance(k, str) for k in tags):
+        out.append(f"tags={tags!r} must be a mapping of tag name -> value.")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
+        out.append(f"repeat={repeat!r} must be an integer >= 0 (the evaluations of these params before this one).")
+    return out
+
+
+def enqueued_trials(items: Sequence[EnqueuedTrial | Mapping[str, Any]],
+                    problems: ProblemCollector) -> list[EnqueuedTrial]:
+    """``search(enqueue=...)`` as records, converted once at that boundary; each bad item's
+    problems go to ``problems`` (named ``enqueue[i]``) and the item is left out."""
+    out: list[EnqueuedTrial] = []
+    if isinstance(items, (str, bytes, Mapping)):
+        problems.add(f"enqueue={items!r} must be a list of dicts {{'params': {{...}}, 'tags': {{...}}, "
+                     "'repeat': n} or of EnqueuedTrial.")
+        return out
+    for i, item in enumerate(items):
+        try:
+            out.append(EnqueuedTrial.of(item, where=f"enqueue[{i}]"))
+        except ConfigError as exc:
+            problems.problems.extend(exc.problems)
+    return out
 
 
 @dataclass(frozen=True)
@@ -65,9 +137,10 @@ class SearchConfig:
     #: objective, 0 (off, every trial a new configuration, the best single draw named best) for a Task.
     reevaluate: float | None = None
     #: Configurations to train first (Optuna's ``enqueue_trial``), each
-    #: ``{"params": {...}, "tags": {...}}``; the tags come back in ``TrialRecord.tags``; an item's
-    #: ``"repeat": n`` (the params' evaluations before it) trains it at a new seed (``seed + n``).
-    enqueue: Sequence[Mapping[str, Any]] = ()
+    #: ``{"params": {...}, "tags": {...}}`` or an :class:`EnqueuedTrial`; the tags come back in
+    #: ``TrialRecord.tags``; an item's ``"repeat": n`` (the params' evaluations before it) trains it
+    #: at a new seed (``seed + n``). A param the space does not hold is an error.
+    enqueue: Sequence[EnqueuedTrial | Mapping[str, Any]] = ()
     #: A folder: each complete trial of one objective that leads the trials its worker ran so far
     #: leaves its model's state dict there (``trial-<number>.pt``), so that a caller who would train
     #: the search's best again at the same seed and epochs can take that training instead (the

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ import torch
 
 from ..metrics import METRICS
 from ..task import Task
+from ..train import TrainParams
 from ._constraints import Constraint
 
 __all__ = ["GATE_STAGES", "TIMED_STEPS", "GateResult", "ProfileGate", "free_memory", "is_oom"]
@@ -102,22 +103,27 @@ class ProfileGate:
         """Whether there is anything to measure."""
         return bool(self.needed)
 
-    def check(self, task: Task, params: dict[str, Any]) -> GateResult:
+    def check(self, task: Task, params: TrainParams | Mapping[str, Any]) -> GateResult:
         """Measure ``params`` on ``task`` and evaluate the constraints (may raise OOM).
+
+        A :class:`~proftune.train.TrainParams` is measured as it is (merged and validated where it
+        was made, as a trial does once for the gate and its training); a dict is merged over the
+        task's defaults here.
 
         Stages run cheapest first (static counts, a profiled step, an inference timing) and stop
         at the first stage whose metrics break a constraint.
         """
         started = time.perf_counter()
         self._timing = {}
-        merged = {**task.default_params, **params}
+        merged = params.params if isinstance(params, TrainParams) else {**task.default_params, **params}
+        given: TrainParams | dict[str, Any] = params if isinstance(params, TrainParams) else merged
         metrics: dict[str, float] = {}
         sources: list[str] = []
         violations: dict[str, float] = {}
         reasons: list[str] = []
         measure: dict[str, Callable[[set[str]], dict[str, float]]] = {
             "static": lambda want: _static_metrics(task, merged),
-            "step": lambda want: self._step_metrics(task, merged, memory="peak_memory_bytes" in want),
+            "step": lambda want: self._step_metrics(task, given, memory="peak_memory_bytes" in want),
             "inference": lambda want: self._inference_metrics(task, merged),
         }
         for stage in GATE_STAGES:
@@ -160,7 +166,8 @@ class ProfileGate:
         self._warmed = True
         return self.warmup + extra
 
-    def _step_metrics(self, task: Task, params: dict[str, Any], *, memory: bool) -> dict[str, float]:
+    def _step_metrics(self, task: Task, params: TrainParams | dict[str, Any], *,
+                      memory: bool) -> dict[str, float]:
         """A Profile of a few training steps: ``detail="step"`` when the memory peak is asked.
 
         ``detail="step"`` adds a memory step under ``torch.profiler`` on CPU, which costs more
@@ -170,7 +177,8 @@ class ProfileGate:
         from ..profile import profile
 
         with self._timed_threads() as cpu_basis:
-            p = profile(task, params=params, batch_size=params.get("batch_size"),
+            size = params.batch_size if isinstance(params, TrainParams) else params.get("batch_size")
+            p = profile(task, params=params, batch_size=size,
                         steps=max(self.steps, TIMED_STEPS), warmup=self._warmup(), device=self.device,
                         seed=self.seed, detail="step" if memory else "time")
         out = {k: float(v) for k, v in p.metrics().items() if v is not None}

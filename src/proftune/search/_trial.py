@@ -15,7 +15,7 @@ import optuna
 from .._usercode import failed_in
 from ..task import Task
 from ..track import Store
-from ..train import Callback, FitState, fit
+from ..train import Callback, FitState, TrainParams, fit
 from ._constraints import constraint_table
 from ._gate import ProfileGate, free_memory, is_oom
 from ._objective import ObjectiveTask
@@ -164,9 +164,14 @@ class TrialRunner:
             rec.reason = f"forbidden by rule: {rule.describe()}"
             return self._infeasible(trial, rec, started, gated=True)
         try:
-            if self.gate.active and not self._gate(trial, config, rec):
-                return self._infeasible(trial, rec, started, gated=True)
-            cb = self._train(trial, config, rec)
+            if isinstance(self.task, ObjectiveTask):  # a plain objective: one call, no training, no gate
+                cb = self._call_objective(trial, config, rec)
+            else:
+                # merged with the task's defaults and validated once: the gate and fit take it as it is
+                given = TrainParams.of(self.task, config)
+                if self.gate.active and not self._gate(trial, given, rec):
+                    return self._infeasible(trial, rec, started, gated=True)
+                cb = self._train(trial, given, rec)
         except Exception as exc:
             if is_oom(exc):
                 trial.set_constraint("oom", 1.0)
@@ -212,9 +217,9 @@ class TrialRunner:
             (folder / f"trial-{gone}.pt").unlink(missing_ok=True)
         self.kept = kept[:KEEP_MODELS]
 
-    def _gate(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> bool:
-        """Profile ``config`` and check the hard constraints; False: infeasible, not trained."""
-        g = self.gate.check(self.task, config)
+    def _gate(self, trial: optuna.Trial, given: TrainParams, rec: TrialFigures) -> bool:
+        """Profile ``given`` and check the hard constraints; False: infeasible, not trained."""
+        g = self.gate.check(self.task, given)
         rec.gate_s = g.duration_s
         rec.metrics.update(g.metrics)
         for key, v in g.violations.items():
@@ -224,27 +229,31 @@ class TrialRunner:
             rec.reason = "; ".join(g.reasons)
         return g.feasible
 
-    def _train(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> _PruningCallback:
+    def _call_objective(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> _PruningCallback:
+        """A plain objective's one call with the trial's params as they are (its params are its own)."""
+        assert isinstance(self.task, ObjectiveTask)
         t0 = time.perf_counter()
         cb = _PruningCallback(trial, self.report_metric, pruner_name(self.s.pruner))
-        if isinstance(self.task, ObjectiveTask):  # a plain objective: one call, no training
-            try:
-                if self.task.reports_progress:  # a script: its metric as it runs, for the pruner
-                    call: Any = self.task.call
-                    rec.metrics.update(call(config, seed=rec.seed,
-                                               report=lambda step, value: self._report(cb, step, value)))
-                else:
-                    rec.metrics.update(self.task.call(config, seed=rec.seed))
-            finally:
-                rec.train_s = time.perf_counter() - t0
-                output = getattr(self.task, "output", None)
-                if callable(output):
-                    rec.output = output()
-            return cb
         try:
-            result = fit(self.task, config, epochs=self.s.epochs, max_steps=self.s.max_steps,
-                         device=self.s.device, seed=rec.seed,
-                             callbacks=[cb, *self.extra_callbacks])
+            if self.task.reports_progress:  # a script: its metric as it runs, for the pruner
+                call: Any = self.task.call
+                rec.metrics.update(call(config, seed=rec.seed,
+                                        report=lambda step, value: self._report(cb, step, value)))
+            else:
+                rec.metrics.update(self.task.call(config, seed=rec.seed))
+        finally:
+            rec.train_s = time.perf_counter() - t0
+            output = getattr(self.task, "output", None)
+            if callable(output):
+                rec.output = output()
+        return cb
+
+    def _train(self, trial: optuna.Trial, given: TrainParams, rec: TrialFigures) -> _PruningCallback:
+        t0 = time.perf_counter()
+        cb = _PruningCallback(trial, self.report_metric, pruner_name(self.s.pruner))
+        try:
+            result = fit(self.task, given, epochs=self.s.epochs, max_steps=self.s.max_steps,
+                         device=self.s.device, seed=rec.seed, callbacks=[cb, *self.extra_callbacks])
         finally:
             rec.train_s = time.perf_counter() - t0
         rec.steps = result.steps
