@@ -9,6 +9,7 @@ import pytest
 
 from proftune.optimize._decide import (
     Comparison,
+    _t_quantile,
     compare_paired,
     compare_race,
     pooled_seed_std,
@@ -265,3 +266,31 @@ def test_one_pair_counts_every_training_of_the_defaults_against_the_known_noise(
     wide = compare_race([0.86], [0.80], seeds=[1], defaults_more=[0.60, 0.95, 0.85], metric="accuracy",
                         maximize=True, prior_std=prior, resolution=1 / 300)
     assert not wide.beyond_noise, wide.reason
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 10, 30, 101])
+def test_the_t_quantile_is_student_s_to_the_last_digits(df: int) -> None:
+    """The bound's quantile is computed from Student's distribution (its finite series at integer
+    degrees of freedom), not read from scipy, whose import took 1-5 s inside a short budget."""
+    from scipy import stats
+
+    for level in (0.5, 0.9, 0.95, 0.975, 0.99, 0.9975, 0.9999, 0.025):
+        assert _t_quantile(level, df) == pytest.approx(float(stats.t.ppf(level, df)), rel=1e-9, abs=1e-12)
+
+
+def test_the_race_and_the_warm_start_import_no_scipy() -> None:
+    """The race's comparison and the search's wide points run inside the budget: a plain Optuna
+    loop imports no scipy, so neither do they."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from proftune.optimize._decide import compare_paired\n"
+            "from proftune.optimize._warm_start import halton\n"
+            "assert len(halton(8, 5, 3)) == 8\n"
+            "for n in (1, 2, 5):\n"
+            "    compare_paired([0.9 + 0.01 * i for i in range(n)], [0.8] * n, seeds=list(range(n)),\n"
+            "                   metric='accuracy', maximize=True, split='val', prior_std=0.02)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('scipy')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

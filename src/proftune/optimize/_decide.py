@@ -30,10 +30,45 @@ SCHEMA_VERSION = 1
 ALPHA = 0.05
 
 
-def _t_quantile(level: float, df: int) -> float:
-    from scipy import stats
+def _t_within(t: float, df: int) -> float:
+    """P(|T| <= t), T Student's t at ``df`` (a positive integer) degrees of freedom: the finite
+    series of Abramowitz & Stegun 26.7.3 (odd ``df``) and 26.7.4 (even)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:
+        if df == 1:
+            return 2.0 * theta / math.pi
+        term = total = 1.0
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2.0 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term = total = 1.0
+    for k in range(1, df // 2):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return math.sin(theta) * total
 
-    return float(stats.t.ppf(level, df))
+
+def _t_quantile(level: float, df: int) -> float:
+    """Student's t quantile at ``level`` (0 < level < 1) and ``df`` degrees of freedom, by
+    bisection on :func:`_t_within`: scipy's ``stats`` took 1-5 s to import inside the budget of a
+    run whose trainings take a second (a plain Optuna loop imports none of it)."""
+    if level < 0.5:
+        return -_t_quantile(1.0 - level, df)
+    target = 2.0 * level - 1.0
+    lo, hi = 0.0, 1.0
+    while _t_within(hi, df) < target:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if _t_within(mid, df) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
 
 @dataclass(frozen=True)
@@ -109,8 +144,6 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
         # of freedom needs 6x its spread at the race's level, so a third seed made the bound wider
         # than two seeds' had been: noisy labels, +0.04 on 300 samples kept as noise); where it is
         # larger (defaults that diverge on some seeds), the t-test on their own spread decides
-        from scipy import stats
-
         more = [fm for m in defaults_more if (fm := finite_float(m)) is not None] if n <= 2 else []
         d_all = [p[2] for p in pairs] + more
         # the defaults' own trainings spread wider than the known noise (a rate that diverges on some
@@ -121,7 +154,7 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
             sd_mean = math.sqrt(max(std or 0.0, prior_std) ** 2 / n + d_sd ** 2 / len(d_all))
         else:
             sd_mean = max(std or 0.0, prior_std * math.sqrt(2.0)) / math.sqrt(n)
-        lower = mean - float(stats.norm.ppf(level)) * sd_mean
+        lower = mean - statistics.NormalDist().inv_cdf(level) * sd_mean
         many = f"{n} paired seeds (their spread {std:.3g} within it)" if n > 2 and std is not None else ""
         test = (f"{many or ('one paired seed' if n == 1 else 'two paired seeds')}"
                 + (f" and {len(more)} more training(s) of the defaults" if more else "")
