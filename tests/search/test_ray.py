@@ -68,9 +68,11 @@ def test_local_instance_records_every_trial_like_the_local_backend(tmp_path: Pat
     db = f"sqlite:///{tmp_path / 'p.db'}"
     space = {"params": {"hidden": {"type": "categorical", "choices": [32, 512]}},
              "fixed": {"lr": 3e-3}}
+    # one worker: both trials on one Ray actor, one process's cold start (torch, the task's data:
+    # ~7 s of CPU) instead of two; trials side by side are test_each_ray_trial_reaches_on_trial's
     res = proftune.search("digits-mlp", space, trials=2, epochs=1, db=db, study="ray-local",
                           sampler="grid", constraints=["params<20000"], device="cpu",
-                          backend="ray", ray=RayOptions(workers=2, storage_path=tmp_path / "ray"))
+                          backend="ray", ray=RayOptions(workers=1, storage_path=tmp_path / "ray"))
     states = {t.params["hidden"]: t for t in res.trials}
     assert set(states) == {32, 512}
     small, big = states[32], states[512]
