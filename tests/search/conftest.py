@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,15 @@ def postgres_server() -> Iterator[PgServer]:
         yield server
     finally:
         server.remove()
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Any]:
+    """One local Ray instance per test module, started as ``proftune tune --backend ray`` starts it
+    (two CPUs). The module's searches join it (Ray starts once for all of them); it stops after the
+    module. Each module has its own, so that ``--dist loadgroup`` can put two modules on two workers."""
+    from proftune.search import RayOptions
+    from proftune.search._ray import ray_session
+
+    with ray_session(RayOptions(workers=2)) as ray:
+        yield ray
