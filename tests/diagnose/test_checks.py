@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from proftune.diagnose import CAUSES, CHECKS, BaseCheck, Finding, History, StepRecord
+from proftune.diagnose.checks._unshuffled import Unshuffled
 
 
 def _steps(losses: list[float], ratios: list[float] | None = None, lr: float = 0.01) -> list[StepRecord]:
@@ -185,3 +186,18 @@ def test_update_ratio_skips_layers_without_one() -> None:
     """A layer whose update ratio LayerStats could not measure (None) is left out, not a crash."""
     stats = {"0": {"grad": {"norm": 1.0, "update_ratio": None}}, "1": {"grad": {"norm": 1.0, "update_ratio": 2e-3}}}
     assert History(samples=[(1, stats)]).update_ratio() == pytest.approx(2e-3)
+
+
+def test_an_epochs_short_last_batch_is_not_read_as_unshuffled_data() -> None:
+    """67 shuffled samples of 10 classes at batch 64: every epoch a batch of 64 and one of 3. The
+    short batch holds about 3 labels by its size; judged against a batch of the median size it
+    read as unshuffled data, and the health gate stopped a generated task (issue 60)."""
+    gen = torch.Generator().manual_seed(0)
+    labels = [torch.randint(0, 10, (n,), generator=gen) for _ in range(9) for n in (64, 3)]
+    order = History(labels=labels).label_order()
+    assert order is not None
+    assert order.diversity == pytest.approx(1.0, abs=0.1)
+    assert Unshuffled().check(History(labels=labels)) is None
+    # the same short batches from sorted data still are
+    assert Unshuffled().check(History(labels=[torch.full((n,), i % 10, dtype=torch.long)
+                                              for i in range(9) for n in (64, 3)])) is not None

@@ -292,7 +292,9 @@ class History:
         expected_same = float((p**2).sum())
         same = float((seq[1:] == seq[:-1]).double().mean())
         bs = statistics.median(int(y.numel()) for y in self.labels)
-        expected_unique = float((1 - (1 - p) ** bs).sum())
+        # each batch against a shuffled batch of its own size: an epoch's short last batch (3 of
+        # 67 samples at batch 64) holds few labels by its size, not by the data's order
+        expected_unique = statistics.fmean(float((1 - (1 - p) ** int(y.numel())).sum()) for y in self.labels)
         unique = statistics.fmean(int(torch.unique(y).numel()) for y in self.labels)
         ys = seq.double()
         autocorr = float(torch.corrcoef(torch.stack([ys[1:], ys[:-1]]))[0, 1]) if ys.std() > 0 else 0.0
