@@ -17,7 +17,7 @@ from . import (  # noqa: F401  (they register their pages)
     _compress_page,
     _diagnose_page,
     _optimize_page,
-    _predict,
+    _predict_page,
     _recommend_page,
 )
 from ._common import RENDERERS, Context, curves, overview

@@ -16,7 +16,7 @@ from ._channel import REPORT_ENV, report
 from ._flags import Flag, ScriptFlags, read_flags
 from ._loop import SKIPPED_STAGES, load_script, optimize_script, tune_script
 from ._process import ScriptRun, metric_lines, run_process
-from ._space import script_space
+from ._script_space import script_space
 from ._task import ScriptCut, ScriptFailed, ScriptTask, imports_torch
 
 __all__ = [

@@ -15,7 +15,7 @@ from ..optimize import compare_race
 from ..search import Objective, SearchResult, Space, parse_objective, search
 from ..track import Store, environment, open_store
 from ._flags import ScriptFlags, read_flags
-from ._space import script_space
+from ._script_space import script_space
 from ._task import ScriptCut, ScriptTask
 
 __all__ = ["SKIPPED_STAGES", "load_script", "optimize_script", "tune_script"]
