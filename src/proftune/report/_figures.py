@@ -54,12 +54,12 @@ def line(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = N
     return trace
 
 
-def vline(x: float, text: str, *, color: str = "#868e96", dash: str = "dot", yref: str = "paper",
+def vline(x: float, text: str, *, color: str = "#868e96", dash: str = "dot",
           y: float = 1.0) -> tuple[dict[str, Any], dict[str, Any]]:
     """A vertical marker line and its label (a shape and an annotation)."""
     shape = {"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "xref": "x", "yref": "paper",
              "line": {"color": color, "width": 1.5, "dash": dash}}
-    note = {"x": x, "y": y, "xref": "x", "yref": yref, "text": text, "showarrow": False,
+    note = {"x": x, "y": y, "xref": "x", "yref": "paper", "text": text, "showarrow": False,
             "font": {"size": 11, "color": color}, "yanchor": "bottom", "textangle": 0,
             "bgcolor": "rgba(255,255,255,0.85)"}
     return shape, note
@@ -88,12 +88,12 @@ def bar(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = No
     return trace
 
 
-def heatmap(z: Sequence[Sequence[Any]], x: Sequence[str], y: Sequence[str], *, title: str,
-            zmin: float = -1, zmax: float = 1) -> dict[str, Any]:
+def heatmap(z: Sequence[Sequence[Any]], x: Sequence[str], y: Sequence[str], *, title: str) -> dict[str, Any]:
+    """Correlations as a red-blue grid from -1 to 1, each cell labelled with its value."""
     text = [["" if finite(v) is None else f"{float(v):+.2f}" for v in row] for row in z]
     return {
         "data": [{"type": "heatmap", "z": [[finite(v) for v in row] for row in z], "x": list(x), "y": list(y),
-                  "zmin": zmin, "zmax": zmax, "colorscale": "RdBu", "reversescale": True,
+                  "zmin": -1, "zmax": 1, "colorscale": "RdBu", "reversescale": True,
                   "text": text, "texttemplate": "%{text}", "hovertemplate": "%{y} × %{x}: %{z:.3f}<extra></extra>",
                   "colorbar": {"thickness": 12}}],
         "layout": layout(title, height=max(260, 70 + 46 * len(y)), xaxis={"side": "bottom"},
