@@ -120,7 +120,7 @@ class TrialRecord(JsonRecord):
     #: What the caller attached to an enqueued trial (``search(enqueue=[...])``).
     tags: dict[str, Any] = field(default_factory=dict)
     #: The task's metrics after each epoch, as trained.
-    curve: list[dict[str, Any]] = field(default_factory=list)
+    curve: list[dict[str, float]] = field(default_factory=list)
     #: A re-evaluation: the configuration's evaluations before this one (0: a new configuration).
     repeat: int = 0
     #: The seed this evaluation ran with (the search's, plus ``repeat``).
