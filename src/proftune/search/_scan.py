@@ -18,9 +18,9 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
-from .._records import JsonRecord, mapping, record_fields
+from .._records import JsonRecord, Reader, each, mapping, record_fields
 from ..task import Task
 from ._constraints import Constraint
 from ._gate import ProfileGate, free_memory, is_oom
@@ -89,7 +89,11 @@ class Bound:
 
 @dataclass(frozen=True)
 class ScanResult(JsonRecord):
-    """What the scan measured, the bounds it fitted, and what they cost."""
+    """What the scan measured, the bounds it fitted, and what they cost (stored with the study and
+    in a tune Run)."""
+
+    WHAT: ClassVar[str] = "a feasibility scan"
+    READERS: ClassVar[dict[str, Reader]] = {"bounds": each(Bound.from_dict)}
 
     constraints: list[str]
     points: list[ScanPoint]
@@ -100,17 +104,6 @@ class ScanResult(JsonRecord):
     feasible_share: float
     kept_infeasible_share: float
     notes: list[str] = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> ScanResult:
-        """The scan back from :meth:`to_dict`'s JSON (a study's stored scan, a tune Run's)."""
-        kw = record_fields(cls, mapping(d, what="a feasibility scan"), what="a feasibility scan")
-        return cls(**{**kw, "constraints": list(kw["constraints"]), "points": list(kw["points"] or []),
-                      "bounds": [Bound.from_dict(b) for b in kw["bounds"] or []],
-                      "duration_s": float(kw["duration_s"]), "profiles": int(kw["profiles"]),
-                      "stopped_early": bool(kw["stopped_early"]), "feasible_share": float(kw["feasible_share"]),
-                      "kept_infeasible_share": float(kw["kept_infeasible_share"]),
-                      "notes": list(kw.get("notes") or [])})
 
 
 def _fmt(v: Any) -> str:
