@@ -322,13 +322,13 @@ class StudyView:
             with engine.connect() as conn:
                 rows = conn.execute(query, {**{f: f"{ATTR}_{f}" for f in _FLAGS}, "sid": self.study._study_id,
                                             "last": self._last, "open": sorted(self._open)}).all()
-            table: dict[int, dict[str, Any]] = {}
-            for trial_id, number, state, key in rows:
-                entry = table.setdefault(int(trial_id), {"number": int(number), "state": str(state),
-                                                         **dict.fromkeys(_FLAGS, False)})
+            heads: dict[int, tuple[int, str]] = {}
+            flags: dict[int, set[str]] = {}
+            for trial_id, number, state, key in rows:  # one row per flag the trial has (or one without)
+                heads[int(trial_id)] = (int(number), str(state))
                 if key is not None and key.startswith(f"{ATTR}_"):
-                    entry[key[len(ATTR) + 1:]] = True
-            out = [(trial_id, _Slot(**e)) for trial_id, e in table.items()]
+                    flags.setdefault(int(trial_id), set()).add(key[len(ATTR) + 1:])
+            out = [(i, _Slot(n, st, *(f in flags.get(i, ()) for f in _FLAGS))) for i, (n, st) in heads.items()]
         out.sort()
         if out:
             self._last = max(self._last, out[-1][0])
