@@ -135,7 +135,7 @@ def test_trial_pages_show_how_each_trial_ended(recorded: Recorded) -> None:
         assert _kv("state", tr.state) in html
         assert _kv("steps", tr.steps) in html
         assert _kv("reason", tr.reason or "-") in html
-        measured = tr.constraints["params<3000"]["value"]
+        measured = tr.constraints["params<3000"].value
         assert _table(html, "constraints") == [["params&lt;3000", "params", fmt_number(measured), "3,000",
                                                 "yes" if tr.state == "complete" else "NO"]]
 

@@ -48,7 +48,7 @@ def test_gated_trials_end_at_once_with_the_measured_reason(gated: tuple[SearchRe
             assert t.train_s == 0.0
             assert "params=" in (t.reason or "")
             assert ">= 2000" in (t.reason or "")
-            assert t.constraints["params<2000"]["ok"] is False
+            assert t.constraints["params<2000"].ok is False
         else:
             assert t.steps > 0
             assert "accuracy" in t.metrics

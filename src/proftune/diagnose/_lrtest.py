@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from .._records import mapping, record_fields
+from .._records import JsonRecord, mapping, record_fields
 from .._train_params import TrainParams
 from ..task import Task
 
@@ -22,7 +22,7 @@ __all__ = ["RangeTest", "lr_range_test"]
 
 
 @dataclass(frozen=True)
-class RangeTest:
+class RangeTest(JsonRecord):
     """The sweep: rates, smoothed losses, and what they say.
 
     ``best_lr`` is the rate at the lowest smoothed loss; ``diverged_lr`` the rate at which the
@@ -30,8 +30,8 @@ class RangeTest:
     at all (by 5% of its start) during the sweep.
     """
 
-    lrs: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
+    WHAT: ClassVar[str] = "an LR range test"
+
     best_lr: float = math.nan
     diverged_lr: float | None = None
     start_loss: float = math.nan
@@ -39,6 +39,9 @@ class RangeTest:
     improved: bool = False
     steps: int = 0
     message: str | None = None
+    #: The sweep: its rates and smoothed losses (after what it says in the JSON).
+    lrs: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """What the sweep says, without the sweep itself (a finding's evidence)."""
@@ -46,14 +49,10 @@ class RangeTest:
                 "min_loss": self.min_loss, "improved": self.improved, "steps": self.steps,
                 "message": self.message}
 
-    def to_dict(self) -> dict[str, Any]:
-        """The whole record: :meth:`summary` and the sweep's rates and smoothed losses."""
-        return {**self.summary(), "lrs": list(self.lrs), "losses": list(self.losses)}
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RangeTest:
+    def from_dict(cls, d: Any) -> RangeTest:
         """The record back from :meth:`to_dict`'s JSON (a NaN written as null reads as NaN again)."""
-        kw = record_fields(cls, mapping(d, what="an LR range test"), what="an LR range test")
+        kw = record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT)
 
         def num(v: Any) -> float:
             return math.nan if v is None else float(v)

@@ -39,6 +39,7 @@ from ._memory_model import MIN_MARGIN_FRACTION, MemoryModel, fit_memory_model
 from ._parallel import Evaluator, validate_parallel
 from ._parallel import plan as run_plan
 from ._records import (
+    Calibration,
     LayerPrediction,
     ParallelPlan,
     ParallelPrediction,
@@ -434,7 +435,7 @@ def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool,
 
 
 def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_size: int,
-               dev: torch.device) -> dict[str, Any]:
+               dev: torch.device) -> Calibration:
     """Predicted vs ``profile``'s measurement on ``dev`` (this machine) at ``batch_size``."""
     from ..profile import profile as run_profile
 
@@ -450,14 +451,11 @@ def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_siz
                        detail="step")
     measured_ms = float(prof.step.time_ms - prof.step.data_ms)
     measured_peak = int(prof.memory.peak_bytes)
-    return {
-        "batch_size": batch_size, "device": here.name,
-        "predicted_peak_bytes": trace.peak, "measured_peak_bytes": measured_peak,
-        "peak_error": trace.peak / measured_peak - 1 if measured_peak else None,
-        "predicted_step_ms": predicted_ms, "measured_step_ms": measured_ms,
-        "time_error": predicted_ms / measured_ms - 1 if measured_ms > 0 else None,
-        "real_steps": steps + warmup,
-    }
+    return Calibration(
+        batch_size=batch_size, device=here.name, predicted_peak_bytes=trace.peak, measured_peak_bytes=measured_peak,
+        peak_error=trace.peak / measured_peak - 1 if measured_peak else None,
+        predicted_step_ms=predicted_ms, measured_step_ms=measured_ms,
+        time_error=predicted_ms / measured_ms - 1 if measured_ms > 0 else None, real_steps=steps + warmup)
 
 
 _GPU_KEYS = ("h200", "h100", "a100", "v100", "l4", "t4")

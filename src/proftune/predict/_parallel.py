@@ -25,7 +25,7 @@ from ._compute import COMPUTE, ComputeFigures, rank_sharing, spare_cores_per_ran
 from ._devices import DeviceSpec, price_phases
 from ._link import LinkFigures
 from ._memory_model import MIN_MARGIN_FRACTION
-from ._records import ParallelPrediction
+from ._records import ParallelPrediction, Rejected
 from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, Collective, ModelSizes
 from ._trace import MemoryTrace, StepTracer
 
@@ -366,13 +366,13 @@ def _line(lo: _Point, hi: _Point, b: int) -> _Point:
     return _Point(breakdowns, ms, int(at(lo.activations, hi.activations)), moments, lo.micro_batches)
 
 
-def plan(evaluator: Evaluator, global_batch: int) -> tuple[list[ParallelPrediction], list[dict[str, Any]]]:
+def plan(evaluator: Evaluator, global_batch: int) -> tuple[list[ParallelPrediction], list[Rejected]]:
     """Every option that fits, by throughput, and the reason for each strategy mode with none."""
     n = evaluator.gpus
     per_gpu = global_batch // n
     batches = [b for b in range(1, per_gpu + 1) if per_gpu % b == 0 and (b & (b - 1) == 0 or b == per_gpu)]
     fitting: list[ParallelPrediction] = []
-    rejected: list[dict[str, Any]] = []
+    rejected: list[Rejected] = []
     for strategy in STRATEGIES.values():
         for ckpt in CHECKPOINTING:
             for offload in strategy.offloads:
@@ -398,11 +398,11 @@ def plan(evaluator: Evaluator, global_batch: int) -> tuple[list[ParallelPredicti
     return fitting, rejected
 
 
-def _reason(o: ParallelPrediction) -> dict[str, Any]:
+def _reason(o: ParallelPrediction) -> Rejected:
     title = STRATEGIES[o.strategy].title
-    return {"strategy": o.strategy, "activation_checkpointing": o.activation_checkpointing, "offload": o.offload,
-            "needs_bytes": o.peak_bytes, "batch_size": o.batch_size,
-            "reason": f"{title} does not fit: needs {_gb(o.peak_bytes)} per GPU at per-GPU batch {o.batch_size}"}
+    return Rejected(strategy=o.strategy, activation_checkpointing=o.activation_checkpointing, offload=o.offload,
+                    needs_bytes=o.peak_bytes, batch_size=o.batch_size,
+                    reason=f"{title} does not fit: needs {_gb(o.peak_bytes)} per GPU at per-GPU batch {o.batch_size}")
 
 
 def _gb(n: int) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypedDict, cast
 
 from .._jsonsafe import json_safe
 from .._records import JsonRecord, stored_version
@@ -18,6 +18,7 @@ from ..profile import MemoryProfile, ParamCounts
 __all__ = [
     "ESTIMATE_NOTE",
     "PREDICT_SCHEMA_VERSION",
+    "Calibration",
     "LayerPrediction",
     "ParallelPlan",
     "ParallelPrediction",
@@ -25,6 +26,7 @@ __all__ = [
     "PredictResult",
     "PredictedMemory",
     "PredictedStep",
+    "Rejected",
 ]
 
 ESTIMATE_NOTE = ("time is a roofline estimate (max of FLOPs/peak and bytes/bandwidth per op, plus a "
@@ -148,6 +150,17 @@ class ParallelPrediction(_AsDict):
         return cls(**kw)
 
 
+class Rejected(TypedDict):
+    """A strategy mode with no per-GPU batch that fits: its smallest need and why (bytes per GPU)."""
+
+    strategy: str
+    activation_checkpointing: str
+    offload: str
+    needs_bytes: int
+    batch_size: int
+    reason: str
+
+
 @dataclass(frozen=True)
 class ParallelPlan(_AsDict):
     """Every strategy × checkpointing × offload × per-GPU batch that fits, best throughput first,
@@ -159,7 +172,7 @@ class ParallelPlan(_AsDict):
     tokens_per_sample: int
     options: tuple[ParallelPrediction, ...]
     #: One entry per strategy (and mode) that fits at no per-GPU batch: its smallest need.
-    rejected: tuple[dict[str, Any], ...]
+    rejected: tuple[Rejected, ...]
     traces: int
     seconds: float
     note: str = ("memory and time at per-GPU batches between the traced ones are the per-kind lines "
@@ -171,6 +184,21 @@ class ParallelPlan(_AsDict):
         kw["options"] = tuple(ParallelPrediction.from_dict(o) for o in d.get("options") or ())
         kw["rejected"] = tuple(dict(r) for r in d.get("rejected") or ())
         return cls(**kw)
+
+
+class Calibration(TypedDict):
+    """The prediction for this machine beside ``profile``'s measurement at ``batch_size``; the
+    errors are predicted / measured - 1 (None where nothing was measured)."""
+
+    batch_size: int
+    device: str
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    peak_error: float | None
+    predicted_step_ms: float
+    measured_step_ms: float
+    time_error: float | None
+    real_steps: int
 
 
 @dataclass(frozen=True)
@@ -214,7 +242,7 @@ class PredictResult(_AsDict):
     real_steps: int = 0
     #: With ``calibrate``: the same prediction for this machine's CPU beside ``profile``'s
     #: measurement there at a small batch (peak bytes and step ms, and their relative errors).
-    calibration: dict[str, Any] | None = None
+    calibration: Calibration | None = None
     #: The params the step was traced with (the task's defaults and the overrides).
     config: dict[str, Any] = field(default_factory=dict)
     note: str = ESTIMATE_NOTE

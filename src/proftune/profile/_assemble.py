@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ._records import (
+    Bottleneck,
     CommProfile,
     GradProfile,
     LayerProfile,
@@ -20,6 +21,7 @@ from ._records import (
     ParamCounts,
     Profile,
     StepProfile,
+    TypeTotals,
 )
 from ._static import StaticCounts, count_model
 from ._timing import LayerTimer, fastest_step_ms, share_spread
@@ -268,7 +270,7 @@ def assemble_profile(
     )
 
 
-def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[str, Any]]:
+def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[Bottleneck]:
     """Layers ranked by share of the step's forward+backward time, beside their share of the
     parameters and MACs; ``excess`` = time share / the larger of the two (>1: slower than its size).
     Each finding gives the share at its fastest layer-timed step and the middle half of its steps
@@ -276,7 +278,7 @@ def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[st
     is alone (or it was timed on one step): a share the machine's load may have made says so."""
     timed = [lay for lay in layers if lay.time_share is not None]
     timed.sort(key=lambda lay: lay.time_share or 0.0, reverse=True)
-    out: list[dict[str, Any]] = []
+    out: list[Bottleneck] = []
     for lay in timed[:top]:
         ts = lay.time_share or 0.0
         size = max(lay.params_share or 0.0, lay.macs_share or 0.0)
@@ -298,14 +300,18 @@ def bottlenecks(layers: Sequence[LayerProfile], *, top: int = 5) -> list[dict[st
     return out
 
 
-def _by_type(layers: Sequence[LayerProfile]) -> list[dict[str, Any]]:
-    agg: dict[str, dict[str, Any]] = {}
+def _by_type(layers: Sequence[LayerProfile]) -> list[TypeTotals]:
+    agg: dict[str, TypeTotals] = {}
     for lay in layers:
-        a = agg.setdefault(lay.type, {"type": lay.type, "count": 0, "params": 0, "macs": 0, "flops": 0,
-                                      "forward_ms": 0.0, "backward_ms": 0.0, "time_share": 0.0,
-                                      "activation_bytes": 0})
+        a = agg.setdefault(lay.type, TypeTotals(type=lay.type, count=0, params=0, macs=0, flops=0, forward_ms=0.0,
+                                                backward_ms=0.0, time_share=0.0, activation_bytes=0))
         a["count"] += 1
-        for key in ("params", "macs", "flops", "forward_ms", "backward_ms", "time_share", "activation_bytes"):
-            a[key] += getattr(lay, key) or 0  # an untimed layer adds nothing
+        a["params"] += lay.params
+        a["macs"] += lay.macs
+        a["flops"] += lay.flops
+        a["forward_ms"] += lay.forward_ms or 0  # an untimed layer adds nothing
+        a["backward_ms"] += lay.backward_ms or 0
+        a["time_share"] += lay.time_share or 0
+        a["activation_bytes"] += lay.activation_bytes or 0
     return sorted(agg.values(), key=lambda a: a["time_share"], reverse=True)
 

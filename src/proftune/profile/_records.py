@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from .._jsonsafe import json_dumps, json_safe
 from .._paths import write_text
@@ -19,6 +19,7 @@ from ..exceptions import ConfigError
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Bottleneck",
     "CommProfile",
     "GradProfile",
     "LayerProfile",
@@ -26,6 +27,7 @@ __all__ = [
     "ParamCounts",
     "Profile",
     "StepProfile",
+    "TypeTotals",
     "compare_profiles",
     "load_spread",
 ]
@@ -151,6 +153,41 @@ class CommProfile:
     share: float = 0.0
 
 
+class _Bottleneck(TypedDict):
+    name: str
+    type: str
+    time_share: float
+    params_share: float | None
+    macs_share: float | None
+    #: time share / the larger of the params and MACs shares (>1: slower than its size).
+    excess: float | None
+    finding: str
+
+
+class Bottleneck(_Bottleneck, total=False):
+    """One of the layers that take most of the step (``Profile.bottlenecks``); a profile recorded
+    before a share's spread over the steps was kept has no quartiles, samples or ``within_noise``."""
+
+    time_share_q1: float | None
+    time_share_q3: float | None
+    time_share_samples: int
+    within_noise: bool
+
+
+class TypeTotals(TypedDict):
+    """The layers of one type added up (``Profile.by_type``); an untimed layer adds no time."""
+
+    type: str
+    count: int
+    params: int
+    macs: int
+    flops: int
+    forward_ms: float
+    backward_ms: float
+    time_share: float
+    activation_bytes: int
+
+
 @dataclass(frozen=True)
 class Profile:
     """What was measured of a model and its training step; see DESIGN.md for units."""
@@ -169,8 +206,8 @@ class Profile:
     step: StepProfile = field(default_factory=StepProfile)
     grad: GradProfile = field(default_factory=GradProfile)
     comm: CommProfile | None = None
-    bottlenecks: tuple[dict[str, Any], ...] = ()
-    by_type: tuple[dict[str, Any], ...] = ()
+    bottlenecks: tuple[Bottleneck, ...] = ()
+    by_type: tuple[TypeTotals, ...] = ()
     env: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

@@ -26,13 +26,13 @@ from ._backends import (
 )
 from ._coarse_fine import CoarseToFineSampler
 from ._config import EnqueuedTrial, SearchConfig
-from ._constraints import PROFILE_METRICS, Constraint, Objective, parse_constraint, parse_objective
+from ._constraints import PROFILE_METRICS, Constraint, ConstraintCheck, Objective, parse_constraint, parse_objective
 from ._feed import notify_ended
 from ._gate import GateResult, ProfileGate
 from ._objective import ObjectiveTask, load_objective
 from ._pruners import PRUNER_REGISTRY, PRUNERS, BasePrunerMaker, PatiencePruner, register_pruner
 from ._ray_session import SCHEDULERS, RayOptions
-from ._records import TRIAL_SCHEMA_VERSION, ConstraintCheck, TrialRecord, TrialResult
+from ._records import TRIAL_SCHEMA_VERSION, TrialRecord, TrialResult
 from ._result_records import SearchResult, TrialTally
 from ._samplers import SAMPLER_REGISTRY, SAMPLERS, BaseSamplerMaker, register_sampler
 from ._scan import Bound, ScanResult

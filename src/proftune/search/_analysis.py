@@ -12,7 +12,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ._constraints import PROFILE_METRICS, Objective
 from ._records import TrialRecord
 from ._space import Space
 
-__all__ = ["PLOT_FILES", "correlations", "importance", "pareto_front", "plot_study"]
+__all__ = ["PLOT_FILES", "Correlation", "correlations", "importance", "pareto_front", "plot_study"]
 
 #: The files a study's ``plot`` folder receives (the last only from a PBT run), so that a command
 #: can refuse to replace them before it starts.
@@ -60,7 +60,17 @@ def _normalise(xs: list[float]) -> list[float]:
     return [0.0 if hi == lo else (x - lo) / (hi - lo) for x in xs]
 
 
-def _corr(xs: list[float], ys: list[float]) -> dict[str, Any] | None:
+class Correlation(TypedDict):
+    """A param (min-max normalised) against one target: Pearson and Spearman, their p-values, the points."""
+
+    pearson: float
+    pearson_p: float
+    spearman: float
+    spearman_p: float
+    n: int
+
+
+def _corr(xs: list[float], ys: list[float]) -> Correlation | None:
     from scipy import stats
 
     if len(xs) < MIN_POINTS or len(set(xs)) < 2 or len(set(ys)) < 2:
@@ -75,17 +85,17 @@ def _corr(xs: list[float], ys: list[float]) -> dict[str, Any] | None:
 
 
 def correlations(records: Sequence[TrialRecord], space: Space,
-                 objectives: Sequence[Objective]) -> dict[str, dict[str, Any]]:
-    """``{param: {target: {pearson, spearman, n, ...}}}`` for every numeric parameter.
+                 objectives: Sequence[Objective]) -> dict[str, dict[str, Correlation]]:
+    """``{param: {target: Correlation}}`` for every numeric parameter.
 
     Targets: each objective (over feasible complete trials) and each profile metric that was
     measured (over every trial that measured it, infeasible ones included).
     """
     complete = [r for r in records if r.state == "complete" and r.values]
     measured = [m for m in PROFILE_METRICS if any(m in r.metrics for r in records)]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Correlation]] = {}
     for p in space.params:
-        per: dict[str, Any] = {}
+        per: dict[str, Correlation] = {}
         for i, o in enumerate(objectives):
             col = _param_column(space, p.name, complete)
             pairs = [(x, r.values[i]) for x, r in zip(col, complete, strict=True)
@@ -109,15 +119,16 @@ def correlations(records: Sequence[TrialRecord], space: Space,
 
 
 def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[Objective],
-               *, seed: int = 0) -> dict[str, Any]:
-    """``{objective: {"fanova": {param: share}, "ped_anova": {...}}}`` over feasible complete trials."""
+               *, seed: int = 0) -> dict[str, dict[str, dict[str, float | str]]]:
+    """``{objective: {"fanova": {param: share}, "ped_anova": {...}}}`` over feasible complete trials
+    (``{"error": why}`` for a method that failed)."""
     import optuna
 
     keep = {r.number for r in records if r.state == "complete"}
     # a trial whose result never reached the database (its tell lost) has no values to weigh
     trials = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
               if t.number in keep and t.params and t.values is not None]
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, dict[str, float | str]]] = {}
     if len(trials) < 2:
         return out
     shadow = optuna.create_study(directions=[study_direction(o) for o in objectives])
@@ -129,7 +140,7 @@ def importance(study: Any, records: Sequence[TrialRecord], objectives: Sequence[
         "ped_anova": lambda: optuna.importance.PedAnovaImportanceEvaluator(),
     }
     for i, o in enumerate(objectives):
-        per: dict[str, Any] = {}
+        per: dict[str, dict[str, float | str]] = {}
         for name, make in evaluators.items():
             try:
                 with warnings.catch_warnings():
@@ -188,7 +199,8 @@ def pareto_front(records: Sequence[TrialRecord], objectives: Sequence[Objective]
 
 
 def plot_study(records: Sequence[TrialRecord], objectives: Sequence[Objective],
-               corr: dict[str, Any], imp: dict[str, Any], front: Sequence[TrialRecord],
+               corr: dict[str, dict[str, Correlation]], imp: dict[str, dict[str, dict[str, float | str]]],
+               front: Sequence[TrialRecord],
                out_dir: str | Path) -> list[str]:
     """Write history, correlation, importance and Pareto PNGs to ``out_dir``; return their paths."""
     import matplotlib
@@ -250,7 +262,7 @@ def _plot_history(plt: Any, records: Sequence[TrialRecord], o: Objective) -> Any
     return fig
 
 
-def _plot_correlations(plt: Any, corr: dict[str, Any]) -> Any:
+def _plot_correlations(plt: Any, corr: dict[str, dict[str, Correlation]]) -> Any:
     if not corr:
         return None
     params = sorted(corr)
@@ -273,7 +285,7 @@ def _plot_correlations(plt: Any, corr: dict[str, Any]) -> Any:
     return fig
 
 
-def _plot_importance(plt: Any, imp: dict[str, Any], o: Objective) -> Any:
+def _plot_importance(plt: Any, imp: dict[str, dict[str, dict[str, float | str]]], o: Objective) -> Any:
     fan = (imp.get(o.metric) or {}).get("fanova") or {}
     fan = {k: v for k, v in fan.items() if isinstance(v, float)}
     if not fan:

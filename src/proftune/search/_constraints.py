@@ -10,8 +10,9 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from .._records import JsonRecord, mapping, record_fields
 from .._registry import LiveSequence
 from .._units import parse_quantity
 from ..exceptions import ConfigError, ProblemCollector
@@ -20,6 +21,7 @@ from ..metrics import METRICS, is_known, produced_by, resolve_direction
 __all__ = [
     "PROFILE_METRICS",
     "Constraint",
+    "ConstraintCheck",
     "Objective",
     "parse_constraint",
     "parse_objective",
@@ -180,16 +182,34 @@ def produced_metrics(task_metrics: Sequence[str] | None) -> tuple[str, ...]:
     return (*PROFILE_METRICS, *TRAIN_METRICS, *(task_metrics or ()))
 
 
-def constraint_table(constraints: Sequence[Constraint], metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per constraint: the measured value, the limit, the violation and whether it holds."""
-    out: dict[str, dict[str, Any]] = {}
+@dataclass(frozen=True)
+class ConstraintCheck(JsonRecord):
+    """One constraint as a trial measured it: the metric, its value (None: not measured), the
+    limit, the operator, the violation (> 0: broken) and whether it holds."""
+
+    WHAT: ClassVar[str] = "a trial's constraint"
+
+    metric: str
+    value: float | None
+    limit: float
+    op: str
+    violation: float | None
+    ok: bool | None
+
+
+def constraint_table(constraints: Sequence[Constraint], metrics: dict[str, Any]) -> dict[str, ConstraintCheck]:
+    """Per constraint (by its text): the measured value, the limit, the violation and whether it holds."""
+    out: dict[str, ConstraintCheck] = {}
     for c in constraints:
         value = metrics.get(c.metric)
-        if value is None:
-            out[c.text] = {"metric": c.metric, "value": None, "limit": c.threshold, "op": c.op,
-                           "violation": None, "ok": None}
-            continue
-        v = c.violation(float(value))
-        out[c.text] = {"metric": c.metric, "value": float(value), "limit": c.threshold, "op": c.op,
-                       "violation": v, "ok": v <= 0}
+        v = None if value is None else c.violation(float(value))
+        out[c.text] = ConstraintCheck(metric=c.metric, value=None if value is None else float(value), limit=c.threshold,
+                                      op=c.op, violation=v, ok=None if v is None else v <= 0)
     return out
+
+
+def read_checks(table: Any, *, what: str) -> dict[str, ConstraintCheck]:
+    """:func:`constraint_table`'s JSON back as records; ``what`` names the record holding it."""
+    return {str(k): ConstraintCheck(**record_fields(ConstraintCheck, mapping(c, what=f"{what}'s constraint {k}"),
+                                                    what=f"{what}'s constraint {k}"))
+            for k, c in mapping(table, what=f"{what}'s constraints").items()}

@@ -11,10 +11,11 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from .._records import JsonRecord, record_fields, stored_version
+from .._records import JsonRecord, Reader, plain, record_fields, stored_version
+from ._constraints import ConstraintCheck, read_checks
 from ._reeval import GroupTable
 
-__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "ConstraintCheck", "StudyView", "TrialFigures",
+__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "StudyView", "TrialFigures",
            "TrialRecord", "TrialResult", "counts", "slots_before", "study_view", "trial_records"]
 
 TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
@@ -30,7 +31,7 @@ class TrialFigures:
 
     params: dict[str, Any]
     metrics: dict[str, float] = field(default_factory=dict)
-    constraints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    constraints: dict[str, ConstraintCheck] = field(default_factory=dict)
     reason: str | None = None
     steps: int = 0
     train_s: float = 0.0
@@ -63,7 +64,7 @@ class TrialFigures:
     user_attrs_raw: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The user attr ``ATTR``: the fields' values as they are (not copied), in field order."""
+        """The user attr ``ATTR``: the fields' values as JSON's types, in field order."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -71,13 +72,15 @@ class TrialFigures:
                 continue
             if self.from_driver and f.name in _DRIVER_LEAVES_OUT:
                 continue
-            out[f.name] = value
+            out[f.name] = plain(value)
         return out
 
     @classmethod
     def from_dict(cls, d: Any) -> TrialFigures:
         """The figures back from a Ray worker's JSON (:meth:`to_dict` with the ``*_raw`` fields)."""
-        return cls(**record_fields(cls, d, what="a Ray worker's trial record"))
+        kw = record_fields(cls, d, what="a Ray worker's trial record")
+        kw["constraints"] = read_checks(kw.get("constraints") or {}, what="a Ray worker's trial record")
+        return cls(**kw)
 
 
 _NOT_IN_JSON = frozenset({"from_driver", "constraints_raw", "user_attrs_raw"})
@@ -93,12 +96,13 @@ class TrialRecord(JsonRecord):
     whose version covers it; a key it does not define is a ConfigError."""
 
     WHAT: ClassVar[str] = "a search trial"
+    READERS: ClassVar[dict[str, Reader]] = {"constraints": lambda t: read_checks(t, what="a search trial")}
     number: int
     state: str
     params: dict[str, Any]
     values: list[float] | None
     metrics: dict[str, float]
-    constraints: dict[str, Any]
+    constraints: dict[str, ConstraintCheck]
     reason: str | None
     duration_s: float | None
     run_id: int | None = None
@@ -116,7 +120,7 @@ class TrialRecord(JsonRecord):
     #: What the caller attached to an enqueued trial (``search(enqueue=[...])``).
     tags: dict[str, Any] = field(default_factory=dict)
     #: The task's metrics after each epoch, as trained.
-    curve: list[dict[str, Any]] = field(default_factory=list)
+    curve: list[dict[str, float]] = field(default_factory=list)
     #: A re-evaluation: the configuration's evaluations before this one (0: a new configuration).
     repeat: int = 0
     #: The seed this evaluation ran with (the search's, plus ``repeat``).
@@ -143,19 +147,6 @@ TRIAL_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class ConstraintCheck(JsonRecord):
-    """One constraint as a trial measured it: the metric, its value (None: not measured), the
-    limit, the operator, the violation (> 0: broken) and whether it holds."""
-
-    metric: str
-    value: float | None
-    limit: float
-    op: str
-    violation: float | None
-    ok: bool | None
-
-
-@dataclass(frozen=True)
 class TrialResult(JsonRecord):
     """How one trial ended, as its ``trial`` Run holds it: the trial's number, its state and why,
     the constraints as measured, the steps it trained and the seconds of training and of the gate.
@@ -178,10 +169,10 @@ class TrialResult(JsonRecord):
     schema_version: int = TRIAL_SCHEMA_VERSION
 
     @classmethod
-    def build(cls, *, trial: int | None, state: str, reason: str | None, constraints: dict[str, Any],
+    def build(cls, *, trial: int | None, state: str, reason: str | None, constraints: dict[str, ConstraintCheck],
               steps: int, train_s: float = 0.0, gate_s: float = 0.0) -> TrialResult:
-        """The record of a trial that ended, its constraints given as ``constraint_table`` writes them."""
-        return cls(trial=trial, state=state, reason=reason, constraints=_checks(constraints, what="a trial"),
+        """The record of a trial that ended, its constraints as ``constraint_table`` measured them."""
+        return cls(trial=trial, state=state, reason=reason, constraints=dict(constraints),
                    steps=int(steps), train_s=float(train_s), gate_s=float(gate_s))
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,14 +188,9 @@ class TrialResult(JsonRecord):
         what = "a trial's result"
         stored_version(d, what=what, current=TRIAL_SCHEMA_VERSION)
         kw = record_fields(cls, d, what=what)
-        kw["constraints"] = _checks(kw.get("constraints") or {}, what=what)
+        kw["constraints"] = read_checks(kw.get("constraints") or {}, what=what)
         kw["steps"] = int(kw.get("steps") or 0)
         return cls(**kw)
-
-
-def _checks(table: dict[str, Any], *, what: str) -> dict[str, ConstraintCheck]:
-    return {str(k): ConstraintCheck(**record_fields(ConstraintCheck, c, what=f"{what}'s constraint {k}"))
-            for k, c in table.items()}
 
 
 @dataclass(frozen=True)
@@ -336,13 +322,13 @@ class StudyView:
             with engine.connect() as conn:
                 rows = conn.execute(query, {**{f: f"{ATTR}_{f}" for f in _FLAGS}, "sid": self.study._study_id,
                                             "last": self._last, "open": sorted(self._open)}).all()
-            table: dict[int, dict[str, Any]] = {}
-            for trial_id, number, state, key in rows:
-                entry = table.setdefault(int(trial_id), {"number": int(number), "state": str(state),
-                                                         **dict.fromkeys(_FLAGS, False)})
+            heads: dict[int, tuple[int, str]] = {}
+            flags: dict[int, set[str]] = {}
+            for trial_id, number, state, key in rows:  # one row per flag the trial has (or one without)
+                heads[int(trial_id)] = (int(number), str(state))
                 if key is not None and key.startswith(f"{ATTR}_"):
-                    entry[key[len(ATTR) + 1:]] = True
-            out = [(trial_id, _Slot(**e)) for trial_id, e in table.items()]
+                    flags.setdefault(int(trial_id), set()).add(key[len(ATTR) + 1:])
+            out = [(i, _Slot(n, st, *(f in flags.get(i, ()) for f in _FLAGS))) for i, (n, st) in heads.items()]
         out.sort()
         if out:
             self._last = max(self._last, out[-1][0])
@@ -426,7 +412,7 @@ def _record(t: FrozenTrial) -> TrialRecord:
     values = list(t.values) if (t.values is not None and state == "complete") else None
     return TrialRecord(
         number=t.number, state=state, params=rec.get("params") or dict(t.params), values=values,
-        metrics=rec.get("metrics") or {}, constraints=rec.get("constraints") or {},
+        metrics=rec.get("metrics") or {}, constraints=read_checks(rec.get("constraints") or {}, what="a trial"),
         reason=reason, duration_s=duration, run_id=rec.get("run_id"),
         stage=rec.get("stage"), steps=int(rec.get("steps") or 0),
         train_s=float(rec.get("train_s") or 0.0), gate_s=float(rec.get("gate_s") or 0.0),

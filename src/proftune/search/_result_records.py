@@ -12,6 +12,7 @@ from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector
 from ..metrics import split_objective
 from ..track import redact_url
+from ._analysis import Correlation
 from ._constraints import Constraint, Objective, parse_constraint
 from ._records import TrialRecord
 from ._reeval import Selection
@@ -90,8 +91,9 @@ class SearchResult:
     trials: list[TrialRecord]
     best: TrialRecord | None
     pareto: list[TrialRecord]
-    correlations: dict[str, Any]
-    importance: dict[str, Any]
+    #: ``{param: {target: Correlation}}`` and ``{objective: {method: {param: share}}}`` (:mod:`._analysis`).
+    correlations: dict[str, dict[str, Correlation]]
+    importance: dict[str, dict[str, dict[str, float | str]]]
     space_hash: str
     sampler: str
     pruner: str

@@ -18,15 +18,15 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar, TypedDict
 
-from .._records import JsonRecord, mapping, record_fields
+from .._records import JsonRecord, Reader, each, mapping, record_fields
 from ..task import Task
 from ._constraints import Constraint
 from ._gate import ProfileGate, free_memory, is_oom
 from ._space import Param, Space
 
-__all__ = ["Bound", "ScanResult", "fit_bounds", "restrict_space", "run_scan"]
+__all__ = ["Bound", "ScanPoint", "ScanResult", "fit_bounds", "restrict_space", "run_scan"]
 
 #: The box learner stops once at most this share of the kept scanned points is infeasible.
 TARGET_INFEASIBLE = 0.05
@@ -34,6 +34,19 @@ TARGET_INFEASIBLE = 0.05
 GAIN = 1.0
 #: A bound must separate infeasible from feasible points beyond chance at this level (over params).
 ALPHA = 0.05
+
+
+class _Located(TypedDict):
+    params: dict[str, Any]
+    feasible: bool
+
+
+class ScanPoint(_Located, total=False):
+    """A scanned configuration: its params and whether it meets the hard constraints (all that
+    :func:`fit_bounds` reads); a profiled one also has the gate's metrics and reasons."""
+
+    metrics: dict[str, float]
+    reasons: list[str]
 
 
 @dataclass(frozen=True)
@@ -76,10 +89,14 @@ class Bound:
 
 @dataclass(frozen=True)
 class ScanResult(JsonRecord):
-    """What the scan measured, the bounds it fitted, and what they cost."""
+    """What the scan measured, the bounds it fitted, and what they cost (stored with the study and
+    in a tune Run)."""
+
+    WHAT: ClassVar[str] = "a feasibility scan"
+    READERS: ClassVar[dict[str, Reader]] = {"bounds": each(Bound.from_dict)}
 
     constraints: list[str]
-    points: list[dict[str, Any]]
+    points: list[ScanPoint]
     bounds: list[Bound]
     duration_s: float
     profiles: int
@@ -88,28 +105,17 @@ class ScanResult(JsonRecord):
     kept_infeasible_share: float
     notes: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_dict(cls, d: Any) -> ScanResult:
-        """The scan back from :meth:`to_dict`'s JSON (a study's stored scan, a tune Run's)."""
-        kw = record_fields(cls, mapping(d, what="a feasibility scan"), what="a feasibility scan")
-        return cls(**{**kw, "constraints": list(kw["constraints"]), "points": list(kw["points"] or []),
-                      "bounds": [Bound.from_dict(b) for b in kw["bounds"] or []],
-                      "duration_s": float(kw["duration_s"]), "profiles": int(kw["profiles"]),
-                      "stopped_early": bool(kw["stopped_early"]), "feasible_share": float(kw["feasible_share"]),
-                      "kept_infeasible_share": float(kw["kept_infeasible_share"]),
-                      "notes": list(kw.get("notes") or [])})
-
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 # -- the box learner ------------------------------------------------------------------------------
-def _candidates(space: Space, kept: Sequence[dict[str, Any]]) -> list[Bound]:
+def _candidates(space: Space, kept: Sequence[ScanPoint]) -> list[Bound]:
     """Every single restriction that removes at least one kept point."""
     out: list[Bound] = []
     for p in space.params:
-        values = [pt["params"].get(p.name) for pt in kept if p.name in pt["params"]]
+        values = [pt["params"][p.name] for pt in kept if p.name in pt["params"]]
         if not values:
             continue
         if p.type == "categorical":
@@ -125,7 +131,7 @@ def _candidates(space: Space, kept: Sequence[dict[str, Any]]) -> list[Bound]:
     return out
 
 
-def fit_bounds(space: Space, points: Sequence[dict[str, Any]], *,
+def fit_bounds(space: Space, points: Sequence[ScanPoint], *,
                target: float = TARGET_INFEASIBLE, max_bounds: int = 6) -> list[Bound]:
     """Greedy box: bounds that keep the feasible scanned points and drop the infeasible ones.
 
@@ -158,7 +164,7 @@ def fit_bounds(space: Space, points: Sequence[dict[str, Any]], *,
     return _merge(chosen)
 
 
-def _separates(b: Bound, kept: Sequence[dict[str, Any]], out: Sequence[dict[str, Any]], alpha: float) -> bool:
+def _separates(b: Bound, kept: Sequence[ScanPoint], out: Sequence[ScanPoint], alpha: float) -> bool:
     """Whether feasibility follows ``b``'s param beyond chance, one-sided at ``alpha``: for a numeric
     bound, the infeasible points' values lie beyond the feasible ones' (Mann-Whitney U); for a
     dropped choice, it is infeasible more often than the rest (Fisher's exact test). Coin-flip
@@ -261,10 +267,10 @@ class _Prober:
 
     def __init__(self, task: Task, space: Space, gate: ProfileGate) -> None:
         self.task, self.space, self.gate = task, space, gate
-        self.points: list[dict[str, Any]] = []
-        self._seen: dict[str, dict[str, Any]] = {}
+        self.points: list[ScanPoint] = []
+        self._seen: dict[str, ScanPoint] = {}
 
-    def __call__(self, params: dict[str, Any]) -> dict[str, Any] | None:
+    def __call__(self, params: dict[str, Any]) -> ScanPoint | None:
         config = {**self.space.fixed, **params}
         if self.space.forbidden(config) is not None:
             return None
@@ -273,12 +279,11 @@ class _Prober:
             return self._seen[key]
         try:
             g = self.gate.check(self.task, config)
-            pt = {"params": dict(params), "feasible": g.feasible, "metrics": g.metrics,
-                  "reasons": g.reasons}
+            pt = ScanPoint(params=dict(params), feasible=g.feasible, metrics=g.metrics, reasons=g.reasons)
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            pt = {"params": dict(params), "feasible": False, "metrics": {}, "reasons": ["out of memory"]}
+            pt = ScanPoint(params=dict(params), feasible=False, metrics={}, reasons=["out of memory"])
         finally:
             free_memory()
         self.points.append(pt)
@@ -317,7 +322,7 @@ def run_scan(task: Task, space: Space, constraints: Sequence[Constraint], *, n: 
     return _result(hard, probe.points, bounds, started, stopped_early, notes)
 
 
-def _result(hard: Sequence[Constraint], points: list[dict[str, Any]], bounds: list[Bound], started: float,
+def _result(hard: Sequence[Constraint], points: list[ScanPoint], bounds: list[Bound], started: float,
             stopped_early: bool, notes: list[str]) -> ScanResult:
     texts = tuple(c.text for c in hard)
     total = len(points)
@@ -338,7 +343,7 @@ def _result(hard: Sequence[Constraint], points: list[dict[str, Any]], bounds: li
         notes=notes)
 
 
-def _agree_one(b: Bound, bounds: Sequence[Bound], points: Sequence[dict[str, Any]]) -> int:
+def _agree_one(b: Bound, bounds: Sequence[Bound], points: Sequence[ScanPoint]) -> int:
     """Scanned points that agree with ``b``: inside it and feasible, outside it and infeasible, or
     inside it, infeasible and outside another bound (which explains them)."""
     n = 0
@@ -370,7 +375,7 @@ def _bisect(p: Param, b: Bound, others: Sequence[Bound], probe: _Prober, max_pro
     """Move ``b`` to the last feasible value of its param (others held inside their bounds)."""
     upper = b.op == "<="
 
-    def within_others(pt: dict[str, Any]) -> bool:
+    def within_others(pt: ScanPoint) -> bool:
         return all(o.keeps(pt["params"].get(o.param)) for o in others)
 
     inside = [pt for pt in probe.points if p.name in pt["params"] and pt["feasible"]
