@@ -294,8 +294,8 @@ OPTIMIZE_LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer i
     # and the result (a record names its stage: it needs no stage registry)
     {"_computed", "_changes", "_decide", "_budget_plan", "_layer_value", "_search_plan", "_search_records",
      "_final_records", "_records", "_state", "_numbers", "_result_records"},
-    # the contract: options, what a stage is given, the stage base and registry, the clock
-    {"_config", "_context", "_stages", "_budget"},
+    # the contract: options, what a stage is given, the stage base and registry, the clock, the plan
+    {"_config", "_context", "_planner", "_stages", "_budget"},
     # the stages' work
     {"_stage_measures", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_health_gate", "_builtin"},
     {"_story", "_output"},  # what the run writes: the story told from the result, the files

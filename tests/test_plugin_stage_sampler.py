@@ -171,8 +171,8 @@ class Widths(BaseStage):
         model = loop.task.build_model(dict(loop.defaults))
         per = {n: sum(p.numel() for p in m.parameters(recurse=False))
                for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))}
-        return StageResult(WidthOutputs(params_per_layer=per, total=sum(per.values()), epoch_s=loop.epoch_s(),
-                                        search_s=loop.budget_plan().search_s))
+        return StageResult(WidthOutputs(params_per_layer=per, total=sum(per.values()), epoch_s=loop.planner.epoch_s(),
+                                        search_s=loop.planner.budget_plan().search_s))
 
 
 @pytest.fixture

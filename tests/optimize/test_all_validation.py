@@ -140,21 +140,22 @@ def test_the_race_plans_its_seeds_for_the_gain_left_after_the_search_s_curse() -
     import statistics
     from types import SimpleNamespace
 
-    from proftune.optimize._api import _Loop
     from proftune.optimize._budget_plan import paired_seeds_needed
     from proftune.optimize._final import MAX_ROUNDS
+    from proftune.optimize._planner import Planner
     from proftune.optimize._search import ConfigGroup
 
-    loop = SimpleNamespace(cfg=SimpleNamespace(seeds=3), v=SimpleNamespace(metric="accuracy"),
-                           holdout=SimpleNamespace(val_samples=300))
+    # what the race's seeds read: --seeds, the metric, the validation set's size (no clock, no state)
+    planner = Planner(state=None, v=SimpleNamespace(cfg=SimpleNamespace(seeds=3), metric="accuracy"),  # type: ignore[arg-type]
+                      clock=None, holdout=SimpleNamespace(val_samples=300), out=None, full_epochs=10)  # type: ignore[arg-type]
 
     def group(values: list[float]) -> ConfigGroup:
         return ConfigGroup(params={}, values=values, trials=[], arms=[], mean=statistics.fmean(values),
                            std=statistics.stdev(values), n=len(values))
 
     defaults, best = group([0.92, 0.93, 0.94]), group([0.96, 0.97, 0.98])
-    one = _Loop.race_seeds_for(loop, defaults, best, 0.01)  # type: ignore[arg-type]
-    many = _Loop.race_seeds_for(loop, defaults, best, 0.01, compared=10)  # type: ignore[arg-type]
+    one = planner.race_seeds_for(defaults, best, 0.01)
+    many = planner.race_seeds_for(defaults, best, 0.01, compared=10)
     noise = sampling_std("accuracy", 300, 0.93)
     assert noise is not None
     left = 0.04 - noise * math.sqrt(2 * math.log(10))
@@ -168,4 +169,4 @@ def test_the_race_plans_its_seeds_for_the_gain_left_after_the_search_s_curse() -
     at_race = paired_seeds_needed(seed_std=noise, gain=0.02, resolution=1 / 300, alpha=0.025, low=3, high=99)
     assert at_race > paired_seeds_needed(seed_std=noise, gain=0.02, resolution=1 / 300, alpha=0.05, low=3, high=99)
     half = group([0.92, 0.93, 0.94]), group([0.94, 0.95, 0.96])  # +0.02, no trials compared: no curse
-    assert _Loop.race_seeds_for(loop, *half, 0.01) == min(MAX_ROUNDS, at_race)  # type: ignore[arg-type]
+    assert planner.race_seeds_for(*half, 0.01) == min(MAX_ROUNDS, at_race)

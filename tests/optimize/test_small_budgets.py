@@ -313,11 +313,12 @@ def test_the_race_plans_more_seeds_where_the_defaults_spread_widely() -> None:
     spreads by that, not by the leader's small spread, so the race needs more seeds for the same gap."""
     from types import SimpleNamespace
 
-    from proftune.optimize._api import _Loop
+    from proftune.optimize._planner import Planner
     from proftune.optimize._search import ConfigGroup
 
-    loop = SimpleNamespace(cfg=SimpleNamespace(seeds=3), v=SimpleNamespace(metric="accuracy"),
-                           holdout=SimpleNamespace(val_samples=300))
+    # what the race's seeds read: --seeds, the metric, the validation set's size (no clock, no state)
+    planner = Planner(state=None, v=SimpleNamespace(cfg=SimpleNamespace(seeds=3), metric="accuracy"),  # type: ignore[arg-type]
+                      clock=None, holdout=SimpleNamespace(val_samples=300), out=None, full_epochs=10)  # type: ignore[arg-type]
 
     def group(mean: float, values: list[float]) -> ConfigGroup:
         import statistics
@@ -328,8 +329,8 @@ def test_the_race_plans_more_seeds_where_the_defaults_spread_widely() -> None:
     leader = group(0.96, [0.95, 0.96, 0.97])
     steady = group(0.74, [0.73, 0.74, 0.75])
     wild = group(0.74, [0.50, 0.74, 0.98])
-    calm = _Loop.race_seeds_for(loop, steady, leader, 0.01)  # type: ignore[arg-type]
-    wide = _Loop.race_seeds_for(loop, wild, leader, 0.01)  # type: ignore[arg-type]
+    calm = planner.race_seeds_for(steady, leader, 0.01)
+    wide = planner.race_seeds_for(wild, leader, 0.01)
     assert calm == 3
     assert wide > calm
 

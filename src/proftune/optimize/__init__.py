@@ -22,6 +22,7 @@ from ._layer_value import (
     layer_values,
     mean_ablation_hook,
 )
+from ._planner import Planner
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -84,6 +85,7 @@ __all__ = [
     "OptimizeConfig",
     "OptimizeResult",
     "ParamChange",
+    "Planner",
     "SearchGap",
     "SearchOutcome",
     "SearchPlan",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import socket
 import time
@@ -25,28 +24,13 @@ from ..exceptions import ConfigError, RunFailedError
 from ..search import prepare_storage
 from ..task import Task, load_task
 from ..track import Store, data_fingerprint, environment, not_held, redact_url
-from ..train import NONFINITE_STOP, TrainParams
+from ..train import TrainParams
 from ._budget import Budget
-from ._budget_plan import (
-    COMPRESS_RESERVE_S,
-    FULL_TRIALS_AT_LEAST,
-    MIN_COMPRESS_S,
-    BudgetPlan,
-    paired_seeds_needed,
-    plan_budget,
-    rankable_epoch,
-)
 from ._changes import ParamChange, optimizer_defaults, param_changes
 from ._config import OptimizeConfig, Validated, default_study, validate
-from ._decide import ALPHA, prior_seed_std
-from ._final import (
-    MAX_ROUNDS,
-    RESERVED_CANDIDATES,
-    RUN_OVERHEAD_S,
-    Arm,
-    FinalOutcome,
-)
+from ._final import Arm, FinalOutcome
 from ._output import load_line, write_html, write_outputs, write_summary
+from ._planner import Planner
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -65,7 +49,6 @@ from ._result_records import (
     StageRow,
     VsBaseline,
 )
-from ._search import ConfigGroup
 from ._search_plan import task_param_defaults
 from ._stages import BaseStage, StageResult, stages
 from ._state import OptimizeState, StageStatus, own_run
@@ -109,6 +92,9 @@ class _Loop:
         # on (test_data, resplit rounds) or an estimate corrected for the winner's curse
         self.task = task
         self.holdout = held_out_info(task, batch_size=int(self.defaults.get("batch_size", 32)))
+        #: The plan of the budget, from the stages' records and this clock (the loop plans nothing).
+        self.planner = Planner(state=self.state, v=v, clock=self.budget, holdout=self.holdout, out=self.out,
+                               full_epochs=task.default_epochs)
         self.run_id = self._parent_run()
 
     # -- records ------------------------------------------------------------------------------
@@ -183,116 +169,6 @@ class _Loop:
         self.say("stage_end", {"stage": name, "duration_s": duration, "status": res.status,
                                "before": res.before, "after": res.after})
         st.on_end(self)
-
-    # -- stages -------------------------------------------------------------------------------
-    def epoch_s(self) -> float:
-        return max(float(self.state.record(BaselineOutputs).epoch_s or 1.0), 1e-3)
-
-    def _race_seeds(self) -> int:
-        """Paired seeds the race plans for: enough to detect, at the decision's confidence, the
-        gain the search measured given the seeds' spread (``--seeds`` at least; before the
-        search, ``--seeds``)."""
-        if not self.state.finished("search"):
-            return int(self.cfg.seeds)
-        srch = self.state.record(SearchStageOutputs)
-        return self.race_seeds_for(srch.defaults, srch.best, srch.seed_std, compared=srch.trials)
-
-    def race_seeds_for(self, defaults: ConfigGroup | None, best: ConfigGroup | None, pooled: float | None, *,
-                       compared: int = 1) -> int:
-        """Paired seeds for the race of ``best`` against ``defaults`` as the search measured them
-        (``pooled``: the seeds' spread over every group it repeated; ``compared``: the trials the
-        search ran on the same validation data), planned at the level the race decides at (its
-        challengers share the error rate).
-
-        The search's best is the best of ``compared`` draws on one validation set: its gain is
-        inflated by about the sampling noise of one figure there (binomial, sqrt(p (1 - p) / n))
-        times sqrt(2 ln compared). The race plans for the gain that remains (issue 60: on 300
-        samples the search's +0.04 planned three seeds, which cannot show the +0.02 left)."""
-        low = int(self.cfg.seeds)
-        if best is None or defaults is None:
-            return low
-        from ._decide import metric_resolution, winners_curse
-
-        curse = winners_curse(self.v.metric, self.holdout.val_samples, finite_float(defaults.mean), compared)
-        gain = max(0.0, abs(best.mean - defaults.mean) - curse)
-        # the paired difference spreads by both arms' seeds: where each was measured (the defaults
-        # at a rate too high spread many times the leader), their own figures, else the pooled one
-        own = [g.std for g in (defaults, best) if g.std is not None and g.n >= 2]
-        spread = math.sqrt(sum(x * x for x in own) / 2) if len(own) == 2 else pooled
-        if spread is not None and pooled is not None:
-            spread = max(spread, pooled)
-        std = prior_seed_std(spread, metric=self.v.metric, val_samples=self.holdout.val_samples,
-                             level=finite_float(defaults.mean))
-        return paired_seeds_needed(seed_std=std, gain=gain,
-                                   resolution=metric_resolution(self.v.metric, self.holdout.val_samples),
-                                   alpha=ALPHA / RESERVED_CANDIDATES, low=low, high=max(low, MAX_ROUNDS))
-
-    def budget_plan(self, *, search_done: bool = False) -> BudgetPlan:
-        """What the seconds left hold at the task's own protocol (made again from measured times
-        before each stage that depends on it)."""
-        full = self.task.default_epochs
-        # the stages before the search that have not run yet take their shares from what is left
-        pending = [s for s in ("health", "compute", "layer_value") if not self.state.finished(s)]
-        after = self.compress_reserve() + sum(self.budget.stage_s(s) for s in pending)
-        seeds, finalists = self._race_seeds(), 1 if search_done else RESERVED_CANDIDATES
-
-        def plan(trial_epochs: int) -> BudgetPlan:
-            return plan_budget(full_epochs=full, epoch_s=self.epoch_s(), run_overhead_s=RUN_OVERHEAD_S,
-                               left_s=self.budget.left_s, spent_s=self.budget.elapsed_s,
-                               budget_s=self.v.budget_s, after_s=after, seeds=seeds, finalists=finalists,
-                               trial_epochs=trial_epochs, search_done=search_done,
-                               done_runs=self._race_runs_done(trial_epochs))
-
-        return plan(self._trial_epochs(plan(full).search_s))
-
-    def _race_runs_done(self, trial_epochs: int) -> int:
-        """The race's first-seed trainings made before it: the baseline's of the defaults, and the
-        search's of its best where the trials run the task's own epochs (their models kept)."""
-        if not self.baseline_reusable():
-            return 0
-        if self.state.finished("search"):
-            return 1 + bool(self.state.record(SearchStageOutputs).kept)
-        return 1 + (trial_epochs >= self.task.default_epochs)
-
-    def baseline_reusable(self) -> bool:
-        """Whether the baseline's training of the defaults ran their own epochs to the end (or until
-        its loss turned non-finite: where the training was going) and left its model: then it is the
-        defaults' first seed in the race (not trained again)."""
-        if not self.state.finished("baseline"):
-            return True  # planned for: the baseline trains the defaults at their own protocol
-        base = self.state.record(BaselineOutputs)
-        diverged = (base.defaults.stop_reason or "").startswith(NONFINITE_STOP)
-        return (base.model is not None and (self.out / base.model).is_file()
-                and ((base.defaults.epochs or 0) >= self.task.default_epochs or diverged)
-                and base.defaults.metrics.get(self.v.metric) is not None)
-
-    def _trial_epochs(self, seconds: float) -> int:
-        """Epochs of every search trial and of the race's candidates: the task's own (the
-        protocol the defaults are judged by), unless the search's time cannot hold about three
-        trials of them; never fewer than the epochs at which the defaults' curve could rank."""
-        full = self.task.default_epochs
-        if seconds >= FULL_TRIALS_AT_LEAST * full * self.epoch_s():
-            return full
-        rank_at = self.rank_epoch()
-        floor = full if rank_at is None else rank_at
-        return max(1, floor, min(full, int(seconds / (FULL_TRIALS_AT_LEAST * self.epoch_s()))))
-
-    def rank_epoch(self) -> int | None:
-        """The first epoch at which the defaults' own curve had separated from its start (1 before
-        the baseline measured it; None: it never did, so no shorter protocol ranks)."""
-        if not self.state.finished("baseline"):
-            return 1
-        base = self.state.record(BaselineOutputs)
-        if base.start_metric is None or not base.curve:
-            return 1  # a state written before the curve was kept
-        return rankable_epoch(base.start_metric, base.curve, maximize=self.v.maximize,
-                              val_samples=self.holdout.val_samples)
-
-    def compress_reserve(self) -> float:
-        """Seconds kept for compression: a fifth of the budget, within what one sweep needs."""
-        if self.cfg.goal == "none":
-            return 0.0
-        return min(COMPRESS_RESERVE_S, max(MIN_COMPRESS_S, 0.2 * self.v.budget_s))
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> OptimizeResult:

@@ -45,6 +45,12 @@ MIN_COMPRESS_S = 15.0
 COMPRESS_RESERVE_S = 40.0
 #: The search prunes by successive halving when its time holds fewer full trials than this.
 FULL_TRIALS_FOR_NO_PRUNER = 15.0
+#: Candidates the search's time is planned to leave room for (the race takes more if it can).
+RESERVED_CANDIDATES = 2
+#: Seeds per arm at most, when the time left holds more than ``--seeds`` (a sharper comparison).
+MAX_ROUNDS = 10
+#: Seconds one run costs beyond its epochs (the run record, the held-out evaluation, the save).
+RUN_OVERHEAD_S = 0.3
 #: Trials run at the task's own epochs when the search's time holds at least this many of them
 #: (successive halving still stops the weak early): a trial at the own epochs is then the race's
 #: first run of the search's best (its model kept), where a shorter one must be trained again.

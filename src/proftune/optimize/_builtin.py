@@ -83,7 +83,7 @@ class Baseline(BaseStage):
     compares = "no-tricks run -> the task's defaults (one seed, with the health checks)"
 
     def on_end(self, loop: StageContext) -> None:
-        plan = loop.budget_plan()  # as soon as one training is timed
+        plan = loop.planner.budget_plan()  # as soon as one training is timed
         loop.say("plan", {"text": plan.describe(), "plan": plan.to_dict()})
 
     def run(self, loop: StageContext, share: float, end: float) -> StageResult:
@@ -201,7 +201,7 @@ class Compute(BaseStage):
         (a slow model gets fewer, never more than the defaults of recommend)."""
         prof = Profile.load(loop.out / "profile.json")
         # a step as a training pays it (the no-tricks run's wall clock) where the profile's phases say less
-        wall_s = loop.epoch_s() / max(1, measures.steps_per_epoch(loop.task, loop.defaults))
+        wall_s = loop.planner.epoch_s() / max(1, measures.steps_per_epoch(loop.task, loop.defaults))
         step_s = max((prof.step.time_ms or 1.0) / 1e3, wall_s, 1e-4)
         steps = share / step_s  # training steps the share holds at that step time
         lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
@@ -223,7 +223,7 @@ class Compute(BaseStage):
         # search centres on it (a rate read off a loss that only came back to chance trains nothing)
         # never longer than one whole training of the defaults (then the check is two whole ones),
         # nor than a small share of the whole budget (at 8 trainings two of 1 s took a quarter of it)
-        check_s = min(short_check_seconds(share), max(0.05, loop.budget_plan().full_s),
+        check_s = min(short_check_seconds(share), max(0.05, loop.planner.budget_plan().full_s),
                       max(0.05, CHECK_BUDGET_SHARE * loop.v.budget_s))
         lr_check = check_computed_lr(loop.task, loop.defaults, computed, metric=loop.v.metric,
                                      maximize=loop.v.maximize, seconds=check_s,
@@ -274,15 +274,15 @@ class Search(BaseStage):
         comp = loop.state.record(ComputeOutputs)
         plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space,
                           max_batch=comp.max_batch_size, samples=measures.train_samples(loop.task, loop.defaults))
-        compress_min = loop.compress_reserve()
-        budget_plan = loop.budget_plan()
+        compress_min = loop.planner.compress_reserve()
+        budget_plan = loop.planner.budget_plan()
         loop.say("plan", {"text": budget_plan.describe(), "plan": budget_plan.to_dict()})
         epochs = budget_plan.trial_epochs
-        epoch_s = loop.epoch_s()
+        epoch_s = loop.planner.epoch_s()
         race_s = budget_plan.race_s if budget_plan.race_fits else 0.0
         # trials at the task's own epochs: the race's first pair is the baseline's and the search's best's
-        reuse = epochs >= loop.task.default_epochs and loop.baseline_reusable()
-        done = (1 if loop.baseline_reusable() else 0) + (1 if reuse else 0)
+        reuse = epochs >= loop.task.default_epochs and loop.planner.baseline_reusable()
+        done = (1 if loop.planner.baseline_reusable() else 0) + (1 if reuse else 0)
         if not budget_plan.race_fits and loop.budget.left_s >= 2.5 * budget_plan.full_s:
             # no full race fits, but the time holds the search's best trained once at the defaults'
             # protocol after the search: the final stage races it against their baseline training
@@ -304,7 +304,7 @@ class Search(BaseStage):
             gain = (best.mean - d.mean) * (1.0 if loop.v.maximize else -1.0)
             if gain <= (d.std or 0.0) / math.sqrt(d.n):  # no gain beyond one standard error of theirs to confirm
                 return race_now + compress_min
-            seeds = loop.race_seeds_for(d, best, pooled, compared=len(rows))
+            seeds = loop.planner.race_seeds_for(d, best, pooled, compared=len(rows))
             need = 1.1 * max(0, 2 * seeds - done) * full_s
             return min(max(race_now, need), race_now + 0.5 * seconds) + compress_min
 
@@ -318,7 +318,7 @@ class Search(BaseStage):
         full_trials = max(1.0, loop.budget.left_s - race_s - compress_min) / (epochs * epoch_s)
         # no rung before the defaults' own curve separated from its start: a rung that cannot rank
         # prunes slow starters by noise (None: it never separated, so nothing is pruned by epoch)
-        rank_at = loop.rank_epoch()
+        rank_at = loop.planner.rank_epoch()
         settings = StageSettings(
             objective=loop.v.objective, metric=loop.v.metric, maximize=loop.v.maximize,
             constraints=tuple(loop.cfg.constraints), epochs=epochs, study=loop.study, seed=loop.cfg.seed,
@@ -332,7 +332,8 @@ class Search(BaseStage):
             trial_s_estimate=epochs * epoch_s,
             alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {},
             # the leading trials' models where the race's first seed is the baseline's (short_finalist)
-            on_trial=loop.cfg.on_trial, keep_models=str(loop.out / MODELS_DIR) if loop.baseline_reusable() else None)
+            on_trial=loop.cfg.on_trial,
+            keep_models=str(loop.out / MODELS_DIR) if loop.planner.baseline_reusable() else None)
         spent = float(loop.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
@@ -364,7 +365,7 @@ class Search(BaseStage):
             # every trial as the report draws it (its arm, state and why it ended)
             trials_log=[TrialLog.of(t) for t in outcome.trials],
             kept=(kept_runs(outcome.trials, out=loop.out, seed=int(loop.cfg.seed), epochs=epochs,
-                            metric=loop.v.metric) if loop.baseline_reusable() else []),
+                            metric=loop.v.metric) if loop.planner.baseline_reusable() else []),
         ), before=finite_float(outcome.defaults.mean if outcome.defaults else None),
             after=best.mean if best else None)
 
@@ -377,7 +378,7 @@ class Search(BaseStage):
     def _defaults_measured(loop: StageContext, epochs: int) -> float | None:
         """The baseline's metric of the defaults where the trials run their own epochs (and the
         baseline ran them to the end): the search does not train them again."""
-        if epochs < loop.task.default_epochs or not loop.baseline_reusable():
+        if epochs < loop.task.default_epochs or not loop.planner.baseline_reusable():
             return None
         return Search._defaults_level(loop)
 
@@ -396,8 +397,8 @@ class Final(BaseStage):
         # every arm trains at the task's own protocol: the defaults as the user runs them, and the
         # search's finalists promoted from the trials' fidelity to it (never a shortened copy)
         epochs = loop.task.default_epochs
-        base_epoch_s = loop.epoch_s()
-        budget_plan = loop.budget_plan(search_done=True)
+        base_epoch_s = loop.planner.epoch_s()
+        budget_plan = loop.planner.budget_plan(search_done=True)
         race_notes: list[str] = []
         fixed = srch.fixed()
         defaults_key = measures.params_key(loop.defaults)
@@ -424,7 +425,7 @@ class Final(BaseStage):
             # search's best alone races the defaults, over the seeds the time holds
             shorter = None
             candidates = proposals[:1]
-        hard_end = loop.budget.end - min(loop.compress_reserve(), MIN_COMPRESS_S)
+        hard_end = loop.budget.end - min(loop.planner.compress_reserve(), MIN_COMPRESS_S)
         if not budget_plan.race_fits and proposals:
             # no full race fits: the search's best alone races the defaults, as many paired seeds as
             # the time holds; only a gain far beyond the known seeds' noise replaces them (where no
@@ -455,7 +456,7 @@ class Final(BaseStage):
                          resplit=races_on_resplits(loop.task, loop.holdout.val_samples, race_notes),
                          compared=srch.trials)
         outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
-                            end=loop.budget.end - loop.compress_reserve(), hard_end=hard_end,
+                            end=loop.budget.end - loop.planner.compress_reserve(), hard_end=hard_end,
                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
                             shorter=shorter, first=(first := baseline_first(loop)),
                             first_more=(search_first(loop, candidates[0], seed=first[0].seed if first else None)

@@ -27,6 +27,7 @@ from ..task import Task
 from ..track import Store
 from ..train import TrainParams, evaluate_model
 from ._budget import Deadline
+from ._budget_plan import MAX_ROUNDS, RUN_OVERHEAD_S
 from ._decide import (
     ALPHA,
     Comparison,
@@ -55,12 +56,6 @@ __all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "
 #: when the time left does not hold ``--seeds`` runs of each): one seed per search trial makes
 #: its ranking noisy, so the race re-ranks the best few on paired seeds.
 MAX_CANDIDATES = 4
-#: Candidates the search's time is planned to leave room for (the race takes more if it can).
-RESERVED_CANDIDATES = 2
-#: Seeds per arm at most, when the time left holds more than ``--seeds`` (a sharper comparison).
-MAX_ROUNDS = 10
-#: Seconds one run costs beyond its epochs (the run record, the held-out evaluation, the save).
-RUN_OVERHEAD_S = 0.3
 
 
 def _epochs(arm: Arm, plan: FinalPlan) -> int:

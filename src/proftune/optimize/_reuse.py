@@ -66,7 +66,7 @@ def _run(loop: StageContext, params: dict[str, Any], path: Path, *, seed: int, r
 def baseline_first(loop: StageContext) -> tuple[ArmRun, Path] | None:
     """The baseline's training of the defaults as the race's first run of them (their own epochs
     to the end, its model kept): one training the race does not pay again. None: it was cut."""
-    if not loop.baseline_reusable():
+    if not loop.planner.baseline_reusable():
         return None
     base = loop.state.record(BaselineOutputs)
     assert base.model is not None  # baseline_reusable checked it

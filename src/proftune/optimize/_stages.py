@@ -45,7 +45,7 @@ class BaseStage(abc.ABC):
     :class:`StageContext`, the public contract a stage relies on: the task (its validation data
     split for held-out figures), the defaults, the options (``loop.cfg``, ``loop.v``), the Store,
     the state of the stages before it (``loop.state.record(TheirOutputs)``), the clock
-    (``loop.budget``), the plan of the budget (``loop.budget_plan()``), the output folder
+    (``loop.budget``), the plan of the budget (``loop.planner.budget_plan()``), the output folder
     (``loop.out``) and ``loop.say(event, data)`` for progress.
     """
 
