@@ -97,8 +97,12 @@ def test_the_choice_follows_a_change_of_load() -> None:
     assert choice is not None
     assert choice.source == "computed"
     assert choice.candidates == [1, 2]
-    assert [(c.reason, c.chosen) for c in choice.checks] == [("start", 2), ("drift", 1), ("drift", 2)]
-    start, busier, quieter = choice.checks
+    checks = [(c.reason, c.chosen) for c in choice.checks]
+    assert checks[:3] == [("start", 2), ("drift", 1), ("drift", 2)]
+    # a busy machine's own spikes in the real steps (a few ms) may ask again after the last change of
+    # load: such a check keeps two threads (CI beside benchmark processes saw one more ("drift", 2))
+    assert all(chosen == 2 for _, chosen in checks[3:])
+    start, busier, quieter = choice.checks[:3]
     assert start.step == 0
     assert start.step_ms["1"] > 50 * start.step_ms["2"]
     assert busier.step >= 30
