@@ -301,12 +301,6 @@ def test_a_small_training_set_can_be_searched_in_one_batch() -> None:
                       user_space=None, max_batch=None, samples=107)
     assert min(plan.space.param("batch_size").choices) <= 13
     assert plan.centre["batch_size"] <= 13
-    # a large default (128 of 552 samples): the floor is the smallest common batch, not a quarter of it
-    # (a GRU's best there was batch 16, which a floor of 32 left out)
-    big.default_params = {**big.default_params, "batch_size": 128}
-    plan = build_plan(big, {"lr": 0.01, "batch_size": 64, "grad_accumulation": 1, "precision": "fp32"},
-                      user_space=None, max_batch=None, samples=552)
-    assert min(plan.space.param("batch_size").choices) == 16
 
 
 def test_a_space_contradicting_computed_values_is_refused() -> None:

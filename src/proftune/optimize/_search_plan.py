@@ -113,11 +113,8 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     # checked, or the batch that leaves eight steps an epoch is there): an epoch at an eighth of it
     # takes eight times the steps, and where a step costs its overhead more than its samples (a
     # small model) eight times the time: on a 54-sample GRU one quasi-random point at batch 2 took
-    # 6x the defaults' training, a third of an 8-training budget's search (issue 60's generated tasks);
-    # but never above the smallest common batch: a quarter of a default of 128 kept a GRU on 552
-    # samples from batch 16, the plain loop's best there (+0.09), and multivariate TPE then put 145
-    # of 146 proposals on one batch
-    floor = max(2, min(default_bs // 4, bs, COMMON_BATCHES[0], *((samples // 8,) if samples else ())))
+    # 6x the defaults' training, a third of an 8-training budget's search (issue 60's generated tasks)
+    floor = max(2, min(default_bs // 4, bs, *((samples // 8,) if samples else ())))
     choices = sorted({max(floor, min(cap, b)) for b in (bs // 8, bs // 4, bs // 2, bs, bs * 2, bs * 4, bs * 8,
                                                        min(cap, default_bs), *reach, *COMMON_BATCHES)})
     params["batch_size"] = {"type": "categorical", "choices": choices}
