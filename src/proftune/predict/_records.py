@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypedDict, cast
 from .._jsonsafe import json_safe
 from .._records import JsonRecord, stored_version
 from ..exceptions import ConfigError
-from ..profile import MemoryProfile, ParamCounts
+from ..profile import MemoryProfile, ParamCounts, UncountedOpEntry
 
 __all__ = [
     "ESTIMATE_NOTE",
@@ -229,7 +229,7 @@ class PredictResult(_AsDict):
     #: What bounds the step's estimated time: "compute", "memory" or "unknown".
     bound: str
     peak: PeakAt
-    uncounted_ops: tuple[dict[str, Any], ...]
+    uncounted_ops: tuple[UncountedOpEntry, ...]
     device_memory_bytes: int | None
     #: Whether the asked batch fits the device memory (None: no memory given).
     fits: bool | None

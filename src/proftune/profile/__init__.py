@@ -47,6 +47,7 @@ from ._records import (
     ParamCounts,
     Profile,
     StepProfile,
+    UncountedOpEntry,
     compare_profiles,
     load_spread,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "Structure",
     "TableSpectrum",
     "UncountedOp",
+    "UncountedOpEntry",
     "UncountedOps",
     "Watcher",
     "buffers_bytes",

@@ -28,6 +28,7 @@ __all__ = [
     "Profile",
     "StepProfile",
     "TypeTotals",
+    "UncountedOpEntry",
     "compare_profiles",
     "load_spread",
 ]
@@ -188,6 +189,15 @@ class TypeTotals(TypedDict):
     activation_bytes: int
 
 
+class UncountedOpEntry(TypedDict):
+    """An op the FLOP count could not count (``Profile.uncounted_ops``): its name, calls and up to
+    5 distinct input shapes."""
+
+    op: str
+    calls: int
+    shapes: list[list[list[int]]]
+
+
 @dataclass(frozen=True)
 class Profile:
     """What was measured of a model and its training step; see DESIGN.md for units."""
@@ -211,9 +221,9 @@ class Profile:
     env: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
-    #: Ops that do arithmetic the FLOP count could not count (custom ops, no formula), with
-    #: call counts and input shapes: ``{"op", "calls", "shapes"}``; empty when all were counted.
-    uncounted_ops: tuple[dict[str, Any], ...] = ()
+    #: Ops that do arithmetic the FLOP count could not count (custom ops, no formula); empty when
+    #: all were counted.
+    uncounted_ops: tuple[UncountedOpEntry, ...] = ()
     #: The module tree (``profile --structure``): :meth:`Structure.to_dict` of the model for the
     #: profiled input; None where it was not asked for.
     structure: dict[str, Any] | None = None
