@@ -41,6 +41,8 @@ from ._parallel import plan as run_plan
 from ._records import (
     Calibration,
     LayerPrediction,
+    MaxBatchProbe,
+    MaxBatchSearch,
     ParallelPlan,
     ParallelPrediction,
     PeakAt,
@@ -255,7 +257,7 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     static = trace.static_bytes
     memory = spec.memory_bytes
     fits = None if memory is None else trace.peak <= memory
-    found: dict[str, Any] | None = None
+    found: MaxBatchSearch | None = None
     max_b: int | None = None
     if memory is not None and max_batch:
         if static >= memory:
@@ -357,7 +359,7 @@ def _tokens_per_sample(sample: Any) -> int:
 
 
 def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget: int, start: int,
-                   *, max_verify: int = 3) -> dict[str, Any]:
+                   *, max_verify: int = 3) -> MaxBatchSearch:
     """The largest batch whose predicted peak plus batch-size's margin fits ``budget``.
 
     The peak of a step is the highest of its phases' peaks, each linear in the batch (the
@@ -366,7 +368,7 @@ def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget
     the answer the smallest of the phases' answers, verified by a fake step there; a step over
     the budget joins the fits, and after ``max_verify`` the answer is bisected on fake steps.
     """
-    probes: list[dict[str, Any]] = []
+    probes: list[MaxBatchProbe] = []
     points: dict[str, list[tuple[int, int]]] = defaultdict(list)
     fits: list[int] = []
     fails: list[int] = []

@@ -206,9 +206,9 @@ def _from_prediction(task: Task, given: TrainParams, measure: Measure, budget: i
 
     pred = predict(task, given, batch_size=start, target=None, device_memory=budget,
                    foreach=dev.type == "cuda")
-    if not pred.max_batch_size or pred.max_batch is None or not pred.max_batch.get("model"):
+    m = pred.max_batch["model"] if pred.max_batch is not None else None
+    if not pred.max_batch_size or not m:
         return None
-    m = pred.max_batch["model"]
     model = MemoryModel(intercept_bytes=m["intercept_bytes"], per_sample_bytes=m["per_sample_bytes"],
                         residual_bytes=m["residual_bytes"], margin_bytes=m["margin_bytes"], points=m["points"])
     return verify_prediction(measure, budget, model, pred.max_batch_size, static_bytes=static["total"],
