@@ -201,8 +201,8 @@ class HealthCheck(Callback):
                               "inputs_finite": None, "loss": loss}
 
     def on_epoch_end(self, state: FitState) -> None:
-        entry: dict[str, Any] = (dict(state.curves["epoch"][-1]) if state.curves.get("epoch")
-                                 else {"epoch": state.epoch})
+        entry: dict[str, float] = (dict(state.curves["epoch"][-1]) if state.curves.get("epoch")
+                                   else {"epoch": state.epoch})
         entry.update(state.metrics)
         entry["weight_norm"] = _weight_norm(state.model)
         entry["step"] = state.step
@@ -321,7 +321,7 @@ class HealthCheck(Callback):
         return self.history.steps
 
     @property
-    def epochs(self) -> list[dict[str, Any]]:
+    def epochs(self) -> list[dict[str, float]]:
         """The epoch curve rows with the evaluated metrics and the weight norm."""
         return self.history.epochs
 

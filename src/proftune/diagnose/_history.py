@@ -201,7 +201,7 @@ class History:
     dead_threshold: float = 0.9
     steps: list[StepRecord] = field(default_factory=list)
     samples: list[LayerSample] = field(default_factory=list)
-    epochs: list[dict[str, Any]] = field(default_factory=list)
+    epochs: list[dict[str, float]] = field(default_factory=list)
     labels: list[torch.Tensor] = field(default_factory=list)
     nonfinite: NonFinite | None = None
     lr_test: RangeTest | None = None
