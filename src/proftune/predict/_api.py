@@ -188,8 +188,7 @@ def predict(
     over = {k: v for k, v in (("precision", precision), ("optimizer", optimizer)) if v is not None}
     given = ((params.with_params(**over) if over else params) if isinstance(params, TrainParams)
              else TrainParams.of(task_obj, params, **over))
-    merged = given.params
-    prec = str(merged.get("precision", "fp32"))
+    prec = given.precision or "fp32"
     validate_parallel(gpus=cfg.gpus, nodes=cfg.nodes, strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
                       offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch, link=cfg.link,
                       compute=cfg.compute)
@@ -209,9 +208,9 @@ def predict(
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
     st = optional_store(store, db=db)
     if st is None:
-        return _predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
+        return _predict(task_obj, given, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
                         calibrate=calibrate, dev=dev, cfg=cfg)
-    run_config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
+    run_config = {"params": given.params, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
                   "calibrate": calibrate, "device": str(dev), "gpus": cfg.gpus, "nodes": cfg.nodes,
                   "strategy": cfg.strategy, "activation_checkpointing": cfg.activation_checkpointing,
                   "offload": cfg.offload, "plan": cfg.plan, "global_batch": cfg.global_batch,
@@ -219,7 +218,7 @@ def predict(
                   "compute": cfg.compute}
     # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
     with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
-        result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
+        result = dataclasses.replace(_predict(task_obj, given, prec, spec, batch_size, max_batch=max_batch,
                                               foreach=foreach, calibrate=calibrate, dev=dev, cfg=cfg,
                                               task_ref=task if isinstance(task, str) else task_obj),
                                      run_id=run.id)
@@ -232,7 +231,7 @@ def predict(
     return result
 
 
-def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec, batch_size: int, *,
+def _predict(task_obj: Task, given: TrainParams, prec: str, spec: DeviceSpec, batch_size: int, *,
              max_batch: bool, foreach: bool | None, calibrate: int | None, dev: torch.device,
              cfg: PredictConfig, task_ref: Task | str | None = None) -> PredictResult:
     """One prediction of validated inputs (see :func:`predict`); ``task_ref``: the task as given
@@ -240,8 +239,8 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     started = time.perf_counter()
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
-    tracer = _tracer(task_obj, merged, prec, foreach, cfg.activation_checkpointing)
-    parallel, plan_result = _parallel(task_ref or task_obj, task_obj, merged, prec, foreach,
+    tracer = _tracer(task_obj, given, prec, foreach, cfg.activation_checkpointing)
+    parallel, plan_result = _parallel(task_ref or task_obj, task_obj, given, prec, foreach,
                                       tracer, spec, batch_size, cfg, started,
                                       dev)
     traces: dict[int, MemoryTrace] = {}
@@ -268,20 +267,20 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     calibration = None
     if calibrate is not None:
         on_gpu = dev.type == "cuda"
-        same = tracer if tracer.foreach == on_gpu else StepTracer(task_obj, merged, precision=prec, foreach=on_gpu)
-        calibration = _calibrate(task_obj, merged, same, calibrate, dev)
+        same = tracer if tracer.foreach == on_gpu else StepTracer(task_obj, given.params, precision=prec, foreach=on_gpu)
+        calibration = _calibrate(task_obj, given, same, calibrate, dev)
     return _assemble(
         trace, spec, tracer, started=started,
         task=task_obj.name or type(task_obj).__name__, device=spec.name, batch_size=batch_size, precision=prec,
-        optimizer=str(merged.get("optimizer", DEFAULT_OPTIMIZER)), target=spec.to_dict(),
+        optimizer=given.optimizer or DEFAULT_OPTIMIZER, target=spec.to_dict(),
         device_memory_bytes=memory, fits=fits, max_batch_size=max_b, max_batch=found,
         traces=len(traces) + (1 if calibration else 0),
         real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
-        config={"params": {**merged, "batch_size": batch_size}}, parallel=parallel, plan=plan_result,
+        config={"params": {**given.params, "batch_size": batch_size}}, parallel=parallel, plan=plan_result,
     )
 
 
-def _parallel(task_ref: Task | str, task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool,
+def _parallel(task_ref: Task | str, task_obj: Task, given: TrainParams, prec: str, foreach: bool,
               tracer: StepTracer,
               spec: DeviceSpec, batch_size: int, cfg: PredictConfig, started: float,
               dev: torch.device) -> tuple[ParallelPrediction | None, ParallelPlan | None]:
@@ -292,7 +291,7 @@ def _parallel(task_ref: Task | str, task_obj: Task, merged: dict[str, Any], prec
 
     def tracer_for(mode: str) -> StepTracer:
         if mode not in tracers:
-            tracers[mode] = StepTracer(task_obj, merged, precision=prec, foreach=foreach, checkpointing=mode)
+            tracers[mode] = StepTracer(task_obj, given.params, precision=prec, foreach=foreach, checkpointing=mode)
         return tracers[mode]
 
     where, why = _compute_device(cfg, spec, dev)
@@ -303,10 +302,10 @@ def _parallel(task_ref: Task | str, task_obj: Task, merged: dict[str, Any], prec
 
     def measure(strategy: str, mode: str, b: int, collectives: list[Collective]) -> ComputeFigures:
         if in_ranks:
-            return measure_in_ranks(task_ref, merged, ranks=int(cfg.gpus or 1), batch_size=b, checkpointing=mode,
+            return measure_in_ranks(task_ref, given.params, ranks=int(cfg.gpus or 1), batch_size=b, checkpointing=mode,
                                     strategy=strategy, calls=replayed_calls(collectives, int(cfg.gpus or 1)))
         threads = CPU_RANK_THREADS if where is not None and where.type == "cpu" else torch.get_num_threads()
-        return measure_compute(task_obj, merged, batch_size=b, checkpointing=mode, strategy=strategy,
+        return measure_compute(task_obj, given.params, batch_size=b, checkpointing=mode, strategy=strategy,
                                device=where or "cpu", threads=threads)
 
     link = None if in_ranks and cfg.link == "auto" else _resolve_link(cfg, spec)
@@ -424,10 +423,11 @@ def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget
 _LAST: list[tuple[Any, StepTracer]] = []
 
 
-def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool,
+def _tracer(task: Task, given: TrainParams, precision: str, foreach: bool,
             checkpointing: str = "none") -> StepTracer:
     """The tracer of the same task object and settings as the last call (a 7B model takes tens
     of seconds to build and trace: asking again for another device reuses its traces)."""
+    params = given.params
     key = (id(task), repr(sorted(params.items())), precision, foreach, checkpointing)
     if _LAST and _LAST[0][0] == key and _LAST[0][1].task is task:
         return _LAST[0][1]
@@ -436,7 +436,7 @@ def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool,
     return tracer
 
 
-def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_size: int,
+def _calibrate(task: Task, given: TrainParams, tracer: StepTracer, batch_size: int,
                dev: torch.device) -> Calibration:
     """Predicted vs ``profile``'s measurement on ``dev`` (this machine) at ``batch_size``."""
     from ..profile import profile as run_profile
@@ -449,7 +449,7 @@ def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_siz
     _, phase_ms, _ = price_phases(trace, here)
     predicted_ms = sum(v for v in phase_ms.values() if v is not None)
     steps, warmup = 3, 1
-    prof = run_profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup, device=dev,
+    prof = run_profile(task, params=given, batch_size=batch_size, steps=steps, warmup=warmup, device=dev,
                        detail="step")
     measured_ms = float(prof.step.time_ms - prof.step.data_ms)
     measured_peak = int(prof.memory.peak_bytes)
