@@ -267,7 +267,8 @@ def _predict(task_obj: Task, given: TrainParams, prec: str, spec: DeviceSpec, ba
     calibration = None
     if calibrate is not None:
         on_gpu = dev.type == "cuda"
-        same = tracer if tracer.foreach == on_gpu else StepTracer(task_obj, given.params, precision=prec, foreach=on_gpu)
+        same = (tracer if tracer.foreach == on_gpu
+                else StepTracer(task_obj, given.params, precision=prec, foreach=on_gpu))
         calibration = _calibrate(task_obj, given, same, calibrate, dev)
     return _assemble(
         trace, spec, tracer, started=started,
