@@ -23,6 +23,7 @@ __all__ = [
     "CommProfile",
     "GradProfile",
     "LayerProfile",
+    "LayerStatistics",
     "MemoryProfile",
     "ParamCounts",
     "Profile",
@@ -187,6 +188,19 @@ class TypeTotals(TypedDict):
     backward_ms: float
     time_share: float
     activation_bytes: int
+
+
+class LayerStatistics(TypedDict, total=False):
+    """One layer's statistics of a sampled step (:meth:`LayerStats.collect`): its type and calls,
+    and of the kinds gathered for it, ``weight`` (l2, mean, std, p1, p50, p99, numel, nonfinite),
+    ``activation`` (mean, std, min, max, p1, p50, p99, zero_frac, nonfinite, dead_frac) and
+    ``grad`` (norm, nonfinite, update_ratio; None: not known)."""
+
+    type: str
+    calls: int
+    weight: dict[str, float]
+    activation: dict[str, float]
+    grad: dict[str, float | None]
 
 
 class UncountedOpEntry(TypedDict):
