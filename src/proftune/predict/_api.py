@@ -303,10 +303,10 @@ def _parallel(task_ref: Task | str, task_obj: Task, given: TrainParams, prec: st
 
     def measure(strategy: str, mode: str, b: int, collectives: list[Collective]) -> ComputeFigures:
         if in_ranks:
-            return measure_in_ranks(task_ref, given.params, ranks=int(cfg.gpus or 1), batch_size=b, checkpointing=mode,
+            return measure_in_ranks(task_ref, given, ranks=int(cfg.gpus or 1), batch_size=b, checkpointing=mode,
                                     strategy=strategy, calls=replayed_calls(collectives, int(cfg.gpus or 1)))
         threads = CPU_RANK_THREADS if where is not None and where.type == "cpu" else torch.get_num_threads()
-        return measure_compute(task_obj, given.params, batch_size=b, checkpointing=mode, strategy=strategy,
+        return measure_compute(task_obj, given, batch_size=b, checkpointing=mode, strategy=strategy,
                                device=where or "cpu", threads=threads)
 
     link = None if in_ranks and cfg.link == "auto" else _resolve_link(cfg, spec)
