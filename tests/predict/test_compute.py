@@ -18,7 +18,7 @@ from proftune.predict._compute import (
 )
 from proftune.predict._link import ReplayedCall, replayed_calls
 from proftune.task import load_task
-from proftune.train import validate_params
+from proftune.train import TrainParams
 
 #: A link of 1 ms per call and 1 MB/s: collectives far longer than the step's compute.
 SLOW = LinkFigures("gloo", 2, {k: {"latency_s": 1e-3, "bytes_s": 1e6} for k in COLLECTIVES}, False, "test")
@@ -45,7 +45,7 @@ def test_spare_cores_per_rank() -> None:
 
 def test_one_process_step_is_timed_by_phase() -> None:
     task = load_task("digits-mlp")
-    params = validate_params({**task.default_params, "grad_accumulation": 2})
+    params = TrainParams({**task.default_params, "grad_accumulation": 2})
     got = measure_compute(task, params, batch_size=4, steps=2, warmup=1)
     assert got.forward_ms > 0
     assert got.backward_ms > 0
@@ -61,7 +61,7 @@ def test_an_fsdp_rank_is_timed_on_its_shards_with_the_other_ranks_pretended() ->
     from pathlib import Path
 
     task = load_task(f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks")
-    params = validate_params(dict(task.default_params))
+    params = TrainParams(task.default_params)
     alone = measure_compute(task, params, batch_size=2, strategy="fsdp", steps=1, warmup=1)
     two = measure_compute(task, params, batch_size=2, strategy="fsdp", steps=1, warmup=1, world=2)
     import torch.distributed as dist
@@ -95,7 +95,7 @@ def test_fsdp_ranks_time_their_compute_between_their_replayed_collectives() -> N
     from pathlib import Path
 
     task = f"{Path(__file__).parent / 'block_tasks.py'}:DeepBlocks"
-    params = validate_params(dict(load_task(task).default_params))
+    params = TrainParams(load_task(task).default_params)
     calls = [ReplayedCall("all-gather parameters (forward)", "all-gather", 16384, 9),
              ReplayedCall("reduce-scatter gradients", "reduce-scatter", 16384, 9)]  # 9 units, 64 KiB each
     got = measure_in_ranks(task, params, ranks=2, batch_size=2, calls=calls, strategy="fsdp", steps=1, warmup=1,

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from proftune import TrainParams
 from proftune.recommend._lr_find import chance_loss, suggest_lr
 from proftune.recommend._lr_ladder import LadderRung, read_ladder
 
@@ -48,11 +49,12 @@ def test_the_chance_loss_is_the_entropy_of_the_training_labels() -> None:
     _, y = _data()
     p = np.bincount(y.numpy(), minlength=4) / len(y)
     expected = float(-(p * np.log(p)).sum())
-    got = chance_loss(task, dict(task.default_params), 16)
+    got = chance_loss(task, TrainParams.of(task), 16)
     assert got is not None
     assert abs(got - expected) < 1e-9
     assert abs(got - math.log(4)) < 0.05
-    assert chance_loss(LinearRegressionTask(), {}, 8) is None  # a regression: no constant class to predict
+    regression = LinearRegressionTask()
+    assert chance_loss(regression, TrainParams.of(regression), 8) is None  # a regression: no constant class to predict
 
 
 def test_a_ladder_whose_rates_fell_only_to_chance_decides_nothing() -> None:

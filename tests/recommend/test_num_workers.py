@@ -135,14 +135,14 @@ def test_the_threads_row_reads_the_fit_loops_count_where_asked_not_to_measure_ag
     task = proftune.task.load_task("digits-mlp")
     cpu = torch.device("cpu")
     _threads.forget()
-    fresh = _threads_row(task, {}, 32, device=cpu, seed=0, measure=False)
+    fresh = _threads_row(task, proftune.TrainParams.of(task), 32, device=cpu, seed=0, measure=False)
     assert fresh.evidence["source"] != "remembered"  # nothing remembered: measured
     assert fresh.evidence["steps"] > 0
     fit(task, {}, max_steps=12, device=cpu, seed=0, evaluate=False)
     remembered = _threads.recall(_threads.fit_key(task, "cpu"))
     assert remembered is not None
-    row = _threads_row(task, {}, 32, device=cpu, seed=0, measure=False)
+    row = _threads_row(task, proftune.TrainParams.of(task), 32, device=cpu, seed=0, measure=False)
     assert row.evidence["source"] == "remembered"
     assert row.value == remembered[0]
     assert row.evidence["num_workers"] is None  # the loader's evidence as a measured row gives it
-    assert _threads_row(task, {}, 32, device=cpu, seed=0).evidence["source"] != "remembered"
+    assert _threads_row(task, proftune.TrainParams.of(task), 32, device=cpu, seed=0).evidence["source"] != "remembered"

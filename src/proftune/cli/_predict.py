@@ -130,7 +130,7 @@ def _render_parallel(p: ParallelPrediction) -> None:
     st = p.step
     if st.get("time_ms") is not None:
         link = p.link
-        bw = f"{link['bytes_s'] / 1e9:.3g} GB/s" if link.get("bytes_s") else "-"
+        bw = f"{bytes_s / 1e9:.3g} GB/s" if (bytes_s := link.get("bytes_s")) else "-"
         rate = f", {p.samples_per_s:.4g} samples/s" if p.samples_per_s else ""
         rate += f", {p.tokens_per_s:.4g} tokens/s" if p.tokens_per_s else ""
         out_console.print(

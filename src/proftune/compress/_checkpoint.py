@@ -61,6 +61,9 @@ LOAD_LINES = {
 }
 _KIND = "proftune.compress/state"
 _PRIMITIVES = (bool, int, float, str, type(None))
+#: A layer's plain attribute (``in_features``, ``kernel_size``, ...) as a ``state`` file keeps it.
+_Primitive = bool | int | float | str | None
+_Plain = _Primitive | tuple[_Primitive, ...] | list[_Primitive]
 
 
 @dataclass
@@ -127,9 +130,9 @@ def _as_tuple(example: Any) -> tuple[Any, ...]:
     return tuple(example) if isinstance(example, (tuple, list)) else (example,)
 
 
-def _shape_attrs(model: nn.Module) -> dict[str, dict[str, Any]]:
+def _shape_attrs(model: nn.Module) -> dict[str, dict[str, _Plain]]:
     """Each layer's plain attributes (in_features, out_channels, num_features, ...)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, _Plain]] = {}
     for name, mod in model.named_modules():
         attrs = {k: v for k, v in vars(mod).items()
                  if k != "training" and not k.startswith("__") and _is_plain(v)}
@@ -245,7 +248,7 @@ def _not_a_checkpoint(path: Path, name: str, trust_name: str, exc: BaseException
     )
 
 
-def _reshape_to(model: nn.Module, state: dict[str, torch.Tensor], attrs: dict[str, dict[str, Any]]) -> None:
+def _reshape_to(model: nn.Module, state: dict[str, torch.Tensor], attrs: dict[str, dict[str, _Plain]]) -> None:
     """Give each layer the saved shapes (a structurally pruned model has fewer channels)."""
     modules = dict(model.named_modules())
     for key, tensor in state.items():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -23,7 +23,34 @@ from .._tensors import global_grad_norm
 from ..exceptions import ProblemCollector
 from ..train import Callback, FitState
 
-__all__ = ["AdaptiveLR", "GradGuard"]
+__all__ = ["AdaptiveLR", "GradEvent", "GradGuard", "LRChange"]
+
+
+class LRChange(TypedDict):
+    """One change :class:`AdaptiveLR` made: the step it applies from, the lr before and after, the
+    loss signal (variance/mean^2) then and why."""
+
+    step: int
+    old_lr: float
+    new_lr: float
+    signal: float
+    reason: str
+
+
+class _GradAction(TypedDict):
+    step: int
+    action: str
+    grad_norm: float
+
+
+class GradEvent(_GradAction, total=False):
+    """One intervention of :class:`GradGuard`: ``action`` "skip" (non-finite gradients: ``reason``)
+    or "clip" (a spike: the recent ``median`` norm, the norm ``clipped_to``, and ``ratio`` to it)."""
+
+    reason: str
+    median: float
+    clipped_to: float
+    ratio: float
 
 
 def _skip_step(model: torch.nn.Module) -> None:
@@ -73,7 +100,7 @@ class AdaptiveLR(Callback):
         self.threshold, self.beta, self.factor = threshold, beta, factor
         self.raise_factor, self.patience, self.cooldown = raise_factor, patience, cooldown
         self.warmup, self.backoff, self.min_lr, self.max_lr = warmup, backoff, min_lr, max_lr
-        self.changes: list[dict[str, Any]] = []
+        self.changes: list[LRChange] = []
         self.signal_curve: list[tuple[int, float]] = []
         self._reset()
 
@@ -186,7 +213,7 @@ class GradGuard(Callback):
         problems.raise_if_any()
         self.spike_factor, self.window, self.warmup = spike_factor, window, warmup
         self.clip_to, self.skip_nonfinite = clip_to, skip_nonfinite
-        self.events: list[dict[str, Any]] = []
+        self.events: list[GradEvent] = []
         self._norms: deque[float] = deque(maxlen=window)
 
     def on_fit_start(self, state: FitState) -> None:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .._tensors import global_grad_norm
+from ..profile import LayerStatistics
 from ..train import Callback, FitState
 from ._findings import Finding, rank_findings
 from ._history import History, NonFinite, StepRecord
@@ -201,8 +202,8 @@ class HealthCheck(Callback):
                               "inputs_finite": None, "loss": loss}
 
     def on_epoch_end(self, state: FitState) -> None:
-        entry: dict[str, Any] = (dict(state.curves["epoch"][-1]) if state.curves.get("epoch")
-                                 else {"epoch": state.epoch})
+        entry: dict[str, float] = (dict(state.curves["epoch"][-1]) if state.curves.get("epoch")
+                                   else {"epoch": state.epoch})
         entry.update(state.metrics)
         entry["weight_norm"] = _weight_norm(state.model)
         entry["step"] = state.step
@@ -229,7 +230,7 @@ class HealthCheck(Callback):
 
     # -- NaN / Inf --------------------------------------------------------------------------
     def _locate_nonfinite(self, state: FitState, step: int, loss: float, norm: float,
-                          stats: dict[str, dict[str, Any]] | None) -> None:
+                          stats: dict[str, LayerStatistics] | None) -> None:
         """Find the first layer (forward order) whose output turned non-finite, re-running the
         failing step's forward with hooks when this step was not sampled."""
         if stats is None and state.task is not None and self._ls_cls is not None:
@@ -261,7 +262,7 @@ class HealthCheck(Callback):
                         break
         self.history.nonfinite = record
 
-    def _rerun_forward(self, state: FitState) -> dict[str, dict[str, Any]] | None:
+    def _rerun_forward(self, state: FitState) -> dict[str, LayerStatistics] | None:
         assert self._ls_cls is not None
         ls = self._ls_cls(state.model, activations=True, gradients=False, weights=True)
         with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -321,7 +322,7 @@ class HealthCheck(Callback):
         return self.history.steps
 
     @property
-    def epochs(self) -> list[dict[str, Any]]:
+    def epochs(self) -> list[dict[str, float]]:
         """The epoch curve rows with the evaluated metrics and the weight norm."""
         return self.history.epochs
 

@@ -15,13 +15,28 @@ from typing import Any, TypedDict
 import torch
 
 from .._records import JsonRecord
+from ..profile import LayerStatistics
 from ._lrtest import RangeTest
 
 __all__ = ["DecayProbe", "EarlyRise", "History", "LabelOrder", "LayerSample", "LossRise", "NanProbe", "NonFinite",
-           "Oscillation", "Plateau", "SlowProgress", "StalledTail", "StepRecord", "WarmupProbe"]
+           "Oscillation", "Plateau", "Saturation", "SlowProgress", "StalledTail", "StepRecord", "WarmupProbe",
+           "grad_norm"]
 
 #: (1-based step, per-layer statistics of :class:`proftune.profile.LayerStats` at that step).
-LayerSample = tuple[int, dict[str, dict[str, Any]]]
+LayerSample = tuple[int, dict[str, LayerStatistics]]
+
+
+def grad_norm(stats: LayerStatistics) -> float:
+    """A layer's sampled gradient norm (NaN: not gathered)."""
+    norm = (stats.get("grad") or {}).get("norm")
+    return math.nan if norm is None else float(norm)
+
+
+class Saturation(TypedDict):
+    """A saturating layer's output at one step: its type and the share of its outputs saturated."""
+
+    type: str
+    saturated_frac: float
 
 
 class StepRecord(TypedDict):
@@ -201,7 +216,7 @@ class History:
     dead_threshold: float = 0.9
     steps: list[StepRecord] = field(default_factory=list)
     samples: list[LayerSample] = field(default_factory=list)
-    epochs: list[dict[str, Any]] = field(default_factory=list)
+    epochs: list[dict[str, float]] = field(default_factory=list)
     labels: list[torch.Tensor] = field(default_factory=list)
     nonfinite: NonFinite | None = None
     lr_test: RangeTest | None = None
@@ -212,7 +227,7 @@ class History:
     input_rms: dict[int, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     optimizer: str | None = None  # the optimizer's class name
-    saturation: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    saturation: dict[int, dict[str, Saturation]] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)
     decay_probe: DecayProbe | None = None
     warmup_probe: WarmupProbe | None = None

@@ -41,6 +41,8 @@ from ._parallel import plan as run_plan
 from ._records import (
     Calibration,
     LayerPrediction,
+    MaxBatchProbe,
+    MaxBatchSearch,
     ParallelPlan,
     ParallelPrediction,
     PeakAt,
@@ -93,7 +95,7 @@ def _assemble(trace: MemoryTrace, spec: DeviceSpec, tracer: StepTracer, *, start
         layers=tuple(layers), bound=bound,
         peak=PeakAt(phase=trace.peak_where[0], layer=trace.peak_where[1], op=trace.peak_where[2],
                     breakdown=dict(trace.peak_breakdown)),
-        uncounted_ops=tuple(dataclasses.asdict(u) for u in trace.uncounted.values()),
+        uncounted_ops=tuple(u.entry() for u in trace.uncounted.values()),
         trace_s=time.perf_counter() - started, **rest)
 
 
@@ -186,8 +188,7 @@ def predict(
     over = {k: v for k, v in (("precision", precision), ("optimizer", optimizer)) if v is not None}
     given = ((params.with_params(**over) if over else params) if isinstance(params, TrainParams)
              else TrainParams.of(task_obj, params, **over))
-    merged = given.params
-    prec = str(merged.get("precision", "fp32"))
+    prec = given.precision or "fp32"
     validate_parallel(gpus=cfg.gpus, nodes=cfg.nodes, strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
                       offload=cfg.offload, plan=cfg.plan, global_batch=cfg.global_batch, link=cfg.link,
                       compute=cfg.compute)
@@ -207,9 +208,9 @@ def predict(
     spec = resolve_target(name or None, memory=device_memory, peak_tflops=peak_tflops, bandwidth=bandwidth)
     st = optional_store(store, db=db)
     if st is None:
-        return _predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
+        return _predict(task_obj, given, prec, spec, batch_size, max_batch=max_batch, foreach=foreach,
                         calibrate=calibrate, dev=dev, cfg=cfg)
-    run_config = {"params": merged, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
+    run_config = {"params": given.params, "batch_size": batch_size, "target": spec.to_dict(), "max_batch": max_batch,
                   "calibrate": calibrate, "device": str(dev), "gpus": cfg.gpus, "nodes": cfg.nodes,
                   "strategy": cfg.strategy, "activation_checkpointing": cfg.activation_checkpointing,
                   "offload": cfg.offload, "plan": cfg.plan, "global_batch": cfg.global_batch,
@@ -217,7 +218,7 @@ def predict(
                   "compute": cfg.compute}
     # a prediction reads the shapes of one sample batch, not the data: no data fingerprint
     with tracked_run("predict", task_obj, config=run_config, device=dev, store=st, fingerprint=False) as run:
-        result = dataclasses.replace(_predict(task_obj, merged, prec, spec, batch_size, max_batch=max_batch,
+        result = dataclasses.replace(_predict(task_obj, given, prec, spec, batch_size, max_batch=max_batch,
                                               foreach=foreach, calibrate=calibrate, dev=dev, cfg=cfg,
                                               task_ref=task if isinstance(task, str) else task_obj),
                                      run_id=run.id)
@@ -230,7 +231,7 @@ def predict(
     return result
 
 
-def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec, batch_size: int, *,
+def _predict(task_obj: Task, given: TrainParams, prec: str, spec: DeviceSpec, batch_size: int, *,
              max_batch: bool, foreach: bool | None, calibrate: int | None, dev: torch.device,
              cfg: PredictConfig, task_ref: Task | str | None = None) -> PredictResult:
     """One prediction of validated inputs (see :func:`predict`); ``task_ref``: the task as given
@@ -238,8 +239,8 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     started = time.perf_counter()
     if foreach is None:
         foreach = spec.name not in ("cpu", "custom")
-    tracer = _tracer(task_obj, merged, prec, foreach, cfg.activation_checkpointing)
-    parallel, plan_result = _parallel(task_ref or task_obj, task_obj, merged, prec, foreach,
+    tracer = _tracer(task_obj, given, prec, foreach, cfg.activation_checkpointing)
+    parallel, plan_result = _parallel(task_ref or task_obj, task_obj, given, prec, foreach,
                                       tracer, spec, batch_size, cfg, started,
                                       dev)
     traces: dict[int, MemoryTrace] = {}
@@ -255,7 +256,7 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     static = trace.static_bytes
     memory = spec.memory_bytes
     fits = None if memory is None else trace.peak <= memory
-    found: dict[str, Any] | None = None
+    found: MaxBatchSearch | None = None
     max_b: int | None = None
     if memory is not None and max_batch:
         if static >= memory:
@@ -266,20 +267,21 @@ def _predict(task_obj: Task, merged: dict[str, Any], prec: str, spec: DeviceSpec
     calibration = None
     if calibrate is not None:
         on_gpu = dev.type == "cuda"
-        same = tracer if tracer.foreach == on_gpu else StepTracer(task_obj, merged, precision=prec, foreach=on_gpu)
-        calibration = _calibrate(task_obj, merged, same, calibrate, dev)
+        same = (tracer if tracer.foreach == on_gpu
+                else StepTracer(task_obj, given.params, precision=prec, foreach=on_gpu))
+        calibration = _calibrate(task_obj, given, same, calibrate, dev)
     return _assemble(
         trace, spec, tracer, started=started,
         task=task_obj.name or type(task_obj).__name__, device=spec.name, batch_size=batch_size, precision=prec,
-        optimizer=str(merged.get("optimizer", DEFAULT_OPTIMIZER)), target=spec.to_dict(),
+        optimizer=given.optimizer or DEFAULT_OPTIMIZER, target=spec.to_dict(),
         device_memory_bytes=memory, fits=fits, max_batch_size=max_b, max_batch=found,
         traces=len(traces) + (1 if calibration else 0),
         real_steps=int(calibration["real_steps"]) if calibration else 0, calibration=calibration,
-        config={"params": {**merged, "batch_size": batch_size}}, parallel=parallel, plan=plan_result,
+        config={"params": {**given.params, "batch_size": batch_size}}, parallel=parallel, plan=plan_result,
     )
 
 
-def _parallel(task_ref: Task | str, task_obj: Task, merged: dict[str, Any], prec: str, foreach: bool,
+def _parallel(task_ref: Task | str, task_obj: Task, given: TrainParams, prec: str, foreach: bool,
               tracer: StepTracer,
               spec: DeviceSpec, batch_size: int, cfg: PredictConfig, started: float,
               dev: torch.device) -> tuple[ParallelPrediction | None, ParallelPlan | None]:
@@ -290,7 +292,7 @@ def _parallel(task_ref: Task | str, task_obj: Task, merged: dict[str, Any], prec
 
     def tracer_for(mode: str) -> StepTracer:
         if mode not in tracers:
-            tracers[mode] = StepTracer(task_obj, merged, precision=prec, foreach=foreach, checkpointing=mode)
+            tracers[mode] = StepTracer(task_obj, given.params, precision=prec, foreach=foreach, checkpointing=mode)
         return tracers[mode]
 
     where, why = _compute_device(cfg, spec, dev)
@@ -301,10 +303,10 @@ def _parallel(task_ref: Task | str, task_obj: Task, merged: dict[str, Any], prec
 
     def measure(strategy: str, mode: str, b: int, collectives: list[Collective]) -> ComputeFigures:
         if in_ranks:
-            return measure_in_ranks(task_ref, merged, ranks=int(cfg.gpus or 1), batch_size=b, checkpointing=mode,
+            return measure_in_ranks(task_ref, given, ranks=int(cfg.gpus or 1), batch_size=b, checkpointing=mode,
                                     strategy=strategy, calls=replayed_calls(collectives, int(cfg.gpus or 1)))
         threads = CPU_RANK_THREADS if where is not None and where.type == "cpu" else torch.get_num_threads()
-        return measure_compute(task_obj, merged, batch_size=b, checkpointing=mode, strategy=strategy,
+        return measure_compute(task_obj, given, batch_size=b, checkpointing=mode, strategy=strategy,
                                device=where or "cpu", threads=threads)
 
     link = None if in_ranks and cfg.link == "auto" else _resolve_link(cfg, spec)
@@ -357,7 +359,7 @@ def _tokens_per_sample(sample: Any) -> int:
 
 
 def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget: int, start: int,
-                   *, max_verify: int = 3) -> dict[str, Any]:
+                   *, max_verify: int = 3) -> MaxBatchSearch:
     """The largest batch whose predicted peak plus batch-size's margin fits ``budget``.
 
     The peak of a step is the highest of its phases' peaks, each linear in the batch (the
@@ -366,7 +368,7 @@ def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget
     the answer the smallest of the phases' answers, verified by a fake step there; a step over
     the budget joins the fits, and after ``max_verify`` the answer is bisected on fake steps.
     """
-    probes: list[dict[str, Any]] = []
+    probes: list[MaxBatchProbe] = []
     points: dict[str, list[tuple[int, int]]] = defaultdict(list)
     fits: list[int] = []
     fails: list[int] = []
@@ -422,10 +424,11 @@ def _largest_batch(trace_at: Callable[[int], tuple[int, dict[str, int]]], budget
 _LAST: list[tuple[Any, StepTracer]] = []
 
 
-def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool,
+def _tracer(task: Task, given: TrainParams, precision: str, foreach: bool,
             checkpointing: str = "none") -> StepTracer:
     """The tracer of the same task object and settings as the last call (a 7B model takes tens
     of seconds to build and trace: asking again for another device reuses its traces)."""
+    params = given.params
     key = (id(task), repr(sorted(params.items())), precision, foreach, checkpointing)
     if _LAST and _LAST[0][0] == key and _LAST[0][1].task is task:
         return _LAST[0][1]
@@ -434,7 +437,7 @@ def _tracer(task: Task, params: dict[str, Any], precision: str, foreach: bool,
     return tracer
 
 
-def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_size: int,
+def _calibrate(task: Task, given: TrainParams, tracer: StepTracer, batch_size: int,
                dev: torch.device) -> Calibration:
     """Predicted vs ``profile``'s measurement on ``dev`` (this machine) at ``batch_size``."""
     from ..profile import profile as run_profile
@@ -447,7 +450,7 @@ def _calibrate(task: Task, params: dict[str, Any], tracer: StepTracer, batch_siz
     _, phase_ms, _ = price_phases(trace, here)
     predicted_ms = sum(v for v in phase_ms.values() if v is not None)
     steps, warmup = 3, 1
-    prof = run_profile(task, params=params, batch_size=batch_size, steps=steps, warmup=warmup, device=dev,
+    prof = run_profile(task, params=given, batch_size=batch_size, steps=steps, warmup=warmup, device=dev,
                        detail="step")
     measured_ms = float(prof.step.time_ms - prof.step.data_ms)
     measured_peak = int(prof.memory.peak_bytes)

@@ -34,7 +34,7 @@ from .._device import move_to_device
 from .._machine import available_memory_bytes, cores
 from ..exceptions import ConfigError, RunFailedError
 from ..task import Task, load_task
-from ..train import StepSpec, TimedPhases, run_step
+from ..train import StepSpec, TimedPhases, TrainParams, run_step
 from ._checkpointing import apply_activation_checkpointing
 from ._link import ReplayedCall, free_port, replay_collectives
 
@@ -187,11 +187,11 @@ def _wrap(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
     return wrapped
 
 
-def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, checkpointing: str = "none",
+def measure_compute(task: Task, given: TrainParams, *, batch_size: int, checkpointing: str = "none",
                     strategy: str = "", device: torch.device | str = "cpu", threads: int = CPU_RANK_THREADS,
                     steps: int = 5, warmup: int = 2,
                     before_step: Callable[[], object] | None = None, world: int = 1) -> ComputeFigures:
-    """Time ``steps`` of the fit loop's step of ``task`` (validated ``params``, its micro-batches)
+    """Time ``steps`` of the fit loop's step of ``task`` (with ``given``'s params, its micro-batches)
     at ``batch_size`` on ``device`` at ``threads`` CPU threads, after ``warmup`` steps (the first
     creates the optimizer state); each phase's median. With ``strategy`` DDP or FSDP (on CPU) the
     model runs wrapped as one rank of it holds it, in a process group of this process alone: the
@@ -199,7 +199,7 @@ def measure_compute(task: Task, params: dict[str, Any], *, batch_size: int, chec
     collectives between ranks are not. ``world``: FSDP wrapped as one rank of that many (the
     others pretended: a rank's shards, its copies in and out). ``before_step``: called before
     each step (processes that step together wait for each other there)."""
-    dev = torch.device(device)
+    dev, params = torch.device(device), given.params
     spec = StepSpec.from_params(params)
     batch = move_to_device(next(iter(task.train_data(batch_size, params))), dev)
     micro = [batch] * spec.grad_accumulation
@@ -244,7 +244,7 @@ class _RankJob:
     ``batch_size``, then the step's collectives ``calls`` replayed ``repeats`` times."""
 
     task: Task | str
-    params: dict[str, Any]
+    given: TrainParams
     batch_size: int
     checkpointing: str
     strategy: str
@@ -262,14 +262,14 @@ def _in_rank(rank: int, world: int, port: int, job: _RankJob, barrier: Any, queu
 
     torch.set_num_threads(job.threads)
     task = load_task(job.task)
-    figures = measure_compute(task, job.params, batch_size=job.batch_size, checkpointing=job.checkpointing,
+    figures = measure_compute(task, job.given, batch_size=job.batch_size, checkpointing=job.checkpointing,
                               strategy=job.strategy, threads=job.threads, steps=job.steps,
                               warmup=job.warmup, before_step=barrier.wait, world=world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         # the step's CPU time spread over its collectives' launches, spent before each one
-        micro = StepSpec.from_params(job.params).grad_accumulation
+        micro = StepSpec.from_params(job.given.params).grad_accumulation
         cpu_ms = figures.cpu_share * micro * (figures.forward_ms + figures.backward_ms)
         launches = sum(c.launches for c in job.calls)
         replayed = replay_collectives(job.calls, repeats=job.repeats, work_ms=cpu_ms / max(launches, 1))
@@ -301,7 +301,7 @@ def can_start_ranks(task: Task | str) -> bool:
     return True
 
 
-def measure_in_ranks(task: Task | str, params: dict[str, Any], *, ranks: int, batch_size: int,
+def measure_in_ranks(task: Task | str, given: TrainParams, *, ranks: int, batch_size: int,
                      calls: Sequence[ReplayedCall], checkpointing: str = "none", strategy: str = "",
                      threads: int = CPU_RANK_THREADS, steps: int = 5, warmup: int = 2,
                      repeats: int = 3) -> ComputeFigures:
@@ -316,7 +316,7 @@ def measure_in_ranks(task: Task | str, params: dict[str, Any], *, ranks: int, ba
 
     ctx = mp.get_context("spawn")
     queue, barrier = ctx.SimpleQueue(), ctx.Barrier(ranks)
-    job = _RankJob(task=task, params=dict(params), batch_size=batch_size, checkpointing=checkpointing,
+    job = _RankJob(task=task, given=given, batch_size=batch_size, checkpointing=checkpointing,
                    strategy=strategy, threads=threads, steps=steps, warmup=warmup, repeats=repeats, calls=list(calls))
     try:
         mp.start_processes(_in_rank, args=(ranks, free_port(), job, barrier, queue), nprocs=ranks, join=True,

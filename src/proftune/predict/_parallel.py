@@ -25,7 +25,7 @@ from ._compute import COMPUTE, ComputeFigures, rank_sharing, spare_cores_per_ran
 from ._devices import DeviceSpec, price_phases
 from ._link import LinkFigures
 from ._memory_model import MIN_MARGIN_FRACTION
-from ._records import ParallelPrediction, Rejected
+from ._records import ComputeSource, LinkUsed, ParallelPrediction, Rejected
 from ._sharding import OFFLOAD, STRATEGIES, BaseStrategy, Collective, ModelSizes
 from ._trace import MemoryTrace, StepTracer
 
@@ -198,7 +198,7 @@ class Evaluator:
             note="" if exact else "batch between traced ones: per-kind line through batches 1 and 2",
         )
 
-    def _link(self, figures: ComputeFigures | None = None) -> dict[str, Any]:
+    def _link(self, figures: ComputeFigures | None = None) -> LinkUsed:
         """The link figure the collectives were priced with, and where it comes from."""
         if self.link is None and figures is not None and figures.collectives_ms:
             return {"name": f"replayed gloo ({figures.ranks} ranks)", "bytes_s": None, "overlaps": False,
@@ -241,7 +241,7 @@ class Evaluator:
         return got if isinstance(got, ComputeFigures) else None
 
     def _compute(self, strategy: str, checkpointing: str, b: int, micro: int,
-                 figures: ComputeFigures | None) -> dict[str, Any]:
+                 figures: ComputeFigures | None) -> ComputeSource:
         """Where the step's compute figure comes from, as the plan states it beside the link."""
         sharing = self._sharing(figures)
         if figures is not None:

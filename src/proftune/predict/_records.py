@@ -13,13 +13,17 @@ from typing import Any, ClassVar, TypedDict, cast
 from .._jsonsafe import json_safe
 from .._records import JsonRecord, stored_version
 from ..exceptions import ConfigError
-from ..profile import MemoryProfile, ParamCounts
+from ..profile import MemoryProfile, ParamCounts, UncountedOpEntry
 
 __all__ = [
     "ESTIMATE_NOTE",
     "PREDICT_SCHEMA_VERSION",
     "Calibration",
+    "ComputeSource",
     "LayerPrediction",
+    "LinkUsed",
+    "MaxBatchProbe",
+    "MaxBatchSearch",
     "ParallelPlan",
     "ParallelPrediction",
     "PeakAt",
@@ -100,6 +104,34 @@ class PeakAt:
     breakdown: dict[str, int] = field(default_factory=dict)
 
 
+class LinkUsed(TypedDict, total=False):
+    """The link a data-parallel step's collectives were priced with (bytes/s; None: unknown), whether
+    they overlap the compute, where the figure comes from; measured: the collectives' own figures."""
+
+    name: str
+    bytes_s: float | None
+    overlaps: bool
+    source: str
+    collectives_ms: dict[str, float]
+    collectives: dict[str, dict[str, float]]
+
+
+class ComputeSource(TypedDict, total=False):
+    """Where a data-parallel step's compute figure comes from: ``name`` "measured" (one process's
+    phases, ms, its threads and the ranks' ``sharing`` of the cores) or "roofline", and ``source``."""
+
+    name: str
+    source: str
+    sharing: float
+    device: str
+    threads_per_rank: int
+    cpu_share: float
+    ranks_measured: int
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+
+
 @dataclass(frozen=True)
 class ParallelPrediction(_AsDict):
     """One GPU of a data-parallel run: bytes by kind at the step's peak, the model states, the
@@ -134,14 +166,14 @@ class ParallelPrediction(_AsDict):
     samples_per_s: float | None
     tokens_per_s: float | None
     collectives: tuple[dict[str, Any], ...]
-    link: dict[str, Any]
+    link: LinkUsed
     deepspeed: dict[str, Any]
     n_params: int
     largest_layer_params: int
     note: str = ""
     #: Where the step's compute comes from: ``name`` measured (one process's phases, ms, and the
     #: ranks' ``sharing`` of the cores) or roofline, and ``source`` (empty in records before it).
-    compute: dict[str, Any] = dataclasses.field(default_factory=dict)
+    compute: ComputeSource = dataclasses.field(default_factory=ComputeSource)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ParallelPrediction:
@@ -201,6 +233,27 @@ class Calibration(TypedDict):
     real_steps: int
 
 
+class MaxBatchProbe(TypedDict):
+    """One fake step of the search for the largest batch: its peak bytes, "fits" or "over_budget",
+    and its role ("probe", "verify", "bisect")."""
+
+    batch_size: int
+    peak_bytes: int
+    status: str
+    role: str
+
+
+class MaxBatchSearch(TypedDict):
+    """How the largest batch was found: the answer, the phase whose memory model bound it, the fake
+    steps, that model (:class:`MemoryModel`'s JSON; None: none was fit) and a note."""
+
+    max_batch_size: int
+    binding_phase: str
+    probes: list[MaxBatchProbe]
+    model: dict[str, Any] | None
+    note: str
+
+
 @dataclass(frozen=True)
 class PredictResult(_AsDict):
     """What one fake-traced training step predicts; bytes, ms, FLOPs. Zero real steps run.
@@ -229,13 +282,13 @@ class PredictResult(_AsDict):
     #: What bounds the step's estimated time: "compute", "memory" or "unknown".
     bound: str
     peak: PeakAt
-    uncounted_ops: tuple[dict[str, Any], ...]
+    uncounted_ops: tuple[UncountedOpEntry, ...]
     device_memory_bytes: int | None
     #: Whether the asked batch fits the device memory (None: no memory given).
     fits: bool | None
     #: The largest batch whose predicted peak (plus batch-size's safety margin) fits; 0: none.
     max_batch_size: int | None
-    max_batch: dict[str, Any] | None
+    max_batch: MaxBatchSearch | None
     trace_s: float
     traces: int
     mode: str = "train"

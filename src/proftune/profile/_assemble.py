@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ from ._records import (
     CommProfile,
     GradProfile,
     LayerProfile,
+    LayerStatistics,
     MemoryProfile,
     ParamCounts,
     Profile,
@@ -51,7 +52,7 @@ class Measurements:
     activation_per_layer: dict[str, int] | None = None
     peak_bytes: int = 0
     #: Per layer statistics of each sampled step (LayerStats.collect()), oldest first.
-    stats: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    stats: list[dict[str, LayerStatistics]] = field(default_factory=list)
     #: Or those statistics already merged (a Monitor merges them as they come).
     merged_stats: StatsMerge | None = None
     grad_norms: list[float] = field(default_factory=list)
@@ -117,11 +118,11 @@ class StatsMerge:
         self._deferred: dict[str, dict[str, Fetch]] = {}  # layer -> kind -> where to read it
         self._norms: dict[str, tuple[int, float, float]] = {}  # layer -> (count, mean, M2) (Welford)
 
-    def add(self, sample: dict[str, dict[str, Any]]) -> None:
+    def add(self, sample: Mapping[str, LayerStatistics]) -> None:
         """A sample's statistics per layer (dicts of kinds, plus ``type`` and ``calls``)."""
         self.add_deferred(sample, {}, _no_fetch)
 
-    def add_deferred(self, entries: dict[str, dict[str, Any]], kinds: dict[str, list[str]], fetch: Fetch) -> None:
+    def add_deferred(self, entries: Mapping[str, LayerStatistics], kinds: dict[str, list[str]], fetch: Fetch) -> None:
         """A sample's ``entries`` per layer (read now), and per layer the ``kinds`` that
         ``fetch(layer, kind)`` reads when needed."""
         # the latest sample's order first, then any layer seen only before
@@ -131,13 +132,13 @@ class StatsMerge:
             latest.update(stats)  # each kind it holds replaces the older one; the others stay
             for kind in stats:
                 self._deferred.get(name, {}).pop(kind, None)
-            grad = stats.get("grad")
-            if grad is not None:
+            norm = (stats.get("grad") or {}).get("norm")
+            if norm is not None:
                 n, mean, m2 = self._norms.get(name, (0, 0.0, 0.0))
                 n += 1
-                delta = grad["norm"] - mean
+                delta = norm - mean
                 mean += delta / n
-                self._norms[name] = (n, mean, m2 + delta * (grad["norm"] - mean))
+                self._norms[name] = (n, mean, m2 + delta * (norm - mean))
         for name, names in kinds.items():
             for kind in names:
                 self._latest.get(name, {}).pop(kind, None)
@@ -170,7 +171,7 @@ def _no_fetch(layer: str, kind: str) -> None:
     return None
 
 
-def merge_layer_stats(samples: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def merge_layer_stats(samples: Sequence[Mapping[str, LayerStatistics]]) -> dict[str, dict[str, Any]]:
     """The statistics of ``samples`` (oldest first) merged as :class:`StatsMerge` does."""
     merged = StatsMerge()
     for sample in samples:

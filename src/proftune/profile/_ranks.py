@@ -75,7 +75,9 @@ class RanksResult(JsonRecord):
     excess_ms: float
     advice: str
     task: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: Figures by what they measure (``comm``: the per-rank batch, the median all-reduce ms, bytes
+    #: and share of the step, and the busy ms per sample).
+    extra: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,13 @@ __all__ = [
     "CommProfile",
     "GradProfile",
     "LayerProfile",
+    "LayerStatistics",
     "MemoryProfile",
     "ParamCounts",
     "Profile",
     "StepProfile",
     "TypeTotals",
+    "UncountedOpEntry",
     "compare_profiles",
     "load_spread",
 ]
@@ -188,6 +190,28 @@ class TypeTotals(TypedDict):
     activation_bytes: int
 
 
+class LayerStatistics(TypedDict, total=False):
+    """One layer's statistics of a sampled step (:meth:`LayerStats.collect`): its type and calls,
+    and of the kinds gathered for it, ``weight`` (l2, mean, std, p1, p50, p99, numel, nonfinite),
+    ``activation`` (mean, std, min, max, p1, p50, p99, zero_frac, nonfinite, dead_frac) and
+    ``grad`` (norm, nonfinite, update_ratio; None: not known)."""
+
+    type: str
+    calls: int
+    weight: dict[str, float]
+    activation: dict[str, float]
+    grad: dict[str, float | None]
+
+
+class UncountedOpEntry(TypedDict):
+    """An op the FLOP count could not count (``Profile.uncounted_ops``): its name, calls and up to
+    5 distinct input shapes."""
+
+    op: str
+    calls: int
+    shapes: list[list[list[int]]]
+
+
 @dataclass(frozen=True)
 class Profile:
     """What was measured of a model and its training step; see DESIGN.md for units."""
@@ -211,9 +235,9 @@ class Profile:
     env: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
-    #: Ops that do arithmetic the FLOP count could not count (custom ops, no formula), with
-    #: call counts and input shapes: ``{"op", "calls", "shapes"}``; empty when all were counted.
-    uncounted_ops: tuple[dict[str, Any], ...] = ()
+    #: Ops that do arithmetic the FLOP count could not count (custom ops, no formula); empty when
+    #: all were counted.
+    uncounted_ops: tuple[UncountedOpEntry, ...] = ()
     #: The module tree (``profile --structure``): :meth:`Structure.to_dict` of the model for the
     #: profiled input; None where it was not asked for.
     structure: dict[str, Any] | None = None

@@ -16,7 +16,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten
 from .._device import call_model
 from .._records import JsonRecord
 from ._layers import LayerHooks
+from ._records import UncountedOpEntry
 
 __all__ = ["LayerCount", "StaticCounts", "UncountedOp", "UncountedOps", "count_model", "count_params", "op_flops",
            "uncounted_op"]
@@ -180,6 +181,10 @@ class UncountedOp:
             if sh not in self.shapes and len(self.shapes) < 5:
                 self.shapes.append(sh)
 
+    def entry(self) -> UncountedOpEntry:
+        """As a record holds it (a copy)."""
+        return cast(UncountedOpEntry, dataclasses.asdict(self))
+
 
 class UncountedOps:
     """Ops that :func:`uncounted_op` flags, with their call counts and (up to 5) input shapes."""
@@ -196,8 +201,8 @@ class UncountedOps:
             self.ops.setdefault(name, UncountedOp(name)).add(e.calls, e.shapes)
         return self
 
-    def to_list(self) -> list[dict[str, Any]]:
-        return [dataclasses.asdict(e) for e in self.ops.values()]
+    def to_list(self) -> list[UncountedOpEntry]:
+        return [e.entry() for e in self.ops.values()]
 
 
 _RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "LSTMCell": 4, "GRUCell": 3, "RNNCell": 1}
@@ -228,9 +233,9 @@ class StaticCounts:
     backward_flops: int = 0
     layers: dict[str, LayerCount] = field(default_factory=dict)
     by_type: dict[str, LayerCount] = field(default_factory=dict)
-    #: Ops that do arithmetic but have no FLOP formula (custom ops, ...): ``{"op", "calls",
-    #: "shapes"}`` each, NOT counted in ``flops``; empty when everything was counted.
-    uncounted_ops: list[dict[str, Any]] = field(default_factory=list)
+    #: Ops that do arithmetic but have no FLOP formula (custom ops, ...), NOT counted in ``flops``;
+    #: empty when everything was counted.
+    uncounted_ops: list[UncountedOpEntry] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -33,6 +33,7 @@ from torch import nn
 
 from .._tensors import l2_norm
 from ._layers import LayerHooks, output_tensors
+from ._records import LayerStatistics
 from ._summaries import StepStats, Summary, host_floats, stack_summaries, stack_weights, units_fired
 
 __all__ = ["LayerStats"]
@@ -316,7 +317,7 @@ class LayerStats:
         """Per layer of the observed optimizer step: ``(||update||, ||weights before||)``."""
         return dict(self._update_norms)
 
-    def collect(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, dict[str, Any]]:
+    def collect(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, LayerStatistics]:
         """Per layer, in the order layers ran: ``weight``, ``activation`` and ``grad`` dicts.
 
         ``weight``: l2, mean, std, p1, p50, p99 (of the layer's weight matrices; all its
@@ -343,11 +344,11 @@ class LayerStats:
         rows += stack_summaries([(n, "activation") for n in acts], [self._act[n] for n in acts])
         group_of = ({id(p): g for g in optimizer.param_groups for p in g["params"]}
                     if optimizer is not None and self._updates is None else {})
-        entries: dict[str, dict[str, Any]] = {}
+        entries: dict[str, LayerStatistics] = {}
         for name in order:
             mod = self._modules.get(name) or self._mods.get(name)
-            entry: dict[str, Any] = {"type": self._order.get(name, type(mod).__name__ if mod is not None else "?"),
-                                     "calls": self._calls.get(name, 0)}
+            entry: LayerStatistics = {"type": self._order.get(name, type(mod).__name__ if mod is not None else "?"),
+                                      "calls": self._calls.get(name, 0)}
             if self.gradients and grads and name in grads:
                 g: dict[str, float | None] = dict(grads[name])
                 g["update_ratio"] = self._ratio(name, params.get(name, []), optimizer, group_of)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
+
+from ._records import LayerStatistics
 
 __all__ = ["DEAD_UNIT_ROWS", "DEAD_UNIT_ZERO_FRAC", "StepStats", "Summary", "host_floats", "stack_summaries",
            "stack_weights", "tensor_stats", "units_fired"]
@@ -402,7 +404,7 @@ class StepStats:
     still hold some layer's latest statistics and reduces them when its profile is read, so a
     sampled step pays for reading the tensors, not for sorting them."""
 
-    def __init__(self, entries: dict[str, dict[str, Any]], rows: list[_Rows],
+    def __init__(self, entries: dict[str, LayerStatistics], rows: list[_Rows],
                  fired: dict[str, tuple[torch.Tensor, int]]) -> None:
         #: Per layer, in the order layers ran: ``type``, ``calls`` and (covered layers) ``grad``.
         self.entries = entries
@@ -432,16 +434,20 @@ class StepStats:
             self._rows, self._fired = [], {}  # the tensors are not needed any more
         return self._done.get((name, kind))
 
-    def result(self) -> dict[str, dict[str, Any]]:
+    def result(self) -> dict[str, LayerStatistics]:
         """Per layer, in the order layers ran: ``weight``, ``activation`` and ``grad`` dicts (see
         :meth:`LayerStats.collect`)."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, LayerStatistics] = {}
         for name, entry in self.entries.items():
-            merged = {"type": entry["type"], "calls": entry["calls"]}
+            merged: LayerStatistics = {"type": entry["type"], "calls": entry["calls"]}
             for kind in self.kinds.get(name, ()):
                 got = self.kind(name, kind)
-                if got is not None:
-                    merged[kind] = dict(got)
+                if got is None:
+                    continue
+                if kind == "weight":
+                    merged["weight"] = dict(got)
+                else:
+                    merged["activation"] = dict(got)
             if "grad" in entry:
                 merged["grad"] = dict(entry["grad"])
             out[name] = merged

@@ -343,7 +343,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
 
-    recs.update(_more_rows(task, params, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
+    recs.update(_more_rows(task, given, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     say("threads")
     recs["threads"] = _threads_row(task, given, b_prof, device=device, seed=seed, measure=more.measure_threads)
@@ -433,45 +433,45 @@ class _MoreRows:
     timer: StepTimer | None = None
 
 
-def _more_rows(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, more: _MoreRows, *,
+def _more_rows(task: Task, given: TrainParams, prof: Profile, lr_res: LRFindResult, more: _MoreRows, *,
                b_prof: int, budget: int | None, max_batch: int | None, critical: int | None,
                device: torch.device, seed: int, say: Callable[[str], None]) -> dict[str, Recommendation]:
     """``optimizer`` always; ``embedding_dim`` for a model with embedding tables; ``ddp_batch_size``
     when asked about DDP."""
     out: dict[str, Recommendation] = {}
     say("optimizer comparison")
-    out["optimizer"] = _optimizer_row(task, params, prof, lr_res, budget_s=more.optimizer_budget_s,
+    out["optimizer"] = _optimizer_row(task, given, prof, lr_res, budget_s=more.optimizer_budget_s,
                                       batch_size=b_prof, memory_budget=budget, device=device, seed=seed)
     if more.embedding_budget_s > 0:
         from ._embedding import EmbeddingConfig, recommend_embedding_dim
 
         say("embedding tables")
-        row = recommend_embedding_dim(task, params, device=device, profile=prof,
+        row = recommend_embedding_dim(task, given.params, device=device, profile=prof,
                                       config=EmbeddingConfig(budget_s=more.embedding_budget_s, seed=seed))
         if row is not None:
             out["embedding_dim"] = row
     if more.ddp is not None:
         say(f"ddp batch size ({more.ddp} ranks)")
-        out["ddp_batch_size"] = _ddp_row((more.ddp_spec, more.ddp, more.ddp_share), task, params, b_prof,
+        out["ddp_batch_size"] = _ddp_row((more.ddp_spec, more.ddp, more.ddp_share), task, given, b_prof,
                                          max_batch=max_batch, critical=critical, device=device, seed=seed)
     return out
 
 
-def _ddp_row(ddp: tuple[Any, int, float], task: Task, params: dict[str, Any], b_prof: int, *,
+def _ddp_row(ddp: tuple[Any, int, float], task: Task, given: TrainParams, b_prof: int, *,
              max_batch: int | None, critical: int | None, device: torch.device, seed: int) -> Recommendation:
     from ._ddp import ddp_recommendation, measure_and_plan
 
     spec, nprocs, share = ddp
-    samples = samples_per_epoch(task, params, batch_size=b_prof, stop_after=1 << 20)
-    scaling, plan = measure_and_plan(spec, nprocs=nprocs, current=b_prof, params=params, share=share,
+    samples = samples_per_epoch(task, given.params, batch_size=b_prof, stop_after=1 << 20)
+    scaling, plan = measure_and_plan(spec, nprocs=nprocs, current=b_prof, params=given.params, share=share,
                                      max_batch=max_batch, critical_batch=critical, samples=samples or None,
                                      device="cuda" if device.type == "cuda" else "cpu", seed=seed)
-    lr = params.get("lr")
-    return ddp_recommendation(scaling, plan, lr=float(lr) if isinstance(lr, (int, float)) else None,
-                              optimizer=str(params.get("optimizer", DEFAULT_OPTIMIZER)), critical_batch=critical)
+    lr = None if given.lr is None else float(given.lr)
+    return ddp_recommendation(scaling, plan, lr=lr, optimizer=given.optimizer or DEFAULT_OPTIMIZER,
+                              critical_batch=critical)
 
 
-def _optimizer_row(task: Task, params: dict[str, Any], prof: Profile, lr_res: LRFindResult, *,
+def _optimizer_row(task: Task, given: TrainParams, prof: Profile, lr_res: LRFindResult, *,
                    budget_s: float, batch_size: int, memory_budget: int | None, device: torch.device,
                    seed: int) -> Recommendation:
     from ._optimizer import (
@@ -481,14 +481,14 @@ def _optimizer_row(task: Task, params: dict[str, Any], prof: Profile, lr_res: LR
         optimizer_recommendation,
     )
 
-    current = str(params.get("optimizer", DEFAULT_OPTIMIZER)).lower()
+    current = (given.optimizer or DEFAULT_OPTIMIZER).lower()
     if budget_s <= 0:
         return Recommendation("optimizer", current, f"keep {current}: the comparison was skipped "
                               "(optimizer_budget_s=0).", {"current": current}, "low", "")
-    same = current != "sgd" or float(params.get("momentum", 0.0) or 0.0) == SGD_MOMENTUM
+    same = current != "sgd" or float(given.momentum or 0.0) == SGD_MOMENTUM
     known = {current: lr_res} if same and lr_res.batch_size == batch_size else {}
     cfg = CompareConfig(budget_s=budget_s, batch_size=batch_size, memory_budget=memory_budget, seed=seed)
-    comp = compare_optimizers(task, params, profile=prof, device=device, config=cfg, known_rates=known)
+    comp = compare_optimizers(task, given.params, profile=prof, device=device, config=cfg, known_rates=known)
     return optimizer_recommendation(comp)
 
 
@@ -527,8 +527,8 @@ class _LoaderWorkers(JsonRecord):
     num_workers_note: str
 
 
-def _loader_workers(task: Task, params: dict[str, Any], batch_size: int) -> _LoaderWorkers:
-    loader = task.train_data(batch_size, params)
+def _loader_workers(task: Task, given: TrainParams, batch_size: int) -> _LoaderWorkers:
+    loader = task.train_data(batch_size, given.params)
     if isinstance(loader, torch.utils.data.DataLoader):
         return _LoaderWorkers(loader.num_workers,
                               "the task's own value; the num_workers row measures each count on training steps")
@@ -536,7 +536,7 @@ def _loader_workers(task: Task, params: dict[str, Any], batch_size: int) -> _Loa
                           "DataLoader (batches from memory); it has no loader workers to set")
 
 
-def _threads_row(task: Task, params: TrainParams | dict[str, Any], batch_size: int, *, device: torch.device,
+def _threads_row(task: Task, params: TrainParams, batch_size: int, *, device: torch.device,
                  seed: int, measure: bool = True) -> Recommendation:
     """The CPU thread count as the fit loop computes it (a fresh first measurement: a few of a
     short fit's steps at each count), with the measured step times; and what can be said of the
@@ -545,7 +545,7 @@ def _threads_row(task: Task, params: TrainParams | dict[str, Any], batch_size: i
     from .. import _threads
     from ..train import fit
 
-    workers = _loader_workers(task, params.params if isinstance(params, TrainParams) else params, batch_size).to_dict()
+    workers = _loader_workers(task, params, batch_size).to_dict()
     known = None if measure else _threads.recall(_threads.fit_key(task, device.type))
     if known is not None:
         return Recommendation("threads", known[0], f"{known[0]} thread(s): the count the fit loop measured for "

@@ -42,7 +42,7 @@ SUGGEST_FACTOR = 10.0
 CHANCE_SAMPLES = 1 << 15
 
 
-def chance_loss(task: Task, params: dict[str, Any], batch_size: int) -> float | None:
+def chance_loss(task: Task, given: TrainParams, batch_size: int) -> float | None:
     """The training loss of the best constant prediction, where it is known: for a task whose loss is
     :class:`~proftune.ClassificationTask`'s cross-entropy, the entropy of its training labels (ln 10
     for ten balanced classes). None for any other loss. A loss that falls only to it has learned the
@@ -55,7 +55,7 @@ def chance_loss(task: Task, params: dict[str, Any], batch_size: int) -> float | 
     counts: dict[int, int] = {}
     seen = 0
     try:
-        for batch in task.train_data(batch_size, params):
+        for batch in task.train_data(batch_size, given.params):
             y = batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
             if not isinstance(y, torch.Tensor) or y.dtype not in (torch.int64, torch.int32) or y.dim() != 1:
                 return None  # soft or multi-dimensional targets: no one constant prediction to read
@@ -439,7 +439,6 @@ def run_lr_range_test(
     if optimizer is not None:
         saved_opt = (copy.deepcopy(optimizer.state_dict()), [dict(g) for g in optimizer.param_groups])
     given = as_train_params(task_obj, params)  # validated once: fit takes the record as it is
-    merged = given.params
     try:
         result = fit(task_obj, given, max_steps=steps, batch_size=batch_size, device=device, seed=seed,
                      callbacks=[callback, *callbacks], model=model, evaluate=False, stop_on_nan=True)
@@ -453,7 +452,7 @@ def run_lr_range_test(
             optimizer.load_state_dict(saved_opt[0])
             for group, old in zip(optimizer.param_groups, saved_opt[1], strict=True):
                 group["lr"] = old["lr"]
-    chance = chance_loss(task_obj, merged, int(result.params.get("batch_size", 32)))
+    chance = chance_loss(task_obj, given, int(result.params.get("batch_size", 32)))
     reading = suggest_lr(callback.seen_lrs, callback.losses, diverged=callback.diverged, chance=chance)
     opt_name = type(optimizer if optimizer is not None else result.optimizer).__name__
     return LRFindResult(

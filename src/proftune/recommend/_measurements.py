@@ -76,11 +76,11 @@ def model_static_memory(task: Task, model: nn.Module, params: dict[str, Any]) ->
             "total": int(weights + grads + state)}
 
 
-def _default_measure(task: Task, params: dict[str, Any], device: torch.device, seed: int) -> Measure:
+def _default_measure(task: Task, given: TrainParams, device: torch.device, seed: int) -> Measure:
     """The profiler's peak of one step, on batches of exactly the asked size (see FullBatchTask)."""
     from ..profile import peak_step_memory
 
-    full = FullBatchTask(task)
+    full, params = FullBatchTask(task), given.params
     available: list[int] = []  # the epoch's sample count, once a probe found it smaller than a batch
 
     def measure(batch_size: int) -> int:
@@ -97,9 +97,9 @@ def _default_measure(task: Task, params: dict[str, Any], device: torch.device, s
     return measure
 
 
-def _cap_by_data(result: BatchSizeResult, task: Task, params: dict[str, Any]) -> BatchSizeResult:
+def _cap_by_data(result: BatchSizeResult, task: Task, given: TrainParams) -> BatchSizeResult:
     """A batch cannot hold more samples than one epoch of the training data."""
-    n = samples_per_epoch(task, params, batch_size=min(result.max_batch_size, 1 << 16),
+    n = samples_per_epoch(task, given.params, batch_size=min(result.max_batch_size, 1 << 16),
                           stop_after=result.max_batch_size)
     if n >= result.max_batch_size or n < 1:
         return result
@@ -160,7 +160,7 @@ def find_batch_size(
     budget = parse_memory(cfg.memory_budget)
     dev = resolve_device(cfg.device)
     static = static_memory(task_obj, merged, profile=profile)
-    measure_fn = measure or _default_measure(task_obj, merged, dev, seed)
+    measure_fn = measure or _default_measure(task_obj, given, dev, seed)
     if budget < static["total"]:
         try:
             at_one: int | None = int(measure_fn(1))
@@ -183,7 +183,7 @@ def find_batch_size(
         if found is None:
             found = search_max_batch(measure_fn, budget, known=known, start=start, max_probes=max_probes,
                                      static_bytes=static["total"], device=str(dev), static_detail=static)
-        return _cap_by_data(found, task_obj, merged)
+        return _cap_by_data(found, task_obj, given)
 
     st = _store(store, db=db)
     if st is None:
@@ -206,9 +206,9 @@ def _from_prediction(task: Task, given: TrainParams, measure: Measure, budget: i
 
     pred = predict(task, given, batch_size=start, target=None, device_memory=budget,
                    foreach=dev.type == "cuda")
-    if not pred.max_batch_size or pred.max_batch is None or not pred.max_batch.get("model"):
+    m = pred.max_batch["model"] if pred.max_batch is not None else None
+    if not pred.max_batch_size or not m:
         return None
-    m = pred.max_batch["model"]
     model = MemoryModel(intercept_bytes=m["intercept_bytes"], per_sample_bytes=m["per_sample_bytes"],
                         residual_bytes=m["residual_bytes"], margin_bytes=m["margin_bytes"], points=m["points"])
     return verify_prediction(measure, budget, model, pred.max_batch_size, static_bytes=static["total"],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,7 +185,7 @@ def gradient_noise(task: Task, params: dict[str, Any], *, batch_size: int, batch
 # -- the comparison ------------------------------------------------------------------------------
 
 
-def _val_loss(metrics: dict[str, float], result_curve: list[dict[str, Any]]) -> float:
+def _val_loss(metrics: dict[str, float], result_curve: Sequence[Mapping[str, float]]) -> float:
     if "val_loss" in metrics and math.isfinite(metrics["val_loss"]):
         return float(metrics["val_loss"])
     losses = [float(r["loss"]) for r in result_curve]
@@ -192,7 +193,7 @@ def _val_loss(metrics: dict[str, float], result_curve: list[dict[str, Any]]) -> 
     return sum(tail) / len(tail) if tail and all(math.isfinite(v) for v in tail) else math.inf
 
 
-def _curve(steps: list[dict[str, Any]], step_s: float) -> list[dict[str, float]]:
+def _curve(steps: Sequence[Mapping[str, float]], step_s: float) -> list[dict[str, float]]:
     every = max(1, math.ceil(len(steps) / CURVE_POINTS))
     samples = 0
     out = []

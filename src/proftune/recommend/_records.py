@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, TypedDict, overload
 
 from .._records import JsonRecord, record_fields, stored_version
 from ..exceptions import ConfigError
@@ -136,6 +136,14 @@ def _shown(value: Any) -> str:
 RECOMMEND_SCHEMA_VERSION = 1
 
 
+class MeasuredProfile(TypedDict):
+    """What a set of recommendations says of the profile it read (``Recommendations.measured``)."""
+
+    batch_size: int | None
+    device: str | None
+    metrics: dict[str, float]
+
+
 @dataclass(frozen=True)
 class Recommendations(Sequence[Recommendation]):
     """What ``recommend`` returns: the :class:`Recommendation` rows in order (a sequence: index,
@@ -153,9 +161,9 @@ class Recommendations(Sequence[Recommendation]):
     run_id: int | None = None
     #: The measured curves behind the values (``lr_range``: the LR range test, ``noise_scale``:
     #: the gradient noise scale per step), recorded with the Run for the report.
-    curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict, compare=False, repr=False)
+    curves: dict[str, list[dict[str, float]]] = field(default_factory=dict, compare=False, repr=False)
     #: The profile's batch size, device and metrics (from ``profile`` when not given).
-    measured: dict[str, Any] | None = None
+    measured: MeasuredProfile | None = None
     schema_version: int = RECOMMEND_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..._records import JsonRecord
+from ...profile import LayerStatistics
 from .._findings import Finding
-from .._history import History, LayerSample, NonFinite, StepRecord
+from .._history import History, LayerSample, NonFinite, StepRecord, grad_norm
 from ._base import BaseCheck, fmt
 
 #: std * sqrt(fan_in) of PyTorch's default init of Linear/Conv (kaiming_uniform, a=sqrt(5)).
@@ -208,7 +210,7 @@ def early_growth(history: History) -> Growth | None:
     return None
 
 
-def _scales(history: History) -> tuple[int, dict[str, dict[str, Any]], dict[str, float]] | None:
+def _scales(history: History) -> tuple[int, dict[str, LayerStatistics], dict[str, float]] | None:
     """std * sqrt(fan_in) of every Linear/Conv layer at the first sampled step."""
     if not history.samples:
         return None
@@ -238,7 +240,7 @@ def _culprit(history: History) -> Culprit | None:
     return None
 
 
-def _rms(act: dict[str, Any]) -> float | None:
+def _rms(act: Mapping[str, float]) -> float | None:
     if "std" not in act or not math.isfinite(float(act["std"])):
         return None
     return math.sqrt(float(act["std"]) ** 2 + float(act.get("mean", 0.0)) ** 2)
@@ -266,7 +268,7 @@ def _overscale(history: History) -> Overscale | None:
                      gain_per_layer=gain ** (1 / len(weight_layers)), last_layer=last, sampled_step=step)
 
 
-def _gain(history: History, stats: dict[str, dict[str, Any]], layer: str, step: int) -> float | None:
+def _gain(history: History, stats: dict[str, LayerStatistics], layer: str, step: int) -> float | None:
     """RMS of ``layer``'s output over the RMS of the layer before it in forward order."""
     prev: float | None = history.input_rms.get(step)
     for name, s in stats.items():
@@ -299,9 +301,9 @@ def _first_layer_of_spike(history: History, spike_step: int) -> LayerGrowth | No
     return best
 
 
-def _layer_growth(name: str, stats: dict[str, Any], before: list[LayerSample], step: int) -> LayerGrowth | None:
+def _layer_growth(name: str, stats: LayerStatistics, before: list[LayerSample], step: int) -> LayerGrowth | None:
     g = (stats.get("grad") or {}).get("norm")
-    base = [float((st.get(name, {}).get("grad") or {}).get("norm", math.nan)) for _, st in before]
+    base = [grad_norm(st[name]) for _, st in before if name in st]
     base = [b for b in base if math.isfinite(b) and b > 0]
     if g is None or not base or not math.isfinite(float(g)):
         return None

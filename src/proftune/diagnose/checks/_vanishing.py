@@ -6,7 +6,7 @@ import math
 import statistics
 
 from .._findings import Finding
-from .._history import History
+from .._history import History, grad_norm
 from ._base import BaseCheck, fmt
 
 
@@ -43,8 +43,7 @@ def layer_grad_norms(history: History) -> dict[str, float]:
     """Median gradient norm of each weight layer over the sampled steps, forward order."""
     out: dict[str, list[float]] = {}
     for _, stats in history.samples:
-        norms = {name: float((s.get("grad") or {}).get("norm", math.nan))
-                 for name, s in stats.items() if name in history.fan_in}
+        norms = {name: grad_norm(s) for name, s in stats.items() if name in history.fan_in}
         # a layer with exactly zero gradient is dead (no signal at all), not vanishing
         if not norms or not all(math.isfinite(g) and g > 0 for g in norms.values()):
             continue
