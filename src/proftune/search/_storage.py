@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy as sa
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._cached_storage import _CachedStorage
 from optuna.trial import TrialState
 
 from ..exceptions import ProftuneError
@@ -25,8 +26,8 @@ from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
 from ._records import study_view
 
-__all__ = ["fail_if_running", "fail_interrupted", "interrupt_trials", "open_storage", "prepare_storage",
-           "reap_dead_trials", "retry_callback"]
+__all__ = ["fail_if_running", "fail_interrupted", "interrupt_trials", "narrow_pop", "open_storage",
+           "prepare_storage", "reap_dead_trials", "retry_callback", "shared"]
 
 _T = TypeVar("_T")
 
@@ -81,8 +82,31 @@ def open_storage(url: str, *, heartbeat: bool | None = None) -> RDBStorage:
         _OPEN[key] = storage
         while len(_OPEN) > _OPEN_MAX:
             _, old = _OPEN.popitem(last=False)
+            _CACHES.pop(id(old), None)
             old.engine.dispose()
     return storage
+
+
+#: One Optuna trial cache per storage that :func:`open_storage` keeps open, by the storage's id.
+_CACHES: dict[int, tuple[RDBStorage, BaseStorage]] = {}
+
+
+def shared(storage: BaseStorage) -> BaseStorage:
+    """What to give ``optuna.load_study`` and ``optuna.create_study`` for ``storage``: one Optuna
+    trial cache for every Study object of this process on it, where :func:`open_storage` keeps it.
+
+    Optuna wraps an RDB storage in a new cache per Study object, which reads every trial of the
+    study in full at its first look (the queue's pop, the analysis): a search call made three
+    (its own, the worker loop's, the analysis's), each reading the whole study again, 120 ms at 60
+    trials. The cache keeps finished trials only (Optuna refuses to change one) and reads those
+    open or created since its last look, so one shared cache reads each trial once as it ends.
+    Any other storage (a caller's own, in memory) is given as it is."""
+    if not isinstance(storage, RDBStorage) or not any(v is storage for v in _OPEN.values()):
+        return storage
+    held = _CACHES.get(id(storage))
+    if held is None or held[0] is not storage:
+        held = _CACHES[id(storage)] = (storage, _CachedStorage(storage))
+    return held[1]
 
 
 class _PragmaConnection(sqlite3.Connection):
@@ -138,6 +162,33 @@ def _open(url: str, *, heartbeat: bool, is_sqlite: bool) -> RDBStorage:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = _retry_locked(lambda: RDBStorage(url, engine_kwargs=kwargs, **extra))
     return storage
+
+
+_WAITING = sa.text("SELECT trial_id FROM trials WHERE study_id = :sid AND state = 'WAITING' ORDER BY number")
+
+
+def narrow_pop(study: optuna.Study) -> None:
+    """Have ``study`` take its next queued trial as Optuna does (the waiting trials by number, the
+    first this process sets running), finding them by one narrow query: Optuna reads every waiting,
+    running and new trial in full (six queries, 4-5 ms of a trial's 35 ms outside training on this
+    machine), then reads the trial it took again. Only where the study is on an RDB storage."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    if engine is None:
+        return
+
+    def pop() -> int | None:
+        with engine.connect() as conn:
+            waiting = [int(i) for (i,) in conn.execute(_WAITING, {"sid": study._study_id})]
+        for trial_id in waiting:
+            try:
+                if study._storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
+                    return trial_id
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+        return None
+
+    study._pop_waiting_trial_id = pop  # type: ignore[method-assign]
 
 
 def prepare_storage(url: str) -> None:
