@@ -229,8 +229,10 @@ def search(
         settings.tune_run_id = run.id
         settings.data_fingerprint = record.data_fingerprint
         settings.env = environment(None)
-        created = optuna.create_study(study_name=name, storage=shared(storage), load_if_exists=True,
-                                      directions=[study_direction(o) for o in settings.objectives])
+        # a stored study is loaded: create_study first tries to insert it again (a failed write)
+        created = (optuna.load_study(study_name=name, storage=shared(storage)) if stored is not None else
+                   optuna.create_study(study_name=name, storage=shared(storage), load_if_exists=True,
+                                       directions=[study_direction(o) for o in settings.objectives]))
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
