@@ -108,21 +108,46 @@ def test_the_studies_of_a_process_share_one_trial_cache_which_sees_every_change(
 
 def test_the_narrow_pop_takes_the_queued_trials_in_optunas_order(tmp_path: Path) -> None:
     """The queue's pop by one narrow query: the waiting trials by number, each the first process
-    to set it running takes; one already taken elsewhere is passed over, as Optuna does."""
+    to set it running takes; one already taken elsewhere is passed over, as Optuna does. Trials
+    another process queued (unknown to this process's Optuna cache) take their params as well."""
     import optuna
 
     from proftune.search._storage import narrow_pop, shared
 
     url = f"sqlite:///{tmp_path / 'p.db'}"
     Store(url)
-    study = optuna.create_study(study_name="s", storage=shared(open_storage(url)))
-    for x in (0.1, 0.2, 0.3):
-        study.enqueue_trial({"x": x})
+    study = optuna.create_study(study_name="s", storage=shared(open_storage(url)),
+                                sampler=optuna.samplers.RandomSampler(seed=0))
     elsewhere = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+    for x in (0.1, 0.2, 0.3):
+        elsewhere.enqueue_trial({"x": x})
     elsewhere.ask()  # took trial 0
     assert elsewhere.get_trials()[0].state.name == "RUNNING"
     narrow_pop(study)
     got = [study.ask() for _ in range(3)]
     assert [t.number for t in got] == [1, 2, 3]
     assert [t.suggest_float("x", 0.0, 1.0) for t in got[:2]] == [0.2, 0.3]
+    assert [t.params for t in study.get_trials()[1:3]] == [{"x": 0.2}, {"x": 0.3}]
     assert study.get_trials()[3].system_attrs.get("fixed_params") is None  # a new trial: the queue was empty
+
+
+def test_a_calls_queue_is_written_in_one_transaction_as_optuna_writes_each(tmp_path: Path) -> None:
+    """``enqueue_all`` leaves the study as ``enqueue_trial`` one at a time does: the same numbers,
+    fixed params, user attributes and states, in order."""
+    import optuna
+
+    from proftune.search._storage import enqueue_all, shared
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    Store(url)
+    items = [({"x": 0.1 * i, "k": "a"}, {"proftune_tags": {"i": i}, **({"proftune_repeat": 1} if i else {})})
+             for i in range(4)]
+    seen = []
+    for name, put in (("one", lambda st: [st.enqueue_trial(p, skip_if_exists=False, user_attrs=a) for p, a in items]),
+                      ("all", lambda st: enqueue_all(st, items))):
+        study = optuna.create_study(study_name=name, storage=shared(open_storage(url)))
+        study.enqueue_trial({"x": 0.9})  # one before: the numbers go on from it
+        put(study)
+        seen.append([(t.number, t.state.name, t.system_attrs, t.user_attrs) for t in study.get_trials()])
+    assert seen[0] == seen[1]
+    assert [n for n, *_ in seen[1]] == [0, 1, 2, 3, 4]

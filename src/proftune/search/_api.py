@@ -34,7 +34,7 @@ from ._samplers import SAMPLERS, sampler_name
 from ._scan import ScanResult, restrict_space, run_scan
 from ._settings import SearchSettings, check_settings
 from ._space import Space, load_space
-from ._storage import open_storage, shared
+from ._storage import enqueue_all, open_storage, shared
 from ._strategy import strategy
 from ._study import evaluations, raise_if_too_many_failures
 
@@ -236,11 +236,10 @@ def search(
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
-        for item in queue:
-            # ``repeat``: the evaluations of these params before this one (a new seed each)
-            attrs = {f"{ATTR}_tags": json_safe(dict(item.tags)),
-                     **({f"{ATTR}_repeat": item.repeat} if item.repeat else {})}
-            created.enqueue_trial(dict(item.params), skip_if_exists=False, user_attrs=attrs)
+        # ``repeat``: the evaluations of these params before this one (a new seed each)
+        enqueue_all(created, [(dict(item.params), {f"{ATTR}_tags": json_safe(dict(item.tags)),
+                                                   **({f"{ATTR}_repeat": item.repeat} if item.repeat else {})})
+                              for item in queue])
         scan_result = _scan_for(created, stored, task_obj, space_obj, settings, c.scan)
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
