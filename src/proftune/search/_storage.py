@@ -107,9 +107,10 @@ def shared(storage: BaseStorage) -> BaseStorage:
 
     Optuna wraps an RDB storage in a new cache per Study object, which reads every trial of the
     study in full at its first look (the queue's pop, the analysis): a search call made three
-    (its own, the worker loop's, the analysis's), each reading the whole study again, 120 ms at 60
-    trials. The cache keeps finished trials only (Optuna refuses to change one) and reads those
-    open or created since its last look, so one shared cache reads each trial once as it ends.
+    (its own, the worker loop's, the analysis's), each reading the whole study again: a cost that
+    grew with the study. The cache keeps finished trials only (Optuna refuses to change one) and
+    reads those open or created since its last look, so one shared cache reads each trial once as
+    it ends.
     Any other storage (a caller's own, in memory) is given as it is."""
     if not isinstance(storage, RDBStorage) or not any(v is storage for v in _OPEN.values()):
         return storage
