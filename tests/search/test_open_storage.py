@@ -73,3 +73,81 @@ def test_new_databases_share_one_alembic_script_directory(tmp_path: Path, monkey
         heads.append(storage._version_manager.get_current_version())
     assert len(built) <= 1  # none where an earlier test of this process built it
     assert heads[0] == heads[1] == heads[2] == storage._version_manager.get_head_version()
+
+
+def test_the_studies_of_a_process_share_one_trial_cache_which_sees_every_change(tmp_path: Path) -> None:
+    """Every Study object on a storage that ``open_storage`` keeps reads through one Optuna trial
+    cache (a search call made three, each reading the whole study): a trial told through one is
+    seen finished through another, and a trial another process changed is read again."""
+    import optuna
+
+    from proftune.search._storage import shared
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    Store(url)
+    storage = open_storage(url)
+    assert shared(storage) is shared(storage)
+    mine = optuna.create_study(study_name="s", storage=shared(storage))
+    trial = mine.ask()
+    trial.suggest_float("x", 0.0, 1.0)
+    other = optuna.load_study(study_name="s", storage=shared(storage))
+    assert [t.state for t in other.get_trials()] == [optuna.trial.TrialState.RUNNING]
+    mine.tell(trial, 0.5)
+    assert [(t.state, t.value) for t in other.get_trials()] == [(optuna.trial.TrialState.COMPLETE, 0.5)]
+    # another process's Optuna (a storage of its own) enqueues and takes a trial: read here too
+    elsewhere = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+    elsewhere.enqueue_trial({"x": 0.25})
+    assert [t.state.name for t in other.get_trials()] == ["COMPLETE", "WAITING"]
+    t2 = elsewhere.ask()
+    elsewhere.tell(t2, 0.25)
+    assert [(t.number, t.value) for t in other.get_trials()] == [(0, 0.5), (1, 0.25)]
+    # a storage that open_storage does not keep is given as it is (Optuna caches it per Study)
+    own = optuna.storages.RDBStorage(url)
+    assert shared(own) is own
+
+
+def test_the_narrow_pop_takes_the_queued_trials_in_optunas_order(tmp_path: Path) -> None:
+    """The queue's pop by one narrow query: the waiting trials by number, each the first process
+    to set it running takes; one already taken elsewhere is passed over, as Optuna does. Trials
+    another process queued (unknown to this process's Optuna cache) take their params as well."""
+    import optuna
+
+    from proftune.search._storage import narrow_pop, shared
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    Store(url)
+    study = optuna.create_study(study_name="s", storage=shared(open_storage(url)),
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    elsewhere = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+    for x in (0.1, 0.2, 0.3):
+        elsewhere.enqueue_trial({"x": x})
+    elsewhere.ask()  # took trial 0
+    assert elsewhere.get_trials()[0].state.name == "RUNNING"
+    narrow_pop(study)
+    got = [study.ask() for _ in range(3)]
+    assert [t.number for t in got] == [1, 2, 3]
+    assert [t.suggest_float("x", 0.0, 1.0) for t in got[:2]] == [0.2, 0.3]
+    assert [t.params for t in study.get_trials()[1:3]] == [{"x": 0.2}, {"x": 0.3}]
+    assert study.get_trials()[3].system_attrs.get("fixed_params") is None  # a new trial: the queue was empty
+
+
+def test_a_calls_queue_is_written_in_one_transaction_as_optuna_writes_each(tmp_path: Path) -> None:
+    """``enqueue_all`` leaves the study as ``enqueue_trial`` one at a time does: the same numbers,
+    fixed params, user attributes and states, in order."""
+    import optuna
+
+    from proftune.search._storage import enqueue_all, shared
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    Store(url)
+    items = [({"x": 0.1 * i, "k": "a"}, {"proftune_tags": {"i": i}, **({"proftune_repeat": 1} if i else {})})
+             for i in range(4)]
+    seen = []
+    for name, put in (("one", lambda st: [st.enqueue_trial(p, skip_if_exists=False, user_attrs=a) for p, a in items]),
+                      ("all", lambda st: enqueue_all(st, items))):
+        study = optuna.create_study(study_name=name, storage=shared(open_storage(url)))
+        study.enqueue_trial({"x": 0.9})  # one before: the numbers go on from it
+        put(study)
+        seen.append([(t.number, t.state.name, t.system_attrs, t.user_attrs) for t in study.get_trials()])
+    assert seen[0] == seen[1]
+    assert [n for n, *_ in seen[1]] == [0, 1, 2, 3, 4]

@@ -34,7 +34,7 @@ from ._samplers import SAMPLERS, sampler_name
 from ._scan import ScanResult, restrict_space, run_scan
 from ._settings import SearchSettings, check_settings
 from ._space import Space, load_space
-from ._storage import open_storage
+from ._storage import enqueue_all, open_storage, shared
 from ._strategy import strategy
 from ._study import evaluations, raise_if_too_many_failures
 
@@ -70,7 +70,7 @@ def study_trials(study: str, *, store: Store | str | None = None, db: str | None
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(st.url)
     try:
-        loaded = optuna.load_study(study_name=study, storage=storage)
+        loaded = optuna.load_study(study_name=study, storage=shared(storage))
     except KeyError:
         return []
     return trial_records(loaded)
@@ -83,7 +83,7 @@ def cancel_waiting(study: str, *, reason: str, store: Store | str | None = None,
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(st.url)
     try:
-        loaded = optuna.load_study(study_name=study, storage=storage)
+        loaded = optuna.load_study(study_name=study, storage=shared(storage))
     except KeyError:
         return []
     ended = []
@@ -229,16 +229,17 @@ def search(
         settings.tune_run_id = run.id
         settings.data_fingerprint = record.data_fingerprint
         settings.env = environment(None)
-        created = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                      directions=[study_direction(o) for o in settings.objectives])
+        # a stored study is loaded: create_study first tries to insert it again (a failed write)
+        created = (optuna.load_study(study_name=name, storage=shared(storage)) if stored is not None else
+                   optuna.create_study(study_name=name, storage=shared(storage), load_if_exists=True,
+                                       directions=[study_direction(o) for o in settings.objectives]))
         if stored is None:
             for key, value in wanted.items():
                 created.set_user_attr(key, value)
-        for item in queue:
-            # ``repeat``: the evaluations of these params before this one (a new seed each)
-            attrs = {f"{ATTR}_tags": json_safe(dict(item.tags)),
-                     **({f"{ATTR}_repeat": item.repeat} if item.repeat else {})}
-            created.enqueue_trial(dict(item.params), skip_if_exists=False, user_attrs=attrs)
+        # ``repeat``: the evaluations of these params before this one (a new seed each)
+        enqueue_all(created, [(dict(item.params), {f"{ATTR}_tags": json_safe(dict(item.tags)),
+                                                   **({f"{ATTR}_repeat": item.repeat} if item.repeat else {})})
+                              for item in queue])
         scan_result = _scan_for(created, stored, task_obj, space_obj, settings, c.scan)
         if scan_result is not None:
             settings.space = restrict_space(space_obj, scan_result.bounds)
@@ -421,7 +422,7 @@ def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, 
              extra_plots: Sequence[str] = ()) -> SearchResult:
     """Read the finished study back: records, Pareto front, correlations, importance, strategy
     (the last three only when ``full``); the result, built once."""
-    loaded = optuna.load_study(study_name=settings.study, storage=storage)
+    loaded = optuna.load_study(study_name=settings.study, storage=shared(storage))
     raise_if_too_many_failures(loaded, settings.max_failures)
     records = trial_records(loaded)
     objs, cons = settings.objectives, settings.constraints

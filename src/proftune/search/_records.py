@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -392,9 +393,30 @@ def _state_of(t: FrozenTrial) -> str:
     return "failed"
 
 
+#: The record of each finished trial read, by the id of Optuna's FrozenTrial (held, so its id is its
+#: own): the studies of a process share one Optuna cache, which hands out the same FrozenTrial for
+#: a finished trial each time, so each search call's analysis reads only the trials new to it.
+_RECORDS: OrderedDict[int, tuple[FrozenTrial, TrialRecord]] = OrderedDict()
+_RECORDS_MAX = 4096
+
+
 def trial_records(study: optuna.Study) -> list[TrialRecord]:
     """Every trial of ``study`` in our terms (complete, pruned, infeasible, failed, running)."""
-    return [_record(t) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(f"{ATTR}_surplus")]
+    return [_finished_record(t) for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(f"{ATTR}_surplus")]
+
+
+def _finished_record(t: FrozenTrial) -> TrialRecord:
+    """:func:`_record` of ``t``, built once where ``t`` is finished (Optuna refuses to change one)."""
+    if not t.state.is_finished():
+        return _record(t)
+    held = _RECORDS.get(id(t))
+    if held is not None and held[0] is t:
+        return held[1]
+    rec = _record(t)
+    _RECORDS[id(t)] = (t, rec)
+    while len(_RECORDS) > _RECORDS_MAX:
+        _RECORDS.popitem(last=False)
+    return rec
 
 
 def _record(t: FrozenTrial) -> TrialRecord:

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy as sa
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._cached_storage import _CachedStorage
 from optuna.trial import TrialState
 
 from ..exceptions import ProftuneError
@@ -25,8 +26,18 @@ from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
 from ._records import study_view
 
-__all__ = ["fail_if_running", "fail_interrupted", "interrupt_trials", "open_storage", "prepare_storage",
-           "reap_dead_trials", "retry_callback"]
+__all__ = [
+    "enqueue_all",
+    "fail_if_running",
+    "fail_interrupted",
+    "interrupt_trials",
+    "narrow_pop",
+    "open_storage",
+    "prepare_storage",
+    "reap_dead_trials",
+    "retry_callback",
+    "shared",
+]
 
 _T = TypeVar("_T")
 
@@ -81,8 +92,32 @@ def open_storage(url: str, *, heartbeat: bool | None = None) -> RDBStorage:
         _OPEN[key] = storage
         while len(_OPEN) > _OPEN_MAX:
             _, old = _OPEN.popitem(last=False)
+            _CACHES.pop(id(old), None)
             old.engine.dispose()
     return storage
+
+
+#: One Optuna trial cache per storage that :func:`open_storage` keeps open, by the storage's id.
+_CACHES: dict[int, tuple[RDBStorage, BaseStorage]] = {}
+
+
+def shared(storage: BaseStorage) -> BaseStorage:
+    """What to give ``optuna.load_study`` and ``optuna.create_study`` for ``storage``: one Optuna
+    trial cache for every Study object of this process on it, where :func:`open_storage` keeps it.
+
+    Optuna wraps an RDB storage in a new cache per Study object, which reads every trial of the
+    study in full at its first look (the queue's pop, the analysis): a search call made three
+    (its own, the worker loop's, the analysis's), each reading the whole study again: a cost that
+    grew with the study. The cache keeps finished trials only (Optuna refuses to change one) and
+    reads those open or created since its last look, so one shared cache reads each trial once as
+    it ends.
+    Any other storage (a caller's own, in memory) is given as it is."""
+    if not isinstance(storage, RDBStorage) or not any(v is storage for v in _OPEN.values()):
+        return storage
+    held = _CACHES.get(id(storage))
+    if held is None or held[0] is not storage:
+        held = _CACHES[id(storage)] = (storage, _CachedStorage(storage))
+    return held[1]
 
 
 class _PragmaConnection(sqlite3.Connection):
@@ -138,6 +173,72 @@ def _open(url: str, *, heartbeat: bool, is_sqlite: bool) -> RDBStorage:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = _retry_locked(lambda: RDBStorage(url, engine_kwargs=kwargs, **extra))
     return storage
+
+
+_WAITING = sa.text("SELECT trial_id FROM trials WHERE study_id = :sid AND state = 'WAITING' ORDER BY number")
+
+
+def narrow_pop(study: optuna.Study) -> None:
+    """Have ``study`` take its next queued trial as Optuna does (the waiting trials by number, the
+    first this process sets running), finding them by one narrow query: Optuna reads every waiting,
+    running and new trial in full (six queries, 3.4 of the ask's 6.8 ms CPU on this machine), then
+    reads the trial it took again. Where the study's Optuna cache does not know a waiting trial yet
+    (another process or one transaction queued it; the cache writes a param only of a trial it
+    knows), Optuna's own pop runs, and its read makes them known. Only where the study is on an RDB
+    storage through Optuna's cache, as Optuna opens one."""
+    cache = study._storage
+    engine = getattr(getattr(cache, "_backend", None), "engine", None)
+    known = getattr(cache, "_trial_id_to_study_id_and_number", None)
+    if engine is None or not isinstance(known, dict):
+        return
+    optunas = study._pop_waiting_trial_id
+
+    def pop() -> int | None:
+        with engine.connect() as conn:
+            waiting = [int(i) for (i,) in conn.execute(_WAITING, {"sid": study._study_id})]
+        if any(trial_id not in known for trial_id in waiting):
+            return optunas()
+        for trial_id in waiting:
+            try:
+                if cache.set_trial_state_values(trial_id, state=TrialState.RUNNING):
+                    return trial_id
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+        return None
+
+    study._pop_waiting_trial_id = pop  # type: ignore[method-assign]
+
+
+def enqueue_all(study: optuna.Study, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """``study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)`` of each (params, attrs)
+    in order, in one transaction on an RDB storage (Optuna writes each trial as it does: its own
+    code, in one session): one commit and one lock of the study row, not one per trial (0.7 of
+    3.6 ms a trial on this machine), and a call's queue is there whole or not at all."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    backend = getattr(study._storage, "_backend", study._storage)
+    prepare = getattr(backend, "_get_prepared_new_trial", None)
+    if not isinstance(backend, RDBStorage) or prepare is None or len(items) < 2:
+        for params, attrs in items:
+            study.enqueue_trial(params, skip_if_exists=False, user_attrs=attrs)
+        return
+    templates = [optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": params},
+                                           user_attrs=attrs) for params, attrs in items]
+    for template in templates:
+        template._validate()
+    made = []
+    with _create_scoped_session(backend.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study._study_id, session, for_update=True)
+        for template in templates:
+            row = prepare(study._study_id, template, session)
+            frozen = copy.deepcopy(template)  # as Optuna's create_new_trial hands its cache the trial
+            frozen.number, frozen._trial_id = row.number, row.trial_id
+            made.append(frozen)
+    add = getattr(study._storage, "_add_trials_to_cache", None)
+    if add is not None:  # known to the study's cache, as one at a time: the pop takes them narrowly
+        with study._storage._lock:  # type: ignore[attr-defined]
+            add(study._study_id, made)
 
 
 def prepare_storage(url: str) -> None:

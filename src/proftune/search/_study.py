@@ -26,7 +26,7 @@ from ._refine import next_step
 from ._samplers import make_sampler
 from ._settings import SearchSettings
 from ._space import Space
-from ._storage import open_storage, reap_dead_trials
+from ._storage import narrow_pop, open_storage, reap_dead_trials, shared
 from ._trial import Surplus, TrialFailed, TrialRunner
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,10 @@ def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None
     settings.task_name = settings.task_name or task.name or type(task).__name__
     store = store if store is not None else Store(settings.db)
     storage = storage or open_storage(settings.db)
-    study = optuna.load_study(study_name=settings.study, storage=storage,
+    study = optuna.load_study(study_name=settings.study, storage=shared(storage),
                               sampler=make_sampler(settings, worker, earlier=_earlier_tunes(store, settings)),
                               pruner=make_pruner(settings.pruner, settings.space.pruner))
+    narrow_pop(study)
     reap_dead_trials(study, store)
     store.reap_stale()
     runner = TrialRunner(settings, task, store)

@@ -304,9 +304,15 @@ class Store:
         among them: the time its work ended, where that was before now)."""
         if status not in RUN_STATUSES:
             raise ValueError(f"status={status!r} is unknown; valid: {', '.join(RUN_STATUSES)}.")
-        record = self.get_run(run_id)
+        # the two columns it needs, not the whole record with its JSON parsed (done once a search trial)
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(runs_table.c.started_at, runs_table.c.parent_id)
+                               .where(runs_table.c.id == int(run_id))).first()
+        if row is None:
+            raise ConfigError(f"run {run_id} does not exist in {self.shown_url}.")
+        started_at, parent_id = row
         runs = held()
-        if runs is not None and status == "finished" and record.parent_id is None:
+        if runs is not None and status == "finished" and parent_id is None:
             # a command's Run waits for the command's outputs (track._outputs.held_until_written),
             # running: this process is finishing it, whatever a sweep of stale runs took it for
             fields.pop("ended_at", None)
@@ -316,7 +322,7 @@ class Store:
             runs.ended[(self.url, run_id)] = _now()  # the work's end, which the outputs then show
             return
         ended = fields.pop("ended_at", None) or _now()
-        started = dt.datetime.fromisoformat(record.started_at)
+        started = dt.datetime.fromisoformat(started_at)
         duration = (dt.datetime.fromisoformat(ended) - started).total_seconds()
         self.update_run(run_id, status=status, error=error, ended_at=ended, duration_s=duration, **fields)
 
