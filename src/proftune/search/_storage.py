@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 import optuna
 import sqlalchemy as sa
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages._cached_storage import _CachedStorage
 from optuna.trial import TrialState
 
 from ..exceptions import ProftuneError
@@ -112,6 +111,10 @@ def shared(storage: BaseStorage) -> BaseStorage:
     reads those open or created since its last look, so one shared cache reads each trial once as
     it ends.
     Any other storage (a caller's own, in memory) is given as it is."""
+    try:  # Optuna's private cache (``optuna>=4.0`` has it); without it each Study has its own, as before
+        from optuna.storages._cached_storage import _CachedStorage
+    except ImportError:
+        return storage
     if not isinstance(storage, RDBStorage) or not any(v is storage for v in _OPEN.values()):
         return storage
     held = _CACHES.get(id(storage))
@@ -214,12 +217,15 @@ def enqueue_all(study: optuna.Study, items: list[tuple[dict[str, Any], dict[str,
     in order, in one transaction on an RDB storage (Optuna writes each trial as it does: its own
     code, in one session): one commit and one lock of the study row, not one per trial (0.7 of
     3.6 ms a trial on this machine), and a call's queue is there whole or not at all."""
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
+    try:  # Optuna's private RDB session and models; without them, one trial at a time as before
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+        private = True
+    except ImportError:
+        private = False
     backend = getattr(study._storage, "_backend", study._storage)
     prepare = getattr(backend, "_get_prepared_new_trial", None)
-    if not isinstance(backend, RDBStorage) or prepare is None or len(items) < 2:
+    if not private or not isinstance(backend, RDBStorage) or prepare is None or len(items) < 2:
         for params, attrs in items:
             study.enqueue_trial(params, skip_if_exists=False, user_attrs=attrs)
         return
