@@ -151,3 +151,32 @@ def test_a_calls_queue_is_written_in_one_transaction_as_optuna_writes_each(tmp_p
         seen.append([(t.number, t.state.name, t.system_attrs, t.user_attrs) for t in study.get_trials()])
     assert seen[0] == seen[1]
     assert [n for n, *_ in seen[1]] == [0, 1, 2, 3, 4]
+
+
+def test_without_optunas_private_modules_the_public_path_writes_the_same_study(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optuna>=4.0`` is allowed, and the shared cache and the one-transaction queue use Optuna's
+    private modules: where those cannot be imported, each Study keeps its own cache and the queue is
+    written one trial at a time, to the same study."""
+    import sys
+
+    import optuna
+
+    from proftune.search._storage import enqueue_all, shared
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    Store(url)
+    items = [({"x": 0.1 * i}, {"proftune_tags": {"i": i}}) for i in range(3)]
+    seen = []
+    for name, hide in (("private", False), ("public", True)):
+        with monkeypatch.context() as m:
+            if hide:  # an import of a module set to None raises ImportError
+                m.setitem(sys.modules, "optuna.storages._cached_storage", None)
+                m.setitem(sys.modules, "optuna.storages._rdb.models", None)
+            storage = open_storage(url)
+            assert (shared(storage) is storage) == hide
+            study = optuna.create_study(study_name=name, storage=shared(storage))
+            enqueue_all(study, items)
+            seen.append([(t.number, t.state.name, t.system_attrs, t.user_attrs) for t in study.get_trials()])
+    assert seen[0] == seen[1]
+    assert len(seen[1]) == 3
