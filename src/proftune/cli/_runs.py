@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich import box
 from rich.table import Table
 
 from .._paths import OutputPath, check_outputs
-from ..track import RUN_KINDS, RunRecord, Store
+from ..track import RUN_KINDS, RunComparison, RunRecord, RunSummary, Store
 from . import _options as opt
 from ._common import err_console, execute, keep_whole, out_console, value_text
 
@@ -39,7 +39,7 @@ def list_runs(
 ) -> None:
     """List recorded runs, newest first."""
 
-    def body() -> dict[str, Any]:
+    def body() -> dict[str, list[RunSummary]]:
         from ..exceptions import ConfigError
 
         if kind is not None and kind not in RUN_KINDS:
@@ -48,7 +48,7 @@ def list_runs(
         runs = store.list_runs(task=task, kind=kind, status=status, limit=limit, summary=True)
         return {"runs": [r.summary() for r in runs]}
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: dict[str, list[RunSummary]]) -> None:
         table = Table(title="runs", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
         for col in ("id", "kind", "task", "status", "started", "duration", "data", "metrics"):
             table.add_column(col, overflow="fold")
@@ -110,7 +110,7 @@ def compare(
 ) -> None:
     """Compare two runs: config and environment differences, data fingerprints, metric deltas."""
 
-    def body() -> dict[str, Any]:
+    def body() -> RunComparison:
         check_outputs([OutputPath("--report", report)], force=force)
         store = _open(db)
         d = store.compare(a, b)
@@ -121,7 +121,7 @@ def compare(
             err_console.print(f"report: {path}", markup=False)
         return d
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: RunComparison) -> None:
         table = Table(title=f"run {d['a']} vs run {d['b']}")
         for col in ("what", f"run {d['a']}", f"run {d['b']}", "delta"):
             table.add_column(col)
