@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..diagnose import DiagnoseResult, Finding
 from ..diagnose import diagnose as run_diagnose
 from . import _options as opt
 from ._common import execute_run, out_console
@@ -16,9 +17,8 @@ from ._progress import train_task
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
-def _where(f: dict[str, Any]) -> str:
-    ev = f["evidence"]
-    parts = [f"step {ev['step']}" if ev.get("step") else "", f"layer {ev['layer']}" if ev.get("layer") else ""]
+def _where(f: Finding) -> str:
+    parts = [f"step {f.step}" if f.step else "", f"layer {f.layer}" if f.layer else ""]
     where = " ".join(x for x in parts if x)
     return escape(f" [{where}]") if where else ""  # escaped: rich would read "[step 3]" as markup
 
@@ -35,24 +35,23 @@ def diagnose(
 ) -> None:
     """Train TASK, watch it, and say what is wrong: cause, evidence, severity and fix."""
 
-    def body() -> Any:
+    def body() -> DiagnoseResult:
         return train_task(run_diagnose, task, t, o, description="diagnose", lr_test=lr_test)
 
-    def render(report: Any) -> None:
-        d = report.to_dict()
-        if not d["findings"]:
-            out_console.print(f"run {d['run_id']}: {d['task']}: no findings, training looks healthy "
-                              f"({', '.join(f'{k} {v:.4f}' for k, v in d['metrics'].items())})")
+    def render(d: DiagnoseResult) -> None:
+        if not d.findings:
+            out_console.print(f"run {d.run_id}: {d.task}: no findings, training looks healthy "
+                              f"({', '.join(f'{k} {v:.4f}' for k, v in d.metrics.items())})")
             return
-        table = Table(title=f"run {d['run_id']}: {d['task']}: root causes first, each with what it explains")
+        table = Table(title=f"run {d.run_id}: {d.task}: root causes first, each with what it explains")
         for col in ("#", "cause", "severity", "evidence", "fix"):
             table.add_column(col, overflow="fold")
-        for i, f in enumerate(d["findings"], start=1):
-            table.add_row(str(i), f["cause"], f"[{_STYLE[f['severity']]}]{f['severity']}[/]",
-                          f"{escape(f['summary'])}{_where(f)}\n[dim]{escape(f.get('why', ''))}[/]", escape(f["fix"]))
-            for c in f.get("consequences") or []:
-                table.add_row("", f"  -> {c['cause']}", f"[{_STYLE[c['severity']]}]{c['severity']}[/]",
-                              f"{escape(c['summary'])}{_where(c)}\n[dim]{escape(c.get('why', ''))}[/]", "")
+        for i, f in enumerate(d.findings, start=1):
+            table.add_row(str(i), f.cause, f"[{_STYLE[f.severity]}]{f.severity}[/]",
+                          f"{escape(f.summary)}{_where(f)}\n[dim]{escape(f.why)}[/]", escape(f.fix))
+            for c in f.consequences:
+                table.add_row("", f"  -> {c.cause}", f"[{_STYLE[c.severity]}]{c.severity}[/]",
+                              f"{escape(c.summary)}{_where(c)}\n[dim]{escape(c.why)}[/]", "")
         out_console.print(table)
 
     execute_run(body, o, r, render=render, threads=threads)

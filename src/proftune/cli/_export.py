@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import typer
 
@@ -11,6 +11,33 @@ from .._paths import OutputPath, check_outputs
 from ..exceptions import ConfigError
 from . import _options as opt
 from ._common import execute, out_console
+
+if TYPE_CHECKING:
+    from ..report import WandbRun
+
+
+class _MLflowRun(TypedDict):
+    uri: str
+    experiment: str
+    run_id: str
+
+
+class _WandbRuns(TypedDict):
+    project: str
+    runs: list[WandbRun]
+
+
+class _RunId(TypedDict):
+    run_id: int
+
+
+class _Exported(_RunId, total=False):
+    """Where ``export`` wrote the run: each of the tools asked (the TensorBoard folder, the MLflow
+    run, the W&B runs)."""
+
+    tensorboard: str
+    mlflow: _MLflowRun
+    wandb: _WandbRuns
 
 
 @opt.command
@@ -37,7 +64,7 @@ def export_command(
     metrics per step, tags and artifacts to MLflow; config, history, histograms, summary and artifacts
     to W&B."""
 
-    def body() -> dict[str, Any]:
+    def body() -> _Exported:
         from ..report import export_mlflow, export_tensorboard, export_wandb
         from ..track import Store
 
@@ -48,7 +75,7 @@ def export_command(
                        OutputPath("--wandb-dir", wandb_dir, folder=True)], force=f.force)
         store = Store(f.db)
         record = store.get_run(run_id)
-        out: dict[str, Any] = {"run_id": run_id}
+        out: _Exported = {"run_id": run_id}
         if tensorboard is not None:
             out["tensorboard"] = str(export_tensorboard(record, tensorboard, store=store))
         if mlflow is not None:
@@ -59,7 +86,7 @@ def export_command(
                                                                      mode=wandb_mode, store=store)}
         return out
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: _Exported) -> None:
         if "tensorboard" in d:
             out_console.print(f"tensorboard: {d['tensorboard']}  (tensorboard --logdir {d['tensorboard']})",
                               highlight=False)

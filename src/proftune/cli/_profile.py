@@ -13,7 +13,7 @@ from rich.table import Table
 from .._paths import OutputPath
 from .._units import format_bytes
 from ..exceptions import ConfigError
-from ..profile import Profile, compare_profiles, load_spread, profile
+from ..profile import Profile, RanksResult, compare_profiles, load_spread, profile
 from ..track import Store
 from . import _options as opt
 from ._common import execute, keep_whole, out_console, parse_params, task_arg, with_report
@@ -193,7 +193,7 @@ def profile_command(
                 _render_structure(result.structure, depth)
             if result.onnx is not None:
                 _render_onnx(result.onnx)
-        elif "ranks" in result:
+        elif isinstance(result, RanksResult):
             _render_ranks(result)
         else:
             _render_compare(result, top)
@@ -278,7 +278,7 @@ def _render_onnx(o: Any) -> None:
     out_console.print(line, highlight=False)
 
 
-def _ranks(task: str, nprocs: int, *, device: str, extras: bool, **kw: Any) -> dict[str, Any]:
+def _ranks(task: str, nprocs: int, *, device: str, extras: bool, **kw: Any) -> RanksResult:
     from ..profile import profile_ranks
 
     if extras:
@@ -286,24 +286,24 @@ def _ranks(task: str, nprocs: int, *, device: str, extras: bool, **kw: Any) -> d
 
     dev = ("cuda" if device == "cuda" or (device == "auto" and __import__("torch").cuda.device_count() >= nprocs)
            else "cpu")
-    return profile_ranks(task, nprocs=nprocs, device=dev, **kw).to_dict()
+    return profile_ranks(task, nprocs=nprocs, device=dev, **kw)
 
 
-def _render_ranks(d: dict[str, Any]) -> None:
-    table = Table(title=f"{d['task']} · DDP {d['world_size']} ranks ({d['backend']}) · ms per step",
+def _render_ranks(d: RanksResult) -> None:
+    table = Table(title=f"{d.task} · DDP {d.world_size} ranks ({d.backend}) · ms per step",
                   caption="busy: the step less the time waiting in the all-reduce")
     for col in ("rank", "step", "data", "forward", "backward", "optimizer", "all-reduce", "busy"):
         table.add_column(col, justify="right")
-    for r in d["ranks"]:
-        mark = " *" if r["rank"] == d["slowest_rank"] and d["phase"] else ""
-        table.add_row(f"{r['rank']}{mark}", *(_ms(r[k]) for k in (
-            "step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "allreduce_ms", "busy_ms")))
+    for r in d.ranks:
+        mark = " *" if r.rank == d.slowest_rank and d.phase else ""
+        table.add_row(f"{r.rank}{mark}", *map(_ms, (r.step_ms, r.data_ms, r.forward_ms, r.backward_ms,
+                                                    r.optimizer_ms, r.allreduce_ms, r.busy_ms)))
     out_console.print(table)
-    comm = (d.get("extra") or {}).get("comm") or {}
+    comm = d.extra.get("comm") or {}
     if comm.get("batch_size"):
         per = comm.get("busy_ms_per_sample")
         out_console.print(f"all-reduce {format_bytes(comm['allreduce_bytes'])} per step "
                           f"in {comm['allreduce_ms']:.2f} ms "
                           f"({comm['allreduce_share']:.0%} of the step) at batch {comm['batch_size']} per rank; "
                           f"busy {per:.3f} ms per sample" if per is not None else "", highlight=False)
-    out_console.print(f"imbalance {d['imbalance']:.2f}x (busy, max / median); {d['advice']}")
+    out_console.print(f"imbalance {d.imbalance:.2f}x (busy, max / median); {d.advice}")

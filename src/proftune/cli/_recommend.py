@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -13,7 +14,7 @@ from .._units import parse_duration
 from ..exceptions import ConfigError
 from ..integrations import EMIT_FORMATS, emit_snippet
 from ..profile import Profile
-from ..recommend import recommend
+from ..recommend import Recommendations, recommend
 from ..track import Store
 from . import _options as opt
 from ._common import (
@@ -34,15 +35,15 @@ def _short(value: Any) -> str:
     return value_text(value, digits=3)
 
 
+@dataclass(frozen=True)
 class _Result:
     """The recommendations with their JSON form (the list itself would serialise as a bare list)."""
 
-    def __init__(self, recs: Any, emit: str | None = None) -> None:
-        self.recs = recs
-        self.emit = emit
+    recs: Recommendations
+    emit: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = self.recs.to_dict()
+        out = self.recs.to_dict()
         if self.emit is not None:
             out["emit"] = {"format": self.emit, "snippet": self.snippet()}
         return out
@@ -87,7 +88,7 @@ def recommend_command(
     bottleneck layers and the optimizer (and embedding sizes for a model with embedding tables),
     each with the measured evidence behind it."""
 
-    def body() -> Any:
+    def body() -> _Result:
         if emit is not None and emit not in EMIT_FORMATS:
             raise ConfigError(f"--emit {emit!r} is unknown; valid: {', '.join(EMIT_FORMATS)}.")
         prof = Profile.load(profile) if profile else None
@@ -102,7 +103,7 @@ def recommend_command(
                                  store=Store(o.db),
                                  progress=say), emit)
 
-    def render(result: Any) -> None:
+    def render(result: _Result) -> None:
         if result.emit is not None:  # stdout holds only the snippet: `> params.py` works
             sys.stdout.write(result.snippet())
             return

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 import typer
 
 from ..exceptions import ConfigError
 from . import _options as opt
 from ._common import err_console, execute, out_console
+
+
+class _Written(TypedDict):
+    report: str  # the file
+    bytes: int
 
 
 @opt.command
@@ -23,7 +28,7 @@ def report_command(
     """Write one HTML page for a run, a study or a profile: charts with the numbers beside them,
     plotly inlined, opens offline."""
 
-    def body() -> dict[str, Any]:
+    def body() -> _Written:
         from ..report import write_report
 
         if (source is None) == (study is None):
@@ -32,7 +37,7 @@ def report_command(
         path = write_report(source, out, study=study, db=f.db, open_browser=open_browser, force=f.force)
         return {"report": str(path), "bytes": path.stat().st_size}
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: _Written) -> None:
         out_console.print(f"report: {d['report']} ({d['bytes'] / 2**20:.1f} MiB)", highlight=False)
         err_console.print("self-contained: open it from file://, nothing is fetched", style="dim")
 

@@ -4,12 +4,14 @@ unmodified script; its training step is found by the optimizer's global step hoo
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from .._paths import OutputPath, check_outputs
+from .._records import JsonRecord
 from ..exceptions import ConfigError
 from ..profile import Profile, ScriptResult, parse_command, run_script
 from ..recommend import Recommendation, bottleneck_rule, data_loading_rule, precision_rule
@@ -88,11 +90,30 @@ def _record(store: Store, result: ScriptResult, command: list[str], config: dict
     return ids
 
 
-def _print_end(d: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class _Ran(JsonRecord):
+    """What ``proftune run`` prints (``--json``: these fields): how the script ended, as its first Run
+    records it, the profiles (each one Run of ``run_ids``) and what the first one recommends."""
+
+    ended_at: str | None
+    duration_s: float | None
+    exit_code: int
+    interrupted: str | None
+    error: str | None
+    summary: str
+    steps_seen: int
+    run_ids: list[int]
+    profiles: list[Profile]
+    recommendations: list[Recommendation]
+    out: str | None
+    report: str | None
+
+
+def _print_end(d: _Ran) -> None:
     """When the Run ended and how long it took, as the store records it."""
-    if d.get("ended_at"):
-        took = f" after {d['duration_s']:.1f} s" if d.get("duration_s") is not None else ""
-        out_console.print(f"run {d['run_ids'][0]} ended {d['ended_at']}{took}", style="dim", highlight=False)
+    if d.ended_at:
+        took = f" after {d.duration_s:.1f} s" if d.duration_s is not None else ""
+        out_console.print(f"run {d.run_ids[0]} ended {d.ended_at}{took}", style="dim", highlight=False)
 
 
 @opt.command
@@ -115,7 +136,7 @@ def run_command(
     cmd = list(command or []) + list(ctx.args)
     exit_code = [0]
 
-    def body() -> dict[str, Any]:
+    def body() -> _Ran:
         if every is not None and (isinstance(every, bool) or every < 1):
             raise ConfigError(f"--every must be a positive integer, but got {every}.")
         if steps is not None and steps < 1:
@@ -148,37 +169,35 @@ def run_command(
                 write_report(ids[0], report, store=store, force=True)
             # as recorded (the held Run reads with the end and duration of its work, as the page does)
             ran = store.get_run(ids[0])
-        return {"ended_at": ran.ended_at, "duration_s": ran.duration_s, "exit_code": result.exit_code,
-                "interrupted": result.interrupted, "error": result.error,
-                "summary": result.summary, "steps_seen": result.steps_seen, "run_ids": ids,
-                "profiles": [p.to_dict() for p in result.profiles],
-                "recommendations": [r.to_dict() for r in recs],
-                "out": str(out) if (out and first is not None) else None,
-                "report": str(report) if (report and first is not None) else None}
+        return _Ran(ended_at=ran.ended_at, duration_s=ran.duration_s, exit_code=result.exit_code,
+                    interrupted=result.interrupted, error=result.error, summary=result.summary,
+                    steps_seen=result.steps_seen, run_ids=ids, profiles=list(result.profiles), recommendations=recs,
+                    out=str(out) if (out and first is not None) else None,
+                    report=str(report) if (report and first is not None) else None)
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: _Ran) -> None:
         from ._profile import render_profile
 
-        err_console.print(f"proftune: {d['summary']}", markup=False, highlight=False)
-        if d["profiles"]:
-            p = Profile.from_dict(d["profiles"][0])
-            render_profile(dataclasses.replace(p, config={**p.config, "run_id": d["run_ids"][0]}), 10,
-                            Path(d["out"]) if d["out"] else None)
-            for other, rid in zip(d["profiles"][1:], d["run_ids"][1:], strict=False):
-                out_console.print(f"also profiled: {other['config'].get('model')} (run {rid})", highlight=False)
-            for r in d["recommendations"]:
-                out_console.print(f"→ {r['name']}: {value_text(r['value'], digits=3)} — {r['reason']}",
+        err_console.print(f"proftune: {d.summary}", markup=False, highlight=False)
+        if d.profiles:
+            p = d.profiles[0]
+            render_profile(dataclasses.replace(p, config={**p.config, "run_id": d.run_ids[0]}), 10,
+                            Path(d.out) if d.out else None)
+            for other, rid in zip(d.profiles[1:], d.run_ids[1:], strict=False):
+                out_console.print(f"also profiled: {other.config.get('model')} (run {rid})", highlight=False)
+            for r in d.recommendations:
+                out_console.print(f"→ {r.name}: {value_text(r.value, digits=3)} — {r.reason}",
                                   highlight=False, markup=False)
-            if d["report"]:
-                out_console.print(f"report {d['report']}", style="dim")
+            if d.report:
+                out_console.print(f"report {d.report}", style="dim")
         else:
             out_console.print("no profile: no step was sampled (lower --every?)", highlight=False)
         _print_end(d)
-        if d["interrupted"]:
-            err_console.print(f"the script was interrupted by {d['interrupted']}; the steps sampled before "
+        if d.interrupted:
+            err_console.print(f"the script was interrupted by {d.interrupted}; the steps sampled before "
                               "are recorded.", markup=False)
-        elif d["exit_code"]:
-            err_console.print(f"the script exited with code {d['exit_code']}", markup=False)
+        elif d.exit_code:
+            err_console.print(f"the script exited with code {d.exit_code}", markup=False)
 
     execute(body, json_out=f.json_out, debug=f.debug, render=render)
     if exit_code[0]:

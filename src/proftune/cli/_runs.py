@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich import box
 from rich.table import Table
 
 from .._paths import OutputPath, check_outputs
-from ..track import RUN_KINDS, Store
+from ..track import RUN_KINDS, RunComparison, RunRecord, RunSummary, Store
 from . import _options as opt
 from ._common import err_console, execute, keep_whole, out_console, value_text
 
@@ -39,7 +39,7 @@ def list_runs(
 ) -> None:
     """List recorded runs, newest first."""
 
-    def body() -> dict[str, Any]:
+    def body() -> dict[str, list[RunSummary]]:
         from ..exceptions import ConfigError
 
         if kind is not None and kind not in RUN_KINDS:
@@ -48,7 +48,7 @@ def list_runs(
         runs = store.list_runs(task=task, kind=kind, status=status, limit=limit, summary=True)
         return {"runs": [r.summary() for r in runs]}
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: dict[str, list[RunSummary]]) -> None:
         table = Table(title="runs", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
         for col in ("id", "kind", "task", "status", "started", "duration", "data", "metrics"):
             table.add_column(col, overflow="fold")
@@ -72,26 +72,27 @@ def show(
 ) -> None:
     """Show one run: config, environment, data fingerprint, metrics, curves, anomalies."""
 
-    def body() -> dict[str, Any]:
-        return _open(db).get_run(run_id).to_dict()
+    def body() -> RunRecord:
+        return _open(db).get_run(run_id)
 
-    def render(d: dict[str, Any]) -> None:
-        table = Table(title=f"run {d['run_id']}", show_header=False)
+    def render(r: RunRecord) -> None:
+        table = Table(title=f"run {r.id}", show_header=False)
         table.add_column("field")
         table.add_column("value")
-        for key in ("kind", "task", "status", "started_at", "ended_at", "duration_s", "data_fingerprint", "error"):
-            if d.get(key) is not None:
-                table.add_row(key, _fmt(d[key]))
-        for k, v in d["config"].items():
+        for key, value in (("kind", r.kind), ("task", r.task), ("status", r.status), ("started_at", r.started_at),
+                           ("ended_at", r.ended_at), ("duration_s", r.duration_s),
+                           ("data_fingerprint", (r.data_fingerprint or "")[:8] or None), ("error", r.error)):
+            if value is not None:
+                table.add_row(key, _fmt(value))
+        for k, v in r.config.items():
             table.add_row(f"config.{k}", _fmt(v))
-        for k, v in d["metrics"].items():
+        for k, v in r.metrics.items():
             table.add_row(f"metrics.{k}", _fmt(v))
-        env = d["env"]
         for k in ("python", "torch", "cuda", "device", "device_name", "cores", "git_commit"):
-            table.add_row(f"env.{k}", _fmt(env.get(k)))
-        if d["anomalies"]:
-            table.add_row("anomalies", _fmt(d["anomalies"]))
-        table.add_row("curves", ", ".join(f"{k}: {len(v)} points" for k, v in d["curves"].items()))
+            table.add_row(f"env.{k}", _fmt(r.env.get(k)))
+        if r.anomalies:
+            table.add_row("anomalies", _fmt(r.anomalies))
+        table.add_row("curves", ", ".join(f"{k}: {len(v)} points" for k, v in r.curves.items()))
         out_console.print(table)
 
     execute(body, json_out=json_out, debug=debug, render=render)
@@ -109,7 +110,7 @@ def compare(
 ) -> None:
     """Compare two runs: config and environment differences, data fingerprints, metric deltas."""
 
-    def body() -> dict[str, Any]:
+    def body() -> RunComparison:
         check_outputs([OutputPath("--report", report)], force=force)
         store = _open(db)
         d = store.compare(a, b)
@@ -120,7 +121,7 @@ def compare(
             err_console.print(f"report: {path}", markup=False)
         return d
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: RunComparison) -> None:
         table = Table(title=f"run {d['a']} vs run {d['b']}")
         for col in ("what", f"run {d['a']}", f"run {d['b']}", "delta"):
             table.add_column(col)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigError
 from ._common import err_console
 from ._script_args import is_script
+
+if TYPE_CHECKING:
+    from ..script import ScriptFlags
 
 __all__ = ["command_started", "optimize_on_script", "script_command", "split_tail", "tune_on_script"]
 
@@ -45,25 +48,20 @@ def script_command(task: str | None, extra: Sequence[str], *, command: str) -> l
     return None
 
 
-def split_tail(cmd: list[str], script_options: set[str], ours: Mapping[str, str]) -> tuple[list[str], dict[str, Any]]:
-    """Take proftune's own options off the end of a script's command line where the script has no
-    such option (``-- python train.py --lr 0.1 --objective val_acc:max``): the command left, and
-    the options taken (``ours``: option -> ``flag``, ``value`` or ``list``)."""
+def split_tail(cmd: list[str], script_options: set[str], ours: Collection[str]) -> tuple[list[str], dict[str, str]]:
+    """Take proftune's own options (``ours``, each taking one value) off the end of a script's command
+    line where the script has no such option (``-- python train.py --lr 0.1 --objective val_acc:max``):
+    the command left, and each option taken with its value."""
     out: list[str] = []
-    taken: dict[str, Any] = {}
+    taken: dict[str, str] = {}
     i = 0
     head = 2 if len(cmd) > 1 and cmd[1] != "-m" else 3
     out.extend(cmd[:head])
     while i + head < len(cmd):
         tok = cmd[i + head]
         opt, eq, val = tok.partition("=")
-        kind = ours.get(opt)
-        if kind is None or opt in script_options:
+        if opt not in ours or opt in script_options:
             out.append(tok)
-            i += 1
-            continue
-        if kind == "flag":
-            taken[opt] = True
             i += 1
             continue
         if not eq:
@@ -72,20 +70,16 @@ def split_tail(cmd: list[str], script_options: set[str], ours: Mapping[str, str]
             val = cmd[i + head + 1]
             i += 1
         i += 1
-        if kind == "list":
-            taken.setdefault(opt, []).append(val)
-        else:
-            taken[opt] = val
+        taken[opt] = val
     return out, taken
 
 
-#: proftune's options a script's command line may end with, and how each is read.
-TUNE_TAIL = {"--objective": "value", "--trials": "value", "--timeout": "value", "--space": "value",
-             "--pruner": "value", "--sampler": "value"}
-OPTIMIZE_TAIL = {"--objective": "value", "--budget": "value", "--space": "value", "--pruner": "value"}
+#: proftune's options a script's command line may end with.
+TUNE_TAIL = ("--objective", "--trials", "--timeout", "--space", "--pruner", "--sampler")
+OPTIMIZE_TAIL = ("--objective", "--budget", "--space", "--pruner")
 
 
-def _script_parts(cmd: list[str], tail: Mapping[str, str]) -> tuple[list[str], dict[str, Any], Any]:
+def _script_parts(cmd: list[str], tail: Collection[str]) -> tuple[list[str], dict[str, str], ScriptFlags]:
     """The command without proftune's trailing options, those options, and the script's flags."""
     from ..script import read_flags
 

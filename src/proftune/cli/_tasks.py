@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 
 from ..examples import BUILTIN_TASKS
@@ -14,11 +12,11 @@ from ._common import execute, out_console
 def tasks(json_out: opt.JsonOpt = False) -> None:
     """List the built-in tasks (usable wherever a command takes TASK)."""
 
-    def body() -> dict[str, Any]:
+    def body() -> dict[str, list[dict[str, str | None]]]:  # name, description, requires (None: nothing)
         return {"tasks": [{"name": n, "description": t.description, "requires": t.requires or None}
                           for n, t in BUILTIN_TASKS.items()]}
 
-    def render(d: dict[str, Any]) -> None:
+    def render(d: dict[str, list[dict[str, str | None]]]) -> None:
         table = Table(title="built-in tasks")
         table.add_column("name")
         table.add_column("description")

@@ -36,7 +36,7 @@ from ._mlflow import export_mlflow
 from ._recommend_page import lr_chart, memory_model_chart
 from ._tensorboard import export_tensorboard
 from ._tune_page import importance_charts
-from ._wandb import WandbTrialLogger, export_wandb
+from ._wandb import WandbRun, WandbTrialLogger, export_wandb
 
 __all__ = [
     "PALETTE",
@@ -48,6 +48,7 @@ __all__ = [
     "Section",
     "TensorBoardLogger",
     "WandbLogger",
+    "WandbRun",
     "WandbTrialLogger",
     "bar",
     "candidate_charts",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,9 @@ class _StepLog(Callback):
             self._grad = _grad_norm(state.model)
 
     def step_values(self, state: FitState) -> dict[str, float]:
-        values: dict[str, Any] = {"loss": state.loss, "lr": state.lr}
-        if self._grad is not None:
-            values["grad_norm"] = self._grad
-            self._grad = None
-        return {k: float(v) for k, v in values.items() if is_finite_number(v)}
+        values = {"loss": state.loss, "lr": state.lr, "grad_norm": self._grad}
+        self._grad = None
+        return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
 
     @staticmethod
     def epoch_values(state: FitState) -> dict[str, float]:

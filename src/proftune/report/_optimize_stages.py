@@ -169,7 +169,7 @@ def search_section(page: Page, run: OptimizeRun) -> None:
         s.para("no parameter importance: it needs at least 2 completed trials of the study", cls="muted")
 
 
-def _study_importance(run: OptimizeRun, study: str) -> dict[str, Any]:
+def _study_importance(run: OptimizeRun, study: str) -> dict[str, dict[str, dict[str, float | str]]]:
     """The importance the study's newest tune Run holds ({} without one it can read)."""
     if run.store is None or not study:
         return {}

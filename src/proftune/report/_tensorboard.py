@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from .._jsonsafe import is_finite_number as _num
 from ..exceptions import DependencyError
@@ -90,7 +90,18 @@ def _scalars(writer: Any, r: RunRecord) -> None:
                 writer.add_scalar(f"bandit/{key}", float(value), i + 1)
 
 
-def quantile_histogram(stats: Mapping[str, Any]) -> dict[str, Any] | None:
+class QuantileHistogram(TypedDict):
+    """Buckets from ``lo`` to each of ``edges``, holding ``counts`` of the ``n`` values."""
+
+    lo: float
+    edges: list[float]
+    counts: list[float]
+    n: float
+    mean: float
+    std: float
+
+
+def quantile_histogram(stats: Mapping[str, Any]) -> QuantileHistogram | None:
     """A histogram from a layer's recorded quantiles: 1% of values below p1, 49% up to the
     median, 49% to p99, 1% above; the bucket edges are the quantiles (and min/max where recorded).
     ``{"lo", "edges", "counts", "n", "mean", "std"}``, or None when the quantiles are missing.

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from .._jsonsafe import is_finite_number, json_dumps
 from ..exceptions import ConfigError, DependencyError
@@ -26,6 +26,14 @@ __all__ = ["MODES", "WandbTrialLogger", "export_wandb", "wandb_module", "wandb_r
 
 #: W&B's modes: ``offline`` writes files only; ``online`` needs an account; ``disabled`` logs nothing.
 MODES = ("offline", "online", "disabled")
+
+
+class WandbRun(TypedDict):
+    """A W&B run written: the proftune run it holds, its W&B id and its local folder."""
+
+    proftune_run: int
+    wandb_id: str
+    dir: str
 
 
 def wandb_module() -> Any:
@@ -152,7 +160,7 @@ def _artifact_name(name: str) -> str:
 
 
 def _export_one(r: RunRecord, store: Store | None, *, project: str, dir: str | Path | None, mode: str | None,
-                group: str, report: bool) -> dict[str, Any]:
+                group: str, report: bool) -> WandbRun:
     tags = [f"kind:{r.kind}", f"status:{r.status}"]
     if r.data_fingerprint:
         tags.append(f"data:{r.data_fingerprint[:8]}")
@@ -175,7 +183,7 @@ def _export_one(r: RunRecord, store: Store | None, *, project: str, dir: str | P
 def export_wandb(run: int | RunRecord, *, project: str = "proftune", dir: str | Path | None = None,
                  mode: str | None = None, group: str | None = None, store: Store | str | None = None,
                  db: str | None = None, report: bool = True, children: bool = True,
-                 skip: Collection[int] = ()) -> list[dict[str, Any]]:
+                 skip: Collection[int] = ()) -> list[WandbRun]:
     """Log run ``run`` to W&B project ``project``; returns ``{"proftune_run", "wandb_id", "dir"}``
     per W&B run written (``dir``: the local run folder, ``<dir>/wandb/offline-run-*`` offline).
 
@@ -224,7 +232,7 @@ class WandbTrialLogger:
         self.project, self.dir, self.mode, self.group = project, dir, wandb_mode(mode), group
         wandb_module()
         #: ``{"proftune_run", "wandb_id", "dir"}`` per trial logged, in the order they ended.
-        self.logged: list[dict[str, Any]] = []
+        self.logged: list[WandbRun] = []
         #: ``(proftune run id, message)`` per trial that W&B refused.
         self.errors: list[tuple[int, str]] = []
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, TypedDict
 
 from ..exceptions import ConfigError
 
@@ -18,6 +18,17 @@ __all__ = ["REPORT_ENV", "report"]
 
 #: The environment variable naming the file a launched script's reports go to.
 REPORT_ENV = "PROFTUNE_REPORT_FILE"
+
+
+class ChannelLine(TypedDict, total=False):
+    """One line of the channel: a report's ``step`` and ``metrics`` (a non-finite value as its text)
+    and the framework that sent it (``source``), or a watched script's ``profile`` figures and ``summary``."""
+
+    step: int | None
+    metrics: dict[str, float | str]
+    source: str
+    profile: dict[str, float]
+    summary: str
 
 
 def report(step: int | None = None, **metrics: Any) -> None:
@@ -44,7 +55,7 @@ def report(step: int | None = None, **metrics: Any) -> None:
 def channel_line(step: int | None, values: dict[str, float], source: str | None = None) -> str:
     """One line of the report channel: strict JSON, a non-finite value as its text (float() reads it)."""
     metrics = {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}
-    payload: dict[str, Any] = {"step": step, "metrics": metrics}
+    payload: ChannelLine = {"step": step, "metrics": metrics}
     if source is not None:
         payload["source"] = source
     return json.dumps(payload, allow_nan=False)

@@ -8,12 +8,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
+from .._records import JsonRecord, Reader
 from ..exceptions import ConfigError
 from ..profile import parse_command
+from ._probe import Value
 
 __all__ = ["Flag", "ScriptFlags", "child_env", "read_flags"]
 
@@ -24,16 +26,19 @@ SETTABLE = ("int", "float", "str", "bool")
 
 
 @dataclass(frozen=True)
-class Flag:
+class Flag(JsonRecord):
     """One argparse action: its ``dest`` (the param's name), its option strings, default, type
-    (int, float, str, bool, or the action's kind) and choices."""
+    (int, float, str, bool, or the action's kind) and choices; read from the probe's JSON of it."""
+
+    WHAT: ClassVar[str] = "an argparse flag"
+    READERS: ClassVar[dict[str, Reader]] = {"options": tuple, "choices": tuple}
 
     dest: str
     options: tuple[str, ...]
-    default: Any
+    default: Value
     type: str
-    choices: tuple[Any, ...] | None = None
-    nargs: Any = None
+    choices: tuple[Value, ...] | None = None
+    nargs: int | str | None = None
     required: bool = False
     help: str | None = None
 
@@ -49,15 +54,9 @@ class Flag:
         """A single value the command line can set: an optional flag of a plain type."""
         return bool(self.options) and self.type in SETTABLE and (self.type == "bool" or self.nargs in (None, "?"))
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["options"] = list(self.options)
-        d["choices"] = list(self.choices) if self.choices is not None else None
-        return d
-
 
 @dataclass(frozen=True)
-class ScriptFlags:
+class ScriptFlags(JsonRecord):
     """The flags of a script's argparse parser, in its order."""
 
     prog: str
@@ -73,12 +72,9 @@ class ScriptFlags:
         return any(f.dest == dest for f in self.flags)
 
     @property
-    def defaults(self) -> dict[str, Any]:
+    def defaults(self) -> dict[str, Value]:
         """Each settable flag's default (the script's own values), by ``dest``."""
         return {f.dest: f.default for f in self.flags if f.settable}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"prog": self.prog, "flags": [f.to_dict() for f in self.flags]}
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -122,7 +118,4 @@ def read_flags(command: Sequence[str], *, timeout: float = PROBE_TIMEOUT_S) -> S
                 "argparse parser, its add_argument() calls)"
                 + (f"; its last lines:\n{tail}" if tail else "."))
         raw = json.loads(out.read_text(encoding="utf-8"))
-    flags = tuple(Flag(dest=a["dest"], options=tuple(a["options"]), default=a["default"], type=a["type"],
-                       choices=tuple(a["choices"]) if a["choices"] is not None else None, nargs=a["nargs"],
-                       required=a["required"], help=a["help"]) for a in raw["actions"])
-    return ScriptFlags(prog=str(raw["prog"]), flags=flags)
+    return ScriptFlags(prog=str(raw["prog"]), flags=tuple(Flag.from_dict(a) for a in raw["actions"]))

@@ -8,7 +8,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..exceptions import ConfigError, ProblemCollector, ProftuneError, RunFailedError
 from ..optimize import compare_race
@@ -37,6 +37,47 @@ CLOSE_S, CLOSE_SHARE = 2.0, 0.02
 #: Seconds the search takes past its last trial (its tune Run's records; 0.8 s at a load of 4 on 2
 #: cores), kept from its timeout so that the race's rounds still fit.
 SEARCH_CLOSE_S = 1.0
+
+
+class Spread(TypedDict):
+    """One side's runs in the race: the mean and standard deviation of their figures (None: too few
+    runs), how many, and the figures."""
+
+    mean: float | None
+    std: float | None
+    n: int
+    values: list[float]
+
+
+class _Stage(TypedDict):
+    stage: str
+    status: str
+    time_s: float
+    did: str
+
+
+class StageRow(_Stage, total=False):
+    """A stage of the loop: finished, skipped or failed, its seconds and what it did; the search's
+    row, its best params."""
+
+    best: dict[str, Any] | None
+
+
+class _Rounds(TypedDict):
+    rounds: int
+
+
+class Race(_Rounds, total=False):
+    """The race of the search's best against the defaults (no rounds: not run): the seeds (None: not
+    paired), each side's figures, and the script's held-out metric beside them (``*_test``)."""
+
+    seeds: list[int] | None
+    paired: bool
+    best: Spread
+    defaults: Spread
+    test_metric: str | None
+    best_test: Spread
+    defaults_test: Spread
 
 
 def load_script(command: Sequence[str], *, objective: str | None, constraints: Sequence[str] = (),
@@ -90,14 +131,14 @@ def _pooled_std(groups: Sequence[Sequence[float]]) -> float | None:
     return math.sqrt(num / df) if df else None
 
 
-def _mean_std(values: Sequence[float]) -> dict[str, Any]:
+def _mean_std(values: Sequence[float]) -> Spread:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return {"mean": statistics.fmean(vals) if vals else None,
             "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals), "values": vals}
 
 
 def _search_stage(task: ScriptTask, space: Space, objective: Objective, *, search_s: float, run_s: float,
-                  **options: Any) -> tuple[SearchResult | None, dict[str, Any] | None, dict[str, Any]]:
+                  **options: Any) -> tuple[SearchResult | None, dict[str, Any] | None, StageRow]:
     """The search within ``search_s`` seconds: its result, its best params and its stage row (a search
     whose trials failed too often keeps the defaults, with why)."""
     t1 = time.monotonic()
@@ -210,7 +251,7 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                              config={"command": task.flags_text({}), "budget_s": budget_s, "objective": objective.text,
                                      "space": space.to_dict(), "seed": seed, "source": "script"})
     rec = _Recorder(store, task, run_id)
-    stages: list[dict[str, Any]] = []
+    stages: list[StageRow] = []
     notes: list[str] = []
     task.deadline = end
     try:
@@ -261,7 +302,7 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
                 task.cut_after(None)
             stages.append(row)
         proposed = best_params
-        race: dict[str, Any] = {"rounds": 0}
+        race: Race = {"rounds": 0}
         comparison = None
         paired = task.takes_seed
         searched = _best_value(result)
@@ -355,7 +396,7 @@ def optimize_script(task: ScriptTask, space: Space, objective: Objective, *, bud
         raise
     finally:
         task.deadline = None  # this budget's: the task may run again
-    figure = (race.get("best") if adopted else race.get("defaults")) or {}
-    value = figure.get("mean") if figure.get("mean") is not None else base.get(metric)
+    figure = race.get("best") if adopted else race.get("defaults")
+    value = figure["mean"] if figure is not None and figure["mean"] is not None else base.get(metric)
     store.finish_run(run_id, metrics={metric: value} if value is not None else {}, result=out)
     return out

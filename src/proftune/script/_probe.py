@@ -14,18 +14,33 @@ import math
 import os
 import runpy
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 _TYPES = {int: "int", float: "float", str: "str"}
+#: A flag's default or choice as the JSON holds it (a value of another type as its text).
+Value = bool | int | float | str | None
 
 
-def _value(v: Any) -> Any:
+class Action(TypedDict):
+    """One argparse action as the probe writes it: the fields of ``proftune.script.Flag``."""
+
+    dest: str
+    options: list[str]
+    default: Value
+    type: str
+    choices: list[Value] | None
+    nargs: int | str | None
+    required: bool
+    help: str | None
+
+
+def _value(v: Any) -> Value:
     if v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float) and math.isfinite(v)):
         return v
     return str(v)  # an inf default travels as its text
 
 
-def _action(a: argparse.Action) -> dict[str, Any] | None:
+def _action(a: argparse.Action) -> Action | None:
     if isinstance(a, (argparse._HelpAction, argparse._VersionAction)) or a.dest == argparse.SUPPRESS:
         return None
     if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):

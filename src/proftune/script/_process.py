@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from ._channel import REPORT_ENV
+from ._channel import REPORT_ENV, ChannelLine
 from ._flags import child_env
 
 __all__ = ["GRACE_S", "ScriptRun", "metric_lines", "run_process"]
@@ -220,7 +220,7 @@ def _read_channel(channel: Path, offset: int, reads: _Reads) -> int:
         return offset
     for raw in chunk[:end].decode("utf-8", errors="replace").splitlines():
         try:
-            msg: dict[str, Any] = json.loads(raw)
+            msg: ChannelLine = json.loads(raw)
         except ValueError:
             continue
         if "profile" in msg:

@@ -14,6 +14,7 @@ from ..exceptions import ConfigError, ProftuneError
 from ..profile import parse_command
 from ..search import ObjectiveTask
 from ._flags import ScriptFlags, read_flags
+from ._probe import Value
 from ._process import GRACE_S, ScriptRun, run_process
 
 __all__ = ["ScriptCut", "ScriptFailed", "ScriptTask", "imports_torch"]
@@ -93,9 +94,9 @@ class ScriptTask(ObjectiveTask):
         self.runs: list[ScriptRun] = []
 
     # -- the command line -----------------------------------------------------------------------
-    def given_args(self) -> dict[str, Any]:
+    def given_args(self) -> dict[str, Value]:
         """The flags the user's ARGS set, by dest, as the script's parser would read them (typed)."""
-        out: dict[str, Any] = {}
+        out: dict[str, Value] = {}
         args = self.argv[2:] if self.kind == "module" else self.argv[1:]
         for f in self.flags.flags:
             if not f.settable:
@@ -112,7 +113,7 @@ class ScriptTask(ObjectiveTask):
                     out[f.dest] = self._typed(f.dest, args[i + 1])
         return out
 
-    def _typed(self, dest: str, text: str) -> Any:
+    def _typed(self, dest: str, text: str) -> int | float | str:
         kind = self.flags[dest].type
         try:
             return int(text) if kind == "int" else float(text) if kind == "float" else text

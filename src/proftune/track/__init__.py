@@ -7,7 +7,7 @@ from ._env import environment
 from ._fingerprint import data_fingerprint, short_fingerprint
 from ._lock import LOCK_FILE, FolderLock, Holder, StudyLock
 from ._outputs import held_until_written, kept_files, not_held
-from ._records import RunRecord
+from ._records import RunComparison, RunRecord, RunSummary
 from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
 from ._store import DEFAULT_DB, RunHandle, Store, default_db_url, pid_alive, resolve_db_url
 from ._tracked import open_store, optional_store, tracked_run
@@ -19,8 +19,10 @@ __all__ = [
     "RUN_KIND_REGISTRY",
     "FolderLock",
     "Holder",
+    "RunComparison",
     "RunHandle",
     "RunRecord",
+    "RunSummary",
     "Store",
     "StudyLock",
     "data_fingerprint",

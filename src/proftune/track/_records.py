@@ -5,13 +5,68 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
-__all__ = ["RUN_STATUSES", "RunRecord"]
+__all__ = ["RUN_STATUSES", "RunComparison", "RunRecord", "RunSummary"]
 
 
 #: ``interrupted``: ended by Ctrl-C or SIGTERM (the CLI handles both alike), not by an error.
 RUN_STATUSES = ("running", "finished", "failed", "interrupted")
+
+
+class RunSummary(TypedDict):
+    """The columns of a run a listing shows (:meth:`RunRecord.summary`); the data fingerprint's
+    first 8 characters."""
+
+    run_id: int
+    kind: str
+    task: str
+    status: str
+    started_at: str
+    duration_s: float | None
+    data_fingerprint: str | None
+    metrics: dict[str, Any]
+    study: str | None
+    parent_id: int | None
+
+
+class Pair(TypedDict):
+    """A key's value in two runs, ``a`` and ``b`` (None: the run has no such key)."""
+
+    a: Any
+    b: Any
+
+
+class MetricDelta(Pair):
+    """A metric in two runs and ``b - a`` (None: either is not a number)."""
+
+    delta: float | None
+
+
+class TaskPair(TypedDict):
+    a: str
+    b: str
+    same: bool
+
+
+class FingerprintPair(TypedDict):
+    a: str | None
+    b: str | None
+    match: bool
+
+
+class RunComparison(TypedDict):
+    """Two runs compared (:meth:`Store.compare`): their ids and tasks, the config and environment
+    keys that differ (the environment's flattened, ``packages.torch``), the first 8 characters of
+    their data fingerprints (``match``: the same data) and every metric with its delta."""
+
+    a: int
+    b: int
+    task: TaskPair
+    config: dict[str, Pair]
+    env: dict[str, Pair]
+    data_fingerprint: FingerprintPair
+    metrics: dict[str, MetricDelta]
 
 
 @dataclass
@@ -47,7 +102,7 @@ class RunRecord:
         d["data_md5"] = fp
         return d
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         """The columns a listing shows."""
         return {
             "run_id": self.id, "kind": self.kind, "task": self.task, "status": self.status,
@@ -90,6 +145,6 @@ def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def diff_dicts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def diff_dicts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Pair]:
     """Keys whose values differ: ``{key: {"a": ..., "b": ...}}`` (missing is None)."""
     return {k: {"a": a.get(k), "b": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

@@ -40,7 +40,7 @@ from ._database import (
     sqlite_pragmas,
 )
 from ._outputs import held
-from ._records import RUN_STATUSES, RunRecord, diff_dicts, flatten_dict, record_from_row
+from ._records import RUN_STATUSES, MetricDelta, RunComparison, RunRecord, diff_dicts, flatten_dict, record_from_row
 from ._run_kinds import RUN_KIND_REGISTRY, RUN_KINDS, register_run_kind
 
 __all__ = ["DEFAULT_DB", "Store", "default_db_url", "resolve_db_url"]
@@ -454,10 +454,10 @@ class Store:
                             error="the process ended without finishing the run (killed or crashed)")
         return len(stale)
 
-    def compare(self, a: int, b: int) -> dict[str, Any]:
+    def compare(self, a: int, b: int) -> RunComparison:
         """Config diff, environment diff, data fingerprint match and metric deltas of two runs."""
         ra, rb = self.get_runs([a, b])
-        metric_delta: dict[str, Any] = {}
+        metric_delta: dict[str, MetricDelta] = {}
         for key in sorted(set(ra.metrics) | set(rb.metrics)):
             va, vb = ra.metrics.get(key), rb.metrics.get(key)
             delta = vb - va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None
