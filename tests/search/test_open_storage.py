@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from proftune.search._storage import open_storage
 from proftune.track import Store
 
