@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import pytest
@@ -10,15 +11,18 @@ from torch import nn
 
 import proftune
 from proftune.examples._recsys import FeedbackSpec, ImplicitTwoTower
-from proftune.profile import IndexStats, TableSpectrum, index_stats
+from proftune.exceptions import ConfigError
+from proftune.profile import IndexStats, TableSpectrum, index_stats, table_spectrum
 from proftune.recommend import RECOMMENDATION_NAMES
 from proftune.recommend._embedding import (
+    EmbeddingConfig,
     FactorizedEmbedding,
     HashedRows,
     TablePlan,
     _resized,
     hashed_remap,
     plan_table,
+    recommend_embedding_dim,
 )
 
 
@@ -99,6 +103,22 @@ def test_recommend_sizes_the_tables_at_the_true_rank_and_measures_the_retrained_
     assert ev["metric"] == "val_loss"
     # at the true rank the model fits no noise: its validation error is no worse than at dim 16
     assert ev["resized_metric"] <= ev["original_metric"] * 1.05, row.effect
+
+
+def test_a_training_that_diverges_keeps_the_tables_and_says_why() -> None:
+    """A rate far too high leaves NaN in a table: its singular values cannot be computed (they
+    stopped the optimize loop's compute stage on a generated task at lr 1.97), so the row keeps the
+    current dims and says the training diverged; the spectrum itself refuses non-finite weights."""
+    task = RatingsMF()
+    params = {**task.default_params, "lr": 1e12}
+    row = recommend_embedding_dim(task, params, device=torch.device("cpu"), config=EmbeddingConfig(budget_s=5))
+    assert row is not None
+    assert row.value == {"users": 16, "items": 16}
+    assert "diverged" in row.reason
+    assert row.evidence["kept_current"] == "inconclusive"
+    assert row.evidence["non_finite"]
+    with pytest.raises(ConfigError, match="non-finite"):
+        table_spectrum("users", torch.full((4, 3), math.nan))
 
 
 def test_a_task_without_embeddings_gets_no_row() -> None:

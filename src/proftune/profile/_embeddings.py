@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .._records import JsonRecord
+from ..exceptions import ConfigError
 from ..train import Callback, FitState
 
 __all__ = ["EMBEDDING_TYPES", "IndexCounter", "IndexStats", "TableSpectrum", "embedding_tables",
@@ -173,6 +174,9 @@ def table_spectrum(table: str, weight: torch.Tensor, counts: torch.Tensor | None
     w = weight.detach().float().cpu()
     if counts is not None and bool((counts > 0).any()):
         w = w[counts.cpu() > 0]
+    if not bool(torch.isfinite(w).all()):
+        raise ConfigError(f"table_spectrum(weight=) of {table!r} holds non-finite values (NaN or inf): a training that "
+                          "diverged; give the weights of a training whose loss stayed finite.")
     s = torch.linalg.svdvals(w.double())
     energy = s.pow(2)
     total = float(energy.sum())
