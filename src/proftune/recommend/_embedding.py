@@ -327,17 +327,18 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
     original = _train_to_best(task, params, metric, cfg, epochs=epochs, device=device, extra=(counter,))
     stats = {n: index_stats(n, c, counter.dims[n]) for n, c in counter.counts.items()}
     tables = embedding_tables(original.result.model)
-    broken = sorted(n for n in stats if not bool(torch.isfinite(tables[n].weight).all()))
+    weights = {n: cast(torch.Tensor, tables[n].weight) for n in stats}
+    broken = sorted(n for n, w in weights.items() if not bool(torch.isfinite(w).all()))
     if broken:
         # a training that diverged (a rate 37x too high) leaves NaN in a table: no spectrum to read
         # (its singular values failed to converge and stopped the optimize loop's compute stage)
-        current = {n: int(tables[n].weight.shape[1]) for n in stats}
+        current = {n: int(w.shape[1]) for n, w in weights.items()}
         row = Recommendation("embedding_dim", current, "no spectrum of a diverged table.",
                              {"metric": metric, "max_epochs": epochs, "seed": cfg.seed, "non_finite": broken}, "low")
         return keep_unless_better(row, current, would_decide="a training at these params that stays finite",
                                   inconclusive=(f"the training at these params diverged: {', '.join(broken)} "
                                                 "held non-finite weights (NaN or inf)"))
-    spectra = {n: table_spectrum(n, cast(torch.Tensor, tables[n].weight), counter.counts[n]) for n in stats}
+    spectra = {n: table_spectrum(n, weights[n], counter.counts[n]) for n in stats}
     plans = [plan_table(stats[n], spectra[n], counter.counts[n]) for n in stats]
     evidence: dict[str, Any] = {"tables": {n: {**stats[n].to_dict(), **spectra[n].to_dict(), **plan.to_dict()}
                                            for n, plan in zip(stats, plans, strict=True)},
