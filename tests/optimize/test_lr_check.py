@@ -4,6 +4,9 @@ stays the defaults' lr and the output says so."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import torch
 
 from proftune.optimize._computed import ComputedValues, LrCheck
@@ -11,7 +14,7 @@ from proftune.optimize._lr_check import check_computed_lr, short_check_seconds
 from proftune.optimize._records import ComputeOutputs
 from proftune.optimize._search_plan import build_plan
 
-from .tasks import TooSlowLR
+from .tasks import TinyTask, TooSlowLR
 
 
 def _check(lr: float) -> LrCheck:
@@ -53,3 +56,37 @@ def test_nothing_to_check_without_a_computed_lr_or_at_the_defaults_own() -> None
                                  maximize=True, seconds=0.5, device=torch.device("cpu"), seed=0,
                                  val_samples=96) is None
     assert short_check_seconds(9.0) < short_check_seconds(60.0) <= 3.0
+
+
+def test_the_profile_and_the_compute_stage_are_sized_to_their_shares() -> None:
+    from proftune.optimize._stage_measures import COMPUTE_MIN_STEPS, profile_steps, too_few_steps
+
+    step = 0.05
+    # the full profile runs each measured step twice beside four others: 1 step where 6 fit, 3 where 10 do
+    assert [profile_steps(n * step, step) for n in (1, 6, 8, 9, 10, 100)] == [1, 1, 2, 2, 3, 3]
+    assert too_few_steps(COMPUTE_MIN_STEPS * step * 1.01, step) is None
+    why = too_few_steps(10 * step, step)
+    assert why is not None
+    assert "hold 10 training steps of 50 ms" in why
+    assert f"fewer than the {COMPUTE_MIN_STEPS}" in why
+
+
+def test_a_compute_share_too_small_for_a_range_test_measures_nothing_and_says_why(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from proftune.optimize._builtin import Compute
+    from proftune.optimize._stage_measures import steps_per_epoch
+    from proftune.profile import profile
+
+    task = TinyTask()
+    defaults = dict(task.default_params)
+    profile(task, params=defaults, steps=1).save(tmp_path / "profile.json")
+    step_s = 1.0 / steps_per_epoch(task, defaults)  # an epoch of 1 s: far longer than the profile's step
+    loop = SimpleNamespace(out=tmp_path, task=task, defaults=defaults, planner=SimpleNamespace(epoch_s=lambda: 1.0))
+    started = time.monotonic()
+    result = Compute().run(loop, 5 * step_s, started + 5 * step_s)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 1.0  # nothing trained
+    assert result.status == "skipped"
+    assert result.outputs.computed.params() == {}
+    assert "hold 5 training steps" in (result.outputs.not_measured or "")
+    assert "not_measured" in result.outputs.to_dict()

@@ -177,8 +177,9 @@ class Health(BaseStage):
                 lines.append(f"    evidence: {f.to_dict()['evidence']}")
                 lines.append(f"    fix: {f.fix}")
             raise RunFailedError("\n".join(lines))
+        step_s = measures.step_s(loop.planner.epoch_s(), loop.task, loop.defaults)
         prof = run_profile(loop.task, params=loop.defaults, device=loop.dev, seed=loop.cfg.seed,
-                           store=loop.store)
+                           store=loop.store, steps=measures.profile_steps(share, step_s))
         prof.save(loop.out / "profile.json")
         return StageResult(HealthOutputs(
             errors=errors, warnings=warnings, ignored=bool(stopping), searched=[f.cause for f in searched],
@@ -196,14 +197,15 @@ class Compute(BaseStage):
 
     def run(self, loop: StageContext, share: float, end: float) -> StageResult:
         """Batch size, LR (range test, scaled), accumulation, precision, data loading: recommend().
-
-        The range test and the noise scale get as many steps as the share holds at the step time
-        (a slow model gets fewer, never more than the defaults of recommend)."""
+        The range test and the noise scale get the steps the share holds at the step time (none below
+        ``COMPUTE_MIN_STEPS``; never more than the defaults of recommend)."""
         prof = Profile.load(loop.out / "profile.json")
-        # a step as a training pays it (the no-tricks run's wall clock) where the profile's phases say less
-        wall_s = loop.planner.epoch_s() / max(1, measures.steps_per_epoch(loop.task, loop.defaults))
-        step_s = max((prof.step.time_ms or 1.0) / 1e3, wall_s, 1e-4)
+        wall_s = measures.step_s(loop.planner.epoch_s(), loop.task, loop.defaults)  # a step as a training pays it
+        step_s = max((prof.step.time_ms or 1.0) / 1e3, wall_s)  # where the profile's phases say less
         steps = share / step_s  # training steps the share holds at that step time
+        if (too_few := measures.too_few_steps(share, step_s)) is not None:
+            return StageResult(ComputeOutputs(steps={"step_ms": step_s * 1e3, "share_steps": steps},
+                                              not_measured=too_few), status="skipped")
         lr_steps = int(min(100, max(10, 0.45 * steps)))  # the LR matters most: at least 10 steps
         # the ladder runs only where the sweep saw no fall: ~9 rates, each as long as the share holds
         ladder_steps = int(min(100, 0.45 * steps / 9))

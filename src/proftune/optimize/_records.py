@@ -181,11 +181,14 @@ class ComputeOutputs(StageOutputs):
     #: The computed lr's short run against the defaults' (None: no lr computed, or not checked);
     #: where it did not win, ``computed`` holds no lr and the search centres on the defaults'.
     lr_check: LrCheck | None = None
+    #: Why nothing was measured (None: the stage measured): its share held too few training steps.
+    not_measured: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        if d.get("lr_check") is None:
-            d.pop("lr_check", None)  # the JSON as it was before the check: nothing where nothing was checked
+        for key in ("lr_check", "not_measured"):
+            if d.get(key) is None:
+                d.pop(key, None)  # the JSON as it was before them: nothing where nothing was checked
         return d
 
     def reasons(self) -> dict[str, str]:

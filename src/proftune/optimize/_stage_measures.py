@@ -21,8 +21,8 @@ from ..task import Task
 from ..train import Callback, FitState
 from ._records import ModelFigures
 
-__all__ = ["ModelCapture", "figures_of", "model_latency_ms", "params_key", "same_value", "steps_per_epoch",
-           "train_samples"]
+__all__ = ["ModelCapture", "figures_of", "model_latency_ms", "params_key", "profile_steps", "same_value", "step_s",
+           "steps_per_epoch", "too_few_steps", "train_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,40 @@ def steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
 
 
 #: Up to this many (batches x batch size), the training samples are counted in one pass of the data.
+def step_s(epoch_s: float, task: Task, params: dict[str, Any]) -> float:
+    """Seconds of one training step of the defaults, as a training pays it (an epoch's wall clock over its steps)."""
+    return max(epoch_s / max(1, steps_per_epoch(task, params)), 1e-4)
+
+
+#: The health stage's profile: at most this many measured steps (``profile``'s default), and the
+#: steps it runs besides them (a warm-up, the memory and statistics steps, the static count).
+PROFILE_STEPS = 3
+PROFILE_FIXED_STEPS = 4
+
+
+def profile_steps(share_s: float, step_s: float) -> int:
+    """The profile's measured steps (1-3) for a stage of ``share_s`` seconds: the full profile runs
+    each twice (timed, then per layer); at a whole-set batch its nine steps were nine epochs."""
+    return int(min(PROFILE_STEPS, max(1, (share_s / step_s - PROFILE_FIXED_STEPS) // 2)))
+
+
+#: The compute stage measures only where its share holds this many training steps (the range test's
+#: ten at least, the rest for the noise scale and the batch's cost check).
+COMPUTE_MIN_STEPS = 24
+
+
+def too_few_steps(share_s: float, step_s: float) -> str | None:
+    """Why the compute stage measures nothing in ``share_s`` seconds (None: it measures). A range
+    test of fewer than ten steps reads noise, and its check and the batch's cost check cost more
+    trainings again: over 40 generated tasks at 8 trainings such a stage took up to 69% of the
+    budget, and its centre was the search's best on 1 task of 17."""
+    steps = share_s / step_s
+    if steps >= COMPUTE_MIN_STEPS:
+        return None
+    return (f"its {share_s:.2g} s hold {steps:.0f} training steps of {step_s * 1e3:.3g} ms, fewer than the "
+            f"{COMPUTE_MIN_STEPS} a range test and its check need: the search centres on the task's defaults")
+
+
 COUNT_SAMPLES_UP_TO = 200_000
 
 

@@ -177,7 +177,9 @@ def _lr_line(result: OptimizeResult) -> str | None:
         rec = next((r for r in comp.recommendations if r.get("name") == "lr"), None)
         steps = comp.steps.get("lr_range_test")
         test = f"the range test of `lr-find` and `recommend` ({steps} steps here, 100 there)"
-        if rec is not None and rec.get("value") is not None:
+        if comp.not_measured is not None:
+            parts.append(f"no range test ran: {comp.not_measured}")
+        elif rec is not None and rec.get("value") is not None:
             parts.append(f"{test} computed {fmt(rec['value'])} at batch {comp.computed.batch_size or '-'}")
         elif rec is not None:
             parts.append(f"{test} computed none")
@@ -213,7 +215,8 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
                f"{fmt(h.params)} params")
     elif s.name == "compute":
         computed = s.record(ComputeOutputs)
-        did = "computed " + (fmt(computed.computed.to_dict()) or "nothing")
+        did = ("computed " + (fmt(computed.computed.to_dict()) or "nothing") if computed.not_measured is None
+               else f"measured nothing: {computed.not_measured}")
         did += f"; lr check: {rounded(computed.lr_check.describe())}" if computed.lr_check is not None else ""
     elif s.name == "layer_value":
         lv = s.record(LayerValueOutputs)
