@@ -1,13 +1,14 @@
 """What this machine holds for more processes: available memory, this process's resident size,
-its cores. Read from Linux's ``/proc`` and cgroup files; None where a figure is not known (another
+its cores, a free port. Read from Linux's ``/proc`` and cgroup files; None where a figure is not known (another
 OS, no such file), and a bound from an unknown figure is not applied."""
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
-__all__ = ["available_memory_bytes", "cores", "resident_bytes", "worker_bound"]
+__all__ = ["available_memory_bytes", "cores", "free_port", "resident_bytes", "worker_bound"]
 
 #: More worker processes than this many per core each get a small fraction of one: the same
 #: trials end sooner with fewer.
@@ -64,6 +65,13 @@ def resident_bytes() -> int | None:
     if not text:
         return None
     return int(text.split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def cores() -> int:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 from .exceptions import DependencyError
 
-__all__ = ["EXTRAS", "PACKAGES", "require"]
+__all__ = ["EXTRAS", "pyplot", "require"]
 
 #: Import name of each optional package -> the extra of proftune that installs it.
 EXTRAS: dict[str, str] = {
@@ -29,10 +30,12 @@ EXTRAS: dict[str, str] = {
     "onnx": "compile",
     "onnxruntime": "compile",
     "onnxscript": "compile",
+    "timm": "timm",
+    "lightning": "lightning",
+    "transformers": "hf",
+    "mlflow": "mlflow",
+    "tensorboard": "tensorboard",
 }
-#: Optional packages that no extra installs (yet): the error names the package itself.
-PACKAGES: dict[str, str] = {"lightning": "lightning", "transformers": "transformers",
-                            "mlflow": "mlflow", "tensorboard": "tensorboard"}
 
 
 def require(module: str, *, feature: str, extra: str | None = None) -> ModuleType:
@@ -43,14 +46,20 @@ def require(module: str, *, feature: str, extra: str | None = None) -> ModuleTyp
     except ImportError as exc:
         top = module.split(".")[0]
         name = extra or EXTRAS.get(top)
-        how = f"pip install 'proftune[{name}]'" if name else f"pip install {PACKAGES.get(top, top)}"
+        how = f"pip install 'proftune[{name}]'" if name else f"pip install {top}"
         raise DependencyError(
             f"{feature}: needs the optional package {top!r}, which is not installed; "
             f"install it with: {how}"
         ) from exc
 
 
+def pyplot(feature: str) -> Any:
+    """``matplotlib.pyplot`` for ``feature``, on the Agg backend (PNG files, no display needed)."""
+    require("matplotlib", feature=feature).use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
 def __getattr__(name: str) -> ModuleType:
-    if name in EXTRAS or name in PACKAGES:
+    if name in EXTRAS:
         return require(name, feature=f"proftune's {EXTRAS.get(name, name)} features")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

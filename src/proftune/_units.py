@@ -46,11 +46,11 @@ def format_bytes(n: float | None) -> str:
     if n is None:
         return "-"
     size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(size) < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.3g} {unit}"
         size /= 1024
-    return f"{size:.3g} TiB"  # pragma: no cover
+    return f"{size:.3g} GiB"
 
 
 # -- durations ----------------------------------------------------------------------------------

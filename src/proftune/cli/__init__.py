@@ -87,7 +87,3 @@ def _exit_now(code: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -40,6 +40,7 @@ __all__ = [
     "LOAD_LINES",
     "ExportedModule",
     "Rebuild",
+    "example_args",
     "file_format",
     "load_model",
     "read_model",
@@ -126,7 +127,8 @@ def task_spec(given: Any, task: Any) -> str | None:
     return f"{module}:{cls.__name__}"
 
 
-def _as_tuple(example: Any) -> tuple[Any, ...]:
+def example_args(example: Any) -> tuple[Any, ...]:
+    """A model's positional inputs: a tuple or list is its args, anything else the one arg."""
     return tuple(example) if isinstance(example, (tuple, list)) else (example,)
 
 
@@ -167,7 +169,7 @@ def save_model(model: nn.Module, path: str | Path, example: Any, *, fmt: str,
                 if isinstance(example, dict):
                     scripted = torch.jit.trace(model, example_kwarg_inputs=dict(example), check_trace=False)
                 else:
-                    scripted = torch.jit.trace(model, _as_tuple(example), check_trace=False)
+                    scripted = torch.jit.trace(model, example_args(example), check_trace=False)
                 torch.jit.save(scripted, str(tmp))
         else:
             program = _export(model, example)
@@ -185,7 +187,7 @@ def _export(model: nn.Module, example: Any) -> Any:
     if isinstance(example, dict):
         return torch.export.export(model, (), kwargs=dict(example),
                                    dynamic_shapes={k: dyn(v) for k, v in example.items()})
-    args = _as_tuple(example)
+    args = example_args(example)
     return torch.export.export(model, args, dynamic_shapes=tuple(dyn(a) for a in args))
 
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from .._registry import LiveSequence, Registry
 from ..exceptions import ConfigError, ProblemCollector
-from ._checkpoint import LOAD_LINES
+from ._checkpoint import LOAD_LINES, example_args
 
 __all__ = ["COMPILERS", "COMPILER_NAMES", "COMPILER_REGISTRY", "BaseCompiler", "OrtModule", "compiler_status",
            "get_compiler", "load_line_of", "register_compiler"]
@@ -55,10 +55,6 @@ def _quiet() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
-
-
-def _args(example: Any) -> tuple[Any, ...]:
-    return tuple(example) if isinstance(example, (tuple, list)) else (example,)
 
 
 def _dynamic(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -177,7 +173,7 @@ class InductorAOT(BaseCompiler):
         return None
 
     def compile(self, model: nn.Module, example: Any, path: Path, *, device: torch.device) -> None:
-        args = _args(example)
+        args = example_args(example)
         with _quiet(), torch.no_grad():
             program = torch.export.export(model, args, dynamic_shapes=_dynamic(args))
             torch._inductor.aoti_compile_and_package(program, package_path=str(path))
@@ -235,7 +231,7 @@ class OnnxRuntime(BaseCompiler):
                                   dynamic_shapes={k: _dynamic((v,))[0] for k, v in kwargs.items()},
                                   input_names=list(kwargs), external_data=False)
             return
-        args = _args(example)
+        args = example_args(example)
         with _quiet(), torch.no_grad():
             torch.onnx.export(model, args, str(path), dynamo=True, dynamic_shapes=_dynamic(args),
                               input_names=[f"input{i}" for i in range(len(args))], external_data=False)

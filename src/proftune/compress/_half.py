@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ._checkpoint import example_args
+
 __all__ = ["HalfPrecision", "save_half"]
 
 
@@ -40,7 +42,7 @@ class HalfPrecision(nn.Module):
 def save_half(model: HalfPrecision, path: Any, example: Any) -> None:
     """``torch.export`` the wrapper (its ``*args`` take one nested dynamic-batch spec) to ``path``:
     format ``export``, loaded by ``load_model``."""
-    args = tuple(example) if isinstance(example, (tuple, list)) else (example,)
+    args = example_args(example)
     batch = torch.export.Dim.DYNAMIC
     spec = tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in args)
     program = torch.export.export(model, args, dynamic_shapes=(spec,))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._optional import pyplot
 from .._paths import replacing
-from ..exceptions import DependencyError
 from ._pipeline import Candidate
 
 __all__ = ["PLOT_FILES", "plot_tradeoffs"]
@@ -22,13 +22,7 @@ def plot_tradeoffs(cands: Sequence[Candidate], selected: Candidate | None, folde
     Every candidate is a point labelled by method and ratio; the Pareto front is joined, the
     baseline is a square and the selected candidate a star.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - installed in dev
-        raise DependencyError("plot_dir= needs matplotlib; install it with pip install 'proftune[report]'.") from exc
+    plt = pyplot("plot_dir=")
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for (key, label), fname in zip((("params", "parameters"), ("latency_ms", "latency at batch 1 (ms)")),

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from .._device import call_model
-from ..exceptions import ConfigError, DependencyError
+from .._optional import require
+from ..exceptions import ConfigError
 from ..profile import LayerHooks
 
 __all__ = [
@@ -38,13 +39,7 @@ _PRUNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
 def _tp() -> Any:
-    try:
-        import torch_pruning as tp
-    except ImportError as exc:  # pragma: no cover - installed in dev
-        raise DependencyError(
-            "structured pruning needs torch-pruning; install it with pip install 'proftune[prune]'."
-        ) from exc
-    return tp
+    return require("torch_pruning", feature="structured pruning")
 
 
 def prunable_layers(model: nn.Module) -> dict[str, nn.Module]:

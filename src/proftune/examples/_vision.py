@@ -13,7 +13,7 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
-from ..exceptions import DependencyError
+from .._optional import require
 from ..task import ClassificationTask
 from ._data import TensorBatches
 
@@ -33,14 +33,8 @@ class ResNet18Synthetic(ClassificationTask):
     default_epochs: ClassVar[int] = 1
 
     def build_model(self, params: dict[str, Any]) -> nn.Module:
-        try:
-            from torchvision.models import resnet18
-        except ImportError as exc:
-            raise DependencyError(
-                "task 'resnet18-synthetic' needs torchvision; install it with "
-                "pip install 'proftune[vision]'."
-            ) from exc
-        return cast(nn.Module, resnet18(weights=None, num_classes=_CLASSES))
+        models = require("torchvision.models", feature=f"task {self.name!r}")
+        return cast(nn.Module, models.resnet18(weights=None, num_classes=_CLASSES))
 
     def train_data(self, batch_size: int, params: dict[str, Any]) -> Iterable[Any]:
         x, y = _synthetic(_N_TRAIN, 0)

@@ -7,7 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from ..exceptions import ConfigError, DependencyError, TaskLoadError
+from .._optional import require
+from ..exceptions import ConfigError, TaskLoadError
 from ._module_task import ModuleTask
 
 __all__ = ["TIMM_BUILD_PARAMS", "TIMM_PREFIX", "timm_task"]
@@ -19,11 +20,7 @@ _DEFAULT_CLASSES = 10
 
 
 def _timm(spec: str) -> Any:
-    try:
-        import timm
-    except ImportError as exc:
-        raise DependencyError(f"task {spec!r} needs timm: pip install 'proftune[timm]'") from exc
-    return timm
+    return require("timm", feature=f"task {spec!r}")
 
 
 def close_names(timm: Any, name: str, *, limit: int = 8) -> list[str]:

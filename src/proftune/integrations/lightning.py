@@ -13,15 +13,11 @@ from typing import Any
 
 import torch
 
-from ..exceptions import DependencyError
+from .._optional import require
 from ._lightning_task import LightningTask
 from ._monitoring import MonitoringCallback
 
-try:
-    from lightning.pytorch import Callback as _Callback
-except ImportError as _exc:  # pragma: no cover - the extra is missing
-    raise DependencyError("proftune.integrations.lightning needs Lightning: "
-                          "pip install 'proftune[lightning]'.") from _exc
+_Callback: Any = require("lightning.pytorch", feature=__name__).Callback
 
 __all__ = ["LightningTask", "ProftuneCallback"]
 

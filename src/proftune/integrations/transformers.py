@@ -14,15 +14,11 @@ from typing import Any
 import torch
 
 from .._device import output_loss
-from ..exceptions import DependencyError
+from .._optional import require
 from ..track import Store
 from ._monitoring import MonitoringCallback
 
-try:
-    import transformers as _hf
-except ImportError as _exc:  # pragma: no cover - the extra is missing
-    raise DependencyError("proftune.integrations.transformers needs transformers: "
-                          "pip install 'proftune[hf]'.") from _exc
+_hf: Any = require("transformers", feature=__name__)
 
 __all__ = ["ProftuneCallback"]
 

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any, cast
 import yaml
 
 from .._jsonsafe import finite_float, json_dumps, json_safe
+from .._optional import pyplot
 from .._paths import replacing, write_text
 from .._report_writers import report_writer
+from ..exceptions import DependencyError
 from ._records import ComputeOutputs, FinalOutputs, LayerValueOutputs, SearchStageOutputs
 
 if TYPE_CHECKING:
@@ -71,12 +73,9 @@ def load_line(result: OptimizeResult) -> str:
 
 def _plots(result: OptimizeResult, state: OptimizeState, folder: Path) -> list[str]:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.info("matplotlib is not installed: no PNG plots (pip install 'proftune[plot]')")
+        plt = pyplot("optimize's PNG plots")
+    except DependencyError as exc:
+        log.info("%s; the report has none", exc)
         return []
     folder.mkdir(parents=True, exist_ok=True)
     files = []

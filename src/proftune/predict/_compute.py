@@ -31,12 +31,12 @@ from typing import Any
 import torch
 
 from .._device import move_to_device
-from .._machine import available_memory_bytes, cores
+from .._machine import available_memory_bytes, cores, free_port
 from ..exceptions import ConfigError, RunFailedError
 from ..task import Task, load_task
 from ..train import StepSpec, TimedPhases, TrainParams, run_step
 from ._checkpointing import apply_activation_checkpointing
-from ._link import ReplayedCall, free_port, replay_collectives
+from ._link import ReplayedCall, replay_collectives
 
 __all__ = ["BLOCKING", "COMPUTE", "ComputeFigures", "between_collectives", "can_start_ranks", "measure_compute",
            "measure_in_ranks", "rank_sharing", "spare_cores_per_rank", "why_not_measured"]

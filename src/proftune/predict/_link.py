@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from .._machine import free_port
 from .._records import JsonRecord
 from ..exceptions import ConfigError, RunFailedError
 
-__all__ = ["COLLECTIVES", "LinkFigures", "Replayed", "ReplayedCall", "collective_kind", "free_port", "measure_link",
+__all__ = ["COLLECTIVES", "LinkFigures", "Replayed", "ReplayedCall", "collective_kind", "measure_link",
            "replay_collectives", "replayed_calls", "sweep_collectives"]
 
 #: The collectives a strategy runs, by the name a :class:`~proftune.predict.Collective` starts with.
@@ -221,12 +221,6 @@ def replay_collectives(calls: list[ReplayedCall], *, repeats: int = 3, work_ms: 
             work.append((wall, cpu))
     return Replayed({name: statistics.median(v) for name, v in per.items()},
                     statistics.median(w for w, _ in work), statistics.median(c for _, c in work))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, world: int, port: int, backend: str, queue: Any) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._jsonsafe import json_dumps
+from .._machine import free_port
 from .._records import JsonRecord, Reader
 from ..exceptions import ConfigError, RunFailedError
 from ._records import CommProfile, StepProfile
@@ -97,12 +97,6 @@ class RankRow(JsonRecord):
     task: str = ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: dict[str, Any], out_dir: str,
                threads: int, batch_sizes: Sequence[int | None]) -> None:
     import torch.distributed as dist
@@ -146,7 +140,7 @@ def _run_ranks(task: Any, nprocs: int, kwargs: dict[str, Any], batch_sizes: Sequ
     threads = max(1, (os.cpu_count() or 1) // int(nprocs))
     with tempfile.TemporaryDirectory(prefix="proftune-ddp-") as tmp:
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_rank_main,
                              args=(r, int(nprocs), port, task, kwargs, tmp, threads, list(batch_sizes)))
                  for r in range(int(nprocs))]

@@ -68,7 +68,7 @@ def render_report(source: Any = None, *, study: str | None = None, store: Store 
     if source is None:
         raise ConfigError("give a run id, a result, a profile (object or JSON file) or study=NAME.")
     if isinstance(source, (str, Path)) and not str(source).isdigit():
-        return _profile_page(_load_profile_file(Path(source))).render()
+        return _profile_page(Profile.load(Path(source))).render()
     if isinstance(source, Profile):
         rid = run_id_of(source)
         if rid is None:
@@ -117,10 +117,6 @@ def _write(path: Path, text: str, open_browser: bool) -> Path:
     if open_browser:
         webbrowser.open(path.resolve().as_uri())
     return path
-
-
-def _load_profile_file(path: Path) -> Profile:
-    return Profile.load(path)
 
 
 #: Kinds whose story comes first and whose overview closes the page, with the title of its config

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._jsonsafe import json_dumps
+from .._optional import require
 from .._units import format_bytes
-from ..exceptions import DependencyError
 
 __all__ = ["Cell", "Page", "Section", "chart_json", "clipped", "esc", "fmt_number", "fmt_value", "plot_text"]
 
@@ -249,11 +249,7 @@ class Page:
 def _plotly_js() -> str:
     global _PLOTLY_JS
     if _PLOTLY_JS is None:
-        try:
-            from plotly.offline import get_plotlyjs
-        except ImportError as exc:
-            raise DependencyError("the HTML report needs plotly: pip install 'proftune[report]'") from exc
-        js = get_plotlyjs()
+        js = require("plotly.offline", feature="the HTML report").get_plotlyjs()
         # never possible in plotly's bundle today; guard the page against a future one
         _PLOTLY_JS = js.replace("</script", "<\\/script")
     return _PLOTLY_JS

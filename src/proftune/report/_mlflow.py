@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .._jsonsafe import is_finite_number, json_dumps
-from ..exceptions import ConfigError, DependencyError
+from .._optional import require
+from ..exceptions import ConfigError
 from ..track import RunRecord, Store
 
 __all__ = ["export_mlflow", "mlflow_client"]
@@ -21,11 +22,7 @@ _KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
 
 def mlflow_client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri`` (needs the ``mlflow`` package)."""
-    try:
-        from mlflow.tracking import MlflowClient
-    except ImportError as exc:
-        raise DependencyError("MLflow export needs mlflow: pip install 'proftune[mlflow]'") from exc
-    return MlflowClient(tracking_uri=uri)
+    return require("mlflow.tracking", feature="MLflow export").MlflowClient(tracking_uri=uri)
 
 
 def key(name: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from .._jsonsafe import is_finite_number as _num
-from ..exceptions import DependencyError
+from .._optional import require
 from ..track import RunRecord, Store
 
 __all__ = ["export_tensorboard", "hparams_of", "quantile_histogram", "summary_writer"]
@@ -16,10 +16,9 @@ __all__ = ["export_tensorboard", "hparams_of", "quantile_histogram", "summary_wr
 
 def summary_writer(logdir: str | Path) -> Any:
     """torch's ``SummaryWriter`` (needs the ``tensorboard`` package)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise DependencyError("TensorBoard export needs tensorboard: pip install 'proftune[tensorboard]'") from exc
+    require("tensorboard", feature="TensorBoard export")  # torch's writer imports it
+    from torch.utils.tensorboard import SummaryWriter
+
     return SummaryWriter(log_dir=str(logdir))
 
 

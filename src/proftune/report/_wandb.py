@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from .._jsonsafe import is_finite_number, json_dumps
-from ..exceptions import ConfigError, DependencyError
+from .._optional import require
+from ..exceptions import ConfigError
 from ..track import RunRecord, Store
 from ._mlflow import flat_params
 from ._tensorboard import quantile_histogram
@@ -37,11 +38,7 @@ class WandbRun(TypedDict):
 
 
 def wandb_module() -> Any:
-    try:
-        import wandb
-    except ImportError as exc:
-        raise DependencyError("W&B export needs wandb: pip install 'proftune[wandb]'") from exc
-    return wandb
+    return require("wandb", feature="W&B export")
 
 
 def wandb_mode(mode: str | None) -> str | None:
