@@ -118,7 +118,7 @@ def task_metrics(task: Task) -> list[str] | None:
 
 
 def _study_definition(space: Space, objectives: Sequence[Objective],
-                      constraints: Sequence[Constraint], task_name: str) -> dict[str, Any]:
+                      constraints: Sequence[Constraint], task_name: str) -> dict[str, object]:
     return {
         f"{ATTR}_space": space.to_dict(),
         f"{ATTR}_space_hash": space.hash(),
@@ -254,8 +254,9 @@ def search(
             # under the backend's own registered name, also where it delegated to another
             backend = {"backend": c.backend, **{k: v for k, v in ran.details.items() if k != "backend"}}
             extra_plots = []
-            if c.plot is not None and backend.get("schedule") and backend.get("scheduler") == "pbt":
-                extra_plots.append(str(pbt_plot(backend["schedule"], Path(c.plot) / "pbt_schedule.png")))
+            schedule = backend.get("schedule")
+            if c.plot is not None and isinstance(schedule, dict) and schedule and backend.get("scheduler") == "pbt":
+                extra_plots.append(str(pbt_plot(schedule, Path(c.plot) / "pbt_schedule.png")))
             result = _analyse(settings, space_obj, storage, run.id, store.url, stored is not None, started,
                               scan_result, c.plot, full=c.analyse, stopped=ran.stopped,
                               backend=backend, extra_plots=extra_plots)
@@ -385,7 +386,7 @@ def _picklable(obj: Any) -> bool:
     return True
 
 
-def _stored_definition(storage: Any, name: str, url: str, wanted: Mapping[str, Any]) -> dict[str, Any] | None:
+def _stored_definition(storage: Any, name: str, url: str, wanted: Mapping[str, Any]) -> dict[str, object] | None:
     """The stored study's user attrs (None: a new study); a different definition is a ConfigError."""
     try:
         study_id = storage.get_study_id_from_name(name)
@@ -400,7 +401,7 @@ def _stored_definition(storage: Any, name: str, url: str, wanted: Mapping[str, A
     return stored
 
 
-def _scan_for(study: optuna.Study, stored: Mapping[str, Any] | None, task: Task, space: Space,
+def _scan_for(study: optuna.Study, stored: Mapping[str, object] | None, task: Task, space: Space,
               settings: SearchSettings, n: int | None) -> ScanResult | None:
     """The study's scan: the stored one when resuming, else a new one when asked (or by default)."""
     if stored is not None and stored.get(f"{ATTR}_scan"):
@@ -418,7 +419,7 @@ def _scan_for(study: optuna.Study, stored: Mapping[str, Any] | None, task: Task,
 
 def _analyse(settings: SearchSettings, space: Space, storage: Any, run_id: int, url: str, resumed: bool,
              started: float, scan_result: ScanResult | None, plot: str | Path | None, *,
-             full: bool = True, stopped: str | None = None, backend: dict[str, Any] | None = None,
+             full: bool = True, stopped: str | None = None, backend: dict[str, object] | None = None,
              extra_plots: Sequence[str] = ()) -> SearchResult:
     """Read the finished study back: records, Pareto front, correlations, importance, strategy
     (the last three only when ``full``); the result, built once."""

@@ -9,7 +9,7 @@ import abc
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -32,7 +32,7 @@ class BackendRun:
     is registered under, even where it ran another backend and passed on that one's details)."""
 
     stopped: str
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Mapping[str, object] = field(default_factory=dict)
 
 
 class BaseSearchBackend(abc.ABC):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -197,7 +197,7 @@ class ConstraintCheck(JsonRecord):
     ok: bool | None
 
 
-def constraint_table(constraints: Sequence[Constraint], metrics: dict[str, Any]) -> dict[str, ConstraintCheck]:
+def constraint_table(constraints: Sequence[Constraint], metrics: Mapping[str, float]) -> dict[str, ConstraintCheck]:
     """Per constraint (by its text): the measured value, the limit, the violation and whether it holds."""
     out: dict[str, ConstraintCheck] = {}
     for c in constraints:

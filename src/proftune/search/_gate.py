@@ -36,7 +36,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -55,6 +55,23 @@ TIMED_STEPS = 5
 TIME_METRICS = {"step_time_ms": "step", "throughput": "step", "latency_ms": "inference"}
 
 
+class StageTiming(TypedDict, total=False):
+    """How a timed stage's time was measured and how noisy it was (ms): ``value_ms`` by ``basis``
+    over ``steps`` of ``unit`` (the fastest, or the ``statistic``), beside the wall clock's."""
+
+    basis: str
+    threads: int | None
+    steps: int
+    statistic: str
+    unit: str
+    value_ms: float
+    wall_min_ms: float
+    wall_median_ms: float
+    noise: float
+    cpu_min_ms: float
+    cpu_median_ms: float
+
+
 @dataclass
 class GateResult:
     """What the gate measured and decided for one configuration."""
@@ -64,11 +81,9 @@ class GateResult:
     reasons: list[str]
     duration_s: float
     source: str
-    detail: dict[str, Any] = field(default_factory=dict)
     #: Per timed stage (``step``, ``inference``): how its time was measured and how noisy it was
-    #: (``basis``, ``threads``, ``steps``, ``value_ms``, ``wall_min_ms``, ``wall_median_ms``,
-    #: ``noise``; ``cpu_min_ms`` for the step, ``cpu_median_ms`` for the forwards of ``inference``).
-    timing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: (``cpu_min_ms`` for the step, ``cpu_median_ms`` for the forwards of ``inference``).
+    timing: dict[str, StageTiming] = field(default_factory=dict)
 
     @property
     def feasible(self) -> bool:
@@ -96,7 +111,7 @@ class ProfileGate:
         #: None keeps the process's setting and measures the wall clock.
         self.threads = threads
         self._warmed = False
-        self._timing: dict[str, dict[str, Any]] = {}
+        self._timing: dict[str, StageTiming] = {}
 
     @property
     def active(self) -> bool:
@@ -234,7 +249,7 @@ class ProfileGate:
         return value
 
 
-def describe_timing(t: dict[str, Any]) -> str:
+def describe_timing(t: StageTiming) -> str:
     """One line saying how a time was measured and how noisy it was."""
     return (f"measured as the {t.get('statistic', 'fastest')} of {t['steps']} {t.get('unit', 'steps')} "
             f"by {t['basis']} ({t['value_ms']:.3g} ms); "

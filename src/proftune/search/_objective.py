@@ -99,10 +99,10 @@ class ObjectiveTask(Task):
         return metrics
 
     # a plain objective has no model or data: these are never called by the search
-    def build_model(self, params: dict[str, Any]) -> Any:
+    def build_model(self, params: Mapping[str, object]) -> Any:
         raise ConfigError(f"{self.name} is a plain objective; it has no model.")
 
-    def train_data(self, batch_size: int, params: dict[str, Any]) -> Any:
+    def train_data(self, batch_size: int, params: Mapping[str, object]) -> Any:
         raise ConfigError(f"{self.name} is a plain objective; it has no data.")
 
     def val_data(self, batch_size: int) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import optuna
 
-from ._records import ATTR, TrialFigures
+from ._records import ATTR, SchedulePoint, TrialFigures
 from ._settings import SearchSettings
 from ._space import Param, Space
 
@@ -27,7 +27,7 @@ PERTURBABLE = ("lr", "weight_decay", "momentum", "dropout")
 MEMBER = "pbt_member"
 
 
-def population_space(base: dict[str, Any], space: Space, size: int) -> dict[str, Any]:
+def population_space(base: Mapping[str, object], space: Space, size: int) -> dict[str, object]:
     """PBT's initial population: member 0 at each param's start (its ``default``), the others
     spread along each perturbed param's ladder around it, nearest rungs first (0, -1, +1, -2, ...).
 
@@ -118,7 +118,7 @@ def pbt_class() -> type:
                 upper_quantile = [upper_quantile[-1 - (rank // 2) % len(upper_quantile)]]
             super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
 
-        def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict[str, object], dict[str, str]]:
             rank = self._rank.pop(trial, 0)
             if rank % 2 == 0 or rank // 2 not in self._directions:
                 self._directions[rank // 2] = [self._rng.choice((-1, 1)) for _ in self._hyperparam_mutations]
@@ -184,7 +184,7 @@ def rung(ladder: list[Any], value: Any, direction: int) -> tuple[Any, str]:
 
 
 def record_population(settings: SearchSettings, storage: Any,
-                       records: list[tuple[int, dict[str, Any], str, list[float] | None, TrialFigures]],
+                       records: list[tuple[int, dict[str, object], str, list[float] | None, TrialFigures]],
                        ) -> dict[int, int]:
     """PBT has no searcher: add each member to the study as a finished trial, with its record.
 
@@ -219,7 +219,7 @@ def _clip(dist: Any, value: Any) -> Any:
     return round(v) if isinstance(low, int) and not isinstance(low, bool) else float(v)
 
 
-def pbt_plot(schedule: Mapping[str, list[dict[str, Any]]], path: str | Path) -> Path:
+def pbt_plot(schedule: Mapping[str, list[SchedulePoint]], path: str | Path) -> Path:
     """Each PBT member's params and objective over epochs, one panel each (PNG)."""
     import matplotlib
 

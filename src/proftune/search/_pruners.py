@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Mapping
+from typing import ClassVar, TypeVar
 
 import optuna
 from optuna.pruners import BasePruner
@@ -36,8 +37,9 @@ class BasePrunerMaker(abc.ABC):
     option_types: ClassVar[dict[str, str]] = {}
 
     @abc.abstractmethod
-    def make(self, options: dict[str, Any]) -> BasePruner:
-        """The pruner, with ``options`` from the space file's ``pruner:`` section."""
+    def make(self, options: Mapping[str, float]) -> BasePruner:
+        """The pruner, with ``options`` from the space file's ``pruner:`` section (numbers, each of
+        the type ``option_types`` gives it)."""
 
 
 #: Every pruner by name (``proftune.pruners`` entry points included).
@@ -109,7 +111,7 @@ def pruner_name(pruner: str | BasePruner) -> str:
     return pruner if isinstance(pruner, str) else type(pruner).__name__
 
 
-def make_pruner(name: str | BasePruner, options: dict[str, Any]) -> BasePruner:
+def make_pruner(name: str | BasePruner, options: Mapping[str, float]) -> BasePruner:
     """The pruner called ``name`` (a key of ``PRUNERS``) with options from the space file's
     ``pruner:`` section, or the user's own Optuna pruner as given."""
     if isinstance(name, BasePruner):
@@ -121,7 +123,7 @@ def make_pruner(name: str | BasePruner, options: dict[str, Any]) -> BasePruner:
 class _NoPruner(BasePrunerMaker):
     name = "none"
 
-    def make(self, options: dict[str, Any]) -> BasePruner:
+    def make(self, options: Mapping[str, float]) -> BasePruner:
         return optuna.pruners.NopPruner()
 
 
@@ -130,7 +132,7 @@ class _Median(BasePrunerMaker):
     name = "median"
     option_types: ClassVar[dict[str, str]] = {"n_startup_trials": "int", "n_warmup_steps": "int"}
 
-    def make(self, options: dict[str, Any]) -> BasePruner:
+    def make(self, options: Mapping[str, float]) -> BasePruner:
         return optuna.pruners.MedianPruner(n_startup_trials=int(options.get("n_startup_trials", 4)),
                                            n_warmup_steps=int(options.get("n_warmup_steps", 0)))
 
@@ -182,7 +184,7 @@ class _ASHA(BasePrunerMaker):
     name = "asha"
     option_types: ClassVar[dict[str, str]] = {"min_resource": "int", "reduction_factor": "int", "margin": "float"}
 
-    def make(self, options: dict[str, Any]) -> BasePruner:
+    def make(self, options: Mapping[str, float]) -> BasePruner:
         return NoiseAwareHalvingPruner(min_resource=int(options.get("min_resource", 1)),
                                        reduction_factor=int(options.get("reduction_factor", 3)),
                                        margin=float(options.get("margin", 0.0)))
@@ -193,5 +195,5 @@ class _Patience(BasePrunerMaker):
     name = "patience"
     option_types: ClassVar[dict[str, str]] = {"patience": "int", "min_delta": "float"}
 
-    def make(self, options: dict[str, Any]) -> BasePruner:
+    def make(self, options: Mapping[str, float]) -> BasePruner:
         return PatiencePruner(int(options.get("patience", 2)), float(options.get("min_delta", 0.0)))

@@ -25,7 +25,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import optuna
 
@@ -43,14 +43,27 @@ from ._pbt import (
 )
 from ._ray_session import RayOptions, experiment_dir, next_folder, ray_session
 from ._ray_worker import LAST_EPOCH_KEY, METRIC_KEY, ray_trainable
-from ._records import ATTR, TrialFigures
+from ._records import ATTR, SchedulePoint, TrialFigures
 from ._samplers import make_sampler
 from ._settings import SearchSettings
 from ._space import Space
 from ._storage import reap_dead_trials
 from ._trial import WORST
 
-__all__ = ["PERTURBABLE", "run_ray"]
+__all__ = ["PERTURBABLE", "RayRun", "run_ray"]
+
+class RayRun(TypedDict, total=False):
+    """What a Ray run did (``SearchResult.backend``): its scheduler and experiment folder, the
+    trials it ran, Ray's retries of them, whether the experiment was resumed, and under a scheduler
+    each trial's reports by its number (PBT: a member's params over epochs)."""
+
+    backend: str
+    scheduler: str
+    experiment: str
+    trials_run: int
+    retries: int
+    resumed: bool
+    schedule: dict[str, list[SchedulePoint]]
 
 
 # -- on the driver ------------------------------------------------------------------------------
@@ -64,7 +77,7 @@ def _searcher_class() -> type:
             super().__init__(**kw)
             self._recorder = recorder
 
-        def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        def suggest(self, trial_id: str) -> dict[str, object] | None:
             config = super().suggest(trial_id)
             if config is not None:
                 self._recorder.started(trial_id, self._ot_trials[trial_id].number, config)
@@ -105,7 +118,7 @@ def _searcher_class() -> type:
                                     state=tell_state)
             self._completed_trials.add(trial_id)
 
-        def __getstate__(self) -> dict[str, Any]:
+        def __getstate__(self) -> dict[str, object]:
             d = dict(self.__dict__)
             d["_recorder"] = self._recorder.url_only()
             return d
@@ -130,7 +143,7 @@ class _Recorder:
         self.runs: dict[str, int] = {}
         self.numbers: dict[str, int] = {}
         self.retries: dict[str, int] = {}
-        self.schedule: dict[str, list[dict[str, Any]]] = {}
+        self.schedule: dict[str, list[SchedulePoint]] = {}
         #: The experiment was resumed from its folder (``Tuner.restore``), not begun.
         self.resumed = False
         #: Called in the driver after each trial's Run is finished in the Store (the search's
@@ -138,7 +151,7 @@ class _Recorder:
         self.on_ended: Callable[[], None] | None = None
         self.ended_errors: list[BaseException] = []
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         d = dict(self.__dict__)
         d["_store"] = None  # an open engine does not pickle; reopened from the URL
         d["on_ended"], d["ended_errors"] = None, []  # the driver's observer stays in the driver
@@ -227,7 +240,7 @@ def _callback_class() -> type:
             #: False under PBT, which runs without a searcher: trials are recorded here.
             self.searched = True
             #: PBT's finished members, in the order they started: (number, config, state, values, record).
-            self.records: list[tuple[int, dict[str, Any], str, list[float] | None, TrialFigures]] = []
+            self.records: list[tuple[int, dict[str, object], str, list[float] | None, TrialFigures]] = []
 
         def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
             self.recorder.retries[trial.trial_id] = self.recorder.retries.get(trial.trial_id, 0) + 1
@@ -258,13 +271,13 @@ def _callback_class() -> type:
     return _Progress
 
 
-def _ray_space(space: Space) -> dict[str, Any]:
+def _ray_space(space: Space) -> dict[str, object]:
     """The space as Ray Tune domains (PBT's initial population and its mutations): a param with a
     ``default`` starts there (PBT's population starts from the user's current setting and the
     mutations move it within the range)."""
     from ray import tune
 
-    out: dict[str, Any] = dict(space.fixed)
+    out: dict[str, object] = dict(space.fixed)
     for p in space.params:
         if p.default is not None:
             out[p.name] = p.default
@@ -290,7 +303,7 @@ class _Define:
     def __init__(self, space: Space) -> None:
         self.space = space
 
-    def __call__(self, trial: Any) -> dict[str, Any]:
+    def __call__(self, trial: Any) -> dict[str, object]:
         return dict(self.space.fixed) | self.space.suggest(trial)
 
 
@@ -319,7 +332,7 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
         return ASHAScheduler(time_attr="epoch", metric=METRIC_KEY, mode=mode, max_t=epochs,
                              grace_period=1, reduction_factor=2, stop_last_trials=False)
     if options.scheduler == "pbt":
-        mutations: dict[str, Any] = {p.name: ladder(p) for p in settings.space.params
+        mutations: dict[str, list[Any]] = {p.name: ladder(p) for p in settings.space.params
                                      if p.name in PERTURBABLE}
         if not mutations:
             raise ConfigError("scheduler='pbt' perturbs lr, weight_decay, momentum or dropout; the "
@@ -336,7 +349,7 @@ def _scheduler(settings: SearchSettings, options: RayOptions, *, population: int
 
 def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, store: Store,
             deadline: float | None = None, finished: int = 0,
-            on_ended: Callable[[], None] | None = None) -> dict[str, Any]:
+            on_ended: Callable[[], None] | None = None) -> RayRun:
     """Run the study's remaining trials on Ray; every trial lands in the study and the Store;
     ``on_ended`` is called in this process after each trial's Run is finished (what it raises is
     raised once Ray has returned).
@@ -355,8 +368,8 @@ def run_ray(settings: SearchSettings, options: RayOptions, *, storage: Any, stor
         raise ConfigError(f"scheduler={options.scheduler!r} needs one objective, but objectives= has "
                           f"{len(settings.objectives)}; use scheduler='fifo' for a Pareto front.")
     folder = experiment_dir(settings, options)
-    out: dict[str, Any] = {"backend": "ray", "scheduler": options.scheduler, "experiment": str(folder),
-                           "trials_run": 0, "retries": 0, "schedule": {}}
+    out: RayRun = {"backend": "ray", "scheduler": options.scheduler, "experiment": str(folder),
+                   "trials_run": 0, "retries": 0, "schedule": {}}
     if remaining == 0:
         return out
     if pbt and tune.Tuner.can_restore(str(folder)):

@@ -109,7 +109,7 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
     started_here = not ray.is_initialized()
     if started_here:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": options.debug,
+        kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": options.debug,
                                   "logging_level": logging.DEBUG if options.debug else logging.ERROR,
                                   "configure_logging": options.debug, "ignore_reinit_error": True}
         if options.address:

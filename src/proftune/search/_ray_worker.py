@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +44,12 @@ class _RayReport(Callback):
                  last_epoch: int | None = None) -> None:
         self.metric, self.checkpoint, self.sign = metric, checkpoint, sign
         self.last_epoch = last_epoch
-        self.schedule: list[dict[str, Any]] = []
 
     def on_epoch_end(self, state: FitState) -> None:
         from ray import tune
 
         value = state.metrics.get(self.metric) if self.metric else None
-        report: dict[str, Any] = {"epoch": state.epoch, "proftune_done": False}
+        report: dict[str, object] = {"epoch": state.epoch, "proftune_done": False}
         last = self.last_epoch is not None and state.epoch >= self.last_epoch
         if (finite := finite_float(value)) is not None:
             # the last epoch's value under another name: the schedulers act on ``objective``,
@@ -108,7 +108,7 @@ class _WorkerRunner(TrialRunner):
         self.record = rec
 
 
-def ray_trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -> None:
+def ray_trainable(config: Mapping[str, object], settings: SearchSettings, pbt: bool) -> None:
     """One trial on a Ray worker: gate, train through ``fit``, report the record."""
     from ray import tune
 
@@ -138,7 +138,7 @@ def ray_trainable(config: dict[str, Any], settings: SearchSettings, pbt: bool) -
     record = runner.record if runner.record is not None else rec
     told = {"constraints_raw": dict(trial.constraints),
             "user_attrs_raw": {k: v for k, v in trial.user_attrs.items() if k != ATTR}}
-    final: dict[str, Any] = {"proftune_done": True, "proftune_record": json_dumps({**record.to_dict(), **told}),
+    final: dict[str, object] = {"proftune_done": True, "proftune_record": json_dumps({**record.to_dict(), **told}),
                              "epoch": int(settings.epochs or 1)}
     if values is not None:  # for the searcher; the schedulers decide on the epochs' reports only
         vals = values if isinstance(values, (list, tuple)) else [values]

@@ -16,11 +16,13 @@ from .._records import JsonRecord, Reader, plain, record_fields, stored_version
 from ._constraints import ConstraintCheck, read_checks
 from ._reeval import GroupTable
 
-__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "StudyView", "TrialFigures",
+__all__ = ["ATTR", "TRIAL_SCHEMA_VERSION", "TRIAL_STATES", "SchedulePoint", "StudyView", "TrialFigures",
            "TrialRecord", "TrialResult", "counts", "slots_before", "study_view", "trial_records"]
 
 TRIAL_STATES = ("complete", "pruned", "infeasible", "failed", "running")
 ATTR = "proftune"
+#: One epoch's report of a Ray trial: its ``epoch``, the objective, and the perturbed params' values.
+SchedulePoint = dict[str, object]
 
 
 @dataclass
@@ -55,18 +57,18 @@ class TrialFigures:
     duration_s: float | None = None
     #: A Ray trial's retries and, under a scheduler, its epochs' reports (the driver adds them).
     ray_retries: int | None = None
-    schedule: list[dict[str, Any]] | None = None
+    schedule: list[SchedulePoint] | None = None
     #: The Ray driver's own record of a trial whose worker sent none (failed after its retries, or
     #: stopped by the scheduler): its JSON has no ``stage``, ``repeat`` or ``seed``.
     from_driver: bool = False
     #: What a Ray worker's trial was told (constraint violations, flag attrs), for the driver to tell
     #: the study's trial: sent beside the JSON, not in it.
     constraints_raw: dict[str, float] = field(default_factory=dict)
-    user_attrs_raw: dict[str, Any] = field(default_factory=dict)
+    user_attrs_raw: dict[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The user attr ``ATTR``: the fields' values as JSON's types, in field order."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in _NOT_IN_JSON or (value is None and f.name in _LEFT_OUT_WHEN_NONE):
@@ -176,7 +178,7 @@ class TrialResult(JsonRecord):
         return cls(trial=trial, state=state, reason=reason, constraints=dict(constraints),
                    steps=int(steps), train_s=float(train_s), gate_s=float(gate_s))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = super().to_dict()
         if self.ray_retries is None:
             del d["ray_retries"]
@@ -229,7 +231,7 @@ class StudyView:
         self._study = weakref.ref(study)
         self.slots: dict[int, _Slot] = {}  # by trial_id
         self._finished: dict[int, TrialRecord] = {}  # by trial_id, surplus trials left out
-        self._evaluations: list[tuple[dict[str, Any], float]] = []
+        self._evaluations: list[tuple[dict[str, object], float]] = []
         self._groups = GroupTable()
         self._repeats = 0
         self._pending: list[int] = []  # trial_ids ended since the records were last brought up to date
@@ -290,7 +292,7 @@ class StudyView:
         return list(self._finished.values())
 
     @property
-    def evaluations(self) -> list[tuple[dict[str, Any], float]]:
+    def evaluations(self) -> list[tuple[dict[str, object], float]]:
         """(params, first objective value) of every complete trial, in the order they ended."""
         self._records()
         return self._evaluations

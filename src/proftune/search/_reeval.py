@@ -46,7 +46,7 @@ TOP = 5
 MIN_BUDGET = 50
 
 
-def group_key(params: Mapping[str, Any]) -> str:
+def group_key(params: Mapping[str, object]) -> str:
     """One text per configuration (floats as JSON writes them)."""
     return json_dumps(dict(sorted(params.items())))
 
@@ -55,7 +55,7 @@ def group_key(params: Mapping[str, Any]) -> str:
 class Group:
     """The evaluations of one configuration: params, values (the objective, as measured)."""
 
-    params: dict[str, Any]
+    params: dict[str, object]
     values: tuple[float, ...]
 
     @property
@@ -71,9 +71,9 @@ class Group:
         return sum((v - m) ** 2 for v in self.values)
 
 
-def groups(evaluations: Sequence[tuple[Mapping[str, Any], float]]) -> list[Group]:
+def groups(evaluations: Sequence[tuple[Mapping[str, object], float]]) -> list[Group]:
     """The (params, value) evaluations grouped by configuration, in order of first evaluation."""
-    table: dict[str, tuple[dict[str, Any], list[float]]] = {}
+    table: dict[str, tuple[dict[str, object], list[float]]] = {}
     for params, value in evaluations:
         if value is None or not math.isfinite(value):
             continue
@@ -89,7 +89,7 @@ class GroupTable:
         self._table: dict[str, Group] = {}
         self._seen: dict[tuple[str, ...], tuple[int, set[str]]] = {}
 
-    def add(self, params: Mapping[str, Any], value: float) -> None:
+    def add(self, params: Mapping[str, object], value: float) -> None:
         if value is None or not math.isfinite(value):
             return
         key = group_key(params)
@@ -130,7 +130,7 @@ def _ranked(gs: Sequence[Group], maximize: bool) -> list[Group]:
 
 
 def next_repeat(gs: Sequence[Group], *, maximize: bool, repeats: int, evaluations: int,
-                share: float = DEFAULT_SHARE, budget: int | None = None) -> dict[str, Any] | None:
+                share: float = DEFAULT_SHARE, budget: int | None = None) -> dict[str, object] | None:
     """The params to evaluate again now, or None to explore (see the module docstring).
 
     ``repeats`` of the ``evaluations`` made so far were repeats; another is allowed while
@@ -197,7 +197,7 @@ class Selection(JsonRecord):
     neighbours: int = 0
 
 
-def select(evaluations: Sequence[tuple[Mapping[str, Any], float]], *, maximize: bool, repeats: int,
+def select(evaluations: Sequence[tuple[Mapping[str, object], float]], *, maximize: bool, repeats: int,
            share: float, neighbours: int = 0) -> Selection | None:
     """The :class:`Selection` of ``evaluations`` (params, value) by :func:`pick`."""
     gs = groups(evaluations)

@@ -53,7 +53,7 @@ class Step:
     configuration next to a leader), its params, and the leader's evaluations so far."""
 
     kind: str
-    params: dict[str, Any]
+    params: dict[str, object]
     n: int
 
 
@@ -92,7 +92,7 @@ def _moves(p: Param, value: Any, scale: int = 1) -> list[Any]:
     return [v for v in dict.fromkeys(out) if v != value]
 
 
-def _completed(space: Space, values: dict[str, Any]) -> dict[str, Any]:
+def _completed(space: Space, values: dict[str, object]) -> dict[str, object]:
     """``values`` with the params a change switched on (at their centre) or off (dropped)."""
     for _ in range(len(space.params)):
         changed = False
@@ -108,12 +108,12 @@ def _completed(space: Space, values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def neighbours(params: Mapping[str, Any], space: Space, scale: int = 1) -> list[dict[str, Any]]:
+def neighbours(params: Mapping[str, object], space: Space, scale: int = 1) -> list[dict[str, object]]:
     """Every configuration one searched param one step from ``params`` (the searched params
     only; forbidden ones left out); ``scale`` divides the step of a continuous range."""
     names = set(space.names)
     base = {k: v for k, v in params.items() if k in names}
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for p in space.params:
         if p.name not in base:
             continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from .._records import record_fields, stored_version
 from ..exceptions import ConfigError, ProblemCollector
@@ -28,6 +28,17 @@ SEARCH_SCHEMA_VERSION = 2  # 2: selection (noise-aware best); a version-1 record
 
 #: The keys of :meth:`SearchResult.to_dict` that :class:`TrialTally` (and two fields) are read from.
 _TALLY_KEYS = ("counts", "budget", "compute")
+
+
+class Budget(TypedDict):
+    """Trials that trained (what ``trials`` counts) beside those gated before training, the gated
+    ones' share of all, the gated allowed, and why the workers stopped."""
+
+    trained: int
+    gated: int
+    gated_share: float
+    max_gated: int | None
+    stopped: str | None
 
 
 @dataclass(frozen=True)
@@ -111,7 +122,7 @@ class SearchResult:
     #: Why the workers stopped (trials, timeout, max_gated, max_failures, grid_exhausted).
     stopped: str | None = None
     #: Under ``backend="ray"``: scheduler, experiment folder, retries, PBT schedules.
-    backend: dict[str, Any] = field(default_factory=lambda: {"backend": "local"})
+    backend: dict[str, object] = field(default_factory=lambda: {"backend": "local"})
     #: The best by its mean over repeated evaluations (None: ``reevaluate`` off, the best draw).
     selection: Selection | None = None
     schema_version: int = SEARCH_SCHEMA_VERSION
@@ -120,7 +131,7 @@ class SearchResult:
         """Trials by state (complete, pruned, infeasible, failed, running)."""
         return dict(self.tally.states)
 
-    def budget(self) -> dict[str, Any]:
+    def budget(self) -> Budget:
         """Trials that trained (what ``trials`` counts) beside those gated before training."""
         total = sum(self.tally.states.values())
         return {"trained": self.tally.trained, "gated": self.tally.gated,
@@ -134,7 +145,7 @@ class SearchResult:
                 "infeasible_train_s": t.infeasible_train_s, "trials_s": t.trials_s,
                 "scan_s": self.scan.duration_s if self.scan else 0.0}
 
-    def to_dict(self, *, trials: bool = True) -> dict[str, Any]:
+    def to_dict(self, *, trials: bool = True) -> dict[str, object]:
         """The record as JSON; ``trials=False`` leaves every trial out (the tune Run's form)."""
         return {
             "study": self.study,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypedDict
 
@@ -73,14 +73,14 @@ class Bound:
         keeps = " and ".join(self.constraints) or "the constraints"
         return f"{bound} keeps {keeps}: {self.agree} of {self.total} scanned profiles agree"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"param": self.param, "op": self.op,
                 "value": list(self.value) if self.op == "in" else self.value,
                 "agree": self.agree, "total": self.total, "constraints": list(self.constraints),
                 "text": self.describe()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Bound:
+    def from_dict(cls, d: object) -> Bound:
         kw = record_fields(cls, mapping(d, what="a scan bound"), what="a scan bound", derived=("text",))
         value = tuple(kw["value"]) if kw["op"] == "in" else kw["value"]
         return cls(**{**kw, "value": value, "agree": int(kw.get("agree", 0)), "total": int(kw.get("total", 0)),
@@ -244,7 +244,7 @@ def grid_step(p: Param, points: int = 16) -> float:
 
 
 # -- the scan -------------------------------------------------------------------------------------
-def _halton_points(space: Space, n: int, seed: int) -> list[dict[str, Any]]:
+def _halton_points(space: Space, n: int, seed: int) -> list[dict[str, object]]:
     """``n`` configurations of ``space`` from a scrambled Halton sequence (Optuna's QMC sampler)."""
     import optuna
 
@@ -270,7 +270,7 @@ class _Prober:
         self.points: list[ScanPoint] = []
         self._seen: dict[str, ScanPoint] = {}
 
-    def __call__(self, params: dict[str, Any]) -> ScanPoint | None:
+    def __call__(self, params: Mapping[str, object]) -> ScanPoint | None:
         config = {**self.space.fixed, **params}
         if self.space.forbidden(config) is not None:
             return None

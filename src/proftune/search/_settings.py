@@ -44,7 +44,7 @@ class SearchSettings:
     max_gated: int | None = None
     tune_run_id: int | None = None
     data_fingerprint: str | None = None
-    env: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, object] = field(default_factory=dict)
     task_name: str = ""
     #: The most of ``trials`` that re-evaluate leading configurations (0: none).
     reevaluate: float = 0.0

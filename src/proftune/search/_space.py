@@ -158,8 +158,8 @@ class Param:
                 out.append(v)
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"type": self.type}
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"type": self.type}
         if self.type == "categorical":
             d["choices"] = list(self.choices)
         else:
@@ -223,7 +223,7 @@ class Space:
     fixed: dict[str, Any] = field(default_factory=dict)
     forbid: tuple[ForbidRule, ...] = ()
     tiers: tuple[str, ...] = ()
-    pruner: dict[str, Any] = field(default_factory=dict)
+    pruner: dict[str, float] = field(default_factory=dict)
     source: str | None = None
 
     # -- building ---------------------------------------------------------------------------
@@ -267,14 +267,14 @@ class Space:
         raise KeyError(name)
 
     def suggest(self, trial: Any, *, only: Sequence[str] | None = None,
-                preset: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                preset: Mapping[str, object] | None = None) -> dict[str, object]:
         """Values for one trial: active params asked from ``trial`` (in file order).
 
         ``only`` limits the searched params (a stage of a staged search); the others take the
         ``preset`` value, else their :meth:`Param.center`.
         """
-        values: dict[str, Any] = dict(self.fixed)
-        chosen: dict[str, Any] = {}
+        values: dict[str, object] = dict(self.fixed)
+        chosen: dict[str, object] = {}
         for p in self.params:
             if not p.active(values):
                 continue
@@ -393,14 +393,14 @@ def _parse_tiers(where: str, raw: Any, params: Sequence[Param], problems: Proble
     return tiers
 
 
-def _parse_pruner(where: str, raw: Any, problems: ProblemCollector) -> dict[str, Any]:
+def _parse_pruner(where: str, raw: Any, problems: ProblemCollector) -> dict[str, float]:
     from ._pruners import pruner_options  # the options the registered pruners read (a plug-in's too)
 
     if not isinstance(raw, Mapping):
         problems.add(f"{where}: 'pruner:' must be a mapping (patience, min_delta), but got {raw!r}.")
         return {}
     types = pruner_options()
-    pruner = dict(raw)
+    pruner: dict[str, float] = {}
     for key, value in raw.items():
         num = _number(value)
         if key not in types:

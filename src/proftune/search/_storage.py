@@ -166,15 +166,14 @@ def _share_alembic_script() -> None:
 
 def _open(url: str, *, heartbeat: bool, is_sqlite: bool) -> RDBStorage:
     _share_alembic_script()
-    kwargs: dict[str, Any] = ({"connect_args": {"timeout": 60, "factory": _PragmaConnection}} if is_sqlite
-                              else {"pool_pre_ping": True})
-    extra: dict[str, Any] = {}
-    if heartbeat:
-        extra = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": GRACE_PERIOD_S,
-                 "heartbeat_stale_trial_callback": retry_callback()}
+    kwargs: dict[str, object] = ({"connect_args": {"timeout": 60, "factory": _PragmaConnection}} if is_sqlite
+                                 else {"pool_pre_ping": True})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = _retry_locked(lambda: RDBStorage(url, engine_kwargs=kwargs, **extra))
+        storage = _retry_locked(lambda: RDBStorage(
+            url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_INTERVAL_S if heartbeat else None,
+            grace_period=GRACE_PERIOD_S if heartbeat else None,
+            heartbeat_stale_trial_callback=retry_callback() if heartbeat else None))
     return storage
 
 
@@ -212,7 +211,7 @@ def narrow_pop(study: optuna.Study) -> None:
     study._pop_waiting_trial_id = pop  # type: ignore[method-assign]
 
 
-def enqueue_all(study: optuna.Study, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+def enqueue_all(study: optuna.Study, items: list[tuple[dict[str, object], dict[str, object]]]) -> None:
     """``study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)`` of each (params, attrs)
     in order, in one transaction on an RDB storage (Optuna writes each trial as it does: its own
     code, in one session): one commit and one lock of the study row, not one per trial (0.7 of

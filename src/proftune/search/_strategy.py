@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from .._records import JsonRecord
 from ._constraints import Constraint, Objective
@@ -32,6 +32,38 @@ LITTLE = 0.3
 BOOTSTRAP = 400
 
 
+class RhoInterval(TypedDict):
+    """A Spearman rho with its bootstrap 95% interval, over ``n`` trials."""
+
+    rho: float
+    ci95: list[float]
+    n: int
+
+
+class Cost(RhoInterval):
+    """What a param costs: the profile ``metric`` it drives."""
+
+    metric: str
+
+
+class Evidence(TypedDict, total=False):
+    """The numbers behind a statement: the trials (``n``) and, by its action, the correlations,
+    the bound kept (a text) or widened past, the best value and what fixing it costs."""
+
+    n: int
+    rho: float
+    ci95: list[float]
+    param: str
+    metric: str
+    bound: str | float | None
+    constraint: str
+    value: object
+    objective: RhoInterval | None
+    cost: Cost
+    side: str
+    best_values: list[object]
+
+
 @dataclass(frozen=True)
 class Statement(JsonRecord):
     """One line of strategy: ``action`` on ``subject`` with the numbers behind it."""
@@ -41,7 +73,7 @@ class Statement(JsonRecord):
     subject: str  # the param name, or the constraint text
     action: str  # restrict, fix, widen, keep, not enough trials; driven by / no driver (constraints)
     text: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=lambda: Evidence())
 
 
 # -- statistics -----------------------------------------------------------------------------------
@@ -120,7 +152,7 @@ class _Corr:
     def little(self) -> bool:
         return abs(self.rho) < LITTLE and self.low <= 0 <= self.high
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RhoInterval:
         return {"rho": round(self.rho, 3), "ci95": [round(self.low, 3), round(self.high, 3)], "n": self.n}
 
     def text(self) -> str:
@@ -230,7 +262,7 @@ def _scan_bound(scan: Any, name: str) -> str | None:
 
 
 def _param_statement(p: Param, space: Space, complete: Sequence[TrialRecord], records: Sequence[TrialRecord],
-                     objectives: Sequence[Objective], drivers: dict[Any, Statement], scan: Any,
+                     objectives: Sequence[Objective], drivers: dict[str | None, Statement], scan: Any,
                      seed: int) -> Statement:
     if p.name in drivers:
         return _restrict(p, records, drivers[p.name], scan)

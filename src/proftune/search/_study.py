@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypedDict
 
 import optuna
 import sqlalchemy as sa
@@ -37,6 +37,14 @@ __all__ = ["STARTUP", "evaluations", "raise_if_too_many_failures", "run_worker"]
 STARTUP = 10
 
 
+class WorkerRun(TypedDict):
+    """What :func:`run_worker` did: its worker number, the trials it ran and why it stopped."""
+
+    worker: int
+    trials_run: int
+    stopped: str | None
+
+
 def _stage_plan(space: Space, trials: int) -> list[tuple[str, int]]:
     """(tier, trials) per stage: the budget split evenly, the remainder to the first stages."""
     k = len(space.tiers)
@@ -53,7 +61,7 @@ def _stage_for(space: Space, trials: int, finished: int) -> str | None:
     return None
 
 
-def _best_params(study: optuna.Study, objectives: Sequence[Objective], stages: Sequence[str]) -> dict[str, Any]:
+def _best_params(study: optuna.Study, objectives: Sequence[Objective], stages: Sequence[str]) -> dict[str, object]:
     """The full configuration of the best feasible complete trial among ``stages``."""
     best: TrialRecord | None = None
     sign = -1.0 if objectives[0].direction == "maximize" else 1.0
@@ -94,7 +102,7 @@ def _earlier_tunes(store: Store, settings: SearchSettings) -> int:
 
 def run_worker(settings: SearchSettings, worker: int = 0, deadline: float | None = None, *,
                storage: RDBStorage | None = None, store: Store | None = None,
-               after_trial: Callable[[], None] | None = None) -> dict[str, Any]:
+               after_trial: Callable[[], None] | None = None) -> WorkerRun:
     """Run trials of ``settings.study`` until it holds ``settings.trials`` trained ones.
 
     Gated trials (ended before training) do not count, up to ``settings.gated_limit`` of them.
@@ -178,7 +186,7 @@ def _lost_message(settings: SearchSettings, current: tuple[int, int] | None, err
             "continues where it stopped.")
 
 
-def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, Any], float]]:
+def evaluations(records: Sequence[TrialRecord]) -> list[tuple[dict[str, object], float]]:
     """(params, first objective value) of every complete trial, in order."""
     return [(dict(r.params), r.values[0]) for r in records if r.state == "complete" and r.values]
 

@@ -6,7 +6,7 @@ import contextlib
 import math
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,7 @@ class TrialRunner:
         #: Callbacks added to every trial's fit loop (a backend's reporting, PBT's restore).
         self.extra_callbacks: list[Callback] = []
         self.only: list[str] | None = None
-        self.preset: dict[str, Any] = {}
+        self.preset: Mapping[str, object] = {}
         #: (number, trial Run id) of the trial run last (what a lost database connection lost).
         self.current: tuple[int, int] | None = None
         #: (objective value signed to be maximised, trial number) of each trial whose model is kept.
@@ -156,7 +156,7 @@ class TrialRunner:
             self._model = None
             free_memory()
 
-    def _run(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> Sequence[float] | float:
+    def _run(self, trial: optuna.Trial, config: Mapping[str, object], rec: TrialFigures) -> Sequence[float] | float:
         started = time.perf_counter()
         rule = self.s.space.forbidden(config)
         if rule is not None:
@@ -229,7 +229,7 @@ class TrialRunner:
             rec.reason = "; ".join(g.reasons)
         return g.feasible
 
-    def _call_objective(self, trial: optuna.Trial, config: dict[str, Any], rec: TrialFigures) -> _PruningCallback:
+    def _call_objective(self, trial: optuna.Trial, config: Mapping[str, object], rec: TrialFigures) -> _PruningCallback:
         """A plain objective's one call with the trial's params as they are (its params are its own)."""
         assert isinstance(self.task, ObjectiveTask)
         t0 = time.perf_counter()
