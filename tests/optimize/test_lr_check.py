@@ -67,7 +67,7 @@ def test_the_profile_and_the_compute_stage_are_sized_to_their_shares() -> None:
     assert too_few_steps(COMPUTE_MIN_STEPS * step * 1.01, step) is None
     why = too_few_steps(10 * step, step)
     assert why is not None
-    assert "hold 10 training steps of 50 ms" in why
+    assert "holds 10 training steps of 50 ms" in why
     assert f"fewer than the {COMPUTE_MIN_STEPS}" in why
 
 
@@ -88,5 +88,5 @@ def test_a_compute_share_too_small_for_a_range_test_measures_nothing_and_says_wh
     assert time.monotonic() - started < 1.0  # nothing trained
     assert result.status == "skipped"
     assert result.outputs.computed.params() == {}
-    assert "hold 5 training steps" in (result.outputs.not_measured or "")
+    assert "holds 5 training steps" in (result.outputs.not_measured or "")
     assert "not_measured" in result.outputs.to_dict()

@@ -105,7 +105,7 @@ def too_few_steps(share_s: float, step_s: float) -> str | None:
     steps = share_s / step_s
     if steps >= COMPUTE_MIN_STEPS:
         return None
-    return (f"its {share_s:.2g} s hold {steps:.0f} training steps of {step_s * 1e3:.3g} ms, fewer than the "
+    return (f"its share, {share_s:.2f} s, holds {steps:.0f} training steps of {step_s * 1e3:.3g} ms, fewer than the "
             f"{COMPUTE_MIN_STEPS} a range test and its check need: the search centres on the task's defaults")
 
 
