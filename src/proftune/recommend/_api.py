@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +58,7 @@ class DataBound:
                 f">= {min(MIN_STEPS_PER_EPOCH, max(1, self.samples // self.default_batch))} optimizer steps "
                 f"(the task's batch {self.default_batch} keeps {self.samples // max(self.default_batch, 1)})")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"train_samples": self.samples, "max_batch_by_data": self.cap,
                 "min_steps_per_epoch": MIN_STEPS_PER_EPOCH, "default_batch": self.default_batch}
 
@@ -108,7 +108,7 @@ class RecommendConfig:
 
 def recommend(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: RecommendConfig | None = None,
     *,
     profile: Profile | None = None,
@@ -245,7 +245,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                                               user_batch=target_batch is not None, device=device, seed=seed,
                                               say=say)
     data_note += cost_note
-    evidence: dict[str, Any] = {"target_batch": target, "target_from": target_src,
+    evidence: dict[str, object] = {"target_batch": target, "target_from": target_src,
                                 "profile_batch_size": b_prof,
                                 "profile_peak_bytes": prof.memory.peak_bytes,
                                 **({"data": data.to_dict()} if data is not None else {}),
@@ -354,7 +354,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
         recs["data_loading"] = _measured_workers(recs["data_loading"], workers)
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
     return Recommendations(tuple(recs[name] for name in names if name in recs), profile=prof,
-                           curves={"lr_range": lr_res.to_dict()["curve"],
+                           curves={"lr_range": lr_res.curve,
                                    "noise_scale": list(ns.history) if ns is not None else []})
 
 

@@ -42,7 +42,7 @@ class DDPPlan:
     current_throughput: float
     predicted_throughput: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"current_batch_size": self.current, "batch_size": self.batch_size, "needed": self.needed,
                 "caps": dict(self.caps), "limited_by": self.limited_by, "target_share": self.share,
                 "current_share": self.current_share, "predicted_share": self.predicted_share,
@@ -116,7 +116,7 @@ def ddp_recommendation(scaling: DDPScaling, plan: DDPPlan, *, lr: float | None, 
                        critical_batch: int | None) -> Recommendation:
     """The ``ddp_batch_size`` row from the measured scaling and the plan."""
     n = scaling.world_size
-    evidence: dict[str, Any] = {**plan.to_dict(), "world_size": n, "backend": scaling.backend,
+    evidence: dict[str, object] = {**plan.to_dict(), "world_size": n, "backend": scaling.backend,
                                 "allreduce_ms": scaling.allreduce_ms, "allreduce_bytes": scaling.allreduce_bytes,
                                 "fixed_ms": scaling.fixed_ms, "per_sample_ms": scaling.per_sample_ms,
                                 "points": scaling.to_dict()["points"]}

@@ -114,7 +114,7 @@ class TablePlan:
     def new_rows(self) -> int:
         return self.rows if self.rows_kept is None else self.rows_kept + int(self.buckets or 0)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"dim": self.dim, "recommended_dim": self.new_dim, "rows": self.rows, "new_rows": self.new_rows,
                 "min_count": self.min_count, "rows_kept": self.rows_kept, "hash_buckets": self.buckets}
 
@@ -340,7 +340,7 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
                                                 "held non-finite weights (NaN or inf)"))
     spectra = {n: table_spectrum(n, weights[n], counter.counts[n]) for n in stats}
     plans = [plan_table(stats[n], spectra[n], counter.counts[n]) for n in stats]
-    evidence: dict[str, Any] = {"tables": {n: {**stats[n].to_dict(), **spectra[n].to_dict(), **plan.to_dict()}
+    evidence: dict[str, object] = {"tables": {n: {**stats[n].to_dict(), **spectra[n].to_dict(), **plan.to_dict()}
                                            for n, plan in zip(stats, plans, strict=True)},
                                 "metric": metric, "max_epochs": epochs, "patience": cfg.patience,
                                 "seed": cfg.seed}

@@ -10,6 +10,7 @@ entry), records itself as a Run (kinds ``batch_size``, ``lr_find``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ __all__ = ["find_batch_size", "lr_find", "static_memory"]
 _store = optional_store
 
 
-def merged_params(task: Task, params: TrainParams | dict[str, Any] | None) -> TrainParams:
+def merged_params(task: Task, params: TrainParams | Mapping[str, Any] | None) -> TrainParams:
     """``params`` over ``task``'s defaults, validated once; a :class:`TrainParams` as it was made."""
     return as_train_params(task, params)
 
@@ -124,7 +125,7 @@ class BatchSizeConfig:
 
 def find_batch_size(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: BatchSizeConfig | None = None,
     *,
     profile: Profile | None = None,
@@ -235,7 +236,7 @@ class LRFindConfig:
 
 def lr_find(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: LRFindConfig | None = None,
     *,
     model: nn.Module | None = None,

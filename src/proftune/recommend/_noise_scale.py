@@ -66,7 +66,7 @@ class NoiseScaleResult(JsonRecord):
         """B_crit ≈ B_simple (McCandlish et al.: B_noise ≈ B_simple for well-conditioned problems)."""
         return None if self.b_simple is None else max(1, round(self.b_simple))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**super().to_dict(), "critical_batch_size": self.critical_batch_size}
 
 

@@ -75,7 +75,7 @@ def precision_rule(profile: Profile) -> Recommendation:
     shares = matmul_share(profile)
     share = shares["share_of_step"] or shares["share_of_layers"]
     device = torch.device(profile.device)
-    evidence: dict[str, Any] = {"device": profile.device, **shares,
+    evidence: dict[str, object] = {"device": profile.device, **shares,
                                 "threshold": MATMUL_SHARE_THRESHOLD,
                                 "assumed_matmul_speedup": AUTOCAST_MATMUL_SPEEDUP}
     step_ms = shares["step_ms"]
