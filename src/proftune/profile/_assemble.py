@@ -194,8 +194,8 @@ def assemble_profile(
     batch_size: int,
     mode: str,
     steps: int,
-    env: dict[str, Any] | None = None,
-    config: dict[str, Any] | None = None,
+    env: Mapping[str, object] | None = None,
+    config: Mapping[str, object] | None = None,
 ) -> Profile:
     """One :class:`Profile` from static counts and measurements."""
     stats = m.merged_stats.result() if m.merged_stats is not None else merge_layer_stats(m.stats)

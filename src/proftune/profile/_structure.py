@@ -11,6 +11,7 @@ attention (``benchmarks/structure.py`` prints both).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -109,7 +110,7 @@ def model_structure(model: nn.Module, example_input: Any, *, train: bool = False
     pending: dict[str, list[Any]] = {}
     handles = []
 
-    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         name = names[id(mod)]
         calls[name] = calls.get(name, 0) + 1
         if name not in first and name not in pending:
@@ -152,7 +153,7 @@ def model_structure(model: nn.Module, example_input: Any, *, train: bool = False
                      macs=counts.macs, flops=counts.flops, batch_size=batch_size_of(example_input))
 
 
-def model_and_input(task: Task | str, *, params: dict[str, Any] | None = None, batch_size: int | None = None,
+def model_and_input(task: Task | str, *, params: Mapping[str, Any] | None = None, batch_size: int | None = None,
                     seed: int = 0, device: str | torch.device = "cpu") -> tuple[nn.Module, Any]:
     """The task's model as built at ``params`` from ``seed`` (before any training) on ``device``,
     in eval mode, and the input its loss feeds it for the first training batch at ``batch_size``
