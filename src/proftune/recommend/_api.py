@@ -246,10 +246,10 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                                               say=say)
     data_note += cost_note
     evidence: dict[str, object] = {"target_batch": target, "target_from": target_src,
-                                "profile_batch_size": b_prof,
-                                "profile_peak_bytes": prof.memory.peak_bytes,
-                                **({"data": data.to_dict()} if data is not None else {}),
-                                **({"epoch_cost": cost.to_dict()} if cost is not None else {})}
+                                   "profile_batch_size": b_prof,
+                                   "profile_peak_bytes": prof.memory.peak_bytes,
+                                   **({"data": data.to_dict()} if data is not None else {}),
+                                   **({"epoch_cost": cost.to_dict()} if cost is not None else {})}
     if batch_result is not None:
         evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
                          "measured_peak_bytes": batch_result.measured_peak_bytes,

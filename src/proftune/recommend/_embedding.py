@@ -341,9 +341,9 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
     spectra = {n: table_spectrum(n, weights[n], counter.counts[n]) for n in stats}
     plans = [plan_table(stats[n], spectra[n], counter.counts[n]) for n in stats]
     evidence: dict[str, object] = {"tables": {n: {**stats[n].to_dict(), **spectra[n].to_dict(), **plan.to_dict()}
-                                           for n, plan in zip(stats, plans, strict=True)},
-                                "metric": metric, "max_epochs": epochs, "patience": cfg.patience,
-                                "seed": cfg.seed}
+                                              for n, plan in zip(stats, plans, strict=True)},
+                                   "metric": metric, "max_epochs": epochs, "patience": cfg.patience,
+                                   "seed": cfg.seed}
     value = {p.table: p.new_dim for p in plans}
     current = {p.table: p.dim for p in plans}
     if _short(task, original):

@@ -16,6 +16,7 @@ positive (noise dominates) it is clipped to 1% of the big-batch |G_B|², B_simpl
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,7 +194,7 @@ class NoiseScaleCallback(Callback):
 
 def noise_scale(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
     *,
     small_batch: int = 16,
     micro_batches: int = 4,

@@ -37,8 +37,8 @@ class SaturatedActivations(BaseCheck):
         before = _layer_before(history, layer)
         x_rms = history.input_rms.get(first_step)
         evidence: dict[str, object] = {"saturated_frac": means[layer], "type": kind, "sampled_steps": len(rows),
-                                    "per_layer": means, "saturated_from_init": at_init,
-                                    "layer_before": before, "input_rms": x_rms}
+                                       "per_layer": means, "saturated_from_init": at_init,
+                                       "layer_before": before, "input_rms": x_rms}
         summary = (f"{kind} outputs of {layer} sit in the flat tails ({tail}, derivative < 1% of its peak) "
                    f"{means[layer]:.0%} of the time, from step {onset}{' (at init)' if at_init else ''}")
         if x_rms is not None and x_rms >= LARGE_INPUT_RMS:

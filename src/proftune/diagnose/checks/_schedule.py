@@ -34,7 +34,7 @@ class NoWarmup(BaseCheck):
         lrs = history.lrs()
         early = history.early_instability()
         evidence: dict[str, object] = {"lr": lrs[0], "optimizer": history.optimizer,
-                                    "early_climb": early.to_dict() if early is not None else None}
+                                       "early_climb": early.to_dict() if early is not None else None}
         summary = f"the run starts at its full learning rate {fmt(lrs[0])} ({history.optimizer or 'optimizer'}"
         layers = sorted({t for t in history.types.values() if t in _WARMUP_LAYERS})
         summary += (f", {'/'.join(layers)} in the model)" if layers else ")")

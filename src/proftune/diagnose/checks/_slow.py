@@ -21,7 +21,7 @@ class SlowConvergence(BaseCheck):
             return None
         lr, test, ratio = history.lr(), history.lr_test, history.update_ratio()
         evidence: dict[str, object] = {**slow.to_dict(), "lr": lr, "update_ratio": ratio,
-                                    "healthy_update_ratio": HEALTHY_UPDATE_RATIO}
+                                       "healthy_update_ratio": HEALTHY_UPDATE_RATIO}
         summary = (f"the loss fell only {slow.relative_drop:.0%} over {slow.steps} steps "
                    f"({fmt(slow.start_loss)} -> {fmt(slow.final_loss)}) and the last quarter still made "
                    f"{slow.last_quarter_share:.0%} of that progress: far from converged")
