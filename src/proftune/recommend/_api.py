@@ -67,7 +67,7 @@ def data_bound(task: Task, params: TrainParams, default_batch: int, *,
                target_batch: int | None = None) -> DataBound | None:
     """The data's bound on a computed batch (None: the training data has no countable samples); a
     ``target_batch`` the user gave is theirs, bounded only by the training set itself."""
-    n = samples_per_epoch(task, params.params, batch_size=max(1, min(default_batch, 1 << 16)), stop_after=1 << 22)
+    n = samples_per_epoch(task, params, batch_size=max(1, min(default_batch, 1 << 16)), stop_after=1 << 22)
     if n < 1:
         return None
     cap = min(n, max(min(default_batch, n), n // MIN_STEPS_PER_EPOCH, 1, min(int(target_batch or 0), n)))
@@ -446,7 +446,7 @@ def _more_rows(task: Task, given: TrainParams, prof: Profile, lr_res: LRFindResu
         from ._embedding import EmbeddingConfig, recommend_embedding_dim
 
         say("embedding tables")
-        row = recommend_embedding_dim(task, given.params, device=device, profile=prof,
+        row = recommend_embedding_dim(task, given, device=device, profile=prof,
                                       config=EmbeddingConfig(budget_s=more.embedding_budget_s, seed=seed))
         if row is not None:
             out["embedding_dim"] = row
@@ -462,7 +462,7 @@ def _ddp_row(ddp: tuple[Any, int, float], task: Task, given: TrainParams, b_prof
     from ._ddp import ddp_recommendation, measure_and_plan
 
     spec, nprocs, share = ddp
-    samples = samples_per_epoch(task, given.params, batch_size=b_prof, stop_after=1 << 20)
+    samples = samples_per_epoch(task, given, batch_size=b_prof, stop_after=1 << 20)
     scaling, plan = measure_and_plan(spec, nprocs=nprocs, current=b_prof, params=given.params, share=share,
                                      max_batch=max_batch, critical_batch=critical, samples=samples or None,
                                      device="cuda" if device.type == "cuda" else "cpu", seed=seed)
@@ -488,7 +488,7 @@ def _optimizer_row(task: Task, given: TrainParams, prof: Profile, lr_res: LRFind
     same = current != "sgd" or float(given.momentum or 0.0) == SGD_MOMENTUM
     known = {current: lr_res} if same and lr_res.batch_size == batch_size else {}
     cfg = CompareConfig(budget_s=budget_s, batch_size=batch_size, memory_budget=memory_budget, seed=seed)
-    comp = compare_optimizers(task, given.params, profile=prof, device=device, config=cfg, known_rates=known)
+    comp = compare_optimizers(task, given, profile=prof, device=device, config=cfg, known_rates=known)
     return optimizer_recommendation(comp)
 
 

@@ -42,7 +42,8 @@ def merged_params(task: Task, params: TrainParams | Mapping[str, Any] | None) ->
     return as_train_params(task, params)
 
 
-def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None = None) -> dict[str, int]:
+def static_memory(task: Task, params: TrainParams | Mapping[str, Any], *,
+                  profile: Profile | None = None) -> dict[str, int]:
     """Bytes of parameters (+ buffers), gradients and optimizer state: the floor of any budget.
 
     From the profile when it holds them; otherwise counted on a throwaway copy of the model on
@@ -53,16 +54,17 @@ def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None
         return {"params_bytes": int(m.params_bytes), "grads_bytes": int(m.grads_bytes),
                 "optimizer_bytes": int(m.optimizer_bytes),
                 "total": int(m.params_bytes + m.grads_bytes + m.optimizer_bytes)}
+    given = as_train_params(task, params)
     seed_everything(0)
-    return model_static_memory(task, task.build_model(params), params)
+    return model_static_memory(task, task.build_model(given.params), given)
 
 
-def model_static_memory(task: Task, model: nn.Module, params: dict[str, Any]) -> dict[str, int]:
+def model_static_memory(task: Task, model: nn.Module, params: TrainParams) -> dict[str, int]:
     """:func:`static_memory` of a built ``model`` (moved to the CPU; its gradients are left unset)."""
     from ..profile import buffers_bytes, optimizer_state_bytes, params_bytes
 
     model = model.cpu()
-    optimizer = task.configure_optimizer(model, params)
+    optimizer = task.configure_optimizer(model, params.params)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.grad = torch.zeros_like(p)
@@ -81,7 +83,7 @@ def _default_measure(task: Task, given: TrainParams, device: torch.device, seed:
     """The profiler's peak of one step, on batches of exactly the asked size (see FullBatchTask)."""
     from ..profile import peak_step_memory
 
-    full, params = FullBatchTask(task), given.params
+    full = FullBatchTask(task)
     available: list[int] = []  # the epoch's sample count, once a probe found it smaller than a batch
 
     def measure(batch_size: int) -> int:
@@ -89,18 +91,18 @@ def _default_measure(task: Task, given: TrainParams, device: torch.device, seed:
         # data) instead of cycling the data to build a batch that training never sees
         if available and batch_size > available[0]:
             raise DataLimit(batch_size, available[0])
-        n = samples_per_epoch(task, params, batch_size=min(batch_size, 1 << 16), stop_after=batch_size)
+        n = samples_per_epoch(task, given, batch_size=min(batch_size, 1 << 16), stop_after=batch_size)
         if 0 < n < batch_size:
             available.append(n)
             raise DataLimit(batch_size, n)
-        return int(peak_step_memory(full, params, batch_size=batch_size, device=device, seed=seed))
+        return int(peak_step_memory(full, given.params, batch_size=batch_size, device=device, seed=seed))
 
     return measure
 
 
 def _cap_by_data(result: BatchSizeResult, task: Task, given: TrainParams) -> BatchSizeResult:
     """A batch cannot hold more samples than one epoch of the training data."""
-    n = samples_per_epoch(task, given.params, batch_size=min(result.max_batch_size, 1 << 16),
+    n = samples_per_epoch(task, given, batch_size=min(result.max_batch_size, 1 << 16),
                           stop_after=result.max_batch_size)
     if n >= result.max_batch_size or n < 1:
         return result
@@ -160,7 +162,7 @@ def find_batch_size(
     merged = given.params
     budget = parse_memory(cfg.memory_budget)
     dev = resolve_device(cfg.device)
-    static = static_memory(task_obj, merged, profile=profile)
+    static = static_memory(task_obj, given, profile=profile)
     measure_fn = measure or _default_measure(task_obj, given, dev, seed)
     if budget < static["total"]:
         try:
