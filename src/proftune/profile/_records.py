@@ -64,7 +64,7 @@ class LayerProfile:
     time_share: float | None = None
     params_share: float | None = None
     macs_share: float | None = None
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: LayerStatistics = field(default_factory=lambda: LayerStatistics())
     #: Its time on each layer-timed step on the same scale: their median, quartiles (two steps or
     #: more: how far the load moved it), its second-fastest and how many steps.
     time_share_median: float | None = None

@@ -22,7 +22,7 @@ from .._device import batch_size_of, capture_inputs, move_to_device, resolve_dev
 from .._records import JsonRecord, Reader, each
 from ..exceptions import ConfigError
 from ..task import Task, load_task
-from ..train import seed_everything, validate_params
+from ..train import TrainParams, seed_everything
 from ._assemble import static_counts
 from ._layers import module_names, shapes_of
 
@@ -159,21 +159,20 @@ def model_and_input(task: Task | str, *, params: Mapping[str, Any] | None = None
     in eval mode, and the input its loss feeds it for the first training batch at ``batch_size``
     (default the task's): what the structure is counted on and what ONNX export traces."""
     t = load_task(task)
-    merged = validate_params({**t.default_params, **(params or {})})
-    if batch_size is not None:
-        merged["batch_size"] = batch_size
-    bs = int(merged.setdefault("batch_size", 32))
+    given = TrainParams.of(t, params, **({} if batch_size is None else {"batch_size": batch_size}))
+    bs = given.batch_size or 32
+    given = given if given.batch_size else given.with_params(batch_size=bs)  # the data reads it
     dev = resolve_device(device)
     seed_everything(seed)
-    model = t.build_model(merged).to(dev)
-    batch = move_to_device(_first_batch(t, bs, merged), dev)
+    model = t.build_model(given.params).to(dev)
+    batch = move_to_device(_first_batch(t, bs, given), dev)
     model.eval()
     example = capture_inputs(t.loss, model, batch)
     return model, example
 
 
-def _first_batch(task: Task, batch_size: int, params: dict[str, Any]) -> Any:
-    for batch in task.train_data(batch_size, params):
+def _first_batch(task: Task, batch_size: int, params: TrainParams) -> Any:
+    for batch in task.train_data(batch_size, params.params):
         return batch
     return task.example_batch(batch_size)
 
