@@ -86,7 +86,6 @@ def diagnose(
     epochs, max_steps, seed = c.epochs, c.max_steps, c.seed
     task_obj = load_task(task)
     given = as_train_params(task_obj, params, batch_size=c.batch_size)  # a TrainParams as it was made
-    merged = given.params
     if epochs is None and max_steps is None:
         epochs = task_obj.default_epochs
     dev = resolve_device(c.device)
@@ -118,7 +117,7 @@ def diagnose(
 
     if not c.record:
         return body()
-    run_config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed,
+    run_config = {"params": given.params, "epochs": epochs, "max_steps": max_steps, "seed": seed,
                   "device": str(dev), "lr_test": c.lr_test, "probes": c.probes, "every": c.every}
     with tracked_run("diagnose", task_obj, config=run_config, device=dev, store=store, db=db) as run:
         report = dataclasses.replace(body(), run_id=run.id)

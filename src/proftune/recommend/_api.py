@@ -19,7 +19,7 @@ from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
 from .._records import JsonRecord
 from .._threads import fit_key, work_threads
-from .._train_params import TrainParams
+from .._train_params import TrainParams, as_train_params
 from .._units import format_bytes, parse_memory
 from .._with_options import with_options
 from ..exceptions import ConfigError
@@ -31,7 +31,7 @@ from ._batch_cost import BatchCost, StepTimer, bound_by_cost, step_timer
 from ._batch_size import BatchSizeResult
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult
-from ._measurements import find_batch_size, lr_find, merged_params
+from ._measurements import find_batch_size, lr_find
 from ._noise_scale import NoiseScaleResult, noise_scale
 from ._precision import checked_precision_row
 from ._records import CONDITIONAL_NAMES, RECOMMENDATION_NAMES, Recommendation, Recommendations
@@ -137,8 +137,7 @@ def recommend(
     optimizer_budget_s, embedding_budget_s, ddp, ddp_share = (cfg.optimizer_budget_s, cfg.embedding_budget_s,
                                                               cfg.ddp, cfg.ddp_share)
     task_obj = load_task(task)
-    given = merged_params(task_obj, params)
-    merged = given.params
+    given = as_train_params(task_obj, params)  # validated once; a TrainParams as it was made
     dev = resolve_device(cfg.device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
         raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
@@ -179,7 +178,7 @@ def recommend(
     st = optional_store(store, db=db)
     if st is None:
         return body()
-    run_config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
+    run_config = {"params": given.params, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
                   "seed": seed, "lr_steps": lr_steps, "ladder_steps": cfg.ladder_steps, "noise_steps": noise_steps,
                   "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
                   "ddp": ddp, "ddp_share": ddp_share}
@@ -195,8 +194,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                     target_batch: int | None, device: torch.device, seed: int, lr_steps: tuple[int, int],
                     noise_steps: int, say: Callable[[str], None], more: _MoreRows) -> Recommendations:
     recs: dict[str, Recommendation] = {}
-    params = given.params
-    b_prof = int(prof.batch_size or params.get("batch_size", 32))
+    b_prof = int(prof.batch_size or given.batch_size or 32)
     step = prof.step
 
     # -- memory: the largest batch -----------------------------------------------------------------
@@ -223,7 +221,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     small = max(2, b_prof // micro)
     # at the range test's rate, not the task's: at a rate that diverges the gradients measure the
     # blow-up (digits-mlp at SGD lr 1.0: B_simple 2.8, against 45 at the suggested 0.15)
-    ns_params = dict(params)
+    ns_params = dict(given.params)
     if lr_res.suggested_lr is not None:
         ns_params["lr"] = lr_res.suggested_lr
     ns = (noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
@@ -283,7 +281,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     lr_ev = {k: v for k, v in lr_res.to_dict().items() if k != "curve"}
     accumulation = plan_accumulation(target, max_batch, cost=_step_cost(prof)) if max_batch else None
     effective = accumulation.effective_batch if accumulation is not None else batch
-    opt_name = str(params.get("optimizer", DEFAULT_OPTIMIZER))
+    opt_name = str(given.optimizer or DEFAULT_OPTIMIZER)
     if lr_res.suggested_lr is None:
         recs["lr"] = Recommendation("lr", None, f"no lr suggested: {lr_res.message}", lr_ev, "low", "")
         recs["lr_scaling"] = Recommendation("lr_scaling", None, "no lr to scale (the range test gave none).",

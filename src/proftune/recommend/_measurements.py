@@ -37,11 +37,6 @@ __all__ = ["find_batch_size", "lr_find", "static_memory"]
 _store = optional_store
 
 
-def merged_params(task: Task, params: TrainParams | Mapping[str, Any] | None) -> TrainParams:
-    """``params`` over ``task``'s defaults, validated once; a :class:`TrainParams` as it was made."""
-    return as_train_params(task, params)
-
-
 def static_memory(task: Task, params: TrainParams | Mapping[str, Any], *,
                   profile: Profile | None = None) -> dict[str, int]:
     """Bytes of parameters (+ buffers), gradients and optimizer state: the floor of any budget.
@@ -158,8 +153,7 @@ def find_batch_size(
         raise ConfigError("find_batch_size() needs memory_budget (bytes, or a size such as '4GiB').")
     start, max_probes, seed, from_prediction = cfg.start, cfg.max_probes, cfg.seed, cfg.from_prediction
     task_obj = load_task(task)
-    given = merged_params(task_obj, params)
-    merged = given.params
+    given = as_train_params(task_obj, params)  # validated once; a TrainParams as it was made
     budget = parse_memory(cfg.memory_budget)
     dev = resolve_device(cfg.device)
     static = static_memory(task_obj, given, profile=profile)
@@ -191,7 +185,7 @@ def find_batch_size(
     st = _store(store, db=db)
     if st is None:
         return body()
-    run_config = {"params": merged, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
+    run_config = {"params": given.params, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
                   "start": start, "profile_point": known}
     with tracked_run("batch_size", task_obj, config=run_config, device=dev, store=st) as run:
         result = dataclasses.replace(body(), run_id=run.id)
@@ -262,8 +256,7 @@ def lr_find(
     _check_ladder(cfg.ladder_steps, cfg.ladder_rungs)
     check_outputs([OutputPath("plot=", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
-    given = merged_params(task_obj, params)
-    merged = given.params
+    given = as_train_params(task_obj, params)  # validated once; a TrainParams as it was made
     dev = resolve_device(cfg.device)
 
     def body() -> LRFindResult:
@@ -279,7 +272,7 @@ def lr_find(
     st = _store(store, db=db)
     if st is None:
         return body()
-    run_config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
+    run_config = {"params": given.params, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
                   "batch_size": batch_size, "device": str(dev), "seed": seed,
                   "ladder_steps": cfg.ladder_steps, "ladder_rungs": cfg.ladder_rungs}
     with tracked_run("lr_find", task_obj, config=run_config, device=dev, store=st) as run:
