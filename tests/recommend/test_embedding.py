@@ -24,6 +24,7 @@ from proftune.recommend._embedding import (
     plan_table,
     recommend_embedding_dim,
 )
+from proftune.train import TrainParams
 
 
 class SmallTwoTower(ImplicitTwoTower):
@@ -170,13 +171,13 @@ def test_without_a_width_param_the_table_is_factorised_and_the_model_keeps_its_s
     task = _Tagger()
     counts = torch.ones(100, dtype=torch.long)
     plan = TablePlan("0", dim=16, new_dim=4, rows=100)
-    model, params, how = _resized(task, {}, [plan], {"0": counts})
+    model, params, how = _resized(task, TrainParams(), [plan], {"0": counts})
     assert isinstance(model[0], FactorizedEmbedding)
     assert model[0].embedding.weight.shape == (100, 4)
     assert model(torch.randint(0, 100, (5, 3))).shape == (5, 2)
     assert model[0].weight.shape == (100, 16)
     assert sum(p.numel() for p in model[0].parameters()) == 100 * 4 + 4 * 16
-    assert params == {}
+    assert params.params == {}
     assert "factorised 100x4 + 4x16" in how
 
 
@@ -188,7 +189,7 @@ def test_hashed_rows_keep_the_task_init_of_kept_rows_and_share_buckets() -> None
     torch.manual_seed(0)
     original = task.build_model(dict(task.default_params)).item_emb.weight.detach().clone()
     torch.manual_seed(0)
-    model, _, how = _resized(task, dict(task.default_params), [plan], {"item_emb": counts})
+    model, _, how = _resized(task, TrainParams.of(task), [plan], {"item_emb": counts})
     table = model.item_emb
     assert isinstance(table, HashedRows)
     assert table.inner.weight.shape == (325, 32)

@@ -4,6 +4,7 @@ import torch
 
 import proftune
 from proftune.recommend._full_batches import FullBatchTask, samples_per_epoch
+from proftune.train import TrainParams
 
 
 def test_batches_are_always_full_even_beyond_the_dataset() -> None:
@@ -17,4 +18,4 @@ def test_batches_are_always_full_even_beyond_the_dataset() -> None:
     model = task.build_model({})
     x, y = next(iter(task.train_data(8, {})))
     assert torch.isfinite(task.loss(model, (x, y)))
-    assert samples_per_epoch(inner, {}, batch_size=512, stop_after=10_000) == 1437
+    assert samples_per_epoch(inner, TrainParams(), batch_size=512, stop_after=10_000) == 1437

@@ -24,6 +24,7 @@ from proftune.recommend._optimizer import (
     compare_optimizers,
     gradient_noise,
 )
+from proftune.train import TrainParams
 
 
 class IllConditionedRegression(proftune.Task):
@@ -146,7 +147,7 @@ class _Heavy(IllConditionedRegression):
 
 
 def test_gradient_noise_kurtosis_separates_heavy_tails_from_gaussian_noise() -> None:
-    params = {"batch_size": 8}
+    params = TrainParams(batch_size=8)
     cpu = torch.device("cpu")
     torch.manual_seed(0)
     heavy = gradient_noise(_Heavy(), params, batch_size=8, batches=64, device=cpu)

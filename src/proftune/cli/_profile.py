@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -221,7 +222,7 @@ class _Extras:
         return d
 
     @property
-    def config(self) -> dict[str, Any]:  # what the report reads to find the run
+    def config(self) -> Mapping[str, object]:  # what the report reads to find the run
         return self.profile.config
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ class DiagnoseConfig:
 
 def diagnose(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: DiagnoseConfig | None = None,
     *,
     callbacks: Sequence[Callback] = (),
@@ -86,7 +86,6 @@ def diagnose(
     epochs, max_steps, seed = c.epochs, c.max_steps, c.seed
     task_obj = load_task(task)
     given = as_train_params(task_obj, params, batch_size=c.batch_size)  # a TrainParams as it was made
-    merged = given.params
     if epochs is None and max_steps is None:
         epochs = task_obj.default_epochs
     dev = resolve_device(c.device)
@@ -118,7 +117,7 @@ def diagnose(
 
     if not c.record:
         return body()
-    run_config = {"params": merged, "epochs": epochs, "max_steps": max_steps, "seed": seed,
+    run_config = {"params": given.params, "epochs": epochs, "max_steps": max_steps, "seed": seed,
                   "device": str(dev), "lr_test": c.lr_test, "probes": c.probes, "every": c.every}
     with tracked_run("diagnose", task_obj, config=run_config, device=dev, store=store, db=db) as run:
         report = dataclasses.replace(body(), run_id=run.id)

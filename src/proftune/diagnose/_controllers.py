@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 import torch
@@ -180,11 +181,11 @@ class AdaptiveLR(Callback):
         else:
             self._stable = 0
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {"mean": self._mean, "var": self._var, "n": self._n, "ceiling": self._ceiling,
                 "stable": self._stable, "since_change": self._since_change, "changes": list(self.changes)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self._mean, self._var, self._n = state_dict["mean"], state_dict["var"], state_dict["n"]
         self._ceiling, self._stable = state_dict["ceiling"], state_dict["stable"]
         self._since_change = state_dict["since_change"]
@@ -241,9 +242,9 @@ class GradGuard(Callback):
                 state.record_anomaly("grad_spike", grad_norm=g, median=median, clipped_to=target)
         self._norms.append(g)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {"norms": list(self._norms), "events": list(self.events)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self._norms = deque(state_dict.get("norms", []), maxlen=self.window)
         self.events = list(state_dict.get("events", []))

@@ -11,9 +11,8 @@ engineer should fix first. Each finding says in ``why`` where it was ranked and 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from .._records import mapping, record_fields
 from .._registry import LiveSequence
@@ -60,7 +59,8 @@ class Finding:
     severity: str
     summary: str
     fix: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    #: The measured numbers behind it (a JSON object: numbers, strings, nested objects).
+    evidence: Mapping[str, object] = field(default_factory=dict)
     confidence: float = 0.5
     step: int | None = None
     layer: str | None = None
@@ -85,7 +85,7 @@ class Finding:
         if problems:
             raise ConfigError(problems)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "cause": self.cause, "severity": self.severity, "summary": self.summary,
             "evidence": {**self.evidence, "step": self.step, "layer": self.layer},
@@ -94,7 +94,7 @@ class Finding:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
+    def from_dict(cls, d: Mapping[str, object]) -> Finding:
         """The finding back from :meth:`to_dict`'s JSON (its step and layer are in its evidence); a
         key it does not define or a missing cause, severity, summary or fix is a ConfigError."""
         kw = record_fields(cls, mapping(d, what="a diagnosis finding"), what="a diagnosis finding")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -225,7 +226,7 @@ class History:
     fan_in: dict[str, int] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
     input_rms: dict[int, float] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
     optimizer: str | None = None  # the optimizer's class name
     saturation: dict[int, dict[str, Saturation]] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)

@@ -9,6 +9,7 @@ above it is too high; one far below it, with a loss that does fall at higher rat
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -43,7 +44,7 @@ class RangeTest(JsonRecord):
     lrs: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, float | str | None]:
         """What the sweep says, without the sweep itself (a finding's evidence)."""
         return {"best_lr": self.best_lr, "diverged_lr": self.diverged_lr, "start_loss": self.start_loss,
                 "min_loss": self.min_loss, "improved": self.improved, "steps": self.steps,
@@ -67,7 +68,7 @@ class RangeTest(JsonRecord):
 
 def lr_range_test(
     task: Task,
-    params: TrainParams | dict[str, Any],
+    params: TrainParams | Mapping[str, Any],
     *,
     steps: int = 100,
     lr_min: float = 1e-6,

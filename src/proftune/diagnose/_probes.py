@@ -11,14 +11,14 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import StateDict
 
 from .._train_params import TrainParams
 from ..task import Task
-from ..train import Callback, FitState, fit
+from ..train import Callback, FitResult, FitState, fit
 from ._history import DecayProbe, NanProbe, WarmupProbe
 
 __all__ = ["NAN_PROBE_FACTOR", "decay_probe", "nan_probe", "warmup_probe"]
@@ -28,7 +28,7 @@ class _SetLR(Callback):
     """Sets every group's lr to ``lr * factor(step)`` before each step; optionally loads an
     optimizer state first (a continuation keeps its momentum and Adam moments)."""
 
-    def __init__(self, lr: float, *, warmup: int = 0, state: dict[str, Any] | None = None) -> None:
+    def __init__(self, lr: float, *, warmup: int = 0, state: StateDict | None = None) -> None:
         self.lr, self.warmup, self.state = lr, warmup, state
 
     def on_fit_start(self, state: FitState) -> None:
@@ -43,7 +43,7 @@ class _SetLR(Callback):
             group["lr"] = self.lr * factor
 
 
-def _losses(result: Any) -> list[float]:
+def _losses(result: FitResult) -> list[float]:
     return [float(r["loss"]) for r in result.curves["step"]]
 
 

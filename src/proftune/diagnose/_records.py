@@ -35,7 +35,7 @@ class DiagnoseResult:
     epochs: int
     stop_reason: str | None
     duration_s: float
-    params: dict[str, Any]
+    params: Mapping[str, Any]
     lr_test: RangeTest | None = None
     schema_version: int = DIAGNOSE_SCHEMA_VERSION
 
@@ -49,7 +49,7 @@ class DiagnoseResult:
         """No finding of warning or error severity."""
         return not any(f.severity in ("warning", "error") for f in self.findings)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "run_id": self.run_id, "task": self.task,
             "findings": [f.to_dict() for f in self.findings],
@@ -62,7 +62,7 @@ class DiagnoseResult:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DiagnoseResult:
+    def from_dict(cls, d: Mapping[str, object]) -> DiagnoseResult:
         """The record back from :meth:`to_dict`'s JSON (a ``diagnose`` Run's result)."""
         stored_version(d, what="a diagnosis", current=DIAGNOSE_SCHEMA_VERSION)
         kw = record_fields(cls, d, what="a diagnosis", derived=("healthy",))
@@ -83,7 +83,7 @@ class ArmResult(JsonRecord):
     pulls: int
     mean: float | None
     std: float | None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,12 @@ class BanditPull:
     value: float | None
     run_id: int | None
 
-    def to_dict(self, metric: str) -> dict[str, Any]:
+    def to_dict(self, metric: str) -> dict[str, object]:
         """Keyed by the metric's name (``{"round": 1, "arm": "a", "accuracy": 0.9, "run_id": 7}``)."""
         return {"round": self.round, "arm": self.arm, metric: self.value, "run_id": self.run_id}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], metric: str) -> BanditPull:
+    def from_dict(cls, d: object, metric: str) -> BanditPull:
         keyed = {("value" if k == metric else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
         kw = record_fields(cls, mapping(keyed, what=f"a bandit pull (metric {metric})"),
                            what=f"a bandit pull (metric {metric})")
@@ -128,7 +128,7 @@ class BanditResult:
     uniform_regret: list[float] = field(default_factory=list)
     schema_version: int = DIAGNOSE_SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"run_id": self.run_id, "bandit": self.name, "policy": self.policy, "metric": self.metric,
                 "mode": self.mode, "best": self.best, "total_pulls": self.total_pulls,
                 "arms": [a.to_dict() for a in self.arms], "pulls": [p.to_dict(self.metric) for p in self.pulls],
@@ -136,11 +136,11 @@ class BanditResult:
                 "schema_version": self.schema_version}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BanditResult:
+    def from_dict(cls, d: object) -> BanditResult:
         """The record back from :meth:`to_dict`'s JSON (a ``bandit`` Run's result)."""
         renamed = {("name" if k == "bandit" else k): v for k, v in d.items()} if isinstance(d, Mapping) else d
         stored_version(renamed, what="a bandit session", current=DIAGNOSE_SCHEMA_VERSION)
-        kw = record_fields(cls, renamed, what="a bandit session")
+        kw = record_fields(cls, mapping(renamed, what="a bandit session"), what="a bandit session")
         metric = str(kw["metric"])
         kw["arms"] = [ArmResult.from_dict(a) for a in kw["arms"] or []]
         kw["pulls"] = [BanditPull.from_dict(p, metric) for p in kw["pulls"] or []]

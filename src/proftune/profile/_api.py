@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,7 +220,7 @@ def profile(
     task_or_model: Task | str | nn.Module,
     config: ProfileConfig | None = None,
     *,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     example_input: Any = None,
     store: Store | str | None = None,
     db: str | None = None,
@@ -292,7 +292,7 @@ def profile(
 
 
 def _measure(task: Task, given: TrainParams, plan: ProfilePlan, *, bs: int, inference: bool, seed: int,
-             task_name: str, config: dict[str, Any]) -> Profile:
+             task_name: str, config: Mapping[str, object]) -> Profile:
     dev = plan.device
     params = given.params
     model: nn.Module | None = None

@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -114,7 +114,7 @@ class StatsMerge:
 
     def __init__(self) -> None:
         self._order: dict[str, None] = {}
-        self._latest: dict[str, dict[str, Any]] = {}
+        self._latest: dict[str, dict[str, object]] = {}  # kinds as LayerStatistics holds them
         self._deferred: dict[str, dict[str, Fetch]] = {}  # layer -> kind -> where to read it
         self._norms: dict[str, tuple[int, float, float]] = {}  # layer -> (count, mean, M2) (Welford)
 
@@ -144,8 +144,8 @@ class StatsMerge:
                 self._latest.get(name, {}).pop(kind, None)
                 self._deferred.setdefault(name, {})[kind] = fetch
 
-    def result(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    def result(self) -> dict[str, LayerStatistics]:
+        out: dict[str, LayerStatistics] = {}
         for name in self._order:
             latest = self._latest.get(name, {})
             for kind, fetch in self._deferred.pop(name, {}).items():  # read once, kept as read
@@ -154,12 +154,11 @@ class StatsMerge:
                     latest[kind] = got
             entry = {key: copy.deepcopy(latest[key]) for key in _ORDER if key in latest}
             entry.update({key: copy.deepcopy(v) for key, v in latest.items() if key not in entry})
-            if "grad" in entry and name in self._norms:
+            grad = entry.get("grad")
+            if isinstance(grad, dict) and name in self._norms:
                 n, mean, m2 = self._norms[name]
-                entry["grad"]["norm_mean"] = mean
-                entry["grad"]["norm_var"] = m2 / n if n > 1 else None
-                entry["grad"]["samples"] = n
-            out[name] = entry
+                grad.update(norm_mean=mean, norm_var=m2 / n if n > 1 else None, samples=n)
+            out[name] = cast(LayerStatistics, entry)
         return out
 
 
@@ -171,7 +170,7 @@ def _no_fetch(layer: str, kind: str) -> None:
     return None
 
 
-def merge_layer_stats(samples: Sequence[Mapping[str, LayerStatistics]]) -> dict[str, dict[str, Any]]:
+def merge_layer_stats(samples: Sequence[Mapping[str, LayerStatistics]]) -> dict[str, LayerStatistics]:
     """The statistics of ``samples`` (oldest first) merged as :class:`StatsMerge` does."""
     merged = StatsMerge()
     for sample in samples:
@@ -194,8 +193,8 @@ def assemble_profile(
     batch_size: int,
     mode: str,
     steps: int,
-    env: dict[str, Any] | None = None,
-    config: dict[str, Any] | None = None,
+    env: Mapping[str, object] | None = None,
+    config: Mapping[str, object] | None = None,
 ) -> Profile:
     """One :class:`Profile` from static counts and measurements."""
     stats = m.merged_stats.result() if m.merged_stats is not None else merge_layer_stats(m.stats)

@@ -64,7 +64,7 @@ class ForwardTiming:
         """The wall clock's spread: median / fastest - 1 (0.05 on a quiet machine)."""
         return self.wall_median_ms / self.wall_min_ms - 1.0 if self.wall_min_ms > 0 else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "noise": self.noise}
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -331,7 +331,7 @@ class Monitor:
             self._gc_paused = False
             gc.enable()
 
-    def _sample_fwd_start(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _sample_fwd_start(self, mod: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         now = self._now(sync=self._timed)
         self._mark.setdefault("fwd_start", now)
         self._mark["_fwd_t0"] = now

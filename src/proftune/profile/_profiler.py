@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import gc
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ class ProfilerCallback(Callback):
     def _now(self) -> float:
         return clock(self.plan.device)
 
-    def _capture_input(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _capture_input(self, mod: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         if self.example is None:
             self.example = kwargs if (kwargs and not args) else (args[0] if len(args) == 1 else args)
 

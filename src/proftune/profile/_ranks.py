@@ -15,10 +15,10 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 
@@ -97,7 +97,17 @@ class RankRow(JsonRecord):
     task: str = ""
 
 
-def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: dict[str, Any], out_dir: str,
+class _RankJob(TypedDict):
+    """What every rank's :func:`profile` is given besides the batch size."""
+
+    params: Mapping[str, Any] | None
+    steps: int
+    warmup: int
+    device: str
+    seed: int
+
+
+def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: _RankJob, out_dir: str,
                threads: int, batch_sizes: Sequence[int | None]) -> None:
     import torch.distributed as dist
 
@@ -112,7 +122,7 @@ def _rank_main(rank: int, world: int, port: int, spec: Any, kwargs: dict[str, An
     try:
         rows = []
         for b in batch_sizes:  # one process group, each batch size profiled in turn
-            p = profile(spec, detail="step", **{**kwargs, "batch_size": b})
+            p = profile(spec, detail="step", batch_size=b, **kwargs)
             comm = p.comm or CommProfile()
             rows.append(asdict(RankRow(rank=rank, batch_size=p.batch_size, step=p.step, allreduce_ms=comm.allreduce_ms,
                                        allreduce_bytes=comm.allreduce_bytes, allreduce_calls=comm.allreduce_calls,
@@ -132,7 +142,7 @@ def _check(nprocs: int, device: str) -> None:
                           f"{torch.cuda.device_count()}.")
 
 
-def _run_ranks(task: Any, nprocs: int, kwargs: dict[str, Any], batch_sizes: Sequence[int | None],
+def _run_ranks(task: Any, nprocs: int, kwargs: _RankJob, batch_sizes: Sequence[int | None],
                timeout_s: float) -> list[list[RankRow]]:
     """Start ``nprocs`` ranks that each profile every batch size; rows[batch][rank]."""
     import torch.multiprocessing as mp
@@ -163,7 +173,7 @@ def _run_ranks(task: Any, nprocs: int, kwargs: dict[str, Any], batch_sizes: Sequ
     return [[per_rank[r][i] for r in range(int(nprocs))] for i in range(len(batch_sizes))]
 
 
-def profile_ranks(task: Any, *, nprocs: int, params: dict[str, Any] | None = None,
+def profile_ranks(task: Any, *, nprocs: int, params: Mapping[str, Any] | None = None,
                   batch_size: int | None = None, steps: int = 5, warmup: int = 2,
                   device: str = "cpu", seed: int = 0, timeout_s: float = 600.0) -> RanksResult:
     """Profile ``task``'s DDP step on ``nprocs`` ranks of this machine and find the straggler.
@@ -173,7 +183,7 @@ def profile_ranks(task: Any, *, nprocs: int, params: dict[str, Any] | None = Non
     per rank).
     """
     _check(nprocs, device)
-    kwargs = {"params": params, "steps": steps, "warmup": warmup, "device": device, "seed": seed}
+    kwargs = _RankJob(params=params, steps=steps, warmup=warmup, device=device, seed=seed)
     (rows,) = _run_ranks(task, nprocs, kwargs, [batch_size], timeout_s)
     return summarize_ranks(rows)
 
@@ -246,7 +256,7 @@ def fit_scaling(points: list[DDPPoint], *, world_size: int, backend: str, task: 
                       allreduce_bytes=int(statistics.median(p.allreduce_bytes for p in points)), task=task)
 
 
-def profile_ddp_batches(task: Any, *, nprocs: int, batch_sizes: list[int], params: dict[str, Any] | None = None,
+def profile_ddp_batches(task: Any, *, nprocs: int, batch_sizes: list[int], params: Mapping[str, Any] | None = None,
                         steps: int = 5, warmup: int = 2, rounds: int = 2, device: str = "cpu", seed: int = 0,
                         timeout_s: float = 600.0) -> DDPScaling:
     """Profile ``task``'s DDP step at each per-rank batch size in ``batch_sizes`` (one set of
@@ -262,7 +272,7 @@ def profile_ddp_batches(task: Any, *, nprocs: int, batch_sizes: list[int], param
         raise ConfigError(f"batch_sizes={batch_sizes!r} needs two different sizes >= 1.")
     if isinstance(rounds, bool) or int(rounds) < 1:
         raise ConfigError(f"rounds must be >= 1, but got {rounds=}.")
-    kwargs = {"params": params, "steps": steps, "warmup": warmup, "device": device, "seed": seed}
+    kwargs = _RankJob(params=params, steps=steps, warmup=warmup, device=device, seed=seed)
     per_batch = _run_ranks(task, nprocs, kwargs, list(sizes) * int(rounds), timeout_s)
     measured = [ddp_point(rows) for rows in per_batch]
     points = [min((m for m in measured if m.batch_size == b), key=lambda m: m.step_ms) for b in sizes]

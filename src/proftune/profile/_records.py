@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -63,7 +64,7 @@ class LayerProfile:
     time_share: float | None = None
     params_share: float | None = None
     macs_share: float | None = None
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: LayerStatistics = field(default_factory=lambda: LayerStatistics())
     #: Its time on each layer-timed step on the same scale: their median, quartiles (two steps or
     #: more: how far the load moved it), its second-fastest and how many steps.
     time_share_median: float | None = None
@@ -232,15 +233,15 @@ class Profile:
     comm: CommProfile | None = None
     bottlenecks: tuple[Bottleneck, ...] = ()
     by_type: tuple[TypeTotals, ...] = ()
-    env: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
+    env: Mapping[str, object] = field(default_factory=dict)
+    config: Mapping[str, object] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     #: Ops that do arithmetic the FLOP count could not count (custom ops, no formula); empty when
     #: all were counted.
     uncounted_ops: tuple[UncountedOpEntry, ...] = ()
     #: The module tree (``profile --structure``): :meth:`Structure.to_dict` of the model for the
     #: profiled input; None where it was not asked for.
-    structure: dict[str, Any] | None = None
+    structure: Mapping[str, object] | None = None
 
     # -- derived ----------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -271,7 +272,7 @@ class Profile:
         raise KeyError(f"no layer {name!r} in this profile; layers: {[lay.name for lay in self.layers][:20]}")
 
     # -- serialisation ----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = dataclasses.asdict(self)
         return dict(json_safe(d))
 
@@ -279,7 +280,7 @@ class Profile:
         return json_dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Profile:
+    def from_dict(cls, d: Mapping[str, Any]) -> Profile:
         """The profile back from :meth:`to_dict`'s JSON (a ``profile`` Run's result, a saved file);
         a key that is no field of it, at any level, is a :class:`ConfigError` naming it."""
         stored_version(d, what="a profile", current=SCHEMA_VERSION)
@@ -317,7 +318,7 @@ _PROFILE_SHAPE = ("a profile is a JSON object holding 'task' (a string), 'params
                   "(a list of layer objects), as `proftune profile TASK --out FILE.json` writes it")
 
 
-def _check_shape(d: dict[str, Any]) -> None:
+def _check_shape(d: Mapping[str, Any]) -> None:
     """A JSON object that is no profile (``{}``, ``{"layers": "x"}``): one :class:`ConfigError`."""
     missing = [k for k in ("task", "params", "layers") if k not in d]
     if missing:
@@ -335,11 +336,11 @@ def _check_shape(d: dict[str, Any]) -> None:
         raise ConfigError(f"this JSON is not a profile: {'; '.join(wrong)}; {_PROFILE_SHAPE}.")
 
 
-def _build(cls: type, d: dict[str, Any]) -> Any:
+def _build(cls: type, d: Mapping[str, Any]) -> Any:
     return cls(**record_fields(cls, d, what=f"a profile's {cls.__name__}"))
 
 
-def compare_profiles(a: Profile, b: Profile) -> dict[str, Any]:
+def compare_profiles(a: Profile, b: Profile) -> dict[str, object]:
     """Per-layer and total differences from ``a`` to ``b`` (before and after pruning, say)."""
 
     def delta(x: float | None, y: float | None) -> dict[str, float | None]:

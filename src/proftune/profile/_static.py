@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -138,7 +138,7 @@ _TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "profiler", "_c10d_funct
 _RECURRENT_PARTS = frozenset({"lstm", "gru", "rnn"})
 
 
-def op_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:
+def op_flops(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any) -> int | None:
     """FLOPs of one dispatched op from the formula table; ``None`` when the table has none."""
     formula = _FORMULAS.get(func._overloadpacket)
     if formula is None:
@@ -162,7 +162,7 @@ def _op_name(func: Any) -> str:
     return str(name)
 
 
-def _shapes_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
+def _shapes_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[list[int]]:
     leaves, _ = tree_flatten((args, kwargs))
     return [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
 
@@ -192,7 +192,7 @@ class UncountedOps:
     def __init__(self) -> None:
         self.ops: dict[str, UncountedOp] = {}
 
-    def add(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def add(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         name = _op_name(func)
         self.ops.setdefault(name, UncountedOp(name)).add(1, [_shapes_of(args, kwargs)])
 
@@ -237,7 +237,7 @@ class StaticCounts:
     #: empty when everything was counted.
     uncounted_ops: list[UncountedOpEntry] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "params": {"total": self.params_total, "trainable": self.params_trainable},
             "macs": self.macs, "flops": self.flops, "backward_flops": self.backward_flops,
@@ -290,7 +290,7 @@ class _Counter(TorchDispatchMode):
         self.skip_recurrent = skip_recurrent
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+                           kwargs: Mapping[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.suppress[0]:

@@ -26,6 +26,7 @@ an estimate, marked ``"estimated": True``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
@@ -368,7 +369,7 @@ class LayerStats:
         return chosen
 
     def _ratio(self, name: str, ps: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None,
-               group_of: dict[int, dict[str, Any]]) -> float | None:
+               group_of: Mapping[int, Mapping[str, Any]]) -> float | None:
         if self._updates is not None:
             r = self._updates.get(name)
             return None if r is None or math.isnan(r) else r
@@ -380,7 +381,7 @@ class LayerStats:
         return l2_norm(upd) / w if upd and w > 0 else None
 
 
-def _estimated_update(group: dict[str, Any] | None, state: dict[str, Any],
+def _estimated_update(group: Mapping[str, Any] | None, state: Mapping[str, Any],
                       p: torch.nn.Parameter) -> torch.Tensor | None:
     """The update the optimizer's last step made to ``p`` (of param group ``group``, with
     optimizer state ``state``), rebuilt from its state (no weight decay)."""

@@ -11,6 +11,7 @@ attention (``benchmarks/structure.py`` prints both).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,7 +22,7 @@ from .._device import batch_size_of, capture_inputs, move_to_device, resolve_dev
 from .._records import JsonRecord, Reader, each
 from ..exceptions import ConfigError
 from ..task import Task, load_task
-from ..train import seed_everything, validate_params
+from ..train import TrainParams, seed_everything
 from ._assemble import static_counts
 from ._layers import module_names, shapes_of
 
@@ -109,7 +110,7 @@ def model_structure(model: nn.Module, example_input: Any, *, train: bool = False
     pending: dict[str, list[Any]] = {}
     handles = []
 
-    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         name = names[id(mod)]
         calls[name] = calls.get(name, 0) + 1
         if name not in first and name not in pending:
@@ -152,27 +153,26 @@ def model_structure(model: nn.Module, example_input: Any, *, train: bool = False
                      macs=counts.macs, flops=counts.flops, batch_size=batch_size_of(example_input))
 
 
-def model_and_input(task: Task | str, *, params: dict[str, Any] | None = None, batch_size: int | None = None,
+def model_and_input(task: Task | str, *, params: Mapping[str, Any] | None = None, batch_size: int | None = None,
                     seed: int = 0, device: str | torch.device = "cpu") -> tuple[nn.Module, Any]:
     """The task's model as built at ``params`` from ``seed`` (before any training) on ``device``,
     in eval mode, and the input its loss feeds it for the first training batch at ``batch_size``
     (default the task's): what the structure is counted on and what ONNX export traces."""
     t = load_task(task)
-    merged = validate_params({**t.default_params, **(params or {})})
-    if batch_size is not None:
-        merged["batch_size"] = batch_size
-    bs = int(merged.setdefault("batch_size", 32))
+    given = TrainParams.of(t, params, **({} if batch_size is None else {"batch_size": batch_size}))
+    bs = given.batch_size or 32
+    given = given if given.batch_size else given.with_params(batch_size=bs)  # the data reads it
     dev = resolve_device(device)
     seed_everything(seed)
-    model = t.build_model(merged).to(dev)
-    batch = move_to_device(_first_batch(t, bs, merged), dev)
+    model = t.build_model(given.params).to(dev)
+    batch = move_to_device(_first_batch(t, bs, given), dev)
     model.eval()
     example = capture_inputs(t.loss, model, batch)
     return model, example
 
 
-def _first_batch(task: Task, batch_size: int, params: dict[str, Any]) -> Any:
-    for batch in task.train_data(batch_size, params):
+def _first_batch(task: Task, batch_size: int, params: TrainParams) -> Any:
+    for batch in task.train_data(batch_size, params.params):
         return batch
     return task.example_batch(batch_size)
 

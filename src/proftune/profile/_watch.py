@@ -26,7 +26,7 @@ import dataclasses
 import runpy
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,7 @@ class Watcher:
             self._inference = None
         return w
 
-    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         key = id(opt)
         w = self.watched.get(key)
         # the hook gets the step's own arguments, the optimizer first

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from ..exceptions import ConfigError
 
@@ -30,7 +29,7 @@ class AccumulationPlan:
     single_step_ms: float | None
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "target_batch": self.target_batch, "max_batch": self.max_batch,
             "micro_batch": self.micro_batch, "grad_accumulation": self.steps,

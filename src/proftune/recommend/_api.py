@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from .._device import resolve_device
 from .._optimizers import DEFAULT_OPTIMIZER
 from .._records import JsonRecord
 from .._threads import fit_key, work_threads
-from .._train_params import TrainParams
+from .._train_params import TrainParams, as_train_params
 from .._units import format_bytes, parse_memory
 from .._with_options import with_options
 from ..exceptions import ConfigError
@@ -31,7 +31,7 @@ from ._batch_cost import BatchCost, StepTimer, bound_by_cost, step_timer
 from ._batch_size import BatchSizeResult
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult
-from ._measurements import find_batch_size, lr_find, merged_params
+from ._measurements import find_batch_size, lr_find
 from ._noise_scale import NoiseScaleResult, noise_scale
 from ._precision import checked_precision_row
 from ._records import CONDITIONAL_NAMES, RECOMMENDATION_NAMES, Recommendation, Recommendations
@@ -58,7 +58,7 @@ class DataBound:
                 f">= {min(MIN_STEPS_PER_EPOCH, max(1, self.samples // self.default_batch))} optimizer steps "
                 f"(the task's batch {self.default_batch} keeps {self.samples // max(self.default_batch, 1)})")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"train_samples": self.samples, "max_batch_by_data": self.cap,
                 "min_steps_per_epoch": MIN_STEPS_PER_EPOCH, "default_batch": self.default_batch}
 
@@ -67,7 +67,7 @@ def data_bound(task: Task, params: TrainParams, default_batch: int, *,
                target_batch: int | None = None) -> DataBound | None:
     """The data's bound on a computed batch (None: the training data has no countable samples); a
     ``target_batch`` the user gave is theirs, bounded only by the training set itself."""
-    n = samples_per_epoch(task, params.params, batch_size=max(1, min(default_batch, 1 << 16)), stop_after=1 << 22)
+    n = samples_per_epoch(task, params, batch_size=max(1, min(default_batch, 1 << 16)), stop_after=1 << 22)
     if n < 1:
         return None
     cap = min(n, max(min(default_batch, n), n // MIN_STEPS_PER_EPOCH, 1, min(int(target_batch or 0), n)))
@@ -108,7 +108,7 @@ class RecommendConfig:
 
 def recommend(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: RecommendConfig | None = None,
     *,
     profile: Profile | None = None,
@@ -137,8 +137,7 @@ def recommend(
     optimizer_budget_s, embedding_budget_s, ddp, ddp_share = (cfg.optimizer_budget_s, cfg.embedding_budget_s,
                                                               cfg.ddp, cfg.ddp_share)
     task_obj = load_task(task)
-    given = merged_params(task_obj, params)
-    merged = given.params
+    given = as_train_params(task_obj, params)  # validated once; a TrainParams as it was made
     dev = resolve_device(cfg.device)
     if target_batch is not None and (isinstance(target_batch, bool) or int(target_batch) < 1):
         raise ConfigError(f"target_batch must be a positive integer, but got {target_batch=}.")
@@ -179,7 +178,7 @@ def recommend(
     st = optional_store(store, db=db)
     if st is None:
         return body()
-    run_config = {"params": merged, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
+    run_config = {"params": given.params, "memory_budget": budget, "target_batch": target_batch, "device": str(dev),
                   "seed": seed, "lr_steps": lr_steps, "ladder_steps": cfg.ladder_steps, "noise_steps": noise_steps,
                   "optimizer_budget_s": optimizer_budget_s, "embedding_budget_s": embedding_budget_s,
                   "ddp": ddp, "ddp_share": ddp_share}
@@ -195,8 +194,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                     target_batch: int | None, device: torch.device, seed: int, lr_steps: tuple[int, int],
                     noise_steps: int, say: Callable[[str], None], more: _MoreRows) -> Recommendations:
     recs: dict[str, Recommendation] = {}
-    params = given.params
-    b_prof = int(prof.batch_size or params.get("batch_size", 32))
+    b_prof = int(prof.batch_size or given.batch_size or 32)
     step = prof.step
 
     # -- memory: the largest batch -----------------------------------------------------------------
@@ -223,7 +221,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     small = max(2, b_prof // micro)
     # at the range test's rate, not the task's: at a rate that diverges the gradients measure the
     # blow-up (digits-mlp at SGD lr 1.0: B_simple 2.8, against 45 at the suggested 0.15)
-    ns_params = dict(params)
+    ns_params = dict(given.params)
     if lr_res.suggested_lr is not None:
         ns_params["lr"] = lr_res.suggested_lr
     ns = (noise_scale(task, ns_params, small_batch=small, micro_batches=micro, steps=noise_steps,
@@ -245,11 +243,11 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                                               user_batch=target_batch is not None, device=device, seed=seed,
                                               say=say)
     data_note += cost_note
-    evidence: dict[str, Any] = {"target_batch": target, "target_from": target_src,
-                                "profile_batch_size": b_prof,
-                                "profile_peak_bytes": prof.memory.peak_bytes,
-                                **({"data": data.to_dict()} if data is not None else {}),
-                                **({"epoch_cost": cost.to_dict()} if cost is not None else {})}
+    evidence: dict[str, object] = {"target_batch": target, "target_from": target_src,
+                                   "profile_batch_size": b_prof,
+                                   "profile_peak_bytes": prof.memory.peak_bytes,
+                                   **({"data": data.to_dict()} if data is not None else {}),
+                                   **({"epoch_cost": cost.to_dict()} if cost is not None else {})}
     if batch_result is not None:
         evidence.update({"max_batch_size": max_batch, "memory_budget": budget,
                          "measured_peak_bytes": batch_result.measured_peak_bytes,
@@ -283,7 +281,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     lr_ev = {k: v for k, v in lr_res.to_dict().items() if k != "curve"}
     accumulation = plan_accumulation(target, max_batch, cost=_step_cost(prof)) if max_batch else None
     effective = accumulation.effective_batch if accumulation is not None else batch
-    opt_name = str(params.get("optimizer", DEFAULT_OPTIMIZER))
+    opt_name = str(given.optimizer or DEFAULT_OPTIMIZER)
     if lr_res.suggested_lr is None:
         recs["lr"] = Recommendation("lr", None, f"no lr suggested: {lr_res.message}", lr_ev, "low", "")
         recs["lr_scaling"] = Recommendation("lr_scaling", None, "no lr to scale (the range test gave none).",
@@ -354,7 +352,7 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
         recs["data_loading"] = _measured_workers(recs["data_loading"], workers)
     names = RECOMMENDATION_NAMES + CONDITIONAL_NAMES
     return Recommendations(tuple(recs[name] for name in names if name in recs), profile=prof,
-                           curves={"lr_range": lr_res.to_dict()["curve"],
+                           curves={"lr_range": lr_res.curve,
                                    "noise_scale": list(ns.history) if ns is not None else []})
 
 
@@ -446,7 +444,7 @@ def _more_rows(task: Task, given: TrainParams, prof: Profile, lr_res: LRFindResu
         from ._embedding import EmbeddingConfig, recommend_embedding_dim
 
         say("embedding tables")
-        row = recommend_embedding_dim(task, given.params, device=device, profile=prof,
+        row = recommend_embedding_dim(task, given, device=device, profile=prof,
                                       config=EmbeddingConfig(budget_s=more.embedding_budget_s, seed=seed))
         if row is not None:
             out["embedding_dim"] = row
@@ -462,7 +460,7 @@ def _ddp_row(ddp: tuple[Any, int, float], task: Task, given: TrainParams, b_prof
     from ._ddp import ddp_recommendation, measure_and_plan
 
     spec, nprocs, share = ddp
-    samples = samples_per_epoch(task, given.params, batch_size=b_prof, stop_after=1 << 20)
+    samples = samples_per_epoch(task, given, batch_size=b_prof, stop_after=1 << 20)
     scaling, plan = measure_and_plan(spec, nprocs=nprocs, current=b_prof, params=given.params, share=share,
                                      max_batch=max_batch, critical_batch=critical, samples=samples or None,
                                      device="cuda" if device.type == "cuda" else "cpu", seed=seed)
@@ -488,7 +486,7 @@ def _optimizer_row(task: Task, given: TrainParams, prof: Profile, lr_res: LRFind
     same = current != "sgd" or float(given.momentum or 0.0) == SGD_MOMENTUM
     known = {current: lr_res} if same and lr_res.batch_size == batch_size else {}
     cfg = CompareConfig(budget_s=budget_s, batch_size=batch_size, memory_budget=memory_budget, seed=seed)
-    comp = compare_optimizers(task, given.params, profile=prof, device=device, config=cfg, known_rates=known)
+    comp = compare_optimizers(task, given, profile=prof, device=device, config=cfg, known_rates=known)
     return optimizer_recommendation(comp)
 
 

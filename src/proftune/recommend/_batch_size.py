@@ -98,7 +98,7 @@ class BatchSizeResult(JsonRecord):
         """Steps measured by this search (the profile's earlier measurement not counted)."""
         return sum(1 for p in self.probes if p.role != "profile")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**super().to_dict(), "runs": self.runs}
 
     @classmethod

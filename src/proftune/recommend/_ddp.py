@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,7 @@ class DDPPlan:
     current_throughput: float
     predicted_throughput: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"current_batch_size": self.current, "batch_size": self.batch_size, "needed": self.needed,
                 "caps": dict(self.caps), "limited_by": self.limited_by, "target_share": self.share,
                 "current_share": self.current_share, "predicted_share": self.predicted_share,
@@ -88,7 +89,7 @@ def plan_ddp_batch(scaling: DDPScaling, *, current: int, share: float = DDP_SHAR
                    current_throughput=scaling.throughput(current), predicted_throughput=scaling.throughput(batch))
 
 
-def measure_and_plan(spec: Any, *, nprocs: int, current: int, params: dict[str, Any], share: float = DDP_SHARE,
+def measure_and_plan(spec: Any, *, nprocs: int, current: int, params: Mapping[str, Any], share: float = DDP_SHARE,
                      max_batch: int | None = None, critical_batch: int | None = None, samples: int | None = None,
                      device: str = "cpu", seed: int = 0, rounds: int = 2, steps: int = 5) -> tuple[DDPScaling, DDPPlan]:
     """Profile the DDP step at 1x, 2x and 4x ``current`` per rank, plan the batch, and where the
@@ -116,10 +117,10 @@ def ddp_recommendation(scaling: DDPScaling, plan: DDPPlan, *, lr: float | None, 
                        critical_batch: int | None) -> Recommendation:
     """The ``ddp_batch_size`` row from the measured scaling and the plan."""
     n = scaling.world_size
-    evidence: dict[str, Any] = {**plan.to_dict(), "world_size": n, "backend": scaling.backend,
-                                "allreduce_ms": scaling.allreduce_ms, "allreduce_bytes": scaling.allreduce_bytes,
-                                "fixed_ms": scaling.fixed_ms, "per_sample_ms": scaling.per_sample_ms,
-                                "points": scaling.to_dict()["points"]}
+    evidence: dict[str, object] = {**plan.to_dict(), "world_size": n, "backend": scaling.backend,
+                                   "allreduce_ms": scaling.allreduce_ms, "allreduce_bytes": scaling.allreduce_bytes,
+                                   "fixed_ms": scaling.fixed_ms, "per_sample_ms": scaling.per_sample_ms,
+                                   "points": scaling.to_dict()["points"]}
     lr_text = ""
     if lr is not None and plan.batch_size != plan.current:
         rule = scale_lr(lr, from_batch=n * plan.current, to_batch=n * plan.batch_size, optimizer=optimizer,

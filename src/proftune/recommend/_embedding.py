@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,6 +29,7 @@ from torch import nn
 
 from .._device import move_to_device
 from .._records import JsonRecord
+from .._train_params import TrainParams, as_train_params
 from ..metrics import direction
 from ..profile import IndexStats, Profile, TableSpectrum
 from ..task import Task
@@ -114,7 +116,7 @@ class TablePlan:
     def new_rows(self) -> int:
         return self.rows if self.rows_kept is None else self.rows_kept + int(self.buckets or 0)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"dim": self.dim, "recommended_dim": self.new_dim, "rows": self.rows, "new_rows": self.new_rows,
                 "min_count": self.min_count, "rows_kept": self.rows_kept, "hash_buckets": self.buckets}
 
@@ -154,19 +156,20 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, attr, new)
 
 
-def _resized(task: Task, params: dict[str, Any], plans: list[TablePlan],
-             counts: dict[str, torch.Tensor]) -> tuple[nn.Module, dict[str, Any], str]:
+def _resized(task: Task, params: TrainParams, plans: list[TablePlan],
+             counts: dict[str, torch.Tensor]) -> tuple[nn.Module, TrainParams, str]:
     """The model at the planned sizes, the params it was built from, and how it was built."""
     declared = dict(getattr(task, "embedding_params", None) or {})
     by_name = {p.table: p for p in plans}
-    new_params = dict(params)
+    widths: dict[str, int] = {}
     through_params = [p for p in plans if p.table in declared and p.new_dim != p.dim]
     for p in through_params:
         param = declared[p.table]
         sharing = [q for q in plans if declared.get(q.table) == param]
-        new_params[param] = max(q.new_dim for q in sharing)  # tables that share a param share a width
-    model = task.build_model(new_params)
-    how = [f"{declared[p.table]}={new_params[declared[p.table]]}" for p in through_params]
+        widths[param] = max(q.new_dim for q in sharing)  # tables that share a param share a width
+    new_params = params.with_params(**widths) if widths else params
+    model = task.build_model(new_params.params)
+    how = [f"{declared[p.table]}={widths[declared[p.table]]}" for p in through_params]
     tables = {n: m for n, m in model.named_modules() if n in by_name}
     for name, table in tables.items():
         plan = by_name[name]
@@ -248,7 +251,7 @@ class EmbeddingConfig:
     patience: int = 2
 
 
-def has_embeddings(task: Task, params: dict[str, Any], profile: Profile | None = None) -> bool:
+def has_embeddings(task: Task, params: TrainParams, profile: Profile | None = None) -> bool:
     """Whether the task's model has an embedding table: from the profile's layers when it holds
     them (nothing built), else from a model built for the question."""
     if profile is not None and profile.layers:
@@ -256,7 +259,7 @@ def has_embeddings(task: Task, params: dict[str, Any], profile: Profile | None =
     from ..profile import embedding_tables
 
     seed_everything(0)
-    return bool(embedding_tables(task.build_model(params)))
+    return bool(embedding_tables(task.build_model(params.params)))
 
 
 @dataclass(frozen=True)
@@ -274,18 +277,18 @@ def _short(task: Task, trained: _Trained) -> bool:
     return trained.cut and trained.result.epochs <= task.default_epochs
 
 
-def _epoch_seconds(task: Task, params: dict[str, Any], result: FitResult) -> float:
+def _epoch_seconds(task: Task, params: TrainParams, result: FitResult) -> float:
     """Seconds one epoch took here: the median full epoch, else the partial first one scaled up."""
     epochs = result.curves["epoch"]
     full = sorted(float(e["epoch_s"]) for e in epochs[:-1])
     if full:
         return full[len(full) // 2]
-    bs = int(params.get("batch_size", 32))
+    bs = params.batch_size or 32
     per_epoch = samples_per_epoch(task, params, batch_size=bs, stop_after=1 << 30)
     return result.duration_s * per_epoch / max(1, result.samples)
 
 
-def _needed_budget(task: Task, params: dict[str, Any], result: FitResult) -> str:
+def _needed_budget(task: Task, params: TrainParams, result: FitResult) -> str:
     """What would decide: the budget for two trainings of the task's own epochs at this machine's pace."""
     epoch_s = _epoch_seconds(task, params, result)
     need = 2 * task.default_epochs * epoch_s * 1.1
@@ -294,7 +297,7 @@ def _needed_budget(task: Task, params: dict[str, Any], result: FitResult) -> str
             f"took {result.duration_s:.1f} s)")
 
 
-def _train_to_best(task: Task, params: dict[str, Any], metric: str, cfg: EmbeddingConfig, *, epochs: int,
+def _train_to_best(task: Task, params: TrainParams, metric: str, cfg: EmbeddingConfig, *, epochs: int,
                    device: torch.device, model: nn.Module | None = None,
                    extra: tuple[Callback, ...] = ()) -> _Trained:
     """Train up to ``epochs`` with an early stop on ``metric`` (the best weights restored): a
@@ -308,7 +311,7 @@ def _train_to_best(task: Task, params: dict[str, Any], metric: str, cfg: Embeddi
     return _Trained(result, best, int(stop.best_at or result.epochs), deadline.hit)
 
 
-def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch.device,
+def recommend_embedding_dim(task: Task, params: TrainParams | Mapping[str, Any], *, device: torch.device,
                             profile: Profile | None = None,
                             config: EmbeddingConfig | None = None) -> Recommendation | None:
     """The ``embedding_dim`` row, or None when the task's model has no embedding tables."""
@@ -316,12 +319,13 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
     from ..train import evaluate_model
 
     cfg = config or EmbeddingConfig()
+    params = as_train_params(task, params)  # validated once: each training below takes the record
     if not has_embeddings(task, params, profile):
         return None
     epochs = int(cfg.max_epochs or 2 * task.default_epochs)
     seed_everything(cfg.seed)
-    untrained = task.build_model(params)
-    metric = _primary_metric(task, evaluate_model(task, untrained, device, int(params.get("batch_size", 32))))
+    untrained = task.build_model(params.params)
+    metric = _primary_metric(task, evaluate_model(task, untrained, device, params.batch_size or 32))
     del untrained
     counter = IndexCounter()
     original = _train_to_best(task, params, metric, cfg, epochs=epochs, device=device, extra=(counter,))
@@ -340,10 +344,10 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
                                                 "held non-finite weights (NaN or inf)"))
     spectra = {n: table_spectrum(n, weights[n], counter.counts[n]) for n in stats}
     plans = [plan_table(stats[n], spectra[n], counter.counts[n]) for n in stats]
-    evidence: dict[str, Any] = {"tables": {n: {**stats[n].to_dict(), **spectra[n].to_dict(), **plan.to_dict()}
-                                           for n, plan in zip(stats, plans, strict=True)},
-                                "metric": metric, "max_epochs": epochs, "patience": cfg.patience,
-                                "seed": cfg.seed}
+    evidence: dict[str, object] = {"tables": {n: {**stats[n].to_dict(), **spectra[n].to_dict(), **plan.to_dict()}
+                                              for n, plan in zip(stats, plans, strict=True)},
+                                   "metric": metric, "max_epochs": epochs, "patience": cfg.patience,
+                                   "seed": cfg.seed}
     value = {p.table: p.new_dim for p in plans}
     current = {p.table: p.dim for p in plans}
     if _short(task, original):
@@ -371,7 +375,7 @@ def recommend_embedding_dim(task: Task, params: dict[str, Any], *, device: torch
     e = _effect(task, params, small_params, original, resized, metric)
     evidence.update(e.to_dict())
     evidence["built"] = how
-    evidence["params_to_set"] = {k: v for k, v in small_params.items() if params.get(k) != v}
+    evidence["params_to_set"] = {k: v for k, v in small_params.params.items() if params.params.get(k) != v}
     up = direction(metric, task=task) == "max"
     effect = (f"params {e.original_params:,} -> {e.resized_params:,} ({-e.params_saved:+,}), MACs "
               f"{e.original_macs:,} -> {e.resized_macs:,}, training memory {e.memory_saved_bytes / 2**20:.2f} "
@@ -422,9 +426,9 @@ class _ResizeEffect(JsonRecord):
     memory_saved_bytes: int
 
 
-def _effect(task: Task, params: dict[str, Any], small_params: dict[str, Any], original: _Trained,
+def _effect(task: Task, params: TrainParams, small_params: TrainParams, original: _Trained,
             resized: _Trained, metric: str) -> _ResizeEffect:
-    example = task.example_batch(int(params.get("batch_size", 32)))
+    example = task.example_batch(params.batch_size or 32)
     cpu = torch.device("cpu")
     m_orig, m_small = original.result.model, resized.result.model
     p0, m0 = _counts(m_orig, _inputs(task, m_orig, example), cpu)

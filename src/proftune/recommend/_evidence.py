@@ -83,7 +83,7 @@ class OptimizerEvidence:
     """The ``optimizer`` row's chosen optimizer with the params it was compared at (its name,
     ``lr``, ``momentum`` for SGD); ``params`` is empty when nothing was compared."""
 
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def optimizer(self) -> str | None:

@@ -14,6 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .._device import batch_size_of
+from .._train_params import TrainParams
 from ..task import Task, TaskWrapper
 
 
@@ -79,10 +80,10 @@ class FullBatchTask(TaskWrapper):
                 return
 
 
-def samples_per_epoch(task: Task, params: dict[str, Any], *, batch_size: int, stop_after: int) -> int:
+def samples_per_epoch(task: Task, params: TrainParams, *, batch_size: int, stop_after: int) -> int:
     """Samples in one pass of ``task.train_data`` (counting stops once past ``stop_after``)."""
     total = 0
-    for batch in task.train_data(batch_size, params):
+    for batch in task.train_data(batch_size, params.params):
         total += batch_size_of(batch)
         if total > stop_after:
             break

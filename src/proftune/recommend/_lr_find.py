@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -128,7 +128,13 @@ class LRFindResult:
         """Steps run (fewer than planned when the loss diverged)."""
         return len(self.lrs)
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def curve(self) -> list[dict[str, float]]:
+        """The sweep as points: each step's lr, loss and smoothed loss."""
+        return [{"lr": lr, "loss": loss, "smoothed": sm}
+                for lr, loss, sm in zip(self.lrs, self.losses, self.smoothed, strict=True)]
+
+    def to_dict(self) -> dict[str, object]:
         return {
             "suggested_lr": self.suggested_lr,
             "min_lr": self.min_lr,
@@ -145,17 +151,14 @@ class LRFindResult:
             "batch_size": self.batch_size,
             "optimizer": self.optimizer,
             "run_id": self.run_id,
-            "curve": [
-                {"lr": lr, "loss": loss, "smoothed": sm}
-                for lr, loss, sm in zip(self.lrs, self.losses, self.smoothed, strict=True)
-            ],
+            "curve": self.curve,
             **({"extra": {"chance_loss": self.chance_loss}} if self.chance_loss is not None else {}),
             **({"ladder": self.ladder.to_dict()} if self.ladder is not None else {}),
             "schema_version": self.schema_version,
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LRFindResult:
+    def from_dict(cls, d: Mapping[str, object]) -> LRFindResult:
         """The record back from :meth:`to_dict`'s JSON: an ``lr_find`` Run's result with its
         ``lr_range`` curve as ``curve`` (a point's null loss, once NaN, reads as NaN)."""
         what = "an LR range test"
@@ -407,7 +410,7 @@ def validate_lr_range(min_lr: float, max_lr: float, steps: int) -> None:
 
 def run_lr_range_test(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     *,
     model: nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,

@@ -10,6 +10,7 @@ entry), records itself as a Run (kinds ``batch_size``, ``lr_find``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,8 @@ __all__ = ["find_batch_size", "lr_find", "static_memory"]
 _store = optional_store
 
 
-def merged_params(task: Task, params: TrainParams | dict[str, Any] | None) -> TrainParams:
-    """``params`` over ``task``'s defaults, validated once; a :class:`TrainParams` as it was made."""
-    return as_train_params(task, params)
-
-
-def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None = None) -> dict[str, int]:
+def static_memory(task: Task, params: TrainParams | Mapping[str, Any], *,
+                  profile: Profile | None = None) -> dict[str, int]:
     """Bytes of parameters (+ buffers), gradients and optimizer state: the floor of any budget.
 
     From the profile when it holds them; otherwise counted on a throwaway copy of the model on
@@ -52,16 +49,17 @@ def static_memory(task: Task, params: dict[str, Any], *, profile: Profile | None
         return {"params_bytes": int(m.params_bytes), "grads_bytes": int(m.grads_bytes),
                 "optimizer_bytes": int(m.optimizer_bytes),
                 "total": int(m.params_bytes + m.grads_bytes + m.optimizer_bytes)}
+    given = as_train_params(task, params)
     seed_everything(0)
-    return model_static_memory(task, task.build_model(params), params)
+    return model_static_memory(task, task.build_model(given.params), given)
 
 
-def model_static_memory(task: Task, model: nn.Module, params: dict[str, Any]) -> dict[str, int]:
+def model_static_memory(task: Task, model: nn.Module, params: TrainParams) -> dict[str, int]:
     """:func:`static_memory` of a built ``model`` (moved to the CPU; its gradients are left unset)."""
     from ..profile import buffers_bytes, optimizer_state_bytes, params_bytes
 
     model = model.cpu()
-    optimizer = task.configure_optimizer(model, params)
+    optimizer = task.configure_optimizer(model, params.params)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.grad = torch.zeros_like(p)
@@ -80,7 +78,7 @@ def _default_measure(task: Task, given: TrainParams, device: torch.device, seed:
     """The profiler's peak of one step, on batches of exactly the asked size (see FullBatchTask)."""
     from ..profile import peak_step_memory
 
-    full, params = FullBatchTask(task), given.params
+    full = FullBatchTask(task)
     available: list[int] = []  # the epoch's sample count, once a probe found it smaller than a batch
 
     def measure(batch_size: int) -> int:
@@ -88,18 +86,18 @@ def _default_measure(task: Task, given: TrainParams, device: torch.device, seed:
         # data) instead of cycling the data to build a batch that training never sees
         if available and batch_size > available[0]:
             raise DataLimit(batch_size, available[0])
-        n = samples_per_epoch(task, params, batch_size=min(batch_size, 1 << 16), stop_after=batch_size)
+        n = samples_per_epoch(task, given, batch_size=min(batch_size, 1 << 16), stop_after=batch_size)
         if 0 < n < batch_size:
             available.append(n)
             raise DataLimit(batch_size, n)
-        return int(peak_step_memory(full, params, batch_size=batch_size, device=device, seed=seed))
+        return int(peak_step_memory(full, given.params, batch_size=batch_size, device=device, seed=seed))
 
     return measure
 
 
 def _cap_by_data(result: BatchSizeResult, task: Task, given: TrainParams) -> BatchSizeResult:
     """A batch cannot hold more samples than one epoch of the training data."""
-    n = samples_per_epoch(task, given.params, batch_size=min(result.max_batch_size, 1 << 16),
+    n = samples_per_epoch(task, given, batch_size=min(result.max_batch_size, 1 << 16),
                           stop_after=result.max_batch_size)
     if n >= result.max_batch_size or n < 1:
         return result
@@ -124,7 +122,7 @@ class BatchSizeConfig:
 
 def find_batch_size(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: BatchSizeConfig | None = None,
     *,
     profile: Profile | None = None,
@@ -155,11 +153,10 @@ def find_batch_size(
         raise ConfigError("find_batch_size() needs memory_budget (bytes, or a size such as '4GiB').")
     start, max_probes, seed, from_prediction = cfg.start, cfg.max_probes, cfg.seed, cfg.from_prediction
     task_obj = load_task(task)
-    given = merged_params(task_obj, params)
-    merged = given.params
+    given = as_train_params(task_obj, params)  # validated once; a TrainParams as it was made
     budget = parse_memory(cfg.memory_budget)
     dev = resolve_device(cfg.device)
-    static = static_memory(task_obj, merged, profile=profile)
+    static = static_memory(task_obj, given, profile=profile)
     measure_fn = measure or _default_measure(task_obj, given, dev, seed)
     if budget < static["total"]:
         try:
@@ -188,7 +185,7 @@ def find_batch_size(
     st = _store(store, db=db)
     if st is None:
         return body()
-    run_config = {"params": merged, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
+    run_config = {"params": given.params, "memory_budget": budget, "device": str(dev), "max_probes": max_probes,
                   "start": start, "profile_point": known}
     with tracked_run("batch_size", task_obj, config=run_config, device=dev, store=st) as run:
         result = dataclasses.replace(body(), run_id=run.id)
@@ -235,7 +232,7 @@ class LRFindConfig:
 
 def lr_find(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: LRFindConfig | None = None,
     *,
     model: nn.Module | None = None,
@@ -259,8 +256,7 @@ def lr_find(
     _check_ladder(cfg.ladder_steps, cfg.ladder_rungs)
     check_outputs([OutputPath("plot=", plot)], force=True)  # its folder, before the sweep
     task_obj = load_task(task)
-    given = merged_params(task_obj, params)
-    merged = given.params
+    given = as_train_params(task_obj, params)  # validated once; a TrainParams as it was made
     dev = resolve_device(cfg.device)
 
     def body() -> LRFindResult:
@@ -276,7 +272,7 @@ def lr_find(
     st = _store(store, db=db)
     if st is None:
         return body()
-    run_config = {"params": merged, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
+    run_config = {"params": given.params, "min_lr": min_lr, "max_lr": max_lr, "steps": steps,
                   "batch_size": batch_size, "device": str(dev), "seed": seed,
                   "ladder_steps": cfg.ladder_steps, "ladder_rungs": cfg.ladder_rungs}
     with tracked_run("lr_find", task_obj, config=run_config, device=dev, store=st) as run:

@@ -16,6 +16,7 @@ positive (noise dominates) it is clipped to 1% of the big-batch |G_B|², B_simpl
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,7 @@ class NoiseScaleResult(JsonRecord):
         """B_crit ≈ B_simple (McCandlish et al.: B_noise ≈ B_simple for well-conditioned problems)."""
         return None if self.b_simple is None else max(1, round(self.b_simple))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**super().to_dict(), "critical_batch_size": self.critical_batch_size}
 
 
@@ -193,7 +194,7 @@ class NoiseScaleCallback(Callback):
 
 def noise_scale(
     task: Task | str,
-    params: dict[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
     *,
     small_batch: int = 16,
     micro_batches: int = 4,

@@ -30,6 +30,7 @@ from torch import nn
 from .._device import move_to_device
 from .._optimizers import DEFAULT_OPTIMIZER
 from .._records import JsonRecord
+from .._train_params import TrainParams, as_train_params
 from ..profile import Profile
 from ..task import Task, TaskWrapper
 from ..train import Callback, FitState, build_optimizer, evaluate_model, fit, seed_everything
@@ -68,7 +69,8 @@ class OptimizerTrial(JsonRecord):
     """One optimizer trained for its share of the budget: its settings, its cost and its result."""
 
     optimizer: str
-    params: dict[str, Any]
+    #: What it trained with: the optimizer, lr, momentum (SGD) and batch size.
+    params: dict[str, str | float]
     lr_from: str
     steps: int
     samples: int
@@ -127,12 +129,12 @@ class _Deadline(Callback):
             state.request_stop("time share spent")
 
 
-def honours_optimizer_param(task: Task, params: dict[str, Any]) -> bool:
+def honours_optimizer_param(task: Task, params: TrainParams) -> bool:
     """Whether ``task.configure_optimizer`` builds the optimizer ``params['optimizer']`` names."""
     seed_everything(0)
-    model = task.build_model(params)
+    model = task.build_model(params.params)
     try:
-        opt = task.configure_optimizer(model, {**params, "optimizer": "sgd", "momentum": SGD_MOMENTUM})
+        opt = task.configure_optimizer(model, {**params.params, "optimizer": "sgd", "momentum": SGD_MOMENTUM})
     finally:
         del model
     return isinstance(opt, torch.optim.SGD)
@@ -141,7 +143,7 @@ def honours_optimizer_param(task: Task, params: dict[str, Any]) -> bool:
 # -- gradient noise ------------------------------------------------------------------------------
 
 
-def gradient_noise(task: Task, params: dict[str, Any], *, batch_size: int, batches: int = 16,
+def gradient_noise(task: Task, params: TrainParams, *, batch_size: int, batches: int = 16,
                    device: torch.device, seed: int = 0, max_coords: int = 1 << 18) -> dict[str, float]:
     """Mini-batch gradients at the seeded initial model: how noisy and how heavy-tailed.
 
@@ -151,9 +153,9 @@ def gradient_noise(task: Task, params: dict[str, Any], *, batch_size: int, batch
     ``norm_max_over_median`` the largest noise norm over the median one.
     """
     seed_everything(seed)
-    model = task.build_model(params).to(device).train()
+    model = task.build_model(params.params).to(device).train()
     grads: list[torch.Tensor] = []
-    data = iter(task.train_data(batch_size, params))
+    data = iter(task.train_data(batch_size, params.params))
     for _ in range(batches):
         batch = next(data, None)
         if batch is None:
@@ -205,7 +207,7 @@ def _curve(steps: Sequence[Mapping[str, float]], step_s: float) -> list[dict[str
     return out
 
 
-def _trial(task: Task, params: dict[str, Any], *, name: str, lr_from: str, steps: int,
+def _trial(task: Task, params: TrainParams, *, name: str, lr_from: str, steps: int,
            hard_stop_s: float | None, until: float, batch_size: int, device: torch.device,
            seed: int) -> OptimizerTrial:
     deadline = _Deadline(hard_stop_s if hard_stop_s is not None else math.inf, until)
@@ -219,8 +221,9 @@ def _trial(task: Task, params: dict[str, Any], *, name: str, lr_from: str, steps
     per_batch = [] if diverged or "val_loss" not in metrics else _batch_losses(task, result.model, device)
     stopped = "diverged" if diverged else ("time" if deadline.hit else "budget")
     step_s = spent / max(1, result.steps)
-    return OptimizerTrial(optimizer=name, params={k: params[k] for k in ("optimizer", "lr", "momentum")
-                                                  if k in params} | {"batch_size": batch_size},
+    given = params.params
+    return OptimizerTrial(optimizer=name, params={k: given[k] for k in ("optimizer", "lr", "momentum")
+                                                  if k in given} | {"batch_size": batch_size},
                           lr_from=lr_from, steps=result.steps, samples=result.samples, time_s=spent,
                           val_loss=loss, metrics=metrics, stopped_by=stopped,
                           curve=_curve(result.curves["step"], step_s), batch_losses=per_batch)
@@ -254,7 +257,7 @@ class CompareConfig:
     seed: int = 0
 
 
-def _lbfgs_fit(task: Task, params: dict[str, Any], prof: Profile, cfg: CompareConfig,
+def _lbfgs_fit(task: Task, params: TrainParams, prof: Profile, cfg: CompareConfig,
                share_s: float, device: torch.device) -> tuple[int, int, str | None]:
     """``(samples, steps, None)`` when full-batch L-BFGS fits the data, memory and the share;
     otherwise ``(samples, 0, why not)``."""
@@ -294,7 +297,7 @@ def _cpu_memory_limit() -> int | None:
         return None
 
 
-def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, device: torch.device,
+def compare_optimizers(task: Task, params: TrainParams | Mapping[str, Any], *, profile: Profile, device: torch.device,
                        config: CompareConfig | None = None,
                        known_rates: dict[str, LRFindResult] | None = None) -> OptimizerComparison:
     """Train AdamW, SGD+momentum (and full-batch L-BFGS where it fits) for equal shares of
@@ -304,16 +307,17 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
     passes its own), which is then not run again.
     """
     cfg = config or CompareConfig()
+    given = as_train_params(task, params)  # validated once: each trial takes the record
     started = time.perf_counter()
     # the whole comparison stops here at the latest (trials and range tests), unless a share is given
     until = started + HARD_STOP * cfg.budget_s if cfg.share_s is None else math.inf
-    current = str(params.get("optimizer", DEFAULT_OPTIMIZER)).lower()
-    honours = honours_optimizer_param(task, params)
+    current = str(given.optimizer or DEFAULT_OPTIMIZER).lower()
+    honours = honours_optimizer_param(task, given)
     runner: Task = task if honours else _NamedOptimizer(task)
     b = int(cfg.batch_size)
     s = profile.step
     step_ms = float(s.time_ms or 0.0) * b / max(1, int(profile.batch_size or b))
-    noise = gradient_noise(runner, params, batch_size=b, batches=cfg.noise_batches, device=device, seed=cfg.seed)
+    noise = gradient_noise(runner, given, batch_size=b, batches=cfg.noise_batches, device=device, seed=cfg.seed)
 
     # a range test the caller ran through the task's own optimizer counts only where the task
     # builds the optimizer its params name
@@ -336,7 +340,7 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
                                    reason=reason, skipped=skipped, honours_param=honours)
     for name in missing:
         rates[name] = run_lr_range_test(
-            runner, {**params, **settings[name]}, steps=cfg.lr_steps if cfg.share_s is not None else test_steps,
+            runner, given.with_params(**settings[name]), steps=cfg.lr_steps if cfg.share_s is not None else test_steps,
             batch_size=b, device=device, seed=cfg.seed,
             callbacks=[_Deadline(HARD_STOP * test_s, until)] if cfg.share_s is None else ())
     share = cfg.share_s if cfg.share_s is not None else max(
@@ -355,12 +359,12 @@ def compare_optimizers(task: Task, params: dict[str, Any], *, profile: Profile, 
         if rate is None:
             skipped.append({"optimizer": name, "why": f"its range test gave no rate ({rates[name].message})"})
             continue
-        trials.append(_trial(runner, {**params, **extra, "lr": rate}, name=name,
+        trials.append(_trial(runner, given.with_params(**extra, lr=rate), name=name,
                              lr_from=f"range test at batch {b}: {rate:.3g}", steps=steps, hard_stop_s=hard_stop,
                              until=until, batch_size=b, device=device, seed=cfg.seed))
-    n, lb_steps, why_not = _lbfgs_fit(runner, params, profile, cfg, share, device)
+    n, lb_steps, why_not = _lbfgs_fit(runner, given, profile, cfg, share, device)
     if why_not is None:
-        trials.append(_trial(runner, {**params, "optimizer": "lbfgs", "lr": 1.0}, name="lbfgs",
+        trials.append(_trial(runner, given.with_params(optimizer="lbfgs", lr=1.0), name="lbfgs",
                              lr_from="lr 1 with the strong-Wolfe line search (the search sets the step)",
                              steps=lb_steps, hard_stop_s=hard_stop, until=until, batch_size=n,
                              device=device, seed=cfg.seed))

@@ -36,7 +36,7 @@ class Recommendation(JsonRecord):
     name: str
     value: Any
     reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Mapping[str, object] = field(default_factory=dict)
     confidence: str = "medium"
     effect: str = ""
 
@@ -193,12 +193,12 @@ class Recommendations(Sequence[Recommendation]):
                 return rec
         raise KeyError(f"no recommendation {name!r}; present: {', '.join(r.name for r in self.items)}.")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"recommendations": [r.to_dict() for r in self.items], "run_id": self.run_id,
                 "profile": self.measured, "schema_version": self.schema_version}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Recommendations:
+    def from_dict(cls, d: Mapping[str, object]) -> Recommendations:
         """The record back from :meth:`to_dict`'s JSON (a ``recommend`` Run's result; one recorded
         before the record had a version holds the recommendations alone)."""
         what = "a set of recommendations"

@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -75,9 +74,9 @@ def precision_rule(profile: Profile) -> Recommendation:
     shares = matmul_share(profile)
     share = shares["share_of_step"] or shares["share_of_layers"]
     device = torch.device(profile.device)
-    evidence: dict[str, Any] = {"device": profile.device, **shares,
-                                "threshold": MATMUL_SHARE_THRESHOLD,
-                                "assumed_matmul_speedup": AUTOCAST_MATMUL_SPEEDUP}
+    evidence: dict[str, object] = {"device": profile.device, **shares,
+                                   "threshold": MATMUL_SHARE_THRESHOLD,
+                                   "assumed_matmul_speedup": AUTOCAST_MATMUL_SPEEDUP}
     step_ms = shares["step_ms"]
     predicted = step_ms * (1 - share + share / AUTOCAST_MATMUL_SPEEDUP) if step_ms else None
     act = profile.memory.activations_bytes

@@ -151,8 +151,9 @@ def _stats_section(page: Page, layers: Sequence[LayerProfile]) -> None:
     names = [f"{lay.name} · {lay.type}" for lay in with_stats]
 
     def get(lay: LayerProfile, kind: str, key: str) -> Any:
-        """One statistic (``stats`` is the layer's free-form ``{kind: {name: value}}``)."""
-        return (lay.stats.get(kind) or {}).get(key)
+        """One statistic (``stats`` is the layer's ``{kind: {name: value}}``, a LayerStatistics)."""
+        stats: Mapping[str, Any] = lay.stats
+        return (stats.get(kind) or {}).get(key)
 
     acts = [(n, lay) for n, lay in zip(names, with_stats, strict=False) if get(lay, "activation", "p50") is not None]
     if acts:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from .._findings import Finding
 from .._history import History
@@ -28,7 +27,7 @@ class BatchNormSmallBatch(BaseCheck):
         if bs >= 16:
             return None
         severity = "warning" if bs <= 8 else "info"
-        evidence: dict[str, Any] = {"batch_size": bs, "batchnorm_layers": history.batchnorm}
+        evidence: dict[str, object] = {"batch_size": bs, "batchnorm_layers": history.batchnorm}
         if history.epochs:
             e = history.epochs[-1]
             if "train_loss" in e and "val_loss" in e:

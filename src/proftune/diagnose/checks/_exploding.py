@@ -101,9 +101,9 @@ class ExplodingGradients(BaseCheck):
             if not felt and (peak["ratio"] < 3 * history.spike_factor
                              or (early and peak["grad_norm"] < 0.1 * statistics.median(early))):
                 return None  # spikes the loss did not feel, or off a near-zero median late in training
-        evidence: dict[str, Any] = {"spikes": len(spikes), "spikes_with_loss_jump": jumps,
-                                    "spike_factor": history.spike_factor,
-                                    "first_grad_norms": [r["grad_norm"] for r in history.steps[:5]]}
+        evidence: dict[str, object] = {"spikes": len(spikes), "spikes_with_loss_jump": jumps,
+                                       "spike_factor": history.spike_factor,
+                                       "first_grad_norms": [r["grad_norm"] for r in history.steps[:5]]}
         if peak is not None:
             first = spikes[0]
             evidence.update(first_spike_step=first["step"], first_spike_grad_norm=first["grad_norm"],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from .._findings import Finding
 from .._history import History
@@ -32,7 +31,7 @@ class LrTooHigh(BaseCheck):
         if rise is None:
             return None
         lr = history.lr()
-        evidence: dict[str, Any] = {**rise.to_dict(), "lr": lr}
+        evidence: dict[str, object] = {**rise.to_dict(), "lr": lr}
         peak = "a non-finite value" if not math.isfinite(rise.peak_loss) else fmt(rise.peak_loss)
         summary = (f"loss rose from its low of {fmt(rise.min_loss)} (step {rise.min_step}) "
                    f"to {peak} (step {rise.peak_step})")

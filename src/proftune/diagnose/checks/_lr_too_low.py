@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._findings import Finding
 from .._history import History
 from ._base import BaseCheck, fmt
@@ -18,7 +16,7 @@ class LrTooLow(BaseCheck):
         if plateau is None:
             return None
         lr = history.lr()
-        evidence: dict[str, Any] = {**plateau.to_dict(), "lr": lr}
+        evidence: dict[str, object] = {**plateau.to_dict(), "lr": lr}
         summary = (f"loss went from {fmt(plateau.start_loss)} to {fmt(plateau.final_loss)} "
                    f"({-plateau.relative_drop:+.1%}) over {plateau.steps} steps")
         confidence, severity, fix = 0.4, "warning", "raise the learning rate (run an LR range test)"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._findings import Finding
 from .._history import History, NanProbe, NonFinite
 from ._base import BaseCheck, fmt
@@ -59,7 +57,7 @@ class NanInf(BaseCheck):
                        step=nf["step"], layer=layer, root=root)
 
 
-def _not_the_rate(cause: str, nf: NonFinite, probe: NanProbe, evidence: dict[str, Any]) -> Finding:
+def _not_the_rate(cause: str, nf: NonFinite, probe: NanProbe, evidence: dict[str, object]) -> Finding:
     """The finding of a NaN that came at the same step (or sooner) at a far lower rate: what was
     measured, and where to look instead of the learning rate."""
     at = probe.probe_nan_step

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 from ..._records import JsonRecord
 from .._findings import Finding
@@ -38,9 +37,9 @@ class OscillatingLoss(BaseCheck):
             return None
         probes = [_lr(history), _shuffle(history), _grad_norm(history), _batch_diversity(history)]
         named = next((p for p in probes if p.verdict == "yes"), None)
-        evidence: dict[str, Any] = {**osc.to_dict(), "causes_checked": [p.to_dict() for p in probes],
-                                    "cause_found": named.name if named else None,
-                                    "attributed_to": _CAUSE_OF.get(named.name) if named else None}
+        evidence: dict[str, object] = {**osc.to_dict(), "causes_checked": [p.to_dict() for p in probes],
+                                       "cause_found": named.name if named else None,
+                                       "attributed_to": _CAUSE_OF.get(named.name) if named else None}
         summary = (f"the loss rose {osc.rises} times between windows of {osc.window_steps} steps "
                    f"(largest +{fmt(osc.largest_rise)} at step {osc.largest_rise_step}; start "
                    f"{fmt(osc.start_loss)}, low {fmt(osc.low)}, end {fmt(osc.final_loss)}); causes "

@@ -4,7 +4,6 @@ train/validation gap grew (in loss, and in accuracy where the task reports it)."
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from .._findings import Finding
 from .._history import History
@@ -43,7 +42,7 @@ class Overfitting(BaseCheck):
         w0, w1 = ep[best].get("weight_norm"), ep[-1].get("weight_norm")
         first_epoch = int(ep[0].get("epoch", 1))
         best_epoch = int(ep[best].get("epoch", best + first_epoch))
-        evidence: dict[str, Any] = {
+        evidence: dict[str, object] = {
             "best_epoch": best_epoch, "epochs": len(vals), "epochs_since_best": since,
             "best_val_loss": vals[best], "final_val_loss": vals[-1], "val_loss_rise": rise,
             "final_train_loss": trains[-1], "gap_at_best": gap_best, "gap_at_end": gap_end,

@@ -4,7 +4,6 @@ derivative is below 1% of its peak and almost no gradient flows back."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from .._findings import Finding
 from .._history import History
@@ -37,9 +36,9 @@ class SaturatedActivations(BaseCheck):
         tail = "|y| > 0.99" if kind == "Tanh" else "y < 0.01 or y > 0.99"
         before = _layer_before(history, layer)
         x_rms = history.input_rms.get(first_step)
-        evidence: dict[str, Any] = {"saturated_frac": means[layer], "type": kind, "sampled_steps": len(rows),
-                                    "per_layer": means, "saturated_from_init": at_init,
-                                    "layer_before": before, "input_rms": x_rms}
+        evidence: dict[str, object] = {"saturated_frac": means[layer], "type": kind, "sampled_steps": len(rows),
+                                       "per_layer": means, "saturated_from_init": at_init,
+                                       "layer_before": before, "input_rms": x_rms}
         summary = (f"{kind} outputs of {layer} sit in the flat tails ({tail}, derivative < 1% of its peak) "
                    f"{means[layer]:.0%} of the time, from step {onset}{' (at init)' if at_init else ''}")
         if x_rms is not None and x_rms >= LARGE_INPUT_RMS:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
 from .._findings import Finding
 from .._history import History, early_rise
@@ -34,8 +33,8 @@ class NoWarmup(BaseCheck):
             return None
         lrs = history.lrs()
         early = history.early_instability()
-        evidence: dict[str, Any] = {"lr": lrs[0], "optimizer": history.optimizer,
-                                    "early_climb": early.to_dict() if early is not None else None}
+        evidence: dict[str, object] = {"lr": lrs[0], "optimizer": history.optimizer,
+                                       "early_climb": early.to_dict() if early is not None else None}
         summary = f"the run starts at its full learning rate {fmt(lrs[0])} ({history.optimizer or 'optimizer'}"
         layers = sorted({t for t in history.types.values() if t in _WARMUP_LAYERS})
         summary += (f", {'/'.join(layers)} in the model)" if layers else ")")
@@ -82,7 +81,7 @@ class NoLrDecay(BaseCheck):
         tail = history.stalled_tail()
         if lr is None or tail is None:
             return None
-        evidence: dict[str, Any] = {**tail.to_dict(), "lr": lr}
+        evidence: dict[str, object] = {**tail.to_dict(), "lr": lr}
         summary = (f"the learning rate stayed at {fmt(lr)} for all {len(history.lrs())} steps and the last "
                    f"{tail.tail_steps} made {max(tail.tail_progress, 0.0):.0%} of the run's progress: the "
                    f"loss sits at {fmt(tail.tail_loss)} with a step-to-step spread of {tail.tail_noise:.0%}")

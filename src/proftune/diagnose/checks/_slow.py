@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._findings import Finding
 from .._history import History
 from ._base import BaseCheck, fmt
@@ -22,8 +20,8 @@ class SlowConvergence(BaseCheck):
         if slow is None:
             return None
         lr, test, ratio = history.lr(), history.lr_test, history.update_ratio()
-        evidence: dict[str, Any] = {**slow.to_dict(), "lr": lr, "update_ratio": ratio,
-                                    "healthy_update_ratio": HEALTHY_UPDATE_RATIO}
+        evidence: dict[str, object] = {**slow.to_dict(), "lr": lr, "update_ratio": ratio,
+                                       "healthy_update_ratio": HEALTHY_UPDATE_RATIO}
         summary = (f"the loss fell only {slow.relative_drop:.0%} over {slow.steps} steps "
                    f"({fmt(slow.start_loss)} -> {fmt(slow.final_loss)}) and the last quarter still made "
                    f"{slow.last_quarter_share:.0%} of that progress: far from converged")
