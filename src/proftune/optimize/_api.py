@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +87,11 @@ class _Loop:
         self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)),
                              skip=tuple(st.name for st in stages() if st.skipped(self)))
         self.defaults_record = TrainParams.of(task)
-        self.defaults = self.defaults_record.params
+        self.defaults: Mapping[str, object] = self.defaults_record.params
         # selection reads all of val_data; the figures a user reads come from data nothing selected
         # on (test_data, resplit rounds) or an estimate corrected for the winner's curse
         self.task = task
-        self.holdout = held_out_info(task, batch_size=int(self.defaults.get("batch_size", 32)))
+        self.holdout = held_out_info(task, batch_size=self.defaults_record.batch_size or 32)
         #: The plan of the budget, from the stages' records and this clock (the loop plans nothing).
         self.planner = Planner(state=self.state, v=v, clock=self.budget, holdout=self.holdout, out=self.out,
                                full_epochs=task.default_epochs)
@@ -112,7 +112,7 @@ class _Loop:
                   "options": {k: redact_url(v) if k == "db" and v else v
                               for k, v in vars(self.cfg).items() if k not in ("extra", "on_trial")}}
         run_id = self.store.start_run("optimize", self.name, config=config, env=environment(self.dev),
-                                      data_fingerprint=data_fingerprint(self.task, self.defaults),
+                                      data_fingerprint=data_fingerprint(self.task, dict(self.defaults)),
                                       study=self.study)
         self.state.data["run_id"] = run_id
         self.state.save()
@@ -293,7 +293,7 @@ class _Loop:
             old, new = (getattr(cb, key), getattr(sel, key)) if cb is not None and sel is not None else (None, None)
             speedups[name] = old / new if old and new else None
         vs = VsBaseline(
-            metric=self.v.metric, decision=race.decision, defaults_params=self.defaults,
+            metric=self.v.metric, decision=race.decision, defaults_params=dict(self.defaults),
             summary=_decision_line(race, self.v.metric), defaults=SplitSummaries(val=d_val, test=d_test),
             final=SplitSummaries(val=chosen.summary("val"), test=(
                 dataclasses.replace(chosen.summary("test"), mean=race.estimate.chosen) if race.estimate is not None

@@ -9,7 +9,7 @@ any object with these members.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,7 +38,7 @@ class StageContext(Protocol):
     #: The task (all of its validation data selects) and where its held-out figures come from.
     task: Task
     #: The task's default params, validated: the bar every configuration is compared with.
-    defaults: dict[str, Any]
+    defaults: Mapping[str, object]
     #: The same params as the record they were validated in once: a training of the defaults takes it.
     defaults_record: TrainParams
     #: The options as given, and parsed (``v.metric``, ``v.maximize``, ``v.budget_s``, ...).

@@ -140,7 +140,7 @@ class VsBaseline(JsonRecord):
     metric: str = ""
     #: ``chosen`` (a configuration beat the defaults beyond noise) or ``defaults`` (kept them).
     decision: str = "defaults"
-    defaults_params: dict[str, Any] = field(default_factory=dict)
+    defaults_params: dict[str, object] = field(default_factory=dict)
     #: The decision in one line with its numbers.
     summary: str = ""
     defaults: SplitSummaries = field(default_factory=SplitSummaries)

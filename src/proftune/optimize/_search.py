@@ -25,6 +25,7 @@ from .._jsonsafe import finite_float
 from ..search import EnqueuedTrial, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import RunRecord, Store
+from ._computed import OptimizerChoice
 from ._decide import pooled_seed_std
 from ._search_plan import SearchPlan
 from ._search_records import ConfigGroup, TrialLog, YellowFlag, arm_of, enqueued
@@ -81,7 +82,7 @@ class StageSettings:
     min_delta: float = 1e-3
     flag_min: int = 3
     #: The task's defaults (their metric under the trial protocol is measured first).
-    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, object] = field(default_factory=dict)
     #: The defaults' metric at the trials' protocol measured before the search (the baseline's
     #: training, where the trials run the task's own epochs): they are not trained again as a trial.
     defaults_measured: float | None = None
@@ -95,7 +96,7 @@ class StageSettings:
     #: Seconds a full trial is expected to take before any has run (epochs x the baseline's epoch).
     trial_s_estimate: float = 0.0
     #: Another optimizer (with its lr, momentum) the compute stage measured better than the task's.
-    alternative: dict[str, Any] = field(default_factory=dict)
+    alternative: OptimizerChoice | None = None
     #: Each trial's Run as it ends (``search(on_trial=)``); None: nobody is told.
     on_trial: Callable[[RunRecord], object] | None = None
     #: A folder for the models of the leading trials (``search(keep_models=)``): the race takes the

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..search import EnqueuedTrial, Param
+from ._computed import OptimizerChoice
 from ._search_plan import SearchPlan
 from ._search_records import enqueued
 
@@ -97,7 +98,7 @@ def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mapping[str, Any] | None = None, *,
+def warm_start(plan: SearchPlan, defaults: Mapping[str, object], alternative: OptimizerChoice | None = None, *,
                with_defaults: bool = True, seed: int = 0) -> list[EnqueuedTrial]:
     """The first trials: the computed centre, the task's defaults (measured under the trial
     protocol, the bar every other trial is read against), and a local design around the centre
@@ -126,8 +127,8 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
         # L2 in the gradient, and 0.01 of it cost the plateau-start CNN two points held-out that a
         # plain Optuna loop found at ~1e-6 (the centre's other trials all hold it)
         items.append(("local", space_point(plan, {**centre, "weight_decay": float(wd) / 100})))
-    if alternative:
-        other = {k: v for k, v in alternative.items() if k in names}
+    if alternative is not None:
+        other = {k: v for k, v in alternative.params().items() if k in names}
         items.insert(1, ("centre", space_point(plan, {**centre, **other})))
     head = [item for item in items if item[0] != "local"]
     local = [item for item in items if item[0] == "local"]
