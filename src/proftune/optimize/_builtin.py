@@ -13,7 +13,7 @@ import math
 import shutil
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -339,11 +339,11 @@ class Search(BaseStage):
         spent = float(loop.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
-        def on_chunk(info: dict[str, Any]) -> None:
+        def on_chunk(finished: int, flags: int) -> None:
             loop.state.data["search_spent_s"] = spent + time.monotonic() - t0
             loop.state.data["spent_s"] = loop.budget.elapsed_s
             loop.state.save()
-            loop.say("search_chunk", info)
+            loop.say("search_chunk", {"finished": finished, "flags": flags})
 
         outcome = run_search_stage(loop.task, plan, settings, store=loop.store, seconds=seconds,
                                    on_chunk=on_chunk, must_end=loop.budget.end, reserve=reserve)
@@ -494,7 +494,7 @@ class Final(BaseStage):
         ), before=finite_float(outcome.arm("defaults").summary("val").mean), after=val.mean)
 
     def _evidence(self, loop: StageContext, chosen: Arm,
-                  outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
+                  outcome: FinalOutcome) -> tuple[dict[str, object], dict[str, str]]:
         """The result's params, and for each where its value came from."""
         computed = loop.state.record(ComputeOutputs).computed
         comp, alt = computed.params(), computed.optimizer_alternative
@@ -574,8 +574,8 @@ class Compress(BaseStage):
             try:
                 small = load_model(report.output, task=loop.task, params=params)
                 if loop.task.test_data(1) is not None:  # else no data nothing selected on
-                    test_metric = finite_float(evaluate_model(loop.task, small, torch.device("cpu"),
-                                                              int(params.get("batch_size", 32)), split="test")
+                    bs = int(cast(int, params.get("batch_size", 32)))  # validated in the race
+                    test_metric = finite_float(evaluate_model(loop.task, small, torch.device("cpu"), bs, split="test")
                                                .get(loop.v.metric))
             except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
                 log.info("the compressed model could not be evaluated on the held-out data: %s", exc)

@@ -76,7 +76,7 @@ class Arm(JsonRecord):
     READERS: ClassVar[dict[str, Reader]] = {"runs": lambda rs: tuple(ArmRun.from_dict(r) for r in rs)}
 
     name: str  # "defaults", "search #1", ...
-    params: dict[str, Any]
+    params: dict[str, object]
     source: str
     #: What the search measured for it (its mean and std over the trials of that configuration).
     search_mean: float | None = None

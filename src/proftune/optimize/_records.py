@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 from .._holdout import HoldoutInfo
 from .._records import JsonRecord, Reader, each, optional, plain, record_fields
@@ -45,6 +45,16 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 R = TypeVar("R", bound="StageOutputs")
+
+
+class RecommendationRow(TypedDict):
+    """A recommendation as the compute stage's record holds it (its evidence in the recommend Run)."""
+
+    name: str
+    value: object
+    reason: str
+    confidence: str
+    effect: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,8 +91,8 @@ class TrainedRun(JsonRecord):
     """One training of the baseline stage: its params, metrics, epochs and seconds."""
 
     WHAT: ClassVar[str] = "a baseline run"
-    params: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
     epochs: int | None = None
     steps: int | None = None
     duration_s: float | None = None
@@ -139,7 +149,7 @@ class BaselineOutputs(StageOutputs):
     start_metric: float | None = None
     curve: list[float | None] = field(default_factory=list)
 
-    def metric(self, run: str, name: str) -> Any:
+    def metric(self, run: str, name: str) -> float | None:
         """The metric ``name`` of the ``defaults`` or ``no_tricks`` run (None when absent)."""
         return (self.defaults if run == "defaults" else self.no_tricks).metrics.get(name)
 
@@ -174,10 +184,9 @@ class ComputeOutputs(StageOutputs):
     computed: ComputedValues = field(default_factory=ComputedValues)
     max_batch_size: int | None = None
     run_id: int | None = None
-    #: The steps each measurement got from the stage's share.
-    steps: dict[str, Any] = field(default_factory=dict)
-    #: ``name``, ``value``, ``reason``, ``confidence``, ``effect`` of each recommendation.
-    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    #: The steps (and seconds, ``*_s``; milliseconds, ``*_ms``) each measurement got from the stage's share.
+    steps: dict[str, float] = field(default_factory=dict)
+    recommendations: list[RecommendationRow] = field(default_factory=list)
     #: The computed lr's short run against the defaults' (None: no lr computed, or not checked);
     #: where it did not win, ``computed`` holds no lr and the search centres on the defaults'.
     lr_check: LrCheck | None = None
@@ -270,7 +279,7 @@ class FinalOutputs(StageOutputs):
         "race": optional(FinalOutcome.from_dict), "test": SeedSummary.from_dict,
         # a state.json of an older proftune named the metric in its figures too
         "metric": lambda d: SeedSummary.from_dict({k: v for k, v in d.items() if k != "name"})}
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
     epochs: int | None = None
     default_epochs: int | None = None
@@ -292,7 +301,7 @@ class FinalOutputs(StageOutputs):
     load: str = ""
     #: The search's best configurations that did not race (the budget could not hold a race at
     #: the task's own protocol): proposals, not adopted.
-    proposals: list[dict[str, Any]] = field(default_factory=list)
+    proposals: list[dict[str, object]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from ..track import RunRecord, Store
 from ._computed import OptimizerChoice
 from ._decide import pooled_seed_std
 from ._search_plan import SearchPlan
-from ._search_records import ConfigGroup, TrialLog, YellowFlag, arm_of, enqueued
+from ._search_records import Bound, ConfigGroup, TrialLog, YellowFlag, arm_of, enqueued
 from ._warm_start import space_point, warm_start
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
@@ -173,7 +173,7 @@ def find_flags(rows: Sequence[TrialRecord], plan: SearchPlan, *, flag_min: int) 
     for cause, bad in sorted(by_cause.items()):
         if len(bad) < flag_min:
             continue
-        region: dict[str, Any] = {}
+        region: dict[str, Bound] = {}
         for p in plan.space.params:
             vals = [r.params[p.name] for r in bad if p.name in r.params]
             if not vals:
@@ -449,7 +449,7 @@ def _drop_kept(folder: Path, trials: Sequence[TrialRecord], maximize: bool) -> N
 
 
 def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store,
-                     seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None,
+                     seconds: float, on_chunk: Callable[[int, int], None] | None = None,
                      must_end: float | None = None,
                      reserve: Callable[[Sequence[TrialRecord]], float] | None = None) -> SearchOutcome:
     """Run the stage for at most ``seconds``.
@@ -544,7 +544,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         if settings.keep_models is not None:
             _drop_kept(Path(settings.keep_models), result.trials, settings.maximize)
         if on_chunk is not None:
-            on_chunk({"finished": _finished(result.trials), "flags": len(flags)})
+            on_chunk(_finished(result.trials), len(flags))
     cancelled = cancel_waiting(settings.study, store=store, reason="queued, not run: the search's time was spent")
     rows = [r for r in rows if r.number not in set(cancelled)]
     groups = groups_of(rows, settings.maximize)
