@@ -374,7 +374,7 @@ def _signed(diff: float, maximize: bool) -> float:
     return diff if maximize else -diff
 
 
-def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
+def _compact(name: str, outputs: Mapping[str, object]) -> dict[str, object]:
     """A stage's outputs for ``--json`` and the table: the decisions, not every measurement."""
     drop = {"search": ("history", "plan", "top", "trials_log"), "layer_value": ("layers",),
             "compute": ("recommendations",), "final": ("evidence", "race")}

@@ -14,6 +14,7 @@ the record, its JSON the record's ``to_dict()``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, TypeVar
 
@@ -72,7 +73,7 @@ class StageOutputs:
         return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls: type[R], d: dict[str, Any] | None) -> R:
+    def from_dict(cls: type[R], d: Mapping[str, Any] | None) -> R:
         """The record from its dict; missing keys take their defaults (a stage that was skipped, a
         ``state.json`` of an older proftune); a key it does not define (a renamed field) is a
         ConfigError naming it."""

@@ -49,7 +49,7 @@ class StageRow(JsonRecord):
     #: What "before -> after" means for this stage.
     compares: str | None = None
     gain_vs_baseline: float | None = None
-    outputs: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, object] = field(default_factory=dict)
 
     def record(self, kind: type[S]) -> S:
         """The outputs kept here as the stage's record (``kind``: e.g. ``CompressOutputs``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +54,9 @@ class SearchPlan:
     """The wide space (what the study stores), the computed centre and the narrow ranges."""
 
     space: Space
-    centre: dict[str, Any]
+    centre: dict[str, object]
     #: name -> (low, high) for numeric params, or a list of choices for categorical ones.
-    narrow: dict[str, Any]
+    narrow: dict[str, Sequence[object]]
     evidence: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,7 +76,8 @@ def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[f
 
 
 def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | None,
-                   samples: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]:
+                   samples: int | None) -> tuple[dict[str, Any], dict[str, object], dict[str, Sequence[object]],
+                                                 dict[str, str]]:
     """(space dict, centre, narrow, evidence) over the params the fit loop and the task read.
 
     Every range holds the task's default value too, so that the defaults are a point of the
@@ -84,8 +85,8 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     """
     defaults = task_param_defaults(task)
     params: dict[str, Any] = {}
-    centre: dict[str, Any] = {}
-    narrow: dict[str, Any] = {}
+    centre: dict[str, object] = {}
+    narrow: dict[str, Sequence[object]] = {}
     evidence: dict[str, str] = {}
     lr = float(computed.lr or defaults.get("lr") or DEFAULT_LR)
     # a measured rate is searched within 30x; without one (the range test found none, or had no
@@ -119,7 +120,7 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
                                                        min(cap, default_bs), *reach, *COMMON_BATCHES)})
     params["batch_size"] = {"type": "categorical", "choices": choices}
     centre["batch_size"] = min(bs, cap)
-    if samples and samples // 8 >= 2 and centre["batch_size"] >= samples:
+    if samples and samples // 8 >= 2 and min(bs, cap) >= samples:
         # a centre of the whole set in one step (a default beyond the data, capped there) moves to
         # the largest batch of the space that leaves eight steps an epoch (a few dozen samples in one
         # step can be the best: it stays a choice)
@@ -172,8 +173,8 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     return {"params": params, "fixed": fixed}, centre, narrow, evidence
 
 
-def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollector,
-               *, max_batch: int | None) -> tuple[Space, dict[str, Any], dict[str, Any], dict[str, str]]:
+def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollector, *,
+               max_batch: int | None) -> tuple[Space, dict[str, object], dict[str, Sequence[object]], dict[str, str]]:
     if space.tiers:
         space = dataclasses.replace(space, tiers=())  # optimize draws whole configurations
     values = computed.params()
@@ -192,8 +193,8 @@ def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollecto
             if smallest is not None and float(smallest) > max_batch:
                 problems.add(f"space= batch_size starts at {smallest}, above the largest batch that "
                              f"fits memory_budget= ({max_batch}, measured).")
-    centre: dict[str, Any] = {}
-    narrow: dict[str, Any] = {}
+    centre: dict[str, object] = {}
+    narrow: dict[str, Sequence[object]] = {}
     evidence: dict[str, str] = {}
     for p in space.params:
         c = values.get(p.name)  # a param of the user's space, by its name
