@@ -13,13 +13,11 @@ the record, its JSON the record's ``to_dict()``.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, TypeVar
 
 from .._holdout import HoldoutInfo
-from .._records import JsonRecord, Reader, each, optional, plain, record_fields
+from .._records import JsonRecord, Reader, each, optional, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
 from ._budget_plan import BudgetPlan
@@ -59,8 +57,9 @@ class RecommendationRow(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
-class StageOutputs:
-    """The base of every stage's record: versioned, JSON-shaped, read back from ``state.json``."""
+class StageOutputs(JsonRecord):
+    """The base of every stage's record: versioned, JSON-shaped, read back from ``state.json``
+    (``to_dict``: the record as ``state.json`` and the Store hold it, records in it as their dicts)."""
 
     #: The stage this record belongs to (a class constant, not stored).
     STAGE: ClassVar[str] = ""
@@ -68,12 +67,8 @@ class StageOutputs:
     READERS: ClassVar[dict[str, Reader]] = {}
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record as ``state.json`` and the Store hold it (records in it as their dicts)."""
-        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
     @classmethod
-    def from_dict(cls: type[R], d: Mapping[str, Any] | None) -> R:
+    def from_dict(cls: type[R], d: Any) -> R:
         """The record from its dict; missing keys take their defaults (a stage that was skipped, a
         ``state.json`` of an older proftune); a key it does not define (a renamed field) is a
         ConfigError naming it."""
