@@ -257,7 +257,7 @@ class SearchStageOutputs(StageOutputs):
     #: Trials at the task's own epochs and the race's first seed whose models were kept.
     kept: list[KeptRun] = field(default_factory=list)
 
-    def fixed(self) -> dict[str, Any]:
+    def fixed(self) -> dict[str, object]:
         """The params the space fixed (not searched)."""
         return dict((self.plan.get("space") or {}).get("fixed") or {})
 

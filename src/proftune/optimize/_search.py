@@ -315,7 +315,7 @@ def _is_point(params: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
     return _key({k: params.get(k) for k in point}) == _key(point)
 
 
-def _defaults_point(plan: SearchPlan, settings: StageSettings) -> dict[str, Any]:
+def _defaults_point(plan: SearchPlan, settings: StageSettings) -> dict[str, object]:
     return space_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)})
 
 

@@ -39,7 +39,7 @@ def in_space(p: Param, value: Any) -> Any:
 
 def space_point(plan: SearchPlan, values: Mapping[str, Any]) -> dict[str, Any]:
     """A configuration of the space's active params from ``values`` (the centre where absent)."""
-    chosen: dict[str, Any] = dict(plan.space.fixed)
+    chosen: dict[str, object] = dict(plan.space.fixed)
     out: dict[str, Any] = {}
     for p in plan.space.params:
         if not p.active(chosen):
@@ -76,7 +76,7 @@ def halton(n: int, d: int, seed: int) -> list[list[float]]:
     return out
 
 
-def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, Any]]:
+def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, object]]:
     """``n`` points of a scrambled Halton sequence over the whole space (each param on its own
     scale: log where it is log), as a plain loop's random start draws them, but spread evenly."""
     params = list(plan.space.params)
@@ -85,7 +85,7 @@ def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, Any]]:
     draws = halton(n, len(params), seed)
     out = []
     for row in draws:
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         for p, u in zip(params, row, strict=True):
             if p.type == "categorical":
                 values[p.name] = p.choices[min(int(u * len(p.choices)), len(p.choices) - 1)]
@@ -112,7 +112,7 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, object], alternative: Op
     own = space_point(plan, {k: v for k, v in defaults.items() if k in names})
     # a centre that is the defaults, already measured at this protocol (the baseline), is not trained
     # again: at 8 trainings that second training of the defaults was one of the search's 5-6 trials
-    items: list[tuple[str, dict[str, Any]]] = [] if centre == own and not with_defaults else [("centre", centre)]
+    items: list[tuple[str, dict[str, object]]] = [] if centre == own and not with_defaults else [("centre", centre)]
     if with_defaults:  # (not where they were measured at this protocol already)
         items.append(("defaults", own))
     if "lr" in names and "lr" in centre:
