@@ -7,10 +7,10 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .._optimizers import DEFAULT_LR, default_weight_decay
-from .._records import mapping, record_fields
+from .._records import JsonRecord, Reader
 from ..exceptions import ProblemCollector
 from ..search import Param, Space, load_space
 from ..task import Task
@@ -50,25 +50,17 @@ def task_param_defaults(task: Task) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class SearchPlan:
+class SearchPlan(JsonRecord):
     """The wide space (what the study stores), the computed centre and the narrow ranges."""
+
+    WHAT: ClassVar[str] = "a search plan"
+    READERS: ClassVar[dict[str, Reader]] = {"space": Space.from_dict}
 
     space: Space
     centre: dict[str, object]
     #: name -> (low, high) for numeric params, or a list of choices for categorical ones.
     narrow: dict[str, Sequence[object]]
     evidence: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"space": self.space.to_dict(), "centre": self.centre,
-                "narrow": {k: list(v) for k, v in self.narrow.items()}, "evidence": self.evidence}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> SearchPlan:
-        """The plan back from :meth:`to_dict`'s JSON (the search stage's record)."""
-        kw = record_fields(cls, mapping(d, what="a search plan"), what="a search plan")
-        return cls(**{**kw, "space": Space.from_dict(kw["space"]), "centre": dict(kw["centre"]),
-                      "narrow": dict(kw["narrow"]), "evidence": dict(kw.get("evidence") or {})})
 
 
 def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[float, float]:
