@@ -64,7 +64,7 @@ def ended_as(exc: BaseException) -> str:
 
 __all__ = ["OptimizeResult", "optimize"]
 
-Progress = Callable[[str, dict[str, Any]], None]
+Progress = Callable[[str, dict[str, object]], None]
 
 
 class _Loop:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ._planner import Planner, StageClock
 
@@ -55,7 +55,7 @@ class StageContext(Protocol):
     spec: str
     holdout: HoldoutInfo
     #: ``say(event, data)``: a progress event for the terminal (``--json`` prints none).
-    say: Callable[[str, dict[str, Any]], None]
+    say: Callable[[str, dict[str, object]], None]
 
     @property
     def budget(self) -> StageClock:

@@ -125,7 +125,7 @@ class SearchOutcome:
 
 
 # -- reading trials -----------------------------------------------------------------------------
-def trial_json(t: TrialRecord) -> dict[str, Any]:
+def trial_json(t: TrialRecord) -> dict[str, object]:
     """A trial as ``search_trials.json`` holds it (the file's keys since it was first written)."""
     return {"number": t.number, "state": t.state, "params": dict(t.params), "value": t.value,
             "reason": t.reason, "anomalies": t.anomalies, "arm": arm_of(t), "duration_s": t.duration_s,
