@@ -51,7 +51,7 @@ from ._result_records import (
 )
 from ._search_plan import task_param_defaults
 from ._stages import BaseStage, StageResult, stages
-from ._state import OptimizeState, StageStatus, own_run
+from ._state import OptimizeState, StageStatus, StateFile, own_run
 from ._story import tell
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,8 @@ class _Loop:
         self.say: Progress = progress or (lambda _event, _data: None)
         self.out = v.out
         self.out.mkdir(parents=True, exist_ok=True)
-        identity = {"task": self.name, "study": self.cfg.study or default_study(self.name),
-                    "objective": v.objective, "budget_s": v.budget_s}
+        identity = StateFile(task=self.name, study=self.cfg.study or default_study(self.name),
+                             objective=v.objective, budget_s=v.budget_s)
         self.state = OptimizeState.load_or_new(self.out, identity)
         self.study: str = self.state.data["study"]
         self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)),
