@@ -17,7 +17,7 @@ from ..task import Task
 from ..train import LOOP_PARAMS
 from ._computed import ComputedValues
 
-__all__ = ["SearchPlan", "build_plan", "task_param_defaults"]
+__all__ = ["SearchPlan", "build_plan", "in_space", "task_param_defaults"]
 
 #: Loop params the compute stage fixes (never searched by default).
 COMPUTED_FIXED = ("grad_accumulation", "precision")
@@ -190,19 +190,20 @@ def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollecto
     evidence: dict[str, str] = {}
     for p in space.params:
         c = values.get(p.name)  # a param of the user's space, by its name
-        centre[p.name] = _snap(p, c) if c is not None else p.center()
+        centre[p.name] = in_space(p, c) if c is not None else p.center()
         evidence[p.name] = "computed (centre)" if c is not None else "the given space (centre of the range)"
         narrow[p.name] = _narrow(p, centre[p.name])
     return space, centre, narrow, evidence
 
 
-def _snap(p: Param, value: Any) -> Any:
+def in_space(p: Param, value: Any) -> Any:
+    """``value`` as a legal value of ``p`` (snapped into its range, or the nearest choice)."""
     if p.type == "categorical":
         if value in p.choices:
             return value
         numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if numeric and isinstance(value, (int, float)):
-            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(max(value, 1e-12))))
+        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(value)))
         return p.choices[0]
     return p.snap(float(value))
 

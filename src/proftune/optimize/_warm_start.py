@@ -8,12 +8,12 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from ..search import EnqueuedTrial, Param
+from ..search import EnqueuedTrial
 from ._computed import OptimizerChoice
-from ._search_plan import SearchPlan
+from ._search_plan import SearchPlan, in_space
 from ._search_records import enqueued
 
-__all__ = ["WIDE_POINTS", "halton", "in_space", "space_point", "warm_start", "wide_points"]
+__all__ = ["WIDE_POINTS", "halton", "space_point", "warm_start", "wide_points"]
 
 #: Quasi-random points over the whole space in the warm start, one after each local step: where the
 #: centre is wrong, or the mistake is in a param nothing measured (a dropout of 0.7), the local
@@ -23,18 +23,6 @@ __all__ = ["WIDE_POINTS", "halton", "in_space", "space_point", "warm_start", "wi
 WIDE_POINTS = 4
 #: The bases of :func:`halton`'s dimensions (a search space has a handful of params).
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71)
-
-
-def in_space(p: Param, value: Any) -> Any:
-    """``value`` as a legal value of ``p`` (snapped into its range, or the nearest choice)."""
-    if p.type == "categorical":
-        if value in p.choices:
-            return value
-        numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(value)))
-        return p.choices[0]
-    return p.snap(float(value))
 
 
 def space_point(plan: SearchPlan, values: Mapping[str, Any]) -> dict[str, Any]:
