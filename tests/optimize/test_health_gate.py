@@ -23,7 +23,8 @@ def _loop(findings: list[Finding], *, space: Any = None, ignore: bool = False, t
     baseline = BaselineOutputs(findings=findings)
     return SimpleNamespace(state=SimpleNamespace(record=lambda kind: baseline),
                            cfg=SimpleNamespace(ignore_findings=ignore, space=space, seed=0),
-                           task=None, defaults={}, dev="cpu", store=None, out=tmp)
+                           task=None, defaults={}, dev="cpu", store=None, out=tmp,
+                           planner=SimpleNamespace(epoch_s=lambda: 1.0), defaults_record=None)
 
 
 @pytest.fixture
@@ -31,6 +32,7 @@ def no_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     prof = SimpleNamespace(save=lambda path: None, step=SimpleNamespace(time_ms=1.0, throughput=1.0),
                            memory=SimpleNamespace(peak_bytes=1), params=SimpleNamespace(total=1), macs=1)
     monkeypatch.setattr(_builtin, "run_profile", lambda *a, **k: prof)
+    monkeypatch.setattr(_builtin.measures, "step_s", lambda *a: 0.01)  # the task is no task: a step of 10 ms
 
 
 @pytest.mark.usefixtures("no_profile")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from proftune._train_params import TrainParams
 from proftune.optimize._computed import ComputedValues, LrCheck
 from proftune.optimize._lr_check import check_computed_lr, short_check_seconds
 from proftune.optimize._records import ComputeOutputs
@@ -19,7 +20,7 @@ from .tasks import TinyTask, TooSlowLR
 
 def _check(lr: float) -> LrCheck:
     task = TooSlowLR()
-    check = check_computed_lr(task, dict(task.default_params), ComputedValues(lr=lr, batch_size=32),
+    check = check_computed_lr(task, TrainParams.of(task), ComputedValues(lr=lr, batch_size=32),
                               metric="accuracy", maximize=True, seconds=0.5, device=torch.device("cpu"), seed=0,
                               val_samples=96)
     assert check is not None
@@ -52,7 +53,7 @@ def test_a_computed_lr_that_does_no_better_than_the_defaults_is_not_the_centre()
 def test_nothing_to_check_without_a_computed_lr_or_at_the_defaults_own() -> None:
     task = TooSlowLR()
     for lr in (None, 1e-5):
-        assert check_computed_lr(task, dict(task.default_params), ComputedValues(lr=lr), metric="accuracy",
+        assert check_computed_lr(task, TrainParams.of(task), ComputedValues(lr=lr), metric="accuracy",
                                  maximize=True, seconds=0.5, device=torch.device("cpu"), seed=0,
                                  val_samples=96) is None
     assert short_check_seconds(9.0) < short_check_seconds(60.0) <= 3.0
@@ -81,8 +82,9 @@ def test_a_compute_share_too_small_for_a_range_test_measures_nothing_and_says_wh
     task = TinyTask()
     defaults = dict(task.default_params)
     profile(task, params=defaults, steps=1).save(tmp_path / "profile.json")
-    step_s = 1.0 / steps_per_epoch(task, defaults)  # an epoch of 1 s: far longer than the profile's step
-    loop = SimpleNamespace(out=tmp_path, task=task, defaults=defaults, planner=SimpleNamespace(epoch_s=lambda: 1.0))
+    step_s = 1.0 / steps_per_epoch(task, TrainParams.of(task))  # an epoch of 1 s: far longer than the profile's step
+    loop = SimpleNamespace(out=tmp_path, task=task, defaults=defaults, defaults_record=TrainParams.of(task),
+                           planner=SimpleNamespace(epoch_s=lambda: 1.0))
     started = time.monotonic()
     result = Compute().run(loop, 5 * step_s, started + 5 * step_s)  # type: ignore[arg-type]
     assert time.monotonic() - started < 1.0  # nothing trained

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from proftune._jsonsafe import json_dumps
+from proftune._train_params import TrainParams
 from proftune._units import parse_duration
 from proftune.exceptions import ConfigError
 from proftune.optimize import (
@@ -332,7 +333,7 @@ def test_a_measured_better_optimizer_joins_the_space_and_the_warm_start() -> Non
     assert plan.space.param("lr").high >= 0.2 * 30 * 0.999
     assert "optimizer" not in plan.space.fixed
     items = [(arm_of(i), i.params) for i in warm_start(plan, {"lr": 0.01, "batch_size": 32, "optimizer": "adamw"},
-                                                       computed["optimizer_alternative"])]
+                                                       OptimizerChoice.from_dict(computed["optimizer_alternative"]))]
     sgd = [p for a, p in items if p.get("optimizer") == "sgd" and a != "wide"]
     assert sgd == [{**sgd[0], "lr": pytest.approx(0.2), "momentum": pytest.approx(0.9)}]
     assert all("momentum" not in p for _, p in items if p.get("optimizer") == "adamw")
@@ -547,8 +548,8 @@ def test_the_training_samples_are_counted_not_bounded_by_a_batch_beyond_the_data
 
     from .tasks import X_TRAIN
 
-    assert train_samples(TinyTask(), {"batch_size": 4096}) == len(X_TRAIN)
-    assert train_samples(TinyTask(), {"batch_size": 7}) == len(X_TRAIN)
+    assert train_samples(TinyTask(), TrainParams.of(TinyTask(), batch_size=4096)) == len(X_TRAIN)
+    assert train_samples(TinyTask(), TrainParams.of(TinyTask(), batch_size=7)) == len(X_TRAIN)
 
 
 def test_across_chunks_only_the_best_trials_models_stay_on_disk(tmp_path: Path) -> None:

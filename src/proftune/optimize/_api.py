@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from ._result_records import (
 )
 from ._search_plan import task_param_defaults
 from ._stages import BaseStage, StageResult, stages
-from ._state import OptimizeState, StageStatus, own_run
+from ._state import OptimizeState, StageStatus, StateFile, own_run
 from ._story import tell
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def ended_as(exc: BaseException) -> str:
 
 __all__ = ["OptimizeResult", "optimize"]
 
-Progress = Callable[[str, dict[str, Any]], None]
+Progress = Callable[[str, dict[str, object]], None]
 
 
 class _Loop:
@@ -80,18 +80,18 @@ class _Loop:
         self.say: Progress = progress or (lambda _event, _data: None)
         self.out = v.out
         self.out.mkdir(parents=True, exist_ok=True)
-        identity = {"task": self.name, "study": self.cfg.study or default_study(self.name),
-                    "objective": v.objective, "budget_s": v.budget_s}
+        identity = StateFile(task=self.name, study=self.cfg.study or default_study(self.name),
+                             objective=v.objective, budget_s=v.budget_s)
         self.state = OptimizeState.load_or_new(self.out, identity)
         self.study: str = self.state.data["study"]
         self.budget = Budget(v.budget_s, spent_s=float(self.state.data.get("spent_s", 0.0)),
                              skip=tuple(st.name for st in stages() if st.skipped(self)))
         self.defaults_record = TrainParams.of(task)
-        self.defaults = self.defaults_record.params
+        self.defaults: Mapping[str, object] = self.defaults_record.params
         # selection reads all of val_data; the figures a user reads come from data nothing selected
         # on (test_data, resplit rounds) or an estimate corrected for the winner's curse
         self.task = task
-        self.holdout = held_out_info(task, batch_size=int(self.defaults.get("batch_size", 32)))
+        self.holdout = held_out_info(task, batch_size=self.defaults_record.batch_size or 32)
         #: The plan of the budget, from the stages' records and this clock (the loop plans nothing).
         self.planner = Planner(state=self.state, v=v, clock=self.budget, holdout=self.holdout, out=self.out,
                                full_epochs=task.default_epochs)
@@ -112,7 +112,7 @@ class _Loop:
                   "options": {k: redact_url(v) if k == "db" and v else v
                               for k, v in vars(self.cfg).items() if k not in ("extra", "on_trial")}}
         run_id = self.store.start_run("optimize", self.name, config=config, env=environment(self.dev),
-                                      data_fingerprint=data_fingerprint(self.task, self.defaults),
+                                      data_fingerprint=data_fingerprint(self.task, dict(self.defaults)),
                                       study=self.study)
         self.state.data["run_id"] = run_id
         self.state.save()
@@ -293,7 +293,7 @@ class _Loop:
             old, new = (getattr(cb, key), getattr(sel, key)) if cb is not None and sel is not None else (None, None)
             speedups[name] = old / new if old and new else None
         vs = VsBaseline(
-            metric=self.v.metric, decision=race.decision, defaults_params=self.defaults,
+            metric=self.v.metric, decision=race.decision, defaults_params=dict(self.defaults),
             summary=_decision_line(race, self.v.metric), defaults=SplitSummaries(val=d_val, test=d_test),
             final=SplitSummaries(val=chosen.summary("val"), test=(
                 dataclasses.replace(chosen.summary("test"), mean=race.estimate.chosen) if race.estimate is not None
@@ -374,7 +374,7 @@ def _signed(diff: float, maximize: bool) -> float:
     return diff if maximize else -diff
 
 
-def _compact(name: str, outputs: dict[str, Any]) -> dict[str, Any]:
+def _compact(name: str, outputs: Mapping[str, object]) -> dict[str, object]:
     """A stage's outputs for ``--json`` and the table: the decisions, not every measurement."""
     drop = {"search": ("history", "plan", "top", "trials_log"), "layer_value": ("layers",),
             "compute": ("recommendations",), "final": ("evidence", "race")}

@@ -13,7 +13,7 @@ import math
 import shutil
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -92,7 +92,7 @@ class Baseline(BaseStage):
         # the untrained model's metric (the defaults' seed): where the defaults' curve starts
         seed_everything(loop.cfg.seed)
         untrained = loop.task.build_model(dict(loop.defaults)).to(loop.dev)
-        start = finite_float(evaluate_model(loop.task, untrained, loop.dev, int(loop.defaults.get("batch_size", 32)))
+        start = finite_float(evaluate_model(loop.task, untrained, loop.dev, loop.defaults_record.batch_size or 32)
                              .get(loop.v.metric))
         del untrained
         capture = measures.ModelCapture(loop.v.metric)
@@ -119,7 +119,7 @@ class Baseline(BaseStage):
         defaults_metric = finite_float(diag.metrics.get(loop.v.metric))
         known = task_param_defaults(loop.task)
         plain = {"optimizer": DEFAULT_OPTIMIZER, "lr": DEFAULT_LR, "weight_decay": 0.0,
-                 "batch_size": int(loop.defaults.get("batch_size", 32)),
+                 "batch_size": loop.defaults_record.batch_size or 32,
                  **{k: 0.0 for k in known if "dropout" in k}}
         # as many epochs as the defaults got, so that the spread compares like with like, within
         # what is left of the stage's share (a slow model's no-tricks run is cut, and says so);
@@ -134,11 +134,11 @@ class Baseline(BaseStage):
         plain_metric = finite_float(plain_res.metrics.get(loop.v.metric)) if whole else None
         # seconds per epoch of the plain loop (the health checks slow the defaults' run)
         epoch_s = plain_res.duration_s / max(plain_res.steps, 1) * max(
-            plain_res.steps / max(plain_res.epochs, 1), measures.steps_per_epoch(loop.task, loop.defaults))
+            plain_res.steps / max(plain_res.epochs, 1), measures.steps_per_epoch(loop.task, loop.defaults_record))
         spread = (abs(defaults_metric - plain_metric)
                   if defaults_metric is not None and plain_metric is not None else None)
         return StageResult(BaselineOutputs(
-            defaults=TrainedRun(params=loop.defaults, metrics=diag.metrics, epochs=diag.epochs, steps=diag.steps,
+            defaults=TrainedRun(params=dict(loop.defaults), metrics=diag.metrics, epochs=diag.epochs, steps=diag.steps,
                                 duration_s=diag.duration_s, run_id=diag.run_id, stop_reason=diag.stop_reason),
             no_tricks=TrainedRun(params=plain, metrics=plain_res.metrics if whole else {}, epochs=plain_res.epochs,
                                  duration_s=plain_res.duration_s,
@@ -177,8 +177,8 @@ class Health(BaseStage):
                 lines.append(f"    evidence: {f.to_dict()['evidence']}")
                 lines.append(f"    fix: {f.fix}")
             raise RunFailedError("\n".join(lines))
-        step_s = measures.step_s(loop.planner.epoch_s(), loop.task, loop.defaults)
-        prof = run_profile(loop.task, params=loop.defaults, device=loop.dev, seed=loop.cfg.seed,
+        step_s = measures.step_s(loop.planner.epoch_s(), loop.task, loop.defaults_record)
+        prof = run_profile(loop.task, params=dict(loop.defaults), device=loop.dev, seed=loop.cfg.seed,
                            store=loop.store, steps=measures.profile_steps(share, step_s))
         prof.save(loop.out / "profile.json")
         return StageResult(HealthOutputs(
@@ -200,7 +200,7 @@ class Compute(BaseStage):
         The range test and the noise scale get the steps the share holds at the step time (none below
         ``COMPUTE_MIN_STEPS``; never more than the defaults of recommend)."""
         prof = Profile.load(loop.out / "profile.json")
-        wall_s = measures.step_s(loop.planner.epoch_s(), loop.task, loop.defaults)  # a step as a training pays it
+        wall_s = measures.step_s(loop.planner.epoch_s(), loop.task, loop.defaults_record)  # as a training pays it
         step_s = max((prof.step.time_ms or 1.0) / 1e3, wall_s)  # where the profile's phases say less
         steps = share / step_s  # training steps the share holds at that step time
         if (too_few := measures.too_few_steps(share, step_s)) is not None:
@@ -213,7 +213,7 @@ class Compute(BaseStage):
         noise_steps = int(min(30, 0.2 * steps / 4))
         noise_steps = noise_steps if noise_steps >= 3 else 0  # too few to estimate: not measured
         optimizer_s = min(4.0, 0.25 * share) if 0.25 * steps >= 20 else 0.0  # each optimizer ~10 steps
-        recs = recommend(loop.task, loop.defaults, profile=prof, memory_budget=loop.v.memory_bytes,
+        recs = recommend(loop.task, dict(loop.defaults), profile=prof, memory_budget=loop.v.memory_bytes,
                          device=loop.dev, seed=loop.cfg.seed, lr_steps=lr_steps, ladder_steps=ladder_steps,
                          noise_steps=noise_steps, optimizer_budget_s=optimizer_s,
                          embedding_budget_s=min(120.0, 0.3 * share), store=loop.store,
@@ -227,7 +227,7 @@ class Compute(BaseStage):
         # nor than a small share of the whole budget (at 8 trainings two of 1 s took a quarter of it)
         check_s = min(short_check_seconds(share), max(0.05, loop.planner.budget_plan().full_s),
                       max(0.05, CHECK_BUDGET_SHARE * loop.v.budget_s))
-        lr_check = check_computed_lr(loop.task, loop.defaults, computed, metric=loop.v.metric,
+        lr_check = check_computed_lr(loop.task, loop.defaults_record, computed, metric=loop.v.metric,
                                      maximize=loop.v.maximize, seconds=check_s,
                                      device=loop.dev, seed=loop.cfg.seed, val_samples=loop.holdout.val_samples)
         if lr_check is not None and not lr_check.used:
@@ -255,7 +255,7 @@ class LayerValue(BaseStage):
         model.load_state_dict(torch.load(loop.out / "baseline_model.pt", weights_only=True))
         base, values, notes = layer_values(
             loop.task, model, metric=loop.v.metric, higher_is_better=loop.v.maximize, profile=prof,
-            device=loop.dev, batch_size=int(loop.defaults.get("batch_size", 32)), deadline=end)
+            device=loop.dev, batch_size=loop.defaults_record.batch_size or 32, deadline=end)
         named = [LayerFinding(layer=x.name, finding=x.finding, action=x.action) for x in values if x.finding]
         return StageResult(LayerValueOutputs(metric=base, layers=list(values), findings=named,
                                               keep=list(keep_layers(values)), notes=list(notes)))
@@ -274,8 +274,8 @@ class Search(BaseStage):
         The search gets every second the stages after it do not need (their reserves: the final
         race at ``--seeds`` seeds, one compression sweep), not only its share."""
         comp = loop.state.record(ComputeOutputs)
-        plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space,
-                          max_batch=comp.max_batch_size, samples=measures.train_samples(loop.task, loop.defaults))
+        plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space, max_batch=comp.max_batch_size,
+                          samples=measures.train_samples(loop.task, loop.defaults_record))
         compress_min = loop.planner.compress_reserve()
         budget_plan = loop.planner.budget_plan()
         loop.say("plan", {"text": budget_plan.describe(), "plan": budget_plan.to_dict()})
@@ -332,18 +332,18 @@ class Search(BaseStage):
             # a trial within one validation figure's noise of a rung's cut goes on: the cut cannot rank it
             prune_margin=sampling_std(loop.v.metric, loop.holdout.val_samples, self._defaults_level(loop)) or 0.0,
             trial_s_estimate=epochs * epoch_s,
-            alternative=alt.params() if (alt := comp.computed.optimizer_alternative) is not None else {},
+            alternative=comp.computed.optimizer_alternative,
             # the leading trials' models where the race's first seed is the baseline's (short_finalist)
             on_trial=loop.cfg.on_trial,
             keep_models=str(loop.out / MODELS_DIR) if loop.planner.baseline_reusable() else None)
         spent = float(loop.state.data.get("search_spent_s", 0.0))
         t0 = time.monotonic()
 
-        def on_chunk(info: dict[str, Any]) -> None:
+        def on_chunk(finished: int, flags: int) -> None:
             loop.state.data["search_spent_s"] = spent + time.monotonic() - t0
             loop.state.data["spent_s"] = loop.budget.elapsed_s
             loop.state.save()
-            loop.say("search_chunk", info)
+            loop.say("search_chunk", {"finished": finished, "flags": flags})
 
         outcome = run_search_stage(loop.task, plan, settings, store=loop.store, seconds=seconds,
                                    on_chunk=on_chunk, must_end=loop.budget.end, reserve=reserve)
@@ -494,7 +494,7 @@ class Final(BaseStage):
         ), before=finite_float(outcome.arm("defaults").summary("val").mean), after=val.mean)
 
     def _evidence(self, loop: StageContext, chosen: Arm,
-                  outcome: FinalOutcome) -> tuple[dict[str, Any], dict[str, str]]:
+                  outcome: FinalOutcome) -> tuple[dict[str, object], dict[str, str]]:
         """The result's params, and for each where its value came from."""
         computed = loop.state.record(ComputeOutputs).computed
         comp, alt = computed.params(), computed.optimizer_alternative
@@ -574,8 +574,8 @@ class Compress(BaseStage):
             try:
                 small = load_model(report.output, task=loop.task, params=params)
                 if loop.task.test_data(1) is not None:  # else no data nothing selected on
-                    test_metric = finite_float(evaluate_model(loop.task, small, torch.device("cpu"),
-                                                              int(params.get("batch_size", 32)), split="test")
+                    bs = int(cast(int, params.get("batch_size", 32)))  # validated in the race
+                    test_metric = finite_float(evaluate_model(loop.task, small, torch.device("cpu"), bs, split="test")
                                                .get(loop.v.metric))
             except (ConfigError, RuntimeError, TypeError, ValueError) as exc:
                 log.info("the compressed model could not be evaluated on the held-out data: %s", exc)

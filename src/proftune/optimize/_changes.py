@@ -76,10 +76,10 @@ def optimizer_defaults(task: Task, params: Mapping[str, Any]) -> dict[str, float
 
 
 def defaults_in_effect(task_defaults: Mapping[str, Any], read_defaults: Mapping[str, Any],
-                       built: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                       built: Mapping[str, Any] | None = None) -> dict[str, object]:
     """Each param's value when the params leave it out: the task's, its code's, its optimizer's
     (``built``: :func:`optimizer_defaults`), then the loop's."""
-    out: dict[str, Any] = dict(LOOP_DEFAULTS)
+    out: dict[str, object] = dict(LOOP_DEFAULTS)
     opt = str(task_defaults.get("optimizer", (built or {}).get("optimizer", out["optimizer"]))).lower()
     out["weight_decay"] = default_weight_decay(opt)
     out.update(built or {})

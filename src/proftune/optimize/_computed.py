@@ -27,7 +27,7 @@ class OptimizerChoice(JsonRecord):
     lr: float
     momentum: float | None = None
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> dict[str, str | float]:
         """As training params (``momentum`` only where it was compared)."""
         return {k: v for k, v in super().to_dict().items() if v is not None}
 
@@ -48,7 +48,7 @@ class ComputedValues(JsonRecord):
     precision: str | None = None
     optimizer_alternative: OptimizerChoice | None = None
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> dict[str, int | float | str]:
         """The computed training params by name (``batch_size``, ``lr``, ...), those computed only."""
         return {k: v for k, v in (("batch_size", self.batch_size), ("lr", self.lr),
                                   ("grad_accumulation", self.grad_accumulation), ("precision", self.precision))

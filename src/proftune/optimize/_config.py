@@ -18,6 +18,7 @@ from ..task import Task
 
 if TYPE_CHECKING:
     from ..track import RunRecord
+    from ._state import StateFile
 
 __all__ = ["OPTIMIZE_GOALS", "OptimizeConfig", "Validated", "validate"]
 
@@ -67,7 +68,7 @@ class Validated:
     maximize: bool
     objective: str
     out: Path
-    stored: dict[str, Any] | None
+    stored: StateFile | None
 
 
 def _with(cfg: OptimizeConfig | None, overrides: dict[str, Any]) -> OptimizeConfig:

@@ -9,9 +9,9 @@ any object with these members.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ._planner import Planner, StageClock
 
@@ -38,7 +38,7 @@ class StageContext(Protocol):
     #: The task (all of its validation data selects) and where its held-out figures come from.
     task: Task
     #: The task's default params, validated: the bar every configuration is compared with.
-    defaults: dict[str, Any]
+    defaults: Mapping[str, object]
     #: The same params as the record they were validated in once: a training of the defaults takes it.
     defaults_record: TrainParams
     #: The options as given, and parsed (``v.metric``, ``v.maximize``, ``v.budget_s``, ...).
@@ -55,7 +55,7 @@ class StageContext(Protocol):
     spec: str
     holdout: HoldoutInfo
     #: ``say(event, data)``: a progress event for the terminal (``--json`` prints none).
-    say: Callable[[str, dict[str, Any]], None]
+    say: Callable[[str, dict[str, object]], None]
 
     @property
     def budget(self) -> StageClock:

@@ -16,7 +16,8 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from functools import partial
+from typing import ClassVar, TypedDict
 
 from .._jsonsafe import finite_float
 from .._records import JsonRecord
@@ -71,6 +72,19 @@ def _t_quantile(level: float, df: int) -> float:
     return 0.5 * (lo + hi)
 
 
+class ComparisonExtra(TypedDict, total=False):
+    """What a comparison holds beside the paired test: the defaults' trainings outside the race, the
+    rank-sum test over all of them, the margin and the search's lead a race decision read."""
+
+    defaults_outside_race: int
+    rank_p: float
+    rank_alpha: float
+    gain_all: float
+    defaults_all: list[float]
+    margin: float
+    search_lead: float
+
+
 @dataclass(frozen=True)
 class Comparison(JsonRecord):
     """A paired comparison of ``chosen`` against ``defaults`` on one metric and one data split."""
@@ -94,7 +108,7 @@ class Comparison(JsonRecord):
     beyond_noise: bool
     reason: str
     schema_version: int = SCHEMA_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: ComparisonExtra = field(default_factory=ComparisonExtra)
 
     def describe(self) -> str:
         """One line: the gain with its noise and what it means."""
@@ -123,12 +137,11 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
     pairs = [(s, fc, fd) for s, c, d in zip(seeds, chosen, defaults, strict=False)
              if (fc := finite_float(c)) is not None and (fd := finite_float(d)) is not None]
     level = 1.0 - alpha
-    base: dict[str, Any] = {"metric": metric, "maximize": maximize, "split": split,
-                            "seeds": [p[0] for p in pairs], "chosen": [p[1] for p in pairs],
-                            "defaults": [p[2] for p in pairs], "level": level, "resolution": resolution}
+    made = partial(Comparison, metric=metric, maximize=maximize, split=split, seeds=[p[0] for p in pairs],
+                   chosen=[p[1] for p in pairs], defaults=[p[2] for p in pairs], level=level, resolution=resolution)
     if not pairs:
-        return Comparison(**base, gain=None, gain_std=None, lower=None, beyond_noise=False,
-                          reason="no seed produced a finite value for both configurations")
+        return made(gain=None, gain_std=None, lower=None, beyond_noise=False,
+                    reason="no seed produced a finite value for both configurations")
     gains = [sign * (c - d) for _, c, d in pairs]
     mean = statistics.fmean(gains)
     n = len(gains)
@@ -173,7 +186,7 @@ def compare_paired(chosen: Sequence[float | None], defaults: Sequence[float | No
         beyond = lower > 0
         why = (f"beyond noise: the {level:.0%} lower bound of the gain is {lower:+.4g} > 0 ({test})" if beyond
                else f"within noise: the {level:.0%} lower bound of the gain is {lower:+.4g} ({test})")
-    return Comparison(**base, gain=mean, gain_std=std, lower=lower, beyond_noise=beyond, reason=why)
+    return made(gain=mean, gain_std=std, lower=lower, beyond_noise=beyond, reason=why)
 
 
 def rank_sum_p(chosen: Sequence[float], defaults: Sequence[float], *, maximize: bool) -> float:
@@ -222,7 +235,7 @@ def compare_race(chosen: Sequence[float | None], defaults: Sequence[float | None
     d_race = [fd for d in defaults if (fd := finite_float(d)) is not None]
     d_more = [fd for d in defaults_more if (fd := finite_float(d)) is not None]
     d_all = d_race + d_more
-    extra: dict[str, Any] = {"defaults_outside_race": len(d_more)}
+    extra = ComparisonExtra(defaults_outside_race=len(d_more))
     can_rank = len(c_vals) >= 2 and len(d_all) >= 2 and 1.0 / math.comb(len(c_vals) + len(d_all),
                                                                            len(c_vals)) <= alpha / 2
     if not can_rank:
@@ -234,7 +247,7 @@ def compare_race(chosen: Sequence[float | None], defaults: Sequence[float | None
     p = rank_sum_p(c_vals, d_all, maximize=maximize)
     sign = 1.0 if maximize else -1.0
     gain_all = sign * (statistics.fmean(c_vals) - statistics.fmean(d_all))
-    extra.update(rank_p=p, rank_alpha=alpha / 2, gain_all=gain_all, defaults_all=d_all)
+    extra.update({"rank_p": p, "rank_alpha": alpha / 2, "gain_all": gain_all, "defaults_all": d_all})
     ranked = (f"a rank-sum test of the choice's {len(c_vals)} runs against the defaults' {len(d_all)} trainings"
               + (f" ({len(d_more)} outside the race)" if d_more else "")
               + f": one-sided p = {p:.3g}, at {alpha / 2:.3g}")

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -360,7 +359,7 @@ class _Race:
     """The race's arms and their runs, the seeds so far, and what one round of them costs."""
 
     def __init__(self, task: Task, plan: FinalPlan, *, store: Store, folder: Path, arms: list[Arm],
-                 cap: float, say: Callable[[str, dict[str, Any]], None] | None, notes: Sequence[str],
+                 cap: float, say: Callable[[str, dict[str, object]], None] | None, notes: Sequence[str],
                  first: tuple[ArmRun, Path] | None, first_more: tuple[ArmRun, Path] | None = None) -> None:
         self.task, self.plan, self.store, self.cap, self.say = task, plan, store, cap, say
         self.arms, self.notes = arms, list(notes)
@@ -457,7 +456,7 @@ class _Race:
 
 def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalPlan, *,
               store: Store, end: float, hard_end: float | None = None, cap_end: float | None = None,
-              folder: Path, say: Callable[[str, dict[str, Any]], None] | None = None,
+              folder: Path, say: Callable[[str, dict[str, object]], None] | None = None,
               notes: Sequence[str] = (), shorter: Arm | None = None,
               first: tuple[ArmRun, Path] | None = None, first_more: tuple[ArmRun, Path] | None = None,
               defaults_more: Sequence[float] = (), search_lead: float | None = None) -> FinalOutcome:

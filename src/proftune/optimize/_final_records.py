@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -76,7 +76,7 @@ class Arm(JsonRecord):
     READERS: ClassVar[dict[str, Reader]] = {"runs": lambda rs: tuple(ArmRun.from_dict(r) for r in rs)}
 
     name: str  # "defaults", "search #1", ...
-    params: dict[str, Any]
+    params: dict[str, object]
     source: str
     #: What the search measured for it (its mean and std over the trials of that configuration).
     search_mean: float | None = None
@@ -216,7 +216,7 @@ class FinalOutcome:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FinalOutcome:
+    def from_dict(cls, d: Mapping[str, Any]) -> FinalOutcome:
         """The race back from :meth:`to_dict`'s JSON (a final stage's Run, ``state.json``)."""
         stored_version(d, what="a final race", current=SCHEMA_VERSION)
         kw = record_fields(cls, d, what="a final race", derived=("search_gap",))

@@ -11,11 +11,11 @@ validation sample's worth; otherwise the centre stays the defaults' rate, and th
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 from .._jsonsafe import finite_float
+from .._train_params import TrainParams
 from ..task import Task
 from ..train import evaluate_model, fit
 from ._budget import Deadline
@@ -32,27 +32,26 @@ def short_check_seconds(share_s: float) -> float:
     return min(MAX_SECONDS, max(MIN_SECONDS, SHARE * share_s))
 
 
-def _short(task: Task, params: dict[str, Any], *, seconds: float, metric: str, device: torch.device,
+def _short(task: Task, params: TrainParams, *, seconds: float, metric: str, device: torch.device,
            seed: int) -> tuple[float | None, int]:
     deadline = Deadline(seconds)
     result = fit(task, params, epochs=max(1, int(task.default_epochs)), device=device, seed=seed,
                  callbacks=[deadline], evaluate=False)
-    metrics = evaluate_model(task, result.model, device, int(params.get("batch_size", 32)))
+    metrics = evaluate_model(task, result.model, device, params.batch_size or 32)
     return finite_float(metrics.get(metric)), int(result.steps)
 
 
-def check_computed_lr(task: Task, defaults: dict[str, Any], computed: ComputedValues, *, metric: str,
+def check_computed_lr(task: Task, defaults: TrainParams, computed: ComputedValues, *, metric: str,
                       maximize: bool, seconds: float, device: torch.device, seed: int,
                       val_samples: int | None) -> LrCheck | None:
     """The computed rate (at the computed batch) and the defaults each trained ``seconds`` from
     ``seed``; None where there is no computed rate, or it is the defaults' own."""
-    own = defaults.get("lr")
-    default_lr = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) else None
+    default_lr = None if defaults.lr is None else float(defaults.lr)
     if computed.lr is None or (default_lr is not None and math.isclose(computed.lr, default_lr, rel_tol=0.05)):
         return None
-    batch = int(computed.batch_size or defaults.get("batch_size") or 32)
-    mine = {**defaults, "lr": computed.lr, "batch_size": batch}
-    base_value, base_steps = _short(task, dict(defaults), seconds=seconds, metric=metric, device=device, seed=seed)
+    batch = int(computed.batch_size or defaults.batch_size or 32)
+    mine = defaults.with_params(lr=computed.lr, batch_size=batch)
+    base_value, base_steps = _short(task, defaults, seconds=seconds, metric=metric, device=device, seed=seed)
     value, steps = _short(task, mine, seconds=seconds, metric=metric, device=device, seed=seed)
     margin = 1.0 / val_samples if val_samples else 0.0
     used = False

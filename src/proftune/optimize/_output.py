@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -25,26 +25,26 @@ __all__ = ["few_values", "load_line", "write_html", "write_outputs", "write_summ
 log = logging.getLogger(__name__)
 
 
-def _config_yaml(result: OptimizeResult, state: OptimizeState) -> dict[str, Any]:
+def _config_yaml(result: OptimizeResult, state: OptimizeState) -> object:
     """Every parameter of the final configuration, its value, and where the value came from."""
     fin = state.record(FinalOutputs)
     params, evidence = fin.params, fin.evidence
     comp = {r["name"]: r for r in state.record(ComputeOutputs).recommendations}
     final = result.final.to_dict()
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, object]] = {}
     for name in sorted(params):
         ev = str(evidence.get(name, "task default"))
         kind = ("searched" if ev.startswith("searched") else "computed" if ev.startswith("computed")
                 else "measured" if name in comp else "default")
-        entry: dict[str, Any] = {"value": params[name], "source": kind, "evidence": ev}
+        entry: dict[str, object] = {"value": params[name], "source": kind, "evidence": ev}
         if name in comp and kind == "computed":
             entry["evidence"] = f"{ev}: {comp[name]['reason']}"
         out[name] = entry
-    return cast("dict[str, Any]", json_safe({"task": result.task, "objective": result.objective, "study": result.study,
+    return json_safe({"task": result.task, "objective": result.objective, "study": result.study,
                       "decision": result.vs_baseline.summary, "params": out,
                       "final": {k: final[k] for k in ("mean", "std", "test", "latency_ms", "size_bytes", "model",
                                                       "load")},
-                      "load": load_line(result)}))
+                      "load": load_line(result)})
 
 
 def few_values(srch: SearchStageOutputs) -> str | None:

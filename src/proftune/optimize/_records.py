@@ -13,12 +13,11 @@ the record, its JSON the record's ``to_dict()``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 from .._holdout import HoldoutInfo
-from .._records import JsonRecord, Reader, each, optional, plain, record_fields
+from .._records import JsonRecord, Reader, each, optional, record_fields
 from ..diagnose import Finding
 from ..exceptions import ConfigError
 from ._budget_plan import BudgetPlan
@@ -47,9 +46,20 @@ SCHEMA_VERSION = 1
 R = TypeVar("R", bound="StageOutputs")
 
 
+class RecommendationRow(TypedDict):
+    """A recommendation as the compute stage's record holds it (its evidence in the recommend Run)."""
+
+    name: str
+    value: object
+    reason: str
+    confidence: str
+    effect: str
+
+
 @dataclass(frozen=True, kw_only=True)
-class StageOutputs:
-    """The base of every stage's record: versioned, JSON-shaped, read back from ``state.json``."""
+class StageOutputs(JsonRecord):
+    """The base of every stage's record: versioned, JSON-shaped, read back from ``state.json``
+    (``to_dict``: the record as ``state.json`` and the Store hold it, records in it as their dicts)."""
 
     #: The stage this record belongs to (a class constant, not stored).
     STAGE: ClassVar[str] = ""
@@ -57,12 +67,8 @@ class StageOutputs:
     READERS: ClassVar[dict[str, Reader]] = {}
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record as ``state.json`` and the Store hold it (records in it as their dicts)."""
-        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
     @classmethod
-    def from_dict(cls: type[R], d: dict[str, Any] | None) -> R:
+    def from_dict(cls: type[R], d: Any) -> R:
         """The record from its dict; missing keys take their defaults (a stage that was skipped, a
         ``state.json`` of an older proftune); a key it does not define (a renamed field) is a
         ConfigError naming it."""
@@ -81,8 +87,8 @@ class TrainedRun(JsonRecord):
     """One training of the baseline stage: its params, metrics, epochs and seconds."""
 
     WHAT: ClassVar[str] = "a baseline run"
-    params: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
     epochs: int | None = None
     steps: int | None = None
     duration_s: float | None = None
@@ -139,7 +145,7 @@ class BaselineOutputs(StageOutputs):
     start_metric: float | None = None
     curve: list[float | None] = field(default_factory=list)
 
-    def metric(self, run: str, name: str) -> Any:
+    def metric(self, run: str, name: str) -> float | None:
         """The metric ``name`` of the ``defaults`` or ``no_tricks`` run (None when absent)."""
         return (self.defaults if run == "defaults" else self.no_tricks).metrics.get(name)
 
@@ -174,10 +180,9 @@ class ComputeOutputs(StageOutputs):
     computed: ComputedValues = field(default_factory=ComputedValues)
     max_batch_size: int | None = None
     run_id: int | None = None
-    #: The steps each measurement got from the stage's share.
-    steps: dict[str, Any] = field(default_factory=dict)
-    #: ``name``, ``value``, ``reason``, ``confidence``, ``effect`` of each recommendation.
-    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    #: The steps (and seconds, ``*_s``; milliseconds, ``*_ms``) each measurement got from the stage's share.
+    steps: dict[str, float] = field(default_factory=dict)
+    recommendations: list[RecommendationRow] = field(default_factory=list)
     #: The computed lr's short run against the defaults' (None: no lr computed, or not checked);
     #: where it did not win, ``computed`` holds no lr and the search centres on the defaults'.
     lr_check: LrCheck | None = None
@@ -252,7 +257,7 @@ class SearchStageOutputs(StageOutputs):
     #: Trials at the task's own epochs and the race's first seed whose models were kept.
     kept: list[KeptRun] = field(default_factory=list)
 
-    def fixed(self) -> dict[str, Any]:
+    def fixed(self) -> dict[str, object]:
         """The params the space fixed (not searched)."""
         return dict((self.plan.get("space") or {}).get("fixed") or {})
 
@@ -270,7 +275,7 @@ class FinalOutputs(StageOutputs):
         "race": optional(FinalOutcome.from_dict), "test": SeedSummary.from_dict,
         # a state.json of an older proftune named the metric in its figures too
         "metric": lambda d: SeedSummary.from_dict({k: v for k, v in d.items() if k != "name"})}
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
     epochs: int | None = None
     default_epochs: int | None = None
@@ -292,7 +297,7 @@ class FinalOutputs(StageOutputs):
     load: str = ""
     #: The search's best configurations that did not race (the budget could not hold a race at
     #: the task's own protocol): proposals, not adopted.
-    proposals: list[dict[str, Any]] = field(default_factory=list)
+    proposals: list[dict[str, object]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from .._holdout import HoldoutInfo
 from .._records import JsonRecord, Reader, each, optional
@@ -49,7 +49,7 @@ class StageRow(JsonRecord):
     #: What "before -> after" means for this stage.
     compares: str | None = None
     gain_vs_baseline: float | None = None
-    outputs: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, object] = field(default_factory=dict)
 
     def record(self, kind: type[S]) -> S:
         """The outputs kept here as the stage's record (``kind``: e.g. ``CompressOutputs``)."""
@@ -77,7 +77,7 @@ class FinalSummary(JsonRecord):
         "metrics": lambda d: {k: SeedSummary.from_dict(v) for k, v in d.items()},
         "test": SeedSummary.from_dict, "compressed": optional(CompressedModel.from_dict),
         "changes": each(ParamChange.from_dict)}
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
     #: Where each param's value came from (task default, computed, searched), in a sentence.
     evidence: dict[str, str] = field(default_factory=dict)
     decision: str = ""
@@ -140,7 +140,7 @@ class VsBaseline(JsonRecord):
     metric: str = ""
     #: ``chosen`` (a configuration beat the defaults beyond noise) or ``defaults`` (kept them).
     decision: str = "defaults"
-    defaults_params: dict[str, Any] = field(default_factory=dict)
+    defaults_params: dict[str, object] = field(default_factory=dict)
     #: The decision in one line with its numbers.
     summary: str = ""
     defaults: SplitSummaries = field(default_factory=SplitSummaries)
@@ -236,6 +236,10 @@ class OptimizeResult(JsonRecord):
     objective: str
     budget_s: float
     elapsed_s: float
+    #: Why the run ended when it did (the budget, an early end of the search, ...).
+    stop_reason: str = ""
+    #: How ``proftune.load_task`` finds the task again (its spec, or its name).
+    spec: str = ""
     stages: list[StageRow] = field(default_factory=list)
     final: FinalSummary = field(default_factory=FinalSummary)
     vs_baseline: VsBaseline = field(default_factory=VsBaseline)
@@ -243,10 +247,6 @@ class OptimizeResult(JsonRecord):
     warnings: list[Finding] = field(default_factory=list)
     layer_findings: list[LayerFinding] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
-    #: Why the run ended when it did (the budget, an early end of the search, ...).
-    stop_reason: str = ""
-    #: How ``proftune.load_task`` finds the task again (its spec, or its name).
-    spec: str = ""
     #: The result in sentences: what the terminal summary and the report print.
     story: Story = field(default_factory=Story)
     schema_version: int = OPTIMIZE_SCHEMA_VERSION
@@ -265,14 +265,3 @@ class OptimizeResult(JsonRecord):
 
     def stage(self, name: str) -> StageRow | None:
         return next((s for s in self.stages if s.name == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "study": self.study, "run_id": self.run_id, "out": self.out,
-                "objective": self.objective, "budget_s": self.budget_s, "elapsed_s": self.elapsed_s,
-                "stop_reason": self.stop_reason, "spec": self.spec,
-                "stages": [s.to_dict() for s in self.stages], "final": self.final.to_dict(),
-                "vs_baseline": self.vs_baseline.to_dict(), "flags": [f.to_dict() for f in self.flags],
-                "warnings": [w.to_dict() for w in self.warnings],
-                "layer_findings": [f.to_dict() for f in self.layer_findings],
-                "files": self.files, "story": self.story.to_dict(), "schema_version": self.schema_version}
-

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import torch
 
@@ -50,14 +50,14 @@ def kept_runs(trials: Sequence[TrialRecord], *, out: Path, seed: int, epochs: in
     return kept
 
 
-def _run(loop: StageContext, params: dict[str, Any], path: Path, *, seed: int, run_id: int | None,
+def _run(loop: StageContext, params: Mapping[str, object], path: Path, *, seed: int, run_id: int | None,
          metrics: dict[str, float], epochs: int, duration_s: float) -> ArmRun:
     """A finished training of ``params`` as a run of the race, its held-out figure measured now."""
     test: dict[str, float] = {}
     if loop.task.test_data(1) is not None:
         model = loop.task.build_model(dict(params)).to(loop.dev)
         model.load_state_dict(torch.load(path, map_location=loop.dev, weights_only=True))
-        test = evaluate_model(loop.task, model, loop.dev, int(params.get("batch_size", 32)), split="test")
+        test = evaluate_model(loop.task, model, loop.dev, int(cast(int, params.get("batch_size", 32))), split="test")
     return ArmRun(seed=seed, run_id=run_id, val=finite_float(metrics.get(loop.v.metric)),
                   test=finite_float(test.get(loop.v.metric)), epochs=epochs, duration_s=duration_s, cut=False,
                   val_metrics=dict(metrics), test_metrics=test)

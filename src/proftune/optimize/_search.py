@@ -25,9 +25,10 @@ from .._jsonsafe import finite_float
 from ..search import EnqueuedTrial, SearchResult, TrialRecord, cancel_waiting, search, study_trials
 from ..task import Task
 from ..track import RunRecord, Store
+from ._computed import OptimizerChoice
 from ._decide import pooled_seed_std
 from ._search_plan import SearchPlan
-from ._search_records import ConfigGroup, TrialLog, YellowFlag, arm_of, enqueued
+from ._search_records import Bound, ConfigGroup, TrialLog, YellowFlag, arm_of, enqueued
 from ._warm_start import space_point, warm_start
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
@@ -81,7 +82,7 @@ class StageSettings:
     min_delta: float = 1e-3
     flag_min: int = 3
     #: The task's defaults (their metric under the trial protocol is measured first).
-    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, object] = field(default_factory=dict)
     #: The defaults' metric at the trials' protocol measured before the search (the baseline's
     #: training, where the trials run the task's own epochs): they are not trained again as a trial.
     defaults_measured: float | None = None
@@ -95,7 +96,7 @@ class StageSettings:
     #: Seconds a full trial is expected to take before any has run (epochs x the baseline's epoch).
     trial_s_estimate: float = 0.0
     #: Another optimizer (with its lr, momentum) the compute stage measured better than the task's.
-    alternative: dict[str, Any] = field(default_factory=dict)
+    alternative: OptimizerChoice | None = None
     #: Each trial's Run as it ends (``search(on_trial=)``); None: nobody is told.
     on_trial: Callable[[RunRecord], object] | None = None
     #: A folder for the models of the leading trials (``search(keep_models=)``): the race takes the
@@ -124,7 +125,7 @@ class SearchOutcome:
 
 
 # -- reading trials -----------------------------------------------------------------------------
-def trial_json(t: TrialRecord) -> dict[str, Any]:
+def trial_json(t: TrialRecord) -> dict[str, object]:
     """A trial as ``search_trials.json`` holds it (the file's keys since it was first written)."""
     return {"number": t.number, "state": t.state, "params": dict(t.params), "value": t.value,
             "reason": t.reason, "anomalies": t.anomalies, "arm": arm_of(t), "duration_s": t.duration_s,
@@ -172,7 +173,7 @@ def find_flags(rows: Sequence[TrialRecord], plan: SearchPlan, *, flag_min: int) 
     for cause, bad in sorted(by_cause.items()):
         if len(bad) < flag_min:
             continue
-        region: dict[str, Any] = {}
+        region: dict[str, Bound] = {}
         for p in plan.space.params:
             vals = [r.params[p.name] for r in bad if p.name in r.params]
             if not vals:
@@ -314,7 +315,7 @@ def _is_point(params: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
     return _key({k: params.get(k) for k in point}) == _key(point)
 
 
-def _defaults_point(plan: SearchPlan, settings: StageSettings) -> dict[str, Any]:
+def _defaults_point(plan: SearchPlan, settings: StageSettings) -> dict[str, object]:
     return space_point(plan, {k: v for k, v in settings.defaults.items() if k in set(plan.space.names)})
 
 
@@ -448,7 +449,7 @@ def _drop_kept(folder: Path, trials: Sequence[TrialRecord], maximize: bool) -> N
 
 
 def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, store: Store,
-                     seconds: float, on_chunk: Callable[[dict[str, Any]], None] | None = None,
+                     seconds: float, on_chunk: Callable[[int, int], None] | None = None,
                      must_end: float | None = None,
                      reserve: Callable[[Sequence[TrialRecord]], float] | None = None) -> SearchOutcome:
     """Run the stage for at most ``seconds``.
@@ -543,7 +544,7 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
         if settings.keep_models is not None:
             _drop_kept(Path(settings.keep_models), result.trials, settings.maximize)
         if on_chunk is not None:
-            on_chunk({"finished": _finished(result.trials), "flags": len(flags)})
+            on_chunk(_finished(result.trials), len(flags))
     cancelled = cancel_waiting(settings.study, store=store, reason="queued, not run: the search's time was spent")
     rows = [r for r in rows if r.number not in set(cancelled)]
     groups = groups_of(rows, settings.maximize)

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .._optimizers import DEFAULT_LR, default_weight_decay
-from .._records import mapping, record_fields
+from .._records import JsonRecord, Reader
 from ..exceptions import ProblemCollector
 from ..search import Param, Space, load_space
 from ..task import Task
 from ..train import LOOP_PARAMS
 from ._computed import ComputedValues
 
-__all__ = ["SearchPlan", "build_plan", "task_param_defaults"]
+__all__ = ["SearchPlan", "build_plan", "in_space", "task_param_defaults"]
 
 #: Loop params the compute stage fixes (never searched by default).
 COMPUTED_FIXED = ("grad_accumulation", "precision")
@@ -50,25 +50,17 @@ def task_param_defaults(task: Task) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class SearchPlan:
+class SearchPlan(JsonRecord):
     """The wide space (what the study stores), the computed centre and the narrow ranges."""
 
+    WHAT: ClassVar[str] = "a search plan"
+    READERS: ClassVar[dict[str, Reader]] = {"space": Space.from_dict}
+
     space: Space
-    centre: dict[str, Any]
+    centre: dict[str, object]
     #: name -> (low, high) for numeric params, or a list of choices for categorical ones.
-    narrow: dict[str, Any]
+    narrow: dict[str, Sequence[object]]
     evidence: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"space": self.space.to_dict(), "centre": self.centre,
-                "narrow": {k: list(v) for k, v in self.narrow.items()}, "evidence": self.evidence}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> SearchPlan:
-        """The plan back from :meth:`to_dict`'s JSON (the search stage's record)."""
-        kw = record_fields(cls, mapping(d, what="a search plan"), what="a search plan")
-        return cls(**{**kw, "space": Space.from_dict(kw["space"]), "centre": dict(kw["centre"]),
-                      "narrow": dict(kw["narrow"]), "evidence": dict(kw.get("evidence") or {})})
 
 
 def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[float, float]:
@@ -76,7 +68,8 @@ def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[f
 
 
 def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | None,
-                   samples: int | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]:
+                   samples: int | None) -> tuple[dict[str, Any], dict[str, object], dict[str, Sequence[object]],
+                                                 dict[str, str]]:
     """(space dict, centre, narrow, evidence) over the params the fit loop and the task read.
 
     Every range holds the task's default value too, so that the defaults are a point of the
@@ -84,8 +77,8 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     """
     defaults = task_param_defaults(task)
     params: dict[str, Any] = {}
-    centre: dict[str, Any] = {}
-    narrow: dict[str, Any] = {}
+    centre: dict[str, object] = {}
+    narrow: dict[str, Sequence[object]] = {}
     evidence: dict[str, str] = {}
     lr = float(computed.lr or defaults.get("lr") or DEFAULT_LR)
     # a measured rate is searched within 30x; without one (the range test found none, or had no
@@ -119,7 +112,7 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
                                                        min(cap, default_bs), *reach, *COMMON_BATCHES)})
     params["batch_size"] = {"type": "categorical", "choices": choices}
     centre["batch_size"] = min(bs, cap)
-    if samples and samples // 8 >= 2 and centre["batch_size"] >= samples:
+    if samples and samples // 8 >= 2 and min(bs, cap) >= samples:
         # a centre of the whole set in one step (a default beyond the data, capped there) moves to
         # the largest batch of the space that leaves eight steps an epoch (a few dozen samples in one
         # step can be the best: it stays a choice)
@@ -172,8 +165,8 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     return {"params": params, "fixed": fixed}, centre, narrow, evidence
 
 
-def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollector,
-               *, max_batch: int | None) -> tuple[Space, dict[str, Any], dict[str, Any], dict[str, str]]:
+def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollector, *,
+               max_batch: int | None) -> tuple[Space, dict[str, object], dict[str, Sequence[object]], dict[str, str]]:
     if space.tiers:
         space = dataclasses.replace(space, tiers=())  # optimize draws whole configurations
     values = computed.params()
@@ -192,24 +185,25 @@ def _user_plan(space: Space, computed: ComputedValues, problems: ProblemCollecto
             if smallest is not None and float(smallest) > max_batch:
                 problems.add(f"space= batch_size starts at {smallest}, above the largest batch that "
                              f"fits memory_budget= ({max_batch}, measured).")
-    centre: dict[str, Any] = {}
-    narrow: dict[str, Any] = {}
+    centre: dict[str, object] = {}
+    narrow: dict[str, Sequence[object]] = {}
     evidence: dict[str, str] = {}
     for p in space.params:
         c = values.get(p.name)  # a param of the user's space, by its name
-        centre[p.name] = _snap(p, c) if c is not None else p.center()
+        centre[p.name] = in_space(p, c) if c is not None else p.center()
         evidence[p.name] = "computed (centre)" if c is not None else "the given space (centre of the range)"
         narrow[p.name] = _narrow(p, centre[p.name])
     return space, centre, narrow, evidence
 
 
-def _snap(p: Param, value: Any) -> Any:
+def in_space(p: Param, value: Any) -> Any:
+    """``value`` as a legal value of ``p`` (snapped into its range, or the nearest choice)."""
     if p.type == "categorical":
         if value in p.choices:
             return value
         numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if numeric and isinstance(value, (int, float)):
-            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(max(value, 1e-12))))
+        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(value)))
         return p.choices[0]
     return p.snap(float(value))
 

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from .._records import JsonRecord, mapping, record_fields
 from ..search import EnqueuedTrial, TrialRecord
 
-__all__ = ["ARM_TAG", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of", "defaults_outside_race",
-           "enqueued"]
+__all__ = ["ARM_TAG", "Bound", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of",
+           "defaults_outside_race", "enqueued"]
 
 #: Tag of an enqueued trial: where its configuration came from.
 ARM_TAG = "arm"
+#: A param's part of a flagged region: its choices (``in``) or its range (``low``, ``high``).
+Bound = TypedDict("Bound", {"in": list[object], "low": float, "high": float}, total=False)
 
 
 def arm_of(t: TrialRecord | EnqueuedTrial) -> str:
@@ -37,7 +39,7 @@ class YellowFlag(JsonRecord):
     WHAT: ClassVar[str] = "a yellow flag"
     cause: str
     trials: list[int]
-    region: dict[str, Any]
+    region: dict[str, Bound]
     evidence: list[str]
 
     def contains(self, params: Mapping[str, Any]) -> bool:
@@ -68,7 +70,7 @@ class ConfigGroup(JsonRecord):
     """The complete trials of one configuration: its metric's mean ± std over their seeds."""
 
     WHAT: ClassVar[str] = "a search group"
-    params: dict[str, Any]
+    params: dict[str, object]
     values: list[float]
     trials: list[int]
     #: The arm of each trial (``centre``, ``defaults``, ``local``, ``tpe``).
@@ -114,7 +116,7 @@ class KeptRun(JsonRecord):
     metrics: dict[str, float]
     #: The model's state dict, relative to the loop's output folder.
     model: str
-    params: dict[str, Any]
+    params: dict[str, object]
 
 
 def defaults_outside_race(group: ConfigGroup | None, full: bool) -> list[float]:

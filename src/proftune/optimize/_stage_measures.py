@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from .._holdout import count_samples
 from .._jsonsafe import finite_float
+from .._train_params import TrainParams
 from ..compress import Candidate
 from ..exceptions import ConfigError
 from ..profile import task_latencies
@@ -53,7 +55,7 @@ def same_value(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def params_key(params: dict[str, Any]) -> str:
+def params_key(params: Mapping[str, object]) -> str:
     return repr(sorted((k, round(float(v), 12) if isinstance(v, float) else v) for k, v in params.items()))
 
 
@@ -68,14 +70,14 @@ def figures_of(c: Candidate, *, method: bool = True, format: bool = False, withi
                         within_budget=c.within_budget if within_budget else None)
 
 
-def steps_per_epoch(task: Task, params: dict[str, Any]) -> int:
-    data = task.train_data(int(params.get("batch_size", 32)), params)
+def steps_per_epoch(task: Task, params: TrainParams) -> int:
+    data = task.train_data(params.batch_size or 32, params.params)
     n = getattr(data, "__len__", None)
     return int(n()) if callable(n) else 1
 
 
 #: Up to this many (batches x batch size), the training samples are counted in one pass of the data.
-def step_s(epoch_s: float, task: Task, params: dict[str, Any]) -> float:
+def step_s(epoch_s: float, task: Task, params: TrainParams) -> float:
     """Seconds of one training step of the defaults, as a training pays it (an epoch's wall clock over its steps)."""
     return max(epoch_s / max(1, steps_per_epoch(task, params)), 1e-4)
 
@@ -112,12 +114,12 @@ def too_few_steps(share_s: float, step_s: float) -> str | None:
 COUNT_SAMPLES_UP_TO = 200_000
 
 
-def train_samples(task: Task, params: dict[str, Any]) -> int | None:
+def train_samples(task: Task, params: TrainParams) -> int | None:
     """Training samples per epoch, when the data has a length: counted in one pass where that is
     cheap, else the upper bound batches x batch size (a batch of 4096 on 1,097 samples gave 4096,
     and the search's batches then never went below 128)."""
-    bs = int(params.get("batch_size", 32))
-    data = task.train_data(bs, params)
+    bs = params.batch_size or 32
+    data = task.train_data(bs, params.params)
     n = getattr(data, "__len__", None)
     if not callable(n):
         return None

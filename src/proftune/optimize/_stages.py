@@ -86,6 +86,7 @@ STAGE_REGISTRY: Registry[BaseStage] = Registry(
     "optimize stage", key=lambda s: s.name, entry_points="proftune.optimize_stages")
 
 S = TypeVar("S")
+V = TypeVar("V")
 
 
 def register_stage(stage: S) -> S:
@@ -140,16 +141,16 @@ def stages() -> list[BaseStage]:
     return [STAGE_REGISTRY[n] for n in stage_order()]
 
 
-class _Live(Mapping[str, Any]):
+class _Live(Mapping[str, V]):
     """A read-only mapping over the stages, read from the registry on every access."""
 
     def __init__(self, field: str) -> None:
         self._field = field
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> dict[str, V]:
         return {s.name: getattr(s, self._field) for s in stages()}
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> V:
         return self._read()[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -165,6 +166,6 @@ class _Live(Mapping[str, Any]):
 #: The stages, in the order they run (names in the Store and in ``--json``).
 OPTIMIZE_STAGES = LiveSequence(stage_order)
 #: Each stage's share of the total budget.
-SHARES: Mapping[str, float] = _Live("share")
+SHARES: Mapping[str, float] = _Live[float]("share")
 #: Each stage's output record.
-STAGE_RECORDS: Mapping[str, type[StageOutputs]] = _Live("record")
+STAGE_RECORDS: Mapping[str, type[StageOutputs]] = _Live[type[StageOutputs]]("record")

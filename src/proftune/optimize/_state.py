@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypedDict, TypeVar, cast
 
 from .._jsonsafe import json_dumps
 from .._paths import OutputPath, output_problems
@@ -22,7 +22,7 @@ from ..exceptions import ConfigError, ProblemCollector
 from ..track import LOCK_FILE, FolderLock, Store, StudyLock
 from ._records import StageOutputs
 
-__all__ = ["STATE_FILE", "OptimizeState", "StageStatus", "check_out_dir", "own_run"]
+__all__ = ["STATE_FILE", "OptimizeState", "StageStatus", "StateFile", "check_out_dir", "own_run"]
 
 STATE_FILE = "state.json"
 VERSION = 1
@@ -60,14 +60,29 @@ class StageStatus(JsonRecord):
         return rec
 
 
+class StateFile(TypedDict, total=False):
+    """``state.json`` as read: the run's identity, its Run, the seconds spent (the search's part of
+    them) and each stage's block (a :class:`StageStatus`'s JSON, by stage)."""
+
+    version: int
+    task: str
+    study: str
+    objective: str
+    budget_s: float
+    run_id: int
+    spent_s: float
+    search_spent_s: float
+    stages: dict[str, dict[str, Any]]
+
+
 class OptimizeState:
     """``state.json``: identity of the run (task, study, options) and each stage's record."""
 
-    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+    def __init__(self, path: Path, data: StateFile) -> None:
         self.path, self.data = path, data
 
     @classmethod
-    def load_or_new(cls, out: Path, identity: dict[str, Any]) -> OptimizeState:
+    def load_or_new(cls, out: Path, identity: StateFile) -> OptimizeState:
         """The state in ``out``, every stage block checked as a :class:`StageStatus` (a ConfigError
         naming the stage and the field otherwise), or a new one."""
         path = out / STATE_FILE
@@ -85,7 +100,7 @@ class OptimizeState:
 
     @property
     def stages(self) -> dict[str, dict[str, Any]]:
-        return cast("dict[str, dict[str, Any]]", self.data.setdefault("stages", {}))
+        return self.data.setdefault("stages", {})
 
     def finished(self, stage: str) -> bool:
         return self.stages.get(stage, {}).get("status") in ("finished", "skipped")
@@ -116,7 +131,7 @@ class OptimizeState:
 
 
 def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
-                  problems: ProblemCollector) -> dict[str, Any] | None:
+                  problems: ProblemCollector) -> StateFile | None:
     """Problems with ``out``: unwritable, in use by a running optimize, or holding another run
     that would be overwritten. Returns the stored state when the run there may be continued.
     """
@@ -167,7 +182,7 @@ def check_out_dir(out: Path, *, resume: bool, study: str | None, task: str,
             problems.add(f"study={study!r} differs from the study of the run in out= "
                          f"({stored.get('study')!r}); give that one or another out=.")
             return None
-        return cast("dict[str, Any] | None", stored)
+        return cast("StateFile", stored)
     if any(p.name != LOCK_FILE for p in out.iterdir()):  # a killed run's lock file is no content
         problems.add(f"out={str(out)!r} is not empty and holds no optimize run; nothing there is "
                      "overwritten: choose an empty or new folder.")

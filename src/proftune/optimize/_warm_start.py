@@ -8,11 +8,12 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from ..search import EnqueuedTrial, Param
-from ._search_plan import SearchPlan
+from ..search import EnqueuedTrial
+from ._computed import OptimizerChoice
+from ._search_plan import SearchPlan, in_space
 from ._search_records import enqueued
 
-__all__ = ["WIDE_POINTS", "halton", "in_space", "space_point", "warm_start", "wide_points"]
+__all__ = ["WIDE_POINTS", "halton", "space_point", "warm_start", "wide_points"]
 
 #: Quasi-random points over the whole space in the warm start, one after each local step: where the
 #: centre is wrong, or the mistake is in a param nothing measured (a dropout of 0.7), the local
@@ -24,21 +25,9 @@ WIDE_POINTS = 4
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71)
 
 
-def in_space(p: Param, value: Any) -> Any:
-    """``value`` as a legal value of ``p`` (snapped into its range, or the nearest choice)."""
-    if p.type == "categorical":
-        if value in p.choices:
-            return value
-        numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return min(numeric, key=lambda c: abs(math.log(max(c, 1e-12)) - math.log(value)))
-        return p.choices[0]
-    return p.snap(float(value))
-
-
 def space_point(plan: SearchPlan, values: Mapping[str, Any]) -> dict[str, Any]:
     """A configuration of the space's active params from ``values`` (the centre where absent)."""
-    chosen: dict[str, Any] = dict(plan.space.fixed)
+    chosen: dict[str, object] = dict(plan.space.fixed)
     out: dict[str, Any] = {}
     for p in plan.space.params:
         if not p.active(chosen):
@@ -75,7 +64,7 @@ def halton(n: int, d: int, seed: int) -> list[list[float]]:
     return out
 
 
-def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, Any]]:
+def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, object]]:
     """``n`` points of a scrambled Halton sequence over the whole space (each param on its own
     scale: log where it is log), as a plain loop's random start draws them, but spread evenly."""
     params = list(plan.space.params)
@@ -84,7 +73,7 @@ def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, Any]]:
     draws = halton(n, len(params), seed)
     out = []
     for row in draws:
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         for p, u in zip(params, row, strict=True):
             if p.type == "categorical":
                 values[p.name] = p.choices[min(int(u * len(p.choices)), len(p.choices) - 1)]
@@ -97,7 +86,7 @@ def wide_points(plan: SearchPlan, n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mapping[str, Any] | None = None, *,
+def warm_start(plan: SearchPlan, defaults: Mapping[str, object], alternative: OptimizerChoice | None = None, *,
                with_defaults: bool = True, seed: int = 0) -> list[EnqueuedTrial]:
     """The first trials: the computed centre, the task's defaults (measured under the trial
     protocol, the bar every other trial is read against), and a local design around the centre
@@ -111,7 +100,7 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
     own = space_point(plan, {k: v for k, v in defaults.items() if k in names})
     # a centre that is the defaults, already measured at this protocol (the baseline), is not trained
     # again: at 8 trainings that second training of the defaults was one of the search's 5-6 trials
-    items: list[tuple[str, dict[str, Any]]] = [] if centre == own and not with_defaults else [("centre", centre)]
+    items: list[tuple[str, dict[str, object]]] = [] if centre == own and not with_defaults else [("centre", centre)]
     if with_defaults:  # (not where they were measured at this protocol already)
         items.append(("defaults", own))
     if "lr" in names and "lr" in centre:
@@ -126,8 +115,8 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, Any], alternative: Mappi
         # L2 in the gradient, and 0.01 of it cost the plateau-start CNN two points held-out that a
         # plain Optuna loop found at ~1e-6 (the centre's other trials all hold it)
         items.append(("local", space_point(plan, {**centre, "weight_decay": float(wd) / 100})))
-    if alternative:
-        other = {k: v for k, v in alternative.items() if k in names}
+    if alternative is not None:
+        other = {k: v for k, v in alternative.params().items() if k in names}
         items.insert(1, ("centre", space_point(plan, {**centre, **other})))
     head = [item for item in items if item[0] != "local"]
     local = [item for item in items if item[0] == "local"]
