@@ -3,7 +3,7 @@ search (its history, importance and space), the final race, compression."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._jsonsafe import finite_float as _f
@@ -66,7 +66,7 @@ def baseline_section(page: Page, run: OptimizeRun, vs: VsBaseline) -> None:
     else:
         s.html(side)
     diag = run.run(dflt.run_id)
-    steps = [p for p in ((diag.curves or {}).get("step") if diag else None) or [] if isinstance(p, Mapping)]
+    steps = diag.curve("step") if diag else []
     if steps and any(_f(p.get("loss")) is not None for p in steps):
         s.chart({"data": [line([p.get("step") for p in steps], [p.get("loss") for p in steps], "loss",
                                color=PALETTE[0], width=1.5)],

@@ -39,7 +39,7 @@ class _TrialRow:
         number = result.trial if result is not None and result.trial is not None else run.id
         state = result.state if result is not None else ("running" if run.status == "running" else run.status)
         return cls(number=number, state=str(state), reason=result.reason if result is not None else None,
-                   params=(run.config or {}).get("params") or {}, metrics=run.metrics or {},
+                   params=p if isinstance(p := run.config.get("params"), Mapping) else {}, metrics=run.metrics,
                    constraints=result.constraints if result is not None else {}, duration_s=run.duration_s,
                    run_id=run.id)
 
@@ -68,9 +68,9 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
         obj = [(o.metric, "max" if o.direction == "maximize" else "min") for o in res.objectives]
         constraints = [c.text for c in res.constraints]
     else:
-        objectives = [str(o) for o in cfg.get("objectives") or []]
+        objectives, constraints = ([str(x) for x in v] if isinstance(v := cfg.get(k), list) else []
+                                   for k in ("objectives", "constraints"))
         obj = [o for o in map(_objective, objectives) if o is not None]
-        constraints = [str(c) for c in cfg.get("constraints") or []]
     reported = {k for t in trials for k in (t.metrics or {})} or None
     obj = obj or [split_objective(default_objective(reported))]
     rows: list[_TrialRow] = []
