@@ -48,7 +48,7 @@ class TrainResult:
     device: str = ""
     #: The first 8 hex digits of the training data's fingerprint (the Run holds the whole MD5).
     data_fingerprint: str | None = None
-    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    anomalies: list[dict[str, object]] = field(default_factory=list)
     #: The CPU thread count it trained at and its evidence (None in a record from before it was kept).
     threads: ThreadChoice | None = None
     schema_version: int = TRAIN_SCHEMA_VERSION

@@ -284,7 +284,7 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, spec: StepSpec
             "step_ms": data_ms + forward_ms + backward_ms + optimizer_ms,
         }
         state.curves["step"].append({"step": state.step, "epoch": state.epoch, "loss": state.loss,
-                                     "lr": state.lr, "samples": n})
+                                     "lr": float(optimizer.param_groups[0]["lr"]), "samples": n})
         if state.scheduler is not None and state.scheduler_interval == "step":  # the next step's rate
             state.scheduler.step()
         if not math.isfinite(state.loss):
