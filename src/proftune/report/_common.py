@@ -199,7 +199,7 @@ def _spans_decades(values: Iterable[Any]) -> bool:
 
 
 def _step_figure(xs: Sequence[Any], ys: Sequence[Any], key: str, marks: Sequence[tuple[Any, str, str]],
-                 *, log: bool = False) -> dict[str, Any]:
+                 *, log: bool = False) -> dict[str, object]:
     data = [line(xs, ys, key, color=PALETTE[0], width=1.5)]
     smooth = _ema(ys)
     if key == "loss" and len(ys) > 10:
@@ -209,10 +209,8 @@ def _step_figure(xs: Sequence[Any], ys: Sequence[Any], key: str, marks: Sequence
         shape, note = vline(float(x), text, color=color, y=1.0 - 0.08 * (i % 4))
         shapes.append(shape)
         notes.append(note)
-    lay = layout(f"{key} per step", x="step", y=key, shapes=shapes, annotations=notes)
-    if log:
-        lay["yaxis"]["type"] = "log"
-    return {"data": data, "layout": lay}
+    return {"data": data, "layout": layout(f"{key} per step", x="step", y=key, shapes=shapes, annotations=notes,
+                                           yaxis={"type": "log"} if log else {})}
 
 
 def _ema(ys: Sequence[Any], beta: float = 0.9) -> list[float | None]:

@@ -108,7 +108,7 @@ def _log_profile(run: Any, p: Mapping[str, Any]) -> None:
     layers = [lay for lay in p.get("layers") or [] if isinstance(lay, Mapping)]
     cols = ["name", "type", "params", "macs", "forward_ms", "backward_ms", "activation_bytes", "time_share"]
     table = wandb.Table(columns=cols, data=[[lay.get(c) for c in cols] for lay in layers])
-    values: dict[str, Any] = {"profile/layers": table}
+    values: dict[str, object] = {"profile/layers": table}
     for lay in layers:
         name = str(lay.get("name") or "model")
         stats = lay.get("stats") or {}
