@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ class TrainResult:
 
 def run_train(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     *,
     epochs: int | None = None,
     max_steps: int | None = None,

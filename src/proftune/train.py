@@ -12,7 +12,7 @@ import copy
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,7 @@ class FitConfig:
 
 def fit(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: FitConfig | None = None,
     *,
     callbacks: Sequence[Callback] = (),
