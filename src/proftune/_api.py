@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ class TrainResult:
     device: str = ""
     #: The first 8 hex digits of the training data's fingerprint (the Run holds the whole MD5).
     data_fingerprint: str | None = None
-    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    anomalies: list[dict[str, object]] = field(default_factory=list)
     #: The CPU thread count it trained at and its evidence (None in a record from before it was kept).
     threads: ThreadChoice | None = None
     schema_version: int = TRAIN_SCHEMA_VERSION
@@ -82,7 +82,7 @@ class TrainResult:
 
 def run_train(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     *,
     epochs: int | None = None,
     max_steps: int | None = None,

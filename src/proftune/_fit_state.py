@@ -72,9 +72,9 @@ class FitState:
     timing: dict[str, float] = field(default_factory=dict)
     #: Metrics of the last evaluation.
     metrics: dict[str, float] = field(default_factory=dict)
-    #: ``{"step": [...], "epoch": [...]}``: one dict per step and per epoch.
-    curves: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"step": [], "epoch": []})
-    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    #: ``{"step": [...], "epoch": [...]}``: one row of figures per step and per epoch.
+    curves: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {"step": [], "epoch": []})
+    anomalies: list[dict[str, object]] = field(default_factory=list)
     samples_seen: int = 0
     should_stop: bool = False
     stop_reason: str | None = None
@@ -92,7 +92,7 @@ class FitState:
         if self.stop_reason is None:
             self.stop_reason = reason
 
-    def record_anomaly(self, kind: str, **detail: Any) -> None:
+    def record_anomaly(self, kind: str, **detail: object) -> None:
         """Note an anomaly (``nan_loss``, ``grad_spike``, ...) at the current step."""
         self.anomalies.append({"kind": kind, "step": self.step, "epoch": self.epoch, **detail})
 
@@ -108,7 +108,7 @@ class FitResult:
     """What :func:`fit` returns: final metrics, curves, the trained model and how it ended."""
 
     metrics: dict[str, float]
-    curves: dict[str, list[dict[str, Any]]]
+    curves: dict[str, list[dict[str, float]]]
     params: dict[str, Any]
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -116,7 +116,7 @@ class FitResult:
     epochs: int
     samples: int
     duration_s: float
-    anomalies: list[dict[str, Any]]
+    anomalies: list[dict[str, object]]
     stop_reason: str | None
     device: str
     #: The CPU thread count it trained at and its evidence (the measured step times, the re-checks).

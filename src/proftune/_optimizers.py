@@ -6,7 +6,7 @@ validates the name), so neither imports the other for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ def default_weight_decay(optimizer: str) -> float:
     return 0.0 if str(optimizer).lower() in NO_DECAY_BY_DEFAULT else DEFAULT_WEIGHT_DECAY
 
 
-def build_optimizer(parameters: Iterable[torch.nn.Parameter], params: dict[str, Any]) -> torch.optim.Optimizer:
+def build_optimizer(parameters: Iterable[torch.nn.Parameter], params: Mapping[str, Any]) -> torch.optim.Optimizer:
     """The optimizer named by ``params['optimizer']`` with its lr, weight_decay and momentum."""
     name = str(params.get("optimizer", DEFAULT_OPTIMIZER)).lower()
     lr = float(params.get("lr", DEFAULT_LR))

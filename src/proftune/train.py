@@ -12,7 +12,7 @@ import copy
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,7 @@ class FitConfig:
 
 def fit(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: FitConfig | None = None,
     *,
     callbacks: Sequence[Callback] = (),
@@ -284,7 +284,7 @@ def _run_epoch(state: FitState, callbacks: Sequence[Callback], *, spec: StepSpec
             "step_ms": data_ms + forward_ms + backward_ms + optimizer_ms,
         }
         state.curves["step"].append({"step": state.step, "epoch": state.epoch, "loss": state.loss,
-                                     "lr": state.lr, "samples": n})
+                                     "lr": float(optimizer.param_groups[0]["lr"]), "samples": n})
         if state.scheduler is not None and state.scheduler_interval == "step":  # the next step's rate
             state.scheduler.step()
         if not math.isfinite(state.loss):

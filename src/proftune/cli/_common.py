@@ -105,7 +105,7 @@ def log_run(log: str | None, run_id: int, *, project: str, db: str | None,
     return out
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str) -> bool | int | float | str | None:
     """``'64'`` -> 64, ``'1e-3'`` -> 0.001, ``'true'`` -> True, anything else stays a string."""
     low = text.strip().lower()
     if low in ("true", "false"):
@@ -127,7 +127,7 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     from ..train import validate_params
 
     problems = ProblemCollector()
-    params: dict[str, Any] = {}
+    params: dict[str, bool | int | float | str | None] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         key = key.strip()

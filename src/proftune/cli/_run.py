@@ -26,7 +26,7 @@ def _memory_headroom(p: Profile) -> Recommendation:
     import torch
 
     mem = p.memory
-    evidence: dict[str, Any] = {"peak_bytes": mem.peak_bytes, "activations_bytes": mem.activations_bytes,
+    evidence: dict[str, int | str] = {"peak_bytes": mem.peak_bytes, "activations_bytes": mem.activations_bytes,
                                 "batch_size": p.batch_size, "device": p.device}
     if not p.device.startswith("cuda") or not torch.cuda.is_available() or not mem.peak_bytes:
         return Recommendation("batch_size", None, "memory headroom is measured against a CUDA device's "

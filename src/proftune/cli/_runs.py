@@ -92,7 +92,8 @@ def show(
             table.add_row(f"env.{k}", _fmt(r.env.get(k)))
         if r.anomalies:
             table.add_row("anomalies", _fmt(r.anomalies))
-        table.add_row("curves", ", ".join(f"{k}: {len(v)} points" for k, v in r.curves.items()))
+        table.add_row("curves", ", ".join(f"{k}: {len(v) if isinstance(v, list) else 0} points"
+                                          for k, v in r.curves.items()))
         out_console.print(table)
 
     execute(body, json_out=json_out, debug=debug, render=render)

@@ -9,7 +9,7 @@ metric drop stays within ``max_accuracy_drop``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ def compress(
     task: Task | str,
     config: CompressConfig | None = None,
     *,
-    params: dict[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
     model: nn.Module | str | Path | None = None,
     trust_model: bool = False,
     store: Store | str | None = None,

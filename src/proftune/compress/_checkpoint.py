@@ -24,7 +24,7 @@ import re
 import sys
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -305,7 +305,7 @@ def _rebuild(saved: dict[str, Any], task: Any, path: Path, name: str, *, trust: 
     return model
 
 
-def read_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | None = None,
+def read_model(path: str | Path, *, task: Any = None, params: Mapping[str, Any] | None = None,
                trust: bool = False, name: str = "path", trust_name: str = "trust") -> nn.Module:
     """A float model from ``path``: a state dict for ``task.build_model(params)``, a ``state``
     file written by proftune, or (only with ``trust``) a whole pickled module. Messages name the
@@ -335,7 +335,7 @@ def read_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | N
                       "torch.save(model.state_dict(), path).")
 
 
-def load_model(path: str | Path, *, task: Any = None, params: dict[str, Any] | None = None,
+def load_model(path: str | Path, *, task: Any = None, params: Mapping[str, Any] | None = None,
                trust: bool = False) -> nn.Module:
     """Load a model saved by ``proftune compress`` (any of its formats), ready for inference.
 

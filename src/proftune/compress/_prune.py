@@ -227,7 +227,7 @@ def prune_structured(
                 f"ignore_layers={tuple(exposed)!r}, or use prune='unstructured'."
             )
     imp = _importance(importance, model)
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, object] = {
         "importance": imp, "pruning_ratio": float(ratio), "global_pruning": global_pruning,
         "ignored_layers": list(ignored), "round_to": round_to,
         "unwrapped_parameters": _unwrapped_parameters(model),

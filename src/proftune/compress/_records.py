@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +38,11 @@ class CompressResult:
     candidates: list[Candidate]
     selected: Candidate | None
     output: str | None
-    profile: dict[str, Any]
+    #: The profile's summary (totals, top layers, shares by type) as JSON.
+    profile: dict[str, object]
     plan: list[str]
-    sensitivity: list[dict[str, Any]] = field(default_factory=list)
+    #: One row per layer: layer, params, ratio, drop, module (none in a record from before it).
+    sensitivity: list[Mapping[str, object]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
     run_id: int | None = None
@@ -94,7 +97,7 @@ class CompressResult:
         return cls(**kw)
 
 
-def _candidate(d: dict[str, Any]) -> Candidate:
+def _candidate(d: Mapping[str, object]) -> Candidate:
     """A candidate from its JSON: every field it has (a missing required one is a TypeError)."""
     known = {f.name for f in dataclasses.fields(Candidate)}
     return Candidate(**{k: v for k, v in json_safe(d).items() if k in known})

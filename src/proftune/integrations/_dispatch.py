@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +93,13 @@ def _returns(fn: Any) -> Any:
     return hints.get("return")
 
 
-def _defined(namespace: dict[str, Any], module_name: str, kind: str) -> dict[str, Any]:
+def _defined(namespace: Mapping[str, object], module_name: str, kind: str) -> dict[str, type]:
     return {name: obj for name, obj in namespace.items()
             if inspect.isclass(obj) and getattr(obj, "__module__", None) == module_name
             and not name.startswith("_") and _kind(obj) == kind}
 
 
-def foreign_task_in(namespace: dict[str, Any], module_name: str, class_name: str | None,
+def foreign_task_in(namespace: Mapping[str, object], module_name: str, class_name: str | None,
                     *, spec: str) -> Task | None:
     """A Task from a module's namespace (a user's file): the LightningModule it names or defines.
 

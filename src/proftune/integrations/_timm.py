@@ -53,7 +53,7 @@ def timm_task(spec: str) -> ModuleTask:
                             "All names: python -c \"import timm; print(timm.list_models('*resnet*'))\".")
 
     def factory(params: dict[str, Any]) -> nn.Module:
-        kwargs: dict[str, Any] = {"num_classes": _DEFAULT_CLASSES}
+        kwargs: dict[str, object] = {"num_classes": _DEFAULT_CLASSES}
         for key in TIMM_BUILD_PARAMS:
             if params.get(key) is not None:
                 kwargs[key] = _img_size(params[key]) if key == "img_size" else params[key]

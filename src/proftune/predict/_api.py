@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,7 +155,7 @@ class PredictConfig:
     #: step, a plan's priced by a sweep between them; the target's datasheet figure otherwise),
     #: ``table`` (the datasheet's), ``measure`` (a short sweep between ``gpus`` ranks of this
     #: machine: gloo, or nccl on as many GPUs), or figures measured before (``LinkFigures`` or its dict).
-    link: str | dict[str, Any] | LinkFigures = "auto"
+    link: str | dict[str, object] | LinkFigures = "auto"
     #: The step's compute: ``auto`` (a few steps timed where the ranks would run: for target ``cpu``
     #: and one strategy, ``gpus`` processes stepping together at one thread each, a plan's options
     #: one process each; this CUDA GPU when it is the target),
@@ -165,7 +165,7 @@ class PredictConfig:
 
 def predict(
     task: Task | str,
-    params: TrainParams | dict[str, Any] | None = None,
+    params: TrainParams | Mapping[str, Any] | None = None,
     config: PredictConfig | None = None,
     *,
     store: Store | str | None = None,

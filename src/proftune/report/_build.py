@@ -217,8 +217,7 @@ def _text(v: Any) -> str:
 def _overlay(page: Page, ra: RunRecord, rb: RunRecord) -> None:
     charts = []
     for scope, xkey in (("step", "step"), ("epoch", "epoch")):
-        pa = [p for p in (ra.curves or {}).get(scope) or [] if isinstance(p, Mapping)]
-        pb = [p for p in (rb.curves or {}).get(scope) or [] if isinstance(p, Mapping)]
+        pa, pb = ra.curve(scope), rb.curve(scope)
         keys = [k for k in dict.fromkeys([*(pa[-1] if pa else {}), *(pb[-1] if pb else {})])
                 if k not in (xkey, "epoch", "step", "samples", "epoch_s", "elapsed_s")]
         for k in keys:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .._jsonsafe import finite_float
 from .._jsonsafe import is_finite_number as _num
 from .._registry import Registry
 from .._units import format_bytes
@@ -111,9 +112,9 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
     env_items = [(k, env.get(k)) for k in ("device", "device_name", "python", "torch", "cuda", "cudnn",
                                            "cores", "torch_threads", "memory_bytes", "platform", "git_commit")
                  if k in env]
-    env_items = [(k, format_bytes(v) if k == "memory_bytes" and _num(v) else ("-" if v is None else str(v)))
-                 for k, v in env_items]
-    packages = env.get("packages") or {}
+    env_items = [(k, format_bytes(finite_float(v)) if k == "memory_bytes" and _num(v)
+                  else ("-" if v is None else str(v))) for k, v in env_items]
+    packages = p if isinstance(p := env.get("packages"), Mapping) else {}
     config = [(k, v if not isinstance(v, (list, dict)) else str(v)) for k, v in flatten(r.config)]
     config_html = s.side(lambda t: t.kv(config[:14], title=config_title))
     if len(config) > 14:
@@ -135,8 +136,7 @@ def overview(page: Page, r: RunRecord, *, title: str = "Overview", config_title:
 
 def curves(page: Page, r: RunRecord, *, findings: Sequence[Finding] = ()) -> None:
     """Per-step and per-epoch curves, anomalies (and diagnose findings) marked at their step."""
-    step_rows = [p for p in (r.curves or {}).get("step") or [] if isinstance(p, Mapping)]
-    epoch_rows = [p for p in (r.curves or {}).get("epoch") or [] if isinstance(p, Mapping)]
+    step_rows, epoch_rows = r.curve("step"), r.curve("epoch")
     anomalies = [a for a in (r.anomalies or []) if isinstance(a, Mapping)]
     if not step_rows and not epoch_rows:
         return
@@ -199,7 +199,7 @@ def _spans_decades(values: Iterable[Any]) -> bool:
 
 
 def _step_figure(xs: Sequence[Any], ys: Sequence[Any], key: str, marks: Sequence[tuple[Any, str, str]],
-                 *, log: bool = False) -> dict[str, Any]:
+                 *, log: bool = False) -> dict[str, object]:
     data = [line(xs, ys, key, color=PALETTE[0], width=1.5)]
     smooth = _ema(ys)
     if key == "loss" and len(ys) > 10:
@@ -209,10 +209,8 @@ def _step_figure(xs: Sequence[Any], ys: Sequence[Any], key: str, marks: Sequence
         shape, note = vline(float(x), text, color=color, y=1.0 - 0.08 * (i % 4))
         shapes.append(shape)
         notes.append(note)
-    lay = layout(f"{key} per step", x="step", y=key, shapes=shapes, annotations=notes)
-    if log:
-        lay["yaxis"]["type"] = "log"
-    return {"data": data, "layout": lay}
+    return {"data": data, "layout": layout(f"{key} per step", x="step", y=key, shapes=shapes, annotations=notes,
+                                           yaxis={"type": "log"} if log else {})}
 
 
 def _ema(ys: Sequence[Any], beta: float = 0.9) -> list[float | None]:

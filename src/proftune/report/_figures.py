@@ -12,9 +12,9 @@ PALETTE = ("#3b5bdb", "#f08c00", "#2b8a3e", "#c2255c", "#7048e8", "#1098ad", "#e
            "#862e9c", "#364fc7")
 
 
-def layout(title: str = "", *, x: str = "", y: str = "", height: int = 360, **extra: Any) -> dict[str, Any]:
+def layout(title: str = "", *, x: str = "", y: str = "", height: int = 360, **extra: Any) -> dict[str, object]:
     """The house layout: white paper, light grid, legend on top."""
-    base: dict[str, Any] = {
+    base: dict[str, object] = {
         # the title in the top-left corner, the legend under it on the left: plotly's toolbar
         # takes the top-right corner and would cover a legend there
         "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left", "yref": "container",
@@ -32,30 +32,26 @@ def layout(title: str = "", *, x: str = "", y: str = "", height: int = 360, **ex
         "showlegend": True,
     }
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
+        old = base.get(key)
+        base[key] = {**old, **value} if isinstance(value, dict) and isinstance(old, dict) else value
     return base
 
 
 def line(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = None, yaxis: str | None = None,
-         dash: str | None = None, width: float = 2, markers: bool = False) -> dict[str, Any]:
-    trace: dict[str, Any] = {"type": "scatter", "mode": "lines+markers" if markers else "lines",
-                             "x": list(x), "y": [finite(v) for v in y], "name": name,
-                             "line": {"width": width}}
+         dash: str | None = None, width: float = 2, markers: bool = False) -> dict[str, object]:
+    style: dict[str, object] = {"width": width, **({"color": color} if color else {}),
+                                **({"dash": dash} if dash else {})}
+    trace: dict[str, object] = {"type": "scatter", "mode": "lines+markers" if markers else "lines",
+                                "x": list(x), "y": [finite(v) for v in y], "name": name, "line": style}
     if color:
-        trace["line"]["color"] = color
         trace["marker"] = {"color": color, "size": 6}
-    if dash:
-        trace["line"]["dash"] = dash
     if yaxis:
         trace["yaxis"] = yaxis
     return trace
 
 
 def vline(x: float, text: str, *, color: str = "#868e96", dash: str = "dot",
-          y: float = 1.0) -> tuple[dict[str, Any], dict[str, Any]]:
+          y: float = 1.0) -> tuple[dict[str, object], dict[str, object]]:
     """A vertical marker line and its label (a shape and an annotation)."""
     shape = {"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "xref": "x", "yref": "paper",
              "line": {"color": color, "width": 1.5, "dash": dash}}
@@ -65,7 +61,8 @@ def vline(x: float, text: str, *, color: str = "#868e96", dash: str = "dot",
     return shape, note
 
 
-def hline(y: float, text: str, *, color: str = "#c92a2a", dash: str = "dash") -> tuple[dict[str, Any], dict[str, Any]]:
+def hline(y: float, text: str, *, color: str = "#c92a2a",
+          dash: str = "dash") -> tuple[dict[str, object], dict[str, object]]:
     shape = {"type": "line", "x0": 0, "x1": 1, "y0": y, "y1": y, "xref": "paper", "yref": "y",
              "line": {"color": color, "width": 1.5, "dash": dash}}
     note = {"x": 1, "y": y, "xref": "paper", "yref": "y", "text": text, "showarrow": False,
@@ -74,8 +71,8 @@ def hline(y: float, text: str, *, color: str = "#c92a2a", dash: str = "dash") ->
 
 
 def bar(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = None,
-        orientation: str = "v", text: Sequence[str] | None = None) -> dict[str, Any]:
-    trace: dict[str, Any] = {"type": "bar", "x": list(x), "y": list(y), "name": name, "orientation": orientation}
+        orientation: str = "v", text: Sequence[str] | None = None) -> dict[str, object]:
+    trace: dict[str, object] = {"type": "bar", "x": list(x), "y": list(y), "name": name, "orientation": orientation}
     if orientation == "h":
         trace["x"] = [finite(v) for v in x]
     else:
@@ -88,7 +85,7 @@ def bar(x: Sequence[Any], y: Sequence[Any], name: str, *, color: str | None = No
     return trace
 
 
-def heatmap(z: Sequence[Sequence[Any]], x: Sequence[str], y: Sequence[str], *, title: str) -> dict[str, Any]:
+def heatmap(z: Sequence[Sequence[Any]], x: Sequence[str], y: Sequence[str], *, title: str) -> dict[str, object]:
     """Correlations as a red-blue grid from -1 to 1, each cell labelled with its value."""
     text = [["" if finite(v) is None else f"{float(v):+.2f}" for v in row] for row in z]
     return {
@@ -102,7 +99,7 @@ def heatmap(z: Sequence[Sequence[Any]], x: Sequence[str], y: Sequence[str], *, t
 
 
 def parallel(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], color_by: str, *, title: str,
-             labels: Sequence[str] | None = None) -> dict[str, Any]:
+             labels: Sequence[str] | None = None) -> dict[str, object]:
     """Parallel coordinates drawn as SVG lines on normalised axes (no WebGL needed).
 
     Each row is one line; numeric axes are scaled to [0, 1] between their min and max,

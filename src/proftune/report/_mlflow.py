@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._jsonsafe import is_finite_number, json_dumps
+from .._jsonsafe import finite_float, is_finite_number, json_dumps
 from .._optional import require
 from ..exceptions import ConfigError
 from ..track import RunRecord, Store
@@ -106,17 +106,16 @@ def export_mlflow(run: int | RunRecord, uri: str, *, experiment: str = "proftune
     created = client.create_run(exp_id, tags=run_tags(record), run_name=f"{record.task} {record.kind} {record.id}")
     mlflow_id = str(created.info.run_id)
     now = int(time.time() * 1000)
-    metrics = [Metric(key(k), float(v), now, 0) for k, v in record.metrics.items() if is_finite_number(v)]
+    metrics = [Metric(key(k), f, now, 0) for k, v in record.metrics.items() if (f := finite_float(v)) is not None]
     for scope in ("step", "epoch"):
-        for point in (record.curves or {}).get(scope) or []:
-            if isinstance(point, Mapping) and is_finite_number(point.get(scope)):
+        for point in record.curve(scope):
+            if is_finite_number(point.get(scope)):
                 x = int(point[scope])
                 metrics += [Metric(key(f"{scope}/{k}"), float(v), now, x) for k, v in point.items()
                             if k not in ("step", "epoch") and is_finite_number(v)]
-    for i, point in enumerate((record.curves or {}).get("lr_range") or []):
-        if isinstance(point, Mapping):
-            metrics += [Metric(key(f"lr_range/{k}"), float(point[k]), now, i) for k in ("lr", "loss", "smoothed")
-                        if is_finite_number(point.get(k))]
+    for i, point in enumerate(record.curve("lr_range")):
+        metrics += [Metric(key(f"lr_range/{k}"), float(point[k]), now, i) for k in ("lr", "loss", "smoothed")
+                    if is_finite_number(point.get(k))]
     params = [Param(k, v) for k, v in flat_params(record.config).items()]
     log_in_batches(client, mlflow_id, metrics=metrics, params=params)
     with tempfile.TemporaryDirectory(prefix="proftune-mlflow-") as tmp:

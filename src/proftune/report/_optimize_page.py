@@ -187,9 +187,8 @@ def _evidence(s: Section, run: OptimizeRun, params: Mapping[str, Any]) -> None:
     if not recs:
         s.para("no recommendations recorded for this run", cls="muted")
         return
-    curves = (rec_run.curves or {}) if rec_run else {}
     lr = recs.get("lr")
-    pts = [p for p in curves.get("lr_range") or [] if isinstance(p, Mapping)]
+    pts = rec_run.curve("lr_range") if rec_run else []
     s.html("<h3>evidence: learning rate</h3>")
     s.para(lr.reason if lr is not None else "")
     if pts and lr is not None:
@@ -209,7 +208,7 @@ def _evidence(s: Section, run: OptimizeRun, params: Mapping[str, Any]) -> None:
         s.para("the batch-size search's probes are not in this store (recorded before they were kept)", cls="muted")
     crit = recs.get("critical_batch_size")
     cev = NoiseScaleEvidence.of(crit)
-    noise = [p for p in curves.get("noise_scale") or [] if isinstance(p, Mapping)]
+    noise = rec_run.curve("noise_scale") if rec_run else []
     if crit is not None and not cev.measured:  # not measured: the reason alone, no table of dashes
         s.para("gradient noise scale: " + (crit.reason or "not measured"), cls="muted")
     elif crit is not None:

@@ -3,7 +3,7 @@ search (its history, importance and space), the final race, compression."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._jsonsafe import finite_float as _f
@@ -66,7 +66,7 @@ def baseline_section(page: Page, run: OptimizeRun, vs: VsBaseline) -> None:
     else:
         s.html(side)
     diag = run.run(dflt.run_id)
-    steps = [p for p in ((diag.curves or {}).get("step") if diag else None) or [] if isinstance(p, Mapping)]
+    steps = diag.curve("step") if diag else []
     if steps and any(_f(p.get("loss")) is not None for p in steps):
         s.chart({"data": [line([p.get("step") for p in steps], [p.get("loss") for p in steps], "loss",
                                color=PALETTE[0], width=1.5)],
@@ -187,7 +187,7 @@ def _search_history(s: Section, run: OptimizeRun, trials: Sequence[TrialLog], sr
     maximize = _maximize(run)
     values = [v for v in (_f(t.value) for t in trials) if v is not None]
     floor = (min(values) if maximize else max(values)) if values else 0.0
-    data: list[dict[str, Any]] = []
+    data: list[dict[str, object]] = []
     for arm, (color, symbol, label) in ARM_STYLE.items():
         pts = [t for t in trials if (t.arm or "tpe") == arm and _f(t.value) is not None]
         if pts:
@@ -232,13 +232,11 @@ def _search_history(s: Section, run: OptimizeRun, trials: Sequence[TrialLog], sr
             notes.append({"x": (min(f.trials) + max(f.trials)) / 2, "y": 0.02, "xref": "x", "yref": "paper",
                           "text": f"yellow flag: {f.cause}", "showarrow": False,
                           "font": {"size": 11, "color": "#a05a00"}})
-    chart_layout = layout(f"{run.metric} of every trial, by arm", x="trial", y=run.metric,
-                          shapes=shapes, annotations=notes, height=400)
-    numbers = [t.number for t in ordered]
-    if numbers:  # trial numbers on the axis (a lone trial is not drawn on an axis from -1 to 1)
-        chart_layout["xaxis"] = {**chart_layout.get("xaxis", {}), "range": [min(numbers) - 0.5, max(numbers) + 0.5],
-                                 "dtick": max(1, (max(numbers) - min(numbers) + 1) // 10)}
-    s.chart({"data": data, "layout": chart_layout})
+    numbers = [t.number for t in ordered]  # on the axis (a lone trial is not drawn on an axis from -1 to 1)
+    xaxis = {"range": [min(numbers) - 0.5, max(numbers) + 0.5],
+             "dtick": max(1, (max(numbers) - min(numbers) + 1) // 10)} if numbers else {}
+    s.chart({"data": data, "layout": layout(f"{run.metric} of every trial, by arm", x="trial", y=run.metric,
+                                            shapes=shapes, annotations=notes, height=400, xaxis=xaxis)})
     if len(values) < 2:  # no line to draw: say why, not an empty chart
         states = ", ".join(f"{v} {k.lower()}" for k, v in srch.counts.items() if v)
         s.para(f"{len(values)} of {len(trials)} trial(s) produced a value" + (f" ({states})" if states else "")

@@ -3,8 +3,6 @@ so that a renamed field fails here rather than rendering as an empty cell."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._units import format_bytes
 from ..predict import STRATEGIES, ParallelPlan, ParallelPrediction, PredictResult
 from ..track import RunRecord
@@ -82,13 +80,12 @@ def _parallel(s: Section, o: ParallelPrediction) -> None:
     s.para(f"per-GPU batch {o.batch_size} x {o.micro_batches} micro-batches = global batch {o.global_batch}; "
            f"peak in {o.peak_phase}; {o.note or 'traced at this batch'}", cls="muted")
     kinds = _kinds(o.memory)
-    fig: dict[str, Any] = {"data": [bar(kinds, [o.memory[k] / 2**20 for k in kinds], "bytes", color=PALETTE[0],
-                                        text=[format_bytes(o.memory[k]) for k in kinds])],
-                           "layout": layout(f"one GPU's memory at the step's peak (MiB), {o.peak_phase}", y="MiB",
-                                            showlegend=False)}
+    lay = layout(f"one GPU's memory at the step's peak (MiB), {o.peak_phase}", y="MiB", showlegend=False)
     if o.device_memory_bytes:
         shape, note = hline(o.device_memory_bytes / 2**20, f"device {format_bytes(o.device_memory_bytes)}")
-        fig["layout"].update(shapes=[shape], annotations=[note])
+        lay.update(shapes=[shape], annotations=[note])
+    fig = {"data": [bar(kinds, [o.memory[k] / 2**20 for k in kinds], "bytes", color=PALETTE[0],
+                        text=[format_bytes(o.memory[k]) for k in kinds])], "layout": lay}
     st, ds = o.step, o.deepspeed
     s.chart(fig, side=s.side(lambda t: t.kv(
         [*[(k, format_bytes(o.memory[k])) for k in kinds], ("peak per GPU", format_bytes(o.peak_bytes)),
@@ -132,13 +129,12 @@ def _plan(s: Section, plan: ParallelPlan) -> None:
                   for o in best.values()]
         data = [bar(labels, [o.memory.get(k, 0) / 2**20 for o in best.values()], k,
                     color=PALETTE[i % len(PALETTE)]) for i, k in enumerate(kinds)]
-        fig: dict[str, Any] = {"data": data, "layout": layout(
-            "per-GPU memory at the peak, the fastest option of each strategy (MiB)", y="MiB", barmode="stack")}
+        lay = layout("per-GPU memory at the peak, the fastest option of each strategy (MiB)", y="MiB", barmode="stack")
         memory = next(iter(best.values())).device_memory_bytes
         if memory:
             shape, note = hline(memory / 2**20, f"device {format_bytes(memory)}")
-            fig["layout"].update(shapes=[shape], annotations=[note])
-        s.chart(fig)
+            lay.update(shapes=[shape], annotations=[note])
+        s.chart({"data": data, "layout": lay})
     cols = ["#", "strategy", "checkpointing", "offload", "per-GPU batch", "accumulation", "params/GPU", "grads/GPU",
             "optimizer/GPU", "activations", "buffers", "peak/GPU", "peak in", "step ms", "samples/s", "tokens/s"]
 

@@ -72,7 +72,7 @@ def memory_model_chart(s: Section, res: BatchSizeResult) -> None:
     model, probes = res.model, res.probes
     a, b = finite(model.intercept_bytes), finite(model.per_sample_bytes)
     budget, answer = finite(res.memory_budget), finite(res.max_batch_size)
-    data: list[dict[str, Any]] = []
+    data: list[dict[str, object]] = []
     mib = 2.0**20
     for status, color in (("fits", PALETTE[2]), ("oom", "#c92a2a"), ("over budget", PALETTE[1])):
         pts = [p for p in probes if p.status == status or (status == "over budget" and p.status not in ("fits", "oom"))]
@@ -159,10 +159,8 @@ def lr_chart(s: Section, res: LRFindResult, marks: Sequence[tuple[str, Any, str]
     if known:
         lo, start = min(known), known[0]
         yr = [lo - 0.1 * abs(start - lo + 1e-12), start + 0.6 * abs(start - lo + 1e-12) + 1e-9]
-    lay = layout("loss vs learning rate", x="learning rate (log)", y="loss", shapes=shapes, annotations=notes)
-    lay["xaxis"]["type"] = "log"
-    if yr:
-        lay["yaxis"]["range"] = yr
+    lay = layout("loss vs learning rate", x="learning rate (log)", y="loss", shapes=shapes, annotations=notes,
+                 xaxis={"type": "log"}, yaxis={"range": yr} if yr else {})
     items = [(k, v) for k, v in (("suggested_lr", res.suggested_lr), ("min_lr", res.min_lr), ("max_lr", res.max_lr),
                                  ("lr_at_min_loss", res.lr_at_min_loss), ("rule", res.rule),
                                  ("stop_reason", res.stop_reason), ("message", res.message),

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
+from .._jsonsafe import finite_float
 from .._jsonsafe import is_finite_number as _num
 from .._optional import require
 from ..track import RunRecord, Store
@@ -57,7 +58,7 @@ def export_tensorboard(run: int | RunRecord, logdir: str | Path, *, store: Store
         if isinstance(profile, Mapping) and profile.get("layers"):
             _profile(writer, profile)
         writer.add_text("run/overview", _overview_md(record), 0)
-        metrics = {f"final/{k}": float(v) for k, v in record.metrics.items() if _num(v)}
+        metrics = {f"final/{k}": f for k, v in record.metrics.items() if (f := finite_float(v)) is not None}
         hp = hparams_of(record.config)
         if hp or metrics:
             writer.add_hparams(hp, metrics or {"final/none": 0.0}, run_name=".")
@@ -67,24 +68,21 @@ def export_tensorboard(run: int | RunRecord, logdir: str | Path, *, store: Store
 
 
 def _scalars(writer: Any, r: RunRecord) -> None:
-    curves = r.curves or {}
     for scope in ("step", "epoch"):
-        for point in curves.get(scope) or []:
-            if not isinstance(point, Mapping):
-                continue
+        for point in r.curve(scope):
             x: Any = point.get(scope)
             if not _num(x):
                 continue
             for key, value in point.items():
                 if key not in (scope, "epoch", "step") and _num(value):
                     writer.add_scalar(f"{scope}/{key}", float(value), int(x))
-    for i, point in enumerate(curves.get("lr_range") or []):
-        if isinstance(point, Mapping):
-            for key in ("loss", "smoothed", "lr"):
-                if _num(point.get(key)):
-                    writer.add_scalar(f"lr_range/{key}", float(point[key]), i)
+    for i, point in enumerate(r.curve("lr_range")):
+        for key in ("loss", "smoothed", "lr"):
+            if _num(point.get(key)):
+                writer.add_scalar(f"lr_range/{key}", float(point[key]), i)
     for key in ("regret", "uniform_regret"):
-        for i, value in enumerate(curves.get(key) or []):
+        values = r.curves.get(key)
+        for i, value in enumerate(values if isinstance(values, list) else []):
             if _num(value):
                 writer.add_scalar(f"bandit/{key}", float(value), i + 1)
 

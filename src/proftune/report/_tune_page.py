@@ -39,7 +39,7 @@ class _TrialRow:
         number = result.trial if result is not None and result.trial is not None else run.id
         state = result.state if result is not None else ("running" if run.status == "running" else run.status)
         return cls(number=number, state=str(state), reason=result.reason if result is not None else None,
-                   params=(run.config or {}).get("params") or {}, metrics=run.metrics or {},
+                   params=p if isinstance(p := run.config.get("params"), Mapping) else {}, metrics=run.metrics,
                    constraints=result.constraints if result is not None else {}, duration_s=run.duration_s,
                    run_id=run.id)
 
@@ -68,9 +68,9 @@ def study_sections(page: Page, tunes: Sequence[RunRecord], trials: Sequence[RunR
         obj = [(o.metric, "max" if o.direction == "maximize" else "min") for o in res.objectives]
         constraints = [c.text for c in res.constraints]
     else:
-        objectives = [str(o) for o in cfg.get("objectives") or []]
+        objectives, constraints = ([str(x) for x in v] if isinstance(v := cfg.get(k), list) else []
+                                   for k in ("objectives", "constraints"))
         obj = [o for o in map(_objective, objectives) if o is not None]
-        constraints = [str(c) for c in cfg.get("constraints") or []]
     reported = {k for t in trials for k in (t.metrics or {})} or None
     obj = obj or [split_objective(default_objective(reported))]
     rows: list[_TrialRow] = []
@@ -202,7 +202,7 @@ def _history(page: Page, rows: Sequence[_TrialRow], obj: Sequence[tuple[str, str
     for name, direction in obj:
         vals = [float(row.metrics[name]) for row in rows if _num(row.metrics.get(name))]
         floor = (min(vals) if direction == "max" else max(vals)) if vals else 0.0
-        data = []
+        data: list[dict[str, object]] = []
         for state, color in colors.items():
             pts = [row for row in rows if row.state == state]
             with_v = [row for row in pts if _num(row.metrics.get(name))]
@@ -294,11 +294,12 @@ def importance_charts(s: Section, imp: Mapping[str, Any]) -> None:
     """fANOVA and PED-ANOVA importance per objective into ``s``; a method that gave nothing says why."""
     usable = {m: per for m, per in imp.items() if isinstance(per, Mapping)}
     for metric, per in usable.items():
-        data = []
+        data, names = [], {}
         for i, (method, label) in enumerate((("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA"))):
             vals = {k: v for k, v in (per.get(method) or {}).items() if _num(v)}
             if vals:
                 data.append(bar(list(vals.values()), list(vals.keys()), label, orientation="h", color=PALETTE[i]))
+                names.update(dict.fromkeys(vals))
         notes = []
         for m, label in (("fanova", "fANOVA"), ("ped_anova", "PED-ANOVA")):
             got = per.get(m)
@@ -311,7 +312,6 @@ def importance_charts(s: Section, imp: Mapping[str, Any]) -> None:
                 notes.append(f"{label} gives every param 0: the completed trials' {metric} does not vary "
                              "with any param as far as its trees can tell (too few or too similar trials)")
         if data:
-            names = list(dict.fromkeys(k for d in data for k in d["y"]))
             s.chart({"data": data, "layout": layout(f"importance for {metric}", x="importance", barmode="group",
                                                     height=max(240, 90 + 40 * len(names)))},
                     side=s.side(lambda t, per=per, names=names: t.table(

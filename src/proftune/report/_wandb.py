@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypedDict
 
-from .._jsonsafe import is_finite_number, json_dumps
+from .._jsonsafe import finite_float, is_finite_number, json_dumps
 from .._optional import require
 from ..exceptions import ConfigError
 from ..track import RunRecord, Store
@@ -80,22 +80,21 @@ def _config(config: Mapping[str, Any]) -> dict[str, bool | int | float | str | N
 
 
 def _log_curves(run: Any, r: RunRecord) -> None:
-    curves = r.curves or {}
     run.define_metric("epoch")
     run.define_metric("epoch/*", step_metric="epoch")
-    for point in curves.get("step") or []:
-        if isinstance(point, Mapping) and is_finite_number(point.get("step")):
+    for point in r.curve("step"):
+        if is_finite_number(point.get("step")):
             values = {f"step/{k}": float(v) for k, v in point.items()
                       if k not in ("step", "epoch") and is_finite_number(v)}
             if values:
                 run.log(values, step=int(point["step"]))
-    for point in curves.get("epoch") or []:
-        if isinstance(point, Mapping) and is_finite_number(point.get("epoch")):
+    for point in r.curve("epoch"):
+        if is_finite_number(point.get("epoch")):
             values = {f"epoch/{k}": float(v) for k, v in point.items()
                       if k not in ("step", "epoch") and is_finite_number(v)}
             if values:
                 run.log({"epoch": int(point["epoch"]), **values})
-    lr_range = [p for p in curves.get("lr_range") or [] if isinstance(p, Mapping)]
+    lr_range = r.curve("lr_range")
     if lr_range:
         run.define_metric("lr_range/*", step_metric="lr_range/index")
         for i, point in enumerate(lr_range):
@@ -109,7 +108,7 @@ def _log_profile(run: Any, p: Mapping[str, Any]) -> None:
     layers = [lay for lay in p.get("layers") or [] if isinstance(lay, Mapping)]
     cols = ["name", "type", "params", "macs", "forward_ms", "backward_ms", "activation_bytes", "time_share"]
     table = wandb.Table(columns=cols, data=[[lay.get(c) for c in cols] for lay in layers])
-    values: dict[str, Any] = {"profile/layers": table}
+    values: dict[str, object] = {"profile/layers": table}
     for lay in layers:
         name = str(lay.get("name") or "model")
         stats = lay.get("stats") or {}
@@ -172,7 +171,7 @@ def _export_one(r: RunRecord, store: Store | None, *, project: str, dir: str | P
         _log_curves(run, r)
         if r.kind == "profile" and isinstance(r.result, Mapping) and r.result.get("layers"):
             _log_profile(run, r.result)
-        run.summary.update({k: float(v) for k, v in r.metrics.items() if is_finite_number(v)})
+        run.summary.update({k: f for k, v in r.metrics.items() if (f := finite_float(v)) is not None})
         _artifacts(run, r, store, report=report)
         return {"proftune_run": r.id, "wandb_id": str(run.id), "dir": str(Path(run.dir).parent)}
 

@@ -198,7 +198,7 @@ def _record_interrupted(settings: SearchSettings, pids: list[int]) -> None:
         # and Optuna's tell) leaves the Optuna trial RUNNING with no running Run: failed as
         # interrupted too where its Run was a stopped worker's, or where it has none and no other
         # tune shares the study (another's trial may be at that moment of its own)
-        by_number = {int(r.config["trial"]): r for r in runs if r.config.get("trial") is not None}
+        by_number = {n: r for r in runs if isinstance(n := r.config.get("trial"), int)}
         alone = not [r for r in store.list_runs(kind="tune", study=settings.study, status="running")
                      if r.id != settings.tune_run_id]
         orphans = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))

@@ -360,7 +360,8 @@ def reap_dead_trials(study: optuna.Study, store: Store) -> list[int]:
     retry = retry_callback()
     for run in store.list_runs(kind="trial", study=study.study_name, status="running"):
         number = run.config.get("trial")
-        if run.host != host or run.pid is None or run.pid == me or pid_alive(int(run.pid)) or number is None:
+        if (run.host != host or run.pid is None or run.pid == me or pid_alive(int(run.pid))
+                or not isinstance(number, int)):
             continue
         try:
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, int(number))

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -89,10 +88,10 @@ def _versions() -> dict[str, str]:
     return dict(_versions_read())
 
 
-def environment(device: str | torch.device | None = None) -> dict[str, Any]:
+def environment(device: str | torch.device | None = None) -> dict[str, object]:
     """A JSON-serialisable description of this machine and its software, for the run record."""
     dev = torch.device(device) if device is not None else None
-    env: dict[str, Any] = {
+    env: dict[str, object] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": socket.gethostname(),

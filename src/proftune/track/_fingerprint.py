@@ -9,6 +9,7 @@ sum, so a changed sample still changes the digest unless the changes cancel out 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,7 @@ class _Hash:
             self.md5.update(repr(obj).encode())
 
 
-def data_fingerprint(task: Task, params: dict[str, Any] | None = None) -> str:
+def data_fingerprint(task: Task, params: Mapping[str, Any] | None = None) -> str:
     """MD5 hex digest of the task's training data, walked with a fixed seed and batch size.
 
     The same data gives the same digest; one changed sample gives a different one (past the

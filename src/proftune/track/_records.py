@@ -4,6 +4,7 @@ statuses a run can have."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
@@ -25,7 +26,7 @@ class RunSummary(TypedDict):
     started_at: str
     duration_s: float | None
     data_fingerprint: str | None
-    metrics: dict[str, Any]
+    metrics: dict[str, object]
     study: str | None
     parent_id: int | None
 
@@ -33,8 +34,8 @@ class RunSummary(TypedDict):
 class Pair(TypedDict):
     """A key's value in two runs, ``a`` and ``b`` (None: the run has no such key)."""
 
-    a: Any
-    b: Any
+    a: object
+    b: object
 
 
 class MetricDelta(Pair):
@@ -71,7 +72,7 @@ class RunComparison(TypedDict):
 
 @dataclass
 class RunRecord:
-    """One run as stored."""
+    """One run as stored; its JSON columns as read back (values of any JSON type: readers check)."""
 
     id: int
     kind: str
@@ -85,14 +86,14 @@ class RunRecord:
     pid: int | None = None
     parent_id: int | None = None
     study: str | None = None
-    env: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, object] = field(default_factory=dict)
     data_fingerprint: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    curves: dict[str, Any] = field(default_factory=dict)
-    anomalies: list[Any] = field(default_factory=list)
-    artifacts: dict[str, Any] = field(default_factory=dict)
-    result: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)
+    metrics: dict[str, object] = field(default_factory=dict)
+    curves: dict[str, object] = field(default_factory=dict)
+    anomalies: list[object] = field(default_factory=list)
+    artifacts: dict[str, object] = field(default_factory=dict)
+    result: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -101,6 +102,11 @@ class RunRecord:
         d["data_fingerprint"] = fp[:8] if fp else None
         d["data_md5"] = fp
         return d
+
+    def curve(self, name: str) -> list[Mapping[str, Any]]:
+        """The points of the curve ``name`` that are JSON objects (a step's, an epoch's row); [] for none."""
+        points = self.curves.get(name)
+        return [p for p in points if isinstance(p, Mapping)] if isinstance(points, list) else []
 
     def summary(self) -> RunSummary:
         """The columns a listing shows."""
@@ -134,8 +140,8 @@ def record_from_row(row: Any) -> RunRecord:
     )
 
 
-def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def flatten_dict(d: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
@@ -145,6 +151,6 @@ def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def diff_dicts(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Pair]:
+def diff_dicts(a: Mapping[str, object], b: Mapping[str, object]) -> dict[str, Pair]:
     """Keys whose values differ: ``{key: {"a": ..., "b": ...}}`` (missing is None)."""
     return {k: {"a": a.get(k), "b": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

@@ -265,8 +265,8 @@ class Store:
         kind: str,
         task: str,
         *,
-        config: dict[str, Any] | None = None,
-        env: dict[str, Any] | None = None,
+        config: Mapping[str, object] | None = None,
+        env: Mapping[str, object] | None = None,
         data_fingerprint: str | None = None,
         parent_id: int | None = None,
         study: str | None = None,
@@ -412,7 +412,7 @@ class Store:
         store quickly; a run being made uses :meth:`track`.
         """
         allowed = {c.name for c in runs_table.columns} - {"id"}
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, object]] = []
         for i, run in enumerate(runs):
             unknown = set(run) - allowed
             if unknown:

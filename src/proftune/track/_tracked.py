@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -42,7 +41,7 @@ def tracked_run(
     kind: str,
     task: Task,
     *,
-    config: dict[str, Any],
+    config: Mapping[str, object],
     device: torch.device | str | None = None,
     store: Store | str | None = None,
     db: str | None = None,
@@ -56,7 +55,8 @@ def tracked_run(
     and ``db`` as in :func:`open_store`.
     """
     store = open_store(store, db=db)
-    digest = data_fingerprint(task, config.get("params")) if fingerprint else None
+    params = config.get("params")
+    digest = data_fingerprint(task, params if isinstance(params, Mapping) else None) if fingerprint else None
     name = task.name or type(task).__name__
     with store.track(
         kind, name, config=config, env=environment(device), data_fingerprint=digest,
