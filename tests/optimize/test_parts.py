@@ -44,7 +44,7 @@ from proftune.optimize._result_records import FinalSummary, StageRow, VsBaseline
 from proftune.optimize._search import StageSettings, groups_of, propose, stalled
 from proftune.optimize._search_records import arm_of
 from proftune.optimize._state import OptimizeState
-from proftune.optimize._warm_start import WIDE_POINTS, space_point, warm_start, wide_points
+from proftune.optimize._warm_start import WIDE_POINTS, by_success, space_point, warm_start, wide_points
 from proftune.recommend import Recommendation, Recommendations
 from proftune.search import TrialRecord, load_space
 
@@ -180,17 +180,44 @@ def test_warm_start_is_the_computed_centre_the_defaults_and_a_local_design() -> 
 
 def test_a_centre_that_is_the_defaults_measured_already_is_not_trained_again() -> None:
     # nothing computed moved the centre off the task's defaults, and the baseline measured them at
-    # the trials' protocol (with_defaults=False): the first trial is a local step, not their repeat
+    # the trials' protocol (with_defaults=False): the first trial is not their repeat, and it is a
+    # point over the space, not a 3x step around a centre nothing measured
     defaults = {"lr": 0.01, "batch_size": 32, "hidden": 16}
     plan = build_plan(TinyTask(), {}, user_space=None, max_batch=None, samples=192)
     assert arm_of(warm_start(plan, defaults)[0]) == "centre"
     items = [(arm_of(i), i.params) for i in warm_start(plan, defaults, with_defaults=False)]
-    assert [a for a, _ in items][:2] == ["local", "wide"]
+    assert [a for a, _ in items][:4] == ["wide", "local", "wide", "local"]
     assert all(p != space_point(plan, plan.centre) for _, p in items)
     # a computed centre elsewhere is still the first trial
     moved = build_plan(TinyTask(), {"lr": 0.05}, user_space=None, max_batch=None, samples=192)
     assert arm_of(warm_start(moved, defaults, with_defaults=False)[0]) == "centre"
 
+
+
+def test_a_prior_that_a_point_over_the_space_beat_gives_way_and_the_rest_follows_in_order() -> None:
+    # the first chunk placed a point over the space, a local step and another point; the second
+    # chunk gets what is left of each kind in its own order, and the prior's steps only while one of
+    # its trials scored at least as well as every point over the space (PriorBand's weighting)
+    defaults = {"lr": 0.01, "batch_size": 32, "hidden": 16}
+    plan = build_plan(TinyTask(), {}, user_space=None, max_batch=None, samples=192)
+    items = warm_start(plan, defaults, with_defaults=False)
+
+    def placed(values: dict[str, float]) -> list[TrialRecord]:
+        out, seen = [], {"wide": 0, "local": 0}
+        for n, arm in enumerate(["wide", "local", "wide"]):
+            item = [i for i in items if arm_of(i) == arm][seen[arm]]
+            seen[arm] += 1
+            row = _row(n, float(item.params["lr"]), "complete", values[arm], arm=arm)
+            out.append(dataclasses.replace(row, params=dict(item.params)))
+        return out
+    left = [i for i in items if i not in items[:3]]
+    assert by_success(items, placed({"wide": 0.5, "local": 0.9}), maximize=True) == left
+    beaten = by_success(items, placed({"wide": 0.9, "local": 0.5}), maximize=True)
+    assert beaten
+    assert beaten == [i for i in left if arm_of(i) == "wide"]
+    # a loss read the other way: the lower is the better
+    assert by_success(items, placed({"wide": 0.9, "local": 0.5}), maximize=False) == left
+    assert by_success(items, [], maximize=True) == list(items)
 
 class _NoDecay(TinyTask):
     default_params: ClassVar[dict[str, Any]] = {**TinyTask.default_params, "optimizer": "sgd", "weight_decay": 0.0}

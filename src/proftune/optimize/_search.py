@@ -29,7 +29,7 @@ from ._computed import OptimizerChoice
 from ._decide import pooled_seed_std
 from ._search_plan import SearchPlan
 from ._search_records import Bound, ConfigGroup, TrialLog, YellowFlag, arm_of, enqueued
-from ._warm_start import space_point, warm_start
+from ._warm_start import by_success, space_point, warm_start
 
 __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowFlag", "find_flags", "groups_of",
            "run_search_stage"]
@@ -37,8 +37,6 @@ __all__ = ["ConfigGroup", "SearchOutcome", "StageSettings", "TrialLog", "YellowF
 #: The arms: warm-start points (computed centre, the task's defaults, a local design around the
 #: centre, quasi-random points over the whole space), then TPE proposals.
 ARMS = ("centre", "defaults", "local", "wide", "tpe")
-#: The warm start's arms (placed by :func:`warm_start`, not drawn).
-WARM_ARMS = ARMS[:4]
 #: The successive-halving pruner's rungs grow by this factor (epochs 1, 3, 9, ...).
 REDUCTION_FACTOR = 3
 #: Seconds a call of ``search`` is assumed to cost beyond its trials before one is measured.
@@ -522,12 +520,12 @@ def run_search_stage(task: Task, plan: SearchPlan, settings: StageSettings, *, s
                                with_defaults=settings.defaults_measured is None, seed=settings.seed)
             chunk = list(first[:max(size, min(2, fit_in))])
         else:
-            # the warm start's trials the first chunk had no room for come before TPE's
-            placed = sum(1 for r in rows if r.repeat == 0 and arm_of(r) in WARM_ARMS)
+            # the warm start's trials the first chunk had no room for come before TPE's (those of a
+            # prior that a point over the space beat are dropped)
             warm = [] if late or why else [
-                item for item in warm_start(plan, settings.defaults, settings.alternative,
-                                            with_defaults=settings.defaults_measured is None,
-                                            seed=settings.seed)[placed:]
+                item for item in by_success(warm_start(plan, settings.defaults, settings.alternative,
+                                                       with_defaults=settings.defaults_measured is None,
+                                                       seed=settings.seed), rows, settings.maximize)
                 if not any(_is_point(r.params, item.params) for r in rows)][:max(0, size - len(again))]
             chunk = [*again, *warm, *(propose(rows, plan, settings, flags, size - len(again) - len(warm))
                                       if len(again) + len(warm) < size and not why else [])]

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..search import EnqueuedTrial
+from .._jsonsafe import finite_float
+from ..search import EnqueuedTrial, TrialRecord
 from ._computed import OptimizerChoice
 from ._search_plan import SearchPlan, in_space
-from ._search_records import enqueued
+from ._search_records import arm_of, enqueued
 
-__all__ = ["WIDE_POINTS", "halton", "space_point", "warm_start", "wide_points"]
+__all__ = ["WIDE_POINTS", "by_success", "halton", "space_point", "warm_start", "wide_points"]
 
 #: Quasi-random points over the whole space in the warm start, one after each local step: where the
 #: centre is wrong, or the mistake is in a param nothing measured (a dropout of 0.7), the local
@@ -121,10 +122,42 @@ def warm_start(plan: SearchPlan, defaults: Mapping[str, object], alternative: Op
     head = [item for item in items if item[0] != "local"]
     local = [item for item in items if item[0] == "local"]
     wide = [("wide", p) for p in wide_points(plan, WIDE_POINTS, seed)]
-    items = [*head, *(x for pair in zip(local, wide, strict=False) for x in pair),
-             *local[len(wide):], *wide[len(local):]]
+    # a centre that is the task's own defaults is no measurement: the baseline scored it already, and
+    # steps of 3x around it cannot reach a mistake of 30x. A point over the space comes first then
+    first, second = (wide, local) if centre == own else (local, wide)
+    items = [*head, *(x for pair in zip(first, second, strict=False) for x in pair),
+             *first[len(second):], *second[len(first):]]
     out: list[EnqueuedTrial] = []
     for arm, params in items:
         if all(params != seen.params for seen in out):
             out.append(enqueued(arm, params))
     return out
+
+
+def by_success(items: Sequence[EnqueuedTrial], rows: Sequence[TrialRecord], maximize: bool) -> list[EnqueuedTrial]:
+    """The warm start's ``items`` that ``rows`` (the trials so far) have not placed yet, as their
+    kinds scored on the task so far (PriorBand's weighting of a prior by its measured success, at one
+    fidelity): the prior's (the centre and the local steps around it) and the points over the whole
+    space. Where a point over the space beat every trial of the prior, the prior is wrong: its
+    remaining steps are dropped, and the search's model of the space takes over after the points."""
+    placed: dict[str, int] = {}
+    best: dict[str, float] = {}
+    sign = 1.0 if maximize else -1.0
+    for r in rows:
+        arm = arm_of(r)
+        if r.repeat == 0:
+            placed[arm] = placed.get(arm, 0) + 1
+        value = finite_float(r.value)
+        if r.state == "complete" and value is not None and arm in ("centre", "local", "wide"):
+            kind = "wide" if arm == "wide" else "prior"
+            best[kind] = max(best.get(kind, -math.inf), sign * value)
+    seen: dict[str, int] = {}
+    left = []
+    for item in items:  # each arm's items are placed in their order: the first ones of each are done
+        arm = arm_of(item)
+        seen[arm] = seen.get(arm, 0) + 1
+        if seen[arm] > placed.get(arm, 0):
+            left.append(item)
+    if "wide" in best and best["wide"] > best.get("prior", -math.inf):
+        return [item for item in left if arm_of(item) == "wide"]
+    return left
