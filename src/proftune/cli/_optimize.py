@@ -13,7 +13,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from .._units import format_bytes
+from .._units import format_bytes, format_ms
 from . import _options as opt
 from ._common import check_log, err_console, execute_run, log_run, out_console, trial_logger
 from ._script import command_started, optimize_on_script, script_command
@@ -157,10 +157,6 @@ def fmt(v: Any) -> str:
     return "-" if v is None else str(int(v) if isinstance(v, float) else v)
 
 
-def fmt_ms(v: Any) -> str:
-    return f"{v:.3g} ms" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
-
-
 def _table(title: str, columns: tuple[str, ...]) -> Table:
     """A rich table in a terminal; a plain one (Markdown rows, no colour) when piped."""
     plain = not out_console.is_terminal
@@ -221,8 +217,8 @@ def _render(d: dict[str, Any]) -> None:
     out_console.print(f"model: {escape(str(f.get('model')))} ({f.get('epochs')} epoch(s), seed {f.get('model_seed')}, "
                       f"the best on validation of {len(f.get('seeds') or [])} seeds: {fmt(f.get('model_val'))}, "
                       "held out "
-                      f"{fmt(f.get('model_test'))}; batch 1 {fmt_ms(f.get('latency_ms'))}, batch "
-                      f"{f.get('batch_size') or '-'} {fmt_ms(f.get('latency_batch_ms'))}, "
+                      f"{fmt(f.get('model_test'))}; batch 1 {format_ms(f.get('latency_ms'))}, batch "
+                      f"{f.get('batch_size') or '-'} {format_ms(f.get('latency_batch_ms'))}, "
                       f"{format_bytes(f.get('size_bytes'))})", highlight=False)
     if f.get("compressed"):
         out_console.print(f"compressed: {escape(str(f['compressed'].get('model')))}", highlight=False)

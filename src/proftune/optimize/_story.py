@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._jsonsafe import finite_float as _f
 from .._optimizers import DEFAULT_LR
-from .._units import format_bytes
+from .._units import format_bytes, format_ms
 from ._decide import ALPHA
-from ._numbers import fmt, fmt_ms, method_name, rounded
+from ._numbers import fmt, method_name, rounded
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ._decide import Comparison
     from ._final_records import SeedSummary
 
-__all__ = ["StageStory", "Story", "StoryLine", "fmt", "fmt_ms", "method_name", "rounded", "tell"]
+__all__ = ["StageStory", "Story", "StoryLine", "fmt", "method_name", "rounded", "tell"]
 
 
 def _signed(v: Any, digits: int = 2) -> str:
@@ -106,10 +106,10 @@ def _compression(final: FinalSummary, vs: VsBaseline, compress: CompressOutputs)
     if c is not None:
         r1, w1 = _times(c.latency_ms, final.latency_ms)
         rb, wb = _times(c.latency_batch_ms, final.latency_batch_ms)
-        parts = [f"yes: {method_name(c)} runs {w1} at batch 1 ({fmt_ms(final.latency_ms)} -> "
-                 f"{fmt_ms(c.latency_ms)})" if r1 else f"{method_name(c)}: no latency at batch 1"]
+        parts = [f"yes: {method_name(c)} runs {w1} at batch 1 ({format_ms(final.latency_ms)} -> "
+                 f"{format_ms(c.latency_ms)})" if r1 else f"{method_name(c)}: no latency at batch 1"]
         if rb:
-            parts.append(f"{wb} at batch {bs} ({fmt_ms(final.latency_batch_ms)} -> {fmt_ms(c.latency_batch_ms)})")
+            parts.append(f"{wb} at batch {bs} ({format_ms(final.latency_batch_ms)} -> {format_ms(c.latency_batch_ms)})")
         sz_new = _f(c.size_bytes)
         sz_old = _f((compress.baseline.size_bytes if compress.baseline else None) or final.size_bytes)
         if sz_new and sz_old:
@@ -133,10 +133,10 @@ def _compression(final: FinalSummary, vs: VsBaseline, compress: CompressOutputs)
     r1, w1 = _times(best.latency_ms, final.latency_ms)
     rb, wb = _times(best.latency_batch_ms, final.latency_batch_ms)
     return (f"no: kept the uncompressed model; the fastest candidate within the accuracy budget, "
-            f"{method_name(best)}, runs {w1 or '-'} at batch 1 ({fmt_ms(final.latency_ms)} -> "
-            f"{fmt_ms(best.latency_ms)})"
-            + (f" and {wb} at batch {bs} ({fmt_ms(final.latency_batch_ms)} -> "
-               f"{fmt_ms(best.latency_batch_ms)})" if rb else "")
+            f"{method_name(best)}, runs {w1 or '-'} at batch 1 ({format_ms(final.latency_ms)} -> "
+            f"{format_ms(best.latency_ms)})"
+            + (f" and {wb} at batch {bs} ({format_ms(final.latency_batch_ms)} -> "
+               f"{format_ms(best.latency_batch_ms)})" if rb else "")
             )
 
 
@@ -211,7 +211,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
         did = (f"{len(h.errors)} error(s), {len(h.warnings)} warning(s) in the baseline's training"
                + ("; ignored (--ignore-findings)" if h.ignored else "")
                + (f"; went on: the search tunes what {', '.join(h.searched)} is about" if h.searched else "")
-               + f"; profiled the step: {fmt_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
+               + f"; profiled the step: {format_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
                f"{fmt(h.params)} params")
     elif s.name == "compute":
         computed = s.record(ComputeOutputs)

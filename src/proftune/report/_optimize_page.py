@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._jsonsafe import finite_float as _f
-from .._units import format_bytes
+from .._units import format_bytes, format_ms
 from ..exceptions import ConfigError
 from ..optimize import (
     CompressOutputs,
@@ -34,7 +34,7 @@ from ..track import RunRecord
 from ._common import Context, read_result, register_renderer
 from ._figures import PALETTE, bar, layout, line
 from ._html import Cell, Page, Section, clipped, esc
-from ._optimize_run import OptimizeRun, fmt_ms, fmt_num, fmt_param_value, fmt_pm, fmt_secs
+from ._optimize_run import OptimizeRun, fmt_num, fmt_param_value, fmt_pm, fmt_secs
 from ._optimize_stages import (
     baseline_section,
     compression_section,
@@ -100,8 +100,8 @@ def _headline(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
     if comp is not None:
         r1, rb = _ratio(final.latency_ms, comp.latency_ms), _ratio(final.latency_batch_ms, comp.latency_batch_ms)
         stats.append(("compressed: speed-up at batch 1 / batch " + str(final.batch_size or "-"),
-                      f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {fmt_ms(comp.latency_ms)} vs "
-                      f"{fmt_ms(final.latency_ms)} uncompressed"
+                      f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {format_ms(comp.latency_ms)} vs "
+                      f"{format_ms(final.latency_ms)} uncompressed"
                       + (f", on {final.latency_device}" if final.latency_device else ""),
                       "good" if (r1 or 0) > 1 else "bad"))
         base = run.stage(CompressOutputs).baseline
@@ -110,7 +110,7 @@ def _headline(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
                       f"{format_bytes(saved)} → {format_bytes(comp.size_bytes)}", "", ""))
     else:
         stats.append(("compression", "kept the uncompressed model", str(vs.compression or ""), ""))
-        stats.append(("model", f"{format_bytes(final.size_bytes)}, {fmt_ms(final.latency_ms)} at batch 1", "", ""))
+        stats.append(("model", f"{format_bytes(final.size_bytes)}, {format_ms(final.latency_ms)} at batch 1", "", ""))
     stats.append(("time used of the budget", f"{fmt_secs(res.elapsed_s)} of {fmt_secs(res.budget_s)}",
                   res.stop_reason, ""))
     s.html('<div class="headline">' + "".join(

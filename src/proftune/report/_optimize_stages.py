@@ -8,7 +8,7 @@ from typing import Any
 
 from .._jsonsafe import finite_float as _f
 from .._optimizers import DEFAULT_LR
-from .._units import format_bytes
+from .._units import format_bytes, format_ms
 from ..compress import CompressResult
 from ..exceptions import ConfigError
 from ..optimize import (
@@ -29,7 +29,7 @@ from ..track import RunRecord
 from ._compress_page import candidate_charts, sensitivity_chart
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
-from ._optimize_run import OptimizeRun, fmt_ms, fmt_num, fmt_param_value, fmt_pm, fmt_secs, shorten
+from ._optimize_run import OptimizeRun, fmt_num, fmt_param_value, fmt_pm, fmt_secs, shorten
 from ._tune_page import importance_charts
 
 __all__ = ["ARM_STYLE", "baseline_section", "compression_section", "final_race_section", "health_section",
@@ -88,7 +88,7 @@ def health_section(page: Page, run: OptimizeRun) -> None:
     else:
         s.para("no findings: the defaults' training looked healthy to every check (NaN/Inf, exploding or "
                "vanishing gradients, dead units, unshuffled data, lr too high or low, overfitting)", cls="muted")
-    s.kv([("step time", fmt_ms(h.step_time_ms)), ("peak memory of a step", format_bytes(h.peak_memory_bytes)),
+    s.kv([("step time", format_ms(h.step_time_ms)), ("peak memory of a step", format_bytes(h.peak_memory_bytes)),
           ("params", fmt_number(h.params)), ("MACs (forward)", fmt_number(h.macs)),
           ("throughput", f"{fmt_num(h.throughput)} samples/s")], title="the defaults' training step, profiled")
 
@@ -402,16 +402,16 @@ def compression_section(page: Page, run: OptimizeRun, res: OptimizeResult) -> No
             sensitivity_chart(s, rep)
     elif comp.candidates:
         s.table(["method", f"{run.metric}", "drop", "ms @1", "ms @batch", "size", "within budget"],
-                [[c.method, fmt_num(c.metric, 4), fmt_num(c.metric_drop, 2), fmt_ms(c.latency_ms),
-                  fmt_ms(c.latency_batch_ms), format_bytes(c.size_bytes), "yes" if c.within_budget else "no"]
+                [[c.method, fmt_num(c.metric, 4), fmt_num(c.metric_drop, 2), format_ms(c.latency_ms),
+                  format_ms(c.latency_batch_ms), format_bytes(c.size_bytes), "yes" if c.within_budget else "no"]
                  for c in comp.candidates],
                 title="candidates")
     if sel is not None:
         s.kv([("chosen", sel.method), (f"{run.metric} (validation / held out)",
                                        f"{fmt_num(sel.metric, 4)} / {fmt_num(sel.test_metric, 4)}"),
-              ("latency at batch 1", f"{fmt_ms(sel.latency_ms)} (uncompressed {fmt_ms(final.latency_ms)})"),
+              ("latency at batch 1", f"{format_ms(sel.latency_ms)} (uncompressed {format_ms(final.latency_ms)})"),
               (f"latency at batch {final.batch_size or '-'}",
-               f"{fmt_ms(sel.latency_batch_ms)} (uncompressed {fmt_ms(final.latency_batch_ms)})"),
+               f"{format_ms(sel.latency_batch_ms)} (uncompressed {format_ms(final.latency_batch_ms)})"),
               ("size", f"{format_bytes(sel.size_bytes)} (uncompressed "
                        f"{format_bytes(comp.baseline.size_bytes if comp.baseline is not None else None)})"),
               ("load it", str(comp.load or "-"))], title="the compressed model")
