@@ -307,7 +307,7 @@ def tell(result: OptimizeResult) -> Story:
     # the health checks ran on the defaults' training: said as theirs, before what the result did
     notes = [_defaults_finding(w, final.changes if adopted else []) for w in result.warnings]
     notes += [f"final race: {vs.race_note}"] if vs.race_note else []
-    notes += [f"yellow flag: {f.cause} in {_region(f.region)}: {f.ACTION}" for f in result.flags]
+    notes += [f"yellow flag: {f.cause} in {_region(f.region)}: {f.action}" for f in result.flags]
     notes += [f"layer {f.layer}: {f.finding}; {f.action}" for f in result.layer_findings]
     return Story(headline=headline, decision=decision, adopted=adopted, notes=[rounded(n) for n in notes],
                  lines=[StoryLine(label=q, text=a) for q, a in lines],

@@ -151,7 +151,7 @@ def search_section(page: Page, run: OptimizeRun) -> None:
                      "layout": layout(f"{run.metric}: best so far per trial", x="trial", y=run.metric)})
     if srch.flags:
         s.table(["cause", "region", "trials", "action"],
-                [[f.cause, f.region, ", ".join(map(str, f.trials)), f.ACTION] for f in srch.flags],
+                [[f.cause, f.region, ", ".join(map(str, f.trials)), f.action] for f in srch.flags],
                 sortable=False, title="yellow flags: regions paused")
     else:
         s.para("no yellow flags: no region had several trials fail for one cause", cls="muted")
