@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .._units import format_bytes, format_ms
 from . import _options as opt
-from ._common import check_log, err_console, execute_run, log_run, out_console, trial_logger
+from ._common import check_log, err_console, execute_run, json_out, log_run, out_console, trial_logger
 from ._script import command_started, optimize_on_script, script_command
 
 #: Keys of ``--json`` (the issue's contract) first, in this order.
@@ -101,11 +101,8 @@ def optimize_command(
                     err_console.print(f"[yellow]W&B[/]: the failed run {failed_run[0]} was not logged: "
                                       f"{escape(f'{type(exc).__name__}: {exc}')}", highlight=False)
             raise
-        d = result.to_dict()
-        logged = log_run(log, result.run_id, project=wandb_project, db=o.db, live=live)
-        if logged is not None:
-            d["wandb"] = logged
-        return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
+        return json_out(result.to_dict(), JSON_KEYS,
+                        log_run(log, result.run_id, project=wandb_project, db=o.db, live=live))
 
     execute_run(body, o, opt.ReportOpts(report, force), threads=threads,
                 render=lambda d: _render_script(d) if "metric_source" in d else _render(d))

@@ -17,6 +17,7 @@ from ._common import (
     check_log,
     err_console,
     execute_run,
+    json_out,
     keep_whole,
     log_run,
     out_console,
@@ -121,10 +122,7 @@ def tune(
             # the tune's run says so too (it ended, but tuned nothing): runs list --status failed finds it
             Store(result.db).update_run(result.run_id, status="failed", error=message)
             raise RunFailedError(message + (f" (logged to W&B project {wandb_project})" if logged else ""))
-        d = result.to_dict()
-        if logged is not None:
-            d["wandb"] = logged
-        return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
+        return json_out(result.to_dict(), JSON_KEYS, logged)
 
     execute_run(body, o, r, render=_render, threads=threads,
                 outputs=lambda: [_plot_output(plot)])
