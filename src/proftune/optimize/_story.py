@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._jsonsafe import finite_float as _f
 from .._optimizers import DEFAULT_LR
-from .._units import format_bytes, format_ms
+from .._units import format_bytes, format_ms, format_seconds
 from ._decide import ALPHA
 from ._numbers import fmt, method_name, rounded
 from ._records import (
@@ -38,13 +38,6 @@ __all__ = ["StageStory", "Story", "StoryLine", "fmt", "method_name", "rounded", 
 def _signed(v: Any, digits: int = 2) -> str:
     f = _f(v)
     return "-" if f is None else f"{f:+.{digits}g}"
-
-
-def _secs(v: Any) -> str:
-    f = _f(v)
-    if f is None:
-        return "-"
-    return f"{f:.0f} s" if f >= 100 else f"{f:.1f} s"
 
 
 def _pm(s: SeedSummary | None) -> str:
@@ -245,7 +238,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
             numbers = (f"uncompressed {fmt(before)} -> compressed {fmt(after)}" if after is not None
                        else f"uncompressed {fmt(before)}, kept")
             did = rounded(comp.verdict or "")
-    return StageStory(stage=s.name, status=s.status, time=_secs(s.duration_s), share=_secs(s.share_s),
+    return StageStory(stage=s.name, status=s.status, time=format_seconds(s.duration_s), share=format_seconds(s.share_s),
                       numbers=numbers, did=did)
 
 
@@ -299,7 +292,7 @@ def tell(result: OptimizeResult) -> Story:
                                          f"({_signed(gap.gap)})"))
     lines.append(("compressed model faster", _compression(final, vs, compress)))
     budget, used = _f(result.budget_s), _f(result.elapsed_s)
-    lines.append(("time", f"{_secs(used)} of the {_secs(budget)} budget"
+    lines.append(("time", f"{format_seconds(used)} of the {format_seconds(budget)} budget"
                           + (f" ({used / budget:.0%})" if used is not None and budget else "")))
     lines.append(("stopped", rounded(result.stop_reason or "-")))
     headline = (f"{metric} {fmt(dv.val.mean)} (defaults) -> {_pm(fv.val)} "

@@ -8,7 +8,7 @@ from typing import Any
 
 from .._jsonsafe import finite_float as _f
 from .._optimizers import DEFAULT_LR
-from .._units import format_bytes, format_ms
+from .._units import format_bytes, format_ms, format_seconds
 from ..compress import CompressResult
 from ..exceptions import ConfigError
 from ..optimize import (
@@ -29,7 +29,7 @@ from ..track import RunRecord
 from ._compress_page import candidate_charts, sensitivity_chart
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
-from ._optimize_run import OptimizeRun, fmt_num, fmt_param_value, fmt_pm, fmt_secs, shorten
+from ._optimize_run import OptimizeRun, fmt_num, fmt_param_value, fmt_pm, shorten
 from ._tune_page import importance_charts
 
 __all__ = ["ARM_STYLE", "baseline_section", "compression_section", "final_race_section", "health_section",
@@ -57,7 +57,7 @@ def baseline_section(page: Page, run: OptimizeRun, vs: VsBaseline) -> None:
            "matter here.", cls="muted")
     side = s.side(lambda t: t.kv([("no tricks", fmt_param_value(nt.params)), ("defaults", fmt_param_value(dflt.params)),
                                   ("epochs", dflt.epochs), ("spread", fmt_num(b.spread)),
-                                  ("defaults' training", fmt_secs(dflt.duration_s))], title="baseline"))
+                                  ("defaults' training", format_seconds(dflt.duration_s))], title="baseline"))
     if vals:
         s.chart({"data": [bar([k for k, _ in vals], [v for _, v in vals], m, color=PALETTE[0],
                               text=[fmt_num(v) for _, v in vals])],
@@ -135,7 +135,7 @@ def search_section(page: Page, run: OptimizeRun) -> None:
           ("states", ", ".join(f"{k} {v}" for k, v in srch.counts.items())),
           ("arms", ", ".join(f"{ARM_STYLE.get(k, ('', '', k))[2]} {v}" for k, v in srch.arms.items())),
           ("epochs per trial", srch.epochs_per_trial), ("pruner", srch.pruner),
-          ("time", fmt_secs(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
+          ("time", format_seconds(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
     s.para("Where each trial's params came from (its arm): the first trials are the computed centre, the "
            "task's defaults and a local design around the centre (lr x3 and /3, half the batch, a hundredth "
            "of a weight decay nothing measured); then TPE "
@@ -193,7 +193,7 @@ def _search_history(s: Section, run: OptimizeRun, trials: Sequence[TrialLog], sr
         if pts:
             data.append({"type": "scatter", "mode": "markers", "name": label, "x": [t.number for t in pts],
                          "y": [t.value for t in pts], "marker": {"size": 10, "color": color, "symbol": symbol},
-                         "hovertext": [plot_text(f"trial {t.number} ({arm}): {t.state}, {fmt_secs(t.duration_s)}")
+                         "hovertext": [plot_text(f"trial {t.number} ({arm}): {t.state}, {format_seconds(t.duration_s)}")
                                        for t in pts],
                          "hovertemplate": "%{hovertext}<br>" + run.metric + " %{y:.4g}<extra></extra>"})
     no_value = [t for t in trials if _f(t.value) is None]
@@ -311,7 +311,7 @@ def final_race_section(page: Page, run: OptimizeRun, res: OptimizeResult) -> Non
         for r in a.runs:
             rows.append([a.name, r.seed, Cell(fmt_num(r.val, 4), sort=_f(r.val) or 0),
                          Cell(fmt_num(r.test, 4), sort=_f(r.test) or 0), r.epochs,
-                         fmt_secs(r.duration_s) + (" (cut)" if r.cut else ""), r.run_id])
+                         format_seconds(r.duration_s) + (" (cut)" if r.cut else ""), r.run_id])
             classes.append("best" if a.name == race.chosen else "")
     s.table(cols, rows, row_classes=classes, title="every run of the race")
     s.table(["configuration", "where it came from", "search mean ± std (n)", "params"],
