@@ -34,9 +34,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "proftune"
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"exceptions", "_deprecated", "_callable"},  # errors; former names, callable subpackages
     {"_registry"},  # the one way a kind of part is pluggable: named entries, plug-ins by entry point
-    # shared infrastructure: units, paths, devices, tensors, JSON, the metric registry
-    {"_units", "_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_with_options",
+    # shared infrastructure: paths, devices, tensors, JSON, the metric registry
+    {"_paths", "_optional", "_device", "_tensors", "_jsonsafe", "_cpplog", "_optimizers", "_with_options",
      "_records", "metrics", "_report_writers"},
+    {"_units"},  # quantities as people write them, and back (a number through _jsonsafe's finite_float)
     {"_threads", "_machine"},  # the CPU thread count from measured steps (reads _records); memory and cores
     {"task"},  # the Task and its loader, with the registry that examples/ and integrations/ fill
     {"_fit_state", "_step", "_schedule", "_train_params"},  # the fit loop's parts: its callbacks' state and

@@ -103,18 +103,24 @@ class JsonRecord:
     as their dicts), ``from_dict`` reads them back through :func:`record_fields`, each field that
     holds records through its reader in ``READERS``. ``WHAT`` names it in messages. A record stored
     on its own sets ``SCHEMA``, the version this proftune writes: ``from_dict`` reads its
-    ``schema_version`` through :func:`stored_version` first."""
+    ``schema_version`` through :func:`stored_version` first. ``DERIVED`` names attributes (properties)
+    that ``to_dict`` writes after the fields, and ``from_dict`` skips; ``OMIT_NONE`` fields that
+    ``to_dict`` leaves out where None (the JSON as it was before them)."""
 
     WHAT: ClassVar[str] = "a record"
     READERS: ClassVar[dict[str, Reader]] = {}
     SCHEMA: ClassVar[int | None] = None
+    DERIVED: ClassVar[tuple[str, ...]] = ()
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(cast(Any, self))}
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(cast(Any, self))}
+        return {k: plain(v) for k, v in values.items() if v is not None or k not in self.OMIT_NONE} | {
+            k: plain(getattr(self, k)) for k in self.DERIVED}
 
     @classmethod
     def from_dict(cls: type[R], d: Any) -> R:
         if cls.SCHEMA is not None:
             stored_version(d, what=cls.WHAT, current=cls.SCHEMA)
-        kw = record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT)
+        kw = record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT, derived=cls.DERIVED)
         return cls(**{k: cls.READERS[k](v) if k in cls.READERS and v is not None else v for k, v in kw.items()})

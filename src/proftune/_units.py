@@ -1,11 +1,13 @@
 """Quantities as people write them: memory (``4GiB``, ``512MB``), durations (``90s``, ``5min``),
-a metric's limit in its own unit (``step_time_ms<1s`` is 1000 ms); and back (``format_bytes``)."""
+a metric's limit in its own unit (``step_time_ms<1s`` is 1000 ms); and back (``format_bytes``,
+``format_ms``, ``format_seconds``)."""
 
 from __future__ import annotations
 
 import math
 import re
 
+from ._jsonsafe import finite_float
 from .exceptions import ConfigError
 
 _UNITS = {
@@ -51,6 +53,18 @@ def format_bytes(n: float | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.3g} {unit}"
         size /= 1024
     return f"{size:.3g} GiB"
+
+
+def format_ms(v: object) -> str:
+    """Milliseconds, three significant digits: ``0.0164 ms``, ``1.12 ms``, ``240 ms``; ``-`` for no number."""
+    f = finite_float(v)
+    return "-" if f is None else f"{f:.3g} ms"
+
+
+def format_seconds(v: object) -> str:
+    """Seconds: ``12.3 s``, whole from 100 (``240 s``); ``-`` for no number."""
+    f = finite_float(v)
+    return "-" if f is None else (f"{f:.0f} s" if f >= 100 else f"{f:.1f} s")
 
 
 # -- durations ----------------------------------------------------------------------------------

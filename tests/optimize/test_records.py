@@ -73,7 +73,7 @@ def test_the_search_stage_holds_its_groups_flags_and_trials_as_records() -> None
                                                 evidence=["trial 4: lr=0.7 -> nan"])],
                               trials_log=[TrialLog(number=3, state="complete", value=0.9)])
     stored = _json(srch.to_dict())
-    assert stored["flags"][0]["action"] == YellowFlag.ACTION  # said in the JSON, not a field
+    assert stored["flags"][0]["action"] == YellowFlag.action  # said in the JSON, not a field
     assert SearchStageOutputs.from_dict(stored) == srch
     with pytest.raises(ConfigError, match="score is not a field"):
         SearchStageOutputs.from_dict({**stored, "trials_log": [{"number": 3, "state": "complete", "score": 0.9}]})

@@ -105,6 +105,14 @@ def log_run(log: str | None, run_id: int, *, project: str, db: str | None,
     return out
 
 
+def json_out(d: dict[str, Any], first: tuple[str, ...], logged: dict[str, Any] | None) -> dict[str, Any]:
+    """A result's ``--json``: the keys its command's contract names ``first``, in that order, then the
+    rest, with what W&B logged (``wandb``) where ``--log`` asked."""
+    if logged is not None:
+        d = {**d, "wandb": logged}
+    return {**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}}
+
+
 def parse_value(text: str) -> bool | int | float | str | None:
     """``'64'`` -> 64, ``'1e-3'`` -> 0.001, ``'true'`` -> True, anything else stays a string."""
     low = text.strip().lower()

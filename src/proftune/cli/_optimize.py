@@ -13,9 +13,9 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from .._units import format_bytes
+from .._units import format_bytes, format_ms
 from . import _options as opt
-from ._common import check_log, err_console, execute_run, log_run, out_console, trial_logger
+from ._common import check_log, err_console, execute_run, json_out, log_run, out_console, trial_logger
 from ._script import command_started, optimize_on_script, script_command
 
 #: Keys of ``--json`` (the issue's contract) first, in this order.
@@ -101,11 +101,8 @@ def optimize_command(
                     err_console.print(f"[yellow]W&B[/]: the failed run {failed_run[0]} was not logged: "
                                       f"{escape(f'{type(exc).__name__}: {exc}')}", highlight=False)
             raise
-        d = result.to_dict()
-        logged = log_run(log, result.run_id, project=wandb_project, db=o.db, live=live)
-        if logged is not None:
-            d["wandb"] = logged
-        return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
+        return json_out(result.to_dict(), JSON_KEYS,
+                        log_run(log, result.run_id, project=wandb_project, db=o.db, live=live))
 
     execute_run(body, o, opt.ReportOpts(report, force), threads=threads,
                 render=lambda d: _render_script(d) if "metric_source" in d else _render(d))
@@ -155,10 +152,6 @@ def fmt(v: Any) -> str:
     if isinstance(v, float) and not v.is_integer():
         return f"{v:.3g}"
     return "-" if v is None else str(int(v) if isinstance(v, float) else v)
-
-
-def fmt_ms(v: Any) -> str:
-    return f"{v:.3g} ms" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
 
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
@@ -221,8 +214,8 @@ def _render(d: dict[str, Any]) -> None:
     out_console.print(f"model: {escape(str(f.get('model')))} ({f.get('epochs')} epoch(s), seed {f.get('model_seed')}, "
                       f"the best on validation of {len(f.get('seeds') or [])} seeds: {fmt(f.get('model_val'))}, "
                       "held out "
-                      f"{fmt(f.get('model_test'))}; batch 1 {fmt_ms(f.get('latency_ms'))}, batch "
-                      f"{f.get('batch_size') or '-'} {fmt_ms(f.get('latency_batch_ms'))}, "
+                      f"{fmt(f.get('model_test'))}; batch 1 {format_ms(f.get('latency_ms'))}, batch "
+                      f"{f.get('batch_size') or '-'} {format_ms(f.get('latency_batch_ms'))}, "
                       f"{format_bytes(f.get('size_bytes'))})", highlight=False)
     if f.get("compressed"):
         out_console.print(f"compressed: {escape(str(f['compressed'].get('model')))}", highlight=False)

@@ -30,11 +30,6 @@ from ._common import (
 )
 
 
-def _short(value: Any) -> str:
-    """A recommended value to 3 digits, never a Python repr."""
-    return value_text(value, digits=3)
-
-
 @dataclass(frozen=True)
 class _Result:
     """The recommendations with their JSON form (the list itself would serialise as a bare list)."""
@@ -115,7 +110,8 @@ def recommend_command(
         table.add_column("why, and its effect", overflow="fold")
         for r in recs:
             effect = f"\n[dim]effect:[/] {escape(r.effect)}" if r.effect else ""
-            table.add_row(r.name, escape(_short(r.value)), r.confidence, escape(as_flags(r.reason)) + effect)
+            table.add_row(r.name, escape(value_text(r.value, digits=3)), r.confidence,
+                          escape(as_flags(r.reason)) + effect)
         keep_whole(table, "name", "confidence")
         out_console.print(table)
 

@@ -17,6 +17,7 @@ from ._common import (
     check_log,
     err_console,
     execute_run,
+    json_out,
     keep_whole,
     log_run,
     out_console,
@@ -121,10 +122,7 @@ def tune(
             # the tune's run says so too (it ended, but tuned nothing): runs list --status failed finds it
             Store(result.db).update_run(result.run_id, status="failed", error=message)
             raise RunFailedError(message + (f" (logged to W&B project {wandb_project})" if logged else ""))
-        d = result.to_dict()
-        if logged is not None:
-            d["wandb"] = logged
-        return {**{k: d[k] for k in JSON_KEYS}, **{k: v for k, v in d.items() if k not in JSON_KEYS}}
+        return json_out(result.to_dict(), JSON_KEYS, logged)
 
     execute_run(body, o, r, render=_render, threads=threads,
                 outputs=lambda: [_plot_output(plot)])
@@ -134,10 +132,6 @@ def _plot_output(plot: Path | None) -> OutputPath:
     from ..search import PLOT_FILES
 
     return OutputPath("--plot", plot, folder=True, names=PLOT_FILES)
-
-
-#: A trial's value: a number to 4 digits, never a Python repr.
-_fmt = value_text
 
 
 def _render(d: dict[str, Any]) -> None:
@@ -217,8 +211,8 @@ def _render_trials(d: dict[str, Any]) -> None:
         table.add_column(col, overflow="fold")
     metric_names = [o.split(":")[0] for o in objectives]
     for t in d["trials"]:
-        params = ", ".join(f"{k}={_fmt(v)}" for k, v in t["params"].items())
-        vals = [_fmt(t["metrics"].get(m, "")) for m in metric_names]
+        params = ", ".join(f"{k}={value_text(v)}" for k, v in t["params"].items())
+        vals = [value_text(t["metrics"].get(m, "")) for m in metric_names]
         state = "gated" if t.get("gated") else t["state"]
         table.add_row(str(t["number"]), state, params, *vals, t["reason"] or "",
                       f"{t['duration_s']:.1f}" if t["duration_s"] is not None else "")
@@ -243,17 +237,18 @@ def _render_best(d: dict[str, Any]) -> None:
     best = d["best"]
     label = "Pareto front" if len(metric_names) > 1 else "best"
     out_console.print(f"[bold]{label}[/]: trial {best['number']}: "
-                      + ", ".join(f"{k}={_fmt(v)}" for k, v in best["params"].items())
-                      + " -> " + ", ".join(f"{m}={_fmt(best['metrics'].get(m))}" for m in metric_names))
+                      + ", ".join(f"{k}={value_text(v)}" for k, v in best["params"].items())
+                      + " -> " + ", ".join(f"{m}={value_text(best['metrics'].get(m))}" for m in metric_names))
     sel = d.get("selection")
     if sel:
-        interval = f", 95% interval [{_fmt(sel['low'])}, {_fmt(sel['high'])}]" if sel.get("se") is not None else ""
-        out_console.print(f"  mean {metric_names[0]}={_fmt(sel['mean'])} over {sel['n']} evaluations{interval} "
+        interval = (f", 95% interval [{value_text(sel['low'])}, {value_text(sel['high'])}]"
+                    if sel.get("se") is not None else "")
+        out_console.print(f"  mean {metric_names[0]}={value_text(sel['mean'])} over {sel['n']} evaluations{interval} "
                           f"({sel['repeats']} of {sel['evaluations']} trials re-evaluated leaders"
                           + (f", {sel['neighbours']} tried their neighbours" if sel.get("neighbours") else "") + ")")
     for p in d["pareto"][1:]:
         out_console.print(f"  trial {p['number']}: "
-                          + ", ".join(f"{m}={_fmt(p['metrics'].get(m))}" for m in metric_names))
+                          + ", ".join(f"{m}={value_text(p['metrics'].get(m))}" for m in metric_names))
 
 
 def _render_analysis(d: dict[str, Any]) -> None:
@@ -276,7 +271,7 @@ def _render_analysis(d: dict[str, Any]) -> None:
         for p in dict.fromkeys([*fan, *ped]):
             if p == "error":
                 continue
-            it.add_row(p, _fmt(fan.get(p, "")), _fmt(ped.get(p, "")))
+            it.add_row(p, value_text(fan.get(p, "")), value_text(ped.get(p, "")))
         out_console.print(it)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -27,6 +27,8 @@ class OnnxExport(JsonRecord):
     """Where the ONNX file is and how its outputs compared with the eager model's on one input
     (``checked`` False: ONNX Runtime was not asked to run it)."""
 
+    DERIVED: ClassVar[tuple[str, ...]] = ("matches",)
+
     path: str
     size_bytes: int
     inputs: tuple[str, ...]
@@ -41,9 +43,6 @@ class OnnxExport(JsonRecord):
     @property
     def matches(self) -> bool | None:
         return None if self.tolerance_used is None else self.tolerance_used <= 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "matches": self.matches}
 
 
 def export_onnx(model: nn.Module, example: Any, path: str | Path, *, check: bool = True,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._jsonsafe import finite_float
-from .._records import JsonRecord, Reader, mapping, record_fields, stored_version
+from .._records import JsonRecord, Reader, each, mapping, optional, record_fields, stored_version
 from ._findings import Finding
 from ._lrtest import RangeTest
 
@@ -20,12 +20,18 @@ DIAGNOSE_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class DiagnoseResult:
+class DiagnoseResult(JsonRecord):
     """Findings of a diagnosis run, most likely cause first, and what the run measured.
 
     A frozen, versioned record: :func:`diagnose` builds it, its Run holds :meth:`to_dict`, and
     the report reads it back through :meth:`from_dict`.
     """
+
+    WHAT: ClassVar[str] = "a diagnosis"
+    SCHEMA: ClassVar[int | None] = DIAGNOSE_SCHEMA_VERSION
+    READERS: ClassVar[dict[str, Reader]] = {"findings": each(Finding.from_dict),
+                                            "lr_test": optional(RangeTest.from_dict)}
+    DERIVED: ClassVar[tuple[str, ...]] = ("healthy",)
 
     run_id: int | None
     task: str
@@ -60,15 +66,6 @@ class DiagnoseResult:
             "lr_test": self.lr_test.to_dict() if self.lr_test else None,
             "schema_version": self.schema_version,
         }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> DiagnoseResult:
-        """The record back from :meth:`to_dict`'s JSON (a ``diagnose`` Run's result)."""
-        stored_version(d, what="a diagnosis", current=DIAGNOSE_SCHEMA_VERSION)
-        kw = record_fields(cls, d, what="a diagnosis", derived=("healthy",))
-        kw["findings"] = [Finding.from_dict(f) for f in kw["findings"] or []]
-        kw["lr_test"] = RangeTest.from_dict(kw["lr_test"]) if kw.get("lr_test") else None
-        return cls(**kw)
 
 
 @dataclass(frozen=True)

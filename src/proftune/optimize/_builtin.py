@@ -20,7 +20,7 @@ import torch
 from .._jsonsafe import finite_float, json_dumps
 from .._optimizers import DEFAULT_LR, DEFAULT_OPTIMIZER
 from .._paths import replacing, write_text
-from .._units import format_bytes
+from .._units import format_bytes, format_ms
 from ..compress import compress as run_compress
 from ..compress import load_model
 from ..diagnose import diagnose
@@ -46,7 +46,7 @@ from ._final import (
 from ._health_gate import searched_params, stopping_findings, tuned
 from ._layer_value import LayerFinding, keep_layers, layer_values
 from ._lr_check import check_computed_lr, short_check_seconds
-from ._numbers import fmt_ms, method_name
+from ._numbers import method_name
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -589,7 +589,7 @@ class Compress(BaseStage):
         verdict = (f"{kept}{'; '.join(notes)}"
                    if sel is None else
                    f"{method_name(sel)} beats the uncompressed model on {loop.cfg.goal}: "
-                   + (f"{fmt_ms(sel.latency_ms)} vs {fmt_ms(base.latency_ms)} at batch 1"
+                   + (f"{format_ms(sel.latency_ms)} vs {format_ms(base.latency_ms)} at batch 1"
                       if goal_key == "latency_ms" else
                       f"{format_bytes(sel.size_bytes)} vs {format_bytes(base.size_bytes)}"))
         return StageResult(CompressOutputs(

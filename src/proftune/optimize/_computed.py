@@ -26,13 +26,12 @@ class OptimizerChoice(JsonRecord):
     optimizer: str
     lr: float
     momentum: float | None = None
+    #: The JSON since it was first written: only what the row compared.
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("momentum",)
 
     def params(self) -> dict[str, str | float]:
         """As training params (``momentum`` only where it was compared)."""
-        return {k: v for k, v in super().to_dict().items() if v is not None}
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.params()  # the JSON since it was first written: only what the row compared
+        return self.to_dict()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from .._jsonsafe import finite_float as _f
 if TYPE_CHECKING:
     from ._records import ModelFigures
 
-__all__ = ["fmt", "fmt_ms", "method_name", "rounded"]
+__all__ = ["fmt", "method_name", "rounded"]
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -51,12 +51,6 @@ def rounded(text: Any) -> str:
         return f"{m.group(1)}{float(m.group(2) + (m.group(3) or '')):.3g}"
 
     return _DECIMAL.sub(cut, str(text))
-
-
-def fmt_ms(v: Any) -> str:
-    """Milliseconds: ``0.0164 ms``, ``1.12 ms``, ``240 ms``."""
-    f = _f(v)
-    return "-" if f is None else f"{f:.3g} ms"
 
 
 def method_name(c: ModelFigures) -> str:

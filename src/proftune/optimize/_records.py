@@ -188,13 +188,8 @@ class ComputeOutputs(StageOutputs):
     lr_check: LrCheck | None = None
     #: Why nothing was measured (None: the stage measured): its share held too few training steps.
     not_measured: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        for key in ("lr_check", "not_measured"):
-            if d.get(key) is None:
-                d.pop(key, None)  # the JSON as it was before them: nothing where nothing was checked
-        return d
+    #: The JSON as it was before them: nothing where nothing was checked.
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("lr_check", "not_measured")
 
     def reasons(self) -> dict[str, str]:
         """Each recommendation's reason by its name."""

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict
 
-from .._records import JsonRecord, mapping, record_fields
+from .._records import JsonRecord
 from ..search import EnqueuedTrial, TrialRecord
 
 __all__ = ["ARM_TAG", "Bound", "ConfigGroup", "KeptRun", "TrialLog", "YellowFlag", "arm_of",
@@ -37,6 +37,7 @@ class YellowFlag(JsonRecord):
     """Several trials failed for the same cause in one region; that region is paused."""
 
     WHAT: ClassVar[str] = "a yellow flag"
+    DERIVED: ClassVar[tuple[str, ...]] = ("action",)
     cause: str
     trials: list[int]
     region: dict[str, Bound]
@@ -55,14 +56,7 @@ class YellowFlag(JsonRecord):
         return True
 
     #: What the search does about it (said in every flag's JSON).
-    ACTION: ClassVar[str] = "region paused: no more samples there; the search goes on elsewhere"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "action": self.ACTION}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> YellowFlag:
-        return cls(**record_fields(cls, mapping(d, what=cls.WHAT), what=cls.WHAT, derived=("action",)))
+    action: ClassVar[str] = "region paused: no more samples there; the search goes on elsewhere"
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._jsonsafe import finite_float as _f
 from .._optimizers import DEFAULT_LR
-from .._units import format_bytes
+from .._units import format_bytes, format_ms, format_seconds
 from ._decide import ALPHA
-from ._numbers import fmt, fmt_ms, method_name, rounded
+from ._numbers import fmt, method_name, rounded
 from ._records import (
     BaselineOutputs,
     CompressOutputs,
@@ -32,19 +32,12 @@ if TYPE_CHECKING:
     from ._decide import Comparison
     from ._final_records import SeedSummary
 
-__all__ = ["StageStory", "Story", "StoryLine", "fmt", "fmt_ms", "method_name", "rounded", "tell"]
+__all__ = ["StageStory", "Story", "StoryLine", "fmt", "method_name", "rounded", "tell"]
 
 
 def _signed(v: Any, digits: int = 2) -> str:
     f = _f(v)
     return "-" if f is None else f"{f:+.{digits}g}"
-
-
-def _secs(v: Any) -> str:
-    f = _f(v)
-    if f is None:
-        return "-"
-    return f"{f:.0f} s" if f >= 100 else f"{f:.1f} s"
 
 
 def _pm(s: SeedSummary | None) -> str:
@@ -106,10 +99,10 @@ def _compression(final: FinalSummary, vs: VsBaseline, compress: CompressOutputs)
     if c is not None:
         r1, w1 = _times(c.latency_ms, final.latency_ms)
         rb, wb = _times(c.latency_batch_ms, final.latency_batch_ms)
-        parts = [f"yes: {method_name(c)} runs {w1} at batch 1 ({fmt_ms(final.latency_ms)} -> "
-                 f"{fmt_ms(c.latency_ms)})" if r1 else f"{method_name(c)}: no latency at batch 1"]
+        parts = [f"yes: {method_name(c)} runs {w1} at batch 1 ({format_ms(final.latency_ms)} -> "
+                 f"{format_ms(c.latency_ms)})" if r1 else f"{method_name(c)}: no latency at batch 1"]
         if rb:
-            parts.append(f"{wb} at batch {bs} ({fmt_ms(final.latency_batch_ms)} -> {fmt_ms(c.latency_batch_ms)})")
+            parts.append(f"{wb} at batch {bs} ({format_ms(final.latency_batch_ms)} -> {format_ms(c.latency_batch_ms)})")
         sz_new = _f(c.size_bytes)
         sz_old = _f((compress.baseline.size_bytes if compress.baseline else None) or final.size_bytes)
         if sz_new and sz_old:
@@ -133,10 +126,10 @@ def _compression(final: FinalSummary, vs: VsBaseline, compress: CompressOutputs)
     r1, w1 = _times(best.latency_ms, final.latency_ms)
     rb, wb = _times(best.latency_batch_ms, final.latency_batch_ms)
     return (f"no: kept the uncompressed model; the fastest candidate within the accuracy budget, "
-            f"{method_name(best)}, runs {w1 or '-'} at batch 1 ({fmt_ms(final.latency_ms)} -> "
-            f"{fmt_ms(best.latency_ms)})"
-            + (f" and {wb} at batch {bs} ({fmt_ms(final.latency_batch_ms)} -> "
-               f"{fmt_ms(best.latency_batch_ms)})" if rb else "")
+            f"{method_name(best)}, runs {w1 or '-'} at batch 1 ({format_ms(final.latency_ms)} -> "
+            f"{format_ms(best.latency_ms)})"
+            + (f" and {wb} at batch {bs} ({format_ms(final.latency_batch_ms)} -> "
+               f"{format_ms(best.latency_batch_ms)})" if rb else "")
             )
 
 
@@ -211,7 +204,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
         did = (f"{len(h.errors)} error(s), {len(h.warnings)} warning(s) in the baseline's training"
                + ("; ignored (--ignore-findings)" if h.ignored else "")
                + (f"; went on: the search tunes what {', '.join(h.searched)} is about" if h.searched else "")
-               + f"; profiled the step: {fmt_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
+               + f"; profiled the step: {format_ms(h.step_time_ms)}, peak {format_bytes(h.peak_memory_bytes)}, "
                f"{fmt(h.params)} params")
     elif s.name == "compute":
         computed = s.record(ComputeOutputs)
@@ -245,7 +238,7 @@ def _stage_row(s: StageRow, final: FinalSummary) -> StageStory:
             numbers = (f"uncompressed {fmt(before)} -> compressed {fmt(after)}" if after is not None
                        else f"uncompressed {fmt(before)}, kept")
             did = rounded(comp.verdict or "")
-    return StageStory(stage=s.name, status=s.status, time=_secs(s.duration_s), share=_secs(s.share_s),
+    return StageStory(stage=s.name, status=s.status, time=format_seconds(s.duration_s), share=format_seconds(s.share_s),
                       numbers=numbers, did=did)
 
 
@@ -299,7 +292,7 @@ def tell(result: OptimizeResult) -> Story:
                                          f"({_signed(gap.gap)})"))
     lines.append(("compressed model faster", _compression(final, vs, compress)))
     budget, used = _f(result.budget_s), _f(result.elapsed_s)
-    lines.append(("time", f"{_secs(used)} of the {_secs(budget)} budget"
+    lines.append(("time", f"{format_seconds(used)} of the {format_seconds(budget)} budget"
                           + (f" ({used / budget:.0%})" if used is not None and budget else "")))
     lines.append(("stopped", rounded(result.stop_reason or "-")))
     headline = (f"{metric} {fmt(dv.val.mean)} (defaults) -> {_pm(fv.val)} "
@@ -307,7 +300,7 @@ def tell(result: OptimizeResult) -> Story:
     # the health checks ran on the defaults' training: said as theirs, before what the result did
     notes = [_defaults_finding(w, final.changes if adopted else []) for w in result.warnings]
     notes += [f"final race: {vs.race_note}"] if vs.race_note else []
-    notes += [f"yellow flag: {f.cause} in {_region(f.region)}: {f.ACTION}" for f in result.flags]
+    notes += [f"yellow flag: {f.cause} in {_region(f.region)}: {f.action}" for f in result.flags]
     notes += [f"layer {f.layer}: {f.finding}; {f.action}" for f in result.layer_findings]
     return Story(headline=headline, decision=decision, adopted=adopted, notes=[rounded(n) for n in notes],
                  lines=[StoryLine(label=q, text=a) for q, a in lines],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 
@@ -27,6 +27,10 @@ RESIDUAL_MARGIN = 2.0
 class MemoryModel(JsonRecord):
     """peak(B) = intercept_bytes + per_sample_bytes·B, fitted by least squares."""
 
+    DERIVED: ClassVar[tuple[str, ...]] = ("formula",)
+    #: Said in the JSON beside the figures.
+    formula: ClassVar[str] = "peak(B) = intercept_bytes + per_sample_bytes * B"
+
     intercept_bytes: float
     per_sample_bytes: float
     #: Largest |measured − fitted| over the points of the fit, bytes.
@@ -42,9 +46,6 @@ class MemoryModel(JsonRecord):
         if self.per_sample_bytes <= 0:
             return 0
         return math.floor((budget - self.margin_bytes - self.intercept_bytes) / self.per_sample_bytes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "formula": "peak(B) = intercept_bytes + per_sample_bytes * B"}
 
 
 def fit_memory_model(points: Sequence[tuple[int, int]], budget: float) -> MemoryModel:

@@ -29,14 +29,15 @@ import os
 import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from .._device import call_model, capture_inputs, clock, move_to_device, slice_batch
+from .._records import JsonRecord
 
 __all__ = ["CPU_BASIS", "WALL_BASIS", "ForwardTiming", "size_bytes", "task_latencies", "time_forwards"]
 
@@ -48,8 +49,10 @@ MAX_REPEATS = 200
 
 
 @dataclass(frozen=True)
-class ForwardTiming:
+class ForwardTiming(JsonRecord):
     """How long one forward took (``ms``, the median by ``basis``) and how it was measured."""
+
+    DERIVED: ClassVar[tuple[str, ...]] = ("noise",)
 
     ms: float
     basis: str
@@ -63,9 +66,6 @@ class ForwardTiming:
     def noise(self) -> float:
         """The wall clock's spread: median / fastest - 1 (0.05 on a quiet machine)."""
         return self.wall_median_ms / self.wall_min_ms - 1.0 if self.wall_min_ms > 0 else 0.0
-
-    def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "noise": self.noise}
 
 
 @contextlib.contextmanager

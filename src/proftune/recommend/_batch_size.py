@@ -68,6 +68,7 @@ class BatchSizeResult(JsonRecord):
     :meth:`to_dict`, and the report reads it back through :meth:`from_dict`.
     """
 
+    DERIVED: ClassVar[tuple[str, ...]] = ("runs",)
     max_batch_size: int
     memory_budget: int
     probes: tuple[MemoryProbe, ...]
@@ -98,19 +99,16 @@ class BatchSizeResult(JsonRecord):
         """Steps measured by this search (the profile's earlier measurement not counted)."""
         return sum(1 for p in self.probes if p.role != "profile")
 
-    def to_dict(self) -> dict[str, object]:
-        return {**super().to_dict(), "runs": self.runs}
-
     @classmethod
     def from_dict(cls, d: Any) -> BatchSizeResult:
         """The record back from :meth:`to_dict`'s JSON (a ``batch_size`` Run's result)."""
         what = "a batch-size search"
         stored_version(d, what=what, current=BATCH_SIZE_SCHEMA_VERSION)
-        kw = record_fields(cls, d, what=what, derived=("runs",))
+        kw = record_fields(cls, d, what=what, derived=cls.DERIVED)
         kw["probes"] = tuple(MemoryProbe(**record_fields(MemoryProbe, p, what=f"{what}'s probe"))
                              for p in d["probes"])
         kw["model"] = MemoryModel(**record_fields(MemoryModel, d["model"], what=f"{what}'s memory model",
-                                                  derived=("formula",)))
+                                                  derived=MemoryModel.DERIVED))
         kw["static_detail"] = dict(d.get("static_detail") or {})
         return cls(**kw)
 

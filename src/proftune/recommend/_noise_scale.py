@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,6 +36,8 @@ CLIP_FRACTION = 0.01
 @dataclass(frozen=True)
 class NoiseScaleResult(JsonRecord):
     """The smoothed estimates after the last step and their history (one row per step)."""
+
+    DERIVED: ClassVar[tuple[str, ...]] = ("critical_batch_size",)
 
     b_simple: float | None
     trace_sigma: float | None
@@ -66,9 +68,6 @@ class NoiseScaleResult(JsonRecord):
     def critical_batch_size(self) -> int | None:
         """B_crit ≈ B_simple (McCandlish et al.: B_noise ≈ B_simple for well-conditioned problems)."""
         return None if self.b_simple is None else max(1, round(self.b_simple))
-
-    def to_dict(self) -> dict[str, object]:
-        return {**super().to_dict(), "critical_batch_size": self.critical_batch_size}
 
 
 class NoiseScaleCallback(Callback):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._jsonsafe import finite_float as _f
-from .._units import format_bytes
+from .._units import format_bytes, format_ms, format_seconds
 from ..exceptions import ConfigError
 from ..optimize import (
     CompressOutputs,
@@ -34,7 +34,7 @@ from ..track import RunRecord
 from ._common import Context, read_result, register_renderer
 from ._figures import PALETTE, bar, layout, line
 from ._html import Cell, Page, Section, clipped, esc
-from ._optimize_run import OptimizeRun, fmt_ms, fmt_num, fmt_param_value, fmt_pm, fmt_secs
+from ._optimize_run import OptimizeRun, fmt_num, fmt_param_value, fmt_pm
 from ._optimize_stages import (
     baseline_section,
     compression_section,
@@ -100,8 +100,8 @@ def _headline(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
     if comp is not None:
         r1, rb = _ratio(final.latency_ms, comp.latency_ms), _ratio(final.latency_batch_ms, comp.latency_batch_ms)
         stats.append(("compressed: speed-up at batch 1 / batch " + str(final.batch_size or "-"),
-                      f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {fmt_ms(comp.latency_ms)} vs "
-                      f"{fmt_ms(final.latency_ms)} uncompressed"
+                      f"{_x(r1)} / {_x(rb)}", f"{comp.method}: {format_ms(comp.latency_ms)} vs "
+                      f"{format_ms(final.latency_ms)} uncompressed"
                       + (f", on {final.latency_device}" if final.latency_device else ""),
                       "good" if (r1 or 0) > 1 else "bad"))
         base = run.stage(CompressOutputs).baseline
@@ -110,8 +110,8 @@ def _headline(page: Page, run: OptimizeRun, res: OptimizeResult) -> None:
                       f"{format_bytes(saved)} → {format_bytes(comp.size_bytes)}", "", ""))
     else:
         stats.append(("compression", "kept the uncompressed model", str(vs.compression or ""), ""))
-        stats.append(("model", f"{format_bytes(final.size_bytes)}, {fmt_ms(final.latency_ms)} at batch 1", "", ""))
-    stats.append(("time used of the budget", f"{fmt_secs(res.elapsed_s)} of {fmt_secs(res.budget_s)}",
+        stats.append(("model", f"{format_bytes(final.size_bytes)}, {format_ms(final.latency_ms)} at batch 1", "", ""))
+    stats.append(("time used of the budget", f"{format_seconds(res.elapsed_s)} of {format_seconds(res.budget_s)}",
                   res.stop_reason, ""))
     s.html('<div class="headline">' + "".join(
         f'<div class="stat {cls}" title="{esc(hint)}"><div class="v">{esc(value)}</div>'
@@ -142,7 +142,7 @@ def _stage_chain(s: Section, rows: Sequence[StageRow], told: Sequence[StageStory
         said = story.get(st.name)
         anchor = STAGE_TITLES.get(st.name, st.name).lower().replace(" ", "-")
         lines = [f'<div class="name">{esc(st.name)}</div>',
-                 f'<div class="meta">{esc(st.status or "-")} · {esc(fmt_secs(st.duration_s))}</div>']
+                 f'<div class="meta">{esc(st.status or "-")} · {esc(format_seconds(st.duration_s))}</div>']
         if said is not None and said.numbers:
             lines.append(f"<div>{esc(said.numbers)}</div>")
         boxes.append(f'<a class="stage {esc(st.status or "")}" href="#{esc(anchor)}" '
@@ -261,8 +261,8 @@ def _budget(page: Page, res: OptimizeResult) -> None:
     story = {x.stage: x for x in res.story.stages}
     s = page.section("Budget")
     budget = _f(res.budget_s)
-    s.para(f"{fmt_secs(res.elapsed_s)} of the {fmt_secs(budget)} budget; each stage has a share, and what one "
-           f"leaves goes to the next. Stopped: {res.stop_reason or '-'}", cls="muted")
+    s.para(f"{format_seconds(res.elapsed_s)} of the {format_seconds(budget)} budget; each stage has a share, "
+           f"and what one leaves goes to the next. Stopped: {res.stop_reason or '-'}", cls="muted")
     names = [st.name for st in stages]
     s.chart({"data": [bar([_f(st.share_s) for st in stages], names, "share", orientation="h", color="#ced4da"),
                       bar([_f(st.duration_s) for st in stages], names, "spent", orientation="h", color=PALETTE[0])],
@@ -274,8 +274,8 @@ def _budget(page: Page, res: OptimizeResult) -> None:
     for st in stages:
         said = story.get(st.name)
         spent = _f(st.duration_s) or 0
-        rows.append([st.name, st.status, Cell(fmt_secs(st.duration_s), sort=spent),
-                     Cell(fmt_secs(st.share_s), sort=_f(st.share_s) or 0),
+        rows.append([st.name, st.status, Cell(format_seconds(st.duration_s), sort=spent),
+                     Cell(format_seconds(st.share_s), sort=_f(st.share_s) or 0),
                      Cell(f"{spent / budget:.0%}" if budget else "-", sort=spent),
                      said.numbers if said is not None else "",
                      clipped(said.did if said is not None else "", 110), st.run_id])

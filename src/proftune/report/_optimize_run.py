@@ -26,16 +26,6 @@ def fmt_num(v: Any, digits: int = 3) -> str:
     return f"{f:.{digits}g}"
 
 
-def fmt_ms(v: Any) -> str:
-    f = _f(v)
-    return "-" if f is None else f"{f:.3g} ms"
-
-
-def fmt_secs(v: Any) -> str:
-    f = _f(v)
-    return "-" if f is None else (f"{f:.0f} s" if f >= 100 else f"{f:.1f} s")
-
-
 def fmt_pm(mean: Any, std: Any = None) -> str:
     """``0.887 ± 0.012``: a mean and its spread over seeds."""
     if _f(mean) is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from .._jsonsafe import finite_float as _f
 from .._optimizers import DEFAULT_LR
-from .._units import format_bytes
+from .._units import format_bytes, format_ms, format_seconds
 from ..compress import CompressResult
 from ..exceptions import ConfigError
 from ..optimize import (
@@ -29,7 +29,7 @@ from ..track import RunRecord
 from ._compress_page import candidate_charts, sensitivity_chart
 from ._figures import PALETTE, bar, hline, layout, line, vline
 from ._html import Cell, Page, Section, clipped, esc, fmt_number, plot_text
-from ._optimize_run import OptimizeRun, fmt_ms, fmt_num, fmt_param_value, fmt_pm, fmt_secs, shorten
+from ._optimize_run import OptimizeRun, fmt_num, fmt_param_value, fmt_pm, shorten
 from ._tune_page import importance_charts
 
 __all__ = ["ARM_STYLE", "baseline_section", "compression_section", "final_race_section", "health_section",
@@ -57,7 +57,7 @@ def baseline_section(page: Page, run: OptimizeRun, vs: VsBaseline) -> None:
            "matter here.", cls="muted")
     side = s.side(lambda t: t.kv([("no tricks", fmt_param_value(nt.params)), ("defaults", fmt_param_value(dflt.params)),
                                   ("epochs", dflt.epochs), ("spread", fmt_num(b.spread)),
-                                  ("defaults' training", fmt_secs(dflt.duration_s))], title="baseline"))
+                                  ("defaults' training", format_seconds(dflt.duration_s))], title="baseline"))
     if vals:
         s.chart({"data": [bar([k for k, _ in vals], [v for _, v in vals], m, color=PALETTE[0],
                               text=[fmt_num(v) for _, v in vals])],
@@ -88,7 +88,7 @@ def health_section(page: Page, run: OptimizeRun) -> None:
     else:
         s.para("no findings: the defaults' training looked healthy to every check (NaN/Inf, exploding or "
                "vanishing gradients, dead units, unshuffled data, lr too high or low, overfitting)", cls="muted")
-    s.kv([("step time", fmt_ms(h.step_time_ms)), ("peak memory of a step", format_bytes(h.peak_memory_bytes)),
+    s.kv([("step time", format_ms(h.step_time_ms)), ("peak memory of a step", format_bytes(h.peak_memory_bytes)),
           ("params", fmt_number(h.params)), ("MACs (forward)", fmt_number(h.macs)),
           ("throughput", f"{fmt_num(h.throughput)} samples/s")], title="the defaults' training step, profiled")
 
@@ -135,7 +135,7 @@ def search_section(page: Page, run: OptimizeRun) -> None:
           ("states", ", ".join(f"{k} {v}" for k, v in srch.counts.items())),
           ("arms", ", ".join(f"{ARM_STYLE.get(k, ('', '', k))[2]} {v}" for k, v in srch.arms.items())),
           ("epochs per trial", srch.epochs_per_trial), ("pruner", srch.pruner),
-          ("time", fmt_secs(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
+          ("time", format_seconds(srch.duration_s)), ("why it stopped", srch.stop_reason)], title="the search")
     s.para("Where each trial's params came from (its arm): the first trials are the computed centre, the "
            "task's defaults and a local design around the centre (lr x3 and /3, half the batch, a hundredth "
            "of a weight decay nothing measured); then TPE "
@@ -151,7 +151,7 @@ def search_section(page: Page, run: OptimizeRun) -> None:
                      "layout": layout(f"{run.metric}: best so far per trial", x="trial", y=run.metric)})
     if srch.flags:
         s.table(["cause", "region", "trials", "action"],
-                [[f.cause, f.region, ", ".join(map(str, f.trials)), f.ACTION] for f in srch.flags],
+                [[f.cause, f.region, ", ".join(map(str, f.trials)), f.action] for f in srch.flags],
                 sortable=False, title="yellow flags: regions paused")
     else:
         s.para("no yellow flags: no region had several trials fail for one cause", cls="muted")
@@ -193,7 +193,7 @@ def _search_history(s: Section, run: OptimizeRun, trials: Sequence[TrialLog], sr
         if pts:
             data.append({"type": "scatter", "mode": "markers", "name": label, "x": [t.number for t in pts],
                          "y": [t.value for t in pts], "marker": {"size": 10, "color": color, "symbol": symbol},
-                         "hovertext": [plot_text(f"trial {t.number} ({arm}): {t.state}, {fmt_secs(t.duration_s)}")
+                         "hovertext": [plot_text(f"trial {t.number} ({arm}): {t.state}, {format_seconds(t.duration_s)}")
                                        for t in pts],
                          "hovertemplate": "%{hovertext}<br>" + run.metric + " %{y:.4g}<extra></extra>"})
     no_value = [t for t in trials if _f(t.value) is None]
@@ -311,7 +311,7 @@ def final_race_section(page: Page, run: OptimizeRun, res: OptimizeResult) -> Non
         for r in a.runs:
             rows.append([a.name, r.seed, Cell(fmt_num(r.val, 4), sort=_f(r.val) or 0),
                          Cell(fmt_num(r.test, 4), sort=_f(r.test) or 0), r.epochs,
-                         fmt_secs(r.duration_s) + (" (cut)" if r.cut else ""), r.run_id])
+                         format_seconds(r.duration_s) + (" (cut)" if r.cut else ""), r.run_id])
             classes.append("best" if a.name == race.chosen else "")
     s.table(cols, rows, row_classes=classes, title="every run of the race")
     s.table(["configuration", "where it came from", "search mean ± std (n)", "params"],
@@ -402,16 +402,16 @@ def compression_section(page: Page, run: OptimizeRun, res: OptimizeResult) -> No
             sensitivity_chart(s, rep)
     elif comp.candidates:
         s.table(["method", f"{run.metric}", "drop", "ms @1", "ms @batch", "size", "within budget"],
-                [[c.method, fmt_num(c.metric, 4), fmt_num(c.metric_drop, 2), fmt_ms(c.latency_ms),
-                  fmt_ms(c.latency_batch_ms), format_bytes(c.size_bytes), "yes" if c.within_budget else "no"]
+                [[c.method, fmt_num(c.metric, 4), fmt_num(c.metric_drop, 2), format_ms(c.latency_ms),
+                  format_ms(c.latency_batch_ms), format_bytes(c.size_bytes), "yes" if c.within_budget else "no"]
                  for c in comp.candidates],
                 title="candidates")
     if sel is not None:
         s.kv([("chosen", sel.method), (f"{run.metric} (validation / held out)",
                                        f"{fmt_num(sel.metric, 4)} / {fmt_num(sel.test_metric, 4)}"),
-              ("latency at batch 1", f"{fmt_ms(sel.latency_ms)} (uncompressed {fmt_ms(final.latency_ms)})"),
+              ("latency at batch 1", f"{format_ms(sel.latency_ms)} (uncompressed {format_ms(final.latency_ms)})"),
               (f"latency at batch {final.batch_size or '-'}",
-               f"{fmt_ms(sel.latency_batch_ms)} (uncompressed {fmt_ms(final.latency_batch_ms)})"),
+               f"{format_ms(sel.latency_batch_ms)} (uncompressed {format_ms(final.latency_batch_ms)})"),
               ("size", f"{format_bytes(sel.size_bytes)} (uncompressed "
                        f"{format_bytes(comp.baseline.size_bytes if comp.baseline is not None else None)})"),
               ("load it", str(comp.load or "-"))], title="the compressed model")

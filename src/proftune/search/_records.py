@@ -170,6 +170,7 @@ class TrialResult(JsonRecord):
     gate_s: float | None = None
     ray_retries: int | None = None
     schema_version: int = TRIAL_SCHEMA_VERSION
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("ray_retries",)
 
     @classmethod
     def build(cls, *, trial: int | None, state: str, reason: str | None, constraints: dict[str, ConstraintCheck],
@@ -177,12 +178,6 @@ class TrialResult(JsonRecord):
         """The record of a trial that ended, its constraints as ``constraint_table`` measured them."""
         return cls(trial=trial, state=state, reason=reason, constraints=dict(constraints),
                    steps=int(steps), train_s=float(train_s), gate_s=float(gate_s))
-
-    def to_dict(self) -> dict[str, object]:
-        d = super().to_dict()
-        if self.ray_retries is None:
-            del d["ray_retries"]
-        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> TrialResult:
