@@ -452,3 +452,56 @@ def test_where_no_training_of_the_best_fits_its_own_shorter_training_races(tmp_p
     assert short_finalist(loop, best, task.default_epochs, now) is None  # the trials ran the task's own
     kept[0] = dataclasses.replace(kept[0], seed=5)
     assert short_finalist(loop, best, 1, now) is None  # not at the baseline's seed: it would not pair
+
+
+def test_a_best_whose_every_race_run_was_cut_races_again_as_the_searchs_own_shorter_training(tmp_path: Path) -> None:
+    """The race kept the defaults only because the clock cut every run of the search's best at the
+    task's own epochs (a busy machine): its own training at the trials' epochs (kept at the
+    baseline's seed) races in its place. Not where a run of it finished, nor where the race chose."""
+    from types import SimpleNamespace
+
+    from proftune.optimize._reuse import cut_short
+    from proftune.optimize._search_records import KeptRun
+
+    task = TinyTask()
+    (tmp_path / "search_models").mkdir()
+    torch.save({"w": torch.ones(1)}, tmp_path / "search_models" / "trial-2.pt")
+    best = Arm(name="search #1", params={**task.default_params, "lr": 3e-2}, source="search", epoch_s=1.0)
+    kept = [KeptRun(trial=2, run_id=None, seed=0, val=0.85, epochs=1, duration_s=0.5, metrics={"accuracy": 0.85},
+                    model="search_models/trial-2.pt", params=dict(best.params))]
+    loop = SimpleNamespace(task=task, cfg=SimpleNamespace(seed=0), out=tmp_path, dev=torch.device("cpu"),
+                           v=SimpleNamespace(metric="accuracy"),
+                           state=SimpleNamespace(record=lambda _cls: SimpleNamespace(kept=kept)))
+    cut = dataclasses.replace(_run(0, 0.89), cut=True)
+
+    def outcome(decision: str, *runs: ArmRun) -> Any:
+        return SimpleNamespace(decision=decision, arms=[_arm("defaults", 1e-3), dataclasses.replace(best, runs=runs)])
+
+    short = cut_short(loop, outcome("defaults", cut), best, 1)  # type: ignore[arg-type]
+    assert short is not None
+    assert (short.name, short.epochs) == ("search #1 at 1 epochs", 1)
+    assert cut_short(loop, outcome("defaults", cut, _run(101, 0.5)), best, 1) is None  # a run of it finished
+    assert cut_short(loop, outcome("chosen", cut), best, 1) is None
+    assert cut_short(loop, outcome("defaults"), best, 1) is None  # never raced: the time held no run of it
+    assert cut_short(loop, outcome("defaults", cut), best, task.default_epochs) is None  # no shorter training
+    kept[0] = dataclasses.replace(kept[0], seed=5)
+    assert cut_short(loop, outcome("defaults", cut), best, 1) is None  # not at the baseline's seed
+
+
+def test_the_cut_races_stand_in_trains_nothing_and_a_lead_far_beyond_noise_is_adopted(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # the second race after a cut one: the budget is spent, the defaults' first run is the baseline's
+    # and the stand-in's is the search's own training of it; nothing trains, and a lead of 0.38 on
+    # 300 validation samples (its search lead 0.62 over the defaults at the trials' epochs) is taken
+    fake = _FakeTrain({})
+    monkeypatch.setattr(_final, "_train", fake)
+    for name in ("base.pt", "trial.pt"):
+        torch.save({"w": torch.zeros(1)}, tmp_path / name)
+    short = dataclasses.replace(_arm("search #1 at 11 epochs", 3e-2), epochs=11, search_mean=0.85, search_n=1)
+    now = time.monotonic()
+    out = run_final(None, _arm("defaults", 1e-3), [short], _plan(val_samples=300), store=None,  # type: ignore[arg-type]
+                    end=now - 1, hard_end=now - 1, folder=tmp_path, first=(_run(0, 0.47), tmp_path / "base.pt"),
+                    first_more=(_run(0, 0.85), tmp_path / "trial.pt"), search_lead=0.62)
+    assert fake.calls == []
+    assert (out.decision, out.chosen) == ("chosen", "search #1 at 11 epochs")
+    assert (tmp_path / "model.pt").is_file()

@@ -28,7 +28,7 @@ from ..exceptions import ConfigError, RunFailedError
 from ..profile import Profile, size_bytes
 from ..profile import profile as run_profile
 from ..recommend import BatchSizeEvidence, recommend
-from ..train import TrainParams, evaluate_model, fit, seed_everything
+from ..train import evaluate_model, fit, seed_everything
 from . import _stage_measures as measures
 from ._budget import Deadline
 from ._budget_plan import FULL_TRIALS_FOR_NO_PRUNER, MIN_COMPRESS_S
@@ -36,7 +36,6 @@ from ._computed import ComputedValues
 from ._context import StageContext
 from ._decide import lead_in_search, pooled_seed_std, prior_seed_std, sampling_std, winners_curse
 from ._final import (
-    MAX_CANDIDATES,
     Arm,
     FinalOutcome,
     FinalPlan,
@@ -57,7 +56,7 @@ from ._records import (
     SearchStageOutputs,
     TrainedRun,
 )
-from ._reuse import MODELS_DIR, baseline_first, kept_runs, search_first, short_finalist
+from ._reuse import MODELS_DIR, baseline_first, cut_short, kept_runs, search_first, search_proposals, short_finalist
 from ._search import StageSettings, TrialLog, run_search_stage, standing, trial_json
 from ._search_plan import build_plan, task_param_defaults
 from ._search_records import defaults_outside_race
@@ -402,21 +401,8 @@ class Final(BaseStage):
         base_epoch_s = loop.planner.epoch_s()
         budget_plan = loop.planner.budget_plan(search_done=True)
         race_notes: list[str] = []
-        fixed = srch.fixed()
-        defaults_key = measures.params_key(loop.defaults)
         trial_epochs = int(srch.epochs_per_trial or epochs)
-        proposals: list[Arm] = []
-        for g in srch.top:  # the groups the search measured, best first
-            train = TrainParams({**loop.defaults, **fixed, **g.params})  # validated here, once
-            if measures.params_key(params := train.params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
-                continue
-            proposals.append(Arm(
-                name=f"search #{len(proposals) + 1}", params=params, train=train,
-                source=(f"search trials {g.trials} ({', '.join(sorted(set(g.arms)))}"
-                        + (f", at {trial_epochs} of {epochs} epochs" if trial_epochs < epochs else "") + ")"),
-                search_mean=g.mean, search_std=g.std, search_n=g.n,
-                epoch_s=max(g.trial_s / max(trial_epochs, 1), base_epoch_s * 0.25), epochs=epochs))
-        candidates = proposals
+        candidates = proposals = search_proposals(loop, srch, trial_epochs, base_epoch_s)
         # the search's best at the trials' shorter protocol races too: adopted only as a time
         # gain, where it reaches the defaults' metric at their own protocol
         shorter = (dataclasses.replace(proposals[0], name=f"{proposals[0].name} at {trial_epochs} epochs",
@@ -457,16 +443,23 @@ class Final(BaseStage):
                          protocol=f"the task's own protocol ({epochs} epochs) for every arm",
                          resplit=races_on_resplits(loop.task, loop.holdout.val_samples, race_notes),
                          compared=srch.trials)
-        outcome = run_final(loop.task, defaults, candidates, plan, store=loop.store,
-                            end=loop.budget.end - loop.planner.compress_reserve(), hard_end=hard_end,
-                            cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
-                            shorter=shorter, first=(first := baseline_first(loop)),
-                            first_more=(search_first(loop, candidates[0], seed=first[0].seed if first else None)
-                                        if candidates else None),
-                            defaults_more=defaults_outside_race(d_group, trial_epochs == epochs),
-                            search_lead=lead_in_search(proposals[0].search_mean if proposals else None,
-                                                       d_group.mean if d_group is not None else None,
-                                                       loop.v.maximize))
+        first = baseline_first(loop)
+
+        def race(arms: list[Arm], short_arm: Arm | None) -> FinalOutcome:
+            return run_final(loop.task, defaults, arms, plan, store=loop.store,
+                             end=loop.budget.end - loop.planner.compress_reserve(), hard_end=hard_end,
+                             cap_end=loop.budget.end, folder=loop.out, say=loop.say, notes=race_notes,
+                             shorter=short_arm, first=first,
+                             first_more=search_first(loop, arms[0], seed=first[0].seed) if arms and first else None,
+                             defaults_more=defaults_outside_race(d_group, trial_epochs == epochs),
+                             search_lead=lead_in_search(proposals[0].search_mean if proposals else None,
+                                                        d_group.mean if d_group is not None else None,
+                                                        loop.v.maximize))
+        outcome = race(candidates, shorter)
+        if (short := cut_short(loop, outcome, candidates[0] if candidates else None, trial_epochs)) is not None:
+            race_notes.append(f"every run of {candidates[0].name} at {epochs} epochs was cut by the clock: its own "
+                              f"training at {trial_epochs} (the baseline's seed) races the defaults in its place")
+            outcome = race([short], None)
         shutil.rmtree(loop.out / MODELS_DIR, ignore_errors=True)  # the race copied what it took
         chosen = outcome.arm(outcome.chosen)
         params, evidence = self._evidence(loop, chosen, outcome)

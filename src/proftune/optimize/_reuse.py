@@ -20,14 +20,15 @@ import torch
 
 from .._jsonsafe import finite_float
 from ..search import TrialRecord
-from ..train import evaluate_model
+from ..train import TrainParams, evaluate_model
 from ._context import StageContext
-from ._final import Arm, ArmRun
+from ._final import MAX_CANDIDATES, Arm, ArmRun, FinalOutcome
 from ._records import BaselineOutputs, SearchStageOutputs
 from ._search_records import KeptRun
 from ._stage_measures import params_key
 
-__all__ = ["MODELS_DIR", "baseline_first", "kept_runs", "search_first", "short_finalist"]
+__all__ = ["MODELS_DIR", "baseline_first", "cut_short", "kept_runs", "search_first", "search_proposals",
+           "short_finalist"]
 
 #: The folder (in the loop's output folder) where the search keeps the models of its leading trials.
 MODELS_DIR = "search_models"
@@ -107,3 +108,38 @@ def short_finalist(loop: StageContext, best: Arm, trial_epochs: int, hard_end: f
         return None
     short = dataclasses.replace(best, name=f"{best.name} at {trial_epochs} epochs", epochs=trial_epochs)
     return short if search_first(loop, short, seed=int(loop.cfg.seed)) is not None else None
+
+
+def cut_short(loop: StageContext, outcome: FinalOutcome, best: Arm | None, trial_epochs: int) -> Arm | None:
+    """The search's ``best`` at the trials' fewer epochs, where the race kept the defaults only because
+    every run of that best at the task's own epochs was cut by the clock (a busy machine: the run
+    measured to fit did not) and the search kept its model at the baseline's seed: it races the
+    defaults in its place at no training's cost, judged as its own draw (its figure against the
+    seeds' noise, and its lead in the search beyond one figure's noise). None: the race judged the
+    best, or no such model. (A cut race kept a lead of 0.85 against 0.47 on validation as the defaults.)"""
+    if outcome.decision != "defaults" or best is None or trial_epochs >= loop.task.default_epochs:
+        return None
+    runs: Sequence[ArmRun] = next((a.runs for a in outcome.arms if a.name == best.name), [])
+    if not runs or any(r.val is not None and not r.cut for r in runs):
+        return None
+    short = dataclasses.replace(best, name=f"{best.name} at {trial_epochs} epochs", epochs=trial_epochs)
+    return short if search_first(loop, short, seed=int(loop.cfg.seed)) is not None else None
+
+
+def search_proposals(loop: StageContext, srch: SearchStageOutputs, trial_epochs: int, epoch_s: float) -> list[Arm]:
+    """The search's groups best first, other than the defaults, as the race's arms at the task's own
+    epochs (``MAX_CANDIDATES`` at most); each configuration validated here, once."""
+    epochs = loop.task.default_epochs
+    defaults_key = params_key(loop.defaults)
+    proposals: list[Arm] = []
+    for g in srch.top:
+        train = TrainParams({**loop.defaults, **srch.fixed(), **g.params})
+        if params_key(params := train.params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
+            continue
+        proposals.append(Arm(
+            name=f"search #{len(proposals) + 1}", params=params, train=train,
+            source=(f"search trials {g.trials} ({', '.join(sorted(set(g.arms)))}"
+                    + (f", at {trial_epochs} of {epochs} epochs" if trial_epochs < epochs else "") + ")"),
+            search_mean=g.mean, search_std=g.std, search_n=g.n,
+            epoch_s=max(g.trial_s / max(trial_epochs, 1), epoch_s * 0.25), epochs=epochs))
+    return proposals
