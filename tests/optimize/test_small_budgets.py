@@ -425,13 +425,11 @@ def test_the_compute_stage_sizes_its_measurements_by_a_step_as_a_training_pays_i
     assert steps["lr_range_test"] == int(min(100, max(10, 0.45 * steps["share_steps"])))
 
 
-def test_where_no_training_of_the_best_fits_its_own_shorter_training_races(tmp_path: Path) -> None:
-    """Trials at fewer epochs than the task's, and no time for one training of the search's best at
-    the task's own: the race takes the search's own training of it (kept at the baseline's seed)
-    as an arm at the trials' epochs, so the decision has a pair without training anything."""
+def _kept_best(tmp_path: Path) -> tuple[TinyTask, Arm, list[Any], Any]:
+    """The task, the search's best, its kept model at the baseline's seed (trial 4, one epoch:
+    fewer than the task's) and a stand-in loop that reads it, as the final stage's helpers do."""
     from types import SimpleNamespace
 
-    from proftune.optimize._reuse import short_finalist
     from proftune.optimize._search_records import KeptRun
 
     task = TinyTask()
@@ -443,6 +441,16 @@ def test_where_no_training_of_the_best_fits_its_own_shorter_training_races(tmp_p
     loop = SimpleNamespace(task=task, cfg=SimpleNamespace(seed=0), out=tmp_path, dev=torch.device("cpu"),
                            v=SimpleNamespace(metric="accuracy"),
                            state=SimpleNamespace(record=lambda _cls: SimpleNamespace(kept=kept)))
+    return task, best, kept, loop
+
+
+def test_where_no_training_of_the_best_fits_its_own_shorter_training_races(tmp_path: Path) -> None:
+    """Trials at fewer epochs than the task's, and no time for one training of the search's best at
+    the task's own: the race takes the search's own training of it (kept at the baseline's seed)
+    as an arm at the trials' epochs, so the decision has a pair without training anything."""
+    from proftune.optimize._reuse import short_finalist
+
+    task, best, kept, loop = _kept_best(tmp_path)
     now = time.monotonic()
     short = short_finalist(loop, best, 1, now + 0.5)  # type: ignore[arg-type]
     assert short is not None
@@ -461,17 +469,8 @@ def test_a_best_whose_every_race_run_was_cut_races_again_as_the_searchs_own_shor
     from types import SimpleNamespace
 
     from proftune.optimize._reuse import cut_short
-    from proftune.optimize._search_records import KeptRun
 
-    task = TinyTask()
-    (tmp_path / "search_models").mkdir()
-    torch.save({"w": torch.ones(1)}, tmp_path / "search_models" / "trial-2.pt")
-    best = Arm(name="search #1", params={**task.default_params, "lr": 3e-2}, source="search", epoch_s=1.0)
-    kept = [KeptRun(trial=2, run_id=None, seed=0, val=0.85, epochs=1, duration_s=0.5, metrics={"accuracy": 0.85},
-                    model="search_models/trial-2.pt", params=dict(best.params))]
-    loop = SimpleNamespace(task=task, cfg=SimpleNamespace(seed=0), out=tmp_path, dev=torch.device("cpu"),
-                           v=SimpleNamespace(metric="accuracy"),
-                           state=SimpleNamespace(record=lambda _cls: SimpleNamespace(kept=kept)))
+    task, best, kept, loop = _kept_best(tmp_path)
     cut = dataclasses.replace(_run(0, 0.89), cut=True)
 
     def outcome(decision: str, *runs: ArmRun) -> Any:
