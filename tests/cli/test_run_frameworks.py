@@ -33,10 +33,19 @@ def test_lightning_trainer_fit_script() -> None:
     assert _counts(p) == _counts(ref)
     assert p.macs == ref.macs
     assert p.batch_size == 32
-    # Lightning steps with a closure: forward and backward are still told apart from the update
+    # Lightning steps with a closure: forward and backward are still told apart from the update.
+    # An update phase that took in the closure's forward and backward would hold at least their
+    # time in every run; a load spike in the update alone (1.5 ms against 0.3 ms beside CI's busy
+    # loop) does not repeat, so the comparison holds in one of up to three runs
     assert p.step.forward_ms > 0
     assert p.step.backward_ms > 0
-    assert p.step.optimizer_ms < p.step.forward_ms + p.step.backward_ms
+    steps = [p.step]
+    while steps[-1].optimizer_ms >= steps[-1].forward_ms + steps[-1].backward_ms and len(steps) < 3:
+        again = run_script(["python", str(SCRIPTS / "lightning_fit.py")], every=4)
+        assert again.exit_code == 0, again.error
+        steps.append(again.profiles[0].step)
+    assert steps[-1].optimizer_ms < steps[-1].forward_ms + steps[-1].backward_ms, [
+        (s.forward_ms, s.backward_ms, s.optimizer_ms) for s in steps]
 
 
 @pytest.mark.slow
