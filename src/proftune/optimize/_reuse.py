@@ -106,6 +106,11 @@ def short_finalist(loop: StageContext, best: Arm, trial_epochs: int, hard_end: f
     epochs = loop.task.default_epochs
     if trial_epochs >= epochs or hard_end - time.monotonic() >= 1.1 * best.epoch_s * epochs:
         return None
+    return _kept_short(loop, best, trial_epochs)
+
+
+def _kept_short(loop: StageContext, best: Arm, trial_epochs: int) -> Arm | None:
+    """``best`` at the trials' ``trial_epochs``, where the search kept its model at the baseline's seed."""
     short = dataclasses.replace(best, name=f"{best.name} at {trial_epochs} epochs", epochs=trial_epochs)
     return short if search_first(loop, short, seed=int(loop.cfg.seed)) is not None else None
 
@@ -122,8 +127,7 @@ def cut_short(loop: StageContext, outcome: FinalOutcome, best: Arm | None, trial
     runs: Sequence[ArmRun] = next((a.runs for a in outcome.arms if a.name == best.name), [])
     if not runs or any(r.val is not None and not r.cut for r in runs):
         return None
-    short = dataclasses.replace(best, name=f"{best.name} at {trial_epochs} epochs", epochs=trial_epochs)
-    return short if search_first(loop, short, seed=int(loop.cfg.seed)) is not None else None
+    return _kept_short(loop, best, trial_epochs)
 
 
 def search_proposals(loop: StageContext, srch: SearchStageOutputs, trial_epochs: int, epoch_s: float) -> list[Arm]:
@@ -131,9 +135,10 @@ def search_proposals(loop: StageContext, srch: SearchStageOutputs, trial_epochs:
     epochs (``MAX_CANDIDATES`` at most); each configuration validated here, once."""
     epochs = loop.task.default_epochs
     defaults_key = params_key(loop.defaults)
+    fixed = srch.fixed()
     proposals: list[Arm] = []
     for g in srch.top:
-        train = TrainParams({**loop.defaults, **srch.fixed(), **g.params})
+        train = TrainParams({**loop.defaults, **fixed, **g.params})
         if params_key(params := train.params) == defaults_key or len(proposals) >= MAX_CANDIDATES:
             continue
         proposals.append(Arm(
