@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ from ._comm import CommRecorder, unwrap
 from ._memory import (
     ActivationRecorder,
     PeakMemory,
+    collect_young,
     grads_bytes,
     live_bytes,
     optimizer_state_bytes,
@@ -149,7 +149,7 @@ class ProfilerCallback(Callback):
                 # window opens so that their release (invisible to the profiler) is not missed
                 if state.optimizer is not None:
                     state.optimizer.zero_grad(set_to_none=True)
-                gc.collect()
+                collect_young()
                 self.peak.start(live_bytes(state.model, state.optimizer, state.batch))
         elif phase == "stats":
             assert self.stats is not None
