@@ -329,12 +329,9 @@ def _measure(task: Task, given: TrainParams, plan: ProfilePlan, *, bs: int, infe
     if prof.example is not None and plan.detail != "time":
         counts = static_counts(inner, prof.example, backward=not inference, train=not inference)
     m = prof.measurements()
-    p = assemble_profile(
-        m, counts, task=task_name, device=dev, batch_size=bs,
-        mode="inference" if inference else "train", steps=plan.steps, env=environment(dev),
-        config={**config, "timed_fwd_bwd_ms": m.timed_fwd_bwd_ms},
-    )
-    return p
+    return assemble_profile(m, counts, task=task_name, device=dev, batch_size=bs,
+                            mode="inference" if inference else "train", steps=plan.steps, env=environment(dev),
+                            config={**config, "timed_fwd_bwd_ms": m.timed_fwd_bwd_ms})
 
 
 def _step_threads(task: Task, dev: torch.device) -> int:

@@ -120,7 +120,7 @@ class StatsMerge:
 
     def add(self, sample: Mapping[str, LayerStatistics]) -> None:
         """A sample's statistics per layer (dicts of kinds, plus ``type`` and ``calls``)."""
-        self.add_deferred(sample, {}, _no_fetch)
+        self.add_deferred(sample, {}, lambda layer, kind: None)  # no kinds deferred: never called
 
     def add_deferred(self, entries: Mapping[str, LayerStatistics], kinds: dict[str, list[str]], fetch: Fetch) -> None:
         """A sample's ``entries`` per layer (read now), and per layer the ``kinds`` that
@@ -164,10 +164,6 @@ class StatsMerge:
 
 #: The order of a layer's statistics in a profile.
 _ORDER = ("type", "calls", "weight", "activation", "grad")
-
-
-def _no_fetch(layer: str, kind: str) -> None:
-    return None
 
 
 def merge_layer_stats(samples: Sequence[Mapping[str, LayerStatistics]]) -> dict[str, LayerStatistics]:

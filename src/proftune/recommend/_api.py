@@ -27,7 +27,7 @@ from ..profile import Profile
 from ..task import Task, load_task
 from ..track import Store, optional_store, tracked_run
 from ._accumulation import StepCost, plan_accumulation
-from ._batch_cost import BatchCost, StepTimer, bound_by_cost, step_timer
+from ._batch_cost import BatchCost, bound_by_cost, step_timer
 from ._batch_size import BatchSizeResult
 from ._full_batches import samples_per_epoch
 from ._lr_find import LRFindResult
@@ -165,15 +165,8 @@ def recommend(
             from ..profile import profile as profile_fn
 
             prof = profile_fn(task_obj, params=given, device=dev, seed=seed)
-        return _recommend_from(task_obj, given, prof, budget=budget, target_batch=target_batch,
-                               device=dev, seed=seed, lr_steps=(lr_steps, cfg.ladder_steps),
-                               noise_steps=noise_steps, say=say,
-                               more=_MoreRows(optimizer_budget_s=float(optimizer_budget_s),
-                                              embedding_budget_s=float(embedding_budget_s),
-                                              ddp_spec=task if isinstance(task, str) else task_obj,
-                                              ddp=ddp, ddp_share=float(ddp_share),
-                                              precision_check=bool(cfg.precision_check),
-                                              measure_threads=bool(cfg.measure_threads)))
+        return _recommend_from(task_obj, given, prof, cfg, budget=budget, device=dev, say=say,
+                               ddp_spec=task if isinstance(task, str) else task_obj)
 
     st = optional_store(store, db=db)
     if st is None:
@@ -190,10 +183,10 @@ def recommend(
     return recs
 
 
-def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: int | None,
-                    target_batch: int | None, device: torch.device, seed: int, lr_steps: tuple[int, int],
-                    noise_steps: int, say: Callable[[str], None], more: _MoreRows) -> Recommendations:
+def _recommend_from(task: Task, given: TrainParams, prof: Profile, cfg: RecommendConfig, *, budget: int | None,
+                    device: torch.device, say: Callable[[str], None], ddp_spec: Any) -> Recommendations:
     recs: dict[str, Recommendation] = {}
+    target_batch, seed, noise_steps = cfg.target_batch, cfg.seed, cfg.noise_steps
     b_prof = int(prof.batch_size or given.batch_size or 32)
     step = prof.step
 
@@ -210,8 +203,8 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     # -- the LR range test first: the noise scale is measured at a rate that trains ---------------------
     say("lr range test")
     # the range test's steps, and the ladder's per rate where the sweep sees no fall
-    lr_res = lr_find(task, given, batch_size=b_prof, steps=lr_steps[0], device=device, seed=seed,
-                     ladder_steps=lr_steps[1])
+    lr_res = lr_find(task, given, batch_size=b_prof, steps=cfg.lr_steps, device=device, seed=seed,
+                     ladder_steps=cfg.ladder_steps)
 
     # -- noise scale: the critical batch ------------------------------------------------------------
     say("noise scale")
@@ -239,9 +232,8 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
         data_note = f"; {target_src} {target} is bounded by the data: {data.describe()}"
         target = data.cap
     batch = min(target, max_batch) if max_batch is not None else target
-    checked, cost_note, cost = _epoch_cost(task, given, batch, b_prof, data, more, max_batch=max_batch,
-                                              user_batch=target_batch is not None, device=device, seed=seed,
-                                              say=say)
+    checked, cost_note, cost = _epoch_cost(task, given, batch, b_prof, data, max_batch=max_batch,
+                                           user_batch=target_batch is not None, device=device, seed=seed, say=say)
     data_note += cost_note
     evidence: dict[str, object] = {"target_batch": target, "target_from": target_src,
                                    "profile_batch_size": b_prof,
@@ -337,14 +329,14 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
     # -- rules on the profile ------------------------------------------------------------------------------
     say("precision")
     recs["precision"] = checked_precision_row(precision_rule(prof), task, given, device=device, seed=seed,
-                                              measure=more.precision_check)
+                                              measure=bool(cfg.precision_check))
     recs["data_loading"] = data_loading_rule(prof)
     recs["bottleneck"] = bottleneck_rule(prof)
 
-    recs.update(_more_rows(task, given, prof, lr_res, more, b_prof=b_prof, budget=budget, max_batch=max_batch,
+    recs.update(_more_rows(task, given, prof, lr_res, cfg, ddp_spec, b_prof=b_prof, budget=budget, max_batch=max_batch,
                            critical=b_crit, device=device, seed=seed, say=say))
     say("threads")
-    recs["threads"] = _threads_row(task, given, b_prof, device=device, seed=seed, measure=more.measure_threads)
+    recs["threads"] = _threads_row(task, given, b_prof, device=device, seed=seed, measure=bool(cfg.measure_threads))
     say("data loader workers")
     workers = num_workers_row(task, given, b_prof, threads=int(recs["threads"].value), device=device, seed=seed)
     if workers is not None:
@@ -356,17 +348,17 @@ def _recommend_from(task: Task, given: TrainParams, prof: Profile, *, budget: in
                                    "noise_scale": list(ns.history) if ns is not None else []})
 
 
-def _epoch_cost(task: Task, params: TrainParams, batch: int, b_prof: int, data: DataBound | None,
-                more: _MoreRows, *, max_batch: int | None, user_batch: bool, device: torch.device, seed: int,
+def _epoch_cost(task: Task, params: TrainParams, batch: int, b_prof: int, data: DataBound | None, *,
+                max_batch: int | None, user_batch: bool, device: torch.device, seed: int,
                 say: Callable[[str], None]) -> tuple[int, str, BatchCost | None]:
     """A computed batch is a hypothesis: an epoch at it timed against the defaults' epoch. (the
     batch to use, what the reason adds, the timed cost): ``batch`` unchecked where it is the user's
-    own target, or the data has no countable samples, or the check is off."""
-    if data is None or user_batch or not more.batch_cost:
+    own target, or the data has no countable samples."""
+    if data is None or user_batch:
         return batch, "", None
     say("batch cost")
     cost = bound_by_cost(batch, default_batch=b_prof, samples=data.samples,
-                         timer=more.timer or step_timer(task, params, device=device, seed=seed))
+                         timer=step_timer(task, params, device=device, seed=seed))
     if cost is None:
         return batch, "", None
     # never above what memory holds (a budget below the profiled batch's peak)
@@ -414,43 +406,27 @@ def _critical_row(ns: NoiseScaleResult | None, ns_lr: Any, *, micro: int,
     return b_crit, recs["critical_batch_size"]
 
 
-@dataclass(frozen=True)
-class _MoreRows:
-    """The rows past the first eight: the optimizer comparison's budget, the embedding row's
-    budget, and the DDP question (the task as a spawned rank loads it, the ranks, the share)."""
-
-    optimizer_budget_s: float = 4.0
-    embedding_budget_s: float = 120.0
-    ddp_spec: Any = None
-    ddp: int | None = None
-    ddp_share: float = 0.10
-    precision_check: bool = True
-    measure_threads: bool = True
-    #: Whether a computed batch's epoch is timed against the defaults' (and by what: None, the task's steps).
-    batch_cost: bool = True
-    timer: StepTimer | None = None
-
-
-def _more_rows(task: Task, given: TrainParams, prof: Profile, lr_res: LRFindResult, more: _MoreRows, *,
+def _more_rows(task: Task, given: TrainParams, prof: Profile, lr_res: LRFindResult, cfg: RecommendConfig,
+               ddp_spec: Any, *,
                b_prof: int, budget: int | None, max_batch: int | None, critical: int | None,
                device: torch.device, seed: int, say: Callable[[str], None]) -> dict[str, Recommendation]:
     """``optimizer`` always; ``embedding_dim`` for a model with embedding tables; ``ddp_batch_size``
     when asked about DDP."""
     out: dict[str, Recommendation] = {}
     say("optimizer comparison")
-    out["optimizer"] = _optimizer_row(task, given, prof, lr_res, budget_s=more.optimizer_budget_s,
+    out["optimizer"] = _optimizer_row(task, given, prof, lr_res, budget_s=float(cfg.optimizer_budget_s),
                                       batch_size=b_prof, memory_budget=budget, device=device, seed=seed)
-    if more.embedding_budget_s > 0:
+    if cfg.embedding_budget_s > 0:
         from ._embedding import EmbeddingConfig, recommend_embedding_dim
 
         say("embedding tables")
         row = recommend_embedding_dim(task, given, device=device, profile=prof,
-                                      config=EmbeddingConfig(budget_s=more.embedding_budget_s, seed=seed))
+                                      config=EmbeddingConfig(budget_s=float(cfg.embedding_budget_s), seed=seed))
         if row is not None:
             out["embedding_dim"] = row
-    if more.ddp is not None:
-        say(f"ddp batch size ({more.ddp} ranks)")
-        out["ddp_batch_size"] = _ddp_row((more.ddp_spec, more.ddp, more.ddp_share), task, given, b_prof,
+    if cfg.ddp is not None:
+        say(f"ddp batch size ({cfg.ddp} ranks)")
+        out["ddp_batch_size"] = _ddp_row((ddp_spec, cfg.ddp, float(cfg.ddp_share)), task, given, b_prof,
                                          max_batch=max_batch, critical=critical, device=device, seed=seed)
     return out
 

@@ -31,14 +31,9 @@ def _cat(parts: list[Any]) -> Any:
     return tree_unflatten(leaves, spec)
 
 
-def _head(batch: Any, n: int) -> Any:
+def _slice(batch: Any, samples: slice) -> Any:
     leaves, spec = tree_flatten(batch)
-    return tree_unflatten([t[:n] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
-
-
-def _tail(batch: Any, n: int) -> Any:
-    leaves, spec = tree_flatten(batch)
-    return tree_unflatten([t[n:] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
+    return tree_unflatten([t[samples] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
 
 
 class FullBatchTask(TaskWrapper):
@@ -71,10 +66,10 @@ class FullBatchTask(TaskWrapper):
                 held += n
                 while held >= batch_size:
                     full = _cat(pending) if len(pending) > 1 else pending[0]
-                    yield _head(full, batch_size)
+                    yield _slice(full, slice(None, batch_size))
                     yielded += 1
                     rest = held - batch_size
-                    pending = [_tail(full, batch_size)] if rest else []
+                    pending = [_slice(full, slice(batch_size, None))] if rest else []
                     held = rest
             if not got_any or yielded >= 2:
                 return

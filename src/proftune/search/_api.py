@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.storages import RDBStorage
 
 from .._deprecated import warn_experimental
 from .._jsonsafe import json_safe
@@ -66,25 +67,25 @@ def feasibility_scan(task: Task | str, space: str | Path | Mapping[str, Any] | S
 def study_trials(study: str, *, store: Store | str | None = None, db: str | None = None) -> list[TrialRecord]:
     """Every trial of the study named ``study`` in the store's database, in our terms (complete,
     pruned, infeasible, failed, running); ``[]`` when no such study exists yet."""
-    st = open_store(store, db=db)
+    _, loaded = _load_study(study, store, db)
+    return trial_records(loaded) if loaded is not None else []
+
+
+def _load_study(study: str, store: Store | str | None, db: str | None) -> tuple[RDBStorage, optuna.Study | None]:
+    """The store's Optuna storage and the study named ``study`` in it (None: no such study yet)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = open_storage(st.url)
+    storage = open_storage(open_store(store, db=db).url)
     try:
-        loaded = optuna.load_study(study_name=study, storage=shared(storage))
+        return storage, optuna.load_study(study_name=study, storage=shared(storage))
     except KeyError:
-        return []
-    return trial_records(loaded)
+        return storage, None
 
 
 def cancel_waiting(study: str, *, reason: str, store: Store | str | None = None, db: str | None = None) -> list[int]:
     """End the queued trials of ``study`` that never started (enqueued, then the time ran out):
     failed with ``reason``, so that a later call does not run them; their numbers."""
-    st = open_store(store, db=db)
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = open_storage(st.url)
-    try:
-        loaded = optuna.load_study(study_name=study, storage=shared(storage))
-    except KeyError:
+    storage, loaded = _load_study(study, store, db)
+    if loaded is None:
         return []
     ended = []
     for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):

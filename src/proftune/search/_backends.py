@@ -6,6 +6,7 @@ or the ``proftune.search_backends`` entry point group), and its name is then val
 from __future__ import annotations
 
 import abc
+import functools
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
@@ -91,9 +92,7 @@ class _Local(BaseSearchBackend):
 
     def run(self, settings: SearchSettings, config: SearchConfig, *, storage: Any, store: Store,
             deadline: float | None, finished: int) -> BackendRun:
-        def ended() -> None:
-            notify_ended(config, store, settings.tune_run_id)
-
+        ended = functools.partial(notify_ended, config, store, settings.tune_run_id)
         if config.workers == 1:
             stopped = str(run_worker(settings, 0, deadline, storage=storage, store=store,
                                         after_trial=ended)["stopped"])
@@ -113,9 +112,7 @@ class _Ray(BaseSearchBackend):
         from ._ray import run_ray
         from ._ray_session import RayOptions
 
-        def ended() -> None:
-            notify_ended(config, store, settings.tune_run_id)
-
+        ended = functools.partial(notify_ended, config, store, settings.tune_run_id)
         out = run_ray(settings, config.ray or RayOptions(workers=config.workers), storage=storage,
                       store=store, deadline=deadline, finished=finished, on_ended=ended)
         return BackendRun(stopped="ray", details=out)
