@@ -92,3 +92,48 @@ def test_a_compute_share_too_small_for_a_range_test_measures_nothing_and_says_wh
     assert result.outputs.computed.params() == {}
     assert "holds 5 training steps" in (result.outputs.not_measured or "")
     assert "not_measured" in result.outputs.to_dict()
+
+
+def test_the_defaults_side_is_read_off_their_own_training_where_whole_epochs_fit(monkeypatch) -> None:
+    """The baseline trained the defaults from the same seed and scored each epoch: the check reads
+    their figure after the whole epochs its seconds hold, trains only the computed rate (for those
+    epochs' seconds), and reaches the verdicts the two short runs reach."""
+    from proftune.optimize import _lr_check
+    from proftune.optimize._lr_check import from_curve
+    from proftune.optimize._stage_measures import ModelCapture, steps_per_epoch
+    from proftune.train import fit
+
+    task = TooSlowLR()
+    defaults = TrainParams.of(task)
+    capture = ModelCapture("accuracy")
+    started = time.perf_counter()
+    res = fit(task, defaults, seed=0, device="cpu", callbacks=[capture])
+    epoch_s = (time.perf_counter() - started) / res.epochs
+    assert len(capture.curve) == res.epochs >= 2
+    assert from_curve(capture.curve, epoch_s, 0.5 * epoch_s) is None  # an epoch longer than the check
+    assert from_curve(capture.curve, None, 1.0) is None
+    assert from_curve(capture.curve, epoch_s, 2.5 * epoch_s) == (2, capture.curve[1])
+    assert from_curve(capture.curve, epoch_s, 100 * epoch_s) == (len(capture.curve), capture.curve[-1])
+    trained: list[float] = []
+    real = _lr_check.fit
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        trained.append(float(args[1].lr))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_lr_check, "fit", counted)
+    for lr, used in ((1e-2, True), (1e-7, False)):
+        trained.clear()
+        check = check_computed_lr(task, defaults, ComputedValues(lr=lr, batch_size=32), metric="accuracy",
+                                  maximize=True, seconds=2.5 * epoch_s, device=torch.device("cpu"), seed=0,
+                                  val_samples=96, defaults_curve=capture.curve, epoch_s=epoch_s,
+                                  epoch_steps=steps_per_epoch(task, defaults))
+        assert check is not None
+        assert trained == [lr]  # the computed rate only
+        assert check.defaults_epochs == 2
+        assert check.defaults_value == capture.curve[1]
+        assert check.defaults_steps == 2 * steps_per_epoch(task, defaults)
+        assert check.seconds == 2 * epoch_s
+        assert check.used is used, check.describe()
+        assert "their own training after 2 epoch(s)" in check.describe()
+        assert LrCheck.from_dict(check.to_dict()) == check

@@ -226,9 +226,12 @@ class Compute(BaseStage):
         # nor than a small share of the whole budget (at 8 trainings two of 1 s took a quarter of it)
         check_s = min(short_check_seconds(share), max(0.05, loop.planner.budget_plan().full_s),
                       max(0.05, CHECK_BUDGET_SHARE * loop.v.budget_s))
+        base = loop.state.record(BaselineOutputs)  # the defaults' own curve: their side of the check
         lr_check = check_computed_lr(loop.task, loop.defaults_record, computed, metric=loop.v.metric,
                                      maximize=loop.v.maximize, seconds=check_s,
-                                     device=loop.dev, seed=loop.cfg.seed, val_samples=loop.holdout.val_samples)
+                                     device=loop.dev, seed=loop.cfg.seed, val_samples=loop.holdout.val_samples,
+                                     defaults_curve=base.curve, epoch_s=base.epoch_s,
+                                     epoch_steps=measures.steps_per_epoch(loop.task, loop.defaults_record))
         if lr_check is not None and not lr_check.used:
             computed = dataclasses.replace(computed, lr=None)
         max_batch = BatchSizeEvidence.of(recs.get("batch_size")).max_batch_size

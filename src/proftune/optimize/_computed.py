@@ -90,15 +90,19 @@ class LrCheck(JsonRecord):
     computed_steps: int
     margin: float
     used: bool
+    #: Where the defaults' figure was read off their own training: after this many epochs (None: a short run).
+    defaults_epochs: int | None = None
 
     def describe(self) -> str:
         """One line: both short runs, and whether the search centres on the computed rate."""
         def fmt(v: float | None) -> str:
             return "-" if v is None else f"{v:.4g}"
 
+        own = ("" if self.defaults_epochs is None else
+               f", their own training after {self.defaults_epochs} epoch(s)")
         runs = (f"{self.seconds:.1f} s each from one seed: the computed lr {self.computed_lr:.3g} (batch "
                 f"{self.batch_size}, {self.computed_steps} steps) reached {self.metric} {fmt(self.computed_value)}, "
-                f"the defaults' lr {fmt(self.default_lr)} ({self.defaults_steps} steps) "
+                f"the defaults' lr {fmt(self.default_lr)} ({self.defaults_steps} steps{own}) "
                 f"{fmt(self.defaults_value)}")
         if self.used:
             return f"{runs}: better by more than {self.margin:.3g}, so the search centres on the computed lr"
