@@ -298,7 +298,8 @@ OPTIMIZE_LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer i
     # the contract: options, what a stage is given, the stage base and registry, the clock, the plan
     {"_config", "_context", "_planner", "_stages", "_budget"},
     # the stages' work
-    {"_stage_measures", "_warm_start", "_search", "_final", "_reuse", "_lr_check", "_health_gate", "_builtin"},
+    {"_stage_measures", "_warm_start", "_search", "_final", "_search_lead", "_reuse", "_lr_check", "_health_gate",
+     "_builtin"},
     {"_story", "_output"},  # what the run writes: the story told from the result, the files
     {"_api", "__init__"},  # the orchestrator (_Loop, optimize) and the public names
 ))

@@ -17,7 +17,8 @@ import pytest
 
 from proftune.optimize import _final
 from proftune.optimize._decide import lead_in_search
-from proftune.optimize._final import run_final, sampling_std, search_lead_holds
+from proftune.optimize._final import run_final, sampling_std
+from proftune.optimize._search_lead import lead_of, lead_verdict, search_lead_holds
 
 from .tasks import TinyTask
 from .test_all_validation import _arm, _NoTestFake, _plan
@@ -125,8 +126,26 @@ def test_the_races_other_runs_judge_the_lead_not_the_searchs_own_draw() -> None:
 def test_another_finalists_lead_is_the_firsts_moved_by_their_search_means() -> None:
     first = dataclasses.replace(_arm("search #1", 3e-2), search_mean=0.90)
     second = dataclasses.replace(_arm("search #2", 2e-2), search_mean=0.88)
-    assert _final._lead_of(first, first, 0.05, True) == pytest.approx(0.05)
-    assert _final._lead_of(second, first, 0.05, True) == pytest.approx(0.03)
-    assert _final._lead_of(second, first, 0.05, False) == pytest.approx(0.07)  # a loss: lower is the lead
-    assert _final._lead_of(dataclasses.replace(second, search_mean=None), first, 0.05, True) is None
-    assert _final._lead_of(first, None, 0.05, True) is None
+    assert lead_of(first, first, 0.05, True) == pytest.approx(0.05)
+    assert lead_of(second, first, 0.05, True) == pytest.approx(0.03)
+    assert lead_of(second, first, 0.05, False) == pytest.approx(0.07)  # a loss: lower is the lead
+    assert lead_of(dataclasses.replace(second, search_mean=None), first, 0.05, True) is None
+    assert lead_of(first, None, 0.05, True) is None
+
+
+def test_a_lead_within_the_curse_of_many_draws_needs_the_race_not_behind() -> None:
+    """On 300 samples at 0.8 one figure's noise is 0.023; the best of 40 draws is inflated by about
+    0.062 (sqrt(2 ln 40) of it). A lead of 0.05 is within that, so a race 0.01 behind keeps the
+    defaults; a lead of 0.08 is beyond it, and the same race does not overturn it; nor does it after
+    10 draws, where the lead is taken as measured."""
+    d = _runs(_arm("defaults", 1e-2), {7: 0.80, 8: 0.80})
+    c = _runs(_arm("search #1", 3e-2), {7: 0.95, 8: 0.79})
+    many, few = _plan(seeds=2, val_samples=300, compared=40), _plan(seeds=2, val_samples=300, compared=10)
+    held, why = lead_verdict(c, d, [7, 8], many, 0.05, 0.023, own_seed=7)
+    assert held is None
+    assert "winner's curse of the best of 40" in why
+    assert search_lead_holds(c, d, [7, 8], many, 0.08, 0.023, own_seed=7) == pytest.approx(-0.01)
+    assert search_lead_holds(c, d, [7, 8], few, 0.05, 0.023, own_seed=7) == pytest.approx(-0.01)
+    # a race ahead is not second-guessed by the curse
+    ahead = _runs(_arm("search #1", 3e-2), {7: 0.95, 8: 0.81})
+    assert search_lead_holds(ahead, d, [7, 8], many, 0.05, 0.023, own_seed=7) == pytest.approx(0.01)

@@ -46,10 +46,11 @@ from ._final_records import (
     SearchGap,
     SeedSummary,
 )
+from ._search_lead import lead_of, lead_verdict
 
 __all__ = ["RESPLIT_BELOW", "SCHEMA_VERSION", "Arm", "ArmRun", "FinalOutcome", "FinalPlan", "HeldOutEstimate",
            "SearchGap", "SeedSummary", "held_out_estimate", "metric_resolution", "races_on_resplits",
-           "representative", "run_final", "sampling_std", "search_lead_holds"]
+           "representative", "run_final", "sampling_std"]
 
 #: At most this many of the search's configurations race the defaults in the final stage (fewer
 #: when the time left does not hold ``--seeds`` runs of each): one seed per search trial makes
@@ -223,7 +224,7 @@ def _decision(comparison: Comparison, leader: Arm, defaults: Arm, seeds: Sequenc
             comparison, extra={**comparison.extra, "margin": margin},
             reason=f"{comparison.reason}; ahead, and the bound {comparison.lower:+.4g} is above "
                    f"-{margin:.3g}, one validation figure's sampling noise: not behind beyond it")
-    held = search_lead_holds(leader, defaults, seeds, plan, search_lead, margin, own_seed=own_seed)
+    held, why_not = lead_verdict(leader, defaults, seeds, plan, search_lead, margin, own_seed=own_seed)
     if held is not None:
         assert margin is not None
         assert search_lead is not None
@@ -232,19 +233,9 @@ def _decision(comparison: Comparison, leader: Arm, defaults: Arm, seeds: Sequenc
             reason=f"{comparison.reason}; its lead in the search, {search_lead:+.4g}, is beyond one validation "
                    f"figure's sampling noise ({margin:.3g}) and the race's other runs do not put it behind "
                    f"beyond that noise ({held:+.4g}): adopted as a plain loop adopts its best")
+    if why_not:
+        comparison = replace(comparison, reason=f"{comparison.reason}; {why_not}")
     return "defaults", defaults, comparison
-
-
-def _lead_of(leader: Arm, first: Arm | None, first_lead: float | None, maximize: bool) -> float | None:
-    """``leader``'s lead over the defaults in the search: ``first_lead`` (the first candidate's),
-    moved by how far the leader's search mean is from the first's (the same validation data)."""
-    if first is None or first_lead is None:
-        return None
-    if leader.name == first.name:
-        return first_lead
-    if leader.search_mean is None or first.search_mean is None:
-        return None
-    return first_lead + (leader.search_mean - first.search_mean) * (1.0 if maximize else -1.0)
 
 
 def races_on_resplits(task: Task, val_samples: int | None, notes: list[str]) -> bool:
@@ -256,31 +247,6 @@ def races_on_resplits(task: Task, val_samples: int | None, notes: list[str]) -> 
                  "partition of the training and validation samples (the task's resplit; round 1 on its own split): "
                  "the decision rests on more of the data than the one split the search chose on")
     return True
-
-
-def search_lead_holds(leader: Arm, defaults: Arm, seeds: Sequence[int], plan: FinalPlan,
-                      search_lead: float | None, margin: float | None, *,
-                      own_seed: int | None = None) -> float | None:
-    """The race's plain mean gain of ``leader`` over ``defaults`` (paired seeds, the better
-    direction) on the seeds other than ``own_seed`` (the search's own training of it, the draw its
-    lead was measured on), or the lead itself where no other seed ran, where that lead is beyond
-    ``margin`` and the gain not behind by more than ``margin``; else None (no lead given, no margin
-    known: a loss or a custom metric; or the race's other runs put it behind beyond that noise).
-
-    The lead is taken as measured, not less the winner's curse of the search's draws: on 160
-    generated tasks (four rounds of ``benchmarks/generated.py`` at 8 and 60 trainings) the search's
-    best, trained again at another seed, scored +0.018 on test over the defaults where its lead
-    was 1-2 figures' noise (28 tasks; 1 more than 0.03 behind) and +0.032 at 2-3 (12; none behind),
-    where the curse kept the defaults on 31 of those 40."""
-    if search_lead is None or margin is None or margin <= 0 or search_lead <= margin:
-        return None
-    sign = 1.0 if plan.maximize else -1.0
-    pairs = [(c, d) for s, c, d in zip(seeds, leader.values("val", seeds), defaults.values("val", seeds),
-                                       strict=True) if c is not None and d is not None and s != own_seed]
-    if not pairs:
-        return search_lead
-    gain = sign * statistics.fmean(c - d for c, d in pairs)
-    return gain if gain >= -margin else None
 
 
 def _keep_model(chosen: Arm, plan: FinalPlan, *, work: Path, folder: Path, notes: list[str]) -> int | None:
@@ -561,7 +527,7 @@ def run_final(task: Task, defaults: Arm, candidates: Sequence[Arm], plan: FinalP
                                          split="test", alpha=alpha, prior_std=plan.prior_std)
         decision, chosen, comparison = _decision(
             comparison, leader, arms[0], seeds, plan,
-            search_lead=_lead_of(leader, candidates[0] if candidates else None, search_lead, plan.maximize),
+            search_lead=lead_of(leader, candidates[0] if candidates else None, search_lead, plan.maximize),
             own_seed=race.first_seed if race.selected == leader.name else None,
             only_selected=race.selected == leader.name and len(seeds) == 1)
     short = race.current(short_name) if short_name is not None else None
