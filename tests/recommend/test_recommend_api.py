@@ -9,7 +9,7 @@ from proftune.profile import LayerProfile, MemoryProfile, Profile, StepProfile, 
 from proftune.recommend import (
     RECOMMENDATION_NAMES,
     BatchSizeEvidence,
-    NoiseScaleEvidence,
+    NoiseScaleResult,
     Recommendation,
     Recommendations,
 )
@@ -96,8 +96,8 @@ def test_recommend_derives_every_parameter_from_one_profile(db_url: str) -> None
     assert bs_ev.search is not None
     assert bs_ev.search.max_batch_size == bs_ev.max_batch_size
     assert bs_ev.memory_model
-    ns_ev = NoiseScaleEvidence.of(read.get("critical_batch_size"))
-    assert ns_ev.measured
+    ns_ev = NoiseScaleResult.of(read.get("critical_batch_size"))
+    assert ns_ev is not None  # measured
     assert ns_ev.used_steps == by["critical_batch_size"].evidence["used_steps"] > 0
     assert ns_ev.b_simple is not None
     assert max(1, round(ns_ev.b_simple)) == by["critical_batch_size"].value

@@ -95,7 +95,7 @@ def _assemble(trace: MemoryTrace, spec: DeviceSpec, tracer: StepTracer, *, start
         layers=tuple(layers), bound=bound,
         peak=PeakAt(phase=trace.peak_where[0], layer=trace.peak_where[1], op=trace.peak_where[2],
                     breakdown=dict(trace.peak_breakdown)),
-        uncounted_ops=tuple(u.entry() for u in trace.uncounted.values()),
+        uncounted_ops=tuple(trace.uncounted),
         trace_s=time.perf_counter() - started, **rest)
 
 

@@ -40,7 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._device import batch_size_of
 from ..exceptions import ConfigError
-from ..profile import LayerHooks, UncountedOp, UncountedOps, op_flops, uncounted_op
+from ..profile import LayerHooks, UncountedOpEntry, UncountedOps, op_flops, uncounted_op
 from ..task import Task
 from ..train import StepPhases, StepSpec, run_step
 from ._checkpointing import apply_activation_checkpointing, block_units
@@ -160,7 +160,7 @@ class MemoryTrace:
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     ops: list[_OpRecord] = field(default_factory=list)
     activations: dict[str, int] = field(default_factory=dict)
-    uncounted: dict[str, UncountedOp] = field(default_factory=dict)
+    uncounted: list[UncountedOpEntry] = field(default_factory=list)
     layer_types: dict[str, str] = field(default_factory=dict)
     grads_bytes: int = 0
     optimizer_bytes: int = 0
@@ -508,7 +508,7 @@ class StepTracer:
                 p.grad = None
             del optimizer, batch, scaler
         trace.activations = dict(activations)
-        trace.uncounted = tracker.uncounted.ops
+        trace.uncounted = tracker.uncounted.to_list()
         trace.params_bytes, trace.buffers_bytes, trace.batch_bytes = static
         return trace
 

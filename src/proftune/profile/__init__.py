@@ -55,7 +55,6 @@ from ._records import (
 from ._static import (
     LayerCount,
     StaticCounts,
-    UncountedOp,
     UncountedOps,
     count_model,
     count_params,
@@ -107,7 +106,6 @@ __all__ = [
     "StepProfile",
     "Structure",
     "TableSpectrum",
-    "UncountedOp",
     "UncountedOpEntry",
     "UncountedOps",
     "Watcher",

@@ -12,11 +12,11 @@ forward pass; ``flops`` = 2 x ``macs`` for the matmul-like ops counted.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,8 +29,7 @@ from .._records import JsonRecord
 from ._layers import LayerHooks
 from ._records import UncountedOpEntry
 
-__all__ = ["LayerCount", "StaticCounts", "UncountedOp", "UncountedOps", "count_model", "count_params", "op_flops",
-           "uncounted_op"]
+__all__ = ["LayerCount", "StaticCounts", "UncountedOps", "count_model", "count_params", "op_flops", "uncounted_op"]
 
 aten = torch.ops.aten
 
@@ -167,42 +166,30 @@ def _shapes_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[list[in
     return [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
 
 
-@dataclass
-class UncountedOp:
-    """One op that :func:`uncounted_op` flags: its calls and (up to 5) distinct input shapes."""
-
-    op: str
-    calls: int = 0
-    shapes: list[list[list[int]]] = field(default_factory=list)
-
-    def add(self, calls: int, shapes: Iterable[list[list[int]]]) -> None:
-        self.calls += calls
-        for sh in shapes:
-            if sh not in self.shapes and len(self.shapes) < 5:
-                self.shapes.append(sh)
-
-    def entry(self) -> UncountedOpEntry:
-        """As a record holds it (a copy)."""
-        return cast(UncountedOpEntry, dataclasses.asdict(self))
-
-
 class UncountedOps:
-    """Ops that :func:`uncounted_op` flags, with their call counts and (up to 5) input shapes."""
+    """Ops that :func:`uncounted_op` flags, by name: their call counts and (up to 5) distinct input shapes."""
 
     def __init__(self) -> None:
-        self.ops: dict[str, UncountedOp] = {}
+        self.ops: dict[str, UncountedOpEntry] = {}
+
+    def _count(self, name: str, calls: int, shapes: Iterable[list[list[int]]]) -> None:
+        e = self.ops.setdefault(name, UncountedOpEntry(op=name, calls=0, shapes=[]))
+        e["calls"] += calls
+        for sh in shapes:
+            if sh not in e["shapes"] and len(e["shapes"]) < 5:
+                e["shapes"].append(sh)
 
     def add(self, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        name = _op_name(func)
-        self.ops.setdefault(name, UncountedOp(name)).add(1, [_shapes_of(args, kwargs)])
+        self._count(_op_name(func), 1, [_shapes_of(args, kwargs)])
 
     def merge(self, other: UncountedOps) -> UncountedOps:
         for name, e in other.ops.items():
-            self.ops.setdefault(name, UncountedOp(name)).add(e.calls, e.shapes)
+            self._count(name, e["calls"], e["shapes"])
         return self
 
     def to_list(self) -> list[UncountedOpEntry]:
-        return [e.entry() for e in self.ops.values()]
+        """The entries as a record holds them (copies)."""
+        return [copy.deepcopy(e) for e in self.ops.values()]
 
 
 _RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, "LSTMCell": 4, "GRUCell": 3, "RNNCell": 1}

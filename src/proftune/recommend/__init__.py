@@ -15,7 +15,7 @@ from ._api import RecommendConfig, recommend
 from ._batch_size import BatchSizeResult, MemoryProbe, search_max_batch
 from ._ddp import DDPPlan, plan_ddp_batch
 from ._embedding import FactorizedEmbedding, HashedRows, hashed_remap, recommend_embedding_dim
-from ._evidence import BatchSizeEvidence, NoiseScaleEvidence, OptimizerEvidence
+from ._evidence import BatchSizeEvidence, OptimizerEvidence
 from ._lr_find import LRFindResult, LRRangeCallback, smooth_curve, suggest_lr
 from ._measurements import BatchSizeConfig, LRFindConfig, find_batch_size, lr_find, static_memory
 from ._noise_scale import NoiseScaleCallback, NoiseScaleResult, noise_scale
@@ -48,7 +48,6 @@ __all__ = [
     "MeasuredEffect",
     "MemoryProbe",
     "NoiseScaleCallback",
-    "NoiseScaleEvidence",
     "NoiseScaleResult",
     "OptimizerComparison",
     "OptimizerEvidence",

@@ -19,7 +19,6 @@ then k x d, so every layer after it keeps its shapes).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -33,9 +32,10 @@ from .._train_params import TrainParams, as_train_params
 from ..metrics import direction
 from ..profile import IndexStats, Profile, TableSpectrum
 from ..task import Task
-from ..train import Callback, EarlyStopping, FitResult, FitState, fit, seed_everything
+from ..train import Callback, EarlyStopping, FitResult, fit, seed_everything
 from ._full_batches import samples_per_epoch
 from ._measurements import model_static_memory
+from ._optimizer import Deadline
 from ._records import MeasuredEffect, Recommendation, keep_unless_better
 
 __all__ = ["FactorizedEmbedding", "HashedRows", "TablePlan", "plan_table", "recommend_embedding_dim"]
@@ -209,19 +209,6 @@ def _fewer_rows(table: nn.Module, remap: torch.Tensor, rows: int) -> nn.Module:
     return new
 
 
-class _Deadline(Callback):
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.started, self.hit = seconds, 0.0, False
-
-    def on_fit_start(self, state: FitState) -> None:
-        self.started = time.perf_counter()
-
-    def on_step_end(self, state: FitState) -> None:
-        if time.perf_counter() - self.started >= self.seconds:
-            self.hit = True
-            state.request_stop(f"embedding budget share of {self.seconds:.1f} s spent")
-
-
 def _primary_metric(task: Task, metrics: dict[str, float]) -> str:
     others = [k for k in metrics if k != "val_loss"]
     for name in others:
@@ -304,7 +291,7 @@ def _train_to_best(task: Task, params: TrainParams, metric: str, cfg: EmbeddingC
     narrower table learns more slowly from a small init, and a wider one may peak early and
     overfit, so each model is compared at its own best epoch, not at a fixed step."""
     stop = EarlyStopping(metric, patience=cfg.patience, restore_best=True)
-    deadline = _Deadline(cfg.budget_s / 2)
+    deadline = Deadline(cfg.budget_s / 2, reason=f"embedding budget share of {cfg.budget_s / 2:.1f} s spent")
     result = fit(task, params, epochs=epochs, device=device, seed=cfg.seed, model=model,
                  callbacks=[*extra, stop, deadline])
     best = float(stop.best) if stop.best is not None else math.nan

@@ -2,8 +2,9 @@
 
 A :class:`~proftune.recommend.Recommendation`'s ``evidence`` is its JSON as it has always been
 written (every measured number, for the report's evidence card). The few entries that optimize
-and the report act on are read here, in the package that writes them, into frozen records:
-nobody outside ``recommend`` reads an evidence key.
+and the report act on are read here, in the package that writes them, into frozen records (the
+noise scale's into its own record, by :meth:`NoiseScaleResult.of`): nobody outside ``recommend``
+reads an evidence key.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from .._jsonsafe import finite_float
 from ._batch_size import BatchSizeResult
 from ._records import Recommendation
 
-__all__ = ["BatchSizeEvidence", "NoiseScaleEvidence", "OptimizerEvidence"]
+__all__ = ["BatchSizeEvidence", "OptimizerEvidence"]
 
 
-def _int(v: Any) -> int | None:
+def int_or_none(v: Any) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _evidence(rec: Recommendation | None, name: str) -> Mapping[str, Any]:
+def row_evidence(rec: Recommendation | None, name: str) -> Mapping[str, Any]:
     if rec is None:
         return {}
     if rec.name != name:
@@ -43,39 +44,11 @@ class BatchSizeEvidence:
 
     @classmethod
     def of(cls, rec: Recommendation | None) -> BatchSizeEvidence:
-        ev = _evidence(rec, "batch_size")
+        ev = row_evidence(rec, "batch_size")
         search = ev.get("search")
-        return cls(max_batch_size=_int(ev.get("max_batch_size")),
+        return cls(max_batch_size=int_or_none(ev.get("max_batch_size")),
                    search=BatchSizeResult.from_dict(dict(search)) if isinstance(search, Mapping) else None,
                    memory_model=bool(ev.get("memory_model")))
-
-
-@dataclass(frozen=True)
-class NoiseScaleEvidence:
-    """The ``critical_batch_size`` row's gradient noise scale: B_simple = tr(Σ)/|G|², the steps it
-    used and clipped, and the micro-batch sizes (``used_steps`` None: not measured)."""
-
-    b_simple: float | None = None
-    trace_sigma: float | None = None
-    grad_sq_norm: float | None = None
-    used_steps: int | None = None
-    clipped_steps: int | None = None
-    small_batch: int | None = None
-    big_batch: int | None = None
-    #: The learning rate it was measured at.
-    lr: float | None = None
-
-    @property
-    def measured(self) -> bool:
-        return self.used_steps is not None
-
-    @classmethod
-    def of(cls, rec: Recommendation | None) -> NoiseScaleEvidence:
-        ev = _evidence(rec, "critical_batch_size")
-        return cls(b_simple=finite_float(ev.get("b_simple")), trace_sigma=finite_float(ev.get("trace_sigma")),
-                   grad_sq_norm=finite_float(ev.get("grad_sq_norm")), used_steps=_int(ev.get("used_steps")),
-                   clipped_steps=_int(ev.get("clipped_steps")), small_batch=_int(ev.get("small_batch")),
-                   big_batch=_int(ev.get("big_batch")), lr=finite_float(ev.get("lr")))
 
 
 @dataclass(frozen=True)
@@ -100,5 +73,5 @@ class OptimizerEvidence:
 
     @classmethod
     def of(cls, rec: Recommendation | None) -> OptimizerEvidence:
-        params = _evidence(rec, "optimizer").get("params")
+        params = row_evidence(rec, "optimizer").get("params")
         return cls(params=dict(params) if isinstance(params, Mapping) else {})

@@ -23,11 +23,14 @@ from typing import Any, ClassVar
 import torch
 
 from .._device import batch_size_of
+from .._jsonsafe import finite_float
 from .._records import JsonRecord
 from ..exceptions import ProblemCollector
 from ..task import Task, load_task
 from ..train import Callback, FitState, fit
+from ._evidence import int_or_none, row_evidence
 from ._lr_ladder import fell_beyond_noise, loss_trend
+from ._records import Recommendation
 
 #: Where the smoothed |G|² is not positive it is clipped to this fraction of |G_B|².
 CLIP_FRACTION = 0.01
@@ -35,9 +38,11 @@ CLIP_FRACTION = 0.01
 
 @dataclass(frozen=True)
 class NoiseScaleResult(JsonRecord):
-    """The smoothed estimates after the last step and their history (one row per step)."""
+    """The smoothed estimates after the last step and their history (one row per step); read back
+    from a ``critical_batch_size`` row by :meth:`of`."""
 
     DERIVED: ClassVar[tuple[str, ...]] = ("critical_batch_size",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("lr",)
 
     b_simple: float | None
     trace_sigma: float | None
@@ -51,6 +56,24 @@ class NoiseScaleResult(JsonRecord):
     history: tuple[dict[str, float], ...]
     #: The training loss of each step it measured (whether the model was learning there).
     losses: tuple[float, ...] = ()
+    #: The learning rate it was measured at, where known (read back from a row; the row writes it).
+    lr: float | None = None
+
+    @classmethod
+    def of(cls, rec: Recommendation | None) -> NoiseScaleResult | None:
+        """The ``critical_batch_size`` row's measurement as its evidence holds it (no history nor
+        losses: the run's ``noise_scale`` curve has the history); None where it was not measured."""
+        ev = row_evidence(rec, "critical_batch_size")
+        used = int_or_none(ev.get("used_steps"))
+        if used is None:
+            return None
+        def num(k: str) -> int:
+            return int_or_none(ev.get(k)) or 0
+
+        f = {k: finite_float(ev.get(k)) for k in ("b_simple", "trace_sigma", "grad_sq_norm", "ema", "lr")}
+        return cls(b_simple=f["b_simple"], trace_sigma=f["trace_sigma"], grad_sq_norm=f["grad_sq_norm"],
+                   small_batch=num("small_batch"), big_batch=num("big_batch"), steps=num("steps"), used_steps=used,
+                   clipped_steps=num("clipped_steps"), ema=f["ema"] or 0.0, history=(), lr=f["lr"])
 
     def learning(self) -> tuple[bool, str]:
         """Whether the loss fell beyond its noise over the measured steps, and the figures: a noise

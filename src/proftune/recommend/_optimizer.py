@@ -110,13 +110,15 @@ class _NamedOptimizer(TaskWrapper):
         return build_optimizer(model.parameters(), params)
 
 
-class _Deadline(Callback):
+class Deadline(Callback):
     """Stops the fit loop ``seconds`` after it starts, and in any case at the clock time ``until``
-    (``time.perf_counter()``): the hard bounds of a trial and of the whole comparison."""
+    (``time.perf_counter()``), with ``reason``: the hard bounds of a trial and of the whole
+    comparison, and of each training that sizes an embedding table."""
 
-    def __init__(self, seconds: float, until: float = math.inf) -> None:
+    def __init__(self, seconds: float, until: float = math.inf, *, reason: str = "time share spent") -> None:
         self.seconds = seconds
         self.until = until
+        self.reason = reason
         self.end = math.inf
         self.hit = False
 
@@ -126,7 +128,7 @@ class _Deadline(Callback):
     def on_step_end(self, state: FitState) -> None:
         if time.perf_counter() >= self.end:
             self.hit = True
-            state.request_stop("time share spent")
+            state.request_stop(self.reason)
 
 
 def honours_optimizer_param(task: Task, params: TrainParams) -> bool:
@@ -210,7 +212,7 @@ def _curve(steps: Sequence[Mapping[str, float]], step_s: float) -> list[dict[str
 def _trial(task: Task, params: TrainParams, *, name: str, lr_from: str, steps: int,
            hard_stop_s: float | None, until: float, batch_size: int, device: torch.device,
            seed: int) -> OptimizerTrial:
-    deadline = _Deadline(hard_stop_s if hard_stop_s is not None else math.inf, until)
+    deadline = Deadline(hard_stop_s if hard_stop_s is not None else math.inf, until)
     started = time.perf_counter()
     result = fit(task, params, max_steps=steps, batch_size=batch_size, device=device, seed=seed,
                  callbacks=[deadline], evaluate=False, stop_on_nan=True)
@@ -342,7 +344,7 @@ def compare_optimizers(task: Task, params: TrainParams | Mapping[str, Any], *, p
         rates[name] = run_lr_range_test(
             runner, given.with_params(**settings[name]), steps=cfg.lr_steps if cfg.share_s is not None else test_steps,
             batch_size=b, device=device, seed=cfg.seed,
-            callbacks=[_Deadline(HARD_STOP * test_s, until)] if cfg.share_s is None else ())
+            callbacks=[Deadline(HARD_STOP * test_s, until)] if cfg.share_s is None else ())
     share = cfg.share_s if cfg.share_s is not None else max(
         0.0, (cfg.budget_s - (time.perf_counter() - started)) / n_candidates)
     hard_stop = None if cfg.share_s is not None else HARD_STOP * share

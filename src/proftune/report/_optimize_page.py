@@ -29,7 +29,7 @@ from ..optimize import (
     StageRow,
     StageStory,
 )
-from ..recommend import BatchSizeEvidence, LRFindResult, NoiseScaleEvidence, Recommendation, Recommendations
+from ..recommend import BatchSizeEvidence, LRFindResult, NoiseScaleResult, Recommendation, Recommendations
 from ..track import RunRecord
 from ._common import Context, read_result, register_renderer
 from ._figures import PALETTE, bar, layout, line
@@ -207,11 +207,11 @@ def _evidence(s: Section, run: OptimizeRun, params: Mapping[str, Any]) -> None:
     elif ev.memory_model:
         s.para("the batch-size search's probes are not in this store (recorded before they were kept)", cls="muted")
     crit = recs.get("critical_batch_size")
-    cev = NoiseScaleEvidence.of(crit)
+    cev = NoiseScaleResult.of(crit)
     noise = rec_run.curve("noise_scale") if rec_run else []
-    if crit is not None and not cev.measured:  # not measured: the reason alone, no table of dashes
+    if crit is not None and cev is None:  # not measured: the reason alone, no table of dashes
         s.para("gradient noise scale: " + (crit.reason or "not measured"), cls="muted")
-    elif crit is not None:
+    elif crit is not None and cev is not None:
         items = [("critical batch", crit.value), ("B_simple = tr(Σ)/|G|²", fmt_num(cev.b_simple)),
                  ("tr(Σ)", fmt_num(cev.trace_sigma)), ("|G|²", fmt_num(cev.grad_sq_norm)),
                  ("steps (used / clipped)", f"{cev.used_steps} / {cev.clipped_steps}"),
