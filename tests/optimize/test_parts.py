@@ -331,6 +331,23 @@ def test_a_small_training_set_can_be_searched_in_one_batch() -> None:
     assert plan.centre["batch_size"] <= 13
 
 
+def test_a_roomy_budget_reaches_the_plain_loops_batches() -> None:
+    """A task's own batch of 128 on 786 samples: six steps an epoch. At a few trainings the search's
+    batches start at a quarter of it (32); where the budget holds many, a plain loop's from 16 are
+    choices too (a 1-epoch CNN there learned only at 16), never under eight steps an epoch."""
+    big = TinyTask()
+    big.default_params = {**big.default_params, "batch_size": 128}
+    computed = {"lr": 0.01, "batch_size": 128, "grad_accumulation": 1, "precision": "fp32"}
+    few = build_plan(big, computed, user_space=None, max_batch=None, samples=786)
+    many = build_plan(big, computed, user_space=None, max_batch=None, samples=786, roomy=True)
+    assert min(few.space.param("batch_size").choices) == 32
+    assert min(many.space.param("batch_size").choices) == 16
+    assert many.centre == few.centre
+    # on 100 samples eight steps an epoch is batch 12: the floor stays there
+    tiny = build_plan(big, computed, user_space=None, max_batch=None, samples=100, roomy=True)
+    assert min(tiny.space.param("batch_size").choices) == 12
+
+
 def test_a_space_contradicting_computed_values_is_refused() -> None:
     space = {"params": {"lr": {"type": "float", "low": 1e-3, "high": 1.0, "log": True},
                         "batch_size": {"type": "categorical", "choices": [128, 256]}},

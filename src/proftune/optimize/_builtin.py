@@ -276,10 +276,11 @@ class Search(BaseStage):
         The search gets every second the stages after it do not need (their reserves: the final
         race at ``--seeds`` seeds, one compression sweep), not only its share."""
         comp = loop.state.record(ComputeOutputs)
-        plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space, max_batch=comp.max_batch_size,
-                          samples=measures.train_samples(loop.task, loop.defaults_record))
-        compress_min = loop.planner.compress_reserve()
         budget_plan = loop.planner.budget_plan()
+        plan = build_plan(loop.task, comp.computed, user_space=loop.cfg.space, max_batch=comp.max_batch_size,
+                          samples=measures.train_samples(loop.task, loop.defaults_record),
+                          roomy=budget_plan.full_trainings >= FULL_TRIALS_FOR_NO_PRUNER)
+        compress_min = loop.planner.compress_reserve()
         loop.say("plan", {"text": budget_plan.describe(), "plan": budget_plan.to_dict()})
         epochs = budget_plan.trial_epochs
         epoch_s = loop.planner.epoch_s()

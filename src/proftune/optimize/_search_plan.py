@@ -68,8 +68,8 @@ def _log_range(centre: float, factor: float, low: float, high: float) -> tuple[f
 
 
 def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | None,
-                   samples: int | None) -> tuple[dict[str, Any], dict[str, object], dict[str, Sequence[object]],
-                                                 dict[str, str]]:
+                   samples: int | None, roomy: bool = False
+                   ) -> tuple[dict[str, Any], dict[str, object], dict[str, Sequence[object]], dict[str, str]]:
     """(space dict, centre, narrow, evidence) over the params the fit loop and the task read.
 
     Every range holds the task's default value too, so that the defaults are a point of the
@@ -107,7 +107,11 @@ def _default_space(task: Task, computed: ComputedValues, *, max_batch: int | Non
     # takes eight times the steps, and where a step costs its overhead more than its samples (a
     # small model) eight times the time: on a 54-sample GRU one quasi-random point at batch 2 took
     # 6x the defaults' training, a third of an 8-training budget's search (issue 60's generated tasks)
-    floor = max(2, min(default_bs // 4, bs, *((samples // 8,) if samples else ())))
+    # ``roomy`` (the budget holds many full trainings): the cost of a few small-batch trials is a few
+    # of many, and the plain loop's batches from 16 are choices too (a 1-epoch CNN whose own batch of
+    # 128 left 6 steps an epoch learned only at 16: 0.84 on test against 0.31 from 32 up)
+    floor = max(2, min(default_bs // 4, bs, *((samples // 8,) if samples else ()),
+                       *((COMMON_BATCHES[0],) if roomy else ())))
     choices = sorted({max(floor, min(cap, b)) for b in (bs // 8, bs // 4, bs // 2, bs, bs * 2, bs * 4, bs * 8,
                                                        min(cap, default_bs), *reach, *COMMON_BATCHES)})
     params["batch_size"] = {"type": "categorical", "choices": choices}
@@ -222,14 +226,17 @@ def _narrow(p: Param, centre: Any) -> Any:
 
 
 def build_plan(task: Task, computed: ComputedValues | Mapping[str, Any], *,
-               user_space: str | Mapping[str, Any] | None, max_batch: int | None, samples: int | None) -> SearchPlan:
+               user_space: str | Mapping[str, Any] | None, max_batch: int | None, samples: int | None,
+               roomy: bool = False) -> SearchPlan:
     """The search plan from the compute stage's values (its record, or the record's JSON); a user
-    space that contradicts them is a :class:`ConfigError` naming every contradiction."""
+    space that contradicts them is a :class:`ConfigError` naming every contradiction. ``roomy``: the
+    budget holds many full trainings (the default space's batches reach down to a plain loop's)."""
     if not isinstance(computed, ComputedValues):
         computed = ComputedValues.from_dict(computed)
     problems = ProblemCollector()
     if user_space is None:
-        raw, centre, narrow, evidence = _default_space(task, computed, max_batch=max_batch, samples=samples)
+        raw, centre, narrow, evidence = _default_space(task, computed, max_batch=max_batch, samples=samples,
+                                                        roomy=roomy)
         space = load_space(raw)
     else:
         space, centre, narrow, evidence = _user_plan(load_space(user_space), computed, problems,
