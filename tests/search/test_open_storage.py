@@ -225,3 +225,37 @@ def test_a_trial_read_in_plain_statements_is_optunas_own_read(tmp_path: Path) ->
         storage.get_trial(10_000)
     with pytest.raises(KeyError):
         plain(storage, 10_000)
+
+
+def test_a_queue_written_in_plain_statements_leaves_the_rows_optuna_writes(tmp_path: Path) -> None:
+    """``enqueue_all``'s own statements leave every row of the database as Optuna's
+    ``enqueue_trial`` one at a time does (trials, their user and system attributes, in order), after
+    a trial of another study between them: the numbers count the study's own trials."""
+    import optuna
+    import sqlalchemy as sa
+
+    from proftune.search._storage import enqueue_all, shared
+
+    items = [({"x": 0.1 * i, "k": "a"}, {"proftune_tags": {"i": i, "s": "é"}, **({"proftune_repeat": 1} if i else {})})
+             for i in range(4)]
+    dumps = []
+    for way in ("one", "all"):
+        url = f"sqlite:///{tmp_path / f'{way}.db'}"
+        Store(url)
+        storage = open_storage(url)
+        other = optuna.create_study(study_name="other", storage=shared(storage))
+        study = optuna.create_study(study_name="s", storage=shared(storage))
+        study.enqueue_trial({"x": 0.9})
+        other.enqueue_trial({"x": 0.5})
+        if way == "one":
+            for p, a in items:
+                study.enqueue_trial(p, skip_if_exists=False, user_attrs=a)
+        else:
+            enqueue_all(study, items)
+        assert [t.number for t in study.get_trials()] == [0, 1, 2, 3, 4]
+        with storage.engine.connect() as conn:
+            dumps.append({table: conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1")).all()
+                          for table in ("trials", "trial_user_attributes", "trial_system_attributes",
+                                        "trial_params", "trial_values")})
+    assert dumps[0] == dumps[1]
+    assert len(dumps[1]["trials"]) == 6 and len(dumps[1]["trial_user_attributes"]) == 7
