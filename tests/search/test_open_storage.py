@@ -219,7 +219,8 @@ def test_a_trial_read_in_plain_statements_is_optunas_own_read(tmp_path: Path) ->
     for t in trials:
         ours, optunas = storage.get_trial(t._trial_id), plain(storage, t._trial_id)
         assert repr(ours) == repr(optunas)  # nan-safe: every field, in Optuna's order
-        assert ours.datetime_start == optunas.datetime_start and ours.state == optunas.state
+        assert ours.datetime_start == optunas.datetime_start
+        assert ours.state == optunas.state
     assert math.isnan(storage.get_trial(trials[1]._trial_id).intermediate_values[1])
     with pytest.raises(KeyError):
         storage.get_trial(10_000)
@@ -258,4 +259,5 @@ def test_a_queue_written_in_plain_statements_leaves_the_rows_optuna_writes(tmp_p
                           for table in ("trials", "trial_user_attributes", "trial_system_attributes",
                                         "trial_params", "trial_values")})
     assert dumps[0] == dumps[1]
-    assert len(dumps[1]["trials"]) == 6 and len(dumps[1]["trial_user_attributes"]) == 7
+    assert len(dumps[1]["trials"]) == 6
+    assert len(dumps[1]["trial_user_attributes"]) == 7
