@@ -182,3 +182,82 @@ def test_without_optunas_private_modules_the_public_path_writes_the_same_study(
             seen.append([(t.number, t.state.name, t.system_attrs, t.user_attrs) for t in study.get_trials()])
     assert seen[0] == seen[1]
     assert len(seen[1]) == 3
+
+
+def test_a_trial_read_in_plain_statements_is_optunas_own_read(tmp_path: Path) -> None:
+    """Every kind of trial (queued, running, complete with two values, pruned with intermediate
+    values, failed; inf and nan among the values) reads the same through the storage's plain
+    statements as through Optuna's ORM read; a missing trial is Optuna's KeyError."""
+    import math
+
+    import optuna
+    from optuna.storages import RDBStorage
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    Store(url)
+    storage = open_storage(url)
+    assert type(storage) is not RDBStorage  # the fast reader is in use on this Optuna
+    study = optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
+    study.enqueue_trial({"x": 0.5, "c": "b"}, user_attrs={"tags": {"k": [1, 2]}})
+    done = study.ask()
+    done.suggest_float("x", 0.0, 1.0)
+    done.suggest_categorical("c", ["a", "b"])
+    done.suggest_int("n", 1, 9, log=True)
+    done.set_user_attr("record", {"state": "complete", "curve": [0.1, float("nan")]})
+    study.tell(done, [float("inf"), -1.5])
+    for state in (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL):
+        t = study.ask()
+        t.suggest_float("x", 0.0, 1.0)
+        for step, value in ((1, float("nan")), (2, float("-inf")), (3, 0.25)):  # report() is single-objective
+            storage.set_trial_intermediate_value(t._trial_id, step, value)
+        study.tell(t, state=state)
+    study.ask().set_user_attr("running", True)
+    study.enqueue_trial({"x": 0.1})
+    plain = RDBStorage.get_trial
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 5
+    for t in trials:
+        ours, optunas = storage.get_trial(t._trial_id), plain(storage, t._trial_id)
+        assert repr(ours) == repr(optunas)  # nan-safe: every field, in Optuna's order
+        assert ours.datetime_start == optunas.datetime_start
+        assert ours.state == optunas.state
+    assert math.isnan(storage.get_trial(trials[1]._trial_id).intermediate_values[1])
+    with pytest.raises(KeyError):
+        storage.get_trial(10_000)
+    with pytest.raises(KeyError):
+        plain(storage, 10_000)
+
+
+def test_a_queue_written_in_plain_statements_leaves_the_rows_optuna_writes(tmp_path: Path) -> None:
+    """``enqueue_all``'s own statements leave every row of the database as Optuna's
+    ``enqueue_trial`` one at a time does (trials, their user and system attributes, in order), after
+    a trial of another study between them: the numbers count the study's own trials."""
+    import optuna
+    import sqlalchemy as sa
+
+    from proftune.search._storage import enqueue_all, shared
+
+    items = [({"x": 0.1 * i, "k": "a"}, {"proftune_tags": {"i": i, "s": "é"}, **({"proftune_repeat": 1} if i else {})})
+             for i in range(4)]
+    dumps = []
+    for way in ("one", "all"):
+        url = f"sqlite:///{tmp_path / f'{way}.db'}"
+        Store(url)
+        storage = open_storage(url)
+        other = optuna.create_study(study_name="other", storage=shared(storage))
+        study = optuna.create_study(study_name="s", storage=shared(storage))
+        study.enqueue_trial({"x": 0.9})
+        other.enqueue_trial({"x": 0.5})
+        if way == "one":
+            for p, a in items:
+                study.enqueue_trial(p, skip_if_exists=False, user_attrs=a)
+        else:
+            enqueue_all(study, items)
+        assert [t.number for t in study.get_trials()] == [0, 1, 2, 3, 4]
+        with storage.engine.connect() as conn:
+            dumps.append({table: conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1")).all()
+                          for table in ("trials", "trial_user_attributes", "trial_system_attributes",
+                                        "trial_params", "trial_values")})
+    assert dumps[0] == dumps[1]
+    assert len(dumps[1]["trials"]) == 6
+    assert len(dumps[1]["trial_user_attributes"]) == 7
