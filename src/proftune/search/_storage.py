@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
-import json
 import os
 import socket
 import sqlite3
@@ -22,6 +21,7 @@ import sqlalchemy as sa
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from .._jsonsafe import json_dumps
 from ..exceptions import ProftuneError
 from ..track import Store, pid_alive
 from ..track import sqlite_pragmas as _sqlite_pragmas
@@ -368,7 +368,7 @@ def _insert_waiting(backend: RDBStorage, study_id: int,
                 assert key is not None
                 trial_id = int(key[0])
                 for table, field in attrs:
-                    rows = [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
+                    rows = [{"trial_id": trial_id, "key": k, "value_json": json_dumps(v)}
                             for k, v in getattr(template, field).items()]
                     if rows:
                         conn.execute(table.insert(), rows)
